@@ -1,0 +1,130 @@
+/* kiln — public C API: status codes, dtypes, tensors.
+ *
+ * Ownership: every function that returns a kiln_tensor ** gives the caller a new
+ * reference; release it with kiln_tensor_release(). Functions taking tensors borrow them.
+ */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_API __attribute__((visibility("default")))
+#define KILN_MAX_DIMS 8
+
+/* ---- status -------------------------------------------------------------------------- */
+
+typedef enum kiln_status {
+    KILN_OK = 0,
+    KILN_ERR_VALUE,           /* bad value: shapes, axes, arguments  -> ValueError */
+    KILN_ERR_TYPE,            /* bad dtype or argument kind          -> TypeError */
+    KILN_ERR_INDEX,           /* index out of range                  -> IndexError */
+    KILN_ERR_MEMORY,          /* allocation failed                   -> MemoryError */
+    KILN_ERR_NOT_IMPLEMENTED, /*                                      -> NotImplementedError */
+    KILN_ERR_RUNTIME,         /* anything else (e.g. a library call) -> RuntimeError */
+} kiln_status;
+
+/* The message of the last error set on this thread ("" when none). */
+KILN_API const char *kiln_last_error(void);
+KILN_API void kiln_clear_error(void);
+
+/* ---- dtypes --------------------------------------------------------------------------- */
+
+typedef enum kiln_dtype {
+    KILN_DTYPE_BOOL = 0,
+    KILN_DTYPE_INT8,
+    KILN_DTYPE_INT32,
+    KILN_DTYPE_INT64,
+    KILN_DTYPE_FLOAT16,
+    KILN_DTYPE_BFLOAT16,
+    KILN_DTYPE_FLOAT32,
+    KILN_DTYPE_FLOAT64,
+    KILN_DTYPE_COUNT
+} kiln_dtype;
+
+KILN_API size_t kiln_dtype_size(kiln_dtype dtype);
+KILN_API const char *kiln_dtype_name(kiln_dtype dtype);
+KILN_API bool kiln_dtype_is_float(kiln_dtype dtype);
+/* NumPy-like promotion of two tensor dtypes (int64 + float16 -> float16, like PyTorch). */
+KILN_API kiln_dtype kiln_dtype_promote(kiln_dtype a, kiln_dtype b);
+
+/* ---- tensors -------------------------------------------------------------------------- */
+
+/* The dtype and shape of a value: all shape/dtype inference works on this. */
+typedef struct kiln_meta {
+    kiln_dtype dtype;
+    int32_t ndim;
+    int64_t shape[KILN_MAX_DIMS];
+} kiln_meta;
+
+typedef struct kiln_storage kiln_storage;
+struct kiln_grad_node;
+
+typedef struct kiln_tensor {
+    kiln_meta meta;
+    int64_t strides[KILN_MAX_DIMS]; /* in elements; 0 for broadcast dimensions */
+    int64_t numel;
+    int64_t offset;                 /* in elements, from the start of the storage */
+    void *data;                     /* = storage data + offset * itemsize */
+    kiln_storage *storage;
+    int64_t refcount;               /* atomic */
+    /* autograd */
+    bool requires_grad;
+    int32_t output_nr;              /* which output of grad_fn this is */
+    struct kiln_grad_node *grad_fn; /* NULL for leaves; owned reference */
+    struct kiln_tensor *grad;       /* accumulated gradient of a leaf (Tensor.backward) */
+} kiln_tensor;
+
+/* New contiguous tensor, uninitialized (zeroed when `zero`). */
+KILN_API kiln_status kiln_tensor_empty(kiln_dtype dtype, int ndim, const int64_t *shape,
+                                       kiln_tensor **out);
+KILN_API kiln_status kiln_tensor_zeros(kiln_dtype dtype, int ndim, const int64_t *shape,
+                                       kiln_tensor **out);
+/* Wrap memory owned by someone else without copying. `release(ctx)` runs when the last
+ * tensor viewing it goes away. Strides in elements; NULL means contiguous. */
+KILN_API kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape,
+                                      const int64_t *strides, void *data,
+                                      void (*release)(void *ctx), void *ctx, kiln_tensor **out);
+/* A view of `base`'s storage with the given layout (no checks on bounds beyond the storage). */
+KILN_API kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape,
+                                      const int64_t *strides, int64_t offset, kiln_tensor **out);
+/* A new tensor object sharing storage and layout, without autograd history. */
+KILN_API kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out);
+
+KILN_API void kiln_tensor_retain(kiln_tensor *t);
+KILN_API void kiln_tensor_release(kiln_tensor *t);
+
+KILN_API bool kiln_tensor_is_contiguous(const kiln_tensor *t);
+/* Storage version: bumped by every in-place write, checked by autograd. */
+KILN_API int64_t kiln_tensor_version(const kiln_tensor *t);
+KILN_API void kiln_tensor_bump_version(kiln_tensor *t);
+/* Whether two tensors share storage. */
+KILN_API bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *b);
+
+/* "(2, 3)" into buf; returns buf. */
+KILN_API char *kiln_shape_str(const kiln_meta *m, char *buf, size_t size);
+KILN_API int64_t kiln_shape_numel(int ndim, const int64_t *shape);
+
+/* ---- random --------------------------------------------------------------------------- */
+
+/* Seeds the generator behind rand, randn and dropout (deterministic streams). */
+KILN_API void kiln_manual_seed(uint64_t seed);
+
+/* ---- threads -------------------------------------------------------------------------- */
+
+KILN_API int kiln_num_threads(void);
+KILN_API void kiln_set_num_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "kiln/ops.h"
+#include "kiln/autograd.h"
+
+#endif

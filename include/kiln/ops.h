@@ -1,0 +1,93 @@
+/* kiln — the op table and the one dispatcher.
+ *
+ * Every op is declared once, in src/ops/ops.def; this header turns that list into the
+ * kiln_op enum and describes the per-op facts every layer reads (kiln_op_info).
+ */
+#ifndef KILN_OPS_H
+#define KILN_OPS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_op {
+#define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr) KILN_OP_##ENUM,
+#include "ops.def" /* src/ops/ops.def, on the include path */
+#undef KILN_OP
+    KILN_OP_COUNT
+} kiln_op;
+
+#define KILN_MAX_ATTR_INTS 40
+#define KILN_MAX_ATTR_FLOATS 8
+#define KILN_MAX_OUTPUTS 4
+#define KILN_VARIADIC (-1)
+
+/* Non-tensor arguments of an op. Each op documents its layout in ops.def. */
+typedef struct kiln_attrs {
+    int32_t ni, nf;
+    int64_t i[KILN_MAX_ATTR_INTS];
+    double f[KILN_MAX_ATTR_FLOATS];
+} kiln_attrs;
+
+typedef enum kiln_fusion {
+    KILN_FUSE_ELEMENTWISE, /* out[i] = expr(in[i]...) after broadcasting; has a C expression */
+    KILN_FUSE_REDUCTION,
+    KILN_FUSE_VIEW,        /* output aliases input 0 */
+    KILN_FUSE_OPAQUE,
+} kiln_fusion;
+
+enum kiln_op_flags {
+    KILN_OPF_VIEW = 1 << 0,         /* kernel creates out[0] as a view of in[0] */
+    KILN_OPF_MUTATES = 1 << 1,      /* kernel writes in[0] in place and returns it as out[0] */
+    KILN_OPF_RANDOM = 1 << 2,       /* draws from the global generator */
+    KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
+    KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
+};
+
+struct kiln_grad_ctx;
+typedef kiln_status (*kiln_infer_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                                     kiln_meta *out);
+/* Outputs arrive allocated and contiguous (shape from infer), except for VIEW and MUTATES
+ * ops whose kernel sets out[0] itself (a new reference). Inputs may have any strides. */
+typedef kiln_status (*kiln_kernel_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                                      kiln_tensor **out);
+/* gout[k] may be NULL (that output got no gradient); sets gin[j] (new reference) for each
+ * input with ctx->needs_grad[j], else leaves NULL. Emits ops through kiln_apply only. */
+typedef kiln_status (*kiln_grad_fn)(const struct kiln_grad_ctx *ctx, kiln_tensor *const *gout,
+                                    kiln_tensor **gin);
+
+typedef struct kiln_op_info {
+    const char *name;
+    int nin;  /* KILN_VARIADIC: checked by infer */
+    int nout;
+    kiln_fusion fusion;
+    unsigned flags;
+    kiln_infer_fn infer;
+    kiln_kernel_fn kernel;
+    kiln_grad_fn grad;   /* kiln_grad_none: not differentiable */
+    const char *c_expr; /* elementwise ops: C expression over a, b, c (see ops.def); else NULL */
+} kiln_op_info;
+
+KILN_API extern const kiln_op_info kiln_op_table[KILN_OP_COUNT];
+KILN_API const kiln_op_info *kiln_op_get(kiln_op op);
+/* KILN_OP_COUNT when unknown. */
+KILN_API kiln_op kiln_op_from_name(const char *name);
+
+/* The one dispatcher: eager execution, autograd recording (and, later, tracing) meet here.
+ * Writes the op's nout outputs as new references. */
+KILN_API kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in,
+                                const kiln_attrs *attrs, kiln_tensor **out);
+/* Shape/dtype inference only. */
+KILN_API kiln_status kiln_infer(kiln_op op, int nin, kiln_tensor *const *in,
+                                const kiln_attrs *attrs, kiln_meta *out);
+
+/* Convenience wrappers over kiln_apply for single-output ops. */
+KILN_API kiln_status kiln_apply1(kiln_op op, kiln_tensor *a, const kiln_attrs *attrs,
+                                 kiln_tensor **out);
+KILN_API kiln_status kiln_apply2(kiln_op op, kiln_tensor *a, kiln_tensor *b,
+                                 const kiln_attrs *attrs, kiln_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,32 @@
+/* The nodes of the autograd tape. */
+#ifndef KILN_AUTOGRAD_NODE_H
+#define KILN_AUTOGRAD_NODE_H
+
+#include "../core/internal.h"
+
+/* Where the gradient of one input of a node goes: the node that produced it (and which of its
+ * outputs it was), or a leaf tensor that requires grad. Neither when the input needs none. */
+typedef struct kiln_grad_edge {
+    struct kiln_grad_node *node; /* owned reference */
+    int32_t output_nr;
+    kiln_tensor *leaf;           /* owned reference */
+} kiln_grad_edge;
+
+typedef struct kiln_grad_node {
+    int64_t refcount;
+    uint64_t seq; /* creation order: a node's inputs were made by nodes with smaller seq */
+    kiln_op op;
+    int32_t nin, nout;
+    kiln_attrs attrs;
+    kiln_meta *in_meta, *out_meta;
+    kiln_tensor **saved_in, **saved_out; /* NULL entries when not saved */
+    int64_t *saved_version;              /* nin + nout storage versions at save time */
+    kiln_grad_edge *next;                /* nin */
+} kiln_grad_node;
+
+/* Called by kiln_apply after a differentiable op ran with inputs that require grad. */
+kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in,
+                                 const kiln_attrs *attrs, int nout, kiln_tensor **out);
+void kiln_grad_node_release(kiln_grad_node *node);
+
+#endif

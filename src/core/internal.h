@@ -1,0 +1,169 @@
+/* Internal helpers shared by the library's sources (not installed). */
+#ifndef KILN_INTERNAL_H
+#define KILN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+/* Sets this thread's error message and returns `status`. */
+kiln_status kiln_error(kiln_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefixes the current message with "context: " (keeps the status). */
+kiln_status kiln_error_context(kiln_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define KILN_TRY(expr)                                                                      \
+    do {                                                                                    \
+        kiln_status kiln_try_s_ = (expr);                                                   \
+        if (kiln_try_s_ != KILN_OK) return kiln_try_s_;                                     \
+    } while (0)
+
+/* Broken internal invariants only; never for user errors. */
+#define KILN_ASSERT(cond)                                                                   \
+    do {                                                                                    \
+        if (!(cond)) kiln_assert_fail(#cond, __FILE__, __LINE__);                           \
+    } while (0)
+_Noreturn void kiln_assert_fail(const char *what, const char *file, int line);
+
+/* ---- allocation ----------------------------------------------------------------------- */
+
+#define KILN_ALIGN 64
+void *kiln_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure (message set) */
+void kiln_free(void *p);
+
+/* ---- shapes --------------------------------------------------------------------------- */
+
+static inline void kiln_meta_set(kiln_meta *m, kiln_dtype dtype, int ndim, const int64_t *shape) {
+    m->dtype = dtype;
+    m->ndim = ndim;
+    for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
+}
+static inline int64_t kiln_meta_numel(const kiln_meta *m) {
+    return kiln_shape_numel(m->ndim, m->shape);
+}
+void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Broadcast shape of n metas, NumPy rules; error names `op` and the shapes. */
+kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, int *ndim,
+                                 int64_t *shape);
+/* Strides of t viewed as broadcast to (ndim, shape): 0 on broadcast axes. */
+void kiln_broadcast_strides(const kiln_tensor *t, int ndim, const int64_t *shape,
+                            int64_t *strides);
+/* Normalizes axis into [0, ndim); error names op and the tensor shape. */
+kiln_status kiln_normalize_axis(const char *op, int64_t *axis, const kiln_meta *m);
+/* "(2, 3) and (4,)" style list of input shapes for error messages. */
+char *kiln_shapes_str(kiln_tensor *const *in, int nin, char *buf, size_t size);
+
+/* ---- strided iteration ---------------------------------------------------------------- */
+
+/* Inner loop over n elements: ptrs[k] advances by strides[k] bytes. */
+typedef void (*kiln_inner_fn)(void *ctx, int64_t n, char **ptrs, const int64_t *strides);
+/* Runs `fn` over every innermost row of an (ndim, shape) iteration of nops operands with the
+ * given element strides and item sizes; merges contiguous axes; rows are spread over
+ * threads when the total is large. Operand 0 is the output. */
+void kiln_iterate(int nops, char *const *base, const size_t *itemsize,
+                  const int64_t (*strides)[KILN_MAX_DIMS], int ndim, const int64_t *shape,
+                  kiln_inner_fn fn, void *ctx);
+#define KILN_PARALLEL_MIN 32768 /* elements below which loops stay single-threaded */
+
+/* ---- copies and conversions (no autograd, no dispatch: for kernels) ------------------- */
+
+/* dst[...] = (dst dtype) src[...], src broadcast to dst's shape; any layouts. */
+kiln_status kiln_copy_into(kiln_tensor *dst, const kiln_tensor *src);
+/* New reference to a contiguous tensor of `dtype` holding t's values (t itself if it is
+ * already so). */
+kiln_status kiln_to_contiguous(kiln_tensor *t, kiln_dtype dtype, kiln_tensor **out);
+kiln_status kiln_tensor_empty_like_meta(const kiln_meta *m, kiln_tensor **out);
+/* Value of element `index` (row-major over t's shape) as a double. */
+double kiln_tensor_get_double(const kiln_tensor *t, int64_t index);
+
+/* half and bfloat16 <-> float */
+static inline float kiln_f16_to_f32(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+    _Float16 v = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &v, 2);
+    return h;
+}
+static inline float kiln_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t kiln_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- attrs ---------------------------------------------------------------------------- */
+
+static inline void kiln_attrs_clear(kiln_attrs *a) { a->ni = 0, a->nf = 0; }
+static inline void kiln_attrs_push_int(kiln_attrs *a, int64_t v) { a->i[a->ni++] = v; }
+static inline void kiln_attrs_push_float(kiln_attrs *a, double v) { a->f[a->nf++] = v; }
+/* Checks the count of attrs an op received. */
+kiln_status kiln_attrs_expect(const char *op, const kiln_attrs *a, int min_ints, int min_floats);
+
+/* ---- op helpers that emit ops through kiln_apply (for gradient rules and composites) --- */
+
+kiln_status kiln_emit_unary(kiln_op op, kiln_tensor *a, kiln_tensor **out);
+kiln_status kiln_emit_binary(kiln_op op, kiln_tensor *a, kiln_tensor *b, kiln_tensor **out);
+kiln_status kiln_emit_cast(kiln_tensor *a, kiln_dtype dtype, kiln_tensor **out);
+kiln_status kiln_emit_scalar(double value, kiln_dtype dtype, kiln_tensor **out);
+kiln_status kiln_emit_full(const kiln_meta *m, double value, kiln_tensor **out);
+kiln_status kiln_emit_reshape(kiln_tensor *a, int ndim, const int64_t *shape, kiln_tensor **out);
+kiln_status kiln_emit_permute(kiln_tensor *a, const int64_t *perm, kiln_tensor **out);
+kiln_status kiln_emit_expand(kiln_tensor *a, int ndim, const int64_t *shape, kiln_tensor **out);
+/* Reduction `op` (SUM, MEAN, ...) over the axes in `mask`. */
+kiln_status kiln_emit_reduce(kiln_op op, kiln_tensor *a, uint64_t mask, bool keepdims,
+                             kiln_tensor **out);
+/* Sums g down to the shape of `target` (undoing broadcasting), reshaping as needed. */
+kiln_status kiln_emit_sum_to(kiln_tensor *g, const kiln_meta *target, kiln_tensor **out);
+/* Swaps the last two axes. */
+kiln_status kiln_emit_transpose_last(kiln_tensor *a, kiln_tensor **out);
+
+/* Releases an array of n tensors (NULL entries allowed) and sets them to NULL. */
+void kiln_release_all(kiln_tensor **ts, int n);
+
+/* Every kernel, inference function and gradient rule named in ops.def. */
+#define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \
+    kiln_status kiln_infer_##infer(kiln_tensor *const *in, int nin_, const kiln_attrs *a,   \
+                                   kiln_meta *out);                                          \
+    kiln_status kiln_kernel_##kernel(kiln_tensor *const *in, int nin_, const kiln_attrs *a, \
+                                     kiln_tensor **out);                                     \
+    kiln_status kiln_grad_##grad(const kiln_grad_ctx *ctx, kiln_tensor *const *gout,         \
+                                 kiln_tensor **gin);
+#include "ops.def"
+#undef KILN_OP
+
+/* Signatures, for definitions outside the X-macro (every op shares them, so any parameter
+ * may go unused). */
+#define KILN_UNUSED __attribute__((unused))
+#define KILN_INFER(name)                                                                    \
+    kiln_status kiln_infer_##name(kiln_tensor *const *in KILN_UNUSED, int nin KILN_UNUSED,  \
+                                  const kiln_attrs *a KILN_UNUSED, kiln_meta *out)
+#define KILN_KERNEL(name)                                                                   \
+    kiln_status kiln_kernel_##name(kiln_tensor *const *in KILN_UNUSED, int nin KILN_UNUSED, \
+                                   const kiln_attrs *a KILN_UNUSED, kiln_tensor **out)
+#define KILN_GRAD(name)                                                                     \
+    kiln_status kiln_grad_##name(const kiln_grad_ctx *ctx KILN_UNUSED,                      \
+                                 kiln_tensor *const *gout KILN_UNUSED, kiln_tensor **gin)
+
+/* Thread-level random generator (src/core/random.c), seeded by kiln_manual_seed. */
+uint64_t kiln_random_next(void);
+double kiln_random_uniform(void);  /* [0, 1) */
+double kiln_random_normal(void);
+
+#endif

@@ -1,0 +1,205 @@
+/* Tensors and their storage: allocation, views, reference counting. */
+#include "internal.h"
+
+#include <stdatomic.h>
+
+struct kiln_storage {
+    _Atomic int64_t refcount;
+    _Atomic int64_t version; /* bumped by in-place writes; autograd checks it */
+    void *data;
+    size_t nbytes;
+    void (*release)(void *ctx); /* external memory: called when the storage dies */
+    void *release_ctx;
+};
+
+/* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
+#define STORAGE_HEADER (((sizeof(kiln_storage) + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN)
+
+void *kiln_alloc(size_t nbytes) {
+    size_t rounded = ((nbytes + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN;
+    void *p = aligned_alloc(KILN_ALIGN, rounded ? rounded : KILN_ALIGN);
+    if (!p) kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
+    return p;
+}
+
+void kiln_free(void *p) { free(p); }
+
+static kiln_storage *storage_new(size_t nbytes, bool zero) {
+    kiln_storage *s = kiln_alloc(STORAGE_HEADER + nbytes);
+    if (!s) return NULL;
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->data = (char *)s + STORAGE_HEADER;
+    s->nbytes = nbytes;
+    s->release = NULL;
+    s->release_ctx = NULL;
+    if (zero && nbytes) memset(s->data, 0, nbytes);
+    return s;
+}
+
+static void storage_release(kiln_storage *s) {
+    if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (s->release) {
+        s->release(s->release_ctx);
+        free(s);
+    } else {
+        kiln_free(s);
+    }
+}
+
+int64_t kiln_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+static kiln_status check_shape(int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > KILN_MAX_DIMS)
+        return kiln_error(KILN_ERR_VALUE, "tensors have at most %d dimensions, got %d", KILN_MAX_DIMS, ndim);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0)
+            return kiln_error(KILN_ERR_VALUE, "negative dimension %lld in a shape", (long long)shape[d]);
+        if (shape[d] && n > INT64_MAX / 16 / shape[d])
+            return kiln_error(KILN_ERR_VALUE, "shape too large");
+        n *= shape[d];
+    }
+    return KILN_OK;
+}
+
+static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
+                               const int64_t *strides, kiln_storage *storage, int64_t offset) {
+    kiln_tensor *t = malloc(sizeof *t);
+    if (!t) {
+        kiln_error(KILN_ERR_MEMORY, "out of memory allocating a tensor");
+        return NULL;
+    }
+    kiln_meta_set(&t->meta, dtype, ndim, shape);
+    if (strides)
+        memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+    else
+        kiln_contiguous_strides(ndim, shape, t->strides);
+    t->numel = kiln_shape_numel(ndim, shape);
+    t->offset = offset;
+    t->storage = storage;
+    t->data = (char *)storage->data + offset * (int64_t)kiln_dtype_size(dtype);
+    t->refcount = 1;
+    t->requires_grad = false;
+    t->output_nr = 0;
+    t->grad_fn = NULL;
+    t->grad = NULL;
+    return t;
+}
+
+static kiln_status tensor_alloc(kiln_dtype dtype, int ndim, const int64_t *shape, bool zero,
+                                kiln_tensor **out) {
+    if ((unsigned)dtype >= KILN_DTYPE_COUNT) return kiln_error(KILN_ERR_TYPE, "invalid dtype %d", (int)dtype);
+    KILN_TRY(check_shape(ndim, shape));
+    size_t nbytes = (size_t)kiln_shape_numel(ndim, shape) * kiln_dtype_size(dtype);
+    kiln_storage *s = storage_new(nbytes, zero);
+    if (!s) return KILN_ERR_MEMORY;
+    *out = tensor_new(dtype, ndim, shape, NULL, s, 0);
+    if (!*out) {
+        storage_release(s);
+        return KILN_ERR_MEMORY;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_empty(kiln_dtype dtype, int ndim, const int64_t *shape, kiln_tensor **out) {
+    return tensor_alloc(dtype, ndim, shape, false, out);
+}
+
+kiln_status kiln_tensor_zeros(kiln_dtype dtype, int ndim, const int64_t *shape, kiln_tensor **out) {
+    return tensor_alloc(dtype, ndim, shape, true, out);
+}
+
+kiln_status kiln_tensor_empty_like_meta(const kiln_meta *m, kiln_tensor **out) {
+    return tensor_alloc(m->dtype, m->ndim, m->shape, false, out);
+}
+
+kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides,
+                             void *data, void (*release)(void *ctx), void *ctx, kiln_tensor **out) {
+    if ((unsigned)dtype >= KILN_DTYPE_COUNT) return kiln_error(KILN_ERR_TYPE, "invalid dtype %d", (int)dtype);
+    KILN_TRY(check_shape(ndim, shape));
+    kiln_storage *s = malloc(sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_MEMORY, "out of memory allocating a storage");
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->data = data;
+    s->nbytes = 0; /* unknown extent */
+    s->release = release;
+    s->release_ctx = ctx;
+    *out = tensor_new(dtype, ndim, shape, strides, s, 0);
+    if (!*out) {
+        s->release = NULL; /* the caller keeps ownership on failure */
+        free(s);
+        return KILN_ERR_MEMORY;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, const int64_t *strides,
+                             int64_t offset, kiln_tensor **out) {
+    KILN_TRY(check_shape(ndim, shape));
+    kiln_tensor *t = tensor_new(base->meta.dtype, ndim, shape, strides, base->storage, offset);
+    if (!t) return KILN_ERR_MEMORY;
+    atomic_fetch_add_explicit(&base->storage->refcount, 1, memory_order_relaxed);
+    *out = t;
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out) {
+    return kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out);
+}
+
+void kiln_tensor_retain(kiln_tensor *t) {
+    atomic_fetch_add_explicit((_Atomic int64_t *)&t->refcount, 1, memory_order_relaxed);
+}
+
+void kiln_grad_node_release(struct kiln_grad_node *node); /* src/autograd/node.c */
+
+void kiln_tensor_release(kiln_tensor *t) {
+    if (!t) return;
+    if (atomic_fetch_sub_explicit((_Atomic int64_t *)&t->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (t->grad_fn) kiln_grad_node_release(t->grad_fn);
+    if (t->grad) kiln_tensor_release(t->grad);
+    storage_release(t->storage);
+    free(t);
+}
+
+void kiln_release_all(kiln_tensor **ts, int n) {
+    for (int k = 0; k < n; k++) {
+        kiln_tensor_release(ts[k]);
+        ts[k] = NULL;
+    }
+}
+
+bool kiln_tensor_is_contiguous(const kiln_tensor *t) {
+    int64_t s = 1;
+    for (int d = t->meta.ndim - 1; d >= 0; d--) {
+        if (t->meta.shape[d] != 1 && t->strides[d] != s) return false;
+        s *= t->meta.shape[d];
+    }
+    return true;
+}
+
+int64_t kiln_tensor_version(const kiln_tensor *t) {
+    return atomic_load_explicit(&t->storage->version, memory_order_relaxed);
+}
+
+void kiln_tensor_bump_version(kiln_tensor *t) {
+    atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+
+bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *b) {
+    return a->storage == b->storage;
+}

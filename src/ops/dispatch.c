@@ -1,0 +1,56 @@
+/* kiln_apply: the one dispatcher. Checks arguments, infers output metas, allocates outputs,
+ * runs the kernel and records the op for autograd. */
+#include "../core/internal.h"
+#include "../autograd/node.h"
+
+static const kiln_attrs no_attrs;
+
+kiln_status kiln_infer(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+                       kiln_meta *out) {
+    if ((unsigned)op >= KILN_OP_COUNT) return kiln_error(KILN_ERR_VALUE, "unknown op %d", (int)op);
+    const kiln_op_info *info = &kiln_op_table[op];
+    if (info->nin != KILN_VARIADIC && nin != info->nin)
+        return kiln_error(KILN_ERR_TYPE, "%s: expected %d tensor inputs, got %d", info->name, info->nin, nin);
+    for (int k = 0; k < nin; k++)
+        if (!in[k]) return kiln_error(KILN_ERR_TYPE, "%s: input %d is missing", info->name, k);
+    return info->infer(in, nin, attrs ? attrs : &no_attrs, out);
+}
+
+kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+                       kiln_tensor **out) {
+    kiln_meta metas[KILN_MAX_OUTPUTS];
+    if (!attrs) attrs = &no_attrs;
+    KILN_TRY(kiln_infer(op, nin, in, attrs, metas));
+    const kiln_op_info *info = &kiln_op_table[op];
+    int nout = info->nout;
+    for (int k = 0; k < nout; k++) out[k] = NULL;
+    kiln_status s = KILN_OK;
+    if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
+        for (int k = 0; k < nout && s == KILN_OK; k++) s = kiln_tensor_empty_like_meta(&metas[k], &out[k]);
+    }
+    if (s == KILN_OK) s = info->kernel(in, nin, attrs, out);
+    if (s != KILN_OK) {
+        kiln_release_all(out, nout);
+        return s;
+    }
+    if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
+    if (kiln_grad_enabled() && info->grad != kiln_grad_none) {
+        bool any = false;
+        for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
+        if (any) {
+            s = kiln_autograd_record(op, nin, in, attrs, nout, out);
+            if (s != KILN_OK) kiln_release_all(out, nout);
+        }
+    }
+    return s;
+}
+
+kiln_status kiln_apply1(kiln_op op, kiln_tensor *a, const kiln_attrs *attrs, kiln_tensor **out) {
+    return kiln_apply(op, 1, &a, attrs, out);
+}
+
+kiln_status kiln_apply2(kiln_op op, kiln_tensor *a, kiln_tensor *b, const kiln_attrs *attrs,
+                        kiln_tensor **out) {
+    kiln_tensor *in[2] = {a, b};
+    return kiln_apply(op, 2, in, attrs, out);
+}

@@ -1,0 +1,292 @@
+/* Elementwise ops: inference (broadcasting, promotion) and kernels generated from the C
+ * expressions in ops.def, for every compute type. float16/bfloat16 compute through float32. */
+#include <tgmath.h>
+
+#include "../core/internal.h"
+
+/* ---- inference -------------------------------------------------------------------------- */
+
+static kiln_status reject_bool(const char *op, kiln_tensor *const *in, int nin) {
+    for (int k = 0; k < nin; k++)
+        if (in[k]->meta.dtype == KILN_DTYPE_BOOL)
+            return kiln_error(KILN_ERR_TYPE, "%s: not supported for bool tensors; cast to a numeric dtype first", op);
+    return KILN_OK;
+}
+
+static kiln_dtype float_of(kiln_dtype d) { return kiln_dtype_is_float(d) ? d : KILN_DTYPE_FLOAT32; }
+
+static kiln_status infer_broadcast(const char *op, kiln_tensor *const *in, int nin, kiln_dtype dtype, kiln_meta *out) {
+    out->dtype = dtype;
+    return kiln_broadcast_shape(op, nin, in, &out->ndim, out->shape);
+}
+
+KILN_INFER(unary_same) {
+    (void)a;
+    KILN_TRY(reject_bool("elementwise op", in, nin));
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+KILN_INFER(unary_float) {
+    (void)a, (void)nin;
+    *out = in[0]->meta;
+    out->dtype = float_of(in[0]->meta.dtype);
+    return KILN_OK;
+}
+
+KILN_INFER(unary_bool) {
+    (void)a, (void)nin;
+    *out = in[0]->meta;
+    out->dtype = KILN_DTYPE_BOOL;
+    return KILN_OK;
+}
+
+KILN_INFER(unary_any) {
+    (void)a, (void)nin;
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+KILN_INFER(cast) {
+    (void)nin;
+    KILN_TRY(kiln_attrs_expect("cast", a, 1, 0));
+    if (a->i[0] < 0 || a->i[0] >= KILN_DTYPE_COUNT)
+        return kiln_error(KILN_ERR_TYPE, "cast: invalid target dtype %lld", (long long)a->i[0]);
+    *out = in[0]->meta;
+    out->dtype = (kiln_dtype)a->i[0];
+    return KILN_OK;
+}
+
+KILN_INFER(binary_arith) {
+    (void)a;
+    return infer_broadcast("elementwise op", in, nin, kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype), out);
+}
+
+KILN_INFER(binary_float) {
+    (void)a;
+    return infer_broadcast("elementwise op", in, nin, float_of(kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype)), out);
+}
+
+KILN_INFER(compare) {
+    (void)a;
+    return infer_broadcast("comparison", in, nin, KILN_DTYPE_BOOL, out);
+}
+
+KILN_INFER(where) {
+    (void)a;
+    return infer_broadcast("where", in, nin, kiln_dtype_promote(in[1]->meta.dtype, in[2]->meta.dtype), out);
+}
+
+/* ---- generated inner loops -------------------------------------------------------------- */
+
+typedef struct {
+    double f0, f1;
+} ew_ctx;
+
+enum { CT_BOOL, CT_I8, CT_I32, CT_I64, CT_F32, CT_F64, CT_COUNT };
+
+static int compute_index(kiln_dtype d) {
+    switch (d) {
+    case KILN_DTYPE_BOOL: return CT_BOOL;
+    case KILN_DTYPE_INT8: return CT_I8;
+    case KILN_DTYPE_INT32: return CT_I32;
+    case KILN_DTYPE_INT64: return CT_I64;
+    case KILN_DTYPE_FLOAT64: return CT_F64;
+    default: return CT_F32; /* float16, bfloat16 and float32 */
+    }
+}
+
+static kiln_dtype compute_dtype(kiln_dtype d) {
+    return d == KILN_DTYPE_FLOAT16 || d == KILN_DTYPE_BFLOAT16 ? KILN_DTYPE_FLOAT32 : d;
+}
+
+/* Output conversions: bool outputs hold 0 or 1. */
+#define STORE_SAME(OT, v) ((OT)(v))
+#define STORE_BOOL(OT, v) ((OT)((v) != 0))
+
+#define EW_LOOP1(FN, CT, OT, STORE, EXPR)                                                    \
+    static void FN(void *vctx, int64_t n, char **p, const int64_t *s) {                      \
+        typedef CT T;                                                                        \
+        const ew_ctx *ctx = vctx;                                                            \
+        const double f0 = ctx->f0, f1 = ctx->f1;                                             \
+        (void)f0, (void)f1;                                                                  \
+        OT *restrict o = (OT *)p[0];                                                         \
+        if (s[0] == sizeof(OT) && s[1] == sizeof(T)) {                                       \
+            const T *restrict A = (const T *)p[1];                                           \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \
+                T a = A[i];                                                                  \
+                o[i] = STORE(OT, EXPR);                                                      \
+            }                                                                                \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                T a = *(const T *)(p[1] + i * s[1]);                                         \
+                *(OT *)(p[0] + i * s[0]) = STORE(OT, EXPR);                                  \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+#define EW_LOOP2(FN, CT, OT, STORE, EXPR)                                                    \
+    static void FN(void *vctx, int64_t n, char **p, const int64_t *s) {                      \
+        typedef CT T;                                                                        \
+        const ew_ctx *ctx = vctx;                                                            \
+        const double f0 = ctx->f0, f1 = ctx->f1;                                             \
+        (void)f0, (void)f1;                                                                  \
+        OT *restrict o = (OT *)p[0];                                                         \
+        const T *restrict A = (const T *)p[1], *restrict B = (const T *)p[2];                \
+        if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == sizeof(T)) {                 \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \
+                T a = A[i], b = B[i];                                                        \
+                o[i] = STORE(OT, EXPR);                                                      \
+            }                                                                                \
+        } else if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == 0) {                   \
+            const T b = *B;                                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \
+                T a = A[i];                                                                  \
+                o[i] = STORE(OT, EXPR);                                                      \
+            }                                                                                \
+        } else if (s[0] == sizeof(OT) && s[1] == 0 && s[2] == sizeof(T)) {                   \
+            const T a = *A;                                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \
+                T b = B[i];                                                                  \
+                o[i] = STORE(OT, EXPR);                                                      \
+            }                                                                                \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                T a = *(const T *)(p[1] + i * s[1]), b = *(const T *)(p[2] + i * s[2]);      \
+                *(OT *)(p[0] + i * s[0]) = STORE(OT, EXPR);                                  \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+#define EW_LOOP3(FN, CT, OT, STORE, EXPR)                                                    \
+    static void FN(void *vctx, int64_t n, char **p, const int64_t *s) {                      \
+        typedef CT T;                                                                        \
+        const ew_ctx *ctx = vctx;                                                            \
+        const double f0 = ctx->f0, f1 = ctx->f1;                                             \
+        (void)f0, (void)f1;                                                                  \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            T a = *(const T *)(p[1] + i * s[1]), b = *(const T *)(p[2] + i * s[2]),          \
+              c = *(const T *)(p[3] + i * s[3]);                                             \
+            *(OT *)(p[0] + i * s[0]) = STORE(OT, EXPR);                                      \
+        }                                                                                    \
+    }
+
+/* One loop per compute type; bool computes as uint8_t. */
+#define EW_LOOPS(NAME, NIN, OUTKIND, EXPR)                                                   \
+    EW_LOOP##NIN(ew_##NAME##_bool, uint8_t, EW_OT_##OUTKIND(uint8_t), EW_STORE_##OUTKIND, EXPR) \
+    EW_LOOP##NIN(ew_##NAME##_i8, int8_t, EW_OT_##OUTKIND(int8_t), EW_STORE_##OUTKIND, EXPR)     \
+    EW_LOOP##NIN(ew_##NAME##_i32, int32_t, EW_OT_##OUTKIND(int32_t), EW_STORE_##OUTKIND, EXPR)  \
+    EW_LOOP##NIN(ew_##NAME##_i64, int64_t, EW_OT_##OUTKIND(int64_t), EW_STORE_##OUTKIND, EXPR)  \
+    EW_LOOP##NIN(ew_##NAME##_f32, float, EW_OT_##OUTKIND(float), EW_STORE_##OUTKIND, EXPR)      \
+    EW_LOOP##NIN(ew_##NAME##_f64, double, EW_OT_##OUTKIND(double), EW_STORE_##OUTKIND, EXPR)
+#define EW_OT_SAME(CT) CT
+#define EW_OT_BOOL(CT) uint8_t
+#define EW_STORE_SAME STORE_SAME
+#define EW_STORE_BOOL STORE_BOOL
+
+/* Which ops get generated kernels, and whether they output bool: selected by pasting the
+ * fusion class and the inference name of each ops.def entry. */
+#define EW_IF_KILN_FUSE_ELEMENTWISE(...) __VA_ARGS__
+#define EW_IF_KILN_FUSE_REDUCTION(...)
+#define EW_IF_KILN_FUSE_VIEW(...)
+#define EW_IF_KILN_FUSE_OPAQUE(...)
+#define EW_GEN_unary_same(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_unary_float(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_unary_bool(G, ...) G(BOOL, __VA_ARGS__)
+#define EW_GEN_binary_arith(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_binary_float(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_compare(G, ...) G(BOOL, __VA_ARGS__)
+#define EW_GEN_where(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_cast(G, ...)       /* own kernel below */
+#define EW_GEN_unary_any(G, ...)  /* own kernel below */
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wbool-operation"
+#pragma GCC diagnostic ignored "-Wfloat-conversion"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#pragma GCC diagnostic ignored "-Wint-in-bool-context"
+#pragma GCC diagnostic ignored "-Wabsolute-value"
+#define GEN_LOOPS(OUTKIND, name, nin, cexpr) EW_LOOPS(name, nin, OUTKIND, cexpr)
+#define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
+    EW_IF_##fusion(EW_GEN_##infer(GEN_LOOPS, kernel, nin, cexpr))
+#include "ops.def"
+#undef KILN_OP
+#pragma GCC diagnostic pop
+
+/* ---- the shared kernel ------------------------------------------------------------------ */
+
+static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_tensor *const *in,
+                                   const kiln_attrs *a, kiln_tensor *out, kiln_dtype cdtype) {
+    /* inputs converted to the compute dtype where needed (keeping their own shapes) */
+    kiln_tensor *conv[3] = {0};
+    kiln_tensor *result = out;
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < nin && s == KILN_OK; k++) {
+        if (in[k]->meta.dtype == cdtype) continue;
+        s = kiln_tensor_empty(cdtype, in[k]->meta.ndim, in[k]->meta.shape, &conv[k]);
+        if (s == KILN_OK) s = kiln_copy_into(conv[k], in[k]);
+    }
+    bool bool_out = out->meta.dtype == KILN_DTYPE_BOOL && cdtype != KILN_DTYPE_BOOL;
+    if (s == KILN_OK && !bool_out && out->meta.dtype != cdtype) /* float16/bfloat16 output */
+        s = kiln_tensor_empty(cdtype, out->meta.ndim, out->meta.shape, &result);
+    if (s == KILN_OK) {
+        int nd = out->meta.ndim;
+        int64_t strides[4][KILN_MAX_DIMS];
+        char *base[4];
+        size_t isz[4];
+        memcpy(strides[0], result->strides, sizeof(int64_t) * (size_t)nd);
+        base[0] = result->data;
+        isz[0] = kiln_dtype_size(result->meta.dtype);
+        for (int k = 0; k < nin; k++) {
+            kiln_tensor *t = conv[k] ? conv[k] : in[k];
+            kiln_broadcast_strides(t, nd, out->meta.shape, strides[k + 1]);
+            base[k + 1] = t->data;
+            isz[k + 1] = kiln_dtype_size(cdtype);
+        }
+        ew_ctx ctx = {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0};
+        kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape,
+                     loops[compute_index(cdtype)], &ctx);
+        if (result != out) s = kiln_copy_into(out, result);
+    }
+    if (result != out) kiln_tensor_release(result);
+    for (int k = 0; k < nin; k++) kiln_tensor_release(conv[k]);
+    return s;
+}
+
+/* The compute dtype of an op: promoted inputs (float for float-only ops), through float32
+ * for 16-bit floats. `where` ignores its condition's dtype. */
+static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_tensor *out, bool is_where) {
+    kiln_dtype d;
+    if (out->meta.dtype != KILN_DTYPE_BOOL || nin == 1) {
+        d = out->meta.dtype;
+        if (nin == 1 && out->meta.dtype == KILN_DTYPE_BOOL) d = in[0]->meta.dtype; /* logical_not */
+    } else {
+        d = in[0]->meta.dtype;
+        for (int k = 1; k < nin; k++) d = kiln_dtype_promote(d, in[k]->meta.dtype);
+    }
+    (void)is_where;
+    return compute_dtype(d);
+}
+
+#define GEN_KERNEL(OUTKIND, name, nin_, cexpr)                                               \
+    KILN_KERNEL(name) {                                                                      \
+        static const kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,      \
+                                                      ew_##name##_i32,  ew_##name##_i64,     \
+                                                      ew_##name##_f32,  ew_##name##_f64};    \
+        return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0], false)); \
+    }
+#define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
+    EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, cexpr))
+#include "ops.def"
+#undef KILN_OP
+
+KILN_KERNEL(cast) {
+    (void)nin, (void)a;
+    return kiln_copy_into(out[0], in[0]);
+}
+
+KILN_KERNEL(contiguous) {
+    (void)nin, (void)a;
+    return kiln_copy_into(out[0], in[0]);
+}

@@ -1,0 +1,37 @@
+/* The op table, generated from ops.def. */
+#include "../core/internal.h"
+
+const kiln_op_info kiln_op_table[KILN_OP_COUNT] = {
+#define KILN_OP(ENUM, name_, nin_, nout_, fusion_, flags_, infer_, kernel_, grad_, cexpr_)     \
+    [KILN_OP_##ENUM] = {.name = name_,                                                      \
+                        .nin = nin_,                                                        \
+                        .nout = nout_,                                                      \
+                        .fusion = fusion_,                                                  \
+                        .flags = flags_,                                                    \
+                        .infer = kiln_infer_##infer_,                                       \
+                        .kernel = kiln_kernel_##kernel_,                                    \
+                        .grad = kiln_grad_##grad_,                                          \
+                        .c_expr = fusion_ == KILN_FUSE_ELEMENTWISE ? #cexpr_ : NULL},
+#include "ops.def"
+#undef KILN_OP
+};
+
+/* Every entry filled, every output count within bounds. */
+#define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \
+    _Static_assert((nout) >= 1 && (nout) <= KILN_MAX_OUTPUTS, "outputs of " name);
+#include "ops.def"
+#undef KILN_OP
+
+const kiln_op_info *kiln_op_get(kiln_op op) {
+    return (unsigned)op < KILN_OP_COUNT ? &kiln_op_table[op] : NULL;
+}
+
+kiln_op kiln_op_from_name(const char *name) {
+    for (int op = 0; op < KILN_OP_COUNT; op++)
+        if (strcmp(kiln_op_table[op].name, name) == 0) return (kiln_op)op;
+    return KILN_OP_COUNT;
+}
+
+bool kiln_op_differentiable(kiln_op op) {
+    return (unsigned)op < KILN_OP_COUNT && kiln_op_table[op].grad != kiln_grad_none;
+}
