@@ -1,0 +1,28 @@
+"""kiln: a deep-learning runtime and just-in-time graph compiler with a C11 core."""
+from . import _C
+from ._C import bfloat16, bool, float16, float32, float64, int8, int32, int64  # noqa: A004
+from ._C import dtype
+from ._tensor import Tensor, from_numpy, tensor
+from . import ops
+from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad
+from . import nn
+
+float_ = float32
+int_ = int64
+bool_ = bool
+
+__version__ = "0.1.0"
+
+
+def manual_seed(seed):
+    """Seeds the generator behind rand, randn, normal, uniform and dropout."""
+    _C.manual_seed(int(seed))
+
+
+def set_num_threads(n):
+    """Number of threads kernels may use."""
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads():
+    return _C.get_num_threads()

@@ -1,0 +1,293 @@
+"""kiln.Tensor: the C TensorBase plus the Python-side methods."""
+import numpy as _np
+
+from . import _C, _indexing
+from . import ops as _ops
+from ._optable import OP
+
+
+class Tensor(_C.TensorBase):
+    """An n-dimensional array on the CPU: Tensor(input_data, dtype=None).
+
+    input_data is a NumPy array, a Python number, a nested list or another Tensor (always copied;
+    kiln.from_numpy shares memory). Python floats default to float32, ints to int64."""
+
+    __slots__ = ()
+
+    # ---- conversion -------------------------------------------------------------------
+    def asnumpy(self):
+        """A NumPy array sharing this tensor's memory (bfloat16 is converted to float32)."""
+        if self.dtype is _C.bfloat16:
+            return _np.asarray(self.astype(_C.float32))
+        return _np.asarray(self)
+
+    numpy = asnumpy
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.asnumpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def tolist(self):
+        return self.asnumpy().tolist()
+
+    def astype(self, dtype):
+        """This tensor converted to dtype."""
+        return _ops.cast(self, dtype)
+
+    to = astype
+
+    def float(self):
+        return _ops.cast(self, _C.float32)
+
+    def double(self):
+        return _ops.cast(self, _C.float64)
+
+    def half(self):
+        return _ops.cast(self, _C.float16)
+
+    def int(self):
+        return _ops.cast(self, _C.int32)
+
+    def long(self):
+        return _ops.cast(self, _C.int64)
+
+    def bool(self):
+        return _ops.cast(self, _C.bool)
+
+    def __repr__(self):
+        body = _np.array2string(self.asnumpy(), separator=", ", prefix="       ")
+        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype.name}, value=\n{body})"
+
+    def __str__(self):
+        return _np.array2string(self.asnumpy(), separator=" ")
+
+    def __format__(self, spec):
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        return str(self)
+
+    def __reduce__(self):
+        return (Tensor, (self.asnumpy().copy(), self.dtype))
+
+    def __deepcopy__(self, memo):
+        t = Tensor(self.asnumpy().copy() if self.dtype is not _C.bfloat16 else self.float(), self.dtype)
+        t.requires_grad = self.requires_grad
+        return t
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    # ---- indexing ---------------------------------------------------------------------
+    def __getitem__(self, key):
+        return _indexing.getitem(self, key)
+
+    def __setitem__(self, key, value):
+        _indexing.setitem(self, key, value)
+
+    # ---- reflected operators (scalar OP tensor) ---------------------------------------
+    def __rsub__(self, other):
+        return _C.apply(OP.sub, (_ops.full_like(self, other) if not isinstance(other, _C.TensorBase)
+                                 else other, self)) if self.ndim == 0 else _ops.neg(self) + other
+
+    def __rtruediv__(self, other):
+        return _C.apply(OP.div, (_ops.full((), other, self.dtype if self.dtype.is_floating_point else _C.float32),
+                                 self))
+
+    def __rpow__(self, other):
+        return _C.apply(OP.pow, (_ops.full((), other, self.dtype if self.dtype.is_floating_point else None), self))
+
+    # ---- shape ------------------------------------------------------------------------
+    def reshape(self, *shape):
+        return _ops.reshape(self, *shape)
+
+    view = reshape
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        return _ops.flatten(self, start_dim, end_dim)
+
+    def permute(self, *axes):
+        return _ops.permute(self, *axes)
+
+    def transpose(self, *axes):
+        return _ops.transpose(self, *axes)
+
+    def swapaxes(self, a, b):
+        return _ops.swapaxes(self, a, b)
+
+    @property
+    def T(self):
+        return _ops.transpose(self)
+
+    def squeeze(self, axis=None):
+        return _ops.squeeze(self, axis)
+
+    def unsqueeze(self, axis):
+        return _ops.unsqueeze(self, axis)
+
+    expand_dims = unsqueeze
+
+    def expand(self, *shape):
+        return _ops.broadcast_to(self, *shape)
+
+    broadcast_to = expand
+
+    def contiguous(self):
+        return _ops.contiguous(self)
+
+    def clone(self):
+        return _C.apply(OP.contiguous, (self,))
+
+    copy = clone
+
+    def split(self, split_size_or_sections, axis=0):
+        return _ops.split(self, split_size_or_sections, axis)
+
+    def dim(self):
+        return self.ndim
+
+    def numel(self):
+        return self.size
+
+    # ---- math -------------------------------------------------------------------------
+    def sum(self, axis=None, keepdims=False, **kw):
+        return _ops.sum(self, axis, keepdims, **kw)
+
+    def mean(self, axis=None, keepdims=False, **kw):
+        return _ops.mean(self, axis, keepdims, **kw)
+
+    def prod(self, axis=None, keepdims=False, **kw):
+        return _ops.prod(self, axis, keepdims, **kw)
+
+    def max(self, axis=None, keepdims=False, **kw):
+        return _ops.max(self, axis, keepdims, **kw)
+
+    def min(self, axis=None, keepdims=False, **kw):
+        return _ops.min(self, axis, keepdims, **kw)
+
+    def var(self, axis=None, keepdims=False, **kw):
+        return _ops.var(self, axis, keepdims, **kw)
+
+    def std(self, axis=None, keepdims=False, **kw):
+        return _ops.std(self, axis, keepdims, **kw)
+
+    def argmax(self, axis=None, keepdims=False, **kw):
+        return _ops.argmax(self, axis, keepdims, **kw)
+
+    def argmin(self, axis=None, keepdims=False, **kw):
+        return _ops.argmin(self, axis, keepdims, **kw)
+
+    def all(self, axis=None, keepdims=False):
+        return _ops.all(self, axis, keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        return _ops.any(self, axis, keepdims)
+
+    def softmax(self, axis=-1):
+        return _ops.softmax(self, axis)
+
+    def log_softmax(self, axis=-1):
+        return _ops.log_softmax(self, axis)
+
+    def matmul(self, other):
+        return _ops.matmul(self, other)
+
+    def exp(self):
+        return _ops.exp(self)
+
+    def log(self):
+        return _ops.log(self)
+
+    def sqrt(self):
+        return _ops.sqrt(self)
+
+    def rsqrt(self):
+        return _ops.rsqrt(self)
+
+    def sin(self):
+        return _ops.sin(self)
+
+    def cos(self):
+        return _ops.cos(self)
+
+    def tanh(self):
+        return _ops.tanh(self)
+
+    def sigmoid(self):
+        return _ops.sigmoid(self)
+
+    def relu(self):
+        return _ops.relu(self)
+
+    def abs(self):
+        return _ops.abs(self)
+
+    def neg(self):
+        return _ops.neg(self)
+
+    def pow(self, exponent):
+        return _ops.pow(self, exponent)
+
+    def clamp(self, min=None, max=None):
+        return _ops.clamp(self, min, max)
+
+    clip = clamp
+
+    def maximum(self, other):
+        return _ops.maximum(self, other)
+
+    def minimum(self, other):
+        return _ops.minimum(self, other)
+
+    def add(self, other):
+        return self + other
+
+    def sub(self, other):
+        return self - other
+
+    def mul(self, other):
+        return self * other
+
+    def div(self, other):
+        return self / other
+
+    def square(self):
+        return self * self
+
+    def gather(self, indices, axis=0):
+        return _ops.gather(self, indices, axis)
+
+    def index_select(self, axis, index):
+        return _ops.index_select(self, axis, index)
+
+    def requires_grad_(self, requires_grad=True):
+        self.requires_grad = requires_grad
+        return self
+
+    # ---- in-place assignment ------------------------------------------------------------
+    def assign_value(self, value):
+        """Overwrites this tensor's elements with value (broadcast), in place."""
+        self[...] = value
+        return self
+
+    def fill_(self, value):
+        self[...] = value
+        return self
+
+    def zero_(self):
+        self[...] = 0
+        return self
+
+
+_C._set_tensor_class(Tensor)
+
+
+def from_numpy(array):
+    """A tensor sharing the memory of a NumPy array (no copy)."""
+    return _C.from_numpy(array)
+
+
+def tensor(data, dtype=None):
+    """Tensor(data, dtype): a new tensor holding a copy of data."""
+    return Tensor(data, dtype)

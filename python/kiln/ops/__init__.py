@@ -1,0 +1,12 @@
+"""kiln.ops: the functional namespace, one function per op of the table (and a few composites)."""
+from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedding, expand, expand_dims, eye,
+                    flatten, full, full_like, gather, gather_elements, index_add, index_select, linspace, narrow,
+                    normal, ones, ones_like, permute, rand, randn, reshape, scatter_add, split, squeeze, stack,
+                    swapaxes, transpose, uniform, unsqueeze, view, zeros, zeros_like)
+from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
+                   erf, exp, ge, gelu, greater, greater_equal, gt, le, less, less_equal, log, log_softmax,
+                   logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
+                   neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
+                   square, std, sub, subtract, sum, tanh, true_divide, var, where)
+from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
+                            max_pool2d, rms_norm, stop_gradient)

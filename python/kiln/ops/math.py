@@ -1,0 +1,245 @@
+"""Elementwise math and reductions."""
+import builtins as _builtins
+import math as _math
+
+from .._optable import OP
+from ._util import apply, as_tensor, axes_mask, normalize_axis
+
+
+def _unary(op):
+    def f(input):
+        return apply(op, (as_tensor(input),))
+
+    return f
+
+
+neg = _unary(OP.neg)
+abs = _unary(OP.abs)
+sign = _unary(OP.sign)
+exp = _unary(OP.exp)
+log = _unary(OP.log)
+sqrt = _unary(OP.sqrt)
+rsqrt = _unary(OP.rsqrt)
+sin = _unary(OP.sin)
+cos = _unary(OP.cos)
+tanh = _unary(OP.tanh)
+sigmoid = _unary(OP.sigmoid)
+relu = _unary(OP.relu)
+silu = _unary(OP.silu)
+erf = _unary(OP.erf)
+logical_not = _unary(OP.logical_not)
+for _f, _n in [(neg, "neg"), (abs, "abs"), (sign, "sign"), (exp, "exp"), (log, "log"), (sqrt, "sqrt"),
+               (rsqrt, "rsqrt"), (sin, "sin"), (cos, "cos"), (tanh, "tanh"), (sigmoid, "sigmoid"),
+               (relu, "relu"), (silu, "silu"), (erf, "erf"), (logical_not, "logical_not")]:
+    _f.__name__ = _f.__qualname__ = _n
+    _f.__doc__ = f"Elementwise {_n}."
+
+
+def gelu(input, approximate="none"):
+    """GELU, exact (erf) form; approximate='tanh' uses the tanh formula."""
+    x = as_tensor(input)
+    if approximate == "none":
+        return apply(OP.gelu, (x,))
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * _math.sqrt(2.0 / _math.pi)
+        return x * 0.5 * (tanh(inner) + 1.0)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def _binary(op):
+    def f(input, other):
+        if not isinstance(input, _TensorBase) and not isinstance(other, _TensorBase):
+            input = as_tensor(input)
+        if isinstance(input, _TensorBase):
+            return apply(op, (input, other))
+        # scalar first: convert it next to the tensor
+        return apply(op, (apply(OP.cast, (as_tensor(input),), (other.dtype.id,))
+                          if isinstance(input, (bool, int, float)) and other.dtype.is_floating_point
+                          else as_tensor(input), other))
+
+    return f
+
+
+from .. import _C  # noqa: E402
+
+_TensorBase = _C.TensorBase
+
+add = _binary(OP.add)
+sub = _binary(OP.sub)
+mul = _binary(OP.mul)
+div = _binary(OP.div)
+pow = _binary(OP.pow)
+maximum = _binary(OP.maximum)
+minimum = _binary(OP.minimum)
+equal = eq = _binary(OP.eq)
+not_equal = ne = _binary(OP.ne)
+less = lt = _binary(OP.lt)
+less_equal = le = _binary(OP.le)
+greater = gt = _binary(OP.gt)
+greater_equal = ge = _binary(OP.ge)
+logical_and = _binary(OP.logical_and)
+logical_or = _binary(OP.logical_or)
+for _f, _n in [(add, "add"), (sub, "sub"), (mul, "mul"), (div, "div"), (pow, "pow"), (maximum, "maximum"),
+               (minimum, "minimum"), (eq, "equal"), (ne, "not_equal"), (lt, "less"), (le, "less_equal"),
+               (gt, "greater"), (ge, "greater_equal"), (logical_and, "logical_and"), (logical_or, "logical_or")]:
+    _f.__name__ = _f.__qualname__ = _n
+    _f.__doc__ = f"Elementwise {_n} with NumPy broadcasting and type promotion."
+subtract, multiply, divide, true_divide = sub, mul, div, div
+
+
+def where(condition, x, y):
+    """Elements of x where condition is true, else of y (broadcast together)."""
+    condition = as_tensor(condition)
+    if not isinstance(x, _TensorBase) and isinstance(y, _TensorBase):
+        x = apply(OP.cast, (as_tensor(x),), (y.dtype.id,))
+    elif not isinstance(x, _TensorBase):
+        x = as_tensor(x)
+    return apply(OP.where, (condition, x, y))
+
+
+def clamp(input, min=None, max=None):
+    """Limits values to [min, max]; either bound may be None or a tensor."""
+    x = as_tensor(input)
+    if isinstance(min, _TensorBase) or isinstance(max, _TensorBase):
+        if min is not None:
+            x = maximum(x, min)
+        if max is not None:
+            x = minimum(x, max)
+        return x
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given")
+    lo = float(min) if min is not None else -_math.inf
+    hi = float(max) if max is not None else _math.inf
+    if not x.dtype.is_floating_point:  # keep integer conversions of the bounds defined
+        lo = _builtins.max(lo, -(2.0**62))
+        hi = _builtins.min(hi, 2.0**62)
+    return apply(OP.clamp, (x,), (), (lo, hi))
+
+
+clip = clamp
+
+
+def cast(input, dtype):
+    """input converted to dtype."""
+    x = as_tensor(input)
+    if x.dtype is dtype:
+        return x
+    return apply(OP.cast, (x,), (dtype.id,))
+
+
+# ---- reductions -------------------------------------------------------------------------
+
+
+def _reduction(op, name):
+    def f(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        x = as_tensor(input)
+        if dim is not None:
+            axis = dim
+        if keepdim is not None:
+            keepdims = keepdim
+        return apply(op, (x,), (axes_mask(name, axis, x.ndim), bool(keepdims)))
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"{name} over `axis` (None: all axes; an int or a tuple of ints)."
+    return f
+
+
+sum = _reduction(OP.sum, "sum")
+mean = _reduction(OP.mean, "mean")
+prod = _reduction(OP.prod, "prod")
+amax = _reduction(OP.max, "max")
+amin = _reduction(OP.min, "min")
+
+
+def max(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """Maximum over `axis` (None: all axes)."""
+    return amax(input, axis, keepdims, dim=dim, keepdim=keepdim)
+
+
+def min(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """Minimum over `axis` (None: all axes)."""
+    return amin(input, axis, keepdims, dim=dim, keepdim=keepdim)
+
+
+def _moment(op, name):
+    def f(input, axis=None, keepdims=False, *, ddof=0, correction=None, unbiased=None, dim=None, keepdim=None):
+        x = as_tensor(input)
+        if dim is not None:
+            axis = dim
+        if keepdim is not None:
+            keepdims = keepdim
+        if correction is not None:
+            ddof = correction
+        if unbiased is not None:
+            ddof = 1 if unbiased else 0
+        return apply(op, (x,), (axes_mask(name, axis, x.ndim), bool(keepdims), int(ddof)))
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"{name} over `axis` with `ddof` (NumPy's default 0)."
+    return f
+
+
+var = _moment(OP.var, "var")
+std = _moment(OP.std, "std")
+
+
+def _arg(op, name):
+    def f(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        x = as_tensor(input)
+        if dim is not None:
+            axis = dim
+        if keepdim is not None:
+            keepdims = keepdim
+        mask = (1 << x.ndim) - 1 if axis is None else 1 << normalize_axis(name, axis, x.ndim)
+        if x.ndim == 0:
+            mask = 0
+        return apply(op, (x,), (mask, bool(keepdims)))
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Index of the {name[3:]} along `axis` (None: of the flattened tensor), as int64."
+    return f
+
+
+argmax = _arg(OP.argmax, "argmax")
+argmin = _arg(OP.argmin, "argmin")
+
+
+def all(input, axis=None, keepdims=False):
+    """Whether every element (along axis) is true."""
+    x = as_tensor(input)
+    return amin(cast(x, _bool()), axis, keepdims)
+
+
+def any(input, axis=None, keepdims=False):
+    """Whether any element (along axis) is true."""
+    x = as_tensor(input)
+    return amax(cast(x, _bool()), axis, keepdims)
+
+
+def _bool():
+    from .. import _C as C
+
+    return C.bool
+
+
+def softmax(input, axis=-1, *, dim=None):
+    """Softmax along `axis`."""
+    x = as_tensor(input)
+    return apply(OP.softmax, (x,), (normalize_axis("softmax", dim if dim is not None else axis, x.ndim),))
+
+
+def log_softmax(input, axis=-1, *, dim=None):
+    """Log of softmax along `axis`, computed stably."""
+    x = as_tensor(input)
+    return apply(OP.log_softmax, (x,), (normalize_axis("log_softmax", dim if dim is not None else axis, x.ndim),))
+
+
+def square(input):
+    """input * input."""
+    x = as_tensor(input)
+    return x * x
+
+
+def reciprocal(input):
+    """1 / input."""
+    return 1.0 / as_tensor(input)

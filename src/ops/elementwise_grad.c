@@ -1,0 +1,176 @@
+/* Gradient rules of the elementwise ops, written with ops (principle 2: gradients are ops). */
+#include "../core/internal.h"
+
+/* Small op-emitting helpers; each returns a new reference or NULL with the error set. A NULL
+ * argument propagates, so expressions can be chained and checked once. */
+typedef struct {
+    kiln_status status;
+    kiln_tensor *temps[16]; /* released at the end of a rule */
+    int ntemps;
+} grad_scope;
+
+static kiln_tensor *keep(grad_scope *sc, kiln_status s, kiln_tensor *t) {
+    if (s != KILN_OK) {
+        if (sc->status == KILN_OK) sc->status = s;
+        return NULL;
+    }
+    KILN_ASSERT(sc->ntemps < 16);
+    sc->temps[sc->ntemps++] = t;
+    return t;
+}
+
+static kiln_tensor *bin(grad_scope *sc, kiln_op op, kiln_tensor *a, kiln_tensor *b) {
+    if (!a || !b || sc->status != KILN_OK) return NULL;
+    kiln_tensor *t = NULL;
+    kiln_status s = kiln_emit_binary(op, a, b, &t);
+    return keep(sc, s, t);
+}
+
+static kiln_tensor *un(grad_scope *sc, kiln_op op, kiln_tensor *a) {
+    if (!a || sc->status != KILN_OK) return NULL;
+    kiln_tensor *t = NULL;
+    kiln_status s = kiln_emit_unary(op, a, &t);
+    return keep(sc, s, t);
+}
+
+static kiln_tensor *scalar(grad_scope *sc, double v, const kiln_tensor *like) {
+    if (!like || sc->status != KILN_OK) return NULL;
+    kiln_tensor *t = NULL;
+    kiln_status s = kiln_emit_scalar(v, like->meta.dtype, &t);
+    return keep(sc, s, t);
+}
+
+static kiln_tensor *where3(grad_scope *sc, kiln_tensor *c, kiln_tensor *x, kiln_tensor *y) {
+    if (!c || !x || !y || sc->status != KILN_OK) return NULL;
+    kiln_tensor *in[3] = {c, x, y}, *t = NULL;
+    kiln_status s = kiln_apply(KILN_OP_WHERE, 3, in, NULL, &t);
+    return keep(sc, s, t);
+}
+
+/* Finishes a rule: gin[j] = sum_to(value, input j's shape) when needed; releases temps. */
+static kiln_status finish(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor **gin, kiln_tensor *const *values) {
+    for (int j = 0; j < ctx->nin && sc->status == KILN_OK; j++) {
+        if (!ctx->needs_grad[j]) continue;
+        if (!values[j]) {
+            if (sc->status == KILN_OK) sc->status = kiln_error(KILN_ERR_RUNTIME, "gradient of input %d missing", j);
+            break;
+        }
+        sc->status = kiln_emit_sum_to(values[j], &ctx->in_meta[j], &gin[j]);
+    }
+    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
+    if (sc->status != KILN_OK) kiln_release_all(gin, ctx->nin);
+    return sc->status;
+}
+
+#define X (ctx->in[0])
+#define Y (ctx->out[0])
+#define G (gout[0])
+#define UNARY_RULE(name, expr)                                                               \
+    KILN_GRAD(name) {                                                                        \
+        grad_scope sc = {0};                                                                 \
+        kiln_tensor *v[1] = {(expr)};                                                        \
+        return finish(&sc, ctx, gin, v);                                                     \
+    }
+
+UNARY_RULE(neg, un(&sc, KILN_OP_NEG, G))
+UNARY_RULE(abs, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_SIGN, X)))
+UNARY_RULE(exp, bin(&sc, KILN_OP_MUL, G, Y))
+UNARY_RULE(log, bin(&sc, KILN_OP_DIV, G, X))
+UNARY_RULE(sqrt, bin(&sc, KILN_OP_DIV, bin(&sc, KILN_OP_MUL, G, scalar(&sc, 0.5, G)), Y))
+/* d/dx x^-1/2 = -1/2 y^3 */
+UNARY_RULE(rsqrt, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, scalar(&sc, -0.5, G)),
+                      bin(&sc, KILN_OP_MUL, Y, bin(&sc, KILN_OP_MUL, Y, Y))))
+UNARY_RULE(sin, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_COS, X)))
+UNARY_RULE(cos, un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_SIN, X))))
+UNARY_RULE(tanh, bin(&sc, KILN_OP_TANH_BACKWARD, G, Y))
+UNARY_RULE(sigmoid, bin(&sc, KILN_OP_SIGMOID_BACKWARD, G, Y))
+UNARY_RULE(relu, bin(&sc, KILN_OP_RELU_BACKWARD, G, X))
+UNARY_RULE(gelu, bin(&sc, KILN_OP_GELU_BACKWARD, G, X))
+UNARY_RULE(silu, bin(&sc, KILN_OP_SILU_BACKWARD, G, X))
+/* d/dx erf(x) = 2/sqrt(pi) exp(-x^2) */
+UNARY_RULE(erf, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, scalar(&sc, 1.1283791670955126, G)),
+                    un(&sc, KILN_OP_EXP, un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, X, X)))))
+
+KILN_GRAD(clamp) {
+    grad_scope sc = {0};
+    kiln_tensor *lo = scalar(&sc, ctx->attrs->f[0], X), *hi = scalar(&sc, ctx->attrs->f[1], X);
+    kiln_tensor *inside = bin(&sc, KILN_OP_LOGICAL_AND, bin(&sc, KILN_OP_GE, X, lo), bin(&sc, KILN_OP_LE, X, hi));
+    kiln_tensor *v[1] = {where3(&sc, inside, G, scalar(&sc, 0.0, G))};
+    return finish(&sc, ctx, gin, v);
+}
+
+KILN_GRAD(cast) {
+    if (!kiln_dtype_is_float(ctx->in_meta[0].dtype)) return KILN_OK;
+    return kiln_emit_cast(G, ctx->in_meta[0].dtype, &gin[0]);
+}
+
+/* ---- binary ----------------------------------------------------------------------------- */
+
+#define A (ctx->in[0])
+#define B (ctx->in[1])
+
+KILN_GRAD(add) {
+    kiln_tensor *v[2] = {G, G};
+    grad_scope sc = {0};
+    return finish(&sc, ctx, gin, v);
+}
+
+KILN_GRAD(sub) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {G, ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, G) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+KILN_GRAD(mul) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, G, B) : NULL,
+                         ctx->needs_grad[1] ? bin(&sc, KILN_OP_MUL, G, A) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+KILN_GRAD(div) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_DIV, G, B) : NULL,
+                         ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_DIV, bin(&sc, KILN_OP_MUL, G, Y), B)) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* d/da a^b = b a^(b-1); d/db a^b = a^b log a, taken as 0 where a <= 0 */
+KILN_GRAD(pow) {
+    grad_scope sc = {0};
+    kiln_tensor *ga = NULL, *gb = NULL;
+    if (ctx->needs_grad[0]) {
+        kiln_tensor *bm1 = bin(&sc, KILN_OP_SUB, B, scalar(&sc, 1.0, B));
+        ga = bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_MUL, B, bin(&sc, KILN_OP_POW, A, bm1)));
+    }
+    if (ctx->needs_grad[1]) {
+        kiln_tensor *zero = scalar(&sc, 0.0, G);
+        kiln_tensor *positive = bin(&sc, KILN_OP_GT, A, zero);
+        kiln_tensor *safe_a = where3(&sc, positive, A, scalar(&sc, 1.0, A));
+        gb = where3(&sc, positive, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, Y), un(&sc, KILN_OP_LOG, safe_a)), zero);
+    }
+    kiln_tensor *v[2] = {ga, gb};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* maximum/minimum: the winner takes the gradient; ties split it evenly (as PyTorch). */
+static kiln_status select_grad(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin, kiln_op wins) {
+    grad_scope sc = {0};
+    kiln_tensor *zero = scalar(&sc, 0.0, G), *half = bin(&sc, KILN_OP_MUL, G, scalar(&sc, 0.5, G));
+    kiln_tensor *tie = bin(&sc, KILN_OP_EQ, A, B);
+    kiln_tensor *v[2] = {NULL, NULL};
+    if (ctx->needs_grad[0]) v[0] = where3(&sc, bin(&sc, wins, A, B), G, where3(&sc, tie, half, zero));
+    if (ctx->needs_grad[1]) v[1] = where3(&sc, bin(&sc, wins, B, A), G, where3(&sc, tie, half, zero));
+    return finish(&sc, ctx, gin, v);
+}
+
+KILN_GRAD(maximum) { return select_grad(ctx, gout, gin, KILN_OP_GT); }
+KILN_GRAD(minimum) { return select_grad(ctx, gout, gin, KILN_OP_LT); }
+
+KILN_GRAD(where) {
+    grad_scope sc = {0};
+    kiln_tensor *zero = scalar(&sc, 0.0, G), *c = ctx->in[0];
+    kiln_tensor *v[3] = {NULL, ctx->needs_grad[1] ? where3(&sc, c, G, zero) : NULL,
+                         ctx->needs_grad[2] ? where3(&sc, c, zero, G) : NULL};
+    return finish(&sc, ctx, gin, v);
+}

@@ -1,0 +1,198 @@
+/* Conversions between Python values and kiln tensors, and kiln_status -> exceptions. */
+#include "pykiln.h"
+
+#include "core/internal.h"
+
+PyObject *pykiln_raise(kiln_status s) {
+    PyObject *type;
+    switch (s) {
+    case KILN_ERR_VALUE: type = PyExc_ValueError; break;
+    case KILN_ERR_TYPE: type = PyExc_TypeError; break;
+    case KILN_ERR_INDEX: type = PyExc_IndexError; break;
+    case KILN_ERR_MEMORY: type = PyExc_MemoryError; break;
+    case KILN_ERR_NOT_IMPLEMENTED: type = PyExc_NotImplementedError; break;
+    default: type = PyExc_RuntimeError; break;
+    }
+    PyErr_SetString(type, kiln_last_error());
+    return NULL;
+}
+
+int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out) {
+    if (PyObject_TypeCheck(obj, &PyKilnDType_Type)) {
+        *out = ((PyKilnDType *)obj)->id;
+        return 0;
+    }
+    if (PyUnicode_Check(obj)) {
+        const char *name = PyUnicode_AsUTF8(obj);
+        for (int d = 0; name && d < KILN_DTYPE_COUNT; d++)
+            if (strcmp(name, kiln_dtype_name((kiln_dtype)d)) == 0) {
+                *out = (kiln_dtype)d;
+                return 0;
+            }
+    }
+    PyErr_Format(PyExc_TypeError, "expected a kiln dtype (kiln.float32, ...), got %R", obj);
+    return -1;
+}
+
+/* ---- buffers ---------------------------------------------------------------------------- */
+
+static int dtype_of_format(const char *fmt, Py_ssize_t itemsize, kiln_dtype *out) {
+    if (!fmt) fmt = "B";
+    while (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '!') fmt++;
+    if (fmt[0] == '\0' || fmt[1] != '\0') return -1;
+    switch (fmt[0]) {
+    case '?': *out = KILN_DTYPE_BOOL; return 0;
+    case 'b': *out = KILN_DTYPE_INT8; return 0;
+    case 'e': *out = KILN_DTYPE_FLOAT16; return 0;
+    case 'f': *out = KILN_DTYPE_FLOAT32; return 0;
+    case 'd': *out = KILN_DTYPE_FLOAT64; return 0;
+    case 'i': case 'l': case 'q':
+        if (itemsize == 4) *out = KILN_DTYPE_INT32;
+        else if (itemsize == 8) *out = KILN_DTYPE_INT64;
+        else return -1;
+        return 0;
+    default: return -1;
+    }
+}
+
+static void release_buffer(void *ctx) {
+    Py_buffer *view = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyBuffer_Release(view);
+    PyGILState_Release(g);
+    PyMem_RawFree(view);
+}
+
+/* A tensor sharing the memory of an object with the buffer protocol; NULL without an error
+ * set when the object has no usable buffer. */
+static kiln_tensor *wrap_buffer(PyObject *obj) {
+    if (!PyObject_CheckBuffer(obj)) return NULL;
+    Py_buffer *view = PyMem_RawMalloc(sizeof *view);
+    if (!view) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) != 0) {
+        PyMem_RawFree(view);
+        PyErr_Clear();
+        return NULL;
+    }
+    kiln_dtype dtype;
+    if (view->ndim > KILN_MAX_DIMS || dtype_of_format(view->format, view->itemsize, &dtype) != 0) {
+        PyErr_Format(PyExc_TypeError, "cannot make a tensor from a buffer of format '%s' with %d dimensions "
+                     "(supported: bool, int8, int32, int64, float16, float32, float64; at most %d dimensions)",
+                     view->format ? view->format : "B", view->ndim, KILN_MAX_DIMS);
+        PyBuffer_Release(view);
+        PyMem_RawFree(view);
+        return NULL;
+    }
+    int64_t shape[KILN_MAX_DIMS], strides[KILN_MAX_DIMS];
+    for (int d = 0; d < view->ndim; d++) {
+        shape[d] = view->shape[d];
+        if (view->strides[d] % view->itemsize != 0) {
+            PyErr_SetString(PyExc_ValueError, "cannot make a tensor from a buffer with unaligned strides");
+            PyBuffer_Release(view);
+            PyMem_RawFree(view);
+            return NULL;
+        }
+        strides[d] = view->strides[d] / view->itemsize;
+    }
+    kiln_tensor *t = NULL;
+    kiln_status s = kiln_tensor_wrap(dtype, view->ndim, shape, strides, view->buf, release_buffer, view, &t);
+    if (s != KILN_OK) {
+        PyBuffer_Release(view);
+        PyMem_RawFree(view);
+        pykiln_raise(s);
+        return NULL;
+    }
+    return t;
+}
+
+/* ---- scalars and sequences ------------------------------------------------------------- */
+
+static kiln_tensor *scalar_tensor(double v, int64_t iv, bool is_int, kiln_dtype dtype) {
+    kiln_tensor *t = NULL;
+    kiln_status s = kiln_tensor_empty(dtype, 0, NULL, &t);
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        return NULL;
+    }
+    switch (dtype) {
+    case KILN_DTYPE_BOOL: *(uint8_t *)t->data = is_int ? iv != 0 : v != 0; break;
+    case KILN_DTYPE_INT8: *(int8_t *)t->data = (int8_t)(is_int ? iv : (int64_t)v); break;
+    case KILN_DTYPE_INT32: *(int32_t *)t->data = (int32_t)(is_int ? iv : (int64_t)v); break;
+    case KILN_DTYPE_INT64: *(int64_t *)t->data = is_int ? iv : (int64_t)v; break;
+    case KILN_DTYPE_FLOAT32: *(float *)t->data = (float)(is_int ? (double)iv : v); break;
+    case KILN_DTYPE_FLOAT64: *(double *)t->data = is_int ? (double)iv : v; break;
+    default: { /* 16-bit floats: go through float32 */
+        kiln_tensor *f = scalar_tensor(v, iv, is_int, KILN_DTYPE_FLOAT32), *h = NULL;
+        if (!f) {
+            kiln_tensor_release(t);
+            return NULL;
+        }
+        kiln_tensor_release(t);
+        kiln_status cs = kiln_emit_cast(f, dtype, &h);
+        kiln_tensor_release(f);
+        if (cs != KILN_OK) {
+            pykiln_raise(cs);
+            return NULL;
+        }
+        return h;
+    }
+    }
+    return t;
+}
+
+/* The dtype a Python scalar takes next to a tensor of dtype `like` (NumPy 2 weak scalars). */
+static kiln_dtype weak_scalar_dtype(PyObject *v, const kiln_tensor *like) {
+    bool have = like != NULL;
+    kiln_dtype ld = have ? like->meta.dtype : KILN_DTYPE_FLOAT32;
+    if (PyBool_Check(v)) return have ? ld : KILN_DTYPE_BOOL;
+    if (PyLong_Check(v)) return have && ld != KILN_DTYPE_BOOL ? ld : KILN_DTYPE_INT64;
+    return have && kiln_dtype_is_float(ld) ? ld : KILN_DTYPE_FLOAT32;
+}
+
+kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like) {
+    if (pykiln_is_tensor(value)) {
+        kiln_tensor *t = pykiln_unwrap(value);
+        kiln_tensor_retain(t);
+        return t;
+    }
+    if (PyBool_Check(value) || PyLong_Check(value)) {
+        int overflow = 0;
+        long long iv = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow) {
+            PyErr_SetString(PyExc_OverflowError, "Python int too large for an int64 tensor");
+            return NULL;
+        }
+        return scalar_tensor((double)iv, iv, true, weak_scalar_dtype(value, like));
+    }
+    if (PyFloat_Check(value)) return scalar_tensor(PyFloat_AS_DOUBLE(value), 0, false, weak_scalar_dtype(value, like));
+    kiln_tensor *t = wrap_buffer(value);
+    if (t || PyErr_Occurred()) return t;
+    if (PyList_Check(value) || PyTuple_Check(value)) {
+        /* nested sequences go through NumPy, then default float64 -> float32 as in MindSpore */
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (!np) return NULL;
+        PyObject *arr = PyObject_CallMethod(np, "asarray", "O", value);
+        Py_DECREF(np);
+        if (!arr) return NULL;
+        t = wrap_buffer(arr);
+        Py_DECREF(arr);
+        if (!t) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "cannot make a tensor from %R: elements must be numbers", value);
+            return NULL;
+        }
+        if (t->meta.dtype == KILN_DTYPE_FLOAT64) {
+            kiln_tensor *f = NULL;
+            kiln_status s = kiln_emit_cast(t, KILN_DTYPE_FLOAT32, &f);
+            kiln_tensor_release(t);
+            if (s != KILN_OK) return (kiln_tensor *)pykiln_raise(s);
+            t = f;
+        }
+        return t;
+    }
+    PyErr_Format(PyExc_TypeError, "cannot make a tensor from an object of type %.100s", Py_TYPE(value)->tp_name);
+    return NULL;
+}

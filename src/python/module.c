@@ -1,0 +1,337 @@
+/* The kiln._C module: op application driven by the op table, autograd entry points, seeds,
+ * threads. Reference notes: arguments are borrowed; every returned object is a new reference. */
+#include "pykiln.h"
+
+#include "core/internal.h"
+
+/* Fills attrs from two optional sequences of ints and floats. */
+static int parse_attrs(PyObject *ints, PyObject *floats, kiln_attrs *a) {
+    kiln_attrs_clear(a);
+    if (ints && ints != Py_None) {
+        PyObject *seq = PySequence_Fast(ints, "op attributes must be a sequence of ints");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > KILN_MAX_ATTR_INTS) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "too many int attributes (%zd > %d)", n, KILN_MAX_ATTR_INTS);
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, k));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            kiln_attrs_push_int(a, v);
+        }
+        Py_DECREF(seq);
+    }
+    if (floats && floats != Py_None) {
+        PyObject *seq = PySequence_Fast(floats, "op attributes must be a sequence of floats");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (n > KILN_MAX_ATTR_FLOATS) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "too many float attributes (%zd > %d)", n, KILN_MAX_ATTR_FLOATS);
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, k));
+            if (v == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            kiln_attrs_push_float(a, v);
+        }
+        Py_DECREF(seq);
+    }
+    return 0;
+}
+
+/* Converts a sequence of tensors (or values, converted next to the first tensor) into new refs. */
+static kiln_tensor **tensors_from_seq(PyObject *seq_obj, Py_ssize_t *count) {
+    PyObject *seq = PySequence_Fast(seq_obj, "expected a sequence of tensors");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    kiln_tensor **ts = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ts);
+    if (!ts) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    const kiln_tensor *like = NULL;
+    for (Py_ssize_t k = 0; k < n && !like; k++)
+        if (pykiln_is_tensor(PySequence_Fast_GET_ITEM(seq, k))) like = pykiln_unwrap(PySequence_Fast_GET_ITEM(seq, k));
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        ts[k] = item == Py_None ? NULL : pykiln_to_tensor(item, like);
+        if (!ts[k] && item != Py_None) {
+            kiln_release_all(ts, (int)k);
+            PyMem_Free(ts);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    *count = n;
+    return ts;
+}
+
+static void free_tensors(kiln_tensor **ts, Py_ssize_t n) {
+    kiln_release_all(ts, (int)n);
+    PyMem_Free(ts);
+}
+
+static PyObject *wrap_outputs(kiln_tensor **out, int nout) {
+    if (nout == 1) return pykiln_wrap(out[0]);
+    PyObject *tup = PyTuple_New(nout);
+    if (!tup) {
+        kiln_release_all(out, nout);
+        return NULL;
+    }
+    for (int k = 0; k < nout; k++) {
+        PyObject *o = pykiln_wrap(out[k]);
+        out[k] = NULL;
+        if (!o) {
+            kiln_release_all(out + k + 1, nout - k - 1);
+            Py_DECREF(tup);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tup, k, o);
+    }
+    return tup;
+}
+
+/* apply(op: int, inputs: sequence, ints=(), floats=()) -> Tensor | tuple */
+static PyObject *py_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "apply(op, inputs, ints=(), floats=())");
+        return NULL;
+    }
+    long op = PyLong_AsLong(args[0]);
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (op < 0 || op >= KILN_OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown op %ld", op);
+        return NULL;
+    }
+    kiln_attrs attrs;
+    if (parse_attrs(nargs > 2 ? args[2] : NULL, nargs > 3 ? args[3] : NULL, &attrs) != 0) return NULL;
+    kiln_tensor *small[8], **in = small;
+    Py_ssize_t nin = 0;
+    bool fast = PyTuple_Check(args[1]) && PyTuple_GET_SIZE(args[1]) <= 8;
+    if (fast) { /* borrowed tensors straight from the tuple */
+        nin = PyTuple_GET_SIZE(args[1]);
+        for (Py_ssize_t k = 0; k < nin && fast; k++) {
+            PyObject *item = PyTuple_GET_ITEM(args[1], k);
+            fast = pykiln_is_tensor(item);
+            if (fast) in[k] = pykiln_unwrap(item);
+        }
+    }
+    bool owned = !fast;
+    if (owned) {
+        in = tensors_from_seq(args[1], &nin);
+        if (!in) return NULL;
+    }
+    kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
+    kiln_status s = kiln_apply((kiln_op)op, (int)nin, in, &attrs, out);
+    if (owned) free_tensors(in, nin);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return wrap_outputs(out, kiln_op_table[op].nout);
+}
+
+/* infer(op, inputs, ints=(), floats=()) -> list of (shape, dtype) */
+static PyObject *py_infer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "infer(op, inputs, ints=(), floats=())");
+        return NULL;
+    }
+    long op = PyLong_AsLong(args[0]);
+    if (op < 0 || op >= KILN_OP_COUNT) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "unknown op %ld", op);
+        return NULL;
+    }
+    kiln_attrs attrs;
+    if (parse_attrs(nargs > 2 ? args[2] : NULL, nargs > 3 ? args[3] : NULL, &attrs) != 0) return NULL;
+    Py_ssize_t nin = 0;
+    kiln_tensor **in = tensors_from_seq(args[1], &nin);
+    if (!in) return NULL;
+    kiln_meta metas[KILN_MAX_OUTPUTS];
+    kiln_status s = kiln_infer((kiln_op)op, (int)nin, in, &attrs, metas);
+    free_tensors(in, nin);
+    if (s != KILN_OK) return pykiln_raise(s);
+    int nout = kiln_op_table[op].nout;
+    PyObject *list = PyList_New(nout);
+    for (int k = 0; list && k < nout; k++) {
+        PyObject *shape = PyTuple_New(metas[k].ndim);
+        for (int d = 0; shape && d < metas[k].ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(metas[k].shape[d]));
+        PyList_SET_ITEM(list, k, Py_BuildValue("(NO)", shape, pykiln_dtypes[metas[k].dtype]));
+    }
+    return list;
+}
+
+/* op_table() -> list of (name, nin, nout, differentiable, fusion, c_expr) in enum order */
+static PyObject *py_op_table(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *list = PyList_New(KILN_OP_COUNT);
+    for (int op = 0; list && op < KILN_OP_COUNT; op++) {
+        const kiln_op_info *info = &kiln_op_table[op];
+        PyList_SET_ITEM(list, op, Py_BuildValue("(siiOiz)", info->name, info->nin, info->nout,
+                                                kiln_op_differentiable((kiln_op)op) ? Py_True : Py_False,
+                                                (int)info->fusion, info->c_expr));
+    }
+    return list;
+}
+
+/* grad(outputs, inputs, grad_outputs=None, create_graph=False) -> tuple (None where unused) */
+static PyObject *py_grad(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *outs_obj, *ins_obj, *gouts_obj = Py_None;
+    int create_graph = 0;
+    if (!PyArg_ParseTuple(args, "OO|Op:grad", &outs_obj, &ins_obj, &gouts_obj, &create_graph)) return NULL;
+    Py_ssize_t nout = 0, nin = 0, ngout = 0;
+    kiln_tensor **outs = tensors_from_seq(outs_obj, &nout), **ins = NULL, **gouts = NULL, **grads = NULL;
+    PyObject *result = NULL;
+    if (!outs) return NULL;
+    ins = tensors_from_seq(ins_obj, &nin);
+    if (!ins) goto done;
+    for (Py_ssize_t k = 0; k < nout; k++)
+        if (!outs[k]) {
+            PyErr_SetString(PyExc_TypeError, "grad: outputs must be tensors");
+            goto done;
+        }
+    if (gouts_obj != Py_None) {
+        gouts = tensors_from_seq(gouts_obj, &ngout);
+        if (!gouts) goto done;
+        if (ngout != nout) {
+            PyErr_Format(PyExc_ValueError, "grad: %zd grad_outputs for %zd outputs", ngout, nout);
+            goto done;
+        }
+    }
+    grads = PyMem_Calloc((size_t)(nin ? nin : 1), sizeof *grads);
+    if (!grads) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    kiln_status s = kiln_autograd_grad((int)nout, outs, gouts, (int)nin, ins, create_graph, grads);
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        goto done;
+    }
+    result = PyTuple_New(nin);
+    for (Py_ssize_t k = 0; result && k < nin; k++) {
+        if (grads[k]) {
+            PyTuple_SET_ITEM(result, k, pykiln_wrap(grads[k]));
+            grads[k] = NULL;
+        } else {
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(result, k, Py_None);
+        }
+    }
+done:
+    if (grads) free_tensors(grads, nin);
+    if (gouts) free_tensors(gouts, ngout);
+    if (ins) free_tensors(ins, nin);
+    free_tensors(outs, nout);
+    return result;
+}
+
+static PyObject *py_set_grad_enabled(PyObject *self, PyObject *arg) {
+    (void)self;
+    int flag = PyObject_IsTrue(arg);
+    if (flag < 0) return NULL;
+    return PyBool_FromLong(kiln_set_grad_enabled(flag));
+}
+
+static PyObject *py_is_grad_enabled(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kiln_grad_enabled());
+}
+
+static PyObject *py_manual_seed(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
+    if (PyErr_Occurred()) return NULL;
+    kiln_manual_seed(seed);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "set_num_threads: the count must be at least 1");
+        return NULL;
+    }
+    kiln_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLong(kiln_num_threads());
+}
+
+/* from_numpy(array): a tensor sharing the array's memory */
+static PyObject *py_from_buffer(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (pykiln_is_tensor(arg) || !PyObject_CheckBuffer(arg)) {
+        PyErr_Format(PyExc_TypeError, "from_numpy expects a NumPy array (or another buffer), got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    kiln_tensor *t = pykiln_to_tensor(arg, NULL);
+    return t ? pykiln_wrap(t) : NULL;
+}
+
+static PyObject *py_set_tensor_class(PyObject *self, PyObject *cls) {
+    (void)self;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyKilnTensor_Type)) {
+        PyErr_SetString(PyExc_TypeError, "_set_tensor_class expects a subclass of TensorBase");
+        return NULL;
+    }
+    Py_INCREF(cls); /* kept for the life of the process */
+    pykiln_tensor_class = (PyTypeObject *)cls;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dtype_from_name(PyObject *self, PyObject *name) {
+    (void)self;
+    kiln_dtype d;
+    if (pykiln_parse_dtype(name, &d) != 0) return NULL;
+    Py_INCREF(pykiln_dtypes[d]);
+    return pykiln_dtypes[d];
+}
+
+static PyMethodDef module_methods[] = {
+    {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
+    {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
+    {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr)"},
+    {"grad", py_grad, METH_VARARGS, "grad(outputs, inputs, grad_outputs=None, create_graph=False)"},
+    {"set_grad_enabled", py_set_grad_enabled, METH_O, "set grad mode; returns the previous mode"},
+    {"is_grad_enabled", py_is_grad_enabled, METH_NOARGS, "whether grad mode is on"},
+    {"manual_seed", py_manual_seed, METH_O, "seed the random generator"},
+    {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
+    {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array"},
+    {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
+    {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef kiln_module = {
+    PyModuleDef_HEAD_INIT, "kiln._C", "The C core of kiln.", -1, module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__C(void);
+PyMODINIT_FUNC PyInit__C(void) {
+    PyObject *m = PyModule_Create(&kiln_module);
+    if (!m) return NULL;
+    if (pykiln_tensor_init_type(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,47 @@
+/* Shared declarations of the kiln._C extension. */
+#ifndef KILN_PYKILN_H
+#define KILN_PYKILN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kiln/kiln.h"
+
+/* A Python tensor owns one reference to a C tensor. */
+typedef struct {
+    PyObject_HEAD
+    kiln_tensor *t;
+    PyObject *weakrefs;
+} PyKilnTensor;
+
+typedef struct {
+    PyObject_HEAD
+    kiln_dtype id;
+} PyKilnDType;
+
+extern PyTypeObject PyKilnTensor_Type;
+extern PyTypeObject PyKilnDType_Type;
+
+/* The class new tensors are made of: kiln.Tensor once the package registers it. Process-wide
+ * like the static types themselves; set once at import. */
+extern PyTypeObject *pykiln_tensor_class;
+/* The dtype singletons, indexed by kiln_dtype. */
+extern PyObject *pykiln_dtypes[KILN_DTYPE_COUNT];
+
+static inline int pykiln_is_tensor(PyObject *o) { return PyObject_TypeCheck(o, &PyKilnTensor_Type); }
+static inline kiln_tensor *pykiln_unwrap(PyObject *o) { return ((PyKilnTensor *)o)->t; }
+
+/* New Python tensor that steals the reference `t`; NULL (with t released) on failure. */
+PyObject *pykiln_wrap(kiln_tensor *t);
+/* Raises the Python exception for a failed status (message from kiln_last_error). */
+PyObject *pykiln_raise(kiln_status s);
+/* Converts any value (tensor, Python scalar, sequence, buffer) to a new C tensor reference.
+ * `like`, when given, sets the dtype of Python scalars the way NumPy 2 does for weak scalars. */
+kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
+/* dtype object or None/NULL -> kiln_dtype; -1 with TypeError set. */
+int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
+
+/* Registers TensorBase, dtype and the dtype singletons (tensor.c). */
+int pykiln_tensor_init_type(PyObject *module);
+
+#endif
