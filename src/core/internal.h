@@ -36,6 +36,8 @@ _Noreturn void kiln_assert_fail(const char *what, const char *file, int line);
 #define KILN_ALIGN 64
 void *kiln_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure (message set) */
 void kiln_free(void *p);
+/* Returns cached free blocks to the system. */
+void kiln_alloc_trim(void);
 
 /* ---- shapes --------------------------------------------------------------------------- */
 

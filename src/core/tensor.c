@@ -1,6 +1,7 @@
 /* Tensors and their storage: allocation, views, reference counting. */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 struct kiln_storage {
@@ -15,14 +16,83 @@ struct kiln_storage {
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
 #define STORAGE_HEADER (((sizeof(kiln_storage) + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN)
 
+/* Large blocks are cached after free and reused for the next request of the same rounded
+ * size: fresh large allocations come from mmap and pay a page fault per 4 KiB on first touch,
+ * which costs as much as the kernels that fill them. Small blocks go straight to malloc. */
+#define CACHE_MIN_BYTES ((size_t)1 << 20)
+#define CACHE_ROUND ((size_t)1 << 16)
+#define CACHE_SLOTS 64
+#define CACHE_MAX_BYTES ((size_t)4 << 30)
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} cached_block;
+
+static struct {
+    pthread_mutex_t lock;
+    cached_block slots[CACHE_SLOTS];
+    int count;
+    size_t total;
+} block_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Each large block carries its rounded size in a header of KILN_ALIGN bytes. */
+static size_t large_round(size_t nbytes) { return (nbytes + KILN_ALIGN + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND; }
+
 void *kiln_alloc(size_t nbytes) {
-    size_t rounded = ((nbytes + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN;
-    void *p = aligned_alloc(KILN_ALIGN, rounded ? rounded : KILN_ALIGN);
-    if (!p) kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
-    return p;
+    if (nbytes >= CACHE_MIN_BYTES) {
+        size_t bytes = large_round(nbytes);
+        void *block = NULL;
+        pthread_mutex_lock(&block_cache.lock);
+        for (int k = block_cache.count - 1; k >= 0; k--)
+            if (block_cache.slots[k].bytes == bytes) {
+                block = block_cache.slots[k].ptr;
+                block_cache.total -= bytes;
+                block_cache.slots[k] = block_cache.slots[--block_cache.count];
+                break;
+            }
+        pthread_mutex_unlock(&block_cache.lock);
+        if (!block) block = aligned_alloc(KILN_ALIGN, bytes);
+        if (!block) {
+            kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
+            return NULL;
+        }
+        *(size_t *)block = bytes;
+        return (char *)block + KILN_ALIGN;
+    }
+    size_t rounded = ((nbytes + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN + KILN_ALIGN;
+    char *p = aligned_alloc(KILN_ALIGN, rounded);
+    if (!p) {
+        kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
+        return NULL;
+    }
+    *(size_t *)p = 0; /* small: not cached */
+    return p + KILN_ALIGN;
 }
 
-void kiln_free(void *p) { free(p); }
+void kiln_free(void *p) {
+    if (!p) return;
+    char *block = (char *)p - KILN_ALIGN;
+    size_t bytes = *(size_t *)block;
+    if (bytes) {
+        pthread_mutex_lock(&block_cache.lock);
+        if (block_cache.count < CACHE_SLOTS && block_cache.total + bytes <= CACHE_MAX_BYTES) {
+            block_cache.slots[block_cache.count++] = (cached_block){block, bytes};
+            block_cache.total += bytes;
+            block = NULL;
+        }
+        pthread_mutex_unlock(&block_cache.lock);
+    }
+    free(block);
+}
+
+void kiln_alloc_trim(void) {
+    pthread_mutex_lock(&block_cache.lock);
+    for (int k = 0; k < block_cache.count; k++) free(block_cache.slots[k].ptr);
+    block_cache.count = 0;
+    block_cache.total = 0;
+    pthread_mutex_unlock(&block_cache.lock);
+}
 
 static kiln_storage *storage_new(size_t nbytes, bool zero) {
     kiln_storage *s = kiln_alloc(STORAGE_HEADER + nbytes);

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what kiln needs on a Debian machine; does nothing when it is already there.
+set -euo pipefail
+
+apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
+
+python3 - <<'PY' || python3 -m pip install -q numpy pytest scikit-build-core
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in ("numpy", "pytest", "scikit_build_core")) else 1)
+PY
