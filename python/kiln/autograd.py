@@ -121,11 +121,15 @@ def _zeros_like(t):
 def grad(fn, grad_position=0, weights=None, has_aux=False):
     """A function returning the gradients of fn's output (its first output with has_aux) with
     respect to the arguments at grad_position and/or the given weights (Parameters or a Cell).
-    Non-scalar outputs are differentiated with a gradient of ones, as in MindSpore."""
+    Non-scalar outputs are differentiated with a gradient of ones, as in MindSpore. With has_aux
+    the function returns (output, aux, ...) and grad returns (gradients, aux)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return _run(fn, grad_position, weights, has_aux, args, kwargs)[1]
+        value, grads = _run(fn, grad_position, weights, has_aux, args, kwargs)
+        if has_aux:  # (gradients, the outputs after the first)
+            return grads, (value[1] if len(value) == 2 else value[1:])
+        return grads
 
     return wrapper
 
