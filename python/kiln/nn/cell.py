@@ -1,0 +1,352 @@
+"""Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
+from collections import OrderedDict
+
+from .parameter import Parameter
+
+_object_setattr = object.__setattr__
+
+
+class Cell:
+    """Base class of layers and networks. Subclasses call super().__init__() first, assign
+    Parameters and sub-Cells as attributes (they are registered in assignment order) and
+    define construct(*inputs); calling the cell runs construct.
+
+    `training` is False until set_train() (MindSpore's default)."""
+
+    def __init__(self, auto_prefix=True, flags=None):
+        _object_setattr(self, "_params", OrderedDict())
+        _object_setattr(self, "_cells", OrderedDict())
+        _object_setattr(self, "training", False)
+        _object_setattr(self, "requires_grad", False)
+        _object_setattr(self, "_auto_prefix", bool(auto_prefix))
+        _object_setattr(self, "_jit_config", None)
+        if flags:
+            _object_setattr(self, "_flags", dict(flags))
+
+    # ---- running ------------------------------------------------------------------------
+    def construct(self, *inputs, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} must define construct()")
+
+    def __call__(self, *args, **kwargs):
+        return self.construct(*args, **kwargs)
+
+    # ---- registration -------------------------------------------------------------------
+    def _registries(self, name):
+        try:
+            return self.__dict__["_params"], self.__dict__["_cells"]
+        except KeyError:
+            raise AttributeError(f"cannot assign {name!r} before {type(self).__name__}.__init__() "
+                                 f"calls super().__init__()") from None
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Parameter):
+            params, cells = self._registries(name)
+            cells.pop(name, None)
+            params[name] = value
+            if value.name is None:
+                value.name = name
+                value._auto_name = True
+        elif isinstance(value, Cell):
+            params, cells = self._registries(name)
+            params.pop(name, None)
+            cells[name] = value
+            if self._auto_prefix:
+                for path, p in value.parameters_and_names():
+                    if p.name is None or getattr(p, "_auto_name", False):
+                        p.name = f"{name}.{path}"
+                        p._auto_name = True
+        elif "_params" in self.__dict__ and (name in self._params or name in self._cells):
+            kind = "parameter" if name in self._params else "cell"
+            if value is not None:
+                expected = "Parameter" if kind == "parameter" else "Cell"
+                raise TypeError(f"cannot assign a {type(value).__name__} to {kind} {name!r} of "
+                                f"{type(self).__name__} ({expected} or None expected)")
+            (self._params if kind == "parameter" else self._cells).pop(name)
+        _object_setattr(self, name, value)
+
+    def __delattr__(self, name):
+        d = self.__dict__
+        if "_params" in d:
+            d["_params"].pop(name, None)
+            d["_cells"].pop(name, None)
+        object.__delattr__(self, name)
+
+    def insert_param_to_cell(self, param_name, param, check_name_contain_dot=True):
+        """Registers param under param_name (like assigning it as an attribute)."""
+        if not isinstance(param_name, str) or not param_name or (check_name_contain_dot and "." in param_name):
+            raise KeyError(f"insert_param_to_cell: invalid parameter name {param_name!r}")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"insert_param_to_cell: expected a Parameter, got {type(param).__name__}")
+        setattr(self, param_name, param)
+
+    def insert_child_to_cell(self, child_name, child_cell):
+        """Registers child_cell under child_name (like assigning it as an attribute)."""
+        if not isinstance(child_name, str) or not child_name or "." in child_name:
+            raise KeyError(f"insert_child_to_cell: invalid cell name {child_name!r}")
+        if child_cell is not None and not isinstance(child_cell, Cell):
+            raise TypeError(f"insert_child_to_cell: expected a Cell, got {type(child_cell).__name__}")
+        setattr(self, child_name, child_cell)
+
+    def update_parameters_name(self, prefix="", recurse=True):
+        """Prefixes the names of this cell's parameters with prefix."""
+        for p in self.get_parameters(expand=recurse):
+            p.name = prefix + (p.name or "")
+            p._auto_name = False
+
+    # ---- traversal ----------------------------------------------------------------------
+    def cells_and_names(self, cells=None, name_prefix=""):
+        """(name, cell) for this cell ('' or name_prefix) and every sub-cell, each cell once."""
+        seen = set() if cells is None else cells
+        if id(self) in seen:
+            return
+        seen.add(id(self))
+        yield name_prefix, self
+        for name, cell in self._cells.items():
+            if cell is None:
+                continue
+            yield from cell.cells_and_names(seen, f"{name_prefix}.{name}" if name_prefix else name)
+
+    def name_cells(self):
+        """The direct sub-cells by attribute name."""
+        return OrderedDict((n, c) for n, c in self._cells.items() if c is not None)
+
+    def cells(self):
+        """The direct sub-cells."""
+        return list(self.name_cells().values())
+
+    def parameters_and_names(self, name_prefix="", expand=True):
+        """(path, parameter) pairs such as ('layer.weight', p), each parameter once: this cell's
+        own parameters, then each sub-cell's, in registration order (MindSpore's order);
+        expand=False lists only this cell's own parameters."""
+        seen = set()
+        cells = self.cells_and_names(name_prefix=name_prefix) if expand else ((name_prefix, self),)
+        for cell_name, cell in cells:
+            for name, p in cell._params.items():
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield (f"{cell_name}.{name}" if cell_name else name), p
+
+    def get_parameters(self, expand=True):
+        """The parameters (recursively unless expand=False), each once."""
+        for _, p in self.parameters_and_names(expand=expand):
+            yield p
+
+    def trainable_params(self, recurse=True):
+        """The parameters that require gradients, in registration order."""
+        return [p for p in self.get_parameters(expand=recurse) if p.requires_grad]
+
+    def untrainable_params(self, recurse=True):
+        """The parameters that do not require gradients (e.g. BatchNorm running statistics)."""
+        return [p for p in self.get_parameters(expand=recurse) if not p.requires_grad]
+
+    def parameters_dict(self, recurse=True):
+        """OrderedDict path -> parameter."""
+        return OrderedDict(self.parameters_and_names(expand=recurse))
+
+    def load_parameter_dict(self, parameter_dict, strict=True):
+        """Copies values (Tensors, arrays) into the parameters of the same paths. With strict,
+        missing or unexpected names raise KeyError. Returns the names not found in the dict."""
+        own = self.parameters_dict()
+        missing = [n for n in own if n not in parameter_dict]
+        unexpected = [n for n in parameter_dict if n not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_parameter_dict: missing {missing}, unexpected {unexpected}")
+        for name, p in own.items():
+            if name in parameter_dict:
+                value = parameter_dict[name]
+                shape = tuple(getattr(value, "shape", ()))
+                if shape != p.shape:
+                    raise ValueError(f"load_parameter_dict: {name} has shape {p.shape}, the value has {shape}")
+                p.set_data(value)
+        return missing
+
+    def apply(self, fn):
+        """Calls fn on every sub-cell (children first) and on this cell; returns self."""
+        for cell in self.cells():
+            cell.apply(fn)
+        fn(self)
+        return self
+
+    # ---- modes and configuration --------------------------------------------------------
+    def set_train(self, mode=True):
+        """Training mode (Dropout drops, BatchNorm uses batch statistics) for this cell and
+        every sub-cell; returns self."""
+        for _, cell in self.cells_and_names():
+            _object_setattr(cell, "training", bool(mode))
+        return self
+
+    def set_grad(self, requires_grad=True):
+        """Marks the network as one that gradients are taken of (informational); returns self."""
+        for _, cell in self.cells_and_names():
+            _object_setattr(cell, "requires_grad", bool(requires_grad))
+        return self
+
+    def set_jit_config(self, jit_config):
+        """Stores the JitConfig used when this cell is compiled."""
+        if jit_config is None:
+            raise TypeError("set_jit_config: jit_config must not be None")
+        _object_setattr(self, "_jit_config", jit_config)
+        return self
+
+    def get_jit_config(self):
+        """The JitConfig given to set_jit_config, or None."""
+        return self.__dict__.get("_jit_config")
+
+    # ---- printing -----------------------------------------------------------------------
+    def extend_repr(self):
+        """Extra text shown inside this cell's repr."""
+        return ""
+
+    def __repr__(self):
+        lines = []
+        extra = self.extend_repr()
+        if extra:
+            lines += extra.split("\n")
+        for name, cell in self.name_cells().items():
+            sub = repr(cell).split("\n")
+            lines.append(f"({name}): " + "\n  ".join(sub))
+        body = type(self).__name__ + "<"
+        if not lines:
+            return body + ">"
+        if len(lines) == 1 and not self._cells:
+            return body + lines[0] + ">"
+        return body + "\n  " + "\n  ".join(lines) + "\n  >"
+
+
+class _CellContainer(Cell):
+    """Shared bookkeeping of SequentialCell and CellList: children named '0', '1', ..."""
+
+    def __init__(self):
+        super().__init__()
+        _object_setattr(self, "_list", [])
+
+    def _set_list(self, cells):
+        for c in cells:
+            if not isinstance(c, Cell):
+                raise TypeError(f"{type(self).__name__}: expected Cells, got {type(c).__name__}")
+        for name in list(self._cells):
+            if name.isdigit():
+                delattr(self, name)
+        _object_setattr(self, "_list", [])
+        for i, c in enumerate(cells):
+            setattr(self, str(i), c)
+            self._list.append(c)
+
+    def __len__(self):
+        return len(self._list)
+
+    def __iter__(self):
+        return iter(self._list)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return type(self)(self._list[index])
+        if not isinstance(index, int):
+            raise TypeError(f"{type(self).__name__} indices must be ints or slices, got {type(index).__name__}")
+        return self._list[index]
+
+    def __setitem__(self, index, cell):
+        cells = list(self._list)
+        cells[index] = cell
+        self._set_list(cells)
+
+    def __delitem__(self, index):
+        cells = list(self._list)
+        del cells[index]
+        self._set_list(cells)
+
+    def append(self, cell):
+        """Adds cell at the end; returns self."""
+        if not isinstance(cell, Cell):
+            raise TypeError(f"{type(self).__name__}.append: expected a Cell, got {type(cell).__name__}")
+        setattr(self, str(len(self._list)), cell)
+        self._list.append(cell)
+        return self
+
+    def extend(self, cells):
+        """Adds each of cells at the end; returns self."""
+        for c in cells:
+            self.append(c)
+        return self
+
+    def insert(self, index, cell):
+        """Inserts cell before index."""
+        cells = list(self._list)
+        cells.insert(index, cell)
+        self._set_list(cells)
+
+
+class SequentialCell(_CellContainer):
+    """SequentialCell(cell0, cell1, ...) or SequentialCell([cells]) or SequentialCell(OrderedDict):
+    runs the cells one after another, each on the previous one's output."""
+
+    def __init__(self, *args):
+        super().__init__()
+        if len(args) == 1 and isinstance(args[0], (dict, OrderedDict)):
+            for name, c in args[0].items():
+                if not isinstance(c, Cell):
+                    raise TypeError(f"SequentialCell: expected Cells, got {type(c).__name__} for {name!r}")
+                setattr(self, name, c)
+                self._list.append(c)
+        elif len(args) == 1 and isinstance(args[0], (list, tuple)):
+            self._set_list(list(args[0]))
+        else:
+            self._set_list(list(args))
+
+    def construct(self, x):
+        for cell in self._list:
+            x = cell(x)
+        return x
+
+
+class CellList(_CellContainer):
+    """A list of Cells, registered as sub-cells '0', '1', ... (it has no construct of its own)."""
+
+    def __init__(self, cells=None):
+        super().__init__()
+        if cells is not None:
+            self._set_list(list(cells))
+
+    def construct(self, *inputs):
+        raise NotImplementedError("CellList has no construct(); iterate over it instead")
+
+
+class WithLossCell(Cell):
+    """loss_fn(backbone(data), label): a network returning its loss."""
+
+    def __init__(self, backbone, loss_fn):
+        super().__init__(auto_prefix=False)
+        self._backbone = backbone
+        self._loss_fn = loss_fn
+
+    def construct(self, data, label):
+        return self._loss_fn(self._backbone(data), label)
+
+    @property
+    def backbone_network(self):
+        return self._backbone
+
+
+class TrainOneStepCell(Cell):
+    """Calling it runs network(*inputs), takes the gradients of that loss with respect to the
+    optimizer's parameters, applies the optimizer and returns the loss."""
+
+    def __init__(self, network, optimizer, sens=1.0):
+        super().__init__(auto_prefix=False)
+        from ..autograd import value_and_grad
+
+        self.network = network
+        self.optimizer = optimizer
+        self.sens = float(sens)
+        self.weights = tuple(optimizer.parameters)
+        self._grad_fn = value_and_grad(self._scaled, None, self.weights)
+
+    def _scaled(self, *inputs):
+        loss = self.network(*inputs)
+        return loss * self.sens if self.sens != 1.0 else loss
+
+    def construct(self, *inputs):
+        loss, grads = self._grad_fn(*inputs)
+        self.optimizer(grads)
+        return loss / self.sens if self.sens != 1.0 else loss

@@ -1,0 +1,188 @@
+"""Optimizers, MindSpore style: opt = SGD(net.trainable_params(), ...); opt(grads) applies one
+step given the gradients in the order of opt.parameters. Updates run in place through the
+sgd_update / adam_update ops."""
+import numbers
+
+from .. import _C
+from .. import ops
+from .._optable import OP
+from ..autograd import no_grad
+from .cell import Cell
+from .parameter import Parameter, ParameterTuple
+
+_apply = _C.apply
+
+
+def _check_nonneg(opt, name, v):
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0:
+        raise ValueError(f"{opt}: {name} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+class Optimizer(Cell):
+    """Base class. parameters: an iterable of Parameters (e.g. net.trainable_params()), a Cell
+    (its trainable_params()), or groups [{'params': [...], 'lr': ..., 'weight_decay': ...}, ...].
+    learning_rate: a number, a list of per-step values (the last one holds afterwards), or a
+    callable global_step -> lr. Gradients are divided by loss_scale before the update."""
+
+    def __init__(self, learning_rate, parameters, weight_decay=0.0, loss_scale=1.0):
+        super().__init__(auto_prefix=False)
+        name = type(self).__name__
+        if isinstance(parameters, Cell):
+            parameters = parameters.trainable_params()
+        parameters = list(parameters)
+        if not parameters:
+            raise ValueError(f"{name}: got an empty parameter list")
+        groups = parameters if isinstance(parameters[0], dict) else [{"params": parameters}]
+        params, lrs, wds, seen = [], [], [], set()
+        for g in groups:
+            if not isinstance(g, dict) or "params" not in g:
+                raise TypeError(f"{name}: parameter groups must be dicts with a 'params' entry")
+            lr = g.get("lr", g.get("learning_rate", learning_rate))
+            wd = _check_nonneg(name, "weight_decay", g.get("weight_decay", weight_decay))
+            self._check_lr(lr)
+            for p in g["params"]:
+                if not isinstance(p, _C.TensorBase):
+                    raise TypeError(f"{name}: parameters must be Parameters, got {type(p).__name__}")
+                if p.dtype not in (_C.float32, _C.float64) or not p.is_contiguous():
+                    raise TypeError(f"{name}: parameter {getattr(p, 'name', None)!r} must be a contiguous float32 "
+                                    f"or float64 tensor, got {p.dtype} of shape {p.shape}")
+                if id(p) in seen:
+                    raise ValueError(f"{name}: parameter {getattr(p, 'name', None)!r} appears twice")
+                seen.add(id(p))
+                params.append(p)
+                lrs.append(lr)
+                wds.append(wd)
+        self.parameters = tuple(params)
+        self.learning_rate = learning_rate
+        self.weight_decay = float(weight_decay)
+        self.loss_scale = float(loss_scale)
+        if not self.loss_scale > 0:
+            raise ValueError(f"{name}: loss_scale must be > 0, got {loss_scale!r}")
+        self._lrs = lrs
+        self._wds = wds
+        self._steps = [0] * len(params)  # updates applied to each parameter so far
+        self.global_step = 0
+
+    @staticmethod
+    def _check_lr(lr):
+        if isinstance(lr, _C.TensorBase):
+            lr = lr.item()
+        if isinstance(lr, numbers.Real) and not isinstance(lr, bool):
+            if lr < 0:
+                raise ValueError(f"learning_rate must be >= 0, got {lr}")
+        elif isinstance(lr, (list, tuple)):
+            if not lr:
+                raise ValueError("learning_rate: a per-step list must not be empty")
+        elif not callable(lr):
+            raise TypeError(f"learning_rate must be a number, a list or a callable, got {type(lr).__name__}")
+
+    @staticmethod
+    def _lr_at(lr, step):
+        if isinstance(lr, _C.TensorBase):
+            return float(lr.item())
+        if isinstance(lr, (list, tuple)):
+            return float(lr[min(step, len(lr) - 1)])
+        if callable(lr):
+            v = lr(step)
+            return float(v.item() if isinstance(v, _C.TensorBase) else v)
+        return float(lr)
+
+    def get_lr(self):
+        """The learning rate of the next step (of the first group)."""
+        return self._lr_at(self._lrs[0], self.global_step)
+
+    def get_lr_parameter(self, param):
+        """The learning rate of the next step for param."""
+        for p, lr in zip(self.parameters, self._lrs):
+            if p is param:
+                return self._lr_at(lr, self.global_step)
+        raise ValueError("get_lr_parameter: the parameter is not optimized by this optimizer")
+
+    def _state(self, prefix):
+        """Zero-initialized state tensors, one per parameter, named prefix.<parameter name>."""
+        return ParameterTuple(Parameter(ops.zeros_like(p), f"{prefix}.{getattr(p, 'name', None) or i}",
+                                        requires_grad=False)
+                              for i, p in enumerate(self.parameters))
+
+    def construct(self, gradients):
+        return self.step(gradients)
+
+    def step(self, gradients=None):
+        """One update from gradients (a sequence in the order of self.parameters; None entries
+        are skipped). Without gradients, each parameter's .grad is used. Returns True."""
+        if gradients is None:
+            gradients = [p.grad for p in self.parameters]
+        elif isinstance(gradients, _C.TensorBase):
+            gradients = (gradients,)
+        gradients = tuple(gradients)
+        if len(gradients) != len(self.parameters):
+            raise ValueError(f"{type(self).__name__}: got {len(gradients)} gradients for {len(self.parameters)} "
+                             f"parameters")
+        with no_grad():
+            for i, (p, g) in enumerate(zip(self.parameters, gradients)):
+                if g is None:
+                    continue
+                if not isinstance(g, _C.TensorBase):
+                    raise TypeError(f"{type(self).__name__}: gradient {i} must be a Tensor, got {type(g).__name__}")
+                if self.loss_scale != 1.0:
+                    g = g / self.loss_scale
+                self._steps[i] += 1
+                self._update(i, p, g, self._lr_at(self._lrs[i], self.global_step), self._wds[i])
+        self.global_step += 1
+        return True
+
+    def zero_grad(self):
+        """Clears .grad of every parameter."""
+        for p in self.parameters:
+            p.grad = None
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum (PyTorch's and MindSpore's rule):
+    d = g + weight_decay * p; buf = momentum * buf + (1 - dampening) * d (buf = d on the first
+    step); d = d + momentum * buf if nesterov else buf; p -= lr * d."""
+
+    def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                 loss_scale=1.0):
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+        self.momentum = _check_nonneg("SGD", "momentum", momentum)
+        self.dampening = _check_nonneg("SGD", "dampening", dampening)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and (self.momentum == 0 or self.dampening != 0):
+            raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0")
+        self.accum = self._state("accum") if self.momentum else None
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        buf = self.accum[i] if self.accum is not None else param
+        dampening = 0.0 if self._steps[i] == 1 else self.dampening
+        _apply(OP.sgd_update, (param, grad, buf), (int(self.nesterov),),
+               (lr, self.momentum, weight_decay, dampening))
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) with bias correction, weight_decay added to the gradient (L2):
+    m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+    p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps).
+    Arguments after eps are keyword-only (MindSpore puts use_locking / use_nesterov there)."""
+
+    def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, *, use_locking=False,
+                 use_nesterov=False, weight_decay=0.0, loss_scale=1.0):
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+        if use_nesterov:
+            raise ValueError("Adam: use_nesterov=True is not supported")
+        for n, b in (("beta1", beta1), ("beta2", beta2)):
+            if not isinstance(b, numbers.Real) or not 0.0 <= b < 1.0:
+                raise ValueError(f"Adam: {n} must be in [0, 1), got {b!r}")
+        self.beta1 = float(beta1)
+        self.beta2 = float(beta2)
+        self.eps = _check_nonneg("Adam", "eps", eps)
+        self.moment1 = self._state("moment1")
+        self.moment2 = self._state("moment2")
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i]), (self._steps[i],),
+               (lr, self.beta1, self.beta2, self.eps, weight_decay))
