@@ -41,7 +41,8 @@ static PyObject *dtype_get_id(PyObject *self, void *c) {
 
 static PyObject *dtype_reduce(PyObject *self, PyObject *unused) {
     (void)unused;
-    return Py_BuildValue("(s(s))", "kiln._C.dtype_from_name", kiln_dtype_name(((PyKilnDType *)self)->id));
+    /* a singleton: pickled as the global kiln.<name> */
+    return PyUnicode_FromString(kiln_dtype_name(((PyKilnDType *)self)->id));
 }
 
 static PyGetSetDef dtype_getset[] = {
