@@ -1,0 +1,294 @@
+/* conv2d (NCHW) and its two backward ops. float32 runs through oneDNN (conv_dnnl.c);
+ * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM;
+ * float16/bfloat16 compute in float32. */
+#include <cblas.h>
+#include <omp.h>
+
+#include "conv_dnnl.h"
+
+/* ---- geometry and inference ------------------------------------------------------------- */
+
+/* Checks the attrs (i[0..8]) against the input shape xs and weight shape ws (both 4-D) and
+ * fills p. Errors name `op` and the shapes. */
+static kiln_status conv_params(const char *op, const kiln_attrs *a, const int64_t *xs, const int64_t *ws,
+                               kiln_conv_params *p) {
+    char bx[160], bw[160];
+    kiln_meta mx = {.ndim = 4}, mw = {.ndim = 4};
+    memcpy(mx.shape, xs, sizeof(int64_t) * 4);
+    memcpy(mw.shape, ws, sizeof(int64_t) * 4);
+    kiln_shape_str(&mx, bx, sizeof bx);
+    kiln_shape_str(&mw, bw, sizeof bw);
+    const int64_t *i = a->i;
+    if (i[0] < 1 || i[1] < 1 || i[6] < 1 || i[7] < 1 || i[8] < 1)
+        return kiln_error(KILN_ERR_VALUE, "%s: stride (%lld, %lld), dilation (%lld, %lld) and groups %lld must be positive",
+                          op, (long long)i[0], (long long)i[1], (long long)i[6], (long long)i[7], (long long)i[8]);
+    if (i[2] < 0 || i[3] < 0 || i[4] < 0 || i[5] < 0)
+        return kiln_error(KILN_ERR_VALUE, "%s: padding (%lld, %lld, %lld, %lld) must not be negative", op,
+                          (long long)i[2], (long long)i[3], (long long)i[4], (long long)i[5]);
+    for (int d = 0; d < 4; d++)
+        if (xs[d] < 0 || ws[d] < 0) return kiln_error(KILN_ERR_VALUE, "%s: negative dimension in %s or %s", op, bx, bw);
+    int64_t g = i[8];
+    if (xs[1] % g)
+        return kiln_error(KILN_ERR_VALUE, "%s: groups=%lld does not divide the %lld input channels of input shape %s",
+                          op, (long long)g, (long long)xs[1], bx);
+    if (ws[0] % g)
+        return kiln_error(KILN_ERR_VALUE, "%s: groups=%lld does not divide the %lld output channels of weight shape %s",
+                          op, (long long)g, (long long)ws[0], bw);
+    if (ws[1] * g != xs[1])
+        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s has %lld channels, but weight of shape %s expects %lld (groups=%lld)",
+                          op, bx, (long long)xs[1], bw, (long long)(ws[1] * g), (long long)g);
+    *p = (kiln_conv_params){.N = xs[0], .C = xs[1], .H = xs[2], .W = xs[3], .O = ws[0], .KH = ws[2], .KW = ws[3],
+                            .sh = i[0], .sw = i[1], .pt = i[2], .pb = i[3], .pl = i[4], .pr = i[5],
+                            .dh = i[6], .dw = i[7], .groups = g};
+    int64_t ekh = (p->KH - 1) * p->dh + 1, ekw = (p->KW - 1) * p->dw + 1;
+    int64_t ph = p->H + p->pt + p->pb, pw = p->W + p->pl + p->pr;
+    if (p->KH < 1 || p->KW < 1 || ekh > ph || ekw > pw)
+        return kiln_error(KILN_ERR_VALUE, "%s: kernel (%lld, %lld) (dilated (%lld, %lld)) does not fit the padded input (%lld, %lld); input %s, weight %s",
+                          op, (long long)p->KH, (long long)p->KW, (long long)ekh, (long long)ekw, (long long)ph,
+                          (long long)pw, bx, bw);
+    p->OH = (ph - ekh) / p->sh + 1;
+    p->OW = (pw - ekw) / p->sw + 1;
+    return KILN_OK;
+}
+
+static kiln_status conv_check_float(const char *op, kiln_dtype dt) {
+    if (!kiln_dtype_is_float(dt))
+        return kiln_error(KILN_ERR_TYPE, "%s: expected floating-point tensors, got %s", op, kiln_dtype_name(dt));
+    return KILN_OK;
+}
+
+static kiln_status conv_check_4d(const char *op, const char *what, const kiln_meta *m) {
+    char buf[160];
+    if (m->ndim != 4)
+        return kiln_error(KILN_ERR_VALUE, "%s: %s must be 4-D, got shape %s", op, what, kiln_shape_str(m, buf, sizeof buf));
+    return KILN_OK;
+}
+
+/* gy must be (N, O, OH, OW) for the problem p. */
+static kiln_status conv_check_gy(const char *op, const kiln_meta *gy, const kiln_conv_params *p) {
+    KILN_TRY(conv_check_4d(op, "grad", gy));
+    int64_t want[4] = {p->N, p->O, p->OH, p->OW};
+    for (int d = 0; d < 4; d++)
+        if (gy->shape[d] != want[d]) {
+            char b1[160], b2[160];
+            kiln_meta mw = {.ndim = 4};
+            memcpy(mw.shape, want, sizeof want);
+            return kiln_error(KILN_ERR_VALUE, "%s: grad of shape %s does not match the convolution output shape %s", op,
+                              kiln_shape_str(gy, b1, sizeof b1), kiln_shape_str(&mw, b2, sizeof b2));
+        }
+    return KILN_OK;
+}
+
+KILN_INFER(conv2d) {
+    const char *op = "conv2d";
+    if (nin != 2 && nin != 3)
+        return kiln_error(KILN_ERR_TYPE, "conv2d: expected 2 or 3 tensor inputs (x, w[, b]), got %d", nin);
+    KILN_TRY(kiln_attrs_expect(op, a, 9, 0));
+    const kiln_meta *mx = &in[0]->meta, *mw = &in[1]->meta;
+    KILN_TRY(conv_check_4d(op, "input", mx));
+    KILN_TRY(conv_check_4d(op, "weight", mw));
+    kiln_conv_params p;
+    KILN_TRY(conv_params(op, a, mx->shape, mw->shape, &p));
+    kiln_dtype dt = kiln_dtype_promote(mx->dtype, mw->dtype);
+    if (nin == 3) {
+        const kiln_meta *mb = &in[2]->meta;
+        if (mb->ndim != 1 || mb->shape[0] != p.O) {
+            char b1[160], b2[160];
+            return kiln_error(KILN_ERR_VALUE, "conv2d: bias of shape %s does not match weight of shape %s",
+                              kiln_shape_str(mb, b1, sizeof b1), kiln_shape_str(mw, b2, sizeof b2));
+        }
+        dt = kiln_dtype_promote(dt, mb->dtype);
+    }
+    KILN_TRY(conv_check_float(op, dt));
+    int64_t shape[4] = {p.N, p.O, p.OH, p.OW};
+    kiln_meta_set(out, dt, 4, shape);
+    return KILN_OK;
+}
+
+KILN_INFER(conv2d_backward_input) {
+    const char *op = "conv2d_backward_input";
+    KILN_TRY(kiln_attrs_expect(op, a, 13, 0));
+    const kiln_meta *gy = &in[0]->meta, *mw = &in[1]->meta;
+    KILN_TRY(conv_check_4d(op, "weight", mw));
+    kiln_conv_params p;
+    KILN_TRY(conv_params(op, a, a->i + 9, mw->shape, &p));
+    KILN_TRY(conv_check_gy(op, gy, &p));
+    kiln_dtype dt = kiln_dtype_promote(gy->dtype, mw->dtype);
+    KILN_TRY(conv_check_float(op, dt));
+    kiln_meta_set(out, dt, 4, a->i + 9);
+    return KILN_OK;
+}
+
+KILN_INFER(conv2d_backward_weight) {
+    const char *op = "conv2d_backward_weight";
+    KILN_TRY(kiln_attrs_expect(op, a, 13, 0));
+    const kiln_meta *mx = &in[0]->meta, *gy = &in[1]->meta;
+    KILN_TRY(conv_check_4d(op, "input", mx));
+    kiln_conv_params p;
+    KILN_TRY(conv_params(op, a, mx->shape, a->i + 9, &p));
+    KILN_TRY(conv_check_gy(op, gy, &p));
+    kiln_dtype dt = kiln_dtype_promote(mx->dtype, gy->dtype);
+    KILN_TRY(conv_check_float(op, dt));
+    kiln_meta_set(out, dt, 4, a->i + 9);
+    return KILN_OK;
+}
+
+/* ---- im2col + GEMM path (float64, and float32 when oneDNN declines) ---------------------- */
+
+/* col (Cg*KH*KW, OH*OW) of one image's channel group x (Cg, H, W); col2im adds it back. */
+#define CONV_IM2COL(SUFFIX, T)                                                               \
+    static void im2col_##SUFFIX(const kiln_conv_params *p, int64_t Cg, const T *x, T *col) {  \
+        int64_t rows = Cg * p->KH * p->KW, ohw = p->OH * p->OW;                              \
+        _Pragma("omp parallel for schedule(static) if (rows * ohw >= KILN_PARALLEL_MIN)")     \
+        for (int64_t r = 0; r < rows; r++) {                                                 \
+            int64_t c = r / (p->KH * p->KW), kh = r / p->KW % p->KH, kw = r % p->KW;          \
+            T *out = col + r * ohw;                                                          \
+            for (int64_t oh = 0; oh < p->OH; oh++) {                                         \
+                int64_t ih = oh * p->sh - p->pt + kh * p->dh;                                \
+                const T *row = x + (c * p->H + ih) * p->W;                                   \
+                for (int64_t ow = 0; ow < p->OW; ow++) {                                     \
+                    int64_t iw = ow * p->sw - p->pl + kw * p->dw;                            \
+                    out[oh * p->OW + ow] = (ih >= 0 && ih < p->H && iw >= 0 && iw < p->W) ? row[iw] : 0; \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+    static void col2im_##SUFFIX(const kiln_conv_params *p, int64_t Cg, const T *col, T *x) { \
+        int64_t ohw = p->OH * p->OW;                                                         \
+        _Pragma("omp parallel for schedule(static) if (Cg * p->H * p->W >= KILN_PARALLEL_MIN)") \
+        for (int64_t c = 0; c < Cg; c++)                                                     \
+            for (int64_t kh = 0; kh < p->KH; kh++)                                           \
+                for (int64_t kw = 0; kw < p->KW; kw++) {                                     \
+                    const T *in = col + ((c * p->KH + kh) * p->KW + kw) * ohw;               \
+                    for (int64_t oh = 0; oh < p->OH; oh++) {                                 \
+                        int64_t ih = oh * p->sh - p->pt + kh * p->dh;                        \
+                        if (ih < 0 || ih >= p->H) continue;                                  \
+                        T *row = x + (c * p->H + ih) * p->W;                                 \
+                        for (int64_t ow = 0; ow < p->OW; ow++) {                             \
+                            int64_t iw = ow * p->sw - p->pl + kw * p->dw;                    \
+                            if (iw >= 0 && iw < p->W) row[iw] += in[oh * p->OW + ow];        \
+                        }                                                                    \
+                    }                                                                        \
+                }                                                                            \
+    }
+CONV_IM2COL(f32, float)
+CONV_IM2COL(f64, double)
+
+/* One direct-conv problem per kind, per (image, group): GEMMs over im2col columns. */
+#define CONV_REF(SUFFIX, T, GEMM)                                                            \
+    static kiln_status conv_ref_##SUFFIX(kiln_conv_kind kind, const kiln_conv_params *p, const T *A, \
+                                         const T *B, const T *bias, T *out) {                \
+        int64_t g = p->groups, Cg = p->C / g, Og = p->O / g, kk = Cg * p->KH * p->KW;         \
+        int64_t hw = p->H * p->W, ohw = p->OH * p->OW;                                       \
+        int64_t out_n = kind == KILN_CONV_BACKWARD_WEIGHT ? p->O * kk : 0;                   \
+        if (kind == KILN_CONV_BACKWARD_WEIGHT || kind == KILN_CONV_BACKWARD_INPUT)           \
+            memset(out, 0, sizeof(T) * (size_t)(kind == KILN_CONV_BACKWARD_WEIGHT ? out_n : p->N * p->C * hw)); \
+        T *col = kiln_alloc(sizeof(T) * (size_t)(kk * ohw > 0 ? kk * ohw : 1));               \
+        if (!col) return KILN_ERR_MEMORY;                                                    \
+        for (int64_t n = 0; n < p->N; n++)                                                   \
+            for (int64_t gi = 0; gi < g; gi++) {                                             \
+                if (kind == KILN_CONV_FORWARD) { /* y = W_g @ col(x) + b */                  \
+                    const T *x = A + (n * p->C + gi * Cg) * hw, *w = B + gi * Og * kk;         \
+                    T *y = out + (n * p->O + gi * Og) * ohw;                                 \
+                    for (int64_t o = 0; o < Og; o++)                                         \
+                        for (int64_t j = 0; j < ohw; j++) y[o * ohw + j] = bias ? bias[gi * Og + o] : 0; \
+                    if (kk == 0 || Og == 0 || ohw == 0) continue;                            \
+                    im2col_##SUFFIX(p, Cg, x, col);                                          \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)ohw, (int)kk, 1, w, (int)kk, \
+                         col, (int)ohw, 1, y, (int)ohw);                                     \
+                } else if (kind == KILN_CONV_BACKWARD_INPUT) { /* col = W_g^T @ gy, added back */ \
+                    const T *gy = A + (n * p->O + gi * Og) * ohw, *w = B + gi * Og * kk;       \
+                    if (kk == 0 || Og == 0 || ohw == 0) continue;                            \
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ohw, (int)Og, 1, w, (int)kk, \
+                         gy, (int)ohw, 0, col, (int)ohw);                                    \
+                    col2im_##SUFFIX(p, Cg, col, out + (n * p->C + gi * Cg) * hw);             \
+                } else { /* gW_g += gy @ col(x)^T */                                         \
+                    const T *x = A + (n * p->C + gi * Cg) * hw, *gy = B + (n * p->O + gi * Og) * ohw; \
+                    if (kk == 0 || Og == 0 || ohw == 0) continue;                            \
+                    im2col_##SUFFIX(p, Cg, x, col);                                          \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Og, (int)kk, (int)ohw, 1, gy, (int)ohw, \
+                         col, (int)ohw, 1, out + gi * Og * kk, (int)kk);                     \
+                }                                                                            \
+            }                                                                                \
+        kiln_free(col);                                                                      \
+        return KILN_OK;                                                                      \
+    }
+CONV_REF(f32, float, cblas_sgemm)
+CONV_REF(f64, double, cblas_dgemm)
+
+/* ---- kernels ---------------------------------------------------------------------------- */
+
+/* Runs `kind` on inputs a, b (and bias) into out, converting to the compute dtype. */
+static kiln_status conv_run(kiln_conv_kind kind, const kiln_conv_params *p, kiln_tensor *a, kiln_tensor *b,
+                            kiln_tensor *bias, kiln_tensor *out) {
+    kiln_dtype ct = out->meta.dtype == KILN_DTYPE_FLOAT64 ? KILN_DTYPE_FLOAT64 : KILN_DTYPE_FLOAT32;
+    kiln_tensor *x[3] = {NULL, NULL, NULL}, *res = NULL;
+    kiln_status s = kiln_to_contiguous(a, ct, &x[0]);
+    if (s == KILN_OK) s = kiln_to_contiguous(b, ct, &x[1]);
+    if (s == KILN_OK && bias) s = kiln_to_contiguous(bias, ct, &x[2]);
+    if (s == KILN_OK) {
+        if (out->meta.dtype == ct) kiln_tensor_retain(out), res = out;
+        else s = kiln_tensor_empty(ct, 4, out->meta.shape, &res);
+    }
+    if (s == KILN_OK) {
+        const void *pb = x[2] ? x[2]->data : NULL;
+        bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
+        if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
+        if (ct == KILN_DTYPE_FLOAT64) {
+            s = conv_ref_f64(kind, p, x[0]->data, x[1]->data, pb, res->data);
+        } else {
+            s = empty ? KILN_ERR_RUNTIME : kiln_conv_dnnl_run(kind, p, x[0]->data, x[1]->data, pb, res->data);
+            if (s == KILN_ERR_RUNTIME) {
+                kiln_clear_error();
+                s = conv_ref_f32(kind, p, x[0]->data, x[1]->data, pb, res->data);
+            }
+        }
+    }
+    if (s == KILN_OK && res != out) s = kiln_copy_into(out, res);
+    kiln_tensor_release(res);
+    kiln_release_all(x, 3);
+    return s;
+}
+
+KILN_KERNEL(conv2d) {
+    kiln_conv_params p;
+    KILN_TRY(conv_params("conv2d", a, in[0]->meta.shape, in[1]->meta.shape, &p));
+    return conv_run(KILN_CONV_FORWARD, &p, in[0], in[1], nin == 3 ? in[2] : NULL, out[0]);
+}
+
+KILN_KERNEL(conv2d_backward_input) {
+    kiln_conv_params p;
+    KILN_TRY(conv_params("conv2d_backward_input", a, a->i + 9, in[1]->meta.shape, &p));
+    return conv_run(KILN_CONV_BACKWARD_INPUT, &p, in[0], in[1], NULL, out[0]);
+}
+
+KILN_KERNEL(conv2d_backward_weight) {
+    kiln_conv_params p;
+    KILN_TRY(conv_params("conv2d_backward_weight", a, in[0]->meta.shape, a->i + 9, &p));
+    return conv_run(KILN_CONV_BACKWARD_WEIGHT, &p, in[0], in[1], NULL, out[0]);
+}
+
+/* ---- gradient ----------------------------------------------------------------------------- */
+
+static kiln_status conv_backward(kiln_op op, const kiln_attrs *fwd, const kiln_meta *target, kiln_tensor *a,
+                                 kiln_tensor *b, kiln_tensor **out) {
+    kiln_attrs at;
+    kiln_attrs_clear(&at);
+    for (int k = 0; k < 9; k++) kiln_attrs_push_int(&at, fwd->i[k]);
+    for (int d = 0; d < 4; d++) kiln_attrs_push_int(&at, target->shape[d]);
+    kiln_tensor *ins[2] = {a, b};
+    return kiln_apply(op, 2, ins, &at, out);
+}
+
+KILN_GRAD(conv2d) {
+    kiln_tensor *gy = gout[0];
+    if (!gy) return KILN_OK;
+    kiln_status s = KILN_OK;
+    if (ctx->needs_grad[0])
+        s = conv_backward(KILN_OP_CONV2D_BACKWARD_INPUT, ctx->attrs, &ctx->in_meta[0], gy, ctx->in[1], &gin[0]);
+    if (s == KILN_OK && ctx->needs_grad[1])
+        s = conv_backward(KILN_OP_CONV2D_BACKWARD_WEIGHT, ctx->attrs, &ctx->in_meta[1], ctx->in[0], gy, &gin[1]);
+    if (s == KILN_OK && ctx->nin == 3 && ctx->needs_grad[2])
+        s = kiln_emit_reduce(KILN_OP_SUM, gy, 0xD /* axes 0, 2, 3 */, false, &gin[2]);
+    return s;
+}

@@ -1,0 +1,241 @@
+/* oneDNN plumbing for conv2d: one CPU engine and stream; one primitive per (kind, problem),
+ * created on first use with `any` memory formats and kept in a small LRU cache together with
+ * the reorders between the user's NCHW / OIHW buffers and the formats the primitive chose.
+ * Blocked copies and the scratchpad live in grow-only buffers shared by all primitives.
+ * Everything runs under one mutex (the library is driven by one caller at a time). */
+#include <dnnl.h>
+#include <pthread.h>
+
+#include "conv_dnnl.h"
+
+#define CONV_CACHE_SIZE 64
+
+/* Operand order per kind: inputs 0 and 1, output 2 (see kiln_conv_kind). */
+typedef struct {
+    kiln_conv_kind kind;
+    bool bias;
+    kiln_conv_params p;
+    uint64_t last_use;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t user_md[3], md[3];
+    dnnl_primitive_t reorder[3];               /* user -> chosen for inputs, back for output */
+    dnnl_memory_t user_mem[3], blk_mem[3], bias_mem, scratch_mem;
+    size_t blk_size[3], scratch_size;
+} conv_entry;
+
+static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t conv_engine;
+static dnnl_stream_t conv_stream;
+static conv_entry *conv_cache[CONV_CACHE_SIZE];
+static uint64_t conv_clock;
+static void *conv_buf[4]; /* blocked operands 0..2, scratchpad */
+static size_t conv_buf_size[4];
+
+static const int conv_args[3][3] = {
+    [KILN_CONV_FORWARD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+    [KILN_CONV_BACKWARD_INPUT] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+    [KILN_CONV_BACKWARD_WEIGHT] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+};
+static const dnnl_query_t conv_queries[3][3] = {
+    [KILN_CONV_FORWARD] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md},
+    [KILN_CONV_BACKWARD_INPUT] = {dnnl_query_diff_dst_md, dnnl_query_weights_md, dnnl_query_diff_src_md},
+    [KILN_CONV_BACKWARD_WEIGHT] = {dnnl_query_src_md, dnnl_query_diff_dst_md, dnnl_query_diff_weights_md},
+};
+
+#define DNNL_TRY(call)                                                                      \
+    do {                                                                                    \
+        dnnl_status_t dnnl_s_ = (call);                                                     \
+        if (dnnl_s_ != dnnl_success)                                                        \
+            return kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN call %s failed (status %d)", \
+                              #call, (int)dnnl_s_);                                         \
+    } while (0)
+
+static void conv_entry_free(conv_entry *e) {
+    if (!e) return;
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    for (int k = 0; k < 3; k++) {
+        if (e->reorder[k]) dnnl_primitive_destroy(e->reorder[k]);
+        if (e->user_mem[k]) dnnl_memory_destroy(e->user_mem[k]);
+        if (e->blk_mem[k]) dnnl_memory_destroy(e->blk_mem[k]);
+    }
+    if (e->bias_mem) dnnl_memory_destroy(e->bias_mem);
+    if (e->scratch_mem) dnnl_memory_destroy(e->scratch_mem);
+    free(e);
+}
+
+static kiln_status conv_init(void) {
+    if (conv_stream) return KILN_OK;
+    DNNL_TRY(dnnl_engine_create(&conv_engine, dnnl_cpu, 0));
+    DNNL_TRY(dnnl_stream_create(&conv_stream, conv_engine, dnnl_stream_default_flags));
+    return KILN_OK;
+}
+
+/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any). */
+static kiln_status conv_mds(const kiln_conv_params *p, bool any, dnnl_memory_desc_t *x, dnnl_memory_desc_t *w,
+                            dnnl_memory_desc_t *y) {
+    dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
+    dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw));
+    if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
+    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw));
+    return KILN_OK;
+}
+
+/* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one). */
+static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *fwd,
+                                dnnl_primitive_desc_t *pd) {
+    const kiln_conv_params *p = &e->p;
+    dnnl_memory_desc_t x, w, y, b;
+    dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
+    dnnl_dims_t bd = {p->O};
+    KILN_TRY(conv_mds(p, true, &x, &w, &y));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
+    dnnl_convolution_desc_t cd;
+    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
+                                                        e->bias ? &b : NULL, &y, strides, dil, pl, pr));
+    DNNL_TRY(dnnl_primitive_desc_create(fwd, &cd, e->kind == KILN_CONV_FORWARD ? attr : NULL, conv_engine, NULL));
+    if (e->kind == KILN_CONV_FORWARD) return KILN_OK;
+    if (e->kind == KILN_CONV_BACKWARD_INPUT)
+        DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &x, &w, &y, strides, dil, pl, pr));
+    else
+        DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &x, &w, NULL, &y, strides,
+                                                                     dil, pl, pr));
+    DNNL_TRY(dnnl_primitive_desc_create(pd, &cd, attr, conv_engine, *fwd));
+    return KILN_OK;
+}
+
+static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
+    dnnl_memory_desc_t ux, uw, uy;
+    KILN_TRY(conv_mds(&e->p, false, &ux, &uw, &uy));
+    const dnnl_memory_desc_t *user[3][3] = {
+        [KILN_CONV_FORWARD] = {&ux, &uw, &uy},
+        [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
+        [KILN_CONV_BACKWARD_WEIGHT] = {&ux, &uy, &uw},
+    };
+    DNNL_TRY(dnnl_primitive_create(&e->prim, pd));
+    for (int k = 0; k < 3; k++) {
+        e->user_md[k] = *user[e->kind][k];
+        e->md[k] = *dnnl_primitive_desc_query_md(pd, conv_queries[e->kind][k], 0);
+        DNNL_TRY(dnnl_memory_create(&e->user_mem[k], &e->user_md[k], conv_engine, DNNL_MEMORY_NONE));
+        if (dnnl_memory_desc_equal(&e->user_md[k], &e->md[k])) continue;
+        dnnl_primitive_desc_t rpd;
+        if (k < 2) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[k], conv_engine, &e->md[k], conv_engine, NULL));
+        else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->md[k], conv_engine, &e->user_md[k], conv_engine, NULL));
+        dnnl_status_t ds = dnnl_primitive_create(&e->reorder[k], rpd);
+        dnnl_primitive_desc_destroy(rpd);
+        DNNL_TRY(ds);
+        e->blk_size[k] = dnnl_memory_desc_get_size(&e->md[k]);
+        DNNL_TRY(dnnl_memory_create(&e->blk_mem[k], &e->md[k], conv_engine, DNNL_MEMORY_NONE));
+    }
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    e->scratch_size = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (e->scratch_size) DNNL_TRY(dnnl_memory_create(&e->scratch_mem, smd, conv_engine, DNNL_MEMORY_NONE));
+    if (e->bias) {
+        dnnl_memory_desc_t b;
+        dnnl_dims_t bd = {e->p.O};
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
+        DNNL_TRY(dnnl_memory_create(&e->bias_mem, &b, conv_engine, DNNL_MEMORY_NONE));
+    }
+    return KILN_OK;
+}
+
+static kiln_status conv_create(conv_entry *e) {
+    dnnl_primitive_attr_t attr;
+    dnnl_primitive_desc_t fwd = NULL, pd = NULL;
+    DNNL_TRY(dnnl_primitive_attr_create(&attr));
+    kiln_status s = KILN_OK;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
+        s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
+    if (s == KILN_OK) s = conv_make_pd(e, attr, &fwd, &pd);
+    if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fwd) dnnl_primitive_desc_destroy(fwd);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+/* The cached entry for (kind, bias, p), created on a miss (evicting the least recently used). */
+static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_params *p, conv_entry **out) {
+    int slot = 0;
+    for (int i = 0; i < CONV_CACHE_SIZE; i++) {
+        conv_entry *e = conv_cache[i];
+        if (e && e->kind == kind && e->bias == bias && !memcmp(&e->p, p, sizeof *p)) {
+            e->last_use = ++conv_clock;
+            *out = e;
+            return KILN_OK;
+        }
+        if (!e || (conv_cache[slot] && e->last_use < conv_cache[slot]->last_use)) slot = i;
+    }
+    conv_entry *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
+    e->kind = kind, e->bias = bias, e->p = *p;
+    kiln_status s = conv_create(e);
+    if (s != KILN_OK) {
+        conv_entry_free(e);
+        return s;
+    }
+    conv_entry_free(conv_cache[slot]);
+    conv_cache[slot] = e;
+    e->last_use = ++conv_clock;
+    *out = e;
+    return KILN_OK;
+}
+
+static kiln_status conv_buffer(int k, size_t size, void **out) {
+    if (size > conv_buf_size[k]) {
+        kiln_free(conv_buf[k]);
+        conv_buf_size[k] = 0;
+        if (!(conv_buf[k] = kiln_alloc(size))) return KILN_ERR_MEMORY;
+        conv_buf_size[k] = size;
+    }
+    *out = conv_buf[k];
+    return KILN_OK;
+}
+
+static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b, const float *bias, float *out) {
+    void *user[3] = {(void *)a, (void *)b, out}, *buf;
+    dnnl_exec_arg_t args[5];
+    int nargs = 0;
+    for (int k = 0; k < 3; k++) {
+        DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[k], user[k]));
+        dnnl_memory_t m = e->user_mem[k];
+        if (e->reorder[k]) {
+            KILN_TRY(conv_buffer(k, e->blk_size[k], &buf));
+            DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[k], buf));
+            m = e->blk_mem[k];
+            if (k < 2) {
+                dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, e->user_mem[k]}, {DNNL_ARG_TO, m}};
+                DNNL_TRY(dnnl_primitive_execute(e->reorder[k], conv_stream, 2, r));
+            }
+        }
+        args[nargs++] = (dnnl_exec_arg_t){conv_args[e->kind][k], m};
+    }
+    if (e->bias) {
+        DNNL_TRY(dnnl_memory_set_data_handle(e->bias_mem, (void *)bias));
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->bias_mem};
+    }
+    if (e->scratch_mem) {
+        KILN_TRY(conv_buffer(3, e->scratch_size, &buf));
+        DNNL_TRY(dnnl_memory_set_data_handle(e->scratch_mem, buf));
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, e->scratch_mem};
+    }
+    DNNL_TRY(dnnl_primitive_execute(e->prim, conv_stream, nargs, args));
+    if (e->reorder[2]) {
+        dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, e->blk_mem[2]}, {DNNL_ARG_TO, e->user_mem[2]}};
+        DNNL_TRY(dnnl_primitive_execute(e->reorder[2], conv_stream, 2, r));
+    }
+    DNNL_TRY(dnnl_stream_wait(conv_stream));
+    return KILN_OK;
+}
+
+kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const float *a, const float *b,
+                               const float *bias, float *out) {
+    pthread_mutex_lock(&conv_lock);
+    conv_entry *e = NULL;
+    kiln_status s = conv_init();
+    if (s == KILN_OK) s = conv_lookup(kind, bias != NULL, p, &e);
+    if (s == KILN_OK) s = conv_exec(e, a, b, bias, out);
+    pthread_mutex_unlock(&conv_lock);
+    return s;
+}
