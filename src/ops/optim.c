@@ -1,0 +1,158 @@
+/* Optimizer updates, in place on (param, grad, state...): PyTorch's SGD and Adam.
+ *
+ * Parameters and state tensors must be contiguous float32 or float64 of one dtype and shape;
+ * the gradient may have any layout and float dtype (it is converted to the parameter's).
+ * Kernels write in[0] and the state tensors, bump their versions and return in[0] as out[0].
+ * Each element is updated independently, so results do not depend on the thread count. */
+#include <math.h>
+
+#include "../core/internal.h"
+
+static kiln_status check_state(const char *op, const char *what, const kiln_tensor *p, const kiln_tensor *t) {
+    const kiln_meta *pm = &p->meta, *m = &t->meta;
+    bool same = pm->ndim == m->ndim && pm->dtype == m->dtype;
+    for (int d = 0; same && d < pm->ndim; d++) same = pm->shape[d] == m->shape[d];
+    if (!same) {
+        char a[160], b[160];
+        return kiln_error(KILN_ERR_VALUE, "%s: %s must match the parameter, got %s %s for a %s parameter of shape %s", op,
+                          what, kiln_dtype_name(m->dtype), kiln_shape_str(m, a, sizeof a), kiln_dtype_name(pm->dtype),
+                          kiln_shape_str(pm, b, sizeof b));
+    }
+    return KILN_OK;
+}
+
+static kiln_status check_update(const char *op, kiln_tensor *const *in, int nstate, const char *const *names,
+                                const kiln_attrs *a, int nf) {
+    KILN_TRY(kiln_attrs_expect(op, a, 1, nf));
+    const kiln_meta *pm = &in[0]->meta;
+    if (pm->dtype != KILN_DTYPE_FLOAT32 && pm->dtype != KILN_DTYPE_FLOAT64)
+        return kiln_error(KILN_ERR_TYPE, "%s: parameters must be float32 or float64, got %s", op, kiln_dtype_name(pm->dtype));
+    const kiln_meta *gm = &in[1]->meta;
+    bool same = gm->ndim == pm->ndim && kiln_dtype_is_float(gm->dtype);
+    for (int d = 0; same && d < pm->ndim; d++) same = gm->shape[d] == pm->shape[d];
+    if (!same) {
+        char sa[160], sb[160];
+        return kiln_error(KILN_ERR_VALUE, "%s: the gradient (%s %s) must be a float tensor of the parameter's shape %s", op,
+                          kiln_dtype_name(gm->dtype), kiln_shape_str(gm, sa, sizeof sa), kiln_shape_str(pm, sb, sizeof sb));
+    }
+    for (int k = 0; k < nstate; k++) KILN_TRY(check_state(op, names[k], in[0], in[2 + k]));
+    return KILN_OK;
+}
+
+static kiln_status check_contiguous(const char *op, kiln_tensor *const *in, int n) {
+    for (int k = 0; k < n; k++) {
+        if (k == 1) continue; /* the gradient is only read */
+        if (!kiln_tensor_is_contiguous(in[k]))
+            return kiln_error(KILN_ERR_VALUE, "%s: %s must be contiguous to be updated in place", op,
+                              k == 0 ? "the parameter" : "the optimizer state");
+    }
+    return KILN_OK;
+}
+
+/* ---- sgd ----------------------------------------------------------------------------------
+ * d = g + weight_decay * p
+ * with momentum: buf = momentum * buf + (1 - dampening) * d; d = nesterov ? d + momentum * buf : buf
+ * p -= lr * d
+ * buf starts as zeros, passed by the caller. PyTorch instead sets buf = d on the first step;
+ * passing dampening = 0 on the first step reproduces that exactly. Without momentum, buf is
+ * neither read nor checked. */
+
+KILN_INFER(sgd_update) {
+    static const char *const names[] = {"the momentum buffer"};
+    KILN_TRY(check_update("sgd_update", in, a->nf >= 2 && a->f[1] != 0.0 ? 1 : 0, names, a, 4));
+    if (a->f[1] < 0 || a->f[3] < 0 || a->f[2] < 0)
+        return kiln_error(KILN_ERR_VALUE, "sgd_update: momentum, weight_decay and dampening must be >= 0, got %g, %g, %g",
+                          a->f[1], a->f[2], a->f[3]);
+    if (a->i[0] && (a->f[1] <= 0 || a->f[3] != 0))
+        return kiln_error(KILN_ERR_VALUE, "sgd_update: nesterov needs momentum > 0 and dampening = 0");
+    out[0] = in[0]->meta;
+    return KILN_OK;
+}
+
+#define SGD_LOOP(T)                                                                           \
+    do {                                                                                      \
+        T *restrict p = in[0]->data, *restrict buf = momentum != 0 ? in[2]->data : NULL;      \
+        const T *restrict g = grad->data;                                                     \
+        const T lr = (T)a->f[0], mom = (T)momentum, wd = (T)a->f[2], damp = (T)(1 - a->f[3]); \
+        const bool nesterov = a->i[0] != 0;                                                   \
+        _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
+        for (int64_t i = 0; i < n; i++) {                                                     \
+            T d = g[i] + wd * p[i];                                                           \
+            if (buf) {                                                                        \
+                T b = mom * buf[i] + damp * d;                                                \
+                buf[i] = b;                                                                   \
+                d = nesterov ? d + mom * b : b;                                               \
+            }                                                                                 \
+            p[i] -= lr * d;                                                                   \
+        }                                                                                     \
+    } while (0)
+
+KILN_KERNEL(sgd_update) {
+    double momentum = a->f[1];
+    KILN_TRY(check_contiguous("sgd_update", in, momentum != 0 ? 3 : 1));
+    kiln_tensor *grad;
+    KILN_TRY(kiln_to_contiguous(in[1], in[0]->meta.dtype, &grad));
+    int64_t n = in[0]->numel;
+    if (in[0]->meta.dtype == KILN_DTYPE_FLOAT64)
+        SGD_LOOP(double);
+    else
+        SGD_LOOP(float);
+    kiln_tensor_release(grad);
+    kiln_tensor_bump_version(in[0]);
+    if (momentum != 0) kiln_tensor_bump_version(in[2]);
+    kiln_tensor_retain(in[0]);
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+/* ---- adam ---------------------------------------------------------------------------------
+ * g += weight_decay * p (L2); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
+ * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), t = step (1-based) */
+
+KILN_INFER(adam_update) {
+    static const char *const names[] = {"the first moment m", "the second moment v"};
+    KILN_TRY(check_update("adam_update", in, 2, names, a, 5));
+    if (a->i[0] < 1) return kiln_error(KILN_ERR_VALUE, "adam_update: step must be >= 1 (1-based), got %lld", (long long)a->i[0]);
+    if (!(a->f[1] >= 0 && a->f[1] < 1 && a->f[2] >= 0 && a->f[2] < 1))
+        return kiln_error(KILN_ERR_VALUE, "adam_update: betas must be in [0, 1), got %g and %g", a->f[1], a->f[2]);
+    if (!(a->f[3] >= 0) || !(a->f[4] >= 0))
+        return kiln_error(KILN_ERR_VALUE, "adam_update: eps and weight_decay must be >= 0, got %g and %g", a->f[3], a->f[4]);
+    out[0] = in[0]->meta;
+    return KILN_OK;
+}
+
+#define ADAM_LOOP(T, SQRT)                                                                    \
+    do {                                                                                      \
+        T *restrict p = in[0]->data, *restrict m = in[2]->data, *restrict v = in[3]->data;    \
+        const T *restrict g = grad->data;                                                     \
+        const T b1 = (T)beta1, b2 = (T)beta2, eps = (T)a->f[3], wd = (T)a->f[4];              \
+        const T step_size = (T)(a->f[0] / bc1), inv_bc2_sqrt = (T)(1 / sqrt(bc2));            \
+        _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
+        for (int64_t i = 0; i < n; i++) {                                                     \
+            T gi = g[i] + wd * p[i];                                                          \
+            T mi = b1 * m[i] + (1 - b1) * gi;                                                 \
+            T vi = b2 * v[i] + (1 - b2) * gi * gi;                                            \
+            m[i] = mi;                                                                        \
+            v[i] = vi;                                                                        \
+            p[i] -= step_size * mi / (SQRT(vi) * inv_bc2_sqrt + eps);                         \
+        }                                                                                     \
+    } while (0)
+
+KILN_KERNEL(adam_update) {
+    KILN_TRY(check_contiguous("adam_update", in, 4));
+    double beta1 = a->f[1], beta2 = a->f[2], step = (double)a->i[0];
+    double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
+    kiln_tensor *grad;
+    KILN_TRY(kiln_to_contiguous(in[1], in[0]->meta.dtype, &grad));
+    int64_t n = in[0]->numel;
+    if (in[0]->meta.dtype == KILN_DTYPE_FLOAT64)
+        ADAM_LOOP(double, sqrt);
+    else
+        ADAM_LOOP(float, sqrtf);
+    kiln_tensor_release(grad);
+    for (int k = 0; k < 4; k++)
+        if (k != 1) kiln_tensor_bump_version(in[k]);
+    kiln_tensor_retain(in[0]);
+    out[0] = in[0];
+    return KILN_OK;
+}
