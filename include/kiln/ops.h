@@ -43,6 +43,9 @@ enum kiln_op_flags {
     KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
 };
+/* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
+ * gradient rule never reads (batch_norm's running statistics). */
+#define KILN_OPF_UNSAVED_INPUT(k) (1u << (8 + (k)))
 
 struct kiln_grad_ctx;
 typedef kiln_status (*kiln_infer_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,

@@ -118,7 +118,7 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
                 kiln_tensor_retain(t);
             }
         }
-        if (info->flags & KILN_OPF_SAVE_INPUTS) {
+        if ((info->flags & KILN_OPF_SAVE_INPUTS) && !(k < 8 && (info->flags & KILN_OPF_UNSAVED_INPUT(k)))) {
             /* the tensor itself keeps its history for higher-order gradients; an input that
              * this op overwrites is saved as a plain alias to avoid a cycle */
             if (mutates && k == 0) {
