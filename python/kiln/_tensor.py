@@ -88,15 +88,13 @@ class Tensor(_C.TensorBase):
 
     # ---- reflected operators (scalar OP tensor) ---------------------------------------
     def __rsub__(self, other):
-        return _C.apply(OP.sub, (_ops.full_like(self, other) if not isinstance(other, _C.TensorBase)
-                                 else other, self)) if self.ndim == 0 else _ops.neg(self) + other
+        return _C.apply(OP.sub, (self, other)).neg() if not isinstance(other, _C.TensorBase) else other - self
 
     def __rtruediv__(self, other):
-        return _C.apply(OP.div, (_ops.full((), other, self.dtype if self.dtype.is_floating_point else _C.float32),
-                                 self))
+        return _C.apply(OP.div, (_scalar_like(other, self), self))
 
     def __rpow__(self, other):
-        return _C.apply(OP.pow, (_ops.full((), other, self.dtype if self.dtype.is_floating_point else None), self))
+        return _C.apply(OP.pow, (_scalar_like(other, self), self))
 
     # ---- shape ------------------------------------------------------------------------
     def reshape(self, *shape):
@@ -281,6 +279,19 @@ class Tensor(_C.TensorBase):
 
 
 _C._set_tensor_class(Tensor)
+
+
+def _scalar_like(value, like):
+    """A 0-d tensor of a Python scalar, typed next to `like` the NumPy-2 way."""
+    if isinstance(value, _C.TensorBase):
+        return value
+    if isinstance(value, float) and not like.dtype.is_floating_point:
+        dtype = _C.float32
+    elif isinstance(value, bool) or like.dtype is not _C.bool:
+        dtype = like.dtype
+    else:
+        dtype = _C.int64
+    return Tensor(value, dtype)
 
 
 def from_numpy(array):

@@ -1,6 +1,7 @@
 """Reverse-mode autodiff, MindSpore style: grad, value_and_grad, no_grad."""
 import contextlib
 import functools
+import threading
 
 from . import _C
 
@@ -59,6 +60,9 @@ def _weights_list(weights):
     return list(weights), False
 
 
+_nesting = threading.local()  # depth of grad calls running their function on this thread
+
+
 def _run(fn, grad_position, weights, has_aux, args, kwargs):
     from ._tensor import Tensor
 
@@ -72,17 +76,23 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs):
         a = args[p]
         if not isinstance(a, _C.TensorBase):
             raise TypeError(f"grad: argument {p} must be a Tensor to be differentiated, got {type(a).__name__}")
-        leaf = a.detach()
-        if not leaf.dtype.is_floating_point:
-            raise TypeError(f"grad: argument {p} has dtype {leaf.dtype}; only float tensors have gradients")
-        leaf.requires_grad = True
-        if isinstance(a, Tensor) and type(a) is not Tensor:
-            leaf = a  # a Parameter keeps its identity
+        if not a.dtype.is_floating_point:
+            raise TypeError(f"grad: argument {p} has dtype {a.dtype}; only float tensors have gradients")
+        if a.requires_grad or (isinstance(a, Tensor) and type(a) is not Tensor):
+            leaf = a  # already tracked (e.g. inside an outer grad), or a Parameter keeping its identity
+        else:
+            leaf = a.detach()
+            leaf.requires_grad = True
         args[p] = leaf
         leaves.append(args[p])
     wlist, wsingle = _weights_list(weights)
-    with enable_grad():
-        out = fn(*args, **kwargs)
+    depth = getattr(_nesting, "depth", 0)
+    _nesting.depth = depth + 1
+    try:
+        with enable_grad():
+            out = fn(*args, **kwargs)
+    finally:
+        _nesting.depth = depth
     if has_aux:
         if not isinstance(out, tuple) or len(out) < 2:
             raise ValueError("grad: with has_aux=True the function must return a tuple (output, aux, ...)")
@@ -96,7 +106,8 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs):
     if not outputs.requires_grad:
         grads = tuple(_zeros_like(t) for t in targets)
     else:
-        grads = _C.grad([outputs], targets)
+        # inside another grad's function the gradients must be differentiable themselves
+        grads = _C.grad([outputs], targets, None, depth > 0 and is_grad_enabled())
         grads = tuple(g if g is not None else _zeros_like(t) for g, t in zip(grads, targets))
     gin, gw = grads[:len(leaves)], grads[len(leaves):]
     if grad_position is not None and single:

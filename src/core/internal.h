@@ -50,7 +50,7 @@ static inline int64_t kiln_meta_numel(const kiln_meta *m) {
     return kiln_shape_numel(m->ndim, m->shape);
 }
 void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
-/* Broadcast shape of n metas, NumPy rules; error names `op` and the shapes. */
+/* Broadcast shape of n metas, NumPy rules; error names `op` (NULL: the caller adds it) and the shapes. */
 kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, int *ndim,
                                  int64_t *shape);
 /* Strides of t viewed as broadcast to (ndim, shape): 0 on broadcast axes. */

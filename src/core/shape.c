@@ -37,8 +37,8 @@ kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, 
                 continue;
             }
             char buf[512];
-            return kiln_error(KILN_ERR_VALUE, "%s: shapes %s cannot be broadcast together", op,
-                              kiln_shapes_str(in, n, buf, sizeof buf));
+            return kiln_error(KILN_ERR_VALUE, "%s%sshapes %s cannot be broadcast together", op ? op : "",
+                              op ? ": " : "", kiln_shapes_str(in, n, buf, sizeof buf));
         }
     }
     *ndim = nd;

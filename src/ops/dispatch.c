@@ -13,7 +13,9 @@ kiln_status kiln_infer(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
         return kiln_error(KILN_ERR_TYPE, "%s: expected %d tensor inputs, got %d", info->name, info->nin, nin);
     for (int k = 0; k < nin; k++)
         if (!in[k]) return kiln_error(KILN_ERR_TYPE, "%s: input %d is missing", info->name, k);
-    return info->infer(in, nin, attrs ? attrs : &no_attrs, out);
+    kiln_status s = info->infer(in, nin, attrs ? attrs : &no_attrs, out);
+    if (s != KILN_OK && info->fusion == KILN_FUSE_ELEMENTWISE) kiln_error_context(s, "%s", info->name);
+    return s;
 }
 
 kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,

@@ -6,76 +6,74 @@
 
 /* ---- inference -------------------------------------------------------------------------- */
 
-static kiln_status reject_bool(const char *op, kiln_tensor *const *in, int nin) {
+/* Messages here leave out the op's name: kiln_infer prefixes it for elementwise ops. */
+
+static kiln_status reject_bool(kiln_tensor *const *in, int nin) {
     for (int k = 0; k < nin; k++)
-        if (in[k]->meta.dtype == KILN_DTYPE_BOOL)
-            return kiln_error(KILN_ERR_TYPE, "%s: not supported for bool tensors; cast to a numeric dtype first", op);
+        if (in[k]->meta.dtype == KILN_DTYPE_BOOL) {
+            char buf[512];
+            return kiln_error(KILN_ERR_TYPE, "not supported for bool tensors (shapes %s); cast to a numeric dtype first",
+                              kiln_shapes_str(in, nin, buf, sizeof buf));
+        }
     return KILN_OK;
 }
 
 static kiln_dtype float_of(kiln_dtype d) { return kiln_dtype_is_float(d) ? d : KILN_DTYPE_FLOAT32; }
 
-static kiln_status infer_broadcast(const char *op, kiln_tensor *const *in, int nin, kiln_dtype dtype, kiln_meta *out) {
+static kiln_status infer_broadcast(kiln_tensor *const *in, int nin, kiln_dtype dtype, kiln_meta *out) {
     out->dtype = dtype;
-    return kiln_broadcast_shape(op, nin, in, &out->ndim, out->shape);
+    return kiln_broadcast_shape(NULL, nin, in, &out->ndim, out->shape);
 }
 
 KILN_INFER(unary_same) {
-    (void)a;
-    KILN_TRY(reject_bool("elementwise op", in, nin));
+    KILN_TRY(reject_bool(in, nin));
     *out = in[0]->meta;
     return KILN_OK;
 }
 
 KILN_INFER(unary_float) {
-    (void)a, (void)nin;
     *out = in[0]->meta;
     out->dtype = float_of(in[0]->meta.dtype);
     return KILN_OK;
 }
 
 KILN_INFER(unary_bool) {
-    (void)a, (void)nin;
     *out = in[0]->meta;
     out->dtype = KILN_DTYPE_BOOL;
     return KILN_OK;
 }
 
 KILN_INFER(unary_any) {
-    (void)a, (void)nin;
     *out = in[0]->meta;
     return KILN_OK;
 }
 
 KILN_INFER(cast) {
-    (void)nin;
     KILN_TRY(kiln_attrs_expect("cast", a, 1, 0));
     if (a->i[0] < 0 || a->i[0] >= KILN_DTYPE_COUNT)
-        return kiln_error(KILN_ERR_TYPE, "cast: invalid target dtype %lld", (long long)a->i[0]);
+        return kiln_error(KILN_ERR_TYPE, "invalid target dtype %lld", (long long)a->i[0]);
     *out = in[0]->meta;
     out->dtype = (kiln_dtype)a->i[0];
     return KILN_OK;
 }
 
 KILN_INFER(binary_arith) {
-    (void)a;
-    return infer_broadcast("elementwise op", in, nin, kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype), out);
+    return infer_broadcast(in, nin, kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype), out);
+}
+
+/* as NumPy: subtracting bools is an error (add and mul of bools are logical or / and) */
+KILN_INFER(binary_sub) {
+    if (in[0]->meta.dtype == KILN_DTYPE_BOOL && in[1]->meta.dtype == KILN_DTYPE_BOOL) return reject_bool(in, nin);
+    return kiln_infer_binary_arith(in, nin, a, out);
 }
 
 KILN_INFER(binary_float) {
-    (void)a;
-    return infer_broadcast("elementwise op", in, nin, float_of(kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype)), out);
+    return infer_broadcast(in, nin, float_of(kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype)), out);
 }
 
-KILN_INFER(compare) {
-    (void)a;
-    return infer_broadcast("comparison", in, nin, KILN_DTYPE_BOOL, out);
-}
+KILN_INFER(compare) { return infer_broadcast(in, nin, KILN_DTYPE_BOOL, out); }
 
-KILN_INFER(where) {
-    (void)a;
-    return infer_broadcast("where", in, nin, kiln_dtype_promote(in[1]->meta.dtype, in[2]->meta.dtype), out);
-}
+KILN_INFER(where) { return infer_broadcast(in, nin, kiln_dtype_promote(in[1]->meta.dtype, in[2]->meta.dtype), out); }
 
 /* ---- generated inner loops -------------------------------------------------------------- */
 
@@ -194,6 +192,7 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
 #define EW_GEN_unary_float(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_unary_bool(G, ...) G(BOOL, __VA_ARGS__)
 #define EW_GEN_binary_arith(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_binary_sub(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_binary_float(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_compare(G, ...) G(BOOL, __VA_ARGS__)
 #define EW_GEN_where(G, ...) G(SAME, __VA_ARGS__)

@@ -167,7 +167,8 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like) {
         }
         return scalar_tensor((double)iv, iv, true, weak_scalar_dtype(value, like));
     }
-    if (PyFloat_Check(value)) return scalar_tensor(PyFloat_AS_DOUBLE(value), 0, false, weak_scalar_dtype(value, like));
+    /* NumPy scalars subclass float but keep their dtype: they go through the buffer path */
+    if (PyFloat_CheckExact(value)) return scalar_tensor(PyFloat_AS_DOUBLE(value), 0, false, weak_scalar_dtype(value, like));
     kiln_tensor *t = wrap_buffer(value);
     if (t || PyErr_Occurred()) return t;
     if (PyList_Check(value) || PyTuple_Check(value)) {

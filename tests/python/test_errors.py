@@ -168,7 +168,8 @@ ERROR_CASES = [
     ("has_aux_single", lambda: kiln.grad(lambda x: x.sum(), has_aux=True)(A), ValueError, ["has_aux"]),
     ("max_empty_axis", lambda: T(0, 3).max(0), ValueError, ["max", "(0, 3)"]),
     ("argmin_empty_axis", lambda: T(0, 3).argmin(0), ValueError, ["argmin", "(0, 3)"]),
-    ("setitem_two_tensors", lambda: T(2, 3).__setitem__((I(0), I(0)), 1.0), IndexError, ["index"]),
+    ("setitem_two_tensors_apart", lambda: T(2, 3, 4).__setitem__((I(0), slice(None), I(0)), 1.0), IndexError,
+     ["index", "adjacent"]),
 ]
 
 

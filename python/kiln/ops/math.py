@@ -98,7 +98,8 @@ def where(condition, x, y):
 
 
 def clamp(input, min=None, max=None):
-    """Limits values to [min, max]; either bound may be None or a tensor."""
+    """Limits values to [min, max]; either bound may be None or a tensor. Float bounds on an
+    integer tensor give a float32 result (NumPy-2 weak scalars)."""
     x = as_tensor(input)
     if isinstance(min, _TensorBase) or isinstance(max, _TensorBase):
         if min is not None:
@@ -108,20 +109,29 @@ def clamp(input, min=None, max=None):
         return x
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
+    if not x.dtype.is_floating_point and _builtins.any(isinstance(v, float) for v in (min, max)):
+        x = cast(x, _C.float32)
     lo = float(min) if min is not None else -_math.inf
     hi = float(max) if max is not None else _math.inf
-    if not x.dtype.is_floating_point:  # keep integer conversions of the bounds defined
-        lo = _builtins.max(lo, -(2.0**62))
-        hi = _builtins.min(hi, 2.0**62)
+    if not x.dtype.is_floating_point:  # integer bounds outside the dtype's range change nothing
+        info = _INT_RANGE[x.dtype.name]
+        lo = _builtins.min(_builtins.max(lo, info[0]), info[1])
+        hi = _builtins.min(_builtins.max(hi, info[0]), info[1])
     return apply(OP.clamp, (x,), (), (lo, hi))
+
+
+_INT_RANGE = {"int8": (-128, 127), "int32": (-2**31, 2**31 - 1), "int64": (-2**62, 2**62),
+              "bool": (0, 1)}
 
 
 clip = clamp
 
 
 def cast(input, dtype):
-    """input converted to dtype."""
+    """input converted to dtype (a kiln dtype or its name)."""
     x = as_tensor(input)
+    if not isinstance(dtype, _C.dtype):
+        dtype = _C.dtype_from_name(dtype)
     if x.dtype is dtype:
         return x
     return apply(OP.cast, (x,), (dtype.id,))
