@@ -83,5 +83,20 @@ int main(int argc, char **argv) {
     double bw = best_apply(KILN_OP_CONV2D_BACKWARD_WEIGHT, 2, wins, &at, reps);
     printf("conv2d 3x3 128->128 1x128x256x256 f32: forward %.1f ms, backward_input %.1f ms, backward_weight %.1f ms, "
            "forward+backward %.1f ms\n", fwd * 1e3, bi * 1e3, bw * 1e3, (fwd + bi + bw) * 1e3);
+
+    int64_t ps[4] = {8, 64, 112, 112}, pys[4] = {8, 64, 56, 56};
+    kiln_tensor *px = filled(4, ps), *pgy = filled(4, pys);
+    kiln_attrs pa;
+    kiln_attrs_clear(&pa);
+    int64_t pool[12] = {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 0, 1};
+    for (int k = 0; k < 12; k++) kiln_attrs_push_int(&pa, pool[k]);
+    double mp = best_apply(KILN_OP_MAX_POOL2D, 1, &px, &pa, 2 * reps + 1);
+    kiln_tensor *pins[2] = {pgy, px};
+    double mpb = best_apply(KILN_OP_MAX_POOL2D_BACKWARD, 2, pins, &pa, 2 * reps + 1);
+    double ap = best_apply(KILN_OP_AVG_POOL2D, 1, &px, &pa, 2 * reps + 1);
+    for (int k = 0; k < 4; k++) kiln_attrs_push_int(&pa, ps[k]);
+    double apb = best_apply(KILN_OP_AVG_POOL2D_BACKWARD, 1, &pgy, &pa, 2 * reps + 1);
+    printf("pool 3x3/2 pad 1 on 8x64x112x112 f32: max %.2f ms, max backward %.2f ms, avg %.2f ms, avg backward %.2f ms\n",
+           mp * 1e3, mpb * 1e3, ap * 1e3, apb * 1e3);
     return 0;
 }

@@ -111,46 +111,43 @@ KILN_INFER(avg_pool2d_backward) {
 
 /* ---- loops: one (H, W) plane at a time ---------------------------------------------------- */
 
-/* The window of output (oh, ow): valid input rows/cols are ih = h0 + k*dh for k in [k0, k1). */
+/* One output row (or column) of windows: input index start + k*d for k in [k0, k1) is inside
+ * the input; `count` is its share of the average divisor. Tabulated once per call. */
 typedef struct {
-    int64_t h0, w0, kh0, kh1, kw0, kw1;
-} pool_win;
+    int64_t start, k0, k1, count;
+} pool_span;
 
 static inline int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static inline pool_win pool_window(const pool_geom *g, int64_t oh, int64_t ow) {
-    pool_win w;
-    w.h0 = oh * g->sh - g->pt, w.w0 = ow * g->sw - g->pl;
-    w.kh0 = ceil_div(-w.h0, g->dh), w.kw0 = ceil_div(-w.w0, g->dw);
-    w.kh1 = ceil_div(g->H - w.h0, g->dh), w.kw1 = ceil_div(g->W - w.w0, g->dw);
-    if (w.kh1 > g->kh) w.kh1 = g->kh;
-    if (w.kw1 > g->kw) w.kw1 = g->kw;
-    return w;
-}
-
-/* Average divisor: the window positions inside the padded input, or inside the input. */
-static inline int64_t pool_count(const pool_geom *g, const pool_win *w) {
-    if (!g->include_pad) return (w->kh1 - w->kh0) * (w->kw1 - w->kw0);
-    int64_t nh = ceil_div(g->H + g->pb - w->h0, g->dh), nw = ceil_div(g->W + g->pr - w->w0, g->dw);
-    return (nh < g->kh ? nh : g->kh) * (nw < g->kw ? nw : g->kw);
+static void pool_spans(int64_t n_out, int64_t n_in, int64_t k, int64_t s, int64_t pad_lo, int64_t pad_hi, int64_t d,
+                       bool include_pad, pool_span *sp) {
+    for (int64_t o = 0; o < n_out; o++) {
+        int64_t start = o * s - pad_lo;
+        sp[o].start = start;
+        sp[o].k0 = ceil_div(-start, d);
+        sp[o].k1 = min64(k, ceil_div(n_in - start, d));
+        sp[o].count = include_pad ? min64(k, ceil_div(n_in + pad_hi - start, d)) : sp[o].k1 - sp[o].k0;
+    }
 }
 
 static bool pool_parallel(const pool_geom *g) {
     return g->planes > 1 && g->planes * g->OH * g->OW * g->kh * g->kw >= KILN_PARALLEL_MIN;
 }
 
-/* Offset (in the plane) of the first maximum of the window; NaN wins. */
-#define POOL_ARGMAX(T, x, g, w, best_off)                                                    \
+/* Offset (in the plane) of the first maximum of window (hs, ws), which is never empty (the
+ * padding is at most half the kernel); NaN wins. */
+#define POOL_ARGMAX(T, x, g, hs, ws, best_off)                                               \
     do {                                                                                     \
-        T best_ = 0;                                                                         \
-        bool found_ = false;                                                                 \
-        for (int64_t kh = (w).kh0; kh < (w).kh1; kh++) {                                     \
-            const int64_t row_ = ((w).h0 + kh * (g)->dh) * (g)->W;                           \
-            for (int64_t kw = (w).kw0; kw < (w).kw1; kw++) {                                 \
-                int64_t off_ = row_ + (w).w0 + kw * (g)->dw;                                 \
-                T v_ = (x)[off_];                                                            \
-                if (!found_ || v_ > best_ || v_ != v_) {                                     \
-                    best_ = v_, best_off = off_, found_ = true;                              \
+        best_off = ((hs)->start + (hs)->k0 * (g)->dh) * (g)->W + (ws)->start + (ws)->k0 * (g)->dw; \
+        T best_ = (x)[best_off];                                                             \
+        if (best_ != best_) break;                                                           \
+        for (int64_t kh = (hs)->k0; kh < (hs)->k1; kh++) {                                   \
+            const T *row_ = (x) + ((hs)->start + kh * (g)->dh) * (g)->W + (ws)->start;       \
+            for (int64_t kw = (ws)->k0; kw < (ws)->k1; kw++) {                               \
+                T v_ = row_[kw * (g)->dw];                                                   \
+                if (v_ > best_ || v_ != v_) {                                                \
+                    best_ = v_, best_off = row_ - (x) + kw * (g)->dw;                        \
                     if (v_ != v_) goto argmax_done_;                                         \
                 }                                                                            \
             }                                                                                \
@@ -158,71 +155,59 @@ static bool pool_parallel(const pool_geom *g) {
     argmax_done_:;                                                                           \
     } while (0)
 
+/* Loops over planes p (running PRE first in each) and outputs (oh, ow), with hs/ws the spans
+ * of the window. */
+#define POOL_FOR_EACH_WINDOW(g, HS, WS, PRE, BODY)                                           \
+    _Pragma("omp parallel for schedule(static) if (pool_parallel(g))")                       \
+    for (int64_t p = 0; p < (g)->planes; p++) {                                              \
+        PRE                                                                                  \
+        for (int64_t oh = 0; oh < (g)->OH; oh++)                                             \
+            for (int64_t ow = 0; ow < (g)->OW; ow++) {                                       \
+                const pool_span *hs = &(HS)[oh], *ws = &(WS)[ow];                            \
+                const int64_t yi = (p * (g)->OH + oh) * (g)->OW + ow;                        \
+                BODY                                                                         \
+            }                                                                                \
+    }
+
 #define POOL_LOOPS(SUF, T, ACC)                                                               \
-    static void max_fwd_##SUF(const pool_geom *g, const T *X, T *Y) {                         \
-        int64_t hw = g->H * g->W, ohw = g->OH * g->OW;                                        \
-        _Pragma("omp parallel for schedule(static) if (pool_parallel(g))")                    \
-        for (int64_t p = 0; p < g->planes; p++) {                                             \
-            const T *x = X + p * hw;                                                          \
-            for (int64_t oh = 0; oh < g->OH; oh++)                                            \
-                for (int64_t ow = 0; ow < g->OW; ow++) {                                      \
-                    pool_win w = pool_window(g, oh, ow);                                      \
-                    int64_t off = 0;                                                          \
-                    POOL_ARGMAX(T, x, g, w, off);                                             \
-                    Y[p * ohw + oh * g->OW + ow] = x[off];                                    \
-                }                                                                             \
-        }                                                                                     \
+    static void max_fwd_##SUF(const pool_geom *g, const pool_span *HS, const pool_span *WS, const T *X, T *Y) { \
+        POOL_FOR_EACH_WINDOW(g, HS, WS, {}, {                                                 \
+            const T *x = X + p * g->H * g->W;                                                 \
+            int64_t off = 0;                                                                  \
+            POOL_ARGMAX(T, x, g, hs, ws, off);                                                \
+            Y[yi] = x[off];                                                                   \
+        })                                                                                    \
     }                                                                                         \
-    static void max_bwd_##SUF(const pool_geom *g, const T *GY, const T *X, T *GX) {           \
-        int64_t hw = g->H * g->W, ohw = g->OH * g->OW;                                        \
-        _Pragma("omp parallel for schedule(static) if (pool_parallel(g))")                    \
-        for (int64_t p = 0; p < g->planes; p++) {                                             \
-            const T *x = X + p * hw, *gy = GY + p * ohw;                                      \
-            T *gx = GX + p * hw;                                                              \
-            for (int64_t i = 0; i < hw; i++) gx[i] = 0;                                       \
-            for (int64_t oh = 0; oh < g->OH; oh++)                                            \
-                for (int64_t ow = 0; ow < g->OW; ow++) {                                      \
-                    pool_win w = pool_window(g, oh, ow);                                      \
-                    int64_t off = 0;                                                          \
-                    POOL_ARGMAX(T, x, g, w, off);                                             \
-                    gx[off] += gy[oh * g->OW + ow];                                           \
-                }                                                                             \
-        }                                                                                     \
+    static void avg_fwd_##SUF(const pool_geom *g, const pool_span *HS, const pool_span *WS, const T *X, T *Y) { \
+        POOL_FOR_EACH_WINDOW(g, HS, WS, {}, {                                                 \
+            const T *x = X + p * g->H * g->W;                                                 \
+            ACC s = 0;                                                                        \
+            for (int64_t kh = hs->k0; kh < hs->k1; kh++) {                                    \
+                const T *row = x + (hs->start + kh * g->dh) * g->W + ws->start;               \
+                for (int64_t kw = ws->k0; kw < ws->k1; kw++) s += (ACC)row[kw * g->dw];       \
+            }                                                                                 \
+            Y[yi] = (T)(s / (ACC)(hs->count * ws->count));                                    \
+        })                                                                                    \
     }                                                                                         \
-    static void avg_fwd_##SUF(const pool_geom *g, const T *X, T *Y) {                         \
-        int64_t hw = g->H * g->W, ohw = g->OH * g->OW;                                        \
-        _Pragma("omp parallel for schedule(static) if (pool_parallel(g))")                    \
-        for (int64_t p = 0; p < g->planes; p++) {                                             \
-            const T *x = X + p * hw;                                                          \
-            for (int64_t oh = 0; oh < g->OH; oh++)                                            \
-                for (int64_t ow = 0; ow < g->OW; ow++) {                                      \
-                    pool_win w = pool_window(g, oh, ow);                                      \
-                    ACC s = 0;                                                                \
-                    for (int64_t kh = w.kh0; kh < w.kh1; kh++) {                              \
-                        const T *row = x + (w.h0 + kh * g->dh) * g->W + w.w0;                 \
-                        for (int64_t kw = w.kw0; kw < w.kw1; kw++) s += (ACC)row[kw * g->dw]; \
-                    }                                                                         \
-                    Y[p * ohw + oh * g->OW + ow] = (T)(s / (ACC)pool_count(g, &w));           \
-                }                                                                             \
-        }                                                                                     \
+    /* backward: one plane per thread, so the scattered sums need no atomics */               \
+    static void max_bwd_##SUF(const pool_geom *g, const pool_span *HS, const pool_span *WS, const T *GY, \
+                              const T *X, T *GX) {                                            \
+        POOL_FOR_EACH_WINDOW(g, HS, WS, memset(GX + p * g->H * g->W, 0, sizeof(T) * (size_t)(g->H * g->W));, { \
+            const T *x = X + p * g->H * g->W;                                                 \
+            int64_t off = 0;                                                                  \
+            POOL_ARGMAX(T, x, g, hs, ws, off);                                                \
+            GX[p * g->H * g->W + off] += GY[yi];                                              \
+        })                                                                                    \
     }                                                                                         \
-    static void avg_bwd_##SUF(const pool_geom *g, const T *GY, T *GX) {                       \
-        int64_t hw = g->H * g->W, ohw = g->OH * g->OW;                                        \
-        _Pragma("omp parallel for schedule(static) if (pool_parallel(g))")                    \
-        for (int64_t p = 0; p < g->planes; p++) {                                             \
-            const T *gy = GY + p * ohw;                                                       \
-            T *gx = GX + p * hw;                                                              \
-            for (int64_t i = 0; i < hw; i++) gx[i] = 0;                                       \
-            for (int64_t oh = 0; oh < g->OH; oh++)                                            \
-                for (int64_t ow = 0; ow < g->OW; ow++) {                                      \
-                    pool_win w = pool_window(g, oh, ow);                                      \
-                    T v = (T)(gy[oh * g->OW + ow] / (ACC)pool_count(g, &w));                  \
-                    for (int64_t kh = w.kh0; kh < w.kh1; kh++) {                              \
-                        T *row = gx + (w.h0 + kh * g->dh) * g->W + w.w0;                      \
-                        for (int64_t kw = w.kw0; kw < w.kw1; kw++) row[kw * g->dw] += v;      \
-                    }                                                                         \
-                }                                                                             \
-        }                                                                                     \
+    static void avg_bwd_##SUF(const pool_geom *g, const pool_span *HS, const pool_span *WS, const T *GY, T *GX) { \
+        POOL_FOR_EACH_WINDOW(g, HS, WS, memset(GX + p * g->H * g->W, 0, sizeof(T) * (size_t)(g->H * g->W));, { \
+            T *gx = GX + p * g->H * g->W;                                                     \
+            T v = (T)(GY[yi] / (ACC)(hs->count * ws->count));                                 \
+            for (int64_t kh = hs->k0; kh < hs->k1; kh++) {                                    \
+                T *row = gx + (hs->start + kh * g->dh) * g->W + ws->start;                    \
+                for (int64_t kw = ws->k0; kw < ws->k1; kw++) row[kw * g->dw] += v;            \
+            }                                                                                 \
+        })                                                                                    \
     }
 POOL_LOOPS(f32, float, float)
 POOL_LOOPS(f64, double, double)
@@ -240,13 +225,14 @@ static kiln_dtype pool_compute_dtype(kiln_dtype d) {
 
 #define POOL_CALL(SUF, T)                                                                     \
     switch (kind) {                                                                           \
-    case POOL_MAX_FWD: max_fwd_##SUF(g, (const T *)a, (T *)y); break;                         \
-    case POOL_MAX_BWD: max_bwd_##SUF(g, (const T *)a, (const T *)b, (T *)y); break;           \
-    case POOL_AVG_FWD: avg_fwd_##SUF(g, (const T *)a, (T *)y); break;                         \
-    case POOL_AVG_BWD: avg_bwd_##SUF(g, (const T *)a, (T *)y); break;                         \
+    case POOL_MAX_FWD: max_fwd_##SUF(g, hs, ws, (const T *)a, (T *)y); break;                 \
+    case POOL_MAX_BWD: max_bwd_##SUF(g, hs, ws, (const T *)a, (const T *)b, (T *)y); break;   \
+    case POOL_AVG_FWD: avg_fwd_##SUF(g, hs, ws, (const T *)a, (T *)y); break;                 \
+    case POOL_AVG_BWD: avg_bwd_##SUF(g, hs, ws, (const T *)a, (T *)y); break;                 \
     }
 
-static void pool_dispatch(pool_kind kind, kiln_dtype ct, const pool_geom *g, const void *a, const void *b, void *y) {
+static void pool_dispatch(pool_kind kind, kiln_dtype ct, const pool_geom *g, const pool_span *hs, const pool_span *ws,
+                          const void *a, const void *b, void *y) {
     switch (ct) {
     case KILN_DTYPE_FLOAT64: POOL_CALL(f64, double) break;
     case KILN_DTYPE_INT8: POOL_CALL(i8, int8_t) break;
@@ -266,7 +252,15 @@ static kiln_status pool_run(pool_kind kind, const pool_geom *g, kiln_tensor *a, 
         if (out->meta.dtype == ct) kiln_tensor_retain(out), res = out;
         else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);
     }
-    if (s == KILN_OK) pool_dispatch(kind, ct, g, x[0]->data, x[1] ? x[1]->data : NULL, res->data);
+    pool_span *hs = NULL;
+    if (s == KILN_OK && !(hs = malloc(sizeof(pool_span) * (size_t)(g->OH + g->OW))))
+        s = kiln_error(KILN_ERR_MEMORY, "pooling: out of memory");
+    if (s == KILN_OK) {
+        pool_spans(g->OH, g->H, g->kh, g->sh, g->pt, g->pb, g->dh, g->include_pad, hs);
+        pool_spans(g->OW, g->W, g->kw, g->sw, g->pl, g->pr, g->dw, g->include_pad, hs + g->OH);
+        pool_dispatch(kind, ct, g, hs, hs + g->OH, x[0]->data, x[1] ? x[1]->data : NULL, res->data);
+    }
+    free(hs);
     if (s == KILN_OK && res != out) s = kiln_copy_into(out, res);
     kiln_tensor_release(res);
     kiln_release_all(x, 2);

@@ -133,6 +133,19 @@ static void test_values(void) {
         }
 }
 
+/* More problems than the primitive cache holds: entries get evicted and recreated. */
+static void test_cache_eviction(void) {
+    for (int round = 0; round < 2; round++)
+        for (int64_t h = 3; h < 3 + 70; h++) {
+            conv_case c = {1, 2, h, 5, 3, 2, 2, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1};
+            int64_t xs[4] = {1, 2, h, 5}, ws[4] = {3, 2, 2, 2}, bs[1] = {3}, ys[4] = {1, 3, out_h(&c), out_w(&c)};
+            kiln_tensor *x = tu_tensor(KILN_DTYPE_FLOAT32, 4, xs), *w = tu_tensor(KILN_DTYPE_FLOAT32, 4, ws),
+                        *b = tu_tensor(KILN_DTYPE_FLOAT32, 1, bs), *gy = tu_tensor(KILN_DTYPE_FLOAT32, 4, ys);
+            check_case(&c, x, w, b, gy, "conv cache eviction");
+            kiln_tensor_release(x), kiln_tensor_release(w), kiln_tensor_release(b), kiln_tensor_release(gy);
+        }
+}
+
 static void test_mixed_dtypes(void) {
     const conv_case *c = &cases[1];
     int64_t xs[4] = {c->N, c->C, c->H, c->W}, ws[4] = {c->O, c->C / c->g, c->KH, c->KW}, bs[1] = {c->O};
@@ -229,6 +242,7 @@ static void test_errors(void) {
 int main(void) {
     test_values();
     test_mixed_dtypes();
+    test_cache_eviction();
     test_grads();
     test_errors();
     CHECK_DONE();

@@ -133,13 +133,18 @@ static void test_values(void) {
 
 static void test_nan_propagates(void) {
     pool_case c = {1, 1, 2, 2, 2, 2, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1};
-    int64_t xs[4] = {1, 1, 2, 2};
-    float v[4] = {1, NAN, 3, 2};
-    kiln_tensor *x = tensor_f32(4, xs, v), *y = NULL;
-    kiln_attrs a = pool_attrs(&c, 0);
-    CHECK_OK(kiln_apply(KILN_OP_MAX_POOL2D, 1, &x, &a, &y));
-    CHECK(y && isnan(((float *)y->data)[0]));
-    kiln_tensor_release(x), kiln_tensor_release(y);
+    int64_t xs[4] = {1, 1, 2, 2}, ys[4] = {1, 1, 1, 1};
+    for (int at = 0; at < 4; at++) {
+        float v[4] = {1, 4, 3, 2}, one = 1;
+        v[at] = NAN;
+        kiln_tensor *x = tensor_f32(4, xs, v), *gy = tensor_f32(4, ys, &one), *y = NULL, *gx = NULL, *ins[2] = {gy, x};
+        kiln_attrs a = pool_attrs(&c, 0);
+        CHECK_OK(kiln_apply(KILN_OP_MAX_POOL2D, 1, &x, &a, &y));
+        CHECK(y && isnan(((float *)y->data)[0]));
+        CHECK_OK(kiln_apply(KILN_OP_MAX_POOL2D_BACKWARD, 2, ins, &a, &gx));
+        CHECK(gx && ((float *)gx->data)[at] == 1);
+        kiln_tensor_release(x), kiln_tensor_release(gy), kiln_tensor_release(y), kiln_tensor_release(gx);
+    }
 }
 
 static void test_grads(void) {
