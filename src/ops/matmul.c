@@ -173,7 +173,11 @@ static bool mm_fold(const mm_plan *p, mm_mat *folded) {
 static void mm_run(const mm_plan *p, const char *A, const char *B, char *C) {
     size_t isz = kiln_dtype_size(p->ct);
     int64_t count = kiln_shape_numel(p->nb, p->bshape);
-    if (count == 0) return;
+    if (count == 0 || p->M == 0 || p->N == 0) return; /* empty output */
+    if (p->K == 0) {                                   /* empty sums */
+        memset(C, 0, (size_t)(count * p->M * p->N) * isz);
+        return;
+    }
     if (count == 1) {
         mm_gemm(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false);
         return;
