@@ -1,0 +1,147 @@
+/* Gradient rules of the reductions and the softmax family, written with ops only (kiln_emit_*,
+ * kiln_apply) so a traced backward is an ordinary graph. */
+#include "../core/internal.h"
+
+static uint64_t grad_mask(const kiln_grad_ctx *ctx) {
+    return ctx->in_meta[0].ndim ? (uint64_t)ctx->attrs->i[0] : 0;
+}
+
+/* Number of input elements behind each output element. */
+static int64_t grad_count(const kiln_grad_ctx *ctx) {
+    const kiln_meta *m = &ctx->in_meta[0];
+    uint64_t mask = grad_mask(ctx);
+    int64_t n = 1;
+    for (int d = 0; d < m->ndim; d++)
+        if ((mask >> d) & 1u) n *= m->shape[d];
+    return n;
+}
+
+/* t (an output of the reduction, or its gradient) with the reduced axes kept as size 1, so it
+ * broadcasts against the input. New reference. */
+static kiln_status to_keepdims(const kiln_grad_ctx *ctx, kiln_tensor *t, kiln_tensor **out) {
+    const kiln_meta *m = &ctx->in_meta[0];
+    if (ctx->attrs->i[1] || t->meta.ndim == m->ndim) {
+        kiln_tensor_retain(t);
+        *out = t;
+        return KILN_OK;
+    }
+    uint64_t mask = grad_mask(ctx);
+    int64_t shape[KILN_MAX_DIMS];
+    for (int d = 0; d < m->ndim; d++) shape[d] = (mask >> d) & 1u ? 1 : m->shape[d];
+    return kiln_emit_reshape(t, m->ndim, shape, out);
+}
+
+#define RELEASE_TMP() kiln_release_all(tmp, (int)(sizeof tmp / sizeof tmp[0]))
+
+/* A constant for scaling gradients of dtype d: float32 for 16-bit floats, whose range cannot
+ * hold large counts (the engine casts the result back to the input's dtype). */
+static kiln_status grad_scalar(double v, kiln_dtype d, kiln_tensor **out) {
+    bool half = d == KILN_DTYPE_FLOAT16 || d == KILN_DTYPE_BFLOAT16;
+    return kiln_emit_scalar(v, half ? KILN_DTYPE_FLOAT32 : d, out);
+}
+
+/* sum: the gradient spread back over the reduced axes */
+KILN_GRAD(sum) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    const kiln_meta *m = &ctx->in_meta[0];
+    kiln_tensor *g;
+    KILN_TRY(to_keepdims(ctx, gout[0], &g));
+    kiln_status s = kiln_emit_expand(g, m->ndim, m->shape, &gin[0]);
+    kiln_tensor_release(g);
+    return s;
+}
+
+/* mean: sum's gradient divided by the count */
+KILN_GRAD(mean) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    const kiln_meta *m = &ctx->in_meta[0];
+    kiln_tensor *tmp[3] = {NULL};
+    kiln_status s = to_keepdims(ctx, gout[0], &tmp[0]);
+    if (s == KILN_OK) s = grad_scalar((double)grad_count(ctx), gout[0]->meta.dtype, &tmp[1]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[0], tmp[1], &tmp[2]);
+    if (s == KILN_OK) s = kiln_emit_expand(tmp[2], m->ndim, m->shape, &gin[0]);
+    RELEASE_TMP();
+    return s;
+}
+
+/* prod: g * prod / x. Assumes x has no zeros (a zero gives inf or nan, not the product of the
+ * other elements). */
+KILN_GRAD(prod) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    kiln_tensor *tmp[3] = {NULL};
+    kiln_status s = to_keepdims(ctx, gout[0], &tmp[0]);
+    if (s == KILN_OK) s = to_keepdims(ctx, ctx->out[0], &tmp[1]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[0], tmp[1], &tmp[2]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[2], ctx->in[0], &gin[0]);
+    RELEASE_TMP();
+    return s;
+}
+
+/* max, min: the gradient goes to the elements equal to the result, split evenly among ties */
+static kiln_status grad_extreme(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    kiln_tensor *x = ctx->in[0];
+    kiln_tensor *tmp[6] = {NULL};
+    kiln_status s = to_keepdims(ctx, gout[0], &tmp[0]);
+    if (s == KILN_OK) s = to_keepdims(ctx, ctx->out[0], &tmp[1]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_EQ, x, tmp[1], &tmp[2]);
+    if (s == KILN_OK) s = kiln_emit_cast(tmp[2], x->meta.dtype, &tmp[3]);
+    if (s == KILN_OK) s = kiln_emit_reduce(KILN_OP_SUM, tmp[3], grad_mask(ctx), true, &tmp[4]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[0], tmp[4], &tmp[5]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[3], tmp[5], &gin[0]);
+    RELEASE_TMP();
+    return s;
+}
+
+KILN_GRAD(max) { return grad_extreme(ctx, gout, gin); }
+KILN_GRAD(min) { return grad_extreme(ctx, gout, gin); }
+
+static double grad_dof(const kiln_grad_ctx *ctx) {
+    int64_t ddof = ctx->attrs->ni > 2 ? ctx->attrs->i[2] : 0, n = grad_count(ctx) - ddof;
+    return n > 0 ? (double)n : 0.0;
+}
+
+/* x - mean(x) over the reduced axes (kept as size 1): *mean and *diff, new references. */
+static kiln_status centered(const kiln_grad_ctx *ctx, kiln_tensor **mean, kiln_tensor **diff) {
+    KILN_TRY(kiln_emit_reduce(KILN_OP_MEAN, ctx->in[0], grad_mask(ctx), true, mean));
+    return kiln_emit_binary(KILN_OP_SUB, ctx->in[0], *mean, diff);
+}
+
+/* var: g * 2 (x - mean) / (N - ddof) */
+KILN_GRAD(var) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    kiln_tensor *tmp[5] = {NULL};
+    kiln_status s = centered(ctx, &tmp[0], &tmp[1]);
+    if (s == KILN_OK) s = to_keepdims(ctx, gout[0], &tmp[2]);
+    if (s == KILN_OK) s = grad_scalar(2.0 / grad_dof(ctx), gout[0]->meta.dtype, &tmp[3]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[2], tmp[3], &tmp[4]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[1], tmp[4], &gin[0]);
+    RELEASE_TMP();
+    return s;
+}
+
+/* std: g * (x - mean) / ((N - ddof) std) */
+KILN_GRAD(std) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    kiln_tensor *tmp[7] = {NULL};
+    kiln_status s = centered(ctx, &tmp[0], &tmp[1]);
+    if (s == KILN_OK) s = to_keepdims(ctx, gout[0], &tmp[2]);
+    if (s == KILN_OK) s = to_keepdims(ctx, ctx->out[0], &tmp[3]);
+    if (s == KILN_OK) s = grad_scalar(grad_dof(ctx), ctx->out[0]->meta.dtype, &tmp[4]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[3], tmp[4], &tmp[5]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[2], tmp[5], &tmp[6]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[1], tmp[6], &gin[0]);
+    RELEASE_TMP();
+    return s;
+}
+
+/* softmax, log_softmax: their backward ops over (grad, y), same axis attribute */
+static kiln_status grad_softmax(kiln_op backward, const kiln_grad_ctx *ctx, kiln_tensor *const *gout,
+                                kiln_tensor **gin) {
+    if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
+    kiln_tensor *ins[2] = {gout[0], ctx->out[0]};
+    return kiln_apply(backward, 2, ins, ctx->attrs, &gin[0]);
+}
+
+KILN_GRAD(softmax) { return grad_softmax(KILN_OP_SOFTMAX_BACKWARD, ctx, gout, gin); }
+KILN_GRAD(log_softmax) { return grad_softmax(KILN_OP_LOG_SOFTMAX_BACKWARD, ctx, gout, gin); }
