@@ -1,7 +1,6 @@
 """Shared helpers for the Python op tests: dtypes and tolerances, non-contiguous inputs made
 from NumPy arrays, NumPy comparison and a central-difference gradient checker."""
 import math
-import os
 
 import numpy as np
 import pytest
@@ -218,19 +217,3 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-7, seed=0):
         assert got.dtype is kiln.float64, f"grad of arg {i}: dtype {got.dtype}"
         np.testing.assert_allclose(to_numpy(got), expected, rtol=rtol, atol=atol,
                                    err_msg=f"gradient of argument {i}")
-
-
-# ---- ops that have not landed yet -------------------------------------------------------
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Ops still being written raise NotImplementedError('... not implemented yet'); report those
-    tests as skipped (set KILN_STRICT=1 to see them fail)."""
-    outcome = yield
-    rep = outcome.get_result()
-    if os.environ.get("KILN_STRICT") == "1" or call.excinfo is None or rep.when != "call":
-        return
-    if call.excinfo.errisinstance(NotImplementedError) and "not implemented yet" in str(call.excinfo.value):
-        rep.outcome = "skipped"
-        rep.longrepr = (str(item.fspath), item.location[1] or 0, f"op not landed: {call.excinfo.value}")
