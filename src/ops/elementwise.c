@@ -253,18 +253,14 @@ static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_ten
     return s;
 }
 
-/* The compute dtype of an op: promoted inputs (float for float-only ops), through float32
- * for 16-bit floats. `where` ignores its condition's dtype. */
-static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_tensor *out, bool is_where) {
-    kiln_dtype d;
-    if (out->meta.dtype != KILN_DTYPE_BOOL || nin == 1) {
-        d = out->meta.dtype;
-        if (nin == 1 && out->meta.dtype == KILN_DTYPE_BOOL) d = in[0]->meta.dtype; /* logical_not */
-    } else {
+/* The compute dtype of an op: its output dtype, except for bool-valued ops, which compute in
+ * the promoted input dtype; 16-bit floats compute through float32. */
+static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_tensor *out) {
+    kiln_dtype d = out->meta.dtype;
+    if (d == KILN_DTYPE_BOOL) {
         d = in[0]->meta.dtype;
         for (int k = 1; k < nin; k++) d = kiln_dtype_promote(d, in[k]->meta.dtype);
     }
-    (void)is_where;
     return compute_dtype(d);
 }
 
@@ -273,7 +269,7 @@ static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_t
         static const kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,      \
                                                       ew_##name##_i32,  ew_##name##_i64,     \
                                                       ew_##name##_f32,  ew_##name##_f64};    \
-        return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0], false)); \
+        return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
     }
 #define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
     EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, cexpr))

@@ -197,6 +197,26 @@ enum { TY_F32, TY_F64, TY_I64, TY_COUNT };
 #define MUL_I(a, b) ((int64_t)((uint64_t)(a) * (uint64_t)(b)))
 
 /* T element, A accumulator, U lane type of sums */
+/* Running max or min of a row: WIDE independent lanes, then the lanes and the tail. */
+#define DEFINE_EXTREMUM(NAME, SUF, T, A, OP)                                                 \
+    static void upd_##NAME##_##SUF(T *restrict acc, const T *restrict x, int64_t n) {       \
+        for (int64_t i = 0; i < n; i++) acc[i] = OP(acc[i], x[i]);                           \
+    }                                                                                        \
+    static void row_##NAME##_##SUF(void *acc, const char *px, int64_t n, int64_t s, const double *mean) { \
+        (void)mean;                                                                          \
+        const T *x = (const T *)px;                                                          \
+        T t = (T) * (A *)acc;                                                                \
+        int64_t i = 0;                                                                       \
+        if (s == 1 && n >= WIDE) {                                                           \
+            T lanes[WIDE];                                                                   \
+            memcpy(lanes, x, sizeof lanes);                                                  \
+            for (i = WIDE; i + WIDE <= n; i += WIDE) upd_##NAME##_##SUF(lanes, x + i, WIDE);  \
+            for (int l = 0; l < WIDE; l++) t = OP(t, lanes[l]);                              \
+        }                                                                                    \
+        for (; i < n; i++) t = OP(t, x[i * s]);                                              \
+        *(A *)acc = (A)t;                                                                    \
+    }
+
 #define DEFINE_LOOPS(SUF, T, A, U, ADD, MUL, MAXOP, MINOP)                                    \
     static U block_sum_##SUF(const T *restrict x, int64_t m) {                               \
         U lanes[LANES] = {0};                                                                \
@@ -227,40 +247,8 @@ enum { TY_F32, TY_F64, TY_I64, TY_COUNT };
         for (int64_t i = 0; i < n; i++) t = MUL(t, (A)x[i * s]);                             \
         *(A *)acc = t;                                                                       \
     }                                                                                        \
-    static void upd_max_##SUF(T *restrict acc, const T *restrict x, int64_t n) {            \
-        for (int64_t i = 0; i < n; i++) acc[i] = MAXOP(acc[i], x[i]);                        \
-    }                                                                                        \
-    static void upd_min_##SUF(T *restrict acc, const T *restrict x, int64_t n) {            \
-        for (int64_t i = 0; i < n; i++) acc[i] = MINOP(acc[i], x[i]);                        \
-    }                                                                                        \
-    static void row_max_##SUF(void *acc, const char *px, int64_t n, int64_t s, const double *mean) { \
-        (void)mean;                                                                          \
-        const T *x = (const T *)px;                                                          \
-        T t = (T) * (A *)acc;                                                                \
-        int64_t i = 0;                                                                       \
-        if (s == 1 && n >= WIDE) {                                                           \
-            T lanes[WIDE];                                                                   \
-            memcpy(lanes, x, sizeof lanes);                                                  \
-            for (i = WIDE; i + WIDE <= n; i += WIDE) upd_max_##SUF(lanes, x + i, WIDE);      \
-            for (int l = 0; l < WIDE; l++) t = MAXOP(t, lanes[l]);                           \
-        }                                                                                    \
-        for (; i < n; i++) t = MAXOP(t, x[i * s]);                                           \
-        *(A *)acc = (A)t;                                                                    \
-    }                                                                                        \
-    static void row_min_##SUF(void *acc, const char *px, int64_t n, int64_t s, const double *mean) { \
-        (void)mean;                                                                          \
-        const T *x = (const T *)px;                                                          \
-        T t = (T) * (A *)acc;                                                                \
-        int64_t i = 0;                                                                       \
-        if (s == 1 && n >= WIDE) {                                                           \
-            T lanes[WIDE];                                                                   \
-            memcpy(lanes, x, sizeof lanes);                                                  \
-            for (i = WIDE; i + WIDE <= n; i += WIDE) upd_min_##SUF(lanes, x + i, WIDE);      \
-            for (int l = 0; l < WIDE; l++) t = MINOP(t, lanes[l]);                           \
-        }                                                                                    \
-        for (; i < n; i++) t = MINOP(t, x[i * s]);                                           \
-        *(A *)acc = (A)t;                                                                    \
-    }
+    DEFINE_EXTREMUM(max, SUF, T, A, MAXOP)                                                   \
+    DEFINE_EXTREMUM(min, SUF, T, A, MINOP)
 
 /* sums of squared deviations from a per-output mean, in double */
 #define DEFINE_SQDEV(SUF, T)                                                                 \
