@@ -73,6 +73,7 @@ typedef struct kiln_tensor {
     void *data;                     /* = storage data + offset * itemsize */
     kiln_storage *storage;
     int64_t refcount;               /* atomic */
+    bool literal;                   /* made from a Python number: a constant when traced */
     /* autograd */
     bool requires_grad;
     int32_t output_nr;              /* which output of grad_fn this is */
@@ -126,5 +127,6 @@ KILN_API void kiln_set_num_threads(int n);
 
 #include "kiln/ops.h"
 #include "kiln/autograd.h"
+#include "kiln/graph.h"
 
 #endif

@@ -2,6 +2,8 @@
  * in reverse creation order. */
 #include "node.h"
 
+#include "../core/ptrmap.h"
+
 #include <stdatomic.h>
 
 static _Thread_local bool grad_disabled; /* grad mode is on unless set */
@@ -162,59 +164,13 @@ typedef struct {
     bool needed;
 } work_item;
 
-/* Node -> index of its work item: open addressing over pointer hashes. */
-typedef struct {
-    const kiln_grad_node **keys;
-    int *vals;
-    int cap; /* a power of two, at least twice the count */
-    int count;
-} node_map;
-
-static size_t node_hash(const kiln_grad_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9E3779B97F4A7C15ull); }
-
-static int map_get(const node_map *m, const kiln_grad_node *n) {
-    if (!m->cap) return -1;
-    for (size_t i = node_hash(n) & (size_t)(m->cap - 1);; i = (i + 1) & (size_t)(m->cap - 1)) {
-        if (!m->keys[i]) return -1;
-        if (m->keys[i] == n) return m->vals[i];
-    }
-}
-
-static kiln_status map_put(node_map *m, const kiln_grad_node *n, int v) {
-    if (2 * (m->count + 1) > m->cap) {
-        node_map g = {0};
-        g.cap = m->cap ? m->cap * 2 : 64;
-        g.keys = calloc((size_t)g.cap, sizeof *g.keys);
-        g.vals = malloc(sizeof *g.vals * (size_t)g.cap);
-        if (!g.keys || !g.vals) {
-            free(g.keys), free(g.vals);
-            return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
-        }
-        for (int i = 0; i < m->cap; i++)
-            if (m->keys[i]) map_put(&g, m->keys[i], m->vals[i]);
-        free(m->keys), free(m->vals);
-        *m = g;
-    }
-    size_t i = node_hash(n) & (size_t)(m->cap - 1);
-    while (m->keys[i] && m->keys[i] != n) i = (i + 1) & (size_t)(m->cap - 1);
-    if (!m->keys[i]) m->count++;
-    m->keys[i] = n;
-    m->vals[i] = v;
-    return KILN_OK;
-}
-
-static void map_free(node_map *m) {
-    free(m->keys), free(m->vals);
-    *m = (node_map){0};
-}
-
 typedef struct {
     work_item *items;
     int count, cap;
-    node_map index;
+    kiln_ptrmap index; /* node -> its item */
 } work_list;
 
-static int find_item(const work_list *w, const kiln_grad_node *n) { return map_get(&w->index, n); }
+static int find_item(const work_list *w, const kiln_grad_node *n) { return (int)kiln_ptrmap_get(&w->index, n); }
 
 static int cmp_seq_desc(const void *a, const void *b) {
     const work_item *x = a, *y = b;
@@ -247,7 +203,7 @@ static kiln_status collect(work_list *w, kiln_grad_node *const *roots, int nroot
                 w->items = grown;
                 w->cap = ncap;
             }
-            if (map_put(&w->index, n, w->count) != KILN_OK) {
+            if (kiln_ptrmap_put(&w->index, n, w->count) != KILN_OK) {
                 free(stack);
                 return KILN_ERR_MEMORY;
             }
@@ -269,7 +225,7 @@ static kiln_status collect(work_list *w, kiln_grad_node *const *roots, int nroot
     }
     free(stack);
     qsort(w->items, (size_t)w->count, sizeof *w->items, cmp_seq_desc);
-    for (int k = 0; k < w->count; k++) KILN_TRY(map_put(&w->index, w->items[k].node, k));
+    for (int k = 0; k < w->count; k++) KILN_TRY(kiln_ptrmap_put(&w->index, w->items[k].node, k));
     return KILN_OK;
 }
 
@@ -495,7 +451,7 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         free(w.items[i].grads);
     }
     free(w.items);
-    map_free(&w.index);
+    kiln_ptrmap_free(&w.index);
     kiln_set_grad_enabled(prev_mode);
     if (s != KILN_OK) kiln_release_all(grads, nin);
     return s;

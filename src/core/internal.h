@@ -39,6 +39,14 @@ void kiln_free(void *p);
 /* Returns cached free blocks to the system. */
 void kiln_alloc_trim(void);
 
+/* A malloc'd copy of s (strdup is not C11); NULL when out of memory. */
+static inline char *kiln_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *c = malloc(n);
+    if (c) memcpy(c, s, n);
+    return c;
+}
+
 /* ---- shapes --------------------------------------------------------------------------- */
 
 static inline void kiln_meta_set(kiln_meta *m, kiln_dtype dtype, int ndim, const int64_t *shape) {

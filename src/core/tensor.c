@@ -1,6 +1,8 @@
 /* Tensors and their storage: allocation, views, reference counting. */
 #include "internal.h"
 
+#include "kiln/graph.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -9,8 +11,9 @@ struct kiln_storage {
     _Atomic int64_t version; /* bumped by in-place writes; autograd checks it */
     void *data;
     size_t nbytes;
-    void (*release)(void *ctx); /* external memory: called when the storage dies */
+    void (*release)(void *ctx); /* external memory: called when the storage dies (may be NULL) */
     void *release_ctx;
+    bool external;              /* data is not ours: the header was malloc'd on its own */
 };
 
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
@@ -39,6 +42,20 @@ static struct {
 /* Each large block carries its rounded size in a header of KILN_ALIGN bytes. */
 static size_t large_round(size_t nbytes) { return (nbytes + KILN_ALIGN + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND; }
 
+static _Atomic size_t bytes_in_use, bytes_peak;
+
+static void count_alloc(size_t bytes) {
+    size_t now = atomic_fetch_add_explicit(&bytes_in_use, bytes, memory_order_relaxed) + bytes;
+    size_t peak = atomic_load_explicit(&bytes_peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&bytes_peak, &peak, now, memory_order_relaxed,
+                                                                memory_order_relaxed)) {
+    }
+}
+
+size_t kiln_memory_in_use(void) { return atomic_load_explicit(&bytes_in_use, memory_order_relaxed); }
+size_t kiln_memory_peak(void) { return atomic_load_explicit(&bytes_peak, memory_order_relaxed); }
+void kiln_memory_reset_peak(void) { atomic_store_explicit(&bytes_peak, kiln_memory_in_use(), memory_order_relaxed); }
+
 void *kiln_alloc(size_t nbytes) {
     if (nbytes >= CACHE_MIN_BYTES) {
         size_t bytes = large_round(nbytes);
@@ -58,6 +75,7 @@ void *kiln_alloc(size_t nbytes) {
             return NULL;
         }
         *(size_t *)block = bytes;
+        count_alloc(bytes);
         return (char *)block + KILN_ALIGN;
     }
     size_t rounded = ((nbytes + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN + KILN_ALIGN;
@@ -67,6 +85,8 @@ void *kiln_alloc(size_t nbytes) {
         return NULL;
     }
     *(size_t *)p = 0; /* small: not cached */
+    *(size_t *)(p + sizeof(size_t)) = rounded;
+    count_alloc(rounded);
     return p + KILN_ALIGN;
 }
 
@@ -74,6 +94,8 @@ void kiln_free(void *p) {
     if (!p) return;
     char *block = (char *)p - KILN_ALIGN;
     size_t bytes = *(size_t *)block;
+    atomic_fetch_sub_explicit(&bytes_in_use, bytes ? bytes : *(size_t *)(block + sizeof(size_t)),
+                              memory_order_relaxed);
     if (bytes) {
         pthread_mutex_lock(&block_cache.lock);
         if (block_cache.count < CACHE_SLOTS && block_cache.total + bytes <= CACHE_MAX_BYTES) {
@@ -103,14 +125,15 @@ static kiln_storage *storage_new(size_t nbytes, bool zero) {
     s->nbytes = nbytes;
     s->release = NULL;
     s->release_ctx = NULL;
+    s->external = false;
     if (zero && nbytes) memset(s->data, 0, nbytes);
     return s;
 }
 
 static void storage_release(kiln_storage *s) {
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
-    if (s->release) {
-        s->release(s->release_ctx);
+    if (s->external) {
+        if (s->release) s->release(s->release_ctx);
         free(s);
     } else {
         kiln_free(s);
@@ -162,6 +185,7 @@ static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
     t->storage = storage;
     t->data = (char *)storage->data + offset * (int64_t)kiln_dtype_size(dtype);
     t->refcount = 1;
+    t->literal = false;
     t->requires_grad = false;
     t->output_nr = 0;
     t->grad_fn = NULL;
@@ -208,6 +232,7 @@ kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, c
     s->nbytes = 0; /* unknown extent */
     s->release = release;
     s->release_ctx = ctx;
+    s->external = true;
     *out = tensor_new(dtype, ndim, shape, strides, s, 0);
     if (!*out) {
         s->release = NULL; /* the caller keeps ownership on failure */

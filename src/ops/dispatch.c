@@ -2,6 +2,7 @@
  * runs the kernel and records the op for autograd. */
 #include "../core/internal.h"
 #include "../autograd/node.h"
+#include "../ir/trace_internal.h"
 
 static const kiln_attrs no_attrs;
 
@@ -44,6 +45,7 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
             if (s != KILN_OK) kiln_release_all(out, nout);
         }
     }
+    if (s == KILN_OK && kiln_tracer_active()) kiln_tracer_record(op, nin, in, attrs, nout, out);
     return s;
 }
 

@@ -108,7 +108,7 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
         const ew_ctx *ctx = vctx;                                                            \
         const double f0 = ctx->f0, f1 = ctx->f1;                                             \
         (void)f0, (void)f1;                                                                  \
-        OT *restrict o = (OT *)p[0];                                                         \
+        OT *o = (OT *)p[0]; /* may alias an input exactly (in-place plans) */                                                         \
         if (s[0] == sizeof(OT) && s[1] == sizeof(T)) {                                       \
             const T *restrict A = (const T *)p[1];                                           \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \
@@ -129,7 +129,7 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
         const ew_ctx *ctx = vctx;                                                            \
         const double f0 = ctx->f0, f1 = ctx->f1;                                             \
         (void)f0, (void)f1;                                                                  \
-        OT *restrict o = (OT *)p[0];                                                         \
+        OT *o = (OT *)p[0]; /* may alias an input exactly (in-place plans) */                                                         \
         const T *restrict A = (const T *)p[1], *restrict B = (const T *)p[2];                \
         if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == sizeof(T)) {                 \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                            \

@@ -126,6 +126,7 @@ static kiln_tensor *scalar_tensor(double v, int64_t iv, bool is_int, kiln_dtype 
     case KILN_DTYPE_FLOAT64: *(double *)t->data = is_int ? (double)iv : v; break;
     default: { /* 16-bit floats: go through float32 */
         kiln_tensor *f = scalar_tensor(v, iv, is_int, KILN_DTYPE_FLOAT32), *h = NULL;
+        if (f) f->literal = false;
         if (!f) {
             kiln_tensor_release(t);
             return NULL;
@@ -137,9 +138,11 @@ static kiln_tensor *scalar_tensor(double v, int64_t iv, bool is_int, kiln_dtype 
             pykiln_raise(cs);
             return NULL;
         }
+        h->literal = true;
         return h;
     }
     }
+    t->literal = true;
     return t;
 }
 

@@ -43,5 +43,7 @@ int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 
 /* Registers TensorBase, dtype and the dtype singletons (tensor.c). */
 int pykiln_tensor_init_type(PyObject *module);
+/* Registers Tracer, Executable and the memory functions (graph.c). */
+int pykiln_graph_init_types(PyObject *module);
 
 #endif

@@ -1,0 +1,123 @@
+/* kiln — graph IR, trace capture and the kernel-by-kernel executor.
+ *
+ * A graph holds typed, shaped SSA values. A value is a graph input (bound per call), a
+ * captured tensor (bound by reference at capture time: parameters, closure tensors and the
+ * constants Python scalars became), or the output of a node. Nodes name op-table entries.
+ */
+#ifndef KILN_GRAPH_H
+#define KILN_GRAPH_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_value_kind {
+    KILN_VALUE_INPUT,
+    KILN_VALUE_CAPTURED,
+    KILN_VALUE_NODE,
+} kiln_value_kind;
+
+typedef struct kiln_value {
+    kiln_meta meta;
+    kiln_value_kind kind;
+    int32_t node;        /* NODE: producing node */
+    int32_t index;       /* NODE: output index; INPUT: input position; CAPTURED: capture position */
+    kiln_tensor *bound;  /* CAPTURED: the tensor (owned reference) */
+    bool constant;       /* CAPTURED: baked in (a private copy) rather than a live reference */
+} kiln_value;
+
+typedef struct kiln_node {
+    kiln_op op;
+    int32_t nin, nout;
+    int32_t *in; /* value ids */
+    int32_t out[KILN_MAX_OUTPUTS];
+    kiln_attrs attrs;
+    int32_t loc; /* index into the graph's source locations, or -1 */
+} kiln_node;
+
+typedef struct kiln_graph {
+    kiln_value *values;
+    int32_t nvalues, cap_values;
+    kiln_node *nodes;
+    int32_t nnodes, cap_nodes;
+    int32_t *inputs, ninputs, cap_inputs;
+    int32_t *captures, ncaptures, cap_captures;
+    int32_t *outputs, noutputs;
+    char **locs; /* "file:line" of the user code behind nodes */
+    int32_t nlocs, cap_locs;
+    struct kiln_graph **subgraphs; /* control flow (capture modes that see it) */
+    int32_t nsubgraphs;
+} kiln_graph;
+
+KILN_API kiln_status kiln_graph_new(kiln_graph **out);
+KILN_API void kiln_graph_free(kiln_graph *g);
+KILN_API kiln_status kiln_graph_add_input(kiln_graph *g, const kiln_meta *meta, int32_t *value);
+/* Binds t (retained). constant: capture a private copy of its current value instead. */
+KILN_API kiln_status kiln_graph_add_capture(kiln_graph *g, kiln_tensor *t, bool constant, int32_t *value);
+/* Infers the outputs' metas; fails (naming the op and shapes) like kiln_apply would. */
+KILN_API kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in,
+                                         const kiln_attrs *attrs, int32_t loc, int32_t *out);
+KILN_API kiln_status kiln_graph_add_loc(kiln_graph *g, const char *loc, int32_t *id);
+KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values);
+/* Checks wiring, order (SSA: inputs defined before use) and every node's inferred metas. */
+KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
+/* Readable text form (malloc'd; free with free()). */
+KILN_API char *kiln_graph_to_string(const kiln_graph *g);
+
+/* ---- tracing: kiln_apply records into the thread's active tracer ------------------------ */
+
+typedef struct kiln_tracer kiln_tracer;
+
+KILN_API kiln_status kiln_tracer_begin(kiln_tracer **out);
+/* Stops recording on this thread; the tracer keeps what it saw. */
+KILN_API void kiln_tracer_end(kiln_tracer *tr);
+KILN_API void kiln_tracer_free(kiln_tracer *tr);
+/* Declares t as graph input number `position` (in order). */
+KILN_API kiln_status kiln_tracer_add_input(kiln_tracer *tr, kiln_tensor *t);
+/* Treat tensors met for the first time as constants (copied) instead of live references. */
+KILN_API void kiln_tracer_set_capture_constants(kiln_tracer *tr, bool constants);
+/* Source location recorded with the following ops ("file:line"; NULL clears). */
+KILN_API kiln_status kiln_tracer_set_loc(kiln_tracer *tr, const char *loc);
+/* The value of t in the graph (capturing it when unknown). */
+KILN_API kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value);
+/* Whether t was produced by an op recorded by this tracer or is one of its inputs. */
+KILN_API bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t);
+KILN_API kiln_graph *kiln_tracer_graph(kiln_tracer *tr);
+KILN_API kiln_tracer *kiln_tracer_active(void);
+/* Number of ops recorded so far. */
+KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
+
+/* ---- the kernel-by-kernel executor ------------------------------------------------------ */
+
+typedef enum kiln_exec_order { KILN_ORDER_BFS, KILN_ORDER_DFS } kiln_exec_order;
+
+typedef struct kiln_executable kiln_executable;
+
+typedef struct kiln_compile_options {
+    kiln_exec_order order;
+    bool poison_freed; /* debug: fill buffers with NaN after their last use */
+} kiln_compile_options;
+
+/* Plans g (the executable keeps its own reference to captured tensors; g may be freed). */
+KILN_API kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out);
+KILN_API void kiln_executable_free(kiln_executable *e);
+/* Runs with the graph inputs bound to `inputs` (metas must match); outputs are new references. */
+KILN_API kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                         kiln_tensor **outputs);
+KILN_API int kiln_executable_num_outputs(const kiln_executable *e);
+/* Bytes of the planned arena (all intermediates) and of the outputs of one call. */
+KILN_API size_t kiln_executable_arena_bytes(const kiln_executable *e);
+KILN_API size_t kiln_executable_output_bytes(const kiln_executable *e);
+/* Node order as op names, for tests and dumps ("mul add"). malloc'd. */
+KILN_API char *kiln_executable_order_string(const kiln_executable *e);
+
+/* ---- memory accounting of the allocator (for peak-memory comparisons) ------------------- */
+
+KILN_API size_t kiln_memory_in_use(void);
+KILN_API size_t kiln_memory_peak(void);
+KILN_API void kiln_memory_reset_peak(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

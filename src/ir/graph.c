@@ -1,0 +1,292 @@
+/* The graph IR: building, verifying, printing. */
+#include "../core/internal.h"
+
+#include "kiln/graph.h"
+
+#define GROW(arr, count, cap)                                                                \
+    do {                                                                                     \
+        if ((count) == (cap)) {                                                              \
+            int32_t ncap_ = (cap) ? (cap) * 2 : 16;                                          \
+            void *grown_ = realloc((arr), sizeof *(arr) * (size_t)ncap_);                    \
+            if (!grown_) return kiln_error(KILN_ERR_MEMORY, "out of memory growing a graph"); \
+            (arr) = grown_;                                                                  \
+            (cap) = ncap_;                                                                   \
+        }                                                                                    \
+    } while (0)
+
+kiln_status kiln_graph_new(kiln_graph **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory allocating a graph");
+}
+
+void kiln_graph_free(kiln_graph *g) {
+    if (!g) return;
+    for (int32_t v = 0; v < g->nvalues; v++) kiln_tensor_release(g->values[v].bound);
+    for (int32_t n = 0; n < g->nnodes; n++) free(g->nodes[n].in);
+    for (int32_t l = 0; l < g->nlocs; l++) free(g->locs[l]);
+    for (int32_t s = 0; s < g->nsubgraphs; s++) kiln_graph_free(g->subgraphs[s]);
+    free(g->values), free(g->nodes), free(g->inputs), free(g->captures), free(g->outputs);
+    free(g->locs), free(g->subgraphs);
+    free(g);
+}
+
+static kiln_status new_value(kiln_graph *g, const kiln_meta *meta, kiln_value_kind kind, int32_t *id) {
+    GROW(g->values, g->nvalues, g->cap_values);
+    kiln_value *v = &g->values[g->nvalues];
+    memset(v, 0, sizeof *v);
+    v->meta = *meta;
+    v->kind = kind;
+    v->node = -1;
+    *id = g->nvalues++;
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_add_input(kiln_graph *g, const kiln_meta *meta, int32_t *value) {
+    GROW(g->inputs, g->ninputs, g->cap_inputs);
+    KILN_TRY(new_value(g, meta, KILN_VALUE_INPUT, value));
+    g->values[*value].index = g->ninputs;
+    g->inputs[g->ninputs++] = *value;
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_add_capture(kiln_graph *g, kiln_tensor *t, bool constant, int32_t *value) {
+    GROW(g->captures, g->ncaptures, g->cap_captures);
+    kiln_tensor *bound = t;
+    if (constant) {
+        KILN_TRY(kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &bound));
+        kiln_status s = kiln_copy_into(bound, t);
+        if (s != KILN_OK) {
+            kiln_tensor_release(bound);
+            return s;
+        }
+    } else {
+        kiln_tensor_retain(t);
+    }
+    kiln_status s = new_value(g, &t->meta, KILN_VALUE_CAPTURED, value);
+    if (s != KILN_OK) {
+        kiln_tensor_release(bound);
+        return s;
+    }
+    kiln_value *v = &g->values[*value];
+    v->bound = bound;
+    v->constant = constant;
+    v->index = g->ncaptures;
+    g->captures[g->ncaptures++] = *value;
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_add_loc(kiln_graph *g, const char *loc, int32_t *id) {
+    for (int32_t l = g->nlocs - 1; l >= 0; l--)
+        if (strcmp(g->locs[l], loc) == 0) {
+            *id = l;
+            return KILN_OK;
+        }
+    GROW(g->locs, g->nlocs, g->cap_locs);
+    g->locs[g->nlocs] = kiln_strdup(loc);
+    if (!g->locs[g->nlocs]) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    *id = g->nlocs++;
+    return KILN_OK;
+}
+
+/* Tensors carrying only metas, for running inference on graph values. */
+static void meta_tensors(const kiln_graph *g, int nin, const int32_t *in, kiln_tensor *store, kiln_tensor **ptrs) {
+    for (int k = 0; k < nin; k++) {
+        memset(&store[k], 0, sizeof store[k]);
+        store[k].meta = g->values[in[k]].meta;
+        kiln_contiguous_strides(store[k].meta.ndim, store[k].meta.shape, store[k].strides);
+        store[k].numel = kiln_meta_numel(&store[k].meta);
+        ptrs[k] = &store[k];
+    }
+}
+
+static kiln_status infer_node(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                              kiln_meta *metas) {
+    kiln_tensor small[8], *small_ptrs[8] = {0};
+    kiln_tensor *store = nin <= 8 ? small : malloc(sizeof *store * (size_t)nin);
+    kiln_tensor **ptrs = nin <= 8 ? small_ptrs : malloc(sizeof *ptrs * (size_t)nin);
+    kiln_status s;
+    if (!store || !ptrs) {
+        s = kiln_error(KILN_ERR_MEMORY, "out of memory");
+    } else {
+        meta_tensors(g, nin, in, store, ptrs);
+        s = kiln_infer(op, nin, ptrs, a, metas);
+    }
+    if (store != small) free(store);
+    if (ptrs != small_ptrs) free(ptrs);
+    return s;
+}
+
+kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
+                                int32_t loc, int32_t *out) {
+    static const kiln_attrs none;
+    if (!attrs) attrs = &none;
+    for (int k = 0; k < nin; k++)
+        if (in[k] < 0 || in[k] >= g->nvalues)
+            return kiln_error(KILN_ERR_VALUE, "graph: %s input %d refers to unknown value %d",
+                              (unsigned)op < KILN_OP_COUNT ? kiln_op_table[op].name : "?", k, in[k]);
+    kiln_meta metas[KILN_MAX_OUTPUTS];
+    KILN_TRY(infer_node(g, op, nin, in, attrs, metas));
+    GROW(g->nodes, g->nnodes, g->cap_nodes);
+    kiln_node *n = &g->nodes[g->nnodes];
+    memset(n, 0, sizeof *n);
+    n->in = malloc(sizeof(int32_t) * (size_t)(nin ? nin : 1));
+    if (!n->in) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
+    n->op = op;
+    n->nin = nin;
+    n->nout = kiln_op_table[op].nout;
+    n->attrs = *attrs;
+    n->loc = loc;
+    int32_t node_id = g->nnodes++;
+    for (int k = 0; k < n->nout; k++) {
+        KILN_TRY(new_value(g, &metas[k], KILN_VALUE_NODE, &n->out[k]));
+        g->values[n->out[k]].node = node_id;
+        g->values[n->out[k]].index = k;
+        if (out) out[k] = n->out[k];
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) {
+    for (int k = 0; k < n; k++)
+        if (values[k] < 0 || values[k] >= g->nvalues)
+            return kiln_error(KILN_ERR_VALUE, "graph: output %d refers to unknown value %d", k, values[k]);
+    int32_t *outs = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!outs) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    memcpy(outs, values, sizeof(int32_t) * (size_t)n);
+    free(g->outputs);
+    g->outputs = outs;
+    g->noutputs = n;
+    return KILN_OK;
+}
+
+static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+kiln_status kiln_graph_verify(const kiln_graph *g) {
+    /* a value is defined once it is an input or capture, or its node has been passed */
+    bool *defined = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *defined);
+    if (!defined) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    kiln_status s = KILN_OK;
+    for (int32_t v = 0; v < g->nvalues; v++) defined[v] = g->values[v].kind != KILN_VALUE_NODE;
+    for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if ((unsigned)n->op >= KILN_OP_COUNT) {
+            s = kiln_error(KILN_ERR_VALUE, "graph: node %d has unknown op %d", i, (int)n->op);
+            break;
+        }
+        for (int k = 0; k < n->nin && s == KILN_OK; k++)
+            if (n->in[k] < 0 || n->in[k] >= g->nvalues || !defined[n->in[k]])
+                s = kiln_error(KILN_ERR_VALUE, "graph: node %d (%s) uses value %%%d before it is defined", i,
+                               kiln_op_table[n->op].name, n->in[k]);
+        kiln_meta metas[KILN_MAX_OUTPUTS];
+        if (s == KILN_OK) s = infer_node(g, n->op, n->nin, n->in, &n->attrs, metas);
+        for (int k = 0; k < n->nout && s == KILN_OK; k++) {
+            const kiln_value *v = &g->values[n->out[k]];
+            if (v->kind != KILN_VALUE_NODE || v->node != i || v->index != k || !same_meta(&metas[k], &v->meta))
+                s = kiln_error(KILN_ERR_VALUE, "graph: output %d of node %d (%s) is miswired or mistyped", k, i,
+                               kiln_op_table[n->op].name);
+            else
+                defined[n->out[k]] = true;
+        }
+    }
+    for (int32_t k = 0; k < g->noutputs && s == KILN_OK; k++)
+        if (g->outputs[k] < 0 || g->outputs[k] >= g->nvalues || !defined[g->outputs[k]])
+            s = kiln_error(KILN_ERR_VALUE, "graph: output %d refers to an undefined value", k);
+    free(defined);
+    return s;
+}
+
+/* ---- printing ----------------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+    if (t->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = true;
+            return;
+        }
+        if (t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t ncap = (t->cap + (size_t)n + 1) * 2;
+        char *grown = realloc(t->buf, ncap);
+        if (!grown) {
+            t->failed = true;
+            return;
+        }
+        t->buf = grown;
+        t->cap = ncap;
+    }
+}
+
+static void put_type(text *t, const kiln_meta *m) {
+    put(t, "%s[", kiln_dtype_name(m->dtype));
+    for (int d = 0; d < m->ndim; d++) put(t, d ? ", %lld" : "%lld", (long long)m->shape[d]);
+    put(t, "]");
+}
+
+char *kiln_graph_to_string(const kiln_graph *g) {
+    text t = {malloc(256), 0, 256, false};
+    if (!t.buf) return NULL;
+    t.buf[0] = '\0';
+    put(&t, "graph(");
+    for (int32_t i = 0; i < g->ninputs; i++) {
+        put(&t, "%s%%%d: ", i ? ", " : "", g->inputs[i]);
+        put_type(&t, &g->values[g->inputs[i]].meta);
+    }
+    put(&t, ") {\n");
+    for (int32_t c = 0; c < g->ncaptures; c++) {
+        const kiln_value *v = &g->values[g->captures[c]];
+        put(&t, "  %%%d: ", g->captures[c]);
+        put_type(&t, &v->meta);
+        if (v->constant && v->meta.ndim == 0)
+            put(&t, " = constant(%g)\n", kiln_tensor_get_double(v->bound, 0));
+        else
+            put(&t, " = %s\n", v->constant ? "constant" : (v->bound->requires_grad ? "parameter" : "captured"));
+    }
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        const kiln_node *n = &g->nodes[i];
+        put(&t, "  ");
+        for (int k = 0; k < n->nout; k++) {
+            put(&t, "%s%%%d: ", k ? ", " : "", n->out[k]);
+            put_type(&t, &g->values[n->out[k]].meta);
+        }
+        put(&t, " = %s(", kiln_op_table[n->op].name);
+        for (int k = 0; k < n->nin; k++) put(&t, k ? ", %%%d" : "%%%d", n->in[k]);
+        put(&t, ")");
+        if (n->attrs.ni || n->attrs.nf) {
+            put(&t, " {");
+            for (int k = 0; k < n->attrs.ni; k++) put(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
+            if (n->attrs.nf) put(&t, n->attrs.ni ? "; " : "");
+            for (int k = 0; k < n->attrs.nf; k++) put(&t, k ? ", %g" : "%g", n->attrs.f[k]);
+            put(&t, "}");
+        }
+        if (n->loc >= 0 && n->loc < g->nlocs) put(&t, "  # %s", g->locs[n->loc]);
+        put(&t, "\n");
+    }
+    put(&t, "  return (");
+    for (int32_t k = 0; k < g->noutputs; k++) put(&t, k ? ", %%%d" : "%%%d", g->outputs[k]);
+    put(&t, ")\n}\n");
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    return t.buf;
+}

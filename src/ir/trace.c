@@ -1,0 +1,120 @@
+/* Trace capture: while a tracer is active on a thread, every op kiln_apply runs is also
+ * recorded as a graph node. Tensors are matched to graph values by identity; a tensor met for
+ * the first time is captured (by reference, or as a constant copy). */
+#include "../core/internal.h"
+#include "../core/ptrmap.h"
+#include "trace_internal.h"
+
+struct kiln_tracer {
+    kiln_graph *graph;
+    kiln_ptrmap values;   /* tensor -> value id */
+    kiln_tensor **held;   /* every mapped tensor, retained so its address stays unique */
+    int64_t nheld, cap_held;
+    bool capture_constants;
+    int32_t loc;
+    int32_t nops;
+    kiln_status failure; /* the first recording error (reported at the end of the trace) */
+};
+
+static _Thread_local kiln_tracer *active;
+
+kiln_tracer *kiln_tracer_active(void) { return active; }
+
+kiln_status kiln_tracer_begin(kiln_tracer **out) {
+    kiln_tracer *tr = calloc(1, sizeof *tr);
+    if (!tr) return kiln_error(KILN_ERR_MEMORY, "out of memory starting a trace");
+    kiln_status s = kiln_graph_new(&tr->graph);
+    if (s != KILN_OK) {
+        free(tr);
+        return s;
+    }
+    tr->loc = -1;
+    active = tr;
+    *out = tr;
+    return KILN_OK;
+}
+
+void kiln_tracer_end(kiln_tracer *tr) {
+    if (active == tr) active = NULL;
+}
+
+void kiln_tracer_free(kiln_tracer *tr) {
+    if (!tr) return;
+    kiln_tracer_end(tr);
+    for (int64_t k = 0; k < tr->nheld; k++) kiln_tensor_release(tr->held[k]);
+    free(tr->held);
+    kiln_ptrmap_free(&tr->values);
+    kiln_graph_free(tr->graph);
+    free(tr);
+}
+
+kiln_graph *kiln_tracer_graph(kiln_tracer *tr) { return tr->graph; }
+
+int32_t kiln_tracer_count(const kiln_tracer *tr) { return tr->nops; }
+
+void kiln_tracer_set_capture_constants(kiln_tracer *tr, bool constants) { tr->capture_constants = constants; }
+
+kiln_status kiln_tracer_set_loc(kiln_tracer *tr, const char *loc) {
+    if (!loc) {
+        tr->loc = -1;
+        return KILN_OK;
+    }
+    return kiln_graph_add_loc(tr->graph, loc, &tr->loc);
+}
+
+static kiln_status bind(kiln_tracer *tr, kiln_tensor *t, int32_t value) {
+    if (kiln_ptrmap_get(&tr->values, t) < 0) {
+        if (tr->nheld == tr->cap_held) {
+            int64_t ncap = tr->cap_held ? tr->cap_held * 2 : 64;
+            kiln_tensor **grown = realloc(tr->held, sizeof *grown * (size_t)ncap);
+            if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
+            tr->held = grown;
+            tr->cap_held = ncap;
+        }
+        kiln_tensor_retain(t);
+        tr->held[tr->nheld++] = t;
+    }
+    return kiln_ptrmap_put(&tr->values, t, value);
+}
+
+kiln_status kiln_tracer_add_input(kiln_tracer *tr, kiln_tensor *t) {
+    int32_t v;
+    KILN_TRY(kiln_graph_add_input(tr->graph, &t->meta, &v));
+    return bind(tr, t, v);
+}
+
+kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value) {
+    int64_t v = kiln_ptrmap_get(&tr->values, t);
+    if (v >= 0) {
+        *value = (int32_t)v;
+        return KILN_OK;
+    }
+    /* Python numbers become tensors just before an op: they are constants of the trace */
+    bool constant = tr->capture_constants || t->literal;
+    KILN_TRY(kiln_graph_add_capture(tr->graph, t, constant, value));
+    return bind(tr, t, *value);
+}
+
+bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t) {
+    int64_t v = kiln_ptrmap_get(&tr->values, t);
+    return v >= 0 && tr->graph->values[v].kind != KILN_VALUE_CAPTURED;
+}
+
+void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
+                        kiln_tensor **out) {
+    kiln_tracer *tr = active;
+    if (!tr || tr->failure != KILN_OK) return;
+    active = NULL; /* capturing a constant copies through kernels, which must not record */
+    int32_t small[8], *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
+    kiln_status s = ids ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
+    for (int k = 0; k < nin && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, in[k], &ids[k]);
+    int32_t outs[KILN_MAX_OUTPUTS];
+    if (s == KILN_OK) s = kiln_graph_add_node(tr->graph, op, nin, ids, attrs, tr->loc, outs);
+    for (int k = 0; k < nout && s == KILN_OK; k++) s = bind(tr, out[k], outs[k]);
+    if (ids != small) free(ids);
+    if (s != KILN_OK) tr->failure = kiln_error_context(s, "while tracing %s", kiln_op_table[op].name);
+    tr->nops++;
+    active = tr;
+}
+
+kiln_status kiln_tracer_status(const kiln_tracer *tr) { return tr->failure; }

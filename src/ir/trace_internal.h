@@ -1,0 +1,14 @@
+/* What the dispatcher and the extension need of the tracer beyond the public API. */
+#ifndef KILN_TRACE_INTERNAL_H
+#define KILN_TRACE_INTERNAL_H
+
+#include "../core/internal.h"
+#include "kiln/graph.h"
+
+/* Records an op kiln_apply just ran into the thread's active tracer. */
+void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
+                        kiln_tensor **out);
+/* The first error met while recording (KILN_OK when none). */
+kiln_status kiln_tracer_status(const kiln_tracer *tr);
+
+#endif

@@ -1,0 +1,349 @@
+/* kiln._C.Tracer and kiln._C.Executable: trace capture and compiled graphs for kiln.jit and
+ * kiln.trace. Reference notes: arguments are borrowed; returned objects are new references. */
+#include "pykiln.h"
+
+#include "core/internal.h"
+#include "ir/trace_internal.h"
+
+/* ---- Executable ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    kiln_executable *exe;
+    char *graph_text;
+    int nin, nout;
+    bool release_gil; /* worth it when the graph does real work */
+} PyExecutable;
+
+static void executable_dealloc(PyObject *self) {
+    PyExecutable *p = (PyExecutable *)self;
+    kiln_executable_free(p->exe);
+    free(p->graph_text);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* __call__(*tensors) -> tuple of tensors */
+static PyObject *executable_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyExecutable *p = (PyExecutable *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames && PyTuple_GET_SIZE(kwnames)) {
+        PyErr_SetString(PyExc_TypeError, "a compiled graph takes positional tensors only");
+        return NULL;
+    }
+    if (nargs != p->nin) {
+        PyErr_Format(PyExc_TypeError, "the compiled graph takes %d tensors, got %zd", p->nin, nargs);
+        return NULL;
+    }
+    kiln_tensor *small_in[8], **in = nargs <= 8 ? small_in : PyMem_Malloc(sizeof *in * (size_t)nargs);
+    kiln_tensor *small_out[8], **out = p->nout <= 8 ? small_out : PyMem_Calloc((size_t)p->nout, sizeof *out);
+    PyObject *result = NULL;
+    if (!in || !out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < nargs; k++) {
+        if (!pykiln_is_tensor(args[k])) {
+            PyErr_Format(PyExc_TypeError, "argument %zd of a compiled graph must be a Tensor", k);
+            goto done;
+        }
+        in[k] = pykiln_unwrap(args[k]);
+    }
+    kiln_status s;
+    if (p->release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        s = kiln_executable_run(p->exe, (int)nargs, in, p->nout, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        s = kiln_executable_run(p->exe, (int)nargs, in, p->nout, out);
+    }
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        goto done;
+    }
+    result = PyTuple_New(p->nout);
+    for (int k = 0; k < p->nout; k++) {
+        PyObject *o = result ? pykiln_wrap(out[k]) : NULL;
+        if (!o) {
+            if (!result) kiln_tensor_release(out[k]);
+            for (int j = k + 1; j < p->nout; j++) kiln_tensor_release(out[j]);
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, k, o);
+    }
+done:
+    if (in && in != small_in) PyMem_Free(in);
+    if (out && out != small_out) PyMem_Free(out);
+    return result;
+}
+
+static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyUnicode_FromString(((PyExecutable *)self)->graph_text);
+}
+
+static PyObject *executable_order(PyObject *self, PyObject *unused) {
+    (void)unused;
+    char *s = kiln_executable_order_string(((PyExecutable *)self)->exe);
+    if (!s) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(s);
+    free(s);
+    return o;
+}
+
+static PyObject *executable_get_arena_bytes(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(kiln_executable_arena_bytes(((PyExecutable *)self)->exe));
+}
+
+static PyObject *executable_get_output_bytes(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(kiln_executable_output_bytes(((PyExecutable *)self)->exe));
+}
+
+static PyObject *executable_get_num_outputs(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(((PyExecutable *)self)->nout);
+}
+
+static PyMethodDef executable_methods[] = {
+    {"graph_str", executable_graph_str, METH_NOARGS, "the graph in text form"},
+    {"order", executable_order, METH_NOARGS, "the execution order, as op names"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef executable_getset[] = {
+    {"arena_bytes", executable_get_arena_bytes, NULL, "planned bytes of all intermediates", NULL},
+    {"output_bytes", executable_get_output_bytes, NULL, "bytes of the outputs of one call", NULL},
+    {"num_outputs", executable_get_num_outputs, NULL, "number of outputs", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PyExecutable_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.Executable",
+    .tp_basicsize = sizeof(PyExecutable),
+    .tp_dealloc = executable_dealloc,
+    .tp_vectorcall_offset = 0, /* set in init */
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A graph compiled for the kernel-by-kernel executor.",
+    .tp_methods = executable_methods,
+    .tp_getset = executable_getset,
+};
+
+typedef struct {
+    PyExecutable base;
+    vectorcallfunc vectorcall;
+} PyExecutableWithCall;
+
+/* ---- Tracer ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    kiln_tracer *tr;
+    bool active;
+} PyTracer;
+
+static void tracer_dealloc(PyObject *self) {
+    PyTracer *p = (PyTracer *)self;
+    kiln_tracer_free(p->tr);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* Tracer(capture_constants=False): starts recording on this thread */
+static PyObject *tracer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"capture_constants", NULL};
+    int constants = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:Tracer", kwlist, &constants)) return NULL;
+    if (kiln_tracer_active()) {
+        PyErr_SetString(PyExc_RuntimeError, "a trace is already being recorded on this thread");
+        return NULL;
+    }
+    PyTracer *p = (PyTracer *)type->tp_alloc(type, 0);
+    if (!p) return NULL;
+    kiln_status s = kiln_tracer_begin(&p->tr);
+    if (s != KILN_OK) {
+        Py_DECREF(p);
+        return pykiln_raise(s);
+    }
+    kiln_tracer_set_capture_constants(p->tr, constants);
+    p->active = true;
+    return (PyObject *)p;
+}
+
+static PyTracer *live(PyObject *self) {
+    PyTracer *p = (PyTracer *)self;
+    if (!p->active) {
+        PyErr_SetString(PyExc_RuntimeError, "this trace has ended");
+        return NULL;
+    }
+    return p;
+}
+
+static PyObject *tracer_add_input(PyObject *self, PyObject *t) {
+    PyTracer *p = live(self);
+    if (!p) return NULL;
+    if (!pykiln_is_tensor(t)) {
+        PyErr_SetString(PyExc_TypeError, "add_input expects a Tensor");
+        return NULL;
+    }
+    kiln_status s = kiln_tracer_add_input(p->tr, pykiln_unwrap(t));
+    if (s != KILN_OK) return pykiln_raise(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *tracer_set_loc(PyObject *self, PyObject *loc) {
+    PyTracer *p = live(self);
+    if (!p) return NULL;
+    const char *text = loc == Py_None ? NULL : PyUnicode_AsUTF8(loc);
+    if (loc != Py_None && !text) return NULL;
+    kiln_status s = kiln_tracer_set_loc(p->tr, text);
+    if (s != KILN_OK) return pykiln_raise(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *tracer_knows(PyObject *self, PyObject *t) {
+    PyTracer *p = (PyTracer *)self;
+    if (!pykiln_is_tensor(t)) Py_RETURN_FALSE;
+    return PyBool_FromLong(kiln_tracer_knows(p->tr, pykiln_unwrap(t)));
+}
+
+static PyObject *tracer_count(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLong(kiln_tracer_count(((PyTracer *)self)->tr));
+}
+
+/* end(): stop recording (the graph so far is kept) */
+static PyObject *tracer_end(PyObject *self, PyObject *unused) {
+    (void)unused;
+    PyTracer *p = (PyTracer *)self;
+    kiln_tracer_end(p->tr);
+    p->active = false;
+    Py_RETURN_NONE;
+}
+
+/* finish(outputs, order="bfs", poison=False) -> Executable; ends the trace */
+static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"outputs", "order", "poison", NULL};
+    PyObject *outputs;
+    const char *order = "bfs";
+    int poison = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|sp:finish", kwlist, &outputs, &order, &poison)) return NULL;
+    PyTracer *p = (PyTracer *)self;
+    kiln_tracer_end(p->tr);
+    p->active = false;
+    kiln_status s = kiln_tracer_status(p->tr);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyObject *seq = PySequence_Fast(outputs, "finish: outputs must be a sequence of tensors");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!ids) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n && s == KILN_OK; k++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
+        if (!pykiln_is_tensor(o)) {
+            PyErr_Format(PyExc_TypeError, "finish: output %zd is not a Tensor", k);
+            PyMem_Free(ids);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        s = kiln_tracer_value_of(p->tr, pykiln_unwrap(o), &ids[k]);
+    }
+    Py_DECREF(seq);
+    kiln_graph *g = kiln_tracer_graph(p->tr);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, ids);
+    PyMem_Free(ids);
+    if (s != KILN_OK) return pykiln_raise(s);
+    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison};
+    kiln_executable *exe = NULL;
+    s = kiln_compile(g, &opt, &exe);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
+    if (!e) {
+        kiln_executable_free(exe);
+        return NULL;
+    }
+    e->vectorcall = executable_vectorcall;
+    e->base.exe = exe;
+    e->base.graph_text = kiln_graph_to_string(g);
+    e->base.nin = g->ninputs;
+    e->base.nout = (int)n;
+    int64_t work = 0;
+    for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
+    e->base.release_gil = work >= 65536;
+    if (!e->base.graph_text) {
+        Py_DECREF(e);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)e;
+}
+
+static PyObject *tracer_graph_str(PyObject *self, PyObject *unused) {
+    (void)unused;
+    char *s = kiln_graph_to_string(kiln_tracer_graph(((PyTracer *)self)->tr));
+    if (!s) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(s);
+    free(s);
+    return o;
+}
+
+static PyMethodDef tracer_methods[] = {
+    {"add_input", tracer_add_input, METH_O, "declare a tensor as the next graph input"},
+    {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
+    {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
+    {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
+    {"end", tracer_end, METH_NOARGS, "stop recording"},
+    {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(outputs, order='bfs', poison=False) -> Executable"},
+    {"graph_str", tracer_graph_str, METH_NOARGS, "the graph recorded so far"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PyTracer_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.Tracer",
+    .tp_basicsize = sizeof(PyTracer),
+    .tp_dealloc = tracer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Records the ops run on this thread into a graph.",
+    .tp_methods = tracer_methods,
+    .tp_new = tracer_new,
+};
+
+/* ---- memory statistics ------------------------------------------------------------------ */
+
+static PyObject *py_memory_stats(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return Py_BuildValue("(nn)", (Py_ssize_t)kiln_memory_in_use(), (Py_ssize_t)kiln_memory_peak());
+}
+
+static PyObject *py_reset_peak(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    kiln_memory_reset_peak();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_tracing(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kiln_tracer_active() != NULL);
+}
+
+PyMethodDef pykiln_graph_functions[] = {
+    {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},
+    {"reset_peak_memory", py_reset_peak, METH_NOARGS, "restart peak tracking from the current use"},
+    {"is_tracing", py_tracing, METH_NOARGS, "whether ops on this thread are being recorded"},
+    {NULL, NULL, 0, NULL},
+};
+
+int pykiln_graph_init_types(PyObject *module) {
+    PyExecutable_Type.tp_basicsize = sizeof(PyExecutableWithCall);
+    PyExecutable_Type.tp_vectorcall_offset = offsetof(PyExecutableWithCall, vectorcall);
+    if (PyType_Ready(&PyExecutable_Type) < 0 || PyType_Ready(&PyTracer_Type) < 0) return -1;
+    Py_INCREF(&PyExecutable_Type);
+    if (PyModule_AddObject(module, "Executable", (PyObject *)&PyExecutable_Type) < 0) return -1;
+    Py_INCREF(&PyTracer_Type);
+    if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
+    return PyModule_AddFunctions(module, pykiln_graph_functions);
+}

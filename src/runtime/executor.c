@@ -1,0 +1,501 @@
+/* The kernel-by-kernel executor ("kbk"): a graph compiled into a node order and a static
+ * memory plan, run by calling each node's kernel directly (no inference, no autograd, no
+ * dispatch at run time).
+ *
+ * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
+ * arena, freed after the last use of the buffer (through any view of it); an elementwise node
+ * writes in place into an input buffer that dies with it when shapes and dtypes match; buffers
+ * that graph outputs live in are never planned (they are allocated per call and handed out). */
+#include <pthread.h>
+
+#include "../core/internal.h"
+
+#include "kiln/graph.h"
+
+typedef struct {
+    int64_t offset, size;
+} block;
+
+struct kiln_executable {
+    kiln_graph *g;
+    int32_t *order, norder;
+    int32_t *root;         /* per value: the value whose buffer it lives in (itself unless a view/alias) */
+    int32_t *root_end;     /* per root: the step after which its buffer is dead (norder: never) */
+    int64_t *offset;       /* per value: arena offset of its buffer, -1 when not planned */
+    kiln_tensor **planned; /* per value: its tensor over the arena (planned roots only) */
+    kiln_tensor **slot;    /* per value: the tensor of the current run */
+    int32_t **dead_after;  /* per step: roots whose buffers die after it (-1 terminated) */
+    char *arena;
+    size_t arena_bytes, output_bytes;
+    bool poison;
+    pthread_mutex_t lock;  /* one run at a time: the arena and slots are shared */
+};
+
+static bool is_alias_op(kiln_op op) { return kiln_op_table[op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES); }
+
+static size_t meta_bytes(const kiln_meta *m) {
+    return (size_t)kiln_meta_numel(m) * kiln_dtype_size(m->dtype);
+}
+
+/* ---- order ----------------------------------------------------------------------------- */
+
+/* Depth-first post-order from each segment's sinks, so a value is computed just before its
+ * consumers. Mutating and random nodes bound segments: their order against everything else is
+ * kept as traced (readers of a buffer before its update; the generator's stream). */
+static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
+    int32_t n = g->nnodes, pos = 0;
+    bool *done = calloc((size_t)(n ? n : 1), sizeof *done);
+    int32_t *stack = malloc(sizeof(int32_t) * (size_t)(2 * n + 2));
+    if (!done || !stack) {
+        free(done), free(stack);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory ordering a graph");
+    }
+    int32_t seg_begin = 0;
+    for (int32_t i = 0; i <= n; i++) {
+        bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM));
+        if (!barrier) continue;
+        /* visit the segment [seg_begin, i) from its last nodes backwards as roots */
+        for (int32_t r = i - 1; r >= seg_begin; r--) {
+            if (done[r]) continue;
+            int32_t depth = 0;
+            stack[depth++] = r;
+            while (depth > 0) {
+                int32_t cur = stack[depth - 1];
+                if (done[cur]) {
+                    depth--;
+                    continue;
+                }
+                bool pushed = false;
+                const kiln_node *nd = &g->nodes[cur];
+                for (int k = nd->nin - 1; k >= 0; k--) { /* first input computed first */
+                    const kiln_value *v = &g->values[nd->in[k]];
+                    if (v->kind == KILN_VALUE_NODE && v->node >= seg_begin && !done[v->node]) {
+                        stack[depth++] = v->node;
+                        pushed = true;
+                    }
+                }
+                if (!pushed || depth > 2 * n) {
+                    done[cur] = true;
+                    depth--;
+                    order[pos++] = cur;
+                }
+            }
+        }
+        if (i < n) {
+            done[i] = true;
+            order[pos++] = i;
+        }
+        seg_begin = i + 1;
+    }
+    free(done), free(stack);
+    KILN_ASSERT(pos == n);
+    return KILN_OK;
+}
+
+/* ---- planning ---------------------------------------------------------------------------- */
+
+typedef struct {
+    block *free_blocks;
+    int nfree, cap;
+    int64_t top;
+} arena_plan;
+
+static int64_t align_up(int64_t v) { return (v + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN; }
+
+static kiln_status arena_take(arena_plan *a, int64_t size, int64_t *offset) {
+    size = align_up(size ? size : 1);
+    int best = -1;
+    for (int k = 0; k < a->nfree; k++)
+        if (a->free_blocks[k].size >= size && (best < 0 || a->free_blocks[k].size < a->free_blocks[best].size))
+            best = k;
+    if (best >= 0) {
+        *offset = a->free_blocks[best].offset;
+        a->free_blocks[best].offset += size;
+        a->free_blocks[best].size -= size;
+        if (a->free_blocks[best].size == 0) a->free_blocks[best] = a->free_blocks[--a->nfree];
+        return KILN_OK;
+    }
+    /* grow: a free block at the top can be extended */
+    for (int k = 0; k < a->nfree; k++)
+        if (a->free_blocks[k].offset + a->free_blocks[k].size == a->top) {
+            *offset = a->free_blocks[k].offset;
+            a->top = *offset + size;
+            a->free_blocks[k] = a->free_blocks[--a->nfree];
+            return KILN_OK;
+        }
+    *offset = a->top;
+    a->top += size;
+    return KILN_OK;
+}
+
+static kiln_status arena_give(arena_plan *a, int64_t offset, int64_t size) {
+    size = align_up(size ? size : 1);
+    /* merge with neighbours */
+    for (int k = 0; k < a->nfree; k++) {
+        block *b = &a->free_blocks[k];
+        if (b->offset + b->size == offset) {
+            offset = b->offset, size += b->size;
+            a->free_blocks[k--] = a->free_blocks[--a->nfree];
+        } else if (offset + size == b->offset) {
+            size += b->size;
+            a->free_blocks[k--] = a->free_blocks[--a->nfree];
+        }
+    }
+    if (a->nfree == a->cap) {
+        int ncap = a->cap ? a->cap * 2 : 32;
+        block *grown = realloc(a->free_blocks, sizeof *grown * (size_t)ncap);
+        if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+        a->free_blocks = grown;
+        a->cap = ncap;
+    }
+    a->free_blocks[a->nfree++] = (block){offset, size};
+    return KILN_OK;
+}
+
+static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static kiln_status plan(kiln_executable *e) {
+    const kiln_graph *g = e->g;
+    int32_t nv = g->nvalues;
+    int32_t *step_of = malloc(sizeof(int32_t) * (size_t)(g->nnodes ? g->nnodes : 1));
+    bool *output_root = calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    int32_t *ndead = calloc((size_t)(e->norder + 1), sizeof(int32_t));
+    arena_plan a = {0};
+    kiln_status s = KILN_OK;
+    if (!step_of || !output_root || !ndead) {
+        s = kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < e->norder; i++) step_of[e->order[i]] = i;
+    for (int32_t v = 0; v < nv; v++) {
+        const kiln_value *val = &g->values[v];
+        e->root[v] = v;
+        if (val->kind == KILN_VALUE_NODE && is_alias_op(g->nodes[val->node].op) && val->index == 0)
+            e->root[v] = e->root[g->nodes[val->node].in[0]]; /* values are numbered in trace order */
+        e->root_end[v] = -1;
+        e->offset[v] = -1;
+    }
+    for (int32_t k = 0; k < g->noutputs; k++) output_root[e->root[g->outputs[k]]] = true;
+    for (int32_t i = 0; i < e->norder; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        for (int k = 0; k < nd->nin; k++) {
+            int32_t r = e->root[nd->in[k]];
+            if (e->root_end[r] < i) e->root_end[r] = i;
+        }
+        for (int k = 0; k < nd->nout; k++) {
+            int32_t r = e->root[nd->out[k]];
+            if (e->root_end[r] < i) e->root_end[r] = i;
+        }
+    }
+    for (int32_t v = 0; v < nv; v++)
+        if (output_root[v] || g->values[v].kind != KILN_VALUE_NODE) e->root_end[v] = e->norder;
+    /* walk the order, handing out and taking back blocks */
+    for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        if (is_alias_op(nd->op)) continue;
+        for (int k = 0; k < nd->nout && s == KILN_OK; k++) {
+            int32_t v = nd->out[k];
+            if (output_root[v]) continue;
+            int64_t size = (int64_t)meta_bytes(&g->values[v].meta);
+            /* in place: an elementwise input whose buffer dies here, same dtype and shape */
+            if (kiln_op_table[nd->op].fusion == KILN_FUSE_ELEMENTWISE && nd->op != KILN_OP_CAST) {
+                for (int j = 0; j < nd->nin; j++) {
+                    int32_t in = nd->in[j];
+                    if (e->root[in] == in && e->offset[in] >= 0 && e->root_end[in] == i &&
+                        same_meta(&g->values[in].meta, &g->values[v].meta)) {
+                        e->offset[v] = e->offset[in];
+                        e->root_end[in] = -1; /* the block now belongs to v */
+                        break;
+                    }
+                }
+            }
+            if (e->offset[v] < 0) s = arena_take(&a, size, &e->offset[v]);
+        }
+        /* buffers whose last use was this step go back */
+        for (int k = 0; k < nd->nin && s == KILN_OK; k++) {
+            int32_t r = e->root[nd->in[k]];
+            if (e->root_end[r] == i && e->offset[r] >= 0) {
+                s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
+                e->root_end[r] = -2; /* given back */
+                ndead[i]++;
+            }
+        }
+        for (int k = 0; k < nd->nout && s == KILN_OK; k++) { /* produced and never used */
+            int32_t r = nd->out[k];
+            if (e->root[r] == r && e->root_end[r] == i && e->offset[r] >= 0) {
+                s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
+                e->root_end[r] = -2;
+                ndead[i]++;
+            }
+        }
+    }
+    e->arena_bytes = (size_t)a.top;
+    for (int32_t k = 0; k < g->noutputs; k++)
+        if (e->root[g->outputs[k]] == g->outputs[k] && g->values[g->outputs[k]].kind == KILN_VALUE_NODE)
+            e->output_bytes += meta_bytes(&g->values[g->outputs[k]].meta);
+done:
+    free(step_of), free(output_root), free(ndead), free(a.free_blocks);
+    return s;
+}
+
+/* Per step, the values whose run-time tensors can be dropped after it (for views and per-call
+ * buffers), and the planned buffers to poison in debug mode. */
+static kiln_status plan_releases(kiln_executable *e) {
+    const kiln_graph *g = e->g;
+    int32_t nv = g->nvalues;
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    int32_t *count = calloc((size_t)(e->norder ? e->norder : 1), sizeof(int32_t));
+    if (!last || !count) {
+        free(last), free(count);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    }
+    for (int32_t v = 0; v < nv; v++) last[v] = -1;
+    for (int32_t i = 0; i < e->norder; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        for (int k = 0; k < nd->nin; k++) last[nd->in[k]] = i;
+        for (int k = 0; k < nd->nout; k++)
+            if (last[nd->out[k]] < i) last[nd->out[k]] = i;
+    }
+    for (int32_t k = 0; k < g->noutputs; k++) last[g->outputs[k]] = -1; /* kept to the end */
+    for (int32_t v = 0; v < nv; v++)
+        if (g->values[v].kind == KILN_VALUE_NODE && last[v] >= 0) count[last[v]]++;
+    kiln_status s = KILN_OK;
+    for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
+        e->dead_after[i] = malloc(sizeof(int32_t) * (size_t)(count[i] + 1));
+        if (!e->dead_after[i]) s = kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+        else e->dead_after[i][0] = -1;
+        count[i] = 0;
+    }
+    for (int32_t v = 0; v < nv && s == KILN_OK; v++)
+        if (g->values[v].kind == KILN_VALUE_NODE && last[v] >= 0) {
+            int32_t i = last[v];
+            e->dead_after[i][count[i]++] = v;
+            e->dead_after[i][count[i]] = -1;
+        }
+    free(last), free(count);
+    return s;
+}
+
+/* A private copy of g (captured tensors retained). */
+static kiln_status copy_graph(const kiln_graph *g, kiln_graph **out) {
+    kiln_graph *c;
+    KILN_TRY(kiln_graph_new(&c));
+    c->values = malloc(sizeof *c->values * (size_t)(g->nvalues ? g->nvalues : 1));
+    c->nodes = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *c->nodes);
+    c->inputs = malloc(sizeof(int32_t) * (size_t)(g->ninputs ? g->ninputs : 1));
+    c->captures = malloc(sizeof(int32_t) * (size_t)(g->ncaptures ? g->ncaptures : 1));
+    c->outputs = malloc(sizeof(int32_t) * (size_t)(g->noutputs ? g->noutputs : 1));
+    c->locs = calloc((size_t)(g->nlocs ? g->nlocs : 1), sizeof(char *));
+    if (!c->values || !c->nodes || !c->inputs || !c->captures || !c->outputs || !c->locs) {
+        kiln_graph_free(c);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
+    }
+    memcpy(c->values, g->values, sizeof *c->values * (size_t)g->nvalues);
+    c->nvalues = c->cap_values = g->nvalues;
+    for (int32_t v = 0; v < g->nvalues; v++)
+        if (c->values[v].bound) kiln_tensor_retain(c->values[v].bound);
+    for (int32_t n = 0; n < g->nnodes; n++) {
+        c->nodes[n] = g->nodes[n];
+        c->nodes[n].in = malloc(sizeof(int32_t) * (size_t)(g->nodes[n].nin ? g->nodes[n].nin : 1));
+        if (!c->nodes[n].in) {
+            c->nnodes = n;
+            kiln_graph_free(c);
+            return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
+        }
+        memcpy(c->nodes[n].in, g->nodes[n].in, sizeof(int32_t) * (size_t)g->nodes[n].nin);
+    }
+    c->nnodes = c->cap_nodes = g->nnodes;
+    memcpy(c->inputs, g->inputs, sizeof(int32_t) * (size_t)g->ninputs);
+    c->ninputs = c->cap_inputs = g->ninputs;
+    memcpy(c->captures, g->captures, sizeof(int32_t) * (size_t)g->ncaptures);
+    c->ncaptures = c->cap_captures = g->ncaptures;
+    memcpy(c->outputs, g->outputs, sizeof(int32_t) * (size_t)g->noutputs);
+    c->noutputs = g->noutputs;
+    for (int32_t l = 0; l < g->nlocs; l++) c->locs[l] = kiln_strdup(g->locs[l]);
+    c->nlocs = c->cap_locs = g->nlocs;
+    *out = c;
+    return KILN_OK;
+}
+
+kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
+    KILN_TRY(kiln_graph_verify(g));
+    kiln_executable *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    pthread_mutex_init(&e->lock, NULL);
+    kiln_status s = copy_graph(g, &e->g);
+    if (s != KILN_OK) {
+        free(e);
+        return s;
+    }
+    int32_t nv = g->nvalues, nn = g->nnodes;
+    e->norder = nn;
+    e->order = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    e->root = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->root_end = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->offset = malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
+    e->planned = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
+    e->slot = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
+    e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->poison = opt && opt->poison_freed;
+    if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after) {
+        kiln_executable_free(e);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    }
+    if (opt && opt->order == KILN_ORDER_DFS) {
+        s = order_dfs(e->g, e->order);
+    } else {
+        for (int32_t i = 0; i < nn; i++) e->order[i] = i; /* the traced order is breadth-first enough */
+    }
+    if (s == KILN_OK) s = plan(e);
+    if (s == KILN_OK) s = plan_releases(e);
+    if (s == KILN_OK && e->arena_bytes) {
+        e->arena = kiln_alloc(e->arena_bytes);
+        if (!e->arena) s = KILN_ERR_MEMORY;
+    }
+    for (int32_t v = 0; v < nv && s == KILN_OK; v++) {
+        if (e->offset[v] < 0) continue;
+        const kiln_meta *m = &e->g->values[v].meta;
+        s = kiln_tensor_wrap(m->dtype, m->ndim, m->shape, NULL, e->arena + e->offset[v], NULL, NULL, &e->planned[v]);
+    }
+    if (s != KILN_OK) {
+        kiln_executable_free(e);
+        return s;
+    }
+    *out = e;
+    return KILN_OK;
+}
+
+void kiln_executable_free(kiln_executable *e) {
+    if (!e) return;
+    int32_t nv = e->g ? e->g->nvalues : 0;
+    for (int32_t v = 0; v < nv; v++) {
+        if (e->planned) kiln_tensor_release(e->planned[v]);
+        if (e->slot) kiln_tensor_release(e->slot[v]);
+    }
+    for (int32_t i = 0; e->dead_after && i < e->norder; i++) free(e->dead_after[i]);
+    if (e->arena) kiln_free(e->arena);
+    kiln_graph_free(e->g);
+    free(e->order), free(e->root), free(e->root_end), free(e->offset), free(e->planned), free(e->slot);
+    free(e->dead_after);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+int kiln_executable_num_outputs(const kiln_executable *e) { return e->g->noutputs; }
+size_t kiln_executable_arena_bytes(const kiln_executable *e) { return e->arena_bytes; }
+size_t kiln_executable_output_bytes(const kiln_executable *e) { return e->output_bytes; }
+
+char *kiln_executable_order_string(const kiln_executable *e) {
+    size_t len = 1;
+    for (int32_t i = 0; i < e->norder; i++) len += strlen(kiln_op_table[e->g->nodes[e->order[i]].op].name) + 1;
+    char *s = malloc(len);
+    if (!s) return NULL;
+    s[0] = '\0';
+    for (int32_t i = 0; i < e->norder; i++) {
+        if (i) strcat(s, " ");
+        strcat(s, kiln_op_table[e->g->nodes[e->order[i]].op].name);
+    }
+    return s;
+}
+
+/* ---- running ------------------------------------------------------------------------------ */
+
+static void poison(kiln_tensor *t) {
+    if (kiln_dtype_is_float(t->meta.dtype)) memset(t->data, 0xff, (size_t)t->numel * kiln_dtype_size(t->meta.dtype));
+}
+
+static void clear_slots(kiln_executable *e) {
+    for (int32_t v = 0; v < e->g->nvalues; v++) {
+        kiln_tensor_release(e->slot[v]);
+        e->slot[v] = NULL;
+    }
+}
+
+static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                              kiln_tensor **outputs) {
+    const kiln_graph *g = e->g;
+    if (nin != g->ninputs || nout != g->noutputs)
+        return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
+                          g->noutputs, nin, nout);
+    for (int k = 0; k < nin; k++) {
+        const kiln_meta *want = &g->values[g->inputs[k]].meta;
+        if (!same_meta(want, &inputs[k]->meta)) {
+            char a[160], b[160];
+            return kiln_error(KILN_ERR_VALUE, "graph: input %d is %s %s, the graph was compiled for %s %s", k,
+                              kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
+                              kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
+        }
+        kiln_tensor_retain(inputs[k]);
+        e->slot[g->inputs[k]] = inputs[k];
+    }
+    for (int32_t c = 0; c < g->ncaptures; c++) {
+        kiln_tensor *t = g->values[g->captures[c]].bound;
+        kiln_tensor_retain(t);
+        e->slot[g->captures[c]] = t;
+    }
+    kiln_status s = KILN_OK;
+    kiln_tensor *small_in[8], **ins = small_in;
+    int cap_in = 8;
+    for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        const kiln_op_info *info = &kiln_op_table[nd->op];
+        if (nd->nin > cap_in) {
+            kiln_tensor **grown = malloc(sizeof *grown * (size_t)nd->nin);
+            if (!grown) {
+                s = kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
+                break;
+            }
+            if (ins != small_in) free(ins);
+            ins = grown;
+            cap_in = nd->nin;
+        }
+        for (int k = 0; k < nd->nin; k++) ins[k] = e->slot[nd->in[k]];
+        kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+        if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
+            for (int k = 0; k < nd->nout && s == KILN_OK; k++) {
+                int32_t v = nd->out[k];
+                if (e->planned[v]) {
+                    kiln_tensor_retain(e->planned[v]);
+                    outs[k] = e->planned[v];
+                } else {
+                    s = kiln_tensor_empty_like_meta(&g->values[v].meta, &outs[k]);
+                }
+            }
+        }
+        if (s == KILN_OK) s = info->kernel(ins, nd->nin, &nd->attrs, outs);
+        if (s == KILN_OK && (info->flags & KILN_OPF_MUTATES)) kiln_tensor_bump_version(ins[0]);
+        if (s != KILN_OK) {
+            kiln_release_all(outs, nd->nout);
+            if (nd->loc >= 0) kiln_error_context(s, "%s (%s)", info->name, g->locs[nd->loc]);
+            else kiln_error_context(s, "%s", info->name);
+            break;
+        }
+        for (int k = 0; k < nd->nout; k++) e->slot[nd->out[k]] = outs[k];
+        for (const int32_t *d = e->dead_after[i]; *d >= 0; d++) {
+            if (e->poison && e->planned[*d] && e->root_end[*d] == -2) poison(e->planned[*d]);
+            kiln_tensor_release(e->slot[*d]);
+            e->slot[*d] = NULL;
+        }
+    }
+    if (ins != small_in) free(ins);
+    for (int k = 0; k < nout && s == KILN_OK; k++) {
+        kiln_tensor *t = e->slot[g->outputs[k]];
+        kiln_tensor_retain(t);
+        outputs[k] = t;
+    }
+    clear_slots(e);
+    return s;
+}
+
+kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                kiln_tensor **outputs) {
+    pthread_mutex_lock(&e->lock);
+    kiln_status s = run_locked(e, nin, inputs, nout, outputs);
+    pthread_mutex_unlock(&e->lock);
+    return s;
+}
