@@ -137,7 +137,7 @@ def grad(fn, grad_position=0, weights=None, has_aux=False):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        value, grads = _run(fn, grad_position, weights, has_aux, args, kwargs)
+        value, grads = _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs)
         if has_aux:  # (gradients, the outputs after the first)
             return grads, (value[1] if len(value) == 2 else value[1:])
         return grads
@@ -150,6 +150,15 @@ def value_and_grad(fn, grad_position=0, weights=None, has_aux=False):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return _run(fn, grad_position, weights, has_aux, args, kwargs)
+        return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs)
 
     return wrapper
+
+
+def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
+    from .jit import JitFunction
+
+    if isinstance(fn, JitFunction) and not _C.is_tracing():
+        # forward and backward compiled together as one graph
+        return fn._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)
+    return _run(fn, grad_position, weights, has_aux, args, kwargs)

@@ -89,6 +89,21 @@ kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value
         *value = (int32_t)v;
         return KILN_OK;
     }
+    /* an alias of a traced tensor (detach(), a second wrapper of the same memory) is that value */
+    for (int64_t k = 0; k < tr->nheld; k++) {
+        const kiln_tensor *h = tr->held[k];
+        if (h->storage != t->storage || h->offset != t->offset || h->meta.dtype != t->meta.dtype ||
+            h->meta.ndim != t->meta.ndim)
+            continue;
+        bool same = true;
+        for (int d = 0; d < t->meta.ndim && same; d++)
+            same = h->meta.shape[d] == t->meta.shape[d] && h->strides[d] == t->strides[d];
+        int64_t known = same ? kiln_ptrmap_get(&tr->values, h) : -1;
+        if (known >= 0 && tr->graph->values[known].kind != KILN_VALUE_CAPTURED) {
+            *value = (int32_t)known;
+            return bind(tr, t, *value);
+        }
+    }
     /* Python numbers become tensors just before an op: they are constants of the trace */
     bool constant = tr->capture_constants || t->literal;
     KILN_TRY(kiln_graph_add_capture(tr->graph, t, constant, value));

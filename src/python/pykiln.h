@@ -45,5 +45,7 @@ int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 int pykiln_tensor_init_type(PyObject *module);
 /* Registers Tracer, Executable and the memory functions (graph.c). */
 int pykiln_graph_init_types(PyObject *module);
+/* Registers JitDispatcher (dispatcher.c). */
+int pykiln_dispatcher_init_type(PyObject *module);
 
 #endif

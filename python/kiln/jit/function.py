@@ -1,0 +1,302 @@
+"""kiln.jit: capture a function or Cell as a graph and run it compiled.
+
+A JitFunction keeps one compiled graph per input signature (tensor dtypes, shapes and
+requires_grad; the structure and values of non-tensor arguments; grad mode; the training mode of
+Cells). The first call of a signature runs the function eagerly while recording its ops; later
+calls run the compiled graph.
+"""
+import os
+import sys
+import threading
+import time
+import warnings
+
+from .. import _C
+from . import tree
+from .options import JitOptions
+
+_local = threading.local()
+
+
+class CacheInfo:
+    """Cache statistics of a jitted function."""
+
+    __slots__ = ("hits", "misses", "compiles", "compile_seconds", "eager_calls", "entries")
+
+    def __init__(self):
+        self.hits = self.misses = self.compiles = self.eager_calls = self.entries = 0
+        self.compile_seconds = 0.0
+
+    def __repr__(self):
+        return (f"CacheInfo(hits={self.hits}, misses={self.misses}, compiles={self.compiles}, "
+                f"compile_seconds={self.compile_seconds:.4f}, eager_calls={self.eager_calls}, "
+                f"entries={self.entries})")
+
+
+class _Entry:
+    __slots__ = ("executable", "out_spec", "graph_text")
+
+    def __init__(self, executable, out_spec, graph_text):
+        self.executable = executable
+        self.out_spec = out_spec
+        self.graph_text = graph_text
+
+
+def _cells_training(objs):
+    from ..nn import Cell
+
+    return tuple(o.training for o in objs if isinstance(o, Cell))
+
+
+def _user_frame_tracer(tracer):
+    """A sys.settrace hook that tells the tracer the user's source line of each op."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def local(frame, event, arg):
+        if event == "line":
+            tracer.set_loc(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+        return local
+
+    def global_(frame, event, arg):
+        if event != "call" or frame.f_code.co_filename.startswith(package_dir):
+            return None
+        return local
+
+    return global_
+
+
+def trace_call(fn, args, kwargs, options, capture_constants=False):
+    """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry, leaves)."""
+    leaves = []
+    spec = tree.flatten((args, kwargs), leaves)
+    tracer = _C.Tracer(capture_constants=capture_constants)
+    prev_trace = sys.gettrace()
+    try:
+        aliases = []
+        for t in leaves:
+            a = t.detach()
+            a.requires_grad = t.requires_grad and t.is_leaf
+            tracer.add_input(a)
+            aliases.append(a)
+        call_args, call_kwargs = tree.unflatten(spec, aliases)[0]
+        sys.settrace(_user_frame_tracer(tracer))
+        try:
+            result = fn(*call_args, **call_kwargs)
+        finally:
+            sys.settrace(prev_trace)
+        out_leaves = []
+        out_spec = tree.flatten(result, out_leaves)
+        executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison)
+    finally:
+        tracer.end()
+    text = executable.graph_str()
+    if os.environ.get("KILN_DUMP_IR") == "1":
+        print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
+    detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
+    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text)
+
+
+class JitFunction(_C.JitDispatcher):
+    """A function or Cell compiled on first call per input signature (see kiln.jit).
+
+    Calls with positional tensors only, matching a compiled signature, are served by the C base
+    class without entering Python; every other call comes to _slow_call."""
+
+    def __init__(self, fn, options, bound_self=None):
+        self.fn = fn
+        self.options = options
+        self._self = bound_self
+        self._cache = {}
+        self._keys = []
+        self._warned = False
+        self.stats = CacheInfo()
+        self._last = None
+        self._grad_variants = {}
+        try:
+            self.__wrapped__ = fn
+            self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+            self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+            self.__doc__ = getattr(fn, "__doc__", None)
+        except AttributeError:
+            pass
+
+    # methods: @kiln.jit on a def inside a class binds like a function
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        bound = self.__dict__.get("_bound")
+        if bound is None:
+            bound = self.__dict__["_bound"] = {}
+        jf = bound.get(id(obj))
+        if jf is None or jf._self is not obj:
+            jf = JitFunction(self.fn, self.options, bound_self=obj)
+            bound[id(obj)] = jf
+        return jf
+
+    def _target(self):
+        return (lambda *a, **k: self.fn(self._self, *a, **k)) if self._self is not None else self.fn
+
+    def _key(self, args, kwargs):
+        leaves = []
+        spec = tree.flatten((args, kwargs), leaves)
+        sig = tuple((t.dtype.id, t.shape, t.requires_grad) for t in leaves)
+        extra = (_C.is_grad_enabled(), _cells_training((self.fn, self._self) + tuple(args)))
+        return (spec, sig, extra), leaves
+
+    def _slow_call(self, *args, **kwargs):
+        if _C.is_tracing():  # inside another capture: just contribute ops to it
+            return self._target()(*args, **kwargs)
+        key, leaves = self._key(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is not None:
+            self.stats.hits += 1
+            self._last = entry
+            outs = entry.executable(*leaves)
+            return tree.unflatten(entry.out_spec, outs)[0]
+        return self._miss(key, args, kwargs)
+
+    def _needs_eager_autograd(self, key):
+        """Inputs that require grad in grad mode: the caller differentiates through this call,
+        which only eager execution records (value_and_grad of a jitted function compiles the
+        backward instead, see kiln.grad)."""
+        return key[2][0] and any(s[2] for s in key[1])
+
+    def _miss(self, key, args, kwargs):
+        self.stats.misses += 1
+        if self._needs_eager_autograd(key) or (self._warned and key not in self._cache):
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
+        if len(self._cache) >= self.options.recompile_limit:
+            self._warn_recompiles(key)
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
+        t0 = time.perf_counter()
+        result, entry = trace_call(self._target(), args, kwargs, self.options)
+        self.stats.compile_seconds += time.perf_counter() - t0
+        self.stats.compiles += 1
+        self._cache[key] = entry
+        self._keys.append(key)
+        self.stats.entries = len(self._cache)
+        self._last = entry
+        self._register_fast(key, args, kwargs, entry)
+        return result
+
+    def _register_fast(self, key, args, kwargs, entry):
+        """Lets the C base class serve later calls of this signature: plain functions called with
+        positional tensors whose results are a tensor or a flat tuple/list of tensors."""
+        from ..nn import Cell
+
+        if kwargs or self._self is not None or isinstance(self.fn, Cell) or key[2][1]:
+            return
+        if not all(isinstance(a, _C.TensorBase) for a in args):
+            return
+        spec = entry.out_spec
+        if spec == "T":
+            kind = 0
+        elif spec[0] in ("tuple", "list") and all(s == "T" for s in spec[1]):
+            kind = 1 if spec[0] == "tuple" else 2
+        else:
+            return
+        self._add_fast_entry(entry.executable, tuple(args), key[2][0], kind)
+
+    def _warn_recompiles(self, key):
+        if self._warned:
+            return
+        self._warned = True
+        changing = _describe_change(self._keys[-1], key)
+        warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._cache)} times "
+                      f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
+                      "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
+
+    # ---- introspection ----------------------------------------------------------------
+    def cache_info(self):
+        """Hits, misses, compiles, time spent compiling, eager calls and cached entries."""
+        info = CacheInfo()
+        for name in CacheInfo.__slots__:
+            setattr(info, name, getattr(self.stats, name))
+        info.hits += self._fast_hits
+        return info
+
+    def graph_str(self, *args, **kwargs):
+        """The graph compiled for these arguments (compiling it if needed), or for the last call."""
+        if args or kwargs:
+            key, _ = self._key(args, kwargs)
+            if key not in self._cache:
+                self(*args, **kwargs)
+            entry = self._cache.get(key)
+        else:
+            entry = self._last
+        if entry is None:
+            raise RuntimeError("graph_str: no graph compiled yet; call the function or pass arguments")
+        return entry.graph_text
+
+    def executable(self, *args, **kwargs):
+        """The compiled graph object for these arguments (for its memory plan and order)."""
+        self.graph_str(*args, **kwargs)
+        key, _ = self._key(args, kwargs)
+        return self._cache[key].executable
+
+    def _grad_variant(self, grad_position, weights, has_aux):
+        """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
+        from ..autograd import _run
+
+        wkey = None if weights is None else (id(weights) if not isinstance(weights, (list, tuple))
+                                             else tuple(id(w) for w in weights))
+        gkey = (grad_position if not isinstance(grad_position, list) else tuple(grad_position), wkey, has_aux)
+        jf = self._grad_variants.get(gkey)
+        if jf is None:
+            target = self._target()
+
+            def value_and_grads(*args, **kwargs):
+                return _run(target, grad_position, weights, has_aux, args, kwargs)
+
+            value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
+            jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options)
+        return jf
+
+    def __repr__(self):
+        return f"<kiln.jit {self.__qualname__} ({self.options})>"
+
+
+def _describe_change(old, new):
+    (ospec, osig, oextra), (nspec, nsig, nextra) = old, new
+    if oextra != nextra:
+        return "the grad or training mode"
+    if ospec != nspec:
+        oa, na = ospec[1][0][1], nspec[1][0][1]  # positional args of (args, kwargs)
+        for i, (a, b) in enumerate(zip(oa, na)):
+            if a != b:
+                return f"argument {i} ({tree.describe(a)} -> {tree.describe(b)})"
+        return "the argument structure"
+    tensor_pos = 0
+    for (od, osh, org), (nd, nsh, nrg) in zip(osig, nsig):
+        if (od, osh, org) != (nd, nsh, nrg):
+            what = "shape" if osh != nsh else ("dtype" if od != nd else "requires_grad")
+            return f"the {what} of tensor argument {tensor_pos} ({osh} -> {nsh})"
+        tensor_pos += 1
+    return "the signature"
+
+
+def jit(function=None, *, capture_mode="trace", jit_level="O0", dynamic=False, fullgraph=False, backend="",
+        **options):
+    """Compile a function or Cell into a graph (MindSpore's mindspore.jit).
+
+    Works as jit(fn, ...), @jit and @jit(...). capture_mode "trace" records the ops of a first
+    eager run; jit_level "O0" runs the graph kernel by kernel with a static memory plan. Options:
+    exec_order ("bfs" | "dfs"), recompile_limit (default 8), debug_poison (fill freed buffers
+    with NaN)."""
+    opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
+                           backend=backend, **options)
+
+    def wrap(fn):
+        from ..nn import Cell
+
+        if isinstance(fn, JitFunction):
+            fn = fn.fn
+        if not callable(fn):
+            raise TypeError(f"jit: expected a function or a Cell, got {type(fn).__name__}")
+        if isinstance(fn, Cell):
+            return JitFunction(fn, opts)
+        return JitFunction(fn, opts)
+
+    return wrap if function is None else wrap(function)

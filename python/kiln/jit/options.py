@@ -1,0 +1,61 @@
+"""Validation of kiln.jit's arguments and options."""
+
+CAPTURE_MODES = ("ast", "bytecode", "trace")
+IMPLEMENTED_CAPTURE_MODES = ("trace",)
+JIT_LEVELS = ("O0", "O1", "O2")
+# MindSpore's names are accepted as aliases: ms_backend is kernel by kernel
+BACKENDS = {"": "kbk", "kbk": "kbk", "ms_backend": "kbk"}
+PLANNED_BACKENDS = ("sink", "GE")
+EXEC_ORDERS = ("bfs", "dfs")
+OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost")
+
+
+class JitOptions:
+    """The validated settings of one jitted function."""
+
+    __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
+                 "debug_poison", "disable_format_transform", "infer_boost")
+
+    @classmethod
+    def make(cls, capture_mode="trace", jit_level="O0", dynamic=False, fullgraph=False, backend="", **options):
+        o = cls()
+        if capture_mode not in CAPTURE_MODES:
+            raise ValueError(f"jit: capture_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
+                             f"got {capture_mode!r}")
+        if capture_mode not in IMPLEMENTED_CAPTURE_MODES:
+            raise NotImplementedError(f"jit: capture_mode={capture_mode!r} is not implemented yet; "
+                                      "use capture_mode=\"trace\"")
+        if jit_level not in JIT_LEVELS:
+            raise ValueError(f"jit: jit_level must be one of {', '.join(map(repr, JIT_LEVELS))}, got {jit_level!r}")
+        if backend in PLANNED_BACKENDS:
+            raise NotImplementedError(f"jit: backend={backend!r} (whole-graph sink) is not implemented yet; "
+                                      "use backend=\"\" or \"ms_backend\" (kernel by kernel)")
+        if backend not in BACKENDS:
+            accepted = ", ".join(map(repr, list(BACKENDS) + list(PLANNED_BACKENDS)))
+            raise ValueError(f"jit: backend must be one of {accepted}, got {backend!r}")
+        if not isinstance(dynamic, bool) or not isinstance(fullgraph, bool):
+            raise TypeError("jit: dynamic and fullgraph must be bools")
+        for name in options:
+            if name not in OPTION_NAMES:
+                raise ValueError(f"jit: unknown option {name!r}; accepted options: {', '.join(OPTION_NAMES)}")
+        o.capture_mode, o.jit_level, o.dynamic, o.fullgraph = capture_mode, jit_level, dynamic, fullgraph
+        o.backend = BACKENDS[backend]
+        o.exec_order = options.get("exec_order", "bfs")
+        if o.exec_order not in EXEC_ORDERS:
+            raise ValueError(f"jit: exec_order must be one of {', '.join(map(repr, EXEC_ORDERS))}, "
+                             f"got {o.exec_order!r}")
+        o.recompile_limit = options.get("recompile_limit", 8)
+        if not isinstance(o.recompile_limit, int) or isinstance(o.recompile_limit, bool) or o.recompile_limit < 1:
+            raise ValueError(f"jit: recompile_limit must be a positive int, got {o.recompile_limit!r}")
+        o.debug_poison = bool(options.get("debug_poison", False))
+        o.disable_format_transform = options.get("disable_format_transform", False)
+        if not isinstance(o.disable_format_transform, bool):
+            raise ValueError("jit: disable_format_transform must be True or False")
+        o.infer_boost = options.get("infer_boost", "off")
+        if o.infer_boost not in ("on", "off"):
+            raise ValueError(f"jit: infer_boost must be 'on' or 'off', got {o.infer_boost!r}")
+        return o
+
+    def __repr__(self):
+        return (f"capture_mode={self.capture_mode!r}, jit_level={self.jit_level!r}, backend={self.backend!r}, "
+                f"exec_order={self.exec_order!r}")
