@@ -22,8 +22,8 @@ static kiln_status check_state(const char *op, const char *what, const kiln_tens
 }
 
 static kiln_status check_update(const char *op, kiln_tensor *const *in, int nstate, const char *const *names,
-                                const kiln_attrs *a, int nf) {
-    KILN_TRY(kiln_attrs_expect(op, a, 1, nf));
+                                const kiln_attrs *a, int ni, int nf) {
+    KILN_TRY(kiln_attrs_expect(op, a, ni, nf));
     const kiln_meta *pm = &in[0]->meta;
     if (pm->dtype != KILN_DTYPE_FLOAT32 && pm->dtype != KILN_DTYPE_FLOAT64)
         return kiln_error(KILN_ERR_TYPE, "%s: parameters must be float32 or float64, got %s", op, kiln_dtype_name(pm->dtype));
@@ -36,6 +36,27 @@ static kiln_status check_update(const char *op, kiln_tensor *const *in, int nsta
                           kiln_dtype_name(gm->dtype), kiln_shape_str(gm, sa, sizeof sa), kiln_shape_str(pm, sb, sizeof sb));
     }
     for (int k = 0; k < nstate; k++) KILN_TRY(check_state(op, names[k], in[0], in[2 + k]));
+    return KILN_OK;
+}
+
+/* The step counter: a contiguous 1-element int64 tensor (the last input). */
+static kiln_status check_step(const char *op, const kiln_tensor *step) {
+    if (step->meta.dtype != KILN_DTYPE_INT64 || step->numel != 1) {
+        char buf[160];
+        return kiln_error(KILN_ERR_TYPE, "%s: step must be a 1-element int64 tensor, got %s %s", op,
+                          kiln_dtype_name(step->meta.dtype), kiln_shape_str(&step->meta, buf, sizeof buf));
+    }
+    return KILN_OK;
+}
+
+/* Increments the step counter; the new count, or an error for a negative counter. */
+static kiln_status next_step(const char *op, kiln_tensor *step, int64_t *count) {
+    int64_t *c = step->data;
+    if (*c < 0 || *c == INT64_MAX)
+        return kiln_error(KILN_ERR_VALUE, "%s: the step counter holds %lld; it counts updates from 0", op, (long long)*c);
+    *c += 1;
+    kiln_tensor_bump_version(step);
+    *count = *c;
     return KILN_OK;
 }
 
@@ -53,13 +74,13 @@ static kiln_status check_contiguous(const char *op, kiln_tensor *const *in, int 
  * d = g + weight_decay * p
  * with momentum: buf = momentum * buf + (1 - dampening) * d; d = nesterov ? d + momentum * buf : buf
  * p -= lr * d
- * buf starts as zeros, passed by the caller. PyTorch instead sets buf = d on the first step;
- * passing dampening = 0 on the first step reproduces that exactly. Without momentum, buf is
- * neither read nor checked. */
+ * On the first step (t == 1) buf = d, as in PyTorch. Without momentum, buf is neither read nor
+ * checked. */
 
 KILN_INFER(sgd_update) {
     static const char *const names[] = {"the momentum buffer"};
-    KILN_TRY(check_update("sgd_update", in, a->nf >= 2 && a->f[1] != 0.0 ? 1 : 0, names, a, 4));
+    KILN_TRY(check_update("sgd_update", in, a->nf >= 2 && a->f[1] != 0.0 ? 1 : 0, names, a, 1, 4));
+    KILN_TRY(check_step("sgd_update", in[3]));
     if (a->f[1] < 0 || a->f[3] < 0 || a->f[2] < 0)
         return kiln_error(KILN_ERR_VALUE, "sgd_update: momentum, weight_decay and dampening must be >= 0, got %g, %g, %g",
                           a->f[1], a->f[2], a->f[3]);
@@ -73,7 +94,7 @@ KILN_INFER(sgd_update) {
     do {                                                                                      \
         T *restrict p = in[0]->data, *restrict buf = momentum != 0 ? in[2]->data : NULL;      \
         const T *restrict g = grad->data;                                                     \
-        const T lr = (T)a->f[0], mom = (T)momentum, wd = (T)a->f[2], damp = (T)(1 - a->f[3]); \
+        const T lr = (T)a->f[0], mom = (T)momentum, wd = (T)a->f[2], damp = (T)(1 - dampening); \
         const bool nesterov = a->i[0] != 0;                                                   \
         _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
         for (int64_t i = 0; i < n; i++) {                                                     \
@@ -90,6 +111,9 @@ KILN_INFER(sgd_update) {
 KILN_KERNEL(sgd_update) {
     double momentum = a->f[1];
     KILN_TRY(check_contiguous("sgd_update", in, momentum != 0 ? 3 : 1));
+    int64_t t = 0;
+    KILN_TRY(next_step("sgd_update", in[3], &t));
+    double dampening = t == 1 ? 0.0 : a->f[3];
     kiln_tensor *grad;
     KILN_TRY(kiln_to_contiguous(in[1], in[0]->meta.dtype, &grad));
     int64_t n = in[0]->numel;
@@ -111,8 +135,8 @@ KILN_KERNEL(sgd_update) {
 
 KILN_INFER(adam_update) {
     static const char *const names[] = {"the first moment m", "the second moment v"};
-    KILN_TRY(check_update("adam_update", in, 2, names, a, 5));
-    if (a->i[0] < 1) return kiln_error(KILN_ERR_VALUE, "adam_update: step must be >= 1 (1-based), got %lld", (long long)a->i[0]);
+    KILN_TRY(check_update("adam_update", in, 2, names, a, 0, 5));
+    KILN_TRY(check_step("adam_update", in[4]));
     if (!(a->f[1] >= 0 && a->f[1] < 1 && a->f[2] >= 0 && a->f[2] < 1))
         return kiln_error(KILN_ERR_VALUE, "adam_update: betas must be in [0, 1), got %g and %g", a->f[1], a->f[2]);
     if (!(a->f[3] >= 0) || !(a->f[4] >= 0))
@@ -140,7 +164,9 @@ KILN_INFER(adam_update) {
 
 KILN_KERNEL(adam_update) {
     KILN_TRY(check_contiguous("adam_update", in, 4));
-    double beta1 = a->f[1], beta2 = a->f[2], step = (double)a->i[0];
+    int64_t t = 0;
+    KILN_TRY(next_step("adam_update", in[4], &t));
+    double beta1 = a->f[1], beta2 = a->f[2], step = (double)t;
     double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
     kiln_tensor *grad;
     KILN_TRY(kiln_to_contiguous(in[1], in[0]->meta.dtype, &grad));

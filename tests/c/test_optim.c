@@ -37,6 +37,14 @@ static double max_rel_err(const kiln_tensor *t, const double *ref) {
     return worst;
 }
 
+/* A step counter holding `done` updates. */
+static kiln_tensor *step_counter(int64_t done) {
+    kiln_tensor *t = NULL;
+    if (kiln_tensor_empty(KILN_DTYPE_INT64, 0, NULL, &t) != KILN_OK) exit(2);
+    *(int64_t *)t->data = done;
+    return t;
+}
+
 static kiln_status sgd(kiln_tensor *p, kiln_tensor *g, kiln_tensor *buf, double lr, double momentum, double wd,
                        double dampening, int nesterov, kiln_tensor **out) {
     kiln_attrs at;
@@ -46,8 +54,11 @@ static kiln_status sgd(kiln_tensor *p, kiln_tensor *g, kiln_tensor *buf, double 
     kiln_attrs_push_float(&at, wd);
     kiln_attrs_push_float(&at, dampening);
     kiln_attrs_push_int(&at, nesterov);
-    kiln_tensor *in[3] = {p, g, buf};
-    return kiln_apply(KILN_OP_SGD_UPDATE, 3, in, &at, out);
+    kiln_tensor *step = step_counter(1); /* past the first step: dampening applies */
+    kiln_tensor *in[4] = {p, g, buf, step};
+    kiln_status s = kiln_apply(KILN_OP_SGD_UPDATE, 4, in, &at, out);
+    kiln_tensor_release(step);
+    return s;
 }
 
 static kiln_status adam(kiln_tensor *p, kiln_tensor *g, kiln_tensor *m, kiln_tensor *v, double lr, double b1, double b2,
@@ -59,9 +70,12 @@ static kiln_status adam(kiln_tensor *p, kiln_tensor *g, kiln_tensor *m, kiln_ten
     kiln_attrs_push_float(&at, b2);
     kiln_attrs_push_float(&at, eps);
     kiln_attrs_push_float(&at, wd);
-    kiln_attrs_push_int(&at, step);
-    kiln_tensor *in[4] = {p, g, m, v};
-    return kiln_apply(KILN_OP_ADAM_UPDATE, 4, in, &at, out);
+    kiln_tensor *counter = step_counter(step - 1);
+    kiln_tensor *in[5] = {p, g, m, v, counter};
+    kiln_status s = kiln_apply(KILN_OP_ADAM_UPDATE, 5, in, &at, out);
+    if (s == KILN_OK && *(int64_t *)counter->data != step) s = kiln_error(KILN_ERR_RUNTIME, "step not incremented");
+    kiln_tensor_release(counter);
+    return s;
 }
 
 /* PyTorch's SGD step, with buf starting as zeros */
@@ -199,8 +213,17 @@ static void test_errors(void) {
     CHECK(kiln_tensor_empty(KILN_DTYPE_INT32, 2, s23, &ip) == KILN_OK);
     CHECK_STATUS(sgd(ip, g, buf, 0.1, 0.9, 0, 0, 0, &out), KILN_ERR_TYPE);
     CHECK(strstr(kiln_last_error(), "int32"));
-    CHECK_STATUS(adam(p, g, buf, buf, 0.1, 0.9, 0.999, 1e-8, 0, 0, &out), KILN_ERR_VALUE);
+    CHECK_STATUS(adam(p, g, buf, buf, 0.1, 0.9, 0.999, 1e-8, 0, 0, &out), KILN_ERR_VALUE); /* counter at -1 */
     CHECK(strstr(kiln_last_error(), "step"));
+    kiln_tensor *fstep = NULL, *adam_in[5] = {p, g, buf, buf, NULL};
+    CHECK(kiln_tensor_zeros(KILN_DTYPE_FLOAT32, 0, NULL, &fstep) == KILN_OK);
+    adam_in[4] = fstep;
+    kiln_attrs aat;
+    kiln_attrs_clear(&aat);
+    for (int k = 0; k < 5; k++) kiln_attrs_push_float(&aat, k == 1 ? 0.9 : (k == 2 ? 0.999 : 0.001));
+    CHECK_STATUS(kiln_apply(KILN_OP_ADAM_UPDATE, 5, adam_in, &aat, &out), KILN_ERR_TYPE);
+    CHECK(strstr(kiln_last_error(), "step") && strstr(kiln_last_error(), "int64"));
+    kiln_tensor_release(fstep);
     CHECK_STATUS(adam(p, g, buf, bad, 0.1, 0.9, 0.999, 1e-8, 0, 1, &out), KILN_ERR_VALUE);
     CHECK(strstr(kiln_last_error(), "second moment"));
     CHECK_STATUS(adam(p, g, buf, buf, 0.1, 1.0, 0.999, 1e-8, 0, 1, &out), KILN_ERR_VALUE);
@@ -209,8 +232,10 @@ static void test_errors(void) {
     kiln_attrs_clear(&at);
     kiln_attrs_push_float(&at, 0.1);
     kiln_attrs_push_int(&at, 0);
-    kiln_tensor *in[3] = {p, g, buf};
-    CHECK_STATUS(kiln_apply(KILN_OP_SGD_UPDATE, 3, in, &at, &out), KILN_ERR_VALUE);
+    kiln_tensor *counter = step_counter(0);
+    kiln_tensor *in[4] = {p, g, buf, counter};
+    CHECK_STATUS(kiln_apply(KILN_OP_SGD_UPDATE, 4, in, &at, &out), KILN_ERR_VALUE);
+    kiln_tensor_release(counter);
     CHECK(out == NULL);
     kiln_tensor *ts[9] = {p, g, buf, bad, g64, pt, p32, ip, NULL};
     for (int k = 0; ts[k]; k++) kiln_tensor_release(ts[k]);

@@ -62,6 +62,9 @@ class Optimizer(Cell):
         self._lrs = lrs
         self._wds = wds
         self._steps = [0] * len(params)  # updates applied to each parameter so far
+        # the same counts as int64 tensors the update ops increment themselves, so a compiled
+        # training step keeps counting when it is replayed
+        self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
         self.global_step = 0
 
     @staticmethod
@@ -158,9 +161,8 @@ class SGD(Optimizer):
 
     def _update(self, i, param, grad, lr, weight_decay):
         buf = self.accum[i] if self.accum is not None else param
-        dampening = 0.0 if self._steps[i] == 1 else self.dampening
-        _apply(OP.sgd_update, (param, grad, buf), (int(self.nesterov),),
-               (lr, self.momentum, weight_decay, dampening))
+        _apply(OP.sgd_update, (param, grad, buf, self._step_counters[i]), (int(self.nesterov),),
+               (lr, self.momentum, weight_decay, self.dampening))
 
 
 class Adam(Optimizer):
@@ -184,5 +186,5 @@ class Adam(Optimizer):
         self.moment2 = self._state("moment2")
 
     def _update(self, i, param, grad, lr, weight_decay):
-        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i]), (self._steps[i],),
+        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i], self._step_counters[i]), (),
                (lr, self.beta1, self.beta2, self.eps, weight_decay))
