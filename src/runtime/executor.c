@@ -206,7 +206,10 @@ static kiln_status plan(kiln_executable *e) {
             if (kiln_op_table[nd->op].fusion == KILN_FUSE_ELEMENTWISE && nd->op != KILN_OP_CAST) {
                 for (int j = 0; j < nd->nin; j++) {
                     int32_t in = nd->in[j];
-                    if (e->root[in] == in && e->offset[in] >= 0 && e->root_end[in] == i &&
+                    bool other_view = false; /* a view of the buffer read alongside would see writes */
+                    for (int j2 = 0; j2 < nd->nin; j2++)
+                        other_view |= nd->in[j2] != in && e->root[nd->in[j2]] == in;
+                    if (e->root[in] == in && e->offset[in] >= 0 && e->root_end[in] == i && !other_view &&
                         same_meta(&g->values[in].meta, &g->values[v].meta)) {
                         e->offset[v] = e->offset[in];
                         e->root_end[in] = -1; /* the block now belongs to v */
