@@ -34,12 +34,17 @@ class CacheInfo:
 
 
 class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text")
+    __slots__ = ("executable", "out_spec", "graph_text", "cells", "cell_modes")
 
-    def __init__(self, executable, out_spec, graph_text):
+    def __init__(self, executable, out_spec, graph_text, cells):
         self.executable = executable
         self.out_spec = out_spec
         self.graph_text = graph_text
+        self.cells = cells  # every Cell the traced code called: its training mode is a guard
+        self.cell_modes = tuple(c.training for c in cells)
+
+    def guards_hold(self):
+        return all(c.training == m for c, m in zip(self.cells, self.cell_modes))
 
 
 def _cells_training(objs):
@@ -67,10 +72,14 @@ def _user_frame_tracer(tracer):
 
 def trace_call(fn, args, kwargs, options, capture_constants=False):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry, leaves)."""
+    from ..nn import cell as cell_module
+
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
+    prev_log = cell_module._call_log
+    cell_module._call_log = called = []
     try:
         aliases = []
         for t in leaves:
@@ -89,11 +98,13 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison)
     finally:
         tracer.end()
+        cell_module._call_log = prev_log
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
-    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text)
+    cells = tuple(dict.fromkeys(called))
+    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text, cells)
 
 
 class JitFunction(_C.JitDispatcher):
@@ -147,7 +158,7 @@ class JitFunction(_C.JitDispatcher):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
             return self._target()(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
-        entry = self._cache.get(key)
+        entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None:
             self.stats.hits += 1
             self._last = entry
@@ -163,10 +174,10 @@ class JitFunction(_C.JitDispatcher):
 
     def _miss(self, key, args, kwargs):
         self.stats.misses += 1
-        if self._needs_eager_autograd(key) or (self._warned and key not in self._cache):
+        if self._needs_eager_autograd(key) or self._warned:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
-        if len(self._cache) >= self.options.recompile_limit:
+        if sum(map(len, self._cache.values())) >= self.options.recompile_limit:
             self._warn_recompiles(key)
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
@@ -174,9 +185,9 @@ class JitFunction(_C.JitDispatcher):
         result, entry = trace_call(self._target(), args, kwargs, self.options)
         self.stats.compile_seconds += time.perf_counter() - t0
         self.stats.compiles += 1
-        self._cache[key] = entry
+        self._cache.setdefault(key, []).append(entry)
         self._keys.append(key)
-        self.stats.entries = len(self._cache)
+        self.stats.entries = sum(map(len, self._cache.values()))
         self._last = entry
         self._register_fast(key, args, kwargs, entry)
         return result
@@ -186,7 +197,7 @@ class JitFunction(_C.JitDispatcher):
         positional tensors whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
-        if kwargs or self._self is not None or isinstance(self.fn, Cell) or key[2][1]:
+        if kwargs or self._self is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells:
             return
         if not all(isinstance(a, _C.TensorBase) for a in args):
             return
@@ -204,7 +215,7 @@ class JitFunction(_C.JitDispatcher):
             return
         self._warned = True
         changing = _describe_change(self._keys[-1], key)
-        warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._cache)} times "
+        warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
 
@@ -221,9 +232,10 @@ class JitFunction(_C.JitDispatcher):
         """The graph compiled for these arguments (compiling it if needed), or for the last call."""
         if args or kwargs:
             key, _ = self._key(args, kwargs)
-            if key not in self._cache:
+            entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+            if entry is None:
                 self(*args, **kwargs)
-            entry = self._cache.get(key)
+                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         else:
             entry = self._last
         if entry is None:
@@ -234,7 +246,7 @@ class JitFunction(_C.JitDispatcher):
         """The compiled graph object for these arguments (for its memory plan and order)."""
         self.graph_str(*args, **kwargs)
         key, _ = self._key(args, kwargs)
-        return self._cache[key].executable
+        return next(e for e in self._cache[key] if e.guards_hold()).executable
 
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""

@@ -6,6 +6,10 @@ from .parameter import Parameter
 _object_setattr = object.__setattr__
 
 
+# While kiln.jit traces, the list of Cells called (see kiln.jit.function.trace_call); else None.
+_call_log = None
+
+
 class Cell:
     """Base class of layers and networks. Subclasses call super().__init__() first, assign
     Parameters and sub-Cells as attributes (they are registered in assignment order) and
@@ -28,6 +32,8 @@ class Cell:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 
     def __call__(self, *args, **kwargs):
+        if _call_log is not None:  # a jit trace is running: it guards on the training mode of every Cell it saw
+            _call_log.append(self)
         return self.construct(*args, **kwargs)
 
     # ---- registration -------------------------------------------------------------------
