@@ -1,0 +1,737 @@
+"""kiln.trace: MegEngine's megengine.jit.trace on kiln's trace capture and executor.
+
+The first call of a trace runs the function eagerly while recording its ops (symbolic=True: with
+the values of traced tensors hidden) and compiles the recording. Later calls check the call
+signature and run the compiled graph. While `trace.verify` is True (the default, as MegEngine
+checks every call) each later call also re-runs the Python function under a fresh recorder and
+compares what it did, op by op, with the recording, raising TraceMismatchError at the first
+difference; `verify=False` skips that re-run and only checks the signature.
+
+A graph with side effects (in-place updates such as optimizer steps or slice assignment,
+batch_norm in training mode, random ops) is never executed twice for one call: when the Python
+function ran for that call (recording, symbolic tracing or verification), its results are the
+results and the compiled graph is not run again.
+
+Verification compares the recorder's text form of the graph (Executable.graph_str()), so what
+that text does not show is not compared: constants are compared as printed (scalars with 6
+significant digits; tensor constants only by type). Tensors reached through a global or closure
+name are also checked in Python: a name rebound to another tensor, and with capture_as_const a
+changed value, are mismatches; a captured tensor reached otherwise (an attribute, a dict) and
+replaced by one of the same type is not noticed.
+"""
+import dis
+import functools
+import os
+import re
+import sys
+import threading
+import warnings
+
+from .. import _C
+from ..nn import cell as _cell_module
+from . import tree
+from .function import _user_frame_tracer
+
+
+class TraceMismatchError(RuntimeError):
+    """A call of a trace did something other than what the trace recorded."""
+
+
+class SublinearMemoryConfig:
+    """Configuration for sublinear memory optimization (MegEngine's SublinearMemoryConfig).
+
+    Stored only: rematerialization arrives with the sublinear-memory issue. `lb_memory` (the
+    name on MegEngine's doc page) is accepted for `lb_memory_mb` (the name in its source)."""
+
+    __slots__ = ("thresh_nr_try", "genetic_nr_iter", "genetic_pool_size", "lb_memory_mb", "num_worker")
+
+    def __init__(self, thresh_nr_try=10, genetic_nr_iter=0, genetic_pool_size=20, lb_memory_mb=0, num_worker=None,
+                 *, lb_memory=None):
+        if lb_memory is not None:
+            if lb_memory_mb not in (0, lb_memory):
+                raise ValueError(f"SublinearMemoryConfig: lb_memory={lb_memory!r} and lb_memory_mb={lb_memory_mb!r} "
+                                 "name the same setting; give one")
+            lb_memory_mb = lb_memory
+        if num_worker is None:
+            num_worker = max(1, (os.cpu_count() or 1) // 2)
+        for name, value, low in (("thresh_nr_try", thresh_nr_try, 0), ("genetic_nr_iter", genetic_nr_iter, 0),
+                                 ("genetic_pool_size", genetic_pool_size, 0), ("lb_memory_mb", lb_memory_mb, 0),
+                                 ("num_worker", num_worker, 1)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"SublinearMemoryConfig: {name} must be an int, got {value!r}")
+            if value < low:
+                raise ValueError(f"SublinearMemoryConfig: {name} must be >= {low}, got {value}")
+        self.thresh_nr_try, self.genetic_nr_iter, self.genetic_pool_size = thresh_nr_try, genetic_nr_iter, \
+            genetic_pool_size
+        self.lb_memory_mb, self.num_worker = lb_memory_mb, num_worker
+
+    @property
+    def lb_memory(self):
+        return self.lb_memory_mb
+
+    def __repr__(self):
+        return ("SublinearMemoryConfig(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")")
+
+
+# ---- the recorded graph, read back from its text form ------------------------------------
+
+_TYPE = r"\w+\[[^\]]*\]"
+_CAPTURE = re.compile(rf"^  %(\d+): ({_TYPE}) = (constant|captured|parameter)(?:\((.*)\))?$")
+_NODE = re.compile(r"^  (%.+?) = (\w+)\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$")
+_VALUE = re.compile(rf"%(\d+): ({_TYPE})")
+_RETURN = re.compile(r"^  return \((.*)\)$")
+
+# ops whose second execution for one call would be visible: in-place updates, the generator
+_SIDE_EFFECT_OPS = frozenset({"slice_assign", "index_put", "sgd_update", "adam_update", "dropout", "rand", "randn"})
+
+
+class _Node:
+    __slots__ = ("op", "ins", "outs", "attrs", "loc")
+
+    def __init__(self, op, ins, outs, attrs, loc):
+        self.op, self.ins, self.outs, self.attrs, self.loc = op, ins, outs, attrs, loc
+
+    def where(self):
+        return f" at {_short_loc(self.loc)}" if self.loc else ""
+
+
+class _Graph:
+    """A structured view of a graph's text (Executable.graph_str()): values are named by what
+    they are (argument k, capture k, output k of op n) so two recordings compare by meaning."""
+
+    def __init__(self, text):
+        lines = text.splitlines()
+        self.inputs = {int(v): (k, t) for k, (v, t) in enumerate(_VALUE.findall(lines[0]))}
+        self.captures = {}
+        self.nodes = []
+        self.producer = {}
+        self.outputs = []
+        for line in lines[1:]:
+            m = _CAPTURE.match(line)
+            if m:
+                self.captures[int(m[1])] = (len(self.captures), m[3], m[4], m[2])
+                continue
+            m = _NODE.match(line)
+            if m:
+                outs = [(int(v), t) for v, t in _VALUE.findall(m[1])]
+                ins = [int(v) for v in re.findall(r"%(\d+)", m[3])]
+                for k, (v, _) in enumerate(outs):
+                    self.producer[v] = (len(self.nodes), k)
+                self.nodes.append(_Node(m[2], ins, [t for _, t in outs], m[4] or "", m[5]))
+                continue
+            m = _RETURN.match(line)
+            if m:
+                self.outputs = [int(v) for v in re.findall(r"%(\d+)", m[1])]
+        self.has_effects = any(n.op in _SIDE_EFFECT_OPS or (n.op == "batch_norm" and _training(n.attrs))
+                               for n in self.nodes)
+
+    def ref(self, v):
+        """("arg", position, type) | ("ext", capture index, kind, constant value, type) | ("op", node, output)."""
+        if v in self.inputs:
+            return ("arg",) + self.inputs[v]
+        if v in self.captures:
+            return ("ext",) + self.captures[v]
+        return ("op",) + self.producer[v]
+
+    def describe(self, ref, labels):
+        if ref[0] == "arg":
+            return f"argument {labels[ref[1]]}"
+        if ref[0] == "ext":
+            _, index, kind, value, type_ = ref
+            if kind == "constant":
+                return f"the constant {value}" if value is not None else f"captured constant #{index} ({type_})"
+            return f"captured {'parameter' if kind == 'parameter' else 'tensor'} #{index} ({type_})"
+        node = self.nodes[ref[1]]
+        return f"output {ref[2]} of op #{ref[1]} ({node.op}{node.where()})"
+
+
+def _training(attrs):
+    """batch_norm's i[0] (training: it updates the running statistics in place)."""
+    return attrs.split(";")[0].split(",")[0].strip() == "1"
+
+
+def _short_loc(loc):
+    path, _, line = loc.rpartition(":")
+    return f"{os.path.basename(path)}:{line}" if path else loc
+
+
+def _compare_graphs(rec, new, labels):
+    """Raises TraceMismatchError at the first difference between two recordings."""
+    for i, (a, b) in enumerate(zip(rec.nodes, new.nodes)):
+        if a.op != b.op:
+            raise TraceMismatchError(f"op #{i}: the trace recorded {a.op}{a.where()}, this call ran {b.op}{b.where()}")
+        if len(a.ins) != len(b.ins):
+            raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): the trace recorded it with {len(a.ins)} inputs, "
+                                     f"this call gave it {len(b.ins)}")
+        if a.attrs != b.attrs:
+            raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): the trace recorded attributes {{{a.attrs}}}, "
+                                     f"this call used {{{b.attrs}}}")
+        for j, (va, vb) in enumerate(zip(a.ins, b.ins)):
+            _compare_refs(rec, new, rec.ref(va), new.ref(vb), f"input {j} of op #{i} ({a.op}{b.where()})", labels)
+        for k, (ta, tb) in enumerate(zip(a.outs, b.outs)):
+            if ta != tb:
+                what = "dtype" if ta.split("[")[0] != tb.split("[")[0] else "shape"
+                raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): output {k} changed {what}: the trace recorded "
+                                         f"{ta}, this call produced {tb}")
+    n = min(len(rec.nodes), len(new.nodes))
+    if len(new.nodes) > n:
+        extra = new.nodes[n]
+        raise TraceMismatchError(f"more ops than recorded: the trace recorded {len(rec.nodes)} ops, this call ran "
+                                 f"{len(new.nodes)}; the first one not recorded is op #{n} ({extra.op}{extra.where()})")
+    if len(rec.nodes) > n:
+        missing = rec.nodes[n]
+        raise TraceMismatchError(f"fewer ops than recorded: the trace recorded {len(rec.nodes)} ops, this call ran "
+                                 f"only {n}; the first one missing is op #{n} ({missing.op}{missing.where()})")
+
+
+def _compare_refs(rec, new, ra, rb, where, labels):
+    if (ra[0] == "ext") != (rb[0] == "ext"):
+        def side(g, r):
+            return ("external (" if r[0] == "ext" else "internal (") + g.describe(r, labels) + ")"
+
+        raise TraceMismatchError(f"{where} switched between external and internal: the trace recorded "
+                                 f"{side(rec, ra)}, this call gave {side(new, rb)}")
+    if ra[0] == "ext":
+        _, ia, kind_a, value_a, type_a = ra
+        _, ib, kind_b, value_b, type_b = rb
+        if kind_a == kind_b == "constant" and value_a != value_b:
+            raise TraceMismatchError(f"{where}: a captured constant changed: the trace recorded "
+                                     f"{rec.describe(ra, labels)}, this call used {new.describe(rb, labels)}")
+        if type_a != type_b:
+            what = "dtype" if type_a.split("[")[0] != type_b.split("[")[0] else "shape"
+            raise TraceMismatchError(f"{where}: a captured tensor changed {what}: the trace recorded "
+                                     f"{type_a}, this call used {type_b}")
+        if kind_a != kind_b or ia != ib:
+            raise TraceMismatchError(f"{where}: different wiring: the trace recorded {rec.describe(ra, labels)}, "
+                                     f"this call used {new.describe(rb, labels)}")
+    elif ra != rb:
+        raise TraceMismatchError(f"{where}: different wiring: the trace recorded {rec.describe(ra, labels)}, "
+                                 f"this call used {new.describe(rb, labels)}")
+
+
+def _compare_outputs(rec, rec_spec, new, new_spec, labels):
+    if rec_spec != new_spec:
+        raise TraceMismatchError(f"different outputs: the traced function returned {tree.describe(rec_spec)}, "
+                                 f"this call returned {tree.describe(new_spec)}")
+    for k, (va, vb) in enumerate(zip(rec.outputs, new.outputs)):
+        ra, rb = rec.ref(va), new.ref(vb)
+        if ra != rb:
+            raise TraceMismatchError(f"different outputs: output tensor {k} was {rec.describe(ra, labels)} in the "
+                                     f"trace, this call returned {new.describe(rb, labels)}")
+
+
+# ---- arguments -------------------------------------------------------------------------
+
+def _leaf_labels(spec, path, out):
+    """Names of the tensor leaves of a (args, kwargs) spec, in order: x, args[1][0], kwargs['k']."""
+    if spec == tree._TENSOR:
+        out.append(path)
+    elif spec[0] in ("tuple", "list"):
+        for k, s in enumerate(spec[1]):
+            _leaf_labels(s, f"{path}[{k}]", out)
+    elif spec[0] == "dict":
+        for k, s in zip(spec[1], spec[2]):
+            _leaf_labels(s, f"{path}[{k!r}]", out)
+    return out
+
+
+def _labels(spec):
+    args_spec, kwargs_spec = spec[1]
+    out = []
+    for k, s in enumerate(args_spec[1]):
+        _leaf_labels(s, f"args[{k}]", out)
+    for k, s in zip(kwargs_spec[1], kwargs_spec[2]):
+        _leaf_labels(s, k, out)
+    return out
+
+
+def _kind(spec):
+    return "a tensor" if spec == tree._TENSOR else f"a non-tensor ({tree.describe(spec)})"
+
+
+def _diff_spec(a, b, path, values):
+    """The first difference between two argument structures (non-tensor values too when
+    `values`), as text, or None."""
+    if a == b:
+        return None
+    if (a == tree._TENSOR) != (b == tree._TENSOR):
+        return f"{path} is {_kind(b)} this time but was {_kind(a)} when traced"
+    if a[0] != b[0] or (a[0] != "const" and (len(a[1]) != len(b[1]) or (a[0] == "dict" and a[1] != b[1]))):
+        return f"{path} is {tree.describe(b)} this time but was {tree.describe(a)} when traced"
+    if a[0] == "const":
+        return f"{path} is {b[2]!r} this time but was {a[2]!r} when traced" if values else None
+    keys = a[1] if a[0] == "dict" else range(len(a[1]))
+    items_a, items_b = (a[2], b[2]) if a[0] == "dict" else (a[1], b[1])
+    for k, sa, sb in zip(keys, items_a, items_b):
+        d = _diff_spec(sa, sb, f"{path}[{k!r}]", values)
+        if d:
+            return d
+    return None
+
+
+def _device(t):
+    return getattr(t, "device", "cpu")
+
+
+def _check_call(old, new, verify):
+    """Raises TraceMismatchError when a call's arguments differ from the traced call's in
+    count, keywords, tensor-ness or structure (and non-tensor values unless `verify`: then the
+    re-run decides whether those mattered)."""
+    (oargs, okw), (nargs, nkw) = old[1], new[1]
+    if len(oargs[1]) != len(nargs[1]):
+        raise TraceMismatchError(f"different argument count: the function was traced with {len(oargs[1])} "
+                                 f"positional arguments, this call passes {len(nargs[1])}")
+    if okw[1] != nkw[1] and set(okw[1]) != set(nkw[1]):
+        raise TraceMismatchError(f"different keyword arguments: the function was traced with "
+                                 f"{sorted(okw[1])}, this call passes {sorted(nkw[1])}")
+    okw_items = dict(zip(okw[1], okw[2]))
+    nkw_items = dict(zip(nkw[1], nkw[2]))
+    to_tensor = sorted(k for k in nkw_items if nkw_items[k] == tree._TENSOR and okw_items[k] != tree._TENSOR)
+    to_other = sorted(k for k in nkw_items if nkw_items[k] != tree._TENSOR and okw_items[k] == tree._TENSOR)
+    if to_tensor:
+        raise TraceMismatchError("keyword arguments found to be tensor this time but were non-tensor when traced: "
+                                 + ", ".join(f"{k} (was {tree.describe(okw_items[k])})" for k in to_tensor))
+    if to_other:
+        raise TraceMismatchError("keyword arguments found to be non-tensor this time but were tensor when traced: "
+                                 + ", ".join(f"{k} (now {tree.describe(nkw_items[k])})" for k in to_other))
+    for values in (False, True):
+        if values and verify:
+            break
+        for k, (sa, sb) in enumerate(zip(oargs[1], nargs[1])):
+            d = _diff_spec(sa, sb, f"args[{k}]", values)
+            if d:
+                raise TraceMismatchError(d + _VALUES_HINT * values)
+        for k in okw[1]:
+            d = _diff_spec(okw_items[k], nkw_items[k], k, values)
+            if d:
+                raise TraceMismatchError(d + _VALUES_HINT * values)
+
+
+_VALUES_HINT = ("; with verify=False the trace can't check that the graph still holds for new non-tensor values "
+                "(pass them as tensors, or use verify=True)")
+
+
+# ---- globals and closure variables read by the function -----------------------------------
+
+def _code_of(fn):
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    if not hasattr(fn, "__code__"):
+        fn = getattr(type(fn), "construct", None) or getattr(type(fn), "__call__", None)
+        fn = getattr(fn, "__func__", fn)
+    return fn if hasattr(fn, "__code__") else None
+
+
+def _read_names(code):
+    """(global names, free variable names) the code loads and never stores, nested code included."""
+    loads, stores = (set(), set()), set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
+        for ins in dis.get_instructions(c):
+            if ins.opname == "LOAD_GLOBAL":
+                loads[0].add(ins.argval)
+            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+                loads[1].add(ins.argval)
+            elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF"):
+                stores.add(ins.argval)
+    return loads[0] - stores, loads[1] - stores
+
+
+class _Bindings:
+    """The tensors a function reaches through globals and closure variables, by name. Used to
+    notice a name rebound to another tensor between calls (the graph keeps the tensor it
+    captured) and, with capture_as_const, a baked-in tensor whose value changed."""
+
+    def __init__(self, fn):
+        self.slots = []
+        f = _code_of(fn)
+        if f is None:
+            return
+        global_names, free_names = _read_names(f.__code__)
+        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        for name in sorted(global_names):
+            self.slots.append((f"global {name!r}", f.__globals__, name))
+        for name in sorted(free_names):
+            if name in cells:
+                self.slots.append((f"closure variable {name!r}", cells[name], None))
+
+    @staticmethod
+    def _get(where, name):
+        try:
+            return where[name] if name is not None else where.cell_contents
+        except (KeyError, ValueError):
+            return None
+
+    def snapshot(self, with_values):
+        snap = []
+        for label, where, name in self.slots:
+            t = self._get(where, name)
+            if isinstance(t, _C.TensorBase):
+                snap.append((label, where, name, t, t.asnumpy().copy() if with_values else None))
+        return snap
+
+    @staticmethod
+    def check(snap, baked):
+        import numpy as np
+
+        for label, where, name, t, value in snap:
+            now = _Bindings._get(where, name)
+            if now is not t:
+                raise TraceMismatchError(f"{label} refers to a different tensor than when the function last ran; the "
+                                         "compiled graph keeps the tensor it captured (update it in place, or pass it "
+                                         "as an argument)")
+        for label, where, name, t, value in baked:
+            if value is not None and not np.array_equal(t.asnumpy(), value, equal_nan=True):
+                raise TraceMismatchError(f"a captured constant changed: {label} has a different value than when it "
+                                         "was traced, and capture_as_const=True baked the old value into the graph")
+
+
+# ---- symbolic tracing: traced tensors have no readable value ------------------------------
+
+_READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",
+          "__repr__", "__str__")
+_guard_lock = threading.Lock()
+_guard_users = 0
+_guard_saved = {}
+_local = threading.local()
+
+
+def _guarded(name, original):
+    def read(self, *args, **kwargs):
+        tracers = getattr(_local, "symbolic", None)
+        if tracers and tracers[-1].knows(self):
+            raise RuntimeError(f"kiln.trace(symbolic=True): can't read the value of a traced tensor ({name}) while "
+                               "tracing symbolically; values exist only when the compiled graph runs. Read it outside "
+                               "the traced function, return it as an output, or use symbolic=False")
+        return original(self, *args, **kwargs)
+
+    read.__name__ = name
+    return read
+
+
+def _push_symbolic(tracer):
+    """Makes value reads of tensors `tracer` knows raise, on this thread, until _pop_symbolic.
+    (NumPy's np.asarray/np.array read through the buffer protocol, which Python code can't
+    intercept: they still see the eagerly computed values.)"""
+    global _guard_users
+    from .._tensor import Tensor
+
+    with _guard_lock:
+        if _guard_users == 0:
+            for name in _READS:
+                _guard_saved[name] = Tensor.__dict__.get(name)
+                setattr(Tensor, name, _guarded(name, getattr(Tensor, name)))
+        _guard_users += 1
+    stack = getattr(_local, "symbolic", None)
+    if stack is None:
+        stack = _local.symbolic = []
+    stack.append(tracer)
+
+
+def _pop_symbolic():
+    global _guard_users
+    from .._tensor import Tensor
+
+    _local.symbolic.pop()
+    with _guard_lock:
+        _guard_users -= 1
+        if _guard_users == 0:
+            for name, saved in _guard_saved.items():
+                if saved is None:
+                    delattr(Tensor, name)
+                else:
+                    setattr(Tensor, name, saved)
+            _guard_saved.clear()
+
+
+# ---- recording ---------------------------------------------------------------------------
+
+class _Run:
+    """One run of the Python function under a recorder: its detached results and its graph."""
+
+    __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast")
+
+
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic):
+    tracer = _C.Tracer(capture_constants=capture_constants)
+    prev_trace = sys.gettrace()
+    prev_log = _cell_module._call_log
+    cells = []
+    try:
+        aliases = []
+        for t in leaves:
+            a = t.detach()
+            a.requires_grad = t.requires_grad and t.is_leaf
+            tracer.add_input(a)
+            aliases.append(a)
+        call_args, call_kwargs = tree.unflatten(spec, aliases)[0]
+        if symbolic:
+            _push_symbolic(tracer)
+        _cell_module._call_log = cells
+        sys.settrace(_user_frame_tracer(tracer))
+        try:
+            result = fn(*call_args, **call_kwargs)
+        finally:
+            sys.settrace(prev_trace)
+            _cell_module._call_log = prev_log
+            if prev_log is not None:
+                prev_log.extend(cells)
+            if symbolic:
+                _pop_symbolic()
+        out_leaves = []
+        try:
+            out_spec = tree.flatten(result, out_leaves)
+        except TypeError:
+            raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
+                            "hashable constants, or tuples/lists/dicts of them") from None
+        executable = tracer.finish(out_leaves)
+    finally:
+        tracer.end()
+    run = _Run()
+    detached = [t.detach() for t in out_leaves]
+    run.result = tree.unflatten(out_spec, detached)[0]
+    run.executable, run.out_spec = executable, out_spec
+    run.graph = _Graph(executable.graph_str())
+    run.cells = list({id(c): c for c in cells}.values())
+    run.modes = tuple(c.training for c in run.cells)
+    run.fast = False
+    return run
+
+
+_MAX_RECORDS = 8
+_TENSOR_ARGS = {}  # number of positional tensors -> the structure of such a call
+
+
+class trace(_C.JitDispatcher):
+    """Wraps a function (or Cell) and runs it as a compiled graph (MegEngine's megengine.jit.trace).
+
+    Usable as trace(fn, ...), @trace and @trace(...). symbolic: trace the first call with
+    symbolic values (reading a traced tensor's value raises). capture_as_const: bake the
+    tensors the function reaches through globals and closures into the graph as constants
+    (otherwise they are captured by reference and stay live). sublinear_memory_config and
+    profiling are stored and have no effect yet (a warning says so). opt_level (0-3 or None) is
+    stored; the kernel-by-kernel executor runs every level the same. symbolic_shape=True lets
+    tensor arguments change shape (a new shape records a new graph); False makes a shape change
+    a TraceMismatchError.
+
+    verify (a kiln extension, default True; also the attribute `trace.verify`): re-run the
+    Python function on every later call and compare it with the recording (see the module
+    docstring). Results never carry autograd history; a call with a tensor argument that requires
+    grad, in grad mode, runs eagerly so that gradients flow through it (as kiln.jit does; this is
+    how kiln.grad/value_and_grad of a trace works). Without verification, calls with
+    positional tensors only, of a recorded signature, are served by the C base class without
+    entering Python (except for traced Cells, whose training mode must be checked).
+    """
+
+    def __new__(cls, function=None, *args, **kwargs):
+        if function is None:
+            return functools.partial(cls, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, function=None, symbolic=False, capture_as_const=False, sublinear_memory_config=None,
+                 profiling=False, opt_level=None, symbolic_shape=True, *, verify=True):
+        if isinstance(function, trace):
+            function = function.__wrapped__
+        if not callable(function):
+            raise TypeError(f"trace: expected a function or a Cell, got {type(function).__name__}")
+        for name, value in (("symbolic", symbolic), ("capture_as_const", capture_as_const),
+                            ("profiling", profiling), ("symbolic_shape", symbolic_shape), ("verify", verify)):
+            if not isinstance(value, bool):
+                raise TypeError(f"trace: {name} must be True or False, got {value!r}")
+        if sublinear_memory_config is not None and not isinstance(sublinear_memory_config, SublinearMemoryConfig):
+            raise TypeError("trace: sublinear_memory_config must be a SublinearMemoryConfig or None, got "
+                            f"{type(sublinear_memory_config).__name__}")
+        if opt_level is not None and (not isinstance(opt_level, int) or isinstance(opt_level, bool)
+                                      or not 0 <= opt_level <= 3):
+            raise ValueError(f"trace: opt_level must be 0, 1, 2, 3 or None, got {opt_level!r}")
+        self.__wrapped__ = function
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        self.__qualname__ = getattr(function, "__qualname__", self.__name__)
+        self.__doc__ = getattr(function, "__doc__", None)
+        self.symbolic, self.capture_as_const = symbolic, capture_as_const
+        self.sublinear_memory_config, self.profiling = sublinear_memory_config, profiling
+        self.opt_level, self.symbolic_shape, self.verify = opt_level, symbolic_shape, verify
+        self._target = function
+        self._bound = {}          # bound traces of instances without a __dict__
+        self._owner = None
+        self._spec = None         # the traced call's argument structure
+        self._metas = None        # (dtype, device) of its tensors
+        self._labels = None
+        self._records = {}        # (shapes, requires_grad, grad mode) -> [_Run]
+        self._last = None
+        self._bindings = _Bindings(function)
+        self._seen = []           # global/closure tensors when the function last ran
+        self._baked = []          # their values when traced (capture_as_const)
+        self._warned = False
+
+    # methods: @trace on a def inside a class binds like a function, one trace per instance
+    # (kept in the instance's __dict__ when it has one, so it lives as long as the instance)
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        slot = f"_kiln_trace_{id(self)}"
+        store = getattr(obj, "__dict__", None)
+        if store is None:
+            store, slot = self._bound, id(obj)
+        t = store.get(slot)
+        if t is None or t._owner is not obj:
+            t = trace(functools.partial(self.__wrapped__, obj), self.symbolic, self.capture_as_const,
+                      self.sublinear_memory_config, self.profiling, self.opt_level, self.symbolic_shape,
+                      verify=self.verify)
+            t.__name__, t.__qualname__, t.__doc__ = self.__name__, self.__qualname__, self.__doc__
+            t._owner = obj
+            store[slot] = t
+        return t
+
+    @property
+    def verify(self):
+        return self._verify
+
+    @verify.setter
+    def verify(self, value):
+        self._verify = bool(value)
+        self._fast_enabled = not self._verify
+
+    def _slow_call(self, *args, **kwargs):
+        if _C.is_tracing():  # inside another capture: contribute ops to it
+            return self._target(*args, **kwargs)
+        if not kwargs and all(isinstance(a, _C.TensorBase) for a in args):
+            leaves = args
+            spec = _TENSOR_ARGS.get(len(args)) or _TENSOR_ARGS.setdefault(
+                len(args), ("tuple", (("tuple", (tree._TENSOR,) * len(args)), ("dict", (), ()))))
+        else:
+            if len(kwargs) > 1:  # keyword order must not change the order of the graph's inputs
+                kwargs = dict(sorted(kwargs.items()))
+            leaves = []
+            try:
+                spec = tree.flatten((args, kwargs), leaves)
+            except TypeError as e:
+                raise TypeError(str(e).replace("jit:", "trace:", 1)) from None
+        if _C.is_grad_enabled() and any(t.requires_grad for t in leaves):
+            return self._target(*args, **kwargs)  # the caller differentiates through this call: eager
+        if self._spec is None:
+            self._warn_unused()
+            return self._first_call(spec, leaves)
+        if spec != self._spec:
+            _check_call(self._spec, spec, self.verify)
+        metas = tuple((t.dtype, _device(t)) for t in leaves)
+        if metas != self._metas:
+            self._meta_mismatch(metas)
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        if not self.symbolic_shape and key[0] != next(iter(self._records))[0]:
+            self._shape_mismatch(key[0])
+        records = self._records.get(key, ())
+        rec = next((r for r in records if all(c.training == m for c, m in zip(r.cells, r.modes))), None)
+        if rec is None:
+            return self._record(key, spec, leaves)
+        self._last = rec
+        if self.verify:
+            run = self._check_run(rec, spec, leaves)
+            if rec.graph.has_effects:
+                return run.result
+        if not rec.fast:
+            self._register_fast(rec, spec, leaves)
+        outs = rec.executable(*leaves)
+        return tree.unflatten(rec.out_spec, outs)[0]
+
+    def _register_fast(self, rec, spec, leaves):
+        """Lets the C base class replay this record for positional tensor calls."""
+        rec.fast = True
+        if rec.cells or spec is not _TENSOR_ARGS.get(len(leaves)):
+            return
+        out = rec.out_spec
+        if out == tree._TENSOR:
+            kind = 0
+        elif out[0] in ("tuple", "list") and all(s == tree._TENSOR for s in out[1]):
+            kind = 1 if out[0] == "tuple" else 2
+        else:
+            return
+        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind)
+
+    def _first_call(self, spec, leaves):
+        self._spec = spec
+        self._metas = tuple((t.dtype, _device(t)) for t in leaves)
+        self._labels = _labels(spec)
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        try:
+            return self._record(key, spec, leaves)
+        except BaseException:
+            self._spec = None
+            raise
+
+    def _record(self, key, spec, leaves):
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic)
+        if os.environ.get("KILN_DUMP_IR") == "1":
+            print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
+        records = self._records.setdefault(key, [])
+        records.append(run)
+        if sum(len(r) for r in self._records.values()) > _MAX_RECORDS:
+            oldest = next(k for k in self._records if k != key or len(self._records[k]) > 1)
+            self._records[oldest].pop(0)
+            if not self._records[oldest]:
+                del self._records[oldest]
+        self._last = run
+        self._seen = self._bindings.snapshot(False)
+        if self.capture_as_const:
+            self._baked = self._bindings.snapshot(True)
+        if self.symbolic and not run.graph.has_effects:
+            outs = run.executable(*leaves)  # a symbolic trace's results come from the graph
+            return tree.unflatten(run.out_spec, outs)[0]
+        return run.result
+
+    def _check_run(self, rec, spec, leaves):
+        _Bindings.check(self._seen, self._baked)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic)
+        self._seen = self._bindings.snapshot(False)
+        _compare_graphs(rec.graph, run.graph, self._labels)
+        _compare_outputs(rec.graph, rec.out_spec, run.graph, run.out_spec, self._labels)
+        return run
+
+    def _meta_mismatch(self, metas):
+        for label, (od, odev), (nd, ndev) in zip(self._labels, self._metas, metas):
+            if od is not nd:
+                raise TraceMismatchError(f"argument {label} changed dtype: {od.name} when traced, {nd.name} now")
+            if odev != ndev:
+                raise TraceMismatchError(f"argument {label} changed device: {odev} when traced, {ndev} now")
+
+    def _shape_mismatch(self, shapes):
+        traced = next(iter(self._records))[0]
+        for label, old, new in zip(self._labels, traced, shapes):
+            if old != new:
+                raise TraceMismatchError(f"argument {label} changed shape: {old} when traced, {new} now "
+                                         "(symbolic_shape=False)")
+
+    def _warn_unused(self):
+        if self._warned:
+            return
+        self._warned = True
+        unused = []
+        if self.sublinear_memory_config is not None:
+            unused.append("sublinear_memory_config (sublinear memory arrives with a later issue)")
+        if self.profiling:
+            unused.append("profiling=True (profiling arrives with a later issue)")
+        if unused:
+            warnings.warn(f"kiln.trace: {' and '.join(unused)} has no effect yet", UserWarning, stacklevel=3)
+
+    # ---- MegEngine's other methods ------------------------------------------------------
+    def dump(self, file, *, arg_names=None, output_names=None, append=False, optimize_for_inference=True, **kwargs):
+        """Serializes the trace (MegEngine's trace.dump)."""
+        raise NotImplementedError("trace.dump: kiln can't save graphs yet; graph save arrives with the deployment "
+                                  "issue")
+
+    def get_profile(self):
+        """Profiling result of the compiled trace (MegEngine's trace.get_profile)."""
+        raise NotImplementedError("trace.get_profile: profiling arrives with the profiling issue")
+
+    # ---- introspection ------------------------------------------------------------------
+    def graph_str(self):
+        """The graph used by the last call, in text form."""
+        if self._last is None:
+            raise RuntimeError("trace.graph_str: nothing traced yet; call the trace first")
+        return self._last.executable.graph_str()
+
+    def __repr__(self):
+        return f"<kiln.trace {self.__qualname__} (symbolic={self.symbolic}, capture_as_const={self.capture_as_const})>"
