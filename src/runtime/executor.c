@@ -24,7 +24,8 @@ struct kiln_executable {
     int64_t *offset;       /* per value: arena offset of its buffer, -1 when not planned */
     kiln_tensor **planned; /* per value: its tensor over the arena (planned roots only) */
     kiln_tensor **slot;    /* per value: the tensor of the current run */
-    int32_t **dead_after;  /* per step: roots whose buffers die after it (-1 terminated) */
+    int32_t **dead_after;  /* per step: values whose run-time tensors can go after it (-1 terminated) */
+    int32_t **freed_after; /* per step: planned buffers given back after it (-1 terminated) */
     char *arena;
     size_t arena_bytes, output_bytes;
     bool poison;
@@ -159,15 +160,26 @@ static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
     return true;
 }
 
+/* Appends root r to the buffers given back after step i. */
+static kiln_status note_freed(kiln_executable *e, int32_t i, int32_t r) {
+    int32_t n = 0;
+    while (e->freed_after[i] && e->freed_after[i][n] >= 0) n++;
+    int32_t *grown = realloc(e->freed_after[i], sizeof(int32_t) * (size_t)(n + 2));
+    if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+    grown[n] = r;
+    grown[n + 1] = -1;
+    e->freed_after[i] = grown;
+    return KILN_OK;
+}
+
 static kiln_status plan(kiln_executable *e) {
     const kiln_graph *g = e->g;
     int32_t nv = g->nvalues;
     int32_t *step_of = malloc(sizeof(int32_t) * (size_t)(g->nnodes ? g->nnodes : 1));
     bool *output_root = calloc((size_t)(nv ? nv : 1), sizeof(bool));
-    int32_t *ndead = calloc((size_t)(e->norder + 1), sizeof(int32_t));
     arena_plan a = {0};
     kiln_status s = KILN_OK;
-    if (!step_of || !output_root || !ndead) {
+    if (!step_of || !output_root) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
         goto done;
     }
@@ -225,7 +237,7 @@ static kiln_status plan(kiln_executable *e) {
             if (e->root_end[r] == i && e->offset[r] >= 0) {
                 s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
                 e->root_end[r] = -2; /* given back */
-                ndead[i]++;
+                if (s == KILN_OK) s = note_freed(e, i, r);
             }
         }
         for (int k = 0; k < nd->nout && s == KILN_OK; k++) { /* produced and never used */
@@ -233,7 +245,7 @@ static kiln_status plan(kiln_executable *e) {
             if (e->root[r] == r && e->root_end[r] == i && e->offset[r] >= 0) {
                 s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
                 e->root_end[r] = -2;
-                ndead[i]++;
+                if (s == KILN_OK) s = note_freed(e, i, r);
             }
         }
     }
@@ -242,7 +254,7 @@ static kiln_status plan(kiln_executable *e) {
         if (e->root[g->outputs[k]] == g->outputs[k] && g->values[g->outputs[k]].kind == KILN_VALUE_NODE)
             e->output_bytes += meta_bytes(&g->values[g->outputs[k]].meta);
 done:
-    free(step_of), free(output_root), free(ndead), free(a.free_blocks);
+    free(step_of), free(output_root), free(a.free_blocks);
     return s;
 }
 
@@ -344,8 +356,10 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     e->planned = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
     e->slot = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
     e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->poison = opt && opt->poison_freed;
-    if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after) {
+    if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after ||
+        !e->freed_after) {
         kiln_executable_free(e);
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     }
@@ -381,6 +395,8 @@ void kiln_executable_free(kiln_executable *e) {
         if (e->slot) kiln_tensor_release(e->slot[v]);
     }
     for (int32_t i = 0; e->dead_after && i < e->norder; i++) free(e->dead_after[i]);
+    for (int32_t i = 0; e->freed_after && i < e->norder; i++) free(e->freed_after[i]);
+    free(e->freed_after);
     if (e->arena) kiln_free(e->arena);
     kiln_graph_free(e->g);
     free(e->order), free(e->root), free(e->root_end), free(e->offset), free(e->planned), free(e->slot);
@@ -480,10 +496,11 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
         }
         for (int k = 0; k < nd->nout; k++) e->slot[nd->out[k]] = outs[k];
         for (const int32_t *d = e->dead_after[i]; *d >= 0; d++) {
-            if (e->poison && e->planned[*d] && e->root_end[*d] == -2) poison(e->planned[*d]);
             kiln_tensor_release(e->slot[*d]);
             e->slot[*d] = NULL;
         }
+        if (e->poison && e->freed_after[i])
+            for (const int32_t *f = e->freed_after[i]; *f >= 0; f++) poison(e->planned[*f]);
     }
     if (ins != small_in) free(ins);
     for (int k = 0; k < nout && s == KILN_OK; k++) {

@@ -10,12 +10,30 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 from .. import _C
 from . import tree
 from .options import JitOptions
 
 _local = threading.local()
+
+
+def mark_not_replayable(reason):
+    """Called by code that a trace cannot capture faithfully (Python state read at every call):
+    the function being traced is then run eagerly instead of compiled."""
+    reasons = getattr(_local, "not_replayable", None)
+    if reasons is not None:
+        reasons.append(reason)
+
+
+class NotReplayable(Exception):
+    """A trace saw something it cannot replay; carries the eager result."""
+
+    def __init__(self, reason, result):
+        super().__init__(reason)
+        self.reason = reason
+        self.result = result
 
 
 class CacheInfo:
@@ -80,6 +98,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     prev_trace = sys.gettrace()
     prev_log = cell_module._call_log
     cell_module._call_log = called = []
+    prev_reasons = getattr(_local, "not_replayable", None)
+    _local.not_replayable = reasons = []
     try:
         aliases = []
         for t in leaves:
@@ -99,6 +119,10 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     finally:
         tracer.end()
         cell_module._call_log = prev_log
+        _local.not_replayable = prev_reasons
+    if reasons:
+        raise NotReplayable(reasons[0], tree.unflatten(out_spec, [t.detach() if isinstance(t, _C.TensorBase)
+                                                                   else t for t in out_leaves])[0])
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
@@ -116,10 +140,16 @@ class JitFunction(_C.JitDispatcher):
     def __init__(self, fn, options, bound_self=None):
         self.fn = fn
         self.options = options
-        self._self = bound_self
+        self._self_ref = None  # the instance of a bound method, held weakly
+        if bound_self is not None:
+            try:
+                self._self_ref = weakref.ref(bound_self)
+            except TypeError:  # not weakly referenceable: held strongly
+                self._self_ref = lambda obj=bound_self: obj
         self._cache = {}
         self._keys = []
         self._warned = False
+        self._eager_reason = None  # set when a trace of this function cannot be replayed
         self.stats = CacheInfo()
         self._last = None
         self._grad_variants = {}
@@ -131,21 +161,31 @@ class JitFunction(_C.JitDispatcher):
         except AttributeError:
             pass
 
-    # methods: @kiln.jit on a def inside a class binds like a function
+    @property
+    def _self(self):
+        return self._self_ref() if self._self_ref is not None else None
+
+    # methods: @kiln.jit on a def inside a class binds like a function, one JitFunction (and
+    # cache) per instance, living as long as the instance
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
         bound = self.__dict__.get("_bound")
         if bound is None:
-            bound = self.__dict__["_bound"] = {}
-        jf = bound.get(id(obj))
-        if jf is None or jf._self is not obj:
-            jf = JitFunction(self.fn, self.options, bound_self=obj)
-            bound[id(obj)] = jf
+            bound = self.__dict__["_bound"] = weakref.WeakKeyDictionary()
+        try:
+            jf = bound.get(obj)
+        except TypeError:  # unhashable or not weakly referenceable: no per-instance cache
+            return JitFunction(self.fn, self.options, bound_self=obj)
+        if jf is None:
+            jf = bound[obj] = JitFunction(self.fn, self.options, bound_self=obj)
         return jf
 
     def _target(self):
-        return (lambda *a, **k: self.fn(self._self, *a, **k)) if self._self is not None else self.fn
+        if self._self_ref is None:
+            return self.fn
+        obj = self._self
+        return lambda *a, **k: self.fn(obj, *a, **k)
 
     def _key(self, args, kwargs):
         leaves = []
@@ -181,8 +221,17 @@ class JitFunction(_C.JitDispatcher):
             self._warn_recompiles(key)
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
+        if self._eager_reason is not None:
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
         t0 = time.perf_counter()
-        result, entry = trace_call(self._target(), args, kwargs, self.options)
+        try:
+            result, entry = trace_call(self._target(), args, kwargs, self.options)
+        except NotReplayable as e:
+            self._eager_reason = e.reason
+            warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
+            self.stats.eager_calls += 1
+            return e.result
         self.stats.compile_seconds += time.perf_counter() - t0
         self.stats.compiles += 1
         self._cache.setdefault(key, []).append(entry)
@@ -197,7 +246,7 @@ class JitFunction(_C.JitDispatcher):
         positional tensors whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
-        if kwargs or self._self is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells:
+        if kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells:
             return
         if not all(isinstance(a, _C.TensorBase) for a in args):
             return

@@ -65,7 +65,17 @@ class Optimizer(Cell):
         # the same counts as int64 tensors the update ops increment themselves, so a compiled
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
-        self.global_step = 0
+        self._global_step = ops.zeros((), dtype=_C.int64)  # a tensor for the same reason
+
+    @property
+    def global_step(self):
+        """Steps taken so far."""
+        return int(self._global_step.item())
+
+    @global_step.setter
+    def global_step(self, value):
+        with no_grad():
+            self._global_step[...] = int(value)
 
     @staticmethod
     def _check_lr(lr):
@@ -122,6 +132,12 @@ class Optimizer(Cell):
         if len(gradients) != len(self.parameters):
             raise ValueError(f"{type(self).__name__}: got {len(gradients)} gradients for {len(self.parameters)} "
                              f"parameters")
+        if _C.is_tracing() and any(isinstance(lr, (list, tuple)) or callable(lr) for lr in self._lrs):
+            from ..jit.function import mark_not_replayable
+
+            mark_not_replayable(f"{type(self).__name__} has a learning-rate schedule (a rate read at each step, "
+                                "outside the graph)")
+        step = self.global_step
         with no_grad():
             for i, (p, g) in enumerate(zip(self.parameters, gradients)):
                 if g is None:
@@ -131,8 +147,8 @@ class Optimizer(Cell):
                 if self.loss_scale != 1.0:
                     g = g / self.loss_scale
                 self._steps[i] += 1
-                self._update(i, p, g, self._lr_at(self._lrs[i], self.global_step), self._wds[i])
-        self.global_step += 1
+                self._update(i, p, g, self._lr_at(self._lrs[i], step), self._wds[i])
+            self._global_step[...] = self._global_step + 1
         return True
 
     def zero_grad(self):
