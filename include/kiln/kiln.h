@@ -73,6 +73,7 @@ typedef struct kiln_tensor {
     void *data;                     /* = storage data + offset * itemsize */
     kiln_storage *storage;
     int64_t refcount;               /* atomic */
+    uint64_t uid;                   /* unique for the life of the process (tracing identifies tensors by it) */
     bool literal;                   /* made from a Python number: a constant when traced */
     /* autograd */
     bool requires_grad;

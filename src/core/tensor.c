@@ -1,7 +1,7 @@
 /* Tensors and their storage: allocation, views, reference counting. */
 #include "internal.h"
 
-#include "kiln/graph.h"
+#include "../ir/trace_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -168,6 +168,8 @@ static kiln_status check_shape(int ndim, const int64_t *shape) {
     return KILN_OK;
 }
 
+static _Atomic uint64_t next_uid = 1;
+
 static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
                                const int64_t *strides, kiln_storage *storage, int64_t offset) {
     kiln_tensor *t = malloc(sizeof *t);
@@ -185,6 +187,7 @@ static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
     t->storage = storage;
     t->data = (char *)storage->data + offset * (int64_t)kiln_dtype_size(dtype);
     t->refcount = 1;
+    t->uid = atomic_fetch_add_explicit(&next_uid, 1, memory_order_relaxed);
     t->literal = false;
     t->requires_grad = false;
     t->output_nr = 0;
@@ -253,7 +256,9 @@ kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, 
 }
 
 kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out) {
-    return kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out);
+    KILN_TRY(kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out));
+    kiln_tracer_alias(t, *out); /* a traced value keeps its identity through detach */
+    return KILN_OK;
 }
 
 void kiln_tensor_retain(kiln_tensor *t) {

@@ -1,15 +1,14 @@
 /* Trace capture: while a tracer is active on a thread, every op kiln_apply runs is also
- * recorded as a graph node. Tensors are matched to graph values by identity; a tensor met for
- * the first time is captured (by reference, or as a constant copy). */
+ * recorded as a graph node. Tensors are matched to graph values by their uid (never reused, so
+ * the tracer need not keep them alive); a tensor met for the first time is captured (by
+ * reference, or as a constant copy). */
 #include "../core/internal.h"
 #include "../core/ptrmap.h"
 #include "trace_internal.h"
 
 struct kiln_tracer {
     kiln_graph *graph;
-    kiln_ptrmap values;   /* tensor -> value id */
-    kiln_tensor **held;   /* every mapped tensor, retained so its address stays unique */
-    int64_t nheld, cap_held;
+    kiln_ptrmap values;   /* tensor uid -> value id */
     bool capture_constants;
     int32_t loc;
     int32_t nops;
@@ -41,8 +40,6 @@ void kiln_tracer_end(kiln_tracer *tr) {
 void kiln_tracer_free(kiln_tracer *tr) {
     if (!tr) return;
     kiln_tracer_end(tr);
-    for (int64_t k = 0; k < tr->nheld; k++) kiln_tensor_release(tr->held[k]);
-    free(tr->held);
     kiln_ptrmap_free(&tr->values);
     kiln_graph_free(tr->graph);
     free(tr);
@@ -62,19 +59,17 @@ kiln_status kiln_tracer_set_loc(kiln_tracer *tr, const char *loc) {
     return kiln_graph_add_loc(tr->graph, loc, &tr->loc);
 }
 
-static kiln_status bind(kiln_tracer *tr, kiln_tensor *t, int32_t value) {
-    if (kiln_ptrmap_get(&tr->values, t) < 0) {
-        if (tr->nheld == tr->cap_held) {
-            int64_t ncap = tr->cap_held ? tr->cap_held * 2 : 64;
-            kiln_tensor **grown = realloc(tr->held, sizeof *grown * (size_t)ncap);
-            if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
-            tr->held = grown;
-            tr->cap_held = ncap;
-        }
-        kiln_tensor_retain(t);
-        tr->held[tr->nheld++] = t;
-    }
-    return kiln_ptrmap_put(&tr->values, t, value);
+static const void *key_of(const kiln_tensor *t) { return (const void *)(uintptr_t)t->uid; }
+
+static kiln_status bind(kiln_tracer *tr, const kiln_tensor *t, int32_t value) {
+    return kiln_ptrmap_put(&tr->values, key_of(t), value);
+}
+
+void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias) {
+    kiln_tracer *tr = active;
+    if (!tr) return;
+    int64_t v = kiln_ptrmap_get(&tr->values, key_of(t));
+    if (v >= 0 && bind(tr, alias, (int32_t)v) != KILN_OK && tr->failure == KILN_OK) tr->failure = KILN_ERR_MEMORY;
 }
 
 kiln_status kiln_tracer_add_input(kiln_tracer *tr, kiln_tensor *t) {
@@ -84,25 +79,10 @@ kiln_status kiln_tracer_add_input(kiln_tracer *tr, kiln_tensor *t) {
 }
 
 kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value) {
-    int64_t v = kiln_ptrmap_get(&tr->values, t);
+    int64_t v = kiln_ptrmap_get(&tr->values, key_of(t));
     if (v >= 0) {
         *value = (int32_t)v;
         return KILN_OK;
-    }
-    /* an alias of a traced tensor (detach(), a second wrapper of the same memory) is that value */
-    for (int64_t k = 0; k < tr->nheld; k++) {
-        const kiln_tensor *h = tr->held[k];
-        if (h->storage != t->storage || h->offset != t->offset || h->meta.dtype != t->meta.dtype ||
-            h->meta.ndim != t->meta.ndim)
-            continue;
-        bool same = true;
-        for (int d = 0; d < t->meta.ndim && same; d++)
-            same = h->meta.shape[d] == t->meta.shape[d] && h->strides[d] == t->strides[d];
-        int64_t known = same ? kiln_ptrmap_get(&tr->values, h) : -1;
-        if (known >= 0 && tr->graph->values[known].kind != KILN_VALUE_CAPTURED) {
-            *value = (int32_t)known;
-            return bind(tr, t, *value);
-        }
     }
     /* Python numbers become tensors just before an op: they are constants of the trace */
     bool constant = tr->capture_constants || t->literal;
@@ -111,7 +91,7 @@ kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value
 }
 
 bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t) {
-    int64_t v = kiln_ptrmap_get(&tr->values, t);
+    int64_t v = kiln_ptrmap_get(&tr->values, key_of(t));
     return v >= 0 && tr->graph->values[v].kind != KILN_VALUE_CAPTURED;
 }
 
@@ -120,7 +100,7 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     kiln_tracer *tr = active;
     if (!tr || tr->failure != KILN_OK) return;
     active = NULL; /* capturing a constant copies through kernels, which must not record */
-    int32_t small[8], *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
+    int32_t small[8] = {0}, *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
     kiln_status s = ids ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
     for (int k = 0; k < nin && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, in[k], &ids[k]);
     int32_t outs[KILN_MAX_OUTPUTS];

@@ -8,6 +8,8 @@
 /* Records an op kiln_apply just ran into the thread's active tracer. */
 void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                         kiln_tensor **out);
+/* With a tracer active: `alias` (a detached view of t) stands for t's value. */
+void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias);
 /* The first error met while recording (KILN_OK when none). */
 kiln_status kiln_tracer_status(const kiln_tracer *tr);
 

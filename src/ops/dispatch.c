@@ -37,6 +37,8 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
         return s;
     }
     if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
+    /* before autograd: the aliases it saves of the outputs must map to the recorded values */
+    if (kiln_tracer_active()) kiln_tracer_record(op, nin, in, attrs, nout, out);
     if (kiln_grad_enabled() && info->grad != kiln_grad_none) {
         bool any = false;
         for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
@@ -45,7 +47,6 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
             if (s != KILN_OK) kiln_release_all(out, nout);
         }
     }
-    if (s == KILN_OK && kiln_tracer_active()) kiln_tracer_record(op, nin, in, attrs, nout, out);
     return s;
 }
 

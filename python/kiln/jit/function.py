@@ -81,7 +81,8 @@ def _user_frame_tracer(tracer):
         return local
 
     def global_(frame, event, arg):
-        if event != "call" or frame.f_code.co_filename.startswith(package_dir):
+        name = frame.f_code.co_filename
+        if event != "call" or name.startswith(package_dir) or name.startswith("<frozen"):
             return None
         return local
 
