@@ -131,7 +131,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
     memset(n, 0, sizeof *n);
     n->in = malloc(sizeof(int32_t) * (size_t)(nin ? nin : 1));
     if (!n->in) return kiln_error(KILN_ERR_MEMORY, "out of memory");
-    memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
+    if (nin) memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
     n->op = op;
     n->nin = nin;
     n->nout = kiln_op_table[op].nout;
@@ -153,7 +153,7 @@ kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) 
             return kiln_error(KILN_ERR_VALUE, "graph: output %d refers to unknown value %d", k, values[k]);
     int32_t *outs = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (!outs) return kiln_error(KILN_ERR_MEMORY, "out of memory");
-    memcpy(outs, values, sizeof(int32_t) * (size_t)n);
+    if (n) memcpy(outs, values, sizeof(int32_t) * (size_t)n);
     free(g->outputs);
     g->outputs = outs;
     g->noutputs = n;

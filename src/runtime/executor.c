@@ -310,7 +310,7 @@ static kiln_status copy_graph(const kiln_graph *g, kiln_graph **out) {
         kiln_graph_free(c);
         return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
     }
-    memcpy(c->values, g->values, sizeof *c->values * (size_t)g->nvalues);
+    if (g->nvalues) memcpy(c->values, g->values, sizeof *c->values * (size_t)g->nvalues);
     c->nvalues = c->cap_values = g->nvalues;
     for (int32_t v = 0; v < g->nvalues; v++)
         if (c->values[v].bound) kiln_tensor_retain(c->values[v].bound);
@@ -322,14 +322,14 @@ static kiln_status copy_graph(const kiln_graph *g, kiln_graph **out) {
             kiln_graph_free(c);
             return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
         }
-        memcpy(c->nodes[n].in, g->nodes[n].in, sizeof(int32_t) * (size_t)g->nodes[n].nin);
+        if (g->nodes[n].nin) memcpy(c->nodes[n].in, g->nodes[n].in, sizeof(int32_t) * (size_t)g->nodes[n].nin);
     }
     c->nnodes = c->cap_nodes = g->nnodes;
-    memcpy(c->inputs, g->inputs, sizeof(int32_t) * (size_t)g->ninputs);
+    if (g->ninputs) memcpy(c->inputs, g->inputs, sizeof(int32_t) * (size_t)g->ninputs);
     c->ninputs = c->cap_inputs = g->ninputs;
-    memcpy(c->captures, g->captures, sizeof(int32_t) * (size_t)g->ncaptures);
+    if (g->ncaptures) memcpy(c->captures, g->captures, sizeof(int32_t) * (size_t)g->ncaptures);
     c->ncaptures = c->cap_captures = g->ncaptures;
-    memcpy(c->outputs, g->outputs, sizeof(int32_t) * (size_t)g->noutputs);
+    if (g->noutputs) memcpy(c->outputs, g->outputs, sizeof(int32_t) * (size_t)g->noutputs);
     c->noutputs = g->noutputs;
     for (int32_t l = 0; l < g->nlocs; l++) c->locs[l] = kiln_strdup(g->locs[l]);
     c->nlocs = c->cap_locs = g->nlocs;
