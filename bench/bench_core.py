@@ -11,35 +11,17 @@ import argparse
 import ctypes
 import ctypes.util
 import sys
-import time
 
 import numpy as np
 
 import kiln
+from timing import best_time, row
 from kiln import ops
 
 try:
     import torch
 except ImportError:  # the PyTorch rows are skipped
     torch = None
-
-
-def best_time(fn, repeat, number=1):
-    """Best wall time of `number` calls over `repeat` rounds, in seconds per call."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
-
-
-def row(name, value, unit, ref_name, ref_value, ratio, target, better):
-    ok = ratio <= target if better == "lower" else ratio >= target
-    print(f"{name:<44} {value:10.3f} {unit:<8} {ref_name:<26} {ref_value:10.3f}  ratio {ratio:6.3f} "
-          f"(target {'<=' if better == 'lower' else '>='} {target}) {'ok' if ok else 'MISSED'}")
-    return ok
 
 
 def bench_dispatch(quick):

@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 
 import kiln
+from timing import best_time, row
 from kiln import models
 
 
@@ -34,24 +35,6 @@ def import_torch():
     except ImportError:
         return None
     return torch
-
-
-def best_time(fn, repeat, number=1):
-    """Best wall time of `number` calls over `repeat` rounds, in seconds per call."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
-
-
-def row(name, value, unit, ref_name, ref_value, ratio, target, better="lower"):
-    ok = ratio <= target if better == "lower" else ratio >= target
-    print(f"{name:<46} {value:10.3f} {unit:<8} {ref_name:<28} {ref_value:10.3f}  ratio {ratio:6.3f} "
-          f"(target {'<=' if better == 'lower' else '>='} {target}) {'ok' if ok else 'MISSED'}")
-    return ok
 
 
 def per_call(f, a, b, c, n, repeat=5):

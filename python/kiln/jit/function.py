@@ -89,6 +89,18 @@ def _user_frame_tracer(tracer):
     return global_
 
 
+def bind_inputs(tracer, spec, leaves):
+    """The call's arguments rebuilt around fresh aliases of its tensors, each declared as the
+    next graph input (aliases: the same tensor passed twice still makes two inputs)."""
+    aliases = []
+    for t in leaves:
+        a = t.detach()
+        a.requires_grad = t.requires_grad and t.is_leaf
+        tracer.add_input(a)
+        aliases.append(a)
+    return tree.unflatten(spec, aliases)[0]
+
+
 def trace_call(fn, args, kwargs, options, capture_constants=False):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry, leaves)."""
     from ..nn import cell as cell_module
@@ -102,13 +114,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     prev_reasons = getattr(_local, "not_replayable", None)
     _local.not_replayable = reasons = []
     try:
-        aliases = []
-        for t in leaves:
-            a = t.detach()
-            a.requires_grad = t.requires_grad and t.is_leaf
-            tracer.add_input(a)
-            aliases.append(a)
-        call_args, call_kwargs = tree.unflatten(spec, aliases)[0]
+        call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
         sys.settrace(_user_frame_tracer(tracer))
         try:
             result = fn(*call_args, **call_kwargs)

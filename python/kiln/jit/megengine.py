@@ -30,7 +30,7 @@ import warnings
 from .. import _C
 from ..nn import cell as _cell_module
 from . import tree
-from .function import _user_frame_tracer
+from .function import _user_frame_tracer, bind_inputs
 
 
 class TraceMismatchError(RuntimeError):
@@ -461,13 +461,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic):
     prev_log = _cell_module._call_log
     cells = []
     try:
-        aliases = []
-        for t in leaves:
-            a = t.detach()
-            a.requires_grad = t.requires_grad and t.is_leaf
-            tracer.add_input(a)
-            aliases.append(a)
-        call_args, call_kwargs = tree.unflatten(spec, aliases)[0]
+        call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
         if symbolic:
             _push_symbolic(tracer)
         _cell_module._call_log = cells

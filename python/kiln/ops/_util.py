@@ -1,6 +1,5 @@
 """Argument helpers shared by the functional ops."""
 from .. import _C
-from .._optable import OP
 
 apply = _C.apply
 

@@ -1,0 +1,21 @@
+"""Timing and report helpers shared by the benchmark scripts in this folder."""
+import time
+
+
+def best_time(fn, repeat, number=1):
+    """Best wall time of `number` calls over `repeat` rounds, in seconds per call."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / number)
+    return best
+
+
+def row(name, value, unit, ref_name, ref_value, ratio, target, better="lower"):
+    """Prints one figure against its reference and target; returns whether the target is met."""
+    ok = ratio <= target if better == "lower" else ratio >= target
+    print(f"{name:<46} {value:10.3f} {unit:<8} {ref_name:<28} {ref_value:10.3f}  ratio {ratio:6.3f} "
+          f"(target {'<=' if better == 'lower' else '>='} {target}) {'ok' if ok else 'MISSED'}")
+    return ok
