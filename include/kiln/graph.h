@@ -59,6 +59,10 @@ KILN_API kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, con
                                          const kiln_attrs *attrs, int32_t loc, int32_t *out);
 KILN_API kiln_status kiln_graph_add_loc(kiln_graph *g, const char *loc, int32_t *id);
 KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values);
+/* Takes ownership of sub; *index is its position in g->subgraphs. */
+KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index);
+/* A deep copy (captured tensors shared, retained). */
+KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
 /* Checks wiring, order (SSA: inputs defined before use) and every node's inferred metas. */
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */

@@ -129,5 +129,6 @@ KILN_API void kiln_set_num_threads(int n);
 #include "kiln/ops.h"
 #include "kiln/autograd.h"
 #include "kiln/graph.h"
+#include "kiln/passes.h"
 
 #endif

@@ -147,6 +147,68 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
     return KILN_OK;
 }
 
+kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index) {
+    kiln_graph **grown = realloc(g->subgraphs, sizeof *grown * (size_t)(g->nsubgraphs + 1));
+    if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory adding a subgraph");
+    g->subgraphs = grown;
+    g->subgraphs[g->nsubgraphs] = sub;
+    *index = g->nsubgraphs++;
+    return KILN_OK;
+}
+
+#define COPY_ARRAY(dst, src, n)                                                              \
+    do {                                                                                     \
+        (dst) = malloc(sizeof *(dst) * (size_t)((n) ? (n) : 1));                             \
+        if (!(dst)) goto oom;                                                                \
+        if (n) memcpy((dst), (src), sizeof *(dst) * (size_t)(n));                            \
+    } while (0)
+
+kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
+    kiln_graph *c;
+    KILN_TRY(kiln_graph_new(&c));
+    COPY_ARRAY(c->values, g->values, g->nvalues);
+    c->nvalues = c->cap_values = g->nvalues;
+    for (int32_t v = 0; v < g->nvalues; v++)
+        if (c->values[v].bound) kiln_tensor_retain(c->values[v].bound);
+    c->nodes = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *c->nodes);
+    if (!c->nodes) goto oom;
+    for (int32_t n = 0; n < g->nnodes; n++) {
+        c->nodes[n] = g->nodes[n];
+        c->nodes[n].in = NULL;
+        COPY_ARRAY(c->nodes[n].in, g->nodes[n].in, g->nodes[n].nin);
+        c->nnodes = n + 1;
+    }
+    c->cap_nodes = c->nnodes = g->nnodes;
+    COPY_ARRAY(c->inputs, g->inputs, g->ninputs);
+    c->ninputs = c->cap_inputs = g->ninputs;
+    COPY_ARRAY(c->captures, g->captures, g->ncaptures);
+    c->ncaptures = c->cap_captures = g->ncaptures;
+    COPY_ARRAY(c->outputs, g->outputs, g->noutputs);
+    c->noutputs = g->noutputs;
+    c->locs = calloc((size_t)(g->nlocs ? g->nlocs : 1), sizeof(char *));
+    if (!c->locs) goto oom;
+    for (int32_t l = 0; l < g->nlocs; l++) {
+        c->locs[l] = kiln_strdup(g->locs[l]);
+        if (!c->locs[l]) goto oom;
+        c->nlocs = c->cap_locs = l + 1;
+    }
+    for (int32_t k = 0; k < g->nsubgraphs; k++) {
+        kiln_graph *sub;
+        int32_t idx;
+        kiln_status s = kiln_graph_clone(g->subgraphs[k], &sub);
+        if (s == KILN_OK) s = kiln_graph_add_subgraph(c, sub, &idx);
+        if (s != KILN_OK) {
+            kiln_graph_free(c);
+            return s;
+        }
+    }
+    *out = c;
+    return KILN_OK;
+oom:
+    kiln_graph_free(c);
+    return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
+}
+
 kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) {
     for (int k = 0; k < n; k++)
         if (values[k] < 0 || values[k] >= g->nvalues)
@@ -284,6 +346,15 @@ char *kiln_graph_to_string(const kiln_graph *g) {
     put(&t, "  return (");
     for (int32_t k = 0; k < g->noutputs; k++) put(&t, k ? ", %%%d" : "%%%d", g->outputs[k]);
     put(&t, ")\n}\n");
+    for (int32_t k = 0; k < g->nsubgraphs; k++) {
+        char *sub = kiln_graph_to_string(g->subgraphs[k]);
+        if (!sub) {
+            t.failed = true;
+            break;
+        }
+        put(&t, "subgraph %d: %s", k, sub);
+        free(sub);
+    }
     if (t.failed) {
         free(t.buf);
         return NULL;

@@ -222,13 +222,20 @@ static PyObject *tracer_end(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* finish(outputs, order="bfs", poison=False) -> Executable; ends the trace */
+/* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False)
+ * -> Executable; ends the trace, optimizes the graph for the level and compiles it */
 static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"outputs", "order", "poison", NULL};
+    static char *kwlist[] = {"outputs", "order", "poison", "level", "inference", "disable_format_transform", NULL};
     PyObject *outputs;
     const char *order = "bfs";
-    int poison = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|sp:finish", kwlist, &outputs, &order, &poison)) return NULL;
+    int poison = 0, level = 0, inference = 0, no_format = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spipp:finish", kwlist, &outputs, &order, &poison, &level,
+                                     &inference, &no_format))
+        return NULL;
+    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
+        PyErr_SetString(PyExc_ValueError, "finish: level must be 0, 1 or 2");
+        return NULL;
+    }
     PyTracer *p = (PyTracer *)self;
     kiln_tracer_end(p->tr);
     p->active = false;
@@ -256,13 +263,25 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     kiln_graph *g = kiln_tracer_graph(p->tr);
     if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, ids);
     PyMem_Free(ids);
-    if (s != KILN_OK) return pykiln_raise(s);
+    kiln_graph *optimized = NULL;
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format};
+    if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
+    if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
+    if (s != KILN_OK) {
+        kiln_graph_free(optimized);
+        return pykiln_raise(s);
+    }
+    g = optimized;
     kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison};
     kiln_executable *exe = NULL;
     s = kiln_compile(g, &opt, &exe);
-    if (s != KILN_OK) return pykiln_raise(s);
+    if (s != KILN_OK) {
+        kiln_graph_free(g);
+        return pykiln_raise(s);
+    }
     PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
     if (!e) {
+        kiln_graph_free(g);
         kiln_executable_free(exe);
         return NULL;
     }
@@ -274,6 +293,7 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     int64_t work = 0;
     for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
     e->base.release_gil = work >= 65536;
+    kiln_graph_free(g);
     if (!e->base.graph_text) {
         Py_DECREF(e);
         return PyErr_NoMemory();

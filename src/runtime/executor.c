@@ -8,6 +8,7 @@
  * that graph outputs live in are never planned (they are allocated per call and handed out). */
 #include <pthread.h>
 
+#include "../codegen/fused.h"
 #include "../core/internal.h"
 
 #include "kiln/graph.h"
@@ -26,6 +27,7 @@ struct kiln_executable {
     kiln_tensor **slot;    /* per value: the tensor of the current run */
     int32_t **dead_after;  /* per step: values whose run-time tensors can go after it (-1 terminated) */
     int32_t **freed_after; /* per step: planned buffers given back after it (-1 terminated) */
+    kiln_fused_kernel **fused; /* per node: the kernel of a fused group */
     char *arena;
     size_t arena_bytes, output_bytes;
     bool poison;
@@ -296,53 +298,12 @@ static kiln_status plan_releases(kiln_executable *e) {
     return s;
 }
 
-/* A private copy of g (captured tensors retained). */
-static kiln_status copy_graph(const kiln_graph *g, kiln_graph **out) {
-    kiln_graph *c;
-    KILN_TRY(kiln_graph_new(&c));
-    c->values = malloc(sizeof *c->values * (size_t)(g->nvalues ? g->nvalues : 1));
-    c->nodes = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *c->nodes);
-    c->inputs = malloc(sizeof(int32_t) * (size_t)(g->ninputs ? g->ninputs : 1));
-    c->captures = malloc(sizeof(int32_t) * (size_t)(g->ncaptures ? g->ncaptures : 1));
-    c->outputs = malloc(sizeof(int32_t) * (size_t)(g->noutputs ? g->noutputs : 1));
-    c->locs = calloc((size_t)(g->nlocs ? g->nlocs : 1), sizeof(char *));
-    if (!c->values || !c->nodes || !c->inputs || !c->captures || !c->outputs || !c->locs) {
-        kiln_graph_free(c);
-        return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
-    }
-    if (g->nvalues) memcpy(c->values, g->values, sizeof *c->values * (size_t)g->nvalues);
-    c->nvalues = c->cap_values = g->nvalues;
-    for (int32_t v = 0; v < g->nvalues; v++)
-        if (c->values[v].bound) kiln_tensor_retain(c->values[v].bound);
-    for (int32_t n = 0; n < g->nnodes; n++) {
-        c->nodes[n] = g->nodes[n];
-        c->nodes[n].in = malloc(sizeof(int32_t) * (size_t)(g->nodes[n].nin ? g->nodes[n].nin : 1));
-        if (!c->nodes[n].in) {
-            c->nnodes = n;
-            kiln_graph_free(c);
-            return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
-        }
-        if (g->nodes[n].nin) memcpy(c->nodes[n].in, g->nodes[n].in, sizeof(int32_t) * (size_t)g->nodes[n].nin);
-    }
-    c->nnodes = c->cap_nodes = g->nnodes;
-    if (g->ninputs) memcpy(c->inputs, g->inputs, sizeof(int32_t) * (size_t)g->ninputs);
-    c->ninputs = c->cap_inputs = g->ninputs;
-    if (g->ncaptures) memcpy(c->captures, g->captures, sizeof(int32_t) * (size_t)g->ncaptures);
-    c->ncaptures = c->cap_captures = g->ncaptures;
-    if (g->noutputs) memcpy(c->outputs, g->outputs, sizeof(int32_t) * (size_t)g->noutputs);
-    c->noutputs = g->noutputs;
-    for (int32_t l = 0; l < g->nlocs; l++) c->locs[l] = kiln_strdup(g->locs[l]);
-    c->nlocs = c->cap_locs = g->nlocs;
-    *out = c;
-    return KILN_OK;
-}
-
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
     KILN_TRY(kiln_graph_verify(g));
     kiln_executable *e = calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     pthread_mutex_init(&e->lock, NULL);
-    kiln_status s = copy_graph(g, &e->g);
+    kiln_status s = kiln_graph_clone(g, &e->g);
     if (s != KILN_OK) {
         free(e);
         return s;
@@ -357,9 +318,10 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     e->slot = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
     e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->fused = calloc((size_t)(nn ? nn : 1), sizeof(kiln_fused_kernel *));
     e->poison = opt && opt->poison_freed;
     if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after ||
-        !e->freed_after) {
+        !e->freed_after || !e->fused) {
         kiln_executable_free(e);
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     }
@@ -367,6 +329,15 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
         s = order_dfs(e->g, e->order);
     } else {
         for (int32_t i = 0; i < nn; i++) e->order[i] = i; /* the traced order is breadth-first enough */
+    }
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++) {
+        const kiln_node *nd = &e->g->nodes[i];
+        if (nd->op != KILN_OP_FUSED) continue;
+        if (nd->attrs.i[0] < 0 || nd->attrs.i[0] >= e->g->nsubgraphs)
+            s = kiln_error(KILN_ERR_VALUE, "graph: fused node %d names subgraph %lld, which does not exist", i,
+                           (long long)nd->attrs.i[0]);
+        else
+            s = kiln_fused_prepare(e->g->subgraphs[nd->attrs.i[0]], &e->fused[i]);
     }
     if (s == KILN_OK) s = plan(e);
     if (s == KILN_OK) s = plan_releases(e);
@@ -397,6 +368,8 @@ void kiln_executable_free(kiln_executable *e) {
     for (int32_t i = 0; e->dead_after && i < e->norder; i++) free(e->dead_after[i]);
     for (int32_t i = 0; e->freed_after && i < e->norder; i++) free(e->freed_after[i]);
     free(e->freed_after);
+    for (int32_t i = 0; e->fused && i < e->norder; i++) kiln_fused_free(e->fused[i]);
+    free(e->fused);
     if (e->arena) kiln_free(e->arena);
     kiln_graph_free(e->g);
     free(e->order), free(e->root), free(e->root_end), free(e->offset), free(e->planned), free(e->slot);
@@ -486,7 +459,10 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
                 }
             }
         }
-        if (s == KILN_OK) s = info->kernel(ins, nd->nin, &nd->attrs, outs);
+        if (s == KILN_OK) {
+            kiln_fused_kernel *fk = e->fused[e->order[i]];
+            s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0]) : info->kernel(ins, nd->nin, &nd->attrs, outs);
+        }
         if (s == KILN_OK && (info->flags & KILN_OPF_MUTATES)) kiln_tensor_bump_version(ins[0]);
         if (s != KILN_OK) {
             kiln_release_all(outs, nd->nout);

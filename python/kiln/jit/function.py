@@ -122,7 +122,9 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
             sys.settrace(prev_trace)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
-        executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison)
+        executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
+                                   level=options.level, inference=options.infer_boost == "on",
+                                   disable_format_transform=options.disable_format_transform)
     finally:
         tracer.end()
         cell_module._call_log = prev_log

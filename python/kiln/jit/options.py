@@ -56,6 +56,11 @@ class JitOptions:
             raise ValueError(f"jit: infer_boost must be 'on' or 'off', got {o.infer_boost!r}")
         return o
 
+    @property
+    def level(self):
+        """The optimization level as the C pipeline numbers it (O0 = 0)."""
+        return JIT_LEVELS.index(self.jit_level)
+
     def __repr__(self):
         return (f"capture_mode={self.capture_mode!r}, jit_level={self.jit_level!r}, backend={self.backend!r}, "
                 f"exec_order={self.exec_order!r}")

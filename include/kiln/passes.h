@@ -1,0 +1,59 @@
+/* kiln — graph passes and the optimization pipeline.
+ *
+ * A pass is a named graph -> graph function. Each level (O0, O1, O2) is an ordered list of
+ * passes (src/passes/pipeline.c). KILN_DUMP_IR=1 prints the graph after every pass.
+ */
+#ifndef KILN_PASSES_H
+#define KILN_PASSES_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_jit_level { KILN_LEVEL_O0, KILN_LEVEL_O1, KILN_LEVEL_O2 } kiln_jit_level;
+
+typedef struct kiln_pass_options {
+    kiln_jit_level level;
+    bool inference;           /* forward-only graph: inference rewrites allowed (infer_boost) */
+    bool disable_format_transform;
+} kiln_pass_options;
+
+/* Builds *out from in; *out may be a new graph or NULL meaning "unchanged". */
+typedef kiln_status (*kiln_pass_fn)(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out);
+
+typedef struct kiln_pass {
+    const char *name;
+    kiln_pass_fn run;
+} kiln_pass;
+
+/* The passes of a level, in order (count in *n). */
+KILN_API const kiln_pass *kiln_pipeline(kiln_jit_level level, int *n);
+/* Runs the level's passes; *g is replaced by the optimized graph (the old one freed). */
+KILN_API kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt);
+/* Runs one pass by name (for tests); unknown names are a KILN_ERR_VALUE. */
+KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt);
+
+/* ---- rewriting helpers for passes -------------------------------------------------------- */
+
+/* Copies a graph node by node: inputs and captures first (same order), then whatever nodes the
+ * pass keeps or adds, with old value ids mapped to new ones. */
+typedef struct kiln_rewriter {
+    const kiln_graph *src;
+    kiln_graph *dst;
+    int32_t *map; /* src value -> dst value (-1: not yet defined) */
+} kiln_rewriter;
+
+KILN_API kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src);
+/* Copies src node `node` with its inputs mapped; maps its outputs. */
+KILN_API kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node);
+/* Sets the outputs (mapped) and hands over the new graph. */
+KILN_API kiln_status kiln_rewriter_finish(kiln_rewriter *rw, kiln_graph **out);
+KILN_API void kiln_rewriter_abort(kiln_rewriter *rw);
+
+/* For each value: how many node inputs and graph outputs use it (malloc'd, nvalues entries). */
+KILN_API int32_t *kiln_graph_use_counts(const kiln_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,16 @@
+/* Fused groups: a subgraph of elementwise ops run as one kernel (generated C when a compiler is
+ * available, else the subgraph's own kernels, with identical results). */
+#ifndef KILN_FUSED_H
+#define KILN_FUSED_H
+
+#include "../core/internal.h"
+
+typedef struct kiln_fused_kernel kiln_fused_kernel;
+
+/* Prepares the kernel of a fused node's subgraph (sub stays owned by the caller). */
+kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out);
+/* in: the node's inputs (any strides); out: allocated with the node's output meta. */
+kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
+void kiln_fused_free(kiln_fused_kernel *k);
+
+#endif

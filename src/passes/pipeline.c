@@ -1,0 +1,65 @@
+/* The passes of each optimization level, in order. O0 runs only what correctness needs. */
+#include "passes_internal.h"
+
+static const kiln_pass o0_passes[] = {{NULL, NULL}};
+
+static const kiln_pass o1_passes[] = {
+    {"dce", kiln_pass_dce},
+    {NULL, NULL},
+};
+
+static const kiln_pass o2_passes[] = {
+    {"dce", kiln_pass_dce},
+    {NULL, NULL},
+};
+
+static int count(const kiln_pass *p) {
+    int n = 0;
+    while (p[n].name) n++;
+    return n;
+}
+
+const kiln_pass *kiln_pipeline(kiln_jit_level level, int *n) {
+    const kiln_pass *p = level == KILN_LEVEL_O2 ? o2_passes : (level == KILN_LEVEL_O1 ? o1_passes : o0_passes);
+    *n = count(p);
+    return p;
+}
+
+static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_options *opt) {
+    kiln_graph *out = NULL;
+    kiln_status s = pass->run(*g, opt, &out);
+    if (s != KILN_OK) return kiln_error_context(s, "in pass %s", pass->name);
+    if (out) {
+        s = kiln_graph_verify(out);
+        if (s != KILN_OK) {
+            kiln_graph_free(out);
+            return kiln_error_context(s, "after pass %s", pass->name);
+        }
+        kiln_graph_free(*g);
+        *g = out;
+    }
+    const char *dump = getenv("KILN_DUMP_IR");
+    if (dump && strcmp(dump, "1") == 0) {
+        char *text = kiln_graph_to_string(*g);
+        fprintf(stderr, "[kiln] after %s%s:\n%s", pass->name, out ? "" : " (unchanged)", text ? text : "?\n");
+        free(text);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
+    int n;
+    const kiln_pass *passes = kiln_pipeline(opt->level, &n);
+    for (int k = 0; k < n; k++) KILN_TRY(run(&passes[k], g, opt));
+    return KILN_OK;
+}
+
+kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt) {
+    for (int level = KILN_LEVEL_O0; level <= KILN_LEVEL_O2; level++) {
+        int n;
+        const kiln_pass *passes = kiln_pipeline((kiln_jit_level)level, &n);
+        for (int k = 0; k < n; k++)
+            if (strcmp(passes[k].name, name) == 0) return run(&passes[k], g, opt);
+    }
+    return kiln_error(KILN_ERR_VALUE, "unknown pass '%s'", name);
+}
