@@ -63,6 +63,11 @@ def _weights_list(weights):
 _nesting = threading.local()  # depth of grad calls running their function on this thread
 
 
+def differentiating():
+    """Whether code runs inside a grad / value_and_grad call (its results will be differentiated)."""
+    return getattr(_nesting, "depth", 0) > 0
+
+
 def _run(fn, grad_position, weights, has_aux, args, kwargs):
     from ._tensor import Tensor
 
@@ -158,7 +163,9 @@ def value_and_grad(fn, grad_position=0, weights=None, has_aux=False):
 def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
     from .jit import JitFunction
 
-    if isinstance(fn, JitFunction) and not _C.is_tracing():
-        # forward and backward compiled together as one graph
-        return fn._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)
+    if not _C.is_tracing():
+        jitted = fn if isinstance(fn, JitFunction) else getattr(fn, "__dict__", {}).get("_jitted")
+        if jitted is not None:  # a jitted function, or a Cell given a JitConfig
+            # forward and backward compiled together as one graph
+            return jitted._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)
     return _run(fn, grad_position, weights, has_aux, args, kwargs)

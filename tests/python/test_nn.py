@@ -258,12 +258,20 @@ def test_set_train_propagates():
     assert net.block.drop.training and not net.training and not net.head.training
 
 
-def test_set_jit_config_stores_config():
+def test_set_jit_config_stores_config_and_compiles():
     net = Net()
     assert net.get_jit_config() is None
-    config = {"jit_level": "O1"}
+    x = kiln.Tensor(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32))
+    eager = net(x).asnumpy()  # eval mode: dropout is the identity
+    config = kiln.JitConfig(jit_level="O1")
     assert net.set_jit_config(config) is net
     assert net._jit_config is config and net.get_jit_config() is config
+    np.testing.assert_array_equal(net(x).asnumpy(), eager)
+    np.testing.assert_array_equal(net(x).asnumpy(), eager)
+    info = net._jitted.cache_info()
+    assert info.compiles == 1 and info.hits == 1
+    with pytest.raises(TypeError, match="JitConfig"):
+        net.set_jit_config({"jit_level": "O1"})
 
 
 def test_apply_and_load_parameter_dict():

@@ -13,6 +13,7 @@ import warnings
 import weakref
 
 from .. import _C
+from ..autograd import differentiating
 from . import tree
 from .options import JitOptions
 
@@ -52,12 +53,13 @@ class CacheInfo:
 
 
 class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "cells", "cell_modes")
+    __slots__ = ("executable", "out_spec", "graph_text", "cells", "cell_modes", "differentiable")
 
-    def __init__(self, executable, out_spec, graph_text, cells):
+    def __init__(self, executable, out_spec, graph_text, cells, differentiable):
         self.executable = executable
         self.out_spec = out_spec
         self.graph_text = graph_text
+        self.differentiable = differentiable  # the traced outputs carried autograd history
         self.cells = cells  # every Cell the traced code called: its training mode is a guard
         self.cell_modes = tuple(c.training for c in cells)
 
@@ -137,7 +139,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     cells = tuple(dict.fromkeys(called))
-    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text, cells)
+    differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
+    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text, cells, differentiable)
 
 
 class JitFunction(_C.JitDispatcher):
@@ -191,6 +194,11 @@ class JitFunction(_C.JitDispatcher):
         return jf
 
     def _target(self):
+        from ..nn import Cell
+
+        if isinstance(self.fn, Cell):  # its construct: Cell.__call__ may route back here (set_jit_config)
+            cell = self.fn
+            return lambda *a, **k: _call_cell_body(cell, a, k)
         if self._self_ref is None:
             return self.fn
         obj = self._self
@@ -208,6 +216,11 @@ class JitFunction(_C.JitDispatcher):
             return self._target()(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+        if entry is not None and entry.differentiable and key[2][0] and differentiating():
+            # inside grad / value_and_grad of an enclosing function: the graph's results would carry no
+            # history, so run eagerly (value_and_grad of the jitted function itself compiles the backward)
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
         if entry is not None:
             self.stats.hits += 1
             self._last = entry
@@ -223,7 +236,7 @@ class JitFunction(_C.JitDispatcher):
 
     def _miss(self, key, args, kwargs):
         self.stats.misses += 1
-        if self._needs_eager_autograd(key) or self._warned:
+        if self._needs_eager_autograd(key) or self._warned or (key[2][0] and differentiating()):
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
         if sum(map(len, self._cache.values())) >= self.options.recompile_limit:
@@ -255,7 +268,8 @@ class JitFunction(_C.JitDispatcher):
         positional tensors whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
-        if kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells:
+        if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells
+                or entry.differentiable):
             return
         if not all(isinstance(a, _C.TensorBase) for a in args):
             return
@@ -326,6 +340,15 @@ class JitFunction(_C.JitDispatcher):
 
     def __repr__(self):
         return f"<kiln.jit {self.__qualname__} ({self.options})>"
+
+
+def _call_cell_body(cell, args, kwargs):
+    """A cell's construct, logged for the training-mode guards like a call through Cell.__call__."""
+    from ..nn import cell as cell_module
+
+    if cell_module._call_log is not None:
+        cell_module._call_log.append(cell)
+    return cell.construct(*args, **kwargs)
 
 
 def _describe_change(old, new):

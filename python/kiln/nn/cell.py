@@ -34,6 +34,9 @@ class Cell:
     def __call__(self, *args, **kwargs):
         if _call_log is not None:  # a jit trace is running: it guards on the training mode of every Cell it saw
             _call_log.append(self)
+        jitted = self.__dict__.get("_jitted")  # set_jit_config: run compiled (inside a trace, just record)
+        if jitted is not None and _call_log is None:
+            return jitted(*args, **kwargs)
         return self.construct(*args, **kwargs)
 
     # ---- registration -------------------------------------------------------------------
@@ -189,10 +192,13 @@ class Cell:
         return self
 
     def set_jit_config(self, jit_config):
-        """Stores the JitConfig used when this cell is compiled."""
-        if jit_config is None:
-            raise TypeError("set_jit_config: jit_config must not be None")
+        """Makes this cell run compiled with jit_config (a kiln.JitConfig)."""
+        from ..jit import JitConfig, JitFunction
+
+        if not isinstance(jit_config, JitConfig):
+            raise TypeError(f"set_jit_config: expected a kiln.JitConfig, got {type(jit_config).__name__}")
         _object_setattr(self, "_jit_config", jit_config)
+        _object_setattr(self, "_jitted", JitFunction(self, jit_config.jit_options()))
         return self
 
     def get_jit_config(self):

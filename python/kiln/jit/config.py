@@ -1,0 +1,47 @@
+"""MindSpore's JitConfig(jit_level, exc_mode, jit_syntax_level): how a Cell given one with
+Cell.set_jit_config is compiled."""
+
+EXC_MODES = ("auto", "sink", "no_sink")
+SYNTAX_LEVELS = ("", "STRICT", "LAX")
+
+
+class JitConfig:
+    """jit_level "O0" | "O1" | "O2" (default "O1"); exc_mode "auto" | "sink" | "no_sink": O0/O1 run
+    kernel by kernel, O2 or "sink" run the whole graph sunk, "no_sink" forces kernel by kernel;
+    jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode). Further keyword arguments
+    are kiln.jit options (exec_order, recompile_limit, ...)."""
+
+    def __init__(self, jit_level="O1", exc_mode="auto", jit_syntax_level="", **kwargs):
+        from .options import JIT_LEVELS
+
+        if jit_level not in JIT_LEVELS:
+            raise ValueError(f"JitConfig: jit_level must be one of {', '.join(map(repr, JIT_LEVELS))}, "
+                             f"got {jit_level!r}")
+        if exc_mode not in EXC_MODES:
+            raise ValueError(f"JitConfig: exc_mode must be one of {', '.join(map(repr, EXC_MODES))}, got {exc_mode!r}")
+        if jit_syntax_level not in SYNTAX_LEVELS:
+            raise ValueError(f"JitConfig: jit_syntax_level must be one of {', '.join(map(repr, SYNTAX_LEVELS))}, "
+                             f"got {jit_syntax_level!r}")
+        self.jit_level = jit_level
+        self.exc_mode = exc_mode
+        self.jit_syntax_level = jit_syntax_level
+        self.options = dict(kwargs)
+        self.jit_options()  # validate now, not at the first call
+
+    @property
+    def backend(self):
+        """The backend this configuration selects."""
+        if self.exc_mode == "no_sink":
+            return "ms_backend"
+        if self.exc_mode == "sink" or self.jit_level == "O2":
+            return "GE"
+        return "ms_backend"
+
+    def jit_options(self):
+        from .options import JitOptions
+
+        return JitOptions.make(capture_mode="trace", jit_level=self.jit_level, backend=self.backend, **self.options)
+
+    def __repr__(self):
+        return (f"JitConfig(jit_level={self.jit_level!r}, exc_mode={self.exc_mode!r}, "
+                f"jit_syntax_level={self.jit_syntax_level!r})")
