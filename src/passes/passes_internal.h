@@ -8,5 +8,6 @@
     kiln_status kiln_pass_##name(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out)
 
 KILN_PASS(dce);
+KILN_PASS(fold_batch_norm);
 
 #endif

@@ -5,11 +5,13 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
 
 static const kiln_pass o1_passes[] = {
     {"dce", kiln_pass_dce},
+    {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */
     {NULL, NULL},
 };
 
 static const kiln_pass o2_passes[] = {
     {"dce", kiln_pass_dce},
+    {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */
     {NULL, NULL},
 };
 

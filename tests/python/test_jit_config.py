@@ -67,3 +67,25 @@ def test_gradients_through_a_jitted_call_inside_an_enclosing_grad_are_not_lost()
     for a, b in zip(g_j, g_e):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-6)
         assert np.abs(a.asnumpy()).sum() > 0
+
+
+def test_infer_boost_folds_batch_norm_into_the_convolution():
+    from kiln import models
+
+    kiln.manual_seed(0)
+    block = models.BasicBlock(8)
+    block.set_train(False)
+    x = kiln.Tensor(np.random.default_rng(4).standard_normal((2, 8, 10, 10)).astype(np.float32))
+    with kiln.no_grad():
+        eager = block(x).asnumpy()
+        boosted = kiln.jit(block, jit_level="O1", infer_boost="on")
+        for _ in range(2):
+            np.testing.assert_allclose(boosted(x).asnumpy(), eager, rtol=1e-5, atol=1e-5)
+        text = boosted.graph_str()
+        assert "batch_norm" not in text and text.count("conv2d(") == 2
+        # the running statistics stay live: an update is seen without recompiling
+        block.bn1.moving_mean.set_data(np.full(8, 0.5, np.float32))
+        np.testing.assert_allclose(boosted(x).asnumpy(), block(x).asnumpy(), rtol=1e-5, atol=1e-5)
+        assert boosted.cache_info().compiles == 1
+        # without infer_boost (or in training mode) batch_norm stays
+        assert "batch_norm" in kiln.jit(block, jit_level="O1").graph_str(x)
