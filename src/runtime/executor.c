@@ -47,8 +47,10 @@ static size_t meta_bytes(const kiln_meta *m) {
  * kept as traced (readers of a buffer before its update; the generator's stream). */
 static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     int32_t n = g->nnodes, pos = 0;
+    int64_t edges = 0; /* a node's inputs are pushed once (when it is first expanded): this bounds the stack */
+    for (int32_t i = 0; i < n; i++) edges += g->nodes[i].nin;
     bool *done = calloc((size_t)(n ? n : 1), sizeof *done);
-    int32_t *stack = malloc(sizeof(int32_t) * (size_t)(2 * n + 2));
+    int32_t *stack = malloc(sizeof(int32_t) * (size_t)(edges + n + 1));
     if (!done || !stack) {
         free(done), free(stack);
         return kiln_error(KILN_ERR_MEMORY, "out of memory ordering a graph");
@@ -77,7 +79,7 @@ static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
                         pushed = true;
                     }
                 }
-                if (!pushed || depth > 2 * n) {
+                if (!pushed) {
                     done[cur] = true;
                     depth--;
                     order[pos++] = cur;
@@ -177,15 +179,13 @@ static kiln_status note_freed(kiln_executable *e, int32_t i, int32_t r) {
 static kiln_status plan(kiln_executable *e) {
     const kiln_graph *g = e->g;
     int32_t nv = g->nvalues;
-    int32_t *step_of = malloc(sizeof(int32_t) * (size_t)(g->nnodes ? g->nnodes : 1));
     bool *output_root = calloc((size_t)(nv ? nv : 1), sizeof(bool));
     arena_plan a = {0};
     kiln_status s = KILN_OK;
-    if (!step_of || !output_root) {
+    if (!output_root) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
         goto done;
     }
-    for (int32_t i = 0; i < e->norder; i++) step_of[e->order[i]] = i;
     for (int32_t v = 0; v < nv; v++) {
         const kiln_value *val = &g->values[v];
         e->root[v] = v;
@@ -256,7 +256,7 @@ static kiln_status plan(kiln_executable *e) {
         if (e->root[g->outputs[k]] == g->outputs[k] && g->values[g->outputs[k]].kind == KILN_VALUE_NODE)
             e->output_bytes += meta_bytes(&g->values[g->outputs[k]].meta);
 done:
-    free(step_of), free(output_root), free(a.free_blocks);
+    free(output_root), free(a.free_blocks);
     return s;
 }
 
