@@ -67,6 +67,7 @@ KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */
 KILN_API char *kiln_graph_to_string(const kiln_graph *g);
+KILN_API kiln_status kiln_graph_parse(const char *text, kiln_graph **out);
 
 /* ---- tracing: kiln_apply records into the thread's active tracer ------------------------ */
 

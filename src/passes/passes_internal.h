@@ -8,6 +8,9 @@
     kiln_status kiln_pass_##name(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out)
 
 KILN_PASS(dce);
+KILN_PASS(cse);
+KILN_PASS(constant_fold);
+KILN_PASS(simplify);
 KILN_PASS(fold_batch_norm);
 
 #endif

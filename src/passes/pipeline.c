@@ -6,12 +6,20 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
 static const kiln_pass o1_passes[] = {
     {"dce", kiln_pass_dce},
     {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */
+    {"cse", kiln_pass_cse},
+    {"constant_fold", kiln_pass_constant_fold},
+    {"simplify", kiln_pass_simplify},
+    {"dce", kiln_pass_dce},
     {NULL, NULL},
 };
 
 static const kiln_pass o2_passes[] = {
     {"dce", kiln_pass_dce},
     {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */
+    {"cse", kiln_pass_cse},
+    {"constant_fold", kiln_pass_constant_fold},
+    {"simplify", kiln_pass_simplify},
+    {"dce", kiln_pass_dce},
     {NULL, NULL},
 };
 
