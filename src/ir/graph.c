@@ -336,7 +336,7 @@ char *kiln_graph_to_string(const kiln_graph *g) {
         if (n->attrs.ni || n->attrs.nf) {
             put(&t, " {");
             for (int k = 0; k < n->attrs.ni; k++) put(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
-            if (n->attrs.nf) put(&t, n->attrs.ni ? "; " : "");
+            if (n->attrs.nf) put(&t, "; "); /* floats follow ";" (alone: "{; 0.5}") */
             for (int k = 0; k < n->attrs.nf; k++) put(&t, k ? ", %g" : "%g", n->attrs.f[k]);
             put(&t, "}");
         }
