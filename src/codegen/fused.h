@@ -1,9 +1,11 @@
 /* Fused groups: a subgraph of elementwise ops run as one kernel (generated C when a compiler is
- * available, else the subgraph's own kernels, with identical results). */
+ * available, else the subgraph's own kernels, with identical results to the unfused graph). */
 #ifndef KILN_FUSED_H
 #define KILN_FUSED_H
 
 #include "../core/internal.h"
+
+#include "kiln/graph.h"
 
 typedef struct kiln_fused_kernel kiln_fused_kernel;
 
@@ -12,5 +14,13 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out);
 /* in: the node's inputs (any strides); out: allocated with the node's output meta. */
 kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
 void kiln_fused_free(kiln_fused_kernel *k);
+/* Whether k runs generated code (false: interpreted). */
+bool kiln_fused_is_native(const kiln_fused_kernel *k);
+
+/* The interpreted path (fused_interp.c): the subgraph compiled for the kbk executor. */
+typedef struct kiln_fused_interp kiln_fused_interp;
+kiln_status kiln_fused_interp_prepare(const kiln_graph *sub, kiln_fused_interp **out);
+kiln_status kiln_fused_interp_run(kiln_fused_interp *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
+void kiln_fused_interp_free(kiln_fused_interp *k);
 
 #endif

@@ -11,6 +11,7 @@ KILN_PASS(dce);
 KILN_PASS(cse);
 KILN_PASS(constant_fold);
 KILN_PASS(simplify);
+KILN_PASS(fuse_elementwise);
 KILN_PASS(fold_batch_norm);
 
 #endif

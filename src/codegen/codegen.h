@@ -1,0 +1,45 @@
+/* Generated C for fused elementwise groups (emit_c.c) and the driver that compiles it with the
+ * system C compiler into cached shared objects (compiler.c). */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include "../core/internal.h"
+
+#include "kiln/graph.h"
+
+/* The generated entry point. ptrs[0] is the output, ptrs[1 + k] input k; the iteration has
+ * `ndim` (>= 1) axes of sizes shape[], the last one the inner loop; strides[op * KILN_MAX_DIMS + d]
+ * is the byte stride of operand op along axis d. The inner strides must be what the function
+ * was generated for (0 or the item size per operand). The output must not overlap an input. */
+typedef void (*kiln_fused_fn)(char *const *ptrs, int ndim, const int64_t *shape, const int64_t *strides);
+
+/* Whether generated code can compute node `node` of g: an elementwise op (cast and contiguous
+ * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes. */
+bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node);
+/* Whether the C emitter handles sub: supported nodes, inputs only (no captures), one output. */
+bool kiln_codegen_supports(const kiln_graph *sub);
+/* C source of sub's kernel. inner_unit[op] (op 0 = output, 1 + k = input k) tells whether the
+ * operand steps by one element along the inner axis (else it stays put: stride 0). The
+ * function's name is written to symbol (kiln_fused_<16 hex digits>, a hash of the code).
+ * *source is malloc'd. */
+kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, char **source, char symbol[48]);
+
+/* Compiles `source` (or finds it in the memory or disk cache) and returns the address of
+ * `symbol` in the loaded object. KILN_ERR_NOT_IMPLEMENTED when there is no usable C compiler
+ * (one warning per process on stderr); KILN_ERR_RUNTIME when compiling fails. */
+kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn);
+
+/* A 64-bit hash of n bytes (not cryptographic: cache keys and names). */
+uint64_t kiln_codegen_hash(const void *data, size_t n, uint64_t seed);
+
+/* Counters for tests and benchmarks (totals of this process). */
+typedef struct kiln_codegen_stats {
+    int64_t compiles;    /* objects built by the compiler */
+    int64_t disk_hits;   /* objects loaded from the disk cache */
+    int64_t memory_hits; /* loads answered by an object already loaded */
+    int64_t rebuilt;     /* corrupt or truncated cache entries replaced */
+    double compile_seconds;
+} kiln_codegen_stats;
+void kiln_codegen_get_stats(kiln_codegen_stats *out);
+
+#endif

@@ -1,0 +1,207 @@
+/* Fused groups run by generated code: prepare emits and loads the group's C kernel for the
+ * layouts of the compiled shapes (each input contiguous in its own shape, broadcast along the
+ * rest); run binds the tensors of the call. Inputs in other layouts are copied to contiguous
+ * first; groups the emitter does not handle, machines without a compiler (and
+ * KILN_DISABLE_CODEGEN=1) run the interpreted path. KILN_DUMP_CODE=1 prints the generated C. */
+#include <pthread.h>
+
+#include "codegen.h"
+#include "fused.h"
+
+#define MAX_OPERANDS 33 /* the output and up to 32 inputs */
+
+struct kiln_fused_kernel {
+    kiln_graph *sub;
+    kiln_fused_fn fn;          /* NULL: interpreted */
+    int nops;                  /* 1 + inputs */
+    bool unit[MAX_OPERANDS];   /* per operand: steps along the inner axis (else stride 0) */
+    size_t itemsize[MAX_OPERANDS];
+    kiln_fused_interp *interp; /* made when first needed */
+    pthread_mutex_t lock;
+};
+
+typedef struct {
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    int64_t st[MAX_OPERANDS][KILN_MAX_DIMS]; /* byte strides */
+} loop_plan;
+
+/* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does).
+ * strides: element strides per operand over (ndim, shape). */
+static void plan_loop(loop_plan *p, int nops, const size_t *itemsize, int64_t (*strides)[KILN_MAX_DIMS], int ndim,
+                      const int64_t *shape) {
+    int nd = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        if (nd > 0) {
+            bool merge = true;
+            for (int k = 0; k < nops && merge; k++)
+                merge = p->st[k][nd - 1] == strides[k][d] * shape[d] * (int64_t)itemsize[k];
+            if (merge) {
+                p->shape[nd - 1] *= shape[d];
+                for (int k = 0; k < nops; k++) p->st[k][nd - 1] = strides[k][d] * (int64_t)itemsize[k];
+                continue;
+            }
+        }
+        p->shape[nd] = shape[d];
+        for (int k = 0; k < nops; k++) p->st[k][nd] = strides[k][d] * (int64_t)itemsize[k];
+        nd++;
+    }
+    if (nd == 0) {
+        p->shape[0] = 1;
+        for (int k = 0; k < nops; k++) p->st[k][0] = 0;
+        nd = 1;
+    }
+    p->ndim = nd;
+}
+
+/* Element strides of a contiguous (ndim_in, shape_in) tensor broadcast to (ndim, shape). */
+static void contiguous_broadcast_strides(const kiln_meta *in, int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t own[KILN_MAX_DIMS];
+    kiln_contiguous_strides(in->ndim, in->shape, own);
+    int lead = ndim - in->ndim;
+    for (int d = 0; d < ndim; d++) {
+        int sd = d - lead;
+        strides[d] = (sd < 0 || (in->shape[sd] == 1 && shape[d] != 1)) ? 0 : own[sd];
+    }
+}
+
+static bool codegen_disabled(void) {
+    const char *v = getenv("KILN_DISABLE_CODEGEN");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static kiln_status prepare_native(kiln_fused_kernel *k) {
+    const kiln_graph *g = k->sub;
+    const kiln_meta *om = &g->values[g->outputs[0]].meta;
+    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
+    contiguous_broadcast_strides(om, om->ndim, om->shape, strides[0]);
+    k->itemsize[0] = kiln_dtype_size(om->dtype);
+    for (int i = 0; i < g->ninputs; i++) {
+        const kiln_meta *m = &g->values[g->inputs[i]].meta;
+        contiguous_broadcast_strides(m, om->ndim, om->shape, strides[1 + i]);
+        k->itemsize[1 + i] = kiln_dtype_size(m->dtype);
+    }
+    loop_plan p;
+    plan_loop(&p, k->nops, k->itemsize, strides, om->ndim, om->shape);
+    for (int op = 0; op < k->nops; op++) k->unit[op] = p.st[op][p.ndim - 1] != 0;
+    char *source = NULL, symbol[48];
+    KILN_TRY(kiln_codegen_emit(g, k->unit, &source, symbol));
+    const char *dump = getenv("KILN_DUMP_CODE");
+    if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", symbol, source);
+    void *fn = NULL;
+    kiln_status s = kiln_codegen_load(source, symbol, &fn);
+    free(source);
+    if (s == KILN_OK) k->fn = (kiln_fused_fn)(uintptr_t)fn;
+    return s;
+}
+
+static kiln_status ensure_interp(kiln_fused_kernel *k) {
+    pthread_mutex_lock(&k->lock);
+    kiln_status s = k->interp ? KILN_OK : kiln_fused_interp_prepare(k->sub, &k->interp);
+    pthread_mutex_unlock(&k->lock);
+    return s;
+}
+
+kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
+    kiln_fused_kernel *k = calloc(1, sizeof *k);
+    if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
+    pthread_mutex_init(&k->lock, NULL);
+    kiln_status s = kiln_graph_clone(sub, &k->sub);
+    if (s == KILN_OK) s = kiln_graph_verify(k->sub);
+    if (s == KILN_OK && sub->noutputs != 1)
+        s = kiln_error(KILN_ERR_VALUE, "fused: a fused group has one output, this subgraph has %d", sub->noutputs);
+    if (s != KILN_OK) {
+        kiln_fused_free(k);
+        return s;
+    }
+    k->nops = 1 + sub->ninputs;
+    bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub);
+    if (native && prepare_native(k) != KILN_OK) {
+        native = false;
+        if (kiln_last_error()[0]) kiln_clear_error(); /* the driver warned once; run interpreted */
+    }
+    if (!native) s = ensure_interp(k);
+    if (s != KILN_OK) {
+        kiln_fused_free(k);
+        return s;
+    }
+    *out = k;
+    return KILN_OK;
+}
+
+bool kiln_fused_is_native(const kiln_fused_kernel *k) { return k && k->fn; }
+
+static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+/* Binds the call's tensors; false when their layouts do not fit the generated code even after
+ * copying inputs to contiguous (copies land in tmp, released by the caller). */
+static kiln_status bind(kiln_fused_kernel *k, kiln_tensor *const *in, kiln_tensor *out, kiln_tensor **tmp,
+                        loop_plan *p, char **ptrs, bool *fits) {
+    const kiln_meta *om = &out->meta;
+    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
+    *fits = false;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)om->ndim);
+        ptrs[0] = out->data;
+        for (int i = 0; i + 1 < k->nops; i++) {
+            kiln_tensor *t = tmp[i] ? tmp[i] : in[i];
+            kiln_broadcast_strides(t, om->ndim, om->shape, strides[1 + i]);
+            ptrs[1 + i] = t->data;
+        }
+        plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
+        bool ok = true, copied = false;
+        for (int op = 0; op < k->nops; op++) {
+            int64_t inner = p->st[op][p->ndim - 1];
+            if (inner == (k->unit[op] ? (int64_t)k->itemsize[op] : 0)) continue;
+            ok = false;
+            if (op == 0 || tmp[op - 1] || attempt > 0) continue;
+            KILN_TRY(kiln_to_contiguous(in[op - 1], in[op - 1]->meta.dtype, &tmp[op - 1]));
+            copied = true;
+        }
+        if (ok) {
+            *fits = true;
+            return KILN_OK;
+        }
+        if (!copied) break;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out) {
+    const kiln_graph *g = k->sub;
+    if (nin != g->ninputs)
+        return kiln_error(KILN_ERR_VALUE, "fused: the group takes %d inputs, got %d", g->ninputs, nin);
+    bool native = k->fn != NULL && out->meta.dtype == g->values[g->outputs[0]].meta.dtype &&
+                  same_shape(&out->meta, &g->values[g->outputs[0]].meta);
+    for (int i = 0; i < nin && native; i++) {
+        const kiln_meta *m = &g->values[g->inputs[i]].meta;
+        native = in[i]->meta.dtype == m->dtype && same_shape(&in[i]->meta, m) &&
+                 !kiln_tensor_same_storage(in[i], out); /* the kernel writes as it reads */
+    }
+    if (native) {
+        kiln_tensor *tmp[MAX_OPERANDS] = {0};
+        char *ptrs[MAX_OPERANDS];
+        loop_plan p;
+        bool fits;
+        kiln_status s = bind(k, in, out, tmp, &p, ptrs, &fits);
+        if (s == KILN_OK && fits && out->numel > 0) k->fn(ptrs, p.ndim, p.shape, &p.st[0][0]);
+        kiln_release_all(tmp, nin);
+        if (s != KILN_OK || fits) return s;
+    }
+    KILN_TRY(ensure_interp(k));
+    return kiln_fused_interp_run(k->interp, nin, in, out);
+}
+
+void kiln_fused_free(kiln_fused_kernel *k) {
+    if (!k) return;
+    kiln_fused_interp_free(k->interp);
+    kiln_graph_free(k->sub);
+    pthread_mutex_destroy(&k->lock);
+    free(k);
+}

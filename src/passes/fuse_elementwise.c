@@ -1,0 +1,217 @@
+/* Elementwise fusion: trees and DAGs of elementwise ops (broadcasting included) whose
+ * intermediate results are used only inside the group and are not graph outputs become one
+ * `fused` node; its subgraph holds the group and runs as one generated kernel (src/codegen/).
+ *
+ * Groups grow backwards from their last op (the root). An op joins the group of its consumers
+ * when all of them are in that one group, its result is no graph output, it is cheap or as
+ * large as the root's result (a member is computed once per output element), and no in-place
+ * op lies between it and the root (the group is computed at the root's position). float()
+ * constants feeding one group are inlined. Groups of one op are left alone. */
+#include "../codegen/codegen.h"
+#include "passes_internal.h"
+
+#define MAX_GROUP_INPUTS 32
+
+/* Flags of ops that write an input in place: no group computes across one. */
+#ifdef KILN_OPF_WRITES_ANY
+#define WRITES_INPUTS (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)
+#else
+#define WRITES_INPUTS KILN_OPF_MUTATES
+#endif
+
+/* Ops whose expression calls a math function: computed per output element only when their
+ * result is as large as the group's. */
+static bool expensive(kiln_op op) {
+    static const char *const fns[] = {"exp(", "log(", "erf(", "tanh(", "sqrt(", "sin(", "cos(", "pow("};
+    const char *e = kiln_op_table[op].c_expr;
+    for (size_t k = 0; e && k < sizeof fns / sizeof fns[0]; k++)
+        if (strstr(e, fns[k])) return true;
+    return false;
+}
+
+typedef struct {
+    const kiln_graph *g;
+    int32_t *cons_start, *cons; /* consumers of each value (CSR, node ids, repeats allowed) */
+    bool *is_output;
+    int32_t *mut_before;        /* per node index i: in-place nodes with index < i */
+    int32_t *group;             /* per node: its group (-1: none) */
+    int32_t *root;              /* per group: its last node */
+    int32_t ngroups;
+} fusion;
+
+static kiln_status analyse(fusion *f) {
+    const kiln_graph *g = f->g;
+    int32_t nv = g->nvalues, nn = g->nnodes;
+    f->cons_start = calloc((size_t)nv + 1, sizeof(int32_t));
+    f->is_output = calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    f->mut_before = calloc((size_t)nn + 1, sizeof(int32_t));
+    f->group = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->root = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    int32_t total = 0;
+    for (int32_t i = 0; i < nn; i++) total += g->nodes[i].nin;
+    f->cons = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
+    if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->cons)
+        return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
+    for (int32_t i = 0; i < nn; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++) f->cons_start[g->nodes[i].in[k] + 1]++;
+    for (int32_t v = 0; v < nv; v++) f->cons_start[v + 1] += f->cons_start[v];
+    int32_t *fill = calloc((size_t)(nv ? nv : 1), sizeof(int32_t));
+    if (!fill) return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
+    for (int32_t i = 0; i < nn; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++) {
+            int32_t v = g->nodes[i].in[k];
+            f->cons[f->cons_start[v] + fill[v]++] = i;
+        }
+    free(fill);
+    for (int32_t k = 0; k < g->noutputs; k++) f->is_output[g->outputs[k]] = true;
+    for (int32_t i = 0; i < nn; i++)
+        f->mut_before[i + 1] = f->mut_before[i] + ((kiln_op_table[g->nodes[i].op].flags & WRITES_INPUTS) != 0);
+    return KILN_OK;
+}
+
+/* The group node i can join, or -1. */
+static int32_t joinable_group(const fusion *f, int32_t i) {
+    const kiln_graph *g = f->g;
+    int32_t v = g->nodes[i].out[0];
+    int32_t b = f->cons_start[v], e = f->cons_start[v + 1];
+    if (f->is_output[v] || b == e) return -1;
+    int32_t grp = f->group[f->cons[b]];
+    for (int32_t k = b; k < e && grp >= 0; k++)
+        if (f->group[f->cons[k]] != grp) grp = -1;
+    if (grp < 0) return -1;
+    int32_t r = f->root[grp];
+    if (f->mut_before[r] - f->mut_before[i + 1] != 0) return -1;
+    kiln_op op = g->nodes[i].op;
+    if (op != KILN_OP_FULL && expensive(op) &&
+        kiln_meta_numel(&g->values[v].meta) != kiln_meta_numel(&g->values[g->nodes[r].out[0]].meta))
+        return -1;
+    return grp;
+}
+
+static void form_groups(fusion *f) {
+    const kiln_graph *g = f->g;
+    f->ngroups = 0;
+    for (int32_t i = g->nnodes - 1; i >= 0; i--) {
+        f->group[i] = -1;
+        if (!kiln_codegen_node_supported(g, i)) continue;
+        int32_t grp = joinable_group(f, i);
+        if (grp < 0) {
+            grp = f->ngroups++;
+            f->root[grp] = i;
+        }
+        f->group[i] = grp;
+    }
+}
+
+/* The group's inputs: values its members read that no member produces, in order of first use. */
+static int32_t group_inputs(const fusion *f, int32_t grp, int32_t *inputs, int32_t cap) {
+    const kiln_graph *g = f->g;
+    int32_t n = 0;
+    for (int32_t i = 0; i <= f->root[grp]; i++) {
+        if (f->group[i] != grp) continue;
+        const kiln_node *nd = &g->nodes[i];
+        for (int k = 0; k < nd->nin; k++) {
+            int32_t u = nd->in[k];
+            const kiln_value *val = &g->values[u];
+            if (val->kind == KILN_VALUE_NODE && f->group[val->node] == grp) continue;
+            bool seen = false;
+            for (int32_t j = 0; j < n && !seen; j++) seen = inputs[j] == u;
+            if (seen) continue;
+            if (n == cap) return -1;
+            inputs[n++] = u;
+        }
+    }
+    return n;
+}
+
+/* Whether the group is worth a kernel: two ops or more (inlined constants not counted). */
+static bool worth_fusing(const fusion *f, int32_t grp) {
+    int ops = 0;
+    for (int32_t i = 0; i <= f->root[grp] && ops < 2; i++)
+        if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++;
+    return ops >= 2;
+}
+
+/* Builds the group's subgraph and adds the fused node in its root's place. */
+static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, const int32_t *inputs, int32_t nin,
+                              int32_t *sub_map) {
+    const kiln_graph *g = f->g;
+    kiln_graph *sub = NULL;
+    KILN_TRY(kiln_graph_new(&sub));
+    kiln_status s = KILN_OK;
+    for (int32_t k = 0; k < nin && s == KILN_OK; k++)
+        s = kiln_graph_add_input(sub, &g->values[inputs[k]].meta, &sub_map[inputs[k]]);
+    int32_t r = f->root[grp];
+    for (int32_t i = 0; i <= r && s == KILN_OK; i++) {
+        if (f->group[i] != grp) continue;
+        const kiln_node *nd = &g->nodes[i];
+        int32_t in[3];
+        for (int k = 0; k < nd->nin; k++) in[k] = sub_map[nd->in[k]];
+        s = kiln_graph_add_node(sub, nd->op, nd->nin, in, &nd->attrs, -1, &sub_map[nd->out[0]]);
+    }
+    int32_t rv = g->nodes[r].out[0];
+    if (s == KILN_OK) s = kiln_graph_set_outputs(sub, 1, &sub_map[rv]);
+    int32_t index = -1;
+    if (s == KILN_OK) s = kiln_graph_add_subgraph(rw->dst, sub, &index);
+    else kiln_graph_free(sub);
+    if (s != KILN_OK) return s;
+    const kiln_meta *m = &g->values[rv].meta;
+    kiln_attrs a = {0};
+    kiln_attrs_push_int(&a, index);
+    kiln_attrs_push_int(&a, m->dtype);
+    kiln_attrs_push_int(&a, m->ndim);
+    for (int d = 0; d < m->ndim; d++) kiln_attrs_push_int(&a, m->shape[d]);
+    int32_t outer[MAX_GROUP_INPUTS];
+    for (int32_t k = 0; k < nin; k++) {
+        outer[k] = rw->map[inputs[k]];
+        if (outer[k] < 0) return kiln_error(KILN_ERR_VALUE, "fuse_elementwise: a group input is not defined before its group");
+    }
+    return kiln_graph_add_node(rw->dst, KILN_OP_FUSED, nin, outer, &a, g->nodes[r].loc, &rw->map[rv]);
+}
+
+static kiln_status rewrite(const fusion *f, kiln_graph **out) {
+    const kiln_graph *g = f->g;
+    bool *fused = calloc((size_t)(f->ngroups ? f->ngroups : 1), sizeof(bool));
+    int32_t *sub_map = malloc(sizeof(int32_t) * (size_t)(g->nvalues ? g->nvalues : 1));
+    int32_t inputs[MAX_GROUP_INPUTS];
+    if (!fused || !sub_map) {
+        free(fused), free(sub_map);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
+    }
+    int32_t nfused = 0;
+    for (int32_t grp = 0; grp < f->ngroups; grp++) {
+        fused[grp] = worth_fusing(f, grp) && group_inputs(f, grp, inputs, MAX_GROUP_INPUTS) >= 0;
+        nfused += fused[grp];
+    }
+    kiln_status s = KILN_OK;
+    *out = NULL;
+    if (nfused) {
+        kiln_rewriter rw;
+        s = kiln_rewriter_begin(&rw, g);
+        for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
+            int32_t grp = f->group[i];
+            if (grp < 0 || !fused[grp]) {
+                s = kiln_rewriter_copy_node(&rw, i);
+            } else if (f->root[grp] == i) {
+                int32_t nin = group_inputs(f, grp, inputs, MAX_GROUP_INPUTS);
+                s = emit_group(f, &rw, grp, inputs, nin, sub_map);
+            }
+        }
+        if (s == KILN_OK) s = kiln_rewriter_finish(&rw, out);
+        else kiln_rewriter_abort(&rw);
+    }
+    free(fused), free(sub_map);
+    return s;
+}
+
+kiln_status kiln_pass_fuse_elementwise(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out) {
+    (void)opt;
+    fusion f = {.g = in};
+    kiln_status s = analyse(&f);
+    if (s == KILN_OK) {
+        form_groups(&f);
+        s = rewrite(&f, out);
+    }
+    free(f.cons_start), free(f.cons), free(f.is_output), free(f.mut_before), free(f.group), free(f.root);
+    return s;
+}
