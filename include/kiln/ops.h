@@ -46,6 +46,10 @@ enum kiln_op_flags {
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
 #define KILN_OPF_UNSAVED_INPUT(k) (1u << (8 + (k)))
+/* The kernel writes input k (< 8) in place: an effect passes and schedules must keep in order
+ * (MUTATES ops also return input 0; batch_norm updates its running statistics). */
+#define KILN_OPF_WRITES_INPUT(k) (1u << (16 + (k)))
+#define KILN_OPF_WRITES_ANY (0xffu << 16)
 
 struct kiln_grad_ctx;
 typedef kiln_status (*kiln_infer_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,

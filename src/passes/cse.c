@@ -11,23 +11,10 @@
 bool kiln_pass_has_effects(const kiln_node *n);
 bool *kiln_pass_written_buffers(const kiln_graph *g);
 
-bool kiln_pass_has_effects(const kiln_node *n) {
-    if (kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM)) return true;
-    /* training batch_norm updates its running statistics in place */
-    return n->op == KILN_OP_BATCH_NORM && n->attrs.ni > 0 && n->attrs.i[0] != 0;
-}
+bool kiln_pass_has_effects(const kiln_node *n) { return kiln_node_has_effects(n); }
 
 /* Whether input k of an effectful node is written in place. */
-static bool writes_input(const kiln_node *n, int k) {
-    switch (n->op) {
-    case KILN_OP_SLICE_ASSIGN:
-    case KILN_OP_INDEX_PUT: return k == 0;
-    case KILN_OP_SGD_UPDATE: return k != 1;  /* param, momentum buffer, step */
-    case KILN_OP_ADAM_UPDATE: return k != 1; /* param, m, v, step */
-    case KILN_OP_BATCH_NORM: return k >= 3;  /* running mean and variance */
-    default: return kiln_op_table[n->op].flags & KILN_OPF_MUTATES; /* unknown: all of them */
-    }
-}
+static bool writes_input(const kiln_node *n, int k) { return kiln_node_writes_input(n, k); }
 
 /* Per value: whether its buffer (its own, or the one it views) is written in place by some node.
  * Views and in-place outputs live in their input's buffer; captures sharing storage share a

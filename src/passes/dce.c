@@ -1,5 +1,6 @@
 /* Dead-code elimination: drops nodes none of whose outputs are used. Nodes with effects stay:
- * in-place writes, and random ops (the generator's stream must advance as in eager code). */
+ * in-place writes (batch_norm's running statistics too), and random ops (the generator's
+ * stream must advance as in eager code). */
 #include "passes_internal.h"
 
 kiln_status kiln_pass_dce(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out) {
@@ -13,7 +14,7 @@ kiln_status kiln_pass_dce(const kiln_graph *in, const kiln_pass_options *opt, ki
     int32_t dropped = 0;
     for (int32_t i = in->nnodes - 1; i >= 0; i--) { /* backwards: a dropped node frees its inputs */
         const kiln_node *n = &in->nodes[i];
-        bool live = kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM);
+        bool live = kiln_node_has_effects(n);
         for (int k = 0; k < n->nout && !live; k++) live = uses[n->out[k]] > 0;
         keep[i] = live;
         if (!live) {

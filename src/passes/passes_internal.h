@@ -4,6 +4,16 @@
 
 #include "../core/internal.h"
 
+/* Nodes whose order and count matter: in-place writes and draws from the generator. */
+static inline bool kiln_node_has_effects(const kiln_node *n) {
+    return kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY);
+}
+
+/* Whether n writes its input k in place. */
+static inline bool kiln_node_writes_input(const kiln_node *n, int k) {
+    return k < 8 && (kiln_op_table[n->op].flags & KILN_OPF_WRITES_INPUT(k));
+}
+
 #define KILN_PASS(name) \
     kiln_status kiln_pass_##name(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out)
 

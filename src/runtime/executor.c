@@ -43,8 +43,9 @@ static size_t meta_bytes(const kiln_meta *m) {
 /* ---- order ----------------------------------------------------------------------------- */
 
 /* Depth-first post-order from each segment's sinks, so a value is computed just before its
- * consumers. Mutating and random nodes bound segments: their order against everything else is
- * kept as traced (readers of a buffer before its update; the generator's stream). */
+ * consumers. Nodes that write inputs in place or draw random numbers bound segments: their
+ * order against everything else is kept as traced (readers of a buffer before its update; the
+ * generator's stream). */
 static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     int32_t n = g->nnodes, pos = 0;
     int64_t edges = 0; /* a node's inputs are pushed once (when it is first expanded): this bounds the stack */
@@ -57,7 +58,8 @@ static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     }
     int32_t seg_begin = 0;
     for (int32_t i = 0; i <= n; i++) {
-        bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM));
+        bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags &
+                                  (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY));
         if (!barrier) continue;
         /* visit the segment [seg_begin, i) from its last nodes backwards as roots */
         for (int32_t r = i - 1; r >= seg_begin; r--) {
