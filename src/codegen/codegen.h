@@ -20,23 +20,31 @@ bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node);
 bool kiln_codegen_supports(const kiln_graph *sub);
 /* C source of sub's kernel. inner_unit[op] (op 0 = output, 1 + k = input k) tells whether the
  * operand steps by one element along the inner axis (else it stays put: stride 0). The
- * function's name is written to symbol (kiln_fused_<16 hex digits>, a hash of the code).
- * *source is malloc'd. */
+ * function's name is written to symbol (kiln_fused_<16 hex digits>, a hash of the code); every
+ * name the source defines derives from it and its prelude is guarded, so the sources of several
+ * kernels concatenate into one translation unit. *source is malloc'd. */
 kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, char **source, char symbol[48]);
 
 /* Compiles `source` (or finds it in the memory or disk cache) and returns the address of
  * `symbol` in the loaded object. KILN_ERR_NOT_IMPLEMENTED when there is no usable C compiler
- * (one warning per process on stderr); KILN_ERR_RUNTIME when compiling fails. */
+ * (one warning per process on stderr); KILN_ERR_RUNTIME when compiling fails (one warning). */
 kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn);
+/* The same for n kernels, those not loaded yet built by one compiler run into one object (cached
+ * on disk under the key of their concatenation). */
+kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns);
+/* Whether a C compiler is there (probed once per process; one warning on stderr when not). */
+bool kiln_codegen_available(void);
+/* Only what is already loaded in this process: true with *fn set, else false (nothing built). */
+bool kiln_codegen_find(const char *source, const char *symbol, void **fn);
 
 /* A 64-bit hash of n bytes (not cryptographic: cache keys and names). */
 uint64_t kiln_codegen_hash(const void *data, size_t n, uint64_t seed);
 
 /* Counters for tests and benchmarks (totals of this process). */
 typedef struct kiln_codegen_stats {
-    int64_t compiles;    /* objects built by the compiler */
+    int64_t compiles;    /* compiler runs (one object each, of one or more kernels) */
     int64_t disk_hits;   /* objects loaded from the disk cache */
-    int64_t memory_hits; /* loads answered by an object already loaded */
+    int64_t memory_hits; /* kernels found in an object already loaded */
     int64_t rebuilt;     /* corrupt or truncated cache entries replaced */
     double compile_seconds;
 } kiln_codegen_stats;

@@ -323,12 +323,6 @@ static kiln_status remember(const char *key, void *handle) {
     return KILN_OK;
 }
 
-static kiln_status symbol_of(void *handle, const char *symbol, void **fn) {
-    *fn = dlsym(handle, symbol);
-    if (!*fn) return kiln_error(KILN_ERR_RUNTIME, "codegen: generated object lacks %s", symbol);
-    return KILN_OK;
-}
-
 /* Builds source into `target` (a path); the compiler's messages go to the error on failure. */
 static kiln_status compile_to(const char *source, const char *dir, const char *target) {
     char src[4096], log[4096];
@@ -363,7 +357,8 @@ static kiln_status compile_to(const char *source, const char *dir, const char *t
     return KILN_OK;
 }
 
-static kiln_status build_and_load(const char *source, const char *key, const char *symbol, void **fn) {
+/* Finds the object for key on disk or builds it; *handle stays loaded for the process. */
+static kiln_status build_and_load(const char *source, const char *key, const char *probe_symbol, void **handle) {
     char dirpath[4096], entry[4096 + 64], tmp[4096 + 96];
     bool use_disk = cache_dir(dirpath, sizeof dirpath);
     if (use_disk) {
@@ -371,9 +366,10 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
         if (access(entry, F_OK) == 0) {
             if (entry_valid(entry, key)) {
                 void *h = dlopen(entry, RTLD_NOW | RTLD_LOCAL);
-                if (h && symbol_of(h, symbol, fn) == KILN_OK) {
+                if (h && dlsym(h, probe_symbol)) {
                     state.stats.disk_hits++;
-                    return remember(key, h);
+                    *handle = h;
+                    return KILN_OK;
                 }
             }
             state.stats.rebuilt++; /* corrupt, truncated or unloadable: built again below */
@@ -389,8 +385,13 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     kiln_status s = compile_to(source, dir, tmp);
     const char *load_path = tmp;
     if (s == KILN_OK && use_disk) {
-        if (add_footer(tmp, key) && rename(tmp, entry) == 0) load_path = entry;
-        else unlink(tmp), use_disk = false, s = kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s", entry);
+        if (add_footer(tmp, key) && rename(tmp, entry) == 0) {
+            load_path = entry;
+        } else {
+            unlink(tmp);
+            use_disk = false;
+            s = kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s", entry);
+        }
     }
     void *h = NULL;
     if (s == KILN_OK) {
@@ -399,53 +400,125 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     }
     if (!use_disk) unlink(tmp); /* the mapping stays valid */
     remove_temp_dir(dir);
-    if (s == KILN_OK) s = symbol_of(h, symbol, fn);
-    if (s == KILN_OK) s = remember(key, h);
+    if (s == KILN_OK) *handle = h;
     return s;
 }
 
-kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn) {
-    pthread_mutex_lock(&state.lock);
-    if (!state.probed) probe_compiler();
-    if (!state.have_cc) {
-        if (!state.warned_no_cc) {
-            const char *cc = getenv("CC");
-            fprintf(stderr, "kiln: warning: no working C compiler (%s); fused kernels run interpreted\n",
-                    cc && *cc ? cc : "cc");
-            state.warned_no_cc = true;
-        }
-        pthread_mutex_unlock(&state.lock);
-        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: no C compiler");
-    }
-    /* key = hash(source, compiler identity, flags, version, CPU), 128 bits */
+/* key = hash(version, compiler identity, CPU, flags, source): 32 hex digits. */
+static kiln_status make_key(const char *source, char key[33]) {
     size_t n = strlen(source) + strlen(state.cc_identity) + strlen(KILN_CODEGEN_VERSION) + 64;
     for (int k = 0; k < NFLAGS; k++) n += strlen(compile_flags[k]) + 1;
     char *material = malloc(n);
-    if (!material) {
-        pthread_mutex_unlock(&state.lock);
-        return kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
-    }
+    if (!material) return kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
     size_t len = (size_t)snprintf(material, n, "%s\n%s\n%016llx\n", KILN_CODEGEN_VERSION, state.cc_identity,
                                   (unsigned long long)state.cpu_hash);
     for (int k = 0; k < NFLAGS; k++) len += (size_t)snprintf(material + len, n - len, "%s ", compile_flags[k]);
     len += (size_t)snprintf(material + len, n - len, "\n%s", source);
-    char key[33];
-    snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)kiln_codegen_hash(material, len, 11),
+    snprintf(key, 33, "%016llx%016llx", (unsigned long long)kiln_codegen_hash(material, len, 11),
              (unsigned long long)kiln_codegen_hash(material, len, 12));
     free(material);
-    kiln_status s = KILN_ERR_VALUE;
+    return KILN_OK;
+}
+
+static void *loaded_handle(const char *key) {
     for (int k = 0; k < state.nobjects; k++)
-        if (strcmp(state.objects[k].key, key) == 0) {
-            s = symbol_of(state.objects[k].handle, symbol, fn);
-            if (s == KILN_OK) state.stats.memory_hits++;
-            break;
+        if (strcmp(state.objects[k].key, key) == 0) return state.objects[k].handle;
+    return NULL;
+}
+
+/* With the lock held: whether a compiler is there (warning once when not). */
+static bool compiler_ready(bool warn) {
+    if (!state.probed) probe_compiler();
+    if (!state.have_cc && warn && !state.warned_no_cc) {
+        const char *cc = getenv("CC");
+        fprintf(stderr, "kiln: warning: no working C compiler (%s); fused kernels run interpreted\n", cc && *cc ? cc : "cc");
+        state.warned_no_cc = true;
+    }
+    return state.have_cc;
+}
+
+bool kiln_codegen_available(void) {
+    pthread_mutex_lock(&state.lock);
+    bool ok = compiler_ready(true);
+    pthread_mutex_unlock(&state.lock);
+    return ok;
+}
+
+bool kiln_codegen_find(const char *source, const char *symbol, void **fn) {
+    pthread_mutex_lock(&state.lock);
+    char key[33];
+    void *h = NULL;
+    if (compiler_ready(false) && make_key(source, key) == KILN_OK) h = loaded_handle(key);
+    *fn = h ? dlsym(h, symbol) : NULL;
+    if (*fn) state.stats.memory_hits++;
+    pthread_mutex_unlock(&state.lock);
+    return *fn != NULL;
+}
+
+static kiln_status load_locked(int n, const char *const *sources, const char *const *symbols, void **fns) {
+    if (!compiler_ready(true)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: no C compiler");
+    char (*keys)[33] = malloc(sizeof *keys * (size_t)(n ? n : 1));
+    int *todo = malloc(sizeof(int) * (size_t)(n ? n : 1)), ntodo = 0;
+    kiln_status s = keys && todo ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
+    size_t total = 1;
+    for (int k = 0; k < n && s == KILN_OK; k++) {
+        fns[k] = NULL;
+        s = make_key(sources[k], keys[k]);
+        void *h = s == KILN_OK ? loaded_handle(keys[k]) : NULL;
+        if (h && (fns[k] = dlsym(h, symbols[k]))) {
+            state.stats.memory_hits++;
+            continue;
         }
-    if (s != KILN_OK) s = build_and_load(source, key, symbol, fn);
-    if (s != KILN_OK && s != KILN_ERR_MEMORY && !state.warned_failure) {
+        bool dup = false; /* the same kernel twice: built once */
+        for (int j = 0; j < ntodo && !dup; j++) dup = strcmp(keys[todo[j]], keys[k]) == 0;
+        if (!dup) todo[ntodo++] = k, total += strlen(sources[k]) + 1;
+    }
+    if (s == KILN_OK && ntodo > 0) {
+        /* one object for all of them: one compiler run */
+        char *batch = ntodo == 1 ? NULL : malloc(total), batch_key[33];
+        const char *src = sources[todo[0]];
+        if (ntodo > 1) {
+            if (!batch) s = kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
+            size_t len = 0;
+            for (int j = 0; j < ntodo && batch; j++) {
+                size_t m = strlen(sources[todo[j]]);
+                memcpy(batch + len, sources[todo[j]], m);
+                len += m;
+                batch[len++] = '\n';
+            }
+            if (batch) batch[len] = '\0';
+            src = batch;
+            if (s == KILN_OK) s = make_key(batch, batch_key);
+        } else {
+            memcpy(batch_key, keys[todo[0]], 33);
+        }
+        void *h = NULL;
+        if (s == KILN_OK) s = build_and_load(src, batch_key, symbols[todo[0]], &h);
+        for (int j = 0; j < ntodo && s == KILN_OK; j++) s = remember(keys[todo[j]], h);
+        free(batch);
+        for (int k = 0; k < n && s == KILN_OK; k++) {
+            if (fns[k]) continue;
+            void *hk = loaded_handle(keys[k]);
+            fns[k] = hk ? dlsym(hk, symbols[k]) : NULL;
+            if (!fns[k]) s = kiln_error(KILN_ERR_RUNTIME, "codegen: generated object lacks %s", symbols[k]);
+        }
+    }
+    free(keys), free(todo);
+    return s;
+}
+
+kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns) {
+    pthread_mutex_lock(&state.lock);
+    kiln_status s = load_locked(n, sources, symbols, fns);
+    if (s != KILN_OK && s != KILN_ERR_MEMORY && s != KILN_ERR_NOT_IMPLEMENTED && !state.warned_failure) {
         fprintf(stderr, "kiln: warning: generated code unavailable, fused kernels run interpreted: %s\n",
                 kiln_last_error());
         state.warned_failure = true;
     }
     pthread_mutex_unlock(&state.lock);
     return s;
+}
+
+kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn) {
+    return kiln_codegen_load_many(1, &source, &symbol, fn);
 }

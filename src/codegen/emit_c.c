@@ -216,25 +216,30 @@ static unsigned uses_of(const kiln_graph *sub) {
     return u;
 }
 
+/* Every block is guarded: sources of several groups concatenate into one translation unit. */
 static void emit_prelude(sbuf *t, unsigned uses) {
-    put(t, "#include <stdint.h>\n#include <omp.h>\n");
-    if (uses) put(t, "#include <math.h>\n");
-    if (uses & (USE_EXP | USE_ERF | USE_LOG)) put(t, "%s", prelude_fma);
-    if (uses & (USE_EXP | USE_LOG)) put(t, "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n");
-    if (uses & USE_EXP) put(t, "%s", prelude_exp);
-    if (uses & USE_ERF) put(t, "%s", prelude_erf);
-    if (uses & USE_TANH) put(t, "%s", prelude_tanh);
-    if (uses & USE_LOG) put(t, "%s", prelude_log);
+    put(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
+           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n#endif\n",
+        prelude_fma);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
-    if (uses & USE_EXP) put(t, "#define exp(x) _Generic((x), float: kf_expf, default: exp)(x)\n");
-    if (uses & USE_ERF) put(t, "#define erf(x) _Generic((x), float: kf_erff, default: erf)(x)\n");
-    if (uses & USE_TANH) put(t, "#define tanh(x) _Generic((x), float: kf_tanhf, default: tanh)(x)\n");
-    if (uses & USE_LOG) put(t, "#define log(x) _Generic((x), float: kf_logf, default: log)(x)\n");
-    if (uses & USE_LIBM)
-        put(t, "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
-               "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
-               "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
-               "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n");
+    static const struct {
+        unsigned use;
+        const char *guard, *code, *macro;
+    } blocks[] = {
+        {USE_EXP, "EXP", prelude_exp, "#define exp(x) _Generic((x), float: kf_expf, default: exp)(x)\n"},
+        {USE_ERF, "ERF", prelude_erf, "#define erf(x) _Generic((x), float: kf_erff, default: erf)(x)\n"},
+        {USE_TANH, "TANH", prelude_tanh, "#define tanh(x) _Generic((x), float: kf_tanhf, default: tanh)(x)\n"},
+        {USE_LOG, "LOG", prelude_log, "#define log(x) _Generic((x), float: kf_logf, default: log)(x)\n"},
+        {USE_LIBM, "LIBM", "",
+         "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
+         "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
+         "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
+         "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"},
+    };
+    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
+        if (uses & blocks[k].use)
+            put(t, "#ifndef KILN_PRELUDE_%s\n#define KILN_PRELUDE_%s\n%s%s#endif\n", blocks[k].guard,
+                blocks[k].guard, blocks[k].code, blocks[k].macro);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------- */
@@ -293,7 +298,7 @@ static void emit_node(sbuf *t, const kiln_graph *g, int32_t i) {
 static void emit_row(sbuf *t, const kiln_graph *g, const bool *unit) {
     int nops = 1 + g->ninputs;
     const kiln_value *ov = &g->values[g->outputs[0]];
-    put(t, "static inline __attribute__((always_inline)) void kiln_row(char *const *q, int64_t n) {\n");
+    put(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, int64_t n) {\n");
     put(t, "    %s *restrict o = (%s *)q[0];\n", c_type(ov->meta.dtype), c_type(ov->meta.dtype));
     for (int k = 1; k < nops; k++) {
         const char *ct = c_type(g->values[g->inputs[k - 1]].meta.dtype);
@@ -309,8 +314,8 @@ static void emit_row(sbuf *t, const kiln_graph *g, const bool *unit) {
 
 static void emit_driver(sbuf *t, int nops) {
     put(t,
-        "static void kiln_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
-        "                       int64_t end) {\n"
+        "static void KILN_SYM_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
+        "                                int64_t end) {\n"
         "    const int64_t inner = shape[ndim - 1];\n"
         "    int64_t row = begin / inner, col = begin %% inner;\n"
         "    char *q[%d];\n"
@@ -322,20 +327,20 @@ static void emit_driver(sbuf *t, int nops) {
         "            r /= shape[d];\n"
         "            for (int k = 0; k < %d; k++) q[k] += i * st[k * %d + d];\n"
         "        }\n"
-        "        kiln_row(q, n);\n"
+        "        KILN_SYM_row(q, n);\n"
         "        begin += n, row++, col = 0;\n"
         "    }\n"
         "}\n\n",
         nops, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS);
     put(t,
-        "void KILN_FUSED_NAME(char *const *p, int ndim, const int64_t *shape, const int64_t *st) {\n"
+        "void KILN_SYM(char *const *p, int ndim, const int64_t *shape, const int64_t *st) {\n"
         "    int64_t total = 1;\n"
         "    for (int d = 0; d < ndim; d++) total *= shape[d];\n"
         "    if (total <= 0) return;\n"
         "    int64_t nt = total / %d;\n"
         "    if (nt > omp_get_max_threads()) nt = omp_get_max_threads();\n"
         "    if (nt <= 1 || omp_in_parallel()) {\n"
-        "        kiln_range(p, ndim, shape, st, 0, total);\n"
+        "        KILN_SYM_range(p, ndim, shape, st, 0, total);\n"
         "        return;\n"
         "    }\n"
         "#pragma omp parallel num_threads((int)nt)\n"
@@ -343,7 +348,7 @@ static void emit_driver(sbuf *t, int nops) {
         "        int64_t parts = omp_get_num_threads(), t = omp_get_thread_num();\n"
         "        int64_t chunk = ((total + parts - 1) / parts + 63) / 64 * 64;\n"
         "        int64_t b = t * chunk, e = b + chunk < total ? b + chunk : total;\n"
-        "        if (b < e) kiln_range(p, ndim, shape, st, b, e);\n"
+        "        if (b < e) KILN_SYM_range(p, ndim, shape, st, b, e);\n"
         "    }\n"
         "}\n",
         PARALLEL_MIN / 2);
@@ -363,18 +368,23 @@ kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, cha
         free(body.buf);
         return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
     }
+    /* named by a hash of the code, the placeholder KILN_SYM replaced by the name */
     uint64_t h = kiln_codegen_hash(body.buf, body.len, 0x6b696c6eu);
     snprintf(symbol, 48, "kiln_fused_%016llx", (unsigned long long)h);
-    sbuf full = {malloc(body.len + 128), 0, body.len + 128, false};
+    size_t nsym = strlen(symbol), nplace = strlen("KILN_SYM"), count = 0;
+    for (const char *p = strstr(body.buf, "KILN_SYM"); p; p = strstr(p + nplace, "KILN_SYM")) count++;
+    sbuf full = {malloc(body.len + count * nsym + 1), 0, body.len + count * nsym + 1, false};
     if (full.buf) {
-        full.buf[0] = '\0';
-        put(&full, "#define KILN_FUSED_NAME %s\n%s", symbol, body.buf);
+        char *o = full.buf;
+        const char *p = body.buf;
+        for (const char *q = strstr(p, "KILN_SYM"); q; p = q + nplace, q = strstr(p, "KILN_SYM")) {
+            memcpy(o, p, (size_t)(q - p)), o += q - p;
+            memcpy(o, symbol, nsym), o += nsym;
+        }
+        memcpy(o, p, strlen(p) + 1);
     }
     free(body.buf);
-    if (!full.buf || full.failed) {
-        free(full.buf);
-        return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
-    }
+    if (!full.buf) return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
     *source = full.buf;
     return KILN_OK;
 }

@@ -14,8 +14,8 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out);
 /* in: the node's inputs (any strides); out: allocated with the node's output meta. */
 kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
 void kiln_fused_free(kiln_fused_kernel *k);
-/* Whether k runs generated code (false: interpreted). */
-bool kiln_fused_is_native(const kiln_fused_kernel *k);
+/* Whether k runs generated code (false: interpreted); builds it if it waits to be built. */
+bool kiln_fused_is_native(kiln_fused_kernel *k);
 
 /* The interpreted path (fused_interp.c): the subgraph compiled for the kbk executor. */
 typedef struct kiln_fused_interp kiln_fused_interp;

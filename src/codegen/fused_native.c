@@ -1,8 +1,10 @@
-/* Fused groups run by generated code: prepare emits and loads the group's C kernel for the
- * layouts of the compiled shapes (each input contiguous in its own shape, broadcast along the
- * rest); run binds the tensors of the call. Inputs in other layouts are copied to contiguous
- * first; groups the emitter does not handle, machines without a compiler (and
- * KILN_DISABLE_CODEGEN=1) run the interpreted path. KILN_DUMP_CODE=1 prints the generated C. */
+/* Fused groups run by generated code: prepare emits the group's C kernel for the layouts of the
+ * compiled shapes (each input contiguous in its own shape, broadcast along the rest); run binds
+ * the tensors of the call. Kernels not loaded yet wait in a process-wide list and the first run
+ * of any of them builds them all with one compiler run (a graph's groups compile together).
+ * Inputs in other layouts are copied to contiguous first; groups the emitter does not handle,
+ * machines without a compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path.
+ * KILN_DUMP_CODE=1 prints the generated C. */
 #include <pthread.h>
 
 #include "codegen.h"
@@ -12,13 +14,22 @@
 
 struct kiln_fused_kernel {
     kiln_graph *sub;
-    kiln_fused_fn fn;          /* NULL: interpreted */
+    kiln_fused_fn fn;          /* NULL: interpreted (or not built yet) */
+    char *source;              /* while waiting to be built */
+    char symbol[48];
     int nops;                  /* 1 + inputs */
     bool unit[MAX_OPERANDS];   /* per operand: steps along the inner axis (else stride 0) */
     size_t itemsize[MAX_OPERANDS];
     kiln_fused_interp *interp; /* made when first needed */
     pthread_mutex_t lock;
 };
+
+/* Kernels waiting to be built. */
+static struct {
+    pthread_mutex_t lock;
+    kiln_fused_kernel **items;
+    int n, cap;
+} waiting = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 typedef struct {
     int ndim;
@@ -85,15 +96,64 @@ static kiln_status prepare_native(kiln_fused_kernel *k) {
     loop_plan p;
     plan_loop(&p, k->nops, k->itemsize, strides, om->ndim, om->shape);
     for (int op = 0; op < k->nops; op++) k->unit[op] = p.st[op][p.ndim - 1] != 0;
-    char *source = NULL, symbol[48];
-    KILN_TRY(kiln_codegen_emit(g, k->unit, &source, symbol));
+    char *source = NULL;
+    KILN_TRY(kiln_codegen_emit(g, k->unit, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
-    if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", symbol, source);
+    if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", k->symbol, source);
     void *fn = NULL;
-    kiln_status s = kiln_codegen_load(source, symbol, &fn);
-    free(source);
-    if (s == KILN_OK) k->fn = (kiln_fused_fn)(uintptr_t)fn;
-    return s;
+    if (kiln_codegen_find(source, k->symbol, &fn)) {
+        k->fn = (kiln_fused_fn)(uintptr_t)fn;
+        free(source);
+        return KILN_OK;
+    }
+    pthread_mutex_lock(&waiting.lock);
+    if (waiting.n == waiting.cap) {
+        int ncap = waiting.cap ? 2 * waiting.cap : 16;
+        kiln_fused_kernel **grown = realloc(waiting.items, sizeof *grown * (size_t)ncap);
+        if (grown) waiting.items = grown, waiting.cap = ncap;
+    }
+    bool queued = waiting.n < waiting.cap;
+    if (queued) {
+        waiting.items[waiting.n++] = k;
+        k->source = source;
+    }
+    pthread_mutex_unlock(&waiting.lock);
+    if (!queued) {
+        free(source);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
+    }
+    return KILN_OK;
+}
+
+/* Builds every waiting kernel with one compiler run; those that fail run interpreted. */
+static void build_waiting(void) {
+    pthread_mutex_lock(&waiting.lock);
+    int n = waiting.n;
+    const char **sources = malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    const char **symbols = malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    void **fns = calloc((size_t)(n ? n : 1), sizeof(void *));
+    bool ok = sources && symbols && fns;
+    for (int i = 0; i < n && ok; i++) sources[i] = waiting.items[i]->source, symbols[i] = waiting.items[i]->symbol;
+    if (ok && n > 0 && kiln_codegen_load_many(n, sources, symbols, fns) != KILN_OK) {
+        memset(fns, 0, sizeof(void *) * (size_t)n);
+        kiln_clear_error(); /* the driver warned once */
+    }
+    for (int i = 0; i < n; i++) {
+        kiln_fused_kernel *k = waiting.items[i];
+        k->fn = ok ? (kiln_fused_fn)(uintptr_t)fns[i] : NULL;
+        free(k->source);
+        k->source = NULL;
+    }
+    waiting.n = 0;
+    pthread_mutex_unlock(&waiting.lock);
+    free(sources), free(symbols), free(fns);
+}
+
+static void build_if_waiting(kiln_fused_kernel *k) {
+    pthread_mutex_lock(&waiting.lock);
+    bool wait = k->source != NULL;
+    pthread_mutex_unlock(&waiting.lock);
+    if (wait) build_waiting();
 }
 
 static kiln_status ensure_interp(kiln_fused_kernel *k) {
@@ -116,7 +176,8 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
         return s;
     }
     k->nops = 1 + sub->ninputs;
-    bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub);
+    bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub) &&
+                  kiln_codegen_available();
     if (native && prepare_native(k) != KILN_OK) {
         native = false;
         if (kiln_last_error()[0]) kiln_clear_error(); /* the driver warned once; run interpreted */
@@ -130,7 +191,11 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
     return KILN_OK;
 }
 
-bool kiln_fused_is_native(const kiln_fused_kernel *k) { return k && k->fn; }
+bool kiln_fused_is_native(kiln_fused_kernel *k) {
+    if (!k) return false;
+    build_if_waiting(k);
+    return k->fn != NULL;
+}
 
 static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
     if (a->ndim != b->ndim) return false;
@@ -175,6 +240,7 @@ static kiln_status bind(kiln_fused_kernel *k, kiln_tensor *const *in, kiln_tenso
 
 kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out) {
     const kiln_graph *g = k->sub;
+    build_if_waiting(k);
     if (nin != g->ninputs)
         return kiln_error(KILN_ERR_VALUE, "fused: the group takes %d inputs, got %d", g->ninputs, nin);
     bool native = k->fn != NULL && out->meta.dtype == g->values[g->outputs[0]].meta.dtype &&
@@ -200,6 +266,11 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
 
 void kiln_fused_free(kiln_fused_kernel *k) {
     if (!k) return;
+    pthread_mutex_lock(&waiting.lock);
+    for (int i = 0; i < waiting.n; i++)
+        if (waiting.items[i] == k) waiting.items[i--] = waiting.items[--waiting.n];
+    pthread_mutex_unlock(&waiting.lock);
+    free(k->source);
     kiln_fused_interp_free(k->interp);
     kiln_graph_free(k->sub);
     pthread_mutex_destroy(&k->lock);
