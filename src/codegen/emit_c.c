@@ -4,7 +4,8 @@
  * The code depends on the group's ops, dtypes and attributes and on which operands step along
  * the inner axis (broadcast operands stay put), not on the sizes: one object serves every shape
  * with the same pattern. float32 exp, erf, tanh and log use the branch-free approximations of
- * the prelude below (within 2 ulp of libm) so the loops vectorize; the rest is libm. */
+ * the prelude below so the loops vectorize; the rest is libm. Arithmetic is not contracted
+ * into fused multiply-adds (-ffp-contract=off), as in the interpreted kernels. */
 #include <math.h>
 
 #include "codegen.h"
@@ -72,7 +73,8 @@ static kiln_dtype compute_dtype(const kiln_graph *g, const kiln_node *n) {
 bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node) {
     const kiln_node *n = &g->nodes[node];
     const kiln_op_info *info = &kiln_op_table[n->op];
-    if (n->nout != 1 || (info->flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_VIEW))) return false;
+    if (n->nout != 1 || (info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM | KILN_OPF_VIEW)))
+        return false;
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
     if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && is_float(od);
     if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || n->nin != info->nin) return false;
@@ -312,26 +314,36 @@ static void emit_row(sbuf *t, const kiln_graph *g, const bool *unit) {
     put(t, "        o[%s] = t%d;\n    }\n}\n\n", unit[0] ? "i" : "0", ov->node);
 }
 
+/* The rows of [begin, end) (an odometer over the outer axes), and the entry point, which splits
+ * the elements evenly over the threads when there are enough of them. */
 static void emit_driver(sbuf *t, int nops) {
     put(t,
         "static void KILN_SYM_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
         "                                int64_t end) {\n"
         "    const int64_t inner = shape[ndim - 1];\n"
-        "    int64_t row = begin / inner, col = begin %% inner;\n"
-        "    char *q[%d];\n"
+        "    int64_t row = begin / inner, col = begin %% inner, idx[%d];\n"
+        "    char *base[%d], *q[%d];\n"
+        "    for (int k = 0; k < %d; k++) base[k] = p[k];\n"
+        "    for (int d = ndim - 2; d >= 0; d--) {\n"
+        "        idx[d] = row %% shape[d];\n"
+        "        row /= shape[d];\n"
+        "        for (int k = 0; k < %d; k++) base[k] += idx[d] * st[k * %d + d];\n"
+        "    }\n"
         "    while (begin < end) {\n"
-        "        int64_t n = inner - col < end - begin ? inner - col : end - begin, r = row;\n"
-        "        for (int k = 0; k < %d; k++) q[k] = p[k] + col * st[k * %d + ndim - 1];\n"
-        "        for (int d = ndim - 2; d >= 0; d--) {\n"
-        "            int64_t i = r %% shape[d];\n"
-        "            r /= shape[d];\n"
-        "            for (int k = 0; k < %d; k++) q[k] += i * st[k * %d + d];\n"
-        "        }\n"
+        "        int64_t n = inner - col < end - begin ? inner - col : end - begin;\n"
+        "        for (int k = 0; k < %d; k++) q[k] = base[k] + col * st[k * %d + ndim - 1];\n"
         "        KILN_SYM_row(q, n);\n"
-        "        begin += n, row++, col = 0;\n"
+        "        begin += n, col = 0;\n"
+        "        for (int d = ndim - 2; d >= 0; d--) {\n"
+        "            for (int k = 0; k < %d; k++) base[k] += st[k * %d + d];\n"
+        "            if (++idx[d] < shape[d]) break;\n"
+        "            for (int k = 0; k < %d; k++) base[k] -= st[k * %d + d] * shape[d];\n"
+        "            idx[d] = 0;\n"
+        "        }\n"
         "    }\n"
         "}\n\n",
-        nops, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS);
+        KILN_MAX_DIMS, nops, nops, nops, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops,
+        KILN_MAX_DIMS);
     put(t,
         "void KILN_SYM(char *const *p, int ndim, const int64_t *shape, const int64_t *st) {\n"
         "    int64_t total = 1;\n"

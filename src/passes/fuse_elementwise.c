@@ -13,11 +13,7 @@
 #define MAX_GROUP_INPUTS 32
 
 /* Flags of ops that write an input in place: no group computes across one. */
-#ifdef KILN_OPF_WRITES_ANY
 #define WRITES_INPUTS (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)
-#else
-#define WRITES_INPUTS KILN_OPF_MUTATES
-#endif
 
 /* Ops whose expression calls a math function: computed per output element only when their
  * result is as large as the group's. */
