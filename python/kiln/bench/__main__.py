@@ -1,0 +1,212 @@
+"""python -m kiln.bench (or kiln-bench): the tables of the just-in-time compilation tutorial (seed
+003) on this machine, for kiln eager and every kiln.jit variant, next to PyTorch, JAX and
+MindSpore when they are installed.
+
+Columns: enable jit, jit level, capture mode, backend, fullgraph (the seed's), then "prepare"
+(building the callable and its first call: tracing and compiling for a jit), "runs" further calls
+on inputs x * (i / runs), their total time, the time per run and per run x 1000 (the seed's "time
+to run a thousand times"). "check": the first and last results, and for forward+backward the
+gradients too, against kiln eager's; any mismatch makes the command exit with status 1.
+"""
+import argparse
+import datetime
+import os
+import sys
+
+import kiln
+
+from . import report
+from .peers import PEER_NAMES, Peers
+from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
+                        jit_variant_status, kiln_variants, make_workloads, measure)
+
+
+class Progress:
+    """One line on stderr, rewritten in place; only when stderr is a terminal."""
+
+    def __init__(self, total):
+        self.enabled = sys.stderr.isatty()
+        self.total, self.done = total, 0
+
+    def show(self, text):
+        if self.enabled:
+            sys.stderr.write(f"\r\033[K[{self.done + 1}/{self.total}] {text}")
+            sys.stderr.flush()
+
+    def step(self):
+        self.done += 1
+
+    def clear(self):
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def parse_peers(text):
+    """--peers: comma-separated row names (PEER_NAMES), "jax" for jax.jit, "all" or "none"."""
+    aliases = {"all": PEER_NAMES, "none": (), "jax": ("jax.jit",)}
+    out = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        if item not in PEER_NAMES and item not in aliases:
+            raise argparse.ArgumentTypeError(
+                f"unknown peer {item!r}; choose from all, none, {', '.join(PEER_NAMES)}, jax")
+        out += aliases.get(item, (item,))
+    return tuple(dict.fromkeys(out))
+
+
+def _positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def build_parser():
+    script = os.path.basename(sys.argv[0] or "")
+    p = argparse.ArgumentParser(prog="kiln-bench" if script.startswith("kiln-bench") else "python -m kiln.bench",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="the seed's exact shapes and run counts")
+    size.add_argument("--smallest", action="store_true", help="tiny shapes and a few runs (smoke test)")
+    p.add_argument("--only", choices=("simple", "conv", "attention"), help="one workload group only")
+    p.add_argument("--runs", type=_positive, help="runs of the BasicBlock and attention workloads (overrides the size's)")
+    p.add_argument("--peers", type=parse_peers, default=PEER_NAMES, metavar="LIST",
+                   help="comma-separated peers to run: all (default), none, or any of "
+                        f"{', '.join(PEER_NAMES)}, jax")
+    p.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="bar chart of per-run times (needs matplotlib)")
+    return p
+
+
+def _row(variant, res, check, agree, err, where, info):
+    return {
+        "system": variant.system, "enable_jit": variant.enable_jit, "jit_level": variant.jit_level,
+        "capture_mode": variant.capture_mode, "backend": variant.backend, "fullgraph": variant.fullgraph,
+        "prepare_s": res.prepare_s, "runs": res.runs, "run_s": res.run_s, "per_run_s": res.per_run_s,
+        "thousand_runs_s": res.per_run_s * 1000, "check": check, "agree": agree, "max_error": err,
+        "worst_output": where, "error": res.error, "traceback": res.traceback, "info": info,
+    }
+
+
+def run_workload(wl, variants, progress):
+    """Measures every variant of one workload; returns its record (rows, notes) and the count of
+    failures (mismatches, and kiln variants that raised)."""
+    record = {"key": wl.key, "group": wl.group, "title": wl.title, "shapes": wl.shapes, "runs": wl.runs,
+              "outputs": wl.output_names, "rows": [], "notes": []}
+    np_inputs = wl.numpy_args() if any(v.convert for v in variants) else None
+    ref = None
+    failures = 0
+    for v in variants:
+        progress.show(f"{wl.title}: {report.row_label(vars(v))}")
+        if v.convert:
+            args0, run_args = v.convert(np_inputs[0]), [v.convert(a) for a in np_inputs[1]]
+        else:
+            args0, run_args = wl.args0, wl.run_args
+        res = measure(v, args0, run_args)
+        del args0, run_args
+        progress.step()
+        info = v.info() if v.info else None
+        is_kiln = v.system.startswith("kiln")
+        if ref is None:  # kiln eager comes first: the reference
+            ref = res
+            if res.error:
+                record["rows"].append(_row(v, res, "FAILED", False, None, "", info))
+                record["notes"].append(f"kiln eager failed: {res.error}")
+                return record, failures + 1
+            record["rows"].append(_row(v, res, "reference", True, 0.0, "", info))
+            continue
+        if res.error:
+            record["rows"].append(_row(v, res, "FAILED" if is_kiln else "failed", False, None, "", info))
+            record["notes"].append(f"{report.row_label(vars(v))} failed: {res.error}")
+            failures += is_kiln
+            continue
+        grads_from = 1 if wl.backward else None
+        ok1, e1, w1 = compare(res.first, ref.first, wl.output_names, grads_from)
+        ok2, e2, w2 = compare(res.last, ref.last, wl.output_names, grads_from)
+        agree = ok1 and ok2
+        err, where = (e1, w1) if e1 >= e2 else (e2, w2)
+        check = "ok" if agree else f"MISMATCH {err:.3g}x tol ({where})"
+        if info and info.get("eager_calls"):
+            check += f" (ran eagerly {info['eager_calls']}x)"
+        record["rows"].append(_row(v, res, check, agree, err, where, info))
+        failures += not agree
+    return record, failures
+
+
+def _load():
+    """The 1-minute load average (other work on the machine skews every figure), or None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    size = SIZES["full" if args.full else "smallest" if args.smallest else "default"]
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    statuses = [(v, jit_variant_status(v)) for v in JIT_VARIANTS]
+    implemented = [v for v, why in statuses if why is None]
+    peers = Peers(args.peers)
+    workloads = make_workloads(size, args.only, args.runs)
+    plan = [(wl, kiln_variants(wl, implemented) + peers.variants(wl)) for wl in workloads]
+
+    versions = f"kiln {kiln.__version__} ({kiln.get_num_threads()} threads)"
+    torch = peers.modules.get("torch")
+    for family, version in peers.versions.items():
+        versions += f", {family} {version}" + (f" ({torch.get_num_threads()} threads)" if family == "torch" else "")
+    record = {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": report.machine(), "versions": versions,
+        "load_average_before": _load(),
+        "size": size.name, "size_note": size.note, "argv": list(sys.argv[1:] if argv is None else argv),
+        "tolerance": {"rtol": RTOL, "atol": ATOL, "grad_rtol": GRAD_RTOL, "rules": RULES},
+        "jit_variants": [dict(vars(v), implemented=why is None, note=why) for v, why in statuses],
+        "notes": [], "workloads": [],
+    }
+    print("kiln.bench: the just-in-time compilation tutorial's tables (seed 003) on this machine")
+    print(f"{record['machine']}; {versions}; {record['date']}; load average {record['load_average_before']}")
+    print(f"size: {size.name}, {size.note}")
+    print("prepare = building the callable and its first call; then `runs` calls on inputs x * (i / runs); "
+          "x1000 runs = per run x 1000")
+    print(f"check: first and last results against kiln eager's: values {RULES['value']}, rtol {RTOL:g}, "
+          f"atol {ATOL:g}; gradients {RULES['gradient']}, grad_rtol {GRAD_RTOL:g}")
+    print("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
+    notes = [f"kiln.jit {v.label()}: {why}" for v, why in statuses if why is not None]
+    notes += [f"kiln.jit {n}" for n in SAME_AS_LISTED] + peers.notes
+    if "torch.compile" in args.peers and torch is not None:
+        notes.append("torch.compile: backend inductor; its prepare includes compiling the forward "
+                     "(and the backward) to C++")
+    record["notes"] = notes
+    for n in notes:
+        print(f"  note: {n}")
+    sys.stdout.flush()
+
+    progress = Progress(sum(len(vs) for _, vs in plan))
+    failures = 0
+    try:
+        for wl, variants in plan:
+            wl_record, f = run_workload(wl, variants, progress)
+            failures += f
+            record["workloads"].append(wl_record)
+            progress.clear()
+            report.print_workload(wl_record)
+            wl.args0 = wl.run_args = None  # free the inputs of finished workloads
+    finally:
+        progress.clear()
+
+    record["load_average_after"] = _load()
+    record["failures"] = failures
+    record["ok"] = failures == 0
+    if args.json:
+        report.write_json(record, args.json)
+    if args.plot:
+        why = report.plot(record, args.plot)
+        print(f"\n{why}" if why else f"\nplot written to {args.plot}")
+    print(f"\n{'all results agree with kiln eager' if failures == 0 else f'{failures} FAILED (see check column)'}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
