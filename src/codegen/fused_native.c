@@ -6,20 +6,29 @@
  * machines without a compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path.
  * KILN_DUMP_CODE=1 prints the generated C. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "codegen.h"
 #include "fused.h"
 
 #define MAX_OPERANDS 33 /* the output and up to 32 inputs */
 
+typedef struct {
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    int64_t st[MAX_OPERANDS][KILN_MAX_DIMS]; /* byte strides */
+} loop_plan;
+
 struct kiln_fused_kernel {
     kiln_graph *sub;
     kiln_fused_fn fn;          /* NULL: interpreted (or not built yet) */
     char *source;              /* while waiting to be built */
+    atomic_bool waiting;       /* source is in the waiting list */
     char symbol[48];
     int nops;                  /* 1 + inputs */
     bool unit[MAX_OPERANDS];   /* per operand: steps along the inner axis (else stride 0) */
     size_t itemsize[MAX_OPERANDS];
+    loop_plan contiguous;      /* the plan when every operand is contiguous */
     kiln_fused_interp *interp; /* made when first needed */
     pthread_mutex_t lock;
 };
@@ -31,11 +40,6 @@ static struct {
     int n, cap;
 } waiting = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-typedef struct {
-    int ndim;
-    int64_t shape[KILN_MAX_DIMS];
-    int64_t st[MAX_OPERANDS][KILN_MAX_DIMS]; /* byte strides */
-} loop_plan;
 
 /* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does).
  * strides: element strides per operand over (ndim, shape). */
@@ -93,9 +97,9 @@ static kiln_status prepare_native(kiln_fused_kernel *k) {
         contiguous_broadcast_strides(m, om->ndim, om->shape, strides[1 + i]);
         k->itemsize[1 + i] = kiln_dtype_size(m->dtype);
     }
-    loop_plan p;
-    plan_loop(&p, k->nops, k->itemsize, strides, om->ndim, om->shape);
-    for (int op = 0; op < k->nops; op++) k->unit[op] = p.st[op][p.ndim - 1] != 0;
+    loop_plan *p = &k->contiguous;
+    plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
+    for (int op = 0; op < k->nops; op++) k->unit[op] = p->st[op][p->ndim - 1] != 0;
     char *source = NULL;
     KILN_TRY(kiln_codegen_emit(g, k->unit, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
@@ -116,6 +120,7 @@ static kiln_status prepare_native(kiln_fused_kernel *k) {
     if (queued) {
         waiting.items[waiting.n++] = k;
         k->source = source;
+        atomic_store(&k->waiting, true);
     }
     pthread_mutex_unlock(&waiting.lock);
     if (!queued) {
@@ -143,6 +148,7 @@ static void build_waiting(void) {
         k->fn = ok ? (kiln_fused_fn)(uintptr_t)fns[i] : NULL;
         free(k->source);
         k->source = NULL;
+        atomic_store(&k->waiting, false);
     }
     waiting.n = 0;
     pthread_mutex_unlock(&waiting.lock);
@@ -150,10 +156,7 @@ static void build_waiting(void) {
 }
 
 static void build_if_waiting(kiln_fused_kernel *k) {
-    pthread_mutex_lock(&waiting.lock);
-    bool wait = k->source != NULL;
-    pthread_mutex_unlock(&waiting.lock);
-    if (wait) build_waiting();
+    if (atomic_load(&k->waiting)) build_waiting();
 }
 
 static kiln_status ensure_interp(kiln_fused_kernel *k) {
@@ -167,6 +170,7 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
     kiln_fused_kernel *k = calloc(1, sizeof *k);
     if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
     pthread_mutex_init(&k->lock, NULL);
+    atomic_init(&k->waiting, false);
     kiln_status s = kiln_graph_clone(sub, &k->sub);
     if (s == KILN_OK) s = kiln_graph_verify(k->sub);
     if (s == KILN_OK && sub->noutputs != 1)
@@ -249,6 +253,17 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
         native = in[i]->meta.dtype == m->dtype && same_shape(&in[i]->meta, m) &&
                  !kiln_tensor_same_storage(in[i], out); /* the kernel writes as it reads */
+    }
+    if (native && kiln_tensor_is_contiguous(out)) { /* the common case: the plan made at prepare time */
+        bool contiguous = true;
+        for (int i = 0; i < nin && contiguous; i++) contiguous = kiln_tensor_is_contiguous(in[i]);
+        if (contiguous) {
+            char *ptrs[MAX_OPERANDS];
+            ptrs[0] = out->data;
+            for (int i = 0; i < nin; i++) ptrs[1 + i] = in[i]->data;
+            if (out->numel > 0) k->fn(ptrs, k->contiguous.ndim, k->contiguous.shape, &k->contiguous.st[0][0]);
+            return KILN_OK;
+        }
     }
     if (native) {
         kiln_tensor *tmp[MAX_OPERANDS] = {0};

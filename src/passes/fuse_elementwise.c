@@ -11,6 +11,7 @@
 #include "passes_internal.h"
 
 #define MAX_GROUP_INPUTS 32
+#define MAX_GROUP_OPS 64 /* bounds the generated loop body (and its compile time) */
 
 /* Flags of ops that write an input in place: no group computes across one. */
 #define WRITES_INPUTS (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)
@@ -32,6 +33,7 @@ typedef struct {
     int32_t *mut_before;        /* per node index i: in-place nodes with index < i */
     int32_t *group;             /* per node: its group (-1: none) */
     int32_t *root;              /* per group: its last node */
+    int32_t *size;              /* per group: its ops */
     int32_t ngroups;
 } fusion;
 
@@ -43,10 +45,11 @@ static kiln_status analyse(fusion *f) {
     f->mut_before = calloc((size_t)nn + 1, sizeof(int32_t));
     f->group = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->root = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->size = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     int32_t total = 0;
     for (int32_t i = 0; i < nn; i++) total += g->nodes[i].nin;
     f->cons = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
-    if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->cons)
+    if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->size || !f->cons)
         return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
     for (int32_t i = 0; i < nn; i++)
         for (int k = 0; k < g->nodes[i].nin; k++) f->cons_start[g->nodes[i].in[k] + 1]++;
@@ -74,7 +77,7 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
     int32_t grp = f->group[f->cons[b]];
     for (int32_t k = b; k < e && grp >= 0; k++)
         if (f->group[f->cons[k]] != grp) grp = -1;
-    if (grp < 0) return -1;
+    if (grp < 0 || f->size[grp] >= MAX_GROUP_OPS) return -1;
     int32_t r = f->root[grp];
     if (f->mut_before[r] - f->mut_before[i + 1] != 0) return -1;
     kiln_op op = g->nodes[i].op;
@@ -94,8 +97,10 @@ static void form_groups(fusion *f) {
         if (grp < 0) {
             grp = f->ngroups++;
             f->root[grp] = i;
+            f->size[grp] = 0;
         }
         f->group[i] = grp;
+        f->size[grp]++;
     }
 }
 
@@ -208,6 +213,6 @@ kiln_status kiln_pass_fuse_elementwise(const kiln_graph *in, const kiln_pass_opt
         form_groups(&f);
         s = rewrite(&f, out);
     }
-    free(f.cons_start), free(f.cons), free(f.is_output), free(f.mut_before), free(f.group), free(f.root);
+    free(f.cons_start), free(f.cons), free(f.is_output), free(f.mut_before), free(f.group), free(f.root), free(f.size);
     return s;
 }

@@ -164,6 +164,28 @@ static void test_pass_boundaries(void) {
     kiln_graph_free(g);
 }
 
+/* A chain of 100 ops: groups hold at most 64. */
+static void test_pass_group_cap(void) {
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_new(&g));
+    kiln_meta m = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 1, .shape = {1000}};
+    int32_t v;
+    CHECK_OK(kiln_graph_add_input(g, &m, &v));
+    for (int k = 0; k < 100; k++) CHECK_OK(kiln_graph_add_node(g, k % 3 ? KILN_OP_NEG : KILN_OP_TANH, 1, &v, NULL, -1, &v));
+    CHECK_OK(kiln_graph_set_outputs(g, 1, &v));
+    kiln_graph *fg = NULL;
+    CHECK_OK(kiln_graph_clone(g, &fg));
+    CHECK_OK(kiln_run_pass("fuse_elementwise", &fg, &o1));
+    CHECK(count_op(fg, KILN_OP_FUSED) == 2 && fg->nnodes == 2);
+    kiln_tensor *x = random_tensor(&m, -2, 2), *want = NULL, *got = NULL;
+    CHECK_OK(run_graph(g, &x, &want));
+    CHECK_OK(run_graph(fg, &x, &got));
+    int64_t first;
+    CHECK(want && got && mismatches(got, want, 1e-5, 1e-6, &first) == 0);
+    kiln_tensor_release(x), kiln_tensor_release(want), kiln_tensor_release(got);
+    kiln_graph_free(fg), kiln_graph_free(g);
+}
+
 /* ---- random graphs: fused == unfused ----------------------------------------------------- */
 
 typedef struct {
@@ -644,6 +666,7 @@ int main(int argc, char **argv) {
     setenv("KILN_CACHE_DIR", cache, 1);
     test_pass_ir();
     test_pass_boundaries();
+    test_pass_group_cap();
     test_random_graphs();
     test_math();
     test_layouts();
