@@ -6,7 +6,8 @@
  *   contiguous(y) -> y when y's op writes a fresh contiguous buffer
  * A value is never replaced when a buffer involved is written in place by some node (the copy
  * the rewrite drops may be what kept the old value), nor when that would hand out one tensor
- * as two graph outputs. Dropped nodes are left for dce. */
+ * as two graph outputs, nor when a graph output that eager code makes fresh would become the
+ * caller's own memory (an input, a capture, a view of one). Dropped nodes are left for dce. */
 #include "passes_internal.h"
 
 bool kiln_pass_has_effects(const kiln_node *n); /* cse.c */
@@ -18,6 +19,7 @@ typedef struct {
     const kiln_graph *src;
     kiln_rewriter rw;
     bool *written, *is_output; /* per src value */
+    bool *reaches_output;      /* per src value: a graph output is it or a view of it */
     bool *safe, *dst_out;      /* per dst value: buffer never written; a graph output maps to it */
     int32_t cap;               /* of safe and dst_out */
     int32_t changed;
@@ -178,6 +180,18 @@ static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, re
     }
 }
 
+/* Whether dst value d lives in memory the caller owns (a graph input or capture, or a view of
+ * one): a graph output must not become such a value where eager code made a fresh tensor. */
+static bool external_memory(const simp *s, int32_t d) {
+    for (;;) {
+        const kiln_value *v = dval(s, d);
+        if (v->kind != KILN_VALUE_NODE) return true;
+        const kiln_node *n = &s->rw.dst->nodes[v->node];
+        if (!(kiln_op_table[n->op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) return false;
+        d = n->in[0];
+    }
+}
+
 static kiln_status visit(simp *s, int32_t i) {
     const kiln_node *n = &s->src->nodes[i];
     rewrite r = {.value = -1, .op = KILN_OP_COUNT};
@@ -190,8 +204,10 @@ static kiln_status visit(simp *s, int32_t i) {
     if (safe) identity_of(s, n, in, &r);
     const kiln_meta *meta = &s->src->values[n->out[0]].meta;
     bool fresh = true;
+    bool hands_out_caller_memory = r.value >= 0 && s->reaches_output[n->out[0]] &&
+                                   !(kiln_op_table[n->op].flags & KILN_OPF_VIEW) && external_memory(s, r.value);
     if (r.value >= 0 && s->safe[r.value] && same_meta(&dval(s, r.value)->meta, meta) &&
-        !(s->is_output[n->out[0]] && s->dst_out[r.value])) {
+        !(s->is_output[n->out[0]] && s->dst_out[r.value]) && !hands_out_caller_memory) {
         s->rw.map[n->out[0]] = r.value;
         fresh = false;
         s->changed++;
@@ -217,6 +233,14 @@ kiln_status kiln_pass_simplify(const kiln_graph *in, const kiln_pass_options *op
     kiln_status st = KILN_OK;
     if (!s.written || !s.is_output) st = kiln_error(KILN_ERR_MEMORY, "out of memory in simplify");
     for (int32_t k = 0; k < in->noutputs && st == KILN_OK; k++) s.is_output[in->outputs[k]] = true;
+    s.reaches_output = calloc((size_t)(in->nvalues ? in->nvalues : 1), sizeof(bool));
+    if (!s.reaches_output && st == KILN_OK) st = kiln_error(KILN_ERR_MEMORY, "out of memory in simplify");
+    for (int32_t v = 0; v < in->nvalues && st == KILN_OK; v++) s.reaches_output[v] = s.is_output[v];
+    for (int32_t i = in->nnodes - 1; i >= 0 && st == KILN_OK; i--) { /* back through views */
+        const kiln_node *n = &in->nodes[i];
+        if ((kiln_op_table[n->op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES)) && s.reaches_output[n->out[0]])
+            s.reaches_output[n->in[0]] = true;
+    }
     if (st == KILN_OK) st = kiln_rewriter_begin(&s.rw, in);
     if (st == KILN_OK) {
         st = grow(&s);
@@ -226,6 +250,6 @@ kiln_status kiln_pass_simplify(const kiln_graph *in, const kiln_pass_options *op
         if (st == KILN_OK && s.changed) st = kiln_rewriter_finish(&s.rw, out);
         else kiln_rewriter_abort(&s.rw);
     }
-    free(s.written), free(s.is_output), free(s.safe), free(s.dst_out);
+    free(s.written), free(s.is_output), free(s.reaches_output), free(s.safe), free(s.dst_out);
     return st;
 }

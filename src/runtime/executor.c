@@ -483,6 +483,20 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
     if (ins != small_in) free(ins);
     for (int k = 0; k < nout && s == KILN_OK; k++) {
         kiln_tensor *t = e->slot[g->outputs[k]];
+        const kiln_value *root = &g->values[e->root[g->outputs[k]]];
+        if (root->kind == KILN_VALUE_CAPTURED && root->constant) {
+            /* a view of a compile-time constant: the caller gets its own copy, never the graph's */
+            kiln_tensor *copy = NULL;
+            s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &copy);
+            if (s == KILN_OK) s = kiln_copy_into(copy, t);
+            if (s != KILN_OK) {
+                kiln_tensor_release(copy);
+                kiln_release_all(outputs, k);
+                break;
+            }
+            outputs[k] = copy;
+            continue;
+        }
         kiln_tensor_retain(t);
         outputs[k] = t;
     }
