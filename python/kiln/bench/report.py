@@ -140,7 +140,7 @@ def plot(record, path):
         for yi, r in zip(y, rows):
             ax.text(r["per_run_s"] * scale, yi, f" {fmt_time(r['per_run_s'])}", va="center", fontsize=8)
     fig.suptitle(f"kiln.bench, {record['size']} size: {record['machine']}, {record['date']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
