@@ -84,6 +84,7 @@ def _row(variant, res, check, agree, err, where, info):
         "system": variant.system, "enable_jit": variant.enable_jit, "jit_level": variant.jit_level,
         "capture_mode": variant.capture_mode, "backend": variant.backend, "fullgraph": variant.fullgraph,
         "prepare_s": res.prepare_s, "runs": res.runs, "run_s": res.run_s, "per_run_s": res.per_run_s,
+        "first_run_s": res.first_run_s,
         "thousand_runs_s": res.per_run_s * 1000, "check": check, "agree": agree, "max_error": err,
         "worst_output": where, "error": res.error, "traceback": res.traceback, "info": info,
     }
@@ -131,7 +132,24 @@ def run_workload(wl, variants, progress):
             check += f" (ran eagerly {info['eager_calls']}x)"
         record["rows"].append(_row(v, res, check, agree, err, where, info))
         failures += not agree
+        slow = _slow_first_run(v, res)
+        if slow:
+            record["notes"].append(slow)
     return record, failures
+
+
+def _slow_first_run(v, res):
+    """A note when the first timed run took much longer than the others (work deferred past the
+    first call, which "prepare" then does not show), else None."""
+    if res.runs < 3:
+        return None
+    rest = (res.run_s - res.first_run_s) / (res.runs - 1)
+    if not (res.first_run_s > 5 * rest and res.first_run_s > 1e-3):
+        return None
+    why = (" (kiln.jit at O1 and above builds its fused C kernels at the first compiled run)"
+           if v.system == "kiln.jit" and v.jit_level != "O0" else "")
+    return (f"{report.row_label(vars(v))}: the first run took {report.fmt_time(res.first_run_s)}, the others "
+            f"{report.fmt_time(rest)} each{why}")
 
 
 def _load():
