@@ -14,6 +14,9 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out);
 /* in: the node's inputs (any strides); out: allocated with the node's output meta. */
 kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
 void kiln_fused_free(kiln_fused_kernel *k);
+/* Builds every prepared kernel still waiting (one compiler run): a compiled graph calls it
+ * after preparing its groups, so the build is part of compiling, not of the first run. */
+void kiln_fused_build_waiting(void);
 /* Whether k runs generated code (false: interpreted); builds it if it waits to be built. */
 bool kiln_fused_is_native(kiln_fused_kernel *k);
 

@@ -155,6 +155,8 @@ static void build_waiting(void) {
     free(sources), free(symbols), free(fns);
 }
 
+void kiln_fused_build_waiting(void) { build_waiting(); }
+
 static void build_if_waiting(kiln_fused_kernel *k) {
     if (atomic_load(&k->waiting)) build_waiting();
 }

@@ -341,6 +341,11 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
         else
             s = kiln_fused_prepare(e->g->subgraphs[nd->attrs.i[0]], &e->fused[i]);
     }
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++)
+        if (e->fused[i]) { /* the graph's groups build together now, as part of compiling */
+            kiln_fused_build_waiting();
+            break;
+        }
     if (s == KILN_OK) s = plan(e);
     if (s == KILN_OK) s = plan_releases(e);
     if (s == KILN_OK && e->arena_bytes) {
