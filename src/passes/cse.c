@@ -158,7 +158,7 @@ typedef struct {
     const kiln_graph *src;
     kiln_rewriter rw;
     bool *written;   /* per src value */
-    bool *is_output; /* per src value */
+    bool *is_output; /* per src value: a graph output, or read by a view that is one */
     bool *dst_out;   /* per dst value: a graph output maps to it (sized as src: dst never has more values) */
     int32_t merged;
 } cse;
@@ -256,6 +256,12 @@ kiln_status kiln_pass_cse(const kiln_graph *in, const kiln_pass_options *opt, ki
     kiln_status s = KILN_OK;
     if (!c.written || !c.is_output || !c.dst_out) s = kiln_error(KILN_ERR_MEMORY, "out of memory in cse");
     for (int32_t k = 0; k < in->noutputs && s == KILN_OK; k++) c.is_output[in->outputs[k]] = true;
+    /* a value a view output reads counts as an output: two views of one merged buffer would alias */
+    for (int32_t i = in->nnodes - 1; i >= 0 && s == KILN_OK; i--) {
+        const kiln_node *n = &in->nodes[i];
+        if ((kiln_op_table[n->op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES)) && c.is_output[n->out[0]])
+            c.is_output[n->in[0]] = true;
+    }
     if (s == KILN_OK) s = kiln_rewriter_begin(&c.rw, in);
     if (s == KILN_OK) {
         s = merge_constants(&c);

@@ -6,8 +6,9 @@
  *   contiguous(y) -> y when y's op writes a fresh contiguous buffer
  * A value is never replaced when a buffer involved is written in place by some node (the copy
  * the rewrite drops may be what kept the old value), nor when that would hand out one tensor
- * as two graph outputs, nor when a graph output that eager code makes fresh would become the
- * caller's own memory (an input, a capture, a view of one). Dropped nodes are left for dce. */
+ * as two graph outputs, nor when a graph output that eager code makes fresh (or a value a view
+ * output reads) would become an existing value: the caller's memory, or a buffer another output
+ * shares. Dropped nodes are left for dce. */
 #include "passes_internal.h"
 
 bool kiln_pass_has_effects(const kiln_node *n); /* cse.c */
@@ -180,18 +181,6 @@ static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, re
     }
 }
 
-/* Whether dst value d lives in memory the caller owns (a graph input or capture, or a view of
- * one): a graph output must not become such a value where eager code made a fresh tensor. */
-static bool external_memory(const simp *s, int32_t d) {
-    for (;;) {
-        const kiln_value *v = dval(s, d);
-        if (v->kind != KILN_VALUE_NODE) return true;
-        const kiln_node *n = &s->rw.dst->nodes[v->node];
-        if (!(kiln_op_table[n->op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) return false;
-        d = n->in[0];
-    }
-}
-
 static kiln_status visit(simp *s, int32_t i) {
     const kiln_node *n = &s->src->nodes[i];
     rewrite r = {.value = -1, .op = KILN_OP_COUNT};
@@ -204,10 +193,12 @@ static kiln_status visit(simp *s, int32_t i) {
     if (safe) identity_of(s, n, in, &r);
     const kiln_meta *meta = &s->src->values[n->out[0]].meta;
     bool fresh = true;
-    bool hands_out_caller_memory = r.value >= 0 && s->reaches_output[n->out[0]] &&
-                                   !(kiln_op_table[n->op].flags & KILN_OPF_VIEW) && external_memory(s, r.value);
+    /* a graph output (or what a view output reads) that eager code makes fresh stays fresh: an
+     * existing value could be the caller's memory or share a buffer with another output */
+    bool hands_out_shared_memory = r.value >= 0 && s->reaches_output[n->out[0]] &&
+                                   !(kiln_op_table[n->op].flags & KILN_OPF_VIEW);
     if (r.value >= 0 && s->safe[r.value] && same_meta(&dval(s, r.value)->meta, meta) &&
-        !(s->is_output[n->out[0]] && s->dst_out[r.value]) && !hands_out_caller_memory) {
+        !(s->is_output[n->out[0]] && s->dst_out[r.value]) && !hands_out_shared_memory) {
         s->rw.map[n->out[0]] = r.value;
         fresh = false;
         s->changed++;
