@@ -6,43 +6,13 @@
  * with the same pattern. float32 exp, erf, tanh and log use the branch-free approximations of
  * the prelude below so the loops vectorize; the rest is libm. Arithmetic is not contracted
  * into fused multiply-adds (-ffp-contract=off), as in the interpreted kernels. */
+#include "../core/strbuf.h"
 #include <math.h>
 
 #include "codegen.h"
 
 #define PARALLEL_MIN 32768 /* elements below which the kernel stays on one thread */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool failed;
-} sbuf;
-
-__attribute__((format(printf, 2, 3))) static void put(sbuf *t, const char *fmt, ...) {
-    if (t->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if (t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t ncap = (t->cap + (size_t)n + 1) * 2;
-        char *grown = realloc(t->buf, ncap);
-        if (!grown) {
-            t->failed = true;
-            return;
-        }
-        t->buf = grown;
-        t->cap = ncap;
-    }
-}
 
 /* ---- what the emitter handles ---------------------------------------------------------- */
 
@@ -219,8 +189,8 @@ static unsigned uses_of(const kiln_graph *sub) {
 }
 
 /* Every block is guarded: sources of several groups concatenate into one translation unit. */
-static void emit_prelude(sbuf *t, unsigned uses) {
-    put(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
+static void emit_prelude(kiln_strbuf *t, unsigned uses) {
+    kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
            "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n#endif\n",
         prelude_fma);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
@@ -240,84 +210,84 @@ static void emit_prelude(sbuf *t, unsigned uses) {
     };
     for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
         if (uses & blocks[k].use)
-            put(t, "#ifndef KILN_PRELUDE_%s\n#define KILN_PRELUDE_%s\n%s%s#endif\n", blocks[k].guard,
+            kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE_%s\n#define KILN_PRELUDE_%s\n%s%s#endif\n", blocks[k].guard,
                 blocks[k].guard, blocks[k].code, blocks[k].macro);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------- */
 
-static void put_double(sbuf *t, double v) {
-    if (v != v) put(t, "__builtin_nan(\"\")");
-    else if (v == INFINITY) put(t, "__builtin_inf()");
-    else if (v == -INFINITY) put(t, "(-__builtin_inf())");
-    else put(t, "%a", v); /* exact */
+static void put_double(kiln_strbuf *t, double v) {
+    if (v != v) kiln_strbuf_printf(t, "__builtin_nan(\"\")");
+    else if (v == INFINITY) kiln_strbuf_printf(t, "__builtin_inf()");
+    else if (v == -INFINITY) kiln_strbuf_printf(t, "(-__builtin_inf())");
+    else kiln_strbuf_printf(t, "%a", v); /* exact */
 }
 
 /* The variable holding value v converted to the compute type T (as kiln_copy_into converts:
  * bool through != 0, integers through double). */
-static void put_operand(sbuf *t, const kiln_graph *g, int32_t v, kiln_dtype ct) {
+static void put_operand(kiln_strbuf *t, const kiln_graph *g, int32_t v, kiln_dtype ct) {
     kiln_dtype d = g->values[v].meta.dtype;
     char name[24];
     if (g->values[v].kind == KILN_VALUE_INPUT) snprintf(name, sizeof name, "v%d", g->values[v].index);
     else snprintf(name, sizeof name, "t%d", g->values[v].node);
-    if (d == ct) put(t, "%s", name);
-    else if (d == KILN_DTYPE_BOOL) put(t, "(T)(%s != 0)", name);
-    else if (!is_float(d)) put(t, "(T)(double)%s", name);
-    else put(t, "(T)%s", name);
+    if (d == ct) kiln_strbuf_printf(t, "%s", name);
+    else if (d == KILN_DTYPE_BOOL) kiln_strbuf_printf(t, "(T)(%s != 0)", name);
+    else if (!is_float(d)) kiln_strbuf_printf(t, "(T)(double)%s", name);
+    else kiln_strbuf_printf(t, "(T)%s", name);
 }
 
-static void emit_node(sbuf *t, const kiln_graph *g, int32_t i) {
+static void emit_node(kiln_strbuf *t, const kiln_graph *g, int32_t i) {
     const kiln_node *n = &g->nodes[i];
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
     const char *ot = c_type(od);
     if (n->op == KILN_OP_FULL) {
-        put(t, "        const %s t%d = (%s)", ot, i, ot);
+        kiln_strbuf_printf(t, "        const %s t%d = (%s)", ot, i, ot);
         put_double(t, n->attrs.f[0]);
-        put(t, ";\n");
+        kiln_strbuf_printf(t, ";\n");
         return;
     }
     kiln_dtype ct = compute_dtype(g, n);
-    put(t, "        %s t%d;\n        {\n            typedef %s T;\n", ot, i, c_type(ct));
+    kiln_strbuf_printf(t, "        %s t%d;\n        {\n            typedef %s T;\n", ot, i, c_type(ct));
     static const char names[3] = {'a', 'b', 'c'};
     for (int k = 0; k < n->nin && k < 3; k++) {
-        put(t, "            const T %c = ", names[k]);
+        kiln_strbuf_printf(t, "            const T %c = ", names[k]);
         put_operand(t, g, n->in[k], ct);
-        put(t, ";\n");
+        kiln_strbuf_printf(t, ";\n");
     }
     const char *expr = kiln_op_table[n->op].c_expr;
     for (int k = 0; k < 2; k++) {
         char name[3] = {'f', (char)('0' + k), '\0'};
         if (!strstr(expr, name)) continue;
-        put(t, "            const double %s = ", name);
+        kiln_strbuf_printf(t, "            const double %s = ", name);
         put_double(t, n->attrs.nf > k ? n->attrs.f[k] : 0.0);
-        put(t, ";\n");
+        kiln_strbuf_printf(t, ";\n");
     }
-    if (od == KILN_DTYPE_BOOL) put(t, "            t%d = (uint8_t)((%s) != 0);\n        }\n", i, expr);
-    else put(t, "            t%d = (%s)(%s);\n        }\n", i, ot, expr);
+    if (od == KILN_DTYPE_BOOL) kiln_strbuf_printf(t, "            t%d = (uint8_t)((%s) != 0);\n        }\n", i, expr);
+    else kiln_strbuf_printf(t, "            t%d = (%s)(%s);\n        }\n", i, ot, expr);
 }
 
 /* One row: n elements along the inner axis from the operand pointers q. */
-static void emit_row(sbuf *t, const kiln_graph *g, const bool *unit) {
+static void emit_row(kiln_strbuf *t, const kiln_graph *g, const bool *unit) {
     int nops = 1 + g->ninputs;
     const kiln_value *ov = &g->values[g->outputs[0]];
-    put(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, int64_t n) {\n");
-    put(t, "    %s *restrict o = (%s *)q[0];\n", c_type(ov->meta.dtype), c_type(ov->meta.dtype));
+    kiln_strbuf_printf(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, int64_t n) {\n");
+    kiln_strbuf_printf(t, "    %s *restrict o = (%s *)q[0];\n", c_type(ov->meta.dtype), c_type(ov->meta.dtype));
     for (int k = 1; k < nops; k++) {
         const char *ct = c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        if (unit[k]) put(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", ct, k - 1, ct, k);
-        else put(t, "    const %s v%d = *(const %s *)q[%d];\n", ct, k - 1, ct, k);
+        if (unit[k]) kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", ct, k - 1, ct, k);
+        else kiln_strbuf_printf(t, "    const %s v%d = *(const %s *)q[%d];\n", ct, k - 1, ct, k);
     }
-    put(t, "#pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n");
+    kiln_strbuf_printf(t, "#pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n");
     for (int k = 1; k < nops; k++)
-        if (unit[k]) put(t, "        const %s v%d = x%d[i];\n", c_type(g->values[g->inputs[k - 1]].meta.dtype), k - 1, k - 1);
+        if (unit[k]) kiln_strbuf_printf(t, "        const %s v%d = x%d[i];\n", c_type(g->values[g->inputs[k - 1]].meta.dtype), k - 1, k - 1);
     for (int32_t i = 0; i < g->nnodes; i++) emit_node(t, g, i);
-    put(t, "        o[%s] = t%d;\n    }\n}\n\n", unit[0] ? "i" : "0", ov->node);
+    kiln_strbuf_printf(t, "        o[%s] = t%d;\n    }\n}\n\n", unit[0] ? "i" : "0", ov->node);
 }
 
 /* The rows of [begin, end) (an odometer over the outer axes), and the entry point, which splits
  * the elements evenly over the threads when there are enough of them. */
-static void emit_driver(sbuf *t, int nops) {
-    put(t,
+static void emit_driver(kiln_strbuf *t, int nops) {
+    kiln_strbuf_printf(t,
         "static void KILN_SYM_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
         "                                int64_t end) {\n"
         "    const int64_t inner = shape[ndim - 1];\n"
@@ -344,7 +314,7 @@ static void emit_driver(sbuf *t, int nops) {
         "}\n\n",
         KILN_MAX_DIMS, nops, nops, nops, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops,
         KILN_MAX_DIMS);
-    put(t,
+    kiln_strbuf_printf(t,
         "void KILN_SYM(char *const *p, int ndim, const int64_t *shape, const int64_t *st) {\n"
         "    int64_t total = 1;\n"
         "    for (int d = 0; d < ndim; d++) total *= shape[d];\n"
@@ -368,12 +338,12 @@ static void emit_driver(sbuf *t, int nops) {
 
 kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, char **source, char symbol[48]) {
     if (!kiln_codegen_supports(sub)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: unsupported fused group");
-    sbuf body = {malloc(4096), 0, 4096, false};
+    kiln_strbuf body = {malloc(4096), 0, 4096, false};
     if (!body.buf) return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
     body.buf[0] = '\0';
-    put(&body, "/* kiln fused kernel: %d inputs, %d ops */\n", sub->ninputs, sub->nnodes);
+    kiln_strbuf_printf(&body, "/* kiln fused kernel: %d inputs, %d ops */\n", sub->ninputs, sub->nnodes);
     emit_prelude(&body, uses_of(sub));
-    put(&body, "\n");
+    kiln_strbuf_printf(&body, "\n");
     emit_row(&body, sub, inner_unit);
     emit_driver(&body, 1 + sub->ninputs);
     if (body.failed) {
@@ -385,7 +355,7 @@ kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, cha
     snprintf(symbol, 48, "kiln_fused_%016llx", (unsigned long long)h);
     size_t nsym = strlen(symbol), nplace = strlen("KILN_SYM"), count = 0;
     for (const char *p = strstr(body.buf, "KILN_SYM"); p; p = strstr(p + nplace, "KILN_SYM")) count++;
-    sbuf full = {malloc(body.len + count * nsym + 1), 0, body.len + count * nsym + 1, false};
+    kiln_strbuf full = {malloc(body.len + count * nsym + 1), 0, body.len + count * nsym + 1, false};
     if (full.buf) {
         char *o = full.buf;
         const char *p = body.buf;

@@ -1,5 +1,6 @@
 /* The graph IR: building, verifying, printing. */
 #include "../core/internal.h"
+#include "../core/strbuf.h"
 
 #include "kiln/graph.h"
 
@@ -265,94 +266,62 @@ kiln_status kiln_graph_verify(const kiln_graph *g) {
 
 /* ---- printing ----------------------------------------------------------------------------- */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool failed;
-} text;
 
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...) {
-    if (t->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if (t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t ncap = (t->cap + (size_t)n + 1) * 2;
-        char *grown = realloc(t->buf, ncap);
-        if (!grown) {
-            t->failed = true;
-            return;
-        }
-        t->buf = grown;
-        t->cap = ncap;
-    }
-}
-
-static void put_type(text *t, const kiln_meta *m) {
-    put(t, "%s[", kiln_dtype_name(m->dtype));
-    for (int d = 0; d < m->ndim; d++) put(t, d ? ", %lld" : "%lld", (long long)m->shape[d]);
-    put(t, "]");
+static void put_type(kiln_strbuf *t, const kiln_meta *m) {
+    kiln_strbuf_printf(t, "%s[", kiln_dtype_name(m->dtype));
+    for (int d = 0; d < m->ndim; d++) kiln_strbuf_printf(t, d ? ", %lld" : "%lld", (long long)m->shape[d]);
+    kiln_strbuf_printf(t, "]");
 }
 
 char *kiln_graph_to_string(const kiln_graph *g) {
-    text t = {malloc(256), 0, 256, false};
+    kiln_strbuf t = {malloc(256), 0, 256, false};
     if (!t.buf) return NULL;
     t.buf[0] = '\0';
-    put(&t, "graph(");
+    kiln_strbuf_printf(&t, "graph(");
     for (int32_t i = 0; i < g->ninputs; i++) {
-        put(&t, "%s%%%d: ", i ? ", " : "", g->inputs[i]);
+        kiln_strbuf_printf(&t, "%s%%%d: ", i ? ", " : "", g->inputs[i]);
         put_type(&t, &g->values[g->inputs[i]].meta);
     }
-    put(&t, ") {\n");
+    kiln_strbuf_printf(&t, ") {\n");
     for (int32_t c = 0; c < g->ncaptures; c++) {
         const kiln_value *v = &g->values[g->captures[c]];
-        put(&t, "  %%%d: ", g->captures[c]);
+        kiln_strbuf_printf(&t, "  %%%d: ", g->captures[c]);
         put_type(&t, &v->meta);
         if (v->constant && v->meta.ndim == 0)
-            put(&t, " = constant(%g)\n", kiln_tensor_get_double(v->bound, 0));
+            kiln_strbuf_printf(&t, " = constant(%g)\n", kiln_tensor_get_double(v->bound, 0));
         else
-            put(&t, " = %s\n", v->constant ? "constant" : (v->bound->requires_grad ? "parameter" : "captured"));
+            kiln_strbuf_printf(&t, " = %s\n", v->constant ? "constant" : (v->bound->requires_grad ? "parameter" : "captured"));
     }
     for (int32_t i = 0; i < g->nnodes; i++) {
         const kiln_node *n = &g->nodes[i];
-        put(&t, "  ");
+        kiln_strbuf_printf(&t, "  ");
         for (int k = 0; k < n->nout; k++) {
-            put(&t, "%s%%%d: ", k ? ", " : "", n->out[k]);
+            kiln_strbuf_printf(&t, "%s%%%d: ", k ? ", " : "", n->out[k]);
             put_type(&t, &g->values[n->out[k]].meta);
         }
-        put(&t, " = %s(", kiln_op_table[n->op].name);
-        for (int k = 0; k < n->nin; k++) put(&t, k ? ", %%%d" : "%%%d", n->in[k]);
-        put(&t, ")");
+        kiln_strbuf_printf(&t, " = %s(", kiln_op_table[n->op].name);
+        for (int k = 0; k < n->nin; k++) kiln_strbuf_printf(&t, k ? ", %%%d" : "%%%d", n->in[k]);
+        kiln_strbuf_printf(&t, ")");
         if (n->attrs.ni || n->attrs.nf) {
-            put(&t, " {");
-            for (int k = 0; k < n->attrs.ni; k++) put(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
-            if (n->attrs.nf) put(&t, "; "); /* floats follow ";" (alone: "{; 0.5}") */
-            for (int k = 0; k < n->attrs.nf; k++) put(&t, k ? ", %g" : "%g", n->attrs.f[k]);
-            put(&t, "}");
+            kiln_strbuf_printf(&t, " {");
+            for (int k = 0; k < n->attrs.ni; k++) kiln_strbuf_printf(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
+            if (n->attrs.nf) kiln_strbuf_printf(&t, "; "); /* floats follow ";" (alone: "{; 0.5}") */
+            for (int k = 0; k < n->attrs.nf; k++) kiln_strbuf_printf(&t, k ? ", %g" : "%g", n->attrs.f[k]);
+            kiln_strbuf_printf(&t, "}");
         }
-        if (n->loc >= 0 && n->loc < g->nlocs) put(&t, "  # %s", g->locs[n->loc]);
-        put(&t, "\n");
+        if (n->loc >= 0 && n->loc < g->nlocs) kiln_strbuf_printf(&t, "  # %s", g->locs[n->loc]);
+        kiln_strbuf_printf(&t, "\n");
     }
-    put(&t, "  return (");
-    for (int32_t k = 0; k < g->noutputs; k++) put(&t, k ? ", %%%d" : "%%%d", g->outputs[k]);
-    put(&t, ")\n}\n");
+    kiln_strbuf_printf(&t, "  return (");
+    for (int32_t k = 0; k < g->noutputs; k++) kiln_strbuf_printf(&t, k ? ", %%%d" : "%%%d", g->outputs[k]);
+    kiln_strbuf_printf(&t, ")\n}\n");
     for (int32_t k = 0; k < g->nsubgraphs; k++) {
         char *sub = kiln_graph_to_string(g->subgraphs[k]);
         if (!sub) {
             t.failed = true;
             break;
         }
-        put(&t, "subgraph %d: %s", k, sub);
+        kiln_strbuf_printf(&t, "subgraph %d: %s", k, sub);
         free(sub);
     }
     if (t.failed) {
