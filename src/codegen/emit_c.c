@@ -6,9 +6,9 @@
  * with the same pattern. float32 exp, erf, tanh and log use the branch-free approximations of
  * the prelude below so the loops vectorize; the rest is libm. Arithmetic is not contracted
  * into fused multiply-adds (-ffp-contract=off), as in the interpreted kernels. */
-#include "../core/strbuf.h"
 #include <math.h>
 
+#include "../core/strbuf.h"
 #include "codegen.h"
 
 #define PARALLEL_MIN 32768 /* elements below which the kernel stays on one thread */
