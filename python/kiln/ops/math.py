@@ -6,33 +6,30 @@ from .._optable import OP
 from ._util import apply, as_tensor, axes_mask, normalize_axis
 
 
-def _unary(op):
+def _unary(op, name):
     def f(input):
         return apply(op, (as_tensor(input),))
 
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Elementwise {name}."
     return f
 
 
-neg = _unary(OP.neg)
-abs = _unary(OP.abs)
-sign = _unary(OP.sign)
-exp = _unary(OP.exp)
-log = _unary(OP.log)
-sqrt = _unary(OP.sqrt)
-rsqrt = _unary(OP.rsqrt)
-sin = _unary(OP.sin)
-cos = _unary(OP.cos)
-tanh = _unary(OP.tanh)
-sigmoid = _unary(OP.sigmoid)
-relu = _unary(OP.relu)
-silu = _unary(OP.silu)
-erf = _unary(OP.erf)
-logical_not = _unary(OP.logical_not)
-for _f, _n in [(neg, "neg"), (abs, "abs"), (sign, "sign"), (exp, "exp"), (log, "log"), (sqrt, "sqrt"),
-               (rsqrt, "rsqrt"), (sin, "sin"), (cos, "cos"), (tanh, "tanh"), (sigmoid, "sigmoid"),
-               (relu, "relu"), (silu, "silu"), (erf, "erf"), (logical_not, "logical_not")]:
-    _f.__name__ = _f.__qualname__ = _n
-    _f.__doc__ = f"Elementwise {_n}."
+neg = _unary(OP.neg, "neg")
+abs = _unary(OP.abs, "abs")
+sign = _unary(OP.sign, "sign")
+exp = _unary(OP.exp, "exp")
+log = _unary(OP.log, "log")
+sqrt = _unary(OP.sqrt, "sqrt")
+rsqrt = _unary(OP.rsqrt, "rsqrt")
+sin = _unary(OP.sin, "sin")
+cos = _unary(OP.cos, "cos")
+tanh = _unary(OP.tanh, "tanh")
+sigmoid = _unary(OP.sigmoid, "sigmoid")
+relu = _unary(OP.relu, "relu")
+silu = _unary(OP.silu, "silu")
+erf = _unary(OP.erf, "erf")
+logical_not = _unary(OP.logical_not, "logical_not")
 
 
 def gelu(input, approximate="none"):
@@ -46,7 +43,7 @@ def gelu(input, approximate="none"):
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-def _binary(op):
+def _binary(op, name):
     def f(input, other):
         if not isinstance(input, _TensorBase) and not isinstance(other, _TensorBase):
             input = as_tensor(input)
@@ -57,6 +54,9 @@ def _binary(op):
                           if isinstance(input, (bool, int, float)) and other.dtype.is_floating_point
                           else as_tensor(input), other))
 
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Elementwise {name} with NumPy broadcasting and type promotion."
     return f
 
 
@@ -64,26 +64,21 @@ from .. import _C  # noqa: E402
 
 _TensorBase = _C.TensorBase
 
-add = _binary(OP.add)
-sub = _binary(OP.sub)
-mul = _binary(OP.mul)
-div = _binary(OP.div)
-pow = _binary(OP.pow)
-maximum = _binary(OP.maximum)
-minimum = _binary(OP.minimum)
-equal = eq = _binary(OP.eq)
-not_equal = ne = _binary(OP.ne)
-less = lt = _binary(OP.lt)
-less_equal = le = _binary(OP.le)
-greater = gt = _binary(OP.gt)
-greater_equal = ge = _binary(OP.ge)
-logical_and = _binary(OP.logical_and)
-logical_or = _binary(OP.logical_or)
-for _f, _n in [(add, "add"), (sub, "sub"), (mul, "mul"), (div, "div"), (pow, "pow"), (maximum, "maximum"),
-               (minimum, "minimum"), (eq, "equal"), (ne, "not_equal"), (lt, "less"), (le, "less_equal"),
-               (gt, "greater"), (ge, "greater_equal"), (logical_and, "logical_and"), (logical_or, "logical_or")]:
-    _f.__name__ = _f.__qualname__ = _n
-    _f.__doc__ = f"Elementwise {_n} with NumPy broadcasting and type promotion."
+add = _binary(OP.add, "add")
+sub = _binary(OP.sub, "sub")
+mul = _binary(OP.mul, "mul")
+div = _binary(OP.div, "div")
+pow = _binary(OP.pow, "pow")
+maximum = _binary(OP.maximum, "maximum")
+minimum = _binary(OP.minimum, "minimum")
+equal = eq = _binary(OP.eq, "equal")
+not_equal = ne = _binary(OP.ne, "not_equal")
+less = lt = _binary(OP.lt, "less")
+less_equal = le = _binary(OP.le, "less_equal")
+greater = gt = _binary(OP.gt, "greater")
+greater_equal = ge = _binary(OP.ge, "greater_equal")
+logical_and = _binary(OP.logical_and, "logical_and")
+logical_or = _binary(OP.logical_or, "logical_or")
 subtract, multiply, divide, true_divide = sub, mul, div, div
 
 
