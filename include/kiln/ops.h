@@ -19,7 +19,9 @@ typedef enum kiln_op {
 
 #define KILN_MAX_ATTR_INTS 40
 #define KILN_MAX_ATTR_FLOATS 8
-#define KILN_MAX_OUTPUTS 4
+/* Control-flow nodes return their branches' / loop's values; the cost of the bound is in
+ * kiln_node.out and stack arrays of metas (32 * 72 bytes). */
+#define KILN_MAX_OUTPUTS 32
 #define KILN_VARIADIC (-1)
 
 /* Non-tensor arguments of an op. Each op documents its layout in ops.def. */
@@ -42,6 +44,7 @@ enum kiln_op_flags {
     KILN_OPF_RANDOM = 1 << 2,       /* draws from the global generator */
     KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
+    KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in i[2] */
 };
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
@@ -77,6 +80,11 @@ typedef struct kiln_op_info {
 
 KILN_API extern const kiln_op_info kiln_op_table[KILN_OP_COUNT];
 KILN_API const kiln_op_info *kiln_op_get(kiln_op op);
+/* Number of outputs of op with these attrs (control-flow ops carry it in attrs.i[2]). */
+static inline int kiln_op_nout(kiln_op op, const kiln_attrs *attrs) {
+    int n = kiln_op_table[op].nout;
+    return n != KILN_VARIADIC ? n : (attrs && attrs->ni > 2 ? (int)attrs->i[2] : 0);
+}
 /* KILN_OP_COUNT when unknown. */
 KILN_API kiln_op kiln_op_from_name(const char *name);
 

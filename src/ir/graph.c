@@ -2,6 +2,7 @@
 #include "../core/internal.h"
 #include "../core/strbuf.h"
 
+#include "control.h"
 #include "kiln/graph.h"
 
 #define GROW(arr, count, cap)                                                                \
@@ -117,6 +118,33 @@ static kiln_status infer_node(const kiln_graph *g, kiln_op op, int nin, const in
     return s;
 }
 
+/* Control-flow nodes: output metas from the subgraphs their attrs name. */
+static kiln_status infer_control(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                                 kiln_meta *metas) {
+    const char *name = kiln_op_table[op].name;
+    if (a->ni < 3) return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", name, a->ni);
+    const kiln_graph *subs[4];
+    int slots[4], ns = kiln_control_slots(op, slots);
+    for (int k = 0; k < ns; k++) {
+        int64_t idx = slots[k] < a->ni ? a->i[slots[k]] : -1;
+        if (idx < 0 || idx >= g->nsubgraphs)
+            return kiln_error(KILN_ERR_VALUE, "%s names subgraph %lld, which does not exist", name, (long long)idx);
+        subs[k] = g->subgraphs[idx];
+    }
+    kiln_meta *in_metas = malloc(sizeof *in_metas * (size_t)(nin ? nin : 1));
+    if (!in_metas) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    for (int k = 0; k < nin; k++) in_metas[k] = g->values[in[k]].meta;
+    kiln_status s = kiln_control_infer(op, nin, in_metas, a, subs, metas);
+    free(in_metas);
+    return s;
+}
+
+static kiln_status infer_any(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                             kiln_meta *metas) {
+    if ((unsigned)op < KILN_OP_COUNT && kiln_op_is_control(op)) return infer_control(g, op, nin, in, a, metas);
+    return infer_node(g, op, nin, in, a, metas);
+}
+
 kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
                                 int32_t loc, int32_t *out) {
     static const kiln_attrs none;
@@ -126,7 +154,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
             return kiln_error(KILN_ERR_VALUE, "graph: %s input %d refers to unknown value %d",
                               (unsigned)op < KILN_OP_COUNT ? kiln_op_table[op].name : "?", k, in[k]);
     kiln_meta metas[KILN_MAX_OUTPUTS];
-    KILN_TRY(infer_node(g, op, nin, in, attrs, metas));
+    KILN_TRY(infer_any(g, op, nin, in, attrs, metas));
     GROW(g->nodes, g->nnodes, g->cap_nodes);
     kiln_node *n = &g->nodes[g->nnodes];
     memset(n, 0, sizeof *n);
@@ -135,7 +163,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
     if (nin) memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
     n->op = op;
     n->nin = nin;
-    n->nout = kiln_op_table[op].nout;
+    n->nout = kiln_op_nout(op, attrs);
     n->attrs = *attrs;
     n->loc = loc;
     int32_t node_id = g->nnodes++;
@@ -247,7 +275,7 @@ kiln_status kiln_graph_verify(const kiln_graph *g) {
                 s = kiln_error(KILN_ERR_VALUE, "graph: node %d (%s) uses value %%%d before it is defined", i,
                                kiln_op_table[n->op].name, n->in[k]);
         kiln_meta metas[KILN_MAX_OUTPUTS];
-        if (s == KILN_OK) s = infer_node(g, n->op, n->nin, n->in, &n->attrs, metas);
+        if (s == KILN_OK) s = infer_any(g, n->op, n->nin, n->in, &n->attrs, metas);
         for (int k = 0; k < n->nout && s == KILN_OK; k++) {
             const kiln_value *v = &g->values[n->out[k]];
             if (v->kind != KILN_VALUE_NODE || v->node != i || v->index != k || !same_meta(&metas[k], &v->meta))

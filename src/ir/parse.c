@@ -296,7 +296,7 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
                         const char *name) {
     kiln_op op = kiln_op_from_name(name);
     if (op == KILN_OP_COUNT) return fail(p, "unknown op '%s'", name);
-    if (kiln_op_table[op].nout != nout)
+    if (kiln_op_table[op].nout != nout && kiln_op_table[op].nout != KILN_VARIADIC)
         return fail(p, "%s has %d outputs, the line declares %d", name, kiln_op_table[op].nout, nout);
     int32_t *in = NULL;
     int nin = 0, cap = 0;
@@ -333,6 +333,8 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
         s = kiln_graph_add_loc(g, buf, &loc);
     }
     if (s == KILN_OK && !at_end(p)) s = fail(p, "unexpected text at column %d", (int)(p->cur - p->line) + 1);
+    if (s == KILN_OK && kiln_op_nout(op, &a) != nout)
+        s = fail(p, "%s has %d outputs (attribute 2), the line declares %d", name, kiln_op_nout(op, &a), nout);
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) {
         s = kiln_graph_add_node(g, op, nin, in, &a, loc, outs);
@@ -411,10 +413,32 @@ static bool subgraph_line(parser *p, const kiln_graph *g) {
 }
 
 /* The graph whose header is at the cursor, its body, and the subgraph blocks that follow it.
- * On return the current line is the first one not consumed (more = false at the end). */
+ * The subgraphs are read first (control-flow nodes infer their outputs from them), then the
+ * body. On return the current line is the first one not consumed (more = false at the end). */
 static kiln_status graph_block(parser *p, kiln_graph *g, bool *more) {
     idmap map = {0};
     kiln_status s = header(p, g, &map);
+    parser body_start = *p;
+    bool closed = false;
+    while (s == KILN_OK && !closed) { /* skip the body: it holds no nested blocks */
+        if (!next_line(p)) s = fail(p, "missing '}' closing the graph");
+        else closed = accept(p, "}");
+    }
+    *more = s == KILN_OK && next_line(p);
+    while (s == KILN_OK && *more && subgraph_line(p, g)) {
+        kiln_graph *sub = NULL;
+        int32_t idx;
+        s = kiln_graph_new(&sub);
+        if (s == KILN_OK) s = graph_block(p, sub, more);
+        if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
+        else kiln_graph_free(sub);
+    }
+    if (s != KILN_OK) {
+        free(map.ids);
+        return s;
+    }
+    parser after = *p;
+    *p = body_start;
     bool returned = false;
     while (s == KILN_OK) {
         if (!next_line(p)) {
@@ -436,15 +460,7 @@ static kiln_status graph_block(parser *p, kiln_graph *g, bool *more) {
         }
     }
     free(map.ids);
-    *more = s == KILN_OK && next_line(p);
-    while (s == KILN_OK && *more && subgraph_line(p, g)) {
-        kiln_graph *sub = NULL;
-        int32_t idx;
-        s = kiln_graph_new(&sub);
-        if (s == KILN_OK) s = graph_block(p, sub, more);
-        if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
-        else kiln_graph_free(sub);
-    }
+    if (s == KILN_OK) *p = after;
     return s;
 }
 

@@ -4,6 +4,7 @@
  * reference, or as a constant copy). */
 #include "../core/internal.h"
 #include "../core/ptrmap.h"
+#include "control.h"
 #include "trace_internal.h"
 
 struct kiln_tracer {
@@ -13,6 +14,9 @@ struct kiln_tracer {
     int32_t loc;
     int32_t nops;
     kiln_status failure; /* the first recording error (reported at the end of the trace) */
+    kiln_tracer *parent;  /* the tracer active when this one began (nested traces of control-flow bodies) */
+    kiln_ptrmap bodies;   /* registered body id + 1 -> subgraph index in graph */
+    bool own_loc;         /* told source lines itself (kiln_tracer_set_loc) */
 };
 
 static _Thread_local kiln_tracer *active;
@@ -28,19 +32,22 @@ kiln_status kiln_tracer_begin(kiln_tracer **out) {
         return s;
     }
     tr->loc = -1;
+    tr->parent = active;
     active = tr;
     *out = tr;
     return KILN_OK;
 }
 
 void kiln_tracer_end(kiln_tracer *tr) {
-    if (active == tr) active = NULL;
+    if (active == tr) active = tr->parent;
+    tr->parent = NULL;
 }
 
 void kiln_tracer_free(kiln_tracer *tr) {
     if (!tr) return;
     kiln_tracer_end(tr);
     kiln_ptrmap_free(&tr->values);
+    kiln_ptrmap_free(&tr->bodies);
     kiln_graph_free(tr->graph);
     free(tr);
 }
@@ -52,6 +59,7 @@ int32_t kiln_tracer_count(const kiln_tracer *tr) { return tr->nops; }
 void kiln_tracer_set_capture_constants(kiln_tracer *tr, bool constants) { tr->capture_constants = constants; }
 
 kiln_status kiln_tracer_set_loc(kiln_tracer *tr, const char *loc) {
+    tr->own_loc = true;
     if (!loc) {
         tr->loc = -1;
         return KILN_OK;
@@ -95,6 +103,42 @@ bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t) {
     return v >= 0 && tr->graph->values[v].kind != KILN_VALUE_CAPTURED;
 }
 
+/* attrs naming registered bodies -> attrs naming subgraphs of the traced graph (copied in once). */
+static kiln_status subgraphs_of(kiln_tracer *tr, kiln_op op, const kiln_attrs *a, kiln_attrs *out) {
+    *out = *a;
+    int slots[4], n = kiln_control_slots(op, slots);
+    for (int k = 0; k < n; k++) {
+        int64_t id = a->i[slots[k]];
+        const void *key = (const void *)(uintptr_t)(id + 1);
+        int64_t idx = kiln_ptrmap_get(&tr->bodies, key);
+        if (idx < 0) {
+            const kiln_graph *body = kiln_body_graph(id);
+            kiln_graph *copy;
+            int32_t index;
+            if (!body) return KILN_ERR_VALUE;
+            KILN_TRY(kiln_graph_clone(body, &copy));
+            kiln_status s = kiln_graph_add_subgraph(tr->graph, copy, &index);
+            if (s != KILN_OK) {
+                kiln_graph_free(copy);
+                return s;
+            }
+            idx = index;
+            KILN_TRY(kiln_ptrmap_put(&tr->bodies, key, idx));
+        }
+        out->i[slots[k]] = idx;
+    }
+    return KILN_OK;
+}
+
+/* A nested trace that is not told source lines records those its enclosing trace is told. */
+static kiln_status current_loc(kiln_tracer *tr) {
+    if (tr->own_loc) return KILN_OK;
+    tr->loc = -1;
+    for (kiln_tracer *p = tr->parent; p; p = p->parent)
+        if (p->own_loc) return p->loc >= 0 ? kiln_graph_add_loc(tr->graph, p->graph->locs[p->loc], &tr->loc) : KILN_OK;
+    return KILN_OK;
+}
+
 void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                         kiln_tensor **out) {
     kiln_tracer *tr = active;
@@ -103,7 +147,13 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     int32_t small[8] = {0}, *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
     kiln_status s = ids ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
     for (int k = 0; k < nin && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, in[k], &ids[k]);
+    kiln_attrs translated;
+    if (s == KILN_OK && kiln_op_is_control(op)) {
+        s = subgraphs_of(tr, op, attrs, &translated);
+        attrs = &translated;
+    }
     int32_t outs[KILN_MAX_OUTPUTS];
+    if (s == KILN_OK) s = current_loc(tr);
     if (s == KILN_OK) s = kiln_graph_add_node(tr->graph, op, nin, ids, attrs, tr->loc, outs);
     for (int k = 0; k < nout && s == KILN_OK; k++) s = bind(tr, out[k], outs[k]);
     if (ids != small) free(ids);

@@ -25,7 +25,7 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     if (!attrs) attrs = &no_attrs;
     KILN_TRY(kiln_infer(op, nin, in, attrs, metas));
     const kiln_op_info *info = &kiln_op_table[op];
-    int nout = info->nout;
+    int nout = kiln_op_nout(op, attrs);
     for (int k = 0; k < nout; k++) out[k] = NULL;
     kiln_status s = KILN_OK;
     if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {

@@ -18,7 +18,8 @@ const kiln_op_info kiln_op_table[KILN_OP_COUNT] = {
 
 /* Every entry filled, every output count within bounds. */
 #define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \
-    _Static_assert((nout) >= 1 && (nout) <= KILN_MAX_OUTPUTS, "outputs of " name);
+    _Static_assert(((nout) >= 1 && (nout) <= KILN_MAX_OUTPUTS) || ((nout) == KILN_VARIADIC && ((flags) & KILN_OPF_CONTROL)), \
+                   "outputs of " name);
 #include "ops.def"
 #undef KILN_OP
 

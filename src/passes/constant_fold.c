@@ -21,7 +21,8 @@ typedef struct {
 } folder;
 
 static bool candidate(const folder *f, const kiln_node *n) {
-    if (kiln_pass_has_effects(n) || n->op == KILN_OP_FUSED) return false;
+    /* fused and control-flow nodes run subgraphs, which only the executor can */
+    if (kiln_pass_has_effects(n) || n->op == KILN_OP_FUSED || (kiln_op_table[n->op].flags & KILN_OPF_CONTROL)) return false;
     for (int k = 0; k < n->nin; k++)
         if (!f->known[n->in[k]]) return false;
     int64_t numel = 0;

@@ -32,7 +32,7 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
 
 kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
     const kiln_node *n = &rw->src->nodes[node];
-    int32_t small[8], *in = n->nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)n->nin);
+    int32_t small[8] = {0}, *in = n->nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)n->nin);
     if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
     kiln_status s = KILN_OK;
     for (int k = 0; k < n->nin && s == KILN_OK; k++) {

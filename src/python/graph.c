@@ -142,20 +142,25 @@ typedef struct {
     PyObject_HEAD
     kiln_tracer *tr;
     bool active;
+    kiln_graph *body; /* finish_body's graph, until pykiln_tracer_take_body */
 } PyTracer;
+
+static PyTypeObject PyTracer_Type;
 
 static void tracer_dealloc(PyObject *self) {
     PyTracer *p = (PyTracer *)self;
     kiln_tracer_free(p->tr);
+    kiln_graph_free(p->body);
     Py_TYPE(self)->tp_free(self);
 }
 
-/* Tracer(capture_constants=False): starts recording on this thread */
+/* Tracer(capture_constants=False, nested=False): starts recording on this thread; nested: inside
+ * the active trace (a control-flow body), which resumes when this one ends */
 static PyObject *tracer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"capture_constants", NULL};
-    int constants = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:Tracer", kwlist, &constants)) return NULL;
-    if (kiln_tracer_active()) {
+    static char *kwlist[] = {"capture_constants", "nested", NULL};
+    int constants = 0, nested = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|pp:Tracer", kwlist, &constants, &nested)) return NULL;
+    if (kiln_tracer_active() && !nested) {
         PyErr_SetString(PyExc_RuntimeError, "a trace is already being recorded on this thread");
         return NULL;
     }
@@ -301,6 +306,53 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     return (PyObject *)e;
 }
 
+/* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for
+ * kiln._C.apply_control */
+static PyObject *tracer_finish_body(PyObject *self, PyObject *outputs) {
+    PyTracer *p = (PyTracer *)self;
+    kiln_tracer_end(p->tr);
+    p->active = false;
+    kiln_status s = kiln_tracer_status(p->tr);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyObject *seq = PySequence_Fast(outputs, "finish_body: outputs must be a sequence of tensors");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!ids) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n && s == KILN_OK; k++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
+        if (!pykiln_is_tensor(o)) {
+            PyErr_Format(PyExc_TypeError, "finish_body: output %zd is not a Tensor", k);
+            PyMem_Free(ids);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        s = kiln_tracer_value_of(p->tr, pykiln_unwrap(o), &ids[k]);
+    }
+    Py_DECREF(seq);
+    kiln_graph *g = kiln_tracer_graph(p->tr);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, ids);
+    PyMem_Free(ids);
+    kiln_graph_free(p->body);
+    p->body = NULL;
+    if (s == KILN_OK) s = kiln_graph_clone(g, &p->body);
+    if (s != KILN_OK) return pykiln_raise(s);
+    Py_RETURN_NONE;
+}
+
+kiln_graph *pykiln_tracer_take_body(PyObject *o) {
+    if (!PyObject_TypeCheck(o, &PyTracer_Type) || !((PyTracer *)o)->body) {
+        PyErr_SetString(PyExc_TypeError, "expected a Tracer that finished a body (finish_body)");
+        return NULL;
+    }
+    kiln_graph *g = ((PyTracer *)o)->body;
+    ((PyTracer *)o)->body = NULL;
+    return g;
+}
+
 static PyObject *tracer_graph_str(PyObject *self, PyObject *unused) {
     (void)unused;
     char *s = kiln_graph_to_string(kiln_tracer_graph(((PyTracer *)self)->tr));
@@ -318,6 +370,7 @@ static PyMethodDef tracer_methods[] = {
     {"end", tracer_end, METH_NOARGS, "stop recording"},
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outputs, order='bfs', poison=False) -> Executable"},
+    {"finish_body", tracer_finish_body, METH_O, "finish_body(outputs): end and keep the graph for apply_control"},
     {"graph_str", tracer_graph_str, METH_NOARGS, "the graph recorded so far"},
     {NULL, NULL, 0, NULL},
 };
@@ -365,5 +418,6 @@ int pykiln_graph_init_types(PyObject *module) {
     if (PyModule_AddObject(module, "Executable", (PyObject *)&PyExecutable_Type) < 0) return -1;
     Py_INCREF(&PyTracer_Type);
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;
     return PyModule_AddFunctions(module, pykiln_graph_functions);
 }

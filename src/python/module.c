@@ -137,7 +137,7 @@ static PyObject *py_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
     kiln_status s = kiln_apply((kiln_op)op, (int)nin, in, &attrs, out);
     if (owned) free_tensors(in, nin);
     if (s != KILN_OK) return pykiln_raise(s);
-    return wrap_outputs(out, kiln_op_table[op].nout);
+    return wrap_outputs(out, kiln_op_nout((kiln_op)op, &attrs));
 }
 
 /* infer(op, inputs, ints=(), floats=()) -> list of (shape, dtype) */
@@ -161,7 +161,7 @@ static PyObject *py_infer(PyObject *self, PyObject *const *args, Py_ssize_t narg
     kiln_status s = kiln_infer((kiln_op)op, (int)nin, in, &attrs, metas);
     free_tensors(in, nin);
     if (s != KILN_OK) return pykiln_raise(s);
-    int nout = kiln_op_table[op].nout;
+    int nout = kiln_op_nout((kiln_op)op, &attrs);
     PyObject *list = PyList_New(nout);
     for (int k = 0; list && k < nout; k++) {
         PyObject *shape = PyTuple_New(metas[k].ndim);

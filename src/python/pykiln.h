@@ -45,6 +45,10 @@ int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 int pykiln_tensor_init_type(PyObject *module);
 /* Registers Tracer, Executable and the memory functions (graph.c). */
 int pykiln_graph_init_types(PyObject *module);
+/* The graph a Tracer's finish_body kept (new owner: the caller), or NULL with an exception set. */
+kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
+/* kiln._C.apply_control (src/python/control_flow.c) */
+extern PyMethodDef pykiln_control_functions[];
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 

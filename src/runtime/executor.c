@@ -10,6 +10,7 @@
 
 #include "../codegen/fused.h"
 #include "../core/internal.h"
+#include "../ir/control.h"
 
 #include "kiln/graph.h"
 
@@ -28,6 +29,7 @@ struct kiln_executable {
     int32_t **dead_after;  /* per step: values whose run-time tensors can go after it (-1 terminated) */
     int32_t **freed_after; /* per step: planned buffers given back after it (-1 terminated) */
     kiln_fused_kernel **fused; /* per node: the kernel of a fused group */
+    kiln_control_node **control; /* per node: the compiled subgraphs of an if / while */
     char *arena;
     size_t arena_bytes, output_bytes;
     bool poison;
@@ -321,9 +323,10 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->fused = calloc((size_t)(nn ? nn : 1), sizeof(kiln_fused_kernel *));
+    e->control = calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
     e->poison = opt && opt->poison_freed;
     if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after ||
-        !e->freed_after || !e->fused) {
+        !e->freed_after || !e->fused || !e->control) {
         kiln_executable_free(e);
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     }
@@ -332,6 +335,8 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     } else {
         for (int32_t i = 0; i < nn; i++) e->order[i] = i; /* the traced order is breadth-first enough */
     }
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++)
+        if (kiln_op_is_control(e->g->nodes[i].op)) s = kiln_control_prepare(e->g, &e->g->nodes[i], opt, &e->control[i]);
     for (int32_t i = 0; i < nn && s == KILN_OK; i++) {
         const kiln_node *nd = &e->g->nodes[i];
         if (nd->op != KILN_OP_FUSED) continue;
@@ -377,6 +382,8 @@ void kiln_executable_free(kiln_executable *e) {
     free(e->freed_after);
     for (int32_t i = 0; e->fused && i < e->norder; i++) kiln_fused_free(e->fused[i]);
     free(e->fused);
+    for (int32_t i = 0; e->control && i < e->norder; i++) kiln_control_free(e->control[i]);
+    free(e->control);
     if (e->arena) kiln_free(e->arena);
     kiln_graph_free(e->g);
     free(e->order), free(e->root), free(e->root_end), free(e->offset), free(e->planned), free(e->slot);
@@ -468,7 +475,9 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
         }
         if (s == KILN_OK) {
             kiln_fused_kernel *fk = e->fused[e->order[i]];
-            s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0]) : info->kernel(ins, nd->nin, &nd->attrs, outs);
+            kiln_control_node *cf = e->control[e->order[i]];
+            s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0])
+                   : cf ? kiln_control_run(cf, nd->nin, ins, nd->nout, outs) : info->kernel(ins, nd->nin, &nd->attrs, outs);
         }
         if (s == KILN_OK && (info->flags & KILN_OPF_MUTATES)) kiln_tensor_bump_version(ins[0]);
         if (s != KILN_OK) {

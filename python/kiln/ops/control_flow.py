@@ -1,0 +1,165 @@
+"""Tensor-dependent control flow: cond and while_loop.
+
+Eagerly they are plain Python control flow (the predicate read with bool()), so autograd
+records the ops that actually run. While a trace records (kiln.jit), each branch, condition and
+loop body is traced once into a subgraph and ONE `if` / `while` node joins the enclosing graph;
+the compiled graph then decides at run time, and loops run entirely in C. Tensors the functions
+read from outside (closures, Cell parameters) become extra inputs of the node, so gradients
+reach them.
+"""
+from .. import _C
+from ..autograd import no_grad
+
+
+def _tree():
+    from ..jit import tree  # kiln.jit imports kiln.ops: resolved at call time
+
+    return tree
+
+
+def _check_tensors(what, values):
+    for i, v in enumerate(values):
+        if not isinstance(v, _C.TensorBase):
+            raise TypeError(f"{what}: operand {i} must be a Tensor, got {type(v).__name__}")
+
+
+def _meta(t):
+    return f"{t.dtype} {tuple(t.shape)}"
+
+
+def _one_element(what, value):
+    if value.numel() != 1:
+        raise ValueError(f"{what} must have one element, got shape {tuple(value.shape)}")
+
+
+def _flat_outputs(what, out):
+    leaves = []
+    spec = _tree().flatten(out, leaves)
+    if not leaves or any(s[0] == "const" for s in _specs(spec)):
+        raise TypeError(f"{what} must return a Tensor or a (nested) tuple/list of Tensors, got {_tree().describe(spec)}")
+    return spec, leaves
+
+
+def _specs(spec):
+    if spec == "T":
+        return
+    if spec[0] == "const":
+        yield spec
+        return
+    for s in spec[-1]:
+        yield from _specs(s)
+
+
+def _trace_body(fn, args, what):
+    """fn(*args) traced into a body under a nested tracer: (tracer, output spec, output leaves)."""
+    tracer = _C.Tracer(nested=True)
+    try:
+        aliases = [a.detach() for a in args]
+        for a in aliases:
+            tracer.add_input(a)
+        with no_grad():
+            out = fn(*aliases)
+        if isinstance(out, (bool, int)) and not isinstance(out, _C.TensorBase):
+            return tracer, None, out
+        spec, leaves = _flat_outputs(what, out)
+        tracer.finish_body(leaves)
+    finally:
+        tracer.end()
+    return tracer, spec, leaves
+
+
+def cond(pred, true_fn, false_fn, operands=()):
+    """true_fn(*operands) if pred else false_fn(*operands).
+
+    pred: a one-element tensor (nonzero is true) or a Python bool/int (a static choice). Both
+    branches return a tensor or a (nested) tuple/list of tensors of the same structure, dtypes
+    and shapes."""
+    operands = tuple(operands)
+    _check_tensors("cond", operands)
+    if not isinstance(pred, _C.TensorBase):
+        return (true_fn if pred else false_fn)(*operands)
+    _one_element("cond: the predicate", pred)
+    if not _C.is_tracing():
+        return (true_fn if bool(pred) else false_fn)(*operands)
+    then_tr, then_spec, then_out = _trace_body(true_fn, operands, "cond: true_fn")
+    else_tr, else_spec, else_out = _trace_body(false_fn, operands, "cond: false_fn")
+    if then_spec is None or else_spec is None:
+        raise TypeError("cond: true_fn and false_fn must return Tensors, got a Python "
+                        f"{type(then_out if then_spec is None else else_out).__name__}")
+    if then_spec != else_spec:
+        raise ValueError(f"cond: true_fn returns {_tree().describe(then_spec)} but false_fn returns "
+                         f"{_tree().describe(else_spec)}")
+    for i, (a, b) in enumerate(zip(then_out, else_out)):
+        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"cond: output {i} of true_fn is {_meta(a)} but output {i} of false_fn is {_meta(b)}")
+    outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + operands)
+    return _tree().unflatten(then_spec, list(outs))[0]
+
+
+def _next_values(body_fn, vals, kind):
+    new = body_fn(*vals)
+    if isinstance(new, _C.TensorBase) and len(vals) == 1:
+        new = (new,)
+    if not isinstance(new, (tuple, list)) or len(new) != len(vals):
+        got = f"{len(new)} values" if isinstance(new, (tuple, list)) else type(new).__name__
+        raise ValueError(f"while_loop: body_fn must return {len(vals)} loop values like init_vals, got {got}")
+    for i, (a, b) in enumerate(zip(vals, new)):
+        if not isinstance(b, _C.TensorBase):
+            raise TypeError(f"while_loop: loop value {i} returned by body_fn must be a Tensor, got {type(b).__name__}")
+        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"while_loop: body_fn returns loop value {i} as {_meta(b)}, but it is {_meta(a)} "
+                             "in init_vals")
+    return tuple(new)
+
+
+def _truth(value):
+    if isinstance(value, _C.TensorBase):
+        _one_element("while_loop: the value of cond_fn", value)
+        return bool(value)
+    return bool(value)
+
+
+def while_loop(cond_fn, body_fn, init_vals):
+    """Runs vals = body_fn(*vals) while cond_fn(*vals), starting from init_vals; returns the final
+    values (a tuple, or a list when init_vals is a list).
+
+    init_vals: a tuple/list of tensors. cond_fn returns a one-element tensor (nonzero: go on) or
+    a bool; body_fn returns as many tensors as init_vals, with their dtypes and shapes (a lone
+    tensor when there is one loop value)."""
+    if not isinstance(init_vals, (tuple, list)):
+        raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
+    as_list = isinstance(init_vals, list)
+    vals = tuple(init_vals)
+    if not vals:
+        raise ValueError("while_loop: init_vals is empty")
+    for i, v in enumerate(vals):
+        if not isinstance(v, _C.TensorBase):
+            raise TypeError(f"while_loop: loop value {i} must be a Tensor, got {type(v).__name__}")
+    if _C.is_tracing():
+        traced = _traced_while(cond_fn, body_fn, vals)
+        if traced is not None:
+            return list(traced) if as_list else traced
+    while _truth(cond_fn(*vals)):
+        vals = _next_values(body_fn, vals, "eager")
+    return list(vals) if as_list else vals
+
+
+def _traced_while(cond_fn, body_fn, vals):
+    """One `while` node; None when cond_fn gives a Python bool (a static loop: run it in Python)."""
+    cond_tr, cond_spec, cond_out = _trace_body(cond_fn, vals, "while_loop: cond_fn")
+    if cond_spec is None:
+        return None
+    if cond_spec != "T":
+        raise TypeError(f"while_loop: cond_fn must return one Tensor, got {_tree().describe(cond_spec)}")
+    _one_element("while_loop: the value of cond_fn", cond_out[0])
+    tracer = _C.Tracer(nested=True)
+    try:
+        aliases = [v.detach() for v in vals]
+        for a in aliases:
+            tracer.add_input(a)
+        with no_grad():
+            new = _next_values(body_fn, aliases, "traced")
+        tracer.finish_body(list(new))
+    finally:
+        tracer.end()
+    return _C.apply_control("while", [cond_tr, tracer], vals)

@@ -1,0 +1,149 @@
+/* Gradient rules of control flow. Each builds the backward of a body as a body of its own:
+ * the forward body is run eagerly (kiln_body_interpret) under a nested tracer with autograd on,
+ * and the gradients kiln_autograd_grad computes are recorded into the same trace. The rules
+ * then emit control-flow nodes over those backward bodies, so a traced backward stays a graph:
+ * `if` over the two branches' backwards, `while_grad` for a loop. */
+#include "../ir/control.h"
+#include "../ir/trace_internal.h"
+
+/* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
+ * whose incoming gradients are gy) with respect to every x (zeros where none flows), registered
+ * as *id. x and gy give the values the body is run on while recording (and the metas). */
+static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, int ny, kiln_tensor *const *gy,
+                                 int64_t *id) {
+    kiln_tracer *tr = NULL;
+    int total = nx + ny;
+    kiln_tensor **alias = calloc((size_t)(total ? total : 1), sizeof *alias);
+    kiln_tensor **y = calloc((size_t)(ny ? ny : 1), sizeof *y);
+    kiln_tensor **gx = calloc((size_t)(nx ? nx : 1), sizeof *gx);
+    kiln_tensor **roots = calloc((size_t)(ny ? ny : 1), sizeof *roots);
+    kiln_tensor **groots = calloc((size_t)(ny ? ny : 1), sizeof *groots);
+    kiln_tensor **wrt = calloc((size_t)(nx ? nx : 1), sizeof *wrt);
+    int32_t *outs = calloc((size_t)(nx ? nx : 1), sizeof *outs);
+    kiln_graph *g = NULL;
+    kiln_status s = alias && y && gx && roots && groots && wrt && outs
+                        ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
+    if (s == KILN_OK) s = kiln_tracer_begin(&tr);
+    if (tr) kiln_tracer_set_capture_constants(tr, true); /* only the forward body's constants are met */
+    bool prev_grad = kiln_set_grad_enabled(true);
+    for (int k = 0; k < total && s == KILN_OK; k++) {
+        kiln_tensor *src = k < nx ? x[k] : gy[k - nx];
+        s = kiln_tensor_detach(src, &alias[k]);
+        if (s == KILN_OK && k < nx && kiln_dtype_is_float(src->meta.dtype)) alias[k]->requires_grad = true;
+        if (s == KILN_OK) s = kiln_tracer_add_input(tr, alias[k]);
+    }
+    if (s == KILN_OK) s = kiln_body_interpret(fwd, nx, alias, ny, y);
+    int nroots = 0, nwrt = 0;
+    for (int k = 0; k < ny && s == KILN_OK; k++)
+        if (y[k]->requires_grad) roots[nroots] = y[k], groots[nroots++] = alias[nx + k];
+    for (int k = 0; k < nx; k++)
+        if (alias && alias[k] && alias[k]->requires_grad) wrt[nwrt++] = alias[k];
+    kiln_set_grad_enabled(false);
+    if (s == KILN_OK && nroots && nwrt) s = kiln_autograd_grad(nroots, roots, groots, nwrt, wrt, false, gx);
+    /* gx holds the float inputs' gradients in order: spread them out, zeros where none flows */
+    for (int k = nx - 1, j = nwrt - 1; k >= 0 && s == KILN_OK; k--) {
+        kiln_tensor *gk = NULL;
+        if (alias[k]->requires_grad) {
+            gk = gx[j];
+            gx[j--] = NULL;
+        }
+        if (!gk) s = kiln_emit_full(&x[k]->meta, 0.0, &gk);
+        gx[k] = gk;
+    }
+    for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, gx[k], &outs[k]);
+    kiln_set_grad_enabled(prev_grad);
+    if (tr) {
+        kiln_tracer_end(tr);
+        if (s == KILN_OK) s = kiln_tracer_status(tr);
+        if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(tr), nx, outs);
+        if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tr), &g);
+        kiln_tracer_free(tr);
+    }
+    kiln_pass_options dce_opt = {KILN_LEVEL_O0, false, false};
+    if (s == KILN_OK) s = kiln_run_pass("dce", &g, &dce_opt); /* the forward ops the gradients do not read */
+    if (s == KILN_OK) s = kiln_body_register(g, id);
+    else kiln_graph_free(g);
+    if (alias) kiln_release_all(alias, total);
+    if (y) kiln_release_all(y, ny);
+    if (gx) kiln_release_all(gx, nx);
+    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs);
+    if (s != KILN_OK) kiln_error_context(s, "building the backward of a control-flow body");
+    return s;
+}
+
+/* gout[k], or zeros of output k's meta when it got no gradient (new references). */
+static kiln_status output_grads(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gy) {
+    for (int k = 0; k < ctx->nout; k++) {
+        if (gout[k]) {
+            kiln_tensor_retain(gout[k]);
+            gy[k] = gout[k];
+        } else {
+            KILN_TRY(kiln_emit_full(&ctx->out_meta[k], 0.0, &gy[k]));
+        }
+    }
+    return KILN_OK;
+}
+
+static bool any_needed(const kiln_grad_ctx *ctx, int from) {
+    for (int k = from; k < ctx->nin; k++)
+        if (ctx->needs_grad[k]) return true;
+    return false;
+}
+
+/* Runs op over (prefix..., gy...) and hands the outputs to the inputs that need them. */
+static kiln_status emit(const kiln_grad_ctx *ctx, kiln_op op, const kiln_attrs *a, int nprefix,
+                        kiln_tensor *const *prefix, kiln_tensor *const *gy, int first_input, kiln_tensor **gin) {
+    int nin = nprefix + ctx->nout, nout = kiln_op_nout(op, a);
+    kiln_tensor **in = malloc(sizeof *in * (size_t)nin);
+    kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+    if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory in a gradient");
+    memcpy(in, prefix, sizeof *in * (size_t)nprefix);
+    memcpy(in + nprefix, gy, sizeof *in * (size_t)ctx->nout);
+    kiln_status s = kiln_apply(op, nin, in, a, outs);
+    free(in);
+    if (s != KILN_OK) return s;
+    for (int k = 0; k < nout; k++) {
+        if (ctx->needs_grad[first_input + k]) gin[first_input + k] = outs[k];
+        else kiln_tensor_release(outs[k]);
+    }
+    return KILN_OK;
+}
+
+KILN_GRAD(if) {
+    if (!any_needed(ctx, 1)) return KILN_OK;
+    int nx = ctx->nin - 1;
+    if (nx > KILN_MAX_OUTPUTS)
+        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "if: gradients of more than %d operands and captured tensors",
+                          KILN_MAX_OUTPUTS);
+    kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
+    kiln_attrs a = {0};
+    kiln_status s = output_grads(ctx, gout, gy);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->nout, gy, &a.i[0]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->nout, gy, &a.i[1]);
+    a.ni = 3;
+    a.i[2] = nx;
+    /* if(pred, x..., gy...) -> gx... */
+    if (s == KILN_OK) s = emit(ctx, KILN_OP_IF, &a, ctx->nin, ctx->in, gy, 1, gin);
+    kiln_release_all(gy, ctx->nout);
+    return s;
+}
+
+KILN_GRAD(while) {
+    if (!any_needed(ctx, 0)) return KILN_OK;
+    int nstate = ctx->nin;
+    if (nstate > KILN_MAX_OUTPUTS)
+        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while: gradients of more than %d loop values and captured tensors",
+                          KILN_MAX_OUTPUTS);
+    kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
+    kiln_attrs a = {0};
+    kiln_status s = output_grads(ctx, gout, gy);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, ctx->nout, gy, &a.i[3]);
+    a.ni = 4;
+    a.i[0] = ctx->attrs->i[0];
+    a.i[1] = ctx->attrs->i[1];
+    a.i[2] = nstate;
+    /* while_grad(v0..., lifted..., gv...) -> (gv0..., glifted...) */
+    if (s == KILN_OK) s = emit(ctx, KILN_OP_WHILE_GRAD, &a, nstate, ctx->in, gy, 0, gin);
+    kiln_release_all(gy, ctx->nout);
+    return s;
+}

@@ -1,0 +1,322 @@
+/* Control flow in the IR: which attrs name subgraphs, shape inference, the body registry,
+ * capture lifting and the eager interpreter (see control.h). */
+#include <pthread.h>
+
+#include "control.h"
+#include "trace_internal.h"
+
+int kiln_control_slots(kiln_op op, int *slots) {
+    slots[0] = 0, slots[1] = 1;
+    if (op == KILN_OP_WHILE_GRAD) {
+        slots[2] = 3;
+        return 3;
+    }
+    return kiln_op_is_control(op) ? 2 : 0;
+}
+
+static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+static const char *meta_text(const kiln_meta *m, char *buf, size_t size) {
+    char shape[160];
+    snprintf(buf, size, "%s %s", kiln_dtype_name(m->dtype), kiln_shape_str(m, shape, sizeof shape));
+    return buf;
+}
+
+/* Checks that sub takes exactly the metas in[0..nin). */
+static kiln_status check_inputs(const char *op, const char *what, const kiln_graph *sub, int nin, const kiln_meta *in) {
+    if (sub->ninputs != nin)
+        return kiln_error(KILN_ERR_VALUE, "%s: the %s subgraph takes %d inputs, the node gives it %d", op, what,
+                          sub->ninputs, nin);
+    for (int k = 0; k < nin; k++) {
+        const kiln_meta *want = &sub->values[sub->inputs[k]].meta;
+        if (!same_meta(want, &in[k])) {
+            char a[200], b[200];
+            return kiln_error(KILN_ERR_VALUE, "%s: input %d of the %s subgraph is %s, the node gives it %s", op, k,
+                              what, meta_text(want, a, sizeof a), meta_text(&in[k], b, sizeof b));
+        }
+    }
+    return KILN_OK;
+}
+
+/* Checks that sub returns exactly the metas want[0..n). */
+static kiln_status check_outputs(const char *op, const char *what, const kiln_graph *sub, int n, const kiln_meta *want,
+                                 const char *want_what) {
+    if (sub->noutputs != n)
+        return kiln_error(KILN_ERR_VALUE, "%s: the %s subgraph returns %d values, expected %d", op, what,
+                          sub->noutputs, n);
+    for (int k = 0; k < n; k++) {
+        const kiln_meta *got = &sub->values[sub->outputs[k]].meta;
+        if (!same_meta(got, &want[k])) {
+            char a[200], b[200];
+            return kiln_error(KILN_ERR_VALUE, "%s: output %d of the %s subgraph is %s but %s is %s", op, k, what,
+                              meta_text(got, a, sizeof a), want_what, meta_text(&want[k], b, sizeof b));
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const kiln_attrs *a,
+                               const kiln_graph *const *subs, kiln_meta *out) {
+    const char *name = kiln_op_table[op].name;
+    int nout = kiln_op_nout(op, a);
+    if (nout < 1 || nout > KILN_MAX_OUTPUTS)
+        return kiln_error(KILN_ERR_VALUE, "%s: %d outputs (at most %d are supported)", name, nout, KILN_MAX_OUTPUTS);
+    if (op == KILN_OP_IF) {
+        if (nin < 1) return kiln_error(KILN_ERR_TYPE, "if: missing the predicate");
+        if (kiln_meta_numel(&in[0]) != 1) {
+            char b[200];
+            return kiln_error(KILN_ERR_VALUE, "if: the predicate must have one element, got %s", meta_text(&in[0], b, sizeof b));
+        }
+        KILN_TRY(check_inputs(name, "then", subs[0], nin - 1, in + 1));
+        KILN_TRY(check_inputs(name, "else", subs[1], nin - 1, in + 1));
+        if (subs[0]->noutputs != nout)
+            return kiln_error(KILN_ERR_VALUE, "if: the then subgraph returns %d values, the node has %d outputs",
+                              subs[0]->noutputs, nout);
+        for (int k = 0; k < nout; k++) out[k] = subs[0]->values[subs[0]->outputs[k]].meta;
+        return check_outputs(name, "else", subs[1], nout, out, "the then subgraph's");
+    }
+    /* while and while_grad: (v..., lifted...[, gv...]) */
+    int nloop = op == KILN_OP_WHILE ? nout : nin - nout;
+    int nstate = op == KILN_OP_WHILE ? nin : nout; /* loop values and lifted tensors */
+    if (nloop < 1 || nstate < nloop || nin < nstate)
+        return kiln_error(KILN_ERR_VALUE, "%s: %d inputs do not fit %d outputs", name, nin, nout);
+    KILN_TRY(check_inputs(name, "cond", subs[0], nstate, in));
+    if (subs[0]->noutputs != 1 || kiln_meta_numel(&subs[0]->values[subs[0]->outputs[0]].meta) != 1)
+        return kiln_error(KILN_ERR_VALUE, "%s: the cond subgraph must return one value with one element", name);
+    KILN_TRY(check_inputs(name, "body", subs[1], nstate, in));
+    KILN_TRY(check_outputs(name, "body", subs[1], nloop, in, "the loop value"));
+    if (op == KILN_OP_WHILE_GRAD) {
+        KILN_TRY(check_inputs(name, "backward", subs[2], nin, in));
+        KILN_TRY(check_outputs(name, "backward", subs[2], nout, in, "the input"));
+        for (int k = 0; k < nloop; k++)
+            if (!same_meta(&in[nstate + k], &in[k]))
+                return kiln_error(KILN_ERR_VALUE, "while_grad: the gradient of loop value %d does not match it", k);
+    }
+    for (int k = 0; k < nout; k++) out[k] = in[k];
+    return KILN_OK;
+}
+
+/* ---- the registry ------------------------------------------------------------------------------ */
+
+typedef struct {
+    kiln_graph *g;
+    int64_t *sub_ids;
+    kiln_executable *exe;
+} body;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static body **bodies;
+static int64_t nbodies, cap_bodies;
+
+static kiln_status check_pure(const kiln_graph *g) {
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        unsigned f = kiln_op_table[g->nodes[i].op].flags;
+        if (f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM))
+            return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
+                              "control flow: a branch or loop body %s (%s); bodies must be free of in-place "
+                              "writes and random ops", (f & KILN_OPF_RANDOM) ? "draws random numbers" : "writes a tensor in place",
+                              kiln_op_table[g->nodes[i].op].name);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
+    kiln_status s = kiln_graph_verify(g);
+    if (s == KILN_OK) s = check_pure(g);
+    body *b = s == KILN_OK ? calloc(1, sizeof *b) : NULL;
+    if (s == KILN_OK && !b) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
+    if (s == KILN_OK) {
+        b->g = g;
+        b->sub_ids = calloc((size_t)(g->nsubgraphs ? g->nsubgraphs : 1), sizeof(int64_t));
+        if (!b->sub_ids) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
+    }
+    for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++) {
+        kiln_graph *sub;
+        s = kiln_graph_clone(g->subgraphs[k], &sub);
+        if (s == KILN_OK) s = kiln_body_register(sub, &b->sub_ids[k]);
+    }
+    if (s == KILN_OK) {
+        pthread_mutex_lock(&registry_lock);
+        if (nbodies == cap_bodies) {
+            int64_t ncap = cap_bodies ? cap_bodies * 2 : 64;
+            body **grown = realloc(bodies, sizeof *grown * (size_t)ncap);
+            if (grown) bodies = grown, cap_bodies = ncap;
+        }
+        if (nbodies < cap_bodies) {
+            bodies[nbodies] = b;
+            *id = nbodies++;
+        } else {
+            s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
+        }
+        pthread_mutex_unlock(&registry_lock);
+    }
+    if (s != KILN_OK) {
+        if (b) free(b->sub_ids);
+        free(b);
+        kiln_graph_free(g);
+    }
+    return s;
+}
+
+static body *lookup(int64_t id) {
+    pthread_mutex_lock(&registry_lock);
+    body *b = id >= 0 && id < nbodies ? bodies[id] : NULL;
+    pthread_mutex_unlock(&registry_lock);
+    if (!b) kiln_error(KILN_ERR_VALUE, "control flow: no registered body %lld", (long long)id);
+    return b;
+}
+
+const kiln_graph *kiln_body_graph(int64_t id) {
+    body *b = lookup(id);
+    return b ? b->g : NULL;
+}
+
+kiln_status kiln_body_executable(int64_t id, kiln_executable **out) {
+    body *b = lookup(id);
+    if (!b) return KILN_ERR_VALUE;
+    kiln_status s = KILN_OK;
+    pthread_mutex_lock(&registry_lock);
+    if (!b->exe) s = kiln_compile(b->g, NULL, &b->exe);
+    *out = b->exe;
+    pthread_mutex_unlock(&registry_lock);
+    return s;
+}
+
+kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out) {
+    body *b = lookup(id);
+    if (!b) return KILN_ERR_VALUE;
+    *out = n->attrs;
+    int slots[4], ns = kiln_control_slots(n->op, slots);
+    for (int k = 0; k < ns; k++) {
+        int64_t idx = n->attrs.i[slots[k]];
+        if (idx < 0 || idx >= b->g->nsubgraphs)
+            return kiln_error(KILN_ERR_VALUE, "%s names subgraph %lld, which does not exist", kiln_op_table[n->op].name,
+                              (long long)idx);
+        out->i[slots[k]] = b->sub_ids[idx];
+    }
+    return KILN_OK;
+}
+
+/* ---- interpreting a body eagerly ------------------------------------------------------------------ */
+
+kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    body *b = lookup(id);
+    if (!b) return KILN_ERR_VALUE;
+    const kiln_graph *g = b->g;
+    if (nin != g->ninputs || nout != g->noutputs)
+        return kiln_error(KILN_ERR_VALUE, "control flow: the body takes %d inputs and returns %d values, got %d and %d",
+                          g->ninputs, g->noutputs, nin, nout);
+    kiln_tensor **slot = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *slot);
+    kiln_tensor **ins = NULL;
+    int cap_in = 0;
+    if (!slot) return kiln_error(KILN_ERR_MEMORY, "out of memory running a body");
+    for (int k = 0; k < nin; k++) {
+        kiln_tensor_retain(in[k]);
+        slot[g->inputs[k]] = in[k];
+    }
+    for (int32_t c = 0; c < g->ncaptures; c++) {
+        kiln_tensor *t = g->values[g->captures[c]].bound;
+        kiln_tensor_retain(t);
+        slot[g->captures[c]] = t;
+    }
+    kiln_status s = KILN_OK;
+    for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if (n->nin > cap_in) {
+            kiln_tensor **grown = realloc(ins, sizeof *grown * (size_t)n->nin);
+            if (!grown) {
+                s = kiln_error(KILN_ERR_MEMORY, "out of memory running a body");
+                break;
+            }
+            ins = grown;
+            cap_in = n->nin;
+        }
+        for (int k = 0; k < n->nin; k++) ins[k] = slot[n->in[k]];
+        kiln_attrs a = n->attrs;
+        if (kiln_op_is_control(n->op)) s = kiln_body_node_attrs(id, n, &a);
+        kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+        if (s == KILN_OK) s = kiln_apply(n->op, n->nin, ins, &a, outs);
+        if (s != KILN_OK) {
+            if (n->loc >= 0) kiln_error_context(s, "%s (%s)", kiln_op_table[n->op].name, g->locs[n->loc]);
+            break;
+        }
+        for (int k = 0; k < n->nout; k++) slot[n->out[k]] = outs[k];
+    }
+    for (int k = 0; k < nout && s == KILN_OK; k++) {
+        out[k] = slot[g->outputs[k]];
+        kiln_tensor_retain(out[k]);
+    }
+    kiln_release_all(slot, g->nvalues);
+    free(slot), free(ins);
+    return s;
+}
+
+/* ---- lifting captures into inputs ---------------------------------------------------------------- */
+
+/* Makes value v of g (a live capture) its next input. */
+static kiln_status capture_to_input(kiln_graph *g, int32_t v) {
+    int32_t *grown = realloc(g->inputs, sizeof(int32_t) * (size_t)(g->ninputs + 1));
+    if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory lifting captures");
+    g->inputs = grown;
+    g->cap_inputs = g->ninputs + 1;
+    kiln_value *val = &g->values[v];
+    int32_t c = val->index;
+    for (int32_t k = c + 1; k < g->ncaptures; k++) {
+        g->captures[k - 1] = g->captures[k];
+        g->values[g->captures[k - 1]].index = k - 1;
+    }
+    g->ncaptures--;
+    kiln_tensor_release(val->bound);
+    val->bound = NULL;
+    val->kind = KILN_VALUE_INPUT;
+    val->index = g->ninputs;
+    g->inputs[g->ninputs++] = v;
+    return KILN_OK;
+}
+
+kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies_in, kiln_tensor ***lifted, int *nlifted) {
+    int total = 0;
+    for (int b = 0; b < n; b++) total += bodies_in[b]->ncaptures;
+    kiln_tensor **list = malloc(sizeof *list * (size_t)(total ? total : 1));
+    if (!list) return kiln_error(KILN_ERR_MEMORY, "out of memory lifting captures");
+    int count = 0;
+    for (int b = 0; b < n; b++) {
+        const kiln_graph *g = bodies_in[b];
+        for (int32_t c = 0; c < g->ncaptures; c++) {
+            const kiln_value *v = &g->values[g->captures[c]];
+            if (v->constant) continue;
+            bool seen = false;
+            for (int k = 0; k < count && !seen; k++) seen = list[k] == v->bound;
+            if (!seen) {
+                kiln_tensor_retain(v->bound);
+                list[count++] = v->bound;
+            }
+        }
+    }
+    kiln_status s = KILN_OK;
+    for (int b = 0; b < n && s == KILN_OK; b++) {
+        kiln_graph *g = bodies_in[b];
+        for (int k = 0; k < count && s == KILN_OK; k++) {
+            int32_t found = -1;
+            for (int32_t c = 0; c < g->ncaptures && found < 0; c++) {
+                const kiln_value *v = &g->values[g->captures[c]];
+                if (!v->constant && v->bound == list[k]) found = g->captures[c];
+            }
+            if (found >= 0) s = capture_to_input(g, found);
+            else s = kiln_graph_add_input(g, &list[k]->meta, &found);
+        }
+    }
+    if (s != KILN_OK) {
+        kiln_release_all(list, count);
+        free(list);
+        return s;
+    }
+    *lifted = list;
+    *nlifted = count;
+    return KILN_OK;
+}

@@ -1,0 +1,59 @@
+/* Control flow: the body registry, capture lifting, shape inference of control-flow nodes and
+ * the eager graph interpreter (src/ir/control.c); the runtime of if/while nodes
+ * (src/runtime/control_flow.c).
+ *
+ * A control-flow node names its subgraphs through attrs. Inside a graph those are indices into
+ * the graph's `subgraphs`; given to kiln_apply (eagerly, or while tracing) they are ids of
+ * bodies in the process-wide registry below, and the tracer copies the bodies it meets into the
+ * graph it records. Registered bodies live as long as the process: they are made once per
+ * trace of a cond / while_loop and per gradient rule run, not per call of a compiled graph. */
+#ifndef KILN_IR_CONTROL_H
+#define KILN_IR_CONTROL_H
+
+#include "../core/internal.h"
+#include "kiln/graph.h"
+
+/* The attr slots of op that name subgraphs (at most 4); returns how many. */
+int kiln_control_slots(kiln_op op, int *slots);
+static inline bool kiln_op_is_control(kiln_op op) { return kiln_op_table[op].flags & KILN_OPF_CONTROL; }
+
+/* Output metas of a control-flow node from its inputs' metas and subgraphs (subs[k] is the
+ * subgraph named by slot k of kiln_control_slots); errors name the op, the subgraph and metas. */
+kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const kiln_attrs *a,
+                               const kiln_graph *const *subs, kiln_meta *out);
+
+/* ---- the body registry ---------------------------------------------------------------------- */
+
+/* Takes ownership of g (verified; bodies must not write tensors in place or draw random numbers);
+ * its subgraphs are registered too. */
+kiln_status kiln_body_register(kiln_graph *g, int64_t *id);
+/* The body's graph (borrowed; bodies are never freed), or NULL with an error set. */
+const kiln_graph *kiln_body_graph(int64_t id);
+/* The body compiled for the kbk executor (borrowed; compiled on first use). */
+kiln_status kiln_body_executable(int64_t id, kiln_executable **out);
+/* attrs of a node of body `id`'s graph with its subgraph indices turned into registry ids. */
+kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out);
+
+/* Runs body `id` by applying its nodes with kiln_apply, so the active tracer and autograd see
+ * its ops (gradient rules record backward bodies this way). Outputs are new references. */
+kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
+
+/* ---- lifting ---------------------------------------------------------------------------------- */
+
+/* Turns the live (non-constant) captures of the n bodies into extra trailing inputs that all of
+ * them share: the union of the captured tensors, in order of first appearance, lands in
+ * *lifted (malloc'd array of new references, *nlifted of them); each body gets one input per
+ * lifted tensor, in that order, whether it reads it or not. */
+kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies, kiln_tensor ***lifted, int *nlifted);
+
+/* ---- runtime (src/runtime/control_flow.c) ----------------------------------------------------- */
+
+typedef struct kiln_control_node kiln_control_node;
+/* The executables of a node of g (compiled now, from g's subgraphs). */
+kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const kiln_compile_options *opt,
+                                 kiln_control_node **out);
+/* Runs it; out[] arrive allocated (the node's output metas) and are filled. */
+kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
+void kiln_control_free(kiln_control_node *c);
+
+#endif

@@ -1,0 +1,101 @@
+/* kiln._C.apply_control: one control-flow node over bodies traced by nested Tracers (used by
+ * kiln.ops.cond and kiln.ops.while_loop while a trace records). Arguments are borrowed; the
+ * result is a new tuple. */
+#include "pykiln.h"
+
+#include "core/internal.h"
+#include "ir/control.h"
+
+/* apply_control(kind, tracers, inputs) -> tuple of tensors
+ *   kind "if":    tracers (then, else), inputs (pred, operands...)
+ *   kind "while": tracers (cond, body), inputs (loop values...)
+ * The bodies' captured tensors become extra inputs of the node (so gradients reach them); the
+ * bodies are registered and the node runs through kiln_apply (eagerly, recorded by the active
+ * trace and by autograd). */
+static PyObject *py_apply_control(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *kind;
+    PyObject *tracers, *inputs;
+    if (!PyArg_ParseTuple(args, "sOO:apply_control", &kind, &tracers, &inputs)) return NULL;
+    kiln_op op = strcmp(kind, "if") == 0 ? KILN_OP_IF : (strcmp(kind, "while") == 0 ? KILN_OP_WHILE : KILN_OP_COUNT);
+    if (op == KILN_OP_COUNT) return PyErr_Format(PyExc_ValueError, "apply_control: unknown kind '%s'", kind);
+    PyObject *tseq = PySequence_Fast(tracers, "apply_control: tracers must be a sequence");
+    if (!tseq) return NULL;
+    if (PySequence_Fast_GET_SIZE(tseq) != 2) {
+        Py_DECREF(tseq);
+        return PyErr_Format(PyExc_ValueError, "apply_control: %s takes two bodies", kind);
+    }
+    PyObject *iseq = PySequence_Fast(inputs, "apply_control: inputs must be a sequence of tensors");
+    if (!iseq) {
+        Py_DECREF(tseq);
+        return NULL;
+    }
+    kiln_graph *bodies[2] = {NULL, NULL};
+    kiln_tensor **lifted = NULL, **in = NULL;
+    int nlifted = 0;
+    PyObject *result = NULL;
+    Py_ssize_t nin = PySequence_Fast_GET_SIZE(iseq);
+    for (int k = 0; k < 2; k++)
+        if (!(bodies[k] = pykiln_tracer_take_body(PySequence_Fast_GET_ITEM(tseq, k)))) goto done;
+    for (Py_ssize_t k = 0; k < nin; k++)
+        if (!pykiln_is_tensor(PySequence_Fast_GET_ITEM(iseq, k))) {
+            PyErr_Format(PyExc_TypeError, "apply_control: input %zd is not a Tensor", k);
+            goto done;
+        }
+    kiln_status s = kiln_bodies_lift(2, bodies, &lifted, &nlifted);
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        goto done;
+    }
+    in = PyMem_Malloc(sizeof *in * (size_t)(nin + nlifted + 1));
+    if (!in) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < nin; k++) in[k] = pykiln_unwrap(PySequence_Fast_GET_ITEM(iseq, k));
+    for (int k = 0; k < nlifted; k++) in[nin + k] = lifted[k];
+    int nout = op == KILN_OP_IF ? bodies[0]->noutputs : (int)nin;
+    kiln_attrs a = {0};
+    a.ni = 3;
+    a.i[2] = nout;
+    for (int k = 0; k < 2 && s == KILN_OK; k++) {
+        kiln_graph *b = bodies[k];
+        bodies[k] = NULL;
+        s = kiln_body_register(b, &a.i[k]);
+    }
+    kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
+    if (s == KILN_OK && (nout < 1 || nout > KILN_MAX_OUTPUTS))
+        s = kiln_error(KILN_ERR_VALUE, "%s: %d values (between 1 and %d are supported)", kiln_op_table[op].name, nout,
+                       KILN_MAX_OUTPUTS);
+    if (s == KILN_OK) s = kiln_apply(op, (int)nin + nlifted, in, &a, out);
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        goto done;
+    }
+    result = PyTuple_New(nout);
+    for (int k = 0; k < nout; k++) {
+        PyObject *o = result ? pykiln_wrap(out[k]) : NULL;
+        if (!o) {
+            if (!result) kiln_tensor_release(out[k]);
+            for (int j = k + 1; j < nout; j++) kiln_tensor_release(out[j]);
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, k, o);
+    }
+done:
+    kiln_graph_free(bodies[0]);
+    kiln_graph_free(bodies[1]);
+    if (lifted) kiln_release_all(lifted, nlifted);
+    free(lifted);
+    PyMem_Free(in);
+    Py_DECREF(tseq);
+    Py_DECREF(iseq);
+    return result;
+}
+
+PyMethodDef pykiln_control_functions[] = {
+    {"apply_control", py_apply_control, METH_VARARGS,
+     "apply_control(kind, tracers, inputs): one if / while node over bodies traced by nested Tracers"},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,244 @@
+/* The runtime of control-flow nodes: `if` runs one of two compiled subgraphs, `while` loops a
+ * compiled cond and body entirely in C, `while_grad` reruns the loop keeping every iteration's
+ * values and runs the backward body over them in reverse. Used by the kbk executor (subgraphs
+ * compiled with the enclosing graph) and by the eager kernels (registered bodies, compiled on
+ * first use). */
+#include "../ir/control.h"
+
+struct kiln_control_node {
+    kiln_op op;
+    kiln_executable *exe[3]; /* by slot: then/else, cond/body[/backward] */
+    bool owned;
+};
+
+/* ---- inference and eager kernels --------------------------------------------------------------- */
+
+static kiln_status registered_subgraphs(kiln_op op, const kiln_attrs *a, const kiln_graph **subs) {
+    int slots[4], n = kiln_control_slots(op, slots);
+    for (int k = 0; k < n; k++) {
+        if (slots[k] >= a->ni)
+            return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", kiln_op_table[op].name, a->ni);
+        subs[k] = kiln_body_graph(a->i[slots[k]]);
+        if (!subs[k]) return kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
+    }
+    return KILN_OK;
+}
+
+/* Eagerly, attrs name registered bodies. */
+static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *a, kiln_meta *out) {
+    if (a->ni < 3) return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", kiln_op_table[op].name, a->ni);
+    const kiln_graph *subs[4];
+    KILN_TRY(registered_subgraphs(op, a, subs));
+    kiln_meta small[16], *metas = nin <= 16 ? small : malloc(sizeof *metas * (size_t)(nin ? nin : 1));
+    if (!metas) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    for (int k = 0; k < nin; k++) metas[k] = in[k]->meta;
+    kiln_status s = kiln_control_infer(op, nin, metas, a, subs, out);
+    if (metas != small) free(metas);
+    return s;
+}
+
+KILN_INFER(if) { return infer_eager(KILN_OP_IF, nin, in, a, out); }
+KILN_INFER(while) { return infer_eager(KILN_OP_WHILE, nin, in, a, out); }
+KILN_INFER(while_grad) { return infer_eager(KILN_OP_WHILE_GRAD, nin, in, a, out); }
+
+static kiln_status eager_node(kiln_op op, const kiln_attrs *a, kiln_control_node *c) {
+    c->op = op;
+    c->owned = false;
+    int slots[4], n = kiln_control_slots(op, slots);
+    for (int k = 0; k < n; k++) KILN_TRY(kiln_body_executable(a->i[slots[k]], &c->exe[k]));
+    return KILN_OK;
+}
+
+static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_tensor **out) {
+    kiln_control_node c = {0};
+    KILN_TRY(eager_node(op, a, &c));
+    return kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
+}
+
+KILN_KERNEL(if) { return eager_run(KILN_OP_IF, in, nin, a, out); }
+KILN_KERNEL(while) { return eager_run(KILN_OP_WHILE, in, nin, a, out); }
+KILN_KERNEL(while_grad) { return eager_run(KILN_OP_WHILE_GRAD, in, nin, a, out); }
+
+/* ---- compiled with a graph ------------------------------------------------------------------------ */
+
+kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const kiln_compile_options *opt,
+                                 kiln_control_node **out) {
+    kiln_control_node *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    c->op = n->op;
+    c->owned = true;
+    int slots[4], ns = kiln_control_slots(n->op, slots);
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < ns && s == KILN_OK; k++) {
+        int64_t idx = n->attrs.i[slots[k]];
+        if (idx < 0 || idx >= g->nsubgraphs)
+            s = kiln_error(KILN_ERR_VALUE, "graph: %s names subgraph %lld, which does not exist",
+                           kiln_op_table[n->op].name, (long long)idx);
+        else
+            s = kiln_compile(g->subgraphs[idx], opt, &c->exe[k]);
+    }
+    if (s != KILN_OK) {
+        kiln_control_free(c);
+        return s;
+    }
+    *out = c;
+    return KILN_OK;
+}
+
+void kiln_control_free(kiln_control_node *c) {
+    if (!c) return;
+    if (c->owned)
+        for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
+    free(c);
+}
+
+/* ---- running ------------------------------------------------------------------------------------- */
+
+static bool truth(const kiln_tensor *t) { return kiln_tensor_get_double(t, 0) != 0; }
+
+/* out[k] (allocated) = values[k] */
+static kiln_status copy_out(int n, kiln_tensor *const *values, kiln_tensor **out) {
+    for (int k = 0; k < n; k++) KILN_TRY(kiln_copy_into(out[k], values[k]));
+    return KILN_OK;
+}
+
+static kiln_status run_if(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    bool taken = truth(in[0]);
+    kiln_tensor *res[KILN_MAX_OUTPUTS] = {0};
+    kiln_status s = kiln_executable_run(c->exe[taken ? 0 : 1], nin - 1, in + 1, nout, res);
+    if (s != KILN_OK) return kiln_error_context(s, "in the %s branch", taken ? "then" : "else");
+    s = copy_out(nout, res, out);
+    kiln_release_all(res, nout);
+    return s;
+}
+
+/* One loop step of the state (v..., lifted...): *go = cond(state); when true, state's loop values
+ * are replaced by body(state) (old ones released). */
+static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor **state, bool *go) {
+    kiln_tensor *p = NULL;
+    kiln_status s = kiln_executable_run(c->exe[0], nstate, state, 1, &p);
+    if (s != KILN_OK) return kiln_error_context(s, "in the loop condition");
+    *go = truth(p);
+    kiln_tensor_release(p);
+    if (!*go) return KILN_OK;
+    kiln_tensor *next[KILN_MAX_OUTPUTS] = {0};
+    s = kiln_executable_run(c->exe[1], nstate, state, nloop, next);
+    if (s != KILN_OK) return kiln_error_context(s, "in the loop body");
+    kiln_release_all(state, nloop);
+    memcpy(state, next, sizeof *next * (size_t)nloop);
+    return KILN_OK;
+}
+
+static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    kiln_tensor **state = malloc(sizeof *state * (size_t)nin);
+    if (!state) return kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
+    for (int k = 0; k < nin; k++) {
+        kiln_tensor_retain(in[k]);
+        state[k] = in[k];
+    }
+    bool go = true;
+    kiln_status s = KILN_OK;
+    while (go && s == KILN_OK) s = step(c, nin, nout, state, &go);
+    if (s == KILN_OK) s = copy_out(nout, state, out);
+    kiln_release_all(state, nin);
+    free(state);
+    return s;
+}
+
+/* acc[k] = acc[k] + g[k] (new tensors; g consumed), or g[k] when acc[k] is NULL */
+static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
+    static const kiln_attrs none;
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < n; k++) {
+        if (!acc[k] || s != KILN_OK) {
+            if (s == KILN_OK) acc[k] = g[k];
+            else kiln_tensor_release(g[k]);
+            g[k] = NULL;
+            continue;
+        }
+        kiln_tensor *sum = NULL, *pair[2] = {acc[k], g[k]};
+        s = kiln_tensor_empty_like_meta(&acc[k]->meta, &sum);
+        if (s == KILN_OK) s = kiln_kernel_add(pair, 2, &none, &sum);
+        kiln_tensor_release(g[k]);
+        g[k] = NULL;
+        if (s != KILN_OK) {
+            kiln_tensor_release(sum);
+            continue;
+        }
+        kiln_tensor_release(acc[k]);
+        acc[k] = sum;
+    }
+    return s;
+}
+
+/* in = (v0..., lifted..., gv...): nloop loop values, nlift lifted tensors; out = (gv0..., glifted...) */
+static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    int nloop = nin - nout, nstate = nout;
+    int nlift = nstate - nloop;
+    /* state = (loop values, lifted, gradients of the loop values); entries are owned or NULL */
+    kiln_tensor **state = calloc((size_t)nin, sizeof *state);
+    kiln_tensor **gl = calloc((size_t)(nlift ? nlift : 1), sizeof *gl);
+    kiln_tensor **res = calloc((size_t)nout, sizeof *res);
+    kiln_tensor **history = NULL; /* the loop values before each iteration, nloop per entry */
+    int64_t steps = 0, cap = 0;
+    kiln_status s = state && gl && res ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
+    for (int k = 0; k < nstate && s == KILN_OK; k++) {
+        kiln_tensor_retain(in[k]);
+        state[k] = in[k];
+    }
+    for (bool go = true; go && s == KILN_OK;) {
+        if (steps == cap) {
+            int64_t ncap = cap ? cap * 2 : 16;
+            kiln_tensor **grown = realloc(history, sizeof *grown * (size_t)(ncap * nloop));
+            if (!grown) {
+                s = kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
+                break;
+            }
+            history = grown, cap = ncap;
+        }
+        for (int k = 0; k < nloop; k++) kiln_tensor_retain(state[k]);
+        memcpy(history + steps * nloop, state, sizeof *state * (size_t)nloop);
+        s = step(c, nstate, nloop, state, &go);
+        if (s != KILN_OK || !go) kiln_release_all(history + steps * nloop, nloop); /* no iteration ran on them */
+        else steps++;
+    }
+    if (s == KILN_OK) {
+        kiln_release_all(state, nloop); /* the final values: not needed */
+        for (int k = 0; k < nloop; k++) {
+            kiln_tensor_retain(in[nstate + k]);
+            state[nstate + k] = in[nstate + k]; /* the incoming gradient, then each step's */
+        }
+    }
+    /* backward: (v_t..., lifted..., g_{t+1}...) -> (g_t..., glifted_t...) */
+    for (int64_t t = steps - 1; t >= 0 && s == KILN_OK; t--) {
+        memcpy(state, history + t * nloop, sizeof *state * (size_t)nloop);
+        s = kiln_executable_run(c->exe[2], nin, state, nout, res);
+        for (int k = 0; k < nloop; k++) state[k] = NULL; /* borrowed from history */
+        if (s != KILN_OK) {
+            kiln_error_context(s, "in the backward loop body");
+            break;
+        }
+        kiln_release_all(state + nstate, nloop);
+        memcpy(state + nstate, res, sizeof *res * (size_t)nloop);
+        s = accumulate(nlift, gl, res + nloop);
+    }
+    if (s == KILN_OK) s = copy_out(nloop, state + nstate, out);
+    for (int k = 0; k < nlift && s == KILN_OK; k++) {
+        if (gl[k]) s = kiln_copy_into(out[nloop + k], gl[k]);
+        else memset(out[nloop + k]->data, 0, (size_t)out[nloop + k]->numel * kiln_dtype_size(out[nloop + k]->meta.dtype));
+    }
+    if (state) kiln_release_all(state, nin);
+    if (history) kiln_release_all(history, (int)(steps * nloop));
+    if (gl) kiln_release_all(gl, nlift);
+    free(gl), free(res), free(history), free(state);
+    return s;
+}
+
+kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    switch (c->op) {
+    case KILN_OP_IF: return run_if(c, nin, in, nout, out);
+    case KILN_OP_WHILE: return run_while(c, nin, in, nout, out);
+    case KILN_OP_WHILE_GRAD: return run_while_grad(c, nin, in, nout, out);
+    default: return kiln_error(KILN_ERR_VALUE, "%s is not a control-flow op", kiln_op_table[c->op].name);
+    }
+}
