@@ -24,7 +24,7 @@ def _check_tensors(what, values):
 
 
 def _meta(t):
-    return f"{t.dtype} {tuple(t.shape)}"
+    return f"{t.dtype.name} {tuple(t.shape)}"
 
 
 def _one_element(what, value):
