@@ -106,16 +106,15 @@ def _next_values(body_fn, vals, kind):
     for i, (a, b) in enumerate(zip(vals, new)):
         if not isinstance(b, _C.TensorBase):
             raise TypeError(f"while_loop: loop value {i} returned by body_fn must be a Tensor, got {type(b).__name__}")
-        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        if a.dtype is not b.dtype or a.shape != b.shape:
             raise ValueError(f"while_loop: body_fn returns loop value {i} as {_meta(b)}, but it is {_meta(a)} "
                              "in init_vals")
     return tuple(new)
 
 
 def _truth(value):
-    if isinstance(value, _C.TensorBase):
+    if isinstance(value, _C.TensorBase) and value.size != 1:
         _one_element("while_loop: the value of cond_fn", value)
-        return bool(value)
     return bool(value)
 
 
