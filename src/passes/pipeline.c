@@ -51,7 +51,28 @@ static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_op
     return KILN_OK;
 }
 
+/* The subgraphs control-flow nodes run are optimized like the graph itself (their inputs and
+ * outputs stay as they are); fused groups' subgraphs are left alone. */
+static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) {
+    if (opt->level == KILN_LEVEL_O0 || !g->nsubgraphs) return KILN_OK;
+    bool *body = calloc((size_t)g->nsubgraphs, sizeof *body);
+    if (!body) return kiln_error(KILN_ERR_MEMORY, "out of memory optimizing a graph");
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if (!(kiln_op_table[n->op].flags & KILN_OPF_CONTROL)) continue;
+        int slots[] = {0, 1, 3}, nslots = n->op == KILN_OP_WHILE_GRAD ? 3 : 2;
+        for (int k = 0; k < nslots; k++)
+            if (n->attrs.i[slots[k]] >= 0 && n->attrs.i[slots[k]] < g->nsubgraphs) body[n->attrs.i[slots[k]]] = true;
+    }
+    kiln_status s = KILN_OK;
+    for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++)
+        if (body[k]) s = kiln_optimize(&g->subgraphs[k], opt);
+    free(body);
+    return s;
+}
+
 kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
+    KILN_TRY(optimize_bodies(*g, opt));
     int n;
     const kiln_pass *passes = kiln_pipeline(opt->level, &n);
     for (int k = 0; k < n; k++) KILN_TRY(run(&passes[k], g, opt));

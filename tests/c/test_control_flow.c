@@ -279,6 +279,53 @@ static void test_eager_apply_and_gradient(void) {
     kiln_graph_free(g);
 }
 
+/* dce drops an unused if, cse merges two identical ones, constant_fold runs none of them (their
+ * inputs are all constants here), and O1 optimizes inside the subgraphs. */
+static void test_passes_keep_control_flow(void) {
+    const char *text =
+        "graph(%0: float32[2]) {\n"
+        "  %1: bool[] = constant(1)\n"
+        "  %2: float32[2] = constant\n"
+        "  %3: float32[2] = if(%1, %2) {0, 1, 1}\n"
+        "  %4: float32[2] = if(%1, %2) {0, 1, 1}\n"
+        "  %5: float32[2] = if(%1, %0) {0, 1, 1}\n"
+        "  %6: float32[2] = add(%3, %4)\n"
+        "  return (%6)\n"
+        "}\n"
+        "subgraph 0: graph(%0: float32[2]) {\n"
+        "  %1: float32[] = constant(2)\n"
+        "  %2: float32[] = constant(3)\n"
+        "  %3: float32[2] = mul(%0, %1)\n"
+        "  %4: float32[2] = add(%3, %2)\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 1: graph(%0: float32[2]) {\n"
+        "  return (%0)\n"
+        "}\n";
+    kiln_graph *g = parse(text);
+    if (!g) return;
+    kiln_pass_options opt = {KILN_LEVEL_O1, false, false};
+    CHECK_OK(kiln_optimize(&g, &opt));
+    char *printed = kiln_graph_to_string(g);
+    CHECK(printed);
+    if (!printed) return;
+    const char *main_end = strstr(printed, "subgraph 0:");
+    int ifs = 0;
+    for (const char *p = printed; (p = strstr(p, "= if(")) && p < main_end; p++) ifs++;
+    CHECK(ifs == 1);                                      /* merged, the unused one dropped */
+    CHECK(strstr(main_end, "= fused(") != NULL);          /* the then branch was fused */
+    kiln_executable *e = NULL;
+    CHECK_OK(kiln_compile(g, NULL, &e));
+    int64_t n = 2;
+    kiln_tensor *x = tensor_f32(1, &n, (const float[]){1, 2}), *y = NULL;
+    if (e) CHECK_OK(kiln_executable_run(e, 1, &x, 1, &y));
+    CHECK(y && close_f32(y->data, (const float[]){6, 6}, 2, 0)); /* (0 * 2 + 3) * 2 */
+    kiln_tensor_release(x), kiln_tensor_release(y);
+    kiln_executable_free(e);
+    free(printed);
+    kiln_graph_free(g);
+}
+
 int main(void) {
     test_round_trip();
     test_verify_errors();
@@ -288,6 +335,7 @@ int main(void) {
     test_if_runs();
     test_error_names_op_and_line();
     test_eager_apply_and_gradient();
+    test_passes_keep_control_flow();
     if (check_failures) {
         fprintf(stderr, "%d check(s) failed\n", check_failures);
         return 1;
