@@ -279,6 +279,62 @@ static void test_eager_apply_and_gradient(void) {
     kiln_graph_free(g);
 }
 
+/* The gradient of a loop traced into one graph (while + while_grad) prints, parses back to the
+ * same text, and computes the data-dependent gradient when compiled. */
+static void test_traced_gradient_round_trip(void) {
+    kiln_graph *g = parse(doubling_loop);
+    if (!g) return;
+    kiln_attrs a = {0};
+    a.ni = 3, a.i[2] = 1;
+    for (int k = 0; k < 2; k++) {
+        kiln_graph *sub = NULL;
+        CHECK_OK(kiln_graph_clone(g->subgraphs[k], &sub));
+        CHECK_OK(kiln_body_register(sub, &a.i[k]));
+    }
+    kiln_graph_free(g);
+    int64_t n = 3;
+    kiln_tensor *x = tensor_f32(1, &n, (const float[]){1, 2, 3}), *limit = scalar_f32(30);
+    kiln_tensor *in[2] = {x, limit}, *y = NULL, *sum = NULL, *gx = NULL;
+    CHECK_OK(kiln_tensor_set_requires_grad(x, true));
+    kiln_tracer *tr = NULL;
+    CHECK_OK(kiln_tracer_begin(&tr));
+    CHECK_OK(kiln_tracer_add_input(tr, x));
+    CHECK_OK(kiln_tracer_add_input(tr, limit));
+    CHECK_OK(kiln_apply(KILN_OP_WHILE, 2, in, &a, &y));
+    if (y) CHECK_OK(kiln_emit_reduce(KILN_OP_SUM, y, 1, false, &sum));
+    if (sum) CHECK_OK(kiln_autograd_grad(1, &sum, NULL, 1, &x, false, &gx));
+    kiln_tracer_end(tr);
+    int32_t outs[2];
+    CHECK_OK(kiln_tracer_value_of(tr, sum, &outs[0]));
+    CHECK_OK(kiln_tracer_value_of(tr, gx, &outs[1]));
+    g = kiln_tracer_graph(tr);
+    CHECK_OK(kiln_graph_set_outputs(g, 2, outs));
+    char *text = kiln_graph_to_string(g), *again_text = NULL;
+    kiln_graph *again = NULL;
+    CHECK(text && strstr(text, "= while(") && strstr(text, "= while_grad(") && !strstr(text, "captured"));
+    if (text) CHECK_OK(kiln_graph_parse(text, &again));
+    if (again) again_text = kiln_graph_to_string(again);
+    CHECK(again_text && strcmp(text, again_text) == 0);
+    kiln_executable *e = NULL;
+    if (again) CHECK_OK(kiln_compile(again, NULL, &e));
+    /* sums 6, 12, 24 are below 30: three doublings; 6 ... 96 below 100: five */
+    const float limits[2] = {30, 100}, factors[2] = {8, 32};
+    for (int k = 0; k < 2 && e; k++) {
+        kiln_tensor *run_in[2] = {tensor_f32(1, &n, (const float[]){1, 2, 3}), scalar_f32(limits[k])}, *res[2] = {0};
+        CHECK_OK(kiln_executable_run(e, 2, run_in, 2, res));
+        CHECK(res[0] && ((float *)res[0]->data)[0] == 6 * factors[k]);
+        const float want[3] = {factors[k], factors[k], factors[k]};
+        CHECK(res[1] && close_f32(res[1]->data, want, 3, 0));
+        kiln_release_all(run_in, 2), kiln_release_all(res, 2);
+    }
+    kiln_executable_free(e);
+    free(text), free(again_text);
+    kiln_graph_free(again);
+    kiln_tracer_free(tr);
+    kiln_tensor_release(x), kiln_tensor_release(limit), kiln_tensor_release(y), kiln_tensor_release(sum);
+    kiln_tensor_release(gx);
+}
+
 /* dce drops an unused if, cse merges two identical ones, constant_fold runs none of them (their
  * inputs are all constants here), and O1 optimizes inside the subgraphs. */
 static void test_passes_keep_control_flow(void) {
@@ -336,6 +392,7 @@ int main(void) {
     test_error_names_op_and_line();
     test_eager_apply_and_gradient();
     test_passes_keep_control_flow();
+    test_traced_gradient_round_trip();
     if (check_failures) {
         fprintf(stderr, "%d check(s) failed\n", check_failures);
         return 1;

@@ -238,6 +238,40 @@ def test_gradients_reach_cell_parameters_through_a_loop():
     np.testing.assert_allclose(to_numpy(gw_j[0])[1, 2], (vals[0] - vals[1]) / (2 * eps), rtol=1e-5)
 
 
+def test_gradients_through_a_cond_inside_a_loop():
+    def f(x, w):
+        def body(v, n):
+            v = ops.cond(v.sum() < 3, lambda a: a * w + 0.5, lambda a: (a * 0.5).sin(), (v,))
+            return v, n + 1
+
+        v, _ = ops.while_loop(lambda v, n: n < 6, body, (x, ops.zeros((), dtype=kiln.int64)))
+        return (v * v).sum()
+
+    jf = jit(f)
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        x, w = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+        value_e, grads_e = kiln.value_and_grad(f, (0, 1))(T(x), T(w))
+        value_j, grads_j = kiln.value_and_grad(jf, (0, 1))(T(x), T(w))
+        close(value_j, value_e)
+        close(grads_j, grads_e)
+        for k in (0, 1):
+            np.testing.assert_allclose(to_numpy(grads_j[k]), numeric_grad(f, [x, w], k, [np.ones(())]),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_branches_without_operands_differentiate_what_they_read():
+    def f(p, w):
+        return ops.cond(p, lambda: w * 2, lambda: w.exp(), ()).sum()
+
+    jf = jit(f)
+    w = T([0.5, -1.0])
+    for taken in (True, False, True):
+        p = kiln.Tensor(np.array(taken))
+        close(kiln.grad(jf, 1)(p, w), kiln.grad(f, 1)(p, w))
+        close(kiln.grad(jf, 1)(p, w), T([2.0, 2.0]) if taken else w.exp())
+
+
 def test_gradient_of_a_loop_that_does_not_run():
     jf = jit(loop_fn)
     x = T(np.full((2, 3), 10.0))  # |x|.sum() = 60 >= 20
