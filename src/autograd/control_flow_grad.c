@@ -147,3 +147,10 @@ KILN_GRAD(while) {
     kiln_release_all(gy, ctx->nout);
     return s;
 }
+
+/* Recorded so that differentiating a loop's gradient again fails loudly instead of giving zeros. */
+KILN_GRAD(while_grad) {
+    (void)gin;
+    return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
+                      "while_grad: gradients of gradients through a while loop are not supported");
+}

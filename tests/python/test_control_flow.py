@@ -333,3 +333,22 @@ def test_run_time_error_in_a_body_names_the_op_and_line():
     with pytest.raises(IndexError, match=r"while \(.*test_control_flow\.py:\d+\): " + pattern):  # compiled
         jf(x, i, kiln.Tensor(np.array(5), kiln.int64))
     assert jf.cache_info().compiles == 1
+
+
+def test_second_order_gradients():
+    def f(x):
+        return ops.cond(x.sum() > 0, lambda a: (a * a * a).sum(keepdims=True), lambda a: a.sum(keepdims=True),
+                        (x,)).sum()
+
+    jf = jit(f)
+    x = T([1.0, 2.0])
+    close(kiln.grad(lambda v: kiln.grad(jf)(v).sum())(x), T([6.0, 12.0]))
+
+    def h(x):
+        return ops.while_loop(lambda v, n: n < 2, lambda v, n: (v * v, n + 1),
+                              (x, ops.zeros((), dtype=kiln.int64)))[0].sum()
+
+    close(kiln.grad(jit(h))(x), T([4.0, 32.0]))  # d x^4 / dx
+    # differentiating a loop's gradient again is refused, not silently zero
+    with pytest.raises(NotImplementedError, match="gradients of gradients through a while loop"):
+        kiln.grad(jit(lambda v: kiln.grad(h)(v).sum()))(x)
