@@ -73,6 +73,8 @@ KILN_API kiln_status kiln_graph_parse(const char *text, kiln_graph **out);
 
 typedef struct kiln_tracer kiln_tracer;
 
+/* Starts recording on this thread. Begun while another tracer records, it nests inside it (the
+ * bodies of control flow): the outer one resumes when this one ends. */
 KILN_API kiln_status kiln_tracer_begin(kiln_tracer **out);
 /* Stops recording on this thread; the tracer keeps what it saw. */
 KILN_API void kiln_tracer_end(kiln_tracer *tr);

@@ -297,7 +297,9 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     e->base.nout = (int)n;
     int64_t work = 0;
     for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
-    e->base.release_gil = work >= 65536;
+    bool loops = false; /* control flow: the work depends on the data */
+    for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
+    e->base.release_gil = work >= 65536 || loops;
     kiln_graph_free(g);
     if (!e->base.graph_text) {
         Py_DECREF(e);
