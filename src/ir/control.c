@@ -60,12 +60,29 @@ static kiln_status check_outputs(const char *op, const char *what, const kiln_gr
     return KILN_OK;
 }
 
+/* Subgraphs of control flow are pure: passes may drop unused control-flow nodes and merge
+ * identical ones like any other pure op (nested control flow was checked when added). */
+static kiln_status check_pure(const kiln_graph *g) {
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        unsigned f = kiln_op_table[g->nodes[i].op].flags;
+        if (f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM))
+            return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
+                              "control flow: a branch or loop body %s (%s); bodies must be free of in-place "
+                              "writes and random ops",
+                              (f & KILN_OPF_RANDOM) ? "draws random numbers" : "writes a tensor in place",
+                              kiln_op_table[g->nodes[i].op].name);
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const kiln_attrs *a,
                                const kiln_graph *const *subs, kiln_meta *out) {
     const char *name = kiln_op_table[op].name;
     int nout = kiln_op_nout(op, a);
     if (nout < 1 || nout > KILN_MAX_OUTPUTS)
         return kiln_error(KILN_ERR_VALUE, "%s: %d outputs (at most %d are supported)", name, nout, KILN_MAX_OUTPUTS);
+    int slots[4], nsubs = kiln_control_slots(op, slots);
+    for (int k = 0; k < nsubs; k++) KILN_TRY(check_pure(subs[k]));
     if (op == KILN_OP_IF) {
         if (nin < 1) return kiln_error(KILN_ERR_TYPE, "if: missing the predicate");
         if (kiln_meta_numel(&in[0]) != 1) {
@@ -112,18 +129,6 @@ typedef struct {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static body **bodies;
 static int64_t nbodies, cap_bodies;
-
-static kiln_status check_pure(const kiln_graph *g) {
-    for (int32_t i = 0; i < g->nnodes; i++) {
-        unsigned f = kiln_op_table[g->nodes[i].op].flags;
-        if (f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM))
-            return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
-                              "control flow: a branch or loop body %s (%s); bodies must be free of in-place "
-                              "writes and random ops", (f & KILN_OPF_RANDOM) ? "draws random numbers" : "writes a tensor in place",
-                              kiln_op_table[g->nodes[i].op].name);
-    }
-    return KILN_OK;
-}
 
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     kiln_status s = kiln_graph_verify(g);

@@ -144,6 +144,21 @@ static void test_verify_errors(void) {
         "}\n";
     CHECK_STATUS(kiln_graph_parse(retyped, &g), KILN_ERR_VALUE);
     CHECK(strstr(kiln_last_error(), "output 0 of the body subgraph is float64 (2,) but the loop value is float32 (2,)"));
+    /* subgraphs are pure: no random ops, no in-place writes */
+    const char *random_branch =
+        "graph(%0: bool[], %1: float32[2]) {\n"
+        "  %2: float32[2] = if(%0, %1) {0, 1, 1}\n"
+        "  return (%2)\n"
+        "}\n"
+        "subgraph 0: graph(%0: float32[2]) {\n"
+        "  %1: float32[2], %2: float32[2] = dropout(%0) {0.5}\n"
+        "  return (%1)\n"
+        "}\n"
+        "subgraph 1: graph(%0: float32[2]) {\n"
+        "  return (%0)\n"
+        "}\n";
+    CHECK_STATUS(kiln_graph_parse(random_branch, &g), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "draws random numbers (dropout)"));
 }
 
 /* Runs a compiled loop graph on x and limit; returns out[0..3). */

@@ -315,6 +315,22 @@ def test_loop_body_errors():
         ops.while_loop(lambda v: v.sum() < 10, lambda v: v, x)
 
 
+def test_bodies_must_be_pure():
+    x = T([1.0, 2.0])
+
+    def writes(v):
+        c = v * 1
+        c[0] = 5.0
+        return c
+
+    with pytest.raises(NotImplementedError, match="writes a tensor in place"):
+        jit(lambda a: ops.cond(a.sum() > 0, writes, lambda v: v * 2, (a,)))(x)
+    with pytest.raises(NotImplementedError, match="draws random numbers"):
+        jit(lambda a: ops.while_loop(lambda v: v.sum() < 10, lambda v: (ops.dropout(v, 0.5) + 1,), (a,)))(x)
+    # eagerly both are plain Python
+    close(ops.cond(x.sum() > 0, writes, lambda v: v * 2, (x,)), T([5.0, 2.0]))
+
+
 def test_run_time_error_in_a_body_names_the_op_and_line():
     def f(x, i, limit):
         def body(v, k):
