@@ -123,7 +123,6 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 typedef struct {
     kiln_graph *g;
     int64_t *sub_ids;
-    kiln_executable *exe;
 } body;
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -181,15 +180,9 @@ const kiln_graph *kiln_body_graph(int64_t id) {
     return b ? b->g : NULL;
 }
 
-kiln_status kiln_body_executable(int64_t id, kiln_executable **out) {
+kiln_status kiln_body_compile(int64_t id, kiln_executable **out) {
     body *b = lookup(id);
-    if (!b) return KILN_ERR_VALUE;
-    kiln_status s = KILN_OK;
-    pthread_mutex_lock(&registry_lock);
-    if (!b->exe) s = kiln_compile(b->g, NULL, &b->exe);
-    *out = b->exe;
-    pthread_mutex_unlock(&registry_lock);
-    return s;
+    return b ? kiln_compile(b->g, NULL, out) : KILN_ERR_VALUE;
 }
 
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out) {

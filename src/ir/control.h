@@ -29,8 +29,9 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id);
 /* The body's graph (borrowed; bodies are never freed), or NULL with an error set. */
 const kiln_graph *kiln_body_graph(int64_t id);
-/* The body compiled for the kbk executor (borrowed; compiled on first use). */
-kiln_status kiln_body_executable(int64_t id, kiln_executable **out);
+/* The body compiled for the kbk executor (the caller frees it: a compiled body holds its arena,
+ * which the registry should not keep for the life of the process). */
+kiln_status kiln_body_compile(int64_t id, kiln_executable **out);
 /* attrs of a node of body `id`'s graph with its subgraph indices turned into registry ids. */
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out);
 

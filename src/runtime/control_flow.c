@@ -2,13 +2,12 @@
  * compiled cond and body entirely in C, `while_grad` reruns the loop keeping every iteration's
  * values and runs the backward body over them in reverse. Used by the kbk executor (subgraphs
  * compiled with the enclosing graph) and by the eager kernels (registered bodies, compiled on
- * first use). */
+ * the call). */
 #include "../ir/control.h"
 
 struct kiln_control_node {
     kiln_op op;
-    kiln_executable *exe[3]; /* by slot: then/else, cond/body[/backward] */
-    bool owned;
+    kiln_executable *exe[3]; /* by slot: then/else, cond/body[/backward] (owned) */
 };
 
 /* ---- inference and eager kernels --------------------------------------------------------------- */
@@ -41,18 +40,16 @@ KILN_INFER(if) { return infer_eager(KILN_OP_IF, nin, in, a, out); }
 KILN_INFER(while) { return infer_eager(KILN_OP_WHILE, nin, in, a, out); }
 KILN_INFER(while_grad) { return infer_eager(KILN_OP_WHILE_GRAD, nin, in, a, out); }
 
-static kiln_status eager_node(kiln_op op, const kiln_attrs *a, kiln_control_node *c) {
-    c->op = op;
-    c->owned = false;
-    int slots[4], n = kiln_control_slots(op, slots);
-    for (int k = 0; k < n; k++) KILN_TRY(kiln_body_executable(a->i[slots[k]], &c->exe[k]));
-    return KILN_OK;
-}
-
+/* Eagerly (while tracing, and when a gradient rule runs without a trace) the bodies are compiled
+ * for the call: a loop still runs in C, and no arena outlives it. */
 static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_tensor **out) {
-    kiln_control_node c = {0};
-    KILN_TRY(eager_node(op, a, &c));
-    return kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
+    kiln_control_node c = {.op = op};
+    int slots[4], n = kiln_control_slots(op, slots);
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < n && s == KILN_OK; k++) s = kiln_body_compile(a->i[slots[k]], &c.exe[k]);
+    if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
+    for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
+    return s;
 }
 
 KILN_KERNEL(if) { return eager_run(KILN_OP_IF, in, nin, a, out); }
@@ -66,7 +63,6 @@ kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const 
     kiln_control_node *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     c->op = n->op;
-    c->owned = true;
     int slots[4], ns = kiln_control_slots(n->op, slots);
     kiln_status s = KILN_OK;
     for (int k = 0; k < ns && s == KILN_OK; k++) {
@@ -87,8 +83,7 @@ kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const 
 
 void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
-    if (c->owned)
-        for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
+    for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
     free(c);
 }
 
