@@ -1,4 +1,5 @@
 /* The passes of each optimization level, in order. O0 runs only what correctness needs. */
+#include "../ir/control.h"
 #include "passes_internal.h"
 
 static const kiln_pass o0_passes[] = {{NULL, NULL}};
@@ -59,8 +60,7 @@ static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) 
     if (!body) return kiln_error(KILN_ERR_MEMORY, "out of memory optimizing a graph");
     for (int32_t i = 0; i < g->nnodes; i++) {
         const kiln_node *n = &g->nodes[i];
-        if (!(kiln_op_table[n->op].flags & KILN_OPF_CONTROL)) continue;
-        int slots[] = {0, 1, 3}, nslots = n->op == KILN_OP_WHILE_GRAD ? 3 : 2;
+        int slots[4], nslots = kiln_control_slots(n->op, slots);
         for (int k = 0; k < nslots; k++)
             if (n->attrs.i[slots[k]] >= 0 && n->attrs.i[slots[k]] < g->nsubgraphs) body[n->attrs.i[slots[k]]] = true;
     }
