@@ -1,0 +1,530 @@
+"""The helpers converted code calls (see ast_convert). Each decides while the graph is captured:
+a condition that is a Python value runs as plain Python (static, decided at compile time); a
+tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
+import builtins
+import contextlib
+import os
+import sys
+import threading
+import types
+import warnings
+import weakref
+
+from .. import _C
+from . import ast_convert
+from .syntax import JitSyntaxError
+
+_state = threading.local()
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+_CONVERTIBLE_IN_PACKAGE = (os.path.join(_PACKAGE_DIR, "models.py"),)
+
+
+@contextlib.contextmanager
+def capturing(strict):
+    """Converted code runs under this while a graph is captured: strict turns every construct
+    the converter cannot handle into JitSyntaxError; otherwise it warns once and falls back."""
+    prev = getattr(_state, "strict", None)
+    _state.strict = strict
+    try:
+        yield
+    finally:
+        _state.strict = prev
+
+
+def is_strict():
+    return bool(getattr(_state, "strict", False))
+
+
+def _is_tensor(x):
+    return isinstance(x, _C.TensorBase)
+
+
+def _loc_text(loc):
+    return f"{loc[0]}:{loc[1]}"
+
+
+def _error(loc, construct, hint=""):
+    return JitSyntaxError(construct, loc[0], loc[1], loc[2], hint)
+
+
+class Undefined:
+    """The value of a variable that is not bound on the path taken (Python would raise NameError)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def _fail(self, *args, **kwargs):
+        raise NameError(f"kiln.jit: variable {self.name!r} is not defined on every path that reaches this use")
+
+    __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = _fail
+
+    def __getattr__(self, attr):
+        self._fail()
+
+    def __repr__(self):
+        return f"<undefined {self.name}>"
+
+
+def values(scope, names):
+    """The current values of `names` in a function's locals() (Undefined where unbound)."""
+    return tuple(scope[n] if n in scope else Undefined(n) for n in names)
+
+
+def _as_tensor(value, like=None):
+    """A branch or loop value as a tensor: Python numbers become 0-d tensors (of like's dtype
+    when given)."""
+    if _is_tensor(value):
+        return value
+    from .._tensor import Tensor
+
+    if like is not None and _is_tensor(like):
+        return Tensor(value, like.dtype)
+    if isinstance(value, builtins.bool):
+        return Tensor(value, _C.bool)
+    if isinstance(value, int):
+        return Tensor(value, _C.int64)
+    return Tensor(value, _C.float32)
+
+
+def _selectable(value):
+    return _is_tensor(value) or isinstance(value, (builtins.bool, int, float))
+
+
+# ---- if ----------------------------------------------------------------------------------
+
+def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
+    if not _is_tensor(pred):
+        return true_fn(*vals) if pred else false_fn(*vals)
+    from ..ops import cond
+
+    outs, static = [], []
+    for i, (n, v) in enumerate(zip(names, vals)):
+        if isinstance(v, Undefined):
+            if n in in_true and n in in_false:
+                outs.append(i)
+            elif n.startswith("__kiln_retval_"):
+                outs.append(i)  # a saved return value: the other path fills zeros of its type
+            # else: bound on one path only: local to that branch
+        elif _selectable(v):
+            outs.append(i)
+        else:
+            static.append(i)
+    filled = {}
+
+    def branch(fn, which):
+        def run():
+            res = fn(*vals)
+            result = []
+            for i in outs:
+                r = res[i]
+                if isinstance(r, Undefined):
+                    if names[i].startswith("__kiln_retval_") and names[i] in filled:
+                        from ..ops import zeros
+
+                        result.append(zeros(*filled[names[i]][0], dtype=filled[names[i]][1]))
+                        continue
+                    raise _error(loc, f"variable {names[i]!r} bound in only one branch of an if on a tensor",
+                                 "bind it before the if or in both branches")
+                if not _selectable(r):
+                    raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a "
+                                      "tensor", "only tensors and numbers can depend on a tensor condition")
+                t = _as_tensor(r, vals[i])
+                filled[names[i]] = (tuple(t.shape), t.dtype)
+                result.append(t)
+            for i in static:
+                if res[i] is not vals[i]:
+                    raise _error(loc, f"variable {names[i]!r} ({type(vals[i]).__name__}) changed by an if on a "
+                                      "tensor", "only tensors and numbers can depend on a tensor condition")
+            return tuple(result)
+
+        run.__name__ = which
+        return run
+
+    results = cond(pred, branch(true_fn, "true_branch"), branch(false_fn, "false_branch"))
+    out = list(vals)
+    for i, r in zip(outs, results):
+        out[i] = r
+    for i, n in enumerate(names):
+        if isinstance(vals[i], Undefined) and i not in outs:
+            out[i] = Undefined(n)
+    return tuple(out)
+
+
+def _flatten_result(obj, leaves):
+    """A branch's return value as (structure, tensor leaves); numbers become tensors."""
+    if _selectable(obj):
+        leaves.append(_as_tensor(obj))
+        return "T"
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple(_flatten_result(o, leaves) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple(obj), tuple(_flatten_result(v, leaves) for v in obj.values()))
+    return ("const", obj)
+
+
+def _unflatten_result(spec, leaves):
+    if spec == "T":
+        return next(leaves)
+    kind = spec[0]
+    if kind == "const":
+        return spec[1]
+    if kind is dict:
+        return {k: _unflatten_result(s, leaves) for k, s in zip(spec[1], spec[2])}
+    items = [_unflatten_result(s, leaves) for s in spec[1]]
+    return tuple(items) if kind is tuple else items
+
+
+def _same_spec(a, b):
+    if a == "T" or b == "T":
+        return a == b
+    if a[0] == "const" or b[0] == "const":
+        return a[0] == b[0] and (a[1] is b[1] or a[1] == b[1])
+    if a[0] != b[0] or len(a[-1]) != len(b[-1]) or (a[0] is dict and a[1] != b[1]):
+        return False
+    return all(_same_spec(x, y) for x, y in zip(a[-1], b[-1]))
+
+
+def _select(pred, true_fn, false_fn, loc, what):
+    """kiln.ops.cond over two functions of no arguments returning nested values."""
+    from ..ops import cond
+
+    specs = {}
+
+    def branch(fn, which):
+        def run():
+            leaves = []
+            specs[which] = _flatten_result(fn(), leaves)
+            return tuple(leaves)
+
+        run.__name__ = which
+        return run
+
+    results = cond(pred, branch(true_fn, "true_branch"), branch(false_fn, "false_branch"))
+    if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
+        raise _error(loc, f"{what} whose branches give different kinds of values",
+                     "return tensors (or numbers) of one structure on both paths")
+    spec = specs.get("true_branch", specs.get("false_branch"))
+    return _unflatten_result(spec, iter(results))
+
+
+def if_return(pred, true_fn, false_fn, vals, names, loc):
+    if not _is_tensor(pred):
+        return true_fn(*vals) if pred else false_fn(*vals)
+    return _select(pred, lambda: true_fn(*vals), lambda: false_fn(*vals), loc, "a return under an if on a tensor")
+
+
+def if_exp(pred, true_thunk, false_thunk, loc):
+    if not _is_tensor(pred):
+        return true_thunk() if pred else false_thunk()
+    return _select(pred, true_thunk, false_thunk, loc, "a conditional expression on a tensor")
+
+
+# ---- boolean operators -------------------------------------------------------------------
+
+def and_(*thunks):
+    from ..ops import logical_and
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_and(v, _as_tensor(th()))
+        elif not v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def or_(*thunks):
+    from ..ops import logical_or
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_or(v, _as_tensor(th()))
+        elif v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def not_(v):
+    if _is_tensor(v):
+        from ..ops import logical_not
+
+        return logical_not(v)
+    return not v
+
+
+def assert_(test, msg_thunk, loc):
+    if _is_tensor(test):
+        raise _error(loc, "assert on a tensor value", "assert only on shapes and Python values")
+    if not test:
+        msg = msg_thunk()
+        raise AssertionError(msg) if msg is not None else AssertionError()
+
+
+# ---- loops -------------------------------------------------------------------------------
+
+def _loop_parts(vals, names, loc):
+    """Splits loop variables into carried (tensors and numbers: loop values), static (other
+    objects, which the body must leave alone) and local (unbound before the loop)."""
+    carried, static, local = [], [], []
+    for i, (n, v) in enumerate(zip(names, vals)):
+        if isinstance(v, Undefined):
+            if n.startswith("__kiln_retval_"):
+                raise _error(loc, "return inside a loop that runs on a tensor condition",
+                             "break out of the loop and return after it")
+            local.append(i)
+        elif _selectable(v):
+            carried.append(i)
+        else:
+            static.append(i)
+    return carried, static, local
+
+
+class _LoopState:
+    def __init__(self, vals, names, loc):
+        self.names, self.loc = names, loc
+        self.carried, self.static, self.local = _loop_parts(vals, names, loc)
+        self.base = list(vals)
+        self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
+
+    def full(self, loop_vals):
+        out = list(self.base)
+        for i, v in zip(self.carried, loop_vals):
+            out[i] = v
+        for i in self.local:
+            out[i] = Undefined(self.names[i])
+        return out
+
+    def carry(self, res):
+        out = []
+        for k, i in enumerate(self.carried):
+            r = res[i]
+            if not _selectable(r):
+                raise _error(self.loc, f"loop variable {self.names[i]!r} becomes a {type(r).__name__} in a loop "
+                                       "on a tensor", "loop variables of such loops must stay tensors or numbers")
+            out.append(_as_tensor(r, self.init[k]))
+        for i in self.static:
+            if res[i] is not self.base[i]:
+                raise _error(self.loc, f"variable {self.names[i]!r} ({type(self.base[i]).__name__}) changed in a "
+                                       "loop on a tensor", "only tensors and numbers can change in such a loop")
+        return out
+
+
+def while_stmt(test_fn, body_fn, vals, names, loc):
+    vals = tuple(vals)
+    while True:
+        t = test_fn(*vals)
+        if _is_tensor(t):
+            return _tensor_while(test_fn, body_fn, vals, names, loc)
+        if not t:
+            return vals
+        vals = tuple(body_fn(*vals))
+
+
+def _tensor_while(test_fn, body_fn, vals, names, loc):
+    from ..ops import while_loop
+
+    st = _LoopState(vals, names, loc)
+
+    def cond_fn(*lv):
+        return test_fn(*st.full(lv))
+
+    def body(*lv):
+        return tuple(st.carry(body_fn(*st.full(lv))))
+
+    final = while_loop(cond_fn, body, st.init)
+    return tuple(st.full(final))
+
+
+class TensorRange:
+    """range() with a tensor bound: a for loop over it becomes a while loop."""
+
+    def __init__(self, args, loc):
+        if len(args) == 1:
+            args = (0, args[0], 1)
+        elif len(args) == 2:
+            args = (args[0], args[1], 1)
+        self.start, self.stop, self.step = args
+        self.loc = loc
+        if not _is_tensor(self.step) and self.step == 0:
+            raise ValueError("range() arg 3 must not be zero")
+
+    def __iter__(self):
+        raise _error(self.loc, "iterating a range() with a tensor bound outside a for statement",
+                     "use it directly in a for statement")
+
+
+def for_stmt(iterable, extra_test, body_fn, vals, names, loc):
+    if isinstance(iterable, TensorRange):
+        return _tensor_range_loop(iterable, extra_test, body_fn, vals, names, loc)
+    vals = tuple(vals)
+    for item in iterable:
+        vals = tuple(body_fn(item, *vals))
+        if extra_test is not None:
+            go = extra_test(*vals)
+            if not _is_tensor(go) and not go:
+                break
+    return vals
+
+
+def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
+    from ..ops import logical_and, while_loop
+
+    st = _LoopState(vals, names, loc)
+    start = _as_tensor(rng.start if _is_tensor(rng.start) else int(rng.start), None).long()
+    stop, step = rng.stop, rng.step
+
+    def cond_fn(i, *lv):
+        if _is_tensor(step):
+            from ..ops import where
+
+            go = where(step > 0, i < stop, i > stop)
+        else:
+            go = i < stop if step > 0 else i > stop
+        if extra_test is not None:
+            more = extra_test(*st.full(lv))
+            go = logical_and(go, _as_tensor(more)) if (_is_tensor(more) or not more) else go
+        return go
+
+    def body(i, *lv):
+        res = body_fn(i, *st.full(lv))
+        return (i + step,) + tuple(st.carry(res))
+
+    final = while_loop(cond_fn, body, (start,) + st.init)
+    return tuple(st.full(final[1:]))
+
+
+# ---- calls -------------------------------------------------------------------------------
+
+def _range(*args, loc):
+    if any(_is_tensor(a) for a in args):
+        return TensorRange(args, loc)
+    return range(*args)
+
+
+def _print(*args, sep=" ", end="\n", file=None, flush=False):
+    if file is not None:
+        return builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
+    from ..ops import print_
+
+    return print_(*args, sep=sep, end=end)
+
+
+_SCALAR_BUILTINS = {builtins.int: "int()", builtins.float: "float()", builtins.bool: "bool()"}
+_converted = {}  # code object -> converted code object, or the JitSyntaxError converting it raised
+_warned = set()
+_functions = weakref.WeakKeyDictionary()  # function -> converted function
+
+
+def _user_code(fn):
+    """Whether fn is user code to convert (not kiln itself, the standard library or packages)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name == "<lambda>" or code.co_name.startswith("__kiln_"):
+        return False
+    if getattr(fn, "__kiln_original__", None) is not None:
+        return False
+    if code.co_filename.startswith("<frozen"):
+        return False
+    if code.co_filename.startswith("<"):
+        return True  # exec'd or typed in: reported as source unavailable
+    filename = os.path.abspath(code.co_filename)
+    if filename.startswith(_PACKAGE_DIR + os.sep):
+        return filename in _CONVERTIBLE_IN_PACKAGE
+    in_library = filename.startswith(tuple(d + os.sep for d in _LIBRARY_DIRS)) and (
+        "site-packages" in filename or "dist-packages" in filename or os.sep + "lib" + os.sep + "python" in filename)
+    return not in_library
+
+
+def convert_function(fn):
+    """The converted version of the Python function fn (raises JitSyntaxError)."""
+    try:
+        return _functions[fn]
+    except (KeyError, TypeError):
+        pass
+    code = fn.__code__
+    inner = _converted.get(code)
+    if inner is None:
+        try:
+            inner = ast_convert.convert_code(fn)
+        except JitSyntaxError as e:
+            inner = e
+        _converted[code] = inner
+    if isinstance(inner, JitSyntaxError):
+        raise inner
+    new = ast_convert.build_function(fn, inner, sys.modules[__name__])
+    try:
+        _functions[fn] = new
+    except TypeError:
+        pass
+    return new
+
+
+def _fallback(fn, err):
+    """LAX: warns once per function that it is traced as it is."""
+    if is_strict():
+        raise err
+    key = getattr(fn, "__code__", fn)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"kiln.jit: {err.msg}; {getattr(fn, '__qualname__', fn)} is traced as it is "
+                      "(its Python control flow is fixed at compile time)", RuntimeWarning, stacklevel=3)
+    return fn
+
+
+def _convert_or_fallback(fn):
+    try:
+        return convert_function(fn)
+    except JitSyntaxError as e:
+        return _fallback(fn, e)
+
+
+def convert_callable(f):
+    """What converted code calls for f: converted user functions, methods and Cells; f itself
+    for everything else."""
+    from ..nn import Cell
+    from .function import JitFunction
+
+    if isinstance(f, types.FunctionType):
+        return _convert_or_fallback(f) if _user_code(f) else f
+    if isinstance(f, types.MethodType):
+        func = f.__func__
+        if isinstance(func, types.FunctionType) and _user_code(func):
+            return types.MethodType(_convert_or_fallback(func), f.__self__)
+        return f
+    if isinstance(f, Cell) and not isinstance(f, JitFunction):
+        construct = type(f).construct
+        if not (isinstance(construct, types.FunctionType) and _user_code(construct)):
+            return f
+        conv = _convert_or_fallback(construct)
+        return lambda *a, **k: call_cell(f, conv, a, k)
+    return f
+
+
+def call_cell(cell, construct, args, kwargs):
+    """A Cell called from converted code: logged for the training-mode guards, then its
+    converted construct."""
+    from ..nn import cell as cell_module
+
+    if cell_module._call_log is not None:
+        cell_module._call_log.append(cell)
+    return construct(cell, *args, **kwargs)
+
+
+def converted_call(loc, f, *args, **kwargs):
+    if f is builtins.print:
+        return _print(*args, **kwargs)
+    if f is builtins.range:
+        return _range(*args, loc=loc)
+    scalar = _SCALAR_BUILTINS.get(f)
+    if scalar is not None and args and _is_tensor(args[0]):
+        raise _error(loc, f"{scalar} of a tensor value", "keep the value a tensor (use .astype(), comparisons "
+                                                          "and kiln.ops.where instead of Python scalars)")
+    return convert_callable(f)(*args, **kwargs)
