@@ -115,18 +115,24 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
             static.append(i)
     filled = {}
 
-    def branch(fn, which):
+    def branch(fn, other, which):
         def run():
             res = fn(*vals)
             result = []
             for i in outs:
                 r = res[i]
-                if isinstance(r, Undefined):
-                    if names[i].startswith("__kiln_retval_") and names[i] in filled:
-                        from ..ops import zeros
+                if isinstance(r, Undefined) and names[i].startswith("__kiln_retval_"):
+                    # a return value saved on the other path only (return inside a loop): zeros
+                    # of its type here; its type comes from the other path's run, or from running
+                    # the other path for it (dead code, once) when this path is traced first
+                    from ..ops import zeros
 
-                        result.append(zeros(*filled[names[i]][0], dtype=filled[names[i]][1]))
-                        continue
+                    if names[i] not in filled:
+                        t = _as_tensor(other(*vals)[i])
+                        filled[names[i]] = (tuple(t.shape), t.dtype)
+                    result.append(zeros(*filled[names[i]][0], dtype=filled[names[i]][1]))
+                    continue
+                if isinstance(r, Undefined):
                     raise _error(loc, f"variable {names[i]!r} bound in only one branch of an if on a tensor",
                                  "bind it before the if or in both branches")
                 if not _selectable(r):
@@ -144,7 +150,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
         run.__name__ = which
         return run
 
-    results = cond(pred, branch(true_fn, "true_branch"), branch(false_fn, "false_branch"))
+    results = cond(pred, branch(true_fn, false_fn, "true_branch"), branch(false_fn, true_fn, "false_branch"))
     out = list(vals)
     for i, r in zip(outs, results):
         out[i] = r
