@@ -429,8 +429,6 @@ def source_error(fn, why):
 def convert_code(fn):
     """The converted code object of the plain Python function fn (raises JitSyntaxError)."""
     code = fn.__code__
-    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
-        raise source_error(fn, "generators and coroutines cannot be compiled to a graph")
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
@@ -446,6 +444,8 @@ def convert_code(fn):
     ast.increment_lineno(tree, first - 1)
     where = SourceLocation(code.co_filename, indent)
     check(fdef, where)
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise where.error(fdef, "a generator or coroutine", "return a tuple or list instead")
     fdef.decorator_list = []
     fdef.returns = None
     a = fdef.args
