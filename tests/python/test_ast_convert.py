@@ -502,3 +502,50 @@ def test_print_op_eagerly_and_long_text(capfd):
     kiln.ops.print_("a" * 700, T([1.5, 2.0]), "é", sep="|")
     out = capfd.readouterr().out
     assert out == "a" * 700 + "|[1.5 2]|é\n", out
+
+
+# ---- which helper a condition goes through -------------------------------------------------
+
+
+@pytest.fixture
+def control_flow_calls(monkeypatch):
+    """Counts calls of kiln.ops.cond and kiln.ops.while_loop."""
+    calls = {"cond": 0, "while_loop": 0}
+    for name in calls:
+        real = getattr(kiln.ops, name)
+
+        def counting(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kiln.ops, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("fn, args, conds, loops", [
+    (if_elif_else, (POS, "neg"), 0, 0),
+    (static_while, (POS, 3), 0, 0),
+    (shape_if, (POS,), 0, 0),
+    (tensor_if, (POS,), 1, 0),
+    (nested_if, (POS,), 2, 0),
+    (tensor_while, (POS,), 0, 1),
+    (while_true_break, (POS,), 1, 1),
+    (early_return, (NEG,), 1, 0),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_tensor_conditions_and_only_they_become_cond_and_while_loop(control_flow_calls, fn, args, conds, loops):
+    kiln.jit(fn, fullgraph=True)(*args)
+    assert control_flow_calls["cond"] >= conds and control_flow_calls["while_loop"] >= loops, control_flow_calls
+    if conds == 0:
+        assert control_flow_calls["cond"] == 0, control_flow_calls
+    if loops == 0:
+        assert control_flow_calls["while_loop"] == 0, control_flow_calls
+
+
+def test_cells_inside_sequential_cells_and_with_loss_cells_are_converted(control_flow_calls):
+    seq = nn.SequentialCell(nn.ReLU(), Gate())
+    check(seq, POS)
+    assert control_flow_calls["cond"] >= 1
+    with_loss = nn.WithLossCell(Gate(), lambda y, t: ((y - t) * (y - t)).sum())
+    before = control_flow_calls["cond"]
+    check(with_loss, NEG, POS)
+    assert control_flow_calls["cond"] > before

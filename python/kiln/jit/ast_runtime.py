@@ -507,11 +507,19 @@ def convert_callable(f):
         return f
     if isinstance(f, Cell) and not isinstance(f, JitFunction):
         construct = type(f).construct
-        if not (isinstance(construct, types.FunctionType) and _user_code(construct)):
+        if not (isinstance(construct, types.FunctionType) and (_user_code(construct) or
+                                                               construct in _library_constructs())):
             return f
         conv = _convert_or_fallback(construct)
         return lambda *a, **k: call_cell(f, conv, a, k)
     return f
+
+
+def _library_constructs():
+    """kiln's own Cells that call other Cells: converted so the Cells they call are too."""
+    from ..nn import SequentialCell, WithLossCell
+
+    return (SequentialCell.construct, WithLossCell.construct)
 
 
 def call_cell(cell, construct, args, kwargs):

@@ -406,7 +406,8 @@ def _convert_target(fn):
         construct = type(fn).construct
         if not isinstance(construct, types.FunctionType):
             raise ast_convert.source_error(construct, "its construct is not a Python function")
-        conv = ast_runtime.convert_function(construct) if ast_runtime._user_code(construct) else construct
+        convertible = ast_runtime._user_code(construct) or construct in ast_runtime._library_constructs()
+        conv = ast_runtime.convert_function(construct) if convertible else construct
         return lambda *a, **k: ast_runtime.call_cell(fn, conv, a, k)
     if isinstance(fn, types.MethodType):
         func = fn.__func__
