@@ -323,3 +323,20 @@ def test_lambdas_are_captured_by_tracing_without_warnings():
 def test_jit_syntax_level_validation():
     with pytest.raises(ValueError, match="'STRICT', 'LAX'"):
         kiln.jit(uses_try, jit_syntax_level="loose")
+
+
+def bound_only_in_tensor_loop(x):
+    while x.sum() < 10:
+        y = x * 2
+        x = y
+    return y
+
+
+def test_variable_bound_only_inside_a_tensor_loop():
+    x = T(np.ones((2, 3)))
+    with pytest.raises(kiln.JitSyntaxError) as e:
+        kiln.jit(bound_only_in_tensor_loop, fullgraph=True)(x)
+    _assert_names(e.value, bound_only_in_tensor_loop, "while", "variable 'y' used after a tensor-dependent")
+    with pytest.warns(RuntimeWarning, match="variable 'y'"):
+        out = kiln.jit(bound_only_in_tensor_loop)(x)
+    np.testing.assert_allclose(out.asnumpy(), bound_only_in_tensor_loop(x).asnumpy())

@@ -338,6 +338,12 @@ class _Converter(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
     # -- statements
+    def visit_Return(self, node):
+        self.generic_visit(node)
+        if node.value is not None:
+            node.value = ast.copy_location(_call_rt("checked_return", node.value), node.value)
+        return node
+
     def visit_Assert(self, node):
         self.generic_visit(node)
         msg = ast.Lambda(args=_no_args(), body=node.msg or ast.Constant(None))

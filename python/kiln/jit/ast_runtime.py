@@ -49,14 +49,18 @@ def _error(loc, construct, hint=""):
 
 
 class Undefined:
-    """The value of a variable that is not bound on the path taken (Python would raise NameError)."""
+    """The value of a variable that is not bound on the path taken (Python would raise NameError),
+    or that a tensor-dependent if or loop binds only inside itself (`loc`: that statement)."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "loc")
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, loc=None):
+        self.name, self.loc = name, loc
 
     def _fail(self, *args, **kwargs):
+        if self.loc is not None:
+            raise _error(self.loc, f"variable {self.name!r} used after a tensor-dependent if or loop that binds "
+                                   "it only inside", "bind it before that statement")
         raise NameError(f"kiln.jit: variable {self.name!r} is not defined on every path that reaches this use")
 
     __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
@@ -67,6 +71,19 @@ class Undefined:
 
     def __repr__(self):
         return f"<undefined {self.name}>"
+
+
+def checked_return(value):
+    """A function's return value, refusing variables left unbound by tensor-dependent control flow."""
+    if isinstance(value, Undefined):
+        value._fail()
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            checked_return(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            checked_return(v)
+    return value
 
 
 def values(scope, names):
@@ -156,7 +173,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
         out[i] = r
     for i, n in enumerate(names):
         if isinstance(vals[i], Undefined) and i not in outs:
-            out[i] = Undefined(n)
+            out[i] = Undefined(n, loc)
     return tuple(out)
 
 
@@ -306,7 +323,7 @@ class _LoopState:
         for i, v in zip(self.carried, loop_vals):
             out[i] = v
         for i in self.local:
-            out[i] = Undefined(self.names[i])
+            out[i] = Undefined(self.names[i], self.loc)
         return out
 
     def carry(self, res):
