@@ -65,6 +65,12 @@ def assigned_names(stmts):
     for n in _walk_block(stmts):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
             out[n.id] = None
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+            base = n.value
+            while isinstance(base, ast.Subscript):
+                base = base.value
+            if isinstance(base, ast.Name):  # x[i] = v writes x: the block's new x
+                out[base.id] = None
         elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
             out[n.name] = None
     return list(out)
@@ -469,7 +475,19 @@ def convert_code(fn):
     compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
     factory_code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
     inner = next(c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == fdef.name)
-    return inner.replace(co_qualname=code.co_qualname) if sys.version_info >= (3, 11) else inner
+    inner = inner.replace(co_qualname=code.co_qualname) if sys.version_info >= (3, 11) else inner
+    _remember(inner)
+    return inner
+
+
+CONVERTED_CODE = set()  # code objects made here, nested ones included: never converted again
+
+
+def _remember(code):
+    CONVERTED_CODE.add(code)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _remember(c)
 
 
 def _cell(value):

@@ -452,7 +452,7 @@ def _user_code(fn):
     code = getattr(fn, "__code__", None)
     if code is None or code.co_name == "<lambda>" or code.co_name.startswith("__kiln_"):
         return False
-    if getattr(fn, "__kiln_original__", None) is not None:
+    if code in ast_convert.CONVERTED_CODE:
         return False
     if code.co_filename.startswith("<frozen"):
         return False
