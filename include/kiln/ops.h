@@ -42,7 +42,7 @@ enum kiln_op_flags {
     KILN_OPF_RANDOM = 1 << 2,       /* draws from the global generator */
     KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
-    KILN_OPF_EFFECT = 1 << 5,       /* observable when it runs (print): kept, never merged, order kept */
+    KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
 };
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */

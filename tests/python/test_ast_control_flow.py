@@ -197,3 +197,29 @@ def test_print_inside_a_tensor_loop_prints_every_iteration(capfd):
     capfd.readouterr()
     jf(T([3.0]))
     assert capfd.readouterr().out == "left 3\nleft 2\nleft 1\n"
+
+
+def test_branches_that_only_print_or_return_nothing(capfd):
+    def report(x):
+        if x.sum() > 0:
+            print("positive", x.sum())
+        else:
+            print("not positive")
+        return x * 2
+
+    def maybe_none(x, out):
+        if x.sum() > 0:
+            print("early")
+            return
+        print("late")
+
+    jf = kiln.jit(report, fullgraph=True)
+    pos, neg = T([1.0, 2.0]), T([-1.0, -2.0])
+    jf(pos)
+    capfd.readouterr()
+    np.testing.assert_allclose(jf(neg).asnumpy(), (neg * 2).asnumpy())
+    jf(pos)
+    assert capfd.readouterr().out == "not positive\npositive 3\n"
+    jn = kiln.jit(maybe_none, fullgraph=True)
+    assert jn(pos, None) is None and jn(neg, None) is None
+    assert capfd.readouterr().out == "early\nlate\n"

@@ -186,8 +186,25 @@ def calls_bad_callee(x):
     return callee_with_try(x) + 1
 
 
+def write_under_tensor_if(x):
+    y = x * 1
+    if x.sum() > 0:
+        y[0] = 0.0
+    return y
+
+
+def write_in_tensor_loop(x):
+    y = x * 1
+    while y.sum() < 100:
+        y[0] += 1.0
+        y = y * 2
+    return y
+
+
 RUNTIME = [
     (int_of_tensor, "int(x.sum())", "int() of a tensor value"),
+    (write_under_tensor_if, "if x.sum()", "a subscript assignment (an in-place write) inside an if on a tensor"),
+    (write_in_tensor_loop, "while", "a subscript assignment (an in-place write) inside a loop on a tensor"),
     (assert_on_tensor, "assert", "assert on a tensor value"),
     (string_chosen_by_tensor, "if x.sum() > 0", "variable 'mode' (str) changed by an if on a tensor"),
 ]

@@ -76,6 +76,11 @@ def assigned_names(stmts):
     return list(out)
 
 
+def writes_in_place(stmts):
+    """Whether a block assigns to a subscript (x[i] = v, x[i] += v): an in-place write."""
+    return any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) for n in _walk_block(stmts))
+
+
 def _contains(stmts, kinds, stop_at_loops=False):
     return any(isinstance(n, kinds) for n in _walk_block(stmts, stop_at_loops))
 
@@ -361,19 +366,20 @@ class _Converter(ast.NodeTransformer):
     def visit_If(self, node):
         names = assigned_names(node.body + node.orelse)
         in_true, in_false = assigned_names(node.body), assigned_names(node.orelse)
+        inplace = ast.Constant(writes_in_place(node.body + node.orelse))
         self.generic_visit(node)
         tname, fname = self.fresh("if_true"), self.fresh("if_false")
         if getattr(node, "kiln_returns", False):
             tdef = _def(tname, names, node.body, node)
             fdef = _def(fname, names, node.orelse, node)
             ret = ast.Return(_call_rt("if_return", node.test, _name(tname), _name(fname), self._values(names),
-                                      _strs(names), self._loc(node)))
+                                      _strs(names), inplace, self._loc(node)))
             return [tdef, fdef, ast.copy_location(ret, node)]
         result = [ast.copy_location(ast.Return(_tuple(_name(n) for n in names)), node)]
         tdef = _def(tname, names, node.body + result, node)
         fdef = _def(fname, names, node.orelse + copy.deepcopy(result), node)
         call = _call_rt("if_stmt", node.test, _name(tname), _name(fname), self._values(names), _strs(names),
-                        _strs(in_true), _strs(in_false), self._loc(node))
+                        _strs(in_true), _strs(in_false), inplace, self._loc(node))
         return [tdef, fdef, self._unpack(names, call, node)]
 
     def _unpack(self, names, call, at):
@@ -384,17 +390,19 @@ class _Converter(ast.NodeTransformer):
 
     def visit_While(self, node):
         names = assigned_names(node.body)
+        inplace = ast.Constant(writes_in_place(node.body))
         self.generic_visit(node)
         test_name, body_name = self.fresh("while_test"), self.fresh("while_body")
         test_def = _def(test_name, names, [ast.copy_location(ast.Return(node.test), node.test)], node)
         ret = ast.copy_location(ast.Return(_tuple(_name(n) for n in names)), node)
         body_def = _def(body_name, names, node.body + [ret], node)
         call = _call_rt("while_stmt", _name(test_name), _name(body_name), self._values(names), _strs(names),
-                        self._loc(node))
+                        inplace, self._loc(node))
         return [test_def, body_def, self._unpack(names, call, node)]
 
     def visit_For(self, node):
         names = assigned_names([ast.Assign(targets=[node.target], value=ast.Constant(None))] + node.body)
+        inplace = ast.Constant(writes_in_place(node.body))
         self.generic_visit(node)
         body_name = self.fresh("for_body")
         item = self.fresh("item")
@@ -410,7 +418,7 @@ class _Converter(ast.NodeTransformer):
                             node))
             extra = _name(extra_name)
         call = _call_rt("for_stmt", node.iter, extra, _name(body_name), self._values(names), _strs(names),
-                        self._loc(node))
+                        inplace, self._loc(node))
         out.append(self._unpack(names, call, node))
         return out
 

@@ -107,17 +107,41 @@ def _as_tensor(value, like=None):
     return Tensor(value, _C.float32)
 
 
+_INPLACE_HINT = "build the new tensor outside it, or select values with kiln.ops.where"
+
+
+def _no_inplace(inplace, loc, what):
+    if inplace:
+        raise _error(loc, f"a subscript assignment (an in-place write) inside {what}", _INPLACE_HINT)
+
+
+def _run_control(loc, what, fn, *args):
+    """kiln.ops.cond / while_loop, with what graph control flow cannot hold reported at loc."""
+    try:
+        return fn(*args)
+    except NotImplementedError as e:
+        raise _error(loc, f"{what} whose body graph control flow cannot hold ({e})", _INPLACE_HINT) from None
+
+
+def _token():
+    """A tensor every branch also returns: graph branches must return at least one tensor."""
+    from .._tensor import Tensor
+
+    return Tensor(False, _C.bool)
+
+
 def _selectable(value):
     return _is_tensor(value) or isinstance(value, (builtins.bool, int, float))
 
 
 # ---- if ----------------------------------------------------------------------------------
 
-def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
+def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, loc):
     if not _is_tensor(pred):
         return true_fn(*vals) if pred else false_fn(*vals)
     from ..ops import cond
 
+    _no_inplace(inplace, loc, "an if on a tensor")
     outs, static = [], []
     for i, (n, v) in enumerate(zip(names, vals)):
         if isinstance(v, Undefined):
@@ -162,12 +186,13 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, loc):
                 if res[i] is not vals[i]:
                     raise _error(loc, f"variable {names[i]!r} ({type(vals[i]).__name__}) changed by an if on a "
                                       "tensor", "only tensors and numbers can depend on a tensor condition")
-            return tuple(result)
+            return tuple(result) + (_token(),)
 
         run.__name__ = which
         return run
 
-    results = cond(pred, branch(true_fn, false_fn, "true_branch"), branch(false_fn, true_fn, "false_branch"))
+    results = _run_control(loc, "an if on a tensor", cond, pred, branch(true_fn, false_fn, "true_branch"),
+                           branch(false_fn, true_fn, "false_branch"))[:-1]
     out = list(vals)
     for i, r in zip(outs, results):
         out[i] = r
@@ -221,12 +246,13 @@ def _select(pred, true_fn, false_fn, loc, what):
         def run():
             leaves = []
             specs[which] = _flatten_result(fn(), leaves)
-            return tuple(leaves)
+            return tuple(leaves) + (_token(),)
 
         run.__name__ = which
         return run
 
-    results = cond(pred, branch(true_fn, "true_branch"), branch(false_fn, "false_branch"))
+    results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                           branch(false_fn, "false_branch"))[:-1]
     if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
         raise _error(loc, f"{what} whose branches give different kinds of values",
                      "return tensors (or numbers) of one structure on both paths")
@@ -234,9 +260,10 @@ def _select(pred, true_fn, false_fn, loc, what):
     return _unflatten_result(spec, iter(results))
 
 
-def if_return(pred, true_fn, false_fn, vals, names, loc):
+def if_return(pred, true_fn, false_fn, vals, names, inplace, loc):
     if not _is_tensor(pred):
         return true_fn(*vals) if pred else false_fn(*vals)
+    _no_inplace(inplace, loc, "an if on a tensor")
     return _select(pred, lambda: true_fn(*vals), lambda: false_fn(*vals), loc, "a return under an if on a tensor")
 
 
@@ -341,11 +368,12 @@ class _LoopState:
         return out
 
 
-def while_stmt(test_fn, body_fn, vals, names, loc):
+def while_stmt(test_fn, body_fn, vals, names, inplace, loc):
     vals = tuple(vals)
     while True:
         t = test_fn(*vals)
         if _is_tensor(t):
+            _no_inplace(inplace, loc, "a loop on a tensor condition")
             return _tensor_while(test_fn, body_fn, vals, names, loc)
         if not t:
             return vals
@@ -363,7 +391,10 @@ def _tensor_while(test_fn, body_fn, vals, names, loc):
     def body(*lv):
         return tuple(st.carry(body_fn(*st.full(lv))))
 
-    final = while_loop(cond_fn, body, st.init)
+    if not st.init:
+        raise _error(loc, "a loop on a tensor condition that changes no tensor or number (it cannot end)",
+                     "assign the loop's variables in its body")
+    final = _run_control(loc, "a loop on a tensor condition", while_loop, cond_fn, body, st.init)
     return tuple(st.full(final))
 
 
@@ -385,8 +416,9 @@ class TensorRange:
                      "use it directly in a for statement")
 
 
-def for_stmt(iterable, extra_test, body_fn, vals, names, loc):
+def for_stmt(iterable, extra_test, body_fn, vals, names, inplace, loc):
     if isinstance(iterable, TensorRange):
+        _no_inplace(inplace, loc, "a loop over a range with a tensor bound")
         return _tensor_range_loop(iterable, extra_test, body_fn, vals, names, loc)
     vals = tuple(vals)
     for item in iterable:
@@ -421,7 +453,8 @@ def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
         res = body_fn(i, *st.full(lv))
         return (i + step,) + tuple(st.carry(res))
 
-    final = while_loop(cond_fn, body, (start,) + st.init)
+    final = _run_control(loc, "a loop over a range with a tensor bound", while_loop, cond_fn, body,
+                         (start,) + st.init)
     return tuple(st.full(final[1:]))
 
 
