@@ -571,3 +571,25 @@ def test_cells_inside_sequential_cells_and_with_loss_cells_are_converted(control
     before = control_flow_calls["cond"]
     check(with_loss, NEG, POS)
     assert control_flow_calls["cond"] > before
+
+
+# ---- errors at run time ------------------------------------------------------------------
+
+
+def gathers(x, idx):
+    y = x * 2
+    if x.shape[0] > 1:
+        y = kiln.ops.gather(y, idx)
+    return y
+
+
+def test_run_time_errors_name_the_users_source_line():
+    import inspect
+
+    jf = kiln.jit(gathers, fullgraph=True)
+    x = T(np.ones((4, 3)))
+    jf(x, kiln.tensor(np.array([0, 1])))
+    lines, first = inspect.getsourcelines(gathers)
+    line = first + next(k for k, s in enumerate(lines) if "gather(y, idx)" in s)
+    with pytest.raises(IndexError, match=rf"gather \({__file__}:{line}\).*index 7 is out of range"):
+        jf(x, kiln.tensor(np.array([0, 7])))
