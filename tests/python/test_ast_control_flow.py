@@ -225,3 +225,25 @@ def test_branches_that_only_print_or_return_nothing(capfd):
     capfd.readouterr()
     assert jn(neg, None) is None and jn(pos, None) is None
     assert capfd.readouterr().out == "late\nearly\n"
+
+
+def mismatched(x):
+    if x.sum() > 0:
+        y = x
+    else:
+        y = x.sum()
+    return y
+
+
+def test_branches_giving_different_shapes_strict_error_lax_fallback():
+    import inspect
+
+    x = inputs()[0][0]
+    with pytest.raises(kiln.JitSyntaxError) as e:
+        kiln.jit(mismatched, fullgraph=True)(x)
+    lines, first = inspect.getsourcelines(mismatched)
+    line = first + next(k for k, s in enumerate(lines) if "if x.sum()" in s)
+    assert e.value.lineno == line and "different types" in str(e.value), str(e.value)
+    with pytest.warns(RuntimeWarning, match="different types"):
+        out = kiln.jit(mismatched)(x)
+    np.testing.assert_allclose(out.asnumpy(), mismatched(x).asnumpy())

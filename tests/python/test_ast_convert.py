@@ -264,6 +264,23 @@ def comprehension(x):
     return sum(parts[1:], parts[0])
 
 
+def accumulators(x):
+    total = 0
+    count = 0
+    while total < 20:
+        total = total + x.abs().sum() + 1
+        count += 1
+    k = 0
+    if x.sum() > 0:
+        k = x * 2
+    return total, count, k
+
+
+@pytest.mark.parametrize("x", [POS, NEG, SMALL], ids=["pos", "neg", "small"])
+def test_python_numbers_that_become_tensors_on_some_paths(x):
+    check(accumulators, x)
+
+
 @pytest.mark.parametrize("x", [POS, NEG, SMALL], ids=["pos", "neg", "small"])
 def test_loops(x):
     check(static_while, x, 3)

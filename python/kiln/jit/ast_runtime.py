@@ -115,12 +115,29 @@ def _no_inplace(inplace, loc, what):
         raise _error(loc, f"a subscript assignment (an in-place write) inside {what}", _INPLACE_HINT)
 
 
+class _Mismatch(Exception):
+    """cond / while_loop refused branches or a body whose values differ in dtype or shape."""
+
+
 def _run_control(loc, what, fn, *args):
-    """kiln.ops.cond / while_loop, with what graph control flow cannot hold reported at loc."""
+    """kiln.ops.cond / while_loop, with what graph control flow cannot hold reported at loc
+    (values that differ between branches or iterations raise _Mismatch carrying the error)."""
     try:
         return fn(*args)
     except NotImplementedError as e:
         raise _error(loc, f"{what} whose body graph control flow cannot hold ({e})", _INPLACE_HINT) from None
+    except (ValueError, TypeError) as e:
+        if str(e).startswith(("cond:", "while_loop:")):
+            raise _Mismatch(_error(loc, f"{what} whose paths give values of different types ({e})",
+                                   "give variables the same dtype and shape on every path")) from None
+        raise
+
+
+def _number_as(value, meta):
+    """A Python number as a tensor of the (shape, dtype) its variable has on another path."""
+    from ..ops import full
+
+    return full(meta[0], value, dtype=meta[1])
 
 
 def _token():
@@ -155,6 +172,8 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         else:
             static.append(i)
     filled = {}
+    seen = {}  # output index -> (shape, dtype) of a tensor a branch gave
+    as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
 
     def branch(fn, other, which):
         def run():
@@ -179,7 +198,9 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
                 if not _selectable(r):
                     raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a "
                                       "tensor", "only tensors and numbers can depend on a tensor condition")
-                t = _as_tensor(r, vals[i])
+                if _is_tensor(r):
+                    seen[i] = (tuple(r.shape), r.dtype)
+                t = _number_as(r, as_meta[i]) if not _is_tensor(r) and i in as_meta else _as_tensor(r, vals[i])
                 filled[names[i]] = (tuple(t.shape), t.dtype)
                 result.append(t)
             for i in static:
@@ -191,8 +212,22 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         run.__name__ = which
         return run
 
-    results = _run_control(loc, "an if on a tensor", cond, pred, branch(true_fn, false_fn, "true_branch"),
-                           branch(false_fn, true_fn, "false_branch"))[:-1]
+    def attempt():
+        return _run_control(loc, "an if on a tensor", cond, pred, branch(true_fn, false_fn, "true_branch"),
+                            branch(false_fn, true_fn, "false_branch"))[:-1]
+
+    try:
+        results = attempt()
+    except _Mismatch as e:
+        # a variable that is a Python number on one path and a tensor on the other: the number
+        # takes the tensor's dtype and shape (k = 0, then k = x.sum() on one path)
+        as_meta.update(seen)
+        if not seen:
+            raise e.args[0] from None
+        try:
+            results = attempt()
+        except _Mismatch as again:
+            raise again.args[0] from None
     out = list(vals)
     for i, r in zip(outs, results):
         out[i] = r
@@ -251,8 +286,11 @@ def _select(pred, true_fn, false_fn, loc, what):
         run.__name__ = which
         return run
 
-    results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
-                           branch(false_fn, "false_branch"))[:-1]
+    try:
+        results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                               branch(false_fn, "false_branch"))[:-1]
+    except _Mismatch as e:
+        raise e.args[0] from None
     if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
         raise _error(loc, f"{what} whose branches give different kinds of values",
                      "return tensors (or numbers) of one structure on both paths")
@@ -344,6 +382,19 @@ class _LoopState:
         self.carried, self.static, self.local = _loop_parts(vals, names, loc)
         self.base = list(vals)
         self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
+        self.seen = {}  # carried position -> (shape, dtype) the body gave
+
+    def retyped_init(self):
+        """init with the loop variables that start as Python numbers given the dtype and shape the
+        body gives them (s = 0, then s = s + x.sum()); None when no such variable differs."""
+        init, changed = list(self.init), False
+        for k, i in enumerate(self.carried):
+            meta = self.seen.get(k)
+            if not _is_tensor(self.base[i]) and meta is not None and meta != (tuple(init[k].shape), init[k].dtype):
+                init[k], changed = _number_as(self.base[i], meta), True
+        if changed:
+            self.init = tuple(init)
+        return self.init if changed else None
 
     def full(self, loop_vals):
         out = list(self.base)
@@ -360,6 +411,8 @@ class _LoopState:
             if not _selectable(r):
                 raise _error(self.loc, f"loop variable {self.names[i]!r} becomes a {type(r).__name__} in a loop "
                                        "on a tensor", "loop variables of such loops must stay tensors or numbers")
+            if _is_tensor(r):
+                self.seen[k] = (tuple(r.shape), r.dtype)
             out.append(_as_tensor(r, self.init[k]))
         for i in self.static:
             if res[i] is not self.base[i]:
@@ -394,8 +447,20 @@ def _tensor_while(test_fn, body_fn, vals, names, loc):
     if not st.init:
         raise _error(loc, "a loop on a tensor condition that changes no tensor or number (it cannot end)",
                      "assign the loop's variables in its body")
-    final = _run_control(loc, "a loop on a tensor condition", while_loop, cond_fn, body, st.init)
+    final = _loop_with_retyping(st, loc, "a loop on a tensor condition", while_loop, cond_fn, body, ())
     return tuple(st.full(final))
+
+
+def _loop_with_retyping(st, loc, what, while_loop, cond_fn, body, prefix):
+    try:
+        return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
+    except _Mismatch as e:
+        if st.retyped_init() is None:
+            raise e.args[0] from None
+    try:
+        return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
+    except _Mismatch as e:
+        raise e.args[0] from None
 
 
 class TensorRange:
@@ -453,9 +518,9 @@ def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
         res = body_fn(i, *st.full(lv))
         return (i + step,) + tuple(st.carry(res))
 
-    final = _run_control(loc, "a loop over a range with a tensor bound", while_loop, cond_fn, body,
-                         (start,) + st.init)
-    return tuple(st.full(final[1:]))
+    final = _loop_with_retyping(st, loc, "a loop over a range with a tensor bound", while_loop, cond_fn, body,
+                                (start,))
+    return tuple(st.full(final))
 
 
 # ---- calls -------------------------------------------------------------------------------
