@@ -38,13 +38,18 @@ def bench_loop(quick):
     np.testing.assert_allclose(jf(x, limit).asnumpy(), want, rtol=1e-5)
     text = jf.graph_str()
     loop_nodes = text.count(" = while(")
-    repeat, number = (3, 20) if quick else (5, 100)
-    eager = best_time(lambda: decay_loop(x, limit), repeat, number)
-    jitted = best_time(lambda: jf(x, limit), repeat, number)
+    # short alternating rounds, best of each: a busy moment on a shared machine hits both alike
+    eager = jitted = float("inf")
+    for _ in range(8 if quick else 30):
+        eager = min(eager, best_time(lambda: decay_loop(x, limit), 1, 10))
+        jitted = min(jitted, best_time(lambda: jf(x, limit), 1, 10))
     how = "one while node" if loop_nodes else f"NO while node: {text.count(' = mul(')} unrolled steps (stand-in)"
     print(f"graph of the ast-jitted loop: {how}")
-    return row("while loop x100 (ast O0), us/call", jitted * 1e6, "us", "eager", eager * 1e6,
-               eager / jitted, 3.0, better="higher")
+    ok = row("while loop x100 (ast O0), us/call", jitted * 1e6, "us", "eager", eager * 1e6,
+             eager / jitted, 3.0, better="higher")
+    if not loop_nodes:
+        print("  not counted as met: the graph has no while node, so this is not the loop the target is about")
+    return ok and loop_nodes > 0
 
 
 def bench_simple(quick):
