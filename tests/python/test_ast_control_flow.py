@@ -247,3 +247,19 @@ def test_branches_giving_different_shapes_strict_error_lax_fallback():
     with pytest.warns(RuntimeWarning, match="different types"):
         out = kiln.jit(mismatched)(x)
     np.testing.assert_allclose(out.asnumpy(), mismatched(x).asnumpy())
+
+
+@pytest.mark.parametrize("seed", range(0, 120, 3))
+def test_random_programs_one_graph_for_every_path(seed):
+    import astgen
+
+    fn = astgen.program(seed)
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((2, 3)).astype(np.float32)
+    xs = [kiln.tensor(base * s) for s in (0.1, 1.0, 3.0, -2.0)]
+    jf = kiln.jit(fn, fullgraph=True)
+    for x in xs:
+        for a, b in zip(_vals(jf(x)), _vals(fn(x))):
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-5, atol=1e-5,
+                                       err_msg=astgen.source(seed))
+    assert jf.cache_info().compiles == 1

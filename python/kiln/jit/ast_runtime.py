@@ -115,6 +115,14 @@ def _no_inplace(inplace, loc, what):
         raise _error(loc, f"a subscript assignment (an in-place write) inside {what}", _INPLACE_HINT)
 
 
+class _Drop(Exception):
+    """A branch left variable `index` unbound: the if is captured again without it."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self.index = index
+
+
 class _Mismatch(Exception):
     """cond / while_loop refused branches or a body whose values differ in dtype or shape."""
 
@@ -153,29 +161,51 @@ def _selectable(value):
 
 # ---- if ----------------------------------------------------------------------------------
 
+def _structured(value):
+    return isinstance(value, (tuple, list, dict))
+
+
 def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, loc):
     if not _is_tensor(pred):
         return true_fn(*vals) if pred else false_fn(*vals)
-    from ..ops import cond
+    from ..ops import cond, zeros
 
     _no_inplace(inplace, loc, "an if on a tensor")
-    outs, static = [], []
+    candidates, static = [], []
     for i, (n, v) in enumerate(zip(names, vals)):
         if isinstance(v, Undefined):
             if n in in_true and n in in_false:
-                outs.append(i)
+                candidates.append(i)
             elif n.startswith("__kiln_retval_"):
-                outs.append(i)  # a saved return value: the other path fills zeros of its type
+                candidates.append(i)  # a saved return value: the other path fills zeros of its structure
             # else: bound on one path only: local to that branch
-        elif _selectable(v):
-            outs.append(i)
+        elif _selectable(v) or _structured(v):
+            candidates.append(i)
         else:
             static.append(i)
-    filled = {}
+    dropped = set()  # unbound at the end of some path: unbound after the if (an error only if used)
+    specs = {}  # (branch, output index) -> structure of the value it gave
     seen = {}  # output index -> (shape, dtype) of a tensor a branch gave
     as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
+    leaf_metas = {}  # (branch, output index) -> (shape, dtype) of each tensor of its value
 
-    def branch(fn, other, which):
+    def flat(i, r, which):
+        if _is_tensor(r):
+            seen[i] = (tuple(r.shape), r.dtype)
+            specs[which, i], leaves = "T", [r]
+        elif _selectable(r):
+            specs[which, i] = "T"
+            leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
+        elif _structured(r):
+            leaves = []
+            specs[which, i] = _flatten_result(r, leaves)
+        else:
+            raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a tensor",
+                         "only tensors, numbers and tuples/lists of them can depend on a tensor condition")
+        leaf_metas[which, i] = [(tuple(t.shape), t.dtype) for t in leaves]
+        return leaves
+
+    def branch(fn, other, which, other_which):
         def run():
             res = fn(*vals)
             result = []
@@ -183,26 +213,19 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
                 r = res[i]
                 if isinstance(r, Undefined) and names[i].startswith("__kiln_retval_"):
                     # a return value saved on the other path only (return inside a loop): zeros
-                    # of its type here; its type comes from the other path's run, or from running
-                    # the other path for it (dead code, once) when this path is traced first
-                    from ..ops import zeros
-
-                    if names[i] not in filled:
-                        t = _as_tensor(other(*vals)[i])
-                        filled[names[i]] = (tuple(t.shape), t.dtype)
-                    result.append(zeros(*filled[names[i]][0], dtype=filled[names[i]][1]))
+                    # of its structure here, from the other path's run, or from running the other
+                    # path for it (dead code, once) when this path is traced first
+                    if (other_which, i) not in specs:
+                        other_value = other(*vals)[i]
+                        if isinstance(other_value, Undefined):
+                            raise _Drop(i)
+                        flat(i, other_value, other_which)
+                    specs[which, i] = specs[other_which, i]
+                    result += [zeros(*shape, dtype=dtype) for shape, dtype in leaf_metas[other_which, i]]
                     continue
                 if isinstance(r, Undefined):
-                    raise _error(loc, f"variable {names[i]!r} bound in only one branch of an if on a tensor",
-                                 "bind it before the if or in both branches")
-                if not _selectable(r):
-                    raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a "
-                                      "tensor", "only tensors and numbers can depend on a tensor condition")
-                if _is_tensor(r):
-                    seen[i] = (tuple(r.shape), r.dtype)
-                t = _number_as(r, as_meta[i]) if not _is_tensor(r) and i in as_meta else _as_tensor(r, vals[i])
-                filled[names[i]] = (tuple(t.shape), t.dtype)
-                result.append(t)
+                    raise _Drop(i)
+                result += flat(i, r, which)
             for i in static:
                 if res[i] is not vals[i]:
                     raise _error(loc, f"variable {names[i]!r} ({type(vals[i]).__name__}) changed by an if on a "
@@ -213,8 +236,16 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         return run
 
     def attempt():
-        return _run_control(loc, "an if on a tensor", cond, pred, branch(true_fn, false_fn, "true_branch"),
-                            branch(false_fn, true_fn, "false_branch"))[:-1]
+        while True:
+            outs[:] = [i for i in candidates if i not in dropped]
+            try:
+                return _run_control(loc, "an if on a tensor", cond, pred,
+                                    branch(true_fn, false_fn, "true_branch", "false_branch"),
+                                    branch(false_fn, true_fn, "false_branch", "true_branch"))[:-1]
+            except _Drop as d:
+                dropped.add(d.index)
+
+    outs = []
 
     try:
         results = attempt()
@@ -229,10 +260,15 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         except _Mismatch as again:
             raise again.args[0] from None
     out = list(vals)
-    for i, r in zip(outs, results):
-        out[i] = r
+    leaves = iter(results)
+    for i in outs:
+        spec_t, spec_f = specs.get(("true_branch", i)), specs.get(("false_branch", i))
+        if spec_t is not None and spec_f is not None and not _same_spec(spec_t, spec_f):
+            raise _error(loc, f"variable {names[i]!r} with a different structure on each path of an if on a tensor",
+                         "give it the same tuple/list structure on both paths")
+        out[i] = _unflatten_result(spec_t if spec_t is not None else spec_f, leaves)
     for i, n in enumerate(names):
-        if isinstance(vals[i], Undefined) and i not in outs:
+        if (isinstance(vals[i], Undefined) and i not in outs) or i in dropped:
             out[i] = Undefined(n, loc)
     return tuple(out)
 
