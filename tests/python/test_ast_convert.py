@@ -273,7 +273,13 @@ def accumulators(x):
     k = 0
     if x.sum() > 0:
         k = x * 2
-    return total, count, k
+    m = 1
+    if x.max() > 2:
+        m = 2.5
+    j = 0
+    while j < 3 and x.sum() > -100:
+        j = j + 0.5
+    return total, count, k, m, j
 
 
 @pytest.mark.parametrize("x", [POS, NEG, SMALL], ids=["pos", "neg", "small"])

@@ -123,8 +123,14 @@ class _Drop(Exception):
         self.index = index
 
 
-class _Mismatch(Exception):
-    """cond / while_loop refused branches or a body whose values differ in dtype or shape."""
+class _Mismatch(JitSyntaxError):
+    """cond / while_loop refused branches or a body whose values differ in dtype or shape (the
+    error users see when no retry helps). `wanted`: variable name -> (shape, dtype) it needs,
+    for an enclosing loop whose variable it is."""
+
+    def __init__(self, err, wanted=None):
+        super().__init__(err.construct, err.filename, err.lineno, err.offset, err.hint)
+        self.wanted = wanted or {}
 
 
 def _run_control(loc, what, fn, *args):
@@ -188,6 +194,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
     seen = {}  # output index -> (shape, dtype) of a tensor a branch gave
     as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
     leaf_metas = {}  # (branch, output index) -> (shape, dtype) of each tensor of its value
+    numbers = {}  # output index -> the Python number types branches gave
 
     def flat(i, r, which):
         if _is_tensor(r):
@@ -195,6 +202,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
             specs[which, i], leaves = "T", [r]
         elif _selectable(r):
             specs[which, i] = "T"
+            numbers.setdefault(i, set()).add(type(r))
             leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
         elif _structured(r):
             leaves = []
@@ -249,16 +257,16 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
 
     try:
         results = attempt()
-    except _Mismatch as e:
+    except _Mismatch:
         # a variable that is a Python number on one path and a tensor on the other: the number
         # takes the tensor's dtype and shape (k = 0, then k = x.sum() on one path)
         as_meta.update(seen)
-        if not seen:
-            raise e.args[0] from None
-        try:
-            results = attempt()
-        except _Mismatch as again:
-            raise again.args[0] from None
+        for i, kinds in numbers.items():  # an int on one path, a float on the other: float32
+            if i not in as_meta and len(kinds | {type(vals[i])} - {Undefined}) > 1:
+                as_meta[i] = ((), _C.float32 if float in kinds or isinstance(vals[i], float) else _C.int64)
+        if not as_meta:
+            raise
+        results = attempt()
     out = list(vals)
     leaves = iter(results)
     for i in outs:
@@ -322,11 +330,8 @@ def _select(pred, true_fn, false_fn, loc, what):
         run.__name__ = which
         return run
 
-    try:
-        results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
-                               branch(false_fn, "false_branch"))[:-1]
-    except _Mismatch as e:
-        raise e.args[0] from None
+    results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                           branch(false_fn, "false_branch"))[:-1]
     if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
         raise _error(loc, f"{what} whose branches give different kinds of values",
                      "return tensors (or numbers) of one structure on both paths")
@@ -420,12 +425,12 @@ class _LoopState:
         self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
         self.seen = {}  # carried position -> (shape, dtype) the body gave
 
-    def retyped_init(self):
+    def retyped_init(self, wanted):
         """init with the loop variables that start as Python numbers given the dtype and shape the
         body gives them (s = 0, then s = s + x.sum()); None when no such variable differs."""
         init, changed = list(self.init), False
         for k, i in enumerate(self.carried):
-            meta = self.seen.get(k)
+            meta = wanted.get(self.names[i], self.seen.get(k))
             if not _is_tensor(self.base[i]) and meta is not None and meta != (tuple(init[k].shape), init[k].dtype):
                 init[k], changed = _number_as(self.base[i], meta), True
         if changed:
@@ -449,6 +454,12 @@ class _LoopState:
                                        "on a tensor", "loop variables of such loops must stay tensors or numbers")
             if _is_tensor(r):
                 self.seen[k] = (tuple(r.shape), r.dtype)
+            elif isinstance(r, float) and not self.init[k].dtype.is_floating_point:
+                # an int loop variable given a float: the loop starts over with a float32 one
+                self.seen[k] = (tuple(self.init[k].shape), _C.float32)
+                raise _Mismatch(_error(self.loc, f"loop variable {self.names[i]!r} that is an int before the "
+                                                 "loop and a float in it", "start it as a float"),
+                                {self.names[i]: self.seen[k]})
             out.append(_as_tensor(r, self.init[k]))
         for i in self.static:
             if res[i] is not self.base[i]:
@@ -488,15 +499,13 @@ def _tensor_while(test_fn, body_fn, vals, names, loc):
 
 
 def _loop_with_retyping(st, loc, what, while_loop, cond_fn, body, prefix):
-    try:
-        return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
-    except _Mismatch as e:
-        if st.retyped_init() is None:
-            raise e.args[0] from None
-    try:
-        return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
-    except _Mismatch as e:
-        raise e.args[0] from None
+    for _ in range(len(st.carried) + 1):
+        try:
+            return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
+        except _Mismatch as e:
+            if st.retyped_init(e.wanted) is None:
+                raise  # for an enclosing loop to retype, or for the user
+    raise AssertionError("unreachable: each retry retypes a loop variable")
 
 
 class TensorRange:
