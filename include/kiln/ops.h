@@ -45,6 +45,7 @@ enum kiln_op_flags {
     KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
     KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in i[2] */
+    KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
 };
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */

@@ -6,7 +6,7 @@ from ._tensor import Tensor, from_numpy, tensor
 from . import ops
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad
 from . import nn
-from .jit import JitConfig, jit
+from .jit import JitConfig, JitSyntaxError, jit
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
 
 float_ = float32

@@ -4,9 +4,9 @@
 
 #include "../core/internal.h"
 
-/* Nodes whose order and count matter: in-place writes and draws from the generator. */
+/* Nodes whose order and count matter: in-place writes, draws from the generator, printing. */
 static inline bool kiln_node_has_effects(const kiln_node *n) {
-    return kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY);
+    return kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT);
 }
 
 /* Whether n writes its input k in place. */

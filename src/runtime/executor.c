@@ -61,7 +61,7 @@ static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     int32_t seg_begin = 0;
     for (int32_t i = 0; i <= n; i++) {
         bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags &
-                                  (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY));
+                                  (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT));
         if (!barrier) continue;
         /* visit the segment [seg_begin, i) from its last nodes backwards as roots */
         for (int32_t r = i - 1; r >= seg_begin; r--) {

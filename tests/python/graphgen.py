@@ -16,6 +16,7 @@ The program is source text so a failure reproduces by reading it:
 The same seed always gives the same program and input values (changing this file changes which
 program a seed names).
 """
+import linecache
 import math
 import random
 
@@ -708,7 +709,10 @@ class _Gen:
 
 def compile_source(source, seed):
     namespace = {"kiln": kiln, "K": kiln.ops}
-    code = compile(source, f"<graphgen seed {seed}>", "exec")
+    filename = f"<graphgen seed {seed}>"
+    # registered like a file's lines, so capture_mode="ast" can read the source back
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    code = compile(source, filename, "exec")
     exec(code, namespace)  # noqa: S102 - our own generated source
     return namespace["f"]
 

@@ -930,7 +930,6 @@ def test_invalid_arguments_raise_value_error_listing_accepted_values(kwargs, acc
 
 
 @pytest.mark.parametrize("kwargs, missing", [
-    (dict(capture_mode="ast"), "ast"),
     (dict(capture_mode="bytecode"), "bytecode"),
     (dict(backend="GE"), "GE"),
     (dict(backend="sink"), "sink"),

@@ -40,7 +40,10 @@ class JitConfig:
     def jit_options(self):
         from .options import JitOptions
 
-        return JitOptions.make(capture_mode="trace", jit_level=self.jit_level, backend=self.backend, **self.options)
+        options = dict(self.options)
+        if self.jit_syntax_level:
+            options["jit_syntax_level"] = self.jit_syntax_level
+        return JitOptions.make(capture_mode="ast", jit_level=self.jit_level, backend=self.backend, **options)
 
     def __repr__(self):
         return (f"JitConfig(jit_level={self.jit_level!r}, exc_mode={self.exc_mode!r}, "

@@ -10,12 +10,14 @@ import sys
 import threading
 import time
 import warnings
+import types
 import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import tree
+from . import ast_convert, tree
 from .options import JitOptions
+from .syntax import JitSyntaxError
 
 _local = threading.local()
 
@@ -165,6 +167,9 @@ class JitFunction(_C.JitDispatcher):
         self.stats = CacheInfo()
         self._last = None
         self._grad_variants = {}
+        self._converted = None  # capture_mode="ast": the converted function (see _capture_target)
+        self._ast_fallback = None  # LAX: why this function is traced as it is instead
+        self._grad_parent = None  # for the value_and_grad variant of a jitted function: that function
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -204,6 +209,45 @@ class JitFunction(_C.JitDispatcher):
         obj = self._self
         return lambda *a, **k: self.fn(obj, *a, **k)
 
+    def _capture_target(self):
+        """What a capture runs: with capture_mode="ast" the converted function (control flow
+        through kiln.ops.cond / while_loop), else the function itself."""
+        if self.options.capture_mode != "ast" or self._ast_fallback is not None:
+            return self._target()
+        if self._converted is None:
+            try:
+                self._converted = _convert_target(self.fn)
+            except JitSyntaxError as e:
+                if self.options.strict:
+                    raise
+                self._fall_back_to_trace(e)
+                return self._target()
+        conv = self._converted
+        if self._self_ref is None:
+            return conv
+        obj = self._self
+        return lambda *a, **k: conv(obj, *a, **k)
+
+    def _fall_back_to_trace(self, err):
+        self._ast_fallback = err
+        warnings.warn(f"kiln.jit: {err.msg}; {self.__qualname__} falls back to trace capture (Python control "
+                      "flow is fixed at compile time)", RuntimeWarning, stacklevel=5)
+
+    def _capture(self, args, kwargs):
+        """trace_call of the capture target; in LAX an ast conversion problem found while capturing
+        makes this function fall back to trace capture (with one warning)."""
+        from . import ast_runtime
+
+        owner = self._grad_parent or self  # a value_and_grad variant captures its parent's conversion
+        with ast_runtime.capturing(owner.options.strict):
+            try:
+                return trace_call(self._capture_target(), args, kwargs, self.options)
+            except JitSyntaxError as e:
+                if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
+                    raise
+                owner._fall_back_to_trace(e)
+            return trace_call(self._capture_target(), args, kwargs, self.options)
+
     def _key(self, args, kwargs):
         leaves = []
         spec = tree.flatten((args, kwargs), leaves)
@@ -213,7 +257,7 @@ class JitFunction(_C.JitDispatcher):
 
     def _slow_call(self, *args, **kwargs):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
-            return self._target()(*args, **kwargs)
+            return self._capture_target()(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
@@ -248,7 +292,7 @@ class JitFunction(_C.JitDispatcher):
             return self._target()(*args, **kwargs)
         t0 = time.perf_counter()
         try:
-            result, entry = trace_call(self._target(), args, kwargs, self.options)
+            result, entry = self._capture(args, kwargs)
         except NotReplayable as e:
             self._eager_reason = e.reason
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
@@ -329,13 +373,14 @@ class JitFunction(_C.JitDispatcher):
         gkey = (grad_position if not isinstance(grad_position, list) else tuple(grad_position), wkey, has_aux)
         jf = self._grad_variants.get(gkey)
         if jf is None:
-            target = self._target()
-
             def value_and_grads(*args, **kwargs):
+                # captured: the converted function (ast); run eagerly: the function itself
+                target = self._capture_target() if _C.is_tracing() else self._target()
                 return _run(target, grad_position, weights, has_aux, args, kwargs)
 
             value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
-            jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options)
+            jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options.with_capture_mode("trace"))
+            jf._grad_parent = self
         return jf
 
     def __repr__(self):
@@ -349,6 +394,35 @@ def _call_cell_body(cell, args, kwargs):
     if cell_module._call_log is not None:
         cell_module._call_log.append(cell)
     return cell.construct(*args, **kwargs)
+
+
+def _convert_target(fn):
+    """The ast conversion of a jitted function, method or Cell (a Cell's converted construct
+    bound to it); raises JitSyntaxError."""
+    from ..nn import Cell
+    from . import ast_runtime
+
+    if isinstance(fn, Cell):
+        construct = type(fn).construct
+        if not isinstance(construct, types.FunctionType):
+            raise ast_convert.source_error(construct, "its construct is not a Python function")
+        convertible = ast_runtime._user_code(construct) or construct in ast_runtime._library_constructs()
+        conv = ast_runtime.convert_function(construct) if convertible else construct
+        return lambda *a, **k: ast_runtime.call_cell(fn, conv, a, k)
+    if isinstance(fn, types.MethodType):
+        func = fn.__func__
+        if not isinstance(func, types.FunctionType):
+            raise ast_convert.source_error(fn, "it is not a Python function")
+        return types.MethodType(ast_runtime.convert_function(func), fn.__self__)
+    if isinstance(fn, types.FunctionType):
+        if fn.__code__.co_name == "<lambda>":
+            return fn  # an expression: captured by tracing
+        return ast_runtime.convert_function(fn)
+    if callable(fn) and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
+        call = type(fn).__call__  # a callable object: its __call__
+        conv = ast_runtime.convert_function(call)
+        return lambda *a, **k: conv(fn, *a, **k)
+    raise ast_convert.source_error(fn, f"a {type(fn).__name__} has no Python source")
 
 
 def _describe_change(old, new):
@@ -370,14 +444,18 @@ def _describe_change(old, new):
     return "the signature"
 
 
-def jit(function=None, *, capture_mode="trace", jit_level="O0", dynamic=False, fullgraph=False, backend="",
+def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",
         **options):
     """Compile a function or Cell into a graph (MindSpore's mindspore.jit).
 
-    Works as jit(fn, ...), @jit and @jit(...). capture_mode "trace" records the ops of a first
-    eager run; jit_level "O0" runs the graph kernel by kernel with a static memory plan. Options:
+    Works as jit(fn, ...), @jit and @jit(...). capture_mode "ast" (the default) converts the
+    function's source so that Python control flow on tensor values becomes graph control flow,
+    then captures it; "trace" records the ops of a first eager run as they are. jit_level "O0"
+    runs the graph kernel by kernel with a static memory plan. fullgraph=True (or option
+    jit_syntax_level="STRICT") makes code the ast mode cannot compile raise kiln.JitSyntaxError;
+    otherwise ("LAX") such a function falls back to trace capture with a warning. Options:
     exec_order ("bfs" | "dfs"), recompile_limit (default 8), debug_poison (fill freed buffers
-    with NaN)."""
+    with NaN), jit_syntax_level."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

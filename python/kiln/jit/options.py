@@ -1,30 +1,32 @@
 """Validation of kiln.jit's arguments and options."""
 
 CAPTURE_MODES = ("ast", "bytecode", "trace")
-IMPLEMENTED_CAPTURE_MODES = ("trace",)
+IMPLEMENTED_CAPTURE_MODES = ("ast", "trace")
+SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
 # MindSpore's names are accepted as aliases: ms_backend is kernel by kernel
 BACKENDS = {"": "kbk", "kbk": "kbk", "ms_backend": "kbk"}
 PLANNED_BACKENDS = ("sink", "GE")
 EXEC_ORDERS = ("bfs", "dfs")
-OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost")
+OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
+                "jit_syntax_level")
 
 
 class JitOptions:
     """The validated settings of one jitted function."""
 
     __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
-                 "debug_poison", "disable_format_transform", "infer_boost")
+                 "debug_poison", "disable_format_transform", "infer_boost", "jit_syntax_level")
 
     @classmethod
-    def make(cls, capture_mode="trace", jit_level="O0", dynamic=False, fullgraph=False, backend="", **options):
+    def make(cls, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="", **options):
         o = cls()
         if capture_mode not in CAPTURE_MODES:
             raise ValueError(f"jit: capture_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
                              f"got {capture_mode!r}")
         if capture_mode not in IMPLEMENTED_CAPTURE_MODES:
             raise NotImplementedError(f"jit: capture_mode={capture_mode!r} is not implemented yet; "
-                                      "use capture_mode=\"trace\"")
+                                      "use capture_mode=\"ast\" (the default) or capture_mode=\"trace\"")
         if jit_level not in JIT_LEVELS:
             raise ValueError(f"jit: jit_level must be one of {', '.join(map(repr, JIT_LEVELS))}, got {jit_level!r}")
         if backend in PLANNED_BACKENDS:
@@ -54,7 +56,24 @@ class JitOptions:
         o.infer_boost = options.get("infer_boost", "off")
         if o.infer_boost not in ("on", "off"):
             raise ValueError(f"jit: infer_boost must be 'on' or 'off', got {o.infer_boost!r}")
+        # fullgraph=True means STRICT (MindSpore); an explicit jit_syntax_level ("" = unset) wins
+        level = options.get("jit_syntax_level", "") or ("STRICT" if fullgraph else "LAX")
+        if level not in SYNTAX_LEVELS:
+            raise ValueError(f"jit: jit_syntax_level must be 'STRICT', 'LAX' or '', got {level!r}")
+        o.jit_syntax_level = level
         return o
+
+    def with_capture_mode(self, capture_mode):
+        """A copy of these options capturing with capture_mode."""
+        o = JitOptions()
+        for name in self.__slots__:
+            setattr(o, name, getattr(self, name))
+        o.capture_mode = capture_mode
+        return o
+
+    @property
+    def strict(self):
+        return self.jit_syntax_level == "STRICT"
 
     @property
     def level(self):

@@ -11,3 +11,4 @@ from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, 
 from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
                             max_pool2d, rms_norm, stop_gradient)
 from .control_flow import cond, while_loop
+from .debug import print_

@@ -1,0 +1,704 @@
+"""The helpers converted code calls (see ast_convert). Each decides while the graph is captured:
+a condition that is a Python value runs as plain Python (static, decided at compile time); a
+tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
+import builtins
+import contextlib
+import os
+import sys
+import threading
+import types
+import warnings
+import weakref
+
+from .. import _C
+from . import ast_convert
+from .syntax import JitSyntaxError
+
+_state = threading.local()
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+_CONVERTIBLE_IN_PACKAGE = (os.path.join(_PACKAGE_DIR, "models.py"),)
+
+
+@contextlib.contextmanager
+def capturing(strict):
+    """Converted code runs under this while a graph is captured: strict turns every construct
+    the converter cannot handle into JitSyntaxError; otherwise it warns once and falls back."""
+    prev = getattr(_state, "strict", None)
+    _state.strict = strict
+    try:
+        yield
+    finally:
+        _state.strict = prev
+
+
+def is_strict():
+    return bool(getattr(_state, "strict", False))
+
+
+def _is_tensor(x):
+    return isinstance(x, _C.TensorBase)
+
+
+def _loc_text(loc):
+    return f"{loc[0]}:{loc[1]}"
+
+
+def _error(loc, construct, hint=""):
+    return JitSyntaxError(construct, loc[0], loc[1], loc[2], hint)
+
+
+class Undefined:
+    """The value of a variable that is not bound on the path taken (Python would raise NameError),
+    or that a tensor-dependent if or loop binds only inside itself (`loc`: that statement)."""
+
+    __slots__ = ("name", "loc")
+
+    def __init__(self, name, loc=None):
+        self.name, self.loc = name, loc
+
+    def _fail(self, *args, **kwargs):
+        if self.loc is not None:
+            raise _error(self.loc, f"variable {self.name!r} used after a tensor-dependent if or loop that binds "
+                                   "it only inside", "bind it before that statement")
+        raise NameError(f"kiln.jit: variable {self.name!r} is not defined on every path that reaches this use")
+
+    __bool__ = __call__ = __iter__ = __len__ = __getitem__ = __index__ = _fail
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = _fail
+
+    def __getattr__(self, attr):
+        self._fail()
+
+    def __repr__(self):
+        return f"<undefined {self.name}>"
+
+
+def checked_return(value):
+    """A function's return value, refusing variables left unbound by tensor-dependent control flow."""
+    if isinstance(value, Undefined):
+        value._fail()
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            checked_return(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            checked_return(v)
+    return value
+
+
+def values(scope, names):
+    """The current values of `names` in a function's locals() (Undefined where unbound)."""
+    return tuple(scope[n] if n in scope else Undefined(n) for n in names)
+
+
+def _as_tensor(value, like=None):
+    """A branch or loop value as a tensor: Python numbers become 0-d tensors (of like's dtype
+    when given)."""
+    if _is_tensor(value):
+        return value
+    from .._tensor import Tensor
+
+    if like is not None and _is_tensor(like):
+        return Tensor(value, like.dtype)
+    if isinstance(value, builtins.bool):
+        return Tensor(value, _C.bool)
+    if isinstance(value, int):
+        return Tensor(value, _C.int64)
+    return Tensor(value, _C.float32)
+
+
+_INPLACE_HINT = "build the new tensor outside it, or select values with kiln.ops.where"
+
+
+def _no_inplace(inplace, loc, what):
+    if inplace:
+        raise _error(loc, f"a subscript assignment (an in-place write) inside {what}", _INPLACE_HINT)
+
+
+class _Drop(Exception):
+    """A branch left variable `index` unbound: the if is captured again without it."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self.index = index
+
+
+class _Mismatch(JitSyntaxError):
+    """cond / while_loop refused branches or a body whose values differ in dtype or shape (the
+    error users see when no retry helps). `wanted`: variable name -> (shape, dtype) it needs,
+    for an enclosing loop whose variable it is."""
+
+    def __init__(self, err, wanted=None):
+        super().__init__(err.construct, err.filename, err.lineno, err.offset, err.hint)
+        self.wanted = wanted or {}
+
+
+def _run_control(loc, what, fn, *args):
+    """kiln.ops.cond / while_loop, with what graph control flow cannot hold reported at loc
+    (values that differ between branches or iterations raise _Mismatch carrying the error)."""
+    try:
+        return fn(*args)
+    except NotImplementedError as e:
+        raise _error(loc, f"{what} whose body graph control flow cannot hold ({e})", _INPLACE_HINT) from None
+    except (ValueError, TypeError) as e:
+        if str(e).startswith(("cond:", "while_loop:")):
+            raise _Mismatch(_error(loc, f"{what} whose paths give values of different types ({e})",
+                                   "give variables the same dtype and shape on every path")) from None
+        raise
+
+
+def _number_as(value, meta):
+    """A Python number as a tensor of the (shape, dtype) its variable has on another path."""
+    from ..ops import full
+
+    return full(meta[0], value, dtype=meta[1])
+
+
+def _token():
+    """A tensor every branch also returns: graph branches must return at least one tensor."""
+    from .._tensor import Tensor
+
+    return Tensor(False, _C.bool)
+
+
+def _selectable(value):
+    return _is_tensor(value) or isinstance(value, (builtins.bool, int, float))
+
+
+# ---- if ----------------------------------------------------------------------------------
+
+def _structured(value):
+    return isinstance(value, (tuple, list, dict))
+
+
+def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, loc):
+    if not _is_tensor(pred):
+        return true_fn(*vals) if pred else false_fn(*vals)
+    from ..ops import cond, zeros
+
+    _no_inplace(inplace, loc, "an if on a tensor")
+    candidates, static = [], []
+    for i, (n, v) in enumerate(zip(names, vals)):
+        if isinstance(v, Undefined):
+            if n in in_true and n in in_false:
+                candidates.append(i)
+            elif n.startswith("__kiln_retval_"):
+                candidates.append(i)  # a saved return value: the other path fills zeros of its structure
+            # else: bound on one path only: local to that branch
+        elif _selectable(v) or _structured(v):
+            candidates.append(i)
+        else:
+            static.append(i)
+    dropped = set()  # unbound at the end of some path: unbound after the if (an error only if used)
+    specs = {}  # (branch, output index) -> structure of the value it gave
+    seen = {}  # output index -> (shape, dtype) of a tensor a branch gave
+    as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
+    leaf_metas = {}  # (branch, output index) -> (shape, dtype) of each tensor of its value
+    numbers = {}  # output index -> the Python number types branches gave
+
+    def flat(i, r, which):
+        if _is_tensor(r):
+            seen[i] = (tuple(r.shape), r.dtype)
+            specs[which, i], leaves = "T", [r]
+        elif _selectable(r):
+            specs[which, i] = "T"
+            numbers.setdefault(i, set()).add(type(r))
+            leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
+        elif _structured(r):
+            leaves = []
+            specs[which, i] = _flatten_result(r, leaves)
+        else:
+            raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a tensor",
+                         "only tensors, numbers and tuples/lists of them can depend on a tensor condition")
+        leaf_metas[which, i] = [(tuple(t.shape), t.dtype) for t in leaves]
+        return leaves
+
+    def branch(fn, other, which, other_which):
+        def run():
+            res = fn(*vals)
+            result = []
+            for i in outs:
+                r = res[i]
+                if isinstance(r, Undefined) and names[i].startswith("__kiln_retval_"):
+                    # a return value saved on the other path only (return inside a loop): zeros
+                    # of its structure here, from the other path's run, or from running the other
+                    # path for it (dead code, once) when this path is traced first
+                    if (other_which, i) not in specs:
+                        other_value = other(*vals)[i]
+                        if isinstance(other_value, Undefined):
+                            raise _Drop(i)
+                        flat(i, other_value, other_which)
+                    specs[which, i] = specs[other_which, i]
+                    result += [zeros(*shape, dtype=dtype) for shape, dtype in leaf_metas[other_which, i]]
+                    continue
+                if isinstance(r, Undefined):
+                    raise _Drop(i)
+                result += flat(i, r, which)
+            for i in static:
+                if res[i] is not vals[i]:
+                    raise _error(loc, f"variable {names[i]!r} ({type(vals[i]).__name__}) changed by an if on a "
+                                      "tensor", "only tensors and numbers can depend on a tensor condition")
+            return tuple(result) + (_token(),)
+
+        run.__name__ = which
+        return run
+
+    def attempt():
+        while True:
+            outs[:] = [i for i in candidates if i not in dropped]
+            try:
+                return _run_control(loc, "an if on a tensor", cond, pred,
+                                    branch(true_fn, false_fn, "true_branch", "false_branch"),
+                                    branch(false_fn, true_fn, "false_branch", "true_branch"))[:-1]
+            except _Drop as d:
+                dropped.add(d.index)
+
+    outs = []
+
+    try:
+        results = attempt()
+    except _Mismatch:
+        # a variable that is a Python number on one path and a tensor on the other: the number
+        # takes the tensor's dtype and shape (k = 0, then k = x.sum() on one path)
+        as_meta.update(seen)
+        for i, kinds in numbers.items():  # an int on one path, a float on the other: float32
+            if i not in as_meta and len(kinds | {type(vals[i])} - {Undefined}) > 1:
+                as_meta[i] = ((), _C.float32 if float in kinds or isinstance(vals[i], float) else _C.int64)
+        if not as_meta:
+            raise
+        results = attempt()
+    out = list(vals)
+    leaves = iter(results)
+    for i in outs:
+        spec_t, spec_f = specs.get(("true_branch", i)), specs.get(("false_branch", i))
+        if spec_t is not None and spec_f is not None and not _same_spec(spec_t, spec_f):
+            raise _error(loc, f"variable {names[i]!r} with a different structure on each path of an if on a tensor",
+                         "give it the same tuple/list structure on both paths")
+        out[i] = _unflatten_result(spec_t if spec_t is not None else spec_f, leaves)
+    for i, n in enumerate(names):
+        if (isinstance(vals[i], Undefined) and i not in outs) or i in dropped:
+            out[i] = Undefined(n, loc)
+    return tuple(out)
+
+
+def _flatten_result(obj, leaves):
+    """A branch's return value as (structure, tensor leaves); numbers become tensors."""
+    if _selectable(obj):
+        leaves.append(_as_tensor(obj))
+        return "T"
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple(_flatten_result(o, leaves) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple(obj), tuple(_flatten_result(v, leaves) for v in obj.values()))
+    return ("const", obj)
+
+
+def _unflatten_result(spec, leaves):
+    if spec == "T":
+        return next(leaves)
+    kind = spec[0]
+    if kind == "const":
+        return spec[1]
+    if kind is dict:
+        return {k: _unflatten_result(s, leaves) for k, s in zip(spec[1], spec[2])}
+    items = [_unflatten_result(s, leaves) for s in spec[1]]
+    return tuple(items) if kind is tuple else items
+
+
+def _same_spec(a, b):
+    if a == "T" or b == "T":
+        return a == b
+    if a[0] == "const" or b[0] == "const":
+        return a[0] == b[0] and (a[1] is b[1] or a[1] == b[1])
+    if a[0] != b[0] or len(a[-1]) != len(b[-1]) or (a[0] is dict and a[1] != b[1]):
+        return False
+    return all(_same_spec(x, y) for x, y in zip(a[-1], b[-1]))
+
+
+def _select(pred, true_fn, false_fn, loc, what):
+    """kiln.ops.cond over two functions of no arguments returning nested values."""
+    from ..ops import cond
+
+    specs = {}
+
+    def branch(fn, which):
+        def run():
+            leaves = []
+            specs[which] = _flatten_result(fn(), leaves)
+            return tuple(leaves) + (_token(),)
+
+        run.__name__ = which
+        return run
+
+    results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                           branch(false_fn, "false_branch"))[:-1]
+    if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
+        raise _error(loc, f"{what} whose branches give different kinds of values",
+                     "return tensors (or numbers) of one structure on both paths")
+    spec = specs.get("true_branch", specs.get("false_branch"))
+    return _unflatten_result(spec, iter(results))
+
+
+def if_return(pred, true_fn, false_fn, vals, names, inplace, loc):
+    if not _is_tensor(pred):
+        return true_fn(*vals) if pred else false_fn(*vals)
+    _no_inplace(inplace, loc, "an if on a tensor")
+    return _select(pred, lambda: true_fn(*vals), lambda: false_fn(*vals), loc, "a return under an if on a tensor")
+
+
+def if_exp(pred, true_thunk, false_thunk, loc):
+    if not _is_tensor(pred):
+        return true_thunk() if pred else false_thunk()
+    return _select(pred, true_thunk, false_thunk, loc, "a conditional expression on a tensor")
+
+
+# ---- boolean operators -------------------------------------------------------------------
+
+def and_(*thunks):
+    from ..ops import logical_and
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_and(v, _as_tensor(th()))
+        elif not v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def or_(*thunks):
+    from ..ops import logical_or
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_or(v, _as_tensor(th()))
+        elif v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def not_(v):
+    if _is_tensor(v):
+        from ..ops import logical_not
+
+        return logical_not(v)
+    return not v
+
+
+def assert_(test, msg_thunk, loc):
+    if _is_tensor(test):
+        raise _error(loc, "assert on a tensor value", "assert only on shapes and Python values")
+    if not test:
+        msg = msg_thunk()
+        raise AssertionError(msg) if msg is not None else AssertionError()
+
+
+# ---- loops -------------------------------------------------------------------------------
+
+def _loop_parts(vals, names, loc):
+    """Splits loop variables into carried (tensors and numbers: loop values), static (other
+    objects, which the body must leave alone) and local (unbound before the loop)."""
+    carried, static, local = [], [], []
+    for i, (n, v) in enumerate(zip(names, vals)):
+        if isinstance(v, Undefined):
+            if n.startswith("__kiln_retval_"):
+                raise _error(loc, "return inside a loop that runs on a tensor condition",
+                             "break out of the loop and return after it")
+            local.append(i)
+        elif _selectable(v):
+            carried.append(i)
+        else:
+            static.append(i)
+    return carried, static, local
+
+
+class _LoopState:
+    def __init__(self, vals, names, loc):
+        self.names, self.loc = names, loc
+        self.carried, self.static, self.local = _loop_parts(vals, names, loc)
+        self.base = list(vals)
+        self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
+        self.seen = {}  # carried position -> (shape, dtype) the body gave
+
+    def retyped_init(self, wanted):
+        """init with the loop variables that start as Python numbers given the dtype and shape the
+        body gives them (s = 0, then s = s + x.sum()); None when no such variable differs."""
+        init, changed = list(self.init), False
+        for k, i in enumerate(self.carried):
+            meta = wanted.get(self.names[i], self.seen.get(k))
+            if not _is_tensor(self.base[i]) and meta is not None and meta != (tuple(init[k].shape), init[k].dtype):
+                init[k], changed = _number_as(self.base[i], meta), True
+        if changed:
+            self.init = tuple(init)
+        return self.init if changed else None
+
+    def full(self, loop_vals):
+        out = list(self.base)
+        for i, v in zip(self.carried, loop_vals):
+            out[i] = v
+        for i in self.local:
+            out[i] = Undefined(self.names[i], self.loc)
+        return out
+
+    def carry(self, res):
+        out = []
+        for k, i in enumerate(self.carried):
+            r = res[i]
+            if not _selectable(r):
+                raise _error(self.loc, f"loop variable {self.names[i]!r} becomes a {type(r).__name__} in a loop "
+                                       "on a tensor", "loop variables of such loops must stay tensors or numbers")
+            if _is_tensor(r):
+                self.seen[k] = (tuple(r.shape), r.dtype)
+            elif isinstance(r, float) and not self.init[k].dtype.is_floating_point:
+                # an int loop variable given a float: the loop starts over with a float32 one
+                self.seen[k] = (tuple(self.init[k].shape), _C.float32)
+                raise _Mismatch(_error(self.loc, f"loop variable {self.names[i]!r} that is an int before the "
+                                                 "loop and a float in it", "start it as a float"),
+                                {self.names[i]: self.seen[k]})
+            out.append(_as_tensor(r, self.init[k]))
+        for i in self.static:
+            if res[i] is not self.base[i]:
+                raise _error(self.loc, f"variable {self.names[i]!r} ({type(self.base[i]).__name__}) changed in a "
+                                       "loop on a tensor", "only tensors and numbers can change in such a loop")
+        return out
+
+
+def while_stmt(test_fn, body_fn, vals, names, inplace, loc):
+    vals = tuple(vals)
+    while True:
+        t = test_fn(*vals)
+        if _is_tensor(t):
+            _no_inplace(inplace, loc, "a loop on a tensor condition")
+            return _tensor_while(test_fn, body_fn, vals, names, loc)
+        if not t:
+            return vals
+        vals = tuple(body_fn(*vals))
+
+
+def _tensor_while(test_fn, body_fn, vals, names, loc):
+    from ..ops import while_loop
+
+    st = _LoopState(vals, names, loc)
+
+    def cond_fn(*lv):
+        return test_fn(*st.full(lv))
+
+    def body(*lv):
+        return tuple(st.carry(body_fn(*st.full(lv))))
+
+    if not st.init:
+        raise _error(loc, "a loop on a tensor condition that changes no tensor or number (it cannot end)",
+                     "assign the loop's variables in its body")
+    final = _loop_with_retyping(st, loc, "a loop on a tensor condition", while_loop, cond_fn, body, ())
+    return tuple(st.full(final))
+
+
+def _loop_with_retyping(st, loc, what, while_loop, cond_fn, body, prefix):
+    for _ in range(len(st.carried) + 1):
+        try:
+            return _run_control(loc, what, while_loop, cond_fn, body, prefix + st.init)[len(prefix):]
+        except _Mismatch as e:
+            if st.retyped_init(e.wanted) is None:
+                raise  # for an enclosing loop to retype, or for the user
+    raise AssertionError("unreachable: each retry retypes a loop variable")
+
+
+class TensorRange:
+    """range() with a tensor bound: a for loop over it becomes a while loop."""
+
+    def __init__(self, args, loc):
+        if len(args) == 1:
+            args = (0, args[0], 1)
+        elif len(args) == 2:
+            args = (args[0], args[1], 1)
+        self.start, self.stop, self.step = args
+        self.loc = loc
+        if not _is_tensor(self.step) and self.step == 0:
+            raise ValueError("range() arg 3 must not be zero")
+
+    def __iter__(self):
+        raise _error(self.loc, "iterating a range() with a tensor bound outside a for statement",
+                     "use it directly in a for statement")
+
+
+def for_stmt(iterable, extra_test, body_fn, vals, names, inplace, loc):
+    if isinstance(iterable, TensorRange):
+        _no_inplace(inplace, loc, "a loop over a range with a tensor bound")
+        return _tensor_range_loop(iterable, extra_test, body_fn, vals, names, loc)
+    vals = tuple(vals)
+    for item in iterable:
+        vals = tuple(body_fn(item, *vals))
+        if extra_test is not None:
+            go = extra_test(*vals)
+            if not _is_tensor(go) and not go:
+                break
+    return vals
+
+
+def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
+    from ..ops import logical_and, while_loop
+
+    st = _LoopState(vals, names, loc)
+    start = _as_tensor(rng.start if _is_tensor(rng.start) else int(rng.start), None).long()
+    stop, step = rng.stop, rng.step
+
+    def cond_fn(i, *lv):
+        if _is_tensor(step):
+            from ..ops import where
+
+            go = where(step > 0, i < stop, i > stop)
+        else:
+            go = i < stop if step > 0 else i > stop
+        if extra_test is not None:
+            more = extra_test(*st.full(lv))
+            go = logical_and(go, _as_tensor(more)) if (_is_tensor(more) or not more) else go
+        return go
+
+    def body(i, *lv):
+        res = body_fn(i, *st.full(lv))
+        return (i + step,) + tuple(st.carry(res))
+
+    final = _loop_with_retyping(st, loc, "a loop over a range with a tensor bound", while_loop, cond_fn, body,
+                                (start,))
+    return tuple(st.full(final))
+
+
+# ---- calls -------------------------------------------------------------------------------
+
+def _range(*args, loc):
+    if any(_is_tensor(a) for a in args):
+        return TensorRange(args, loc)
+    return range(*args)
+
+
+def _print(*args, sep=" ", end="\n", file=None, flush=False):
+    if file is not None:
+        return builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
+    from ..ops import print_
+
+    return print_(*args, sep=sep, end=end)
+
+
+_SCALAR_BUILTINS = {builtins.int: "int()", builtins.float: "float()", builtins.bool: "bool()"}
+_converted = {}  # code object -> converted code object, or the JitSyntaxError converting it raised
+_warned = set()
+_functions = weakref.WeakKeyDictionary()  # function -> converted function
+
+
+def _user_code(fn):
+    """Whether fn is user code to convert (not kiln itself, the standard library or packages)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name == "<lambda>" or code.co_name.startswith("__kiln_"):
+        return False
+    if code in ast_convert.CONVERTED_CODE:
+        return False
+    if code.co_filename.startswith("<frozen"):
+        return False
+    if code.co_filename.startswith("<"):
+        return True  # exec'd or typed in: reported as source unavailable
+    filename = os.path.abspath(code.co_filename)
+    if filename.startswith(_PACKAGE_DIR + os.sep):
+        return filename in _CONVERTIBLE_IN_PACKAGE
+    in_library = filename.startswith(tuple(d + os.sep for d in _LIBRARY_DIRS)) and (
+        "site-packages" in filename or "dist-packages" in filename or os.sep + "lib" + os.sep + "python" in filename)
+    return not in_library
+
+
+def convert_function(fn):
+    """The converted version of the Python function fn (raises JitSyntaxError)."""
+    try:
+        return _functions[fn]
+    except (KeyError, TypeError):
+        pass
+    code = fn.__code__
+    inner = _converted.get(code)
+    if inner is None:
+        try:
+            inner = ast_convert.convert_code(fn)
+        except JitSyntaxError as e:
+            inner = e
+        _converted[code] = inner
+    if isinstance(inner, JitSyntaxError):
+        raise inner
+    new = ast_convert.build_function(fn, inner, sys.modules[__name__])
+    try:
+        _functions[fn] = new
+    except TypeError:
+        pass
+    return new
+
+
+def _fallback(fn, err):
+    """LAX: warns once per function that it is traced as it is."""
+    if is_strict():
+        raise err
+    key = getattr(fn, "__code__", fn)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"kiln.jit: {err.msg}; {getattr(fn, '__qualname__', fn)} is traced as it is "
+                      "(its Python control flow is fixed at compile time)", RuntimeWarning, stacklevel=3)
+    return fn
+
+
+def _convert_or_fallback(fn):
+    try:
+        return convert_function(fn)
+    except JitSyntaxError as e:
+        return _fallback(fn, e)
+
+
+def convert_callable(f):
+    """What converted code calls for f: converted user functions, methods and Cells; f itself
+    for everything else."""
+    from ..nn import Cell
+    from .function import JitFunction
+
+    if isinstance(f, types.FunctionType):
+        return _convert_or_fallback(f) if _user_code(f) else f
+    if isinstance(f, types.MethodType):
+        func = f.__func__
+        if isinstance(func, types.FunctionType) and _user_code(func):
+            return types.MethodType(_convert_or_fallback(func), f.__self__)
+        return f
+    if isinstance(f, Cell) and not isinstance(f, JitFunction):
+        construct = type(f).construct
+        if not (isinstance(construct, types.FunctionType) and (_user_code(construct) or
+                                                               construct in _library_constructs())):
+            return f
+        conv = _convert_or_fallback(construct)
+        return lambda *a, **k: call_cell(f, conv, a, k)
+    return f
+
+
+def _library_constructs():
+    """kiln's own Cells that call other Cells: converted so the Cells they call are too."""
+    from ..nn import SequentialCell, WithLossCell
+
+    return (SequentialCell.construct, WithLossCell.construct)
+
+
+def call_cell(cell, construct, args, kwargs):
+    """A Cell called from converted code: logged for the training-mode guards, then its
+    converted construct."""
+    from ..nn import cell as cell_module
+
+    if cell_module._call_log is not None:
+        cell_module._call_log.append(cell)
+    return construct(cell, *args, **kwargs)
+
+
+def converted_call(loc, f, *args, **kwargs):
+    if f is builtins.print:
+        return _print(*args, **kwargs)
+    if f is builtins.range:
+        return _range(*args, loc=loc)
+    scalar = _SCALAR_BUILTINS.get(f)
+    if scalar is not None and args and _is_tensor(args[0]):
+        raise _error(loc, f"{scalar} of a tensor value", "keep the value a tensor (use .astype(), comparisons "
+                                                          "and kiln.ops.where instead of Python scalars)")
+    return convert_callable(f)(*args, **kwargs)
