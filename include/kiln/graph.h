@@ -91,6 +91,9 @@ KILN_API kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32
 KILN_API bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t);
 KILN_API kiln_graph *kiln_tracer_graph(kiln_tracer *tr);
 KILN_API kiln_tracer *kiln_tracer_active(void);
+/* Whether the active trace is nested in another (a control-flow body traced once to be recorded; its ops
+ * run again for real when the node runs). */
+KILN_API bool kiln_tracer_in_body(void);
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
 

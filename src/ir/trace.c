@@ -23,6 +23,8 @@ static _Thread_local kiln_tracer *active;
 
 kiln_tracer *kiln_tracer_active(void) { return active; }
 
+bool kiln_tracer_in_body(void) { return active && active->parent; }
+
 kiln_status kiln_tracer_begin(kiln_tracer **out) {
     kiln_tracer *tr = calloc(1, sizeof *tr);
     if (!tr) return kiln_error(KILN_ERR_MEMORY, "out of memory starting a trace");

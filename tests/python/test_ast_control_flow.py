@@ -193,8 +193,9 @@ def test_print_inside_a_tensor_loop_prints_every_iteration(capfd):
         return x
 
     jf = kiln.jit(countdown, fullgraph=True)
-    jf(T([2.0]))
     capfd.readouterr()
+    jf(T([2.0]))  # the capture prints what eager prints: bodies traced to be recorded stay silent
+    assert capfd.readouterr().out == "left 2\nleft 1\n"
     jf(T([3.0]))
     assert capfd.readouterr().out == "left 3\nleft 2\nleft 1\n"
 
@@ -215,14 +216,15 @@ def test_branches_that_only_print_or_return_nothing(capfd):
 
     jf = kiln.jit(report, fullgraph=True)
     pos, neg = T([1.0, 2.0]), T([-1.0, -2.0])
-    jf(pos)
     capfd.readouterr()
+    jf(pos)
+    assert capfd.readouterr().out == "positive 3\n"  # the untaken branch, traced too, stays silent
     np.testing.assert_allclose(jf(neg).asnumpy(), (neg * 2).asnumpy())
     jf(pos)
     assert capfd.readouterr().out == "not positive\npositive 3\n"
     jn = kiln.jit(maybe_none, fullgraph=True)
-    assert jn(pos, None) is None  # the capture (tracing both branches prints both)
-    capfd.readouterr()
+    assert jn(pos, None) is None
+    assert capfd.readouterr().out == "early\n"
     assert jn(neg, None) is None and jn(pos, None) is None
     assert capfd.readouterr().out == "late\nearly\n"
 
