@@ -1,0 +1,165 @@
+/* NCHW -> NHWC layout propagation: float32 convolutions that feed one another (directly or
+ * through elementwise ops) run channels-last, where oneDNN reads and writes the activations
+ * in place of reordering them around every convolution. The elementwise ops between them
+ * run on the NHWC values (broadcast operands are permuted views, full-size ones converted);
+ * channels_last conversions are inserted only at the chain's edges, each value converted at
+ * most once, and NCHW values are rebuilt only where something outside the chain (a graph
+ * output included) reads them, so outputs keep the user's layout. Off with
+ * disable_format_transform. */
+#include "passes_internal.h"
+
+typedef struct {
+    kiln_rewriter rw;
+    int32_t *nhwc; /* src value -> dst value of its channels-last form (-1: none yet) */
+} layout_state;
+
+static bool is_layout_conv(const kiln_graph *g, const kiln_node *n) {
+    if (n->op != KILN_OP_CONV2D && !(n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[12] == 0)) return false;
+    return g->values[n->out[0]].meta.dtype == KILN_DTYPE_FLOAT32;
+}
+
+/* An elementwise node the chain can run through: one 4-D output, inputs of at most 4 axes. */
+static bool is_layout_elementwise(const kiln_graph *g, const kiln_node *n) {
+    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || n->nout != 1 || kiln_node_has_effects(n)) return false;
+    if (g->values[n->out[0]].meta.ndim != 4) return false;
+    for (int k = 0; k < n->nin; k++)
+        if (g->values[n->in[k]].meta.ndim > 4) return false;
+    return true;
+}
+
+static kiln_status add_node(layout_state *st, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a, int32_t loc,
+                            int32_t *out) {
+    int32_t outs[KILN_MAX_OUTPUTS];
+    KILN_TRY(kiln_graph_add_node(st->rw.dst, op, nin, in, a, loc, outs));
+    *out = outs[0];
+    return KILN_OK;
+}
+
+/* The channels-last form of src value v (4-D, defined in NCHW): converted once. */
+static kiln_status to_nhwc(layout_state *st, int32_t v, int32_t loc, int32_t *out) {
+    if (st->nhwc[v] < 0) {
+        kiln_attrs a = {0};
+        a.ni = 1, a.i[0] = 0;
+        KILN_TRY(add_node(st, KILN_OP_CHANNELS_LAST, 1, &st->rw.map[v], &a, loc, &st->nhwc[v]));
+    }
+    *out = st->nhwc[v];
+    return KILN_OK;
+}
+
+/* Makes the NCHW form of src value v available (converting back from channels-last). */
+static kiln_status need_nchw(layout_state *st, int32_t v) {
+    if (st->rw.map[v] >= 0) return KILN_OK;
+    kiln_attrs a = {0};
+    a.ni = 1, a.i[0] = 1;
+    return add_node(st, KILN_OP_CHANNELS_LAST, 1, &st->nhwc[v], &a, -1, &st->rw.map[v]);
+}
+
+/* An operand of an elementwise op running channels-last, whose output is 4-D of numel n. */
+static kiln_status nhwc_operand(layout_state *st, int32_t v, int64_t n, int32_t loc, int32_t *out) {
+    const kiln_meta *m = &st->rw.src->values[v].meta;
+    if (st->nhwc[v] >= 0) return *out = st->nhwc[v], KILN_OK;
+    KILN_TRY(need_nchw(st, v));
+    if (m->ndim == 0) return *out = st->rw.map[v], KILN_OK;
+    int64_t numel = 1;
+    for (int d = 0; d < m->ndim; d++) numel *= m->shape[d];
+    if (m->ndim == 4 && numel == n) return to_nhwc(st, v, loc, out);
+    /* a broadcast operand: a permuted view, padded to 4 axes */
+    int32_t x = st->rw.map[v];
+    if (m->ndim < 4) {
+        kiln_attrs r = {0};
+        r.ni = 4;
+        for (int d = 0; d < 4; d++) r.i[d] = d < 4 - m->ndim ? 1 : m->shape[d - (4 - m->ndim)];
+        KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
+    }
+    kiln_attrs p = {0};
+    p.ni = 4, p.i[0] = 0, p.i[1] = 2, p.i[2] = 3, p.i[3] = 1;
+    return add_node(st, KILN_OP_PERMUTE, 1, &x, &p, loc, out);
+}
+
+static kiln_status emit_conv(layout_state *st, const kiln_node *n) {
+    int32_t ins[4], y;
+    KILN_TRY(to_nhwc(st, n->in[0], n->loc, &ins[0]));
+    for (int k = 1; k < n->nin; k++) {
+        KILN_TRY(need_nchw(st, n->in[k]));
+        ins[k] = st->rw.map[n->in[k]];
+    }
+    kiln_attrs a = n->attrs;
+    if (n->op == KILN_OP_CONV2D) { /* conv2d(x, w[, b]) as conv2d_fused with no epilogue */
+        a.ni = 13, a.i[9] = n->nin == 3, a.i[10] = 0, a.i[11] = 0;
+    } else if (n->attrs.i[10]) { /* the residual, channels-last too */
+        KILN_TRY(to_nhwc(st, n->in[n->nin - 1], n->loc, &ins[n->nin - 1]));
+    }
+    a.i[12] = 1;
+    KILN_TRY(add_node(st, KILN_OP_CONV2D_FUSED, n->nin, ins, &a, n->loc, &y));
+    st->nhwc[n->out[0]] = y;
+    return KILN_OK;
+}
+
+static kiln_status emit_elementwise(layout_state *st, const kiln_node *n) {
+    const kiln_meta *om = &st->rw.src->values[n->out[0]].meta;
+    int64_t numel = om->shape[0] * om->shape[1] * om->shape[2] * om->shape[3];
+    int32_t small[8], *ins = n->nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)n->nin);
+    if (!ins) return kiln_error(KILN_ERR_MEMORY, "out of memory in channels_last");
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < n->nin && s == KILN_OK; k++) s = nhwc_operand(st, n->in[k], numel, n->loc, &ins[k]);
+    if (s == KILN_OK) s = add_node(st, n->op, n->nin, ins, &n->attrs, n->loc, &st->nhwc[n->out[0]]);
+    if (ins != small) free(ins);
+    return s;
+}
+
+/* feeds_conv[v]: v reaches the input (or residual) of a convertible convolution through
+ * elementwise nodes only. */
+static void mark_feeds_conv(const kiln_graph *g, bool *feeds_conv) {
+    for (int32_t i = g->nnodes - 1; i >= 0; i--) {
+        const kiln_node *n = &g->nodes[i];
+        if (is_layout_conv(g, n)) {
+            feeds_conv[n->in[0]] = true;
+            if (n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[10]) feeds_conv[n->in[n->nin - 1]] = true;
+        } else if (is_layout_elementwise(g, n) && feeds_conv[n->out[0]]) {
+            for (int k = 0; k < n->nin; k++) feeds_conv[n->in[k]] = true;
+        }
+    }
+}
+
+KILN_PASS(channels_last) {
+    *out = NULL;
+    if (opt->disable_format_transform) return KILN_OK;
+    int32_t nv = in->nvalues ? in->nvalues : 1;
+    bool *feeds_conv = calloc((size_t)nv, sizeof(bool));
+    layout_state st = {.nhwc = malloc(sizeof(int32_t) * (size_t)nv)};
+    kiln_status s = KILN_OK;
+    if (!feeds_conv || !st.nhwc) {
+        s = kiln_error(KILN_ERR_MEMORY, "out of memory in channels_last");
+        goto done;
+    }
+    mark_feeds_conv(in, feeds_conv);
+    int chained = 0; /* convolutions whose output feeds another one */
+    for (int32_t i = 0; i < in->nnodes; i++)
+        chained += is_layout_conv(in, &in->nodes[i]) && feeds_conv[in->nodes[i].out[0]];
+    if (!chained) goto done;
+    for (int32_t v = 0; v < in->nvalues; v++) st.nhwc[v] = -1;
+    s = kiln_rewriter_begin(&st.rw, in);
+    if (s != KILN_OK) goto done;
+    for (int32_t i = 0; i < in->nnodes && s == KILN_OK; i++) {
+        const kiln_node *n = &in->nodes[i];
+        bool x_nhwc = n->nin > 0 && st.nhwc[n->in[0]] >= 0;
+        if (is_layout_conv(in, n) && (x_nhwc || feeds_conv[n->out[0]])) {
+            s = emit_conv(&st, n);
+            continue;
+        }
+        bool any_nhwc = false;
+        for (int k = 0; k < n->nin; k++) any_nhwc |= st.nhwc[n->in[k]] >= 0;
+        if (any_nhwc && is_layout_elementwise(in, n)) {
+            s = emit_elementwise(&st, n);
+            continue;
+        }
+        for (int k = 0; k < n->nin && s == KILN_OK; k++) s = need_nchw(&st, n->in[k]);
+        if (s == KILN_OK) s = kiln_rewriter_copy_node(&st.rw, i);
+    }
+    for (int32_t k = 0; k < in->noutputs && s == KILN_OK; k++) s = need_nchw(&st, in->outputs[k]);
+    if (s == KILN_OK) s = kiln_rewriter_finish(&st.rw, out);
+    else kiln_rewriter_abort(&st.rw);
+done:
+    free(feeds_conv), free(st.nhwc);
+    return s;
+}
