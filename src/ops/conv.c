@@ -106,25 +106,33 @@ KILN_INFER(conv2d) {
     return KILN_OK;
 }
 
-/* conv2d_fused: the epilogue attrs i[9..12] (see ops.def), checked; x's shape seen as NCHW. */
-static kiln_status conv_fused_epilogue(const kiln_attrs *a, int nin, const int64_t *xs, int64_t *nchw,
+/* conv2d_fused: the epilogue attrs i[9..13] (see ops.def), checked against the input shape
+ * xs (its rank in mx); nchw gets x's shape as NCHW. */
+static kiln_status conv_fused_epilogue(const kiln_attrs *a, int nin, const kiln_meta *mx, int64_t *nchw,
                                        kiln_conv_epilogue *ep) {
     const char *op = "conv2d_fused";
-    KILN_TRY(kiln_attrs_expect(op, a, 13, 0));
-    for (int k = 9; k <= 12; k++)
-        if (k != 11 && a->i[k] != 0 && a->i[k] != 1)
+    KILN_TRY(kiln_attrs_expect(op, a, 14, 0));
+    for (int k = 9; k <= 13; k++)
+        if ((k == 9 || k == 10 || k == 13) && a->i[k] != 0 && a->i[k] != 1)
             return kiln_error(KILN_ERR_VALUE, "%s: attribute i[%d] must be 0 or 1, got %lld", op, k, (long long)a->i[k]);
     if (a->i[11] < 0 || a->i[11] >= KILN_CONV_ACT_COUNT)
         return kiln_error(KILN_ERR_VALUE, "%s: unknown activation code %lld", op, (long long)a->i[11]);
-    if (a->i[11] == KILN_CONV_ACT_CLAMP) KILN_TRY(kiln_attrs_expect(op, a, 13, 2));
+    if (a->i[12] < 0 || a->i[12] >= KILN_CONV_LAYOUT_COUNT)
+        return kiln_error(KILN_ERR_VALUE, "%s: unknown layout code %lld", op, (long long)a->i[12]);
+    if (a->i[11] == KILN_CONV_ACT_CLAMP) KILN_TRY(kiln_attrs_expect(op, a, 14, 2));
     int want = 2 + (int)a->i[9] + (int)a->i[10];
     if (nin != want)
         return kiln_error(KILN_ERR_TYPE, "%s: expected %d tensor inputs (x, w%s%s), got %d", op, want,
                           a->i[9] ? ", b" : "", a->i[10] ? ", residual" : "", nin);
-    *ep = (kiln_conv_epilogue){.nhwc = a->i[12], .residual = a->i[10], .activation = a->i[11],
-                               .alpha = a->nf > 0 ? a->f[0] : 0, .beta = a->nf > 1 ? a->f[1] : 0};
-    int64_t rot[4] = {xs[0], xs[3], xs[1], xs[2]};
-    memcpy(nchw, ep->nhwc ? rot : xs, sizeof rot);
+    *ep = (kiln_conv_epilogue){.layout = a->i[12], .winograd = a->i[13], .residual = a->i[10],
+                               .activation = a->i[11], .alpha = a->nf > 0 ? a->f[0] : 0, .beta = a->nf > 1 ? a->f[1] : 0};
+    int rank = ep->layout == KILN_CONV_BLOCKED16 ? 5 : 4;
+    char buf[160];
+    if (mx->ndim != rank || (rank == 5 && mx->shape[4] != 16))
+        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s does not have layout %lld (%s)", op,
+                          kiln_shape_str(mx, buf, sizeof buf), (long long)ep->layout,
+                          rank == 5 ? "(N, C/16, H, W, 16)" : ep->layout == KILN_CONV_NHWC ? "(N, H, W, C)" : "(N, C, H, W)");
+    kiln_conv_layout_nchw((kiln_conv_layout)ep->layout, mx->shape, nchw);
     return KILN_OK;
 }
 
@@ -134,9 +142,8 @@ KILN_INFER(conv2d_fused) {
     int64_t xs[4];
     if (nin < 2) return kiln_error(KILN_ERR_TYPE, "%s: expected at least 2 tensor inputs (x, w), got %d", op, nin);
     const kiln_meta *mx = &in[0]->meta, *mw = &in[1]->meta;
-    KILN_TRY(conv_check_4d(op, "input", mx));
     KILN_TRY(conv_check_4d(op, "weight", mw));
-    KILN_TRY(conv_fused_epilogue(a, nin, mx->shape, xs, &ep));
+    KILN_TRY(conv_fused_epilogue(a, nin, mx, xs, &ep));
     kiln_conv_params p;
     KILN_TRY(conv_params(op, a, xs, mw->shape, &p));
     kiln_dtype dt = kiln_dtype_promote(mx->dtype, mw->dtype);
@@ -149,12 +156,15 @@ KILN_INFER(conv2d_fused) {
         dt = kiln_dtype_promote(dt, mb->dtype);
     }
     KILN_TRY(conv_check_float(op, dt));
-    int64_t nchw[4] = {p.N, p.O, p.OH, p.OW}, nhwc[4] = {p.N, p.OH, p.OW, p.O};
-    kiln_meta_set(out, dt, 4, ep.nhwc ? nhwc : nchw);
+    if (ep.layout == KILN_CONV_BLOCKED16 && p.O % 16)
+        return kiln_error(KILN_ERR_VALUE, "%s: blocked layout needs output channels divisible by 16, weight has shape %s",
+                          op, kiln_shape_str(mw, b1, sizeof b1));
+    int64_t nchw[4] = {p.N, p.O, p.OH, p.OW}, shape[5];
+    kiln_meta_set(out, dt, kiln_conv_layout_shape((kiln_conv_layout)ep.layout, nchw, shape), shape);
     if (ep.residual) {
         const kiln_meta *mr = &in[nin - 1]->meta;
-        bool same = mr->ndim == 4 && mr->dtype == dt;
-        for (int d = 0; d < 4 && same; d++) same = mr->shape[d] == out->shape[d];
+        bool same = mr->ndim == out->ndim && mr->dtype == dt;
+        for (int d = 0; d < out->ndim && same; d++) same = mr->shape[d] == out->shape[d];
         if (!same)
             return kiln_error(KILN_ERR_VALUE, "%s: residual %s %s does not match the output %s %s", op,
                               kiln_dtype_name(mr->dtype), kiln_shape_str(mr, b1, sizeof b1), kiln_dtype_name(dt),
@@ -276,36 +286,29 @@ CONV_REF(f64, double, cblas_dgemm)
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
-/* A contiguous copy of the 4-D t with axes 1..3 rotated: NHWC -> NCHW (to_nchw) or back. */
-static kiln_status conv_relayout(kiln_tensor *t, bool to_nchw, kiln_tensor **out) {
-    const int64_t *s = t->meta.shape;
-    int64_t nchw[4] = {s[0], s[3], s[1], s[2]}, nhwc[4] = {s[0], s[2], s[3], s[1]};
-    KILN_TRY(kiln_tensor_empty(t->meta.dtype, 4, to_nchw ? nchw : nhwc, out));
-    size_t size = kiln_dtype_size(t->meta.dtype);
-    if (to_nchw) kiln_transpose_batched(t->data, (*out)->data, s[0], s[1] * s[2], s[3], size);
-    else kiln_transpose_batched(t->data, (*out)->data, s[0], s[1], s[2] * s[3], size);
-    return KILN_OK;
-}
-
 /* The plain-loop path: convolution (and bias) in NCHW into res, then the epilogue through the
- * add and activation kernels, in place. x[0..3] are contiguous: a, b, bias, residual. */
+ * add and activation kernels, in place. x[0..3] are contiguous: a, b, bias, residual; a and
+ * res in ep's layout. */
 static kiln_status conv_reference(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                   const kiln_attrs *act_attrs, kiln_tensor *const *x, kiln_tensor *res) {
     const void *pb = x[2] ? x[2]->data : NULL;
-    bool nhwc = ep && ep->nhwc;
+    kiln_conv_layout layout = ep ? (kiln_conv_layout)ep->layout : KILN_CONV_NCHW;
     kiln_tensor *xin = x[0], *y = res;
     kiln_status s = KILN_OK;
-    if (nhwc) {
-        int64_t shape[4] = {p->N, p->O, p->OH, p->OW};
-        s = conv_relayout(x[0], true, &xin);
-        if (s == KILN_OK && (s = kiln_tensor_empty(res->meta.dtype, 4, shape, &y)) != KILN_OK) kiln_tensor_release(xin);
-        if (s != KILN_OK) return s;
+    if (layout != KILN_CONV_NCHW) {
+        int64_t xs[4] = {p->N, p->C, p->H, p->W}, ys[4] = {p->N, p->O, p->OH, p->OW};
+        s = kiln_tensor_empty(res->meta.dtype, 4, xs, &xin);
+        if (s == KILN_OK) s = kiln_relayout(x[0], layout, KILN_CONV_NCHW, xin);
+        if (s == KILN_OK) s = kiln_tensor_empty(res->meta.dtype, 4, ys, &y);
+        if (s != KILN_OK) {
+            if (xin != x[0]) kiln_tensor_release(xin);
+            return s;
+        }
     }
     if (res->meta.dtype == KILN_DTYPE_FLOAT64) s = conv_ref_f64(kind, p, xin->data, x[1]->data, pb, y->data);
     else s = conv_ref_f32(kind, p, xin->data, x[1]->data, pb, y->data);
-    if (nhwc) {
-        const int64_t *ys = y->meta.shape;
-        if (s == KILN_OK) kiln_transpose_batched(y->data, res->data, ys[0], ys[1], ys[2] * ys[3], kiln_dtype_size(y->meta.dtype));
+    if (layout != KILN_CONV_NCHW) {
+        if (s == KILN_OK) s = kiln_relayout(y, KILN_CONV_NCHW, layout, res);
         kiln_tensor_release(xin);
         kiln_tensor_release(y);
     }
@@ -333,7 +336,7 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
     if (s == KILN_OK && residual) s = kiln_to_contiguous(residual, ct, &x[3]);
     if (s == KILN_OK) {
         if (out->meta.dtype == ct) kiln_tensor_retain(out), res = out;
-        else s = kiln_tensor_empty(ct, 4, out->meta.shape, &res);
+        else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);
     }
     if (s == KILN_OK) {
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
@@ -367,7 +370,7 @@ KILN_KERNEL(conv2d) {
 KILN_KERNEL(conv2d_fused) {
     kiln_conv_epilogue ep = {0};
     int64_t xs[4];
-    KILN_TRY(conv_fused_epilogue(a, nin, in[0]->meta.shape, xs, &ep));
+    KILN_TRY(conv_fused_epilogue(a, nin, &in[0]->meta, xs, &ep));
     kiln_conv_params p;
     KILN_TRY(conv_params("conv2d_fused", a, xs, in[1]->meta.shape, &p));
     return conv_run_fused(KILN_CONV_FORWARD, &p, &ep, a, in[0], in[1], a->i[9] ? in[2] : NULL,

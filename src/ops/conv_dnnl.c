@@ -25,6 +25,9 @@ typedef struct {
     dnnl_primitive_t residual_reorder;         /* user -> chosen for the output (the residual) */
     dnnl_memory_t user_mem[3], blk_mem[3], bias_mem, scratch_mem;
     size_t blk_size[3], scratch_size;
+    /* forward: the weights last reordered (a copy) and their reordered form, reused while the
+     * weights hold the same bytes (a Winograd transform costs as much as a small convolution) */
+    void *weights_seen, *weights_blk;
 } conv_entry;
 
 static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -66,6 +69,8 @@ static void conv_entry_free(conv_entry *e) {
     }
     if (e->bias_mem) dnnl_memory_destroy(e->bias_mem);
     if (e->scratch_mem) dnnl_memory_destroy(e->scratch_mem);
+    kiln_free(e->weights_seen);
+    kiln_free(e->weights_blk);
     free(e);
 }
 
@@ -76,31 +81,36 @@ static kiln_status conv_init(void) {
     return KILN_OK;
 }
 
-/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any);
- * channels-last activations keep their layout either way. */
-static kiln_status conv_mds(const kiln_conv_params *p, bool nhwc, bool any, dnnl_memory_desc_t *x,
-                            dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
+/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any, or
+ * wtag for ungrouped weights); NHWC and blocked activations keep their layout either way. */
+static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any, dnnl_format_tag_t wtag,
+                            dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
     dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
     dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
-    dnnl_format_tag_t act = nhwc ? dnnl_nhwc : any ? dnnl_format_tag_any : dnnl_nchw;
+    dnnl_format_tag_t act = layout == KILN_CONV_NHWC        ? dnnl_nhwc
+                            : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c
+                            : any                           ? dnnl_format_tag_any
+                                                            : dnnl_nchw;
     DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, act));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, act));
     if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
-    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw));
+    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? wtag : dnnl_oihw));
     return KILN_OK;
 }
 
-/* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one). */
-static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *fwd,
-                                dnnl_primitive_desc_t *pd) {
+/* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one), with
+ * weights in format wtag (or any), by algorithm alg. */
+static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag, dnnl_alg_kind_t alg,
+                                dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
     const kiln_conv_params *p = &e->p;
     dnnl_memory_desc_t x, w, y, b;
     dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
     dnnl_dims_t bd = {p->O};
-    KILN_TRY(conv_mds(p, e->ep.nhwc, true, &x, &w, &y));
+    KILN_TRY(conv_mds(p, e->ep.layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
-    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
+    dnnl_prop_kind_t prop = e->ep.winograd ? dnnl_forward_inference : dnnl_forward_training;
+    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, prop, alg, &x, &w,
                                                         e->bias ? &b : NULL, &y, strides, dil, pl, pr));
     DNNL_TRY(dnnl_primitive_desc_create(fwd, &cd, e->kind == KILN_CONV_FORWARD ? attr : NULL, conv_engine, NULL));
     if (e->kind == KILN_CONV_FORWARD) return KILN_OK;
@@ -115,7 +125,7 @@ static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_
 
 static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     dnnl_memory_desc_t ux, uw, uy;
-    KILN_TRY(conv_mds(&e->p, e->ep.nhwc, false, &ux, &uw, &uy));
+    KILN_TRY(conv_mds(&e->p, e->ep.layout, false, dnnl_oihw, &ux, &uw, &uy));
     const dnnl_memory_desc_t *user[3][3] = {
         [KILN_CONV_FORWARD] = {&ux, &uw, &uy},
         [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
@@ -186,7 +196,18 @@ static kiln_status conv_create(conv_entry *e) {
     if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
     if (s == KILN_OK) s = conv_post_ops(&e->ep, attr);
-    if (s == KILN_OK) s = conv_make_pd(e, attr, &fwd, &pd);
+    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations); for
+     * channels-last, the plain-weights kernel in place of brgconv, whose weight format
+     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call */
+    if (s == KILN_OK && e->ep.winograd) {
+        s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
+        if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+    }
+    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1) {
+        s = conv_make_pd(e, attr, dnnl_OIhw16i16o, dnnl_convolution_direct, &fwd, &pd);
+        if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+    }
+    if (s == KILN_OK && !fwd) s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
     if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (fwd) dnnl_primitive_desc_destroy(fwd);
@@ -245,7 +266,27 @@ static kiln_status conv_load_residual(const conv_entry *e, const float *residual
     return KILN_OK;
 }
 
-static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b, const float *bias,
+/* Points e's blocked weights at their reordered form of the user's weights w: the cached
+ * one when w is unchanged since the last call, else reordered anew (and remembered). */
+static kiln_status conv_forward_weights(conv_entry *e, const float *w) {
+    size_t user = dnnl_memory_desc_get_size(&e->user_md[1]);
+    if (!e->weights_blk) {
+        e->weights_seen = kiln_alloc(user);
+        e->weights_blk = kiln_alloc(e->blk_size[1]);
+        if (!e->weights_seen || !e->weights_blk) return KILN_ERR_MEMORY;
+    } else if (!memcmp(e->weights_seen, w, user)) {
+        DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[1], e->weights_blk));
+        return KILN_OK;
+    }
+    DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[1], e->weights_blk));
+    dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, e->user_mem[1]}, {DNNL_ARG_TO, e->blk_mem[1]}};
+    DNNL_TRY(dnnl_primitive_execute(e->reorder[1], conv_stream, 2, r));
+    DNNL_TRY(dnnl_stream_wait(conv_stream));
+    memcpy(e->weights_seen, w, user);
+    return KILN_OK;
+}
+
+static kiln_status conv_exec(conv_entry *e, const float *a, const float *b, const float *bias,
                              const float *residual, float *out) {
     void *user[3] = {(void *)a, (void *)b, out}, *buf;
     dnnl_exec_arg_t args[5];
@@ -253,7 +294,10 @@ static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b
     for (int k = 0; k < 3; k++) {
         DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[k], user[k]));
         dnnl_memory_t m = e->user_mem[k];
-        if (e->reorder[k]) {
+        if (e->reorder[k] && k == 1 && e->kind == KILN_CONV_FORWARD) {
+            KILN_TRY(conv_forward_weights(e, b));
+            m = e->blk_mem[k];
+        } else if (e->reorder[k]) {
             KILN_TRY(conv_buffer(k, e->blk_size[k], &buf));
             DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[k], buf));
             m = e->blk_mem[k];

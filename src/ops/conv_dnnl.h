@@ -22,22 +22,23 @@ typedef enum kiln_conv_kind {
 } kiln_conv_kind;
 
 /* What a forward convolution does besides convolving (all int64/double: compared with memcmp):
- * y = activation(conv(x, w) + bias + residual), in NCHW or NHWC activations. */
+ * y = activation(conv(x, w) + bias + residual), activations in one kiln_conv_layout. */
 typedef struct kiln_conv_epilogue {
-    int64_t nhwc;       /* x, residual and y are channels-last: (N, H, W, C) */
+    int64_t layout;     /* of x, residual and y (a kiln_conv_layout) */
+    int64_t winograd;   /* Winograd allowed (inference): oneDNN's where it has one, else direct */
     int64_t residual;   /* a tensor of y's shape is added after the bias */
     int64_t activation; /* a kiln_conv_activation, applied last */
     double alpha, beta; /* its parameters (clamp: the bounds) */
 } kiln_conv_epilogue;
 
-/* Runs one convolution on contiguous float32 buffers: activations NCHW (or NHWC when ep->nhwc),
+/* Runs one convolution on contiguous float32 buffers: activations NCHW (or ep->layout),
  * weights OIHW. `bias` (forward only), `residual` and `ep` (plain convolution) may be NULL.
  * KILN_ERR_RUNTIME when oneDNN cannot (the caller falls back to plain loops). */
 kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                const float *a, const float *b, const float *bias, const float *residual, float *out);
 
-/* dst[n][c][r] = src[n][r][c] for n < N, r < R, c < C; elements of `size` (1, 2, 4, 8) bytes.
- * NCHW -> NHWC is (N, C, H*W) -> (N, H*W, C). */
-void kiln_transpose_batched(const void *src, void *dst, int64_t N, int64_t R, int64_t C, size_t size);
+/* Writes the contiguous x, whose activations are in layout `from`, into the contiguous out in
+ * layout `to` (one of the two NCHW); shapes as kiln_conv_layout_shape gives them. */
+kiln_status kiln_relayout(const kiln_tensor *x, kiln_conv_layout from, kiln_conv_layout to, kiln_tensor *out);
 
 #endif

@@ -1,14 +1,15 @@
-/* channels_last: the layout conversions the channels-last pass puts at the edges of conv
- * chains. Direction 0 turns (N, C, H, W) into (N, H, W, C) (a contiguous copy of
- * permute(0, 2, 3, 1)); direction 1 turns it back. A blocked transpose runs near copy speed,
- * where the general strided copy of a permuted view walks memory with a large stride. */
+/* relayout: the activation layout conversions the channels_last pass puts at the edges of
+ * conv chains (layouts of src/ops/conv_epilogue.h): NCHW <-> NHWC, a contiguous copy of
+ * permute(0, 2, 3, 1) and back, and NCHW <-> (N, C/16, H, W, 16), oneDNN's blocked nChw16c.
+ * All are batched 2-D transposes, run blocked near copy speed, where the general strided copy
+ * of a permuted view walks memory with a large stride. */
 #include <omp.h>
 
 #include "conv_dnnl.h"
 
 #define TILE 32
 
-/* dst[n][c][r] = src[n][r][c] for n < N, r < R, c < C; elements of `size` bytes. */
+/* dst[n][c][r] = src[n][r][c] for n < N, r < R, c < C. */
 #define TRANSPOSE(SUFFIX, T)                                                                  \
     static void transpose_##SUFFIX(const T *src, T *dst, int64_t N, int64_t R, int64_t C) {    \
         int64_t rt = (R + TILE - 1) / TILE, ct = (C + TILE - 1) / TILE;                      \
@@ -27,7 +28,7 @@ TRANSPOSE(u16, uint16_t)
 TRANSPOSE(u32, uint32_t)
 TRANSPOSE(u64, uint64_t)
 
-void kiln_transpose_batched(const void *src, void *dst, int64_t N, int64_t R, int64_t C, size_t size) {
+static void transpose_batched(const void *src, void *dst, int64_t N, int64_t R, int64_t C, size_t size) {
     switch (size) {
     case 1: transpose_u8(src, dst, N, R, C); break;
     case 2: transpose_u16(src, dst, N, R, C); break;
@@ -36,40 +37,63 @@ void kiln_transpose_batched(const void *src, void *dst, int64_t N, int64_t R, in
     }
 }
 
-KILN_INFER(channels_last) {
-    const char *op = "channels_last";
-    KILN_TRY(kiln_attrs_expect(op, a, 1, 0));
+kiln_status kiln_relayout(const kiln_tensor *x, kiln_conv_layout from, kiln_conv_layout to, kiln_tensor *out) {
+    size_t size = kiln_dtype_size(x->meta.dtype);
+    const kiln_tensor *nchw = from == KILN_CONV_NCHW ? x : out;
+    const int64_t *s = nchw->meta.shape;
+    int64_t N = s[0], C = s[1], HW = s[2] * s[3];
+    kiln_conv_layout other = from == KILN_CONV_NCHW ? to : from;
+    bool to_nchw = to == KILN_CONV_NCHW;
+    if (from == to) {
+        memcpy(out->data, x->data, (size_t)x->numel * size);
+    } else if (other == KILN_CONV_NHWC) { /* (N, C, HW) <-> (N, HW, C) */
+        if (to_nchw) transpose_batched(x->data, out->data, N, HW, C, size);
+        else transpose_batched(x->data, out->data, N, C, HW, size);
+    } else { /* (N * C/16, 16, HW) <-> (N * C/16, HW, 16) */
+        if (to_nchw) transpose_batched(x->data, out->data, N * (C / 16), HW, 16, size);
+        else transpose_batched(x->data, out->data, N * (C / 16), 16, HW, size);
+    }
+    return KILN_OK;
+}
+
+KILN_INFER(relayout) {
+    const char *op = "relayout";
+    KILN_TRY(kiln_attrs_expect(op, a, 2, 0));
     const kiln_meta *m = &in[0]->meta;
     char buf[160];
-    if (m->ndim != 4)
-        return kiln_error(KILN_ERR_VALUE, "%s: expected a 4-D tensor, got shape %s", op, kiln_shape_str(m, buf, sizeof buf));
-    if (a->i[0] != 0 && a->i[0] != 1)
-        return kiln_error(KILN_ERR_VALUE, "%s: direction must be 0 (to NHWC) or 1 (to NCHW), got %lld", op,
-                          (long long)a->i[0]);
+    int64_t from = a->i[0], to = a->i[1];
+    if (from < 0 || from >= KILN_CONV_LAYOUT_COUNT || to < 0 || to >= KILN_CONV_LAYOUT_COUNT ||
+        (from != KILN_CONV_NCHW && to != KILN_CONV_NCHW))
+        return kiln_error(KILN_ERR_VALUE, "%s: cannot convert layout %lld to %lld (one side must be NCHW, 0)", op,
+                          (long long)from, (long long)to);
     if (kiln_dtype_size(m->dtype) > 8)
         return kiln_error(KILN_ERR_TYPE, "%s: unsupported dtype %s", op, kiln_dtype_name(m->dtype));
-    const int64_t *s = m->shape;
-    int64_t nhwc[4] = {s[0], s[2], s[3], s[1]}, nchw[4] = {s[0], s[3], s[1], s[2]};
-    kiln_meta_set(out, m->dtype, 4, a->i[0] == 0 ? nhwc : nchw);
+    int rank = from == KILN_CONV_BLOCKED16 ? 5 : 4;
+    if (m->ndim != rank || (rank == 5 && m->shape[4] != 16))
+        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s is not in layout %lld", op,
+                          kiln_shape_str(m, buf, sizeof buf), (long long)from);
+    int64_t nchw[4], shape[5];
+    kiln_conv_layout_nchw((kiln_conv_layout)from, m->shape, nchw);
+    if (to == KILN_CONV_BLOCKED16 && nchw[1] % 16)
+        return kiln_error(KILN_ERR_VALUE, "%s: the blocked layout needs channels divisible by 16, input has shape %s", op,
+                          kiln_shape_str(m, buf, sizeof buf));
+    kiln_meta_set(out, m->dtype, kiln_conv_layout_shape((kiln_conv_layout)to, nchw, shape), shape);
     return KILN_OK;
 }
 
-KILN_KERNEL(channels_last) {
+KILN_KERNEL(relayout) {
     kiln_tensor *x;
     KILN_TRY(kiln_to_contiguous(in[0], in[0]->meta.dtype, &x));
-    const int64_t *s = x->meta.shape;
-    if (a->i[0] == 0) /* (N, C, HW) -> (N, HW, C) */
-        kiln_transpose_batched(x->data, out[0]->data, s[0], s[1], s[2] * s[3], kiln_dtype_size(x->meta.dtype));
-    else /* (N, HW, C) -> (N, C, HW) */
-        kiln_transpose_batched(x->data, out[0]->data, s[0], s[1] * s[2], s[3], kiln_dtype_size(x->meta.dtype));
+    kiln_status s = kiln_relayout(x, (kiln_conv_layout)a->i[0], (kiln_conv_layout)a->i[1], out[0]);
     kiln_tensor_release(x);
-    return KILN_OK;
+    return s;
 }
 
-KILN_GRAD(channels_last) {
+KILN_GRAD(relayout) {
     if (!gout[0] || !ctx->needs_grad[0]) return KILN_OK;
     kiln_attrs back;
     kiln_attrs_clear(&back);
-    kiln_attrs_push_int(&back, 1 - ctx->attrs->i[0]);
-    return kiln_apply(KILN_OP_CHANNELS_LAST, 1, gout, &back, &gin[0]);
+    kiln_attrs_push_int(&back, ctx->attrs->i[1]);
+    kiln_attrs_push_int(&back, ctx->attrs->i[0]);
+    return kiln_apply(KILN_OP_RELAYOUT, 1, gout, &back, &gin[0]);
 }

@@ -1,16 +1,20 @@
-/* NCHW -> NHWC layout propagation: float32 convolutions that feed one another (directly or
- * through elementwise ops) run channels-last, where oneDNN reads and writes the activations
- * in place of reordering them around every convolution. The elementwise ops between them
- * run on the NHWC values (broadcast operands are permuted views, full-size ones converted);
- * channels_last conversions are inserted only at the chain's edges, each value converted at
+/* NCHW -> channels-last layout propagation: float32 convolutions that feed one another
+ * (directly or through elementwise ops) keep their activations in the layout oneDNN computes
+ * in, in place of reordering them around every convolution: oneDNN's blocked nChw16c, as the
+ * 5-D (N, C/16, H, W, 16), when every such convolution has channels divisible by 16 (its
+ * Winograd and direct kernels read it), else NHWC. The elementwise ops between them run on
+ * the converted values (broadcast operands become permuted views, full-size ones are
+ * converted); relayout nodes are inserted only at the chain's edges, each value converted at
  * most once, and NCHW values are rebuilt only where something outside the chain (a graph
  * output included) reads them, so outputs keep the user's layout. Off with
  * disable_format_transform. */
 #include "passes_internal.h"
+#include "../ops/conv_epilogue.h"
 
 typedef struct {
     kiln_rewriter rw;
-    int32_t *nhwc; /* src value -> dst value of its channels-last form (-1: none yet) */
+    kiln_conv_layout layout; /* of the chains */
+    int32_t *nhwc;           /* src value -> dst value of its converted form (-1: none yet) */
 } layout_state;
 
 static bool is_layout_conv(const kiln_graph *g, const kiln_node *n) {
@@ -39,8 +43,8 @@ static kiln_status add_node(layout_state *st, kiln_op op, int nin, const int32_t
 static kiln_status to_nhwc(layout_state *st, int32_t v, int32_t loc, int32_t *out) {
     if (st->nhwc[v] < 0) {
         kiln_attrs a = {0};
-        a.ni = 1, a.i[0] = 0;
-        KILN_TRY(add_node(st, KILN_OP_CHANNELS_LAST, 1, &st->rw.map[v], &a, loc, &st->nhwc[v]));
+        a.ni = 2, a.i[0] = KILN_CONV_NCHW, a.i[1] = st->layout;
+        KILN_TRY(add_node(st, KILN_OP_RELAYOUT, 1, &st->rw.map[v], &a, loc, &st->nhwc[v]));
     }
     *out = st->nhwc[v];
     return KILN_OK;
@@ -50,8 +54,8 @@ static kiln_status to_nhwc(layout_state *st, int32_t v, int32_t loc, int32_t *ou
 static kiln_status need_nchw(layout_state *st, int32_t v) {
     if (st->rw.map[v] >= 0) return KILN_OK;
     kiln_attrs a = {0};
-    a.ni = 1, a.i[0] = 1;
-    return add_node(st, KILN_OP_CHANNELS_LAST, 1, &st->nhwc[v], &a, -1, &st->rw.map[v]);
+    a.ni = 2, a.i[0] = st->layout, a.i[1] = KILN_CONV_NCHW;
+    return add_node(st, KILN_OP_RELAYOUT, 1, &st->nhwc[v], &a, -1, &st->rw.map[v]);
 }
 
 /* An operand of an elementwise op running channels-last, whose output is 4-D of numel n. */
@@ -63,16 +67,21 @@ static kiln_status nhwc_operand(layout_state *st, int32_t v, int64_t n, int32_t 
     int64_t numel = 1;
     for (int d = 0; d < m->ndim; d++) numel *= m->shape[d];
     if (m->ndim == 4 && numel == n) return to_nhwc(st, v, loc, out);
-    /* a broadcast operand: a permuted view, padded to 4 axes */
+    /* a broadcast operand, padded to 4 axes (n, c, h, w): a permuted view of it, for the
+     * blocked layout of (n, c/16, 16, h, w) (c is 1 or the channel count) */
+    int64_t s4[4];
+    for (int d = 0; d < 4; d++) s4[d] = d < 4 - m->ndim ? 1 : m->shape[d - (4 - m->ndim)];
     int32_t x = st->rw.map[v];
-    if (m->ndim < 4) {
-        kiln_attrs r = {0};
-        r.ni = 4;
-        for (int d = 0; d < 4; d++) r.i[d] = d < 4 - m->ndim ? 1 : m->shape[d - (4 - m->ndim)];
-        KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
+    kiln_attrs r = {0}, p = {0};
+    if (st->layout == KILN_CONV_BLOCKED16) {
+        int64_t blk = s4[1] == 1 ? 1 : 16;
+        r.ni = 5, r.i[0] = s4[0], r.i[1] = s4[1] / blk, r.i[2] = blk, r.i[3] = s4[2], r.i[4] = s4[3];
+        p.ni = 5, p.i[0] = 0, p.i[1] = 1, p.i[2] = 3, p.i[3] = 4, p.i[4] = 2;
+    } else {
+        r.ni = 4, memcpy(r.i, s4, sizeof s4);
+        p.ni = 4, p.i[0] = 0, p.i[1] = 2, p.i[2] = 3, p.i[3] = 1;
     }
-    kiln_attrs p = {0};
-    p.ni = 4, p.i[0] = 0, p.i[1] = 2, p.i[2] = 3, p.i[3] = 1;
+    if (m->ndim < 4 || st->layout == KILN_CONV_BLOCKED16) KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
     return add_node(st, KILN_OP_PERMUTE, 1, &x, &p, loc, out);
 }
 
@@ -85,11 +94,11 @@ static kiln_status emit_conv(layout_state *st, const kiln_node *n) {
     }
     kiln_attrs a = n->attrs;
     if (n->op == KILN_OP_CONV2D) { /* conv2d(x, w[, b]) as conv2d_fused with no epilogue */
-        a.ni = 13, a.i[9] = n->nin == 3, a.i[10] = 0, a.i[11] = 0;
-    } else if (n->attrs.i[10]) { /* the residual, channels-last too */
+        a.ni = 14, a.i[9] = n->nin == 3, a.i[10] = 0, a.i[11] = 0, a.i[13] = 0;
+    } else if (n->attrs.i[10]) { /* the residual, converted too */
         KILN_TRY(to_nhwc(st, n->in[n->nin - 1], n->loc, &ins[n->nin - 1]));
     }
-    a.i[12] = 1;
+    a.i[12] = st->layout;
     KILN_TRY(add_node(st, KILN_OP_CONV2D_FUSED, n->nin, ins, &a, n->loc, &y));
     st->nhwc[n->out[0]] = y;
     return KILN_OK;
@@ -137,6 +146,12 @@ KILN_PASS(channels_last) {
     for (int32_t i = 0; i < in->nnodes; i++)
         chained += is_layout_conv(in, &in->nodes[i]) && feeds_conv[in->nodes[i].out[0]];
     if (!chained) goto done;
+    st.layout = KILN_CONV_BLOCKED16;
+    for (int32_t i = 0; i < in->nnodes; i++) {
+        const kiln_node *n = &in->nodes[i];
+        if (is_layout_conv(in, n) && (in->values[n->in[0]].meta.shape[1] % 16 || in->values[n->out[0]].meta.shape[1] % 16))
+            st.layout = KILN_CONV_NHWC;
+    }
     for (int32_t v = 0; v < in->nvalues; v++) st.nhwc[v] = -1;
     s = kiln_rewriter_begin(&st.rw, in);
     if (s != KILN_OK) goto done;

@@ -2,7 +2,8 @@
  * become one conv2d_fused node, which oneDNN runs as a single primitive with post-ops. Any
  * prefix of the chain fuses (a per-channel bias add only when the convolution has no bias
  * yet), and only where each intermediate has no other consumer and is no graph output: in
- * training graphs the activation's input is saved for its gradient, so that step stays. */
+ * training graphs the activation's input is saved for its gradient, so that step stays.
+ * In inference graphs every convolution becomes conv2d_fused with Winograd allowed. */
 #include "passes_internal.h"
 #include "../ops/conv_epilogue.h"
 
@@ -64,7 +65,8 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
 }
 
 /* Emits conv2d_fused for conv node c and its chain; *y is its output. */
-static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const conv_chain *ch, int32_t *y) {
+static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const conv_chain *ch, bool inference,
+                              int32_t *y) {
     const kiln_graph *g = rw->src;
     int32_t ins[4], nin = 0, outs[KILN_MAX_OUTPUTS];
     ins[nin++] = rw->map[conv->in[0]];
@@ -85,6 +87,7 @@ static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const co
     kiln_conv_activation act = ch->act_node >= 0 ? kiln_conv_activation_of(g->nodes[ch->act_node].op) : KILN_CONV_ACT_NONE;
     kiln_attrs_push_int(&a, act);
     kiln_attrs_push_int(&a, 0); /* NCHW: the channels_last pass decides layouts */
+    kiln_attrs_push_int(&a, inference);
     if (act == KILN_CONV_ACT_CLAMP) {
         kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[0]);
         kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[1]);
@@ -95,7 +98,6 @@ static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const co
 }
 
 KILN_PASS(fuse_conv_epilogue) {
-    (void)opt;
     *out = NULL;
     size_t nn = (size_t)(in->nnodes ? in->nnodes : 1);
     int32_t *uses = kiln_graph_use_counts(in);
@@ -119,9 +121,13 @@ KILN_PASS(fuse_conv_epilogue) {
     for (int32_t i = 0; i < in->nnodes; i++) {
         if (in->nodes[i].op != KILN_OP_CONV2D) continue;
         chain[i] = find_chain(in, i, consumer);
-        if (chain[i].last < 0) continue;
+        if (chain[i].last < 0 && !opt->inference) continue;
         found++;
         skip[i] = true;
+        if (chain[i].last < 0) { /* no epilogue: replaced in place */
+            fused_at[i] = i;
+            continue;
+        }
         for (int32_t v = in->nodes[i].out[0]; consumer[v] != chain[i].last; v = in->nodes[consumer[v]].out[0])
             skip[consumer[v]] = true;
         fused_at[chain[i].last] = i;
@@ -131,10 +137,10 @@ KILN_PASS(fuse_conv_epilogue) {
         s = kiln_rewriter_begin(&rw, in);
         /* the fused node goes where its chain ends: every input is defined by then */
         for (int32_t i = 0; i < in->nnodes && s == KILN_OK; i++) {
-            if (skip[i]) continue;
+            if (skip[i] && fused_at[i] != i) continue;
             if (fused_at[i] >= 0) {
                 int32_t y;
-                s = emit_fused(&rw, &in->nodes[fused_at[i]], &chain[fused_at[i]], &y);
+                s = emit_fused(&rw, &in->nodes[fused_at[i]], &chain[fused_at[i]], opt->inference, &y);
                 if (s == KILN_OK) rw.map[in->nodes[i].out[0]] = y;
                 continue;
             }
