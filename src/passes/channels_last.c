@@ -7,7 +7,9 @@
  * converted); relayout nodes are inserted only at the chain's edges, each value converted at
  * most once, and NCHW values are rebuilt only where something outside the chain (a graph
  * output included) reads them, so outputs keep the user's layout. Off with
- * disable_format_transform. */
+ * disable_format_transform, and for graphs with backward convolutions: those read the saved
+ * activations in NCHW, so a training graph would convert most values back and forth (and
+ * measured no faster on BasicBlock). */
 #include "passes_internal.h"
 #include "../ops/conv_epilogue.h"
 
@@ -141,6 +143,8 @@ KILN_PASS(channels_last) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in channels_last");
         goto done;
     }
+    for (int32_t i = 0; i < in->nnodes; i++)
+        if (in->nodes[i].op == KILN_OP_CONV2D_BACKWARD_INPUT || in->nodes[i].op == KILN_OP_CONV2D_BACKWARD_WEIGHT) goto done;
     mark_feeds_conv(in, feeds_conv);
     int chained = 0; /* convolutions whose output feeds another one */
     for (int32_t i = 0; i < in->nnodes; i++)

@@ -351,6 +351,16 @@ static void test_channels_last(void) {
                    "  %14: float32[2, 8, 5, 5] = relayout(%11) {1, 0}\n"
                    "  return (%14, %13)\n"
                    "}\n");
+    /* a graph with backward convolutions keeps NCHW */
+    expect_rewrite("channels_last", &training,
+                   "graph(%0: float32[1, 16, 6, 6], %1: float32[16, 16, 3, 3]) {\n"
+                   "  %2: float32[1, 16, 6, 6] = conv2d(%0, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  %3: float32[1, 16, 6, 6] = relu(%2)\n"
+                   "  %4: float32[1, 16, 6, 6] = conv2d(%3, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  %5: float32[1, 16, 6, 6] = conv2d_backward_input(%4, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 16, 6, 6}\n"
+                   "  return (%5)\n"
+                   "}\n",
+                   NULL);
     /* a lone convolution, and float64 ones, stay as they are */
     expect_rewrite("channels_last", &inference,
                    "graph(%0: float32[1, 16, 6, 6], %1: float32[16, 16, 3, 3], %2: float64[1, 16, 6, 6], %3: float64[16, 16, 3, 3]) {\n"
