@@ -25,8 +25,10 @@ typedef struct {
     dnnl_primitive_t residual_reorder;         /* user -> chosen for the output (the residual) */
     dnnl_memory_t user_mem[3], blk_mem[3], bias_mem, scratch_mem;
     size_t blk_size[3], scratch_size;
-    /* forward: the weights last reordered (a copy) and their reordered form, reused while the
-     * weights hold the same bytes (a Winograd transform costs as much as a small convolution) */
+    /* Winograd: the weights last transformed (a copy) and their transformed form, reused while
+     * the weights hold the same bytes (the transform costs as much as a small convolution;
+     * other weight reorders are cheap and not worth the memory) */
+    bool keep_weights;
     void *weights_seen, *weights_blk;
 } conv_entry;
 
@@ -201,6 +203,7 @@ static kiln_status conv_create(conv_entry *e) {
      * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call */
     if (s == KILN_OK && e->ep.winograd) {
         s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
+        e->keep_weights = s == KILN_OK;
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
     }
     if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1) {
@@ -273,7 +276,7 @@ static kiln_status conv_forward_weights(conv_entry *e, const float *w) {
     if (!e->weights_blk) {
         e->weights_seen = kiln_alloc(user);
         e->weights_blk = kiln_alloc(e->blk_size[1]);
-        if (!e->weights_seen || !e->weights_blk) return KILN_ERR_MEMORY;
+        if (!e->weights_seen || !e->weights_blk) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
     } else if (!memcmp(e->weights_seen, w, user)) {
         DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[1], e->weights_blk));
         return KILN_OK;
@@ -294,7 +297,7 @@ static kiln_status conv_exec(conv_entry *e, const float *a, const float *b, cons
     for (int k = 0; k < 3; k++) {
         DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[k], user[k]));
         dnnl_memory_t m = e->user_mem[k];
-        if (e->reorder[k] && k == 1 && e->kind == KILN_CONV_FORWARD) {
+        if (e->reorder[k] && k == 1 && e->keep_weights) {
             KILN_TRY(conv_forward_weights(e, b));
             m = e->blk_mem[k];
         } else if (e->reorder[k]) {
