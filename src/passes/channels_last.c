@@ -2,9 +2,9 @@
  * (directly or through elementwise ops) keep their activations in the layout oneDNN computes
  * in, in place of reordering them around every convolution: oneDNN's blocked nChw16c, as the
  * 5-D (N, C/16, H, W, 16), when every such convolution has channels divisible by 16 (its
- * Winograd and direct kernels read it), else NHWC. The elementwise ops between them run on
- * the converted values (broadcast operands become permuted views, full-size ones are
- * converted); relayout nodes are inserted only at the chain's edges, each value converted at
+ * Winograd and direct kernels read it), else NHWC. The elementwise ops between them (those
+ * whose result reaches a convolution) run on the converted values (broadcast operands become
+ * permuted views, full-size ones are converted); relayout nodes are inserted only at the chain's edges, each value converted at
  * most once, and NCHW values are rebuilt only where something outside the chain (a graph
  * output included) reads them, so outputs keep the user's layout. Off with
  * disable_format_transform, and for graphs with backward convolutions: those read the saved
@@ -168,7 +168,7 @@ KILN_PASS(channels_last) {
         }
         bool any_nhwc = false;
         for (int k = 0; k < n->nin; k++) any_nhwc |= st.nhwc[n->in[k]] >= 0;
-        if (any_nhwc && is_layout_elementwise(in, n)) {
+        if (any_nhwc && is_layout_elementwise(in, n) && feeds_conv[n->out[0]]) {
             s = emit_elementwise(&st, n);
             continue;
         }

@@ -327,7 +327,7 @@ static void test_channels_last(void) {
     expect_rewrite("channels_last", &no_format, block16, NULL);
     /* 8 channels -> NHWC; elementwise ops in the chain follow (a per-channel operand becomes a
      * permuted view, a full-size one is converted); a value also read outside the chain is
-     * converted back once */
+     * converted back once, and elementwise ops off the chain read that */
     expect_rewrite("channels_last", &training,
                    "graph(%0: float32[2, 8, 5, 5], %1: float32[8, 8, 3, 3], %2: float32[8, 1, 1], %3: float32[2, 8, 5, 5]) {\n"
                    "  %4: float32[2, 8, 5, 5] = conv2d(%0, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
@@ -335,7 +335,8 @@ static void test_channels_last(void) {
                    "  %6: float32[2, 8, 5, 5] = add(%5, %3)\n"
                    "  %7: float32[2, 8, 5, 5] = conv2d(%6, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
                    "  %8: float32[1, 1, 1, 1] = sum(%5) {15, 1}\n"
-                   "  return (%7, %8)\n"
+                   "  %9: float32[2, 8, 5, 5] = exp(%5)\n"
+                   "  return (%7, %8, %9)\n"
                    "}\n",
                    "graph(%0: float32[2, 8, 5, 5], %1: float32[8, 8, 3, 3], %2: float32[8, 1, 1], %3: float32[2, 8, 5, 5]) {\n"
                    "  %4: float32[2, 5, 5, 8] = relayout(%0) {0, 1}\n"
@@ -348,8 +349,9 @@ static void test_channels_last(void) {
                    "  %11: float32[2, 5, 5, 8] = conv2d_fused(%10, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0}\n"
                    "  %12: float32[2, 8, 5, 5] = relayout(%8) {1, 0}\n"
                    "  %13: float32[1, 1, 1, 1] = sum(%12) {15, 1}\n"
-                   "  %14: float32[2, 8, 5, 5] = relayout(%11) {1, 0}\n"
-                   "  return (%14, %13)\n"
+                   "  %14: float32[2, 8, 5, 5] = exp(%12)\n"
+                   "  %15: float32[2, 8, 5, 5] = relayout(%11) {1, 0}\n"
+                   "  return (%15, %13, %14)\n"
                    "}\n");
     /* a graph with backward convolutions keeps NCHW */
     expect_rewrite("channels_last", &training,

@@ -143,3 +143,32 @@ def test_conv_chain_forward_backward_with_layout_pass(disable_format_transform):
         for _ in range(2):
             np.testing.assert_allclose(jitted(x).asnumpy(), ve.asnumpy(), rtol=1e-4, atol=1e-4)
         assert ("relayout(" in jitted.graph_str()) != disable_format_transform
+
+
+@pytest.mark.parametrize("channels", [16, 8])  # blocked layout, NHWC
+@pytest.mark.parametrize("infer_boost", ["on", "off"])
+def test_layout_pass_through_broadcasting_elementwise_ops(channels, infer_boost):
+    kiln.manual_seed(7)
+    c1 = nn.Conv2d(channels, channels, 3, pad_mode="pad", padding=1, has_bias=True)
+    c2 = nn.Conv2d(channels, 2 * channels, 3, pad_mode="pad", padding=1, has_bias=False)
+    rng = np.random.default_rng(8)
+    per_channel = kiln.Tensor(rng.standard_normal((channels, 1, 1)).astype(np.float32))
+    per_column = kiln.Tensor(rng.standard_normal(7).astype(np.float32))
+    per_row = kiln.Tensor(rng.standard_normal((1, 1, 5, 1)).astype(np.float32))
+    fill = kiln.Tensor(np.float32(0.25))
+
+    def net(x, full):
+        y = c1(x) * per_channel + per_column - per_row
+        y = ops.where(y > 0, y, fill) * full  # a comparison, a 0-d operand, a full-size operand
+        z = c2(ops.tanh(y))
+        return z, y.sum(), ops.exp(y)  # y is also read outside the chain
+
+    x = kiln.Tensor(np.random.default_rng(9).standard_normal((2, channels, 5, 7)).astype(np.float32))
+    full = kiln.Tensor(np.random.default_rng(10).standard_normal((2, channels, 5, 7)).astype(np.float32))
+    with kiln.no_grad():
+        eager = [t.asnumpy() for t in net(x, full)]
+        jitted = kiln.jit(net, jit_level="O1", infer_boost=infer_boost)
+        for _ in range(2):
+            for got, want in zip(jitted(x, full), eager):
+                np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-4)
+    assert "relayout(" in jitted.graph_str()
