@@ -75,13 +75,13 @@ def timed_round_robin(variants, rounds):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a 64x64 input and fewer rounds")
-    p.add_argument("--rounds", type=int, help="calls per variant (default 12, --quick 20)")
+    p.add_argument("--rounds", type=int, help="calls per variant (default 8, --quick 20)")
     p.add_argument("--threads", type=int, help="threads for kiln and PyTorch alike (default: kiln's)")
     args = p.parse_args()
     if args.threads:
         kiln.set_num_threads(args.threads)
     size = 64 if args.quick else 256
-    rounds = args.rounds or (20 if args.quick else 12)
+    rounds = args.rounds or (20 if args.quick else 8)
     block, x_np = make_block(size)
     x = kiln.Tensor(x_np)
     threads = kiln.get_num_threads()

@@ -344,3 +344,77 @@ kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, c
     pthread_mutex_unlock(&conv_lock);
     return s;
 }
+
+/* ---- relayout: oneDNN's reorders between activation layouts (float32) ---------------------- */
+
+#define RELAYOUT_CACHE_SIZE 16
+
+typedef struct {
+    int64_t dims[4], from, to;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, dst;
+} relayout_entry;
+
+static relayout_entry relayout_cache[RELAYOUT_CACHE_SIZE];
+static int relayout_next; /* the slot replaced on the next miss */
+
+static dnnl_format_tag_t layout_tag(int64_t layout) {
+    return layout == KILN_CONV_NHWC ? dnnl_nhwc : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c : dnnl_nchw;
+}
+
+static void relayout_entry_clear(relayout_entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->src) dnnl_memory_destroy(e->src);
+    if (e->dst) dnnl_memory_destroy(e->dst);
+    memset(e, 0, sizeof *e);
+}
+
+static kiln_status relayout_create(relayout_entry *e) {
+    dnnl_dims_t d = {e->dims[0], e->dims[1], e->dims[2], e->dims[3]};
+    dnnl_memory_desc_t src, dst;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to)));
+    dnnl_primitive_desc_t pd;
+    DNNL_TRY(dnnl_reorder_primitive_desc_create(&pd, &src, conv_engine, &dst, conv_engine, NULL));
+    dnnl_status_t ds = dnnl_primitive_create(&e->prim, pd);
+    dnnl_primitive_desc_destroy(pd);
+    DNNL_TRY(ds);
+    DNNL_TRY(dnnl_memory_create(&e->src, &src, conv_engine, DNNL_MEMORY_NONE));
+    DNNL_TRY(dnnl_memory_create(&e->dst, &dst, conv_engine, DNNL_MEMORY_NONE));
+    return KILN_OK;
+}
+
+static kiln_status relayout_run(const int64_t *nchw, int64_t from, int64_t to, const float *src, float *dst) {
+    KILN_TRY(conv_init());
+    relayout_entry *e = NULL;
+    for (int i = 0; i < RELAYOUT_CACHE_SIZE && !e; i++) {
+        relayout_entry *c = &relayout_cache[i];
+        if (c->prim && c->from == from && c->to == to && !memcmp(c->dims, nchw, sizeof c->dims)) e = c;
+    }
+    if (!e) {
+        e = &relayout_cache[relayout_next];
+        relayout_next = (relayout_next + 1) % RELAYOUT_CACHE_SIZE;
+        relayout_entry_clear(e);
+        memcpy(e->dims, nchw, sizeof e->dims);
+        e->from = from, e->to = to;
+        kiln_status s = relayout_create(e);
+        if (s != KILN_OK) {
+            relayout_entry_clear(e);
+            return s;
+        }
+    }
+    DNNL_TRY(dnnl_memory_set_data_handle(e->src, (void *)src));
+    DNNL_TRY(dnnl_memory_set_data_handle(e->dst, dst));
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, e->src}, {DNNL_ARG_TO, e->dst}};
+    DNNL_TRY(dnnl_primitive_execute(e->prim, conv_stream, 2, args));
+    DNNL_TRY(dnnl_stream_wait(conv_stream));
+    return KILN_OK;
+}
+
+kiln_status kiln_conv_dnnl_relayout(const int64_t *nchw, kiln_conv_layout from, kiln_conv_layout to, const float *src,
+                                    float *dst) {
+    pthread_mutex_lock(&conv_lock);
+    kiln_status s = relayout_run(nchw, from, to, src, dst);
+    pthread_mutex_unlock(&conv_lock);
+    return s;
+}

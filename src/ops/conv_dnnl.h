@@ -37,6 +37,11 @@ typedef struct kiln_conv_epilogue {
 kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                const float *a, const float *b, const float *bias, const float *residual, float *out);
 
+/* Converts float32 activations of NCHW shape `nchw` from one layout to another (oneDNN's
+ * reorder, cached per shape). KILN_ERR_RUNTIME when oneDNN cannot. */
+kiln_status kiln_conv_dnnl_relayout(const int64_t *nchw, kiln_conv_layout from, kiln_conv_layout to, const float *src,
+                                    float *dst);
+
 /* Writes the contiguous x, whose activations are in layout `from`, into the contiguous out in
  * layout `to` (one of the two NCHW); shapes as kiln_conv_layout_shape gives them. */
 kiln_status kiln_relayout(const kiln_tensor *x, kiln_conv_layout from, kiln_conv_layout to, kiln_tensor *out);
