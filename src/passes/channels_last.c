@@ -8,8 +8,8 @@
  * most once, and NCHW values are rebuilt only where something outside the chain (a graph
  * output included) reads them, so outputs keep the user's layout. Off with
  * disable_format_transform, and for graphs with backward convolutions: those read the saved
- * activations in NCHW, so a training graph would convert most values back and forth (and
- * measured no faster on BasicBlock). */
+ * activations in NCHW, so a training graph converts many values back and forth (measured:
+ * conv -> relu -> conv + x -> silu, 1x64x96x96, forward+backward, no faster with it). */
 #include "passes_internal.h"
 #include "../ops/conv_epilogue.h"
 
