@@ -353,6 +353,24 @@ static void test_channels_last(void) {
                    "  %15: float32[2, 8, 5, 5] = relayout(%11) {1, 0}\n"
                    "  return (%15, %13, %14)\n"
                    "}\n");
+    /* a convolution left alone (its output feeds no other) does not decide the layout */
+    expect_rewrite("channels_last", &training,
+                   "graph(%0: float32[1, 3, 6, 6], %1: float32[16, 3, 3, 3], %2: float32[16, 16, 3, 3], %3: float32[1, 16, 6, 6]) {\n"
+                   "  %4: float32[1, 16, 6, 6] = conv2d(%0, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  %5: float32[1, 16, 6, 6] = conv2d(%3, %2) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  %6: float32[1, 16, 6, 6] = relu(%5)\n"
+                   "  %7: float32[1, 16, 6, 6] = conv2d(%6, %2) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  return (%4, %7)\n"
+                   "}\n",
+                   "graph(%0: float32[1, 3, 6, 6], %1: float32[16, 3, 3, 3], %2: float32[16, 16, 3, 3], %3: float32[1, 16, 6, 6]) {\n"
+                   "  %4: float32[1, 16, 6, 6] = conv2d(%0, %1) {1, 1, 1, 1, 1, 1, 1, 1, 1}\n"
+                   "  %5: float32[1, 1, 6, 6, 16] = relayout(%3) {0, 2}\n"
+                   "  %6: float32[1, 1, 6, 6, 16] = conv2d_fused(%5, %2) {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 2, 0}\n"
+                   "  %7: float32[1, 1, 6, 6, 16] = relu(%6)\n"
+                   "  %8: float32[1, 1, 6, 6, 16] = conv2d_fused(%7, %2) {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 2, 0}\n"
+                   "  %9: float32[1, 16, 6, 6] = relayout(%8) {2, 0}\n"
+                   "  return (%4, %9)\n"
+                   "}\n");
     /* a graph with backward convolutions keeps NCHW */
     expect_rewrite("channels_last", &training,
                    "graph(%0: float32[1, 16, 6, 6], %1: float32[16, 16, 3, 3]) {\n"
