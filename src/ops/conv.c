@@ -1,6 +1,7 @@
-/* conv2d (NCHW) and its two backward ops. float32 runs through oneDNN (conv_dnnl.c);
- * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM;
- * float16/bfloat16 compute in float32. */
+/* conv2d (NCHW), its two backward ops, and conv2d_fused (a convolution with an epilogue, in
+ * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c);
+ * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM
+ * followed by the epilogue's own kernels; float16/bfloat16 compute in float32. */
 #include <cblas.h>
 #include <omp.h>
 
@@ -102,6 +103,73 @@ KILN_INFER(conv2d) {
     KILN_TRY(conv_check_float(op, dt));
     int64_t shape[4] = {p.N, p.O, p.OH, p.OW};
     kiln_meta_set(out, dt, 4, shape);
+    return KILN_OK;
+}
+
+/* conv2d_fused: the epilogue attrs i[9..13] (see ops.def), checked against the input shape
+ * xs (its rank in mx); nchw gets x's shape as NCHW. */
+static kiln_status conv_fused_epilogue(const kiln_attrs *a, int nin, const kiln_meta *mx, int64_t *nchw,
+                                       kiln_conv_epilogue *ep) {
+    const char *op = "conv2d_fused";
+    KILN_TRY(kiln_attrs_expect(op, a, 14, 0));
+    for (int k = 9; k <= 13; k++)
+        if ((k == 9 || k == 10 || k == 13) && a->i[k] != 0 && a->i[k] != 1)
+            return kiln_error(KILN_ERR_VALUE, "%s: attribute i[%d] must be 0 or 1, got %lld", op, k, (long long)a->i[k]);
+    if (a->i[11] < 0 || a->i[11] >= KILN_CONV_ACT_COUNT)
+        return kiln_error(KILN_ERR_VALUE, "%s: unknown activation code %lld", op, (long long)a->i[11]);
+    if (a->i[12] < 0 || a->i[12] >= KILN_CONV_LAYOUT_COUNT)
+        return kiln_error(KILN_ERR_VALUE, "%s: unknown layout code %lld", op, (long long)a->i[12]);
+    if (a->i[11] == KILN_CONV_ACT_CLAMP) KILN_TRY(kiln_attrs_expect(op, a, 14, 2));
+    int want = 2 + (int)a->i[9] + (int)a->i[10];
+    if (nin != want)
+        return kiln_error(KILN_ERR_TYPE, "%s: expected %d tensor inputs (x, w%s%s), got %d", op, want,
+                          a->i[9] ? ", b" : "", a->i[10] ? ", residual" : "", nin);
+    *ep = (kiln_conv_epilogue){.layout = a->i[12], .winograd = a->i[13], .residual = a->i[10],
+                               .activation = a->i[11], .alpha = a->nf > 0 ? a->f[0] : 0, .beta = a->nf > 1 ? a->f[1] : 0};
+    int rank = ep->layout == KILN_CONV_BLOCKED16 ? 5 : 4;
+    char buf[160];
+    if (mx->ndim != rank || (rank == 5 && mx->shape[4] != 16))
+        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s does not have layout %lld (%s)", op,
+                          kiln_shape_str(mx, buf, sizeof buf), (long long)ep->layout,
+                          rank == 5 ? "(N, C/16, H, W, 16)" : ep->layout == KILN_CONV_NHWC ? "(N, H, W, C)" : "(N, C, H, W)");
+    kiln_conv_layout_nchw((kiln_conv_layout)ep->layout, mx->shape, nchw);
+    return KILN_OK;
+}
+
+KILN_INFER(conv2d_fused) {
+    const char *op = "conv2d_fused";
+    kiln_conv_epilogue ep = {0};
+    int64_t xs[4];
+    if (nin < 2) return kiln_error(KILN_ERR_TYPE, "%s: expected at least 2 tensor inputs (x, w), got %d", op, nin);
+    const kiln_meta *mx = &in[0]->meta, *mw = &in[1]->meta;
+    KILN_TRY(conv_check_4d(op, "weight", mw));
+    KILN_TRY(conv_fused_epilogue(a, nin, mx, xs, &ep));
+    kiln_conv_params p;
+    KILN_TRY(conv_params(op, a, xs, mw->shape, &p));
+    kiln_dtype dt = kiln_dtype_promote(mx->dtype, mw->dtype);
+    char b1[160], b2[160];
+    if (a->i[9]) {
+        const kiln_meta *mb = &in[2]->meta;
+        if (mb->ndim != 1 || mb->shape[0] != p.O)
+            return kiln_error(KILN_ERR_VALUE, "%s: bias of shape %s does not match weight of shape %s", op,
+                              kiln_shape_str(mb, b1, sizeof b1), kiln_shape_str(mw, b2, sizeof b2));
+        dt = kiln_dtype_promote(dt, mb->dtype);
+    }
+    KILN_TRY(conv_check_float(op, dt));
+    if (ep.layout == KILN_CONV_BLOCKED16 && p.O % 16)
+        return kiln_error(KILN_ERR_VALUE, "%s: blocked layout needs output channels divisible by 16, weight has shape %s",
+                          op, kiln_shape_str(mw, b1, sizeof b1));
+    int64_t nchw[4] = {p.N, p.O, p.OH, p.OW}, shape[5];
+    kiln_meta_set(out, dt, kiln_conv_layout_shape((kiln_conv_layout)ep.layout, nchw, shape), shape);
+    if (ep.residual) {
+        const kiln_meta *mr = &in[nin - 1]->meta;
+        bool same = mr->ndim == out->ndim && mr->dtype == dt;
+        for (int d = 0; d < out->ndim && same; d++) same = mr->shape[d] == out->shape[d];
+        if (!same)
+            return kiln_error(KILN_ERR_VALUE, "%s: residual %s %s does not match the output %s %s", op,
+                              kiln_dtype_name(mr->dtype), kiln_shape_str(mr, b1, sizeof b1), kiln_dtype_name(dt),
+                              kiln_shape_str(out, b2, sizeof b2));
+    }
     return KILN_OK;
 }
 
@@ -218,42 +286,95 @@ CONV_REF(f64, double, cblas_dgemm)
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
-/* Runs `kind` on inputs a, b (and bias) into out, converting to the compute dtype. */
-static kiln_status conv_run(kiln_conv_kind kind, const kiln_conv_params *p, kiln_tensor *a, kiln_tensor *b,
-                            kiln_tensor *bias, kiln_tensor *out) {
+/* The plain-loop path: convolution (and bias) in NCHW into res, then the epilogue through the
+ * add and activation kernels, in place. x[0..3] are contiguous: a, b, bias, residual; a and
+ * res in ep's layout. */
+static kiln_status conv_reference(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                  const kiln_attrs *act_attrs, kiln_tensor *const *x, kiln_tensor *res) {
+    const void *pb = x[2] ? x[2]->data : NULL;
+    kiln_conv_layout layout = ep ? (kiln_conv_layout)ep->layout : KILN_CONV_NCHW;
+    kiln_tensor *xin = x[0], *y = res;
+    kiln_status s = KILN_OK;
+    if (layout != KILN_CONV_NCHW) {
+        int64_t xs[4] = {p->N, p->C, p->H, p->W}, ys[4] = {p->N, p->O, p->OH, p->OW};
+        s = kiln_tensor_empty(res->meta.dtype, 4, xs, &xin);
+        if (s == KILN_OK) s = kiln_relayout(x[0], layout, KILN_CONV_NCHW, xin);
+        if (s == KILN_OK) s = kiln_tensor_empty(res->meta.dtype, 4, ys, &y);
+        if (s != KILN_OK) {
+            if (xin != x[0]) kiln_tensor_release(xin);
+            return s;
+        }
+    }
+    if (res->meta.dtype == KILN_DTYPE_FLOAT64) s = conv_ref_f64(kind, p, xin->data, x[1]->data, pb, y->data);
+    else s = conv_ref_f32(kind, p, xin->data, x[1]->data, pb, y->data);
+    if (layout != KILN_CONV_NCHW) {
+        if (s == KILN_OK) s = kiln_relayout(y, KILN_CONV_NCHW, layout, res);
+        kiln_tensor_release(xin);
+        kiln_tensor_release(y);
+    }
+    if (s != KILN_OK || !ep) return s;
+    kiln_attrs none = {0};
+    if (ep->residual) {
+        kiln_tensor *pair[2] = {res, x[3]};
+        s = kiln_kernel_add(pair, 2, &none, &res);
+    }
+    if (s == KILN_OK && ep->activation != KILN_CONV_ACT_NONE)
+        s = kiln_op_table[kiln_conv_activation_ops[ep->activation]].kernel(&res, 1, act_attrs, &res);
+    return s;
+}
+
+/* Runs `kind` on inputs a, b (and bias) into out, converting to the compute dtype; forward
+ * convolutions may carry an epilogue ep (activation attrs in act_attrs) and its residual. */
+static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                  const kiln_attrs *act_attrs, kiln_tensor *a, kiln_tensor *b, kiln_tensor *bias,
+                                  kiln_tensor *residual, kiln_tensor *out) {
     kiln_dtype ct = out->meta.dtype == KILN_DTYPE_FLOAT64 ? KILN_DTYPE_FLOAT64 : KILN_DTYPE_FLOAT32;
-    kiln_tensor *x[3] = {NULL, NULL, NULL}, *res = NULL;
+    kiln_tensor *x[4] = {NULL, NULL, NULL, NULL}, *res = NULL;
     kiln_status s = kiln_to_contiguous(a, ct, &x[0]);
     if (s == KILN_OK) s = kiln_to_contiguous(b, ct, &x[1]);
     if (s == KILN_OK && bias) s = kiln_to_contiguous(bias, ct, &x[2]);
+    if (s == KILN_OK && residual) s = kiln_to_contiguous(residual, ct, &x[3]);
     if (s == KILN_OK) {
         if (out->meta.dtype == ct) kiln_tensor_retain(out), res = out;
-        else s = kiln_tensor_empty(ct, 4, out->meta.shape, &res);
+        else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);
     }
     if (s == KILN_OK) {
-        const void *pb = x[2] ? x[2]->data : NULL;
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
         if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
-        if (ct == KILN_DTYPE_FLOAT64) {
-            s = conv_ref_f64(kind, p, x[0]->data, x[1]->data, pb, res->data);
-        } else {
-            s = empty ? KILN_ERR_RUNTIME : kiln_conv_dnnl_run(kind, p, x[0]->data, x[1]->data, pb, res->data);
-            if (s == KILN_ERR_RUNTIME) {
-                kiln_clear_error();
-                s = conv_ref_f32(kind, p, x[0]->data, x[1]->data, pb, res->data);
-            }
+        s = KILN_ERR_RUNTIME;
+        if (ct == KILN_DTYPE_FLOAT32 && !empty)
+            s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
+                                   x[3] ? x[3]->data : NULL, res->data);
+        if (s == KILN_ERR_RUNTIME) {
+            kiln_clear_error();
+            s = conv_reference(kind, p, ep, act_attrs, x, res);
         }
     }
     if (s == KILN_OK && res != out) s = kiln_copy_into(out, res);
     kiln_tensor_release(res);
-    kiln_release_all(x, 3);
+    kiln_release_all(x, 4);
     return s;
+}
+
+static kiln_status conv_run(kiln_conv_kind kind, const kiln_conv_params *p, kiln_tensor *a, kiln_tensor *b,
+                            kiln_tensor *bias, kiln_tensor *out) {
+    return conv_run_fused(kind, p, NULL, NULL, a, b, bias, NULL, out);
 }
 
 KILN_KERNEL(conv2d) {
     kiln_conv_params p;
     KILN_TRY(conv_params("conv2d", a, in[0]->meta.shape, in[1]->meta.shape, &p));
     return conv_run(KILN_CONV_FORWARD, &p, in[0], in[1], nin == 3 ? in[2] : NULL, out[0]);
+}
+
+KILN_KERNEL(conv2d_fused) {
+    kiln_conv_epilogue ep = {0};
+    int64_t xs[4];
+    KILN_TRY(conv_fused_epilogue(a, nin, &in[0]->meta, xs, &ep));
+    kiln_conv_params p;
+    KILN_TRY(conv_params("conv2d_fused", a, xs, in[1]->meta.shape, &p));
+    return conv_run_fused(KILN_CONV_FORWARD, &p, &ep, a, in[0], in[1], a->i[9] ? in[2] : NULL,
+                          ep.residual ? in[nin - 1] : NULL, out[0]);
 }
 
 KILN_KERNEL(conv2d_backward_input) {

@@ -1,6 +1,8 @@
-/* oneDNN plumbing for conv2d: one CPU engine and stream; one primitive per (kind, problem),
- * created on first use with `any` memory formats and kept in a small LRU cache together with
- * the reorders between the user's NCHW / OIHW buffers and the formats the primitive chose.
+/* oneDNN plumbing for conv2d: one CPU engine and stream; one primitive per (kind, problem,
+ * epilogue), created on first use with `any` memory formats (NHWC activations stay NHWC) and
+ * kept in a small LRU cache together with the reorders between the user's NCHW / NHWC / OIHW
+ * buffers and the formats the primitive chose. The epilogue runs as post-ops: the residual as
+ * a `sum` (the destination is first filled with it), then the activation as an `eltwise`.
  * Blocked copies and the scratchpad live in grow-only buffers shared by all primitives.
  * Everything runs under one mutex (the library is driven by one caller at a time). */
 #include <dnnl.h>
@@ -15,12 +17,19 @@ typedef struct {
     kiln_conv_kind kind;
     bool bias;
     kiln_conv_params p;
+    kiln_conv_epilogue ep;
     uint64_t last_use;
     dnnl_primitive_t prim;
     dnnl_memory_desc_t user_md[3], md[3];
     dnnl_primitive_t reorder[3];               /* user -> chosen for inputs, back for output */
+    dnnl_primitive_t residual_reorder;         /* user -> chosen for the output (the residual) */
     dnnl_memory_t user_mem[3], blk_mem[3], bias_mem, scratch_mem;
     size_t blk_size[3], scratch_size;
+    /* Winograd: the weights last transformed (a copy) and their transformed form, reused while
+     * the weights hold the same bytes (the transform costs as much as a small convolution;
+     * other weight reorders are cheap and not worth the memory) */
+    bool keep_weights;
+    void *weights_seen, *weights_blk;
 } conv_entry;
 
 static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -30,6 +39,7 @@ static conv_entry *conv_cache[CONV_CACHE_SIZE];
 static uint64_t conv_clock;
 static void *conv_buf[4]; /* blocked operands 0..2, scratchpad */
 static size_t conv_buf_size[4];
+static const kiln_conv_epilogue conv_no_epilogue = {.activation = KILN_CONV_ACT_NONE};
 
 static const int conv_args[3][3] = {
     [KILN_CONV_FORWARD] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
@@ -53,6 +63,7 @@ static const dnnl_query_t conv_queries[3][3] = {
 static void conv_entry_free(conv_entry *e) {
     if (!e) return;
     if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->residual_reorder) dnnl_primitive_destroy(e->residual_reorder);
     for (int k = 0; k < 3; k++) {
         if (e->reorder[k]) dnnl_primitive_destroy(e->reorder[k]);
         if (e->user_mem[k]) dnnl_memory_destroy(e->user_mem[k]);
@@ -60,6 +71,8 @@ static void conv_entry_free(conv_entry *e) {
     }
     if (e->bias_mem) dnnl_memory_destroy(e->bias_mem);
     if (e->scratch_mem) dnnl_memory_destroy(e->scratch_mem);
+    kiln_free(e->weights_seen);
+    kiln_free(e->weights_blk);
     free(e);
 }
 
@@ -70,29 +83,36 @@ static kiln_status conv_init(void) {
     return KILN_OK;
 }
 
-/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any). */
-static kiln_status conv_mds(const kiln_conv_params *p, bool any, dnnl_memory_desc_t *x, dnnl_memory_desc_t *w,
-                            dnnl_memory_desc_t *y) {
+/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any, or
+ * wtag for ungrouped weights); NHWC and blocked activations keep their layout either way. */
+static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any, dnnl_format_tag_t wtag,
+                            dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
     dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
     dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw));
+    dnnl_format_tag_t act = layout == KILN_CONV_NHWC        ? dnnl_nhwc
+                            : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c
+                            : any                           ? dnnl_format_tag_any
+                                                            : dnnl_nchw;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, act));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, act));
     if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
-    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw));
+    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? wtag : dnnl_oihw));
     return KILN_OK;
 }
 
-/* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one). */
-static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *fwd,
-                                dnnl_primitive_desc_t *pd) {
+/* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one), with
+ * weights in format wtag (or any), by algorithm alg. */
+static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag, dnnl_alg_kind_t alg,
+                                dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
     const kiln_conv_params *p = &e->p;
     dnnl_memory_desc_t x, w, y, b;
     dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
     dnnl_dims_t bd = {p->O};
-    KILN_TRY(conv_mds(p, true, &x, &w, &y));
+    KILN_TRY(conv_mds(p, e->ep.layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
-    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &x, &w,
+    dnnl_prop_kind_t prop = e->ep.winograd ? dnnl_forward_inference : dnnl_forward_training;
+    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, prop, alg, &x, &w,
                                                         e->bias ? &b : NULL, &y, strides, dil, pl, pr));
     DNNL_TRY(dnnl_primitive_desc_create(fwd, &cd, e->kind == KILN_CONV_FORWARD ? attr : NULL, conv_engine, NULL));
     if (e->kind == KILN_CONV_FORWARD) return KILN_OK;
@@ -107,7 +127,7 @@ static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_
 
 static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     dnnl_memory_desc_t ux, uw, uy;
-    KILN_TRY(conv_mds(&e->p, false, &ux, &uw, &uy));
+    KILN_TRY(conv_mds(&e->p, e->ep.layout, false, dnnl_oihw, &ux, &uw, &uy));
     const dnnl_memory_desc_t *user[3][3] = {
         [KILN_CONV_FORWARD] = {&ux, &uw, &uy},
         [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
@@ -128,6 +148,13 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
         e->blk_size[k] = dnnl_memory_desc_get_size(&e->md[k]);
         DNNL_TRY(dnnl_memory_create(&e->blk_mem[k], &e->md[k], conv_engine, DNNL_MEMORY_NONE));
     }
+    if (e->ep.residual && e->reorder[2]) {
+        dnnl_primitive_desc_t rpd;
+        DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[2], conv_engine, &e->md[2], conv_engine, NULL));
+        dnnl_status_t ds = dnnl_primitive_create(&e->residual_reorder, rpd);
+        dnnl_primitive_desc_destroy(rpd);
+        DNNL_TRY(ds);
+    }
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     e->scratch_size = smd ? dnnl_memory_desc_get_size(smd) : 0;
     if (e->scratch_size) DNNL_TRY(dnnl_memory_create(&e->scratch_mem, smd, conv_engine, DNNL_MEMORY_NONE));
@@ -140,6 +167,29 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     return KILN_OK;
 }
 
+static const dnnl_alg_kind_t conv_activation_algs[KILN_CONV_ACT_COUNT] = {
+    [KILN_CONV_ACT_RELU] = dnnl_eltwise_relu,        [KILN_CONV_ACT_GELU] = dnnl_eltwise_gelu_erf,
+    [KILN_CONV_ACT_SILU] = dnnl_eltwise_swish,       [KILN_CONV_ACT_SIGMOID] = dnnl_eltwise_logistic,
+    [KILN_CONV_ACT_TANH] = dnnl_eltwise_tanh,        [KILN_CONV_ACT_CLAMP] = dnnl_eltwise_clip,
+};
+
+/* The post-ops of the epilogue: residual (sum), then activation (eltwise). */
+static kiln_status conv_post_ops(const kiln_conv_epilogue *ep, dnnl_primitive_attr_t attr) {
+    if (!ep->residual && ep->activation == KILN_CONV_ACT_NONE) return KILN_OK;
+    dnnl_post_ops_t po;
+    DNNL_TRY(dnnl_post_ops_create(&po));
+    dnnl_status_t ds = dnnl_success;
+    if (ep->residual) ds = dnnl_post_ops_append_sum(po, 1.0f);
+    if (ds == dnnl_success && ep->activation != KILN_CONV_ACT_NONE) {
+        float alpha = ep->activation == KILN_CONV_ACT_SILU ? 1.0f : (float)ep->alpha;
+        ds = dnnl_post_ops_append_eltwise(po, 1.0f, conv_activation_algs[ep->activation], alpha, (float)ep->beta);
+    }
+    if (ds == dnnl_success) ds = dnnl_primitive_attr_set_post_ops(attr, po);
+    dnnl_post_ops_destroy(po);
+    DNNL_TRY(ds);
+    return KILN_OK;
+}
+
 static kiln_status conv_create(conv_entry *e) {
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t fwd = NULL, pd = NULL;
@@ -147,7 +197,20 @@ static kiln_status conv_create(conv_entry *e) {
     kiln_status s = KILN_OK;
     if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
-    if (s == KILN_OK) s = conv_make_pd(e, attr, &fwd, &pd);
+    if (s == KILN_OK) s = conv_post_ops(&e->ep, attr);
+    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations); for
+     * channels-last, the plain-weights kernel in place of brgconv, whose weight format
+     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call */
+    if (s == KILN_OK && e->ep.winograd) {
+        s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
+        e->keep_weights = s == KILN_OK;
+        if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+    }
+    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1) {
+        s = conv_make_pd(e, attr, dnnl_OIhw16i16o, dnnl_convolution_direct, &fwd, &pd);
+        if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+    }
+    if (s == KILN_OK && !fwd) s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
     if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (fwd) dnnl_primitive_desc_destroy(fwd);
@@ -155,12 +218,13 @@ static kiln_status conv_create(conv_entry *e) {
     return s;
 }
 
-/* The cached entry for (kind, bias, p), created on a miss (evicting the least recently used). */
-static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_params *p, conv_entry **out) {
+/* The cached entry for (kind, bias, p, ep), created on a miss (evicting the least recently used). */
+static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                               conv_entry **out) {
     int slot = 0;
     for (int i = 0; i < CONV_CACHE_SIZE; i++) {
         conv_entry *e = conv_cache[i];
-        if (e && e->kind == kind && e->bias == bias && !memcmp(&e->p, p, sizeof *p)) {
+        if (e && e->kind == kind && e->bias == bias && !memcmp(&e->p, p, sizeof *p) && !memcmp(&e->ep, ep, sizeof *ep)) {
             e->last_use = ++conv_clock;
             *out = e;
             return KILN_OK;
@@ -169,7 +233,7 @@ static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_p
     }
     conv_entry *e = calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
-    e->kind = kind, e->bias = bias, e->p = *p;
+    e->kind = kind, e->bias = bias, e->p = *p, e->ep = *ep;
     kiln_status s = conv_create(e);
     if (s != KILN_OK) {
         conv_entry_free(e);
@@ -193,14 +257,50 @@ static kiln_status conv_buffer(int k, size_t size, void **out) {
     return KILN_OK;
 }
 
-static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b, const float *bias, float *out) {
+/* Fills the destination of e (its blocked copy, or out itself) with the residual for `sum`. */
+static kiln_status conv_load_residual(const conv_entry *e, const float *residual, float *out) {
+    if (!e->residual_reorder) {
+        if (residual != out) memcpy(out, residual, dnnl_memory_desc_get_size(&e->user_md[2]));
+        return KILN_OK;
+    }
+    DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[2], (void *)residual));
+    dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, e->user_mem[2]}, {DNNL_ARG_TO, e->blk_mem[2]}};
+    DNNL_TRY(dnnl_primitive_execute(e->residual_reorder, conv_stream, 2, r));
+    return KILN_OK;
+}
+
+/* Points e's blocked weights at their reordered form of the user's weights w: the cached
+ * one when w is unchanged since the last call, else reordered anew (and remembered). */
+static kiln_status conv_forward_weights(conv_entry *e, const float *w) {
+    size_t user = dnnl_memory_desc_get_size(&e->user_md[1]);
+    if (!e->weights_blk) {
+        e->weights_seen = kiln_alloc(user);
+        e->weights_blk = kiln_alloc(e->blk_size[1]);
+        if (!e->weights_seen || !e->weights_blk) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
+    } else if (!memcmp(e->weights_seen, w, user)) {
+        DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[1], e->weights_blk));
+        return KILN_OK;
+    }
+    DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[1], e->weights_blk));
+    dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, e->user_mem[1]}, {DNNL_ARG_TO, e->blk_mem[1]}};
+    DNNL_TRY(dnnl_primitive_execute(e->reorder[1], conv_stream, 2, r));
+    DNNL_TRY(dnnl_stream_wait(conv_stream));
+    memcpy(e->weights_seen, w, user);
+    return KILN_OK;
+}
+
+static kiln_status conv_exec(conv_entry *e, const float *a, const float *b, const float *bias,
+                             const float *residual, float *out) {
     void *user[3] = {(void *)a, (void *)b, out}, *buf;
     dnnl_exec_arg_t args[5];
     int nargs = 0;
     for (int k = 0; k < 3; k++) {
         DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[k], user[k]));
         dnnl_memory_t m = e->user_mem[k];
-        if (e->reorder[k]) {
+        if (e->reorder[k] && k == 1 && e->keep_weights) {
+            KILN_TRY(conv_forward_weights(e, b));
+            m = e->blk_mem[k];
+        } else if (e->reorder[k]) {
             KILN_TRY(conv_buffer(k, e->blk_size[k], &buf));
             DNNL_TRY(dnnl_memory_set_data_handle(e->blk_mem[k], buf));
             m = e->blk_mem[k];
@@ -210,6 +310,10 @@ static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b
             }
         }
         args[nargs++] = (dnnl_exec_arg_t){conv_args[e->kind][k], m};
+    }
+    if (e->ep.residual) {
+        KILN_TRY(conv_load_residual(e, residual, out));
+        DNNL_TRY(dnnl_memory_set_data_handle(e->user_mem[2], out));
     }
     if (e->bias) {
         DNNL_TRY(dnnl_memory_set_data_handle(e->bias_mem, (void *)bias));
@@ -229,13 +333,88 @@ static kiln_status conv_exec(const conv_entry *e, const float *a, const float *b
     return KILN_OK;
 }
 
-kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const float *a, const float *b,
-                               const float *bias, float *out) {
+kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                               const float *a, const float *b, const float *bias, const float *residual, float *out) {
+    if (!ep) ep = &conv_no_epilogue;
     pthread_mutex_lock(&conv_lock);
     conv_entry *e = NULL;
     kiln_status s = conv_init();
-    if (s == KILN_OK) s = conv_lookup(kind, bias != NULL, p, &e);
-    if (s == KILN_OK) s = conv_exec(e, a, b, bias, out);
+    if (s == KILN_OK) s = conv_lookup(kind, bias != NULL, p, ep, &e);
+    if (s == KILN_OK) s = conv_exec(e, a, b, bias, residual, out);
+    pthread_mutex_unlock(&conv_lock);
+    return s;
+}
+
+/* ---- relayout: oneDNN's reorders between activation layouts (float32) ---------------------- */
+
+#define RELAYOUT_CACHE_SIZE 16
+
+typedef struct {
+    int64_t dims[4], from, to;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, dst;
+} relayout_entry;
+
+static relayout_entry relayout_cache[RELAYOUT_CACHE_SIZE];
+static int relayout_next; /* the slot replaced on the next miss */
+
+static dnnl_format_tag_t layout_tag(int64_t layout) {
+    return layout == KILN_CONV_NHWC ? dnnl_nhwc : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c : dnnl_nchw;
+}
+
+static void relayout_entry_clear(relayout_entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->src) dnnl_memory_destroy(e->src);
+    if (e->dst) dnnl_memory_destroy(e->dst);
+    memset(e, 0, sizeof *e);
+}
+
+static kiln_status relayout_create(relayout_entry *e) {
+    dnnl_dims_t d = {e->dims[0], e->dims[1], e->dims[2], e->dims[3]};
+    dnnl_memory_desc_t src, dst;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to)));
+    dnnl_primitive_desc_t pd;
+    DNNL_TRY(dnnl_reorder_primitive_desc_create(&pd, &src, conv_engine, &dst, conv_engine, NULL));
+    dnnl_status_t ds = dnnl_primitive_create(&e->prim, pd);
+    dnnl_primitive_desc_destroy(pd);
+    DNNL_TRY(ds);
+    DNNL_TRY(dnnl_memory_create(&e->src, &src, conv_engine, DNNL_MEMORY_NONE));
+    DNNL_TRY(dnnl_memory_create(&e->dst, &dst, conv_engine, DNNL_MEMORY_NONE));
+    return KILN_OK;
+}
+
+static kiln_status relayout_run(const int64_t *nchw, int64_t from, int64_t to, const float *src, float *dst) {
+    KILN_TRY(conv_init());
+    relayout_entry *e = NULL;
+    for (int i = 0; i < RELAYOUT_CACHE_SIZE && !e; i++) {
+        relayout_entry *c = &relayout_cache[i];
+        if (c->prim && c->from == from && c->to == to && !memcmp(c->dims, nchw, sizeof c->dims)) e = c;
+    }
+    if (!e) {
+        e = &relayout_cache[relayout_next];
+        relayout_next = (relayout_next + 1) % RELAYOUT_CACHE_SIZE;
+        relayout_entry_clear(e);
+        memcpy(e->dims, nchw, sizeof e->dims);
+        e->from = from, e->to = to;
+        kiln_status s = relayout_create(e);
+        if (s != KILN_OK) {
+            relayout_entry_clear(e);
+            return s;
+        }
+    }
+    DNNL_TRY(dnnl_memory_set_data_handle(e->src, (void *)src));
+    DNNL_TRY(dnnl_memory_set_data_handle(e->dst, dst));
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, e->src}, {DNNL_ARG_TO, e->dst}};
+    DNNL_TRY(dnnl_primitive_execute(e->prim, conv_stream, 2, args));
+    DNNL_TRY(dnnl_stream_wait(conv_stream));
+    return KILN_OK;
+}
+
+kiln_status kiln_conv_dnnl_relayout(const int64_t *nchw, kiln_conv_layout from, kiln_conv_layout to, const float *src,
+                                    float *dst) {
+    pthread_mutex_lock(&conv_lock);
+    kiln_status s = relayout_run(nchw, from, to, src, dst);
     pthread_mutex_unlock(&conv_lock);
     return s;
 }

@@ -11,6 +11,8 @@ static const kiln_pass o1_passes[] = {
     {"constant_fold", kiln_pass_constant_fold},
     {"simplify", kiln_pass_simplify},
     {"dce", kiln_pass_dce},
+    {"fuse_conv_epilogue", kiln_pass_fuse_conv_epilogue},
+    {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */
     {"fuse_elementwise", kiln_pass_fuse_elementwise},
     {NULL, NULL},
 };

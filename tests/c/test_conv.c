@@ -100,9 +100,9 @@ static void check_case(const conv_case *c, kiln_tensor *x, kiln_tensor *w, kiln_
         kiln_conv_params p = {c->N, c->C, c->H, c->W, c->O, c->KH, c->KW, out_h(c), out_w(c), c->sh, c->sw,
                               c->pt, c->pb, c->pl, c->pr, c->dh, c->dw, c->g};
         float *buf = malloc(sizeof(float) * (size_t)(x->numel + w->numel + gy->numel));
-        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_FORWARD, &p, x->data, w->data, b ? b->data : NULL, buf));
-        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_BACKWARD_INPUT, &p, gy->data, w->data, NULL, buf));
-        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_BACKWARD_WEIGHT, &p, x->data, gy->data, NULL, buf));
+        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_FORWARD, &p, NULL, x->data, w->data, b ? b->data : NULL, NULL, buf));
+        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_BACKWARD_INPUT, &p, NULL, gy->data, w->data, NULL, NULL, buf));
+        CHECK_OK(kiln_conv_dnnl_run(KILN_CONV_BACKWARD_WEIGHT, &p, NULL, x->data, gy->data, NULL, NULL, buf));
         free(buf);
     }
     free(xv), free(wv), free(bv), free(gv), free(y), free(gx), free(gw);
