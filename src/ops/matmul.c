@@ -11,9 +11,12 @@
 /* Up to this many multiply-adds a plain loop beats the BLAS call (OpenBLAS has fast small-
  * matrix kernels, so this is tiny); larger products with layouts BLAS cannot take are copied. */
 #define MM_TINY 64
-/* OpenBLAS runs a GEMM on one thread below this m*n*k; batches of such GEMMs are spread over
- * OpenMP threads instead (never around a threaded GEMM). */
-#define MM_BLAS_SERIAL 262144
+/* Threads: OpenBLAS always runs single-threaded and kiln spreads GEMMs over its OpenMP threads
+ * itself, so one thread pool serves every kernel. (OpenBLAS's own pool spins on the cores after
+ * each call, and the OpenMP loops of the kernels that follow had to fight it for them.) A GEMM
+ * of at least MM_SPLIT_MIN multiply-adds is split into one block of rows or columns per thread;
+ * batches of GEMMs are spread over the threads when they divide evenly or are many. */
+#define MM_SPLIT_MIN 262144
 #define MM_PARALLEL_MIN 65536
 
 /* A matrix operand: rows x cols with element strides. */
@@ -101,11 +104,49 @@ static void mm_gemm(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const void *
     }
 }
 
-/* OpenBLAS keeps its own thread pool: follow kiln's (OpenMP's) thread count. Called on the
- * caller's thread only, never inside a parallel region. */
+/* OpenBLAS single-threaded (see MM_SPLIT_MIN). Called on the caller's thread only, never
+ * inside a parallel region. */
 static void mm_sync_threads(void) {
-    int n = omp_get_max_threads();
-    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/* Whether a GEMM of this size is worth splitting over the threads (outside parallel regions). */
+static bool mm_split_worth(int64_t M, int64_t N, int64_t K) {
+    return M * N * K >= MM_SPLIT_MIN && (M > 1 || N > 1) && omp_get_max_threads() > 1 && !omp_in_parallel();
+}
+
+/* mm_gemm over OpenMP threads: each thread runs one block of columns (when N >= M: every
+ * thread then packs all of A, the smaller operand) or of rows. Column blocks start on
+ * 16-element boundaries. */
+static void mm_gemm_par(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const char *A, mm_mat a,
+                        const char *B, mm_mat b, char *C, int64_t ldc, bool acc) {
+    if (!mm_split_worth(M, N, K)) {
+        mm_gemm(ct, M, N, K, A, a, B, b, C, ldc, acc);
+        return;
+    }
+    int64_t isz = (int64_t)kiln_dtype_size(ct);
+    bool cols = N >= M;
+    int64_t extent = cols ? N : M;
+    int threads = omp_get_max_threads();
+    if (threads > extent) threads = (int)extent;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < threads; t++) {
+        int64_t lo = extent * t / threads, hi = extent * (t + 1) / threads;
+        if (cols) {
+            lo = t == 0 ? 0 : lo & ~(int64_t)15;
+            hi = t == threads - 1 ? extent : hi & ~(int64_t)15;
+        }
+        if (hi <= lo) continue;
+        if (cols) {
+            mm_mat bb = b;
+            bb.cols = hi - lo;
+            mm_gemm(ct, M, hi - lo, K, A, a, B + lo * b.cs * isz, bb, C + lo * isz, ldc, acc);
+        } else {
+            mm_mat aa = a;
+            aa.rows = hi - lo;
+            mm_gemm(ct, hi - lo, N, K, A + lo * a.rs * isz, aa, B, b, C + lo * ldc * isz, ldc, acc);
+        }
+    }
 }
 
 static kiln_dtype mm_compute_dtype(kiln_dtype d) {
@@ -179,17 +220,32 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C) {
         return;
     }
     if (count == 1) {
-        mm_gemm(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false);
+        mm_gemm_par(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false);
         return;
     }
     mm_mat folded;
     if (mm_fold(p, &folded)) {
-        mm_gemm(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false);
+        mm_gemm_par(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false);
         return;
     }
     int64_t work = p->M * p->N * p->K;
-    bool par = work < MM_BLAS_SERIAL && count * work >= MM_PARALLEL_MIN && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (par)
+    int threads = omp_get_max_threads();
+    bool even = count % threads == 0 || count >= 4 * threads || !mm_split_worth(p->M, p->N, p->K);
+    bool par = threads > 1 && even && count * work >= MM_PARALLEL_MIN && !omp_in_parallel();
+    if (!par) {
+        for (int64_t t = 0; t < count; t++) {
+            int64_t oa = 0, ob = 0, rem = t;
+            for (int d = p->nb - 1; d >= 0; d--) {
+                int64_t i = rem % p->bshape[d];
+                rem /= p->bshape[d];
+                oa += i * p->sa[d], ob += i * p->sb[d];
+            }
+            mm_gemm_par(p->ct, p->M, p->N, p->K, A + oa * (int64_t)isz, p->a, B + ob * (int64_t)isz, p->b,
+                        C + t * p->M * p->N * (int64_t)isz, p->N, false);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < count; t++) {
         int64_t oa = 0, ob = 0, rem = t;
         for (int d = p->nb - 1; d >= 0; d--) {
@@ -440,7 +496,7 @@ KILN_KERNEL(linear) {
         for (int64_t r = 0; r < R; r++) memcpy((char *)c->data + (size_t)r * row, b->data, row);
     }
     mm_sync_threads();
-    mm_gemm(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL);
+    mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL);
     s = mm_finish(out[0], c, s);
 done:
     kiln_tensor_release(x), kiln_tensor_release(w), kiln_tensor_release(b);
