@@ -10,6 +10,7 @@ static const kiln_pass o1_passes[] = {
     {"constant_fold", kiln_pass_constant_fold},
     {"simplify", kiln_pass_simplify},
     {"dce", kiln_pass_dce},
+    {"fuse_matmul_epilogue", kiln_pass_fuse_matmul_epilogue},
     {"fuse_elementwise", kiln_pass_fuse_elementwise},
     {NULL, NULL},
 };
