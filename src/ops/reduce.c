@@ -281,8 +281,9 @@ DEFINE_LOOPS(i64, int64_t, int64_t, uint64_t, ADD_I, MUL_I, IMAX, IMIN)
 DEFINE_SQDEV(f32, float)
 DEFINE_SQDEV(f64, double)
 
-/* Column loops take COL_ROWS neighbouring rows of the innermost reduced axis at once (k ==
- * COL_ROWS, rows rs apart) or one row (k == 1): fewer accumulator updates, more streams. F is
+/* Column loops take COL_ROWS, 4 or 2 neighbouring rows of the innermost reduced axis at once
+ * (rows rs apart; combined pairwise) or one row (k == 1): fewer accumulator updates, more
+ * streams (short reduced axes such as the sum over repeated key/value heads). F is
  * the per-element term (the value, or its squared deviation from the output's mean). */
 #define TERM_PLAIN(U, v, i) ((U)(v))
 #define TERM_SQDEV(U, v, i) (((double)(v) - mean[(i) * ms]) * ((double)(v) - mean[(i) * ms]))
@@ -301,6 +302,17 @@ DEFINE_SQDEV(f64, double)
                               OPU(F(U, x[i + 6 * rs], i), F(U, x[i + 7 * rs], i))));         \
                 acc[i] = OPA(acc[i], (A)v);                                                  \
             }                                                                                \
+            return;                                                                          \
+        }                                                                                    \
+        if (k == 4 && s == 1) {                                                              \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                U v = OPU(OPU(F(U, x[i], i), F(U, x[i + rs], i)), OPU(F(U, x[i + 2 * rs], i), F(U, x[i + 3 * rs], i))); \
+                acc[i] = OPA(acc[i], (A)v);                                                  \
+            }                                                                                \
+            return;                                                                          \
+        }                                                                                    \
+        if (k == 2 && s == 1) {                                                              \
+            for (int64_t i = 0; i < n; i++) acc[i] = OPA(acc[i], (A)OPU(F(U, x[i], i), F(U, x[i + rs], i))); \
             return;                                                                          \
         }                                                                                    \
         for (int j = 0; j < k; j++, x += rs) {                                               \
@@ -473,7 +485,8 @@ static void col_span(const red_exec *e, int64_t xoff, int64_t ooff, int64_t m, i
         off += idx[d] * p->rx[d];
     }
     for (r = rb; r < re;) {
-        int k = re - r >= COL_ROWS && n_in - idx[in] >= COL_ROWS ? COL_ROWS : 1;
+        int64_t left = re - r < n_in - idx[in] ? re - r : n_in - idx[in];
+        int k = left >= COL_ROWS ? COL_ROWS : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         col(acc, e->x + (xoff + off) * (int64_t)e->isz, m, xs, s_in, k, mean, ms);
         r += k;
         idx[in] += k;
