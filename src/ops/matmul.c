@@ -7,13 +7,17 @@
 #include <omp.h>
 
 #include "../core/internal.h"
+#include "matmul.h"
 
 /* Up to this many multiply-adds a plain loop beats the BLAS call (OpenBLAS has fast small-
  * matrix kernels, so this is tiny); larger products with layouts BLAS cannot take are copied. */
 #define MM_TINY 64
-/* OpenBLAS runs a GEMM on one thread below this m*n*k; batches of such GEMMs are spread over
- * OpenMP threads instead (never around a threaded GEMM). */
-#define MM_BLAS_SERIAL 262144
+/* Threads: OpenBLAS always runs single-threaded and kiln spreads GEMMs over its OpenMP threads
+ * itself, so one thread pool serves every kernel. (OpenBLAS's own pool spins on the cores after
+ * each call, and the OpenMP loops of the kernels that follow had to fight it for them.) A GEMM
+ * of at least MM_SPLIT_MIN multiply-adds is split into one block of rows or columns per thread;
+ * batches of GEMMs are spread over the threads when they divide evenly or are many. */
+#define MM_SPLIT_MIN 262144
 #define MM_PARALLEL_MIN 65536
 
 /* A matrix operand: rows x cols with element strides. */
@@ -101,11 +105,60 @@ static void mm_gemm(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const void *
     }
 }
 
-/* OpenBLAS keeps its own thread pool: follow kiln's (OpenMP's) thread count. Called on the
- * caller's thread only, never inside a parallel region. */
+/* OpenBLAS single-threaded (see MM_SPLIT_MIN). Called on the caller's thread only, never
+ * inside a parallel region. */
 static void mm_sync_threads(void) {
-    int n = omp_get_max_threads();
-    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/* Whether a GEMM of this size is worth splitting over the threads (outside parallel regions). */
+static bool mm_split_worth(int64_t M, int64_t N, int64_t K) {
+    return M * N * K >= MM_SPLIT_MIN && (M > 1 || N > 1) && omp_get_max_threads() > 1 && !omp_in_parallel();
+}
+
+/* Runs the epilogue (if any) on rows [row0, row0 + rows) x columns [col0, col0 + cols) of the
+ * output, rows counted over the whole output viewed as (numel / N, N). */
+static void mm_epilogue_run(const kiln_mm_epilogue *epi, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+    if (epi && rows > 0 && cols > 0) epi->fn(epi->ctx, row0, rows, col0, cols);
+}
+
+/* mm_gemm over OpenMP threads: each thread runs one block of columns (when N >= M: every
+ * thread then packs all of A, the smaller operand) or of rows, then the epilogue on its block
+ * while it is still in cache. Column blocks start on 16-element boundaries. C's first row is
+ * row `row0` of the output. */
+static void mm_gemm_par(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const char *A, mm_mat a,
+                        const char *B, mm_mat b, char *C, int64_t ldc, bool acc, const kiln_mm_epilogue *epi,
+                        int64_t row0) {
+    if (!mm_split_worth(M, N, K)) {
+        mm_gemm(ct, M, N, K, A, a, B, b, C, ldc, acc);
+        mm_epilogue_run(epi, row0, M, 0, N);
+        return;
+    }
+    int64_t isz = (int64_t)kiln_dtype_size(ct);
+    bool cols = N >= M;
+    int64_t extent = cols ? N : M;
+    int threads = omp_get_max_threads();
+    if (threads > extent) threads = (int)extent;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < threads; t++) {
+        int64_t lo = extent * t / threads, hi = extent * (t + 1) / threads;
+        if (cols) {
+            lo = t == 0 ? 0 : lo & ~(int64_t)15;
+            hi = t == threads - 1 ? extent : hi & ~(int64_t)15;
+        }
+        if (hi <= lo) continue;
+        if (cols) {
+            mm_mat bb = b;
+            bb.cols = hi - lo;
+            mm_gemm(ct, M, hi - lo, K, A, a, B + lo * b.cs * isz, bb, C + lo * isz, ldc, acc);
+            mm_epilogue_run(epi, row0, M, lo, hi - lo);
+        } else {
+            mm_mat aa = a;
+            aa.rows = hi - lo;
+            mm_gemm(ct, hi - lo, N, K, A + lo * a.rs * isz, aa, B, b, C + lo * ldc * isz, ldc, acc);
+            mm_epilogue_run(epi, row0 + lo, hi - lo, 0, N);
+        }
+    }
 }
 
 static kiln_dtype mm_compute_dtype(kiln_dtype d) {
@@ -170,26 +223,42 @@ static bool mm_fold(const mm_plan *p, mm_mat *folded) {
     return true;
 }
 
-static void mm_run(const mm_plan *p, const char *A, const char *B, char *C) {
+static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, const kiln_mm_epilogue *epi) {
     size_t isz = kiln_dtype_size(p->ct);
     int64_t count = kiln_shape_numel(p->nb, p->bshape);
     if (count == 0 || p->M == 0 || p->N == 0) return; /* empty output */
     if (p->K == 0) {                                   /* empty sums */
         memset(C, 0, (size_t)(count * p->M * p->N) * isz);
+        mm_epilogue_run(epi, 0, count * p->M, 0, p->N);
         return;
     }
     if (count == 1) {
-        mm_gemm(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false);
+        mm_gemm_par(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false, epi, 0);
         return;
     }
     mm_mat folded;
     if (mm_fold(p, &folded)) {
-        mm_gemm(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false);
+        mm_gemm_par(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false, epi, 0);
         return;
     }
     int64_t work = p->M * p->N * p->K;
-    bool par = work < MM_BLAS_SERIAL && count * work >= MM_PARALLEL_MIN && omp_get_max_threads() > 1;
-#pragma omp parallel for schedule(static) if (par)
+    int threads = omp_get_max_threads();
+    bool even = count % threads == 0 || count >= 4 * threads || !mm_split_worth(p->M, p->N, p->K);
+    bool par = threads > 1 && even && count * work >= MM_PARALLEL_MIN && !omp_in_parallel();
+    if (!par) {
+        for (int64_t t = 0; t < count; t++) {
+            int64_t oa = 0, ob = 0, rem = t;
+            for (int d = p->nb - 1; d >= 0; d--) {
+                int64_t i = rem % p->bshape[d];
+                rem /= p->bshape[d];
+                oa += i * p->sa[d], ob += i * p->sb[d];
+            }
+            mm_gemm_par(p->ct, p->M, p->N, p->K, A + oa * (int64_t)isz, p->a, B + ob * (int64_t)isz, p->b,
+                        C + t * p->M * p->N * (int64_t)isz, p->N, false, epi, t * p->M);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < count; t++) {
         int64_t oa = 0, ob = 0, rem = t;
         for (int d = p->nb - 1; d >= 0; d--) {
@@ -199,6 +268,7 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C) {
         }
         mm_gemm(p->ct, p->M, p->N, p->K, A + oa * (int64_t)isz, p->a, B + ob * (int64_t)isz, p->b,
                 C + t * p->M * p->N * (int64_t)isz, p->N, false);
+        mm_epilogue_run(epi, t * p->M, p->M, 0, p->N);
     }
 }
 
@@ -255,7 +325,18 @@ static kiln_status mm_finish(kiln_tensor *out, kiln_tensor *c, kiln_status s) {
     return s;
 }
 
-KILN_KERNEL(matmul) {
+/* The epilogue runs on the compute buffer while it is hot when that is the output itself;
+ * after the conversion to a 16-bit or integer output otherwise (as the unfused ops would). */
+static kiln_status mm_finish_epilogue(kiln_tensor *out, kiln_tensor *c, int64_t N, const kiln_mm_epilogue *epi) {
+    kiln_status s = mm_finish(out, c, KILN_OK);
+    if (s == KILN_OK && epi && c != out) mm_epilogue_run(epi, 0, out->numel / max1(N), 0, N);
+    return s;
+}
+
+KILN_KERNEL(matmul) { return kiln_matmul_into(in[0], in[1], out[0], NULL); }
+
+kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *bt, kiln_tensor *outp, const kiln_mm_epilogue *epi) {
+    kiln_tensor *in[2] = {a, bt}, **out = &outp;
     kiln_dtype ct = mm_compute_dtype(out[0]->meta.dtype);
     const kiln_meta *mo = &out[0]->meta;
     mm_plan p = {.ct = ct};
@@ -285,8 +366,8 @@ KILN_KERNEL(matmul) {
     if (s == KILN_OK) s = mm_output(out[0], ct, &c);
     if (s == KILN_OK) {
         mm_sync_threads();
-        mm_run(&p, x[0]->data, x[1]->data, c->data);
-        s = mm_finish(out[0], c, s);
+        mm_run(&p, x[0]->data, x[1]->data, c->data, c == out[0] ? epi : NULL);
+        s = mm_finish_epilogue(out[0], c, p.N, epi);
     }
     kiln_release_all(x, 2);
     return s;
@@ -407,7 +488,12 @@ static bool linear_rows(const kiln_tensor *x, mm_mat *m) {
     return true;
 }
 
-KILN_KERNEL(linear) {
+KILN_KERNEL(linear) { return kiln_linear_into(in[0], in[1], nin == 3 ? in[2] : NULL, out[0], NULL); }
+
+kiln_status kiln_linear_into(kiln_tensor *xin, kiln_tensor *win, kiln_tensor *bias, kiln_tensor *outp,
+                             const kiln_mm_epilogue *epi) {
+    kiln_tensor *in[3] = {xin, win, bias}, **out = &outp;
+    int nin = bias ? 3 : 2;
     kiln_dtype ct = mm_compute_dtype(out[0]->meta.dtype);
     kiln_tensor *x = NULL, *w = NULL, *b = NULL, *c = NULL;
     mm_mat ma, mb;
@@ -440,8 +526,8 @@ KILN_KERNEL(linear) {
         for (int64_t r = 0; r < R; r++) memcpy((char *)c->data + (size_t)r * row, b->data, row);
     }
     mm_sync_threads();
-    mm_gemm(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL);
-    s = mm_finish(out[0], c, s);
+    mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL, c == out[0] ? epi : NULL, 0);
+    s = mm_finish_epilogue(out[0], c, OUT, epi);
 done:
     kiln_tensor_release(x), kiln_tensor_release(w), kiln_tensor_release(b);
     return s;

@@ -281,8 +281,9 @@ DEFINE_LOOPS(i64, int64_t, int64_t, uint64_t, ADD_I, MUL_I, IMAX, IMIN)
 DEFINE_SQDEV(f32, float)
 DEFINE_SQDEV(f64, double)
 
-/* Column loops take COL_ROWS neighbouring rows of the innermost reduced axis at once (k ==
- * COL_ROWS, rows rs apart) or one row (k == 1): fewer accumulator updates, more streams. F is
+/* Column loops take COL_ROWS, 4 or 2 neighbouring rows of the innermost reduced axis at once
+ * (rows rs apart; combined pairwise) or one row (k == 1): fewer accumulator updates, more
+ * streams (short reduced axes such as the sum over repeated key/value heads). F is
  * the per-element term (the value, or its squared deviation from the output's mean). */
 #define TERM_PLAIN(U, v, i) ((U)(v))
 #define TERM_SQDEV(U, v, i) (((double)(v) - mean[(i) * ms]) * ((double)(v) - mean[(i) * ms]))
@@ -301,6 +302,17 @@ DEFINE_SQDEV(f64, double)
                               OPU(F(U, x[i + 6 * rs], i), F(U, x[i + 7 * rs], i))));         \
                 acc[i] = OPA(acc[i], (A)v);                                                  \
             }                                                                                \
+            return;                                                                          \
+        }                                                                                    \
+        if (k == 4 && s == 1) {                                                              \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                U v = OPU(OPU(F(U, x[i], i), F(U, x[i + rs], i)), OPU(F(U, x[i + 2 * rs], i), F(U, x[i + 3 * rs], i))); \
+                acc[i] = OPA(acc[i], (A)v);                                                  \
+            }                                                                                \
+            return;                                                                          \
+        }                                                                                    \
+        if (k == 2 && s == 1) {                                                              \
+            for (int64_t i = 0; i < n; i++) acc[i] = OPA(acc[i], (A)OPU(F(U, x[i], i), F(U, x[i + rs], i))); \
             return;                                                                          \
         }                                                                                    \
         for (int j = 0; j < k; j++, x += rs) {                                               \
@@ -473,7 +485,8 @@ static void col_span(const red_exec *e, int64_t xoff, int64_t ooff, int64_t m, i
         off += idx[d] * p->rx[d];
     }
     for (r = rb; r < re;) {
-        int k = re - r >= COL_ROWS && n_in - idx[in] >= COL_ROWS ? COL_ROWS : 1;
+        int64_t left = re - r < n_in - idx[in] ? re - r : n_in - idx[in];
+        int k = left >= COL_ROWS ? COL_ROWS : left >= 4 ? 4 : left >= 2 ? 2 : 1;
         col(acc, e->x + (xoff + off) * (int64_t)e->isz, m, xs, s_in, k, mean, ms);
         r += k;
         idx[in] += k;
@@ -776,21 +789,22 @@ typedef struct {
 } sm_ctx;
 
 /* exp for float32 softmax: Cephes-style range reduction and polynomial (within 1 ulp), in
- * plain arithmetic so loops over it vectorize (glibc's expf does not). Inputs below -86.5
- * give 0 (true values there are under 3e-38). */
+ * plain arithmetic so loops over it vectorize (glibc's expf does not); explicit fmaf (one
+ * instruction each) and rintf (one rounding instruction). Inputs below -86.5 give 0 (true
+ * values there are under 3e-38). */
 static inline float exp_f32(float x) {
     const float hi = 88.72283935546875f, lo = -86.5f;
     float xc = x > hi ? hi : (x < lo ? lo : x);
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    float n = rintf(xc * 1.44269504088896341f);
     n = n == n ? n : 0.0f; /* NaN: keep the int conversion defined */
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float r = fmaf(n, 2.12194440e-4f, fmaf(n, -0.693359375f, xc));
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
     union {
         int32_t i;
         float f;
@@ -819,6 +833,36 @@ static inline float exp_f32(float x) {
 DEFINE_DOT(f32, float)
 DEFINE_DOT(f64, double)
 
+/* y = exp(a - mx) and its sum in one pass: lanes per block, blocks joined in double (the
+ * order of row_sum's) */
+#define DEFINE_EXP_SUM(SUF, T, EXP)                                                          \
+    static double exp_sum_##SUF(const T *restrict a, T *restrict y, T mx, int64_t n) {        \
+        double t = 0.0;                                                                      \
+        for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {                                          \
+            int64_t m = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;                              \
+            const T *restrict ab = a + b0;                                                   \
+            T *restrict yb = y + b0;                                                         \
+            T lanes[LANES] = {0};                                                            \
+            for (; i + LANES <= m; i += LANES)                                               \
+                for (int l = 0; l < LANES; l++) {                                            \
+                    T e = EXP(ab[i + l] - mx);                                               \
+                    yb[i + l] = e;                                                           \
+                    lanes[l] += e;                                                           \
+                }                                                                            \
+            for (int l = 0; i < m; i++, l++) {                                               \
+                T e = EXP(ab[i] - mx);                                                       \
+                yb[i] = e;                                                                   \
+                lanes[l] += e;                                                               \
+            }                                                                                \
+            for (int w = LANES / 2; w > 0; w /= 2)                                           \
+                for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];                        \
+            t += lanes[0];                                                                   \
+        }                                                                                    \
+        return t;                                                                            \
+    }
+DEFINE_EXP_SUM(f32, float, exp_f32)
+DEFINE_EXP_SUM(f64, double, exp)
+
 #define DEFINE_SOFTMAX(SUF, T, EXP, LOG)                                                     \
     /* one row (I == 1) */                                                                   \
     static void sm_row_##SUF(const sm_ctx *c, int64_t o) {                                   \
@@ -832,8 +876,7 @@ DEFINE_DOT(f64, double)
         case SM_LOG_SOFTMAX: {                                                               \
             row_max_##SUF(&mxd, (const char *)a, R, 1, NULL);                                \
             const T mx = (T)mxd;                                                             \
-            for (int64_t r = 0; r < R; r++) y[r] = EXP(a[r] - mx);                           \
-            row_sum_##SUF(&sum, (const char *)y, R, 1, NULL);                                \
+            sum = exp_sum_##SUF(a, y, mx, R);                                                \
             if (c->kind == SM_SOFTMAX) {                                                     \
                 const T inv = (T)(1.0 / sum);                                                \
                 for (int64_t r = 0; r < R; r++) y[r] *= inv;                                 \

@@ -58,14 +58,24 @@ static bool view_strides(const kiln_tensor *t, int nd, const int64_t *shape, int
 KILN_KERNEL(reshape) {
     (void)nin;
     kiln_tensor *x = in[0];
-    int64_t strides[KILN_MAX_DIMS];
-    if (view_strides(x, a->ni, a->i, strides))
-        return kiln_tensor_view(x, a->ni, a->i, strides, x->offset, &out[0]);
+    {
+        int64_t strides[KILN_MAX_DIMS];
+        if (view_strides(x, a->ni, a->i, strides))
+            return kiln_tensor_view(x, a->ni, a->i, strides, x->offset, &out[0]);
+    }
+    /* a copy: x's elements in row-major order, written once through a view of the new buffer
+     * with x's shape */
     KILN_TRY(kiln_tensor_empty(x->meta.dtype, a->ni, a->i, &out[0]));
-    kiln_tensor *flat_src = NULL;
-    kiln_status s = kiln_to_contiguous(x, x->meta.dtype, &flat_src);
-    if (s == KILN_OK) memcpy(out[0]->data, flat_src->data, (size_t)x->numel * kiln_dtype_size(x->meta.dtype));
-    kiln_tensor_release(flat_src);
+    int64_t strides[KILN_MAX_DIMS];
+    kiln_contiguous_strides(x->meta.ndim, x->meta.shape, strides);
+    kiln_tensor *dst = NULL;
+    kiln_status s = kiln_tensor_view(out[0], x->meta.ndim, x->meta.shape, strides, out[0]->offset, &dst);
+    if (s == KILN_OK) s = kiln_copy_into(dst, x);
+    kiln_tensor_release(dst);
+    if (s != KILN_OK) {
+        kiln_tensor_release(out[0]);
+        out[0] = NULL;
+    }
     return s;
 }
 

@@ -13,6 +13,7 @@ static const kiln_pass o1_passes[] = {
     {"dce", kiln_pass_dce},
     {"fuse_conv_epilogue", kiln_pass_fuse_conv_epilogue},
     {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */
+    {"fuse_matmul_epilogue", kiln_pass_fuse_matmul_epilogue},
     {"fuse_elementwise", kiln_pass_fuse_elementwise},
     {NULL, NULL},
 };

@@ -64,7 +64,9 @@ CASES = [
 
 
 def fused_count(fn):
-    return fn.graph_str().split("subgraph")[0].count("= fused(")
+    """Nodes that fuse elementwise work: groups, and epilogues folded into a matmul."""
+    top = fn.graph_str().split("subgraph")[0]
+    return top.count("= fused(") + top.count("= matmul_epilogue(")
 
 
 @pytest.mark.parametrize("dtype", [kiln.float32, kiln.float64], ids=["float32", "float64"])

@@ -1,0 +1,22 @@
+/* Matrix products with an epilogue: the kernels of matmul and linear, for the ops that fold
+ * elementwise work into them (matmul_epilogue). */
+#ifndef KILN_MATMUL_H
+#define KILN_MATMUL_H
+
+#include "../core/internal.h"
+
+/* Called on each block of the product once it is computed (from any of the OpenMP threads, on
+ * disjoint blocks): rows [row0, row0 + rows) x columns [col0, col0 + cols) of the output viewed
+ * as (numel / N, N), N its last matrix dimension (1 for a vector result). */
+typedef struct kiln_mm_epilogue {
+    void (*fn)(void *ctx, int64_t row0, int64_t rows, int64_t col0, int64_t cols);
+    void *ctx;
+} kiln_mm_epilogue;
+
+/* out (allocated with matmul's / linear's inferred meta) = a @ b, or x @ w.T + bias (bias may
+ * be NULL); then `epi` (may be NULL) on every block. */
+kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *b, kiln_tensor *out, const kiln_mm_epilogue *epi);
+kiln_status kiln_linear_into(kiln_tensor *x, kiln_tensor *w, kiln_tensor *bias, kiln_tensor *out,
+                             const kiln_mm_epilogue *epi);
+
+#endif
