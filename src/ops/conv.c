@@ -340,13 +340,14 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
     }
     if (s == KILN_OK) {
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
-        if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
         s = KILN_ERR_RUNTIME;
         if (ct == KILN_DTYPE_FLOAT32 && !empty)
             s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                    x[3] ? x[3]->data : NULL, res->data);
         if (s == KILN_ERR_RUNTIME) {
             kiln_clear_error();
+            /* the im2col GEMMs (float64 only) use all threads; matmul sets OpenBLAS back to one */
+            if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
             s = conv_reference(kind, p, ep, act_attrs, x, res);
         }
     }
