@@ -40,10 +40,6 @@ def _is_tensor(x):
     return isinstance(x, _C.TensorBase)
 
 
-def _loc_text(loc):
-    return f"{loc[0]}:{loc[1]}"
-
-
 def _error(loc, construct, hint=""):
     return JitSyntaxError(construct, loc[0], loc[1], loc[2], hint)
 

@@ -9,8 +9,8 @@ import os
 import sys
 import threading
 import time
-import warnings
 import types
+import warnings
 import weakref
 
 from .. import _C
