@@ -94,6 +94,12 @@ KILN_API kiln_tracer *kiln_tracer_active(void);
 /* Whether the active trace is nested in another (a control-flow body traced once to be recorded; its ops
  * run again for real when the node runs). */
 KILN_API bool kiln_tracer_in_body(void);
+/* Called where a tensor's value leaves kiln for the caller (a truth test, item(), a buffer export):
+ * when an active trace recorded t, the trace (and those enclosing it) count the read, since what the
+ * caller computes from the value is fixed in the graph. */
+KILN_API void kiln_tracer_note_value_read(const kiln_tensor *t);
+/* Reads counted by tr; *first_loc (when not NULL) is set to the "file:line" of the first, or NULL. */
+KILN_API int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **first_loc);
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
 

@@ -17,6 +17,8 @@ struct kiln_tracer {
     kiln_tracer *parent;  /* the tracer active when this one began (nested traces of control-flow bodies) */
     kiln_ptrmap bodies;   /* registered body id + 1 -> subgraph index in graph */
     bool own_loc;         /* told source lines itself (kiln_tracer_set_loc) */
+    int32_t value_reads;  /* values of recorded tensors read by the caller (kiln_tracer_note_value_read) */
+    char *first_read_loc; /* where the first of them happened, or NULL */
 };
 
 static _Thread_local kiln_tracer *active;
@@ -24,6 +26,20 @@ static _Thread_local kiln_tracer *active;
 kiln_tracer *kiln_tracer_active(void) { return active; }
 
 bool kiln_tracer_in_body(void) { return active && active->parent; }
+
+void kiln_tracer_note_value_read(const kiln_tensor *t) {
+    bool known = false;
+    for (kiln_tracer *tr = active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
+    if (!known) return;
+    for (kiln_tracer *tr = active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
+        if (tr->value_reads++ == 0 && tr->loc >= 0) tr->first_read_loc = kiln_strdup(tr->graph->locs[tr->loc]);
+    }
+}
+
+int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **first_loc) {
+    if (first_loc) *first_loc = tr->first_read_loc;
+    return tr->value_reads;
+}
 
 kiln_status kiln_tracer_begin(kiln_tracer **out) {
     kiln_tracer *tr = calloc(1, sizeof *tr);
@@ -50,6 +66,7 @@ void kiln_tracer_free(kiln_tracer *tr) {
     kiln_tracer_end(tr);
     kiln_ptrmap_free(&tr->values);
     kiln_ptrmap_free(&tr->bodies);
+    free(tr->first_read_loc);
     kiln_graph_free(tr->graph);
     free(tr);
 }

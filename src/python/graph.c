@@ -218,6 +218,15 @@ static PyObject *tracer_count(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(kiln_tracer_count(((PyTracer *)self)->tr));
 }
 
+/* value_reads() -> (count, "file:line" of the first or None): values of recorded tensors read by Python */
+static PyObject *tracer_value_reads(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const char *loc = NULL;
+    int32_t n = kiln_tracer_value_reads(((PyTracer *)self)->tr, &loc);
+    if (loc) return Py_BuildValue("(is)", (int)n, loc);
+    return Py_BuildValue("(iO)", (int)n, Py_None);
+}
+
 /* end(): stop recording (the graph so far is kept) */
 static PyObject *tracer_end(PyObject *self, PyObject *unused) {
     (void)unused;
@@ -369,6 +378,7 @@ static PyMethodDef tracer_methods[] = {
     {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
     {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
+    {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outputs, order='bfs', poison=False) -> Executable"},

@@ -273,6 +273,7 @@ static PyObject *tensor_item(PyObject *self, PyObject *unused) {
                      "scalar, got shape %s", kiln_shape_str(&t->meta, buf, sizeof buf));
         return NULL;
     }
+    kiln_tracer_note_value_read(t);
     double v = kiln_tensor_get_double(t, 0);
     switch (t->meta.dtype) {
     case KILN_DTYPE_BOOL: return PyBool_FromLong(v != 0);
@@ -381,6 +382,7 @@ static int nb_bool(PyObject *self) {
                      kiln_shape_str(&t->meta, buf, sizeof buf));
         return -1;
     }
+    kiln_tracer_note_value_read(t);
     return kiln_tensor_get_double(t, 0) != 0;
 }
 
@@ -471,6 +473,7 @@ static const char *buffer_format(kiln_dtype d) {
 
 static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     kiln_tensor *t = T(self);
+    kiln_tracer_note_value_read(t);
     const char *fmt = buffer_format(t->meta.dtype);
     if (!fmt) {
         PyErr_Format(PyExc_BufferError, "%s tensors have no buffer format; convert with .astype(kiln.float32)",

@@ -263,6 +263,52 @@ def test_lax_runs_eagerly_what_trace_cannot_replay():
     assert jf.cache_info().eager_calls >= 2
 
 
+def rewrites_in_a_tensor_branch(x):
+    if x.sum() > 0:
+        y = x * 1
+        y[0] = 7.0  # the converter refuses an in-place write under a tensor condition
+    else:
+        y = x * 2
+    return y
+
+
+def drops_out_in_a_tensor_branch(x):
+    if x.sum() > 0:
+        y = kiln.ops.dropout(x * 0 + 1, 0.5) * 3  # random ops can't live in graph control flow yet
+    else:
+        y = x * 2
+    return y
+
+
+@pytest.mark.parametrize("fn", [rewrites_in_a_tensor_branch, drops_out_in_a_tensor_branch])
+def test_lax_runs_eagerly_control_flow_the_graph_cannot_hold(fn):
+    # a trace would freeze the branch taken first: LAX keeps eager's results on both paths, STRICT raises
+    pos, neg = T([1.0, 2.0]), T([-1.0, -2.0])
+    jf = kiln.jit(fn)
+    with pytest.warns(RuntimeWarning) as record:
+        results = [jf(x) for x in (pos, neg, pos)]
+    for x, r in zip((pos, neg, pos), results):
+        if fn is drops_out_in_a_tensor_branch and x is pos:  # each element dropped (0) or kept (1 * 2 * 3)
+            assert set(np.unique(r.asnumpy())) <= {0.0, 6.0}
+        else:
+            np.testing.assert_array_equal(r.asnumpy(), fn(x).asnumpy())
+    assert any("runs eagerly" in str(w.message) for w in record), [str(w.message) for w in record]
+    assert jf.cache_info().compiles == 0
+    with pytest.raises((NotImplementedError, kiln.JitSyntaxError)):
+        kiln.jit(fn, fullgraph=True)(pos)
+
+
+def test_trace_mode_warns_when_a_traced_value_steers_python():
+    def f(x):
+        if x.sum() > 0:
+            return x * 1
+        return x * 2
+
+    jf = kiln.jit(f, capture_mode="trace")
+    with pytest.warns(RuntimeWarning, match=r"value is read into Python .*test_ast_syntax.py:\d+.*control flow is fixed"):
+        jf(T([1.0, 2.0]))
+
+
 # ---- syntax level through JitConfig / Cell.set_jit_config -------------------------------------
 
 

@@ -124,6 +124,9 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
+        reads, where = tracer.value_reads()
+        if reads:
+            _on_value_read(fn, options, where, reasons)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
@@ -143,6 +146,25 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     cells = tuple(dict.fromkeys(called))
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
     return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text, cells, differentiable)
+
+
+def _on_value_read(fn, options, where, reasons):
+    """A traced tensor's value was read into Python (a truth test, item(), a NumPy conversion): what
+    Python computed from it is fixed in the graph. The ast mode saw no way to keep it in the graph,
+    so it runs the function eagerly (STRICT: an error); trace mode keeps MindSpore's semantics and warns."""
+    what = "a tensor's value is read into Python (a truth test, item(), int/float, a NumPy conversion)"
+    if options.capture_mode == "ast":
+        if options.strict:
+            filename, _, line = (where or "<unknown>:0").rpartition(":")
+            raise JitSyntaxError(what, filename, int(line) if line.isdigit() else 0, 0,
+                                 "keep the computation in kiln ops; if/while on tensors are converted when "
+                                 "written in the function's own source")
+        reasons.append(f"{what} at {where}, so the graph could not follow it")
+        return
+    name = getattr(fn, "__qualname__", fn)
+    warnings.warn(f"kiln.jit(capture_mode=\"trace\"): {name}: {what} at {where}; the graph keeps what Python "
+                  "computed from it on the first call (control flow is fixed); use capture_mode=\"ast\" for "
+                  "control flow on tensor values", RuntimeWarning, stacklevel=6)
 
 
 class JitFunction(_C.JitDispatcher):
@@ -298,6 +320,15 @@ class JitFunction(_C.JitDispatcher):
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
             self.stats.eager_calls += 1
             return e.result
+        except NotImplementedError as e:
+            # graph control flow that kiln cannot build yet (see kiln.ops.cond / while_loop): a trace would
+            # freeze the tensor-dependent branches, so LAX keeps the function working eagerly
+            if self.options.strict or self.options.capture_mode != "ast":
+                raise
+            self._eager_reason = str(e)
+            warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e}", RuntimeWarning, stacklevel=3)
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
         self.stats.compile_seconds += time.perf_counter() - t0
         self.stats.compiles += 1
         self._cache.setdefault(key, []).append(entry)
