@@ -616,3 +616,13 @@ def test_run_time_errors_name_the_users_source_line():
     line = first + next(k for k, s in enumerate(lines) if "gather(y, idx)" in s)
     with pytest.raises(IndexError, match=rf"gather \({__file__}:{line}\).*index 7 is out of range"):
         jf(x, kiln.tensor(np.array([0, 7])))
+
+
+def test_lambdas_are_converted():
+    pick = lambda x: x * 2 if x.sum() > 0 else x - 1  # noqa: E731 (the jitted function is a lambda)
+    jf = check(pick, POS)
+    assert_same(jf(NEG), pick(NEG))  # one graph with an `if`: the other branch too
+    assert jf.cache_info().compiles == 1
+    s = Scaler(3.0)
+    jc = check(lambda x: s(x), NEG)  # a callable object called from converted code is converted too
+    assert_same(jc(POS), s(POS))

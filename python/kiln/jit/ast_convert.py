@@ -446,6 +446,20 @@ def source_error(fn, why):
                           "define the function in a .py file (or use capture_mode=\"trace\")")
 
 
+def _lambda_as_def(fn, tree):
+    """The lambda expression of fn in its parsed source line(s), as `def <lambda>(args): return body`."""
+    code = fn.__code__
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == 1
+             and tuple(a.arg for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs) == names]
+    if len(found) != 1:
+        raise source_error(fn, "its line holds " + ("no lambda like it" if not found else "several lambdas like it"))
+    lam = found[0]
+    body = [ast.copy_location(ast.Return(lam.body), lam.body)]
+    return ast.copy_location(ast.FunctionDef(name=fn.__name__, args=lam.args, body=body, decorator_list=[],
+                                             returns=None, type_comment=None), lam)
+
+
 def convert_code(fn):
     """The converted code object of the plain Python function fn (raises JitSyntaxError)."""
     code = fn.__code__
@@ -458,9 +472,13 @@ def convert_code(fn):
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except SyntaxError:
         raise source_error(fn, "its source code could not be parsed on its own") from None
-    fdef = tree.body[0] if tree.body else None
+    if code.co_name == "<lambda>":
+        fdef = _lambda_as_def(fn, tree)
+        tree = ast.Module(body=[fdef], type_ignores=[])
+    else:
+        fdef = tree.body[0] if tree.body else None
     if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
-        raise source_error(fn, "its source is not a def statement (a lambda?)")
+        raise source_error(fn, "its source is not a def statement")
     ast.increment_lineno(tree, first - 1)
     where = SourceLocation(code.co_filename, indent)
     check(fdef, where)

@@ -589,7 +589,7 @@ _functions = weakref.WeakKeyDictionary()  # function -> converted function
 def _user_code(fn):
     """Whether fn is user code to convert (not kiln itself, the standard library or packages)."""
     code = getattr(fn, "__code__", None)
-    if code is None or code.co_name == "<lambda>" or code.co_name.startswith("__kiln_"):
+    if code is None or code.co_name.startswith("__kiln_"):
         return False
     if code in ast_convert.CONVERTED_CODE:
         return False
@@ -668,6 +668,9 @@ def convert_callable(f):
             return f
         conv = _convert_or_fallback(construct)
         return lambda *a, **k: call_cell(f, conv, a, k)
+    call = getattr(type(f), "__call__", None)
+    if isinstance(call, types.FunctionType) and _user_code(call):  # a callable object of a user class
+        return types.MethodType(_convert_or_fallback(call), f)
     return f
 
 

@@ -446,8 +446,6 @@ def _convert_target(fn):
             raise ast_convert.source_error(fn, "it is not a Python function")
         return types.MethodType(ast_runtime.convert_function(func), fn.__self__)
     if isinstance(fn, types.FunctionType):
-        if fn.__code__.co_name == "<lambda>":
-            return fn  # an expression: captured by tracing
         return ast_runtime.convert_function(fn)
     if callable(fn) and isinstance(getattr(type(fn), "__call__", None), types.FunctionType):
         call = type(fn).__call__  # a callable object: its __call__
