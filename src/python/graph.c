@@ -16,6 +16,8 @@ typedef struct {
     bool release_gil; /* worth it when the graph does real work */
 } PyExecutable;
 
+static PyTypeObject PyExecutable_Type;
+
 /* The plan either backend runs (order, memory). */
 static const kiln_executable *plan_of(PyObject *self) {
     PyExecutable *p = (PyExecutable *)self;
@@ -87,6 +89,34 @@ done:
     if (in && in != small_in) PyMem_Free(in);
     if (out && out != small_out) PyMem_Free(out);
     return result;
+}
+
+/* The C fast path (dispatcher.c): runs an Executable on positional tensors the caller's guards
+ * matched, without building an argument tuple; a one-output graph's result comes back as the
+ * tensor itself when `single`. Other callables are called normally. New reference. */
+PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single) {
+    if (Py_TYPE(exe) != &PyExecutable_Type || !single || ((PyExecutable *)exe)->nout != 1 || nargs > 8 ||
+        nargs != ((PyExecutable *)exe)->nin) {
+        PyObject *outs = PyObject_Vectorcall(exe, args, (size_t)nargs, NULL);
+        if (!outs || !single) return outs;
+        PyObject *r = PyTuple_GET_ITEM(outs, 0);
+        Py_INCREF(r);
+        Py_DECREF(outs);
+        return r;
+    }
+    PyExecutable *p = (PyExecutable *)exe;
+    kiln_tensor *in[8], *out = NULL;
+    for (Py_ssize_t k = 0; k < nargs; k++) in[k] = pykiln_unwrap(args[k]);
+    kiln_status s;
+    if (p->release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        s = run_graph(p, (int)nargs, in, &out);
+        Py_END_ALLOW_THREADS
+    } else {
+        s = run_graph(p, (int)nargs, in, &out);
+    }
+    if (s != KILN_OK) return pykiln_raise(s);
+    return pykiln_wrap(out);
 }
 
 static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {

@@ -45,6 +45,8 @@ int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 int pykiln_tensor_init_type(PyObject *module);
 /* Registers Tracer, Executable and the memory functions (graph.c). */
 int pykiln_graph_init_types(PyObject *module);
+/* Runs a compiled graph for the JitDispatcher's fast path (graph.c); args are tensors. */
+PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 
