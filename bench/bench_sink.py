@@ -96,7 +96,7 @@ def main():
         kiln.manual_seed(0)
         return models.BasicBlock(128)
 
-    results.append(bench_block(f"BasicBlock 1x128x{size}x{size}", block, (x,), 5 if args.quick else 15))
+    results.append(bench_block(f"BasicBlock 1x128x{size}x{size}", block, (x,), 15 if args.quick else 30))
 
     seq = 64 if args.quick else 256
     xa = kiln.Tensor(rng.standard_normal((1, seq, 512)).astype(np.float32))
@@ -106,7 +106,7 @@ def main():
         kiln.manual_seed(0)
         return models.LlamaAttention(512, 8, 2)
 
-    results.append(bench_block(f"LlamaAttention 512/8/2 seq {seq}", attention, (xa, pos), 5 if args.quick else 20))
+    results.append(bench_block(f"LlamaAttention 512/8/2 seq {seq}", attention, (xa, pos), 15 if args.quick else 30))
     missed = results.count(False)
     print(f"{len(results) - missed} of {len(results)} targets met")
     return 0

@@ -175,7 +175,10 @@ static void classify(kiln_sink *s) {
     for (int32_t k = 0; k < g->ninputs; k++) s->binding[g->inputs[k]] = DYN_INPUT;
     for (int32_t k = 0; k < g->noutputs; k++) {
         int32_t r = s->root[g->outputs[k]];
-        if (g->values[r].kind == KILN_VALUE_NODE) s->binding[r] = DYN_OUTPUT_ROOT;
+        if (g->values[r].kind == KILN_VALUE_NODE) {
+            KILN_ASSERT(!s->plan.planned[r]); /* results never live in the arena */
+            s->binding[r] = DYN_OUTPUT_ROOT;
+        }
         if (g->values[r].kind == KILN_VALUE_INPUT) s->pinned[g->values[r].index] = true;
     }
     for (int32_t p = 0; p < s->plan.norder; p++) {
