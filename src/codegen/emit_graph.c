@@ -41,7 +41,8 @@ static void emit_step(kiln_strbuf *t, const kiln_graph *g, const kiln_sink_step 
         for (int k = 0; k < nops * KILN_MAX_DIMS; k++) kiln_strbuf_printf(t, "%s%lld", k ? ", " : "", (long long)st->st[k]);
         kiln_strbuf_printf(t, "};\n        char *const p[%d] = {d[%d]%s", nops, st->out[0], st->nin ? ", " : "");
         emit_list(t, "d", st->in, st->nin);
-        kiln_strbuf_printf(t, "};\n        %s(p, %d, shape, st);\n    }\n", st->symbol, st->ndim);
+        if (st->loaded) kiln_strbuf_printf(t, "};\n        e->gf[%d](p, %d, shape, st);\n    }\n", i, st->ndim);
+        else kiln_strbuf_printf(t, "};\n        %s(p, %d, shape, st);\n    }\n", st->symbol, st->ndim);
     } else if (st->kind != KILN_SINK_VIEW) {
         kiln_strbuf_printf(t, "    {\n");
         if (st->nin > 0) {
@@ -85,9 +86,10 @@ kiln_status kiln_sink_emit(const kiln_graph *g, const kiln_sink_step *steps, int
     head.buf[0] = tail.buf[0] = '\0';
     kiln_strbuf_printf(&head, "/* kiln sink: %d steps */\n", nsteps);
     for (int32_t i = 0; i < nsteps; i++) { /* each generated group once */
-        if (!steps[i].native) continue;
+        if (!steps[i].native || steps[i].loaded) continue;
         bool seen = false;
-        for (int32_t j = 0; j < i && !seen; j++) seen = steps[j].native && strcmp(steps[j].symbol, steps[i].symbol) == 0;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = steps[j].native && !steps[j].loaded && strcmp(steps[j].symbol, steps[i].symbol) == 0;
         if (!seen) kiln_strbuf_printf(&head, "%s\n", steps[i].source);
     }
     emit_types(&head);

@@ -45,6 +45,7 @@ struct kiln_sink {
     kiln_kernel_fn *kernels;
     const kiln_attrs **attrs;
     void **fused;
+    kiln_fused_fn *group_fns; /* per step: a native fused group's loaded kernel, or NULL */
     kiln_sink_env env;
     kiln_sink_fn fn;      /* NULL: interpreted */
     int64_t fallbacks;
@@ -94,7 +95,8 @@ static kiln_status alloc_arrays(kiln_sink *s) {
     s->kernels = calloc((size_t)nn, sizeof *s->kernels);
     s->attrs = calloc((size_t)nn, sizeof *s->attrs);
     s->fused = calloc((size_t)nn, sizeof *s->fused);
-    if (!s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
+    s->group_fns = calloc((size_t)nn, sizeof *s->group_fns);
+    if (!s->group_fns || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
         !s->pinned || !s->steps || !s->kernels || !s->attrs || !s->fused)
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     for (int32_t v = 0; v < s->nv; v++) s->root[v] = v, s->same_as[v] = -1;
@@ -278,13 +280,18 @@ static kiln_status prepare_native_group(kiln_sink *s, kiln_sink_step *st) {
         return KILN_OK;
     }
     st->native = r == KILN_OK;
+    void *fn = NULL;
+    if (st->native && kiln_codegen_find(st->source, st->symbol, &fn)) st->loaded = (kiln_fused_fn)(uintptr_t)fn;
     return r;
 }
 
 static kiln_status generate(kiln_sink *s) {
     if (codegen_disabled() || !kiln_codegen_available()) return KILN_OK; /* the driver warned once */
     for (int32_t i = 0; i < s->nsteps; i++)
-        if (s->steps[i].kind == KILN_SINK_FUSED) KILN_TRY(prepare_native_group(s, &s->steps[i]));
+        if (s->steps[i].kind == KILN_SINK_FUSED) {
+            KILN_TRY(prepare_native_group(s, &s->steps[i]));
+            s->group_fns[i] = s->steps[i].loaded;
+        }
     char *source = NULL, symbol[48];
     KILN_TRY(kiln_sink_emit(s->g, s->steps, s->nsteps, &source, symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
@@ -330,9 +337,10 @@ kiln_status kiln_sink_compile(const kiln_graph *g, const kiln_compile_options *o
         st = drop_placeholders(s);
     }
     if (st == KILN_OK) {
-        s->env = (kiln_sink_env){.t = s->t, .d = s->d, .k = s->kernels, .a = s->attrs, .fk = s->fused, .fused_run = env_fused_run,
-                                 .reshape_copy = env_reshape_copy, .release = kiln_tensor_release,
-                                 .bump = kiln_tensor_bump_version, .poison = env_poison};
+        s->env = (kiln_sink_env){.t = s->t, .d = s->d, .k = s->kernels, .a = s->attrs, .fk = s->fused,
+                                 .gf = s->group_fns, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
+                                 .release = kiln_tensor_release, .bump = kiln_tensor_bump_version,
+                                 .poison = env_poison};
         st = generate(s);
     }
     if (st != KILN_OK) {
@@ -349,6 +357,7 @@ void kiln_sink_free(kiln_sink *s) {
     for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
     free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
     free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
+    free(s->group_fns);
     kiln_executable_free(s->kbk);
     pthread_mutex_destroy(&s->lock);
     free(s);

@@ -3,6 +3,7 @@
 #ifndef KILN_SINK_STEPS_H
 #define KILN_SINK_STEPS_H
 
+#include "../codegen/codegen.h"
 #include "../codegen/fused.h"
 
 #define KILN_SINK_MAX_OPERANDS 33 /* a fused group's output and up to 32 inputs, as generated kernels take */
@@ -23,10 +24,13 @@ typedef struct kiln_sink_step {
     int32_t out[KILN_MAX_OUTPUTS];
     kiln_fused_kernel *fused;
     /* native fused loop: the kernel's C source and name, and its loop over the fixed layouts (byte
-     * strides st[op * KILN_MAX_DIMS + d], op 0 the output, 1 + k input k) */
+     * strides st[op * KILN_MAX_DIMS + d], op 0 the output, 1 + k input k); `loaded`: the same kernel
+     * already loaded in this process (built for the plan's fused group), called through the
+     * environment instead of compiled into the graph's function again */
     bool native;
     char *source;
     char symbol[48];
+    kiln_fused_fn loaded;
     int ndim;
     int64_t shape[KILN_MAX_DIMS];
     int64_t *st;
@@ -41,6 +45,7 @@ typedef struct kiln_sink_step {
     STATUS (*const *k)(kiln_tensor *const *, int, const kiln_attrs *, kiln_tensor **);              \
     const kiln_attrs *const *a;                                                                      \
     void *const *fk;                                                                                 \
+    void (*const *gf)(char *const *, int, const int64_t *, const int64_t *);                         \
     STATUS (*fused_run)(void *, int, kiln_tensor *const *, kiln_tensor *);                           \
     STATUS (*reshape_copy)(kiln_tensor *, kiln_tensor *);                                            \
     void (*release)(kiln_tensor *);                                                                  \
