@@ -1,6 +1,7 @@
 /* C source for a whole graph run by the sink backend: one function that runs the planned steps
  * in order, calling each node's kernel directly through the environment's table, fused groups
- * inlined as the generated loops of emit_c.c over their fixed layouts.
+ * run as the generated loops of emit_c.c over their fixed layouts: called through the
+ * environment when the plan already loaded that kernel, else compiled into this source.
  *
  * The code depends on the graph's structure, layouts and sizes, never on addresses: tensors,
  * kernels and attributes come through the environment (src/runtime/sink_steps.h), so the

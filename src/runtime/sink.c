@@ -266,7 +266,8 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, bool *unit) {
     return !unit[0] ? out->numel <= 1 : true;
 }
 
-/* A fused step whose group the C emitter handles, over layouts it was made for, runs inlined. */
+/* A fused step whose group the C emitter handles, over layouts it was made for, runs its generated
+ * loop straight from the graph's function (no kiln_fused_run checks). */
 static kiln_status prepare_native_group(kiln_sink *s, kiln_sink_step *st) {
     const kiln_graph *sub = s->g->subgraphs[s->g->nodes[st->node].attrs.i[0]];
     if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub)) return KILN_OK;
