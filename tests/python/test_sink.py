@@ -263,6 +263,30 @@ def test_repeated_calls_and_the_c_fast_path():
     assert_sunk(jf)
 
 
+def test_calls_from_several_threads_get_their_own_results():
+    """The sunk graph's tensors are shared: calls run one at a time (the lock), results stay apart."""
+    import threading
+
+    fn = lambda a, b: ops.tanh(ops.matmul(a, b)) * 2.0 + a.sum()  # noqa: E731
+    jf = kiln.jit(fn, backend="sink")
+    rng = np.random.default_rng(6)
+    inputs = [(rnd(rng, 128, 128), rnd(rng, 128, 128)) for _ in range(8)]  # large enough to release the GIL
+    jf(*inputs[0])
+    results = [None] * len(inputs)
+
+    def work(k):
+        for _ in range(5):
+            results[k] = jf(*inputs[k])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (a, b), r in zip(inputs, results):
+        assert_same(r, fn(a, b))
+
+
 def test_run_time_errors_name_the_op_the_shapes_and_the_source_line():
     def f(a, idx):
         y = a * 2.0
