@@ -1,9 +1,10 @@
 /* kiln — the whole-graph "sink" backend (MindSpore's GE / exc_mode="sink").
  *
- * A compiled graph becomes one generated C function that calls every node's kernel directly
- * (fused groups as their generated loops, over fixed layouts) over tensors made once at compile time: the kernel-by-kernel
- * executor's order and arena plan, every intermediate and every view of one created once. A call
- * binds the inputs, allocates the outputs and runs that function. Without a C compiler (or with
+ * A compiled graph becomes one generated C function over tensors made once at compile time (the
+ * kernel-by-kernel executor's order and arena plan; every intermediate and every view of one
+ * created once). It calls every node's kernel directly; fused groups, and lone elementwise nodes
+ * whose generated loop is bit-for-bit the kernel's, run as generated loops over their fixed
+ * layouts. A call binds the inputs, allocates the outputs and runs that function. Without a C compiler (or with
  * KILN_DISABLE_CODEGEN=1) the same steps run through an interpreted loop, with identical results.
  */
 #ifndef KILN_SINK_H

@@ -34,7 +34,7 @@ static void emit_fail(kiln_strbuf *t, int32_t i) {
 static void emit_step(kiln_strbuf *t, const kiln_graph *g, const kiln_sink_step *st, int32_t i) {
     const kiln_node *nd = &g->nodes[st->node];
     kiln_strbuf_printf(t, "    /* step %d: %s */\n", i, kiln_op_table[nd->op].name);
-    if (st->kind == KILN_SINK_FUSED && st->native) {
+    if (st->native) { /* a fused group, or a lone elementwise node */
         int nops = 1 + st->nin;
         kiln_strbuf_printf(t, "    {\n        static const int64_t shape[%d] = {", st->ndim);
         for (int d = 0; d < st->ndim; d++) kiln_strbuf_printf(t, "%s%lld", d ? ", " : "", (long long)st->shape[d]);

@@ -266,10 +266,11 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, bool *unit) {
     return !unit[0] ? out->numel <= 1 : true;
 }
 
-/* A fused step whose group the C emitter handles, over layouts it was made for, runs its generated
- * loop straight from the graph's function (no kiln_fused_run checks). */
-static kiln_status prepare_native_group(kiln_sink *s, kiln_sink_step *st) {
-    const kiln_graph *sub = s->g->subgraphs[s->g->nodes[st->node].attrs.i[0]];
+/* A step whose elementwise subgraph the C emitter handles, over layouts it was made for, runs its
+ * generated loop straight from the graph's function (no kiln_fused_run checks, no kernel call).
+ * exact_only: only when that loop computes what the kernels do, bit for bit: code that needs none
+ * of the emitter's optional prelude (its fast exp, erf, tanh, log; libm name mapping). */
+static kiln_status prepare_native_loop(kiln_sink *s, kiln_sink_step *st, const kiln_graph *sub, bool exact_only) {
     if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub)) return KILN_OK;
     st->st = calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t));
     if (!st->st) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
@@ -280,19 +281,45 @@ static kiln_status prepare_native_group(kiln_sink *s, kiln_sink_step *st) {
         kiln_clear_error();
         return KILN_OK;
     }
+    if (r == KILN_OK && exact_only && strstr(st->source, "#define KILN_PRELUDE_")) {
+        free(st->source);
+        st->source = NULL;
+        return KILN_OK;
+    }
     st->native = r == KILN_OK;
     void *fn = NULL;
     if (st->native && kiln_codegen_find(st->source, st->symbol, &fn)) st->loaded = (kiln_fused_fn)(uintptr_t)fn;
     return r;
 }
 
+/* A lone elementwise node (any level; all of them at O0) as a one-node group, when exact. */
+static kiln_status prepare_native_node(kiln_sink *s, kiln_sink_step *st) {
+    const kiln_node *nd = &s->g->nodes[st->node];
+    const kiln_op_info *info = &kiln_op_table[nd->op];
+    if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || nd->nout != 1 || 1 + nd->nin > KILN_SINK_MAX_OPERANDS ||
+        (info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY)))
+        return KILN_OK;
+    kiln_graph *sub = NULL;
+    int32_t ins[KILN_SINK_MAX_OPERANDS], o;
+    kiln_status r = kiln_graph_new(&sub);
+    for (int k = 0; k < nd->nin && r == KILN_OK; k++) r = kiln_graph_add_input(sub, &s->g->values[nd->in[k]].meta, &ins[k]);
+    if (r == KILN_OK) r = kiln_graph_add_node(sub, nd->op, nd->nin, ins, &nd->attrs, -1, &o);
+    if (r == KILN_OK) r = kiln_graph_set_outputs(sub, 1, &o);
+    if (r == KILN_OK) r = prepare_native_loop(s, st, sub, true);
+    kiln_graph_free(sub);
+    return r;
+}
+
 static kiln_status generate(kiln_sink *s) {
     if (codegen_disabled() || !kiln_codegen_available()) return KILN_OK; /* the driver warned once */
-    for (int32_t i = 0; i < s->nsteps; i++)
-        if (s->steps[i].kind == KILN_SINK_FUSED) {
-            KILN_TRY(prepare_native_group(s, &s->steps[i]));
-            s->group_fns[i] = s->steps[i].loaded;
-        }
+    for (int32_t i = 0; i < s->nsteps; i++) {
+        kiln_sink_step *st = &s->steps[i];
+        if (st->kind == KILN_SINK_FUSED)
+            KILN_TRY(prepare_native_loop(s, st, s->g->subgraphs[s->g->nodes[st->node].attrs.i[0]], false));
+        else if (st->kind == KILN_SINK_KERNEL)
+            KILN_TRY(prepare_native_node(s, st));
+        s->group_fns[i] = st->loaded;
+    }
     char *source = NULL, symbol[48];
     KILN_TRY(kiln_sink_emit(s->g, s->steps, s->nsteps, &source, symbol));
     const char *dump = getenv("KILN_DUMP_CODE");

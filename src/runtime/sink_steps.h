@@ -9,7 +9,8 @@
 #define KILN_SINK_MAX_OPERANDS 33 /* a fused group's output and up to 32 inputs, as generated kernels take */
 
 typedef enum kiln_sink_step_kind {
-    KILN_SINK_KERNEL,       /* out = kernel(in): outputs are the pre-made tensors */
+    KILN_SINK_KERNEL,       /* out = kernel(in): outputs are the pre-made tensors; a lone elementwise node
+                               whose generated loop is exact runs that loop when `native` */
     KILN_SINK_MUTATES,      /* kernel writes in[0] in place (its returned reference is dropped); version bumped */
     KILN_SINK_RESHAPE_COPY, /* a reshape whose input layout needs a copy: in[0]'s elements into out, row-major */
     KILN_SINK_FUSED,        /* a fused group: an inlined generated loop when `native`, else kiln_fused_run */
