@@ -130,5 +130,6 @@ KILN_API void kiln_set_num_threads(int n);
 #include "kiln/autograd.h"
 #include "kiln/graph.h"
 #include "kiln/passes.h"
+#include "kiln/sink.h"
 
 #endif

@@ -98,17 +98,11 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     for (int k = 0; k < d->nentries; k++) {
         guard_entry *e = &d->entries[k];
         if (!entry_matches(e, args, nargs, grad_mode)) continue;
-        PyObject *outs = PyObject_Vectorcall(e->exe, args, (size_t)nargs, NULL);
+        PyObject *outs = pykiln_executable_call(e->exe, args, nargs, e->out_kind == OUT_SINGLE);
         if (!outs) return NULL;
         d->fast_hits++;
-        if (e->out_kind == OUT_TUPLE) return outs;
-        PyObject *r;
-        if (e->out_kind == OUT_SINGLE) {
-            r = PyTuple_GET_ITEM(outs, 0);
-            Py_INCREF(r);
-        } else {
-            r = PySequence_List(outs);
-        }
+        if (e->out_kind != OUT_LIST) return outs;
+        PyObject *r = PySequence_List(outs);
         Py_DECREF(outs);
         return r;
     }

@@ -9,15 +9,29 @@
 
 typedef struct {
     PyObject_HEAD
-    kiln_executable *exe;
+    kiln_executable *exe; /* kernel by kernel, or NULL when sunk */
+    kiln_sink *sink;      /* the whole-graph backend, or NULL */
     char *graph_text;
     int nin, nout;
     bool release_gil; /* worth it when the graph does real work */
 } PyExecutable;
 
+static PyTypeObject PyExecutable_Type;
+
+/* The plan either backend runs (order, memory). */
+static const kiln_executable *plan_of(PyObject *self) {
+    PyExecutable *p = (PyExecutable *)self;
+    return p->sink ? kiln_sink_plan(p->sink) : p->exe;
+}
+
+static kiln_status run_graph(PyExecutable *p, int nin, kiln_tensor *const *in, kiln_tensor **out) {
+    return p->sink ? kiln_sink_run(p->sink, nin, in, p->nout, out) : kiln_executable_run(p->exe, nin, in, p->nout, out);
+}
+
 static void executable_dealloc(PyObject *self) {
     PyExecutable *p = (PyExecutable *)self;
     kiln_executable_free(p->exe);
+    kiln_sink_free(p->sink);
     free(p->graph_text);
     Py_TYPE(self)->tp_free(self);
 }
@@ -51,10 +65,10 @@ static PyObject *executable_vectorcall(PyObject *self, PyObject *const *args, si
     kiln_status s;
     if (p->release_gil) {
         Py_BEGIN_ALLOW_THREADS
-        s = kiln_executable_run(p->exe, (int)nargs, in, p->nout, out);
+        s = run_graph(p, (int)nargs, in, out);
         Py_END_ALLOW_THREADS
     } else {
-        s = kiln_executable_run(p->exe, (int)nargs, in, p->nout, out);
+        s = run_graph(p, (int)nargs, in, out);
     }
     if (s != KILN_OK) {
         pykiln_raise(s);
@@ -77,6 +91,34 @@ done:
     return result;
 }
 
+/* The C fast path (dispatcher.c): runs an Executable on positional tensors the caller's guards
+ * matched, without building an argument tuple; a one-output graph's result comes back as the
+ * tensor itself when `single`. Other callables are called normally. New reference. */
+PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single) {
+    if (Py_TYPE(exe) != &PyExecutable_Type || !single || ((PyExecutable *)exe)->nout != 1 || nargs > 8 ||
+        nargs != ((PyExecutable *)exe)->nin) {
+        PyObject *outs = PyObject_Vectorcall(exe, args, (size_t)nargs, NULL);
+        if (!outs || !single) return outs;
+        PyObject *r = PyTuple_GET_ITEM(outs, 0);
+        Py_INCREF(r);
+        Py_DECREF(outs);
+        return r;
+    }
+    PyExecutable *p = (PyExecutable *)exe;
+    kiln_tensor *in[8], *out = NULL;
+    for (Py_ssize_t k = 0; k < nargs; k++) in[k] = pykiln_unwrap(args[k]);
+    kiln_status s;
+    if (p->release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        s = run_graph(p, (int)nargs, in, &out);
+        Py_END_ALLOW_THREADS
+    } else {
+        s = run_graph(p, (int)nargs, in, &out);
+    }
+    if (s != KILN_OK) return pykiln_raise(s);
+    return pykiln_wrap(out);
+}
+
 static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyUnicode_FromString(((PyExecutable *)self)->graph_text);
@@ -84,7 +126,7 @@ static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {
 
 static PyObject *executable_order(PyObject *self, PyObject *unused) {
     (void)unused;
-    char *s = kiln_executable_order_string(((PyExecutable *)self)->exe);
+    char *s = kiln_executable_order_string(plan_of(self));
     if (!s) return PyErr_NoMemory();
     PyObject *o = PyUnicode_FromString(s);
     free(s);
@@ -93,17 +135,34 @@ static PyObject *executable_order(PyObject *self, PyObject *unused) {
 
 static PyObject *executable_get_arena_bytes(PyObject *self, void *c) {
     (void)c;
-    return PyLong_FromSize_t(kiln_executable_arena_bytes(((PyExecutable *)self)->exe));
+    return PyLong_FromSize_t(kiln_executable_arena_bytes(plan_of(self)));
 }
 
 static PyObject *executable_get_output_bytes(PyObject *self, void *c) {
     (void)c;
-    return PyLong_FromSize_t(kiln_executable_output_bytes(((PyExecutable *)self)->exe));
+    return PyLong_FromSize_t(kiln_executable_output_bytes(plan_of(self)));
 }
 
 static PyObject *executable_get_num_outputs(PyObject *self, void *c) {
     (void)c;
     return PyLong_FromLong(((PyExecutable *)self)->nout);
+}
+
+static PyObject *executable_get_backend(PyObject *self, void *c) {
+    (void)c;
+    return PyUnicode_FromString(((PyExecutable *)self)->sink ? "sink" : "kbk");
+}
+
+static PyObject *executable_get_native(PyObject *self, void *c) {
+    (void)c;
+    PyExecutable *p = (PyExecutable *)self;
+    return PyBool_FromLong(p->sink && kiln_sink_is_native(p->sink));
+}
+
+static PyObject *executable_get_fallback_calls(PyObject *self, void *c) {
+    (void)c;
+    PyExecutable *p = (PyExecutable *)self;
+    return PyLong_FromLongLong(p->sink ? kiln_sink_fallback_calls(p->sink) : 0);
 }
 
 static PyMethodDef executable_methods[] = {
@@ -116,6 +175,10 @@ static PyGetSetDef executable_getset[] = {
     {"arena_bytes", executable_get_arena_bytes, NULL, "planned bytes of all intermediates", NULL},
     {"output_bytes", executable_get_output_bytes, NULL, "bytes of the outputs of one call", NULL},
     {"num_outputs", executable_get_num_outputs, NULL, "number of outputs", NULL},
+    {"backend", executable_get_backend, NULL, "'kbk' (kernel by kernel) or 'sink' (one generated function)", NULL},
+    {"native", executable_get_native, NULL, "sink: whether the graph runs as generated native code", NULL},
+    {"fallback_calls", executable_get_fallback_calls, NULL,
+     "sink: calls run kernel by kernel (inputs in layouts the generated code was not made for)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -126,7 +189,7 @@ static PyTypeObject PyExecutable_Type = {
     .tp_vectorcall_offset = 0, /* set in init */
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A graph compiled for the kernel-by-kernel executor.",
+    .tp_doc = "A compiled graph: run kernel by kernel, or sunk into one generated function.",
     .tp_methods = executable_methods,
     .tp_getset = executable_getset,
 };
@@ -236,16 +299,23 @@ static PyObject *tracer_end(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False)
- * -> Executable; ends the trace, optimizes the graph for the level and compiles it */
+/* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
+ *        backend="kbk") -> Executable; ends the trace, optimizes the graph for the level and compiles it
+ * for the backend ("kbk" or "sink") */
 static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"outputs", "order", "poison", "level", "inference", "disable_format_transform", NULL};
+    static char *kwlist[] = {"outputs", "order", "poison", "level", "inference", "disable_format_transform",
+                             "backend", NULL};
     PyObject *outputs;
-    const char *order = "bfs";
+    const char *order = "bfs", *backend = "kbk";
     int poison = 0, level = 0, inference = 0, no_format = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spipp:finish", kwlist, &outputs, &order, &poison, &level,
-                                     &inference, &no_format))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spipps:finish", kwlist, &outputs, &order, &poison, &level,
+                                     &inference, &no_format, &backend))
         return NULL;
+    bool sunk = strcmp(backend, "sink") == 0;
+    if (!sunk && strcmp(backend, "kbk") != 0) {
+        PyErr_Format(PyExc_ValueError, "finish: backend must be 'kbk' or 'sink', got '%s'", backend);
+        return NULL;
+    }
     if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
         PyErr_SetString(PyExc_ValueError, "finish: level must be 0, 1 or 2");
         return NULL;
@@ -288,7 +358,8 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     g = optimized;
     kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison};
     kiln_executable *exe = NULL;
-    s = kiln_compile(g, &opt, &exe);
+    kiln_sink *sink = NULL;
+    s = sunk ? kiln_sink_compile(g, &opt, &sink) : kiln_compile(g, &opt, &exe);
     if (s != KILN_OK) {
         kiln_graph_free(g);
         return pykiln_raise(s);
@@ -297,10 +368,12 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!e) {
         kiln_graph_free(g);
         kiln_executable_free(exe);
+        kiln_sink_free(sink);
         return NULL;
     }
     e->vectorcall = executable_vectorcall;
     e->base.exe = exe;
+    e->base.sink = sink;
     e->base.graph_text = kiln_graph_to_string(g);
     e->base.nin = g->ninputs;
     e->base.nout = (int)n;

@@ -49,6 +49,8 @@ int pykiln_graph_init_types(PyObject *module);
 kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
 /* kiln._C.apply_control (src/python/control_flow.c) */
 extern PyMethodDef pykiln_control_functions[];
+/* Runs a compiled graph for the JitDispatcher's fast path (graph.c); args are tensors. */
+PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 

@@ -11,6 +11,7 @@
 #include "../codegen/fused.h"
 #include "../core/internal.h"
 #include "../ir/control.h"
+#include "plan.h"
 
 #include "kiln/graph.h"
 
@@ -524,4 +525,15 @@ kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const 
     kiln_status s = run_locked(e, nin, inputs, nout, outputs);
     pthread_mutex_unlock(&e->lock);
     return s;
+}
+
+/* ---- the plan, for the sink backend (src/runtime/sink.c) ------------------------------------ */
+
+void kiln_executable_get_plan(const kiln_executable *e, kiln_exec_plan *out) {
+    out->g = e->g;
+    out->order = e->order;
+    out->norder = e->norder;
+    out->planned = e->planned;
+    out->fused = e->fused;
+    out->freed_after = e->freed_after;
 }

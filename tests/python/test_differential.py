@@ -44,10 +44,12 @@ INTERPRETED = {"KILN_DISABLE_CODEGEN": "1"}  # fused groups run through the inte
 class Variant:
     """One way to compile: kiln.jit options, environment variables set while it compiles and runs,
     and `every` (it runs on the seeds whose index in the seed list is a multiple of it). exact: results
-    must equal eager bitwise (O0 runs the same kernels on the same values)."""
+    must equal eager bitwise (O0 runs the same kernels on the same values). runs_on: the backend the
+    compiled graph must report; native: a sunk graph must run as generated code (not interpreted)."""
 
-    def __init__(self, name, exact=False, env=None, every=1, **options):
+    def __init__(self, name, exact=False, env=None, every=1, runs_on="kbk", native=False, **options):
         self.name, self.exact, self.env, self.every, self.options = name, exact, env or {}, every, options
+        self.backend, self.native = runs_on, native
 
     def runs_on(self, seed, seeds):
         return RUN_ALL or seed in REGRESSION_SEEDS or seeds.index(seed) % self.every == 0
@@ -74,10 +76,18 @@ VARIANTS = [
     Variant("O0-dfs-poison", exact=True, jit_level="O0", exec_order="dfs", debug_poison=True),
     Variant("O1-interp", env=INTERPRETED, jit_level="O1"),
     Variant("O1-interp-dfs-poison", env=INTERPRETED, jit_level="O1", exec_order="dfs", debug_poison=True),
-    Variant("O2-interp", env=INTERPRETED, jit_level="O2"),
+    Variant("O2-kbk-interp", env=INTERPRETED, jit_level="O2", backend="kbk"),
     Variant("O1", every=5, jit_level="O1"),
-    Variant("O2-dfs-poison", every=5, jit_level="O2", exec_order="dfs", debug_poison=True),
-    # the whole-graph backend joins when it exists: Variant("O2-sink", every=5, jit_level="O2", backend="sink")
+    Variant("O2-kbk-dfs-poison", every=5, jit_level="O2", backend="kbk", exec_order="dfs", debug_poison=True),
+    # the whole-graph backend: interpreted steps on every seed, generated code on every 10th
+    Variant("O0-sink-interp", exact=True, env=INTERPRETED, runs_on="sink", jit_level="O0", backend="sink"),
+    Variant("O1-sink-interp-dfs-poison", env=INTERPRETED, runs_on="sink", jit_level="O1", backend="sink",
+            exec_order="dfs", debug_poison=True),
+    Variant("O2-interp", env=INTERPRETED, runs_on="sink", jit_level="O2"),  # O2 sinks the graph by default
+    Variant("O0-sink", exact=True, every=10, runs_on="sink", native=True, jit_level="O0", backend="sink"),
+    Variant("O1-GE-dfs-poison", every=10, runs_on="sink", native=True, jit_level="O1", backend="GE",
+            exec_order="dfs", debug_poison=True),
+    Variant("O2-sink", every=10, runs_on="sink", native=True, jit_level="O2"),
 ]
 
 # Passes may reassociate or fold: float32 results agree to a few ulps of the values involved
@@ -209,6 +219,9 @@ def calls_of(prog, fn, extra=()):
 
 
 def assert_replayed(prog, variant, jf, calls):
+    exe = jf._last.executable
+    assert exe.backend == variant.backend, f"variant {variant.name} compiled for {exe.backend}"
+    assert exe.native or not variant.native, f"seed {prog.seed}, variant {variant.name}: the sunk graph runs interpreted"
     info = jf.cache_info()
     assert (info.compiles, info.eager_calls, info.hits) == (1, 0, calls - 1), (
         f"seed {prog.seed}, variant {variant.name}: expected one compile and {calls - 1} replays, got {info}"

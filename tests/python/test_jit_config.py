@@ -24,9 +24,6 @@ def test_config_validation_lists_accepted_values():
         kiln.JitConfig(jit_syntax_level="loose")
     with pytest.raises(ValueError, match="unknown option 'speed'"):
         kiln.JitConfig(speed=3)
-    # sink execution arrives with its own issue: said plainly, naming what works
-    with pytest.raises(NotImplementedError, match="ms_backend"):
-        kiln.JitConfig(exc_mode="sink")
     assert kiln.JitConfig().jit_level == "O1" and kiln.JitConfig(exc_mode="no_sink").backend == "ms_backend"
 
 

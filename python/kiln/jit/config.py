@@ -6,10 +6,11 @@ SYNTAX_LEVELS = ("", "STRICT", "LAX")
 
 
 class JitConfig:
-    """jit_level "O0" | "O1" | "O2" (default "O1"); exc_mode "auto" | "sink" | "no_sink": O0/O1 run
-    kernel by kernel, O2 or "sink" run the whole graph sunk, "no_sink" forces kernel by kernel;
-    jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode). Further keyword arguments
-    are kiln.jit options (exec_order, recompile_limit, ...)."""
+    """jit_level "O0" | "O1" | "O2" (default "O1"); exc_mode "auto" | "sink" | "no_sink": "auto" runs
+    O0/O1 kernel by kernel and O2 sunk (the whole graph as one generated function, kiln.jit's
+    backend "GE"), "sink" sinks at any level, "no_sink" runs kernel by kernel at any level (O2's
+    passes included); jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode). Further
+    keyword arguments are kiln.jit options (exec_order, recompile_limit, ...)."""
 
     def __init__(self, jit_level="O1", exc_mode="auto", jit_syntax_level="", **kwargs):
         from .options import JIT_LEVELS

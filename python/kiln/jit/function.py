@@ -131,7 +131,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
         out_spec = tree.flatten(result, out_leaves)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
                                    level=options.level, inference=options.infer_boost == "on",
-                                   disable_format_transform=options.disable_format_transform)
+                                   disable_format_transform=options.disable_format_transform,
+                                   backend=options.backend)
     finally:
         tracer.end()
         cell_module._call_log = prev_log
@@ -480,11 +481,13 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, ful
     Works as jit(fn, ...), @jit and @jit(...). capture_mode "ast" (the default) converts the
     function's source so that Python control flow on tensor values becomes graph control flow,
     then captures it; "trace" records the ops of a first eager run as they are. jit_level "O0"
-    runs the graph kernel by kernel with a static memory plan. fullgraph=True (or option
-    jit_syntax_level="STRICT") makes code the ast mode cannot compile raise kiln.JitSyntaxError;
-    otherwise ("LAX") such a function falls back to trace capture with a warning. Options:
-    exec_order ("bfs" | "dfs"), recompile_limit (default 8), debug_poison (fill freed buffers
-    with NaN), jit_syntax_level."""
+    runs the graph kernel by kernel with a static memory plan. backend "kbk" (alias "ms_backend")
+    runs it kernel by kernel; "sink" (alias "GE") turns the whole graph into one generated native
+    function; "" (the default) picks by level as MindSpore does: O0 and O1 kernel by kernel, O2
+    sunk. fullgraph=True (or option jit_syntax_level="STRICT") makes code the ast mode cannot
+    compile raise kiln.JitSyntaxError; otherwise ("LAX") such a function falls back to trace
+    capture, or eager execution, with a warning. Options: exec_order ("bfs" | "dfs"),
+    recompile_limit (default 8), debug_poison (fill freed buffers with NaN), jit_syntax_level."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

@@ -4,9 +4,9 @@ CAPTURE_MODES = ("ast", "bytecode", "trace")
 IMPLEMENTED_CAPTURE_MODES = ("ast", "trace")
 SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
-# MindSpore's names are accepted as aliases: ms_backend is kernel by kernel
-BACKENDS = {"": "kbk", "kbk": "kbk", "ms_backend": "kbk"}
-PLANNED_BACKENDS = ("sink", "GE")
+# MindSpore's names are accepted as aliases: ms_backend is kernel by kernel, GE the whole-graph sink.
+# "" picks by level, as MindSpore does: O0/O1 kernel by kernel, O2 the whole graph sunk.
+BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "sink"}
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
                 "jit_syntax_level")
@@ -29,11 +29,8 @@ class JitOptions:
                                       "use capture_mode=\"ast\" (the default) or capture_mode=\"trace\"")
         if jit_level not in JIT_LEVELS:
             raise ValueError(f"jit: jit_level must be one of {', '.join(map(repr, JIT_LEVELS))}, got {jit_level!r}")
-        if backend in PLANNED_BACKENDS:
-            raise NotImplementedError(f"jit: backend={backend!r} (whole-graph sink) is not implemented yet; "
-                                      "use backend=\"\" or \"ms_backend\" (kernel by kernel)")
-        if backend not in BACKENDS:
-            accepted = ", ".join(map(repr, list(BACKENDS) + list(PLANNED_BACKENDS)))
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            accepted = ", ".join(map(repr, BACKENDS))
             raise ValueError(f"jit: backend must be one of {accepted}, got {backend!r}")
         if not isinstance(dynamic, bool) or not isinstance(fullgraph, bool):
             raise TypeError("jit: dynamic and fullgraph must be bools")
@@ -41,7 +38,7 @@ class JitOptions:
             if name not in OPTION_NAMES:
                 raise ValueError(f"jit: unknown option {name!r}; accepted options: {', '.join(OPTION_NAMES)}")
         o.capture_mode, o.jit_level, o.dynamic, o.fullgraph = capture_mode, jit_level, dynamic, fullgraph
-        o.backend = BACKENDS[backend]
+        o.backend = BACKENDS[backend] or ("sink" if jit_level == "O2" else "kbk")
         o.exec_order = options.get("exec_order", "bfs")
         if o.exec_order not in EXEC_ORDERS:
             raise ValueError(f"jit: exec_order must be one of {', '.join(map(repr, EXEC_ORDERS))}, "
