@@ -19,6 +19,7 @@
 
 #include "../codegen/codegen.h"
 #include "../core/internal.h"
+#include "../ir/control.h"
 #include "plan.h"
 #include "sink_steps.h"
 
@@ -49,6 +50,8 @@ struct kiln_sink {
     kiln_sink_env env;
     kiln_sink_fn fn;      /* NULL: interpreted */
     int64_t fallbacks;
+    bool via_kbk; /* the graph has control-flow nodes: every call runs on the executor (their subgraphs are
+                   * compiled executables, not kernels a generated function could call) */
     pthread_mutex_t lock; /* one call at a time: the tensors and the arena are shared */
 };
 
@@ -349,6 +352,11 @@ kiln_status kiln_sink_compile(const kiln_graph *g, const kiln_compile_options *o
         st = alloc_arrays(s);
     }
     const kiln_graph *pg = s->g;
+    for (int32_t i = 0; st == KILN_OK && i < pg->nnodes; i++) s->via_kbk |= kiln_op_is_control(pg->nodes[i].op);
+    if (st == KILN_OK && s->via_kbk) {
+        *out = s;
+        return KILN_OK;
+    }
     for (int32_t k = 0; st == KILN_OK && k < pg->ninputs; k++) { /* placeholders: the layouts of the dry run */
         kiln_tensor *t = NULL;
         st = kiln_tensor_empty_like_meta(&pg->values[pg->inputs[k]].meta, &t);
@@ -511,6 +519,7 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     if (nin != g->ninputs || nout != g->noutputs)
         return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
                           g->noutputs, nin, nout);
+    if (s->via_kbk) return kiln_executable_run(s->kbk, nin, inputs, nout, outputs);
     bool fallback = false;
     for (int k = 0; k < nin; k++) {
         const kiln_meta *want = &g->values[g->inputs[k]].meta;

@@ -368,3 +368,20 @@ def test_second_order_gradients():
     # differentiating a loop's gradient again is refused, not silently zero
     with pytest.raises(NotImplementedError, match="gradients of gradients through a while loop"):
         kiln.grad(jit(lambda v: kiln.grad(h)(v).sum()))(x)
+
+
+@pytest.mark.parametrize("backend, level", [("sink", "O0"), ("sink", "O2"), ("kbk", "O1")])
+def test_control_flow_under_every_backend(backend, level):
+    # bodies registered by other captures first, so a graph's subgraph indices and the process-wide
+    # body ids differ: each node must run its own subgraphs
+    jit(branchy)(T([1.0, 2.0]), T([0.5, 0.5]))
+
+    def f(x, s):
+        x = ops.while_loop(lambda v, lim: v.sum() > lim, lambda v, lim: (v * 0.5, lim), (x, s))[0]
+        return ops.cond(x.mean() > 0.1, lambda v: v + 1.0, lambda v: v - 1.0, (x,))
+
+    jf = kiln.jit(f, capture_mode="trace", backend=backend, jit_level=level)
+    for k in (1.0, 4.0, 0.1, 9.0):
+        x, s = T([k, k, k]), T(1.0)
+        close(jf(x, s), f(x, s))
+    assert jf.cache_info().compiles == 1
