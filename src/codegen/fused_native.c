@@ -26,7 +26,10 @@ struct kiln_fused_kernel {
     atomic_bool waiting;       /* source is in the waiting list */
     char symbol[48];
     int nops;                  /* 1 + inputs */
-    bool unit[MAX_OPERANDS];   /* per operand: steps along the inner axis (else stride 0) */
+    int8_t kind[MAX_OPERANDS]; /* per operand: how it moves along the inner axis (KILN_INNER_*) */
+    bool rows;                 /* a row kernel: the inner axis is reduced, never merged with others */
+    int snd;                   /* the iteration space (kiln_codegen_space) */
+    int64_t sshape[KILN_MAX_DIMS];
     size_t itemsize[MAX_OPERANDS];
     loop_plan contiguous;      /* the plan when every operand is contiguous */
     kiln_fused_interp *interp; /* made when first needed */
@@ -41,14 +44,16 @@ static struct {
 } waiting = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 
-/* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does).
- * strides: element strides per operand over (ndim, shape). */
-static void plan_loop(loop_plan *p, int nops, const size_t *itemsize, int64_t (*strides)[KILN_MAX_DIMS], int ndim,
-                      const int64_t *shape) {
+/* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does); for
+ * row kernels the last axis (the rows) stays as it is. strides: element strides per operand over
+ * (ndim, shape). */
+static void plan_loop(loop_plan *p, bool rows, int nops, const size_t *itemsize, int64_t (*strides)[KILN_MAX_DIMS],
+                      int ndim, const int64_t *shape) {
     int nd = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        if (nd > 0) {
+        bool row_axis = rows && d == ndim - 1;
+        if (shape[d] == 1 && !row_axis) continue;
+        if (nd > 0 && !row_axis) {
             bool merge = true;
             for (int k = 0; k < nops && merge; k++)
                 merge = p->st[k][nd - 1] == strides[k][d] * shape[d] * (int64_t)itemsize[k];
@@ -86,22 +91,60 @@ static bool codegen_disabled(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* Element strides of the output over the space: a reduction that drops the row axis writes one
+ * element per row. */
+static void output_strides(const kiln_fused_kernel *k, const kiln_meta *om, const int64_t *own, int64_t *strides) {
+    if (k->rows && om->ndim == k->snd - 1) {
+        for (int d = 0; d < om->ndim; d++) strides[d] = om->shape[d] == 1 ? 0 : own[d];
+        strides[k->snd - 1] = 0;
+        return;
+    }
+    int lead = k->snd - om->ndim;
+    for (int d = 0; d < k->snd; d++) {
+        int sd = d - lead;
+        strides[d] = (sd < 0 || (om->shape[sd] == 1 && k->sshape[d] != 1)) ? 0 : own[sd];
+    }
+}
+
+/* The kind an operand's inner byte stride calls for; a row kernel reads inputs that vary along
+ * the row through a pointer, so those are never FIXED. */
+static int8_t kind_of(const kiln_fused_kernel *k, int op, int64_t inner) {
+    const kiln_graph *g = k->sub;
+    const kiln_meta *m = op == 0 ? &g->values[g->outputs[0]].meta : &g->values[g->inputs[op - 1]].meta;
+    bool dropped = op == 0 && k->rows && m->ndim == k->snd - 1;
+    bool varies = !dropped && m->ndim >= 1 && m->shape[m->ndim - 1] != 1;
+    if (inner == 0 && !(k->rows && varies)) return KILN_INNER_FIXED;
+    if (inner == (int64_t)k->itemsize[op]) return KILN_INNER_UNIT;
+    return KILN_INNER_STRIDED;
+}
+
+static bool kind_fits(const kiln_fused_kernel *k, int op, int64_t inner) {
+    switch (k->kind[op]) {
+    case KILN_INNER_FIXED: return inner == 0;
+    case KILN_INNER_UNIT: return inner == (int64_t)k->itemsize[op];
+    default: return true;
+    }
+}
+
 static kiln_status prepare_native(kiln_fused_kernel *k) {
     const kiln_graph *g = k->sub;
     const kiln_meta *om = &g->values[g->outputs[0]].meta;
-    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
-    contiguous_broadcast_strides(om, om->ndim, om->shape, strides[0]);
+    k->rows = kiln_codegen_has_rows(g);
+    kiln_codegen_space(g, &k->snd, k->sshape);
+    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS], own[KILN_MAX_DIMS];
+    kiln_contiguous_strides(om->ndim, om->shape, own);
+    output_strides(k, om, own, strides[0]);
     k->itemsize[0] = kiln_dtype_size(om->dtype);
     for (int i = 0; i < g->ninputs; i++) {
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
-        contiguous_broadcast_strides(m, om->ndim, om->shape, strides[1 + i]);
+        contiguous_broadcast_strides(m, k->snd, k->sshape, strides[1 + i]);
         k->itemsize[1 + i] = kiln_dtype_size(m->dtype);
     }
     loop_plan *p = &k->contiguous;
-    plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
-    for (int op = 0; op < k->nops; op++) k->unit[op] = p->st[op][p->ndim - 1] != 0;
+    plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
+    for (int op = 0; op < k->nops; op++) k->kind[op] = kind_of(k, op, p->st[op][p->ndim - 1]);
     char *source = NULL;
-    KILN_TRY(kiln_codegen_emit(g, k->unit, &source, k->symbol));
+    KILN_TRY(kiln_codegen_emit(g, k->kind, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
     if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", k->symbol, source);
     void *fn = NULL;
@@ -214,22 +257,20 @@ static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
  * copying inputs to contiguous (copies land in tmp, released by the caller). */
 static kiln_status bind(kiln_fused_kernel *k, kiln_tensor *const *in, kiln_tensor *out, kiln_tensor **tmp,
                         loop_plan *p, char **ptrs, bool *fits) {
-    const kiln_meta *om = &out->meta;
     int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
     *fits = false;
     for (int attempt = 0; attempt < 2; attempt++) {
-        memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)om->ndim);
+        output_strides(k, &out->meta, out->strides, strides[0]);
         ptrs[0] = out->data;
         for (int i = 0; i + 1 < k->nops; i++) {
             kiln_tensor *t = tmp[i] ? tmp[i] : in[i];
-            kiln_broadcast_strides(t, om->ndim, om->shape, strides[1 + i]);
+            kiln_broadcast_strides(t, k->snd, k->sshape, strides[1 + i]);
             ptrs[1 + i] = t->data;
         }
-        plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
+        plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
         bool ok = true, copied = false;
         for (int op = 0; op < k->nops; op++) {
-            int64_t inner = p->st[op][p->ndim - 1];
-            if (inner == (k->unit[op] ? (int64_t)k->itemsize[op] : 0)) continue;
+            if (kind_fits(k, op, p->st[op][p->ndim - 1])) continue;
             ok = false;
             if (op == 0 || tmp[op - 1] || attempt > 0) continue;
             KILN_TRY(kiln_to_contiguous(in[op - 1], in[op - 1]->meta.dtype, &tmp[op - 1]));
