@@ -32,6 +32,7 @@ struct kiln_fused_kernel {
     int64_t sshape[KILN_MAX_DIMS];
     size_t itemsize[MAX_OPERANDS];
     loop_plan contiguous;      /* the plan when every operand is contiguous */
+    bool contiguous_fits;      /* the kernel runs contiguous operands with that plan */
     kiln_fused_interp *interp; /* made when first needed */
     pthread_mutex_t lock;
 };
@@ -75,10 +76,13 @@ static void plan_loop(loop_plan *p, bool rows, int nops, const size_t *itemsize,
     p->ndim = nd;
 }
 
-/* Element strides of a contiguous (ndim_in, shape_in) tensor broadcast to (ndim, shape). */
-static void contiguous_broadcast_strides(const kiln_meta *in, int ndim, const int64_t *shape, int64_t *strides) {
+/* Element strides of a (ndim_in, shape_in) tensor with strides own (NULL: contiguous) broadcast
+ * to (ndim, shape). */
+static void contiguous_broadcast_strides(const kiln_meta *in, const int64_t *own_strides, int ndim, const int64_t *shape,
+                                         int64_t *strides) {
     int64_t own[KILN_MAX_DIMS];
-    kiln_contiguous_strides(in->ndim, in->shape, own);
+    if (own_strides) memcpy(own, own_strides, sizeof(int64_t) * (size_t)in->ndim);
+    else kiln_contiguous_strides(in->ndim, in->shape, own);
     int lead = ndim - in->ndim;
     for (int d = 0; d < ndim; d++) {
         int sd = d - lead;
@@ -113,7 +117,7 @@ static int8_t kind_of(const kiln_fused_kernel *k, int op, int64_t inner) {
     const kiln_meta *m = op == 0 ? &g->values[g->outputs[0]].meta : &g->values[g->inputs[op - 1]].meta;
     bool dropped = op == 0 && k->rows && m->ndim == k->snd - 1;
     bool varies = !dropped && m->ndim >= 1 && m->shape[m->ndim - 1] != 1;
-    if (inner == 0 && !(k->rows && varies)) return KILN_INNER_FIXED;
+    if (inner == 0 && !varies) return KILN_INNER_FIXED;
     if (inner == (int64_t)k->itemsize[op]) return KILN_INNER_UNIT;
     return KILN_INNER_STRIDED;
 }
@@ -126,23 +130,29 @@ static bool kind_fits(const kiln_fused_kernel *k, int op, int64_t inner) {
     }
 }
 
-static kiln_status prepare_native(kiln_fused_kernel *k) {
+static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in_strides) {
     const kiln_graph *g = k->sub;
     const kiln_meta *om = &g->values[g->outputs[0]].meta;
     k->rows = kiln_codegen_has_rows(g);
     kiln_codegen_space(g, &k->snd, k->sshape);
-    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS], own[KILN_MAX_DIMS];
+    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS], hinted[MAX_OPERANDS][KILN_MAX_DIMS], own[KILN_MAX_DIMS];
     kiln_contiguous_strides(om->ndim, om->shape, own);
     output_strides(k, om, own, strides[0]);
+    memcpy(hinted[0], strides[0], sizeof strides[0]);
     k->itemsize[0] = kiln_dtype_size(om->dtype);
     for (int i = 0; i < g->ninputs; i++) {
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
-        contiguous_broadcast_strides(m, k->snd, k->sshape, strides[1 + i]);
+        contiguous_broadcast_strides(m, NULL, k->snd, k->sshape, strides[1 + i]);
+        contiguous_broadcast_strides(m, in_strides ? in_strides[i] : NULL, k->snd, k->sshape, hinted[1 + i]);
         k->itemsize[1 + i] = kiln_dtype_size(m->dtype);
     }
+    loop_plan hint;
+    plan_loop(&hint, k->rows, k->nops, k->itemsize, hinted, k->snd, k->sshape);
+    for (int op = 0; op < k->nops; op++) k->kind[op] = kind_of(k, op, hint.st[op][hint.ndim - 1]);
     loop_plan *p = &k->contiguous;
     plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
-    for (int op = 0; op < k->nops; op++) k->kind[op] = kind_of(k, op, p->st[op][p->ndim - 1]);
+    k->contiguous_fits = true;
+    for (int op = 0; op < k->nops; op++) k->contiguous_fits &= kind_fits(k, op, p->st[op][p->ndim - 1]);
     char *source = NULL;
     KILN_TRY(kiln_codegen_emit(g, k->kind, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
@@ -212,6 +222,10 @@ static kiln_status ensure_interp(kiln_fused_kernel *k) {
 }
 
 kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
+    return kiln_fused_prepare_strided(sub, NULL, out);
+}
+
+kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out) {
     kiln_fused_kernel *k = calloc(1, sizeof *k);
     if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
     pthread_mutex_init(&k->lock, NULL);
@@ -227,7 +241,7 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
     k->nops = 1 + sub->ninputs;
     bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub) &&
                   kiln_codegen_available();
-    if (native && prepare_native(k) != KILN_OK) {
+    if (native && prepare_native(k, in_strides) != KILN_OK) {
         native = false;
         if (kiln_last_error()[0]) kiln_clear_error(); /* the driver warned once; run interpreted */
     }
@@ -297,7 +311,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
         native = in[i]->meta.dtype == m->dtype && same_shape(&in[i]->meta, m) &&
                  !kiln_tensor_same_storage(in[i], out); /* the kernel writes as it reads */
     }
-    if (native && kiln_tensor_is_contiguous(out)) { /* the common case: the plan made at prepare time */
+    if (native && k->contiguous_fits && kiln_tensor_is_contiguous(out)) { /* the plan made at prepare time */
         bool contiguous = true;
         for (int i = 0; i < nin && contiguous; i++) contiguous = kiln_tensor_is_contiguous(in[i]);
         if (contiguous) {
