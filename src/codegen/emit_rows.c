@@ -133,11 +133,33 @@ static void emit_step(kiln_strbuf *t, const kiln_graph *g, const program *p, int
     kiln_strbuf_printf(t, "            %s = (T)(%s);\n        }\n", out, st->expr);
 }
 
-/* Marks the row steps pass `pass` computes: what its reductions and a row output need. */
-static void mark(const program *p, int j, bool *need) {
+/* Marks the row steps a pass computes: what its reductions and a row output need (stop: a step
+ * the pass reads back instead, or -1). */
+static void mark(const program *p, int j, bool *need, int stop) {
     if (need[j] || !p->s[j].row) return;
     need[j] = true;
-    for (int k = 0; k < p->s[j].nin; k++) mark(p, p->s[j].in[k], need);
+    if (j == stop) return;
+    for (int k = 0; k < p->s[j].nin; k++) mark(p, p->s[j].in[k], need, stop);
+}
+
+/* Marks what pass `pass` computes; returns whether it has anything to do. */
+static void mark_pass(const program *p, int pass, int out, bool *need, int stop) {
+    memset(need, 0, sizeof(bool) * (size_t)p->n);
+    for (int j = 0; j < p->n; j++)
+        if (p->s[j].kind == ST_REDUCE && p->s[j].when == pass + 1) mark(p, p->s[j].in[0], need, stop);
+    if (p->s[out].row && p->s[out].when == pass) mark(p, out, need, stop);
+}
+
+/* The row value the last pass reads back from the output row instead of computing it again: the
+ * latest one of the output's dtype that the pass before computes and the last pass needs (the
+ * exp(x - max) of softmax, the x - mean of a layer norm); -1: none. */
+static int kept_in_output(const program *p, int out, int passes, bool *need_last, bool *need_before) {
+    if (!p->s[out].row || passes < 2) return -1;
+    mark_pass(p, passes - 1, out, need_last, -1);
+    mark_pass(p, passes - 2, out, need_before, -1);
+    for (int j = out - 1; j >= 0; j--)
+        if (need_last[j] && need_before[j] && p->s[j].kind != ST_INPUT && p->s[j].dtype == p->s[out].dtype) return j;
+    return -1;
 }
 
 static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, int out, const int8_t *kinds) {
@@ -159,18 +181,20 @@ static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, i
         if (p->s[j].kind == ST_REDUCE && p->s[j].when > passes) passes = p->s[j].when;
     bool row_out = p->s[out].row;
     if (row_out && p->s[out].when + 1 > passes) passes = p->s[out].when + 1;
-    bool need[MAX_STEPS];
+    bool need[MAX_STEPS], spare[MAX_STEPS];
+    int kept = kept_in_output(p, out, passes, need, spare);
+    const char *o_at = kinds[0] == KILN_INNER_STRIDED ? "i * os" : "i";
     for (int stage = 0; stage <= passes; stage++) {
         for (int j = 0; j < p->n; j++) /* the per-row values ready now */
             if (!p->s[j].row && p->s[j].when == stage && (p->s[j].kind == ST_NODE || p->s[j].kind == ST_EXPR))
                 emit_step(t, g, p, j);
         if (stage == passes) break;
-        memset(need, 0, sizeof(bool) * (size_t)p->n);
+        bool last = stage == passes - 1;
+        mark_pass(p, stage, out, need, last ? kept : -1);
         kiln_strbuf red[1] = {{NULL, 0, 0, false}}; /* the loop's reduction clauses */
         for (int j = 0; j < p->n; j++) {
             const step *st = &p->s[j];
             if (st->kind != ST_REDUCE || st->when != stage + 1) continue;
-            mark(p, st->in[0], need);
             const char *at = kiln_cg_c_type(st->dtype);
             if (st->red == RED_SUM) {
                 kiln_strbuf_printf(t, "    %s acc%d = 0;\n", at, j);
@@ -182,14 +206,15 @@ static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, i
             }
         }
         bool writes = row_out && p->s[out].when == stage;
-        if (writes) mark(p, out, need);
         if (red->failed) t->failed = true;
         kiln_strbuf_printf(t, "#pragma omp simd%s\n    for (int64_t i = 0; i < n; i++) {\n", red->buf ? red->buf : "");
         free(red->buf);
         for (int j = 0; j < p->n; j++) {
             if (!need[j]) continue;
             const step *st = &p->s[j];
-            if (st->kind == ST_INPUT) {
+            if (last && j == kept) {
+                kiln_strbuf_printf(t, "        const %s s%d = o[%s];\n", kiln_cg_c_type(st->dtype), j, o_at);
+            } else if (st->kind == ST_INPUT) {
                 const char *ct = kiln_cg_c_type(st->dtype);
                 if (kinds[1 + st->node] == KILN_INNER_STRIDED)
                     kiln_strbuf_printf(t, "        const %s s%d = x%d[i * i%d];\n", ct, j, j, j);
@@ -197,6 +222,7 @@ static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, i
             } else {
                 emit_step(t, g, p, j);
             }
+            if (stage == passes - 2 && j == kept) kiln_strbuf_printf(t, "        o[%s] = s%d;\n", o_at, j);
         }
         for (int j = 0; j < p->n; j++) {
             const step *st = &p->s[j];
@@ -207,7 +233,7 @@ static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, i
                 kiln_strbuf_printf(t, "        acc%d = s%d %s acc%d ? s%d : acc%d;\n        nan%d |= s%d != s%d;\n", j,
                                    st->in[0], st->red == RED_MAX ? ">" : "<", j, st->in[0], j, j, st->in[0], st->in[0]);
         }
-        if (writes) kiln_strbuf_printf(t, "        o[%s] = s%d;\n", kinds[0] == KILN_INNER_STRIDED ? "i * os" : "i", out);
+        if (writes) kiln_strbuf_printf(t, "        o[%s] = s%d;\n", o_at, out);
         kiln_strbuf_printf(t, "    }\n");
         for (int j = 0; j < p->n; j++) { /* the reductions' values */
             const step *st = &p->s[j];

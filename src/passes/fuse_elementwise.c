@@ -11,7 +11,7 @@
  * value per row of it (a member is computed once per element of the space, per-row values once
  * per row), and no in-place op lies between it and the root (the group is computed at the root's
  * position). A reduction that drops its axis only starts a group. float() constants feeding one
- * group are inlined. Groups of one op are left alone. */
+ * group are inlined. Groups of one op are left alone, but for the softmax family. */
 #include "../codegen/codegen.h"
 #include "passes_internal.h"
 
@@ -170,12 +170,15 @@ static int32_t group_inputs(const fusion *f, int32_t grp, int32_t *inputs, int32
     return n;
 }
 
-/* Whether the group is worth a kernel: two ops or more (inlined constants not counted). */
+/* Whether the group is worth a kernel: two ops or more (inlined constants not counted), or one
+ * op of the softmax family (the generated row kernel keeps each row in cache). */
 static bool worth_fusing(const fusion *f, int32_t grp) {
     int ops = 0;
+    kiln_op last = KILN_OP_FULL;
     for (int32_t i = 0; i <= f->root[grp] && ops < 2; i++)
-        if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++;
-    return ops >= 2;
+        if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++, last = f->g->nodes[i].op;
+    return ops >= 2 || (ops == 1 && (last == KILN_OP_SOFTMAX || last == KILN_OP_LOG_SOFTMAX ||
+                                     last == KILN_OP_SOFTMAX_BACKWARD || last == KILN_OP_LOG_SOFTMAX_BACKWARD));
 }
 
 /* Builds the group's subgraph and adds the fused node in its root's place. */
