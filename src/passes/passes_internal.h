@@ -22,6 +22,7 @@ KILN_PASS(cse);
 KILN_PASS(constant_fold);
 KILN_PASS(simplify);
 KILN_PASS(fuse_elementwise);
+KILN_PASS(duplicate_producers);
 KILN_PASS(fold_batch_norm);
 
 #endif

@@ -1,7 +1,8 @@
 /* Row fusion: the fusion pass on graphs with reductions over the innermost axis and the softmax
  * family, as "input text -> expected output text"; every fused graph computes what the input
  * does, through generated code (within float tolerance) and through the interpreted path
- * (bitwise); every row group the pass makes is one the C emitter handles. */
+ * (bitwise); every row group the pass makes is one the C emitter handles. And O2's
+ * duplicate_producers before fusion. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "check.h"
@@ -74,7 +75,7 @@ static void set_codegen(bool on) {
 /* Runs fuse_elementwise on the parsed input; the result must print as `want` (canonical), each
  * of its groups run natively, and it must compute what the input does (natively within
  * tolerance, interpreted bitwise). */
-static void expect_fused_at(int line, const char *input, const char *want) {
+static void expect_fused_at(int line, const char *passes, const char *input, const char *want) {
     kiln_graph *g = NULL, *orig = NULL;
     if (kiln_graph_parse(input, &g) != KILN_OK || kiln_graph_parse(input, &orig) != KILN_OK) {
         fprintf(stderr, "line %d: input does not parse: %s\n", line, kiln_last_error());
@@ -82,7 +83,9 @@ static void expect_fused_at(int line, const char *input, const char *want) {
         kiln_graph_free(g);
         return;
     }
-    CHECK_OK(kiln_run_pass("fuse_elementwise", &g, &o1));
+    char names[128];
+    snprintf(names, sizeof names, "%s", passes);
+    for (char *name = strtok(names, ","); name; name = strtok(NULL, ",")) CHECK_OK(kiln_run_pass(name, &g, &o1));
     char *printed = kiln_graph_to_string(g), *got = printed ? canon(printed) : NULL, *want_canon = canon(want);
     if (!want_canon || strcmp(want_canon, want) != 0) {
         fprintf(stderr, "line %d: the expected text is not canonical; canonical form:\n%s", line, want_canon ? want_canon : "?");
@@ -116,7 +119,8 @@ static void expect_fused_at(int line, const char *input, const char *want) {
     free(printed), free(got), free(want_canon);
     kiln_graph_free(g), kiln_graph_free(orig);
 }
-#define expect_fused(input, want) expect_fused_at(__LINE__, input, want)
+#define expect_fused(input, want) expect_fused_at(__LINE__, "fuse_elementwise", input, want)
+#define expect_passes(passes, input, want) expect_fused_at(__LINE__, passes, input, want)
 
 /* softmax written out: (x + b) - max, exp, sum, divide: one group. */
 static void test_softmax_written_out(void) {
@@ -251,10 +255,64 @@ static void test_boundaries(void) {
                  "}\n");
 }
 
+/* O2: a cheap producer read by two kernels is computed in each (a chain of them too: the scale
+ * read only by the shift); an exp is not copied (a math-library call), nor a producer read by a
+ * matmul, nor one that is a graph output. */
+static void test_duplicate_producers(void) {
+    expect_passes("duplicate_producers,fuse_elementwise",
+                  "graph(%0: float32[4, 8], %1: float32[4, 8], %2: float32[8, 8]) {\n"
+                  "  %3: float32[] = constant(2)\n"
+                  "  %4: float32[4, 8] = mul(%0, %3)\n"
+                  "  %5: float32[4, 8] = add(%4, %3)\n"
+                  "  %6: float32[4, 8] = tanh(%5)\n"
+                  "  %7: float32[4, 8] = mul(%6, %1)\n"
+                  "  %8: float32[4, 8] = softmax(%5) {1}\n"
+                  "  %9: float32[4, 8] = exp(%1)\n"
+                  "  %10: float32[4, 8] = add(%9, %7)\n"
+                  "  %11: float32[4, 8] = sub(%9, %8)\n"
+                  "  %12: float32[4, 8] = neg(%1)\n"
+                  "  %13: float32[4, 8] = matmul(%12, %2)\n"
+                  "  %14: float32[4, 8] = sigmoid(%12)\n"
+                  "  %15: float32[4, 8] = add(%14, %13)\n"
+                  "  return (%10, %11, %15)\n"
+                  "}\n",
+                  "graph(%0: float32[4, 8], %1: float32[4, 8], %2: float32[8, 8]) {\n"
+                  "  %3: float32[] = constant(2)\n"
+                  "  %4: float32[4, 8] = exp(%1)\n"
+                  "  %5: float32[4, 8] = fused(%0, %3, %1, %4) {0, 6, 2, 4, 8}\n"
+                  "  %6: float32[4, 8] = fused(%0, %3, %4) {1, 6, 2, 4, 8}\n"
+                  "  %7: float32[4, 8] = neg(%1)\n"
+                  "  %8: float32[4, 8] = matmul(%7, %2)\n"
+                  "  %9: float32[4, 8] = fused(%7, %8) {2, 6, 2, 4, 8}\n"
+                  "  return (%5, %6, %9)\n"
+                  "}\n"
+                  "subgraph 0: graph(%0: float32[4, 8], %1: float32[], %2: float32[4, 8], %3: float32[4, 8]) {\n"
+                  "  %4: float32[4, 8] = mul(%0, %1)\n"
+                  "  %5: float32[4, 8] = add(%4, %1)\n"
+                  "  %6: float32[4, 8] = tanh(%5)\n"
+                  "  %7: float32[4, 8] = mul(%6, %2)\n"
+                  "  %8: float32[4, 8] = add(%3, %7)\n"
+                  "  return (%8)\n"
+                  "}\n"
+                  "subgraph 1: graph(%0: float32[4, 8], %1: float32[], %2: float32[4, 8]) {\n"
+                  "  %3: float32[4, 8] = mul(%0, %1)\n"
+                  "  %4: float32[4, 8] = add(%3, %1)\n"
+                  "  %5: float32[4, 8] = softmax(%4) {1}\n"
+                  "  %6: float32[4, 8] = sub(%2, %5)\n"
+                  "  return (%6)\n"
+                  "}\n"
+                  "subgraph 2: graph(%0: float32[4, 8], %1: float32[4, 8]) {\n"
+                  "  %2: float32[4, 8] = sigmoid(%0)\n"
+                  "  %3: float32[4, 8] = add(%2, %1)\n"
+                  "  return (%3)\n"
+                  "}\n");
+}
+
 int main(void) {
     test_softmax_written_out();
     test_scaled_softmax();
     test_norms();
     test_boundaries();
+    test_duplicate_producers();
     CHECK_DONE();
 }

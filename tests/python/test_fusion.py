@@ -225,3 +225,22 @@ def test_no_compiler_runs_interpreted(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().endswith("ok")
     assert p.stderr.count("kiln: warning") == 1, p.stderr
+
+
+def test_o2_recomputes_shared_producers():
+    """O2 copies a cheap producer into each kernel reading it (O1 writes it once and reads it back):
+    fewer kernels, the same results."""
+    rng = np.random.default_rng(8)
+    x, y = rnd(rng, 64, 100), rnd(rng, 64, 100)
+
+    def f(x, y):
+        a = x * 2.0 + 1.0
+        return ops.tanh(a) * y, ops.softmax(a, -1) + y
+
+    j1, j2 = kiln.jit(f, jit_level="O1"), kiln.jit(f, jit_level="O2")
+    r1, r2 = j1(x, y), j2(x, y)
+    r1, r2 = j1(x, y), j2(x, y)
+    for a, b, e in zip(r1, r2, f(x, y)):
+        np.testing.assert_allclose(b.asnumpy(), e.asnumpy(), **tol(kiln.float32, 2))
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), **tol(kiln.float32, 2))
+    assert fused_count(j1) == 3 and fused_count(j2) == 2, (j1.graph_str(), j2.graph_str())
