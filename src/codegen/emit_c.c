@@ -109,7 +109,7 @@ static bool fits_space(const kiln_meta *m, int nd, const int64_t *shape) {
 }
 
 /* Row groups: row ops read exactly the space; the rest broadcasts to it; a reduction that drops
- * the axis only as the output. */
+ * the axis only as the output; the output is the space or one value per row of it. */
 static bool rows_fit(const kiln_graph *sub) {
     int nd;
     int64_t shape[KILN_MAX_DIMS];
@@ -133,6 +133,13 @@ static bool rows_fit(const kiln_graph *sub) {
         }
         if (!fits_space(o, nd, shape)) return false;
     }
+    /* the output: the space, or one value per row of it */
+    const kiln_meta *o = &sub->values[sub->outputs[0]].meta;
+    if (o->ndim == nd - 1 && kiln_op_table[sub->nodes[sub->values[sub->outputs[0]].node].op].fusion == KILN_FUSE_REDUCTION)
+        return true;
+    if (o->ndim != nd) return false;
+    for (int d = 0; d < nd; d++)
+        if (o->shape[d] != shape[d] && !(d == nd - 1 && o->shape[d] == 1)) return false;
     return true;
 }
 

@@ -1,10 +1,12 @@
-/* Fused groups run by generated code: prepare emits the group's C kernel for the layouts of the
- * compiled shapes (each input contiguous in its own shape, broadcast along the rest); run binds
- * the tensors of the call. Kernels not loaded yet wait in a process-wide list and the first run
- * of any of them builds them all with one compiler run (a graph's groups compile together).
- * Inputs in other layouts are copied to contiguous first; groups the emitter does not handle,
- * machines without a compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path.
- * KILN_DUMP_CODE=1 prints the generated C. */
+/* Fused groups run by generated code: prepare emits the group's C kernel for the layouts its
+ * inputs will have (contiguous unless the caller says otherwise, broadcast to the group's space):
+ * each operand moves along the inner axis by one element, not at all, or by any stride
+ * (KILN_INNER_*); run binds the tensors of the call. Kernels not loaded yet wait in a
+ * process-wide list and the first run of any of them builds them all with one compiler run (a
+ * graph's groups compile together, into one object). Inputs in a layout the kernel was not made
+ * for are copied to contiguous first; groups the emitter does not handle, machines without a
+ * compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path. KILN_DUMP_CODE=1 prints the
+ * generated C. */
 #include <pthread.h>
 #include <stdatomic.h>
 

@@ -308,11 +308,55 @@ static void test_duplicate_producers(void) {
                   "}\n");
 }
 
+/* Subgraphs the pass does not make but a graph text can hold: the emitter declines them (they
+ * run interpreted). */
+static void test_emitter_declines(void) {
+    static const char *const texts[] = {
+        /* the output is not the space nor one value per row */
+        "graph(%0: float32[4, 8], %1: float32[8]) {\n"
+        "  %2: float32[4, 1] = max(%0) {2, 1}\n"
+        "  %3: float32[8] = add(%1, %1)\n"
+        "  return (%3)\n"
+        "}\n",
+        /* a reduction over another axis */
+        "graph(%0: float32[4, 8]) {\n"
+        "  %1: float32[1, 8] = sum(%0) {1, 1}\n"
+        "  %2: float32[4, 8] = sub(%0, %1)\n"
+        "  return (%2)\n"
+        "}\n",
+        /* a reduction dropping its axis inside the group */
+        "graph(%0: float32[4, 8]) {\n"
+        "  %1: float32[4] = sum(%0) {2, 0}\n"
+        "  %2: float32[4] = exp(%1)\n"
+        "  return (%2)\n"
+        "}\n",
+        /* rows of two different lengths */
+        "graph(%0: float32[4, 8], %1: float32[4, 1, 3]) {\n"
+        "  %2: float32[4, 1] = max(%0) {2, 1}\n"
+        "  %3: float32[4, 4, 3] = add(%1, %2)\n"
+        "  %4: float32[4, 4, 1] = sum(%3) {4, 1}\n"
+        "  return (%4)\n"
+        "}\n",
+    };
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        kiln_graph *g = NULL;
+        CHECK_OK(kiln_graph_parse(texts[k], &g));
+        if (!g) continue;
+        CHECK(!kiln_codegen_supports(g));
+        kiln_fused_kernel *fk = NULL;
+        CHECK_OK(kiln_fused_prepare(g, &fk));
+        CHECK(fk && !kiln_fused_is_native(fk));
+        kiln_fused_free(fk);
+        kiln_graph_free(g);
+    }
+}
+
 int main(void) {
     test_softmax_written_out();
     test_scaled_softmax();
     test_norms();
     test_boundaries();
     test_duplicate_producers();
+    test_emitter_declines();
     CHECK_DONE();
 }
