@@ -2,7 +2,7 @@
 256, float32): what O1's fusion adds on top of O0, and the compile time of the O1 forward graph.
 Every figure is a ratio against a reference measured in the same run.
 
-    PYTHONPATH=python python3 bench/bench_attention.py [--quick]
+    PYTHONPATH=python python3 bench/bench_attention.py [--quick] [--threads N]
 
 Targets (issue 4):
   forward at O1 >= 1.25x faster than O0 (time ratio O1/O0 <= 0.8);
@@ -103,7 +103,10 @@ def alternate(fns, rounds, number):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer rounds")
+    p.add_argument("--threads", type=int, default=0, help="kiln's thread count (default: as configured)")
     args = p.parse_args()
+    if args.threads:
+        kiln.set_num_threads(args.threads)
     rounds, number = (4, 3) if args.quick else (10, 5)
     print(f"kiln {kiln.__version__}, {kiln.get_num_threads()} threads, LlamaAttention hidden 512, 8 heads, "
           f"2 KV heads, seq 256, float32")
