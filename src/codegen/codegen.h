@@ -8,22 +8,39 @@
 #include "kiln/graph.h"
 
 /* The generated entry point. ptrs[0] is the output, ptrs[1 + k] input k; the iteration has
- * `ndim` (>= 1) axes of sizes shape[], the last one the inner loop; strides[op * KILN_MAX_DIMS + d]
- * is the byte stride of operand op along axis d. The inner strides must be what the function
- * was generated for (0 or the item size per operand). The output must not overlap an input. */
+ * `ndim` (>= 1) axes of sizes shape[], the last one the inner loop (a row kernel's rows);
+ * strides[op * KILN_MAX_DIMS + d] is the byte stride of operand op along axis d. The inner
+ * strides must fit what the function was generated for (0 for FIXED operands, the item size for
+ * UNIT ones, any multiple of the item size for STRIDED ones). The output must not overlap an
+ * input. */
 typedef void (*kiln_fused_fn)(char *const *ptrs, int ndim, const int64_t *shape, const int64_t *strides);
 
+/* How an operand moves along the kernel's inner axis (a row kernel's reduced axis). */
+enum { KILN_INNER_FIXED = 0, KILN_INNER_UNIT = 1, KILN_INNER_STRIDED = 2 };
+
 /* Whether generated code can compute node `node` of g: an elementwise op (cast and contiguous
- * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes. */
+ * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes; or a
+ * row op (kiln_codegen_row_op). */
 bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node);
-/* Whether the C emitter handles sub: supported nodes, inputs only (no captures), one output. */
+/* Whether node is a float sum/mean/max/min over exactly its input's last axis (of 2 or more
+ * elements), or softmax/log_softmax or their backward ops along the last axis: an op a row
+ * kernel computes with a reduction over each row. */
+bool kiln_codegen_row_op(const kiln_graph *g, int32_t node);
+/* Whether the C emitter handles sub: supported nodes, inputs only (no captures), one output;
+ * with row ops, every row op reads the group's space (kiln_codegen_space) and every other
+ * value broadcasts to it, a reduction without keepdims only as the output. */
 bool kiln_codegen_supports(const kiln_graph *sub);
-/* C source of sub's kernel. inner_unit[op] (op 0 = output, 1 + k = input k) tells whether the
- * operand steps by one element along the inner axis (else it stays put: stride 0). The
- * function's name is written to symbol (kiln_fused_<16 hex digits>, a hash of the code); every
- * name the source defines derives from it and its prelude is guarded, so the sources of several
- * kernels concatenate into one translation unit. *source is malloc'd. */
-kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, char **source, char symbol[48]);
+/* Whether sub has row ops (its kernel walks rows of its space, reducing along them). */
+bool kiln_codegen_has_rows(const kiln_graph *sub);
+/* The iteration space of sub's kernel: its output's shape, or for row kernels the shape of the
+ * rows its row ops read. */
+void kiln_codegen_space(const kiln_graph *sub, int *ndim, int64_t *shape);
+/* C source of sub's kernel. inner_kind[op] (op 0 = output, 1 + k = input k) says how the
+ * operand moves along the inner axis (KILN_INNER_*; a row kernel's per-row operands are
+ * FIXED). The function's name is written to symbol (kiln_fused_<16 hex digits>, a hash of the
+ * code); every name the source defines derives from it and its prelude is guarded, so the
+ * sources of several kernels concatenate into one translation unit. *source is malloc'd. */
+kiln_status kiln_codegen_emit(const kiln_graph *sub, const int8_t *inner_kind, char **source, char symbol[48]);
 
 /* Compiles `source` (or finds it in the memory or disk cache) and returns the address of
  * `symbol` in the loaded object. KILN_ERR_NOT_IMPLEMENTED when there is no usable C compiler

@@ -32,7 +32,7 @@ extern char **environ;
 #define FOOTER_BYTES 24 /* magic, payload size, payload hash */
 
 static const char *const compile_flags[] = {
-    "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+    "-O2", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
     "-std=c11", "-fPIC", "-shared", "-w",
 };
 #define NFLAGS ((int)(sizeof compile_flags / sizeof compile_flags[0]))

@@ -8,15 +8,14 @@
  * into fused multiply-adds (-ffp-contract=off), as in the interpreted kernels. */
 #include <math.h>
 
-#include "../core/strbuf.h"
-#include "codegen.h"
+#include "emit_internal.h"
 
-#define PARALLEL_MIN 32768 /* elements below which the kernel stays on one thread */
+#define PARALLEL_MIN KILN_PARALLEL_MIN
 
 
 /* ---- what the emitter handles ---------------------------------------------------------- */
 
-static const char *c_type(kiln_dtype d) {
+const char *kiln_cg_c_type(kiln_dtype d) {
     switch (d) {
     case KILN_DTYPE_BOOL: return "uint8_t";
     case KILN_DTYPE_INT8: return "int8_t";
@@ -28,10 +27,9 @@ static const char *c_type(kiln_dtype d) {
     }
 }
 
-static bool is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
+bool kiln_cg_is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
 
-/* As the interpreted kernels: the output dtype, or for bool-valued ops the promoted inputs. */
-static kiln_dtype compute_dtype(const kiln_graph *g, const kiln_node *n) {
+kiln_dtype kiln_cg_compute_dtype(const kiln_graph *g, const kiln_node *n) {
     kiln_dtype d = g->values[n->out[0]].meta.dtype;
     if (d == KILN_DTYPE_BOOL && n->nin > 0) {
         d = g->values[n->in[0]].meta.dtype;
@@ -46,23 +44,114 @@ bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node) {
     if (n->nout != 1 || (info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM | KILN_OPF_VIEW)))
         return false;
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
-    if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && is_float(od);
+    if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && kiln_cg_is_float(od);
+    if (info->fusion == KILN_FUSE_REDUCTION) return kiln_codegen_row_op(g, node);
     if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || n->nin != info->nin) return false;
-    if (!is_float(od) && od != KILN_DTYPE_BOOL) return false;
+    if (!kiln_cg_is_float(od) && od != KILN_DTYPE_BOOL) return false;
     for (int k = 0; k < n->nin; k++)
-        if (!c_type(g->values[n->in[k]].meta.dtype)) return false;
-    return is_float(compute_dtype(g, n));
+        if (!kiln_cg_c_type(g->values[n->in[k]].meta.dtype)) return false;
+    return kiln_cg_is_float(kiln_cg_compute_dtype(g, n));
+}
+
+bool kiln_codegen_row_op(const kiln_graph *g, int32_t node) {
+    const kiln_node *n = &g->nodes[node];
+    if (n->nout != 1 || n->nin < 1) return false;
+    const kiln_meta *x = &g->values[n->in[0]].meta, *o = &g->values[n->out[0]].meta;
+    if (x->ndim < 1 || x->shape[x->ndim - 1] < 2 || !kiln_cg_is_float(x->dtype) || o->dtype != x->dtype) return false;
+    int last = x->ndim - 1;
+    switch (n->op) {
+    case KILN_OP_SUM:
+    case KILN_OP_MEAN:
+    case KILN_OP_MAX:
+    case KILN_OP_MIN:
+        return n->nin == 1 && n->attrs.ni >= 2 && n->attrs.i[0] == ((int64_t)1 << last);
+    case KILN_OP_SOFTMAX:
+    case KILN_OP_LOG_SOFTMAX:
+        return n->nin == 1 && n->attrs.ni >= 1 && n->attrs.i[0] == last;
+    case KILN_OP_SOFTMAX_BACKWARD:
+    case KILN_OP_LOG_SOFTMAX_BACKWARD: {
+        if (n->nin != 2 || n->attrs.ni < 1 || n->attrs.i[0] != last) return false;
+        const kiln_meta *y = &g->values[n->in[1]].meta;
+        if (y->dtype != x->dtype || y->ndim != x->ndim || o->ndim != x->ndim) return false;
+        for (int d = 0; d < x->ndim; d++)
+            if (y->shape[d] != x->shape[d] || o->shape[d] != x->shape[d]) return false;
+        return true;
+    }
+    default: return false;
+    }
+}
+
+bool kiln_codegen_has_rows(const kiln_graph *sub) {
+    for (int32_t i = 0; i < sub->nnodes; i++)
+        if (kiln_op_table[sub->nodes[i].op].fusion == KILN_FUSE_REDUCTION) return true;
+    return false;
+}
+
+void kiln_codegen_space(const kiln_graph *sub, int *ndim, int64_t *shape) {
+    const kiln_meta *m = &sub->values[sub->outputs[0]].meta;
+    for (int32_t i = 0; i < sub->nnodes; i++)
+        if (kiln_op_table[sub->nodes[i].op].fusion == KILN_FUSE_REDUCTION) {
+            m = &sub->values[sub->nodes[i].in[0]].meta;
+            break;
+        }
+    *ndim = m->ndim;
+    for (int d = 0; d < m->ndim; d++) shape[d] = m->shape[d];
+}
+
+/* Whether m broadcasts to (nd, shape) without growing it. */
+static bool fits_space(const kiln_meta *m, int nd, const int64_t *shape) {
+    if (m->ndim > nd) return false;
+    for (int d = 0; d < m->ndim; d++) {
+        int64_t e = m->shape[m->ndim - 1 - d], s = shape[nd - 1 - d];
+        if (e != s && e != 1) return false;
+    }
+    return true;
+}
+
+/* Row groups: row ops read exactly the space; the rest broadcasts to it; a reduction that drops
+ * the axis only as the output; the output is the space or one value per row of it. */
+static bool rows_fit(const kiln_graph *sub) {
+    int nd;
+    int64_t shape[KILN_MAX_DIMS];
+    kiln_codegen_space(sub, &nd, shape);
+    for (int32_t i = 0; i < sub->ninputs; i++)
+        if (!fits_space(&sub->values[sub->inputs[i]].meta, nd, shape)) return false;
+    for (int32_t i = 0; i < sub->nnodes; i++) {
+        const kiln_node *n = &sub->nodes[i];
+        const kiln_meta *o = &sub->values[n->out[0]].meta;
+        if (kiln_op_table[n->op].fusion == KILN_FUSE_REDUCTION) {
+            const kiln_meta *x = &sub->values[n->in[0]].meta;
+            if (x->ndim != nd) return false;
+            for (int d = 0; d < nd; d++)
+                if (x->shape[d] != shape[d]) return false;
+            bool dropped = (n->op == KILN_OP_SUM || n->op == KILN_OP_MEAN || n->op == KILN_OP_MAX ||
+                            n->op == KILN_OP_MIN) && !n->attrs.i[1];
+            if (dropped) {
+                if (n->out[0] != sub->outputs[0]) return false;
+                continue;
+            }
+        }
+        if (!fits_space(o, nd, shape)) return false;
+    }
+    /* the output: the space, or one value per row of it */
+    const kiln_meta *o = &sub->values[sub->outputs[0]].meta;
+    if (o->ndim == nd - 1 && kiln_op_table[sub->nodes[sub->values[sub->outputs[0]].node].op].fusion == KILN_FUSE_REDUCTION)
+        return true;
+    if (o->ndim != nd) return false;
+    for (int d = 0; d < nd; d++)
+        if (o->shape[d] != shape[d] && !(d == nd - 1 && o->shape[d] == 1)) return false;
+    return true;
 }
 
 bool kiln_codegen_supports(const kiln_graph *sub) {
     if (sub->noutputs != 1 || sub->ncaptures != 0 || sub->nsubgraphs != 0 || sub->nnodes == 0) return false;
     if (sub->values[sub->outputs[0]].kind != KILN_VALUE_NODE) return false;
-    if (!c_type(sub->values[sub->outputs[0]].meta.dtype)) return false;
+    if (!kiln_cg_c_type(sub->values[sub->outputs[0]].meta.dtype)) return false;
     for (int32_t i = 0; i < sub->ninputs; i++)
-        if (!c_type(sub->values[sub->inputs[i]].meta.dtype)) return false;
+        if (!kiln_cg_c_type(sub->values[sub->inputs[i]].meta.dtype)) return false;
     for (int32_t i = 0; i < sub->nnodes; i++)
         if (!kiln_codegen_node_supported(sub, i)) return false;
-    return true;
+    return !kiln_codegen_has_rows(sub) || rows_fit(sub);
 }
 
 /* ---- the prelude ------------------------------------------------------------------------ */
@@ -162,8 +251,6 @@ static const char prelude_log[] =
     "    return (x < 0.0f || x != x) ? __builtin_nanf(\"\") : r;\n"
     "}\n";
 
-/* Which libm names the group's expressions call. */
-enum { USE_EXP = 1, USE_ERF = 2, USE_TANH = 4, USE_LOG = 8, USE_LIBM = 16 };
 
 static bool calls(const char *expr, const char *fn) {
     size_t n = strlen(fn);
@@ -174,22 +261,22 @@ static bool calls(const char *expr, const char *fn) {
     return false;
 }
 
-static unsigned uses_of(const kiln_graph *sub) {
+unsigned kiln_cg_uses(const kiln_graph *sub) {
     unsigned u = 0;
     for (int32_t i = 0; i < sub->nnodes; i++) {
         const char *e = kiln_op_table[sub->nodes[i].op].c_expr;
         if (sub->nodes[i].op == KILN_OP_FULL || !e) continue;
-        if (calls(e, "exp")) u |= USE_EXP;
-        if (calls(e, "erf")) u |= USE_ERF;
-        if (calls(e, "tanh")) u |= USE_TANH | USE_EXP;
-        if (calls(e, "log")) u |= USE_LOG;
-        if (calls(e, "sqrt") || calls(e, "sin") || calls(e, "cos") || calls(e, "pow")) u |= USE_LIBM;
+        if (calls(e, "exp")) u |= KILN_USE_EXP;
+        if (calls(e, "erf")) u |= KILN_USE_ERF;
+        if (calls(e, "tanh")) u |= KILN_USE_TANH | KILN_USE_EXP;
+        if (calls(e, "log")) u |= KILN_USE_LOG;
+        if (calls(e, "sqrt") || calls(e, "sin") || calls(e, "cos") || calls(e, "pow")) u |= KILN_USE_LIBM;
     }
     return u;
 }
 
 /* Every block is guarded: sources of several groups concatenate into one translation unit. */
-static void emit_prelude(kiln_strbuf *t, unsigned uses) {
+void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
     kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
            "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n#endif\n",
         prelude_fma);
@@ -198,11 +285,11 @@ static void emit_prelude(kiln_strbuf *t, unsigned uses) {
         unsigned use;
         const char *guard, *code, *macro;
     } blocks[] = {
-        {USE_EXP, "EXP", prelude_exp, "#define exp(x) _Generic((x), float: kf_expf, default: exp)(x)\n"},
-        {USE_ERF, "ERF", prelude_erf, "#define erf(x) _Generic((x), float: kf_erff, default: erf)(x)\n"},
-        {USE_TANH, "TANH", prelude_tanh, "#define tanh(x) _Generic((x), float: kf_tanhf, default: tanh)(x)\n"},
-        {USE_LOG, "LOG", prelude_log, "#define log(x) _Generic((x), float: kf_logf, default: log)(x)\n"},
-        {USE_LIBM, "LIBM", "",
+        {KILN_USE_EXP, "EXP", prelude_exp, "#define exp(x) _Generic((x), float: kf_expf, default: exp)(x)\n"},
+        {KILN_USE_ERF, "ERF", prelude_erf, "#define erf(x) _Generic((x), float: kf_erff, default: erf)(x)\n"},
+        {KILN_USE_TANH, "TANH", prelude_tanh, "#define tanh(x) _Generic((x), float: kf_tanhf, default: tanh)(x)\n"},
+        {KILN_USE_LOG, "LOG", prelude_log, "#define log(x) _Generic((x), float: kf_logf, default: log)(x)\n"},
+        {KILN_USE_LIBM, "LIBM", "",
          "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
          "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
          "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
@@ -216,42 +303,36 @@ static void emit_prelude(kiln_strbuf *t, unsigned uses) {
 
 /* ---- the kernel --------------------------------------------------------------------------- */
 
-static void put_double(kiln_strbuf *t, double v) {
+void kiln_cg_put_double(kiln_strbuf *t, double v) {
     if (v != v) kiln_strbuf_printf(t, "__builtin_nan(\"\")");
     else if (v == INFINITY) kiln_strbuf_printf(t, "__builtin_inf()");
     else if (v == -INFINITY) kiln_strbuf_printf(t, "(-__builtin_inf())");
     else kiln_strbuf_printf(t, "%a", v); /* exact */
 }
 
-/* The variable holding value v converted to the compute type T (as kiln_copy_into converts:
- * bool through != 0, integers through double). */
-static void put_operand(kiln_strbuf *t, const kiln_graph *g, int32_t v, kiln_dtype ct) {
-    kiln_dtype d = g->values[v].meta.dtype;
-    char name[24];
-    if (g->values[v].kind == KILN_VALUE_INPUT) snprintf(name, sizeof name, "v%d", g->values[v].index);
-    else snprintf(name, sizeof name, "t%d", g->values[v].node);
+void kiln_cg_put_converted(kiln_strbuf *t, const char *name, kiln_dtype d, kiln_dtype ct) {
     if (d == ct) kiln_strbuf_printf(t, "%s", name);
     else if (d == KILN_DTYPE_BOOL) kiln_strbuf_printf(t, "(T)(%s != 0)", name);
-    else if (!is_float(d)) kiln_strbuf_printf(t, "(T)(double)%s", name);
+    else if (!kiln_cg_is_float(d)) kiln_strbuf_printf(t, "(T)(double)%s", name);
     else kiln_strbuf_printf(t, "(T)%s", name);
 }
 
-static void emit_node(kiln_strbuf *t, const kiln_graph *g, int32_t i) {
+void kiln_cg_put_expr(kiln_strbuf *t, const kiln_graph *g, int32_t i, const char *const *operands, const char *out) {
     const kiln_node *n = &g->nodes[i];
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
-    const char *ot = c_type(od);
+    const char *ot = kiln_cg_c_type(od);
     if (n->op == KILN_OP_FULL) {
-        kiln_strbuf_printf(t, "        const %s t%d = (%s)", ot, i, ot);
-        put_double(t, n->attrs.f[0]);
+        kiln_strbuf_printf(t, "        const %s %s = (%s)", ot, out, ot);
+        kiln_cg_put_double(t, n->attrs.f[0]);
         kiln_strbuf_printf(t, ";\n");
         return;
     }
-    kiln_dtype ct = compute_dtype(g, n);
-    kiln_strbuf_printf(t, "        %s t%d;\n        {\n            typedef %s T;\n", ot, i, c_type(ct));
+    kiln_dtype ct = kiln_cg_compute_dtype(g, n);
+    kiln_strbuf_printf(t, "        %s %s;\n        {\n            typedef %s T;\n", ot, out, kiln_cg_c_type(ct));
     static const char names[3] = {'a', 'b', 'c'};
     for (int k = 0; k < n->nin && k < 3; k++) {
         kiln_strbuf_printf(t, "            const T %c = ", names[k]);
-        put_operand(t, g, n->in[k], ct);
+        kiln_cg_put_converted(t, operands[k], g->values[n->in[k]].meta.dtype, ct);
         kiln_strbuf_printf(t, ";\n");
     }
     const char *expr = kiln_op_table[n->op].c_expr;
@@ -259,41 +340,68 @@ static void emit_node(kiln_strbuf *t, const kiln_graph *g, int32_t i) {
         char name[3] = {'f', (char)('0' + k), '\0'};
         if (!strstr(expr, name)) continue;
         kiln_strbuf_printf(t, "            const double %s = ", name);
-        put_double(t, n->attrs.nf > k ? n->attrs.f[k] : 0.0);
+        kiln_cg_put_double(t, n->attrs.nf > k ? n->attrs.f[k] : 0.0);
         kiln_strbuf_printf(t, ";\n");
     }
-    if (od == KILN_DTYPE_BOOL) kiln_strbuf_printf(t, "            t%d = (uint8_t)((%s) != 0);\n        }\n", i, expr);
-    else kiln_strbuf_printf(t, "            t%d = (%s)(%s);\n        }\n", i, ot, expr);
+    if (od == KILN_DTYPE_BOOL) kiln_strbuf_printf(t, "            %s = (uint8_t)((%s) != 0);\n        }\n", out, expr);
+    else kiln_strbuf_printf(t, "            %s = (%s)(%s);\n        }\n", out, ot, expr);
 }
 
-/* One row: n elements along the inner axis from the operand pointers q. */
-static void emit_row(kiln_strbuf *t, const kiln_graph *g, const bool *unit) {
+/* Variable names of values in the elementwise kernel: inputs v<k>, nodes t<i>. */
+static void value_name(const kiln_graph *g, int32_t v, char name[24]) {
+    if (g->values[v].kind == KILN_VALUE_INPUT) snprintf(name, 24, "v%d", g->values[v].index);
+    else snprintf(name, 24, "t%d", g->values[v].node);
+}
+
+static void emit_node(kiln_strbuf *t, const kiln_graph *g, int32_t i) {
+    const kiln_node *n = &g->nodes[i];
+    char names[3][24], out[24];
+    const char *ops[3] = {names[0], names[1], names[2]};
+    for (int k = 0; k < n->nin && k < 3; k++) value_name(g, n->in[k], names[k]);
+    snprintf(out, sizeof out, "t%d", i);
+    kiln_cg_put_expr(t, g, i, ops, out);
+}
+
+/* One row: n elements along the inner axis from the operand pointers q (is: element strides
+ * of STRIDED operands). */
+static void emit_row(kiln_strbuf *t, const kiln_graph *g, const int8_t *kind) {
     int nops = 1 + g->ninputs;
     const kiln_value *ov = &g->values[g->outputs[0]];
-    kiln_strbuf_printf(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, int64_t n) {\n");
-    kiln_strbuf_printf(t, "    %s *restrict o = (%s *)q[0];\n", c_type(ov->meta.dtype), c_type(ov->meta.dtype));
+    kiln_strbuf_printf(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, const int64_t *is, int64_t n) {\n");
+    kiln_strbuf_printf(t, "    (void)is;\n    %s *restrict o = (%s *)q[0];\n", kiln_cg_c_type(ov->meta.dtype), kiln_cg_c_type(ov->meta.dtype));
     for (int k = 1; k < nops; k++) {
-        const char *ct = c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        if (unit[k]) kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", ct, k - 1, ct, k);
-        else kiln_strbuf_printf(t, "    const %s v%d = *(const %s *)q[%d];\n", ct, k - 1, ct, k);
+        const char *ct = kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
+        if (kind[k] == KILN_INNER_FIXED) kiln_strbuf_printf(t, "    const %s v%d = *(const %s *)q[%d];\n", ct, k - 1, ct, k);
+        else kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", ct, k - 1, ct, k);
+        if (kind[k] == KILN_INNER_STRIDED) kiln_strbuf_printf(t, "    const int64_t s%d = is[%d];\n", k - 1, k);
     }
     kiln_strbuf_printf(t, "#pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n");
-    for (int k = 1; k < nops; k++)
-        if (unit[k]) kiln_strbuf_printf(t, "        const %s v%d = x%d[i];\n", c_type(g->values[g->inputs[k - 1]].meta.dtype), k - 1, k - 1);
+    for (int k = 1; k < nops; k++) {
+        const char *ct = kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
+        if (kind[k] == KILN_INNER_UNIT) kiln_strbuf_printf(t, "        const %s v%d = x%d[i];\n", ct, k - 1, k - 1);
+        else if (kind[k] == KILN_INNER_STRIDED) kiln_strbuf_printf(t, "        const %s v%d = x%d[i * s%d];\n", ct, k - 1, k - 1, k - 1);
+    }
     for (int32_t i = 0; i < g->nnodes; i++) emit_node(t, g, i);
-    kiln_strbuf_printf(t, "        o[%s] = t%d;\n    }\n}\n\n", unit[0] ? "i" : "0", ov->node);
+    const char *at = kind[0] == KILN_INNER_UNIT ? "i" : (kind[0] == KILN_INNER_STRIDED ? "i * is[0]" : "0");
+    kiln_strbuf_printf(t, "        o[%s] = t%d;\n    }\n}\n\n", at, ov->node);
 }
 
 /* The rows of [begin, end) (an odometer over the outer axes), and the entry point, which splits
  * the elements evenly over the threads when there are enough of them. */
-static void emit_driver(kiln_strbuf *t, int nops) {
+static void emit_driver(kiln_strbuf *t, const kiln_graph *g) {
+    int nops = 1 + g->ninputs;
+    kiln_strbuf_printf(t, "static const int64_t KILN_SYM_isz[%d] = {%zu", nops,
+                       kiln_dtype_size(g->values[g->outputs[0]].meta.dtype));
+    for (int32_t k = 0; k < g->ninputs; k++) kiln_strbuf_printf(t, ", %zu", kiln_dtype_size(g->values[g->inputs[k]].meta.dtype));
+    kiln_strbuf_printf(t, "};\n\n");
     kiln_strbuf_printf(t,
         "static void KILN_SYM_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
         "                                int64_t end) {\n"
         "    const int64_t inner = shape[ndim - 1];\n"
         "    int64_t row = begin / inner, col = begin %% inner, idx[%d];\n"
         "    char *base[%d], *q[%d];\n"
-        "    for (int k = 0; k < %d; k++) base[k] = p[k];\n"
+        "    int64_t is[%d];\n"
+        "    for (int k = 0; k < %d; k++) base[k] = p[k], is[k] = st[k * %d + ndim - 1] / KILN_SYM_isz[k];\n"
         "    for (int d = ndim - 2; d >= 0; d--) {\n"
         "        idx[d] = row %% shape[d];\n"
         "        row /= shape[d];\n"
@@ -302,7 +410,7 @@ static void emit_driver(kiln_strbuf *t, int nops) {
         "    while (begin < end) {\n"
         "        int64_t n = inner - col < end - begin ? inner - col : end - begin;\n"
         "        for (int k = 0; k < %d; k++) q[k] = base[k] + col * st[k * %d + ndim - 1];\n"
-        "        KILN_SYM_row(q, n);\n"
+        "        KILN_SYM_row(q, is, n);\n"
         "        begin += n, col = 0;\n"
         "        for (int d = ndim - 2; d >= 0; d--) {\n"
         "            for (int k = 0; k < %d; k++) base[k] += st[k * %d + d];\n"
@@ -313,7 +421,7 @@ static void emit_driver(kiln_strbuf *t, int nops) {
         "    }\n"
         "}\n\n",
         KILN_MAX_DIMS, nops, nops, nops, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops, KILN_MAX_DIMS, nops,
-        KILN_MAX_DIMS);
+        KILN_MAX_DIMS, nops, KILN_MAX_DIMS);
     kiln_strbuf_printf(t,
         "void KILN_SYM(char *const *p, int ndim, const int64_t *shape, const int64_t *st) {\n"
         "    int64_t total = 1;\n"
@@ -336,16 +444,22 @@ static void emit_driver(kiln_strbuf *t, int nops) {
         PARALLEL_MIN / 2);
 }
 
-kiln_status kiln_codegen_emit(const kiln_graph *sub, const bool *inner_unit, char **source, char symbol[48]) {
+kiln_status kiln_codegen_emit(const kiln_graph *sub, const int8_t *inner_kind, char **source, char symbol[48]) {
     if (!kiln_codegen_supports(sub)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: unsupported fused group");
     kiln_strbuf body = {malloc(4096), 0, 4096, false};
     if (!body.buf) return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
     body.buf[0] = '\0';
-    kiln_strbuf_printf(&body, "/* kiln fused kernel: %d inputs, %d ops */\n", sub->ninputs, sub->nnodes);
-    emit_prelude(&body, uses_of(sub));
+    bool rows = kiln_codegen_has_rows(sub);
+    kiln_strbuf_printf(&body, "/* kiln fused %s kernel: %d inputs, %d ops */\n", rows ? "row" : "elementwise", sub->ninputs,
+                       sub->nnodes);
+    kiln_cg_prelude(&body, kiln_cg_uses(sub) | (rows ? KILN_USE_EXP | KILN_USE_LOG : 0));
     kiln_strbuf_printf(&body, "\n");
-    emit_row(&body, sub, inner_unit);
-    emit_driver(&body, 1 + sub->ninputs);
+    if (rows) {
+        kiln_cg_emit_rows(&body, sub, inner_kind);
+    } else {
+        emit_row(&body, sub, inner_kind);
+        emit_driver(&body, sub);
+    }
     if (body.failed) {
         free(body.buf);
         return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");

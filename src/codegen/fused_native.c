@@ -1,10 +1,12 @@
-/* Fused groups run by generated code: prepare emits the group's C kernel for the layouts of the
- * compiled shapes (each input contiguous in its own shape, broadcast along the rest); run binds
- * the tensors of the call. Kernels not loaded yet wait in a process-wide list and the first run
- * of any of them builds them all with one compiler run (a graph's groups compile together).
- * Inputs in other layouts are copied to contiguous first; groups the emitter does not handle,
- * machines without a compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path.
- * KILN_DUMP_CODE=1 prints the generated C. */
+/* Fused groups run by generated code: prepare emits the group's C kernel for the layouts its
+ * inputs will have (contiguous unless the caller says otherwise, broadcast to the group's space):
+ * each operand moves along the inner axis by one element, not at all, or by any stride
+ * (KILN_INNER_*); run binds the tensors of the call. Kernels not loaded yet wait in a
+ * process-wide list and the first run of any of them builds them all with one compiler run (a
+ * graph's groups compile together, into one object). Inputs in a layout the kernel was not made
+ * for are copied to contiguous first; groups the emitter does not handle, machines without a
+ * compiler (and KILN_DISABLE_CODEGEN=1) run the interpreted path. KILN_DUMP_CODE=1 prints the
+ * generated C. */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -26,9 +28,13 @@ struct kiln_fused_kernel {
     atomic_bool waiting;       /* source is in the waiting list */
     char symbol[48];
     int nops;                  /* 1 + inputs */
-    bool unit[MAX_OPERANDS];   /* per operand: steps along the inner axis (else stride 0) */
+    int8_t kind[MAX_OPERANDS]; /* per operand: how it moves along the inner axis (KILN_INNER_*) */
+    bool rows;                 /* a row kernel: the inner axis is reduced, never merged with others */
+    int snd;                   /* the iteration space (kiln_codegen_space) */
+    int64_t sshape[KILN_MAX_DIMS];
     size_t itemsize[MAX_OPERANDS];
     loop_plan contiguous;      /* the plan when every operand is contiguous */
+    bool contiguous_fits;      /* the kernel runs contiguous operands with that plan */
     kiln_fused_interp *interp; /* made when first needed */
     pthread_mutex_t lock;
 };
@@ -41,14 +47,16 @@ static struct {
 } waiting = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 
-/* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does).
- * strides: element strides per operand over (ndim, shape). */
-static void plan_loop(loop_plan *p, int nops, const size_t *itemsize, int64_t (*strides)[KILN_MAX_DIMS], int ndim,
-                      const int64_t *shape) {
+/* Drops size-1 axes and merges axes contiguous for every operand (as kiln_iterate does); for
+ * row kernels the last axis (the rows) stays as it is. strides: element strides per operand over
+ * (ndim, shape). */
+static void plan_loop(loop_plan *p, bool rows, int nops, const size_t *itemsize, int64_t (*strides)[KILN_MAX_DIMS],
+                      int ndim, const int64_t *shape) {
     int nd = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        if (nd > 0) {
+        bool row_axis = rows && d == ndim - 1;
+        if (shape[d] == 1 && !row_axis) continue;
+        if (nd > 0 && !row_axis) {
             bool merge = true;
             for (int k = 0; k < nops && merge; k++)
                 merge = p->st[k][nd - 1] == strides[k][d] * shape[d] * (int64_t)itemsize[k];
@@ -70,10 +78,13 @@ static void plan_loop(loop_plan *p, int nops, const size_t *itemsize, int64_t (*
     p->ndim = nd;
 }
 
-/* Element strides of a contiguous (ndim_in, shape_in) tensor broadcast to (ndim, shape). */
-static void contiguous_broadcast_strides(const kiln_meta *in, int ndim, const int64_t *shape, int64_t *strides) {
+/* Element strides of a (ndim_in, shape_in) tensor with strides own (NULL: contiguous) broadcast
+ * to (ndim, shape). */
+static void contiguous_broadcast_strides(const kiln_meta *in, const int64_t *own_strides, int ndim, const int64_t *shape,
+                                         int64_t *strides) {
     int64_t own[KILN_MAX_DIMS];
-    kiln_contiguous_strides(in->ndim, in->shape, own);
+    if (own_strides) memcpy(own, own_strides, sizeof(int64_t) * (size_t)in->ndim);
+    else kiln_contiguous_strides(in->ndim, in->shape, own);
     int lead = ndim - in->ndim;
     for (int d = 0; d < ndim; d++) {
         int sd = d - lead;
@@ -86,22 +97,66 @@ static bool codegen_disabled(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static kiln_status prepare_native(kiln_fused_kernel *k) {
+/* Element strides of the output over the space: a reduction that drops the row axis writes one
+ * element per row. */
+static void output_strides(const kiln_fused_kernel *k, const kiln_meta *om, const int64_t *own, int64_t *strides) {
+    if (k->rows && om->ndim == k->snd - 1) {
+        for (int d = 0; d < om->ndim; d++) strides[d] = om->shape[d] == 1 ? 0 : own[d];
+        strides[k->snd - 1] = 0;
+        return;
+    }
+    int lead = k->snd - om->ndim;
+    for (int d = 0; d < k->snd; d++) {
+        int sd = d - lead;
+        strides[d] = (sd < 0 || (om->shape[sd] == 1 && k->sshape[d] != 1)) ? 0 : own[sd];
+    }
+}
+
+/* The kind an operand's inner byte stride calls for; a row kernel reads inputs that vary along
+ * the row through a pointer, so those are never FIXED. */
+static int8_t kind_of(const kiln_fused_kernel *k, int op, int64_t inner) {
+    const kiln_graph *g = k->sub;
+    const kiln_meta *m = op == 0 ? &g->values[g->outputs[0]].meta : &g->values[g->inputs[op - 1]].meta;
+    bool dropped = op == 0 && k->rows && m->ndim == k->snd - 1;
+    bool varies = !dropped && m->ndim >= 1 && m->shape[m->ndim - 1] != 1;
+    if (inner == 0 && !varies) return KILN_INNER_FIXED;
+    if (inner == (int64_t)k->itemsize[op]) return KILN_INNER_UNIT;
+    return KILN_INNER_STRIDED;
+}
+
+static bool kind_fits(const kiln_fused_kernel *k, int op, int64_t inner) {
+    switch (k->kind[op]) {
+    case KILN_INNER_FIXED: return inner == 0;
+    case KILN_INNER_UNIT: return inner == (int64_t)k->itemsize[op];
+    default: return true;
+    }
+}
+
+static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in_strides) {
     const kiln_graph *g = k->sub;
     const kiln_meta *om = &g->values[g->outputs[0]].meta;
-    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
-    contiguous_broadcast_strides(om, om->ndim, om->shape, strides[0]);
+    k->rows = kiln_codegen_has_rows(g);
+    kiln_codegen_space(g, &k->snd, k->sshape);
+    int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS], hinted[MAX_OPERANDS][KILN_MAX_DIMS], own[KILN_MAX_DIMS];
+    kiln_contiguous_strides(om->ndim, om->shape, own);
+    output_strides(k, om, own, strides[0]);
+    memcpy(hinted[0], strides[0], sizeof strides[0]);
     k->itemsize[0] = kiln_dtype_size(om->dtype);
     for (int i = 0; i < g->ninputs; i++) {
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
-        contiguous_broadcast_strides(m, om->ndim, om->shape, strides[1 + i]);
+        contiguous_broadcast_strides(m, NULL, k->snd, k->sshape, strides[1 + i]);
+        contiguous_broadcast_strides(m, in_strides ? in_strides[i] : NULL, k->snd, k->sshape, hinted[1 + i]);
         k->itemsize[1 + i] = kiln_dtype_size(m->dtype);
     }
+    loop_plan hint;
+    plan_loop(&hint, k->rows, k->nops, k->itemsize, hinted, k->snd, k->sshape);
+    for (int op = 0; op < k->nops; op++) k->kind[op] = kind_of(k, op, hint.st[op][hint.ndim - 1]);
     loop_plan *p = &k->contiguous;
-    plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
-    for (int op = 0; op < k->nops; op++) k->unit[op] = p->st[op][p->ndim - 1] != 0;
+    plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
+    k->contiguous_fits = true;
+    for (int op = 0; op < k->nops; op++) k->contiguous_fits &= kind_fits(k, op, p->st[op][p->ndim - 1]);
     char *source = NULL;
-    KILN_TRY(kiln_codegen_emit(g, k->unit, &source, k->symbol));
+    KILN_TRY(kiln_codegen_emit(g, k->kind, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
     if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", k->symbol, source);
     void *fn = NULL;
@@ -169,6 +224,10 @@ static kiln_status ensure_interp(kiln_fused_kernel *k) {
 }
 
 kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
+    return kiln_fused_prepare_strided(sub, NULL, out);
+}
+
+kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out) {
     kiln_fused_kernel *k = calloc(1, sizeof *k);
     if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
     pthread_mutex_init(&k->lock, NULL);
@@ -184,7 +243,7 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
     k->nops = 1 + sub->ninputs;
     bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub) &&
                   kiln_codegen_available();
-    if (native && prepare_native(k) != KILN_OK) {
+    if (native && prepare_native(k, in_strides) != KILN_OK) {
         native = false;
         if (kiln_last_error()[0]) kiln_clear_error(); /* the driver warned once; run interpreted */
     }
@@ -214,22 +273,20 @@ static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
  * copying inputs to contiguous (copies land in tmp, released by the caller). */
 static kiln_status bind(kiln_fused_kernel *k, kiln_tensor *const *in, kiln_tensor *out, kiln_tensor **tmp,
                         loop_plan *p, char **ptrs, bool *fits) {
-    const kiln_meta *om = &out->meta;
     int64_t strides[MAX_OPERANDS][KILN_MAX_DIMS];
     *fits = false;
     for (int attempt = 0; attempt < 2; attempt++) {
-        memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)om->ndim);
+        output_strides(k, &out->meta, out->strides, strides[0]);
         ptrs[0] = out->data;
         for (int i = 0; i + 1 < k->nops; i++) {
             kiln_tensor *t = tmp[i] ? tmp[i] : in[i];
-            kiln_broadcast_strides(t, om->ndim, om->shape, strides[1 + i]);
+            kiln_broadcast_strides(t, k->snd, k->sshape, strides[1 + i]);
             ptrs[1 + i] = t->data;
         }
-        plan_loop(p, k->nops, k->itemsize, strides, om->ndim, om->shape);
+        plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
         bool ok = true, copied = false;
         for (int op = 0; op < k->nops; op++) {
-            int64_t inner = p->st[op][p->ndim - 1];
-            if (inner == (k->unit[op] ? (int64_t)k->itemsize[op] : 0)) continue;
+            if (kind_fits(k, op, p->st[op][p->ndim - 1])) continue;
             ok = false;
             if (op == 0 || tmp[op - 1] || attempt > 0) continue;
             KILN_TRY(kiln_to_contiguous(in[op - 1], in[op - 1]->meta.dtype, &tmp[op - 1]));
@@ -256,7 +313,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
         native = in[i]->meta.dtype == m->dtype && same_shape(&in[i]->meta, m) &&
                  !kiln_tensor_same_storage(in[i], out); /* the kernel writes as it reads */
     }
-    if (native && kiln_tensor_is_contiguous(out)) { /* the common case: the plan made at prepare time */
+    if (native && k->contiguous_fits && kiln_tensor_is_contiguous(out)) { /* the plan made at prepare time */
         bool contiguous = true;
         for (int i = 0; i < nin && contiguous; i++) contiguous = kiln_tensor_is_contiguous(in[i]);
         if (contiguous) {

@@ -1,12 +1,17 @@
-/* Elementwise fusion: trees and DAGs of elementwise ops (broadcasting included) whose
- * intermediate results are used only inside the group and are not graph outputs become one
- * `fused` node; its subgraph holds the group and runs as one generated kernel (src/codegen/).
+/* Elementwise and row fusion: trees and DAGs of elementwise ops (broadcasting included), with
+ * reductions over the innermost axis and the softmax family among them, whose intermediate
+ * results are used only inside the group and are not graph outputs become one `fused` node; its
+ * subgraph holds the group and runs as one generated kernel (src/codegen/).
  *
- * Groups grow backwards from their last op (the root). An op joins the group of its consumers
- * when all of them are in that one group, its result is no graph output, it is cheap or as
- * large as the root's result (a member is computed once per output element), and no in-place
- * op lies between it and the root (the group is computed at the root's position). float()
- * constants feeding one group are inlined. Groups of one op are left alone. */
+ * Groups grow backwards from their last op (the root). A group has a space: the root's shape,
+ * or once it holds a row op (kiln_codegen_row_op) the shape of the rows that op reads; every row
+ * op of a group reads exactly its space (an elementwise group over per-row values grows into the
+ * rows of a reduction producing them). An op joins the group of its consumers when all of them
+ * are in that one group, its result is no graph output, it is cheap, as large as the space or one
+ * value per row of it (a member is computed once per element of the space, per-row values once
+ * per row), and no in-place op lies between it and the root (the group is computed at the root's
+ * position). A reduction that drops its axis only starts a group. float() constants feeding one
+ * group are inlined. Groups of one op are left alone, but for the softmax family. */
 #include "../codegen/codegen.h"
 #include "passes_internal.h"
 
@@ -34,6 +39,8 @@ typedef struct {
     int32_t *group;             /* per node: its group (-1: none) */
     int32_t *root;              /* per group: its last node */
     int32_t *size;              /* per group: its ops */
+    kiln_meta *space;           /* per group: its iteration space (shape only) */
+    bool *rows;                 /* per group: holds a row op */
     int32_t ngroups;
 } fusion;
 
@@ -46,10 +53,13 @@ static kiln_status analyse(fusion *f) {
     f->group = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->root = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->size = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->space = malloc(sizeof(kiln_meta) * (size_t)(nn ? nn : 1));
+    f->rows = malloc(sizeof(bool) * (size_t)(nn ? nn : 1));
     int32_t total = 0;
     for (int32_t i = 0; i < nn; i++) total += g->nodes[i].nin;
     f->cons = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
-    if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->size || !f->cons)
+    if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->size || !f->cons ||
+        !f->space || !f->rows)
         return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
     for (int32_t i = 0; i < nn; i++)
         for (int k = 0; k < g->nodes[i].nin; k++) f->cons_start[g->nodes[i].in[k] + 1]++;
@@ -68,6 +78,27 @@ static kiln_status analyse(fusion *f) {
     return KILN_OK;
 }
 
+static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+/* Whether m is one value per row of space (its last axis 1, the others those of space). */
+static bool per_row(const kiln_meta *m, const kiln_meta *space) {
+    if (m->ndim != space->ndim || m->ndim == 0 || m->shape[m->ndim - 1] != 1) return false;
+    for (int d = 0; d + 1 < m->ndim; d++)
+        if (m->shape[d] != space->shape[d]) return false;
+    return true;
+}
+
+/* A reduction without keepdims: its result cannot broadcast back along the rows. */
+static bool drops_axis(const kiln_node *n) {
+    return (n->op == KILN_OP_SUM || n->op == KILN_OP_MEAN || n->op == KILN_OP_MAX || n->op == KILN_OP_MIN) &&
+           !n->attrs.i[1];
+}
+
 /* The group node i can join, or -1. */
 static int32_t joinable_group(const fusion *f, int32_t i) {
     const kiln_graph *g = f->g;
@@ -80,9 +111,16 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
     if (grp < 0 || f->size[grp] >= MAX_GROUP_OPS) return -1;
     int32_t r = f->root[grp];
     if (f->mut_before[r] - f->mut_before[i + 1] != 0) return -1;
-    kiln_op op = g->nodes[i].op;
-    if (op != KILN_OP_FULL && expensive(op) &&
-        kiln_meta_numel(&g->values[v].meta) != kiln_meta_numel(&g->values[g->nodes[r].out[0]].meta))
+    const kiln_node *nd = &g->nodes[i];
+    const kiln_meta *out = &g->values[v].meta, *space = &f->space[grp];
+    if (kiln_codegen_row_op(g, i)) {
+        const kiln_meta *x = &g->values[nd->in[0]].meta;
+        if (drops_axis(nd)) return -1;
+        if (same_shape(x, space)) return grp;
+        return !f->rows[grp] && same_shape(out, space) && per_row(out, x) ? grp : -1;
+    }
+    if (nd->op != KILN_OP_FULL && expensive(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
+        !per_row(out, space))
         return -1;
     return grp;
 }
@@ -93,11 +131,18 @@ static void form_groups(fusion *f) {
     for (int32_t i = g->nnodes - 1; i >= 0; i--) {
         f->group[i] = -1;
         if (!kiln_codegen_node_supported(g, i)) continue;
+        bool row_op = kiln_codegen_row_op(g, i);
         int32_t grp = joinable_group(f, i);
         if (grp < 0) {
             grp = f->ngroups++;
             f->root[grp] = i;
             f->size[grp] = 0;
+            f->rows[grp] = false;
+            f->space[grp] = g->values[g->nodes[i].out[0]].meta;
+        }
+        if (row_op) { /* the group's space becomes the rows this op reads */
+            f->space[grp] = g->values[g->nodes[i].in[0]].meta;
+            f->rows[grp] = true;
         }
         f->group[i] = grp;
         f->size[grp]++;
@@ -125,12 +170,15 @@ static int32_t group_inputs(const fusion *f, int32_t grp, int32_t *inputs, int32
     return n;
 }
 
-/* Whether the group is worth a kernel: two ops or more (inlined constants not counted). */
+/* Whether the group is worth a kernel: two ops or more (inlined constants not counted), or one
+ * op of the softmax family (the generated row kernel keeps each row in cache). */
 static bool worth_fusing(const fusion *f, int32_t grp) {
     int ops = 0;
+    kiln_op last = KILN_OP_FULL;
     for (int32_t i = 0; i <= f->root[grp] && ops < 2; i++)
-        if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++;
-    return ops >= 2;
+        if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++, last = f->g->nodes[i].op;
+    return ops >= 2 || (ops == 1 && (last == KILN_OP_SOFTMAX || last == KILN_OP_LOG_SOFTMAX ||
+                                     last == KILN_OP_SOFTMAX_BACKWARD || last == KILN_OP_LOG_SOFTMAX_BACKWARD));
 }
 
 /* Builds the group's subgraph and adds the fused node in its root's place. */
@@ -214,5 +262,6 @@ kiln_status kiln_pass_fuse_elementwise(const kiln_graph *in, const kiln_pass_opt
         s = rewrite(&f, out);
     }
     free(f.cons_start), free(f.cons), free(f.is_output), free(f.mut_before), free(f.group), free(f.root), free(f.size);
+    free(f.space), free(f.rows);
     return s;
 }

@@ -23,6 +23,7 @@ KILN_PASS(constant_fold);
 KILN_PASS(simplify);
 KILN_PASS(fuse_elementwise);
 KILN_PASS(fuse_matmul_epilogue);
+KILN_PASS(duplicate_producers);
 KILN_PASS(fold_batch_norm);
 KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);

@@ -18,8 +18,19 @@ static const kiln_pass o1_passes[] = {
     {NULL, NULL},
 };
 
-/* O2 will add experimental, more aggressive passes; until then it runs O1's list */
-static const kiln_pass *const o2_passes = o1_passes;
+/* O1's passes, and more aggressive fusion: cheap producers read by several kernels are
+ * recomputed in each (duplicate_producers) */
+static const kiln_pass o2_passes[] = {
+    {"dce", kiln_pass_dce},
+    {"fold_batch_norm", kiln_pass_fold_batch_norm},
+    {"cse", kiln_pass_cse},
+    {"constant_fold", kiln_pass_constant_fold},
+    {"simplify", kiln_pass_simplify},
+    {"dce", kiln_pass_dce},
+    {"duplicate_producers", kiln_pass_duplicate_producers},
+    {"fuse_elementwise", kiln_pass_fuse_elementwise},
+    {NULL, NULL},
+};
 
 static int count(const kiln_pass *p) {
     int n = 0;

@@ -2,6 +2,7 @@
  * threads. Reference notes: arguments are borrowed; every returned object is a new reference. */
 #include "pykiln.h"
 
+#include "codegen/codegen.h"
 #include "core/internal.h"
 
 /* Fills attrs from two optional sequences of ints and floats. */
@@ -305,6 +306,16 @@ static PyObject *py_dtype_from_name(PyObject *self, PyObject *name) {
     return pykiln_dtypes[d];
 }
 
+/* Returns a new dict: the fused-kernel compiler's counters of this process. */
+static PyObject *py_codegen_stats(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    kiln_codegen_stats st;
+    kiln_codegen_get_stats(&st);
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:d}", "compiles", (long long)st.compiles, "disk_hits",
+                         (long long)st.disk_hits, "memory_hits", (long long)st.memory_hits, "rebuilt",
+                         (long long)st.rebuilt, "compile_seconds", st.compile_seconds);
+}
+
 static PyMethodDef module_methods[] = {
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
     {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
@@ -318,6 +329,7 @@ static PyMethodDef module_methods[] = {
     {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
+    {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,7 @@
 #include "../core/internal.h"
 #include "../ir/control.h"
 #include "plan.h"
+#include "../ir/layout.h"
 
 #include "kiln/graph.h"
 
@@ -41,6 +42,18 @@ static bool is_alias_op(kiln_op op) { return kiln_op_table[op].flags & (KILN_OPF
 
 static size_t meta_bytes(const kiln_meta *m) {
     return (size_t)kiln_meta_numel(m) * kiln_dtype_size(m->dtype);
+}
+
+#define FUSED_MAX_INPUTS 32 /* layouts passed to fused kernels (the fusion pass makes no more inputs) */
+
+/* A fused node's kernel, generated for the layouts its inputs have when the graph runs. */
+static kiln_status prepare_fused(const kiln_graph *g, int32_t i, kiln_fused_kernel **out) {
+    const kiln_node *nd = &g->nodes[i];
+    int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
+    const int64_t *hints[FUSED_MAX_INPUTS];
+    for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
+        hints[k] = kiln_graph_value_strides(g, nd->in[k], strides[k]) ? strides[k] : NULL;
+    return kiln_fused_prepare_strided(g->subgraphs[nd->attrs.i[0]], nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, out);
 }
 
 /* ---- order ----------------------------------------------------------------------------- */
@@ -345,7 +358,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
             s = kiln_error(KILN_ERR_VALUE, "graph: fused node %d names subgraph %lld, which does not exist", i,
                            (long long)nd->attrs.i[0]);
         else
-            s = kiln_fused_prepare(e->g->subgraphs[nd->attrs.i[0]], &e->fused[i]);
+            s = prepare_fused(e->g, i, &e->fused[i]);
     }
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
         if (e->fused[i]) { /* the graph's groups build together now, as part of compiling */

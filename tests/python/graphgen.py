@@ -101,9 +101,14 @@ def make_arrays(rng, specs):
     return out
 
 
+# generate(seed, rows=True): these kinds join, with the row patterns of op_rows
+ROW_KINDS = KINDS + (("rows", 16),)
+
+
 class _Gen:
-    def __init__(self, seed):
+    def __init__(self, seed, rows=False):
         self.seed = seed
+        self.kinds = ROW_KINDS if rows else KINDS
         self.r = random.Random(seed)
         self.lines = []
         self.vals = []
@@ -673,12 +678,57 @@ class _Gen:
             self.emit(f"K.concat([{p} * {cos} - {q} * {sin}, {q} * {cos} + {p} * {sin}], axis=-1)",
                       a.shape, a.dtype, 2 * a.bound, a.const)
 
+    def op_rows(self):
+        """What row fusion groups: reductions over the last axis between elementwise prologues and
+        epilogues (softmax and log_softmax ops after a scale, norms with weights, reductions that
+        drop the axis), also over transposed views."""
+        r = self.r
+        a = self.pick(lambda v: len(v.shape) >= 1 and v.shape[-1] >= 2)
+        if a is None:
+            return self.op_unary()
+        x = self.use(a)
+        n = a.shape[-1]
+        shape = a.shape
+        if len(a.shape) >= 2 and a.shape[-2] >= 2 and r.random() < 0.3:  # rows of a transposed view
+            x = f"K.swapaxes({x}, -1, -2)"
+            shape = a.shape[:-2] + (a.shape[-1], a.shape[-2])
+            n = shape[-1]
+        c = _fmt(self.scalar(0.2, 1.5))
+        k = r.randrange(5)
+        if k == 0:  # scaled softmax op, times something broadcasting
+            y = self.partner_of(shape, a.dtype)
+            yb = 1.0 if y is None else y.bound
+            ys = "" if y is None else f" * {self.use(y)}"
+            self.emit(f"K.softmax({x} * {c}, axis=-1){ys}", shape, a.dtype, yb, a.const and (y is None or y.const))
+        elif k == 1:  # log_softmax after a squashing prologue
+            self.emit(f"K.log_softmax(K.tanh({x}) + {c}, axis=-1)", shape, a.dtype, 2 + math.log(n) + 2, a.const)
+        elif k == 2:  # a reduction dropping the axis, after a chain
+            red = r.choice(REDUCE)
+            self.emit(f"K.{red}(K.sin({x}) * {c} + 1.0, axis=-1)", shape[:-1], a.dtype, 3.0 * (n if red == "sum" else 1),
+                      a.const)
+        elif k == 3:  # rms norm with a weight
+            w = self.weight_input((n,), a.dtype)
+            self.emit(f"{x} * K.rsqrt(K.mean({x} * {x}, axis=-1, keepdims=True) + 1e-05) * {w.name}", shape, a.dtype,
+                      2 * (math.sqrt(n) + 1), False)
+        else:  # layer norm with mean and variance, then a max-normalization (eps 0.01: the results of rows of
+            # nearly equal values amplify rounding in x by at most 1 / sqrt(eps))
+            d = self.emit(f"{x} - K.mean({x}, axis=-1, keepdims=True)", shape, a.dtype, 2 * a.bound, a.const,
+                          squash=False)
+            y = self.use(d)
+            self.emit(f"{y} * K.rsqrt(K.mean({y} * {y}, axis=-1, keepdims=True) + 0.01) - K.max({y}, axis=-1, "
+                      f"keepdims=True) * {c}", shape, a.dtype, math.sqrt(n) + 1 + 4 * a.bound, a.const)
+
+    def partner_of(self, shape, dtype):
+        """A value of dtype broadcasting to shape without growing it, or None."""
+        return self.pick(lambda u: u.dtype == dtype and len(u.shape) <= len(shape) and
+                         _broadcast(u.shape, shape) == tuple(shape))
+
     # ---- the program ------------------------------------------------------------------------
     def build(self):
         r = self.r
         self.inputs()
         n_ops = r.randint(5, 25)
-        kinds, weights = zip(*KINDS)
+        kinds, weights = zip(*self.kinds)
         for _ in range(n_ops):
             kind = r.choices(kinds, weights)[0]
             getattr(self, f"op_{kind}")()
@@ -717,13 +767,16 @@ def compile_source(source, seed):
     return namespace["f"]
 
 
-def generate(seed):
-    """The program of `seed` (a Program)."""
-    gen = _Gen(seed)
+def generate(seed, rows=False):
+    """The program of `seed` (a Program); rows: with the row-fusion patterns (other programs)."""
+    gen = _Gen(seed, rows)
     source, specs, tol, n_out = gen.build()
     fn = compile_source(source, seed)
     inputs = make_arrays(np.random.default_rng([seed, 0]), specs)
-    return Program(seed, source, fn, inputs, specs, tol, n_out)
+    prog = Program(seed, source, fn, inputs, specs, tol, n_out)
+    if rows:
+        prog.description = "(rows=True) " + prog.description
+    return prog
 
 
 def make(seed):
@@ -735,5 +788,6 @@ def make(seed):
 if __name__ == "__main__":
     import sys
 
-    for s in sys.argv[1:] or ["0"]:
-        print(generate(int(s)).description)
+    args = [a for a in sys.argv[1:] if a != "--rows"]
+    for s in args or ["0"]:
+        print(generate(int(s), rows="--rows" in sys.argv).description)

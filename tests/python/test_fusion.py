@@ -1,7 +1,9 @@
-"""Elementwise fusion at O1: jitted chains (broadcasting, scalars, softmax-like expressions,
-bias + activation, residual adds, comparisons and where, float64) equal the same function at O0
-and eager; the optimized graph shows `fused` nodes; without a C compiler the fused groups run
-interpreted with results identical to O0 and one warning."""
+"""Elementwise and row fusion at O1: jitted chains (broadcasting, scalars, softmax-like expressions,
+bias + activation, residual adds, comparisons and where, float64) and row groups (reductions over the
+last axis between elementwise ops: softmax and log_softmax after a scale, rms and layer norms,
+reductions that drop the axis, rows of transposed views) equal the same function at O0 and eager;
+the optimized graph shows `fused` nodes; without a C compiler the fused groups run interpreted with
+results identical to O0 and one warning."""
 import os
 import subprocess
 import sys
@@ -51,7 +53,41 @@ def log_chain(x):
     return ops.log(x * x + 1.0) - ops.erf(x) / (ops.abs(x) + 1.0)
 
 
-CASES = [
+def scaled_softmax(x, y):
+    return ops.softmax(x / 8.0, -1) * y
+
+
+def rms_norm(x, w):
+    return x * ops.rsqrt(ops.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+
+
+def layer_norm(x, w, b):
+    d = x - ops.mean(x, axis=-1, keepdims=True)
+    return d * ops.rsqrt(ops.mean(d * d, axis=-1, keepdims=True) + 1e-5) * w + b
+
+
+def log_softmax_chain(x):
+    return ops.log_softmax(ops.tanh(x) * 3.0, -1) - 0.5
+
+
+def row_reductions(x, y):
+    return ops.sum(ops.exp(x) * y, axis=-1) + ops.max(x - y, axis=-1) - ops.min(x * 2.0, axis=-1)
+
+
+def transposed_rows(x, y):
+    return ops.softmax(ops.transpose(x, 0, 1) + y, -1)
+
+
+ROW_CASES = [
+    ("scaled softmax", scaled_softmax, [(2, 4, 8, 33), (8, 1)]),
+    ("rms norm", rms_norm, [(6, 3, 64), (64,)]),
+    ("layer norm", layer_norm, [(5, 48), (48,), (48,)]),
+    ("log_softmax", log_softmax_chain, [(3, 7, 300)]),
+    ("row reductions", row_reductions, [(9, 50), (9, 50)]),
+    ("transposed rows", transposed_rows, [(20, 12), (20,)]),
+]
+
+CASES = ROW_CASES + [
     ("gelu(x*y+z)", gelu_chain, [(64, 33), (33,), (64, 1)]),
     ("gelu(x*y+z) large", gelu_chain, [(300, 257), (300, 257), (300, 257)]),
     ("softmax-like", softmax_like, [(8, 16, 40), (40,)]),
@@ -86,6 +122,39 @@ def test_o1_equals_o0_and_eager(name, f, shapes, dtype):
     np.testing.assert_array_equal(r0, eager)
     assert fused_count(j1) >= 1, j1.graph_str()
     assert "fused" not in j0.graph_str()
+
+
+@pytest.mark.parametrize("name,f,shapes", ROW_CASES, ids=[c[0] for c in ROW_CASES])
+def test_row_groups_are_one_kernel(name, f, shapes):
+    """Every reduction of these functions lands in a fused group: nothing but fused nodes, views and
+    constants is left in the graph."""
+    rng = np.random.default_rng(5)
+    args = [rnd(rng, *s) for s in shapes]
+    j1 = kiln.jit(f, jit_level="O1")
+    j1(*args)
+    top = j1.graph_str().split("subgraph")[0]
+    ops_left = {line.split("= ")[1].split("(")[0] for line in top.splitlines() if "= " in line}
+    assert ops_left <= {"fused", "permute", "constant", "parameter"}, top
+
+
+def test_row_groups_differentiate():
+    """value_and_grad through softmax and a norm at O1 (forward and backward row groups) equals eager."""
+    rng = np.random.default_rng(6)
+    x, w = rnd(rng, 4, 16, 40), rnd(rng, 40)
+
+    def loss(x, w):
+        return (ops.softmax(rms_norm(x, w) * 0.5, -1) * ops.tanh(x)).sum()
+
+    ve, ge = kiln.value_and_grad(loss, grad_position=(0, 1))(x, w)
+    j1 = kiln.jit(loss, jit_level="O1")
+    vg = kiln.value_and_grad(j1, grad_position=(0, 1))
+    vg(x, w)
+    v1, g1 = vg(x, w)
+    np.testing.assert_allclose(v1.asnumpy(), ve.asnumpy(), rtol=1e-5)
+    for a, b in zip(g1, ge):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-4, atol=1e-5)
+    graph = next(iter(j1._grad_variants.values())).graph_str()
+    assert "softmax_backward" in graph.split("subgraph", 1)[1]
 
 
 def test_graph_str_shows_the_group():
@@ -138,7 +207,9 @@ def test_no_compiler_runs_interpreted(tmp_path):
             return ops.gelu(x * y + z), ops.tanh(x - y) * z
         def g(x, y):
             return ops.exp(x * 0.5) + ops.sigmoid(y)
-        for fn, args in ((f, (x, y, z)), (g, (x, y))):
+        def h(x, y):
+            return ops.softmax(x * 0.5, -1) + ops.mean(y * y, axis=-1, keepdims=True)
+        for fn, args in ((f, (x, y, z)), (g, (x, y)), (h, (x, y))):
             j1 = kiln.jit(fn, jit_level="O1")
             j1(*args)
             r1 = j1(*args)  # the compiled graph (the first call traces)
@@ -156,3 +227,22 @@ def test_no_compiler_runs_interpreted(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().endswith("ok")
     assert p.stderr.count("kiln: warning") == 1, p.stderr
+
+
+def test_o2_recomputes_shared_producers():
+    """O2 copies a cheap producer into each kernel reading it (O1 writes it once and reads it back):
+    fewer kernels, the same results."""
+    rng = np.random.default_rng(8)
+    x, y = rnd(rng, 64, 100), rnd(rng, 64, 100)
+
+    def f(x, y):
+        a = x * 2.0 + 1.0
+        return ops.tanh(a) * y, ops.softmax(a, -1) + y
+
+    j1, j2 = kiln.jit(f, jit_level="O1"), kiln.jit(f, jit_level="O2")
+    r1, r2 = j1(x, y), j2(x, y)
+    r1, r2 = j1(x, y), j2(x, y)
+    for a, b, e in zip(r1, r2, f(x, y)):
+        np.testing.assert_allclose(b.asnumpy(), e.asnumpy(), **tol(kiln.float32, 2))
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), **tol(kiln.float32, 2))
+    assert fused_count(j1) == 3 and fused_count(j2) == 2, (j1.graph_str(), j2.graph_str())
