@@ -228,7 +228,7 @@ static kiln_status drop_placeholders(kiln_sink *s) {
 
 /* Element strides of operand t broadcast over the output's shape, merged into the fewest axes
  * (as the fused kernels plan their loops); false when an inner stride is neither 0 nor one item. */
-static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, bool *unit) {
+static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, int8_t *kind) {
     const kiln_tensor *out = s->own[st->out[0]];
     int nops = 1 + st->nin, ndim = out->meta.ndim;
     int64_t strides[KILN_SINK_MAX_OPERANDS][KILN_MAX_DIMS];
@@ -264,9 +264,9 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, bool *unit) {
     for (int k = 0; k < nops; k++) {
         int64_t inner = st->st[k * KILN_MAX_DIMS + nd - 1];
         if (inner != 0 && inner != (int64_t)item[k]) return false;
-        unit[k] = inner != 0;
+        kind[k] = inner != 0 ? KILN_INNER_UNIT : KILN_INNER_FIXED;
     }
-    return !unit[0] ? out->numel <= 1 : true;
+    return kind[0] == KILN_INNER_FIXED ? out->numel <= 1 : true;
 }
 
 /* A step whose elementwise subgraph the C emitter handles, over layouts it was made for, runs its
@@ -274,12 +274,13 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, bool *unit) {
  * exact_only: only when that loop computes what the kernels do, bit for bit: code that needs none
  * of the emitter's optional prelude (its fast exp, erf, tanh, log; libm name mapping). */
 static kiln_status prepare_native_loop(kiln_sink *s, kiln_sink_step *st, const kiln_graph *sub, bool exact_only) {
-    if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub)) return KILN_OK;
+    /* row kernels (reductions) walk their own space: they run as the plan prepared them */
+    if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub) || kiln_codegen_has_rows(sub)) return KILN_OK;
     st->st = calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t));
     if (!st->st) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
-    bool unit[KILN_SINK_MAX_OPERANDS];
-    if (!plan_fused_loop(s, st, unit)) return KILN_OK;
-    kiln_status r = kiln_codegen_emit(sub, unit, &st->source, st->symbol);
+    int8_t kind[KILN_SINK_MAX_OPERANDS];
+    if (!plan_fused_loop(s, st, kind)) return KILN_OK;
+    kiln_status r = kiln_codegen_emit(sub, kind, &st->source, st->symbol);
     if (r == KILN_ERR_NOT_IMPLEMENTED) {
         kiln_clear_error();
         return KILN_OK;
