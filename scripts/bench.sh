@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Builds kiln if needed and runs the benchmark (pass --quick for a shorter run).
+# Builds kiln if needed and runs the benchmarks of every issue's targets (pass --quick for a
+# shorter run). Each script prints its figures as ratios against references measured in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
-PYTHONPATH=python python3 bench/bench_core.py "$@"
-PYTHONPATH=python python3 bench/bench_jit.py "$@"
+for b in core jit fusion attention infer sink ast control_flow; do
+  PYTHONPATH=python python3 "bench/bench_$b.py" "$@"
+done
+# LlamaAttention at the seed's full size against PyTorch eager (about a minute; not with --quick)
+if [[ " $* " != *" --quick "* ]]; then
+  PYTHONPATH=python python3 bench/bench_attention_full.py
+fi
