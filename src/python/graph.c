@@ -299,6 +299,37 @@ static PyObject *tracer_end(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* Ends p's trace and makes the values of the tensors in `outputs` (a sequence; *n of them) its
+ * graph's outputs. Returns the graph (borrowed from the tracer), or NULL with an exception set;
+ * `what` names the caller in messages. */
+static kiln_graph *end_with_outputs(PyTracer *p, PyObject *outputs, const char *what, Py_ssize_t *n) {
+    kiln_tracer_end(p->tr);
+    p->active = false;
+    kiln_status s = kiln_tracer_status(p->tr);
+    if (s != KILN_OK) return pykiln_raise(s), NULL;
+    if (!PyList_Check(outputs) && !PyTuple_Check(outputs)) {
+        PyErr_Format(PyExc_TypeError, "%s: outputs must be a list or tuple of tensors", what);
+        return NULL;
+    }
+    *n = PySequence_Fast_GET_SIZE(outputs);
+    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
+    if (!ids) return PyErr_NoMemory(), NULL;
+    for (Py_ssize_t k = 0; k < *n && s == KILN_OK; k++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(outputs, k);
+        if (!pykiln_is_tensor(o)) {
+            PyErr_Format(PyExc_TypeError, "%s: output %zd is not a Tensor", what, k);
+            PyMem_Free(ids);
+            return NULL;
+        }
+        s = kiln_tracer_value_of(p->tr, pykiln_unwrap(o), &ids[k]);
+    }
+    kiln_graph *g = kiln_tracer_graph(p->tr);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)*n, ids);
+    PyMem_Free(ids);
+    if (s != KILN_OK) return pykiln_raise(s), NULL;
+    return g;
+}
+
 /* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
  *        backend="kbk") -> Executable; ends the trace, optimizes the graph for the level and compiles it
  * for the backend ("kbk" or "sink") */
@@ -321,32 +352,10 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     PyTracer *p = (PyTracer *)self;
-    kiln_tracer_end(p->tr);
-    p->active = false;
-    kiln_status s = kiln_tracer_status(p->tr);
-    if (s != KILN_OK) return pykiln_raise(s);
-    PyObject *seq = PySequence_Fast(outputs, "finish: outputs must be a sequence of tensors");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!ids) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t k = 0; k < n && s == KILN_OK; k++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
-        if (!pykiln_is_tensor(o)) {
-            PyErr_Format(PyExc_TypeError, "finish: output %zd is not a Tensor", k);
-            PyMem_Free(ids);
-            Py_DECREF(seq);
-            return NULL;
-        }
-        s = kiln_tracer_value_of(p->tr, pykiln_unwrap(o), &ids[k]);
-    }
-    Py_DECREF(seq);
-    kiln_graph *g = kiln_tracer_graph(p->tr);
-    if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, ids);
-    PyMem_Free(ids);
+    Py_ssize_t n = 0;
+    kiln_graph *g = end_with_outputs(p, outputs, "finish", &n);
+    if (!g) return NULL;
+    kiln_status s = KILN_OK;
     kiln_graph *optimized = NULL;
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format};
     if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
@@ -394,32 +403,10 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
  * kiln._C.apply_control */
 static PyObject *tracer_finish_body(PyObject *self, PyObject *outputs) {
     PyTracer *p = (PyTracer *)self;
-    kiln_tracer_end(p->tr);
-    p->active = false;
-    kiln_status s = kiln_tracer_status(p->tr);
-    if (s != KILN_OK) return pykiln_raise(s);
-    PyObject *seq = PySequence_Fast(outputs, "finish_body: outputs must be a sequence of tensors");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int32_t *ids = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!ids) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t k = 0; k < n && s == KILN_OK; k++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
-        if (!pykiln_is_tensor(o)) {
-            PyErr_Format(PyExc_TypeError, "finish_body: output %zd is not a Tensor", k);
-            PyMem_Free(ids);
-            Py_DECREF(seq);
-            return NULL;
-        }
-        s = kiln_tracer_value_of(p->tr, pykiln_unwrap(o), &ids[k]);
-    }
-    Py_DECREF(seq);
-    kiln_graph *g = kiln_tracer_graph(p->tr);
-    if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, ids);
-    PyMem_Free(ids);
+    Py_ssize_t n = 0;
+    kiln_graph *g = end_with_outputs(p, outputs, "finish_body", &n);
+    if (!g) return NULL;
+    kiln_status s = KILN_OK;
     kiln_graph_free(p->body);
     p->body = NULL;
     if (s == KILN_OK) s = kiln_graph_clone(g, &p->body);

@@ -510,23 +510,8 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
     }
     if (ins != small_in) free(ins);
     for (int k = 0; k < nout && s == KILN_OK; k++) {
-        kiln_tensor *t = e->slot[g->outputs[k]];
-        const kiln_value *root = &g->values[e->root[g->outputs[k]]];
-        if (root->kind == KILN_VALUE_CAPTURED && root->constant) {
-            /* a view of a compile-time constant: the caller gets its own copy, never the graph's */
-            kiln_tensor *copy = NULL;
-            s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &copy);
-            if (s == KILN_OK) s = kiln_copy_into(copy, t);
-            if (s != KILN_OK) {
-                kiln_tensor_release(copy);
-                kiln_release_all(outputs, k);
-                break;
-            }
-            outputs[k] = copy;
-            continue;
-        }
-        kiln_tensor_retain(t);
-        outputs[k] = t;
+        s = kiln_output_hand_out(&g->values[e->root[g->outputs[k]]], e->slot[g->outputs[k]], &outputs[k]);
+        if (s != KILN_OK) kiln_release_all(outputs, k);
     }
     clear_slots(e);
     return s;
@@ -541,6 +526,24 @@ kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const 
 }
 
 /* ---- the plan, for the sink backend (src/runtime/sink.c) ------------------------------------ */
+
+kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_tensor **out) {
+    if (!(root->kind == KILN_VALUE_CAPTURED && root->constant)) {
+        kiln_tensor_retain(t);
+        *out = t;
+        return KILN_OK;
+    }
+    /* a view of a compile-time constant: the caller gets its own copy, never the graph's */
+    kiln_tensor *copy = NULL;
+    kiln_status s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &copy);
+    if (s == KILN_OK) s = kiln_copy_into(copy, t);
+    if (s != KILN_OK) {
+        kiln_tensor_release(copy);
+        return s;
+    }
+    *out = copy;
+    return KILN_OK;
+}
 
 void kiln_executable_get_plan(const kiln_executable *e, kiln_exec_plan *out) {
     out->g = e->g;

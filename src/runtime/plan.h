@@ -14,6 +14,10 @@ typedef struct kiln_exec_plan {
     int32_t *const *freed_after;      /* per step: planned values whose buffers die after it (-1 ended; may be NULL) */
 } kiln_exec_plan;
 
+/* The tensor a call hands out for a graph output t whose storage comes from value root: t itself
+ * (a new reference), or a private copy when t views a compile-time constant (never the graph's). */
+kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_tensor **out);
+
 /* Borrowed views into e, valid while e lives. */
 void kiln_executable_get_plan(const kiln_executable *e, kiln_exec_plan *out);
 

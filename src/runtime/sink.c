@@ -546,23 +546,8 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     }
     for (int k = 0; k < nout && st == KILN_OK; k++) {
         int32_t v = g->outputs[k];
-        kiln_tensor *t = s->t[v];
-        const kiln_value *root = &g->values[s->root[v]];
-        if (root->kind == KILN_VALUE_CAPTURED && root->constant) {
-            /* a view of a compile-time constant: the caller gets its own copy, never the graph's */
-            kiln_tensor *copy = NULL;
-            st = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &copy);
-            if (st == KILN_OK) st = kiln_copy_into(copy, t);
-            if (st != KILN_OK) {
-                kiln_tensor_release(copy);
-                kiln_release_all(outputs, k);
-                break;
-            }
-            outputs[k] = copy;
-            continue;
-        }
-        kiln_tensor_retain(t);
-        outputs[k] = t;
+        st = kiln_output_hand_out(&g->values[s->root[v]], s->t[v], &outputs[k]);
+        if (st != KILN_OK) kiln_release_all(outputs, k);
     }
     unbind(s, copies);
     if (copies != small) free(copies);
