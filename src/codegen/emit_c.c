@@ -303,6 +303,13 @@ void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
 
 /* ---- the kernel --------------------------------------------------------------------------- */
 
+void kiln_cg_put_item_sizes(kiln_strbuf *t, const kiln_graph *g) {
+    kiln_strbuf_printf(t, "static const int64_t KILN_SYM_isz[%d] = {%zu", 1 + g->ninputs,
+                       kiln_dtype_size(g->values[g->outputs[0]].meta.dtype));
+    for (int32_t k = 0; k < g->ninputs; k++) kiln_strbuf_printf(t, ", %zu", kiln_dtype_size(g->values[g->inputs[k]].meta.dtype));
+    kiln_strbuf_printf(t, "};\n\n");
+}
+
 void kiln_cg_put_double(kiln_strbuf *t, double v) {
     if (v != v) kiln_strbuf_printf(t, "__builtin_nan(\"\")");
     else if (v == INFINITY) kiln_strbuf_printf(t, "__builtin_inf()");
@@ -390,10 +397,7 @@ static void emit_row(kiln_strbuf *t, const kiln_graph *g, const int8_t *kind) {
  * the elements evenly over the threads when there are enough of them. */
 static void emit_driver(kiln_strbuf *t, const kiln_graph *g) {
     int nops = 1 + g->ninputs;
-    kiln_strbuf_printf(t, "static const int64_t KILN_SYM_isz[%d] = {%zu", nops,
-                       kiln_dtype_size(g->values[g->outputs[0]].meta.dtype));
-    for (int32_t k = 0; k < g->ninputs; k++) kiln_strbuf_printf(t, ", %zu", kiln_dtype_size(g->values[g->inputs[k]].meta.dtype));
-    kiln_strbuf_printf(t, "};\n\n");
+    kiln_cg_put_item_sizes(t, g);
     kiln_strbuf_printf(t,
         "static void KILN_SYM_range(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t begin,\n"
         "                                int64_t end) {\n"

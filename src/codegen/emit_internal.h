@@ -16,6 +16,8 @@ bool kiln_cg_is_float(kiln_dtype d);
 /* As the interpreted kernels: the output dtype, or for bool-valued ops the promoted inputs. */
 kiln_dtype kiln_cg_compute_dtype(const kiln_graph *g, const kiln_node *n);
 void kiln_cg_put_double(kiln_strbuf *t, double v);
+/* `static const int64_t KILN_SYM_isz[]`: the item sizes of the output and of each input. */
+void kiln_cg_put_item_sizes(kiln_strbuf *t, const kiln_graph *g);
 /* The uses of the elementwise expressions of sub's nodes. */
 unsigned kiln_cg_uses(const kiln_graph *sub);
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses);

@@ -251,10 +251,7 @@ static void emit_row_fn(kiln_strbuf *t, const kiln_graph *g, const program *p, i
  * there are enough elements. */
 static void emit_driver(kiln_strbuf *t, const kiln_graph *g) {
     int nops = 1 + g->ninputs;
-    kiln_strbuf_printf(t, "static const int64_t KILN_SYM_isz[%d] = {%zu", nops,
-                       kiln_dtype_size(g->values[g->outputs[0]].meta.dtype));
-    for (int32_t k = 0; k < g->ninputs; k++) kiln_strbuf_printf(t, ", %zu", kiln_dtype_size(g->values[g->inputs[k]].meta.dtype));
-    kiln_strbuf_printf(t, "};\n\n");
+    kiln_cg_put_item_sizes(t, g);
     kiln_strbuf_printf(t,
         "static void KILN_SYM_rows(char *const *p, int ndim, const int64_t *shape, const int64_t *st, int64_t rb,\n"
         "                          int64_t re) {\n"

@@ -10,14 +10,6 @@
 
 #define MAX_USES 4
 
-static bool calls_libm(kiln_op op) {
-    static const char *const fns[] = {"exp(", "log(", "erf(", "tanh(", "sqrt(", "sin(", "cos(", "pow("};
-    const char *e = kiln_op_table[op].c_expr;
-    for (size_t k = 0; e && k < sizeof fns / sizeof fns[0]; k++)
-        if (strstr(e, fns[k])) return true;
-    return false;
-}
-
 typedef struct {
     const kiln_graph *g;
     int32_t *last_use; /* per value: the last node reading it */
@@ -32,7 +24,7 @@ static bool worth_copying(dup *d, int32_t i) {
     const kiln_node *n = &g->nodes[i];
     int32_t v = n->out[0];
     if (n->op == KILN_OP_FULL || n->nout != 1 || d->output[v] || d->last_use[v] < 0) return false;
-    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_codegen_node_supported(g, i) || calls_libm(n->op))
+    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_codegen_node_supported(g, i) || kiln_op_calls_libm(n->op))
         return false;
     int tensors = 0;
     for (int k = 0; k < n->nin; k++) tensors += kiln_meta_numel(&g->values[n->in[k]].meta) > 1;

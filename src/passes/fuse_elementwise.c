@@ -21,16 +21,6 @@
 /* Flags of ops that write an input in place: no group computes across one. */
 #define WRITES_INPUTS (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)
 
-/* Ops whose expression calls a math function: computed per output element only when their
- * result is as large as the group's. */
-static bool expensive(kiln_op op) {
-    static const char *const fns[] = {"exp(", "log(", "erf(", "tanh(", "sqrt(", "sin(", "cos(", "pow("};
-    const char *e = kiln_op_table[op].c_expr;
-    for (size_t k = 0; e && k < sizeof fns / sizeof fns[0]; k++)
-        if (strstr(e, fns[k])) return true;
-    return false;
-}
-
 typedef struct {
     const kiln_graph *g;
     int32_t *cons_start, *cons; /* consumers of each value (CSR, node ids, repeats allowed) */
@@ -119,7 +109,7 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
         if (same_shape(x, space)) return grp;
         return !f->rows[grp] && same_shape(out, space) && per_row(out, x) ? grp : -1;
     }
-    if (nd->op != KILN_OP_FULL && expensive(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
+    if (nd->op != KILN_OP_FULL && kiln_op_calls_libm(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
         !per_row(out, space))
         return -1;
     return grp;

@@ -10,6 +10,16 @@ static inline bool kiln_node_has_effects(const kiln_node *n) {
 }
 
 /* Whether n writes its input k in place. */
+/* Whether op's elementwise expression calls a math function (exp, log, erf, ...): costly to
+ * compute more than once per element. */
+static inline bool kiln_op_calls_libm(kiln_op op) {
+    static const char *const fns[] = {"exp(", "log(", "erf(", "tanh(", "sqrt(", "sin(", "cos(", "pow("};
+    const char *e = kiln_op_table[op].c_expr;
+    for (size_t k = 0; e && k < sizeof fns / sizeof fns[0]; k++)
+        if (strstr(e, fns[k])) return true;
+    return false;
+}
+
 static inline bool kiln_node_writes_input(const kiln_node *n, int k) {
     return k < 8 && (kiln_op_table[n->op].flags & KILN_OPF_WRITES_INPUT(k));
 }
