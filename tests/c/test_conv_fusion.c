@@ -4,6 +4,7 @@
  * against permute + contiguous; error messages; and each pass as "input text -> expected
  * output text", every rewritten graph computing what the original does. */
 #include "linalg_testutil.h"
+#include "rewrite_check.h"
 #include "ops/conv_epilogue.h"
 
 /* ---- the fused kernel ------------------------------------------------------------------------ */
@@ -170,17 +171,6 @@ static void test_errors(void) {
 
 /* ---- the passes, text to text ------------------------------------------------------------------ */
 
-static char *canon(const char *text) {
-    kiln_graph *g = NULL;
-    if (kiln_graph_parse(text, &g) != KILN_OK) {
-        fprintf(stderr, "parse failed: %s\n%s", kiln_last_error(), text);
-        return NULL;
-    }
-    char *out = kiln_graph_to_string(g);
-    kiln_graph_free(g);
-    return out;
-}
-
 /* Both graphs run on the same random inputs give the same outputs (Winograd's rounding allowed). */
 static int same_results(const kiln_graph *a, const kiln_graph *b) {
     kiln_compile_options copt = {KILN_ORDER_BFS, true};
@@ -205,41 +195,7 @@ static int same_results(const kiln_graph *a, const kiln_graph *b) {
     return ok;
 }
 
-static void expect_rewrite_at(int line, const char *passes, const kiln_pass_options *opt, const char *input,
-                              const char *want) {
-    kiln_graph *g = NULL, *orig = NULL;
-    if (kiln_graph_parse(input, &g) != KILN_OK || kiln_graph_parse(input, &orig) != KILN_OK) {
-        fprintf(stderr, "line %d: input does not parse: %s\n", line, kiln_last_error());
-        check_failures++;
-        kiln_graph_free(g);
-        return;
-    }
-    char *before = kiln_graph_to_string(g), names[128];
-    snprintf(names, sizeof names, "%s", passes);
-    for (char *name = strtok(names, ","); name; name = strtok(NULL, ","))
-        if (kiln_run_pass(name, &g, opt) != KILN_OK) {
-            fprintf(stderr, "line %d: pass %s failed: %s\n", line, name, kiln_last_error());
-            check_failures++;
-        }
-    char *printed = kiln_graph_to_string(g), *got = printed ? canon(printed) : NULL;
-    char *want_canon = want ? canon(want) : NULL;
-    if (want && (!want_canon || strcmp(want_canon, want) != 0)) {
-        fprintf(stderr, "line %d: the expected text is not canonical; canonical form:\n%s", line, want_canon ? want_canon : "?");
-        check_failures++;
-    }
-    const char *expected = want ? want : before;
-    if (!got || strcmp(got, expected) != 0) {
-        fprintf(stderr, "line %d: after %s\n--- got:\n%s--- want:\n%s", line, passes, got ? got : "?\n", expected);
-        check_failures++;
-    }
-    if (!same_results(orig, g)) {
-        fprintf(stderr, "line %d: the rewritten graph computes something else\n", line);
-        check_failures++;
-    }
-    free(before), free(printed), free(got), free(want_canon);
-    kiln_graph_free(g), kiln_graph_free(orig);
-}
-#define expect_rewrite(passes, opt, input, want) expect_rewrite_at(__LINE__, passes, opt, input, want)
+#define expect_rewrite(passes, opt, input, want) rc_expect_rewrite_at(__LINE__, passes, opt, input, want, same_results)
 
 static const kiln_pass_options training = {KILN_LEVEL_O1, false, false};
 static const kiln_pass_options inference = {KILN_LEVEL_O1, true, false};

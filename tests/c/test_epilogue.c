@@ -2,29 +2,8 @@
  * expected output text", each fused graph computing exactly what the original does (compiled and
  * run on random inputs), and the rules that keep chains apart (other uses of an intermediate,
  * graph outputs, shape or dtype changes, in-place writes in between). */
-#include "check.h"
+#include "rewrite_check.h"
 #include "core/internal.h"
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double rnd(void) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static kiln_tensor *random_tensor(const kiln_meta *m) {
-    kiln_tensor *t = NULL, *src = NULL;
-    if (kiln_tensor_empty(KILN_DTYPE_FLOAT64, m->ndim, m->shape, &src) != KILN_OK ||
-        kiln_tensor_empty(m->dtype, m->ndim, m->shape, &t) != KILN_OK) {
-        fprintf(stderr, "random_tensor: %s\n", kiln_last_error());
-        exit(2);
-    }
-    for (int64_t i = 0; i < src->numel; i++)
-        ((double *)src->data)[i] = kiln_dtype_is_float(m->dtype) ? 4 * rnd() - 2 : (double)((int)(rnd() * 7) - 3);
-    if (kiln_copy_into(t, src) != KILN_OK) exit(2);
-    kiln_tensor_release(src);
-    return t;
-}
 
 /* Runs both graphs on the same random inputs: outputs must be bitwise equal (an epilogue runs
  * the ops' own kernels) and inputs written in place must end equal too. */
@@ -38,7 +17,7 @@ static int same_results(const kiln_graph *a, const kiln_graph *b) {
     for (int run = 0; run < 2 && ok; run++) {
         kiln_tensor *ia[8] = {0}, *ib[8] = {0}, *oa[8] = {0}, *ob[8] = {0};
         for (int k = 0; k < nin; k++) {
-            ia[k] = random_tensor(&a->values[a->inputs[k]].meta);
+            ia[k] = rc_random_tensor(&a->values[a->inputs[k]].meta);
             CHECK_OK(kiln_tensor_empty(ia[k]->meta.dtype, ia[k]->meta.ndim, ia[k]->meta.shape, &ib[k]));
             CHECK_OK(kiln_copy_into(ib[k], ia[k]));
         }
@@ -58,33 +37,7 @@ static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
 
 /* fuse_matmul_epilogue on the parsed input must print `want` (NULL: the graph is unchanged)
  * and compute what the input does. */
-static void expect_fused_at(int line, const char *input, const char *want) {
-    kiln_graph *g = NULL, *orig = NULL;
-    if (kiln_graph_parse(input, &g) != KILN_OK || kiln_graph_parse(input, &orig) != KILN_OK) {
-        fprintf(stderr, "line %d: input does not parse: %s\n", line, kiln_last_error());
-        check_failures++;
-        kiln_graph_free(g), kiln_graph_free(orig);
-        return;
-    }
-    char *before = kiln_graph_to_string(g);
-    if (kiln_run_pass("fuse_matmul_epilogue", &g, &o1) != KILN_OK) {
-        fprintf(stderr, "line %d: the pass failed: %s\n", line, kiln_last_error());
-        check_failures++;
-    }
-    char *got = kiln_graph_to_string(g);
-    const char *expected = want ? want : before;
-    if (!got || strcmp(got, expected) != 0) {
-        fprintf(stderr, "line %d:\n--- got:\n%s--- want:\n%s", line, got ? got : "?\n", expected);
-        check_failures++;
-    }
-    if (!same_results(orig, g)) {
-        fprintf(stderr, "line %d: the fused graph computes something else\n", line);
-        check_failures++;
-    }
-    free(before), free(got);
-    kiln_graph_free(g), kiln_graph_free(orig);
-}
-#define expect_fused(input, want) expect_fused_at(__LINE__, input, want)
+#define expect_fused(input, want) rc_expect_rewrite_at(__LINE__, "fuse_matmul_epilogue", &o1, input, want, same_results)
 
 static void test_linear_bias_activation_residual(void) {
     /* x @ w.T + b, then relu, then + residual: one node; the product's operand positions kept */

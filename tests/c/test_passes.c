@@ -2,45 +2,8 @@
  * "input text -> expected output text", every optimized graph computing what the original does
  * (both compiled and run on random inputs), the effect rules (random draws and in-place writes
  * never merged, folded or dropped), and a seeded random-graph differential test of O1 vs O0. */
-#include "check.h"
+#include "rewrite_check.h"
 #include "core/internal.h"
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double rnd(void) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static int rnd_int(int n) { return (int)(rnd() * n) % n; }
-
-/* print(parse(text)): the canonical form (ids renumbered in order of definition). */
-static char *canon(const char *text) {
-    kiln_graph *g = NULL;
-    if (kiln_graph_parse(text, &g) != KILN_OK) {
-        fprintf(stderr, "parse failed: %s\n%s", kiln_last_error(), text);
-        return NULL;
-    }
-    char *out = kiln_graph_to_string(g);
-    kiln_graph_free(g);
-    return out;
-}
-
-static kiln_tensor *random_tensor(const kiln_meta *m) {
-    kiln_tensor *t = NULL, *src = NULL;
-    if (kiln_tensor_empty(KILN_DTYPE_FLOAT64, m->ndim, m->shape, &src) != KILN_OK ||
-        kiln_tensor_empty(m->dtype, m->ndim, m->shape, &t) != KILN_OK) {
-        fprintf(stderr, "random_tensor: %s\n", kiln_last_error());
-        exit(2);
-    }
-    for (int64_t i = 0; i < src->numel; i++) {
-        double v = kiln_dtype_is_float(m->dtype) ? 4 * rnd() - 2 : (double)(rnd_int(7) - 3);
-        ((double *)src->data)[i] = m->dtype == KILN_DTYPE_BOOL ? (double)(v > 0) : v;
-    }
-    if (kiln_copy_into(t, src) != KILN_OK) exit(2);
-    kiln_tensor_release(src);
-    return t;
-}
 
 /* Whether a and b hold the same values (within float tolerance; NaNs match). */
 static int same_values(const kiln_tensor *a, const kiln_tensor *b) {
@@ -66,7 +29,7 @@ static int same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
         kiln_tensor *in[16] = {0}, *oa[16] = {0}, *ob[16] = {0};
         int nin = a->ninputs, nout = a->noutputs;
         if (nin > 16 || nout > 16 || b->ninputs != nin || b->noutputs != nout) return 0;
-        for (int k = 0; k < nin; k++) in[k] = random_tensor(&a->values[a->inputs[k]].meta);
+        for (int k = 0; k < nin; k++) in[k] = rc_random_tensor(&a->values[a->inputs[k]].meta);
         kiln_manual_seed(42 + (uint64_t)run);
         kiln_status sa = kiln_executable_run(ea, nin, in, nout, oa);
         kiln_manual_seed(42 + (uint64_t)run);
@@ -82,45 +45,10 @@ static int same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
 
 static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
 
-/* Runs the comma-separated passes on the parsed input; the result, canonicalized, must equal
- * `want` (NULL: the passes leave the graph unchanged) and compute what the input does. */
-static void expect_passes_at(int line, const char *passes, const char *input, const char *want) {
-    kiln_graph *g = NULL, *orig = NULL;
-    if (kiln_graph_parse(input, &g) != KILN_OK || kiln_graph_parse(input, &orig) != KILN_OK) {
-        fprintf(stderr, "line %d: input does not parse: %s\n", line, kiln_last_error());
-        check_failures++;
-        kiln_graph_free(g);
-        return;
-    }
-    char *before = kiln_graph_to_string(g);
-    char names[128];
-    snprintf(names, sizeof names, "%s", passes);
-    for (char *name = strtok(names, ","); name; name = strtok(NULL, ",")) {
-        kiln_status s = kiln_run_pass(name, &g, &o1);
-        if (s != KILN_OK) {
-            fprintf(stderr, "line %d: pass %s failed: %s\n", line, name, kiln_last_error());
-            check_failures++;
-        }
-    }
-    char *printed = kiln_graph_to_string(g), *got = printed ? canon(printed) : NULL;
-    char *want_canon = want ? canon(want) : NULL;
-    if (want && (!want_canon || strcmp(want_canon, want) != 0)) {
-        fprintf(stderr, "line %d: the expected text is not canonical; canonical form:\n%s", line, want_canon ? want_canon : "?");
-        check_failures++;
-    }
-    const char *expected = want ? want : before;
-    if (!got || strcmp(got, expected) != 0) {
-        fprintf(stderr, "line %d: after %s\n--- got:\n%s--- want:\n%s", line, passes, got ? got : "?\n", expected);
-        check_failures++;
-    }
-    if (!same_results(orig, g, 3)) {
-        fprintf(stderr, "line %d: the optimized graph computes something else\n", line);
-        check_failures++;
-    }
-    free(before), free(printed), free(got), free(want_canon);
-    kiln_graph_free(g), kiln_graph_free(orig);
-}
-#define expect_passes(passes, input, want) expect_passes_at(__LINE__, passes, input, want)
+static int same_results_3_runs(const kiln_graph *a, const kiln_graph *b) { return same_results(a, b, 3); }
+
+/* The comma-separated passes turn input into want (NULL: unchanged), computing the same. */
+#define expect_passes(passes, input, want) rc_expect_rewrite_at(__LINE__, passes, &o1, input, want, same_results_3_runs)
 
 /* ---- parser ---------------------------------------------------------------------------------- */
 
@@ -180,7 +108,7 @@ static void test_parse_traced(void) {
     CHECK_OK(kiln_tracer_value_of(tr, y, &out));
     kiln_graph *g = kiln_tracer_graph(tr);
     CHECK_OK(kiln_graph_set_outputs(g, 1, &out));
-    char *text = kiln_graph_to_string(g), *again = text ? canon(text) : NULL;
+    char *text = kiln_graph_to_string(g), *again = text ? rc_canon(text) : NULL;
     CHECK(again && strcmp(text, again) == 0);
     free(text), free(again);
     kiln_tracer_free(tr);
@@ -200,7 +128,7 @@ static void expect_parse_error(const char *text, const char *fragment) {
 
 static void test_parse_renumbers(void) {
     /* ids out of order and with gaps map to new ids in order of definition */
-    char *got = canon("graph(%7: float32[3]) {\n"
+    char *got = rc_canon("graph(%7: float32[3]) {\n"
                       "\n"
                       "  %3: float32[] = constant(1)\n"
                       "  %20: float32[3] = add(%7, %3)\n"
@@ -717,29 +645,29 @@ static const kiln_op binary_ops[] = {KILN_OP_ADD, KILN_OP_SUB, KILN_OP_MUL, KILN
 
 /* Adds a random node (or nothing, when the random pick does not type-check). */
 static void random_node(kiln_graph *g) {
-    int32_t nv = g->nvalues, a = rnd_int(nv), b = rnd_int(nv), out[KILN_MAX_OUTPUTS];
+    int32_t nv = g->nvalues, a = rc_rnd_int(nv), b = rc_rnd_int(nv), out[KILN_MAX_OUTPUTS];
     const kiln_meta *ma = &g->values[a].meta;
     kiln_attrs at;
     kiln_attrs_clear(&at);
     kiln_op op;
-    int nin = 1, pick = rnd_int(12);
+    int nin = 1, pick = rc_rnd_int(12);
     if (pick < 3) {
-        op = unary_ops[rnd_int(6)];
+        op = unary_ops[rc_rnd_int(6)];
     } else if (pick < 7) {
-        op = binary_ops[rnd_int(5)];
+        op = binary_ops[rc_rnd_int(5)];
         nin = 2;
     } else if (pick == 7) { /* permute: a random permutation */
         op = KILN_OP_PERMUTE;
         for (int d = 0; d < ma->ndim; d++) kiln_attrs_push_int(&at, d);
         for (int d = ma->ndim - 1; d > 0; d--) {
-            int e = rnd_int(d + 1);
+            int e = rc_rnd_int(d + 1);
             int64_t t = at.i[d];
             at.i[d] = at.i[e], at.i[e] = t;
         }
     } else if (pick == 8) { /* reshape: flatten, or split the first axis */
         op = KILN_OP_RESHAPE;
         int64_t n = kiln_meta_numel(ma);
-        if (rnd_int(2) || n % 2) kiln_attrs_push_int(&at, n);
+        if (rc_rnd_int(2) || n % 2) kiln_attrs_push_int(&at, n);
         else kiln_attrs_push_int(&at, 2), kiln_attrs_push_int(&at, n / 2);
     } else if (pick == 9) { /* cast round trips */
         op = KILN_OP_CAST;
@@ -750,8 +678,8 @@ static void random_node(kiln_graph *g) {
         kiln_attrs_push_int(&at, 2);
         for (int d = 0; d < ma->ndim; d++) kiln_attrs_push_int(&at, ma->shape[d]);
     } else { /* a sum, or a copy of an earlier node (a common subexpression) */
-        if (g->nnodes && rnd_int(2)) {
-            const kiln_node *n = &g->nodes[rnd_int(g->nnodes)];
+        if (g->nnodes && rc_rnd_int(2)) {
+            const kiln_node *n = &g->nodes[rc_rnd_int(g->nnodes)];
             if (kiln_op_table[n->op].flags & KILN_OPF_RANDOM) return;
             int32_t in[4];
             for (int k = 0; k < n->nin && k < 4; k++) in[k] = n->in[k];
@@ -761,7 +689,7 @@ static void random_node(kiln_graph *g) {
         }
         op = KILN_OP_SUM;
         kiln_attrs_push_int(&at, ma->ndim ? 1 : 0);
-        kiln_attrs_push_int(&at, rnd_int(2));
+        kiln_attrs_push_int(&at, rc_rnd_int(2));
     }
     int32_t in[2] = {a, b};
     if (kiln_graph_add_node(g, op, nin, in, &at, -1, out) != KILN_OK) kiln_clear_error();
@@ -780,7 +708,7 @@ static void test_random_graphs(void) {
         kiln_graph *g = NULL;
         CHECK_OK(kiln_graph_new(&g));
         kiln_meta m3 = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 3, 4}};
-        kiln_meta m1 = {.dtype = rnd_int(2) ? KILN_DTYPE_FLOAT32 : KILN_DTYPE_FLOAT64, .ndim = 1, .shape = {4}};
+        kiln_meta m1 = {.dtype = rc_rnd_int(2) ? KILN_DTYPE_FLOAT32 : KILN_DTYPE_FLOAT64, .ndim = 1, .shape = {4}};
         int32_t x, y, c;
         CHECK_OK(kiln_graph_add_input(g, &m3, &x));
         CHECK_OK(kiln_graph_add_input(g, &m1, &y));
@@ -794,14 +722,14 @@ static void test_random_graphs(void) {
         CHECK_OK(kiln_graph_add_capture(g, ones, true, &c));
         CHECK_OK(kiln_graph_add_capture(g, w, false, &c)); /* live: never folded */
         kiln_tensor_release(ones), kiln_tensor_release(w);
-        if (rnd_int(3) == 0) {
+        if (rc_rnd_int(3) == 0) {
             kiln_attrs at = {.ni = 3, .nf = 2, .i = {KILN_DTYPE_FLOAT32, 1, 4}, .f = {0, 1}};
             CHECK_OK(kiln_graph_add_node(g, KILN_OP_RAND, 0, NULL, &at, -1, &c));
         }
-        int nodes = 4 + rnd_int(20);
+        int nodes = 4 + rc_rnd_int(20);
         for (int k = 0; k < nodes; k++) random_node(g);
-        int32_t outs[3] = {g->nvalues - 1, (int32_t)rnd_int(g->nvalues), g->nvalues - 2};
-        CHECK_OK(kiln_graph_set_outputs(g, 1 + rnd_int(3), outs));
+        int32_t outs[3] = {g->nvalues - 1, (int32_t)rc_rnd_int(g->nvalues), g->nvalues - 2};
+        CHECK_OK(kiln_graph_set_outputs(g, 1 + rc_rnd_int(3), outs));
         kiln_graph *opt = NULL;
         CHECK_OK(kiln_graph_clone(g, &opt));
         CHECK_OK(kiln_optimize(&opt, &o1));

@@ -1,0 +1,91 @@
+/* Helpers of the C tests of graph passes: random inputs, the canonical text of a graph, and
+ * "these passes turn this text into that text" with the test's own check that the rewritten
+ * graph computes what the input does. */
+#ifndef KILN_TEST_REWRITE_CHECK_H
+#define KILN_TEST_REWRITE_CHECK_H
+
+#include "check.h"
+#include "core/internal.h"
+#include "kiln/graph.h"
+#include "kiln/passes.h"
+
+static uint64_t rc_rng_state = 0x9e3779b97f4a7c15ull;
+
+static inline double rc_rnd(void) {
+    rc_rng_state ^= rc_rng_state << 13, rc_rng_state ^= rc_rng_state >> 7, rc_rng_state ^= rc_rng_state << 17;
+    return (double)(rc_rng_state >> 11) / 9007199254740992.0;
+}
+
+static inline int rc_rnd_int(int n) { return (int)(rc_rnd() * n) % n; }
+
+/* Values in [-2, 2) for floats, small integers (-3..3) otherwise, 0/1 for bool. */
+static inline kiln_tensor *rc_random_tensor(const kiln_meta *m) {
+    kiln_tensor *t = NULL, *src = NULL;
+    if (kiln_tensor_empty(KILN_DTYPE_FLOAT64, m->ndim, m->shape, &src) != KILN_OK ||
+        kiln_tensor_empty(m->dtype, m->ndim, m->shape, &t) != KILN_OK) {
+        fprintf(stderr, "random_tensor: %s\n", kiln_last_error());
+        exit(2);
+    }
+    for (int64_t i = 0; i < src->numel; i++) {
+        double v = kiln_dtype_is_float(m->dtype) ? 4 * rc_rnd() - 2 : (double)(rc_rnd_int(7) - 3);
+        ((double *)src->data)[i] = m->dtype == KILN_DTYPE_BOOL ? (double)(v > 0) : v;
+    }
+    if (kiln_copy_into(t, src) != KILN_OK) exit(2);
+    kiln_tensor_release(src);
+    return t;
+}
+
+/* print(parse(text)): the canonical form (ids renumbered in order of definition), malloc'd. */
+static inline char *rc_canon(const char *text) {
+    kiln_graph *g = NULL;
+    if (kiln_graph_parse(text, &g) != KILN_OK) {
+        fprintf(stderr, "parse failed: %s\n%s", kiln_last_error(), text);
+        return NULL;
+    }
+    char *out = kiln_graph_to_string(g);
+    kiln_graph_free(g);
+    return out;
+}
+
+/* The test's check that `rewritten` computes what `orig` does (prints what differs; 1 when same). */
+typedef int (*rc_same_fn)(const kiln_graph *orig, const kiln_graph *rewritten);
+
+/* Runs the comma-separated passes on the parsed input; the result must print as `want` (which
+ * must be canonical; NULL: the passes leave the graph unchanged) and pass `same`. */
+static inline void rc_expect_rewrite_at(int line, const char *passes, const kiln_pass_options *opt, const char *input,
+                                        const char *want, rc_same_fn same) {
+    kiln_graph *g = NULL, *orig = NULL;
+    if (kiln_graph_parse(input, &g) != KILN_OK || kiln_graph_parse(input, &orig) != KILN_OK) {
+        fprintf(stderr, "line %d: input does not parse: %s\n", line, kiln_last_error());
+        check_failures++;
+        kiln_graph_free(g), kiln_graph_free(orig);
+        return;
+    }
+    char *before = kiln_graph_to_string(g), names[128];
+    snprintf(names, sizeof names, "%s", passes);
+    for (char *name = strtok(names, ","); name; name = strtok(NULL, ","))
+        if (kiln_run_pass(name, &g, opt) != KILN_OK) {
+            fprintf(stderr, "line %d: pass %s failed: %s\n", line, name, kiln_last_error());
+            check_failures++;
+        }
+    char *printed = kiln_graph_to_string(g), *got = printed ? rc_canon(printed) : NULL;
+    char *want_canon = want ? rc_canon(want) : NULL;
+    if (want && (!want_canon || strcmp(want_canon, want) != 0)) {
+        fprintf(stderr, "line %d: the expected text is not canonical; canonical form:\n%s", line,
+                want_canon ? want_canon : "?");
+        check_failures++;
+    }
+    const char *expected = want ? want : before;
+    if (!got || strcmp(got, expected) != 0) {
+        fprintf(stderr, "line %d: after %s\n--- got:\n%s--- want:\n%s", line, passes, got ? got : "?\n", expected);
+        check_failures++;
+    }
+    if (!same(orig, g)) {
+        fprintf(stderr, "line %d: the rewritten graph computes something else\n", line);
+        check_failures++;
+    }
+    free(before), free(printed), free(got), free(want_canon);
+    kiln_graph_free(g), kiln_graph_free(orig);
+}
+
+#endif
