@@ -268,10 +268,8 @@ static void test_error_names_op_and_line(void) {
     kiln_graph_free(g);
 }
 
-/* Eagerly through registered bodies, with autograd: d sum(loop(x)) / dx = 2^T, T from the data. */
-static void test_eager_apply_and_gradient(void) {
-    kiln_graph *g = parse(doubling_loop);
-    if (!g) return;
+/* The attrs of a `while` (one output) over copies of g's subgraphs 0 and 1, registered as bodies. */
+static kiln_attrs while_attrs_of(const kiln_graph *g) {
     kiln_attrs a = {0};
     a.ni = 3, a.i[2] = 1;
     for (int k = 0; k < 2; k++) {
@@ -279,6 +277,14 @@ static void test_eager_apply_and_gradient(void) {
         CHECK_OK(kiln_graph_clone(g->subgraphs[k], &sub));
         CHECK_OK(kiln_body_register(sub, &a.i[k]));
     }
+    return a;
+}
+
+/* Eagerly through registered bodies, with autograd: d sum(loop(x)) / dx = 2^T, T from the data. */
+static void test_eager_apply_and_gradient(void) {
+    kiln_graph *g = parse(doubling_loop);
+    if (!g) return;
+    kiln_attrs a = while_attrs_of(g);
     int64_t n = 3;
     const float xv[3] = {1, 2, 3};
     kiln_tensor *x = tensor_f32(1, &n, xv), *limit = scalar_f32(30), *in[2] = {x, limit}, *y = NULL, *sum = NULL;
@@ -299,13 +305,7 @@ static void test_eager_apply_and_gradient(void) {
 static void test_traced_gradient_round_trip(void) {
     kiln_graph *g = parse(doubling_loop);
     if (!g) return;
-    kiln_attrs a = {0};
-    a.ni = 3, a.i[2] = 1;
-    for (int k = 0; k < 2; k++) {
-        kiln_graph *sub = NULL;
-        CHECK_OK(kiln_graph_clone(g->subgraphs[k], &sub));
-        CHECK_OK(kiln_body_register(sub, &a.i[k]));
-    }
+    kiln_attrs a = while_attrs_of(g);
     kiln_graph_free(g);
     int64_t n = 3;
     kiln_tensor *x = tensor_f32(1, &n, (const float[]){1, 2, 3}), *limit = scalar_f32(30);
