@@ -4,6 +4,7 @@
  * compiled with the enclosing graph) and by the eager kernels (registered bodies, compiled on
  * the call). */
 #include "../ir/control.h"
+#include "plan.h"
 
 struct kiln_control_node {
     kiln_op op;
@@ -124,19 +125,42 @@ static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor
     return KILN_OK;
 }
 
+/* The loop without allocating per iteration: the cond writes its predicate into one buffer and the
+ * body's loop values alternate between out[] and a second set of buffers, so an iteration never
+ * writes the buffers it reads (the first reads in[]). */
 static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
-    kiln_tensor **state = malloc(sizeof *state * (size_t)nin);
-    if (!state) return kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
-    for (int k = 0; k < nin; k++) {
-        kiln_tensor_retain(in[k]);
-        state[k] = in[k];
+    int nloop = nout;
+    kiln_tensor **state = malloc(sizeof *state * (size_t)nin); /* borrowed: in[], out[] or spare[] */
+    kiln_tensor **spare = calloc((size_t)nloop, sizeof *spare);
+    kiln_tensor *pred = NULL;
+    kiln_status s = state && spare ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
+    if (s == KILN_OK) {
+        memcpy(state, in, sizeof *state * (size_t)nin);
+        kiln_tensor *first = NULL; /* may be an input or a capture: read, never written */
+        s = kiln_executable_run(c->exe[0], nin, state, 1, &first);
+        if (s == KILN_OK && truth(first)) s = kiln_tensor_empty_like_meta(&first->meta, &pred);
+        else if (s != KILN_OK) kiln_error_context(s, "in the loop condition");
+        kiln_tensor_release(first);
     }
-    bool go = true;
-    kiln_status s = KILN_OK;
-    while (go && s == KILN_OK) s = step(c, nin, nout, state, &go);
-    if (s == KILN_OK) s = copy_out(nout, state, out);
-    kiln_release_all(state, nin);
-    free(state);
+    for (int64_t it = 0; s == KILN_OK && pred; it++) {
+        kiln_tensor **dst = it % 2 == 0 ? out : spare;
+        for (int k = 0; k < nloop && s == KILN_OK; k++)
+            if (!dst[k]) s = kiln_tensor_empty_like_meta(&out[k]->meta, &dst[k]);
+        if (s == KILN_OK) s = kiln_executable_run_into(c->exe[1], nin, state, nloop, dst);
+        if (s != KILN_OK) {
+            kiln_error_context(s, "in the loop body");
+            break;
+        }
+        memcpy(state, dst, sizeof *state * (size_t)nloop);
+        s = kiln_executable_run_into(c->exe[0], nin, state, 1, &pred);
+        if (s != KILN_OK) kiln_error_context(s, "in the loop condition");
+        else if (!truth(pred)) break;
+    }
+    for (int k = 0; k < nloop && s == KILN_OK; k++)
+        if (state[k] != out[k]) s = kiln_copy_into(out[k], state[k]);
+    if (spare) kiln_release_all(spare, nloop);
+    kiln_tensor_release(pred);
+    free(state), free(spare);
     return s;
 }
 

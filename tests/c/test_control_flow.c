@@ -67,6 +67,29 @@ static const char *two_way =
     "  return (%2, %1)\n"
     "}\n";
 
+/* A loop whose outputs alias: (i, a, b, c, d, p) with lifted (n, w): a += w, b = the old a (an
+ * input returned), c = w (a lifted tensor returned), d = the new a (a value returned twice), and
+ * the cond returns its input p itself. */
+static const char *aliasing_loop =
+    "graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  %8: float32[], %9: float32[3], %10: float32[3], %11: float32[3], %12: float32[3], %13: bool[] = "
+    "while(%0, %1, %2, %3, %4, %5, %6, %7) {0, 1, 6}\n"
+    "  return (%8, %9, %10, %11, %12, %13)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  return (%5)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  %8: float32[] = constant(1)\n"
+    "  %9: float32[] = add(%0, %8)\n"
+    "  %10: float32[3] = add(%1, %7)\n"
+    "  %11: bool[] = lt(%9, %6)\n"
+    "  return (%9, %10, %1, %7, %10, %11)\n"
+    "}\n";
+
 static kiln_graph *parse(const char *text) {
     kiln_graph *g = NULL;
     CHECK_OK(kiln_graph_parse(text, &g));
@@ -184,6 +207,46 @@ static void test_while_runs(int order) {
         run_loop(e, x, limits[k], got);
         for (int i = 0; i < 3; i++) want[i] = x[i] * factors[k];
         CHECK(close_f32(got, want, 3, 0));
+    }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+/* Outputs that are inputs, lifted tensors or returned twice come out right for 0 to 3 iterations
+ * (the loop values alternate between two sets of buffers), and the caller's inputs stay as given. */
+static void test_aliasing_outputs(void) {
+    kiln_graph *g = parse(aliasing_loop);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t three = 3;
+    const float a0[3] = {1, 2, 3}, b0[3] = {-1, -2, -3}, c0[3] = {4, 5, 6}, d0[3] = {7, 8, 9}, w[3] = {10, 20, 30};
+    for (int n = 0; n <= 3; n++) {
+        kiln_tensor *in[8] = {scalar_f32(0), tensor_f32(1, &three, a0), tensor_f32(1, &three, b0),
+                              tensor_f32(1, &three, c0), tensor_f32(1, &three, d0), NULL, scalar_f32((float)n),
+                              tensor_f32(1, &three, w)};
+        CHECK_OK(kiln_tensor_empty(KILN_DTYPE_BOOL, 0, NULL, &in[5]));
+        ((bool *)in[5]->data)[0] = n > 0;
+        kiln_tensor *out[6] = {0};
+        CHECK_OK(kiln_executable_run(e, 8, in, 6, out));
+        if (out[0]) {
+            float a[3], b[3], c[3], d[3];
+            for (int k = 0; k < 3; k++) {
+                a[k] = a0[k] + (float)n * w[k];
+                b[k] = n ? a0[k] + (float)(n - 1) * w[k] : b0[k];
+                c[k] = n ? w[k] : c0[k];
+                d[k] = n ? a[k] : d0[k];
+            }
+            CHECK(((float *)out[0]->data)[0] == (float)n);
+            CHECK(close_f32(out[1]->data, a, 3, 0) && close_f32(out[2]->data, b, 3, 0));
+            CHECK(close_f32(out[3]->data, c, 3, 0) && close_f32(out[4]->data, d, 3, 0));
+            CHECK(!((bool *)out[5]->data)[0]);
+            for (int k = 1; k < 5; k++) CHECK(out[k] != in[k] && out[k]->data != in[k]->data);
+        }
+        CHECK(close_f32(in[1]->data, a0, 3, 0) && close_f32(in[2]->data, b0, 3, 0));
+        CHECK(close_f32(in[3]->data, c0, 3, 0) && close_f32(in[4]->data, d0, 3, 0) && close_f32(in[7]->data, w, 3, 0));
+        kiln_release_all(out, 6);
+        kiln_release_all(in, 8);
     }
     kiln_executable_free(e);
     kiln_graph_free(g);
@@ -403,6 +466,7 @@ int main(void) {
     test_while_runs(0);
     test_while_runs(1);
     test_nested_runs();
+    test_aliasing_outputs();
     test_if_runs();
     test_error_names_op_and_line();
     test_eager_apply_and_gradient();
