@@ -90,6 +90,46 @@ static const char *aliasing_loop =
     "  return (%9, %10, %1, %7, %10, %11)\n"
     "}\n";
 
+/* Both the cond and the body branch (their subgraphs are numbered apart in the composed step)
+ * and read the lifted w: while (sum < 10 ? sum : sum + sum(w)) < limit: x = sum < 10 ? x * 2 : x + w */
+static const char *branching_cond_loop =
+    "graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[3] = while(%0, %1, %2) {0, 1, 1}\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[] = sum(%0) {1, 0}\n"
+    "  %4: float32[] = constant(10)\n"
+    "  %5: bool[] = lt(%3, %4)\n"
+    "  %6: float32[] = if(%5, %3, %2) {0, 1, 1}\n"
+    "  %7: bool[] = lt(%6, %1)\n"
+    "  return (%7)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[], %1: float32[3]) {\n"
+    "  return (%0)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[], %1: float32[3]) {\n"
+    "  %2: float32[] = sum(%1) {1, 0}\n"
+    "  %3: float32[] = add(%0, %2)\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[] = constant(10)\n"
+    "  %4: float32[] = sum(%0) {1, 0}\n"
+    "  %5: bool[] = lt(%4, %3)\n"
+    "  %6: float32[3] = if(%5, %0, %2) {0, 1, 1}\n"
+    "  return (%6)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[3], %1: float32[3]) {\n"
+    "  %2: float32[] = constant(2)\n"
+    "  %3: float32[3] = mul(%0, %2)\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[3], %1: float32[3]) {\n"
+    "  %2: float32[3] = add(%0, %1)\n"
+    "  return (%2)\n"
+    "}\n";
+
 static kiln_graph *parse(const char *text) {
     kiln_graph *g = NULL;
     CHECK_OK(kiln_graph_parse(text, &g));
@@ -248,6 +288,68 @@ static void test_aliasing_outputs(void) {
         kiln_release_all(out, 6);
         kiln_release_all(in, 8);
     }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+static void test_branching_cond_runs(void) {
+    kiln_graph *g = parse(branching_cond_loop);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t n = 3;
+    const float x[3] = {0.5f, 1, 1.5f}, w[3] = {1, 2, 4};
+    const float limits[4] = {3, 20, 40, 60}; /* 0 iterations, then more */
+    for (int l = 0; l < 4; l++) {
+        float want[3] = {x[0], x[1], x[2]};
+        for (;;) { /* the same loop, by hand */
+            float sum = want[0] + want[1] + want[2];
+            if (!((sum < 10 ? sum : sum + 7) < limits[l])) break;
+            for (int i = 0; i < 3; i++) want[i] = sum < 10 ? want[i] * 2 : want[i] + w[i];
+        }
+        kiln_tensor *in[3] = {tensor_f32(1, &n, x), scalar_f32(limits[l]), tensor_f32(1, &n, w)}, *got = NULL;
+        CHECK_OK(kiln_executable_run(e, 3, in, 1, &got));
+        if (got) CHECK(close_f32(got->data, want, 3, 1e-6f));
+        kiln_tensor_release(got);
+        kiln_release_all(in, 3);
+    }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+/* The cond fails on the third iteration (inside the composed step): the error names the cond. */
+static void test_cond_error_names_cond(void) {
+    const char *text =
+        "graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: float32[3], %3: int64[1] = while(%0, %1) {0, 1, 2}  # user.py:30\n"
+        "  return (%2, %3)\n"
+        "}\n"
+        "subgraph 0: graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: float32[1] = gather(%0, %1) {0}  # user.py:31\n"
+        "  %3: float32[] = constant(100)\n"
+        "  %4: bool[1] = lt(%2, %3)\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 1: graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: int64[] = constant(1)\n"
+        "  %3: int64[1] = add(%1, %2)\n"
+        "  return (%0, %3)\n"
+        "}\n";
+    kiln_graph *g = parse(text);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t n = 3, one = 1;
+    const float xv[3] = {1, 2, 3};
+    kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
+    CHECK_OK(kiln_tensor_zeros(KILN_DTYPE_INT64, 1, &one, &i0));
+    in[0] = tensor_f32(1, &n, xv), in[1] = i0;
+    kiln_status s = kiln_executable_run(e, 2, in, 2, out);
+    CHECK(s == KILN_ERR_INDEX);
+    const char *msg = kiln_last_error();
+    CHECK(strstr(msg, "gather (user.py:31)") && strstr(msg, "in the loop condition") && strstr(msg, "while (user.py:30)"));
+    if (s == KILN_OK) kiln_release_all(out, 2);
+    kiln_release_all(in, 2);
     kiln_executable_free(e);
     kiln_graph_free(g);
 }
@@ -467,6 +569,8 @@ int main(void) {
     test_while_runs(1);
     test_nested_runs();
     test_aliasing_outputs();
+    test_branching_cond_runs();
+    test_cond_error_names_cond();
     test_if_runs();
     test_error_names_op_and_line();
     test_eager_apply_and_gradient();
