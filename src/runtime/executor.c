@@ -447,9 +447,10 @@ static void poison(kiln_tensor *t) {
     if (kiln_dtype_is_float(t->meta.dtype)) memset(t->data, 0xff, (size_t)t->numel * kiln_dtype_size(t->meta.dtype));
 }
 
+/* Node values' slots hold references; inputs' and captures' borrow (the caller and the graph hold them). */
 static void clear_slots(kiln_executable *e) {
     for (int32_t v = 0; v < e->g->nvalues; v++) {
-        kiln_tensor_release(e->slot[v]);
+        if (e->g->values[v].kind == KILN_VALUE_NODE) kiln_tensor_release(e->slot[v]);
         e->slot[v] = NULL;
     }
 }
@@ -469,14 +470,9 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
                               kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
                               kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
         }
-        kiln_tensor_retain(inputs[k]);
-        e->slot[g->inputs[k]] = inputs[k];
     }
-    for (int32_t c = 0; c < g->ncaptures; c++) {
-        kiln_tensor *t = g->values[g->captures[c]].bound;
-        kiln_tensor_retain(t);
-        e->slot[g->captures[c]] = t;
-    }
+    for (int k = 0; k < nin; k++) e->slot[g->inputs[k]] = inputs[k];
+    for (int32_t c = 0; c < g->ncaptures; c++) e->slot[g->captures[c]] = g->values[g->captures[c]].bound;
     kiln_status s = KILN_OK;
     kiln_tensor *small_in[8], **ins = small_in;
     int cap_in = 8;
