@@ -4,10 +4,12 @@
  * compiled with the enclosing graph) and by the eager kernels (registered bodies, compiled on
  * the call). */
 #include "../ir/control.h"
+#include "plan.h"
 
 struct kiln_control_node {
     kiln_op op;
     kiln_executable *exe[3]; /* by slot: then/else, cond/body[/backward] (owned) */
+    kiln_executable *step;   /* while compiled with a graph: body and cond in one, or NULL (owned) */
 };
 
 /* ---- inference and eager kernels --------------------------------------------------------------- */
@@ -58,6 +60,58 @@ KILN_KERNEL(while_grad) { return eager_run(KILN_OP_WHILE_GRAD, in, nin, a, out);
 
 /* ---- compiled with a graph ------------------------------------------------------------------------ */
 
+/* A while's iteration as one graph: (v..., lifted...) -> (the body's next v..., the cond of them).
+ * The body is copied as it is; the cond's nodes follow, reading the body's outputs for the loop
+ * values and the shared inputs for the lifted ones, its subgraphs appended after the body's. */
+static kiln_status compose_step(const kiln_graph *cond, const kiln_graph *body, int nloop, kiln_graph **out) {
+    kiln_graph *g = NULL;
+    KILN_TRY(kiln_graph_clone(body, &g));
+    int32_t base = g->nsubgraphs, *map = malloc(sizeof(int32_t) * (size_t)(cond->nvalues ? cond->nvalues : 1));
+    kiln_status s = map ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
+    for (int32_t k = 0; k < cond->nsubgraphs && s == KILN_OK; k++) {
+        kiln_graph *sub = NULL;
+        int32_t index;
+        s = kiln_graph_clone(cond->subgraphs[k], &sub);
+        if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &index);
+        if (s != KILN_OK) kiln_graph_free(sub);
+    }
+    for (int32_t k = 0; k < cond->ninputs && s == KILN_OK; k++)
+        map[cond->inputs[k]] = k < nloop ? body->outputs[k] : g->inputs[k];
+    for (int32_t k = 0; k < cond->ncaptures && s == KILN_OK; k++) {
+        const kiln_value *v = &cond->values[cond->captures[k]];
+        s = kiln_graph_add_capture(g, v->bound, v->constant, &map[cond->captures[k]]);
+    }
+    for (int32_t i = 0; i < cond->nnodes && s == KILN_OK; i++) {
+        const kiln_node *nd = &cond->nodes[i];
+        kiln_attrs a = nd->attrs;
+        int slots[4], ns = kiln_control_slots(nd->op, slots);
+        for (int k = 0; k < ns; k++)
+            if (slots[k] < a.ni) a.i[slots[k]] += base;
+        if (nd->op == KILN_OP_FUSED && a.ni > 0) a.i[0] += base;
+        int32_t loc = -1, *in = malloc(sizeof(int32_t) * (size_t)(nd->nin ? nd->nin : 1)), outs[KILN_MAX_OUTPUTS];
+        if (!in) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
+        for (int k = 0; k < nd->nin && s == KILN_OK; k++) in[k] = map[nd->in[k]];
+        if (s == KILN_OK && nd->loc >= 0) s = kiln_graph_add_loc(g, cond->locs[nd->loc], &loc);
+        if (s == KILN_OK) s = kiln_graph_add_node(g, nd->op, nd->nin, in, &a, loc, outs);
+        for (int k = 0; k < nd->nout && s == KILN_OK; k++) map[nd->out[k]] = outs[k];
+        free(in);
+    }
+    int32_t *outputs = s == KILN_OK ? malloc(sizeof(int32_t) * (size_t)(nloop + 1)) : NULL;
+    if (s == KILN_OK && !outputs) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
+    if (s == KILN_OK) {
+        memcpy(outputs, body->outputs, sizeof(int32_t) * (size_t)nloop);
+        outputs[nloop] = map[cond->outputs[0]];
+        s = kiln_graph_set_outputs(g, nloop + 1, outputs);
+    }
+    free(map), free(outputs);
+    if (s != KILN_OK) {
+        kiln_graph_free(g);
+        return kiln_error_context(s, "composing a loop's body and condition");
+    }
+    *out = g;
+    return KILN_OK;
+}
+
 kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const kiln_compile_options *opt,
                                  kiln_control_node **out) {
     kiln_control_node *c = calloc(1, sizeof *c);
@@ -73,6 +127,12 @@ kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const 
         else
             s = kiln_compile(g->subgraphs[idx], opt, &c->exe[k]);
     }
+    if (s == KILN_OK && n->op == KILN_OP_WHILE) {
+        kiln_graph *step = NULL;
+        s = compose_step(g->subgraphs[n->attrs.i[0]], g->subgraphs[n->attrs.i[1]], n->nout, &step);
+        if (s == KILN_OK) s = kiln_compile(step, opt, &c->step);
+        kiln_graph_free(step);
+    }
     if (s != KILN_OK) {
         kiln_control_free(c);
         return s;
@@ -84,6 +144,7 @@ kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const 
 void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
     for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
+    kiln_executable_free(c->step);
     free(c);
 }
 
@@ -124,19 +185,75 @@ static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor
     return KILN_OK;
 }
 
-static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
-    kiln_tensor **state = malloc(sizeof *state * (size_t)nin);
-    if (!state) return kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
-    for (int k = 0; k < nin; k++) {
-        kiln_tensor_retain(in[k]);
-        state[k] = in[k];
+/* The error of a failed step, named for the part that fails when the body and the cond run apart
+ * (they are pure: rerunning them on the same state fails the same way). */
+static kiln_status step_error(kiln_control_node *c, int nin, kiln_tensor *const *state, int nloop, kiln_status s) {
+    kiln_tensor *res[KILN_MAX_OUTPUTS] = {0}, *p = NULL;
+    kiln_status again = kiln_executable_run(c->exe[1], nin, state, nloop, res);
+    if (again != KILN_OK) return kiln_error_context(again, "in the loop body");
+    kiln_tensor **next = malloc(sizeof *next * (size_t)nin);
+    if (next) {
+        memcpy(next, res, sizeof *next * (size_t)nloop);
+        memcpy(next + nloop, state + nloop, sizeof *next * (size_t)(nin - nloop));
+        again = kiln_executable_run(c->exe[0], nin, next, 1, &p);
+        kiln_tensor_release(p);
     }
-    bool go = true;
-    kiln_status s = KILN_OK;
-    while (go && s == KILN_OK) s = step(c, nin, nout, state, &go);
-    if (s == KILN_OK) s = copy_out(nout, state, out);
-    kiln_release_all(state, nin);
-    free(state);
+    free(next);
+    kiln_release_all(res, nloop);
+    if (next && again != KILN_OK) return kiln_error_context(again, "in the loop condition");
+    return kiln_error_context(s, "in the loop body or condition");
+}
+
+/* One iteration from state (not written): the next loop values into dst[], their cond into pred
+ * (through the composed step when there is one; into has room for nloop + 1 tensors). */
+static kiln_status iterate(kiln_control_node *c, int nin, kiln_tensor *const *state, int nloop, kiln_tensor *const *dst,
+                           kiln_tensor *pred, kiln_tensor **into) {
+    if (c->step) {
+        memcpy(into, dst, sizeof *into * (size_t)nloop);
+        into[nloop] = pred;
+        kiln_status s = kiln_executable_run_into(c->step, nin, state, nloop + 1, into);
+        return s == KILN_OK ? s : step_error(c, nin, state, nloop, s);
+    }
+    kiln_status s = kiln_executable_run_into(c->exe[1], nin, state, nloop, dst);
+    if (s != KILN_OK) return kiln_error_context(s, "in the loop body");
+    memcpy(into, dst, sizeof *into * (size_t)nloop);
+    memcpy(into + nloop, state + nloop, sizeof *into * (size_t)(nin - nloop));
+    s = kiln_executable_run_into(c->exe[0], nin, into, 1, &pred);
+    return s == KILN_OK ? s : kiln_error_context(s, "in the loop condition");
+}
+
+/* The loop without allocating per iteration: the cond writes its predicate into one buffer and the
+ * body's loop values alternate between out[] and a second set of buffers, so an iteration never
+ * writes the buffers it reads (the first reads in[]). */
+static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    int nloop = nout;
+    kiln_tensor **state = malloc(sizeof *state * (size_t)nin); /* borrowed: in[], out[] or spare[] */
+    kiln_tensor **spare = calloc((size_t)nloop, sizeof *spare);
+    kiln_tensor **into = malloc(sizeof *into * (size_t)(nin + 1));
+    kiln_tensor *pred = NULL;
+    kiln_status s = state && spare && into ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
+    if (s == KILN_OK) {
+        memcpy(state, in, sizeof *state * (size_t)nin);
+        kiln_tensor *first = NULL; /* may be an input or a capture: read, never written */
+        s = kiln_executable_run(c->exe[0], nin, state, 1, &first);
+        if (s == KILN_OK && truth(first)) s = kiln_tensor_empty_like_meta(&first->meta, &pred);
+        else if (s != KILN_OK) kiln_error_context(s, "in the loop condition");
+        kiln_tensor_release(first);
+    }
+    for (int64_t it = 0; s == KILN_OK && pred; it++) {
+        kiln_tensor **dst = it % 2 == 0 ? out : spare;
+        for (int k = 0; k < nloop && s == KILN_OK; k++)
+            if (!dst[k]) s = kiln_tensor_empty_like_meta(&out[k]->meta, &dst[k]);
+        if (s == KILN_OK) s = iterate(c, nin, state, nloop, dst, pred, into);
+        if (s != KILN_OK) break;
+        memcpy(state, dst, sizeof *state * (size_t)nloop);
+        if (!truth(pred)) break;
+    }
+    for (int k = 0; k < nloop && s == KILN_OK; k++)
+        if (state[k] != out[k]) s = kiln_copy_into(out[k], state[k]);
+    if (spare) kiln_release_all(spare, nloop);
+    kiln_tensor_release(pred);
+    free(state), free(spare), free(into);
     return s;
 }
 

@@ -32,6 +32,7 @@ struct kiln_executable {
     int32_t **freed_after; /* per step: planned buffers given back after it (-1 terminated) */
     kiln_fused_kernel **fused; /* per node: the kernel of a fused group */
     kiln_control_node **control; /* per node: the compiled subgraphs of an if / while */
+    int32_t *direct_output; /* per value: the graph output a run_into call computes it into directly, or -1 */
     char *arena;
     size_t arena_bytes, output_bytes;
     bool poison;
@@ -316,6 +317,21 @@ static kiln_status plan_releases(kiln_executable *e) {
     return s;
 }
 
+/* The graph outputs a kernel can write straight into a caller's buffer (kiln_executable_run_into):
+ * values that own their buffer (no view, not an input or capture) and are returned once. */
+static void plan_direct_outputs(kiln_executable *e) {
+    const kiln_graph *g = e->g;
+    for (int32_t v = 0; v < g->nvalues; v++) e->direct_output[v] = -1;
+    for (int32_t k = 0; k < g->noutputs; k++) {
+        int32_t v = g->outputs[k];
+        const kiln_value *val = &g->values[v];
+        if (val->kind != KILN_VALUE_NODE || e->root[v] != v || is_alias_op(g->nodes[val->node].op)) continue;
+        e->direct_output[v] = e->direct_output[v] == -1 ? k : -2; /* returned twice: copied */
+    }
+    for (int32_t v = 0; v < g->nvalues; v++)
+        if (e->direct_output[v] == -2) e->direct_output[v] = -1;
+}
+
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
     KILN_TRY(kiln_graph_verify(g));
     kiln_executable *e = calloc(1, sizeof *e);
@@ -338,9 +354,10 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->fused = calloc((size_t)(nn ? nn : 1), sizeof(kiln_fused_kernel *));
     e->control = calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
+    e->direct_output = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     e->poison = opt && opt->poison_freed;
     if (!e->order || !e->root || !e->root_end || !e->offset || !e->planned || !e->slot || !e->dead_after ||
-        !e->freed_after || !e->fused || !e->control) {
+        !e->freed_after || !e->fused || !e->control || !e->direct_output) {
         kiln_executable_free(e);
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     }
@@ -367,6 +384,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
         }
     if (s == KILN_OK) s = plan(e);
     if (s == KILN_OK) s = plan_releases(e);
+    if (s == KILN_OK) plan_direct_outputs(e);
     if (s == KILN_OK && e->arena_bytes) {
         e->arena = kiln_alloc(e->arena_bytes);
         if (!e->arena) s = KILN_ERR_MEMORY;
@@ -401,7 +419,7 @@ void kiln_executable_free(kiln_executable *e) {
     if (e->arena) kiln_free(e->arena);
     kiln_graph_free(e->g);
     free(e->order), free(e->root), free(e->root_end), free(e->offset), free(e->planned), free(e->slot);
-    free(e->dead_after);
+    free(e->dead_after), free(e->direct_output);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -429,15 +447,17 @@ static void poison(kiln_tensor *t) {
     if (kiln_dtype_is_float(t->meta.dtype)) memset(t->data, 0xff, (size_t)t->numel * kiln_dtype_size(t->meta.dtype));
 }
 
+/* Node values' slots hold references; inputs' and captures' borrow (the caller and the graph hold them). */
 static void clear_slots(kiln_executable *e) {
     for (int32_t v = 0; v < e->g->nvalues; v++) {
-        kiln_tensor_release(e->slot[v]);
+        if (e->g->values[v].kind == KILN_VALUE_NODE) kiln_tensor_release(e->slot[v]);
         e->slot[v] = NULL;
     }
 }
 
+/* outputs receive new references; or, when `into` is given, the results are written into into[]. */
 static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
-                              kiln_tensor **outputs) {
+                              kiln_tensor **outputs, kiln_tensor *const *into) {
     const kiln_graph *g = e->g;
     if (nin != g->ninputs || nout != g->noutputs)
         return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
@@ -450,14 +470,9 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
                               kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
                               kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
         }
-        kiln_tensor_retain(inputs[k]);
-        e->slot[g->inputs[k]] = inputs[k];
     }
-    for (int32_t c = 0; c < g->ncaptures; c++) {
-        kiln_tensor *t = g->values[g->captures[c]].bound;
-        kiln_tensor_retain(t);
-        e->slot[g->captures[c]] = t;
-    }
+    for (int k = 0; k < nin; k++) e->slot[g->inputs[k]] = inputs[k];
+    for (int32_t c = 0; c < g->ncaptures; c++) e->slot[g->captures[c]] = g->values[g->captures[c]].bound;
     kiln_status s = KILN_OK;
     kiln_tensor *small_in[8], **ins = small_in;
     int cap_in = 8;
@@ -482,6 +497,9 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
                 if (e->planned[v]) {
                     kiln_tensor_retain(e->planned[v]);
                     outs[k] = e->planned[v];
+                } else if (into && e->direct_output[v] >= 0) {
+                    outs[k] = into[e->direct_output[v]];
+                    kiln_tensor_retain(outs[k]);
                 } else {
                     s = kiln_tensor_empty_like_meta(&g->values[v].meta, &outs[k]);
                 }
@@ -509,7 +527,9 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
             for (const int32_t *f = e->freed_after[i]; *f >= 0; f++) poison(e->planned[*f]);
     }
     if (ins != small_in) free(ins);
-    for (int k = 0; k < nout && s == KILN_OK; k++) {
+    for (int k = 0; k < nout && s == KILN_OK && into; k++)
+        if (e->slot[g->outputs[k]] != into[k]) s = kiln_copy_into(into[k], e->slot[g->outputs[k]]);
+    for (int k = 0; k < nout && s == KILN_OK && !into; k++) {
         s = kiln_output_hand_out(&g->values[e->root[g->outputs[k]]], e->slot[g->outputs[k]], &outputs[k]);
         if (s != KILN_OK) kiln_release_all(outputs, k);
     }
@@ -520,7 +540,18 @@ static kiln_status run_locked(kiln_executable *e, int nin, kiln_tensor *const *i
 kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
                                 kiln_tensor **outputs) {
     pthread_mutex_lock(&e->lock);
-    kiln_status s = run_locked(e, nin, inputs, nout, outputs);
+    kiln_status s = run_locked(e, nin, inputs, nout, outputs, NULL);
+    pthread_mutex_unlock(&e->lock);
+    return s;
+}
+
+kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                     kiln_tensor *const *into) {
+    for (int k = 0; k < nout && k < e->g->noutputs; k++)
+        if (!same_meta(&e->g->values[e->g->outputs[k]].meta, &into[k]->meta) || !kiln_tensor_is_contiguous(into[k]))
+            return kiln_error(KILN_ERR_VALUE, "graph: output buffer %d does not match the graph's output", k);
+    pthread_mutex_lock(&e->lock);
+    kiln_status s = run_locked(e, nin, inputs, nout, NULL, into);
     pthread_mutex_unlock(&e->lock);
     return s;
 }

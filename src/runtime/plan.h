@@ -21,4 +21,10 @@ kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_te
 /* Borrowed views into e, valid while e lives. */
 void kiln_executable_get_plan(const kiln_executable *e, kiln_exec_plan *out);
 
+/* kiln_executable_run writing its results into the caller's contiguous buffers into[] (the graph's
+ * output metas; none may share memory with an input or a capture): outputs that own their
+ * buffer are computed there directly, the others (inputs, views, captures) are copied. */
+kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                     kiln_tensor *const *into);
+
 #endif

@@ -67,6 +67,69 @@ static const char *two_way =
     "  return (%2, %1)\n"
     "}\n";
 
+/* A loop whose outputs alias: (i, a, b, c, d, p) with lifted (n, w): a += w, b = the old a (an
+ * input returned), c = w (a lifted tensor returned), d = the new a (a value returned twice), and
+ * the cond returns its input p itself. */
+static const char *aliasing_loop =
+    "graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  %8: float32[], %9: float32[3], %10: float32[3], %11: float32[3], %12: float32[3], %13: bool[] = "
+    "while(%0, %1, %2, %3, %4, %5, %6, %7) {0, 1, 6}\n"
+    "  return (%8, %9, %10, %11, %12, %13)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  return (%5)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[], %1: float32[3], %2: float32[3], %3: float32[3], %4: float32[3], %5: bool[], "
+    "%6: float32[], %7: float32[3]) {\n"
+    "  %8: float32[] = constant(1)\n"
+    "  %9: float32[] = add(%0, %8)\n"
+    "  %10: float32[3] = add(%1, %7)\n"
+    "  %11: bool[] = lt(%9, %6)\n"
+    "  return (%9, %10, %1, %7, %10, %11)\n"
+    "}\n";
+
+/* Both the cond and the body branch (their subgraphs are numbered apart in the composed step)
+ * and read the lifted w: while (sum < 10 ? sum : sum + sum(w)) < limit: x = sum < 10 ? x * 2 : x + w */
+static const char *branching_cond_loop =
+    "graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[3] = while(%0, %1, %2) {0, 1, 1}\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[] = sum(%0) {1, 0}\n"
+    "  %4: float32[] = constant(10)\n"
+    "  %5: bool[] = lt(%3, %4)\n"
+    "  %6: float32[] = if(%5, %3, %2) {0, 1, 1}\n"
+    "  %7: bool[] = lt(%6, %1)\n"
+    "  return (%7)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[], %1: float32[3]) {\n"
+    "  return (%0)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[], %1: float32[3]) {\n"
+    "  %2: float32[] = sum(%1) {1, 0}\n"
+    "  %3: float32[] = add(%0, %2)\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[3], %1: float32[], %2: float32[3]) {\n"
+    "  %3: float32[] = constant(10)\n"
+    "  %4: float32[] = sum(%0) {1, 0}\n"
+    "  %5: bool[] = lt(%4, %3)\n"
+    "  %6: float32[3] = if(%5, %0, %2) {0, 1, 1}\n"
+    "  return (%6)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[3], %1: float32[3]) {\n"
+    "  %2: float32[] = constant(2)\n"
+    "  %3: float32[3] = mul(%0, %2)\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[3], %1: float32[3]) {\n"
+    "  %2: float32[3] = add(%0, %1)\n"
+    "  return (%2)\n"
+    "}\n";
+
 static kiln_graph *parse(const char *text) {
     kiln_graph *g = NULL;
     CHECK_OK(kiln_graph_parse(text, &g));
@@ -185,6 +248,108 @@ static void test_while_runs(int order) {
         for (int i = 0; i < 3; i++) want[i] = x[i] * factors[k];
         CHECK(close_f32(got, want, 3, 0));
     }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+/* Outputs that are inputs, lifted tensors or returned twice come out right for 0 to 3 iterations
+ * (the loop values alternate between two sets of buffers), and the caller's inputs stay as given. */
+static void test_aliasing_outputs(void) {
+    kiln_graph *g = parse(aliasing_loop);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t three = 3;
+    const float a0[3] = {1, 2, 3}, b0[3] = {-1, -2, -3}, c0[3] = {4, 5, 6}, d0[3] = {7, 8, 9}, w[3] = {10, 20, 30};
+    for (int n = 0; n <= 3; n++) {
+        kiln_tensor *in[8] = {scalar_f32(0), tensor_f32(1, &three, a0), tensor_f32(1, &three, b0),
+                              tensor_f32(1, &three, c0), tensor_f32(1, &three, d0), NULL, scalar_f32((float)n),
+                              tensor_f32(1, &three, w)};
+        CHECK_OK(kiln_tensor_empty(KILN_DTYPE_BOOL, 0, NULL, &in[5]));
+        ((bool *)in[5]->data)[0] = n > 0;
+        kiln_tensor *out[6] = {0};
+        CHECK_OK(kiln_executable_run(e, 8, in, 6, out));
+        if (out[0]) {
+            float a[3], b[3], c[3], d[3];
+            for (int k = 0; k < 3; k++) {
+                a[k] = a0[k] + (float)n * w[k];
+                b[k] = n ? a0[k] + (float)(n - 1) * w[k] : b0[k];
+                c[k] = n ? w[k] : c0[k];
+                d[k] = n ? a[k] : d0[k];
+            }
+            CHECK(((float *)out[0]->data)[0] == (float)n);
+            CHECK(close_f32(out[1]->data, a, 3, 0) && close_f32(out[2]->data, b, 3, 0));
+            CHECK(close_f32(out[3]->data, c, 3, 0) && close_f32(out[4]->data, d, 3, 0));
+            CHECK(!((bool *)out[5]->data)[0]);
+            for (int k = 1; k < 5; k++) CHECK(out[k] != in[k] && out[k]->data != in[k]->data);
+        }
+        CHECK(close_f32(in[1]->data, a0, 3, 0) && close_f32(in[2]->data, b0, 3, 0));
+        CHECK(close_f32(in[3]->data, c0, 3, 0) && close_f32(in[4]->data, d0, 3, 0) && close_f32(in[7]->data, w, 3, 0));
+        kiln_release_all(out, 6);
+        kiln_release_all(in, 8);
+    }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+static void test_branching_cond_runs(void) {
+    kiln_graph *g = parse(branching_cond_loop);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t n = 3;
+    const float x[3] = {0.5f, 1, 1.5f}, w[3] = {1, 2, 4};
+    const float limits[4] = {3, 20, 40, 60}; /* 0 iterations, then more */
+    for (int l = 0; l < 4; l++) {
+        float want[3] = {x[0], x[1], x[2]};
+        for (;;) { /* the same loop, by hand */
+            float sum = want[0] + want[1] + want[2];
+            if (!((sum < 10 ? sum : sum + 7) < limits[l])) break;
+            for (int i = 0; i < 3; i++) want[i] = sum < 10 ? want[i] * 2 : want[i] + w[i];
+        }
+        kiln_tensor *in[3] = {tensor_f32(1, &n, x), scalar_f32(limits[l]), tensor_f32(1, &n, w)}, *got = NULL;
+        CHECK_OK(kiln_executable_run(e, 3, in, 1, &got));
+        if (got) CHECK(close_f32(got->data, want, 3, 1e-6f));
+        kiln_tensor_release(got);
+        kiln_release_all(in, 3);
+    }
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
+/* The cond fails on the third iteration (inside the composed step): the error names the cond. */
+static void test_cond_error_names_cond(void) {
+    const char *text =
+        "graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: float32[3], %3: int64[1] = while(%0, %1) {0, 1, 2}  # user.py:30\n"
+        "  return (%2, %3)\n"
+        "}\n"
+        "subgraph 0: graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: float32[1] = gather(%0, %1) {0}  # user.py:31\n"
+        "  %3: float32[] = constant(100)\n"
+        "  %4: bool[1] = lt(%2, %3)\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 1: graph(%0: float32[3], %1: int64[1]) {\n"
+        "  %2: int64[] = constant(1)\n"
+        "  %3: int64[1] = add(%1, %2)\n"
+        "  return (%0, %3)\n"
+        "}\n";
+    kiln_graph *g = parse(text);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) return;
+    int64_t n = 3, one = 1;
+    const float xv[3] = {1, 2, 3};
+    kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
+    CHECK_OK(kiln_tensor_zeros(KILN_DTYPE_INT64, 1, &one, &i0));
+    in[0] = tensor_f32(1, &n, xv), in[1] = i0;
+    kiln_status s = kiln_executable_run(e, 2, in, 2, out);
+    CHECK(s == KILN_ERR_INDEX);
+    const char *msg = kiln_last_error();
+    CHECK(strstr(msg, "gather (user.py:31)") && strstr(msg, "in the loop condition") && strstr(msg, "while (user.py:30)"));
+    if (s == KILN_OK) kiln_release_all(out, 2);
+    kiln_release_all(in, 2);
     kiln_executable_free(e);
     kiln_graph_free(g);
 }
@@ -403,6 +568,9 @@ int main(void) {
     test_while_runs(0);
     test_while_runs(1);
     test_nested_runs();
+    test_aliasing_outputs();
+    test_branching_cond_runs();
+    test_cond_error_names_cond();
     test_if_runs();
     test_error_names_op_and_line();
     test_eager_apply_and_gradient();

@@ -351,6 +351,48 @@ def test_run_time_error_in_a_body_names_the_op_and_line():
     assert jf.cache_info().compiles == 1
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_while_values_that_alias_inputs_and_lifted_tensors(level):
+    # the loop values swap, pass through and take a lifted tensor; the cond reads two lifted ones
+    w, scale = T([1.0, 2.0, 4.0]), T(0.5)
+
+    def f(a, b, c, limit):
+        def cond_fn(a, b, c, i):
+            return (a * scale).sum() + w.sum() * 0 < limit
+
+        def body(a, b, c, i):
+            return a + w, a, w, i + 1
+
+        return ops.while_loop(cond_fn, body, (a, b, c, ops.zeros((), dtype=kiln.int64)))
+
+    jf = jit(f, level)
+    a, b, c = T([0.5, 1.0, 1.5]), T([-1.0, -2.0, -3.0]), T([7.0, 8.0, 9.0])
+    before = [to_numpy(t).copy() for t in (a, b, c)]
+    for limit in (0.0, 3.0, 6.0, 9.0, 30.0):  # 0, 1, 2, 3, ... iterations: both buffer sets end the loop
+        got, want = jf(a, b, c, T(limit)), f(a, b, c, T(limit))
+        close(got, want)
+        n, av, bv, cv = 0, to_numpy(a), to_numpy(b), to_numpy(c)
+        while (av * 0.5).sum() < limit:
+            av, bv, cv, n = av + to_numpy(w), av, to_numpy(w), n + 1
+        close(got, (T(av), T(bv), T(cv), kiln.Tensor(np.array(n), kiln.int64)))
+    for t, v in zip((a, b, c), before):
+        np.testing.assert_array_equal(to_numpy(t), v)  # the caller's tensors are never written
+    assert jf.cache_info().compiles == 1
+
+
+def test_run_time_error_in_a_loop_condition_names_it():
+    def f(x, i, limit):  # v[k] over v = x * 2**k: 1, 4, 12, then k = 3 is out of range
+        return ops.while_loop(lambda v, k: ops.gather(v, k, 0).sum() < limit, lambda v, k: (v * 2, k + 1), (x, i))
+
+    jf = jit(f)
+    x = T([1.0, 2.0, 3.0])
+    i = kiln.Tensor(np.array([0]), kiln.int64)
+    pattern = r"in the loop condition: gather \(.*test_control_flow\.py:\d+\): gather: index 3 is out of range"
+    close(jf(x, i, T(10.0)), f(x, i, T(10.0)))
+    with pytest.raises(IndexError, match=r"while \(.*test_control_flow\.py:\d+\): " + pattern):  # compiled
+        jf(x, i, T(100.0))
+    assert jf.cache_info().compiles == 1
+
 def test_second_order_gradients():
     def f(x):
         return ops.cond(x.sum() > 0, lambda a: (a * a * a).sum(keepdims=True), lambda a: a.sum(keepdims=True),
