@@ -317,6 +317,31 @@ static void test_branching_cond_runs(void) {
     kiln_graph_free(g);
 }
 
+/* Runs the loop graph `text` (x float32[3] = 1, 2, 3; i int64[1] = 0) expecting an index error whose
+ * message names the failing op, the part of the loop and the loop, each with its source line. */
+static void expect_index_error(const char *text, const char *op, const char *part, const char *loop) {
+    kiln_graph *g = parse(text);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    if (!e) {
+        kiln_graph_free(g);
+        return;
+    }
+    int64_t n = 3, one = 1;
+    const float xv[3] = {1, 2, 3};
+    kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
+    CHECK_OK(kiln_tensor_zeros(KILN_DTYPE_INT64, 1, &one, &i0));
+    in[0] = tensor_f32(1, &n, xv), in[1] = i0;
+    kiln_status s = kiln_executable_run(e, 2, in, 2, out);
+    CHECK(s == KILN_ERR_INDEX);
+    const char *msg = kiln_last_error();
+    CHECK(strstr(msg, op) && strstr(msg, part) && strstr(msg, loop));
+    if (s == KILN_OK) kiln_release_all(out, 2);
+    kiln_release_all(in, 2);
+    kiln_executable_free(e);
+    kiln_graph_free(g);
+}
+
 /* The cond fails on the third iteration (inside the composed step): the error names the cond. */
 static void test_cond_error_names_cond(void) {
     const char *text =
@@ -335,23 +360,7 @@ static void test_cond_error_names_cond(void) {
         "  %3: int64[1] = add(%1, %2)\n"
         "  return (%0, %3)\n"
         "}\n";
-    kiln_graph *g = parse(text);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
-    if (!e) return;
-    int64_t n = 3, one = 1;
-    const float xv[3] = {1, 2, 3};
-    kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
-    CHECK_OK(kiln_tensor_zeros(KILN_DTYPE_INT64, 1, &one, &i0));
-    in[0] = tensor_f32(1, &n, xv), in[1] = i0;
-    kiln_status s = kiln_executable_run(e, 2, in, 2, out);
-    CHECK(s == KILN_ERR_INDEX);
-    const char *msg = kiln_last_error();
-    CHECK(strstr(msg, "gather (user.py:31)") && strstr(msg, "in the loop condition") && strstr(msg, "while (user.py:30)"));
-    if (s == KILN_OK) kiln_release_all(out, 2);
-    kiln_release_all(in, 2);
-    kiln_executable_free(e);
-    kiln_graph_free(g);
+    expect_index_error(text, "gather (user.py:31)", "in the loop condition", "while (user.py:30)");
 }
 
 static void test_nested_runs(void) {
@@ -414,23 +423,7 @@ static void test_error_names_op_and_line(void) {
         "  %5: int64[1] = add(%1, %4)\n"
         "  return (%3, %5)\n"
         "}\n";
-    kiln_graph *g = parse(text);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
-    if (!e) return;
-    int64_t n = 3, one = 1;
-    const float xv[3] = {1, 2, 3};
-    kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
-    CHECK_OK(kiln_tensor_zeros(KILN_DTYPE_INT64, 1, &one, &i0));
-    in[0] = tensor_f32(1, &n, xv), in[1] = i0;
-    kiln_status s = kiln_executable_run(e, 2, in, 2, out);
-    CHECK(s == KILN_ERR_INDEX);
-    const char *msg = kiln_last_error();
-    CHECK(strstr(msg, "gather (user.py:12)") && strstr(msg, "in the loop body") && strstr(msg, "while (user.py:10)"));
-    if (s == KILN_OK) kiln_release_all(out, 2);
-    kiln_release_all(in, 2);
-    kiln_executable_free(e);
-    kiln_graph_free(g);
+    expect_index_error(text, "gather (user.py:12)", "in the loop body", "while (user.py:10)");
 }
 
 /* The attrs of a `while` (one output) over copies of g's subgraphs 0 and 1, registered as bodies. */
