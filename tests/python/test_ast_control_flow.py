@@ -265,3 +265,52 @@ def test_random_programs_one_graph_for_every_path(seed):
             np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-5, atol=1e-5,
                                        err_msg=astgen.source(seed))
     assert jf.cache_info().compiles == 1
+
+
+def returns_inside_a_tensor_loop(x):
+    while x.sum() < 100:
+        x = x * 2
+        if x.max() > 20:
+            return x - 1
+    return x
+
+
+def returns_inside_a_tensor_range(x, n):
+    acc = x * 0
+    for i in range(n):
+        acc = acc + x
+        if acc.sum() > 10:
+            return acc.sum()
+    return acc.mean()
+
+
+def returns_a_tuple_inside_a_tensor_loop(x):
+    while x.sum() < 100:
+        x = x * 2
+        if x.max() > 20:
+            return x.sum(), x
+    return x.mean(), x
+
+
+def test_return_inside_loops_on_tensors():
+    # the returned value is carried by the loop (its dtype and shape from one dry run of the body)
+    jf = kiln.jit(returns_inside_a_tensor_loop, fullgraph=True)
+    agree(jf, returns_inside_a_tensor_loop, [(T([s, s]),) for s in (1.0, 3.0, 50.0, 0.5)])
+    assert has_node(jf, "while")
+    jr = kiln.jit(returns_inside_a_tensor_range, fullgraph=True)
+    agree(jr, returns_inside_a_tensor_range, [(T([s, s]), kiln.tensor(n)) for s in (1.0, 3.0, 0.1) for n in (0, 2, 5)])
+    for fn, args in ((jf, (T([3.0, 3.0], np.float64),)), (jr, (T([3.0, 3.0], np.float64), kiln.tensor(5)))):
+        value, grad = kiln.value_and_grad(fn)(*args)
+        want_value, want_grad = kiln.value_and_grad(fn.__wrapped__)(*args)
+        np.testing.assert_allclose(value.asnumpy(), want_value.asnumpy())
+        np.testing.assert_allclose(grad.asnumpy(), want_grad.asnumpy())
+
+
+def test_return_of_a_tuple_inside_a_tensor_loop_is_named():
+    with pytest.raises(kiln.JitSyntaxError, match=r"return of a tuple inside a loop that runs on a tensor condition"):
+        kiln.jit(returns_a_tuple_inside_a_tensor_loop, fullgraph=True)(T([1.0, 1.0]))
+    with pytest.warns(RuntimeWarning):
+        jf = kiln.jit(returns_a_tuple_inside_a_tensor_loop)
+        for s in (1.0, 3.0):
+            for a, b in zip(_vals(jf(T([s, s]))), _vals(returns_a_tuple_inside_a_tensor_loop(T([s, s])))):
+                np.testing.assert_allclose(a, b)

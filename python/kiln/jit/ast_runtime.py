@@ -398,28 +398,52 @@ def assert_(test, msg_thunk, loc):
 
 def _loop_parts(vals, names, loc):
     """Splits loop variables into carried (tensors and numbers: loop values), static (other
-    objects, which the body must leave alone) and local (unbound before the loop)."""
-    carried, static, local = [], [], []
+    objects, which the body must leave alone), local (unbound before the loop) and returned (the
+    value of a `return` inside the loop, unbound before it: see _LoopState.define_returned)."""
+    carried, static, local, returned = [], [], [], []
     for i, (n, v) in enumerate(zip(names, vals)):
         if isinstance(v, Undefined):
-            if n.startswith("__kiln_retval_"):
-                raise _error(loc, "return inside a loop that runs on a tensor condition",
-                             "break out of the loop and return after it")
-            local.append(i)
+            (returned if n.startswith("__kiln_retval_") else local).append(i)
         elif _selectable(v):
             carried.append(i)
         else:
             static.append(i)
-    return carried, static, local
+    return carried, static, local, returned
 
 
 class _LoopState:
     def __init__(self, vals, names, loc):
         self.names, self.loc = names, loc
-        self.carried, self.static, self.local = _loop_parts(vals, names, loc)
+        self.carried, self.static, self.local, self.returned = _loop_parts(vals, names, loc)
         self.base = list(vals)
         self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
         self.seen = {}  # carried position -> (shape, dtype) the body gave
+
+    def define_returned(self, dry_run):
+        """A `return` inside the loop saves its value in a variable unbound before the loop; the
+        loop carries it, so it needs a start of its dtype and shape: one run of the body, traced
+        aside and discarded (dry_run(loop values) -> the body's variables), gives them, and the
+        variable starts as zeros (read after the loop only when the return flag is set)."""
+        if not self.returned:
+            return
+        from ..ops import zeros
+
+        tracer = _C.Tracer(nested=True) if _C.is_tracing() else None
+        try:
+            res = dry_run(self.init)
+        finally:
+            if tracer is not None:
+                tracer.end()
+        for i in self.returned:
+            r = res[i]
+            if _is_tensor(r) or (isinstance(r, (int, float)) and not isinstance(r, bool)):
+                r = _as_tensor(r)
+                self.carried.append(i)
+                self.init += (zeros(*r.shape, dtype=r.dtype),)
+            else:
+                raise _error(self.loc, "return of a " + type(r).__name__ + " inside a loop that runs on a tensor "
+                             "condition", "return a tensor there, or break out of the loop and return after it")
+        self.returned = []
 
     def retyped_init(self, wanted):
         """init with the loop variables that start as Python numbers given the dtype and shape the
@@ -487,6 +511,7 @@ def _tensor_while(test_fn, body_fn, vals, names, loc):
     def body(*lv):
         return tuple(st.carry(body_fn(*st.full(lv))))
 
+    st.define_returned(lambda lv: body_fn(*st.full(lv)))
     if not st.init:
         raise _error(loc, "a loop on a tensor condition that changes no tensor or number (it cannot end)",
                      "assign the loop's variables in its body")
@@ -559,6 +584,7 @@ def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
         res = body_fn(i, *st.full(lv))
         return (i + step,) + tuple(st.carry(res))
 
+    st.define_returned(lambda lv: body_fn(start, *st.full(lv)))
     final = _loop_with_retyping(st, loc, "a loop over a range with a tensor bound", while_loop, cond_fn, body,
                                 (start,))
     return tuple(st.full(final))
