@@ -626,3 +626,10 @@ def test_lambdas_are_converted():
     s = Scaler(3.0)
     jc = check(lambda x: s(x), NEG)  # a callable object called from converted code is converted too
     assert_same(jc(POS), s(POS))
+    # several lambdas on one line (told apart by where their code starts), and one over two lines
+    for fn in (lambda x: x * 2 if x.sum() > 0 else -x, lambda x: x + 1 if x.sum() > 0 else x * 0):
+        jl = check(fn, POS)
+        assert_same(jl(NEG), fn(NEG))
+    two_lines = (lambda x: x.exp() if x.sum() > 0
+                 else x.abs())
+    assert_same(check(two_lines, NEG)(POS), two_lines(POS))

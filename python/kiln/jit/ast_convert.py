@@ -446,15 +446,43 @@ def source_error(fn, why):
                           "define the function in a .py file (or use capture_mode=\"trace\")")
 
 
-def _lambda_as_def(fn, tree):
-    """The lambda expression of fn in its parsed source line(s), as `def <lambda>(args): return body`."""
+def _lambda_node(fn, lines, first):
+    """The ast.Lambda of fn in its source lines (first: the number of lines[0]), with its columns
+    as in the file. A lambda is an expression inside some statement: each `lambda` on its first
+    line is parsed, in parentheses, over the longest stretch of text that is one lambda; the one
+    whose body starts where fn's code does (co_positions) is fn's."""
     code = fn.__code__
+    body_at = min(((p[0], p[2]) for p in code.co_positions()  # where the body's code starts (not RESUME's 0:0)
+                   if p[0] is not None and p[2] is not None and (p[2], p[3]) != (0, 0)), default=None)
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and n.lineno == 1
-             and tuple(a.arg for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs) == names]
+    head, rest = lines[0], "".join(lines[1:20])
+    found = []
+    for col in (k for k in range(len(head)) if head.startswith("lambda", k)):
+        text = head[col:] + rest
+        pad = "(" + " " * (col - 1) if col else "("
+        for end in range(len(text), 0, -1):
+            try:
+                tree = ast.parse(pad + text[:end] + ")", mode="eval")
+            except SyntaxError:
+                continue
+            if isinstance(tree.body, ast.Lambda):
+                lam = tree.body
+                ast.increment_lineno(lam, first - 1)
+                args = lam.args
+                if tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs) == names:
+                    found.append((lam, col))
+                break
+    if len(found) > 1 and body_at is not None:
+        shift = lambda col: 0 if col else 1  # noqa: E731 (the "(" before a lambda at column 0)
+        found = [(lam, col) for lam, col in found if (lam.body.lineno, lam.body.col_offset - shift(col)) == body_at]
     if len(found) != 1:
         raise source_error(fn, "its line holds " + ("no lambda like it" if not found else "several lambdas like it"))
-    lam = found[0]
+    lam, col = found[0]
+    return lam, (0 if col else -1)
+
+
+def _lambda_as_def(fn, lam):
+    """`def <lambda>(args): return body` for the lambda expression lam."""
     body = [ast.copy_location(ast.Return(lam.body), lam.body)]
     return ast.copy_location(ast.FunctionDef(name=fn.__name__, args=lam.args, body=body, decorator_list=[],
                                              returns=None, type_comment=None), lam)
@@ -468,18 +496,19 @@ def convert_code(fn):
     except (OSError, TypeError):
         raise source_error(fn, "defined in a REPL, exec'd, or built in") from None
     indent = len(lines[0]) - len(lines[0].lstrip())
-    try:
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except SyntaxError:
-        raise source_error(fn, "its source code could not be parsed on its own") from None
-    if code.co_name == "<lambda>":
-        fdef = _lambda_as_def(fn, tree)
+    if code.co_name == "<lambda>":  # columns kept as in the file, lines numbered already
+        lam, indent = _lambda_node(fn, lines, first)
+        fdef = _lambda_as_def(fn, lam)
         tree = ast.Module(body=[fdef], type_ignores=[])
     else:
+        try:
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except SyntaxError:
+            raise source_error(fn, "its source code could not be parsed on its own") from None
         fdef = tree.body[0] if tree.body else None
-    if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
-        raise source_error(fn, "its source is not a def statement")
-    ast.increment_lineno(tree, first - 1)
+        if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
+            raise source_error(fn, "its source is not a def statement")
+        ast.increment_lineno(tree, first - 1)
     where = SourceLocation(code.co_filename, indent)
     check(fdef, where)
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
