@@ -136,6 +136,15 @@ static kiln_graph *parse(const char *text) {
     return g;
 }
 
+/* The executable of a graph's text (NULL, reported, when it does not parse or compile). */
+static kiln_executable *compile_text(const char *text) {
+    kiln_graph *g = parse(text);
+    kiln_executable *e = NULL;
+    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    kiln_graph_free(g); /* the executable keeps its own copy */
+    return e;
+}
+
 static kiln_tensor *scalar_f32(float v) {
     kiln_tensor *t = tensor_f32(0, NULL, NULL);
     ((float *)t->data)[0] = v;
@@ -255,9 +264,7 @@ static void test_while_runs(int order) {
 /* Outputs that are inputs, lifted tensors or returned twice come out right for 0 to 3 iterations
  * (the loop values alternate between two sets of buffers), and the caller's inputs stay as given. */
 static void test_aliasing_outputs(void) {
-    kiln_graph *g = parse(aliasing_loop);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    kiln_executable *e = compile_text(aliasing_loop);
     if (!e) return;
     int64_t three = 3;
     const float a0[3] = {1, 2, 3}, b0[3] = {-1, -2, -3}, c0[3] = {4, 5, 6}, d0[3] = {7, 8, 9}, w[3] = {10, 20, 30};
@@ -289,13 +296,10 @@ static void test_aliasing_outputs(void) {
         kiln_release_all(in, 8);
     }
     kiln_executable_free(e);
-    kiln_graph_free(g);
 }
 
 static void test_branching_cond_runs(void) {
-    kiln_graph *g = parse(branching_cond_loop);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    kiln_executable *e = compile_text(branching_cond_loop);
     if (!e) return;
     int64_t n = 3;
     const float x[3] = {0.5f, 1, 1.5f}, w[3] = {1, 2, 4};
@@ -314,19 +318,13 @@ static void test_branching_cond_runs(void) {
         kiln_release_all(in, 3);
     }
     kiln_executable_free(e);
-    kiln_graph_free(g);
 }
 
 /* Runs the loop graph `text` (x float32[3] = 1, 2, 3; i int64[1] = 0) expecting an index error whose
  * message names the failing op, the part of the loop and the loop, each with its source line. */
 static void expect_index_error(const char *text, const char *op, const char *part, const char *loop) {
-    kiln_graph *g = parse(text);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
-    if (!e) {
-        kiln_graph_free(g);
-        return;
-    }
+    kiln_executable *e = compile_text(text);
+    if (!e) return;
     int64_t n = 3, one = 1;
     const float xv[3] = {1, 2, 3};
     kiln_tensor *i0 = NULL, *in[2], *out[2] = {0};
@@ -339,7 +337,6 @@ static void expect_index_error(const char *text, const char *op, const char *par
     if (s == KILN_OK) kiln_release_all(out, 2);
     kiln_release_all(in, 2);
     kiln_executable_free(e);
-    kiln_graph_free(g);
 }
 
 /* The cond fails on the third iteration (inside the composed step): the error names the cond. */
@@ -364,9 +361,7 @@ static void test_cond_error_names_cond(void) {
 }
 
 static void test_nested_runs(void) {
-    kiln_graph *g = parse(nested_loop);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    kiln_executable *e = compile_text(nested_loop);
     if (!e) return;
     const float x[3] = {0.5f, 1, 1.5f};
     float got[3], want[3] = {0.5f, 1, 1.5f};
@@ -377,13 +372,10 @@ static void test_nested_runs(void) {
     run_loop(e, x, 40, got);
     CHECK(close_f32(got, want, 3, 1e-6f));
     kiln_executable_free(e);
-    kiln_graph_free(g);
 }
 
 static void test_if_runs(void) {
-    kiln_graph *g = parse(two_way);
-    kiln_executable *e = NULL;
-    if (g) CHECK_OK(kiln_compile(g, NULL, &e));
+    kiln_executable *e = compile_text(two_way);
     if (!e) return;
     int64_t n = 2;
     const float xv[2] = {3, 4}, yv[2] = {1, 2};
@@ -401,7 +393,6 @@ static void test_if_runs(void) {
         kiln_release_all(in, 3), kiln_release_all(out, 2);
     }
     kiln_executable_free(e);
-    kiln_graph_free(g);
 }
 
 /* The loop reads x[i] for i = 0, 1, 2, 3: the fourth read is out of range. */
