@@ -1,8 +1,9 @@
 /* kiln._C.JitDispatcher: the C fast path of a jitted function. It keeps the guards of the
  * graphs compiled for all-tensor positional calls (dtype, shape, requires_grad of each tensor,
- * grad mode) and runs a matching graph without entering Python; anything else goes to the
+ * grad mode, and the GuardSet on the Python state the capture read) and runs a matching graph
+ * without entering Python; anything else goes to the
  * subclass's _slow_call (kiln.jit.JitFunction), which traces, compiles and registers entries.
- * Reference notes: arguments are borrowed; entries own a reference to their executable. */
+ * Reference notes: arguments are borrowed; entries own a reference to their executable and guards. */
 #include "pykiln.h"
 
 #include "ir/trace_internal.h"
@@ -12,7 +13,8 @@
 enum { OUT_SINGLE, OUT_TUPLE, OUT_LIST };
 
 typedef struct {
-    PyObject *exe; /* owned */
+    PyObject *exe;    /* owned */
+    PyObject *guards; /* owned GuardSet, or NULL */
     int nargs;
     bool grad_mode;
     int out_kind;
@@ -32,6 +34,7 @@ typedef struct {
 static void clear_entries(PyJitDispatcher *d) {
     for (int k = 0; k < d->nentries; k++) {
         Py_CLEAR(d->entries[k].exe);
+        Py_CLEAR(d->entries[k].guards);
         PyMem_Free(d->entries[k].metas);
         PyMem_Free(d->entries[k].requires_grad);
     }
@@ -47,7 +50,10 @@ static void dispatcher_dealloc(PyObject *self) {
 
 static int dispatcher_traverse(PyObject *self, visitproc visit, void *arg) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
-    for (int k = 0; k < d->nentries; k++) Py_VISIT(d->entries[k].exe);
+    for (int k = 0; k < d->nentries; k++) {
+        Py_VISIT(d->entries[k].exe);
+        Py_VISIT(d->entries[k].guards);
+    }
     return 0; /* a Python subclass visits its own type and __dict__ */
 }
 
@@ -66,7 +72,7 @@ static bool entry_matches(const guard_entry *e, PyObject *const *args, Py_ssize_
         for (int d = 0; d < m->ndim; d++)
             if (t->meta.shape[d] != m->shape[d]) return false;
     }
-    return true;
+    return !e->guards || pykiln_guards_hold(e->guards);
 }
 
 static PyObject *slow_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -109,13 +115,18 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     return slow_call(self, args, nargsf, kwnames);
 }
 
-/* _add_fast_entry(executable, tensors, grad_mode, out_kind) */
+/* _add_fast_entry(executable, tensors, grad_mode, out_kind, guards=None) */
 static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
-    PyObject *exe, *tensors;
+    PyObject *exe, *tensors, *guards = Py_None;
     int grad_mode, out_kind;
-    if (!PyArg_ParseTuple(args, "OO!pi:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind))
+    if (!PyArg_ParseTuple(args, "OO!pi|O:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
+                          &guards))
         return NULL;
+    if (guards != Py_None && !pykiln_is_guardset(guards)) {
+        PyErr_SetString(PyExc_TypeError, "_add_fast_entry: guards must be a GuardSet or None");
+        return NULL;
+    }
     if (d->nentries == MAX_ENTRIES) Py_RETURN_FALSE;
     if (out_kind < OUT_SINGLE || out_kind > OUT_LIST) {
         PyErr_SetString(PyExc_ValueError, "_add_fast_entry: bad output kind");
@@ -141,6 +152,7 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     }
     Py_INCREF(exe);
     e->exe = exe;
+    e->guards = guards == Py_None ? NULL : Py_NewRef(guards);
     e->nargs = (int)n;
     e->grad_mode = grad_mode;
     e->out_kind = out_kind;

@@ -317,6 +317,7 @@ static PyObject *py_codegen_stats(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"register_check", pykiln_register_check, METH_O, "register_check(exception) -> id of a check op"},
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
     {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
     {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr)"},
@@ -341,7 +342,8 @@ PyMODINIT_FUNC PyInit__C(void);
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&kiln_module);
     if (!m) return NULL;
-    if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_dispatcher_init_type(m) < 0) {
+    if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
+        pykiln_guards_init_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -33,8 +33,11 @@ static inline kiln_tensor *pykiln_unwrap(PyObject *o) { return ((PyKilnTensor *)
 
 /* New Python tensor that steals the reference `t`; NULL (with t released) on failure. */
 PyObject *pykiln_wrap(kiln_tensor *t);
-/* Raises the Python exception for a failed status (message from kiln_last_error). */
+/* Raises the Python exception for a failed status (message from kiln_last_error; for a failed
+ * check op, the exception registered for it). */
 PyObject *pykiln_raise(kiln_status s);
+/* kiln._C.register_check(exception) -> id for a check op's attribute i[0]. */
+PyObject *pykiln_register_check(PyObject *module, PyObject *exc);
 /* Converts any value (tensor, Python scalar, sequence, buffer) to a new C tensor reference.
  * `like`, when given, sets the dtype of Python scalars the way NumPy 2 does for weak scalars. */
 kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
@@ -53,5 +56,10 @@ extern PyMethodDef pykiln_control_functions[];
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
+/* Registers GuardSet and its mode constants (guards.c). */
+int pykiln_guards_init_type(PyObject *module);
+int pykiln_is_guardset(PyObject *o);
+/* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
+int pykiln_guards_hold(PyObject *guards);
 
 #endif

@@ -1,0 +1,320 @@
+/* kiln._C.GuardSet: the checks that decide whether a compiled graph may serve a call, on the
+ * Python state its capture read (globals, closure cells, attributes, dict items, captured
+ * constants). Built once per compiled entry from a list of
+ *     (root, path, expected, mode)
+ * where path is a tuple of steps ("attr", name) | ("item", key) | ("cell",) walked from root,
+ * and mode says how the value found is compared with expected:
+ *     IDENTITY  the same object
+ *     VALUE     the same type and value (floats bit for bit: -0.0 is not 0.0; tuples elementwise)
+ *     ABSENT    the last step finds nothing (a global not defined, so a builtin is used)
+ *     METHOD    a bound method of the same function and the same self
+ *     VERSION   expected is the storage version the tensor found had (an in-place write changes it)
+ * Checked per call by kiln.jit's C fast path (dispatcher.c) and by the Python slow path.
+ * Reference notes: the set owns references to roots, step keys and expected values. */
+#include <string.h>
+
+#include "pykiln.h"
+
+enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
+enum { STEP_ATTR, STEP_ITEM, STEP_CELL };
+
+typedef struct {
+    int kind;
+    PyObject *key; /* owned; NULL for STEP_CELL */
+} guard_step;
+
+typedef struct {
+    PyObject *root;     /* owned */
+    PyObject *expected; /* owned */
+    int mode;
+    int nsteps;
+    guard_step *steps;
+} guard;
+
+typedef struct {
+    PyObject_HEAD
+    guard *guards;
+    Py_ssize_t n;
+    Py_ssize_t checks; /* how many times the set was checked (for tests of the fast path) */
+} PyGuardSet;
+
+static void free_guards(PyGuardSet *g) {
+    for (Py_ssize_t k = 0; k < g->n; k++) {
+        Py_CLEAR(g->guards[k].root);
+        Py_CLEAR(g->guards[k].expected);
+        for (int s = 0; s < g->guards[k].nsteps; s++) Py_CLEAR(g->guards[k].steps[s].key);
+        PyMem_Free(g->guards[k].steps);
+    }
+    PyMem_Free(g->guards);
+    g->guards = NULL;
+    g->n = 0;
+}
+
+static int same_value(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+    if (PyFloat_CheckExact(a)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return memcmp(&x, &y, sizeof x) == 0;
+    }
+    if (PyComplex_CheckExact(a)) {
+        Py_complex x = PyComplex_AsCComplex(a), y = PyComplex_AsCComplex(b);
+        return memcmp(&x, &y, sizeof x) == 0;
+    }
+    if (PyTuple_CheckExact(a)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(a);
+        if (n != PyTuple_GET_SIZE(b)) return 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int r = same_value(PyTuple_GET_ITEM(a, k), PyTuple_GET_ITEM(b, k));
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    if (PyLong_CheckExact(a) || PyUnicode_CheckExact(a) || PyBytes_CheckExact(a))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    return 0; /* other kinds are guarded by identity */
+}
+
+/* The object the guard's path reaches (new reference), or NULL with *absent set when a step
+ * found nothing; NULL without *absent is an error (set). */
+static PyObject *walk(const guard *g, int *absent) {
+    PyObject *cur = g->root;
+    Py_INCREF(cur);
+    *absent = 0;
+    for (int s = 0; s < g->nsteps; s++) {
+        const guard_step *st = &g->steps[s];
+        PyObject *next = NULL;
+        if (st->kind == STEP_CELL) {
+            if (!PyCell_Check(cur)) {
+                Py_DECREF(cur);
+                PyErr_SetString(PyExc_TypeError, "guard: a cell step on a non-cell");
+                return NULL;
+            }
+            next = PyCell_GET(cur);
+            Py_XINCREF(next);
+            if (!next) *absent = 1;
+        } else if (st->kind == STEP_ITEM) {
+            if (PyDict_Check(cur)) {
+                next = PyDict_GetItemWithError(cur, st->key);
+                Py_XINCREF(next);
+                if (!next && !PyErr_Occurred()) *absent = 1;
+            } else {
+                next = PyObject_GetItem(cur, st->key);
+                if (!next && (PyErr_ExceptionMatches(PyExc_KeyError) || PyErr_ExceptionMatches(PyExc_IndexError))) {
+                    PyErr_Clear();
+                    *absent = 1;
+                }
+            }
+        } else {
+            next = PyObject_GetAttr(cur, st->key);
+            if (!next && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                *absent = 1;
+            }
+        }
+        Py_DECREF(cur);
+        if (!next) return NULL;
+        cur = next;
+    }
+    return cur;
+}
+
+/* 1: holds, 0: fails, -1: error (set). */
+static int check_one(const guard *g) {
+    int absent;
+    PyObject *v = walk(g, &absent);
+    if (!v) return absent ? g->mode == GUARD_ABSENT : -1;
+    int r;
+    switch (g->mode) {
+    case GUARD_IDENTITY: r = v == g->expected; break;
+    case GUARD_VALUE: r = same_value(v, g->expected); break;
+    case GUARD_METHOD:
+        r = PyMethod_Check(v) && PyMethod_Check(g->expected) &&
+            PyMethod_GET_FUNCTION(v) == PyMethod_GET_FUNCTION(g->expected) &&
+            PyMethod_GET_SELF(v) == PyMethod_GET_SELF(g->expected);
+        break;
+    case GUARD_VERSION:
+        r = pykiln_is_tensor(v) && PyLong_AsLongLong(g->expected) == kiln_tensor_version(pykiln_unwrap(v));
+        break;
+    default: r = 0; break; /* GUARD_ABSENT, and something was found */
+    }
+    Py_DECREF(v);
+    return r;
+}
+
+/* Index of the first guard that fails, or -1 when all hold. A guard whose path raises counts as
+ * failing (the error is cleared): the caller then recaptures, where the function meets it itself. */
+static Py_ssize_t first_failure(PyGuardSet *g) {
+    g->checks++;
+    for (Py_ssize_t k = 0; k < g->n; k++) {
+        int r = check_one(&g->guards[k]);
+        if (r < 0) PyErr_Clear();
+        if (r != 1) return k;
+    }
+    return -1;
+}
+
+int pykiln_guards_hold(PyObject *guards) {
+    return first_failure((PyGuardSet *)guards) < 0;
+}
+
+static int parse_step(PyObject *item, guard_step *st) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(item, 0))) {
+        PyErr_Format(PyExc_TypeError, "GuardSet: a path step must be ('attr', name), ('item', key) or "
+                                      "('cell',), got %R", item);
+        return -1;
+    }
+    const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+    Py_ssize_t n = PyTuple_GET_SIZE(item);
+    if (kind && strcmp(kind, "cell") == 0 && n == 1) {
+        st->kind = STEP_CELL;
+        st->key = NULL;
+        return 0;
+    }
+    if (kind && n == 2 && (strcmp(kind, "attr") == 0 || strcmp(kind, "item") == 0)) {
+        st->kind = kind[0] == 'a' ? STEP_ATTR : STEP_ITEM;
+        st->key = PyTuple_GET_ITEM(item, 1);
+        if (st->kind == STEP_ATTR && !PyUnicode_Check(st->key)) {
+            PyErr_Format(PyExc_TypeError, "GuardSet: attribute names are strings, got %R", st->key);
+            return -1;
+        }
+        Py_INCREF(st->key);
+        if (st->kind == STEP_ATTR) PyUnicode_InternInPlace(&st->key);
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "GuardSet: a path step must be ('attr', name), ('item', key) or ('cell',), got %R",
+                 item);
+    return -1;
+}
+
+static int parse_guard(PyObject *item, guard *g) {
+    PyObject *root, *path, *expected;
+    int mode;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OO!Oi:GuardSet", &root, &PyTuple_Type, &path, &expected,
+                                                  &mode))
+        return -1;
+    if (mode < 0 || mode >= GUARD_MODE_COUNT) {
+        PyErr_Format(PyExc_ValueError, "GuardSet: unknown guard mode %d", mode);
+        return -1;
+    }
+    Py_ssize_t nsteps = PyTuple_GET_SIZE(path);
+    g->steps = PyMem_Calloc((size_t)(nsteps ? nsteps : 1), sizeof(guard_step));
+    if (!g->steps) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t s = 0; s < nsteps; s++) {
+        if (parse_step(PyTuple_GET_ITEM(path, s), &g->steps[s]) < 0) return -1;
+        g->nsteps = (int)s + 1;
+    }
+    Py_INCREF(root);
+    Py_INCREF(expected);
+    g->root = root;
+    g->expected = expected;
+    g->mode = mode;
+    return 0;
+}
+
+static int guardset_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+    PyGuardSet *g = (PyGuardSet *)self;
+    PyObject *list;
+    if (kwargs && PyDict_Size(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "GuardSet takes no keyword arguments");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!:GuardSet", &PyList_Type, &list)) return -1;
+    free_guards(g);
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    g->guards = PyMem_Calloc((size_t)(n ? n : 1), sizeof(guard));
+    if (!g->guards) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        g->n = k + 1; /* so free_guards releases what a failing parse left */
+        if (parse_guard(PyList_GET_ITEM(list, k), &g->guards[k]) < 0) return -1;
+    }
+    g->n = n;
+    return 0;
+}
+
+static void guardset_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    free_guards((PyGuardSet *)self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static int guardset_traverse(PyObject *self, visitproc visit, void *arg) {
+    PyGuardSet *g = (PyGuardSet *)self;
+    for (Py_ssize_t k = 0; k < g->n; k++) {
+        Py_VISIT(g->guards[k].root);
+        Py_VISIT(g->guards[k].expected);
+    }
+    return 0;
+}
+
+static int guardset_clear(PyObject *self) {
+    free_guards((PyGuardSet *)self);
+    return 0;
+}
+
+static PyObject *guardset_check(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(first_failure((PyGuardSet *)self) < 0);
+}
+
+static PyObject *guardset_first_failure(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromSsize_t(first_failure((PyGuardSet *)self));
+}
+
+static Py_ssize_t guardset_len(PyObject *self) { return ((PyGuardSet *)self)->n; }
+
+static PyObject *get_checks(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromSsize_t(((PyGuardSet *)self)->checks);
+}
+
+static PyMethodDef guardset_methods[] = {
+    {"check", guardset_check, METH_NOARGS, "whether every guard holds"},
+    {"first_failure", guardset_first_failure, METH_NOARGS, "index of the first guard that fails, or -1"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef guardset_getset[] = {
+    {"checks", get_checks, NULL, "how many times the set was checked", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods guardset_as_sequence = {.sq_length = guardset_len};
+
+static PyTypeObject PyGuardSet_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.GuardSet",
+    .tp_basicsize = sizeof(PyGuardSet),
+    .tp_dealloc = guardset_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Guards on the Python state a capture read: GuardSet([(root, path, expected, mode), ...]).",
+    .tp_traverse = guardset_traverse,
+    .tp_clear = guardset_clear,
+    .tp_methods = guardset_methods,
+    .tp_getset = guardset_getset,
+    .tp_as_sequence = &guardset_as_sequence,
+    .tp_init = guardset_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int pykiln_is_guardset(PyObject *o) { return PyObject_TypeCheck(o, &PyGuardSet_Type); }
+
+int pykiln_guards_init_type(PyObject *module) {
+    if (PyType_Ready(&PyGuardSet_Type) < 0) return -1;
+    Py_INCREF(&PyGuardSet_Type);
+    if (PyModule_AddObject(module, "GuardSet", (PyObject *)&PyGuardSet_Type) < 0) return -1;
+    static const struct {
+        const char *name;
+        int value;
+    } modes[] = {{"GUARD_IDENTITY", GUARD_IDENTITY}, {"GUARD_VALUE", GUARD_VALUE}, {"GUARD_ABSENT", GUARD_ABSENT},
+                 {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}};
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+        if (PyModule_AddIntConstant(module, modes[k].name, modes[k].value) < 0) return -1;
+    return 0;
+}
