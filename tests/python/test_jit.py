@@ -422,16 +422,18 @@ def test_cell_training_mode_is_part_of_the_key():
     assert (info.compiles, info.hits) == (2, 2), info
 
 
-def test_closure_tensors_are_live_and_python_numbers_are_constants():
+def test_closure_tensors_are_live_and_python_numbers_are_guarded():
     w = T([1.0, 2.0, 3.0])
     k = 2.0
     jf = kiln.jit(lambda x: x * w + k)
     x = T([1.0, 1.0, 1.0])
     assert_same(jf(x), x * w + 2.0)
     w[...] = T([4.0, 5.0, 6.0])  # an in-place update of the captured tensor is seen
-    k = 100.0  # noqa: F841 (a Python number was baked in when tracing)
     assert_same(jf(x), x * w + 2.0)
     assert jf.cache_info().compiles == 1
+    k = 100.0  # a Python number is a constant of the graph, guarded: a change recompiles
+    assert_same(jf(x), x * w + 100.0)
+    assert jf.cache_info().compiles == 2
 
 
 def test_jitted_function_calling_jitted_functions():

@@ -3,7 +3,6 @@ a condition that is a Python value runs as plain Python (static, decided at comp
 tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
 import builtins
 import contextlib
-import os
 import sys
 import threading
 import types
@@ -11,13 +10,10 @@ import warnings
 import weakref
 
 from .. import _C
-from . import ast_convert
+from . import ast_convert, guards
 from .syntax import JitSyntaxError
 
 _state = threading.local()
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
-_CONVERTIBLE_IN_PACKAGE = (os.path.join(_PACKAGE_DIR, "models.py"),)
 
 
 @contextlib.contextmanager
@@ -388,10 +384,42 @@ def not_(v):
 
 def assert_(test, msg_thunk, loc):
     if _is_tensor(test):
-        raise _error(loc, "assert on a tensor value", "assert only on shapes and Python values")
-    if not test:
+        msg = msg_thunk()
+        _check(test, AssertionError(msg) if msg is not None else AssertionError(), False, loc, "assert")
+    elif not test:
         msg = msg_thunk()
         raise AssertionError(msg) if msg is not None else AssertionError()
+
+
+def raise_if(test, exc_thunk, loc):
+    """`if test: raise exc_thunk()`; on a tensor condition, a check op in the graph."""
+    if _is_tensor(test):
+        _check(test, _exception(exc_thunk(), loc), True, loc, "if ...: raise")
+    elif test:
+        raise _exception(exc_thunk(), loc)
+
+
+def _exception(exc, loc):
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        return exc()
+    if not isinstance(exc, BaseException):
+        raise TypeError("exceptions must derive from BaseException")
+    return exc
+
+
+def _check(test, exc, fail_when, loc, what):
+    """A check op raising exc when test (one element) is nonzero (fail_when) or zero. While capturing it
+    runs now too (eagerly, as the trace does) and stays in the graph, to check each call."""
+    if test.numel() != 1:
+        raise _error(loc, f"{what} on a tensor of shape {tuple(test.shape)}",
+                     "reduce the condition to one element (.any(), .all())")
+    if not _C.is_tracing():
+        if builtins.bool(test.item()) == fail_when:
+            raise exc
+        return
+    from .._optable import OP
+
+    _C.apply(OP.check, (test,), (_C.register_check(exc), int(fail_when)))
 
 
 # ---- loops -------------------------------------------------------------------------------
@@ -619,16 +647,7 @@ def _user_code(fn):
         return False
     if code in ast_convert.CONVERTED_CODE:
         return False
-    if code.co_filename.startswith("<frozen"):
-        return False
-    if code.co_filename.startswith("<"):
-        return True  # exec'd or typed in: reported as source unavailable
-    filename = os.path.abspath(code.co_filename)
-    if filename.startswith(_PACKAGE_DIR + os.sep):
-        return filename in _CONVERTIBLE_IN_PACKAGE
-    in_library = filename.startswith(tuple(d + os.sep for d in _LIBRARY_DIRS)) and (
-        "site-packages" in filename or "dist-packages" in filename or os.sep + "lib" + os.sep + "python" in filename)
-    return not in_library
+    return guards.is_user_code(code)
 
 
 def convert_function(fn):

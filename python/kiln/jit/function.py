@@ -11,11 +11,10 @@ import threading
 import time
 import types
 import warnings
-import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import ast_convert, tree
+from . import ast_convert, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
 
@@ -55,18 +54,24 @@ class CacheInfo:
 
 
 class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "cells", "cell_modes", "differentiable")
+    __slots__ = ("executable", "out_spec", "graph_text", "cells", "differentiable", "guards", "guard_names")
 
-    def __init__(self, executable, out_spec, graph_text, cells, differentiable):
+    def __init__(self, executable, out_spec, graph_text, cells, differentiable, guards, guard_names):
         self.executable = executable
         self.out_spec = out_spec
         self.graph_text = graph_text
         self.differentiable = differentiable  # the traced outputs carried autograd history
-        self.cells = cells  # every Cell the traced code called: its training mode is a guard
-        self.cell_modes = tuple(c.training for c in cells)
+        self.cells = cells  # every Cell the traced code called
+        self.guards = guards  # _C.GuardSet on the Python state the capture read (see kiln.jit.guards)
+        self.guard_names = guard_names
 
     def guards_hold(self):
-        return all(c.training == m for c, m in zip(self.cells, self.cell_modes))
+        return self.guards.check()
+
+    def failed_guard(self):
+        """What changed since the capture (a description of the first failing guard), or None."""
+        k = self.guards.first_failure()
+        return None if k < 0 else self.guard_names[k]
 
 
 def _cells_training(objs):
@@ -75,8 +80,9 @@ def _cells_training(objs):
     return tuple(o.training for o in objs if isinstance(o, Cell))
 
 
-def _user_frame_tracer(tracer):
-    """A sys.settrace hook that tells the tracer the user's source line of each op."""
+def _user_frame_tracer(tracer, on_call=None):
+    """A sys.settrace hook that tells the tracer the user's source line of each op (and shows
+    on_call, when given, each frame of user code as it starts)."""
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def local(frame, event, arg):
@@ -88,6 +94,8 @@ def _user_frame_tracer(tracer):
         name = frame.f_code.co_filename
         if event != "call" or name.startswith(package_dir) or name.startswith("<frozen"):
             return None
+        if on_call is not None:
+            on_call(frame)
         return local
 
     return global_
@@ -106,27 +114,35 @@ def bind_inputs(tracer, spec, leaves):
 
 
 def trace_call(fn, args, kwargs, options, capture_constants=False):
-    """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry, leaves)."""
+    """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
+    cover the Python state the run read; a Python side effect of the run makes it NotReplayable
+    (STRICT: a JitSyntaxError naming the statement)."""
     from ..nn import cell as cell_module
 
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
+    recorder = guards.Recorder(options.capture_mode, top=fn)
     prev_trace = sys.gettrace()
-    prev_log = cell_module._call_log
+    prev_log, prev_writes = cell_module._call_log, cell_module._write_log
     cell_module._call_log = called = []
+    cell_module._write_log = writes = []
     prev_reasons = getattr(_local, "not_replayable", None)
     _local.not_replayable = reasons = []
     try:
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
-        sys.settrace(_user_frame_tracer(tracer))
+        sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
         try:
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
+            cell_module._write_log = prev_writes
         reads, where = tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)
+        effect = recorder.side_effect(writes)
+        if effect is not None:
+            _on_side_effect(options, effect, reasons)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
@@ -136,6 +152,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     finally:
         tracer.end()
         cell_module._call_log = prev_log
+        cell_module._write_log = prev_writes
         _local.not_replayable = prev_reasons
     if reasons:
         raise NotReplayable(reasons[0], tree.unflatten(out_spec, [t.detach() if isinstance(t, _C.TensorBase)
@@ -145,8 +162,21 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     cells = tuple(dict.fromkeys(called))
+    recorder.add_cells(cells)
+    guard_set, guard_names = recorder.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
-    return tree.unflatten(out_spec, detached)[0], _Entry(executable, out_spec, text, cells, differentiable)
+    entry = _Entry(executable, out_spec, text, cells, differentiable, guard_set, guard_names)
+    return tree.unflatten(out_spec, detached)[0], entry
+
+
+def _on_side_effect(options, effect, reasons):
+    """The captured function changed Python state (see kiln.jit.guards): a compiled graph would
+    skip that on later calls, so the function runs eagerly (STRICT: an error naming the statement)."""
+    hint = ("return the value instead and update the state outside the jitted function, or keep the state in "
+            "a tensor updated in place")
+    if options.strict:
+        raise JitSyntaxError(f"a Python side effect ({effect.what})", effect.filename, effect.line, 0, hint)
+    reasons.append(f"a Python side effect ({effect}) would run only once, when the graph is captured")
 
 
 def _on_value_read(fn, options, where, reasons):
@@ -177,12 +207,9 @@ class JitFunction(_C.JitDispatcher):
     def __init__(self, fn, options, bound_self=None):
         self.fn = fn
         self.options = options
-        self._self_ref = None  # the instance of a bound method, held weakly
+        self._self_ref = None  # the instance of a bound method (held like a Python bound method holds it)
         if bound_self is not None:
-            try:
-                self._self_ref = weakref.ref(bound_self)
-            except TypeError:  # not weakly referenceable: held strongly
-                self._self_ref = lambda obj=bound_self: obj
+            self._self_ref = lambda obj=bound_self: obj
         self._cache = {}
         self._keys = []
         self._warned = False
@@ -206,19 +233,18 @@ class JitFunction(_C.JitDispatcher):
         return self._self_ref() if self._self_ref is not None else None
 
     # methods: @kiln.jit on a def inside a class binds like a function, one JitFunction (and
-    # cache) per instance, living as long as the instance
+    # cache) per instance, kept in the instance's __dict__ so it lives as long as the instance
+    # (and keeps it alive like a bound method does: `f = Model().run; f(x)` works)
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        bound = self.__dict__.get("_bound")
-        if bound is None:
-            bound = self.__dict__["_bound"] = weakref.WeakKeyDictionary()
-        try:
-            jf = bound.get(obj)
-        except TypeError:  # unhashable or not weakly referenceable: no per-instance cache
+        d = getattr(obj, "__dict__", None)
+        if not isinstance(d, dict):  # no instance dict: no per-instance cache
             return JitFunction(self.fn, self.options, bound_self=obj)
-        if jf is None:
-            jf = bound[obj] = JitFunction(self.fn, self.options, bound_self=obj)
+        name = f"_kiln_jit_{id(self):x}"
+        jf = d.get(name)
+        if jf is None or jf.fn is not self.fn:
+            jf = d[name] = JitFunction(self.fn, self.options, bound_self=obj)
         return jf
 
     def _target(self):
@@ -344,7 +370,7 @@ class JitFunction(_C.JitDispatcher):
         positional tensors whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
-        if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or entry.cells
+        if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
                 or entry.differentiable):
             return
         if not all(isinstance(a, _C.TensorBase) for a in args):
@@ -356,13 +382,15 @@ class JitFunction(_C.JitDispatcher):
             kind = 1 if spec[0] == "tuple" else 2
         else:
             return
-        self._add_fast_entry(entry.executable, tuple(args), key[2][0], kind)
+        self._add_fast_entry(entry.executable, tuple(args), key[2][0], kind, entry.guards)
 
     def _warn_recompiles(self, key):
         if self._warned:
             return
         self._warned = True
-        changing = _describe_change(self._keys[-1], key)
+        stale = [e.failed_guard() for e in self._cache.get(key, ())]
+        changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._cache
+                    else _describe_change(self._keys[-1], key))
         warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)

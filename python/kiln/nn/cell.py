@@ -8,6 +8,21 @@ _object_setattr = object.__setattr__
 
 # While kiln.jit traces, the list of Cells called (see kiln.jit.function.trace_call); else None.
 _call_log = None
+# While kiln.jit traces, the list of (cell, attribute name, "file:line") of attribute writes on
+# Cells: Python side effects a compiled graph would skip (see kiln.jit.guards); else None.
+_write_log = None
+
+
+def _touch(cell, name, depth=2):
+    """Bumps cell's state version (compiled graphs guard on it) after a write of attribute name,
+    and logs the write while a capture runs."""
+    d = cell.__dict__
+    d["_kiln_version"] = d.get("_kiln_version", 0) + 1
+    if _write_log is not None:
+        import sys
+
+        f = sys._getframe(depth)
+        _write_log.append((cell, name, f"{f.f_code.co_filename}:{f.f_lineno}"))
 
 
 class Cell:
@@ -24,6 +39,7 @@ class Cell:
         _object_setattr(self, "requires_grad", False)
         _object_setattr(self, "_auto_prefix", bool(auto_prefix))
         _object_setattr(self, "_jit_config", None)
+        _object_setattr(self, "_kiln_version", 0)  # bumped by attribute writes (see _touch)
         if flags:
             _object_setattr(self, "_flags", dict(flags))
 
@@ -72,6 +88,7 @@ class Cell:
                                 f"{type(self).__name__} ({expected} or None expected)")
             (self._params if kind == "parameter" else self._cells).pop(name)
         _object_setattr(self, name, value)
+        _touch(self, name)
 
     def __delattr__(self, name):
         d = self.__dict__
@@ -79,6 +96,7 @@ class Cell:
             d["_params"].pop(name, None)
             d["_cells"].pop(name, None)
         object.__delattr__(self, name)
+        _touch(self, name)
 
     def insert_param_to_cell(self, param_name, param, check_name_contain_dot=True):
         """Registers param under param_name (like assigning it as an attribute)."""
@@ -181,7 +199,7 @@ class Cell:
     def set_train(self, mode=True):
         """Training mode (Dropout drops, BatchNorm uses batch statistics) for this cell and
         every sub-cell; returns self."""
-        for _, cell in self.cells_and_names():
+        for _, cell in self.cells_and_names():  # not a state version bump: compiled graphs guard on it apart
             _object_setattr(cell, "training", bool(mode))
         return self
 

@@ -61,7 +61,6 @@ class Optimizer(Cell):
             raise ValueError(f"{name}: loss_scale must be > 0, got {loss_scale!r}")
         self._lrs = lrs
         self._wds = wds
-        self._steps = [0] * len(params)  # updates applied to each parameter so far
         # the same counts as int64 tensors the update ops increment themselves, so a compiled
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
@@ -146,7 +145,6 @@ class Optimizer(Cell):
                     raise TypeError(f"{type(self).__name__}: gradient {i} must be a Tensor, got {type(g).__name__}")
                 if self.loss_scale != 1.0:
                     g = g / self.loss_scale
-                self._steps[i] += 1
                 self._update(i, p, g, self._lr_at(self._lrs[i], step), self._wds[i])
             self._global_step[...] = self._global_step + 1
         return True
