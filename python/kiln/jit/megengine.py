@@ -259,7 +259,7 @@ def _diff_spec(a, b, path, values):
     if a[0] != b[0] or (a[0] != "const" and (len(a[1]) != len(b[1]) or (a[0] == "dict" and a[1] != b[1]))):
         return f"{path} is {tree.describe(b)} this time but was {tree.describe(a)} when traced"
     if a[0] == "const":
-        return f"{path} is {b[2]!r} this time but was {a[2]!r} when traced" if values else None
+        return f"{path} is {b[3].value!r} this time but was {a[3].value!r} when traced" if values else None
     keys = a[1] if a[0] == "dict" else range(len(a[1]))
     items_a, items_b = (a[2], b[2]) if a[0] == "dict" else (a[1], b[1])
     for k, sa, sb in zip(keys, items_a, items_b):
