@@ -27,10 +27,14 @@ typedef enum kiln_status {
     KILN_ERR_MEMORY,          /* allocation failed                   -> MemoryError */
     KILN_ERR_NOT_IMPLEMENTED, /*                                      -> NotImplementedError */
     KILN_ERR_RUNTIME,         /* anything else (e.g. a library call) -> RuntimeError */
+    KILN_ERR_CHECK,           /* a check op's condition held: kiln_last_check() names it
+                                 -> the exception the user's code raises there */
 } kiln_status;
 
 /* The message of the last error set on this thread ("" when none). */
 KILN_API const char *kiln_last_error(void);
+/* The id (attribute i[0]) of the check op behind the last KILN_ERR_CHECK on this thread. */
+KILN_API int64_t kiln_last_check(void);
 KILN_API void kiln_clear_error(void);
 
 /* ---- dtypes --------------------------------------------------------------------------- */

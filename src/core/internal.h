@@ -17,6 +17,8 @@ kiln_status kiln_error(kiln_status status, const char *fmt, ...)
 /* Prefixes the current message with "context: " (keeps the status). */
 kiln_status kiln_error_context(kiln_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* KILN_ERR_CHECK for the check op with this id (see kiln_last_check). */
+kiln_status kiln_error_check(int64_t id);
 
 #define KILN_TRY(expr)                                                                      \
     do {                                                                                    \

@@ -3,8 +3,16 @@
 
 #define KILN_ERROR_CAP 1024
 static _Thread_local char error_message[KILN_ERROR_CAP];
+static _Thread_local int64_t last_check = -1;
 
 const char *kiln_last_error(void) { return error_message; }
+
+int64_t kiln_last_check(void) { return last_check; }
+
+kiln_status kiln_error_check(int64_t id) {
+    last_check = id;
+    return kiln_error(KILN_ERR_CHECK, "check %lld: its condition held", (long long)id);
+}
 
 void kiln_clear_error(void) { error_message[0] = '\0'; }
 

@@ -3,9 +3,45 @@
 
 #include "core/internal.h"
 
+/* The exceptions of check ops, indexed by check id (register_check); process-wide like the
+ * graphs that name them. */
+static PyObject *check_exceptions;
+
+PyObject *pykiln_register_check(PyObject *module, PyObject *exc) {
+    (void)module;
+    if (!PyExceptionInstance_Check(exc)) {
+        PyErr_Format(PyExc_TypeError, "register_check: expected an exception instance, got %R", exc);
+        return NULL;
+    }
+    if (!check_exceptions && !(check_exceptions = PyList_New(0))) return NULL;
+    if (PyList_Append(check_exceptions, exc) < 0) return NULL;
+    return PyLong_FromSsize_t(PyList_GET_SIZE(check_exceptions) - 1);
+}
+
+/* A fresh exception like the one registered for the failed check (its type called with its
+ * args; the registered instance itself when that fails). */
+static PyObject *raise_check(void) {
+    int64_t id = kiln_last_check();
+    if (!check_exceptions || id < 0 || id >= PyList_GET_SIZE(check_exceptions)) {
+        PyErr_Format(PyExc_RuntimeError, "%s (no exception is registered for it)", kiln_last_error());
+        return NULL;
+    }
+    PyObject *exc = PyList_GET_ITEM(check_exceptions, id);
+    PyObject *fresh = PyObject_Call((PyObject *)Py_TYPE(exc), ((PyBaseExceptionObject *)exc)->args, NULL);
+    if (!fresh || !PyExceptionInstance_Check(fresh)) {
+        Py_XDECREF(fresh);
+        PyErr_Clear();
+        fresh = Py_NewRef(exc);
+    }
+    PyErr_SetObject((PyObject *)Py_TYPE(fresh), fresh);
+    Py_DECREF(fresh);
+    return NULL;
+}
+
 PyObject *pykiln_raise(kiln_status s) {
     PyObject *type;
     switch (s) {
+    case KILN_ERR_CHECK: return raise_check();
     case KILN_ERR_VALUE: type = PyExc_ValueError; break;
     case KILN_ERR_TYPE: type = PyExc_TypeError; break;
     case KILN_ERR_INDEX: type = PyExc_IndexError; break;

@@ -163,11 +163,6 @@ def int_of_tensor(x):
     return x * n
 
 
-def assert_on_tensor(x):
-    assert x.sum() > 0
-    return x
-
-
 def string_chosen_by_tensor(x):
     mode = "a"
     if x.sum() > 0:
@@ -205,7 +200,6 @@ RUNTIME = [
     (int_of_tensor, "int(x.sum())", "int() of a tensor value"),
     (write_under_tensor_if, "if x.sum()", "a subscript assignment (an in-place write) inside an if on a tensor"),
     (write_in_tensor_loop, "while", "a subscript assignment (an in-place write) inside a loop on a tensor"),
-    (assert_on_tensor, "assert", "assert on a tensor value"),
     (string_chosen_by_tensor, "if x.sum() > 0", "variable 'mode' (str) changed by an if on a tensor"),
 ]
 

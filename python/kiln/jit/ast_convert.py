@@ -364,6 +364,12 @@ class _Converter(ast.NodeTransformer):
         return _call_rt("values", ast.Call(func=_name("locals"), args=[], keywords=[]), _strs(names))
 
     def visit_If(self, node):
+        if len(node.body) == 1 and isinstance(node.body[0], ast.Raise) and node.body[0].exc is not None:
+            # `if cond: raise E(...)`: a runtime check when cond is a tensor (the rest runs after it)
+            self.generic_visit(node)
+            exc = ast.Lambda(args=_no_args(), body=node.body[0].exc)
+            check = ast.copy_location(ast.Expr(_call_rt("raise_if", node.test, exc, self._loc(node))), node)
+            return [check] + node.orelse
         names = assigned_names(node.body + node.orelse)
         in_true, in_false = assigned_names(node.body), assigned_names(node.orelse)
         inplace = ast.Constant(writes_in_place(node.body + node.orelse))
