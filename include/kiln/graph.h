@@ -100,6 +100,11 @@ KILN_API bool kiln_tracer_in_body(void);
 KILN_API void kiln_tracer_note_value_read(const kiln_tensor *t);
 /* Reads counted by tr; *first_loc (when not NULL) is set to the "file:line" of the first, or NULL. */
 KILN_API int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **first_loc);
+/* The tensors a capture_constants trace copied in as constants: the k-th original (borrowed), the
+ * graph value it became and the storage version it had then (a later in-place write changes it). */
+KILN_API int32_t kiln_tracer_num_constant_sources(const kiln_tracer *tr);
+KILN_API kiln_tensor *kiln_tracer_constant_source(const kiln_tracer *tr, int32_t k, int32_t *value,
+                                                  int64_t *version);
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
 

@@ -19,6 +19,12 @@ struct kiln_tracer {
     bool own_loc;         /* told source lines itself (kiln_tracer_set_loc) */
     int32_t value_reads;  /* values of recorded tensors read by the caller (kiln_tracer_note_value_read) */
     char *first_read_loc; /* where the first of them happened, or NULL */
+    /* capture_constants: each tensor copied in as a constant (owned), its value id and the storage
+     * version it had, so a caller can tell when the original changes in place */
+    kiln_tensor **const_src;
+    int32_t *const_value;
+    int64_t *const_version;
+    int32_t nconst, cap_const;
 };
 
 static _Thread_local kiln_tracer *active;
@@ -67,6 +73,8 @@ void kiln_tracer_free(kiln_tracer *tr) {
     kiln_ptrmap_free(&tr->values);
     kiln_ptrmap_free(&tr->bodies);
     free(tr->first_read_loc);
+    for (int32_t k = 0; k < tr->nconst; k++) kiln_tensor_release(tr->const_src[k]);
+    free(tr->const_src), free(tr->const_value), free(tr->const_version);
     kiln_graph_free(tr->graph);
     free(tr);
 }
@@ -99,6 +107,25 @@ void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias) {
     if (v >= 0 && bind(tr, alias, (int32_t)v) != KILN_OK && tr->failure == KILN_OK) tr->failure = KILN_ERR_MEMORY;
 }
 
+static kiln_status remember_constant_source(kiln_tracer *tr, kiln_tensor *t) {
+    if (tr->nconst == tr->cap_const) {
+        int32_t cap = tr->cap_const ? 2 * tr->cap_const : 8;
+        kiln_tensor **src = realloc(tr->const_src, sizeof *src * (size_t)cap);
+        if (src) tr->const_src = src;
+        int32_t *val = realloc(tr->const_value, sizeof *val * (size_t)cap);
+        if (val) tr->const_value = val;
+        int64_t *ver = realloc(tr->const_version, sizeof *ver * (size_t)cap);
+        if (ver) tr->const_version = ver;
+        if (!src || !val || !ver) return kiln_error(KILN_ERR_MEMORY, "out of memory capturing a constant");
+        tr->cap_const = cap;
+    }
+    kiln_tensor_retain(t);
+    tr->const_src[tr->nconst] = t;
+    tr->const_value[tr->nconst] = -1;
+    tr->const_version[tr->nconst++] = kiln_tensor_version(t);
+    return KILN_OK;
+}
+
 kiln_status kiln_tracer_add_input(kiln_tracer *tr, kiln_tensor *t) {
     int32_t v;
     KILN_TRY(kiln_graph_add_input(tr->graph, &t->meta, &v));
@@ -113,8 +140,19 @@ kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value
     }
     /* Python numbers become tensors just before an op: they are constants of the trace */
     bool constant = tr->capture_constants || t->literal;
+    if (constant && !t->literal) KILN_TRY(remember_constant_source(tr, t));
     KILN_TRY(kiln_graph_add_capture(tr->graph, t, constant, value));
+    if (constant && !t->literal) tr->const_value[tr->nconst - 1] = *value;
     return bind(tr, t, *value);
+}
+
+int32_t kiln_tracer_num_constant_sources(const kiln_tracer *tr) { return tr->nconst; }
+
+kiln_tensor *kiln_tracer_constant_source(const kiln_tracer *tr, int32_t k, int32_t *value, int64_t *version) {
+    if (k < 0 || k >= tr->nconst) return NULL;
+    if (value) *value = tr->const_value[k];
+    if (version) *version = tr->const_version[k];
+    return tr->const_src[k];
 }
 
 bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t) {

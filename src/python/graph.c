@@ -281,6 +281,31 @@ static PyObject *tracer_count(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(kiln_tracer_count(((PyTracer *)self)->tr));
 }
 
+/* constant_sources() -> [(tensor, "%value", version)]: what a capture_constants trace copied in (new
+ * tensor objects sharing the originals' storage, whose version tells of in-place writes since) */
+static PyObject *tracer_constant_sources(PyObject *self, PyObject *unused) {
+    (void)unused;
+    kiln_tracer *tr = ((PyTracer *)self)->tr;
+    int32_t n = kiln_tracer_num_constant_sources(tr);
+    PyObject *list = PyList_New(n);
+    for (int32_t k = 0; list && k < n; k++) {
+        int32_t value;
+        int64_t version;
+        kiln_tensor *src = kiln_tracer_constant_source(tr, k, &value, &version), *alias = NULL;
+        kiln_status s = kiln_tensor_detach(src, &alias);
+        PyObject *t = s == KILN_OK ? pykiln_wrap(alias) : pykiln_raise(s);
+        PyObject *item = t ? Py_BuildValue("(NsL)", t, "", (long long)version) : NULL;
+        if (item) {
+            PyObject *name = PyUnicode_FromFormat("%%%d", (int)value);
+            if (!name) Py_CLEAR(item);
+            else PyTuple_SetItem(item, 1, name);
+        }
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
 /* value_reads() -> (count, "file:line" of the first or None): values of recorded tensors read by Python */
 static PyObject *tracer_value_reads(PyObject *self, PyObject *unused) {
     (void)unused;
@@ -438,6 +463,7 @@ static PyMethodDef tracer_methods[] = {
     {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
     {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
+    {"constant_sources", tracer_constant_sources, METH_NOARGS, "[(tensor, value name, version)] of constants"},
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
