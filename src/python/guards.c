@@ -29,6 +29,7 @@ typedef struct {
     int mode;
     int nsteps;
     guard_step *steps;
+    uint64_t dict_version; /* one item step on a dict: the dict's version when the guard last held */
 } guard;
 
 typedef struct {
@@ -75,6 +76,8 @@ static int same_value(PyObject *a, PyObject *b) {
     return 0; /* other kinds are guarded by identity */
 }
 
+static int check_value(const guard *g);
+
 /* The object the guard's path reaches (new reference), or NULL with *absent set when a step
  * found nothing; NULL without *absent is an error (set). */
 static PyObject *walk(const guard *g, int *absent) {
@@ -119,8 +122,30 @@ static PyObject *walk(const guard *g, int *absent) {
     return cur;
 }
 
-/* 1: holds, 0: fails, -1: error (set). */
-static int check_one(const guard *g) {
+/* PEP 509's version tag of a dict (changed by every write to it), on the CPython versions that
+ * keep it; 0 (no shortcut) elsewhere. */
+static uint64_t dict_version(PyObject *d) {
+#if PY_VERSION_HEX < 0x030C0000
+    return PyDict_CheckExact(d) ? ((PyDictObject *)d)->ma_version_tag : 0;
+#else
+    (void)d;
+    return 0;
+#endif
+}
+
+/* 1: holds, 0: fails, -1: error (set). A guard on one item of a dict that has not been written
+ * since the guard last held still holds (the item is the same object; numbers, strings and
+ * tuples cannot change in place). */
+static int check_one(guard *g) {
+    bool one_item = g->nsteps == 1 && g->steps[0].kind == STEP_ITEM;
+    uint64_t version = one_item ? dict_version(g->root) : 0;
+    if (version && version == g->dict_version) return 1;
+    int r = check_value(g);
+    if (r == 1) g->dict_version = version;
+    return r;
+}
+
+static int check_value(const guard *g) {
     int absent;
     PyObject *v = walk(g, &absent);
     if (!v) return absent ? g->mode == GUARD_ABSENT : -1;

@@ -26,6 +26,7 @@ import types
 import weakref
 
 from .. import _C
+from . import ast_convert
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
@@ -37,6 +38,7 @@ IDENTITY, VALUE, ABSENT, METHOD, VERSION = (_C.GUARD_IDENTITY, _C.GUARD_VALUE, _
 _MUTATORS = frozenset(("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
                        "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
                        "symmetric_difference_update", "__setitem__", "__delitem__", "__iadd__"))
+_CONVERTER_BUILTINS = frozenset(("locals",))  # builtins that ast conversion adds to code
 _LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST"))
 
 
@@ -56,9 +58,10 @@ def is_user_code(code):
 class _CodeFacts:
     """What one code object reads and writes, from its bytecode."""
 
-    __slots__ = ("globals", "freevars", "chains", "effects", "nested", "prints", "mutations")
+    __slots__ = ("globals", "freevars", "chains", "effects", "nested", "prints", "mutations", "converted")
 
     def __init__(self, code):
+        self.converted = ast_convert.RT in code.co_freevars or ast_convert.RT in code.co_cellvars
         self.globals = set()
         self.freevars = set()
         self.chains = set()  # (root kind "global" | "deref" | "fast", root name, steps)
@@ -222,6 +225,7 @@ class Recorder:
         for name in facts.globals:
             self._guard_global(g, name, code)
         cells = self._closure_of(code, frame) if facts.freevars else {}
+        cells.pop(ast_convert.RT, None)  # the runtime ast conversion gives converted code: kiln's own
         for name in facts.freevars:
             cell = cells.get(name)
             if cell is not None:
@@ -246,6 +250,8 @@ class Recorder:
                              code)
 
     def _guard_global(self, g, name, code):
+        if name in _CONVERTER_BUILTINS and code_facts(code).converted:
+            return
         if name in g:
             self._guard_path(g, (("item", name),), f"global {name!r}", code)
         elif not hasattr(builtins, name):
@@ -256,13 +262,25 @@ class Recorder:
                 self.guards[key] = (g, (("item", name),), None, ABSENT, f"global {name!r} (undefined: the builtin)")
 
     def _guard_path(self, root, path, description, code):
-        key = (id(root), path)
-        if key in self.guards:
-            return
-        value = _walk(root, path)
-        if value is _MISSING:
-            return
-        self.guards[key] = (root, path, value, _mode_of(value), description)
+        """Guards each step of path from root on the object it reaches now: a chain of one-step
+        guards, each rooted at the object the step before reached (whose identity that step
+        guards), so most are items of a dict (a module's globals, an instance's __dict__), which
+        the GuardSet skips while the dict is unchanged."""
+        cur = root
+        for k, step in enumerate(path):
+            value = _walk(cur, (step,))
+            if value is _MISSING:
+                return
+            last = k == len(path) - 1
+            if step[0] == "attr" and _plain_attribute(cur, step[1]):
+                cur, step = cur.__dict__, ("item", step[1])
+            self._guard_step(cur, step, value, description if last else f"{description} (a step of it)", code)
+            cur = value
+
+    def _guard_step(self, root, step, value, description, code):
+        key = (id(root), step)
+        if key not in self.guards:
+            self.guards[key] = (root, (step,), value, _mode_of(value), description)
         self._watch(value, description, code)
         self._guard_cell_version(value)
 
@@ -270,19 +288,19 @@ class Recorder:
         from ..nn import Cell
 
         if isinstance(value, Cell) and "_kiln_version" in value.__dict__:
-            path = (("attr", "_kiln_version"),)
-            key = (id(value), path)
-            if key not in self.guards:
-                self.guards[key] = (value, path, value.__dict__["_kiln_version"], VALUE,
-                                    f"the attributes of {type(value).__name__} cell")
+            self._guard_step_only(value.__dict__, ("item", "_kiln_version"), value.__dict__["_kiln_version"],
+                                  f"the attributes of {type(value).__name__} cell")
+
+    def _guard_step_only(self, root, step, value, description):
+        key = (id(root), step)
+        if key not in self.guards:
+            self.guards[key] = (root, (step,), value, _mode_of(value), description)
 
     def add_cells(self, cells):
         for c in cells:
             self._guard_cell_version(c)
-            key = (id(c), (("attr", "training"),))
-            if key not in self.guards:
-                self.guards[key] = (c, (("attr", "training"),), c.training, VALUE,
-                                    f"the training mode of {type(c).__name__} cell")
+            self._guard_step_only(c.__dict__, ("item", "training"), c.training,
+                                  f"the training mode of {type(c).__name__} cell")
 
     def _watch(self, obj, description, code):
         if id(obj) in self.watched:
@@ -338,6 +356,18 @@ class Recorder:
 
 
 _MISSING = object()
+
+
+def _plain_attribute(obj, name):
+    """Whether obj.name is read from obj's instance __dict__ (no data descriptor on its type)."""
+    d = getattr(obj, "__dict__", None)
+    if not isinstance(d, dict) or name not in d or isinstance(obj, type):
+        return False
+    for klass in type(obj).__mro__:
+        attr = klass.__dict__.get(name, _MISSING)
+        if attr is not _MISSING:
+            return not hasattr(type(attr), "__set__")
+    return True
 
 
 def _walk(root, path):
