@@ -8,6 +8,7 @@ from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enab
 from . import nn
 from .jit import JitConfig, JitSyntaxError, jit
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
+from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 
 float_ = float32
 int_ = int64

@@ -34,3 +34,160 @@ def test_creation_ops_keep_their_other_call_forms():
         ops.zeros((2, 4), kiln.float32, dtype=kiln.int32)
     with pytest.raises(TypeError, match="ones: shape entries must be ints"):
         ops.ones(kiln.float32)
+
+
+# ---- kiln.jit(dynamic=...) and ge_options ---------------------------------------------------
+
+
+def _x(shape=(2, 3), seed=0):
+    return kiln.Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def test_jit_dynamic_accepts_mindspore_ints_and_bools():
+    for value, stored in ((0, False), (1, True), (False, False), (True, True)):
+        f = kiln.jit(lambda a: a * 2 + 1, dynamic=value)
+        assert f.options.dynamic is stored
+        x = _x()
+        np.testing.assert_allclose(f(x).asnumpy(), x.asnumpy() * 2 + 1, rtol=1e-6)
+    for bad in (2, -1, "1", 1.0, None):
+        with pytest.raises(ValueError, match=f"jit: dynamic must be 0, 1, False or True, got {bad!r}"):
+            kiln.jit(lambda a: a, dynamic=bad)
+    with pytest.raises(TypeError, match="jit: fullgraph must be True or False, got 1"):
+        kiln.jit(lambda a: a, fullgraph=1)
+
+
+def test_ge_options_are_checked_recorded_and_listed_in_one_warning():
+    ge = {"global": {"ge.exec.precision_mode": "must_keep_origin_dtype"}, "session": {"ge.exec.atomicCleanPolicy": "1"}}
+    with pytest.warns(UserWarning) as record:
+        f = kiln.jit(lambda a: ops.exp(a) + a, backend="GE", ge_options=ge)
+    assert len(record) == 1
+    msg = str(record[0].message)
+    assert "global 'ge.exec.precision_mode'" in msg and "session 'ge.exec.atomicCleanPolicy'" in msg
+    assert f.options.ge_options == ge and f.options.ge_options is not ge and f.options.backend == "sink"
+    x = _x()
+    np.testing.assert_allclose(f(x).asnumpy(), np.exp(x.asnumpy()) + x.asnumpy(), rtol=1e-5)
+    np.testing.assert_allclose(f(x).asnumpy(), np.exp(x.asnumpy()) + x.asnumpy(), rtol=1e-5)
+    # the sink alias, O2's default backend and JitConfig's sink mode take them too; empty groups: no warning
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kiln.jit(lambda a: a, backend="sink", ge_options={"global": {}}).options.ge_options == {"global": {}}
+        assert kiln.jit(lambda a: a, jit_level="O2", ge_options={}).options.ge_options == {}
+        kiln.JitConfig(exc_mode="sink", ge_options={"session": {}})
+    assert kiln.jit(lambda a: a).options.ge_options is None
+
+
+def test_ge_options_errors_name_what_is_wrong():
+    with pytest.raises(ValueError, match="ge_options apply to backend=\"GE\" .*got backend='ms_backend'"):
+        kiln.jit(lambda a: a, backend="ms_backend", ge_options={"global": {}})
+    with pytest.raises(ValueError, match="got backend='' \\(kernel by kernel at this jit_level\\)"):
+        kiln.jit(lambda a: a, ge_options={"global": {}})
+    with pytest.raises(ValueError, match="ge_options accepts the keys 'global' and 'session', got 'graph'"):
+        kiln.jit(lambda a: a, backend="GE", ge_options={"graph": {}})
+    with pytest.raises(TypeError, match="ge_options must be a dict with keys 'global' and 'session', got list"):
+        kiln.jit(lambda a: a, backend="GE", ge_options=[("global", {})])
+    with pytest.raises(TypeError, match=r"ge_options\['session'\] must map str to str, got 'ge.x': 1"):
+        kiln.jit(lambda a: a, backend="GE", ge_options={"session": {"ge.x": 1}})
+    with pytest.raises(TypeError, match=r"ge_options\['global'\] must be a dict of str to str, got str"):
+        kiln.jit(lambda a: a, backend="GE", ge_options={"global": "ge.x=1"})
+    with pytest.raises(ValueError, match="ge_options apply to backend=\"GE\""):
+        kiln.JitConfig(exc_mode="no_sink", ge_options={"global": {}})
+
+
+# ---- set_context / get_context --------------------------------------------------------------
+
+
+@pytest.fixture
+def context():
+    """Restores set_context's settings after a test."""
+    saved = {name: kiln.get_context(name) for name in ("mode", "jit_syntax_level")}
+    yield
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.set_context(**saved)
+
+
+def test_context_defaults_constants_and_validation(context):
+    assert (kiln.GRAPH_MODE, kiln.PYNATIVE_MODE) == (0, 1)
+    assert kiln.get_context("mode") == kiln.PYNATIVE_MODE and kiln.get_context("jit_syntax_level") == "LAX"
+    kiln.set_context(jit_syntax_level=kiln.STRICT)
+    assert kiln.get_context("jit_syntax_level") == "STRICT"
+    kiln.set_context(mode=kiln.PYNATIVE_MODE, jit_syntax_level="LAX")
+    assert kiln.get_context("jit_syntax_level") == "LAX"
+    with pytest.raises(ValueError, match="set_context: mode must be kiln.GRAPH_MODE \\(0\\) or kiln.PYNATIVE_MODE "
+                                         "\\(1\\), got 2"):
+        kiln.set_context(mode=2)
+    with pytest.raises(ValueError, match="set_context: jit_syntax_level must be 'STRICT' or 'LAX', got 'COMPATIBLE'"):
+        kiln.set_context(jit_syntax_level="COMPATIBLE")
+    with pytest.raises(ValueError, match="set_context: unknown setting 'device_id'; accepted: mode, jit_syntax_level"):
+        kiln.set_context(device_id=0)
+    with pytest.raises(ValueError, match="get_context: unknown setting 'speed'"):
+        kiln.get_context("speed")
+    # a rejected call changes nothing
+    with pytest.raises(ValueError):
+        kiln.set_context(jit_syntax_level="STRICT", mode=7)
+    assert kiln.get_context("jit_syntax_level") == "LAX"
+
+
+def test_graph_mode_is_recorded_and_says_cells_still_run_eagerly(context):
+    with pytest.warns(UserWarning, match="mode=GRAPH_MODE is recorded, but kiln does not compile Cells by mode"):
+        kiln.set_context(mode=kiln.GRAPH_MODE)
+    assert kiln.get_context("mode") == kiln.GRAPH_MODE
+
+
+def _lax_run(call):
+    """call() under LAX: the ast mode can't compile the read, falls back to trace, then runs eagerly."""
+    import warnings
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = call()
+    messages = " | ".join(str(w.message) for w in record)
+    assert "falls back to trace capture" in messages and "runs eagerly" in messages, messages
+    return out
+
+
+def _reads_a_value(a):
+    if float(a.sum()) > 0:  # a tensor read as a Python number: STRICT refuses it
+        return a + 1
+    return a - 1
+
+
+def test_an_empty_syntax_level_defers_to_set_context(context):
+    x = _x((3,), seed=1)
+    kiln.set_context(jit_syntax_level="STRICT")
+    with pytest.raises(kiln.JitSyntaxError, match=r"float\(\) of a tensor value"):
+        kiln.jit(_reads_a_value)(x)
+    with pytest.raises(kiln.JitSyntaxError, match=r"float\(\) of a tensor value"):
+        kiln.jit(_reads_a_value, jit_syntax_level="")(x)
+    # read when the function is captured, not when it is wrapped
+    f = kiln.jit(_reads_a_value)
+    kiln.set_context(jit_syntax_level="LAX")
+    out = _lax_run(lambda: f(x))
+    np.testing.assert_allclose(out.asnumpy(), _reads_a_value(x).asnumpy())
+    # the function's own level, or fullgraph, wins over the context
+    kiln.set_context(jit_syntax_level="STRICT")
+    _lax_run(lambda: kiln.jit(_reads_a_value, jit_syntax_level="LAX")(x))
+    kiln.set_context(jit_syntax_level="LAX")
+    with pytest.raises(kiln.JitSyntaxError):
+        kiln.jit(_reads_a_value, fullgraph=True)(x)
+    assert kiln.jit(_reads_a_value).options.jit_syntax_level == "LAX"
+
+
+def test_jit_config_with_an_empty_syntax_level_defers_to_set_context(context):
+    from kiln import nn
+
+    class Net(nn.Cell):
+        def construct(self, a):
+            return _reads_a_value(a)
+
+    x = _x((3,), seed=2)
+    kiln.set_context(jit_syntax_level="STRICT")
+    net = Net()
+    net.set_jit_config(kiln.JitConfig(jit_level="O0"))
+    assert kiln.JitConfig().jit_syntax_level == ""
+    with pytest.raises(kiln.JitSyntaxError):
+        net(x)
+    lax = Net()
+    lax.set_jit_config(kiln.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
+    np.testing.assert_allclose(_lax_run(lambda: lax(x)).asnumpy(), _reads_a_value(x).asnumpy())
