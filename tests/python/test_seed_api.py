@@ -191,3 +191,81 @@ def test_jit_config_with_an_empty_syntax_level_defers_to_set_context(context):
     lax = Net()
     lax.set_jit_config(kiln.JitConfig(jit_level="O0", jit_syntax_level="LAX"))
     np.testing.assert_allclose(_lax_run(lambda: lax(x)).asnumpy(), _reads_a_value(x).asnumpy())
+
+
+# ---- MegEngine's module paths ---------------------------------------------------------------
+
+
+def test_megengine_module_paths_and_the_callable_jit_package():
+    import importlib
+    import inspect
+
+    import kiln.jit.tracing
+    from kiln.jit.dtr_config import DTRConfig
+    from kiln.jit.graph_opt_config import GraphOptimizationConfig
+    from kiln.jit.sublinear_memory_config import SublinearMemoryConfig
+    from kiln.jit.tracing import TraceMismatchError, trace
+
+    assert trace is kiln.trace is kiln.jit.trace is kiln.jit.tracing.trace
+    assert TraceMismatchError is kiln.TraceMismatchError is kiln.jit.TraceMismatchError
+    assert issubclass(TraceMismatchError, RuntimeError)
+    assert SublinearMemoryConfig is kiln.SublinearMemoryConfig is kiln.jit.SublinearMemoryConfig
+    assert DTRConfig is kiln.jit.DTRConfig and GraphOptimizationConfig is kiln.jit.GraphOptimizationConfig
+    assert importlib.import_module("kiln.jit") is kiln.jit
+    assert "capture_mode" in inspect.signature(kiln.jit).parameters
+    # the package still works as MindSpore's jit, in every form
+    x = _x()
+
+    @kiln.jit
+    def double(a):
+        return a * 2
+
+    @kiln.jit(capture_mode="trace", jit_level="O1")
+    def triple(a):
+        return a * 3
+
+    np.testing.assert_allclose(double(x).asnumpy(), x.asnumpy() * 2)
+    np.testing.assert_allclose(triple(x).asnumpy(), x.asnumpy() * 3)
+    np.testing.assert_allclose(kiln.jit(function=lambda a: a + 1)(x).asnumpy(), x.asnumpy() + 1)
+    assert isinstance(double, kiln.jit.JitFunction) and kiln.jit.jit(double).fn is double.fn
+    from kiln import jit
+    assert jit is kiln.jit
+
+
+# ---- DTRConfig, GraphOptimizationConfig ------------------------------------------------------
+
+
+def test_dtr_config_fields_and_validation():
+    c = kiln.jit.DTRConfig(eviction_threshold=1 << 30)
+    assert (c.eviction_threshold, c.evictee_minimum_size, c.recomp_memory_factor, c.recomp_time_factor) == \
+        (1 << 30, 1 << 20, 1, 1)
+    c = kiln.jit.DTRConfig(4096, 0, 0.5, 2)
+    assert (c.evictee_minimum_size, c.recomp_memory_factor, c.recomp_time_factor) == (0, 0.5, 2)
+    assert "eviction_threshold=4096" in repr(c)
+    with pytest.raises(ValueError, match="DTRConfig: eviction_threshold must be > 0 .*got 0"):
+        kiln.jit.DTRConfig()
+    with pytest.raises(TypeError, match="DTRConfig: eviction_threshold must be an int \\(bytes\\), got 1.5"):
+        kiln.jit.DTRConfig(1.5)
+    with pytest.raises(ValueError, match="DTRConfig: evictee_minimum_size must be >= 0, got -1"):
+        kiln.jit.DTRConfig(1, -1)
+    with pytest.raises(ValueError, match="DTRConfig: recomp_time_factor must be >= 0, got -0.5"):
+        kiln.jit.DTRConfig(1, recomp_time_factor=-0.5)
+    with pytest.raises(TypeError, match="DTRConfig: recomp_memory_factor must be a number, got '1'"):
+        kiln.jit.DTRConfig(1, recomp_memory_factor="1")
+
+
+def test_graph_opt_config_fields_and_validation():
+    c = kiln.jit.GraphOptimizationConfig()
+    assert c.jit_fuse_dimshuffle is None and c.jit_fuse_reduce is None
+    assert repr(c) == "GraphOptimizationConfig { jit_fuse_dimshuffle = UNSET, jit_fuse_reduce = UNSET }"
+    c.jit_fuse_reduce = True  # MegEngine's way: set after construction
+    c.jit_fuse_dimshuffle = False
+    assert repr(c) == "GraphOptimizationConfig { jit_fuse_dimshuffle = OFF, jit_fuse_reduce = ON }"
+    assert kiln.jit.GraphOptimizationConfig(jit_fuse_reduce=False).jit_fuse_reduce is False
+    with pytest.raises(TypeError, match="GraphOptimizationConfig: jit_fuse_reduce must be True, False or None, got 1"):
+        c.jit_fuse_reduce = 1
+    with pytest.raises(TypeError, match="jit_fuse_dimshuffle must be True, False or None, got 'on'"):
+        kiln.jit.GraphOptimizationConfig(jit_fuse_dimshuffle="on")
+    with pytest.raises(AttributeError):
+        c.jit_fuse_elemwise = True  # no such switch
+    assert c.jit_fuse_reduce is True
