@@ -44,7 +44,8 @@ class JitOptions:
             if name not in OPTION_NAMES:
                 raise ValueError(f"jit: unknown option {name!r}; accepted options: {', '.join(OPTION_NAMES)}")
         # dynamic is stored only: shapes are specialized per signature until dynamic shapes land
-        o.capture_mode, o.jit_level, o.dynamic, o.fullgraph = capture_mode, jit_level, DYNAMIC_VALUES[dynamic], fullgraph
+        o.capture_mode, o.jit_level, o.fullgraph = capture_mode, jit_level, fullgraph
+        o.dynamic = DYNAMIC_VALUES[dynamic]
         o.backend = BACKENDS[backend] or ("sink" if jit_level == "O2" else "kbk")
         o.exec_order = options.get("exec_order", "bfs")
         if o.exec_order not in EXEC_ORDERS:
