@@ -269,3 +269,171 @@ def test_graph_opt_config_fields_and_validation():
     with pytest.raises(AttributeError):
         c.jit_fuse_elemwise = True  # no such switch
     assert c.jit_fuse_reduce is True
+
+
+# ---- kiln.trace: MegEngine's parameters ----------------------------------------------------
+
+
+def _softmax_like(a):
+    e = ops.exp(a * 2.0 + 1.0)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _np_softmax_like(a):
+    e = np.exp(a * 2.0 + 1.0)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_opt_level_maps_onto_kiln_levels_and_results_match():
+    x = _x((4, 8), seed=3)
+    expected = _np_softmax_like(x.asnumpy())
+    for opt_level, level in ((0, "O0"), (1, "O0"), (2, "O1"), (3, "O2"), (None, "O1")):
+        t = kiln.trace(_softmax_like, opt_level=opt_level)
+        assert t.opt_level == opt_level and t.jit_level == level
+        for _ in range(3):  # the recording call, then compiled calls (verified)
+            np.testing.assert_allclose(t(x).asnumpy(), expected, rtol=1e-5, atol=1e-6)
+        fused = "fused(" in t.graph_str()
+        assert fused == (level != "O0"), (opt_level, t.graph_str())
+    assert kiln.trace(_softmax_like).opt_level == 2  # MegEngine's default
+    for bad in (4, -1, 2.0, True, "2"):
+        with pytest.raises(ValueError, match=f"trace: opt_level must be 0, 1, 2, 3 or None, got {bad!r}"):
+            kiln.trace(_softmax_like, opt_level=bad)
+
+
+def test_an_optimized_trace_still_checks_each_call_against_the_recording():
+    state = {"op": "mul"}
+
+    def f(a):
+        b = ops.exp(a)
+        return b * 2.0 if state["op"] == "mul" else b + 2.0
+
+    t = kiln.trace(f, opt_level=3)
+    x = _x((3, 4), seed=4)
+    t(x)
+    np.testing.assert_allclose(t(x).asnumpy(), np.exp(x.asnumpy()) * 2, rtol=1e-5)
+    state["op"] = "add"
+    with pytest.raises(kiln.TraceMismatchError, match="op #1: the trace recorded mul.*this call ran add"):
+        t(x)
+
+
+def test_record_only_records_every_call_and_never_runs_the_compiled_graph():
+    calls = []
+
+    def f(a, b):
+        calls.append(1)
+        return ops.exp(a) * b if len(calls) < 3 else a - b  # a different graph from the third call
+
+    t = kiln.trace(f, record_only=True)
+    x, y = _x((2, 3), seed=5), _x((2, 3), seed=6)
+    np.testing.assert_allclose(t(x, y).asnumpy(), np.exp(x.asnumpy()) * y.asnumpy(), rtol=1e-6)
+    assert "exp(" in t.graph_str()
+    np.testing.assert_allclose(t(x, y).asnumpy(), np.exp(x.asnumpy()) * y.asnumpy(), rtol=1e-6)
+    # no mismatch: each call is a new recording, run eagerly
+    np.testing.assert_allclose(t(x, y).asnumpy(), x.asnumpy() - y.asnumpy())
+    assert "sub(" in t.graph_str() and "exp(" not in t.graph_str()
+    assert len(calls) == 3 and t._fast_hits == 0
+    # new shapes and argument kinds are recorded too, with no mismatch
+    np.testing.assert_allclose(t(_x((5,)), 2.0).asnumpy(), _x((5,)).asnumpy() - 2.0)
+    assert t.record_only is True and kiln.trace(f).record_only is False
+    with pytest.raises(TypeError, match="trace: record_only must be True or False, got 1"):
+        kiln.trace(f, record_only=1)
+
+
+def test_record_only_runs_side_effects_once_per_call():
+    w = kiln.Tensor(np.zeros(3, np.float32))
+
+    def step(a):
+        w[:] = w + a  # in place, once per call
+        return w * 1.0
+
+    t = kiln.trace(step, record_only=True, opt_level=3)
+    one = kiln.Tensor(np.ones(3, np.float32))
+    for k in range(1, 4):
+        np.testing.assert_array_equal(t(one).asnumpy(), np.full(3, k, np.float32))
+    np.testing.assert_array_equal(w.asnumpy(), np.full(3, 3, np.float32))
+
+
+def test_dtr_config_is_accepted_and_one_warning_names_it():
+    import warnings
+
+    cfg = kiln.jit.DTRConfig(eviction_threshold=1 << 20)
+    t = kiln.trace(lambda a: a * 3, dtr_config=cfg)
+    assert t.dtr_config is cfg
+    x = _x()
+    with pytest.warns(UserWarning, match="dtr_config \\(kiln has no dynamic tensor rematerialization\\) has no effect"):
+        np.testing.assert_allclose(t(x).asnumpy(), x.asnumpy() * 3, rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t(x)
+        t(_x((4,)))
+    with pytest.raises(TypeError, match="trace: dtr_config must be a DTRConfig or None, got dict"):
+        kiln.trace(lambda a: a, dtr_config={"eviction_threshold": 1})
+
+
+def test_everything_ignored_is_listed_in_one_warning():
+    goc = kiln.jit.GraphOptimizationConfig(jit_fuse_dimshuffle=True, jit_fuse_reduce=False)
+    t = kiln.trace(lambda a: a + 1, sublinear_memory_config=kiln.SublinearMemoryConfig(),
+                   dtr_config=kiln.jit.DTRConfig(1), profiling=True, graph_opt_config=goc)
+    with pytest.warns(UserWarning) as record:
+        t(_x())
+    assert len(record) == 1
+    msg = str(record[0].message)
+    for what in ("sublinear_memory_config", "dtr_config", "profiling=True", "jit_fuse_dimshuffle=True",
+                 "jit_fuse_reduce=False (kiln's O1, which opt_level=2 runs"):
+        assert what in msg, msg
+    assert msg.endswith("have no effect yet")
+
+
+def test_graph_opt_config_fusion_switches_map_onto_kiln_fusion():
+    import warnings
+
+    x = _x((4, 8), seed=7)
+    expected = _np_softmax_like(x.asnumpy())
+    on = kiln.trace(_softmax_like, opt_level=0, graph_opt_config=kiln.jit.GraphOptimizationConfig(jit_fuse_reduce=True))
+    assert on.jit_level == "O1"  # reduce fusion needs kiln's fusion: O1 at least
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            np.testing.assert_allclose(on(x).asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    assert "fused(" in on.graph_str()
+    # False holds at O0 (nothing is fused) and None leaves it to opt_level: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        off = kiln.trace(_softmax_like, opt_level=1,
+                         graph_opt_config=kiln.jit.GraphOptimizationConfig(jit_fuse_reduce=False,
+                                                                          jit_fuse_dimshuffle=False))
+        off(x)
+        assert off.jit_level == "O0" and "fused(" not in off.graph_str()
+        unset = kiln.trace(_softmax_like, opt_level=3, graph_opt_config=kiln.jit.GraphOptimizationConfig())
+        unset(x)
+        assert unset.jit_level == "O2"
+    with pytest.raises(TypeError, match="trace: graph_opt_config must be a GraphOptimizationConfig or None, got dict"):
+        kiln.trace(_softmax_like, graph_opt_config={"jit_fuse_reduce": True})
+
+
+def test_trace_method_runs_the_function_like_a_call():
+    t = kiln.trace(lambda a, b: a * b + 1)
+    x, y = _x(seed=8), _x(seed=9)
+    np.testing.assert_allclose(t.trace(x, y).asnumpy(), x.asnumpy() * y.asnumpy() + 1, rtol=1e-6)  # records
+    assert "mul(" in t.graph_str()
+    np.testing.assert_allclose(t(x, y).asnumpy(), x.asnumpy() * y.asnumpy() + 1, rtol=1e-6)
+    np.testing.assert_allclose(t.trace(y, x).asnumpy(), y.asnumpy() * x.asnumpy() + 1, rtol=1e-6)  # compiled
+    with pytest.raises(kiln.TraceMismatchError, match="different argument count"):
+        t.trace(x)
+
+
+def test_new_parameters_follow_a_traced_method_to_its_instances():
+    class Model:
+        def __init__(self, k):
+            self.k = k
+
+        @kiln.trace(opt_level=3, record_only=True, dtr_config=kiln.jit.DTRConfig(8))
+        def forward(self, a):
+            return a * self.k
+
+    m = Model(5.0)
+    x = _x()
+    with pytest.warns(UserWarning, match="dtr_config"):
+        np.testing.assert_allclose(m.forward(x).asnumpy(), x.asnumpy() * 5, rtol=1e-6)
+    bound = m.forward
+    assert bound.record_only and bound.jit_level == "O2" and bound.dtr_config.eviction_threshold == 8
