@@ -437,3 +437,24 @@ def test_new_parameters_follow_a_traced_method_to_its_instances():
         np.testing.assert_allclose(m.forward(x).asnumpy(), x.asnumpy() * 5, rtol=1e-6)
     bound = m.forward
     assert bound.record_only and bound.jit_level == "O2" and bound.dtr_config.eviction_threshold == 8
+
+
+def test_a_jit_config_with_ge_options_warns_once_and_its_cell_runs_sunk():
+    import warnings
+
+    from kiln import nn
+
+    with pytest.warns(UserWarning, match="no use for session 'ge.exec.x'") as record:
+        cfg = kiln.JitConfig(jit_level="O2", ge_options={"session": {"ge.exec.x": "1"}})
+    assert len(record) == 1
+    kiln.manual_seed(0)
+    net = nn.Dense(3, 2)
+    x = _x((4, 3), seed=10)
+    eager = net(x).asnumpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net.set_jit_config(cfg)
+        for _ in range(2):
+            np.testing.assert_allclose(net(x).asnumpy(), eager, rtol=1e-5, atol=1e-6)
+    assert net._jitted.options.backend == "sink"
+    assert net._jitted.options.ge_options == {"session": {"ge.exec.x": "1"}}

@@ -28,7 +28,7 @@ class JitConfig:
         self.exc_mode = exc_mode
         self.jit_syntax_level = jit_syntax_level
         self.options = dict(kwargs)
-        self.jit_options()  # validate now, not at the first call
+        self._make_options()  # validate now, not at the first call (and warn here, once)
 
     @property
     def backend(self):
@@ -40,6 +40,14 @@ class JitConfig:
         return "ms_backend"
 
     def jit_options(self):
+        """The kiln.jit options of this configuration (warnings were given when it was made)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._make_options()
+
+    def _make_options(self):
         from .options import JitOptions
 
         options = dict(self.options)
