@@ -6,8 +6,10 @@ from ._tensor import Tensor, from_numpy, tensor
 from . import ops
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad
 from . import nn
-from .jit import JitConfig, JitSyntaxError, jit
+from .jit import JitConfig, JitSyntaxError
+from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
+from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 
 float_ = float32
 int_ = int64

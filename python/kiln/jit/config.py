@@ -9,8 +9,9 @@ class JitConfig:
     """jit_level "O0" | "O1" | "O2" (default "O1"); exc_mode "auto" | "sink" | "no_sink": "auto" runs
     O0/O1 kernel by kernel and O2 sunk (the whole graph as one generated function, kiln.jit's
     backend "GE"), "sink" sinks at any level, "no_sink" runs kernel by kernel at any level (O2's
-    passes included); jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode). Further
-    keyword arguments are kiln.jit options (exec_order, recompile_limit, ...)."""
+    passes included); jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode; "", the
+    default, uses kiln.set_context's jit_syntax_level when the Cell is captured). Further keyword
+    arguments are kiln.jit options (exec_order, recompile_limit, ge_options, ...)."""
 
     def __init__(self, jit_level="O1", exc_mode="auto", jit_syntax_level="", **kwargs):
         from .options import JIT_LEVELS
@@ -27,7 +28,7 @@ class JitConfig:
         self.exc_mode = exc_mode
         self.jit_syntax_level = jit_syntax_level
         self.options = dict(kwargs)
-        self.jit_options()  # validate now, not at the first call
+        self._make_options()  # validate now, not at the first call (and warn here, once)
 
     @property
     def backend(self):
@@ -39,6 +40,14 @@ class JitConfig:
         return "ms_backend"
 
     def jit_options(self):
+        """The kiln.jit options of this configuration (warnings were given when it was made)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._make_options()
+
+    def _make_options(self):
         from .options import JitOptions
 
         options = dict(self.options)

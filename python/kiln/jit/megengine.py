@@ -1,23 +1,25 @@
 """kiln.trace: MegEngine's megengine.jit.trace on kiln's trace capture and executor.
 
-The first call of a trace runs the function eagerly while recording its ops (symbolic=True: with
-the values of traced tensors hidden) and compiles the recording. Later calls check the call
-signature and run the compiled graph. While `trace.verify` is True (the default, as MegEngine
-checks every call) each later call also re-runs the Python function under a fresh recorder and
-compares what it did, op by op, with the recording, raising TraceMismatchError at the first
-difference; `verify=False` skips that re-run and only checks the signature.
+The first call of a trace runs the function eagerly while recording its ops (symbolic=True: with the
+values of traced tensors hidden) and compiles the recording at the kiln level its opt_level maps to.
+Later calls check the call signature and run the compiled graph (with record_only=True every call
+runs the function eagerly and records it, and no compiled graph ever runs). While `trace.verify` is
+True (the default, as MegEngine checks every call) each later call also re-runs the Python function
+under a fresh recorder and compares what it did, op by op, with the recording, raising
+TraceMismatchError at the first difference; `verify=False` skips that re-run and only checks the
+signature.
 
 A graph with side effects (in-place updates such as optimizer steps or slice assignment,
 batch_norm in training mode, random ops) is never executed twice for one call: when the Python
 function ran for that call (recording, symbolic tracing or verification), its results are the
 results and the compiled graph is not run again.
 
-Verification compares the recorder's text form of the graph (Executable.graph_str()), so what
-that text does not show is not compared: constants are compared as printed (scalars with 6
-significant digits; tensor constants only by type). Tensors reached through a global or closure
-name are also checked in Python: a name rebound to another tensor, and with capture_as_const a
-changed value, are mismatches; a captured tensor reached otherwise (an attribute, a dict) and
-replaced by one of the same type is not noticed.
+Verification compares the recorder's text form of the graph as recorded (before the level's passes),
+so what that text does not show is not compared: constants are compared as printed (scalars with 6
+significant digits; tensor constants only by type). Tensors reached through a global or closure name
+are also checked in Python: a name rebound to another tensor, and with capture_as_const a changed
+value, are mismatches; a captured tensor reached otherwise (an attribute, a dict) and replaced by
+one of the same type is not noticed.
 """
 import dis
 import functools
@@ -30,47 +32,14 @@ import warnings
 from .. import _C
 from ..nn import cell as _cell_module
 from . import tree
+from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
+from .graph_opt_config import GraphOptimizationConfig
+from .sublinear_memory_config import SublinearMemoryConfig
 
 
 class TraceMismatchError(RuntimeError):
     """A call of a trace did something other than what the trace recorded."""
-
-
-class SublinearMemoryConfig:
-    """Configuration for sublinear memory optimization (MegEngine's SublinearMemoryConfig).
-
-    Stored only: rematerialization arrives with the sublinear-memory issue. `lb_memory` (the
-    name on MegEngine's doc page) is accepted for `lb_memory_mb` (the name in its source)."""
-
-    __slots__ = ("thresh_nr_try", "genetic_nr_iter", "genetic_pool_size", "lb_memory_mb", "num_worker")
-
-    def __init__(self, thresh_nr_try=10, genetic_nr_iter=0, genetic_pool_size=20, lb_memory_mb=0, num_worker=None,
-                 *, lb_memory=None):
-        if lb_memory is not None:
-            if lb_memory_mb not in (0, lb_memory):
-                raise ValueError(f"SublinearMemoryConfig: lb_memory={lb_memory!r} and lb_memory_mb={lb_memory_mb!r} "
-                                 "name the same setting; give one")
-            lb_memory_mb = lb_memory
-        if num_worker is None:
-            num_worker = max(1, (os.cpu_count() or 1) // 2)
-        for name, value, low in (("thresh_nr_try", thresh_nr_try, 0), ("genetic_nr_iter", genetic_nr_iter, 0),
-                                 ("genetic_pool_size", genetic_pool_size, 0), ("lb_memory_mb", lb_memory_mb, 0),
-                                 ("num_worker", num_worker, 1)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"SublinearMemoryConfig: {name} must be an int, got {value!r}")
-            if value < low:
-                raise ValueError(f"SublinearMemoryConfig: {name} must be >= {low}, got {value}")
-        self.thresh_nr_try, self.genetic_nr_iter, self.genetic_pool_size = thresh_nr_try, genetic_nr_iter, \
-            genetic_pool_size
-        self.lb_memory_mb, self.num_worker = lb_memory_mb, num_worker
-
-    @property
-    def lb_memory(self):
-        return self.lb_memory_mb
-
-    def __repr__(self):
-        return ("SublinearMemoryConfig(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")")
 
 
 # ---- the recorded graph, read back from its text form ------------------------------------
@@ -455,7 +424,9 @@ class _Run:
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast")
 
 
-def _run_recorded(fn, spec, leaves, capture_constants, symbolic):
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
+    """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
+    as recorded."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
     prev_log = _cell_module._call_log
@@ -481,14 +452,15 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic):
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
-        executable = tracer.finish(out_leaves)
+        executable = tracer.finish(out_leaves, level=level)
+        recorded = tracer.graph_str()  # the graph before the level's passes
     finally:
         tracer.end()
     run = _Run()
     detached = [t.detach() for t in out_leaves]
     run.result = tree.unflatten(out_spec, detached)[0]
     run.executable, run.out_spec = executable, out_spec
-    run.graph = _Graph(executable.graph_str())
+    run.graph = _Graph(recorded)
     run.cells = list({id(c): c for c in cells}.values())
     run.modes = tuple(c.training for c in run.cells)
     run.fast = False
@@ -496,6 +468,10 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic):
 
 
 _MAX_RECORDS = 8
+# MegEngine's graph_opt_level -> kiln's jit level: 0 no optimization; 1 MegEngine's rewrites while
+# the graph is built, which kiln has no stage for; 2 its global optimizations before compiling;
+# 3 those and JIT fusion into generated kernels
+_KILN_LEVELS = {0: 0, 1: 0, 2: 1, 3: 2}
 _TENSOR_ARGS = {}  # number of positional tensors -> the structure of such a call
 
 
@@ -505,11 +481,25 @@ class trace(_C.JitDispatcher):
     Usable as trace(fn, ...), @trace and @trace(...). symbolic: trace the first call with
     symbolic values (reading a traced tensor's value raises). capture_as_const: bake the
     tensors the function reaches through globals and closures into the graph as constants
-    (otherwise they are captured by reference and stay live). sublinear_memory_config and
-    profiling are stored and have no effect yet (a warning says so). opt_level (0-3 or None) is
-    stored; the kernel-by-kernel executor runs every level the same. symbolic_shape=True lets
-    tensor arguments change shape (a new shape records a new graph); False makes a shape change
-    a TraceMismatchError.
+    (otherwise they are captured by reference and stay live). record_only: only record, never
+    run a compiled graph: every call runs the function eagerly (kiln records by running) and
+    records it anew, so graph_str() shows the last call's graph, and calls return the eager
+    results (MegEngine's record_only also skips computing them). symbolic_shape=True lets tensor
+    arguments change shape (a new shape records a new graph); False makes a shape change a
+    TraceMismatchError.
+
+    opt_level (default 2; None means 2, as in MegEngine 1.x) maps onto kiln's jit levels:
+    0 -> O0; 1 -> O0 (MegEngine's level 1 only rewrites arithmetic while the graph is built, a
+    stage kiln does not have); 2 -> O1 (dead code, common subexpressions, folding, simplification,
+    epilogue and elementwise fusion); 3 -> O2 (O1 and recomputation inside fused kernels: the
+    more aggressive fusion MegEngine's level 3 JIT stands for). graph_opt_config (a
+    GraphOptimizationConfig): jit_fuse_reduce=True raises the level to O1 at least (kiln's
+    fusion takes reductions over the last axis); jit_fuse_reduce=False at O1/O2 and
+    jit_fuse_dimshuffle=True cannot be honoured and are ignored with a warning.
+
+    sublinear_memory_config, dtr_config (a DTRConfig: kiln has no dynamic tensor
+    rematerialization) and profiling are checked and stored, and have no effect yet: one
+    warning at the first call names each.
 
     verify (a kiln extension, default True; also the attribute `trace.verify`): re-run the
     Python function on every later call and compare it with the recording (see the module
@@ -525,19 +515,23 @@ class trace(_C.JitDispatcher):
             return functools.partial(cls, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, function=None, symbolic=False, capture_as_const=False, sublinear_memory_config=None,
-                 profiling=False, opt_level=None, symbolic_shape=True, *, verify=True):
+    def __init__(self, function=None, symbolic=False, capture_as_const=False, record_only=False,
+                 sublinear_memory_config=None, dtr_config=None, profiling=False, opt_level=2, graph_opt_config=None,
+                 symbolic_shape=True, *, verify=True):
         if isinstance(function, trace):
             function = function.__wrapped__
         if not callable(function):
             raise TypeError(f"trace: expected a function or a Cell, got {type(function).__name__}")
         for name, value in (("symbolic", symbolic), ("capture_as_const", capture_as_const),
-                            ("profiling", profiling), ("symbolic_shape", symbolic_shape), ("verify", verify)):
+                            ("record_only", record_only), ("profiling", profiling),
+                            ("symbolic_shape", symbolic_shape), ("verify", verify)):
             if not isinstance(value, bool):
                 raise TypeError(f"trace: {name} must be True or False, got {value!r}")
-        if sublinear_memory_config is not None and not isinstance(sublinear_memory_config, SublinearMemoryConfig):
-            raise TypeError("trace: sublinear_memory_config must be a SublinearMemoryConfig or None, got "
-                            f"{type(sublinear_memory_config).__name__}")
+        for name, value, cls in (("sublinear_memory_config", sublinear_memory_config, SublinearMemoryConfig),
+                                 ("dtr_config", dtr_config, DTRConfig),
+                                 ("graph_opt_config", graph_opt_config, GraphOptimizationConfig)):
+            if value is not None and not isinstance(value, cls):
+                raise TypeError(f"trace: {name} must be a {cls.__name__} or None, got {type(value).__name__}")
         if opt_level is not None and (not isinstance(opt_level, int) or isinstance(opt_level, bool)
                                       or not 0 <= opt_level <= 3):
             raise ValueError(f"trace: opt_level must be 0, 1, 2, 3 or None, got {opt_level!r}")
@@ -546,8 +540,13 @@ class trace(_C.JitDispatcher):
         self.__qualname__ = getattr(function, "__qualname__", self.__name__)
         self.__doc__ = getattr(function, "__doc__", None)
         self.symbolic, self.capture_as_const = symbolic, capture_as_const
-        self.sublinear_memory_config, self.profiling = sublinear_memory_config, profiling
-        self.opt_level, self.symbolic_shape, self.verify = opt_level, symbolic_shape, verify
+        self.record_only = record_only
+        self.sublinear_memory_config, self.dtr_config, self.profiling = sublinear_memory_config, dtr_config, profiling
+        self.opt_level, self.graph_opt_config = opt_level, graph_opt_config
+        self.symbolic_shape, self.verify = symbolic_shape, verify
+        self._level = _KILN_LEVELS[2 if opt_level is None else opt_level]  # kiln's: 0 (O0) - 2 (O2)
+        if graph_opt_config is not None and graph_opt_config.jit_fuse_reduce:
+            self._level = max(self._level, 1)
         self._target = function
         self._bound = {}          # bound traces of instances without a __dict__
         self._owner = None
@@ -572,13 +571,20 @@ class trace(_C.JitDispatcher):
             store, slot = self._bound, id(obj)
         t = store.get(slot)
         if t is None or t._owner is not obj:
-            t = trace(functools.partial(self.__wrapped__, obj), self.symbolic, self.capture_as_const,
-                      self.sublinear_memory_config, self.profiling, self.opt_level, self.symbolic_shape,
-                      verify=self.verify)
+            t = trace(functools.partial(self.__wrapped__, obj), symbolic=self.symbolic,
+                      capture_as_const=self.capture_as_const, record_only=self.record_only,
+                      sublinear_memory_config=self.sublinear_memory_config, dtr_config=self.dtr_config,
+                      profiling=self.profiling, opt_level=self.opt_level, graph_opt_config=self.graph_opt_config,
+                      symbolic_shape=self.symbolic_shape, verify=self.verify)
             t.__name__, t.__qualname__, t.__doc__ = self.__name__, self.__qualname__, self.__doc__
             t._owner = obj
             store[slot] = t
         return t
+
+    @property
+    def jit_level(self):
+        """The kiln jit level ("O0" | "O1" | "O2") the trace compiles at (see opt_level)."""
+        return f"O{self._level}"
 
     @property
     def verify(self):
@@ -606,6 +612,8 @@ class trace(_C.JitDispatcher):
                 raise TypeError(str(e).replace("jit:", "trace:", 1)) from None
         if _C.is_grad_enabled() and any(t.requires_grad for t in leaves):
             return self._target(*args, **kwargs)  # the caller differentiates through this call: eager
+        if self.record_only:
+            return self._record_only(spec, leaves)
         if self._spec is None:
             self._warn_unused()
             return self._first_call(spec, leaves)
@@ -656,8 +664,19 @@ class trace(_C.JitDispatcher):
             self._spec = None
             raise
 
+    def _record_only(self, spec, leaves):
+        """record_only: records this call as the trace's graph; nothing compiled runs."""
+        self._warn_unused(stacklevel=4)
+        self._spec, self._labels = spec, _labels(spec)
+        self._metas = tuple((t.dtype, _device(t)) for t in leaves)
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
+        self._records = {key: [run]}
+        self._last = run
+        return run.result
+
     def _record(self, key, spec, leaves):
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
         records = self._records.setdefault(key, [])
@@ -698,19 +717,35 @@ class trace(_C.JitDispatcher):
                 raise TraceMismatchError(f"argument {label} changed shape: {old} when traced, {new} now "
                                          "(symbolic_shape=False)")
 
-    def _warn_unused(self):
+    def _warn_unused(self, stacklevel=3):
         if self._warned:
             return
         self._warned = True
         unused = []
         if self.sublinear_memory_config is not None:
             unused.append("sublinear_memory_config (sublinear memory arrives with a later issue)")
+        if self.dtr_config is not None:
+            unused.append("dtr_config (kiln has no dynamic tensor rematerialization)")
         if self.profiling:
             unused.append("profiling=True (profiling arrives with a later issue)")
+        goc = self.graph_opt_config
+        if goc is not None and goc.jit_fuse_dimshuffle:
+            unused.append("graph_opt_config.jit_fuse_dimshuffle=True (kiln does not fuse transposes into generated "
+                          "kernels)")
+        if goc is not None and goc.jit_fuse_reduce is False and self._level > 0:
+            unused.append(f"graph_opt_config.jit_fuse_reduce=False (kiln's {self.jit_level}, which opt_level="
+                          f"{self.opt_level} runs, always fuses reductions over the last axis)")
         if unused:
-            warnings.warn(f"kiln.trace: {' and '.join(unused)} has no effect yet", UserWarning, stacklevel=3)
+            verb = "has" if len(unused) == 1 else "have"
+            warnings.warn(f"kiln.trace: {'; '.join(unused)} {verb} no effect yet", UserWarning,
+                          stacklevel=stacklevel)
 
     # ---- MegEngine's other methods ------------------------------------------------------
+    def trace(self, *args, **kwargs):
+        """Runs the traced function like a call, recording it on the first call (the seed's
+        "tracing via trace()"; MegEngine's own method refuses and points to __call__)."""
+        return self(*args, **kwargs)
+
     def dump(self, file, *, arg_names=None, output_names=None, append=False, optimize_for_inference=True, **kwargs):
         """Serializes the trace (MegEngine's trace.dump)."""
         raise NotImplementedError("trace.dump: kiln can't save graphs yet; graph save arrives with the deployment "

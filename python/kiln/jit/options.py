@@ -1,4 +1,5 @@
 """Validation of kiln.jit's arguments and options."""
+import warnings
 
 CAPTURE_MODES = ("ast", "bytecode", "trace")
 IMPLEMENTED_CAPTURE_MODES = ("ast", "trace")
@@ -9,14 +10,17 @@ JIT_LEVELS = ("O0", "O1", "O2")
 BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "sink"}
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
-                "jit_syntax_level")
+                "jit_syntax_level", "ge_options")
+# MindSpore >= 2.6 spells dynamic as an int: 0 static shapes, 1 dynamic
+DYNAMIC_VALUES = {0: False, 1: True}
+GE_OPTION_GROUPS = ("global", "session")
 
 
 class JitOptions:
     """The validated settings of one jitted function."""
 
     __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
-                 "debug_poison", "disable_format_transform", "infer_boost", "jit_syntax_level")
+                 "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options")
 
     @classmethod
     def make(cls, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="", **options):
@@ -32,12 +36,16 @@ class JitOptions:
         if not isinstance(backend, str) or backend not in BACKENDS:
             accepted = ", ".join(map(repr, BACKENDS))
             raise ValueError(f"jit: backend must be one of {accepted}, got {backend!r}")
-        if not isinstance(dynamic, bool) or not isinstance(fullgraph, bool):
-            raise TypeError("jit: dynamic and fullgraph must be bools")
+        if not isinstance(dynamic, (bool, int)) or dynamic not in DYNAMIC_VALUES:
+            raise ValueError(f"jit: dynamic must be 0, 1, False or True, got {dynamic!r}")
+        if not isinstance(fullgraph, bool):
+            raise TypeError(f"jit: fullgraph must be True or False, got {fullgraph!r}")
         for name in options:
             if name not in OPTION_NAMES:
                 raise ValueError(f"jit: unknown option {name!r}; accepted options: {', '.join(OPTION_NAMES)}")
-        o.capture_mode, o.jit_level, o.dynamic, o.fullgraph = capture_mode, jit_level, dynamic, fullgraph
+        # dynamic is stored only: shapes are specialized per signature until dynamic shapes land
+        o.capture_mode, o.jit_level, o.fullgraph = capture_mode, jit_level, fullgraph
+        o.dynamic = DYNAMIC_VALUES[dynamic]
         o.backend = BACKENDS[backend] or ("sink" if jit_level == "O2" else "kbk")
         o.exec_order = options.get("exec_order", "bfs")
         if o.exec_order not in EXEC_ORDERS:
@@ -53,11 +61,13 @@ class JitOptions:
         o.infer_boost = options.get("infer_boost", "off")
         if o.infer_boost not in ("on", "off"):
             raise ValueError(f"jit: infer_boost must be 'on' or 'off', got {o.infer_boost!r}")
-        # fullgraph=True means STRICT (MindSpore); an explicit jit_syntax_level ("" = unset) wins
-        level = options.get("jit_syntax_level", "") or ("STRICT" if fullgraph else "LAX")
-        if level not in SYNTAX_LEVELS:
+        # an explicit jit_syntax_level wins; "" (unset) means STRICT with fullgraph=True (MindSpore), else
+        # set_context's level, read at capture time (see jit_syntax_level)
+        level = options.get("jit_syntax_level", "") or ("STRICT" if fullgraph else "")
+        if level and level not in SYNTAX_LEVELS:
             raise ValueError(f"jit: jit_syntax_level must be 'STRICT', 'LAX' or '', got {level!r}")
-        o.jit_syntax_level = level
+        o._syntax_level = level
+        o.ge_options = _ge_options(options.get("ge_options"), backend, o.backend)
         return o
 
     def with_capture_mode(self, capture_mode):
@@ -67,6 +77,15 @@ class JitOptions:
             setattr(o, name, getattr(self, name))
         o.capture_mode = capture_mode
         return o
+
+    @property
+    def jit_syntax_level(self):
+        """"STRICT" or "LAX": this function's own level, or set_context's when it left it empty."""
+        if self._syntax_level:
+            return self._syntax_level
+        from ..context import get_context
+
+        return get_context("jit_syntax_level")
 
     @property
     def strict(self):
@@ -80,3 +99,32 @@ class JitOptions:
     def __repr__(self):
         return (f"capture_mode={self.capture_mode!r}, jit_level={self.jit_level!r}, backend={self.backend!r}, "
                 f"exec_order={self.exec_order!r}")
+
+
+def _ge_options(ge_options, backend, resolved):
+    """MindSpore's ge_options={"global": {...}, "session": {...}} (str -> str), checked and copied.
+    They configure Ascend's graph engine, which kiln's sink backend is not: none has an effect here,
+    and one warning lists them."""
+    if ge_options is None:
+        return None
+    if resolved != "sink":
+        raise ValueError(f"jit: ge_options apply to backend=\"GE\" (kiln's sink backend), got backend={backend!r}"
+                         + ("" if backend else " (kernel by kernel at this jit_level)"))
+    if not isinstance(ge_options, dict):
+        raise TypeError(f"jit: ge_options must be a dict with keys 'global' and 'session', got "
+                        f"{type(ge_options).__name__}")
+    out = {}
+    for group, values in ge_options.items():
+        if group not in GE_OPTION_GROUPS:
+            raise ValueError(f"jit: ge_options accepts the keys 'global' and 'session', got {group!r}")
+        if not isinstance(values, dict):
+            raise TypeError(f"jit: ge_options[{group!r}] must be a dict of str to str, got {type(values).__name__}")
+        for k, v in values.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(f"jit: ge_options[{group!r}] must map str to str, got {k!r}: {v!r}")
+        out[group] = dict(values)
+    unused = [f"{group} {k!r}" for group, values in out.items() for k in values]
+    if unused:
+        warnings.warn(f"jit: ge_options configure Ascend's graph engine; kiln's sink backend has no use for "
+                      f"{', '.join(unused)} (recorded on the options, ignored)", UserWarning, stacklevel=4)
+    return out

@@ -257,7 +257,8 @@ def _dtype_or(dtype, default):
 
 
 def full(shape, fill_value, dtype=None):
-    """A tensor of `shape` filled with fill_value."""
+    """A tensor of `shape` filled with fill_value: full((2, 4), 3.0, kiln.float32); without dtype
+    bool, int64 or float32 after fill_value's Python type."""
     shape = shape_tuple("full", (shape,) if isinstance(shape, int) else shape)
     if dtype is None:
         dtype = _C.bool if isinstance(fill_value, bool) else (
@@ -265,14 +266,27 @@ def full(shape, fill_value, dtype=None):
     return apply(OP.full, (), (dtype.id, len(shape)) + shape, (float(fill_value),))
 
 
+def _shape_and_dtype(op, shape, dtype):
+    """A creation op's shape, and its dtype given positionally after the shape as MindSpore
+    writes it (zeros((2, 4), kiln.float32), zeros(3, kiln.int32)) or by keyword."""
+    if len(shape) >= 2 and isinstance(shape[-1], _C.dtype):
+        if dtype is not None:
+            raise TypeError(f"{op}: dtype given twice, positionally ({shape[-1].name}) and as dtype={dtype!r}")
+        shape, dtype = shape[:-1], shape[-1]
+    return shape_tuple(op, shape), _dtype_or(dtype, _C.float32)
+
+
 def zeros(*shape, dtype=None):
-    """A tensor of zeros (float32 unless dtype says otherwise)."""
-    return full(shape_tuple("zeros", shape), 0.0, _dtype_or(dtype, _C.float32))
+    """A tensor of zeros (float32 unless dtype says otherwise): zeros(2, 4), zeros((2, 4)),
+    zeros((2, 4), kiln.int32) (MindSpore's form) or zeros(2, 4, dtype=kiln.int32)."""
+    shape, dtype = _shape_and_dtype("zeros", shape, dtype)
+    return full(shape, 0.0, dtype)
 
 
 def ones(*shape, dtype=None):
-    """A tensor of ones (float32 unless dtype says otherwise)."""
-    return full(shape_tuple("ones", shape), 1.0, _dtype_or(dtype, _C.float32))
+    """A tensor of ones (float32 unless dtype says otherwise), called like zeros."""
+    shape, dtype = _shape_and_dtype("ones", shape, dtype)
+    return full(shape, 1.0, dtype)
 
 
 def zeros_like(input, dtype=None):

@@ -1,0 +1,47 @@
+"""kiln.set_context / kiln.get_context: MindSpore's process-wide settings that kiln reads.
+
+jit_syntax_level ("STRICT" | "LAX", default "LAX") is the syntax level of every kiln.jit and
+JitConfig that leaves its own empty (read when a function is captured, so a later set_context
+applies to functions compiled after it). mode (GRAPH_MODE = 0 | PYNATIVE_MODE = 1, default
+PYNATIVE_MODE) is recorded only: in MindSpore GRAPH_MODE compiles every Cell called from Python,
+kiln compiles only what kiln.jit or Cell.set_jit_config names, so setting GRAPH_MODE warns.
+"""
+import warnings
+
+GRAPH_MODE = 0
+PYNATIVE_MODE = 1
+# MindSpore spells syntax levels as constants of the package; kiln's are their names
+STRICT = "STRICT"
+LAX = "LAX"
+
+_MODES = {GRAPH_MODE: "GRAPH_MODE", PYNATIVE_MODE: "PYNATIVE_MODE"}
+_SYNTAX_LEVELS = (STRICT, LAX)
+_context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX}
+
+
+def set_context(**kwargs):
+    """Sets process-wide settings: mode (kiln.GRAPH_MODE or kiln.PYNATIVE_MODE; recorded, see the
+    module docstring) and jit_syntax_level ("STRICT" or "LAX"). Unknown names raise ValueError."""
+    for name, value in kwargs.items():
+        if name == "mode":
+            if isinstance(value, bool) or value not in _MODES:
+                raise ValueError(f"set_context: mode must be kiln.GRAPH_MODE (0) or kiln.PYNATIVE_MODE (1), "
+                                 f"got {value!r}")
+        elif name == "jit_syntax_level":
+            if value not in _SYNTAX_LEVELS:
+                raise ValueError(f"set_context: jit_syntax_level must be 'STRICT' or 'LAX', got {value!r}")
+        else:
+            raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
+    for name, value in kwargs.items():
+        _context[name] = value
+    if kwargs.get("mode") == GRAPH_MODE:
+        warnings.warn("set_context: mode=GRAPH_MODE is recorded, but kiln does not compile Cells by mode: Cells "
+                      "still run eagerly unless wrapped in kiln.jit or given Cell.set_jit_config", UserWarning,
+                      stacklevel=2)
+
+
+def get_context(name):
+    """The value of one setting of set_context."""
+    if name not in _context:
+        raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
+    return _context[name]
