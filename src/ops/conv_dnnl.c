@@ -76,6 +76,38 @@ static void conv_entry_free(conv_entry *e) {
     free(e);
 }
 
+/* oneDNN's format tag of the activations in `layout`; `other` for NCHW. */
+static dnnl_format_tag_t layout_tag(int64_t layout, dnnl_format_tag_t other) {
+    switch (layout) {
+    case KILN_CONV_NHWC: return dnnl_nhwc;
+    case KILN_CONV_BLOCKED16: return dnnl_nChw16c;
+    case KILN_CONV_BLOCKED8: return dnnl_nChw8c;
+    default: return other;
+    }
+}
+
+static pthread_once_t block_once = PTHREAD_ONCE_INIT;
+static int block_size;
+
+static void block_size_init(void) {
+    /* the ISA values are bit sets, each holding the bits of the ones it extends */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ||
+                  (isa & dnnl_cpu_isa_avx512_mic) == dnnl_cpu_isa_avx512_mic;
+    block_size = avx512 ? 16 : (isa & dnnl_cpu_isa_sse41) == dnnl_cpu_isa_sse41 ? 8 : 0;
+}
+
+int kiln_conv_block_size(void) {
+    pthread_once(&block_once, block_size_init);
+    return block_size;
+}
+
+/* The blocked weight format (OIhw<b>i<b>o) of the direct kernels reading activations in
+ * channel blocks of b, or any. */
+static dnnl_format_tag_t blocked_weights_tag(int b) {
+    return b == 16 ? dnnl_OIhw16i16o : b == 8 ? dnnl_OIhw8i8o : dnnl_format_tag_any;
+}
+
 static kiln_status conv_init(void) {
     if (conv_stream) return KILN_OK;
     DNNL_TRY(dnnl_engine_create(&conv_engine, dnnl_cpu, 0));
@@ -89,10 +121,7 @@ static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any,
                             dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
     dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
     dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
-    dnnl_format_tag_t act = layout == KILN_CONV_NHWC        ? dnnl_nhwc
-                            : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c
-                            : any                           ? dnnl_format_tag_any
-                                                            : dnnl_nchw;
+    dnnl_format_tag_t act = layout_tag(layout, any ? dnnl_format_tag_any : dnnl_nchw);
     DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, act));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, act));
     if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
@@ -198,16 +227,18 @@ static kiln_status conv_create(conv_entry *e) {
     if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
     if (s == KILN_OK) s = conv_post_ops(&e->ep, attr);
-    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations); for
-     * channels-last, the plain-weights kernel in place of brgconv, whose weight format
-     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call */
+    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations, AVX-512);
+     * for channels-last, the blocked-weights kernel in place of brgconv, whose weight format
+     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call (weights
+     * blocked as the CPU's direct kernels read them: left to oneDNN where there are none) */
     if (s == KILN_OK && e->ep.winograd) {
         s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
         e->keep_weights = s == KILN_OK;
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
     }
-    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1) {
-        s = conv_make_pd(e, attr, dnnl_OIhw16i16o, dnnl_convolution_direct, &fwd, &pd);
+    dnnl_format_tag_t wtag = blocked_weights_tag(kiln_conv_block_size());
+    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {
+        s = conv_make_pd(e, attr, wtag, dnnl_convolution_direct, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
     }
     if (s == KILN_OK && !fwd) s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
@@ -358,10 +389,6 @@ typedef struct {
 static relayout_entry relayout_cache[RELAYOUT_CACHE_SIZE];
 static int relayout_next; /* the slot replaced on the next miss */
 
-static dnnl_format_tag_t layout_tag(int64_t layout) {
-    return layout == KILN_CONV_NHWC ? dnnl_nhwc : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c : dnnl_nchw;
-}
-
 static void relayout_entry_clear(relayout_entry *e) {
     if (e->prim) dnnl_primitive_destroy(e->prim);
     if (e->src) dnnl_memory_destroy(e->src);
@@ -372,8 +399,8 @@ static void relayout_entry_clear(relayout_entry *e) {
 static kiln_status relayout_create(relayout_entry *e) {
     dnnl_dims_t d = {e->dims[0], e->dims[1], e->dims[2], e->dims[3]};
     dnnl_memory_desc_t src, dst;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from)));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from, dnnl_nchw)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to, dnnl_nchw)));
     dnnl_primitive_desc_t pd;
     DNNL_TRY(dnnl_reorder_primitive_desc_create(&pd, &src, conv_engine, &dst, conv_engine, NULL));
     dnnl_status_t ds = dnnl_primitive_create(&e->prim, pd);

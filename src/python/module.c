@@ -4,6 +4,7 @@
 
 #include "codegen/codegen.h"
 #include "core/internal.h"
+#include "ops/conv_epilogue.h"
 
 /* Fills attrs from two optional sequences of ints and floats. */
 static int parse_attrs(PyObject *ints, PyObject *floats, kiln_attrs *a) {
@@ -316,6 +317,13 @@ static PyObject *py_codegen_stats(PyObject *self, PyObject *unused) {
                          (long long)st.rebuilt, "compile_seconds", st.compile_seconds);
 }
 
+/* Returns a new int: the channel block of the blocked layout the layout pass uses on this CPU
+ * (16 with AVX-512, 8 with AVX2; 0: the pass is off). */
+static PyObject *py_conv_block_size(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLong(kiln_conv_block_size());
+}
+
 static PyMethodDef module_methods[] = {
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
     {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
@@ -330,6 +338,7 @@ static PyMethodDef module_methods[] = {
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
+    {"conv_block_size", py_conv_block_size, METH_NOARGS, "the channel block of the CPU's blocked conv layout (0: none)"},
     {NULL, NULL, 0, NULL},
 };
 
