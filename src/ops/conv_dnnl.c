@@ -4,7 +4,9 @@
  * buffers and the formats the primitive chose. The epilogue runs as post-ops: the residual as
  * a `sum` (the destination is first filled with it), then the activation as an `eltwise`.
  * Blocked copies and the scratchpad live in grow-only buffers shared by all primitives.
- * Everything runs under one mutex (the library is driven by one caller at a time). */
+ * Everything runs under one mutex (the library is driven by one caller at a time).
+ * Every primitive made is checked for oneDNN's reference implementation (slow: reported once
+ * per problem on stderr, and counted, see kiln_dnnl_ref_count). */
 #include <dnnl.h>
 #include <pthread.h>
 
@@ -74,6 +76,78 @@ static void conv_entry_free(conv_entry *e) {
     kiln_free(e->weights_seen);
     kiln_free(e->weights_blk);
     free(e);
+}
+
+/* ---- reference implementations: reported and counted ------------------------------------- */
+
+static int64_t ref_count;     /* made in this process */
+static char **ref_seen;       /* the distinct descriptions */
+static int64_t ref_nseen, ref_cap;
+
+static const char *layout_name(int64_t layout) {
+    static const char *const names[KILN_CONV_LAYOUT_COUNT] = {
+        [KILN_CONV_NCHW] = "NCHW", [KILN_CONV_NHWC] = "NHWC",
+        [KILN_CONV_BLOCKED16] = "nChw16c", [KILN_CONV_BLOCKED8] = "nChw8c",
+    };
+    return layout >= 0 && layout < KILN_CONV_LAYOUT_COUNT ? names[layout] : "?";
+}
+
+static bool is_ref(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+           !strncmp(impl, "ref", 3);
+}
+
+/* Checks the implementation oneDNN chose for pd, about to become a primitive that `what`
+ * describes: a reference one is counted and, the first time for this description, reported
+ * and remembered (under conv_lock). */
+static void check_impl(const_dnnl_primitive_desc_t pd, const char *what) {
+    const char *impl = NULL;
+    if (!is_ref(pd) || dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) return;
+    ref_count++;
+    char desc[320];
+    snprintf(desc, sizeof desc, "%s: %s", what, impl);
+    for (int64_t i = 0; i < ref_nseen; i++)
+        if (!strcmp(ref_seen[i], desc)) return;
+    fprintf(stderr, "kiln: warning: oneDNN runs %s with its slow reference implementation (%s)\n", what, impl);
+    if (ref_nseen == ref_cap) {
+        int64_t cap = ref_cap ? 2 * ref_cap : 8;
+        char **grown = realloc(ref_seen, sizeof *grown * (size_t)cap);
+        if (!grown) return;
+        ref_seen = grown, ref_cap = cap;
+    }
+    size_t n = strlen(desc) + 1;
+    char *copy = malloc(n);
+    if (copy) memcpy(copy, desc, n), ref_seen[ref_nseen++] = copy;
+}
+
+int64_t kiln_dnnl_ref_count(void) {
+    pthread_mutex_lock(&conv_lock);
+    int64_t n = ref_count;
+    pthread_mutex_unlock(&conv_lock);
+    return n;
+}
+
+const char *kiln_dnnl_ref_describe(int64_t i) {
+    pthread_mutex_lock(&conv_lock);
+    const char *d = i >= 0 && i < ref_nseen ? ref_seen[i] : NULL;
+    pthread_mutex_unlock(&conv_lock);
+    return d;
+}
+
+static const char *const conv_kind_names[3] = {
+    [KILN_CONV_FORWARD] = "conv2d forward",
+    [KILN_CONV_BACKWARD_INPUT] = "conv2d backward (input)",
+    [KILN_CONV_BACKWARD_WEIGHT] = "conv2d backward (weight)",
+};
+
+/* "conv2d forward x (1, 128, 64, 64) nChw16c, w (128, 128, 3, 3), stride 1x1, groups 1" */
+static void conv_describe(const conv_entry *e, char *buf, size_t size) {
+    const kiln_conv_params *p = &e->p;
+    snprintf(buf, size, "%s x (%lld, %lld, %lld, %lld) %s, w (%lld, %lld, %lld, %lld), stride %lldx%lld, groups %lld",
+             conv_kind_names[e->kind], (long long)p->N, (long long)p->C, (long long)p->H, (long long)p->W,
+             layout_name(e->ep.layout), (long long)p->O, (long long)(p->C / p->groups), (long long)p->KH,
+             (long long)p->KW, (long long)p->sh, (long long)p->sw, (long long)p->groups);
 }
 
 /* oneDNN's format tag of the activations in `layout`; `other` for NCHW. */
@@ -162,6 +236,14 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
         [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
         [KILN_CONV_BACKWARD_WEIGHT] = {&ux, &uy, &uw},
     };
+    static const char *const operands[3][3] = {
+        [KILN_CONV_FORWARD] = {"x", "w", "y"},
+        [KILN_CONV_BACKWARD_INPUT] = {"gy", "w", "gx"},
+        [KILN_CONV_BACKWARD_WEIGHT] = {"x", "gy", "gw"},
+    };
+    char what[256], rwhat[300];
+    conv_describe(e, what, sizeof what);
+    check_impl(pd, what);
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd));
     for (int k = 0; k < 3; k++) {
         e->user_md[k] = *user[e->kind][k];
@@ -171,6 +253,8 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
         dnnl_primitive_desc_t rpd;
         if (k < 2) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[k], conv_engine, &e->md[k], conv_engine, NULL));
         else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->md[k], conv_engine, &e->user_md[k], conv_engine, NULL));
+        snprintf(rwhat, sizeof rwhat, "the reorder of %s of %s", operands[e->kind][k], what);
+        check_impl(rpd, rwhat);
         dnnl_status_t ds = dnnl_primitive_create(&e->reorder[k], rpd);
         dnnl_primitive_desc_destroy(rpd);
         DNNL_TRY(ds);
@@ -180,6 +264,8 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     if (e->ep.residual && e->reorder[2]) {
         dnnl_primitive_desc_t rpd;
         DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[2], conv_engine, &e->md[2], conv_engine, NULL));
+        snprintf(rwhat, sizeof rwhat, "the reorder of the residual of %s", what);
+        check_impl(rpd, rwhat);
         dnnl_status_t ds = dnnl_primitive_create(&e->residual_reorder, rpd);
         dnnl_primitive_desc_destroy(rpd);
         DNNL_TRY(ds);
@@ -403,6 +489,10 @@ static kiln_status relayout_create(relayout_entry *e) {
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to, dnnl_nchw)));
     dnnl_primitive_desc_t pd;
     DNNL_TRY(dnnl_reorder_primitive_desc_create(&pd, &src, conv_engine, &dst, conv_engine, NULL));
+    char what[160];
+    snprintf(what, sizeof what, "relayout (%lld, %lld, %lld, %lld) %s -> %s", (long long)d[0], (long long)d[1],
+             (long long)d[2], (long long)d[3], layout_name(e->from), layout_name(e->to));
+    check_impl(pd, what);
     dnnl_status_t ds = dnnl_primitive_create(&e->prim, pd);
     dnnl_primitive_desc_destroy(pd);
     DNNL_TRY(ds);
