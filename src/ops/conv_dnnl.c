@@ -204,14 +204,14 @@ static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any,
 }
 
 /* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one), with
- * weights in format wtag (or any), by algorithm alg. */
-static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag, dnnl_alg_kind_t alg,
-                                dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
+ * activations in `layout` (NCHW: any), weights in format wtag (or any), by algorithm alg. */
+static kiln_status conv_make_pd(conv_entry *e, int64_t layout, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag,
+                                dnnl_alg_kind_t alg, dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
     const kiln_conv_params *p = &e->p;
     dnnl_memory_desc_t x, w, y, b;
     dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
     dnnl_dims_t bd = {p->O};
-    KILN_TRY(conv_mds(p, e->ep.layout, true, wtag, &x, &w, &y));
+    KILN_TRY(conv_mds(p, layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
     dnnl_prop_kind_t prop = e->ep.winograd ? dnnl_forward_inference : dnnl_forward_training;
@@ -305,6 +305,15 @@ static kiln_status conv_post_ops(const kiln_conv_epilogue *ep, dnnl_primitive_at
     return KILN_OK;
 }
 
+/* Destroys the primitive descriptors conv_make_pd made (both NULL after) when the one to run
+ * (*pd, else *fwd) is oneDNN's reference implementation. */
+static void drop_ref(dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
+    if (!*fwd || !is_ref(*pd ? *pd : *fwd)) return;
+    if (*pd) dnnl_primitive_desc_destroy(*pd);
+    dnnl_primitive_desc_destroy(*fwd);
+    *fwd = *pd = NULL;
+}
+
 static kiln_status conv_create(conv_entry *e) {
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t fwd = NULL, pd = NULL;
@@ -317,17 +326,37 @@ static kiln_status conv_create(conv_entry *e) {
      * for channels-last, the blocked-weights kernel in place of brgconv, whose weight format
      * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call (weights
      * blocked as the CPU's direct kernels read them: left to oneDNN where there are none) */
+    /* Each of these first choices is dropped when oneDNN has it only as its reference
+     * implementation (forced weights on channels too few for a block, say): the last
+     * choice, everything left to oneDNN, is never worse */
     if (s == KILN_OK && e->ep.winograd) {
-        s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
-        e->keep_weights = s == KILN_OK;
+        s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+        drop_ref(&fwd, &pd);
+        e->keep_weights = fwd != NULL;
     }
     dnnl_format_tag_t wtag = blocked_weights_tag(kiln_conv_block_size());
     if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {
-        s = conv_make_pd(e, attr, wtag, dnnl_convolution_direct, &fwd, &pd);
+        s = conv_make_pd(e, e->ep.layout, attr, wtag, dnnl_convolution_direct, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+        drop_ref(&fwd, &pd);
     }
-    if (s == KILN_OK && !fwd) s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
+    if (s == KILN_OK && !fwd) s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
+    /* activations in a layout the CPU has no kernel for (nChw16c without AVX-512: a graph
+     * rewritten for another CPU): oneDNN's choice, reordered to and from */
+    if (s == KILN_OK && e->ep.layout != KILN_CONV_NCHW && is_ref(pd ? pd : fwd)) {
+        dnnl_primitive_desc_t fwd2 = NULL, pd2 = NULL;
+        if (conv_make_pd(e, KILN_CONV_NCHW, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd2, &pd2) != KILN_OK) {
+            kiln_clear_error();
+            if (fwd2) dnnl_primitive_desc_destroy(fwd2);
+        } else if (is_ref(pd2 ? pd2 : fwd2)) {
+            drop_ref(&fwd2, &pd2);
+        } else {
+            if (pd) dnnl_primitive_desc_destroy(pd);
+            dnnl_primitive_desc_destroy(fwd);
+            fwd = fwd2, pd = pd2;
+        }
+    }
     if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (fwd) dnnl_primitive_desc_destroy(fwd);
