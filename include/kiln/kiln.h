@@ -126,6 +126,18 @@ KILN_API void kiln_manual_seed(uint64_t seed);
 KILN_API int kiln_num_threads(void);
 KILN_API void kiln_set_num_threads(int n);
 
+/* ---- oneDNN ---------------------------------------------------------------------------- */
+
+/* oneDNN primitives (convolutions and reorders) kiln created whose implementation is oneDNN's
+ * reference one (its name starts with "ref"): correct but one to three orders of magnitude
+ * slower than its JIT kernels, a sign that a layout does not suit the CPU. Each distinct one
+ * is also reported on stderr, once. The count of those created in this process (a problem
+ * whose primitive is evicted from the cache and made again counts again). */
+KILN_API int64_t kiln_dnnl_ref_count(void);
+/* The description (op, shapes, layouts, implementation) of the i-th distinct one, in order of
+ * creation, or NULL for i past the last; valid for the life of the process. */
+KILN_API const char *kiln_dnnl_ref_describe(int64_t i);
+
 #ifdef __cplusplus
 }
 #endif

@@ -126,12 +126,14 @@ static kiln_status conv_fused_epilogue(const kiln_attrs *a, int nin, const kiln_
                           a->i[9] ? ", b" : "", a->i[10] ? ", residual" : "", nin);
     *ep = (kiln_conv_epilogue){.layout = a->i[12], .winograd = a->i[13], .residual = a->i[10],
                                .activation = a->i[11], .alpha = a->nf > 0 ? a->f[0] : 0, .beta = a->nf > 1 ? a->f[1] : 0};
-    int rank = ep->layout == KILN_CONV_BLOCKED16 ? 5 : 4;
-    char buf[160];
-    if (mx->ndim != rank || (rank == 5 && mx->shape[4] != 16))
-        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s does not have layout %lld (%s)", op,
-                          kiln_shape_str(mx, buf, sizeof buf), (long long)ep->layout,
-                          rank == 5 ? "(N, C/16, H, W, 16)" : ep->layout == KILN_CONV_NHWC ? "(N, H, W, C)" : "(N, C, H, W)");
+    int64_t block = kiln_conv_layout_block((kiln_conv_layout)ep->layout);
+    int rank = block ? 5 : 4;
+    char buf[160], shape_want[64];
+    if (block) snprintf(shape_want, sizeof shape_want, "(N, C/%lld, H, W, %lld)", (long long)block, (long long)block);
+    else snprintf(shape_want, sizeof shape_want, "%s", ep->layout == KILN_CONV_NHWC ? "(N, H, W, C)" : "(N, C, H, W)");
+    if (mx->ndim != rank || (block && mx->shape[4] != block))
+        return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s does not have layout %lld %s", op,
+                          kiln_shape_str(mx, buf, sizeof buf), (long long)ep->layout, shape_want);
     kiln_conv_layout_nchw((kiln_conv_layout)ep->layout, mx->shape, nchw);
     return KILN_OK;
 }
@@ -156,9 +158,10 @@ KILN_INFER(conv2d_fused) {
         dt = kiln_dtype_promote(dt, mb->dtype);
     }
     KILN_TRY(conv_check_float(op, dt));
-    if (ep.layout == KILN_CONV_BLOCKED16 && p.O % 16)
-        return kiln_error(KILN_ERR_VALUE, "%s: blocked layout needs output channels divisible by 16, weight has shape %s",
-                          op, kiln_shape_str(mw, b1, sizeof b1));
+    int64_t block = kiln_conv_layout_block((kiln_conv_layout)ep.layout);
+    if (block && p.O % block)
+        return kiln_error(KILN_ERR_VALUE, "%s: blocked layout needs output channels divisible by %lld, weight has shape %s",
+                          op, (long long)block, kiln_shape_str(mw, b1, sizeof b1));
     int64_t nchw[4] = {p.N, p.O, p.OH, p.OW}, shape[5];
     kiln_meta_set(out, dt, kiln_conv_layout_shape((kiln_conv_layout)ep.layout, nchw, shape), shape);
     if (ep.residual) {

@@ -4,7 +4,9 @@
  * buffers and the formats the primitive chose. The epilogue runs as post-ops: the residual as
  * a `sum` (the destination is first filled with it), then the activation as an `eltwise`.
  * Blocked copies and the scratchpad live in grow-only buffers shared by all primitives.
- * Everything runs under one mutex (the library is driven by one caller at a time). */
+ * Everything runs under one mutex (the library is driven by one caller at a time).
+ * Every primitive made is checked for oneDNN's reference implementation (slow: reported once
+ * per problem on stderr, and counted, see kiln_dnnl_ref_count). */
 #include <dnnl.h>
 #include <pthread.h>
 
@@ -76,6 +78,110 @@ static void conv_entry_free(conv_entry *e) {
     free(e);
 }
 
+/* ---- reference implementations: reported and counted ------------------------------------- */
+
+static int64_t ref_count;     /* made in this process */
+static char **ref_seen;       /* the distinct descriptions */
+static int64_t ref_nseen, ref_cap;
+
+static const char *layout_name(int64_t layout) {
+    static const char *const names[KILN_CONV_LAYOUT_COUNT] = {
+        [KILN_CONV_NCHW] = "NCHW", [KILN_CONV_NHWC] = "NHWC",
+        [KILN_CONV_BLOCKED16] = "nChw16c", [KILN_CONV_BLOCKED8] = "nChw8c",
+    };
+    return layout >= 0 && layout < KILN_CONV_LAYOUT_COUNT ? names[layout] : "?";
+}
+
+static bool is_ref(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+           !strncmp(impl, "ref", 3);
+}
+
+/* Checks the implementation oneDNN chose for pd, about to become a primitive that `what`
+ * describes: a reference one is counted and, the first time for this description, reported
+ * and remembered (under conv_lock). */
+static void check_impl(const_dnnl_primitive_desc_t pd, const char *what) {
+    const char *impl = NULL;
+    if (!is_ref(pd) || dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success) return;
+    ref_count++;
+    char desc[320];
+    snprintf(desc, sizeof desc, "%s: %s", what, impl);
+    for (int64_t i = 0; i < ref_nseen; i++)
+        if (!strcmp(ref_seen[i], desc)) return;
+    fprintf(stderr, "kiln: warning: oneDNN runs %s with its slow reference implementation (%s)\n", what, impl);
+    if (ref_nseen == ref_cap) {
+        int64_t cap = ref_cap ? 2 * ref_cap : 8;
+        char **grown = realloc(ref_seen, sizeof *grown * (size_t)cap);
+        if (!grown) return;
+        ref_seen = grown, ref_cap = cap;
+    }
+    size_t n = strlen(desc) + 1;
+    char *copy = malloc(n);
+    if (copy) memcpy(copy, desc, n), ref_seen[ref_nseen++] = copy;
+}
+
+int64_t kiln_dnnl_ref_count(void) {
+    pthread_mutex_lock(&conv_lock);
+    int64_t n = ref_count;
+    pthread_mutex_unlock(&conv_lock);
+    return n;
+}
+
+const char *kiln_dnnl_ref_describe(int64_t i) {
+    pthread_mutex_lock(&conv_lock);
+    const char *d = i >= 0 && i < ref_nseen ? ref_seen[i] : NULL;
+    pthread_mutex_unlock(&conv_lock);
+    return d;
+}
+
+static const char *const conv_kind_names[3] = {
+    [KILN_CONV_FORWARD] = "conv2d forward",
+    [KILN_CONV_BACKWARD_INPUT] = "conv2d backward (input)",
+    [KILN_CONV_BACKWARD_WEIGHT] = "conv2d backward (weight)",
+};
+
+/* "conv2d forward x (1, 128, 64, 64) nChw16c, w (128, 128, 3, 3), stride 1x1, groups 1" */
+static void conv_describe(const conv_entry *e, char *buf, size_t size) {
+    const kiln_conv_params *p = &e->p;
+    snprintf(buf, size, "%s x (%lld, %lld, %lld, %lld) %s, w (%lld, %lld, %lld, %lld), stride %lldx%lld, groups %lld",
+             conv_kind_names[e->kind], (long long)p->N, (long long)p->C, (long long)p->H, (long long)p->W,
+             layout_name(e->ep.layout), (long long)p->O, (long long)(p->C / p->groups), (long long)p->KH,
+             (long long)p->KW, (long long)p->sh, (long long)p->sw, (long long)p->groups);
+}
+
+/* oneDNN's format tag of the activations in `layout`; `other` for NCHW. */
+static dnnl_format_tag_t layout_tag(int64_t layout, dnnl_format_tag_t other) {
+    switch (layout) {
+    case KILN_CONV_NHWC: return dnnl_nhwc;
+    case KILN_CONV_BLOCKED16: return dnnl_nChw16c;
+    case KILN_CONV_BLOCKED8: return dnnl_nChw8c;
+    default: return other;
+    }
+}
+
+static pthread_once_t block_once = PTHREAD_ONCE_INIT;
+static int block_size;
+
+static void block_size_init(void) {
+    /* the ISA values are bit sets, each holding the bits of the ones it extends */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ||
+                  (isa & dnnl_cpu_isa_avx512_mic) == dnnl_cpu_isa_avx512_mic;
+    block_size = avx512 ? 16 : (isa & dnnl_cpu_isa_sse41) == dnnl_cpu_isa_sse41 ? 8 : 0;
+}
+
+int kiln_conv_block_size(void) {
+    pthread_once(&block_once, block_size_init);
+    return block_size;
+}
+
+/* The blocked weight format (OIhw<b>i<b>o) of the direct kernels reading activations in
+ * channel blocks of b, or any. */
+static dnnl_format_tag_t blocked_weights_tag(int b) {
+    return b == 16 ? dnnl_OIhw16i16o : b == 8 ? dnnl_OIhw8i8o : dnnl_format_tag_any;
+}
+
 static kiln_status conv_init(void) {
     if (conv_stream) return KILN_OK;
     DNNL_TRY(dnnl_engine_create(&conv_engine, dnnl_cpu, 0));
@@ -89,10 +195,7 @@ static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any,
                             dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
     dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
     dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
-    dnnl_format_tag_t act = layout == KILN_CONV_NHWC        ? dnnl_nhwc
-                            : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c
-                            : any                           ? dnnl_format_tag_any
-                                                            : dnnl_nchw;
+    dnnl_format_tag_t act = layout_tag(layout, any ? dnnl_format_tag_any : dnnl_nchw);
     DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, act));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, act));
     if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
@@ -101,14 +204,14 @@ static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any,
 }
 
 /* Creates the primitive descriptor of e's kind (backward ones hinted by a forward one), with
- * weights in format wtag (or any), by algorithm alg. */
-static kiln_status conv_make_pd(conv_entry *e, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag, dnnl_alg_kind_t alg,
-                                dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
+ * activations in `layout` (NCHW: any), weights in format wtag (or any), by algorithm alg. */
+static kiln_status conv_make_pd(conv_entry *e, int64_t layout, dnnl_primitive_attr_t attr, dnnl_format_tag_t wtag,
+                                dnnl_alg_kind_t alg, dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
     const kiln_conv_params *p = &e->p;
     dnnl_memory_desc_t x, w, y, b;
     dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
     dnnl_dims_t bd = {p->O};
-    KILN_TRY(conv_mds(p, e->ep.layout, true, wtag, &x, &w, &y));
+    KILN_TRY(conv_mds(p, layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
     dnnl_prop_kind_t prop = e->ep.winograd ? dnnl_forward_inference : dnnl_forward_training;
@@ -133,6 +236,14 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
         [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
         [KILN_CONV_BACKWARD_WEIGHT] = {&ux, &uy, &uw},
     };
+    static const char *const operands[3][3] = {
+        [KILN_CONV_FORWARD] = {"x", "w", "y"},
+        [KILN_CONV_BACKWARD_INPUT] = {"gy", "w", "gx"},
+        [KILN_CONV_BACKWARD_WEIGHT] = {"x", "gy", "gw"},
+    };
+    char what[256], rwhat[300];
+    conv_describe(e, what, sizeof what);
+    check_impl(pd, what);
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd));
     for (int k = 0; k < 3; k++) {
         e->user_md[k] = *user[e->kind][k];
@@ -142,6 +253,8 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
         dnnl_primitive_desc_t rpd;
         if (k < 2) DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[k], conv_engine, &e->md[k], conv_engine, NULL));
         else DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->md[k], conv_engine, &e->user_md[k], conv_engine, NULL));
+        snprintf(rwhat, sizeof rwhat, "the reorder of %s of %s", operands[e->kind][k], what);
+        check_impl(rpd, rwhat);
         dnnl_status_t ds = dnnl_primitive_create(&e->reorder[k], rpd);
         dnnl_primitive_desc_destroy(rpd);
         DNNL_TRY(ds);
@@ -151,6 +264,8 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     if (e->ep.residual && e->reorder[2]) {
         dnnl_primitive_desc_t rpd;
         DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user_md[2], conv_engine, &e->md[2], conv_engine, NULL));
+        snprintf(rwhat, sizeof rwhat, "the reorder of the residual of %s", what);
+        check_impl(rpd, rwhat);
         dnnl_status_t ds = dnnl_primitive_create(&e->residual_reorder, rpd);
         dnnl_primitive_desc_destroy(rpd);
         DNNL_TRY(ds);
@@ -190,6 +305,15 @@ static kiln_status conv_post_ops(const kiln_conv_epilogue *ep, dnnl_primitive_at
     return KILN_OK;
 }
 
+/* Destroys the primitive descriptors conv_make_pd made (both NULL after) when the one to run
+ * (*pd, else *fwd) is oneDNN's reference implementation. */
+static void drop_ref(dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
+    if (!*fwd || !is_ref(*pd ? *pd : *fwd)) return;
+    if (*pd) dnnl_primitive_desc_destroy(*pd);
+    dnnl_primitive_desc_destroy(*fwd);
+    *fwd = *pd = NULL;
+}
+
 static kiln_status conv_create(conv_entry *e) {
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t fwd = NULL, pd = NULL;
@@ -198,19 +322,41 @@ static kiln_status conv_create(conv_entry *e) {
     if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
     if (s == KILN_OK) s = conv_post_ops(&e->ep, attr);
-    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations); for
-     * channels-last, the plain-weights kernel in place of brgconv, whose weight format
-     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call */
+    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations, AVX-512);
+     * for channels-last, the blocked-weights kernel in place of brgconv, whose weight format
+     * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call (weights
+     * blocked as the CPU's direct kernels read them: left to oneDNN where there are none) */
+    /* Each of these first choices is dropped when oneDNN has it only as its reference
+     * implementation (forced weights on channels too few for a block, say): the last
+     * choice, everything left to oneDNN, is never worse */
     if (s == KILN_OK && e->ep.winograd) {
-        s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
-        e->keep_weights = s == KILN_OK;
+        s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+        drop_ref(&fwd, &pd);
+        e->keep_weights = fwd != NULL;
     }
-    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1) {
-        s = conv_make_pd(e, attr, dnnl_OIhw16i16o, dnnl_convolution_direct, &fwd, &pd);
+    dnnl_format_tag_t wtag = blocked_weights_tag(kiln_conv_block_size());
+    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {
+        s = conv_make_pd(e, e->ep.layout, attr, wtag, dnnl_convolution_direct, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
+        drop_ref(&fwd, &pd);
     }
-    if (s == KILN_OK && !fwd) s = conv_make_pd(e, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
+    if (s == KILN_OK && !fwd) s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd, &pd);
+    /* activations in a layout the CPU has no kernel for (nChw16c without AVX-512: a graph
+     * rewritten for another CPU): oneDNN's choice, reordered to and from */
+    if (s == KILN_OK && e->ep.layout != KILN_CONV_NCHW && is_ref(pd ? pd : fwd)) {
+        dnnl_primitive_desc_t fwd2 = NULL, pd2 = NULL;
+        if (conv_make_pd(e, KILN_CONV_NCHW, attr, dnnl_format_tag_any, dnnl_convolution_direct, &fwd2, &pd2) != KILN_OK) {
+            kiln_clear_error();
+            if (fwd2) dnnl_primitive_desc_destroy(fwd2);
+        } else if (is_ref(pd2 ? pd2 : fwd2)) {
+            drop_ref(&fwd2, &pd2);
+        } else {
+            if (pd) dnnl_primitive_desc_destroy(pd);
+            dnnl_primitive_desc_destroy(fwd);
+            fwd = fwd2, pd = pd2;
+        }
+    }
     if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (fwd) dnnl_primitive_desc_destroy(fwd);
@@ -358,10 +504,6 @@ typedef struct {
 static relayout_entry relayout_cache[RELAYOUT_CACHE_SIZE];
 static int relayout_next; /* the slot replaced on the next miss */
 
-static dnnl_format_tag_t layout_tag(int64_t layout) {
-    return layout == KILN_CONV_NHWC ? dnnl_nhwc : layout == KILN_CONV_BLOCKED16 ? dnnl_nChw16c : dnnl_nchw;
-}
-
 static void relayout_entry_clear(relayout_entry *e) {
     if (e->prim) dnnl_primitive_destroy(e->prim);
     if (e->src) dnnl_memory_destroy(e->src);
@@ -372,10 +514,14 @@ static void relayout_entry_clear(relayout_entry *e) {
 static kiln_status relayout_create(relayout_entry *e) {
     dnnl_dims_t d = {e->dims[0], e->dims[1], e->dims[2], e->dims[3]};
     dnnl_memory_desc_t src, dst;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from)));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&src, 4, d, dnnl_f32, layout_tag(e->from, dnnl_nchw)));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dst, 4, d, dnnl_f32, layout_tag(e->to, dnnl_nchw)));
     dnnl_primitive_desc_t pd;
     DNNL_TRY(dnnl_reorder_primitive_desc_create(&pd, &src, conv_engine, &dst, conv_engine, NULL));
+    char what[160];
+    snprintf(what, sizeof what, "relayout (%lld, %lld, %lld, %lld) %s -> %s", (long long)d[0], (long long)d[1],
+             (long long)d[2], (long long)d[3], layout_name(e->from), layout_name(e->to));
+    check_impl(pd, what);
     dnnl_status_t ds = dnnl_primitive_create(&e->prim, pd);
     dnnl_primitive_desc_destroy(pd);
     DNNL_TRY(ds);

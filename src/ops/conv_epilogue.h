@@ -6,26 +6,51 @@
 
 #include "../core/internal.h"
 
-/* Activation layouts of conv2d_fused (attribute i[12]) and of the relayout op. */
+/* Activation layouts of conv2d_fused (attribute i[12]) and of the relayout op. The blocked
+ * layouts are oneDNN's nChw16c and nChw8c: the channels split into blocks of 16 (what its
+ * AVX-512 kernels read) or 8 (its AVX2, AVX and SSE4.1 kernels); which one a graph uses is
+ * chosen per CPU (kiln_conv_block_size). */
 typedef enum kiln_conv_layout {
     KILN_CONV_NCHW,      /* (N, C, H, W) */
     KILN_CONV_NHWC,      /* (N, H, W, C) */
     KILN_CONV_BLOCKED16, /* (N, C/16, H, W, 16): oneDNN's nChw16c, C a multiple of 16 */
+    KILN_CONV_BLOCKED8,  /* (N, C/8, H, W, 8): oneDNN's nChw8c, C a multiple of 8 */
     KILN_CONV_LAYOUT_COUNT,
 } kiln_conv_layout;
 
-/* The shape of the NCHW tensor s in `layout` (5-D for BLOCKED16; C divisible by 16). */
+/* The channel block of a blocked layout; 0 for the others. */
+static inline int64_t kiln_conv_layout_block(kiln_conv_layout layout) {
+    return layout == KILN_CONV_BLOCKED16 ? 16 : layout == KILN_CONV_BLOCKED8 ? 8 : 0;
+}
+
+/* The blocked layout of channel block `block` (16 or 8); NCHW for any other. */
+static inline kiln_conv_layout kiln_conv_blocked_layout(int64_t block) {
+    return block == 16 ? KILN_CONV_BLOCKED16 : block == 8 ? KILN_CONV_BLOCKED8 : KILN_CONV_NCHW;
+}
+
+/* The channel block of the blocked layout that the fastest float32 convolutions of the CPU
+ * oneDNN runs on read: 16 with AVX-512, 8 with AVX2, AVX or SSE4.1, 0 where it has no blocked
+ * kernels. From the instruction set oneDNN will use (dnnl_get_effective_cpu_isa: so
+ * ONEDNN_MAX_CPU_ISA=AVX2 gives 8 on an AVX-512 machine). Defined in conv_dnnl.c. */
+int kiln_conv_block_size(void);
+
+/* The shape of the NCHW tensor s in `layout` (5-D for the blocked ones; C divisible by the block). */
 static inline int kiln_conv_layout_shape(kiln_conv_layout layout, const int64_t *s, int64_t *out) {
-    int64_t nhwc[4] = {s[0], s[2], s[3], s[1]}, blk[5] = {s[0], s[1] / 16, s[2], s[3], 16};
-    if (layout == KILN_CONV_BLOCKED16) return memcpy(out, blk, sizeof blk), 5;
+    int64_t b = kiln_conv_layout_block(layout);
+    if (b) {
+        int64_t blk[5] = {s[0], s[1] / b, s[2], s[3], b};
+        return memcpy(out, blk, sizeof blk), 5;
+    }
+    int64_t nhwc[4] = {s[0], s[2], s[3], s[1]};
     memcpy(out, layout == KILN_CONV_NHWC ? nhwc : s, sizeof nhwc);
     return 4;
 }
 
 /* The NCHW shape of s, a tensor in `layout`. */
 static inline void kiln_conv_layout_nchw(kiln_conv_layout layout, const int64_t *s, int64_t *out) {
-    int64_t nchw[4] = {s[0], s[3], s[1], s[2]}, blk[4] = {s[0], s[1] * 16, s[2], s[3]};
-    memcpy(out, layout == KILN_CONV_NHWC ? nchw : layout == KILN_CONV_BLOCKED16 ? blk : s, sizeof nchw);
+    int64_t b = kiln_conv_layout_block(layout);
+    int64_t nchw[4] = {s[0], s[3], s[1], s[2]}, blk[4] = {s[0], s[1] * b, s[2], s[3]};
+    memcpy(out, layout == KILN_CONV_NHWC ? nchw : b ? blk : s, sizeof nchw);
 }
 
 typedef enum kiln_conv_activation {

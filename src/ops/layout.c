@@ -1,6 +1,7 @@
 /* relayout: the activation layout conversions the channels_last pass puts at the edges of
  * conv chains (layouts of src/ops/conv_epilogue.h): NCHW <-> NHWC, a contiguous copy of
- * permute(0, 2, 3, 1) and back, and NCHW <-> (N, C/16, H, W, 16), oneDNN's blocked nChw16c.
+ * permute(0, 2, 3, 1) and back, and NCHW <-> (N, C/b, H, W, b), oneDNN's blocked nChw16c and
+ * nChw8c (b = 16, 8).
  * float32 runs through oneDNN's reorders (2-3x faster here than the batched 2-D transposes
  * the other dtypes get, which in turn beat the general strided copy of a permuted view). */
 #include <omp.h>
@@ -56,9 +57,10 @@ kiln_status kiln_relayout(const kiln_tensor *x, kiln_conv_layout from, kiln_conv
     if (other == KILN_CONV_NHWC) { /* (N, C, HW) <-> (N, HW, C) */
         if (to_nchw) transpose_batched(x->data, out->data, N, HW, C, size);
         else transpose_batched(x->data, out->data, N, C, HW, size);
-    } else { /* (N * C/16, 16, HW) <-> (N * C/16, HW, 16) */
-        if (to_nchw) transpose_batched(x->data, out->data, N * (C / 16), HW, 16, size);
-        else transpose_batched(x->data, out->data, N * (C / 16), 16, HW, size);
+    } else { /* (N * C/b, b, HW) <-> (N * C/b, HW, b) */
+        int64_t b = kiln_conv_layout_block(other);
+        if (to_nchw) transpose_batched(x->data, out->data, N * (C / b), HW, b, size);
+        else transpose_batched(x->data, out->data, N * (C / b), b, HW, size);
     }
     return KILN_OK;
 }
@@ -75,15 +77,16 @@ KILN_INFER(relayout) {
                           (long long)from, (long long)to);
     if (kiln_dtype_size(m->dtype) > 8)
         return kiln_error(KILN_ERR_TYPE, "%s: unsupported dtype %s", op, kiln_dtype_name(m->dtype));
-    int rank = from == KILN_CONV_BLOCKED16 ? 5 : 4;
-    if (m->ndim != rank || (rank == 5 && m->shape[4] != 16))
+    int64_t from_block = kiln_conv_layout_block((kiln_conv_layout)from), to_block = kiln_conv_layout_block((kiln_conv_layout)to);
+    int rank = from_block ? 5 : 4;
+    if (m->ndim != rank || (from_block && m->shape[4] != from_block))
         return kiln_error(KILN_ERR_VALUE, "%s: input of shape %s is not in layout %lld", op,
                           kiln_shape_str(m, buf, sizeof buf), (long long)from);
     int64_t nchw[4], shape[5];
     kiln_conv_layout_nchw((kiln_conv_layout)from, m->shape, nchw);
-    if (to == KILN_CONV_BLOCKED16 && nchw[1] % 16)
-        return kiln_error(KILN_ERR_VALUE, "%s: the blocked layout needs channels divisible by 16, input has shape %s", op,
-                          kiln_shape_str(m, buf, sizeof buf));
+    if (to_block && nchw[1] % to_block)
+        return kiln_error(KILN_ERR_VALUE, "%s: the blocked layout needs channels divisible by %lld, input has shape %s", op,
+                          (long long)to_block, kiln_shape_str(m, buf, sizeof buf));
     kiln_meta_set(out, m->dtype, kiln_conv_layout_shape((kiln_conv_layout)to, nchw, shape), shape);
     return KILN_OK;
 }

@@ -1,8 +1,11 @@
 /* NCHW -> channels-last layout propagation: float32 convolutions that feed one another
  * (directly or through elementwise ops) keep their activations in the layout oneDNN computes
- * in, in place of reordering them around every convolution: oneDNN's blocked nChw16c, as the
- * 5-D (N, C/16, H, W, 16), when every such convolution has channels divisible by 16 (its
- * Winograd and direct kernels read it), else NHWC. The elementwise ops between them (those
+ * in, in place of reordering them around every convolution: oneDNN's blocked layout, as the
+ * 5-D (N, C/b, H, W, b), when every such convolution has channels divisible by b, else NHWC.
+ * The block b is the CPU's (kiln_conv_block_size: 16 with AVX-512, whose Winograd and direct
+ * kernels read nChw16c; 8 with AVX2 and older, whose direct kernels read nChw8c and fall
+ * back to oneDNN's reference kernel, ~1000x slower, on nChw16c); with no blocked kernels at
+ * all the pass leaves the graph alone. The elementwise ops between them (those
  * whose result reaches a convolution) run on the converted values (broadcast operands become
  * permuted views, full-size ones are converted); relayout nodes are inserted only at the
  * chain's edges, each value converted at most once, and NCHW values are rebuilt only where
@@ -72,20 +75,20 @@ static kiln_status converted_operand(layout_state *st, int32_t v, int64_t n, int
     for (int d = 0; d < m->ndim; d++) numel *= m->shape[d];
     if (m->ndim == 4 && numel == n) return convert(st, v, loc, out);
     /* a broadcast operand, padded to 4 axes (n, c, h, w): a permuted view of it, for the
-     * blocked layout of (n, c/16, 16, h, w) (c is 1 or the channel count) */
-    int64_t s4[4];
+     * blocked layout of (n, c/b, b, h, w) (c is 1 or the channel count) */
+    int64_t s4[4], block = kiln_conv_layout_block(st->layout);
     for (int d = 0; d < 4; d++) s4[d] = d < 4 - m->ndim ? 1 : m->shape[d - (4 - m->ndim)];
     int32_t x = st->rw.map[v];
     kiln_attrs r = {0}, p = {0};
-    if (st->layout == KILN_CONV_BLOCKED16) {
-        int64_t blk = s4[1] == 1 ? 1 : 16;
+    if (block) {
+        int64_t blk = s4[1] == 1 ? 1 : block;
         r.ni = 5, r.i[0] = s4[0], r.i[1] = s4[1] / blk, r.i[2] = blk, r.i[3] = s4[2], r.i[4] = s4[3];
         p.ni = 5, p.i[0] = 0, p.i[1] = 1, p.i[2] = 3, p.i[3] = 4, p.i[4] = 2;
     } else {
         r.ni = 4, memcpy(r.i, s4, sizeof s4);
         p.ni = 4, p.i[0] = 0, p.i[1] = 2, p.i[2] = 3, p.i[3] = 1;
     }
-    if (m->ndim < 4 || st->layout == KILN_CONV_BLOCKED16) KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
+    if (m->ndim < 4 || block) KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
     return add_node(st, KILN_OP_PERMUTE, 1, &x, &p, loc, out);
 }
 
@@ -150,7 +153,8 @@ static bool converts_elementwise(const layout_state *st, const bool *feeds_conv,
 
 KILN_PASS(channels_last) {
     *out = NULL;
-    if (opt->disable_format_transform) return KILN_OK;
+    int block = kiln_conv_block_size();
+    if (opt->disable_format_transform || !block) return KILN_OK;
     int32_t nv = in->nvalues ? in->nvalues : 1;
     bool *feeds_conv = calloc((size_t)nv, sizeof(bool));
     layout_state st = {.rw.src = in, .converted = malloc(sizeof(int32_t) * (size_t)nv)};
@@ -164,15 +168,15 @@ KILN_PASS(channels_last) {
     mark_feeds_conv(in, feeds_conv);
     for (int32_t v = 0; v < in->nvalues; v++) st.converted[v] = -1;
     /* a dry run (converted = 1 marks values) picks the layout: blocked unless a convolution
-     * to convert has channels that are no multiple of 16 */
+     * to convert has channels that are no multiple of the block */
     int chained = 0;
-    st.layout = KILN_CONV_BLOCKED16;
+    st.layout = kiln_conv_blocked_layout(block);
     for (int32_t i = 0; i < in->nnodes; i++) {
         const kiln_node *n = &in->nodes[i];
         if (converts_conv(&st, feeds_conv, n)) {
             chained++;
             st.converted[n->out[0]] = 1;
-            if (in->values[n->in[0]].meta.shape[1] % 16 || in->values[n->out[0]].meta.shape[1] % 16)
+            if (in->values[n->in[0]].meta.shape[1] % block || in->values[n->out[0]].meta.shape[1] % block)
                 st.layout = KILN_CONV_NHWC;
         } else if (converts_elementwise(&st, feeds_conv, n)) {
             st.converted[n->out[0]] = 1;

@@ -4,6 +4,7 @@
 
 #include "codegen/codegen.h"
 #include "core/internal.h"
+#include "ops/conv_epilogue.h"
 
 /* Fills attrs from two optional sequences of ints and floats. */
 static int parse_attrs(PyObject *ints, PyObject *floats, kiln_attrs *a) {
@@ -316,6 +317,33 @@ static PyObject *py_codegen_stats(PyObject *self, PyObject *unused) {
                          (long long)st.rebuilt, "compile_seconds", st.compile_seconds);
 }
 
+/* Returns a new int: the channel block of the blocked layout the layout pass uses on this CPU
+ * (16 with AVX-512, 8 with AVX2; 0: the pass is off). */
+static PyObject *py_conv_block_size(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLong(kiln_conv_block_size());
+}
+
+/* Returns a new tuple (count, [descriptions]): the oneDNN primitives made with oneDNN's slow
+ * reference implementation in this process (kiln_dnnl_ref_count), and the distinct ones. */
+static PyObject *py_dnnl_ref_primitives(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    int64_t count = kiln_dnnl_ref_count();
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    const char *d;
+    for (int64_t i = 0; (d = kiln_dnnl_ref_describe(i)); i++) {
+        PyObject *str = PyUnicode_FromString(d);
+        if (!str || PyList_Append(list, str) < 0) {
+            Py_XDECREF(str);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(str);
+    }
+    return Py_BuildValue("(LN)", (long long)count, list); /* steals list */
+}
+
 static PyMethodDef module_methods[] = {
     {"register_check", pykiln_register_check, METH_O, "register_check(exception) -> id of a check op"},
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
@@ -331,6 +359,9 @@ static PyMethodDef module_methods[] = {
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
+    {"conv_block_size", py_conv_block_size, METH_NOARGS, "the channel block of the CPU's blocked conv layout (0: none)"},
+    {"dnnl_ref_primitives", py_dnnl_ref_primitives, METH_NOARGS,
+     "(count, descriptions) of the oneDNN primitives made with its slow reference implementation"},
     {NULL, NULL, 0, NULL},
 };
 
