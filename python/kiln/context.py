@@ -3,10 +3,10 @@
 jit_syntax_level ("STRICT" | "LAX", default "LAX") is the syntax level of every kiln.jit and
 JitConfig that leaves its own empty (read when a function is captured, so a later set_context
 applies to functions compiled after it). mode (GRAPH_MODE = 0 | PYNATIVE_MODE = 1, default
-PYNATIVE_MODE) is recorded only: in MindSpore GRAPH_MODE compiles every Cell called from Python,
-kiln compiles only what kiln.jit or Cell.set_jit_config names, so setting GRAPH_MODE warns.
+PYNATIVE_MODE): in GRAPH_MODE, as in MindSpore, a Cell called from Python runs compiled: through
+kiln.jit with its default options (ast capture, O0), or its own Cell.set_jit_config; Cells it
+calls are part of its graph, and plain functions stay eager unless wrapped in kiln.jit.
 """
-import warnings
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
@@ -20,8 +20,8 @@ _context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX}
 
 
 def set_context(**kwargs):
-    """Sets process-wide settings: mode (kiln.GRAPH_MODE or kiln.PYNATIVE_MODE; recorded, see the
-    module docstring) and jit_syntax_level ("STRICT" or "LAX"). Unknown names raise ValueError."""
+    """Sets process-wide settings: mode (kiln.GRAPH_MODE or kiln.PYNATIVE_MODE, see the module
+    docstring) and jit_syntax_level ("STRICT" or "LAX"). Unknown names raise ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
             if isinstance(value, bool) or value not in _MODES:
@@ -34,10 +34,12 @@ def set_context(**kwargs):
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
     for name, value in kwargs.items():
         _context[name] = value
-    if kwargs.get("mode") == GRAPH_MODE:
-        warnings.warn("set_context: mode=GRAPH_MODE is recorded, but kiln does not compile Cells by mode: Cells "
-                      "still run eagerly unless wrapped in kiln.jit or given Cell.set_jit_config", UserWarning,
-                      stacklevel=2)
+
+
+
+def graph_mode():
+    """Whether Cells called from Python run compiled (set_context(mode=GRAPH_MODE))."""
+    return _context["mode"] == GRAPH_MODE
 
 
 def get_context(name):

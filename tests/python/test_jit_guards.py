@@ -476,3 +476,32 @@ def test_random_state_mutations_between_calls_match_eager(seed, tmp_path):
             same(jf(x), module.f(x))
     info = jf.cache_info()
     assert info.eager_calls == 0 and info.hits >= 4, info
+
+
+# ---- constants that change -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no_verify"])
+def test_trace_capture_as_const_weights_updated_in_place_raise(verify):
+    kiln.manual_seed(3)
+    net = nn.Dense(3, 2)
+    traced = kiln.trace(lambda x: net(x), capture_as_const=True, verify=verify)
+    x = T(np.ones((1, 3)))
+    same(traced(x), net(x))
+    same(traced(x), net(x))
+    with kiln.no_grad():  # an in-place update, as an optimizer step does
+        net.weight[...] = net.weight * 2
+    with pytest.raises(kiln.TraceMismatchError, match=r"captured constant %\d+ \(float32\[2, 3\].*changed in place"):
+        traced(x)
+
+
+def test_jit_sees_in_place_weight_updates():
+    kiln.manual_seed(3)
+    net = nn.Dense(3, 2)
+    jf = kiln.jit(lambda x: net(x))
+    x = T(np.ones((1, 3)))
+    same(jf(x), net(x))
+    with kiln.no_grad():
+        net.weight[...] = net.weight * 2
+    same(jf(x), net(x))
+    assert jf.cache_info().compiles == 1  # weights are live references, not constants

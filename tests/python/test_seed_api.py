@@ -130,10 +130,25 @@ def test_context_defaults_constants_and_validation(context):
     assert kiln.get_context("jit_syntax_level") == "LAX"
 
 
-def test_graph_mode_is_recorded_and_says_cells_still_run_eagerly(context):
-    with pytest.warns(UserWarning, match="mode=GRAPH_MODE is recorded, but kiln does not compile Cells by mode"):
-        kiln.set_context(mode=kiln.GRAPH_MODE)
+def test_graph_mode_runs_cells_compiled(context):
+    import numpy as np
+
+    kiln.manual_seed(0)
+    net = kiln.nn.SequentialCell(kiln.nn.Dense(3, 4), kiln.nn.ReLU(), kiln.nn.Dense(4, 2))
+    x = kiln.Tensor(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32))
+    want = net(x).asnumpy()  # PYNATIVE_MODE: eager
+    assert "_graph_jitted" not in net.__dict__
+    kiln.set_context(mode=kiln.GRAPH_MODE)
     assert kiln.get_context("mode") == kiln.GRAPH_MODE
+    for _ in range(3):
+        np.testing.assert_array_equal(net(x).asnumpy(), want)
+    info = net.__dict__["_graph_jitted"].cache_info()
+    assert info.compiles == 1 and info.hits == 2, info
+    inner = net.__dict__["_cells"]
+    assert all("_graph_jitted" not in c.__dict__ for c in inner.values())  # part of the outer graph
+    kiln.set_context(mode=kiln.PYNATIVE_MODE)
+    np.testing.assert_array_equal(net(x).asnumpy(), want)
+    assert net.__dict__["_graph_jitted"].cache_info().hits == 2  # eager again
 
 
 def _lax_run(call):

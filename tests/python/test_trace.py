@@ -262,7 +262,9 @@ def test_closure_tensor_is_live_by_default_and_baked_with_capture_as_const():
     assert "= constant" in baked.graph_str() and "= captured" in live.graph_str()
     w.assign_value(T(np.full(3, 5.0, np.float32)))
     close(live(x), x + 5.0)   # captured by reference
-    close(baked(x), x + 1.0)  # baked in when traced
+    with pytest.raises(TraceMismatchError, match=r"captured constant %\d+ \(float32\[3\], read by add at "
+                                                 r"test_trace.py:\d+\) was changed in place"):
+        baked(x)  # baked in when traced: never silently the old value
     with pytest.raises(TraceMismatchError, match="a captured constant changed: closure variable 'w' has a "
                                                  "different value than when it was traced"):
         checked(x)

@@ -514,8 +514,13 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, ful
     function; "" (the default) picks by level as MindSpore does: O0 and O1 kernel by kernel, O2
     sunk. fullgraph=True (or option jit_syntax_level="STRICT") makes code the ast mode cannot
     compile raise kiln.JitSyntaxError; otherwise ("LAX") such a function falls back to trace
-    capture, or eager execution, with a warning. Options: exec_order ("bfs" | "dfs"),
-    recompile_limit (default 8), debug_poison (fill freed buffers with NaN), jit_syntax_level."""
+    capture, or eager execution, with a warning; an empty jit_syntax_level uses
+    kiln.set_context's. Each compiled graph is guarded on the Python state its capture read
+    (globals, closure variables, attributes: see kiln.jit.guards); a capture with a Python side
+    effect makes the function run eagerly (STRICT: an error). dynamic: 0/1/False/True (MindSpore
+    2.6's int form), stored. Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
+    debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
+    {"global": {...}, "session": {...}}, checked and recorded)."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

@@ -421,7 +421,8 @@ def _pop_symbolic():
 class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
-    __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast")
+    __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
+                 "constant_names")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
@@ -454,6 +455,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
                             "hashable constants, or tuples/lists/dicts of them") from None
         executable = tracer.finish(out_leaves, level=level)
         recorded = tracer.graph_str()  # the graph before the level's passes
+        sources = tracer.constant_sources()
     finally:
         tracer.end()
     run = _Run()
@@ -464,7 +466,17 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
     run.cells = list({id(c): c for c in cells}.values())
     run.modes = tuple(c.training for c in run.cells)
     run.fast = False
+    # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
+    run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
+    run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]
     return run
+
+
+def _constant_name(graph, value, tensor):
+    """A captured constant for messages: its value in the recorded graph, type and first reader."""
+    reader = next((n for n in graph.nodes if value in n.ins), None)
+    where = f", read by {reader.op}{reader.where()}" if reader is not None else ""
+    return f"captured constant %{value} ({tensor.dtype.name}{list(tensor.shape)}{where})"
 
 
 _MAX_RECORDS = 8
@@ -631,6 +643,13 @@ class trace(_C.JitDispatcher):
             return self._record(key, spec, leaves)
         self._last = rec
         if self.verify:
+            _Bindings.check(self._seen, self._baked)  # names the global or closure variable that changed
+        changed = rec.constants.first_failure()
+        if changed >= 0:
+            raise TraceMismatchError(f"{rec.constant_names[changed]} was changed in place after the trace recorded "
+                                     "it: capture_as_const baked its old value into the graph; make a new trace "
+                                     "(or trace without capture_as_const to read it live)")
+        if self.verify:
             run = self._check_run(rec, spec, leaves)
             if rec.graph.has_effects:
                 return run.result
@@ -651,7 +670,7 @@ class trace(_C.JitDispatcher):
             kind = 1 if out[0] == "tuple" else 2
         else:
             return
-        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind)
+        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind, rec.constants)
 
     def _first_call(self, spec, leaves):
         self._spec = spec

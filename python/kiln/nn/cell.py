@@ -1,6 +1,7 @@
 """Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
 from collections import OrderedDict
 
+from .. import context as _context
 from .parameter import Parameter
 
 _object_setattr = object.__setattr__
@@ -51,9 +52,23 @@ class Cell:
         if _call_log is not None:  # a jit trace is running: it guards on the training mode of every Cell it saw
             _call_log.append(self)
         jitted = self.__dict__.get("_jitted")  # set_jit_config: run compiled (inside a trace, just record)
-        if jitted is not None and _call_log is None:
-            return jitted(*args, **kwargs)
+        if _call_log is None:
+            if jitted is None and _context.graph_mode():
+                jitted = self._graph_mode_jit()
+            if jitted is not None:
+                return jitted(*args, **kwargs)
         return self.construct(*args, **kwargs)
+
+    def _graph_mode_jit(self):
+        """kiln.jit of this cell with the default options, made once (set_context(mode=GRAPH_MODE))."""
+        from ..jit import JitFunction
+        from ..jit.options import JitOptions
+
+        jitted = self.__dict__.get("_graph_jitted")
+        if jitted is None:
+            jitted = JitFunction(self, JitOptions.make())
+            _object_setattr(self, "_graph_jitted", jitted)
+        return jitted
 
     # ---- registration -------------------------------------------------------------------
     def _registries(self, name):
