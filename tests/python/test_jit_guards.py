@@ -505,3 +505,16 @@ def test_jit_sees_in_place_weight_updates():
         net.weight[...] = net.weight * 2
     same(jf(x), net(x))
     assert jf.cache_info().compiles == 1  # weights are live references, not constants
+
+
+def test_recompile_limit_on_a_changing_global_warns_naming_it_and_stays_correct():
+    global SCALE, USE_RELU, OFFSET
+    USE_RELU, OFFSET = False, T([0.0, 0.0])
+    jf = kiln.jit(relu_if_flag, recompile_limit=3)
+    x = T([1.0, -1.0])
+    with pytest.warns(RuntimeWarning, match="compiled 3 times.*the value of global 'SCALE' keeps changing"):
+        for k in range(6):
+            SCALE = float(k)
+            same(jf(x), relu_if_flag(x))
+    info = jf.cache_info()
+    assert info.compiles == 3 and info.eager_calls == 3, info
