@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
-for b in core jit fusion attention infer sink ast control_flow; do
+for b in core jit guards fusion attention infer sink ast control_flow; do
   PYTHONPATH=python python3 "bench/bench_$b.py" "$@"
 done
 # LlamaAttention at the seed's full size against PyTorch eager (about a minute; not with --quick)
