@@ -518,3 +518,23 @@ def test_recompile_limit_on_a_changing_global_warns_naming_it_and_stays_correct(
             same(jf(x), relu_if_flag(x))
     info = jf.cache_info()
     assert info.compiles == 3 and info.eager_calls == 3, info
+
+
+def test_closures_sharing_one_code_object_are_told_apart(mode):
+    def make(k):
+        def scaled(x):
+            return x * k
+        return scaled
+
+    double, triple = make(2.0), make(3.0)
+
+    def f(x):
+        return double(x) + triple(x)
+
+    jf = kiln.jit(f, **mode)
+    x = T([1.0, 2.0])
+    same(jf(x), f(x))
+    triple.__closure__[0].cell_contents = 4.0
+    same(jf(x), f(x))
+    double.__closure__[0].cell_contents = -1.0
+    same(jf(x), f(x))

@@ -122,7 +122,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
-    recorder = guards.Recorder(options.capture_mode, top=fn)
+    recorder = guards.Recorder(top=fn)
     prev_trace = sys.gettrace()
     prev_log, prev_writes = cell_module._call_log, cell_module._write_log
     cell_module._call_log = called = []

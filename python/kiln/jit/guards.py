@@ -198,14 +198,13 @@ class SideEffect(Exception):
 class Recorder:
     """Collects guards and Python side effects while one capture runs (see the module's text)."""
 
-    def __init__(self, capture_mode, top=None):
-        self.capture_mode = capture_mode
+    def __init__(self, top=None):
         self.guards = {}  # (id(root), path) -> (root, path, expected, mode, description)
-        self.watched = {}  # id(obj) -> (obj, snapshot, description, code, first line)
+        self.watched = {}  # id(obj) -> (obj, snapshot, description, code that reached it)
         self.effects = []  # (what, filename, line)
         self.local_codes = set()  # code objects of functions defined while capturing
         self.top = top  # the function captured: its closure cells are known without a search
-        self._cells_of = {}
+        self._functions_of = {}  # code -> the functions with that code (a search of the heap, once)
 
     # ---- while capturing ----------------------------------------------------------------
     def on_call(self, frame):
@@ -216,7 +215,7 @@ class Recorder:
         self.local_codes.update(facts.nested)
         for what, line in facts.effects:
             self.effects.append((what, code.co_filename, line))
-        if self.capture_mode == "trace":
+        if not facts.converted:  # (converted code prints through the graph's print op)
             for line in facts.prints:
                 if "print" not in frame.f_globals:
                     self.effects.append(("a print() (it would print only when the graph is captured)",
@@ -224,12 +223,17 @@ class Recorder:
         g = frame.f_globals
         for name in facts.globals:
             self._guard_global(g, name, code)
-        cells = self._closure_of(code, frame) if facts.freevars else {}
-        cells.pop(ast_convert.RT, None)  # the runtime ast conversion gives converted code: kiln's own
-        for name in facts.freevars:
-            cell = cells.get(name)
-            if cell is not None:
-                self._guard_path(cell, (("cell",),), f"closure variable {name!r} of {code.co_qualname}", code)
+        closures = self._closures_of(code, frame) if facts.freevars else ()
+        for cells in closures:
+            for name in facts.freevars:
+                cell = cells.get(name)
+                if cell is not None and name != ast_convert.RT:  # (RT: the ast runtime, kiln's own)
+                    self._guard_path(cell, (("cell",),), f"closure variable {name!r} of {code.co_qualname}", code)
+            self._guard_chains(facts, frame, g, cells, code)
+        if not closures:
+            self._guard_chains(facts, frame, g, {}, code)
+
+    def _guard_chains(self, facts, frame, g, cells, code):
         for kind, name, steps in facts.chains:
             if kind == "global":
                 if name not in g:
@@ -237,7 +241,7 @@ class Recorder:
                 root, path, what = g, (("item", name),) + steps, f"global {name}"
             elif kind == "deref":
                 cell = cells.get(name)
-                if cell is None:
+                if cell is None or name == ast_convert.RT:
                     continue
                 root, path, what = cell, (("cell",),) + steps, f"closure variable {name}"
             else:
@@ -309,24 +313,28 @@ class Recorder:
         if snap is not None:
             self.watched[id(obj)] = (obj, snap, description, code)
 
-    def _closure_of(self, code, frame):
-        """name -> cell of the closure of the function running code (none for functions defined
-        while capturing: their free variables are locals of a captured frame, guarded there)."""
-        cells = self._cells_of.get(code)
-        if cells is not None:
-            return cells
-        cells = {}
-        if code not in self.local_codes:
-            top = self.top
-            if isinstance(top, types.FunctionType) and top.__code__ is code:
-                funcs = [top]
-            else:
-                funcs = [f for f in gc.get_referrers(code) if isinstance(f, types.FunctionType) and f.__code__ is code]
-            for f in funcs:
-                for name, cell in zip(code.co_freevars, f.__closure__ or ()):
-                    cells.setdefault(name, cell)  # several functions share the code: the first
-        self._cells_of[code] = cells
-        return cells
+    def _closures_of(self, code, frame):
+        """The closures (name -> cell) of the functions that may be running code: those whose cells
+        hold what the frame sees (several functions share a code object; all that match are
+        guarded, which can only recompile more). None for functions defined while capturing:
+        their free variables are locals of a captured frame, guarded there."""
+        if code in self.local_codes:
+            return ()
+        top = self.top
+        if isinstance(top, types.FunctionType) and top.__code__ is code:
+            return [dict(zip(code.co_freevars, top.__closure__ or ()))]
+        seen = frame.f_locals
+        for fresh in (False, True):  # the functions searched before may miss one made since (converted lazily)
+            funcs = self._functions_of.get(code)
+            if funcs is None or fresh:
+                funcs = self._functions_of[code] = [f for f in gc.get_referrers(code)
+                                                    if isinstance(f, types.FunctionType) and f.__code__ is code]
+            closures = [dict(zip(code.co_freevars, f.__closure__ or ())) for f in funcs]
+            matching = [c for c in closures
+                        if all(n not in seen or _cell_value(cell) is seen[n] for n, cell in c.items())]
+            if matching:
+                return matching
+        return closures
 
     # ---- when the capture ends ----------------------------------------------------------
     def side_effect(self, cell_writes):
@@ -356,6 +364,13 @@ class Recorder:
 
 
 _MISSING = object()
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # empty
+        return _MISSING
 
 
 def _plain_attribute(obj, name):
