@@ -1,4 +1,4 @@
-/* kiln — graph IR, trace capture and the kernel-by-kernel executor.
+/* kiln — graph IR, trace capture and compiled graphs (a plan run by a backend).
  *
  * A graph holds typed, shaped SSA values. A value is a graph input (bound per call), a
  * captured tensor (bound by reference at capture time: parameters, closure tensors and the
@@ -108,18 +108,25 @@ KILN_API kiln_tensor *kiln_tracer_constant_source(const kiln_tracer *tr, int32_t
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
 
-/* ---- the kernel-by-kernel executor ------------------------------------------------------ */
+/* ---- compiled graphs ------------------------------------------------------------------- */
 
 typedef enum kiln_exec_order { KILN_ORDER_BFS, KILN_ORDER_DFS } kiln_exec_order;
+
+/* Which backend runs a compiled graph: kernel by kernel, or the whole graph as one generated
+ * function (MindSpore's GE / exc_mode="sink"; graphs with control-flow nodes run kernel by kernel). */
+typedef enum kiln_backend_kind { KILN_BACKEND_KBK, KILN_BACKEND_SINK } kiln_backend_kind;
 
 typedef struct kiln_executable kiln_executable;
 
 typedef struct kiln_compile_options {
     kiln_exec_order order;
     bool poison_freed; /* debug: fill buffers with NaN after their last use */
+    kiln_backend_kind backend;
 } kiln_compile_options;
 
-/* Plans g (the executable keeps its own reference to captured tensors; g may be freed). */
+/* Plans g (order, memory, fused groups: the plan keeps its own copy of g, which may be freed) and
+ * prepares the backend opt->backend (kbk when opt is NULL) to run it. KILN_DUMP_PLAN=1 prints
+ * the plan. */
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out);
 KILN_API void kiln_executable_free(kiln_executable *e);
 /* Runs with the graph inputs bound to `inputs` (metas must match); outputs are new references. */
@@ -131,6 +138,15 @@ KILN_API size_t kiln_executable_arena_bytes(const kiln_executable *e);
 KILN_API size_t kiln_executable_output_bytes(const kiln_executable *e);
 /* Node order as op names, for tests and dumps ("mul add"). malloc'd. */
 KILN_API char *kiln_executable_order_string(const kiln_executable *e);
+/* The plan's text form (see src/plan/plan.h). malloc'd. */
+KILN_API char *kiln_executable_plan_string(const kiln_executable *e);
+/* "kbk" or "sink". */
+KILN_API const char *kiln_executable_backend(const kiln_executable *e);
+/* sink: whether the graph runs as generated native code (false: the interpreted loop, or kbk). */
+KILN_API bool kiln_executable_is_native(const kiln_executable *e);
+/* sink: calls run kernel by kernel over the same plan (inputs in layouts the generated code was
+ * not made for, when the graph writes or returns them). */
+KILN_API int64_t kiln_executable_fallback_calls(const kiln_executable *e);
 
 /* ---- memory accounting of the allocator (for peak-memory comparisons) ------------------- */
 

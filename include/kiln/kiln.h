@@ -146,6 +146,5 @@ KILN_API const char *kiln_dnnl_ref_describe(int64_t i);
 #include "kiln/autograd.h"
 #include "kiln/graph.h"
 #include "kiln/passes.h"
-#include "kiln/sink.h"
 
 #endif

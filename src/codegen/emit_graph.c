@@ -4,10 +4,10 @@
  * environment when the plan already loaded that kernel, else compiled into this source.
  *
  * The code depends on the graph's structure, layouts and sizes, never on addresses: tensors,
- * kernels and attributes come through the environment (src/runtime/sink_steps.h), so the
+ * kernels and attributes come through the environment (src/codegen/sink_steps.h), so the
  * compiled object is cached and reused by any process compiling the same graph. */
 #include "../core/strbuf.h"
-#include "../runtime/sink_steps.h"
+#include "sink_steps.h"
 #include "codegen.h"
 
 #define STR_(x) #x

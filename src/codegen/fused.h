@@ -24,10 +24,13 @@ void kiln_fused_build_waiting(void);
 /* Whether k runs generated code (false: interpreted); builds it if it waits to be built. */
 bool kiln_fused_is_native(kiln_fused_kernel *k);
 
-/* The interpreted path (fused_interp.c): the subgraph compiled for the kbk executor. */
-typedef struct kiln_fused_interp kiln_fused_interp;
-kiln_status kiln_fused_interp_prepare(const kiln_graph *sub, kiln_fused_interp **out);
-kiln_status kiln_fused_interp_run(kiln_fused_interp *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
-void kiln_fused_interp_free(kiln_fused_interp *k);
+/* The interpreted path: the subgraph run kernel by kernel. Code generation does not call the
+ * backends: the runtime registers this at start-up (src/runtime/executable.c). */
+typedef struct kiln_fused_interpreter {
+    kiln_status (*prepare)(const kiln_graph *sub, void **out);
+    kiln_status (*run)(void *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
+    void (*free)(void *k);
+} kiln_fused_interpreter;
+void kiln_fused_register_interpreter(const kiln_fused_interpreter *interpreter);
 
 #endif

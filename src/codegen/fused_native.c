@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../plan/plan.h"
 #include "codegen.h"
 #include "fused.h"
 
@@ -35,7 +36,7 @@ struct kiln_fused_kernel {
     size_t itemsize[MAX_OPERANDS];
     loop_plan contiguous;      /* the plan when every operand is contiguous */
     bool contiguous_fits;      /* the kernel runs contiguous operands with that plan */
-    kiln_fused_interp *interp; /* made when first needed */
+    void *interp;              /* the interpreted path, made when first needed */
     pthread_mutex_t lock;
 };
 
@@ -216,9 +217,14 @@ static void build_if_waiting(kiln_fused_kernel *k) {
     if (atomic_load(&k->waiting)) build_waiting();
 }
 
+static const kiln_fused_interpreter *interpreter;
+
+void kiln_fused_register_interpreter(const kiln_fused_interpreter *i) { interpreter = i; }
+
 static kiln_status ensure_interp(kiln_fused_kernel *k) {
+    if (!interpreter) return kiln_error(KILN_ERR_RUNTIME, "fused: no interpreter registered for fused groups");
     pthread_mutex_lock(&k->lock);
-    kiln_status s = k->interp ? KILN_OK : kiln_fused_interp_prepare(k->sub, &k->interp);
+    kiln_status s = k->interp ? KILN_OK : interpreter->prepare(k->sub, &k->interp);
     pthread_mutex_unlock(&k->lock);
     return s;
 }
@@ -335,7 +341,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
         if (s != KILN_OK || fits) return s;
     }
     KILN_TRY(ensure_interp(k));
-    return kiln_fused_interp_run(k->interp, nin, in, out);
+    return interpreter->run(k->interp, nin, in, out);
 }
 
 void kiln_fused_free(kiln_fused_kernel *k) {
@@ -345,8 +351,23 @@ void kiln_fused_free(kiln_fused_kernel *k) {
         if (waiting.items[i] == k) waiting.items[i--] = waiting.items[--waiting.n];
     pthread_mutex_unlock(&waiting.lock);
     free(k->source);
-    kiln_fused_interp_free(k->interp);
+    if (k->interp) interpreter->free(k->interp);
     kiln_graph_free(k->sub);
     pthread_mutex_destroy(&k->lock);
     free(k);
+}
+
+/* ---- the plan's fused groups (src/plan/plan.h): registered at start-up ------------------------- */
+
+static kiln_status plan_prepare(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel) {
+    return kiln_fused_prepare_strided(sub, in_strides, (kiln_fused_kernel **)kernel);
+}
+
+static void plan_free(void *kernel) { kiln_fused_free(kernel); }
+
+static bool plan_is_native(void *kernel) { return kiln_fused_is_native(kernel); }
+
+__attribute__((constructor)) static void register_plan_kernels(void) {
+    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting, plan_is_native};
+    kiln_plan_register_kernels(&kernels);
 }

@@ -180,11 +180,6 @@ const kiln_graph *kiln_body_graph(int64_t id) {
     return b ? b->g : NULL;
 }
 
-kiln_status kiln_body_compile(int64_t id, kiln_executable **out) {
-    body *b = lookup(id);
-    return b ? kiln_compile(b->g, NULL, out) : KILN_ERR_VALUE;
-}
-
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out) {
     body *b = lookup(id);
     if (!b) return KILN_ERR_VALUE;

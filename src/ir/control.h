@@ -1,6 +1,6 @@
 /* Control flow: the body registry, capture lifting, shape inference of control-flow nodes and
- * the eager graph interpreter (src/ir/control.c); the runtime of if/while nodes
- * (src/runtime/control_flow.c).
+ * the eager graph interpreter (src/ir/control.c); the runtime of if/while nodes is
+ * src/runtime/control_flow.h.
  *
  * A control-flow node names its subgraphs through attrs. Inside a graph those are indices into
  * the graph's `subgraphs`; given to kiln_apply (eagerly, or while tracing) they are ids of
@@ -29,9 +29,6 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id);
 /* The body's graph (borrowed; bodies are never freed), or NULL with an error set. */
 const kiln_graph *kiln_body_graph(int64_t id);
-/* The body compiled for the kbk executor (the caller frees it: a compiled body holds its arena,
- * which the registry should not keep for the life of the process). */
-kiln_status kiln_body_compile(int64_t id, kiln_executable **out);
 /* attrs of a node of body `id`'s graph with its subgraph indices turned into registry ids. */
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out);
 
@@ -46,15 +43,5 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
  * *lifted (malloc'd array of new references, *nlifted of them); each body gets one input per
  * lifted tensor, in that order, whether it reads it or not. */
 kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies, kiln_tensor ***lifted, int *nlifted);
-
-/* ---- runtime (src/runtime/control_flow.c) ----------------------------------------------------- */
-
-typedef struct kiln_control_node kiln_control_node;
-/* The executables of a node of g (compiled now, from g's subgraphs). */
-kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const kiln_compile_options *opt,
-                                 kiln_control_node **out);
-/* Runs it; out[] arrive allocated (the node's output metas) and are filled. */
-kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
-void kiln_control_free(kiln_control_node *c);
 
 #endif

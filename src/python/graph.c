@@ -9,8 +9,7 @@
 
 typedef struct {
     PyObject_HEAD
-    kiln_executable *exe; /* kernel by kernel, or NULL when sunk */
-    kiln_sink *sink;      /* the whole-graph backend, or NULL */
+    kiln_executable *exe; /* the plan and the backend that runs it */
     char *graph_text;
     int nin, nout;
     bool release_gil; /* worth it when the graph does real work */
@@ -18,20 +17,15 @@ typedef struct {
 
 static PyTypeObject PyExecutable_Type;
 
-/* The plan either backend runs (order, memory). */
-static const kiln_executable *plan_of(PyObject *self) {
-    PyExecutable *p = (PyExecutable *)self;
-    return p->sink ? kiln_sink_plan(p->sink) : p->exe;
-}
+static const kiln_executable *plan_of(PyObject *self) { return ((PyExecutable *)self)->exe; }
 
 static kiln_status run_graph(PyExecutable *p, int nin, kiln_tensor *const *in, kiln_tensor **out) {
-    return p->sink ? kiln_sink_run(p->sink, nin, in, p->nout, out) : kiln_executable_run(p->exe, nin, in, p->nout, out);
+    return kiln_executable_run(p->exe, nin, in, p->nout, out);
 }
 
 static void executable_dealloc(PyObject *self) {
     PyExecutable *p = (PyExecutable *)self;
     kiln_executable_free(p->exe);
-    kiln_sink_free(p->sink);
     free(p->graph_text);
     Py_TYPE(self)->tp_free(self);
 }
@@ -133,6 +127,15 @@ static PyObject *executable_order(PyObject *self, PyObject *unused) {
     return o;
 }
 
+static PyObject *executable_plan_str(PyObject *self, PyObject *unused) {
+    (void)unused;
+    char *s = kiln_executable_plan_string(plan_of(self));
+    if (!s) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(s);
+    free(s);
+    return o;
+}
+
 static PyObject *executable_get_arena_bytes(PyObject *self, void *c) {
     (void)c;
     return PyLong_FromSize_t(kiln_executable_arena_bytes(plan_of(self)));
@@ -150,24 +153,23 @@ static PyObject *executable_get_num_outputs(PyObject *self, void *c) {
 
 static PyObject *executable_get_backend(PyObject *self, void *c) {
     (void)c;
-    return PyUnicode_FromString(((PyExecutable *)self)->sink ? "sink" : "kbk");
+    return PyUnicode_FromString(kiln_executable_backend(plan_of(self)));
 }
 
 static PyObject *executable_get_native(PyObject *self, void *c) {
     (void)c;
-    PyExecutable *p = (PyExecutable *)self;
-    return PyBool_FromLong(p->sink && kiln_sink_is_native(p->sink));
+    return PyBool_FromLong(kiln_executable_is_native(plan_of(self)));
 }
 
 static PyObject *executable_get_fallback_calls(PyObject *self, void *c) {
     (void)c;
-    PyExecutable *p = (PyExecutable *)self;
-    return PyLong_FromLongLong(p->sink ? kiln_sink_fallback_calls(p->sink) : 0);
+    return PyLong_FromLongLong(kiln_executable_fallback_calls(plan_of(self)));
 }
 
 static PyMethodDef executable_methods[] = {
     {"graph_str", executable_graph_str, METH_NOARGS, "the graph in text form"},
     {"order", executable_order, METH_NOARGS, "the execution order, as op names"},
+    {"plan_str", executable_plan_str, METH_NOARGS, "the plan in text form (order, memory, groups, bodies)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -390,10 +392,10 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
         return pykiln_raise(s);
     }
     g = optimized;
-    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison};
+    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
+                                sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
     kiln_executable *exe = NULL;
-    kiln_sink *sink = NULL;
-    s = sunk ? kiln_sink_compile(g, &opt, &sink) : kiln_compile(g, &opt, &exe);
+    s = kiln_compile(g, &opt, &exe);
     if (s != KILN_OK) {
         kiln_graph_free(g);
         return pykiln_raise(s);
@@ -402,12 +404,10 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!e) {
         kiln_graph_free(g);
         kiln_executable_free(exe);
-        kiln_sink_free(sink);
         return NULL;
     }
     e->vectorcall = executable_vectorcall;
     e->base.exe = exe;
-    e->base.sink = sink;
     e->base.graph_text = kiln_graph_to_string(g);
     e->base.nin = g->ninputs;
     e->base.nout = (int)n;

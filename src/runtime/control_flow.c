@@ -1,10 +1,12 @@
 /* The runtime of control-flow nodes: `if` runs one of two compiled subgraphs, `while` loops a
  * compiled cond and body entirely in C, `while_grad` reruns the loop keeping every iteration's
- * values and runs the backward body over them in reverse. Used by the kbk executor (subgraphs
- * compiled with the enclosing graph) and by the eager kernels (registered bodies, compiled on
- * the call). */
+ * values and runs the backward body over them in reverse. Used by the kbk backend (executables
+ * of the nested plans of the enclosing plan) and by the eager kernels (registered bodies,
+ * compiled on the call). */
+#include "control_flow.h"
+
 #include "../ir/control.h"
-#include "plan.h"
+#include "backend.h"
 
 struct kiln_control_node {
     kiln_op op;
@@ -48,7 +50,10 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     kiln_control_node c = {.op = op};
     int slots[4], n = kiln_control_slots(op, slots);
     kiln_status s = KILN_OK;
-    for (int k = 0; k < n && s == KILN_OK; k++) s = kiln_body_compile(a->i[slots[k]], &c.exe[k]);
+    for (int k = 0; k < n && s == KILN_OK; k++) {
+        const kiln_graph *body = kiln_body_graph(a->i[slots[k]]);
+        s = body ? kiln_compile(body, NULL, &c.exe[k]) : kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
+    }
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
     return s;
@@ -60,79 +65,17 @@ KILN_KERNEL(while_grad) { return eager_run(KILN_OP_WHILE_GRAD, in, nin, a, out);
 
 /* ---- compiled with a graph ------------------------------------------------------------------------ */
 
-/* A while's iteration as one graph: (v..., lifted...) -> (the body's next v..., the cond of them).
- * The body is copied as it is; the cond's nodes follow, reading the body's outputs for the loop
- * values and the shared inputs for the lifted ones, its subgraphs appended after the body's. */
-static kiln_status compose_step(const kiln_graph *cond, const kiln_graph *body, int nloop, kiln_graph **out) {
-    kiln_graph *g = NULL;
-    KILN_TRY(kiln_graph_clone(body, &g));
-    int32_t base = g->nsubgraphs, *map = malloc(sizeof(int32_t) * (size_t)(cond->nvalues ? cond->nvalues : 1));
-    kiln_status s = map ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
-    for (int32_t k = 0; k < cond->nsubgraphs && s == KILN_OK; k++) {
-        kiln_graph *sub = NULL;
-        int32_t index;
-        s = kiln_graph_clone(cond->subgraphs[k], &sub);
-        if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &index);
-        if (s != KILN_OK) kiln_graph_free(sub);
-    }
-    for (int32_t k = 0; k < cond->ninputs && s == KILN_OK; k++)
-        map[cond->inputs[k]] = k < nloop ? body->outputs[k] : g->inputs[k];
-    for (int32_t k = 0; k < cond->ncaptures && s == KILN_OK; k++) {
-        const kiln_value *v = &cond->values[cond->captures[k]];
-        s = kiln_graph_add_capture(g, v->bound, v->constant, &map[cond->captures[k]]);
-    }
-    for (int32_t i = 0; i < cond->nnodes && s == KILN_OK; i++) {
-        const kiln_node *nd = &cond->nodes[i];
-        kiln_attrs a = nd->attrs;
-        int slots[4], ns = kiln_control_slots(nd->op, slots);
-        for (int k = 0; k < ns; k++)
-            if (slots[k] < a.ni) a.i[slots[k]] += base;
-        if (nd->op == KILN_OP_FUSED && a.ni > 0) a.i[0] += base;
-        int32_t loc = -1, *in = malloc(sizeof(int32_t) * (size_t)(nd->nin ? nd->nin : 1)), outs[KILN_MAX_OUTPUTS];
-        if (!in) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
-        for (int k = 0; k < nd->nin && s == KILN_OK; k++) in[k] = map[nd->in[k]];
-        if (s == KILN_OK && nd->loc >= 0) s = kiln_graph_add_loc(g, cond->locs[nd->loc], &loc);
-        if (s == KILN_OK) s = kiln_graph_add_node(g, nd->op, nd->nin, in, &a, loc, outs);
-        for (int k = 0; k < nd->nout && s == KILN_OK; k++) map[nd->out[k]] = outs[k];
-        free(in);
-    }
-    int32_t *outputs = s == KILN_OK ? malloc(sizeof(int32_t) * (size_t)(nloop + 1)) : NULL;
-    if (s == KILN_OK && !outputs) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
-    if (s == KILN_OK) {
-        memcpy(outputs, body->outputs, sizeof(int32_t) * (size_t)nloop);
-        outputs[nloop] = map[cond->outputs[0]];
-        s = kiln_graph_set_outputs(g, nloop + 1, outputs);
-    }
-    free(map), free(outputs);
-    if (s != KILN_OK) {
-        kiln_graph_free(g);
-        return kiln_error_context(s, "composing a loop's body and condition");
-    }
-    *out = g;
-    return KILN_OK;
-}
-
-kiln_status kiln_control_prepare(const kiln_graph *g, const kiln_node *n, const kiln_compile_options *opt,
-                                 kiln_control_node **out) {
+/* The executables of control-flow node `node` of p, over its nested plans (owned by p). */
+kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_node **out) {
     kiln_control_node *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
-    c->op = n->op;
-    int slots[4], ns = kiln_control_slots(n->op, slots);
+    c->op = p->g->nodes[node].op;
+    int slots[4], ns = kiln_control_slots(c->op, slots);
     kiln_status s = KILN_OK;
-    for (int k = 0; k < ns && s == KILN_OK; k++) {
-        int64_t idx = n->attrs.i[slots[k]];
-        if (idx < 0 || idx >= g->nsubgraphs)
-            s = kiln_error(KILN_ERR_VALUE, "graph: %s names subgraph %lld, which does not exist",
-                           kiln_op_table[n->op].name, (long long)idx);
-        else
-            s = kiln_compile(g->subgraphs[idx], opt, &c->exe[k]);
-    }
-    if (s == KILN_OK && n->op == KILN_OP_WHILE) {
-        kiln_graph *step = NULL;
-        s = compose_step(g->subgraphs[n->attrs.i[0]], g->subgraphs[n->attrs.i[1]], n->nout, &step);
-        if (s == KILN_OK) s = kiln_compile(step, opt, &c->step);
-        kiln_graph_free(step);
-    }
+    for (int k = 0; k < ns && s == KILN_OK; k++)
+        s = kiln_executable_from_plan(kiln_plan_body(p, node, k), &kiln_backend_kbk, &c->exe[k]);
+    const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
+    if (s == KILN_OK && step) s = kiln_executable_from_plan(step, &kiln_backend_kbk, &c->step);
     if (s != KILN_OK) {
         kiln_control_free(c);
         return s;

@@ -1,35 +1,38 @@
 /* The whole-graph "sink" backend: a graph compiled into one generated C function.
  *
- * Compiling reuses the kernel-by-kernel executor's plan (order, arena, prepared fused groups;
- * src/runtime/plan.h) and then makes every tensor the graph touches once, by a dry run over the
+ * Preparing reads the plan every backend runs (order, arena, prepared fused groups;
+ * src/plan/plan.h) and makes every tensor the graph touches once, by a dry run over the
  * order: intermediates are the arena's tensors (or buffers of their own where the plan has none),
  * views are made by running the view kernels on them, in-place ops alias their input. Only the
  * memory of a call changes from call to call: the inputs' (the caller's tensors) and the
  * outputs' (allocated per call, handed out). Values living in them are "dynamic": their tensors
  * are bound per call (views re-made at the layout the dry run found). Everything else is bound once.
  *
- * The steps (src/runtime/sink_steps.h) become one C function (src/codegen/emit_graph.c) compiled
+ * The steps (src/codegen/sink_steps.h) become one C function (src/codegen/emit_graph.c) compiled
  * through the codegen driver (same disk cache) and loaded; without a compiler, or with
  * KILN_DISABLE_CODEGEN=1, an interpreted loop runs the same steps.
  *
  * The dry run fixes the inputs' layouts: contiguous. An input arriving in another layout is
  * copied to a contiguous tensor, unless the graph writes it in place or returns it (then that
- * call runs kernel by kernel on the executor, which shares the plan and the arena). */
+ * call runs on the kernel-by-kernel backend, prepared over the same plan and arena). Graphs with
+ * control-flow nodes run kernel by kernel on every call (their bodies are executables, not kernels
+ * a generated function could call). */
 #include <pthread.h>
 
 #include "../codegen/codegen.h"
-#include "../core/internal.h"
+#include "../codegen/sink_steps.h"
 #include "../ir/control.h"
-#include "plan.h"
-#include "sink_steps.h"
-
-#include "kiln/graph.h"
+#include "backend.h"
 
 typedef enum { BOUND_ONCE, DYN_INPUT, DYN_OUTPUT_ROOT, DYN_VIEW, DYN_SAME_AS } value_binding;
 
+typedef struct kiln_sink kiln_sink;
+
 struct kiln_sink {
-    kiln_executable *kbk; /* the plan, and the runner of calls the sink does not serve */
-    kiln_exec_plan plan;
+    const kiln_plan *p;
+    kiln_tensor *const *planned;    /* per value: its tensor over the plan's arena, or NULL */
+    int32_t *const *poison_after;   /* per step: the plan's freed buffers, when poisoning; else NULL */
+    void *kbk;            /* the kbk backend over the same plan and arena: calls the sink does not serve */
     const kiln_graph *g;  /* the plan's graph */
     int32_t nv;
     kiln_tensor **own;    /* per value: the tensor made at compile time (a reference; placeholders for dynamic ones) */
@@ -150,19 +153,19 @@ static kiln_status dry_run_node(kiln_sink *s, int32_t pos, int32_t i) {
     } else {
         for (int k = 0; k < nd->nout && st == KILN_OK; k++) {
             int32_t v = nd->out[k];
-            kiln_tensor *t = s->plan.planned[v];
+            kiln_tensor *t = s->planned[v];
             if (t) kiln_tensor_retain(t);
             else st = kiln_tensor_empty_like_meta(&g->values[v].meta, &t); /* the output of a call, or unplanned */
             if (st == KILN_OK) set_tensor(s, v, t);
         }
-        if (s->plan.fused[i]) {
+        if (s->p->kernel[i]) {
             step.kind = KILN_SINK_FUSED;
-            step.fused = s->plan.fused[i];
+            step.fused = s->p->kernel[i];
         }
     }
     if (ins != small) free(ins);
     if (st != KILN_OK) return st;
-    const int32_t *freed = s->plan.freed_after ? s->plan.freed_after[pos] : NULL;
+    const int32_t *freed = s->poison_after ? s->poison_after[pos] : NULL;
     if (!has_step && !freed) return KILN_OK;
     if (!has_step) step.kind = KILN_SINK_VIEW;
     step.poison_after = freed;
@@ -181,13 +184,13 @@ static void classify(kiln_sink *s) {
     for (int32_t k = 0; k < g->noutputs; k++) {
         int32_t r = s->root[g->outputs[k]];
         if (g->values[r].kind == KILN_VALUE_NODE) {
-            KILN_ASSERT(!s->plan.planned[r]); /* results never live in the arena */
+            KILN_ASSERT(!s->planned[r]); /* results never live in the arena */
             s->binding[r] = DYN_OUTPUT_ROOT;
         }
         if (g->values[r].kind == KILN_VALUE_INPUT) s->pinned[g->values[r].index] = true;
     }
-    for (int32_t p = 0; p < s->plan.norder; p++) {
-        const kiln_node *nd = &g->nodes[s->plan.order[p]];
+    for (int32_t p = 0; p < s->p->norder; p++) {
+        const kiln_node *nd = &g->nodes[s->p->order[p]];
         unsigned flags = kiln_op_table[nd->op].flags;
         for (int k = 0; k < nd->nin && k < 8; k++) {
             int32_t r = s->root[nd->in[k]];
@@ -340,22 +343,34 @@ static kiln_status generate(kiln_sink *s) {
     return KILN_OK;
 }
 
-kiln_status kiln_sink_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_sink **out) {
+static void sink_free(void *state) {
+    kiln_sink *s = state;
+    if (!s) return;
+    for (int32_t v = 0; s->own && v < s->nv; v++) kiln_tensor_release(s->own[v]);
+    for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
+    free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
+    free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
+    free(s->group_fns);
+    if (s->kbk) kiln_backend_kbk.free(s->kbk);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
     kiln_sink *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     pthread_mutex_init(&s->lock, NULL);
-    kiln_status st = kiln_compile(g, opt, &s->kbk);
-    if (st == KILN_OK) {
-        kiln_executable_get_plan(s->kbk, &s->plan);
-        if (!(opt && opt->poison_freed)) s->plan.freed_after = NULL;
-        s->g = s->plan.g;
-        s->nv = s->g->nvalues;
-        st = alloc_arrays(s);
-    }
+    s->p = p;
+    s->planned = mem->planned;
+    s->poison_after = p->poison ? p->freed_after : NULL;
+    s->g = p->g;
+    s->nv = s->g->nvalues;
+    kiln_status st = kiln_backend_kbk.prepare(p, mem, &s->kbk);
+    if (st == KILN_OK) st = alloc_arrays(s);
     const kiln_graph *pg = s->g;
     for (int32_t i = 0; st == KILN_OK && i < pg->nnodes; i++) s->via_kbk |= kiln_op_is_control(pg->nodes[i].op);
     if (st == KILN_OK && s->via_kbk) {
-        *out = s;
+        *state = s;
         return KILN_OK;
     }
     for (int32_t k = 0; st == KILN_OK && k < pg->ninputs; k++) { /* placeholders: the layouts of the dry run */
@@ -368,7 +383,7 @@ kiln_status kiln_sink_compile(const kiln_graph *g, const kiln_compile_options *o
         kiln_tensor_retain(t);
         set_tensor(s, pg->captures[c], t);
     }
-    for (int32_t p = 0; st == KILN_OK && p < s->plan.norder; p++) st = dry_run_node(s, p, s->plan.order[p]);
+    for (int32_t k = 0; st == KILN_OK && k < p->norder; k++) st = dry_run_node(s, k, p->order[k]);
     if (st == KILN_OK) {
         classify(s);
         st = drop_placeholders(s);
@@ -381,28 +396,15 @@ kiln_status kiln_sink_compile(const kiln_graph *g, const kiln_compile_options *o
         st = generate(s);
     }
     if (st != KILN_OK) {
-        kiln_sink_free(s);
+        sink_free(s);
         return st;
     }
-    *out = s;
+    *state = s;
     return KILN_OK;
 }
 
-void kiln_sink_free(kiln_sink *s) {
-    if (!s) return;
-    for (int32_t v = 0; s->own && v < s->nv; v++) kiln_tensor_release(s->own[v]);
-    for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
-    free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
-    free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
-    free(s->group_fns);
-    kiln_executable_free(s->kbk);
-    pthread_mutex_destroy(&s->lock);
-    free(s);
-}
-
-bool kiln_sink_is_native(const kiln_sink *s) { return s->fn != NULL; }
-const kiln_executable *kiln_sink_plan(const kiln_sink *s) { return s->kbk; }
-int64_t kiln_sink_fallback_calls(const kiln_sink *s) { return s->fallbacks; }
+static bool sink_is_native(const void *state) { return ((const kiln_sink *)state)->fn != NULL; }
+static int64_t sink_fallback_calls(const void *state) { return ((const kiln_sink *)state)->fallbacks; }
 
 /* ---- running ---------------------------------------------------------------------------------- */
 
@@ -463,13 +465,6 @@ static kiln_status step_error(kiln_sink *s, kiln_status st) {
     return kiln_error_context(st, "%s on %s", name, shapes);
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* Puts back the compile-time tensors after a call, releasing what the call made. */
 static void unbind(kiln_sink *s, kiln_tensor **copies) {
     const kiln_graph *g = s->g;
@@ -517,24 +512,13 @@ static kiln_status bind(kiln_sink *s, kiln_tensor *const *inputs, kiln_tensor **
 
 static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs, int nout, kiln_tensor **outputs) {
     const kiln_graph *g = s->g;
-    if (nin != g->ninputs || nout != g->noutputs)
-        return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
-                          g->noutputs, nin, nout);
-    if (s->via_kbk) return kiln_executable_run(s->kbk, nin, inputs, nout, outputs);
+    if (s->via_kbk) return kiln_backend_kbk.run(s->kbk, nin, inputs, nout, outputs);
+    KILN_TRY(kiln_check_inputs(g, nin, inputs, nout));
     bool fallback = false;
-    for (int k = 0; k < nin; k++) {
-        const kiln_meta *want = &g->values[g->inputs[k]].meta;
-        if (!same_meta(want, &inputs[k]->meta)) {
-            char a[160], b[160];
-            return kiln_error(KILN_ERR_VALUE, "graph: input %d is %s %s, the graph was compiled for %s %s", k,
-                              kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
-                              kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
-        }
-        fallback |= s->pinned[k] && !kiln_tensor_is_contiguous(inputs[k]);
-    }
+    for (int k = 0; k < nin; k++) fallback |= s->pinned[k] && !kiln_tensor_is_contiguous(inputs[k]);
     if (fallback) {
         s->fallbacks++;
-        return kiln_executable_run(s->kbk, nin, inputs, nout, outputs);
+        return kiln_backend_kbk.run(s->kbk, nin, inputs, nout, outputs);
     }
     kiln_tensor *small[8], **copies = nin <= 8 ? small : calloc((size_t)nin, sizeof *copies);
     if (!copies) return kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
@@ -554,9 +538,29 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     return st;
 }
 
-kiln_status kiln_sink_run(kiln_sink *s, int nin, kiln_tensor *const *inputs, int nout, kiln_tensor **outputs) {
+static kiln_status sink_run(void *state, int nin, kiln_tensor *const *inputs, int nout, kiln_tensor **outputs) {
+    kiln_sink *s = state;
     pthread_mutex_lock(&s->lock);
     kiln_status st = run_locked(s, nin, inputs, nout, outputs);
     pthread_mutex_unlock(&s->lock);
     return st;
 }
+
+/* Writing into the caller's buffers (control-flow bodies) is the kernel-by-kernel backend's job. */
+static kiln_status sink_run_into(void *state, int nin, kiln_tensor *const *inputs, int nout, kiln_tensor *const *into) {
+    kiln_sink *s = state;
+    pthread_mutex_lock(&s->lock);
+    kiln_status st = kiln_backend_kbk.run_into(s->kbk, nin, inputs, nout, into);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+const kiln_backend kiln_backend_sink = {
+    .name = "sink",
+    .prepare = sink_prepare,
+    .run = sink_run,
+    .run_into = sink_run_into,
+    .free = sink_free,
+    .is_native = sink_is_native,
+    .fallback_calls = sink_fallback_calls,
+};

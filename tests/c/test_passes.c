@@ -21,7 +21,7 @@ static int same_values(const kiln_tensor *a, const kiln_tensor *b) {
 
 /* Runs both graphs (same inputs, same random seed) and compares their outputs. */
 static int same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, true};
+    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
     kiln_executable *ea = NULL, *eb = NULL;
     int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
     if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());

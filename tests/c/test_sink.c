@@ -41,20 +41,21 @@ typedef kiln_tensor *(*make_input)(int k, int call);
 static void compare_backends(const char *text, int nin, make_input make, bool interpreted, bool expect_native) {
     kiln_graph *g = parse(text);
     if (interpreted) setenv("KILN_DISABLE_CODEGEN", "1", 1);
-    kiln_sink *s = NULL;
+    kiln_executable *s = NULL;
     kiln_executable *e = NULL;
-    kiln_compile_options opt = {KILN_ORDER_BFS, false};
-    CHECK_OK(kiln_sink_compile(g, &opt, &s));
+    kiln_compile_options opt = {KILN_ORDER_BFS, false, KILN_BACKEND_KBK};
+    kiln_compile_options sunk = {KILN_ORDER_BFS, false, KILN_BACKEND_SINK};
+    CHECK_OK(kiln_compile(g, &sunk, &s));
     CHECK_OK(kiln_compile(g, &opt, &e));
     unsetenv("KILN_DISABLE_CODEGEN");
     if (!s || !e) goto done;
-    CHECK(kiln_sink_is_native(s) == expect_native);
+    CHECK(kiln_executable_is_native(s) == expect_native);
     kiln_tensor *previous = NULL;
     for (int call = 0; call < 3; call++) {
         kiln_tensor *in_s[8], *in_k[8], *out_s[8] = {0}, *out_k[8] = {0};
         for (int k = 0; k < nin; k++) in_s[k] = make(k, call), in_k[k] = make(k, call);
         int nout = g->noutputs;
-        CHECK_OK(kiln_sink_run(s, nin, in_s, nout, out_s));
+        CHECK_OK(kiln_executable_run(s, nin, in_s, nout, out_s));
         CHECK_OK(kiln_executable_run(e, nin, in_k, nout, out_k));
         for (int k = 0; k < nout; k++) {
             CHECK(out_s[k] && out_k[k] && equal_values(out_s[k], out_k[k]));
@@ -71,7 +72,7 @@ static void compare_backends(const char *text, int nin, make_input make, bool in
     }
     kiln_tensor_release(previous);
 done:
-    kiln_sink_free(s);
+    kiln_executable_free(s);
     kiln_executable_free(e);
     kiln_graph_free(g);
 }
@@ -136,8 +137,8 @@ static void test_in_place_write_of_an_input(void) {
     int32_t pair[2] = {w, two};
     CHECK_OK(kiln_graph_add_node(g, KILN_OP_MUL, 2, pair, NULL, -1, &y));
     CHECK_OK(kiln_graph_set_outputs(g, 1, &y));
-    kiln_sink *s = NULL;
-    CHECK_OK(kiln_sink_compile(g, NULL, &s));
+    kiln_executable *s = NULL;
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
     int64_t sx[2] = {4, 3}, st[2] = {3, 4}, sv[1] = {3};
     for (int strided = 0; strided < 2 && s; strided++) {
         kiln_tensor *xin, *base = NULL;
@@ -156,15 +157,15 @@ static void test_in_place_write_of_an_input(void) {
                 ((float *)expect->data)[i * 3 + j] = 2.0f * ((i == 1 || i == 2) ? ((float *)vin->data)[j] : xv);
             }
         int64_t version = kiln_tensor_version(xin);
-        CHECK_OK(kiln_sink_run(s, 2, (kiln_tensor *[]){xin, vin}, 1, &out));
+        CHECK_OK(kiln_executable_run(s, 2, (kiln_tensor *[]){xin, vin}, 1, &out));
         CHECK(out && close_f32(out->data, expect->data, 12, 0.0f));
         CHECK(kiln_tensor_get_double(xin, 1 * 3 + 2) == (double)((float *)vin->data)[2]); /* written in place */
         CHECK(kiln_tensor_version(xin) > version);
-        CHECK(kiln_sink_fallback_calls(s) == strided);
+        CHECK(kiln_executable_fallback_calls(s) == strided);
         kiln_tensor_release(expect);
         kiln_tensor_release(out), kiln_tensor_release(vin), kiln_tensor_release(xin), kiln_tensor_release(base);
     }
-    kiln_sink_free(s);
+    kiln_executable_free(s);
     kiln_graph_free(g);
 }
 
@@ -184,35 +185,35 @@ static void test_fused_group(void) {
     char *text = kiln_graph_to_string(g);
     CHECK(text && strstr(text, "= fused("));
     free(text);
-    kiln_sink *s = NULL;
+    kiln_executable *s = NULL;
     kiln_executable *e = NULL;
-    CHECK_OK(kiln_sink_compile(g, NULL, &s));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
     CHECK_OK(kiln_compile(g, NULL, &e));
-    CHECK(s && kiln_sink_is_native(s));
+    CHECK(s && kiln_executable_is_native(s));
     int64_t s0[2] = {64, 33}, s1[1] = {33}, s2[2] = {64, 1};
     kiln_tensor *in[3] = {ramp(2, s0, -1.0f), ramp(1, s1, 0.5f), ramp(2, s2, 0.1f)};
     kiln_tensor *os[2] = {0}, *ok[2] = {0};
-    CHECK_OK(kiln_sink_run(s, 3, in, 2, os));
+    CHECK_OK(kiln_executable_run(s, 3, in, 2, os));
     CHECK_OK(kiln_executable_run(e, 3, in, 2, ok));
     /* the same generated group code either way (from the graph's function or kiln_fused_run) */
     CHECK(os[0] && ok[0] && equal_values(os[0], ok[0]) && equal_values(os[1], ok[1]));
     kiln_release_all(os, 2), kiln_release_all(ok, 2), kiln_release_all(in, 3);
-    kiln_sink_free(s);
+    kiln_executable_free(s);
     kiln_executable_free(e);
     kiln_graph_free(g);
 }
 
 static void test_wrong_inputs(void) {
     kiln_graph *g = parse(abc);
-    kiln_sink *s = NULL;
-    CHECK_OK(kiln_sink_compile(g, NULL, &s));
+    kiln_executable *s = NULL;
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
     int64_t shape[2] = {3, 2};
     kiln_tensor *in[3] = {abc_input(0, 0), abc_input(1, 0), tensor_f32(2, shape, NULL)}, *out = NULL;
-    CHECK_STATUS(kiln_sink_run(s, 3, in, 1, &out), KILN_ERR_VALUE);
+    CHECK_STATUS(kiln_executable_run(s, 3, in, 1, &out), KILN_ERR_VALUE);
     CHECK(strstr(kiln_last_error(), "input 2 is float32 (3, 2)"));
-    CHECK_STATUS(kiln_sink_run(s, 2, in, 1, &out), KILN_ERR_VALUE);
+    CHECK_STATUS(kiln_executable_run(s, 2, in, 1, &out), KILN_ERR_VALUE);
     kiln_release_all(in, 3);
-    kiln_sink_free(s);
+    kiln_executable_free(s);
     kiln_graph_free(g);
 }
 

@@ -951,3 +951,39 @@ def test_unsupported_argument_type_raises_type_error():
     jf = kiln.jit(lambda x, extra: x)
     with pytest.raises(TypeError, match="jit"):
         jf(T([1.0]), [np.zeros(2)])
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+
+def test_plan_str_shows_order_memory_and_groups():
+    def two_chains(x, y):  # traced breadth-first: both products, then both exps
+        a, b = x * y, x + y
+        c, d = a.exp(), b.exp()
+        return c - d
+
+    x, y = kiln.Tensor(np.arange(4.0, dtype=np.float32)), kiln.Tensor(np.ones(4, np.float32))
+    bfs, dfs = kiln.jit(two_chains), kiln.jit(two_chains, exec_order="dfs")
+    for jf in (bfs, dfs):
+        assert_same(jf(x, y), two_chains(x, y))
+    steps = [line.split(": ", 1)[1].split("(")[0] for line in bfs.plan_str().splitlines()[1:]]
+    assert steps == ["%2 = mul", "%3 = add", "%4 = exp", "%5 = exp", "%6 = sub"]
+    assert [line.split(": ", 1)[1].split("(")[0] for line in dfs.plan_str(x, y).splitlines()[1:]] == \
+        ["%2 = mul", "%4 = exp", "%3 = add", "%5 = exp", "%6 = sub"]
+    assert bfs.plan_str().startswith("plan: 5 steps, arena 128 bytes, outputs 16 bytes\n")
+    assert "%4 @0 16B last 4" in bfs.plan_str() and "frees %4 %5" in bfs.plan_str()
+    fused = kiln.jit(two_chains, jit_level="O1")
+    fused(x, y)
+    assert fused.plan_str().splitlines()[1:] == ["  0: %2 = fused(%0, %1) {subgraph 0}  %2 output"]
+    with pytest.raises(RuntimeError, match="no graph compiled yet"):
+        kiln.jit(two_chains).plan_str()
+
+
+def test_dump_plan_prints_each_compiled_plan():
+    code = ("import kiln, numpy as np\n"
+            "f = kiln.jit(lambda a, b: a * b + a)\n"
+            "x = kiln.Tensor(np.ones(3, np.float32))\n"
+            "f(x, x)\n")
+    env = dict(os.environ, KILN_DUMP_PLAN="1", PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "[kiln] plan: 2 steps" in out.stderr and "= mul(%0, %1)" in out.stderr, out.stderr

@@ -418,6 +418,16 @@ class JitFunction(_C.JitDispatcher):
             raise RuntimeError("graph_str: no graph compiled yet; call the function or pass arguments")
         return entry.graph_text
 
+    def plan_str(self, *args, **kwargs):
+        """The plan of the graph compiled for these arguments (compiling it if needed), or for the
+        last call: node order, where each value lives in the arena and until which step, what is
+        freed after each step, fused groups and the nested plans of control flow."""
+        if args or kwargs:
+            return self.executable(*args, **kwargs).plan_str()
+        if self._last is None:
+            raise RuntimeError("plan_str: no graph compiled yet; call the function or pass arguments")
+        return self._last.executable.plan_str()
+
     def executable(self, *args, **kwargs):
         """The compiled graph object for these arguments (for its memory plan and order)."""
         self.graph_str(*args, **kwargs)

@@ -1,10 +1,10 @@
-/* The steps of a sunk graph: what src/runtime/sink.c plans and runs, and what
+/* The steps of a sunk graph: what src/runtime/sink.c prepares and runs, and what
  * src/codegen/emit_graph.c turns into one C function. */
 #ifndef KILN_SINK_STEPS_H
 #define KILN_SINK_STEPS_H
 
-#include "../codegen/codegen.h"
-#include "../codegen/fused.h"
+#include "codegen.h"
+#include "fused.h"
 
 #define KILN_SINK_MAX_OPERANDS 33 /* a fused group's output and up to 32 inputs, as generated kernels take */
 

@@ -1,0 +1,409 @@
+/* kiln_plan_build: order, memory plan, fused groups and nested plans of a graph (see plan.h). */
+#include "plan.h"
+
+#include "../ir/control.h"
+#include "../ir/layout.h"
+
+static const kiln_plan_kernels *registered_kernels;
+
+void kiln_plan_register_kernels(const kiln_plan_kernels *k) { registered_kernels = k; }
+const kiln_plan_kernels *kiln_plan_registered_kernels(void) { return registered_kernels; }
+
+static bool is_alias_op(kiln_op op) { return kiln_op_table[op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES); }
+
+static size_t meta_bytes(const kiln_meta *m) {
+    return (size_t)kiln_meta_numel(m) * kiln_dtype_size(m->dtype);
+}
+
+static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+/* ---- order ----------------------------------------------------------------------------- */
+
+/* Depth-first post-order from each segment's sinks, so a value is computed just before its
+ * consumers. Nodes that write inputs in place or draw random numbers bound segments: their
+ * order against everything else is kept as traced (readers of a buffer before its update; the
+ * generator's stream). */
+static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
+    int32_t n = g->nnodes, pos = 0;
+    int64_t edges = 0; /* a node's inputs are pushed once (when it is first expanded): this bounds the stack */
+    for (int32_t i = 0; i < n; i++) edges += g->nodes[i].nin;
+    bool *done = calloc((size_t)(n ? n : 1), sizeof *done);
+    int32_t *stack = malloc(sizeof(int32_t) * (size_t)(edges + n + 1));
+    if (!done || !stack) {
+        free(done), free(stack);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory ordering a graph");
+    }
+    int32_t seg_begin = 0;
+    for (int32_t i = 0; i <= n; i++) {
+        bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags &
+                                  (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT));
+        if (!barrier) continue;
+        /* visit the segment [seg_begin, i) from its last nodes backwards as roots */
+        for (int32_t r = i - 1; r >= seg_begin; r--) {
+            if (done[r]) continue;
+            int32_t depth = 0;
+            stack[depth++] = r;
+            while (depth > 0) {
+                int32_t cur = stack[depth - 1];
+                if (done[cur]) {
+                    depth--;
+                    continue;
+                }
+                bool pushed = false;
+                const kiln_node *nd = &g->nodes[cur];
+                for (int k = nd->nin - 1; k >= 0; k--) { /* first input computed first */
+                    const kiln_value *v = &g->values[nd->in[k]];
+                    if (v->kind == KILN_VALUE_NODE && v->node >= seg_begin && !done[v->node]) {
+                        stack[depth++] = v->node;
+                        pushed = true;
+                    }
+                }
+                if (!pushed) {
+                    done[cur] = true;
+                    depth--;
+                    order[pos++] = cur;
+                }
+            }
+        }
+        if (i < n) {
+            done[i] = true;
+            order[pos++] = i;
+        }
+        seg_begin = i + 1;
+    }
+    free(done), free(stack);
+    KILN_ASSERT(pos == n);
+    return KILN_OK;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t offset, size;
+} block;
+
+typedef struct {
+    block *free_blocks;
+    int nfree, cap;
+    int64_t top;
+} arena_plan;
+
+static int64_t align_up(int64_t v) { return (v + KILN_ALIGN - 1) / KILN_ALIGN * KILN_ALIGN; }
+
+static kiln_status arena_take(arena_plan *a, int64_t size, int64_t *offset) {
+    size = align_up(size ? size : 1);
+    int best = -1;
+    for (int k = 0; k < a->nfree; k++)
+        if (a->free_blocks[k].size >= size && (best < 0 || a->free_blocks[k].size < a->free_blocks[best].size))
+            best = k;
+    if (best >= 0) {
+        *offset = a->free_blocks[best].offset;
+        a->free_blocks[best].offset += size;
+        a->free_blocks[best].size -= size;
+        if (a->free_blocks[best].size == 0) a->free_blocks[best] = a->free_blocks[--a->nfree];
+        return KILN_OK;
+    }
+    /* grow: a free block at the top can be extended */
+    for (int k = 0; k < a->nfree; k++)
+        if (a->free_blocks[k].offset + a->free_blocks[k].size == a->top) {
+            *offset = a->free_blocks[k].offset;
+            a->top = *offset + size;
+            a->free_blocks[k] = a->free_blocks[--a->nfree];
+            return KILN_OK;
+        }
+    *offset = a->top;
+    a->top += size;
+    return KILN_OK;
+}
+
+static kiln_status arena_give(arena_plan *a, int64_t offset, int64_t size) {
+    size = align_up(size ? size : 1);
+    /* merge with neighbours */
+    for (int k = 0; k < a->nfree; k++) {
+        block *b = &a->free_blocks[k];
+        if (b->offset + b->size == offset) {
+            offset = b->offset, size += b->size;
+            a->free_blocks[k--] = a->free_blocks[--a->nfree];
+        } else if (offset + size == b->offset) {
+            size += b->size;
+            a->free_blocks[k--] = a->free_blocks[--a->nfree];
+        }
+    }
+    if (a->nfree == a->cap) {
+        int ncap = a->cap ? a->cap * 2 : 32;
+        block *grown = realloc(a->free_blocks, sizeof *grown * (size_t)ncap);
+        if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+        a->free_blocks = grown;
+        a->cap = ncap;
+    }
+    a->free_blocks[a->nfree++] = (block){offset, size};
+    return KILN_OK;
+}
+
+/* Appends root r to the buffers given back after step i. */
+static kiln_status note_freed(kiln_plan *e, int32_t i, int32_t r) {
+    int32_t n = 0;
+    while (e->freed_after[i] && e->freed_after[i][n] >= 0) n++;
+    int32_t *grown = realloc(e->freed_after[i], sizeof(int32_t) * (size_t)(n + 2));
+    if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+    grown[n] = r;
+    grown[n + 1] = -1;
+    e->freed_after[i] = grown;
+    return KILN_OK;
+}
+
+static kiln_status plan_memory(kiln_plan *e) {
+    const kiln_graph *g = e->g;
+    int32_t nv = g->nvalues;
+    bool *output_root = calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    int32_t *end = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1)); /* last_use, then -1 moved / -2 given back */
+    arena_plan a = {0};
+    kiln_status s = KILN_OK;
+    if (!output_root || !end) {
+        s = kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
+        goto done;
+    }
+    for (int32_t v = 0; v < nv; v++) {
+        const kiln_value *val = &g->values[v];
+        e->root[v] = v;
+        if (val->kind == KILN_VALUE_NODE && is_alias_op(g->nodes[val->node].op) && val->index == 0)
+            e->root[v] = e->root[g->nodes[val->node].in[0]]; /* values are numbered in trace order */
+        e->last_use[v] = -1;
+        e->offset[v] = -1;
+    }
+    for (int32_t k = 0; k < g->noutputs; k++) output_root[e->root[g->outputs[k]]] = true;
+    for (int32_t i = 0; i < e->norder; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        for (int k = 0; k < nd->nin; k++) {
+            int32_t r = e->root[nd->in[k]];
+            if (e->last_use[r] < i) e->last_use[r] = i;
+        }
+        for (int k = 0; k < nd->nout; k++) {
+            int32_t r = e->root[nd->out[k]];
+            if (e->last_use[r] < i) e->last_use[r] = i;
+        }
+    }
+    for (int32_t v = 0; v < nv; v++)
+        if (output_root[v] || g->values[v].kind != KILN_VALUE_NODE) e->last_use[v] = e->norder;
+    memcpy(end, e->last_use, sizeof(int32_t) * (size_t)nv);
+    /* walk the order, handing out and taking back blocks */
+    for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        if (is_alias_op(nd->op)) continue;
+        for (int k = 0; k < nd->nout && s == KILN_OK; k++) {
+            int32_t v = nd->out[k];
+            if (output_root[v]) continue;
+            int64_t size = (int64_t)meta_bytes(&g->values[v].meta);
+            /* in place: an elementwise input whose buffer dies here, same dtype and shape */
+            if (kiln_op_table[nd->op].fusion == KILN_FUSE_ELEMENTWISE && nd->op != KILN_OP_CAST) {
+                for (int j = 0; j < nd->nin; j++) {
+                    int32_t in = nd->in[j];
+                    bool other_view = false; /* a view of the buffer read alongside would see writes */
+                    for (int j2 = 0; j2 < nd->nin; j2++)
+                        other_view |= nd->in[j2] != in && e->root[nd->in[j2]] == in;
+                    if (e->root[in] == in && e->offset[in] >= 0 && end[in] == i && !other_view &&
+                        same_meta(&g->values[in].meta, &g->values[v].meta)) {
+                        e->offset[v] = e->offset[in];
+                        end[in] = -1; /* the block now belongs to v */
+                        break;
+                    }
+                }
+            }
+            if (e->offset[v] < 0) s = arena_take(&a, size, &e->offset[v]);
+        }
+        /* buffers whose last use was this step go back */
+        for (int k = 0; k < nd->nin && s == KILN_OK; k++) {
+            int32_t r = e->root[nd->in[k]];
+            if (end[r] == i && e->offset[r] >= 0) {
+                s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
+                end[r] = -2; /* given back */
+                if (s == KILN_OK) s = note_freed(e, i, r);
+            }
+        }
+        for (int k = 0; k < nd->nout && s == KILN_OK; k++) { /* produced and never used */
+            int32_t r = nd->out[k];
+            if (e->root[r] == r && end[r] == i && e->offset[r] >= 0) {
+                s = arena_give(&a, e->offset[r], (int64_t)meta_bytes(&g->values[r].meta));
+                end[r] = -2;
+                if (s == KILN_OK) s = note_freed(e, i, r);
+            }
+        }
+    }
+    e->arena_bytes = (size_t)a.top;
+    for (int32_t k = 0; k < g->noutputs; k++)
+        if (e->root[g->outputs[k]] == g->outputs[k] && g->values[g->outputs[k]].kind == KILN_VALUE_NODE)
+            e->output_bytes += meta_bytes(&g->values[g->outputs[k]].meta);
+done:
+    free(output_root), free(end), free(a.free_blocks);
+    return s;
+}
+
+/* Per step, the values whose run-time tensors can be dropped after it (for views and per-call
+ * buffers), and the planned buffers to poison in debug mode. */
+static kiln_status plan_releases(kiln_plan *e) {
+    const kiln_graph *g = e->g;
+    int32_t nv = g->nvalues;
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    int32_t *count = calloc((size_t)(e->norder ? e->norder : 1), sizeof(int32_t));
+    if (!last || !count) {
+        free(last), free(count);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    }
+    for (int32_t v = 0; v < nv; v++) last[v] = -1;
+    for (int32_t i = 0; i < e->norder; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        for (int k = 0; k < nd->nin; k++) last[nd->in[k]] = i;
+        for (int k = 0; k < nd->nout; k++)
+            if (last[nd->out[k]] < i) last[nd->out[k]] = i;
+    }
+    for (int32_t k = 0; k < g->noutputs; k++) last[g->outputs[k]] = -1; /* kept to the end */
+    for (int32_t v = 0; v < nv; v++)
+        if (g->values[v].kind == KILN_VALUE_NODE && last[v] >= 0) count[last[v]]++;
+    kiln_status s = KILN_OK;
+    for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
+        e->dead_after[i] = malloc(sizeof(int32_t) * (size_t)(count[i] + 1));
+        if (!e->dead_after[i]) s = kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+        else e->dead_after[i][0] = -1;
+        count[i] = 0;
+    }
+    for (int32_t v = 0; v < nv && s == KILN_OK; v++)
+        if (g->values[v].kind == KILN_VALUE_NODE && last[v] >= 0) {
+            int32_t i = last[v];
+            e->dead_after[i][count[i]++] = v;
+            e->dead_after[i][count[i]] = -1;
+        }
+    free(last), free(count);
+    return s;
+}
+
+/* The graph outputs a kernel can write straight into a caller's buffer (kiln_executable_run_into):
+ * values that own their buffer (no view, not an input or capture) and are returned once. */
+static void plan_direct_outputs(kiln_plan *e) {
+    const kiln_graph *g = e->g;
+    for (int32_t v = 0; v < g->nvalues; v++) e->direct_output[v] = -1;
+    for (int32_t k = 0; k < g->noutputs; k++) {
+        int32_t v = g->outputs[k];
+        const kiln_value *val = &g->values[v];
+        if (val->kind != KILN_VALUE_NODE || e->root[v] != v || is_alias_op(g->nodes[val->node].op)) continue;
+        e->direct_output[v] = e->direct_output[v] == -1 ? k : -2; /* returned twice: copied */
+    }
+    for (int32_t v = 0; v < g->nvalues; v++)
+        if (e->direct_output[v] == -2) e->direct_output[v] = -1;
+}
+
+/* ---- fused groups and control-flow bodies ------------------------------------------------- */
+
+#define FUSED_MAX_INPUTS 32 /* layouts passed to fused kernels (the fusion pass makes no more inputs) */
+
+/* A fused node's kernel, generated for the layouts its inputs have when the graph runs. */
+static kiln_status prepare_fused(kiln_plan *p, int32_t i) {
+    const kiln_graph *g = p->g;
+    const kiln_node *nd = &g->nodes[i];
+    if (nd->attrs.ni < 1 || nd->attrs.i[0] < 0 || nd->attrs.i[0] >= g->nsubgraphs)
+        return kiln_error(KILN_ERR_VALUE, "graph: fused node %d names subgraph %lld, which does not exist", i,
+                          nd->attrs.ni < 1 ? -1LL : (long long)nd->attrs.i[0]);
+    if (!registered_kernels)
+        return kiln_error(KILN_ERR_RUNTIME, "graph: fused groups need code generation, which is not linked in");
+    int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
+    const int64_t *hints[FUSED_MAX_INPUTS];
+    for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
+        hints[k] = kiln_graph_value_strides(g, nd->in[k], strides[k]) ? strides[k] : NULL;
+    return registered_kernels->prepare(g->subgraphs[nd->attrs.i[0]], nd->nin <= FUSED_MAX_INPUTS ? hints : NULL,
+                                       &p->kernel[i]);
+}
+
+/* The nested plans of control-flow node i: its subgraphs, and a while's iteration composed. */
+static kiln_status plan_bodies(kiln_plan *p, int32_t i, const kiln_compile_options *opt) {
+    const kiln_graph *g = p->g;
+    const kiln_node *n = &g->nodes[i];
+    kiln_plan **bodies = &p->bodies[(int64_t)i * KILN_PLAN_BODIES];
+    int slots[4], ns = kiln_control_slots(n->op, slots);
+    for (int k = 0; k < ns; k++) {
+        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
+        if (idx < 0 || idx >= g->nsubgraphs)
+            return kiln_error(KILN_ERR_VALUE, "graph: %s names subgraph %lld, which does not exist",
+                              kiln_op_table[n->op].name, (long long)idx);
+        KILN_TRY(kiln_plan_build(g->subgraphs[idx], opt, &bodies[k]));
+    }
+    if (n->op != KILN_OP_WHILE) return KILN_OK;
+    kiln_graph *step = NULL;
+    KILN_TRY(kiln_plan_compose_loop_step(g->subgraphs[n->attrs.i[0]], g->subgraphs[n->attrs.i[1]], n->nout, &step));
+    kiln_status s = kiln_plan_build(step, opt, &bodies[KILN_PLAN_STEP]);
+    kiln_graph_free(step);
+    return s;
+}
+
+/* ---- building ----------------------------------------------------------------------------- */
+
+kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
+    KILN_TRY(kiln_graph_verify(g));
+    kiln_plan *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    kiln_status s = kiln_graph_clone(g, &e->g);
+    if (s != KILN_OK) {
+        free(e);
+        return s;
+    }
+    int32_t nv = g->nvalues, nn = g->nnodes;
+    bool control = false;
+    for (int32_t i = 0; i < nn; i++) control |= kiln_op_is_control(g->nodes[i].op);
+    e->norder = nn;
+    e->order = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    e->root = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->last_use = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->offset = malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
+    e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->kernel = calloc((size_t)(nn ? nn : 1), sizeof(void *));
+    e->bodies = control ? calloc((size_t)nn * KILN_PLAN_BODIES, sizeof(kiln_plan *)) : NULL;
+    e->direct_output = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->poison = opt && opt->poison_freed;
+    if (!e->order || !e->root || !e->last_use || !e->offset || !e->dead_after || !e->freed_after || !e->kernel ||
+        (control && !e->bodies) || !e->direct_output) {
+        kiln_plan_free(e);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    }
+    if (opt && opt->order == KILN_ORDER_DFS) {
+        s = order_dfs(e->g, e->order);
+    } else {
+        for (int32_t i = 0; i < nn; i++) e->order[i] = i; /* the traced order is breadth-first enough */
+    }
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++)
+        if (kiln_op_is_control(e->g->nodes[i].op)) s = plan_bodies(e, i, opt);
+    bool fused = false;
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++)
+        if (e->g->nodes[i].op == KILN_OP_FUSED) {
+            s = prepare_fused(e, i);
+            fused = true;
+        }
+    if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* the groups build together, now */
+    if (s == KILN_OK) s = plan_memory(e);
+    if (s == KILN_OK) s = plan_releases(e);
+    if (s == KILN_OK) plan_direct_outputs(e);
+    if (s != KILN_OK) {
+        kiln_plan_free(e);
+        return s;
+    }
+    *out = e;
+    return KILN_OK;
+}
+
+void kiln_plan_free(kiln_plan *p) {
+    if (!p) return;
+    int32_t nn = p->g ? p->g->nnodes : 0;
+    for (int32_t i = 0; i < nn; i++) {
+        if (p->dead_after) free(p->dead_after[i]);
+        if (p->freed_after) free(p->freed_after[i]);
+        if (p->kernel && p->kernel[i]) registered_kernels->free(p->kernel[i]);
+        for (int k = 0; p->bodies && k < KILN_PLAN_BODIES; k++) kiln_plan_free(p->bodies[(int64_t)i * KILN_PLAN_BODIES + k]);
+    }
+    kiln_graph_free(p->g);
+    free(p->order), free(p->root), free(p->last_use), free(p->offset), free(p->dead_after), free(p->freed_after);
+    free(p->kernel), free(p->bodies), free(p->direct_output);
+    free(p);
+}

@@ -1,0 +1,66 @@
+/* The plan of a compiled graph: plain data that every backend reads (kernel by kernel, sink, a
+ * saved-graph runtime). kiln_plan_build decides the node order, which buffer each value lives in
+ * and where in one arena, what can go after each step, the prepared kernel of each fused group
+ * and the nested plans of control-flow bodies. Nothing here runs a kernel or allocates the arena.
+ *
+ * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
+ * arena, freed after the last use of the buffer (through any view of it); an elementwise node
+ * writes in place into an input buffer that dies with it when shapes and dtypes match; buffers
+ * that graph outputs live in are never planned (they are allocated per call and handed out). */
+#ifndef KILN_PLAN_H
+#define KILN_PLAN_H
+
+#include "../core/internal.h"
+
+#include "kiln/graph.h"
+
+/* What fused groups need from code generation. The plan layer sits below codegen and never
+ * includes it: src/codegen/fused_native.c registers these at start-up. */
+typedef struct kiln_plan_kernels {
+    /* the kernel of a fused node's subgraph, generated for inputs laid out as in_strides says */
+    kiln_status (*prepare)(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel);
+    void (*free)(void *kernel);
+    void (*build_waiting)(void); /* builds the prepared kernels together (one compiler run) */
+    bool (*is_native)(void *kernel);
+} kiln_plan_kernels;
+
+void kiln_plan_register_kernels(const kiln_plan_kernels *k);
+const kiln_plan_kernels *kiln_plan_registered_kernels(void);
+
+/* Nested plans per control-flow node: its subgraphs in kiln_control_slots order (then/else;
+ * cond/body[/backward]), and in the last slot a while's iteration composed into one graph. */
+#define KILN_PLAN_BODIES 4
+#define KILN_PLAN_STEP (KILN_PLAN_BODIES - 1)
+
+typedef struct kiln_plan kiln_plan;
+struct kiln_plan {
+    kiln_graph *g;           /* the plan's own copy of the graph */
+    int32_t *order, norder;  /* node order: order[step] = node */
+    int32_t *root;           /* per value: the value whose buffer it lives in (itself unless a view or alias) */
+    int32_t *last_use;       /* per root: the last step using its buffer (norder: kept to the end) */
+    int64_t *offset;         /* per value: arena offset of its buffer, -1 when not planned */
+    int32_t **dead_after;    /* per step: values whose run-time tensors can go after it (-1 ended) */
+    int32_t **freed_after;   /* per step: planned buffers given back after it (-1 ended, or NULL) */
+    int32_t *direct_output;  /* per value: the output a run_into call computes it into directly, or -1 */
+    void **kernel;           /* per node: the prepared kernel of a fused group (kiln_plan_kernels), or NULL */
+    kiln_plan **bodies;      /* per node, KILN_PLAN_BODIES each: nested plans of control-flow nodes, or NULL */
+    size_t arena_bytes;      /* the arena every planned buffer lives in */
+    size_t output_bytes;     /* the outputs one call allocates */
+    bool poison;             /* debug: fill buffers with NaN after their last use */
+};
+
+/* Plans g (the plan keeps its own copy; g may be freed). */
+kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out);
+void kiln_plan_free(kiln_plan *p);
+/* The stable text form (malloc'd): steps in order with each value's buffer, offset and last use,
+ * what is freed after each step, fused groups and nested plans. KILN_DUMP_PLAN=1 prints it. */
+char *kiln_plan_to_string(const kiln_plan *p);
+static inline kiln_plan *kiln_plan_body(const kiln_plan *p, int32_t node, int slot) {
+    return p->bodies ? p->bodies[(int64_t)node * KILN_PLAN_BODIES + slot] : NULL;
+}
+
+/* A while's iteration as one graph: (v..., lifted...) -> (the body's next v..., the cond of them)
+ * (src/plan/loop_step.c). */
+kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph *body, int nloop, kiln_graph **out);
+
+#endif

@@ -1,0 +1,48 @@
+/* Backends: what runs a plan. Each is one small table of functions over the same plain-data plan
+ * (src/plan/plan.h) and the same arena; a compiled graph (kiln_executable) is a plan, its arena
+ * and one backend's state. Kernel by kernel ("kbk", src/runtime/kbk.c) and the whole-graph sink
+ * (src/runtime/sink.c) are peers; a saved-graph runtime or a GPU backend plugs in the same way. */
+#ifndef KILN_RUNTIME_BACKEND_H
+#define KILN_RUNTIME_BACKEND_H
+
+#include "../plan/plan.h"
+
+/* The buffers of a plan: one arena and, per planned value, a tensor over its block. */
+typedef struct kiln_plan_memory {
+    char *arena;
+    kiln_tensor **planned; /* per value: its tensor over the arena, or NULL (not planned) */
+} kiln_plan_memory;
+
+typedef struct kiln_backend {
+    const char *name;
+    /* state for running plan over mem (both outlive the state) */
+    kiln_status (*prepare)(const kiln_plan *plan, kiln_plan_memory *mem, void **state);
+    /* inputs bound (metas must match); outputs are new references */
+    kiln_status (*run)(void *state, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
+    /* results written into the caller's contiguous buffers into[] (the graph's output metas; none may
+     * share memory with an input or a capture) */
+    kiln_status (*run_into)(void *state, int nin, kiln_tensor *const *in, int nout, kiln_tensor *const *into);
+    void (*free)(void *state);
+    bool (*is_native)(const void *state);         /* runs generated native code (NULL: never) */
+    int64_t (*fallback_calls)(const void *state); /* calls it handed to kernel by kernel (NULL: none) */
+} kiln_backend;
+
+extern const kiln_backend kiln_backend_kbk;
+extern const kiln_backend kiln_backend_sink;
+
+/* A compiled graph over a plan it does not own (nested control-flow bodies: the enclosing plan
+ * owns theirs). */
+kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out);
+const kiln_plan *kiln_executable_plan(const kiln_executable *e);
+
+/* kiln_executable_run writing its results into into[] (see kiln_backend.run_into). */
+kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                     kiln_tensor *const *into);
+
+/* The tensor a call hands out for a graph output t whose storage comes from value root: t itself
+ * (a new reference), or a private copy when t views a compile-time constant (never the graph's). */
+kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_tensor **out);
+/* The error for inputs that do not match the graph (KILN_OK when they do). */
+kiln_status kiln_check_inputs(const kiln_graph *g, int nin, kiln_tensor *const *inputs, int nout);
+
+#endif

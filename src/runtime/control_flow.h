@@ -1,0 +1,15 @@
+/* The runtime of control-flow nodes (src/runtime/control_flow.c): executables of an if's
+ * branches or a while's cond, body (and backward body), and composed iteration. */
+#ifndef KILN_RUNTIME_CONTROL_FLOW_H
+#define KILN_RUNTIME_CONTROL_FLOW_H
+
+#include "../plan/plan.h"
+
+typedef struct kiln_control_node kiln_control_node;
+/* The executables of node `node` of p, over p's nested plans (which outlive them). */
+kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_node **out);
+/* Runs it; out[] arrive allocated (the node's output metas) and are filled. */
+kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
+void kiln_control_free(kiln_control_node *c);
+
+#endif

@@ -1,0 +1,184 @@
+/* kiln_executable: a compiled graph = a plan (owned, or borrowed from an enclosing plan), its
+ * arena and the state of the backend that runs it. Everything a caller does with a compiled
+ * graph goes through the backend's table (src/runtime/backend.h). */
+#include <stdio.h>
+
+#include "../codegen/fused.h"
+#include "backend.h"
+
+struct kiln_executable {
+    kiln_plan *own_plan; /* the plan, when this executable made it */
+    const kiln_plan *plan;
+    kiln_plan_memory mem;
+    const kiln_backend *be;
+    void *state;
+};
+
+static kiln_status memory_new(const kiln_plan *p, kiln_plan_memory *m) {
+    const kiln_graph *g = p->g;
+    m->planned = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(kiln_tensor *));
+    if (!m->planned) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    if (p->arena_bytes && !(m->arena = kiln_alloc(p->arena_bytes)))
+        return kiln_error(KILN_ERR_MEMORY, "out of memory allocating a graph's arena of %zu bytes", p->arena_bytes);
+    for (int32_t v = 0; v < g->nvalues; v++) {
+        if (p->offset[v] < 0) continue;
+        const kiln_meta *meta = &g->values[v].meta;
+        KILN_TRY(kiln_tensor_wrap(meta->dtype, meta->ndim, meta->shape, NULL, m->arena + p->offset[v], NULL, NULL,
+                                  &m->planned[v]));
+    }
+    return KILN_OK;
+}
+
+static void memory_free(const kiln_plan *p, kiln_plan_memory *m) {
+    for (int32_t v = 0; m->planned && p && v < p->g->nvalues; v++) kiln_tensor_release(m->planned[v]);
+    free(m->planned);
+    if (m->arena) kiln_free(m->arena);
+}
+
+static kiln_status prepare(kiln_executable *e, const kiln_plan *p, const kiln_backend *be) {
+    e->plan = p;
+    e->be = be;
+    KILN_TRY(memory_new(p, &e->mem));
+    return be->prepare(p, &e->mem, &e->state);
+}
+
+kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out) {
+    kiln_executable *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    kiln_status s = prepare(e, p, be);
+    if (s != KILN_OK) {
+        kiln_executable_free(e);
+        return s;
+    }
+    *out = e;
+    return KILN_OK;
+}
+
+static bool dump_plan(void) {
+    const char *v = getenv("KILN_DUMP_PLAN");
+    return v && strcmp(v, "1") == 0;
+}
+
+kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
+    kiln_executable *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    kiln_status s = kiln_plan_build(g, opt, &e->own_plan);
+    if (s == KILN_OK && dump_plan()) {
+        char *text = kiln_plan_to_string(e->own_plan);
+        fprintf(stderr, "[kiln] %s", text ? text : "(out of memory)\n");
+        free(text);
+    }
+    bool sink = opt && opt->backend == KILN_BACKEND_SINK;
+    if (s == KILN_OK) s = prepare(e, e->own_plan, sink ? &kiln_backend_sink : &kiln_backend_kbk);
+    if (s != KILN_OK) {
+        kiln_executable_free(e);
+        return s;
+    }
+    *out = e;
+    return KILN_OK;
+}
+
+void kiln_executable_free(kiln_executable *e) {
+    if (!e) return;
+    if (e->state) e->be->free(e->state);
+    memory_free(e->plan, &e->mem);
+    kiln_plan_free(e->own_plan);
+    free(e);
+}
+
+kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                kiln_tensor **outputs) {
+    return e->be->run(e->state, nin, inputs, nout, outputs);
+}
+
+kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
+                                     kiln_tensor *const *into) {
+    const kiln_graph *g = e->plan->g;
+    for (int k = 0; k < nout && k < g->noutputs; k++)
+        if (!kiln_meta_equal(&g->values[g->outputs[k]].meta, &into[k]->meta) || !kiln_tensor_is_contiguous(into[k]))
+            return kiln_error(KILN_ERR_VALUE, "graph: output buffer %d does not match the graph's output", k);
+    return e->be->run_into(e->state, nin, inputs, nout, into);
+}
+
+const kiln_plan *kiln_executable_plan(const kiln_executable *e) { return e->plan; }
+int kiln_executable_num_outputs(const kiln_executable *e) { return e->plan->g->noutputs; }
+size_t kiln_executable_arena_bytes(const kiln_executable *e) { return e->plan->arena_bytes; }
+size_t kiln_executable_output_bytes(const kiln_executable *e) { return e->plan->output_bytes; }
+char *kiln_executable_plan_string(const kiln_executable *e) { return kiln_plan_to_string(e->plan); }
+const char *kiln_executable_backend(const kiln_executable *e) { return e->be->name; }
+bool kiln_executable_is_native(const kiln_executable *e) { return e->be->is_native && e->be->is_native(e->state); }
+int64_t kiln_executable_fallback_calls(const kiln_executable *e) {
+    return e->be->fallback_calls ? e->be->fallback_calls(e->state) : 0;
+}
+
+char *kiln_executable_order_string(const kiln_executable *e) {
+    const kiln_plan *p = e->plan;
+    size_t len = 1;
+    for (int32_t i = 0; i < p->norder; i++) len += strlen(kiln_op_table[p->g->nodes[p->order[i]].op].name) + 1;
+    char *s = malloc(len);
+    if (!s) return NULL;
+    s[0] = '\0';
+    for (int32_t i = 0; i < p->norder; i++) {
+        if (i) strcat(s, " ");
+        strcat(s, kiln_op_table[p->g->nodes[p->order[i]].op].name);
+    }
+    return s;
+}
+
+kiln_status kiln_check_inputs(const kiln_graph *g, int nin, kiln_tensor *const *inputs, int nout) {
+    if (nin != g->ninputs || nout != g->noutputs)
+        return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
+                          g->noutputs, nin, nout);
+    for (int k = 0; k < nin; k++) {
+        const kiln_meta *want = &g->values[g->inputs[k]].meta;
+        if (!kiln_meta_equal(want, &inputs[k]->meta)) {
+            char a[160], b[160];
+            return kiln_error(KILN_ERR_VALUE, "graph: input %d is %s %s, the graph was compiled for %s %s", k,
+                              kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
+                              kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_tensor **out) {
+    if (!(root->kind == KILN_VALUE_CAPTURED && root->constant)) {
+        kiln_tensor_retain(t);
+        *out = t;
+        return KILN_OK;
+    }
+    /* a view of a compile-time constant: the caller gets its own copy, never the graph's */
+    kiln_tensor *copy = NULL;
+    kiln_status s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &copy);
+    if (s == KILN_OK) s = kiln_copy_into(copy, t);
+    if (s != KILN_OK) {
+        kiln_tensor_release(copy);
+        return s;
+    }
+    *out = copy;
+    return KILN_OK;
+}
+
+/* ---- the interpreted path of fused groups ------------------------------------------------------ */
+
+/* A fused group without generated code runs its subgraph kernel by kernel (results are the unfused
+ * graph's). Code generation sits beside the backends and must not call them: it gets this at
+ * start-up. */
+static kiln_status interp_prepare(const kiln_graph *sub, void **out) {
+    return kiln_compile(sub, NULL, (kiln_executable **)out);
+}
+
+static kiln_status interp_run(void *k, int nin, kiln_tensor *const *in, kiln_tensor *out) {
+    kiln_tensor *result = NULL;
+    KILN_TRY(kiln_executable_run(k, nin, in, 1, &result));
+    kiln_status s = kiln_copy_into(out, result);
+    kiln_tensor_release(result);
+    return s;
+}
+
+static void interp_free(void *k) { kiln_executable_free(k); }
+
+__attribute__((constructor)) static void register_fused_interpreter(void) {
+    static const kiln_fused_interpreter interpreter = {interp_prepare, interp_run, interp_free};
+    kiln_fused_register_interpreter(&interpreter);
+}
