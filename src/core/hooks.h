@@ -1,7 +1,7 @@
 /* Where core and ops reach the layers above them without including them (layers call downward
  * only): the tracer (src/ir/trace.c) and the autograd tape (src/autograd/engine.c) fill in
- * kiln_hooks when the library loads; the tracer keeps the thread's tracing state below up to
- * date as traces begin and end. */
+ * kiln_hooks when the library loads; the tracer keeps the thread's tracing state (kiln_thread)
+ * up to date as traces begin and end. */
 #ifndef KILN_CORE_HOOKS_H
 #define KILN_CORE_HOOKS_H
 
@@ -22,14 +22,19 @@ typedef struct kiln_layer_hooks {
     void (*grad_node_release)(struct kiln_grad_node *node);
 } kiln_layer_hooks;
 
-extern kiln_layer_hooks kiln_hooks;
+/* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */
+#define KILN_HIDDEN __attribute__((visibility("hidden")))
 
-/* The thread's active tracer (NULL when none), and whether it records a control-flow body
- * (a trace nested in another: its ops run again for real when the node runs). */
-extern _Thread_local kiln_tracer *kiln_trace_active;
-extern _Thread_local bool kiln_trace_in_body;
+extern KILN_HIDDEN kiln_layer_hooks kiln_hooks;
 
-/* Grad mode off on this thread (kiln_set_grad_enabled(false)). */
-extern _Thread_local bool kiln_grad_disabled;
+/* What kiln_apply reads of the thread's state (read directly: no call into the layers above). */
+typedef struct kiln_thread_state {
+    kiln_tracer *trace_active; /* the active tracer, NULL when none */
+    bool trace_in_body;        /* it records a control-flow body (a trace nested in another: its ops
+                                * run again for real when the node runs) */
+    bool grad_disabled;        /* grad mode off (kiln_set_grad_enabled(false)) */
+} kiln_thread_state;
+
+extern KILN_HIDDEN _Thread_local kiln_thread_state kiln_thread;
 
 #endif

@@ -28,10 +28,10 @@ struct kiln_tracer {
     int32_t nconst, cap_const;
 };
 
-/* The thread's active tracer lives in core (kiln_trace_active), where kiln_apply reads it. */
+/* The thread's active tracer lives in core (kiln_thread.trace_active), where kiln_apply reads it. */
 static void set_active(kiln_tracer *tr) {
-    kiln_trace_active = tr;
-    kiln_trace_in_body = tr && tr->parent;
+    kiln_thread.trace_active = tr;
+    kiln_thread.trace_in_body = tr && tr->parent;
 }
 
 /* kiln_apply and kiln_tensor_detach record through core's hooks, set when the library loads. */
@@ -40,15 +40,15 @@ __attribute__((constructor)) static void register_hooks(void) {
     kiln_hooks.trace_alias = kiln_tracer_alias;
 }
 
-kiln_tracer *kiln_tracer_active(void) { return kiln_trace_active; }
+kiln_tracer *kiln_tracer_active(void) { return kiln_thread.trace_active; }
 
-bool kiln_tracer_in_body(void) { return kiln_trace_in_body; }
+bool kiln_tracer_in_body(void) { return kiln_thread.trace_in_body; }
 
 void kiln_tracer_note_value_read(const kiln_tensor *t) {
     bool known = false;
-    for (kiln_tracer *tr = kiln_trace_active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
+    for (kiln_tracer *tr = kiln_thread.trace_active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
     if (!known) return;
-    for (kiln_tracer *tr = kiln_trace_active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
+    for (kiln_tracer *tr = kiln_thread.trace_active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
         if (tr->value_reads++ == 0 && tr->loc >= 0) tr->first_read_loc = kiln_strdup(tr->graph->locs[tr->loc]);
     }
 }
@@ -67,14 +67,14 @@ kiln_status kiln_tracer_begin(kiln_tracer **out) {
         return s;
     }
     tr->loc = -1;
-    tr->parent = kiln_trace_active;
+    tr->parent = kiln_thread.trace_active;
     set_active(tr);
     *out = tr;
     return KILN_OK;
 }
 
 void kiln_tracer_end(kiln_tracer *tr) {
-    if (kiln_trace_active == tr) set_active(tr->parent);
+    if (kiln_thread.trace_active == tr) set_active(tr->parent);
     tr->parent = NULL;
 }
 
@@ -112,7 +112,7 @@ static kiln_status bind(kiln_tracer *tr, const kiln_tensor *t, int32_t value) {
 }
 
 void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias) {
-    kiln_tracer *tr = kiln_trace_active;
+    kiln_tracer *tr = kiln_thread.trace_active;
     if (!tr) return;
     int64_t v = kiln_ptrmap_get(&tr->values, key_of(t));
     if (v >= 0 && bind(tr, alias, (int32_t)v) != KILN_OK && tr->failure == KILN_OK) tr->failure = KILN_ERR_MEMORY;
@@ -209,7 +209,7 @@ static kiln_status current_loc(kiln_tracer *tr) {
 
 void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                         kiln_tensor **out) {
-    kiln_tracer *tr = kiln_trace_active;
+    kiln_tracer *tr = kiln_thread.trace_active;
     if (!tr || tr->failure != KILN_OK) return;
     set_active(NULL); /* capturing a constant copies through kernels, which must not record */
     int32_t small[8] = {0}, *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);

@@ -37,8 +37,8 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     }
     if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
     /* before autograd: the aliases it saves of the outputs must map to the recorded values */
-    if (kiln_trace_active) kiln_hooks.trace_record(op, nin, in, attrs, nout, out);
-    if (!kiln_grad_disabled && info->grad != kiln_grad_none) {
+    if (kiln_thread.trace_active) kiln_hooks.trace_record(op, nin, in, attrs, nout, out);
+    if (!kiln_thread.grad_disabled && info->grad != kiln_grad_none) {
         bool any = false;
         for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
         if (any) {
