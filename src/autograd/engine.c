@@ -2,19 +2,17 @@
  * in reverse creation order. */
 #include "node.h"
 
+#include "../core/hooks.h"
 #include "../core/ptrmap.h"
 
 #include <stdatomic.h>
 
-static _Thread_local bool grad_disabled; /* grad mode is on unless set */
 static _Atomic uint64_t next_seq;
 
-bool kiln_grad_enabled(void) { return !grad_disabled; }
-
-bool kiln_set_grad_enabled(bool enabled) {
-    bool prev = !grad_disabled;
-    grad_disabled = !enabled;
-    return prev;
+/* kiln_apply and tensor release reach the tape through core's hooks, set when the library loads. */
+__attribute__((constructor)) static void register_hooks(void) {
+    kiln_hooks.autograd_record = kiln_autograd_record;
+    kiln_hooks.grad_node_release = kiln_grad_node_release;
 }
 
 kiln_status kiln_tensor_set_requires_grad(kiln_tensor *t, bool requires_grad) {
@@ -25,11 +23,6 @@ kiln_status kiln_tensor_set_requires_grad(kiln_tensor *t, bool requires_grad) {
         return kiln_error(KILN_ERR_VALUE, "requires_grad can only be cleared on leaf tensors; use stop_gradient");
     t->requires_grad = requires_grad;
     return KILN_OK;
-}
-
-kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
-    (void)gout, (void)gin;
-    return kiln_error(KILN_ERR_RUNTIME, "%s is not differentiable", kiln_op_table[ctx->op].name);
 }
 
 /* ---- nodes ----------------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
 /* Tensors and their storage: allocation, views, reference counting. */
 #include "internal.h"
 
-#include "../ir/trace_internal.h"
+#include "hooks.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -257,7 +257,7 @@ kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, 
 
 kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out) {
     KILN_TRY(kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out));
-    kiln_tracer_alias(t, *out); /* a traced value keeps its identity through detach */
+    if (kiln_thread.trace_active) kiln_hooks.trace_alias(t, *out); /* a traced value keeps its identity through detach */
     return KILN_OK;
 }
 
@@ -265,12 +265,10 @@ void kiln_tensor_retain(kiln_tensor *t) {
     atomic_fetch_add_explicit((_Atomic int64_t *)&t->refcount, 1, memory_order_relaxed);
 }
 
-void kiln_grad_node_release(struct kiln_grad_node *node); /* src/autograd/node.c */
-
 void kiln_tensor_release(kiln_tensor *t) {
     if (!t) return;
     if (atomic_fetch_sub_explicit((_Atomic int64_t *)&t->refcount, 1, memory_order_acq_rel) != 1) return;
-    if (t->grad_fn) kiln_grad_node_release(t->grad_fn);
+    if (t->grad_fn) kiln_hooks.grad_node_release(t->grad_fn);
     if (t->grad) kiln_tensor_release(t->grad);
     storage_release(t->storage);
     free(t);

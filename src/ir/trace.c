@@ -3,6 +3,7 @@
  * the tracer need not keep them alive); a tensor met for the first time is captured (by
  * reference, or as a constant copy). */
 #include "../core/internal.h"
+#include "../core/hooks.h"
 #include "../core/ptrmap.h"
 #include "control.h"
 #include "trace_internal.h"
@@ -27,17 +28,27 @@ struct kiln_tracer {
     int32_t nconst, cap_const;
 };
 
-static _Thread_local kiln_tracer *active;
+/* The thread's active tracer lives in core (kiln_thread.trace_active), where kiln_apply reads it. */
+static void set_active(kiln_tracer *tr) {
+    kiln_thread.trace_active = tr;
+    kiln_thread.trace_in_body = tr && tr->parent;
+}
 
-kiln_tracer *kiln_tracer_active(void) { return active; }
+/* kiln_apply and kiln_tensor_detach record through core's hooks, set when the library loads. */
+__attribute__((constructor)) static void register_hooks(void) {
+    kiln_hooks.trace_record = kiln_tracer_record;
+    kiln_hooks.trace_alias = kiln_tracer_alias;
+}
 
-bool kiln_tracer_in_body(void) { return active && active->parent; }
+kiln_tracer *kiln_tracer_active(void) { return kiln_thread.trace_active; }
+
+bool kiln_tracer_in_body(void) { return kiln_thread.trace_in_body; }
 
 void kiln_tracer_note_value_read(const kiln_tensor *t) {
     bool known = false;
-    for (kiln_tracer *tr = active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
+    for (kiln_tracer *tr = kiln_thread.trace_active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
     if (!known) return;
-    for (kiln_tracer *tr = active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
+    for (kiln_tracer *tr = kiln_thread.trace_active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
         if (tr->value_reads++ == 0 && tr->loc >= 0) tr->first_read_loc = kiln_strdup(tr->graph->locs[tr->loc]);
     }
 }
@@ -56,14 +67,14 @@ kiln_status kiln_tracer_begin(kiln_tracer **out) {
         return s;
     }
     tr->loc = -1;
-    tr->parent = active;
-    active = tr;
+    tr->parent = kiln_thread.trace_active;
+    set_active(tr);
     *out = tr;
     return KILN_OK;
 }
 
 void kiln_tracer_end(kiln_tracer *tr) {
-    if (active == tr) active = tr->parent;
+    if (kiln_thread.trace_active == tr) set_active(tr->parent);
     tr->parent = NULL;
 }
 
@@ -101,7 +112,7 @@ static kiln_status bind(kiln_tracer *tr, const kiln_tensor *t, int32_t value) {
 }
 
 void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias) {
-    kiln_tracer *tr = active;
+    kiln_tracer *tr = kiln_thread.trace_active;
     if (!tr) return;
     int64_t v = kiln_ptrmap_get(&tr->values, key_of(t));
     if (v >= 0 && bind(tr, alias, (int32_t)v) != KILN_OK && tr->failure == KILN_OK) tr->failure = KILN_ERR_MEMORY;
@@ -198,9 +209,9 @@ static kiln_status current_loc(kiln_tracer *tr) {
 
 void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                         kiln_tensor **out) {
-    kiln_tracer *tr = active;
+    kiln_tracer *tr = kiln_thread.trace_active;
     if (!tr || tr->failure != KILN_OK) return;
-    active = NULL; /* capturing a constant copies through kernels, which must not record */
+    set_active(NULL); /* capturing a constant copies through kernels, which must not record */
     int32_t small[8] = {0}, *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
     kiln_status s = ids ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
     for (int k = 0; k < nin && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, in[k], &ids[k]);
@@ -216,7 +227,7 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     if (ids != small) free(ids);
     if (s != KILN_OK) tr->failure = kiln_error_context(s, "while tracing %s", kiln_op_table[op].name);
     tr->nops++;
-    active = tr;
+    set_active(tr);
 }
 
 kiln_status kiln_tracer_status(const kiln_tracer *tr) { return tr->failure; }

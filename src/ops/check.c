@@ -4,7 +4,7 @@
  * the check's id. i[0] = id, i[1] = 1: fail when the condition is nonzero, 0: when it is zero.
  * The output is a 0-d int8 token (0). */
 #include "../core/internal.h"
-#include "kiln/graph.h"
+#include "../core/hooks.h"
 
 KILN_INFER(check) {
     (void)nin;
@@ -21,7 +21,7 @@ KILN_INFER(check) {
 KILN_KERNEL(check) {
     (void)nin;
     *(int8_t *)out[0]->data = 0;
-    if (kiln_tracer_in_body()) return KILN_OK; /* traced once to be recorded: it checks when the node runs */
+    if (kiln_thread.trace_in_body) return KILN_OK; /* traced once to be recorded: it checks when the node runs */
     bool nonzero = kiln_tensor_get_double(in[0], 0) != 0.0;
     if (nonzero == (a->i[1] != 0)) return kiln_error_check(a->i[0]);
     return KILN_OK;

@@ -1,8 +1,7 @@
 /* kiln_apply: the one dispatcher. Checks arguments, infers output metas, allocates outputs,
- * runs the kernel and records the op for autograd. */
+ * runs the kernel and records the op for the tracer and autograd (through their hooks). */
 #include "../core/internal.h"
-#include "../autograd/node.h"
-#include "../ir/trace_internal.h"
+#include "../core/hooks.h"
 
 static const kiln_attrs no_attrs;
 
@@ -38,12 +37,12 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     }
     if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
     /* before autograd: the aliases it saves of the outputs must map to the recorded values */
-    if (kiln_tracer_active()) kiln_tracer_record(op, nin, in, attrs, nout, out);
-    if (kiln_grad_enabled() && info->grad != kiln_grad_none) {
+    if (kiln_thread.trace_active) kiln_hooks.trace_record(op, nin, in, attrs, nout, out);
+    if (!kiln_thread.grad_disabled && info->grad != kiln_grad_none) {
         bool any = false;
         for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
         if (any) {
-            s = kiln_autograd_record(op, nin, in, attrs, nout, out);
+            s = kiln_hooks.autograd_record(op, nin, in, attrs, nout, out);
             if (s != KILN_OK) kiln_release_all(out, nout);
         }
     }

@@ -23,6 +23,12 @@ const kiln_op_info kiln_op_table[KILN_OP_COUNT] = {
 #include "ops.def"
 #undef KILN_OP
 
+/* The gradient rule of ops that are not differentiable (ops.def `none`). */
+kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    (void)gout, (void)gin;
+    return kiln_error(KILN_ERR_RUNTIME, "%s is not differentiable", kiln_op_table[ctx->op].name);
+}
+
 const kiln_op_info *kiln_op_get(kiln_op op) {
     return (unsigned)op < KILN_OP_COUNT ? &kiln_op_table[op] : NULL;
 }

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../core/internal.h"
-#include "kiln/graph.h"
+#include "../core/hooks.h"
 
 #define PRINT_SLOT 0x01
 
@@ -74,7 +74,7 @@ static void print_dims(FILE *f, const kiln_tensor *t, int dim, int64_t offset) {
 
 KILN_KERNEL(print) {
     *(int8_t *)out[0]->data = 0;
-    if (kiln_tracer_in_body()) return KILN_OK; /* traced once to be recorded: it prints when the node runs */
+    if (kiln_thread.trace_in_body) return KILN_OK; /* traced once to be recorded: it prints when the node runs */
     int64_t len;
     KILN_TRY(template_length(a, &len));
     int next = 0;

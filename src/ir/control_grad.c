@@ -2,9 +2,10 @@
  * the forward body is run eagerly (kiln_body_interpret) under a nested tracer with autograd on,
  * and the gradients kiln_autograd_grad computes are recorded into the same trace. The rules
  * then emit control-flow nodes over those backward bodies, so a traced backward stays a graph:
- * `if` over the two branches' backwards, `while_grad` for a loop. */
-#include "../ir/control.h"
-#include "../ir/trace_internal.h"
+ * `if` over the two branches' backwards, `while_grad` for a loop. They live with the tracer
+ * and the body registry they use; the tape (src/autograd) reaches them through the op table. */
+#include "control.h"
+#include "trace_internal.h"
 
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to every x (zeros where none flows), registered

@@ -1,0 +1,40 @@
+/* Where core and ops reach the layers above them without including them (layers call downward
+ * only): the tracer (src/ir/trace.c) and the autograd tape (src/autograd/engine.c) fill in
+ * kiln_hooks when the library loads; the tracer keeps the thread's tracing state (kiln_thread)
+ * up to date as traces begin and end. */
+#ifndef KILN_CORE_HOOKS_H
+#define KILN_CORE_HOOKS_H
+
+#include "internal.h"
+
+struct kiln_grad_node;
+
+typedef struct kiln_layer_hooks {
+    /* the tracer: records an op kiln_apply just ran into the thread's active trace */
+    void (*trace_record)(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
+                         kiln_tensor **out);
+    /* the tracer: `alias` (a detached view of t) stands for t's value in the active trace */
+    void (*trace_alias)(const kiln_tensor *t, const kiln_tensor *alias);
+    /* autograd: records a differentiable op kiln_apply ran with inputs that require grad */
+    kiln_status (*autograd_record)(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+                                   int nout, kiln_tensor **out);
+    /* autograd: drops a reference to a tensor's grad_fn */
+    void (*grad_node_release)(struct kiln_grad_node *node);
+} kiln_layer_hooks;
+
+/* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */
+#define KILN_HIDDEN __attribute__((visibility("hidden")))
+
+extern KILN_HIDDEN kiln_layer_hooks kiln_hooks;
+
+/* What kiln_apply reads of the thread's state (read directly: no call into the layers above). */
+typedef struct kiln_thread_state {
+    kiln_tracer *trace_active; /* the active tracer, NULL when none */
+    bool trace_in_body;        /* it records a control-flow body (a trace nested in another: its ops
+                                * run again for real when the node runs) */
+    bool grad_disabled;        /* grad mode off (kiln_set_grad_enabled(false)) */
+} kiln_thread_state;
+
+extern KILN_HIDDEN _Thread_local kiln_thread_state kiln_thread;
+
+#endif
