@@ -1,7 +1,7 @@
 """kiln.Tensor: the C TensorBase plus the Python-side methods."""
 import numpy as _np
 
-from . import _C, _indexing
+from . import _C
 from . import ops as _ops
 from ._optable import OP
 
@@ -79,12 +79,8 @@ class Tensor(_C.TensorBase):
             raise TypeError("iteration over a 0-d tensor")
         return (self[i] for i in range(self.shape[0]))
 
-    # ---- indexing ---------------------------------------------------------------------
-    def __getitem__(self, key):
-        return _indexing.getitem(self, key)
-
-    def __setitem__(self, key, value):
-        _indexing.setitem(self, key, value)
+    # indexing (x[key], x[key] = value) is TensorBase's, in C: src/python/indexing.c parses the
+    # key, src/ops/index_lower.c lowers it to view and gather ops
 
     # ---- reflected operators (scalar OP tensor) ---------------------------------------
     def __rsub__(self, other):

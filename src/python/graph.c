@@ -3,6 +3,7 @@
 #include "pykiln.h"
 
 #include "core/internal.h"
+#include "ir/compare.h"
 #include "ir/trace_internal.h"
 
 /* ---- Executable ------------------------------------------------------------------------ */
@@ -200,6 +201,116 @@ typedef struct {
     PyExecutable base;
     vectorcallfunc vectorcall;
 } PyExecutableWithCall;
+
+/* ---- Graph: a recording, as kiln.trace keeps it to verify later calls against ------------ */
+
+typedef struct {
+    PyObject_HEAD
+    kiln_graph *g; /* owned */
+} PyGraph;
+
+static PyTypeObject PyGraph_Type;
+
+static void graph_dealloc(PyObject *self) {
+    kiln_graph_free(((PyGraph *)self)->g);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* Takes ownership of g. New reference. */
+static PyObject *wrap_graph(kiln_graph *g) {
+    PyGraph *p = PyObject_New(PyGraph, &PyGraph_Type);
+    if (!p) {
+        kiln_graph_free(g);
+        return NULL;
+    }
+    p->g = g;
+    return (PyObject *)p;
+}
+
+static PyObject *graph_str(PyObject *self) {
+    char *s = kiln_graph_to_string(((PyGraph *)self)->g);
+    if (!s) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(s);
+    free(s);
+    return o;
+}
+
+/* diff_ops(other, labels) / diff_outputs(other, labels) -> the first difference between this
+ * recording and `other` (a later call's), as a message, or None. labels: the names of the graph
+ * inputs (the function's tensor arguments) for messages. */
+static PyObject *graph_diff(PyObject *self, PyObject *args, bool outputs) {
+    PyObject *other, *labels;
+    if (!PyArg_ParseTuple(args, outputs ? "O!O!:diff_outputs" : "O!O!:diff_ops", &PyGraph_Type, &other,
+                          &PyList_Type, &labels))
+        return NULL;
+    const kiln_graph *a = ((PyGraph *)self)->g, *b = ((PyGraph *)other)->g;
+    kiln_graph_diff d;
+    if (!(outputs ? kiln_graph_diff_outputs(a, b, &d) : kiln_graph_diff_ops(a, b, &d))) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(labels);
+    const char **names = PyMem_Malloc(sizeof *names * (size_t)(n ? n : 1));
+    if (!names) return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < n; k++) {
+        names[k] = PyUnicode_AsUTF8(PyList_GET_ITEM(labels, k)); /* borrowed from the list's strings */
+        if (!names[k]) {
+            PyMem_Free(names);
+            return NULL;
+        }
+    }
+    char *msg = kiln_graph_diff_message(&d, (int)n, names);
+    PyMem_Free(names);
+    if (!msg) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(msg);
+    free(msg);
+    return o;
+}
+
+static PyObject *graph_diff_ops(PyObject *self, PyObject *args) { return graph_diff(self, args, false); }
+
+static PyObject *graph_diff_outputs(PyObject *self, PyObject *args) { return graph_diff(self, args, true); }
+
+/* reader_of(value) -> "op at file:line" of the first op reading value number `value`, or None */
+static PyObject *graph_reader_of(PyObject *self, PyObject *arg) {
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    int32_t n = v >= 0 && v < g->nvalues ? kiln_graph_first_reader(g, (int32_t)v) : -1;
+    if (n < 0) Py_RETURN_NONE;
+    const kiln_node *node = &g->nodes[n];
+    const char *name = kiln_op_table[node->op].name;
+    if (node->loc < 0 || node->loc >= g->nlocs) return PyUnicode_FromString(name);
+    const char *loc = g->locs[node->loc], *base = strrchr(loc, '/');
+    return PyUnicode_FromFormat("%s at %s", name, base && strchr(base, ':') ? base + 1 : loc);
+}
+
+static PyObject *graph_get_has_effects(PyObject *self, void *c) {
+    (void)c;
+    return PyBool_FromLong(kiln_graph_has_effects(((PyGraph *)self)->g));
+}
+
+static PyMethodDef graph_methods[] = {
+    {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
+    {"diff_outputs", graph_diff_outputs, METH_VARARGS,
+     "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
+    {"reader_of", graph_reader_of, METH_O, "reader_of(value) -> 'op at file:line' of its first reader, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef graph_getset[] = {
+    {"has_effects", graph_get_has_effects, NULL,
+     "whether running it again would repeat effects (in-place writes, random draws, printing)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PyGraph_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.Graph",
+    .tp_basicsize = sizeof(PyGraph),
+    .tp_dealloc = graph_dealloc,
+    .tp_str = graph_str,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A recorded graph (Tracer.recorded()), compared with later recordings by kiln.trace.",
+    .tp_methods = graph_methods,
+    .tp_getset = graph_getset,
+};
 
 /* ---- Tracer ------------------------------------------------------------------------------ */
 
@@ -458,6 +569,15 @@ static PyObject *tracer_graph_str(PyObject *self, PyObject *unused) {
     return o;
 }
 
+/* recorded() -> Graph: a copy of the graph recorded so far (as recorded, before any pass) */
+static PyObject *tracer_recorded(PyObject *self, PyObject *unused) {
+    (void)unused;
+    kiln_graph *g = NULL;
+    kiln_status s = kiln_graph_clone(kiln_tracer_graph(((PyTracer *)self)->tr), &g);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return wrap_graph(g);
+}
+
 static PyMethodDef tracer_methods[] = {
     {"add_input", tracer_add_input, METH_O, "declare a tensor as the next graph input"},
     {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
@@ -470,6 +590,7 @@ static PyMethodDef tracer_methods[] = {
      "finish(outputs, order='bfs', poison=False) -> Executable"},
     {"finish_body", tracer_finish_body, METH_O, "finish_body(outputs): end and keep the graph for apply_control"},
     {"graph_str", tracer_graph_str, METH_NOARGS, "the graph recorded so far"},
+    {"recorded", tracer_recorded, METH_NOARGS, "a copy of the graph recorded so far (a Graph)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -511,9 +632,12 @@ PyMethodDef pykiln_graph_functions[] = {
 int pykiln_graph_init_types(PyObject *module) {
     PyExecutable_Type.tp_basicsize = sizeof(PyExecutableWithCall);
     PyExecutable_Type.tp_vectorcall_offset = offsetof(PyExecutableWithCall, vectorcall);
-    if (PyType_Ready(&PyExecutable_Type) < 0 || PyType_Ready(&PyTracer_Type) < 0) return -1;
+    if (PyType_Ready(&PyExecutable_Type) < 0 || PyType_Ready(&PyTracer_Type) < 0 || PyType_Ready(&PyGraph_Type) < 0)
+        return -1;
     Py_INCREF(&PyExecutable_Type);
     if (PyModule_AddObject(module, "Executable", (PyObject *)&PyExecutable_Type) < 0) return -1;
+    Py_INCREF(&PyGraph_Type);
+    if (PyModule_AddObject(module, "Graph", (PyObject *)&PyGraph_Type) < 0) return -1;
     Py_INCREF(&PyTracer_Type);
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;

@@ -44,6 +44,9 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
 /* dtype object or None/NULL -> kiln_dtype; -1 with TypeError set. */
 int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 
+/* Tensor indexing: x[key] and x[key] = value (indexing.c) */
+PyObject *pykiln_tensor_getitem(PyObject *self, PyObject *key);
+int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value);
 /* Registers TensorBase, dtype and the dtype singletons (tensor.c). */
 int pykiln_tensor_init_type(PyObject *module);
 /* Registers Tracer, Executable and the memory functions (graph.c). */

@@ -454,7 +454,11 @@ static Py_ssize_t mp_length(PyObject *self) {
     return (Py_ssize_t)t->meta.shape[0];
 }
 
-static PyMappingMethods tensor_as_mapping = {.mp_length = mp_length};
+static PyMappingMethods tensor_as_mapping = {
+    .mp_length = mp_length,
+    .mp_subscript = pykiln_tensor_getitem,
+    .mp_ass_subscript = pykiln_tensor_setitem,
+};
 
 /* ---- buffer protocol: zero-copy views for NumPy ------------------------------------------ */
 

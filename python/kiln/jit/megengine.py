@@ -14,17 +14,16 @@ batch_norm in training mode, random ops) is never executed twice for one call: w
 function ran for that call (recording, symbolic tracing or verification), its results are the
 results and the compiled graph is not run again.
 
-Verification compares the recorder's text form of the graph as recorded (before the level's passes),
-so what that text does not show is not compared: constants are compared as printed (scalars with 6
-significant digits; tensor constants only by type). Tensors reached through a global or closure name
-are also checked in Python: a name rebound to another tensor, and with capture_as_const a changed
-value, are mismatches; a captured tensor reached otherwise (an attribute, a dict) and replaced by
-one of the same type is not noticed.
+Verification compares the graph as recorded (before the level's passes) with this call's recording,
+in C (kiln._C.Graph.diff_ops / diff_outputs): values by what they are (argument k, capture k of its
+kind and type, output k of op n), ops with their attributes and output types, and constants bit for
+bit. Tensors reached through a global or closure name are also checked in Python: a name rebound to
+another tensor, and with capture_as_const a changed value, are mismatches; a captured tensor
+reached otherwise (an attribute, a dict) and replaced by one of the same type is not noticed.
 """
 import dis
 import functools
 import os
-import re
 import sys
 import threading
 import warnings
@@ -40,153 +39,6 @@ from .sublinear_memory_config import SublinearMemoryConfig
 
 class TraceMismatchError(RuntimeError):
     """A call of a trace did something other than what the trace recorded."""
-
-
-# ---- the recorded graph, read back from its text form ------------------------------------
-
-_TYPE = r"\w+\[[^\]]*\]"
-_CAPTURE = re.compile(rf"^  %(\d+): ({_TYPE}) = (constant|captured|parameter)(?:\((.*)\))?$")
-_NODE = re.compile(r"^  (%.+?) = (\w+)\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$")
-_VALUE = re.compile(rf"%(\d+): ({_TYPE})")
-_RETURN = re.compile(r"^  return \((.*)\)$")
-
-# ops whose second execution for one call would be visible: in-place updates, the generator
-_SIDE_EFFECT_OPS = frozenset({"slice_assign", "index_put", "sgd_update", "adam_update", "dropout", "rand", "randn"})
-
-
-class _Node:
-    __slots__ = ("op", "ins", "outs", "attrs", "loc")
-
-    def __init__(self, op, ins, outs, attrs, loc):
-        self.op, self.ins, self.outs, self.attrs, self.loc = op, ins, outs, attrs, loc
-
-    def where(self):
-        return f" at {_short_loc(self.loc)}" if self.loc else ""
-
-
-class _Graph:
-    """A structured view of a graph's text (Executable.graph_str()): values are named by what
-    they are (argument k, capture k, output k of op n) so two recordings compare by meaning."""
-
-    def __init__(self, text):
-        lines = text.splitlines()
-        self.inputs = {int(v): (k, t) for k, (v, t) in enumerate(_VALUE.findall(lines[0]))}
-        self.captures = {}
-        self.nodes = []
-        self.producer = {}
-        self.outputs = []
-        for line in lines[1:]:
-            m = _CAPTURE.match(line)
-            if m:
-                self.captures[int(m[1])] = (len(self.captures), m[3], m[4], m[2])
-                continue
-            m = _NODE.match(line)
-            if m:
-                outs = [(int(v), t) for v, t in _VALUE.findall(m[1])]
-                ins = [int(v) for v in re.findall(r"%(\d+)", m[3])]
-                for k, (v, _) in enumerate(outs):
-                    self.producer[v] = (len(self.nodes), k)
-                self.nodes.append(_Node(m[2], ins, [t for _, t in outs], m[4] or "", m[5]))
-                continue
-            m = _RETURN.match(line)
-            if m:
-                self.outputs = [int(v) for v in re.findall(r"%(\d+)", m[1])]
-        self.has_effects = any(n.op in _SIDE_EFFECT_OPS or (n.op == "batch_norm" and _training(n.attrs))
-                               for n in self.nodes)
-
-    def ref(self, v):
-        """("arg", position, type) | ("ext", capture index, kind, constant value, type) | ("op", node, output)."""
-        if v in self.inputs:
-            return ("arg",) + self.inputs[v]
-        if v in self.captures:
-            return ("ext",) + self.captures[v]
-        return ("op",) + self.producer[v]
-
-    def describe(self, ref, labels):
-        if ref[0] == "arg":
-            return f"argument {labels[ref[1]]}"
-        if ref[0] == "ext":
-            _, index, kind, value, type_ = ref
-            if kind == "constant":
-                return f"the constant {value}" if value is not None else f"captured constant #{index} ({type_})"
-            return f"captured {'parameter' if kind == 'parameter' else 'tensor'} #{index} ({type_})"
-        node = self.nodes[ref[1]]
-        return f"output {ref[2]} of op #{ref[1]} ({node.op}{node.where()})"
-
-
-def _training(attrs):
-    """batch_norm's i[0] (training: it updates the running statistics in place)."""
-    return attrs.split(";")[0].split(",")[0].strip() == "1"
-
-
-def _short_loc(loc):
-    path, _, line = loc.rpartition(":")
-    return f"{os.path.basename(path)}:{line}" if path else loc
-
-
-def _compare_graphs(rec, new, labels):
-    """Raises TraceMismatchError at the first difference between two recordings."""
-    for i, (a, b) in enumerate(zip(rec.nodes, new.nodes)):
-        if a.op != b.op:
-            raise TraceMismatchError(f"op #{i}: the trace recorded {a.op}{a.where()}, this call ran {b.op}{b.where()}")
-        if len(a.ins) != len(b.ins):
-            raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): the trace recorded it with {len(a.ins)} inputs, "
-                                     f"this call gave it {len(b.ins)}")
-        if a.attrs != b.attrs:
-            raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): the trace recorded attributes {{{a.attrs}}}, "
-                                     f"this call used {{{b.attrs}}}")
-        for j, (va, vb) in enumerate(zip(a.ins, b.ins)):
-            _compare_refs(rec, new, rec.ref(va), new.ref(vb), f"input {j} of op #{i} ({a.op}{b.where()})", labels)
-        for k, (ta, tb) in enumerate(zip(a.outs, b.outs)):
-            if ta != tb:
-                what = "dtype" if ta.split("[")[0] != tb.split("[")[0] else "shape"
-                raise TraceMismatchError(f"op #{i} ({a.op}{b.where()}): output {k} changed {what}: the trace recorded "
-                                         f"{ta}, this call produced {tb}")
-    n = min(len(rec.nodes), len(new.nodes))
-    if len(new.nodes) > n:
-        extra = new.nodes[n]
-        raise TraceMismatchError(f"more ops than recorded: the trace recorded {len(rec.nodes)} ops, this call ran "
-                                 f"{len(new.nodes)}; the first one not recorded is op #{n} ({extra.op}{extra.where()})")
-    if len(rec.nodes) > n:
-        missing = rec.nodes[n]
-        raise TraceMismatchError(f"fewer ops than recorded: the trace recorded {len(rec.nodes)} ops, this call ran "
-                                 f"only {n}; the first one missing is op #{n} ({missing.op}{missing.where()})")
-
-
-def _compare_refs(rec, new, ra, rb, where, labels):
-    if (ra[0] == "ext") != (rb[0] == "ext"):
-        def side(g, r):
-            return ("external (" if r[0] == "ext" else "internal (") + g.describe(r, labels) + ")"
-
-        raise TraceMismatchError(f"{where} switched between external and internal: the trace recorded "
-                                 f"{side(rec, ra)}, this call gave {side(new, rb)}")
-    if ra[0] == "ext":
-        _, ia, kind_a, value_a, type_a = ra
-        _, ib, kind_b, value_b, type_b = rb
-        if kind_a == kind_b == "constant" and value_a != value_b:
-            raise TraceMismatchError(f"{where}: a captured constant changed: the trace recorded "
-                                     f"{rec.describe(ra, labels)}, this call used {new.describe(rb, labels)}")
-        if type_a != type_b:
-            what = "dtype" if type_a.split("[")[0] != type_b.split("[")[0] else "shape"
-            raise TraceMismatchError(f"{where}: a captured tensor changed {what}: the trace recorded "
-                                     f"{type_a}, this call used {type_b}")
-        if kind_a != kind_b or ia != ib:
-            raise TraceMismatchError(f"{where}: different wiring: the trace recorded {rec.describe(ra, labels)}, "
-                                     f"this call used {new.describe(rb, labels)}")
-    elif ra != rb:
-        raise TraceMismatchError(f"{where}: different wiring: the trace recorded {rec.describe(ra, labels)}, "
-                                 f"this call used {new.describe(rb, labels)}")
-
-
-def _compare_outputs(rec, rec_spec, new, new_spec, labels):
-    if rec_spec != new_spec:
-        raise TraceMismatchError(f"different outputs: the traced function returned {tree.describe(rec_spec)}, "
-                                 f"this call returned {tree.describe(new_spec)}")
-    for k, (va, vb) in enumerate(zip(rec.outputs, new.outputs)):
-        ra, rb = rec.ref(va), new.ref(vb)
-        if ra != rb:
-            raise TraceMismatchError(f"different outputs: output tensor {k} was {rec.describe(ra, labels)} in the "
-                                     f"trace, this call returned {new.describe(rb, labels)}")
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -454,7 +306,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
         executable = tracer.finish(out_leaves, level=level)
-        recorded = tracer.graph_str()  # the graph before the level's passes
+        recorded = tracer.recorded()  # the graph before the level's passes
         sources = tracer.constant_sources()
     finally:
         tracer.end()
@@ -462,7 +314,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
     detached = [t.detach() for t in out_leaves]
     run.result = tree.unflatten(out_spec, detached)[0]
     run.executable, run.out_spec = executable, out_spec
-    run.graph = _Graph(recorded)
+    run.graph = recorded
     run.cells = list({id(c): c for c in cells}.values())
     run.modes = tuple(c.training for c in run.cells)
     run.fast = False
@@ -474,8 +326,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
 
 def _constant_name(graph, value, tensor):
     """A captured constant for messages: its value in the recorded graph, type and first reader."""
-    reader = next((n for n in graph.nodes if value in n.ins), None)
-    where = f", read by {reader.op}{reader.where()}" if reader is not None else ""
+    reader = graph.reader_of(value)
+    where = f", read by {reader}" if reader is not None else ""
     return f"captured constant %{value} ({tensor.dtype.name}{list(tensor.shape)}{where})"
 
 
@@ -718,8 +570,14 @@ class trace(_C.JitDispatcher):
         _Bindings.check(self._seen, self._baked)
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic)
         self._seen = self._bindings.snapshot(False)
-        _compare_graphs(rec.graph, run.graph, self._labels)
-        _compare_outputs(rec.graph, rec.out_spec, run.graph, run.out_spec, self._labels)
+        differs = rec.graph.diff_ops(run.graph, self._labels)
+        if differs is None and rec.out_spec != run.out_spec:
+            differs = (f"different outputs: the traced function returned {tree.describe(rec.out_spec)}, "
+                       f"this call returned {tree.describe(run.out_spec)}")
+        if differs is None:
+            differs = rec.graph.diff_outputs(run.graph, self._labels)
+        if differs is not None:
+            raise TraceMismatchError(differs)
         return run
 
     def _meta_mismatch(self, metas):
