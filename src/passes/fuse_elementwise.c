@@ -68,13 +68,6 @@ static kiln_status analyse(fusion *f) {
     return KILN_OK;
 }
 
-static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* Whether m is one value per row of space (its last axis 1, the others those of space). */
 static bool per_row(const kiln_meta *m, const kiln_meta *space) {
     if (m->ndim != space->ndim || m->ndim == 0 || m->shape[m->ndim - 1] != 1) return false;
@@ -106,8 +99,8 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
     if (kiln_codegen_row_op(g, i)) {
         const kiln_meta *x = &g->values[nd->in[0]].meta;
         if (drops_axis(nd)) return -1;
-        if (same_shape(x, space)) return grp;
-        return !f->rows[grp] && same_shape(out, space) && per_row(out, x) ? grp : -1;
+        if (kiln_shape_equal(x, space->ndim, space->shape)) return grp;
+        return !f->rows[grp] && kiln_shape_equal(out, space->ndim, space->shape) && per_row(out, x) ? grp : -1;
     }
     if (nd->op != KILN_OP_FULL && kiln_op_calls_libm(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
         !per_row(out, space))
