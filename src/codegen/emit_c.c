@@ -252,25 +252,15 @@ static const char prelude_log[] =
     "}\n";
 
 
-static bool calls(const char *expr, const char *fn) {
-    size_t n = strlen(fn);
-    for (const char *p = strstr(expr, fn); p; p = strstr(p + 1, fn)) {
-        bool start = p == expr || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= '0' && p[-1] <= '9'));
-        if (start && p[n] == '(') return true;
-    }
-    return false;
-}
-
 unsigned kiln_cg_uses(const kiln_graph *sub) {
     unsigned u = 0;
     for (int32_t i = 0; i < sub->nnodes; i++) {
-        const char *e = kiln_op_table[sub->nodes[i].op].c_expr;
-        if (sub->nodes[i].op == KILN_OP_FULL || !e) continue;
-        if (calls(e, "exp")) u |= KILN_USE_EXP;
-        if (calls(e, "erf")) u |= KILN_USE_ERF;
-        if (calls(e, "tanh")) u |= KILN_USE_TANH | KILN_USE_EXP;
-        if (calls(e, "log")) u |= KILN_USE_LOG;
-        if (calls(e, "sqrt") || calls(e, "sin") || calls(e, "cos") || calls(e, "pow")) u |= KILN_USE_LIBM;
+        unsigned f = kiln_op_table[sub->nodes[i].op].flags;
+        if (f & KILN_OPF_EXP) u |= KILN_USE_EXP;
+        if (f & KILN_OPF_ERF) u |= KILN_USE_ERF;
+        if (f & KILN_OPF_TANH) u |= KILN_USE_TANH | KILN_USE_EXP;
+        if (f & KILN_OPF_LOG) u |= KILN_USE_LOG;
+        if (f & KILN_OPF_LIBM) u |= KILN_USE_LIBM;
     }
     return u;
 }

@@ -18,7 +18,7 @@ kiln_dtype kiln_cg_compute_dtype(const kiln_graph *g, const kiln_node *n);
 void kiln_cg_put_double(kiln_strbuf *t, double v);
 /* `static const int64_t KILN_SYM_isz[]`: the item sizes of the output and of each input. */
 void kiln_cg_put_item_sizes(kiln_strbuf *t, const kiln_graph *g);
-/* The uses of the elementwise expressions of sub's nodes. */
+/* The uses of the elementwise expressions of sub's nodes (their ops' KILN_OPF_ math flags). */
 unsigned kiln_cg_uses(const kiln_graph *sub);
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses);
 /* `const T a = <value v as T>;`-style operand text: value v of g held in variable `name`,

@@ -24,7 +24,7 @@ static bool worth_copying(dup *d, int32_t i) {
     const kiln_node *n = &g->nodes[i];
     int32_t v = n->out[0];
     if (n->op == KILN_OP_FULL || n->nout != 1 || d->output[v] || d->last_use[v] < 0) return false;
-    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_codegen_node_supported(g, i) || kiln_op_calls_libm(n->op))
+    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_codegen_node_supported(g, i) || kiln_op_calls_math(n->op))
         return false;
     int tensors = 0;
     for (int k = 0; k < n->nin; k++) tensors += kiln_meta_numel(&g->values[n->in[k]].meta) > 1;

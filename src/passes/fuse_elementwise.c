@@ -102,7 +102,7 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
         if (kiln_shape_equal(x, space->ndim, space->shape)) return grp;
         return !f->rows[grp] && kiln_shape_equal(out, space->ndim, space->shape) && per_row(out, x) ? grp : -1;
     }
-    if (nd->op != KILN_OP_FULL && kiln_op_calls_libm(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
+    if (nd->op != KILN_OP_FULL && kiln_op_calls_math(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
         !per_row(out, space))
         return -1;
     return grp;
