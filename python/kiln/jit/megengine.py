@@ -30,6 +30,7 @@ import threading
 import warnings
 
 from .. import _C
+from .._optable import INFO
 from ..nn import cell as _cell_module
 from . import tree
 from .dtr_config import DTRConfig
@@ -50,8 +51,9 @@ _NODE = re.compile(r"^  (%.+?) = (\w+)\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$
 _VALUE = re.compile(rf"%(\d+): ({_TYPE})")
 _RETURN = re.compile(r"^  return \((.*)\)$")
 
-# ops whose second execution for one call would be visible: in-place updates, the generator
-_SIDE_EFFECT_OPS = frozenset({"slice_assign", "index_put", "sgd_update", "adam_update", "dropout", "rand", "randn"})
+# ops whose second execution for one call would be visible (in-place updates, the generator,
+# printing, checks), from the op table's flags
+_SIDE_EFFECT_OPS = frozenset(name for name, info in INFO.items() if info.side_effects)
 
 
 class _Node:
@@ -91,7 +93,7 @@ class _Graph:
             m = _RETURN.match(line)
             if m:
                 self.outputs = [int(v) for v in re.findall(r"%(\d+)", m[1])]
-        self.has_effects = any(n.op in _SIDE_EFFECT_OPS or (n.op == "batch_norm" and _training(n.attrs))
+        self.has_effects = any(n.op in _SIDE_EFFECT_OPS and (n.op != "batch_norm" or _training(n.attrs))
                                for n in self.nodes)
 
     def ref(self, v):
@@ -115,7 +117,8 @@ class _Graph:
 
 
 def _training(attrs):
-    """batch_norm's i[0] (training: it updates the running statistics in place)."""
+    """batch_norm's i[0] (training: it updates the running statistics in place; the op table's flag
+    says it may)."""
     return attrs.split(";")[0].split(",")[0].strip() == "1"
 
 
