@@ -598,3 +598,16 @@ def test_trace_inside_jit_contributes_ops():
     x = rand(3)
     close(outer(x), x * 2 + 1)
     close(outer(x), x * 2 + 1)
+
+
+def test_side_effect_ops_come_from_the_op_table():
+    """The ops a trace treats as side effects are those whose op-table flags say so (in-place
+    writes, random draws, print, check), no list of names."""
+    from kiln._optable import INFO
+    from kiln.jit import megengine
+
+    flagged = {name for name, info in INFO.items() if info.side_effects}
+    assert megengine._SIDE_EFFECT_OPS == flagged
+    assert {"print", "check", "sgd_update", "adam_update", "slice_assign", "index_put", "rand", "randn", "dropout",
+            "batch_norm"} <= flagged
+    assert not {"add", "matmul", "reshape", "softmax"} & flagged
