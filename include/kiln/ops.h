@@ -46,7 +46,16 @@ enum kiln_op_flags {
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
     KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in i[2] */
     KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
+    KILN_OPF_COMMUTATIVE = 1 << 7,  /* its two inputs may be swapped: same result, shape and dtype */
+    /* math functions the C expression calls (costly per element; codegen's prelude has
+     * vectorizable float32 exp, log, erf and tanh) */
+    KILN_OPF_EXP = 1 << 24,
+    KILN_OPF_LOG = 1 << 25,
+    KILN_OPF_ERF = 1 << 26,
+    KILN_OPF_TANH = 1 << 27,
+    KILN_OPF_LIBM = 1 << 28, /* sqrt, sin, cos, pow */
 };
+#define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
 #define KILN_OPF_UNSAVED_INPUT(k) (1u << (8 + (k)))
@@ -54,6 +63,9 @@ enum kiln_op_flags {
  * (MUTATES ops also return input 0; batch_norm updates its running statistics). */
 #define KILN_OPF_WRITES_INPUT(k) (1u << (16 + (k)))
 #define KILN_OPF_WRITES_ANY (0xffu << 16)
+/* Running it twice, or not at all, is visible: in-place writes, draws from the generator,
+ * printing and checks. Such nodes are kept, never merged, and kept in order. */
+#define KILN_OPF_SIDE_EFFECTS (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)
 
 struct kiln_grad_ctx;
 typedef kiln_status (*kiln_infer_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,
@@ -86,6 +98,11 @@ static inline int kiln_op_nout(kiln_op op, const kiln_attrs *attrs) {
     int n = kiln_op_table[op].nout;
     return n != KILN_VARIADIC ? n : (attrs && attrs->ni > 2 ? (int)attrs->i[2] : 0);
 }
+static inline bool kiln_op_has_side_effects(kiln_op op) {
+    return (kiln_op_table[op].flags & KILN_OPF_SIDE_EFFECTS) != 0;
+}
+/* Whether op's C expression calls a math function (exp, log, erf, ...). */
+static inline bool kiln_op_calls_math(kiln_op op) { return (kiln_op_table[op].flags & KILN_OPF_MATH) != 0; }
 /* KILN_OP_COUNT when unknown. */
 KILN_API kiln_op kiln_op_from_name(const char *name);
 

@@ -1,16 +1,17 @@
 """The op table of the C core (src/ops/ops.def), as seen from Python.
 
-`OP.add` is the integer id of the op named "add"; `INFO["add"]` describes it.
+`OP.add` is the integer id of the op named "add"; `INFO["add"]` describes it. `side_effects`: running
+the op twice, or not at all, is visible (in-place writes, random draws, printing, checks).
 """
 from collections import namedtuple
 
 from . import _C
 
-OpInfo = namedtuple("OpInfo", "id name nin nout differentiable fusion c_expr")
+OpInfo = namedtuple("OpInfo", "id name nin nout differentiable fusion c_expr side_effects")
 
 INFO = {}
-for _id, (_name, _nin, _nout, _diff, _fusion, _expr) in enumerate(_C.op_table()):
-    INFO[_name] = OpInfo(_id, _name, _nin, _nout, _diff, _fusion, _expr)
+for _id, _row in enumerate(_C.op_table()):
+    INFO[_row[0]] = OpInfo(_id, *_row)
 
 
 class _Ids:

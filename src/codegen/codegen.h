@@ -18,15 +18,7 @@ typedef void (*kiln_fused_fn)(char *const *ptrs, int ndim, const int64_t *shape,
 /* How an operand moves along the kernel's inner axis (a row kernel's reduced axis). */
 enum { KILN_INNER_FIXED = 0, KILN_INNER_UNIT = 1, KILN_INNER_STRIDED = 2 };
 
-/* Whether generated code can compute node `node` of g: an elementwise op (cast and contiguous
- * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes; or a
- * row op (kiln_codegen_row_op). */
-bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node);
-/* Whether node is a float sum/mean/max/min over exactly its input's last axis (of 2 or more
- * elements), or softmax/log_softmax or their backward ops along the last axis: an op a row
- * kernel computes with a reduction over each row. */
-bool kiln_codegen_row_op(const kiln_graph *g, int32_t node);
-/* Whether the C emitter handles sub: supported nodes, inputs only (no captures), one output;
+/* Whether the C emitter handles sub: fusable nodes (src/ir/fusion.h), inputs only (no captures), one output;
  * with row ops, every row op reads the group's space (kiln_codegen_space) and every other
  * value broadcasts to it, a reduction without keepdims only as the output. */
 bool kiln_codegen_supports(const kiln_graph *sub);

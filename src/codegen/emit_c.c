@@ -29,58 +29,6 @@ const char *kiln_cg_c_type(kiln_dtype d) {
 
 bool kiln_cg_is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
 
-kiln_dtype kiln_cg_compute_dtype(const kiln_graph *g, const kiln_node *n) {
-    kiln_dtype d = g->values[n->out[0]].meta.dtype;
-    if (d == KILN_DTYPE_BOOL && n->nin > 0) {
-        d = g->values[n->in[0]].meta.dtype;
-        for (int k = 1; k < n->nin; k++) d = kiln_dtype_promote(d, g->values[n->in[k]].meta.dtype);
-    }
-    return d;
-}
-
-bool kiln_codegen_node_supported(const kiln_graph *g, int32_t node) {
-    const kiln_node *n = &g->nodes[node];
-    const kiln_op_info *info = &kiln_op_table[n->op];
-    if (n->nout != 1 || (info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM | KILN_OPF_VIEW)))
-        return false;
-    kiln_dtype od = g->values[n->out[0]].meta.dtype;
-    if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && kiln_cg_is_float(od);
-    if (info->fusion == KILN_FUSE_REDUCTION) return kiln_codegen_row_op(g, node);
-    if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || n->nin != info->nin) return false;
-    if (!kiln_cg_is_float(od) && od != KILN_DTYPE_BOOL) return false;
-    for (int k = 0; k < n->nin; k++)
-        if (!kiln_cg_c_type(g->values[n->in[k]].meta.dtype)) return false;
-    return kiln_cg_is_float(kiln_cg_compute_dtype(g, n));
-}
-
-bool kiln_codegen_row_op(const kiln_graph *g, int32_t node) {
-    const kiln_node *n = &g->nodes[node];
-    if (n->nout != 1 || n->nin < 1) return false;
-    const kiln_meta *x = &g->values[n->in[0]].meta, *o = &g->values[n->out[0]].meta;
-    if (x->ndim < 1 || x->shape[x->ndim - 1] < 2 || !kiln_cg_is_float(x->dtype) || o->dtype != x->dtype) return false;
-    int last = x->ndim - 1;
-    switch (n->op) {
-    case KILN_OP_SUM:
-    case KILN_OP_MEAN:
-    case KILN_OP_MAX:
-    case KILN_OP_MIN:
-        return n->nin == 1 && n->attrs.ni >= 2 && n->attrs.i[0] == ((int64_t)1 << last);
-    case KILN_OP_SOFTMAX:
-    case KILN_OP_LOG_SOFTMAX:
-        return n->nin == 1 && n->attrs.ni >= 1 && n->attrs.i[0] == last;
-    case KILN_OP_SOFTMAX_BACKWARD:
-    case KILN_OP_LOG_SOFTMAX_BACKWARD: {
-        if (n->nin != 2 || n->attrs.ni < 1 || n->attrs.i[0] != last) return false;
-        const kiln_meta *y = &g->values[n->in[1]].meta;
-        if (y->dtype != x->dtype || y->ndim != x->ndim || o->ndim != x->ndim) return false;
-        for (int d = 0; d < x->ndim; d++)
-            if (y->shape[d] != x->shape[d] || o->shape[d] != x->shape[d]) return false;
-        return true;
-    }
-    default: return false;
-    }
-}
-
 bool kiln_codegen_has_rows(const kiln_graph *sub) {
     for (int32_t i = 0; i < sub->nnodes; i++)
         if (kiln_op_table[sub->nodes[i].op].fusion == KILN_FUSE_REDUCTION) return true;
@@ -124,9 +72,7 @@ static bool rows_fit(const kiln_graph *sub) {
             if (x->ndim != nd) return false;
             for (int d = 0; d < nd; d++)
                 if (x->shape[d] != shape[d]) return false;
-            bool dropped = (n->op == KILN_OP_SUM || n->op == KILN_OP_MEAN || n->op == KILN_OP_MAX ||
-                            n->op == KILN_OP_MIN) && !n->attrs.i[1];
-            if (dropped) {
+            if (kiln_node_drops_row_axis(n)) {
                 if (n->out[0] != sub->outputs[0]) return false;
                 continue;
             }
@@ -150,7 +96,7 @@ bool kiln_codegen_supports(const kiln_graph *sub) {
     for (int32_t i = 0; i < sub->ninputs; i++)
         if (!kiln_cg_c_type(sub->values[sub->inputs[i]].meta.dtype)) return false;
     for (int32_t i = 0; i < sub->nnodes; i++)
-        if (!kiln_codegen_node_supported(sub, i)) return false;
+        if (!kiln_node_fusable(sub, i)) return false;
     return !kiln_codegen_has_rows(sub) || rows_fit(sub);
 }
 
@@ -252,25 +198,15 @@ static const char prelude_log[] =
     "}\n";
 
 
-static bool calls(const char *expr, const char *fn) {
-    size_t n = strlen(fn);
-    for (const char *p = strstr(expr, fn); p; p = strstr(p + 1, fn)) {
-        bool start = p == expr || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= '0' && p[-1] <= '9'));
-        if (start && p[n] == '(') return true;
-    }
-    return false;
-}
-
 unsigned kiln_cg_uses(const kiln_graph *sub) {
     unsigned u = 0;
     for (int32_t i = 0; i < sub->nnodes; i++) {
-        const char *e = kiln_op_table[sub->nodes[i].op].c_expr;
-        if (sub->nodes[i].op == KILN_OP_FULL || !e) continue;
-        if (calls(e, "exp")) u |= KILN_USE_EXP;
-        if (calls(e, "erf")) u |= KILN_USE_ERF;
-        if (calls(e, "tanh")) u |= KILN_USE_TANH | KILN_USE_EXP;
-        if (calls(e, "log")) u |= KILN_USE_LOG;
-        if (calls(e, "sqrt") || calls(e, "sin") || calls(e, "cos") || calls(e, "pow")) u |= KILN_USE_LIBM;
+        unsigned f = kiln_op_table[sub->nodes[i].op].flags;
+        if (f & KILN_OPF_EXP) u |= KILN_USE_EXP;
+        if (f & KILN_OPF_ERF) u |= KILN_USE_ERF;
+        if (f & KILN_OPF_TANH) u |= KILN_USE_TANH | KILN_USE_EXP;
+        if (f & KILN_OPF_LOG) u |= KILN_USE_LOG;
+        if (f & KILN_OPF_LIBM) u |= KILN_USE_LIBM;
     }
     return u;
 }
@@ -334,7 +270,7 @@ void kiln_cg_put_expr(kiln_strbuf *t, const kiln_graph *g, int32_t i, const char
         kiln_strbuf_printf(t, ";\n");
         return;
     }
-    kiln_dtype ct = kiln_cg_compute_dtype(g, n);
+    kiln_dtype ct = kiln_node_compute_dtype(g, n);
     kiln_strbuf_printf(t, "        %s %s;\n        {\n            typedef %s T;\n", ot, out, kiln_cg_c_type(ct));
     static const char names[3] = {'a', 'b', 'c'};
     for (int k = 0; k < n->nin && k < 3; k++) {

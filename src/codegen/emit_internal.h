@@ -4,6 +4,7 @@
 #define KILN_EMIT_INTERNAL_H
 
 #include "../core/strbuf.h"
+#include "../ir/fusion.h"
 #include "codegen.h"
 
 #define KILN_PARALLEL_MIN 32768 /* elements below which a kernel stays on one thread */
@@ -13,12 +14,10 @@ enum { KILN_USE_EXP = 1, KILN_USE_ERF = 2, KILN_USE_TANH = 4, KILN_USE_LOG = 8, 
 
 const char *kiln_cg_c_type(kiln_dtype d); /* NULL: not generated */
 bool kiln_cg_is_float(kiln_dtype d);
-/* As the interpreted kernels: the output dtype, or for bool-valued ops the promoted inputs. */
-kiln_dtype kiln_cg_compute_dtype(const kiln_graph *g, const kiln_node *n);
 void kiln_cg_put_double(kiln_strbuf *t, double v);
 /* `static const int64_t KILN_SYM_isz[]`: the item sizes of the output and of each input. */
 void kiln_cg_put_item_sizes(kiln_strbuf *t, const kiln_graph *g);
-/* The uses of the elementwise expressions of sub's nodes. */
+/* The uses of the elementwise expressions of sub's nodes (their ops' KILN_OPF_ math flags). */
 unsigned kiln_cg_uses(const kiln_graph *sub);
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses);
 /* `const T a = <value v as T>;`-style operand text: value v of g held in variable `name`,

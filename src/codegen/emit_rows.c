@@ -3,8 +3,9 @@
  * reduction level: the loop of pass p accumulates the reductions whose inputs are ready in pass
  * p, and values that vary along the row are recomputed from the inputs in every pass that needs
  * them (the row stays in cache), so no scratch memory is needed. Per-row values (reduction
- * results and what is computed from them) are plain scalars between the loops. softmax is
- * max, exp(x - max), sum, multiply by 1 / sum; sums accumulate in double as in the eager kernels.
+ * results and what is computed from them) are plain scalars between the loops. Each op's steps
+ * (softmax: max, exp(x - max), sum, multiply by 1 / sum) are its row recipe in ops.def
+ * (KILN_ROWS); sums accumulate in double as in the eager kernels.
  * Rows are spread over OpenMP threads when there are enough elements. */
 #include "emit_internal.h"
 
@@ -13,7 +14,7 @@
 typedef enum { ST_INPUT, ST_NODE, ST_EXPR, ST_REDUCE } step_kind;
 typedef enum { RED_SUM, RED_MAX, RED_MIN } red_kind;
 
-/* The group lowered to steps: graph nodes, and the pieces composite ops (softmax...) expand to. */
+/* The group lowered to steps: graph nodes, and the steps of row ops' recipes. */
 typedef struct {
     step_kind kind;
     bool row;         /* varies along the row (else one value per row) */
@@ -70,42 +71,26 @@ static int lower(program *p, const kiln_graph *g, int64_t n, int *map) {
         const kiln_node *nd = &g->nodes[i];
         kiln_dtype d = g->values[nd->out[0]].meta.dtype;
         const kiln_dtype acc = KILN_DTYPE_FLOAT64;
-        int x = nd->nin > 0 ? map[nd->in[0]] : 0, y = nd->nin > 1 ? map[nd->in[1]] : 0, r = 0;
-        switch (nd->op) {
-        case KILN_OP_SUM: r = expr(p, d, "(T)a", 1, reduce(p, acc, RED_SUM, false, x), 0, 0); break;
-        case KILN_OP_MEAN: r = expr(p, d, "(T)a", 1, reduce(p, acc, RED_SUM, true, x), 0, 0); break;
-        case KILN_OP_MAX: r = reduce(p, d, RED_MAX, false, x); break;
-        case KILN_OP_MIN: r = reduce(p, d, RED_MIN, false, x); break;
-        case KILN_OP_SOFTMAX: { /* e = exp(x - max); e * (T)(1 / sum(e)) */
-            int e = expr(p, d, "exp(a - b)", 2, x, reduce(p, d, RED_MAX, false, x), 0);
-            int inv = expr(p, d, "(T)(1.0 / a)", 1, reduce(p, acc, RED_SUM, false, e), 0, 0);
-            r = expr(p, d, "a * b", 2, e, inv, 0);
-            break;
-        }
-        case KILN_OP_LOG_SOFTMAX: { /* (x - max) - (T)log(sum(exp(x - max))) */
-            int shifted = expr(p, d, "a - b", 2, x, reduce(p, d, RED_MAX, false, x), 0);
-            int e = expr(p, d, "exp(a)", 1, shifted, 0, 0);
-            int lse = expr(p, d, "(T)log(a)", 1, reduce(p, acc, RED_SUM, false, e), 0, 0);
-            r = expr(p, d, "a - b", 2, shifted, lse, 0);
-            break;
-        }
-        case KILN_OP_SOFTMAX_BACKWARD: { /* (g, y): y * (g - (T)sum(g * y)) */
-            int gy = expr(p, d, "a * b", 2, x, y, 0);
-            int dot = expr(p, d, "(T)a", 1, reduce(p, acc, RED_SUM, false, gy), 0, 0);
-            r = expr(p, d, "b * (a - c)", 3, x, y, dot);
-            break;
-        }
-        case KILN_OP_LOG_SOFTMAX_BACKWARD: { /* (g, y): g - exp(y) * (T)sum(g) */
-            int sum = expr(p, d, "(T)a", 1, reduce(p, acc, RED_SUM, false, x), 0, 0);
-            r = expr(p, d, "a - exp(b) * c", 3, x, y, sum);
-            break;
-        }
-        default: {
+        const kiln_row_recipe *rows = &kiln_op_rows[nd->op];
+        int r = 0, at[KILN_ROW_MAX_STEPS]; /* at[j]: the program step of recipe step j */
+        if (rows->axis == KILN_ROWS_NONE) {
             step st = {.kind = ST_NODE, .dtype = d, .node = i, .nin = nd->nin};
             for (int k = 0; k < nd->nin && k < 3; k++) st.in[k] = map[nd->in[k]];
             r = add(p, st);
-            break;
         }
+        for (int j = 0; rows->axis != KILN_ROWS_NONE && j < KILN_ROW_MAX_STEPS && rows->step[j].kind != KILN_ROW_END; j++) {
+            const kiln_row_step *rs = &rows->step[j];
+            int o[3] = {0, 0, 0};
+            for (int k = 0; k < rs->nin; k++) /* KILN_ROW_INPUT is its own inverse */
+                o[k] = rs->in[k] < 0 ? map[nd->in[KILN_ROW_INPUT(rs->in[k])]] : at[rs->in[k]];
+            switch (rs->kind) {
+            case KILN_ROW_EXPR: r = expr(p, d, rs->expr, rs->nin, o[0], o[1], o[2]); break;
+            case KILN_ROW_SUM:
+            case KILN_ROW_MEAN: r = reduce(p, acc, RED_SUM, rs->kind == KILN_ROW_MEAN, o[0]); break;
+            case KILN_ROW_MAX: r = reduce(p, d, RED_MAX, false, o[0]); break;
+            default: r = reduce(p, d, RED_MIN, false, o[0]); break;
+            }
+            at[j] = r;
         }
         map[nd->out[0]] = r;
     }

@@ -268,13 +268,6 @@ bool kiln_fused_is_native(kiln_fused_kernel *k) {
     return k->fn != NULL;
 }
 
-static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* Binds the call's tensors; false when their layouts do not fit the generated code even after
  * copying inputs to contiguous (copies land in tmp, released by the caller). */
 static kiln_status bind(kiln_fused_kernel *k, kiln_tensor *const *in, kiln_tensor *out, kiln_tensor **tmp,
@@ -312,11 +305,10 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
     build_if_waiting(k);
     if (nin != g->ninputs)
         return kiln_error(KILN_ERR_VALUE, "fused: the group takes %d inputs, got %d", g->ninputs, nin);
-    bool native = k->fn != NULL && out->meta.dtype == g->values[g->outputs[0]].meta.dtype &&
-                  same_shape(&out->meta, &g->values[g->outputs[0]].meta);
+    bool native = k->fn != NULL && kiln_meta_equal(&out->meta, &g->values[g->outputs[0]].meta);
     for (int i = 0; i < nin && native; i++) {
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
-        native = in[i]->meta.dtype == m->dtype && same_shape(&in[i]->meta, m) &&
+        native = kiln_meta_equal(&in[i]->meta, m) &&
                  !kiln_tensor_same_storage(in[i], out); /* the kernel writes as it reads */
     }
     if (native && k->contiguous_fits && kiln_tensor_is_contiguous(out)) { /* the plan made at prepare time */

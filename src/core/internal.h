@@ -59,14 +59,11 @@ static inline void kiln_meta_set(kiln_meta *m, kiln_dtype dtype, int ndim, const
 static inline int64_t kiln_meta_numel(const kiln_meta *m) {
     return kiln_shape_numel(m->ndim, m->shape);
 }
-
-static inline bool kiln_meta_equal(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
 void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Same dtype and shape. */
+bool kiln_meta_equal(const kiln_meta *a, const kiln_meta *b);
+/* m has shape (ndim, shape). */
+bool kiln_shape_equal(const kiln_meta *m, int ndim, const int64_t *shape);
 /* Broadcast shape of n metas, NumPy rules; error names `op` (NULL: the caller adds it) and the shapes. */
 kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, int *ndim,
                                  int64_t *shape);

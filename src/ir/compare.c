@@ -7,9 +7,8 @@
 /* ---- effects ------------------------------------------------------------------------------ */
 
 static bool node_has_effects(const kiln_node *n) {
-    unsigned f = kiln_op_table[n->op].flags;
     if (n->op == KILN_OP_BATCH_NORM) return n->attrs.ni > 0 && n->attrs.i[0] != 0; /* i[0]: training */
-    return f & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT);
+    return kiln_op_has_side_effects(n->op);
 }
 
 bool kiln_graph_has_effects(const kiln_graph *g) {
@@ -28,13 +27,6 @@ int32_t kiln_graph_first_reader(const kiln_graph *g, int32_t v) {
 }
 
 /* ---- comparing -------------------------------------------------------------------------- */
-
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
 
 static bool same_attrs(const kiln_attrs *a, const kiln_attrs *b) {
     if (a->ni != b->ni || a->nf != b->nf) return false;
@@ -60,7 +52,7 @@ static bool same_constant(const kiln_value *a, const kiln_value *b) {
 static bool same_value(const kiln_value *a, const kiln_value *b) {
     if (a->kind != b->kind || a->index != b->index) return false;
     if (a->kind == KILN_VALUE_NODE) return a->node == b->node;
-    if (!same_meta(&a->meta, &b->meta)) return false;
+    if (!kiln_meta_equal(&a->meta, &b->meta)) return false;
     if (a->kind == KILN_VALUE_CAPTURED)
         return kind_of(a) == kind_of(b) && (!a->constant || same_constant(a, b));
     return true;
@@ -79,9 +71,9 @@ static bool diff_input(const kiln_graph *a, const kiln_graph *b, int32_t node, i
     bool ext_x = x->kind == KILN_VALUE_CAPTURED, ext_y = y->kind == KILN_VALUE_CAPTURED;
     if (ext_x != ext_y) return found(d, KILN_DIFF_EXTERNAL, a, b, node, slot, va, vb);
     if (ext_x) {
-        if (x->constant && y->constant && same_meta(&x->meta, &y->meta) && !same_constant(x, y))
+        if (x->constant && y->constant && kiln_meta_equal(&x->meta, &y->meta) && !same_constant(x, y))
             return found(d, KILN_DIFF_CONSTANT, a, b, node, slot, va, vb);
-        if (!same_meta(&x->meta, &y->meta)) return found(d, KILN_DIFF_CAPTURE_META, a, b, node, slot, va, vb);
+        if (!kiln_meta_equal(&x->meta, &y->meta)) return found(d, KILN_DIFF_CAPTURE_META, a, b, node, slot, va, vb);
     }
     if (!same_value(x, y)) return found(d, KILN_DIFF_WIRING, a, b, node, slot, va, vb);
     return false;
@@ -97,7 +89,7 @@ bool kiln_graph_diff_ops(const kiln_graph *a, const kiln_graph *b, kiln_graph_di
         for (int k = 0; k < x->nin; k++)
             if (diff_input(a, b, i, k, x->in[k], y->in[k], d)) return true;
         for (int k = 0; k < x->nout && k < y->nout; k++)
-            if (!same_meta(&a->values[x->out[k]].meta, &b->values[y->out[k]].meta))
+            if (!kiln_meta_equal(&a->values[x->out[k]].meta, &b->values[y->out[k]].meta))
                 return found(d, KILN_DIFF_OUTPUT_META, a, b, i, k, x->out[k], y->out[k]);
     }
     if (b->nnodes > n) return found(d, KILN_DIFF_MORE_OPS, a, b, n, -1, -1, -1);

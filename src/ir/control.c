@@ -14,13 +14,6 @@ int kiln_control_slots(kiln_op op, int *slots) {
     return kiln_op_is_control(op) ? 2 : 0;
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 static const char *meta_text(const kiln_meta *m, char *buf, size_t size) {
     char shape[160];
     snprintf(buf, size, "%s %s", kiln_dtype_name(m->dtype), kiln_shape_str(m, shape, sizeof shape));
@@ -34,7 +27,7 @@ static kiln_status check_inputs(const char *op, const char *what, const kiln_gra
                           sub->ninputs, nin);
     for (int k = 0; k < nin; k++) {
         const kiln_meta *want = &sub->values[sub->inputs[k]].meta;
-        if (!same_meta(want, &in[k])) {
+        if (!kiln_meta_equal(want, &in[k])) {
             char a[200], b[200];
             return kiln_error(KILN_ERR_VALUE, "%s: input %d of the %s subgraph is %s, the node gives it %s", op, k,
                               what, meta_text(want, a, sizeof a), meta_text(&in[k], b, sizeof b));
@@ -51,7 +44,7 @@ static kiln_status check_outputs(const char *op, const char *what, const kiln_gr
                           sub->noutputs, n);
     for (int k = 0; k < n; k++) {
         const kiln_meta *got = &sub->values[sub->outputs[k]].meta;
-        if (!same_meta(got, &want[k])) {
+        if (!kiln_meta_equal(got, &want[k])) {
             char a[200], b[200];
             return kiln_error(KILN_ERR_VALUE, "%s: output %d of the %s subgraph is %s but %s is %s", op, k, what,
                               meta_text(got, a, sizeof a), want_what, meta_text(&want[k], b, sizeof b));
@@ -111,7 +104,7 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
         KILN_TRY(check_inputs(name, "backward", subs[2], nin, in));
         KILN_TRY(check_outputs(name, "backward", subs[2], nout, in, "the input"));
         for (int k = 0; k < nloop; k++)
-            if (!same_meta(&in[nstate + k], &in[k]))
+            if (!kiln_meta_equal(&in[nstate + k], &in[k]))
                 return kiln_error(KILN_ERR_VALUE, "while_grad: the gradient of loop value %d does not match it", k);
     }
     for (int k = 0; k < nout; k++) out[k] = in[k];

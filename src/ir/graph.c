@@ -251,13 +251,6 @@ kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) 
     return KILN_OK;
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 kiln_status kiln_graph_verify(const kiln_graph *g) {
     /* a value is defined once it is an input or capture, or its node has been passed */
     bool *defined = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *defined);
@@ -278,7 +271,7 @@ kiln_status kiln_graph_verify(const kiln_graph *g) {
         if (s == KILN_OK) s = infer_any(g, n->op, n->nin, n->in, &n->attrs, metas);
         for (int k = 0; k < n->nout && s == KILN_OK; k++) {
             const kiln_value *v = &g->values[n->out[k]];
-            if (v->kind != KILN_VALUE_NODE || v->node != i || v->index != k || !same_meta(&metas[k], &v->meta))
+            if (v->kind != KILN_VALUE_NODE || v->node != i || v->index != k || !kiln_meta_equal(&metas[k], &v->meta))
                 s = kiln_error(KILN_ERR_VALUE, "graph: output %d of node %d (%s) is miswired or mistyped", k, i,
                                kiln_op_table[n->op].name);
             else

@@ -7,8 +7,8 @@
 
 #include "kiln/graph.h"
 
-/* Element strides of value v (its own shape) into strides; false when they do not follow from the
- * graph (a reshape of a non-contiguous view, which may be a view or a copy). */
+/* Element strides of value v (its own shape) into strides; true (views follow their kernels' rule,
+ * kiln_view_strides, so a reshape of a non-contiguous view is known to be a view or a copy). */
 bool kiln_graph_value_strides(const kiln_graph *g, int32_t v, int64_t *strides);
 
 #endif

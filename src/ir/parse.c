@@ -285,13 +285,6 @@ static kiln_status attrs(parser *p, kiln_op op, kiln_attrs *a) {
     return KILN_OK;
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const int64_t *tids, const kiln_meta *metas,
                         const char *name) {
     kiln_op op = kiln_op_from_name(name);
@@ -343,7 +336,7 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
     free(in);
     for (int k = 0; k < nout && s == KILN_OK; k++) {
         const kiln_meta *got = &g->values[outs[k]].meta;
-        if (!same_meta(got, &metas[k])) {
+        if (!kiln_meta_equal(got, &metas[k])) {
             char a1[160], a2[160];
             return fail(p, "%s output %d is declared %s%s but is %s%s", name, k, kiln_dtype_name(metas[k].dtype),
                         kiln_shape_str(&metas[k], a1, sizeof a1), kiln_dtype_name(got->dtype),

@@ -57,13 +57,6 @@ static bool broadcastable(const kiln_meta *from, const kiln_meta *to) {
     return true;
 }
 
-static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* idx for gather_elements / scatter_add_elements: x's rank, no larger than x off the axis. */
 static kiln_status check_elements_index(const char *op, const kiln_meta *x, const kiln_meta *idx, int axis) {
     KILN_TRY(check_index(op, idx));
@@ -119,7 +112,7 @@ static kiln_status load_indices(const char *op, kiln_tensor *idx, const kiln_met
  * is one and no copy is forced). */
 static kiln_status materialize(kiln_tensor *t, kiln_dtype dtype, const kiln_meta *m, bool force_copy,
                                kiln_tensor **out) {
-    if (!force_copy && same_shape(&t->meta, m)) return kiln_to_contiguous(t, dtype, out);
+    if (!force_copy && kiln_shape_equal(&t->meta, m->ndim, m->shape)) return kiln_to_contiguous(t, dtype, out);
     KILN_TRY(kiln_tensor_empty(dtype, m->ndim, m->shape, out));
     kiln_status s = kiln_copy_into(*out, t);
     if (s != KILN_OK) {
@@ -531,7 +524,7 @@ KILN_INFER(scatter_add_elements) {
     const char *op = "scatter_add_elements";
     KILN_TRY(check_axis(op, a, &in[0]->meta, &axis));
     KILN_TRY(check_elements_index(op, &in[0]->meta, &in[1]->meta, axis));
-    if (!same_shape(&in[2]->meta, &in[1]->meta)) {
+    if (!kiln_shape_equal(&in[2]->meta, in[1]->meta.ndim, in[1]->meta.shape)) {
         char b1[160], b2[160];
         return kiln_error(KILN_ERR_VALUE, "%s: source of shape %s must have the shape of the indices %s", op,
                           kiln_shape_str(&in[2]->meta, b1, sizeof b1), kiln_shape_str(&in[1]->meta, b2, sizeof b2));

@@ -17,13 +17,6 @@
 
 static kiln_dtype compute_dtype(kiln_dtype d) { return d == KILN_DTYPE_FLOAT64 ? d : KILN_DTYPE_FLOAT32; }
 
-static bool same_shape(const kiln_meta *a, int ndim, const int64_t *shape) {
-    if (a->ndim != ndim) return false;
-    for (int d = 0; d < ndim; d++)
-        if (a->shape[d] != shape[d]) return false;
-    return true;
-}
-
 static kiln_status shapes_error(kiln_status s, const char *op, const char *what, kiln_tensor *const *in, int nin) {
     char buf[512];
     return kiln_error(s, "%s: %s; got inputs of shapes %s", op, what, kiln_shapes_str(in, nin, buf, sizeof buf));
@@ -547,7 +540,7 @@ KILN_INFER(batch_norm_backward) {
     KILN_TRY(kiln_attrs_expect(op, a, 1, 0));
     KILN_TRY(check_float(op, in, nin));
     const kiln_meta *x = &in[1]->meta;
-    if (x->ndim < 2 || !same_shape(&in[0]->meta, x->ndim, x->shape))
+    if (x->ndim < 2 || !kiln_shape_equal(&in[0]->meta, x->ndim, x->shape))
         return shapes_error(KILN_ERR_VALUE, op, "expected gy and x of one shape (N, C, ...)", in, nin);
     KILN_TRY(bn_check_vectors(op, in, nin, 2, 3, x->shape[1], false));
     out[0] = *x;
@@ -746,7 +739,7 @@ static void ln_stats_meta(const kiln_meta *x, int64_t k, kiln_meta *out) {
 static kiln_status ln_check_weights(const char *op, kiln_tensor *const *in, int nin, const kiln_meta *x, int64_t k,
                                     int first, int count) {
     for (int j = first; j < first + count; j++)
-        if (!same_shape(&in[j]->meta, (int)k, x->shape + x->ndim - k)) {
+        if (!kiln_shape_equal(&in[j]->meta, (int)k, x->shape + x->ndim - k)) {
             char what[240], buf[160];
             kiln_meta norm;
             kiln_meta_set(&norm, x->dtype, (int)k, x->shape + x->ndim - k);
@@ -813,7 +806,7 @@ static kiln_status ln_backward_infer(const char *op, kiln_tensor *const *in, int
     int64_t rows, D;
     KILN_TRY(check_float(op, in, nin));
     const kiln_meta *x = &in[1]->meta;
-    if (!same_shape(&in[0]->meta, x->ndim, x->shape))
+    if (!kiln_shape_equal(&in[0]->meta, x->ndim, x->shape))
         return shapes_error(KILN_ERR_VALUE, op, "gy must have the shape of x (input 1)", in, nin);
     KILN_TRY(ln_split(op, in + 1, nin - 1, a, &rows, &D));
     KILN_TRY(ln_check_weights(op, in, nin, x, a->i[0], 2, 1));

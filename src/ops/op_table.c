@@ -1,5 +1,6 @@
 /* The op table, generated from ops.def. */
 #include "../core/internal.h"
+#include "rows.h"
 
 const kiln_op_info kiln_op_table[KILN_OP_COUNT] = {
 #define KILN_OP(ENUM, name_, nin_, nout_, fusion_, flags_, infer_, kernel_, grad_, cexpr_)     \
@@ -28,6 +29,29 @@ kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, k
     (void)gout, (void)gin;
     return kiln_error(KILN_ERR_RUNTIME, "%s is not differentiable", kiln_op_table[ctx->op].name);
 }
+
+/* Row kernels, from the KILN_ROWS lines. */
+#define IN(k) KILN_ROW_INPUT(k)
+#define STEP(j) (j)
+#define ROW_EXPR(e, ...) {KILN_ROW_EXPR, e, (int)sizeof((int8_t[]){__VA_ARGS__}), {__VA_ARGS__}}
+#define ROW_SUM(x) {KILN_ROW_SUM, NULL, 1, {x}}
+#define ROW_MEAN(x) {KILN_ROW_MEAN, NULL, 1, {x}}
+#define ROW_MAX(x) {KILN_ROW_MAX, NULL, 1, {x}}
+#define ROW_MIN(x) {KILN_ROW_MIN, NULL, 1, {x}}
+const kiln_row_recipe kiln_op_rows[KILN_OP_COUNT] = {
+#define KILN_OP(...)
+#define KILN_ROWS(ENUM, axis_, ...) [KILN_OP_##ENUM] = {.axis = KILN_ROWS_##axis_, .step = {__VA_ARGS__}},
+#include "ops.def"
+#undef KILN_ROWS
+#undef KILN_OP
+};
+#undef IN
+#undef STEP
+#undef ROW_EXPR
+#undef ROW_SUM
+#undef ROW_MEAN
+#undef ROW_MAX
+#undef ROW_MIN
 
 const kiln_op_info *kiln_op_get(kiln_op op) {
     return (unsigned)op < KILN_OP_COUNT ? &kiln_op_table[op] : NULL;

@@ -1,6 +1,6 @@
 /* View ops: reshape, permute, expand, slice share their input's storage. slice_assign writes
  * into a slice in place. */
-#include "../core/internal.h"
+#include "view.h"
 
 /* ---- reshape ---------------------------------------------------------------------------- */
 
@@ -27,18 +27,19 @@ KILN_INFER(reshape) {
     return KILN_OK;
 }
 
-/* Strides that view t with the new shape without copying, if any (as torch's computeStride). */
-static bool view_strides(const kiln_tensor *t, int nd, const int64_t *shape, int64_t *strides) {
-    const kiln_meta *m = &t->meta;
-    if (t->numel == 0 || m->ndim == 0) {
+/* Strides that view (in, in_strides) with shape (nd, shape) without copying, if any (as torch's
+ * computeStride). */
+static bool reshape_strides(const kiln_meta *m, const int64_t *in_strides, int nd, const int64_t *shape,
+                            int64_t *strides) {
+    if (kiln_meta_numel(m) == 0 || m->ndim == 0) {
         kiln_contiguous_strides(nd, shape, strides);
         return true;
     }
     int view_d = nd - 1;
-    int64_t chunk_base_stride = m->ndim ? t->strides[m->ndim - 1] : 1, tensor_numel = 1, view_numel = 1;
+    int64_t chunk_base_stride = in_strides[m->ndim - 1], tensor_numel = 1, view_numel = 1;
     for (int td = m->ndim - 1; td >= 0; td--) {
         tensor_numel *= m->shape[td];
-        if (td == 0 || (m->shape[td - 1] != 1 && t->strides[td - 1] != tensor_numel * chunk_base_stride)) {
+        if (td == 0 || (m->shape[td - 1] != 1 && in_strides[td - 1] != tensor_numel * chunk_base_stride)) {
             while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
                 strides[view_d] = view_numel * chunk_base_stride;
                 view_numel *= shape[view_d];
@@ -46,7 +47,7 @@ static bool view_strides(const kiln_tensor *t, int nd, const int64_t *shape, int
             }
             if (view_numel != tensor_numel) return false;
             if (td > 0) {
-                chunk_base_stride = t->strides[td - 1];
+                chunk_base_stride = in_strides[td - 1];
                 tensor_numel = 1;
                 view_numel = 1;
             }
@@ -55,12 +56,37 @@ static bool view_strides(const kiln_tensor *t, int nd, const int64_t *shape, int
     return view_d == -1;
 }
 
+bool kiln_view_strides(kiln_op op, const kiln_attrs *a, const kiln_meta *in, const int64_t *in_strides,
+                       int64_t *strides) {
+    switch (op) {
+    case KILN_OP_RESHAPE: return reshape_strides(in, in_strides, a->ni, a->i, strides);
+    case KILN_OP_PERMUTE:
+        for (int d = 0; d < in->ndim; d++) strides[d] = in_strides[a->i[d]];
+        return true;
+    case KILN_OP_EXPAND: { /* broadcast axes get stride 0 */
+        int lead = a->ni - in->ndim;
+        for (int d = 0; d < a->ni; d++) {
+            int sd = d - lead;
+            strides[d] = (sd < 0 || (in->shape[sd] == 1 && a->i[d] != 1)) ? 0 : in_strides[sd];
+        }
+        return true;
+    }
+    case KILN_OP_SLICE:
+        for (int d = 0; d < in->ndim; d++) strides[d] = in_strides[d] * a->i[8 + d];
+        return true;
+    default:
+        if (!(kiln_op_table[op].flags & KILN_OPF_MUTATES)) return false;
+        for (int d = 0; d < in->ndim; d++) strides[d] = in_strides[d];
+        return true;
+    }
+}
+
 KILN_KERNEL(reshape) {
     (void)nin;
     kiln_tensor *x = in[0];
     {
         int64_t strides[KILN_MAX_DIMS];
-        if (view_strides(x, a->ni, a->i, strides))
+        if (kiln_view_strides(KILN_OP_RESHAPE, a, &x->meta, x->strides, strides))
             return kiln_tensor_view(x, a->ni, a->i, strides, x->offset, &out[0]);
     }
     /* a copy: x's elements in row-major order, written once through a view of the new buffer
@@ -110,10 +136,8 @@ KILN_KERNEL(permute) {
     (void)nin;
     kiln_tensor *x = in[0];
     int64_t shape[KILN_MAX_DIMS], strides[KILN_MAX_DIMS];
-    for (int d = 0; d < x->meta.ndim; d++) {
-        shape[d] = x->meta.shape[a->i[d]];
-        strides[d] = x->strides[a->i[d]];
-    }
+    for (int d = 0; d < x->meta.ndim; d++) shape[d] = x->meta.shape[a->i[d]];
+    kiln_view_strides(KILN_OP_PERMUTE, a, &x->meta, x->strides, strides);
     return kiln_tensor_view(x, x->meta.ndim, shape, strides, x->offset, &out[0]);
 }
 
@@ -146,7 +170,7 @@ KILN_INFER(expand) {
 KILN_KERNEL(expand) {
     (void)nin;
     int64_t strides[KILN_MAX_DIMS];
-    kiln_broadcast_strides(in[0], a->ni, a->i, strides);
+    kiln_view_strides(KILN_OP_EXPAND, a, &in[0]->meta, in[0]->strides, strides);
     return kiln_tensor_view(in[0], a->ni, a->i, strides, in[0]->offset, &out[0]);
 }
 
@@ -179,9 +203,9 @@ KILN_INFER(slice) {
 
 static kiln_status slice_view(kiln_tensor *x, const kiln_attrs *a, kiln_tensor **out) {
     int64_t shape[KILN_MAX_DIMS], strides[KILN_MAX_DIMS], offset = x->offset;
+    kiln_view_strides(KILN_OP_SLICE, a, &x->meta, x->strides, strides);
     for (int d = 0; d < x->meta.ndim; d++) {
         shape[d] = a->i[16 + d];
-        strides[d] = x->strides[d] * a->i[8 + d];
         if (shape[d] > 0) offset += a->i[d] * x->strides[d];
     }
     return kiln_tensor_view(x, x->meta.ndim, shape, strides, offset, out);

@@ -88,24 +88,9 @@ static kiln_status table_init(table *t, int32_t n) {
 
 /* ---- nodes -------------------------------------------------------------------------------- */
 
-/* Ops whose two inputs may be swapped (same result, shape and dtype). */
-static bool commutative(kiln_op op) {
-    switch (op) {
-    case KILN_OP_ADD:
-    case KILN_OP_MUL:
-    case KILN_OP_MAXIMUM:
-    case KILN_OP_MINIMUM:
-    case KILN_OP_EQ:
-    case KILN_OP_NE:
-    case KILN_OP_LOGICAL_AND:
-    case KILN_OP_LOGICAL_OR: return true;
-    default: return false;
-    }
-}
-
 /* The node's inputs mapped to dst values, the two of a commutative op in ascending order. */
 static int32_t input_of(const kiln_node *n, const int32_t *map, int k) {
-    if (n->nin == 2 && commutative(n->op)) {
+    if (n->nin == 2 && (kiln_op_table[n->op].flags & KILN_OPF_COMMUTATIVE)) {
         int32_t a = map[n->in[0]], b = map[n->in[1]];
         return (k == 0) == (a <= b) ? a : b;
     }

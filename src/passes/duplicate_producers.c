@@ -5,7 +5,7 @@
  * than the round trip), at most MAX_USES times, never graph outputs, and never across an in-place
  * write (a copy runs where its consumer runs). An op read only by copied ops is copied once per
  * copy of its readers (chains of such ops). */
-#include "../codegen/codegen.h"
+#include "../ir/fusion.h"
 #include "passes_internal.h"
 
 #define MAX_USES 4
@@ -24,7 +24,7 @@ static bool worth_copying(dup *d, int32_t i) {
     const kiln_node *n = &g->nodes[i];
     int32_t v = n->out[0];
     if (n->op == KILN_OP_FULL || n->nout != 1 || d->output[v] || d->last_use[v] < 0) return false;
-    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_codegen_node_supported(g, i) || kiln_op_calls_libm(n->op))
+    if (kiln_op_table[n->op].fusion != KILN_FUSE_ELEMENTWISE || !kiln_node_fusable(g, i) || kiln_op_calls_math(n->op))
         return false;
     int tensors = 0;
     for (int k = 0; k < n->nin; k++) tensors += kiln_meta_numel(&g->values[n->in[k]].meta) > 1;
@@ -36,7 +36,7 @@ static bool worth_copying(dup *d, int32_t i) {
         bool reads = false;
         for (int k = 0; k < cn->nin; k++) reads |= cn->in[k] == v;
         if (!reads) continue;
-        if (!kiln_codegen_node_supported(g, c)) return false;
+        if (!kiln_node_fusable(g, c)) return false;
         readers += d->copied[c] ? d->copies[c] : 1;
     }
     d->copies[i] = readers;

@@ -14,13 +14,6 @@ typedef struct {
     int32_t act_node; /* the activation node (-1: none) */
 } conv_chain;
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* The other operand of the add node n whose operand `v` is, or -1 when v is both. */
 static int32_t other_operand(const kiln_node *n, int32_t v) {
     if (n->in[0] == v && n->in[1] != v) return n->in[1];
@@ -46,20 +39,20 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && conv->nin == 2) {
         int32_t b = other_operand(&g->nodes[n], cur);
         if (b >= 0 && is_channel_bias(&g->values[b].meta, ym->shape[1]) && g->values[b].meta.dtype == ym->dtype &&
-            same_meta(&g->values[g->nodes[n].out[0]].meta, ym)) {
+            kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
             ch.bias = b, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
         }
     }
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD) {
         int32_t r = other_operand(&g->nodes[n], cur);
-        if (r >= 0 && same_meta(&g->values[r].meta, ym) && same_meta(&g->values[g->nodes[n].out[0]].meta, ym)) {
+        if (r >= 0 && kiln_meta_equal(&g->values[r].meta, ym) && kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
             ch.residual = r, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
         }
     }
     if (n >= 0 && kiln_conv_activation_of(g->nodes[n].op) != KILN_CONV_ACT_NONE &&
-        same_meta(&g->values[g->nodes[n].out[0]].meta, ym))
+        kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym))
         ch.act_node = n, ch.last = n;
     return ch;
 }

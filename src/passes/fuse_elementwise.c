@@ -4,7 +4,7 @@
  * subgraph holds the group and runs as one generated kernel (src/codegen/).
  *
  * Groups grow backwards from their last op (the root). A group has a space: the root's shape,
- * or once it holds a row op (kiln_codegen_row_op) the shape of the rows that op reads; every row
+ * or once it holds a row op (kiln_node_row_op) the shape of the rows that op reads; every row
  * op of a group reads exactly its space (an elementwise group over per-row values grows into the
  * rows of a reduction producing them). An op joins the group of its consumers when all of them
  * are in that one group, its result is no graph output, it is cheap, as large as the space or one
@@ -12,7 +12,7 @@
  * per row), and no in-place op lies between it and the root (the group is computed at the root's
  * position). A reduction that drops its axis only starts a group. float() constants feeding one
  * group are inlined. Groups of one op are left alone, but for the softmax family. */
-#include "../codegen/codegen.h"
+#include "../ir/fusion.h"
 #include "passes_internal.h"
 
 #define MAX_GROUP_INPUTS 32
@@ -68,25 +68,12 @@ static kiln_status analyse(fusion *f) {
     return KILN_OK;
 }
 
-static bool same_shape(const kiln_meta *a, const kiln_meta *b) {
-    if (a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* Whether m is one value per row of space (its last axis 1, the others those of space). */
 static bool per_row(const kiln_meta *m, const kiln_meta *space) {
     if (m->ndim != space->ndim || m->ndim == 0 || m->shape[m->ndim - 1] != 1) return false;
     for (int d = 0; d + 1 < m->ndim; d++)
         if (m->shape[d] != space->shape[d]) return false;
     return true;
-}
-
-/* A reduction without keepdims: its result cannot broadcast back along the rows. */
-static bool drops_axis(const kiln_node *n) {
-    return (n->op == KILN_OP_SUM || n->op == KILN_OP_MEAN || n->op == KILN_OP_MAX || n->op == KILN_OP_MIN) &&
-           !n->attrs.i[1];
 }
 
 /* The group node i can join, or -1. */
@@ -103,13 +90,13 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
     if (f->mut_before[r] - f->mut_before[i + 1] != 0) return -1;
     const kiln_node *nd = &g->nodes[i];
     const kiln_meta *out = &g->values[v].meta, *space = &f->space[grp];
-    if (kiln_codegen_row_op(g, i)) {
+    if (kiln_node_row_op(g, i)) {
         const kiln_meta *x = &g->values[nd->in[0]].meta;
-        if (drops_axis(nd)) return -1;
-        if (same_shape(x, space)) return grp;
-        return !f->rows[grp] && same_shape(out, space) && per_row(out, x) ? grp : -1;
+        if (kiln_node_drops_row_axis(nd)) return -1; /* its result cannot broadcast back along the rows */
+        if (kiln_shape_equal(x, space->ndim, space->shape)) return grp;
+        return !f->rows[grp] && kiln_shape_equal(out, space->ndim, space->shape) && per_row(out, x) ? grp : -1;
     }
-    if (nd->op != KILN_OP_FULL && kiln_op_calls_libm(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
+    if (nd->op != KILN_OP_FULL && kiln_op_calls_math(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
         !per_row(out, space))
         return -1;
     return grp;
@@ -120,8 +107,8 @@ static void form_groups(fusion *f) {
     f->ngroups = 0;
     for (int32_t i = g->nnodes - 1; i >= 0; i--) {
         f->group[i] = -1;
-        if (!kiln_codegen_node_supported(g, i)) continue;
-        bool row_op = kiln_codegen_row_op(g, i);
+        if (!kiln_node_fusable(g, i)) continue;
+        bool row_op = kiln_node_row_op(g, i);
         int32_t grp = joinable_group(f, i);
         if (grp < 0) {
             grp = f->ngroups++;
@@ -161,14 +148,13 @@ static int32_t group_inputs(const fusion *f, int32_t grp, int32_t *inputs, int32
 }
 
 /* Whether the group is worth a kernel: two ops or more (inlined constants not counted), or one
- * op of the softmax family (the generated row kernel keeps each row in cache). */
+ * row op along an axis, the softmax family (the generated row kernel keeps each row in cache). */
 static bool worth_fusing(const fusion *f, int32_t grp) {
     int ops = 0;
     kiln_op last = KILN_OP_FULL;
     for (int32_t i = 0; i <= f->root[grp] && ops < 2; i++)
         if (f->group[i] == grp && f->g->nodes[i].op != KILN_OP_FULL) ops++, last = f->g->nodes[i].op;
-    return ops >= 2 || (ops == 1 && (last == KILN_OP_SOFTMAX || last == KILN_OP_LOG_SOFTMAX ||
-                                     last == KILN_OP_SOFTMAX_BACKWARD || last == KILN_OP_LOG_SOFTMAX_BACKWARD));
+    return ops >= 2 || (ops == 1 && kiln_op_rows[last].axis == KILN_ROWS_ALONG);
 }
 
 /* Builds the group's subgraph and adds the fused node in its root's place. */

@@ -16,11 +16,6 @@ typedef struct {
     int code[KILN_MATMUL_EPILOGUE_MAX_STEPS], product[KILN_MATMUL_EPILOGUE_MAX_STEPS];
 } chain;
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    return a->dtype == b->dtype && a->ndim == b->ndim &&
-           memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
-}
-
 /* Grows the chain of base node i; claimed[] marks nodes already in a chain. */
 static void grow(const kiln_graph *g, int32_t i, const int32_t *uses, const int32_t *consumer,
                  const int32_t *effects_before, const bool *claimed, chain *c) {
@@ -33,7 +28,7 @@ static void grow(const kiln_graph *g, int32_t i, const int32_t *uses, const int3
         const kiln_node *nd = &g->nodes[j];
         int code = kiln_matmul_epilogue_code(nd->op);
         if (code < 0 || claimed[j] || nd->attrs.ni || nd->attrs.nf || nd->nin != kiln_op_table[nd->op].nin) break;
-        if (!same_meta(&g->values[nd->out[0]].meta, pm)) break;
+        if (!kiln_meta_equal(&g->values[nd->out[0]].meta, pm)) break;
         if (effects_before[j] != effects_before[at + 1]) break; /* an in-place op in between */
         int p = nd->in[0] == v ? 0 : 1;
         c->code[c->nsteps] = code;

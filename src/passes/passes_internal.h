@@ -4,22 +4,10 @@
 
 #include "../core/internal.h"
 
-/* Nodes whose order and count matter: in-place writes, draws from the generator, printing. */
-static inline bool kiln_node_has_effects(const kiln_node *n) {
-    return kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT);
-}
+/* Nodes whose order and count matter (KILN_OPF_SIDE_EFFECTS). */
+static inline bool kiln_node_has_effects(const kiln_node *n) { return kiln_op_has_side_effects(n->op); }
 
 /* Whether n writes its input k in place. */
-/* Whether op's elementwise expression calls a math function (exp, log, erf, ...): costly to
- * compute more than once per element. */
-static inline bool kiln_op_calls_libm(kiln_op op) {
-    static const char *const fns[] = {"exp(", "log(", "erf(", "tanh(", "sqrt(", "sin(", "cos(", "pow("};
-    const char *e = kiln_op_table[op].c_expr;
-    for (size_t k = 0; e && k < sizeof fns / sizeof fns[0]; k++)
-        if (strstr(e, fns[k])) return true;
-    return false;
-}
-
 static inline bool kiln_node_writes_input(const kiln_node *n, int k) {
     return k < 8 && (kiln_op_table[n->op].flags & KILN_OPF_WRITES_INPUT(k));
 }

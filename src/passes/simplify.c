@@ -58,20 +58,6 @@ static const kiln_node *producer(const simp *s, int32_t d, kiln_op op) {
     return n->op == op ? n : NULL;
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
-static bool same_shape(const kiln_meta *m, int n, const int64_t *shape) {
-    if (m->ndim != n) return false;
-    for (int d = 0; d < n; d++)
-        if (m->shape[d] != shape[d]) return false;
-    return true;
-}
-
 /* Whether dst value d is a constant whose every element equals `want`: a constant capture
  * nobody writes, a full node, or a reshape/expand of one. */
 static bool uniform(const simp *s, int32_t d, double want) {
@@ -145,10 +131,10 @@ static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, re
         break;
     case KILN_OP_RESHAPE:
     case KILN_OP_EXPAND:
-        if (same_shape(&dval(s, in[0])->meta, a->ni, a->i)) {
+        if (kiln_shape_equal(&dval(s, in[0])->meta, a->ni, a->i)) {
             r->value = in[0];
         } else if ((p = producer(s, in[0], n->op))) {
-            if (same_shape(&dval(s, p->in[0])->meta, a->ni, a->i)) r->value = p->in[0];
+            if (kiln_shape_equal(&dval(s, p->in[0])->meta, a->ni, a->i)) r->value = p->in[0];
             else r->op = n->op, r->in = p->in[0], r->attrs = *a;
         }
         break;
@@ -197,14 +183,14 @@ static kiln_status visit(simp *s, int32_t i) {
      * existing value could be the caller's memory or share a buffer with another output */
     bool hands_out_shared_memory = r.value >= 0 && s->reaches_output[n->out[0]] &&
                                    !(kiln_op_table[n->op].flags & KILN_OPF_VIEW);
-    if (r.value >= 0 && s->safe[r.value] && same_meta(&dval(s, r.value)->meta, meta) &&
+    if (r.value >= 0 && s->safe[r.value] && kiln_meta_equal(&dval(s, r.value)->meta, meta) &&
         !(s->is_output[n->out[0]] && s->dst_out[r.value]) && !hands_out_shared_memory) {
         s->rw.map[n->out[0]] = r.value;
         fresh = false;
         s->changed++;
     } else if (r.value < 0 && r.op < KILN_OP_COUNT && s->safe[r.in] &&
                kiln_graph_add_node(s->rw.dst, r.op, 1, &r.in, &r.attrs, n->loc, &s->rw.map[n->out[0]]) == KILN_OK) {
-        KILN_ASSERT(same_meta(&dval(s, s->rw.map[n->out[0]])->meta, meta));
+        KILN_ASSERT(kiln_meta_equal(&dval(s, s->rw.map[n->out[0]])->meta, meta));
         s->changed++;
     } else {
         kiln_clear_error();

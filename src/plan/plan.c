@@ -15,13 +15,6 @@ static size_t meta_bytes(const kiln_meta *m) {
     return (size_t)kiln_meta_numel(m) * kiln_dtype_size(m->dtype);
 }
 
-static bool same_meta(const kiln_meta *a, const kiln_meta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d]) return false;
-    return true;
-}
-
 /* ---- order ----------------------------------------------------------------------------- */
 
 /* Depth-first post-order from each segment's sinks, so a value is computed just before its
@@ -40,8 +33,7 @@ static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     }
     int32_t seg_begin = 0;
     for (int32_t i = 0; i <= n; i++) {
-        bool barrier = i == n || (kiln_op_table[g->nodes[i].op].flags &
-                                  (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT));
+        bool barrier = i == n || kiln_op_has_side_effects(g->nodes[i].op);
         if (!barrier) continue;
         /* visit the segment [seg_begin, i) from its last nodes backwards as roots */
         for (int32_t r = i - 1; r >= seg_begin; r--) {
@@ -207,7 +199,7 @@ static kiln_status plan_memory(kiln_plan *e) {
                     for (int j2 = 0; j2 < nd->nin; j2++)
                         other_view |= nd->in[j2] != in && e->root[nd->in[j2]] == in;
                     if (e->root[in] == in && e->offset[in] >= 0 && end[in] == i && !other_view &&
-                        same_meta(&g->values[in].meta, &g->values[v].meta)) {
+                        kiln_meta_equal(&g->values[in].meta, &g->values[v].meta)) {
                         e->offset[v] = e->offset[in];
                         end[in] = -1; /* the block now belongs to v */
                         break;

@@ -111,20 +111,9 @@ def test_python_import_cycle_through_the_package_fails(tmp_path):
     assert "import cycle: pkg -> pkg.b -> pkg" in out
 
 
-# What other work is clearing (issue 11): passes include codegen/ for what can be fused (to become
-# op-table facts). When this list is empty the checker passes and runs from .ci/run.
-KNOWN_UPWARD = {
-    ("passes/duplicate_producers.c", "codegen/codegen.h"),
-    ("passes/fuse_elementwise.c", "codegen/codegen.h"),
-}
-KNOWN_CYCLES = set()
-
-
-def test_real_tree_has_no_new_violations():
+def test_real_tree_has_no_violations():
     c, _ = check_layers.c_violations(os.path.join(ROOT, "src"))
-    new = [msg for kind, msg, detail in c
-           if not (kind == "upward" and detail in KNOWN_UPWARD or kind == "cycle" and detail in KNOWN_CYCLES)]
-    assert not new, "new layering violations:\n" + "\n".join(new)
+    assert not c, "layering violations:\n" + "\n".join(msg for _, msg, _ in c)
     py, nmods = check_layers.python_violations(os.path.join(ROOT, "python", "kiln"))
     assert not py, "\n".join(msg for _, msg, _ in py)
     assert nmods > 30

@@ -598,3 +598,28 @@ def test_trace_inside_jit_contributes_ops():
     x = rand(3)
     close(outer(x), x * 2 + 1)
     close(outer(x), x * 2 + 1)
+
+
+def test_side_effect_ops_come_from_the_op_table():
+    """The ops a trace treats as side effects are those whose op-table flags say so (in-place
+    writes, random draws, print, check; batch_norm in training), no list of names."""
+    from kiln._optable import INFO
+
+    flagged = {name for name, info in INFO.items() if info.side_effects}
+    assert {"print", "check", "sgd_update", "adam_update", "slice_assign", "index_put", "rand", "randn", "dropout",
+            "batch_norm"} <= flagged
+    assert not {"add", "matmul", "reshape", "softmax"} & flagged
+
+    def recorded(fn):
+        t = trace(fn, verify=True)
+        x = rand(3)
+        t(x)
+        return t._last.graph.has_effects
+
+    def writes_in_place(x):
+        y = x * 1
+        y[0] = 1.0
+        return y
+
+    assert not recorded(lambda x: (x * 2).exp())
+    assert recorded(writes_in_place)

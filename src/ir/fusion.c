@@ -1,0 +1,45 @@
+/* Which graph nodes generated C computes. */
+#include "fusion.h"
+
+static bool is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
+
+/* Generated code reads every dtype but the 16-bit floats. */
+static bool readable(kiln_dtype d) { return d != KILN_DTYPE_FLOAT16 && d != KILN_DTYPE_BFLOAT16; }
+
+kiln_dtype kiln_node_compute_dtype(const kiln_graph *g, const kiln_node *n) {
+    kiln_dtype d = g->values[n->out[0]].meta.dtype;
+    if (d == KILN_DTYPE_BOOL && n->nin > 0) {
+        d = g->values[n->in[0]].meta.dtype;
+        for (int k = 1; k < n->nin; k++) d = kiln_dtype_promote(d, g->values[n->in[k]].meta.dtype);
+    }
+    return d;
+}
+
+bool kiln_node_fusable(const kiln_graph *g, int32_t node) {
+    const kiln_node *n = &g->nodes[node];
+    const kiln_op_info *info = &kiln_op_table[n->op];
+    if (n->nout != 1 || (info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM | KILN_OPF_VIEW)))
+        return false;
+    kiln_dtype od = g->values[n->out[0]].meta.dtype;
+    if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && is_float(od);
+    if (info->fusion == KILN_FUSE_REDUCTION) return kiln_node_row_op(g, node);
+    if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || n->nin != info->nin) return false;
+    if (!is_float(od) && od != KILN_DTYPE_BOOL) return false;
+    for (int k = 0; k < n->nin; k++)
+        if (!readable(g->values[n->in[k]].meta.dtype)) return false;
+    return is_float(kiln_node_compute_dtype(g, n));
+}
+
+bool kiln_node_row_op(const kiln_graph *g, int32_t node) {
+    const kiln_node *n = &g->nodes[node];
+    const kiln_row_recipe *rows = &kiln_op_rows[n->op];
+    if (rows->axis == KILN_ROWS_NONE || n->nout != 1 || n->nin < 1 || n->nin != kiln_op_table[n->op].nin) return false;
+    const kiln_meta *x = &g->values[n->in[0]].meta, *o = &g->values[n->out[0]].meta;
+    if (x->ndim < 1 || x->shape[x->ndim - 1] < 2 || !is_float(x->dtype) || o->dtype != x->dtype) return false;
+    int last = x->ndim - 1;
+    if (rows->axis == KILN_ROWS_REDUCE) return n->attrs.ni >= 2 && n->attrs.i[0] == ((int64_t)1 << last);
+    if (n->attrs.ni < 1 || n->attrs.i[0] != last || !kiln_shape_equal(o, x->ndim, x->shape)) return false;
+    for (int k = 1; k < n->nin; k++)
+        if (!kiln_meta_equal(&g->values[n->in[k]].meta, x)) return false;
+    return true;
+}
