@@ -60,10 +60,17 @@ static inline int64_t kiln_meta_numel(const kiln_meta *m) {
     return kiln_shape_numel(m->ndim, m->shape);
 }
 void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* m has shape (ndim, shape). Inline: run-time input checks of compiled graphs call it per input. */
+static inline bool kiln_shape_equal(const kiln_meta *m, int ndim, const int64_t *shape) {
+    if (m->ndim != ndim) return false;
+    for (int d = 0; d < ndim; d++)
+        if (m->shape[d] != shape[d]) return false;
+    return true;
+}
 /* Same dtype and shape. */
-bool kiln_meta_equal(const kiln_meta *a, const kiln_meta *b);
-/* m has shape (ndim, shape). */
-bool kiln_shape_equal(const kiln_meta *m, int ndim, const int64_t *shape);
+static inline bool kiln_meta_equal(const kiln_meta *a, const kiln_meta *b) {
+    return a->dtype == b->dtype && kiln_shape_equal(a, b->ndim, b->shape);
+}
 /* Broadcast shape of n metas, NumPy rules; error names `op` (NULL: the caller adds it) and the shapes. */
 kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, int *ndim,
                                  int64_t *shape);

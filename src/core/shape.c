@@ -45,17 +45,6 @@ kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, 
     return KILN_OK;
 }
 
-bool kiln_meta_equal(const kiln_meta *a, const kiln_meta *b) {
-    return a->dtype == b->dtype && kiln_shape_equal(a, b->ndim, b->shape);
-}
-
-bool kiln_shape_equal(const kiln_meta *m, int ndim, const int64_t *shape) {
-    if (m->ndim != ndim) return false;
-    for (int d = 0; d < ndim; d++)
-        if (m->shape[d] != shape[d]) return false;
-    return true;
-}
-
 void kiln_broadcast_strides(const kiln_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
     int lead = ndim - t->meta.ndim;
     for (int d = 0; d < ndim; d++) {

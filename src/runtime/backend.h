@@ -42,7 +42,21 @@ kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *c
 /* The tensor a call hands out for a graph output t whose storage comes from value root: t itself
  * (a new reference), or a private copy when t views a compile-time constant (never the graph's). */
 kiln_status kiln_output_hand_out(const kiln_value *root, kiln_tensor *t, kiln_tensor **out);
-/* The error for inputs that do not match the graph (KILN_OK when they do). */
-kiln_status kiln_check_inputs(const kiln_graph *g, int nin, kiln_tensor *const *inputs, int nout);
+/* The error for inputs that do not match the graph (KILN_OK when they do). Inline: every run checks. */
+static inline kiln_status kiln_check_inputs(const kiln_graph *g, int nin, kiln_tensor *const *inputs, int nout) {
+    if (nin != g->ninputs || nout != g->noutputs)
+        return kiln_error(KILN_ERR_VALUE, "graph: expected %d inputs and %d outputs, got %d and %d", g->ninputs,
+                          g->noutputs, nin, nout);
+    for (int k = 0; k < nin; k++) {
+        const kiln_meta *want = &g->values[g->inputs[k]].meta;
+        if (!kiln_meta_equal(want, &inputs[k]->meta)) {
+            char a[160], b[160];
+            return kiln_error(KILN_ERR_VALUE, "graph: input %d is %s %s, the graph was compiled for %s %s", k,
+                              kiln_dtype_name(inputs[k]->meta.dtype), kiln_shape_str(&inputs[k]->meta, a, sizeof a),
+                              kiln_dtype_name(want->dtype), kiln_shape_str(want, b, sizeof b));
+        }
+    }
+    return KILN_OK;
+}
 
 #endif
