@@ -45,6 +45,7 @@ static void node_free_fields(kiln_grad_node *n, kiln_grad_node ***stack, int *de
         (*stack)[(*depth)++] = child;
     }
     for (int k = 0; k < n->nout; k++) kiln_tensor_release(n->saved_out[k]);
+    if ((kiln_op_table[n->op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) kiln_hooks.bodies_hold(n->op, &n->attrs, -1);
     free(n->in_meta);
     free(n);
 }
@@ -86,6 +87,8 @@ static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs 
     n->nin = nin;
     n->nout = nout;
     n->attrs = *attrs;
+    /* the gradient rule of a control-flow node reads its bodies: the node keeps them alive */
+    if ((kiln_op_table[op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) kiln_hooks.bodies_hold(op, attrs, 1);
     return n;
 }
 

@@ -20,6 +20,9 @@ typedef struct kiln_layer_hooks {
                                    int nout, kiln_tensor **out);
     /* autograd: drops a reference to a tensor's grad_fn */
     void (*grad_node_release)(struct kiln_grad_node *node);
+    /* control flow (ir/control.c): takes (delta 1) or drops (delta -1) a reference to the bodies a
+     * control-flow node's attrs name in the body registry, for a tape node that keeps the attrs */
+    void (*bodies_hold)(kiln_op op, const kiln_attrs *attrs, int delta);
 } kiln_layer_hooks;
 
 /* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */

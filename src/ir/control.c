@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include "control.h"
+
+#include "../core/hooks.h"
 #include "trace_internal.h"
 
 int kiln_control_slots(kiln_op op, int *slots) {
@@ -113,15 +115,19 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 
 /* ---- the registry ------------------------------------------------------------------------------ */
 
+/* A registered body: its graph, the ids of its subgraphs' bodies (references it holds) and the
+ * references held on it. A body whose last reference goes is freed; its id is never reused. */
 typedef struct {
     kiln_graph *g;
     int64_t *sub_ids;
+    int64_t refs;
 } body;
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static body **bodies;
-static int64_t nbodies, cap_bodies;
+static body **bodies; /* by id: the body, or NULL once released */
+static int64_t nbodies, cap_bodies, nlive;
 
+static void body_free(body *b);
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     kiln_status s = kiln_graph_verify(g);
     if (s == KILN_OK) s = check_pure(g);
@@ -129,8 +135,10 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     if (s == KILN_OK && !b) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
     if (s == KILN_OK) {
         b->g = g;
-        b->sub_ids = calloc((size_t)(g->nsubgraphs ? g->nsubgraphs : 1), sizeof(int64_t));
+        b->refs = 1;
+        b->sub_ids = malloc(sizeof(int64_t) * (size_t)(g->nsubgraphs ? g->nsubgraphs : 1));
         if (!b->sub_ids) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
+        for (int32_t k = 0; b->sub_ids && k < g->nsubgraphs; k++) b->sub_ids[k] = -1;
     }
     for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++) {
         kiln_graph *sub;
@@ -147,12 +155,14 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
         if (nbodies < cap_bodies) {
             bodies[nbodies] = b;
             *id = nbodies++;
+            nlive++;
         } else {
             s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
         }
         pthread_mutex_unlock(&registry_lock);
     }
     if (s != KILN_OK) {
+        for (int32_t k = 0; b && b->sub_ids && k < g->nsubgraphs; k++) kiln_body_release(b->sub_ids[k]);
         if (b) free(b->sub_ids);
         free(b);
         kiln_graph_free(g);
@@ -160,11 +170,56 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     return s;
 }
 
+static void body_free(body *b) {
+    for (int32_t k = 0; k < b->g->nsubgraphs; k++) kiln_body_release(b->sub_ids[k]);
+    kiln_graph_free(b->g);
+    free(b->sub_ids);
+    free(b);
+}
+
+void kiln_body_retain(int64_t id) {
+    pthread_mutex_lock(&registry_lock);
+    if (id >= 0 && id < nbodies && bodies[id]) bodies[id]->refs++;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+void kiln_body_release(int64_t id) {
+    body *dead = NULL;
+    pthread_mutex_lock(&registry_lock);
+    if (id >= 0 && id < nbodies && bodies[id] && --bodies[id]->refs == 0) {
+        dead = bodies[id];
+        bodies[id] = NULL;
+        nlive--;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (dead) body_free(dead);
+}
+
+int64_t kiln_body_live_count(void) {
+    pthread_mutex_lock(&registry_lock);
+    int64_t n = nlive;
+    pthread_mutex_unlock(&registry_lock);
+    return n;
+}
+
+/* The tape keeps the bodies of the control-flow nodes it records (see core/hooks.h). */
+static void bodies_hold(kiln_op op, const kiln_attrs *a, int delta) {
+    int slots[4], n = kiln_control_slots(op, slots);
+    for (int k = 0; k < n; k++)
+        if (slots[k] < a->ni) {
+            if (delta > 0) kiln_body_retain(a->i[slots[k]]);
+            else kiln_body_release(a->i[slots[k]]);
+        }
+}
+
+__attribute__((constructor)) static void register_bodies_hold(void) { kiln_hooks.bodies_hold = bodies_hold; }
+
 static body *lookup(int64_t id) {
     pthread_mutex_lock(&registry_lock);
     body *b = id >= 0 && id < nbodies ? bodies[id] : NULL;
     pthread_mutex_unlock(&registry_lock);
-    if (!b) kiln_error(KILN_ERR_VALUE, "control flow: no registered body %lld", (long long)id);
+    if (!b) kiln_error(KILN_ERR_VALUE, "control flow: no registered body %lld (never registered, or released)",
+                       (long long)id);
     return b;
 }
 

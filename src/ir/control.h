@@ -3,10 +3,11 @@
  * src/runtime/control_flow.h.
  *
  * A control-flow node names its subgraphs through attrs. Inside a graph those are indices into
- * the graph's `subgraphs`; given to kiln_apply (eagerly, or while tracing) they are ids of
- * bodies in the process-wide registry below, and the tracer copies the bodies it meets into the
- * graph it records. Registered bodies live as long as the process: they are made once per
- * trace of a cond / while_loop and per gradient rule run, not per call of a compiled graph. */
+ * the graph's `subgraphs` (the graph owns them); given to kiln_apply (eagerly, or while tracing)
+ * they are ids of bodies in the registry below, and the tracer copies the bodies it meets into
+ * the graph it records. Registered bodies are reference counted: the caller that registers them
+ * for one kiln_apply releases them after it, and a tape node recording the op holds them until
+ * it goes; so they live as long as something can still run them. */
 #ifndef KILN_IR_CONTROL_H
 #define KILN_IR_CONTROL_H
 
@@ -25,9 +26,17 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 /* ---- the body registry ---------------------------------------------------------------------- */
 
 /* Takes ownership of g (verified; bodies must not write tensors in place or draw random numbers);
- * its subgraphs are registered too. */
+ * its subgraphs are registered too (the body holds them). The caller holds the one reference
+ * the new body starts with. */
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id);
-/* The body's graph (borrowed; bodies are never freed), or NULL with an error set. */
+/* References to a body: whoever keeps an id for later holds one (the node of the tape that recorded
+ * a control-flow op holds its bodies, see core/hooks.h). The last release frees the body; its id
+ * then names nothing. Unknown or released ids are ignored. */
+void kiln_body_retain(int64_t id);
+void kiln_body_release(int64_t id);
+/* Bodies registered and not yet released (for tests). */
+int64_t kiln_body_live_count(void);
+/* The body's graph (borrowed: valid while a reference is held), or NULL with an error set. */
 const kiln_graph *kiln_body_graph(int64_t id);
 /* attrs of a node of body `id`'s graph with its subgraph indices turned into registry ids. */
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out);

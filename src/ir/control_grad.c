@@ -118,13 +118,17 @@ KILN_GRAD(if) {
                           KILN_MAX_OUTPUTS);
     kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
     kiln_attrs a = {0};
+    int64_t back[2] = {-1, -1}; /* the backward bodies, held for the emitted node's run */
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->nout, gy, &a.i[0]);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->nout, gy, &a.i[1]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->nout, gy, &back[0]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->nout, gy, &back[1]);
     a.ni = 3;
+    a.i[0] = back[0], a.i[1] = back[1];
     a.i[2] = nx;
     /* if(pred, x..., gy...) -> gx... */
     if (s == KILN_OK) s = emit(ctx, KILN_OP_IF, &a, ctx->nin, ctx->in, gy, 1, gin);
+    kiln_body_release(back[0]);
+    kiln_body_release(back[1]);
     kiln_release_all(gy, ctx->nout);
     return s;
 }
@@ -137,14 +141,17 @@ KILN_GRAD(while) {
                           KILN_MAX_OUTPUTS);
     kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
     kiln_attrs a = {0};
+    int64_t back = -1; /* the backward body, held for the emitted node's run */
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, ctx->nout, gy, &a.i[3]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, ctx->nout, gy, &back);
     a.ni = 4;
     a.i[0] = ctx->attrs->i[0];
     a.i[1] = ctx->attrs->i[1];
     a.i[2] = nstate;
+    a.i[3] = back;
     /* while_grad(v0..., lifted..., gv...) -> (gv0..., glifted...) */
     if (s == KILN_OK) s = emit(ctx, KILN_OP_WHILE_GRAD, &a, nstate, ctx->in, gy, 0, gin);
+    kiln_body_release(back);
     kiln_release_all(gy, ctx->nout);
     return s;
 }

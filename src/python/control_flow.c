@@ -31,6 +31,7 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
         return NULL;
     }
     kiln_graph *bodies[2] = {NULL, NULL};
+    int64_t ids[2] = {-1, -1}; /* registered for this call (a tape node recording it holds them too) */
     kiln_tensor **lifted = NULL, **in = NULL;
     int nlifted = 0;
     PyObject *result = NULL;
@@ -61,7 +62,8 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     for (int k = 0; k < 2 && s == KILN_OK; k++) {
         kiln_graph *b = bodies[k];
         bodies[k] = NULL;
-        s = kiln_body_register(b, &a.i[k]);
+        s = kiln_body_register(b, &ids[k]);
+        a.i[k] = ids[k];
     }
     kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
     if (s == KILN_OK && (nout < 1 || nout > KILN_MAX_OUTPUTS))
@@ -86,6 +88,8 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
 done:
     kiln_graph_free(bodies[0]);
     kiln_graph_free(bodies[1]);
+    kiln_body_release(ids[0]);
+    kiln_body_release(ids[1]);
     if (lifted) kiln_release_all(lifted, nlifted);
     free(lifted);
     PyMem_Free(in);
@@ -94,8 +98,15 @@ done:
     return result;
 }
 
+/* live_bodies() -> int: control-flow bodies registered and not yet freed (for tests) */
+static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(kiln_body_live_count());
+}
+
 PyMethodDef pykiln_control_functions[] = {
     {"apply_control", py_apply_control, METH_VARARGS,
      "apply_control(kind, tracers, inputs): one if / while node over bodies traced by nested Tracers"},
+    {"live_bodies", py_live_bodies, METH_NOARGS, "control-flow bodies registered and not yet freed"},
     {NULL, NULL, 0, NULL},
 };

@@ -429,16 +429,22 @@ static kiln_attrs while_attrs_of(const kiln_graph *g) {
     return a;
 }
 
-/* Eagerly through registered bodies, with autograd: d sum(loop(x)) / dx = 2^T, T from the data. */
+/* Eagerly through registered bodies, with autograd: d sum(loop(x)) / dx = 2^T, T from the data.
+ * The caller's references to the bodies go right after the call: the tape node holds them for the
+ * backward, and once the results are gone every body (the backward's too) is freed. */
 static void test_eager_apply_and_gradient(void) {
     kiln_graph *g = parse(doubling_loop);
     if (!g) return;
+    int64_t live = kiln_body_live_count();
     kiln_attrs a = while_attrs_of(g);
+    CHECK(kiln_body_live_count() == live + 2);
     int64_t n = 3;
     const float xv[3] = {1, 2, 3};
     kiln_tensor *x = tensor_f32(1, &n, xv), *limit = scalar_f32(30), *in[2] = {x, limit}, *y = NULL, *sum = NULL;
     CHECK_OK(kiln_tensor_set_requires_grad(x, true));
     CHECK_OK(kiln_apply(KILN_OP_WHILE, 2, in, &a, &y));
+    kiln_body_release(a.i[0]), kiln_body_release(a.i[1]);
+    CHECK(kiln_body_live_count() == live + 2); /* held by y's tape node */
     CHECK(y && close_f32(y->data, (const float[]){8, 16, 24}, 3, 0)); /* 6 -> 12 -> 24 -> 48 */
     if (y) CHECK_OK(kiln_emit_reduce(KILN_OP_SUM, y, 1, false, &sum));
     kiln_tensor *gx = NULL;
@@ -446,6 +452,9 @@ static void test_eager_apply_and_gradient(void) {
     CHECK(gx && close_f32(gx->data, (const float[]){8, 8, 8}, 3, 0));
     kiln_tensor_release(x), kiln_tensor_release(limit), kiln_tensor_release(y), kiln_tensor_release(sum);
     kiln_tensor_release(gx);
+    CHECK(kiln_body_live_count() == live);
+    CHECK(!kiln_body_graph(a.i[0])); /* a released body's id names nothing */
+    kiln_clear_error();
     kiln_graph_free(g);
 }
 

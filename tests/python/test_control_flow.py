@@ -427,3 +427,35 @@ def test_control_flow_under_every_backend(backend, level):
         x, s = T([k, k, k]), T(1.0)
         close(jf(x, s), f(x, s))
     assert jf.cache_info().compiles == 1
+
+
+# ---- the bodies' lifetime ------------------------------------------------------------------------
+
+
+def test_bodies_are_freed_once_nothing_can_run_them():
+    """Bodies registered while capturing cond / while_loop (and the backward bodies of their
+    gradients) live only as long as a call or a tape node needs them: compiled graphs own copies."""
+    import gc
+
+    def branchy(x):
+        if x.sum() > 0:
+            y = x * 2
+        else:
+            y = x - 1
+        while y.sum() < 100:
+            y = y * 3
+        return y.sum()
+
+    x = kiln.Tensor(np.array([1.0, 2.0], np.float32))
+    gc.collect()
+    before = kiln._C.live_bodies()
+    jf = kiln.jit(branchy)
+    for _ in range(3):
+        jf(x)
+    value, grad = kiln.value_and_grad(jf)(x)
+    np.testing.assert_allclose(value.asnumpy(), branchy(x).asnumpy())
+    np.testing.assert_allclose(grad.asnumpy(), [54.0, 54.0])
+    del value, grad
+    gc.collect()
+    assert kiln._C.live_bodies() == before
+    assert "while(" in jf.graph_str()
