@@ -1559,6 +1559,16 @@ def test_relu_gradient_at_nan_is_passed_on():
     np.testing.assert_array_equal(to_numpy(g), [1.0, 0.0, 0.0, 0.0, 1.0])
 
 
+def test_maximum_minimum_gradients_at_nan():
+    # PyTorch: the loser's gradient is zeroed (a tie halves it); with a NaN neither loses
+    a, b = kiln.Tensor([math.nan, 1.0, 2.0, 3.0]), kiln.Tensor([2.0, math.nan, 2.0, 1.0])
+    for f, want_a, want_b in [(ops.maximum, [1, 1, 0.5, 1], [1, 1, 0.5, 0]),
+                              (ops.minimum, [1, 1, 0.5, 0], [1, 1, 0.5, 1])]:
+        ga, gb = kiln.grad(lambda x, y: f(x, y).sum(), grad_position=(0, 1))(a, b)
+        np.testing.assert_array_equal(to_numpy(ga), want_a)
+        np.testing.assert_array_equal(to_numpy(gb), want_b)
+
+
 @pytest.mark.parametrize("jit_level", [None, "O0", "O1", "O2"])
 def test_dense_relu_keeps_nan(jit_level):
     # at O1 the relu is a matmul epilogue: applied to each block as the GEMM finishes it
