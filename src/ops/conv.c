@@ -347,6 +347,9 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
         if (ct == KILN_DTYPE_FLOAT32 && !empty)
             s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                    x[3] ? x[3]->data : NULL, res->data);
+        /* relu and clamp through kiln's kernel: oneDNN's drop NaN */
+        if (s == KILN_OK && ep && ep->activation != KILN_CONV_ACT_NONE && !kiln_conv_dnnl_applies(ep->activation))
+            s = kiln_op_table[kiln_conv_activation_ops[ep->activation]].kernel(&res, 1, act_attrs, &res);
         if (s == KILN_ERR_RUNTIME) {
             kiln_clear_error();
             /* the im2col GEMMs (float64 only) use all threads; matmul sets OpenBLAS back to one */

@@ -2,7 +2,8 @@
  * epilogue), created on first use with `any` memory formats (NHWC activations stay NHWC) and
  * kept in a small LRU cache together with the reorders between the user's NCHW / NHWC / OIHW
  * buffers and the formats the primitive chose. The epilogue runs as post-ops: the residual as
- * a `sum` (the destination is first filled with it), then the activation as an `eltwise`.
+ * a `sum` (the destination is first filled with it), then the activation as an `eltwise`
+ * (those kiln_conv_dnnl_applies; the caller applies relu and clamp).
  * Blocked copies and the scratchpad live in grow-only buffers shared by all primitives.
  * Everything runs under one mutex (the library is driven by one caller at a time).
  * Every primitive made is checked for oneDNN's reference implementation (slow: reported once
@@ -282,20 +283,28 @@ static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     return KILN_OK;
 }
 
+/* The activations oneDNN applies as post-ops. Not relu and clamp: its kernels compute them
+ * with max and min instructions (vmaxps x, 0), which give the bound for a NaN where kiln's
+ * kernels and PyTorch give NaN; the caller applies those after the convolution. */
 static const dnnl_alg_kind_t conv_activation_algs[KILN_CONV_ACT_COUNT] = {
-    [KILN_CONV_ACT_RELU] = dnnl_eltwise_relu,        [KILN_CONV_ACT_GELU] = dnnl_eltwise_gelu_erf,
-    [KILN_CONV_ACT_SILU] = dnnl_eltwise_swish,       [KILN_CONV_ACT_SIGMOID] = dnnl_eltwise_logistic,
-    [KILN_CONV_ACT_TANH] = dnnl_eltwise_tanh,        [KILN_CONV_ACT_CLAMP] = dnnl_eltwise_clip,
+    [KILN_CONV_ACT_GELU] = dnnl_eltwise_gelu_erf, [KILN_CONV_ACT_SILU] = dnnl_eltwise_swish,
+    [KILN_CONV_ACT_SIGMOID] = dnnl_eltwise_logistic, [KILN_CONV_ACT_TANH] = dnnl_eltwise_tanh,
 };
+
+bool kiln_conv_dnnl_applies(int64_t activation) {
+    return activation > KILN_CONV_ACT_NONE && activation < KILN_CONV_ACT_COUNT &&
+           conv_activation_algs[activation] != dnnl_alg_kind_undef;
+}
 
 /* The post-ops of the epilogue: residual (sum), then activation (eltwise). */
 static kiln_status conv_post_ops(const kiln_conv_epilogue *ep, dnnl_primitive_attr_t attr) {
-    if (!ep->residual && ep->activation == KILN_CONV_ACT_NONE) return KILN_OK;
+    bool act = kiln_conv_dnnl_applies(ep->activation);
+    if (!ep->residual && !act) return KILN_OK;
     dnnl_post_ops_t po;
     DNNL_TRY(dnnl_post_ops_create(&po));
     dnnl_status_t ds = dnnl_success;
     if (ep->residual) ds = dnnl_post_ops_append_sum(po, 1.0f);
-    if (ds == dnnl_success && ep->activation != KILN_CONV_ACT_NONE) {
+    if (ds == dnnl_success && act) {
         float alpha = ep->activation == KILN_CONV_ACT_SILU ? 1.0f : (float)ep->alpha;
         ds = dnnl_post_ops_append_eltwise(po, 1.0f, conv_activation_algs[ep->activation], alpha, (float)ep->beta);
     }

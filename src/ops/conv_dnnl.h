@@ -33,7 +33,13 @@ typedef struct kiln_conv_epilogue {
 
 /* Runs one convolution on contiguous float32 buffers: activations NCHW (or ep->layout),
  * weights OIHW. `bias` (forward only), `residual` and `ep` (plain convolution) may be NULL.
- * KILN_ERR_RUNTIME when oneDNN cannot (the caller falls back to plain loops). */
+ * ep's activation is applied only where kiln_conv_dnnl_applies it: the caller applies the
+ * others to `out` afterwards. KILN_ERR_RUNTIME when oneDNN cannot (the caller falls back to
+ * plain loops). */
+/* Whether kiln_conv_dnnl_run applies `activation` (a kiln_conv_activation) as a post-op: not
+ * relu and clamp, which oneDNN computes with max/min instructions that drop NaN. */
+bool kiln_conv_dnnl_applies(int64_t activation);
+
 kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                const float *a, const float *b, const float *bias, const float *residual, float *out);
 

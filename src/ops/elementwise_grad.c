@@ -153,14 +153,15 @@ KILN_GRAD(pow) {
     return finish(&sc, ctx, gin, v);
 }
 
-/* maximum/minimum: the winner takes the gradient; ties split it evenly (as PyTorch). */
+/* maximum/minimum: the loser gets no gradient, ties split it evenly, and otherwise (the winner,
+ * or either input where one is NaN) it passes, as PyTorch. */
 static kiln_status select_grad(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin, kiln_op wins) {
     grad_scope sc = {0};
     kiln_tensor *zero = scalar(&sc, 0.0, G), *half = bin(&sc, KILN_OP_MUL, G, scalar(&sc, 0.5, G));
     kiln_tensor *tie = bin(&sc, KILN_OP_EQ, A, B);
     kiln_tensor *v[2] = {NULL, NULL};
-    if (ctx->needs_grad[0]) v[0] = where3(&sc, bin(&sc, wins, A, B), G, where3(&sc, tie, half, zero));
-    if (ctx->needs_grad[1]) v[1] = where3(&sc, bin(&sc, wins, B, A), G, where3(&sc, tie, half, zero));
+    if (ctx->needs_grad[0]) v[0] = where3(&sc, bin(&sc, wins, B, A), zero, where3(&sc, tie, half, G));
+    if (ctx->needs_grad[1]) v[1] = where3(&sc, bin(&sc, wins, A, B), zero, where3(&sc, tie, half, G));
     return finish(&sc, ctx, gin, v);
 }
 

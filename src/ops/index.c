@@ -1,6 +1,7 @@
 /* Indexing along one axis: gather (numpy.take), index_add, index_put, and the elementwise pair
  * gather_elements / scatter_add_elements (torch.gather / torch.scatter_add). Index tensors are
- * int32 or int64 of any layout; negative indices count from the end.
+ * int32 or int64 of any layout; negative indices count from the end. class_labels checks the
+ * integer labels of a loss (no wrapping).
  *
  * Along `axis` a tensor x is viewed as (outer, n, inner); gathering with K indices gives
  * (outer, K, inner) = x.shape[:axis] + idx.shape + x.shape[axis+1:], the "selection". */
@@ -565,4 +566,52 @@ KILN_GRAD(scatter_add_elements) {
         return kiln_apply(KILN_OP_GATHER_ELEMENTS, 2, ins, ctx->attrs, &gin[2]);
     }
     return KILN_OK;
+}
+
+/* ---- class_labels ----------------------------------------------------------------------- */
+
+KILN_INFER(class_labels) {
+    (void)nin;
+    KILN_TRY(kiln_attrs_expect("class_labels", a, 2, 0));
+    if (in[0]->meta.dtype != KILN_DTYPE_INT32 && in[0]->meta.dtype != KILN_DTYPE_INT64)
+        return kiln_error(KILN_ERR_TYPE, "class_labels: labels must be int32 or int64, got %s",
+                          kiln_dtype_name(in[0]->meta.dtype));
+    if (a->i[0] < 1)
+        return kiln_error(KILN_ERR_VALUE, "class_labels: the class count must be positive, got %lld",
+                          (long long)a->i[0]);
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+KILN_KERNEL(class_labels) {
+    (void)nin;
+    kiln_tensor *c, *o = out[0];
+    KILN_TRY(kiln_to_contiguous(in[0], in[0]->meta.dtype, &c));
+    int64_t K = c->numel, classes = a->i[0], ignore = a->i[1], bad = K;
+    bool i32 = c->meta.dtype == KILN_DTYPE_INT32;
+    const int32_t *p32 = c->data;
+    const int64_t *p64 = c->data;
+    kiln_tensor *r = o;
+    kiln_status s = kiln_tensor_is_contiguous(o) ? KILN_OK : kiln_tensor_empty(o->meta.dtype, o->meta.ndim, o->meta.shape, &r);
+    if (s == KILN_OK) {
+        int32_t *q32 = r->data;
+        int64_t *q64 = r->data;
+#pragma omp parallel for if (K >= KILN_PARALLEL_MIN) reduction(min : bad) schedule(static)
+        for (int64_t k = 0; k < K; k++) {
+            int64_t v = i32 ? p32[k] : p64[k];
+            if (v == ignore) v = 0;
+            else if (v < 0 || v >= classes) bad = k < bad ? k : bad, v = 0;
+            if (i32) q32[k] = (int32_t)v;
+            else q64[k] = v;
+        }
+        if (bad < K)
+            s = kiln_error(KILN_ERR_INDEX, "class_labels: label %lld is out of range for %lld classes (expected 0 to %lld, or "
+                           "ignore_index %lld)", (long long)(i32 ? p32[bad] : p64[bad]), (long long)classes,
+                           (long long)classes - 1, (long long)ignore);
+        else if (r != o)
+            s = kiln_copy_into(o, r);
+    }
+    if (r != o) kiln_tensor_release(r);
+    kiln_tensor_release(c);
+    return s;
 }

@@ -1,4 +1,5 @@
-/* Indexing ops (gather, index_add, index_put, gather_elements, scatter_add_elements) against
+/* Indexing ops (gather, index_add, index_put, gather_elements, scatter_add_elements,
+ * class_labels) against
  * plain reference loops: dtypes, negative and duplicate indices, 0-d and 2-d index tensors,
  * strided inputs, finite-difference gradients and error cases. */
 #include "check.h"
@@ -652,7 +653,59 @@ static void test_errors(void) {
     kiln_tensor_release(eidx);
 }
 
+/* class_labels: ignored labels become 0, others pass; any other label outside [0, C) fails
+ * naming the label and C (negative labels never wrap); int32 and int64, strided, threaded. */
+static void test_class_labels(void) {
+    kiln_dtype dts[2] = {KILN_DTYPE_INT32, KILN_DTYPE_INT64};
+    for (int t = 0; t < 2; t++)
+        for (int big = 0; big < 2; big++) {
+            int64_t n = big ? 100000 : 10, shape[2] = {2, n};
+            kiln_tensor *x = NULL, *v = NULL, *y = NULL;
+            CHECK_OK(kiln_tensor_empty(dts[t], 2, shape, &x));
+            for (int64_t i = 0; i < 2 * n; i++) {
+                int64_t lab = i % 7 == 3 ? -100 : i % 5;
+                if (dts[t] == KILN_DTYPE_INT32) ((int32_t *)x->data)[i] = (int32_t)lab;
+                else ((int64_t *)x->data)[i] = lab;
+            }
+            int64_t perm[2] = {1, 0};
+            CHECK_OK(kiln_emit_permute(x, perm, &v));
+            kiln_attrs a;
+            kiln_attrs_clear(&a);
+            kiln_attrs_push_int(&a, 5);
+            kiln_attrs_push_int(&a, -100);
+            CHECK_OK(kiln_apply1(KILN_OP_CLASS_LABELS, v, &a, &y));
+            bool ok = y && y->meta.dtype == dts[t] && y->meta.shape[0] == n && y->meta.shape[1] == 2;
+            for (int64_t i = 0; ok && i < 2 * n; i++) {
+                double in = kiln_tensor_get_double(v, i), got = kiln_tensor_get_double(y, i);
+                ok = got == (in == -100 ? 0 : in);
+            }
+            CHECK(ok);
+            kiln_tensor_release(y), y = NULL;
+            /* one bad label, late in the buffer */
+            int64_t at = 2 * n - 3, bad[3] = {-1, 5, -101};
+            for (int b = 0; b < 3; b++) {
+                if (dts[t] == KILN_DTYPE_INT32) ((int32_t *)x->data)[at] = (int32_t)bad[b];
+                else ((int64_t *)x->data)[at] = bad[b];
+                CHECK_STATUS(kiln_apply1(KILN_OP_CLASS_LABELS, v, &a, &y), KILN_ERR_INDEX);
+                char want[64];
+                snprintf(want, sizeof want, "label %lld is out of range for 5 classes", (long long)bad[b]);
+                CHECK(y == NULL && strstr(kiln_last_error(), want));
+            }
+            kiln_tensor_release(v), kiln_tensor_release(x);
+        }
+    int64_t three = 3;
+    kiln_tensor *f = NULL, *y = NULL;
+    CHECK_OK(kiln_tensor_empty(KILN_DTYPE_FLOAT32, 1, &three, &f));
+    kiln_attrs a;
+    kiln_attrs_clear(&a);
+    kiln_attrs_push_int(&a, 5);
+    kiln_attrs_push_int(&a, -100);
+    CHECK_STATUS(kiln_apply1(KILN_OP_CLASS_LABELS, f, &a, &y), KILN_ERR_TYPE);
+    kiln_tensor_release(f);
+}
+
 int main(void) {
+    test_class_labels();
     test_gather();
     test_gather_large();
     test_index_add();

@@ -455,6 +455,36 @@ static void test_argmax(void) {
     kiln_tensor_release(x);
 }
 
+/* NaN, +inf and -inf sprinkled over x (about one element in `every`), and rows (last axis) of
+ * only -inf, only +inf and only NaN: every reduction and arg reduction over every axis mask
+ * against the reference (NaN propagates through max and min; the first NaN is the argmax). */
+static void sprinkle_specials(kiln_tensor *x, int64_t every) {
+    static const double sp[3] = {NAN, INFINITY, -INFINITY};
+    int64_t row = x->meta.ndim ? x->meta.shape[x->meta.ndim - 1] : 1;
+    for (int64_t i = 0; i < x->numel; i++) {
+        int64_t r = i / row;
+        double v = r % 7 == 1 ? -INFINITY : r % 7 == 3 ? INFINITY : r % 11 == 5 ? NAN : 0;
+        if (v == 0 && (int64_t)(rnd() * (double)every) == 0) v = sp[(int)(rnd() * 3)];
+        if (v == 0) continue;
+        if (x->meta.dtype == KILN_DTYPE_FLOAT32) ((float *)x->data)[i] = (float)v;
+        else ((double *)x->data)[i] = v;
+    }
+}
+
+static void test_special_values(void) {
+    static const int64_t shapes[][4] = {{2, 5, 12}, {3, 4, 3, 7}, {2, 3, 300}, {2, 300, 3}, {2, 64, 1030}};
+    for (int t = 0; t < 2; t++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            kiln_dtype dt = t ? KILN_DTYPE_FLOAT32 : KILN_DTYPE_FLOAT64;
+            int nd = (int)shapes[k][0];
+            kiln_tensor *x = tensor_of(dt, nd, shapes[k] + 1, -1, 1);
+            sprinkle_specials(x, 50);
+            check_all_masks(x, x, t ? 2e-5 : 1e-12);
+            check_arg(x);
+            kiln_tensor_release(x);
+        }
+}
+
 /* ---- softmax family --------------------------------------------------------------------- */
 
 /* kind 0 softmax, 1 log_softmax, 2 softmax_backward(a=g, b=y), 3 log_softmax_backward */
@@ -722,6 +752,7 @@ int main(void) {
     test_half_inputs();
     test_empty_and_scalar();
     test_nan_propagation();
+    test_special_values();
     test_argmax();
     test_softmax();
     test_gradients();

@@ -721,6 +721,146 @@ def test_nll_loss():
     close(nn.NLLLoss()(T(logp), T(y)), -logp[np.arange(4), y].mean(), atol=1e-12)
 
 
+# ---- issue 18, item 5: labels out of range raise (a negative label used to wrap to class C - 1);
+# ignore_index (default -100) adds nothing to the loss or its gradient ------------------------------
+
+
+@pytest.mark.parametrize("label", [-1, 4, 7, -101])
+@pytest.mark.parametrize("loss_cls", [nn.CrossEntropyLoss, nn.NLLLoss])
+def test_loss_labels_out_of_range_raise(loss_cls, label):
+    logits = T(rng(40).standard_normal((3, 4)))
+    labels = T(np.array([0, label, 2]))
+    with pytest.raises(IndexError, match=rf"label {label} is out of range for 4 classes"):
+        loss_cls()(logits, labels)
+    with pytest.raises(IndexError, match=rf"label {label} is out of range for 4 classes"):
+        loss_cls()(logits, T(np.array([0, label, 2], np.int32)))
+    # -1 is a valid ignore_index; the default -100 is ignored
+    loss_cls(ignore_index=label)(logits, labels)
+    loss_cls()(logits, T(np.array([0, -100, 2])))
+
+
+@pytest.mark.parametrize("jit_kw", [{}, {"jit_level": "O1"}, {"jit_level": "O1", "backend": "sink"}, {"jit_level": "O2"}],
+                         ids=lambda k: "-".join(map(str, k.values())) or "O0")
+def test_jitted_loss_checks_labels_in_c(jit_kw):
+    # compiled with valid labels, then given bad ones: the graph's class_labels kernel raises
+    loss_fn = nn.CrossEntropyLoss()
+
+    def f(z, y):
+        return loss_fn(z, y)
+
+    z = T(rng(41).standard_normal((3, 5)))
+    jf = kiln.jit(f, **jit_kw)
+    jf(z, T(np.array([0, 1, 2])))
+    assert "class_labels(" in jf.graph_str(z, T(np.array([0, 1, 2])))
+    close(jf(z, T(np.array([4, -100, 2]))), ce_ref(z.asnumpy(), np.array([4, -100, 2])), atol=1e-12)
+    for bad in (-1, 5):
+        with pytest.raises(IndexError, match=rf"label {bad} is out of range for 5 classes"):
+            jf(z, T(np.array([0, bad, 2])))
+    assert jf.cache_info().eager_calls == 0
+    # the compiled backward too
+    step = kiln.value_and_grad(jf)
+    with pytest.raises(IndexError, match="label -1 is out of range for 5 classes"):
+        step(z, T(np.array([0, -1, 2])))
+
+
+def _ce_grad_ref(z, y, weight=None, ignore_index=-100, smoothing=0.0, reduction="mean"):
+    """d loss / d logits by PyTorch's rules: per counted sample w[y] * (softmax - target), the
+    target mixing the one-hot with s / C (weighted by w per class); ignored samples 0."""
+    c = z.shape[1]
+    w = np.ones(c) if weight is None else weight
+    p = np.exp(log_softmax_ref(z, 1))
+    keep = y != ignore_index
+    ys = np.where(keep, y, 0)
+    onehot = np.eye(c)[ys]
+    # d(-w[y] logp[y]) = w[y] (p - onehot); d(-sum_k w_k logp_k) = sum_k w_k p - w
+    g = (1 - smoothing) * w[ys][:, None] * (p - onehot) + smoothing / c * (w.sum() * p - w)
+    g = g * keep[:, None]
+    if reduction == "mean":
+        g = g / (keep * w[ys]).sum()
+    return g
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"reduction": "sum"}, {"label_smoothing": 0.2}, {"ignore_index": 1},
+    {"weight": np.array([0.2, 1.0, 2.0, 0.5]), "label_smoothing": 0.1},
+    {"weight": np.array([0.2, 1.0, 2.0, 0.5]), "label_smoothing": 0.3, "reduction": "sum"},
+])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cross_entropy_ignore_index_forward_and_grad(kw, compiled):
+    z = rng(42).standard_normal((6, 4)) * 2
+    ignore = kw.get("ignore_index", -100)
+    y = np.array([0, ignore, 3, 1, ignore, 2])
+    z[1, 0] = z[4, 0] = -np.inf  # an ignored sample's class 0 at -inf still adds exactly 0
+    kwargs = dict(kw)
+    if "weight" in kwargs:
+        kwargs["weight"] = T(kwargs["weight"])
+    loss_fn = nn.CrossEntropyLoss(**kwargs)
+
+    def f(t, labels):
+        return loss_fn(t, labels)
+
+    f = kiln.jit(f, jit_level="O1") if compiled else f
+    ref_kw = {"weight": kw.get("weight"), "ignore_index": ignore,
+              "smoothing": kw.get("label_smoothing", 0.0), "reduction": kw.get("reduction", "mean")}
+    zk = z.copy()
+    zk[1, 0] = zk[4, 0] = 0.0  # NumPy's reference reads them; they must not matter
+    expected = ce_ref(zk, y, **ref_kw)
+    for _ in range(2):  # compiled: capture, then the graph
+        loss, g = kiln.value_and_grad(f)(T(z), T(y))
+        close(loss, expected, atol=1e-12)
+        g = g.asnumpy()
+        assert np.isfinite(g).all(), g
+        np.testing.assert_array_equal(g[[1, 4]], 0.0)
+        zg = z.copy()
+        zg[1, 0] = zg[4, 0] = 0.0
+        close(g, _ce_grad_ref(zg, y, **ref_kw), atol=1e-12)
+
+
+def test_cross_entropy_mean_divides_by_the_counted_labels():
+    z = rng(43).standard_normal((2, 3, 5))  # (N, C, d): spatial labels
+    y = np.array([[0, -100, 2, 1, -100], [2, 2, -100, 0, 1]])
+    logp = log_softmax_ref(z, 1)
+    keep = y != -100
+    picked = np.take_along_axis(logp, np.where(keep, y, 0)[:, None], 1)[:, 0]
+    close(nn.CrossEntropyLoss()(T(z), T(y)), -(picked * keep).sum() / keep.sum(), atol=1e-12)
+    close(nn.NLLLoss()(T(logp), T(y)), -(picked * keep).sum() / keep.sum(), atol=1e-12)
+    close(nn.CrossEntropyLoss(reduction="none")(T(z), T(y)), -picked * keep, atol=1e-12)
+    # every label ignored: 0 / 0, as PyTorch
+    assert math.isnan(nn.CrossEntropyLoss()(T(z), T(np.full((2, 5), -100))).item())
+
+
+def test_cross_entropy_finite_differences():
+    from conftest import check_grad
+
+    y = T(np.array([2, -100, 0, 1]))
+    w = T(np.array([0.5, 1.0, 2.0]))
+    z = rng(44).standard_normal((4, 3))
+    check_grad(lambda t: nn.CrossEntropyLoss()(t, y), z)
+    check_grad(lambda t: nn.CrossEntropyLoss(weight=w, label_smoothing=0.2)(t, y), z)
+    check_grad(lambda t: nn.NLLLoss(weight=w, reduction="sum")(t, y), z)
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 1}, {"label_smoothing": 0.15},
+    {"weight": [0.2, 1.0, 2.0, 0.5], "label_smoothing": 0.2},
+])
+def test_cross_entropy_against_torch(kw):
+    torch = pytest.importorskip("torch")
+    z = rng(45).standard_normal((6, 4))
+    y = np.array([0, -100, 3, 1, 1, 2])
+    tkw = {k: (torch.tensor(v, dtype=torch.float64) if k == "weight" else v) for k, v in kw.items()}
+    kkw = {k: (T(np.array(v)) if k == "weight" else v) for k, v in kw.items()}
+    zt = torch.tensor(z, requires_grad=True)
+    lt = torch.nn.CrossEntropyLoss(**tkw)(zt, torch.tensor(y))
+    lt.sum().backward()
+    fn = nn.CrossEntropyLoss(**kkw)
+    loss, g = kiln.value_and_grad(lambda t: fn(t, T(y)).sum())(T(z))
+    close(fn(T(z), T(y)), lt.detach().numpy(), atol=1e-12)
+    close(g, zt.grad.numpy(), atol=1e-12)
+    with pytest.raises(IndexError):
+        torch.nn.CrossEntropyLoss()(zt, torch.tensor([0, -1, 3, 1, 1, 2]))
+
+
 # ---- optimizers vs NumPy ---------------------------------------------------------------------------------------
 
 

@@ -1397,3 +1397,226 @@ def test_methods_match_functions():
     assert_close(t.square(), a * a)
     assert_close(t.double(), a)
     assert t.float().dtype is kiln.float32 and t.half().dtype is kiln.float16 and t.int().dtype is kiln.int32
+
+
+# ---- NaN and ±inf (issue 18) ---------------------------------------------------------------
+# Every elementwise op and reduction of the tables above on NaN, ±inf, ±0 and large values:
+# eager, jitted at O1 (the op fused with a scaling into generated C) and sunk. NaN propagates
+# through relu, clamp, maximum / minimum, max / min, argmax, softmax and max_pool as in PyTorch
+# (NumPy's np.maximum, np.max, np.argmax propagate it too; np.fmax would not).
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -2.0, 0.5, -0.25, 3.0, 1e30, -1e30])
+SPECIAL_MODES = ("eager", "O1", "sink")
+# where NumPy's reference differs from PyTorch, PyTorch's rule:
+SPECIAL_REF = {
+    "sign": lambda x: np.where(np.isnan(x), 0.0, np.sign(x)),  # torch.sign(nan) is 0 (NumPy: nan)
+    # torch.relu is clamp_min(x, 0): -0.0 stays -0.0 (NumPy's vectorized maximum gives 0.0)
+    "relu": lambda x: np.where(x < 0, 0.0, x),
+}
+# ops whose zero results must keep the sign PyTorch gives (relu(-0.0) = -0.0, abs(-0.0) = 0.0)
+SIGNED_ZEROS = {"neg", "abs", "relu", "clamp"}
+
+
+def _special_call(mode, kfn, arrays, dtype, fused=True):
+    """kfn on arrays as dtype tensors: eager, or jitted (mode O1: kernel by kernel, sink) after
+    scaling each input by 2 (so the op is fused with the scaling into generated C, where an op
+    alone would run its kernel; `fused`: check that it was). Returns (result, the inputs kfn saw
+    as NumPy arrays)."""
+    ts = [kiln.Tensor(a, dtype) for a in arrays]
+    if mode == "eager":
+        return kfn(*ts), arrays
+    if len(arrays) == 1:
+        def f(x):
+            return kfn(x * 2.0)
+    else:
+        def f(x, y):
+            return kfn(x * 2.0, y * 2.0)
+    jf = kiln.jit(f, capture_mode="trace", jit_level="O1", backend="sink" if mode == "sink" else "kbk")
+    jf(*ts)
+    out = jf(*ts)
+    assert jf.cache_info().hits >= 1, jf.cache_info()
+    if fused:
+        assert "= fused(" in jf.graph_str(*ts), jf.graph_str(*ts)
+    return out, [(a.astype(NP_DTYPE[dtype]) * 2).astype(a.dtype) for a in arrays]
+
+
+def _special_modes():
+    return [(m, d) for m in SPECIAL_MODES for d in (FLOATS if m == "eager" else (kiln.float32,))]
+
+
+def _check_special(name, out, expected, dtype):
+    with np.errstate(all="ignore"):
+        assert_close(out, expected, dtype, check_dtype=out.dtype.is_floating_point)
+    if name in SIGNED_ZEROS:
+        got, want = to_numpy(out), np.asarray(expected)
+        zero = want == 0
+        np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(want[zero]), err_msg=f"{name}: sign of zero")
+
+
+@pytest.mark.parametrize("mode,dtype", _special_modes(), ids=lambda v: v if isinstance(v, str) else dtype_name(v))
+@pytest.mark.parametrize("case", UNARY, ids=UNARY_IDS)
+def test_unary_special_values(case, mode, dtype):
+    name, kfn, nfn, _, _ = case
+    a = SPECIAL.reshape(3, 4)
+    out, seen = _special_call(mode, kfn, [a], dtype)
+    x = seen[0].astype(NP_DTYPE[dtype])  # in the op's dtype: 1e30 squared overflows float32
+    with np.errstate(all="ignore"):
+        expected = SPECIAL_REF.get(name, nfn)(x)
+    _check_special(name, out, expected, dtype)
+
+
+@pytest.mark.parametrize("mode,dtype", _special_modes(), ids=lambda v: v if isinstance(v, str) else dtype_name(v))
+@pytest.mark.parametrize("case", BINARY, ids=BINARY_IDS)
+def test_binary_special_values(case, mode, dtype):
+    name, kfn, nfn, kind = case
+    a, b = np.meshgrid(SPECIAL, SPECIAL, indexing="ij")  # every pair
+    out, (x, y) = _special_call(mode, kfn, [a, b], dtype)
+    with np.errstate(all="ignore"):
+        expected = nfn(x.astype(NP_DTYPE[dtype]), y.astype(NP_DTYPE[dtype]))
+    _check_special(name, out, expected, dtype)
+
+
+def _special_rows():
+    """(4, 3, 5): rows (last axis) holding a NaN, +inf, -inf, both infinities, only -inf, only
+    +inf, ±0 and plain values; the other axes mix them too."""
+    rng = make_rng(70)
+    a = rng.uniform(-3, 3, (4, 3, 5))
+    a[0, 0, 2] = np.nan
+    a[0, 1, :] = -np.inf
+    a[0, 2, 4] = np.inf
+    a[1, 0, 0] = np.inf
+    a[1, 0, 3] = -np.inf
+    a[1, 1, :] = np.inf
+    a[1, 2, [1, 3]] = [0.0, -0.0]
+    a[2, 0, 4] = np.nan
+    a[2, 0, 1] = np.inf
+    a[2, 1, 0] = -np.inf
+    a[3, 2, :] = np.nan
+    return a
+
+
+SPECIAL_REDUCTIONS = REDUCTIONS + [("argmax", ops.argmax), ("argmin", ops.argmin)]
+
+
+@pytest.mark.parametrize("mode,dtype", _special_modes(), ids=lambda v: v if isinstance(v, str) else dtype_name(v))
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2)], ids=repr)
+@pytest.mark.parametrize("case", SPECIAL_REDUCTIONS, ids=lambda c: c[0])
+def test_reduction_special_values(case, axis, mode, dtype):
+    name, kfn = case
+    if name.startswith("arg") and isinstance(axis, tuple):
+        pytest.skip("argmax/argmin take one axis")
+    # sum, mean, max and min over the last axis alone are fused (row kernels); the others run
+    # their kernels
+    out, (x,) = _special_call(mode, lambda t: kfn(t, axis), [_special_rows()], dtype,
+                              fused=axis == -1 and name in ("sum", "mean", "max", "min"))
+    x = round_to(x, dtype).astype(np.float64)
+    with np.errstate(all="ignore"):
+        if name.startswith("arg"):  # the first NaN wins, as in NumPy and PyTorch
+            expected = getattr(np, name)(x, axis=axis)
+        else:
+            expected = _np_reduce(name, x, axis, False)
+    assert_close(out, expected, out.dtype, rtol=1e-5 if dtype is kiln.float32 else None)
+
+
+@pytest.mark.parametrize("mode,dtype", _special_modes(), ids=lambda v: v if isinstance(v, str) else dtype_name(v))
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_special_values(name, axis, mode, dtype):
+    # rows with a NaN, an +inf or only -inf are NaN throughout (PyTorch too); -inf entries of
+    # other rows get probability 0
+    nfn = _np_softmax if name == "softmax" else _np_log_softmax
+    out, (x,) = _special_call(mode, lambda t: getattr(ops, name)(t, axis), [_special_rows()], dtype, fused=axis == -1)
+    with np.errstate(all="ignore"):
+        expected = nfn(round_to(x, dtype).astype(np.float64), axis)
+    assert_close(out, expected, dtype)
+
+
+@pytest.mark.parametrize("mode", SPECIAL_MODES)
+def test_max_pool2d_special_values(mode):
+    # a NaN anywhere in a window makes that output NaN, as in PyTorch
+    x = make_rng(71).uniform(-5, 5, (1, 2, 6, 6))
+    x[0, 0, 1, 1], x[0, 0, 4, 5], x[0, 1, 0, 3], x[0, 1, 5, 0] = np.nan, np.inf, -np.inf, np.nan
+    x[0, 1, 2:4, 2:4] = -np.inf
+    out, (seen,) = _special_call(mode, lambda t: ops.max_pool2d(t, 3, 2, 1), [x], kiln.float32, fused=False)
+    seen = round_to(seen, kiln.float32).astype(np.float64)
+    with np.errstate(all="ignore"):
+        assert_close(out, pool2d_ref(seen, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, "max"), kiln.float32)
+
+
+# the reproducers of issue 18, item 4: relu hid NaN (a NaN loss became 0)
+def test_relu_of_nan_is_nan():
+    assert math.isnan(ops.relu(kiln.Tensor([math.nan])).item())
+    jf = kiln.jit(lambda x: ops.relu(x * 1.5) + 1.0, capture_mode="trace", jit_level="O1")
+    x = kiln.Tensor([math.nan, -1.0, 2.0])
+    jf(x)
+    assert "= fused(" in jf.graph_str(x)
+    np.testing.assert_array_equal(to_numpy(jf(x)), [np.nan, 1.0, 4.0])
+
+
+def test_relu_gradient_at_nan_is_passed_on():
+    # PyTorch's threshold_backward: the gradient is zeroed where relu(x) <= 0, so NaN passes it
+    x = kiln.Tensor([math.nan, -1.0, 0.0, -0.0, 2.0])
+    g = kiln.grad(lambda t: ops.relu(t).sum())(x)
+    np.testing.assert_array_equal(to_numpy(g), [1.0, 0.0, 0.0, 0.0, 1.0])
+
+
+def test_maximum_minimum_gradients_at_nan():
+    # PyTorch: the loser's gradient is zeroed (a tie halves it); with a NaN neither loses
+    a, b = kiln.Tensor([math.nan, 1.0, 2.0, 3.0]), kiln.Tensor([2.0, math.nan, 2.0, 1.0])
+    for f, want_a, want_b in [(ops.maximum, [1, 1, 0.5, 1], [1, 1, 0.5, 0]),
+                              (ops.minimum, [1, 1, 0.5, 0], [1, 1, 0.5, 1])]:
+        ga, gb = kiln.grad(lambda x, y: f(x, y).sum(), grad_position=(0, 1))(a, b)
+        np.testing.assert_array_equal(to_numpy(ga), want_a)
+        np.testing.assert_array_equal(to_numpy(gb), want_b)
+
+
+@pytest.mark.parametrize("jit_level", [None, "O0", "O1", "O2"])
+def test_dense_relu_keeps_nan(jit_level):
+    # at O1 the relu is a matmul epilogue: applied to each block as the GEMM finishes it
+    net = kiln.nn.Dense(4, 3, activation="relu")
+    x = np.ones((2, 4), np.float32)
+    x[1, 2] = np.nan
+    xt = kiln.Tensor(x)
+    f = net if jit_level is None else kiln.jit(net, jit_level=jit_level)
+    f(xt)
+    out = to_numpy(f(xt))
+    assert np.isnan(out[1]).all() and not np.isnan(out[0]).any(), out
+    if jit_level == "O1":
+        assert "matmul_epilogue(" in f.graph_str(xt), f.graph_str(xt)
+
+
+@pytest.mark.parametrize("act", ["relu", "clamp"])
+@pytest.mark.parametrize("infer_boost", ["off", "on"])
+def test_conv_relu_and_clamp_epilogues_keep_nan(act, infer_boost):
+    # oneDNN's relu and clip post-ops are max/min instructions that turn NaN into the bound:
+    # conv2d_fused applies these through kiln's kernel
+    from kiln.ops import nn_functional as F
+    rng = make_rng(72)
+    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    x[0, 3, 2, 2] = np.nan
+    w = (rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    activation = ops.relu if act == "relu" else (lambda t: ops.clamp(t, -0.5, 0.5))
+
+    def f(x, w, b):
+        return activation(F.conv2d(x, w, b, padding=1))
+
+    args = [kiln.Tensor(v) for v in (x, w, b)]
+    eager = to_numpy(f(*args))
+    assert np.isnan(eager).sum() == 16 * 9  # the NaN's 3x3 neighbourhood in every channel
+    jf = kiln.jit(f, jit_level="O1", infer_boost=infer_boost)
+    jf(*args)
+    got = to_numpy(jf(*args))
+    assert "conv2d_fused(" in jf.graph_str(*args)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+    np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_maximum_max_and_clamp_keep_nan():
+    x = kiln.Tensor([1.0, math.nan, 3.0])
+    assert np.isnan(to_numpy(ops.maximum(x, kiln.Tensor([0.0, 0.0, 0.0]))))[1]
+    assert np.isnan(to_numpy(ops.minimum(kiln.Tensor([0.0, 0.0, 0.0]), x)))[1]
+    assert math.isnan(ops.max(x).item()) and math.isnan(ops.min(x).item())
+    assert ops.argmax(x).item() == 1 and ops.argmin(x).item() == 1
+    assert math.isnan(ops.clamp(x, 0.0, 2.0)[1].item())
+    # min > max: every value becomes max, as torch.clamp (NaN stays NaN)
+    np.testing.assert_array_equal(to_numpy(ops.clamp(x, 2.0, 1.0)), [1.0, np.nan, 1.0])

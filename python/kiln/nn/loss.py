@@ -1,6 +1,7 @@
 """Loss cells: MSELoss, L1Loss, CrossEntropyLoss, NLLLoss."""
 from .. import _C
 from .. import ops
+from .._optable import OP
 from .cell import Cell
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -59,9 +60,11 @@ class CrossEntropyLoss(LossBase):
     (N,) / (N, d1, ...) or class probabilities of the logits' shape.
 
     weight: optional per-class weights (C,). ignore_index: integer labels equal to it add
-    nothing (and are left out of the mean). label_smoothing s mixes the target with the
-    uniform distribution: (1 - s) * target + s / C. With integer labels and reduction='mean'
-    the sum is divided by the total weight of the counted labels (PyTorch's rule)."""
+    nothing, to the loss or its gradient (and are left out of the mean). Any other label
+    outside [0, C) raises IndexError naming it and C, when the loss runs (in compiled graphs
+    too). label_smoothing s mixes the target with the uniform distribution: (1 - s) * target
+    + s / C. With integer labels and reduction='mean' the sum is divided by the total weight
+    of the counted labels (PyTorch's rule)."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
         super().__init__(reduction)
@@ -106,15 +109,17 @@ class CrossEntropyLoss(LossBase):
             raise ValueError(f"CrossEntropyLoss: labels of shape {labels.shape} do not match logits of shape "
                              f"{logits.shape}; expected {expected}")
         keep = ops.ne(labels, self.ignore_index)
-        safe = ops.where(keep, labels, ops.zeros_like(labels))
+        # checked in C, so a compiled loss raises too; ignored labels read class 0
+        safe = _C.apply(OP.class_labels, (labels,), (num_classes, self.ignore_index))
         picked = ops.squeeze(ops.gather_elements(logp, 1, ops.unsqueeze(safe, 1)), 1)
-        nll = ops.neg(picked)
         sample_w = ops.cast(keep, logp.dtype)
         if w is not None:
             sample_w = sample_w * ops.gather(self.weight, safe, 0).astype(logp.dtype)
-        loss = nll * sample_w
+        # where, not a product with the 0/1 mask: an ignored position whose class-0 log
+        # probability is -inf (or NaN) still adds 0, and 0 to the gradient
+        loss = ops.where(keep, ops.neg(picked) * sample_w, 0.0)
         if self.label_smoothing:
-            smooth = ops.neg(ops.sum(logp if w is None else logp * w, 1)) * ops.cast(keep, logp.dtype)
+            smooth = ops.where(keep, ops.neg(ops.sum(logp if w is None else logp * w, 1)), 0.0)
             loss = loss * (1.0 - self.label_smoothing) + smooth * (self.label_smoothing / num_classes)
         if self.reduction == "mean":
             return ops.sum(loss) / ops.sum(sample_w)
