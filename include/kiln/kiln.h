@@ -109,6 +109,14 @@ KILN_API bool kiln_tensor_is_contiguous(const kiln_tensor *t);
 /* Storage version: bumped by every in-place write, checked by autograd. */
 KILN_API int64_t kiln_tensor_version(const kiln_tensor *t);
 KILN_API void kiln_tensor_bump_version(kiln_tensor *t);
+/* Read-only storage: memory its owner does not let kiln write (a read-only buffer, an mmap opened
+ * for reading, an immutable bytes object). Marks the storage t views, for every tensor sharing it,
+ * for good; ops that write in place then fail with KILN_ERR_VALUE instead of writing. */
+KILN_API void kiln_tensor_set_read_only(kiln_tensor *t);
+KILN_API bool kiln_tensor_is_read_only(const kiln_tensor *t);
+/* Whether t's layout makes several elements share memory: a broadcast view, a stride of 0 on an
+ * axis longer than 1. Such tensors are read as they are but never written in place. */
+KILN_API bool kiln_tensor_overlaps(const kiln_tensor *t);
 /* Whether two tensors share storage. */
 KILN_API bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *b);
 

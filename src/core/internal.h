@@ -82,6 +82,11 @@ kiln_status kiln_normalize_axis(const char *op, int64_t *axis, const kiln_meta *
 /* "(2, 3) and (4,)" style list of input shapes for error messages. */
 char *kiln_shapes_str(kiln_tensor *const *in, int nin, char *buf, size_t size);
 
+/* KILN_OK when t may be written in place; else KILN_ERR_VALUE ("op: assignment destination is
+ * read-only (what ...)") when its storage is read-only or its layout overlaps (a broadcast view).
+ * Every kernel that writes an input in place calls it first, before writing anything. */
+kiln_status kiln_check_writable(const char *op, const char *what, const kiln_tensor *t);
+
 /* ---- strided iteration ---------------------------------------------------------------- */
 
 /* Inner loop over n elements: ptrs[k] advances by strides[k] bytes. */

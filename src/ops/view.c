@@ -246,6 +246,7 @@ KILN_INFER(slice_assign) {
 
 KILN_KERNEL(slice_assign) {
     (void)nin;
+    KILN_TRY(kiln_check_writable("index assignment", "the tensor", in[0]));
     kiln_tensor *view;
     KILN_TRY(slice_view(in[0], a, &view));
     kiln_status s = kiln_copy_into(view, in[1]);

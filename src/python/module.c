@@ -278,7 +278,7 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(kiln_num_threads());
 }
 
-/* from_numpy(array): a tensor sharing the array's memory */
+/* from_numpy(array): a tensor sharing the array's memory; read-only when the buffer is */
 static PyObject *py_from_buffer(PyObject *self, PyObject *arg) {
     (void)self;
     if (pykiln_is_tensor(arg) || !PyObject_CheckBuffer(arg)) {
@@ -357,7 +357,7 @@ static PyMethodDef module_methods[] = {
     {"manual_seed", py_manual_seed, METH_O, "seed the random generator"},
     {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
-    {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array"},
+    {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array (read-only if the buffer is)"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
