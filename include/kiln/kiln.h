@@ -131,8 +131,13 @@ KILN_API void kiln_manual_seed(uint64_t seed);
 
 /* ---- threads -------------------------------------------------------------------------- */
 
+/* The most threads kernels may be given: far more than any CPU kiln runs on has cores, and
+ * few enough that OpenMP can start them (it crashes, or aborts the process, when it cannot). */
+#define KILN_MAX_THREADS 1024
+
 KILN_API int kiln_num_threads(void);
-KILN_API void kiln_set_num_threads(int n);
+/* Threads kernels may use: KILN_ERR_VALUE (and no change) unless 1 <= n <= KILN_MAX_THREADS. */
+KILN_API kiln_status kiln_set_num_threads(int64_t n);
 
 /* ---- oneDNN ---------------------------------------------------------------------------- */
 
