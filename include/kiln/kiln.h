@@ -122,7 +122,17 @@ KILN_API bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *
 
 /* "(2, 3)" into buf; returns buf. */
 KILN_API char *kiln_shape_str(const kiln_meta *m, char *buf, size_t size);
+/* The element count of a shape already known to be valid (a tensor's, an inferred one). */
 KILN_API int64_t kiln_shape_numel(int ndim, const int64_t *shape);
+/* The most elements a tensor may have (2^59): its size in bytes, and any offset into it, then
+ * fit in int64_t for every dtype. */
+#define KILN_MAX_NUMEL ((int64_t)1 << 59)
+/* The element count of a shape from outside (a user, attributes, a text): KILN_ERR_VALUE, with a
+ * message naming the shape, for more than KILN_MAX_DIMS dimensions, a negative dimension, or more
+ * than KILN_MAX_NUMEL elements; the product of the nonzero dimensions is bounded too, so any
+ * product of some of its dimensions fits (a shape (0, 2^40, 2^40) is refused). Every place that
+ * multiplies dimensions it did not get from a tensor checks them here first. */
+KILN_API kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *numel);
 
 /* ---- random --------------------------------------------------------------------------- */
 

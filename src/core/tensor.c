@@ -156,18 +156,35 @@ void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
     }
 }
 
-static kiln_status check_shape(int ndim, const int64_t *shape) {
+kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *numel) {
     if (ndim < 0 || ndim > KILN_MAX_DIMS)
         return kiln_error(KILN_ERR_VALUE, "tensors have at most %d dimensions, got %d", KILN_MAX_DIMS, ndim);
-    int64_t n = 1;
+    int64_t n = 1, nonzero = 1;
+    bool negative = false, large = false;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0)
-            return kiln_error(KILN_ERR_VALUE, "negative dimension %lld in a shape", (long long)shape[d]);
-        if (shape[d] && n > INT64_MAX / 16 / shape[d])
-            return kiln_error(KILN_ERR_VALUE, "shape too large");
-        n *= shape[d];
+        if (shape[d] < 0) {
+            negative = true;
+        } else if (shape[d] > 0) {
+            large |= nonzero > KILN_MAX_NUMEL / shape[d];
+            if (!large) nonzero *= shape[d];
+        }
     }
+    if (negative || large) {
+        char buf[200];
+        kiln_meta m;
+        kiln_meta_set(&m, KILN_DTYPE_FLOAT32, ndim, shape);
+        kiln_shape_str(&m, buf, sizeof buf);
+        if (negative) return kiln_error(KILN_ERR_VALUE, "negative dimension in shape %s", buf);
+        return kiln_error(KILN_ERR_VALUE, "shape %s is too large: a tensor holds at most 2^59 elements", buf);
+    }
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    *numel = n;
     return KILN_OK;
+}
+
+static kiln_status check_shape(int ndim, const int64_t *shape) {
+    int64_t n;
+    return kiln_shape_numel_checked(ndim, shape, &n);
 }
 
 static _Atomic uint64_t next_uid = 1;
