@@ -159,15 +159,13 @@ void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
 kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *numel) {
     if (ndim < 0 || ndim > KILN_MAX_DIMS)
         return kiln_error(KILN_ERR_VALUE, "tensors have at most %d dimensions, got %d", KILN_MAX_DIMS, ndim);
-    int64_t n = 1, nonzero = 1;
-    bool negative = false, large = false;
+    int64_t nonzero = 1; /* the product of the nonzero dimensions */
+    bool negative = false, zero = false, large = false;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0) {
-            negative = true;
-        } else if (shape[d] > 0) {
-            large |= nonzero > KILN_MAX_NUMEL / shape[d];
-            if (!large) nonzero *= shape[d];
-        }
+        int64_t s = shape[d];
+        negative |= s < 0;
+        zero |= s == 0;
+        if (s > 0) large |= __builtin_mul_overflow(nonzero, s, &nonzero) || nonzero > KILN_MAX_NUMEL;
     }
     if (negative || large) {
         char buf[200];
@@ -177,14 +175,14 @@ kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *nu
         if (negative) return kiln_error(KILN_ERR_VALUE, "negative dimension in shape %s", buf);
         return kiln_error(KILN_ERR_VALUE, "shape %s is too large: a tensor holds at most 2^59 elements", buf);
     }
-    for (int d = 0; d < ndim; d++) n *= shape[d];
-    *numel = n;
+    *numel = zero ? 0 : nonzero;
     return KILN_OK;
 }
 
 static kiln_status check_shape(int ndim, const int64_t *shape) {
+    if (ndim >= 0 && ndim <= KILN_MAX_DIMS && kiln_shape_fits(ndim, shape)) return KILN_OK;
     int64_t n;
-    return kiln_shape_numel_checked(ndim, shape, &n);
+    return kiln_shape_numel_checked(ndim, shape, &n); /* says why */
 }
 
 static _Atomic uint64_t next_uid = 1;
