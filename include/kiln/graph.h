@@ -67,6 +67,13 @@ KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */
 KILN_API char *kiln_graph_to_string(const kiln_graph *g);
+/* The graph a text in kiln_graph_to_string's form describes. Text from anywhere is safe to give
+ * it: beyond these limits, and on any other error, it returns KILN_ERR_VALUE with a message
+ * naming the line ("graph text line N: ..."), having allocated nothing it keeps. Shapes are
+ * checked as kiln_shape_numel_checked does (at most KILN_MAX_DIMS dimensions). */
+#define KILN_GRAPH_TEXT_MAX_DEPTH 64               /* subgraphs nested in subgraphs */
+#define KILN_GRAPH_TEXT_MAX_VALUES (1 << 20)       /* values per graph: ids %0 ... %1048575 */
+#define KILN_GRAPH_TEXT_MAX_CONSTANT ((int64_t)1 << 24) /* elements of a constant, captured or parameter line */
 KILN_API kiln_status kiln_graph_parse(const char *text, kiln_graph **out);
 
 /* ---- tracing: kiln_apply records into the thread's active tracer ------------------------ */

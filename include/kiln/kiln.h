@@ -109,12 +109,30 @@ KILN_API bool kiln_tensor_is_contiguous(const kiln_tensor *t);
 /* Storage version: bumped by every in-place write, checked by autograd. */
 KILN_API int64_t kiln_tensor_version(const kiln_tensor *t);
 KILN_API void kiln_tensor_bump_version(kiln_tensor *t);
+/* Read-only storage: memory its owner does not let kiln write (a read-only buffer, an mmap opened
+ * for reading, an immutable bytes object). Marks the storage t views, for every tensor sharing it,
+ * for good; ops that write in place then fail with KILN_ERR_VALUE instead of writing. */
+KILN_API void kiln_tensor_set_read_only(kiln_tensor *t);
+KILN_API bool kiln_tensor_is_read_only(const kiln_tensor *t);
+/* Whether t's layout makes several elements share memory: a broadcast view, a stride of 0 on an
+ * axis longer than 1. Such tensors are read as they are but never written in place. */
+KILN_API bool kiln_tensor_overlaps(const kiln_tensor *t);
 /* Whether two tensors share storage. */
 KILN_API bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *b);
 
 /* "(2, 3)" into buf; returns buf. */
 KILN_API char *kiln_shape_str(const kiln_meta *m, char *buf, size_t size);
+/* The element count of a shape already known to be valid (a tensor's, an inferred one). */
 KILN_API int64_t kiln_shape_numel(int ndim, const int64_t *shape);
+/* The most elements a tensor may have (2^59): its size in bytes, and any offset into it, then
+ * fit in int64_t for every dtype. */
+#define KILN_MAX_NUMEL ((int64_t)1 << 59)
+/* The element count of a shape from outside (a user, attributes, a text): KILN_ERR_VALUE, with a
+ * message naming the shape, for more than KILN_MAX_DIMS dimensions, a negative dimension, or more
+ * than KILN_MAX_NUMEL elements; the product of the nonzero dimensions is bounded too, so any
+ * product of some of its dimensions fits (a shape (0, 2^40, 2^40) is refused). Every place that
+ * multiplies dimensions it did not get from a tensor checks them here first. */
+KILN_API kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *numel);
 
 /* ---- random --------------------------------------------------------------------------- */
 
@@ -123,8 +141,13 @@ KILN_API void kiln_manual_seed(uint64_t seed);
 
 /* ---- threads -------------------------------------------------------------------------- */
 
+/* The most threads kernels may be given: far more than any CPU kiln runs on has cores, and
+ * few enough that OpenMP can start them (it crashes, or aborts the process, when it cannot). */
+#define KILN_MAX_THREADS 1024
+
 KILN_API int kiln_num_threads(void);
-KILN_API void kiln_set_num_threads(int n);
+/* Threads kernels may use: KILN_ERR_VALUE (and no change) unless 1 <= n <= KILN_MAX_THREADS. */
+KILN_API kiln_status kiln_set_num_threads(int64_t n);
 
 /* ---- oneDNN ---------------------------------------------------------------------------- */
 

@@ -24,8 +24,9 @@ def manual_seed(seed):
 
 
 def set_num_threads(n):
-    """Number of threads kernels may use."""
-    _C.set_num_threads(int(n))
+    """Number of threads kernels may use: an int from 1 to 1024 (KILN_MAX_THREADS); anything else
+    raises (TypeError for a non-int, ValueError out of range) and changes nothing."""
+    _C.set_num_threads(n)
 
 
 def get_num_threads():

@@ -291,7 +291,13 @@ def _scalar_like(value, like):
 
 
 def from_numpy(array):
-    """A tensor sharing the memory of a NumPy array (no copy)."""
+    """A tensor sharing the memory of a NumPy array (or any buffer) — no copy.
+
+    A read-only source (an immutable bytes, an mmap opened for reading, a NumPy array that is not
+    writeable, such as a np.broadcast_to view) gives a read-only tensor, not a copy: reading it
+    works as usual, but every in-place write (t[...] = v, assign_value, fill_, optimizer
+    updates, compiled graphs writing it) raises ValueError("... assignment destination is
+    read-only"), as NumPy does. Use kiln.Tensor(array) for a writable copy."""
     return _C.from_numpy(array)
 
 

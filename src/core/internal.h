@@ -60,6 +60,19 @@ static inline int64_t kiln_meta_numel(const kiln_meta *m) {
     return kiln_shape_numel(m->ndim, m->shape);
 }
 void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Whether a shape of 0..KILN_MAX_DIMS dimensions passes kiln_shape_numel_checked, which says why
+ * not; inline for the checks on every op's output (the product of the nonzero dimensions
+ * within KILN_MAX_NUMEL, none negative). */
+static inline bool kiln_shape_fits(int ndim, const int64_t *shape) {
+    int64_t nonzero = 1;
+    bool ok = true;
+    for (int d = 0; d < ndim; d++) {
+        int64_t s = shape[d];
+        ok &= s >= 0;
+        if (s > 0) ok &= !__builtin_mul_overflow(nonzero, s, &nonzero) && nonzero <= KILN_MAX_NUMEL;
+    }
+    return ok;
+}
 /* m has shape (ndim, shape). Inline: run-time input checks of compiled graphs call it per input. */
 static inline bool kiln_shape_equal(const kiln_meta *m, int ndim, const int64_t *shape) {
     if (m->ndim != ndim) return false;
@@ -81,6 +94,11 @@ void kiln_broadcast_strides(const kiln_tensor *t, int ndim, const int64_t *shape
 kiln_status kiln_normalize_axis(const char *op, int64_t *axis, const kiln_meta *m);
 /* "(2, 3) and (4,)" style list of input shapes for error messages. */
 char *kiln_shapes_str(kiln_tensor *const *in, int nin, char *buf, size_t size);
+
+/* KILN_OK when t may be written in place; else KILN_ERR_VALUE ("op: assignment destination is
+ * read-only (what ...)") when its storage is read-only or its layout overlaps (a broadcast view).
+ * Every kernel that writes an input in place calls it first, before writing anything. */
+kiln_status kiln_check_writable(const char *op, const char *what, const kiln_tensor *t);
 
 /* ---- strided iteration ---------------------------------------------------------------- */
 

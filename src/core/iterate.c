@@ -95,6 +95,10 @@ void kiln_iterate(int nops, char *const *base, const size_t *itemsize,
 
 int kiln_num_threads(void) { return omp_get_max_threads(); }
 
-void kiln_set_num_threads(int n) {
-    if (n > 0) omp_set_num_threads(n);
+kiln_status kiln_set_num_threads(int64_t n) {
+    if (n < 1 || n > KILN_MAX_THREADS)
+        return kiln_error(KILN_ERR_VALUE, "set_num_threads: the count must be between 1 and %d, got %lld",
+                          KILN_MAX_THREADS, (long long)n);
+    omp_set_num_threads((int)n);
+    return KILN_OK;
 }

@@ -41,6 +41,13 @@ kiln_status kiln_broadcast_shape(const char *op, int n, kiln_tensor *const *in, 
                               op ? ": " : "", kiln_shapes_str(in, n, buf, sizeof buf));
         }
     }
+    int64_t numel;
+    if (!kiln_shape_fits(nd, shape)) { /* (2^40, 1) with (1, 2^40) */
+        kiln_shape_numel_checked(nd, shape, &numel); /* the message */
+        char buf[512];
+        return kiln_error_context(KILN_ERR_VALUE, "%s%sbroadcasting %s", op ? op : "", op ? ": " : "",
+                                  kiln_shapes_str(in, n, buf, sizeof buf));
+    }
     *ndim = nd;
     return KILN_OK;
 }

@@ -14,6 +14,7 @@ struct kiln_storage {
     void (*release)(void *ctx); /* external memory: called when the storage dies (may be NULL) */
     void *release_ctx;
     bool external;              /* data is not ours: the header was malloc'd on its own */
+    _Atomic bool read_only;     /* wraps memory its owner does not let us write (a read-only buffer) */
 };
 
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
@@ -126,6 +127,7 @@ static kiln_storage *storage_new(size_t nbytes, bool zero) {
     s->release = NULL;
     s->release_ctx = NULL;
     s->external = false;
+    atomic_init(&s->read_only, false);
     if (zero && nbytes) memset(s->data, 0, nbytes);
     return s;
 }
@@ -154,18 +156,33 @@ void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
     }
 }
 
-static kiln_status check_shape(int ndim, const int64_t *shape) {
+kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, int64_t *numel) {
     if (ndim < 0 || ndim > KILN_MAX_DIMS)
         return kiln_error(KILN_ERR_VALUE, "tensors have at most %d dimensions, got %d", KILN_MAX_DIMS, ndim);
-    int64_t n = 1;
+    int64_t nonzero = 1; /* the product of the nonzero dimensions */
+    bool negative = false, zero = false, large = false;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0)
-            return kiln_error(KILN_ERR_VALUE, "negative dimension %lld in a shape", (long long)shape[d]);
-        if (shape[d] && n > INT64_MAX / 16 / shape[d])
-            return kiln_error(KILN_ERR_VALUE, "shape too large");
-        n *= shape[d];
+        int64_t s = shape[d];
+        negative |= s < 0;
+        zero |= s == 0;
+        if (s > 0) large |= __builtin_mul_overflow(nonzero, s, &nonzero) || nonzero > KILN_MAX_NUMEL;
     }
+    if (negative || large) {
+        char buf[200];
+        kiln_meta m;
+        kiln_meta_set(&m, KILN_DTYPE_FLOAT32, ndim, shape);
+        kiln_shape_str(&m, buf, sizeof buf);
+        if (negative) return kiln_error(KILN_ERR_VALUE, "negative dimension in shape %s", buf);
+        return kiln_error(KILN_ERR_VALUE, "shape %s is too large: a tensor holds at most 2^59 elements", buf);
+    }
+    *numel = zero ? 0 : nonzero;
     return KILN_OK;
+}
+
+static kiln_status check_shape(int ndim, const int64_t *shape) {
+    if (ndim >= 0 && ndim <= KILN_MAX_DIMS && kiln_shape_fits(ndim, shape)) return KILN_OK;
+    int64_t n;
+    return kiln_shape_numel_checked(ndim, shape, &n); /* says why */
 }
 
 static _Atomic uint64_t next_uid = 1;
@@ -236,6 +253,7 @@ kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, c
     s->release = release;
     s->release_ctx = ctx;
     s->external = true;
+    atomic_init(&s->read_only, false);
     *out = tensor_new(dtype, ndim, shape, strides, s, 0);
     if (!*out) {
         s->release = NULL; /* the caller keeps ownership on failure */
@@ -296,6 +314,33 @@ int64_t kiln_tensor_version(const kiln_tensor *t) {
 
 void kiln_tensor_bump_version(kiln_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+
+void kiln_tensor_set_read_only(kiln_tensor *t) {
+    atomic_store_explicit(&t->storage->read_only, true, memory_order_relaxed);
+}
+
+bool kiln_tensor_is_read_only(const kiln_tensor *t) {
+    return atomic_load_explicit(&t->storage->read_only, memory_order_relaxed);
+}
+
+bool kiln_tensor_overlaps(const kiln_tensor *t) {
+    for (int d = 0; d < t->meta.ndim; d++)
+        if (t->strides[d] == 0 && t->meta.shape[d] > 1) return true;
+    return false;
+}
+
+kiln_status kiln_check_writable(const char *op, const char *what, const kiln_tensor *t) {
+    if (atomic_load_explicit(&t->storage->read_only, memory_order_relaxed))
+        return kiln_error(KILN_ERR_VALUE, "%s: assignment destination is read-only (%s shares the memory of a "
+                          "read-only buffer; write to a copy, e.g. kiln.Tensor(array))", op, what);
+    if (kiln_tensor_overlaps(t)) {
+        char buf[160];
+        return kiln_error(KILN_ERR_VALUE, "%s: assignment destination is read-only (%s is a broadcast view of shape %s: "
+                          "a stride of 0 makes its elements share memory; write to a copy)", op, what,
+                          kiln_shape_str(&t->meta, buf, sizeof buf));
+    }
+    return KILN_OK;
 }
 
 bool kiln_tensor_same_storage(const kiln_tensor *a, const kiln_tensor *b) {

@@ -43,7 +43,18 @@ static kiln_status new_value(kiln_graph *g, const kiln_meta *meta, kiln_value_ki
     return KILN_OK;
 }
 
+/* A value's dtype and shape, from a caller or an op's inference on attributes (a reshape or a
+ * full with huge dimensions): within the limits of a tensor, so every size computed from them
+ * later (the memory plan, generated loops) fits. */
+static kiln_status check_meta(const kiln_meta *m) {
+    if ((unsigned)m->dtype >= KILN_DTYPE_COUNT) return kiln_error(KILN_ERR_TYPE, "graph: invalid dtype %d", (int)m->dtype);
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked(m->ndim, m->shape, &n);
+    return s == KILN_OK ? KILN_OK : kiln_error_context(s, "graph");
+}
+
 kiln_status kiln_graph_add_input(kiln_graph *g, const kiln_meta *meta, int32_t *value) {
+    KILN_TRY(check_meta(meta));
     GROW(g->inputs, g->ninputs, g->cap_inputs);
     KILN_TRY(new_value(g, meta, KILN_VALUE_INPUT, value));
     g->values[*value].index = g->ninputs;
@@ -155,6 +166,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
                               (unsigned)op < KILN_OP_COUNT ? kiln_op_table[op].name : "?", k, in[k]);
     kiln_meta metas[KILN_MAX_OUTPUTS];
     KILN_TRY(infer_any(g, op, nin, in, attrs, metas));
+    for (int k = 0; k < kiln_op_nout(op, attrs); k++) KILN_TRY(check_meta(&metas[k]));
     GROW(g->nodes, g->nnodes, g->cap_nodes);
     kiln_node *n = &g->nodes[g->nnodes];
     memset(n, 0, sizeof *n);

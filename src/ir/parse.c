@@ -10,13 +10,17 @@
  *
  * Value ids are renumbered in order of definition. Attributes without ';' are ints, unless a
  * token is not an integer or the op takes only floats (clamp, dropout). A subgraph block
- * belongs to the innermost graph whose next subgraph index it carries. */
+ * belongs to the innermost graph whose next subgraph index it carries.
+ *
+ * The text may come from anywhere: every size it declares is bounded before anything is
+ * allocated (see kiln/graph.h: nesting depth, values per graph, dimensions, shapes, elements of
+ * a constant), and every error is KILN_ERR_VALUE naming the line. */
 #include <ctype.h>
 #include <errno.h>
 
 #include "../core/internal.h"
 
-#define MAX_TEXT_ID (1 << 24)
+#define MAX_TEXT_ID KILN_GRAPH_TEXT_MAX_VALUES
 
 typedef struct {
     const char *next; /* start of the next unread line (NULL at the end) */
@@ -112,7 +116,8 @@ static kiln_status text_id(parser *p, int64_t *id) {
     if (!accept(p, "%")) return fail(p, "expected a value (%%N) at column %d", (int)(p->cur - p->line) + 1);
     if (p->cur >= p->end || !isdigit((unsigned char)*p->cur)) return fail(p, "expected a value number after '%%'");
     KILN_TRY(integer(p, id));
-    if (*id < 0 || *id >= MAX_TEXT_ID) return fail(p, "value id %%%lld out of range", (long long)*id);
+    if (*id < 0 || *id >= MAX_TEXT_ID)
+        return fail(p, "value id %%%lld out of range (a graph text holds at most %d values)", (long long)*id, MAX_TEXT_ID);
     return KILN_OK;
 }
 
@@ -134,7 +139,10 @@ static kiln_status type(parser *p, kiln_meta *m) {
         if (d < 0) return fail(p, "negative dimension %lld", (long long)d);
         m->shape[m->ndim++] = d;
     } while (accept(p, ","));
-    return expect(p, "]");
+    KILN_TRY(expect(p, "]"));
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked(m->ndim, m->shape, &n);
+    return s == KILN_OK ? KILN_OK : kiln_error_context(s, "graph text line %d", p->lineno);
 }
 
 /* ---- value ids ---------------------------------------------------------------------------- */
@@ -198,6 +206,10 @@ static kiln_status capture(parser *p, kiln_graph *g, idmap *map, int64_t tid, co
         KILN_TRY(expect(p, ")"));
     }
     if (!at_end(p)) return fail(p, "unexpected text after %s", kind);
+    int64_t numel = kiln_meta_numel(m); /* type() checked the shape */
+    if (numel > KILN_GRAPH_TEXT_MAX_CONSTANT)
+        return fail(p, "a %s declared in text holds at most %lld elements, this one %lld", kind,
+                    (long long)KILN_GRAPH_TEXT_MAX_CONSTANT, (long long)numel);
     kiln_tensor *t = NULL, *scalar = NULL;
     KILN_TRY(kiln_tensor_zeros(m->dtype, m->ndim, m->shape, &t));
     kiln_status s = KILN_OK;
@@ -405,10 +417,13 @@ static bool subgraph_line(parser *p, const kiln_graph *g) {
     return false;
 }
 
-/* The graph whose header is at the cursor, its body, and the subgraph blocks that follow it.
+/* The graph whose header is at the cursor (nested `depth` subgraphs deep: 0 for the top graph),
+ * its body, and the subgraph blocks that follow it.
  * The subgraphs are read first (control-flow nodes infer their outputs from them), then the
  * body. On return the current line is the first one not consumed (more = false at the end). */
-static kiln_status graph_block(parser *p, kiln_graph *g, bool *more) {
+static kiln_status graph_block(parser *p, kiln_graph *g, int depth, bool *more) {
+    if (depth > KILN_GRAPH_TEXT_MAX_DEPTH)
+        return fail(p, "subgraphs nested more than %d deep", KILN_GRAPH_TEXT_MAX_DEPTH);
     idmap map = {0};
     kiln_status s = header(p, g, &map);
     parser body_start = *p;
@@ -422,7 +437,7 @@ static kiln_status graph_block(parser *p, kiln_graph *g, bool *more) {
         kiln_graph *sub = NULL;
         int32_t idx;
         s = kiln_graph_new(&sub);
-        if (s == KILN_OK) s = graph_block(p, sub, more);
+        if (s == KILN_OK) s = graph_block(p, sub, depth + 1, more);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
         else kiln_graph_free(sub);
     }
@@ -465,7 +480,7 @@ kiln_status kiln_graph_parse(const char *text, kiln_graph **out) {
     kiln_graph *g;
     KILN_TRY(kiln_graph_new(&g));
     bool more = false;
-    kiln_status s = graph_block(&p, g, &more);
+    kiln_status s = graph_block(&p, g, 0, &more);
     if (s == KILN_OK && more) s = fail(&p, "unexpected text after the graph");
     if (s == KILN_OK) {
         s = kiln_graph_verify(g);

@@ -84,13 +84,9 @@ KILN_INFER(full) {
         return kiln_error(KILN_ERR_VALUE, "%s: ndim must be in [0, %d], got %lld", op, KILN_MAX_DIMS, (long long)nd);
     if (a->ni < 2 + nd)
         return kiln_error(KILN_ERR_VALUE, "%s: expected %lld shape attributes, got %d", op, (long long)nd, a->ni - 2);
-    for (int d = 0; d < nd; d++)
-        if (a->i[2 + d] < 0) {
-            kiln_meta m;
-            kiln_meta_set(&m, (kiln_dtype)a->i[0], (int)nd, a->i + 2);
-            char buf[160];
-            return kiln_error(KILN_ERR_VALUE, "%s: negative dimension in shape %s", op, kiln_shape_str(&m, buf, sizeof buf));
-        }
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked((int)nd, a->i + 2, &n);
+    if (s != KILN_OK) return kiln_error_context(s, "%s", op);
     kiln_meta_set(out, (kiln_dtype)a->i[0], (int)nd, a->i + 2);
     return KILN_OK;
 }
@@ -221,7 +217,9 @@ KILN_INFER(arange) {
     out->dtype = (kiln_dtype)a->i[0];
     out->ndim = 1;
     out->shape[0] = a->i[1];
-    return KILN_OK;
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked(1, out->shape, &n);
+    return s == KILN_OK ? KILN_OK : kiln_error_context(s, "%s", op);
 }
 
 KILN_KERNEL(arange) {
@@ -275,7 +273,9 @@ KILN_INFER(eye) {
     out->ndim = 2;
     out->shape[0] = a->i[1];
     out->shape[1] = a->i[2];
-    return KILN_OK;
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked(2, out->shape, &n);
+    return s == KILN_OK ? KILN_OK : kiln_error_context(s, "eye");
 }
 
 KILN_KERNEL(eye) {

@@ -429,6 +429,7 @@ KILN_INFER(index_put) { return infer_selection_write("index_put", in, a, out); }
 
 KILN_KERNEL(index_put) {
     kiln_tensor *x = in[0], *vals = NULL;
+    KILN_TRY(kiln_check_writable("index assignment", "the tensor", x));
     int axis = axis_of(a, x->meta.ndim);
     kiln_meta sel;
     KILN_TRY(selection_meta("index_put", &x->meta, &in[1]->meta, axis, &sel));

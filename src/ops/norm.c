@@ -486,6 +486,10 @@ KILN_KERNEL(batch_norm) {
     bool f64 = ct == KILN_DTYPE_FLOAT64, batch = bn_batch_stats(a, &in[3]->meta);
     bn_plan p = bn_plan_make(&in[0]->meta);
     double eps = a->f[0], momentum = a->f[1];
+    if (batch && in[3]->meta.shape[0] > 0) { /* the running statistics are updated in place */
+        KILN_TRY(kiln_check_writable("batch_norm", "the running mean", in[3]));
+        KILN_TRY(kiln_check_writable("batch_norm", "the running variance", in[4]));
+    }
     kiln_tensor *x, *buf[3];
     KILN_TRY(kiln_to_contiguous(in[0], ct, &x));
     kiln_status s = output_buffers(out, 3, ct, buf);

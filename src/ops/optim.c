@@ -60,14 +60,17 @@ static kiln_status next_step(const char *op, kiln_tensor *step, int64_t *count) 
     return KILN_OK;
 }
 
-static kiln_status check_contiguous(const char *op, kiln_tensor *const *in, int n) {
+/* The parameter and the optimizer state in[0..n) (but the gradient, in[1]) and the step counter
+ * in[step] are written in place: contiguous and writable. */
+static kiln_status check_writable(const char *op, kiln_tensor *const *in, int n, int step) {
     for (int k = 0; k < n; k++) {
         if (k == 1) continue; /* the gradient is only read */
+        const char *what = k == 0 ? "the parameter" : "the optimizer state";
         if (!kiln_tensor_is_contiguous(in[k]))
-            return kiln_error(KILN_ERR_VALUE, "%s: %s must be contiguous to be updated in place", op,
-                              k == 0 ? "the parameter" : "the optimizer state");
+            return kiln_error(KILN_ERR_VALUE, "%s: %s must be contiguous to be updated in place", op, what);
+        KILN_TRY(kiln_check_writable(op, what, in[k]));
     }
-    return KILN_OK;
+    return kiln_check_writable(op, "the step counter", in[step]);
 }
 
 /* ---- sgd ----------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ KILN_INFER(sgd_update) {
 
 KILN_KERNEL(sgd_update) {
     double momentum = a->f[1];
-    KILN_TRY(check_contiguous("sgd_update", in, momentum != 0 ? 3 : 1));
+    KILN_TRY(check_writable("sgd_update", in, momentum != 0 ? 3 : 1, 3));
     int64_t t = 0;
     KILN_TRY(next_step("sgd_update", in[3], &t));
     double dampening = t == 1 ? 0.0 : a->f[3];
@@ -163,7 +166,7 @@ KILN_INFER(adam_update) {
     } while (0)
 
 KILN_KERNEL(adam_update) {
-    KILN_TRY(check_contiguous("adam_update", in, 4));
+    KILN_TRY(check_writable("adam_update", in, 4, 4));
     int64_t t = 0;
     KILN_TRY(next_step("adam_update", in[4], &t));
     double beta1 = a->f[1], beta2 = a->f[2], step = (double)t;

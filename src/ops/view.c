@@ -9,11 +9,9 @@ KILN_INFER(reshape) {
     const kiln_meta *m = &in[0]->meta;
     if (a->ni > KILN_MAX_DIMS)
         return kiln_error(KILN_ERR_VALUE, "reshape: at most %d dimensions, got %d", KILN_MAX_DIMS, a->ni);
-    int64_t n = 1;
-    for (int d = 0; d < a->ni; d++) {
-        if (a->i[d] < 0) return kiln_error(KILN_ERR_VALUE, "reshape: negative dimension %lld", (long long)a->i[d]);
-        n *= a->i[d];
-    }
+    int64_t n;
+    kiln_status s = kiln_shape_numel_checked(a->ni, a->i, &n);
+    if (s != KILN_OK) return kiln_error_context(s, "reshape");
     if (n != kiln_meta_numel(m)) {
         char buf[160];
         kiln_meta target;
@@ -156,6 +154,8 @@ KILN_INFER(expand) {
     bool ok = a->ni <= KILN_MAX_DIMS && lead >= 0;
     for (int d = 0; ok && d < m->ndim; d++) ok = m->shape[d] == a->i[lead + d] || m->shape[d] == 1;
     for (int d = 0; ok && d < a->ni; d++) ok = a->i[d] >= 0;
+    int64_t n;
+    if (ok && kiln_shape_numel_checked(a->ni, a->i, &n) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "broadcast_to");
     if (!ok) {
         char buf[160], buf2[160];
         kiln_meta target;
@@ -246,6 +246,7 @@ KILN_INFER(slice_assign) {
 
 KILN_KERNEL(slice_assign) {
     (void)nin;
+    KILN_TRY(kiln_check_writable("index assignment", "the tensor", in[0]));
     kiln_tensor *view;
     KILN_TRY(slice_view(in[0], a, &view));
     kiln_status s = kiln_copy_into(view, in[1]);

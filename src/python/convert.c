@@ -100,7 +100,9 @@ static void release_buffer(void *ctx) {
 }
 
 /* A tensor sharing the memory of an object with the buffer protocol; NULL without an error
- * set when the object has no usable buffer. */
+ * set when the object has no usable buffer. A read-only buffer (an immutable bytes, an mmap
+ * opened for reading, a NumPy array that is not writeable, such as a broadcast_to view) gives
+ * a read-only tensor: in-place writes raise ValueError. */
 static kiln_tensor *wrap_buffer(PyObject *obj) {
     if (!PyObject_CheckBuffer(obj)) return NULL;
     Py_buffer *view = PyMem_RawMalloc(sizeof *view);
@@ -141,6 +143,7 @@ static kiln_tensor *wrap_buffer(PyObject *obj) {
         pykiln_raise(s);
         return NULL;
     }
+    if (view->readonly) kiln_tensor_set_read_only(t); /* writes would land in memory we may not change */
     return t;
 }
 

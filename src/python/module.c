@@ -261,15 +261,27 @@ static PyObject *py_manual_seed(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* set_num_threads(n): n an int (or has __index__) in [1, KILN_MAX_THREADS] */
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "set_num_threads: the count must be at least 1");
+    if (PyBool_Check(arg) || !PyIndex_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "set_num_threads: the count must be an int, got %.100s", Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    kiln_set_num_threads((int)n);
+    PyObject *index = PyNumber_Index(arg); /* new reference */
+    if (!index) return NULL;
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (overflow) n = overflow > 0 ? INT64_MAX : INT64_MIN; /* out of range either way */
+    kiln_status s = kiln_set_num_threads((int64_t)n);
+    if (s != KILN_OK) {
+        if (overflow) PyErr_Format(PyExc_ValueError, "set_num_threads: the count must be between 1 and %d, got %R",
+                                   KILN_MAX_THREADS, arg);
+        else pykiln_raise(s);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -278,7 +290,7 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(kiln_num_threads());
 }
 
-/* from_numpy(array): a tensor sharing the array's memory */
+/* from_numpy(array): a tensor sharing the array's memory; read-only when the buffer is */
 static PyObject *py_from_buffer(PyObject *self, PyObject *arg) {
     (void)self;
     if (pykiln_is_tensor(arg) || !PyObject_CheckBuffer(arg)) {
@@ -357,7 +369,7 @@ static PyMethodDef module_methods[] = {
     {"manual_seed", py_manual_seed, METH_O, "seed the random generator"},
     {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
-    {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array"},
+    {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array (read-only if the buffer is)"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},

@@ -204,6 +204,11 @@ static PyObject *get_version(PyObject *self, void *c) {
     return PyLong_FromLongLong(kiln_tensor_version(T(self)));
 }
 
+static PyObject *get_read_only(PyObject *self, void *c) {
+    (void)c;
+    return PyBool_FromLong(kiln_tensor_is_read_only(T(self)));
+}
+
 static PyObject *get_data_ptr(PyObject *self, void *c) {
     (void)c;
     return PyLong_FromVoidPtr(T(self)->data);
@@ -219,6 +224,7 @@ static PyGetSetDef tensor_getset[] = {
     {"is_leaf", get_is_leaf, NULL, "whether the tensor was not produced by a recorded op", NULL},
     {"_strides", get_strides, NULL, "strides in elements", NULL},
     {"_version", get_version, NULL, "storage version, bumped by in-place writes", NULL},
+    {"_read_only", get_read_only, NULL, "whether the storage is read-only (shares a read-only buffer)", NULL},
     {"_data_ptr", get_data_ptr, NULL, "address of the first element", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -488,6 +494,12 @@ static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
         PyErr_SetString(PyExc_BufferError, "tensor is not contiguous; call .contiguous() first");
         return -1;
     }
+    /* read-only storage and broadcast views are exported read-only, as NumPy marks them */
+    bool read_only = kiln_tensor_is_read_only(t) || kiln_tensor_overlaps(t);
+    if (read_only && (flags & PyBUF_WRITABLE)) {
+        PyErr_SetString(PyExc_BufferError, "tensor is read-only (it shares a read-only buffer or is a broadcast view)");
+        return -1;
+    }
     Py_ssize_t *dims = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(t->meta.ndim ? t->meta.ndim : 1));
     if (!dims) {
         PyErr_NoMemory();
@@ -502,7 +514,7 @@ static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     view->obj = self;
     Py_INCREF(self);
     view->len = (Py_ssize_t)t->numel * item;
-    view->readonly = 0;
+    view->readonly = read_only;
     view->itemsize = item;
     view->format = (flags & PyBUF_FORMAT) ? (char *)fmt : NULL;
     view->ndim = t->meta.ndim;

@@ -165,6 +165,13 @@ def sharing(outs, ins):
     return with_in, with_out
 
 
+def scribble(t):
+    """Fills t's memory with SCRIBBLE. A broadcast view is read-only: its memory is written through
+    the view that keeps one element on each axis of stride 0 (the same memory, once)."""
+    key = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(t._strides, t.shape))
+    (t[key] if key else t).fill_(SCRIBBLE)
+
+
 def graph_text(jf):
     try:
         return jf.graph_str()
@@ -210,7 +217,7 @@ def check_call(prog, variant, call, jf, jitted_call, graph_of, first_call):
         owners = {k for k, _ in with_in}
         for k, g in enumerate(got):  # a later call must not see these writes
             if SCRIBBLE is not None and k not in owners and g.dtype.is_floating_point:
-                g.fill_(SCRIBBLE)
+                scribble(g)
     if problems:
         if call is not first_call and SCRIBBLE is not None:
             problems.append(f"(the results of earlier calls were overwritten with {SCRIBBLE} once checked: "
