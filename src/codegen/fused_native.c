@@ -357,9 +357,7 @@ static kiln_status plan_prepare(const kiln_graph *sub, const int64_t *const *in_
 
 static void plan_free(void *kernel) { kiln_fused_free(kernel); }
 
-static bool plan_is_native(void *kernel) { return kiln_fused_is_native(kernel); }
-
 __attribute__((constructor)) static void register_plan_kernels(void) {
-    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting, plan_is_native};
+    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting};
     kiln_plan_register_kernels(&kernels);
 }

@@ -21,7 +21,6 @@ typedef struct kiln_plan_kernels {
     kiln_status (*prepare)(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel);
     void (*free)(void *kernel);
     void (*build_waiting)(void); /* builds the prepared kernels together (one compiler run) */
-    bool (*is_native)(void *kernel);
 } kiln_plan_kernels;
 
 void kiln_plan_register_kernels(const kiln_plan_kernels *k);

@@ -6,6 +6,14 @@
 #include "ir/compare.h"
 #include "ir/trace_internal.h"
 
+/* A str of text the library malloc'd (taken: freed here); NULL text is out of memory. */
+static PyObject *str_taking(char *text) {
+    if (!text) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(text);
+    free(text);
+    return o;
+}
+
 /* ---- Executable ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -121,20 +129,12 @@ static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {
 
 static PyObject *executable_order(PyObject *self, PyObject *unused) {
     (void)unused;
-    char *s = kiln_executable_order_string(plan_of(self));
-    if (!s) return PyErr_NoMemory();
-    PyObject *o = PyUnicode_FromString(s);
-    free(s);
-    return o;
+    return str_taking(kiln_executable_order_string(plan_of(self)));
 }
 
 static PyObject *executable_plan_str(PyObject *self, PyObject *unused) {
     (void)unused;
-    char *s = kiln_executable_plan_string(plan_of(self));
-    if (!s) return PyErr_NoMemory();
-    PyObject *o = PyUnicode_FromString(s);
-    free(s);
-    return o;
+    return str_taking(kiln_executable_plan_string(plan_of(self)));
 }
 
 static PyObject *executable_get_arena_bytes(PyObject *self, void *c) {
@@ -228,11 +228,7 @@ static PyObject *wrap_graph(kiln_graph *g) {
 }
 
 static PyObject *graph_str(PyObject *self) {
-    char *s = kiln_graph_to_string(((PyGraph *)self)->g);
-    if (!s) return PyErr_NoMemory();
-    PyObject *o = PyUnicode_FromString(s);
-    free(s);
-    return o;
+    return str_taking(kiln_graph_to_string(((PyGraph *)self)->g));
 }
 
 /* diff_ops(other, labels) / diff_outputs(other, labels) -> the first difference between this
@@ -562,11 +558,7 @@ kiln_graph *pykiln_tracer_take_body(PyObject *o) {
 
 static PyObject *tracer_graph_str(PyObject *self, PyObject *unused) {
     (void)unused;
-    char *s = kiln_graph_to_string(kiln_tracer_graph(((PyTracer *)self)->tr));
-    if (!s) return PyErr_NoMemory();
-    PyObject *o = PyUnicode_FromString(s);
-    free(s);
-    return o;
+    return str_taking(kiln_graph_to_string(kiln_tracer_graph(((PyTracer *)self)->tr)));
 }
 
 /* recorded() -> Graph: a copy of the graph recorded so far (as recorded, before any pass) */

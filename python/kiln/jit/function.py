@@ -54,14 +54,13 @@ class CacheInfo:
 
 
 class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "cells", "differentiable", "guards", "guard_names")
+    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names")
 
-    def __init__(self, executable, out_spec, graph_text, cells, differentiable, guards, guard_names):
+    def __init__(self, executable, out_spec, graph_text, differentiable, guards, guard_names):
         self.executable = executable
         self.out_spec = out_spec
         self.graph_text = graph_text
         self.differentiable = differentiable  # the traced outputs carried autograd history
-        self.cells = cells  # every Cell the traced code called
         self.guards = guards  # _C.GuardSet on the Python state the capture read (see kiln.jit.guards)
         self.guard_names = guard_names
 
@@ -165,7 +164,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     recorder.add_cells(cells)
     guard_set, guard_names = recorder.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
-    entry = _Entry(executable, out_spec, text, cells, differentiable, guard_set, guard_names)
+    entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
     return tree.unflatten(out_spec, detached)[0], entry
 
 

@@ -164,9 +164,10 @@ def _snapshot(obj):
         return ("list", tuple(obj))
     if isinstance(obj, dict):
         return ("dict", tuple(obj.items()))
-    if isinstance(obj, (set, bytearray)):
-        return ("set", frozenset(map(id, obj)) if isinstance(obj, set) else bytes(obj), tuple(obj)
-                if isinstance(obj, set) else None)
+    if isinstance(obj, set):
+        return ("set", frozenset(obj))
+    if isinstance(obj, bytearray):
+        return ("bytes", bytes(obj))
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict):
         return ("object", tuple(d.items()))
@@ -176,15 +177,11 @@ def _snapshot(obj):
 def _same_snapshot(a, b):
     if a[0] != b[0] or len(a[1]) != len(b[1]):
         return False
-    if a[0] == "set":
+    if a[0] in ("set", "bytes"):
         return a[1] == b[1]
     if a[0] == "list":
         return all(x is y for x, y in zip(a[1], b[1]))
     return all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a[1], b[1]))
-
-
-def _kind_name(obj):
-    return type(obj).__name__
 
 
 class SideEffect(Exception):
@@ -282,9 +279,7 @@ class Recorder:
             cur = value
 
     def _guard_step(self, root, step, value, description, code):
-        key = (id(root), step)
-        if key not in self.guards:
-            self.guards[key] = (root, (step,), value, _mode_of(value), description)
+        self._guard_step_only(root, step, value, description)
         self._watch(value, description, code)
         self._guard_cell_version(value)
 
@@ -324,9 +319,10 @@ class Recorder:
         if isinstance(top, types.FunctionType) and top.__code__ is code:
             return [dict(zip(code.co_freevars, top.__closure__ or ()))]
         seen = frame.f_locals
-        for fresh in (False, True):  # the functions searched before may miss one made since (converted lazily)
-            funcs = self._functions_of.get(code)
-            if funcs is None or fresh:
+        cached = self._functions_of.get(code)
+        # a cached search may miss a function made since (converted lazily): search again then
+        for funcs in ((cached, None) if cached is not None else (None,)):
+            if funcs is None:
                 funcs = self._functions_of[code] = [f for f in gc.get_referrers(code)
                                                     if isinstance(f, types.FunctionType) and f.__code__ is code]
             closures = [dict(zip(code.co_freevars, f.__closure__ or ())) for f in funcs]
@@ -350,7 +346,7 @@ class Recorder:
             if now is None or _same_snapshot(snap, now):
                 continue
             facts = code_facts(code)
-            what = f"a change of {description} (a {_kind_name(obj)})"
+            what = f"a change of {description} (a {type(obj).__name__})"
             if facts.mutations:
                 stmt, line = facts.mutations[0]
                 return SideEffect(f"{what}: {stmt}", code.co_filename, line)
@@ -400,8 +396,3 @@ def _walk(root, path):
     except Exception:  # a property that fails: not guarded (the function meets it itself)
         return _MISSING
     return cur
-
-
-def version_guards(constants):
-    """Guards on the storage versions of tensors a graph baked in as constants: (tensor, name)."""
-    return [(t, (), t._version, VERSION, name) for t, name in constants]
