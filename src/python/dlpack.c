@@ -68,17 +68,40 @@ static void delete_legacy(DLManagedTensor *self) {
     PyMem_RawFree(self);
 }
 
+/* Calls a deleter with no exception set (it may run Python code: a producer's deleter drops its
+ * array, a capsule may die while an exception propagates), keeping the one that was set. */
+static void call_deleter(void (*release)(void *), void *managed) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+    release(managed);
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    release(managed);
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+static void release_versioned(void *ctx) {
+    DLManagedTensorVersioned *m = ctx;
+    if (m->deleter) m->deleter(m);
+}
+
+static void release_legacy(void *ctx) {
+    DLManagedTensor *m = ctx;
+    if (m->deleter) m->deleter(m);
+}
+
 /* A capsule no consumer took over still owns its tensor. */
 static void destroy_versioned_capsule(PyObject *capsule) {
     if (!PyCapsule_IsValid(capsule, KILN_DLPACK_NAME_VERSIONED)) return; /* renamed: consumed */
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, KILN_DLPACK_NAME_VERSIONED);
-    if (m->deleter) m->deleter(m);
+    call_deleter(release_versioned, PyCapsule_GetPointer(capsule, KILN_DLPACK_NAME_VERSIONED));
 }
 
 static void destroy_legacy_capsule(PyObject *capsule) {
     if (!PyCapsule_IsValid(capsule, KILN_DLPACK_NAME)) return;
-    DLManagedTensor *m = PyCapsule_GetPointer(capsule, KILN_DLPACK_NAME);
-    if (m->deleter) m->deleter(m);
+    call_deleter(release_legacy, PyCapsule_GetPointer(capsule, KILN_DLPACK_NAME));
 }
 
 static void fill_dl_tensor(DLTensor *dl, kiln_tensor *t) {
@@ -210,16 +233,6 @@ PyObject *pykiln_tensor_dlpack_device(PyObject *self, PyObject *unused) {
 
 /* ---- import -------------------------------------------------------------------------------- */
 
-static void release_versioned(void *ctx) {
-    DLManagedTensorVersioned *m = ctx;
-    if (m->deleter) m->deleter(m);
-}
-
-static void release_legacy(void *ctx) {
-    DLManagedTensor *m = ctx;
-    if (m->deleter) m->deleter(m);
-}
-
 /* Checks a DLTensor kiln took over and wraps its memory; NULL with an error set otherwise (the
  * caller then calls the deleter). */
 static kiln_tensor *wrap_dl_tensor(const DLTensor *dl, void (*release)(void *), void *ctx) {
@@ -268,14 +281,14 @@ static kiln_tensor *consume_capsule(PyObject *capsule) {
         if (PyCapsule_SetName(capsule, KILN_DLPACK_NAME_VERSIONED_USED) != 0) return NULL;
         if (m->version.major != KILN_DLPACK_MAJOR) { /* nothing past the deleter may be read */
             unsigned major = m->version.major, minor = m->version.minor;
-            release_versioned(m);
+            call_deleter(release_versioned, m);
             PyErr_Format(PyExc_BufferError, "from_dlpack: the producer exported DLPack %u.%u; kiln reads major "
                          "version %d only", major, minor, KILN_DLPACK_MAJOR);
             return NULL;
         }
         kiln_tensor *t = wrap_dl_tensor(&m->dl_tensor, release_versioned, m);
         if (!t) {
-            release_versioned(m);
+            call_deleter(release_versioned, m);
             return NULL;
         }
         if (m->flags & KILN_DLPACK_FLAG_READ_ONLY) kiln_tensor_set_read_only(t); /* writes raise, as for buffers */
@@ -285,7 +298,7 @@ static kiln_tensor *consume_capsule(PyObject *capsule) {
         DLManagedTensor *m = PyCapsule_GetPointer(capsule, KILN_DLPACK_NAME);
         if (PyCapsule_SetName(capsule, KILN_DLPACK_NAME_USED) != 0) return NULL;
         kiln_tensor *t = wrap_dl_tensor(&m->dl_tensor, release_legacy, m);
-        if (!t) release_legacy(m);
+        if (!t) call_deleter(release_legacy, m);
         return t;
     }
     const char *name = PyCapsule_GetName(capsule);
