@@ -332,6 +332,11 @@ static PyObject *ask_capsule(PyObject *obj) {
 
 kiln_tensor *pykiln_tensor_from_dlpack(PyObject *obj) {
     if (PyCapsule_CheckExact(obj)) return consume_capsule(obj);
+    if (pykiln_is_tensor(obj)) { /* kiln's own: a view of the same storage, as a round trip would give */
+        kiln_tensor *t = pykiln_unwrap(obj), *v = NULL;
+        kiln_status s = kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, &v);
+        return s == KILN_OK ? v : (kiln_tensor *)pykiln_raise(s);
+    }
     int has = PyObject_HasAttrString(obj, "__dlpack__");
     if (!has) {
         PyErr_Format(PyExc_TypeError, "from_dlpack expects an object with __dlpack__ (a NumPy array, a PyTorch or JAX "

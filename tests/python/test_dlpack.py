@@ -112,6 +112,15 @@ def test_capsule_names_follow_max_version():
     assert t.__dlpack_device__() == (1, 0)
 
 
+def test_from_dlpack_of_a_kiln_tensor_shares_its_storage():
+    t = kiln.from_numpy(np.broadcast_to(np.arange(4.0), (2, 4)))
+    v = kiln.from_dlpack(t)
+    assert v._shares_storage(t) and v._read_only and v._strides == t._strides
+    w = kiln.Tensor(np.arange(4.0))
+    kiln.from_dlpack(w)[1] = 9  # same storage: the write is seen, and counted, in w
+    assert w[1].item() == 9 and w._version == 1
+
+
 def test_tensor_constructor_copies_through_dlpack():
     class OnlyDLPack:  # no buffer protocol, no __array__: the way a torch or jax tensor looks
         def __init__(self, a):
