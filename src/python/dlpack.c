@@ -146,6 +146,29 @@ static int is_cpu_device(PyObject *device, const char *who) {
     return type == kDLCPU && id == 0;
 }
 
+/* The device argument of __dlpack__ (dl_device) and from_dlpack (device): None, (1, 0), or for
+ * from_dlpack "cpu"; anything else raises `error`. 0 when it is the CPU, -1 with an error set. */
+static int require_cpu(PyObject *device, bool allow_name, PyObject *error, const char *who) {
+    if (device == Py_None) return 0;
+    if (allow_name && PyUnicode_Check(device) && PyUnicode_CompareWithASCIIString(device, "cpu") == 0) return 0;
+    int cpu = allow_name && !PyTuple_Check(device) ? 0 : is_cpu_device(device, who);
+    if (cpu < 0) return -1;
+    if (!cpu)
+        PyErr_Format(error, "%s: kiln tensors live on the CPU only, DLPack device (1, 0)%s; got %R", who,
+                     allow_name ? " or \"cpu\"" : "", device);
+    return cpu ? 0 : -1;
+}
+
+/* A contiguous copy of t in kiln's own memory; NULL with an error set. */
+static kiln_tensor *contiguous_copy(const kiln_tensor *t) {
+    kiln_tensor *c = NULL;
+    kiln_status s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &c);
+    if (s == KILN_OK) s = kiln_copy_into(c, t);
+    if (s == KILN_OK) return c;
+    kiln_tensor_release(c);
+    return (kiln_tensor *)pykiln_raise(s);
+}
+
 /* Tensor.__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) */
 PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
@@ -160,25 +183,15 @@ PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     int versioned = wants_versioned(max_version);
     if (versioned < 0) return NULL;
-    if (dl_device != Py_None) {
-        int cpu = is_cpu_device(dl_device, "__dlpack__");
-        if (cpu < 0) return NULL;
-        if (!cpu) {
-            PyErr_Format(PyExc_BufferError, "__dlpack__: kiln tensors live on the CPU (device (1, 0)); cannot export "
-                         "to device %R", dl_device);
-            return NULL;
-        }
-    }
+    if (require_cpu(dl_device, false, PyExc_BufferError, "__dlpack__") < 0) return NULL;
     int copy = copy_obj == Py_None ? 0 : PyObject_IsTrue(copy_obj);
     if (copy < 0) return NULL;
 
     kiln_tensor *t = pykiln_unwrap(self), *held = NULL;
     kiln_tracer_note_value_read(t); /* the value leaves kiln, as through the buffer protocol */
     bool read_only = kiln_tensor_is_read_only(t) || kiln_tensor_overlaps(t);
-    kiln_status s;
     if (copy) { /* a contiguous copy only the consumer owns */
-        s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &held);
-        if (s == KILN_OK) s = kiln_copy_into(held, t);
+        if (!(held = contiguous_copy(t))) return NULL;
         read_only = false;
     } else {
         if (read_only && !versioned) {
@@ -188,11 +201,8 @@ PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
                             "max_version=(1, 0) or later, or for copy=True");
             return NULL;
         }
-        s = kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, &held);
-    }
-    if (s != KILN_OK) {
-        kiln_tensor_release(held);
-        return pykiln_raise(s);
+        kiln_status s = kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, &held);
+        if (s != KILN_OK) return pykiln_raise(s);
     }
 
     PyObject *capsule;
@@ -372,30 +382,12 @@ PyObject *pykiln_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs)
     static char *kwlist[] = {"", "device", "copy", NULL};
     PyObject *obj, *device = Py_None, *copy_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:from_dlpack", kwlist, &obj, &device, &copy_obj)) return NULL;
-    if (device != Py_None) {
-        bool cpu = PyUnicode_Check(device) && PyUnicode_CompareWithASCIIString(device, "cpu") == 0;
-        if (!cpu) {
-            int c = PyTuple_Check(device) ? is_cpu_device(device, "from_dlpack") : 0;
-            if (c < 0) return NULL;
-            cpu = c == 1;
-        }
-        if (!cpu) {
-            PyErr_Format(PyExc_ValueError, "from_dlpack: device must be None, \"cpu\" or (1, 0): kiln computes on the "
-                         "CPU only, got %R", device);
-            return NULL;
-        }
-    }
+    if (require_cpu(device, true, PyExc_ValueError, "from_dlpack") < 0) return NULL;
     int copy = copy_obj == Py_None ? 0 : PyObject_IsTrue(copy_obj);
     if (copy < 0) return NULL;
     kiln_tensor *t = pykiln_tensor_from_dlpack(obj);
     if (!t || !copy) return t ? pykiln_wrap(t) : NULL;
-    kiln_tensor *c = NULL; /* copy=True: memory of kiln's own, writable, the producer let go at once */
-    kiln_status s = kiln_tensor_empty(t->meta.dtype, t->meta.ndim, t->meta.shape, &c);
-    if (s == KILN_OK) s = kiln_copy_into(c, t);
+    kiln_tensor *c = contiguous_copy(t); /* copy=True: writable memory of kiln's own; the producer is let go */
     kiln_tensor_release(t);
-    if (s != KILN_OK) {
-        kiln_tensor_release(c);
-        return pykiln_raise(s);
-    }
-    return pykiln_wrap(c);
+    return c ? pykiln_wrap(c) : NULL;
 }
