@@ -370,6 +370,8 @@ static PyMethodDef module_methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
     {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array (read-only if the buffer is)"},
+    {"from_dlpack", (PyCFunction)(void (*)(void))pykiln_from_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "from_dlpack(x, /, *, device=None, copy=None): a tensor sharing the memory of a DLPack producer"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},

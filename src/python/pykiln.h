@@ -44,6 +44,12 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
 /* dtype object or None/NULL -> kiln_dtype; -1 with TypeError set. */
 int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 
+/* DLPack (dlpack.c): Tensor.__dlpack__ and __dlpack_device__, kiln.from_dlpack, and the tensor
+ * sharing the memory of an object with __dlpack__ or of a DLPack capsule (NULL with an error set). */
+PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *pykiln_tensor_dlpack_device(PyObject *self, PyObject *unused);
+PyObject *pykiln_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs);
+kiln_tensor *pykiln_tensor_from_dlpack(PyObject *obj);
 /* Tensor indexing: x[key] and x[key] = value (indexing.c) */
 PyObject *pykiln_tensor_getitem(PyObject *self, PyObject *key);
 int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value);
