@@ -59,10 +59,30 @@ extern PyMethodDef pykiln_control_functions[];
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
+/* How a guard compares the value its path reaches with the one it expects (guards.c). */
+enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
 /* Registers GuardSet and its mode constants (guards.c). */
 int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);
+/* GuardSet(specs): specs is a list of (root, path, expected, mode) (new reference). */
+PyObject *pykiln_guardset_new(PyObject *specs);
+/* Registers GuardRecorder (guard_recorder.c). */
+int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
 int pykiln_guards_hold(PyObject *guards);
+
+/* One bytecode instruction (code_facts.c): EXTENDED_ARG folded into arg, CACHE entries skipped;
+ * name is the name or constant the argument designates (borrowed from the code object), or NULL. */
+typedef struct {
+    int op, arg, line, offset;
+    PyObject *name;
+} pykiln_instr;
+/* Decodes a code object's bytecode into *out (PyMem_Free it); -1 with an exception set, also on
+ * a Python other than 3.11. */
+int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count);
+/* kiln._C.code_facts(code): the CodeFacts of a code object (new reference; cached on the code). */
+PyObject *pykiln_code_facts(PyObject *code);
+/* Registers CodeFacts and code_facts (code_facts.c). */
+int pykiln_code_facts_init_type(PyObject *module);
 
 #endif
