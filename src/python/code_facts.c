@@ -350,6 +350,45 @@ done:
     return (PyObject *)f;
 }
 
+/* Adds to loads[0] the globals (LOAD_GLOBAL) and to loads[1] the cell variables (LOAD_DEREF,
+ * LOAD_CLASSDEREF) code and its nested code read, and to stores the names they write. */
+static int scan_reads(PyCodeObject *code, PyObject *loads[2], PyObject *stores) {
+    pykiln_instr *ins;
+    Py_ssize_t n;
+    if (pykiln_decode(code, &ins, &n) < 0) return -1;
+    int rc = 0;
+    for (Py_ssize_t k = 0; rc == 0 && k < n; k++) {
+        int act = by_opcode[ins[k].op].act;
+        if (!ins[k].name) continue;
+        if (ins[k].op == LOAD_GLOBAL || act == ACT_READ_DEREF)
+            rc = PySet_Add(loads[ins[k].op == LOAD_GLOBAL ? 0 : 1], ins[k].name);
+        else if (act == ACT_WRITE_GLOBAL || act == ACT_WRITE_DEREF)
+            rc = PySet_Add(stores, ins[k].name);
+    }
+    PyMem_Free(ins);
+    for (Py_ssize_t k = 0; rc == 0 && k < PyTuple_GET_SIZE(code->co_consts); k++) {
+        PyObject *c = PyTuple_GET_ITEM(code->co_consts, k);
+        if (PyCode_Check(c)) rc = scan_reads((PyCodeObject *)c, loads, stores);
+    }
+    return rc;
+}
+
+PyObject *pykiln_read_names(PyObject *code) {
+    if (!PyCode_Check(code))
+        return PyErr_Format(PyExc_TypeError, "read_names: expected a code object, got %s", Py_TYPE(code)->tp_name);
+    PyObject *loads[2] = {PySet_New(NULL), PySet_New(NULL)}, *stores = PySet_New(NULL), *result = NULL;
+    if (loads[0] && loads[1] && stores && scan_reads((PyCodeObject *)code, loads, stores) == 0) {
+        PyObject *g = PyNumber_Subtract(loads[0], stores), *f = g ? PyNumber_Subtract(loads[1], stores) : NULL;
+        result = f ? PyTuple_Pack(2, g, f) : NULL;
+        Py_XDECREF(g);
+        Py_XDECREF(f);
+    }
+    Py_XDECREF(loads[0]);
+    Py_XDECREF(loads[1]);
+    Py_XDECREF(stores);
+    return result;
+}
+
 static void release_facts(void *facts) { Py_XDECREF((PyObject *)facts); }
 
 PyObject *pykiln_code_facts(PyObject *code) {
@@ -389,6 +428,8 @@ PyObject *pykiln_code_facts(PyObject *code) {
                         Py_GetVersion());
 }
 
+PyObject *pykiln_read_names(PyObject *code) { return pykiln_code_facts(code); }
+
 #endif
 
 static PyObject *py_code_facts(PyObject *module, PyObject *code) {
@@ -396,8 +437,15 @@ static PyObject *py_code_facts(PyObject *module, PyObject *code) {
     return pykiln_code_facts(code);
 }
 
-PyMethodDef pykiln_code_facts_functions[] = {
+static PyObject *py_read_names(PyObject *module, PyObject *code) {
+    (void)module;
+    return pykiln_read_names(code);
+}
+
+static PyMethodDef pykiln_code_facts_functions[] = {
     {"code_facts", py_code_facts, METH_O, "code_facts(code) -> CodeFacts: what the code object reads and writes"},
+    {"read_names", py_read_names, METH_O,
+     "read_names(code) -> (globals, cell variables): what code and its nested code load and never store"},
     {NULL, NULL, 0, NULL},
 };
 

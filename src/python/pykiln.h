@@ -66,6 +66,8 @@ int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);
 /* GuardSet(specs): specs is a list of (root, path, expected, mode) (new reference). */
 PyObject *pykiln_guardset_new(PyObject *specs);
+/* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
+int pykiln_tree_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
@@ -82,6 +84,8 @@ typedef struct {
 int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count);
 /* kiln._C.code_facts(code): the CodeFacts of a code object (new reference; cached on the code). */
 PyObject *pykiln_code_facts(PyObject *code);
+/* kiln._C.read_names(code): (globals, cell variables) code and its nested code load and never store. */
+PyObject *pykiln_read_names(PyObject *code);
 /* Registers CodeFacts and code_facts (code_facts.c). */
 int pykiln_code_facts_init_type(PyObject *module);
 

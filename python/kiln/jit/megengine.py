@@ -21,7 +21,6 @@ bit. Tensors reached through a global or closure name are also checked in Python
 another tensor, and with capture_as_const a changed value, are mismatches; a captured tensor
 reached otherwise (an attribute, a dict) and replaced by one of the same type is not noticed.
 """
-import dis
 import functools
 import os
 import sys
@@ -43,51 +42,8 @@ class TraceMismatchError(RuntimeError):
 
 # ---- arguments -------------------------------------------------------------------------
 
-def _leaf_labels(spec, path, out):
-    """Names of the tensor leaves of a (args, kwargs) spec, in order: x, args[1][0], kwargs['k']."""
-    if spec == tree._TENSOR:
-        out.append(path)
-    elif spec[0] in ("tuple", "list"):
-        for k, s in enumerate(spec[1]):
-            _leaf_labels(s, f"{path}[{k}]", out)
-    elif spec[0] == "dict":
-        for k, s in zip(spec[1], spec[2]):
-            _leaf_labels(s, f"{path}[{k!r}]", out)
-    return out
-
-
-def _labels(spec):
-    args_spec, kwargs_spec = spec[1]
-    out = []
-    for k, s in enumerate(args_spec[1]):
-        _leaf_labels(s, f"args[{k}]", out)
-    for k, s in zip(kwargs_spec[1], kwargs_spec[2]):
-        _leaf_labels(s, k, out)
-    return out
-
-
-def _kind(spec):
-    return "a tensor" if spec == tree._TENSOR else f"a non-tensor ({tree.describe(spec)})"
-
-
-def _diff_spec(a, b, path, values):
-    """The first difference between two argument structures (non-tensor values too when
-    `values`), as text, or None."""
-    if a == b:
-        return None
-    if (a == tree._TENSOR) != (b == tree._TENSOR):
-        return f"{path} is {_kind(b)} this time but was {_kind(a)} when traced"
-    if a[0] != b[0] or (a[0] != "const" and (len(a[1]) != len(b[1]) or (a[0] == "dict" and a[1] != b[1]))):
-        return f"{path} is {tree.describe(b)} this time but was {tree.describe(a)} when traced"
-    if a[0] == "const":
-        return f"{path} is {b[3].value!r} this time but was {a[3].value!r} when traced" if values else None
-    keys = a[1] if a[0] == "dict" else range(len(a[1]))
-    items_a, items_b = (a[2], b[2]) if a[0] == "dict" else (a[1], b[1])
-    for k, sa, sb in zip(keys, items_a, items_b):
-        d = _diff_spec(sa, sb, f"{path}[{k!r}]", values)
-        if d:
-            return d
-    return None
+_labels = _C.tree.arg_labels  # labels of a call's tensor leaves, in order: x, args[1][0], kwargs['k']
+_diff_spec = _C.tree.diff_spec  # (a, b, path, values): the first difference of two argument structures, or None
 
 
 def _device(t):
@@ -144,23 +100,6 @@ def _code_of(fn):
     return fn if hasattr(fn, "__code__") else None
 
 
-def _read_names(code):
-    """(global names, free variable names) the code loads and never stores, nested code included."""
-    loads, stores = (set(), set()), set()
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
-        for ins in dis.get_instructions(c):
-            if ins.opname == "LOAD_GLOBAL":
-                loads[0].add(ins.argval)
-            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
-                loads[1].add(ins.argval)
-            elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF"):
-                stores.add(ins.argval)
-    return loads[0] - stores, loads[1] - stores
-
-
 class _Bindings:
     """The tensors a function reaches through globals and closure variables, by name. Used to
     notice a name rebound to another tensor between calls (the graph keeps the tensor it
@@ -171,7 +110,7 @@ class _Bindings:
         f = _code_of(fn)
         if f is None:
             return
-        global_names, free_names = _read_names(f.__code__)
+        global_names, free_names = _C.read_names(f.__code__)  # loaded and never stored
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
         for name in sorted(global_names):
             self.slots.append((f"global {name!r}", f.__globals__, name))

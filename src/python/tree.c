@@ -1,0 +1,410 @@
+/* Flattening nested arguments and results for kiln.jit and kiln.trace (kiln.jit.tree): tensors
+ * become a flat list, everything else a hashable structure (the spec, part of the cache key)
+ * from which the object is rebuilt:
+ *     "T"                                a tensor (the next leaf)
+ *     ("tuple", (spec, ...))             a tuple (named tuples too) / ("list", ...) a list
+ *     ("dict", (key, ...), (spec, ...))  a dict, keys in order
+ *     ("const", type, const_key, payload)  any other hashable value; payload carries the value
+ *                                        without taking part in equality (ConstPayload)
+ * Also the texts kiln.trace needs: a spec's short description, the labels of its tensor leaves
+ * and the first difference between two specs.
+ * Reference notes: specs own their parts; leaves are borrowed and returned with new references. */
+#include "pykiln.h"
+
+#include <structmember.h>
+
+static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *numbers_number;
+
+/* ---- ConstPayload: the constant itself, equal to every other payload ------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *value;
+} PyConstPayload;
+
+static PyTypeObject PyConstPayload_Type;
+
+static PyObject *make_payload(PyObject *value) {
+    PyConstPayload *p = PyObject_GC_New(PyConstPayload, &PyConstPayload_Type);
+    if (!p) return NULL;
+    p->value = Py_NewRef(value);
+    PyObject_GC_Track(p);
+    return (PyObject *)p;
+}
+
+static void payload_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(((PyConstPayload *)self)->value);
+    PyObject_GC_Del(self);
+}
+
+static int payload_traverse(PyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(((PyConstPayload *)self)->value);
+    return 0;
+}
+
+static int payload_clear(PyObject *self) {
+    Py_CLEAR(((PyConstPayload *)self)->value);
+    return 0;
+}
+
+/* Two keys are equal when their const_key()s are (float('nan') is not equal to itself). */
+static PyObject *payload_richcompare(PyObject *a, PyObject *b, int op) {
+    int same = PyObject_TypeCheck(b, &PyConstPayload_Type);
+    if (op == Py_EQ) return PyBool_FromLong(same);
+    if (op == Py_NE) return PyBool_FromLong(!same);
+    (void)a;
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static Py_hash_t payload_hash(PyObject *self) {
+    (void)self;
+    return 0;
+}
+
+static PyMemberDef payload_members[] = {
+    {"value", T_OBJECT_EX, offsetof(PyConstPayload, value), READONLY, "the constant"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PyConstPayload_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.ConstPayload",
+    .tp_basicsize = sizeof(PyConstPayload),
+    .tp_dealloc = payload_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A constant carried in a spec without taking part in its equality.",
+    .tp_traverse = payload_traverse,
+    .tp_clear = payload_clear,
+    .tp_richcompare = payload_richcompare,
+    .tp_hash = payload_hash,
+    .tp_members = payload_members,
+};
+
+/* ---- const_key ---------------------------------------------------------------------------- */
+
+/* getattr(obj, name, None) (new reference; None when absent), NULL on another error. */
+static PyObject *attr_or_none(PyObject *obj, const char *name) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v || !PyErr_ExceptionMatches(PyExc_AttributeError)) return v;
+    PyErr_Clear();
+    return Py_NewRef(Py_None);
+}
+
+/* A NumPy scalar's (dtype name, bytes), or None when obj is not one (new reference). */
+static PyObject *numpy_scalar_key(PyObject *obj) {
+    PyObject *tobytes = attr_or_none(obj, "tobytes"), *shape = NULL, *key = NULL;
+    if (!tobytes || tobytes == Py_None) return tobytes;
+    shape = attr_or_none(obj, "shape");
+    int scalar = shape && PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == 0;
+    if (scalar && PyObject_HasAttrString(obj, "dtype")) {
+        PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+        PyObject *name = dtype ? PyObject_Str(dtype) : NULL, *bytes = name ? PyObject_CallNoArgs(tobytes) : NULL;
+        key = bytes ? PyTuple_Pack(2, name, bytes) : NULL;
+        Py_XDECREF(dtype);
+        Py_XDECREF(name);
+        Py_XDECREF(bytes);
+    } else if (shape) {
+        key = Py_NewRef(Py_None);
+    }
+    Py_DECREF(tobytes);
+    Py_XDECREF(shape);
+    return key;
+}
+
+/* What distinguishes a constant argument for the compile cache: the type is part of the key
+ * beside it (1, 1.0 and True differ); floats and complex numbers by their bits (0.0 and -0.0
+ * differ, a NaN equals itself), NumPy scalars by dtype and bytes, other numbers by value and
+ * repr (Decimal('-0') and Decimal('0')); anything else by its own equality. */
+static PyObject *const_key(PyObject *obj) {
+    char bits[16];
+    if (PyFloat_CheckExact(obj)) {
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(obj), bits, 1) < 0) return NULL;
+        return PyBytes_FromStringAndSize(bits, 8);
+    }
+    if (PyComplex_CheckExact(obj)) {
+        Py_complex c = PyComplex_AsCComplex(obj);
+        if (PyFloat_Pack8(c.real, bits, 1) < 0 || PyFloat_Pack8(c.imag, bits + 8, 1) < 0) return NULL;
+        return PyBytes_FromStringAndSize(bits, 16);
+    }
+    if (PyLong_CheckExact(obj) || PyBool_Check(obj) || PyUnicode_CheckExact(obj) || PyBytes_CheckExact(obj) ||
+        obj == Py_None)
+        return Py_NewRef(obj);
+    PyObject *key = numpy_scalar_key(obj);
+    if (key != Py_None) return key;
+    Py_DECREF(key);
+    if (!numbers_number) {
+        PyObject *numbers = PyImport_ImportModule("numbers");
+        numbers_number = numbers ? PyObject_GetAttrString(numbers, "Number") : NULL;
+        Py_XDECREF(numbers);
+        if (!numbers_number) return NULL;
+    }
+    int number = PyObject_IsInstance(obj, numbers_number);
+    if (number < 0) return NULL;
+    if (!number) return Py_NewRef(obj);
+    PyObject *repr = PyObject_Repr(obj);
+    key = repr ? PyTuple_Pack(2, obj, repr) : NULL;
+    Py_XDECREF(repr);
+    return key;
+}
+
+/* ---- flatten / unflatten ------------------------------------------------------------------ */
+
+static PyObject *flatten(PyObject *obj, PyObject *leaves);
+
+static PyObject *flatten_items(PyObject *seq, PyObject *leaves) {
+    PyObject *fast = PySequence_Fast(seq, "flatten");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject *specs = PyTuple_New(n);
+    for (Py_ssize_t k = 0; specs && k < n; k++) {
+        PyObject *s = flatten(PySequence_Fast_GET_ITEM(fast, k), leaves);
+        if (!s) Py_CLEAR(specs);
+        else PyTuple_SET_ITEM(specs, k, s);
+    }
+    Py_DECREF(fast);
+    return specs;
+}
+
+static PyObject *flatten(PyObject *obj, PyObject *leaves) {
+    if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        PyObject *items = flatten_items(obj, leaves);
+        return items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
+    }
+    if (PyDict_Check(obj)) {
+        PyObject *keys = PyDict_Keys(obj), *values = keys ? PyDict_Values(obj) : NULL;
+        PyObject *specs = values ? flatten_items(values, leaves) : NULL;
+        PyObject *spec = specs ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs) : NULL;
+        Py_XDECREF(keys);
+        Py_XDECREF(values);
+        return spec;
+    }
+    if (PyObject_Hash(obj) == -1) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError, "jit: argument of type %s is neither a Tensor, a container of them, "
+                                             "nor a hashable constant", _PyType_Name(Py_TYPE(obj)));
+    }
+    PyObject *key = const_key(obj), *payload = key ? make_payload(obj) : NULL;
+    PyObject *spec = payload ? PyTuple_Pack(4, s_const, (PyObject *)Py_TYPE(obj), key, payload) : NULL;
+    Py_XDECREF(key);
+    Py_XDECREF(payload);
+    return spec;
+}
+
+static int is_tensor_spec(PyObject *spec) { return PyUnicode_Check(spec); }
+
+static int spec_kind(PyObject *spec, PyObject *kind) {
+    return PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 && PyUnicode_Compare(PyTuple_GET_ITEM(spec, 0), kind) == 0;
+}
+
+static PyObject *bad_spec(PyObject *spec) { return PyErr_Format(PyExc_ValueError, "jit: malformed spec %R", spec); }
+
+/* The object spec describes, from leaves[*pos:] (new reference); advances *pos. */
+static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
+    if (is_tensor_spec(spec)) {
+        if (*pos >= PySequence_Fast_GET_SIZE(leaves))
+            return PyErr_Format(PyExc_IndexError, "jit: the spec wants more than %zd tensors", *pos);
+        return Py_NewRef(PySequence_Fast_GET_ITEM(leaves, (*pos)++));
+    }
+    if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
+        PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
+        return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) == 3;
+    PyObject *items = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 ? PyTuple_GET_ITEM(spec, dict ? 2 : 1) : NULL;
+    if (!items || !PyTuple_Check(items) || (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) ||
+        (dict && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
+                  PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(items))))
+        return bad_spec(spec);
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *out = dict ? PyDict_New() : PyList_New(n);
+    for (Py_ssize_t k = 0; out && k < n; k++) {
+        PyObject *item = unflatten(PyTuple_GET_ITEM(items, k), leaves, pos);
+        if (!item) {
+            Py_CLEAR(out);
+        } else if (!dict) {
+            PyList_SET_ITEM(out, k, item);
+        } else {
+            if (PyDict_SetItem(out, PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k), item) < 0) Py_CLEAR(out);
+            Py_DECREF(item);
+        }
+    }
+    if (out && spec_kind(spec, s_tuple)) Py_SETREF(out, PyList_AsTuple(out));
+    return out;
+}
+
+/* ---- texts -------------------------------------------------------------------------------- */
+
+/* Short text of a spec, for messages: Tensor, a constant's repr, (a, b), [a, b], {'k': a}. */
+static PyObject *describe(PyObject *spec) {
+    if (is_tensor_spec(spec)) return PyUnicode_FromString("Tensor");
+    if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4)
+        return PyObject_Repr(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    int dict = spec_kind(spec, s_dict);
+    if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return bad_spec(spec);
+    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1), *parts = PyList_New(0);
+    for (Py_ssize_t k = 0; parts && k < PyTuple_GET_SIZE(items); k++) {
+        PyObject *d = describe(PyTuple_GET_ITEM(items, k));
+        PyObject *part = d && dict ? PyUnicode_FromFormat("%R: %U", PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k), d)
+                                   : Py_XNewRef(d);
+        if (!part || PyList_Append(parts, part) < 0) Py_CLEAR(parts);
+        Py_XDECREF(d);
+        Py_XDECREF(part);
+    }
+    PyObject *sep = PyUnicode_FromString(", "), *inner = parts && sep ? PyUnicode_Join(sep, parts) : NULL;
+    PyObject *text = !inner ? NULL
+                     : dict ? PyUnicode_FromFormat("{%U}", inner)
+                     : spec_kind(spec, s_tuple) ? PyUnicode_FromFormat("(%U)", inner)
+                                                : PyUnicode_FromFormat("[%U]", inner);
+    Py_XDECREF(parts);
+    Py_XDECREF(sep);
+    Py_XDECREF(inner);
+    return text;
+}
+
+/* Appends the labels of spec's tensor leaves to out: path, path[1][0], path['k']. */
+static int leaf_labels(PyObject *spec, PyObject *path, PyObject *out) {
+    if (is_tensor_spec(spec)) return PyList_Append(out, path);
+    int dict = spec_kind(spec, s_dict);
+    if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return 0;
+    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(items); k++) {
+        PyObject *sub = dict ? PyUnicode_FromFormat("%U[%R]", path, PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k))
+                             : PyUnicode_FromFormat("%U[%zd]", path, k);
+        int rc = sub ? leaf_labels(PyTuple_GET_ITEM(items, k), sub, out) : -1;
+        Py_XDECREF(sub);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+/* "a tensor" | "a non-tensor (<description>)" */
+static PyObject *kind_text(PyObject *spec) {
+    if (is_tensor_spec(spec)) return PyUnicode_FromString("a tensor");
+    PyObject *d = describe(spec), *text = d ? PyUnicode_FromFormat("a non-tensor (%U)", d) : NULL;
+    Py_XDECREF(d);
+    return text;
+}
+
+static PyObject *was_text(PyObject *path, PyObject *now, PyObject *then) {
+    PyObject *text = now && then ? PyUnicode_FromFormat("%U is %U this time but was %U when traced", path, now, then)
+                                 : NULL;
+    Py_XDECREF(now);
+    Py_XDECREF(then);
+    return text;
+}
+
+/* The first difference between two argument specs (non-tensor values too when `values`), as
+ * text (new reference), or None. */
+static PyObject *diff_spec(PyObject *a, PyObject *b, PyObject *path, int values) {
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (eq) return eq < 0 ? NULL : Py_NewRef(Py_None);
+    if (is_tensor_spec(a) != is_tensor_spec(b)) return was_text(path, kind_text(b), kind_text(a));
+    if (is_tensor_spec(a)) return Py_NewRef(Py_None);
+    int konst = spec_kind(a, s_const), dict = spec_kind(a, s_dict);
+    int kinds = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(b, 0), Py_EQ);
+    int keys = dict && kinds == 1 ? PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_EQ) : 1;
+    if (kinds < 0 || keys < 0) return NULL;
+    PyObject *ia = konst ? NULL : PyTuple_GET_ITEM(a, dict ? 2 : 1), *ib = konst ? NULL : PyTuple_GET_ITEM(b, dict ? 2 : 1);
+    if (!kinds || (!konst && (PyTuple_GET_SIZE(ia) != PyTuple_GET_SIZE(ib) || !keys)))
+        return was_text(path, describe(b), describe(a));
+    if (konst) {
+        if (!values) return Py_NewRef(Py_None);
+        return was_text(path, PyObject_Repr(((PyConstPayload *)PyTuple_GET_ITEM(b, 3))->value),
+                        PyObject_Repr(((PyConstPayload *)PyTuple_GET_ITEM(a, 3))->value));
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ia); k++) {
+        PyObject *sub = dict ? PyUnicode_FromFormat("%U[%R]", path, PyTuple_GET_ITEM(PyTuple_GET_ITEM(a, 1), k))
+                             : PyUnicode_FromFormat("%U[%zd]", path, k);
+        PyObject *d = sub ? diff_spec(PyTuple_GET_ITEM(ia, k), PyTuple_GET_ITEM(ib, k), sub, values) : NULL;
+        Py_XDECREF(sub);
+        if (d != Py_None) return d;
+        Py_DECREF(d);
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* ---- the module functions ----------------------------------------------------------------- */
+
+static PyObject *py_flatten(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *obj, *leaves;
+    if (!PyArg_ParseTuple(args, "OO!:flatten", &obj, &PyList_Type, &leaves)) return NULL;
+    return flatten(obj, leaves);
+}
+
+static PyObject *py_unflatten(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *spec, *leaves;
+    Py_ssize_t pos = 0;
+    if (!PyArg_ParseTuple(args, "OO|n:unflatten", &spec, &leaves, &pos)) return NULL;
+    PyObject *fast = PySequence_Fast(leaves, "unflatten: leaves must be a sequence");
+    if (!fast) return NULL;
+    if (pos < 0) pos = 0;
+    PyObject *obj = unflatten(spec, fast, &pos);
+    Py_DECREF(fast);
+    return obj ? Py_BuildValue("(Nn)", obj, pos) : NULL;
+}
+
+static PyObject *py_describe(PyObject *module, PyObject *spec) {
+    (void)module;
+    return describe(spec);
+}
+
+static PyObject *py_const_key(PyObject *module, PyObject *obj) {
+    (void)module;
+    return const_key(obj);
+}
+
+static PyObject *py_arg_labels(PyObject *module, PyObject *spec) {
+    (void)module;
+    PyObject *args_spec, *kwargs_spec;
+    if (!PyArg_ParseTuple(spec, "s(OO):arg_labels", &(const char *){0}, &args_spec, &kwargs_spec) ||
+        !spec_kind(args_spec, s_tuple) || !spec_kind(kwargs_spec, s_dict) || PyTuple_GET_SIZE(kwargs_spec) != 3)
+        return PyErr_Occurred() ? NULL : bad_spec(spec);
+    PyObject *out = PyList_New(0), *items = PyTuple_GET_ITEM(args_spec, 1);
+    for (Py_ssize_t k = 0; out && k < PyTuple_GET_SIZE(items); k++) {
+        PyObject *path = PyUnicode_FromFormat("args[%zd]", k);
+        if (!path || leaf_labels(PyTuple_GET_ITEM(items, k), path, out) < 0) Py_CLEAR(out);
+        Py_XDECREF(path);
+    }
+    PyObject *names = PyTuple_GET_ITEM(kwargs_spec, 1), *specs = PyTuple_GET_ITEM(kwargs_spec, 2);
+    for (Py_ssize_t k = 0; out && k < PyTuple_GET_SIZE(names) && k < PyTuple_GET_SIZE(specs); k++)
+        if (leaf_labels(PyTuple_GET_ITEM(specs, k), PyTuple_GET_ITEM(names, k), out) < 0) Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *py_diff_spec(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *a, *b, *path;
+    int values;
+    if (!PyArg_ParseTuple(args, "OOUp:diff_spec", &a, &b, &path, &values)) return NULL;
+    return diff_spec(a, b, path, values);
+}
+
+static PyMethodDef tree_functions[] = {
+    {"flatten", py_flatten, METH_VARARGS, "flatten(obj, leaves) -> spec: appends obj's tensors to leaves"},
+    {"unflatten", py_unflatten, METH_VARARGS, "unflatten(spec, leaves, pos=0) -> (object, next pos)"},
+    {"describe", py_describe, METH_O, "describe(spec) -> short text of a structure, for messages"},
+    {"const_key", py_const_key, METH_O, "const_key(obj) -> what distinguishes a constant for the compile cache"},
+    {"arg_labels", py_arg_labels, METH_O, "arg_labels(spec of (args, kwargs)) -> labels of its tensor leaves"},
+    {"diff_spec", py_diff_spec, METH_VARARGS,
+     "diff_spec(a, b, path, values) -> the first difference between two specs as text, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+int pykiln_tree_init(PyObject *module) {
+    if (!(s_T = PyUnicode_InternFromString("T")) || !(s_tuple = PyUnicode_InternFromString("tuple")) ||
+        !(s_list = PyUnicode_InternFromString("list")) || !(s_dict = PyUnicode_InternFromString("dict")) ||
+        !(s_const = PyUnicode_InternFromString("const")))
+        return -1;
+    if (PyType_Ready(&PyConstPayload_Type) < 0) return -1;
+    Py_INCREF(&PyConstPayload_Type);
+    if (PyModule_AddObject(module, "ConstPayload", (PyObject *)&PyConstPayload_Type) < 0) return -1;
+    PyObject *tree = PyModule_New("kiln._C.tree");
+    if (!tree || PyModule_AddFunctions(tree, tree_functions) < 0 || PyModule_AddObjectRef(tree, "TENSOR", s_T) < 0) {
+        Py_XDECREF(tree);
+        return -1;
+    }
+    return PyModule_AddObject(module, "tree", tree);
+}
