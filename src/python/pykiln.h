@@ -68,6 +68,8 @@ int pykiln_is_guardset(PyObject *o);
 PyObject *pykiln_guardset_new(PyObject *specs);
 /* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
 int pykiln_tree_init(PyObject *module);
+/* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
+int pykiln_shape_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
