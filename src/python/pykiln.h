@@ -70,6 +70,8 @@ PyObject *pykiln_guardset_new(PyObject *specs);
 int pykiln_tree_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);
+/* Registers CellBase and the Cell log functions (cell.c). */
+int pykiln_cell_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */

@@ -274,3 +274,44 @@ def test_code_share_tool_runs():
                          check=True).stdout
     last = out.strip().splitlines()[-1]
     assert last.startswith("C ") and "% C" in last and "src/python" in out and "python/kiln/jit" in out
+
+
+def test_cell_calls_and_writes_leak_nothing_and_log_the_writer():
+    from kiln import nn
+
+    class Scale(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(kiln.Tensor(np.ones(3, np.float32)))
+            self.inner = nn.Dense(3, 3)
+
+        def construct(self, x):
+            return self.inner(x * self.w)
+
+    net = Scale()
+    assert net.w.name == "w" and [n for n, _ in net.parameters_and_names()][:2] == ["w", "inner.weight"]
+    x = kiln.Tensor(np.ones((2, 3), np.float32))
+    expected = net(x).asnumpy()
+
+    def use():
+        np.testing.assert_allclose(net(x).asnumpy(), expected)
+        net.tag = 1.0
+        del net.tag
+
+    use()
+    version = net._kiln_version
+    counts = [sys.getrefcount(o) for o in (net, net.w, net.inner, x)]
+    assert _refs_after(use, 500) < 50
+    assert [sys.getrefcount(o) for o in (net, net.w, net.inner, x)] == counts
+    assert net._kiln_version == version + 2 * 501
+    calls, writes = [], []
+    prev = _C.set_cell_logs(calls, writes)
+    try:
+        net(x)
+        net.tag = 2.0; line = sys._getframe().f_lineno  # noqa: E702
+    finally:
+        _C.set_cell_logs(*prev)
+    assert calls == [net, net.inner]
+    assert writes == [(net, "tag", f"{__file__}:{line}")]
+    with pytest.raises(TypeError, match="cannot assign a float to parameter 'w' of Scale"):
+        net.w = 1.0

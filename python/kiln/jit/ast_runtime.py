@@ -729,10 +729,7 @@ def _library_constructs():
 def call_cell(cell, construct, args, kwargs):
     """A Cell called from converted code: logged for the training-mode guards, then its
     converted construct."""
-    from ..nn import cell as cell_module
-
-    if cell_module._call_log is not None:
-        cell_module._call_log.append(cell)
+    _C.log_cell_call(cell)
     return construct(cell, *args, **kwargs)
 
 

@@ -116,16 +116,13 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
     (STRICT: a JitSyntaxError naming the statement)."""
-    from ..nn import cell as cell_module
-
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
     recorder = guards.Recorder(top=fn)
     prev_trace = sys.gettrace()
-    prev_log, prev_writes = cell_module._call_log, cell_module._write_log
-    cell_module._call_log = called = []
-    cell_module._write_log = writes = []
+    called, writes = [], []
+    prev_logs = _C.set_cell_logs(called, writes)  # the Cells called and the writes on Cells
     prev_reasons = getattr(_local, "not_replayable", None)
     _local.not_replayable = reasons = []
     try:
@@ -135,7 +132,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
-            cell_module._write_log = prev_writes
+            _C.set_cell_logs(called, prev_logs[1])
         reads, where = tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)
@@ -150,8 +147,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
                                    backend=options.backend)
     finally:
         tracer.end()
-        cell_module._call_log = prev_log
-        cell_module._write_log = prev_writes
+        _C.set_cell_logs(*prev_logs)
         _local.not_replayable = prev_reasons
     if reasons:
         raise NotReplayable(reasons[0], tree.unflatten(out_spec, [t.detach() if isinstance(t, _C.TensorBase)
@@ -458,10 +454,7 @@ class JitFunction(_C.JitDispatcher):
 
 def _call_cell_body(cell, args, kwargs):
     """A cell's construct, logged for the training-mode guards like a call through Cell.__call__."""
-    from ..nn import cell as cell_module
-
-    if cell_module._call_log is not None:
-        cell_module._call_log.append(cell)
+    _C.log_cell_call(cell)
     return cell.construct(*args, **kwargs)
 
 

@@ -28,7 +28,6 @@ import threading
 import warnings
 
 from .. import _C
-from ..nn import cell as _cell_module
 from . import tree
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
@@ -221,21 +220,21 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
     as recorded."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
-    prev_log = _cell_module._call_log
+    prev_logs = _C.cell_logs()
     cells = []
     try:
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
         if symbolic:
             _push_symbolic(tracer)
-        _cell_module._call_log = cells
+        _C.set_cell_logs(cells, prev_logs[1])
         sys.settrace(_user_frame_tracer(tracer))
         try:
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
-            _cell_module._call_log = prev_log
-            if prev_log is not None:
-                prev_log.extend(cells)
+            _C.set_cell_logs(*prev_logs)
+            if prev_logs[0] is not None:
+                prev_logs[0].extend(cells)
             if symbolic:
                 _pop_symbolic()
         out_leaves = []
