@@ -68,6 +68,14 @@ int pykiln_is_guardset(PyObject *o);
 PyObject *pykiln_guardset_new(PyObject *specs);
 /* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
 int pykiln_tree_init(PyObject *module);
+/* An op's tensor argument as a new reference: itself, or Tensor(x) for anything else. */
+PyObject *pykiln_as_tensor(PyObject *x);
+/* One axis in [0, ndim) (a 0-d tensor accepts 0 and -1); -1 with an exception naming op set. */
+int pykiln_normalize_axis(const char *op, PyObject *axis, int ndim);
+/* The bitmask of the axes `axis` names (None: all) as a Python int; NULL with an exception set. */
+PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim);
+/* Registers kiln._C.Reduction (reductions.c). */
+int pykiln_reductions_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);
 /* Registers CellBase and the Cell log functions (cell.c). */

@@ -10,8 +10,7 @@
 
 #define MAX_SHAPE KILN_MAX_ATTR_INTS
 
-/* A tensor argument as a new reference: itself, or Tensor(x) for anything else. */
-static PyObject *as_tensor(PyObject *x) {
+PyObject *pykiln_as_tensor(PyObject *x) {
     if (pykiln_is_tensor(x)) return Py_NewRef(x);
     return PyObject_CallOneArg((PyObject *)pykiln_tensor_class, x);
 }
@@ -64,8 +63,7 @@ static int parse_shape(const char *op, PyObject *args, int64_t *shape, int *n) {
     return rc;
 }
 
-/* One axis in [0, ndim) (a 0-d tensor accepts 0 and -1); -1 with an exception set. */
-static int normalize_axis(const char *op, PyObject *axis, int ndim) {
+int pykiln_normalize_axis(const char *op, PyObject *axis, int ndim) {
     if (!PyLong_Check(axis) || PyBool_Check(axis)) {
         PyErr_Format(PyExc_TypeError, "%s: axis must be an int, got %s", op, _PyType_Name(Py_TYPE(axis)));
         return -1;
@@ -129,7 +127,7 @@ static int resolve_shape(const char *op, PyObject *x, int64_t *shape, int n) {
 
 static PyObject *first_tensor(PyObject *args, const char *name) {
     if (PyTuple_GET_SIZE(args) < 1) return PyErr_Format(PyExc_TypeError, "%s() missing argument 'input'", name);
-    return as_tensor(PyTuple_GET_ITEM(args, 0));
+    return pykiln_as_tensor(PyTuple_GET_ITEM(args, 0));
 }
 
 static PyObject *py_reshape(PyObject *module, PyObject *args) {
@@ -150,7 +148,7 @@ static PyObject *py_flatten(PyObject *module, PyObject *args, PyObject *kwargs) 
     static char *kwlist[] = {"input", "start_dim", "end_dim", NULL};
     PyObject *input, *start = NULL, *end = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:flatten", kwlist, &input, &start, &end)) return NULL;
-    PyObject *x = as_tensor(input), *zero = PyLong_FromLong(0), *minus1 = PyLong_FromLong(-1), *out = NULL;
+    PyObject *x = pykiln_as_tensor(input), *zero = PyLong_FromLong(0), *minus1 = PyLong_FromLong(-1), *out = NULL;
     if (!x || !zero || !minus1) goto done;
     start = start ? start : zero, end = end ? end : minus1;
     const kiln_meta *m = meta_of(x);
@@ -159,7 +157,8 @@ static PyObject *py_flatten(PyObject *module, PyObject *args, PyObject *kwargs) 
         out = reshape_to(x, shape, 1);
         goto done;
     }
-    int s = normalize_axis("flatten", start, m->ndim), e = s < 0 ? -1 : normalize_axis("flatten", end, m->ndim);
+    int s = pykiln_normalize_axis("flatten", start, m->ndim);
+    int e = s < 0 ? -1 : pykiln_normalize_axis("flatten", end, m->ndim);
     if (s < 0 || e < 0) goto done;
     if (s > e) {
         PyErr_Format(PyExc_ValueError, "flatten: start_dim %S comes after end_dim %S", start, end);
@@ -186,7 +185,7 @@ static PyObject *permute_by(const char *op, PyObject *x, PyObject *axes) {
     if (parse_shape(op, axes, perm, &n) < 0) return NULL;
     for (int k = 0; k < n; k++) {
         PyObject *a = PyLong_FromLongLong(perm[k]);
-        int v = a ? normalize_axis(op, a, ndim) : -1;
+        int v = a ? pykiln_normalize_axis(op, a, ndim) : -1;
         Py_XDECREF(a);
         if (v < 0) return NULL;
         perm[k] = v;
@@ -195,8 +194,8 @@ static PyObject *permute_by(const char *op, PyObject *x, PyObject *axes) {
 }
 
 static PyObject *swap(PyObject *x, PyObject *axis0, PyObject *axis1) {
-    int ndim = meta_of(x)->ndim, a = normalize_axis("swapaxes", axis0, ndim);
-    int b = a < 0 ? -1 : normalize_axis("swapaxes", axis1, ndim);
+    int ndim = meta_of(x)->ndim, a = pykiln_normalize_axis("swapaxes", axis0, ndim);
+    int b = a < 0 ? -1 : pykiln_normalize_axis("swapaxes", axis1, ndim);
     if (a < 0 || b < 0) return NULL;
     int64_t perm[KILN_MAX_DIMS];
     for (int k = 0; k < ndim; k++) perm[k] = k;
@@ -237,7 +236,7 @@ static PyObject *py_swapaxes(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *input, *a, *b;
     if (!PyArg_ParseTuple(args, "OOO:swapaxes", &input, &a, &b)) return NULL;
-    PyObject *x = as_tensor(input), *out = x ? swap(x, a, b) : NULL;
+    PyObject *x = pykiln_as_tensor(input), *out = x ? swap(x, a, b) : NULL;
     Py_XDECREF(x);
     return out;
 }
@@ -247,7 +246,7 @@ static PyObject *py_squeeze(PyObject *module, PyObject *args, PyObject *kwargs) 
     static char *kwlist[] = {"input", "axis", NULL};
     PyObject *input, *axis = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:squeeze", kwlist, &input, &axis)) return NULL;
-    PyObject *x = as_tensor(input);
+    PyObject *x = pykiln_as_tensor(input);
     if (!x) return NULL;
     const kiln_meta *m = meta_of(x);
     int squeezed[KILN_MAX_DIMS] = {0}, n = 0;
@@ -257,7 +256,7 @@ static PyObject *py_squeeze(PyObject *module, PyObject *args, PyObject *kwargs) 
                                                                               : PyTuple_Pack(1, axis);
     if (axis != Py_None && !axes) goto done;
     for (Py_ssize_t k = 0; axes && k < PyTuple_GET_SIZE(axes); k++) {
-        int a = normalize_axis("squeeze", PyTuple_GET_ITEM(axes, k), m->ndim);
+        int a = pykiln_normalize_axis("squeeze", PyTuple_GET_ITEM(axes, k), m->ndim);
         if (a < 0) goto done;
         if (a < m->ndim) squeezed[a] = 1;
     }
@@ -287,10 +286,10 @@ static PyObject *py_unsqueeze(PyObject *module, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:unsqueeze", kwlist, &input, &axis, &dim)) return NULL;
     if (dim != Py_None) axis = dim;
     if (!axis) return PyErr_Format(PyExc_TypeError, "unsqueeze() missing required argument 'axis'");
-    PyObject *x = as_tensor(input);
+    PyObject *x = pykiln_as_tensor(input);
     if (!x) return NULL;
     const kiln_meta *m = meta_of(x);
-    int a = normalize_axis("unsqueeze", axis, m->ndim + 1), n = 0;
+    int a = pykiln_normalize_axis("unsqueeze", axis, m->ndim + 1), n = 0;
     int64_t shape[KILN_MAX_DIMS + 1];
     PyObject *out = NULL;
     if (a >= 0) {
@@ -337,26 +336,21 @@ static PyObject *py_normalize_axis(PyObject *module, PyObject *args) {
     PyObject *axis;
     int ndim;
     if (!PyArg_ParseTuple(args, "sOi:normalize_axis", &op, &axis, &ndim)) return NULL;
-    int a = normalize_axis(op, axis, ndim);
+    int a = pykiln_normalize_axis(op, axis, ndim);
     return a < 0 ? NULL : PyLong_FromLong(a);
 }
 
-static PyObject *py_axes_mask(PyObject *module, PyObject *args) {
-    (void)module;
-    const char *op;
-    PyObject *axis;
-    int ndim;
-    if (!PyArg_ParseTuple(args, "sOi:axes_mask", &op, &axis, &ndim)) return NULL;
+PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim) {
     if (axis == Py_None) return PyLong_FromLongLong((1LL << ndim) - 1);
     if (!PyTuple_Check(axis) && !PyList_Check(axis)) {
         if (ndim == 0) return PyLong_FromLong(0);
-        int a = normalize_axis(op, axis, ndim);
+        int a = pykiln_normalize_axis(op, axis, ndim);
         return a < 0 ? NULL : PyLong_FromLongLong(1LL << a);
     }
     long long mask = 0;
     PyObject *axes = PySequence_Tuple(axis);
     for (Py_ssize_t k = 0; axes && k < PyTuple_GET_SIZE(axes); k++) {
-        int a = normalize_axis(op, PyTuple_GET_ITEM(axes, k), ndim);
+        int a = pykiln_normalize_axis(op, PyTuple_GET_ITEM(axes, k), ndim);
         if (a >= 0 && (mask & (1LL << a)))
             PyErr_Format(PyExc_ValueError, "%s: axis %S appears twice in %R", op, PyTuple_GET_ITEM(axes, k), axes);
         if (a < 0 || PyErr_Occurred()) Py_CLEAR(axes);
@@ -365,6 +359,15 @@ static PyObject *py_axes_mask(PyObject *module, PyObject *args) {
     PyObject *out = axes ? PyLong_FromLongLong(mask) : NULL;
     Py_XDECREF(axes);
     return out;
+}
+
+static PyObject *py_axes_mask(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *op;
+    PyObject *axis;
+    int ndim;
+    if (!PyArg_ParseTuple(args, "sOi:axes_mask", &op, &axis, &ndim)) return NULL;
+    return pykiln_axes_mask(op, axis, ndim);
 }
 
 static PyObject *py_shape_tuple(PyObject *module, PyObject *args) {

@@ -183,6 +183,22 @@ def test_flatten_roundtrip_and_keys():
         tree.flatten([{1, 2}], [])
 
 
+def test_reductions_match_numpy():
+    a = (np.arange(24, dtype=np.float32).reshape(2, 3, 4) % 7).astype(np.float32)
+    x = kiln.Tensor(a)
+    np.testing.assert_allclose(kiln.ops.sum(x, (0, 2), keepdims=True).asnumpy(), a.sum((0, 2), keepdims=True))
+    np.testing.assert_allclose(kiln.ops.mean(x, dim=-1, keepdim=True).asnumpy(), a.mean(-1, keepdims=True))
+    np.testing.assert_allclose(kiln.ops.var(x, 1, ddof=1).asnumpy(), a.var(1, ddof=1), rtol=1e-6)
+    np.testing.assert_allclose(kiln.ops.std(x, 0, correction=0, unbiased=True).asnumpy(), a.std(0, ddof=1), rtol=1e-6)
+    np.testing.assert_array_equal(kiln.ops.argmax(x, 1).asnumpy(), a.argmax(1))
+    np.testing.assert_array_equal(kiln.ops.argmin(x).asnumpy(), a.argmin())
+    assert kiln.ops.max(x).item() == a.max() and kiln.ops.min(x, axis=(1, 2)).asnumpy().tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match=r"sum: axis 0 appears twice in \(0, 0\)"):
+        kiln.ops.sum(x, (0, 0))
+    with pytest.raises(IndexError, match="argmax: axis 3 is out of range for a tensor with 3 dimensions"):
+        kiln.ops.argmax(x, 3)
+
+
 # ---- no leaked references -----------------------------------------------------------------------
 
 def _refs_after(fn, n=2000):
@@ -214,6 +230,9 @@ def test_moved_paths_leak_no_references():
         _C.shape.squeeze(_C.shape.unsqueeze(x, 0), 0)
         _C.shape.broadcast_to(x, 3, -1, 3)
         _C.shape.axes_mask("sum", (0, -1), 2)
+        kiln.ops.sum(x, (0, 1), keepdims=True)
+        kiln.ops.var(x, dim=1, unbiased=True)
+        kiln.ops.argmax(x, -1)
         try:
             _C.shape.reshape(t, 4, -1)
         except ValueError:
