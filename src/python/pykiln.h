@@ -68,6 +68,13 @@ int pykiln_is_guardset(PyObject *o);
 PyObject *pykiln_guardset_new(PyObject *specs);
 /* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
 int pykiln_tree_init(PyObject *module);
+/* kiln._C.apply without the parsing: inputs is a sequence of tensors, or values converted next to
+ * the first tensor (NumPy 2's weak scalars); a tensor, or a tuple for several outputs (module.c). */
+PyObject *pykiln_apply(kiln_op op, PyObject *inputs, const kiln_attrs *attrs);
+/* Registers kiln._C.FrameHook (frame_hook.c). */
+int pykiln_frame_hook_init(PyObject *module);
+/* Registers kiln._C.Elementwise (elementwise.c). */
+int pykiln_elementwise_init(PyObject *module);
 /* An op's tensor argument as a new reference: itself, or Tensor(x) for anything else. */
 PyObject *pykiln_as_tensor(PyObject *x);
 /* One axis in [0, ndim) (a 0-d tensor accepts 0 and -1); -1 with an exception naming op set. */

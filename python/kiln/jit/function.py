@@ -79,25 +79,13 @@ def _cells_training(objs):
     return tuple(o.training for o in objs if isinstance(o, Cell))
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _user_frame_tracer(tracer, on_call=None):
     """A sys.settrace hook that tells the tracer the user's source line of each op (and shows
-    on_call, when given, each frame of user code as it starts)."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def local(frame, event, arg):
-        if event == "line":
-            tracer.set_loc(f"{frame.f_code.co_filename}:{frame.f_lineno}")
-        return local
-
-    def global_(frame, event, arg):
-        name = frame.f_code.co_filename
-        if event != "call" or name.startswith(package_dir) or name.startswith("<frozen"):
-            return None
-        if on_call is not None:
-            on_call(frame)
-        return local
-
-    return global_
+    on_call, when given, each frame of user code as it starts); C: kiln._C.FrameHook."""
+    return _C.FrameHook(tracer, _PACKAGE_DIR, on_call)
 
 
 def bind_inputs(tracer, spec, leaves):

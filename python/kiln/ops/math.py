@@ -2,17 +2,14 @@
 import builtins as _builtins
 import math as _math
 
+from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
 
 
 def _unary(op, name):
-    def f(input):
-        return apply(op, (as_tensor(input),))
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise {name}."
-    return f
+    """Elementwise name of one tensor (or value converted to one), in C (kiln._C.Elementwise)."""
+    return _C.Elementwise(op, name, 1, f"{name}(input): elementwise {name}.")
 
 
 neg = _unary(OP.neg, "neg")
@@ -44,23 +41,11 @@ def gelu(input, approximate="none"):
 
 
 def _binary(op, name):
-    def f(input, other):
-        if not isinstance(input, _TensorBase) and not isinstance(other, _TensorBase):
-            input = as_tensor(input)
-        if isinstance(input, _TensorBase):
-            return apply(op, (input, other))
-        # scalar first: convert it next to the tensor
-        return apply(op, (apply(OP.cast, (as_tensor(input),), (other.dtype.id,))
-                          if isinstance(input, (bool, int, float)) and other.dtype.is_floating_point
-                          else as_tensor(input), other))
+    """Elementwise name of two tensors or values, in C (kiln._C.Elementwise): NumPy broadcasting
+    and type promotion, a Python scalar taking the tensor's dtype on either side."""
+    return _C.Elementwise(op, name, 2, f"{name}(input, other): elementwise {name} with NumPy broadcasting and "
+                                       "type promotion.")
 
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise {name} with NumPy broadcasting and type promotion."
-    return f
-
-
-from .. import _C  # noqa: E402
 
 _TensorBase = _C.TensorBase
 
