@@ -324,6 +324,204 @@ static PyObject *diff_spec(PyObject *a, PyObject *b, PyObject *path, int values)
     return Py_NewRef(Py_None);
 }
 
+/* ---- a trace's call against the traced call ----------------------------------------------- */
+
+/* "k (was <description>)" / "k (now ...)" for each keyword in names whose spec is in specs. */
+static PyObject *keyword_list(PyObject *names, PyObject *specs, const char *format) {
+    PyObject *parts = PyList_New(0);
+    for (Py_ssize_t k = 0; parts && k < PyList_GET_SIZE(names); k++) {
+        PyObject *name = PyList_GET_ITEM(names, k), *d = describe(PyDict_GetItem(specs, name));
+        PyObject *part = d ? PyUnicode_FromFormat(format, name, d) : NULL;
+        if (!part || PyList_Append(parts, part) < 0) Py_CLEAR(parts);
+        Py_XDECREF(d);
+        Py_XDECREF(part);
+    }
+    PyObject *sep = PyUnicode_FromString(", "), *text = parts && sep ? PyUnicode_Join(sep, parts) : NULL;
+    Py_XDECREF(parts);
+    Py_XDECREF(sep);
+    return text;
+}
+
+/* The keywords whose spec is a tensor in `now` but not in `then`, sorted (new list). */
+static PyObject *turned_tensor(PyObject *now, PyObject *then) {
+    PyObject *out = PyList_New(0), *name, *spec;
+    Py_ssize_t pos = 0;
+    while (out && PyDict_Next(now, &pos, &name, &spec)) {
+        PyObject *old = PyDict_GetItem(then, name);
+        if (old && is_tensor_spec(spec) && !is_tensor_spec(old) && PyList_Append(out, name) < 0) Py_CLEAR(out);
+    }
+    if (out && PyList_Sort(out) < 0) Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *kwargs_dict(PyObject *spec) {
+    PyObject *d = PyDict_New();
+    PyObject *names = PyTuple_GET_ITEM(spec, 1), *specs = PyTuple_GET_ITEM(spec, 2);
+    for (Py_ssize_t k = 0; d && k < PyTuple_GET_SIZE(names); k++)
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(names, k), PyTuple_GET_ITEM(specs, k)) < 0) Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *sorted_names(PyObject *names) {
+    PyObject *list = PySequence_List(names);
+    if (list && PyList_Sort(list) < 0) Py_CLEAR(list);
+    return list;
+}
+
+/* Keyword differences between two calls, as text, or None (new reference). */
+static PyObject *keyword_difference(PyObject *okw, PyObject *nkw, PyObject *old_items, PyObject *new_items) {
+    PyObject *on = PyTuple_GET_ITEM(okw, 1), *nn = PyTuple_GET_ITEM(nkw, 1);
+    int same_names = PyObject_RichCompareBool(on, nn, Py_EQ);
+    if (same_names == 0) { /* the same names in another order are the same keywords */
+        PyObject *a = PyFrozenSet_New(on), *b = a ? PyFrozenSet_New(nn) : NULL;
+        same_names = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+    }
+    if (same_names < 0) return NULL;
+    if (!same_names) {
+        PyObject *a = sorted_names(on), *b = a ? sorted_names(nn) : NULL;
+        PyObject *text = b ? PyUnicode_FromFormat("different keyword arguments: the function was traced with %R, this "
+                                                  "call passes %R", a, b)
+                           : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return text;
+    }
+    PyObject *to_tensor = turned_tensor(new_items, old_items), *to_other = to_tensor ? turned_tensor(old_items, new_items)
+                                                                                      : NULL;
+    PyObject *text = NULL;
+    if (to_other && PyList_GET_SIZE(to_tensor)) {
+        PyObject *list = keyword_list(to_tensor, old_items, "%U (was %U)");
+        text = list ? PyUnicode_FromFormat("keyword arguments found to be tensor this time but were non-tensor when "
+                                           "traced: %U", list)
+                    : NULL;
+        Py_XDECREF(list);
+    } else if (to_other && PyList_GET_SIZE(to_other)) {
+        PyObject *list = keyword_list(to_other, new_items, "%U (now %U)");
+        text = list ? PyUnicode_FromFormat("keyword arguments found to be non-tensor this time but were tensor when "
+                                           "traced: %U", list)
+                    : NULL;
+        Py_XDECREF(list);
+    } else if (to_other) {
+        text = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(to_tensor);
+    Py_XDECREF(to_other);
+    return text;
+}
+
+static const char values_hint[] = "; with verify=False the trace can't check that the graph still holds for new "
+                                  "non-tensor values (pass them as tensors, or use verify=True)";
+
+/* The first difference of argument structure (then, unless verify, of non-tensor values)
+ * between the traced call `old` and this call `new` (specs of (args, kwargs)), or None. */
+static PyObject *check_call(PyObject *old, PyObject *new, int verify) {
+    PyObject *oargs = PyTuple_GET_ITEM(PyTuple_GET_ITEM(old, 1), 0), *okw = PyTuple_GET_ITEM(PyTuple_GET_ITEM(old, 1), 1);
+    PyObject *nargs = PyTuple_GET_ITEM(PyTuple_GET_ITEM(new, 1), 0), *nkw = PyTuple_GET_ITEM(PyTuple_GET_ITEM(new, 1), 1);
+    PyObject *oa = PyTuple_GET_ITEM(oargs, 1), *na = PyTuple_GET_ITEM(nargs, 1);
+    if (PyTuple_GET_SIZE(oa) != PyTuple_GET_SIZE(na))
+        return PyUnicode_FromFormat("different argument count: the function was traced with %zd positional "
+                                    "arguments, this call passes %zd", PyTuple_GET_SIZE(oa), PyTuple_GET_SIZE(na));
+    PyObject *old_items = kwargs_dict(okw), *new_items = old_items ? kwargs_dict(nkw) : NULL;
+    PyObject *d = new_items ? keyword_difference(okw, nkw, old_items, new_items) : NULL;
+    for (int values = 0; d == Py_None && values < 2 && !(values && verify); values++) {
+        for (Py_ssize_t k = 0; d == Py_None && k < PyTuple_GET_SIZE(oa); k++) {
+            PyObject *path = PyUnicode_FromFormat("args[%zd]", k);
+            Py_SETREF(d, path ? diff_spec(PyTuple_GET_ITEM(oa, k), PyTuple_GET_ITEM(na, k), path, values) : NULL);
+            Py_XDECREF(path);
+        }
+        PyObject *names = PyTuple_GET_ITEM(okw, 1);
+        for (Py_ssize_t k = 0; d == Py_None && k < PyTuple_GET_SIZE(names); k++) {
+            PyObject *name = PyTuple_GET_ITEM(names, k);
+            Py_SETREF(d, diff_spec(PyDict_GetItem(old_items, name), PyDict_GetItem(new_items, name), name, values));
+        }
+        if (d && d != Py_None && values) Py_SETREF(d, PyUnicode_FromFormat("%U%s", d, values_hint));
+    }
+    Py_XDECREF(old_items);
+    Py_XDECREF(new_items);
+    return d;
+}
+
+/* ---- the values of ast-converted branches ------------------------------------------------- */
+/* A value an if on a tensor chooses, flattened for kiln.ops.cond (kiln.jit.ast_runtime):
+ *     "T"                          a tensor, or a bool/int/float made a 0-d tensor (bool, int64,
+ *                                  float32) that the graph selects
+ *     (type, (spec, ...))          a tuple or list (rebuilt as a tuple only for exactly tuple)
+ *     (dict, (key, ...), (spec, ...))
+ *     ("const", value)             anything else, which both branches must give equal */
+
+static int is_number(PyObject *v) { return PyLong_Check(v) || PyFloat_Check(v); }
+
+static PyObject *number_tensor(PyObject *v) {
+    kiln_dtype dtype = PyBool_Check(v) ? KILN_DTYPE_BOOL : PyLong_Check(v) ? KILN_DTYPE_INT64 : KILN_DTYPE_FLOAT32;
+    return PyObject_CallFunctionObjArgs((PyObject *)pykiln_tensor_class, v, pykiln_dtypes[dtype], NULL);
+}
+
+static PyObject *branch_flatten(PyObject *obj, PyObject *leaves) {
+    if (pykiln_is_tensor(obj) || is_number(obj)) {
+        PyObject *t = pykiln_is_tensor(obj) ? Py_NewRef(obj) : number_tensor(obj);
+        int rc = t ? PyList_Append(leaves, t) : -1;
+        Py_XDECREF(t);
+        return rc < 0 ? NULL : Py_NewRef(s_T);
+    }
+    int dict = PyDict_Check(obj);
+    if (!dict && !PyTuple_Check(obj) && !PyList_Check(obj)) return Py_BuildValue("(OO)", s_const, obj);
+    PyObject *keys = dict ? PyDict_Keys(obj) : NULL, *values = dict ? PyDict_Values(obj) : PySequence_List(obj);
+    PyObject *specs = values ? PyTuple_New(PyList_GET_SIZE(values)) : NULL;
+    for (Py_ssize_t k = 0; specs && k < PyList_GET_SIZE(values); k++) {
+        PyObject *sub = branch_flatten(PyList_GET_ITEM(values, k), leaves);
+        if (!sub) Py_CLEAR(specs);
+        else PyTuple_SET_ITEM(specs, k, sub);
+    }
+    PyObject *spec = !specs ? NULL
+                     : dict ? Py_BuildValue("(ONN)", (PyObject *)&PyDict_Type, PyList_AsTuple(keys), specs)
+                            : Py_BuildValue("(ON)", (PyObject *)Py_TYPE(obj), specs);
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    return spec;
+}
+
+static PyObject *branch_unflatten(PyObject *spec, PyObject *leaves) {
+    if (is_tensor_spec(spec)) {
+        PyObject *leaf = PyIter_Next(leaves);
+        return leaf || PyErr_Occurred() ? leaf : PyErr_Format(PyExc_ValueError, "branch results: too few tensors");
+    }
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) return bad_spec(spec);
+    PyObject *kind = PyTuple_GET_ITEM(spec, 0);
+    if (PyUnicode_Check(kind)) return Py_NewRef(PyTuple_GET_ITEM(spec, 1)); /* ("const", value) */
+    int dict = kind == (PyObject *)&PyDict_Type;
+    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1), *out = dict ? PyDict_New() : PyList_New(0);
+    for (Py_ssize_t k = 0; out && k < PyTuple_GET_SIZE(items); k++) {
+        PyObject *item = branch_unflatten(PyTuple_GET_ITEM(items, k), leaves);
+        int rc = !item ? -1
+                 : dict ? PyDict_SetItem(out, PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k), item)
+                        : PyList_Append(out, item);
+        Py_XDECREF(item);
+        if (rc < 0) Py_CLEAR(out);
+    }
+    if (out && kind == (PyObject *)&PyTuple_Type) Py_SETREF(out, PyList_AsTuple(out));
+    return out;
+}
+
+/* Whether two branches gave values of one structure (and equal constants): 1, 0, -1. */
+static int same_branch_spec(PyObject *a, PyObject *b) {
+    if (is_tensor_spec(a) || is_tensor_spec(b)) return is_tensor_spec(a) && is_tensor_spec(b);
+    PyObject *ka = PyTuple_GET_ITEM(a, 0), *kb = PyTuple_GET_ITEM(b, 0);
+    if (PyUnicode_Check(ka) || PyUnicode_Check(kb)) {
+        if (!PyUnicode_Check(ka) || !PyUnicode_Check(kb)) return 0;
+        PyObject *va = PyTuple_GET_ITEM(a, 1), *vb = PyTuple_GET_ITEM(b, 1);
+        return va == vb ? 1 : PyObject_RichCompareBool(va, vb, Py_EQ);
+    }
+    int dict = ka == (PyObject *)&PyDict_Type;
+    PyObject *ia = PyTuple_GET_ITEM(a, dict ? 2 : 1), *ib = PyTuple_GET_ITEM(b, dict ? 2 : 1);
+    if (ka != kb || PyTuple_GET_SIZE(ia) != PyTuple_GET_SIZE(ib)) return 0;
+    int same = dict ? PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_EQ) : 1;
+    for (Py_ssize_t k = 0; same == 1 && k < PyTuple_GET_SIZE(ia); k++)
+        same = same_branch_spec(PyTuple_GET_ITEM(ia, k), PyTuple_GET_ITEM(ib, k));
+    return same;
+}
+
 /* ---- the module functions ----------------------------------------------------------------- */
 
 static PyObject *py_flatten(PyObject *module, PyObject *args) {
@@ -382,6 +580,38 @@ static PyObject *py_diff_spec(PyObject *module, PyObject *args) {
     return diff_spec(a, b, path, values);
 }
 
+static PyObject *py_check_call(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *old, *new;
+    int verify;
+    if (!PyArg_ParseTuple(args, "OOp:check_call", &old, &new, &verify)) return NULL;
+    if (!spec_kind(old, s_tuple) || !spec_kind(new, s_tuple)) return bad_spec(old);
+    return check_call(old, new, verify);
+}
+
+static PyObject *py_branch_flatten(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *obj, *leaves;
+    if (!PyArg_ParseTuple(args, "OO!:branch_flatten", &obj, &PyList_Type, &leaves)) return NULL;
+    return branch_flatten(obj, leaves);
+}
+
+static PyObject *py_branch_unflatten(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *spec, *leaves;
+    if (!PyArg_ParseTuple(args, "OO:branch_unflatten", &spec, &leaves)) return NULL;
+    if (!PyIter_Check(leaves)) return PyErr_Format(PyExc_TypeError, "branch_unflatten: leaves must be an iterator");
+    return branch_unflatten(spec, leaves);
+}
+
+static PyObject *py_same_branch_spec(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO:same_branch_spec", &a, &b)) return NULL;
+    int same = same_branch_spec(a, b);
+    return same < 0 ? NULL : PyBool_FromLong(same);
+}
+
 static PyMethodDef tree_functions[] = {
     {"flatten", py_flatten, METH_VARARGS, "flatten(obj, leaves) -> spec: appends obj's tensors to leaves"},
     {"unflatten", py_unflatten, METH_VARARGS, "unflatten(spec, leaves, pos=0) -> (object, next pos)"},
@@ -390,6 +620,14 @@ static PyMethodDef tree_functions[] = {
     {"arg_labels", py_arg_labels, METH_O, "arg_labels(spec of (args, kwargs)) -> labels of its tensor leaves"},
     {"diff_spec", py_diff_spec, METH_VARARGS,
      "diff_spec(a, b, path, values) -> the first difference between two specs as text, or None"},
+    {"check_call", py_check_call, METH_VARARGS,
+     "check_call(old, new, verify) -> how a trace's call differs from the traced one in its arguments, or None"},
+    {"branch_flatten", py_branch_flatten, METH_VARARGS,
+     "branch_flatten(value, leaves) -> spec: a value an if on a tensor chooses; numbers become 0-d tensors"},
+    {"branch_unflatten", py_branch_unflatten, METH_VARARGS,
+     "branch_unflatten(spec, leaves_iterator) -> the value rebuilt from the selected tensors"},
+    {"same_branch_spec", py_same_branch_spec, METH_VARARGS,
+     "same_branch_spec(a, b) -> whether two branches gave values of one structure"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -199,6 +199,34 @@ def test_reductions_match_numpy():
         kiln.ops.argmax(x, 3)
 
 
+def test_trace_call_checks_and_branch_values():
+    t = kiln.Tensor(np.ones(2, np.float32))
+    spec = lambda *a, **k: tree.flatten((a, k), [])  # noqa: E731
+    check = _C.tree.check_call
+    assert check(spec(t, 1), spec(t, 1), False) is None
+    assert check(spec(t, 1), spec(t), False) == ("different argument count: the function was traced with 2 "
+                                                 "positional arguments, this call passes 1")
+    assert check(spec(t, a=1), spec(t, b=1), False) == ("different keyword arguments: the function was traced "
+                                                        "with ['a'], this call passes ['b']")
+    assert check(spec(t, a=1), spec(t, a=t), False) == ("keyword arguments found to be tensor this time but were "
+                                                        "non-tensor when traced: a (was 1)")
+    assert check(spec(t, [t, 1]), spec(t, (t, 1)), True) == ("args[1] is (Tensor, 1) this time but was "
+                                                             "[Tensor, 1] when traced")
+    assert check(spec(t, 1), spec(t, 2), True) is None  # verify: the re-run decides
+    assert check(spec(t, 1), spec(t, 2), False).startswith("args[1] is 2 this time but was 1 when traced; with "
+                                                           "verify=False")
+    assert _C.tree.arg_labels(spec(t, [t, 1], k=t)) == ["args[0]", "args[1][0]", "k"]
+    leaves = []
+    value = (t, [2, {"a": 1.5, "b": True}], "name")
+    b = _C.tree.branch_flatten(value, leaves)
+    assert [x.dtype for x in leaves] == [kiln.float32, kiln.int64, kiln.float32, kiln.bool]
+    back = _C.tree.branch_unflatten(b, iter(leaves))
+    assert back[0] is t and back[1][0] is leaves[1] and back[1][1]["b"] is leaves[3] and back[2] == "name"
+    assert _C.tree.same_branch_spec(b, _C.tree.branch_flatten((t, [t, {"a": t, "b": t}], "name"), []))
+    assert not _C.tree.same_branch_spec(b, _C.tree.branch_flatten((t, (t, {"a": t, "b": t}), "name"), []))
+    assert not _C.tree.same_branch_spec(b, _C.tree.branch_flatten((t, [t, {"a": t, "b": t}], "other"), []))
+
+
 # ---- no leaked references -----------------------------------------------------------------------
 
 def _refs_after(fn, n=2000):
@@ -223,6 +251,12 @@ def test_moved_paths_leak_no_references():
         tree.unflatten(spec, leaves)
         tree.describe(spec)
         _C.tree.diff_spec(spec, tree.flatten((2.5, [t, {"k": t}], "s", np.int32(3)), []), "x", True)
+        call = tree.flatten(((t, 1), {"k": t}), [])
+        _C.tree.check_call(call, tree.flatten(((t, 2), {"k": 1}), []), False)
+        leaves = []
+        branch = _C.tree.branch_flatten((t, [1.5, {"a": True}], "c"), leaves)
+        _C.tree.branch_unflatten(branch, iter(leaves))
+        _C.tree.same_branch_spec(branch, branch)
 
     def shapes():
         x = _C.shape.reshape(t, 2, -1)

@@ -42,7 +42,6 @@ class TraceMismatchError(RuntimeError):
 # ---- arguments -------------------------------------------------------------------------
 
 _labels = _C.tree.arg_labels  # labels of a call's tensor leaves, in order: x, args[1][0], kwargs['k']
-_diff_spec = _C.tree.diff_spec  # (a, b, path, values): the first difference of two argument structures, or None
 
 
 def _device(t):
@@ -52,39 +51,10 @@ def _device(t):
 def _check_call(old, new, verify):
     """Raises TraceMismatchError when a call's arguments differ from the traced call's in
     count, keywords, tensor-ness or structure (and non-tensor values unless `verify`: then the
-    re-run decides whether those mattered)."""
-    (oargs, okw), (nargs, nkw) = old[1], new[1]
-    if len(oargs[1]) != len(nargs[1]):
-        raise TraceMismatchError(f"different argument count: the function was traced with {len(oargs[1])} "
-                                 f"positional arguments, this call passes {len(nargs[1])}")
-    if okw[1] != nkw[1] and set(okw[1]) != set(nkw[1]):
-        raise TraceMismatchError(f"different keyword arguments: the function was traced with "
-                                 f"{sorted(okw[1])}, this call passes {sorted(nkw[1])}")
-    okw_items = dict(zip(okw[1], okw[2]))
-    nkw_items = dict(zip(nkw[1], nkw[2]))
-    to_tensor = sorted(k for k in nkw_items if nkw_items[k] == tree._TENSOR and okw_items[k] != tree._TENSOR)
-    to_other = sorted(k for k in nkw_items if nkw_items[k] != tree._TENSOR and okw_items[k] == tree._TENSOR)
-    if to_tensor:
-        raise TraceMismatchError("keyword arguments found to be tensor this time but were non-tensor when traced: "
-                                 + ", ".join(f"{k} (was {tree.describe(okw_items[k])})" for k in to_tensor))
-    if to_other:
-        raise TraceMismatchError("keyword arguments found to be non-tensor this time but were tensor when traced: "
-                                 + ", ".join(f"{k} (now {tree.describe(nkw_items[k])})" for k in to_other))
-    for values in (False, True):
-        if values and verify:
-            break
-        for k, (sa, sb) in enumerate(zip(oargs[1], nargs[1])):
-            d = _diff_spec(sa, sb, f"args[{k}]", values)
-            if d:
-                raise TraceMismatchError(d + _VALUES_HINT * values)
-        for k in okw[1]:
-            d = _diff_spec(okw_items[k], nkw_items[k], k, values)
-            if d:
-                raise TraceMismatchError(d + _VALUES_HINT * values)
-
-
-_VALUES_HINT = ("; with verify=False the trace can't check that the graph still holds for new non-tensor values "
-                "(pass them as tensors, or use verify=True)")
+    re-run decides whether those mattered); the comparison is kiln._C.tree.check_call."""
+    differs = _C.tree.check_call(old, new, verify)
+    if differs is not None:
+        raise TraceMismatchError(differs)
 
 
 # ---- globals and closure variables read by the function -----------------------------------
