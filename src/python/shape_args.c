@@ -328,6 +328,190 @@ static PyObject *py_broadcast_to(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* ---- joining and splitting ---------------------------------------------------------------- */
+
+/* The tensors of a sequence as a new list of tensors (values converted). */
+static PyObject *tensor_list(PyObject *seq, const char *op) {
+    PyObject *items = PySequence_List(seq), *out = items ? PyList_New(PyList_GET_SIZE(items)) : NULL;
+    for (Py_ssize_t k = 0; out && k < PyList_GET_SIZE(items); k++) {
+        PyObject *t = pykiln_as_tensor(PyList_GET_ITEM(items, k));
+        if (!t) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, k, t);
+    }
+    Py_XDECREF(items);
+    if (out && PyList_GET_SIZE(out) == 0) {
+        PyErr_Format(PyExc_ValueError, "%s: needs at least one tensor", op);
+        Py_CLEAR(out);
+    }
+    return out;
+}
+
+static PyObject *concat_list(PyObject *tensors, int axis) {
+    kiln_attrs attrs;
+    kiln_attrs_clear(&attrs);
+    kiln_attrs_push_int(&attrs, axis);
+    return pykiln_apply(KILN_OP_CONCAT, tensors, &attrs);
+}
+
+static PyObject *py_concat(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *kwlist[] = {"tensors", "axis", "dim", NULL};
+    PyObject *seq, *axis = NULL, *dim = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:concat", kwlist, &seq, &axis, &dim)) return NULL;
+    PyObject *zero = PyLong_FromLong(0), *tensors = zero ? tensor_list(seq, "concat") : NULL, *out = NULL;
+    if (tensors) {
+        int a = pykiln_normalize_axis("concat", dim != Py_None ? dim : axis ? axis : zero,
+                                      meta_of(PyList_GET_ITEM(tensors, 0))->ndim);
+        out = a < 0 ? NULL : concat_list(tensors, a);
+    }
+    Py_XDECREF(zero);
+    Py_XDECREF(tensors);
+    return out;
+}
+
+static PyObject *py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *kwlist[] = {"tensors", "axis", "dim", NULL};
+    PyObject *seq, *axis = NULL, *dim = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:stack", kwlist, &seq, &axis, &dim)) return NULL;
+    PyObject *zero = PyLong_FromLong(0), *tensors = zero ? tensor_list(seq, "stack") : NULL, *out = NULL;
+    Py_ssize_t n = tensors ? PyList_GET_SIZE(tensors) : 0;
+    const kiln_meta *first = n ? meta_of(PyList_GET_ITEM(tensors, 0)) : NULL;
+    for (Py_ssize_t k = 1; first && k < n; k++) {
+        if (kiln_shape_equal(meta_of(PyList_GET_ITEM(tensors, k)), first->ndim, first->shape)) continue;
+        PyObject *shapes = PyList_New(n);
+        for (Py_ssize_t j = 0; shapes && j < n; j++) {
+            const kiln_meta *m = meta_of(PyList_GET_ITEM(tensors, j));
+            PyObject *shape = shape_repr(m->shape, m->ndim);
+            if (!shape) Py_CLEAR(shapes);
+            else PyList_SET_ITEM(shapes, j, shape);
+        }
+        if (shapes) PyErr_Format(PyExc_ValueError, "stack: all tensors must have one shape, got %R", shapes);
+        Py_XDECREF(shapes);
+        first = NULL;
+    }
+    int a = first ? pykiln_normalize_axis("stack", dim != Py_None ? dim : axis ? axis : zero, first->ndim + 1) : -1;
+    PyObject *expanded = a >= 0 ? PyList_New(n) : NULL;
+    for (Py_ssize_t k = 0; expanded && k < n; k++) { /* each gets a new axis a of length 1 */
+        const kiln_meta *m = meta_of(PyList_GET_ITEM(tensors, k));
+        int64_t shape[KILN_MAX_DIMS + 1];
+        int nd = 0;
+        for (int d = 0; d <= m->ndim; d++) {
+            if (d == a) shape[nd++] = 1;
+            if (d < m->ndim) shape[nd++] = m->shape[d];
+        }
+        PyObject *t = reshape_to(PyList_GET_ITEM(tensors, k), shape, nd);
+        if (!t) Py_CLEAR(expanded);
+        else PyList_SET_ITEM(expanded, k, t);
+    }
+    if (expanded) out = concat_list(expanded, a);
+    Py_XDECREF(expanded);
+    Py_XDECREF(zero);
+    Py_XDECREF(tensors);
+    return out;
+}
+
+/* The `length` elements from `start` along axis a of x (a view). */
+static PyObject *narrow_view(PyObject *x, int a, int64_t start, int64_t length) {
+    const kiln_meta *m = meta_of(x);
+    int64_t attrs[3 * KILN_MAX_DIMS] = {0}; /* starts, steps, lengths */
+    for (int d = 0; d < KILN_MAX_DIMS; d++) attrs[KILN_MAX_DIMS + d] = 1;
+    for (int d = 0; d < m->ndim; d++) attrs[2 * KILN_MAX_DIMS + d] = m->shape[d];
+    attrs[a] = start, attrs[2 * KILN_MAX_DIMS + a] = length;
+    return apply_view(KILN_OP_SLICE, x, attrs, 3 * KILN_MAX_DIMS);
+}
+
+static PyObject *py_narrow(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *input, *axis;
+    long long start, length;
+    if (!PyArg_ParseTuple(args, "OOLL:narrow", &input, &axis, &start, &length)) return NULL;
+    PyObject *x = pykiln_as_tensor(input), *out = NULL;
+    int a = x ? pykiln_normalize_axis("narrow", axis, meta_of(x)->ndim) : -1;
+    if (a >= 0) out = narrow_view(x, a, start, length);
+    Py_XDECREF(x);
+    return out;
+}
+
+/* The views of x of the given sizes along axis a, one after another (a tuple). */
+static PyObject *split_sizes(PyObject *x, int a, PyObject *sizes) {
+    PyObject *out = PyTuple_New(PyList_GET_SIZE(sizes));
+    int64_t start = 0;
+    for (Py_ssize_t k = 0; out && k < PyList_GET_SIZE(sizes); k++) {
+        long long len = PyLong_AsLongLong(PyList_GET_ITEM(sizes, k));
+        PyObject *piece = len == -1 && PyErr_Occurred() ? NULL : narrow_view(x, a, start, len);
+        if (!piece) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, piece);
+        start += len;
+    }
+    return out;
+}
+
+/* split's piece sizes along an axis of length n: all `size` but a shorter last one. */
+static PyObject *even_sizes(long long size, int64_t n, const char *op) {
+    if (size <= 0) return PyErr_Format(PyExc_ValueError, "%s: the split size must be positive, got %lld", op, size);
+    PyObject *sizes = PyList_New(0);
+    for (int64_t left = n; sizes && left > 0; left -= size) {
+        PyObject *v = PyLong_FromLongLong(left < size ? left : size);
+        if (!v || PyList_Append(sizes, v) < 0) Py_CLEAR(sizes);
+        Py_XDECREF(v);
+    }
+    return sizes;
+}
+
+static PyObject *py_split(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *kwlist[] = {"tensor", "split_size_or_sections", "axis", "dim", NULL};
+    PyObject *input, *sections, *axis = NULL, *dim = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$O:split", kwlist, &input, &sections, &axis, &dim))
+        return NULL;
+    PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *sizes = NULL, *out = NULL;
+    int a = x ? pykiln_normalize_axis("split", dim != Py_None ? dim : axis ? axis : zero, meta_of(x)->ndim) : -1;
+    if (a >= 0 && meta_of(x)->ndim == 0) a = -1, PyErr_SetString(PyExc_ValueError, "split: a 0-d tensor has no axis");
+    int64_t n = a >= 0 ? meta_of(x)->shape[a] : 0;
+    if (a >= 0 && PyLong_Check(sections)) {
+        long long size = PyLong_AsLongLong(sections);
+        sizes = size == -1 && PyErr_Occurred() ? NULL : even_sizes(size, n, "split");
+    } else if (a >= 0) {
+        sizes = PySequence_List(sections);
+        long long sum = 0;
+        for (Py_ssize_t k = 0; sizes && k < PyList_GET_SIZE(sizes); k++) {
+            long long v = PyLong_AsLongLong(PyList_GET_ITEM(sizes, k));
+            if (v == -1 && PyErr_Occurred()) Py_CLEAR(sizes);
+            sum += v;
+        }
+        if (sizes && sum != n) {
+            PyErr_Format(PyExc_ValueError, "split: sections %R do not add up to %lld, the length of axis %d", sizes,
+                         (long long)n, a);
+            Py_CLEAR(sizes);
+        }
+    }
+    if (sizes) out = split_sizes(x, a, sizes);
+    Py_XDECREF(sizes);
+    Py_XDECREF(x);
+    Py_XDECREF(zero);
+    return out;
+}
+
+static PyObject *py_chunk(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *kwlist[] = {"input", "chunks", "axis", NULL};
+    PyObject *input, *axis = NULL;
+    long long chunks;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|O:chunk", kwlist, &input, &chunks, &axis)) return NULL;
+    if (chunks <= 0) return PyErr_Format(PyExc_ValueError, "chunk: chunks must be positive, got %lld", chunks);
+    PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *out = NULL;
+    int a = x ? pykiln_normalize_axis("chunk", axis ? axis : zero, meta_of(x)->ndim) : -1;
+    if (a >= 0 && meta_of(x)->ndim == 0) a = -1, PyErr_SetString(PyExc_ValueError, "chunk: a 0-d tensor has no axis");
+    int64_t n = a >= 0 ? meta_of(x)->shape[a] : 0;
+    PyObject *sizes = a >= 0 ? even_sizes((n + chunks - 1) / chunks, n, "split") : NULL;
+    if (sizes) out = split_sizes(x, a, sizes);
+    Py_XDECREF(sizes);
+    Py_XDECREF(x);
+    Py_XDECREF(zero);
+    return out;
+}
+
 /* ---- the shared argument helpers ---------------------------------------------------------- */
 
 static PyObject *py_normalize_axis(PyObject *module, PyObject *args) {
@@ -383,6 +567,11 @@ static PyObject *py_shape_tuple(PyObject *module, PyObject *args) {
     return out;
 }
 
+static PyObject *py_as_tensor(PyObject *module, PyObject *x) {
+    (void)module;
+    return pykiln_as_tensor(x);
+}
+
 static PyMethodDef shape_functions[] = {
     {"reshape", py_reshape, METH_VARARGS,
      "reshape(input, *shape)\n--\n\nA tensor with the same elements and a new shape (a view when the layout "
@@ -401,6 +590,20 @@ static PyMethodDef shape_functions[] = {
     {"broadcast_to", py_broadcast_to, METH_VARARGS,
      "broadcast_to(input, *shape)\n--\n\nA read-only broadcast view with the given shape (-1 keeps the input's "
      "length)."},
+    {"concat", (PyCFunction)(void (*)(void))py_concat, METH_VARARGS | METH_KEYWORDS,
+     "concat(tensors, axis=0, *, dim=None)\n--\n\nJoins tensors along an existing axis."},
+    {"stack", (PyCFunction)(void (*)(void))py_stack, METH_VARARGS | METH_KEYWORDS,
+     "stack(tensors, axis=0, *, dim=None)\n--\n\nJoins tensors of one shape along a new axis."},
+    {"narrow", py_narrow, METH_VARARGS,
+     "narrow(input, axis, start, length)\n--\n\nThe `length` elements from `start` along `axis` (a view)."},
+    {"split", (PyCFunction)(void (*)(void))py_split, METH_VARARGS | METH_KEYWORDS,
+     "split(tensor, split_size_or_sections, axis=0, *, dim=None)\n--\n\nViews of consecutive pieces along "
+     "`axis`: of a given size, or of the listed sizes."},
+    {"chunk", (PyCFunction)(void (*)(void))py_chunk, METH_VARARGS | METH_KEYWORDS,
+     "chunk(input, chunks, axis=0)\n--\n\nSplits into `chunks` nearly equal pieces."},
+    {"as_tensor", py_as_tensor, METH_O,
+     "as_tensor(x)\n--\n\nx as a kiln tensor: itself, or Tensor(x). (Scalars mixed with tensors in one op are "
+     "better passed to apply as they are: it gives them the tensor's dtype the NumPy-2 way.)"},
     {"normalize_axis", py_normalize_axis, METH_VARARGS,
      "normalize_axis(op, axis, ndim)\n--\n\nOne axis in [0, ndim) (a 0-d tensor accepts 0 and -1)."},
     {"axes_mask", py_axes_mask, METH_VARARGS,

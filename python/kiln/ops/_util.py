@@ -2,18 +2,7 @@
 from .. import _C
 
 apply = _C.apply
-
-
-def as_tensor(x):
-    """x as a kiln tensor. (Scalars mixed with tensors in one op are better passed to `apply`
-    as they are: it gives them the tensor's dtype the NumPy-2 way.)"""
-    if isinstance(x, _C.TensorBase):
-        return x
-    from .._tensor import Tensor
-
-    return Tensor(x)
-
-
+as_tensor = _C.shape.as_tensor  # x as a kiln tensor: itself, or Tensor(x)
 normalize_axis = _C.shape.normalize_axis  # (op, axis, ndim): one axis in [0, ndim) (0-d: 0 and -1)
 axes_mask = _C.shape.axes_mask  # (op, axis, ndim): bitmask of reduced axes; None means every axis
 

@@ -28,77 +28,12 @@ def contiguous(input):
     return x if x.is_contiguous() else apply(OP.contiguous, (x,))
 
 
-def concat(tensors, axis=0, *, dim=None):
-    """Joins tensors along an existing axis."""
-    if dim is not None:
-        axis = dim
-    tensors = [as_tensor(t) for t in tensors]
-    if not tensors:
-        raise ValueError("concat: needs at least one tensor")
-    return apply(OP.concat, tensors, (normalize_axis("concat", axis, tensors[0].ndim),))
-
-
-cat = concat
-
-
-def stack(tensors, axis=0, *, dim=None):
-    """Joins tensors along a new axis."""
-    if dim is not None:
-        axis = dim
-    tensors = [as_tensor(t) for t in tensors]
-    if not tensors:
-        raise ValueError("stack: needs at least one tensor")
-    shape = tensors[0].shape
-    for t in tensors:
-        if t.shape != shape:
-            raise ValueError(f"stack: all tensors must have one shape, got {[t.shape for t in tensors]}")
-    a = normalize_axis("stack", axis, len(shape) + 1)
-    return concat([unsqueeze(t, a) for t in tensors], a)
-
-
-def _slice_attrs(x, axis, start, length):
-    starts, steps, lens = [0] * 8, [1] * 8, [0] * 8
-    for d in range(x.ndim):
-        lens[d] = x.shape[d]
-    starts[axis], lens[axis] = start, length
-    return tuple(starts + steps + lens)
-
-
-def narrow(input, axis, start, length):
-    """The `length` elements from `start` along `axis` (a view)."""
-    x = as_tensor(input)
-    a = normalize_axis("narrow", axis, x.ndim)
-    return apply(OP.slice, (x,), _slice_attrs(x, a, start, length))
-
-
-def split(tensor, split_size_or_sections, axis=0, *, dim=None):
-    """Views of consecutive pieces along `axis`: of a given size, or of the listed sizes."""
-    if dim is not None:
-        axis = dim
-    x = as_tensor(tensor)
-    a = normalize_axis("split", axis, x.ndim)
-    n = x.shape[a]
-    if isinstance(split_size_or_sections, int):
-        size = split_size_or_sections
-        if size <= 0:
-            raise ValueError(f"split: the split size must be positive, got {size}")
-        sizes = [size] * (n // size) + ([n % size] if n % size else [])
-    else:
-        sizes = list(split_size_or_sections)
-        if _builtins.sum(sizes) != n:
-            raise ValueError(f"split: sections {sizes} do not add up to {n}, the length of axis {a}")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(x, a, start, s))
-        start += s
-    return tuple(out)
-
-
-def chunk(input, chunks, axis=0):
-    """Splits into `chunks` nearly equal pieces."""
-    x = as_tensor(input)
-    n = x.shape[normalize_axis("chunk", axis, x.ndim)]
-    return split(x, -(-n // chunks), axis)
+# Joining and splitting along an axis, in C beside the shape functions
+concat = cat = _C.shape.concat  # (tensors, axis=0, *, dim=None): joins tensors along an existing axis
+stack = _C.shape.stack  # (tensors, axis=0, *, dim=None): joins tensors of one shape along a new axis
+narrow = _C.shape.narrow  # (input, axis, start, length): `length` elements from `start` along axis (a view)
+split = _C.shape.split  # (tensor, split_size_or_sections, axis=0, *, dim=None): views of consecutive pieces
+chunk = _C.shape.chunk  # (input, chunks, axis=0): splits into `chunks` nearly equal pieces
 
 
 # ---- indexing ---------------------------------------------------------------------------
