@@ -296,6 +296,8 @@ static PyTypeObject PyCellBase_Type = {
     .tp_new = PyType_GenericNew,
 };
 
+int pykiln_is_cell(PyObject *o) { return PyObject_TypeCheck(o, &PyCellBase_Type); }
+
 int pykiln_cell_init(PyObject *module) {
     static const struct {
         PyObject **s;

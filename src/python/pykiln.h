@@ -85,6 +85,8 @@ PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim);
 int pykiln_reductions_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);
+/* Whether o is a kiln.nn.Cell (cell.c). */
+int pykiln_is_cell(PyObject *o);
 /* Registers CellBase and the Cell log functions (cell.c). */
 int pykiln_cell_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */

@@ -324,6 +324,99 @@ static PyObject *diff_spec(PyObject *a, PyObject *b, PyObject *path, int values)
     return Py_NewRef(Py_None);
 }
 
+/* ---- kiln.jit's cache key ------------------------------------------------------------------ */
+/* The key of a call: (spec of (args, kwargs), per tensor leaf (dtype id, shape, requires_grad),
+ * (grad mode, the training mode of each Cell among the owners and the arguments)). */
+
+static PyObject *leaf_signature(PyObject *leaves) {
+    PyObject *sig = PyTuple_New(PyList_GET_SIZE(leaves));
+    for (Py_ssize_t k = 0; sig && k < PyList_GET_SIZE(leaves); k++) {
+        const kiln_tensor *t = pykiln_unwrap(PyList_GET_ITEM(leaves, k));
+        PyObject *shape = PyTuple_New(t->meta.ndim);
+        for (int d = 0; shape && d < t->meta.ndim; d++) {
+            PyObject *n = PyLong_FromLongLong(t->meta.shape[d]);
+            if (!n) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, d, n);
+        }
+        PyObject *entry = shape ? Py_BuildValue("(iNO)", (int)t->meta.dtype, shape, t->requires_grad ? Py_True
+                                                                                                      : Py_False)
+                                : NULL;
+        if (!entry) Py_CLEAR(sig);
+        else PyTuple_SET_ITEM(sig, k, entry);
+    }
+    return sig;
+}
+
+/* Appends the training mode of each Cell in seq to modes. */
+static int cells_training(PyObject *seq, PyObject *modes) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(seq); k++) {
+        PyObject *o = PyTuple_GET_ITEM(seq, k);
+        if (!pykiln_is_cell(o)) continue;
+        PyObject *training = PyObject_GetAttrString(o, "training");
+        int rc = training ? PyList_Append(modes, training) : -1;
+        Py_XDECREF(training);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
+    PyObject *leaves = PyList_New(0), *call = leaves ? PyTuple_Pack(2, args, kwargs) : NULL;
+    PyObject *spec = call ? flatten(call, leaves) : NULL, *sig = spec ? leaf_signature(leaves) : NULL;
+    PyObject *modes = sig ? PyList_New(0) : NULL, *key = NULL;
+    if (modes && cells_training(owners, modes) == 0 && cells_training(args, modes) == 0) {
+        PyObject *extra = Py_BuildValue("(ON)", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes));
+        key = extra ? Py_BuildValue("((OON)O)", spec, sig, extra, leaves) : NULL;
+    }
+    Py_XDECREF(leaves);
+    Py_XDECREF(call);
+    Py_XDECREF(spec);
+    Py_XDECREF(sig);
+    Py_XDECREF(modes);
+    return key;
+}
+
+/* What differs between two cache keys, for the recompile warning. */
+static PyObject *describe_change(PyObject *old, PyObject *new) {
+    PyObject *ospec, *osig, *oextra, *nspec, *nsig, *nextra;
+    if (!PyArg_ParseTuple(old, "OO!O", &ospec, &PyTuple_Type, &osig, &oextra) ||
+        !PyArg_ParseTuple(new, "OO!O", &nspec, &PyTuple_Type, &nsig, &nextra))
+        return NULL;
+    int eq = PyObject_RichCompareBool(oextra, nextra, Py_EQ);
+    if (eq <= 0) return eq < 0 ? NULL : PyUnicode_FromString("the grad or training mode");
+    eq = PyObject_RichCompareBool(ospec, nspec, Py_EQ);
+    if (eq < 0) return NULL;
+    if (!eq) {
+        PyObject *oa = PyTuple_GET_ITEM(PyTuple_GET_ITEM(PyTuple_GET_ITEM(ospec, 1), 0), 1);
+        PyObject *na = PyTuple_GET_ITEM(PyTuple_GET_ITEM(PyTuple_GET_ITEM(nspec, 1), 0), 1);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(oa) && i < PyTuple_GET_SIZE(na); i++) {
+            PyObject *a = PyTuple_GET_ITEM(oa, i), *b = PyTuple_GET_ITEM(na, i);
+            int same = PyObject_RichCompareBool(a, b, Py_EQ);
+            if (same < 0) return NULL;
+            if (same) continue;
+            PyObject *da = describe(a), *db = da ? describe(b) : NULL;
+            PyObject *text = db ? PyUnicode_FromFormat("argument %zd (%U -> %U)", i, da, db) : NULL;
+            Py_XDECREF(da);
+            Py_XDECREF(db);
+            return text;
+        }
+        return PyUnicode_FromString("the argument structure");
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(osig) && i < PyTuple_GET_SIZE(nsig); i++) {
+        PyObject *o = PyTuple_GET_ITEM(osig, i), *n = PyTuple_GET_ITEM(nsig, i);
+        int same = PyObject_RichCompareBool(o, n, Py_EQ);
+        if (same < 0) return NULL;
+        if (same) continue;
+        PyObject *osh = PyTuple_GET_ITEM(o, 1), *nsh = PyTuple_GET_ITEM(n, 1);
+        int same_shape = PyObject_RichCompareBool(osh, nsh, Py_EQ);
+        int same_dtype = PyObject_RichCompareBool(PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(n, 0), Py_EQ);
+        if (same_shape < 0 || same_dtype < 0) return NULL;
+        const char *what = !same_shape ? "shape" : !same_dtype ? "dtype" : "requires_grad";
+        return PyUnicode_FromFormat("the %s of tensor argument %zd (%R -> %R)", what, i, osh, nsh);
+    }
+    return PyUnicode_FromString("the signature");
+}
+
 /* ---- a trace's call against the traced call ----------------------------------------------- */
 
 /* "k (was <description>)" / "k (now ...)" for each keyword in names whose spec is in specs. */
@@ -580,6 +673,22 @@ static PyObject *py_diff_spec(PyObject *module, PyObject *args) {
     return diff_spec(a, b, path, values);
 }
 
+static PyObject *py_call_key(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *call_args, *kwargs, *owners;
+    if (!PyArg_ParseTuple(args, "O!O!O!:call_key", &PyTuple_Type, &call_args, &PyDict_Type, &kwargs, &PyTuple_Type,
+                          &owners))
+        return NULL;
+    return call_key(call_args, kwargs, owners);
+}
+
+static PyObject *py_describe_change(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *old, *new;
+    if (!PyArg_ParseTuple(args, "O!O!:describe_change", &PyTuple_Type, &old, &PyTuple_Type, &new)) return NULL;
+    return describe_change(old, new);
+}
+
 static PyObject *py_check_call(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *old, *new;
@@ -620,6 +729,10 @@ static PyMethodDef tree_functions[] = {
     {"arg_labels", py_arg_labels, METH_O, "arg_labels(spec of (args, kwargs)) -> labels of its tensor leaves"},
     {"diff_spec", py_diff_spec, METH_VARARGS,
      "diff_spec(a, b, path, values) -> the first difference between two specs as text, or None"},
+    {"call_key", py_call_key, METH_VARARGS,
+     "call_key(args, kwargs, owners) -> ((spec, signature, (grad mode, Cell training modes)), tensor leaves)"},
+    {"describe_change", py_describe_change, METH_VARARGS,
+     "describe_change(old_key, new_key) -> what differs between two call keys, for messages"},
     {"check_call", py_check_call, METH_VARARGS,
      "check_call(old, new, verify) -> how a trace's call differs from the traced one in its arguments, or None"},
     {"branch_flatten", py_branch_flatten, METH_VARARGS,

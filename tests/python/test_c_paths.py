@@ -227,6 +227,23 @@ def test_trace_call_checks_and_branch_values():
     assert not _C.tree.same_branch_spec(b, _C.tree.branch_flatten((t, [t, {"a": t, "b": t}], "other"), []))
 
 
+def test_call_keys_and_what_changed():
+    from kiln import nn
+
+    t = kiln.Tensor(np.ones((2, 3), np.float32))
+    net = nn.Dense(3, 3)
+    (spec, sig, extra), leaves = _C.tree.call_key((t, 2, net), {"k": t}, (None, None))
+    assert leaves[0] is t and leaves[1] is t and sig == ((t.dtype.id, (2, 3), False),) * 2
+    assert extra == (kiln._C.is_grad_enabled(), (False,))
+    other = _C.tree.call_key((kiln.Tensor(np.ones((4, 3), np.float32)), 2, net), {"k": t}, (None, None))[0]
+    assert _C.tree.describe_change((spec, sig, extra), other) == "the shape of tensor argument 0 ((2, 3) -> (4, 3))"
+    third = _C.tree.call_key((t, 3, net), {"k": t}, (None, None))[0]
+    assert _C.tree.describe_change((spec, sig, extra), third) == "argument 1 (2 -> 3)"
+    net.set_train(True)
+    assert _C.tree.describe_change((spec, sig, extra), _C.tree.call_key((t, 2, net), {"k": t}, (None, None))[0]) \
+        == "the grad or training mode"
+
+
 # ---- no leaked references -----------------------------------------------------------------------
 
 def _refs_after(fn, n=2000):
@@ -257,6 +274,7 @@ def test_moved_paths_leak_no_references():
         branch = _C.tree.branch_flatten((t, [1.5, {"a": True}], "c"), leaves)
         _C.tree.branch_unflatten(branch, iter(leaves))
         _C.tree.same_branch_spec(branch, branch)
+        _C.tree.describe_change(_C.tree.call_key((t, 1), {}, (None,))[0], _C.tree.call_key((t, 2), {}, (None,))[0])
 
     def shapes():
         x = _C.shape.reshape(t, 2, -1)

@@ -73,12 +73,6 @@ class _Entry:
         return None if k < 0 else self.guard_names[k]
 
 
-def _cells_training(objs):
-    from ..nn import Cell
-
-    return tuple(o.training for o in objs if isinstance(o, Cell))
-
-
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -281,11 +275,9 @@ class JitFunction(_C.JitDispatcher):
             return trace_call(self._capture_target(), args, kwargs, self.options)
 
     def _key(self, args, kwargs):
-        leaves = []
-        spec = tree.flatten((args, kwargs), leaves)
-        sig = tuple((t.dtype.id, t.shape, t.requires_grad) for t in leaves)
-        extra = (_C.is_grad_enabled(), _cells_training((self.fn, self._self) + tuple(args)))
-        return (spec, sig, extra), leaves
+        """((spec of the arguments, per tensor (dtype id, shape, requires_grad), (grad mode, the
+        training mode of each Cell among fn, self and the arguments)), the tensors); in C."""
+        return _C.tree.call_key(args, kwargs, (self.fn, self._self))
 
     def _slow_call(self, *args, **kwargs):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
@@ -373,7 +365,7 @@ class JitFunction(_C.JitDispatcher):
         self._warned = True
         stale = [e.failed_guard() for e in self._cache.get(key, ())]
         changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._cache
-                    else _describe_change(self._keys[-1], key))
+                    else _C.tree.describe_change(self._keys[-1], key))
         warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
@@ -471,25 +463,6 @@ def _convert_target(fn):
         conv = ast_runtime.convert_function(call)
         return lambda *a, **k: conv(fn, *a, **k)
     raise ast_convert.source_error(fn, f"a {type(fn).__name__} has no Python source")
-
-
-def _describe_change(old, new):
-    (ospec, osig, oextra), (nspec, nsig, nextra) = old, new
-    if oextra != nextra:
-        return "the grad or training mode"
-    if ospec != nspec:
-        oa, na = ospec[1][0][1], nspec[1][0][1]  # positional args of (args, kwargs)
-        for i, (a, b) in enumerate(zip(oa, na)):
-            if a != b:
-                return f"argument {i} ({tree.describe(a)} -> {tree.describe(b)})"
-        return "the argument structure"
-    tensor_pos = 0
-    for (od, osh, org), (nd, nsh, nrg) in zip(osig, nsig):
-        if (od, osh, org) != (nd, nsh, nrg):
-            what = "shape" if osh != nsh else ("dtype" if od != nd else "requires_grad")
-            return f"the {what} of tensor argument {tensor_pos} ({osh} -> {nsh})"
-        tensor_pos += 1
-    return "the signature"
 
 
 def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",
