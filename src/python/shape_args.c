@@ -459,6 +459,17 @@ static PyObject *even_sizes(long long size, int64_t n, const char *op) {
     return sizes;
 }
 
+/* The axis split or chunk cuts (and its length in *n); -1 with an exception naming op set. */
+static int cut_axis(const char *op, PyObject *x, PyObject *axis, int64_t *n) {
+    int a = pykiln_normalize_axis(op, axis, meta_of(x)->ndim);
+    if (a >= 0 && meta_of(x)->ndim == 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a 0-d tensor has no axis", op);
+        return -1;
+    }
+    *n = a >= 0 ? meta_of(x)->shape[a] : 0;
+    return a;
+}
+
 static PyObject *py_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
     static char *kwlist[] = {"tensor", "split_size_or_sections", "axis", "dim", NULL};
@@ -466,9 +477,8 @@ static PyObject *py_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$O:split", kwlist, &input, &sections, &axis, &dim))
         return NULL;
     PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *sizes = NULL, *out = NULL;
-    int a = x ? pykiln_normalize_axis("split", dim != Py_None ? dim : axis ? axis : zero, meta_of(x)->ndim) : -1;
-    if (a >= 0 && meta_of(x)->ndim == 0) a = -1, PyErr_SetString(PyExc_ValueError, "split: a 0-d tensor has no axis");
-    int64_t n = a >= 0 ? meta_of(x)->shape[a] : 0;
+    int64_t n;
+    int a = x ? cut_axis("split", x, dim != Py_None ? dim : axis ? axis : zero, &n) : -1;
     if (a >= 0 && PyLong_Check(sections)) {
         long long size = PyLong_AsLongLong(sections);
         sizes = size == -1 && PyErr_Occurred() ? NULL : even_sizes(size, n, "split");
@@ -501,9 +511,8 @@ static PyObject *py_chunk(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|O:chunk", kwlist, &input, &chunks, &axis)) return NULL;
     if (chunks <= 0) return PyErr_Format(PyExc_ValueError, "chunk: chunks must be positive, got %lld", chunks);
     PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *out = NULL;
-    int a = x ? pykiln_normalize_axis("chunk", axis ? axis : zero, meta_of(x)->ndim) : -1;
-    if (a >= 0 && meta_of(x)->ndim == 0) a = -1, PyErr_SetString(PyExc_ValueError, "chunk: a 0-d tensor has no axis");
-    int64_t n = a >= 0 ? meta_of(x)->shape[a] : 0;
+    int64_t n;
+    int a = x ? cut_axis("chunk", x, axis ? axis : zero, &n) : -1;
     PyObject *sizes = a >= 0 ? even_sizes((n + chunks - 1) / chunks, n, "split") : NULL;
     if (sizes) out = split_sizes(x, a, sizes);
     Py_XDECREF(sizes);
