@@ -344,12 +344,12 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
     if (s == KILN_OK) {
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
         s = KILN_ERR_RUNTIME;
-        /* kiln's Winograd applies the whole epilogue itself */
+        /* kiln's Winograd applies the whole epilogue itself; it declines NaN and infinities */
         bool winograd = ct == KILN_DTYPE_FLOAT32 && !empty && kind == KILN_CONV_FORWARD && kiln_conv_winograd_chosen(p, ep);
         if (winograd)
             s = kiln_conv_winograd_run(p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
-                                       x[3] ? x[3]->data : NULL, res->data);
-        else if (ct == KILN_DTYPE_FLOAT32 && !empty)
+                                       x[3] ? x[3]->data : NULL, res->data, &winograd);
+        if (!winograd && ct == KILN_DTYPE_FLOAT32 && !empty)
             s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                    x[3] ? x[3]->data : NULL, res->data);
         /* relu and clamp through kiln's kernel: oneDNN's drop NaN */

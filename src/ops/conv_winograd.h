@@ -20,9 +20,12 @@ bool kiln_conv_winograd_chosen(const kiln_conv_params *p, const kiln_conv_epilog
 
 /* y = act(conv(x, w) + bias + residual) for a problem that fits; bias and residual may be
  * NULL; x, residual and y contiguous in ep->layout, w contiguous OIHW. The weights'
- * transform is kept and reused while w holds the same values. Multi-threaded (OpenMP). */
+ * transform is kept and reused while w holds the same values. Multi-threaded (OpenMP).
+ * *ran is false, and nothing written, when x or w holds a NaN, an infinity or a magnitude of
+ * 2^64 or more: Winograd's transforms would spread it over the whole tile (the caller runs
+ * the direct convolution instead). */
 kiln_status kiln_conv_winograd_run(const kiln_conv_params *p, const kiln_conv_epilogue *ep, const float *x,
-                                   const float *w, const float *bias, const float *residual, float *y);
+                                   const float *w, const float *bias, const float *residual, float *y, bool *ran);
 
 /* The same computation in plain loops, one output tile and channel at a time: the reference
  * the fast kernel is tested against. */
