@@ -1,5 +1,6 @@
 /* conv2d (NCHW), its two backward ops, and conv2d_fused (a convolution with an epilogue, in
- * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c);
+ * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c), or
+ * kiln's Winograd (conv_winograd.c) for the 3x3 convolutions of inference graphs it is chosen for;
  * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM
  * followed by the epilogue's own kernels; float16/bfloat16 compute in float32. */
 #include <cblas.h>

@@ -8,19 +8,22 @@
  * multiply-adds: the sum over c is, for each of the a*a positions xi, one GEMM
  *   M[xi] (tiles x O) = V[xi] (tiles x C) @ U[xi] (C x O).
  * F(4x4, 3x3) is used: 36 products for 144 multiply-adds (4x fewer) against F(2x2, 3x3)'s 16
- * for 36 (2.25x). On this file's first machine (2-core AMD EPYC, AVX2) the BasicBlock's two
- * 128-channel convolutions ran 1.5x faster with F(4x4) than with F(2x2) (see the commit log).
- * Its error is larger (the transforms hold 4, 5, 8 and 1/24): about 10x that of a direct
- * convolution; the tests bound it.
+ * for 36 (2.25x). On this file's first machine (2-core AMD EPYC 7003, AVX2, under load) one
+ * 128-channel 64x64 convolution took 8.4-11 ms of CPU time with F(4x4) and 13.4-16 ms with
+ * F(2x2) (same code, transforms from the tables, OpenBLAS GEMMs; oneDNN's direct kernel:
+ * 13.3 ms): F(2x2) barely beats the direct kernel. F(4x4)'s error is larger (its transforms
+ * hold 4, 5, 8 and 1/24): measured up to 1.7e-6 of the sum of the magnitudes of the terms
+ * of an output, about 10x a direct convolution's; the tests bound it by 1e-5.
  *
- * The fast kernel: U is computed once per weight values (kept, keyed by the bytes of the
- * weights, like the oneDNN path's transformed weights: the folded batch-norm weights of an
- * inference graph are recomputed by the graph on every call, with the same values). The
- * tiles are processed in blocks of WINO_TILES, one block per thread at a time: input
- * transform into V, a*a single-threaded sgemm (OpenBLAS; the calls of one thread share the
- * block in its cache), output transform with the epilogue applied as each tile is written.
- * Channels are transformed WINO_LANES at a time (one AVX2 vector; the blocked layouts keep
- * them contiguous). */
+ * The fast kernel: U is computed once per weight values and kept, keyed by the bytes of the
+ * weights (like the oneDNN path's Winograd weights: the folded batch-norm weights of an
+ * inference graph are recomputed by the graph on every call, with the same values; a memcmp
+ * of the weights costs far less than their transform), packed in panels of WINO_COLS output
+ * channels. The tiles are processed in blocks of WINO_TILES, one block per thread at a time
+ * (OpenMP): input transform into V (WINO_LANES channels at a time: one AVX2 vector, kept
+ * contiguous by the blocked and NHWC layouts), the 36 GEMMs by a register-blocked kernel over
+ * the packed U, output transform with the epilogue applied as each tile is written. Inputs
+ * or weights holding NaN, infinities or huge values are declined (wino_tame). */
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -267,6 +270,7 @@ typedef struct {
 } wino_weights;
 
 static pthread_mutex_t wino_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t wino_count; /* convolutions run (kiln_conv_winograd_count) */
 static wino_weights wino_cache[WINO_CACHE];
 static uint64_t wino_clock;
 static float *wino_scratch;
@@ -449,8 +453,16 @@ kiln_status kiln_conv_winograd_run(const kiln_conv_params *p, const kiln_conv_ep
     KILN_ASSERT(kiln_conv_winograd_fits(p, ep));
     pthread_mutex_lock(&wino_lock);
     kiln_status s = wino_run(p, ep, x, w, bias, residual, y, ran);
+    if (s == KILN_OK && *ran) wino_count++;
     pthread_mutex_unlock(&wino_lock);
     return s;
+}
+
+int64_t kiln_conv_winograd_count(void) {
+    pthread_mutex_lock(&wino_lock);
+    int64_t n = wino_count;
+    pthread_mutex_unlock(&wino_lock);
+    return n;
 }
 
 /* ---- the reference kernel ------------------------------------------------------------------ */

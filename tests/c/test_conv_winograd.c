@@ -213,7 +213,9 @@ static void test_through_the_op(void) {
     int64_t attrs[14] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, KILN_CONV_ACT_RELU, KILN_CONV_NCHW, 1};
     for (int k = 0; k < 14; k++) kiln_attrs_push_int(&a, attrs[k]);
     kiln_tensor *y = NULL;
+    int64_t runs = kiln_conv_winograd_count();
     CHECK_OK(kiln_apply(KILN_OP_CONV2D_FUSED, 4, ins, &a, &y));
+    CHECK(kiln_conv_winograd_count() == runs + (kiln_conv_block_size() != 16));
     int64_t ny = ys[0] * ys[1] * ys[2] * ys[3];
     double *want = malloc(sizeof(double) * (size_t)ny), *scale = malloc(sizeof(double) * (size_t)ny);
     direct(&c, xv, wv, bv, rv, want, scale);
