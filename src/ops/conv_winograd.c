@@ -421,9 +421,11 @@ static kiln_status wino_run(const kiln_conv_params *p, const kiln_conv_epilogue 
     KILN_TRY(wino_weights_get(p, w, &U, &tame));
     if (!(*ran = tame && wino_tame(x, p->N * p->C * p->H * p->W))) return KILN_OK;
     int64_t th = (p->OH + WINO_M - 1) / WINO_M, tw = (p->OW + WINO_M - 1) / WINO_M;
-    int64_t tiles = p->N * th * tw, blocks = (tiles + WINO_TILES - 1) / WINO_TILES;
+    /* each thread takes an equal share of the steps of WINO_ROWS tiles (blocks dealt out in
+     * turn left one thread a whole block more: 4 blocks against 3 + a few tiles at 64x64) */
+    int64_t tiles = p->N * th * tw, steps = (tiles + WINO_ROWS - 1) / WINO_ROWS;
     int threads = omp_get_max_threads();
-    if (threads > blocks) threads = (int)blocks;
+    if (threads > steps) threads = (int)steps;
     size_t per_thread = (size_t)WINO_XI * WINO_TILES * (size_t)(p->C + wino_panels(p->O) * WINO_COLS);
     size_t need = sizeof(float) * per_thread * (size_t)threads;
     if (need > wino_scratch_size) {
@@ -440,9 +442,10 @@ static kiln_status wino_run(const kiln_conv_params *p, const kiln_conv_epilogue 
     {
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         float *V = scratch + per_thread * (size_t)tid, *M = V + (size_t)WINO_XI * WINO_TILES * (size_t)p->C;
-        for (int64_t b = tid; b < blocks; b += nth) {
-            int64_t t0 = b * WINO_TILES, nt = tiles - t0 < WINO_TILES ? tiles - t0 : WINO_TILES;
-            wino_block(p, ep, &lx, &ly, act, x, U, bias, residual, y, t0, nt, V, M);
+        int64_t s0 = steps * tid / nth, s1 = steps * (tid + 1) / nth, per_block = WINO_TILES / WINO_ROWS;
+        for (int64_t s = s0; s < s1; s += per_block) {
+            int64_t t0 = s * WINO_ROWS, t1 = (s + per_block < s1 ? s + per_block : s1) * WINO_ROWS;
+            wino_block(p, ep, &lx, &ly, act, x, U, bias, residual, y, t0, (t1 < tiles ? t1 : tiles) - t0, V, M);
         }
     }
     return KILN_OK;
