@@ -11,23 +11,11 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import models, nn
+from conftest import inference_basic_block
+from kiln import nn
 
 CHANNELS = 128
 TOL = 1e-5  # per output, relative to S (see tests/c/test_conv_winograd.c for the derivation)
-
-
-def _block(seed=0):
-    kiln.manual_seed(seed)
-    block = models.BasicBlock(CHANNELS)
-    rng = np.random.default_rng(seed)
-    for bn in (block.bn1, block.bn2):  # statistics that make the folding do something
-        bn.moving_mean.set_data(rng.standard_normal(CHANNELS).astype(np.float32) * 0.1)
-        bn.moving_variance.set_data(rng.uniform(0.5, 2.0, CHANNELS).astype(np.float32))
-        bn.gamma.set_data(rng.uniform(0.5, 1.5, CHANNELS).astype(np.float32))
-        bn.beta.set_data(rng.standard_normal(CHANNELS).astype(np.float32) * 0.1)
-    block.set_train(False)
-    return block
 
 
 def _conv3x3(x, w):
@@ -73,7 +61,7 @@ def _check(got, exact, bound, what):
 @pytest.mark.parametrize("shape", [(1, 16, 16), (2, 13, 11)])
 def test_basic_block_matches_exact_within_winograd_bound(shape):
     batch, h, w = shape
-    block = _block()
+    block = inference_basic_block(CHANNELS)
     x_np = np.random.default_rng(1).standard_normal((batch, CHANNELS, h, w)).astype(np.float32)
     x = kiln.Tensor(x_np)
     exact, bound = _exact_and_bound(block, x_np.astype(np.float64))
