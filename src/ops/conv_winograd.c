@@ -19,7 +19,9 @@
  * weights (like the oneDNN path's Winograd weights: the folded batch-norm weights of an
  * inference graph are recomputed by the graph on every call, with the same values; a memcmp
  * of the weights costs far less than their transform), packed in panels of WINO_COLS output
- * channels. The tiles are processed in blocks of WINO_TILES, one block per thread at a time
+ * channels. Each kept entry holds 5x the bytes of its weights (the copy, and U: 36 values per
+ * 9 weights) for the life of the process, up to WINO_CACHE entries, least recently used
+ * replaced. The tiles are processed in blocks of WINO_TILES, one block per thread at a time
  * (OpenMP): input transform into V (WINO_LANES channels at a time: one AVX2 vector, kept
  * contiguous by the blocked and NHWC layouts), the 36 GEMMs by a register-blocked kernel over
  * the packed U, output transform with the epilogue applied as each tile is written. Inputs
@@ -37,7 +39,7 @@
 #define WINO_ROWS 6                   /* tiles per step of the GEMM kernel */
 #define WINO_COLS 16                  /* output channels per step of the GEMM kernel (a panel of U) */
 #define WINO_TILES (6 * WINO_ROWS)    /* tiles per block (V and M of a block: 36 * 36 * 128 floats each) */
-#define WINO_CACHE 8                  /* transformed weights kept */
+#define WINO_CACHE 32                 /* transformed weights kept (a ResNet-50 has 16 3x3 convolutions) */
 
 /* Lavin's matrices for F(4x4, 3x3), points 0, 1, -1, 2, -2 and infinity. */
 static const float wino_BT[WINO_A][WINO_A] = {
