@@ -161,6 +161,11 @@ KILN_API int64_t kiln_dnnl_ref_count(void);
  * creation, or NULL for i past the last; valid for the life of the process. */
 KILN_API const char *kiln_dnnl_ref_describe(int64_t i);
 
+/* The convolutions run through kiln's own Winograd kernel (inference graphs on CPUs without
+ * AVX-512, see src/ops/conv_winograd.c) in this process: tells tests and benchmarks which
+ * kernel served. */
+KILN_API int64_t kiln_conv_winograd_count(void);
+
 #ifdef __cplusplus
 }
 #endif

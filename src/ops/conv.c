@@ -1,11 +1,12 @@
 /* conv2d (NCHW), its two backward ops, and conv2d_fused (a convolution with an epilogue, in
- * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c);
+ * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c), or
+ * kiln's Winograd (conv_winograd.c) for the 3x3 convolutions of inference graphs it is chosen for;
  * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM
  * followed by the epilogue's own kernels; float16/bfloat16 compute in float32. */
 #include <cblas.h>
 #include <omp.h>
 
-#include "conv_dnnl.h"
+#include "conv_winograd.h"
 
 /* ---- geometry and inference ------------------------------------------------------------- */
 
@@ -344,11 +345,17 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
     if (s == KILN_OK) {
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
         s = KILN_ERR_RUNTIME;
-        if (ct == KILN_DTYPE_FLOAT32 && !empty)
+        /* kiln's Winograd applies the whole epilogue itself; it declines NaN and infinities */
+        bool winograd = ct == KILN_DTYPE_FLOAT32 && !empty && kind == KILN_CONV_FORWARD && kiln_conv_winograd_chosen(p, ep);
+        if (winograd)
+            s = kiln_conv_winograd_run(p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
+                                       x[3] ? x[3]->data : NULL, res->data, &winograd);
+        if (!winograd && ct == KILN_DTYPE_FLOAT32 && !empty)
             s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                    x[3] ? x[3]->data : NULL, res->data);
         /* relu and clamp through kiln's kernel: oneDNN's drop NaN */
-        if (s == KILN_OK && ep && ep->activation != KILN_CONV_ACT_NONE && !kiln_conv_dnnl_applies(ep->activation))
+        if (s == KILN_OK && !winograd && ep && ep->activation != KILN_CONV_ACT_NONE &&
+            !kiln_conv_dnnl_applies(ep->activation))
             s = kiln_op_table[kiln_conv_activation_ops[ep->activation]].kernel(&res, 1, act_attrs, &res);
         if (s == KILN_ERR_RUNTIME) {
             kiln_clear_error();

@@ -25,7 +25,8 @@ typedef enum kiln_conv_kind {
  * y = activation(conv(x, w) + bias + residual), activations in one kiln_conv_layout. */
 typedef struct kiln_conv_epilogue {
     int64_t layout;     /* of x, residual and y (a kiln_conv_layout) */
-    int64_t winograd;   /* Winograd allowed (inference): oneDNN's where it has one, else direct */
+    int64_t winograd;   /* Winograd allowed (inference): oneDNN's where it has one, else kiln's
+                         * (conv_winograd.h) where chosen, else direct */
     int64_t residual;   /* a tensor of y's shape is added after the bias */
     int64_t activation; /* a kiln_conv_activation, applied last */
     double alpha, beta; /* its parameters (clamp: the bounds) */

@@ -362,6 +362,12 @@ static PyObject *py_dnnl_ref_primitives(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(LN)", (long long)count, list); /* steals list */
 }
 
+/* The convolutions kiln's Winograd kernel ran in this process (kiln_conv_winograd_count). */
+static PyObject *py_conv_winograd_count(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong((long long)kiln_conv_winograd_count());
+}
+
 static PyMethodDef module_methods[] = {
     {"register_check", pykiln_register_check, METH_O, "register_check(exception) -> id of a check op"},
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
@@ -380,6 +386,8 @@ static PyMethodDef module_methods[] = {
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
     {"conv_block_size", py_conv_block_size, METH_NOARGS, "the channel block of the CPU's blocked conv layout (0: none)"},
+    {"conv_winograd_count", py_conv_winograd_count, METH_NOARGS,
+     "the convolutions run through kiln's own Winograd kernel in this process"},
     {"dnnl_ref_primitives", py_dnnl_ref_primitives, METH_NOARGS,
      "(count, descriptions) of the oneDNN primitives made with its slow reference implementation"},
     {NULL, NULL, 0, NULL},

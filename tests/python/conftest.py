@@ -115,6 +115,22 @@ def make_rng(seed=0):
     return np.random.default_rng(seed)
 
 
+def inference_basic_block(channels, seed=0):
+    """models.BasicBlock in eval mode, with batch-norm statistics that make the inference
+    folding do something: bench/bench_infer.py's workload."""
+    from kiln import models
+    kiln.manual_seed(seed)
+    block = models.BasicBlock(channels)
+    rng = np.random.default_rng(seed)
+    for bn in (block.bn1, block.bn2):
+        bn.moving_mean.set_data(rng.standard_normal(channels).astype(np.float32) * 0.1)
+        bn.moving_variance.set_data(rng.uniform(0.5, 2.0, channels).astype(np.float32))
+        bn.gamma.set_data(rng.uniform(0.5, 1.5, channels).astype(np.float32))
+        bn.beta.set_data(rng.standard_normal(channels).astype(np.float32) * 0.1)
+    block.set_train(False)
+    return block
+
+
 def rand_array(rng, shape, dtype=kiln.float64, low=-2.0, high=2.0):
     """Random values for a kiln dtype as a NumPy array (float64 for float dtypes so the
     reference computes in full precision; values are rounded to dtype's precision)."""

@@ -6,19 +6,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import models, nn, ops
-
-
-def _block(channels, seed=0):
-    kiln.manual_seed(seed)
-    block = models.BasicBlock(channels)
-    rng = np.random.default_rng(seed)
-    for bn in (block.bn1, block.bn2):
-        bn.moving_mean.set_data(rng.standard_normal(channels).astype(np.float32) * 0.1)
-        bn.moving_variance.set_data(rng.uniform(0.5, 2.0, channels).astype(np.float32))
-        bn.gamma.set_data(rng.uniform(0.5, 1.5, channels).astype(np.float32))
-        bn.beta.set_data(rng.standard_normal(channels).astype(np.float32) * 0.1)
-    return block
+from conftest import inference_basic_block
+from kiln import nn, ops
 
 
 def _x(channels, size=12, batch=2, seed=1):
@@ -37,8 +26,7 @@ def _layout(channels):
 @pytest.mark.parametrize("disable_format_transform", [False, True])
 def test_basic_block_inference_matches_eager(channels, disable_format_transform):
     layout = _layout(channels)
-    block = _block(channels)
-    block.set_train(False)
+    block = inference_basic_block(channels)
     x = _x(channels)
     with kiln.no_grad():
         eager = block(x).asnumpy()
@@ -80,7 +68,7 @@ def test_conv_bias_activation_chains(act):
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("disable_format_transform", [False, True])
 def test_basic_block_forward_backward_matches_eager(train, disable_format_transform):
-    block = _block(16, seed=2)
+    block = inference_basic_block(16, seed=2)
     block.set_train(train)
     x = _x(16, size=8)
     weights = block.trainable_params()

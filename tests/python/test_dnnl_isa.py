@@ -12,31 +12,18 @@ import sys
 import numpy as np
 
 import kiln
-from kiln import models
+from conftest import inference_basic_block
 
 CHANNELS = 128  # the benchmark's; a small image keeps a reference-kernel run short
 SIZE = 8
 BLOCKED = {16: "{0, 2}", 8: "{0, 3}"}  # relayout attributes from NCHW to each blocked layout
 
 
-def _block(seed=0):
-    kiln.manual_seed(seed)
-    block = models.BasicBlock(CHANNELS)
-    rng = np.random.default_rng(seed)
-    for bn in (block.bn1, block.bn2):  # statistics that make the folding do something
-        bn.moving_mean.set_data(rng.standard_normal(CHANNELS).astype(np.float32) * 0.1)
-        bn.moving_variance.set_data(rng.uniform(0.5, 2.0, CHANNELS).astype(np.float32))
-        bn.gamma.set_data(rng.uniform(0.5, 1.5, CHANNELS).astype(np.float32))
-        bn.beta.set_data(rng.standard_normal(CHANNELS).astype(np.float32) * 0.1)
-    block.set_train(False)
-    return block
-
-
 def check_basic_block():
     """Runs the block eager and jitted (O1, infer_boost); checks the results agree and that
     no oneDNN primitive was made with a reference implementation. Returns the CPU's channel
     block and the jitted graph's text."""
-    block = _block()
+    block = inference_basic_block(CHANNELS)
     x = kiln.Tensor(np.random.default_rng(1).standard_normal((1, CHANNELS, SIZE, SIZE)).astype(np.float32))
     count, _ = kiln._C.dnnl_ref_primitives()
     with kiln.no_grad():

@@ -1,0 +1,35 @@
+/* Private to conv.c (and the C tests): kiln's own Winograd convolution F(4x4, 3x3), float32,
+ * for 3x3 convolutions of stride 1, dilation 1, one group, with the conv2d_fused epilogue
+ * (bias, residual, activation) applied as the output tiles are written. Activations in any
+ * kiln_conv_layout, weights OIHW. oneDNN has Winograd only for AVX-512; this one serves the
+ * other CPUs in inference graphs. */
+#ifndef KILN_OPS_CONV_WINOGRAD_H
+#define KILN_OPS_CONV_WINOGRAD_H
+
+#include "conv_dnnl.h"
+
+/* Whether kiln_conv_winograd_run computes problem p with epilogue ep at all: 3x3, stride 1,
+ * dilation 1, groups 1 (any sizes, paddings and channel counts). */
+bool kiln_conv_winograd_fits(const kiln_conv_params *p, const kiln_conv_epilogue *ep);
+
+/* Whether conv2d_fused runs p through kiln's Winograd: it fits, Winograd is allowed (ep's
+ * winograd: inference graphs), oneDNN has no Winograd of its own on this CPU, and the
+ * problem is large enough in channels and pixels for the cut in multiplications to beat the
+ * cost of the transforms (the direct kernel wins on few channels or tiny images). */
+bool kiln_conv_winograd_chosen(const kiln_conv_params *p, const kiln_conv_epilogue *ep);
+
+/* y = act(conv(x, w) + bias + residual) for a problem that fits; bias and residual may be
+ * NULL; x, residual and y contiguous in ep->layout, w contiguous OIHW. The weights'
+ * transform is kept and reused while w holds the same values. Multi-threaded (OpenMP).
+ * *ran is false, and nothing written, when x or w holds a NaN, an infinity or a magnitude of
+ * 2^64 or more: Winograd's transforms would spread it over the whole tile (the caller runs
+ * the direct convolution instead). */
+kiln_status kiln_conv_winograd_run(const kiln_conv_params *p, const kiln_conv_epilogue *ep, const float *x,
+                                   const float *w, const float *bias, const float *residual, float *y, bool *ran);
+
+/* The same computation in plain loops, one output tile and channel at a time: the reference
+ * the fast kernel is tested against. */
+kiln_status kiln_conv_winograd_reference(const kiln_conv_params *p, const kiln_conv_epilogue *ep, const float *x,
+                                         const float *w, const float *bias, const float *residual, float *y);
+
+#endif
