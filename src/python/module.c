@@ -388,7 +388,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&kiln_module);
     if (!m) return NULL;
     if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
-        pykiln_guards_init_type(m) < 0) {
+        pykiln_guards_init_type(m) < 0 || pykiln_config_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

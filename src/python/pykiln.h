@@ -64,5 +64,7 @@ int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
 int pykiln_guards_hold(PyObject *guards);
+/* Adds build_info, codegen_info, codegen_selftest and codegen_cache (config.c). */
+int pykiln_config_init(PyObject *module);
 
 #endif
