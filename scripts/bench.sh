@@ -9,4 +9,4 @@ bash scripts/install-deps.sh
 python3 -c "import matplotlib" 2>/dev/null || python3 -m pip install -q --root-user-action=ignore matplotlib  # for --plot
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
-PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} exec python3 -m kiln.bench "$@"
+PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} exec python3 scripts/kiln_bench.py "$@"  # = python3 -m kiln.bench
