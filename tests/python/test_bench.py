@@ -206,7 +206,8 @@ def test_slower_needs_more_than_the_spread():
     assert slower.mark(once) == 0
     # a failed baseline (no times) marks nothing
     failed = synthetic_row(level="O0")
-    failed.update(run_s_each=[], per_run_s=float("nan"), per_run_min_s=float("nan"), per_run_max_s=float("nan"), error="boom")
+    nan = float("nan")
+    failed.update(run_s_each=[], per_run_s=nan, per_run_min_s=nan, per_run_max_s=nan, error="boom")
     assert slower.mark([failed, synthetic_row(level="O1", times=(2.0, 2.0, 2.0))]) == 0
 
 

@@ -379,7 +379,8 @@ def _mindspore_variants(ms, workload, wanted):
                 # MindSpore's trace reads the source line of every caller frame and fails on a frame
                 # without one, leaving its trace state begun (later rows would fail too)
                 raise RuntimeError("mindspore.jit(capture_mode='trace') needs the source of every caller frame; "
-                                   "`python -m` and `-c` have none: run kiln-bench, bash ./scripts/bench.sh or a script instead")
+                                   "`python -m` and `-c` have none: run kiln-bench, bash ./scripts/bench.sh or a "
+                                   "script instead")
             model = _mindspore_model(ms, workload)  # a fresh one per variant: no compiled graph reuse
             fn = model if model is not None else models.simple_function
             if jit_kwargs is not None:
