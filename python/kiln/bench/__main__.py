@@ -226,7 +226,7 @@ def main(argv=None):
     print("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
     notes = [f"kiln.jit {v.label()}: {why}" for v, why in statuses if why is not None]
     notes += [f"kiln.jit {n}" for n in SAME_AS_LISTED] + peers.notes
-    missing = [f for f in peers.missing() if f in ("torch", "jax", "mindspore")]
+    missing = peers.missing()
     notes.append((f"to add {', '.join(missing)}: {PEERS_HINT}; " if missing else "")
                  + "--full for the tutorial's shapes (many minutes)")
     if "torch.compile" in args.peers and torch is not None:

@@ -133,11 +133,12 @@ def plot(record, path):
     wls = [w for w in record["workloads"] if any(_measured(r) for r in w["rows"])]
     if not wls:
         return "--plot: nothing was measured; no plot written"
-    labels = list(dict.fromkeys(row_label(r) for w in wls for r in w["rows"] if _measured(r)))
+    measured = {row_label(r) for w in wls for r in w["rows"] if _measured(r)}
+    labels = [label for label in dict.fromkeys(row_label(r) for w in wls for r in w["rows"]) if label in measured]
     cmap = plt.get_cmap("tab20")
     colors = {label: cmap(i % 20) for i, label in enumerate(labels)}
     width = 0.84 / len(labels)
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.0 + 0.22 * len(labels) * len(wls)), 5.2))
+    fig, ax = plt.subplots(figsize=(min(15.0, max(8.0, 3.0 + 0.12 * len(labels) * len(wls))), 5.5))
     for i, label in enumerate(labels):
         xs, ys, lo, hi, hatches = [], [], [], [], []
         for g, w in enumerate(wls):
@@ -157,9 +158,11 @@ def plot(record, path):
     ax.set_xticks(range(len(wls)), [_short_title(w["title"]) for w in wls], fontsize=8)
     ax.set_ylabel("per run (s, log scale): median, bar = min-max")
     ax.grid(axis="y", which="both", alpha=0.3)
+    ax.set_axisbelow(True)
     ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"kiln.bench, {record['size']} size, {record.get('repeat', 1)} repetitions: {record['machine']}, "
-                 f"{record['date']}\nhatched //: results disagree with kiln eager; hatched ..: SLOWER than a row "
+                 f"{record['date']}, load average {record.get('load_average_before')} before, "
+                 f"{record.get('load_average_after')} after\nhatched //: results disagree with kiln eager; hatched ..: SLOWER than a row "
                  "it should beat", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
