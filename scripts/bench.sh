@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
-# Builds kiln if needed and runs the benchmarks of every issue's targets (pass --quick for a
-# shorter run). Each script prints its figures as ratios against references measured in the same run.
+# kiln's main job (README's second command): installs what it needs, builds kiln if needed and
+# prints the tables of MindSpore's jit tutorial (python -m kiln.bench) for kiln eager, every
+# kiln.jit variant and the peers that are installed. Arguments go to kiln.bench: --full for the
+# tutorial's shapes, --smallest --peers none for a smoke test, --plot FILE.png, --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+python3 -c "import matplotlib" 2>/dev/null || python3 -m pip install -q --root-user-action=ignore matplotlib  # for --plot
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
-status=0  # a missed target does not stop the other benchmarks; the script exits 1 at the end
-for b in core jit guards fusion attention infer sink ast control_flow; do
-  PYTHONPATH=python python3 "bench/bench_$b.py" "$@" || status=1
-done
-# LlamaAttention at the seed's full size against PyTorch eager (about a minute; not with --quick)
-if [[ " $* " != *" --quick "* ]]; then
-  PYTHONPATH=python python3 bench/bench_attention_full.py || status=1
-fi
-exit $status
+PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} exec python3 scripts/kiln_bench.py "$@"  # = python3 -m kiln.bench

@@ -11,6 +11,7 @@
  * posix_spawn with an argument vector: no shell sees any string. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codegen.h"
+#include "codegen_info.h"
 
 extern char **environ;
 
@@ -521,4 +522,64 @@ kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char
 
 kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn) {
     return kiln_codegen_load_many(1, &source, &symbol, fn);
+}
+
+/* ---- what it found (kiln.show_config) ------------------------------------------------------- */
+
+void kiln_codegen_describe(kiln_codegen_description *out) {
+    memset(out, 0, sizeof *out);
+    const char *cc = getenv("CC");
+    snprintf(out->command, sizeof out->command, "%s", cc && *cc ? cc : "cc");
+    size_t n = 0;
+    for (int k = 0; k < NFLAGS; k++) {
+        size_t len = strlen(compile_flags[k]);
+        if (n + len + 2 > sizeof out->flags) break;
+        if (k) out->flags[n++] = ' ';
+        memcpy(out->flags + n, compile_flags[k], len + 1);
+        n += len;
+    }
+    pthread_mutex_lock(&state.lock);
+    if (compiler_ready(false) && state.cc_identity)
+        snprintf(out->identity, sizeof out->identity, "%s", state.cc_identity);
+    out->cache_usable = cache_dir(out->cache_dir, sizeof out->cache_dir);
+    pthread_mutex_unlock(&state.lock);
+}
+
+/* Whether name is an entry's: 32 hex digits, then ".so". */
+static bool is_entry_name(const char *name) {
+    for (int k = 0; k < 32; k++)
+        if (!((name[k] >= '0' && name[k] <= '9') || (name[k] >= 'a' && name[k] <= 'f'))) return false;
+    return strcmp(name + 32, ".so") == 0;
+}
+
+kiln_status kiln_codegen_cache_scan(bool clear, int64_t *entries, int64_t *bytes) {
+    *entries = *bytes = 0;
+    char dirpath[4096];
+    pthread_mutex_lock(&state.lock);
+    bool usable = cache_dir(dirpath, sizeof dirpath);
+    pthread_mutex_unlock(&state.lock);
+    if (!usable) {
+        struct stat st;
+        if (stat(dirpath, &st) != 0 && errno == ENOENT) return KILN_OK;
+        return kiln_error(KILN_ERR_RUNTIME, "codegen cache: %s is not a usable cache directory (it must be a directory of this user's that others cannot write)",
+                          dirpath);
+    }
+    DIR *d = opendir(dirpath);
+    if (!d) return kiln_error(KILN_ERR_RUNTIME, "codegen cache: cannot read %s: %s", dirpath, strerror(errno));
+    kiln_status s = KILN_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_entry_name(e->d_name)) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (clear && unlinkat(dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
+            s = kiln_error(KILN_ERR_RUNTIME, "codegen cache: cannot delete %s/%s: %s", dirpath, e->d_name,
+                           strerror(errno));
+            break;
+        }
+        (*entries)++;
+        *bytes += (int64_t)st.st_size;
+    }
+    closedir(d);
+    return s;
 }

@@ -99,6 +99,8 @@ int pykiln_cell_init(PyObject *module);
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
 int pykiln_guards_hold(PyObject *guards);
+/* Adds build_info, codegen_info, codegen_selftest and codegen_cache (config.c). */
+int pykiln_config_init(PyObject *module);
 
 /* One bytecode instruction (code_facts.c): EXTENDED_ARG folded into arg, CACHE entries skipped;
  * name is the name or constant the argument designates (borrowed from the code object), or NULL. */

@@ -24,7 +24,7 @@ def implemented_jit_variants():
     for v in workloads.JIT_VARIANTS:
         try:
             kiln.jit(lambda a: a, capture_mode=v.capture_mode, jit_level=v.jit_level, backend=v.backend,
-                     fullgraph=v.fullgraph)
+                     fullgraph=v.fullgraph, infer_boost=v.infer_boost)
         except NotImplementedError:
             continue
         out.append(v)
@@ -32,7 +32,7 @@ def implemented_jit_variants():
 
 
 def row_key(row):
-    return (row["capture_mode"], row["jit_level"], row["backend"], row["fullgraph"])
+    return (row["capture_mode"], row["jit_level"], row["backend"], row["fullgraph"], row["infer_boost"])
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_every_workload_and_variant_present_and_agreeing(smallest_run):
         assert rows[0]["system"] == "kiln" and rows[0]["check"] == "reference", w["key"]
         jit_rows = {row_key(r): r for r in rows if r["system"] == "kiln.jit"}
         for v in expected:
-            key = (v.capture_mode, v.jit_level, v.backend, str(v.fullgraph).lower())
+            key = (v.capture_mode, v.jit_level, v.backend, str(v.fullgraph).lower(), v.infer_boost)
             assert key in jit_rows, f"{w['key']}: no row for {key}"
             info = jit_rows[key]["info"]
             assert info["compiles"] == 1 and info["eager_calls"] == 0, (w["key"], info)  # really compiled
@@ -76,6 +76,13 @@ def test_every_workload_and_variant_present_and_agreeing(smallest_run):
             assert r["agree"] is True and r["error"] is None, (w["key"], r["system"], r["check"], r["error"])
             assert r["runs"] == w["runs"] > 0
             assert r["prepare_s"] > 0 and r["run_s"] > 0 and r["per_run_s"] > 0
+            # --repeat 3 (the default): the median and the spread of three timings of the runs
+            each = r["run_s_each"]
+            assert r["repeat"] == len(each) == 3 and r["run_s"] == sorted(each)[1]
+            assert r["per_run_min_s"] * r["runs"] == pytest.approx(min(each))
+            assert r["per_run_max_s"] * r["runs"] == pytest.approx(max(each))
+            assert isinstance(r["slower_than"], list)
+        assert w["load_before"] is not None and w["load_after"] is not None
         if HAS_TORCH:
             assert {"torch", "torch.jit.trace"} <= {r["system"] for r in rows}
         if w["key"].endswith("fwdbwd"):
@@ -84,9 +91,10 @@ def test_every_workload_and_variant_present_and_agreeing(smallest_run):
 
 def test_skipped_variants_are_noted(smallest_run):
     _, record = smallest_run
-    implemented = {(v.capture_mode, v.jit_level, v.backend, v.fullgraph) for v in implemented_jit_variants()}
+    implemented = {(v.capture_mode, v.jit_level, v.backend, v.fullgraph, v.infer_boost)
+                   for v in implemented_jit_variants()}
     for v in record["jit_variants"]:
-        key = (v["capture_mode"], v["jit_level"], v["backend"], v["fullgraph"])
+        key = (v["capture_mode"], v["jit_level"], v["backend"], v["fullgraph"], v["infer_boost"])
         assert v["implemented"] == (key in implemented), v
         if not v["implemented"]:
             assert v["note"].startswith("not implemented yet"), v
@@ -144,3 +152,131 @@ def test_bad_arguments():
         bench_main.build_parser().parse_args(["--peers", "tensorflow"])
     assert bench_main.parse_peers("jax,torch") == ("jax.jit", "torch")
     assert bench_main.parse_peers("none") == ()
+
+
+# ---- SLOWER marks (issue 17 part 4), on synthetic timings ----------------------------------------------
+
+
+def synthetic_row(system="kiln.jit", level="O0", capture="trace", backend="kbk", fullgraph="false", boost="off",
+                  times=(1.0, 1.0, 1.0), runs=1):
+    """A table row as __main__ makes it, from the times of the repetitions (seconds)."""
+    import numpy as np
+
+    if system == "kiln":
+        level = capture = backend = fullgraph = boost = "-"
+    return {"system": system, "jit_level": level, "capture_mode": capture, "backend": backend,
+            "fullgraph": fullgraph, "infer_boost": boost, "runs": runs, "repeat": len(times),
+            "run_s_each": list(times), "per_run_s": float(np.median(times)) / runs,
+            "per_run_min_s": min(times) / runs, "per_run_max_s": max(times) / runs, "check": "ok", "error": None}
+
+
+def test_slower_against_each_baseline():
+    from kiln.bench import slower
+
+    eager = synthetic_row("kiln", times=(1.0, 1.02, 0.99))
+    o0 = synthetic_row(level="O0", times=(0.8, 0.81, 0.79))
+    o1 = synthetic_row(level="O1", times=(0.9, 0.91, 0.9))             # slower than O0 by 0.1 > spreads 0.02, 0.01
+    sink = synthetic_row(level="O0", backend="sink", times=(0.7, 0.72, 0.71))  # faster than kbk: fine
+    full = synthetic_row(level="O0", capture="ast", fullgraph="true", times=(1.2, 1.21, 1.19))
+    ast = synthetic_row(level="O0", capture="ast", times=(0.8, 0.8, 0.8))
+    boost = synthetic_row(level="O1", boost="on", times=(0.95, 0.96, 0.95))
+    rows = [eager, o0, o1, sink, full, ast, boost]
+    assert slower.mark(rows) == 3
+    assert [s["than"] for s in o1["slower_than"]] == ["O0"]
+    assert o1["slower_than"][0]["ratio"] == pytest.approx(0.9 / 0.8)
+    assert "SLOWER than O0 (1.12x)" in o1["check"]
+    assert [s["than"] for s in full["slower_than"]] == ["eager", "fullgraph=false"]
+    assert [s["than"] for s in boost["slower_than"]] == ["infer_boost off"]  # no O0 row with infer_boost on
+    assert not o0["slower_than"] and not sink["slower_than"] and not ast["slower_than"] and not eager["slower_than"]
+    assert "SLOWER" not in sink["check"]
+
+
+def test_slower_needs_more_than_the_spread():
+    from kiln.bench import slower
+
+    o0 = synthetic_row(level="O0", times=(1.0, 1.05, 0.95))  # spread 0.1
+    o1 = synthetic_row(level="O1", times=(1.08, 1.1, 1.09))  # median 0.09 above: within O0's spread
+    assert slower.mark([o0, o1]) == 0 and not o1["slower_than"]
+    o1 = synthetic_row(level="O1", times=(1.11, 1.12, 1.11))  # 0.12 above: beyond it
+    assert slower.mark([o0, o1]) == 1
+    noisy = synthetic_row(level="O1", times=(1.0, 1.3, 1.5))  # 0.3 above, but its own spread is 0.5
+    assert slower.mark([o0, noisy]) == 0
+    # one repetition: no spread, so nothing is marked however slow
+    once = [synthetic_row(level="O0", times=(1.0,)), synthetic_row(level="O1", times=(5.0,))]
+    assert slower.mark(once) == 0
+    # a failed baseline (no times) marks nothing
+    failed = synthetic_row(level="O0")
+    nan = float("nan")
+    failed.update(run_s_each=[], per_run_s=nan, per_run_min_s=nan, per_run_max_s=nan, error="boom")
+    assert slower.mark([failed, synthetic_row(level="O1", times=(2.0, 2.0, 2.0))]) == 0
+
+
+def test_slower_compares_only_rows_that_differ_in_one_setting():
+    from kiln.bench import slower
+
+    o0_kbk = synthetic_row(level="O0", times=(1.0, 1.0, 1.0))
+    o1_sink = synthetic_row(level="O1", backend="sink", times=(2.0, 2.0, 2.0))  # differs in two settings
+    peer = synthetic_row(system="torch", times=(0.1, 0.1, 0.1))
+    peer.update(jit_level="-", capture_mode="-", backend="-", fullgraph="-", infer_boost="-")
+    assert slower.baselines(o1_sink, [o0_kbk, o1_sink, peer]) == []
+    assert slower.baselines(peer, [o0_kbk, o1_sink, peer]) == []  # peers are never marked
+    o2 = synthetic_row(level="O2", times=(1.0, 1.0, 1.0))
+    o1 = synthetic_row(level="O1", times=(1.0, 1.0, 1.0))
+    assert [name for name, _ in slower.baselines(o2, [o0_kbk, o1, o2])] == ["O1"]
+
+
+def test_slower_mark_in_the_table(tmp_path, monkeypatch, capsys):
+    """A kiln.jit row made slow on purpose is marked SLOWER in the printed table and the JSON,
+    and the command still exits 0 (a mark is a finding, not a failure)."""
+    import time as _time
+
+    real = bench_main.kiln_variants
+
+    def with_a_slow_one(workload, jit_variants):
+        rows = real(workload, [v for v in jit_variants if (v.capture_mode, v.jit_level) == ("trace", "O0")
+                                 and v.backend == "kbk"])
+
+        def make(args0):
+            jf = kiln.jit(workload.model, capture_mode="trace", jit_level="O1")
+
+            def slow(*args):
+                _time.sleep(0.002)
+                return jf(*args)
+            return slow
+        return rows + [workloads.Variant("kiln.jit", True, "O1", "trace", "kbk", "false", make, workloads.kiln_results,
+                                         infer_boost="off")]
+
+    monkeypatch.setattr(bench_main, "kiln_variants", with_a_slow_one)
+    out = tmp_path / "bench.json"
+    rc = bench_main.main(["--smallest", "--only", "simple", "--peers", "none", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    record = json.loads(out.read_text())
+    rows = record["workloads"][0]["rows"]
+    assert [r["jit_level"] for r in rows] == ["-", "O0", "O1"]
+    assert [s["than"] for s in rows[2]["slower_than"]] == ["eager", "O0"]
+    assert record["slower"] == 1 and "1 kiln.jit row SLOWER" in text
+    assert "SLOWER than eager" in text
+
+
+# ---- the plot (issue 19 part 5) ------------------------------------------------------------------------
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (bash ./scripts/bench.sh installs it)")
+    png = tmp_path / "bench.png"
+    rc = bench_main.main(["--smallest", "--peers", "none", "--repeat", "2", "--only", "attention", "--plot",
+                          str(png)])
+    assert rc == 0
+    assert f"plot written to {png}" in capsys.readouterr().out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit) as e:
+        bench_main.main(["--smallest", "--peers", "none", "--plot", "x.png"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "pip install matplotlib" in err

@@ -114,3 +114,11 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "smoke ok 0.1.0" in p.stdout
+    # python -m kiln from the installed wheel tells the portable build and finds the compiler
+    p = subprocess.run([str(py), "-m", "kiln"], env=_env(KILN_CACHE_DIR=str(tmp_path / "cache")), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = {line.split(":", 1)[0]: line for line in p.stdout.splitlines()}
+    assert "KILN_NATIVE=OFF" in lines["build"] and "-march=x86-64-v3" in lines["build"], p.stdout
+    assert {"avx2", "fma"} <= set(lines["kernels use"].split(":", 1)[1].split()), p.stdout
+    assert ": works, " in lines["generated code"], p.stdout

@@ -15,7 +15,7 @@ import sys
 
 import kiln
 
-from . import report
+from . import report, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
                         jit_variant_status, kiln_variants, make_workloads, measure)
@@ -71,11 +71,14 @@ def build_parser():
     size.add_argument("--smallest", action="store_true", help="tiny shapes and a few runs (smoke test)")
     p.add_argument("--only", choices=("simple", "conv", "attention"), help="one workload group only")
     p.add_argument("--runs", type=_positive, help="runs of the BasicBlock and attention workloads (overrides the size's)")
+    p.add_argument("--repeat", type=_positive, default=3, metavar="N",
+                   help="time the runs N times (default 3); the table shows the median and the spread (min-max), "
+                        "and marks SLOWER a row slower than the variant it should beat by more than the spread")
     p.add_argument("--peers", type=parse_peers, default=PEER_NAMES, metavar="LIST",
                    help="comma-separated peers to run: all (default), none, or any of "
                         f"{', '.join(PEER_NAMES)}, jax")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="bar chart of per-run times (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of per-run times (needs matplotlib)")
     return p
 
 
@@ -83,18 +86,29 @@ def _row(variant, res, check, agree, err, where, info):
     return {
         "system": variant.system, "enable_jit": variant.enable_jit, "jit_level": variant.jit_level,
         "capture_mode": variant.capture_mode, "backend": variant.backend, "fullgraph": variant.fullgraph,
-        "prepare_s": res.prepare_s, "runs": res.runs, "run_s": res.run_s, "per_run_s": res.per_run_s,
-        "first_run_s": res.first_run_s,
+        "infer_boost": variant.infer_boost,
+        "prepare_s": res.prepare_s, "runs": res.runs, "repeat": len(res.rep_s), "run_s_each": res.rep_s,
+        "run_s": res.run_s, "per_run_s": res.per_run_s, "per_run_min_s": res.per_run_min_s,
+        "per_run_max_s": res.per_run_max_s, "first_run_s": res.first_run_s,
         "thousand_runs_s": res.per_run_s * 1000, "check": check, "agree": agree, "max_error": err,
         "worst_output": where, "error": res.error, "traceback": res.traceback, "info": info,
     }
 
 
-def run_workload(wl, variants, progress):
-    """Measures every variant of one workload; returns its record (rows, notes) and the count of
-    failures (mismatches, and kiln variants that raised)."""
+def run_workload(wl, variants, progress, repeat=1):
+    """Measures every variant of one workload, the runs `repeat` times; returns its record (rows,
+    notes, load average before and after) and the count of failures (mismatches, and kiln
+    variants that raised)."""
     record = {"key": wl.key, "group": wl.group, "title": wl.title, "shapes": wl.shapes, "runs": wl.runs,
-              "outputs": wl.output_names, "rows": [], "notes": []}
+              "repeat": repeat, "outputs": wl.output_names, "rows": [], "notes": [], "load_before": _load()}
+    failures = _measure_rows(wl, variants, progress, repeat, record)
+    record["load_after"] = _load()
+    record["slower"] = slower.mark(record["rows"])
+    return record, failures
+
+
+def _measure_rows(wl, variants, progress, repeat, record):
+    """Fills record's rows and notes; returns the count of failures."""
     np_inputs = wl.numpy_args() if any(v.convert for v in variants) else None
     ref = None
     failures = 0
@@ -104,7 +118,7 @@ def run_workload(wl, variants, progress):
             args0, run_args = v.convert(np_inputs[0]), [v.convert(a) for a in np_inputs[1]]
         else:
             args0, run_args = wl.args0, wl.run_args
-        res = measure(v, args0, run_args)
+        res = measure(v, args0, run_args, repeat)
         del args0, run_args
         progress.step()
         info = v.info() if v.info else None
@@ -114,7 +128,7 @@ def run_workload(wl, variants, progress):
             if res.error:
                 record["rows"].append(_row(v, res, "FAILED", False, None, "", info))
                 record["notes"].append(f"kiln eager failed: {res.error}")
-                return record, failures + 1
+                return failures + 1
             record["rows"].append(_row(v, res, "reference", True, 0.0, "", info))
             continue
         if res.error:
@@ -135,7 +149,7 @@ def run_workload(wl, variants, progress):
         slow = _slow_first_run(v, res)
         if slow:
             record["notes"].append(slow)
-    return record, failures
+    return failures
 
 
 def _slow_first_run(v, res):
@@ -143,7 +157,7 @@ def _slow_first_run(v, res):
     first call, which "prepare" then does not show), else None."""
     if res.runs < 3:
         return None
-    rest = (res.run_s - res.first_run_s) / (res.runs - 1)
+    rest = (res.rep_s[0] - res.first_run_s) / (res.runs - 1)  # of the first repetition
     if not (res.first_run_s > 5 * rest and res.first_run_s > 1e-3):
         return None
     why = (" (kiln.jit at O1 and above builds its fused C kernels at the first compiled run)"
@@ -160,8 +174,23 @@ def _load():
         return None
 
 
+PEERS_HINT = ("python3 -m venv --system-site-packages ~/kiln-peers && ~/kiln-peers/bin/pip install torch 'jax[cpu]' "
+              "mindspore, then run this command in that venv (. ~/kiln-peers/bin/activate)")
+
+
+def _require_matplotlib(parser):
+    try:
+        import matplotlib  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - ImportError or a broken install
+        parser.error(f"--plot needs matplotlib, which is not importable here ({type(e).__name__}: {e}): "
+                     "pip install matplotlib (bash ./scripts/bench.sh installs it)")
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.plot:  # before the long run, not after it
+        _require_matplotlib(parser)
     size = SIZES["full" if args.full else "smallest" if args.smallest else "default"]
     now = datetime.datetime.now(datetime.timezone.utc)
 
@@ -186,13 +215,20 @@ def main(argv=None):
     print("kiln.bench: the just-in-time compilation tutorial's tables (seed 003) on this machine")
     print(f"{record['machine']}; {versions}; {record['date']}; load average {record['load_average_before']}")
     print(f"size: {size.name}, {size.note}")
-    print("prepare = building the callable and its first call; then `runs` calls on inputs x * (i / runs); "
-          "x1000 runs = per run x 1000")
+    print("prepare = building the callable and its first call; then `runs` calls on inputs x * (i / runs), "
+          f"timed {args.repeat} time{'s' if args.repeat > 1 else ''}: time for runs and per run are the median, "
+          "spread the min-max of per run over the repetitions; x1000 runs = per run x 1000")
+    print("SLOWER: a kiln.jit row whose median is slower than the row it should beat (kiln eager; the same row at "
+          "the jit level below, kbk instead of sink, fullgraph=false, infer_boost off) by more than either row's "
+          "spread" + ("" if args.repeat > 1 else " (needs --repeat 2 or more: no row is marked)"))
     print(f"check: first and last results against kiln eager's: values {RULES['value']}, rtol {RTOL:g}, "
           f"atol {ATOL:g}; gradients {RULES['gradient']}, grad_rtol {GRAD_RTOL:g}")
     print("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
     notes = [f"kiln.jit {v.label()}: {why}" for v, why in statuses if why is not None]
     notes += [f"kiln.jit {n}" for n in SAME_AS_LISTED] + peers.notes
+    missing = peers.missing()
+    notes.append((f"to add {', '.join(missing)}: {PEERS_HINT}; " if missing else "")
+                 + "--full for the tutorial's shapes (many minutes)")
     if "torch.compile" in args.peers and torch is not None:
         notes.append("torch.compile: backend inductor; its prepare includes compiling the forward "
                      "(and the backward) to C++")
@@ -205,7 +241,7 @@ def main(argv=None):
     failures = 0
     try:
         for wl, variants in plan:
-            wl_record, f = run_workload(wl, variants, progress)
+            wl_record, f = run_workload(wl, variants, progress, args.repeat)
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()
@@ -217,12 +253,17 @@ def main(argv=None):
     record["load_average_after"] = _load()
     record["failures"] = failures
     record["ok"] = failures == 0
+    record["repeat"] = args.repeat
+    record["slower"] = sum(w["slower"] for w in record["workloads"])
     if args.json:
         report.write_json(record, args.json)
     if args.plot:
         why = report.plot(record, args.plot)
         print(f"\n{why}" if why else f"\nplot written to {args.plot}")
-    print(f"\n{'all results agree with kiln eager' if failures == 0 else f'{failures} FAILED (see check column)'}")
+    print(f"\n{'all results agree with kiln eager' if failures == 0 else f'{failures} FAILED (see check column)'}; "
+          + (f"{record['slower']} kiln.jit row{'s' if record['slower'] != 1 else ''} SLOWER than a row "
+             "they should beat (see check column)" if record["slower"] else "no row SLOWER than a row it should beat")
+          + f"; load average {record['load_average_before']} before, {record['load_average_after']} after")
     return 0 if failures == 0 else 1
 
 

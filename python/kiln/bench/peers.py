@@ -5,6 +5,7 @@ gradients of the trainable parameters in kiln's trainable_params() order, for a 
 (kiln.value_and_grad's rule for a non-scalar output). A framework that is not importable is
 skipped with a one-line note."""
 import importlib
+import importlib.util
 import logging
 import math
 import warnings
@@ -51,6 +52,11 @@ class Peers:
         if "jax" in self.modules:
             jax = self.modules["jax"]
             self.versions["jax"] = f"{jax.__version__} ({jax.default_backend()})"
+
+    def missing(self):
+        """The peer families not importable here (those not asked for are looked up, not imported)."""
+        return [f for f in FAMILIES if f not in self.modules
+                and (any(n in self.wanted for n in FAMILIES[f]) or importlib.util.find_spec(f) is None)]
 
     def variants(self, workload):
         rows = []
@@ -373,7 +379,8 @@ def _mindspore_variants(ms, workload, wanted):
                 # MindSpore's trace reads the source line of every caller frame and fails on a frame
                 # without one, leaving its trace state begun (later rows would fail too)
                 raise RuntimeError("mindspore.jit(capture_mode='trace') needs the source of every caller frame; "
-                                   "`python -m` and `-c` have none: run kiln-bench or a script instead")
+                                   "`python -m` and `-c` have none: run kiln-bench, bash ./scripts/bench.sh or a "
+                                   "script instead")
             model = _mindspore_model(ms, workload)  # a fresh one per variant: no compiled graph reuse
             fn = model if model is not None else models.simple_function
             if jit_kwargs is not None:

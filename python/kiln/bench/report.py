@@ -12,10 +12,12 @@ COLUMNS = (  # (header, row key, width)
     ("capture mode", "capture_mode", 12),
     ("backend", "backend", 11),
     ("fullgraph", "fullgraph", 9),
+    ("infer boost", "infer_boost", 11),
     ("prepare", "prepare_s", 9),
     ("runs", "runs", 5),
     ("time for runs", "run_s", 13),
     ("per run", "per_run_s", 9),
+    ("spread (min-max)", "spread", 19),
     ("x1000 runs", "thousand_runs_s", 10),
     ("check", "check", 0),
 )
@@ -54,7 +56,17 @@ def machine():
     return ", ".join(parts)
 
 
+def fmt_spread(lo, hi):
+    """min-max of per-run times in one unit: "12.08-12.60 ms"."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    unit, scale = next((u, k) for u, k in (("s", 1.0), ("ms", 1e3), ("us", 1e6)) if hi * k >= 1 or u == "us")
+    return f"{lo * scale:.2f}-{hi * scale:.2f} {unit}"
+
+
 def cell(row, key):
+    if key == "spread":
+        return fmt_spread(row.get("per_run_min_s"), row.get("per_run_max_s"))
     v = row.get(key)
     if key in TIME_KEYS:
         return fmt_time(v)
@@ -76,8 +88,9 @@ def table(rows):
 def print_workload(wl_record, file=None):
     file = file or sys.stdout
     print(f"\n## {wl_record['title']}", file=file)
-    n = wl_record["runs"]
-    print(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}", file=file)
+    n, r = wl_record["runs"], wl_record.get("repeat", 1)
+    print(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}, timed {r} time{'' if r == 1 else 's'}; "
+          f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", file=file)
     print(table(wl_record["rows"]), file=file)
     for note in wl_record.get("notes", ()):
         print(f"  note: {note}", file=file)
@@ -104,43 +117,65 @@ def write_json(record, path):
 def row_label(r):
     if r["system"] == "kiln.jit" or r["system"] == "mindspore.jit":
         return f"{r['system']} {r['capture_mode']} {r['jit_level']} {r['backend']}" + \
-            (" fullgraph" if r["fullgraph"] == "true" and r["system"] == "kiln.jit" else "")
+            (" fullgraph" if r["fullgraph"] == "true" and r["system"] == "kiln.jit" else "") + \
+            (" infer_boost" if r.get("infer_boost") == "on" else "")
     return r["system"]
 
 
 def plot(record, path):
-    """A bar chart of per-run times, one panel per workload; returns a note when it can't."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # noqa: BLE001 - ImportError or a broken install
-        return f"--plot: matplotlib is not importable ({type(e).__name__}); no plot written"
-    wls = [w for w in record["workloads"] if any(r.get("per_run_s") for r in w["rows"])]
+    """Grouped bars: one group per workload, one bar per kiln variant and peer (the same colour in
+    every group), the median per-run time on a log scale with the spread as an error bar. Needs
+    matplotlib (ImportError otherwise); returns a note when nothing was measured, else None."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls = [w for w in record["workloads"] if any(_measured(r) for r in w["rows"])]
     if not wls:
         return "--plot: nothing was measured; no plot written"
-    n = len(wls)
-    fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 0.45 * sum(len(w["rows"]) for w in wls) + 0.6 * n),
-                             squeeze=False)
-    for ax, w in zip(axes[:, 0], wls):
-        rows = [r for r in w["rows"] if r.get("per_run_s")]
-        top = max(r["per_run_s"] for r in rows)
-        unit, scale = next((u, k) for u, k in (("s", 1.0), ("ms", 1e3), ("us", 1e6)) if top * k >= 1 or u == "us")
-        labels = [row_label(r) for r in rows]
-        values = [r["per_run_s"] * scale for r in rows]
-        colors = ["tab:red" if not r.get("agree", True) else ("tab:blue" if r["system"].startswith("kiln")
-                                                             else "tab:gray") for r in rows]
-        y = range(len(rows))
-        ax.barh(y, values, color=colors)
-        ax.set_yticks(list(y), labels)
-        ax.invert_yaxis()
-        ax.set_xlim(0, max(values) * 1.25)
-        ax.set_xlabel(f"per run ({unit}); red: results disagree with kiln eager")
-        ax.set_title(f"{w['title']} ({w['runs']} runs)", fontsize=10)
-        for yi, r in zip(y, rows):
-            ax.text(r["per_run_s"] * scale, yi, f" {fmt_time(r['per_run_s'])}", va="center", fontsize=8)
-    fig.suptitle(f"kiln.bench, {record['size']} size: {record['machine']}, {record['date']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.985))
-    fig.savefig(path, dpi=110)
+    measured = {row_label(r) for w in wls for r in w["rows"] if _measured(r)}
+    labels = [label for label in dict.fromkeys(row_label(r) for w in wls for r in w["rows"]) if label in measured]
+    cmap = plt.get_cmap("tab20")
+    colors = {label: cmap(i % 20) for i, label in enumerate(labels)}
+    width = 0.84 / len(labels)
+    fig, ax = plt.subplots(figsize=(min(15.0, max(8.0, 3.0 + 0.12 * len(labels) * len(wls))), 5.5))
+    for i, label in enumerate(labels):
+        xs, ys, lo, hi, hatches = [], [], [], [], []
+        for g, w in enumerate(wls):
+            r = next((r for r in w["rows"] if row_label(r) == label and _measured(r)), None)
+            if r is None:
+                continue
+            xs.append(g - 0.42 + width * (i + 0.5))
+            ys.append(r["per_run_s"])
+            lo.append(r["per_run_s"] - (r.get("per_run_min_s") or r["per_run_s"]))
+            hi.append((r.get("per_run_max_s") or r["per_run_s"]) - r["per_run_s"])
+            hatches.append("//" if not r.get("agree", True) else ".." if r.get("slower_than") else "")
+        bars = ax.bar(xs, ys, width, yerr=[lo, hi], color=colors[label], label=label, capsize=1.5,
+                      error_kw={"elinewidth": 0.7})
+        for bar, hatch in zip(bars, hatches):
+            bar.set_hatch(hatch)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(wls)), [_short_title(w["title"]) for w in wls], fontsize=8)
+    ax.set_ylabel("per run (s, log scale): median, bar = min-max")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"kiln.bench, {record['size']} size, {record.get('repeat', 1)} repetitions: {record['machine']}, "
+                 f"{record['date']}, load average {record.get('load_average_before')} before, "
+                 f"{record.get('load_average_after')} after\nhatched //: results disagree with kiln eager; hatched ..: SLOWER than a row "
+                 "it should beat", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def _short_title(title):
+    """ "conv: ResNet BasicBlock, forward + backward" -> "conv\nforward + backward"."""
+    group, _, rest = title.partition(": ")
+    return f"{group}\n{rest.rpartition(', ')[2]}" if rest else title.replace(" f(", "\nf(", 1)
+
+
+def _measured(r):
+    v = r.get("per_run_s")
+    return v is not None and math.isfinite(v) and v > 0

@@ -28,14 +28,16 @@ class JitVariant:
     jit_level: str
     backend: str
     fullgraph: bool
+    infer_boost: str = "off"
 
     def kwargs(self):
         return dict(capture_mode=self.capture_mode, jit_level=self.jit_level, backend=self.backend,
-                    fullgraph=self.fullgraph)
+                    fullgraph=self.fullgraph, infer_boost=self.infer_boost)
 
     def label(self):
         return (f"capture_mode={self.capture_mode!r}, jit_level={self.jit_level!r}, backend={self.backend!r}, "
-                f"fullgraph={self.fullgraph}")
+                f"fullgraph={self.fullgraph}" + (f", infer_boost={self.infer_boost!r}" if self.infer_boost != "off"
+                                                 else ""))
 
 
 JIT_VARIANTS = (
@@ -47,6 +49,7 @@ JIT_VARIANTS = (
     JitVariant("ast", "O0", "kbk", False),
     JitVariant("ast", "O1", "kbk", False),
     JitVariant("ast", "O0", "kbk", True),
+    JitVariant("trace", "O1", "kbk", False, "on"),
     JitVariant("bytecode", "O0", "kbk", False),
     JitVariant("bytecode", "O1", "kbk", False),
 )
@@ -222,6 +225,7 @@ class Variant:
     sync: object = None          # blocks until an asynchronous result is ready
     convert: object = None       # peers: one tuple of NumPy inputs -> the callable's arguments
     info: object = None          # after the run: a dict of extra facts (e.g. jit cache statistics)
+    infer_boost: str = "-"       # kiln.jit's infer_boost ("on"/"off"); "-" for the others
 
 
 def kiln_results(result):
@@ -240,7 +244,7 @@ def kiln_variants(workload, jit_variants):
     def eager(args0):
         return kiln.value_and_grad(model, None, weights) if workload.backward else model
 
-    rows = [Variant("kiln", False, "-", "-", "-", "-", eager, kiln_results)]
+    rows = [Variant("kiln", False, "-", "-", "-", "-", eager, kiln_results, infer_boost="-")]
     for v in jit_variants:
         holder = {}
 
@@ -258,7 +262,7 @@ def kiln_variants(workload, jit_variants):
             return {"compiles": ci.compiles, "eager_calls": ci.eager_calls, "hits": ci.hits}
 
         rows.append(Variant("kiln.jit", True, v.jit_level, v.capture_mode, v.backend, str(v.fullgraph).lower(),
-                            make, kiln_results, info=info))
+                            make, kiln_results, info=info, infer_boost=v.infer_boost))
     return rows
 
 
@@ -268,21 +272,38 @@ def kiln_variants(workload, jit_variants):
 @dataclass
 class Result:
     prepare_s: float = float("nan")
-    run_s: float = float("nan")
     runs: int = 0
-    first_run_s: float = float("nan")  # of run_s (not synchronized for asynchronous peers)
+    rep_s: list = field(default_factory=list)  # the time of the `runs` calls, once per repetition
+    first_run_s: float = float("nan")  # of the first repetition (not synchronized for asynchronous peers)
     first: list = None   # outputs of the first call (prepare), NumPy
     last: list = None    # outputs of the last run
     error: str = None    # the variant failed: one line
     traceback: str = None
 
     @property
+    def run_s(self):
+        """The median of the repetitions' times."""
+        return float(np.median(self.rep_s)) if self.rep_s else float("nan")
+
+    def _per_run(self, s):
+        return s / self.runs if self.runs and self.rep_s else float("nan")
+
+    @property
     def per_run_s(self):
-        return self.run_s / self.runs if self.runs else float("nan")
+        return self._per_run(self.run_s)
+
+    @property
+    def per_run_min_s(self):
+        return self._per_run(min(self.rep_s, default=float("nan")))
+
+    @property
+    def per_run_max_s(self):
+        return self._per_run(max(self.rep_s, default=float("nan")))
 
 
-def measure(variant, args0, run_args):
-    """Time to prepare (building the callable and its first call) and the time of the runs."""
+def measure(variant, args0, run_args, repeat=1):
+    """Time to prepare (building the callable and its first call), then `repeat` times the time
+    of the runs (every run_args once)."""
     res = Result(runs=len(run_args))
     try:
         t0 = time.perf_counter()
@@ -294,18 +315,21 @@ def measure(variant, args0, run_args):
         res.first = variant.to_numpy(out)
         del out
         out = None
-        t0 = time.perf_counter()
-        runs = iter(run_args)
-        for args in runs:  # the first run alone: work deferred past the first call shows there
-            out = fn(*args)
-            break
-        t1 = time.perf_counter()
-        for args in runs:
-            out = fn(*args)
-        if variant.sync and out is not None:
-            variant.sync(out)
-        t2 = time.perf_counter()
-        res.run_s, res.first_run_s = t2 - t0, t1 - t0
+        for rep in range(repeat):
+            t0 = time.perf_counter()
+            runs = iter(run_args)
+            for args in runs:  # the first run alone: work deferred past the first call shows there
+                out = fn(*args)
+                break
+            t1 = time.perf_counter()
+            for args in runs:
+                out = fn(*args)
+            if variant.sync and out is not None:
+                variant.sync(out)
+            t2 = time.perf_counter()
+            res.rep_s.append(t2 - t0)
+            if rep == 0:
+                res.first_run_s = t1 - t0
         if out is not None:
             res.last = variant.to_numpy(out)
     except Exception as e:  # noqa: BLE001 - a failing variant is reported, not fatal

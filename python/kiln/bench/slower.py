@@ -1,0 +1,65 @@
+"""Rows slower than the variant they should beat: kiln.bench's SLOWER marks (issue 17 part 4).
+
+Every kiln.jit row should beat kiln eager, and each setting meant to make things faster should
+beat the same row without it: a higher jit level the level below (O1 vs O0, O2 vs O1), the sink
+backend kernel by kernel, fullgraph=True fullgraph=False, infer_boost "on" "off" — the rows that
+differ from it in that one setting only. A row is SLOWER than one of these when its median per-run
+time exceeds that row's by more than the spread (max - min of the per-run times of the
+repetitions) of either row: a difference the noise between repetitions does not explain. Without
+repetitions (repeat 1) there is no spread and no row is marked."""
+
+# (row field, {value: the value it should beat}): a setting that should make things faster
+SETTINGS = (
+    ("jit_level", {"O1": "O0", "O2": "O1"}),
+    ("backend", {"sink": "kbk"}),
+    ("fullgraph", {"true": "false"}),
+    ("infer_boost", {"on": "off"}),
+)
+KEY = ("capture_mode", "jit_level", "backend", "fullgraph", "infer_boost")
+
+
+def baselines(row, rows):
+    """The rows `row` should beat, each with a short name of it: [(name, baseline row)]."""
+    if row["system"] != "kiln.jit":
+        return []
+    out = [("eager", r) for r in rows if r["system"] == "kiln"]
+    for field, beats in SETTINGS:
+        if row[field] not in beats:
+            continue
+        want = {k: row[k] for k in KEY}
+        want[field] = beats[row[field]]
+        for r in rows:
+            if r["system"] == "kiln.jit" and all(r[k] == want[k] for k in KEY):
+                name = {"fullgraph": "fullgraph=false", "infer_boost": "infer_boost off"}.get(field, want[field])
+                out.append((name, r))
+    return out
+
+
+def spread(row):
+    return row["per_run_max_s"] - row["per_run_min_s"]
+
+
+def is_slower(row, base):
+    """Whether row's median is slower than base's by more than either row's spread (needs two
+    or more repetitions of both)."""
+    if row.get("repeat", 1) < 2 or base.get("repeat", 1) < 2:
+        return False
+    values = (row["per_run_s"], base["per_run_s"], spread(row), spread(base))
+    if any(v is None or v != v for v in values):  # a failed row has no times
+        return False
+    return row["per_run_s"] - base["per_run_s"] > max(spread(row), spread(base))
+
+
+def mark(rows):
+    """Sets each row's "slower_than" ([{than, ratio}]) and appends the marks to its check text;
+    returns the number of rows marked."""
+    marked = 0
+    for row in rows:
+        row["slower_than"] = [{"than": name, "ratio": row["per_run_s"] / base["per_run_s"]}
+                              for name, base in baselines(row, rows)
+                              if not base.get("error") and not row.get("error") and is_slower(row, base)]
+        if row["slower_than"]:
+            marked += 1
+            row["check"] += " SLOWER than " + ", ".join(f"{s['than']} ({s['ratio']:.2f}x)"
+                                                       for s in row["slower_than"])
+    return marked

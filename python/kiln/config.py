@@ -1,0 +1,105 @@
+"""What kiln runs on: kiln.show_config() and `python -m kiln`. The facts come from kiln._C
+(include/kiln/config.h, src/codegen/codegen_info.h); this module only gathers and prints them."""
+import os
+import platform
+import sys
+
+from . import _C
+
+
+def _codegen_check():
+    """Compiles and runs a tiny generated kernel: (works, how it went)."""
+    before = _C.codegen_stats()
+    try:
+        _C.codegen_selftest()
+    except (RuntimeError, NotImplementedError) as e:
+        return False, str(e)
+    after = _C.codegen_stats()
+    if after["compiles"] > before["compiles"]:
+        return True, f"a test kernel compiled in {after['compile_seconds'] - before['compile_seconds']:.2f} s and ran"
+    if after["disk_hits"] > before["disk_hits"]:
+        return True, "a test kernel loaded from the disk cache and ran"
+    return True, "a test kernel ran (already loaded in this process)"
+
+
+def facts():
+    """Every fact show_config prints, as a dict (strings, numbers, bools)."""
+    from . import __version__, get_num_threads
+
+    build = _C.build_info()
+    cc = _C.codegen_info()
+    works, how = _codegen_check()
+    try:
+        entries, size = _C.codegen_cache()
+        cache_error = None
+    except RuntimeError as e:
+        entries = size = None
+        cache_error = str(e)
+    try:
+        import numpy
+        numpy_version = numpy.__version__
+    except ImportError:
+        numpy_version = None
+    return {
+        "version": __version__, "python": platform.python_version(), "numpy": numpy_version,
+        **build,
+        "cpu_count": os.cpu_count(), "threads": get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
+        "conv_block": _C.conv_block_size(),
+        "cc_command": cc["command"], "cc_identity": cc["identity"], "cc_flags": cc["flags"],
+        "cc_works": works, "cc_check": how,
+        "cache_dir": cc["cache_dir"], "cache_usable": cc["cache_usable"], "cache_entries": entries,
+        "cache_bytes": size, "cache_error": cache_error,
+    }
+
+
+def plural(n, one, many):
+    return f"{n} {one if n == 1 else many}"
+
+
+def size_text(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def show_config(file=None):
+    """Prints what kiln runs on: version, build options, the CPU and its vector extensions,
+    threads, BLAS and oneDNN and what they chose, the C compiler of generated code (compiling a
+    tiny kernel to see that it works) and the compile cache."""
+    f = facts()
+    cpu_only = sorted(set(f["cpu_isa"].split()) - set(f["build_isa"].split()))
+    lines = [
+        f"kiln {f['version']} (Python {f['python']}, NumPy {f['numpy'] or 'not installed'})",
+        f"build:           {f['options']}",
+        f"kernels use:     {f['build_isa'] or 'no vector extension'}",
+        f"CPU:             {f['cpu_model'] or platform.machine()}, {f['cpu_count']} logical cores",
+        f"CPU has:         {f['cpu_isa'] or '-'}"
+        + (f" (not used by kiln's kernels: {' '.join(cpu_only)})" if cpu_only else ""),
+        f"threads:         {f['threads']} (kiln.set_num_threads"
+        + (f"; OMP_NUM_THREADS={f['omp_num_threads']}" if f["omp_num_threads"] else "") + ")",
+        f"BLAS:            {f['blas_config']}; kernels for {f['blas_core']}",
+        f"oneDNN:          {f['dnnl_version']}; instruction set {f['dnnl_isa']}"
+        + (f" (ONEDNN_MAX_CPU_ISA={f['onednn_max_cpu_isa']})" if f["onednn_max_cpu_isa"] else "")
+        + (f"; convolution layouts blocked by {f['conv_block']} channels" if f["conv_block"] else ""),
+        f"generated code:  {f['cc_command']} = {f['cc_identity'] or 'does not run'}: "
+        + ("works, " if f["cc_works"] else "FAILS: ") + f["cc_check"],
+        f"  flags:         {f['cc_flags']}",
+    ]
+    if not f["cache_usable"]:
+        lines.append(f"compile cache:   {f['cache_dir'] or '-'}: not usable, objects are built in a temporary "
+                     "directory each time (it must be a directory of this user's that others cannot write)")
+    elif f["cache_error"]:
+        lines.append(f"compile cache:   {f['cache_error']}")
+    else:
+        entries = plural(f["cache_entries"], "entry", "entries")
+        lines.append(f"compile cache:   {f['cache_dir']}: {entries}, {size_text(f['cache_bytes'])} "
+                     "(python -m kiln --clear-cache empties it; KILN_CACHE_DIR moves it)")
+    print("\n".join(lines), file=file or sys.stdout)
+
+
+def clear_cache():
+    """Deletes every entry of the compile cache; returns (entries, bytes) deleted."""
+    return _C.codegen_cache(clear=True)
