@@ -119,6 +119,7 @@ static PyObject *py_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     kiln_attrs attrs;
     if (parse_attrs(nargs > 2 ? args[2] : NULL, nargs > 3 ? args[3] : NULL, &attrs) != 0) return NULL;
+    if (pykiln_interrupt_stale() < 0) return NULL;
     kiln_tensor *small[8], **in = small;
     Py_ssize_t nin = 0;
     bool fast = PyTuple_Check(args[1]) && PyTuple_GET_SIZE(args[1]) <= 8;
@@ -218,6 +219,8 @@ static PyObject *py_grad(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    if (pykiln_interrupt_stale() < 0) goto done;
+    pykiln_interrupt_arm(); /* a loop's gradient may run long */
     kiln_status s = kiln_autograd_grad((int)nout, outs, gouts, (int)nin, ins, create_graph, grads);
     if (s != KILN_OK) {
         pykiln_raise(s);
@@ -388,7 +391,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&kiln_module);
     if (!m) return NULL;
     if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
-        pykiln_guards_init_type(m) < 0) {
+        pykiln_guards_init_type(m) < 0 || pykiln_interrupt_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -65,4 +65,16 @@ int pykiln_is_guardset(PyObject *o);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
 int pykiln_guards_hold(PyObject *guards);
 
+/* Interrupts (interrupt.c): kiln's SIGINT handler in front of Python's, installed at import. */
+int pykiln_interrupt_init(void);
+/* Before a run that may take long (GIL released, a loop): kiln's handler back in front when Python
+ * code replaced it (one sigaction call). */
+void pykiln_interrupt_arm(void);
+/* A request left from a SIGINT Python handled outside a run: on the main thread it is cleared and
+ * Python's pending handler runs (-1 with its exception set). */
+int pykiln_interrupt_settle(void);
+static inline int pykiln_interrupt_stale(void) { return kiln_interrupt_requested() ? pykiln_interrupt_settle() : 0; }
+/* The exception of a run that stopped with KILN_ERR_INTERRUPTED (pykiln_raise calls it). */
+PyObject *pykiln_raise_interrupted(void);
+
 #endif
