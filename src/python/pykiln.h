@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "core/internal.h"
 #include "kiln/kiln.h"
 
 /* A Python tensor owns one reference to a C tensor. */
@@ -73,7 +74,9 @@ void pykiln_interrupt_arm(void);
 /* A request left from a SIGINT Python handled outside a run: on the main thread it is cleared and
  * Python's pending handler runs (-1 with its exception set). */
 int pykiln_interrupt_settle(void);
-static inline int pykiln_interrupt_stale(void) { return kiln_interrupt_requested() ? pykiln_interrupt_settle() : 0; }
+static inline int pykiln_interrupt_stale(void) {
+    return atomic_load_explicit(&kiln_interrupt_flag, memory_order_relaxed) ? pykiln_interrupt_settle() : 0;
+}
 /* The exception of a run that stopped with KILN_ERR_INTERRUPTED (pykiln_raise calls it). */
 PyObject *pykiln_raise_interrupted(void);
 
