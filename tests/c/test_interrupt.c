@@ -1,5 +1,6 @@
 /* Interrupt requests (kiln_interrupt): a loop that never ends stops, on the kernel-by-kernel and
- * sink backends and eagerly, soon after the request from another thread; straight-line runs stop
+ * sink backends and eagerly, soon after the request from another thread; a loop's backward stops;
+ * straight-line runs stop
  * before their first kernel (kbk, the sink's generated function, its interpreted steps); a
  * request for another thread leaves a run alone; after kiln_interrupt_clear() the same
  * executables give the right values. */
@@ -129,6 +130,51 @@ static void test_eager_loop_stops(void) {
     kiln_graph_free(g);
 }
 
+/* The gradient of an eager loop (while_grad reruns the loop, then runs it backward): an interrupted
+ * backward returns KILN_ERR_INTERRUPTED, and (cleared) the same backward gives d sum(y) / dx = 2^T. */
+static const char *doubling_loop =
+    "graph(%0: float32[3], %1: float32[]) {\n"
+    "  %2: float32[3] = while(%0, %1) {0, 1, 1}\n"
+    "  return (%2)\n"
+    "}\n"
+    "subgraph 0: graph(%0: float32[3], %1: float32[]) {\n"
+    "  %2: float32[] = sum(%0) {1, 0}\n"
+    "  %3: bool[] = lt(%2, %1)\n"
+    "  return (%3)\n"
+    "}\n"
+    "subgraph 1: graph(%0: float32[3], %1: float32[]) {\n"
+    "  %2: float32[] = constant(2)\n"
+    "  %3: float32[3] = mul(%0, %2)\n"
+    "  return (%3)\n"
+    "}\n";
+
+static void test_loop_gradient_stops(void) {
+    kiln_graph *g = parse(doubling_loop);
+    kiln_attrs a = {0};
+    a.ni = 3, a.i[2] = 1;
+    for (int k = 0; k < 2; k++) {
+        kiln_graph *sub = NULL;
+        CHECK_OK(kiln_graph_clone(g->subgraphs[k], &sub));
+        CHECK_OK(kiln_body_register(sub, &a.i[k]));
+    }
+    int64_t n = 3;
+    kiln_tensor *x = tensor_f32(1, &n, (const float[]){1, 2, 3}), *limit = scalar_f32(30), *in[2] = {x, limit};
+    kiln_tensor *y = NULL, *sum = NULL, *gx = NULL;
+    CHECK_OK(kiln_tensor_set_requires_grad(x, true));
+    CHECK_OK(kiln_apply(KILN_OP_WHILE, 2, in, &a, &y)); /* 6 -> 12 -> 24 -> 48: three iterations */
+    if (y) CHECK_OK(kiln_emit_reduce(KILN_OP_SUM, y, 1, false, &sum));
+    kiln_interrupt();
+    if (sum) CHECK_STATUS(kiln_autograd_grad(1, &sum, NULL, 1, &x, false, &gx), KILN_ERR_INTERRUPTED);
+    CHECK(!gx);
+    kiln_interrupt_clear();
+    if (sum) CHECK_OK(kiln_autograd_grad(1, &sum, NULL, 1, &x, false, &gx));
+    CHECK(gx && close_f32(gx->data, (const float[]){8, 8, 8}, 3, 0));
+    kiln_body_release(a.i[0]), kiln_body_release(a.i[1]);
+    kiln_tensor_release(x), kiln_tensor_release(limit), kiln_tensor_release(y), kiln_tensor_release(sum);
+    kiln_tensor_release(gx);
+    kiln_graph_free(g);
+}
+
 /* ---- straight-line graphs ------------------------------------------------------------------- */
 
 static kiln_status run_abc(kiln_executable *e, float *out6) {
@@ -178,6 +224,7 @@ static void test_straight_line(void) {
 int main(void) {
     test_compiled_loop_stops();
     test_eager_loop_stops();
+    test_loop_gradient_stops();
     test_straight_line();
     if (check_failures) {
         fprintf(stderr, "%d check(s) failed\n", check_failures);
