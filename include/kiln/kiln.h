@@ -29,6 +29,7 @@ typedef enum kiln_status {
     KILN_ERR_RUNTIME,         /* anything else (e.g. a library call) -> RuntimeError */
     KILN_ERR_CHECK,           /* a check op's condition held: kiln_last_check() names it
                                  -> the exception the user's code raises there */
+    KILN_ERR_INTERRUPTED,     /* kiln_interrupt() stopped a run       -> KeyboardInterrupt */
 } kiln_status;
 
 /* The message of the last error set on this thread ("" when none). */
@@ -36,6 +37,19 @@ KILN_API const char *kiln_last_error(void);
 /* The id (attribute i[0]) of the check op behind the last KILN_ERR_CHECK on this thread. */
 KILN_API int64_t kiln_last_check(void);
 KILN_API void kiln_clear_error(void);
+
+/* ---- interrupts ----------------------------------------------------------------------- */
+
+/* Asks the runs in progress to stop: the executors (kernel by kernel, the sink's function, the
+ * loops of control flow, eagerly too) check between kernels and loop iterations and return
+ * KILN_ERR_INTERRUPTED, leaving what they run usable. Async-signal-safe (meant for a SIGINT
+ * handler); the request stays until kiln_interrupt_clear(). */
+KILN_API void kiln_interrupt(void);
+KILN_API bool kiln_interrupt_requested(void);
+KILN_API void kiln_interrupt_clear(void);
+/* Only runs on the thread with this id ((uint64_t)pthread_self(), what Python calls a thread's
+ * ident) stop; 0 (the default): runs on every thread. */
+KILN_API void kiln_interrupt_only_thread(uint64_t id);
 
 /* ---- dtypes --------------------------------------------------------------------------- */
 

@@ -1,22 +1,27 @@
 /* The compiler driver: generated C becomes a shared object built by the system C compiler
  * ($CC, else cc), loaded with dlopen and kept for the life of the process.
  *
- * Objects are cached in memory and on disk under key = hash(source, compiler identity, flags,
- * kiln version, CPU), as <key>.so in $KILN_CACHE_DIR (default ~/.cache/kiln, created with mode
- * 0700). Entries are written to a temporary name and renamed into place; each ends with a
+ * Objects are cached in memory and on disk under key = hash(source, kiln's codegen version, the
+ * compiler command (every word of $CC, the compiler's path and its full --version text), the
+ * flags, the CPU), as <key>.so in $KILN_CACHE_DIR (default ~/.cache/kiln, created with mode
+ * 0700). The directory and the work directories of compiles are disk_cache.c's: used through
+ * descriptors, so a directory swapped in meanwhile is never written or loaded from, and no
+ * temporary outlives its compile. An object is built in a private work directory, sealed with a
  * footer (magic, payload size, payload hash) so a corrupt or truncated entry is detected and
- * rebuilt. Without a usable cache directory the object is built in a temporary directory,
- * loaded and deleted. Without a compiler, loads fail with KILN_ERR_NOT_IMPLEMENTED after one
+ * rebuilt, loaded, and renamed into the cache. Every object is loaded from a fresh name in a work
+ * directory (an entry is copied there after its footer checks), never from the cache's path:
+ * dlopen returns the object already loaded under a name, so an entry that turned out unusable and
+ * its rebuild must not share one. Without a usable cache directory the object is built in
+ * $TMPDIR and not kept. Without a compiler, loads fail with KILN_ERR_NOT_IMPLEMENTED after one
  * warning per process, and callers run their interpreted path. The compiler runs through
- * posix_spawn with an argument vector: no shell sees any string. */
-#define _POSIX_C_SOURCE 200809L
+ * posix_spawn with an argument vector (no shell sees any string), in the work directory. */
+#define _GNU_SOURCE /* posix_spawn_file_actions_addfchdir_np */
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <pwd.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -24,11 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codegen.h"
 #include "codegen_info.h"
+#include "disk_cache.h"
 
 extern char **environ;
 
-#define KILN_CODEGEN_VERSION "kiln 0.1.0 codegen 1"
+#define KILN_CODEGEN_VERSION "kiln 0.1.0 codegen 2"
 #define FOOTER_MAGIC "KILNSO\x01\x00"
 #define FOOTER_BYTES 24 /* magic, payload size, payload hash */
 
@@ -75,11 +82,11 @@ static struct {
     bool probed, have_cc, warned_no_cc, warned_failure;
     char **cc_argv; /* $CC split on blanks, NULL-terminated */
     int cc_argc;
-    char *cc_identity;
+    char *cc_identity; /* the compiler's path, each word of $CC and its whole --version text */
     uint64_t cpu_hash;
     loaded *objects;
     int nobjects, cap_objects;
-    unsigned tmp_counter;
+    unsigned names; /* objects loaded so far: each from a name of its own */
     kiln_codegen_stats stats;
 } state = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -97,173 +104,137 @@ static double now_seconds(void) {
 
 /* ---- running the compiler ------------------------------------------------------------------ */
 
-/* Runs argv with stdout and stderr into out_path (or /dev/null); *status = exit status, or -1
- * when it could not start. */
-static int run_process(char *const *argv, const char *out_path, int *status) {
+/* Starts argv with stdout and stderr into out_fd and, when cwd_fd >= 0, that directory as its
+ * working directory; 0 or an errno value. */
+static int spawn(char *const *argv, int cwd_fd, int out_fd, pid_t *pid) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    const char *to = out_path ? out_path : "/dev/null";
-    posix_spawn_file_actions_addopen(&fa, 1, to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if (cwd_fd >= 0) posix_spawn_file_actions_addfchdir_np(&fa, cwd_fd);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    pid_t pid;
-    int err = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    int err = posix_spawnp(pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
-    if (err != 0) {
-        *status = -1;
-        return err;
-    }
+    return err;
+}
+
+/* The exit status of pid, or -1 when it did not exit normally. */
+static int wait_for(pid_t pid) {
     int ws;
     while (waitpid(pid, &ws, 0) < 0)
-        if (errno != EINTR) {
-            *status = -1;
-            return errno;
-        }
-    *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
-    return 0;
+        if (errno != EINTR) return -1;
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+/* What `$CC --version` prints (malloc'd), or NULL when it fails. */
+static char *compiler_version(void) {
+    char **vargv = calloc((size_t)state.cc_argc + 2, sizeof *vargv);
+    int fds[2] = {-1, -1};
+    if (!vargv || pipe(fds) != 0) {
+        free(vargv);
+        return NULL;
+    }
+    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    memcpy(vargv, state.cc_argv, sizeof *vargv * (size_t)state.cc_argc);
+    vargv[state.cc_argc] = "--version";
+    pid_t pid;
+    int err = spawn(vargv, -1, fds[1], &pid);
+    close(fds[1]);
+    free(vargv);
     size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        char *grown = realloc(buf, cap * 2 + 1);
-        if (!grown) {
-            free(buf);
-            buf = NULL;
-            break;
+    char *text = err == 0 ? malloc(cap + 1) : NULL;
+    for (ssize_t got = 1; text && got != 0;) { /* read to the end before waiting: the pipe must not fill */
+        if (n == cap) {
+            char *grown = realloc(text, 2 * cap + 1);
+            if (!grown) break;
+            text = grown, cap *= 2;
         }
-        buf = grown;
-        cap *= 2;
+        got = read(fds[0], text + n, cap - n);
+        if (got < 0 && errno != EINTR) break;
+        if (got > 0) n += (size_t)got;
     }
-    bool err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
+    close(fds[0]);
+    if (err == 0 && wait_for(pid) != 0) err = -1;
+    if (err != 0 || !text) {
+        free(text);
         return NULL;
     }
-    if (buf) buf[n] = '\0';
-    if (len) *len = n;
-    return buf;
+    text[n] = '\0';
+    return text;
 }
 
-static char *make_temp_dir(void) {
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base) base = "/tmp";
-    size_t n = strlen(base) + 32;
-    char *dir = malloc(n);
-    if (!dir) return NULL;
-    snprintf(dir, n, "%s/kiln-cc-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        free(dir);
-        return NULL;
+/* Where argv[0] is found, as posix_spawnp looks: itself when it has a '/', else along $PATH. */
+static void compiler_path(char *out, size_t size) {
+    const char *name = state.cc_argv[0];
+    snprintf(out, size, "%s", name);
+    if (strchr(name, '/')) return;
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : ""; *p;) {
+        size_t n = strcspn(p, ":");
+        char candidate[KILN_PATH_MAX];
+        if (snprintf(candidate, sizeof candidate, "%.*s/%s", (int)n, p, name) < (int)sizeof candidate &&
+            access(candidate, X_OK) == 0) {
+            snprintf(out, size, "%s", candidate);
+            return;
+        }
+        p += n + (p[n] == ':');
     }
-    return dir;
 }
 
-static void remove_temp_dir(char *dir) {
-    static const char *const names[] = {"kernel.c", "kernel.so", "log.txt", "version.txt"};
-    char path[4096];
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
-        unlink(path);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
-/* Finds the compiler and its identity (first line of `cc --version`), once per process. */
+/* Finds the compiler and its identity, once per process. */
 static void probe_compiler(void) {
     state.probed = true;
     const char *cc = getenv("CC");
     if (!cc || !*cc) cc = "cc";
     char *copy = kiln_strdup(cc);
-    if (!copy) return;
-    int cap = 8;
-    char **argv = calloc((size_t)cap + NFLAGS + 8, sizeof *argv);
-    int argc = 0;
-    for (char *tok = strtok(copy, " \t"); tok && argv; tok = strtok(NULL, " \t")) {
-        if (argc == cap) break; /* more words than any sensible $CC */
-        argv[argc++] = tok;
+    int words = 0;
+    for (const char *p = cc; *p;) { /* words: runs of non-blanks */
+        p += strspn(p, " \t");
+        if (*p) words++;
+        p += strcspn(p, " \t");
     }
-    if (!argv || argc == 0) {
+    char **argv = calloc((size_t)words + 1, sizeof *argv);
+    int argc = 0;
+    for (char *tok = copy && argv ? strtok(copy, " \t") : NULL; tok; tok = strtok(NULL, " \t")) argv[argc++] = tok;
+    if (argc == 0) {
         free(copy), free(argv);
         return;
     }
     state.cc_argv = argv;
     state.cc_argc = argc;
-    char *dir = make_temp_dir();
-    if (!dir) return;
-    char out[4096];
-    snprintf(out, sizeof out, "%s/version.txt", dir);
-    char *vargv[16];
-    for (int k = 0; k < argc; k++) vargv[k] = argv[k];
-    vargv[argc] = "--version";
-    vargv[argc + 1] = NULL;
-    int status;
-    if (run_process(vargv, out, &status) == 0 && status == 0) {
-        char *text = read_file(out, NULL);
-        if (text) {
-            text[strcspn(text, "\n")] = '\0';
-            state.cc_identity = text;
+    char *version = compiler_version();
+    if (version) {
+        char where[KILN_PATH_MAX];
+        compiler_path(where, sizeof where);
+        size_t n = strlen(where) + strlen(cc) + strlen(version) + 4 * (size_t)argc + 16;
+        state.cc_identity = malloc(n);
+        if (state.cc_identity) {
+            size_t len = (size_t)snprintf(state.cc_identity, n, "%s\n", where);
+            for (int k = 0; k < argc; k++) len += (size_t)snprintf(state.cc_identity + len, n - len, "%s\x1f", argv[k]);
+            snprintf(state.cc_identity + len, n - len, "\n%s", version);
             state.have_cc = true;
         }
+        free(version);
     }
-    remove_temp_dir(dir);
     /* the CPU the objects are built for (-march=native) */
-    char *cpu = read_file("/proc/cpuinfo", NULL);
-    if (cpu) {
+    int fd = open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
+    char cpu[16384]; /* the first processor's lines */
+    size_t got = 0;
+    for (ssize_t r = 1; fd >= 0 && r > 0 && got < sizeof cpu - 1; got += r > 0 ? (size_t)r : 0)
+        r = read(fd, cpu + got, sizeof cpu - 1 - got);
+    if (fd >= 0) close(fd);
+    if (got > 0) {
+        cpu[got] = '\0';
         const char *model = strstr(cpu, "model name"), *flags = strstr(cpu, "\nflags");
         uint64_t h = 0;
         if (model) h ^= kiln_codegen_hash(model, strcspn(model, "\n"), 1);
         if (flags) h ^= kiln_codegen_hash(flags, strcspn(flags + 1, "\n") + 1, 2);
         state.cpu_hash = h;
-        free(cpu);
     }
 }
 
-/* ---- the disk cache -------------------------------------------------------------------------- */
-
-/* mkdir -p with mode 0700 for what it creates. */
-static bool make_dirs(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) return false;
-    memcpy(buf, path, n + 1);
-    for (size_t k = 1; k <= n; k++) {
-        if (buf[k] != '/' && buf[k] != '\0') continue;
-        char c = buf[k];
-        buf[k] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST) return false;
-        buf[k] = c;
-    }
-    return true;
-}
-
-/* The cache directory when usable: ours, a directory, writable, not writable by others. */
-static bool cache_dir(char *out, size_t size) {
-    const char *env = getenv("KILN_CACHE_DIR");
-    if (env && *env) {
-        snprintf(out, size, "%s", env);
-    } else {
-        const char *home = getenv("HOME");
-        if (!home || !*home) {
-            struct passwd *pw = getpwuid(getuid());
-            home = pw ? pw->pw_dir : NULL;
-        }
-        if (!home) return false;
-        snprintf(out, size, "%s/.cache/kiln", home);
-    }
-    if (!make_dirs(out)) return false;
-    struct stat st;
-    if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) return false;
-    return access(out, W_OK | X_OK) == 0;
-}
+/* ---- entries: an object and its footer ------------------------------------------------------- */
 
 static void put_u64(unsigned char *p, uint64_t v) {
     for (int k = 0; k < 8; k++) p[k] = (unsigned char)(v >> (8 * k));
@@ -276,36 +247,26 @@ static uint64_t get_u64(const unsigned char *p) {
 
 static uint64_t key_seed(const char *key) { return kiln_codegen_hash(key, strlen(key), 3); }
 
-/* Whether the file at path is a complete entry for key. */
-static bool entry_valid(const char *path, const char *key) {
-    size_t len;
-    char *data = read_file(path, &len);
-    if (!data) return false;
-    bool ok = false;
-    if (len > FOOTER_BYTES) {
-        const unsigned char *f = (const unsigned char *)data + len - FOOTER_BYTES;
-        size_t payload = len - FOOTER_BYTES;
-        ok = memcmp(f, FOOTER_MAGIC, 8) == 0 && get_u64(f + 8) == payload &&
-             get_u64(f + 16) == kiln_codegen_hash(data, payload, key_seed(key));
-    }
-    free(data);
-    return ok;
+/* Whether data is a complete entry for key. */
+static bool entry_valid(const char *data, size_t len, const char *key) {
+    if (len <= FOOTER_BYTES) return false;
+    const unsigned char *f = (const unsigned char *)data + len - FOOTER_BYTES;
+    size_t payload = len - FOOTER_BYTES;
+    return memcmp(f, FOOTER_MAGIC, 8) == 0 && get_u64(f + 8) == payload &&
+           get_u64(f + 16) == kiln_codegen_hash(data, payload, key_seed(key));
 }
 
-/* Appends the footer to a freshly built object. */
-static bool add_footer(const char *path, const char *key) {
+/* Appends the footer to work file `name`, a freshly built object. */
+static bool add_footer(const kiln_work_dir *w, const char *name, const char *key) {
     size_t len;
-    char *data = read_file(path, &len);
+    char *data = kiln_work_read(w, name, &len);
     if (!data) return false;
     unsigned char f[FOOTER_BYTES];
     memcpy(f, FOOTER_MAGIC, 8);
     put_u64(f + 8, len);
     put_u64(f + 16, kiln_codegen_hash(data, len, key_seed(key)));
     free(data);
-    FILE *out = fopen(path, "ab");
-    if (!out) return false;
-    bool ok = fwrite(f, 1, sizeof f, out) == sizeof f;
-    return fclose(out) == 0 && ok;
+    return kiln_work_write(w, name, f, sizeof f, true);
 }
 
 /* ---- loading ------------------------------------------------------------------------------- */
@@ -324,30 +285,44 @@ static kiln_status remember(const char *key, void *handle) {
     return KILN_OK;
 }
 
-/* Builds source into `target` (a path); the compiler's messages go to the error on failure. */
-static kiln_status compile_to(const char *source, const char *dir, const char *target) {
-    char src[4096], log[4096];
-    snprintf(src, sizeof src, "%s/kernel.c", dir);
-    snprintf(log, sizeof log, "%s/log.txt", dir);
-    FILE *f = fopen(src, "wb");
-    if (!f) return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s: %s", src, strerror(errno));
-    size_t n = strlen(source);
-    bool ok = fwrite(source, 1, n, f) == n;
-    if (fclose(f) != 0 || !ok) return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s", src);
-    char *argv[64];
+/* A name no object of this process was loaded from. */
+static void fresh_name(char out[32]) { snprintf(out, 32, "object-%u.so", state.names++); }
+
+/* dlopen of work file `name`: *handle, or NULL with the loader's message in *why. */
+static void *open_object(const kiln_work_dir *w, const char *name, const char **why) {
+    char path[sizeof w->where + 48];
+    kiln_work_path(w, name, path, sizeof path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    *why = h ? NULL : dlerror();
+    return h;
+}
+
+/* Builds source in w into work file `target`; the compiler's messages go to the error on failure. */
+static kiln_status compile_in(const kiln_work_dir *w, const char *source, const char *target) {
+    if (!kiln_work_write(w, "kernel.c", source, strlen(source), false))
+        return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write kernel.c in %s: %s", w->where, strerror(errno));
+    char **argv = calloc((size_t)state.cc_argc + NFLAGS + 4, sizeof *argv);
+    int log = kiln_work_open(w, "log.txt");
+    if (!argv || log < 0) {
+        free(argv);
+        if (log >= 0) close(log);
+        return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot start the compiler: %s", strerror(errno));
+    }
     int argc = 0;
     for (int k = 0; k < state.cc_argc; k++) argv[argc++] = state.cc_argv[k];
     for (int k = 0; k < NFLAGS; k++) argv[argc++] = (char *)compile_flags[k];
     argv[argc++] = "-o";
     argv[argc++] = (char *)target;
-    argv[argc++] = src;
-    argv[argc] = NULL;
-    int status;
+    argv[argc++] = "kernel.c";
     double t0 = now_seconds();
-    int err = run_process(argv, log, &status);
+    pid_t pid;
+    int err = spawn(argv, w->fd, log, &pid);
+    close(log);
+    free(argv);
+    int status = err == 0 ? wait_for(pid) : -1;
     state.stats.compile_seconds += now_seconds() - t0;
     if (err != 0 || status != 0) {
-        char *text = read_file(log, NULL);
+        char *text = kiln_work_read(w, "log.txt", NULL);
         if (text && strlen(text) > 1500) text[1500] = '\0';
         kiln_status s = kiln_error(KILN_ERR_RUNTIME, "codegen: %s failed (%s): %s", state.cc_argv[0],
                                    err ? strerror(err) : "exit status", text ? text : "");
@@ -358,49 +333,52 @@ static kiln_status compile_to(const char *source, const char *dir, const char *t
     return KILN_OK;
 }
 
+/* The cache's entry for key, copied into w under a fresh name and loaded, when it is complete and
+ * has probe_symbol: the handle, else NULL (an entry that is there but unusable is removed). */
+static void *load_entry(const kiln_cache_dir *c, const kiln_work_dir *w, const char *key, const char *entry,
+                        const char *probe_symbol) {
+    size_t len;
+    char *data = kiln_cache_read(c, entry, &len);
+    if (!data) return NULL;
+    char name[32];
+    fresh_name(name);
+    const char *why;
+    void *h = entry_valid(data, len, key) && kiln_work_write(w, name, data, len, false) ? open_object(w, name, &why)
+                                                                                          : NULL;
+    free(data);
+    if (h && dlsym(h, probe_symbol)) {
+        state.stats.disk_hits++;
+        return h;
+    }
+    if (h) dlclose(h); /* loads, but lacks what it should have */
+    state.stats.rebuilt++; /* corrupt, truncated or unloadable: built again */
+    kiln_cache_remove(c, entry);
+    return NULL;
+}
+
 /* Finds the object for key on disk or builds it; *handle stays loaded for the process. */
 static kiln_status build_and_load(const char *source, const char *key, const char *probe_symbol, void **handle) {
-    char dirpath[4096], entry[4096 + 64], tmp[4096 + 96];
-    bool use_disk = cache_dir(dirpath, sizeof dirpath);
-    if (use_disk) {
-        snprintf(entry, sizeof entry, "%s/%s.so", dirpath, key);
-        if (access(entry, F_OK) == 0) {
-            if (entry_valid(entry, key)) {
-                void *h = dlopen(entry, RTLD_NOW | RTLD_LOCAL);
-                if (h && dlsym(h, probe_symbol)) {
-                    state.stats.disk_hits++;
-                    *handle = h;
-                    return KILN_OK;
-                }
-            }
-            state.stats.rebuilt++; /* corrupt, truncated or unloadable: built again below */
-            unlink(entry);
-        }
-    }
-    char *dir = make_temp_dir();
-    if (!dir) return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot create a temporary directory: %s", strerror(errno));
-    if (use_disk)
-        snprintf(tmp, sizeof tmp, "%s/%s.tmp.%ld.%u.so", dirpath, key, (long)getpid(), state.tmp_counter++);
-    else
-        snprintf(tmp, sizeof tmp, "%s/kernel.so", dir);
-    kiln_status s = compile_to(source, dir, tmp);
-    const char *load_path = tmp;
-    if (s == KILN_OK && use_disk) {
-        if (add_footer(tmp, key) && rename(tmp, entry) == 0) {
-            load_path = entry;
-        } else {
-            unlink(tmp);
-            use_disk = false;
-            s = kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s", entry);
-        }
-    }
+    kiln_cache_dir c;
+    kiln_work_dir w;
+    char entry[48], name[32];
+    snprintf(entry, sizeof entry, "%s.so", key);
+    bool use_disk = kiln_cache_open(&c);
+    kiln_status s = kiln_work_dir_make(&c, &w);
     void *h = NULL;
-    if (s == KILN_OK) {
-        h = dlopen(load_path, RTLD_NOW | RTLD_LOCAL);
-        if (!h) s = kiln_error(KILN_ERR_RUNTIME, "codegen: dlopen failed: %s", dlerror());
+    if (s == KILN_OK && use_disk) h = load_entry(&c, &w, key, entry, probe_symbol);
+    if (s == KILN_OK && !h) {
+        fresh_name(name);
+        s = compile_in(&w, source, name);
+        if (s == KILN_OK && !add_footer(&w, name, key))
+            s = kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write %s in %s", name, w.where);
+        const char *why = NULL;
+        if (s == KILN_OK && !(h = open_object(&w, name, &why)))
+            s = kiln_error(KILN_ERR_RUNTIME, "codegen: dlopen failed: %s", why ? why : "");
+        /* loaded: into the cache under its key (unless the directory changed meanwhile) */
+        if (s == KILN_OK && use_disk) kiln_cache_publish(&c, &w, name, entry);
     }
-    if (!use_disk) unlink(tmp); /* the mapping stays valid */
-    remove_temp_dir(dir);
+    kiln_work_dir_remove(&w); /* everything in it: loaded objects stay mapped */
+    kiln_cache_close(&c);
     if (s == KILN_OK) *handle = h;
     return s;
 }
@@ -539,10 +517,21 @@ void kiln_codegen_describe(kiln_codegen_description *out) {
         n += len;
     }
     pthread_mutex_lock(&state.lock);
-    if (compiler_ready(false) && state.cc_identity)
-        snprintf(out->identity, sizeof out->identity, "%s", state.cc_identity);
-    out->cache_usable = cache_dir(out->cache_dir, sizeof out->cache_dir);
+    if (compiler_ready(false) && state.cc_identity) {
+        /* cc_identity is "<path>\n<argv joined by 0x1f>\n<--version output>": its version's first line */
+        const char *version = strchr(state.cc_identity, '\n');
+        version = version ? strchr(version + 1, '\n') : NULL;
+        if (version) {
+            version++;
+            int len = (int)strcspn(version, "\n");
+            snprintf(out->identity, sizeof out->identity, "%.*s", len, version);
+        }
+    }
     pthread_mutex_unlock(&state.lock);
+    kiln_cache_dir c;
+    out->cache_usable = kiln_cache_open(&c);
+    snprintf(out->cache_dir, sizeof out->cache_dir, "%s", c.path);
+    kiln_cache_close(&c);
 }
 
 /* Whether name is an entry's: 32 hex digits, then ".so". */
@@ -554,18 +543,22 @@ static bool is_entry_name(const char *name) {
 
 kiln_status kiln_codegen_cache_scan(bool clear, int64_t *entries, int64_t *bytes) {
     *entries = *bytes = 0;
-    char dirpath[4096];
-    pthread_mutex_lock(&state.lock);
-    bool usable = cache_dir(dirpath, sizeof dirpath);
-    pthread_mutex_unlock(&state.lock);
-    if (!usable) {
+    kiln_cache_dir c;
+    if (!kiln_cache_open(&c)) {
         struct stat st;
-        if (stat(dirpath, &st) != 0 && errno == ENOENT) return KILN_OK;
+        if (!c.path[0] || (stat(c.path, &st) != 0 && errno == ENOENT)) return KILN_OK;
         return kiln_error(KILN_ERR_RUNTIME, "codegen cache: %s is not a usable cache directory (it must be a directory of this user's that others cannot write)",
-                          dirpath);
+                          c.path);
     }
-    DIR *d = opendir(dirpath);
-    if (!d) return kiln_error(KILN_ERR_RUNTIME, "codegen cache: cannot read %s: %s", dirpath, strerror(errno));
+    const char *dirpath = c.path;
+    int fd = openat(c.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset (a dup shares the sweep's) */
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        kiln_status s = kiln_error(KILN_ERR_RUNTIME, "codegen cache: cannot read %s: %s", dirpath, strerror(errno));
+        if (fd >= 0) close(fd);
+        kiln_cache_close(&c);
+        return s;
+    }
     kiln_status s = KILN_OK;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -581,5 +574,6 @@ kiln_status kiln_codegen_cache_scan(bool clear, int64_t *entries, int64_t *bytes
         *bytes += (int64_t)st.st_size;
     }
     closedir(d);
+    kiln_cache_close(&c);
     return s;
 }

@@ -34,6 +34,10 @@ static void emit_fail(kiln_strbuf *t, int32_t i) {
 static void emit_step(kiln_strbuf *t, const kiln_graph *g, const kiln_sink_step *st, int32_t i) {
     const kiln_node *nd = &g->nodes[st->node];
     kiln_strbuf_printf(t, "    /* step %d: %s */\n", i, kiln_op_table[nd->op].name);
+    if (st->kind != KILN_SINK_VIEW) { /* an interrupt request: one load and a branch not taken */
+        kiln_strbuf_printf(t, "    if (__builtin_expect(*stop != 0, 0) && (s = e->interrupted()) != 0) {\n"
+                              "        e->step = %d;\n        return s;\n    }\n", i);
+    }
     if (st->native) { /* a fused group, or a lone elementwise node */
         int nops = 1 + st->nin;
         kiln_strbuf_printf(t, "    {\n        static const int64_t shape[%d] = {", st->ndim);
@@ -96,7 +100,8 @@ kiln_status kiln_sink_emit(const kiln_graph *g, const kiln_sink_step *steps, int
     emit_types(&head);
     kiln_strbuf_printf(&head, "int ");
     kiln_strbuf_printf(&tail, "(kiln_sink_env *e) {\n    kiln_tensor **const t = e->t;\n    char **const d = e->d;\n"
-                              "    int s = 0;\n    (void)t, (void)d, (void)s;\n");
+                              "    const volatile int *const stop = e->stop;\n"
+                              "    int s = 0;\n    (void)t, (void)d, (void)s, (void)stop;\n");
     for (int32_t i = 0; i < nsteps; i++) emit_step(&tail, g, &steps[i], i);
     kiln_strbuf_printf(&tail, "    return 0;\n}\n");
     kiln_status s = KILN_OK;

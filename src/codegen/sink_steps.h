@@ -52,6 +52,8 @@ typedef struct kiln_sink_step {
     void (*release)(kiln_tensor *);                                                                  \
     void (*bump)(kiln_tensor *);                                                                     \
     void (*poison)(kiln_tensor *);                                                                   \
+    const volatile int *stop;    /* nonzero: an interrupt was requested (checked before steps) */    \
+    STATUS (*interrupted)(void); /* then: its status on this thread (0: go on) */                    \
     int step;
 
 typedef struct kiln_sink_env {

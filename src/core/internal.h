@@ -3,6 +3,7 @@
 #define KILN_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,19 @@ kiln_status kiln_error_check(int64_t id);
         if (!(cond)) kiln_assert_fail(#cond, __FILE__, __LINE__);                           \
     } while (0)
 _Noreturn void kiln_assert_fail(const char *what, const char *file, int line);
+
+/* ---- interrupts (interrupt.c) --------------------------------------------------------- */
+
+extern _Atomic int kiln_interrupt_flag; /* nonzero: kiln_interrupt() asked runs to stop */
+/* The slow path of kiln_check_interrupt: KILN_ERR_INTERRUPTED when the request is for this thread. */
+kiln_status kiln_interrupt_status(void);
+
+/* Between kernels and loop iterations: one load and a branch taken only after an interrupt. */
+static inline kiln_status kiln_check_interrupt(void) {
+    if (__builtin_expect(atomic_load_explicit(&kiln_interrupt_flag, memory_order_relaxed) != 0, 0))
+        return kiln_interrupt_status();
+    return KILN_OK;
+}
 
 /* ---- allocation ----------------------------------------------------------------------- */
 

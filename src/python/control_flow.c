@@ -69,6 +69,8 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     if (s == KILN_OK && (nout < 1 || nout > KILN_MAX_OUTPUTS))
         s = kiln_error(KILN_ERR_VALUE, "%s: %d values (between 1 and %d are supported)", kiln_op_table[op].name, nout,
                        KILN_MAX_OUTPUTS);
+    if (s == KILN_OK && pykiln_interrupt_stale() < 0) goto done;
+    pykiln_interrupt_arm(); /* a loop runs here, the GIL held: Ctrl-C stops it */
     if (s == KILN_OK) s = kiln_apply(op, (int)nin + nlifted, in, &a, out);
     if (s != KILN_OK) {
         pykiln_raise(s);

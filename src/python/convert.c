@@ -42,6 +42,7 @@ PyObject *pykiln_raise(kiln_status s) {
     PyObject *type;
     switch (s) {
     case KILN_ERR_CHECK: return raise_check();
+    case KILN_ERR_INTERRUPTED: return pykiln_raise_interrupted();
     case KILN_ERR_VALUE: type = PyExc_ValueError; break;
     case KILN_ERR_TYPE: type = PyExc_TypeError; break;
     case KILN_ERR_INDEX: type = PyExc_IndexError; break;

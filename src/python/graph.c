@@ -32,6 +32,19 @@ static kiln_status run_graph(PyExecutable *p, int nin, kiln_tensor *const *in, k
     return kiln_executable_run(p->exe, nin, in, p->nout, out);
 }
 
+/* run_graph from Python: the GIL released for real work (kiln's SIGINT handler armed: Ctrl-C stops
+ * the run), a stale interrupt request settled first (KILN_ERR_INTERRUPTED when that raised). */
+static kiln_status run_graph_python(PyExecutable *p, int nin, kiln_tensor *const *in, kiln_tensor **out) {
+    if (pykiln_interrupt_stale() < 0) return KILN_ERR_INTERRUPTED;
+    if (!p->release_gil) return run_graph(p, nin, in, out);
+    kiln_status s;
+    pykiln_interrupt_arm();
+    Py_BEGIN_ALLOW_THREADS
+    s = run_graph(p, nin, in, out);
+    Py_END_ALLOW_THREADS
+    return s;
+}
+
 static void executable_dealloc(PyObject *self) {
     PyExecutable *p = (PyExecutable *)self;
     kiln_executable_free(p->exe);
@@ -65,14 +78,7 @@ static PyObject *executable_vectorcall(PyObject *self, PyObject *const *args, si
         }
         in[k] = pykiln_unwrap(args[k]);
     }
-    kiln_status s;
-    if (p->release_gil) {
-        Py_BEGIN_ALLOW_THREADS
-        s = run_graph(p, (int)nargs, in, out);
-        Py_END_ALLOW_THREADS
-    } else {
-        s = run_graph(p, (int)nargs, in, out);
-    }
+    kiln_status s = run_graph_python(p, (int)nargs, in, out);
     if (s != KILN_OK) {
         pykiln_raise(s);
         goto done;
@@ -110,14 +116,7 @@ PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_
     PyExecutable *p = (PyExecutable *)exe;
     kiln_tensor *in[8], *out = NULL;
     for (Py_ssize_t k = 0; k < nargs; k++) in[k] = pykiln_unwrap(args[k]);
-    kiln_status s;
-    if (p->release_gil) {
-        Py_BEGIN_ALLOW_THREADS
-        s = run_graph(p, (int)nargs, in, &out);
-        Py_END_ALLOW_THREADS
-    } else {
-        s = run_graph(p, (int)nargs, in, &out);
-    }
+    kiln_status s = run_graph_python(p, (int)nargs, in, &out);
     if (s != KILN_OK) return pykiln_raise(s);
     return pykiln_wrap(out);
 }

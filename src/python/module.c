@@ -105,6 +105,7 @@ static PyObject *wrap_outputs(kiln_tensor **out, int nout) {
 }
 
 PyObject *pykiln_apply(kiln_op op, PyObject *inputs, const kiln_attrs *attrs) {
+    if (pykiln_interrupt_stale() < 0) return NULL;
     kiln_tensor *small[8], **in = small;
     Py_ssize_t nin = 0;
     bool fast = PyTuple_Check(inputs) && PyTuple_GET_SIZE(inputs) <= 8;
@@ -222,6 +223,8 @@ static PyObject *py_grad(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    if (pykiln_interrupt_stale() < 0) goto done;
+    pykiln_interrupt_arm(); /* a loop's gradient may run long */
     kiln_status s = kiln_autograd_grad((int)nout, outs, gouts, (int)nin, ins, create_graph, grads);
     if (s != KILN_OK) {
         pykiln_raise(s);
@@ -406,7 +409,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         pykiln_guard_recorder_init_type(m) < 0 || pykiln_tree_init(m) < 0 ||
         pykiln_shape_init(m) < 0 || pykiln_cell_init(m) < 0 ||
         pykiln_reductions_init(m) < 0 || pykiln_elementwise_init(m) < 0 ||
-        pykiln_frame_hook_init(m) < 0 || pykiln_config_init(m) < 0) {
+        pykiln_frame_hook_init(m) < 0 || pykiln_config_init(m) < 0 || pykiln_interrupt_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }

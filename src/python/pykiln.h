@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "core/internal.h"
 #include "kiln/kiln.h"
 
 /* A Python tensor owns one reference to a C tensor. */
@@ -117,5 +118,19 @@ PyObject *pykiln_code_facts(PyObject *code);
 PyObject *pykiln_read_names(PyObject *code);
 /* Registers CodeFacts and code_facts (code_facts.c). */
 int pykiln_code_facts_init_type(PyObject *module);
+
+/* Interrupts (interrupt.c): kiln's SIGINT handler in front of Python's, installed at import. */
+int pykiln_interrupt_init(void);
+/* Before a run that may take long (GIL released, a loop): kiln's handler back in front when Python
+ * code replaced it (one sigaction call). */
+void pykiln_interrupt_arm(void);
+/* A request left from a SIGINT Python handled outside a run: on the main thread it is cleared and
+ * Python's pending handler runs (-1 with its exception set). */
+int pykiln_interrupt_settle(void);
+static inline int pykiln_interrupt_stale(void) {
+    return atomic_load_explicit(&kiln_interrupt_flag, memory_order_relaxed) ? pykiln_interrupt_settle() : 0;
+}
+/* The exception of a run that stopped with KILN_ERR_INTERRUPTED (pykiln_raise calls it). */
+PyObject *pykiln_raise_interrupted(void);
 
 #endif

@@ -264,6 +264,11 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
                      "pass gradient= for a tensor of %lld elements", (long long)t->numel);
         return NULL;
     }
+    if (pykiln_interrupt_stale() < 0) {
+        kiln_tensor_release(g);
+        return NULL;
+    }
+    pykiln_interrupt_arm(); /* a loop's gradient may run long */
     kiln_status s = kiln_autograd_backward(1, &t, &g);
     kiln_tensor_release(g);
     if (s != KILN_OK) return pykiln_raise(s);

@@ -1,6 +1,7 @@
 /* The runtime of control-flow nodes: `if` runs one of two compiled subgraphs, `while` loops a
  * compiled cond and body entirely in C, `while_grad` reruns the loop keeping every iteration's
- * values and runs the backward body over them in reverse. Used by the kbk backend (executables
+ * values and runs the backward body over them in reverse. Every iteration checks for an
+ * interrupt request (kiln_interrupt), so a loop that never ends can be stopped. Used by the kbk backend (executables
  * of the nested plans of the enclosing plan) and by the eager kernels (registered bodies,
  * compiled on the call). */
 #include "control_flow.h"
@@ -184,6 +185,7 @@ static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *
         kiln_tensor_release(first);
     }
     for (int64_t it = 0; s == KILN_OK && pred; it++) {
+        if ((s = kiln_check_interrupt()) != KILN_OK) break;
         kiln_tensor **dst = it % 2 == 0 ? out : spare;
         for (int k = 0; k < nloop && s == KILN_OK; k++)
             if (!dst[k]) s = kiln_tensor_empty_like_meta(&out[k]->meta, &dst[k]);
@@ -242,6 +244,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         state[k] = in[k];
     }
     for (bool go = true; go && s == KILN_OK;) {
+        if ((s = kiln_check_interrupt()) != KILN_OK) break;
         if (steps == cap) {
             int64_t ncap = cap ? cap * 2 : 16;
             kiln_tensor **grown = realloc(history, sizeof *grown * (size_t)(ncap * nloop));
@@ -266,6 +269,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     }
     /* backward: (v_t..., lifted..., g_{t+1}...) -> (g_t..., glifted_t...) */
     for (int64_t t = steps - 1; t >= 0 && s == KILN_OK; t--) {
+        if ((s = kiln_check_interrupt()) != KILN_OK) break;
         memcpy(state, history + t * nloop, sizeof *state * (size_t)nloop);
         s = kiln_executable_run(c->exe[2], nin, state, nout, res);
         for (int k = 0; k < nloop; k++) state[k] = NULL; /* borrowed from history */

@@ -1,7 +1,7 @@
 /* The kernel-by-kernel backend ("kbk"): runs a plan by calling each node's kernel directly in the
  * plan's order (no inference, no autograd, no dispatch at run time), over the plan's arena;
  * fused groups through their prepared kernels, control-flow nodes through executables of their
- * nested plans. */
+ * nested plans. An interrupt request (kiln_interrupt) is checked before each node. */
 #include <pthread.h>
 
 #include "../codegen/fused.h"
@@ -73,6 +73,7 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
     kiln_tensor *small_in[8], **ins = small_in;
     int cap_in = 8;
     for (int32_t i = 0; i < p->norder && s == KILN_OK; i++) {
+        if ((s = kiln_check_interrupt()) != KILN_OK) break;
         const kiln_node *nd = &g->nodes[p->order[i]];
         const kiln_op_info *info = &kiln_op_table[nd->op];
         if (nd->nin > cap_in) {

@@ -12,6 +12,8 @@
  * through the codegen driver (same disk cache) and loaded; without a compiler, or with
  * KILN_DISABLE_CODEGEN=1, an interpreted loop runs the same steps.
  *
+ * Both check for an interrupt request (kiln_interrupt) before each step.
+ *
  * The dry run fixes the inputs' layouts: contiguous. An input arriving in another layout is
  * copied to a contiguous tensor, unless the graph writes it in place or returns it (then that
  * call runs on the kernel-by-kernel backend, prepared over the same plan and arena). Graphs with
@@ -392,7 +394,8 @@ static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void 
         s->env = (kiln_sink_env){.t = s->t, .d = s->d, .k = s->kernels, .a = s->attrs, .fk = s->fused,
                                  .gf = s->group_fns, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
                                  .release = kiln_tensor_release, .bump = kiln_tensor_bump_version,
-                                 .poison = env_poison};
+                                 .poison = env_poison, .stop = (const volatile int *)&kiln_interrupt_flag,
+                                 .interrupted = kiln_interrupt_status};
         st = generate(s);
     }
     if (st != KILN_OK) {
@@ -415,6 +418,7 @@ static kiln_status interpret(kiln_sink *s) {
     kiln_status st = KILN_OK;
     for (int32_t i = 0; i < s->nsteps && st == KILN_OK; i++) {
         const kiln_sink_step *step = &s->steps[i];
+        if (step->kind != KILN_SINK_VIEW && (st = kiln_check_interrupt()) != KILN_OK) break;
         if (step->nin > cap) {
             kiln_tensor **grown = malloc(sizeof *grown * (size_t)step->nin);
             if (!grown) {
@@ -526,7 +530,7 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     kiln_status st = bind(s, inputs, copies);
     if (st == KILN_OK) {
         st = s->fn ? (kiln_status)s->fn(&s->env) : interpret(s);
-        if (st != KILN_OK) step_error(s, st);
+        if (st != KILN_OK && st != KILN_ERR_INTERRUPTED) step_error(s, st);
     }
     for (int k = 0; k < nout && st == KILN_OK; k++) {
         int32_t v = g->outputs[k];

@@ -1,6 +1,10 @@
 """Shared helpers for the Python op tests: dtypes and tolerances, non-contiguous inputs made
-from NumPy arrays, NumPy comparison and a central-difference gradient checker."""
+from NumPy arrays, NumPy comparison, a central-difference gradient checker and fresh interpreters."""
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -233,3 +237,23 @@ def check_grad(fn, *args, argnums=None, eps=1e-6, rtol=1e-5, atol=1e-7, seed=0):
         assert got.dtype is kiln.float64, f"grad of arg {i}: dtype {got.dtype}"
         np.testing.assert_allclose(to_numpy(got), expected, rtol=rtol, atol=atol,
                                    err_msg=f"gradient of argument {i}")
+
+
+# ---- fresh interpreters ---------------------------------------------------------------
+
+
+def python_env(**extra):
+    """os.environ with kiln importable, plus `extra`."""
+    python_dir = os.path.dirname(os.path.dirname(kiln.__file__))
+    return dict(os.environ, PYTHONPATH=python_dir + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+
+
+def python_command(code):
+    """argv running `code` (dedented) in a fresh interpreter."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def run_isolated(code, timeout=120, **env):
+    """Runs code in a fresh interpreter (environment python_env(**env)); returns (returncode, stdout + stderr)."""
+    p = subprocess.run(python_command(code), capture_output=True, text=True, env=python_env(**env), timeout=timeout)
+    return p.returncode, p.stdout + p.stderr

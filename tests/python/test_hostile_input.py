@@ -2,27 +2,14 @@
 in-place writes raise, set_num_threads is range-checked, huge shapes raise instead of overflowing.
 The reproducers that used to crash the process run in a subprocess, so a crash fails the test
 instead of killing pytest."""
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
 import kiln
+from conftest import run_isolated
 from kiln import nn, ops
 
 READ_ONLY = "assignment destination is read-only"
-PYTHON_DIR = os.path.dirname(os.path.dirname(kiln.__file__))
-
-
-def run_isolated(code):
-    """Runs code in a fresh interpreter; returns (returncode, stdout + stderr)."""
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                       timeout=120)
-    return p.returncode, p.stdout + p.stderr
 
 
 def read_only_f32(n=4):
