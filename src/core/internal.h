@@ -35,16 +35,30 @@ _Noreturn void kiln_assert_fail(const char *what, const char *file, int line);
 
 /* ---- allocation ----------------------------------------------------------------------- */
 
+/* Every allocation of the library goes through these (src/core/alloc.c), never straight to
+ * malloc: on failure they return NULL with a KILN_ERR_MEMORY message set, and tests can make the
+ * n-th one fail (kiln_alloc_fail_nth). */
+void *kiln_malloc(size_t nbytes); /* freed with free() */
+void *kiln_calloc(size_t count, size_t size);
+void *kiln_realloc(void *p, size_t nbytes); /* on failure p stays valid */
+
 #define KILN_ALIGN 64
 void *kiln_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure (message set) */
 void kiln_free(void *p);
 /* Returns cached free blocks to the system. */
 void kiln_alloc_trim(void);
 
+/* Fault injection, for tests: the n-th allocation from now on (n >= 1) fails, once; 0 turns it
+ * off. kiln_alloc_count says how many allocations were made since, kiln_alloc_fault_fired
+ * whether the n-th was reached. */
+void kiln_alloc_fail_nth(int64_t n);
+int64_t kiln_alloc_count(void);
+bool kiln_alloc_fault_fired(void);
+
 /* A malloc'd copy of s (strdup is not C11); NULL when out of memory. */
 static inline char *kiln_strdup(const char *s) {
     size_t n = strlen(s) + 1;
-    char *c = malloc(n);
+    char *c = kiln_malloc(n);
     if (c) memcpy(c, s, n);
     return c;
 }

@@ -151,7 +151,7 @@ static kiln_status define(parser *p, idmap *map, int64_t tid, int32_t value) {
     if (tid >= map->cap) {
         int32_t ncap = map->cap ? map->cap : 64;
         while (ncap <= tid) ncap *= 2;
-        int32_t *grown = realloc(map->ids, sizeof(int32_t) * (size_t)ncap);
+        int32_t *grown = kiln_realloc(map->ids, sizeof(int32_t) * (size_t)ncap);
         if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
         for (int32_t k = map->cap; k < ncap; k++) grown[k] = -1;
         map->ids = grown;
@@ -310,7 +310,7 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
         do {
             if (nin == cap) {
                 cap = cap ? cap * 2 : 8;
-                int32_t *grown = realloc(in, sizeof(int32_t) * (size_t)cap);
+                int32_t *grown = kiln_realloc(in, sizeof(int32_t) * (size_t)cap);
                 if (!grown) {
                     s = kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
                     break;
@@ -390,7 +390,7 @@ static kiln_status ret(parser *p, kiln_graph *g, const idmap *map) {
         do {
             if (n == cap) {
                 cap = cap ? cap * 2 : 16;
-                int32_t *grown = realloc(outs, sizeof(int32_t) * (size_t)cap);
+                int32_t *grown = kiln_realloc(outs, sizeof(int32_t) * (size_t)cap);
                 if (!grown) {
                     s = kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
                     break;

@@ -253,7 +253,7 @@ static kiln_status pool_run(pool_kind kind, const pool_geom *g, kiln_tensor *a, 
         else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);
     }
     pool_span *hs = NULL;
-    if (s == KILN_OK && !(hs = malloc(sizeof(pool_span) * (size_t)(g->OH + g->OW))))
+    if (s == KILN_OK && !(hs = kiln_malloc(sizeof(pool_span) * (size_t)(g->OH + g->OW))))
         s = kiln_error(KILN_ERR_MEMORY, "pooling: out of memory");
     if (s == KILN_OK) {
         pool_spans(g->OH, g->H, g->kh, g->sh, g->pt, g->pb, g->dh, g->include_pad, hs);

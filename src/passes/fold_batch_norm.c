@@ -70,7 +70,7 @@ KILN_PASS(fold_batch_norm) {
     *out = NULL;
     if (!opt->inference) return KILN_OK;
     int32_t *uses = kiln_graph_use_counts(in);
-    int32_t *conv_of = malloc(sizeof(int32_t) * (size_t)(in->nnodes ? in->nnodes : 1)); /* bn -> its conv */
+    int32_t *conv_of = kiln_malloc(sizeof(int32_t) * (size_t)(in->nnodes ? in->nnodes : 1)); /* bn -> its conv */
     if (!uses || !conv_of) {
         free(uses), free(conv_of);
         return kiln_error(KILN_ERR_MEMORY, "out of memory in fold_batch_norm");
@@ -91,7 +91,7 @@ KILN_PASS(fold_batch_norm) {
     }
     kiln_status s = KILN_OK;
     if (found) {
-        bool *folded_conv = calloc((size_t)in->nnodes, sizeof(bool));
+        bool *folded_conv = kiln_calloc((size_t)in->nnodes, sizeof(bool));
         kiln_rewriter rw;
         s = folded_conv ? kiln_rewriter_begin(&rw, in) : kiln_error(KILN_ERR_MEMORY, "out of memory in fold_batch_norm");
         for (int32_t i = 0; i < in->nnodes && s == KILN_OK; i++)
