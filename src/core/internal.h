@@ -138,6 +138,7 @@ kiln_status kiln_tensor_empty_like_meta(const kiln_meta *m, kiln_tensor **out);
 double kiln_tensor_get_double(const kiln_tensor *t, int64_t index);
 
 /* half and bfloat16 <-> float */
+#ifdef __FLT16_MAX__
 static inline float kiln_f16_to_f32(uint16_t h) {
     _Float16 v;
     memcpy(&v, &h, 2);
@@ -149,6 +150,53 @@ static inline uint16_t kiln_f32_to_f16(float f) {
     memcpy(&h, &v, 2);
     return h;
 }
+#else
+/* Compilers without _Float16 on this target (clang 14 on x86, which builds the fuzzers): the
+ * same conversions in integer arithmetic, rounding to nearest even (F. Giesen's). */
+static inline float kiln_f16_to_f32(uint16_t h) {
+    const uint32_t shifted_exp = 0x7c00u << 13;
+    uint32_t o = ((uint32_t)h & 0x7fffu) << 13, exp = o & shifted_exp;
+    o += (uint32_t)(127 - 15) << 23;
+    if (exp == shifted_exp) {
+        o += (uint32_t)(128 - 16) << 23; /* inf, NaN */
+    } else if (exp == 0) {               /* zero, subnormal: renormalize */
+        const uint32_t magic_u = 113u << 23;
+        float f, magic;
+        o += 1u << 23;
+        memcpy(&f, &o, 4);
+        memcpy(&magic, &magic_u, 4);
+        f -= magic;
+        memcpy(&o, &f, 4);
+    }
+    o |= ((uint32_t)h & 0x8000u) << 16;
+    float r;
+    memcpy(&r, &o, 4);
+    return r;
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+    const uint32_t inf = 255u << 23, f16max = (127u + 16) << 23, denorm_magic_u = ((127u - 15) + (23 - 10) + 1) << 23;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint16_t o;
+    if (u >= f16max) {
+        o = u > inf ? 0x7e00 : 0x7c00; /* NaN, or too large: inf */
+    } else if (u < (113u << 23)) {     /* subnormal or zero: the float addition rounds */
+        float v, magic;
+        memcpy(&v, &u, 4);
+        memcpy(&magic, &denorm_magic_u, 4);
+        v += magic;
+        memcpy(&u, &v, 4);
+        o = (uint16_t)(u - denorm_magic_u);
+    } else {
+        uint32_t mant_odd = (u >> 13) & 1;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfff + mant_odd;
+        o = (uint16_t)(u >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+#endif
 static inline float kiln_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
