@@ -433,10 +433,8 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
                 kiln_tensor_release(g);
             }
         }
-        if (gin != gin_small) {
-            kiln_release_all(gin, n->nin);
-            free(gin);
-        }
+        kiln_release_all(gin, n->nin); /* what an error left unconsumed */
+        if (gin != gin_small) free(gin);
         if (needs_p != needs) free(needs_p);
         kiln_release_all(it->grads, n->nout); /* done with this node: free memory early */
     }

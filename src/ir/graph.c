@@ -234,11 +234,12 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
         c->nlocs = c->cap_locs = l + 1;
     }
     for (int32_t k = 0; k < g->nsubgraphs; k++) {
-        kiln_graph *sub;
+        kiln_graph *sub = NULL;
         int32_t idx;
         kiln_status s = kiln_graph_clone(g->subgraphs[k], &sub);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(c, sub, &idx);
         if (s != KILN_OK) {
+            kiln_graph_free(sub);
             kiln_graph_free(c);
             return s;
         }

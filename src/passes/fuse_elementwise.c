@@ -178,7 +178,7 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
     if (s == KILN_OK) s = kiln_graph_set_outputs(sub, 1, &sub_map[rv]);
     int32_t index = -1;
     if (s == KILN_OK) s = kiln_graph_add_subgraph(rw->dst, sub, &index);
-    else kiln_graph_free(sub);
+    if (s != KILN_OK) kiln_graph_free(sub);
     if (s != KILN_OK) return s;
     const kiln_meta *m = &g->values[rv].meta;
     kiln_attrs a = {0};

@@ -21,10 +21,11 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
         s = kiln_graph_add_loc(rw->dst, src->locs[l], &id);
     }
     for (int32_t k = 0; k < src->nsubgraphs && s == KILN_OK; k++) {
-        kiln_graph *sub;
+        kiln_graph *sub = NULL;
         int32_t idx;
         s = kiln_graph_clone(src->subgraphs[k], &sub);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(rw->dst, sub, &idx);
+        if (s != KILN_OK) kiln_graph_free(sub);
     }
     if (s != KILN_OK) kiln_rewriter_abort(rw);
     return s;
