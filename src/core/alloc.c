@@ -1,8 +1,9 @@
 /* The one place kiln allocates: kiln_malloc / kiln_calloc / kiln_realloc (plain blocks, freed
  * with free()) and kiln_alloc / kiln_free (64-byte aligned blocks for tensor data, large ones
  * cached), with the byte counters of kiln_memory_in_use and, for tests, fault injection: after
- * kiln_alloc_fail_nth(n) the n-th allocation made through any of them fails, as the system's
- * would (NULL, KILN_ERR_MEMORY), so the tests can check that every failure is handled. */
+ * kiln_alloc_fail_nth(n, persist) the n-th allocation made through any of them fails (and, with
+ * persist, every one after it), as the system's would (NULL, KILN_ERR_MEMORY), so the tests can
+ * check that every failure is handled. */
 #include "internal.h"
 
 #include <pthread.h>
@@ -13,12 +14,13 @@
 static _Atomic bool fault_armed;    /* read by every allocation: off, it costs one relaxed load */
 static _Atomic int64_t fault_count; /* allocations since kiln_alloc_fail_nth */
 static _Atomic int64_t fault_nth;
-static _Atomic bool fault_fired;
+static _Atomic bool fault_fired, fault_persist;
 
-void kiln_alloc_fail_nth(int64_t n) {
+void kiln_alloc_fail_nth(int64_t n, bool persist) {
     atomic_store(&fault_armed, false);
     atomic_store(&fault_count, 0);
     atomic_store(&fault_nth, n);
+    atomic_store(&fault_persist, persist);
     atomic_store(&fault_fired, false);
     atomic_store(&fault_armed, n > 0);
 }
@@ -29,7 +31,8 @@ bool kiln_alloc_fault_fired(void) { return atomic_load(&fault_fired); }
 /* Whether this allocation is the one to fail. */
 static bool inject_failure(void) {
     if (!atomic_load_explicit(&fault_armed, memory_order_relaxed)) return false;
-    if (atomic_fetch_add(&fault_count, 1) + 1 != atomic_load(&fault_nth)) return false;
+    int64_t k = atomic_fetch_add(&fault_count, 1) + 1, n = atomic_load(&fault_nth);
+    if (k < n || (k > n && !atomic_load(&fault_persist))) return false;
     atomic_store(&fault_fired, true);
     return true;
 }

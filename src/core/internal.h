@@ -48,10 +48,10 @@ void kiln_free(void *p);
 /* Returns cached free blocks to the system. */
 void kiln_alloc_trim(void);
 
-/* Fault injection, for tests: the n-th allocation from now on (n >= 1) fails, once; 0 turns it
- * off. kiln_alloc_count says how many allocations were made since, kiln_alloc_fault_fired
- * whether the n-th was reached. */
-void kiln_alloc_fail_nth(int64_t n);
+/* Fault injection, for tests: the n-th allocation from now on (n >= 1) fails, and with persist
+ * every later one too (memory stays exhausted); 0 turns it off. kiln_alloc_count says how many
+ * allocations were made since, kiln_alloc_fault_fired whether the n-th was reached. */
+void kiln_alloc_fail_nth(int64_t n, bool persist);
 int64_t kiln_alloc_count(void);
 bool kiln_alloc_fault_fired(void);
 

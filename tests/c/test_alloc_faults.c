@@ -2,7 +2,7 @@
  * autograd backward of first and second order, a trace compiled and run, graph text -> optimize ->
  * compile -> run on both backends) runs once per
  * allocation it makes, with that allocation failing (kiln_alloc_fail_nth), until a run makes no
- * n-th allocation. Every run must return KILN_OK with the same result as without failures, or
+ * n-th allocation; then again with every allocation after the n-th failing too. Every run must return KILN_OK with the same result as without failures, or
  * KILN_ERR_MEMORY with an "out of memory" message; the tensor memory in use must come back to
  * what it was, and the sanitizer build (scripts/test.sh) checks that nothing else leaked and
  * nothing crashed. */
@@ -244,19 +244,19 @@ static kiln_status graph_sink_o2(double *result) { return graph_with(KILN_BACKEN
 
 /* ---- the sweep ----------------------------------------------------------------------------- */
 
-static void sweep(const char *name, kiln_status (*workload)(double *)) {
+static void sweep_mode(const char *name, kiln_status (*workload)(double *), bool persist) {
     double want = 0;
-    kiln_alloc_fail_nth(0);
+    kiln_alloc_fail_nth(0, false);
     CHECK_OK(workload(&want)); /* also fills process-wide caches before memory is compared */
     size_t in_use = kiln_memory_in_use();
     int64_t n = 1, failures = 0;
     for (;; n++) {
         kiln_clear_error();
         double got = 0;
-        kiln_alloc_fail_nth(n);
+        kiln_alloc_fail_nth(n, persist);
         kiln_status s = workload(&got);
         bool fired = kiln_alloc_fault_fired();
-        kiln_alloc_fail_nth(0);
+        kiln_alloc_fail_nth(0, false);
         if (s == KILN_ERR_MEMORY) {
             failures++;
             if (!strstr(kiln_last_error(), "out of memory")) {
@@ -281,9 +281,16 @@ static void sweep(const char *name, kiln_status (*workload)(double *)) {
         }
         if (!fired) break; /* the run made fewer than n allocations: all were tried */
     }
-    printf("%s: %lld allocations, each made to fail in turn: %lld runs returned KILN_ERR_MEMORY, the others "
-           "recovered\n", name, (long long)(n - 1), (long long)failures);
+    printf("%s: %lld allocations, each made to fail in turn%s: %lld runs returned KILN_ERR_MEMORY, the others "
+           "recovered\n", name, (long long)(n - 1), persist ? " with all after it" : "", (long long)failures);
     CHECK(n > 1);
+}
+
+/* Each allocation failing alone (the caller recovers), then with every later one failing too (the
+ * clean-up paths run out of memory as well). */
+static void sweep(const char *name, kiln_status (*workload)(double *)) {
+    sweep_mode(name, workload, false);
+    sweep_mode(name, workload, true);
 }
 
 int main(void) {
