@@ -1,5 +1,6 @@
 /* Allocation failures are handled everywhere: each workload (tensor creation and views, eager ops,
- * autograd backward of first and second order, a trace compiled and run, graph text -> optimize ->
+ * autograd backward of first and second order, a trace compiled and run, an eager while loop and
+ * its gradient, graph text -> optimize ->
  * compile -> run on both backends) runs once per
  * allocation it makes, with that allocation failing (kiln_alloc_fail_nth), until a run makes no
  * n-th allocation; then again with every allocation after the n-th failing too. Every run must return KILN_OK with the same result as without failures, or
@@ -9,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "check.h"
 #include "core/internal.h"
+#include "ir/control.h"
 
 #include <stdint.h>
 
@@ -239,6 +241,45 @@ done:
     return s;
 }
 
+/* the loop of graph_text run eagerly through registered bodies, and its gradient; every body
+ * (the backward's too) is freed with the results */
+static kiln_status eager_while(double *result) {
+    kiln_status s;
+    int64_t live = kiln_body_live_count();
+    kiln_graph *g = NULL;
+    kiln_tensor *x = NULL, *i = NULL, *sum = NULL, *gx = NULL;
+    kiln_tensor *y[2] = {NULL, NULL};
+    kiln_attrs a = {.ni = 3, .i = {-1, -1, 2}};
+    int64_t shape[2] = {2, 3};
+    TRY(make(2, shape, -0.2f, &x));
+    TRY(kiln_tensor_set_requires_grad(x, true));
+    TRY(kiln_tensor_zeros(KILN_DTYPE_INT64, 0, NULL, &i));
+    TRY(kiln_graph_parse(graph_text, &g));
+    for (int k = 0; k < 2; k++) {
+        kiln_graph *sub = NULL;
+        TRY(kiln_graph_clone(g->subgraphs[k], &sub));
+        TRY(kiln_body_register(sub, &a.i[k])); /* takes sub, also on failure */
+    }
+    kiln_tensor *in[2] = {i, x};
+    s = kiln_apply(KILN_OP_WHILE, 2, in, &a, y);
+    kiln_body_release(a.i[0]), kiln_body_release(a.i[1]); /* the tape node holds them */
+    a.i[0] = a.i[1] = -1;
+    if (s != KILN_OK) goto done;
+    kiln_attrs all = {.ni = 2, .i = {3, 0}};
+    TRY(kiln_apply1(KILN_OP_SUM, y[1], &all, &sum));
+    TRY(kiln_autograd_grad(1, &sum, NULL, 1, &x, false, &gx));
+    *result = sum_f32(sum) + sum_f32(gx);
+done:
+    kiln_body_release(a.i[0]), kiln_body_release(a.i[1]);
+    kiln_tensor_release(x), kiln_tensor_release(i), kiln_tensor_release(sum), kiln_tensor_release(gx);
+    kiln_release_all(y, 2);
+    kiln_graph_free(g);
+    if (kiln_body_live_count() != live)
+        return kiln_error(KILN_ERR_RUNTIME, "%lld control-flow bodies left alive",
+                          (long long)(kiln_body_live_count() - live));
+    return s;
+}
+
 static kiln_status graph_kbk_o1(double *result) { return graph_with(KILN_BACKEND_KBK, KILN_LEVEL_O1, result); }
 static kiln_status graph_sink_o2(double *result) { return graph_with(KILN_BACKEND_SINK, KILN_LEVEL_O2, result); }
 
@@ -300,6 +341,7 @@ int main(void) {
     sweep("backward", backward);
     sweep("second-order backward", second_order);
     sweep("trace, compile (kernel by kernel) and run", traced);
+    sweep("eager while loop and its gradient", eager_while);
     sweep("graph (O1, kernel by kernel)", graph_kbk_o1);
     sweep("graph (O2, sink)", graph_sink_o2);
     return check_failures ? 1 : 0;
