@@ -21,6 +21,7 @@ static kiln_status emit_scalar(kiln_rewriter *rw, double v, kiln_dtype dtype, in
     kiln_tensor *c = t;
     kiln_status s = KILN_OK;
     if (dtype != KILN_DTYPE_FLOAT64) {
+        c = NULL; /* (a failed allocation leaves it as it was: t, released just below) */
         s = kiln_tensor_empty(dtype, 0, NULL, &c);
         if (s == KILN_OK) s = kiln_copy_into(c, t);
         kiln_tensor_release(t);
