@@ -1,15 +1,16 @@
-/* Allocation failures are handled everywhere: each workload (tensor creation and views, eager ops,
+/* Allocation failures are handled everywhere. Each workload (tensor creation and views, eager ops,
  * autograd backward of first and second order, a trace compiled and run, an eager while loop and
- * its gradient, graph text -> optimize ->
- * compile -> run on both backends) runs once per
- * allocation it makes, with that allocation failing (kiln_alloc_fail_nth), until a run makes no
- * n-th allocation; then again with every allocation after the n-th failing too. Every run must return KILN_OK with the same result as without failures, or
- * KILN_ERR_MEMORY with an "out of memory" message; the tensor memory in use must come back to
- * what it was, and the sanitizer build (scripts/test.sh) checks that nothing else leaked and
- * nothing crashed. */
+ * its gradient, convolution graphs, the C source of fused kernels, graph text optimized, compiled
+ * and run on both backends) runs once per allocation it makes, with that allocation failing
+ * (kiln_alloc_fail_nth), until a run makes no n-th allocation; then again with every allocation
+ * after the n-th failing too. Every run must return KILN_OK with the same result as without
+ * failures, or KILN_ERR_MEMORY with an "out of memory" message; the tensor memory in use must come
+ * back to what it was, and the sanitizer build (scripts/test.sh) checks that nothing else leaked
+ * and nothing crashed. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "check.h"
 #include "core/internal.h"
+#include "codegen/codegen.h"
 #include "ir/control.h"
 
 #include <stdint.h>
@@ -360,6 +361,35 @@ done:
     return s;
 }
 
+/* the C source of every fused kernel of graph_text at O1 (generated, not compiled) */
+static kiln_status codegen(double *result) {
+    kiln_status s;
+    kiln_graph *g = NULL;
+    char *source = NULL;
+    TRY(kiln_graph_parse(graph_text, &g));
+    kiln_pass_options popt = {.level = KILN_LEVEL_O1};
+    TRY(kiln_optimize(&g, &popt));
+    *result = 0;
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if (n->op != KILN_OP_FUSED) continue;
+        const kiln_graph *sub = g->subgraphs[n->attrs.i[0]];
+        if (!kiln_codegen_supports(sub)) continue;
+        int8_t inner[KILN_MAX_OUTPUTS + 8];
+        for (int k = 0; k <= n->nin; k++) inner[k] = kiln_codegen_has_rows(sub) ? KILN_INNER_FIXED : KILN_INNER_UNIT;
+        char symbol[48];
+        TRY(kiln_codegen_emit(sub, inner, &source, symbol));
+        *result += (double)strlen(source);
+        free(source);
+        source = NULL;
+    }
+    if (*result == 0) s = kiln_error(KILN_ERR_RUNTIME, "codegen workload: no fused kernel to generate");
+done:
+    free(source);
+    kiln_graph_free(g);
+    return s;
+}
+
 /* ---- the sweep ----------------------------------------------------------------------------- */
 
 static void sweep_mode(const char *name, kiln_status (*workload)(double *), bool persist) {
@@ -425,5 +455,6 @@ int main(void) {
     sweep("convolution, batch norm (training), pooling backward", conv_backward);
     sweep("graph (O1, kernel by kernel)", graph_kbk_o1);
     sweep("graph (O2, sink)", graph_sink_o2);
+    sweep("C source of fused kernels", codegen);
     return check_failures ? 1 : 0;
 }
