@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 import numpy as np
+import pytest
 
 import kiln
 from kiln import nn, ops
@@ -96,6 +97,38 @@ def _default_for(name):
     return "T((2, 3))"
 
 
+IDX = "kiln.Tensor(np.array([0, 1]), kiln.int64)"
+IDX23 = "kiln.Tensor(np.zeros((2, 3), np.int64), kiln.int64)"
+# where a function needs more than _default_for's guess for the untargeted arguments to be valid
+# (so that the hostile one reaches the checks, and the C code, behind them)
+FN_DEFAULTS = {
+    "conv2d": {"input": "T((1, 2, 5, 5))", "weight": "T((3, 2, 3, 3))"},
+    "max_pool2d": {"input": "T((1, 2, 5, 5))", "kernel_size": "2"},
+    "avg_pool2d": {"input": "T((1, 2, 5, 5))", "kernel_size": "2"},
+    "batch_norm": {"input": "T((2, 3, 4, 4))", "running_mean": "T((3,))", "running_var": "T((3,))",
+                   "weight": "T((3,))", "bias": "T((3,))"},
+    "layer_norm": {"normalized_shape": "(3,)"},
+    "rms_norm": {"weight": "T((3,))"},
+    "embedding": {"input": IDX, "weight": "T((4, 3))"},
+    "gather": {"input_indices": IDX},
+    "gather_elements": {"index": IDX23},
+    "index_add": {"index": IDX, "source": "T((2, 3))"},
+    "index_select": {"index": IDX},
+    "scatter_add": {"index": IDX23, "src": "T((2, 3))"},
+    "linear": {"weight": "T((4, 3))"},
+    "dense": {"weight": "T((4, 3))"},
+    "narrow": {"start": "0", "length": "1"},
+    "split": {"split_size_or_sections": "1"},
+    "where": {"condition": "kiln.Tensor(np.ones((2, 3), bool), kiln.bool_)"},
+    "swapaxes": {"axis0": "0", "axis1": "1"},
+}
+# the input a constructed Cell is called on
+CELL_INPUT = {
+    "Conv2d": "T((1, 3, 5, 5))", "BatchNorm2d": "T((2, 3, 4, 4))", "MaxPool2d": "T((1, 2, 5, 5))",
+    "AvgPool2d": "T((1, 2, 5, 5))", "Embedding": IDX,
+}
+
+
 def _targets():
     """(kind, name, callable) for each public op function and nn class."""
     out = []
@@ -131,7 +164,7 @@ def cases():
                     if p is not target and p.default is not p.empty:
                         positional = positional and p.kind == p.VAR_POSITIONAL
                         continue  # an optional parameter not targeted keeps its default
-                    v = value if p is target else _default_for(p.name)
+                    v = value if p is target else FN_DEFAULTS.get(name, {}).get(p.name) or _default_for(p.name)
                     if p.kind == p.VAR_POSITIONAL or (p.kind != p.KEYWORD_ONLY and positional):
                         parts.append(v)
                     else:
@@ -167,8 +200,9 @@ def run_case(case_id, src, namespace):
     try:
         value = eval(src, namespace)
         if isinstance(value, nn.Cell) and case_id.startswith("nn."):
+            cls = case_id[3:].split("[", 1)[0]
             try:
-                value = value(namespace["T"]((2, 3)))
+                value = value(eval(CELL_INPUT.get(cls, "T((2, 3))"), namespace))
             except ACCEPTED:
                 return {"case": case_id, "outcome": "ok"}  # a cell that cannot take this input: fine
         bad = _check_result(value)
@@ -262,6 +296,50 @@ def test_bad_input_sweep():
                [f"message does not name the function: {u}" for u in unnamed]
     assert not problems, f"{len(problems)} of {len(ids)} cases:\n" + "\n".join(problems[:80])
     assert len(results) == len(ids)
+
+
+
+# ---- reproducers of wrong results the sweep's values led to ------------------------------------
+
+def _image():
+    return kiln.Tensor(np.random.default_rng(1).standard_normal((1, 2, 5, 5)).astype(np.float32))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(padding=2**63 - 1), "too large"),  # the padded size wrapped around: a (1, 3, 1, 1) result
+    (dict(padding=2**62), "too large"),
+    (dict(dilation=2**62), "too large"),
+    (dict(padding=(2**62, 1)), "too large"),
+])
+def test_conv2d_huge_geometry_raises(kwargs, message):
+    w = kiln.Tensor(np.ones((3, 2, 3, 3), np.float32))
+    with pytest.raises(ValueError, match=f"conv2d: .*{message}"):
+        ops.conv2d(_image(), w, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kernel_size=2**63 - 1), "larger than the padded input"),  # the dilated kernel wrapped: (1, 2, 1, 1)
+    (dict(kernel_size=3, dilation=2**62), "too large"),
+    (dict(kernel_size=3, stride=2**63 - 1, ceil_mode=True), "too large"),
+])
+def test_pool_huge_geometry_raises(kwargs, message):
+    for pool in (ops.max_pool2d, ops.avg_pool2d):
+        if "dilation" in kwargs and pool is ops.avg_pool2d:
+            continue
+        with pytest.raises(ValueError, match=message):
+            pool(_image(), **kwargs)
+
+
+def test_huge_stride_is_one_window():
+    """A stride past the input is fine: one window, as NumPy slicing would take (the reference)."""
+    x = _image()
+    got = np.asarray(ops.max_pool2d(x, 3, stride=2**63 - 1))
+    want = np.asarray(x)[:, :, :3, :3].max(axis=(2, 3), keepdims=True)
+    np.testing.assert_array_equal(got, want)
+    w = kiln.Tensor(np.ones((3, 2, 3, 3), np.float32))
+    got = np.asarray(ops.conv2d(x, w, stride=2**63 - 1))
+    want = np.broadcast_to(np.asarray(x)[:, :, :3, :3].sum(axis=(1, 2, 3)).reshape(1, 1, 1, 1), (1, 3, 1, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 if __name__ == "__main__":
