@@ -7,8 +7,9 @@ accepts its arguments is also called on a tensor.
 Every case must end in a TypeError / ValueError / IndexError / RuntimeError (or MemoryError, or
 kiln's subclasses) whose message names the function or the op it runs, or in a result whose values
 NumPy can read with the shape it reports, and never in a crash. The cases run in batches in child
-interpreters (this file run as a script); when a child dies or hangs, the cases it did not report
-are run one per child, so a crash fails the test naming its case."""
+interpreters (this file run as a script); when a child dies or hangs, the first case it did not
+report runs alone in a child of its own, so a crash fails the test naming its case, and the batch
+goes on after it."""
 import inspect
 import json
 import os
@@ -272,20 +273,23 @@ def test_bad_input_sweep():
     ids = [c for c, _ in all_cases]
     print(f"bad-input sweep: {len(ids)} cases over {len(_targets())} functions and constructors")
     results, crashed = {}, []
-    for start in range(0, len(ids), BATCH):
-        batch = ids[start:start + BATCH]
-        got, died = _run_child(batch, BATCH_TIMEOUT)
-        results.update((r["case"], r) for r in got)
-        if died:  # one child per case not reported
-            for case_id in batch:
-                if case_id in results:
-                    continue
-                got1, died1 = _run_child([case_id], CASE_TIMEOUT)
-                if died1 or not got1:
-                    crashed.append(f"{case_id}: {died1 or 'no result'}")
-                else:
-                    results[case_id] = got1[0]
     table = dict(all_cases)
+    for start in range(0, len(ids), BATCH):
+        pending = ids[start:start + BATCH]
+        while pending:
+            got, died = _run_child(pending, BATCH_TIMEOUT)
+            results.update((r["case"], r) for r in got)
+            rest = [c for c in pending if c not in results]
+            if not died or not rest:
+                break
+            # the first case the child did not report is the one it died in: alone, in its own child
+            suspect, pending = rest[0], rest[1:]
+            got1, died1 = _run_child([suspect], CASE_TIMEOUT)
+            if died1 or not got1:
+                crashed.append(f"{suspect} ({table[suspect]}): {died1 or 'no result'}")
+            else:
+                crashed.append(f"{suspect} ({table[suspect]}): killed its batch ({died}), but not alone")
+                results[suspect] = got1[0]
     bad = [f"{r['case']} ({table[r['case']]}): {r['why']}" for r in results.values() if r["outcome"] == "bad"]
     unnamed = [f"{r['case']} ({table[r['case']]}): {r['type']}: {r['msg']}" for r in results.values()
                if r["outcome"] == "raised" and not _names_op(r["case"], r["msg"])]
