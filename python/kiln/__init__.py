@@ -2,7 +2,7 @@
 from . import _C
 from ._C import bfloat16, bool, float16, float32, float64, int8, int32, int64  # noqa: A004
 from ._C import dtype
-from ._tensor import Tensor, from_numpy, tensor
+from ._tensor import Tensor, from_dlpack, from_numpy, tensor
 from . import ops
 from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad
 from . import nn

@@ -9,8 +9,9 @@ from ._optable import OP
 class Tensor(_C.TensorBase):
     """An n-dimensional array on the CPU: Tensor(input_data, dtype=None).
 
-    input_data is a NumPy array, a Python number, a nested list or another Tensor (always copied;
-    kiln.from_numpy shares memory). Python floats default to float32, ints to int64."""
+    input_data is a NumPy array, a Python number, a nested list, another Tensor or an object with
+    __dlpack__ such as a PyTorch or JAX tensor (always copied; kiln.from_numpy and kiln.from_dlpack
+    share memory). Python floats default to float32, ints to int64."""
 
     __slots__ = ()
 
@@ -299,6 +300,18 @@ def from_numpy(array):
     updates, compiled graphs writing it) raises ValueError("... assignment destination is
     read-only"), as NumPy does. Use kiln.Tensor(array) for a writable copy."""
     return _C.from_numpy(array)
+
+
+def from_dlpack(x, /, *, device=None, copy=None):
+    """A tensor sharing the memory of x through DLPack — no copy: x is a NumPy array, a PyTorch or
+    JAX tensor or anything else with __dlpack__ (or a DLPack capsule), on the CPU.
+
+    The producer's memory stays alive until this tensor and every view of it are gone. A producer
+    that marks its export read-only (DLPack 1.0's flag: a NumPy array that is not writeable, ...)
+    gives a read-only tensor, as kiln.from_numpy does. Strides of any sign and byte offsets are
+    kept; a dtype kiln lacks raises TypeError, a device other than the CPU BufferError.
+    device: None, "cpu" or (1, 0). copy=True gives a writable copy in kiln's own memory instead."""
+    return _C.from_dlpack(x, device=device, copy=copy)
 
 
 def tensor(data, dtype=None):

@@ -213,6 +213,8 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like) {
     if (PyFloat_CheckExact(value)) return scalar_tensor(PyFloat_AS_DOUBLE(value), 0, false, weak_scalar_dtype(value, like));
     kiln_tensor *t = wrap_buffer(value);
     if (t || PyErr_Occurred()) return t;
+    /* a PyTorch or JAX tensor, ...: shared through DLPack (Tensor() then copies it) */
+    if (PyObject_HasAttrString(value, "__dlpack__")) return pykiln_tensor_from_dlpack(value);
     if (PyList_Check(value) || PyTuple_Check(value)) {
         /* nested sequences go through NumPy, then default float64 -> float32 as in MindSpore */
         PyObject *np = PyImport_ImportModule("numpy");

@@ -15,7 +15,6 @@
 
 #include "pykiln.h"
 
-enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
 enum { STEP_ATTR, STEP_ITEM, STEP_CELL };
 
 typedef struct {
@@ -327,6 +326,10 @@ static PyTypeObject PyGuardSet_Type = {
     .tp_init = guardset_init,
     .tp_new = PyType_GenericNew,
 };
+
+PyObject *pykiln_guardset_new(PyObject *specs) {
+    return PyObject_CallOneArg((PyObject *)&PyGuardSet_Type, specs);
+}
 
 int pykiln_is_guardset(PyObject *o) { return PyObject_TypeCheck(o, &PyGuardSet_Type); }
 

@@ -104,6 +104,30 @@ static PyObject *wrap_outputs(kiln_tensor **out, int nout) {
     return tup;
 }
 
+PyObject *pykiln_apply(kiln_op op, PyObject *inputs, const kiln_attrs *attrs) {
+    kiln_tensor *small[8], **in = small;
+    Py_ssize_t nin = 0;
+    bool fast = PyTuple_Check(inputs) && PyTuple_GET_SIZE(inputs) <= 8;
+    if (fast) { /* borrowed tensors straight from the tuple */
+        nin = PyTuple_GET_SIZE(inputs);
+        for (Py_ssize_t k = 0; k < nin && fast; k++) {
+            PyObject *item = PyTuple_GET_ITEM(inputs, k);
+            fast = pykiln_is_tensor(item);
+            if (fast) in[k] = pykiln_unwrap(item);
+        }
+    }
+    bool owned = !fast;
+    if (owned) {
+        in = tensors_from_seq(inputs, &nin);
+        if (!in) return NULL;
+    }
+    kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
+    kiln_status s = kiln_apply(op, (int)nin, in, attrs, out);
+    if (owned) free_tensors(in, nin);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return wrap_outputs(out, kiln_op_nout(op, attrs));
+}
+
 /* apply(op: int, inputs: sequence, ints=(), floats=()) -> Tensor | tuple */
 static PyObject *py_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -119,27 +143,7 @@ static PyObject *py_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     kiln_attrs attrs;
     if (parse_attrs(nargs > 2 ? args[2] : NULL, nargs > 3 ? args[3] : NULL, &attrs) != 0) return NULL;
-    kiln_tensor *small[8], **in = small;
-    Py_ssize_t nin = 0;
-    bool fast = PyTuple_Check(args[1]) && PyTuple_GET_SIZE(args[1]) <= 8;
-    if (fast) { /* borrowed tensors straight from the tuple */
-        nin = PyTuple_GET_SIZE(args[1]);
-        for (Py_ssize_t k = 0; k < nin && fast; k++) {
-            PyObject *item = PyTuple_GET_ITEM(args[1], k);
-            fast = pykiln_is_tensor(item);
-            if (fast) in[k] = pykiln_unwrap(item);
-        }
-    }
-    bool owned = !fast;
-    if (owned) {
-        in = tensors_from_seq(args[1], &nin);
-        if (!in) return NULL;
-    }
-    kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
-    kiln_status s = kiln_apply((kiln_op)op, (int)nin, in, &attrs, out);
-    if (owned) free_tensors(in, nin);
-    if (s != KILN_OK) return pykiln_raise(s);
-    return wrap_outputs(out, kiln_op_nout((kiln_op)op, &attrs));
+    return pykiln_apply((kiln_op)op, args[1], &attrs);
 }
 
 /* infer(op, inputs, ints=(), floats=()) -> list of (shape, dtype) */
@@ -370,6 +374,8 @@ static PyMethodDef module_methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
     {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array (read-only if the buffer is)"},
+    {"from_dlpack", (PyCFunction)(void (*)(void))pykiln_from_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "from_dlpack(x, /, *, device=None, copy=None): a tensor sharing the memory of a DLPack producer"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
@@ -388,7 +394,11 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&kiln_module);
     if (!m) return NULL;
     if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
-        pykiln_guards_init_type(m) < 0) {
+        pykiln_guards_init_type(m) < 0 || pykiln_code_facts_init_type(m) < 0 ||
+        pykiln_guard_recorder_init_type(m) < 0 || pykiln_tree_init(m) < 0 ||
+        pykiln_shape_init(m) < 0 || pykiln_cell_init(m) < 0 ||
+        pykiln_reductions_init(m) < 0 || pykiln_elementwise_init(m) < 0 ||
+        pykiln_frame_hook_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,6 +44,12 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
 /* dtype object or None/NULL -> kiln_dtype; -1 with TypeError set. */
 int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 
+/* DLPack (dlpack.c): Tensor.__dlpack__ and __dlpack_device__, kiln.from_dlpack, and the tensor
+ * sharing the memory of an object with __dlpack__ or of a DLPack capsule (NULL with an error set). */
+PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *pykiln_tensor_dlpack_device(PyObject *self, PyObject *unused);
+PyObject *pykiln_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs);
+kiln_tensor *pykiln_tensor_from_dlpack(PyObject *obj);
 /* Tensor indexing: x[key] and x[key] = value (indexing.c) */
 PyObject *pykiln_tensor_getitem(PyObject *self, PyObject *key);
 int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value);
@@ -59,10 +65,58 @@ extern PyMethodDef pykiln_control_functions[];
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
+/* How a guard compares the value its path reaches with the one it expects (guards.c). */
+enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
 /* Registers GuardSet and its mode constants (guards.c). */
 int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);
+/* GuardSet(specs): specs is a list of (root, path, expected, mode) (new reference). */
+PyObject *pykiln_guardset_new(PyObject *specs);
+/* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
+int pykiln_tree_init(PyObject *module);
+/* kiln._C.apply without the parsing: inputs is a sequence of tensors, or values converted next to
+ * the first tensor (NumPy 2's weak scalars); a tensor, or a tuple for several outputs (module.c). */
+PyObject *pykiln_apply(kiln_op op, PyObject *inputs, const kiln_attrs *attrs);
+/* Registers kiln._C.FrameHook (frame_hook.c). */
+int pykiln_frame_hook_init(PyObject *module);
+/* Registers kiln._C.Elementwise (elementwise.c). */
+int pykiln_elementwise_init(PyObject *module);
+/* An op's tensor argument as a new reference: itself, or Tensor(x) for anything else. */
+PyObject *pykiln_as_tensor(PyObject *x);
+/* After a failed call of the op function `op`: Python's own exception (from a conversion deep
+ * inside) whose message names no op becomes "op: message" (shape_args.c). */
+void pykiln_name_error(const char *op);
+/* One axis in [0, ndim) (a 0-d tensor accepts 0 and -1); -1 with an exception naming op set. */
+int pykiln_normalize_axis(const char *op, PyObject *axis, int ndim);
+/* The bitmask of the axes `axis` names (None: all) as a Python int; NULL with an exception set. */
+PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim);
+/* Registers kiln._C.Reduction (reductions.c). */
+int pykiln_reductions_init(PyObject *module);
+/* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
+int pykiln_shape_init(PyObject *module);
+/* Whether o is a kiln.nn.Cell (cell.c). */
+int pykiln_is_cell(PyObject *o);
+/* Registers CellBase and the Cell log functions (cell.c). */
+int pykiln_cell_init(PyObject *module);
+/* Registers GuardRecorder (guard_recorder.c). */
+int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
 int pykiln_guards_hold(PyObject *guards);
+
+/* One bytecode instruction (code_facts.c): EXTENDED_ARG folded into arg, CACHE entries skipped;
+ * name is the name or constant the argument designates (borrowed from the code object), or NULL. */
+typedef struct {
+    int op, arg, line, offset;
+    PyObject *name;
+} pykiln_instr;
+/* Decodes a code object's bytecode into *out (PyMem_Free it); -1 with an exception set, also on
+ * a Python other than 3.11. */
+int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count);
+/* kiln._C.code_facts(code): the CodeFacts of a code object (new reference; cached on the code). */
+PyObject *pykiln_code_facts(PyObject *code);
+/* kiln._C.read_names(code): (globals, cell variables) code and its nested code load and never store. */
+PyObject *pykiln_read_names(PyObject *code);
+/* Registers CodeFacts and code_facts (code_facts.c). */
+int pykiln_code_facts_init_type(PyObject *module);
 
 #endif

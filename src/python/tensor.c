@@ -303,6 +303,10 @@ static PyMethodDef tensor_methods[] = {
     {"backward", tensor_backward, METH_VARARGS, "accumulate gradients of this tensor into the leaves' .grad"},
     {"item", tensor_item, METH_NOARGS, "the single element as a Python scalar"},
     {"_grad_fn_name", tensor_op_name, METH_NOARGS, "name of the op that produced this tensor, if recorded"},
+    {"__dlpack__", (PyCFunction)(void (*)(void))pykiln_tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule sharing this "
+     "tensor's memory"},
+    {"__dlpack_device__", pykiln_tensor_dlpack_device, METH_NOARGS, "(1, 0): DLPack's CPU device"},
     {NULL, NULL, 0, NULL},
 };
 

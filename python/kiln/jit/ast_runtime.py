@@ -273,38 +273,11 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
     return tuple(out)
 
 
-def _flatten_result(obj, leaves):
-    """A branch's return value as (structure, tensor leaves); numbers become tensors."""
-    if _selectable(obj):
-        leaves.append(_as_tensor(obj))
-        return "T"
-    if isinstance(obj, (tuple, list)):
-        return (type(obj), tuple(_flatten_result(o, leaves) for o in obj))
-    if isinstance(obj, dict):
-        return (dict, tuple(obj), tuple(_flatten_result(v, leaves) for v in obj.values()))
-    return ("const", obj)
-
-
-def _unflatten_result(spec, leaves):
-    if spec == "T":
-        return next(leaves)
-    kind = spec[0]
-    if kind == "const":
-        return spec[1]
-    if kind is dict:
-        return {k: _unflatten_result(s, leaves) for k, s in zip(spec[1], spec[2])}
-    items = [_unflatten_result(s, leaves) for s in spec[1]]
-    return tuple(items) if kind is tuple else items
-
-
-def _same_spec(a, b):
-    if a == "T" or b == "T":
-        return a == b
-    if a[0] == "const" or b[0] == "const":
-        return a[0] == b[0] and (a[1] is b[1] or a[1] == b[1])
-    if a[0] != b[0] or len(a[-1]) != len(b[-1]) or (a[0] is dict and a[1] != b[1]):
-        return False
-    return all(_same_spec(x, y) for x, y in zip(a[-1], b[-1]))
+# A value an if on a tensor chooses, as (structure, tensor leaves) and back; numbers become
+# 0-d tensors (kiln._C.tree, src/python/tree.c, describes the structure)
+_flatten_result = _C.tree.branch_flatten  # (value, leaves) -> spec
+_unflatten_result = _C.tree.branch_unflatten  # (spec, iterator of the selected tensors) -> value
+_same_spec = _C.tree.same_branch_spec  # (a, b): one structure (and equal constants) on both paths
 
 
 def _select(pred, true_fn, false_fn, loc, what):
@@ -729,10 +702,7 @@ def _library_constructs():
 def call_cell(cell, construct, args, kwargs):
     """A Cell called from converted code: logged for the training-mode guards, then its
     converted construct."""
-    from ..nn import cell as cell_module
-
-    if cell_module._call_log is not None:
-        cell_module._call_log.append(cell)
+    _C.log_cell_call(cell)
     return construct(cell, *args, **kwargs)
 
 

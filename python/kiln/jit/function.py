@@ -73,31 +73,13 @@ class _Entry:
         return None if k < 0 else self.guard_names[k]
 
 
-def _cells_training(objs):
-    from ..nn import Cell
-
-    return tuple(o.training for o in objs if isinstance(o, Cell))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _user_frame_tracer(tracer, on_call=None):
     """A sys.settrace hook that tells the tracer the user's source line of each op (and shows
-    on_call, when given, each frame of user code as it starts)."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def local(frame, event, arg):
-        if event == "line":
-            tracer.set_loc(f"{frame.f_code.co_filename}:{frame.f_lineno}")
-        return local
-
-    def global_(frame, event, arg):
-        name = frame.f_code.co_filename
-        if event != "call" or name.startswith(package_dir) or name.startswith("<frozen"):
-            return None
-        if on_call is not None:
-            on_call(frame)
-        return local
-
-    return global_
+    on_call, when given, each frame of user code as it starts); C: kiln._C.FrameHook."""
+    return _C.FrameHook(tracer, _PACKAGE_DIR, on_call)
 
 
 def bind_inputs(tracer, spec, leaves):
@@ -116,16 +98,13 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
     (STRICT: a JitSyntaxError naming the statement)."""
-    from ..nn import cell as cell_module
-
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
     recorder = guards.Recorder(top=fn)
     prev_trace = sys.gettrace()
-    prev_log, prev_writes = cell_module._call_log, cell_module._write_log
-    cell_module._call_log = called = []
-    cell_module._write_log = writes = []
+    called, writes = [], []
+    prev_logs = _C.set_cell_logs(called, writes)  # the Cells called and the writes on Cells
     prev_reasons = getattr(_local, "not_replayable", None)
     _local.not_replayable = reasons = []
     try:
@@ -135,7 +114,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
-            cell_module._write_log = prev_writes
+            _C.set_cell_logs(called, prev_logs[1])
         reads, where = tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)
@@ -150,8 +129,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
                                    backend=options.backend)
     finally:
         tracer.end()
-        cell_module._call_log = prev_log
-        cell_module._write_log = prev_writes
+        _C.set_cell_logs(*prev_logs)
         _local.not_replayable = prev_reasons
     if reasons:
         raise NotReplayable(reasons[0], tree.unflatten(out_spec, [t.detach() if isinstance(t, _C.TensorBase)
@@ -297,11 +275,9 @@ class JitFunction(_C.JitDispatcher):
             return trace_call(self._capture_target(), args, kwargs, self.options)
 
     def _key(self, args, kwargs):
-        leaves = []
-        spec = tree.flatten((args, kwargs), leaves)
-        sig = tuple((t.dtype.id, t.shape, t.requires_grad) for t in leaves)
-        extra = (_C.is_grad_enabled(), _cells_training((self.fn, self._self) + tuple(args)))
-        return (spec, sig, extra), leaves
+        """((spec of the arguments, per tensor (dtype id, shape, requires_grad), (grad mode, the
+        training mode of each Cell among fn, self and the arguments)), the tensors); in C."""
+        return _C.tree.call_key(args, kwargs, (self.fn, self._self))
 
     def _slow_call(self, *args, **kwargs):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
@@ -389,7 +365,7 @@ class JitFunction(_C.JitDispatcher):
         self._warned = True
         stale = [e.failed_guard() for e in self._cache.get(key, ())]
         changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._cache
-                    else _describe_change(self._keys[-1], key))
+                    else _C.tree.describe_change(self._keys[-1], key))
         warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
@@ -458,10 +434,7 @@ class JitFunction(_C.JitDispatcher):
 
 def _call_cell_body(cell, args, kwargs):
     """A cell's construct, logged for the training-mode guards like a call through Cell.__call__."""
-    from ..nn import cell as cell_module
-
-    if cell_module._call_log is not None:
-        cell_module._call_log.append(cell)
+    _C.log_cell_call(cell)
     return cell.construct(*args, **kwargs)
 
 
@@ -490,25 +463,6 @@ def _convert_target(fn):
         conv = ast_runtime.convert_function(call)
         return lambda *a, **k: conv(fn, *a, **k)
     raise ast_convert.source_error(fn, f"a {type(fn).__name__} has no Python source")
-
-
-def _describe_change(old, new):
-    (ospec, osig, oextra), (nspec, nsig, nextra) = old, new
-    if oextra != nextra:
-        return "the grad or training mode"
-    if ospec != nspec:
-        oa, na = ospec[1][0][1], nspec[1][0][1]  # positional args of (args, kwargs)
-        for i, (a, b) in enumerate(zip(oa, na)):
-            if a != b:
-                return f"argument {i} ({tree.describe(a)} -> {tree.describe(b)})"
-        return "the argument structure"
-    tensor_pos = 0
-    for (od, osh, org), (nd, nsh, nrg) in zip(osig, nsig):
-        if (od, osh, org) != (nd, nsh, nrg):
-            what = "shape" if osh != nsh else ("dtype" if od != nd else "requires_grad")
-            return f"the {what} of tensor argument {tensor_pos} ({osh} -> {nsh})"
-        tensor_pos += 1
-    return "the signature"
 
 
 def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",

@@ -21,7 +21,6 @@ bit. Tensors reached through a global or closure name are also checked in Python
 another tensor, and with capture_as_const a changed value, are mismatches; a captured tensor
 reached otherwise (an attribute, a dict) and replaced by one of the same type is not noticed.
 """
-import dis
 import functools
 import os
 import sys
@@ -29,7 +28,6 @@ import threading
 import warnings
 
 from .. import _C
-from ..nn import cell as _cell_module
 from . import tree
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
@@ -43,51 +41,7 @@ class TraceMismatchError(RuntimeError):
 
 # ---- arguments -------------------------------------------------------------------------
 
-def _leaf_labels(spec, path, out):
-    """Names of the tensor leaves of a (args, kwargs) spec, in order: x, args[1][0], kwargs['k']."""
-    if spec == tree._TENSOR:
-        out.append(path)
-    elif spec[0] in ("tuple", "list"):
-        for k, s in enumerate(spec[1]):
-            _leaf_labels(s, f"{path}[{k}]", out)
-    elif spec[0] == "dict":
-        for k, s in zip(spec[1], spec[2]):
-            _leaf_labels(s, f"{path}[{k!r}]", out)
-    return out
-
-
-def _labels(spec):
-    args_spec, kwargs_spec = spec[1]
-    out = []
-    for k, s in enumerate(args_spec[1]):
-        _leaf_labels(s, f"args[{k}]", out)
-    for k, s in zip(kwargs_spec[1], kwargs_spec[2]):
-        _leaf_labels(s, k, out)
-    return out
-
-
-def _kind(spec):
-    return "a tensor" if spec == tree._TENSOR else f"a non-tensor ({tree.describe(spec)})"
-
-
-def _diff_spec(a, b, path, values):
-    """The first difference between two argument structures (non-tensor values too when
-    `values`), as text, or None."""
-    if a == b:
-        return None
-    if (a == tree._TENSOR) != (b == tree._TENSOR):
-        return f"{path} is {_kind(b)} this time but was {_kind(a)} when traced"
-    if a[0] != b[0] or (a[0] != "const" and (len(a[1]) != len(b[1]) or (a[0] == "dict" and a[1] != b[1]))):
-        return f"{path} is {tree.describe(b)} this time but was {tree.describe(a)} when traced"
-    if a[0] == "const":
-        return f"{path} is {b[3].value!r} this time but was {a[3].value!r} when traced" if values else None
-    keys = a[1] if a[0] == "dict" else range(len(a[1]))
-    items_a, items_b = (a[2], b[2]) if a[0] == "dict" else (a[1], b[1])
-    for k, sa, sb in zip(keys, items_a, items_b):
-        d = _diff_spec(sa, sb, f"{path}[{k!r}]", values)
-        if d:
-            return d
-    return None
+_labels = _C.tree.arg_labels  # labels of a call's tensor leaves, in order: x, args[1][0], kwargs['k']
 
 
 def _device(t):
@@ -97,39 +51,10 @@ def _device(t):
 def _check_call(old, new, verify):
     """Raises TraceMismatchError when a call's arguments differ from the traced call's in
     count, keywords, tensor-ness or structure (and non-tensor values unless `verify`: then the
-    re-run decides whether those mattered)."""
-    (oargs, okw), (nargs, nkw) = old[1], new[1]
-    if len(oargs[1]) != len(nargs[1]):
-        raise TraceMismatchError(f"different argument count: the function was traced with {len(oargs[1])} "
-                                 f"positional arguments, this call passes {len(nargs[1])}")
-    if okw[1] != nkw[1] and set(okw[1]) != set(nkw[1]):
-        raise TraceMismatchError(f"different keyword arguments: the function was traced with "
-                                 f"{sorted(okw[1])}, this call passes {sorted(nkw[1])}")
-    okw_items = dict(zip(okw[1], okw[2]))
-    nkw_items = dict(zip(nkw[1], nkw[2]))
-    to_tensor = sorted(k for k in nkw_items if nkw_items[k] == tree._TENSOR and okw_items[k] != tree._TENSOR)
-    to_other = sorted(k for k in nkw_items if nkw_items[k] != tree._TENSOR and okw_items[k] == tree._TENSOR)
-    if to_tensor:
-        raise TraceMismatchError("keyword arguments found to be tensor this time but were non-tensor when traced: "
-                                 + ", ".join(f"{k} (was {tree.describe(okw_items[k])})" for k in to_tensor))
-    if to_other:
-        raise TraceMismatchError("keyword arguments found to be non-tensor this time but were tensor when traced: "
-                                 + ", ".join(f"{k} (now {tree.describe(nkw_items[k])})" for k in to_other))
-    for values in (False, True):
-        if values and verify:
-            break
-        for k, (sa, sb) in enumerate(zip(oargs[1], nargs[1])):
-            d = _diff_spec(sa, sb, f"args[{k}]", values)
-            if d:
-                raise TraceMismatchError(d + _VALUES_HINT * values)
-        for k in okw[1]:
-            d = _diff_spec(okw_items[k], nkw_items[k], k, values)
-            if d:
-                raise TraceMismatchError(d + _VALUES_HINT * values)
-
-
-_VALUES_HINT = ("; with verify=False the trace can't check that the graph still holds for new non-tensor values "
-                "(pass them as tensors, or use verify=True)")
+    re-run decides whether those mattered); the comparison is kiln._C.tree.check_call."""
+    differs = _C.tree.check_call(old, new, verify)
+    if differs is not None:
+        raise TraceMismatchError(differs)
 
 
 # ---- globals and closure variables read by the function -----------------------------------
@@ -144,23 +69,6 @@ def _code_of(fn):
     return fn if hasattr(fn, "__code__") else None
 
 
-def _read_names(code):
-    """(global names, free variable names) the code loads and never stores, nested code included."""
-    loads, stores = (set(), set()), set()
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
-        for ins in dis.get_instructions(c):
-            if ins.opname == "LOAD_GLOBAL":
-                loads[0].add(ins.argval)
-            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
-                loads[1].add(ins.argval)
-            elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF", "DELETE_DEREF"):
-                stores.add(ins.argval)
-    return loads[0] - stores, loads[1] - stores
-
-
 class _Bindings:
     """The tensors a function reaches through globals and closure variables, by name. Used to
     notice a name rebound to another tensor between calls (the graph keeps the tensor it
@@ -171,7 +79,7 @@ class _Bindings:
         f = _code_of(fn)
         if f is None:
             return
-        global_names, free_names = _read_names(f.__code__)
+        global_names, free_names = _C.read_names(f.__code__)  # loaded and never stored
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
         for name in sorted(global_names):
             self.slots.append((f"global {name!r}", f.__globals__, name))
@@ -282,21 +190,21 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
     as recorded."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
-    prev_log = _cell_module._call_log
+    prev_logs = _C.cell_logs()
     cells = []
     try:
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
         if symbolic:
             _push_symbolic(tracer)
-        _cell_module._call_log = cells
+        _C.set_cell_logs(cells, prev_logs[1])
         sys.settrace(_user_frame_tracer(tracer))
         try:
             result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
-            _cell_module._call_log = prev_log
-            if prev_log is not None:
-                prev_log.extend(cells)
+            _C.set_cell_logs(*prev_logs)
+            if prev_logs[0] is not None:
+                prev_logs[0].extend(cells)
             if symbolic:
                 _pop_symbolic()
         out_leaves = []

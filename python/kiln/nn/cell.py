@@ -1,35 +1,24 @@
 """Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
 from collections import OrderedDict
 
+from .. import _C
 from .. import context as _context
 from .parameter import Parameter
 
-_object_setattr = object.__setattr__
+_object_setattr = _C.cell_set_raw  # an attribute write that neither registers nor bumps the version
+
+# While kiln.jit captures, the Cells called and the attribute writes on Cells are logged in the
+# lists given to kiln._C.set_cell_logs (see kiln.jit.function.trace_call and kiln.jit.guards).
+_C.cell_setup(Parameter, _context._context)
 
 
-# While kiln.jit traces, the list of Cells called (see kiln.jit.function.trace_call); else None.
-_call_log = None
-# While kiln.jit traces, the list of (cell, attribute name, "file:line") of attribute writes on
-# Cells: Python side effects a compiled graph would skip (see kiln.jit.guards); else None.
-_write_log = None
-
-
-def _touch(cell, name, depth=2):
-    """Bumps cell's state version (compiled graphs guard on it) after a write of attribute name,
-    and logs the write while a capture runs."""
-    d = cell.__dict__
-    d["_kiln_version"] = d.get("_kiln_version", 0) + 1
-    if _write_log is not None:
-        import sys
-
-        f = sys._getframe(depth)
-        _write_log.append((cell, name, f"{f.f_code.co_filename}:{f.f_lineno}"))
-
-
-class Cell:
+class Cell(_C.CellBase):
     """Base class of layers and networks. Subclasses call super().__init__() first, assign
     Parameters and sub-Cells as attributes (they are registered in assignment order) and
     define construct(*inputs); calling the cell runs construct.
+
+    Calling, and assigning or deleting attributes (which registers Parameters and sub-Cells and
+    bumps the state version compiled graphs guard on), are kiln._C.CellBase's, in C.
 
     `training` is False until set_train() (MindSpore's default)."""
 
@@ -40,24 +29,13 @@ class Cell:
         _object_setattr(self, "requires_grad", False)
         _object_setattr(self, "_auto_prefix", bool(auto_prefix))
         _object_setattr(self, "_jit_config", None)
-        _object_setattr(self, "_kiln_version", 0)  # bumped by attribute writes (see _touch)
+        _object_setattr(self, "_kiln_version", 0)  # bumped by attribute writes (kiln._C.CellBase)
         if flags:
             _object_setattr(self, "_flags", dict(flags))
 
     # ---- running ------------------------------------------------------------------------
     def construct(self, *inputs, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
-
-    def __call__(self, *args, **kwargs):
-        if _call_log is not None:  # a jit trace is running: it guards on the training mode of every Cell it saw
-            _call_log.append(self)
-        jitted = self.__dict__.get("_jitted")  # set_jit_config: run compiled (inside a trace, just record)
-        if _call_log is None:
-            if jitted is None and _context.graph_mode():
-                jitted = self._graph_mode_jit()
-            if jitted is not None:
-                return jitted(*args, **kwargs)
-        return self.construct(*args, **kwargs)
 
     def _graph_mode_jit(self):
         """kiln.jit of this cell with the default options, made once (set_context(mode=GRAPH_MODE))."""
@@ -71,48 +49,6 @@ class Cell:
         return jitted
 
     # ---- registration -------------------------------------------------------------------
-    def _registries(self, name):
-        try:
-            return self.__dict__["_params"], self.__dict__["_cells"]
-        except KeyError:
-            raise AttributeError(f"cannot assign {name!r} before {type(self).__name__}.__init__() "
-                                 f"calls super().__init__()") from None
-
-    def __setattr__(self, name, value):
-        if isinstance(value, Parameter):
-            params, cells = self._registries(name)
-            cells.pop(name, None)
-            params[name] = value
-            if value.name is None:
-                value.name = name
-                value._auto_name = True
-        elif isinstance(value, Cell):
-            params, cells = self._registries(name)
-            params.pop(name, None)
-            cells[name] = value
-            if self._auto_prefix:
-                for path, p in value.parameters_and_names():
-                    if p.name is None or getattr(p, "_auto_name", False):
-                        p.name = f"{name}.{path}"
-                        p._auto_name = True
-        elif "_params" in self.__dict__ and (name in self._params or name in self._cells):
-            kind = "parameter" if name in self._params else "cell"
-            if value is not None:
-                expected = "Parameter" if kind == "parameter" else "Cell"
-                raise TypeError(f"cannot assign a {type(value).__name__} to {kind} {name!r} of "
-                                f"{type(self).__name__} ({expected} or None expected)")
-            (self._params if kind == "parameter" else self._cells).pop(name)
-        _object_setattr(self, name, value)
-        _touch(self, name)
-
-    def __delattr__(self, name):
-        d = self.__dict__
-        if "_params" in d:
-            d["_params"].pop(name, None)
-            d["_cells"].pop(name, None)
-        object.__delattr__(self, name)
-        _touch(self, name)
-
     def insert_param_to_cell(self, param_name, param, check_name_contain_dot=True):
         """Registers param under param_name (like assigning it as an attribute)."""
         if not isinstance(param_name, str) or not param_name or (check_name_contain_dot and "." in param_name):

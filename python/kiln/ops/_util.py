@@ -5,41 +5,9 @@ import re
 from .. import _C
 
 apply = _C.apply
-
-
-def as_tensor(x):
-    """x as a kiln tensor. (Scalars mixed with tensors in one op are better passed to `apply`
-    as they are: it gives them the tensor's dtype the NumPy-2 way.)"""
-    if isinstance(x, _C.TensorBase):
-        return x
-    from .._tensor import Tensor
-
-    return Tensor(x)
-
-
-def normalize_axis(op, axis, ndim):
-    """One axis in [0, ndim) (a 0-d tensor accepts 0 and -1)."""
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
-    n = max(ndim, 1)
-    if axis < -n or axis >= n:
-        raise IndexError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
-    return axis + n if axis < 0 else axis
-
-
-def axes_mask(op, axis, ndim):
-    """Bitmask of reduced axes; None means every axis."""
-    if axis is None:
-        return (1 << ndim) - 1
-    if isinstance(axis, (list, tuple)):
-        mask = 0
-        for a in axis:
-            bit = 1 << normalize_axis(op, a, ndim)
-            if mask & bit:
-                raise ValueError(f"{op}: axis {a} appears twice in {tuple(axis)}")
-            mask |= bit
-        return mask
-    return 1 << normalize_axis(op, axis, ndim) if ndim else 0
+as_tensor = _C.shape.as_tensor  # x as a kiln tensor: itself, or Tensor(x)
+normalize_axis = _C.shape.normalize_axis  # (op, axis, ndim): one axis in [0, ndim) (0-d: 0 and -1)
+axes_mask = _C.shape.axes_mask  # (op, axis, ndim): bitmask of reduced axes; None means every axis
 
 
 def pair(op, name, v):
@@ -51,18 +19,7 @@ def pair(op, name, v):
     raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
 
 
-def shape_tuple(op, shape):
-    """A shape given as ints, a tuple or a list, as a tuple of ints."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    out = []
-    for s in shape:
-        if hasattr(s, "__index__"):
-            out.append(s.__index__())
-        else:
-            raise TypeError(f"{op}: shape entries must be ints, got {s!r}")
-    return tuple(out)
-
+shape_tuple = _C.shape.shape_tuple  # (op, shape): ints, a tuple or a list, as a tuple of ints
 
 # ---- errors name the function that was called ------------------------------------------------------
 

@@ -7,116 +7,18 @@ from ._util import apply, as_tensor, normalize_axis, shape_tuple
 
 # ---- shapes -----------------------------------------------------------------------------
 
-
-def _resolve_shape(op, x, shape):
-    shape = list(shape_tuple(op, shape))
-    unknown = [i for i, s in enumerate(shape) if s == -1]
-    if len(unknown) > 1:
-        raise ValueError(f"{op}: only one dimension can be -1, got {tuple(shape)}")
-    if _builtins.any(s < -1 for s in shape):
-        raise ValueError(f"{op}: invalid shape {tuple(shape)}")
-    if unknown:
-        known = 1
-        for s in shape:
-            if s != -1:
-                known *= s
-        if known == 0 or x.size % known:
-            raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} into shape {tuple(shape)}")
-        shape[unknown[0]] = x.size // known
-    return tuple(shape)
-
-
-def reshape(input, *shape):
-    """A tensor with the same elements and a new shape (a view when the layout allows)."""
-    x = as_tensor(input)
-    return apply(OP.reshape, (x,), _resolve_shape("reshape", x, shape))
-
-
+# The shape functions work out their arguments in C (src/python/shape_args.c): reshape's -1,
+# flatten's merged axes, squeeze's axes of length 1, broadcast_to's -1 for a kept length.
+reshape = _C.shape.reshape  # (input, *shape): same elements, new shape (a view when the layout allows)
 view = reshape
-
-
-def flatten(input, start_dim=0, end_dim=-1):
-    """Merges axes start_dim..end_dim into one."""
-    x = as_tensor(input)
-    if x.ndim == 0:
-        return reshape(x, (1,))
-    s = normalize_axis("flatten", start_dim, x.ndim)
-    e = normalize_axis("flatten", end_dim, x.ndim)
-    if s > e:
-        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-    shape = x.shape
-    n = 1
-    for d in shape[s:e + 1]:
-        n *= d
-    return reshape(x, shape[:s] + (n,) + shape[e + 1:])
-
-
-def permute(input, *axes):
-    """Reorders the axes (a view)."""
-    x = as_tensor(input)
-    axes = shape_tuple("permute", axes)
-    return apply(OP.permute, (x,), tuple(normalize_axis("permute", a, x.ndim) for a in axes))
-
-
-def transpose(input, *axes):
-    """transpose(x, perm) permutes the axes (MindSpore); transpose(x, dim0, dim1) swaps two axes
-    (PyTorch); transpose(x) reverses them."""
-    x = as_tensor(input)
-    if not axes:
-        return permute(x, tuple(range(x.ndim - 1, -1, -1)))
-    if len(axes) == 2 and _builtins.all(isinstance(a, int) for a in axes):
-        return swapaxes(x, *axes)
-    return permute(x, *axes)
-
-
-def swapaxes(input, axis0, axis1):
-    """Exchanges two axes (a view)."""
-    x = as_tensor(input)
-    a = normalize_axis("swapaxes", axis0, x.ndim)
-    b = normalize_axis("swapaxes", axis1, x.ndim)
-    perm = list(range(x.ndim))
-    perm[a], perm[b] = perm[b], perm[a]
-    return apply(OP.permute, (x,), tuple(perm))
-
-
-def squeeze(input, axis=None):
-    """Removes axes of length 1 (all of them, or those in `axis`)."""
-    x = as_tensor(input)
-    if axis is None:
-        return reshape(x, tuple(s for s in x.shape if s != 1))
-    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-    axes = {normalize_axis("squeeze", a, x.ndim) for a in axes}
-    for a in axes:
-        if x.shape[a] != 1:
-            raise ValueError(f"squeeze: axis {a} of a tensor of shape {x.shape} has length {x.shape[a]}, not 1")
-    return reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in axes))
-
-
-def unsqueeze(input, axis, *, dim=None):
-    """Inserts an axis of length 1 at `axis`."""
-    x = as_tensor(input)
-    if dim is not None:
-        axis = dim
-    a = normalize_axis("unsqueeze", axis, x.ndim + 1)
-    return reshape(x, x.shape[:a] + (1,) + x.shape[a:])
-
-
+flatten = _C.shape.flatten  # (input, start_dim=0, end_dim=-1): merges axes start_dim..end_dim
+permute = _C.shape.permute  # (input, *axes): reorders the axes (a view)
+transpose = _C.shape.transpose  # (input, *axes): a permutation (MindSpore), two axes (PyTorch) or none
+swapaxes = _C.shape.swapaxes  # (input, axis0, axis1): exchanges two axes (a view)
+squeeze = _C.shape.squeeze  # (input, axis=None): removes axes of length 1
+unsqueeze = _C.shape.unsqueeze  # (input, axis, *, dim=None): inserts an axis of length 1
 expand_dims = unsqueeze
-
-
-def broadcast_to(input, *shape):
-    """A read-only broadcast view with the given shape."""
-    x = as_tensor(input)
-    shape = list(shape_tuple("broadcast_to", shape))
-    lead = len(shape) - x.ndim
-    for i, s in enumerate(shape):  # -1 keeps the input's length
-        if s == -1:
-            if i < lead:
-                raise ValueError(f"broadcast_to: -1 is not allowed for a new leading axis in {tuple(shape)}")
-            shape[i] = x.shape[i - lead]
-    return apply(OP.expand, (x,), tuple(shape))
-
-
+broadcast_to = _C.shape.broadcast_to  # (input, *shape): a read-only broadcast view
 expand = broadcast_to
 
 
@@ -126,79 +28,12 @@ def contiguous(input):
     return x if x.is_contiguous() else apply(OP.contiguous, (x,))
 
 
-def concat(tensors, axis=0, *, dim=None):
-    """Joins tensors along an existing axis."""
-    if dim is not None:
-        axis = dim
-    tensors = [as_tensor(t) for t in tensors]
-    if not tensors:
-        raise ValueError("concat: needs at least one tensor")
-    return apply(OP.concat, tensors, (normalize_axis("concat", axis, tensors[0].ndim),))
-
-
-cat = concat
-
-
-def stack(tensors, axis=0, *, dim=None):
-    """Joins tensors along a new axis."""
-    if dim is not None:
-        axis = dim
-    tensors = [as_tensor(t) for t in tensors]
-    if not tensors:
-        raise ValueError("stack: needs at least one tensor")
-    shape = tensors[0].shape
-    for t in tensors:
-        if t.shape != shape:
-            raise ValueError(f"stack: all tensors must have one shape, got {[t.shape for t in tensors]}")
-    a = normalize_axis("stack", axis, len(shape) + 1)
-    return concat([unsqueeze(t, a) for t in tensors], a)
-
-
-def _slice_attrs(x, axis, start, length):
-    starts, steps, lens = [0] * 8, [1] * 8, [0] * 8
-    for d in range(x.ndim):
-        lens[d] = x.shape[d]
-    starts[axis], lens[axis] = start, length
-    return tuple(starts + steps + lens)
-
-
-def narrow(input, axis, start, length):
-    """The `length` elements from `start` along `axis` (a view)."""
-    x = as_tensor(input)
-    a = normalize_axis("narrow", axis, x.ndim)
-    return apply(OP.slice, (x,), _slice_attrs(x, a, start, length))
-
-
-def split(tensor, split_size_or_sections, axis=0, *, dim=None):
-    """Views of consecutive pieces along `axis`: of a given size, or of the listed sizes."""
-    if dim is not None:
-        axis = dim
-    x = as_tensor(tensor)
-    a = normalize_axis("split", axis, x.ndim)
-    n = x.shape[a]
-    if isinstance(split_size_or_sections, int):
-        size = split_size_or_sections
-        if size <= 0:
-            raise ValueError(f"split: the split size must be positive, got {size}")
-        sizes = [size] * (n // size) + ([n % size] if n % size else [])
-    else:
-        sizes = list(split_size_or_sections)
-        if _builtins.sum(sizes) != n:
-            raise ValueError(f"split: sections {sizes} do not add up to {n}, the length of axis {a}")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(x, a, start, s))
-        start += s
-    return tuple(out)
-
-
-def chunk(input, chunks, axis=0):
-    """Splits into `chunks` nearly equal pieces."""
-    x = as_tensor(input)
-    n = x.shape[normalize_axis("chunk", axis, x.ndim)]
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r}")
-    return split(x, -(-n // chunks), axis)
+# Joining and splitting along an axis, in C beside the shape functions
+concat = cat = _C.shape.concat  # (tensors, axis=0, *, dim=None): joins tensors along an existing axis
+stack = _C.shape.stack  # (tensors, axis=0, *, dim=None): joins tensors of one shape along a new axis
+narrow = _C.shape.narrow  # (input, axis, start, length): `length` elements from `start` along axis (a view)
+split = _C.shape.split  # (tensor, split_size_or_sections, axis=0, *, dim=None): views of consecutive pieces
+chunk = _C.shape.chunk  # (input, chunks, axis=0): splits into `chunks` nearly equal pieces
 
 
 # ---- indexing ---------------------------------------------------------------------------

@@ -2,17 +2,14 @@
 import builtins as _builtins
 import math as _math
 
+from .. import _C
 from .._optable import OP
-from ._util import apply, as_tensor, axes_mask, normalize_axis
+from ._util import apply, as_tensor, normalize_axis
 
 
 def _unary(op, name):
-    def f(input):
-        return apply(op, (as_tensor(input),))
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise {name}."
-    return f
+    """Elementwise name of one tensor (or value converted to one), in C (kiln._C.Elementwise)."""
+    return _C.Elementwise(op, name, 1, f"{name}(input): elementwise {name}.")
 
 
 neg = _unary(OP.neg, "neg")
@@ -44,23 +41,11 @@ def gelu(input, approximate="none"):
 
 
 def _binary(op, name):
-    def f(input, other):
-        if not isinstance(input, _TensorBase) and not isinstance(other, _TensorBase):
-            input = as_tensor(input)
-        if isinstance(input, _TensorBase):
-            return apply(op, (input, other))
-        # scalar first: convert it next to the tensor
-        return apply(op, (apply(OP.cast, (as_tensor(input),), (other.dtype.id,))
-                          if isinstance(input, (bool, int, float)) and other.dtype.is_floating_point
-                          else as_tensor(input), other))
+    """Elementwise name of two tensors or values, in C (kiln._C.Elementwise): NumPy broadcasting
+    and type promotion, a Python scalar taking the tensor's dtype on either side."""
+    return _C.Elementwise(op, name, 2, f"{name}(input, other): elementwise {name} with NumPy broadcasting and "
+                                       "type promotion.")
 
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Elementwise {name} with NumPy broadcasting and type promotion."
-    return f
-
-
-from .. import _C  # noqa: E402
 
 _TensorBase = _C.TensorBase
 
@@ -135,78 +120,24 @@ def cast(input, dtype):
 # ---- reductions -------------------------------------------------------------------------
 
 
-def _reduction(op, name):
-    def f(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        x = as_tensor(input)
-        if dim is not None:
-            axis = dim
-        if keepdim is not None:
-            keepdims = keepdim
-        return apply(op, (x,), (axes_mask(name, axis, x.ndim), bool(keepdims)))
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"{name} over `axis` (None: all axes; an int or a tuple of ints)."
-    return f
-
-
-sum = _reduction(OP.sum, "sum")
-mean = _reduction(OP.mean, "mean")
-prod = _reduction(OP.prod, "prod")
-amax = _reduction(OP.max, "max")
-amin = _reduction(OP.min, "min")
-
-
-def max(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
-    """Maximum over `axis` (None: all axes)."""
-    return amax(input, axis, keepdims, dim=dim, keepdim=keepdim)
-
-
-def min(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
-    """Minimum over `axis` (None: all axes)."""
-    return amin(input, axis, keepdims, dim=dim, keepdim=keepdim)
-
-
-def _moment(op, name):
-    def f(input, axis=None, keepdims=False, *, ddof=0, correction=None, unbiased=None, dim=None, keepdim=None):
-        x = as_tensor(input)
-        if dim is not None:
-            axis = dim
-        if keepdim is not None:
-            keepdims = keepdim
-        if correction is not None:
-            ddof = correction
-        if unbiased is not None:
-            ddof = 1 if unbiased else 0
-        return apply(op, (x,), (axes_mask(name, axis, x.ndim), bool(keepdims), int(ddof)))
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"{name} over `axis` with `ddof` (NumPy's default 0)."
-    return f
-
-
-var = _moment(OP.var, "var")
-std = _moment(OP.std, "std")
-
-
-def _arg(op, name):
-    def f(input, axis=None, keepdims=False, *, dim=None, keepdim=None):
-        x = as_tensor(input)
-        if dim is not None:
-            axis = dim
-        if keepdim is not None:
-            keepdims = keepdim
-        mask = (1 << x.ndim) - 1 if axis is None else 1 << normalize_axis(name, axis, x.ndim)
-        if x.ndim == 0:
-            mask = 0
-        return apply(op, (x,), (mask, bool(keepdims)))
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Index of the {name[3:]} along `axis` (None: of the flattened tensor), as int64."
-    return f
-
-
-argmax = _arg(OP.argmax, "argmax")
-argmin = _arg(OP.argmin, "argmin")
+# The reductions work out their arguments in C (kiln._C.Reduction, src/python/reductions.c):
+# axis (None: all axes; an int or a tuple of ints) or PyTorch's dim, keepdims or keepdim, and for
+# the moments ddof (NumPy's default 0), correction or unbiased.
+_AXIS_DOC = "(input, axis=None, keepdims=False, *, dim=None, keepdim=None): {} over `axis` (None: all axes; an int " \
+            "or a tuple of ints)."
+sum = _C.Reduction(OP.sum, "sum", "reduce", _AXIS_DOC.format("Sum"))
+mean = _C.Reduction(OP.mean, "mean", "reduce", _AXIS_DOC.format("Mean"))
+prod = _C.Reduction(OP.prod, "prod", "reduce", _AXIS_DOC.format("Product"))
+amax = max = _C.Reduction(OP.max, "max", "reduce", _AXIS_DOC.format("Maximum"))
+amin = min = _C.Reduction(OP.min, "min", "reduce", _AXIS_DOC.format("Minimum"))
+_MOMENT_DOC = "(input, axis=None, keepdims=False, *, ddof=0, correction=None, unbiased=None, dim=None, keepdim=None): " \
+              "{} over `axis` with `ddof` (NumPy's default 0)."
+var = _C.Reduction(OP.var, "var", "moment", _MOMENT_DOC.format("Variance"))
+std = _C.Reduction(OP.std, "std", "moment", _MOMENT_DOC.format("Standard deviation"))
+_ARG_DOC = "(input, axis=None, keepdims=False, *, dim=None, keepdim=None): index of the {} along `axis` (None: of " \
+           "the flattened tensor), as int64."
+argmax = _C.Reduction(OP.argmax, "argmax", "arg", _ARG_DOC.format("maximum"))
+argmin = _C.Reduction(OP.argmin, "argmin", "arg", _ARG_DOC.format("minimum"))
 
 
 def all(input, axis=None, keepdims=False):

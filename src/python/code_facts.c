@@ -1,0 +1,457 @@
+/* kiln._C.code_facts(code): what one code object reads and writes, from its bytecode — the
+ * globals it loads, the closure variables it reads, the attribute and constant-subscript chains
+ * rooted at a global, a closure variable or a parameter (`self.scale`, `cfg.alpha`, `TABLE[0]`),
+ * its writes to globals and closure variables, the lines that load print, and the statements
+ * that may change a container or an object (`.append(...)`, `x.a = 1`, `x[k] = v`).
+ *
+ * The scanner is table driven: pykiln_decode turns the bytecode into instructions (EXTENDED_ARG
+ * folded into the argument, 3.11's inline CACHE entries skipped, each with the name or constant
+ * its argument designates and its source line), and one table says what each opcode means to
+ * the analysis. Kiln's guard recorder (guard_recorder.c) reads the facts; bytecode capture can
+ * decode with the same function. CPython 3.11 only: the opcodes and their arguments change with
+ * every version, so other versions get a clear error instead of a wrong answer.
+ *
+ * Facts are computed once per code object and kept in the code object's co_extra slot, released
+ * with the code object. Reference notes: CodeFacts owns its tuples; decoded names are borrowed
+ * from the code object. */
+#include "pykiln.h"
+
+#include <opcode.h>
+#include <structmember.h>
+
+#define KILN_BYTECODE_SUPPORTED (PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000)
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *globals;   /* names loaded with LOAD_GLOBAL / LOAD_NAME, first use first */
+    PyObject *freevars;  /* free variables read (LOAD_DEREF / LOAD_CLASSDEREF / LOAD_CLOSURE) */
+    PyObject *chains;    /* (root kind "global" | "deref" | "fast", root name, steps) */
+    PyObject *effects;   /* (what, line): writes to globals and closure variables */
+    PyObject *prints;    /* lines that load the name print */
+    PyObject *mutations; /* (what, line): statements that may change a container or an object */
+    PyObject *nested;    /* the code objects among the constants */
+} PyCodeFacts;
+
+static PyMemberDef codefacts_members[] = {
+    {"globals", T_OBJECT_EX, offsetof(PyCodeFacts, globals), READONLY, "globals loaded, in order of first use"},
+    {"freevars", T_OBJECT_EX, offsetof(PyCodeFacts, freevars), READONLY, "free (closure) variables read"},
+    {"chains", T_OBJECT_EX, offsetof(PyCodeFacts, chains), READONLY,
+     "(root kind, root name, steps): attribute and constant-subscript chains read"},
+    {"effects", T_OBJECT_EX, offsetof(PyCodeFacts, effects), READONLY,
+     "(what, line): writes to globals and closure variables"},
+    {"prints", T_OBJECT_EX, offsetof(PyCodeFacts, prints), READONLY, "lines that load print"},
+    {"mutations", T_OBJECT_EX, offsetof(PyCodeFacts, mutations), READONLY,
+     "(what, line): statements that may change a container or an object"},
+    {"nested", T_OBJECT_EX, offsetof(PyCodeFacts, nested), READONLY, "code objects among the constants"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static void codefacts_dealloc(PyObject *self) {
+    PyCodeFacts *f = (PyCodeFacts *)self;
+    Py_XDECREF(f->globals);
+    Py_XDECREF(f->freevars);
+    Py_XDECREF(f->chains);
+    Py_XDECREF(f->effects);
+    Py_XDECREF(f->prints);
+    Py_XDECREF(f->mutations);
+    Py_XDECREF(f->nested);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject PyCodeFacts_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.CodeFacts",
+    .tp_basicsize = sizeof(PyCodeFacts),
+    .tp_dealloc = codefacts_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What one code object reads and writes, from its bytecode (kiln._C.code_facts(code)).",
+    .tp_members = codefacts_members,
+};
+
+#if KILN_BYTECODE_SUPPORTED
+
+/* What an opcode means to the analysis, and where its argument's name comes from. */
+enum action {
+    ACT_NONE,
+    ACT_READ_GLOBAL,  /* a chain root; a global read */
+    ACT_READ_DEREF,   /* a chain root when free; a closure read */
+    ACT_READ_CLOSURE, /* a closure read (passed on to a nested function), not a chain root */
+    ACT_READ_FAST,    /* a chain root when a parameter never assigned */
+    ACT_WRITE_FAST,
+    ACT_WRITE_GLOBAL,
+    ACT_WRITE_DEREF,
+    ACT_ATTR,   /* a chain step */
+    ACT_METHOD, /* a chain's last step */
+    ACT_WRITE_ATTR,
+    ACT_WRITE_SUBSCR,
+    ACT_CONST,  /* a chain step when a BINARY_SUBSCR follows */
+    ACT_SUBSCR, /* BINARY_SUBSCR */
+};
+enum name_source { NAME_NONE, NAME_NAMES, NAME_GLOBAL, NAME_LOCALSPLUS, NAME_CONST };
+
+static const struct {
+    int op;
+    enum action act;
+    enum name_source src;
+} opcode_table[] = {
+    {LOAD_GLOBAL, ACT_READ_GLOBAL, NAME_GLOBAL},       {LOAD_NAME, ACT_READ_GLOBAL, NAME_NAMES},
+    {LOAD_DEREF, ACT_READ_DEREF, NAME_LOCALSPLUS},     {LOAD_CLASSDEREF, ACT_READ_DEREF, NAME_LOCALSPLUS},
+    {LOAD_CLOSURE, ACT_READ_CLOSURE, NAME_LOCALSPLUS}, {LOAD_FAST, ACT_READ_FAST, NAME_LOCALSPLUS},
+    {STORE_FAST, ACT_WRITE_FAST, NAME_LOCALSPLUS},     {DELETE_FAST, ACT_WRITE_FAST, NAME_LOCALSPLUS},
+    {STORE_GLOBAL, ACT_WRITE_GLOBAL, NAME_NAMES},      {DELETE_GLOBAL, ACT_WRITE_GLOBAL, NAME_NAMES},
+    {STORE_DEREF, ACT_WRITE_DEREF, NAME_LOCALSPLUS},   {DELETE_DEREF, ACT_WRITE_DEREF, NAME_LOCALSPLUS},
+    {LOAD_ATTR, ACT_ATTR, NAME_NAMES},                 {LOAD_METHOD, ACT_METHOD, NAME_NAMES},
+    {STORE_ATTR, ACT_WRITE_ATTR, NAME_NAMES},          {DELETE_ATTR, ACT_WRITE_ATTR, NAME_NAMES},
+    {STORE_SUBSCR, ACT_WRITE_SUBSCR, NAME_NONE},       {DELETE_SUBSCR, ACT_WRITE_SUBSCR, NAME_NONE},
+    {LOAD_CONST, ACT_CONST, NAME_CONST},               {BINARY_SUBSCR, ACT_SUBSCR, NAME_NONE},
+};
+
+static struct {
+    unsigned char act, src;
+} by_opcode[256];
+
+static void fill_by_opcode(void) {
+    static int done;
+    if (done) return;
+    for (size_t k = 0; k < sizeof opcode_table / sizeof opcode_table[0]; k++) {
+        by_opcode[opcode_table[k].op].act = (unsigned char)opcode_table[k].act;
+        by_opcode[opcode_table[k].op].src = (unsigned char)opcode_table[k].src;
+    }
+    done = 1;
+}
+
+/* Method names that change a list, dict, set or object in place. */
+static const char *const mutators[] = {
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
+    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update", "__setitem__",
+    "__delitem__", "__iadd__",
+};
+
+static int is_mutator(PyObject *name) {
+    for (size_t k = 0; k < sizeof mutators / sizeof mutators[0]; k++)
+        if (PyUnicode_CompareWithASCIIString(name, mutators[k]) == 0) return 1;
+    return 0;
+}
+
+int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
+    fill_by_opcode();
+    PyObject *bytes = PyCode_GetCode(code); /* deoptimized: base opcodes, caches zeroed */
+    if (!bytes) return -1;
+    const unsigned char *units = (const unsigned char *)PyBytes_AS_STRING(bytes);
+    Py_ssize_t nunits = PyBytes_GET_SIZE(bytes) / 2;
+    pykiln_instr *ins = PyMem_Calloc((size_t)(nunits ? nunits : 1), sizeof *ins);
+    if (!ins) {
+        Py_DECREF(bytes);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t n = 0;
+    int line = code->co_firstlineno, ext = 0;
+    for (Py_ssize_t u = 0; u < nunits; u++) {
+        int op = units[2 * u], arg = units[2 * u + 1] | ext;
+        if (op == CACHE) continue;
+        if (op == EXTENDED_ARG) {
+            ext = arg << 8;
+            continue;
+        }
+        ext = 0;
+        int at = PyCode_Addr2Line(code, (int)(2 * u));
+        if (at >= 0) line = at;
+        pykiln_instr *i = &ins[n++];
+        i->op = op;
+        i->arg = arg;
+        i->line = line;
+        i->offset = (int)(2 * u);
+        PyObject *table = NULL;
+        int index = arg;
+        switch (by_opcode[op].src) {
+        case NAME_NAMES: table = code->co_names; break;
+        case NAME_GLOBAL: table = code->co_names, index = arg >> 1; break;
+        case NAME_LOCALSPLUS: table = code->co_localsplusnames; break;
+        case NAME_CONST: table = code->co_consts; break;
+        default: break;
+        }
+        i->name = table && index < PyTuple_GET_SIZE(table) ? PyTuple_GET_ITEM(table, index) : NULL;
+    }
+    Py_DECREF(bytes);
+    *out = ins;
+    *count = n;
+    return 0;
+}
+
+/* The attribute reads and constant subscripts that follow a load at ins[k:], as a tuple of
+ * ("attr", name) | ("item", constant) (new reference; empty when none). */
+static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k) {
+    PyObject *steps = PyList_New(0);
+    if (!steps) return NULL;
+    while (k < n) {
+        int act = by_opcode[ins[k].op].act;
+        PyObject *step = NULL;
+        if ((act == ACT_ATTR || act == ACT_METHOD) && ins[k].name) {
+            step = Py_BuildValue("(sO)", "attr", ins[k].name);
+        } else if (act == ACT_CONST && k + 1 < n && by_opcode[ins[k + 1].op].act == ACT_SUBSCR && ins[k].name &&
+                   (PyLong_Check(ins[k].name) || PyUnicode_Check(ins[k].name))) {
+            step = Py_BuildValue("(sO)", "item", ins[k].name);
+        } else {
+            break;
+        }
+        if (!step || PyList_Append(steps, step) < 0) {
+            Py_XDECREF(step);
+            Py_DECREF(steps);
+            return NULL;
+        }
+        Py_DECREF(step);
+        if (act == ACT_METHOD) break;
+        k += act == ACT_CONST ? 2 : 1;
+    }
+    PyObject *t = PyList_AsTuple(steps);
+    Py_DECREF(steps);
+    return t;
+}
+
+static int contains(PyObject *tuple, PyObject *name) {
+    return name && PySequence_Contains(tuple, name) == 1;
+}
+
+/* Appends (text, line) to list; text is a format with one %R (the name) or none. */
+static int add_event(PyObject *list, const char *format, PyObject *name, int line) {
+    PyObject *what = name ? PyUnicode_FromFormat(format, name) : PyUnicode_FromString(format);
+    PyObject *item = what ? Py_BuildValue("(Oi)", what, line) : NULL;
+    Py_XDECREF(what);
+    int r = item ? PyList_Append(list, item) : -1;
+    Py_XDECREF(item);
+    return r;
+}
+
+/* The parameters the code never assigns (a chain on one of them reads the caller's object). */
+static PyObject *unassigned_params(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n) {
+    int nargs = code->co_argcount + code->co_kwonlyargcount + !!(code->co_flags & CO_VARARGS) +
+                !!(code->co_flags & CO_VARKEYWORDS);
+    PyObject *params = PySet_New(NULL);
+    if (!params) return NULL;
+    for (int k = 0; k < nargs && k < PyTuple_GET_SIZE(code->co_localsplusnames); k++)
+        if (PySet_Add(params, PyTuple_GET_ITEM(code->co_localsplusnames, k)) < 0) goto fail;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (by_opcode[ins[k].op].act == ACT_WRITE_FAST && ins[k].name && PySet_Discard(params, ins[k].name) < 0)
+            goto fail;
+    return params;
+fail:
+    Py_DECREF(params);
+    return NULL;
+}
+
+static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObject *params, PyObject *globals,
+                PyObject *freevars, PyObject *chains, PyObject *lists[3]) {
+    PyObject *effects = lists[0], *prints = lists[1], *mutations = lists[2];
+    PyObject *free_names = code->co_nfreevars ? PyCode_GetFreevars(code) : PyTuple_New(0);
+    if (!free_names) return -1;
+    int r = -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const pykiln_instr *i = &ins[k];
+        int act = by_opcode[i->op].act;
+        PyObject *name = i->name;
+        int is_free = contains(free_names, name);
+        const char *kind = NULL;
+        if (act == ACT_READ_GLOBAL) {
+            if (PyDict_SetItem(globals, name, Py_None) < 0) goto done;
+            if (PyUnicode_CompareWithASCIIString(name, "print") == 0) {
+                PyObject *line = PyLong_FromLong(i->line);
+                int failed = !line || PyList_Append(prints, line) < 0;
+                Py_XDECREF(line);
+                if (failed) goto done;
+            }
+            kind = "global";
+        } else if ((act == ACT_READ_DEREF || act == ACT_READ_CLOSURE) && is_free) {
+            if (PyDict_SetItem(freevars, name, Py_None) < 0) goto done;
+            kind = act == ACT_READ_DEREF ? "deref" : NULL;
+        } else if (act == ACT_READ_FAST && name && PySet_Contains(params, name) == 1) {
+            kind = "fast";
+        } else if (act == ACT_WRITE_GLOBAL) {
+            if (add_event(effects, "a write to the global %R", name, i->line) < 0) goto done;
+        } else if (act == ACT_WRITE_DEREF && is_free) {
+            if (add_event(effects, "a write to the closure variable %R (nonlocal)", name, i->line) < 0) goto done;
+        } else if ((act == ACT_ATTR || act == ACT_METHOD) && name && is_mutator(name)) {
+            if (add_event(mutations, ".%U(...)", name, i->line) < 0) goto done;
+        } else if (act == ACT_WRITE_ATTR) {
+            if (add_event(mutations, "an assignment to attribute %R", name, i->line) < 0) goto done;
+        } else if (act == ACT_WRITE_SUBSCR) {
+            if (add_event(mutations, "an item assignment", NULL, i->line) < 0) goto done;
+        }
+        if (kind && name) {
+            PyObject *steps = chain_after(ins, n, k + 1);
+            if (!steps) goto done;
+            if (PyTuple_GET_SIZE(steps)) {
+                PyObject *chain = Py_BuildValue("(sOO)", kind, name, steps);
+                if (!chain || PyDict_SetItem(chains, chain, Py_None) < 0) {
+                    Py_XDECREF(chain);
+                    Py_DECREF(steps);
+                    goto done;
+                }
+                Py_DECREF(chain);
+            }
+            Py_DECREF(steps);
+        }
+    }
+    r = 0;
+done:
+    Py_DECREF(free_names);
+    return r;
+}
+
+static PyObject *nested_codes(PyCodeObject *code) {
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(code->co_consts); k++) {
+        PyObject *c = PyTuple_GET_ITEM(code->co_consts, k);
+        if (PyCode_Check(c) && PyList_Append(list, c) < 0) {
+            Py_DECREF(list);
+            return NULL;
+        }
+    }
+    PyObject *t = PyList_AsTuple(list);
+    Py_DECREF(list);
+    return t;
+}
+
+static PyObject *keys_tuple(PyObject *dict) {
+    PyObject *keys = PyDict_Keys(dict);
+    PyObject *t = keys ? PyList_AsTuple(keys) : NULL;
+    Py_XDECREF(keys);
+    return t;
+}
+
+static PyObject *compute_facts(PyCodeObject *code) {
+    pykiln_instr *ins;
+    Py_ssize_t n;
+    if (pykiln_decode(code, &ins, &n) < 0) return NULL;
+    PyCodeFacts *f = NULL;
+    PyObject *params = unassigned_params(code, ins, n);
+    PyObject *globals = PyDict_New(), *freevars = PyDict_New(), *chains = PyDict_New();
+    PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
+    if (!params || !globals || !freevars || !chains || !lists[0] || !lists[1] || !lists[2]) goto done;
+    if (scan(code, ins, n, params, globals, freevars, chains, lists) < 0) goto done;
+    f = PyObject_New(PyCodeFacts, &PyCodeFacts_Type);
+    if (!f) goto done;
+    f->globals = keys_tuple(globals);
+    f->freevars = keys_tuple(freevars);
+    f->chains = keys_tuple(chains);
+    f->effects = PyList_AsTuple(lists[0]);
+    f->prints = PyList_AsTuple(lists[1]);
+    f->mutations = PyList_AsTuple(lists[2]);
+    f->nested = nested_codes(code);
+    if (!f->globals || !f->freevars || !f->chains || !f->effects || !f->prints || !f->mutations || !f->nested)
+        Py_CLEAR(f);
+done:
+    PyMem_Free(ins);
+    Py_XDECREF(params);
+    Py_XDECREF(globals);
+    Py_XDECREF(freevars);
+    Py_XDECREF(chains);
+    for (int k = 0; k < 3; k++) Py_XDECREF(lists[k]);
+    return (PyObject *)f;
+}
+
+/* Adds to loads[0] the globals (LOAD_GLOBAL) and to loads[1] the cell variables (LOAD_DEREF,
+ * LOAD_CLASSDEREF) code and its nested code read, and to stores the names they write. */
+static int scan_reads(PyCodeObject *code, PyObject *loads[2], PyObject *stores) {
+    pykiln_instr *ins;
+    Py_ssize_t n;
+    if (pykiln_decode(code, &ins, &n) < 0) return -1;
+    int rc = 0;
+    for (Py_ssize_t k = 0; rc == 0 && k < n; k++) {
+        int act = by_opcode[ins[k].op].act;
+        if (!ins[k].name) continue;
+        if (ins[k].op == LOAD_GLOBAL || act == ACT_READ_DEREF)
+            rc = PySet_Add(loads[ins[k].op == LOAD_GLOBAL ? 0 : 1], ins[k].name);
+        else if (act == ACT_WRITE_GLOBAL || act == ACT_WRITE_DEREF)
+            rc = PySet_Add(stores, ins[k].name);
+    }
+    PyMem_Free(ins);
+    for (Py_ssize_t k = 0; rc == 0 && k < PyTuple_GET_SIZE(code->co_consts); k++) {
+        PyObject *c = PyTuple_GET_ITEM(code->co_consts, k);
+        if (PyCode_Check(c)) rc = scan_reads((PyCodeObject *)c, loads, stores);
+    }
+    return rc;
+}
+
+PyObject *pykiln_read_names(PyObject *code) {
+    if (!PyCode_Check(code))
+        return PyErr_Format(PyExc_TypeError, "read_names: expected a code object, got %s", Py_TYPE(code)->tp_name);
+    PyObject *loads[2] = {PySet_New(NULL), PySet_New(NULL)}, *stores = PySet_New(NULL), *result = NULL;
+    if (loads[0] && loads[1] && stores && scan_reads((PyCodeObject *)code, loads, stores) == 0) {
+        PyObject *g = PyNumber_Subtract(loads[0], stores), *f = g ? PyNumber_Subtract(loads[1], stores) : NULL;
+        result = f ? PyTuple_Pack(2, g, f) : NULL;
+        Py_XDECREF(g);
+        Py_XDECREF(f);
+    }
+    Py_XDECREF(loads[0]);
+    Py_XDECREF(loads[1]);
+    Py_XDECREF(stores);
+    return result;
+}
+
+static void release_facts(void *facts) { Py_XDECREF((PyObject *)facts); }
+
+PyObject *pykiln_code_facts(PyObject *code) {
+    static Py_ssize_t slot = -1;
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "code_facts: expected a code object, got %s", Py_TYPE(code)->tp_name);
+        return NULL;
+    }
+    if (slot < 0 && (slot = _PyEval_RequestCodeExtraIndex(release_facts)) < 0) return NULL;
+    void *cached = NULL;
+    if (_PyCode_GetExtra(code, slot, &cached) < 0) return NULL;
+    if (cached) {
+        Py_INCREF((PyObject *)cached);
+        return cached;
+    }
+    PyObject *facts = compute_facts((PyCodeObject *)code);
+    if (!facts) return NULL;
+    if (_PyCode_SetExtra(code, slot, facts) < 0) {
+        Py_DECREF(facts);
+        return NULL;
+    }
+    Py_INCREF(facts); /* one for the code object's slot, one for the caller */
+    return facts;
+}
+
+#else
+
+int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
+    (void)code, (void)out, (void)count;
+    PyErr_Format(PyExc_RuntimeError, "kiln reads bytecode of CPython 3.11 only; this is Python %s", Py_GetVersion());
+    return -1;
+}
+
+PyObject *pykiln_code_facts(PyObject *code) {
+    (void)code;
+    return PyErr_Format(PyExc_RuntimeError, "kiln reads bytecode of CPython 3.11 only; this is Python %s",
+                        Py_GetVersion());
+}
+
+PyObject *pykiln_read_names(PyObject *code) { return pykiln_code_facts(code); }
+
+#endif
+
+static PyObject *py_code_facts(PyObject *module, PyObject *code) {
+    (void)module;
+    return pykiln_code_facts(code);
+}
+
+static PyObject *py_read_names(PyObject *module, PyObject *code) {
+    (void)module;
+    return pykiln_read_names(code);
+}
+
+static PyMethodDef pykiln_code_facts_functions[] = {
+    {"code_facts", py_code_facts, METH_O, "code_facts(code) -> CodeFacts: what the code object reads and writes"},
+    {"read_names", py_read_names, METH_O,
+     "read_names(code) -> (globals, cell variables): what code and its nested code load and never store"},
+    {NULL, NULL, 0, NULL},
+};
+
+int pykiln_code_facts_init_type(PyObject *module) {
+    if (PyType_Ready(&PyCodeFacts_Type) < 0) return -1;
+    Py_INCREF(&PyCodeFacts_Type);
+    if (PyModule_AddObject(module, "CodeFacts", (PyObject *)&PyCodeFacts_Type) < 0) return -1;
+    return PyModule_AddFunctions(module, pykiln_code_facts_functions);
+}
