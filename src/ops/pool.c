@@ -128,7 +128,8 @@ typedef struct {
     int64_t start, k0, k1, count;
 } pool_span;
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+/* (no a + b - 1: a dilation may be anything up to INT64_MAX) */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a - 1) / b + 1; }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static void pool_spans(int64_t n_out, int64_t n_in, int64_t k, int64_t s, int64_t pad_lo, int64_t pad_hi, int64_t d,

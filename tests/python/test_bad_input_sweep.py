@@ -345,6 +345,17 @@ def test_pool_huge_geometry_raises(kwargs, message):
             pool(_image(), **kwargs)
 
 
+def test_huge_dilation_and_ddof():
+    """Found by the sweep under UndefinedBehaviorSanitizer: signed overflow in pooling's window spans
+    and in var/std's n - ddof. A 1x1 window with any dilation is the input itself; a ddof of -2^63
+    divides the squared deviations by n - ddof, in floating point (NumPy's int64 n - ddof wraps)."""
+    x = _image()
+    np.testing.assert_array_equal(np.asarray(nn.MaxPool2d(dilation=2**63 - 1)(x)), np.asarray(x))
+    v = np.arange(6.0)
+    got = float(ops.var(kiln.Tensor(v.astype(np.float32)), ddof=-2**63).item())
+    np.testing.assert_allclose(got, ((v - v.mean()) ** 2).sum() / (6 + 2.0**63), rtol=1e-6)
+
+
 def test_huge_stride_is_one_window():
     """A stride past the input is fine: one window, as NumPy slicing would take (the reference)."""
     x = _image()
