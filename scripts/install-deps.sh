@@ -2,7 +2,8 @@
 # Installs what kiln needs on a Debian machine; does nothing when it is already there.
 set -euo pipefail
 
-apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev)
+# clang, its sanitizer and libFuzzer runtimes and its OpenMP: the fuzz build (scripts/fuzz.sh)
+apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev clang libclang-rt-14-dev libomp-14-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

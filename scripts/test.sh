@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything and runs all the tests: the C tests (also under AddressSanitizer and
-# UndefinedBehaviorSanitizer) and the Python tests.
+# UndefinedBehaviorSanitizer), the graph text parser's fuzzer for 60 seconds and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -16,5 +16,8 @@ cmake -S . -B build-sanitize -DKILN_SANITIZE=ON -DKILN_PYTHON=OFF -DCMAKE_BUILD_
 cmake --build build-sanitize -j "$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/../tests/c/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
+
+# the graph text parser under libFuzzer (clang, ASan + UBSan, leak detection) for a minute
+bash scripts/fuzz.sh 60
 
 PYTHONPATH=python python3 -m pytest -q tests/python

@@ -59,7 +59,7 @@ KILN_API kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, con
                                          const kiln_attrs *attrs, int32_t loc, int32_t *out);
 KILN_API kiln_status kiln_graph_add_loc(kiln_graph *g, const char *loc, int32_t *id);
 KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values);
-/* Takes ownership of sub; *index is its position in g->subgraphs. */
+/* Takes ownership of sub (on failure the caller keeps it); *index is its position in g->subgraphs. */
 KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index);
 /* A deep copy (captured tensors shared, retained). */
 KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
@@ -69,7 +69,8 @@ KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 KILN_API char *kiln_graph_to_string(const kiln_graph *g);
 /* The graph a text in kiln_graph_to_string's form describes. Text from anywhere is safe to give
  * it: beyond these limits, and on any other error, it returns KILN_ERR_VALUE with a message
- * naming the line ("graph text line N: ..."), having allocated nothing it keeps. Shapes are
+ * naming the line ("graph text line N: ..."; KILN_ERR_MEMORY when an allocation fails), having
+ * allocated nothing it keeps. Shapes are
  * checked as kiln_shape_numel_checked does (at most KILN_MAX_DIMS dimensions). */
 #define KILN_GRAPH_TEXT_MAX_DEPTH 64               /* subgraphs nested in subgraphs */
 #define KILN_GRAPH_TEXT_MAX_VALUES (1 << 20)       /* values per graph: ids %0 ... %1048575 */

@@ -27,7 +27,9 @@ kiln_status kiln_tensor_set_requires_grad(kiln_tensor *t, bool requires_grad) {
 
 /* ---- nodes ----------------------------------------------------------------------------- */
 
-static void node_free_fields(kiln_grad_node *n, kiln_grad_node ***stack, int *depth, int *cap) {
+/* Frees n; the nodes whose last reference it held are pushed on *dying (a list threaded through the
+ * nodes themselves: freeing a long chain allocates nothing and does not recurse). */
+static void node_free_fields(kiln_grad_node *n, kiln_grad_node **dying) {
     for (int k = 0; k < n->nin; k++) {
         kiln_tensor_release(n->saved_in[k]);
         kiln_tensor_release(n->next[k].leaf);
@@ -35,14 +37,8 @@ static void node_free_fields(kiln_grad_node *n, kiln_grad_node ***stack, int *de
         if (!child) continue;
         if (atomic_fetch_sub_explicit((_Atomic int64_t *)&child->refcount, 1, memory_order_acq_rel) != 1)
             continue;
-        if (*depth == *cap) { /* defer: freeing long chains recursively would overflow the stack */
-            int ncap = *cap ? *cap * 2 : 64;
-            kiln_grad_node **grown = realloc(*stack, sizeof **stack * (size_t)ncap);
-            KILN_ASSERT(grown);
-            *stack = grown;
-            *cap = ncap;
-        }
-        (*stack)[(*depth)++] = child;
+        child->dying = *dying;
+        *dying = child;
     }
     for (int k = 0; k < n->nout; k++) kiln_tensor_release(n->saved_out[k]);
     if ((kiln_op_table[n->op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) kiln_hooks.bodies_hold(n->op, &n->attrs, -1);
@@ -53,11 +49,13 @@ static void node_free_fields(kiln_grad_node *n, kiln_grad_node ***stack, int *de
 void kiln_grad_node_release(kiln_grad_node *node) {
     if (!node) return;
     if (atomic_fetch_sub_explicit((_Atomic int64_t *)&node->refcount, 1, memory_order_acq_rel) != 1) return;
-    kiln_grad_node **stack = NULL;
-    int depth = 0, cap = 0;
-    node_free_fields(node, &stack, &depth, &cap);
-    while (depth > 0) node_free_fields(stack[--depth], &stack, &depth, &cap);
-    free(stack);
+    kiln_grad_node *dying = NULL;
+    node_free_fields(node, &dying);
+    while (dying) {
+        kiln_grad_node *n = dying;
+        dying = n->dying;
+        node_free_fields(n, &dying);
+    }
 }
 
 static void node_retain(kiln_grad_node *n) {
@@ -66,10 +64,10 @@ static void node_retain(kiln_grad_node *n) {
 
 /* One allocation for the node's arrays, laid out after the metas. */
 static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs *attrs) {
-    kiln_grad_node *n = calloc(1, sizeof *n);
+    kiln_grad_node *n = kiln_calloc(1, sizeof *n);
     size_t bytes = sizeof(kiln_meta) * (size_t)(nin + nout) + sizeof(kiln_tensor *) * (size_t)(nin + nout) +
                    sizeof(int64_t) * (size_t)(nin + nout) + sizeof(kiln_grad_edge) * (size_t)nin;
-    char *block = n ? calloc(1, bytes) : NULL;
+    char *block = n ? kiln_calloc(1, bytes) : NULL;
     if (!block) {
         free(n);
         kiln_error(KILN_ERR_MEMORY, "out of memory recording %s for autograd", kiln_op_table[op].name);
@@ -182,7 +180,7 @@ static kiln_status collect(work_list *w, kiln_grad_node *const *roots, int nroot
         if (start && depth == 0) {
             if (find_item(w, start) >= 0) continue;
             cap = cap ? cap : 64;
-            if (!stack) stack = malloc(sizeof *stack * (size_t)cap);
+            if (!stack) stack = kiln_malloc(sizeof *stack * (size_t)cap);
             if (!stack) return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
             stack[depth++] = start;
         }
@@ -191,7 +189,7 @@ static kiln_status collect(work_list *w, kiln_grad_node *const *roots, int nroot
             if (find_item(w, n) >= 0) continue;
             if (w->count == w->cap) {
                 int ncap = w->cap ? w->cap * 2 : 64;
-                work_item *grown = realloc(w->items, sizeof *grown * (size_t)ncap);
+                work_item *grown = kiln_realloc(w->items, sizeof *grown * (size_t)ncap);
                 if (!grown) {
                     free(stack);
                     return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
@@ -208,7 +206,7 @@ static kiln_status collect(work_list *w, kiln_grad_node *const *roots, int nroot
                 if (!n->next[k].node) continue;
                 if (depth == cap) {
                     cap *= 2;
-                    kiln_grad_node **grown = realloc(stack, sizeof *stack * (size_t)cap);
+                    kiln_grad_node **grown = kiln_realloc(stack, sizeof *stack * (size_t)cap);
                     if (!grown) {
                         free(stack);
                         return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
@@ -308,7 +306,7 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
                                 int nin, kiln_tensor *const *inputs, bool create_graph, kiln_tensor **grads) {
     bool accumulate_leaves = inputs == NULL;
     for (int j = 0; j < nin; j++) grads[j] = NULL;
-    kiln_grad_node **roots = malloc(sizeof *roots * (size_t)(nout ? nout : 1));
+    kiln_grad_node **roots = kiln_malloc(sizeof *roots * (size_t)(nout ? nout : 1));
     if (!roots) return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
     int nroots = 0;
     for (int k = 0; k < nout; k++) {
@@ -340,7 +338,7 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         w.items[i].needed = needed;
     }
     for (int i = 0; i < w.count && s == KILN_OK; i++) {
-        w.items[i].grads = calloc((size_t)w.items[i].node->nout, sizeof(kiln_tensor *));
+        w.items[i].grads = kiln_calloc((size_t)w.items[i].node->nout, sizeof(kiln_tensor *));
         if (!w.items[i].grads) s = kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
     }
     /* seed the outputs' gradients */
@@ -383,8 +381,8 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         bool any = false;
         for (int k = 0; k < n->nout; k++) any |= it->grads[k] != NULL;
         if (!any) continue;
-        bool needs[64], *needs_p = n->nin <= 64 ? needs : malloc(sizeof(bool) * (size_t)n->nin);
-        kiln_tensor *gin_small[8], **gin = n->nin <= 8 ? gin_small : calloc((size_t)n->nin, sizeof *gin);
+        bool needs[64], *needs_p = n->nin <= 64 ? needs : kiln_malloc(sizeof(bool) * (size_t)n->nin);
+        kiln_tensor *gin_small[8], **gin = n->nin <= 8 ? gin_small : kiln_calloc((size_t)n->nin, sizeof *gin);
         if (!needs_p || !gin) {
             s = kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
             if (needs_p != needs) free(needs_p);
@@ -435,10 +433,8 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
                 kiln_tensor_release(g);
             }
         }
-        if (gin != gin_small) {
-            kiln_release_all(gin, n->nin);
-            free(gin);
-        }
+        kiln_release_all(gin, n->nin); /* what an error left unconsumed */
+        if (gin != gin_small) free(gin);
         if (needs_p != needs) free(needs_p);
         kiln_release_all(it->grads, n->nout); /* done with this node: free memory early */
     }

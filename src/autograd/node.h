@@ -22,6 +22,7 @@ typedef struct kiln_grad_node {
     kiln_tensor **saved_in, **saved_out; /* NULL entries when not saved */
     int64_t *saved_version;              /* nin + nout storage versions at save time */
     kiln_grad_edge *next;                /* nin */
+    struct kiln_grad_node *dying;        /* while being freed: the next node of the list still to free */
 } kiln_grad_node;
 
 /* Called by kiln_apply after a differentiable op ran with inputs that require grad. */

@@ -386,7 +386,7 @@ static void emit_driver(kiln_strbuf *t, const kiln_graph *g) {
 
 kiln_status kiln_codegen_emit(const kiln_graph *sub, const int8_t *inner_kind, char **source, char symbol[48]) {
     if (!kiln_codegen_supports(sub)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: unsupported fused group");
-    kiln_strbuf body = {malloc(4096), 0, 4096, false};
+    kiln_strbuf body = {kiln_malloc(4096), 0, 4096, false};
     if (!body.buf) return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
     body.buf[0] = '\0';
     bool rows = kiln_codegen_has_rows(sub);
@@ -409,7 +409,7 @@ kiln_status kiln_codegen_emit(const kiln_graph *sub, const int8_t *inner_kind, c
     snprintf(symbol, 48, "kiln_fused_%016llx", (unsigned long long)h);
     size_t nsym = strlen(symbol), nplace = strlen("KILN_SYM"), count = 0;
     for (const char *p = strstr(body.buf, "KILN_SYM"); p; p = strstr(p + nplace, "KILN_SYM")) count++;
-    kiln_strbuf full = {malloc(body.len + count * nsym + 1), 0, body.len + count * nsym + 1, false};
+    kiln_strbuf full = {kiln_malloc(body.len + count * nsym + 1), 0, body.len + count * nsym + 1, false};
     if (full.buf) {
         char *o = full.buf;
         const char *p = body.buf;

@@ -83,7 +83,7 @@ static void emit_step(kiln_strbuf *t, const kiln_graph *g, const kiln_sink_step 
 
 kiln_status kiln_sink_emit(const kiln_graph *g, const kiln_sink_step *steps, int32_t nsteps, char **source,
                            char symbol[48]) {
-    kiln_strbuf head = {malloc(4096), 0, 4096, false}, tail = {malloc(4096), 0, 4096, false};
+    kiln_strbuf head = {kiln_malloc(4096), 0, 4096, false}, tail = {kiln_malloc(4096), 0, 4096, false};
     if (!head.buf || !tail.buf) {
         free(head.buf), free(tail.buf);
         return kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
@@ -111,7 +111,7 @@ kiln_status kiln_sink_emit(const kiln_graph *g, const kiln_sink_step *steps, int
         uint64_t h = kiln_codegen_hash(head.buf, head.len, 0x73696e6bu) ^ kiln_codegen_hash(tail.buf, tail.len, 0x6b696c6eu);
         snprintf(symbol, 48, "kiln_sink_%016llx", (unsigned long long)h);
         size_t n = head.len + strlen(symbol) + tail.len + 1;
-        *source = malloc(n);
+        *source = kiln_malloc(n);
         if (!*source) s = kiln_error(KILN_ERR_MEMORY, "out of memory generating code");
         else snprintf(*source, n, "%s%s%s", head.buf, symbol, tail.buf);
     }

@@ -282,8 +282,8 @@ void kiln_cg_emit_rows(kiln_strbuf *t, const kiln_graph *sub, const int8_t *kind
     int nd;
     int64_t shape[KILN_MAX_DIMS];
     kiln_codegen_space(sub, &nd, shape);
-    program *p = calloc(1, sizeof *p);
-    int *map = malloc(sizeof(int) * (size_t)(sub->nvalues ? sub->nvalues : 1));
+    program *p = kiln_calloc(1, sizeof *p);
+    int *map = kiln_malloc(sizeof(int) * (size_t)(sub->nvalues ? sub->nvalues : 1));
     if (!p || !map) {
         t->failed = true;
     } else {

@@ -169,7 +169,7 @@ static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in
     pthread_mutex_lock(&waiting.lock);
     if (waiting.n == waiting.cap) {
         int ncap = waiting.cap ? 2 * waiting.cap : 16;
-        kiln_fused_kernel **grown = realloc(waiting.items, sizeof *grown * (size_t)ncap);
+        kiln_fused_kernel **grown = kiln_realloc(waiting.items, sizeof *grown * (size_t)ncap);
         if (grown) waiting.items = grown, waiting.cap = ncap;
     }
     bool queued = waiting.n < waiting.cap;
@@ -190,9 +190,9 @@ static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in
 static void build_waiting(void) {
     pthread_mutex_lock(&waiting.lock);
     int n = waiting.n;
-    const char **sources = malloc(sizeof(char *) * (size_t)(n ? n : 1));
-    const char **symbols = malloc(sizeof(char *) * (size_t)(n ? n : 1));
-    void **fns = calloc((size_t)(n ? n : 1), sizeof(void *));
+    const char **sources = kiln_malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    const char **symbols = kiln_malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    void **fns = kiln_calloc((size_t)(n ? n : 1), sizeof(void *));
     bool ok = sources && symbols && fns;
     for (int i = 0; i < n && ok; i++) sources[i] = waiting.items[i]->source, symbols[i] = waiting.items[i]->symbol;
     if (ok && n > 0 && kiln_codegen_load_many(n, sources, symbols, fns) != KILN_OK) {
@@ -234,7 +234,7 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
 }
 
 kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out) {
-    kiln_fused_kernel *k = calloc(1, sizeof *k);
+    kiln_fused_kernel *k = kiln_calloc(1, sizeof *k);
     if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
     pthread_mutex_init(&k->lock, NULL);
     atomic_init(&k->waiting, false);

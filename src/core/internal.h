@@ -49,16 +49,30 @@ static inline kiln_status kiln_check_interrupt(void) {
 
 /* ---- allocation ----------------------------------------------------------------------- */
 
+/* Every allocation of the library goes through these (src/core/alloc.c), never straight to
+ * malloc: on failure they return NULL with a KILN_ERR_MEMORY message set, and tests can make the
+ * n-th one fail (kiln_alloc_fail_nth). */
+void *kiln_malloc(size_t nbytes); /* freed with free() */
+void *kiln_calloc(size_t count, size_t size);
+void *kiln_realloc(void *p, size_t nbytes); /* on failure p stays valid */
+
 #define KILN_ALIGN 64
 void *kiln_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure (message set) */
 void kiln_free(void *p);
 /* Returns cached free blocks to the system. */
 void kiln_alloc_trim(void);
 
+/* Fault injection, for tests: the n-th allocation from now on (n >= 1) fails, and with persist
+ * every later one too (memory stays exhausted); 0 turns it off. kiln_alloc_count says how many
+ * allocations were made since, kiln_alloc_fault_fired whether the n-th was reached. */
+void kiln_alloc_fail_nth(int64_t n, bool persist);
+int64_t kiln_alloc_count(void);
+bool kiln_alloc_fault_fired(void);
+
 /* A malloc'd copy of s (strdup is not C11); NULL when out of memory. */
 static inline char *kiln_strdup(const char *s) {
     size_t n = strlen(s) + 1;
-    char *c = malloc(n);
+    char *c = kiln_malloc(n);
     if (c) memcpy(c, s, n);
     return c;
 }
@@ -138,6 +152,7 @@ kiln_status kiln_tensor_empty_like_meta(const kiln_meta *m, kiln_tensor **out);
 double kiln_tensor_get_double(const kiln_tensor *t, int64_t index);
 
 /* half and bfloat16 <-> float */
+#ifdef __FLT16_MAX__
 static inline float kiln_f16_to_f32(uint16_t h) {
     _Float16 v;
     memcpy(&v, &h, 2);
@@ -149,6 +164,53 @@ static inline uint16_t kiln_f32_to_f16(float f) {
     memcpy(&h, &v, 2);
     return h;
 }
+#else
+/* Compilers without _Float16 on this target (clang 14 on x86, which builds the fuzzers): the
+ * same conversions in integer arithmetic, rounding to nearest even (F. Giesen's). */
+static inline float kiln_f16_to_f32(uint16_t h) {
+    const uint32_t shifted_exp = 0x7c00u << 13;
+    uint32_t o = ((uint32_t)h & 0x7fffu) << 13, exp = o & shifted_exp;
+    o += (uint32_t)(127 - 15) << 23;
+    if (exp == shifted_exp) {
+        o += (uint32_t)(128 - 16) << 23; /* inf, NaN */
+    } else if (exp == 0) {               /* zero, subnormal: renormalize */
+        const uint32_t magic_u = 113u << 23;
+        float f, magic;
+        o += 1u << 23;
+        memcpy(&f, &o, 4);
+        memcpy(&magic, &magic_u, 4);
+        f -= magic;
+        memcpy(&o, &f, 4);
+    }
+    o |= ((uint32_t)h & 0x8000u) << 16;
+    float r;
+    memcpy(&r, &o, 4);
+    return r;
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+    const uint32_t inf = 255u << 23, f16max = (127u + 16) << 23, denorm_magic_u = ((127u - 15) + (23 - 10) + 1) << 23;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint16_t o;
+    if (u >= f16max) {
+        o = u > inf ? 0x7e00 : 0x7c00; /* NaN, or too large: inf */
+    } else if (u < (113u << 23)) {     /* subnormal or zero: the float addition rounds */
+        float v, magic;
+        memcpy(&v, &u, 4);
+        memcpy(&magic, &denorm_magic_u, 4);
+        v += magic;
+        memcpy(&u, &v, 4);
+        o = (uint16_t)(u - denorm_magic_u);
+    } else {
+        uint32_t mant_odd = (u >> 13) & 1;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfff + mant_odd;
+        o = (uint16_t)(u >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+#endif
 static inline float kiln_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

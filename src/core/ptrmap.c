@@ -17,8 +17,8 @@ kiln_status kiln_ptrmap_put(kiln_ptrmap *m, const void *key, int64_t value) {
     if (2 * (m->count + 1) > m->cap) {
         kiln_ptrmap grown = {0};
         grown.cap = m->cap ? m->cap * 2 : 64;
-        grown.keys = calloc((size_t)grown.cap, sizeof *grown.keys);
-        grown.vals = malloc(sizeof *grown.vals * (size_t)grown.cap);
+        grown.keys = kiln_calloc((size_t)grown.cap, sizeof *grown.keys);
+        grown.vals = kiln_malloc(sizeof *grown.vals * (size_t)grown.cap);
         if (!grown.keys || !grown.vals) {
             free(grown.keys), free(grown.vals);
             return kiln_error(KILN_ERR_MEMORY, "out of memory growing a map");

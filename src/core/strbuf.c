@@ -17,7 +17,7 @@ void kiln_strbuf_printf(kiln_strbuf *t, const char *fmt, ...) {
             return;
         }
         size_t ncap = (t->cap + (size_t)n + 1) * 2;
-        char *grown = realloc(t->buf, ncap);
+        char *grown = kiln_realloc(t->buf, ncap);
         if (!grown) {
             t->failed = true;
             return;

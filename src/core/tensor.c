@@ -3,7 +3,6 @@
 
 #include "hooks.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 
 struct kiln_storage {
@@ -19,103 +18,6 @@ struct kiln_storage {
 
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
 #define STORAGE_HEADER (((sizeof(kiln_storage) + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN)
-
-/* Large blocks are cached after free and reused for the next request of the same rounded
- * size: fresh large allocations come from mmap and pay a page fault per 4 KiB on first touch,
- * which costs as much as the kernels that fill them. Small blocks go straight to malloc. */
-#define CACHE_MIN_BYTES ((size_t)1 << 20)
-#define CACHE_ROUND ((size_t)1 << 16)
-#define CACHE_SLOTS 64
-#define CACHE_MAX_BYTES ((size_t)4 << 30)
-
-typedef struct {
-    void *ptr;
-    size_t bytes;
-} cached_block;
-
-static struct {
-    pthread_mutex_t lock;
-    cached_block slots[CACHE_SLOTS];
-    int count;
-    size_t total;
-} block_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* Each large block carries its rounded size in a header of KILN_ALIGN bytes. */
-static size_t large_round(size_t nbytes) { return (nbytes + KILN_ALIGN + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND; }
-
-static _Atomic size_t bytes_in_use, bytes_peak;
-
-static void count_alloc(size_t bytes) {
-    size_t now = atomic_fetch_add_explicit(&bytes_in_use, bytes, memory_order_relaxed) + bytes;
-    size_t peak = atomic_load_explicit(&bytes_peak, memory_order_relaxed);
-    while (now > peak && !atomic_compare_exchange_weak_explicit(&bytes_peak, &peak, now, memory_order_relaxed,
-                                                                memory_order_relaxed)) {
-    }
-}
-
-size_t kiln_memory_in_use(void) { return atomic_load_explicit(&bytes_in_use, memory_order_relaxed); }
-size_t kiln_memory_peak(void) { return atomic_load_explicit(&bytes_peak, memory_order_relaxed); }
-void kiln_memory_reset_peak(void) { atomic_store_explicit(&bytes_peak, kiln_memory_in_use(), memory_order_relaxed); }
-
-void *kiln_alloc(size_t nbytes) {
-    if (nbytes >= CACHE_MIN_BYTES) {
-        size_t bytes = large_round(nbytes);
-        void *block = NULL;
-        pthread_mutex_lock(&block_cache.lock);
-        for (int k = block_cache.count - 1; k >= 0; k--)
-            if (block_cache.slots[k].bytes == bytes) {
-                block = block_cache.slots[k].ptr;
-                block_cache.total -= bytes;
-                block_cache.slots[k] = block_cache.slots[--block_cache.count];
-                break;
-            }
-        pthread_mutex_unlock(&block_cache.lock);
-        if (!block) block = aligned_alloc(KILN_ALIGN, bytes);
-        if (!block) {
-            kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
-            return NULL;
-        }
-        *(size_t *)block = bytes;
-        count_alloc(bytes);
-        return (char *)block + KILN_ALIGN;
-    }
-    size_t rounded = ((nbytes + KILN_ALIGN - 1) / KILN_ALIGN) * KILN_ALIGN + KILN_ALIGN;
-    char *p = aligned_alloc(KILN_ALIGN, rounded);
-    if (!p) {
-        kiln_error(KILN_ERR_MEMORY, "out of memory allocating %zu bytes", nbytes);
-        return NULL;
-    }
-    *(size_t *)p = 0; /* small: not cached */
-    *(size_t *)(p + sizeof(size_t)) = rounded;
-    count_alloc(rounded);
-    return p + KILN_ALIGN;
-}
-
-void kiln_free(void *p) {
-    if (!p) return;
-    char *block = (char *)p - KILN_ALIGN;
-    size_t bytes = *(size_t *)block;
-    atomic_fetch_sub_explicit(&bytes_in_use, bytes ? bytes : *(size_t *)(block + sizeof(size_t)),
-                              memory_order_relaxed);
-    if (bytes) {
-        pthread_mutex_lock(&block_cache.lock);
-        if (block_cache.count < CACHE_SLOTS && block_cache.total + bytes <= CACHE_MAX_BYTES) {
-            block_cache.slots[block_cache.count++] = (cached_block){block, bytes};
-            block_cache.total += bytes;
-            block = NULL;
-        }
-        pthread_mutex_unlock(&block_cache.lock);
-    }
-    free(block);
-}
-
-void kiln_alloc_trim(void) {
-    pthread_mutex_lock(&block_cache.lock);
-    for (int k = 0; k < block_cache.count; k++) free(block_cache.slots[k].ptr);
-    block_cache.count = 0;
-    block_cache.total = 0;
-    pthread_mutex_unlock(&block_cache.lock);
-}
 
 static kiln_storage *storage_new(size_t nbytes, bool zero) {
     kiln_storage *s = kiln_alloc(STORAGE_HEADER + nbytes);
@@ -189,7 +91,7 @@ static _Atomic uint64_t next_uid = 1;
 
 static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
                                const int64_t *strides, kiln_storage *storage, int64_t offset) {
-    kiln_tensor *t = malloc(sizeof *t);
+    kiln_tensor *t = kiln_malloc(sizeof *t);
     if (!t) {
         kiln_error(KILN_ERR_MEMORY, "out of memory allocating a tensor");
         return NULL;
@@ -244,7 +146,7 @@ kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, c
                              void *data, void (*release)(void *ctx), void *ctx, kiln_tensor **out) {
     if ((unsigned)dtype >= KILN_DTYPE_COUNT) return kiln_error(KILN_ERR_TYPE, "invalid dtype %d", (int)dtype);
     KILN_TRY(check_shape(ndim, shape));
-    kiln_storage *s = malloc(sizeof *s);
+    kiln_storage *s = kiln_malloc(sizeof *s);
     if (!s) return kiln_error(KILN_ERR_MEMORY, "out of memory allocating a storage");
     atomic_init(&s->refcount, 1);
     atomic_init(&s->version, 0);

@@ -188,7 +188,7 @@ static char *take(kiln_strbuf *t) {
 
 /* Whether put_value's short forms of the two values of d read the same (then all digits are shown). */
 static bool short_forms_agree(const kiln_graph_diff *d, names nm) {
-    kiln_strbuf x = {malloc(64), 0, 64, false}, y = {malloc(64), 0, 64, false};
+    kiln_strbuf x = {kiln_malloc(64), 0, 64, false}, y = {kiln_malloc(64), 0, 64, false};
     bool same = false;
     if (x.buf && y.buf) {
         x.buf[0] = y.buf[0] = '\0';
@@ -201,7 +201,7 @@ static bool short_forms_agree(const kiln_graph_diff *d, names nm) {
 }
 
 char *kiln_graph_diff_message(const kiln_graph_diff *d, int nlabels, const char *const *labels) {
-    kiln_strbuf t = {malloc(256), 0, 256, false};
+    kiln_strbuf t = {kiln_malloc(256), 0, 256, false};
     if (!t.buf) return NULL;
     t.buf[0] = '\0';
     names nm = {nlabels, d->subgraph < 0 ? labels : NULL, false};
@@ -231,7 +231,7 @@ char *kiln_graph_diff_message(const kiln_graph_diff *d, int nlabels, const char 
                            (int)y->nin);
         break;
     case KILN_DIFF_ATTRS: {
-        kiln_strbuf sx = {malloc(64), 0, 64, false}, sy = {malloc(64), 0, 64, false};
+        kiln_strbuf sx = {kiln_malloc(64), 0, 64, false}, sy = {kiln_malloc(64), 0, 64, false};
         bool precise = false;
         if (sx.buf && sy.buf) {
             sx.buf[0] = sy.buf[0] = '\0';

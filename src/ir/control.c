@@ -131,12 +131,12 @@ static void body_free(body *b);
 kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     kiln_status s = kiln_graph_verify(g);
     if (s == KILN_OK) s = check_pure(g);
-    body *b = s == KILN_OK ? calloc(1, sizeof *b) : NULL;
+    body *b = s == KILN_OK ? kiln_calloc(1, sizeof *b) : NULL;
     if (s == KILN_OK && !b) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
     if (s == KILN_OK) {
         b->g = g;
         b->refs = 1;
-        b->sub_ids = malloc(sizeof(int64_t) * (size_t)(g->nsubgraphs ? g->nsubgraphs : 1));
+        b->sub_ids = kiln_malloc(sizeof(int64_t) * (size_t)(g->nsubgraphs ? g->nsubgraphs : 1));
         if (!b->sub_ids) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
         for (int32_t k = 0; b->sub_ids && k < g->nsubgraphs; k++) b->sub_ids[k] = -1;
     }
@@ -149,7 +149,7 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
         pthread_mutex_lock(&registry_lock);
         if (nbodies == cap_bodies) {
             int64_t ncap = cap_bodies ? cap_bodies * 2 : 64;
-            body **grown = realloc(bodies, sizeof *grown * (size_t)ncap);
+            body **grown = kiln_realloc(bodies, sizeof *grown * (size_t)ncap);
             if (grown) bodies = grown, cap_bodies = ncap;
         }
         if (nbodies < cap_bodies) {
@@ -252,7 +252,7 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
     if (nin != g->ninputs || nout != g->noutputs)
         return kiln_error(KILN_ERR_VALUE, "control flow: the body takes %d inputs and returns %d values, got %d and %d",
                           g->ninputs, g->noutputs, nin, nout);
-    kiln_tensor **slot = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *slot);
+    kiln_tensor **slot = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *slot);
     kiln_tensor **ins = NULL;
     int cap_in = 0;
     if (!slot) return kiln_error(KILN_ERR_MEMORY, "out of memory running a body");
@@ -269,7 +269,7 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
     for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
         const kiln_node *n = &g->nodes[i];
         if (n->nin > cap_in) {
-            kiln_tensor **grown = realloc(ins, sizeof *grown * (size_t)n->nin);
+            kiln_tensor **grown = kiln_realloc(ins, sizeof *grown * (size_t)n->nin);
             if (!grown) {
                 s = kiln_error(KILN_ERR_MEMORY, "out of memory running a body");
                 break;
@@ -301,7 +301,7 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
 
 /* Makes value v of g (a live capture) its next input. */
 static kiln_status capture_to_input(kiln_graph *g, int32_t v) {
-    int32_t *grown = realloc(g->inputs, sizeof(int32_t) * (size_t)(g->ninputs + 1));
+    int32_t *grown = kiln_realloc(g->inputs, sizeof(int32_t) * (size_t)(g->ninputs + 1));
     if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory lifting captures");
     g->inputs = grown;
     g->cap_inputs = g->ninputs + 1;
@@ -323,7 +323,7 @@ static kiln_status capture_to_input(kiln_graph *g, int32_t v) {
 kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies_in, kiln_tensor ***lifted, int *nlifted) {
     int total = 0;
     for (int b = 0; b < n; b++) total += bodies_in[b]->ncaptures;
-    kiln_tensor **list = malloc(sizeof *list * (size_t)(total ? total : 1));
+    kiln_tensor **list = kiln_malloc(sizeof *list * (size_t)(total ? total : 1));
     if (!list) return kiln_error(KILN_ERR_MEMORY, "out of memory lifting captures");
     int count = 0;
     for (int b = 0; b < n; b++) {

@@ -14,13 +14,13 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, int
                                  int64_t *id) {
     kiln_tracer *tr = NULL;
     int total = nx + ny;
-    kiln_tensor **alias = calloc((size_t)(total ? total : 1), sizeof *alias);
-    kiln_tensor **y = calloc((size_t)(ny ? ny : 1), sizeof *y);
-    kiln_tensor **gx = calloc((size_t)(nx ? nx : 1), sizeof *gx);
-    kiln_tensor **roots = calloc((size_t)(ny ? ny : 1), sizeof *roots);
-    kiln_tensor **groots = calloc((size_t)(ny ? ny : 1), sizeof *groots);
-    kiln_tensor **wrt = calloc((size_t)(nx ? nx : 1), sizeof *wrt);
-    int32_t *outs = calloc((size_t)(nx ? nx : 1), sizeof *outs);
+    kiln_tensor **alias = kiln_calloc((size_t)(total ? total : 1), sizeof *alias);
+    kiln_tensor **y = kiln_calloc((size_t)(ny ? ny : 1), sizeof *y);
+    kiln_tensor **gx = kiln_calloc((size_t)(nx ? nx : 1), sizeof *gx);
+    kiln_tensor **roots = kiln_calloc((size_t)(ny ? ny : 1), sizeof *roots);
+    kiln_tensor **groots = kiln_calloc((size_t)(ny ? ny : 1), sizeof *groots);
+    kiln_tensor **wrt = kiln_calloc((size_t)(nx ? nx : 1), sizeof *wrt);
+    int32_t *outs = kiln_calloc((size_t)(nx ? nx : 1), sizeof *outs);
     kiln_graph *g = NULL;
     kiln_status s = alias && y && gx && roots && groots && wrt && outs
                         ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
@@ -95,7 +95,7 @@ static bool any_needed(const kiln_grad_ctx *ctx, int from) {
 static kiln_status emit(const kiln_grad_ctx *ctx, kiln_op op, const kiln_attrs *a, int nprefix,
                         kiln_tensor *const *prefix, kiln_tensor *const *gy, int first_input, kiln_tensor **gin) {
     int nin = nprefix + ctx->nout, nout = kiln_op_nout(op, a);
-    kiln_tensor **in = malloc(sizeof *in * (size_t)nin);
+    kiln_tensor **in = kiln_malloc(sizeof *in * (size_t)nin);
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
     if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory in a gradient");
     memcpy(in, prefix, sizeof *in * (size_t)nprefix);

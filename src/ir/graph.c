@@ -9,7 +9,7 @@
     do {                                                                                     \
         if ((count) == (cap)) {                                                              \
             int32_t ncap_ = (cap) ? (cap) * 2 : 16;                                          \
-            void *grown_ = realloc((arr), sizeof *(arr) * (size_t)ncap_);                    \
+            void *grown_ = kiln_realloc((arr), sizeof *(arr) * (size_t)ncap_);                    \
             if (!grown_) return kiln_error(KILN_ERR_MEMORY, "out of memory growing a graph"); \
             (arr) = grown_;                                                                  \
             (cap) = ncap_;                                                                   \
@@ -17,7 +17,7 @@
     } while (0)
 
 kiln_status kiln_graph_new(kiln_graph **out) {
-    *out = calloc(1, sizeof **out);
+    *out = kiln_calloc(1, sizeof **out);
     return *out ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory allocating a graph");
 }
 
@@ -115,8 +115,8 @@ static void meta_tensors(const kiln_graph *g, int nin, const int32_t *in, kiln_t
 static kiln_status infer_node(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
                               kiln_meta *metas) {
     kiln_tensor small[8], *small_ptrs[8] = {0};
-    kiln_tensor *store = nin <= 8 ? small : malloc(sizeof *store * (size_t)nin);
-    kiln_tensor **ptrs = nin <= 8 ? small_ptrs : malloc(sizeof *ptrs * (size_t)nin);
+    kiln_tensor *store = nin <= 8 ? small : kiln_malloc(sizeof *store * (size_t)nin);
+    kiln_tensor **ptrs = nin <= 8 ? small_ptrs : kiln_malloc(sizeof *ptrs * (size_t)nin);
     kiln_status s;
     if (!store || !ptrs) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory");
@@ -142,7 +142,7 @@ static kiln_status infer_control(const kiln_graph *g, kiln_op op, int nin, const
             return kiln_error(KILN_ERR_VALUE, "%s names subgraph %lld, which does not exist", name, (long long)idx);
         subs[k] = g->subgraphs[idx];
     }
-    kiln_meta *in_metas = malloc(sizeof *in_metas * (size_t)(nin ? nin : 1));
+    kiln_meta *in_metas = kiln_malloc(sizeof *in_metas * (size_t)(nin ? nin : 1));
     if (!in_metas) return kiln_error(KILN_ERR_MEMORY, "out of memory");
     for (int k = 0; k < nin; k++) in_metas[k] = g->values[in[k]].meta;
     kiln_status s = kiln_control_infer(op, nin, in_metas, a, subs, metas);
@@ -170,7 +170,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
     GROW(g->nodes, g->nnodes, g->cap_nodes);
     kiln_node *n = &g->nodes[g->nnodes];
     memset(n, 0, sizeof *n);
-    n->in = malloc(sizeof(int32_t) * (size_t)(nin ? nin : 1));
+    n->in = kiln_malloc(sizeof(int32_t) * (size_t)(nin ? nin : 1));
     if (!n->in) return kiln_error(KILN_ERR_MEMORY, "out of memory");
     if (nin) memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
     n->op = op;
@@ -189,7 +189,7 @@ kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_
 }
 
 kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index) {
-    kiln_graph **grown = realloc(g->subgraphs, sizeof *grown * (size_t)(g->nsubgraphs + 1));
+    kiln_graph **grown = kiln_realloc(g->subgraphs, sizeof *grown * (size_t)(g->nsubgraphs + 1));
     if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory adding a subgraph");
     g->subgraphs = grown;
     g->subgraphs[g->nsubgraphs] = sub;
@@ -199,7 +199,7 @@ kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *ind
 
 #define COPY_ARRAY(dst, src, n)                                                              \
     do {                                                                                     \
-        (dst) = malloc(sizeof *(dst) * (size_t)((n) ? (n) : 1));                             \
+        (dst) = kiln_malloc(sizeof *(dst) * (size_t)((n) ? (n) : 1));                             \
         if (!(dst)) goto oom;                                                                \
         if (n) memcpy((dst), (src), sizeof *(dst) * (size_t)(n));                            \
     } while (0)
@@ -211,7 +211,7 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
     c->nvalues = c->cap_values = g->nvalues;
     for (int32_t v = 0; v < g->nvalues; v++)
         if (c->values[v].bound) kiln_tensor_retain(c->values[v].bound);
-    c->nodes = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *c->nodes);
+    c->nodes = kiln_calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *c->nodes);
     if (!c->nodes) goto oom;
     for (int32_t n = 0; n < g->nnodes; n++) {
         c->nodes[n] = g->nodes[n];
@@ -226,7 +226,7 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
     c->ncaptures = c->cap_captures = g->ncaptures;
     COPY_ARRAY(c->outputs, g->outputs, g->noutputs);
     c->noutputs = g->noutputs;
-    c->locs = calloc((size_t)(g->nlocs ? g->nlocs : 1), sizeof(char *));
+    c->locs = kiln_calloc((size_t)(g->nlocs ? g->nlocs : 1), sizeof(char *));
     if (!c->locs) goto oom;
     for (int32_t l = 0; l < g->nlocs; l++) {
         c->locs[l] = kiln_strdup(g->locs[l]);
@@ -234,11 +234,12 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
         c->nlocs = c->cap_locs = l + 1;
     }
     for (int32_t k = 0; k < g->nsubgraphs; k++) {
-        kiln_graph *sub;
+        kiln_graph *sub = NULL;
         int32_t idx;
         kiln_status s = kiln_graph_clone(g->subgraphs[k], &sub);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(c, sub, &idx);
         if (s != KILN_OK) {
+            kiln_graph_free(sub);
             kiln_graph_free(c);
             return s;
         }
@@ -254,7 +255,7 @@ kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) 
     for (int k = 0; k < n; k++)
         if (values[k] < 0 || values[k] >= g->nvalues)
             return kiln_error(KILN_ERR_VALUE, "graph: output %d refers to unknown value %d", k, values[k]);
-    int32_t *outs = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *outs = kiln_malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (!outs) return kiln_error(KILN_ERR_MEMORY, "out of memory");
     if (n) memcpy(outs, values, sizeof(int32_t) * (size_t)n);
     free(g->outputs);
@@ -265,7 +266,7 @@ kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) 
 
 kiln_status kiln_graph_verify(const kiln_graph *g) {
     /* a value is defined once it is an input or capture, or its node has been passed */
-    bool *defined = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *defined);
+    bool *defined = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *defined);
     if (!defined) return kiln_error(KILN_ERR_MEMORY, "out of memory");
     kiln_status s = KILN_OK;
     for (int32_t v = 0; v < g->nvalues; v++) defined[v] = g->values[v].kind != KILN_VALUE_NODE;
@@ -307,7 +308,7 @@ static void put_type(kiln_strbuf *t, const kiln_meta *m) {
 }
 
 char *kiln_graph_to_string(const kiln_graph *g) {
-    kiln_strbuf t = {malloc(256), 0, 256, false};
+    kiln_strbuf t = {kiln_malloc(256), 0, 256, false};
     if (!t.buf) return NULL;
     t.buf[0] = '\0';
     kiln_strbuf_printf(&t, "graph(");

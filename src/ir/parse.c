@@ -14,7 +14,8 @@
  *
  * The text may come from anywhere: every size it declares is bounded before anything is
  * allocated (see kiln/graph.h: nesting depth, values per graph, dimensions, shapes, elements of
- * a constant), and every error is KILN_ERR_VALUE naming the line. */
+ * a constant), and every error is KILN_ERR_VALUE naming the line (KILN_ERR_MEMORY when an
+ * allocation fails). */
 #include <ctype.h>
 #include <errno.h>
 
@@ -151,7 +152,7 @@ static kiln_status define(parser *p, idmap *map, int64_t tid, int32_t value) {
     if (tid >= map->cap) {
         int32_t ncap = map->cap ? map->cap : 64;
         while (ncap <= tid) ncap *= 2;
-        int32_t *grown = realloc(map->ids, sizeof(int32_t) * (size_t)ncap);
+        int32_t *grown = kiln_realloc(map->ids, sizeof(int32_t) * (size_t)ncap);
         if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
         for (int32_t k = map->cap; k < ncap; k++) grown[k] = -1;
         map->ids = grown;
@@ -310,7 +311,7 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
         do {
             if (nin == cap) {
                 cap = cap ? cap * 2 : 8;
-                int32_t *grown = realloc(in, sizeof(int32_t) * (size_t)cap);
+                int32_t *grown = kiln_realloc(in, sizeof(int32_t) * (size_t)cap);
                 if (!grown) {
                     s = kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
                     break;
@@ -343,7 +344,7 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) {
         s = kiln_graph_add_node(g, op, nin, in, &a, loc, outs);
-        if (s != KILN_OK) s = kiln_error_context(KILN_ERR_VALUE, "graph text line %d", p->lineno);
+        if (s != KILN_OK) s = kiln_error_context(s == KILN_ERR_MEMORY ? s : KILN_ERR_VALUE, "graph text line %d", p->lineno);
     }
     free(in);
     for (int k = 0; k < nout && s == KILN_OK; k++) {
@@ -390,7 +391,7 @@ static kiln_status ret(parser *p, kiln_graph *g, const idmap *map) {
         do {
             if (n == cap) {
                 cap = cap ? cap * 2 : 16;
-                int32_t *grown = realloc(outs, sizeof(int32_t) * (size_t)cap);
+                int32_t *grown = kiln_realloc(outs, sizeof(int32_t) * (size_t)cap);
                 if (!grown) {
                     s = kiln_error(KILN_ERR_MEMORY, "out of memory parsing a graph");
                     break;
@@ -439,7 +440,7 @@ static kiln_status graph_block(parser *p, kiln_graph *g, int depth, bool *more) 
         s = kiln_graph_new(&sub);
         if (s == KILN_OK) s = graph_block(p, sub, depth + 1, more);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
-        else kiln_graph_free(sub);
+        if (s != KILN_OK) kiln_graph_free(sub);
     }
     if (s != KILN_OK) {
         free(map.ids);
@@ -484,7 +485,7 @@ kiln_status kiln_graph_parse(const char *text, kiln_graph **out) {
     if (s == KILN_OK && more) s = fail(&p, "unexpected text after the graph");
     if (s == KILN_OK) {
         s = kiln_graph_verify(g);
-        if (s != KILN_OK) s = kiln_error_context(KILN_ERR_VALUE, "graph text");
+        if (s != KILN_OK) s = kiln_error_context(s == KILN_ERR_MEMORY ? s : KILN_ERR_VALUE, "graph text");
     }
     if (s != KILN_OK) {
         kiln_graph_free(g);

@@ -59,7 +59,7 @@ int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **first_loc) {
 }
 
 kiln_status kiln_tracer_begin(kiln_tracer **out) {
-    kiln_tracer *tr = calloc(1, sizeof *tr);
+    kiln_tracer *tr = kiln_calloc(1, sizeof *tr);
     if (!tr) return kiln_error(KILN_ERR_MEMORY, "out of memory starting a trace");
     kiln_status s = kiln_graph_new(&tr->graph);
     if (s != KILN_OK) {
@@ -121,11 +121,11 @@ void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias) {
 static kiln_status remember_constant_source(kiln_tracer *tr, kiln_tensor *t) {
     if (tr->nconst == tr->cap_const) {
         int32_t cap = tr->cap_const ? 2 * tr->cap_const : 8;
-        kiln_tensor **src = realloc(tr->const_src, sizeof *src * (size_t)cap);
+        kiln_tensor **src = kiln_realloc(tr->const_src, sizeof *src * (size_t)cap);
         if (src) tr->const_src = src;
-        int32_t *val = realloc(tr->const_value, sizeof *val * (size_t)cap);
+        int32_t *val = kiln_realloc(tr->const_value, sizeof *val * (size_t)cap);
         if (val) tr->const_value = val;
-        int64_t *ver = realloc(tr->const_version, sizeof *ver * (size_t)cap);
+        int64_t *ver = kiln_realloc(tr->const_version, sizeof *ver * (size_t)cap);
         if (ver) tr->const_version = ver;
         if (!src || !val || !ver) return kiln_error(KILN_ERR_MEMORY, "out of memory capturing a constant");
         tr->cap_const = cap;
@@ -212,7 +212,7 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     kiln_tracer *tr = kiln_thread.trace_active;
     if (!tr || tr->failure != KILN_OK) return;
     set_active(NULL); /* capturing a constant copies through kernels, which must not record */
-    int32_t small[8] = {0}, *ids = nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)nin);
+    int32_t small[8] = {0}, *ids = nin <= 8 ? small : kiln_malloc(sizeof(int32_t) * (size_t)nin);
     kiln_status s = ids ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory while tracing");
     for (int k = 0; k < nin && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, in[k], &ids[k]);
     kiln_attrs translated;

@@ -42,8 +42,14 @@ static kiln_status conv_params(const char *op, const kiln_attrs *a, const int64_
     *p = (kiln_conv_params){.N = xs[0], .C = xs[1], .H = xs[2], .W = xs[3], .O = ws[0], .KH = ws[2], .KW = ws[3],
                             .sh = i[0], .sw = i[1], .pt = i[2], .pb = i[3], .pl = i[4], .pr = i[5],
                             .dh = i[6], .dw = i[7], .groups = g};
-    int64_t ekh = (p->KH - 1) * p->dh + 1, ekw = (p->KW - 1) * p->dw + 1;
-    int64_t ph = p->H + p->pt + p->pb, pw = p->W + p->pl + p->pr;
+    int64_t ekh, ekw, ph, pw; /* dilated kernel and padded input: checked, attributes may be anything */
+    if (__builtin_mul_overflow(p->KH - 1, p->dh, &ekh) || __builtin_add_overflow(ekh, 1, &ekh) ||
+        __builtin_mul_overflow(p->KW - 1, p->dw, &ekw) || __builtin_add_overflow(ekw, 1, &ekw) ||
+        __builtin_add_overflow(p->H, p->pt, &ph) || __builtin_add_overflow(ph, p->pb, &ph) ||
+        __builtin_add_overflow(p->W, p->pl, &pw) || __builtin_add_overflow(pw, p->pr, &pw))
+        return kiln_error(KILN_ERR_VALUE, "%s: padding (%lld, %lld, %lld, %lld) or dilation (%lld, %lld) too large: the "
+                          "padded input or the dilated kernel overflows; input %s, weight %s", op, (long long)p->pt,
+                          (long long)p->pb, (long long)p->pl, (long long)p->pr, (long long)p->dh, (long long)p->dw, bx, bw);
     if (p->KH < 1 || p->KW < 1 || ekh > ph || ekw > pw)
         return kiln_error(KILN_ERR_VALUE, "%s: kernel (%lld, %lld) (dilated (%lld, %lld)) does not fit the padded input (%lld, %lld); input %s, weight %s",
                           op, (long long)p->KH, (long long)p->KW, (long long)ekh, (long long)ekw, (long long)ph,

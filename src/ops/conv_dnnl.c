@@ -113,12 +113,12 @@ static void check_impl(const_dnnl_primitive_desc_t pd, const char *what) {
     fprintf(stderr, "kiln: warning: oneDNN runs %s with its slow reference implementation (%s)\n", what, impl);
     if (ref_nseen == ref_cap) {
         int64_t cap = ref_cap ? 2 * ref_cap : 8;
-        char **grown = realloc(ref_seen, sizeof *grown * (size_t)cap);
+        char **grown = kiln_realloc(ref_seen, sizeof *grown * (size_t)cap);
         if (!grown) return;
         ref_seen = grown, ref_cap = cap;
     }
     size_t n = strlen(desc) + 1;
-    char *copy = malloc(n);
+    char *copy = kiln_malloc(n);
     if (copy) memcpy(copy, desc, n), ref_seen[ref_nseen++] = copy;
 }
 
@@ -386,7 +386,7 @@ static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_p
         }
         if (!e || (conv_cache[slot] && e->last_use < conv_cache[slot]->last_use)) slot = i;
     }
-    conv_entry *e = calloc(1, sizeof *e);
+    conv_entry *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
     e->kind = kind, e->bias = bias, e->p = *p, e->ep = *ep;
     kiln_status s = conv_create(e);

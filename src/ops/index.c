@@ -77,7 +77,7 @@ static kiln_status load_indices(const char *op, kiln_tensor *idx, const kiln_met
     kiln_tensor *c;
     KILN_TRY(kiln_to_contiguous(idx, idx->meta.dtype, &c));
     int64_t K = c->numel, n = x->shape[axis], bad = K;
-    int64_t *ix = malloc(sizeof(int64_t) * (size_t)(K ? K : 1));
+    int64_t *ix = kiln_malloc(sizeof(int64_t) * (size_t)(K ? K : 1));
     if (!ix) {
         kiln_tensor_release(c);
         return kiln_error(KILN_ERR_MEMORY, "%s: out of memory for %lld indices", op, (long long)K);

@@ -283,7 +283,7 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
     static T *bn_expand_##SFX(const bn_plan *p, int count, const double *const *coef) {                              \
         int64_t cs = p->C * p->S;                                                                                    \
         if (p->S >= 32 || cs > 65536) return NULL;                                                                   \
-        T *e = malloc(sizeof(T) * (size_t)(count * cs + 1));                                                         \
+        T *e = kiln_malloc(sizeof(T) * (size_t)(count * cs + 1));                                                         \
         for (int k = 0; e && k < count; k++)                                                                         \
             for (int64_t j = 0; j < cs; j++) e[k * cs + j] = (T)coef[k][j / p->S];                                   \
         return e;                                                                                                    \
@@ -494,7 +494,7 @@ KILN_KERNEL(batch_norm) {
     KILN_TRY(kiln_to_contiguous(in[0], ct, &x));
     kiln_status s = output_buffers(out, 3, ct, buf);
     int64_t C = p.C;
-    double *mem = malloc(sizeof(double) * (size_t)(4 * C + 2 * C * p.slots + 1));
+    double *mem = kiln_malloc(sizeof(double) * (size_t)(4 * C + 2 * C * p.slots + 1));
     if (!mem && s == KILN_OK) s = kiln_error(KILN_ERR_MEMORY, "batch_norm: out of memory");
     if (s != KILN_OK) {
         kiln_tensor_release(x);
@@ -561,7 +561,7 @@ KILN_KERNEL(batch_norm_backward) {
     kiln_tensor *c[2], *buf[3];
     KILN_TRY(load_inputs(in, 2, ct, c));
     kiln_status s = output_buffers(out, 3, ct, buf);
-    double *mem = s == KILN_OK ? malloc(sizeof(double) * (size_t)(6 * C + 2 * C * p.slots + 1)) : NULL;
+    double *mem = s == KILN_OK ? kiln_malloc(sizeof(double) * (size_t)(6 * C + 2 * C * p.slots + 1)) : NULL;
     if (!mem && s == KILN_OK) {
         kiln_release_all(buf, 3);
         s = kiln_error(KILN_ERR_MEMORY, "batch_norm_backward: out of memory");
@@ -836,7 +836,7 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
     KILN_TRY(load_inputs(in, nin, ct, c));
     kiln_status s = output_buffers(out, nout, ct, buf);
     size_t doubles = (size_t)(2 * lp.nrb * D + (lp.ncb > 1 ? 2 * rows : 0) + 1);
-    double *part = s == KILN_OK ? malloc(sizeof(double) * doubles) : NULL;
+    double *part = s == KILN_OK ? kiln_malloc(sizeof(double) * doubles) : NULL;
     if (!part && s == KILN_OK) {
         kiln_release_all(buf, nout);
         s = kiln_error(KILN_ERR_MEMORY, "%s: out of memory", op);

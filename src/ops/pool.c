@@ -13,9 +13,9 @@ typedef struct {
 
 /* PyTorch's pooling_output_shape_pad: in ceil mode the last window must start inside the
  * input or its leading padding. */
-static int64_t pool_out_size(int64_t in, int64_t k, int64_t pl, int64_t pr, int64_t s, int64_t d, bool ceil) {
-    int64_t num = in + pl + pr - d * (k - 1) - 1 + (ceil ? s - 1 : 0);
-    int64_t out = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+static int64_t pool_out_size(int64_t in, int64_t ek, int64_t pl, int64_t pr, int64_t s, bool ceil) {
+    int64_t num = in + pl + pr - ek + (ceil ? s - 1 : 0); /* (pool_geometry checks it cannot overflow) */
+    int64_t out = num < 0 ? 0 : num / s + 1;              /* (no window fits: refused) */
     if (ceil && (out - 1) * s >= in + pl) out--;
     return out;
 }
@@ -35,19 +35,30 @@ static kiln_status pool_geometry(const char *op, const kiln_attrs *a, const kiln
         return kiln_error(KILN_ERR_VALUE, "%s: kernel (%lld, %lld), stride (%lld, %lld) and dilation (%lld, %lld) must be positive",
                           op, (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw, (long long)g->dh,
                           (long long)g->dw);
-    int64_t ekh = (g->kh - 1) * g->dh + 1, ekw = (g->kw - 1) * g->dw + 1;
-    if (g->pt < 0 || g->pb < 0 || g->pl < 0 || g->pr < 0 || 2 * g->pt > ekh || 2 * g->pb > ekh || 2 * g->pl > ekw ||
-        2 * g->pr > ekw)
+    /* the dilated kernel, the padded input and, for ceil_mode, a stride more: checked, attributes
+     * may be anything */
+    int64_t ekh, ekw, ph, pw, spare;
+    if (__builtin_mul_overflow(g->kh - 1, g->dh, &ekh) || __builtin_add_overflow(ekh, 1, &ekh) ||
+        __builtin_mul_overflow(g->kw - 1, g->dw, &ekw) || __builtin_add_overflow(ekw, 1, &ekw))
+        return kiln_error(KILN_ERR_VALUE, "%s: kernel (%lld, %lld) with dilation (%lld, %lld) is too large", op,
+                          (long long)g->kh, (long long)g->kw, (long long)g->dh, (long long)g->dw);
+    if (g->pt < 0 || g->pb < 0 || g->pl < 0 || g->pr < 0 || g->pt > ekh / 2 || g->pb > ekh / 2 || g->pl > ekw / 2 ||
+        g->pr > ekw / 2)
         return kiln_error(KILN_ERR_VALUE, "%s: padding (%lld, %lld, %lld, %lld) must be between 0 and half the (dilated) kernel (%lld, %lld)",
                           op, (long long)g->pt, (long long)g->pb, (long long)g->pl, (long long)g->pr, (long long)ekh,
                           (long long)ekw);
-    g->OH = pool_out_size(g->H, g->kh, g->pt, g->pb, g->sh, g->dh, i[10] != 0);
-    g->OW = pool_out_size(g->W, g->kw, g->pl, g->pr, g->sw, g->dw, i[10] != 0);
+    if (__builtin_add_overflow(g->H, g->pt, &ph) || __builtin_add_overflow(ph, g->pb, &ph) ||
+        __builtin_add_overflow(g->W, g->pl, &pw) || __builtin_add_overflow(pw, g->pr, &pw) ||
+        (i[10] && (__builtin_add_overflow(ph, g->sh, &spare) || __builtin_add_overflow(pw, g->sw, &spare))))
+        return kiln_error(KILN_ERR_VALUE, "%s: padding (%lld, %lld, %lld, %lld) or stride (%lld, %lld) too large for input %s",
+                          op, (long long)g->pt, (long long)g->pb, (long long)g->pl, (long long)g->pr, (long long)g->sh,
+                          (long long)g->sw, kiln_shape_str(mx, buf, sizeof buf));
+    g->OH = pool_out_size(g->H, ekh, g->pt, g->pb, g->sh, i[10] != 0);
+    g->OW = pool_out_size(g->W, ekw, g->pl, g->pr, g->sw, i[10] != 0);
     if (g->OH < 1 || g->OW < 1)
         return kiln_error(KILN_ERR_VALUE, "%s: kernel (%lld, %lld) (dilated (%lld, %lld)) is larger than the padded input (%lld, %lld) of shape %s",
-                          op, (long long)g->kh, (long long)g->kw, (long long)ekh, (long long)ekw,
-                          (long long)(g->H + g->pt + g->pb), (long long)(g->W + g->pl + g->pr),
-                          kiln_shape_str(mx, buf, sizeof buf));
+                          op, (long long)g->kh, (long long)g->kw, (long long)ekh, (long long)ekw, (long long)ph,
+                          (long long)pw, kiln_shape_str(mx, buf, sizeof buf));
     return KILN_OK;
 }
 
@@ -117,7 +128,8 @@ typedef struct {
     int64_t start, k0, k1, count;
 } pool_span;
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+/* (no a + b - 1: a dilation may be anything up to INT64_MAX) */
+static inline int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a - 1) / b + 1; }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static void pool_spans(int64_t n_out, int64_t n_in, int64_t k, int64_t s, int64_t pad_lo, int64_t pad_hi, int64_t d,
@@ -253,7 +265,7 @@ static kiln_status pool_run(pool_kind kind, const pool_geom *g, kiln_tensor *a, 
         else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);
     }
     pool_span *hs = NULL;
-    if (s == KILN_OK && !(hs = malloc(sizeof(pool_span) * (size_t)(g->OH + g->OW))))
+    if (s == KILN_OK && !(hs = kiln_malloc(sizeof(pool_span) * (size_t)(g->OH + g->OW))))
         s = kiln_error(KILN_ERR_MEMORY, "pooling: out of memory");
     if (s == KILN_OK) {
         pool_spans(g->OH, g->H, g->kh, g->sh, g->pt, g->pb, g->dh, g->include_pad, hs);

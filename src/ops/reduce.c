@@ -657,7 +657,7 @@ static kiln_status run_reduce(red_kind kind, kiln_tensor *x, const kiln_attrs *a
         int64_t ddof = a->ni > 2 ? a->i[2] : 0;
         e.op = RED_SQDEV;
         e.means = means;
-        e.div = p.n_red - ddof > 0 ? (double)(p.n_red - ddof) : 0.0;
+        e.div = ddof < p.n_red ? (double)p.n_red - (double)ddof : 0.0; /* (ddof may be anything: no int64 difference) */
         e.take_sqrt = kind == K_STD;
     }
     if (s == KILN_OK) s = red_execute(&e);

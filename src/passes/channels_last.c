@@ -114,7 +114,7 @@ static kiln_status emit_conv(layout_state *st, const kiln_node *n) {
 static kiln_status emit_elementwise(layout_state *st, const kiln_node *n) {
     const kiln_meta *om = &st->rw.src->values[n->out[0]].meta;
     int64_t numel = om->shape[0] * om->shape[1] * om->shape[2] * om->shape[3];
-    int32_t small[8], *ins = n->nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)n->nin);
+    int32_t small[8], *ins = n->nin <= 8 ? small : kiln_malloc(sizeof(int32_t) * (size_t)n->nin);
     if (!ins) return kiln_error(KILN_ERR_MEMORY, "out of memory in channels_last");
     kiln_status s = KILN_OK;
     for (int k = 0; k < n->nin && s == KILN_OK; k++) s = converted_operand(st, n->in[k], numel, n->loc, &ins[k]);
@@ -156,8 +156,8 @@ KILN_PASS(channels_last) {
     int block = kiln_conv_block_size();
     if (opt->disable_format_transform || !block) return KILN_OK;
     int32_t nv = in->nvalues ? in->nvalues : 1;
-    bool *feeds_conv = calloc((size_t)nv, sizeof(bool));
-    layout_state st = {.rw.src = in, .converted = malloc(sizeof(int32_t) * (size_t)nv)};
+    bool *feeds_conv = kiln_calloc((size_t)nv, sizeof(bool));
+    layout_state st = {.rw.src = in, .converted = kiln_malloc(sizeof(int32_t) * (size_t)nv)};
     kiln_status s = KILN_OK;
     if (!feeds_conv || !st.converted) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in channels_last");

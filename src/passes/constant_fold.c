@@ -47,7 +47,7 @@ static kiln_status evaluate(folder *f) {
         const kiln_node *n = &g->nodes[i];
         if (!candidate(f, n)) continue;
         if (n->nin > cap) {
-            kiln_tensor **grown = malloc(sizeof *grown * (size_t)n->nin);
+            kiln_tensor **grown = kiln_malloc(sizeof *grown * (size_t)n->nin);
             if (!grown) {
                 s = kiln_error(KILN_ERR_MEMORY, "out of memory in constant_fold");
                 break;
@@ -100,10 +100,10 @@ kiln_status kiln_pass_constant_fold(const kiln_graph *in, const kiln_pass_option
     size_t nv = (size_t)(in->nvalues ? in->nvalues : 1), nn = (size_t)(in->nnodes ? in->nnodes : 1);
     folder f = {.src = in};
     f.written = kiln_pass_written_buffers(in);
-    f.is_output = calloc(nv, sizeof(bool));
-    f.known = calloc(nv, sizeof(kiln_tensor *));
-    f.owned = calloc(nv, sizeof(bool));
-    f.folded = calloc(nn, sizeof(bool));
+    f.is_output = kiln_calloc(nv, sizeof(bool));
+    f.known = kiln_calloc(nv, sizeof(kiln_tensor *));
+    f.owned = kiln_calloc(nv, sizeof(bool));
+    f.folded = kiln_calloc(nn, sizeof(bool));
     kiln_status s = KILN_OK;
     if (!f.written || !f.is_output || !f.known || !f.owned || !f.folded)
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in constant_fold");

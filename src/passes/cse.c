@@ -21,8 +21,8 @@ static bool writes_input(const kiln_node *n, int k) { return kiln_node_writes_in
  * buffer; graph inputs may alias each other, so they count as one buffer. malloc'd. */
 bool *kiln_pass_written_buffers(const kiln_graph *g) {
     size_t n = (size_t)(g->nvalues ? g->nvalues : 1);
-    int32_t *root = malloc(sizeof(int32_t) * n);
-    bool *written_root = calloc(n, sizeof(bool)), *written = calloc(n, sizeof(bool));
+    int32_t *root = kiln_malloc(sizeof(int32_t) * n);
+    bool *written_root = kiln_calloc(n, sizeof(bool)), *written = kiln_calloc(n, sizeof(bool));
     if (!root || !written_root || !written) {
         free(root), free(written_root), free(written);
         kiln_error(KILN_ERR_MEMORY, "out of memory analysing in-place writes");
@@ -79,7 +79,7 @@ static kiln_status table_init(table *t, int32_t n) {
     t->mask = 0;
     uint64_t size = 16;
     while (size < 2 * (uint64_t)n) size *= 2;
-    t->slots = malloc(sizeof(int32_t) * size);
+    t->slots = kiln_malloc(sizeof(int32_t) * size);
     if (!t->slots) return kiln_error(KILN_ERR_MEMORY, "out of memory in cse");
     for (uint64_t k = 0; k < size; k++) t->slots[k] = -1;
     t->mask = size - 1;
@@ -236,8 +236,8 @@ kiln_status kiln_pass_cse(const kiln_graph *in, const kiln_pass_options *opt, ki
     cse c = {.src = in};
     size_t nv = (size_t)(in->nvalues ? in->nvalues : 1);
     c.written = kiln_pass_written_buffers(in);
-    c.is_output = calloc(nv, sizeof(bool));
-    c.dst_out = calloc(nv, sizeof(bool));
+    c.is_output = kiln_calloc(nv, sizeof(bool));
+    c.dst_out = kiln_calloc(nv, sizeof(bool));
     kiln_status s = KILN_OK;
     if (!c.written || !c.is_output || !c.dst_out) s = kiln_error(KILN_ERR_MEMORY, "out of memory in cse");
     for (int32_t k = 0; k < in->noutputs && s == KILN_OK; k++) c.is_output[in->outputs[k]] = true;

@@ -6,7 +6,7 @@
 kiln_status kiln_pass_dce(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out) {
     (void)opt;
     int32_t *uses = kiln_graph_use_counts(in);
-    bool *keep = calloc((size_t)(in->nnodes ? in->nnodes : 1), sizeof(bool));
+    bool *keep = kiln_calloc((size_t)(in->nnodes ? in->nnodes : 1), sizeof(bool));
     if (!uses || !keep) {
         free(uses), free(keep);
         return kiln_error(KILN_ERR_MEMORY, "out of memory in dce");

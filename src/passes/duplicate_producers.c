@@ -60,11 +60,11 @@ KILN_PASS(duplicate_producers) {
     *out = NULL;
     int32_t nn = in->nnodes, nv = in->nvalues;
     dup d = {.g = in};
-    d.last_use = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    d.output = calloc((size_t)(nv ? nv : 1), sizeof(bool));
-    d.copied = calloc((size_t)(nn ? nn : 1), sizeof(bool));
-    d.copies = calloc((size_t)(nn ? nn : 1), sizeof(int32_t));
-    d.writes_before = calloc((size_t)nn + 1, sizeof(int32_t));
+    d.last_use = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    d.output = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    d.copied = kiln_calloc((size_t)(nn ? nn : 1), sizeof(bool));
+    d.copies = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t));
+    d.writes_before = kiln_calloc((size_t)nn + 1, sizeof(int32_t));
     kiln_status s = KILN_OK;
     if (!d.last_use || !d.output || !d.copied || !d.copies || !d.writes_before)
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in duplicate_producers");

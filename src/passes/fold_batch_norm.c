@@ -21,6 +21,7 @@ static kiln_status emit_scalar(kiln_rewriter *rw, double v, kiln_dtype dtype, in
     kiln_tensor *c = t;
     kiln_status s = KILN_OK;
     if (dtype != KILN_DTYPE_FLOAT64) {
+        c = NULL; /* (a failed allocation leaves it as it was: t, released just below) */
         s = kiln_tensor_empty(dtype, 0, NULL, &c);
         if (s == KILN_OK) s = kiln_copy_into(c, t);
         kiln_tensor_release(t);
@@ -70,7 +71,7 @@ KILN_PASS(fold_batch_norm) {
     *out = NULL;
     if (!opt->inference) return KILN_OK;
     int32_t *uses = kiln_graph_use_counts(in);
-    int32_t *conv_of = malloc(sizeof(int32_t) * (size_t)(in->nnodes ? in->nnodes : 1)); /* bn -> its conv */
+    int32_t *conv_of = kiln_malloc(sizeof(int32_t) * (size_t)(in->nnodes ? in->nnodes : 1)); /* bn -> its conv */
     if (!uses || !conv_of) {
         free(uses), free(conv_of);
         return kiln_error(KILN_ERR_MEMORY, "out of memory in fold_batch_norm");
@@ -91,7 +92,7 @@ KILN_PASS(fold_batch_norm) {
     }
     kiln_status s = KILN_OK;
     if (found) {
-        bool *folded_conv = calloc((size_t)in->nnodes, sizeof(bool));
+        bool *folded_conv = kiln_calloc((size_t)in->nnodes, sizeof(bool));
         kiln_rewriter rw;
         s = folded_conv ? kiln_rewriter_begin(&rw, in) : kiln_error(KILN_ERR_MEMORY, "out of memory in fold_batch_norm");
         for (int32_t i = 0; i < in->nnodes && s == KILN_OK; i++)

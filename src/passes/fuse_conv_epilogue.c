@@ -94,10 +94,10 @@ KILN_PASS(fuse_conv_epilogue) {
     *out = NULL;
     size_t nn = (size_t)(in->nnodes ? in->nnodes : 1);
     int32_t *uses = kiln_graph_use_counts(in);
-    int32_t *consumer = malloc(sizeof(int32_t) * (size_t)(in->nvalues ? in->nvalues : 1));
-    conv_chain *chain = malloc(sizeof(conv_chain) * nn);
-    int32_t *fused_at = malloc(sizeof(int32_t) * nn); /* last absorbed node -> its conv */
-    bool *skip = calloc(nn, sizeof(bool));
+    int32_t *consumer = kiln_malloc(sizeof(int32_t) * (size_t)(in->nvalues ? in->nvalues : 1));
+    conv_chain *chain = kiln_malloc(sizeof(conv_chain) * nn);
+    int32_t *fused_at = kiln_malloc(sizeof(int32_t) * nn); /* last absorbed node -> its conv */
+    bool *skip = kiln_calloc(nn, sizeof(bool));
     kiln_status s = KILN_OK;
     if (!uses || !consumer || !chain || !fused_at || !skip) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_conv_epilogue");

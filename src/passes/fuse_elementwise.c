@@ -37,24 +37,24 @@ typedef struct {
 static kiln_status analyse(fusion *f) {
     const kiln_graph *g = f->g;
     int32_t nv = g->nvalues, nn = g->nnodes;
-    f->cons_start = calloc((size_t)nv + 1, sizeof(int32_t));
-    f->is_output = calloc((size_t)(nv ? nv : 1), sizeof(bool));
-    f->mut_before = calloc((size_t)nn + 1, sizeof(int32_t));
-    f->group = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    f->root = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    f->size = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    f->space = malloc(sizeof(kiln_meta) * (size_t)(nn ? nn : 1));
-    f->rows = malloc(sizeof(bool) * (size_t)(nn ? nn : 1));
+    f->cons_start = kiln_calloc((size_t)nv + 1, sizeof(int32_t));
+    f->is_output = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    f->mut_before = kiln_calloc((size_t)nn + 1, sizeof(int32_t));
+    f->group = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->root = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->size = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    f->space = kiln_malloc(sizeof(kiln_meta) * (size_t)(nn ? nn : 1));
+    f->rows = kiln_malloc(sizeof(bool) * (size_t)(nn ? nn : 1));
     int32_t total = 0;
     for (int32_t i = 0; i < nn; i++) total += g->nodes[i].nin;
-    f->cons = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
+    f->cons = kiln_malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
     if (!f->cons_start || !f->is_output || !f->mut_before || !f->group || !f->root || !f->size || !f->cons ||
         !f->space || !f->rows)
         return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
     for (int32_t i = 0; i < nn; i++)
         for (int k = 0; k < g->nodes[i].nin; k++) f->cons_start[g->nodes[i].in[k] + 1]++;
     for (int32_t v = 0; v < nv; v++) f->cons_start[v + 1] += f->cons_start[v];
-    int32_t *fill = calloc((size_t)(nv ? nv : 1), sizeof(int32_t));
+    int32_t *fill = kiln_calloc((size_t)(nv ? nv : 1), sizeof(int32_t));
     if (!fill) return kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_elementwise");
     for (int32_t i = 0; i < nn; i++)
         for (int k = 0; k < g->nodes[i].nin; k++) {
@@ -178,7 +178,7 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
     if (s == KILN_OK) s = kiln_graph_set_outputs(sub, 1, &sub_map[rv]);
     int32_t index = -1;
     if (s == KILN_OK) s = kiln_graph_add_subgraph(rw->dst, sub, &index);
-    else kiln_graph_free(sub);
+    if (s != KILN_OK) kiln_graph_free(sub);
     if (s != KILN_OK) return s;
     const kiln_meta *m = &g->values[rv].meta;
     kiln_attrs a = {0};
@@ -196,8 +196,8 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
 
 static kiln_status rewrite(const fusion *f, kiln_graph **out) {
     const kiln_graph *g = f->g;
-    bool *fused = calloc((size_t)(f->ngroups ? f->ngroups : 1), sizeof(bool));
-    int32_t *sub_map = malloc(sizeof(int32_t) * (size_t)(g->nvalues ? g->nvalues : 1));
+    bool *fused = kiln_calloc((size_t)(f->ngroups ? f->ngroups : 1), sizeof(bool));
+    int32_t *sub_map = kiln_malloc(sizeof(int32_t) * (size_t)(g->nvalues ? g->nvalues : 1));
     int32_t inputs[MAX_GROUP_INPUTS];
     if (!fused || !sub_map) {
         free(fused), free(sub_map);

@@ -76,11 +76,11 @@ KILN_PASS(fuse_matmul_epilogue) {
     const kiln_graph *g = in;
     int32_t nn = g->nnodes, nv = g->nvalues;
     int32_t *uses = kiln_graph_use_counts(g);
-    int32_t *consumer = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    int32_t *effects_before = calloc((size_t)nn + 1, sizeof(int32_t));
-    int32_t *base_of = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1)); /* per chain's last node: its base */
-    bool *claimed = calloc((size_t)(nn ? nn : 1), sizeof(bool));
-    chain *chains = calloc((size_t)(nn ? nn : 1), sizeof(chain));
+    int32_t *consumer = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    int32_t *effects_before = kiln_calloc((size_t)nn + 1, sizeof(int32_t));
+    int32_t *base_of = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1)); /* per chain's last node: its base */
+    bool *claimed = kiln_calloc((size_t)(nn ? nn : 1), sizeof(bool));
+    chain *chains = kiln_calloc((size_t)(nn ? nn : 1), sizeof(chain));
     kiln_status s = KILN_OK;
     *out = NULL;
     if (!uses || !consumer || !effects_before || !base_of || !claimed || !chains) {

@@ -70,7 +70,7 @@ static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_op
  * outputs stay as they are); fused groups' subgraphs are left alone. */
 static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) {
     if (opt->level == KILN_LEVEL_O0 || !g->nsubgraphs) return KILN_OK;
-    bool *body = calloc((size_t)g->nsubgraphs, sizeof *body);
+    bool *body = kiln_calloc((size_t)g->nsubgraphs, sizeof *body);
     if (!body) return kiln_error(KILN_ERR_MEMORY, "out of memory optimizing a graph");
     for (int32_t i = 0; i < g->nnodes; i++) {
         const kiln_node *n = &g->nodes[i];

@@ -4,7 +4,7 @@
 kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
     memset(rw, 0, sizeof *rw);
     rw->src = src;
-    rw->map = malloc(sizeof(int32_t) * (size_t)(src->nvalues ? src->nvalues : 1));
+    rw->map = kiln_malloc(sizeof(int32_t) * (size_t)(src->nvalues ? src->nvalues : 1));
     if (!rw->map) return kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
     for (int32_t v = 0; v < src->nvalues; v++) rw->map[v] = -1;
     kiln_status s = kiln_graph_new(&rw->dst);
@@ -21,10 +21,11 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
         s = kiln_graph_add_loc(rw->dst, src->locs[l], &id);
     }
     for (int32_t k = 0; k < src->nsubgraphs && s == KILN_OK; k++) {
-        kiln_graph *sub;
+        kiln_graph *sub = NULL;
         int32_t idx;
         s = kiln_graph_clone(src->subgraphs[k], &sub);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(rw->dst, sub, &idx);
+        if (s != KILN_OK) kiln_graph_free(sub);
     }
     if (s != KILN_OK) kiln_rewriter_abort(rw);
     return s;
@@ -32,7 +33,7 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
 
 kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
     const kiln_node *n = &rw->src->nodes[node];
-    int32_t small[8] = {0}, *in = n->nin <= 8 ? small : malloc(sizeof(int32_t) * (size_t)n->nin);
+    int32_t small[8] = {0}, *in = n->nin <= 8 ? small : kiln_malloc(sizeof(int32_t) * (size_t)n->nin);
     if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
     kiln_status s = KILN_OK;
     for (int k = 0; k < n->nin && s == KILN_OK; k++) {
@@ -48,7 +49,7 @@ kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
 
 kiln_status kiln_rewriter_finish(kiln_rewriter *rw, kiln_graph **out) {
     const kiln_graph *src = rw->src;
-    int32_t *outs = malloc(sizeof(int32_t) * (size_t)(src->noutputs ? src->noutputs : 1));
+    int32_t *outs = kiln_malloc(sizeof(int32_t) * (size_t)(src->noutputs ? src->noutputs : 1));
     kiln_status s = outs ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
     for (int32_t k = 0; k < src->noutputs && s == KILN_OK; k++) {
         outs[k] = rw->map[src->outputs[k]];
@@ -75,7 +76,7 @@ void kiln_rewriter_abort(kiln_rewriter *rw) {
 }
 
 int32_t *kiln_graph_use_counts(const kiln_graph *g) {
-    int32_t *uses = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(int32_t));
+    int32_t *uses = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(int32_t));
     if (!uses) {
         kiln_error(KILN_ERR_MEMORY, "out of memory counting uses");
         return NULL;

@@ -31,7 +31,7 @@ static kiln_status grow(simp *s) {
     if (n <= s->cap) return KILN_OK;
     int32_t ncap = s->cap ? s->cap : 64;
     while (ncap < n) ncap *= 2;
-    bool *safe = realloc(s->safe, (size_t)ncap), *out = realloc(s->dst_out, (size_t)ncap);
+    bool *safe = kiln_realloc(s->safe, (size_t)ncap), *out = kiln_realloc(s->dst_out, (size_t)ncap);
     if (safe) s->safe = safe;
     if (out) s->dst_out = out;
     if (!safe || !out) return kiln_error(KILN_ERR_MEMORY, "out of memory in simplify");
@@ -206,11 +206,11 @@ kiln_status kiln_pass_simplify(const kiln_graph *in, const kiln_pass_options *op
     *out = NULL;
     simp s = {.src = in};
     s.written = kiln_pass_written_buffers(in);
-    s.is_output = calloc((size_t)(in->nvalues ? in->nvalues : 1), sizeof(bool));
+    s.is_output = kiln_calloc((size_t)(in->nvalues ? in->nvalues : 1), sizeof(bool));
     kiln_status st = KILN_OK;
     if (!s.written || !s.is_output) st = kiln_error(KILN_ERR_MEMORY, "out of memory in simplify");
     for (int32_t k = 0; k < in->noutputs && st == KILN_OK; k++) s.is_output[in->outputs[k]] = true;
-    s.reaches_output = calloc((size_t)(in->nvalues ? in->nvalues : 1), sizeof(bool));
+    s.reaches_output = kiln_calloc((size_t)(in->nvalues ? in->nvalues : 1), sizeof(bool));
     if (!s.reaches_output && st == KILN_OK) st = kiln_error(KILN_ERR_MEMORY, "out of memory in simplify");
     for (int32_t v = 0; v < in->nvalues && st == KILN_OK; v++) s.reaches_output[v] = s.is_output[v];
     for (int32_t i = in->nnodes - 1; i >= 0 && st == KILN_OK; i--) { /* back through views */

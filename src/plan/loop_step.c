@@ -10,7 +10,7 @@
 kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph *body, int nloop, kiln_graph **out) {
     kiln_graph *g = NULL;
     KILN_TRY(kiln_graph_clone(body, &g));
-    int32_t base = g->nsubgraphs, *map = malloc(sizeof(int32_t) * (size_t)(cond->nvalues ? cond->nvalues : 1));
+    int32_t base = g->nsubgraphs, *map = kiln_malloc(sizeof(int32_t) * (size_t)(cond->nvalues ? cond->nvalues : 1));
     kiln_status s = map ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
     for (int32_t k = 0; k < cond->nsubgraphs && s == KILN_OK; k++) {
         kiln_graph *sub = NULL;
@@ -32,7 +32,7 @@ kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph
         for (int k = 0; k < ns; k++)
             if (slots[k] < a.ni) a.i[slots[k]] += base;
         if (nd->op == KILN_OP_FUSED && a.ni > 0) a.i[0] += base;
-        int32_t loc = -1, *in = malloc(sizeof(int32_t) * (size_t)(nd->nin ? nd->nin : 1)), outs[KILN_MAX_OUTPUTS];
+        int32_t loc = -1, *in = kiln_malloc(sizeof(int32_t) * (size_t)(nd->nin ? nd->nin : 1)), outs[KILN_MAX_OUTPUTS];
         if (!in) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
         for (int k = 0; k < nd->nin && s == KILN_OK; k++) in[k] = map[nd->in[k]];
         if (s == KILN_OK && nd->loc >= 0) s = kiln_graph_add_loc(g, cond->locs[nd->loc], &loc);
@@ -40,7 +40,7 @@ kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph
         for (int k = 0; k < nd->nout && s == KILN_OK; k++) map[nd->out[k]] = outs[k];
         free(in);
     }
-    int32_t *outputs = s == KILN_OK ? malloc(sizeof(int32_t) * (size_t)(nloop + 1)) : NULL;
+    int32_t *outputs = s == KILN_OK ? kiln_malloc(sizeof(int32_t) * (size_t)(nloop + 1)) : NULL;
     if (s == KILN_OK && !outputs) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
     if (s == KILN_OK) {
         memcpy(outputs, body->outputs, sizeof(int32_t) * (size_t)nloop);

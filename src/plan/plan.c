@@ -25,8 +25,8 @@ static kiln_status order_dfs(const kiln_graph *g, int32_t *order) {
     int32_t n = g->nnodes, pos = 0;
     int64_t edges = 0; /* a node's inputs are pushed once (when it is first expanded): this bounds the stack */
     for (int32_t i = 0; i < n; i++) edges += g->nodes[i].nin;
-    bool *done = calloc((size_t)(n ? n : 1), sizeof *done);
-    int32_t *stack = malloc(sizeof(int32_t) * (size_t)(edges + n + 1));
+    bool *done = kiln_calloc((size_t)(n ? n : 1), sizeof *done);
+    int32_t *stack = kiln_malloc(sizeof(int32_t) * (size_t)(edges + n + 1));
     if (!done || !stack) {
         free(done), free(stack);
         return kiln_error(KILN_ERR_MEMORY, "out of memory ordering a graph");
@@ -128,7 +128,7 @@ static kiln_status arena_give(arena_plan *a, int64_t offset, int64_t size) {
     }
     if (a->nfree == a->cap) {
         int ncap = a->cap ? a->cap * 2 : 32;
-        block *grown = realloc(a->free_blocks, sizeof *grown * (size_t)ncap);
+        block *grown = kiln_realloc(a->free_blocks, sizeof *grown * (size_t)ncap);
         if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
         a->free_blocks = grown;
         a->cap = ncap;
@@ -141,7 +141,7 @@ static kiln_status arena_give(arena_plan *a, int64_t offset, int64_t size) {
 static kiln_status note_freed(kiln_plan *e, int32_t i, int32_t r) {
     int32_t n = 0;
     while (e->freed_after[i] && e->freed_after[i][n] >= 0) n++;
-    int32_t *grown = realloc(e->freed_after[i], sizeof(int32_t) * (size_t)(n + 2));
+    int32_t *grown = kiln_realloc(e->freed_after[i], sizeof(int32_t) * (size_t)(n + 2));
     if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
     grown[n] = r;
     grown[n + 1] = -1;
@@ -152,8 +152,8 @@ static kiln_status note_freed(kiln_plan *e, int32_t i, int32_t r) {
 static kiln_status plan_memory(kiln_plan *e) {
     const kiln_graph *g = e->g;
     int32_t nv = g->nvalues;
-    bool *output_root = calloc((size_t)(nv ? nv : 1), sizeof(bool));
-    int32_t *end = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1)); /* last_use, then -1 moved / -2 given back */
+    bool *output_root = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    int32_t *end = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1)); /* last_use, then -1 moved / -2 given back */
     arena_plan a = {0};
     kiln_status s = KILN_OK;
     if (!output_root || !end) {
@@ -240,8 +240,8 @@ done:
 static kiln_status plan_releases(kiln_plan *e) {
     const kiln_graph *g = e->g;
     int32_t nv = g->nvalues;
-    int32_t *last = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    int32_t *count = calloc((size_t)(e->norder ? e->norder : 1), sizeof(int32_t));
+    int32_t *last = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    int32_t *count = kiln_calloc((size_t)(e->norder ? e->norder : 1), sizeof(int32_t));
     if (!last || !count) {
         free(last), free(count);
         return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
@@ -258,7 +258,7 @@ static kiln_status plan_releases(kiln_plan *e) {
         if (g->values[v].kind == KILN_VALUE_NODE && last[v] >= 0) count[last[v]]++;
     kiln_status s = KILN_OK;
     for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
-        e->dead_after[i] = malloc(sizeof(int32_t) * (size_t)(count[i] + 1));
+        e->dead_after[i] = kiln_malloc(sizeof(int32_t) * (size_t)(count[i] + 1));
         if (!e->dead_after[i]) s = kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
         else e->dead_after[i][0] = -1;
         count[i] = 0;
@@ -334,7 +334,7 @@ static kiln_status plan_bodies(kiln_plan *p, int32_t i, const kiln_compile_optio
 
 kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
     KILN_TRY(kiln_graph_verify(g));
-    kiln_plan *e = calloc(1, sizeof *e);
+    kiln_plan *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
     kiln_status s = kiln_graph_clone(g, &e->g);
     if (s != KILN_OK) {
@@ -345,15 +345,15 @@ kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt
     bool control = false;
     for (int32_t i = 0; i < nn; i++) control |= kiln_op_is_control(g->nodes[i].op);
     e->norder = nn;
-    e->order = malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    e->root = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    e->last_use = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    e->offset = malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
-    e->dead_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
-    e->freed_after = calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
-    e->kernel = calloc((size_t)(nn ? nn : 1), sizeof(void *));
-    e->bodies = control ? calloc((size_t)nn * KILN_PLAN_BODIES, sizeof(kiln_plan *)) : NULL;
-    e->direct_output = malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->order = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    e->root = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->last_use = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e->offset = kiln_malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
+    e->dead_after = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->freed_after = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    e->kernel = kiln_calloc((size_t)(nn ? nn : 1), sizeof(void *));
+    e->bodies = control ? kiln_calloc((size_t)nn * KILN_PLAN_BODIES, sizeof(kiln_plan *)) : NULL;
+    e->direct_output = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     e->poison = opt && opt->poison_freed;
     if (!e->order || !e->root || !e->last_use || !e->offset || !e->dead_after || !e->freed_after || !e->kernel ||
         (control && !e->bodies) || !e->direct_output) {

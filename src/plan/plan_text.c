@@ -77,5 +77,5 @@ char *kiln_plan_to_string(const kiln_plan *p) {
         free(t.buf);
         return NULL;
     }
-    return t.buf ? t.buf : calloc(1, 1);
+    return t.buf ? t.buf : kiln_calloc(1, 1);
 }

@@ -41,7 +41,7 @@ static PyObject *scalar_first(PyObject *input, PyObject *other) {
     return cast;
 }
 
-static PyObject *elementwise_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+static PyObject *elementwise_run(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyElementwise *e = (PyElementwise *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *given[2] = {NULL, NULL};
@@ -79,6 +79,13 @@ static PyObject *elementwise_call(PyObject *self, PyObject *const *args, size_t 
                                                  : scalar_first(input, other);
     PyObject *out = first ? apply_pair(e->op, first, other) : NULL;
     Py_XDECREF(first);
+    return out;
+}
+
+/* elementwise_run, whose errors name the op */
+static PyObject *elementwise_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *out = elementwise_run(self, args, nargsf, kwnames);
+    if (!out) pykiln_name_error(PyUnicode_AsUTF8(((PyElementwise *)self)->name));
     return out;
 }
 

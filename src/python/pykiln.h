@@ -84,6 +84,9 @@ int pykiln_frame_hook_init(PyObject *module);
 int pykiln_elementwise_init(PyObject *module);
 /* An op's tensor argument as a new reference: itself, or Tensor(x) for anything else. */
 PyObject *pykiln_as_tensor(PyObject *x);
+/* After a failed call of the op function `op`: Python's own exception (from a conversion deep
+ * inside) whose message names no op becomes "op: message" (shape_args.c). */
+void pykiln_name_error(const char *op);
 /* One axis in [0, ndim) (a 0-d tensor accepts 0 and -1); -1 with an exception naming op set. */
 int pykiln_normalize_axis(const char *op, PyObject *axis, int ndim);
 /* The bitmask of the axes `axis` names (None: all) as a Python int; NULL with an exception set. */

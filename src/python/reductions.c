@@ -35,7 +35,7 @@ static int reduce_mask(PyReduction *r, PyObject *axis, int ndim, long long *mask
     return m ? 0 : -1;
 }
 
-static PyObject *reduction_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *reduction_run(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyReduction *r = (PyReduction *)self;
     static char *plain[] = {"input", "axis", "keepdims", "dim", "keepdim", NULL};
     static char *moment[] = {"input", "axis", "keepdims", "ddof", "correction", "unbiased", "dim", "keepdim", NULL};
@@ -56,6 +56,8 @@ static PyObject *reduction_call(PyObject *self, PyObject *args, PyObject *kwargs
         if (u < 0) return NULL;
         ddof = NULL, ddof_value = u;
     }
+    if (ddof && !PyLong_Check(ddof) && !PyFloat_Check(ddof))
+        return PyErr_Format(PyExc_TypeError, "%U: ddof must be a number, got %s", r->name, Py_TYPE(ddof)->tp_name);
     PyObject *d = ddof ? PyNumber_Long(ddof) : NULL;
     if (d) ddof_value = PyLong_AsLongLong(d);
     Py_XDECREF(d);
@@ -77,6 +79,13 @@ static PyObject *reduction_call(PyObject *self, PyObject *args, PyObject *kwargs
     Py_DECREF(x);
     if (s != KILN_OK) return pykiln_raise(s);
     return pykiln_wrap(out[0]);
+}
+
+/* reduction_run, whose errors name the op */
+static PyObject *reduction_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *out = reduction_run(self, args, kwargs);
+    if (!out) pykiln_name_error(PyUnicode_AsUTF8(((PyReduction *)self)->name));
+    return out;
 }
 
 static int reduction_init(PyObject *self, PyObject *args, PyObject *kwargs) {

@@ -581,34 +581,94 @@ static PyObject *py_as_tensor(PyObject *module, PyObject *x) {
     return pykiln_as_tensor(x);
 }
 
+/* ---- errors name the op ----------------------------------------------------------------------- */
+
+/* (pykiln.h) The pending exception, when Python's own (a TypeError from Tensor(x), an OverflowError from an
+ * int) and its message names no op ("word: ..."), becomes "op: message" (chained to it): the
+ * same class, or TypeError for an AttributeError and ValueError for an OverflowError or a
+ * ZeroDivisionError, as kiln.ops' Python functions do (kiln.ops._util.naming_errors). */
+void pykiln_name_error(const char *op) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *renamed = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_IndexError ||
+                                type == PyExc_KeyError ? type
+                        : type == PyExc_AttributeError                                      ? PyExc_TypeError
+                        : type == PyExc_OverflowError || type == PyExc_ZeroDivisionError    ? PyExc_ValueError
+                                                                                           : NULL;
+    PyObject *msg = renamed && value ? PyObject_Str(value) : NULL;
+    const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    size_t word = m ? strspn(m, "abcdefghijklmnopqrstuvwxyz0123456789_/") : 0;
+    if (!m || (word > 0 && m[word] == ':' && m[word + 1] == ' ')) {
+        Py_XDECREF(msg);
+        PyErr_Restore(type, value, tb);
+        return;
+    }
+    PyErr_Format(renamed, "%s: %U", op, msg);
+    Py_DECREF(msg);
+    PyObject *ntype, *nvalue, *ntb;
+    PyErr_Fetch(&ntype, &nvalue, &ntb);
+    PyErr_NormalizeException(&ntype, &nvalue, &ntb);
+    if (nvalue) PyException_SetCause(nvalue, Py_NewRef(value));
+    PyErr_Restore(ntype, nvalue, ntb);
+    Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+}
+
+/* fn under the name `op`: its errors name the op (pykiln_name_error) */
+#define NAMED_VARARGS(fn, op)                                                                        \
+    static PyObject *fn##_named(PyObject *module, PyObject *args) {                                 \
+        PyObject *out = fn(module, args);                                                            \
+        if (!out) pykiln_name_error(op);                                                                    \
+        return out;                                                                                  \
+    }
+#define NAMED_KEYWORDS(fn, op)                                                                       \
+    static PyObject *fn##_named(PyObject *module, PyObject *args, PyObject *kwargs) {               \
+        PyObject *out = fn(module, args, kwargs);                                                    \
+        if (!out) pykiln_name_error(op);                                                                    \
+        return out;                                                                                  \
+    }
+NAMED_VARARGS(py_reshape, "reshape")
+NAMED_KEYWORDS(py_flatten, "flatten")
+NAMED_VARARGS(py_permute, "permute")
+NAMED_VARARGS(py_transpose, "transpose")
+NAMED_VARARGS(py_swapaxes, "swapaxes")
+NAMED_KEYWORDS(py_squeeze, "squeeze")
+NAMED_KEYWORDS(py_unsqueeze, "unsqueeze")
+NAMED_VARARGS(py_broadcast_to, "broadcast_to")
+NAMED_KEYWORDS(py_concat, "concat")
+NAMED_KEYWORDS(py_stack, "stack")
+NAMED_VARARGS(py_narrow, "narrow")
+NAMED_KEYWORDS(py_split, "split")
+NAMED_KEYWORDS(py_chunk, "chunk")
+
 static PyMethodDef shape_functions[] = {
-    {"reshape", py_reshape, METH_VARARGS,
+    {"reshape", py_reshape_named, METH_VARARGS,
      "reshape(input, *shape)\n--\n\nA tensor with the same elements and a new shape (a view when the layout "
      "allows); one dimension may be -1."},
-    {"flatten", (PyCFunction)(void (*)(void))py_flatten, METH_VARARGS | METH_KEYWORDS,
+    {"flatten", (PyCFunction)(void (*)(void))py_flatten_named, METH_VARARGS | METH_KEYWORDS,
      "flatten(input, start_dim=0, end_dim=-1)\n--\n\nMerges axes start_dim..end_dim into one."},
-    {"permute", py_permute, METH_VARARGS, "permute(input, *axes)\n--\n\nReorders the axes (a view)."},
-    {"transpose", py_transpose, METH_VARARGS,
+    {"permute", py_permute_named, METH_VARARGS, "permute(input, *axes)\n--\n\nReorders the axes (a view)."},
+    {"transpose", py_transpose_named, METH_VARARGS,
      "transpose(input, *axes)\n--\n\ntranspose(x, perm) permutes the axes (MindSpore); transpose(x, dim0, dim1) "
      "swaps two axes (PyTorch); transpose(x) reverses them."},
-    {"swapaxes", py_swapaxes, METH_VARARGS, "swapaxes(input, axis0, axis1)\n--\n\nExchanges two axes (a view)."},
-    {"squeeze", (PyCFunction)(void (*)(void))py_squeeze, METH_VARARGS | METH_KEYWORDS,
+    {"swapaxes", py_swapaxes_named, METH_VARARGS, "swapaxes(input, axis0, axis1)\n--\n\nExchanges two axes (a view)."},
+    {"squeeze", (PyCFunction)(void (*)(void))py_squeeze_named, METH_VARARGS | METH_KEYWORDS,
      "squeeze(input, axis=None)\n--\n\nRemoves axes of length 1 (all of them, or those in `axis`)."},
-    {"unsqueeze", (PyCFunction)(void (*)(void))py_unsqueeze, METH_VARARGS | METH_KEYWORDS,
+    {"unsqueeze", (PyCFunction)(void (*)(void))py_unsqueeze_named, METH_VARARGS | METH_KEYWORDS,
      "unsqueeze(input, axis, *, dim=None)\n--\n\nInserts an axis of length 1 at `axis`."},
-    {"broadcast_to", py_broadcast_to, METH_VARARGS,
+    {"broadcast_to", py_broadcast_to_named, METH_VARARGS,
      "broadcast_to(input, *shape)\n--\n\nA read-only broadcast view with the given shape (-1 keeps the input's "
      "length)."},
-    {"concat", (PyCFunction)(void (*)(void))py_concat, METH_VARARGS | METH_KEYWORDS,
+    {"concat", (PyCFunction)(void (*)(void))py_concat_named, METH_VARARGS | METH_KEYWORDS,
      "concat(tensors, axis=0, *, dim=None)\n--\n\nJoins tensors along an existing axis."},
-    {"stack", (PyCFunction)(void (*)(void))py_stack, METH_VARARGS | METH_KEYWORDS,
+    {"stack", (PyCFunction)(void (*)(void))py_stack_named, METH_VARARGS | METH_KEYWORDS,
      "stack(tensors, axis=0, *, dim=None)\n--\n\nJoins tensors of one shape along a new axis."},
-    {"narrow", py_narrow, METH_VARARGS,
+    {"narrow", py_narrow_named, METH_VARARGS,
      "narrow(input, axis, start, length)\n--\n\nThe `length` elements from `start` along `axis` (a view)."},
-    {"split", (PyCFunction)(void (*)(void))py_split, METH_VARARGS | METH_KEYWORDS,
+    {"split", (PyCFunction)(void (*)(void))py_split_named, METH_VARARGS | METH_KEYWORDS,
      "split(tensor, split_size_or_sections, axis=0, *, dim=None)\n--\n\nViews of consecutive pieces along "
      "`axis`: of a given size, or of the listed sizes."},
-    {"chunk", (PyCFunction)(void (*)(void))py_chunk, METH_VARARGS | METH_KEYWORDS,
+    {"chunk", (PyCFunction)(void (*)(void))py_chunk_named, METH_VARARGS | METH_KEYWORDS,
      "chunk(input, chunks, axis=0)\n--\n\nSplits into `chunks` nearly equal pieces."},
     {"as_tensor", py_as_tensor, METH_O,
      "as_tensor(x)\n--\n\nx as a kiln tensor: itself, or Tensor(x). (Scalars mixed with tensors in one op are "

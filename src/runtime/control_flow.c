@@ -33,7 +33,7 @@ static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, cons
     if (a->ni < 3) return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", kiln_op_table[op].name, a->ni);
     const kiln_graph *subs[4];
     KILN_TRY(registered_subgraphs(op, a, subs));
-    kiln_meta small[16], *metas = nin <= 16 ? small : malloc(sizeof *metas * (size_t)(nin ? nin : 1));
+    kiln_meta small[16], *metas = nin <= 16 ? small : kiln_malloc(sizeof *metas * (size_t)(nin ? nin : 1));
     if (!metas) return kiln_error(KILN_ERR_MEMORY, "out of memory");
     for (int k = 0; k < nin; k++) metas[k] = in[k]->meta;
     kiln_status s = kiln_control_infer(op, nin, metas, a, subs, out);
@@ -68,7 +68,7 @@ KILN_KERNEL(while_grad) { return eager_run(KILN_OP_WHILE_GRAD, in, nin, a, out);
 
 /* The executables of control-flow node `node` of p, over its nested plans (owned by p). */
 kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_node **out) {
-    kiln_control_node *c = calloc(1, sizeof *c);
+    kiln_control_node *c = kiln_calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     c->op = p->g->nodes[node].op;
     int slots[4], ns = kiln_control_slots(c->op, slots);
@@ -135,7 +135,7 @@ static kiln_status step_error(kiln_control_node *c, int nin, kiln_tensor *const 
     kiln_tensor *res[KILN_MAX_OUTPUTS] = {0}, *p = NULL;
     kiln_status again = kiln_executable_run(c->exe[1], nin, state, nloop, res);
     if (again != KILN_OK) return kiln_error_context(again, "in the loop body");
-    kiln_tensor **next = malloc(sizeof *next * (size_t)nin);
+    kiln_tensor **next = kiln_malloc(sizeof *next * (size_t)nin);
     if (next) {
         memcpy(next, res, sizeof *next * (size_t)nloop);
         memcpy(next + nloop, state + nloop, sizeof *next * (size_t)(nin - nloop));
@@ -171,9 +171,9 @@ static kiln_status iterate(kiln_control_node *c, int nin, kiln_tensor *const *st
  * writes the buffers it reads (the first reads in[]). */
 static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
     int nloop = nout;
-    kiln_tensor **state = malloc(sizeof *state * (size_t)nin); /* borrowed: in[], out[] or spare[] */
-    kiln_tensor **spare = calloc((size_t)nloop, sizeof *spare);
-    kiln_tensor **into = malloc(sizeof *into * (size_t)(nin + 1));
+    kiln_tensor **state = kiln_malloc(sizeof *state * (size_t)nin); /* borrowed: in[], out[] or spare[] */
+    kiln_tensor **spare = kiln_calloc((size_t)nloop, sizeof *spare);
+    kiln_tensor **into = kiln_malloc(sizeof *into * (size_t)(nin + 1));
     kiln_tensor *pred = NULL;
     kiln_status s = state && spare && into ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
     if (s == KILN_OK) {
@@ -233,9 +233,9 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     int nloop = nin - nout, nstate = nout;
     int nlift = nstate - nloop;
     /* state = (loop values, lifted, gradients of the loop values); entries are owned or NULL */
-    kiln_tensor **state = calloc((size_t)nin, sizeof *state);
-    kiln_tensor **gl = calloc((size_t)(nlift ? nlift : 1), sizeof *gl);
-    kiln_tensor **res = calloc((size_t)nout, sizeof *res);
+    kiln_tensor **state = kiln_calloc((size_t)nin, sizeof *state);
+    kiln_tensor **gl = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *gl);
+    kiln_tensor **res = kiln_calloc((size_t)nout, sizeof *res);
     kiln_tensor **history = NULL; /* the loop values before each iteration, nloop per entry */
     int64_t steps = 0, cap = 0;
     kiln_status s = state && gl && res ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
@@ -247,7 +247,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         if (steps == cap) {
             int64_t ncap = cap ? cap * 2 : 16;
-            kiln_tensor **grown = realloc(history, sizeof *grown * (size_t)(ncap * nloop));
+            kiln_tensor **grown = kiln_realloc(history, sizeof *grown * (size_t)(ncap * nloop));
             if (!grown) {
                 s = kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
                 break;

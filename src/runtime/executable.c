@@ -16,7 +16,7 @@ struct kiln_executable {
 
 static kiln_status memory_new(const kiln_plan *p, kiln_plan_memory *m) {
     const kiln_graph *g = p->g;
-    m->planned = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(kiln_tensor *));
+    m->planned = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof(kiln_tensor *));
     if (!m->planned) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     if (p->arena_bytes && !(m->arena = kiln_alloc(p->arena_bytes)))
         return kiln_error(KILN_ERR_MEMORY, "out of memory allocating a graph's arena of %zu bytes", p->arena_bytes);
@@ -43,7 +43,7 @@ static kiln_status prepare(kiln_executable *e, const kiln_plan *p, const kiln_ba
 }
 
 kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out) {
-    kiln_executable *e = calloc(1, sizeof *e);
+    kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     kiln_status s = prepare(e, p, be);
     if (s != KILN_OK) {
@@ -60,7 +60,7 @@ static bool dump_plan(void) {
 }
 
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
-    kiln_executable *e = calloc(1, sizeof *e);
+    kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     kiln_status s = kiln_plan_build(g, opt, &e->own_plan);
     if (s == KILN_OK && dump_plan()) {
@@ -115,7 +115,7 @@ char *kiln_executable_order_string(const kiln_executable *e) {
     const kiln_plan *p = e->plan;
     size_t len = 1;
     for (int32_t i = 0; i < p->norder; i++) len += strlen(kiln_op_table[p->g->nodes[p->order[i]].op].name) + 1;
-    char *s = malloc(len);
+    char *s = kiln_malloc(len);
     if (!s) return NULL;
     s[0] = '\0';
     for (int32_t i = 0; i < p->norder; i++) {

@@ -27,14 +27,14 @@ static void kbk_free(void *state) {
 }
 
 static kiln_status kbk_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
-    kbk_state *e = calloc(1, sizeof *e);
+    kbk_state *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     pthread_mutex_init(&e->lock, NULL);
     e->p = p;
     e->planned = mem->planned;
     int32_t nv = p->g->nvalues, nn = p->g->nnodes;
-    e->slot = calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
-    e->control = calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
+    e->slot = kiln_calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
+    e->control = kiln_calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
     kiln_status s = e->slot && e->control ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
         if (kiln_op_is_control(p->g->nodes[i].op)) s = kiln_control_prepare(p, i, &e->control[i]);
@@ -77,7 +77,7 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
         const kiln_node *nd = &g->nodes[p->order[i]];
         const kiln_op_info *info = &kiln_op_table[nd->op];
         if (nd->nin > cap_in) {
-            kiln_tensor **grown = malloc(sizeof *grown * (size_t)nd->nin);
+            kiln_tensor **grown = kiln_malloc(sizeof *grown * (size_t)nd->nin);
             if (!grown) {
                 s = kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
                 break;

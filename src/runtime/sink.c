@@ -90,20 +90,20 @@ static void env_poison(kiln_tensor *t) {
 
 static kiln_status alloc_arrays(kiln_sink *s) {
     int32_t nv = s->nv ? s->nv : 1, nn = s->g->nnodes ? s->g->nnodes : 1;
-    s->own = calloc((size_t)nv, sizeof *s->own);
-    s->t = calloc((size_t)nv, sizeof *s->t);
-    s->d = calloc((size_t)nv, sizeof *s->d);
-    s->root = malloc(sizeof *s->root * (size_t)nv);
-    s->same_as = malloc(sizeof *s->same_as * (size_t)nv);
-    s->view_offset = calloc((size_t)nv, sizeof *s->view_offset);
-    s->binding = calloc((size_t)nv, sizeof *s->binding);
-    s->dyn = malloc(sizeof *s->dyn * (size_t)nv);
-    s->pinned = calloc((size_t)(s->g->ninputs ? s->g->ninputs : 1), sizeof *s->pinned);
-    s->steps = calloc((size_t)nn, sizeof *s->steps);
-    s->kernels = calloc((size_t)nn, sizeof *s->kernels);
-    s->attrs = calloc((size_t)nn, sizeof *s->attrs);
-    s->fused = calloc((size_t)nn, sizeof *s->fused);
-    s->group_fns = calloc((size_t)nn, sizeof *s->group_fns);
+    s->own = kiln_calloc((size_t)nv, sizeof *s->own);
+    s->t = kiln_calloc((size_t)nv, sizeof *s->t);
+    s->d = kiln_calloc((size_t)nv, sizeof *s->d);
+    s->root = kiln_malloc(sizeof *s->root * (size_t)nv);
+    s->same_as = kiln_malloc(sizeof *s->same_as * (size_t)nv);
+    s->view_offset = kiln_calloc((size_t)nv, sizeof *s->view_offset);
+    s->binding = kiln_calloc((size_t)nv, sizeof *s->binding);
+    s->dyn = kiln_malloc(sizeof *s->dyn * (size_t)nv);
+    s->pinned = kiln_calloc((size_t)(s->g->ninputs ? s->g->ninputs : 1), sizeof *s->pinned);
+    s->steps = kiln_calloc((size_t)nn, sizeof *s->steps);
+    s->kernels = kiln_calloc((size_t)nn, sizeof *s->kernels);
+    s->attrs = kiln_calloc((size_t)nn, sizeof *s->attrs);
+    s->fused = kiln_calloc((size_t)nn, sizeof *s->fused);
+    s->group_fns = kiln_calloc((size_t)nn, sizeof *s->group_fns);
     if (!s->group_fns || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
         !s->pinned || !s->steps || !s->kernels || !s->attrs || !s->fused)
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
@@ -121,7 +121,7 @@ static kiln_status dry_run_node(kiln_sink *s, int32_t pos, int32_t i) {
     const kiln_graph *g = s->g;
     const kiln_node *nd = &g->nodes[i];
     const kiln_op_info *info = &kiln_op_table[nd->op];
-    kiln_tensor *small[8], **ins = nd->nin <= 8 ? small : malloc(sizeof *ins * (size_t)nd->nin);
+    kiln_tensor *small[8], **ins = nd->nin <= 8 ? small : kiln_malloc(sizeof *ins * (size_t)nd->nin);
     if (!ins) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     for (int k = 0; k < nd->nin; k++) ins[k] = s->t[nd->in[k]];
     kiln_sink_step step = {.kind = KILN_SINK_KERNEL, .node = i, .nin = nd->nin, .nout = nd->nout, .in = nd->in};
@@ -281,7 +281,7 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, int8_t *kind) {
 static kiln_status prepare_native_loop(kiln_sink *s, kiln_sink_step *st, const kiln_graph *sub, bool exact_only) {
     /* row kernels (reductions) walk their own space: they run as the plan prepared them */
     if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub) || kiln_codegen_has_rows(sub)) return KILN_OK;
-    st->st = calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t));
+    st->st = kiln_calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t));
     if (!st->st) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     int8_t kind[KILN_SINK_MAX_OPERANDS];
     if (!plan_fused_loop(s, st, kind)) return KILN_OK;
@@ -359,7 +359,7 @@ static void sink_free(void *state) {
 }
 
 static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
-    kiln_sink *s = calloc(1, sizeof *s);
+    kiln_sink *s = kiln_calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     pthread_mutex_init(&s->lock, NULL);
     s->p = p;
@@ -420,7 +420,7 @@ static kiln_status interpret(kiln_sink *s) {
         const kiln_sink_step *step = &s->steps[i];
         if (step->kind != KILN_SINK_VIEW && (st = kiln_check_interrupt()) != KILN_OK) break;
         if (step->nin > cap) {
-            kiln_tensor **grown = malloc(sizeof *grown * (size_t)step->nin);
+            kiln_tensor **grown = kiln_malloc(sizeof *grown * (size_t)step->nin);
             if (!grown) {
                 st = kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
                 break;
@@ -524,7 +524,7 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
         s->fallbacks++;
         return kiln_backend_kbk.run(s->kbk, nin, inputs, nout, outputs);
     }
-    kiln_tensor *small[8], **copies = nin <= 8 ? small : calloc((size_t)nin, sizeof *copies);
+    kiln_tensor *small[8], **copies = nin <= 8 ? small : kiln_calloc((size_t)nin, sizeof *copies);
     if (!copies) return kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
     for (int k = 0; k < nin && copies == small; k++) copies[k] = NULL;
     kiln_status st = bind(s, inputs, copies);

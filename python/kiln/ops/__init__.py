@@ -12,3 +12,23 @@ from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, laye
                             max_pool2d, rms_norm, stop_gradient)
 from .control_flow import cond, while_loop
 from .debug import print_
+
+
+def _name_errors():
+    """Each function's errors from bad arguments name it (ops._util.naming_errors). cond and
+    while_loop run the user's functions, print_ the user's formatting: their errors pass untouched."""
+    import types
+
+    from .._optable import INFO
+    from ._util import naming_errors
+
+    g = globals()
+    public = [n for n, f in g.items() if not n.startswith("_") and isinstance(f, types.FunctionType)]
+    known = set(INFO) | set(public)
+    for n in public:
+        if n not in ("cond", "while_loop", "print_"):
+            g[n] = naming_errors(g[n], n, known)
+    return known
+
+
+_KNOWN_NAMES = _name_errors()

@@ -90,7 +90,14 @@ def embedding(input, weight):
 
 
 def _dtype_or(dtype, default):
-    return default if dtype is None else dtype
+    """dtype (a kiln dtype or its name), or default when it is None."""
+    if dtype is None:
+        return default
+    if isinstance(dtype, _C.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        return _C.dtype_from_name(dtype)
+    raise TypeError(f"dtype must be a kiln dtype (kiln.float32, ...) or its name, got {dtype!r}")
 
 
 def full(shape, fill_value, dtype=None):
@@ -100,6 +107,7 @@ def full(shape, fill_value, dtype=None):
     if dtype is None:
         dtype = _C.bool if isinstance(fill_value, bool) else (
             _C.int64 if isinstance(fill_value, int) else _C.float32)
+    dtype = _dtype_or(dtype, None)
     return apply(OP.full, (), (dtype.id, len(shape)) + shape, (float(fill_value),))
 
 
@@ -152,6 +160,7 @@ def arange(start=0, end=None, step=1, dtype=None):
     count = _builtins.max(0, math.ceil((end - start) / step))
     if dtype is None:
         dtype = _C.int64 if _builtins.all(isinstance(v, int) for v in (start, end, step)) else _C.float32
+    dtype = _dtype_or(dtype, None)
     return apply(OP.arange, (), (dtype.id, count), (float(start), float(step)))
 
 

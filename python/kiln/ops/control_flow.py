@@ -68,14 +68,25 @@ def _trace_body(fn, args, what):
     return tracer, spec, leaves
 
 
+def _check_callables(op, **fns):
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise TypeError(f"{op}: {name} must be callable, got {type(fn).__name__}")
+
+
 def cond(pred, true_fn, false_fn, operands=()):
     """true_fn(*operands) if pred else false_fn(*operands).
 
     pred: a one-element tensor (nonzero is true) or a Python bool/int (a static choice). Both
     branches return a tensor or a (nested) tuple/list of tensors of the same structure, dtypes
     and shapes."""
+    if not isinstance(operands, (tuple, list)):
+        raise TypeError(f"cond: operands must be a tuple or list of Tensors, got {type(operands).__name__}")
     operands = tuple(operands)
     _check_tensors("cond", operands)
+    _check_callables("cond", true_fn=true_fn, false_fn=false_fn)
+    if not isinstance(pred, (_C.TensorBase, bool, int)):
+        raise TypeError(f"cond: pred must be a one-element Tensor, a bool or an int, got {type(pred).__name__}")
     if not isinstance(pred, _C.TensorBase):
         return (true_fn if pred else false_fn)(*operands)
     _one_element("cond: the predicate", pred)
@@ -125,6 +136,7 @@ def while_loop(cond_fn, body_fn, init_vals):
     init_vals: a tuple/list of tensors. cond_fn returns a one-element tensor (nonzero: go on) or
     a bool; body_fn returns as many tensors as init_vals, with their dtypes and shapes (a lone
     tensor when there is one loop value)."""
+    _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
     as_list = isinstance(init_vals, list)

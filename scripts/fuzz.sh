@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses of tests/fuzz with clang, AddressSanitizer (leak detection on) and
+# UndefinedBehaviorSanitizer, and runs the graph text parser's for as many seconds as asked
+# (default 60), starting from the seed corpus tests/fuzz/corpus. Inputs it finds go to a
+# temporary directory (the committed corpus is not changed); a crash, leak or failed check leaves
+# its input in build-fuzz/ (crash-*, leak-*, ...) and fails the script.
+#   bash scripts/fuzz.sh [seconds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+jobs=$(nproc)
+
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKILN_FUZZ=ON -DKILN_SANITIZE=ON -DKILN_PYTHON=OFF \
+  -DKILN_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j "$jobs" --target fuzz_graph_parse
+
+# a dictionary of the text form's tokens: the keywords and every op name of the op table
+dict=build-fuzz/graph_text.dict
+{
+  for t in graph subgraph return constant captured parameter float32 float64 float16 bfloat16 int32 int64 \
+           int8 uint8 bool '%0' '%1' ': ' ' = ' ' {' '}' '(' ')' '[' ']' ', ' '; ' '  # ' '\x0A'; do
+    printf '"%s"\n' "$t"
+  done
+  sed -n 's/^KILN_OP([A-Z0-9_]*, *"\([a-z0-9_]*\)".*/"\1("/p' src/ops/ops.def
+} >"$dict"
+
+found=$(mktemp -d)
+trap 'rm -rf "$found"' EXIT
+ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
+  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus
