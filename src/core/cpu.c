@@ -88,7 +88,7 @@ static void append(char *buf, size_t size, const char *name) {
 
 static void cpu_init(void) {
     unsigned regs[12];
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) { /* int in clang's cpuid.h */
         for (unsigned k = 0; k < 3; k++)
             __get_cpuid(0x80000002u + k, &regs[4 * k], &regs[4 * k + 1], &regs[4 * k + 2], &regs[4 * k + 3]);
         memcpy(cpu_model, regs, sizeof regs);
@@ -105,7 +105,8 @@ static void cpu_init(void) {
     if (__builtin_cpu_supports("avx")) append(cpu_isa, sizeof cpu_isa, "avx");
     if (__builtin_cpu_supports("avx2")) append(cpu_isa, sizeof cpu_isa, "avx2");
     if (__builtin_cpu_supports("fma")) append(cpu_isa, sizeof cpu_isa, "fma");
-    if (__builtin_cpu_supports("f16c")) append(cpu_isa, sizeof cpu_isa, "f16c");
+    unsigned a, b, c, d; /* f16c: CPUID.1:ECX bit 29 (clang 14's __builtin_cpu_supports has no "f16c") */
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29))) append(cpu_isa, sizeof cpu_isa, "f16c");
     if (__builtin_cpu_supports("avx512f")) append(cpu_isa, sizeof cpu_isa, "avx512f");
     if (__builtin_cpu_supports("avx512dq")) append(cpu_isa, sizeof cpu_isa, "avx512dq");
     if (__builtin_cpu_supports("avx512bw")) append(cpu_isa, sizeof cpu_isa, "avx512bw");
