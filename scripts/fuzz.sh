@@ -5,6 +5,8 @@
 # temporary directory (the committed corpus is not changed); a crash, leak or failed check leaves
 # its input in build-fuzz/ (crash-*, leak-*, ...) and fails the script.
 #   bash scripts/fuzz.sh [seconds]
+# KILN_FUZZ_SEED=N fixes libFuzzer's random seed (default 0: a new one each run); scripts/test.sh
+# fixes it, so CI replays the same mutations and fails only on what the tree changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -29,5 +31,5 @@ trap 'rm -rf "$found"' EXIT
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
+  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" -timeout=20 -rss_limit_mb=4096 \
   -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus

@@ -18,6 +18,6 @@ cmake --build build-sanitize -j "$jobs"
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
 
 # the graph text parser under libFuzzer (clang, ASan + UBSan, leak detection) for a minute
-bash scripts/fuzz.sh 60
+KILN_FUZZ_SEED=1 bash scripts/fuzz.sh 60
 
 PYTHONPATH=python python3 -m pytest -q tests/python
