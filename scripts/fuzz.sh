@@ -31,5 +31,5 @@ trap 'rm -rf "$found"' EXIT
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" -timeout=20 -rss_limit_mb=4096 \
+  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
   -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus
