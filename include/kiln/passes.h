@@ -12,10 +12,18 @@ extern "C" {
 
 typedef enum kiln_jit_level { KILN_LEVEL_O0, KILN_LEVEL_O1, KILN_LEVEL_O2 } kiln_jit_level;
 
+/* Which epilogues fuse_conv_epilogue folds into convolutions (MegEngine's dump options). */
+typedef enum kiln_conv_fusion {
+    KILN_CONV_FUSE_ALL = 0,  /* bias, residual (z) and activation: what the jit levels do */
+    KILN_CONV_FUSE_NONE,     /* none: bias, add and activation stay nodes of their own */
+    KILN_CONV_FUSE_BIAS_ACT, /* bias and activation, not a residual add */
+} kiln_conv_fusion;
+
 typedef struct kiln_pass_options {
     kiln_jit_level level;
     bool inference;           /* forward-only graph: inference rewrites allowed (infer_boost) */
     bool disable_format_transform;
+    kiln_conv_fusion conv_fusion;
 } kiln_pass_options;
 
 /* Builds *out from in; *out may be a new graph or NULL meaning "unchanged". */

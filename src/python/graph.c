@@ -215,6 +215,14 @@ static void graph_dealloc(PyObject *self) {
     Py_TYPE(self)->tp_free(self);
 }
 
+const kiln_graph *pykiln_graph_of(PyObject *o) {
+    if (!PyObject_TypeCheck(o, &PyGraph_Type)) {
+        PyErr_Format(PyExc_TypeError, "expected a kiln._C.Graph, got %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return ((PyGraph *)o)->g;
+}
+
 /* Takes ownership of g. New reference. */
 static PyObject *wrap_graph(kiln_graph *g) {
     PyGraph *p = PyObject_New(PyGraph, &PyGraph_Type);
@@ -282,7 +290,32 @@ static PyObject *graph_get_has_effects(PyObject *self, void *c) {
     return PyBool_FromLong(kiln_graph_has_effects(((PyGraph *)self)->g));
 }
 
+/* inputs() -> [(dtype, shape)] of the graph's inputs */
+static PyObject *graph_inputs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *list = PyList_New(g->ninputs);
+    for (int32_t k = 0; list && k < g->ninputs; k++) {
+        const kiln_meta *m = &g->values[g->inputs[k]].meta;
+        PyObject *shape = PyTuple_New(m->ndim);
+        for (int d = 0; shape && d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
+        PyObject *item = shape ? Py_BuildValue("(ON)", pykiln_dtypes[m->dtype], shape) : NULL;
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
+static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(((PyGraph *)self)->g->noutputs);
+}
+
 static PyMethodDef graph_methods[] = {
+    {"inputs", graph_inputs, METH_NOARGS, "inputs() -> [(dtype, shape)] of the graph's inputs"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
@@ -291,6 +324,7 @@ static PyMethodDef graph_methods[] = {
 };
 
 static PyGetSetDef graph_getset[] = {
+    {"num_outputs", graph_get_num_outputs, NULL, "number of graph outputs", NULL},
     {"has_effects", graph_get_has_effects, NULL,
      "whether running it again would repeat effects (in-place writes, random draws, printing)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -463,6 +497,32 @@ static kiln_graph *end_with_outputs(PyTracer *p, PyObject *outputs, const char *
     return g;
 }
 
+PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt) {
+    kiln_executable *exe = NULL;
+    kiln_status s = kiln_compile(g, opt, &exe);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
+    if (!e) {
+        kiln_executable_free(exe);
+        return NULL;
+    }
+    e->vectorcall = executable_vectorcall;
+    e->base.exe = exe;
+    e->base.graph_text = kiln_graph_to_string(g);
+    e->base.nin = g->ninputs;
+    e->base.nout = g->noutputs;
+    int64_t work = 0;
+    for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
+    bool loops = false; /* control flow: the work depends on the data */
+    for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
+    e->base.release_gil = work >= 65536 || loops;
+    if (!e->base.graph_text) {
+        Py_DECREF(e);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)e;
+}
+
 /* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
  *        backend="kbk") -> Executable; ends the trace, optimizes the graph for the level and compiles it
  * for the backend ("kbk" or "sink") */
@@ -490,44 +550,18 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!g) return NULL;
     kiln_status s = KILN_OK;
     kiln_graph *optimized = NULL;
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format};
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL};
     if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
     if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
     if (s != KILN_OK) {
         kiln_graph_free(optimized);
         return pykiln_raise(s);
     }
-    g = optimized;
     kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
                                 sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
-    kiln_executable *exe = NULL;
-    s = kiln_compile(g, &opt, &exe);
-    if (s != KILN_OK) {
-        kiln_graph_free(g);
-        return pykiln_raise(s);
-    }
-    PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
-    if (!e) {
-        kiln_graph_free(g);
-        kiln_executable_free(exe);
-        return NULL;
-    }
-    e->vectorcall = executable_vectorcall;
-    e->base.exe = exe;
-    e->base.graph_text = kiln_graph_to_string(g);
-    e->base.nin = g->ninputs;
-    e->base.nout = (int)n;
-    int64_t work = 0;
-    for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
-    bool loops = false; /* control flow: the work depends on the data */
-    for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
-    e->base.release_gil = work >= 65536 || loops;
-    kiln_graph_free(g);
-    if (!e->base.graph_text) {
-        Py_DECREF(e);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)e;
+    PyObject *e = pykiln_executable_new(optimized, &opt);
+    kiln_graph_free(optimized);
+    return e;
 }
 
 /* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for
