@@ -66,8 +66,22 @@ def _inference_options(optimize_for_inference, options):
     return 1, True, "enable_nchw88" not in on, fusion, on
 
 
-def _name(label, k):
-    return label if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", label or "") else f"arg_{k}"
+def _default_arg_names(tr, nin):
+    """The traced function's parameter names when it took nin positional tensors, else arg_0, ..."""
+    import inspect
+
+    fn = tr.__wrapped__
+    if not inspect.isfunction(fn) and not inspect.ismethod(fn):
+        fn = getattr(fn, "construct", fn)
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    labels = tr._labels or []
+    if len(labels) == nin and all(label == f"args[{k}]" for k, label in enumerate(labels)) and len(params) >= nin:
+        return [p.name for p in params[:nin]]
+    return [f"arg_{k}" for k in range(nin)]
 
 
 def _cases(rec, inputs, arg_names, input_data):
@@ -120,9 +134,7 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
     graph_inputs = rec.graph.inputs()
     nin, nout = len(graph_inputs), rec.graph.num_outputs
     if arg_names is None:
-        arg_names = [_name(label, k) for k, label in enumerate(tr._labels or [])]
-        if len(set(arg_names)) != len(arg_names) or len(arg_names) != nin:
-            arg_names = [f"arg_{k}" for k in range(nin)]
+        arg_names = _default_arg_names(tr, nin)
     arg_names = list(arg_names)
     if len(arg_names) != nin:
         raise ValueError(f"trace.dump: {len(arg_names)} arg_names for {nin} inputs")
