@@ -462,7 +462,6 @@ static blob *new_blob(uint8_t *base, size_t size, bool mapped) {
     return b;
 }
 
-kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, kiln_model **out);
 kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, kiln_model **out) {
     *out = NULL;
     uint8_t *copy = kiln_alloc(size ? size : 1);
