@@ -6,6 +6,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,20 +16,12 @@ from kiln import models, nn, ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KILN_RUN = os.path.join(ROOT, "build", "kiln-run")
+sys.path.insert(0, os.path.join(ROOT, "tests", "fuzz"))
+from make_model_corpus import MLP, branchy  # noqa: E402  (the corpus's models)
 
 
 def arr(*shape, seed=0):
     return kiln.tensor(np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(np.float32))
-
-
-class MLP(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Dense(6, 5)
-        self.fc2 = nn.Dense(5, 3)
-
-    def construct(self, x):
-        return self.fc2(ops.relu(self.fc1(x)))
 
 
 class CNN(nn.Cell):
@@ -39,10 +32,6 @@ class CNN(nn.Cell):
 
     def construct(self, x):
         return ops.relu(self.bn(self.conv(x))).mean(axis=(2, 3))
-
-
-def branchy(x, y):
-    return ops.cond(x.sum() > 0, lambda a, b: a * b, lambda a, b: a - b, (x, y)) + 1
 
 
 def basic_block():
