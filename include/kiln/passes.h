@@ -24,6 +24,7 @@ typedef struct kiln_pass_options {
     bool inference;           /* forward-only graph: inference rewrites allowed (infer_boost) */
     bool disable_format_transform;
     kiln_conv_fusion conv_fusion;
+    bool fold_large_constants; /* constant_fold folds results of any size (model files store them once) */
 } kiln_pass_options;
 
 /* Builds *out from in; *out may be a new graph or NULL meaning "unchanged". */

@@ -550,7 +550,7 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!g) return NULL;
     kiln_status s = KILN_OK;
     kiln_graph *optimized = NULL;
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL};
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
     if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
     if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
     if (s != KILN_OK) {

@@ -70,7 +70,7 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     size_t size = 0;
     kiln_status s = tensors ? kiln_graph_clone(src, &g) : KILN_ERR_MEMORY;
     for (Py_ssize_t k = 0; tensors && k < ntensors; k++) tensors[k] = pykiln_unwrap(PyList_GET_ITEM(cases, k));
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion};
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {
         kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors};
@@ -253,7 +253,7 @@ static PyObject *model_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     kiln_graph *g = NULL;
     kiln_status s = kiln_graph_clone(kiln_model_graph(((PyModel *)self)->m), &g);
-    kiln_pass_options popt = {(kiln_jit_level)level, true, false, KILN_CONV_FUSE_ALL};
+    kiln_pass_options popt = {(kiln_jit_level)level, true, false, KILN_CONV_FUSE_ALL, false};
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s != KILN_OK) {
         kiln_graph_free(g);

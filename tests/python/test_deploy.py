@@ -99,6 +99,15 @@ def test_conv_fusion_options_leave_the_block_two_convolutions():
     assert plain == ["conv2d_fused", "relu", "conv2d_fused", "fused"]  # the residual add and relu: one fused group
     assert fused == ["conv2d_fused", "conv2d_fused", "fused"]
     assert with_z == ["conv2d_fused", "conv2d_fused"]
+    # at the seed's channel count too (the folded weights are larger than the jit's folding limit)
+    kiln.manual_seed(0)
+    wide = models.BasicBlock(128)
+    wide.set_train(False)
+    x = arr(1, 128, 4, 4)
+    t, want = traced(wide, x)
+    data = dumped(t, enable_fuse_conv_bias_with_z=True)[0]
+    assert top_level_ops(data) == ["conv2d_fused", "conv2d_fused"]
+    np.testing.assert_allclose(kiln.load(data)(x).asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_layout_and_option_errors():
