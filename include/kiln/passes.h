@@ -42,6 +42,10 @@ KILN_API kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt)
 /* Runs one pass by name (for tests); unknown names are a KILN_ERR_VALUE. */
 KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt);
 
+/* The graph with every float32 value stored as float16 (src/passes/to_float16.c: trace.dump's
+ * enable_io16xc32; each op still computes in float32). */
+KILN_API kiln_status kiln_graph_to_float16(const kiln_graph *g, kiln_graph **out);
+
 /* ---- rewriting helpers for passes -------------------------------------------------------- */
 
 /* Copies a graph node by node: inputs and captures first (same order), then whatever nodes the

@@ -30,16 +30,29 @@ static int names_of(PyObject *seq, Py_ssize_t want, const char *what, const char
     return 0;
 }
 
-/* model_write(graph, level, inference, disable_format_transform, conv_fusion, input_names, output_names, metadata,
+/* Folds what the inference rewrites fold in float32 (batch norm into weights, constants such as
+ * rotary frequencies from a large theta, which float16 cannot hold), then stores float16. */
+static kiln_status to_float16(kiln_graph **g, const kiln_pass_options *opt) {
+    static const char *const before[] = {"dce", "fold_batch_norm", "cse", "constant_fold", "simplify", "dce"};
+    for (size_t k = 0; k < sizeof before / sizeof before[0]; k++) KILN_TRY(kiln_run_pass(before[k], g, opt));
+    kiln_graph *narrow = NULL;
+    KILN_TRY(kiln_graph_to_float16(*g, &narrow));
+    kiln_graph_free(*g);
+    *g = narrow;
+    return KILN_OK;
+}
+
+/* model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata,
  *             user_info, cases) -> (bytes, node count, parameter bytes, graph text)
  * Optimizes a copy of graph at the level (inference: the inference rewrites) and writes it with
  * the test cases (a list of tensors: per case the inputs, then the expected outputs). */
 static PyObject *py_model_write(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *graph, *in_names, *out_names, *cases;
-    int level, inference, no_format, fusion;
+    int level, inference, no_format, fusion, float16;
     const char *metadata, *user_info;
-    if (!PyArg_ParseTuple(args, "OippiOOzzO!:model_write", &graph, &level, &inference, &no_format, &fusion, &in_names,
+    if (!PyArg_ParseTuple(args, "OippipOOzzO!:model_write", &graph, &level, &inference, &no_format, &fusion, &float16,
+                          &in_names,
                           &out_names, &metadata, &user_info, &PyList_Type, &cases))
         return NULL;
     const kiln_graph *src = pykiln_graph_of(graph);
@@ -71,6 +84,7 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     kiln_status s = tensors ? kiln_graph_clone(src, &g) : KILN_ERR_MEMORY;
     for (Py_ssize_t k = 0; tensors && k < ntensors; k++) tensors[k] = pykiln_unwrap(PyList_GET_ITEM(cases, k));
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
+    if (s == KILN_OK && float16) s = to_float16(&g, &popt);
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {
         kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors};
@@ -306,7 +320,7 @@ static PyTypeObject PyModel_Type = {
 
 static PyMethodDef model_functions[] = {
     {"model_write", py_model_write, METH_VARARGS,
-     "model_write(graph, level, inference, disable_format_transform, conv_fusion, input_names, output_names, metadata, "
+     "model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata, "
      "user_info, cases) -> (bytes, nodes, parameter bytes, graph text)"},
     {NULL, NULL, 0, NULL},
 };

@@ -120,14 +120,52 @@ def test_layout_and_option_errors():
         t.dump(io.BytesIO(), enable_nchw88=True, enable_hwcd4=True)
     with pytest.raises(TypeError, match="enable_nchw99"):
         t.dump(io.BytesIO(), enable_nchw99=True)
-    with pytest.raises(NotImplementedError, match="enable_io16xc32"):
-        t.dump(io.BytesIO(), enable_io16xc32=True)
+    with pytest.raises(ValueError, match="need optimize_for_inference=True"):
+        t.dump(io.BytesIO(), optimize_for_inference=False, enable_io16xc32=True)
     with pytest.raises(ValueError, match="capture_as_const"):
         u = kiln.trace(models.simple_function)
         u(arr(2), arr(2), arr(2))
         u.dump(io.BytesIO())
     with pytest.raises(ValueError, match="append"):
         t.dump(io.BytesIO(), append=True)
+
+
+def rel_l2(got, want):
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("option", ["enable_io16xc32", "enable_ioc16"])
+def test_float16_storage_halves_parameters_and_activations(option):
+    blk = basic_block()
+    x = arr(1, 8, 10, 10)
+    t, want = traced(blk, x)
+    f32, info32 = dumped(t, enable_fuse_conv_bias_with_z=True)
+    f16, info16 = dumped(t, enable_fuse_conv_bias_with_z=True, input_data=x, **{option: True})
+    g32, g16 = kiln.load(f32), kiln.load(f16)
+    assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
+    assert g16._exe.arena_bytes <= 0.55 * g32._exe.arena_bytes
+    assert [dt for _, dt, _ in g16.inputs + g16.outputs] == [kiln.float16, kiln.float16]
+    got = g16(x)  # float32 arguments are converted
+    assert got.dtype is kiln.float16
+    assert rel_l2(got.asnumpy(), want.asnumpy()) <= 1e-2
+    (ins, outs), = g16.test_cases()
+    np.testing.assert_array_equal(ins[0].asnumpy(), x.asnumpy().astype(np.float16))
+    assert outs[0].dtype is kiln.float16
+
+
+def test_float16_storage_of_the_attention_block():
+    kiln.manual_seed(0)
+    att = models.LlamaAttention(hidden_size=64, num_heads=4, num_kv_heads=2)
+    att.set_train(False)
+    x, pos = arr(1, 8, 64), kiln.tensor(np.arange(8, dtype=np.int64).reshape(1, 8))
+    t, want = traced(att, x, pos)
+    f32, info32 = dumped(t)
+    f16, info16 = dumped(t, enable_io16xc32=True)
+    g16 = kiln.load(f16)
+    assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
+    assert g16._exe.arena_bytes <= 0.55 * kiln.load(f32)._exe.arena_bytes
+    assert rel_l2(g16(x, pos).asnumpy(), want.asnumpy()) <= 1e-2  # rope's theta 500000 is folded before narrowing
 
 
 def test_names_metadata_user_info_and_cases(tmp_path):

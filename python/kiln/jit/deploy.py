@@ -36,7 +36,7 @@ _CONV_FUSE_ALL, _CONV_FUSE_NONE, _CONV_FUSE_BIAS_ACT = 0, 1, 2
 
 def _inference_options(optimize_for_inference, options):
     """The pass settings of dump's keyword options: (level, inference, disable_format_transform,
-    conv_fusion, the options in effect)."""
+    conv_fusion, float16, the options in effect)."""
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"trace.dump: unknown keyword argument(s) {', '.join(unknown)}; the inference options are "
@@ -46,7 +46,7 @@ def _inference_options(optimize_for_inference, options):
         if on:
             raise ValueError(f"trace.dump: {', '.join(on)} need optimize_for_inference=True (MegEngine skips every "
                              "option without it)")
-        return 0, False, True, _CONV_FUSE_NONE, []
+        return 0, False, True, _CONV_FUSE_NONE, False, []
     layouts = [k for k in on if k in _LAYOUTS]
     if len(layouts) > 1:
         raise ValueError(f"trace.dump: choose at most one layout option, got {', '.join(layouts)}")
@@ -54,16 +54,14 @@ def _inference_options(optimize_for_inference, options):
         if k in _FOREIGN_LAYOUTS:
             raise ValueError(f"trace.dump: {k} is the layout for {_FOREIGN_LAYOUTS[k]}; kiln runs on x86 CPUs, whose "
                              "blocked layout is enable_nchw88")
-    for k in _FLOAT16:
-        if k in on:
-            raise NotImplementedError(f"trace.dump: {k} (float16 storage) is not implemented yet")
+    float16 = any(k in on for k in _FLOAT16)
     if "enable_fuse_conv_bias_with_z" in on:
         fusion = _CONV_FUSE_ALL
     elif "enable_fuse_conv_bias_nonlinearity" in on:
         fusion = _CONV_FUSE_BIAS_ACT
     else:
         fusion = _CONV_FUSE_NONE
-    return 1, True, "enable_nchw88" not in on, fusion, on
+    return 1, True, "enable_nchw88" not in on, fusion, float16, on
 
 
 def _default_arg_names(tr, nin):
@@ -129,7 +127,7 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
         raise RuntimeError("trace.dump: nothing traced yet; call the trace first")
     if append:
         raise ValueError("trace.dump: append=True is not supported: a kiln model file holds one graph")
-    level, inference, no_format, fusion, options = _inference_options(optimize_for_inference, kwargs)
+    level, inference, no_format, fusion, float16, options = _inference_options(optimize_for_inference, kwargs)
     rec = tr._last
     graph_inputs = rec.graph.inputs()
     nin, nout = len(graph_inputs), rec.graph.num_outputs
@@ -146,6 +144,8 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
     if len(output_names) != nout:
         raise ValueError(f"trace.dump: {len(output_names)} output_names for {nout} outputs")
     cases = _cases(rec, graph_inputs, arg_names, input_data)
+    if float16:  # the file's inputs and outputs are float16 too
+        cases = [c.astype(_C.float16) if c.dtype is _C.float32 else c for c in cases]
     metadata = None
     if enable_metadata:
         metadata = json.dumps({"producer": "kiln.trace.dump", "function": tr.__qualname__,
@@ -153,7 +153,7 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
                                "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1)},
                               sort_keys=True)
     info = json.dumps(user_info, sort_keys=True) if user_info is not None else None
-    data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, arg_names,
+    data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, float16, arg_names,
                                                 output_names, metadata, info, cases)
     if isinstance(file, (str, os.PathLike)):
         with open(file, "wb") as f:
@@ -231,6 +231,8 @@ class LoadedGraph:
             raise TypeError(f"kiln.load: the graph takes {len(self.inputs)} inputs "
                             f"({', '.join(n for n, _, _ in self.inputs)}), got {len(args)}")
         ins = [a if isinstance(a, _C.TensorBase) else _tensor(a, dtype=dt) for a, (_, dt, _) in zip(args, self.inputs)]
+        # float32 tensors given to a float16 file (enable_io16xc32) are converted
+        ins = [a.astype(dt) if a.dtype is _C.float32 and dt is _C.float16 else a for a, (_, dt, _) in zip(ins, self.inputs)]
         outs = self._exe(*ins)
         return outs[0] if len(outs) == 1 else tuple(outs)
 

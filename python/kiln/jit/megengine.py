@@ -546,8 +546,10 @@ class trace(_C.JitDispatcher):
         primitive), enable_fuse_conv_bias_with_z (also the residual add, as a post-op),
         enable_nchw88 (the CPU's blocked channel layout for x86, oneDNN's nChw8c/nChw16c);
         enable_nchw44, enable_nchw44_dot, enable_nchw4, enable_nchw32, enable_chwn4 and
-        enable_hwcd4 raise ValueError naming the hardware they are for; enable_io16xc32 and
-        enable_ioc16 raise NotImplementedError (no float16 storage yet). user_info: any JSON value,
+        enable_hwcd4 raise ValueError naming the hardware they are for; enable_io16xc32 stores every
+        float32 value (parameters, inputs, outputs, values between ops) as float16 while each op
+        computes in float32, as kiln's float16 kernels do; enable_ioc16 gives the same file (kiln
+        has no float16 arithmetic: computation stays float32). user_info: any JSON value,
         stored in the file. enable_metadata: store the dump's settings as JSON. input_data: test
         cases embedded for kiln-run --check: a case (a dict by input name, a tuple of inputs, or
         one array) or a list of cases; their expected outputs are what this trace computes.
