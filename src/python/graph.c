@@ -309,6 +309,69 @@ static PyObject *graph_inputs(PyObject *self, PyObject *unused) {
     return list;
 }
 
+static PyObject *meta_of(const kiln_meta *m) {
+    PyObject *shape = PyTuple_New(m->ndim);
+    for (int d = 0; shape && d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
+    return shape ? Py_BuildValue("(ON)", pykiln_dtypes[m->dtype], shape) : NULL;
+}
+
+static PyObject *ids_of(const int32_t *ids, int32_t n) {
+    PyObject *list = PyList_New(n);
+    for (int32_t k = 0; list && k < n; k++) PyList_SET_ITEM(list, k, PyLong_FromLong(ids[k]));
+    return list;
+}
+
+/* One node as (op name, [input ids], [output ids], (ints), (floats), [(dtype, shape)] of the outputs). */
+static PyObject *node_tuple(const kiln_graph *g, const kiln_node *n) {
+    PyObject *ints = PyTuple_New(n->attrs.ni), *floats = PyTuple_New(n->attrs.nf), *metas = PyList_New(n->nout);
+    if (!ints || !floats || !metas) goto fail;
+    for (int k = 0; k < n->attrs.ni; k++) PyTuple_SET_ITEM(ints, k, PyLong_FromLongLong(n->attrs.i[k]));
+    for (int k = 0; k < n->attrs.nf; k++) PyTuple_SET_ITEM(floats, k, PyFloat_FromDouble(n->attrs.f[k]));
+    for (int k = 0; k < n->nout; k++) {
+        PyObject *m = meta_of(&g->values[n->out[k]].meta);
+        if (!m) goto fail;
+        PyList_SET_ITEM(metas, k, m);
+    }
+    return Py_BuildValue("(sNNNNN)", kiln_op_table[n->op].name, ids_of(n->in, n->nin), ids_of(n->out, n->nout), ints,
+                         floats, metas);
+fail:
+    Py_XDECREF(ints), Py_XDECREF(floats), Py_XDECREF(metas);
+    return NULL;
+}
+
+/* structure() -> (inputs [(id, dtype, shape)], captures [(id, tensor)], nodes [node_tuple], outputs [id],
+ * number of subgraphs): the graph as data, for exporters */
+static PyObject *graph_structure(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *ins = PyList_New(g->ninputs), *caps = PyList_New(g->ncaptures), *nodes = PyList_New(g->nnodes);
+    bool ok = ins && caps && nodes;
+    for (int32_t k = 0; ok && k < g->ninputs; k++) {
+        PyObject *m = meta_of(&g->values[g->inputs[k]].meta);
+        PyObject *item = m ? Py_BuildValue("(iN)", g->inputs[k], m) : NULL;
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(ins, k, item);
+    }
+    for (int32_t k = 0; ok && k < g->ncaptures; k++) {
+        kiln_tensor *t = g->values[g->captures[k]].bound;
+        kiln_tensor_retain(t);
+        PyObject *pt = pykiln_wrap(t);
+        PyObject *item = pt ? Py_BuildValue("(iN)", g->captures[k], pt) : NULL;
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(caps, k, item);
+    }
+    for (int32_t i = 0; ok && i < g->nnodes; i++) {
+        PyObject *item = node_tuple(g, &g->nodes[i]);
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(nodes, i, item);
+    }
+    if (!ok) {
+        Py_XDECREF(ins), Py_XDECREF(caps), Py_XDECREF(nodes);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNNi)", ins, caps, nodes, ids_of(g->outputs, g->noutputs), g->nsubgraphs);
+}
+
 static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
     (void)c;
     return PyLong_FromLong(((PyGraph *)self)->g->noutputs);
@@ -316,6 +379,8 @@ static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
 
 static PyMethodDef graph_methods[] = {
     {"inputs", graph_inputs, METH_NOARGS, "inputs() -> [(dtype, shape)] of the graph's inputs"},
+    {"structure", graph_structure, METH_NOARGS,
+     "structure() -> (inputs, captures, nodes, outputs, subgraph count): the graph as data, for exporters"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},

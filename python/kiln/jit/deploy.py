@@ -249,16 +249,31 @@ def load(source, backend="kbk"):
 
 def export(net, *inputs, file_name, file_format="KILN", **kwargs):
     """Writes net (a Cell or function) traced on `inputs` to file_name (MindSpore's
-    mindspore.export; ".kiln" is appended when the name has no suffix). file_format: "KILN";
-    keyword arguments go to trace.dump (optimize_for_inference, arg_names, ...)."""
+    mindspore.export; ".kiln" or ".onnx" is appended when the name has no suffix).
+    file_format "KILN": keyword arguments go to trace.dump (optimize_for_inference, arg_names,
+    ...), and the DumpInfo is returned. "ONNX": the recorded graph (kiln's ops before fusion) as an
+    ONNX model through the onnx package (keywords arg_names, output_names), which is returned."""
     from .megengine import trace
 
     fmt = str(file_format).upper()
-    if fmt != "KILN":
-        raise ValueError(f"kiln.export: file_format must be 'KILN', got {file_format!r} (ONNX export is not "
-                         "implemented yet)")
+    if fmt not in ("KILN", "ONNX"):
+        raise ValueError(f"kiln.export: file_format must be 'KILN' or 'ONNX', got {file_format!r}")
     if not os.path.splitext(str(file_name))[1]:
-        file_name = f"{file_name}.kiln"
+        file_name = f"{file_name}.{fmt.lower()}"
     t = trace(net, capture_as_const=True, opt_level=0, verify=False)
     t(*inputs)
-    return t.dump(file_name, **kwargs)
+    if fmt == "KILN":
+        return t.dump(file_name, **kwargs)
+    from .onnx_export import export_graph
+
+    unknown = sorted(set(kwargs) - {"arg_names", "output_names"})
+    if unknown:
+        raise TypeError(f"kiln.export(ONNX): unknown keyword argument(s) {', '.join(unknown)}")
+    rec = t._last
+    nin, nout = len(rec.graph.inputs()), rec.graph.num_outputs
+    arg_names = list(kwargs.get("arg_names") or _default_arg_names(t, nin))
+    output_names = list(kwargs.get("output_names") or (["output"] if nout == 1 else [f"output{k}" for k in range(nout)]))
+    if len(arg_names) != nin or len(output_names) != nout:
+        raise ValueError(f"kiln.export(ONNX): {len(arg_names)} arg_names and {len(output_names)} output_names for "
+                         f"{nin} inputs and {nout} outputs")
+    return export_graph(rec.graph, arg_names, output_names, str(file_name))
