@@ -1,13 +1,18 @@
-"""Deployment benchmark (issue 13): the BasicBlock dumped with optimize_for_inference (and the conv
-fusion options), run by kiln-run (C, no Python) against the same file loaded in Python on the sink
-backend, and the time to load the file against the time to read its bytes; all in one run.
+"""Deployment benchmark (issue 13), ratios measured in one run: the BasicBlock (seed shapes by
+default: 128 channels, 1x128x256x256 float32, eval mode) dumped with optimize_for_inference and
+enable_fuse_conv_bias_with_z, run by kiln-run (C, no Python) against
 
-    PYTHONPATH=python python3 bench/bench_deploy.py [--channels 128] [--size 256] [--iter 5] [--threads N]
+  - the same file loaded in Python (kiln.load, sink backend): target ratio <= 1.05;
+  - PyTorch eager (torch.no_grad(), same weights and threads), when torch is importable: kiln-run
+    at least as fast (ratio <= 1.0);
+  - ONNX Runtime on kiln.export(..., file_format="ONNX") of the same block (CPU provider, same
+    threads), when onnx and onnxruntime are importable: kiln-run at least as fast;
 
-Targets: kiln-run's median per-iteration time <= 1.05x the Python sink call's median; loading
-(kiln_model_load, as kiln-run --model-info prints it) <= 5 ms + the time to read the file's bytes.
-Needs build/kiln-run. Not measured here (not done): PyTorch eager and ONNX Runtime on the same
-model, and the float16 options."""
+and the time kiln-run reports for loading the file (kiln_model_load) against reading its bytes:
+target load <= 5 ms + the read. Each figure is the median of --iter timed calls after a warm-up.
+
+    PYTHONPATH=python python3 bench/bench_deploy.py [--size 256] [--iter 5] [--threads N]
+"""
 import argparse
 import os
 import re
@@ -20,52 +25,81 @@ import time
 import numpy as np
 
 import kiln
-from kiln import models
+from bench_infer import make_block, torch_block
+from timing import row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILN_RUN = os.path.join(ROOT, "build", "kiln-run")
 
 
+def median_ms(fn, n):
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--channels", type=int, default=128)
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--iter", type=int, default=5)
     ap.add_argument("--threads", type=int, default=kiln.get_num_threads())
     a = ap.parse_args()
     kiln.set_num_threads(a.threads)
-    kiln.manual_seed(0)
-    block = models.BasicBlock(a.channels)
-    block.set_train(False)
-    x = kiln.tensor(np.random.default_rng(0).standard_normal((1, a.channels, a.size, a.size)).astype(np.float32))
+    block, x_np = make_block(a.size)
+    x = kiln.tensor(x_np)
     t = kiln.trace(block, capture_as_const=True)
     t(x)
+    ok = True
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bb.kiln")
         info = t.dump(path, enable_fuse_conv_bias_with_z=True)
-        print(f"file: {info.tot_bytes} bytes, {info.tensor_value_bytes} parameter bytes, {info.nr_opr} nodes")
-        g = kiln.load(path, backend="sink")
-        g(x)
-        py = []
-        for _ in range(a.iter):
-            t0 = time.perf_counter()
-            g(x)
-            py.append((time.perf_counter() - t0) * 1e3)
+        print(f"BasicBlock 1x128x{a.size}x{a.size}, {a.threads} threads, median of {a.iter} calls; file {info.tot_bytes} "
+              f"bytes, {info.nr_opr} nodes")
         out = subprocess.run([KILN_RUN, path, "--iter", str(a.iter), "--warmup", "1", "--backend", "sink",
                               "--threads", str(a.threads), "--model-info"], capture_output=True, text=True,
                              check=True).stdout
-        c_median = float(re.search(r"median ([0-9.]+) ms", out).group(1))
+        c_ms = float(re.search(r"median ([0-9.]+) ms", out).group(1))
         load_ms = float(re.search(r"load: ([0-9.]+) ms", out).group(1))
         t0 = time.perf_counter()
         with open(path, "rb") as f:
             f.read()
         read_ms = (time.perf_counter() - t0) * 1e3
-    py_median = statistics.median(py)
-    print(f"BasicBlock 1x{a.channels}x{a.size}x{a.size}, {a.threads} threads, {a.iter} iterations")
-    print(f"kiln-run (sink) median {c_median:.3f} ms; Python kiln.load(sink) median {py_median:.3f} ms; "
-          f"ratio {c_median / py_median:.3f} (target <= 1.05)")
-    print(f"load {load_ms:.3f} ms; reading the file's bytes {read_ms:.3f} ms; load - read {load_ms - read_ms:.3f} ms "
-          "(target <= 5 ms)")
+        g = kiln.load(path, backend="sink")
+        py_ms = median_ms(lambda: g(x), a.iter)
+        ok &= row("kiln-run (sink)", c_ms, "ms", "kiln.load in Python (sink)", py_ms, c_ms / py_ms, 1.05)
+        ok &= row("kiln-run load - read the bytes", load_ms - read_ms, "ms", "read the bytes", read_ms,
+                  (load_ms - read_ms) / 5.0, 1.0)
+        try:
+            import torch
+        except ImportError:
+            torch = None
+            print("PyTorch eager: torch not installed, row skipped")
+        if torch is not None:
+            torch.set_num_threads(a.threads)
+            model, tx = torch_block(torch, block), torch.from_numpy(x_np)
+            with torch.no_grad():
+                torch_ms = median_ms(lambda: model(tx), a.iter)
+            ok &= row("kiln-run (sink)", c_ms, "ms", f"torch {torch.__version__} eager", torch_ms, c_ms / torch_ms, 1.0)
+        try:
+            import onnxruntime as ort
+            import onnx  # noqa: F401  (kiln.export's ONNX writer)
+        except ImportError:
+            ort = None
+            print("ONNX Runtime: onnx/onnxruntime not installed, row skipped")
+        if ort is not None:
+            onnx_path = os.path.join(d, "bb.onnx")
+            kiln.export(block, x, file_name=onnx_path, file_format="ONNX")
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = a.threads
+            sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+            name = sess.get_inputs()[0].name
+            ort_ms = median_ms(lambda: sess.run(None, {name: x_np}), a.iter)
+            ok &= row("kiln-run (sink)", c_ms, "ms", f"onnxruntime {ort.__version__}", ort_ms, c_ms / ort_ms, 1.0)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
