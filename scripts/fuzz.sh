@@ -30,13 +30,16 @@ dict=build-fuzz/graph_text.dict
 found=$(mktemp -d)
 found_model=$(mktemp -d)
 trap 'rm -rf "$found" "$found_model"' EXIT
+# both harnesses run even when the first fails; the script fails when either did
+status=0
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
-  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus
+  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus || status=1
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   build-fuzz/tests/fuzz/fuzz_model_load -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
-  -artifact_prefix=build-fuzz/model- -print_final_stats=1 "$found_model" tests/fuzz/corpus_model
+  -artifact_prefix=build-fuzz/model- -print_final_stats=1 "$found_model" tests/fuzz/corpus_model || status=1
+exit $status

@@ -290,26 +290,7 @@ static PyObject *graph_get_has_effects(PyObject *self, void *c) {
     return PyBool_FromLong(kiln_graph_has_effects(((PyGraph *)self)->g));
 }
 
-/* inputs() -> [(dtype, shape)] of the graph's inputs */
-static PyObject *graph_inputs(PyObject *self, PyObject *unused) {
-    (void)unused;
-    const kiln_graph *g = ((PyGraph *)self)->g;
-    PyObject *list = PyList_New(g->ninputs);
-    for (int32_t k = 0; list && k < g->ninputs; k++) {
-        const kiln_meta *m = &g->values[g->inputs[k]].meta;
-        PyObject *shape = PyTuple_New(m->ndim);
-        for (int d = 0; shape && d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
-        PyObject *item = shape ? Py_BuildValue("(ON)", pykiln_dtypes[m->dtype], shape) : NULL;
-        if (!item) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, k, item);
-    }
-    return list;
-}
-
-static PyObject *meta_of(const kiln_meta *m) {
+PyObject *pykiln_meta_tuple(const kiln_meta *m) {
     PyObject *shape = PyTuple_New(m->ndim);
     for (int d = 0; shape && d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
     return shape ? Py_BuildValue("(ON)", pykiln_dtypes[m->dtype], shape) : NULL;
@@ -321,6 +302,22 @@ static PyObject *ids_of(const int32_t *ids, int32_t n) {
     return list;
 }
 
+/* inputs() -> [(dtype, shape)] of the graph's inputs */
+static PyObject *graph_inputs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *list = PyList_New(g->ninputs);
+    for (int32_t k = 0; list && k < g->ninputs; k++) {
+        PyObject *item = pykiln_meta_tuple(&g->values[g->inputs[k]].meta);
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
 /* One node as (op name, [input ids], [output ids], (ints), (floats), [(dtype, shape)] of the outputs). */
 static PyObject *node_tuple(const kiln_graph *g, const kiln_node *n) {
     PyObject *ints = PyTuple_New(n->attrs.ni), *floats = PyTuple_New(n->attrs.nf), *metas = PyList_New(n->nout);
@@ -328,7 +325,7 @@ static PyObject *node_tuple(const kiln_graph *g, const kiln_node *n) {
     for (int k = 0; k < n->attrs.ni; k++) PyTuple_SET_ITEM(ints, k, PyLong_FromLongLong(n->attrs.i[k]));
     for (int k = 0; k < n->attrs.nf; k++) PyTuple_SET_ITEM(floats, k, PyFloat_FromDouble(n->attrs.f[k]));
     for (int k = 0; k < n->nout; k++) {
-        PyObject *m = meta_of(&g->values[n->out[k]].meta);
+        PyObject *m = pykiln_meta_tuple(&g->values[n->out[k]].meta);
         if (!m) goto fail;
         PyList_SET_ITEM(metas, k, m);
     }
@@ -347,7 +344,7 @@ static PyObject *graph_structure(PyObject *self, PyObject *unused) {
     PyObject *ins = PyList_New(g->ninputs), *caps = PyList_New(g->ncaptures), *nodes = PyList_New(g->nnodes);
     bool ok = ins && caps && nodes;
     for (int32_t k = 0; ok && k < g->ninputs; k++) {
-        PyObject *m = meta_of(&g->values[g->inputs[k]].meta);
+        PyObject *m = pykiln_meta_tuple(&g->values[g->inputs[k]].meta);
         PyObject *item = m ? Py_BuildValue("(iN)", g->inputs[k], m) : NULL;
         ok = item != NULL;
         if (ok) PyList_SET_ITEM(ins, k, item);

@@ -165,12 +165,13 @@ static void model_dealloc(PyObject *self) {
     Py_TYPE(self)->tp_free(self);
 }
 
+/* (name, dtype, shape) */
 static PyObject *meta_tuple(const char *name, const kiln_meta *m) {
-    PyObject *shape = PyTuple_New(m->ndim);
-    if (!shape) return NULL;
-    for (int d = 0; d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
-    PyObject *dt = pykiln_dtypes[m->dtype];
-    return Py_BuildValue("(sON)", name, dt, shape);
+    PyObject *dt_shape = pykiln_meta_tuple(m);
+    if (!dt_shape) return NULL;
+    PyObject *o = Py_BuildValue("(sOO)", name, PyTuple_GET_ITEM(dt_shape, 0), PyTuple_GET_ITEM(dt_shape, 1));
+    Py_DECREF(dt_shape);
+    return o;
 }
 
 static PyObject *io_list(const kiln_model *m, bool inputs) {

@@ -68,6 +68,8 @@ PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_
 PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt);
 /* The graph of a kiln._C.Graph (borrowed), or NULL with TypeError set (graph.c). */
 const kiln_graph *pykiln_graph_of(PyObject *o);
+/* (dtype, shape tuple) of a meta, new reference (graph.c). */
+PyObject *pykiln_meta_tuple(const kiln_meta *m);
 /* Registers model_write and Model: model files (model.c). */
 int pykiln_model_init(PyObject *module);
 /* Registers JitDispatcher (dispatcher.c). */
