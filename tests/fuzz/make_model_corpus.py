@@ -1,7 +1,9 @@
 """Writes the seed corpus of the model loader's fuzz harness, tests/fuzz/corpus_model: small valid
 kiln model files (a*b+c as recorded, a BasicBlock with every inference rewrite, an MLP, a graph
 with control flow), each with embedded test cases. ctest runs kiln-run --check and the C example
-on them too. Run again after a change of the file format:
+on them too. The files named by a hash beside them are inputs a libFuzzer run found (libFuzzer's
+-merge=1, at most 1200 bytes), replayed by CI. Run again after a change of the file format
+(and drop the hash-named files, whose bytes follow the old one):
 
     PYTHONPATH=python python3 tests/fuzz/make_model_corpus.py
 """
