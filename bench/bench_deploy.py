@@ -93,7 +93,7 @@ def main():
                 if fn is not None:
                     best[k] = min(best[k], best_ms(fn, a.iter))
                     continue
-                out = subprocess.run([KILN_RUN, path, "--iter", str(a.iter), "--warmup", "1", "--backend", "sink",
+                out = subprocess.run([KILN_RUN, path, "--iter", str(a.iter), "--warmup", "2", "--backend", "sink",
                                       "--threads", str(a.threads), "--model-info"], capture_output=True, text=True,
                                      check=True).stdout
                 best[k] = min(best[k], float(re.search(r"min ([0-9.]+) ms", out).group(1)))
@@ -104,8 +104,8 @@ def main():
         read_ms = (time.perf_counter() - t0) * 1e3
         c_ms = best["kiln-run"]
         ok &= row("kiln-run (sink)", c_ms, "ms", "kiln.load in Python (sink)", best["python"], c_ms / best["python"], 1.05)
-        ok &= row("kiln-run load - read the bytes", load_ms - read_ms, "ms", "read the bytes", read_ms,
-                  (load_ms - read_ms) / 5.0, 1.0)
+        ok &= row("kiln-run load (kiln_model_load)", load_ms, "ms", "5 ms + reading the bytes", 5.0 + read_ms,
+                  load_ms / (5.0 + read_ms), 1.0)
         if torch is not None:
             ok &= row("kiln-run (sink)", c_ms, "ms", f"torch {torch.__version__} eager", best["torch"],
                       c_ms / best["torch"], 1.0)
