@@ -54,6 +54,7 @@ enum kiln_op_flags {
     KILN_OPF_ERF = 1 << 26,
     KILN_OPF_TANH = 1 << 27,
     KILN_OPF_LIBM = 1 << 28, /* sqrt, sin, cos, pow */
+    KILN_OPF_DTYPE_ATTR = 1 << 29, /* attribute i[0] is the output's kiln_dtype (cast, creation ops) */
 };
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the

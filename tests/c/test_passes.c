@@ -43,7 +43,7 @@ static int same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
     return ok;
 }
 
-static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
+static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
 
 static int same_results_3_runs(const kiln_graph *a, const kiln_graph *b) { return same_results(a, b, 3); }
 
