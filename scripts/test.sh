@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything and runs all the tests: the C tests (also under AddressSanitizer and
-# UndefinedBehaviorSanitizer), the graph text parser's fuzzer for 60 seconds and the Python tests.
+# UndefinedBehaviorSanitizer), the fuzzers of the graph text parser and the model loader (60 seconds
+# each) and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -17,8 +18,8 @@ cmake --build build-sanitize -j "$jobs"
 (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/../tests/c/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
 
-# the graph text parser under libFuzzer (clang, ASan + UBSan, leak detection) for a minute; the
-# fixed seed replays the same mutations (how far it gets depends on the machine's speed)
+# the graph text parser and the model loader under libFuzzer (clang, ASan + UBSan, leak detection),
+# a minute each; the fixed seed replays the same mutations (how far it gets depends on the machine's speed)
 KILN_FUZZ_SEED=1 bash scripts/fuzz.sh 60
 
 PYTHONPATH=python python3 -m pytest -q tests/python

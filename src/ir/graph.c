@@ -307,9 +307,26 @@ static void put_type(kiln_strbuf *t, const kiln_meta *m) {
     kiln_strbuf_printf(t, "]");
 }
 
-/* A 0-d constant's value, written so that the parser reads back the same value: integers
- * exactly (int64 values beyond 2^53 included), floats in as many digits as they need. */
-static void put_scalar(kiln_strbuf *t, const kiln_tensor *c) {
+/* Whether every element of c holds the same bits (a 0-d constant does): the text form
+ * "constant(v)" then gives it back exactly. */
+static bool is_filled(const kiln_tensor *c, bool *failed) {
+    if (c->numel <= 1) return true;
+    kiln_tensor *flat = NULL;
+    if (kiln_to_contiguous((kiln_tensor *)c, c->meta.dtype, &flat) != KILN_OK) {
+        *failed = true;
+        return false;
+    }
+    size_t es = kiln_dtype_size(c->meta.dtype);
+    const char *d = flat->data;
+    bool same = true;
+    for (int64_t i = 1; i < flat->numel && same; i++) same = memcmp(d, d + (size_t)i * es, es) == 0;
+    kiln_tensor_release(flat);
+    return same;
+}
+
+/* The value of c's first element, written so that the parser reads back the same value:
+ * integers exactly (int64 values beyond 2^53 included), floats in as many digits as they need. */
+static void put_value(kiln_strbuf *t, const kiln_tensor *c) {
     if (c->meta.dtype == KILN_DTYPE_FLOAT32) {
         kiln_strbuf_put_float(t, (float)kiln_tensor_get_double(c, 0));
         return;
@@ -319,8 +336,7 @@ static void put_scalar(kiln_strbuf *t, const kiln_tensor *c) {
         return;
     }
     kiln_tensor *i64 = NULL;
-    if (kiln_tensor_empty(KILN_DTYPE_INT64, 0, NULL, &i64) != KILN_OK || kiln_copy_into(i64, c) != KILN_OK) {
-        kiln_tensor_release(i64);
+    if (kiln_to_contiguous((kiln_tensor *)c, KILN_DTYPE_INT64, &i64) != KILN_OK) {
         t->failed = true;
         return;
     }
@@ -342,9 +358,9 @@ char *kiln_graph_to_string(const kiln_graph *g) {
         const kiln_value *v = &g->values[g->captures[c]];
         kiln_strbuf_printf(&t, "  %%%d: ", g->captures[c]);
         put_type(&t, &v->meta);
-        if (v->constant && v->meta.ndim == 0) {
+        if (v->constant && v->bound->numel > 0 && is_filled(v->bound, &t.failed)) {
             kiln_strbuf_printf(&t, " = constant(");
-            put_scalar(&t, v->bound);
+            put_value(&t, v->bound);
             kiln_strbuf_printf(&t, ")\n");
         } else
             kiln_strbuf_printf(&t, " = %s\n", v->constant ? "constant" : (v->bound->requires_grad ? "parameter" : "captured"));

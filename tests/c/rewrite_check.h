@@ -35,15 +35,37 @@ static inline kiln_tensor *rc_random_tensor(const kiln_meta *m) {
     return t;
 }
 
-/* print(parse(text)): the canonical form (ids renumbered in order of definition), malloc'd. */
+/* The canonical form of graph text: ids renumbered in order of first appearance (which is the
+ * order of definition; each "subgraph" starts afresh), malloc'd; NULL when the text does not
+ * parse. Renumbered as text, not printed again: a parsed bare "constant" is zeros, so reprinting
+ * would turn a folded constant's "constant" into "constant(0)". */
 static inline char *rc_canon(const char *text) {
     kiln_graph *g = NULL;
     if (kiln_graph_parse(text, &g) != KILN_OK) {
         fprintf(stderr, "parse failed: %s\n%s", kiln_last_error(), text);
         return NULL;
     }
-    char *out = kiln_graph_to_string(g);
     kiln_graph_free(g);
+    size_t n = strlen(text), len = 0;
+    char *out = malloc(2 * n + 1);
+    long *seen = malloc(sizeof(long) * (n + 1));
+    int nseen = 0;
+    for (size_t i = 0; out && seen && i < n;) {
+        if (strncmp(text + i, "subgraph ", 9) == 0 && (i == 0 || text[i - 1] == '\n')) nseen = 0;
+        if (text[i] == '%' && i + 1 < n && text[i + 1] >= '0' && text[i + 1] <= '9') {
+            char *end;
+            long id = strtol(text + i + 1, &end, 10);
+            int k = 0;
+            while (k < nseen && seen[k] != id) k++;
+            if (k == nseen) seen[nseen++] = id;
+            len += (size_t)sprintf(out + len, "%%%d", k);
+            i = (size_t)(end - text);
+        } else {
+            out[len++] = text[i++];
+        }
+    }
+    if (out) out[len] = '\0';
+    free(seen);
     return out;
 }
 
