@@ -414,7 +414,35 @@ PyObject *pykiln_code_facts(PyObject *code) {
     return facts;
 }
 
+/* kiln._C.decode(code): the instructions as a tuple of (opcode, arg, offset, line, name), name
+ * the name or constant the argument designates (None when the table names none): what
+ * bytecode capture (kiln/jit/bytecode.py) interprets. */
+static PyObject *decode_tuple(PyObject *code) {
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "decode: expected a code object, got %s", Py_TYPE(code)->tp_name);
+        return NULL;
+    }
+    pykiln_instr *ins;
+    Py_ssize_t n;
+    if (pykiln_decode((PyCodeObject *)code, &ins, &n) < 0) return NULL;
+    PyObject *out = PyTuple_New(n);
+    for (Py_ssize_t k = 0; out && k < n; k++) {
+        PyObject *item = Py_BuildValue("(iiiiO)", ins[k].op, ins[k].arg, ins[k].offset, ins[k].line,
+                                       ins[k].name ? ins[k].name : Py_None);
+        if (!item) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, item);
+    }
+    PyMem_Free(ins);
+    return out;
+}
+
 #else
+
+static PyObject *decode_tuple(PyObject *code) {
+    (void)code;
+    return PyErr_Format(PyExc_RuntimeError, "kiln reads bytecode of CPython 3.11 only; this is Python %s",
+                        Py_GetVersion());
+}
 
 int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
     (void)code, (void)out, (void)count;
@@ -442,7 +470,14 @@ static PyObject *py_read_names(PyObject *module, PyObject *code) {
     return pykiln_read_names(code);
 }
 
+static PyObject *py_decode(PyObject *module, PyObject *code) {
+    (void)module;
+    return decode_tuple(code);
+}
+
 static PyMethodDef pykiln_code_facts_functions[] = {
+    {"decode", py_decode, METH_O,
+     "decode(code) -> ((opcode, arg, offset, line, name), ...): the instructions, EXTENDED_ARG folded, CACHE skipped"},
     {"code_facts", py_code_facts, METH_O, "code_facts(code) -> CodeFacts: what the code object reads and writes"},
     {"read_names", py_read_names, METH_O,
      "read_names(code) -> (globals, cell variables): what code and its nested code load and never store"},
