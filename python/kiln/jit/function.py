@@ -197,6 +197,7 @@ class JitFunction(_C.JitDispatcher):
         self._converted = None  # capture_mode="ast": the converted function (see _capture_target)
         self._ast_fallback = None  # LAX: why this function is traced as it is instead
         self._grad_parent = None  # for the value_and_grad variant of a jitted function: that function
+        self._pieces = None  # capture_mode="bytecode": the captured pieces (kiln.jit.bytecode_capture)
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -282,6 +283,8 @@ class JitFunction(_C.JitDispatcher):
     def _slow_call(self, *args, **kwargs):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
             return self._capture_target()(*args, **kwargs)
+        if self.options.capture_mode == "bytecode":
+            return self._bytecode_call(args, kwargs)
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
@@ -295,6 +298,72 @@ class JitFunction(_C.JitDispatcher):
             outs = entry.executable(*leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
         return self._miss(key, args, kwargs)
+
+    # ---- capture_mode="bytecode" (kiln.jit.bytecode) ---------------------------------------
+    def _bytecode_target(self):
+        """(the Python function whose frames are captured, the arguments before the call's)."""
+        from ..nn import Cell
+
+        if isinstance(self.fn, Cell):
+            construct = type(self.fn).construct
+            if not isinstance(construct, types.FunctionType):
+                raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): the construct of {type(self.fn).__name__} "
+                                "is not a Python function")
+            return construct, (self.fn,)
+        fn, prefix = self.fn, ()
+        if isinstance(fn, types.MethodType):
+            fn, prefix = fn.__func__, (fn.__self__,)
+        elif not isinstance(fn, types.FunctionType) and isinstance(getattr(type(fn), "__call__", None),
+                                                                   types.FunctionType):
+            fn, prefix = type(fn).__call__, (fn,)
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): a {type(fn).__name__} has no Python bytecode")
+        if self._self_ref is not None:
+            prefix = (self._self,) + prefix
+        return fn, prefix
+
+    def _bytecode_call(self, args, kwargs):
+        fn, prefix = self._bytecode_target()
+        if _C.eval_frame_marked(fn.__code__) is not _bytecode_frame:
+            _C.eval_frame_mark(fn.__code__, _bytecode_frame)
+        _bytecode_owner[fn.__code__] = self
+        prev = getattr(_local, "pending", None)
+        _local.pending = (self, fn.__code__, args, kwargs)
+        try:
+            return _C.run_hooked(fn, prefix + args, kwargs)
+        finally:
+            _local.pending = prev
+
+    def _on_frame(self, func, bound, call):
+        """The frame hook's call: the pieces of this function run (captured when new); RUN_EAGER
+        lets CPython run the frame."""
+        from . import bytecode, bytecode_capture
+
+        grad = _C.is_grad_enabled()
+        if self._eager_reason is not None or (grad and any(
+                isinstance(v, _C.TensorBase) and v.requires_grad for v in bound)) or differentiating():
+            self.stats.eager_calls += 1
+            return _C.RUN_EAGER
+        if self._pieces is None:
+            self._pieces = bytecode_capture.Pieces(self)
+        interp = bytecode.Interpreter([], capture=False)
+        key, spec, leaves = bytecode_capture.state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
+        first = key not in self._pieces.cache
+        try:
+            result = bytecode_capture.run(self, self._pieces, key, leaves, spec)
+        except bytecode.Unsupported as e:
+            self._eager_reason = str(e)
+            warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e}", RuntimeWarning, stacklevel=3)
+            self.stats.eager_calls += 1
+            return _C.RUN_EAGER
+        entries = self._pieces.cache.get(key, ())
+        self.stats.entries = self._pieces.count
+        if first and call is not None and len(entries) == 1 and entries[0].returns:
+            _, _, args, kwargs = call
+            if tuple(bound) == tuple(args) and not kwargs:
+                ckey, _ = self._key(args, kwargs)
+                self._register_fast(ckey, args, kwargs, _FastView(entries[0], entries[0].guards))
+        return result
 
     def _needs_eager_autograd(self, key):
         """Inputs that require grad in grad mode: the caller differentiates through this call,
@@ -430,6 +499,30 @@ class JitFunction(_C.JitDispatcher):
 
     def __repr__(self):
         return f"<kiln.jit {self.__qualname__} ({self.options})>"
+
+
+class _FastView:
+    """What _register_fast reads of an entry, for a bytecode piece that returns."""
+    __slots__ = ("executable", "out_spec", "guards", "differentiable")
+
+    def __init__(self, piece, guard_set):
+        self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, guard_set
+        self.differentiable = False
+
+
+_bytecode_owner = {}  # code -> the JitFunction that last ran it (frames met outside its own call)
+
+
+def _bytecode_frame(func, bound):
+    """The frame hook's callback for code marked by capture_mode="bytecode"."""
+    pending = getattr(_local, "pending", None)
+    if pending is not None and pending[1] is func.__code__:
+        _local.pending = None
+        return pending[0]._on_frame(func, bound, pending)
+    owner = _bytecode_owner.get(func.__code__)
+    if owner is None or owner._self_ref is not None:
+        return _C.RUN_EAGER
+    return owner._on_frame(func, bound, None)
 
 
 def _call_cell_body(cell, args, kwargs):

@@ -2,7 +2,7 @@
 import warnings
 
 CAPTURE_MODES = ("ast", "bytecode", "trace")
-IMPLEMENTED_CAPTURE_MODES = ("ast", "trace")
+IMPLEMENTED_CAPTURE_MODES = ("ast", "bytecode", "trace")
 SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
 # MindSpore's names are accepted as aliases: ms_backend is kernel by kernel, GE the whole-graph sink.
