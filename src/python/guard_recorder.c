@@ -82,6 +82,8 @@ static int mode_of(PyObject *value) {
         PyComplex_CheckExact(value) || PyUnicode_CheckExact(value) || PyBytes_CheckExact(value) ||
         PyTuple_CheckExact(value))
         return GUARD_VALUE;
+    if (PyCFunction_Check(value) && PyCFunction_GET_SELF(value) && !PyModule_Check(PyCFunction_GET_SELF(value)))
+        return GUARD_METHOD; /* made anew at each attribute read, like a bound method */
     return PyMethod_Check(value) ? GUARD_METHOD : GUARD_IDENTITY;
 }
 

@@ -237,7 +237,7 @@ class Interpreter:
             elif not isinstance(owner, (list, dict, set, tuple, str, int, float, types.ModuleType)) \
                     and not _kiln_module(owner) and not _kiln_module(type(owner)):
                 self.brk(f"a call of {getattr(fn, '__qualname__', fn)!s} (an unknown function)")
-        elif not (id(fn) in _PURE_BUILTINS or id(fn) in _CONVERSIONS or _kiln_module(fn)
+        elif not (id(fn) in _PURE_BUILTINS or id(fn) in _CONVERSIONS or _kiln_module(fn) or _kiln_module(type(fn))
                   or isinstance(fn, self.cell_type)):
             if isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _GENERATOR_FLAGS:
                 self.brk(f"a generator ({fn.__qualname__})")
@@ -802,7 +802,7 @@ class _Tag:
         return f"<{self.name}>"
 
 
-_ITER, _CELL, _REF, _FOREIGN = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign")
+_ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
 
 
 class _ByIdentity:
@@ -858,8 +858,12 @@ def freeze(frames, interp, tracer=None):
         if type(v) is tuple:
             return tuple(conv(x, depth + 1) for x in v)
         if type(v) in (list, dict):
+            if not interp.local(v) and id(v) not in interp.foreign:
+                return _REF, _ByIdentity(v)  # reached through a global, a closure or an attribute
             out = [conv(x, depth + 1) for x in v] if type(v) is list else {k: conv(x, depth + 1) for k, x in v.items()}
             return out if interp.local(v) else (_FOREIGN, out)
+        if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
+            return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
         if isinstance(v, types.FunctionType) and v.__closure__ and any(
                 id(c) not in free_cells for c in v.__closure__):
             raise Unsupported("a function defined in the captured code is live at a graph break")
@@ -884,6 +888,8 @@ def thaw(state, interp):
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:
                 return types.CellType(conv(payload)) if payload != () else types.CellType()
+            if tag is _METHOD:
+                return getattr(conv(payload[0]), payload[1])
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.foreign.add(id(c))

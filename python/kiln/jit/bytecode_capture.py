@@ -84,6 +84,10 @@ def capture_piece(owner, state, leaves, spec):
         interp = bytecode.Interpreter([], recorder=recorder, capture=True)
         frames = bytecode.thaw(aliases_state, interp)
         interp.frames = frames
+        for f in frames:
+            if f.code.has_try:
+                raise bytecode.Unsupported(f"try/with in {f.func.__qualname__} "
+                                           f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
         if len(frames) == 1 and frames[0].pc == 0:
             f = frames[0]
             recorder.on_code(f.func.__code__, f.func.__globals__,

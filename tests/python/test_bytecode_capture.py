@@ -1,0 +1,312 @@
+"""capture_mode="bytecode": the frame hook, the bytecode interpreter against eager (astgen's random
+programs, the tutorial's workloads, exec-defined functions and lambdas), graph breaks with their
+counts and side-effect order, guards recompiling once with the new value, bad input raising as
+eager, fullgraph=True naming the break, and reference counts over many calls."""
+import gc
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import astgen
+import kiln
+from kiln import _C, models
+
+
+def t(*shape, seed=0, scale=1.0):
+    return kiln.tensor((np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32))
+
+
+def close(a, b, tol=1e-5):
+    np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=tol, atol=tol)
+
+
+def bc(fn, **kw):
+    return kiln.jit(fn, capture_mode="bytecode", **kw)
+
+
+def graphs(jf):
+    return jf._pieces.count
+
+
+# ---- the frame hook ------------------------------------------------------------------------------
+
+
+def test_frame_hook_hands_bound_arguments_and_runs_eager_on_request():
+    def f(a, b=2, *rest, k=3, **kw):
+        return a + b + k
+
+    seen = []
+    _C.eval_frame_mark(f.__code__, lambda fn, args: seen.append((fn, args)) or "hooked")
+    try:
+        assert f(1) == 6  # not under run_hooked: CPython runs it
+        assert _C.run_hooked(f, (1,), {"k": 5, "z": 0}) == "hooked"
+        assert seen == [(f, (1, 2, 5, (), {"z": 0}))]
+        _C.eval_frame_mark(f.__code__, lambda fn, args: _C.RUN_EAGER)
+        assert _C.run_hooked(f, (1,), {}) == 6
+    finally:
+        _C.eval_frame_mark(f.__code__, None)
+    assert _C.eval_frame_marked(f.__code__) is None
+
+
+def test_frame_hook_leaves_generators_alone():
+    def gen(n):
+        yield from range(n)
+
+    _C.eval_frame_mark(gen.__code__, lambda fn, args: "hooked")
+    try:
+        assert _C.run_hooked(lambda: list(gen(3)), (), {}) == [0, 1, 2]
+    finally:
+        _C.eval_frame_mark(gen.__code__, None)
+
+
+# ---- whole functions against eager --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 4))
+def test_astgen_programs_agree_with_eager(seed):
+    fn = astgen.program(seed)
+    jf = bc(fn)
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((2, 3)).astype(np.float32)
+    for s in (0.1, 3.0, 0.1, -2.0):
+        x = kiln.tensor(base * s)
+        got, want = jf(x), fn(x)
+        for a, b in zip(got, want):
+            a = np.asarray(a.asnumpy() if isinstance(a, kiln.Tensor) else a, np.float64)
+            b = np.asarray(b.asnumpy() if isinstance(b, kiln.Tensor) else b, np.float64)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=astgen.source(seed))
+
+
+def test_workloads_are_one_graph_and_agree_with_eager():
+    a, b, c = t(2, 3, seed=1), t(2, 3, seed=2), t(2, 3, seed=3)
+    f = bc(models.simple_function)
+    for _ in range(3):
+        close(f(a, b, c), a * b + c)
+    assert graphs(f) == 1 and f.cache_info().hits == 2
+
+    block = models.BasicBlock(channels=4)
+    block.set_train(False)
+    x = t(2, 4, 6, 6, seed=4)
+    fb = bc(block, jit_level="O1")
+    for _ in range(2):
+        close(fb(x), block(x), 1e-4)
+    assert graphs(fb) == 1 and fb._pieces.breaks == []
+
+    att = models.LlamaAttention(hidden_size=32, num_heads=4, num_kv_heads=2)
+    xa, pos = t(1, 8, 32, seed=5), kiln.tensor(np.arange(8).reshape(1, 8).astype(np.int64))
+    fa = bc(att, backend="sink")
+    for _ in range(2):
+        close(fa(xa, pos), att(xa, pos), 1e-4)
+    assert graphs(fa) == 1
+
+
+def test_exec_defined_function_and_lambda():
+    ns = {}
+    exec("def e(a, k=2.0):\n    y = a * k\n    return y + 1\n", {}, ns)
+    x = t(2, 3)
+    je = bc(ns["e"])
+    close(je(x), x * 2.0 + 1)
+    close(je(x, k=3.0), x * 3.0 + 1)
+    lam = bc(lambda p, q: p * q - 1)
+    close(lam(x, x), x * x - 1)
+    assert graphs(je) == 2 and graphs(lam) == 1
+
+
+# ---- graph breaks ----------------------------------------------------------------------------------
+
+
+def test_print_break_splits_in_two_graphs_in_order(capsys):
+    log = []
+
+    def f(x):
+        y = kiln.ops.tanh(x) * 2
+        log.append("first")
+        print("between", 7)
+        z = y + x
+        log.append("second")
+        return z * 3
+
+    jf = bc(f)
+    x = t(2, 3)
+    for _ in range(3):
+        close(jf(x), (kiln.ops.tanh(x) * 2 + x) * 3)
+    assert log == ["first", "second"] * 3
+    assert capsys.readouterr().out == "between 7\n" * 3
+    assert [r for r, _ in jf._pieces.breaks] == ["list.append() on an object the function did not create "
+                                                "(a Python side effect)", "print() (a Python side effect)",
+                                                "list.append() on an object the function did not create "
+                                                "(a Python side effect)"]
+    assert graphs(jf) == 4
+
+
+def test_branch_on_tensor_value_compiles_each_side():
+    def f(x):
+        y = x * 2
+        if y.sum() > 0:
+            y = y + 1
+        else:
+            y = y - 1
+        return y * 3
+
+    jf = bc(f)
+    for s in (1.0, -1.0, 1.0, -1.0):
+        x = t(2, 3, scale=s) * 0 + s
+        close(jf(x), f(x))
+    assert graphs(jf) == 3  # before the branch, each side to the return
+
+
+def test_item_breaks_and_inlined_helper_breaks():
+    def helper(v):
+        s = v.sum().item()
+        return v * s
+
+    def f(x):
+        return helper(x + 1) - 1
+
+    jf = bc(f)
+    x = t(2, 3)
+    for _ in range(2):
+        close(jf(x), f(x))
+    assert jf._pieces.breaks[0][0] == "Tensor.item() (its value is read into Python)"
+
+
+def test_global_write_is_a_break_and_happens_each_call():
+    global COUNTER
+    COUNTER = 0
+
+    def f(x):
+        global COUNTER
+        COUNTER = COUNTER + 1
+        return x * COUNTER
+
+    jf = bc(f)
+    x = t(2, 3)
+    for k in (1, 2, 3):
+        close(jf(x), x * k)
+    assert COUNTER == 3
+
+
+def test_fullgraph_names_file_line_instruction_and_reason():
+    def f(x):
+        print("no")
+        return x
+
+    with pytest.raises(kiln.JitSyntaxError) as e:
+        bc(f, fullgraph=True)(t(2, 3))
+    msg = str(e.value)
+    assert __file__ in msg and f":{f.__code__.co_firstlineno + 1}" in msg and "CALL" in msg and "print()" in msg
+
+
+def test_try_runs_eagerly_with_one_warning():
+    def f(x):
+        try:
+            return x * 2
+        except ValueError:
+            return x
+
+    jf = bc(f)
+    x = t(2, 3)
+    with pytest.warns(RuntimeWarning, match="try/with"):
+        close(jf(x), x * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        close(jf(x), x * 2)
+
+
+# ---- guards ------------------------------------------------------------------------------------------
+
+SCALE = 2.0
+
+
+def test_global_closure_attribute_and_train_each_recompile_once():
+    global SCALE
+    SCALE = 2.0
+    k = [3.0]
+    offset = 1.0
+
+    def f(x):
+        return x * SCALE + offset
+
+    jf = bc(f)
+    x = t(2, 3)
+    close(jf(x), x * 2.0 + 1.0)
+    close(jf(x), x * 2.0 + 1.0)
+    SCALE = 5.0
+    close(jf(x), x * 5.0 + 1.0)
+    close(jf(x), x * 5.0 + 1.0)
+    assert jf.cache_info().compiles == 2
+    offset = 4.0
+    close(jf(x), x * 5.0 + 4.0)
+    assert jf.cache_info().compiles == 3
+    del k
+
+    class M(kiln.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.alpha = 2.0
+            self.drop = kiln.nn.Dropout(p=0.5)
+
+        def construct(self, x):
+            return self.drop(x * self.alpha)
+
+    m = M()
+    m.set_train(False)
+    jm = bc(m)
+    close(jm(x), x * 2.0)
+    close(jm(x), x * 2.0)
+    m.alpha = 3.0
+    close(jm(x), x * 3.0)
+    assert jm.cache_info().compiles == 2
+    m.set_train(True)
+    y = jm(x).asnumpy()
+    assert jm.cache_info().compiles == 3
+    assert ((y == 0) | np.isclose(y, x.asnumpy() * 6.0, atol=1e-5)).all()
+
+
+def test_shape_and_dtype_changes_recompile_once():
+    jf = bc(lambda a: a * 2)
+    jf(t(2, 3))
+    jf(t(4, 3))
+    jf(t(4, 3))
+    jf(kiln.tensor(np.ones((4, 3), np.float64)))
+    assert jf.cache_info().compiles == 3
+
+
+# ---- errors and references ----------------------------------------------------------------------------
+
+
+def test_bad_input_after_compile_raises_as_eager():
+    jf = bc(models.simple_function)
+    a = t(2, 3)
+    jf(a, a, a)
+    for bad in (None, t(5, 7), "text"):
+        with pytest.raises(Exception) as eager:
+            models.simple_function(a, bad, a)
+        with pytest.raises(type(eager.value)) as got:
+            jf(a, bad, a)
+        assert str(got.value) == str(eager.value)
+
+
+def test_reference_counts_unchanged_after_many_calls():
+    def f(x, y):
+        z = x * y
+        print(end="")
+        return z + 1
+
+    jf, jg = bc(f), bc(models.simple_function)
+    x = t(2, 3)
+    for _ in range(20):
+        jf(x, x)
+        jg(x, x, x)
+    counts = []
+    for n in (100, 10000):
+        for _ in range(n):
+            jf(x, x)
+            jg(x, x, x)
+        gc.collect()
+        counts.append((sys.getrefcount(x), sys.getrefcount(f), sys.getrefcount(f.__code__), len(gc.get_objects())))
+    before, after = counts
+    assert after[:3] == before[:3]
+    assert after[3] - before[3] < 100  # no object kept per call
