@@ -67,6 +67,13 @@ static PyTypeObject PyCodeFacts_Type = {
     .tp_members = codefacts_members,
 };
 
+/* Method names that change a list, dict, set or object in place. */
+static const char *const mutators[] = {
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
+    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update", "__setitem__",
+    "__delitem__", "__iadd__",
+};
+
 #if KILN_BYTECODE_SUPPORTED
 
 /* What an opcode means to the analysis, and where its argument's name comes from. */
@@ -119,12 +126,6 @@ static void fill_by_opcode(void) {
     done = 1;
 }
 
-/* Method names that change a list, dict, set or object in place. */
-static const char *const mutators[] = {
-    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
-    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update", "__setitem__",
-    "__delitem__", "__iadd__",
-};
 
 static int is_mutator(PyObject *name) {
     for (size_t k = 0; k < sizeof mutators / sizeof mutators[0]; k++)
@@ -470,12 +471,27 @@ static PyObject *py_read_names(PyObject *module, PyObject *code) {
     return pykiln_read_names(code);
 }
 
+/* kiln._C.mutator_names(): the method names that change a list, dict, set or object in place. */
+static PyObject *py_mutator_names(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    size_t n = sizeof mutators / sizeof mutators[0];
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
+    for (size_t k = 0; out && k < n; k++) {
+        PyObject *name = PyUnicode_FromString(mutators[k]);
+        if (!name) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, (Py_ssize_t)k, name);
+    }
+    return out;
+}
+
 static PyObject *py_decode(PyObject *module, PyObject *code) {
     (void)module;
     return decode_tuple(code);
 }
 
 static PyMethodDef pykiln_code_facts_functions[] = {
+    {"mutator_names", py_mutator_names, METH_NOARGS,
+     "mutator_names() -> the method names that change a list, dict, set or object in place"},
     {"decode", py_decode, METH_O,
      "decode(code) -> ((opcode, arg, offset, line, name), ...): the instructions, EXTENDED_ARG folded, CACHE skipped"},
     {"code_facts", py_code_facts, METH_O, "code_facts(code) -> CodeFacts: what the code object reads and writes"},

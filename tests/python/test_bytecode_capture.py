@@ -310,3 +310,94 @@ def test_reference_counts_unchanged_after_many_calls():
     before, after = counts
     assert after[:3] == before[:3]
     assert after[3] - before[3] < 100  # no object kept per call
+
+
+# ---- more of the language, explain, limits, gradients -------------------------------------------------
+
+
+def test_calls_loops_and_nested_functions_in_one_graph():
+    class Stack(kiln.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.layers = kiln.nn.CellList([kiln.nn.Dense(3, 3) for _ in range(2)])
+
+        def construct(self, x, *extra, scale=1.0, **named):
+            def act(v, k=0.5):
+                return kiln.ops.tanh(v) * k
+
+            outs = []
+            for i, layer in enumerate(self.layers):
+                x = act(layer(x), k=scale + i)
+                outs.append(x)
+            pairs = {"a": outs[0], "b": outs[1]}
+            total = sum(extra, x) if extra else x
+            for name, v in pairs.items():
+                total = total + v * named.get(name, 1.0)
+            first, *rest = outs
+            return total, (first, rest[-1])
+
+    m = Stack()
+    jm = bc(m)
+    x = t(2, 3)
+    want = m(x, x, scale=2.0, b=3.0)
+    for _ in range(2):
+        got = jm(x, x, scale=2.0, b=3.0)
+        close(got[0], want[0])
+        close(got[1][1], want[1][1])
+    assert graphs(jm) == 1 and jm._pieces.breaks == []
+
+
+def test_explain_reports_graphs_breaks_guards_and_recompiles(capsys):
+    global SCALE
+    SCALE = 2.0
+
+    def f(x):
+        y = x * SCALE
+        print("between")
+        return y + 1
+
+    x = t(2, 3)
+    out = kiln.jit.explain(f, x)
+    assert out.graph_count == 2 and out.graph_break_count == 1 and out.op_count == 2
+    assert out.breaks[0] == ("print() (a Python side effect)", f"{__file__}:{f.__code__.co_firstlineno + 2}")
+    assert any("global 'SCALE'" in g for _, names in out.graphs for g in names)
+    text = capsys.readouterr().out
+    assert "graph breaks: 1" in text and "print()" in text
+
+    jt = kiln.jit(lambda a: a * SCALE, capture_mode="trace")
+    jt(x)
+    SCALE = 3.0
+    jt(x)
+    jt(t(4, 3))
+    rep = jt.explain()
+    assert rep.recompiles == ["the value of global 'SCALE' changed", "the shape of tensor argument 0 ((2, 3) -> (4, 3))"]
+
+
+def test_recompile_limit_then_eager_with_one_warning():
+    jf = bc(lambda a: a + 1, recompile_limit=2)
+    jf(t(1, 3))
+    jf(t(2, 3))
+    with pytest.warns(RuntimeWarning, match="recompile_limit=2"):
+        close(jf(t(3, 3)), t(3, 3) + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        close(jf(t(4, 3)), t(4, 3) + 1)
+    assert jf.cache_info().compiles == 2 and jf.cache_info().eager_calls == 2
+
+
+@pytest.mark.parametrize("with_break", [False, True])
+def test_value_and_grad_agrees_with_eager(with_break):
+    def f(x, w):
+        y = kiln.ops.tanh(x * w)
+        if with_break:
+            print(end="")
+        return (y * y).sum()
+
+    x, w = t(2, 3, seed=1), t(2, 3, seed=2)
+    want = kiln.value_and_grad(f, grad_position=(0, 1))(x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = kiln.value_and_grad(bc(f), grad_position=(0, 1))(x, w)
+    close(got[0], want[0])
+    for a, b in zip(got[1], want[1]):
+        close(a, b)

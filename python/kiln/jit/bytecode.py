@@ -118,6 +118,7 @@ _PURE_BUILTINS = frozenset(map(id, (
     callable, iter, next, sum, id)))
 _VALUE_READS = frozenset(("item", "asnumpy", "numpy", "tolist", "__bool__", "__float__", "__int__", "__index__"))
 _CONVERSIONS = frozenset(map(id, (int, float, bool, complex)))
+_MUTATORS = frozenset(_C.mutator_names())
 
 
 def _is_tensor(v):
@@ -142,21 +143,32 @@ def _kiln_module(obj):
     return mod == "kiln" or mod.startswith("kiln.") or mod == "math" or mod == "_operator" or mod == "operator"
 
 
+def _cell_type():
+    global _CELL_TYPE
+    if _CELL_TYPE is None:
+        from ..nn import Cell
+
+        _CELL_TYPE = Cell
+    return _CELL_TYPE
+
+
+_CELL_TYPE = None
+
+
 class Interpreter:
     """Runs frames instruction by instruction. capture: a tracer records the tensor work and
     instructions a graph cannot hold raise GraphBreak; else every instruction runs in Python
     (one break instruction, or the rest of a function whose capture gave up)."""
 
-    def __init__(self, frames, recorder=None, capture=True, cell_type=None):
+    def __init__(self, frames, recorder=None, capture=True, set_loc=None):
         self.frames = frames
+        self.set_loc = set_loc  # the tracer's set_loc: the source line of the ops that follow
         self.recorder = recorder
         self.capture = capture
         self.created = set()  # ids of containers built by the interpreted code (local, free to change)
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
-        from ..nn import Cell
-
-        self.cell_type = Cell
+        self.cell_type = _cell_type()
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -183,9 +195,13 @@ class Interpreter:
         (-> ("break", reason); the frames stand at the instruction), or after `steps`
         instructions (-> ("step", None))."""
         n = 0
+        loc = None
         while True:
             frame = self.frames[-1]
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
+            if self.set_loc is not None and (frame, line) != loc:
+                loc = (frame, line)
+                self.set_loc(f"{frame.code.code.co_filename}:{line}")
             try:
                 handler = _HANDLERS.get(op)
                 if handler is None:
@@ -231,7 +247,7 @@ class Interpreter:
             if _is_tensor(owner):
                 if fn.__name__ in _VALUE_READS:
                     self.brk(f"Tensor.{fn.__name__}() (its value is read into Python)")
-            elif isinstance(owner, (list, dict, set)) and not self.local(owner):
+            elif isinstance(owner, (list, dict, set)) and not self.local(owner) and fn.__name__ in _MUTATORS:
                 self.mutation(owner, f"{type(owner).__name__}.{fn.__name__}() on an object the function did not create "
                          "(a Python side effect)")
             elif not isinstance(owner, (list, dict, set, tuple, str, int, float, types.ModuleType)) \

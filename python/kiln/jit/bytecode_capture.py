@@ -1,5 +1,11 @@
-"""The pieces of a function captured from bytecode (see kiln.jit.bytecode) and the per-call run of
-graph, Python instruction at a graph break, graph, ...
+"""Calls of a function jitted with capture_mode="bytecode" (see kiln.jit.bytecode): the entry
+through the frame hook, its pieces and the per-call run of graph, Python instruction at a graph
+break, graph, ...
+
+A call goes through the frame hook (kiln._C.run_hooked), which binds the arguments as CPython
+does; when they were positional and fill the parameters exactly, later calls find the entry by
+their call key without the hook. A function that is one graph taking positional tensors is served
+by kiln.jit's C fast path.
 
 A Piece is one compiled graph from a resume point: the start of the function (its bound
 arguments) or the instruction after a graph break (the frozen frames). It ends with the
@@ -9,12 +15,20 @@ cached per resume point and call key (the frozen state's structure, constants an
 signature), each guarded by the GuardSet of what its capture read.
 """
 import sys
+import threading
 import time
+import types
 import warnings
+import weakref
 
 from .. import _C
+from ..autograd import differentiating
 from . import bytecode, guards, tree
 from .syntax import JitSyntaxError
+
+_local = threading.local()
+_owner = weakref.WeakValueDictionary()  # code -> the JitFunction that last ran it (frames met outside its call)
+_VAR_ARGS = 0x04 | 0x08
 
 MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Python
 
@@ -42,11 +56,21 @@ class Piece:
 class Pieces:
     """The pieces of one jitted function, keyed by (resume point, call key)."""
 
-    def __init__(self, owner):
+    def __init__(self, owner, fn, prefix):
         self.owner = owner  # the JitFunction
+        self.fn, self.prefix = fn, prefix  # the Python function captured, the arguments before the call's
+        code = fn.__code__
+        self.direct_ok = not code.co_flags & _VAR_ARGS  # positional calls filling the parameters exactly
+        self.nparams = code.co_argcount
+        self.varkw = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)
+                      if code.co_flags & 0x08 else -1)  # the index of **kwargs among the parameters
+        self.direct = {}  # call key of the positional arguments -> (state key, spec) of the entry
         self.cache = {}
         self.breaks = []  # (reason, where) of each graph break met, in order
         self.recompiles = []  # (resume point, the guard that failed)
+        self.new_signatures = []  # what changed in the arguments, for each entry compiled after the first
+        self.entry_keys = []
+        self.warned = False  # the recompile_limit warning was given
         self.count = 0
         self.given_up = None  # why the rest of calls is interpreted in Python
 
@@ -73,7 +97,7 @@ def capture_piece(owner, state, leaves, spec):
     "break" (payload: the frames, standing at the break instruction, on real values)."""
     opts = owner.options
     tracer = _C.Tracer()
-    recorder = guards.Recorder(top=owner.fn if not isinstance(owner.fn, type) else None)
+    recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
@@ -81,7 +105,7 @@ def capture_piece(owner, state, leaves, spec):
         from .function import bind_inputs
 
         aliases_state = bind_inputs(tracer, spec, leaves)
-        interp = bytecode.Interpreter([], recorder=recorder, capture=True)
+        interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         frames = bytecode.thaw(aliases_state, interp)
         interp.frames = frames
         for f in frames:
@@ -92,9 +116,6 @@ def capture_piece(owner, state, leaves, spec):
             f = frames[0]
             recorder.on_code(f.func.__code__, f.func.__globals__,
                              dict(zip(bytecode.bound_names(f.func.__code__), f.locals)))
-            for v in f.locals:
-                if isinstance(v, (list, dict)):
-                    interp.foreign.add(id(v))
         else:
             for f in frames:
                 recorder.on_code(f.func.__code__, f.func.__globals__, {})
@@ -127,6 +148,10 @@ def capture_piece(owner, state, leaves, spec):
         tracer.end()
         _C.eval_frame_suspend(prev_hook)
         _C.set_cell_logs(*prev_logs)
+    from ..nn import Cell
+
+    if isinstance(owner.fn, Cell):
+        called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))
     guard_set, guard_names = recorder.guard_set()
     piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at)
@@ -148,13 +173,16 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
                 pieces.given_up = (f"compiled {len(stale)} times (recompile_limit="
                                    f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard()} "
                                    "keeps changing")
-                warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs in "
-                              "Python", RuntimeWarning, stacklevel=4)
+                if side_effects_done:
+                    warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
+                                  "in Python", RuntimeWarning, stacklevel=4)
             if pieces.count >= MAX_PIECES or pieces.given_up:
                 if pieces.given_up is None:
                     pieces.given_up = f"more than {MAX_PIECES} graphs"
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
                                   "in Python", RuntimeWarning, stacklevel=4)
+                if not side_effects_done:  # nothing ran in Python yet: CPython runs the whole call
+                    raise bytecode.Unsupported(pieces.given_up)
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
             t0 = time.perf_counter()
             try:
@@ -206,3 +234,132 @@ def _finish_in_python(state):
         return interp.run()[1]
     finally:
         _C.eval_frame_suspend(prev)
+
+
+# ---- the entry ---------------------------------------------------------------------------------------
+
+
+def target(jf):
+    """(the Python function whose frames a JitFunction captures, the arguments before the call's)."""
+    from ..nn import Cell
+
+    fn, prefix = jf.fn, ()
+    if isinstance(fn, Cell):
+        fn, prefix = type(fn).construct, (fn,)
+    elif isinstance(fn, types.MethodType):
+        fn, prefix = fn.__func__, (fn.__self__,)
+    elif not isinstance(fn, types.FunctionType) and isinstance(getattr(type(fn), "__call__", None),
+                                                               types.FunctionType):
+        fn, prefix = type(fn).__call__, (fn,)
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): {getattr(jf.fn, '__qualname__', jf.fn)!s} has no "
+                        "Python bytecode")
+    if jf._self_ref is not None:
+        prefix = (jf._self,) + prefix
+    return fn, prefix
+
+
+def _runs_eagerly(jf, tensors):
+    """Whether this call must run eagerly: the function gave up, or the caller differentiates
+    through it (only eager execution records that)."""
+    return jf._eager_reason is not None or differentiating() or (
+        _C.is_grad_enabled() and any(isinstance(v, _C.TensorBase) and v.requires_grad for v in tensors))
+
+
+def call(jf, args, kwargs):
+    """JitFunction's slow path for capture_mode="bytecode"."""
+    pieces = jf._pieces
+    if pieces is None:
+        fn, prefix = target(jf)
+        pieces = jf._pieces = Pieces(jf, fn, prefix)
+    else:
+        fn, prefix = pieces.fn, pieces.prefix
+        if jf._self_ref is not None:
+            prefix = (jf._self,) + prefix[1:]
+    full = prefix + args
+    if not kwargs and pieces.direct_ok and len(full) == pieces.nparams and pieces.direct:
+        ck, leaves = _C.tree.call_key(full, {}, ())
+        hit = pieces.direct.get(ck)
+        if hit is not None and not _runs_eagerly(jf, leaves):
+            try:
+                return run(jf, pieces, hit[0], leaves, hit[1])
+            except bytecode.Unsupported as e:  # before anything ran in Python: the call runs eagerly
+                _give_up(jf, e)
+                return fn(*full)
+    if _C.eval_frame_marked(fn.__code__) is not _frame:
+        _C.eval_frame_mark(fn.__code__, _frame)
+    _owner[fn.__code__] = jf
+    prev = getattr(_local, "pending", None)
+    _local.pending = (jf, fn.__code__, args, kwargs)
+    try:
+        return _C.run_hooked(fn, full, kwargs)
+    finally:
+        _local.pending = prev
+
+
+def _frame(func, bound):
+    """The frame hook's callback for code marked by capture_mode="bytecode"."""
+    pending = getattr(_local, "pending", None)
+    if pending is not None and pending[1] is func.__code__:
+        _local.pending = None
+        return on_frame(pending[0], func, bound, pending)
+    jf = _owner.get(func.__code__)
+    if jf is None or jf._self_ref is not None or jf._pieces is None or jf._pieces.fn is not func:
+        return _C.RUN_EAGER
+    return on_frame(jf, func, bound, None)
+
+
+def _give_up(jf, err):
+    jf._eager_reason = str(err)
+    warnings.warn(f"kiln.jit: {jf.__qualname__} runs eagerly: {err}", RuntimeWarning, stacklevel=5)
+    jf.stats.eager_calls += 1
+
+
+def on_frame(jf, func, bound, pending):
+    """A frame of the function: its pieces run (captured when new); RUN_EAGER lets CPython run it."""
+    if _runs_eagerly(jf, bound):
+        jf.stats.eager_calls += 1
+        return _C.RUN_EAGER
+    pieces = jf._pieces
+    interp = bytecode.Interpreter([], capture=False)
+    for k, v in enumerate(bound):
+        if isinstance(v, (list, dict)):  # **kwargs: the frame's own; else the caller's
+            (interp.note_created(v) if k == pieces.varkw else interp.foreign.add(id(v)))
+    key, spec, leaves = state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
+    first = key not in pieces.cache
+    if first:
+        if len(pieces.entry_keys) >= jf.options.recompile_limit:
+            if not pieces.warned:
+                pieces.warned = True
+                change = _C.tree.describe_change(pieces.entry_keys[-1][1], key[1])
+                warnings.warn(f"kiln.jit: {jf.__qualname__} was compiled for {len(pieces.entry_keys)} signatures "
+                              f"(recompile_limit={jf.options.recompile_limit}); {change} keeps changing. New "
+                              "signatures now run eagerly.", RuntimeWarning, stacklevel=4)
+            jf.stats.eager_calls += 1
+            return _C.RUN_EAGER
+        if pieces.entry_keys:
+            pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1][1], key[1]))
+        pieces.entry_keys.append(key)
+    try:
+        result = run(jf, pieces, key, leaves, spec)
+    except bytecode.Unsupported as e:
+        _give_up(jf, e)
+        return _C.RUN_EAGER
+    jf.stats.entries = pieces.count
+    if pieces.direct_ok and len(bound) == pieces.nparams:
+        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec)
+    entries = pieces.cache.get(key, ())
+    if first and pending is not None and len(entries) == 1 and entries[0].returns:
+        _, _, args, kwargs = pending
+        if tuple(bound) == tuple(args) and not kwargs:
+            jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
+    return result
+
+
+class _FastView:
+    """What JitFunction._register_fast reads of an entry, for a piece that returns."""
+    __slots__ = ("executable", "out_spec", "guards", "differentiable")
+
+    def __init__(self, piece):
+        self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
+        self.differentiable = False

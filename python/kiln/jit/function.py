@@ -14,7 +14,7 @@ import warnings
 
 from .. import _C
 from ..autograd import differentiating
-from . import ast_convert, guards, tree
+from . import ast_convert, bytecode_capture, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
 
@@ -197,7 +197,8 @@ class JitFunction(_C.JitDispatcher):
         self._converted = None  # capture_mode="ast": the converted function (see _capture_target)
         self._ast_fallback = None  # LAX: why this function is traced as it is instead
         self._grad_parent = None  # for the value_and_grad variant of a jitted function: that function
-        self._pieces = None  # capture_mode="bytecode": the captured pieces (kiln.jit.bytecode_capture)
+        self._pieces = None  # capture_mode="bytecode": its Pieces (kiln.jit.bytecode_capture)
+        self._recompiles = []  # ast and trace: what changed at each capture after the first (explain)
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -284,7 +285,7 @@ class JitFunction(_C.JitDispatcher):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
             return self._capture_target()(*args, **kwargs)
         if self.options.capture_mode == "bytecode":
-            return self._bytecode_call(args, kwargs)
+            return bytecode_capture.call(self, args, kwargs)
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
@@ -298,72 +299,6 @@ class JitFunction(_C.JitDispatcher):
             outs = entry.executable(*leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
         return self._miss(key, args, kwargs)
-
-    # ---- capture_mode="bytecode" (kiln.jit.bytecode) ---------------------------------------
-    def _bytecode_target(self):
-        """(the Python function whose frames are captured, the arguments before the call's)."""
-        from ..nn import Cell
-
-        if isinstance(self.fn, Cell):
-            construct = type(self.fn).construct
-            if not isinstance(construct, types.FunctionType):
-                raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): the construct of {type(self.fn).__name__} "
-                                "is not a Python function")
-            return construct, (self.fn,)
-        fn, prefix = self.fn, ()
-        if isinstance(fn, types.MethodType):
-            fn, prefix = fn.__func__, (fn.__self__,)
-        elif not isinstance(fn, types.FunctionType) and isinstance(getattr(type(fn), "__call__", None),
-                                                                   types.FunctionType):
-            fn, prefix = type(fn).__call__, (fn,)
-        if not isinstance(fn, types.FunctionType):
-            raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): a {type(fn).__name__} has no Python bytecode")
-        if self._self_ref is not None:
-            prefix = (self._self,) + prefix
-        return fn, prefix
-
-    def _bytecode_call(self, args, kwargs):
-        fn, prefix = self._bytecode_target()
-        if _C.eval_frame_marked(fn.__code__) is not _bytecode_frame:
-            _C.eval_frame_mark(fn.__code__, _bytecode_frame)
-        _bytecode_owner[fn.__code__] = self
-        prev = getattr(_local, "pending", None)
-        _local.pending = (self, fn.__code__, args, kwargs)
-        try:
-            return _C.run_hooked(fn, prefix + args, kwargs)
-        finally:
-            _local.pending = prev
-
-    def _on_frame(self, func, bound, call):
-        """The frame hook's call: the pieces of this function run (captured when new); RUN_EAGER
-        lets CPython run the frame."""
-        from . import bytecode, bytecode_capture
-
-        grad = _C.is_grad_enabled()
-        if self._eager_reason is not None or (grad and any(
-                isinstance(v, _C.TensorBase) and v.requires_grad for v in bound)) or differentiating():
-            self.stats.eager_calls += 1
-            return _C.RUN_EAGER
-        if self._pieces is None:
-            self._pieces = bytecode_capture.Pieces(self)
-        interp = bytecode.Interpreter([], capture=False)
-        key, spec, leaves = bytecode_capture.state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
-        first = key not in self._pieces.cache
-        try:
-            result = bytecode_capture.run(self, self._pieces, key, leaves, spec)
-        except bytecode.Unsupported as e:
-            self._eager_reason = str(e)
-            warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e}", RuntimeWarning, stacklevel=3)
-            self.stats.eager_calls += 1
-            return _C.RUN_EAGER
-        entries = self._pieces.cache.get(key, ())
-        self.stats.entries = self._pieces.count
-        if first and call is not None and len(entries) == 1 and entries[0].returns:
-            _, _, args, kwargs = call
-            if tuple(bound) == tuple(args) and not kwargs:
-                ckey, _ = self._key(args, kwargs)
-                self._register_fast(ckey, args, kwargs, _FastView(entries[0], entries[0].guards))
-        return result
 
     def _needs_eager_autograd(self, key):
         """Inputs that require grad in grad mode: the caller differentiates through this call,
@@ -383,6 +318,10 @@ class JitFunction(_C.JitDispatcher):
         if self._eager_reason is not None:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
+        if self._keys:
+            stale = [e.failed_guard() for e in self._cache.get(key, ())]
+            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None) if key in self._cache
+                                    else _C.tree.describe_change(self._keys[-1], key))
         t0 = time.perf_counter()
         try:
             result, entry = self._capture(args, kwargs)
@@ -440,6 +379,14 @@ class JitFunction(_C.JitDispatcher):
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
 
     # ---- introspection ----------------------------------------------------------------
+    def explain(self):
+        """Prints and returns what this function became so far (kiln.jit.explain's report)."""
+        from .explain import report
+
+        out = report(self)
+        print(out)
+        return out
+
     def cache_info(self):
         """Hits, misses, compiles, time spent compiling, eager calls and cached entries."""
         info = CacheInfo()
@@ -501,30 +448,6 @@ class JitFunction(_C.JitDispatcher):
         return f"<kiln.jit {self.__qualname__} ({self.options})>"
 
 
-class _FastView:
-    """What _register_fast reads of an entry, for a bytecode piece that returns."""
-    __slots__ = ("executable", "out_spec", "guards", "differentiable")
-
-    def __init__(self, piece, guard_set):
-        self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, guard_set
-        self.differentiable = False
-
-
-_bytecode_owner = {}  # code -> the JitFunction that last ran it (frames met outside its own call)
-
-
-def _bytecode_frame(func, bound):
-    """The frame hook's callback for code marked by capture_mode="bytecode"."""
-    pending = getattr(_local, "pending", None)
-    if pending is not None and pending[1] is func.__code__:
-        _local.pending = None
-        return pending[0]._on_frame(func, bound, pending)
-    owner = _bytecode_owner.get(func.__code__)
-    if owner is None or owner._self_ref is not None:
-        return _C.RUN_EAGER
-    return owner._on_frame(func, bound, None)
-
-
 def _call_cell_body(cell, args, kwargs):
     """A cell's construct, logged for the training-mode guards like a call through Cell.__call__."""
     _C.log_cell_call(cell)
@@ -556,6 +479,15 @@ def _convert_target(fn):
         conv = ast_runtime.convert_function(call)
         return lambda *a, **k: conv(fn, *a, **k)
     raise ast_convert.source_error(fn, f"a {type(fn).__name__} has no Python source")
+
+
+def explain(fn, *args, **kwargs):
+    """Calls fn(*args, **kwargs) jitted — fn itself when it is a kiln.jit function, else
+    kiln.jit(fn, capture_mode="bytecode") — then prints and returns the report: graphs and ops,
+    graph breaks with reason and line, the guards of each graph, recompiles with what changed."""
+    jf = fn if isinstance(fn, JitFunction) else jit(fn, capture_mode="bytecode")
+    jf(*args, **kwargs)
+    return jf.explain()
 
 
 def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",
