@@ -320,12 +320,26 @@ static PyObject *keys_tuple(PyObject *dict) {
     return t;
 }
 
-static PyObject *compute_facts(PyCodeObject *code) {
+/* The facts of code, or of its instructions at the offsets in `executed` (a set) when not NULL:
+ * what one run of part of the code read (parameters count as assigned from the whole code). */
+static PyObject *compute_facts(PyCodeObject *code, PyObject *executed) {
     pykiln_instr *ins;
     Py_ssize_t n;
     if (pykiln_decode(code, &ins, &n) < 0) return NULL;
     PyCodeFacts *f = NULL;
     PyObject *params = unassigned_params(code, ins, n);
+    if (params && executed) {
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *at = PyLong_FromLong(ins[k].offset);
+            int in = at ? PySet_Contains(executed, at) : -1;
+            Py_XDECREF(at);
+            if (in < 0) Py_CLEAR(params);
+            if (in < 0) break;
+            if (in) ins[kept++] = ins[k];
+        }
+        n = kept;
+    }
     PyObject *globals = PyDict_New(), *freevars = PyDict_New(), *chains = PyDict_New();
     PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     if (!params || !globals || !freevars || !chains || !lists[0] || !lists[1] || !lists[2]) goto done;
@@ -405,7 +419,7 @@ PyObject *pykiln_code_facts(PyObject *code) {
         Py_INCREF((PyObject *)cached);
         return cached;
     }
-    PyObject *facts = compute_facts((PyCodeObject *)code);
+    PyObject *facts = compute_facts((PyCodeObject *)code, NULL);
     if (!facts) return NULL;
     if (_PyCode_SetExtra(code, slot, facts) < 0) {
         Py_DECREF(facts);
@@ -437,7 +451,18 @@ static PyObject *decode_tuple(PyObject *code) {
     return out;
 }
 
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed) {
+    if (!PyCode_Check(code) || !PyAnySet_Check(executed))
+        return PyErr_Format(PyExc_TypeError, "code_facts: expected a code object and a set of offsets");
+    return compute_facts((PyCodeObject *)code, executed);
+}
+
 #else
+
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed) {
+    (void)executed;
+    return pykiln_code_facts(code);
+}
 
 static PyObject *decode_tuple(PyObject *code) {
     (void)code;

@@ -499,14 +499,15 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
 }
 
 /* What code, starting with globals g and locals (a dict), reads and writes (steals code, g and
- * locals). */
-static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g, PyObject *locals) {
+ * locals); only its instructions at the offsets in the set `executed` when not NULL. */
+static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g, PyObject *locals,
+                             PyObject *executed) {
     PyObject *user = PyObject_CallOneArg(r->is_user_code, (PyObject *)code);
     int is_user = user ? PyObject_IsTrue(user) : -1, rc = -1;
     PyObject *facts = NULL, *nested = NULL;
     Py_XDECREF(user);
     if (is_user <= 0) goto done;
-    facts = pykiln_code_facts((PyObject *)code);
+    facts = executed ? pykiln_code_facts_executed((PyObject *)code, executed) : pykiln_code_facts((PyObject *)code);
     nested = facts ? PyObject_GetAttrString(facts, "nested") : NULL;
     int converted = is_converted(r, code);
     if (!nested || !g || !locals || converted < 0 || _PySet_Update(r->local_codes, nested) < 0 ||
@@ -532,15 +533,21 @@ done:
 static PyObject *recorder_on_call(PyObject *self, PyObject *frame) {
     if (!PyFrame_Check(frame)) return PyErr_Format(PyExc_TypeError, "on_call: expected a frame");
     return record_code((PyGuardRecorder *)self, PyFrame_GetCode((PyFrameObject *)frame),
-                       PyFrame_GetGlobals((PyFrameObject *)frame), PyFrame_GetLocals((PyFrameObject *)frame));
+                       PyFrame_GetGlobals((PyFrameObject *)frame), PyFrame_GetLocals((PyFrameObject *)frame), NULL);
 }
 
-/* on_code(code, globals, locals): on_call for code that bytecode capture interprets (no frame). */
+/* on_code(code, globals, locals, executed=None): on_call for code that bytecode capture
+ * interprets (no frame), from the locals the interpreted part started with; executed: the set of
+ * offsets it ran (None: all of the code). */
 static PyObject *recorder_on_code(PyObject *self, PyObject *args) {
-    PyObject *code, *g, *locals;
-    if (!PyArg_ParseTuple(args, "O!O!O!:on_code", &PyCode_Type, &code, &PyDict_Type, &g, &PyDict_Type, &locals))
+    PyObject *code, *g, *locals, *executed = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!O!|O:on_code", &PyCode_Type, &code, &PyDict_Type, &g, &PyDict_Type, &locals,
+                          &executed))
         return NULL;
-    return record_code((PyGuardRecorder *)self, (PyCodeObject *)Py_NewRef(code), Py_NewRef(g), Py_NewRef(locals));
+    if (executed != Py_None && !PyAnySet_Check(executed))
+        return PyErr_Format(PyExc_TypeError, "on_code: executed must be a set of offsets or None");
+    return record_code((PyGuardRecorder *)self, (PyCodeObject *)Py_NewRef(code), Py_NewRef(g), Py_NewRef(locals),
+                       executed == Py_None ? NULL : executed);
 }
 
 /* add_cells(cells): guards the training mode and state version of each Cell the capture called. */
@@ -704,7 +711,8 @@ static PyObject *get_count(PyObject *self, void *which) {
 static PyMethodDef recorder_methods[] = {
     {"on_call", recorder_on_call, METH_O, "on_call(frame): record what a starting frame of user code reads and writes"},
     {"on_code", recorder_on_code, METH_VARARGS,
-     "on_code(code, globals, locals): on_call for code interpreted without a frame (bytecode capture)"},
+     "on_code(code, globals, locals, executed=None): on_call for code interpreted without a frame, only the "
+     "instructions at the offsets in executed (bytecode capture)"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},

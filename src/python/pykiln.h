@@ -119,6 +119,9 @@ typedef struct {
 int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count);
 /* kiln._C.code_facts(code): the CodeFacts of a code object (new reference; cached on the code). */
 PyObject *pykiln_code_facts(PyObject *code);
+/* The CodeFacts of the instructions of code at the offsets in the set `executed` (new reference,
+ * not cached): what one run of part of it read (bytecode capture's pieces). */
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed);
 /* kiln._C.read_names(code): (globals, cell variables) code and its nested code load and never store. */
 PyObject *pykiln_read_names(PyObject *code);
 /* Registers CodeFacts and code_facts (code_facts.c). */

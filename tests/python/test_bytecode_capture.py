@@ -401,3 +401,41 @@ def test_value_and_grad_agrees_with_eager(with_break):
     close(got[0], want[0])
     for a, b in zip(got[1], want[1]):
         close(a, b)
+
+
+def test_a_global_read_before_a_break_recompiles_only_that_graph():
+    global SCALE
+    SCALE = 2.0
+
+    def f(x):
+        y = x * SCALE
+        print(end="")
+        return y + 1
+
+    jf = bc(f)
+    x = t(2, 3)
+    close(jf(x), x * 2.0 + 1)
+    close(jf(x), x * 2.0 + 1)
+    SCALE = 4.0
+    close(jf(x), x * 4.0 + 1)
+    close(jf(x), x * 4.0 + 1)
+    assert jf.cache_info().compiles == 3  # two pieces, then the first again
+
+
+def test_an_attribute_read_after_a_break_is_guarded():
+    class M(kiln.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.alpha = 2.0
+
+        def construct(self, x):
+            y = x + 1
+            print(end="")
+            return y * self.alpha
+
+    m = M()
+    jm = bc(m)
+    x = t(2, 3)
+    close(jm(x), (x + 1) * 2.0)
+    m.alpha = 5.0
+    close(jm(x), (x + 1) * 5.0)

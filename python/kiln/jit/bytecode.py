@@ -87,11 +87,25 @@ class Code:
 
 class Frame:
     """One interpreted function: localsplus (cells as cell objects), value stack, next instruction."""
-    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names")
+    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names", "executed")
 
     def __init__(self, func, code, local_values, stack, pc, kw_names=()):
         self.func, self.code, self.locals, self.stack, self.pc, self.kw_names = (
             func, code, local_values, stack, pc, kw_names)
+        self.executed = set()  # offsets interpreted while capturing (what the guards cover)
+
+    def named_locals(self):
+        """name -> value of the bound locals (cells read through), as a frame's f_locals."""
+        out = {}
+        for name, v in zip(self.code.code.co_varnames + self.code.code.co_cellvars, self.locals):
+            if isinstance(v, types.CellType):
+                try:
+                    v = v.cell_contents
+                except ValueError:
+                    continue
+            if v is not NULL:
+                out[name] = v
+        return out
 
     @classmethod
     def start(cls, func, bound):
@@ -168,6 +182,7 @@ class Interpreter:
         self.created = set()  # ids of containers built by the interpreted code (local, free to change)
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
+        self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
 
     def note_created(self, obj):
@@ -199,9 +214,11 @@ class Interpreter:
         while True:
             frame = self.frames[-1]
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
-            if self.set_loc is not None and (frame, line) != loc:
-                loc = (frame, line)
-                self.set_loc(f"{frame.code.code.co_filename}:{line}")
+            if self.capture:
+                frame.executed.add(offset)
+                if self.set_loc is not None and (frame, line) != loc:
+                    loc = (frame, line)
+                    self.set_loc(f"{frame.code.code.co_filename}:{line}")
             try:
                 handler = _HANDLERS.get(op)
                 if handler is None:
@@ -277,13 +294,18 @@ class Interpreter:
             bound = _bind(func, args, kwargs)
         except TypeError:
             return func(*args, **kwargs)  # the same error eager raises
-        if self.recorder is not None:
-            self.recorder.on_code(code, func.__globals__, dict(zip(bound_names(code), bound)))
         for v in bound:
             if isinstance(v, (list, dict)) and code.co_flags & 0x0C:
                 self.note_created(v)  # *args / **kwargs
-        self.frames.append(Frame.start(func, bound))
+        frame = Frame.start(func, bound)
+        self.reads.append((frame, dict(zip(bound_names(code), bound))))
+        self.frames.append(frame)
         return _PUSHED
+
+    def record_reads(self):
+        """Shows the recorder what each interpreted frame read: its instructions that ran."""
+        for frame, local_values in self.reads:
+            self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed)
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE

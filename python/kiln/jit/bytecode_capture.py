@@ -112,18 +112,13 @@ def capture_piece(owner, state, leaves, spec):
             if f.code.has_try:
                 raise bytecode.Unsupported(f"try/with in {f.func.__qualname__} "
                                            f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
-        if len(frames) == 1 and frames[0].pc == 0:
-            f = frames[0]
-            recorder.on_code(f.func.__code__, f.func.__globals__,
-                             dict(zip(bytecode.bound_names(f.func.__code__), f.locals)))
-        else:
-            for f in frames:
-                recorder.on_code(f.func.__code__, f.func.__globals__, {})
+        interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
         try:
             outcome, payload = interp.run()
         finally:
             sys.settrace(prev_trace)
+        interp.record_reads()
         reads, where = tracer.value_reads()
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
