@@ -439,3 +439,52 @@ def test_an_attribute_read_after_a_break_is_guarded():
     close(jm(x), (x + 1) * 2.0)
     m.alpha = 5.0
     close(jm(x), (x + 1) * 5.0)
+
+
+def test_set_jit_config_and_each_level_and_backend():
+    block = models.BasicBlock(channels=3)
+    block.set_train(False)
+    x = t(1, 3, 5, 5, seed=9)
+    want = block(x)
+    block.set_jit_config(kiln.JitConfig(jit_level="O1", capture_mode="bytecode"))
+    close(block(x), want, 1e-4)
+    close(block(x), want, 1e-4)
+    assert block._jitted.options.capture_mode == "bytecode" and block._jitted._pieces.count == 1
+    for level, backend in (("O0", "kbk"), ("O1", "kbk"), ("O2", ""), ("O0", "GE")):
+        m = models.BasicBlock(channels=3)
+        m.set_train(False)
+        jm = bc(m, jit_level=level, backend=backend)
+        close(jm(x), m(x), 1e-4)
+        close(jm(x), m(x), 1e-4)
+        assert jm._last.executable.backend == ("sink" if level == "O2" or backend == "GE" else "kbk")
+
+
+def test_more_break_kinds():
+    import math
+
+    def unknown_call(x):
+        y = x * 2
+        n = int(np.prod(y.shape))  # NumPy: an unknown function
+        return y + math.sqrt(n)
+
+    def to_numpy(x):
+        y = x * 2
+        host = y.asnumpy()
+        return y + float(host.sum())
+
+    def gen(x):
+        def g(v):
+            yield v * 2
+            yield v * 3
+        out = x
+        for v in g(x):
+            out = out + v
+        return out
+
+    x = t(2, 3)
+    for fn, reason in ((unknown_call, "a call of prod"), (to_numpy, "Tensor.asnumpy()"),
+                       (gen, "a generator")):
+        jf = bc(fn)
+        close(jf(x), fn(x))
+        close(jf(x), fn(x))
+        assert jf._pieces.breaks and jf._pieces.breaks[0][0].startswith(reason), jf._pieces.breaks

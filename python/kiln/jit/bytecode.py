@@ -255,6 +255,10 @@ class Interpreter:
             if bound_self is not None:
                 args = (bound_self,) + tuple(args)
             return self.inline(target, args, kwargs)
+        name = getattr(fn, "__name__", "")
+        if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
+                args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
+            self.brk(f"Tensor.{name}() (its value is read into Python)")
         if fn is print:
             self.brk("print() (a Python side effect)")
         elif id(fn) in _CONVERSIONS and _contains_tensor(args):
@@ -879,7 +883,7 @@ def freeze(frames, interp, tracer=None):
         if depth > 20:
             raise Unsupported("a state nested too deep")
         if v is NULL:
-            return _REF, _ByIdentity(NULL)
+            return v
         if _is_tensor(v):
             if tracer is not None and not tracer.knows(v):
                 return _REF, _ByIdentity(v)
@@ -909,7 +913,7 @@ def freeze(frames, interp, tracer=None):
             return v
         return _REF, _ByIdentity(v)
 
-    return tuple((_ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple(conv(x) for x in fr.locals),
+    return tuple((fr.func, fr.code.ins[fr.pc][2], tuple(conv(x) for x in fr.locals),
                   tuple(conv(x) for x in fr.stack), fr.kw_names) for fr in frames)
 
 
@@ -940,14 +944,8 @@ def thaw(state, interp):
         return v
 
     frames = []
-    for func_ref, offset, local_values, stack, kw_names in state:
-        func = func_ref.obj
+    for func, offset, local_values, stack, kw_names in state:
         code = Code.of(func.__code__)
         frames.append(Frame(func, code, [conv(x) for x in local_values], [conv(x) for x in stack],
                             code.at[offset], kw_names))
     return frames
-
-
-def position(state):
-    """The resume point of a frozen state: the code and instruction of each frame."""
-    return tuple((s[0], s[1]) for s in state)

@@ -214,11 +214,11 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
 
 
 def state_key(state):
-    """(resume point, call key of the frozen state), its spec and its tensors."""
-    leaves = []
-    spec = tree.flatten(state, leaves)
-    key, _ = _C.tree.call_key((state,), {}, ())
-    return (bytecode.position(state), key), spec, leaves
+    """The call key of a frozen state (its constants include the resume point), its spec and its
+    tensors."""
+    key, leaves = _C.tree.call_key((state,), {}, ())
+    spec = key[0][1][0][1][0]  # of ((state,), {}): the spec of state
+    return key, spec, leaves
 
 
 def _finish_in_python(state):
@@ -326,14 +326,14 @@ def on_frame(jf, func, bound, pending):
         if len(pieces.entry_keys) >= jf.options.recompile_limit:
             if not pieces.warned:
                 pieces.warned = True
-                change = _C.tree.describe_change(pieces.entry_keys[-1][1], key[1])
+                change = _C.tree.describe_change(pieces.entry_keys[-1], key)
                 warnings.warn(f"kiln.jit: {jf.__qualname__} was compiled for {len(pieces.entry_keys)} signatures "
                               f"(recompile_limit={jf.options.recompile_limit}); {change} keeps changing. New "
                               "signatures now run eagerly.", RuntimeWarning, stacklevel=4)
             jf.stats.eager_calls += 1
             return _C.RUN_EAGER
         if pieces.entry_keys:
-            pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1][1], key[1]))
+            pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1], key))
         pieces.entry_keys.append(key)
     try:
         result = run(jf, pieces, key, leaves, spec)
