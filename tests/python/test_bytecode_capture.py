@@ -64,7 +64,7 @@ def test_frame_hook_leaves_generators_alone():
 # ---- whole functions against eager --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(0, 40, 4))
+@pytest.mark.parametrize("seed", range(120))
 def test_astgen_programs_agree_with_eager(seed):
     fn = astgen.program(seed)
     jf = bc(fn)

@@ -75,6 +75,12 @@ class Code:
                 target = offset + 2 - 2 * arg if "BACKWARD" in _OP[op] else offset + 2 + 2 * arg
             self.ins.append((_OP[op], arg, offset, line, name, target))
         self.at = {ins[2]: k for k, ins in enumerate(self.ins)}
+        # a jump lands on the EXTENDED_ARG prefix of an instruction: the instruction it prefixes
+        offsets = sorted(self.at)
+        for k, ins in enumerate(self.ins):
+            if ins[5] is not None and ins[5] not in self.at:
+                real = next(o for o in offsets if o > ins[5])
+                self.ins[k] = ins[:5] + (real,)
         self.has_try = bool(code.co_exceptiontable)
 
     @classmethod
