@@ -98,7 +98,7 @@ class Frame:
     def __init__(self, func, code, local_values, stack, pc, kw_names=()):
         self.func, self.code, self.locals, self.stack, self.pc, self.kw_names = (
             func, code, local_values, stack, pc, kw_names)
-        self.executed = set()  # offsets interpreted while capturing (what the guards cover)
+        self.executed = None  # offsets interpreted while capturing (what the guards cover), a set
 
     def named_locals(self):
         """name -> value of the bound locals (cells read through), as a frame's f_locals."""
@@ -173,6 +173,16 @@ def _cell_type():
 
 
 _CELL_TYPE = None
+_JIT_FUNCTION = None
+
+
+def _jit_function_type():
+    global _JIT_FUNCTION
+    if _JIT_FUNCTION is None:
+        from .function import JitFunction
+
+        _JIT_FUNCTION = JitFunction
+    return _JIT_FUNCTION
 
 
 class Interpreter:
@@ -221,6 +231,8 @@ class Interpreter:
             frame = self.frames[-1]
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
             if self.capture:
+                if frame.executed is None:
+                    frame.executed = set()
                 frame.executed.add(offset)
                 if self.set_loc is not None and (frame, line) != loc:
                     loc = (frame, line)
@@ -246,9 +258,7 @@ class Interpreter:
         target, bound_self = fn, None
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, bound_self = fn.__func__, fn.__self__
-        from .function import JitFunction
-
-        if isinstance(target, JitFunction) and isinstance(target.fn, types.FunctionType) and target._self_ref is None:
+        if isinstance(target, _jit_function_type()) and isinstance(target.fn, types.FunctionType) and target._self_ref is None:
             target = target.fn
         if isinstance(target, self.cell_type) and bound_self is None:
             construct = type(target).construct
@@ -315,7 +325,7 @@ class Interpreter:
     def record_reads(self):
         """Shows the recorder what each interpreted frame read: its instructions that ran."""
         for frame, local_values in self.reads:
-            self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed)
+            self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed or set())
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
@@ -875,6 +885,10 @@ def _hashable(v):
         return False
 
 
+_ATOMS = frozenset((type(None), int, float, bool, str, _Null))  # kept in a state as they are
+_CONTAINERS = frozenset((tuple, list, dict))
+
+
 def freeze(frames, interp, tracer=None):
     """The frames as a nested tuple tree.flatten can take: tensors as leaves (a tensor the
     capture did not make — a parameter — by identity), containers rebuilt, iterators and cells
@@ -886,10 +900,10 @@ def freeze(frames, interp, tracer=None):
             free_cells[id(c)] = (fr, k)
 
     def conv(v, depth=0):
+        if type(v) in _ATOMS:
+            return v
         if depth > 20:
             raise Unsupported("a state nested too deep")
-        if v is NULL:
-            return v
         if _is_tensor(v):
             if tracer is not None and not tracer.knows(v):
                 return _REF, _ByIdentity(v)
@@ -919,8 +933,8 @@ def freeze(frames, interp, tracer=None):
             return v
         return _REF, _ByIdentity(v)
 
-    return tuple((fr.func, fr.code.ins[fr.pc][2], tuple(conv(x) for x in fr.locals),
-                  tuple(conv(x) for x in fr.stack), fr.kw_names) for fr in frames)
+    return tuple([(fr.func, fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
+                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for fr in frames])
 
 
 def thaw(state, interp):
@@ -928,6 +942,8 @@ def thaw(state, interp):
     noted in interp as created or foreign as they were."""
 
     def conv(v):
+        if type(v) not in _CONTAINERS:
+            return v
         if type(v) is tuple and len(v) == 2 and isinstance(v[0], _Tag):
             tag, payload = v
             if tag is _REF:
