@@ -4,11 +4,13 @@
 
 Targets (issue 12):
 - the tutorial's simple function a*b+c (2x3 float32), bytecode O0 per call <= 1.2x ast O0 per call;
-- BasicBlock and LlamaAttention forward (reduced sizes, O1): bytecode within 5% of ast (<= 1.05x);
+- BasicBlock and LlamaAttention forward and forward+backward (reduced sizes, O1): bytecode within 5%
+  of ast (<= 1.05x). value_and_grad of a jitted function compiles forward and backward as one graph
+  captured like trace mode from the function itself (ast: its converted source; bytecode: the
+  function), so the forward+backward rows time that graph;
 - a function with one graph break in the middle (print of a Python scalar between two blocks of
-  tensor work) <= 1.5x the same function without the break, both bytecode O0.
-Forward+backward rows are not measured here: value_and_grad of a bytecode-jitted function captures
-the whole function as trace mode does (no bytecode pieces), so it would time the trace path.
+  tensor work) <= 1.5x the same function without the break, both bytecode O0. --threads 1 shows the
+  same figure without kiln's worker threads, which sleep while Python runs between the two graphs.
 """
 import argparse
 import io
@@ -44,14 +46,25 @@ def bench_simple(quick):
     return row("a*b+c (bytecode O0), us/call", t_bc * 1e6, "us", "ast O0", t_ast * 1e6, t_bc / t_ast, 1.2)
 
 
-def bench_module(name, cell, inputs, quick):
+def bench_module(name, cell, inputs, quick, backward=False):
     ast_f = kiln.jit(cell, capture_mode="ast", jit_level="O1")
     bc_f = kiln.jit(cell, capture_mode="bytecode", jit_level="O1")
-    want = cell(*inputs).asnumpy()
-    for f in (ast_f, bc_f):
-        np.testing.assert_allclose(f(*inputs).asnumpy(), want, rtol=1e-4, atol=1e-4)
+    what = "forward"
+    if backward:
+        weights = cell.trainable_params()
+        ast_f, bc_f = (kiln.value_and_grad(f, None, weights) for f in (ast_f, bc_f))
+        want = kiln.value_and_grad(cell, None, weights)(*inputs)
+        for f in (ast_f, bc_f):
+            got = f(*inputs)
+            for a, b in zip((got[0],) + tuple(got[1]), (want[0],) + tuple(want[1])):
+                np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-3, atol=1e-3)
+        what = "fwd+bwd"
+    else:
+        want = cell(*inputs).asnumpy()
+        for f in (ast_f, bc_f):
+            np.testing.assert_allclose(f(*inputs).asnumpy(), want, rtol=1e-4, atol=1e-4)
     t_bc, t_ast = alternate(lambda: bc_f(*inputs), lambda: ast_f(*inputs), 4 if quick else 10, 5 if quick else 20)
-    return row(f"{name} forward (bytecode O1), ms/call", t_bc * 1e3, "ms", "ast O1", t_ast * 1e3, t_bc / t_ast, 1.05)
+    return row(f"{name} {what} (bytecode O1), ms/call", t_bc * 1e3, "ms", "ast O1", t_ast * 1e3, t_bc / t_ast, 1.05)
 
 
 def two_blocks(x):
@@ -86,16 +99,23 @@ def bench_break(quick):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--threads", type=int, help="kiln.set_num_threads before measuring")
     args = parser.parse_args()
+    if args.threads:
+        kiln.set_num_threads(args.threads)
+    print(f"kiln threads: {kiln.get_num_threads()}")
     ok = bench_simple(args.quick)
     block = models.BasicBlock(channels=32)
     block.set_train(False)
     x = kiln.Tensor(np.random.default_rng(3).standard_normal((1, 32, 16, 16)).astype(np.float32))
     ok = bench_module("BasicBlock", block, (x,), args.quick) and ok
+    train_block = models.BasicBlock(channels=32)
+    ok = bench_module("BasicBlock", train_block, (x,), args.quick, backward=True) and ok
     att = models.LlamaAttention(hidden_size=256, num_heads=8, num_kv_heads=2)
     xa = kiln.Tensor(np.random.default_rng(4).standard_normal((1, 32, 256)).astype(np.float32))
     pos = kiln.Tensor(np.arange(32).reshape(1, 32).astype(np.int64))
     ok = bench_module("LlamaAttention", att, (xa, pos), args.quick) and ok
+    ok = bench_module("LlamaAttention", att, (xa, pos), args.quick, backward=True) and ok
     ok = bench_break(args.quick) and ok
     return 0 if ok else 1
 
