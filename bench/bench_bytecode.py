@@ -21,16 +21,7 @@ import numpy as np
 
 import kiln
 from kiln import models
-from timing import best_time, row
-
-
-def alternate(fa, fb, rounds, number):
-    """Best per-call times of fa and fb over short alternating rounds."""
-    ta = tb = float("inf")
-    for _ in range(rounds):
-        ta = min(ta, best_time(fa, 1, number))
-        tb = min(tb, best_time(fb, 1, number))
-    return ta, tb
+from timing import alternate, row
 
 
 def bench_simple(quick):

@@ -616,40 +616,20 @@ def h_format_value(it, f, arg, name, target):
     _next(f)
 
 
-def h_list_append(it, f, arg, name, target):
-    v = f.stack.pop()
-    f.stack[-arg].append(v)
-    _next(f)
-
-
-def h_set_add(it, f, arg, name, target):
-    v = f.stack.pop()
-    f.stack[-arg].add(v)
-    _next(f)
+def _into_container(method):
+    """LIST_APPEND, SET_ADD, LIST_EXTEND, SET_UPDATE, DICT_UPDATE: the container at stack[-arg]
+    takes the top of the stack through `method`."""
+    def handler(it, f, arg, name, target):
+        v = f.stack.pop()
+        getattr(f.stack[-arg], method)(v)
+        _next(f)
+    return handler
 
 
 def h_map_add(it, f, arg, name, target):
     v = f.stack.pop()
     k = f.stack.pop()
     f.stack[-arg][k] = v
-    _next(f)
-
-
-def h_list_extend(it, f, arg, name, target):
-    v = f.stack.pop()
-    f.stack[-arg].extend(v)
-    _next(f)
-
-
-def h_set_update(it, f, arg, name, target):
-    v = f.stack.pop()
-    f.stack[-arg].update(v)
-    _next(f)
-
-
-def h_dict_update(it, f, arg, name, target):
-    v = f.stack.pop()
-    f.stack[-arg].update(v)
     _next(f)
 
 
@@ -829,8 +809,9 @@ _HANDLERS = {
     "STORE_SUBSCR": h_store_subscr, "DELETE_SUBSCR": h_delete_subscr, "BUILD_TUPLE": h_build_tuple,
     "BUILD_LIST": h_build_list, "BUILD_SET": h_build_set, "BUILD_MAP": h_build_map,
     "BUILD_CONST_KEY_MAP": h_build_const_key_map, "BUILD_SLICE": h_build_slice, "BUILD_STRING": h_build_string,
-    "FORMAT_VALUE": h_format_value, "LIST_APPEND": h_list_append, "SET_ADD": h_set_add, "MAP_ADD": h_map_add,
-    "LIST_EXTEND": h_list_extend, "SET_UPDATE": h_set_update, "DICT_UPDATE": h_dict_update,
+    "FORMAT_VALUE": h_format_value, "LIST_APPEND": _into_container("append"), "SET_ADD": _into_container("add"),
+    "MAP_ADD": h_map_add, "LIST_EXTEND": _into_container("extend"), "SET_UPDATE": _into_container("update"),
+    "DICT_UPDATE": _into_container("update"),
     "DICT_MERGE": h_dict_merge, "LIST_TO_TUPLE": h_list_to_tuple, "UNPACK_SEQUENCE": h_unpack_sequence,
     "UNPACK_EX": h_unpack_ex, "GET_ITER": h_get_iter, "FOR_ITER": h_for_iter, "JUMP_FORWARD": h_jump,
     "JUMP_BACKWARD": h_jump, "JUMP_BACKWARD_NO_INTERRUPT": h_jump,
