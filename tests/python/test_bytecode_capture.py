@@ -488,3 +488,22 @@ def test_more_break_kinds():
         close(jf(x), fn(x))
         close(jf(x), fn(x))
         assert jf._pieces.breaks and jf._pieces.breaks[0][0].startswith(reason), jf._pieces.breaks
+
+
+def test_a_callee_with_try_runs_in_python_between_graphs():
+    def safe_scale(v, k):
+        try:
+            return v * (1.0 / k)
+        except ZeroDivisionError:
+            return v
+
+    def f(x, k):
+        y = x + 1
+        z = safe_scale(y, k)
+        return z - 1
+
+    jf = bc(f)
+    x = t(2, 3)
+    for k in (2.0, 0.0, 2.0, 0.0):
+        close(jf(x, k), f(x, k))
+    assert jf._pieces.breaks[0][0].startswith("try/with in")

@@ -308,8 +308,9 @@ class Interpreter:
         if code.co_flags & _GENERATOR_FLAGS:
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
-        if Code.of(code).has_try and self.capture:
-            raise GraphBreak(f"try/with in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
+        if Code.of(code).has_try:  # CPython runs it (this interpreter has no exception handling)
+            self.brk(f"try/with in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
+            return func(*args, **kwargs)
         try:
             bound = _bind(func, args, kwargs)
         except TypeError:
