@@ -507,3 +507,23 @@ def test_a_callee_with_try_runs_in_python_between_graphs():
     for k in (2.0, 0.0, 2.0, 0.0):
         close(jf(x, k), f(x, k))
     assert jf._pieces.breaks[0][0].startswith("try/with in")
+
+
+def test_raise_assert_and_import_inside_the_function():
+    def f(x, n):
+        import math as m
+        from math import sqrt
+        assert n != 3, "three is not allowed"
+        if n < 0:
+            raise ValueError(f"negative n: {n}")
+        return x * m.sqrt(n) + sqrt(4.0)
+
+    jf = bc(f)
+    x = t(2, 3)
+    close(jf(x, 4), f(x, 4))
+    close(jf(x, 4), f(x, 4))
+    with pytest.raises(ValueError, match="negative n: -1"):
+        jf(x, -1)
+    with pytest.raises(AssertionError, match="three is not allowed"):
+        jf(x, 3)
+    close(jf(x, 9), f(x, 9))

@@ -63,7 +63,7 @@ class Unsupported(Exception):
 
 class Code:
     """A code object's decoded instructions with resolved jump targets (cached per code object)."""
-    __slots__ = ("code", "ins", "at", "has_try")
+    __slots__ = ("code", "ins", "at", "cpython_only")
     _cache = {}
 
     def __init__(self, code):
@@ -81,7 +81,10 @@ class Code:
             if ins[5] is not None and ins[5] not in self.at:
                 real = next(o for o in offsets if o > ins[5])
                 self.ins[k] = ins[:5] + (real,)
-        self.has_try = bool(code.co_exceptiontable)
+        # why CPython must run this code rather than the interpreter (None: it can interpret it)
+        missing = next((ins[0] for ins in self.ins if ins[0] not in _HANDLERS), None)
+        self.cpython_only = ("try/with" if code.co_exceptiontable else
+                             f"the instruction {missing}" if missing else None)
 
     @classmethod
     def of(cls, code):
@@ -238,12 +241,7 @@ class Interpreter:
                     loc = (frame, line)
                     self.set_loc(f"{frame.code.code.co_filename}:{line}")
             try:
-                handler = _HANDLERS.get(op)
-                if handler is None:
-                    self.brk(f"the instruction {op}")
-                    if not self.capture:
-                        raise Unsupported(f"the instruction {op} at {frame.where()}")
-                result = handler(self, frame, arg, name, target)
+                result = _HANDLERS[op](self, frame, arg, name, target)  # (Code.cpython_only: all have one)
             except GraphBreak as e:
                 return "break", e.reason
             if result is not None:  # a return from the outermost frame
@@ -308,8 +306,9 @@ class Interpreter:
         if code.co_flags & _GENERATOR_FLAGS:
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
-        if Code.of(code).has_try:  # CPython runs it (this interpreter has no exception handling)
-            self.brk(f"try/with in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
+        why = Code.of(code).cpython_only
+        if why:  # CPython runs it (e.g. try/with: this interpreter has no exception handling)
+            self.brk(f"{why} in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
             return func(*args, **kwargs)
         try:
             bound = _bind(func, args, kwargs)
@@ -788,6 +787,43 @@ def h_make_function(it, f, arg, name, target):
     _next(f)
 
 
+def h_raise_varargs(it, f, arg, name, target):
+    it.brk("raise")
+    cause = f.stack.pop() if arg == 2 else None
+    exc = f.stack.pop() if arg >= 1 else None
+    if exc is None:
+        raise RuntimeError("No active exception to reraise")
+    if cause is not None:
+        raise exc from cause
+    raise exc
+
+
+def h_load_assertion_error(it, f, arg, name, target):
+    f.stack.append(AssertionError)
+    _next(f)
+
+
+def h_import_name(it, f, arg, name, target):
+    fromlist = f.stack.pop()
+    level = f.stack.pop()
+    f.stack.append(__import__(f.code.code.co_names[arg], f.func.__globals__, None, fromlist, level))
+    _next(f)
+
+
+def h_import_from(it, f, arg, name, target):
+    f.stack.append(getattr(f.stack[-1], f.code.code.co_names[arg]))
+    _next(f)
+
+
+def h_delete_attr(it, f, arg, name, target):
+    obj = f.stack[-1]
+    if not it.local(obj):
+        it.mutation(obj, f"an attribute delete .{f.code.code.co_names[arg]} on {type(obj).__name__} "
+                         "(a Python side effect)")
+    delattr(f.stack.pop(), f.code.code.co_names[arg])
+    _next(f)
+
+
 def h_return_value(it, f, arg, name, target):
     value = f.stack.pop()
     it.frames.pop()
@@ -824,7 +860,9 @@ _HANDLERS = {
     "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
     "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True), "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
     "KW_NAMES": h_kw_names, "CALL": h_call, "CALL_FUNCTION_EX": h_call_function_ex,
-    "MAKE_FUNCTION": h_make_function, "RETURN_VALUE": h_return_value,
+    "MAKE_FUNCTION": h_make_function, "RETURN_VALUE": h_return_value, "RAISE_VARARGS": h_raise_varargs,
+    "LOAD_ASSERTION_ERROR": h_load_assertion_error, "IMPORT_NAME": h_import_name, "IMPORT_FROM": h_import_from,
+    "DELETE_ATTR": h_delete_attr,
 }
 
 

@@ -109,8 +109,8 @@ def capture_piece(owner, state, leaves, spec):
         frames = bytecode.thaw(aliases_state, interp)
         interp.frames = frames
         for f in frames:
-            if f.code.has_try:
-                raise bytecode.Unsupported(f"try/with in {f.func.__qualname__} "
+            if f.code.cpython_only:
+                raise bytecode.Unsupported(f"{f.code.cpython_only} in {f.func.__qualname__} "
                                            f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
         interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
