@@ -527,3 +527,11 @@ def test_raise_assert_and_import_inside_the_function():
     with pytest.raises(AssertionError, match="three is not allowed"):
         jf(x, 3)
     close(jf(x, 9), f(x, 9))
+
+
+def test_graph_str_and_plan_str_of_a_bytecode_function():
+    x = t(2, 3)
+    jf = bc(models.simple_function)
+    text = jf.graph_str(x, x, x)
+    assert "mul(" in text and "add(" in text and jf.graph_str() == text
+    assert jf.plan_str(x, x, x).startswith("plan:")

@@ -311,7 +311,7 @@ class Interpreter:
             self.brk(f"{why} in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
             return func(*args, **kwargs)
         try:
-            bound = _bind(func, args, kwargs)
+            bound = bind(func, args, kwargs)
         except TypeError:
             return func(*args, **kwargs)  # the same error eager raises
         for v in bound:
@@ -331,7 +331,7 @@ class Interpreter:
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
 
 
-def _bind(func, args, kwargs):
+def bind(func, args, kwargs):
     """The parameters of func bound as CPython binds them (localsplus order)."""
     import inspect
 

@@ -304,6 +304,25 @@ def _frame(func, bound):
     return on_frame(jf, func, bound, None)
 
 
+def entry_key(pieces, func, bound):
+    """state_key of a call's first frame, its parameters bound."""
+    interp = bytecode.Interpreter([], capture=False)
+    for k, v in enumerate(bound):
+        if isinstance(v, (list, dict)):  # **kwargs: the frame's own; else the caller's
+            (interp.note_created(v) if k == pieces.varkw else interp.foreign.add(id(v)))
+    return state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
+
+
+def entry_for(jf, args, kwargs):
+    """The piece a call with these arguments starts with (its guards holding), or None."""
+    pieces = jf._pieces
+    if pieces is None:
+        return None
+    prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
+    key, _, _ = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
+    return next((p for p in pieces.cache.get(key, ()) if p.guards.check()), None)
+
+
 def _give_up(jf, err):
     jf._eager_reason = str(err)
     warnings.warn(f"kiln.jit: {jf.__qualname__} runs eagerly: {err}", RuntimeWarning, stacklevel=5)
@@ -316,11 +335,7 @@ def on_frame(jf, func, bound, pending):
         jf.stats.eager_calls += 1
         return _C.RUN_EAGER
     pieces = jf._pieces
-    interp = bytecode.Interpreter([], capture=False)
-    for k, v in enumerate(bound):
-        if isinstance(v, (list, dict)):  # **kwargs: the frame's own; else the caller's
-            (interp.note_created(v) if k == pieces.varkw else interp.foreign.add(id(v)))
-    key, spec, leaves = state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
+    key, spec, leaves = entry_key(pieces, func, bound)
     first = key not in pieces.cache
     if first:
         if len(pieces.entry_keys) >= jf.options.recompile_limit:

@@ -396,13 +396,13 @@ class JitFunction(_C.JitDispatcher):
         return info
 
     def graph_str(self, *args, **kwargs):
-        """The graph compiled for these arguments (compiling it if needed), or for the last call."""
+        """The graph compiled for these arguments (compiling it if needed), or for the last call
+        (capture_mode="bytecode": the first graph of a function split at graph breaks)."""
         if args or kwargs:
-            key, _ = self._key(args, kwargs)
-            entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+            entry = self._entry_for(args, kwargs)
             if entry is None:
                 self(*args, **kwargs)
-                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+                entry = self._entry_for(args, kwargs)
         else:
             entry = self._last
         if entry is None:
@@ -422,8 +422,15 @@ class JitFunction(_C.JitDispatcher):
     def executable(self, *args, **kwargs):
         """The compiled graph object for these arguments (for its memory plan and order)."""
         self.graph_str(*args, **kwargs)
+        return self._entry_for(args, kwargs).executable
+
+    def _entry_for(self, args, kwargs):
+        """The compiled entry serving these arguments (capture_mode="bytecode": the first graph of
+        the call), or None."""
+        if self.options.capture_mode == "bytecode":
+            return bytecode_capture.entry_for(self, args, kwargs)
         key, _ = self._key(args, kwargs)
-        return next(e for e in self._cache[key] if e.guards_hold()).executable
+        return next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
 
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
