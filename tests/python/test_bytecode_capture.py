@@ -199,20 +199,44 @@ def test_fullgraph_names_file_line_instruction_and_reason():
     assert __file__ in msg and f":{f.__code__.co_firstlineno + 1}" in msg and "CALL" in msg and "print()" in msg
 
 
-def test_try_runs_eagerly_with_one_warning():
-    def f(x):
+def test_try_and_with_run_in_python_between_graphs():
+    class Scale:
+        def __init__(self):
+            self.log = []
+
+        def __enter__(self):
+            self.log.append("enter")
+            return 3.0
+
+        def __exit__(self, *exc):
+            self.log.append("exit" if exc[0] is None else f"exit {exc[0].__name__}")
+            return exc[0] is KeyError  # swallows KeyError
+
+    cm = Scale()
+
+    def f(x, k, key):
+        y = x * 2
         try:
-            return x * 2
-        except ValueError:
-            return x
+            z = y * (1.0 / k)
+        except ZeroDivisionError:
+            z = y - 1
+        with cm as s:
+            z = z * s
+            if key:
+                raise KeyError(key)
+        return z + 1
 
     jf = bc(f)
     x = t(2, 3)
-    with pytest.warns(RuntimeWarning, match="try/with"):
-        close(jf(x), x * 2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        close(jf(x), x * 2)
+    for k, key in ((2.0, None), (0.0, None), (2.0, "a"), (0.0, None), (2.0, "b")):
+        cm.log.clear()
+        got = jf(x, k, key)
+        jitted_log = list(cm.log)
+        cm.log.clear()
+        close(got, f(x, k, key))
+        assert jitted_log == cm.log == ["enter", "exit KeyError" if key else "exit"]
+    assert jf._eager_reason is None
+    assert "try/with (run in Python)" in [r for r, _ in jf._pieces.breaks]
 
 
 # ---- guards ------------------------------------------------------------------------------------------
@@ -506,7 +530,7 @@ def test_a_callee_with_try_runs_in_python_between_graphs():
     x = t(2, 3)
     for k in (2.0, 0.0, 2.0, 0.0):
         close(jf(x, k), f(x, k))
-    assert jf._pieces.breaks[0][0].startswith("try/with in")
+    assert jf._pieces.breaks[0][0] == "try/with (run in Python)"
 
 
 def test_raise_assert_and_import_inside_the_function():

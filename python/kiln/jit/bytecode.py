@@ -63,7 +63,7 @@ class Unsupported(Exception):
 
 class Code:
     """A code object's decoded instructions with resolved jump targets (cached per code object)."""
-    __slots__ = ("code", "ins", "at", "cpython_only")
+    __slots__ = ("code", "ins", "at", "cpython_only", "handlers", "covered")
     _cache = {}
 
     def __init__(self, code):
@@ -83,8 +83,16 @@ class Code:
                 self.ins[k] = ins[:5] + (real,)
         # why CPython must run this code rather than the interpreter (None: it can interpret it)
         missing = next((ins[0] for ins in self.ins if ins[0] not in _HANDLERS), None)
-        self.cpython_only = ("try/with" if code.co_exceptiontable else
-                             f"the instruction {missing}" if missing else None)
+        self.cpython_only = f"the instruction {missing}" if missing else None
+        self.handlers = _exception_table(code.co_exceptiontable)  # (start, end, target, depth, lasti)
+        self.covered = frozenset(o for o in self.at if any(h[0] <= o < h[1] for h in self.handlers))
+
+    def handler_at(self, offset):
+        """The exception table entry covering the instruction at offset, or None."""
+        for h in self.handlers:
+            if h[0] <= offset < h[1]:
+                return h
+        return None
 
     @classmethod
     def of(cls, code):
@@ -94,14 +102,40 @@ class Code:
         return c
 
 
+def _exception_table(table):
+    """CPython 3.11's exception table: entries (start, end, target, depth, lasti), offsets in
+    bytes; each a run of varints of 6-bit groups (0x40: more follows; 0x80 marks an entry's start)."""
+    entries, k = [], 0
+
+    def varint():
+        nonlocal k
+        b = table[k]
+        k += 1
+        v = b & 0x3F
+        while b & 0x40:
+            b = table[k]
+            k += 1
+            v = (v << 6) | (b & 0x3F)
+        return v
+
+    while k < len(table):
+        start = varint() * 2
+        end = start + varint() * 2
+        target = varint() * 2
+        dl = varint()
+        entries.append((start, end, target, dl >> 1, bool(dl & 1)))
+    return tuple(entries)
+
+
 class Frame:
     """One interpreted function: localsplus (cells as cell objects), value stack, next instruction."""
-    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names", "executed")
+    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names", "executed", "handling")
 
     def __init__(self, func, code, local_values, stack, pc, kw_names=()):
         self.func, self.code, self.locals, self.stack, self.pc, self.kw_names = (
             func, code, local_values, stack, pc, kw_names)
         self.executed = None  # offsets interpreted while capturing (what the guards cover), a set
+        self.handling = 0  # exception handlers entered and not left (PUSH_EXC_INFO .. POP_EXCEPT)
 
     def named_locals(self):
         """name -> value of the bound locals (cells read through), as a frame's f_locals."""
@@ -227,9 +261,12 @@ class Interpreter:
     def run(self, steps=None):
         """Interprets until the outermost frame returns (-> ("return", value)), a graph break
         (-> ("break", reason); the frames stand at the instruction), or after `steps`
-        instructions (-> ("step", None))."""
+        instructions and out of any try/with (-> ("step", None)). An exception raised in Python
+        goes to the handler the exception tables name (not while capturing: try/with is a graph
+        break), else out of run()."""
         n = 0
         loc = None
+        depth = len(self.frames)
         while True:
             frame = self.frames[-1]
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
@@ -240,15 +277,49 @@ class Interpreter:
                 if self.set_loc is not None and (frame, line) != loc:
                     loc = (frame, line)
                     self.set_loc(f"{frame.code.code.co_filename}:{line}")
+                if offset in frame.code.covered or op == "BEFORE_WITH":
+                    return "break", "try/with (run in Python)"
             try:
                 result = _HANDLERS[op](self, frame, arg, name, target)  # (Code.cpython_only: all have one)
             except GraphBreak as e:
                 return "break", e.reason
+            except Exception as e:
+                if self.capture or not self.unwind(e, depth):
+                    raise
+                continue
             if result is not None:  # a return from the outermost frame
                 return "return", result[0]
             n += 1
-            if steps is not None and n >= steps:
+            if steps is not None and n >= steps and len(self.frames) <= depth and not self.in_try():
                 return "step", None
+
+    def in_try(self):
+        """Whether the innermost frame stands in a try/with body or handler."""
+        f = self.frames[-1]
+        return f.handling > 0 or f.code.ins[f.pc][2] in f.code.covered
+
+    def unwind(self, exc, depth):
+        """Sends exc to the handler of the innermost frame that has one (frames without one are
+        left, down to `depth` frames): True, or False when none has one."""
+        callee_raised = False
+        while len(self.frames) >= depth:
+            f = self.frames[-1]
+            # the instruction that raised: at pc, or the CALL before pc when a callee raised
+            at = f.code.ins[f.pc - 1 if callee_raised else f.pc][2]
+            h = f.code.handler_at(at)
+            if h is not None:
+                start, end, target, stack_depth, lasti = h
+                del f.stack[stack_depth:]
+                if lasti:
+                    f.stack.append(at)
+                f.stack.append(exc)
+                f.pc = f.code.at[target]
+                return True
+            if len(self.frames) == depth:
+                return False
+            self.frames.pop()
+            callee_raised = True
+        return False
 
     # ---- calls --------------------------------------------------------------------------------
     def call(self, frame, fn, args, kwargs):
@@ -824,6 +895,43 @@ def h_delete_attr(it, f, arg, name, target):
     _next(f)
 
 
+def h_push_exc_info(it, f, arg, name, target):
+    exc = f.stack.pop()
+    f.stack.extend((None, exc))  # (the exception being handled before: not tracked)
+    f.handling += 1
+    _next(f)
+
+
+def h_pop_except(it, f, arg, name, target):
+    f.stack.pop()
+    f.handling -= 1
+    _next(f)
+
+
+def h_check_exc_match(it, f, arg, name, target):
+    match = f.stack.pop()
+    f.stack.append(isinstance(f.stack[-1], match))
+    _next(f)
+
+
+def h_reraise(it, f, arg, name, target):
+    raise f.stack.pop()
+
+
+def h_before_with(it, f, arg, name, target):
+    mgr = f.stack.pop()
+    enter, exit_ = type(mgr).__enter__, type(mgr).__exit__
+    f.stack.append(types.MethodType(exit_, mgr) if isinstance(exit_, types.FunctionType) else exit_.__get__(mgr))
+    f.stack.append(enter(mgr))
+    _next(f)
+
+
+def h_with_except_start(it, f, arg, name, target):
+    exc = f.stack[-1]
+    f.stack.append(f.stack[-4](type(exc), exc, exc.__traceback__))
+    _next(f)
+
+
 def h_return_value(it, f, arg, name, target):
     value = f.stack.pop()
     it.frames.pop()
@@ -862,7 +970,9 @@ _HANDLERS = {
     "KW_NAMES": h_kw_names, "CALL": h_call, "CALL_FUNCTION_EX": h_call_function_ex,
     "MAKE_FUNCTION": h_make_function, "RETURN_VALUE": h_return_value, "RAISE_VARARGS": h_raise_varargs,
     "LOAD_ASSERTION_ERROR": h_load_assertion_error, "IMPORT_NAME": h_import_name, "IMPORT_FROM": h_import_from,
-    "DELETE_ATTR": h_delete_attr,
+    "DELETE_ATTR": h_delete_attr, "PUSH_EXC_INFO": h_push_exc_info, "POP_EXCEPT": h_pop_except,
+    "CHECK_EXC_MATCH": h_check_exc_match, "RERAISE": h_reraise, "BEFORE_WITH": h_before_with,
+    "WITH_EXCEPT_START": h_with_except_start,
 }
 
 
