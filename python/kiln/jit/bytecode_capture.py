@@ -275,7 +275,13 @@ def call(jf, args, kwargs):
     if not kwargs and pieces.direct_ok and len(full) == pieces.nparams and pieces.direct:
         ck, leaves = _C.tree.call_key(full, {}, ())
         hit = pieces.direct.get(ck)
-        if hit is not None and not _runs_eagerly(jf, leaves):
+        # (the key holds grad mode and each tensor's requires_grad: see _runs_eagerly)
+        if hit is not None and jf._eager_reason is None and not (
+                ck[2][0] and (differentiating() or any(sig[2] for sig in ck[1]))):
+            for piece in hit[2]:  # a function that is one graph: no state to rebuild
+                if piece.returns and piece.guards.check():
+                    jf.stats.hits += 1
+                    return tree.unflatten(piece.out_spec, piece.executable(*leaves))[0]
             try:
                 return run(jf, pieces, hit[0], leaves, hit[1])
             except bytecode.Unsupported as e:  # before anything ran in Python: the call runs eagerly
@@ -356,8 +362,8 @@ def on_frame(jf, func, bound, pending):
         _give_up(jf, e)
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
-    if pieces.direct_ok and len(bound) == pieces.nparams:
-        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec)
+    if pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
+        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
     entries = pieces.cache.get(key, ())
     if first and pending is not None and len(entries) == 1 and entries[0].returns:
         _, _, args, kwargs = pending
