@@ -319,16 +319,17 @@ def test_reference_counts_unchanged_after_many_calls():
         print(end="")
         return z + 1
 
-    jf, jg = bc(f), bc(models.simple_function)
+    def h(x, k=1.0, **named):
+        return x * k + named["b"]
+
+    jf, jg, jh = bc(f), bc(models.simple_function), bc(h)
     x = t(2, 3)
-    for _ in range(20):
-        jf(x, x)
-        jg(x, x, x)
     counts = []
     for n in (100, 10000):
         for _ in range(n):
             jf(x, x)
             jg(x, x, x)
+            jh(x, k=2.0, b=x)  # keywords: through the frame hook at each call
         gc.collect()
         counts.append((sys.getrefcount(x), sys.getrefcount(f), sys.getrefcount(f.__code__), len(gc.get_objects())))
     before, after = counts
