@@ -395,7 +395,8 @@ def test_explain_reports_graphs_breaks_guards_and_recompiles(capsys):
     jt(x)
     jt(t(4, 3))
     rep = jt.explain()
-    assert rep.recompiles == ["the value of global 'SCALE' changed", "the shape of tensor argument 0 ((2, 3) -> (4, 3))"]
+    assert rep.recompiles == ["the value of global 'SCALE' changed",
+                              "the shape of tensor argument 0 ((2, 3) -> (4, 3))"]
 
 
 def test_recompile_limit_then_eager_with_one_warning():

@@ -23,7 +23,7 @@ import operator
 import types
 
 from .. import _C
-from . import guards, tree
+from . import guards
 
 _OP = dis.opname
 _JREL = frozenset(dis.hasjrel)
@@ -327,7 +327,8 @@ class Interpreter:
         target, bound_self = fn, None
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, bound_self = fn.__func__, fn.__self__
-        if isinstance(target, _jit_function_type()) and isinstance(target.fn, types.FunctionType) and target._self_ref is None:
+        if (isinstance(target, _jit_function_type()) and isinstance(target.fn, types.FunctionType)
+                and target._self_ref is None):
             target = target.fn
         if isinstance(target, self.cell_type) and bound_self is None:
             construct = type(target).construct
@@ -558,7 +559,8 @@ def h_load_method(it, f, arg, name, target):
 def h_store_attr(it, f, arg, name, target):
     obj = f.stack[-1]
     if not it.local(obj):
-        it.mutation(obj, f"an attribute write .{f.code.code.co_names[arg]} on {type(obj).__name__} (a Python side effect)")
+        it.mutation(obj, f"an attribute write .{f.code.code.co_names[arg]} on {type(obj).__name__} "
+                         "(a Python side effect)")
     obj = f.stack.pop()
     setattr(obj, f.code.code.co_names[arg], f.stack.pop())
     _next(f)
