@@ -561,3 +561,14 @@ def test_graph_str_and_plan_str_of_a_bytecode_function():
     text = jf.graph_str(x, x, x)
     assert "mul(" in text and "add(" in text and jf.graph_str() == text
     assert jf.plan_str(x, x, x).startswith("plan:")
+
+
+def test_a_callable_without_bytecode_runs_eagerly_or_raises_in_strict():
+    import functools
+
+    x = t(2, 3)
+    part = functools.partial(lambda a, b: a * b, x)
+    with pytest.warns(RuntimeWarning, match="has no Python bytecode"):
+        close(bc(part)(x), x * x)
+    with pytest.raises(TypeError, match="partial has no Python bytecode"):
+        bc(part, fullgraph=True)(x)

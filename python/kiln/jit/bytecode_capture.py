@@ -247,8 +247,7 @@ def target(jf):
                                                                types.FunctionType):
         fn, prefix = type(fn).__call__, (fn,)
     if not isinstance(fn, types.FunctionType):
-        raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): {getattr(jf.fn, '__qualname__', jf.fn)!s} has no "
-                        "Python bytecode")
+        raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): a {type(jf.fn).__name__} has no Python bytecode")
     if jf._self_ref is not None:
         prefix = (jf._self,) + prefix
     return fn, prefix
@@ -264,8 +263,17 @@ def _runs_eagerly(jf, tensors):
 def call(jf, args, kwargs):
     """JitFunction's slow path for capture_mode="bytecode"."""
     pieces = jf._pieces
+    if jf._eager_reason is not None and pieces is None:
+        jf.stats.eager_calls += 1
+        return jf._target()(*args, **kwargs)
     if pieces is None:
-        fn, prefix = target(jf)
+        try:
+            fn, prefix = target(jf)
+        except TypeError as e:  # nothing to interpret: STRICT raises, LAX runs it eagerly (one warning)
+            if jf.options.strict:
+                raise
+            _give_up(jf, e)
+            return jf._target()(*args, **kwargs)
         pieces = jf._pieces = Pieces(jf, fn, prefix)
     else:
         fn, prefix = pieces.fn, pieces.prefix
