@@ -572,3 +572,24 @@ def test_a_callable_without_bytecode_runs_eagerly_or_raises_in_strict():
         close(bc(part)(x), x * x)
     with pytest.raises(TypeError, match="partial has no Python bytecode"):
         bc(part, fullgraph=True)(x)
+
+
+def test_a_guard_that_keeps_failing_ends_in_eager_with_one_warning_naming_it():
+    global SCALE
+
+    def f(x):
+        return x * SCALE
+
+    jf = bc(f, recompile_limit=3)
+    x = t(2, 3)
+    for k in range(3):
+        SCALE = float(k)
+        close(jf(x), x * float(k))
+    SCALE = 7.0
+    with pytest.warns(RuntimeWarning, match="the value of global 'SCALE' keeps changing"):
+        close(jf(x), x * 7.0)
+    SCALE = 8.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        close(jf(x), x * 8.0)
+    assert jf.cache_info().compiles == 3
