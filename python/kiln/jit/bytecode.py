@@ -556,11 +556,17 @@ def h_load_method(it, f, arg, name, target):
     _next(f)
 
 
-def h_store_attr(it, f, arg, name, target):
+def _attribute_change(it, f, arg, what):
+    """STORE_ATTR / DELETE_ATTR on the object at the top of the stack: a graph break unless the
+    interpreted code created it."""
     obj = f.stack[-1]
     if not it.local(obj):
-        it.mutation(obj, f"an attribute write .{f.code.code.co_names[arg]} on {type(obj).__name__} "
+        it.mutation(obj, f"an attribute {what} .{f.code.code.co_names[arg]} on {type(obj).__name__} "
                          "(a Python side effect)")
+
+
+def h_store_attr(it, f, arg, name, target):
+    _attribute_change(it, f, arg, "write")
     obj = f.stack.pop()
     setattr(obj, f.code.code.co_names[arg], f.stack.pop())
     _next(f)
@@ -889,10 +895,7 @@ def h_import_from(it, f, arg, name, target):
 
 
 def h_delete_attr(it, f, arg, name, target):
-    obj = f.stack[-1]
-    if not it.local(obj):
-        it.mutation(obj, f"an attribute delete .{f.code.code.co_names[arg]} on {type(obj).__name__} "
-                         "(a Python side effect)")
+    _attribute_change(it, f, arg, "delete")
     delattr(f.stack.pop(), f.code.code.co_names[arg])
     _next(f)
 
