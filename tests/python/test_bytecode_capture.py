@@ -593,3 +593,22 @@ def test_a_guard_that_keeps_failing_ends_in_eager_with_one_warning_naming_it():
         warnings.simplefilter("error")
         close(jf(x), x * 8.0)
     assert jf.cache_info().compiles == 3
+
+
+def test_a_python_value_from_a_break_does_not_recompile_at_each_value():
+    history = []
+
+    def step(x, w):
+        y = kiln.ops.tanh(kiln.ops.matmul(x, w))
+        loss = (y * y).mean()
+        history.append(loss.item())
+        return y * 2, loss
+
+    jf = bc(step)
+    for seed in range(6):
+        x, w = t(4, 4, seed=seed), t(4, 4, seed=seed + 10)
+        got, want = jf(x, w), step(x, w)
+        close(got[0], want[0])
+        close(got[1], want[1])
+    assert history[::2] == history[1::2] and len(set(history)) == 6
+    assert graphs(jf) == 2 and jf.cache_info().compiles == 2

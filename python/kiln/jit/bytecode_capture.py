@@ -73,6 +73,7 @@ class Pieces:
         self.warned = False  # the recompile_limit warning was given
         self.count = 0
         self.given_up = None  # why the rest of calls is interpreted in Python
+        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
 
     def lookup(self, key):
         entries = self.cache.get(key)
@@ -189,10 +190,16 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
                 pieces.given_up = str(e)
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
             owner.stats.compile_seconds += time.perf_counter() - t0
-            owner.stats.compiles += 1
-            owner.stats.misses += 1
-            pieces.add(key, piece)
-            owner._last = piece
+            if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves):
+                # the resume point's own instruction breaks, no graph before it: a Python step at this
+                # point from now on, whatever the state (no piece per value of a Python scalar)
+                pieces.python_steps.add(_position(value))
+                pieces.breaks.append((piece.reason, piece.where))
+            else:
+                owner.stats.compiles += 1
+                owner.stats.misses += 1
+                pieces.add(key, piece)
+                owner._last = piece
             if outcome == "return":
                 return value
             frames = value
@@ -204,13 +211,36 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
                 return value
             interp = bytecode.Interpreter([], capture=False)
             frames = bytecode.thaw(value, interp)
-        # the break instruction, in Python
+        # the break instruction, in Python (and those of the Python steps after it)
         interp.frames = frames
-        outcome, result = interp.run(steps=1)
-        side_effects_done = True
-        if outcome == "return":
-            return result
+        while True:
+            outcome, result = interp.run(steps=1)
+            side_effects_done = True
+            if outcome == "return":
+                return result
+            if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
+                break
         key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+
+
+_NO_OPS = frozenset(("NOP", "PRECALL", "RESUME"))
+
+
+def _skip_no_ops(code, pc):
+    """The offset of the first instruction at or after pc that does something."""
+    while code.ins[pc][0] in _NO_OPS:
+        pc += 1
+    return code.ins[pc][2]
+
+
+def _position(frames):
+    """Where frames stand: (function, offset of the next instruction that does something) of each."""
+    return tuple((f.func, _skip_no_ops(f.code, f.pc)) for f in frames)
+
+
+def _position_of_state(spec, leaves):
+    state = tree.unflatten(spec, list(leaves))[0]
+    return tuple((s[0], _skip_no_ops(c, c.at[s[1]])) for s in state for c in (bytecode.Code.of(s[0].__code__),))
 
 
 def state_key(state):
