@@ -18,7 +18,7 @@ import numpy as np
 
 import kiln
 from kiln import models
-from timing import best_time, row
+from timing import alternate, best_time, row
 
 
 ITERATIONS = 100
@@ -71,12 +71,8 @@ def bench_simple(quick):
     want = models.simple_function(a, b, c).asnumpy()
     for f in (ast_f, trace_f):
         np.testing.assert_array_equal(f(a, b, c).asnumpy(), want)
-    number = 2000 if quick else 10000
-    # many short alternating rounds, best of each: a busy moment on a shared machine hits both alike
-    t_ast = t_trace = float("inf")
-    for _ in range(15 if quick else 40):
-        t_ast = min(t_ast, best_time(lambda: ast_f(a, b, c), 1, number))
-        t_trace = min(t_trace, best_time(lambda: trace_f(a, b, c), 1, number))
+    t_ast, t_trace = alternate(lambda: ast_f(a, b, c), lambda: trace_f(a, b, c), 15 if quick else 40,
+                               2000 if quick else 10000)
     return row("a*b+c @kiln.jit (ast O0), us/call", t_ast * 1e6, "us", "trace O0", t_trace * 1e6,
                t_ast / t_trace, 1.2)
 

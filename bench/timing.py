@@ -13,6 +13,16 @@ def best_time(fn, repeat, number=1):
     return best
 
 
+def alternate(fa, fb, rounds, number):
+    """Best per-call times of fa and fb over short alternating rounds: a busy moment on a shared
+    machine hits both alike."""
+    ta = tb = float("inf")
+    for _ in range(rounds):
+        ta = min(ta, best_time(fa, 1, number))
+        tb = min(tb, best_time(fb, 1, number))
+    return ta, tb
+
+
 def row(name, value, unit, ref_name, ref_value, ratio, target, better="lower"):
     """Prints one figure against its reference and target; returns whether the target is met."""
     ok = ratio <= target if better == "lower" else ratio >= target

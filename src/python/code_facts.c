@@ -67,6 +67,13 @@ static PyTypeObject PyCodeFacts_Type = {
     .tp_members = codefacts_members,
 };
 
+/* Method names that change a list, dict, set or object in place. */
+static const char *const mutators[] = {
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
+    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update", "__setitem__",
+    "__delitem__", "__iadd__",
+};
+
 #if KILN_BYTECODE_SUPPORTED
 
 /* What an opcode means to the analysis, and where its argument's name comes from. */
@@ -119,12 +126,6 @@ static void fill_by_opcode(void) {
     done = 1;
 }
 
-/* Method names that change a list, dict, set or object in place. */
-static const char *const mutators[] = {
-    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
-    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update", "__setitem__",
-    "__delitem__", "__iadd__",
-};
 
 static int is_mutator(PyObject *name) {
     for (size_t k = 0; k < sizeof mutators / sizeof mutators[0]; k++)
@@ -319,12 +320,26 @@ static PyObject *keys_tuple(PyObject *dict) {
     return t;
 }
 
-static PyObject *compute_facts(PyCodeObject *code) {
+/* The facts of code, or of its instructions at the offsets in `executed` (a set) when not NULL:
+ * what one run of part of the code read (parameters count as assigned from the whole code). */
+static PyObject *compute_facts(PyCodeObject *code, PyObject *executed) {
     pykiln_instr *ins;
     Py_ssize_t n;
     if (pykiln_decode(code, &ins, &n) < 0) return NULL;
     PyCodeFacts *f = NULL;
     PyObject *params = unassigned_params(code, ins, n);
+    if (params && executed) {
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *at = PyLong_FromLong(ins[k].offset);
+            int in = at ? PySet_Contains(executed, at) : -1;
+            Py_XDECREF(at);
+            if (in < 0) Py_CLEAR(params);
+            if (in < 0) break;
+            if (in) ins[kept++] = ins[k];
+        }
+        n = kept;
+    }
     PyObject *globals = PyDict_New(), *freevars = PyDict_New(), *chains = PyDict_New();
     PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     if (!params || !globals || !freevars || !chains || !lists[0] || !lists[1] || !lists[2]) goto done;
@@ -404,7 +419,7 @@ PyObject *pykiln_code_facts(PyObject *code) {
         Py_INCREF((PyObject *)cached);
         return cached;
     }
-    PyObject *facts = compute_facts((PyCodeObject *)code);
+    PyObject *facts = compute_facts((PyCodeObject *)code, NULL);
     if (!facts) return NULL;
     if (_PyCode_SetExtra(code, slot, facts) < 0) {
         Py_DECREF(facts);
@@ -414,7 +429,46 @@ PyObject *pykiln_code_facts(PyObject *code) {
     return facts;
 }
 
+/* kiln._C.decode(code): the instructions as a tuple of (opcode, arg, offset, line, name), name
+ * the name or constant the argument designates (None when the table names none): what
+ * bytecode capture (kiln/jit/bytecode.py) interprets. */
+static PyObject *decode_tuple(PyObject *code) {
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "decode: expected a code object, got %s", Py_TYPE(code)->tp_name);
+        return NULL;
+    }
+    pykiln_instr *ins;
+    Py_ssize_t n;
+    if (pykiln_decode((PyCodeObject *)code, &ins, &n) < 0) return NULL;
+    PyObject *out = PyTuple_New(n);
+    for (Py_ssize_t k = 0; out && k < n; k++) {
+        PyObject *item = Py_BuildValue("(iiiiO)", ins[k].op, ins[k].arg, ins[k].offset, ins[k].line,
+                                       ins[k].name ? ins[k].name : Py_None);
+        if (!item) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, item);
+    }
+    PyMem_Free(ins);
+    return out;
+}
+
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed) {
+    if (!PyCode_Check(code) || !PyAnySet_Check(executed))
+        return PyErr_Format(PyExc_TypeError, "code_facts: expected a code object and a set of offsets");
+    return compute_facts((PyCodeObject *)code, executed);
+}
+
 #else
+
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed) {
+    (void)executed;
+    return pykiln_code_facts(code);
+}
+
+static PyObject *decode_tuple(PyObject *code) {
+    (void)code;
+    return PyErr_Format(PyExc_RuntimeError, "kiln reads bytecode of CPython 3.11 only; this is Python %s",
+                        Py_GetVersion());
+}
 
 int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
     (void)code, (void)out, (void)count;
@@ -442,7 +496,29 @@ static PyObject *py_read_names(PyObject *module, PyObject *code) {
     return pykiln_read_names(code);
 }
 
+/* kiln._C.mutator_names(): the method names that change a list, dict, set or object in place. */
+static PyObject *py_mutator_names(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    size_t n = sizeof mutators / sizeof mutators[0];
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
+    for (size_t k = 0; out && k < n; k++) {
+        PyObject *name = PyUnicode_FromString(mutators[k]);
+        if (!name) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, (Py_ssize_t)k, name);
+    }
+    return out;
+}
+
+static PyObject *py_decode(PyObject *module, PyObject *code) {
+    (void)module;
+    return decode_tuple(code);
+}
+
 static PyMethodDef pykiln_code_facts_functions[] = {
+    {"mutator_names", py_mutator_names, METH_NOARGS,
+     "mutator_names() -> the method names that change a list, dict, set or object in place"},
+    {"decode", py_decode, METH_O,
+     "decode(code) -> ((opcode, arg, offset, line, name), ...): the instructions, EXTENDED_ARG folded, CACHE skipped"},
     {"code_facts", py_code_facts, METH_O, "code_facts(code) -> CodeFacts: what the code object reads and writes"},
     {"read_names", py_read_names, METH_O,
      "read_names(code) -> (globals, cell variables): what code and its nested code load and never store"},

@@ -82,6 +82,8 @@ static int mode_of(PyObject *value) {
         PyComplex_CheckExact(value) || PyUnicode_CheckExact(value) || PyBytes_CheckExact(value) ||
         PyTuple_CheckExact(value))
         return GUARD_VALUE;
+    if (PyCFunction_Check(value) && PyCFunction_GET_SELF(value) && !PyModule_Check(PyCFunction_GET_SELF(value)))
+        return GUARD_METHOD; /* made anew at each attribute read, like a bound method */
     return PyMethod_Check(value) ? GUARD_METHOD : GUARD_IDENTITY;
 }
 
@@ -496,20 +498,17 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
     return rc;
 }
 
-/* on_call(frame): records what a frame of user code reads and writes, as it starts. */
-static PyObject *recorder_on_call(PyObject *self, PyObject *frame) {
-    PyGuardRecorder *r = (PyGuardRecorder *)self;
-    if (!PyFrame_Check(frame)) return PyErr_Format(PyExc_TypeError, "on_call: expected a frame");
-    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+/* What code, starting with globals g and locals (a dict), reads and writes (steals code, g and
+ * locals); only its instructions at the offsets in the set `executed` when not NULL. */
+static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g, PyObject *locals,
+                             PyObject *executed) {
     PyObject *user = PyObject_CallOneArg(r->is_user_code, (PyObject *)code);
     int is_user = user ? PyObject_IsTrue(user) : -1, rc = -1;
-    PyObject *facts = NULL, *g = NULL, *locals = NULL, *nested = NULL;
+    PyObject *facts = NULL, *nested = NULL;
     Py_XDECREF(user);
     if (is_user <= 0) goto done;
-    facts = pykiln_code_facts((PyObject *)code);
+    facts = executed ? pykiln_code_facts_executed((PyObject *)code, executed) : pykiln_code_facts((PyObject *)code);
     nested = facts ? PyObject_GetAttrString(facts, "nested") : NULL;
-    g = PyFrame_GetGlobals((PyFrameObject *)frame);
-    locals = PyFrame_GetLocals((PyFrameObject *)frame);
     int converted = is_converted(r, code);
     if (!nested || !g || !locals || converted < 0 || _PySet_Update(r->local_codes, nested) < 0 ||
         record_effects(r, code, facts, g, converted) < 0)
@@ -528,6 +527,27 @@ done:
     Py_XDECREF(locals);
     if (is_user < 0 || rc < 0) return is_user == 0 ? Py_NewRef(Py_None) : NULL;
     Py_RETURN_NONE;
+}
+
+/* on_call(frame): records what a frame of user code reads and writes, as it starts. */
+static PyObject *recorder_on_call(PyObject *self, PyObject *frame) {
+    if (!PyFrame_Check(frame)) return PyErr_Format(PyExc_TypeError, "on_call: expected a frame");
+    return record_code((PyGuardRecorder *)self, PyFrame_GetCode((PyFrameObject *)frame),
+                       PyFrame_GetGlobals((PyFrameObject *)frame), PyFrame_GetLocals((PyFrameObject *)frame), NULL);
+}
+
+/* on_code(code, globals, locals, executed=None): on_call for code that bytecode capture
+ * interprets (no frame), from the locals the interpreted part started with; executed: the set of
+ * offsets it ran (None: all of the code). */
+static PyObject *recorder_on_code(PyObject *self, PyObject *args) {
+    PyObject *code, *g, *locals, *executed = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!O!|O:on_code", &PyCode_Type, &code, &PyDict_Type, &g, &PyDict_Type, &locals,
+                          &executed))
+        return NULL;
+    if (executed != Py_None && !PyAnySet_Check(executed))
+        return PyErr_Format(PyExc_TypeError, "on_code: executed must be a set of offsets or None");
+    return record_code((PyGuardRecorder *)self, (PyCodeObject *)Py_NewRef(code), Py_NewRef(g), Py_NewRef(locals),
+                       executed == Py_None ? NULL : executed);
 }
 
 /* add_cells(cells): guards the training mode and state version of each Cell the capture called. */
@@ -690,6 +710,9 @@ static PyObject *get_count(PyObject *self, void *which) {
 
 static PyMethodDef recorder_methods[] = {
     {"on_call", recorder_on_call, METH_O, "on_call(frame): record what a starting frame of user code reads and writes"},
+    {"on_code", recorder_on_code, METH_VARARGS,
+     "on_code(code, globals, locals, executed=None): on_call for code interpreted without a frame, only the "
+     "instructions at the offsets in executed (bytecode capture)"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},

@@ -152,10 +152,13 @@ static int check_value(const guard *g) {
     switch (g->mode) {
     case GUARD_IDENTITY: r = v == g->expected; break;
     case GUARD_VALUE: r = same_value(v, g->expected); break;
-    case GUARD_METHOD:
-        r = PyMethod_Check(v) && PyMethod_Check(g->expected) &&
-            PyMethod_GET_FUNCTION(v) == PyMethod_GET_FUNCTION(g->expected) &&
-            PyMethod_GET_SELF(v) == PyMethod_GET_SELF(g->expected);
+    case GUARD_METHOD: /* a builtin's bound method (list.append): the same C function and self */
+        r = PyCFunction_Check(v) ? PyCFunction_Check(g->expected) &&
+                                       PyCFunction_GET_FUNCTION(v) == PyCFunction_GET_FUNCTION(g->expected) &&
+                                       PyCFunction_GET_SELF(v) == PyCFunction_GET_SELF(g->expected)
+                                 : PyMethod_Check(v) && PyMethod_Check(g->expected) &&
+                                       PyMethod_GET_FUNCTION(v) == PyMethod_GET_FUNCTION(g->expected) &&
+                                       PyMethod_GET_SELF(v) == PyMethod_GET_SELF(g->expected);
         break;
     case GUARD_VERSION:
         r = pykiln_is_tensor(v) && PyLong_AsLongLong(g->expected) == kiln_tensor_version(pykiln_unwrap(v));

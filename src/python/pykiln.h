@@ -107,6 +107,8 @@ int pykiln_shape_init(PyObject *module);
 int pykiln_is_cell(PyObject *o);
 /* Registers CellBase and the Cell log functions (cell.c). */
 int pykiln_cell_init(PyObject *module);
+/* Registers the frame-evaluation hook of bytecode capture (eval_frame.c). */
+int pykiln_eval_frame_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */
@@ -125,6 +127,9 @@ typedef struct {
 int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count);
 /* kiln._C.code_facts(code): the CodeFacts of a code object (new reference; cached on the code). */
 PyObject *pykiln_code_facts(PyObject *code);
+/* The CodeFacts of the instructions of code at the offsets in the set `executed` (new reference,
+ * not cached): what one run of part of it read (bytecode capture's pieces). */
+PyObject *pykiln_code_facts_executed(PyObject *code, PyObject *executed);
 /* kiln._C.read_names(code): (globals, cell variables) code and its nested code load and never store. */
 PyObject *pykiln_read_names(PyObject *code);
 /* Registers CodeFacts and code_facts (code_facts.c). */

@@ -931,17 +931,6 @@ def test_invalid_arguments_raise_value_error_listing_accepted_values(kwargs, acc
             assert a in msg, msg
 
 
-@pytest.mark.parametrize("kwargs, missing", [
-    (dict(capture_mode="bytecode"), "bytecode"),
-])
-def test_planned_modes_raise_not_implemented_naming_what_works(kwargs, missing):
-    with pytest.raises(NotImplementedError) as e:
-        kiln.jit(_f, **kwargs)
-    msg = str(e.value)
-    assert missing in msg, msg
-    assert 'capture_mode="trace"' in msg or "capture_mode='trace'" in msg, msg
-
-
 def test_jit_of_a_non_callable_raises_type_error():
     with pytest.raises(TypeError):
         kiln.jit(3)

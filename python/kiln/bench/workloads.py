@@ -52,6 +52,7 @@ JIT_VARIANTS = (
     JitVariant("trace", "O1", "kbk", False, "on"),
     JitVariant("bytecode", "O0", "kbk", False),
     JitVariant("bytecode", "O1", "kbk", False),
+    JitVariant("bytecode", "O0", "sink", False),
 )
 
 SAME_AS_LISTED = (

@@ -11,7 +11,7 @@ class JitConfig:
     backend "GE"), "sink" sinks at any level, "no_sink" runs kernel by kernel at any level (O2's
     passes included); jit_syntax_level "STRICT" | "LAX" | "" (for the ast capture mode; "", the
     default, uses kiln.set_context's jit_syntax_level when the Cell is captured). Further keyword
-    arguments are kiln.jit options (exec_order, recompile_limit, ge_options, ...)."""
+    arguments are kiln.jit options (capture_mode, exec_order, recompile_limit, ge_options, ...)."""
 
     def __init__(self, jit_level="O1", exc_mode="auto", jit_syntax_level="", **kwargs):
         from .options import JIT_LEVELS
@@ -53,7 +53,8 @@ class JitConfig:
         options = dict(self.options)
         if self.jit_syntax_level:
             options["jit_syntax_level"] = self.jit_syntax_level
-        return JitOptions.make(capture_mode="ast", jit_level=self.jit_level, backend=self.backend, **options)
+        capture_mode = options.pop("capture_mode", "ast")
+        return JitOptions.make(capture_mode=capture_mode, jit_level=self.jit_level, backend=self.backend, **options)
 
     def __repr__(self):
         return (f"JitConfig(jit_level={self.jit_level!r}, exc_mode={self.exc_mode!r}, "

@@ -14,7 +14,7 @@ import warnings
 
 from .. import _C
 from ..autograd import differentiating
-from . import ast_convert, guards, tree
+from . import ast_convert, bytecode_capture, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
 
@@ -197,6 +197,8 @@ class JitFunction(_C.JitDispatcher):
         self._converted = None  # capture_mode="ast": the converted function (see _capture_target)
         self._ast_fallback = None  # LAX: why this function is traced as it is instead
         self._grad_parent = None  # for the value_and_grad variant of a jitted function: that function
+        self._pieces = None  # capture_mode="bytecode": its Pieces (kiln.jit.bytecode_capture)
+        self._recompiles = []  # ast and trace: what changed at each capture after the first (explain)
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -282,6 +284,8 @@ class JitFunction(_C.JitDispatcher):
     def _slow_call(self, *args, **kwargs):
         if _C.is_tracing():  # inside another capture: just contribute ops to it
             return self._capture_target()(*args, **kwargs)
+        if self.options.capture_mode == "bytecode":
+            return bytecode_capture.call(self, args, kwargs)
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
@@ -314,6 +318,10 @@ class JitFunction(_C.JitDispatcher):
         if self._eager_reason is not None:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
+        if self._keys:
+            stale = [e.failed_guard() for e in self._cache.get(key, ())]
+            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None) if key in self._cache
+                                    else _C.tree.describe_change(self._keys[-1], key))
         t0 = time.perf_counter()
         try:
             result, entry = self._capture(args, kwargs)
@@ -371,6 +379,14 @@ class JitFunction(_C.JitDispatcher):
                       "New signatures now run eagerly.", RuntimeWarning, stacklevel=4)
 
     # ---- introspection ----------------------------------------------------------------
+    def explain(self):
+        """Prints and returns what this function became so far (kiln.jit.explain's report)."""
+        from .explain import report
+
+        out = report(self)
+        print(out)
+        return out
+
     def cache_info(self):
         """Hits, misses, compiles, time spent compiling, eager calls and cached entries."""
         info = CacheInfo()
@@ -380,13 +396,13 @@ class JitFunction(_C.JitDispatcher):
         return info
 
     def graph_str(self, *args, **kwargs):
-        """The graph compiled for these arguments (compiling it if needed), or for the last call."""
+        """The graph compiled for these arguments (compiling it if needed), or for the last call
+        (capture_mode="bytecode": the first graph of a function split at graph breaks)."""
         if args or kwargs:
-            key, _ = self._key(args, kwargs)
-            entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+            entry = self._entry_for(args, kwargs)
             if entry is None:
                 self(*args, **kwargs)
-                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+                entry = self._entry_for(args, kwargs)
         else:
             entry = self._last
         if entry is None:
@@ -406,8 +422,15 @@ class JitFunction(_C.JitDispatcher):
     def executable(self, *args, **kwargs):
         """The compiled graph object for these arguments (for its memory plan and order)."""
         self.graph_str(*args, **kwargs)
+        return self._entry_for(args, kwargs).executable
+
+    def _entry_for(self, args, kwargs):
+        """The compiled entry serving these arguments (capture_mode="bytecode": the first graph of
+        the call), or None."""
+        if self.options.capture_mode == "bytecode":
+            return bytecode_capture.entry_for(self, args, kwargs)
         key, _ = self._key(args, kwargs)
-        return next(e for e in self._cache[key] if e.guards_hold()).executable
+        return next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
 
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
@@ -463,6 +486,15 @@ def _convert_target(fn):
         conv = ast_runtime.convert_function(call)
         return lambda *a, **k: conv(fn, *a, **k)
     raise ast_convert.source_error(fn, f"a {type(fn).__name__} has no Python source")
+
+
+def explain(fn, *args, **kwargs):
+    """Calls fn(*args, **kwargs) jitted — fn itself when it is a kiln.jit function, else
+    kiln.jit(fn, capture_mode="bytecode") — then prints and returns the report: graphs and ops,
+    graph breaks with reason and line, the guards of each graph, recompiles with what changed."""
+    jf = fn if isinstance(fn, JitFunction) else jit(fn, capture_mode="bytecode")
+    jf(*args, **kwargs)
+    return jf.explain()
 
 
 def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",

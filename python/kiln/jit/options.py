@@ -2,7 +2,6 @@
 import warnings
 
 CAPTURE_MODES = ("ast", "bytecode", "trace")
-IMPLEMENTED_CAPTURE_MODES = ("ast", "trace")
 SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
 # MindSpore's names are accepted as aliases: ms_backend is kernel by kernel, GE the whole-graph sink.
@@ -28,9 +27,6 @@ class JitOptions:
         if capture_mode not in CAPTURE_MODES:
             raise ValueError(f"jit: capture_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
                              f"got {capture_mode!r}")
-        if capture_mode not in IMPLEMENTED_CAPTURE_MODES:
-            raise NotImplementedError(f"jit: capture_mode={capture_mode!r} is not implemented yet; "
-                                      "use capture_mode=\"ast\" (the default) or capture_mode=\"trace\"")
         if jit_level not in JIT_LEVELS:
             raise ValueError(f"jit: jit_level must be one of {', '.join(map(repr, JIT_LEVELS))}, got {jit_level!r}")
         if not isinstance(backend, str) or backend not in BACKENDS:

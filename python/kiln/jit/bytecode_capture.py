@@ -1,0 +1,419 @@
+"""Calls of a function jitted with capture_mode="bytecode" (see kiln.jit.bytecode): the entry
+through the frame hook, its pieces and the per-call run of graph, Python instruction at a graph
+break, graph, ...
+
+A call goes through the frame hook (kiln._C.run_hooked), which binds the arguments as CPython
+does; when they were positional and fill the parameters exactly, later calls find the entry by
+their call key without the hook. A function that is one graph taking positional tensors is served
+by kiln.jit's C fast path.
+
+A Piece is one compiled graph from a resume point: the start of the function (its bound
+arguments) or the instruction after a graph break (the frozen frames). It ends with the
+function's return (its outputs are the result's tensors) or at the next graph break (its outputs
+are the tensors of the frozen frames, rebuilt around them with the piece's spec). Pieces are
+cached per resume point and call key (the frozen state's structure, constants and tensor
+signature), each guarded by the GuardSet of what its capture read.
+"""
+import sys
+import threading
+import time
+import types
+import warnings
+import weakref
+
+from .. import _C
+from ..autograd import differentiating
+from . import bytecode, guards, tree
+from .syntax import JitSyntaxError
+
+_local = threading.local()
+_owner = weakref.WeakValueDictionary()  # code -> the JitFunction that last ran it (frames met outside its call)
+_VAR_ARGS = 0x04 | 0x08
+
+MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Python
+
+
+class Piece:
+    __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "returns", "reason", "where",
+                 "ops")
+
+    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where):
+        self.executable = executable
+        self.out_spec = out_spec
+        self.graph_text = executable.graph_str()
+        self.ops = self.graph_text.count(" = ")
+        self.guards = guards_
+        self.guard_names = guard_names
+        self.returns = returns  # True: the function's result; False: the state at a graph break
+        self.reason = reason  # why the graph breaks after it (None when it returns)
+        self.where = where  # "file:line" of the break instruction
+
+    def failed_guard(self):
+        k = self.guards.first_failure()
+        return None if k < 0 else self.guard_names[k]
+
+
+class Pieces:
+    """The pieces of one jitted function, keyed by (resume point, call key)."""
+
+    def __init__(self, owner, fn, prefix):
+        self.owner = owner  # the JitFunction
+        self.fn, self.prefix = fn, prefix  # the Python function captured, the arguments before the call's
+        code = fn.__code__
+        self.direct_ok = not code.co_flags & _VAR_ARGS  # positional calls filling the parameters exactly
+        self.nparams = code.co_argcount
+        self.varkw = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)
+                      if code.co_flags & 0x08 else -1)  # the index of **kwargs among the parameters
+        self.direct = {}  # call key of the positional arguments -> (state key, spec) of the entry
+        self.cache = {}
+        self.breaks = []  # (reason, where) of each graph break met, in order
+        self.recompiles = []  # (resume point, the guard that failed)
+        self.new_signatures = []  # what changed in the arguments, for each entry compiled after the first
+        self.entry_keys = []
+        self.warned = False  # the recompile_limit warning was given
+        self.count = 0
+        self.given_up = None  # why the rest of calls is interpreted in Python
+        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+
+    def lookup(self, key):
+        entries = self.cache.get(key)
+        if not entries:
+            return None
+        for e in entries:
+            if e.guards.check():
+                return e
+        self.recompiles.append((key[0], entries[-1].failed_guard()))
+        return None
+
+    def add(self, key, piece):
+        self.cache.setdefault(key, []).append(piece)
+        self.count += 1
+        if not piece.returns:
+            self.breaks.append((piece.reason, piece.where))
+
+
+def capture_piece(owner, state, leaves, spec):
+    """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
+    (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
+    "break" (payload: the frames, standing at the break instruction, on real values)."""
+    opts = owner.options
+    tracer = _C.Tracer()
+    recorder = guards.Recorder(top=owner._pieces.fn)
+    called, writes = [], []
+    prev_logs = _C.set_cell_logs(called, writes)
+    prev_hook = _C.eval_frame_suspend(True)
+    try:
+        from .function import bind_inputs
+
+        aliases_state = bind_inputs(tracer, spec, leaves)
+        interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
+        frames = bytecode.thaw(aliases_state, interp)
+        interp.frames = frames
+        for f in frames:
+            if f.code.cpython_only:
+                raise bytecode.Unsupported(f"{f.code.cpython_only} in {f.func.__qualname__} "
+                                           f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
+        interp.reads.extend((f, f.named_locals()) for f in frames)
+        prev_trace = sys.gettrace()
+        try:
+            outcome, payload = interp.run()
+        finally:
+            sys.settrace(prev_trace)
+        interp.record_reads()
+        reads, where = tracer.value_reads()
+        if reads:
+            raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
+        if outcome == "return":
+            out_leaves = []
+            out_spec = tree.flatten(payload, out_leaves)
+            reason = where_at = None
+        else:
+            reason, where_at = payload, interp.frames[-1].where()
+            if opts.strict:
+                op = interp.frames[-1].code.ins[interp.frames[-1].pc][0]
+                filename, _, line = where_at.rpartition(":")
+                raise JitSyntaxError(f"a graph break at {op} ({reason})", filename, int(line), 0,
+                                     "fullgraph=True: keep the function free of graph breaks, or pass "
+                                     "fullgraph=False to split it into graphs")
+            out_leaves = []
+            out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
+        executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison, level=opts.level,
+                                   inference=opts.infer_boost == "on",
+                                   disable_format_transform=opts.disable_format_transform, backend=opts.backend)
+    finally:
+        tracer.end()
+        _C.eval_frame_suspend(prev_hook)
+        _C.set_cell_logs(*prev_logs)
+    from ..nn import Cell
+
+    if isinstance(owner.fn, Cell):
+        called.insert(0, owner.fn)
+    recorder.add_cells(tuple(dict.fromkeys(called)))
+    guard_set, guard_names = recorder.guard_set()
+    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at)
+    detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
+    value = tree.unflatten(out_spec, detached)[0]
+    if outcome == "return":
+        return piece, "return", value, None
+    run_interp = bytecode.Interpreter([], capture=False)
+    return piece, "break", bytecode.thaw(value, run_interp), run_interp
+
+
+def run(owner, pieces, key, leaves, spec, side_effects_done=False):
+    """One call from a resume point: graphs and break instructions until the function returns."""
+    while True:
+        piece = pieces.lookup(key)
+        if piece is None:
+            stale = pieces.cache.get(key, ())
+            if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
+                pieces.given_up = (f"compiled {len(stale)} times (recompile_limit="
+                                   f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard()} "
+                                   "keeps changing")
+                if side_effects_done:
+                    warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
+                                  "in Python", RuntimeWarning, stacklevel=4)
+            if pieces.count >= MAX_PIECES or pieces.given_up:
+                if pieces.given_up is None:
+                    pieces.given_up = f"more than {MAX_PIECES} graphs"
+                    warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
+                                  "in Python", RuntimeWarning, stacklevel=4)
+                if not side_effects_done:  # nothing ran in Python yet: CPython runs the whole call
+                    raise bytecode.Unsupported(pieces.given_up)
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
+            t0 = time.perf_counter()
+            try:
+                piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
+                                                              leaves, spec)
+            except bytecode.Unsupported as e:
+                if not side_effects_done:
+                    raise
+                pieces.given_up = str(e)
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
+            owner.stats.compile_seconds += time.perf_counter() - t0
+            if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves):
+                # the resume point's own instruction breaks, no graph before it: a Python step at this
+                # point from now on, whatever the state (no piece per value of a Python scalar)
+                pieces.python_steps.add(_position(value))
+                pieces.breaks.append((piece.reason, piece.where))
+            else:
+                owner.stats.compiles += 1
+                owner.stats.misses += 1
+                pieces.add(key, piece)
+                owner._last = piece
+            if outcome == "return":
+                return value
+            frames = value
+        else:
+            owner.stats.hits += 1
+            outs = piece.executable(*leaves)
+            value = tree.unflatten(piece.out_spec, outs)[0]
+            if piece.returns:
+                return value
+            interp = bytecode.Interpreter([], capture=False)
+            frames = bytecode.thaw(value, interp)
+        # the break instruction, in Python (and those of the Python steps after it)
+        interp.frames = frames
+        while True:
+            outcome, result = interp.run(steps=1)
+            side_effects_done = True
+            if outcome == "return":
+                return result
+            if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
+                break
+        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+
+
+_NO_OPS = frozenset(("NOP", "PRECALL", "RESUME"))
+
+
+def _skip_no_ops(code, pc):
+    """The offset of the first instruction at or after pc that does something."""
+    while code.ins[pc][0] in _NO_OPS:
+        pc += 1
+    return code.ins[pc][2]
+
+
+def _position(frames):
+    """Where frames stand: (function, offset of the next instruction that does something) of each."""
+    return tuple((f.func, _skip_no_ops(f.code, f.pc)) for f in frames)
+
+
+def _position_of_state(spec, leaves):
+    state = tree.unflatten(spec, list(leaves))[0]
+    return tuple((s[0], _skip_no_ops(c, c.at[s[1]])) for s in state for c in (bytecode.Code.of(s[0].__code__),))
+
+
+def state_key(state):
+    """The call key of a frozen state (its constants include the resume point), its spec and its
+    tensors."""
+    key, leaves = _C.tree.call_key((state,), {}, ())
+    spec = key[0][1][0][1][0]  # of ((state,), {}): the spec of state
+    return key, spec, leaves
+
+
+def _finish_in_python(state):
+    interp = bytecode.Interpreter([], capture=False)
+    interp.frames = bytecode.thaw(state, interp)
+    prev = _C.eval_frame_suspend(False)
+    try:
+        return interp.run()[1]
+    finally:
+        _C.eval_frame_suspend(prev)
+
+
+# ---- the entry ---------------------------------------------------------------------------------------
+
+
+def target(jf):
+    """(the Python function whose frames a JitFunction captures, the arguments before the call's)."""
+    from ..nn import Cell
+
+    fn, prefix = jf.fn, ()
+    if isinstance(fn, Cell):
+        fn, prefix = type(fn).construct, (fn,)
+    elif isinstance(fn, types.MethodType):
+        fn, prefix = fn.__func__, (fn.__self__,)
+    elif not isinstance(fn, types.FunctionType) and isinstance(getattr(type(fn), "__call__", None),
+                                                               types.FunctionType):
+        fn, prefix = type(fn).__call__, (fn,)
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"kiln.jit(capture_mode=\"bytecode\"): a {type(jf.fn).__name__} has no Python bytecode")
+    if jf._self_ref is not None:
+        prefix = (jf._self,) + prefix
+    return fn, prefix
+
+
+def _runs_eagerly(jf, tensors):
+    """Whether this call must run eagerly: the function gave up, or the caller differentiates
+    through it (only eager execution records that)."""
+    return jf._eager_reason is not None or differentiating() or (
+        _C.is_grad_enabled() and any(isinstance(v, _C.TensorBase) and v.requires_grad for v in tensors))
+
+
+def call(jf, args, kwargs):
+    """JitFunction's slow path for capture_mode="bytecode"."""
+    pieces = jf._pieces
+    if jf._eager_reason is not None and pieces is None:
+        jf.stats.eager_calls += 1
+        return jf._target()(*args, **kwargs)
+    if pieces is None:
+        try:
+            fn, prefix = target(jf)
+        except TypeError as e:  # nothing to interpret: STRICT raises, LAX runs it eagerly (one warning)
+            if jf.options.strict:
+                raise
+            _give_up(jf, e)
+            return jf._target()(*args, **kwargs)
+        pieces = jf._pieces = Pieces(jf, fn, prefix)
+    else:
+        fn, prefix = pieces.fn, pieces.prefix
+        if jf._self_ref is not None:
+            prefix = (jf._self,) + prefix[1:]
+    full = prefix + args
+    if not kwargs and pieces.direct_ok and len(full) == pieces.nparams and pieces.direct:
+        ck, leaves = _C.tree.call_key(full, {}, ())
+        hit = pieces.direct.get(ck)
+        # (the key holds grad mode and each tensor's requires_grad: see _runs_eagerly)
+        if hit is not None and jf._eager_reason is None and not (
+                ck[2][0] and (differentiating() or any(sig[2] for sig in ck[1]))):
+            for piece in hit[2]:  # a function that is one graph: no state to rebuild
+                if piece.returns and piece.guards.check():
+                    jf.stats.hits += 1
+                    return tree.unflatten(piece.out_spec, piece.executable(*leaves))[0]
+            try:
+                return run(jf, pieces, hit[0], leaves, hit[1])
+            except bytecode.Unsupported as e:  # before anything ran in Python: the call runs eagerly
+                _give_up(jf, e)
+                return fn(*full)
+    if _C.eval_frame_marked(fn.__code__) is not _frame:
+        _C.eval_frame_mark(fn.__code__, _frame)
+    _owner[fn.__code__] = jf
+    prev = getattr(_local, "pending", None)
+    _local.pending = (jf, fn.__code__, args, kwargs)
+    try:
+        return _C.run_hooked(fn, full, kwargs)
+    finally:
+        _local.pending = prev
+
+
+def _frame(func, bound):
+    """The frame hook's callback for code marked by capture_mode="bytecode"."""
+    pending = getattr(_local, "pending", None)
+    if pending is not None and pending[1] is func.__code__:
+        _local.pending = None
+        return on_frame(pending[0], func, bound, pending)
+    jf = _owner.get(func.__code__)
+    if jf is None or jf._self_ref is not None or jf._pieces is None or jf._pieces.fn is not func:
+        return _C.RUN_EAGER
+    return on_frame(jf, func, bound, None)
+
+
+def entry_key(pieces, func, bound):
+    """state_key of a call's first frame, its parameters bound."""
+    interp = bytecode.Interpreter([], capture=False)
+    for k, v in enumerate(bound):
+        if isinstance(v, (list, dict)):  # **kwargs: the frame's own; else the caller's
+            (interp.note_created(v) if k == pieces.varkw else interp.foreign.add(id(v)))
+    return state_key(bytecode.freeze([bytecode.Frame.start(func, bound)], interp))
+
+
+def entry_for(jf, args, kwargs):
+    """The piece a call with these arguments starts with (its guards holding), or None."""
+    pieces = jf._pieces
+    if pieces is None:
+        return None
+    prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
+    key, _, _ = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
+    return next((p for p in pieces.cache.get(key, ()) if p.guards.check()), None)
+
+
+def _give_up(jf, err):
+    jf._eager_reason = str(err)
+    warnings.warn(f"kiln.jit: {jf.__qualname__} runs eagerly: {err}", RuntimeWarning, stacklevel=5)
+    jf.stats.eager_calls += 1
+
+
+def on_frame(jf, func, bound, pending):
+    """A frame of the function: its pieces run (captured when new); RUN_EAGER lets CPython run it."""
+    if _runs_eagerly(jf, bound):
+        jf.stats.eager_calls += 1
+        return _C.RUN_EAGER
+    pieces = jf._pieces
+    key, spec, leaves = entry_key(pieces, func, bound)
+    first = key not in pieces.cache
+    if first:
+        if len(pieces.entry_keys) >= jf.options.recompile_limit:
+            if not pieces.warned:
+                pieces.warned = True
+                change = _C.tree.describe_change(pieces.entry_keys[-1], key)
+                warnings.warn(f"kiln.jit: {jf.__qualname__} was compiled for {len(pieces.entry_keys)} signatures "
+                              f"(recompile_limit={jf.options.recompile_limit}); {change} keeps changing. New "
+                              "signatures now run eagerly.", RuntimeWarning, stacklevel=4)
+            jf.stats.eager_calls += 1
+            return _C.RUN_EAGER
+        if pieces.entry_keys:
+            pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1], key))
+        pieces.entry_keys.append(key)
+    try:
+        result = run(jf, pieces, key, leaves, spec)
+    except bytecode.Unsupported as e:
+        _give_up(jf, e)
+        return _C.RUN_EAGER
+    jf.stats.entries = pieces.count
+    if pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
+        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
+    entries = pieces.cache.get(key, ())
+    if first and pending is not None and len(entries) == 1 and entries[0].returns:
+        _, _, args, kwargs = pending
+        if tuple(bound) == tuple(args) and not kwargs:
+            jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
+    return result
+
+
+class _FastView:
+    """What JitFunction._register_fast reads of an entry, for a piece that returns."""
+    __slots__ = ("executable", "out_spec", "guards", "differentiable")
+
+    def __init__(self, piece):
+        self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
+        self.differentiable = False

@@ -1,0 +1,63 @@
+"""kiln.jit.explain: what kiln.jit made of a function — graphs and their ops, graph breaks with
+their reason and source line, the guards of each compiled entry, and each recompile with what
+changed (the guard that failed, or the argument signature) — for every capture mode (ast and
+trace report their fallbacks to trace capture or eager execution)."""
+
+
+class ExplainOutput:
+    """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
+
+    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback):
+        self.name = name
+        self.capture_mode = capture_mode
+        self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
+        self.graph_count = len(graphs)
+        self.op_count = sum(n for n, _ in graphs)
+        self.breaks = breaks  # [(reason, "file:line")]
+        self.graph_break_count = len(breaks)
+        self.recompiles = recompiles  # [what changed]
+        self.fallback = fallback  # why the function (or a part of it) runs in Python, or None
+
+    def __str__(self):
+        lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
+                 f"  graphs: {self.graph_count}, ops: {self.op_count}, graph breaks: {self.graph_break_count}"]
+        for k, (reason, where) in enumerate(self.breaks):
+            lines.append(f"  break {k + 1}: {reason} at {where}")
+        for k, (ops, guard_names) in enumerate(self.graphs):
+            lines.append(f"  graph {k + 1}: {ops} ops, {len(guard_names)} guards")
+            lines.extend(f"    guard: {g}" for g in guard_names)
+        for k, what in enumerate(self.recompiles):
+            lines.append(f"  recompile {k + 1}: {what}")
+        if self.fallback:
+            lines.append(f"  runs in Python: {self.fallback}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _ops(graph_text):
+    return sum(1 for line in graph_text.splitlines() if " = " in line and " = constant(" not in line)
+
+
+def report(jf):
+    """The ExplainOutput of a JitFunction after its calls."""
+    mode = jf.options.capture_mode
+    fallback = jf._eager_reason
+    if mode == "bytecode":
+        pieces = jf._pieces
+        graphs, breaks, recompiles = [], [], []
+        if pieces is not None:
+            for entries in pieces.cache.values():
+                graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
+            breaks = list(pieces.breaks)
+            recompiles = [f"the value of {g} changed" if g else "a guard failed" for _, g in pieces.recompiles]
+            recompiles += pieces.new_signatures
+            fallback = fallback or pieces.given_up
+    else:
+        graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
+        breaks = []
+        recompiles = list(jf._recompiles)
+        if jf._ast_fallback is not None:
+            fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
+                        else f"{fallback} (after: {jf._ast_fallback.msg})")
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback)
