@@ -466,6 +466,18 @@ static PyObject *tracer_value_of(PyObject *self, PyObject *t) {
     return PyLong_FromLong(v);
 }
 
+/* node_of(tensor) -> the index of the node that produced it in the graph, or -1 (an input, a
+ * capture, or a tensor this trace does not know) */
+static PyObject *tracer_node_of(PyObject *self, PyObject *t) {
+    PyTracer *p = (PyTracer *)self;
+    if (!pykiln_is_tensor(t) || !kiln_tracer_knows(p->tr, pykiln_unwrap(t))) return PyLong_FromLong(-1);
+    int32_t v;
+    kiln_status s = kiln_tracer_value_of(p->tr, pykiln_unwrap(t), &v);
+    if (s != KILN_OK) return pykiln_raise(s);
+    const kiln_graph *g = kiln_tracer_graph(p->tr);
+    return PyLong_FromLong(g->values[v].kind == KILN_VALUE_NODE ? g->values[v].node : -1);
+}
+
 static PyObject *tracer_count(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromLong(kiln_tracer_count(((PyTracer *)self)->tr));
@@ -671,6 +683,7 @@ static PyMethodDef tracer_methods[] = {
     {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
     {"value_of", tracer_value_of, METH_O, "value_of(tensor) -> its value id in the graph"},
+    {"node_of", tracer_node_of, METH_O, "node_of(tensor) -> index of the node producing it, or -1"},
     {"constant_sources", tracer_constant_sources, METH_NOARGS, "[(tensor, value name, version)] of constants"},
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},

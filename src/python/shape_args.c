@@ -132,6 +132,8 @@ static PyObject *first_tensor(PyObject *args, const char *name) {
 
 static PyObject *py_reshape(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("reshape", args);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *x = first_tensor(args, "reshape"), *rest = x ? PyTuple_GetSlice(args, 1, PY_SSIZE_T_MAX) : NULL;
     int64_t shape[MAX_SHAPE];
     int n;
@@ -305,6 +307,8 @@ static PyObject *py_unsqueeze(PyObject *module, PyObject *args, PyObject *kwargs
 
 static PyObject *py_broadcast_to(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("broadcast_to", args);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *x = first_tensor(args, "broadcast_to"), *rest = x ? PyTuple_GetSlice(args, 1, PY_SSIZE_T_MAX) : NULL;
     int64_t shape[MAX_SHAPE];
     int n;
@@ -423,6 +427,8 @@ static PyObject *narrow_view(PyObject *x, int a, int64_t start, int64_t length) 
 
 static PyObject *py_narrow(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("narrow", args);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *input, *axis;
     long long start, length;
     if (!PyArg_ParseTuple(args, "OOLL:narrow", &input, &axis, &start, &length)) return NULL;

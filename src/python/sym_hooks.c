@@ -1,0 +1,53 @@
+/* The hooks a dynamic-shape capture (kiln.jit.dynamic) sets while it records: reading a traced
+ * tensor's shape may give symbolic sizes, and the shape functions given symbolic sizes hand the
+ * call to Python, which records how the node's attributes follow the symbols. Unset (the usual
+ * case) each costs one pointer test. Reference notes: the hooks are owned here. */
+#include "pykiln.h"
+
+static PyObject *shape_hook, *call_hook, *sym_type;
+
+/* set_sym_hooks(shape_hook, call_hook, sym_type) or set_sym_hooks(None, None, None):
+ * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
+ * and 2 (len()); call_hook(op name, args) serves reshape, broadcast_to and narrow when an argument
+ * is a sym_type. */
+static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *sh, *ch, *ty;
+    if (!PyArg_ParseTuple(args, "OOO:set_sym_hooks", &sh, &ch, &ty)) return NULL;
+    bool none = sh == Py_None && ch == Py_None && ty == Py_None;
+    if (!none && (!PyCallable_Check(sh) || !PyCallable_Check(ch) || !PyType_Check(ty))) {
+        PyErr_SetString(PyExc_TypeError, "set_sym_hooks: two callables and a type, or three Nones");
+        return NULL;
+    }
+    Py_CLEAR(shape_hook);
+    Py_CLEAR(call_hook);
+    Py_CLEAR(sym_type);
+    if (!none) shape_hook = Py_NewRef(sh), call_hook = Py_NewRef(ch), sym_type = Py_NewRef(ty);
+    Py_RETURN_NONE;
+}
+
+PyObject *pykiln_sym_shape(PyObject *tensor, int what) {
+    if (!shape_hook) return Py_NewRef(Py_None);
+    return PyObject_CallFunction(shape_hook, "Oi", tensor, what);
+}
+
+static bool has_sym(PyObject *o, int depth) {
+    if (PyObject_TypeCheck(o, (PyTypeObject *)sym_type)) return true;
+    if (depth > 1 || !(PyTuple_Check(o) || PyList_Check(o))) return false;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(o); k++)
+        if (has_sym(PySequence_Fast_GET_ITEM(o, k), depth + 1)) return true;
+    return false;
+}
+
+PyObject *pykiln_sym_call(const char *op, PyObject *args) {
+    if (!call_hook || !has_sym(args, 0)) return NULL;
+    return PyObject_CallFunction(call_hook, "sO", op, args);
+}
+
+static PyMethodDef sym_functions[] = {
+    {"set_sym_hooks", py_set_sym_hooks, METH_VARARGS,
+     "set_sym_hooks(shape_hook, call_hook, sym_type): symbolic shapes while a dynamic capture records"},
+    {NULL, NULL, 0, NULL},
+};
+
+int pykiln_sym_hooks_init(PyObject *module) { return PyModule_AddFunctions(module, sym_functions); }
