@@ -95,10 +95,14 @@ PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim);
 int pykiln_reductions_init(PyObject *module);
 /* Symbolic shapes while a dynamic capture records (sym_hooks.c): pykiln_sym_shape gives the hook's
  * answer for tensor's shape (what 0), size (1) or len (2): a new reference, None when it has none;
- * pykiln_sym_call gives the hook's result of op(*args) when args hold a symbolic size, else NULL
- * with no exception set (NULL with one set when the hook failed). */
+ * pykiln_sym_call gives the hook's result of op(*args) when args hold a symbolic size (or always,
+ * while a capture records), else NULL with no exception set (NULL with one set when the hook failed). */
 PyObject *pykiln_sym_shape(PyObject *tensor, int what);
-PyObject *pykiln_sym_call(const char *op, PyObject *args);
+PyObject *pykiln_sym_call(const char *op, PyObject *args, bool always);
+/* Tells the hook that `out` (a new reference, returned; NULL passes through) is a reshape of x
+ * whose size k is x's size src[k], 1 (src -1) or the rest of x's elements (-2): how the node
+ * follows the symbols. Releases out and returns NULL when the hook fails. */
+PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n);
 int pykiln_sym_hooks_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);

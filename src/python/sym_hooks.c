@@ -5,11 +5,13 @@
 #include "pykiln.h"
 
 static PyObject *shape_hook, *call_hook, *sym_type;
+static bool in_call; /* the call hook runs the function itself: not again (one thread: the GIL's) */
 
 /* set_sym_hooks(shape_hook, call_hook, sym_type) or set_sym_hooks(None, None, None):
  * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
- * and 2 (len()); call_hook(op name, args) serves reshape, broadcast_to and narrow when an argument
- * is a sym_type. */
+ * and 2 (len()); call_hook(op name, args) serves reshape and broadcast_to when an argument is a
+ * sym_type, narrow always, and hears of the reshapes flatten, squeeze and unsqueeze make
+ * ("derived", (x, out, sources)). */
 static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *sh, *ch, *ty;
@@ -39,9 +41,26 @@ static bool has_sym(PyObject *o, int depth) {
     return false;
 }
 
-PyObject *pykiln_sym_call(const char *op, PyObject *args) {
-    if (!call_hook || !has_sym(args, 0)) return NULL;
-    return PyObject_CallFunction(call_hook, "sO", op, args);
+PyObject *pykiln_sym_call(const char *op, PyObject *args, bool always) {
+    if (!call_hook || in_call || !(always || has_sym(args, 0))) return NULL;
+    in_call = true;
+    PyObject *r = PyObject_CallFunction(call_hook, "sO", op, args);
+    in_call = false;
+    return r;
+}
+
+PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n) {
+    if (!call_hook || !out || out == x) return out;
+    PyObject *t = PyTuple_New(n);
+    for (int k = 0; t && k < n; k++) PyTuple_SET_ITEM(t, k, PyLong_FromLong(src[k]));
+    PyObject *r = t ? PyObject_CallFunction(call_hook, "s(OOO)", "derived", x, out, t) : NULL;
+    Py_XDECREF(t);
+    if (!r) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return out;
 }
 
 static PyMethodDef sym_functions[] = {

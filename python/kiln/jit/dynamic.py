@@ -277,27 +277,47 @@ class Capture:
         return exprs
 
     def _fit(self, v):
-        """The sizes of value v as expressions: found by rebinding the graph recorded so far to probe
-        sizes; a size no simple form explains specializes every symbol (checked per binding anyway)."""
+        """The sizes of value v as expressions, found by rebinding the graph recorded so far to probe
+        sizes: first each live symbol alone (a symbol the graph cannot vary, such as a matmul's inner
+        size against a fixed weight, is specialized), then all together. A size no simple form
+        explains specializes every symbol. Every later binding checks the sizes found."""
         g = self.tracer.recorded()
         base = g.value_shape(v)
-        probe = [x * _PROBE_FACTORS[k % len(_PROBE_FACTORS)] if k not in self.specialized else x
-                 for k, x in enumerate(self.values)]
-        try:
-            other = self.rebind(g, probe).value_shape(v)
-        except (ValueError, TypeError, IndexError, OverflowError):
-            other = None
+        for k in range(len(self.values)):
+            if k not in self.specialized and self._probe(g, v, (k,)) is None:
+                self.specialize(("s", k), "the graph needs a fixed size here")
+        live = tuple(k for k in range(len(self.values)) if k not in self.specialized)
+        probe, other = self._probe_values(live), self._probe(g, v, live)
         out = []
-        for d, (x0) in enumerate(base):
+        for d, x0 in enumerate(base):
             e = None if other is None else _explain(x0, other[d], self.values, probe)
             if e is None:
-                for k in range(len(self.values)):
+                for k in live:
                     self.specialize(("s", k), "an intermediate shape no simple form explains")
                 e = _const(x0)
             out.append(e)
         return tuple(out)
 
+    def _probe_values(self, scaled):
+        return [x * _PROBE_FACTORS[k % len(_PROBE_FACTORS)] if k in scaled else x for k, x in enumerate(self.values)]
+
+    def _probe(self, g, v, scaled):
+        """Value v's shape in g rebound with the symbols `scaled` at other sizes, or None when g does
+        not hold for them."""
+        try:
+            return self.rebind(g, self._probe_values(scaled)).value_shape(v)
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+
     def call_hook(self, op, args):
+        if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
+            x, out, src = args
+            node = self.tracer.node_of(out)
+            if node == self.tracer.count() - 1 and node >= 0 and node != self.tracer.node_of(x):
+                for k, d in enumerate(src):
+                    if d != -1:
+                        self.sets.append((node, k, 1, d) if d >= 0 else (node, k, 2, 0))
+            return None
         x = args[0]
         before = self.tracer.count()
         if op == "narrow":
