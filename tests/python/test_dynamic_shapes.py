@@ -176,3 +176,21 @@ def test_the_c_dispatcher_serves_each_binding_and_sink_runs_it():
                 close(f(a, b), a.asnumpy() * b.asnumpy() + 1)
         assert f.cache_info().compiles == 1
         assert f._fast_hits >= 6, (backend, f._fast_hits)
+
+
+def test_megengine_trace_symbolic_shape_records_one_graph():
+    def fn(x, y):
+        b, s = x.shape
+        return ops.reshape(x * y, (s, b)).sum(0) + s
+
+    t = kiln.trace(fn)  # symbolic_shape=True, verify=True: each call is also compared with the graph it runs
+    for n in (3, 4, 6, 4):
+        x, y = T(2, n), T(2, n)
+        close(t(x, y), (x.asnumpy() * y.asnumpy()).reshape(n, 2).sum(0) + n)
+    # `+ s` uses a size as a number: s is specialized, so each new s is recorded again
+    assert t.instances == 0 and len(t._records) == 3
+    u = kiln.trace(lambda x, y: ops.reshape(x * y, (y.shape[1], -1)).sum(0))
+    for n in (3, 4, 6, 4):
+        x, y = T(2, n), T(2, n)
+        close(u(x, y), (x.asnumpy() * y.asnumpy()).reshape(n, 2).sum(0))
+    assert u.instances == 2 and len(u._records) == 3, u._records

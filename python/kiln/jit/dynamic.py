@@ -367,6 +367,47 @@ class Capture:
         sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
         return graph.rebind(shapes, sets)
 
+    def bind(self, leaves):
+        """The symbols' sizes for a call's tensors (all of them, by symbol), or None when the call is
+        outside what the capture assumed: another exact size, a symbol with two sizes, one below
+        2 or away from its specialized size, or a guard with another outcome."""
+        values = list(self.values)
+        seen = set()
+        for t, row in zip(leaves, self.input_exprs):
+            shape = t.shape
+            if len(shape) != len(row):
+                return None
+            for size, e in zip(shape, row):
+                if e[0] == "c":
+                    if size != e[1]:
+                        return None
+                    continue
+                k = e[1]
+                if k in seen:
+                    if values[k] != size:
+                        return None
+                    continue
+                if size < 2 or (k in self.specialized and size != self.values[k]):
+                    return None
+                values[k] = size
+                seen.add(k)
+        for op, lhs, rhs, outcome in self.guards:
+            if _COMPARE[op](evaluate(lhs, values), evaluate(rhs, values)) != outcome:
+                return None
+        return values
+
+    def rebind_checked(self, graph, values):
+        """The recorded graph rebound to the binding `values`, or None when it does not hold for it (a
+        node keeps sizes with none given, an inference fails, a shape Python read would differ)."""
+        try:
+            g = self.rebind(graph, values)
+            for v, exprs in self.reads:
+                if g.value_shape(v) != tuple(evaluate(e, values) for e in exprs):
+                    return None
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+        return g
+
     def __enter__(self):
         _C.set_sym_hooks(self.shape_hook, self.call_hook, SymInt)
         return self
@@ -473,30 +514,7 @@ class DynamicEntry:
 
     def bind(self, leaves):
         """The symbols' sizes for a call (all of them, by symbol), or None when it is outside this entry."""
-        values = list(self.values)
-        seen = set()
-        for t, row in zip(leaves, self.input_exprs):
-            shape = t.shape
-            if len(shape) != len(row):
-                return None
-            for size, e in zip(shape, row):
-                if e[0] == "c":
-                    if size != e[1]:
-                        return None
-                    continue
-                k = e[1]
-                if k in seen:
-                    if values[k] != size:
-                        return None
-                    continue
-                if size < 2 or (k in self.fixed and size != self.fixed[k]):
-                    return None
-                values[k] = size
-                seen.add(k)
-        for op, lhs, rhs, outcome in self.guards:
-            if _COMPARE[op](evaluate(lhs, values), evaluate(rhs, values)) != outcome:
-                return None
-        return values
+        return self._capture.bind(leaves)
 
     def instance(self, values):
         """The executable for this binding (made on its first call), or None when the graph does not
@@ -505,12 +523,8 @@ class DynamicEntry:
         exe = self.instances.get(key)
         if exe is not None:
             return exe, False
-        try:
-            g = self._capture.rebind(self.graph, values)
-            for v, exprs in self.reads:
-                if g.value_shape(v) != tuple(evaluate(e, values) for e in exprs):
-                    return None, False
-        except (ValueError, TypeError, IndexError, OverflowError):
+        g = self._capture.rebind_checked(self.graph, values)
+        if g is None:
             return None, False
         o = self.options
         exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=o.level,
