@@ -194,3 +194,12 @@ def test_megengine_trace_symbolic_shape_records_one_graph():
         x, y = T(2, n), T(2, n)
         close(u(x, y), (x.asnumpy() * y.asnumpy()).reshape(n, 2).sum(0))
     assert u.instances == 2 and len(u._records) == 3, u._records
+
+
+def test_introspection_finds_the_instance_of_a_binding():
+    f = kiln.jit(lambda x: ops.exp(x) * 2, dynamic=True)
+    small, large = T(2, 3), T(20, 30)
+    f(small)
+    assert f.executable(large).output_bytes == 20 * 30 * 4
+    assert f.executable(small).output_bytes == 2 * 3 * 4
+    assert f.cache_info().compiles == 1 and "exp" in f.graph_str(large)

@@ -467,16 +467,27 @@ class JitFunction(_C.JitDispatcher):
         info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
         return info
 
-    def graph_str(self, *args, **kwargs):
-        """The graph compiled for these arguments (compiling it if needed), or for the last call."""
-        if args or kwargs:
-            key, _ = self._key(args, kwargs)
+    def _compiled_for(self, args, kwargs):
+        """(entry, executable) serving these arguments (compiling, or making the dynamic instance, by
+        calling the function when there is none yet)."""
+        for attempt in range(2):
+            key, leaves = self._key(args, kwargs)
             entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
-            if entry is None:
+            if entry is not None:
+                return entry, entry.executable
+            for d in self._dynamic.get(self._shape_free(key), ()):
+                values = d.bind(leaves) if d.entry.guards_hold() else None
+                exe = None if values is None else d.instances.get(tuple(values[k] for k in d.live))
+                if exe is not None:
+                    return d.entry, exe
+            if attempt == 0:
                 self(*args, **kwargs)
-                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
-        else:
-            entry = self._last
+        raise RuntimeError(f"{self.__qualname__}: these arguments run eagerly (no compiled graph)")
+
+    def graph_str(self, *args, **kwargs):
+        """The graph compiled for these arguments (compiling it if needed), or for the last call. A
+        dynamic entry's graph is shown as captured (with the capture's sizes)."""
+        entry = self._compiled_for(args, kwargs)[0] if args or kwargs else self._last
         if entry is None:
             raise RuntimeError("graph_str: no graph compiled yet; call the function or pass arguments")
         return entry.graph_text
@@ -492,10 +503,9 @@ class JitFunction(_C.JitDispatcher):
         return self._last.executable.plan_str()
 
     def executable(self, *args, **kwargs):
-        """The compiled graph object for these arguments (for its memory plan and order)."""
-        self.graph_str(*args, **kwargs)
-        key, _ = self._key(args, kwargs)
-        return next(e for e in self._cache[key] if e.guards_hold()).executable
+        """The compiled graph object for these arguments (for its memory plan and order; a dynamic
+        entry's instance for their sizes)."""
+        return self._compiled_for(args, kwargs)[1]
 
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
