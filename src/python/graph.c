@@ -324,25 +324,23 @@ done:
     return result;
 }
 
-/* value_shape(value) -> the shape of value %value */
-static PyObject *graph_value_shape(PyObject *self, PyObject *arg) {
+/* The value id arg names in self's graph, or -1 with an exception naming `who` set. */
+static long value_arg(PyObject *self, PyObject *arg, const char *who) {
     const kiln_graph *g = ((PyGraph *)self)->g;
     long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (v < 0 || v >= g->nvalues) return PyErr_Format(PyExc_IndexError, "value_shape: no value %ld", v);
-    const kiln_meta *m = &g->values[v].meta;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= g->nvalues) return PyErr_Format(PyExc_IndexError, "%s: no value %ld", who, v), -1;
+    return v;
+}
+
+/* value_shape(value) -> the shape of value %value */
+static PyObject *graph_value_shape(PyObject *self, PyObject *arg) {
+    long v = value_arg(self, arg, "value_shape");
+    if (v < 0) return NULL;
+    const kiln_meta *m = &((PyGraph *)self)->g->values[v].meta;
     PyObject *tup = PyTuple_New(m->ndim);
     for (int d = 0; tup && d < m->ndim; d++) PyTuple_SET_ITEM(tup, d, PyLong_FromLongLong(m->shape[d]));
     return tup;
-}
-
-/* producer(value) -> the index of the node whose output it is, or -1 (an input or capture) */
-static PyObject *graph_producer(PyObject *self, PyObject *arg) {
-    const kiln_graph *g = ((PyGraph *)self)->g;
-    long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (v < 0 || v >= g->nvalues) return PyErr_Format(PyExc_IndexError, "producer: no value %ld", v);
-    return PyLong_FromLong(g->values[v].kind == KILN_VALUE_NODE ? g->values[v].node : -1);
 }
 
 static PyObject *graph_get_has_effects(PyObject *self, void *c) {
@@ -353,7 +351,6 @@ static PyObject *graph_get_has_effects(PyObject *self, void *c) {
 static PyMethodDef graph_methods[] = {
     {"rebind", graph_rebind, METH_VARARGS, "rebind(input_shapes, sets) -> this graph for other input shapes"},
     {"value_shape", graph_value_shape, METH_O, "value_shape(value) -> the shape of that value"},
-    {"producer", graph_producer, METH_O, "producer(value) -> index of the node producing it, or -1"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},

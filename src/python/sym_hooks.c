@@ -11,7 +11,7 @@ static bool in_call; /* the call hook runs the function itself: not again (one t
  * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
  * and 2 (len()); call_hook(op name, args) serves reshape and broadcast_to when an argument is a
  * sym_type, narrow always, and hears of the reshapes flatten, squeeze and unsqueeze make
- * ("derived", (x, out, sources)). */
+ * ("derived", (x, out, sources)) and of a backward pass ("backward", ()). */
 static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *sh, *ch, *ty;
@@ -61,6 +61,13 @@ PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n) 
     }
     Py_DECREF(r);
     return out;
+}
+
+int pykiln_sym_note_backward(void) {
+    if (!call_hook) return 0;
+    PyObject *r = PyObject_CallFunction(call_hook, "s()", "backward");
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 static PyMethodDef sym_functions[] = {

@@ -270,7 +270,7 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
                      "pass gradient= for a tensor of %lld elements", (long long)t->numel);
         return NULL;
     }
-    if (pykiln_interrupt_stale() < 0) {
+    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward() < 0) {
         kiln_tensor_release(g);
         return NULL;
     }

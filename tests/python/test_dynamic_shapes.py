@@ -203,3 +203,16 @@ def test_introspection_finds_the_instance_of_a_binding():
     assert f.executable(large).output_bytes == 20 * 30 * 4
     assert f.executable(small).output_bytes == 2 * 3 * 4
     assert f.cache_info().compiles == 1 and "exp" in f.graph_str(large)
+
+
+def test_a_backward_pass_inside_the_function_specializes_every_size():
+    w = nn.Parameter(kiln.Tensor(RNG.standard_normal((3,)).astype(np.float32)), name="w")
+
+    def fn(x):  # the gradient is w / (3 n) in every row: the rule's 1/(3 n) is a constant
+        return kiln.grad(lambda v: (v * w).mean(), grad_position=0)(x).max(0) + x.sum(0)
+
+    f = kiln.jit(fn, dynamic=True)
+    for n in (2, 4, 5):
+        x = T(n, 3)
+        close(f(x), w.asnumpy() / (n * 3) + x.asnumpy().sum(0))
+    assert f.cache_info().instances == 0

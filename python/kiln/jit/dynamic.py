@@ -310,6 +310,10 @@ class Capture:
             return None
 
     def call_hook(self, op, args):
+        if op == "backward":  # gradient rules bake sizes into constants (mean's 1/n): no symbol survives
+            for k in range(len(self.values)):
+                self.specialize(("s", k), "a backward pass")
+            return None
         if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
             x, out, src = args
             node = self.tracer.node_of(out)
