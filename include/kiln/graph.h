@@ -83,7 +83,8 @@ typedef struct kiln_attr_set {
 
 /* A copy of g (captured tensors shared) whose inputs have the shapes `inputs` (same dtypes and
  * ranks as g's), with the int attributes `sets` given anew, and every node's outputs inferred again
- * in order. A node whose op keeps sizes in its attributes (KILN_OPF_SIZED) and whose inputs
+ * in order; if and while nodes whose inputs changed shape get their subgraphs rebound likewise
+ * (with no sets). A node whose op keeps sizes in its attributes (KILN_OPF_SIZED) and whose inputs
  * changed shape must be named by a set (which then gives all of them): otherwise KILN_ERR_VALUE
  * naming the node, as for any inference that fails (the graph does not hold for those shapes). */
 KILN_API kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inputs, int nset,

@@ -48,8 +48,8 @@ enum kiln_op_flags {
     KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
     KILN_OPF_COMMUTATIVE = 1 << 7,  /* its two inputs may be swapped: same result, shape and dtype */
     /* its attributes hold sizes taken from tensor shapes (a target shape, slice lengths, the
-     * shape a backward op produces, a subgraph's shapes): a graph rebound to other input shapes
-     * (kiln_graph_rebind) must be given them anew, never keep them */
+     * shape a backward op produces, a fused group's or a loop gradient's subgraph shapes): a graph
+     * rebound to other input shapes (kiln_graph_rebind) must be given them anew, never keep them */
     KILN_OPF_SIZED = 1 << 29,
     /* math functions the C expression calls (costly per element; codegen's prelude has
      * vectorizable float32 exp, log, erf and tanh) */

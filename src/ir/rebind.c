@@ -1,7 +1,9 @@
 /* Rebinding a recorded graph to other input shapes: the sizes each node's attributes hold are
  * given anew by the caller (kiln.jit's dynamic shapes evaluate them from the bound symbols), every
- * other attribute is kept, and the values' metas are inferred again node by node. */
+ * other attribute is kept, the subgraphs of if and while nodes are rebound to what their node now
+ * gives them, and the values' metas are inferred again node by node. */
 #include "../core/internal.h"
+#include "control.h"
 #include "kiln/graph.h"
 
 static kiln_status apply_set(const kiln_graph *g, kiln_node *n, int32_t node, const kiln_attr_set *set) {
@@ -46,12 +48,45 @@ static kiln_status apply_sets(const kiln_graph *g, kiln_node *n, int32_t i, int 
     return KILN_OK;
 }
 
+/* An if or while node whose inputs changed shape: its subgraphs rebound to the metas the node gives
+ * them (if: all inputs but the predicate; while: all), added to c and named by the node instead. A
+ * loop body must still return its loop values' metas (kiln_control_infer checks). */
+static kiln_status rebind_bodies(kiln_graph *c, kiln_node *n, int32_t i) {
+    int first = n->op == KILN_OP_IF ? 1 : 0, nin = n->nin - first;
+    int slots[4], ns = kiln_control_slots(n->op, slots);
+    kiln_meta *metas = kiln_malloc(sizeof *metas * (size_t)(nin > 0 ? nin : 1));
+    if (!metas) return kiln_error(KILN_ERR_MEMORY, "out of memory rebinding a graph");
+    for (int k = 0; k < nin; k++) metas[k] = c->values[n->in[first + k]].meta;
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < ns && s == KILN_OK; k++) {
+        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
+        if (idx < 0 || idx >= c->nsubgraphs || c->subgraphs[idx]->ninputs != nin) {
+            s = kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) names a subgraph that does not fit it", i,
+                           kiln_op_table[n->op].name);
+            break;
+        }
+        kiln_graph *sub = NULL;
+        int32_t added;
+        s = kiln_graph_rebind(c->subgraphs[idx], metas, 0, NULL, &sub);
+        if (s == KILN_OK) s = kiln_graph_add_subgraph(c, sub, &added);
+        if (s != KILN_OK) {
+            kiln_graph_free(sub);
+            s = kiln_error_context(s, "rebind: node %d (%s)", i, kiln_op_table[n->op].name);
+        } else {
+            n->attrs.i[slots[k]] = added;
+        }
+    }
+    free(metas);
+    return s;
+}
+
 static kiln_status rebind_nodes(kiln_graph *c, bool *changed, int nset, const kiln_attr_set *sets) {
     for (int32_t i = 0; i < c->nnodes; i++) {
         kiln_node *n = &c->nodes[i];
         bool named, moved = false;
         KILN_TRY(apply_sets(c, n, i, nset, sets, &named));
         for (int k = 0; k < n->nin; k++) moved |= changed[n->in[k]];
+        if (moved && (n->op == KILN_OP_IF || n->op == KILN_OP_WHILE)) KILN_TRY(rebind_bodies(c, n, i));
         if (moved && !named && (kiln_op_table[n->op].flags & KILN_OPF_SIZED))
             return kiln_error(KILN_ERR_VALUE,
                               "rebind: node %d (%s) holds sizes of the shapes it was recorded with, and its "

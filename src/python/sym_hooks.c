@@ -70,7 +70,30 @@ int pykiln_sym_note_backward(void) {
     return r ? 0 : -1;
 }
 
+/* in_body(tensor) -> whether a control-flow body is being traced and it recorded the tensor */
+static PyObject *py_in_body(PyObject *self, PyObject *t) {
+    (void)self;
+    kiln_tracer *tr = kiln_tracer_active();
+    return PyBool_FromLong(tr && kiln_tracer_in_body() && pykiln_is_tensor(t) &&
+                           kiln_tracer_knows(tr, pykiln_unwrap(t)));
+}
+
+/* same_meta(a, b) -> whether two tensors have one dtype and shape, read without the shape hook:
+ * for structural checks that a rebinding checks again (a cond's branches, a loop body's values) */
+static PyObject *py_same_meta(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO:same_meta", &a, &b)) return NULL;
+    if (!pykiln_is_tensor(a) || !pykiln_is_tensor(b)) return PyErr_Format(PyExc_TypeError, "same_meta: two tensors");
+    const kiln_meta *x = &pykiln_unwrap(a)->meta, *y = &pykiln_unwrap(b)->meta;
+    bool same = x->dtype == y->dtype && x->ndim == y->ndim;
+    for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == y->shape[d];
+    return PyBool_FromLong(same);
+}
+
 static PyMethodDef sym_functions[] = {
+    {"same_meta", py_same_meta, METH_VARARGS, "same_meta(a, b) -> same dtype and shape (no shape hook)"},
+    {"in_body", py_in_body, METH_O, "in_body(tensor) -> whether a control-flow body being traced made it"},
     {"set_sym_hooks", py_set_sym_hooks, METH_VARARGS,
      "set_sym_hooks(shape_hook, call_hook, sym_type): symbolic shapes while a dynamic capture records"},
     {NULL, NULL, 0, NULL},

@@ -268,6 +268,9 @@ class Capture:
         if k is not None and self._aliases[k] is t:
             return self.input_exprs[k]
         if not self.tracer.knows(t):
+            if _C.in_body(t):  # a control-flow body's tensor: what Python decides from its sizes is not followed
+                for k in range(len(self.values)):
+                    self.specialize(("s", k), "a shape read inside a control-flow body")
             return None
         v = self.tracer.value_of(t)
         exprs = self._read_cache.get(v)
