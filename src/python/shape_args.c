@@ -489,7 +489,7 @@ static PyObject *py_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *sizes = NULL, *out = NULL;
     int64_t n;
     int a = x ? cut_axis("split", x, dim != Py_None ? dim : axis ? axis : zero, &n) : -1;
-    if (a >= 0 && PyLong_Check(sections)) {
+    if (a >= 0 && PyIndex_Check(sections)) { /* an int, or an object standing for one (a symbolic size) */
         long long size = PyLong_AsLongLong(sections);
         sizes = size == -1 && PyErr_Occurred() ? NULL : even_sizes(size, n, "split");
     } else if (a >= 0) {

@@ -216,3 +216,28 @@ def test_a_backward_pass_inside_the_function_specializes_every_size():
         x = T(n, 3)
         close(f(x), w.asnumpy() / (n * 3) + x.asnumpy().sum(0))
     assert f.cache_info().instances == 0
+
+
+USES = {
+    "zeros of the shape": lambda x: x + ops.zeros(x.shape),
+    "ones_like": lambda x: x + ops.ones_like(x),
+    "arange of a size": lambda x: x + ops.arange(x.shape[1]),
+    "split by a size": lambda x: ops.split(x, x.shape[1] // 2, 1)[0] * 2,
+    "iteration": lambda x: sum(r.sum() for r in x),
+    "negative index": lambda x: x[-1] * 2,
+    "slice to the end": lambda x: x[:, 1:] * 2,
+    "len": lambda x: x * len(x),
+    "an int method": lambda x: x * x.shape[0].bit_length(),
+    "a NumPy array of the shape": lambda x: x + kiln.Tensor(np.zeros(x.shape, np.float32)),
+    "max of a size": lambda x: x * max(x.shape[0], 3),
+    "reshape method": lambda x: x.reshape(x.shape[0], -1) * 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(USES))
+def test_every_use_of_a_size_stays_right_at_other_shapes(name):
+    fn = USES[name]
+    f = kiln.jit(fn, dynamic=True, capture_mode="trace")
+    for shape in ((2, 4), (3, 6), (5, 8), (3, 4)):
+        x = T(*shape)
+        close(f(x), fn(x).asnumpy())

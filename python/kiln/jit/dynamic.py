@@ -205,6 +205,11 @@ class SymInt:
     def __repr__(self):
         return repr(self.value)
 
+    def __getattr__(self, name):  # the rest of int's interface (bit_length, to_bytes, ...): as an int
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.specialize(f"int.{name}"), name)
+
     def __format__(self, spec):
         return format(self.value, spec)
 
