@@ -78,8 +78,72 @@ static void test_refusals_name_the_node(void) {
     kiln_graph_free(g);
 }
 
+/* A while loop: its subgraphs are rebound to the node's new inputs and the loop runs at the new
+ * shape; a body that would change its loop value's shape is refused. */
+static void test_loops_are_rebound(void) {
+    const char *text =
+        "graph(%0: float32[2, 3]) {\n"
+        "  %1: int64[] = constant(0)\n"
+        "  %2: int64[], %3: float32[2, 3] = while(%1, %0, %0) {0, 1, 2}\n"
+        "  return (%3)\n"
+        "}\n"
+        "subgraph 0: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
+        "  %3: int64[] = constant(3)\n"
+        "  %4: bool[] = lt(%0, %3)\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 1: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
+        "  %3: int64[] = constant(1)\n"
+        "  %4: int64[] = add(%0, %3)\n"
+        "  %5: float32[2, 3] = add(%1, %2)\n"
+        "  return (%4, %5)\n"
+        "}\n";
+    kiln_graph *g = NULL, *r = NULL;
+    CHECK_OK(kiln_graph_parse(text, &g));
+    if (!g) return;
+    kiln_meta m = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {4, 5}};
+    CHECK_OK(kiln_graph_rebind(g, &m, 0, NULL, &r));
+    if (r) CHECK_OK(kiln_graph_verify(r));
+    kiln_executable *e = NULL;
+    if (r) CHECK_OK(kiln_compile(r, NULL, &e));
+    int64_t shape[2] = {4, 5};
+    float xv[20], want[20];
+    for (int i = 0; i < 20; i++) xv[i] = 0.5f * (float)i, want[i] = 4.0f * xv[i]; /* x + x + x + x */
+    kiln_tensor *x = tensor_f32(2, shape, xv), *y = NULL;
+    if (e) CHECK_OK(kiln_executable_run(e, 1, &x, 1, &y));
+    CHECK(y && y->meta.shape[0] == 4 && close_f32(y->data, want, 20, 1e-6f));
+    kiln_tensor_release(x), kiln_tensor_release(y);
+    kiln_executable_free(e);
+    kiln_graph_free(r);
+    kiln_graph_free(g);
+    /* the body adds a (2, 3) constant-shaped value: it cannot keep a (4, 5) loop value */
+    const char *fixed =
+        "graph(%0: float32[2, 3], %1: float32[2, 3]) {\n"
+        "  %2: int64[] = constant(0)\n"
+        "  %3: int64[], %4: float32[2, 3] = while(%2, %0, %1) {0, 1, 2}\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 0: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
+        "  %3: int64[] = constant(3)\n"
+        "  %4: bool[] = lt(%0, %3)\n"
+        "  return (%4)\n"
+        "}\n"
+        "subgraph 1: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
+        "  %3: int64[] = constant(1)\n"
+        "  %4: int64[] = add(%0, %3)\n"
+        "  %5: float32[2, 3] = add(%1, %2)\n"
+        "  return (%4, %5)\n"
+        "}\n";
+    CHECK_OK(kiln_graph_parse(fixed, &g));
+    kiln_meta two[2] = {m, {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {2, 3}}};
+    if (g) CHECK_STATUS(kiln_graph_rebind(g, two, 0, NULL, &r), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "rebind: node 0 (while)") && strstr(kiln_last_error(), "cannot be broadcast"));
+    kiln_graph_free(g);
+}
+
 int main(void) {
     test_rebound_graph_runs_at_the_new_shape();
     test_refusals_name_the_node();
+    test_loops_are_rebound();
     CHECK_DONE();
 }
