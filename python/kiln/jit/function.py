@@ -3,7 +3,8 @@
 A JitFunction keeps one compiled graph per input signature (tensor dtypes, shapes and
 requires_grad; the structure and values of non-tensor arguments; grad mode; the training mode of
 Cells). The first call of a signature runs the function eagerly while recording its ops; later
-calls run the compiled graph.
+calls run the compiled graph. With symbolic sizes (kiln.jit.dynamic) one entry covers every shape
+its guards admit, with an instance of its graph per binding of the symbols.
 """
 import os
 import sys
