@@ -151,7 +151,7 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
         guard_entry *e = &d->entries[k];
         if (!entry_matches(e, args, nargs, grad_mode, bind)) continue;
         PyObject *exe = instance_of(e, bind);
-        if (!exe) break; /* a new binding of a dynamic entry: Python makes its instance */
+        if (!exe) continue; /* not a binding of this entry yet (its guards may not admit it): Python decides */
         PyObject *outs = pykiln_executable_call(exe, args, nargs, e->out_kind == OUT_SINGLE);
         if (!outs) return NULL;
         d->fast_hits++;

@@ -241,3 +241,14 @@ def test_every_use_of_a_size_stays_right_at_other_shapes(name):
     for shape in ((2, 4), (3, 6), (5, 8), (3, 4)):
         x = T(*shape)
         close(f(x), fn(x).asnumpy())
+
+
+def test_entries_split_by_a_guard_are_both_served_in_c():
+    f = kiln.jit(lambda x: x * 2 if x.shape[0] > 4 else x - 1, dynamic=True, capture_mode="trace")
+    for n in (6, 2, 7, 3):  # two entries: s0 > 4 and not; each then makes an instance
+        x = T(n, 3)
+        close(f(x), x.asnumpy() * 2 if n > 4 else x.asnumpy() - 1)
+    hits = f._fast_hits
+    for n in (6, 2, 7, 3):
+        f(T(n, 3))
+    assert f._fast_hits == hits + 4
