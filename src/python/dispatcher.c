@@ -73,6 +73,7 @@ static int dispatcher_clear(PyObject *self) {
 }
 
 #define MAX_SYMS 64
+#define MAX_INSTANCES 16 /* per dynamic entry (each holds its arena): the least recently found goes */
 
 /* Whether the call matches e; for a dynamic entry, bind[] receives the symbols' sizes (a symbol
  * met twice must have one size; each is at least 2: sizes 0 and 1 are specialized). */
@@ -257,6 +258,7 @@ static PyObject *dispatcher_add_instance(PyObject *self, PyObject *args) {
     guard_entry *e = &d->entries[k];
     if (PyTuple_GET_SIZE(binding) != e->nsym)
         return PyErr_Format(PyExc_ValueError, "_add_fast_instance: %d sizes expected", e->nsym);
+    if (e->ninst == MAX_INSTANCES) Py_CLEAR(e->inst[--e->ninst]); /* the last: the least recently found */
     if (e->ninst == e->capinst) {
         int cap = e->capinst ? 2 * e->capinst : 8;
         int64_t *binds = PyMem_Realloc(e->binds, sizeof(int64_t) * (size_t)cap * (size_t)e->nsym);
@@ -267,12 +269,17 @@ static PyObject *dispatcher_add_instance(PyObject *self, PyObject *args) {
         e->inst = inst;
         e->capinst = cap;
     }
-    int64_t *b = &e->binds[(size_t)e->ninst * (size_t)e->nsym];
+    int64_t b[MAX_SYMS];
     for (int j = 0; j < e->nsym; j++) {
         b[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(binding, j));
         if (b[j] == -1 && PyErr_Occurred()) return NULL;
     }
-    e->inst[e->ninst++] = Py_NewRef(exe);
+    /* the newest first: the last is the least recently made or found */
+    memmove(&e->binds[e->nsym], e->binds, sizeof(int64_t) * (size_t)e->ninst * (size_t)e->nsym);
+    memmove(&e->inst[1], e->inst, sizeof(PyObject *) * (size_t)e->ninst);
+    memcpy(e->binds, b, sizeof(int64_t) * (size_t)e->nsym);
+    e->inst[0] = Py_NewRef(exe);
+    e->ninst++;
     Py_RETURN_NONE;
 }
 

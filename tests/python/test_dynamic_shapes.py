@@ -252,3 +252,17 @@ def test_entries_split_by_a_guard_are_both_served_in_c():
     for n in (6, 2, 7, 3):
         f(T(n, 3))
     assert f._fast_hits == hits + 4
+
+
+def test_instances_are_bounded_and_made_again_when_dropped():
+    from kiln.jit import dynamic
+
+    f = kiln.jit(lambda x: x * 3 + 1, dynamic=True)
+    sizes = range(2, dynamic.MAX_INSTANCES + 6)
+    for _ in range(2):
+        for n in sizes:
+            x = T(n, 7)
+            close(f(x), x.asnumpy() * 3 + 1)
+    info = f.cache_info()
+    assert info.compiles == 1 and info.dynamic[0]["instances"] == dynamic.MAX_INSTANCES, info
+    assert info.instances == 2 * len(sizes) - 1  # the second pass made each one again

@@ -24,10 +24,12 @@ functions straight from the C dispatcher, which checks the symbols' consistency 
 A binding the graph does not hold for (a node that keeps sizes with none given, a shape check that
 fails, an intermediate shape read that would differ) compiles a new entry.
 """
+import collections
 import weakref
 
 from .. import _C
 
+MAX_INSTANCES = 16  # per dynamic entry (each holds its memory plan's arena): the least recently used goes
 _PROBE_FACTORS = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59)
 
 # ---- marks ------------------------------------------------------------------------------------
@@ -513,7 +515,7 @@ class DynamicEntry:
         self._capture = capture
         self.origins = origins
         self.options = options
-        self.instances = {tuple(self.values[k] for k in self.live): entry.executable}
+        self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
         self.fast = None  # the C dispatcher's number for this entry, once registered
         capture.tracer = None  # the trace has ended; keep no reference to it
 
@@ -534,6 +536,7 @@ class DynamicEntry:
         key = tuple(values[k] for k in self.live)
         exe = self.instances.get(key)
         if exe is not None:
+            self.instances.move_to_end(key)
             return exe, False
         g = self._capture.rebind_checked(self.graph, values)
         if g is None:
@@ -543,6 +546,8 @@ class DynamicEntry:
                                inference=o.infer_boost == "on",
                                disable_format_transform=o.disable_format_transform, backend=o.backend)
         self.instances[key] = exe
+        if len(self.instances) > MAX_INSTANCES:
+            self.instances.popitem(last=False)
         return exe, True
 
     def describe(self):
