@@ -78,6 +78,20 @@ static void test_refusals_name_the_node(void) {
     kiln_graph_free(g);
 }
 
+/* while(i = 0, v, w): i < 3 ? (i + 1, v + w); recorded for (2, 3) values */
+#define LOOP_BODIES                                                                      \
+    "subgraph 0: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"            \
+    "  %3: int64[] = constant(3)\n"                                                      \
+    "  %4: bool[] = lt(%0, %3)\n"                                                        \
+    "  return (%4)\n"                                                                    \
+    "}\n"                                                                                \
+    "subgraph 1: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"            \
+    "  %3: int64[] = constant(1)\n"                                                      \
+    "  %4: int64[] = add(%0, %3)\n"                                                      \
+    "  %5: float32[2, 3] = add(%1, %2)\n"                                                \
+    "  return (%4, %5)\n"                                                                \
+    "}\n"
+
 /* A while loop: its subgraphs are rebound to the node's new inputs and the loop runs at the new
  * shape; a body that would change its loop value's shape is refused. */
 static void test_loops_are_rebound(void) {
@@ -86,18 +100,7 @@ static void test_loops_are_rebound(void) {
         "  %1: int64[] = constant(0)\n"
         "  %2: int64[], %3: float32[2, 3] = while(%1, %0, %0) {0, 1, 2}\n"
         "  return (%3)\n"
-        "}\n"
-        "subgraph 0: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-        "  %3: int64[] = constant(3)\n"
-        "  %4: bool[] = lt(%0, %3)\n"
-        "  return (%4)\n"
-        "}\n"
-        "subgraph 1: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-        "  %3: int64[] = constant(1)\n"
-        "  %4: int64[] = add(%0, %3)\n"
-        "  %5: float32[2, 3] = add(%1, %2)\n"
-        "  return (%4, %5)\n"
-        "}\n";
+        "}\n" LOOP_BODIES;
     kiln_graph *g = NULL, *r = NULL;
     CHECK_OK(kiln_graph_parse(text, &g));
     if (!g) return;
@@ -116,24 +119,13 @@ static void test_loops_are_rebound(void) {
     kiln_executable_free(e);
     kiln_graph_free(r);
     kiln_graph_free(g);
-    /* the body adds a (2, 3) constant-shaped value: it cannot keep a (4, 5) loop value */
+    /* v becomes (4, 5) while the lifted w stays (2, 3): the body's v + w does not broadcast */
     const char *fixed =
         "graph(%0: float32[2, 3], %1: float32[2, 3]) {\n"
         "  %2: int64[] = constant(0)\n"
         "  %3: int64[], %4: float32[2, 3] = while(%2, %0, %1) {0, 1, 2}\n"
         "  return (%4)\n"
-        "}\n"
-        "subgraph 0: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-        "  %3: int64[] = constant(3)\n"
-        "  %4: bool[] = lt(%0, %3)\n"
-        "  return (%4)\n"
-        "}\n"
-        "subgraph 1: graph(%0: int64[], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-        "  %3: int64[] = constant(1)\n"
-        "  %4: int64[] = add(%0, %3)\n"
-        "  %5: float32[2, 3] = add(%1, %2)\n"
-        "  return (%4, %5)\n"
-        "}\n";
+        "}\n" LOOP_BODIES;
     CHECK_OK(kiln_graph_parse(fixed, &g));
     kiln_meta two[2] = {m, {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {2, 3}}};
     if (g) CHECK_STATUS(kiln_graph_rebind(g, two, 0, NULL, &r), KILN_ERR_VALUE);
