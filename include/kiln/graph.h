@@ -63,6 +63,32 @@ KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t 
 KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index);
 /* A deep copy (captured tensors shared, retained). */
 KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
+/* The metas node n of g would have, inferred from its inputs' metas in g (checked like a tensor's). */
+KILN_API kiln_status kiln_graph_infer_node(const kiln_graph *g, const kiln_node *n, kiln_meta *metas);
+
+/* ---- rebinding: one recorded graph for other input shapes (dynamic shapes) ------------- */
+
+typedef enum kiln_attr_set_kind {
+    KILN_ATTR_SET_VALUE, /* i[index] = value */
+    KILN_ATTR_SET_DIM,   /* i[index] = the rebound size of dimension `value` of the node's input 0 */
+    KILN_ATTR_SET_REST,  /* i[index] = numel(input 0) / the product of the node's other int attrs
+                            (a reshape's -1; inexact division fails) */
+} kiln_attr_set_kind;
+
+typedef struct kiln_attr_set {
+    int32_t node, index;
+    kiln_attr_set_kind kind;
+    int64_t value;
+} kiln_attr_set;
+
+/* A copy of g (captured tensors shared) whose inputs have the shapes `inputs` (same dtypes and
+ * ranks as g's), with the int attributes `sets` given anew, and every node's outputs inferred again
+ * in order; if and while nodes whose inputs changed shape get their subgraphs rebound likewise
+ * (with no sets). A node whose op keeps sizes in its attributes (KILN_OPF_SIZED) and whose inputs
+ * changed shape must be named by a set (which then gives all of them): otherwise KILN_ERR_VALUE
+ * naming the node, as for any inference that fails (the graph does not hold for those shapes). */
+KILN_API kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inputs, int nset,
+                                       const kiln_attr_set *sets, kiln_graph **out);
 /* Checks wiring, order (SSA: inputs defined before use) and every node's inferred metas. */
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */

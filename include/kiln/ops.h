@@ -47,6 +47,10 @@ enum kiln_op_flags {
     KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in i[2] */
     KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
     KILN_OPF_COMMUTATIVE = 1 << 7,  /* its two inputs may be swapped: same result, shape and dtype */
+    /* its attributes hold sizes taken from tensor shapes (a target shape, slice lengths, the
+     * shape a backward op produces, a fused group's or a loop gradient's subgraph shapes): a graph
+     * rebound to other input shapes (kiln_graph_rebind) must be given them anew, never keep them */
+    KILN_OPF_SIZED = 1 << 29,
     /* math functions the C expression calls (costly per element; codegen's prelude has
      * vectorizable float32 exp, log, erf and tanh) */
     KILN_OPF_EXP = 1 << 24,
@@ -54,8 +58,9 @@ enum kiln_op_flags {
     KILN_OPF_ERF = 1 << 26,
     KILN_OPF_TANH = 1 << 27,
     KILN_OPF_LIBM = 1 << 28, /* sqrt, sin, cos, pow */
-    KILN_OPF_DTYPE_ATTR = 1 << 29, /* attribute i[0] is the output's kiln_dtype (cast, creation ops) */
 };
+/* attribute i[0] is the output's kiln_dtype (cast, creation ops); a define: an enum constant is an int */
+#define KILN_OPF_DTYPE_ATTR (1u << 31)
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */

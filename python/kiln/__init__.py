@@ -10,6 +10,7 @@ from .jit import JitConfig, JitSyntaxError
 from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
 from .jit.deploy import export, load
+from .jit.dynamic import mark_dynamic, mark_static
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
 

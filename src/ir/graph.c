@@ -156,6 +156,12 @@ static kiln_status infer_any(const kiln_graph *g, kiln_op op, int nin, const int
     return infer_node(g, op, nin, in, a, metas);
 }
 
+kiln_status kiln_graph_infer_node(const kiln_graph *g, const kiln_node *n, kiln_meta *metas) {
+    KILN_TRY(infer_any(g, n->op, n->nin, n->in, &n->attrs, metas));
+    for (int k = 0; k < n->nout; k++) KILN_TRY(check_meta(&metas[k]));
+    return KILN_OK;
+}
+
 kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
                                 int32_t loc, int32_t *out) {
     static const kiln_attrs none;

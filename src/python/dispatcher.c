@@ -1,7 +1,9 @@
 /* kiln._C.JitDispatcher: the C fast path of a jitted function. It keeps the guards of the
  * graphs compiled for all-tensor positional calls (dtype, shape, requires_grad of each tensor,
  * grad mode, and the GuardSet on the Python state the capture read) and runs a matching graph
- * without entering Python; anything else goes to the
+ * without entering Python. A dynamic entry (kiln.jit.dynamic) has symbols for some sizes: a call
+ * binds them (one value per symbol, each at least 2) and runs the instance made for that binding;
+ * a binding without one yet goes to Python, which makes it. Anything else goes to the
  * subclass's _slow_call (kiln.jit.JitFunction), which traces, compiles and registers entries.
  * Reference notes: arguments are borrowed; entries own a reference to their executable and guards. */
 #include "pykiln.h"
@@ -18,8 +20,12 @@ typedef struct {
     int nargs;
     bool grad_mode;
     int out_kind;
-    kiln_meta *metas; /* nargs */
+    kiln_meta *metas; /* nargs; in a dynamic entry a size -1 - k is symbol k */
     bool *requires_grad;
+    int nsym;           /* dynamic entries: the number of symbols (0: exact shapes, exe runs) */
+    int ninst, capinst; /* instances: ninst bindings of nsym sizes and their executables */
+    int64_t *binds;
+    PyObject **inst;    /* owned */
 } guard_entry;
 
 typedef struct {
@@ -37,6 +43,9 @@ static void clear_entries(PyJitDispatcher *d) {
         Py_CLEAR(d->entries[k].guards);
         PyMem_Free(d->entries[k].metas);
         PyMem_Free(d->entries[k].requires_grad);
+        for (int j = 0; j < d->entries[k].ninst; j++) Py_CLEAR(d->entries[k].inst[j]);
+        PyMem_Free(d->entries[k].inst);
+        PyMem_Free(d->entries[k].binds);
     }
     d->nentries = 0;
 }
@@ -53,6 +62,7 @@ static int dispatcher_traverse(PyObject *self, visitproc visit, void *arg) {
     for (int k = 0; k < d->nentries; k++) {
         Py_VISIT(d->entries[k].exe);
         Py_VISIT(d->entries[k].guards);
+        for (int j = 0; j < d->entries[k].ninst; j++) Py_VISIT(d->entries[k].inst[j]);
     }
     return 0; /* a Python subclass visits its own type and __dict__ */
 }
@@ -62,17 +72,53 @@ static int dispatcher_clear(PyObject *self) {
     return 0;
 }
 
-static bool entry_matches(const guard_entry *e, PyObject *const *args, Py_ssize_t nargs, bool grad_mode) {
+#define MAX_SYMS 64
+#define MAX_INSTANCES 16 /* per dynamic entry (each holds its arena): the least recently found goes */
+
+/* Whether the call matches e; for a dynamic entry, bind[] receives the symbols' sizes (a symbol
+ * met twice must have one size; each is at least 2: sizes 0 and 1 are specialized). */
+static bool entry_matches(const guard_entry *e, PyObject *const *args, Py_ssize_t nargs, bool grad_mode,
+                          int64_t *bind) {
     if (e->nargs != nargs || e->grad_mode != grad_mode) return false;
+    for (int k = 0; k < e->nsym; k++) bind[k] = -1;
     for (Py_ssize_t k = 0; k < nargs; k++) {
         const kiln_tensor *t = pykiln_unwrap(args[k]);
         const kiln_meta *m = &e->metas[k];
         if (t->meta.dtype != m->dtype || t->meta.ndim != m->ndim || t->requires_grad != e->requires_grad[k])
             return false;
-        for (int d = 0; d < m->ndim; d++)
-            if (t->meta.shape[d] != m->shape[d]) return false;
+        for (int d = 0; d < m->ndim; d++) {
+            int64_t want = m->shape[d], got = t->meta.shape[d];
+            if (want >= 0) {
+                if (got != want) return false;
+            } else if (got < 2 || (bind[-1 - want] >= 0 && bind[-1 - want] != got)) {
+                return false;
+            } else {
+                bind[-1 - want] = got;
+            }
+        }
     }
     return !e->guards || pykiln_guards_hold(e->guards);
+}
+
+/* The executable of a matching entry for the binding (moved one place forward when found, so the
+ * bindings called most are found first), or NULL: none made yet. */
+static PyObject *instance_of(guard_entry *e, const int64_t *bind) {
+    if (e->nsym == 0) return e->exe;
+    for (int j = 0; j < e->ninst; j++) {
+        int64_t *b = &e->binds[(size_t)j * (size_t)e->nsym];
+        if (memcmp(b, bind, sizeof(int64_t) * (size_t)e->nsym) != 0) continue;
+        if (j == 0) return e->inst[0];
+        int64_t tmp[MAX_SYMS];
+        int64_t *prev = b - e->nsym;
+        memcpy(tmp, prev, sizeof(int64_t) * (size_t)e->nsym);
+        memcpy(prev, b, sizeof(int64_t) * (size_t)e->nsym);
+        memcpy(b, tmp, sizeof(int64_t) * (size_t)e->nsym);
+        PyObject *x = e->inst[j - 1];
+        e->inst[j - 1] = e->inst[j];
+        e->inst[j] = x;
+        return e->inst[j - 1];
+    }
+    return NULL;
 }
 
 static PyObject *slow_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -101,10 +147,13 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     for (Py_ssize_t k = 0; k < nargs; k++)
         if (!pykiln_is_tensor(args[k])) return slow_call(self, args, nargsf, kwnames);
     bool grad_mode = kiln_grad_enabled();
+    int64_t bind[MAX_SYMS];
     for (int k = 0; k < d->nentries; k++) {
         guard_entry *e = &d->entries[k];
-        if (!entry_matches(e, args, nargs, grad_mode)) continue;
-        PyObject *outs = pykiln_executable_call(e->exe, args, nargs, e->out_kind == OUT_SINGLE);
+        if (!entry_matches(e, args, nargs, grad_mode, bind)) continue;
+        PyObject *exe = instance_of(e, bind);
+        if (!exe) continue; /* not a binding of this entry yet (its guards may not admit it): Python decides */
+        PyObject *outs = pykiln_executable_call(exe, args, nargs, e->out_kind == OUT_SINGLE);
         if (!outs) return NULL;
         d->fast_hits++;
         if (e->out_kind != OUT_LIST) return outs;
@@ -115,13 +164,41 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     return slow_call(self, args, nargsf, kwnames);
 }
 
-/* _add_fast_entry(executable, tensors, grad_mode, out_kind, guards=None) */
+/* Reads a dynamic entry's sizes: dims[k] is a tuple of tensor k's sizes, -1 - j for symbol j. */
+static int read_dims(guard_entry *e, PyObject *dims, Py_ssize_t n) {
+    if (!PyTuple_Check(dims) || PyTuple_GET_SIZE(dims) != n) {
+        PyErr_SetString(PyExc_TypeError, "_add_fast_entry: dims must be a tuple of one tuple per tensor");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *t = PyTuple_GET_ITEM(dims, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != e->metas[k].ndim) {
+            PyErr_SetString(PyExc_ValueError, "_add_fast_entry: dims must give each tensor's sizes");
+            return -1;
+        }
+        for (int d = 0; d < e->metas[k].ndim; d++) {
+            long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(t, d));
+            if (v == -1 && PyErr_Occurred()) return -1;
+            if (v < -MAX_SYMS) {
+                PyErr_Format(PyExc_ValueError, "_add_fast_entry: at most %d symbols", MAX_SYMS);
+                return -1;
+            }
+            e->metas[k].shape[d] = v;
+            if (v < 0 && -v > e->nsym) e->nsym = (int)-v;
+        }
+    }
+    return 0;
+}
+
+/* _add_fast_entry(executable, tensors, grad_mode, out_kind, guards=None, dims=None) -> whether added;
+ * with dims (see read_dims) a dynamic entry, its executable unused (None), and its number (for
+ * _add_fast_instance, which gives its instances) instead of True. */
 static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
-    PyObject *exe, *tensors, *guards = Py_None;
+    PyObject *exe, *tensors, *guards = Py_None, *dims = Py_None;
     int grad_mode, out_kind;
-    if (!PyArg_ParseTuple(args, "OO!pi|O:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
-                          &guards))
+    if (!PyArg_ParseTuple(args, "OO!pi|OO:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
+                          &guards, &dims))
         return NULL;
     if (guards != Py_None && !pykiln_is_guardset(guards)) {
         PyErr_SetString(PyExc_TypeError, "_add_fast_entry: guards must be a GuardSet or None");
@@ -150,6 +227,14 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
         e->metas[k] = pykiln_unwrap(t)->meta;
         e->requires_grad[k] = pykiln_unwrap(t)->requires_grad;
     }
+    e->nsym = e->ninst = e->capinst = 0;
+    e->binds = NULL;
+    e->inst = NULL;
+    if (dims != Py_None && (read_dims(e, dims, n) < 0 || e->nsym == 0)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "_add_fast_entry: dims without a symbol");
+        PyMem_Free(e->metas), PyMem_Free(e->requires_grad);
+        return NULL;
+    }
     Py_INCREF(exe);
     e->exe = exe;
     e->guards = guards == Py_None ? NULL : Py_NewRef(guards);
@@ -157,7 +242,45 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     e->grad_mode = grad_mode;
     e->out_kind = out_kind;
     d->nentries++;
+    if (e->nsym) return PyLong_FromLong(d->nentries - 1);
     Py_RETURN_TRUE;
+}
+
+/* _add_fast_instance(entry, binding, executable): the executable for one binding (a tuple of the
+ * symbols' sizes) of dynamic entry number `entry` (in the order added) */
+static PyObject *dispatcher_add_instance(PyObject *self, PyObject *args) {
+    PyJitDispatcher *d = (PyJitDispatcher *)self;
+    int k;
+    PyObject *binding, *exe;
+    if (!PyArg_ParseTuple(args, "iO!O:_add_fast_instance", &k, &PyTuple_Type, &binding, &exe)) return NULL;
+    if (k < 0 || k >= d->nentries || d->entries[k].nsym == 0)
+        return PyErr_Format(PyExc_IndexError, "_add_fast_instance: no dynamic entry %d", k);
+    guard_entry *e = &d->entries[k];
+    if (PyTuple_GET_SIZE(binding) != e->nsym)
+        return PyErr_Format(PyExc_ValueError, "_add_fast_instance: %d sizes expected", e->nsym);
+    if (e->ninst == MAX_INSTANCES) Py_CLEAR(e->inst[--e->ninst]); /* the last: the least recently found */
+    if (e->ninst == e->capinst) {
+        int cap = e->capinst ? 2 * e->capinst : 8;
+        int64_t *binds = PyMem_Realloc(e->binds, sizeof(int64_t) * (size_t)cap * (size_t)e->nsym);
+        if (!binds) return PyErr_NoMemory();
+        e->binds = binds;
+        PyObject **inst = PyMem_Realloc(e->inst, sizeof(PyObject *) * (size_t)cap);
+        if (!inst) return PyErr_NoMemory();
+        e->inst = inst;
+        e->capinst = cap;
+    }
+    int64_t b[MAX_SYMS];
+    for (int j = 0; j < e->nsym; j++) {
+        b[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(binding, j));
+        if (b[j] == -1 && PyErr_Occurred()) return NULL;
+    }
+    /* the newest first: the last is the least recently made or found */
+    memmove(&e->binds[e->nsym], e->binds, sizeof(int64_t) * (size_t)e->ninst * (size_t)e->nsym);
+    memmove(&e->inst[1], e->inst, sizeof(PyObject *) * (size_t)e->ninst);
+    memcpy(e->binds, b, sizeof(int64_t) * (size_t)e->nsym);
+    e->inst[0] = Py_NewRef(exe);
+    e->ninst++;
+    Py_RETURN_NONE;
 }
 
 static PyObject *dispatcher_clear_entries(PyObject *self, PyObject *unused) {
@@ -195,6 +318,7 @@ static PyObject *dispatcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
 
 static PyMethodDef dispatcher_methods[] = {
     {"_add_fast_entry", dispatcher_add_entry, METH_VARARGS, "register a graph for all-tensor positional calls"},
+    {"_add_fast_instance", dispatcher_add_instance, METH_VARARGS, "register a dynamic entry's graph for a binding"},
     {"_clear_fast_entries", dispatcher_clear_entries, METH_NOARGS, "drop the registered graphs"},
     {NULL, NULL, 0, NULL},
 };

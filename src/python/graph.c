@@ -285,6 +285,72 @@ static PyObject *graph_reader_of(PyObject *self, PyObject *arg) {
     return PyUnicode_FromFormat("%s at %s", name, base && strchr(base, ':') ? base + 1 : loc);
 }
 
+/* rebind(input_shapes, sets) -> Graph: this graph for inputs of other shapes (kiln_graph_rebind);
+ * sets: [(node, attr index, kind, value)], kind 0 value, 1 a dimension of the node's input 0,
+ * 2 the rest of a reshape. ValueError when the graph does not hold for those shapes. */
+static PyObject *graph_rebind(PyObject *self, PyObject *args) {
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *shapes, *sets;
+    if (!PyArg_ParseTuple(args, "O!O!:rebind", &PyList_Type, &shapes, &PyList_Type, &sets)) return NULL;
+    if (PyList_GET_SIZE(shapes) != g->ninputs)
+        return PyErr_Format(PyExc_ValueError, "rebind: %d input shapes expected", g->ninputs);
+    Py_ssize_t nset = PyList_GET_SIZE(sets);
+    kiln_meta *metas = PyMem_Malloc(sizeof *metas * (size_t)(g->ninputs ? g->ninputs : 1));
+    kiln_attr_set *set = PyMem_Malloc(sizeof *set * (size_t)(nset ? nset : 1));
+    PyObject *result = NULL;
+    if (!metas || !set) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int32_t k = 0; k < g->ninputs; k++) {
+        PyObject *t = PyList_GET_ITEM(shapes, k);
+        metas[k] = g->values[g->inputs[k]].meta;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != metas[k].ndim) {
+            PyErr_Format(PyExc_ValueError, "rebind: input %d needs a tuple of %d sizes", k, metas[k].ndim);
+            goto done;
+        }
+        for (int d = 0; d < metas[k].ndim; d++) {
+            metas[k].shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, d));
+            if (metas[k].shape[d] == -1 && PyErr_Occurred()) goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nset; k++) {
+        int kind;
+        long long value;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(sets, k), "iiiL:rebind set", &set[k].node, &set[k].index, &kind,
+                              &value))
+            goto done;
+        set[k].kind = (kiln_attr_set_kind)kind;
+        set[k].value = value;
+    }
+    kiln_graph *out = NULL;
+    kiln_status s = kiln_graph_rebind(g, metas, (int)nset, set, &out);
+    result = s == KILN_OK ? wrap_graph(out) : pykiln_raise(s);
+done:
+    PyMem_Free(metas);
+    PyMem_Free(set);
+    return result;
+}
+
+/* The value id arg names in self's graph, or -1 with an exception naming `who` set. */
+static long value_arg(PyObject *self, PyObject *arg, const char *who) {
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= g->nvalues) return PyErr_Format(PyExc_IndexError, "%s: no value %ld", who, v), -1;
+    return v;
+}
+
+/* value_shape(value) -> the shape of value %value */
+static PyObject *graph_value_shape(PyObject *self, PyObject *arg) {
+    long v = value_arg(self, arg, "value_shape");
+    if (v < 0) return NULL;
+    const kiln_meta *m = &((PyGraph *)self)->g->values[v].meta;
+    PyObject *tup = PyTuple_New(m->ndim);
+    for (int d = 0; tup && d < m->ndim; d++) PyTuple_SET_ITEM(tup, d, PyLong_FromLongLong(m->shape[d]));
+    return tup;
+}
+
 static PyObject *graph_get_has_effects(PyObject *self, void *c) {
     (void)c;
     return PyBool_FromLong(kiln_graph_has_effects(((PyGraph *)self)->g));
@@ -378,6 +444,8 @@ static PyMethodDef graph_methods[] = {
     {"inputs", graph_inputs, METH_NOARGS, "inputs() -> [(dtype, shape)] of the graph's inputs"},
     {"structure", graph_structure, METH_NOARGS,
      "structure() -> (inputs, captures, nodes, outputs, subgraph count): the graph as data, for exporters"},
+    {"rebind", graph_rebind, METH_VARARGS, "rebind(input_shapes, sets) -> this graph for other input shapes"},
+    {"value_shape", graph_value_shape, METH_O, "value_shape(value) -> the shape of that value"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
@@ -478,6 +546,29 @@ static PyObject *tracer_knows(PyObject *self, PyObject *t) {
     PyTracer *p = (PyTracer *)self;
     if (!pykiln_is_tensor(t)) Py_RETURN_FALSE;
     return PyBool_FromLong(kiln_tracer_knows(p->tr, pykiln_unwrap(t)));
+}
+
+/* value_of(tensor) -> its value in the graph (capturing it when unknown) */
+static PyObject *tracer_value_of(PyObject *self, PyObject *t) {
+    PyTracer *p = live(self);
+    if (!p) return NULL;
+    if (!pykiln_is_tensor(t)) return PyErr_Format(PyExc_TypeError, "value_of expects a Tensor");
+    int32_t v;
+    kiln_status s = kiln_tracer_value_of(p->tr, pykiln_unwrap(t), &v);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return PyLong_FromLong(v);
+}
+
+/* node_of(tensor) -> the index of the node that produced it in the graph, or -1 (an input, a
+ * capture, or a tensor this trace does not know) */
+static PyObject *tracer_node_of(PyObject *self, PyObject *t) {
+    PyTracer *p = (PyTracer *)self;
+    if (!pykiln_is_tensor(t) || !kiln_tracer_knows(p->tr, pykiln_unwrap(t))) return PyLong_FromLong(-1);
+    int32_t v;
+    kiln_status s = kiln_tracer_value_of(p->tr, pykiln_unwrap(t), &v);
+    if (s != KILN_OK) return pykiln_raise(s);
+    const kiln_graph *g = kiln_tracer_graph(p->tr);
+    return PyLong_FromLong(g->values[v].kind == KILN_VALUE_NODE ? g->values[v].node : -1);
 }
 
 static PyObject *tracer_count(PyObject *self, PyObject *unused) {
@@ -585,6 +676,38 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     return (PyObject *)e;
 }
 
+/* An Executable of g (borrowed, left unchanged): a copy optimized for the level, compiled for the backend. */
+static PyObject *optimize_and_compile(const kiln_graph *g, const char *order, int poison, int level, int inference,
+                                      int no_format, bool sunk) {
+    kiln_graph *optimized = NULL;
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
+    kiln_status s = kiln_graph_clone(g, &optimized);
+    if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
+    if (s != KILN_OK) {
+        kiln_graph_free(optimized);
+        return pykiln_raise(s);
+    }
+    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
+                                sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    PyObject *e = pykiln_executable_new(optimized, &opt);
+    kiln_graph_free(optimized);
+    return e;
+}
+
+/* Parses the compile options shared by Tracer.finish and compile_graph. */
+static int backend_is_sink(const char *who, const char *backend, int level, bool *sunk) {
+    *sunk = strcmp(backend, "sink") == 0;
+    if (!*sunk && strcmp(backend, "kbk") != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: backend must be 'kbk' or 'sink', got '%s'", who, backend);
+        return -1;
+    }
+    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
+        PyErr_Format(PyExc_ValueError, "%s: level must be 0, 1 or 2", who);
+        return -1;
+    }
+    return 0;
+}
+
 /* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
  *        backend="kbk") -> Executable; ends the trace, optimizes the graph for the level and compiles it
  * for the backend ("kbk" or "sink") */
@@ -597,33 +720,13 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spipps:finish", kwlist, &outputs, &order, &poison, &level,
                                      &inference, &no_format, &backend))
         return NULL;
-    bool sunk = strcmp(backend, "sink") == 0;
-    if (!sunk && strcmp(backend, "kbk") != 0) {
-        PyErr_Format(PyExc_ValueError, "finish: backend must be 'kbk' or 'sink', got '%s'", backend);
-        return NULL;
-    }
-    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
-        PyErr_SetString(PyExc_ValueError, "finish: level must be 0, 1 or 2");
-        return NULL;
-    }
+    bool sunk;
+    if (backend_is_sink("finish", backend, level, &sunk) < 0) return NULL;
     PyTracer *p = (PyTracer *)self;
     Py_ssize_t n = 0;
     kiln_graph *g = end_with_outputs(p, outputs, "finish", &n);
     if (!g) return NULL;
-    kiln_status s = KILN_OK;
-    kiln_graph *optimized = NULL;
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
-    if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
-    if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
-    if (s != KILN_OK) {
-        kiln_graph_free(optimized);
-        return pykiln_raise(s);
-    }
-    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
-                                sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
-    PyObject *e = pykiln_executable_new(optimized, &opt);
-    kiln_graph_free(optimized);
-    return e;
+    return optimize_and_compile(g, order, poison, level, inference, no_format, sunk);
 }
 
 /* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for
@@ -670,6 +773,8 @@ static PyMethodDef tracer_methods[] = {
     {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
     {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
+    {"value_of", tracer_value_of, METH_O, "value_of(tensor) -> its value id in the graph"},
+    {"node_of", tracer_node_of, METH_O, "node_of(tensor) -> index of the node producing it, or -1"},
     {"constant_sources", tracer_constant_sources, METH_NOARGS, "[(tensor, value name, version)] of constants"},
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},
@@ -709,7 +814,26 @@ static PyObject *py_tracing(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kiln_tracer_active() != NULL);
 }
 
+/* compile_graph(graph, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
+ *               backend="kbk") -> Executable: as Tracer.finish, for a graph (a rebound one) */
+static PyObject *py_compile_graph(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"graph", "order", "poison", "level", "inference", "disable_format_transform",
+                             "backend", NULL};
+    PyObject *graph;
+    const char *order = "bfs", *backend = "kbk";
+    int poison = 0, level = 0, inference = 0, no_format = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|spipps:compile_graph", kwlist, &PyGraph_Type, &graph, &order,
+                                     &poison, &level, &inference, &no_format, &backend))
+        return NULL;
+    bool sunk;
+    if (backend_is_sink("compile_graph", backend, level, &sunk) < 0) return NULL;
+    return optimize_and_compile(((PyGraph *)graph)->g, order, poison, level, inference, no_format, sunk);
+}
+
 PyMethodDef pykiln_graph_functions[] = {
+    {"compile_graph", (PyCFunction)(void (*)(void))py_compile_graph, METH_VARARGS | METH_KEYWORDS,
+     "compile_graph(graph, order='bfs', poison=False, level=0, ...) -> Executable"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},
     {"reset_peak_memory", py_reset_peak, METH_NOARGS, "restart peak tracking from the current use"},
     {"is_tracing", py_tracing, METH_NOARGS, "whether ops on this thread are being recorded"},

@@ -101,6 +101,20 @@ int pykiln_normalize_axis(const char *op, PyObject *axis, int ndim);
 PyObject *pykiln_axes_mask(const char *op, PyObject *axis, int ndim);
 /* Registers kiln._C.Reduction (reductions.c). */
 int pykiln_reductions_init(PyObject *module);
+/* Symbolic shapes while a dynamic capture records (sym_hooks.c): pykiln_sym_shape gives the hook's
+ * answer for tensor's shape (what 0), size (1) or len (2): a new reference, None when it has none;
+ * pykiln_sym_call gives the hook's result of op(*args) when args hold a symbolic size (or always,
+ * while a capture records), else NULL with no exception set (NULL with one set when the hook failed). */
+PyObject *pykiln_sym_shape(PyObject *tensor, int what);
+PyObject *pykiln_sym_call(const char *op, PyObject *args, bool always);
+/* Tells the hook that `out` (a new reference, returned; NULL passes through) is a reshape of x
+ * whose size k is x's size src[k], 1 (src -1) or the rest of x's elements (-2): how the node
+ * follows the symbols. Releases out and returns NULL when the hook fails. */
+PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n);
+/* Tells the hook that a backward pass is about to run (its gradient rules put sizes into constants
+ * no rebinding follows); -1 with an exception set when the hook failed. */
+int pykiln_sym_note_backward(void);
+int pykiln_sym_hooks_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);
 /* Whether o is a kiln.nn.Cell (cell.c). */

@@ -132,6 +132,8 @@ static PyObject *first_tensor(PyObject *args, const char *name) {
 
 static PyObject *py_reshape(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("reshape", args, false);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *x = first_tensor(args, "reshape"), *rest = x ? PyTuple_GetSlice(args, 1, PY_SSIZE_T_MAX) : NULL;
     int64_t shape[MAX_SHAPE];
     int n;
@@ -164,13 +166,13 @@ static PyObject *py_flatten(PyObject *module, PyObject *args, PyObject *kwargs) 
         PyErr_Format(PyExc_ValueError, "flatten: start_dim %S comes after end_dim %S", start, end);
         goto done;
     }
-    int n = 0;
-    for (int d = 0; d < s; d++) shape[n++] = m->shape[d];
+    int n = 0, src[KILN_MAX_DIMS];
+    for (int d = 0; d < s; d++) src[n] = d, shape[n++] = m->shape[d];
     shape[n] = 1;
     for (int d = s; d <= e; d++) shape[n] *= m->shape[d];
-    n++;
-    for (int d = e + 1; d < m->ndim; d++) shape[n++] = m->shape[d];
-    out = reshape_to(x, shape, n);
+    src[n++] = s == e ? s : -2;
+    for (int d = e + 1; d < m->ndim; d++) src[n] = d, shape[n++] = m->shape[d];
+    out = pykiln_sym_derived(x, reshape_to(x, shape, n), src, n);
 done:
     Py_XDECREF(x);
     Py_XDECREF(zero);
@@ -270,9 +272,12 @@ static PyObject *py_squeeze(PyObject *module, PyObject *args, PyObject *kwargs) 
             goto done;
         }
     }
+    int src[KILN_MAX_DIMS];
     for (int d = 0; d < m->ndim; d++)
-        if (axes ? !squeezed[d] : m->shape[d] != 1) shape[n++] = m->shape[d];
+        if (axes ? !squeezed[d] : m->shape[d] != 1) src[n] = d, shape[n++] = m->shape[d];
     out = reshape_to(x, shape, n);
+    /* squeeze() of every axis of length 1 keeps a size the symbols could make 1: not followed */
+    if (axes) out = pykiln_sym_derived(x, out, src, n);
 done:
     Py_XDECREF(axes);
     Py_DECREF(x);
@@ -291,13 +296,14 @@ static PyObject *py_unsqueeze(PyObject *module, PyObject *args, PyObject *kwargs
     const kiln_meta *m = meta_of(x);
     int a = pykiln_normalize_axis("unsqueeze", axis, m->ndim + 1), n = 0;
     int64_t shape[KILN_MAX_DIMS + 1];
+    int src[KILN_MAX_DIMS + 1];
     PyObject *out = NULL;
     if (a >= 0) {
         for (int d = 0; d <= m->ndim; d++) {
-            if (d == a) shape[n++] = 1;
-            if (d < m->ndim) shape[n++] = m->shape[d];
+            if (d == a) src[n] = -1, shape[n++] = 1;
+            if (d < m->ndim) src[n] = d, shape[n++] = m->shape[d];
         }
-        out = reshape_to(x, shape, n);
+        out = pykiln_sym_derived(x, reshape_to(x, shape, n), src, n);
     }
     Py_DECREF(x);
     return out;
@@ -305,6 +311,8 @@ static PyObject *py_unsqueeze(PyObject *module, PyObject *args, PyObject *kwargs
 
 static PyObject *py_broadcast_to(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("broadcast_to", args, false);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *x = first_tensor(args, "broadcast_to"), *rest = x ? PyTuple_GetSlice(args, 1, PY_SSIZE_T_MAX) : NULL;
     int64_t shape[MAX_SHAPE];
     int n;
@@ -423,6 +431,8 @@ static PyObject *narrow_view(PyObject *x, int a, int64_t start, int64_t length) 
 
 static PyObject *py_narrow(PyObject *module, PyObject *args) {
     (void)module;
+    PyObject *sym = pykiln_sym_call("narrow", args, true);
+    if (sym || PyErr_Occurred()) return sym;
     PyObject *input, *axis;
     long long start, length;
     if (!PyArg_ParseTuple(args, "OOLL:narrow", &input, &axis, &start, &length)) return NULL;
@@ -479,7 +489,7 @@ static PyObject *py_split(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *sizes = NULL, *out = NULL;
     int64_t n;
     int a = x ? cut_axis("split", x, dim != Py_None ? dim : axis ? axis : zero, &n) : -1;
-    if (a >= 0 && PyLong_Check(sections)) {
+    if (a >= 0 && PyIndex_Check(sections)) { /* an int, or an object standing for one (a symbolic size) */
         long long size = PyLong_AsLongLong(sections);
         sizes = size == -1 && PyErr_Occurred() ? NULL : even_sizes(size, n, "split");
     } else if (a >= 0) {

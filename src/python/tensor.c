@@ -121,6 +121,9 @@ static Py_hash_t tensor_hash(PyObject *self) { return (Py_hash_t)((uintptr_t)sel
 static PyObject *get_shape(PyObject *self, void *c) {
     (void)c;
     kiln_tensor *t = T(self);
+    PyObject *sym = pykiln_sym_shape(self, 0);
+    if (sym != Py_None) return sym;
+    Py_DECREF(sym);
     PyObject *tup = PyTuple_New(t->meta.ndim);
     for (int d = 0; tup && d < t->meta.ndim; d++) PyTuple_SET_ITEM(tup, d, PyLong_FromLongLong(t->meta.shape[d]));
     return tup;
@@ -148,6 +151,9 @@ static PyObject *get_ndim(PyObject *self, void *c) {
 
 static PyObject *get_size(PyObject *self, void *c) {
     (void)c;
+    PyObject *sym = pykiln_sym_shape(self, 1);
+    if (!sym) return NULL;
+    Py_DECREF(sym);
     return PyLong_FromLongLong(T(self)->numel);
 }
 
@@ -264,7 +270,7 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
                      "pass gradient= for a tensor of %lld elements", (long long)t->numel);
         return NULL;
     }
-    if (pykiln_interrupt_stale() < 0) {
+    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward() < 0) {
         kiln_tensor_release(g);
         return NULL;
     }
@@ -466,6 +472,9 @@ static Py_ssize_t mp_length(PyObject *self) {
         PyErr_SetString(PyExc_TypeError, "len() of a 0-d tensor");
         return -1;
     }
+    PyObject *sym = pykiln_sym_shape(self, 2);
+    if (!sym) return -1;
+    Py_DECREF(sym);
     return (Py_ssize_t)t->meta.shape[0];
 }
 

@@ -559,7 +559,7 @@ def test_recompile_limit_warns_once_and_runs_eagerly():
     def fn(a, b):
         return a * b + 1
 
-    jf = kiln.jit(fn, recompile_limit=3)
+    jf = kiln.jit(fn, recompile_limit=3, dynamic=False)  # exact shapes: each new one compiles
     rng = np.random.default_rng(0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -3,7 +3,8 @@
 A JitFunction keeps one compiled graph per input signature (tensor dtypes, shapes and
 requires_grad; the structure and values of non-tensor arguments; grad mode; the training mode of
 Cells). The first call of a signature runs the function eagerly while recording its ops; later
-calls run the compiled graph.
+calls run the compiled graph. With symbolic sizes (kiln.jit.dynamic) one entry covers every shape
+its guards admit, with an instance of its graph per binding of the symbols.
 """
 import os
 import sys
@@ -14,7 +15,7 @@ import warnings
 
 from .. import _C
 from ..autograd import differentiating
-from . import ast_convert, bytecode_capture, guards, tree
+from . import ast_convert, bytecode_capture, dynamic, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
 
@@ -41,20 +42,25 @@ class NotReplayable(Exception):
 class CacheInfo:
     """Cache statistics of a jitted function."""
 
-    __slots__ = ("hits", "misses", "compiles", "compile_seconds", "eager_calls", "entries")
+    __slots__ = ("hits", "misses", "compiles", "compile_seconds", "eager_calls", "entries", "instances",
+                 "instance_seconds", "dynamic")
 
     def __init__(self):
-        self.hits = self.misses = self.compiles = self.eager_calls = self.entries = 0
-        self.compile_seconds = 0.0
+        self.hits = self.misses = self.compiles = self.eager_calls = self.entries = self.instances = 0
+        self.compile_seconds = self.instance_seconds = 0.0
+        self.dynamic = []  # per dynamic entry: its symbols, guards and number of instances
 
     def __repr__(self):
+        dyn = f", dynamic={self.dynamic}" if self.dynamic else ""
         return (f"CacheInfo(hits={self.hits}, misses={self.misses}, compiles={self.compiles}, "
                 f"compile_seconds={self.compile_seconds:.4f}, eager_calls={self.eager_calls}, "
-                f"entries={self.entries})")
+                f"entries={self.entries}, instances={self.instances}, "
+                f"instance_seconds={self.instance_seconds:.4f}{dyn})")
 
 
 class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names")
+    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
+                 "graph")
 
     def __init__(self, executable, out_spec, graph_text, differentiable, guards, guard_names):
         self.executable = executable
@@ -63,6 +69,7 @@ class _Entry:
         self.differentiable = differentiable  # the traced outputs carried autograd history
         self.guards = guards  # _C.GuardSet on the Python state the capture read (see kiln.jit.guards)
         self.guard_names = guard_names
+        self.capture = self.graph = None  # a dynamic capture's Capture and recorded graph
 
     def guards_hold(self):
         return self.guards.check()
@@ -82,10 +89,11 @@ def _user_frame_tracer(tracer, on_call=None):
     return _C.FrameHook(tracer, _PACKAGE_DIR, on_call)
 
 
-def bind_inputs(tracer, spec, leaves):
+def bind_inputs(tracer, spec, leaves, aliases=None):
     """The call's arguments rebuilt around fresh aliases of its tensors, each declared as the
-    next graph input (aliases: the same tensor passed twice still makes two inputs)."""
-    aliases = []
+    next graph input (aliases: the same tensor passed twice still makes two inputs; appended to
+    `aliases` when given)."""
+    aliases = [] if aliases is None else aliases
     for t in leaves:
         a = t.detach()
         a.requires_grad = t.requires_grad and t.is_leaf
@@ -94,10 +102,11 @@ def bind_inputs(tracer, spec, leaves):
     return tree.unflatten(spec, aliases)[0]
 
 
-def trace_call(fn, args, kwargs, options, capture_constants=False):
+def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
-    (STRICT: a JitSyntaxError naming the statement)."""
+    (STRICT: a JitSyntaxError naming the statement). symbols: (names, values, per input its sizes as
+    expressions) of a dynamic capture (kiln.jit.dynamic), whose Capture becomes entry.capture."""
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
     tracer = _C.Tracer(capture_constants=capture_constants)
@@ -108,10 +117,16 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     prev_reasons = getattr(_local, "not_replayable", None)
     _local.not_replayable = reasons = []
     try:
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
+        aliases = []
+        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
+        capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
         sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
         try:
-            result = fn(*call_args, **call_kwargs)
+            if capture is None:
+                result = fn(*call_args, **call_kwargs)
+            else:
+                with capture:
+                    result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
             _C.set_cell_logs(called, prev_logs[1])
@@ -127,6 +142,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
                                    level=options.level, inference=options.infer_boost == "on",
                                    disable_format_transform=options.disable_format_transform,
                                    backend=options.backend)
+        graph = tracer.recorded() if capture is not None else None
     finally:
         tracer.end()
         _C.set_cell_logs(*prev_logs)
@@ -143,6 +159,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
     guard_set, guard_names = recorder.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
     entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
+    if capture is not None:
+        entry.capture, entry.graph = capture, graph
     return tree.unflatten(out_spec, detached)[0], entry
 
 
@@ -188,6 +206,9 @@ class JitFunction(_C.JitDispatcher):
         if bound_self is not None:
             self._self_ref = lambda obj=bound_self: obj
         self._cache = {}
+        self._dynamic = {}  # shape-free key -> [kiln.jit.dynamic.DynamicEntry]
+        self._sizes_seen = {}  # shape-free key -> per tensor, per dimension, the sizes compiled for
+        self._dynamic_ok = True  # False for the value_and_grad variants (see _grad_variant)
         self._keys = []
         self._warned = False
         self._eager_reason = None  # set when a trace of this function cannot be replayed
@@ -261,7 +282,7 @@ class JitFunction(_C.JitDispatcher):
         warnings.warn(f"kiln.jit: {err.msg}; {self.__qualname__} falls back to trace capture (Python control "
                       "flow is fixed at compile time)", RuntimeWarning, stacklevel=5)
 
-    def _capture(self, args, kwargs):
+    def _capture(self, args, kwargs, symbols=None):
         """trace_call of the capture target; in LAX an ast conversion problem found while capturing
         makes this function fall back to trace capture (with one warning)."""
         from . import ast_runtime
@@ -269,12 +290,12 @@ class JitFunction(_C.JitDispatcher):
         owner = self._grad_parent or self  # a value_and_grad variant captures its parent's conversion
         with ast_runtime.capturing(owner.options.strict):
             try:
-                return trace_call(self._capture_target(), args, kwargs, self.options)
+                return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
             except JitSyntaxError as e:
                 if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
                     raise
                 owner._fall_back_to_trace(e)
-            return trace_call(self._capture_target(), args, kwargs, self.options)
+            return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
 
     def _key(self, args, kwargs):
         """((spec of the arguments, per tensor (dtype id, shape, requires_grad), (grad mode, the
@@ -298,7 +319,59 @@ class JitFunction(_C.JitDispatcher):
             self._last = entry
             outs = entry.executable(*leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
+        if self._dynamic:
+            found = self._dynamic_call(key, args, kwargs, leaves)
+            if found is not _NO_ENTRY:
+                return found
         return self._miss(key, args, kwargs)
+
+    @staticmethod
+    def _shape_free(key):
+        """The call key without the tensors' sizes (their ranks kept): what a dynamic entry matches."""
+        return key[0], tuple((dt, len(shape), rg) for dt, shape, rg in key[1]), key[2]
+
+    def _dynamic_call(self, key, args, kwargs, leaves):
+        """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
+        binding on first use), or returns _NO_ENTRY."""
+        for d in self._dynamic.get(self._shape_free(key), ()):
+            if not d.entry.guards_hold():
+                continue
+            values = d.bind(leaves)
+            if values is None:
+                continue
+            t0 = time.perf_counter()
+            exe, made = d.instance(values)
+            if exe is None:
+                continue
+            if made:
+                self.stats.instances += 1
+                self.stats.instance_seconds += time.perf_counter() - t0
+                if d.fast is not None:
+                    self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
+            if d.entry.differentiable and key[2][0] and differentiating():
+                self.stats.eager_calls += 1
+                return self._target()(*args, **kwargs)
+            self.stats.hits += 1
+            self._last = d.entry
+            outs = exe(*leaves)
+            return tree.unflatten(d.entry.out_spec, outs)[0]
+        return _NO_ENTRY
+
+    def _symbols(self, key, leaves):
+        """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
+        every size exact. Records the call's sizes for automatic mode."""
+        if not self._dynamic_ok:
+            return None
+        free = self._shape_free(key)
+        seen = self._sizes_seen.get(free)
+        names, values, exprs, origins = dynamic.choose_symbols(leaves, [f"input{k}" for k in range(len(leaves))],
+                                                               self.options.dynamic, seen)
+        if seen is None:
+            seen = self._sizes_seen[free] = [[set() for _ in t.shape] for t in leaves]
+        for row, t in zip(seen, leaves):
+            for sizes, size in zip(row, t.shape):
+                sizes.add(size)
+        return (names, values, exprs, origins) if values else None
 
     def _needs_eager_autograd(self, key):
         """Inputs that require grad in grad mode: the caller differentiates through this call,
@@ -311,7 +384,7 @@ class JitFunction(_C.JitDispatcher):
         if self._needs_eager_autograd(key) or self._warned or (key[2][0] and differentiating()):
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
-        if sum(map(len, self._cache.values())) >= self.options.recompile_limit:
+        if sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values())) >= self.options.recompile_limit:
             self._warn_recompiles(key)
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
@@ -323,8 +396,9 @@ class JitFunction(_C.JitDispatcher):
             self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None) if key in self._cache
                                     else _C.tree.describe_change(self._keys[-1], key))
         t0 = time.perf_counter()
+        symbols = self._symbols(key, self._key(args, kwargs)[1])
         try:
-            result, entry = self._capture(args, kwargs)
+            result, entry = self._capture(args, kwargs, symbols and symbols[:3])
         except NotReplayable as e:
             self._eager_reason = e.reason
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
@@ -341,16 +415,22 @@ class JitFunction(_C.JitDispatcher):
             return self._target()(*args, **kwargs)
         self.stats.compile_seconds += time.perf_counter() - t0
         self.stats.compiles += 1
-        self._cache.setdefault(key, []).append(entry)
         self._keys.append(key)
-        self.stats.entries = sum(map(len, self._cache.values()))
         self._last = entry
-        self._register_fast(key, args, kwargs, entry)
+        if entry.capture is not None and len(entry.capture.specialized) < len(entry.capture.values):
+            d = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
+            self._dynamic.setdefault(self._shape_free(key), []).append(d)
+            self._register_fast(key, args, kwargs, entry, d)
+        else:
+            self._cache.setdefault(key, []).append(entry)
+            self._register_fast(key, args, kwargs, entry)
+        self.stats.entries = sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values()))
         return result
 
-    def _register_fast(self, key, args, kwargs, entry):
-        """Lets the C base class serve later calls of this signature: plain functions called with
-        positional tensors whose results are a tensor or a flat tuple/list of tensors."""
+    def _register_fast(self, key, args, kwargs, entry, dyn=None):
+        """Lets the C base class serve later calls of this signature (of every binding of dyn, a
+        dynamic entry, as its instances are made): plain functions called with positional tensors
+        whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
         if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
@@ -365,7 +445,15 @@ class JitFunction(_C.JitDispatcher):
             kind = 1 if spec[0] == "tuple" else 2
         else:
             return
-        self._add_fast_entry(entry.executable, tuple(args), key[2][0], kind, entry.guards)
+        if dyn is None:
+            self._add_fast_entry(entry.executable, tuple(args), key[2][0], kind, entry.guards)
+            return
+        index = self._add_fast_entry(None, tuple(args), key[2][0], kind, entry.guards, dyn.dims)
+        if index is False:
+            return
+        dyn.fast = index
+        for binding, exe in dyn.instances.items():
+            self._add_fast_instance(index, binding, exe)
 
     def _warn_recompiles(self, key):
         if self._warned:
@@ -393,18 +481,37 @@ class JitFunction(_C.JitDispatcher):
         for name in CacheInfo.__slots__:
             setattr(info, name, getattr(self.stats, name))
         info.hits += self._fast_hits
+        info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
         return info
+
+    def _compiled_for(self, args, kwargs):
+        """(entry, executable) serving these arguments (compiling, or making the dynamic instance, by
+        calling the function when there is none yet; capture_mode="bytecode": the first graph of a
+        function split at graph breaks)."""
+        for attempt in range(2):
+            if self.options.capture_mode == "bytecode":
+                entry = bytecode_capture.entry_for(self, args, kwargs)
+                if entry is not None:
+                    return entry, entry.executable
+            else:
+                key, leaves = self._key(args, kwargs)
+                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+                if entry is not None:
+                    return entry, entry.executable
+                for d in self._dynamic.get(self._shape_free(key), ()):
+                    values = d.bind(leaves) if d.entry.guards_hold() else None
+                    exe = None if values is None else d.instances.get(tuple(values[k] for k in d.live))
+                    if exe is not None:
+                        return d.entry, exe
+            if attempt == 0:
+                self(*args, **kwargs)
+        raise RuntimeError(f"{self.__qualname__}: these arguments run eagerly (no compiled graph)")
 
     def graph_str(self, *args, **kwargs):
         """The graph compiled for these arguments (compiling it if needed), or for the last call
-        (capture_mode="bytecode": the first graph of a function split at graph breaks)."""
-        if args or kwargs:
-            entry = self._entry_for(args, kwargs)
-            if entry is None:
-                self(*args, **kwargs)
-                entry = self._entry_for(args, kwargs)
-        else:
-            entry = self._last
+        (capture_mode="bytecode": the first graph of a function split at graph breaks). A dynamic
+        entry's graph is shown as captured (with the capture's sizes)."""
+        entry = self._compiled_for(args, kwargs)[0] if args or kwargs else self._last
         if entry is None:
             raise RuntimeError("graph_str: no graph compiled yet; call the function or pass arguments")
         return entry.graph_text
@@ -420,17 +527,9 @@ class JitFunction(_C.JitDispatcher):
         return self._last.executable.plan_str()
 
     def executable(self, *args, **kwargs):
-        """The compiled graph object for these arguments (for its memory plan and order)."""
-        self.graph_str(*args, **kwargs)
-        return self._entry_for(args, kwargs).executable
-
-    def _entry_for(self, args, kwargs):
-        """The compiled entry serving these arguments (capture_mode="bytecode": the first graph of
-        the call), or None."""
-        if self.options.capture_mode == "bytecode":
-            return bytecode_capture.entry_for(self, args, kwargs)
-        key, _ = self._key(args, kwargs)
-        return next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+        """The compiled graph object for these arguments (for its memory plan and order; a dynamic
+        entry's instance for their sizes)."""
+        return self._compiled_for(args, kwargs)[1]
 
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
@@ -449,10 +548,16 @@ class JitFunction(_C.JitDispatcher):
             value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
             jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options.with_capture_mode("trace"))
             jf._grad_parent = self
+            # gradient rules put sizes into constants (mean's 1/n) that a rebinding cannot see:
+            # the forward and backward graph stays specialized per shape
+            jf._dynamic_ok = False
         return jf
 
     def __repr__(self):
         return f"<kiln.jit {self.__qualname__} ({self.options})>"
+
+
+_NO_ENTRY = object()
 
 
 def _call_cell_body(cell, args, kwargs):
@@ -497,13 +602,15 @@ def explain(fn, *args, **kwargs):
     return jf.explain()
 
 
-def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="",
+def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="",
         **options):
     """Compile a function or Cell into a graph (MindSpore's mindspore.jit).
 
     Works as jit(fn, ...), @jit and @jit(...). capture_mode "ast" (the default) converts the
     function's source so that Python control flow on tensor values becomes graph control flow,
-    then captures it; "trace" records the ops of a first eager run as they are. jit_level "O0"
+    then captures it; "trace" records the ops of a first eager run as they are; "bytecode"
+    interprets the function's bytecode (through a frame hook: no source needed), splitting it into
+    graphs around what a graph cannot hold (graph breaks; kiln.jit.explain reports them). jit_level "O0"
     runs the graph kernel by kernel with a static memory plan. backend "kbk" (alias "ms_backend")
     runs it kernel by kernel; "sink" (alias "GE") turns the whole graph into one generated native
     function; "" (the default) picks by level as MindSpore does: O0 and O1 kernel by kernel, O2
@@ -512,8 +619,10 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, ful
     capture, or eager execution, with a warning; an empty jit_syntax_level uses
     kiln.set_context's. Each compiled graph is guarded on the Python state its capture read
     (globals, closure variables, attributes: see kiln.jit.guards); a capture with a Python side
-    effect makes the function run eagerly (STRICT: an error). dynamic: 0/1/False/True (MindSpore
-    2.6's int form), stored. Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
+    effect makes the function run eagerly (STRICT: an error). dynamic (see kiln.jit.dynamic): None
+    (the default, automatic: a size that took a second value is symbolic from the next compile on),
+    True or 1 (every input size is symbolic), False or 0 (exact shapes; kiln.mark_dynamic still
+    applies). Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
     debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
     {"global": {...}, "session": {...}}, checked and recorded)."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,

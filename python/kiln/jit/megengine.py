@@ -21,6 +21,7 @@ bit. Tensors reached through a global or closure name are also checked in Python
 another tensor, and with capture_as_const a changed value, are mismatches; a captured tensor
 reached otherwise (an attribute, a dict) and replaced by one of the same type is not noticed.
 """
+import copy
 import functools
 import os
 import sys
@@ -28,7 +29,7 @@ import threading
 import warnings
 
 from .. import _C
-from . import tree
+from . import dynamic, tree
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
 from .graph_opt_config import GraphOptimizationConfig
@@ -182,24 +183,34 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names")
+                 "constant_names", "capture", "requires_grad_key")
 
 
-def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
-    as recorded."""
+    as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
+    (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
     prev_logs = _C.cell_logs()
     cells = []
     try:
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves)
+        aliases = []
+        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
+        capture = None
+        if symbolic_shape:
+            names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
+            capture = dynamic.Capture(tracer, names, values, exprs, aliases) if values else None
         if symbolic:
             _push_symbolic(tracer)
         _C.set_cell_logs(cells, prev_logs[1])
         sys.settrace(_user_frame_tracer(tracer))
         try:
-            result = fn(*call_args, **call_kwargs)
+            if capture is None:
+                result = fn(*call_args, **call_kwargs)
+            else:
+                with capture:
+                    result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
             _C.set_cell_logs(*prev_logs)
@@ -226,6 +237,10 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
     run.cells = list({id(c): c for c in cells}.values())
     run.modes = tuple(c.training for c in run.cells)
     run.fast = False
+    if capture is not None:
+        capture.tracer = None  # the trace has ended
+    run.requires_grad_key = None
+    run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
     # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
     run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
     run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]
@@ -257,8 +272,10 @@ class trace(_C.JitDispatcher):
     run a compiled graph: every call runs the function eagerly (kiln records by running) and
     records it anew, so graph_str() shows the last call's graph, and calls return the eager
     results (MegEngine's record_only also skips computing them). symbolic_shape=True lets tensor
-    arguments change shape (a new shape records a new graph); False makes a shape change a
-    TraceMismatchError.
+    arguments change shape: the recording is made with every input size of 2 or more symbolic
+    (kiln.jit.dynamic), and a new shape its symbols bind rebinds that graph and compiles it, with no
+    new recording (`instances` counts these; verification compares the call with the rebound graph);
+    a shape outside them records a new graph. False makes a shape change a TraceMismatchError.
 
     opt_level (default 2; None means 2, as in MegEngine 1.x) maps onto kiln's jit levels:
     0 -> O0; 1 -> O0 (MegEngine's level 1 only rewrites arithmetic while the graph is built, a
@@ -331,6 +348,7 @@ class trace(_C.JitDispatcher):
         self._seen = []           # global/closure tensors when the function last ran
         self._baked = []          # their values when traced (capture_as_const)
         self._warned = False
+        self.instances = 0        # symbolic_shape: recordings rebound to new shapes instead of recorded again
 
     # methods: @trace on a def inside a class binds like a function, one trace per instance
     # (kept in the instance's __dict__ when it has one, so it lives as long as the instance)
@@ -399,6 +417,8 @@ class trace(_C.JitDispatcher):
             self._shape_mismatch(key[0])
         records = self._records.get(key, ())
         rec = next((r for r in records if all(c.training == m for c, m in zip(r.cells, r.modes))), None)
+        if rec is None and self.symbolic_shape:
+            rec = self._instantiate(key, leaves)
         if rec is None:
             return self._record(key, spec, leaves)
         self._last = rec
@@ -417,6 +437,27 @@ class trace(_C.JitDispatcher):
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves)
         return tree.unflatten(rec.out_spec, outs)[0]
+
+    def _instantiate(self, key, leaves):
+        """symbolic_shape: a recording whose symbols bind this call's shapes, rebound to them and
+        compiled (no new recording; verification compares the call with the rebound graph), or None."""
+        for runs in list(self._records.values()):
+            for run in runs:
+                cap = run.capture
+                if cap is None or run.requires_grad_key != key[1:] or \
+                        not all(c.training == m for c, m in zip(run.cells, run.modes)):
+                    continue
+                values = cap.bind(leaves)
+                graph = None if values is None else cap.rebind_checked(run.graph, values)
+                if graph is None:
+                    continue
+                inst = copy.copy(run)
+                inst.graph, inst.fast, inst.capture = graph, False, None
+                inst.executable = _C.compile_graph(graph, level=self._level)
+                self._records.setdefault(key, []).append(inst)
+                self.instances += 1
+                return inst
+        return None
 
     def _register_fast(self, rec, spec, leaves):
         """Lets the C base class replay this record for positional tensor calls."""
@@ -455,7 +496,9 @@ class trace(_C.JitDispatcher):
         return run.result
 
     def _record(self, key, spec, leaves):
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
+                            self.symbolic_shape)
+        run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
         records = self._records.setdefault(key, [])

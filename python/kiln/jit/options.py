@@ -10,8 +10,8 @@ BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "si
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
                 "jit_syntax_level", "ge_options")
-# MindSpore >= 2.6 spells dynamic as an int: 0 static shapes, 1 dynamic
-DYNAMIC_VALUES = {0: False, 1: True}
+# MindSpore >= 2.6 spells dynamic as an int: 0 static shapes, 1 dynamic; None: automatic (kiln.jit.dynamic)
+DYNAMIC_VALUES = {0: False, 1: True, None: None}
 GE_OPTION_GROUPS = ("global", "session")
 
 
@@ -22,7 +22,7 @@ class JitOptions:
                  "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options")
 
     @classmethod
-    def make(cls, capture_mode="ast", jit_level="O0", dynamic=False, fullgraph=False, backend="", **options):
+    def make(cls, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="", **options):
         o = cls()
         if capture_mode not in CAPTURE_MODES:
             raise ValueError(f"jit: capture_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
@@ -32,14 +32,13 @@ class JitOptions:
         if not isinstance(backend, str) or backend not in BACKENDS:
             accepted = ", ".join(map(repr, BACKENDS))
             raise ValueError(f"jit: backend must be one of {accepted}, got {backend!r}")
-        if not isinstance(dynamic, (bool, int)) or dynamic not in DYNAMIC_VALUES:
-            raise ValueError(f"jit: dynamic must be 0, 1, False or True, got {dynamic!r}")
+        if dynamic is not None and (not isinstance(dynamic, (bool, int)) or dynamic not in DYNAMIC_VALUES):
+            raise ValueError(f"jit: dynamic must be 0, 1, False, True or None, got {dynamic!r}")
         if not isinstance(fullgraph, bool):
             raise TypeError(f"jit: fullgraph must be True or False, got {fullgraph!r}")
         for name in options:
             if name not in OPTION_NAMES:
                 raise ValueError(f"jit: unknown option {name!r}; accepted options: {', '.join(OPTION_NAMES)}")
-        # dynamic is stored only: shapes are specialized per signature until dynamic shapes land
         o.capture_mode, o.jit_level, o.fullgraph = capture_mode, jit_level, fullgraph
         o.dynamic = DYNAMIC_VALUES[dynamic]
         o.backend = BACKENDS[backend] or ("sink" if jit_level == "O2" else "kbk")

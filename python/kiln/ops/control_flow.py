@@ -101,7 +101,7 @@ def cond(pred, true_fn, false_fn, operands=()):
         raise ValueError(f"cond: true_fn returns {_tree().describe(then_spec)} but false_fn returns "
                          f"{_tree().describe(else_spec)}")
     for i, (a, b) in enumerate(zip(then_out, else_out)):
-        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        if not _C.same_meta(a, b):  # (checked again when a dynamic-shape graph is rebound)
             raise ValueError(f"cond: output {i} of true_fn is {_meta(a)} but output {i} of false_fn is {_meta(b)}")
     outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + operands)
     return _tree().unflatten(then_spec, list(outs))[0]
@@ -117,7 +117,7 @@ def _next_values(body_fn, vals, kind):
     for i, (a, b) in enumerate(zip(vals, new)):
         if not isinstance(b, _C.TensorBase):
             raise TypeError(f"while_loop: loop value {i} returned by body_fn must be a Tensor, got {type(b).__name__}")
-        if a.dtype is not b.dtype or a.shape != b.shape:
+        if not _C.same_meta(a, b):  # (checked again when a dynamic-shape graph is rebound)
             raise ValueError(f"while_loop: body_fn returns loop value {i} as {_meta(b)}, but it is {_meta(a)} "
                              "in init_vals")
     return tuple(new)

@@ -1,0 +1,565 @@
+"""kiln.jit's dynamic shapes: one capture serving many input shapes.
+
+Which sizes are symbolic: every input size with dynamic=True (or 1), those marked with
+kiln.mark_dynamic, and, by default (automatic mode), a size that took a second distinct value by
+the time of the next compile; never sizes 0 and 1 (specialized) nor those marked with
+kiln.mark_static; dynamic=False (or 0) makes none symbolic. Equal symbolic sizes of one call share a
+symbol (so the entry assumes they stay equal). Each symbol is at least 2.
+
+While the function is captured, a traced tensor's shape gives SymInts for its symbolic sizes
+(an input's directly; an intermediate's found by rebinding the graph recorded so far to other
+sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *, //, %) stays
+symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
+follow the symbols. A comparison of a SymInt records a guard (the relation and its outcome: a
+branch on a shape); using one as a plain int anywhere else (a scalar in arithmetic with a tensor,
+a shape given to another op, range(), float()) specializes its symbols: the entry then covers only
+their captured sizes. Nothing derived from a symbolic size is baked in without a guard.
+
+A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
+an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
+capture), optimized and planned again, its generated kernels the same objects (their C takes the
+sizes as arguments, so the compiler's cache answers). cache_info() counts these as `instances`,
+not compiles. Later calls of the binding run the instance (positional all-tensor calls of plain
+functions straight from the C dispatcher, which checks the symbols' consistency and lower bounds).
+A binding the graph does not hold for (a node that keeps sizes with none given, a shape check that
+fails, an intermediate shape read that would differ) compiles a new entry.
+"""
+import collections
+import weakref
+
+from .. import _C
+
+MAX_INSTANCES = 16  # per dynamic entry (each holds its memory plan's arena): the least recently used goes
+_PROBE_FACTORS = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59)
+
+# ---- marks ------------------------------------------------------------------------------------
+_marks = {}  # id(tensor) -> (weakref, {dim: True (dynamic) | False (static)})
+
+
+def _mark(t, dims, dynamic):
+    if not isinstance(t, _C.TensorBase):
+        raise TypeError(f"mark_{'dynamic' if dynamic else 'static'}: expected a Tensor, got {type(t).__name__}")
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or not -t.ndim <= d < t.ndim:
+            raise IndexError(f"mark_{'dynamic' if dynamic else 'static'}: dimension {d!r} is out of range for a "
+                             f"tensor with {t.ndim} dimensions")
+    key = id(t)
+    ref, marks = _marks.get(key, (None, None))
+    if ref is None or ref() is not t:
+        marks = {}
+        ref = weakref.ref(t, lambda _r, key=key: _marks.pop(key, None))
+        _marks[key] = (ref, marks)
+    for d in dims:
+        marks[d % t.ndim] = dynamic
+
+
+def mark_dynamic(t, dims):
+    """Makes dimension(s) `dims` of tensor t symbolic when a jitted function is next compiled for
+    a call taking it (a size of 0 or 1 is still specialized)."""
+    _mark(t, dims, True)
+
+
+def mark_static(t, dims):
+    """Keeps dimension(s) `dims` of tensor t exact (never symbolic) in the compiles of calls taking it."""
+    _mark(t, dims, False)
+
+
+def marks_of(t):
+    ref, marks = _marks.get(id(t), (None, None))
+    return marks if ref is not None and ref() is t else None
+
+
+# ---- expressions: ('c', v) | ('s', k) | (op, a, b) with op in + - * // % --------------------------
+def _const(v):
+    return ("c", v)
+
+
+def evaluate(e, values):
+    tag = e[0]
+    if tag == "c":
+        return e[1]
+    if tag == "s":
+        return values[e[1]]
+    a, b = evaluate(e[1], values), evaluate(e[2], values)
+    if tag == "+":
+        return a + b
+    if tag == "-":
+        return a - b
+    if tag == "*":
+        return a * b
+    if tag == "//":
+        return a // b
+    return a % b
+
+
+def symbols_in(e, into):
+    if e[0] == "s":
+        into.add(e[1])
+    elif e[0] != "c":
+        symbols_in(e[1], into)
+        symbols_in(e[2], into)
+    return into
+
+
+def show(e, names):
+    if e[0] == "c":
+        return str(e[1])
+    if e[0] == "s":
+        return names[e[1]]
+    return f"({show(e[1], names)} {e[0]} {show(e[2], names)})"
+
+
+def _binop(op, a, b):
+    if a[0] == "c" and b[0] == "c":
+        return _const(evaluate((op, a, b), ()))
+    return (op, a, b)
+
+
+class SymInt:
+    """A size while a dynamic capture records: its value at the capture and the expression over the
+    symbols it came from (see the module's docstring for what each use records)."""
+
+    __slots__ = ("expr", "value", "_capture")
+
+    def __init__(self, expr, value, capture):
+        self.expr, self.value, self._capture = expr, value, capture
+
+    def _wrap(self, expr):
+        value = evaluate(expr, self._capture.values)
+        return value if expr[0] == "c" else SymInt(expr, value, self._capture)
+
+    def _other(self, o):
+        if isinstance(o, SymInt):
+            return o.expr
+        if isinstance(o, int) and not isinstance(o, bool):
+            return _const(o)
+        return None
+
+    def _arith(op, swap=False):
+        def f(self, o):
+            e = self._other(o)
+            if e is None:  # a float or a tensor: the size is used as a number
+                return _binary_fallback(op, self.specialize("arithmetic with a non-int"), o, swap)
+            lhs, rhs = (e, self.expr) if swap else (self.expr, e)
+            if op in ("//", "%") and rhs[0] != "c":  # dividing by a symbolic size specializes it
+                self._capture.specialize(rhs, "a divisor")
+                rhs = _const(evaluate(rhs, self._capture.values))
+            return self._wrap(_binop(op, lhs, rhs))
+        return f
+
+    __add__, __radd__ = _arith("+"), _arith("+", True)
+    __sub__, __rsub__ = _arith("-"), _arith("-", True)
+    __mul__, __rmul__ = _arith("*"), _arith("*", True)
+    __floordiv__, __rfloordiv__ = _arith("//"), _arith("//", True)
+    __mod__, __rmod__ = _arith("%"), _arith("%", True)
+    del _arith
+
+    def __neg__(self):
+        return self._wrap(_binop("-", _const(0), self.expr))
+
+    def __pos__(self):
+        return self
+
+    def _compare(op):
+        def f(self, o):
+            e = self._other(o)
+            if e is None:
+                return _COMPARE[op](self.specialize("compared with a non-int"), o)
+            result = _COMPARE[op](self.value, evaluate(e, self._capture.values))
+            self._capture.guard(op, self.expr, e, result)
+            return result
+        return f
+
+    __eq__, __ne__ = _compare("=="), _compare("!=")
+    __lt__, __le__ = _compare("<"), _compare("<=")
+    __gt__, __ge__ = _compare(">"), _compare(">=")
+    del _compare
+
+    def __bool__(self):
+        return self != 0
+
+    def specialize(self, why):
+        self._capture.specialize(self.expr, why)
+        return self.value
+
+    def __index__(self):
+        return self.specialize("used as an int")
+
+    def __int__(self):
+        return self.specialize("used as an int")
+
+    def __float__(self):
+        return float(self.specialize("used as a float"))
+
+    def __truediv__(self, o):
+        return self.specialize("true division") / o
+
+    def __rtruediv__(self, o):
+        return o / self.specialize("true division")
+
+    def __pow__(self, o):
+        return self.specialize("a power") ** o
+
+    def __hash__(self):
+        return hash(self.specialize("hashed"))
+
+    def __repr__(self):
+        return repr(self.value)
+
+    def __getattr__(self, name):  # the rest of int's interface (bit_length, to_bytes, ...): as an int
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.specialize(f"int.{name}"), name)
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+
+_COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+            "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+_PYOP = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": lambda a, b: a // b,
+         "%": lambda a, b: a % b}
+
+
+def _binary_fallback(op, value, o, swap):
+    return _PYOP[op](o, value) if swap else _PYOP[op](value, o)
+
+
+# ---- the capture -------------------------------------------------------------------------------
+class Capture:
+    """What a dynamic capture learns: symbols, guards, specializations, attribute sets and shape reads."""
+
+    def __init__(self, tracer, names, values, input_exprs, aliases):
+        self.tracer = tracer
+        self.names = names  # per symbol, where it came from ("a.shape[1]")
+        self.values = values  # per symbol, its size at the capture
+        self.input_exprs = input_exprs  # per graph input, its sizes as expressions
+        self._inputs = {id(a): k for k, a in enumerate(aliases)}
+        self._aliases = aliases
+        self.specialized = set()  # symbols fixed to their captured size
+        self.why = {}  # symbol -> why it was specialized
+        self.guards = []  # (op, lhs, rhs, outcome)
+        self.sets = []  # (node, attr index, kind, expression or int)
+        self.reads = []  # (value, expressions) of intermediate shapes Python read
+        self._read_cache = {}
+
+    # bookkeeping
+    def guard(self, op, lhs, rhs, outcome):
+        g = (op, lhs, rhs, outcome)
+        if g not in self.guards:
+            self.guards.append(g)
+
+    def specialize(self, expr, why):
+        for k in symbols_in(expr, set()):
+            if k not in self.specialized:
+                self.specialized.add(k)
+                self.why[k] = why
+
+    def sym(self, expr):
+        return evaluate(expr, self.values) if expr[0] == "c" else SymInt(expr, evaluate(expr, self.values), self)
+
+    # hooks (kiln._C.set_sym_hooks)
+    def shape_hook(self, t, what):
+        exprs = self._shape_exprs(t)
+        if exprs is None:
+            return None
+        if what == 0:
+            return tuple(self.sym(e) for e in exprs)
+        for e in exprs[:1] if what == 2 else exprs:
+            self.specialize(e, "len()" if what == 2 else "Tensor.size")
+        return None
+
+    def _shape_exprs(self, t):
+        k = self._inputs.get(id(t))
+        if k is not None and self._aliases[k] is t:
+            return self.input_exprs[k]
+        if not self.tracer.knows(t):
+            if _C.in_body(t):  # a control-flow body's tensor: what Python decides from its sizes is not followed
+                for k in range(len(self.values)):
+                    self.specialize(("s", k), "a shape read inside a control-flow body")
+            return None
+        v = self.tracer.value_of(t)
+        exprs = self._read_cache.get(v)
+        if exprs is None:
+            exprs = self._read_cache[v] = self._fit(v)
+            self.reads.append((v, exprs))
+        return exprs
+
+    def _fit(self, v):
+        """The sizes of value v as expressions, found by rebinding the graph recorded so far to probe
+        sizes: first each live symbol alone (a symbol the graph cannot vary, such as a matmul's inner
+        size against a fixed weight, is specialized), then all together. A size no simple form
+        explains specializes every symbol. Every later binding checks the sizes found."""
+        g = self.tracer.recorded()
+        base = g.value_shape(v)
+        for k in range(len(self.values)):
+            if k not in self.specialized and self._probe(g, v, (k,)) is None:
+                self.specialize(("s", k), "the graph needs a fixed size here")
+        live = tuple(k for k in range(len(self.values)) if k not in self.specialized)
+        probe, other = self._probe_values(live), self._probe(g, v, live)
+        out = []
+        for d, x0 in enumerate(base):
+            e = None if other is None else _explain(x0, other[d], self.values, probe)
+            if e is None:
+                for k in live:
+                    self.specialize(("s", k), "an intermediate shape no simple form explains")
+                e = _const(x0)
+            out.append(e)
+        return tuple(out)
+
+    def _probe_values(self, scaled):
+        return [x * _PROBE_FACTORS[k % len(_PROBE_FACTORS)] if k in scaled else x for k, x in enumerate(self.values)]
+
+    def _probe(self, g, v, scaled):
+        """Value v's shape in g rebound with the symbols `scaled` at other sizes, or None when g does
+        not hold for them."""
+        try:
+            return self.rebind(g, self._probe_values(scaled)).value_shape(v)
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+
+    def call_hook(self, op, args):
+        if op == "backward":  # gradient rules bake sizes into constants (mean's 1/n): no symbol survives
+            for k in range(len(self.values)):
+                self.specialize(("s", k), "a backward pass")
+            return None
+        if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
+            x, out, src = args
+            node = self.tracer.node_of(out)
+            if node == self.tracer.count() - 1 and node >= 0 and node != self.tracer.node_of(x):
+                for k, d in enumerate(src):
+                    if d != -1:
+                        self.sets.append((node, k, 1, d) if d >= 0 else (node, k, 2, 0))
+            return None
+        x = args[0]
+        before = self.tracer.count()
+        if op == "narrow":
+            _, axis, start, length = args
+            s_e, l_e = _expr_of(start), _expr_of(length)
+            result = _C.shape.narrow(x, axis, _value(start), _value(length))
+            node = self._new_node(before, result)
+            if node is None:
+                self.specialize(s_e, "narrow"), self.specialize(l_e, "narrow")
+                return result
+            nd = x.ndim
+            a = axis % nd
+            for d in range(nd):
+                self.sets.append((node, 2 * 8 + d, 1, d))
+            self.sets.append((node, a, 0, s_e))
+            self.sets.append((node, 2 * 8 + a, 0, l_e))
+            return result
+        items = args[1:]
+        if len(items) == 1 and isinstance(items[0], (tuple, list)):
+            items = tuple(items[0])
+        exprs = [_expr_of(i) for i in items]
+        concrete = tuple(_value(i) for i in items)
+        result = (_C.shape.reshape if op == "reshape" else _C.shape.broadcast_to)(x, concrete)
+        node = self._new_node(before, result)
+        if node is None:
+            for e in exprs:
+                self.specialize(e, op)
+            return result
+        lead = len(items) - x.ndim
+        for k, (e, c) in enumerate(zip(exprs, concrete)):
+            if c == -1:
+                self.sets.append((node, k, 2, 0) if op == "reshape" else (node, k, 1, k - lead))
+            else:
+                self.sets.append((node, k, 0, e))
+        return result
+
+    def _new_node(self, before, result):
+        """The node the shape function just recorded, or None when it recorded none or several."""
+        if self.tracer.count() != before + 1:
+            return None
+        node = self.tracer.node_of(result)
+        return node if node == before else None
+
+    # binding
+    def rebind(self, graph, values):
+        shapes = [tuple(evaluate(e, values) for e in exprs) for exprs in self.input_exprs]
+        sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
+        return graph.rebind(shapes, sets)
+
+    def bind(self, leaves):
+        """The symbols' sizes for a call's tensors (all of them, by symbol), or None when the call is
+        outside what the capture assumed: another exact size, a symbol with two sizes, one below
+        2 or away from its specialized size, or a guard with another outcome."""
+        values = list(self.values)
+        seen = set()
+        for t, row in zip(leaves, self.input_exprs):
+            shape = t.shape
+            if len(shape) != len(row):
+                return None
+            for size, e in zip(shape, row):
+                if e[0] == "c":
+                    if size != e[1]:
+                        return None
+                    continue
+                k = e[1]
+                if k in seen:
+                    if values[k] != size:
+                        return None
+                    continue
+                if size < 2 or (k in self.specialized and size != self.values[k]):
+                    return None
+                values[k] = size
+                seen.add(k)
+        for op, lhs, rhs, outcome in self.guards:
+            if _COMPARE[op](evaluate(lhs, values), evaluate(rhs, values)) != outcome:
+                return None
+        return values
+
+    def rebind_checked(self, graph, values):
+        """The recorded graph rebound to the binding `values`, or None when it does not hold for it (a
+        node keeps sizes with none given, an inference fails, a shape Python read would differ)."""
+        try:
+            g = self.rebind(graph, values)
+            for v, exprs in self.reads:
+                if g.value_shape(v) != tuple(evaluate(e, values) for e in exprs):
+                    return None
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+        return g
+
+    def __enter__(self):
+        _C.set_sym_hooks(self.shape_hook, self.call_hook, SymInt)
+        return self
+
+    def __exit__(self, *exc):
+        _C.set_sym_hooks(None, None, None)
+
+
+def _expr_of(x):
+    if isinstance(x, SymInt):
+        return x.expr
+    return _const(int(x))
+
+
+def _value(x):
+    return x.value if isinstance(x, SymInt) else x
+
+
+def _explain(x0, x1, v0, v1):
+    """A simple expression over the symbols equal to x0 at sizes v0 and x1 at v1, or None."""
+    if x0 == x1:
+        return _const(x0)
+    n = len(v0)
+    for k in range(n):
+        a0, a1 = v0[k], v1[k]
+        if a0 == a1:
+            continue
+        s = ("s", k)
+        if x0 % a0 == 0 and x1 == x0 // a0 * a1:
+            c = x0 // a0
+            return s if c == 1 else ("*", s, _const(c))
+        if x0 and a0 % x0 == 0 and x1 == a1 // (a0 // x0):
+            return ("//", s, _const(a0 // x0))
+        if x1 - a1 == x0 - a0:
+            return ("+", s, _const(x0 - a0))
+        for j in range(k + 1, n):
+            b0, b1 = v0[j], v1[j]
+            if b0 != b1 and x0 % (a0 * b0) == 0 and x1 == x0 // (a0 * b0) * a1 * b1:
+                c = x0 // (a0 * b0)
+                prod = ("*", s, ("s", j))
+                return prod if c == 1 else ("*", prod, _const(c))
+    return None
+
+
+def choose_symbols(leaves, labels, dynamic, history):
+    """(names, values, per leaf its sizes as expressions) for a capture: which sizes are symbolic
+    (see the module docstring); equal symbolic sizes share one symbol. history: per leaf, the set of
+    sizes each dimension took in earlier compiles of this signature's structure (automatic mode)."""
+    names, values, by_size = [], [], {}
+    exprs = []
+    for k, t in enumerate(leaves):
+        marks = marks_of(t) or {}
+        row = []
+        for d, size in enumerate(t.shape):
+            want = marks.get(d)
+            if want is None:
+                want = dynamic is True or (dynamic is None and history is not None
+                                           and len(history[k][d] | {size}) > 1)
+            if not want or size < 2:
+                row.append(_const(size))
+                continue
+            sym = by_size.get(size)
+            if sym is None:
+                sym = by_size[size] = len(values)
+                names.append(f"s{sym}")
+                values.append(size)
+            row.append(("s", sym))
+        exprs.append(tuple(row))
+    origins = {}
+    for k, row in enumerate(exprs):
+        for d, e in enumerate(row):
+            if e[0] == "s":
+                origins.setdefault(e[1], []).append(f"{labels[k]}.shape[{d}]")
+    return names, values, exprs, origins
+
+
+class DynamicEntry:
+    """A compiled entry for every binding of its symbols that its guards admit: the recorded graph,
+    how it follows the symbols, and an instance per binding met so far."""
+
+    def __init__(self, entry, capture, graph, origins, options):
+        self.entry = entry  # the capture's kiln.jit entry (out_spec, guards on Python state, ...)
+        self.graph = graph
+        self.names, self.values = capture.names, capture.values
+        self.live = [k for k in range(len(self.values)) if k not in capture.specialized]
+        self.fixed = {k: self.values[k] for k in capture.specialized}
+        self.why = capture.why
+        self.guards = capture.guards
+        self.sets, self.reads = capture.sets, capture.reads
+        self.input_exprs = capture.input_exprs
+        self._capture = capture
+        self.origins = origins
+        self.options = options
+        self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
+        self.fast = None  # the C dispatcher's number for this entry, once registered
+        capture.tracer = None  # the trace has ended; keep no reference to it
+
+    @property
+    def dims(self):
+        """Per input its sizes for the C dispatcher: exact, or -1 - j for live symbol j."""
+        slot = {k: j for j, k in enumerate(self.live)}
+        return tuple(tuple(-1 - slot[e[1]] if e[0] == "s" and e[1] in slot else evaluate(e, self.values)
+                           for e in row) for row in self.input_exprs)
+
+    def bind(self, leaves):
+        """The symbols' sizes for a call (all of them, by symbol), or None when it is outside this entry."""
+        return self._capture.bind(leaves)
+
+    def instance(self, values):
+        """The executable for this binding (made on its first call), or None when the graph does not
+        hold for it; second: whether it was made now."""
+        key = tuple(values[k] for k in self.live)
+        exe = self.instances.get(key)
+        if exe is not None:
+            self.instances.move_to_end(key)
+            return exe, False
+        g = self._capture.rebind_checked(self.graph, values)
+        if g is None:
+            return None, False
+        o = self.options
+        exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=o.level,
+                               inference=o.infer_boost == "on",
+                               disable_format_transform=o.disable_format_transform, backend=o.backend)
+        self.instances[key] = exe
+        if len(self.instances) > MAX_INSTANCES:
+            self.instances.popitem(last=False)
+        return exe, True
+
+    def describe(self):
+        """The symbols, where they come from, and the guards (for cache_info)."""
+        names = self.names
+        symbols = {}
+        for k, name in enumerate(names):
+            where = " = ".join(self.origins.get(k, ()))
+            if k in self.fixed:
+                symbols[name] = f"{where} == {self.fixed[k]} (specialized: {self.why.get(k, '')})"
+            else:
+                symbols[name] = f"{where} >= 2"
+        guards = [f"{show(l, names)} {op} {show(r, names)}" if outcome else f"not ({show(l, names)} {op} "
+                  f"{show(r, names)})" for op, l, r, outcome in self.guards]
+        return {"symbols": symbols, "guards": guards, "instances": len(self.instances)}
