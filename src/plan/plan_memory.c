@@ -1,0 +1,49 @@
+/* Where a plan's memory goes: the step at which the most planned bytes are live and the buffers
+ * live there (kiln.jit's memory_report). */
+#include "plan.h"
+
+size_t kiln_plan_value_bytes(const kiln_plan *p, int32_t v) {
+    const kiln_meta *m = &p->g->values[v].meta;
+    return (size_t)kiln_meta_numel(m) * kiln_dtype_size(m->dtype);
+}
+
+kiln_status kiln_plan_peak_find(const kiln_plan *p, kiln_plan_peak *out) {
+    const kiln_graph *g = p->g;
+    *out = (kiln_plan_peak){.step = -1};
+    int32_t *born = kiln_malloc(sizeof *born * (size_t)(g->nvalues ? g->nvalues : 1));
+    out->producer = kiln_malloc(sizeof *out->producer * (size_t)(g->nvalues ? g->nvalues : 1));
+    out->values = kiln_malloc(sizeof *out->values * (size_t)(g->nvalues ? g->nvalues : 1));
+    if (!born || !out->producer || !out->values) {
+        free(born);
+        kiln_plan_peak_free(out);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory reporting a plan's memory");
+    }
+    for (int32_t v = 0; v < g->nvalues; v++) born[v] = -1, out->producer[v] = -1;
+    for (int32_t i = 0; i < p->norder; i++) {
+        const kiln_node *nd = &g->nodes[p->order[i]];
+        for (int k = 0; k < nd->nout; k++) born[nd->out[k]] = i, out->producer[nd->out[k]] = p->order[i];
+    }
+    for (int32_t i = 0; i < p->norder; i++) {
+        size_t live = 0;
+        for (int32_t v = 0; v < g->nvalues; v++)
+            if (p->offset[v] >= 0 && p->root[v] == v && born[v] >= 0 && born[v] <= i && i <= p->last_use[v])
+                live += kiln_plan_value_bytes(p, v);
+        if (live > out->live_bytes) out->live_bytes = live, out->step = i;
+    }
+    for (int32_t v = 0; v < g->nvalues && out->step >= 0; v++)
+        if (p->offset[v] >= 0 && p->root[v] == v && born[v] >= 0 && born[v] <= out->step && out->step <= p->last_use[v])
+            out->values[out->nvalues++] = v;
+    free(born);
+    for (int32_t j = 1; j < out->nvalues; j++) { /* largest first; ties in value order */
+        int32_t v = out->values[j], k = j;
+        for (; k > 0 && kiln_plan_value_bytes(p, out->values[k - 1]) < kiln_plan_value_bytes(p, v); k--)
+            out->values[k] = out->values[k - 1];
+        out->values[k] = v;
+    }
+    return KILN_OK;
+}
+
+void kiln_plan_peak_free(kiln_plan_peak *peak) {
+    free(peak->values), free(peak->producer);
+    peak->values = peak->producer = NULL;
+}
