@@ -11,6 +11,7 @@ from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__in
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
+from . import profiler, tools
 
 float_ = float32
 int_ = int64

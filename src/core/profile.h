@@ -78,6 +78,9 @@ void kiln_profile_alloc(int64_t bytes, int64_t in_use, int64_t peak);
 /* Writes events from mark on as Chrome Trace Event JSON (Perfetto, chrome://tracing): complete
  * events per kernel and phase with their args (location, shapes, FLOPs, bytes), a memory counter
  * track, thread names. */
-KILN_API kiln_status kiln_profile_write_chrome(const char *path, size_t mark);
+enum { KILN_PROFILE_WRITE_SHAPES = 1, KILN_PROFILE_WRITE_MEMORY = 2, KILN_PROFILE_WRITE_ALL = 3 };
+/* what: KILN_PROFILE_WRITE_* bits (without SHAPES the kernels' inputs/outputs are left out, without
+ * MEMORY the counter track). */
+KILN_API kiln_status kiln_profile_write_chrome(const char *path, size_t mark, unsigned what);
 
 #endif

@@ -36,7 +36,7 @@ static const char *source_name(int32_t source) {
     return source >= 0 && source < (int32_t)(sizeof names / sizeof *names) ? names[source] : "other";
 }
 
-static void put_event(FILE *f, const kiln_profile_event *e, int64_t t0, int pid) {
+static void put_event(FILE *f, const kiln_profile_event *e, int64_t t0, int pid, unsigned what) {
     double ts = (double)(e->start_ns - t0) / 1e3;
     if (e->kind == KILN_PROFILE_ALLOC) {
         fprintf(f, "{\"name\":\"memory\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"tid\":%d,"
@@ -56,16 +56,18 @@ static void put_event(FILE *f, const kiln_profile_event *e, int64_t t0, int pid)
     }
     fputs("\"location\":", f);
     put_string(f, e->loc);
-    fputs(",\"inputs\":", f);
-    put_list(f, e->inputs);
-    fputs(",\"outputs\":", f);
-    put_list(f, e->outputs);
+    if (what & KILN_PROFILE_WRITE_SHAPES) {
+        fputs(",\"inputs\":", f);
+        put_list(f, e->inputs);
+        fputs(",\"outputs\":", f);
+        put_list(f, e->outputs);
+    }
     fprintf(f, ",\"flops\":%lld,\"bytes_read\":%lld,\"bytes_written\":%lld,\"node\":%d,\"graph\":%llu}}",
             (long long)e->flops, (long long)e->bytes_read, (long long)e->bytes_written, (int)e->node,
             (unsigned long long)e->graph);
 }
 
-static kiln_status write_events(FILE *f, const kiln_profile_event *ev, size_t n) {
+static kiln_status write_events(FILE *f, const kiln_profile_event *ev, size_t n, unsigned what) {
     int pid = (int)getpid();
     int64_t t0 = n ? ev[0].start_ns : 0;
     for (size_t i = 0; i < n; i++) t0 = ev[i].start_ns < t0 ? ev[i].start_ns : t0;
@@ -88,14 +90,15 @@ static kiln_status write_events(FILE *f, const kiln_profile_event *ev, size_t n)
         free(name);
     }
     for (size_t i = 0; i < n; i++) {
+        if (ev[i].kind == KILN_PROFILE_ALLOC && !(what & KILN_PROFILE_WRITE_MEMORY)) continue;
         fputs(",\n", f);
-        put_event(f, &ev[i], t0, pid);
+        put_event(f, &ev[i], t0, pid, what);
     }
     fputs("\n]}\n", f);
     return ferror(f) ? kiln_error(KILN_ERR_RUNTIME, "profile: writing the trace failed") : KILN_OK;
 }
 
-kiln_status kiln_profile_write_chrome(const char *path, size_t mark) {
+kiln_status kiln_profile_write_chrome(const char *path, size_t mark, unsigned what) {
     kiln_profile_event *ev = NULL;
     size_t n = 0;
     KILN_TRY(kiln_profile_events(mark, &ev, &n));
@@ -104,7 +107,7 @@ kiln_status kiln_profile_write_chrome(const char *path, size_t mark) {
         kiln_profile_events_free(ev, n);
         return kiln_error(KILN_ERR_RUNTIME, "profile: cannot write %s", path);
     }
-    kiln_status s = write_events(f, ev, n);
+    kiln_status s = write_events(f, ev, n, what);
     if (fclose(f) != 0 && s == KILN_OK) s = kiln_error(KILN_ERR_RUNTIME, "profile: writing %s failed", path);
     kiln_profile_events_free(ev, n);
     return s;

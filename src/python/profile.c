@@ -85,11 +85,13 @@ static PyObject *py_profile_write_chrome(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
     Py_ssize_t mark;
-    if (!PyArg_ParseTuple(args, "sn", &path, &mark)) return NULL;
+    int shapes = 1, memory = 1;
+    if (!PyArg_ParseTuple(args, "sn|pp", &path, &mark, &shapes, &memory)) return NULL;
     if (mark < 0) return PyErr_Format(PyExc_ValueError, "profile_write_chrome: mark must be >= 0, got %zd", mark);
     kiln_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = kiln_profile_write_chrome(path, (size_t)mark);
+    s = kiln_profile_write_chrome(path, (size_t)mark,
+                                  (shapes ? KILN_PROFILE_WRITE_SHAPES : 0) | (memory ? KILN_PROFILE_WRITE_MEMORY : 0));
     Py_END_ALLOW_THREADS
     if (s != KILN_OK) return pykiln_raise(s);
     Py_RETURN_NONE;
@@ -103,6 +105,6 @@ PyMethodDef pykiln_profile_functions[] = {
     {"profile_name_thread", py_profile_name_thread, METH_O, "name the calling thread in traces"},
     {"profile_events", py_profile_events, METH_O, "profile_events(mark) -> the events recorded since mark, as dicts"},
     {"profile_write_chrome", py_profile_write_chrome, METH_VARARGS,
-     "profile_write_chrome(path, mark): Chrome Trace Event JSON of the events since mark"},
+     "profile_write_chrome(path, mark, shapes=True, memory=True): Chrome Trace Event JSON of the events since mark"},
     {NULL, NULL, 0, NULL},
 };
