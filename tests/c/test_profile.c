@@ -8,30 +8,8 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "sample_graphs.h"
 #include "core/profile.h"
-
-static const char *abc =
-    "graph(%0: float32[2, 3], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-    "  %3: float32[2, 3] = mul(%0, %1)\n"
-    "  %4: float32[2, 3] = add(%3, %2)\n"
-    "  return (%4)\n"
-    "}\n";
-
-/* x counts up by one while x < limit */
-static const char *counting_loop =
-    "graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: float32[] = while(%0, %1) {0, 1, 1}\n"
-    "  return (%2)\n"
-    "}\n"
-    "subgraph 0: graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: bool[] = lt(%0, %1)\n"
-    "  return (%2)\n"
-    "}\n"
-    "subgraph 1: graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: float32[] = constant(1)\n"
-    "  %3: float32[] = add(%0, %2)\n"
-    "  return (%3)\n"
-    "}\n";
 
 static kiln_executable *compile_text(const char *text, kiln_backend_kind backend) {
     kiln_graph *g = NULL;
@@ -59,7 +37,7 @@ static void test_backends(void) {
     float v[6] = {1, 2, 3, 4, 5, 6};
     kiln_tensor *in[3] = {tensor_f32(2, shape, v), tensor_f32(2, shape, v), tensor_f32(2, shape, v)};
     for (int b = 0; b < 2; b++) {
-        kiln_executable *e = compile_text(abc, b ? KILN_BACKEND_SINK : KILN_BACKEND_KBK);
+        kiln_executable *e = compile_text(SAMPLE_ABC, b ? KILN_BACKEND_SINK : KILN_BACKEND_KBK);
         int32_t source = b ? KILN_PROFILE_SINK : KILN_PROFILE_KBK;
         kiln_tensor *out = NULL;
         CHECK_OK(kiln_executable_run(e, 3, in, 1, &out)); /* no session: nothing recorded */
@@ -92,7 +70,7 @@ static void test_backends(void) {
 }
 
 static void test_loop_nesting_and_json(void) {
-    kiln_executable *e = compile_text(counting_loop, KILN_BACKEND_KBK);
+    kiln_executable *e = compile_text(SAMPLE_COUNTING_LOOP, KILN_BACKEND_KBK);
     float zero = 0, five = 5;
     kiln_tensor *in[2] = {tensor_f32(0, NULL, &zero), tensor_f32(0, NULL, &five)}, *out = NULL;
     size_t outer = kiln_profile_start(), mark = kiln_profile_start(); /* two sessions at once */
