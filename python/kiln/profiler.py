@@ -52,6 +52,13 @@ def _self_times(kernels):
     return self_ns
 
 
+def _name_threads():
+    """Gives the trace the names of Python's threads (those alive now)."""
+    for t in threading.enumerate():
+        if t.native_id is not None:
+            _C.profile_name_thread(t.native_id, t.name)
+
+
 class KeyAverage:
     """One row of key_averages: an op (and, grouped by shape, its input shapes)."""
 
@@ -153,7 +160,7 @@ class profile:
     def __enter__(self):
         if self._mark is not None:
             raise RuntimeError("profile: already open")
-        _C.profile_name_thread(threading.current_thread().name)
+        _name_threads()
         self._events = None
         self._mark = _C.profile_start()
         self._t0 = _C.profile_now()
@@ -161,6 +168,7 @@ class profile:
 
     def __exit__(self, *exc):
         self.wall_ns = _C.profile_now() - self._t0
+        _name_threads()  # those started meanwhile and still running
         try:
             events = _C.profile_events(self._mark)
             fd, tmp = tempfile.mkstemp(suffix=".json", prefix="kiln-trace-")
@@ -230,14 +238,10 @@ class CallRecorder:
             _C.profile_stop()
 
     def compile(self, fn, *args):
-        """fn(*args) capturing and compiling: its phases (capture around the passes and the rest)."""
+        """fn(*args) capturing and compiling (see capture_phase): its phases are kept."""
         mark = _C.profile_start()
         try:
-            start = _C.profile_now()
-            try:
-                return fn(*args)
-            finally:
-                _C.profile_phase("capture", start, "capture and compile (passes, plan, codegen inside)")
+            return fn(*args)
         finally:
             self.events.extend(e for e in _C.profile_events(mark) if e["kind"] == "phase")
             _C.profile_stop()
@@ -247,6 +251,16 @@ class CallRecorder:
             raise RuntimeError("get_profile: no compiled run recorded yet; call the function first")
         return megengine_profile([e for e in self.events if e["kind"] == "kernel" and e["source"] in ("kbk", "sink")],
                                  [e for e in self.events if e["kind"] == "phase"])
+
+
+def capture_phase(what, fn, *args):
+    """fn(*args), recorded as the compile phase "capture" (around the passes, plan and codegen
+    phases it contains) when a profile is open."""
+    start = _C.profile_now()
+    try:
+        return fn(*args)
+    finally:
+        _C.profile_phase("capture", start, f"{what}: capture and compile")
 
 
 def megengine_profile(kernels, phases=()):

@@ -148,8 +148,8 @@ void kiln_profile_events_free(kiln_profile_event *events, size_t count) {
     free(events);
 }
 
-void kiln_profile_name_thread(const char *name) {
-    int32_t tid = current_tid();
+void kiln_profile_name_thread(int32_t tid, const char *name) {
+    if (tid == 0) tid = current_tid();
     char *copy = strdup(name ? name : "");
     if (!copy) return;
     pthread_mutex_lock(&rec.lock);

@@ -57,8 +57,8 @@ KILN_API void kiln_profile_stop(void);
 /* Events recorded from mark on, copied into a block the caller frees with kiln_profile_events_free. */
 KILN_API kiln_status kiln_profile_events(size_t mark, kiln_profile_event **out, size_t *count);
 KILN_API void kiln_profile_events_free(kiln_profile_event *events, size_t count);
-/* Names the calling thread in the traces (else the name the OS has for it). */
-KILN_API void kiln_profile_name_thread(const char *name);
+/* Names thread tid (0: the calling thread) in the traces (else the name the OS has for it). */
+KILN_API void kiln_profile_name_thread(int32_t tid, const char *name);
 /* The name of thread tid (malloc'd), from kiln_profile_name_thread or the OS; NULL when unknown. */
 char *kiln_profile_thread_name(int32_t tid);
 

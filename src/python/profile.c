@@ -30,11 +30,12 @@ static PyObject *py_profile_phase(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_profile_name_thread(PyObject *self, PyObject *arg) {
+static PyObject *py_profile_name_thread(PyObject *self, PyObject *args) {
     (void)self;
-    const char *name = PyUnicode_AsUTF8(arg);
-    if (!name) return NULL;
-    kiln_profile_name_thread(name);
+    const char *name;
+    int tid;
+    if (!PyArg_ParseTuple(args, "is", &tid, &name)) return NULL;
+    kiln_profile_name_thread(tid, name);
     Py_RETURN_NONE;
 }
 
@@ -102,7 +103,8 @@ PyMethodDef pykiln_profile_functions[] = {
     {"profile_stop", py_profile_stop, METH_NOARGS, "close a recorder session (the last one empties the list)"},
     {"profile_now", py_profile_now, METH_NOARGS, "the recorder's clock (monotonic ns)"},
     {"profile_phase", py_profile_phase, METH_VARARGS, "profile_phase(name, start_ns, detail=None): a phase until now"},
-    {"profile_name_thread", py_profile_name_thread, METH_O, "name the calling thread in traces"},
+    {"profile_name_thread", py_profile_name_thread, METH_VARARGS,
+     "profile_name_thread(tid, name): name OS thread tid (0: the calling thread) in traces"},
     {"profile_events", py_profile_events, METH_O, "profile_events(mark) -> the events recorded since mark, as dicts"},
     {"profile_write_chrome", py_profile_write_chrome, METH_VARARGS,
      "profile_write_chrome(path, mark, shapes=True, memory=True): Chrome Trace Event JSON of the events since mark"},

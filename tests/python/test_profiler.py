@@ -101,6 +101,9 @@ def test_chrome_trace_json(tmp_path):
     kernels = [e for e in complete if e["cat"] in ("kbk", "eager")]
     assert kernels and all(e["dur"] >= 0 and "location" in e["args"] and "flops" in e["args"] for e in kernels)
     assert any(e["cat"] == "compile" and e["name"] == "fuse_elementwise" for e in complete)
+    capture = next(e for e in complete if e["cat"] == "compile" and e["name"] == "capture")
+    plan = next(e for e in complete if e["cat"] == "compile" and e["name"] == "plan")
+    assert capture["ts"] <= plan["ts"] and plan["ts"] + plan["dur"] <= capture["ts"] + capture["dur"] + 1e-3
     assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
     names = [e for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
     assert names and names[0]["args"]["name"] == threading.current_thread().name
@@ -190,29 +193,35 @@ def test_jit_profiling_option_and_jit_config():
     assert kiln.JitConfig(profiling=True).jit_options().profiling is True
 
 
-def test_two_threads_give_two_consistent_tracks():
-    start = threading.Barrier(2)
+def test_two_threads_give_two_consistent_tracks(tmp_path):
+    start, finished, done = threading.Barrier(2), threading.Barrier(3), threading.Event()
 
     def work(a):
         start.wait()
         for _ in range(20):
             a = (a * 1.0001).tanh()
+        finished.wait()
+        done.wait()  # alive until the profile closed: its name goes into the trace
 
-    with profile() as prof:
-        threads = [threading.Thread(target=work, args=(T(64, 64),), name=f"worker{k}") for k in range(2)]
+    threads = [threading.Thread(target=work, args=(T(64, 64),), name=f"worker{k}") for k in range(2)]
+    with profile(path=tmp_path / "threads.json") as prof:
         for th in threads:
             th.start()
-        for th in threads:
-            th.join()
-    kernels = _kernels(prof, "eager")
+        finished.wait()
+    done.set()
+    for th in threads:
+        th.join()
     tracks = {}
-    for e in kernels:
+    for e in _kernels(prof, "eager"):
         tracks.setdefault(e["tid"], []).append(e)
-    assert len(tracks) == 2 and all(len(t) == 40 for t in tracks.values())
+    assert set(tracks) == {th.native_id for th in threads} and all(len(t) == 40 for t in tracks.values())
     for track in tracks.values():  # one thread's kernels never overlap
         track.sort(key=lambda e: e["start"])
         assert all(a["end"] <= b["start"] for a, b in zip(track, track[1:]))
         assert [e["name"] for e in track] == ["mul", "tanh"] * 20
+    events = json.loads((tmp_path / "threads.json").read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {names[th.native_id] for th in threads} == {"worker0", "worker1"}
 
 
 def test_memory_report_peak_agrees_with_the_allocator():

@@ -14,7 +14,7 @@ import warnings
 
 from .. import _C
 from ..autograd import differentiating
-from ..profiler import CallRecorder
+from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
@@ -318,10 +318,11 @@ class JitFunction(_C.JitDispatcher):
             return self._target()(*args, **kwargs)
         t0 = time.perf_counter()
         try:
+            compile_args = (self.__qualname__, self._capture, args, kwargs)
             if self._recorder is None:
-                result, entry = self._capture(args, kwargs)
+                result, entry = capture_phase(*compile_args)
             else:
-                result, entry = self._recorder.compile(self._capture, args, kwargs)
+                result, entry = self._recorder.compile(capture_phase, *compile_args)
         except NotReplayable as e:
             self._eager_reason = e.reason
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)

@@ -28,7 +28,7 @@ import threading
 import warnings
 
 from .. import _C
-from ..profiler import CallRecorder
+from ..profiler import CallRecorder, capture_phase
 from . import tree
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
@@ -460,8 +460,9 @@ class trace(_C.JitDispatcher):
         return run.result
 
     def _record(self, key, spec, leaves):
-        args = (self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
-        run = _run_recorded(*args) if self._recorder is None else self._recorder.compile(_run_recorded, *args)
+        args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
+                self._level)
+        run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
         records = self._records.setdefault(key, [])
