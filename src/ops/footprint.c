@@ -38,9 +38,9 @@ int64_t kiln_op_flops(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_m
         if (op == KILN_OP_MATMUL_EPILOGUE && attrs) extra = (attrs->i[0] == 1 && attrs->i[1] == 3) + attrs->i[2];
         return (2 * depth + extra) * numel(o);
     }
-    case COST_CONV: {
-        bool bias = op == KILN_OP_CONV2D ? nin > 2 : (attrs && attrs->i[9]);
-        return (2 * per_lead(in1) + bias) * numel(o);
+    case COST_CONV: { /* conv2d_fused: its bias, residual and activation one operation per result each */
+        int64_t extra = op == KILN_OP_CONV2D ? nin > 2 : attrs ? (attrs->i[9] != 0) + (attrs->i[10] != 0) + (attrs->i[11] != 0) : 0;
+        return (2 * per_lead(in1) + extra) * numel(o);
     }
     case COST_CONV_BWD_INPUT: return 2 * numel(in0) * per_lead(in1);
     case COST_CONV_BWD_WEIGHT: return 2 * numel(in1) * per_lead(o);

@@ -81,6 +81,17 @@ def test_fused_group_counts_its_ops():
     assert e["flops"] == 3 * 60
 
 
+def test_conv_epilogue_counts_bias_and_activation():
+    x, w, bias = T(1, 4, 6, 6), T(8, 4, 3, 3), T(8)
+    jf = kiln.jit(lambda a, k, c: ops.relu(ops.conv2d(a, k, c)), jit_level="O1", infer_boost="on")
+    jf(x, w, bias)
+    with profile() as prof:
+        jf(x, w, bias)
+    (e,) = [e for e in _kernels(prof, "kbk") if e["name"] == "conv2d_fused"]
+    out = 1 * 8 * 4 * 4
+    assert e["flops"] == 2 * out * (4 * 3 * 3) + 2 * out  # the products, then the bias and the relu
+
+
 REQUIRED = {"X": ("name", "ph", "ts", "dur", "pid", "tid"), "C": ("name", "ph", "ts", "pid", "args"),
             "M": ("name", "ph", "pid", "tid", "args")}
 
