@@ -142,7 +142,7 @@ def main():
     p.add_argument("--base", help="a built checkout without the recorder, for the off-path comparison")
     p.add_argument("--callgrind", action="store_true", help="with --base: also count instructions with valgrind")
     args = p.parse_args()
-    channels, size, rounds = (32, 16, 5) if args.quick else (64, 32, 10)
+    channels, size, rounds = (32, 16, 10) if args.quick else (64, 32, 30)
     print(f"kiln {kiln.__version__}, {kiln.get_num_threads()} threads; BasicBlock forward+backward "
           f"1x{channels}x{size}x{size} at O1")
     step, x = basic_block_step(channels, size)

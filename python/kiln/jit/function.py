@@ -524,7 +524,9 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, ful
     effect makes the function run eagerly (STRICT: an error). dynamic: 0/1/False/True (MindSpore
     2.6's int form), stored. Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
     debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
-    {"global": {...}, "session": {...}}, checked and recorded)."""
+    {"global": {...}, "session": {...}}, checked and recorded), profiling (True: every compiled
+    call is recorded, get_profile() returns them in MegEngine's dict shape; such calls always come
+    through Python). Any jitted function has memory_report() and graph_dot() (see kiln.tools)."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 
