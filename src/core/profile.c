@@ -34,8 +34,13 @@ int64_t kiln_profile_now(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* An allocation's texts are static ("alloc", "free"): no block of its own. */
+static void free_texts(kiln_profile_event *e) {
+    if (e->kind != KILN_PROFILE_ALLOC) free((void *)e->name);
+}
+
 static void clear_locked(void) {
-    for (size_t i = 0; i < rec.n; i++) free((void *)rec.ev[i].name);
+    for (size_t i = 0; i < rec.n; i++) free_texts(&rec.ev[i]);
     rec.n = 0;
 }
 
@@ -56,6 +61,7 @@ void kiln_profile_stop(void) {
 /* One block holding the texts, NUL-terminated one after another; the event's pointers point into it
  * (name first: freeing name frees them all). */
 static bool copy_texts(kiln_profile_event *e) {
+    if (e->kind == KILN_PROFILE_ALLOC) return true;
     if (!e->name) e->name = "";
     const char *texts[4] = {e->name, e->loc, e->inputs, e->outputs};
     size_t len = 0;
@@ -85,14 +91,14 @@ static void append(kiln_profile_event *e) {
         kiln_profile_event *grown = realloc(rec.ev, cap * sizeof *grown);
         if (!grown) {
             pthread_mutex_unlock(&rec.lock);
-            free((void *)e->name);
+            free_texts(e);
             return;
         }
         rec.ev = grown, rec.cap = cap;
     }
     /* a session that closed while this event was on its way: nobody is left to read it */
     if (atomic_load(&kiln_profile_sessions) > 0) rec.ev[rec.n++] = *e;
-    else free((void *)e->name);
+    else free_texts(e);
     pthread_mutex_unlock(&rec.lock);
 }
 
@@ -144,7 +150,7 @@ kiln_status kiln_profile_events(size_t mark, kiln_profile_event **out, size_t *c
 }
 
 void kiln_profile_events_free(kiln_profile_event *events, size_t count) {
-    for (size_t i = 0; events && i < count; i++) free((void *)events[i].name);
+    for (size_t i = 0; events && i < count; i++) free_texts(&events[i]);
     free(events);
 }
 

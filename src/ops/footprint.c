@@ -54,15 +54,38 @@ int64_t kiln_op_flops(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_m
 
 static int64_t meta_bytes(const kiln_meta *m) { return numel(m) * (int64_t)kiln_dtype_size(m->dtype); }
 
-/* "float32[2,3];int64[]" into buf. */
+/* Appends text at buf[*used] (size: the buffer's; text that does not fit is cut). */
+static void put(char *buf, size_t size, size_t *used, const char *text, size_t n) {
+    if (*used + n >= size) n = *used + 1 < size ? size - *used - 1 : 0;
+    memcpy(buf + *used, text, n);
+    *used += n;
+    buf[*used] = '\0';
+}
+
+static void put_int(char *buf, size_t size, size_t *used, int64_t v) {
+    char digits[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do digits[sizeof digits - 1 - n++] = (char)('0' + u % 10);
+    while ((u /= 10) && n < 20);
+    if (v < 0) digits[sizeof digits - 1 - n++] = '-';
+    put(buf, size, used, digits + sizeof digits - n, (size_t)n);
+}
+
+/* "float32[2,3];int64[]" into buf (recording runs per kernel: no printf). */
 static void metas_text(int n, const kiln_meta *const *m, char *buf, size_t size) {
     size_t used = 0;
     buf[0] = '\0';
-    for (int k = 0; k < n && used + 32 < size; k++) {
-        used += (size_t)snprintf(buf + used, size - used, "%s%s[", k ? ";" : "", kiln_dtype_name(m[k]->dtype));
-        for (int d = 0; d < m[k]->ndim && used + 24 < size; d++)
-            used += (size_t)snprintf(buf + used, size - used, "%s%lld", d ? "," : "", (long long)m[k]->shape[d]);
-        if (used + 2 < size) buf[used++] = ']', buf[used] = '\0';
+    for (int k = 0; k < n; k++) {
+        if (k) put(buf, size, &used, ";", 1);
+        const char *dtype = kiln_dtype_name(m[k]->dtype);
+        put(buf, size, &used, dtype, strlen(dtype));
+        put(buf, size, &used, "[", 1);
+        for (int d = 0; d < m[k]->ndim; d++) {
+            if (d) put(buf, size, &used, ",", 1);
+            put_int(buf, size, &used, m[k]->shape[d]);
+        }
+        put(buf, size, &used, "]", 1);
     }
 }
 
