@@ -396,7 +396,7 @@ static void test_constant_fold(void) {
                   "}\n",
                   "graph() {\n"
                   "  %0: float32[] = constant(2)\n"
-                  "  %1: float32[] = constant(7.38906)\n"
+                  "  %1: float32[] = constant(7.389056)\n"
                   "  %2: float32[] = log(%1)\n"
                   "  return (%2)\n"
                   "}\n");
