@@ -49,7 +49,10 @@ def main():
     ap.add_argument("--iter", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=kiln.get_num_threads())
+    ap.add_argument("--quick", action="store_true", help="1x128x64x64, 2 rounds")
     a = ap.parse_args()
+    if a.quick:
+        a.size, a.rounds = 64, 2
     kiln.set_num_threads(a.threads)
     block, x_np = make_block(a.size)
     x = kiln.tensor(x_np)

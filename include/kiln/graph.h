@@ -93,6 +93,9 @@ KILN_API kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inp
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */
 KILN_API char *kiln_graph_to_string(const kiln_graph *g);
+/* The graph as Graphviz DOT text (malloc'd; NULL when out of memory): fused groups and control-flow
+ * bodies drawn as clusters, nodes labelled with op, shape and source line (src/ir/dot.c). */
+KILN_API char *kiln_graph_to_dot(const kiln_graph *g);
 /* The graph a text in kiln_graph_to_string's form describes. Text from anywhere is safe to give
  * it: beyond these limits, and on any other error, it returns KILN_ERR_VALUE with a message
  * naming the line ("graph text line N: ..."; KILN_ERR_MEMORY when an allocation fails), having

@@ -72,6 +72,12 @@ enum kiln_op_flags {
 /* Running it twice, or not at all, is visible: in-place writes, draws from the generator,
  * printing and checks. Such nodes are kept, never merged, and kept in order. */
 #define KILN_OPF_SIDE_EFFECTS (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)
+/* Every flag its own bit (bits 0-7 named above, 8-15 unsaved inputs, 16-23 written inputs). */
+#define KILN_OPF_HIGH_BITS_ (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_DTYPE_ATTR)
+_Static_assert(0xffffffull + KILN_OPF_EXP + KILN_OPF_LOG + KILN_OPF_ERF + KILN_OPF_TANH + KILN_OPF_LIBM + KILN_OPF_SIZED +
+                       KILN_OPF_DTYPE_ATTR ==
+                   (0xffffffull | KILN_OPF_HIGH_BITS_),
+               "two op flags share a bit");
 
 struct kiln_grad_ctx;
 typedef kiln_status (*kiln_infer_fn)(kiln_tensor *const *in, int nin, const kiln_attrs *a,

@@ -32,6 +32,7 @@
 #include "codegen.h"
 #include "codegen_info.h"
 #include "disk_cache.h"
+#include "../core/profile.h"
 
 extern char **environ;
 
@@ -362,10 +363,12 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     kiln_work_dir w;
     char entry[48], name[32];
     snprintf(entry, sizeof entry, "%s.so", key);
+    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
     bool use_disk = kiln_cache_open(&c);
     kiln_status s = kiln_work_dir_make(&c, &w);
     void *h = NULL;
     if (s == KILN_OK && use_disk) h = load_entry(&c, &w, key, entry, probe_symbol);
+    bool hit = h != NULL;
     if (s == KILN_OK && !h) {
         fresh_name(name);
         s = compile_in(&w, source, name);
@@ -379,6 +382,7 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     }
     kiln_work_dir_remove(&w); /* everything in it: loaded objects stay mapped */
     kiln_cache_close(&c);
+    if (start) kiln_profile_phase("codegen", hit ? "disk cache hit" : "cache miss: compiled", start);
     if (s == KILN_OK) *handle = h;
     return s;
 }
@@ -488,7 +492,14 @@ static kiln_status load_locked(int n, const char *const *sources, const char *co
 
 kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns) {
     pthread_mutex_lock(&state.lock);
+    int64_t start = kiln_profiling() ? kiln_profile_now() : 0, hits = state.stats.memory_hits;
     kiln_status s = load_locked(n, sources, symbols, fns);
+    if (start) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "%d kernels, %lld loaded before (memory cache hits)", n,
+                 (long long)(state.stats.memory_hits - hits));
+        kiln_profile_phase("codegen.load", detail, start);
+    }
     if (s != KILN_OK && s != KILN_ERR_MEMORY && s != KILN_ERR_NOT_IMPLEMENTED && !state.warned_failure) {
         fprintf(stderr, "kiln: warning: generated code unavailable, fused kernels run interpreted: %s\n",
                 kiln_last_error());

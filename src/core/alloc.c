@@ -5,6 +5,7 @@
  * persist, every one after it), as the system's would (NULL, KILN_ERR_MEMORY), so the tests can
  * check that every failure is handled. */
 #include "internal.h"
+#include "profile.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -98,6 +99,7 @@ static void count_alloc(size_t bytes) {
     while (now > peak && !atomic_compare_exchange_weak_explicit(&bytes_peak, &peak, now, memory_order_relaxed,
                                                                 memory_order_relaxed)) {
     }
+    if (kiln_profiling()) kiln_profile_alloc((int64_t)bytes, (int64_t)now, (int64_t)(now > peak ? now : peak));
 }
 
 size_t kiln_memory_in_use(void) { return atomic_load_explicit(&bytes_in_use, memory_order_relaxed); }
@@ -142,8 +144,9 @@ void kiln_free(void *p) {
     if (!p) return;
     char *block = (char *)p - KILN_ALIGN;
     size_t bytes = *(size_t *)block;
-    atomic_fetch_sub_explicit(&bytes_in_use, bytes ? bytes : *(size_t *)(block + sizeof(size_t)),
-                              memory_order_relaxed);
+    size_t freed = bytes ? bytes : *(size_t *)(block + sizeof(size_t));
+    size_t left = atomic_fetch_sub_explicit(&bytes_in_use, freed, memory_order_relaxed) - freed;
+    if (kiln_profiling()) kiln_profile_alloc(-(int64_t)freed, (int64_t)left, (int64_t)kiln_memory_peak());
     if (bytes) {
         pthread_mutex_lock(&block_cache.lock);
         if (block_cache.count < CACHE_SLOTS && block_cache.total + bytes <= CACHE_MAX_BYTES) {

@@ -2,6 +2,8 @@
  * runs the kernel and records the op for the tracer and autograd (through their hooks). */
 #include "../core/internal.h"
 #include "../core/hooks.h"
+#include "../core/profile.h"
+#include "footprint.h"
 
 static const kiln_attrs no_attrs;
 
@@ -30,7 +32,16 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
         for (int k = 0; k < nout && s == KILN_OK; k++) s = kiln_tensor_empty_like_meta(&metas[k], &out[k]);
     }
-    if (s == KILN_OK) s = info->kernel(in, nin, attrs, out);
+    if (s == KILN_OK) {
+        if (kiln_profiling()) {
+            int64_t start = kiln_profile_begin();
+            s = info->kernel(in, nin, attrs, out);
+            kiln_profile_op_info what = {.source = KILN_PROFILE_EAGER, .op = op, .attrs = attrs, .node = -1, .flops = -1};
+            kiln_profile_tensors(&what, nin, in, nout, out, start);
+        } else {
+            s = info->kernel(in, nin, attrs, out);
+        }
+    }
     if (s != KILN_OK) {
         kiln_release_all(out, nout);
         return s;

@@ -1,6 +1,7 @@
 /* The passes of each optimization level, in order. O0 runs only what correctness needs. */
 #include "../ir/control.h"
 #include "passes_internal.h"
+#include "../core/profile.h"
 
 static const kiln_pass o0_passes[] = {{NULL, NULL}};
 
@@ -46,7 +47,9 @@ const kiln_pass *kiln_pipeline(kiln_jit_level level, int *n) {
 
 static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_options *opt) {
     kiln_graph *out = NULL;
+    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
     kiln_status s = pass->run(*g, opt, &out);
+    if (start) kiln_profile_phase(pass->name, out ? "pass: changed the graph" : "pass: unchanged", start);
     if (s != KILN_OK) return kiln_error_context(s, "in pass %s", pass->name);
     if (out) {
         s = kiln_graph_verify(out);

@@ -58,6 +58,21 @@ static inline kiln_plan *kiln_plan_body(const kiln_plan *p, int32_t node, int sl
     return p->bodies ? p->bodies[(int64_t)node * KILN_PLAN_BODIES + slot] : NULL;
 }
 
+/* The memory a plan's arena holds at its busiest step (src/plan/plan_memory.c): a planned buffer
+ * lives from the step that makes it through its last use. */
+typedef struct kiln_plan_peak {
+    int32_t step;       /* the step with the most planned bytes live (-1: no planned buffer) */
+    size_t live_bytes;  /* their bytes (at most arena_bytes: the arena adds what packing leaves over) */
+    int32_t *values;    /* the buffers live at that step, largest first (malloc'd) */
+    int32_t nvalues;
+    int32_t *producer;  /* per value: the node that makes it, or -1 (malloc'd, g->nvalues entries) */
+} kiln_plan_peak;
+
+kiln_status kiln_plan_peak_find(const kiln_plan *p, kiln_plan_peak *out);
+void kiln_plan_peak_free(kiln_plan_peak *peak);
+/* The bytes of value v's buffer. */
+size_t kiln_plan_value_bytes(const kiln_plan *p, int32_t v);
+
 /* A while's iteration as one graph: (v..., lifted...) -> (the body's next v..., the cond of them)
  * (src/plan/loop_step.c). */
 kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph *body, int nloop, kiln_graph **out);

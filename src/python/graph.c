@@ -166,7 +166,20 @@ static PyObject *executable_get_fallback_calls(PyObject *self, void *c) {
     return PyLong_FromLongLong(kiln_executable_fallback_calls(plan_of(self)));
 }
 
+static PyObject *executable_memory_report(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return pykiln_executable_memory(plan_of(self));
+}
+
+static PyObject *executable_graph_dot(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return pykiln_executable_dot(plan_of(self));
+}
+
 static PyMethodDef executable_methods[] = {
+    {"memory_report", executable_memory_report, METH_NOARGS,
+     "the memory plan at its busiest step: arena, output and live bytes, the buffers live there"},
+    {"graph_dot", executable_graph_dot, METH_NOARGS, "the compiled graph as Graphviz DOT"},
     {"graph_str", executable_graph_str, METH_NOARGS, "the graph in text form"},
     {"order", executable_order, METH_NOARGS, "the execution order, as op names"},
     {"plan_str", executable_plan_str, METH_NOARGS, "the plan in text form (order, memory, groups, bodies)"},
@@ -852,5 +865,6 @@ int pykiln_graph_init_types(PyObject *module) {
     Py_INCREF(&PyTracer_Type);
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_profile_functions) < 0) return -1;
     return PyModule_AddFunctions(module, pykiln_graph_functions);
 }

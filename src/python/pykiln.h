@@ -62,6 +62,11 @@ int pykiln_graph_init_types(PyObject *module);
 kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
 /* kiln._C.apply_control (src/python/control_flow.c) */
 extern PyMethodDef pykiln_control_functions[];
+/* kiln._C.profile_* (profile.c), registered with the graph functions. */
+extern PyMethodDef pykiln_profile_functions[];
+/* An Executable's memory_report() and graph_dot() (executable_report.c). */
+PyObject *pykiln_executable_memory(const kiln_executable *e);
+PyObject *pykiln_executable_dot(const kiln_executable *e);
 /* Runs a compiled graph for the JitDispatcher's fast path (graph.c); args are tensors. */
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* An Executable compiling g (borrowed; the plan keeps its own copy) for opt (graph.c). */

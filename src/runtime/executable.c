@@ -5,6 +5,7 @@
 
 #include "../codegen/fused.h"
 #include "backend.h"
+#include "../core/profile.h"
 
 struct kiln_executable {
     kiln_plan *own_plan; /* the plan, when this executable made it */
@@ -62,14 +63,22 @@ static bool dump_plan(void) {
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
     kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
     kiln_status s = kiln_plan_build(g, opt, &e->own_plan);
+    if (start) kiln_profile_phase("plan", NULL, start);
     if (s == KILN_OK && dump_plan()) {
         char *text = kiln_plan_to_string(e->own_plan);
         fprintf(stderr, "[kiln] %s", text ? text : "(out of memory)\n");
         free(text);
     }
     bool sink = opt && opt->backend == KILN_BACKEND_SINK;
+    start = kiln_profiling() ? kiln_profile_now() : 0;
     if (s == KILN_OK) s = prepare(e, e->own_plan, sink ? &kiln_backend_sink : &kiln_backend_kbk);
+    if (start && s == KILN_OK) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "backend %s, arena %zu bytes", sink ? "sink" : "kbk", e->own_plan->arena_bytes);
+        kiln_profile_phase("prepare", detail, start);
+    }
     if (s != KILN_OK) {
         kiln_executable_free(e);
         return s;

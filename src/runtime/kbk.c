@@ -8,6 +8,7 @@
 #include "../ir/control.h"
 #include "backend.h"
 #include "control_flow.h"
+#include "profile_node.h"
 
 typedef struct {
     const kiln_plan *p;
@@ -72,6 +73,7 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
     kiln_status s = KILN_OK;
     kiln_tensor *small_in[8], **ins = small_in;
     int cap_in = 8;
+    bool profiling = kiln_profiling();
     for (int32_t i = 0; i < p->norder && s == KILN_OK; i++) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         const kiln_node *nd = &g->nodes[p->order[i]];
@@ -105,8 +107,10 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
         if (s == KILN_OK) {
             kiln_fused_kernel *fk = p->kernel[p->order[i]];
             kiln_control_node *cf = e->control[p->order[i]];
+            int64_t start = profiling ? kiln_profile_begin() : 0;
             s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0])
                    : cf ? kiln_control_run(cf, nd->nin, ins, nd->nout, outs) : info->kernel(ins, nd->nin, &nd->attrs, outs);
+            if (profiling) kiln_profile_node(KILN_PROFILE_KBK, g, p->order[i], ins, outs, start);
         }
         if (s == KILN_OK && (info->flags & KILN_OPF_MUTATES)) kiln_tensor_bump_version(ins[0]);
         if (s != KILN_OK) {

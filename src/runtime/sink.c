@@ -25,6 +25,7 @@
 #include "../codegen/sink_steps.h"
 #include "../ir/control.h"
 #include "backend.h"
+#include "profile_node.h"
 
 typedef enum { BOUND_ONCE, DYN_INPUT, DYN_OUTPUT_ROOT, DYN_VIEW, DYN_SAME_AS } value_binding;
 
@@ -416,6 +417,7 @@ static kiln_status interpret(kiln_sink *s) {
     kiln_tensor *small[16], **ins = small;
     int cap = 16;
     kiln_status st = KILN_OK;
+    bool profiling = kiln_profiling();
     for (int32_t i = 0; i < s->nsteps && st == KILN_OK; i++) {
         const kiln_sink_step *step = &s->steps[i];
         if (step->kind != KILN_SINK_VIEW && (st = kiln_check_interrupt()) != KILN_OK) break;
@@ -430,6 +432,7 @@ static kiln_status interpret(kiln_sink *s) {
         }
         for (int k = 0; k < step->nin; k++) ins[k] = s->t[step->in[k]];
         kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+        int64_t start = profiling && step->kind != KILN_SINK_VIEW ? kiln_profile_begin() : 0;
         switch (step->kind) {
         case KILN_SINK_KERNEL:
             for (int k = 0; k < step->nout; k++) outs[k] = s->t[step->out[k]];
@@ -443,6 +446,11 @@ static kiln_status interpret(kiln_sink *s) {
         case KILN_SINK_RESHAPE_COPY: st = env_reshape_copy(ins[0], s->t[step->out[0]]); break;
         case KILN_SINK_FUSED: st = kiln_fused_run(step->fused, step->nin, ins, s->t[step->out[0]]); break;
         case KILN_SINK_VIEW: break;
+        }
+        if (start) {
+            kiln_tensor *made[KILN_MAX_OUTPUTS];
+            for (int k = 0; k < step->nout; k++) made[k] = s->t[step->out[k]];
+            kiln_profile_node(KILN_PROFILE_SINK, s->g, step->node, ins, made, start);
         }
         if (st != KILN_OK) s->env.step = i;
         else if (step->poison_after)
@@ -529,7 +537,8 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     for (int k = 0; k < nin && copies == small; k++) copies[k] = NULL;
     kiln_status st = bind(s, inputs, copies);
     if (st == KILN_OK) {
-        st = s->fn ? (kiln_status)s->fn(&s->env) : interpret(s);
+        /* profiled calls run the same steps interpreted, to time each (the generated function has no clock) */
+        st = s->fn && !kiln_profiling() ? (kiln_status)s->fn(&s->env) : interpret(s);
         if (st != KILN_OK && st != KILN_ERR_INTERRUPTED) step_error(s, st);
     }
     for (int k = 0; k < nout && st == KILN_OK; k++) {

@@ -10,31 +10,9 @@
 #include <time.h>
 
 #include "check.h"
+#include "sample_graphs.h"
 #include "core/internal.h"
 #include "ir/control.h"
-
-/* x counts up while x < limit: with limit = inf it never ends (x stops growing at 2^24) */
-static const char *counting_loop =
-    "graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: float32[] = while(%0, %1) {0, 1, 1}\n"
-    "  return (%2)\n"
-    "}\n"
-    "subgraph 0: graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: bool[] = lt(%0, %1)\n"
-    "  return (%2)\n"
-    "}\n"
-    "subgraph 1: graph(%0: float32[], %1: float32[]) {\n"
-    "  %2: float32[] = constant(1)\n"
-    "  %3: float32[] = add(%0, %2)\n"
-    "  return (%3)\n"
-    "}\n";
-
-static const char *abc =
-    "graph(%0: float32[2, 3], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-    "  %3: float32[2, 3] = mul(%0, %1)\n"
-    "  %4: float32[2, 3] = add(%3, %2)\n"
-    "  return (%4)\n"
-    "}\n";
 
 static kiln_graph *parse(const char *text) {
     kiln_graph *g = NULL;
@@ -104,7 +82,7 @@ static void check_loop_stops(loop_run *r, const char *what) {
 }
 
 static void test_compiled_loop_stops(void) {
-    kiln_graph *g = parse(counting_loop);
+    kiln_graph *g = parse(SAMPLE_COUNTING_LOOP);
     for (int b = 0; b < 2; b++) {
         kiln_compile_options opt = {KILN_ORDER_BFS, false, b ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
         loop_run r = {0};
@@ -117,7 +95,7 @@ static void test_compiled_loop_stops(void) {
 }
 
 static void test_eager_loop_stops(void) {
-    kiln_graph *g = parse(counting_loop);
+    kiln_graph *g = parse(SAMPLE_COUNTING_LOOP);
     loop_run r = {0};
     r.attrs.ni = 3, r.attrs.i[2] = 1;
     for (int k = 0; k < 2; k++) {
@@ -191,7 +169,7 @@ static kiln_status run_abc(kiln_executable *e, float *out6) {
 /* kbk, the sink's generated function and its interpreted steps */
 static void test_straight_line(void) {
     const float want[6] = {2.5f, 4, 6, -4, -5, -5};
-    kiln_graph *g = parse(abc);
+    kiln_graph *g = parse(SAMPLE_ABC);
     for (int kind = 0; kind < 3; kind++) {
         if (kind == 2) setenv("KILN_DISABLE_CODEGEN", "1", 1);
         kiln_compile_options opt = {KILN_ORDER_BFS, false, kind ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "sample_graphs.h"
 #include "core/internal.h"
 
 static kiln_graph *parse(const char *text) {
@@ -82,13 +83,6 @@ static kiln_tensor *abc_input(int k, int call) {
     return ramp(2, shape, (float)(k + 2 * call) - 1.5f);
 }
 
-static const char *abc =
-    "graph(%0: float32[2, 3], %1: float32[2, 3], %2: float32[2, 3]) {\n"
-    "  %3: float32[2, 3] = mul(%0, %1)\n"
-    "  %4: float32[2, 3] = add(%3, %2)\n"
-    "  return (%4)\n"
-    "}\n";
-
 static kiln_tensor *cube_input(int k, int call) {
     int64_t shape[3] = {2, 3, 4};
     return ramp(3, shape, 0.5f * (float)(k - call));
@@ -112,7 +106,7 @@ static const char *views =
 
 static void test_abc_and_views(void) {
     for (int interp = 0; interp < 2; interp++) {
-        compare_backends(abc, 3, abc_input, interp, !interp);
+        compare_backends(SAMPLE_ABC, 3, abc_input, interp, !interp);
         compare_backends(views, 2, cube_input, interp, !interp);
     }
 }
@@ -204,7 +198,7 @@ static void test_fused_group(void) {
 }
 
 static void test_wrong_inputs(void) {
-    kiln_graph *g = parse(abc);
+    kiln_graph *g = parse(SAMPLE_ABC);
     kiln_executable *s = NULL;
     CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
     int64_t shape[2] = {3, 2};

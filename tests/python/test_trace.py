@@ -529,7 +529,8 @@ def test_sublinear_and_profiling_warn_once():
         t(x)
         t(rand(5))  # a new graph, no new warning
     p = trace(lambda a: a + 1, profiling=True)
-    with pytest.warns(UserWarning, match="profiling=True .* has no effect yet"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # profiling works: nothing to warn about
         p(x)
     assert p.profiling is True and t.sublinear_memory_config.thresh_nr_try == 10
     with warnings.catch_warnings():
@@ -569,11 +570,11 @@ def test_argument_validation():
         assert trace(_f, opt_level=level).opt_level == level
 
 
-def test_profile_is_not_implemented():
+def test_profile_needs_profiling():
     t = trace(_f, capture_as_const=True)
     x = rand(2)
     t(x, x, x)
-    with pytest.raises(NotImplementedError, match="profiling"):
+    with pytest.raises(RuntimeError, match="made with profiling=False"):
         t.get_profile()
     with pytest.raises(RuntimeError, match="nothing traced yet"):
         trace(_f).graph_str()

@@ -159,6 +159,12 @@ def capture_piece(owner, state, leaves, spec):
     return piece, "break", bytecode.thaw(value, run_interp), run_interp
 
 
+def _execute(jf, piece, leaves):
+    """Runs a compiled piece (recorded when jf was made with profiling=True)."""
+    recorder = jf._recorder
+    return piece.executable(*leaves) if recorder is None else recorder.run(piece.executable, *leaves)
+
+
 def run(owner, pieces, key, leaves, spec, side_effects_done=False):
     """One call from a resume point: graphs and break instructions until the function returns."""
     while True:
@@ -205,7 +211,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
             frames = value
         else:
             owner.stats.hits += 1
-            outs = piece.executable(*leaves)
+            outs = _execute(owner, piece, leaves)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value
@@ -319,7 +325,7 @@ def call(jf, args, kwargs):
             for piece in hit[2]:  # a function that is one graph: no state to rebuild
                 if piece.returns and piece.guards.check():
                     jf.stats.hits += 1
-                    return tree.unflatten(piece.out_spec, piece.executable(*leaves))[0]
+                    return tree.unflatten(piece.out_spec, _execute(jf, piece, leaves))[0]
             try:
                 return run(jf, pieces, hit[0], leaves, hit[1])
             except bytecode.Unsupported as e:  # before anything ran in Python: the call runs eagerly

@@ -15,6 +15,7 @@ import warnings
 
 from .. import _C
 from ..autograd import differentiating
+from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, bytecode_capture, dynamic, guards, tree
 from .options import JitOptions
 from .syntax import JitSyntaxError
@@ -220,6 +221,7 @@ class JitFunction(_C.JitDispatcher):
         self._grad_parent = None  # for the value_and_grad variant of a jitted function: that function
         self._pieces = None  # capture_mode="bytecode": its Pieces (kiln.jit.bytecode_capture)
         self._recompiles = []  # ast and trace: what changed at each capture after the first (explain)
+        self._recorder = CallRecorder() if options.profiling else None  # profiling=True: every compiled run
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -317,7 +319,7 @@ class JitFunction(_C.JitDispatcher):
         if entry is not None:
             self.stats.hits += 1
             self._last = entry
-            outs = entry.executable(*leaves)
+            outs = entry.executable(*leaves) if self._recorder is None else self._recorder.run(entry.executable, *leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
         if self._dynamic:
             found = self._dynamic_call(key, args, kwargs, leaves)
@@ -353,7 +355,7 @@ class JitFunction(_C.JitDispatcher):
                 return self._target()(*args, **kwargs)
             self.stats.hits += 1
             self._last = d.entry
-            outs = exe(*leaves)
+            outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
             return tree.unflatten(d.entry.out_spec, outs)[0]
         return _NO_ENTRY
 
@@ -398,7 +400,11 @@ class JitFunction(_C.JitDispatcher):
         t0 = time.perf_counter()
         symbols = self._symbols(key, self._key(args, kwargs)[1])
         try:
-            result, entry = self._capture(args, kwargs, symbols and symbols[:3])
+            compile_args = (self.__qualname__, self._capture, args, kwargs, symbols and symbols[:3])
+            if self._recorder is None:
+                result, entry = capture_phase(*compile_args)
+            else:
+                result, entry = self._recorder.compile(capture_phase, *compile_args)
         except NotReplayable as e:
             self._eager_reason = e.reason
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
@@ -434,7 +440,7 @@ class JitFunction(_C.JitDispatcher):
         from ..nn import Cell
 
         if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
-                or entry.differentiable):
+                or entry.differentiable or self._recorder is not None):
             return
         if not all(isinstance(a, _C.TensorBase) for a in args):
             return
@@ -525,6 +531,41 @@ class JitFunction(_C.JitDispatcher):
         if self._last is None:
             raise RuntimeError("plan_str: no graph compiled yet; call the function or pass arguments")
         return self._last.executable.plan_str()
+
+    def get_profile(self):
+        """With profiling=True (option, or JitConfig(profiling=True)): every compiled run since the
+        function was made, in MegEngine's get_profile() dict shape (kiln.profiler.megengine_profile)."""
+        if self._recorder is None:
+            raise RuntimeError("get_profile: this function was compiled with profiling=False; use "
+                               "kiln.jit(fn, profiling=True)")
+        return self._recorder.get_profile()
+
+    def memory_report(self, *args, **kwargs):
+        """The memory of the graph compiled for these arguments (compiling it if needed), or for the
+        last call (plan only): see kiln.tools.memory_report."""
+        from ..tools.memory import memory_report
+
+        return memory_report(self, *args, **kwargs)
+
+    def graph_dot(self, *args, **kwargs):
+        """The graph compiled for these arguments (or for the last call) as Graphviz DOT: fused
+        groups and control-flow bodies as clusters, nodes labelled with op, shape and source line."""
+        if args or kwargs:
+            return self.executable(*args, **kwargs).graph_dot()
+        if self._last is None:
+            raise RuntimeError("graph_dot: no graph compiled yet; call the function or pass arguments")
+        return self._last.executable.graph_dot()
+
+    def _memory_target(self, args, kwargs):
+        """(executable, its input tensors, the eager call) for memory_report; no arguments: the
+        last call's executable alone."""
+        if not (args or kwargs):
+            if self._last is None:
+                raise RuntimeError("memory_report: no graph compiled yet; call the function or pass arguments")
+            return self._last.executable, None, None
+        exe = self.executable(*args, **kwargs)
+        _, leaves = self._key(args, kwargs)
+        return exe, leaves, lambda: self._target()(*args, **kwargs)
 
     def executable(self, *args, **kwargs):
         """The compiled graph object for these arguments (for its memory plan and order; a dynamic
@@ -624,7 +665,9 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=None, full
     True or 1 (every input size is symbolic), False or 0 (exact shapes; kiln.mark_dynamic still
     applies). Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
     debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
-    {"global": {...}, "session": {...}}, checked and recorded)."""
+    {"global": {...}, "session": {...}}, checked and recorded), profiling (True: every compiled
+    call is recorded, get_profile() returns them in MegEngine's dict shape; such calls always come
+    through Python). Any jitted function has memory_report() and graph_dot() (see kiln.tools)."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

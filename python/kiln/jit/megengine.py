@@ -29,6 +29,7 @@ import threading
 import warnings
 
 from .. import _C
+from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
@@ -286,9 +287,12 @@ class trace(_C.JitDispatcher):
     fusion takes reductions over the last axis); jit_fuse_reduce=False at O1/O2 and
     jit_fuse_dimshuffle=True cannot be honoured and are ignored with a warning.
 
-    sublinear_memory_config, dtr_config (a DTRConfig: kiln has no dynamic tensor
-    rematerialization) and profiling are checked and stored, and have no effect yet: one
-    warning at the first call names each.
+    sublinear_memory_config and dtr_config (a DTRConfig: kiln has no dynamic tensor
+    rematerialization) are checked and stored, and have no effect yet: one warning at the first
+    call names each. profiling=True records every compiled run (and the compile phases) through
+    kiln's profiler; get_profile() returns them in MegEngine's dict shape (kiln.profiler.
+    megengine_profile), which `python -m kiln.tools.profile_analyze` reads once dumped as JSON.
+    Profiled calls always come through Python (never the C fast path).
 
     verify (a kiln extension, default True; also the attribute `trace.verify`): re-run the
     Python function on every later call and compare it with the recording (see the module
@@ -349,6 +353,7 @@ class trace(_C.JitDispatcher):
         self._baked = []          # their values when traced (capture_as_const)
         self._warned = False
         self.instances = 0        # symbolic_shape: recordings rebound to new shapes instead of recorded again
+        self._recorder = CallRecorder() if profiling else None
 
     # methods: @trace on a def inside a class binds like a function, one trace per instance
     # (kept in the instance's __dict__ when it has one, so it lives as long as the instance)
@@ -433,9 +438,9 @@ class trace(_C.JitDispatcher):
             run = self._check_run(rec, spec, leaves)
             if rec.graph.has_effects:
                 return run.result
-        if not rec.fast:
+        if not rec.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
-        outs = rec.executable(*leaves)
+        outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
         return tree.unflatten(rec.out_spec, outs)[0]
 
     def _instantiate(self, key, leaves):
@@ -496,8 +501,9 @@ class trace(_C.JitDispatcher):
         return run.result
 
     def _record(self, key, spec, leaves):
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
-                            self.symbolic_shape)
+        args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
+                self._level, self.symbolic_shape)
+        run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
@@ -513,7 +519,8 @@ class trace(_C.JitDispatcher):
         if self.capture_as_const:
             self._baked = self._bindings.snapshot(True)
         if self.symbolic and not run.graph.has_effects:
-            outs = run.executable(*leaves)  # a symbolic trace's results come from the graph
+            # a symbolic trace's results come from the graph
+            outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
             return tree.unflatten(run.out_spec, outs)[0]
         return run.result
 
@@ -554,8 +561,6 @@ class trace(_C.JitDispatcher):
             unused.append("sublinear_memory_config (sublinear memory arrives with a later issue)")
         if self.dtr_config is not None:
             unused.append("dtr_config (kiln has no dynamic tensor rematerialization)")
-        if self.profiling:
-            unused.append("profiling=True (profiling arrives with a later issue)")
         goc = self.graph_opt_config
         if goc is not None and goc.jit_fuse_dimshuffle:
             unused.append("graph_opt_config.jit_fuse_dimshuffle=True (kiln does not fuse transposes into generated "
@@ -611,10 +616,44 @@ class trace(_C.JitDispatcher):
                           user_info=user_info, enable_metadata=enable_metadata, input_data=input_data, **kwargs)
 
     def get_profile(self):
-        """Profiling result of the compiled trace (MegEngine's trace.get_profile)."""
-        raise NotImplementedError("trace.get_profile: profiling arrives with the profiling issue")
+        """Profiling result of the compiled trace (MegEngine's trace.get_profile): every compiled run
+        since the trace was made, as MegEngine's dict (see kiln.profiler.megengine_profile)."""
+        if self._recorder is None:
+            raise RuntimeError("trace.get_profile: this trace was made with profiling=False; "
+                               "use kiln.trace(fn, profiling=True)")
+        return self._recorder.get_profile()
 
     # ---- introspection ------------------------------------------------------------------
+    def memory_report(self, *args, **kwargs):
+        """The memory of the graph recorded for these arguments (calling the trace with them), or for
+        the last call (the plan only): see kiln.tools.memory_report."""
+        from ..tools.memory import memory_report
+
+        return memory_report(self, *args, **kwargs)
+
+    def _memory_target(self, args, kwargs):
+        if args or kwargs:
+            self(*args, **kwargs)
+        if self._last is None:
+            raise RuntimeError("memory_report: nothing traced yet; call the trace first")
+        if not (args or kwargs):
+            return self._last.executable, None, None
+        if not kwargs and all(isinstance(a, _C.TensorBase) for a in args):
+            leaves = list(args)
+        else:
+            leaves = []
+            tree.flatten((args, dict(sorted(kwargs.items()))), leaves)
+        return self._last.executable, leaves, lambda: self._target(*args, **kwargs)
+
+    def graph_dot(self, *args, **kwargs):
+        """The graph used by the last call (after calling the trace with args, when given) as
+        Graphviz DOT: fused groups and control-flow bodies as clusters."""
+        if args or kwargs:
+            self(*args, **kwargs)
+        if self._last is None:
+            raise RuntimeError("trace.graph_dot: nothing traced yet; call the trace first")
+        return self._last.executable.graph_dot()
+
     def graph_str(self):
         """The graph used by the last call, in text form."""
         if self._last is None:

@@ -9,7 +9,7 @@ JIT_LEVELS = ("O0", "O1", "O2")
 BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "sink"}
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
-                "jit_syntax_level", "ge_options")
+                "jit_syntax_level", "ge_options", "profiling")
 # MindSpore >= 2.6 spells dynamic as an int: 0 static shapes, 1 dynamic; None: automatic (kiln.jit.dynamic)
 DYNAMIC_VALUES = {0: False, 1: True, None: None}
 GE_OPTION_GROUPS = ("global", "session")
@@ -19,7 +19,8 @@ class JitOptions:
     """The validated settings of one jitted function."""
 
     __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
-                 "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options")
+                 "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options",
+                 "profiling")
 
     @classmethod
     def make(cls, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="", **options):
@@ -63,6 +64,9 @@ class JitOptions:
             raise ValueError(f"jit: jit_syntax_level must be 'STRICT', 'LAX' or '', got {level!r}")
         o._syntax_level = level
         o.ge_options = _ge_options(options.get("ge_options"), backend, o.backend)
+        o.profiling = options.get("profiling", False)
+        if not isinstance(o.profiling, bool):
+            raise TypeError(f"jit: profiling must be True or False, got {o.profiling!r}")
         return o
 
     def with_capture_mode(self, capture_mode):
