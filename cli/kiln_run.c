@@ -18,11 +18,12 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/profile.h"
 #include "kiln/kiln.h"
 #include "npy.h"
 
 typedef struct {
-    const char *model, *output_dir, *backend;
+    const char *model, *output_dir, *backend, *profile;
     const char **input_specs;
     int ninput_specs;
     long iters, warmup, threads;
@@ -34,7 +35,7 @@ typedef struct {
 static void usage(FILE *to) {
     fprintf(to, "usage: kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]\n"
                 "                [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
-                "                [--seed N]\n");
+                "                [--seed N] [--profile TRACE.json]\n");
 }
 
 static int die(const char *what) {
@@ -58,7 +59,7 @@ static int parse_args(int argc, char **argv, options *o) {
         const char *a = argv[k], *v = k + 1 < argc ? argv[k + 1] : NULL;
         bool takes = strcmp(a, "--input") == 0 || strcmp(a, "--iter") == 0 || strcmp(a, "--warmup") == 0 ||
                      strcmp(a, "--threads") == 0 || strcmp(a, "--backend") == 0 || strcmp(a, "--output-dir") == 0 ||
-                     strcmp(a, "--tolerance") == 0 || strcmp(a, "--seed") == 0;
+                     strcmp(a, "--tolerance") == 0 || strcmp(a, "--seed") == 0 || strcmp(a, "--profile") == 0;
         if (takes && !v) {
             fprintf(stderr, "kiln-run: %s needs a value\n", a);
             return 2;
@@ -88,6 +89,8 @@ static int parse_args(int argc, char **argv, options *o) {
             long s;
             ok = parse_long(v, 0, 1L << 62, &s);
             o->seed = (unsigned long long)s;
+        } else if (strcmp(a, "--profile") == 0) {
+            o->profile = v;
         } else if (strcmp(a, "--model-info") == 0) {
             o->info = true;
         } else if (strcmp(a, "--check") == 0) {
@@ -342,7 +345,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (o.info) printf("load: %.3f ms\n", now_ms() - t0);
+    /* --profile: compile phases, every kernel of every run and the allocations, as Chrome Trace
+     * Event JSON (the format kiln.profiler writes) */
+    size_t mark = o.profile ? kiln_profile_start() : 0;
     rc = run(&o, m);
+    if (o.profile) {
+        if (rc == 0 && kiln_profile_write_chrome(o.profile, mark, KILN_PROFILE_WRITE_ALL) != KILN_OK) rc = die("--profile");
+        kiln_profile_stop();
+    }
     kiln_model_free(m);
     free(o.input_specs);
     return rc;

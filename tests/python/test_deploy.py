@@ -312,6 +312,26 @@ def test_kiln_run_check_fails_on_a_mismatch(tmp_path):
     assert r.returncode == 1 and "MISMATCH" in r.stdout
 
 
+@needs_kiln_run
+def test_kiln_run_profile_writes_a_chrome_trace(tmp_path):
+    t, _ = traced(models.simple_function, arr(2, 3), arr(2, 3), arr(2, 3))
+    model = tmp_path / "f.kiln"
+    t.dump(str(model), optimize_for_inference=False)
+    r = subprocess.run([KILN_RUN, str(model), "--iter", "3", "--warmup", "1", "--profile", str(tmp_path / "p.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    events = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    kernels = [e for e in events if e["ph"] == "X" and e["cat"] == "kbk"]
+    assert sorted({e["name"] for e in kernels}) == ["add", "mul"]
+    assert len(kernels) == 2 * 4  # two nodes, four runs (one warm-up)
+    assert all(e["dur"] >= 0 and e["args"]["inputs"] for e in kernels)
+    assert any(e["ph"] == "X" and e["cat"] == "compile" and e["name"] == "plan" for e in events)
+    assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
+    bad = subprocess.run([KILN_RUN, str(model), "--iter", "1", "--profile", str(tmp_path / "no" / "p.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--profile" in bad.stderr
+
+
 # ---- ONNX export (runs where onnx and onnxruntime are installed) ----------------------------------
 
 def _attention():
