@@ -266,3 +266,20 @@ def test_instances_are_bounded_and_made_again_when_dropped():
     info = f.cache_info()
     assert info.compiles == 1 and info.dynamic[0]["instances"] == dynamic.MAX_INSTANCES, info
     assert info.instances == 2 * len(sizes) - 1  # the second pass made each one again
+
+
+def test_explain_shows_the_symbols_and_shape_guards_of_a_dynamic_entry():
+    def f(a, b):
+        if a.shape[0] > 3:
+            return (a * b).sum(0)
+        return a + b
+
+    jf = kiln.jit(f, dynamic=True)
+    for n in (5, 6, 7):
+        a, b = T(n, 4), T(n, 4)
+        close(jf(a, b), (a.asnumpy() * b.asnumpy()).sum(0), 1e-6)
+    report = kiln.jit.explain(jf, T(8, 4), T(8, 4))
+    assert report.graph_count == 1 and report.op_count == 2 and not report.recompiles
+    guards = report.graphs[0][1]
+    assert "size s0: input0.shape[0] = input1.shape[0] >= 2" in guards
+    assert "shapes: s0 > 3" in guards

@@ -36,7 +36,9 @@ class ExplainOutput:
 
 
 def _ops(graph_text):
-    return sum(1 for line in graph_text.splitlines() if " = " in line and " = constant(" not in line)
+    """The ops of a graph's text (not its captures: constants, parameters, captured tensors)."""
+    rhs = [line.partition(" = ")[2] for line in graph_text.split("\nsubgraph")[0].splitlines()]
+    return sum(1 for r in rhs if "(" in r and not r.startswith("constant("))
 
 
 def report(jf):
@@ -55,6 +57,12 @@ def report(jf):
             fallback = fallback or pieces.given_up
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
+        for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
+            for d in ds:
+                info = d.describe()
+                shapes = [f"size {name}: {what}" for name, what in info["symbols"].items()]
+                shapes += [f"shapes: {g}" for g in info["guards"]]
+                graphs.append((_ops(d.entry.graph_text), list(d.entry.guard_names) + shapes))
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:
