@@ -33,6 +33,7 @@ typedef struct kiln_node {
     int32_t out[KILN_MAX_OUTPUTS];
     kiln_attrs attrs;
     int32_t loc; /* index into the graph's source locations, or -1 */
+    bool recompute; /* recorded inside a Cell marked with Cell.recompute(): recompute for the backward */
 } kiln_node;
 
 typedef struct kiln_graph {

@@ -188,5 +188,6 @@ KILN_API int64_t kiln_conv_winograd_count(void);
 #include "kiln/autograd.h"
 #include "kiln/graph.h"
 #include "kiln/passes.h"
+#include "kiln/sublinear.h"
 
 #endif

@@ -42,6 +42,7 @@ kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
     }
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) s = kiln_graph_add_node(rw->dst, n->op, n->nin, in, &n->attrs, n->loc, outs);
+    if (s == KILN_OK) rw->dst->nodes[rw->dst->nnodes - 1].recompute = n->recompute;
     for (int k = 0; k < n->nout && s == KILN_OK; k++) rw->map[n->out[k]] = outs[k];
     if (in != small) free(in);
     return s;

@@ -126,7 +126,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False):
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
                                    level=options.level, inference=options.infer_boost == "on",
                                    disable_format_transform=options.disable_format_transform,
-                                   backend=options.backend)
+                                   backend=options.backend, sublinear=options.sublinear)
     finally:
         tracer.end()
         _C.set_cell_logs(*prev_logs)
@@ -403,6 +403,18 @@ class JitFunction(_C.JitDispatcher):
             raise RuntimeError("plan_str: no graph compiled yet; call the function or pass arguments")
         return self._last.executable.plan_str()
 
+    def memory_report(self, *args, **kwargs):
+        """The memory plan of the graph compiled for these arguments (or the last call), as a dict:
+        recompute ("none", "search": SublinearMemoryConfig, "cell": Cell.recompute), peak_before and
+        peak_after (planned arena bytes without and with recomputation), peak_greedy (the threshold
+        search's best), recomputed_ops, extra_flops, checkpoints, candidates (plans scored), and
+        peak_bfs / peak_dfs (the compiled graph planned in either exec_order)."""
+        if args or kwargs:
+            return self.executable(*args, **kwargs).memory_report()
+        if self._last is None:
+            raise RuntimeError("memory_report: no graph compiled yet; call the function or pass arguments")
+        return self._last.executable.memory_report()
+
     def executable(self, *args, **kwargs):
         """The compiled graph object for these arguments (for its memory plan and order)."""
         self.graph_str(*args, **kwargs)
@@ -483,7 +495,9 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=False, ful
     effect makes the function run eagerly (STRICT: an error). dynamic: 0/1/False/True (MindSpore
     2.6's int form), stored. Options: exec_order ("bfs" | "dfs"), recompile_limit (default 8),
     debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
-    {"global": {...}, "session": {...}}, checked and recorded)."""
+    {"global": {...}, "session": {...}}, checked and recorded), sublinear_memory_config (a
+    kiln.jit.SublinearMemoryConfig: recompute activations of training graphs, checkpoints
+    searched; see memory_report())."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

@@ -185,7 +185,7 @@ class _Run:
                  "constant_names")
 
 
-def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, sublinear=None):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded."""
     tracer = _C.Tracer(capture_constants=capture_constants)
@@ -213,7 +213,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0):
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
-        executable = tracer.finish(out_leaves, level=level)
+        executable = tracer.finish(out_leaves, level=level, sublinear=sublinear)
         recorded = tracer.recorded()  # the graph before the level's passes
         sources = tracer.constant_sources()
     finally:
@@ -269,9 +269,11 @@ class trace(_C.JitDispatcher):
     fusion takes reductions over the last axis); jit_fuse_reduce=False at O1/O2 and
     jit_fuse_dimshuffle=True cannot be honoured and are ignored with a warning.
 
-    sublinear_memory_config, dtr_config (a DTRConfig: kiln has no dynamic tensor
-    rematerialization) and profiling are checked and stored, and have no effect yet: one
-    warning at the first call names each.
+    sublinear_memory_config (a SublinearMemoryConfig): the recorded training graph recomputes
+    activations instead of keeping them, checkpoints searched (see SublinearMemoryConfig and
+    memory_report()). dtr_config (a DTRConfig: kiln has no dynamic tensor rematerialization) and
+    profiling are checked and stored, and have no effect yet: one warning at the first call names
+    each.
 
     verify (a kiln extension, default True; also the attribute `trace.verify`): re-run the
     Python function on every later call and compare it with the recording (see the module
@@ -449,13 +451,15 @@ class trace(_C.JitDispatcher):
         self._spec, self._labels = spec, _labels(spec)
         self._metas = tuple((t.dtype, _device(t)) for t in leaves)
         key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
+                            self._sublinear())
         self._records = {key: [run]}
         self._last = run
         return run.result
 
     def _record(self, key, spec, leaves):
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
+                            self._sublinear())
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
         records = self._records.setdefault(key, [])
@@ -507,8 +511,6 @@ class trace(_C.JitDispatcher):
             return
         self._warned = True
         unused = []
-        if self.sublinear_memory_config is not None:
-            unused.append("sublinear_memory_config (sublinear memory arrives with a later issue)")
         if self.dtr_config is not None:
             unused.append("dtr_config (kiln has no dynamic tensor rematerialization)")
         if self.profiling:
@@ -541,6 +543,16 @@ class trace(_C.JitDispatcher):
         raise NotImplementedError("trace.get_profile: profiling arrives with the profiling issue")
 
     # ---- introspection ------------------------------------------------------------------
+    def _sublinear(self):
+        c = self.sublinear_memory_config
+        return None if c is None else c.as_tuple()
+
+    def memory_report(self):
+        """The memory plan of the last recorded graph (see kiln.jit's JitFunction.memory_report)."""
+        if self._last is None:
+            raise RuntimeError("memory_report: nothing traced yet; call the function first")
+        return self._last.executable.memory_report()
+
     def graph_str(self):
         """The graph used by the last call, in text form."""
         if self._last is None:
