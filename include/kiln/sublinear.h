@@ -25,8 +25,9 @@ KILN_API int64_t kiln_node_flops(const kiln_graph *g, int32_t i);
  * were copied. */
 KILN_API kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, const bool *endpoint,
                                             kiln_graph **out, kiln_recompute_stats *st, bool *recomputed);
-/* The same for the nodes recorded inside Cells marked with Cell.recompute (kiln_node.recompute):
- * each run of marked nodes is one block without checkpoints. *out is NULL when none is marked. */
+/* The same for the nodes recorded in calls of Cells marked with Cell.recompute (kiln_node.recompute):
+ * each call is a block whose last node (the cell's output) is kept. *out is NULL when none is
+ * marked. */
 KILN_API kiln_status kiln_recompute_marked(const kiln_graph *g, kiln_graph **out, kiln_recompute_stats *st);
 
 /* Moves in-place updates (an optimizer's parameter writes) to just after the last node they

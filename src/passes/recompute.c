@@ -229,18 +229,24 @@ done:
 kiln_status kiln_recompute_marked(const kiln_graph *g, kiln_graph **out, kiln_recompute_stats *st) {
     *out = NULL;
     memset(st, 0, sizeof *st);
-    int32_t nn = g->nnodes, run = 0;
+    int32_t nn = g->nnodes;
     bool marked = false;
-    for (int32_t i = 0; i < nn; i++) marked |= g->nodes[i].recompute;
+    for (int32_t i = 0; i < nn; i++) marked |= g->nodes[i].recompute != 0;
     if (!marked) return KILN_OK;
     int32_t *block = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    if (!block) return kiln_error(KILN_ERR_MEMORY, "out of memory planning recomputation");
-    /* each run of marked nodes (one Cell call) is a block of its own, without a checkpoint */
-    for (int32_t i = 0; i < nn; i++) {
-        if (g->nodes[i].recompute && i > 0 && !g->nodes[i - 1].recompute) run++;
-        block[i] = g->nodes[i].recompute ? run : -1;
+    bool *endpoint = kiln_calloc((size_t)(nn ? nn : 1), sizeof(bool));
+    if (!block || !endpoint) {
+        free(block), free(endpoint);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory planning recomputation");
     }
-    kiln_status s = kiln_recompute_rewrite(g, block, NULL, out, st, NULL);
-    free(block);
+    /* each marked Cell call is a block; its last node makes the cell's output, which is kept
+     * (MindSpore: everything in the cell but its outputs is recomputed) */
+    for (int32_t i = 0; i < nn; i++) {
+        int32_t id = g->nodes[i].recompute;
+        block[i] = id ? id : -1;
+        endpoint[i] = id && (i + 1 == nn || g->nodes[i + 1].recompute != id);
+    }
+    kiln_status s = kiln_recompute_rewrite(g, block, endpoint, out, st, NULL);
+    free(block), free(endpoint);
     return s;
 }

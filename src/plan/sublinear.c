@@ -9,8 +9,8 @@
  * kiln_plan_peak, the planner's own arena size, on num_worker threads; candidates are made in
  * one thread and their scores merged in a fixed order, so the result does not depend on the
  * number of threads. With lb_memory, any peak at or below it is good enough and the least
- * recompute among those wins; split points are then added at the costliest recomputed nodes
- * while the peak stays below it. Before searching, in-place updates are moved to just after their
+ * recompute among those wins. Last, split points are added at the costliest recomputed nodes
+ * while the peak stays at most lb_memory (without it: at most the best peak). Before searching, in-place updates are moved to just after their
  * gradients (kiln_hoist_updates), which the baseline candidate and every other one share. */
 #include "plan.h"
 
@@ -273,9 +273,12 @@ static kiln_status genetic_search(search *S, pool *p, const kiln_sublinear_confi
     return s;
 }
 
-/* lb_memory: split points at the costliest recomputed nodes while the peak stays <= lb. */
-static kiln_status refine_for_lower_bound(search *S, candidate *best) {
-    if (S->lb <= 0 || (int64_t)best->peak >= S->lb || best->ops == 0) return KILN_OK;
+/* Split points at the costliest recomputed nodes, each kept when it lowers the FLOPs with the peak
+ * at most the bound: lb_memory when set (trading memory back for speed), else the best peak (a
+ * recomputation that does not lower the peak is not worth its time). */
+static kiln_status refine(search *S, candidate *best) {
+    if (best->ops == 0 || (S->lb > 0 && (int64_t)best->peak > S->lb)) return KILN_OK;
+    int64_t bound = S->lb > 0 ? S->lb : (int64_t)best->peak;
     bool *recomputed = kiln_calloc((size_t)S->nn, sizeof(bool));
     int32_t *nodes = kiln_malloc(sizeof(int32_t) * (size_t)S->nn);
     kiln_status s = recomputed && nodes ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory searching checkpoints");
@@ -306,7 +309,7 @@ static kiln_status refine_for_lower_bound(search *S, candidate *best) {
         }
         score(S, &more, NULL);
         S->scored++;
-        if (more.s == KILN_OK && (int64_t)more.peak <= S->lb && more.flops < best->flops) {
+        if (more.s == KILN_OK && (int64_t)more.peak <= bound && more.flops < best->flops) {
             free(best->sp);
             *best = more;
         } else {
@@ -367,7 +370,7 @@ kiln_status kiln_sublinear_optimize(kiln_graph **g, kiln_exec_order order, const
     if (s == KILN_OK) report->peak_greedy = p.c[best_of(&S, &p)].peak;
     if (s == KILN_OK) s = genetic_search(&S, &p, cfg, cfg->num_worker);
     if (s == KILN_OK) s = copy_candidate(&best, &p.c[best_of(&S, &p)]);
-    if (s == KILN_OK) s = refine_for_lower_bound(&S, &best);
+    if (s == KILN_OK) s = refine(&S, &best);
     if (s == KILN_OK && best.s == KILN_OK && best.ops > 0) {
         int32_t *block = NULL;
         bool *endpoint = NULL;
