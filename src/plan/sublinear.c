@@ -8,9 +8,11 @@
  * crossover; a fixed seed). Every candidate is rewritten by kiln_recompute_rewrite and scored by
  * kiln_plan_peak, the planner's own arena size, on num_worker threads; candidates are made in
  * one thread and their scores merged in a fixed order, so the result does not depend on the
- * number of threads. With lb_memory, any peak at or below it is good enough and the least
- * recompute among those wins. Last, split points are added at the costliest recomputed nodes
- * while the peak stays at most lb_memory (without it: at most the best peak). Before searching, in-place updates are moved to just after their
+ * number of threads. The plan chosen is the one with the fewest recomputed FLOPs among those
+ * whose peak is within PEAK_SLACK of the lowest (and, after genetic rounds, no higher than the
+ * greedy search's choice); with lb_memory above that, among those whose peak is at most
+ * lb_memory. Last, split points are added at the costliest recomputed nodes while the peak stays
+ * within that bound. Before searching, in-place updates are moved to just after their
  * gradients (kiln_hoist_updates), which the baseline candidate and every other one share. */
 #include "plan.h"
 
@@ -213,6 +215,29 @@ static int32_t best_of(const search *S, const pool *p) {
     return b;
 }
 
+/* The plan chosen from p: the fewest FLOPs among those whose peak is at most `bound` (ties: the
+ * lower peak, then the smaller split list); -1 when none is. */
+static int32_t cheapest_under(const pool *p, size_t bound) {
+    int32_t b = -1;
+    for (int32_t k = 0; k < p->n; k++) {
+        const candidate *c = &p->c[k];
+        if (c->s != KILN_OK || c->peak > bound) continue;
+        if (b < 0 || c->flops < p->c[b].flops ||
+            (c->flops == p->c[b].flops && (c->peak < p->c[b].peak || (c->peak == p->c[b].peak && compare_sp(c, &p->c[b]) < 0))))
+            b = k;
+    }
+    return b;
+}
+
+/* Peaks within this fraction of the lowest count as equal, and the cheaper plan wins: a
+ * recomputation that saves a few percent of memory is not worth a product's time. */
+#define PEAK_SLACK 0.05
+
+static size_t slack_bound(const search *S, const pool *p) {
+    size_t low = p->c[best_of(S, p)].peak;
+    return low + (size_t)((double)low * PEAK_SLACK);
+}
+
 static kiln_status threshold_search(search *S, pool *p, const kiln_sublinear_config *cfg, size_t base, int w) {
     int64_t th[128];
     int32_t n = 0;
@@ -276,9 +301,8 @@ static kiln_status genetic_search(search *S, pool *p, const kiln_sublinear_confi
 /* Split points at the costliest recomputed nodes, each kept when it lowers the FLOPs with the peak
  * at most the bound: lb_memory when set (trading memory back for speed), else the best peak (a
  * recomputation that does not lower the peak is not worth its time). */
-static kiln_status refine(search *S, candidate *best) {
-    if (best->ops == 0 || (S->lb > 0 && (int64_t)best->peak > S->lb)) return KILN_OK;
-    int64_t bound = S->lb > 0 ? S->lb : (int64_t)best->peak;
+static kiln_status refine(search *S, candidate *best, size_t bound) {
+    if (best->ops == 0 || best->peak > bound) return KILN_OK;
     bool *recomputed = kiln_calloc((size_t)S->nn, sizeof(bool));
     int32_t *nodes = kiln_malloc(sizeof(int32_t) * (size_t)S->nn);
     kiln_status s = recomputed && nodes ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory searching checkpoints");
@@ -309,7 +333,7 @@ static kiln_status refine(search *S, candidate *best) {
         }
         score(S, &more, NULL);
         S->scored++;
-        if (more.s == KILN_OK && (int64_t)more.peak <= bound && more.flops < best->flops) {
+        if (more.s == KILN_OK && more.peak <= bound && more.flops < best->flops) {
             free(best->sp);
             *best = more;
         } else {
@@ -367,10 +391,19 @@ kiln_status kiln_sublinear_optimize(kiln_graph **g, kiln_exec_order order, const
         report->peak_hoisted = p.c[0].peak;
     }
     if (s == KILN_OK) s = threshold_search(&S, &p, cfg, report->peak_hoisted, cfg->num_worker);
-    if (s == KILN_OK) report->peak_greedy = p.c[best_of(&S, &p)].peak;
-    if (s == KILN_OK) s = genetic_search(&S, &p, cfg, cfg->num_worker);
-    if (s == KILN_OK) s = copy_candidate(&best, &p.c[best_of(&S, &p)]);
-    if (s == KILN_OK) s = refine(&S, &best);
+    size_t bound = 0;
+    if (s == KILN_OK) { /* the greedy search's choice; the genetic rounds may only lower its peak */
+        report->peak_greedy = p.c[cheapest_under(&p, slack_bound(&S, &p))].peak;
+        s = genetic_search(&S, &p, cfg, cfg->num_worker);
+    }
+    if (s == KILN_OK) {
+        bound = slack_bound(&S, &p);
+        if (bound > report->peak_greedy) bound = report->peak_greedy;
+        if (cfg->lb_memory > 0 && (size_t)cfg->lb_memory > bound) bound = (size_t)cfg->lb_memory;
+        int32_t chosen = cheapest_under(&p, bound);
+        s = copy_candidate(&best, &p.c[chosen >= 0 ? chosen : best_of(&S, &p)]);
+    }
+    if (s == KILN_OK) s = refine(&S, &best, bound);
     if (s == KILN_OK && best.s == KILN_OK && best.ops > 0) {
         int32_t *block = NULL;
         bool *endpoint = NULL;

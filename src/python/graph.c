@@ -511,7 +511,13 @@ static PyObject *recompute_graph(kiln_graph **g, kiln_exec_order order, PyObject
     if (s == KILN_OK) s = kiln_plan_peak(*g, KILN_ORDER_BFS, &bfs);
     if (s == KILN_OK) s = kiln_plan_peak(*g, KILN_ORDER_DFS, &dfs);
     if (s != KILN_OK) return pykiln_raise(s);
-    return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:i,s:L,s:i,s:i,s:n,s:n}", "recompute", mode, "peak_before",
+    size_t constants = 0; /* copies the graph holds (captured by value) */
+    for (int32_t c = 0; c < (*g)->ncaptures; c++) {
+        const kiln_value *v = &(*g)->values[(*g)->captures[c]];
+        if (v->constant) constants += (size_t)kiln_meta_numel(&v->meta) * kiln_dtype_size(v->meta.dtype);
+    }
+    return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:n,s:i,s:L,s:i,s:i,s:n,s:n}", "recompute", mode, "constant_bytes",
+                         (Py_ssize_t)constants, "peak_before",
                             (Py_ssize_t)rep.peak_before, "peak_hoisted", (Py_ssize_t)rep.peak_hoisted, "peak_after", (Py_ssize_t)rep.peak_after, "peak_greedy",
                             (Py_ssize_t)rep.peak_greedy, "recomputed_ops", rep.recomputed_ops, "extra_flops",
                             (long long)rep.extra_flops, "checkpoints", rep.checkpoints, "candidates",

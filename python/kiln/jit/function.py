@@ -406,9 +406,10 @@ class JitFunction(_C.JitDispatcher):
     def memory_report(self, *args, **kwargs):
         """The memory plan of the graph compiled for these arguments (or the last call), as a dict:
         recompute ("none", "search": SublinearMemoryConfig, "cell": Cell.recompute), peak_before and
-        peak_after (planned arena bytes without and with recomputation), peak_greedy (the threshold
-        search's best), recomputed_ops, extra_flops, checkpoints, candidates (plans scored), and
-        peak_bfs / peak_dfs (the compiled graph planned in either exec_order)."""
+        peak_after (planned arena bytes without and with recomputation), peak_hoisted (updates moved up,
+        nothing recomputed), peak_greedy (the threshold search's best), recomputed_ops,
+        extra_flops, checkpoints, candidates (plans scored), peak_bfs / peak_dfs (the compiled graph
+        planned in either exec_order) and constant_bytes (constants the graph holds)."""
         if args or kwargs:
             return self.executable(*args, **kwargs).memory_report()
         if self._last is None:
