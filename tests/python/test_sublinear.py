@@ -249,3 +249,13 @@ def test_dfs_plans_a_lower_peak_than_bfs_on_a_branching_graph_and_both_are_repor
     assert r["peak_after"] == r["peak_bfs"] and d["peak_after"] == d["peak_dfs"]  # each in its own order
     assert r["peak_dfs"] < r["peak_bfs"] / 2, r
     assert bfs.executable(x).arena_bytes == r["peak_bfs"] and dfs.executable(x).arena_bytes == r["peak_dfs"]
+
+
+@pytest.mark.parametrize("options", [{"exec_order": "dfs"}, {"backend": "sink"}], ids=["dfs", "sink"])
+def test_recomputation_under_dfs_order_and_the_sink_backend(options):
+    x = T.inputs((16, 32))
+    base, sub = T.Step(MLP, **options), T.Step(MLP, sublinear_memory_config=cfg(), **options)
+    assert_same_training(run(sub, x), run(base, x), str(options))
+    r = sub.report()
+    assert r["recomputed_ops"] > 0 and r["peak_after"] < r["peak_before"], r
+    assert sub.step.executable(x).backend == options.get("backend", "kbk")
