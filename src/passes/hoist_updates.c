@@ -15,10 +15,6 @@ static bool movable(const kiln_node *n) {
            !kiln_op_is_control(n->op);
 }
 
-static bool writes(const kiln_node *n, int k) {
-    return kiln_node_writes_input(n, k) || (k == 0 && (kiln_op_table[n->op].flags & KILN_OPF_MUTATES));
-}
-
 typedef struct {
     int32_t anchor, node;
     bool moved;
@@ -40,13 +36,7 @@ kiln_status kiln_hoist_updates(const kiln_graph *g, kiln_graph **out) {
         free(root), free(s);
         return kiln_error(KILN_ERR_MEMORY, "out of memory ordering updates");
     }
-    for (int32_t v = 0; v < nv; v++) {
-        const kiln_value *val = &g->values[v];
-        root[v] = v;
-        if (val->kind == KILN_VALUE_NODE && val->index == 0 &&
-            (kiln_op_table[g->nodes[val->node].op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES)))
-            root[v] = root[g->nodes[val->node].in[0]];
-    }
+    kiln_value_roots(g, root);
     bool moved_any = false;
     for (int32_t i = 0; i < nn; i++) {
         const kiln_node *m = &g->nodes[i];
@@ -63,7 +53,7 @@ kiln_status kiln_hoist_updates(const kiln_graph *g, kiln_graph **out) {
             for (int k = 0; k < m->nin && !conflict; k++)
                 for (int q = 0; q < o->nin && !conflict; q++) {
                     bool same = root[m->in[k]] == root[o->in[q]];
-                    conflict = same && (writes(m, k) || writes(o, q));
+                    conflict = same && (kiln_node_writes_buffer(m, k) || kiln_node_writes_buffer(o, q));
                 }
             if (conflict && s[j].anchor > a) a = s[j].anchor;
         }

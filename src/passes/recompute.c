@@ -20,8 +20,6 @@
 #include "../ir/control.h"
 #include "passes_internal.h"
 
-static bool alias_op(kiln_op op) { return kiln_op_table[op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES); }
-
 static bool impure_subgraph(const kiln_graph *sub) {
     for (int32_t i = 0; i < sub->nnodes; i++)
         if (kiln_node_has_effects(&sub->nodes[i]) || kiln_op_is_control(sub->nodes[i].op)) return true;
@@ -38,13 +36,8 @@ static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *ne
         free(root), free(writer);
         return kiln_error(KILN_ERR_MEMORY, "out of memory planning recomputation");
     }
-    for (int32_t v = 0; v < nv; v++) {
-        const kiln_value *val = &g->values[v];
-        root[v] = v;
-        writer[v] = nn;
-        if (val->kind == KILN_VALUE_NODE && alias_op(g->nodes[val->node].op) && val->index == 0)
-            root[v] = root[g->nodes[val->node].in[0]];
-    }
+    kiln_value_roots(g, root);
+    for (int32_t v = 0; v < nv; v++) writer[v] = nn;
     for (int32_t i = nn - 1; i >= 0; i--) {
         const kiln_node *n = &g->nodes[i];
         bool good = !kiln_node_has_effects(n) && !kiln_op_is_control(n->op);
@@ -55,8 +48,7 @@ static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *ne
         for (int k = 0; k < n->nin; k++)
             if (writer[root[n->in[k]]] < next_write[i]) next_write[i] = writer[root[n->in[k]]];
         for (int k = 0; k < n->nin; k++)
-            if (kiln_node_writes_input(n, k) || ((kiln_op_table[n->op].flags & KILN_OPF_MUTATES) && k == 0))
-                writer[root[n->in[k]]] = i;
+            if (kiln_node_writes_buffer(n, k)) writer[root[n->in[k]]] = i;
     }
     free(root), free(writer);
     return KILN_OK;
