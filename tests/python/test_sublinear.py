@@ -42,6 +42,10 @@ def test_recomputed_mlp_step_is_bitwise_the_step_without_and_plans_less():
     assert r["recompute"] == "search" and r["recomputed_ops"] > 0 and r["extra_flops"] > 0, r
     assert r["peak_after"] < r["peak_hoisted"] <= r["peak_before"] == base.report()["peak_before"], r
     assert r["peak_after"] == sub.step.executable(x).arena_bytes  # the plan compiled is the one scored
+    assert sub.step.plan_str().splitlines()[-1] == (
+        f"recompute (search): planned peak {r['peak_before']} -> {r['peak_after']} bytes, {r['recomputed_ops']} ops "
+        f"recomputed, {r['extra_flops']} extra FLOPs; bfs {r['peak_bfs']}, dfs {r['peak_dfs']}")
+    assert "recompute" not in base.step.plan_str()
     # the graph holds copies of forward ops: more linear nodes than the step without
     assert sub.step.graph_str().count("= linear(") > base.step.graph_str().count("= linear(")
 

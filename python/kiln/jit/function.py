@@ -396,12 +396,20 @@ class JitFunction(_C.JitDispatcher):
     def plan_str(self, *args, **kwargs):
         """The plan of the graph compiled for these arguments (compiling it if needed), or for the
         last call: node order, where each value lives in the arena and until which step, what is
-        freed after each step, fused groups and the nested plans of control flow."""
+        freed after each step, fused groups and the nested plans of control flow; with recomputation
+        (SublinearMemoryConfig, Cell.recompute), a last line says what it did (memory_report())."""
         if args or kwargs:
-            return self.executable(*args, **kwargs).plan_str()
-        if self._last is None:
+            exe = self.executable(*args, **kwargs)
+        elif self._last is None:
             raise RuntimeError("plan_str: no graph compiled yet; call the function or pass arguments")
-        return self._last.executable.plan_str()
+        else:
+            exe = self._last.executable
+        r = exe.memory_report()
+        if r["recompute"] == "none":
+            return exe.plan_str()
+        return exe.plan_str() + (f"recompute ({r['recompute']}): planned peak {r['peak_before']} -> {r['peak_after']} "
+                                 f"bytes, {r['recomputed_ops']} ops recomputed, {r['extra_flops']} extra FLOPs; "
+                                 f"bfs {r['peak_bfs']}, dfs {r['peak_dfs']}\n")
 
     def memory_report(self, *args, **kwargs):
         """The memory plan of the graph compiled for these arguments (or the last call), as a dict:
