@@ -11,8 +11,9 @@ the chosen peak is never above the greedy search's; lb_memory at or above the ba
 the graph unchanged; exec_order="dfs" against "bfs" on a branching graph. Times are the best of
 `--runs` calls of each step, alternated. Planned peaks are the arena kiln_plan_build plans;
 measured peaks are kiln's allocator high-water mark during a call, beyond what it held before
-the step was first called. --quick runs reduced sizes (the targets are the issue's, for the full
-sizes)."""
+the step was first called. --quick runs reduced sizes (about 15 s; the targets are the issue's,
+for the full sizes, which take about 7 minutes on a busy 2-core machine: a step of the MLP is about
+80 GFLOP)."""
 import argparse
 import sys
 import time
