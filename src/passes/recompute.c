@@ -27,8 +27,10 @@ static bool impure_subgraph(const kiln_graph *sub) {
 }
 
 /* Per node: whether it may be recomputed at all (ok), and the first later node writing in place a
- * buffer it reads (next_write; nnodes when none): a copy must run before that write. */
-static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *next_write) {
+ * buffer it reads (next_write; nnodes when none): a copy must run before that write. Per value:
+ * whether some node writes its buffer in place (written): a write to a copy would not reach the
+ * original's views, so such values are never dropped. */
+static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *next_write, bool *written) {
     int32_t nv = g->nvalues, nn = g->nnodes;
     int32_t *root = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     int32_t *writer = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1)); /* per root: the next writer */
@@ -50,6 +52,7 @@ static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *ne
         for (int k = 0; k < n->nin; k++)
             if (kiln_node_writes_buffer(n, k)) writer[root[n->in[k]]] = i;
     }
+    for (int32_t v = 0; v < nv; v++) written[v] = writer[root[v]] < nn; /* now the first writer, if any */
     free(root), free(writer);
     return KILN_OK;
 }
@@ -153,14 +156,15 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
     int32_t *next_write = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     rewrite r = {g, block, NULL, NULL, {0}, ok, next_write, st, recomputed};
     bool *output = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
+    bool *written = kiln_malloc(sizeof(bool) * (size_t)(nv ? nv : 1));
     int32_t *block_end = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     r.drop_after = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     r.copy = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    kiln_status s = ok && next_write && output && block_end && r.drop_after && r.copy
+    kiln_status s = ok && next_write && output && written && block_end && r.drop_after && r.copy
                         ? KILN_OK
                         : kiln_error(KILN_ERR_MEMORY, "out of memory planning recomputation");
     if (recomputed) memset(recomputed, 0, sizeof(bool) * (size_t)nn);
-    if (s == KILN_OK) s = recomputable_nodes(g, ok, next_write);
+    if (s == KILN_OK) s = recomputable_nodes(g, ok, next_write, written);
     if (s == KILN_OK) s = collect_uses(g, &u);
     if (s != KILN_OK) goto done;
     /* the last node of each block (blocks are runs of equal ids in node order) */
@@ -172,7 +176,7 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
         r.drop_after[v] = -1;
         r.copy[v] = -1;
         const kiln_value *val = &g->values[v];
-        if (val->kind != KILN_VALUE_NODE || output[v]) continue;
+        if (val->kind != KILN_VALUE_NODE || output[v] || written[v]) continue;
         int32_t p = val->node;
         const kiln_node *n = &g->nodes[p];
         if (block[p] < 0 || !ok[p] || (endpoint && endpoint[p])) continue;
@@ -214,7 +218,7 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
     if (s == KILN_OK && st->recomputed_ops > 0) s = kiln_rewriter_finish(&r.rw, out);
     else kiln_rewriter_abort(&r.rw);
 done:
-    free(ok), free(next_write), free(output), free(block_end), free(r.drop_after), free(r.copy), free(u.start), free(u.at);
+    free(ok), free(next_write), free(output), free(written), free(block_end), free(r.drop_after), free(r.copy), free(u.start), free(u.at);
     return s;
 }
 
