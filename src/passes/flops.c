@@ -9,9 +9,9 @@ int64_t kiln_node_flops(const kiln_graph *g, int32_t i) {
     if (info->fusion == KILN_FUSE_VIEW || (info->flags & KILN_OPF_VIEW)) return 0;
     int64_t out = 0;
     for (int k = 0; k < n->nout; k++) out += kiln_meta_numel(&g->values[n->out[k]].meta);
-    /* a product of two operands of rank >= 2 (matmul, linear, convolutions, their epilogues):
-     * 2*M*N*K is 2*sqrt(|A|*|B|*|C|) for 2-D operands; convolutions: 2*|C|*|W|/out_channels */
-    if (info->fusion == KILN_FUSE_OPAQUE && n->nin >= 2 && n->nout == 1) {
+    /* a product (ops.def's KILN_OPF_PRODUCT): 2*M*N*K is 2*sqrt(|A|*|B|*|C|) for 2-D operands;
+     * convolutions: 2*|C|*|W|/out_channels */
+    if ((info->flags & KILN_OPF_PRODUCT) && n->nin >= 2 && n->nout == 1) {
         const kiln_meta *a = &g->values[n->in[0]].meta, *b = &g->values[n->in[1]].meta;
         const kiln_meta *c = &g->values[n->out[0]].meta;
         if (a->ndim == 4 && b->ndim == 4 && c->ndim == 4 && b->shape[0] > 0)

@@ -127,7 +127,26 @@ static void test_marked(void) {
     kiln_graph_free(g), kiln_graph_free(out);
 }
 
+/* the work recomputation counts: 2*M*N*K for a product, an operation per element otherwise */
+static void test_flops(void) {
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_parse("graph(%0: float32[8, 16], %1: float32[32, 16], %2: float32[32]) {\n"
+                              "  %3: float32[8, 32] = linear(%0, %1, %2)\n"
+                              "  %4: float32[8, 32] = mul(%3, %3)\n"
+                              "  %5: float32[32, 8] = permute(%4) {1, 0}\n"
+                              "  %6: float32[32, 32] = matmul(%5, %4)\n"
+                              "  return (%6)\n}\n",
+                              &g));
+    if (!g) return;
+    CHECK(kiln_node_flops(g, 0) == 2 * 8 * 16 * 32);
+    CHECK(kiln_node_flops(g, 1) == 8 * 32);
+    CHECK(kiln_node_flops(g, 2) == 0);
+    CHECK(kiln_node_flops(g, 3) == 2 * 32 * 8 * 32);
+    kiln_graph_free(g);
+}
+
 int main(void) {
+    test_flops();
     test_search();
     test_marked();
     CHECK_DONE();
