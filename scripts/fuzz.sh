@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses of tests/fuzz with clang, AddressSanitizer (leak detection on) and
-# UndefinedBehaviorSanitizer, and runs the graph text parser's for as many seconds as asked
-# (default 60), starting from the seed corpus tests/fuzz/corpus. Inputs it finds go to a
+# UndefinedBehaviorSanitizer, and runs each for as many seconds as asked (default 60): the graph
+# text parser's from the seed corpus tests/fuzz/corpus, the model file loader's from
+# tests/fuzz/corpus_model. Inputs it finds go to a
 # temporary directory (the committed corpus is not changed); a crash, leak or failed check leaves
 # its input in build-fuzz/ (crash-*, leak-*, ...) and fails the script.
 #   bash scripts/fuzz.sh [seconds]
@@ -14,7 +15,7 @@ jobs=$(nproc)
 
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKILN_FUZZ=ON -DKILN_SANITIZE=ON -DKILN_PYTHON=OFF \
   -DKILN_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j "$jobs" --target fuzz_graph_parse
+cmake --build build-fuzz -j "$jobs" --target fuzz_graph_parse fuzz_model_load
 
 # a dictionary of the text form's tokens: the keywords and every op name of the op table
 dict=build-fuzz/graph_text.dict
@@ -27,9 +28,18 @@ dict=build-fuzz/graph_text.dict
 } >"$dict"
 
 found=$(mktemp -d)
-trap 'rm -rf "$found"' EXIT
+found_model=$(mktemp -d)
+trap 'rm -rf "$found" "$found_model"' EXIT
+# both harnesses run even when the first fails; the script fails when either did
+status=0
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
 LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
-  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus
+  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus || status=1
+ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  build-fuzz/tests/fuzz/fuzz_model_load -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
+  -artifact_prefix=build-fuzz/model- -print_final_stats=1 "$found_model" tests/fuzz/corpus_model || status=1
+exit $status

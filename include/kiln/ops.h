@@ -54,7 +54,8 @@ enum kiln_op_flags {
     KILN_OPF_ERF = 1 << 26,
     KILN_OPF_TANH = 1 << 27,
     KILN_OPF_LIBM = 1 << 28, /* sqrt, sin, cos, pow */
-    KILN_OPF_PRODUCT = 1 << 29, /* a contraction of inputs 0 and 1 (matmul, linear, convolutions): its
+    KILN_OPF_DTYPE_ATTR = 1 << 29, /* attribute i[0] is the output's kiln_dtype (cast, creation ops) */
+    KILN_OPF_PRODUCT = 1 << 30, /* a contraction of inputs 0 and 1 (matmul, linear, convolutions): its
                                  * work is 2*M*N*K, not one operation per element (kiln_node_flops) */
 };
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)

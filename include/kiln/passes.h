@@ -12,10 +12,19 @@ extern "C" {
 
 typedef enum kiln_jit_level { KILN_LEVEL_O0, KILN_LEVEL_O1, KILN_LEVEL_O2 } kiln_jit_level;
 
+/* Which epilogues fuse_conv_epilogue folds into convolutions (MegEngine's dump options). */
+typedef enum kiln_conv_fusion {
+    KILN_CONV_FUSE_ALL = 0,  /* bias, residual (z) and activation: what the jit levels do */
+    KILN_CONV_FUSE_NONE,     /* none: bias, add and activation stay nodes of their own */
+    KILN_CONV_FUSE_BIAS_ACT, /* bias and activation, not a residual add */
+} kiln_conv_fusion;
+
 typedef struct kiln_pass_options {
     kiln_jit_level level;
     bool inference;           /* forward-only graph: inference rewrites allowed (infer_boost) */
     bool disable_format_transform;
+    kiln_conv_fusion conv_fusion;
+    bool fold_large_constants; /* constant_fold folds results of any size (model files store them once) */
 } kiln_pass_options;
 
 /* Builds *out from in; *out may be a new graph or NULL meaning "unchanged". */
@@ -32,6 +41,10 @@ KILN_API const kiln_pass *kiln_pipeline(kiln_jit_level level, int *n);
 KILN_API kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt);
 /* Runs one pass by name (for tests); unknown names are a KILN_ERR_VALUE. */
 KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt);
+
+/* The graph with every float32 value stored as float16 (src/passes/to_float16.c: trace.dump's
+ * enable_io16xc32; each op still computes in float32). */
+KILN_API kiln_status kiln_graph_to_float16(const kiln_graph *g, kiln_graph **out);
 
 /* ---- rewriting helpers for passes -------------------------------------------------------- */
 

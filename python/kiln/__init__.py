@@ -9,6 +9,7 @@ from . import nn
 from .jit import JitConfig, JitSyntaxError
 from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
+from .jit.deploy import export, load
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
 

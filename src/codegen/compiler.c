@@ -128,7 +128,7 @@ static int wait_for(pid_t pid) {
 
 /* What `$CC --version` prints (malloc'd), or NULL when it fails. */
 static char *compiler_version(void) {
-    char **vargv = calloc((size_t)state.cc_argc + 2, sizeof *vargv);
+    char **vargv = kiln_calloc((size_t)state.cc_argc + 2, sizeof *vargv);
     int fds[2] = {-1, -1};
     if (!vargv || pipe(fds) != 0) {
         free(vargv);
@@ -143,10 +143,10 @@ static char *compiler_version(void) {
     close(fds[1]);
     free(vargv);
     size_t cap = 4096, n = 0;
-    char *text = err == 0 ? malloc(cap + 1) : NULL;
+    char *text = err == 0 ? kiln_malloc(cap + 1) : NULL;
     for (ssize_t got = 1; text && got != 0;) { /* read to the end before waiting: the pipe must not fill */
         if (n == cap) {
-            char *grown = realloc(text, 2 * cap + 1);
+            char *grown = kiln_realloc(text, 2 * cap + 1);
             if (!grown) break;
             text = grown, cap *= 2;
         }
@@ -194,7 +194,7 @@ static void probe_compiler(void) {
         if (*p) words++;
         p += strcspn(p, " \t");
     }
-    char **argv = calloc((size_t)words + 1, sizeof *argv);
+    char **argv = kiln_calloc((size_t)words + 1, sizeof *argv);
     int argc = 0;
     for (char *tok = copy && argv ? strtok(copy, " \t") : NULL; tok; tok = strtok(NULL, " \t")) argv[argc++] = tok;
     if (argc == 0) {
@@ -208,7 +208,7 @@ static void probe_compiler(void) {
         char where[KILN_PATH_MAX];
         compiler_path(where, sizeof where);
         size_t n = strlen(where) + strlen(cc) + strlen(version) + 4 * (size_t)argc + 16;
-        state.cc_identity = malloc(n);
+        state.cc_identity = kiln_malloc(n);
         if (state.cc_identity) {
             size_t len = (size_t)snprintf(state.cc_identity, n, "%s\n", where);
             for (int k = 0; k < argc; k++) len += (size_t)snprintf(state.cc_identity + len, n - len, "%s\x1f", argv[k]);
@@ -274,7 +274,7 @@ static bool add_footer(const kiln_work_dir *w, const char *name, const char *key
 static kiln_status remember(const char *key, void *handle) {
     if (state.nobjects == state.cap_objects) {
         int ncap = state.cap_objects ? 2 * state.cap_objects : 16;
-        loaded *grown = realloc(state.objects, sizeof *grown * (size_t)ncap);
+        loaded *grown = kiln_realloc(state.objects, sizeof *grown * (size_t)ncap);
         if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
         state.objects = grown;
         state.cap_objects = ncap;
@@ -301,11 +301,11 @@ static void *open_object(const kiln_work_dir *w, const char *name, const char **
 static kiln_status compile_in(const kiln_work_dir *w, const char *source, const char *target) {
     if (!kiln_work_write(w, "kernel.c", source, strlen(source), false))
         return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write kernel.c in %s: %s", w->where, strerror(errno));
-    char **argv = calloc((size_t)state.cc_argc + NFLAGS + 4, sizeof *argv);
+    char **argv = kiln_calloc((size_t)state.cc_argc + NFLAGS + 4, sizeof *argv);
+    if (!argv) return KILN_ERR_MEMORY;
     int log = kiln_work_open(w, "log.txt");
-    if (!argv || log < 0) {
+    if (log < 0) {
         free(argv);
-        if (log >= 0) close(log);
         return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot start the compiler: %s", strerror(errno));
     }
     int argc = 0;
@@ -387,7 +387,7 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
 static kiln_status make_key(const char *source, char key[33]) {
     size_t n = strlen(source) + strlen(state.cc_identity) + strlen(KILN_CODEGEN_VERSION) + 64;
     for (int k = 0; k < NFLAGS; k++) n += strlen(compile_flags[k]) + 1;
-    char *material = malloc(n);
+    char *material = kiln_malloc(n);
     if (!material) return kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
     size_t len = (size_t)snprintf(material, n, "%s\n%s\n%016llx\n", KILN_CODEGEN_VERSION, state.cc_identity,
                                   (unsigned long long)state.cpu_hash);
@@ -436,8 +436,8 @@ bool kiln_codegen_find(const char *source, const char *symbol, void **fn) {
 
 static kiln_status load_locked(int n, const char *const *sources, const char *const *symbols, void **fns) {
     if (!compiler_ready(true)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: no C compiler");
-    char (*keys)[33] = malloc(sizeof *keys * (size_t)(n ? n : 1));
-    int *todo = malloc(sizeof(int) * (size_t)(n ? n : 1)), ntodo = 0;
+    char (*keys)[33] = kiln_malloc(sizeof *keys * (size_t)(n ? n : 1));
+    int *todo = kiln_malloc(sizeof(int) * (size_t)(n ? n : 1)), ntodo = 0;
     kiln_status s = keys && todo ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
     size_t total = 1;
     for (int k = 0; k < n && s == KILN_OK; k++) {
@@ -454,7 +454,7 @@ static kiln_status load_locked(int n, const char *const *sources, const char *co
     }
     if (s == KILN_OK && ntodo > 0) {
         /* one object for all of them: one compiler run */
-        char *batch = ntodo == 1 ? NULL : malloc(total), batch_key[33];
+        char *batch = ntodo == 1 ? NULL : kiln_malloc(total), batch_key[33];
         const char *src = sources[todo[0]];
         if (ntodo > 1) {
             if (!batch) s = kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");

@@ -30,10 +30,10 @@ static bool private_dir(const struct stat *st) {
 static char *read_all(int fd, size_t *len) {
     struct stat st;
     size_t cap = fstat(fd, &st) == 0 && st.st_size > 0 ? (size_t)st.st_size : 4096, n = 0;
-    char *buf = malloc(cap + 1);
+    char *buf = kiln_malloc(cap + 1);
     while (buf) {
         if (n == cap) {
-            char *grown = realloc(buf, 2 * cap + 1);
+            char *grown = kiln_realloc(buf, 2 * cap + 1);
             if (!grown) {
                 free(buf);
                 buf = NULL;

@@ -26,3 +26,21 @@ void kiln_strbuf_printf(kiln_strbuf *t, const char *fmt, ...) {
         t->cap = ncap;
     }
 }
+
+void kiln_strbuf_put_double(kiln_strbuf *t, double v) {
+    char buf[40];
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (digits == 17 || v != v || strtod(buf, NULL) == v) break;
+    }
+    kiln_strbuf_printf(t, "%s", buf);
+}
+
+void kiln_strbuf_put_float(kiln_strbuf *t, float v) {
+    char buf[40];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+        if (digits == 9 || v != v || (float)strtod(buf, NULL) == v) break;
+    }
+    kiln_strbuf_printf(t, "%s", buf);
+}

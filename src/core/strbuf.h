@@ -13,4 +13,9 @@ typedef struct kiln_strbuf {
 /* Appends formatted text (a failed buffer stays failed). */
 void kiln_strbuf_printf(kiln_strbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Appends v in the fewest significant digits (up to 17) that strtod reads back as v exactly. */
+void kiln_strbuf_put_double(kiln_strbuf *t, double v);
+/* The same for a float32 value, read back through strtod and a cast to float. */
+void kiln_strbuf_put_float(kiln_strbuf *t, float v);
+
 #endif

@@ -60,7 +60,7 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, int
         if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tr), &g);
         kiln_tracer_free(tr);
     }
-    kiln_pass_options dce_opt = {KILN_LEVEL_O0, false, false};
+    kiln_pass_options dce_opt = {KILN_LEVEL_O0, false, false, KILN_CONV_FUSE_ALL, false};
     if (s == KILN_OK) s = kiln_run_pass("dce", &g, &dce_opt); /* the forward ops the gradients do not read */
     if (s == KILN_OK) s = kiln_body_register(g, id);
     else kiln_graph_free(g);

@@ -307,6 +307,27 @@ static void put_type(kiln_strbuf *t, const kiln_meta *m) {
     kiln_strbuf_printf(t, "]");
 }
 
+/* A 0-d constant's value, written so that the parser reads back the same value: integers
+ * exactly (int64 values beyond 2^53 included), floats in as many digits as they need. */
+static void put_scalar(kiln_strbuf *t, const kiln_tensor *c) {
+    if (c->meta.dtype == KILN_DTYPE_FLOAT32) {
+        kiln_strbuf_put_float(t, (float)kiln_tensor_get_double(c, 0));
+        return;
+    }
+    if (kiln_dtype_is_float(c->meta.dtype)) {
+        kiln_strbuf_put_double(t, kiln_tensor_get_double(c, 0));
+        return;
+    }
+    kiln_tensor *i64 = NULL;
+    if (kiln_tensor_empty(KILN_DTYPE_INT64, 0, NULL, &i64) != KILN_OK || kiln_copy_into(i64, c) != KILN_OK) {
+        kiln_tensor_release(i64);
+        t->failed = true;
+        return;
+    }
+    kiln_strbuf_printf(t, "%lld", (long long)*(const int64_t *)i64->data);
+    kiln_tensor_release(i64);
+}
+
 char *kiln_graph_to_string(const kiln_graph *g) {
     kiln_strbuf t = {kiln_malloc(256), 0, 256, false};
     if (!t.buf) return NULL;
@@ -321,9 +342,11 @@ char *kiln_graph_to_string(const kiln_graph *g) {
         const kiln_value *v = &g->values[g->captures[c]];
         kiln_strbuf_printf(&t, "  %%%d: ", g->captures[c]);
         put_type(&t, &v->meta);
-        if (v->constant && v->meta.ndim == 0)
-            kiln_strbuf_printf(&t, " = constant(%g)\n", kiln_tensor_get_double(v->bound, 0));
-        else
+        if (v->constant && v->meta.ndim == 0) {
+            kiln_strbuf_printf(&t, " = constant(");
+            put_scalar(&t, v->bound);
+            kiln_strbuf_printf(&t, ")\n");
+        } else
             kiln_strbuf_printf(&t, " = %s\n", v->constant ? "constant" : (v->bound->requires_grad ? "parameter" : "captured"));
     }
     for (int32_t i = 0; i < g->nnodes; i++) {
@@ -340,7 +363,10 @@ char *kiln_graph_to_string(const kiln_graph *g) {
             kiln_strbuf_printf(&t, " {");
             for (int k = 0; k < n->attrs.ni; k++) kiln_strbuf_printf(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
             if (n->attrs.nf) kiln_strbuf_printf(&t, "; "); /* floats follow ";" (alone: "{; 0.5}") */
-            for (int k = 0; k < n->attrs.nf; k++) kiln_strbuf_printf(&t, k ? ", %g" : "%g", n->attrs.f[k]);
+            for (int k = 0; k < n->attrs.nf; k++) {
+                if (k) kiln_strbuf_printf(&t, ", ");
+                kiln_strbuf_put_double(&t, n->attrs.f[k]);
+            }
             kiln_strbuf_printf(&t, "}");
         }
         if (n->loc >= 0 && n->loc < g->nlocs) kiln_strbuf_printf(&t, "  # %s", g->locs[n->loc]);

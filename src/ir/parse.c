@@ -195,13 +195,21 @@ static kiln_status header(parser *p, kiln_graph *g, idmap *map) {
 }
 
 static kiln_status capture(parser *p, kiln_graph *g, idmap *map, int64_t tid, const kiln_meta *m, const char *kind) {
-    bool has_value = false;
+    bool has_value = false, integral = false;
     double value = 0;
+    long long ivalue = 0;
     if (strcmp(kind, "constant") == 0 && accept(p, "(")) {
         skip_ws(p);
-        char *e = (char *)p->cur;
-        if (p->cur < p->end) value = strtod(p->cur, &e);
+        char *e = (char *)p->cur, *ie = (char *)p->cur;
+        if (p->cur < p->end) {
+            value = strtod(p->cur, &e);
+            errno = 0;
+            ivalue = strtoll(p->cur, &ie, 10);
+        }
         if (e == p->cur || e > p->end) return fail(p, "expected a number in constant(...)");
+        /* An integer constant is read as an integer: through a double, int64 values beyond 2^53
+         * would change. */
+        integral = !kiln_dtype_is_float(m->dtype) && ie == e && errno == 0;
         p->cur = e;
         has_value = true;
         KILN_TRY(expect(p, ")"));
@@ -215,9 +223,12 @@ static kiln_status capture(parser *p, kiln_graph *g, idmap *map, int64_t tid, co
     KILN_TRY(kiln_tensor_zeros(m->dtype, m->ndim, m->shape, &t));
     kiln_status s = KILN_OK;
     if (has_value) {
-        s = kiln_tensor_empty(KILN_DTYPE_FLOAT64, 0, NULL, &scalar);
+        s = kiln_tensor_empty(integral ? KILN_DTYPE_INT64 : KILN_DTYPE_FLOAT64, 0, NULL, &scalar);
         if (s == KILN_OK) {
-            *(double *)scalar->data = value;
+            if (integral)
+                *(int64_t *)scalar->data = ivalue;
+            else
+                *(double *)scalar->data = value;
             s = kiln_copy_into(t, scalar);
         }
         kiln_tensor_release(scalar);

@@ -1,7 +1,8 @@
 /* Constant folding: a node whose inputs are all constants (constant captures nobody writes, or
  * outputs of nodes folded before it) is run at compile time and its used outputs become new
  * constant captures; creation ops (full, arange, ...) fold too. Left alone: effects (in-place
- * writes, random draws), fused groups, outputs above MAX_FOLDED elements, nodes whose buffers
+ * writes, random draws), fused groups, outputs above MAX_FOLDED elements (unless
+ * fold_large_constants: a dumped model stores them once), nodes whose buffers
  * are written in place, graph outputs (the caller gets a fresh tensor each call, not a shared
  * constant), and nodes whose kernel fails (the error shows at run time as it would eagerly). */
 #include "passes_internal.h"
@@ -17,6 +18,7 @@ typedef struct {
     kiln_tensor **known; /* per src value: its constant value (borrowed for captures) */
     bool *owned;         /* per src value: known[v] is ours to release */
     bool *folded;        /* per src node */
+    bool any_size;       /* fold_large_constants */
     int32_t nfolded;
 } folder;
 
@@ -31,7 +33,7 @@ static bool candidate(const folder *f, const kiln_node *n) {
         if (f->written[n->out[k]] || f->is_output[n->out[k]]) return false;
         numel += kiln_meta_numel(&v->meta);
     }
-    return numel <= MAX_FOLDED;
+    return numel <= MAX_FOLDED || f->any_size;
 }
 
 static kiln_status evaluate(folder *f) {
@@ -93,12 +95,11 @@ static kiln_status rewrite(folder *f, kiln_graph **out) {
 }
 
 kiln_status kiln_pass_constant_fold(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out) {
-    (void)opt;
     *out = NULL;
     /* evaluating ops must not record them into a trace */
     if (kiln_tracer_active()) return KILN_OK;
     size_t nv = (size_t)(in->nvalues ? in->nvalues : 1), nn = (size_t)(in->nnodes ? in->nnodes : 1);
-    folder f = {.src = in};
+    folder f = {.src = in, .any_size = opt->fold_large_constants};
     f.written = kiln_pass_written_buffers(in);
     f.is_output = kiln_calloc(nv, sizeof(bool));
     f.known = kiln_calloc(nv, sizeof(kiln_tensor *));

@@ -29,8 +29,9 @@ static bool is_channel_bias(const kiln_meta *m, int64_t channels) {
 }
 
 /* The chain after conv node c; consumer[v] is v's only consumer (-1: none, several, or an output). */
-static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *consumer) {
+static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *consumer, kiln_conv_fusion mode) {
     conv_chain ch = {-1, -1, -1, -1};
+    if (mode == KILN_CONV_FUSE_NONE) return ch;
     const kiln_node *conv = &g->nodes[c];
     int32_t cur = conv->out[0];
     const kiln_meta *ym = &g->values[cur].meta;
@@ -44,7 +45,7 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
             n = consumer[cur];
         }
     }
-    if (n >= 0 && g->nodes[n].op == KILN_OP_ADD) {
+    if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && mode == KILN_CONV_FUSE_ALL) {
         int32_t r = other_operand(&g->nodes[n], cur);
         if (r >= 0 && kiln_meta_equal(&g->values[r].meta, ym) && kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
             ch.residual = r, ch.last = n, cur = g->nodes[n].out[0];
@@ -114,7 +115,7 @@ KILN_PASS(fuse_conv_epilogue) {
     for (int32_t i = 0; i < in->nnodes; i++) fused_at[i] = -1;
     for (int32_t i = 0; i < in->nnodes; i++) {
         if (in->nodes[i].op != KILN_OP_CONV2D) continue;
-        chain[i] = find_chain(in, i, consumer);
+        chain[i] = find_chain(in, i, consumer, opt->conv_fusion);
         if (chain[i].last < 0 && !opt->inference) continue;
         found++;
         skip[i] = true;

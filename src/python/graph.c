@@ -226,6 +226,14 @@ static void graph_dealloc(PyObject *self) {
     Py_TYPE(self)->tp_free(self);
 }
 
+const kiln_graph *pykiln_graph_of(PyObject *o) {
+    if (!PyObject_TypeCheck(o, &PyGraph_Type)) {
+        PyErr_Format(PyExc_TypeError, "expected a kiln._C.Graph, got %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return ((PyGraph *)o)->g;
+}
+
 /* Takes ownership of g. New reference. */
 static PyObject *wrap_graph(kiln_graph *g) {
     PyGraph *p = PyObject_New(PyGraph, &PyGraph_Type);
@@ -293,7 +301,94 @@ static PyObject *graph_get_has_effects(PyObject *self, void *c) {
     return PyBool_FromLong(kiln_graph_has_effects(((PyGraph *)self)->g));
 }
 
+PyObject *pykiln_meta_tuple(const kiln_meta *m) {
+    PyObject *shape = PyTuple_New(m->ndim);
+    for (int d = 0; shape && d < m->ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(m->shape[d]));
+    return shape ? Py_BuildValue("(ON)", pykiln_dtypes[m->dtype], shape) : NULL;
+}
+
+static PyObject *ids_of(const int32_t *ids, int32_t n) {
+    PyObject *list = PyList_New(n);
+    for (int32_t k = 0; list && k < n; k++) PyList_SET_ITEM(list, k, PyLong_FromLong(ids[k]));
+    return list;
+}
+
+/* inputs() -> [(dtype, shape)] of the graph's inputs */
+static PyObject *graph_inputs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *list = PyList_New(g->ninputs);
+    for (int32_t k = 0; list && k < g->ninputs; k++) {
+        PyObject *item = pykiln_meta_tuple(&g->values[g->inputs[k]].meta);
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
+/* One node as (op name, [input ids], [output ids], (ints), (floats), [(dtype, shape)] of the outputs). */
+static PyObject *node_tuple(const kiln_graph *g, const kiln_node *n) {
+    PyObject *ints = PyTuple_New(n->attrs.ni), *floats = PyTuple_New(n->attrs.nf), *metas = PyList_New(n->nout);
+    if (!ints || !floats || !metas) goto fail;
+    for (int k = 0; k < n->attrs.ni; k++) PyTuple_SET_ITEM(ints, k, PyLong_FromLongLong(n->attrs.i[k]));
+    for (int k = 0; k < n->attrs.nf; k++) PyTuple_SET_ITEM(floats, k, PyFloat_FromDouble(n->attrs.f[k]));
+    for (int k = 0; k < n->nout; k++) {
+        PyObject *m = pykiln_meta_tuple(&g->values[n->out[k]].meta);
+        if (!m) goto fail;
+        PyList_SET_ITEM(metas, k, m);
+    }
+    return Py_BuildValue("(sNNNNN)", kiln_op_table[n->op].name, ids_of(n->in, n->nin), ids_of(n->out, n->nout), ints,
+                         floats, metas);
+fail:
+    Py_XDECREF(ints), Py_XDECREF(floats), Py_XDECREF(metas);
+    return NULL;
+}
+
+/* structure() -> (inputs [(id, dtype, shape)], captures [(id, tensor)], nodes [node_tuple], outputs [id],
+ * number of subgraphs): the graph as data, for exporters */
+static PyObject *graph_structure(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *ins = PyList_New(g->ninputs), *caps = PyList_New(g->ncaptures), *nodes = PyList_New(g->nnodes);
+    bool ok = ins && caps && nodes;
+    for (int32_t k = 0; ok && k < g->ninputs; k++) {
+        PyObject *m = pykiln_meta_tuple(&g->values[g->inputs[k]].meta);
+        PyObject *item = m ? Py_BuildValue("(iN)", g->inputs[k], m) : NULL;
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(ins, k, item);
+    }
+    for (int32_t k = 0; ok && k < g->ncaptures; k++) {
+        kiln_tensor *t = g->values[g->captures[k]].bound;
+        kiln_tensor_retain(t);
+        PyObject *pt = pykiln_wrap(t);
+        PyObject *item = pt ? Py_BuildValue("(iN)", g->captures[k], pt) : NULL;
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(caps, k, item);
+    }
+    for (int32_t i = 0; ok && i < g->nnodes; i++) {
+        PyObject *item = node_tuple(g, &g->nodes[i]);
+        ok = item != NULL;
+        if (ok) PyList_SET_ITEM(nodes, i, item);
+    }
+    if (!ok) {
+        Py_XDECREF(ins), Py_XDECREF(caps), Py_XDECREF(nodes);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNNi)", ins, caps, nodes, ids_of(g->outputs, g->noutputs), g->nsubgraphs);
+}
+
+static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(((PyGraph *)self)->g->noutputs);
+}
+
 static PyMethodDef graph_methods[] = {
+    {"inputs", graph_inputs, METH_NOARGS, "inputs() -> [(dtype, shape)] of the graph's inputs"},
+    {"structure", graph_structure, METH_NOARGS,
+     "structure() -> (inputs, captures, nodes, outputs, subgraph count): the graph as data, for exporters"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
@@ -302,6 +397,7 @@ static PyMethodDef graph_methods[] = {
 };
 
 static PyGetSetDef graph_getset[] = {
+    {"num_outputs", graph_get_num_outputs, NULL, "number of graph outputs", NULL},
     {"has_effects", graph_get_has_effects, NULL,
      "whether running it again would repeat effects (in-place writes, random draws, printing)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -517,11 +613,38 @@ static PyObject *recompute_graph(kiln_graph **g, kiln_exec_order order, PyObject
         if (v->constant) constants += (size_t)kiln_meta_numel(&v->meta) * kiln_dtype_size(v->meta.dtype);
     }
     return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:n,s:i,s:L,s:i,s:i,s:n,s:n}", "recompute", mode, "constant_bytes",
-                         (Py_ssize_t)constants, "peak_before",
-                            (Py_ssize_t)rep.peak_before, "peak_hoisted", (Py_ssize_t)rep.peak_hoisted, "peak_after", (Py_ssize_t)rep.peak_after, "peak_greedy",
-                            (Py_ssize_t)rep.peak_greedy, "recomputed_ops", rep.recomputed_ops, "extra_flops",
-                            (long long)rep.extra_flops, "checkpoints", rep.checkpoints, "candidates",
-                            rep.candidates, "peak_bfs", (Py_ssize_t)bfs, "peak_dfs", (Py_ssize_t)dfs);
+                         (Py_ssize_t)constants, "peak_before", (Py_ssize_t)rep.peak_before, "peak_hoisted",
+                         (Py_ssize_t)rep.peak_hoisted, "peak_after", (Py_ssize_t)rep.peak_after, "peak_greedy",
+                         (Py_ssize_t)rep.peak_greedy, "recomputed_ops", rep.recomputed_ops, "extra_flops",
+                         (long long)rep.extra_flops, "checkpoints", rep.checkpoints, "candidates", rep.candidates,
+                         "peak_bfs", (Py_ssize_t)bfs, "peak_dfs", (Py_ssize_t)dfs);
+}
+
+PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt) {
+    kiln_executable *exe = NULL;
+    kiln_status s = kiln_compile(g, opt, &exe);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
+    if (!e) {
+        kiln_executable_free(exe);
+        return NULL;
+    }
+    e->vectorcall = executable_vectorcall;
+    e->base.exe = exe;
+    e->base.memory = NULL;
+    e->base.graph_text = kiln_graph_to_string(g);
+    e->base.nin = g->ninputs;
+    e->base.nout = g->noutputs;
+    int64_t work = 0;
+    for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
+    bool loops = false; /* control flow: the work depends on the data */
+    for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
+    e->base.release_gil = work >= 65536 || loops;
+    if (!e->base.graph_text) {
+        Py_DECREF(e);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)e;
 }
 
 /* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
@@ -555,52 +678,28 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!g) return NULL;
     kiln_status s = KILN_OK;
     kiln_graph *optimized = NULL;
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format};
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
     if (s == KILN_OK) s = kiln_graph_clone(g, &optimized);
     if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
     if (s != KILN_OK) {
         kiln_graph_free(optimized);
         return pykiln_raise(s);
     }
-    g = optimized;
     kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
                                 sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
-    PyObject *memory = recompute_graph(&g, opt.order, sublinear);
+    PyObject *memory = recompute_graph(&optimized, opt.order, sublinear);
     if (!memory) {
-        kiln_graph_free(g);
+        kiln_graph_free(optimized);
         return NULL;
     }
-    kiln_executable *exe = NULL;
-    s = kiln_compile(g, &opt, &exe);
-    if (s != KILN_OK) {
-        kiln_graph_free(g);
-        Py_DECREF(memory);
-        return pykiln_raise(s);
-    }
-    PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
+    PyObject *e = pykiln_executable_new(optimized, &opt);
+    kiln_graph_free(optimized);
     if (!e) {
-        kiln_graph_free(g);
-        kiln_executable_free(exe);
         Py_DECREF(memory);
         return NULL;
     }
-    e->base.memory = memory;
-    e->vectorcall = executable_vectorcall;
-    e->base.exe = exe;
-    e->base.graph_text = kiln_graph_to_string(g);
-    e->base.nin = g->ninputs;
-    e->base.nout = (int)n;
-    int64_t work = 0;
-    for (int32_t v = 0; v < g->nvalues; v++) work += kiln_meta_numel(&g->values[v].meta);
-    bool loops = false; /* control flow: the work depends on the data */
-    for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
-    e->base.release_gil = work >= 65536 || loops;
-    kiln_graph_free(g);
-    if (!e->base.graph_text) {
-        Py_DECREF(e);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)e;
+    ((PyExecutable *)e)->memory = memory;
+    return e;
 }
 
 /* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for

@@ -64,6 +64,14 @@ kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
 extern PyMethodDef pykiln_control_functions[];
 /* Runs a compiled graph for the JitDispatcher's fast path (graph.c); args are tensors. */
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
+/* An Executable compiling g (borrowed; the plan keeps its own copy) for opt (graph.c). */
+PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt);
+/* The graph of a kiln._C.Graph (borrowed), or NULL with TypeError set (graph.c). */
+const kiln_graph *pykiln_graph_of(PyObject *o);
+/* (dtype, shape tuple) of a meta, new reference (graph.c). */
+PyObject *pykiln_meta_tuple(const kiln_meta *m);
+/* Registers model_write and Model: model files (model.c). */
+int pykiln_model_init(PyObject *module);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 /* How a guard compares the value its path reaches with the one it expects (guards.c). */

@@ -533,7 +533,7 @@ static void test_passes_keep_control_flow(void) {
         "}\n";
     kiln_graph *g = parse(text);
     if (!g) return;
-    kiln_pass_options opt = {KILN_LEVEL_O1, false, false};
+    kiln_pass_options opt = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
     CHECK_OK(kiln_optimize(&g, &opt));
     char *printed = kiln_graph_to_string(g);
     CHECK(printed);

@@ -207,9 +207,9 @@ static int same_results(const kiln_graph *a, const kiln_graph *b) {
 
 #define expect_rewrite(passes, opt, input, want) rc_expect_rewrite_at(__LINE__, passes, opt, input, want, same_results)
 
-static const kiln_pass_options training = {KILN_LEVEL_O1, false, false};
-static const kiln_pass_options inference = {KILN_LEVEL_O1, true, false};
-static const kiln_pass_options no_format = {KILN_LEVEL_O1, true, true};
+static const kiln_pass_options training = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
+static const kiln_pass_options inference = {KILN_LEVEL_O1, true, false, KILN_CONV_FUSE_ALL, false};
+static const kiln_pass_options no_format = {KILN_LEVEL_O1, true, true, KILN_CONV_FUSE_ALL, false};
 
 static void test_fuse_conv_epilogue(void) {
     /* bias (broadcast per channel), residual, relu: one node */

@@ -33,7 +33,7 @@ static int same_results(const kiln_graph *a, const kiln_graph *b) {
     return ok;
 }
 
-static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
+static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
 
 /* fuse_matmul_epilogue on the parsed input must print `want` (NULL: the graph is unchanged)
  * and compute what the input does. */

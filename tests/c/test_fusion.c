@@ -19,7 +19,7 @@
 #include "kiln/graph.h"
 #include "kiln/passes.h"
 
-static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
+static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_u64(void) {

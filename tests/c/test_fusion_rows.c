@@ -12,7 +12,7 @@
 #include "kiln/graph.h"
 #include "kiln/passes.h"
 
-static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false};
+static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
 
 /* Outputs of a and b on the same random inputs: within tolerance (rtol < 0: bitwise). */
 static int same_results(const kiln_graph *a, const kiln_graph *b, double rtol) {

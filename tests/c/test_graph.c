@@ -124,10 +124,61 @@ static void test_verifier_and_errors(void) {
     kiln_graph_free(g);
 }
 
+
+/* Text printed from a graph reads back as the same graph: scalar constants of every dtype keep
+ * their exact value (float64 in up to 17 digits, int64 beyond 2^53, NaN and infinities), and so
+ * do float attributes. */
+static void parse_print_parse(const char *text, double want0, int64_t want_int) {
+    kiln_graph *g = NULL, *again = NULL;
+    CHECK_OK(kiln_graph_parse(text, &g));
+    if (!g) return;
+    char *printed = kiln_graph_to_string(g);
+    CHECK_OK(kiln_graph_parse(printed, &again));
+    if (again) {
+        CHECK(g->ncaptures == again->ncaptures && g->nnodes == again->nnodes);
+        for (int32_t c = 0; c < g->ncaptures && c < again->ncaptures; c++) {
+            const kiln_tensor *x = g->values[g->captures[c]].bound, *y = again->values[again->captures[c]].bound;
+            CHECK(x->meta.dtype == y->meta.dtype &&
+                  memcmp(x->data, y->data, (size_t)kiln_dtype_size(x->meta.dtype)) == 0);
+        }
+        for (int32_t i = 0; i < g->nnodes && i < again->nnodes; i++)
+            CHECK(memcmp(g->nodes[i].attrs.f, again->nodes[i].attrs.f, sizeof g->nodes[i].attrs.f) == 0);
+        const kiln_tensor *first = again->values[again->captures[0]].bound;
+        if (kiln_dtype_is_float(first->meta.dtype)) {
+            double got = kiln_tensor_get_double(first, 0);
+            CHECK(isnan(want0) ? isnan(got) : got == want0);
+        } else {
+            CHECK(*(const int64_t *)first->data == want_int);
+        }
+    }
+    if (!again) fprintf(stderr, "printed text did not parse:\n%s", printed ? printed : "(null)\n");
+    free(printed);
+    kiln_graph_free(again);
+    kiln_graph_free(g);
+}
+
+static void test_text_round_trip(void) {
+    parse_print_parse("graph() {\n  %0: float64[] = constant(4.4444444444444445e+122)\n  return (%0)\n}\n",
+                      4.4444444444444445e+122, 0);
+    parse_print_parse("graph() {\n  %0: float64[] = constant(0.1)\n  %1: float64[] = constant(0.30000000000000004)\n"
+                      "  %2: float64[] = add(%0, %1)\n  return (%2)\n}\n", 0.1, 0);
+    parse_print_parse("graph() {\n  %0: float32[] = constant(7.38905621)\n  return (%0)\n}\n", (double)7.38905621f, 0);
+    parse_print_parse("graph() {\n  %0: float64[] = constant(nan)\n  %1: float64[] = constant(-inf)\n"
+                      "  %2: float64[] = add(%0, %1)\n  return (%2)\n}\n", NAN, 0);
+    parse_print_parse("graph() {\n  %0: int64[] = constant(1152921504606846977)\n  return (%0)\n}\n", 0,
+                      1152921504606846977LL);
+    parse_print_parse("graph() {\n  %0: int64[] = constant(-9223372036854775807)\n  return (%0)\n}\n", 0,
+                      -9223372036854775807LL);
+    parse_print_parse("graph(%0: float32[4]) {\n  %1: float64[] = constant(1e-300)\n"
+                      "  %2: float32[4] = clamp(%0) {; 0.33333333333333331, 6.0000000000000009}\n  return (%2)\n}\n",
+                      1e-300, 0);
+}
+
 int main(void) {
     for (int order = 0; order < 2; order++)
         for (int poison = 0; poison < 2; poison++) test_chain_plan_and_run(order, poison);
     test_branches_poisoned();
     test_verifier_and_errors();
+    test_text_round_trip();
     CHECK_DONE();
 }

@@ -16,7 +16,7 @@ static kiln_graph *parse(const char *text) {
 /* The plan of text (optimized at `level` first), compared with want. */
 static void check_plan(const char *text, kiln_jit_level level, kiln_exec_order order, const char *want) {
     kiln_graph *g = parse(text);
-    kiln_pass_options popt = {level, false, false};
+    kiln_pass_options popt = {level, false, false, KILN_CONV_FUSE_ALL, false};
     CHECK_OK(kiln_optimize(&g, &popt));
     kiln_compile_options opt = {order, false, KILN_BACKEND_KBK};
     kiln_plan *p = NULL;

@@ -180,7 +180,7 @@ static void test_fused_group(void) {
         "  %7: float32[64] = tanh(%6)\n"
         "  return (%7, %5)\n"
         "}\n");
-    kiln_pass_options popt = {KILN_LEVEL_O1, false, false};
+    kiln_pass_options popt = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
     CHECK_OK(kiln_optimize(&g, &popt));
     char *text = kiln_graph_to_string(g);
     CHECK(text && strstr(text, "= fused("));

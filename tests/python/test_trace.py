@@ -569,13 +569,10 @@ def test_argument_validation():
         assert trace(_f, opt_level=level).opt_level == level
 
 
-def test_dump_and_profile_are_not_implemented():
+def test_profile_is_not_implemented():
     t = trace(_f, capture_as_const=True)
     x = rand(2)
     t(x, x, x)
-    with pytest.raises(NotImplementedError, match="graph save arrives with the deployment issue"):
-        t.dump("/tmp/never-written.mge", arg_names=["a", "b", "c"])
-    assert not os.path.exists("/tmp/never-written.mge")
     with pytest.raises(NotImplementedError, match="profiling"):
         t.get_profile()
     with pytest.raises(RuntimeError, match="nothing traced yet"):

@@ -533,10 +533,41 @@ class trace(_C.JitDispatcher):
         "tracing via trace()"; MegEngine's own method refuses and points to __call__)."""
         return self(*args, **kwargs)
 
-    def dump(self, file, *, arg_names=None, output_names=None, append=False, optimize_for_inference=True, **kwargs):
-        """Serializes the trace (MegEngine's trace.dump)."""
-        raise NotImplementedError("trace.dump: kiln can't save graphs yet; graph save arrives with the deployment "
-                                  "issue")
+    def dump(self, file, *, arg_names=None, output_names=None, append=False, keep_var_name=1, keep_opr_name=False,
+             keep_param_name=False, keep_opr_priority=False, strip_info_file=None, append_json=False,
+             optimize_for_inference=True, user_info=None, enable_metadata=True, input_data=None, **kwargs):
+        """Serializes the last call's graph with its parameters to `file` (a path or a binary file
+        object) as a kiln model file (MegEngine's trace.dump; docs/model_format.md), which
+        kiln.load, the C runtime and kiln-run read. Requires capture_as_const=True.
+
+        arg_names / output_names: the names of the inputs (default: the argument names) and
+        outputs (default "output", or "output0", ...). optimize_for_inference (default True):
+        kiln's O1 passes with the inference rewrites (batch norm folded, constants folded,
+        elementwise fusion); False writes the graph as recorded. Its keyword options:
+        enable_fuse_conv_bias_nonlinearity (convolution, bias and activation become one oneDNN
+        primitive), enable_fuse_conv_bias_with_z (also the residual add, as a post-op),
+        enable_nchw88 (the CPU's blocked channel layout for x86, oneDNN's nChw8c/nChw16c);
+        enable_nchw44, enable_nchw44_dot, enable_nchw4, enable_nchw32, enable_chwn4 and
+        enable_hwcd4 raise ValueError naming the hardware they are for; enable_io16xc32 stores every
+        float32 value (parameters, inputs, outputs, values between ops) as float16 while each op
+        computes in float32, as kiln's float16 kernels do; enable_ioc16 gives the same file (kiln
+        has no float16 arithmetic: computation stays float32). user_info: any JSON value,
+        stored in the file. enable_metadata: store the dump's settings as JSON. input_data: test
+        cases embedded for kiln-run --check: a case (a dict by input name, a tuple of inputs, or
+        one array) or a list of cases; their expected outputs are what this trace computes.
+        strip_info_file: writes the ops and dtypes the graph uses as JSON (append_json: merged
+        into the file's). keep_var_name, keep_opr_name, keep_param_name and keep_opr_priority
+        have no effect: a kiln file always keeps input and output names and source locations.
+        append=True raises ValueError (a kiln file holds one graph).
+
+        Returns a DumpInfo (nr_opr, tot_bytes, tensor_value_bytes, inputs, outputs)."""
+        from .deploy import dump_trace
+
+        return dump_trace(self, file, arg_names=arg_names, output_names=output_names, append=append,
+                          keep_var_name=keep_var_name, keep_opr_name=keep_opr_name, keep_param_name=keep_param_name,
+                          keep_opr_priority=keep_opr_priority, strip_info_file=strip_info_file,
+                          append_json=append_json, optimize_for_inference=optimize_for_inference,
+                          user_info=user_info, enable_metadata=enable_metadata, input_data=input_data, **kwargs)
 
     def get_profile(self):
         """Profiling result of the compiled trace (MegEngine's trace.get_profile)."""

@@ -2,6 +2,7 @@
 following MindSpore's mindspore.nn."""
 from . import init
 from .cell import Cell, CellList, SequentialCell, TrainOneStepCell, WithLossCell
+from .graph_cell import GraphCell
 from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
@@ -10,7 +11,7 @@ from .optim import Adam, Optimizer, SGD
 from .parameter import Parameter, ParameterTuple
 
 __all__ = [
-    "Cell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
+    "Cell", "GraphCell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
     "Parameter", "ParameterTuple", "init", "initializer",
     "Dense", "Conv2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "MaxPool2d", "AvgPool2d",
     "Flatten", "Dropout", "Identity", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",

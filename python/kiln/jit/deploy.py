@@ -1,0 +1,279 @@
+"""Deployment: trace.dump, kiln.load and kiln.export write and read kiln model files (a graph with
+its parameters, named inputs and outputs and embedded test cases; docs/model_format.md), which
+the C runtime and the kiln-run program run without Python.
+
+The graph in a file is the trace's recording optimized for inference (MegEngine's
+optimize_for_inference: kiln's O1 passes with the inference rewrites: batch norm folded into
+convolutions, constants folded, elementwise fusion), or as recorded (optimize_for_inference=False:
+results bitwise equal to the trace at O0)."""
+import collections
+import json
+import os
+import re
+
+from .. import _C
+from . import tree
+
+DumpInfo = collections.namedtuple("DumpInfo", "nr_opr tot_bytes tensor_value_bytes inputs outputs")
+DumpInfo.__doc__ = """What trace.dump wrote: nodes, file bytes, parameter bytes, input and output names."""
+
+# MegEngine's layout options for other hardware: what each is for
+_FOREIGN_LAYOUTS = {
+    "enable_nchw44": "ARM CPUs (NEON)",
+    "enable_nchw44_dot": "ARMv8.2 CPUs with dot-product instructions",
+    "enable_nchw4": "NVIDIA GPUs (cuDNN int8)",
+    "enable_nchw32": "NVIDIA GPUs with tensor cores (cuDNN)",
+    "enable_chwn4": "NVIDIA GPUs with tensor cores",
+    "enable_hwcd4": "OpenCL (mobile GPU) backends",
+}
+_LAYOUTS = ("enable_nchw88",) + tuple(_FOREIGN_LAYOUTS)
+_FLOAT16 = ("enable_io16xc32", "enable_ioc16")
+_FUSIONS = ("enable_fuse_conv_bias_nonlinearity", "enable_fuse_conv_bias_with_z")
+_OPTIONS = _LAYOUTS + _FLOAT16 + _FUSIONS
+# kiln_pass_options.conv_fusion (include/kiln/passes.h)
+_CONV_FUSE_ALL, _CONV_FUSE_NONE, _CONV_FUSE_BIAS_ACT = 0, 1, 2
+
+
+def _inference_options(optimize_for_inference, options):
+    """The pass settings of dump's keyword options: (level, inference, disable_format_transform,
+    conv_fusion, float16, the options in effect)."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"trace.dump: unknown keyword argument(s) {', '.join(unknown)}; the inference options are "
+                        f"{', '.join(_OPTIONS)}")
+    on = sorted(k for k, v in options.items() if v)
+    if not optimize_for_inference:
+        if on:
+            raise ValueError(f"trace.dump: {', '.join(on)} need optimize_for_inference=True (MegEngine skips every "
+                             "option without it)")
+        return 0, False, True, _CONV_FUSE_NONE, False, []
+    layouts = [k for k in on if k in _LAYOUTS]
+    if len(layouts) > 1:
+        raise ValueError(f"trace.dump: choose at most one layout option, got {', '.join(layouts)}")
+    for k in layouts:
+        if k in _FOREIGN_LAYOUTS:
+            raise ValueError(f"trace.dump: {k} is the layout for {_FOREIGN_LAYOUTS[k]}; kiln runs on x86 CPUs, whose "
+                             "blocked layout is enable_nchw88")
+    float16 = any(k in on for k in _FLOAT16)
+    if "enable_fuse_conv_bias_with_z" in on:
+        fusion = _CONV_FUSE_ALL
+    elif "enable_fuse_conv_bias_nonlinearity" in on:
+        fusion = _CONV_FUSE_BIAS_ACT
+    else:
+        fusion = _CONV_FUSE_NONE
+    return 1, True, "enable_nchw88" not in on, fusion, float16, on
+
+
+def _default_arg_names(tr, nin):
+    """The traced function's parameter names when it took nin positional tensors, else arg_0, ..."""
+    import inspect
+
+    fn = tr.__wrapped__
+    if not inspect.isfunction(fn) and not inspect.ismethod(fn):
+        fn = getattr(fn, "construct", fn)
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    labels = tr._labels or []
+    if len(labels) == nin and all(label == f"args[{k}]" for k, label in enumerate(labels)) and len(params) >= nin:
+        return [p.name for p in params[:nin]]
+    return [f"arg_{k}" for k in range(nin)]
+
+
+def _cases(rec, inputs, arg_names, input_data):
+    """The test cases of input_data: a list of tensors, per case the inputs then the outputs
+    the trace computes for them."""
+    if input_data is None:
+        return []
+    from .._tensor import tensor as _tensor
+
+    cases = input_data if isinstance(input_data, list) else [input_data]
+    flat = []
+    nin = len(inputs)
+    for c, case in enumerate(cases):
+        if isinstance(case, dict):
+            names = arg_names
+            missing = [n for n in names if n not in case]
+            if missing or len(case) != len(names):
+                raise ValueError(f"trace.dump: input_data case {c} names {sorted(case)}, the inputs are {names}")
+            case = [case[n] for n in names]
+        elif not isinstance(case, (tuple, list)):
+            case = [case]
+        if len(case) != nin:
+            raise ValueError(f"trace.dump: input_data case {c} has {len(case)} inputs, the graph takes {nin}")
+        ins = []
+        for k, (value, (dtype, shape)) in enumerate(zip(case, inputs)):
+            t = value if isinstance(value, _C.TensorBase) else _tensor(value, dtype=dtype)
+            if t.dtype is not dtype or tuple(t.shape) != tuple(shape):
+                raise ValueError(f"trace.dump: input_data case {c} input {k} is {t.dtype.name}{list(t.shape)}, the "
+                                 f"traced input is {dtype.name}{list(shape)}")
+            ins.append(t)
+        outs = rec.executable(*ins)
+        flat.extend(ins)
+        flat.extend(outs)
+    return flat
+
+
+def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, keep_var_name=1, keep_opr_name=False,
+               keep_param_name=False, keep_opr_priority=False, strip_info_file=None, append_json=False,
+               optimize_for_inference=True, user_info=None, enable_metadata=True, input_data=None, **kwargs):
+    """trace.dump (see kiln.trace.dump)."""
+    if not tr.capture_as_const:
+        raise ValueError("trace.dump: the trace must be made with capture_as_const=True (as in MegEngine): a file "
+                         "holds the parameters' values")
+    if tr._last is None:
+        raise RuntimeError("trace.dump: nothing traced yet; call the trace first")
+    if append:
+        raise ValueError("trace.dump: append=True is not supported: a kiln model file holds one graph")
+    level, inference, no_format, fusion, float16, options = _inference_options(optimize_for_inference, kwargs)
+    rec = tr._last
+    graph_inputs = rec.graph.inputs()
+    nin, nout = len(graph_inputs), rec.graph.num_outputs
+    if arg_names is None:
+        arg_names = _default_arg_names(tr, nin)
+    arg_names = list(arg_names)
+    if len(arg_names) != nin:
+        raise ValueError(f"trace.dump: {len(arg_names)} arg_names for {nin} inputs")
+    if output_names is None:
+        output_names = [f"output{k}" for k in range(nout)] if nout != 1 else ["output"]
+    elif isinstance(output_names, str):
+        output_names = [output_names]
+    output_names = list(output_names)
+    if len(output_names) != nout:
+        raise ValueError(f"trace.dump: {len(output_names)} output_names for {nout} outputs")
+    cases = _cases(rec, graph_inputs, arg_names, input_data)
+    if float16:  # the file's inputs and outputs are float16 too
+        cases = [c.astype(_C.float16) if c.dtype is _C.float32 else c for c in cases]
+    metadata = None
+    if enable_metadata:
+        metadata = json.dumps({"producer": "kiln.trace.dump", "function": tr.__qualname__,
+                               "optimize_for_inference": bool(optimize_for_inference), "options": options,
+                               "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1)},
+                              sort_keys=True)
+    info = json.dumps(user_info, sort_keys=True) if user_info is not None else None
+    data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, float16, arg_names,
+                                                output_names, metadata, info, cases)
+    if isinstance(file, (str, os.PathLike)):
+        with open(file, "wb") as f:
+            f.write(data)
+    else:
+        file.write(data)
+    if strip_info_file is not None:
+        _write_strip_info(strip_info_file, text, append_json)
+    return DumpInfo(nodes, len(data), params, arg_names, output_names)
+
+
+def _write_strip_info(path, graph_text, append):
+    """MegEngine's strip_info_file: the ops and dtypes the graph uses, as JSON (merged into the
+    file's lists with append_json)."""
+    ops = set(re.findall(r"= ([a-z0-9_]+)\(", graph_text))
+    dtypes = set(re.findall(r": ([a-z0-9]+)\[", graph_text))
+    if append and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        ops |= set(old.get("opr_types", []))
+        dtypes |= set(old.get("dtype_types", []))
+    with open(path, "w") as f:
+        json.dump({"opr_types": sorted(ops), "dtype_types": sorted(dtypes)}, f, indent=1, sort_keys=True)
+
+
+class LoadedGraph:
+    """A model file loaded for running (kiln.load): call it with the inputs (positional, in the
+    file's order); it returns the output, or a tuple of them. backend: "kbk" or "sink"."""
+
+    def __init__(self, source, backend="kbk"):
+        if hasattr(source, "read"):
+            source = source.read()
+        self._model = _C.Model(source)
+        self._exe = self._model.compile(backend=backend)
+        self.backend = backend
+
+    @property
+    def inputs(self):
+        """[(name, dtype, shape)]"""
+        return self._model.inputs
+
+    @property
+    def outputs(self):
+        return self._model.outputs
+
+    @property
+    def metadata(self):
+        text = self._model.metadata
+        return json.loads(text) if text else None
+
+    @property
+    def user_info(self):
+        text = self._model.user_info
+        return json.loads(text) if text else None
+
+    @property
+    def param_bytes(self):
+        return self._model.param_bytes
+
+    @property
+    def num_nodes(self):
+        return self._model.num_nodes
+
+    def graph_str(self):
+        return self._model.graph_str()
+
+    def test_cases(self):
+        """[(inputs, expected outputs)] embedded by dump's input_data."""
+        return self._model.cases()
+
+    def __call__(self, *args):
+        from .._tensor import tensor as _tensor
+
+        if len(args) != len(self.inputs):
+            raise TypeError(f"kiln.load: the graph takes {len(self.inputs)} inputs "
+                            f"({', '.join(n for n, _, _ in self.inputs)}), got {len(args)}")
+        ins = [a if isinstance(a, _C.TensorBase) else _tensor(a, dtype=dt) for a, (_, dt, _) in zip(args, self.inputs)]
+        # float32 tensors given to a float16 file (enable_io16xc32) are converted
+        ins = [a.astype(dt) if a.dtype is _C.float32 and dt is _C.float16 else a for a, (_, dt, _) in zip(ins, self.inputs)]
+        outs = self._exe(*ins)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self):
+        ins = ", ".join(f"{n}: {dt.name}{list(s)}" for n, dt, s in self.inputs)
+        return f"<kiln.load graph ({ins}) -> {len(self.outputs)} output(s), {self.num_nodes} nodes>"
+
+
+def load(source, backend="kbk"):
+    """Loads a model file (a path, bytes or a binary file object) written by trace.dump or
+    kiln.export, as a callable graph (MindSpore's mindspore.load; nn.GraphCell wraps it)."""
+    return LoadedGraph(source, backend=backend)
+
+
+def export(net, *inputs, file_name, file_format="KILN", **kwargs):
+    """Writes net (a Cell or function) traced on `inputs` to file_name (MindSpore's
+    mindspore.export; ".kiln" or ".onnx" is appended when the name has no suffix).
+    file_format "KILN": keyword arguments go to trace.dump (optimize_for_inference, arg_names,
+    ...), and the DumpInfo is returned. "ONNX": the recorded graph (kiln's ops before fusion) as an
+    ONNX model through the onnx package (keywords arg_names, output_names), which is returned."""
+    from .megengine import trace
+
+    fmt = str(file_format).upper()
+    if fmt not in ("KILN", "ONNX"):
+        raise ValueError(f"kiln.export: file_format must be 'KILN' or 'ONNX', got {file_format!r}")
+    if not os.path.splitext(str(file_name))[1]:
+        file_name = f"{file_name}.{fmt.lower()}"
+    t = trace(net, capture_as_const=True, opt_level=0, verify=False)
+    t(*inputs)
+    if fmt == "KILN":
+        return t.dump(file_name, **kwargs)
+    from .onnx_export import export_graph
+
+    unknown = sorted(set(kwargs) - {"arg_names", "output_names"})
+    if unknown:
+        raise TypeError(f"kiln.export(ONNX): unknown keyword argument(s) {', '.join(unknown)}")
+    rec = t._last
+    nin, nout = len(rec.graph.inputs()), rec.graph.num_outputs
+    arg_names = list(kwargs.get("arg_names") or _default_arg_names(t, nin))
+    output_names = list(kwargs.get("output_names") or (["output"] if nout == 1 else [f"output{k}" for k in range(nout)]))
+    if len(arg_names) != nin or len(output_names) != nout:
+        raise ValueError(f"kiln.export(ONNX): {len(arg_names)} arg_names and {len(output_names)} output_names for "
+                         f"{nin} inputs and {nout} outputs")
+    return export_graph(rec.graph, arg_names, output_names, str(file_name))

@@ -1,0 +1,334 @@
+/* kiln._C.model_write and kiln._C.Model: model files (include/kiln/model.h) for trace.dump,
+ * kiln.export and kiln.load. Arguments are borrowed; returned objects are new references. */
+#include "pykiln.h"
+
+/* A list/tuple of str (or None: NULL) as a PyMem array of borrowed UTF-8 pointers. */
+static int names_of(PyObject *seq, Py_ssize_t want, const char *what, const char ***out) {
+    *out = NULL;
+    if (seq == Py_None) return 0;
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a list of str or None", what);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n != want) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd names for %zd values", what, n, want);
+        return -1;
+    }
+    const char **names = PyMem_Malloc(sizeof *names * (size_t)(n ? n : 1));
+    if (!names) return PyErr_NoMemory(), -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
+        names[k] = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+        if (!names[k]) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s: name %zd is not a str", what, k);
+            PyMem_Free(names);
+            return -1;
+        }
+    }
+    *out = names;
+    return 0;
+}
+
+/* Folds what the inference rewrites fold in float32 (batch norm into weights, constants such as
+ * rotary frequencies from a large theta, which float16 cannot hold), then stores float16. */
+static kiln_status to_float16(kiln_graph **g, const kiln_pass_options *opt) {
+    static const char *const before[] = {"dce", "fold_batch_norm", "cse", "constant_fold", "simplify", "dce"};
+    for (size_t k = 0; k < sizeof before / sizeof before[0]; k++) KILN_TRY(kiln_run_pass(before[k], g, opt));
+    kiln_graph *narrow = NULL;
+    KILN_TRY(kiln_graph_to_float16(*g, &narrow));
+    kiln_graph_free(*g);
+    *g = narrow;
+    return KILN_OK;
+}
+
+/* model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata,
+ *             user_info, cases) -> (bytes, node count, parameter bytes, graph text)
+ * Optimizes a copy of graph at the level (inference: the inference rewrites) and writes it with
+ * the test cases (a list of tensors: per case the inputs, then the expected outputs). */
+static PyObject *py_model_write(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *graph, *in_names, *out_names, *cases;
+    int level, inference, no_format, fusion, float16;
+    const char *metadata, *user_info;
+    if (!PyArg_ParseTuple(args, "OippipOOzzO!:model_write", &graph, &level, &inference, &no_format, &fusion, &float16,
+                          &in_names,
+                          &out_names, &metadata, &user_info, &PyList_Type, &cases))
+        return NULL;
+    const kiln_graph *src = pykiln_graph_of(graph);
+    if (!src) return NULL;
+    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2 || fusion < KILN_CONV_FUSE_ALL || fusion > KILN_CONV_FUSE_BIAS_ACT) {
+        PyErr_SetString(PyExc_ValueError, "model_write: level must be 0, 1 or 2 and conv_fusion 0, 1 or 2");
+        return NULL;
+    }
+    Py_ssize_t per = src->ninputs + src->noutputs, ntensors = PyList_GET_SIZE(cases);
+    if (per ? ntensors % per : ntensors) {
+        PyErr_Format(PyExc_ValueError, "model_write: %zd test case tensors is not a multiple of %zd", ntensors, per);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < ntensors; k++)
+        if (!pykiln_is_tensor(PyList_GET_ITEM(cases, k))) {
+            PyErr_Format(PyExc_TypeError, "model_write: test case tensor %zd is not a Tensor", k);
+            return NULL;
+        }
+    const char **ins = NULL, **outs = NULL;
+    if (names_of(in_names, src->ninputs, "arg_names", &ins) < 0) return NULL;
+    if (names_of(out_names, src->noutputs, "output_names", &outs) < 0) {
+        PyMem_Free(ins);
+        return NULL;
+    }
+    kiln_tensor **tensors = PyMem_Malloc(sizeof *tensors * (size_t)(ntensors ? ntensors : 1));
+    kiln_graph *g = NULL;
+    void *bytes = NULL;
+    size_t size = 0;
+    kiln_status s = tensors ? kiln_graph_clone(src, &g) : KILN_ERR_MEMORY;
+    for (Py_ssize_t k = 0; tensors && k < ntensors; k++) tensors[k] = pykiln_unwrap(PyList_GET_ITEM(cases, k));
+    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
+    if (s == KILN_OK && float16) s = to_float16(&g, &popt);
+    if (s == KILN_OK) s = kiln_optimize(&g, &popt);
+    if (s == KILN_OK) {
+        kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors};
+        Py_BEGIN_ALLOW_THREADS
+        s = kiln_model_write(&d, &bytes, &size);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(ins), PyMem_Free(outs), PyMem_Free(tensors);
+    PyObject *result = NULL;
+    if (s == KILN_OK) {
+        /* what was written, read back: the file is checked, and its parameter bytes are those it holds */
+        kiln_model *m = NULL;
+        s = kiln_model_load_memory(bytes, size, &m);
+        size_t params = m ? kiln_model_param_bytes(m) : 0;
+        kiln_model_free(m);
+        if (s != KILN_OK) {
+            free(bytes);
+            kiln_graph_free(g);
+            return pykiln_raise(s);
+        }
+        char *text = kiln_graph_to_string(g);
+        result = text ? Py_BuildValue("(y#inN)", (const char *)bytes, (Py_ssize_t)size, (int)g->nnodes,
+                                      (Py_ssize_t)params, PyUnicode_FromString(text))
+                      : PyErr_NoMemory();
+        free(text);
+    } else if (!PyErr_Occurred()) {
+        pykiln_raise(s);
+    }
+    free(bytes);
+    kiln_graph_free(g);
+    return result;
+}
+
+/* ---- Model: a loaded file ------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    kiln_model *m;
+} PyModel;
+
+static PyTypeObject PyModel_Type;
+
+/* Model(source): source is a path (str or os.PathLike: mapped) or bytes-like (copied). */
+static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"source", NULL};
+    PyObject *src;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:Model", kwlist, &src)) return NULL;
+    kiln_model *m = NULL;
+    kiln_status s;
+    if (PyObject_CheckBuffer(src)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(src, &view, PyBUF_SIMPLE) < 0) return NULL;
+        Py_BEGIN_ALLOW_THREADS
+        s = kiln_model_load_memory(view.buf, (size_t)view.len, &m);
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&view);
+    } else {
+        PyObject *path = NULL;
+        if (!PyUnicode_FSConverter(src, &path)) return NULL;
+        const char *p = PyBytes_AS_STRING(path);
+        Py_BEGIN_ALLOW_THREADS
+        s = kiln_model_load(p, &m);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(path);
+    }
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyModel *self = (PyModel *)type->tp_alloc(type, 0);
+    if (!self) {
+        kiln_model_free(m);
+        return NULL;
+    }
+    self->m = m;
+    return (PyObject *)self;
+}
+
+static void model_dealloc(PyObject *self) {
+    kiln_model_free(((PyModel *)self)->m);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* (name, dtype, shape) */
+static PyObject *meta_tuple(const char *name, const kiln_meta *m) {
+    PyObject *dt_shape = pykiln_meta_tuple(m);
+    if (!dt_shape) return NULL;
+    PyObject *o = Py_BuildValue("(sOO)", name, PyTuple_GET_ITEM(dt_shape, 0), PyTuple_GET_ITEM(dt_shape, 1));
+    Py_DECREF(dt_shape);
+    return o;
+}
+
+static PyObject *io_list(const kiln_model *m, bool inputs) {
+    int32_t n = inputs ? kiln_model_num_inputs(m) : kiln_model_num_outputs(m);
+    PyObject *list = PyList_New(n);
+    for (int32_t k = 0; list && k < n; k++) {
+        PyObject *item = inputs ? meta_tuple(kiln_model_input_name(m, k), kiln_model_input_meta(m, k))
+                                : meta_tuple(kiln_model_output_name(m, k), kiln_model_output_meta(m, k));
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
+static PyObject *model_get_inputs(PyObject *self, void *c) {
+    (void)c;
+    return io_list(((PyModel *)self)->m, true);
+}
+static PyObject *model_get_outputs(PyObject *self, void *c) {
+    (void)c;
+    return io_list(((PyModel *)self)->m, false);
+}
+static PyObject *model_get_metadata(PyObject *self, void *c) {
+    (void)c;
+    return PyUnicode_FromString(kiln_model_metadata(((PyModel *)self)->m));
+}
+static PyObject *model_get_user_info(PyObject *self, void *c) {
+    (void)c;
+    return PyUnicode_FromString(kiln_model_user_info(((PyModel *)self)->m));
+}
+static PyObject *model_get_producer(PyObject *self, void *c) {
+    (void)c;
+    return PyUnicode_FromString(kiln_model_producer(((PyModel *)self)->m));
+}
+static PyObject *model_get_param_bytes(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(kiln_model_param_bytes(((PyModel *)self)->m));
+}
+static PyObject *model_get_num_nodes(PyObject *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(kiln_model_graph(((PyModel *)self)->m)->nnodes);
+}
+
+static PyObject *wrap_borrowed(kiln_tensor *t) {
+    kiln_tensor_retain(t);
+    return pykiln_wrap(t);
+}
+
+/* cases() -> [(inputs tuple, expected outputs tuple)] (read-only tensors viewing the file) */
+static PyObject *model_cases(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_model *m = ((PyModel *)self)->m;
+    int32_t nc = kiln_model_num_cases(m), ni = kiln_model_num_inputs(m), no = kiln_model_num_outputs(m);
+    PyObject *list = PyList_New(nc);
+    for (int32_t c = 0; list && c < nc; c++) {
+        PyObject *ins = PyTuple_New(ni), *outs = PyTuple_New(no);
+        bool ok = ins && outs;
+        for (int32_t k = 0; ok && k < ni; k++) {
+            PyObject *t = wrap_borrowed(kiln_model_case_input(m, c, k));
+            ok = t != NULL;
+            if (ok) PyTuple_SET_ITEM(ins, k, t);
+        }
+        for (int32_t k = 0; ok && k < no; k++) {
+            PyObject *t = wrap_borrowed(kiln_model_case_output(m, c, k));
+            ok = t != NULL;
+            if (ok) PyTuple_SET_ITEM(outs, k, t);
+        }
+        if (!ok) {
+            Py_XDECREF(ins), Py_XDECREF(outs), Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, c, Py_BuildValue("(NN)", ins, outs));
+    }
+    return list;
+}
+
+/* compile(backend="kbk", level=0) -> Executable of the model's graph (optimized further at level) */
+static PyObject *model_compile(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"backend", "level", NULL};
+    const char *backend = "kbk";
+    int level = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|si:compile", kwlist, &backend, &level)) return NULL;
+    bool sunk = strcmp(backend, "sink") == 0;
+    if (!sunk && strcmp(backend, "kbk") != 0) {
+        PyErr_Format(PyExc_ValueError, "compile: backend must be 'kbk' or 'sink', got '%s'", backend);
+        return NULL;
+    }
+    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
+        PyErr_SetString(PyExc_ValueError, "compile: level must be 0, 1 or 2");
+        return NULL;
+    }
+    kiln_graph *g = NULL;
+    kiln_status s = kiln_graph_clone(kiln_model_graph(((PyModel *)self)->m), &g);
+    kiln_pass_options popt = {(kiln_jit_level)level, true, false, KILN_CONV_FUSE_ALL, false};
+    if (s == KILN_OK) s = kiln_optimize(&g, &popt);
+    if (s != KILN_OK) {
+        kiln_graph_free(g);
+        return pykiln_raise(s);
+    }
+    kiln_compile_options opt = {KILN_ORDER_BFS, false, sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    PyObject *e = pykiln_executable_new(g, &opt);
+    kiln_graph_free(g);
+    return e;
+}
+
+static PyObject *model_graph_str(PyObject *self, PyObject *unused) {
+    (void)unused;
+    char *text = kiln_graph_to_string(kiln_model_graph(((PyModel *)self)->m));
+    if (!text) return PyErr_NoMemory();
+    PyObject *o = PyUnicode_FromString(text);
+    free(text);
+    return o;
+}
+
+static PyMethodDef model_methods[] = {
+    {"cases", model_cases, METH_NOARGS, "[(inputs, expected outputs)] of the embedded test cases"},
+    {"compile", (PyCFunction)(void (*)(void))model_compile, METH_VARARGS | METH_KEYWORDS,
+     "compile(backend='kbk', level=0) -> Executable"},
+    {"graph_str", model_graph_str, METH_NOARGS, "the graph in text form"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef model_getset[] = {
+    {"inputs", model_get_inputs, NULL, "[(name, dtype, shape)] of the inputs", NULL},
+    {"outputs", model_get_outputs, NULL, "[(name, dtype, shape)] of the outputs", NULL},
+    {"metadata", model_get_metadata, NULL, "the metadata text", NULL},
+    {"user_info", model_get_user_info, NULL, "the user info text", NULL},
+    {"producer", model_get_producer, NULL, "what wrote the file", NULL},
+    {"param_bytes", model_get_param_bytes, NULL, "bytes of the parameters", NULL},
+    {"num_nodes", model_get_num_nodes, NULL, "nodes of the graph", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PyModel_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.Model",
+    .tp_basicsize = sizeof(PyModel),
+    .tp_dealloc = model_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Model(path or bytes): a loaded kiln model file",
+    .tp_methods = model_methods,
+    .tp_getset = model_getset,
+    .tp_new = model_new,
+};
+
+static PyMethodDef model_functions[] = {
+    {"model_write", py_model_write, METH_VARARGS,
+     "model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata, "
+     "user_info, cases) -> (bytes, nodes, parameter bytes, graph text)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int pykiln_model_init(PyObject *module) {
+    if (PyType_Ready(&PyModel_Type) < 0) return -1;
+    Py_INCREF(&PyModel_Type);
+    if (PyModule_AddObject(module, "Model", (PyObject *)&PyModel_Type) < 0) return -1;
+    return PyModule_AddFunctions(module, model_functions);
+}

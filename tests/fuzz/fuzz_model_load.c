@@ -1,0 +1,85 @@
+/* libFuzzer harness for the model file loader (src/ir/model_read.c): any bytes either load or fail
+ * with KILN_ERR_VALUE (KILN_ERR_MEMORY when an allocation fails), leaving nothing allocated. The
+ * bytes are loaded twice: as they are (the header and checksum checks), and with the checksum
+ * check off, so that mutations reach the metadata parser behind it. A file that loads is written
+ * again from its graph, names and test cases, and that must load to the same graph (compared by
+ * what its values are, kiln_graph_diff_*), with a writer's output a fixed point. Built and run
+ * by scripts/fuzz.sh (corpus: tests/fuzz/corpus_model, made by tests/fuzz/make_model_corpus.py). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/compare.h"
+#include "ir/model_format.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check_failure(kiln_status s, const kiln_model *m) {
+    if ((s != KILN_ERR_VALUE && s != KILN_ERR_MEMORY) || m != NULL) {
+        fprintf(stderr, "kiln_model_load: status %d (model %p): %s\n", (int)s, (const void *)m, kiln_last_error());
+        abort();
+    }
+}
+
+/* The file m's description writes. */
+static void *rewrite(const kiln_model *m, size_t *size) {
+    int32_t nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m), nc = kiln_model_num_cases(m);
+    const char **names = malloc(sizeof *names * (size_t)(nin + nout + 1));
+    kiln_tensor **cases = malloc(sizeof *cases * ((size_t)nc * (size_t)(nin + nout) + 1));
+    if (!names || !cases) abort();
+    for (int32_t k = 0; k < nin; k++) names[k] = kiln_model_input_name(m, k);
+    for (int32_t k = 0; k < nout; k++) names[nin + k] = kiln_model_output_name(m, k);
+    for (int32_t c = 0; c < nc; c++)
+        for (int32_t k = 0; k < nin + nout; k++)
+            cases[(size_t)c * (size_t)(nin + nout) + (size_t)k] =
+                k < nin ? kiln_model_case_input(m, c, k) : kiln_model_case_output(m, c, k - nin);
+    kiln_model_desc d = {kiln_model_graph(m), names, names + nin, kiln_model_metadata(m), kiln_model_user_info(m), nc, cases};
+    void *bytes = NULL;
+    kiln_status s = kiln_model_write(&d, &bytes, size);
+    free(names), free(cases);
+    if (s == KILN_ERR_MEMORY) return NULL;
+    if (s != KILN_OK) {
+        fprintf(stderr, "a loaded model does not write: %s\n", kiln_last_error());
+        abort();
+    }
+    return bytes;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    kiln_model *m = NULL;
+    kiln_status s = kiln_model_load_memory(data, size, &m);
+    if (s != KILN_OK) check_failure(s, m);
+    kiln_model_free(m);
+    m = NULL;
+    s = kiln_model_load_bytes(data, size, false, &m);
+    if (s != KILN_OK) {
+        check_failure(s, m);
+        return 0;
+    }
+    size_t n1 = 0, n2 = 0;
+    void *b1 = rewrite(m, &n1);
+    kiln_model *again = NULL;
+    if (b1 && kiln_model_load_memory(b1, n1, &again) != KILN_OK) {
+        fprintf(stderr, "a rewritten model does not load: %s\n", kiln_last_error());
+        abort();
+    }
+    if (again) {
+        kiln_graph_diff d;
+        if (kiln_graph_diff_ops(kiln_model_graph(m), kiln_model_graph(again), &d) ||
+            kiln_graph_diff_outputs(kiln_model_graph(m), kiln_model_graph(again), &d)) {
+            fprintf(stderr, "a rewritten model loads to another graph\n");
+            abort();
+        }
+        void *b2 = rewrite(again, &n2);
+        if (b2 && (n1 != n2 || memcmp(b1, b2, n1) != 0)) {
+            fprintf(stderr, "writing a model is not a fixed point\n");
+            abort();
+        }
+        free(b2);
+    }
+    free(b1);
+    kiln_model_free(again);
+    kiln_model_free(m);
+    return 0;
+}

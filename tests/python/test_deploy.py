@@ -1,0 +1,343 @@
+"""trace.dump / kiln.load / kiln.export / nn.GraphCell, kiln-run and the model file's checks
+against hostile files (docs/model_format.md)."""
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import models, nn, ops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN_RUN = os.path.join(ROOT, "build", "kiln-run")
+sys.path.insert(0, os.path.join(ROOT, "tests", "fuzz"))
+from make_model_corpus import MLP, branchy  # noqa: E402  (the corpus's models)
+
+
+def arr(*shape, seed=0):
+    return kiln.tensor(np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(np.float32))
+
+
+class CNN(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, pad_mode="pad", padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def construct(self, x):
+        return ops.relu(self.bn(self.conv(x))).mean(axis=(2, 3))
+
+
+def basic_block():
+    kiln.manual_seed(0)
+    b = models.BasicBlock(8)
+    b.set_train(False)
+    return b
+
+
+def traced(fn, *inputs, **kwargs):
+    t = kiln.trace(fn, capture_as_const=True, **kwargs)
+    return t, t(*inputs)
+
+
+def dumped(t, **options):
+    buf = io.BytesIO()
+    info = t.dump(buf, **options)
+    return buf.getvalue(), info
+
+
+@pytest.mark.parametrize("make, inputs", [
+    (lambda: models.simple_function, lambda: (arr(2, 3), arr(2, 3, seed=1), arr(2, 3, seed=2))),
+    (lambda: MLP(), lambda: (arr(4, 6),)),
+    (lambda: CNN().set_train(False), lambda: (arr(2, 3, 8, 8),)),
+    (lambda: branchy, lambda: (arr(3), arr(3, seed=5))),
+    (basic_block, lambda: (arr(1, 8, 10, 10),)),
+])
+def test_round_trip_bitwise_without_rewrites(make, inputs):
+    fn, xs = make(), inputs()
+    t, want = traced(fn, *xs, opt_level=0)
+    data, info = dumped(t, optimize_for_inference=False)
+    g = kiln.load(data)
+    got = g(*xs)
+    np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    assert info.tot_bytes == len(data)
+    data2, _ = dumped(t, optimize_for_inference=False)
+    assert data2 == data  # deterministic
+
+
+@pytest.mark.parametrize("backend", ["kbk", "sink"])
+def test_round_trip_with_inference_rewrites(backend):
+    blk = basic_block()
+    x = arr(1, 8, 10, 10)
+    t, want = traced(blk, x)
+    for options in ({}, {"enable_fuse_conv_bias_nonlinearity": True}, {"enable_fuse_conv_bias_with_z": True},
+                    {"enable_nchw88": True}):
+        data, _ = dumped(t, **options)
+        got = kiln.load(data, backend=backend)(x)
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-5)
+        assert dumped(t, **options)[0] == data
+
+
+def top_level_ops(data):
+    """The ops of a file's graph, in order (not those inside fused groups' subgraphs)."""
+    text = kiln.load(data).graph_str().split("\nsubgraph")[0]
+    return [line.split("= ")[1].split("(")[0] for line in text.splitlines()[1:] if "(" in line.partition("= ")[2]]
+
+
+def test_conv_fusion_options_leave_the_block_two_convolutions():
+    blk = basic_block()
+    t, _ = traced(blk, arr(1, 8, 10, 10))
+    plain = top_level_ops(dumped(t)[0])
+    fused = top_level_ops(dumped(t, enable_fuse_conv_bias_nonlinearity=True)[0])
+    with_z = top_level_ops(dumped(t, enable_fuse_conv_bias_with_z=True)[0])
+    assert plain == ["conv2d_fused", "relu", "conv2d_fused", "fused"]  # the residual add and relu: one fused group
+    assert fused == ["conv2d_fused", "conv2d_fused", "fused"]
+    assert with_z == ["conv2d_fused", "conv2d_fused"]
+    # at the seed's channel count too (the folded weights are larger than the jit's folding limit)
+    kiln.manual_seed(0)
+    wide = models.BasicBlock(128)
+    wide.set_train(False)
+    x = arr(1, 128, 4, 4)
+    t, want = traced(wide, x)
+    data = dumped(t, enable_fuse_conv_bias_with_z=True)[0]
+    assert top_level_ops(data) == ["conv2d_fused", "conv2d_fused"]
+    np.testing.assert_allclose(kiln.load(data)(x).asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_layout_and_option_errors():
+    t, _ = traced(models.simple_function, arr(2), arr(2), arr(2))
+    with pytest.raises(ValueError, match="ARM CPUs"):
+        t.dump(io.BytesIO(), enable_nchw44=True)
+    with pytest.raises(ValueError, match="NVIDIA"):
+        t.dump(io.BytesIO(), enable_nchw32=True)
+    with pytest.raises(ValueError, match="at most one layout"):
+        t.dump(io.BytesIO(), enable_nchw88=True, enable_hwcd4=True)
+    with pytest.raises(TypeError, match="enable_nchw99"):
+        t.dump(io.BytesIO(), enable_nchw99=True)
+    with pytest.raises(ValueError, match="need optimize_for_inference=True"):
+        t.dump(io.BytesIO(), optimize_for_inference=False, enable_io16xc32=True)
+    with pytest.raises(ValueError, match="capture_as_const"):
+        u = kiln.trace(models.simple_function)
+        u(arr(2), arr(2), arr(2))
+        u.dump(io.BytesIO())
+    with pytest.raises(ValueError, match="append"):
+        t.dump(io.BytesIO(), append=True)
+
+
+def rel_l2(got, want):
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("option", ["enable_io16xc32", "enable_ioc16"])
+def test_float16_storage_halves_parameters_and_activations(option):
+    blk = basic_block()
+    x = arr(1, 8, 10, 10)
+    t, want = traced(blk, x)
+    f32, info32 = dumped(t, enable_fuse_conv_bias_with_z=True)
+    f16, info16 = dumped(t, enable_fuse_conv_bias_with_z=True, input_data=x, **{option: True})
+    g32, g16 = kiln.load(f32), kiln.load(f16)
+    assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
+    assert g16._exe.arena_bytes <= 0.55 * g32._exe.arena_bytes
+    assert [dt for _, dt, _ in g16.inputs + g16.outputs] == [kiln.float16, kiln.float16]
+    got = g16(x)  # float32 arguments are converted
+    assert got.dtype is kiln.float16
+    assert rel_l2(got.asnumpy(), want.asnumpy()) <= 1e-2
+    (ins, outs), = g16.test_cases()
+    np.testing.assert_array_equal(ins[0].asnumpy(), x.asnumpy().astype(np.float16))
+    assert outs[0].dtype is kiln.float16
+
+
+def test_float16_storage_of_the_attention_block():
+    kiln.manual_seed(0)
+    att = models.LlamaAttention(hidden_size=64, num_heads=4, num_kv_heads=2)
+    att.set_train(False)
+    x, pos = arr(1, 8, 64), kiln.tensor(np.arange(8, dtype=np.int64).reshape(1, 8))
+    t, want = traced(att, x, pos)
+    f32, info32 = dumped(t)
+    f16, info16 = dumped(t, enable_io16xc32=True)
+    g16 = kiln.load(f16)
+    assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
+    assert g16._exe.arena_bytes <= 0.55 * kiln.load(f32)._exe.arena_bytes
+    assert rel_l2(g16(x, pos).asnumpy(), want.asnumpy()) <= 1e-2  # rope's theta 500000 is folded before narrowing
+
+
+def test_names_metadata_user_info_and_cases(tmp_path):
+    t, want = traced(MLP(), arr(4, 6))
+    path = tmp_path / "mlp.kiln"
+    info = t.dump(str(path), output_names=["logits"], user_info={"owner": "kiln", "v": [1, 2]},
+                  input_data=[arr(4, 6, seed=3), {"x": arr(4, 6, seed=4)}], strip_info_file=str(tmp_path / "s.json"))
+    assert info.inputs == ["x"] and info.outputs == ["logits"]
+    g = nn.GraphCell(kiln.load(str(path)))
+    assert [n for n, _, _ in g.graph.inputs] == ["x"]
+    assert g.graph.user_info == {"owner": "kiln", "v": [1, 2]}
+    assert g.graph.metadata["optimize_for_inference"] is True
+    cases = g.graph.test_cases()
+    assert len(cases) == 2
+    for ins, outs in cases:
+        np.testing.assert_allclose(g(*ins).asnumpy(), outs[0].asnumpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cases[0][1][0].asnumpy(), t(arr(4, 6, seed=3)).asnumpy(), rtol=1e-6)
+    strip = json.loads((tmp_path / "s.json").read_text())
+    assert strip["dtype_types"] == ["float32"] and "conv2d" not in strip["opr_types"]
+    assert set(top_level_ops(path.read_bytes())) <= set(strip["opr_types"])
+    with pytest.raises(ValueError, match="input 0 is float32\\[3, 6\\]"):
+        t.dump(io.BytesIO(), input_data=arr(3, 6))
+
+
+def test_export(tmp_path):
+    mlp = MLP()
+    x = arr(2, 6)
+    kiln.export(mlp, x, file_name=str(tmp_path / "net"))
+    np.testing.assert_allclose(kiln.load(str(tmp_path / "net.kiln"))(x).asnumpy(), mlp(x).asnumpy(), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="'KILN' or 'ONNX'"):
+        kiln.export(mlp, x, file_name=str(tmp_path / "net.mindir"), file_format="MINDIR")
+
+
+# ---- hostile files ---------------------------------------------------------------------------
+
+def good_file():
+    t, _ = traced(MLP(), arr(2, 6))
+    return dumped(t, input_data=arr(2, 6))[0]
+
+
+def fix_checksum(b):
+    """Recomputes the checksum (docs/model_format.md) so a test reaches the checks behind it."""
+    b = bytearray(b)
+    b[56:64] = bytes(8)
+    n = len(b)
+    words = np.frombuffer(bytes(b) + bytes(-n % 8), dtype="<u8")
+    P, M = 0x100000001b3, (1 << 64) - 1
+    h = [0xcbf29ce484222325 ^ k for k in range(4)]
+    for i, w in enumerate(words.tolist()):
+        h[i & 3] = ((h[i & 3] ^ w) * P) & M
+    r = n
+    for k in range(4):
+        r = ((r ^ h[k]) * P) & M
+    b[56:64] = struct.pack("<Q", r)
+    return bytes(b)
+
+
+def test_checksum_matches_the_spec():
+    data = good_file()
+    assert fix_checksum(data) == data
+
+
+def test_bad_files_give_clear_errors():
+    data = good_file()
+    meta_size = struct.unpack_from("<Q", data, 32)[0]
+    data_offset = struct.unpack_from("<Q", data, 40)[0]
+    for cut in sorted({0, 10, 63, 64, 64 + meta_size // 2, 64 + meta_size, data_offset, len(data) - 1}):
+        with pytest.raises(ValueError, match="kiln file: .*(truncated|header says)"):
+            kiln.load(data[:cut])
+    with pytest.raises(ValueError, match="wrong magic"):
+        kiln.load(b"XILNMDL\0" + data[8:])
+    with pytest.raises(ValueError, match="format version 7"):
+        kiln.load(data[:8] + struct.pack("<I", 7) + data[12:])
+    rng = np.random.default_rng(0)
+    for pos in rng.integers(64, len(data), 20):
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x10
+        with pytest.raises(ValueError, match="checksum mismatch"):
+            kiln.load(bytes(flipped))
+    # lying sizes behind a valid checksum
+    lie = bytearray(data)
+    struct.pack_into("<Q", lie, 32, meta_size + 1000)
+    with pytest.raises(ValueError, match="metadata|data section"):
+        kiln.load(fix_checksum(lie))
+    # the first string (the producer) claims 2^31 bytes
+    lie = bytearray(data)
+    struct.pack_into("<I", lie, 64, 1 << 31)
+    with pytest.raises(ValueError, match="the producer .* is 2147483648, at most"):
+        kiln.load(fix_checksum(lie))
+    # every byte of the metadata flipped in turn: an error or a file that still loads, never a crash
+    for pos in range(64, 64 + meta_size, 3):
+        flipped = bytearray(data)
+        flipped[pos] ^= 0xff
+        try:
+            kiln.load(fix_checksum(flipped))
+        except (ValueError, MemoryError):
+            pass
+
+
+# ---- kiln-run ----------------------------------------------------------------------------------
+
+needs_kiln_run = pytest.mark.skipif(not os.path.exists(KILN_RUN), reason="build/kiln-run is not built")
+
+
+@needs_kiln_run
+def test_kiln_run_check_inputs_and_outputs(tmp_path):
+    blk = basic_block()
+    x = arr(1, 8, 10, 10)
+    t, want = traced(blk, x)
+    model = tmp_path / "bb.kiln"
+    t.dump(str(model), input_data=[x], enable_fuse_conv_bias_with_z=True)
+    np.save(tmp_path / "x.npy", x.asnumpy())
+    out = subprocess.run([KILN_RUN, str(model), "--check", "--iter", "3", "--warmup", "1", "--threads", "1",
+                          "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"), "--model-info"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "check: 1 case(s)" in out and ": ok" in out
+    assert out.count("iter ") == 3 and "median" in out
+    assert "input 0: x float32[1, 8, 10, 10]" in out
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output.npy"), want.asnumpy(), rtol=1e-4, atol=1e-5)
+    # a wrong expectation: exit 1 naming the worst error
+    tol = subprocess.run([KILN_RUN, str(model), "--check", "--iter", "0", "--tolerance", "0"], capture_output=True,
+                         text=True)
+    assert tol.returncode == (1 if "relative error 0 " not in tol.stdout else 0)
+    bad = subprocess.run([KILN_RUN, str(model), "--input", "nope=x.npy"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no input named 'nope'" in bad.stderr
+    corrupt = tmp_path / "corrupt.kiln"
+    corrupt.write_bytes(model.read_bytes()[:100])
+    bad = subprocess.run([KILN_RUN, str(corrupt)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "truncated" in bad.stderr
+
+
+@needs_kiln_run
+def test_kiln_run_check_fails_on_a_mismatch(tmp_path):
+    t, _ = traced(models.simple_function, arr(2, 3), arr(2, 3), arr(2, 3))
+    model = tmp_path / "f.kiln"
+    t.dump(str(model), input_data=[(arr(2, 3), arr(2, 3), arr(2, 3))])
+    data = bytearray(model.read_bytes())
+    # the expected output is the last tensor of the data section: change it
+    struct.pack_into("<f", data, len(data) - 4, 1234.5)
+    model.write_bytes(fix_checksum(data))
+    r = subprocess.run([KILN_RUN, str(model), "--check", "--iter", "0"], capture_output=True, text=True)
+    assert r.returncode == 1 and "MISMATCH" in r.stdout
+
+
+# ---- ONNX export (runs where onnx and onnxruntime are installed) ----------------------------------
+
+def _attention():
+    kiln.manual_seed(0)
+    a = models.LlamaAttention(hidden_size=64, num_heads=4, num_kv_heads=2)
+    a.set_train(False)
+    return a, (arr(1, 8, 64), kiln.tensor(np.arange(8, dtype=np.int64).reshape(1, 8)))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (MLP(), (arr(2, 6),)),
+    lambda: (CNN().set_train(False), (arr(2, 3, 8, 8),)),
+    lambda: (basic_block(), (arr(1, 8, 10, 10),)),
+    _attention,
+])
+def test_onnx_export_matches_onnxruntime(make, tmp_path):
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    net, xs = make()
+    path = str(tmp_path / "net")
+    kiln.export(net, *xs, file_name=path, file_format="ONNX")
+    session = ort.InferenceSession(path + ".onnx", providers=["CPUExecutionProvider"])
+    got = session.run(None, {i.name: x.asnumpy() for i, x in zip(session.get_inputs(), xs)})[0]
+    np.testing.assert_allclose(got, net(*xs).asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_export_refuses_control_flow(tmp_path):
+    pytest.importorskip("onnx")
+    with pytest.raises(NotImplementedError, match="control flow"):
+        kiln.export(branchy, arr(3), arr(3, seed=5), file_name=str(tmp_path / "b.onnx"), file_format="ONNX")
