@@ -33,6 +33,7 @@ typedef struct kiln_node {
     int32_t out[KILN_MAX_OUTPUTS];
     kiln_attrs attrs;
     int32_t loc; /* index into the graph's source locations, or -1 */
+    int32_t recompute; /* recorded in a call of a Cell marked with Cell.recompute(): the call's id (0: none) */
 } kiln_node;
 
 typedef struct kiln_graph {
@@ -142,6 +143,11 @@ KILN_API int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **fir
 KILN_API int32_t kiln_tracer_num_constant_sources(const kiln_tracer *tr);
 KILN_API kiln_tensor *kiln_tracer_constant_source(const kiln_tracer *tr, int32_t k, int32_t *value,
                                                   int64_t *version);
+/* Marks the ops recorded from now on, until kiln_tracer_end_recompute, with a new call id to be
+ * recomputed for the backward (kiln_node.recompute: a call of a Cell marked with
+ * Cell.recompute()); inside a marked call, nothing changes. Returns what to pass to the end. */
+KILN_API int32_t kiln_tracer_begin_recompute(kiln_tracer *tr);
+KILN_API void kiln_tracer_end_recompute(kiln_tracer *tr, int32_t previous);
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
 

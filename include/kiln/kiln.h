@@ -188,6 +188,7 @@ KILN_API int64_t kiln_conv_winograd_count(void);
 #include "kiln/autograd.h"
 #include "kiln/graph.h"
 #include "kiln/passes.h"
+#include "kiln/sublinear.h"
 #include "kiln/model.h"
 
 #endif

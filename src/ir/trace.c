@@ -12,6 +12,7 @@ struct kiln_tracer {
     kiln_graph *graph;
     kiln_ptrmap values;   /* tensor uid -> value id */
     bool capture_constants;
+    int32_t recompute, recompute_calls; /* the mark of recorded nodes (Cell.recompute), and the last one given */
     int32_t loc;
     int32_t nops;
     kiln_status failure; /* the first recording error (reported at the end of the trace) */
@@ -207,6 +208,14 @@ static kiln_status current_loc(kiln_tracer *tr) {
     return KILN_OK;
 }
 
+int32_t kiln_tracer_begin_recompute(kiln_tracer *tr) {
+    int32_t was = tr->recompute;
+    if (!was) tr->recompute = ++tr->recompute_calls;
+    return was;
+}
+
+void kiln_tracer_end_recompute(kiln_tracer *tr, int32_t previous) { tr->recompute = previous; }
+
 void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                         kiln_tensor **out) {
     kiln_tracer *tr = kiln_thread.trace_active;
@@ -223,6 +232,7 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) s = current_loc(tr);
     if (s == KILN_OK) s = kiln_graph_add_node(tr->graph, op, nin, ids, attrs, tr->loc, outs);
+    if (s == KILN_OK) tr->graph->nodes[tr->graph->nnodes - 1].recompute = tr->recompute;
     for (int k = 0; k < nout && s == KILN_OK; k++) s = bind(tr, out[k], outs[k]);
     if (ids != small) free(ids);
     if (s != KILN_OK) tr->failure = kiln_error_context(s, "while tracing %s", kiln_op_table[op].name);

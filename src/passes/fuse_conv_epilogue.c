@@ -86,7 +86,8 @@ static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const co
         kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[0]);
         kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[1]);
     }
-    KILN_TRY(kiln_graph_add_node(rw->dst, KILN_OP_CONV2D_FUSED, nin, ins, &a, conv->loc, outs));
+    KILN_TRY(kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_CONV2D_FUSED, nin, ins, &a, conv->loc, outs),
+                                      rw->dst, conv->recompute));
     *y = outs[0];
     return KILN_OK;
 }

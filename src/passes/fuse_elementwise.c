@@ -191,7 +191,8 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
         outer[k] = rw->map[inputs[k]];
         if (outer[k] < 0) return kiln_error(KILN_ERR_VALUE, "fuse_elementwise: a group input is not defined before its group");
     }
-    return kiln_graph_add_node(rw->dst, KILN_OP_FUSED, nin, outer, &a, g->nodes[r].loc, &rw->map[rv]);
+    return kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_FUSED, nin, outer, &a, g->nodes[r].loc, &rw->map[rv]),
+                                    rw->dst, g->nodes[r].recompute);
 }
 
 static kiln_status rewrite(const fusion *f, kiln_graph **out) {

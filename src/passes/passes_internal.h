@@ -12,6 +12,21 @@ static inline bool kiln_node_writes_input(const kiln_node *n, int k) {
     return k < 8 && (kiln_op_table[n->op].flags & KILN_OPF_WRITES_INPUT(k));
 }
 
+/* Whether n writes the buffer of its input k (in place, or as the op's mutated input 0). */
+static inline bool kiln_node_writes_buffer(const kiln_node *n, int k) {
+    return kiln_node_writes_input(n, k) || (k == 0 && (kiln_op_table[n->op].flags & KILN_OPF_MUTATES));
+}
+
+/* Per value: the value whose buffer it lives in (itself, or the root of input 0 of the view or
+ * in-place op making it), as the planner counts buffers. */
+void kiln_value_roots(const kiln_graph *g, int32_t *root);
+
+/* Carries a Cell.recompute() mark over to the node a pass just added in place of marked ones. */
+static inline kiln_status kiln_keep_recompute_mark(kiln_status s, kiln_graph *dst, int32_t recompute) {
+    if (s == KILN_OK && dst->nnodes > 0) dst->nodes[dst->nnodes - 1].recompute = recompute;
+    return s;
+}
+
 #define KILN_PASS(name) \
     kiln_status kiln_pass_##name(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out)
 

@@ -1,5 +1,15 @@
 /* Helpers for passes that rebuild a graph node by node. */
-#include "../core/internal.h"
+#include "passes_internal.h"
+
+void kiln_value_roots(const kiln_graph *g, int32_t *root) {
+    for (int32_t v = 0; v < g->nvalues; v++) { /* values are numbered in trace order */
+        const kiln_value *val = &g->values[v];
+        root[v] = v;
+        if (val->kind == KILN_VALUE_NODE && val->index == 0 &&
+            (kiln_op_table[g->nodes[val->node].op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES)))
+            root[v] = root[g->nodes[val->node].in[0]];
+    }
+}
 
 kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
     memset(rw, 0, sizeof *rw);
@@ -42,6 +52,7 @@ kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
     }
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) s = kiln_graph_add_node(rw->dst, n->op, n->nin, in, &n->attrs, n->loc, outs);
+    if (s == KILN_OK) rw->dst->nodes[rw->dst->nnodes - 1].recompute = n->recompute;
     for (int k = 0; k < n->nout && s == KILN_OK; k++) rw->map[n->out[k]] = outs[k];
     if (in != small) free(in);
     return s;

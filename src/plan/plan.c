@@ -186,8 +186,9 @@ static kiln_status plan_memory(kiln_plan *e) {
     /* walk the order, handing out and taking back blocks */
     for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
         const kiln_node *nd = &g->nodes[e->order[i]];
-        if (is_alias_op(nd->op)) continue;
-        for (int k = 0; k < nd->nout && s == KILN_OK; k++) {
+        /* an alias op (view, in-place write) takes no block, but what it reads last still goes back:
+         * an optimizer's update is the last reader of its gradient */
+        for (int k = 0; k < nd->nout && s == KILN_OK && !is_alias_op(nd->op); k++) {
             int32_t v = nd->out[k];
             if (output_root[v]) continue;
             int64_t size = (int64_t)meta_bytes(&g->values[v].meta);
@@ -327,6 +328,31 @@ static kiln_status plan_bodies(kiln_plan *p, int32_t i, const kiln_compile_optio
     KILN_TRY(kiln_plan_compose_loop_step(g->subgraphs[n->attrs.i[0]], g->subgraphs[n->attrs.i[1]], n->nout, &step));
     kiln_status s = kiln_plan_build(step, opt, &bodies[KILN_PLAN_STEP]);
     kiln_graph_free(step);
+    return s;
+}
+
+/* ---- the peak of a candidate graph (the sublinear-memory search) ---------------------------- */
+
+kiln_status kiln_plan_arena_bytes(const kiln_graph *g, kiln_exec_order order, size_t *peak) {
+    int32_t nv = g->nvalues, nn = g->nnodes;
+    kiln_plan e = {0};
+    e.g = (kiln_graph *)g; /* read only: plan_memory and order_dfs never write the graph */
+    e.norder = nn;
+    e.order = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    e.root = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e.last_use = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    e.offset = kiln_malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
+    e.freed_after = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
+    kiln_status s = e.order && e.root && e.last_use && e.offset && e.freed_after
+                        ? KILN_OK
+                        : kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    if (s == KILN_OK && order == KILN_ORDER_DFS) s = order_dfs(g, e.order);
+    else
+        for (int32_t i = 0; i < nn; i++) e.order[i] = i;
+    if (s == KILN_OK) s = plan_memory(&e);
+    if (s == KILN_OK) *peak = e.arena_bytes;
+    for (int32_t i = 0; e.freed_after && i < nn; i++) free(e.freed_after[i]);
+    free(e.order), free(e.root), free(e.last_use), free(e.offset), free(e.freed_after);
     return s;
 }
 

@@ -21,7 +21,7 @@ static PyObject *call_log, *write_log; /* lists while a capture runs; NULL other
 static PyObject *parameter_type;       /* kiln.nn.Parameter */
 static PyObject *context;              /* kiln.context._context: its "mode" 0 is GRAPH_MODE */
 static PyObject *s_params, *s_cells, *s_jitted, *s_graph_mode_jit, *s_construct, *s_auto_prefix, *s_name,
-    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names;
+    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute;
 
 static PyTypeObject PyCellBase_Type;
 
@@ -57,9 +57,20 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
     Py_XDECREF(jitted);
+    /* Cell.recompute(): the ops recorded while construct runs are recomputed for the backward */
+    kiln_tracer *tr = kiln_tracer_active();
+    int marked = 0;
+    if (tr) {
+        PyObject *flag = PyObject_GetAttr(self, s_recompute);
+        marked = flag ? PyObject_IsTrue(flag) : -1;
+        Py_XDECREF(flag);
+        if (marked < 0) return NULL;
+    }
+    int32_t was = marked ? kiln_tracer_begin_recompute(tr) : 0;
     PyObject *construct = PyObject_GetAttr(self, s_construct);
     PyObject *out = construct ? PyObject_Call(construct, args, kwargs) : NULL;
     Py_XDECREF(construct);
+    if (marked) kiln_tracer_end_recompute(tr, was);
     return out;
 }
 
@@ -304,7 +315,7 @@ int pykiln_cell_init(PyObject *module) {
         const char *text;
     } names[] = {{&s_params, "_params"},       {&s_cells, "_cells"},
                  {&s_jitted, "_jitted"},       {&s_graph_mode_jit, "_graph_mode_jit"},
-                 {&s_construct, "construct"},  {&s_auto_prefix, "_auto_prefix"},
+                 {&s_construct, "construct"}, {&s_recompute, "_recompute"},  {&s_auto_prefix, "_auto_prefix"},
                  {&s_name, "name"},            {&s_auto_name, "_auto_name"},
                  {&s_version, "_kiln_version"}, {&s_mode, "mode"},
                  {&s_parameters_and_names, "parameters_and_names"}};

@@ -22,6 +22,7 @@ typedef struct {
     char *graph_text;
     int nin, nout;
     bool release_gil; /* worth it when the graph does real work */
+    PyObject *memory; /* dict: planned peaks with and without recomputation, bfs and dfs (memory_report) */
 } PyExecutable;
 
 static PyTypeObject PyExecutable_Type;
@@ -49,6 +50,7 @@ static void executable_dealloc(PyObject *self) {
     PyExecutable *p = (PyExecutable *)self;
     kiln_executable_free(p->exe);
     free(p->graph_text);
+    Py_XDECREF(p->memory);
     Py_TYPE(self)->tp_free(self);
 }
 
@@ -171,6 +173,12 @@ static PyObject *executable_memory_report(PyObject *self, PyObject *unused) {
     return pykiln_executable_memory(plan_of(self));
 }
 
+static PyObject *executable_recompute_report(PyObject *self, PyObject *unused) {
+    (void)unused;
+    PyObject *m = ((PyExecutable *)self)->memory;
+    return m ? PyDict_Copy(m) : PyDict_New();
+}
+
 static PyObject *executable_graph_dot(PyObject *self, PyObject *unused) {
     (void)unused;
     return pykiln_executable_dot(plan_of(self));
@@ -179,6 +187,9 @@ static PyObject *executable_graph_dot(PyObject *self, PyObject *unused) {
 static PyMethodDef executable_methods[] = {
     {"memory_report", executable_memory_report, METH_NOARGS,
      "the memory plan at its busiest step: arena, output and live bytes, the buffers live there"},
+    {"recompute_report", executable_recompute_report, METH_NOARGS,
+     "planned arena bytes with and without recomputation (sublinear memory, Cell.recompute), the recomputed ops "
+     "and their FLOPs, and the peaks of the bfs and dfs orders"},
     {"graph_dot", executable_graph_dot, METH_NOARGS, "the compiled graph as Graphviz DOT"},
     {"graph_str", executable_graph_str, METH_NOARGS, "the graph in text form"},
     {"order", executable_order, METH_NOARGS, "the execution order, as op names"},
@@ -663,6 +674,56 @@ static kiln_graph *end_with_outputs(PyTracer *p, PyObject *outputs, const char *
     return g;
 }
 
+/* Recomputation after the level's passes: the nodes of Cells marked with Cell.recompute() when
+ * there are any, else the checkpoint search when `sublinear` is a tuple (thresh_nr_try,
+ * genetic_nr_iter, genetic_pool_size, lb_memory bytes, num_worker). Fills a dict for
+ * memory_report(), returned (NULL with an exception set on failure). */
+static PyObject *recompute_graph(kiln_graph **g, kiln_exec_order order, PyObject *sublinear) {
+    kiln_sublinear_report rep = {0};
+    const char *mode = "none";
+    kiln_graph *marked = NULL;
+    kiln_recompute_stats st = {0};
+    kiln_status s = kiln_plan_arena_bytes(*g, order, &rep.peak_before);
+    rep.peak_after = rep.peak_greedy = rep.peak_hoisted = rep.peak_before;
+    if (s == KILN_OK) s = kiln_recompute_marked(*g, &marked, &st);
+    if (s == KILN_OK && marked) {
+        kiln_graph_free(*g);
+        *g = marked;
+        mode = "cell";
+        rep.recomputed_ops = st.recomputed_ops, rep.extra_flops = st.extra_flops;
+        s = kiln_plan_arena_bytes(*g, order, &rep.peak_after);
+    } else if (s == KILN_OK && sublinear != Py_None) {
+        long long t[5];
+        if (!PyArg_ParseTuple(sublinear, "LLLLL", &t[0], &t[1], &t[2], &t[3], &t[4])) return NULL;
+        for (int k = 0; k < 5; k++)
+            if (t[k] < 0 || t[k] > (k == 3 ? INT64_MAX : INT32_MAX) || (k == 4 && t[k] < 1)) {
+                static const char *names[] = {"thresh_nr_try", "genetic_nr_iter", "genetic_pool_size", "lb_memory",
+                                              "num_worker"};
+                return PyErr_Format(PyExc_ValueError, "SublinearMemoryConfig: %s out of range: %lld", names[k], t[k]);
+            }
+        kiln_sublinear_config cfg = {(int32_t)t[0], (int32_t)t[1], (int32_t)t[2], (int64_t)t[3], (int32_t)t[4], 2333};
+        Py_BEGIN_ALLOW_THREADS
+        s = kiln_sublinear_optimize(g, order, &cfg, &rep);
+        Py_END_ALLOW_THREADS
+        mode = "search";
+    }
+    size_t bfs = 0, dfs = 0;
+    if (s == KILN_OK) s = kiln_plan_arena_bytes(*g, KILN_ORDER_BFS, &bfs);
+    if (s == KILN_OK) s = kiln_plan_arena_bytes(*g, KILN_ORDER_DFS, &dfs);
+    if (s != KILN_OK) return pykiln_raise(s);
+    size_t constants = 0; /* copies the graph holds (captured by value) */
+    for (int32_t c = 0; c < (*g)->ncaptures; c++) {
+        const kiln_value *v = &(*g)->values[(*g)->captures[c]];
+        if (v->constant) constants += (size_t)kiln_meta_numel(&v->meta) * kiln_dtype_size(v->meta.dtype);
+    }
+    return Py_BuildValue("{s:s,s:n,s:n,s:n,s:n,s:n,s:i,s:L,s:i,s:i,s:n,s:n}", "recompute", mode, "constant_bytes",
+                         (Py_ssize_t)constants, "peak_before", (Py_ssize_t)rep.peak_before, "peak_hoisted",
+                         (Py_ssize_t)rep.peak_hoisted, "peak_after", (Py_ssize_t)rep.peak_after, "peak_greedy",
+                         (Py_ssize_t)rep.peak_greedy, "recomputed_ops", rep.recomputed_ops, "extra_flops",
+                         (long long)rep.extra_flops, "checkpoints", rep.checkpoints, "candidates", rep.candidates,
+                         "peak_bfs", (Py_ssize_t)bfs, "peak_dfs", (Py_ssize_t)dfs);
+}
+
 PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt) {
     kiln_executable *exe = NULL;
     kiln_status s = kiln_compile(g, opt, &exe);
@@ -674,6 +735,7 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     }
     e->vectorcall = executable_vectorcall;
     e->base.exe = exe;
+    e->base.memory = NULL;
     e->base.graph_text = kiln_graph_to_string(g);
     e->base.nin = g->ninputs;
     e->base.nout = g->noutputs;
@@ -691,7 +753,11 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
 
 /* An Executable of g (borrowed, left unchanged): a copy optimized for the level, compiled for the backend. */
 static PyObject *optimize_and_compile(const kiln_graph *g, const char *order, int poison, int level, int inference,
-                                      int no_format, bool sunk) {
+                                      int no_format, bool sunk, PyObject *sublinear) {
+    if (sublinear != Py_None && !PyTuple_Check(sublinear)) {
+        PyErr_SetString(PyExc_TypeError, "sublinear must be None or a tuple of five ints");
+        return NULL;
+    }
     kiln_graph *optimized = NULL;
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
     kiln_status s = kiln_graph_clone(g, &optimized);
@@ -702,8 +768,18 @@ static PyObject *optimize_and_compile(const kiln_graph *g, const char *order, in
     }
     kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
                                 sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    PyObject *memory = recompute_graph(&optimized, opt.order, sublinear);
+    if (!memory) {
+        kiln_graph_free(optimized);
+        return NULL;
+    }
     PyObject *e = pykiln_executable_new(optimized, &opt);
     kiln_graph_free(optimized);
+    if (!e) {
+        Py_DECREF(memory);
+        return NULL;
+    }
+    ((PyExecutable *)e)->memory = memory;
     return e;
 }
 
@@ -722,16 +798,16 @@ static int backend_is_sink(const char *who, const char *backend, int level, bool
 }
 
 /* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
- *        backend="kbk") -> Executable; ends the trace, optimizes the graph for the level and compiles it
- * for the backend ("kbk" or "sink") */
+ *        backend="kbk", sublinear=None) -> Executable; ends the trace, optimizes the graph for the
+ * level, recomputes (recompute_graph) and compiles it for the backend ("kbk" or "sink") */
 static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"outputs", "order", "poison", "level", "inference", "disable_format_transform",
-                             "backend", NULL};
-    PyObject *outputs;
+                             "backend", "sublinear", NULL};
+    PyObject *outputs, *sublinear = Py_None;
     const char *order = "bfs", *backend = "kbk";
     int poison = 0, level = 0, inference = 0, no_format = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spipps:finish", kwlist, &outputs, &order, &poison, &level,
-                                     &inference, &no_format, &backend))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spippsO:finish", kwlist, &outputs, &order, &poison, &level,
+                                     &inference, &no_format, &backend, &sublinear))
         return NULL;
     bool sunk;
     if (backend_is_sink("finish", backend, level, &sunk) < 0) return NULL;
@@ -739,7 +815,7 @@ static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t n = 0;
     kiln_graph *g = end_with_outputs(p, outputs, "finish", &n);
     if (!g) return NULL;
-    return optimize_and_compile(g, order, poison, level, inference, no_format, sunk);
+    return optimize_and_compile(g, order, poison, level, inference, no_format, sunk, sublinear);
 }
 
 /* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for
@@ -832,16 +908,16 @@ static PyObject *py_tracing(PyObject *self, PyObject *unused) {
 static PyObject *py_compile_graph(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"graph", "order", "poison", "level", "inference", "disable_format_transform",
-                             "backend", NULL};
-    PyObject *graph;
+                             "backend", "sublinear", NULL};
+    PyObject *graph, *sublinear = Py_None;
     const char *order = "bfs", *backend = "kbk";
     int poison = 0, level = 0, inference = 0, no_format = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|spipps:compile_graph", kwlist, &PyGraph_Type, &graph, &order,
-                                     &poison, &level, &inference, &no_format, &backend))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|spippsO:compile_graph", kwlist, &PyGraph_Type, &graph, &order,
+                                     &poison, &level, &inference, &no_format, &backend, &sublinear))
         return NULL;
     bool sunk;
     if (backend_is_sink("compile_graph", backend, level, &sunk) < 0) return NULL;
-    return optimize_and_compile(((PyGraph *)graph)->g, order, poison, level, inference, no_format, sunk);
+    return optimize_and_compile(((PyGraph *)graph)->g, order, poison, level, inference, no_format, sunk, sublinear);
 }
 
 PyMethodDef pykiln_graph_functions[] = {

@@ -544,7 +544,8 @@ class DynamicEntry:
         o = self.options
         exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=o.level,
                                inference=o.infer_boost == "on",
-                               disable_format_transform=o.disable_format_transform, backend=o.backend)
+                               disable_format_transform=o.disable_format_transform, backend=o.backend,
+                               sublinear=o.sublinear)
         self.instances[key] = exe
         if len(self.instances) > MAX_INSTANCES:
             self.instances.popitem(last=False)

@@ -142,7 +142,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
                                    level=options.level, inference=options.infer_boost == "on",
                                    disable_format_transform=options.disable_format_transform,
-                                   backend=options.backend)
+                                   backend=options.backend, sublinear=options.sublinear)
         graph = tracer.recorded() if capture is not None else None
     finally:
         tracer.end()
@@ -475,7 +475,7 @@ class JitFunction(_C.JitDispatcher):
     # ---- introspection ----------------------------------------------------------------
     def explain(self):
         """Prints and returns what this function became so far (kiln.jit.explain's report)."""
-        from .explain import report
+        from .explain_report import report  # (a module named "explain" would shadow kiln.jit.explain)
 
         out = report(self)
         print(out)
@@ -525,12 +525,20 @@ class JitFunction(_C.JitDispatcher):
     def plan_str(self, *args, **kwargs):
         """The plan of the graph compiled for these arguments (compiling it if needed), or for the
         last call: node order, where each value lives in the arena and until which step, what is
-        freed after each step, fused groups and the nested plans of control flow."""
+        freed after each step, fused groups and the nested plans of control flow; with recomputation
+        (SublinearMemoryConfig, Cell.recompute), a last line says what it did (memory_report())."""
         if args or kwargs:
-            return self.executable(*args, **kwargs).plan_str()
-        if self._last is None:
+            exe = self.executable(*args, **kwargs)
+        elif self._last is None:
             raise RuntimeError("plan_str: no graph compiled yet; call the function or pass arguments")
-        return self._last.executable.plan_str()
+        else:
+            exe = self._last.executable
+        r = exe.recompute_report()
+        if r["recompute"] == "none":
+            return exe.plan_str()
+        return exe.plan_str() + (f"recompute ({r['recompute']}): planned peak {r['peak_before']} -> {r['peak_after']} "
+                                 f"bytes, {r['recomputed_ops']} ops recomputed, {r['extra_flops']} extra FLOPs; "
+                                 f"bfs {r['peak_bfs']}, dfs {r['peak_dfs']}\n")
 
     def get_profile(self):
         """With profiling=True (option, or JitConfig(profiling=True)): every compiled run since the
@@ -542,7 +550,8 @@ class JitFunction(_C.JitDispatcher):
 
     def memory_report(self, *args, **kwargs):
         """The memory of the graph compiled for these arguments (compiling it if needed), or for the
-        last call (plan only): see kiln.tools.memory_report."""
+        last call (plan only): see kiln.tools.memory_report (with what recomputation did, when
+        sublinear_memory_config or Cell.recompute asked for it)."""
         from ..tools.memory import memory_report
 
         return memory_report(self, *args, **kwargs)
@@ -667,7 +676,9 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=None, full
     debug_poison (fill freed buffers with NaN), jit_syntax_level, ge_options (with backend "GE":
     {"global": {...}, "session": {...}}, checked and recorded), profiling (True: every compiled
     call is recorded, get_profile() returns them in MegEngine's dict shape; such calls always come
-    through Python). Any jitted function has memory_report() and graph_dot() (see kiln.tools)."""
+    through Python), sublinear_memory_config (a kiln.jit.SublinearMemoryConfig: recompute
+    activations of training graphs, checkpoints searched). Any jitted function has memory_report()
+    and graph_dot() (see kiln.tools)."""
     opts = JitOptions.make(capture_mode=capture_mode, jit_level=jit_level, dynamic=dynamic, fullgraph=fullgraph,
                            backend=backend, **options)
 

@@ -187,7 +187,7 @@ class _Run:
                  "constant_names", "capture", "requires_grad_key")
 
 
-def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False):
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
     (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes."""
@@ -225,7 +225,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
-        executable = tracer.finish(out_leaves, level=level)
+        executable = tracer.finish(out_leaves, level=level, sublinear=sublinear)
         recorded = tracer.recorded()  # the graph before the level's passes
         sources = tracer.constant_sources()
     finally:
@@ -287,9 +287,11 @@ class trace(_C.JitDispatcher):
     fusion takes reductions over the last axis); jit_fuse_reduce=False at O1/O2 and
     jit_fuse_dimshuffle=True cannot be honoured and are ignored with a warning.
 
-    sublinear_memory_config and dtr_config (a DTRConfig: kiln has no dynamic tensor
-    rematerialization) are checked and stored, and have no effect yet: one warning at the first
-    call names each. profiling=True records every compiled run (and the compile phases) through
+    sublinear_memory_config (a SublinearMemoryConfig): the recorded training graph recomputes
+    activations instead of keeping them, checkpoints searched (see SublinearMemoryConfig and
+    memory_report()). dtr_config (a DTRConfig: kiln has no dynamic tensor rematerialization) is
+    checked and stored, and has no effect yet: one warning at the first call names it.
+    profiling=True records every compiled run (and the compile phases) through
     kiln's profiler; get_profile() returns them in MegEngine's dict shape (kiln.profiler.
     megengine_profile), which `python -m kiln.tools.profile_analyze` reads once dumped as JSON.
     Profiled calls always come through Python (never the C fast path).
@@ -458,7 +460,7 @@ class trace(_C.JitDispatcher):
                     continue
                 inst = copy.copy(run)
                 inst.graph, inst.fast, inst.capture = graph, False, None
-                inst.executable = _C.compile_graph(graph, level=self._level)
+                inst.executable = _C.compile_graph(graph, level=self._level, sublinear=self._sublinear())
                 self._records.setdefault(key, []).append(inst)
                 self.instances += 1
                 return inst
@@ -495,14 +497,15 @@ class trace(_C.JitDispatcher):
         self._spec, self._labels = spec, _labels(spec)
         self._metas = tuple((t.dtype, _device(t)) for t in leaves)
         key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
+                            self._sublinear())
         self._records = {key: [run]}
         self._last = run
         return run.result
 
     def _record(self, key, spec, leaves):
         args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                self._level, self.symbolic_shape)
+                self._level, self.symbolic_shape, self._sublinear())
         run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
@@ -557,8 +560,6 @@ class trace(_C.JitDispatcher):
             return
         self._warned = True
         unused = []
-        if self.sublinear_memory_config is not None:
-            unused.append("sublinear_memory_config (sublinear memory arrives with a later issue)")
         if self.dtr_config is not None:
             unused.append("dtr_config (kiln has no dynamic tensor rematerialization)")
         goc = self.graph_opt_config
@@ -626,10 +627,15 @@ class trace(_C.JitDispatcher):
     # ---- introspection ------------------------------------------------------------------
     def memory_report(self, *args, **kwargs):
         """The memory of the graph recorded for these arguments (calling the trace with them), or for
-        the last call (the plan only): see kiln.tools.memory_report."""
+        the last call (the plan only): see kiln.tools.memory_report (with what recomputation did,
+        when sublinear_memory_config asked for it)."""
         from ..tools.memory import memory_report
 
         return memory_report(self, *args, **kwargs)
+
+    def _sublinear(self):
+        c = self.sublinear_memory_config
+        return None if c is None else c.as_tuple()
 
     def _memory_target(self, args, kwargs):
         if args or kwargs:

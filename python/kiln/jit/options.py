@@ -1,6 +1,8 @@
 """Validation of kiln.jit's arguments and options."""
 import warnings
 
+from .sublinear_memory_config import check as check_sublinear
+
 CAPTURE_MODES = ("ast", "bytecode", "trace")
 SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
@@ -9,7 +11,7 @@ JIT_LEVELS = ("O0", "O1", "O2")
 BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "sink"}
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
-                "jit_syntax_level", "ge_options", "profiling")
+                "jit_syntax_level", "ge_options", "profiling", "sublinear_memory_config")
 # MindSpore >= 2.6 spells dynamic as an int: 0 static shapes, 1 dynamic; None: automatic (kiln.jit.dynamic)
 DYNAMIC_VALUES = {0: False, 1: True, None: None}
 GE_OPTION_GROUPS = ("global", "session")
@@ -20,7 +22,7 @@ class JitOptions:
 
     __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
                  "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options",
-                 "profiling")
+                 "profiling", "sublinear_memory_config")
 
     @classmethod
     def make(cls, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="", **options):
@@ -67,7 +69,14 @@ class JitOptions:
         o.profiling = options.get("profiling", False)
         if not isinstance(o.profiling, bool):
             raise TypeError(f"jit: profiling must be True or False, got {o.profiling!r}")
+        o.sublinear_memory_config = check_sublinear(options.get("sublinear_memory_config"), "jit")
         return o
+
+    @property
+    def sublinear(self):
+        """The sublinear-memory search settings as the compiler takes them, or None."""
+        c = self.sublinear_memory_config
+        return None if c is None else c.as_tuple()
 
     def with_capture_mode(self, capture_mode):
         """A copy of these options capturing with capture_mode."""

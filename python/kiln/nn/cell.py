@@ -33,7 +33,27 @@ class Cell(_C.CellBase):
         if flags:
             _object_setattr(self, "_flags", dict(flags))
 
+    _recompute = False  # Cell.recompute(): read by kiln._C.CellBase's call while a capture records
+
     # ---- running ------------------------------------------------------------------------
+    def recompute(self, mode=True, **kwargs):
+        """MindSpore's Cell.recompute: in a compiled training graph (kiln.jit of a training step, or
+        value_and_grad of a jitted function) the activations this cell's construct computes are
+        not kept for the backward but computed again, from the cell's inputs, just before the
+        backward reads them (src/passes/recompute.c; no search: the cell says what). Random ops
+        (dropout) inside are never recomputed. mode=False undoes it. MindSpore's keyword arguments
+        (mp_comm_recompute, parallel_optimizer_comm_recompute, recompute_slice_activation) concern
+        parallel training; they are checked and have no effect here. Returns self."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"Cell.recompute: mode must be True or False, got {mode!r}")
+        for name, value in kwargs.items():
+            if name not in ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation"):
+                raise TypeError(f"Cell.recompute: unexpected keyword argument {name!r}")
+            if not isinstance(value, bool):
+                raise TypeError(f"Cell.recompute: {name} must be True or False, got {value!r}")
+        self._recompute = mode  # an attribute write: graphs compiled before are recompiled
+        return self
+
     def construct(self, *inputs, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 

@@ -9,15 +9,24 @@ class MemoryReport:
     (peak_step of steps); buffers: those live there, largest first (dicts: bytes, dtype, shape, op,
     loc, value, offset). With the call's arguments also measured_peak_bytes (the allocator's peak
     over one compiled call, plus the arena it holds) and eager_peak_bytes (the allocator's peak
-    over the same call run eagerly, grad off); else None."""
+    over the same call run eagerly, grad off); else None. recompute: what recomputation did
+    (sublinear_memory_config, Cell.recompute), a dict also read as report[key]: recompute ("none",
+    "search" or "cell"), peak_before and peak_after (planned arena bytes without and with it),
+    peak_hoisted (optimizer updates moved up, nothing recomputed), peak_greedy (the threshold
+    search's best), recomputed_ops, extra_flops, checkpoints, candidates (plans scored), peak_bfs
+    and peak_dfs (the graph planned in either exec_order) and constant_bytes."""
 
-    def __init__(self, name, backend, plan, measured=None, eager=None):
+    def __init__(self, name, backend, plan, measured=None, eager=None, recompute=None):
         self.name, self.backend = name, backend
         self.arena_bytes, self.output_bytes = plan["arena_bytes"], plan["output_bytes"]
         self.live_bytes, self.peak_step, self.steps = plan["live_bytes"], plan["peak_step"], plan["steps"]
         self.buffers = plan["buffers"]
         self.planned_peak_bytes = self.arena_bytes + self.output_bytes
         self.measured_peak_bytes, self.eager_peak_bytes = measured, eager
+        self.recompute = recompute or {}
+
+    def __getitem__(self, key):
+        return self.recompute[key]
 
     def __str__(self):
         lines = [f"memory of {self.name} ({self.backend}, {self.steps} steps)",
@@ -35,6 +44,10 @@ class MemoryReport:
             for b in self.buffers[:10]:
                 shape = "[" + ",".join(map(str, b["shape"])) + "]"
                 lines.append(f"    {b['bytes']:>12,} bytes  {b['dtype']}{shape:<16} {b['op']:<18} {b['loc'] or '?'}")
+        r = self.recompute
+        if r.get("recompute", "none") != "none":
+            lines.append(f"  recompute ({r['recompute']}): arena {r['peak_before']:,} -> {r['peak_after']:,} bytes, "
+                         f"{r['recomputed_ops']} ops recomputed, {r['extra_flops']:,} extra FLOPs")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -63,4 +76,5 @@ def memory_report(f, *args, **kwargs):
             eager_peak = _peak_of(eager)
         finally:
             _C.set_grad_enabled(prev)
-    return MemoryReport(getattr(f, "__qualname__", "?"), exe.backend, plan, measured, eager_peak)
+    return MemoryReport(getattr(f, "__qualname__", "?"), exe.backend, plan, measured, eager_peak,
+                        exe.recompute_report())
