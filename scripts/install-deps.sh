@@ -2,8 +2,9 @@
 # Installs what kiln needs on a Debian machine; does nothing when it is already there.
 set -euo pipefail
 
-# clang, its sanitizer and libFuzzer runtimes and its OpenMP: the fuzz build (scripts/fuzz.sh)
-apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev clang libclang-rt-14-dev libomp-14-dev)
+# clang, its sanitizer and libFuzzer runtimes and its OpenMP: the fuzz build (scripts/fuzz.sh);
+# graphviz: SVG pictures of graphs (kiln.tools.draw), tested when dot is there
+apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev clang libclang-rt-14-dev libomp-14-dev graphviz)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

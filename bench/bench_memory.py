@@ -1,7 +1,7 @@
 """Sublinear memory benchmark (issue 15): training steps compiled with and without recomputation,
 every figure a ratio measured in this run.
 
-    flock /tmp/kiln-bench.lock env PYTHONPATH=python python3 bench/bench_sublinear.py [--quick]
+    flock /tmp/kiln-bench.lock env PYTHONPATH=python python3 bench/bench_memory.py [--quick]
 
 Targets: a training step (forward, backward, SGD update in one kiln.jit graph) of a 50-block
 residual MLP (width 1024, batch 256) with SublinearMemoryConfig has a planned and a measured peak
