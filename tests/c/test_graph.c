@@ -141,8 +141,10 @@ static void parse_print_parse(const char *text, double want0, int64_t want_int) 
             CHECK(x->meta.dtype == y->meta.dtype &&
                   memcmp(x->data, y->data, (size_t)kiln_dtype_size(x->meta.dtype)) == 0);
         }
-        for (int32_t i = 0; i < g->nnodes && i < again->nnodes; i++)
-            CHECK(memcmp(g->nodes[i].attrs.f, again->nodes[i].attrs.f, sizeof g->nodes[i].attrs.f) == 0);
+        for (int32_t i = 0; i < g->nnodes && i < again->nnodes; i++) {
+            const kiln_attrs *x = &g->nodes[i].attrs, *y = &again->nodes[i].attrs;
+            CHECK(x->nf == y->nf && memcmp(x->f, y->f, sizeof x->f[0] * (size_t)x->nf) == 0);
+        }
         const kiln_tensor *first = again->values[again->captures[0]].bound;
         if (kiln_dtype_is_float(first->meta.dtype)) {
             double got = kiln_tensor_get_double(first, 0);
