@@ -330,24 +330,18 @@ static bool is_filled(const kiln_tensor *c, bool *failed) {
     return same;
 }
 
-/* The value of c's first element, written so that the parser reads back the same value:
- * integers exactly (int64 values beyond 2^53 included), floats in as many digits as they need. */
+/* The value of c's first element (at c->data), written so that the parser reads back the same
+ * value: int64 exactly (beyond 2^53 too), floats in as many digits as they need; the other
+ * integer dtypes are exact as doubles. */
 static void put_value(kiln_strbuf *t, const kiln_tensor *c) {
-    if (c->meta.dtype == KILN_DTYPE_FLOAT32) {
-        kiln_strbuf_put_float(t, (float)kiln_tensor_get_double(c, 0));
-        return;
-    }
-    if (kiln_dtype_is_float(c->meta.dtype)) {
+    if (c->meta.dtype == KILN_DTYPE_INT64)
+        kiln_strbuf_printf(t, "%lld", (long long)*(const int64_t *)c->data);
+    else if (c->meta.dtype == KILN_DTYPE_FLOAT32)
+        kiln_strbuf_put_float(t, *(const float *)c->data);
+    else if (kiln_dtype_is_float(c->meta.dtype))
         kiln_strbuf_put_double(t, kiln_tensor_get_double(c, 0));
-        return;
-    }
-    kiln_tensor *i64 = NULL;
-    if (kiln_to_contiguous((kiln_tensor *)c, KILN_DTYPE_INT64, &i64) != KILN_OK) {
-        t->failed = true;
-        return;
-    }
-    kiln_strbuf_printf(t, "%lld", (long long)*(const int64_t *)i64->data);
-    kiln_tensor_release(i64);
+    else
+        kiln_strbuf_printf(t, "%lld", (long long)kiln_tensor_get_double(c, 0));
 }
 
 char *kiln_graph_to_string(const kiln_graph *g) {
