@@ -2,13 +2,14 @@
  *
  *   kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]
  *            [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
- *            [--seed N]
+ *            [--seed N] [--profile TRACE.json]
  *
  * Inputs not given are random (uniform in [-1, 1), by the model's shapes; --seed). Each timed
  * iteration prints its time, then min/median/max. --check runs the file's embedded test cases
  * and exits 1 when an output differs from its expected value by more than the tolerance
  * (relative, see kiln_tensor_max_error; default 1e-3, 1e-1 for float16/bfloat16 outputs),
- * printing the worst error. Uses only the public C API. */
+ * printing the worst error. --profile writes the compile phases and every kernel of every run as
+ * Chrome Trace Event JSON. Uses the public C API, and the recorder of src/core/profile.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
