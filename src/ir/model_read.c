@@ -253,6 +253,21 @@ static kiln_status read_node(cursor *c, kiln_graph *g, int32_t index) {
     return s;
 }
 
+/* Every capture is read by an op or is an output: the writer leaves unread ones out, so a file
+ * with one would not be what writing its graph again gives. */
+static kiln_status check_captures_read(const kiln_graph *g) {
+    bool *read = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *read);
+    if (!read) return KILN_ERR_MEMORY;
+    for (int32_t i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++) read[g->nodes[i].in[k]] = true;
+    for (int32_t k = 0; k < g->noutputs; k++) read[g->outputs[k]] = true;
+    int32_t unread = -1;
+    for (int32_t k = 0; k < g->ncaptures && unread < 0; k++)
+        if (!read[g->captures[k]]) unread = k;
+    free(read);
+    return unread < 0 ? KILN_OK : bad("capture %d is never read", (int)unread);
+}
+
 static kiln_status read_body(cursor *c, kiln_model *m, int depth, kiln_graph *g) {
     uint32_t n;
     KILN_TRY(rd_count(c, "the graph input count", 2, KILN_MODEL_MAX_VALUES, &n));
@@ -315,7 +330,7 @@ static kiln_status read_body(cursor *c, kiln_model *m, int depth, kiln_graph *g)
     }
     if (s == KILN_OK) s = kiln_graph_set_outputs(g, (int)n, outs);
     free(outs);
-    return s;
+    return s == KILN_OK ? check_captures_read(g) : s;
 }
 
 static kiln_status read_graph(cursor *c, kiln_model *m, int depth, kiln_graph *g) {

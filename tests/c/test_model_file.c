@@ -130,6 +130,17 @@ static void test_hostile(const uint8_t *file, size_t size) {
     memcpy(b, file, size);
     set_u64(b, KILN_MODEL_AT_DATA_SIZE, 1u << 30, size);
     expect_refused(b, size, true, "data section");
+    /* mul's second input rewired from the captured constant (value 2) to x: the capture is unread */
+    static const uint8_t mul_reads_c[] = {'m', 'u', 'l', 2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0};
+    size_t at = 0;
+    while (at + sizeof mul_reads_c <= size && memcmp(file + at, mul_reads_c, sizeof mul_reads_c) != 0) at++;
+    CHECK(at + sizeof mul_reads_c <= size);
+    if (at + sizeof mul_reads_c <= size) {
+        memcpy(b, file, size);
+        kiln_put_u32(b + at + 11, 0);
+        kiln_put_u64(b + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(b, size));
+        expect_refused(b, size, true, "capture 0 is never read");
+    }
     memcpy(b, file, size);
     kiln_put_u32(b + 64, 0x7fffffff); /* the producer string's length */
     kiln_put_u64(b + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(b, size));
