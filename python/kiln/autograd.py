@@ -165,6 +165,10 @@ def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
 
     if not _C.is_tracing():
         jitted = fn if isinstance(fn, JitFunction) else getattr(fn, "__dict__", {}).get("_jitted")
+        if jitted is not None and jitted.options.capture_mode == "bytecode":
+            # each compiled piece records one node on the tape, its backward compiled with it, and the
+            # Python between pieces (graph breaks) is recorded as eager code is
+            return _run(fn, grad_position, weights, has_aux, args, kwargs)
         if jitted is not None:  # a jitted function, or a Cell given a JitConfig
             # forward and backward compiled together as one graph
             return jitted._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)

@@ -23,7 +23,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, guards, tree
+from . import bytecode, guards, piece_grad, tree
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -35,10 +35,13 @@ MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Py
 
 class Piece:
     __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "returns", "reason", "where",
-                 "ops")
+                 "ops", "grad", "reads_grad")
 
-    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where):
-        self.executable = executable
+    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
+                 reads_grad=False):
+        self.executable = executable  # with grad: the forward, returning the residuals after the outputs
+        self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad, or None
+        self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
         self.out_spec = out_spec
         self.graph_text = executable.graph_str()
         self.ops = self.graph_text.count(" = ")
@@ -92,10 +95,11 @@ class Pieces:
             self.breaks.append((piece.reason, piece.where))
 
 
-def capture_piece(owner, state, leaves, spec):
+def capture_piece(owner, state, leaves, spec, grad=False):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
-    "break" (payload: the frames, standing at the break instruction, on real values)."""
+    "break" (payload: the frames, standing at the break instruction, on real values). grad: the
+    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad)."""
     opts = owner.options
     tracer = _C.Tracer()
     recorder = guards.Recorder(top=owner._pieces.fn)
@@ -105,7 +109,12 @@ def capture_piece(owner, state, leaves, spec):
     try:
         from .function import bind_inputs
 
-        aliases_state = bind_inputs(tracer, spec, leaves)
+        aliases = []
+        aliases_state = bind_inputs(tracer, spec, leaves, aliases)
+        if grad:  # (bind_inputs marks leaves only: here every input that requires grad is differentiated)
+            for a, t in zip(aliases, leaves):
+                if t.requires_grad and not a.requires_grad:
+                    a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         frames = bytecode.thaw(aliases_state, interp)
         interp.frames = frames
@@ -137,9 +146,16 @@ def capture_piece(owner, state, leaves, spec):
                                      "fullgraph=False to split it into graphs")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
-        executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison, level=opts.level,
-                                   inference=opts.infer_boost == "on",
-                                   disable_format_transform=opts.disable_format_transform, backend=opts.backend)
+        reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
+        made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
+        if made is not None:
+            executable, pgrad = made
+        else:
+            pgrad = None
+            executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison,
+                                       level=opts.level, inference=opts.infer_boost == "on",
+                                       disable_format_transform=opts.disable_format_transform,
+                                       backend=opts.backend)
     finally:
         tracer.end()
         _C.eval_frame_suspend(prev_hook)
@@ -150,7 +166,8 @@ def capture_piece(owner, state, leaves, spec):
         called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))
     guard_set, guard_names = recorder.guard_set()
-    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at)
+    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at, pgrad,
+                  reads_grad)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
@@ -160,13 +177,24 @@ def capture_piece(owner, state, leaves, spec):
 
 
 def _execute(jf, piece, leaves):
-    """Runs a compiled piece (recorded when jf was made with profiling=True)."""
+    """Runs a compiled piece (recorded when jf was made with profiling=True); a differentiable one
+    records its node on the autograd tape."""
     recorder = jf._recorder
+    if piece.grad is not None:
+        return piece_grad.run(piece.executable, piece.grad, leaves,
+                              (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
     return piece.executable(*leaves) if recorder is None else recorder.run(piece.executable, *leaves)
 
 
-def run(owner, pieces, key, leaves, spec, side_effects_done=False):
-    """One call from a resume point: graphs and break instructions until the function returns."""
+def grad_key(key, grad):
+    """The cache key of a call (state_key) in which the caller differentiates (grad) or not: the
+    pieces of the two kinds differ (a differentiable one keeps residuals for its backward)."""
+    return (key[0], key[1], (key[2], "differentiated")) if grad else key
+
+
+def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
+    """One call from a resume point: graphs and break instructions until the function returns
+    (grad: the caller differentiates through it, key made by grad_key)."""
     while True:
         piece = pieces.lookup(key)
         if piece is None:
@@ -189,7 +217,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
             t0 = time.perf_counter()
             try:
                 piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
-                                                              leaves, spec)
+                                                              leaves, spec, grad)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise
@@ -201,11 +229,16 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
                 # point from now on, whatever the state (no piece per value of a Python scalar)
                 pieces.python_steps.add(_position(value))
                 pieces.breaks.append((piece.reason, piece.where))
+                if grad:  # the frames on the call's own tensors (the capture's are detached)
+                    interp = bytecode.Interpreter([], capture=False)
+                    value = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp)
             else:
                 owner.stats.compiles += 1
                 owner.stats.misses += 1
                 pieces.add(key, piece)
                 owner._last = piece
+                if grad:  # the capture computed on detached tensors: run the piece to record its node
+                    continue
             if outcome == "return":
                 return value
             frames = value
@@ -227,6 +260,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
             if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
                 break
         key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+        key = grad_key(key, grad)
 
 
 _NO_OPS = frozenset(("NOP", "PRECALL", "RESUME"))
@@ -289,11 +323,11 @@ def target(jf):
     return fn, prefix
 
 
-def _runs_eagerly(jf, tensors):
-    """Whether this call must run eagerly: the function gave up, or the caller differentiates
-    through it (only eager execution records that)."""
-    return jf._eager_reason is not None or differentiating() or (
-        _C.is_grad_enabled() and any(isinstance(v, _C.TensorBase) and v.requires_grad for v in tensors))
+def _differentiates(tensors):
+    """Whether the caller differentiates through this call: inside grad / value_and_grad, or with
+    arguments that require grad, in grad mode (its pieces then record their backward)."""
+    return _C.is_grad_enabled() and (differentiating() or any(isinstance(v, _C.TensorBase) and v.requires_grad
+                                                              for v in tensors))
 
 
 def call(jf, args, kwargs):
@@ -381,11 +415,13 @@ def _give_up(jf, err):
 
 def on_frame(jf, func, bound, pending):
     """A frame of the function: its pieces run (captured when new); RUN_EAGER lets CPython run it."""
-    if _runs_eagerly(jf, bound):
+    if jf._eager_reason is not None:
         jf.stats.eager_calls += 1
         return _C.RUN_EAGER
     pieces = jf._pieces
+    grad = _differentiates(bound)
     key, spec, leaves = entry_key(pieces, func, bound)
+    key = grad_key(key, grad)
     first = key not in pieces.cache
     if first:
         if len(pieces.entry_keys) >= jf.options.recompile_limit:
@@ -401,15 +437,15 @@ def on_frame(jf, func, bound, pending):
             pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1], key))
         pieces.entry_keys.append(key)
     try:
-        result = run(jf, pieces, key, leaves, spec)
+        result = run(jf, pieces, key, leaves, spec, grad=grad)
     except bytecode.Unsupported as e:
         _give_up(jf, e)
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
-    if pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
         pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
     entries = pieces.cache.get(key, ())
-    if first and pending is not None and len(entries) == 1 and entries[0].returns:
+    if first and not grad and pending is not None and len(entries) == 1 and entries[0].returns:
         _, _, args, kwargs = pending
         if tuple(bound) == tuple(args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
@@ -422,4 +458,4 @@ class _FastView:
 
     def __init__(self, piece):
         self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
-        self.differentiable = False
+        self.differentiable = piece.reads_grad  # (the C fast path cannot tell whether the caller differentiates)
