@@ -23,6 +23,7 @@ import operator
 import types
 
 from .. import _C
+from ..autograd import differentiates_by_pieces
 from . import guards
 
 _OP = dis.opname
@@ -341,6 +342,9 @@ class Interpreter:
             if bound_self is not None:
                 args = (bound_self,) + tuple(args)
             return self.inline(target, args, kwargs)
+        if differentiates_by_pieces(fn):
+            self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
+                     "breaks (its pieces run on the eager tape)")
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
@@ -1061,8 +1065,8 @@ def freeze(frames, interp, tracer=None):
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
             return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
-        if isinstance(v, types.FunctionType) and v.__closure__ and any(
-                id(c) not in free_cells for c in v.__closure__):
+        if isinstance(v, types.FunctionType) and v.__closure__ and guards.is_user_code(v.__code__) and any(
+                id(c) not in free_cells for c in v.__closure__):  # (library code is never the captured code's)
             raise Unsupported("a function defined in the captured code is live at a graph break")
         if _hashable(v) and not isinstance(v, (set, _C.TensorBase)):
             return v

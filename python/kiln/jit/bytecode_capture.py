@@ -323,6 +323,13 @@ def target(jf):
     return fn, prefix
 
 
+def one_graph(jf):
+    """Whether the calls so far found jf one graph: compiled, no graph break, never run in Python."""
+    pieces = jf._pieces
+    return (pieces is not None and pieces.count > 0 and not pieces.breaks and not pieces.python_steps
+            and pieces.given_up is None and jf._eager_reason is None)
+
+
 def _differentiates(tensors):
     """Whether the caller differentiates through this call: inside grad / value_and_grad, or with
     arguments that require grad, in grad mode (its pieces then record their backward)."""
