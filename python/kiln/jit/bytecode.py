@@ -21,6 +21,7 @@ instruction, graph, ... with the pieces compiled once per resume point and guard
 import dis
 import operator
 import types
+import weakref
 
 from .. import _C
 from ..autograd import differentiates_by_pieces
@@ -63,12 +64,13 @@ class Unsupported(Exception):
 
 
 class Code:
-    """A code object's decoded instructions with resolved jump targets (cached per code object)."""
-    __slots__ = ("code", "ins", "at", "cpython_only", "handlers", "covered")
-    _cache = {}
+    """A code object's decoded instructions with resolved jump targets (cached per code object,
+    while it lives: the cache holds neither the code object nor, past its end, its entry)."""
+    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered")
+    _cache = {}  # id(code) -> Code, removed when the code object goes
 
     def __init__(self, code):
-        self.code = code
+        self._code = weakref.ref(code)
         self.ins = []
         for op, arg, offset, line, name in _C.decode(code):
             target = None
@@ -95,11 +97,14 @@ class Code:
                 return h
         return None
 
+    code = property(lambda self: self._code())
+
     @classmethod
     def of(cls, code):
-        c = cls._cache.get(code)
-        if c is None:
-            c = cls._cache[code] = cls(code)
+        c = cls._cache.get(id(code))
+        if c is None or c._code() is not code:
+            c = cls._cache[id(code)] = cls(code)
+            weakref.finalize(code, cls._cache.pop, id(code), None)
         return c
 
 

@@ -56,27 +56,64 @@ class Piece:
         return None if k < 0 else self.guard_names[k]
 
 
-class Pieces:
-    """The pieces of one jitted function, keyed by (resume point, call key)."""
+class Entries:
+    """The compiled pieces of a function for one set of options, keyed by (resume point, call key),
+    with what their captures found: shared by every kiln.jit wrapper of that function with those
+    options (see entries_of)."""
+    __slots__ = ("cache", "breaks", "count", "python_steps", "__weakref__")
 
-    def __init__(self, owner, fn, prefix):
+    def __init__(self):
+        self.cache = {}
+        self.breaks = []  # (reason, where) of each graph break met, in order
+        self.count = 0
+        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+
+
+_ENTRIES = "__kiln_jit_entries__"
+
+
+def _options_key(opts):
+    return tuple(repr(getattr(opts, name, None)) for name in type(opts).__slots__) + (opts.jit_syntax_level,)
+
+
+def entries_of(fn, opts):
+    """The Entries of a plain function for these options, kept with the function object: wrappers
+    of one function (kiln.jit twice, or again after the first wrapper is gone) share them, and they
+    go when the function goes (a function and its entries reference each other only through
+    objects the garbage collector sees, so none outlives it; a code object's co_extra would hide
+    the cycle from the collector, since entries hold the function and its globals in their keys and
+    guards). Another function object of the same code (a closure made again, exec run again) has
+    its own: its closure cells and globals are other objects, which its guards must read."""
+    held = fn.__dict__.get(_ENTRIES)
+    if held is None or held[0] is not fn.__code__:
+        held = fn.__dict__[_ENTRIES] = (fn.__code__, {})
+    return held[1].setdefault(_options_key(opts), Entries())
+
+
+class Pieces:
+    """The pieces of one jitted function (its Entries) and what its calls met."""
+
+    def __init__(self, owner, fn, prefix, entries):
         self.owner = owner  # the JitFunction
         self.fn, self.prefix = fn, prefix  # the Python function captured, the arguments before the call's
+        self.entries = entries
         code = fn.__code__
         self.direct_ok = not code.co_flags & _VAR_ARGS  # positional calls filling the parameters exactly
         self.nparams = code.co_argcount
         self.varkw = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)
                       if code.co_flags & 0x08 else -1)  # the index of **kwargs among the parameters
         self.direct = {}  # call key of the positional arguments -> (state key, spec) of the entry
-        self.cache = {}
-        self.breaks = []  # (reason, where) of each graph break met, in order
+        self.fast_keys = set()  # entry keys offered to kiln.jit's C fast path
         self.recompiles = []  # (resume point, the guard that failed)
         self.new_signatures = []  # what changed in the arguments, for each entry compiled after the first
         self.entry_keys = []
         self.warned = False  # the recompile_limit warning was given
-        self.count = 0
         self.given_up = None  # why the rest of calls is interpreted in Python
-        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+
+    cache = property(lambda self: self.entries.cache)
+    breaks = property(lambda self: self.entries.breaks)
+    python_steps = property(lambda self: self.entries.python_steps)
+    count = property(lambda self: self.entries.count)
 
     def lookup(self, key):
         entries = self.cache.get(key)
@@ -90,7 +127,7 @@ class Pieces:
 
     def add(self, key, piece):
         self.cache.setdefault(key, []).append(piece)
-        self.count += 1
+        self.entries.count += 1
         if not piece.returns:
             self.breaks.append((piece.reason, piece.where))
 
@@ -244,6 +281,8 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             frames = value
         else:
             owner.stats.hits += 1
+            if owner._last is None:  # (compiled by another wrapper of the function: see entries_of)
+                owner._last = piece
             outs = _execute(owner, piece, leaves)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
@@ -351,7 +390,8 @@ def call(jf, args, kwargs):
                 raise
             _give_up(jf, e)
             return jf._target()(*args, **kwargs)
-        pieces = jf._pieces = Pieces(jf, fn, prefix)
+        shared = not prefix and jf._self_ref is None  # a plain function (a Cell's or a method's are per wrapper)
+        pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries())
     else:
         fn, prefix = pieces.fn, pieces.prefix
         if jf._self_ref is not None:
@@ -452,8 +492,10 @@ def on_frame(jf, func, bound, pending):
     if not grad and pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
         pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
     entries = pieces.cache.get(key, ())
-    if first and not grad and pending is not None and len(entries) == 1 and entries[0].returns:
+    if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
+            and entries[0].returns):
         _, _, args, kwargs = pending
+        pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if tuple(bound) == tuple(args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
     return result
