@@ -170,10 +170,10 @@ def jitted_of(fn):
 
 
 def differentiates_by_pieces(fn):
-    """Whether fn is a grad / value_and_grad of a jitted function whose gradients come from its
+    """Whether fn (a Python function) is a grad / value_and_grad of a jitted function whose gradients come from its
     compiled pieces on the eager tape (capture_mode="bytecode" with graph breaks): a capture around
     it must call it in Python (a graph break) rather than trace through it."""
-    inner = getattr(fn, "_kiln_grad_of", None)
+    inner = fn.__dict__.get("_kiln_grad_of")
     jitted = None if inner is None else jitted_of(inner)
     return jitted is not None and jitted._grad_through_pieces()
 

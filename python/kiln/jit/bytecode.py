@@ -347,7 +347,7 @@ class Interpreter:
             if bound_self is not None:
                 args = (bound_self,) + tuple(args)
             return self.inline(target, args, kwargs)
-        if differentiates_by_pieces(fn):
+        if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
             self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
                      "breaks (its pieces run on the eager tape)")
         name = getattr(fn, "__name__", "")
