@@ -115,6 +115,19 @@ static void link_input(kiln_grad_node *n, int k, kiln_tensor *t) {
     }
 }
 
+/* The float tensors of out become n's outputs (an earlier history is rebased: an op in place). */
+static void link_outputs(kiln_grad_node *n, int nout, kiln_tensor **out) {
+    for (int k = 0; k < nout; k++) {
+        kiln_tensor *o = out[k];
+        if (!kiln_dtype_is_float(o->meta.dtype) || o->grad_fn == n) continue; /* (the same tensor twice) */
+        if (o->grad_fn) kiln_grad_node_release(o->grad_fn);
+        node_retain(n);
+        o->grad_fn = n;
+        o->output_nr = k;
+        o->requires_grad = true;
+    }
+}
+
 kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
                                  int nout, kiln_tensor **out) {
     const kiln_op_info *info = &kiln_op_table[op];
@@ -152,15 +165,7 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
         kiln_grad_node_release(n);
         return s;
     }
-    for (int k = 0; k < nout; k++) {
-        kiln_tensor *o = out[k];
-        if (!kiln_dtype_is_float(o->meta.dtype)) continue;
-        if (o->grad_fn) kiln_grad_node_release(o->grad_fn); /* in place: history is rebased */
-        node_retain(n);
-        o->grad_fn = n;
-        o->output_nr = k;
-        o->requires_grad = true;
-    }
+    link_outputs(n, nout, out);
     kiln_grad_node_release(n);
     return KILN_OK;
 }
@@ -183,16 +188,8 @@ kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nou
     }
     *custom = *fn;
     for (int k = 0; k < nin; k++) link_input(n, k, in[k]);
-    for (int k = 0; k < nout; k++) {
-        kiln_tensor *o = out[k];
-        n->out_meta[k] = o->meta;
-        if (!kiln_dtype_is_float(o->meta.dtype) || o->grad_fn == n) continue; /* (the same tensor twice) */
-        if (o->grad_fn) kiln_grad_node_release(o->grad_fn);
-        node_retain(n);
-        o->grad_fn = n;
-        o->output_nr = k;
-        o->requires_grad = true;
-    }
+    for (int k = 0; k < nout; k++) n->out_meta[k] = out[k]->meta;
+    link_outputs(n, nout, out);
     kiln_grad_node_release(n);
     return KILN_OK;
 }

@@ -8,18 +8,9 @@ import weakref
 import numpy as np
 
 import kiln
+from test_bytecode_capture import bc, close, t  # the helpers of the bytecode tests
 
 
-def t(*shape, seed=0):
-    return kiln.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
-
-
-def close(a, b):
-    np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-6)
-
-
-def bc(fn, **kw):
-    return kiln.jit(fn, capture_mode="bytecode", **kw)
 
 
 def make(scale):

@@ -3,25 +3,15 @@ the eager tape whose backward is the piece's compiled backward graph (kiln.jit.p
 gradients flow across graph breaks. Checked against eager gradients and finite differences, with
 breaks inside a Cell, a Python value from a break feeding later tensor maths, and Parameters used
 on both sides of a break; plus the graph split itself (kiln._C.Graph.split) and record_grad."""
-import warnings
 
 import numpy as np
 import pytest
 
 import kiln
+from test_bytecode_capture import bc, close, t  # the helpers of the bytecode tests
 from kiln import _C, ops
 
 
-def t(*shape, seed=0, scale=1.0):
-    return kiln.tensor((np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32))
-
-
-def close(a, b, tol=1e-5):
-    np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=tol, atol=tol)
-
-
-def bc(fn, **kw):
-    return kiln.jit(fn, capture_mode="bytecode", **kw)
 
 
 def compiled_nodes(jf):
@@ -56,7 +46,7 @@ def item_feeds_maths(x, w):
     return (y * s + x).sum()
 
 
-def test_a_python_value_from_a_break_feeds_later_maths(capsys):
+def test_a_python_value_from_a_break_feeds_later_maths():
     x, w = t(2, 3, seed=1), t(2, 3, seed=2)
     want = kiln.value_and_grad(item_feeds_maths, grad_position=(0, 1))(x, w)
     jf = bc(item_feeds_maths)
