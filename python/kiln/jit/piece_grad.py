@@ -46,7 +46,17 @@ def _grad_inputs(tracer, aliases):
 
 def finish(tracer, aliases, out_leaves, opts, name):
     """Ends a capture whose outputs are out_leaves: (forward executable, PieceGrad), or None when no
-    output depends on anything that requires grad (the caller then finishes it as usual)."""
+    output depends on anything that requires grad (the caller then finishes it as usual). A
+    backward kiln cannot record or compile is bytecode.Unsupported (that part runs in Python)."""
+    try:
+        return _finish(tracer, aliases, out_leaves, opts, name)
+    except (RuntimeError, ValueError, TypeError) as e:
+        from .bytecode import Unsupported
+
+        raise Unsupported(f"the backward of a graph could not be compiled: {e}") from e
+
+
+def _finish(tracer, aliases, out_leaves, opts, name):
     positions, params = _grad_inputs(tracer, aliases)
     alias_at = {id(a): k for k, a in enumerate(aliases)}
     passthrough, diff_out, first = {}, [], {}
