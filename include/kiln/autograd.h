@@ -39,6 +39,25 @@ KILN_API kiln_status kiln_autograd_grad(int nout, kiln_tensor *const *outputs,
 KILN_API kiln_status kiln_autograd_backward(int nout, kiln_tensor *const *outputs,
                                             kiln_tensor *const *grad_outputs);
 
+/* A node whose gradient is computed by the caller (kiln.jit runs a compiled piece's backward graph
+ * there): backward gets the nout output gradients (NULL where none reached an output), which
+ * inputs need one, and writes gin[k] (a new reference, or NULL: zero) for each. release(ctx) runs
+ * once, when the node is freed. name is what grad_fn names (static storage). */
+typedef struct kiln_custom_grad {
+    kiln_status (*backward)(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
+                            bool create_graph, kiln_tensor **gin);
+    void (*release)(void *ctx);
+    void *ctx;
+    const char *name;
+} kiln_custom_grad;
+
+/* Records out (nout tensors just made, without history) as the outputs of one node over in, whose
+ * gradient rule is fn (copied; the node owns fn->ctx from here on, on failure too). Only float
+ * outputs get the node; nothing is recorded when no input requires grad or grad mode is off (then
+ * fn->release runs at once). */
+KILN_API kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nout, kiln_tensor **out,
+                                                 const kiln_custom_grad *fn);
+
 /* Sentinel gradient rule of ops that are not differentiable (ops.def `none`). */
 KILN_API kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout,
                                     kiln_tensor **gin);

@@ -90,6 +90,15 @@ typedef struct kiln_attr_set {
  * naming the node, as for any inference that fails (the graph does not hold for those shapes). */
 KILN_API kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inputs, int nset,
                                        const kiln_attr_set *sets, kiln_graph **out);
+/* Splits g, whose first nforward_inputs inputs and nforward_outputs outputs are a forward's and the
+ * rest a backward's (gradients recorded on it: its inputs the outputs' gradients), in two graphs
+ * (src/ir/split.c). *forward takes the forward inputs and returns the forward outputs, then the
+ * *nresiduals forward values the backward reads; *backward takes those residuals, then the
+ * backward inputs, and returns the backward outputs. The forward holds the nodes the forward
+ * outputs need and the side effects that do not read backward inputs; every other node is the
+ * backward's. KILN_ERR_VALUE when a forward output reads a backward input. */
+KILN_API kiln_status kiln_graph_split(const kiln_graph *g, int nforward_inputs, int nforward_outputs,
+                                      kiln_graph **forward, kiln_graph **backward, int32_t *nresiduals);
 /* Checks wiring, order (SSA: inputs defined before use) and every node's inferred metas. */
 KILN_API kiln_status kiln_graph_verify(const kiln_graph *g);
 /* Readable text form (malloc'd; free with free()). */

@@ -147,6 +147,7 @@ def grad(fn, grad_position=0, weights=None, has_aux=False):
             return grads, (value[1] if len(value) == 2 else value[1:])
         return grads
 
+    wrapper._kiln_grad_of = fn
     return wrapper
 
 
@@ -157,14 +158,33 @@ def value_and_grad(fn, grad_position=0, weights=None, has_aux=False):
     def wrapper(*args, **kwargs):
         return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs)
 
+    wrapper._kiln_grad_of = fn
     return wrapper
 
 
-def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
+def jitted_of(fn):
+    """The kiln.jit function behind fn (fn itself, or a Cell's JitConfig one), or None."""
     from .jit import JitFunction
 
+    return fn if isinstance(fn, JitFunction) else getattr(fn, "__dict__", {}).get("_jitted")
+
+
+def differentiates_by_pieces(fn):
+    """Whether fn (a Python function) is a grad / value_and_grad of a jitted function whose gradients come from its
+    compiled pieces on the eager tape (capture_mode="bytecode" with graph breaks): a capture around
+    it must call it in Python (a graph break) rather than trace through it."""
+    inner = fn.__dict__.get("_kiln_grad_of")
+    jitted = None if inner is None else jitted_of(inner)
+    return jitted is not None and jitted._grad_through_pieces()
+
+
+def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
     if not _C.is_tracing():
-        jitted = fn if isinstance(fn, JitFunction) else getattr(fn, "__dict__", {}).get("_jitted")
+        jitted = jitted_of(fn)
+        if jitted is not None and jitted._grad_through_pieces():
+            # bytecode capture with graph breaks: each compiled piece records one node on the tape, its
+            # backward compiled with it, and the Python between pieces is recorded as eager code is
+            return _run(fn, grad_position, weights, has_aux, args, kwargs)
         if jitted is not None:  # a jitted function, or a Cell given a JitConfig
             # forward and backward compiled together as one graph
             return jitted._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)

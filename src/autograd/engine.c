@@ -41,7 +41,12 @@ static void node_free_fields(kiln_grad_node *n, kiln_grad_node **dying) {
         *dying = child;
     }
     for (int k = 0; k < n->nout; k++) kiln_tensor_release(n->saved_out[k]);
-    if ((kiln_op_table[n->op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) kiln_hooks.bodies_hold(n->op, &n->attrs, -1);
+    if (n->custom) {
+        if (n->custom->release) n->custom->release(n->custom->ctx);
+        free(n->custom);
+    } else if ((kiln_op_table[n->op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) {
+        kiln_hooks.bodies_hold(n->op, &n->attrs, -1);
+    }
     free(n->in_meta);
     free(n);
 }
@@ -58,19 +63,23 @@ void kiln_grad_node_release(kiln_grad_node *node) {
     }
 }
 
+const char *kiln_grad_node_name(const kiln_grad_node *node) {
+    return node->custom ? node->custom->name : kiln_op_table[node->op].name;
+}
+
 static void node_retain(kiln_grad_node *n) {
     atomic_fetch_add_explicit((_Atomic int64_t *)&n->refcount, 1, memory_order_relaxed);
 }
 
 /* One allocation for the node's arrays, laid out after the metas. */
-static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs *attrs) {
+static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs *attrs, kiln_custom_grad *custom) {
     kiln_grad_node *n = kiln_calloc(1, sizeof *n);
     size_t bytes = sizeof(kiln_meta) * (size_t)(nin + nout) + sizeof(kiln_tensor *) * (size_t)(nin + nout) +
                    sizeof(int64_t) * (size_t)(nin + nout) + sizeof(kiln_grad_edge) * (size_t)nin;
     char *block = n ? kiln_calloc(1, bytes) : NULL;
     if (!block) {
         free(n);
-        kiln_error(KILN_ERR_MEMORY, "out of memory recording %s for autograd", kiln_op_table[op].name);
+        kiln_error(KILN_ERR_MEMORY, "out of memory recording %s for autograd", custom ? custom->name : kiln_op_table[op].name);
         return NULL;
     }
     n->in_meta = (kiln_meta *)block;
@@ -85,9 +94,38 @@ static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs 
     n->nin = nin;
     n->nout = nout;
     n->attrs = *attrs;
+    n->custom = custom;
     /* the gradient rule of a control-flow node reads its bodies: the node keeps them alive */
-    if ((kiln_op_table[op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) kiln_hooks.bodies_hold(op, attrs, 1);
+    if (!custom && (kiln_op_table[op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold)
+        kiln_hooks.bodies_hold(op, attrs, 1);
     return n;
+}
+
+/* The edge of input k of n to the history of t. */
+static void link_input(kiln_grad_node *n, int k, kiln_tensor *t) {
+    n->in_meta[k] = t->meta;
+    if (!t->requires_grad) return;
+    if (t->grad_fn) {
+        n->next[k].node = t->grad_fn;
+        n->next[k].output_nr = t->output_nr;
+        node_retain(t->grad_fn);
+    } else {
+        n->next[k].leaf = t;
+        kiln_tensor_retain(t);
+    }
+}
+
+/* The float tensors of out become n's outputs (an earlier history is rebased: an op in place). */
+static void link_outputs(kiln_grad_node *n, int nout, kiln_tensor **out) {
+    for (int k = 0; k < nout; k++) {
+        kiln_tensor *o = out[k];
+        if (!kiln_dtype_is_float(o->meta.dtype) || o->grad_fn == n) continue; /* (the same tensor twice) */
+        if (o->grad_fn) kiln_grad_node_release(o->grad_fn);
+        node_retain(n);
+        o->grad_fn = n;
+        o->output_nr = k;
+        o->requires_grad = true;
+    }
 }
 
 kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
@@ -98,22 +136,12 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
         return kiln_error(KILN_ERR_RUNTIME,
                           "%s: a leaf tensor that requires grad cannot be modified in place; "
                           "modify a copy, or do it under no_grad", info->name);
-    kiln_grad_node *n = node_new(op, nin, nout, attrs);
+    kiln_grad_node *n = node_new(op, nin, nout, attrs, NULL);
     if (!n) return KILN_ERR_MEMORY;
     kiln_status s = KILN_OK;
     for (int k = 0; k < nin; k++) {
         kiln_tensor *t = in[k];
-        n->in_meta[k] = t->meta;
-        if (t->requires_grad) {
-            if (t->grad_fn) {
-                n->next[k].node = t->grad_fn;
-                n->next[k].output_nr = t->output_nr;
-                node_retain(t->grad_fn);
-            } else {
-                n->next[k].leaf = t;
-                kiln_tensor_retain(t);
-            }
-        }
+        link_input(n, k, t);
         if ((info->flags & KILN_OPF_SAVE_INPUTS) && !(k < 8 && (info->flags & KILN_OPF_UNSAVED_INPUT(k)))) {
             /* the tensor itself keeps its history for higher-order gradients; an input that
              * this op overwrites is saved as a plain alias to avoid a cycle */
@@ -137,15 +165,31 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
         kiln_grad_node_release(n);
         return s;
     }
-    for (int k = 0; k < nout; k++) {
-        kiln_tensor *o = out[k];
-        if (!kiln_dtype_is_float(o->meta.dtype)) continue;
-        if (o->grad_fn) kiln_grad_node_release(o->grad_fn); /* in place: history is rebased */
-        node_retain(n);
-        o->grad_fn = n;
-        o->output_nr = k;
-        o->requires_grad = true;
+    link_outputs(n, nout, out);
+    kiln_grad_node_release(n);
+    return KILN_OK;
+}
+
+kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nout, kiln_tensor **out,
+                                        const kiln_custom_grad *fn) {
+    bool any = false;
+    for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
+    if (!any || !kiln_grad_enabled()) {
+        if (fn->release) fn->release(fn->ctx);
+        return KILN_OK;
     }
+    kiln_custom_grad *custom = kiln_malloc(sizeof *custom);
+    static const kiln_attrs none;
+    kiln_grad_node *n = custom ? node_new((kiln_op)0, nin, nout, &none, custom) : NULL;
+    if (!n) {
+        if (fn->release) fn->release(fn->ctx);
+        free(custom);
+        return custom ? KILN_ERR_MEMORY : kiln_error(KILN_ERR_MEMORY, "out of memory recording %s", fn->name);
+    }
+    *custom = *fn;
+    for (int k = 0; k < nin; k++) link_input(n, k, in[k]);
+    for (int k = 0; k < nout; k++) n->out_meta[k] = out[k]->meta;
+    link_outputs(n, nout, out);
     kiln_grad_node_release(n);
     return KILN_OK;
 }
@@ -273,9 +317,13 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
     KILN_TRY(check_versions(n));
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
     kiln_status s = KILN_OK;
-    for (int k = 0; k < n->nout && s == KILN_OK; k++) s = unpack_output(n, k, create_graph, &outs[k]);
+    if (n->custom) {
+        s = n->custom->backward(n->custom->ctx, n->nout, grads, n->nin, needs, create_graph, gin);
+        if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", n->custom->name);
+    }
+    for (int k = 0; k < n->nout && s == KILN_OK && !n->custom; k++) s = unpack_output(n, k, create_graph, &outs[k]);
     kiln_tensor *const *out_view = create_graph ? outs : n->saved_out;
-    if (s == KILN_OK) {
+    if (s == KILN_OK && !n->custom) {
         kiln_grad_ctx ctx = {n->op, n->nin, n->nout, n->saved_in, out_view, n->in_meta, n->out_meta, &n->attrs, needs};
         s = kiln_op_table[n->op].grad(&ctx, grads, gin);
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", kiln_op_table[n->op].name);
@@ -286,6 +334,10 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
         const kiln_meta *want = &n->in_meta[k], *got = &gin[k]->meta;
         bool same = want->ndim == got->ndim;
         for (int d = 0; same && d < want->ndim; d++) same = want->shape[d] == got->shape[d];
+        if (!same && n->custom) {
+            s = kiln_error(KILN_ERR_RUNTIME, "%s: the gradient of input %d has the wrong shape", n->custom->name, k);
+            break;
+        }
         KILN_ASSERT(same); /* a gradient rule returned a wrongly shaped gradient */
         if (got->dtype != want->dtype) { /* e.g. int inputs promoted to float */
             kiln_tensor *c;

@@ -3,6 +3,7 @@
 #define KILN_AUTOGRAD_NODE_H
 
 #include "../core/internal.h"
+#include "kiln/autograd.h"
 
 /* Where the gradient of one input of a node goes: the node that produced it (and which of its
  * outputs it was), or a leaf tensor that requires grad. Neither when the input needs none. */
@@ -23,11 +24,14 @@ typedef struct kiln_grad_node {
     int64_t *saved_version;              /* nin + nout storage versions at save time */
     kiln_grad_edge *next;                /* nin */
     struct kiln_grad_node *dying;        /* while being freed: the next node of the list still to free */
+    kiln_custom_grad *custom;            /* kiln_autograd_record_custom's rule (op unused), or NULL */
 } kiln_grad_node;
 
 /* Called by kiln_apply after a differentiable op ran with inputs that require grad. */
 kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in,
                                  const kiln_attrs *attrs, int nout, kiln_tensor **out);
 void kiln_grad_node_release(kiln_grad_node *node);
+/* What the node computed: its op's name, or a custom node's. */
+const char *kiln_grad_node_name(const kiln_grad_node *node);
 
 #endif

@@ -459,6 +459,23 @@ static PyObject *graph_structure(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(NNNNi)", ins, caps, nodes, ids_of(g->outputs, g->noutputs), g->nsubgraphs);
 }
 
+/* split(nforward_inputs, nforward_outputs) -> (forward Graph, backward Graph, number of residuals):
+ * kiln_graph_split */
+static PyObject *graph_split(PyObject *self, PyObject *args) {
+    int nfin, nfout;
+    if (!PyArg_ParseTuple(args, "ii:split", &nfin, &nfout)) return NULL;
+    kiln_graph *f = NULL, *b = NULL;
+    int32_t nres = 0;
+    kiln_status s = kiln_graph_split(((PyGraph *)self)->g, nfin, nfout, &f, &b, &nres);
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyObject *pf = wrap_graph(f), *pb = pf ? wrap_graph(b) : (kiln_graph_free(b), NULL);
+    if (!pb) {
+        Py_XDECREF(pf);
+        return NULL;
+    }
+    return Py_BuildValue("(NNi)", pf, pb, (int)nres);
+}
+
 static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
     (void)c;
     return PyLong_FromLong(((PyGraph *)self)->g->noutputs);
@@ -474,6 +491,9 @@ static PyMethodDef graph_methods[] = {
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
     {"reader_of", graph_reader_of, METH_O, "reader_of(value) -> 'op at file:line' of its first reader, or None"},
+    {"split", graph_split, METH_VARARGS,
+     "split(nforward_inputs, nforward_outputs) -> (forward, backward, nresiduals): a forward-and-backward graph "
+     "cut at the values the backward reads"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -843,6 +863,17 @@ kiln_graph *pykiln_tracer_take_body(PyObject *o) {
     return g;
 }
 
+/* finish_graph(outputs) -> Graph: ends the trace and returns a copy of its graph with these outputs,
+ * unoptimized (for Graph.split, then compile_graph) */
+static PyObject *tracer_finish_graph(PyObject *self, PyObject *outputs) {
+    Py_ssize_t n = 0;
+    kiln_graph *g = end_with_outputs((PyTracer *)self, outputs, "finish_graph", &n), *c = NULL;
+    if (!g) return NULL;
+    kiln_status s = kiln_graph_clone(g, &c);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return wrap_graph(c);
+}
+
 static PyObject *tracer_graph_str(PyObject *self, PyObject *unused) {
     (void)unused;
     return str_taking(kiln_graph_to_string(kiln_tracer_graph(((PyTracer *)self)->tr)));
@@ -870,6 +901,7 @@ static PyMethodDef tracer_methods[] = {
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outputs, order='bfs', poison=False) -> Executable"},
     {"finish_body", tracer_finish_body, METH_O, "finish_body(outputs): end and keep the graph for apply_control"},
+    {"finish_graph", tracer_finish_graph, METH_O, "finish_graph(outputs) -> Graph: end, with these outputs"},
     {"graph_str", tracer_graph_str, METH_NOARGS, "the graph recorded so far"},
     {"recorded", tracer_recorded, METH_NOARGS, "a copy of the graph recorded so far (a Graph)"},
     {NULL, NULL, 0, NULL},

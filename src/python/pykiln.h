@@ -126,6 +126,8 @@ int pykiln_shape_init(PyObject *module);
 int pykiln_is_cell(PyObject *o);
 /* Registers CellBase and the Cell log functions (cell.c). */
 int pykiln_cell_init(PyObject *module);
+/* Registers record_grad, autograd nodes with a Python gradient (custom_grad.c). */
+int pykiln_custom_grad_init(PyObject *module);
 /* Registers the frame-evaluation hook of bytecode capture (eval_frame.c). */
 int pykiln_eval_frame_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */

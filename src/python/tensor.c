@@ -304,7 +304,7 @@ static PyObject *tensor_op_name(PyObject *self, PyObject *unused) {
     (void)unused;
     struct kiln_grad_node *n = T(self)->grad_fn;
     if (!n) Py_RETURN_NONE;
-    return PyUnicode_FromString(kiln_op_table[n->op].name);
+    return PyUnicode_FromString(kiln_grad_node_name(n));
 }
 
 static PyMethodDef tensor_methods[] = {

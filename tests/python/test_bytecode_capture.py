@@ -84,7 +84,8 @@ def test_workloads_are_one_graph_and_agree_with_eager():
     f = bc(models.simple_function)
     for _ in range(3):
         close(f(a, b, c), a * b + c)
-    assert graphs(f) == 1 and f.cache_info().hits == 2
+    info = f.cache_info()  # (compiled here, or by an earlier wrapper of the function: shared entries)
+    assert graphs(f) == 1 and info.compiles <= 1 and info.hits == 3 - info.compiles
 
     block = models.BasicBlock(channels=4)
     block.set_train(False)

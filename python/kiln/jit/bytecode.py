@@ -21,8 +21,10 @@ instruction, graph, ... with the pieces compiled once per resume point and guard
 import dis
 import operator
 import types
+import weakref
 
 from .. import _C
+from ..autograd import differentiates_by_pieces
 from . import guards
 
 _OP = dis.opname
@@ -62,12 +64,13 @@ class Unsupported(Exception):
 
 
 class Code:
-    """A code object's decoded instructions with resolved jump targets (cached per code object)."""
-    __slots__ = ("code", "ins", "at", "cpython_only", "handlers", "covered")
-    _cache = {}
+    """A code object's decoded instructions with resolved jump targets (cached per code object,
+    while it lives: the cache holds neither the code object nor, past its end, its entry)."""
+    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered")
+    _cache = {}  # id(code) -> Code, removed when the code object goes
 
     def __init__(self, code):
-        self.code = code
+        self._code = weakref.ref(code)
         self.ins = []
         for op, arg, offset, line, name in _C.decode(code):
             target = None
@@ -94,11 +97,14 @@ class Code:
                 return h
         return None
 
+    code = property(lambda self: self._code())
+
     @classmethod
     def of(cls, code):
-        c = cls._cache.get(code)
-        if c is None:
-            c = cls._cache[code] = cls(code)
+        c = cls._cache.get(id(code))
+        if c is None or c._code() is not code:
+            c = cls._cache[id(code)] = cls(code)
+            weakref.finalize(code, cls._cache.pop, id(code), None)
         return c
 
 
@@ -341,6 +347,9 @@ class Interpreter:
             if bound_self is not None:
                 args = (bound_self,) + tuple(args)
             return self.inline(target, args, kwargs)
+        if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
+            self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
+                     "breaks (its pieces run on the eager tape)")
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
@@ -1061,8 +1070,8 @@ def freeze(frames, interp, tracer=None):
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
             return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
-        if isinstance(v, types.FunctionType) and v.__closure__ and any(
-                id(c) not in free_cells for c in v.__closure__):
+        if isinstance(v, types.FunctionType) and v.__closure__ and guards.is_user_code(v.__code__) and any(
+                id(c) not in free_cells for c in v.__closure__):  # (library code is never the captured code's)
             raise Unsupported("a function defined in the captured code is live at a graph break")
         if _hashable(v) and not isinstance(v, (set, _C.TensorBase)):
             return v

@@ -23,7 +23,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, guards, tree
+from . import bytecode, guards, piece_grad, tree
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -35,10 +35,13 @@ MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Py
 
 class Piece:
     __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "returns", "reason", "where",
-                 "ops")
+                 "ops", "grad", "reads_grad")
 
-    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where):
-        self.executable = executable
+    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
+                 reads_grad=False):
+        self.executable = executable  # with grad: the forward, returning the residuals after the outputs
+        self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad, or None
+        self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
         self.out_spec = out_spec
         self.graph_text = executable.graph_str()
         self.ops = self.graph_text.count(" = ")
@@ -53,27 +56,64 @@ class Piece:
         return None if k < 0 else self.guard_names[k]
 
 
-class Pieces:
-    """The pieces of one jitted function, keyed by (resume point, call key)."""
+class Entries:
+    """The compiled pieces of a function for one set of options, keyed by (resume point, call key),
+    with what their captures found: shared by every kiln.jit wrapper of that function with those
+    options (see entries_of)."""
+    __slots__ = ("cache", "breaks", "count", "python_steps", "__weakref__")
 
-    def __init__(self, owner, fn, prefix):
+    def __init__(self):
+        self.cache = {}
+        self.breaks = []  # (reason, where) of each graph break met, in order
+        self.count = 0
+        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+
+
+_ENTRIES = "__kiln_jit_entries__"
+
+
+def _options_key(opts):
+    return tuple(repr(getattr(opts, name, None)) for name in type(opts).__slots__) + (opts.jit_syntax_level,)
+
+
+def entries_of(fn, opts):
+    """The Entries of a plain function for these options, kept with the function object: wrappers
+    of one function (kiln.jit twice, or again after the first wrapper is gone) share them, and they
+    go when the function goes (a function and its entries reference each other only through
+    objects the garbage collector sees, so none outlives it; a code object's co_extra would hide
+    the cycle from the collector, since entries hold the function and its globals in their keys and
+    guards). Another function object of the same code (a closure made again, exec run again) has
+    its own: its closure cells and globals are other objects, which its guards must read."""
+    held = fn.__dict__.get(_ENTRIES)
+    if held is None or held[0] is not fn.__code__:
+        held = fn.__dict__[_ENTRIES] = (fn.__code__, {})
+    return held[1].setdefault(_options_key(opts), Entries())
+
+
+class Pieces:
+    """The pieces of one jitted function (its Entries) and what its calls met."""
+
+    def __init__(self, owner, fn, prefix, entries):
         self.owner = owner  # the JitFunction
         self.fn, self.prefix = fn, prefix  # the Python function captured, the arguments before the call's
+        self.entries = entries
         code = fn.__code__
         self.direct_ok = not code.co_flags & _VAR_ARGS  # positional calls filling the parameters exactly
         self.nparams = code.co_argcount
         self.varkw = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)
                       if code.co_flags & 0x08 else -1)  # the index of **kwargs among the parameters
         self.direct = {}  # call key of the positional arguments -> (state key, spec) of the entry
-        self.cache = {}
-        self.breaks = []  # (reason, where) of each graph break met, in order
+        self.fast_keys = set()  # entry keys offered to kiln.jit's C fast path
         self.recompiles = []  # (resume point, the guard that failed)
         self.new_signatures = []  # what changed in the arguments, for each entry compiled after the first
         self.entry_keys = []
         self.warned = False  # the recompile_limit warning was given
-        self.count = 0
         self.given_up = None  # why the rest of calls is interpreted in Python
-        self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+
+    cache = property(lambda self: self.entries.cache)
+    breaks = property(lambda self: self.entries.breaks)
+    python_steps = property(lambda self: self.entries.python_steps)
+    count = property(lambda self: self.entries.count)
 
     def lookup(self, key):
         entries = self.cache.get(key)
@@ -87,15 +127,16 @@ class Pieces:
 
     def add(self, key, piece):
         self.cache.setdefault(key, []).append(piece)
-        self.count += 1
+        self.entries.count += 1
         if not piece.returns:
             self.breaks.append((piece.reason, piece.where))
 
 
-def capture_piece(owner, state, leaves, spec):
+def capture_piece(owner, state, leaves, spec, grad=False):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
-    "break" (payload: the frames, standing at the break instruction, on real values)."""
+    "break" (payload: the frames, standing at the break instruction, on real values). grad: the
+    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad)."""
     opts = owner.options
     tracer = _C.Tracer()
     recorder = guards.Recorder(top=owner._pieces.fn)
@@ -105,7 +146,12 @@ def capture_piece(owner, state, leaves, spec):
     try:
         from .function import bind_inputs
 
-        aliases_state = bind_inputs(tracer, spec, leaves)
+        aliases = []
+        aliases_state = bind_inputs(tracer, spec, leaves, aliases)
+        if grad:  # (bind_inputs marks leaves only: here every input that requires grad is differentiated)
+            for a, t in zip(aliases, leaves):
+                if t.requires_grad and not a.requires_grad:
+                    a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         frames = bytecode.thaw(aliases_state, interp)
         interp.frames = frames
@@ -137,9 +183,16 @@ def capture_piece(owner, state, leaves, spec):
                                      "fullgraph=False to split it into graphs")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
-        executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison, level=opts.level,
-                                   inference=opts.infer_boost == "on",
-                                   disable_format_transform=opts.disable_format_transform, backend=opts.backend)
+        reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
+        made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
+        if made is not None:
+            executable, pgrad = made
+        else:
+            pgrad = None
+            executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison,
+                                       level=opts.level, inference=opts.infer_boost == "on",
+                                       disable_format_transform=opts.disable_format_transform,
+                                       backend=opts.backend)
     finally:
         tracer.end()
         _C.eval_frame_suspend(prev_hook)
@@ -150,7 +203,8 @@ def capture_piece(owner, state, leaves, spec):
         called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))
     guard_set, guard_names = recorder.guard_set()
-    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at)
+    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at, pgrad,
+                  reads_grad)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
@@ -160,13 +214,24 @@ def capture_piece(owner, state, leaves, spec):
 
 
 def _execute(jf, piece, leaves):
-    """Runs a compiled piece (recorded when jf was made with profiling=True)."""
+    """Runs a compiled piece (recorded when jf was made with profiling=True); a differentiable one
+    records its node on the autograd tape."""
     recorder = jf._recorder
+    if piece.grad is not None:
+        return piece_grad.run(piece.executable, piece.grad, leaves,
+                              (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
     return piece.executable(*leaves) if recorder is None else recorder.run(piece.executable, *leaves)
 
 
-def run(owner, pieces, key, leaves, spec, side_effects_done=False):
-    """One call from a resume point: graphs and break instructions until the function returns."""
+def grad_key(key, grad):
+    """The cache key of a call (state_key) in which the caller differentiates (grad) or not: the
+    pieces of the two kinds differ (a differentiable one keeps residuals for its backward)."""
+    return (key[0], key[1], (key[2], "differentiated")) if grad else key
+
+
+def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
+    """One call from a resume point: graphs and break instructions until the function returns
+    (grad: the caller differentiates through it, key made by grad_key)."""
     while True:
         piece = pieces.lookup(key)
         if piece is None:
@@ -189,7 +254,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
             t0 = time.perf_counter()
             try:
                 piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
-                                                              leaves, spec)
+                                                              leaves, spec, grad)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise
@@ -201,16 +266,23 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
                 # point from now on, whatever the state (no piece per value of a Python scalar)
                 pieces.python_steps.add(_position(value))
                 pieces.breaks.append((piece.reason, piece.where))
+                if grad:  # the frames on the call's own tensors (the capture's are detached)
+                    interp = bytecode.Interpreter([], capture=False)
+                    value = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp)
             else:
                 owner.stats.compiles += 1
                 owner.stats.misses += 1
                 pieces.add(key, piece)
                 owner._last = piece
+                if grad:  # the capture computed on detached tensors: run the piece to record its node
+                    continue
             if outcome == "return":
                 return value
             frames = value
         else:
             owner.stats.hits += 1
+            if owner._last is None:  # (compiled by another wrapper of the function: see entries_of)
+                owner._last = piece
             outs = _execute(owner, piece, leaves)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
@@ -227,6 +299,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False):
             if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
                 break
         key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+        key = grad_key(key, grad)
 
 
 _NO_OPS = frozenset(("NOP", "PRECALL", "RESUME"))
@@ -289,11 +362,18 @@ def target(jf):
     return fn, prefix
 
 
-def _runs_eagerly(jf, tensors):
-    """Whether this call must run eagerly: the function gave up, or the caller differentiates
-    through it (only eager execution records that)."""
-    return jf._eager_reason is not None or differentiating() or (
-        _C.is_grad_enabled() and any(isinstance(v, _C.TensorBase) and v.requires_grad for v in tensors))
+def one_graph(jf):
+    """Whether the calls so far found jf one graph: compiled, no graph break, never run in Python."""
+    pieces = jf._pieces
+    return (pieces is not None and pieces.count > 0 and not pieces.breaks and not pieces.python_steps
+            and pieces.given_up is None and jf._eager_reason is None)
+
+
+def _differentiates(tensors):
+    """Whether the caller differentiates through this call: inside grad / value_and_grad, or with
+    arguments that require grad, in grad mode (its pieces then record their backward)."""
+    return _C.is_grad_enabled() and (differentiating() or any(isinstance(v, _C.TensorBase) and v.requires_grad
+                                                              for v in tensors))
 
 
 def call(jf, args, kwargs):
@@ -310,7 +390,8 @@ def call(jf, args, kwargs):
                 raise
             _give_up(jf, e)
             return jf._target()(*args, **kwargs)
-        pieces = jf._pieces = Pieces(jf, fn, prefix)
+        shared = not prefix and jf._self_ref is None  # a plain function (a Cell's or a method's are per wrapper)
+        pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries())
     else:
         fn, prefix = pieces.fn, pieces.prefix
         if jf._self_ref is not None:
@@ -381,11 +462,13 @@ def _give_up(jf, err):
 
 def on_frame(jf, func, bound, pending):
     """A frame of the function: its pieces run (captured when new); RUN_EAGER lets CPython run it."""
-    if _runs_eagerly(jf, bound):
+    if jf._eager_reason is not None:
         jf.stats.eager_calls += 1
         return _C.RUN_EAGER
     pieces = jf._pieces
+    grad = _differentiates(bound)
     key, spec, leaves = entry_key(pieces, func, bound)
+    key = grad_key(key, grad)
     first = key not in pieces.cache
     if first:
         if len(pieces.entry_keys) >= jf.options.recompile_limit:
@@ -401,16 +484,18 @@ def on_frame(jf, func, bound, pending):
             pieces.new_signatures.append(_C.tree.describe_change(pieces.entry_keys[-1], key))
         pieces.entry_keys.append(key)
     try:
-        result = run(jf, pieces, key, leaves, spec)
+        result = run(jf, pieces, key, leaves, spec, grad=grad)
     except bytecode.Unsupported as e:
         _give_up(jf, e)
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
-    if pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
         pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
     entries = pieces.cache.get(key, ())
-    if first and pending is not None and len(entries) == 1 and entries[0].returns:
+    if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
+            and entries[0].returns):
         _, _, args, kwargs = pending
+        pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if tuple(bound) == tuple(args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
     return result
@@ -422,4 +507,4 @@ class _FastView:
 
     def __init__(self, piece):
         self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
-        self.differentiable = False
+        self.differentiable = piece.reads_grad  # (the C fast path cannot tell whether the caller differentiates)

@@ -581,6 +581,12 @@ class JitFunction(_C.JitDispatcher):
         entry's instance for their sizes)."""
         return self._compiled_for(args, kwargs)[1]
 
+    def _grad_through_pieces(self):
+        """Whether value_and_grad of this function runs its compiled pieces on the eager tape
+        (capture_mode="bytecode" split at graph breaks, or not called yet) rather than _grad_variant's
+        one forward-and-backward graph (any other function; a bytecode one that is one graph)."""
+        return self.options.capture_mode == "bytecode" and not bytecode_capture.one_graph(self)
+
     def _grad_variant(self, grad_position, weights, has_aux):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
         from ..autograd import _run

@@ -1,0 +1,129 @@
+"""Differentiable pieces of capture_mode="bytecode" (kiln.jit.bytecode_capture): gradients across
+graph breaks.
+
+When the caller differentiates through a call (inside grad / value_and_grad, or with inputs that
+require grad), each piece is captured with its gradient: once the capture's outputs are known, the
+gradient rules run on the trace with one more graph input per differentiable output (its
+gradient), recording the backward after the forward in one graph. Graph.split cuts that graph at
+the values the backward reads: the forward graph returns the piece's outputs and those residuals,
+the backward graph takes the residuals and the output gradients and returns the gradients of the
+piece's inputs and of the captured tensors that require grad (a Cell's Parameters).
+
+A call runs the compiled forward, then records one node on kiln's eager autograd tape
+(kiln._C.record_grad) over the inputs and parameters, whose outputs are the piece's differentiable
+outputs and whose gradient runs the compiled backward on the residuals it keeps. Between pieces
+the break instruction runs eagerly, recorded as usual, so a backward pass goes piece -> eager
+Python -> piece.
+"""
+from .. import _C
+
+
+class PieceGrad:
+    """What a differentiable piece adds to its forward executable."""
+    __slots__ = ("backward", "nout", "diff_out", "out_metas", "grad_inputs", "params", "present", "passthrough",
+                 "name")
+
+    def __init__(self, backward, nout, diff_out, out_metas, grad_inputs, params, present, passthrough, name):
+        self.backward = backward  # the compiled backward: (residuals..., output gradients...) -> gradients
+        self.nout = nout  # the piece's outputs; the forward's outputs after them are residuals
+        self.diff_out = diff_out  # positions of the outputs the node makes (they carry history)
+        self.out_metas = out_metas  # their (shape, dtype): a zero gradient where none reached one
+        self.grad_inputs = grad_inputs  # positions of the inputs that require grad
+        self.params = params  # captured tensors that require grad (Parameters), node inputs after those
+        self.present = present  # per node input: its position among the backward's outputs, or -1
+        # output position -> input position, ("obj", tensor): returned as it is, or ("same", position):
+        # the object of an earlier output
+        self.passthrough = passthrough
+        self.name = name
+
+
+def _grad_inputs(tracer, aliases):
+    """(positions of the aliases that require grad, the captured tensors that require grad)."""
+    positions = [k for k, a in enumerate(aliases) if a.requires_grad]
+    captures = tracer.recorded().structure()[1]
+    return positions, [t for _, t in captures if t.requires_grad]
+
+
+def finish(tracer, aliases, out_leaves, opts, name):
+    """Ends a capture whose outputs are out_leaves: (forward executable, PieceGrad), or None when no
+    output depends on anything that requires grad (the caller then finishes it as usual). A
+    backward kiln cannot record or compile is bytecode.Unsupported (that part runs in Python)."""
+    try:
+        return _finish(tracer, aliases, out_leaves, opts, name)
+    except (RuntimeError, ValueError, TypeError) as e:
+        from .bytecode import Unsupported
+
+        raise Unsupported(f"the backward of a graph could not be compiled: {e}") from e
+
+
+def _finish(tracer, aliases, out_leaves, opts, name):
+    positions, params = _grad_inputs(tracer, aliases)
+    alias_at = {id(a): k for k, a in enumerate(aliases)}
+    passthrough, diff_out, first = {}, [], {}
+    for i, t in enumerate(out_leaves):
+        if not isinstance(t, _C.TensorBase):
+            continue
+        if tracer.node_of(t) < 0:  # an input or a captured tensor, returned as it is
+            passthrough[i] = alias_at[id(t)] if id(t) in alias_at else ("obj", t)
+        elif id(t) in first:  # the same tensor again: the same output object
+            passthrough[i] = ("same", first[id(t)])
+        elif t.requires_grad:
+            first[id(t)] = i
+            diff_out.append(i)
+    if not diff_out or not (positions or params):
+        return None
+    cotangents = []
+    for i in diff_out:
+        c = out_leaves[i].detach()  # (a fresh tensor of the output's meta: the trace does not know it)
+        tracer.add_input(c)
+        cotangents.append(c)
+    targets = [aliases[k] for k in positions] + params
+    grads = _C.grad([out_leaves[i] for i in diff_out], targets, cotangents, False)
+    present, outs = [], []
+    for g in grads:
+        present.append(-1 if g is None else len(outs))
+        if g is not None:
+            outs.append(g)
+    graph = tracer.finish_graph(list(out_leaves) + outs)
+    fwd, bwd, _ = graph.split(len(aliases), len(out_leaves))
+    kw = dict(order=opts.exec_order, poison=opts.debug_poison, level=opts.level,
+              disable_format_transform=opts.disable_format_transform, backend=opts.backend)
+    forward = _C.compile_graph(fwd, **kw)
+    backward = _C.compile_graph(bwd, **kw)
+    metas = [(tuple(out_leaves[i].shape), out_leaves[i].dtype) for i in diff_out]
+    return forward, PieceGrad(backward, len(out_leaves), diff_out, metas, positions, params, present, passthrough,
+                              f"compiled piece of {name}")
+
+
+def run(forward, pg, leaves, run_exe):
+    """Runs a differentiable piece on its input tensors: its outputs, those that carry history
+    recorded on the tape as one node whose gradient is the compiled backward."""
+    outs = run_exe(forward, leaves)
+    residuals = outs[pg.nout:]
+    outs = list(outs[:pg.nout])
+    for i, src in pg.passthrough.items():
+        if not isinstance(src, tuple):
+            outs[i] = leaves[src]
+        elif src[0] == "obj":
+            outs[i] = src[1]
+    for i, src in pg.passthrough.items():
+        if isinstance(src, tuple) and src[0] == "same":
+            outs[i] = outs[src[1]]
+    inputs = tuple(leaves[k] for k in pg.grad_inputs) + tuple(pg.params)
+    made = tuple(outs[i] for i in pg.diff_out)
+    _C.record_grad(inputs, made, _backward(pg, residuals), pg.name)
+    return outs
+
+
+def _backward(pg, residuals):
+    def backward(grads, needs, create_graph):
+        if create_graph:
+            raise RuntimeError(f"{pg.name}: gradients of gradients through a compiled piece are not supported; "
+                               "call the function eagerly for higher-order gradients")
+        from ..ops import zeros
+
+        gs = [g if g is not None else zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grads, pg.out_metas)]
+        got = pg.backward(*residuals, *gs)
+        return [got[p] if p >= 0 and need else None for p, need in zip(pg.present, needs)]
+
+    return backward
