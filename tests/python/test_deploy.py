@@ -141,8 +141,12 @@ def test_float16_storage_halves_parameters_and_activations(option):
     blk = basic_block()
     x = arr(1, 8, 10, 10)
     t, want = traced(blk, x)
-    f32, info32 = dumped(t, enable_fuse_conv_bias_with_z=True)
-    f16, info16 = dumped(t, enable_fuse_conv_bias_with_z=True, input_data=x, **{option: True})
+    # ioc16 rounds every op's result, so the residual add and the activations stay ops of their own
+    fusion = {"enable_fuse_conv_bias_with_z": True} if option == "enable_io16xc32" else {}
+    f32, info32 = dumped(t, **fusion)
+    f16, info16 = dumped(t, input_data=x, **fusion, **{option: True})
+    if option == "enable_ioc16":
+        assert top_level_ops(f16) == ["conv2d_fused", "relu", "conv2d_fused", "add", "relu"]
     g32, g16 = kiln.load(f32), kiln.load(f16)
     assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
     assert g16._exe.arena_bytes <= 0.55 * g32._exe.arena_bytes
@@ -155,18 +159,63 @@ def test_float16_storage_halves_parameters_and_activations(option):
     assert outs[0].dtype is kiln.float16
 
 
-def test_float16_storage_of_the_attention_block():
+@pytest.mark.parametrize("option", ["enable_io16xc32", "enable_ioc16"])
+def test_float16_storage_of_the_attention_block(option):
     kiln.manual_seed(0)
     att = models.LlamaAttention(hidden_size=64, num_heads=4, num_kv_heads=2)
     att.set_train(False)
     x, pos = arr(1, 8, 64), kiln.tensor(np.arange(8, dtype=np.int64).reshape(1, 8))
     t, want = traced(att, x, pos)
     f32, info32 = dumped(t)
-    f16, info16 = dumped(t, enable_io16xc32=True)
+    f16, info16 = dumped(t, **{option: True})
     g16 = kiln.load(f16)
     assert info16.tensor_value_bytes <= 0.55 * info32.tensor_value_bytes
     assert g16._exe.arena_bytes <= 0.55 * kiln.load(f32)._exe.arena_bytes
     assert rel_l2(g16(x, pos).asnumpy(), want.asnumpy()) <= 1e-2  # rope's theta 500000 is folded before narrowing
+
+
+class Head(nn.Cell):
+    """matmul, bias, relu, scaling, a residual add and softmax as ops of their own"""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(7)
+        self.w = nn.Parameter(kiln.tensor(rng.standard_normal((8, 8)).astype(np.float32) * 0.5))
+        self.b = nn.Parameter(kiln.tensor(rng.standard_normal(8).astype(np.float32)))
+
+    def construct(self, x):
+        h = ops.relu(ops.matmul(x, self.w) + self.b) * 0.3 + x
+        return h, ops.softmax(h, axis=-1)
+
+
+def test_ioc16_rounds_every_op_as_numpy_float16_does():
+    head = Head()
+    x = arr(16, 8)
+    t, _ = traced(head, x)
+    got_h, got = (v.asnumpy() for v in kiln.load(dumped(t, enable_ioc16=True)[0])(x))
+    assert got.dtype == np.float16
+    # NumPy's float16 arithmetic: each op computes in float32 and rounds its result to float16
+    f16, f32 = np.float16, np.float32
+    x16, w16, b16 = (v.asnumpy().astype(f16) for v in (x, head.w, head.b))
+    mm = (x16.astype(f32) @ w16.astype(f32)).astype(f16)
+    h = np.maximum(mm + b16, f16(0)) * f16(0.3) + x16
+    e = np.exp(h.astype(f32) - h.astype(f32).max(axis=-1, keepdims=True))
+    want = (e / e.sum(axis=-1, keepdims=True)).astype(f16)
+    # the same ops in float32, rounded once at the end, differ here: the comparison tells them apart
+    once = (np.maximum(x16.astype(f32) @ w16.astype(f32) + b16, 0) * f32(0.3) + x16).astype(f16)
+    assert (once != h).sum() >= 8
+    # the GEMM may sum in another order: a float32 difference can move a result by one float16 step
+    np.testing.assert_array_max_ulp(got_h, h, maxulp=1)
+    assert (got_h != h).sum() <= 2
+    np.testing.assert_array_max_ulp(got, want, maxulp=2)
+
+
+def test_ioc16_option_errors():
+    t, _ = traced(basic_block(), arr(1, 8, 10, 10))
+    with pytest.raises(ValueError, match="enable_ioc16 rounds every op's result.*enable_fuse_conv_bias_with_z"):
+        t.dump(io.BytesIO(), enable_ioc16=True, enable_fuse_conv_bias_with_z=True)
+    with pytest.raises(ValueError, match="one of enable_io16xc32 and enable_ioc16"):
+        t.dump(io.BytesIO(), enable_ioc16=True, enable_io16xc32=True)
 
 
 def test_names_metadata_user_info_and_cases(tmp_path):
