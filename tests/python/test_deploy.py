@@ -3,6 +3,7 @@ against hostile files (docs/model_format.md)."""
 import io
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -208,6 +209,30 @@ def test_ioc16_rounds_every_op_as_numpy_float16_does():
     np.testing.assert_array_max_ulp(got_h, h, maxulp=1)
     assert (got_h != h).sum() <= 2
     np.testing.assert_array_max_ulp(got, want, maxulp=2)
+
+
+def test_files_hold_no_absolute_source_paths(tmp_path):
+    head = Head()
+    t, _ = traced(head, arr(4, 8))
+    data, _ = dumped(t)
+    assert ROOT.encode() not in data
+    here = os.path.basename(__file__)
+    locs = set(re.findall(r"# (\S+):\d+", kiln.load(data).graph_str()))
+    assert locs == {here}  # one source file: its base name
+    # a function in another directory: base names too
+    sub = tmp_path / "pkg"
+    sub.mkdir()
+    (sub / "helper.py").write_text("from kiln import ops\n\ndef scaled(h):\n    return ops.tanh(h) * 2.0\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from pkg.helper import scaled
+    finally:
+        sys.path.remove(str(tmp_path))
+    t, _ = traced(lambda x: scaled(head(x)[0]), arr(4, 8))
+    data, _ = dumped(t, optimize_for_inference=False)
+    assert str(tmp_path).encode() not in data and ROOT.encode() not in data
+    locs = set(re.findall(r"# (\S+):\d+", kiln.load(data).graph_str()))
+    assert locs == {here, "helper.py"}
 
 
 def test_ioc16_option_errors():
