@@ -217,6 +217,29 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
 
 /* ---- the shared kernel ------------------------------------------------------------------ */
 
+static ew_ctx ew_ctx_of(const kiln_attrs *a) {
+    ew_ctx ctx = {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0};
+    return ctx;
+}
+
+/* Runs fn over out and operands[0..nin) broadcast to out's shape (operand items isz bytes). */
+static void iterate_operands(kiln_tensor *out, int nin, kiln_tensor *const *operands, size_t isz_in,
+                             kiln_inner_fn fn, void *ctx) {
+    int nd = out->meta.ndim;
+    int64_t strides[4][KILN_MAX_DIMS];
+    char *base[4];
+    size_t isz[4];
+    memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)nd);
+    base[0] = out->data;
+    isz[0] = kiln_dtype_size(out->meta.dtype);
+    for (int k = 0; k < nin; k++) {
+        kiln_broadcast_strides(operands[k], nd, out->meta.shape, strides[k + 1]);
+        base[k + 1] = operands[k]->data;
+        isz[k + 1] = isz_in;
+    }
+    kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape, fn, ctx);
+}
+
 static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_tensor *const *in,
                                    const kiln_attrs *a, kiln_tensor *out, kiln_dtype cdtype) {
     /* inputs converted to the compute dtype where needed (keeping their own shapes) */
@@ -232,22 +255,10 @@ static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_ten
     if (s == KILN_OK && !bool_out && out->meta.dtype != cdtype) /* float16/bfloat16 output */
         s = kiln_tensor_empty(cdtype, out->meta.ndim, out->meta.shape, &result);
     if (s == KILN_OK) {
-        int nd = out->meta.ndim;
-        int64_t strides[4][KILN_MAX_DIMS];
-        char *base[4];
-        size_t isz[4];
-        memcpy(strides[0], result->strides, sizeof(int64_t) * (size_t)nd);
-        base[0] = result->data;
-        isz[0] = kiln_dtype_size(result->meta.dtype);
-        for (int k = 0; k < nin; k++) {
-            kiln_tensor *t = conv[k] ? conv[k] : in[k];
-            kiln_broadcast_strides(t, nd, out->meta.shape, strides[k + 1]);
-            base[k + 1] = t->data;
-            isz[k + 1] = kiln_dtype_size(cdtype);
-        }
-        ew_ctx ctx = {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0};
-        kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape,
-                     loops[compute_index(cdtype)], &ctx);
+        kiln_tensor *operands[3];
+        for (int k = 0; k < nin; k++) operands[k] = conv[k] ? conv[k] : in[k];
+        ew_ctx ctx = ew_ctx_of(a);
+        iterate_operands(result, nin, operands, kiln_dtype_size(cdtype), loops[compute_index(cdtype)], &ctx);
         if (result != out) s = kiln_copy_into(out, result);
     }
     if (result != out) kiln_tensor_release(result);
@@ -303,21 +314,8 @@ static bool all_float16(kiln_tensor *const *in, int nin, const kiln_tensor *out)
 
 static kiln_status run_float16(kiln_inner_fn f32, int nin, kiln_tensor *const *in, const kiln_attrs *a,
                                kiln_tensor *out) {
-    int nd = out->meta.ndim;
-    int64_t strides[4][KILN_MAX_DIMS];
-    char *base[4];
-    size_t isz[4];
-    memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)nd);
-    base[0] = out->data;
-    isz[0] = kiln_dtype_size(out->meta.dtype);
-    for (int k = 0; k < nin; k++) {
-        kiln_broadcast_strides(in[k], nd, out->meta.shape, strides[k + 1]);
-        base[k + 1] = in[k]->data;
-        isz[k + 1] = 2;
-    }
-    half_ctx h = {f32, {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0}, nin,
-                  out->meta.dtype == KILN_DTYPE_BOOL};
-    kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape, half_rows, &h);
+    half_ctx h = {f32, ew_ctx_of(a), nin, out->meta.dtype == KILN_DTYPE_BOOL};
+    iterate_operands(out, nin, in, 2, half_rows, &h);
     return KILN_OK;
 }
 
