@@ -138,7 +138,7 @@ def rel_l2(got, want):
 
 
 @pytest.mark.parametrize("option", ["enable_io16xc32", "enable_ioc16"])
-def test_float16_storage_halves_parameters_and_activations(option):
+def test_float16_storage_halves_parameters_and_activations(option, tmp_path):
     blk = basic_block()
     x = arr(1, 8, 10, 10)
     t, want = traced(blk, x)
@@ -158,6 +158,15 @@ def test_float16_storage_halves_parameters_and_activations(option):
     (ins, outs), = g16.test_cases()
     np.testing.assert_array_equal(ins[0].asnumpy(), x.asnumpy().astype(np.float16))
     assert outs[0].dtype is kiln.float16
+    # the C runtime runs the float16 file and its embedded case too
+    model = tmp_path / "f16.kiln"
+    model.write_bytes(f16)
+    np.save(tmp_path / "x.npy", x.asnumpy().astype(np.float16))
+    r = subprocess.run([KILN_RUN, str(model), "--check", "--iter", "1", "--threads", "1", "--input",
+                        f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = np.load(tmp_path / "output.npy")
+    assert out.dtype == np.float16 and rel_l2(out, want.asnumpy()) <= 1e-2
 
 
 @pytest.mark.parametrize("option", ["enable_io16xc32", "enable_ioc16"])
