@@ -59,6 +59,9 @@ KILN_API kiln_status kiln_graph_add_capture(kiln_graph *g, kiln_tensor *t, bool 
 KILN_API kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in,
                                          const kiln_attrs *attrs, int32_t loc, int32_t *out);
 KILN_API kiln_status kiln_graph_add_loc(kiln_graph *g, const char *loc, int32_t *id);
+/* g's source locations (subgraphs too) without their directories ("/home/u/net.py:3" becomes
+ * "net.py:3"; locations that become equal are merged): for model files, which are shipped. */
+KILN_API kiln_status kiln_graph_base_name_locs(kiln_graph *g);
 KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values);
 /* Takes ownership of sub (on failure the caller keeps it); *index is its position in g->subgraphs. */
 KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index);

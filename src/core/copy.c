@@ -92,13 +92,22 @@ DEFINE_SAME_COPY(uint16_t)
 DEFINE_SAME_COPY(uint32_t)
 DEFINE_SAME_COPY(uint64_t)
 
+/* float16 <-> float32 rows: F16C where the float32 side is contiguous (src/core/half.c) */
 static void copy_f32_from_f16(void *ctx, int64_t n, char **p, const int64_t *s) {
     (void)ctx;
+    if (s[0] == sizeof(float)) {
+        kiln_f16_row((float *)p[0], p[1], s[1], n);
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         *(float *)(p[0] + i * s[0]) = kiln_f16_to_f32(*(const uint16_t *)(p[1] + i * s[1]));
 }
 static void copy_f16_from_f32(void *ctx, int64_t n, char **p, const int64_t *s) {
     (void)ctx;
+    if (s[1] == sizeof(float)) {
+        kiln_f16_store_row(p[0], s[0], (const float *)p[1], n);
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         *(uint16_t *)(p[0] + i * s[0]) = kiln_f32_to_f16(*(const float *)(p[1] + i * s[1]));
 }

@@ -211,6 +211,13 @@ static inline uint16_t kiln_f32_to_f16(float f) {
     return (uint16_t)(o | (sign >> 16));
 }
 #endif
+/* Rows of n float16 values at src (stride bytes apart) read as float32 into dst, and float32
+ * rows stored as float16 (rounded to nearest even); F16C where the CPU has it (src/core/half.c),
+ * else the plain *_ref rows. */
+void kiln_f16_row(float *dst, const char *src, int64_t stride, int64_t n);
+void kiln_f16_store_row(char *dst, int64_t stride, const float *src, int64_t n);
+void kiln_f16_row_ref(float *dst, const char *src, int64_t stride, int64_t n);
+void kiln_f16_store_row_ref(char *dst, int64_t stride, const float *src, int64_t n);
 static inline float kiln_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;

@@ -1,5 +1,7 @@
 /* Elementwise ops: inference (broadcasting, promotion) and kernels generated from the C
- * expressions in ops.def, for every compute type. float16/bfloat16 compute through float32. */
+ * expressions in ops.def, for every compute type. Ops on float16 operands only compute in
+ * float32 registers, each result rounded to float16 (run_float16); bfloat16, and float16 mixed with
+ * other dtypes, compute through float32 copies of the operands (run_elementwise). */
 #include <tgmath.h>
 
 #include "../core/internal.h"
@@ -215,6 +217,29 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
 
 /* ---- the shared kernel ------------------------------------------------------------------ */
 
+static ew_ctx ew_ctx_of(const kiln_attrs *a) {
+    ew_ctx ctx = {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0};
+    return ctx;
+}
+
+/* Runs fn over out and operands[0..nin) broadcast to out's shape (operand items isz bytes). */
+static void iterate_operands(kiln_tensor *out, int nin, kiln_tensor *const *operands, size_t isz_in,
+                             kiln_inner_fn fn, void *ctx) {
+    int nd = out->meta.ndim;
+    int64_t strides[4][KILN_MAX_DIMS];
+    char *base[4];
+    size_t isz[4];
+    memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)nd);
+    base[0] = out->data;
+    isz[0] = kiln_dtype_size(out->meta.dtype);
+    for (int k = 0; k < nin; k++) {
+        kiln_broadcast_strides(operands[k], nd, out->meta.shape, strides[k + 1]);
+        base[k + 1] = operands[k]->data;
+        isz[k + 1] = isz_in;
+    }
+    kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape, fn, ctx);
+}
+
 static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_tensor *const *in,
                                    const kiln_attrs *a, kiln_tensor *out, kiln_dtype cdtype) {
     /* inputs converted to the compute dtype where needed (keeping their own shapes) */
@@ -230,27 +255,68 @@ static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_ten
     if (s == KILN_OK && !bool_out && out->meta.dtype != cdtype) /* float16/bfloat16 output */
         s = kiln_tensor_empty(cdtype, out->meta.ndim, out->meta.shape, &result);
     if (s == KILN_OK) {
-        int nd = out->meta.ndim;
-        int64_t strides[4][KILN_MAX_DIMS];
-        char *base[4];
-        size_t isz[4];
-        memcpy(strides[0], result->strides, sizeof(int64_t) * (size_t)nd);
-        base[0] = result->data;
-        isz[0] = kiln_dtype_size(result->meta.dtype);
-        for (int k = 0; k < nin; k++) {
-            kiln_tensor *t = conv[k] ? conv[k] : in[k];
-            kiln_broadcast_strides(t, nd, out->meta.shape, strides[k + 1]);
-            base[k + 1] = t->data;
-            isz[k + 1] = kiln_dtype_size(cdtype);
-        }
-        ew_ctx ctx = {a && a->nf > 0 ? a->f[0] : 0, a && a->nf > 1 ? a->f[1] : 0};
-        kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape,
-                     loops[compute_index(cdtype)], &ctx);
+        kiln_tensor *operands[3];
+        for (int k = 0; k < nin; k++) operands[k] = conv[k] ? conv[k] : in[k];
+        ew_ctx ctx = ew_ctx_of(a);
+        iterate_operands(result, nin, operands, kiln_dtype_size(cdtype), loops[compute_index(cdtype)], &ctx);
         if (result != out) s = kiln_copy_into(out, result);
     }
     if (result != out) kiln_tensor_release(result);
     for (int k = 0; k < nin; k++) kiln_tensor_release(conv[k]);
     return s;
+}
+
+/* ---- float16 operands ---------------------------------------------------------------------- */
+
+/* An op whose operands are all float16 (its result float16 or bool) runs its float32 loop on
+ * blocks of the operands read into float32 (kiln_f16_row: F16C), each result rounded to float16
+ * as it is stored: float16 arithmetic computed in float32 registers, with no float32 copies of
+ * whole tensors. Other mixes with 16-bit floats take run_elementwise's copies (the plain path). */
+enum { HALF_BLOCK = 256 };
+
+typedef struct {
+    kiln_inner_fn f32;
+    ew_ctx ew;
+    int nin;
+    bool bool_out;
+} half_ctx;
+
+static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
+    const half_ctx *h = vctx;
+    float buf[4][HALF_BLOCK];
+    char *q[4];
+    int64_t qs[4];
+    for (int64_t i0 = 0; i0 < n; i0 += HALF_BLOCK) {
+        int64_t m = n - i0 < HALF_BLOCK ? n - i0 : HALF_BLOCK;
+        for (int k = 1; k <= h->nin; k++) {
+            const char *src = p[k] + i0 * s[k];
+            kiln_f16_row(buf[k], src, s[k], s[k] == 0 ? 1 : m); /* a broadcast operand: one value */
+            q[k] = (char *)buf[k];
+            qs[k] = s[k] == 0 ? 0 : (int64_t)sizeof(float);
+        }
+        if (h->bool_out) {
+            q[0] = p[0] + i0 * s[0], qs[0] = s[0];
+            h->f32((void *)&h->ew, m, q, qs);
+        } else {
+            q[0] = (char *)buf[0], qs[0] = sizeof(float);
+            h->f32((void *)&h->ew, m, q, qs);
+            kiln_f16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
+        }
+    }
+}
+
+static bool all_float16(kiln_tensor *const *in, int nin, const kiln_tensor *out) {
+    if (out->meta.dtype != KILN_DTYPE_FLOAT16 && out->meta.dtype != KILN_DTYPE_BOOL) return false;
+    for (int k = 0; k < nin; k++)
+        if (in[k]->meta.dtype != KILN_DTYPE_FLOAT16) return false;
+    return nin > 0 && nin <= 3;
+}
+
+static kiln_status run_float16(kiln_inner_fn f32, int nin, kiln_tensor *const *in, const kiln_attrs *a,
+                               kiln_tensor *out) {
+    half_ctx h = {f32, ew_ctx_of(a), nin, out->meta.dtype == KILN_DTYPE_BOOL};
+    iterate_operands(out, nin, in, 2, half_rows, &h);
+    return KILN_OK;
 }
 
 /* The compute dtype of an op: its output dtype, except for bool-valued ops, which compute in
@@ -269,6 +335,7 @@ static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_t
         static const kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,      \
                                                       ew_##name##_i32,  ew_##name##_i64,     \
                                                       ew_##name##_f32,  ew_##name##_f64};    \
+        if (all_float16(in, nin, out[0])) return run_float16(ew_##name##_f32, nin, in, a, out[0]); \
         return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
     }
 #define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \

@@ -1,9 +1,10 @@
 /* Float16 storage for deployment (trace.dump's enable_io16xc32 / enable_ioc16): every float32
  * value of a graph (inputs, constants, node outputs, control-flow bodies too) becomes float16, and
  * ops whose attribute i[0] names a float32 output dtype (KILN_OPF_DTYPE_ATTR: cast, creation ops)
- * name float16. kiln's float16 kernels compute in float32 (elementwise, reductions, norms,
- * matmul, convolutions: see src/ops), so each op still computes in float32 and only what is
- * stored between ops, and the parameters, is halved. Run on a graph as recorded or after the
+ * name float16. kiln's float16 kernels compute in float32 registers or copies (elementwise,
+ * reductions, norms, matmul, convolutions: see src/ops) and round each op's result to float16, so
+ * what is stored between ops, and the parameters, is halved (enable_ioc16 also keeps the ops
+ * unfused, deploy.py). Run on a graph as recorded or after the
  * folding passes, before the fusion passes (fused groups' subgraphs are not converted). */
 #include "passes_internal.h"
 

@@ -426,11 +426,22 @@ fail:
     return NULL;
 }
 
-/* structure() -> (inputs [(id, dtype, shape)], captures [(id, tensor)], nodes [node_tuple], outputs [id],
- * number of subgraphs): the graph as data, for exporters */
-static PyObject *graph_structure(PyObject *self, PyObject *unused) {
-    (void)unused;
+/* structure(path=()) -> (inputs [(id, dtype, shape)], captures [(id, tensor)], nodes [node_tuple],
+ * outputs [id], number of subgraphs): the graph as data, for exporters; path: subgraph indices
+ * leading from this graph to a nested one (control-flow bodies). */
+static PyObject *graph_structure(PyObject *self, PyObject *args) {
     const kiln_graph *g = ((PyGraph *)self)->g;
+    PyObject *path = NULL;
+    if (!PyArg_ParseTuple(args, "|O!:structure", &PyTuple_Type, &path)) return NULL;
+    for (Py_ssize_t k = 0; path && k < PyTuple_GET_SIZE(path); k++) {
+        long idx = PyLong_AsLong(PyTuple_GET_ITEM(path, k));
+        if (idx == -1 && PyErr_Occurred()) return NULL;
+        if (idx < 0 || idx >= g->nsubgraphs) {
+            PyErr_Format(PyExc_IndexError, "structure: subgraph %ld of a graph with %d", idx, (int)g->nsubgraphs);
+            return NULL;
+        }
+        g = g->subgraphs[idx];
+    }
     PyObject *ins = PyList_New(g->ninputs), *caps = PyList_New(g->ncaptures), *nodes = PyList_New(g->nnodes);
     bool ok = ins && caps && nodes;
     for (int32_t k = 0; ok && k < g->ninputs; k++) {
@@ -483,8 +494,9 @@ static PyObject *graph_get_num_outputs(PyObject *self, void *c) {
 
 static PyMethodDef graph_methods[] = {
     {"inputs", graph_inputs, METH_NOARGS, "inputs() -> [(dtype, shape)] of the graph's inputs"},
-    {"structure", graph_structure, METH_NOARGS,
-     "structure() -> (inputs, captures, nodes, outputs, subgraph count): the graph as data, for exporters"},
+    {"structure", graph_structure, METH_VARARGS,
+     "structure(path=()) -> (inputs, captures, nodes, outputs, subgraph count): the graph (or the nested subgraph at "
+     "path) as data, for exporters"},
     {"rebind", graph_rebind, METH_VARARGS, "rebind(input_shapes, sets) -> this graph for other input shapes"},
     {"value_shape", graph_value_shape, METH_O, "value_shape(value) -> the shape of that value"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},

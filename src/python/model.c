@@ -84,6 +84,7 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     kiln_status s = tensors ? kiln_graph_clone(src, &g) : KILN_ERR_MEMORY;
     for (Py_ssize_t k = 0; tensors && k < ntensors; k++) tensors[k] = pykiln_unwrap(PyList_GET_ITEM(cases, k));
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
+    if (s == KILN_OK) s = kiln_graph_base_name_locs(g); /* no user's directories in a shipped file */
     if (s == KILN_OK && float16) s = to_float16(&g, &popt);
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {

@@ -55,6 +55,15 @@ def _inference_options(optimize_for_inference, options):
             raise ValueError(f"trace.dump: {k} is the layout for {_FOREIGN_LAYOUTS[k]}; kiln runs on x86 CPUs, whose "
                              "blocked layout is enable_nchw88")
     float16 = any(k in on for k in _FLOAT16)
+    if "enable_ioc16" in on:
+        if "enable_io16xc32" in on:
+            raise ValueError("trace.dump: choose one of enable_io16xc32 and enable_ioc16")
+        fused = [k for k in on if k in _FUSIONS]
+        if fused:
+            # a fused convolution keeps its bias, residual and activation steps in float32: the
+            # steps' results would not be rounded to float16 each
+            raise ValueError(f"trace.dump: enable_ioc16 rounds every op's result to float16, which "
+                             f"{', '.join(fused)} cannot (the fused steps stay float32); use enable_io16xc32 with it")
     if "enable_fuse_conv_bias_with_z" in on:
         fusion = _CONV_FUSE_ALL
     elif "enable_fuse_conv_bias_nonlinearity" in on:

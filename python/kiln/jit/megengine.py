@@ -596,9 +596,11 @@ class trace(_C.JitDispatcher):
         enable_nchw88 (the CPU's blocked channel layout for x86, oneDNN's nChw8c/nChw16c);
         enable_nchw44, enable_nchw44_dot, enable_nchw4, enable_nchw32, enable_chwn4 and
         enable_hwcd4 raise ValueError naming the hardware they are for; enable_io16xc32 stores every
-        float32 value (parameters, inputs, outputs, values between ops) as float16 while each op
-        computes in float32, as kiln's float16 kernels do; enable_ioc16 gives the same file (kiln
-        has no float16 arithmetic: computation stays float32). user_info: any JSON value,
+        float32 value (parameters, inputs, outputs, values between ops) as float16 while fused ops
+        (the convolution fusions above) compute their steps in float32; enable_ioc16 is float16
+        throughout: every op's result is rounded to float16 (kiln's float16 arithmetic reads float16
+        into float32 registers with F16C and rounds each result, x86 having no float16 arithmetic
+        short of AVX512-FP16), so it cannot be combined with the convolution fusions. user_info: any JSON value,
         stored in the file. enable_metadata: store the dump's settings as JSON. input_data: test
         cases embedded for kiln-run --check: a case (a dict by input name, a tuple of inputs, or
         one array) or a list of cases; their expected outputs are what this trace computes.

@@ -1,8 +1,10 @@
 """ONNX export of inference graphs (kiln.export(..., file_format="ONNX")) through the `onnx` package.
 
 The graph exported is the trace's recording (kiln's O0 ops, before fusion): each kiln op becomes
-the ONNX operators with its meaning (opset 17). Graphs with control flow, and ops without an
-entry below, raise NotImplementedError naming the op."""
+the ONNX operators with its meaning (opset 17). Control flow becomes ONNX's If (kiln's `if`: the
+branches read their inputs from the enclosing graph) and Loop (kiln's `while`: the loop's
+condition graph runs once before the loop and again at the end of each iteration). An op without
+an entry below raises OnnxExportError naming it."""
 import numpy as np
 
 from .. import _C
@@ -10,20 +12,34 @@ from .. import _C
 OPSET = 17
 
 
+class OnnxExportError(ValueError):
+    """A graph kiln.export(file_format="ONNX") cannot write: an op without an ONNX form here."""
+
+
 def _np_dtype(dtype):
     return {"bool": np.bool_, "int8": np.int8, "int32": np.int32, "int64": np.int64, "float16": np.float16,
             "float32": np.float32, "float64": np.float64}[dtype.name]
 
 
+def _dtype_of_code(code):
+    """A kiln_dtype number (the attribute of cast and the creation ops) as a NumPy dtype."""
+    return {0: np.bool_, 1: np.int8, 2: np.int32, 3: np.int64, 4: np.float16, 6: np.float32, 7: np.float64}[code]
+
+
 class _Builder:
-    def __init__(self, onnx):
+    """The nodes and initializers of one ONNX graph (subgraphs get a child sharing the names' counter)."""
+
+    def __init__(self, onnx, counter=None):
         self.onnx, self.h = onnx, onnx.helper
-        self.nodes, self.inits, self.names = [], [], {}
-        self.count = 0
+        self.nodes, self.inits = [], []
+        self.counter = counter if counter is not None else [0]
+
+    def child(self):
+        return _Builder(self.onnx, self.counter)
 
     def fresh(self, hint):
-        self.count += 1
-        return f"{hint}_{self.count}"
+        self.counter[0] += 1
+        return f"{hint}_{self.counter[0]}"
 
     def const(self, array, hint="c"):
         name = self.fresh(hint)
@@ -38,34 +54,86 @@ class _Builder:
         self.nodes.append(self.h.make_node(op, inputs, outputs, **attrs))
         return outputs[0]
 
+    def value_info(self, name, meta):
+        dtype, shape = meta
+        return self.h.make_tensor_value_info(name, self.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(dtype))),
+                                             list(shape))
+
 
 _UNARY = {"relu": "Relu", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "cos": "Cos", "sin": "Sin",
-          "tanh": "Tanh", "sigmoid": "Sigmoid", "abs": "Abs", "erf": "Erf"}
+          "tanh": "Tanh", "sigmoid": "Sigmoid", "abs": "Abs", "erf": "Erf", "sign": "Sign", "logical_not": "Not",
+          "contiguous": "Identity"}
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "matmul": "MatMul",
-           "maximum": "Max", "minimum": "Min"}
+           "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
+           "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where",
+           "gather_elements": "GatherElements"}
+_REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
+_OTHER = ("silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
+          "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
+          "gather", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
+SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
 
 
-def _emit(b, op, ins, outs, ints, floats, metas):
-    """ONNX nodes for one kiln node; outs: the names its outputs get."""
+def _axes(mask, ndim):
+    return [d for d in range(ndim) if mask >> d & 1]
+
+
+def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
+    """ONNX nodes for one kiln node; outs: the names its outputs get; metas / in_metas: its
+    outputs' and inputs' (dtype, shape); sub(index, input_names) emits a subgraph of the graph
+    holding the node into a child builder, returning (builder, output names, output metas)."""
     out = outs[0]
     if op in _UNARY:
         b.node(_UNARY[op], ins, [out])
     elif op in _BINARY:
         b.node(_BINARY[op], ins, [out])
+    elif op == "ne":
+        b.node("Not", [b.node("Equal", ins)], [out])
     elif op == "silu":
         b.node("Mul", [ins[0], b.node("Sigmoid", ins)], [out])
+    elif op == "gelu":  # x / 2 * (1 + erf(x / sqrt(2))): opset 17 has no Gelu
+        dt = _np_dtype(metas[0][0])
+        e = b.node("Erf", [b.node("Mul", [ins[0], b.const(np.asarray(0.70710678118654752, dt))])])
+        half = b.node("Mul", [ins[0], b.const(np.asarray(0.5, dt))])
+        b.node("Mul", [half, b.node("Add", [e, b.const(np.asarray(1, dt))])], [out])
+    elif op == "rsqrt":
+        b.node("Reciprocal", [b.node("Sqrt", ins)], [out])
+    elif op == "clamp":
+        dt = _np_dtype(metas[0][0])
+        lo = b.const(np.asarray(floats[0], dt)) if np.isfinite(floats[0]) else ""
+        hi = b.const(np.asarray(floats[1], dt)) if np.isfinite(floats[1]) else ""
+        b.node("Clip", [ins[0], lo, hi], [out])
     elif op == "linear":  # x @ w.T (+ b)
         y = b.node("MatMul", [ins[0], b.node("Transpose", [ins[1]], perm=[1, 0])])
         b.node("Add", [y, ins[2]], [out]) if len(ins) == 3 else b.node("Identity", [y], [out])
     elif op == "conv2d":
         sh, sw, pt, pb, pl, pr, dh, dw, groups = ints[:9]
         b.node("Conv", ins, [out], strides=[sh, sw], pads=[pt, pl, pb, pr], dilations=[dh, dw], group=groups)
+    elif op in ("max_pool2d", "avg_pool2d"):
+        kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, ceil = ints[:11]
+        common = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], ceil_mode=ceil)
+        if op == "max_pool2d":
+            b.node("MaxPool", ins, [out], dilations=[dh, dw], **common)
+        else:
+            if (dh, dw) != (1, 1):
+                raise OnnxExportError(f"kiln.export(ONNX): avg_pool2d with dilation {dh, dw} has no ONNX form")
+            b.node("AveragePool", ins, [out], count_include_pad=ints[11], **common)
     elif op == "batch_norm":
         if ints and ints[0]:
-            raise NotImplementedError("kiln.export(ONNX): batch_norm in training mode (call set_train(False))")
+            raise OnnxExportError("kiln.export(ONNX): batch_norm in training mode (call set_train(False))")
         b.node("BatchNormalization", ins, [out], epsilon=floats[0])
         for extra in outs[1:]:  # the batch statistics outputs: unused in inference graphs
             b.node("Identity", [ins[3]], [extra])
+    elif op == "layer_norm":  # outputs (y, mean, rstd): ONNX's Mean and InvStdDev
+        b.node("LayerNormalization", ins, list(outs), axis=-ints[0], epsilon=floats[0])
+    elif op == "rms_norm":  # (y, rstd): y = x * rstd * w, rstd = 1 / sqrt(mean(x * x) + eps) over the last axes
+        ndim, dt = len(in_metas[0][1]), _np_dtype(metas[0][0])
+        ms = b.node("ReduceMean", [b.node("Mul", [ins[0], ins[0]])], axes=list(range(ndim - ints[0], ndim)),
+                    keepdims=1)
+        rstd = b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [ms, b.const(np.asarray(floats[0], dt))])])])
+        b.node("Mul", [b.node("Mul", [ins[0], rstd]), ins[1]], [out])
+        if len(outs) > 1:
+            b.node("Reshape", [rstd, b.ints(metas[1][1])], [outs[1]])
     elif op in ("reshape", "expand"):
         b.node("Reshape" if op == "reshape" else "Expand", [ins[0], b.ints(ints)], [out])
     elif op == "permute":
@@ -74,23 +142,104 @@ def _emit(b, op, ins, outs, ints, floats, metas):
         b.node("Cast", ins, [out], to=b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0]))))
     elif op == "concat":
         b.node("Concat", ins, [out], axis=ints[0])
-    elif op == "softmax":
-        b.node("Softmax", ins, [out], axis=ints[0])
-    elif op in ("sum", "mean", "max", "min"):
-        mask, keep = ints[0], ints[1]
-        axes = [d for d in range(64) if mask >> d & 1]
-        onnx_op = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin"}[op]
+    elif op in ("softmax", "log_softmax"):
+        b.node("Softmax" if op == "softmax" else "LogSoftmax", ins, [out], axis=ints[0])
+    elif op in _REDUCE:
+        axes, keep = _axes(ints[0], len(in_metas[0][1])), ints[1]
         if op == "sum":
-            b.node(onnx_op, [ins[0], b.ints(axes)], [out], keepdims=keep)
+            b.node("ReduceSum", [ins[0], b.ints(axes)], [out], keepdims=keep)
         else:
-            b.node(onnx_op, ins, [out], axes=axes, keepdims=keep)
+            b.node(_REDUCE[op], ins, [out], axes=axes, keepdims=keep)
+    elif op in ("var", "std"):  # mean((x - mean(x))^2) * n / (n - correction)
+        shape, dt = in_metas[0][1], _np_dtype(metas[0][0])
+        axes = _axes(ints[0], len(shape))
+        n = int(np.prod([shape[d] for d in axes]))
+        d = b.node("Sub", [ins[0], b.node("ReduceMean", ins, axes=axes, keepdims=1)])
+        m = b.node("ReduceMean", [b.node("Mul", [d, d])], axes=axes, keepdims=ints[1])
+        v = b.node("Mul", [m, b.const(np.asarray(n / max(n - ints[2], 0) if n > ints[2] else np.nan, dt))])
+        b.node("Sqrt" if op == "std" else "Identity", [v], [out])
+    elif op in ("argmax", "argmin"):
+        shape = in_metas[0][1]
+        axes = _axes(ints[0], len(shape))
+        onnx_op = "ArgMax" if op == "argmax" else "ArgMin"
+        if len(axes) == 1 and len(shape) > 0:
+            b.node(onnx_op, ins, [out], axis=axes[0], keepdims=ints[1])
+        else:  # the flattened tensor
+            flat = b.node(onnx_op, [b.node("Reshape", [ins[0], b.ints([-1])])], axis=0, keepdims=0)
+            b.node("Reshape", [flat, b.ints(metas[0][1])], [out])
     elif op == "slice":
         ndim = len(metas[0][1])
         starts, steps, lengths = ints[0:ndim], ints[8:8 + ndim], ints[16:16 + ndim]
         ends = [s + st * n if (s + st * n) >= 0 else -(2 ** 62) for s, st, n in zip(starts, steps, lengths)]
         b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(list(range(ndim))), b.ints(steps)], [out])
+    elif op == "gather":
+        b.node("Gather", ins, [out], axis=ints[0])
+    elif op in ("full", "arange", "linspace", "eye"):  # constants: their values as initializers
+        dt, shape = _dtype_of_code(ints[0]), metas[0][1]
+        if op == "full":
+            value = np.full(shape, floats[0], dtype=dt)
+        elif op == "arange":
+            value = (floats[0] + floats[1] * np.arange(ints[1], dtype=np.float64)).astype(dt)
+        elif op == "linspace":
+            value = np.linspace(floats[0], floats[1], ints[1], dtype=np.float64).astype(dt)
+        else:
+            value = np.eye(ints[1], ints[2], dtype=dt)
+        b.node("Identity", [b.const(value, op)], [out])
+    elif op == "if":  # (pred, x..., lifted...): both branches read x... and lifted... by name
+        branches = []
+        for k, label in ((ints[0], "then"), (ints[1], "else")):
+            child, names, out_metas = sub(k, ins[1:])
+            finals = [child.node("Identity", [n]) for n in names]  # a branch's outputs are its own values
+            branches.append(b.h.make_graph(child.nodes, b.fresh(label), [],
+                                           [child.value_info(n, m) for n, m in zip(finals, out_metas)], child.inits))
+        cond = b.node("Cast", [ins[0]], to=b.onnx.TensorProto.BOOL)
+        b.node("If", [cond], list(outs), then_branch=branches[0], else_branch=branches[1])
+    elif op == "while":  # (v..., lifted...) -> final v...: cond once before, then after each body
+        nv = len(outs)
+        carried, lifted = ins[:nv], ins[nv:]
+        parent_cond, _, _ = sub(ints[0], carried + lifted, into=b)
+        first = b.node("Cast", parent_cond, to=b.onnx.TensorProto.BOOL)
+        body_ins = [b.fresh("v") for _ in carried]
+        child, nexts, next_metas = sub(ints[1], body_ins + lifted)
+        cond_names, _, _ = sub(ints[0], nexts + lifted, into=child)
+        cond_out = child.node("Cast", cond_names, to=b.onnx.TensorProto.BOOL)
+        finals = [child.node("Identity", [n]) for n in nexts]
+        it, cond_in = b.fresh("iter"), b.fresh("cond")
+        body = b.h.make_graph(
+            child.nodes, b.fresh("body"),
+            [b.h.make_tensor_value_info(it, b.onnx.TensorProto.INT64, []),
+             b.h.make_tensor_value_info(cond_in, b.onnx.TensorProto.BOOL, [])]
+            + [child.value_info(n, m) for n, m in zip(body_ins, in_metas[:nv])],
+            [b.h.make_tensor_value_info(cond_out, b.onnx.TensorProto.BOOL, [])]
+            + [child.value_info(n, m) for n, m in zip(finals, next_metas)], child.inits)
+        b.node("Loop", ["", first] + carried, list(outs), body=body)
     else:
-        raise NotImplementedError(f"kiln.export(ONNX): the op {op!r} has no ONNX form here yet")
+        raise OnnxExportError(f"kiln.export(ONNX): the op {op!r} has no ONNX form here (ops with one: "
+                              f"{', '.join(SUPPORTED)})")
+
+
+def _emit_graph(b, graph, path, in_names):
+    """Emits the (sub)graph at path with its inputs named in_names into b; returns its outputs'
+    names and metas."""
+    inputs, captures, nodes, outputs, _ = graph.structure(tuple(path))
+    prefix = b.fresh("g") + "_" if path else ""  # each emission of a subgraph names its values anew
+    names = {vid: name for (vid, _), name in zip(inputs, in_names)}
+    metas = {vid: m for vid, m in inputs}
+    for vid, tensor in captures:
+        names[vid] = b.const(tensor.asnumpy(), "param")
+        metas[vid] = (tensor.dtype, tuple(tensor.shape))
+    for op, ins, outs, ints, floats, out_metas in nodes:
+        for vid, m in zip(outs, out_metas):
+            names[vid], metas[vid] = f"{prefix}v{vid}", m
+
+        def sub(index, sub_in_names, into=None):
+            child = into if into is not None else b.child()
+            sub_outs, sub_metas = _emit_graph(child, graph, tuple(path) + (index,), sub_in_names)
+            return (sub_outs, sub_metas, None) if into is not None else (child, sub_outs, sub_metas)
+
+        _emit(b, op, [names[v] for v in ins], [names[v] for v in outs], ints, floats, out_metas,
+              [metas[v] for v in ins], sub)
+    return [names[v] for v in outputs], [metas[v] for v in outputs]
 
 
 def export_graph(graph, input_names, output_names, file_name):
@@ -99,35 +248,16 @@ def export_graph(graph, input_names, output_names, file_name):
         import onnx
     except ImportError:
         raise ImportError("kiln.export(file_format='ONNX') needs the onnx package (pip install onnx)") from None
-    inputs, captures, nodes, outputs, nsub = graph.structure()
-    if nsub:
-        raise NotImplementedError("kiln.export(ONNX): graphs with control flow (if/while subgraphs) are not exported")
     b = _Builder(onnx)
-    h = onnx.helper
-    names = {}
-    graph_inputs = []
-    for (vid, (dtype, shape)), name in zip(inputs, input_names):
-        names[vid] = name
-        graph_inputs.append(h.make_tensor_value_info(name, h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(dtype))),
-                                                     list(shape)))
-    for vid, tensor in captures:
-        names[vid] = b.const(tensor.asnumpy(), "param")
-    metas = {}
-    for op, ins, outs, ints, floats, out_metas in nodes:
-        for vid in outs:
-            names[vid] = f"v{vid}"
-        for vid, m in zip(outs, out_metas):
-            metas[vid] = m
-        _emit(b, op, [names[v] for v in ins], [names[v] for v in outs], ints, floats, out_metas)
+    inputs = graph.structure()[0]
+    graph_inputs = [b.value_info(name, meta) for (_, meta), name in zip(inputs, input_names)]
+    outs, metas = _emit_graph(b, graph, (), list(input_names))
     graph_outputs = []
-    for vid, name in zip(outputs, output_names):
-        src = names[vid]
+    for src, name, meta in zip(outs, output_names, metas):
         b.node("Identity", [src], [name])
-        dtype, shape = metas[vid] if vid in metas else dict(inputs)[vid]
-        graph_outputs.append(h.make_tensor_value_info(name, h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(dtype))),
-                                                      list(shape)))
-    model = h.make_model(h.make_graph(b.nodes, "kiln", graph_inputs, graph_outputs, b.inits),
-                         opset_imports=[h.make_opsetid("", OPSET)], producer_name="kiln")
+        graph_outputs.append(b.value_info(name, meta))
+    model = onnx.helper.make_model(onnx.helper.make_graph(b.nodes, "kiln", graph_inputs, graph_outputs, b.inits),
+                                   opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="kiln")
     onnx.checker.check_model(model)
     onnx.save(model, file_name)
     return model
