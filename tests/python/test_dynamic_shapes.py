@@ -283,3 +283,77 @@ def test_explain_shows_the_symbols_and_shape_guards_of_a_dynamic_entry():
     guards = report.graphs[0][1]
     assert "size s0: input0.shape[0] = input1.shape[0] >= 2" in guards
     assert "shapes: s0 > 3" in guards
+
+
+def test_ast_tensor_control_flow_rebinds_its_bodies():
+    def fn(x, w):
+        h = ops.reshape(x, (x.shape[0] * x.shape[1], -1))
+        if h.sum() > 0:
+            y = ops.softmax(h @ w, -1) * 2
+        else:
+            y = (h @ w).mean(0, keepdims=True) - h.sum(-1, keepdims=True)
+        n = x.sum() * 0
+        while n < 3:
+            y = y * 0.5 + 1
+            n = n + 1
+        return y.sum(0), y
+
+    f = kiln.jit(fn, dynamic=True)  # capture_mode="ast": the if and the while are graph nodes
+    for b, s in ((2, 3), (3, 5), (5, 2), (2, 7), (7, 5)):
+        x, w = T(b, s, 10), T(10, 11)
+        for g, e in zip(f(x, w), fn(x, w)):
+            close(g, e.asnumpy(), 1e-5)
+    info = f.cache_info()
+    assert info.compiles == 1 and info.instances == 4, info
+    assert "if" in f.graph_str(x, w) and "while" in f.graph_str(x, w)
+
+
+def test_a_size_used_inside_an_ast_branch_specializes():
+    def fn(x):
+        if x.sum() > 0:
+            y = ops.reshape(x, (x.shape[0], -1)) * 2
+        else:
+            y = ops.reshape(x, (x.shape[0], -1)) - 1
+        return y
+
+    f = kiln.jit(fn, dynamic=True)
+    for n in (3, 4, 3, 5):
+        x = T(n, 2, 2)
+        close(f(x), fn(x).asnumpy())
+    info = f.cache_info()
+    assert info.compiles == 3 and info.instances == 0, info
+    # the body's reshape records no size expression: its size is fixed, with the other size symbolic
+    assert info.dynamic[0]["symbols"]["s0"] == "input0.shape[0] == 3 (specialized: reshape)", info.dynamic
+
+
+def test_two_threads_capture_dynamically_at_once():
+    import threading
+    import time
+
+    def body(x):
+        b, s = x.shape
+        return ops.softmax(ops.reshape(x, (s, b)) * 2, -1).sum(0)
+
+    def fn(x):
+        time.sleep(0.2)  # runs only while capturing: both threads' captures overlap
+        return body(x)
+
+    f = kiln.jit(fn, dynamic=True, capture_mode="trace")
+    errors = []
+
+    def work(sizes):
+        try:
+            for n in sizes:
+                x = T(3, n)
+                close(f(x), body(x).asnumpy(), 1e-5)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(sizes,)) for sizes in ((4, 5, 6, 7), (8, 9, 10, 11))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    info = f.cache_info()  # each capture kept its own symbols: the later sizes are instances
+    assert info.compiles <= 2 and info.instances == 8 - info.compiles, info
