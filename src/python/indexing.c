@@ -117,6 +117,12 @@ static int parse_key(PyObject *key, parsed_key *p) {
 
 /* mp_subscript: x[key] */
 PyObject *pykiln_tensor_getitem(PyObject *self, PyObject *key) {
+    if (pykiln_sym_hooked()) { /* a dynamic capture: the slice's bounds follow the symbols */
+        PyObject *args = PyTuple_Pack(2, self, key);
+        PyObject *sym = args ? pykiln_sym_call("getitem", args, true) : NULL;
+        Py_XDECREF(args);
+        if (sym || PyErr_Occurred()) return sym;
+    }
     parsed_key p;
     kiln_tensor *out = NULL;
     PyObject *result = NULL;

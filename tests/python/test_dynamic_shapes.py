@@ -357,3 +357,25 @@ def test_two_threads_capture_dynamically_at_once():
     assert not errors, errors
     info = f.cache_info()  # each capture kept its own symbols: the later sizes are instances
     assert info.compiles <= 2 and info.instances == 8 - info.compiles, info
+
+
+INDEXING = {
+    "x[:, :n - 1]": (lambda x: x[:, : x.shape[1] - 1] * 2, 1),
+    "x[..., -1]": (lambda x: x[..., -1] * 2, 1),
+    "x[None, 1:]": (lambda x: x[None, 1:] + 1, 1),
+    "x[1:-1, ::2]": (lambda x: x[1:-1, ::2] - 1, 1),
+    "x[-2]": (lambda x: x[-2] * 3, 1),
+    "x[:, n // 2:, None]": (lambda x: x[:, x.shape[1] // 2 :, None] * 2, 1),
+    "x[:, :3] (clamped at 2)": (lambda x: x[:, :3] * 2, 2),  # 3 <= s1 is a guard: size 2 breaks it
+    "x[ints tensor]": (lambda x: x[kiln.Tensor(np.array([0, 1]))] * 2, 4),  # index tensors specialize
+}
+
+
+@pytest.mark.parametrize("name", sorted(INDEXING))
+def test_indexing_rebinds_from_symbolic_bounds(name):
+    fn, compiles = INDEXING[name]
+    f = kiln.jit(fn, dynamic=True)
+    for shape in ((4, 5), (6, 7), (3, 2), (5, 9)):
+        x = T(*shape)
+        close(f(x), fn(x).asnumpy())
+    assert f.cache_info().compiles == compiles, f.cache_info()

@@ -10,7 +10,9 @@ While the function is captured, a traced tensor's shape gives SymInts for its sy
 (an input's directly; an intermediate's found by rebinding the graph recorded so far to other
 sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *, //, %) stays
 symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
-follow the symbols. A comparison of a SymInt records a guard (the relation and its outcome: a
+follow the symbols, and so does indexing (x[key] with ints, slices of a positive step, None and
+...: the slice's bounds and the view's sizes are expressions, each clamp and bounds check a guard;
+a key with index tensors specializes what it depends on). A comparison of a SymInt records a guard (the relation and its outcome: a
 branch on a shape); using one as a plain int anywhere else (a scalar in arithmetic with a tensor,
 a shape given to another op, range(), float()) specializes its symbols: the entry then covers only
 their captured sizes. Nothing derived from a symbolic size is baked in without a guard.
@@ -332,6 +334,8 @@ class Capture:
                     if d != -1:
                         self.sets.append((node, k, 1, d) if d >= 0 else (node, k, 2, 0))
             return None
+        if op == "getitem":
+            return self._getitem(*args)
         x = args[0]
         before = self.tracer.count()
         if op == "narrow":
@@ -367,6 +371,109 @@ class Capture:
             else:
                 self.sets.append((node, k, 0, e))
         return result
+
+    def _getitem(self, x, key):
+        """x[key] with the bounds of its slice (and the sizes of the reshape that drops int axes and
+        adds None axes) as expressions of the symbols, each clamp or bounds check a guard. A key
+        with index tensors or a negative step, or an x whose sizes the capture cannot follow,
+        specializes the symbols the indexing depends on."""
+        items = key if isinstance(key, tuple) else (key,)
+        concrete = tuple(slice(_value(i.start), _value(i.stop), _value(i.step)) if isinstance(i, slice)
+                         else _value(i) for i in items)
+        exprs = self._shape_exprs(x) if isinstance(x, _C.TensorBase) else None
+        before = self.tracer.count()
+        result = x[concrete if isinstance(key, tuple) else concrete[0]]
+        plan = None if exprs is None else self._index_plan(exprs, items)
+        made = self.tracer.count() - before
+        slice_node = before if made in (1, 2) and self.tracer.node_of(result) == before + made - 1 else None
+        if plan is not None and slice_node is not None:
+            starts, lengths, view = plan
+            shape = tuple(evaluate(e, self.values) for e in view)
+            if shape == tuple(_C.raw_shape(result)) and (made == 2) == (len(view) != len(lengths) or any(
+                    a != b for a, b in zip(view, lengths))):
+                for d, (st, ln) in enumerate(zip(starts, lengths)):
+                    self.sets.append((slice_node, d, 0, st))
+                    self.sets.append((slice_node, 2 * 8 + d, 0, ln))
+                if made == 2:
+                    self.sets.extend((slice_node + 1, k, 0, e) for k, e in enumerate(view))
+                return result
+        for e in (exprs or ()):  # what the indexing depends on stays at its captured size
+            self.specialize(e, "indexing")
+        for i in items:
+            for part in ((i.start, i.stop, i.step) if isinstance(i, slice) else (i,)):
+                if isinstance(part, SymInt):
+                    part.specialize("indexing")
+        return result
+
+    def _index_plan(self, sizes, items):
+        """(per axis of x its slice start and length, the view's sizes) as expressions for a key of
+        ints, slices with a positive step, None and ..., recording the guards the clamps assumed; or
+        None for another key."""
+        def ok(v):
+            return v is None or isinstance(v, SymInt) or (isinstance(v, int) and not isinstance(v, bool))
+
+        for i in items:
+            if isinstance(i, slice):
+                if not (ok(i.start) and ok(i.stop) and ok(i.step)) or _value(i.step) is not None and (
+                        isinstance(i.step, SymInt) or i.step <= 0):
+                    return None
+            elif not (i is None or i is Ellipsis or (ok(i) and i is not None)):
+                return None
+        used = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if used > len(sizes) or sum(1 for i in items if i is Ellipsis) > 1:
+            return None
+        full = slice(None, None, None)
+        expanded = []
+        for i in items:
+            expanded.extend([full] * (len(sizes) - used) if i is Ellipsis else [i])
+        if Ellipsis not in items:
+            expanded.extend([full] * (len(sizes) - used))
+        starts, lengths, view, d = [], [], [], 0
+        for i in expanded:
+            if i is None:
+                view.append(_const(1))
+                continue
+            size = sizes[d]
+            d += 1
+            if isinstance(i, slice):
+                step = 1 if i.step is None else i.step
+                lo = self._bound(i.start, size, _const(0))
+                hi = self._bound(i.stop, size, size)
+                if self._holds("<", lo, hi):
+                    n = _binop("-", hi, lo) if step == 1 else _binop(
+                        "+", _binop("//", _binop("-", _binop("-", hi, lo), _const(1)), _const(step)), _const(1))
+                    starts.append(lo)
+                else:
+                    n = _const(0)
+                    starts.append(_const(0))
+                lengths.append(n)
+                view.append(n)
+                continue
+            e = _expr_of(i)
+            if evaluate(e, self.values) < 0:
+                e = _binop("+", size, e)
+            if not (self._holds(">=", e, _const(0)) and self._holds("<", e, size)):
+                return None  # out of bounds: the C lowering raises the error
+            starts.append(e)
+            lengths.append(_const(1))
+        return starts, lengths, view
+
+    def _holds(self, op, lhs, rhs):
+        """Whether lhs op rhs at the captured sizes; a guard when either side is symbolic."""
+        outcome = _COMPARE[op](evaluate(lhs, self.values), evaluate(rhs, self.values))
+        if lhs[0] != "c" or rhs[0] != "c":
+            self.guard(op, lhs, rhs, outcome)
+        return outcome
+
+    def _bound(self, v, size, default):
+        """A slice bound clamped to [0, size] as Python does (positive step), as an expression."""
+        if v is None:
+            return default
+        e = _expr_of(v)
+        if evaluate(e, self.values) < 0:
+            e = _binop("+", size, e)
+            return e if self._holds(">=", e, _const(0)) else _const(0)
+        return e if self._holds("<=", e, size) else size
 
     def _new_node(self, before, result):
         """The node the shape function just recorded, or None when it recorded none or several."""
