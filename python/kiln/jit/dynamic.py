@@ -13,9 +13,12 @@ symbolic, and reshape, broadcast_to and narrow given SymInts record how their no
 follow the symbols, and so does indexing (x[key] with ints, slices of a positive step, None and
 ...: the slice's bounds and the view's sizes are expressions, each clamp and bounds check a guard;
 a key with index tensors specializes what it depends on). A comparison of a SymInt records a guard (the relation and its outcome: a
-branch on a shape); using one as a plain int anywhere else (a scalar in arithmetic with a tensor,
-a shape given to another op, range(), float()) specializes its symbols: the entry then covers only
-their captured sizes. Nothing derived from a symbolic size is baked in without a guard.
+branch on a shape; abs() too); divmod, floor, ceil, round and isinstance(n, int) stay symbolic as
+well. Using one as a plain int anywhere else (a scalar in arithmetic with a tensor, a shape given to
+another op, range(), int(), float(), math functions, a list index, bitwise operators, str() or an
+f-string) specializes its symbols: the entry then covers only their captured sizes (SymInt's
+docstring says why it is not an int subclass). Nothing derived from a symbolic size is baked in
+without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
@@ -27,6 +30,7 @@ A binding the graph does not hold for (a node that keeps sizes with none given, 
 fails, an intermediate shape read that would differ) compiles a new entry.
 """
 import collections
+import operator
 import weakref
 
 from .. import _C
@@ -120,9 +124,20 @@ def _binop(op, a, b):
 
 class SymInt:
     """A size while a dynamic capture records: its value at the capture and the expression over the
-    symbols it came from (see the module's docstring for what each use records)."""
+    symbols it came from (see the module's docstring for what each use records).
+
+    Not a subclass of int, on purpose: C code (CPython's, NumPy's, kiln's own argument parsing)
+    reads an int subclass's stored value directly, without calling __index__, so every such use
+    would bake the captured size into the graph with no guard. As it is, each use as an int goes
+    through __index__ / __int__ / __float__ and specializes the symbols (the entry then covers only
+    their captured sizes: range(n), int(n), math functions, a list index all behave as in eager).
+    isinstance(n, int) is true, as in eager (through __class__); only type(n) is SymInt."""
 
     __slots__ = ("expr", "value", "_capture")
+
+    @property
+    def __class__(self):  # isinstance(n, int) and numbers.Integral checks take the int path
+        return int
 
     def __init__(self, expr, value, capture):
         self.expr, self.value, self._capture = expr, value, capture
@@ -156,6 +171,39 @@ class SymInt:
     __floordiv__, __rfloordiv__ = _arith("//"), _arith("//", True)
     __mod__, __rmod__ = _arith("%"), _arith("%", True)
     del _arith
+
+    def __divmod__(self, o):
+        return self // o, self % o
+
+    def __rdivmod__(self, o):
+        return o // self, o % self
+
+    def _as_int(op, swap=False):  # bitwise operators: the size is used as an int
+        def f(self, o):
+            v = self.specialize("used as an int")
+            return op(o, v) if swap else op(v, o)
+        return f
+
+    __and__, __rand__ = _as_int(operator.and_), _as_int(operator.and_, True)
+    __or__, __ror__ = _as_int(operator.or_), _as_int(operator.or_, True)
+    __xor__, __rxor__ = _as_int(operator.xor), _as_int(operator.xor, True)
+    __lshift__, __rlshift__ = _as_int(operator.lshift), _as_int(operator.lshift, True)
+    __rshift__, __rrshift__ = _as_int(operator.rshift), _as_int(operator.rshift, True)
+    del _as_int
+
+    def __invert__(self):
+        return ~self.specialize("used as an int")
+
+    def __abs__(self):  # |n| is n or -n: which one is a guard
+        return self if self >= 0 else -self
+
+    def __round__(self, ndigits=None):  # an int rounds, truncates, floors and ceils to itself
+        return self if ndigits is None or ndigits >= 0 else round(self.specialize("round()"), ndigits)
+
+    def __trunc__(self):
+        return self
+
+    __floor__ = __ceil__ = __trunc__
 
     def __neg__(self):
         return self._wrap(_binop("-", _const(0), self.expr))
@@ -206,8 +254,10 @@ class SymInt:
     def __hash__(self):
         return hash(self.specialize("hashed"))
 
-    def __repr__(self):
-        return repr(self.value)
+    def __repr__(self):  # text made from a size (f"{n}", str(n), printing it) holds its value
+        return repr(self.specialize("made into text"))
+
+    __str__ = __repr__
 
     def __getattr__(self, name):  # the rest of int's interface (bit_length, to_bytes, ...): as an int
         if name.startswith("__"):
@@ -215,7 +265,7 @@ class SymInt:
         return getattr(self.specialize(f"int.{name}"), name)
 
     def __format__(self, spec):
-        return format(self.value, spec)
+        return format(self.specialize("made into text"), spec)
 
 
 _COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
