@@ -12,8 +12,8 @@ sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *
 symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
 follow the symbols, and so does indexing (x[key] with ints, slices of a positive step, None and
 ...: the slice's bounds and the view's sizes are expressions, each clamp and bounds check a guard;
-a key with index tensors specializes what it depends on). A comparison of a SymInt records a guard (the relation and its outcome: a
-branch on a shape; abs() too); divmod, floor, ceil, round and isinstance(n, int) stay symbolic as
+a key with index tensors specializes what it depends on). A comparison of a SymInt records a guard
+(the relation and its outcome: a branch on a shape; abs() too); divmod, floor, ceil, round and isinstance(n, int) stay symbolic as
 well. Using one as a plain int anywhere else (a scalar in arithmetic with a tensor, a shape given to
 another op, range(), int(), float(), math functions, a list index, bitwise operators, str() or an
 f-string) specializes its symbols: the entry then covers only their captured sizes (SymInt's
