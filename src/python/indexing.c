@@ -140,6 +140,13 @@ int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value) {
         PyErr_SetString(PyExc_TypeError, "tensor elements can't be deleted");
         return -1;
     }
+    if (pykiln_sym_hooked()) { /* a dynamic capture: the slice's bounds follow the symbols */
+        PyObject *args = PyTuple_Pack(3, self, key, value);
+        PyObject *sym = args ? pykiln_sym_call("setitem", args, true) : NULL;
+        Py_XDECREF(args);
+        Py_XDECREF(sym);
+        return sym ? 0 : -1;
+    }
     kiln_tensor *x = pykiln_unwrap(self), *v = NULL;
     if (pykiln_is_tensor(value)) {
         kiln_tensor_retain(v = pykiln_unwrap(value));

@@ -412,3 +412,21 @@ def test_indexing_rebinds_from_symbolic_bounds(name):
         x = T(*shape)
         close(f(x), fn(x).asnumpy())
     assert f.cache_info().compiles == compiles, f.cache_info()
+
+
+@pytest.mark.parametrize("mode", ["ast", "trace"])
+def test_index_assignment_rebinds_from_symbolic_bounds(mode):
+    def fn(x, v):
+        y = x * 1
+        y[:, 1:] = v[:, : v.shape[1] - 1]  # a tensor of the slice's shape
+        y[0] = 5.0  # a number: expanded and reshaped to the slice
+        y[..., -1] = v[:, 0]  # reshaped to the slice
+        y[1:, None, :2] = y[:1, None, -2:] * 2
+        return y
+
+    f = kiln.jit(fn, dynamic=True, capture_mode=mode)
+    for shape in ((3, 4), (5, 6), (4, 7), (2, 3)):
+        x, v = T(*shape), T(*shape)
+        close(f(x, v), fn(x, v).asnumpy())
+    info = f.cache_info()
+    assert info.compiles == 1 and info.instances == 3, info

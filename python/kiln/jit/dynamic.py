@@ -10,15 +10,15 @@ While the function is captured, a traced tensor's shape gives SymInts for its sy
 (an input's directly; an intermediate's found by rebinding the graph recorded so far to other
 sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *, //, %) stays
 symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
-follow the symbols, and so does indexing (x[key] with ints, slices of a positive step, None and
-...: the slice's bounds and the view's sizes are expressions, each clamp and bounds check a guard;
-a key with index tensors specializes what it depends on). A comparison of a SymInt records a guard
-(the relation and its outcome: a branch on a shape; abs() too); divmod, floor, ceil, round and isinstance(n, int) stay symbolic as
-well. Using one as a plain int anywhere else (a scalar in arithmetic with a tensor, a shape given to
-another op, range(), int(), float(), math functions, a list index, bitwise operators, str() or an
-f-string) specializes its symbols: the entry then covers only their captured sizes (SymInt's
-docstring says why it is not an int subclass). Nothing derived from a symbolic size is baked in
-without a guard.
+follow the symbols; so does indexing (x[key] and x[key] = value with ints, slices of a positive
+step, None and ...: the slice's bounds and the view's sizes are expressions, each clamp and bounds
+check a guard; a key with index tensors specializes what it depends on). A comparison of a SymInt
+records a guard (the relation and its outcome: a branch on a shape; abs() too); divmod, floor,
+ceil, round and isinstance(n, int) stay symbolic as well. Using one as a plain int anywhere else (a
+scalar in arithmetic with a tensor, a shape given to another op, range(), int(), float(), math
+functions, a list index, bitwise operators, str() or an f-string) specializes its symbols: the
+entry then covers only their captured sizes (SymInt's docstring says why it is not an int
+subclass). Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
@@ -386,6 +386,8 @@ class Capture:
             return None
         if op == "getitem":
             return self._getitem(*args)
+        if op == "setitem":
+            return self._setitem(*args)
         x = args[0]
         before = self.tracer.count()
         if op == "narrow":
@@ -427,12 +429,10 @@ class Capture:
         adds None axes) as expressions of the symbols, each clamp or bounds check a guard. A key
         with index tensors or a negative step, or an x whose sizes the capture cannot follow,
         specializes the symbols the indexing depends on."""
-        items = key if isinstance(key, tuple) else (key,)
-        concrete = tuple(slice(_value(i.start), _value(i.stop), _value(i.step)) if isinstance(i, slice)
-                         else _value(i) for i in items)
-        exprs = self._shape_exprs(x) if isinstance(x, _C.TensorBase) else None
+        items, concrete = _key_items(key)
+        exprs = self._shape_exprs(x)
         before = self.tracer.count()
-        result = x[concrete if isinstance(key, tuple) else concrete[0]]
+        result = x[concrete]
         plan = None if exprs is None else self._index_plan(exprs, items)
         made = self.tracer.count() - before
         slice_node = before if made in (1, 2) and self.tracer.node_of(result) == before + made - 1 else None
@@ -447,13 +447,49 @@ class Capture:
                 if made == 2:
                     self.sets.extend((slice_node + 1, k, 0, e) for k, e in enumerate(view))
                 return result
-        for e in (exprs or ()):  # what the indexing depends on stays at its captured size
+        self._specialize_index(exprs, items)
+        return result
+
+    def _setitem(self, x, key, value):
+        """x[key] = value, its nodes following the symbols as _getitem's do: the slice_assign's
+        bounds, and the sizes of the expand and reshape that fit the value to the slice (the C
+        lowering makes each only when the value's shape differs from the view's, the slice's)."""
+        items, concrete = _key_items(key)
+        exprs = self._shape_exprs(x)
+        before = self.tracer.count()
+        x[concrete] = value
+        plan = None if exprs is None else self._index_plan(exprs, items)
+        made = self.tracer.count() - before
+        if plan is not None and made >= 1 and self.tracer.node_of(x) == before + made - 1 and (
+                isinstance(value, (_C.TensorBase, int, float))):
+            starts, lengths, view = plan
+            shape = tuple(_C.raw_shape(value)) if isinstance(value, _C.TensorBase) else ()
+            nodes = []
+            if shape != tuple(evaluate(e, self.values) for e in view) and len(shape) <= len(view):
+                nodes.append(view)
+                shape = tuple(evaluate(e, self.values) for e in view)
+            if shape != tuple(evaluate(e, self.values) for e in lengths):
+                nodes.append(lengths)
+            if len(nodes) == made - 1:
+                node = before
+                for sizes in nodes:
+                    self.sets.extend((node, k, 0, e) for k, e in enumerate(sizes))
+                    node += 1
+                for d, (st, ln) in enumerate(zip(starts, lengths)):
+                    self.sets.append((node, d, 0, st))
+                    self.sets.append((node, 2 * 8 + d, 0, ln))
+                return None
+        self._specialize_index(exprs, items)
+        return None
+
+    def _specialize_index(self, exprs, items):
+        """What an indexing the capture cannot follow depends on stays at its captured size."""
+        for e in (exprs or ()):
             self.specialize(e, "indexing")
         for i in items:
             for part in ((i.start, i.stop, i.step) if isinstance(i, slice) else (i,)):
                 if isinstance(part, SymInt):
                     part.specialize("indexing")
-        return result
 
     def _index_plan(self, sizes, items):
         """(per axis of x its slice start and length, the view's sizes) as expressions for a key of
@@ -585,6 +621,14 @@ class Capture:
 
     def __exit__(self, *exc):
         _C.set_sym_hooks(None, None, None)
+
+
+def _key_items(key):
+    """(the items of an index key, the key with each SymInt given as its captured size)."""
+    items = key if isinstance(key, tuple) else (key,)
+    concrete = tuple(slice(_value(i.start), _value(i.stop), _value(i.step)) if isinstance(i, slice)
+                     else _value(i) for i in items)
+    return items, concrete if isinstance(key, tuple) else concrete[0]
 
 
 def _expr_of(x):
