@@ -5,6 +5,8 @@
  * threads can capture dynamically at once. Reference notes: the hooks are owned here. */
 #include "pykiln.h"
 
+#include "core/hooks.h"
+
 static _Thread_local PyObject *shape_hook, *call_hook, *sym_type;
 static _Thread_local bool in_call; /* the call hook runs the function itself: not again */
 
@@ -26,6 +28,7 @@ static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     Py_CLEAR(call_hook);
     Py_CLEAR(sym_type);
     if (!none) shape_hook = Py_NewRef(sh), call_hook = Py_NewRef(ch), sym_type = Py_NewRef(ty);
+    kiln_thread.trace_symbolic = !none;
     Py_RETURN_NONE;
 }
 

@@ -18,7 +18,10 @@ ceil, round and isinstance(n, int) stay symbolic as well. Using one as a plain i
 scalar in arithmetic with a tensor, a shape given to another op, range(), int(), float(), math
 functions, a list index, bitwise operators, str() or an f-string) specializes its symbols: the
 entry then covers only their captured sizes (SymInt's docstring says why it is not an int
-subclass). Nothing derived from a symbolic size is baked in without a guard.
+subclass). A backward pass (value_and_grad of a jitted function, or one inside it) stays symbolic:
+its gradient rules count elements with ops, and a rebinding gives its reshape, expand, full and
+slice_assign nodes the sizes of the forward values they were recorded from (KILN_ATTR_SET_FOLLOW).
+Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
@@ -295,6 +298,8 @@ class Capture:
         self.sets = []  # (node, attr index, kind, expression or int)
         self.reads = []  # (value, expressions) of intermediate shapes Python read
         self._read_cache = {}
+        self.backward_from = None  # the first node a backward pass recorded
+        self.nodes = None  # the recorded graph's node count, once the trace has ended
 
     # bookkeeping
     def guard(self, op, lhs, rhs, outcome):
@@ -372,9 +377,9 @@ class Capture:
             return None
 
     def call_hook(self, op, args):
-        if op == "backward":  # gradient rules bake sizes into constants (mean's 1/n): no symbol survives
-            for k in range(len(self.values)):
-                self.specialize(("s", k), "a backward pass")
+        if op == "backward":  # the gradient rules' nodes from here on follow the forward's sizes
+            if self.backward_from is None:
+                self.backward_from = self.tracer.count()
             return None
         if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
             x, out, src = args
@@ -572,6 +577,9 @@ class Capture:
     def rebind(self, graph, values):
         shapes = [tuple(evaluate(e, values) for e in exprs) for exprs in self.input_exprs]
         sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
+        if self.backward_from is not None:  # a gradient rule's reshape, expand, full, slice_assign
+            end = self.tracer.count() if self.nodes is None else self.nodes
+            sets.extend((n, 0, 3, 0) for n in range(self.backward_from, end))
         return graph.rebind(shapes, sets)
 
     def bind(self, leaves):
@@ -718,6 +726,7 @@ class DynamicEntry:
         self.options = options
         self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
         self.fast = None  # the C dispatcher's number for this entry, once registered
+        capture.nodes = len(graph.structure()[2])
         capture.tracer = None  # the trace has ended; keep no reference to it
 
     @property
