@@ -119,9 +119,10 @@ bool pykiln_sym_hooked(void);
  * whose size k is x's size src[k], 1 (src -1) or the rest of x's elements (-2): how the node
  * follows the symbols. Releases out and returns NULL when the hook fails. */
 PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n);
-/* Tells the hook that a backward pass is about to run (its gradient rules put sizes into constants
- * no rebinding follows); -1 with an exception set when the hook failed. */
-int pykiln_sym_note_backward(void);
+/* Tells the hook that a backward pass is about to run (done false) or has recorded its nodes (done
+ * true): a rebinding makes those nodes follow the forward's sizes; -1 with an exception set when
+ * the hook failed. */
+int pykiln_sym_note_backward(bool done);
 int pykiln_sym_hooks_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);

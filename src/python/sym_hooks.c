@@ -14,7 +14,8 @@ static _Thread_local bool in_call; /* the call hook runs the function itself: no
  * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
  * and 2 (len()); call_hook(op name, args) serves reshape and broadcast_to when an argument is a
  * sym_type, narrow, getitem (x[key]: (x, key)) and setitem (x[key] = value: (x, key, value)) always, and hears of the reshapes flatten, squeeze and unsqueeze make
- * ("derived", (x, out, sources)) and of a backward pass ("backward", ()). */
+ * ("derived", (x, out, sources)) and of a backward pass ("backward", () as it starts,
+ * "backward_done" when it has recorded its nodes). */
 static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *sh, *ch, *ty;
@@ -69,9 +70,9 @@ PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n) 
     return out;
 }
 
-int pykiln_sym_note_backward(void) {
+int pykiln_sym_note_backward(bool done) {
     if (!call_hook) return 0;
-    PyObject *r = PyObject_CallFunction(call_hook, "s()", "backward");
+    PyObject *r = PyObject_CallFunction(call_hook, "s()", done ? "backward_done" : "backward");
     Py_XDECREF(r);
     return r ? 0 : -1;
 }

@@ -298,8 +298,8 @@ class Capture:
         self.sets = []  # (node, attr index, kind, expression or int)
         self.reads = []  # (value, expressions) of intermediate shapes Python read
         self._read_cache = {}
-        self.backward_from = None  # the first node a backward pass recorded
-        self.nodes = None  # the recorded graph's node count, once the trace has ended
+        self.backward_nodes = set()  # the nodes backward passes recorded (their gradient rules')
+        self._backward_starts = []
 
     # bookkeeping
     def guard(self, op, lhs, rhs, outcome):
@@ -377,9 +377,11 @@ class Capture:
             return None
 
     def call_hook(self, op, args):
-        if op == "backward":  # the gradient rules' nodes from here on follow the forward's sizes
-            if self.backward_from is None:
-                self.backward_from = self.tracer.count()
+        if op == "backward":  # the gradient rules' nodes follow the forward's sizes
+            self._backward_starts.append(self.tracer.count())
+            return None
+        if op == "backward_done":
+            self.backward_nodes.update(range(self._backward_starts.pop(), self.tracer.count()))
             return None
         if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
             x, out, src = args
@@ -577,9 +579,9 @@ class Capture:
     def rebind(self, graph, values):
         shapes = [tuple(evaluate(e, values) for e in exprs) for exprs in self.input_exprs]
         sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
-        if self.backward_from is not None:  # a gradient rule's reshape, expand, full, slice_assign
-            end = self.tracer.count() if self.nodes is None else self.nodes
-            sets.extend((n, 0, 3, 0) for n in range(self.backward_from, end))
+        if self.backward_nodes:  # a gradient rule's reshape, expand, full, slice_assign: follow
+            named = {s[0] for s in self.sets}
+            sets.extend((n, 0, 3, 0) for n in sorted(self.backward_nodes - named))
         return graph.rebind(shapes, sets)
 
     def bind(self, leaves):
@@ -726,7 +728,6 @@ class DynamicEntry:
         self.options = options
         self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
         self.fast = None  # the C dispatcher's number for this entry, once registered
-        capture.nodes = len(graph.structure()[2])
         capture.tracer = None  # the trace has ended; keep no reference to it
 
     @property
