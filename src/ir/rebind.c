@@ -41,27 +41,48 @@ static kiln_status follow_slice(const kiln_graph *orig, kiln_graph *c, kiln_node
     return KILN_OK;
 }
 
-/* KILN_ATTR_SET_FOLLOW for a reshape, expand or full: its sizes from every earlier value whose
- * recorded shape they equal, a size 1 where the value's is not kept at 1; all must agree. */
+/* One candidate's vote for a followed node's sizes (`got`): a value whose recorded shape the sizes
+ * `was` equal, a size 1 where the value's is not kept at 1; or, for a reshape (`merge`), the value's
+ * leading j >= 2 sizes merged into the first (a linear's or matmul's gradient flattening them). */
+static bool vote(const int64_t *was, int count, const kiln_meta *old, const kiln_meta *now, int j, int64_t *got) {
+    if (old->ndim != count + j - 1) return false;
+    if (j == 1) {
+        for (int k = 0; k < count; k++) {
+            if (was[k] != old->shape[k] && was[k] != 1) return false;
+            got[k] = was[k] == old->shape[k] ? now->shape[k] : 1;
+        }
+        return true;
+    }
+    int64_t lead = 1, lead_now = 1;
+    for (int k = 0; k < j; k++) lead *= old->shape[k], lead_now *= now->shape[k];
+    if (count < 1 || was[0] != lead) return false;
+    got[0] = lead_now;
+    for (int k = 1; k < count; k++) {
+        if (was[k] != old->shape[j + k - 1]) return false;
+        got[k] = now->shape[j + k - 1];
+    }
+    return true;
+}
+
+/* KILN_ATTR_SET_FOLLOW for a reshape, expand or full: its sizes from every earlier value that
+ * votes for them (see vote); all votes must agree. */
 static kiln_status follow_sizes(const kiln_graph *orig, kiln_graph *c, kiln_node *n, int32_t node, int first,
                                 int count) {
     const int64_t *was = &orig->nodes[node].attrs.i[first];
     int64_t got[KILN_MAX_DIMS], want[KILN_MAX_DIMS];
     bool found = false;
+    int merges = n->op == KILN_OP_RESHAPE ? KILN_MAX_DIMS : 1;
     for (int32_t v = 0; v < orig->nvalues; v++) {
         const kiln_value *ov = &orig->values[v];
-        if ((ov->kind == KILN_VALUE_NODE && ov->node >= node) || ov->meta.ndim != count) continue;
-        bool match = true;
-        for (int k = 0; k < count && match; k++) {
-            match = was[k] == ov->meta.shape[k] || was[k] == 1;
-            got[k] = was[k] == ov->meta.shape[k] ? c->values[v].meta.shape[k] : 1;
+        if (ov->kind == KILN_VALUE_NODE && ov->node >= node) continue;
+        for (int j = 1; j <= merges; j++) {
+            if (!vote(was, count, &ov->meta, &c->values[v].meta, j, got)) continue;
+            if (found && memcmp(got, want, sizeof(int64_t) * (size_t)count) != 0)
+                return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows values whose sizes now differ", node,
+                                  kiln_op_table[n->op].name);
+            memcpy(want, got, sizeof(int64_t) * (size_t)count);
+            found = true;
         }
-        if (!match) continue;
-        if (found && memcmp(got, want, sizeof(int64_t) * (size_t)count) != 0)
-            return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows values whose sizes now differ", node,
-                              kiln_op_table[n->op].name);
-        memcpy(want, got, sizeof(int64_t) * (size_t)count);
-        found = true;
     }
     if (!found)
         return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no value whose sizes it follows", node,
