@@ -464,3 +464,20 @@ def test_value_and_grad_compiles_once_over_shapes():
         lo[i, j] -= eps
         fd = (loss(kiln.Tensor(hi.astype(np.float32))).item() - loss(kiln.Tensor(lo.astype(np.float32))).item()) / (2 * eps)
         assert abs(fd - gx[i, j]) < 2e-2 * max(1.0, abs(fd)), (i, j, fd, gx[i, j])
+
+
+def test_value_and_grad_of_a_dense_layer_over_sequence_lengths():
+    kiln.manual_seed(3)
+    net = nn.Dense(6, 5, activation="tanh")
+    params = net.trainable_params()
+    jf = kiln.jit(lambda x: (net(x) ** 2).mean(), dynamic=True)
+    step = kiln.value_and_grad(jf, None, params)  # linear's gradient flattens the leading sizes
+    for b, s in ((2, 3), (3, 7), (2, 9), (4, 4)):
+        x = T(b, s, 6)
+        v, grads = step(x)
+        ev, egrads = kiln.value_and_grad(lambda x: (net(x) ** 2).mean(), None, params)(x)
+        close(v, ev.asnumpy(), 1e-5)
+        for got, want in zip(grads, egrads):
+            close(got, want.asnumpy(), 1e-4)
+    (variant,) = jf._grad_variants.values()
+    assert variant.cache_info().compiles == 1, variant.cache_info()
