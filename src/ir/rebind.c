@@ -11,7 +11,7 @@
 static bool follow_span(const kiln_node *n, int *first, int *count) {
     switch (n->op) {
     case KILN_OP_RESHAPE:
-    case KILN_OP_EXPAND: *first = 0, *count = n->attrs.ni; return true;
+    case KILN_OP_EXPAND: *first = 0, *count = n->attrs.ni; return *count <= KILN_MAX_DIMS;
     case KILN_OP_FULL:
         *first = 2, *count = n->attrs.ni >= 2 ? (int)n->attrs.i[1] : -1;
         return *count >= 0 && *count <= KILN_MAX_DIMS && 2 + *count <= n->attrs.ni;
@@ -36,14 +36,16 @@ static kiln_status follow_slice(const kiln_graph *orig, kiln_graph *c, kiln_node
         found = now;
     }
     if (!found)
-        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no slice to follow", node, kiln_op_table[n->op].name);
+        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no slice to follow", node,
+                          kiln_op_table[n->op].name);
     memcpy(n->attrs.i, found->i, sizeof(int64_t) * (size_t)found->ni);
     return KILN_OK;
 }
 
-/* One candidate's vote for a followed node's sizes (`got`): a value whose recorded shape the sizes
- * `was` equal, a size 1 where the value's is not kept at 1; or, for a reshape (`merge`), the value's
- * leading j >= 2 sizes merged into the first (a linear's or matmul's gradient flattening them). */
+/* One candidate's vote for a followed node's sizes (`got`, from the value's recorded shape `old`
+ * and its rebound one `now`): j == 1, sizes `was` equal to the value's, a size 1 where the value's
+ * is not kept at 1; j >= 2 (reshapes), the value's leading j sizes merged into the first (a
+ * linear's or matmul's gradient flattening them). */
 static bool vote(const int64_t *was, int count, const kiln_meta *old, const kiln_meta *now, int j, int64_t *got) {
     if (old->ndim != count + j - 1) return false;
     if (j == 1) {

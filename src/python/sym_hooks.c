@@ -13,9 +13,10 @@ static _Thread_local bool in_call; /* the call hook runs the function itself: no
 /* set_sym_hooks(shape_hook, call_hook, sym_type) or set_sym_hooks(None, None, None):
  * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
  * and 2 (len()); call_hook(op name, args) serves reshape and broadcast_to when an argument is a
- * sym_type, narrow, getitem (x[key]: (x, key)) and setitem (x[key] = value: (x, key, value)) always, and hears of the reshapes flatten, squeeze and unsqueeze make
- * ("derived", (x, out, sources)) and of a backward pass ("backward", () as it starts,
- * "backward_done" when it has recorded its nodes). */
+ * sym_type, narrow, getitem (x[key]: (x, key)) and setitem (x[key] = value: (x, key, value))
+ * always, and hears of the reshapes flatten, squeeze and unsqueeze make ("derived", (x, out,
+ * sources)) and of a backward pass ("backward", () as it starts, "backward_done" when it has
+ * recorded its nodes). */
 static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *sh, *ch, *ty;
