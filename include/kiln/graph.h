@@ -77,6 +77,12 @@ typedef enum kiln_attr_set_kind {
     KILN_ATTR_SET_DIM,   /* i[index] = the rebound size of dimension `value` of the node's input 0 */
     KILN_ATTR_SET_REST,  /* i[index] = numel(input 0) / the product of the node's other int attrs
                             (a reshape's -1; inexact division fails) */
+    KILN_ATTR_SET_FOLLOW /* the sizes of a reshape, expand or full (index and value unused) follow the
+                            earlier value whose recorded sizes they equal (1s kept; a reshape's may
+                            also be a value's with its leading sizes merged), those of a slice
+                            or slice_assign the earlier slice with its recorded attributes; every such
+                            value must agree (a gradient rule's nodes: they take their sizes from the
+                            forward's values). Other ops: the set names nothing */
 } kiln_attr_set_kind;
 
 typedef struct kiln_attr_set {

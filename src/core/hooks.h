@@ -36,6 +36,8 @@ typedef struct kiln_thread_state {
     bool trace_in_body;        /* it records a control-flow body (a trace nested in another: its ops
                                 * run again for real when the node runs) */
     bool grad_disabled;        /* grad mode off (kiln_set_grad_enabled(false)) */
+    bool trace_symbolic;       /* a dynamic-shape capture records: gradient rules take sizes from
+                                * ops (which a rebinding follows) rather than baking them in */
 } kiln_thread_state;
 
 extern KILN_HIDDEN _Thread_local kiln_thread_state kiln_thread;

@@ -1,10 +1,97 @@
 /* Rebinding a recorded graph to other input shapes: the sizes each node's attributes hold are
  * given anew by the caller (kiln.jit's dynamic shapes evaluate them from the bound symbols), every
- * other attribute is kept, the subgraphs of if and while nodes are rebound to what their node now
+ * other attribute is kept (or, for a gradient rule's nodes, follows the values whose sizes it held:
+ * KILN_ATTR_SET_FOLLOW), the subgraphs of if and while nodes are rebound to what their node now
  * gives them, and the values' metas are inferred again node by node. */
 #include "../core/internal.h"
 #include "control.h"
 #include "kiln/graph.h"
+
+/* The int attributes of n that hold its sizes for KILN_ATTR_SET_FOLLOW: [*first, *first + *count). */
+static bool follow_span(const kiln_node *n, int *first, int *count) {
+    switch (n->op) {
+    case KILN_OP_RESHAPE:
+    case KILN_OP_EXPAND: *first = 0, *count = n->attrs.ni; return *count <= KILN_MAX_DIMS;
+    case KILN_OP_FULL:
+        *first = 2, *count = n->attrs.ni >= 2 ? (int)n->attrs.i[1] : -1;
+        return *count >= 0 && *count <= KILN_MAX_DIMS && 2 + *count <= n->attrs.ni;
+    default: return false;
+    }
+}
+
+/* KILN_ATTR_SET_FOLLOW for a slice or slice_assign: the attrs of the earlier slice node recorded
+ * with the same ones, as rebound (every such node agreeing). */
+static kiln_status follow_slice(const kiln_graph *orig, kiln_graph *c, kiln_node *n, int32_t node) {
+    const kiln_node *was = &orig->nodes[node];
+    const kiln_attrs *found = NULL;
+    for (int32_t j = 0; j < node; j++) {
+        const kiln_node *o = &orig->nodes[j];
+        if ((o->op != KILN_OP_SLICE && o->op != KILN_OP_SLICE_ASSIGN) || o->attrs.ni != was->attrs.ni ||
+            memcmp(o->attrs.i, was->attrs.i, sizeof(int64_t) * (size_t)was->attrs.ni) != 0)
+            continue;
+        const kiln_attrs *now = &c->nodes[j].attrs;
+        if (found && memcmp(found->i, now->i, sizeof(int64_t) * (size_t)now->ni) != 0)
+            return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows slices that now differ", node,
+                              kiln_op_table[n->op].name);
+        found = now;
+    }
+    if (!found)
+        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no slice to follow", node,
+                          kiln_op_table[n->op].name);
+    memcpy(n->attrs.i, found->i, sizeof(int64_t) * (size_t)found->ni);
+    return KILN_OK;
+}
+
+/* One candidate's vote for a followed node's sizes (`got`, from the value's recorded shape `old`
+ * and its rebound one `now`): j == 1, sizes `was` equal to the value's, a size 1 where the value's
+ * is not kept at 1; j >= 2 (reshapes), the value's leading j sizes merged into the first (a
+ * linear's or matmul's gradient flattening them). */
+static bool vote(const int64_t *was, int count, const kiln_meta *old, const kiln_meta *now, int j, int64_t *got) {
+    if (old->ndim != count + j - 1) return false;
+    if (j == 1) {
+        for (int k = 0; k < count; k++) {
+            if (was[k] != old->shape[k] && was[k] != 1) return false;
+            got[k] = was[k] == old->shape[k] ? now->shape[k] : 1;
+        }
+        return true;
+    }
+    int64_t lead = 1, lead_now = 1;
+    for (int k = 0; k < j; k++) lead *= old->shape[k], lead_now *= now->shape[k];
+    if (count < 1 || was[0] != lead) return false;
+    got[0] = lead_now;
+    for (int k = 1; k < count; k++) {
+        if (was[k] != old->shape[j + k - 1]) return false;
+        got[k] = now->shape[j + k - 1];
+    }
+    return true;
+}
+
+/* KILN_ATTR_SET_FOLLOW for a reshape, expand or full: its sizes from every earlier value that
+ * votes for them (see vote); all votes must agree. */
+static kiln_status follow_sizes(const kiln_graph *orig, kiln_graph *c, kiln_node *n, int32_t node, int first,
+                                int count) {
+    const int64_t *was = &orig->nodes[node].attrs.i[first];
+    int64_t got[KILN_MAX_DIMS], want[KILN_MAX_DIMS];
+    bool found = false;
+    int merges = n->op == KILN_OP_RESHAPE ? KILN_MAX_DIMS : 1;
+    for (int32_t v = 0; v < orig->nvalues; v++) {
+        const kiln_value *ov = &orig->values[v];
+        if (ov->kind == KILN_VALUE_NODE && ov->node >= node) continue;
+        for (int j = 1; j <= merges; j++) {
+            if (!vote(was, count, &ov->meta, &c->values[v].meta, j, got)) continue;
+            if (found && memcmp(got, want, sizeof(int64_t) * (size_t)count) != 0)
+                return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows values whose sizes now differ", node,
+                                  kiln_op_table[n->op].name);
+            memcpy(want, got, sizeof(int64_t) * (size_t)count);
+            found = true;
+        }
+    }
+    if (!found)
+        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no value whose sizes it follows", node,
+                          kiln_op_table[n->op].name);
+    memcpy(&n->attrs.i[first], want, sizeof(int64_t) * (size_t)count);
+    return KILN_OK;
+}
 
 static kiln_status apply_set(const kiln_graph *g, kiln_node *n, int32_t node, const kiln_attr_set *set) {
     const char *name = kiln_op_table[n->op].name;
@@ -31,19 +118,28 @@ static kiln_status apply_set(const kiln_graph *g, kiln_node *n, int32_t node, co
         n->attrs.i[set->index] = numel / known;
         return KILN_OK;
     }
+    case KILN_ATTR_SET_FOLLOW: break; /* applied by apply_sets */
     }
     return kiln_error(KILN_ERR_VALUE, "rebind: unknown attribute set kind %d", (int)set->kind);
 }
 
-/* Applies the sets naming node i (REST last: it divides by the others); *named: whether any did. */
-static kiln_status apply_sets(const kiln_graph *g, kiln_node *n, int32_t i, int nset, const kiln_attr_set *sets,
-                              bool *named) {
+/* Applies the sets naming node i (REST last: it divides by the others); *named: whether any did
+ * (a FOLLOW set names only the nodes it applies to). */
+static kiln_status apply_sets(const kiln_graph *orig, kiln_graph *g, kiln_node *n, int32_t i, int nset,
+                              const kiln_attr_set *sets, bool *named) {
     *named = false;
     for (int pass = 0; pass < 2; pass++)
         for (int k = 0; k < nset; k++) {
             if (sets[k].node != i || (sets[k].kind == KILN_ATTR_SET_REST) != (pass == 1)) continue;
+            if (sets[k].kind == KILN_ATTR_SET_FOLLOW) {
+                int first, count;
+                if (n->op == KILN_OP_SLICE || n->op == KILN_OP_SLICE_ASSIGN) KILN_TRY(follow_slice(orig, g, n, i));
+                else if (follow_span(n, &first, &count)) KILN_TRY(follow_sizes(orig, g, n, i, first, count));
+                else continue;
+            } else {
+                KILN_TRY(apply_set(g, n, i, &sets[k]));
+            }
             *named = true;
-            KILN_TRY(apply_set(g, n, i, &sets[k]));
         }
     return KILN_OK;
 }
@@ -80,11 +176,12 @@ static kiln_status rebind_bodies(kiln_graph *c, kiln_node *n, int32_t i) {
     return s;
 }
 
-static kiln_status rebind_nodes(kiln_graph *c, bool *changed, int nset, const kiln_attr_set *sets) {
+static kiln_status rebind_nodes(const kiln_graph *orig, kiln_graph *c, bool *changed, int nset,
+                                const kiln_attr_set *sets) {
     for (int32_t i = 0; i < c->nnodes; i++) {
         kiln_node *n = &c->nodes[i];
         bool named, moved = false;
-        KILN_TRY(apply_sets(c, n, i, nset, sets, &named));
+        KILN_TRY(apply_sets(orig, c, n, i, nset, sets, &named));
         for (int k = 0; k < n->nin; k++) moved |= changed[n->in[k]];
         if (moved && (n->op == KILN_OP_IF || n->op == KILN_OP_WHILE)) KILN_TRY(rebind_bodies(c, n, i));
         if (moved && !named && (kiln_op_table[n->op].flags & KILN_OPF_SIZED))
@@ -127,7 +224,7 @@ kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inputs, int 
         changed[c->inputs[k]] = !kiln_meta_equal(m, &inputs[k]);
         *m = inputs[k];
     }
-    kiln_status s = rebind_nodes(c, changed, nset, sets);
+    kiln_status s = rebind_nodes(g, c, changed, nset, sets);
     free(changed);
     if (s != KILN_OK) {
         kiln_graph_free(c);

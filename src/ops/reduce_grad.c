@@ -1,6 +1,6 @@
 /* Gradient rules of the reductions and the softmax family, written with ops only (kiln_emit_*,
  * kiln_apply) so a traced backward is an ordinary graph. */
-#include "../core/internal.h"
+#include "../core/hooks.h"
 
 static uint64_t grad_mask(const kiln_grad_ctx *ctx) {
     return ctx->in_meta[0].ndim ? (uint64_t)ctx->attrs->i[0] : 0;
@@ -40,6 +40,37 @@ static kiln_status grad_scalar(double v, kiln_dtype d, kiln_tensor **out) {
     return kiln_emit_scalar(v, half ? KILN_DTYPE_FLOAT32 : d, out);
 }
 
+/* The count of input elements behind each output element as a 0-d tensor of dtype d (float32 for
+ * 16-bit floats, as grad_scalar), less `minus` and at least 0. A constant, except while a
+ * dynamic-shape capture records: then ops count the elements (ones of the input's shape, summed),
+ * so a graph rebound to other sizes counts again (its passes fold the count into a constant). */
+static kiln_status grad_count_tensor(const kiln_grad_ctx *ctx, kiln_dtype d, double minus, kiln_tensor **out) {
+    if (!kiln_thread.trace_symbolic) {
+        double n = (double)grad_count(ctx) - minus;
+        return grad_scalar(n > 0 ? n : 0.0, d, out);
+    }
+    bool half = d == KILN_DTYPE_FLOAT16 || d == KILN_DTYPE_BFLOAT16;
+    kiln_meta m = ctx->in_meta[0]; /* the reduced axes' sizes, 1 elsewhere */
+    m.dtype = half ? KILN_DTYPE_FLOAT32 : d;
+    uint64_t mask = grad_mask(ctx);
+    for (int k = 0; k < m.ndim; k++)
+        if (!((mask >> k) & 1u)) m.shape[k] = 1;
+    kiln_tensor *tmp[5] = {NULL}; /* ones, count, minus, count - minus, 0 */
+    kiln_status s = kiln_emit_full(&m, 1.0, &tmp[0]);
+    if (s == KILN_OK) s = kiln_emit_reduce(KILN_OP_SUM, tmp[0], m.ndim ? (1ull << m.ndim) - 1 : 0, false, &tmp[1]);
+    if (s == KILN_OK && minus == 0) {
+        *out = tmp[1];
+        tmp[1] = NULL;
+    } else {
+        if (s == KILN_OK) s = grad_scalar(minus, m.dtype, &tmp[2]);
+        if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_SUB, tmp[1], tmp[2], &tmp[3]);
+        if (s == KILN_OK) s = grad_scalar(0.0, m.dtype, &tmp[4]);
+        if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MAXIMUM, tmp[3], tmp[4], out);
+    }
+    RELEASE_TMP();
+    return s;
+}
+
 /* sum: the gradient spread back over the reduced axes */
 KILN_GRAD(sum) {
     if (!ctx->needs_grad[0] || !gout[0]) return KILN_OK;
@@ -57,7 +88,7 @@ KILN_GRAD(mean) {
     const kiln_meta *m = &ctx->in_meta[0];
     kiln_tensor *tmp[3] = {NULL};
     kiln_status s = to_keepdims(ctx, gout[0], &tmp[0]);
-    if (s == KILN_OK) s = grad_scalar((double)grad_count(ctx), gout[0]->meta.dtype, &tmp[1]);
+    if (s == KILN_OK) s = grad_count_tensor(ctx, gout[0]->meta.dtype, 0, &tmp[1]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[0], tmp[1], &tmp[2]);
     if (s == KILN_OK) s = kiln_emit_expand(tmp[2], m->ndim, m->shape, &gin[0]);
     RELEASE_TMP();
@@ -96,9 +127,20 @@ static kiln_status grad_extreme(const kiln_grad_ctx *ctx, kiln_tensor *const *go
 KILN_GRAD(max) { return grad_extreme(ctx, gout, gin); }
 KILN_GRAD(min) { return grad_extreme(ctx, gout, gin); }
 
-static double grad_dof(const kiln_grad_ctx *ctx) {
-    int64_t ddof = ctx->attrs->ni > 2 ? ctx->attrs->i[2] : 0, n = grad_count(ctx) - ddof;
-    return n > 0 ? (double)n : 0.0;
+static int64_t grad_ddof(const kiln_grad_ctx *ctx) { return ctx->attrs->ni > 2 ? ctx->attrs->i[2] : 0; }
+
+/* num / (N - ddof), N - ddof at least 0, as a 0-d tensor of dtype d (see grad_count_tensor). */
+static kiln_status grad_over_dof(const kiln_grad_ctx *ctx, double num, kiln_dtype d, kiln_tensor **out) {
+    if (!kiln_thread.trace_symbolic) {
+        int64_t n = grad_count(ctx) - grad_ddof(ctx);
+        return grad_scalar(num / (n > 0 ? (double)n : 0.0), d, out);
+    }
+    kiln_tensor *tmp[2] = {NULL};
+    kiln_status s = grad_scalar(num, d, &tmp[0]);
+    if (s == KILN_OK) s = grad_count_tensor(ctx, d, (double)grad_ddof(ctx), &tmp[1]);
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[0], tmp[1], out);
+    RELEASE_TMP();
+    return s;
 }
 
 /* x - mean(x) over the reduced axes (kept as size 1): *mean and *diff, new references. */
@@ -113,7 +155,7 @@ KILN_GRAD(var) {
     kiln_tensor *tmp[5] = {NULL};
     kiln_status s = centered(ctx, &tmp[0], &tmp[1]);
     if (s == KILN_OK) s = to_keepdims(ctx, gout[0], &tmp[2]);
-    if (s == KILN_OK) s = grad_scalar(2.0 / grad_dof(ctx), gout[0]->meta.dtype, &tmp[3]);
+    if (s == KILN_OK) s = grad_over_dof(ctx, 2.0, gout[0]->meta.dtype, &tmp[3]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[2], tmp[3], &tmp[4]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[1], tmp[4], &gin[0]);
     RELEASE_TMP();
@@ -127,7 +169,7 @@ KILN_GRAD(std) {
     kiln_status s = centered(ctx, &tmp[0], &tmp[1]);
     if (s == KILN_OK) s = to_keepdims(ctx, gout[0], &tmp[2]);
     if (s == KILN_OK) s = to_keepdims(ctx, ctx->out[0], &tmp[3]);
-    if (s == KILN_OK) s = grad_scalar(grad_dof(ctx), ctx->out[0]->meta.dtype, &tmp[4]);
+    if (s == KILN_OK) s = grad_count_tensor(ctx, ctx->out[0]->meta.dtype, (double)grad_ddof(ctx), &tmp[4]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[3], tmp[4], &tmp[5]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_DIV, tmp[2], tmp[5], &tmp[6]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tmp[1], tmp[6], &gin[0]);

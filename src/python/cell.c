@@ -11,13 +11,14 @@
  *   - every attribute write or delete bumps the cell's state version `_kiln_version` (compiled
  *     graphs guard on it) and, while a capture runs, is logged with the writer's file:line (a
  *     Python side effect the compiled graph would skip).
- * The logs are process-wide, like the capture that sets them (set_cell_logs).
+ * The logs are the thread's own, like the capture (its tracer) that sets them (set_cell_logs):
+ * two threads capturing at once each log their own Cells.
  * Reference notes: the logs and the registered types are owned here. */
 #include "pykiln.h"
 
 #include <frameobject.h>
 
-static PyObject *call_log, *write_log; /* lists while a capture runs; NULL otherwise */
+static _Thread_local PyObject *call_log, *write_log; /* lists while this thread captures; else NULL */
 static PyObject *parameter_type;       /* kiln.nn.Parameter */
 static PyObject *context;              /* kiln.context._context: its "mode" 0 is GRAPH_MODE */
 static PyObject *s_params, *s_cells, *s_jitted, *s_graph_mode_jit, *s_construct, *s_auto_prefix, *s_name,

@@ -311,7 +311,8 @@ static PyObject *graph_reader_of(PyObject *self, PyObject *arg) {
 
 /* rebind(input_shapes, sets) -> Graph: this graph for inputs of other shapes (kiln_graph_rebind);
  * sets: [(node, attr index, kind, value)], kind 0 value, 1 a dimension of the node's input 0,
- * 2 the rest of a reshape. ValueError when the graph does not hold for those shapes. */
+ * 2 the rest of a reshape, 3 follow (a gradient rule's node, KILN_ATTR_SET_FOLLOW). ValueError when
+ * the graph does not hold for those shapes. */
 static PyObject *graph_rebind(PyObject *self, PyObject *args) {
     const kiln_graph *g = ((PyGraph *)self)->g;
     PyObject *shapes, *sets;

@@ -117,6 +117,12 @@ static int parse_key(PyObject *key, parsed_key *p) {
 
 /* mp_subscript: x[key] */
 PyObject *pykiln_tensor_getitem(PyObject *self, PyObject *key) {
+    if (pykiln_sym_hooked()) { /* a dynamic capture: the slice's bounds follow the symbols */
+        PyObject *args = PyTuple_Pack(2, self, key);
+        PyObject *sym = args ? pykiln_sym_call("getitem", args, true) : NULL;
+        Py_XDECREF(args);
+        if (sym || PyErr_Occurred()) return sym;
+    }
     parsed_key p;
     kiln_tensor *out = NULL;
     PyObject *result = NULL;
@@ -133,6 +139,13 @@ int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value) {
     if (!value) {
         PyErr_SetString(PyExc_TypeError, "tensor elements can't be deleted");
         return -1;
+    }
+    if (pykiln_sym_hooked()) { /* a dynamic capture: the slice's bounds follow the symbols */
+        PyObject *args = PyTuple_Pack(3, self, key, value);
+        PyObject *sym = args ? pykiln_sym_call("setitem", args, true) : NULL;
+        Py_XDECREF(args);
+        Py_XDECREF(sym);
+        return sym ? 0 : -1;
     }
     kiln_tensor *x = pykiln_unwrap(self), *v = NULL;
     if (pykiln_is_tensor(value)) {

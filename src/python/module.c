@@ -223,13 +223,14 @@ static PyObject *py_grad(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward() < 0) goto done;
+    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward(false) < 0) goto done;
     pykiln_interrupt_arm(); /* a loop's gradient may run long */
     kiln_status s = kiln_autograd_grad((int)nout, outs, gouts, (int)nin, ins, create_graph, grads);
     if (s != KILN_OK) {
         pykiln_raise(s);
         goto done;
     }
+    if (pykiln_sym_note_backward(true) < 0) goto done;
     result = PyTuple_New(nin);
     for (Py_ssize_t k = 0; result && k < nin; k++) {
         if (grads[k]) {

@@ -112,13 +112,17 @@ int pykiln_reductions_init(PyObject *module);
  * while a capture records), else NULL with no exception set (NULL with one set when the hook failed). */
 PyObject *pykiln_sym_shape(PyObject *tensor, int what);
 PyObject *pykiln_sym_call(const char *op, PyObject *args, bool always);
+/* Whether a dynamic capture records on this thread and its call hook is not running (a caller may
+ * then build the arguments of pykiln_sym_call, which costs nothing otherwise). */
+bool pykiln_sym_hooked(void);
 /* Tells the hook that `out` (a new reference, returned; NULL passes through) is a reshape of x
  * whose size k is x's size src[k], 1 (src -1) or the rest of x's elements (-2): how the node
  * follows the symbols. Releases out and returns NULL when the hook fails. */
 PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n);
-/* Tells the hook that a backward pass is about to run (its gradient rules put sizes into constants
- * no rebinding follows); -1 with an exception set when the hook failed. */
-int pykiln_sym_note_backward(void);
+/* Tells the hook that a backward pass is about to run (done false) or has recorded its nodes (done
+ * true): a rebinding makes those nodes follow the forward's sizes; -1 with an exception set when
+ * the hook failed. */
+int pykiln_sym_note_backward(bool done);
 int pykiln_sym_hooks_init(PyObject *module);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);

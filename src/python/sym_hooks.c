@@ -1,17 +1,22 @@
 /* The hooks a dynamic-shape capture (kiln.jit.dynamic) sets while it records: reading a traced
  * tensor's shape may give symbolic sizes, and the shape functions given symbolic sizes hand the
  * call to Python, which records how the node's attributes follow the symbols. Unset (the usual
- * case) each costs one pointer test. Reference notes: the hooks are owned here. */
+ * case) each costs one pointer test. The hooks are the thread's own (the tracer is too), so two
+ * threads can capture dynamically at once. Reference notes: the hooks are owned here. */
 #include "pykiln.h"
 
-static PyObject *shape_hook, *call_hook, *sym_type;
-static bool in_call; /* the call hook runs the function itself: not again (one thread: the GIL's) */
+#include "core/hooks.h"
+
+static _Thread_local PyObject *shape_hook, *call_hook, *sym_type;
+static _Thread_local bool in_call; /* the call hook runs the function itself: not again */
 
 /* set_sym_hooks(shape_hook, call_hook, sym_type) or set_sym_hooks(None, None, None):
  * shape_hook(tensor, what) for what 0 (.shape: its result, unless None, is the shape), 1 (.size)
  * and 2 (len()); call_hook(op name, args) serves reshape and broadcast_to when an argument is a
- * sym_type, narrow always, and hears of the reshapes flatten, squeeze and unsqueeze make
- * ("derived", (x, out, sources)) and of a backward pass ("backward", ()). */
+ * sym_type, narrow, getitem (x[key]: (x, key)) and setitem (x[key] = value: (x, key, value))
+ * always, and hears of the reshapes flatten, squeeze and unsqueeze make ("derived", (x, out,
+ * sources)) and of a backward pass ("backward", () as it starts, "backward_done" when it has
+ * recorded its nodes). */
 static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *sh, *ch, *ty;
@@ -25,6 +30,7 @@ static PyObject *py_set_sym_hooks(PyObject *self, PyObject *args) {
     Py_CLEAR(call_hook);
     Py_CLEAR(sym_type);
     if (!none) shape_hook = Py_NewRef(sh), call_hook = Py_NewRef(ch), sym_type = Py_NewRef(ty);
+    kiln_thread.trace_symbolic = !none;
     Py_RETURN_NONE;
 }
 
@@ -49,6 +55,8 @@ PyObject *pykiln_sym_call(const char *op, PyObject *args, bool always) {
     return r;
 }
 
+bool pykiln_sym_hooked(void) { return call_hook && !in_call; }
+
 PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n) {
     if (!call_hook || !out || out == x) return out;
     PyObject *t = PyTuple_New(n);
@@ -63,9 +71,9 @@ PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n) 
     return out;
 }
 
-int pykiln_sym_note_backward(void) {
+int pykiln_sym_note_backward(bool done) {
     if (!call_hook) return 0;
-    PyObject *r = PyObject_CallFunction(call_hook, "s()", "backward");
+    PyObject *r = PyObject_CallFunction(call_hook, "s()", done ? "backward_done" : "backward");
     Py_XDECREF(r);
     return r ? 0 : -1;
 }
@@ -91,7 +99,26 @@ static PyObject *py_same_meta(PyObject *self, PyObject *args) {
     return PyBool_FromLong(same);
 }
 
+/* raw_shape(tensor) -> its sizes as ints, read without the shape hook: for the structural
+ * bookkeeping of the ast runtime (a branch's result metas), which a rebinding checks again */
+static PyObject *py_raw_shape(PyObject *self, PyObject *t) {
+    (void)self;
+    if (!pykiln_is_tensor(t)) return PyErr_Format(PyExc_TypeError, "raw_shape: a tensor");
+    const kiln_meta *m = &pykiln_unwrap(t)->meta;
+    PyObject *tup = PyTuple_New(m->ndim);
+    for (int d = 0; tup && d < m->ndim; d++) {
+        PyObject *v = PyLong_FromLongLong(m->shape[d]);
+        if (!v) {
+            Py_CLEAR(tup);
+            break;
+        }
+        PyTuple_SET_ITEM(tup, d, v);
+    }
+    return tup;
+}
+
 static PyMethodDef sym_functions[] = {
+    {"raw_shape", py_raw_shape, METH_O, "raw_shape(tensor) -> its sizes as ints (no shape hook)"},
     {"same_meta", py_same_meta, METH_VARARGS, "same_meta(a, b) -> same dtype and shape (no shape hook)"},
     {"in_body", py_in_body, METH_O, "in_body(tensor) -> whether a control-flow body being traced made it"},
     {"set_sym_hooks", py_set_sym_hooks, METH_VARARGS,

@@ -270,7 +270,7 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
                      "pass gradient= for a tensor of %lld elements", (long long)t->numel);
         return NULL;
     }
-    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward() < 0) {
+    if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward(false) < 0) {
         kiln_tensor_release(g);
         return NULL;
     }
@@ -278,6 +278,7 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
     kiln_status s = kiln_autograd_backward(1, &t, &g);
     kiln_tensor_release(g);
     if (s != KILN_OK) return pykiln_raise(s);
+    if (pykiln_sym_note_backward(true) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

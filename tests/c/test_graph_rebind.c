@@ -133,9 +133,45 @@ static void test_loops_are_rebound(void) {
     kiln_graph_free(g);
 }
 
+/* KILN_ATTR_SET_FOLLOW (a backward pass's nodes): a full and a reshape take the sizes of the values
+ * they were recorded with (the reshape's with the leading sizes merged); values that now disagree,
+ * or none, refuse; on another op the set names nothing. */
+static void test_followed_sizes(void) {
+    const char *text =
+        "graph(%0: float32[2, 3, 4], %1: float32[2, 3, 4]) {\n"
+        "  %2: float32[2, 3, 4] = full() {6, 3, 2, 3, 4; 0.5}\n"
+        "  %3: float32[2, 3, 4] = add(%0, %2)\n"
+        "  %4: float32[6, 4] = reshape(%3) {6, 4}\n"
+        "  %5: float32[7] = full() {6, 1, 7; 1}\n"
+        "  return (%4, %5)\n"
+        "}\n";
+    kiln_graph *g = NULL, *r = NULL;
+    CHECK_OK(kiln_graph_parse(text, &g));
+    if (!g) return;
+    kiln_meta m = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {5, 3, 4}};
+    kiln_meta both[2] = {m, m};
+    kiln_attr_set follow[3] = {{0, 0, KILN_ATTR_SET_FOLLOW, 0}, {1, 0, KILN_ATTR_SET_FOLLOW, 0},
+                               {2, 0, KILN_ATTR_SET_FOLLOW, 0}};
+    CHECK_OK(kiln_graph_rebind(g, both, 3, follow, &r));
+    const kiln_meta *y = r ? &r->values[r->outputs[0]].meta : NULL;
+    CHECK(y && y->ndim == 2 && y->shape[0] == 15 && y->shape[1] == 4);
+    CHECK(r && r->nodes[0].attrs.i[2] == 5 && r->values[r->outputs[1]].meta.shape[0] == 7);
+    if (r) CHECK_OK(kiln_graph_verify(r));
+    kiln_graph_free(r);
+    kiln_meta apart[2] = {m, {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 3, 4}}};
+    CHECK_STATUS(kiln_graph_rebind(g, apart, 3, follow, &r), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "node 0 (full) follows values whose sizes now differ"));
+    kiln_attr_set all[4] = {follow[0], follow[1], follow[2], {3, 0, KILN_ATTR_SET_FOLLOW, 0}};
+    CHECK_STATUS(kiln_graph_rebind(g, both, 4, all, &r), KILN_ERR_VALUE); /* (7,): no value of that shape */
+    CHECK(strstr(kiln_last_error(), "node 3 (full) has no value whose sizes it follows"));
+    CHECK_STATUS(kiln_graph_rebind(g, both, 2, follow + 1, &r), KILN_ERR_VALUE); /* the full keeps (2, 3, 4) */
+    kiln_graph_free(g);
+}
+
 int main(void) {
     test_rebound_graph_runs_at_the_new_shape();
     test_refusals_name_the_node();
     test_loops_are_rebound();
+    test_followed_sizes();
     CHECK_DONE();
 }

@@ -36,6 +36,12 @@ def _is_tensor(x):
     return isinstance(x, _C.TensorBase)
 
 
+# The sizes of a branch's or loop's value for the runtime's own bookkeeping (comparing the metas of
+# paths, zeros of a missing path's structure): read without the dynamic-shape hook, so they neither
+# specialize symbols nor bake sizes unseen: a rebound graph's if / while nodes check these metas again.
+_shape = _C.raw_shape
+
+
 def _error(loc, construct, hint=""):
     return JitSyntaxError(construct, loc[0], loc[1], loc[2], hint)
 
@@ -190,7 +196,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
 
     def flat(i, r, which):
         if _is_tensor(r):
-            seen[i] = (tuple(r.shape), r.dtype)
+            seen[i] = (_shape(r), r.dtype)
             specs[which, i], leaves = "T", [r]
         elif _selectable(r):
             specs[which, i] = "T"
@@ -202,7 +208,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         else:
             raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a tensor",
                          "only tensors, numbers and tuples/lists of them can depend on a tensor condition")
-        leaf_metas[which, i] = [(tuple(t.shape), t.dtype) for t in leaves]
+        leaf_metas[which, i] = [(_shape(t), t.dtype) for t in leaves]
         return leaves
 
     def branch(fn, other, which, other_which):
@@ -440,7 +446,7 @@ class _LoopState:
             if _is_tensor(r) or (isinstance(r, (int, float)) and not isinstance(r, bool)):
                 r = _as_tensor(r)
                 self.carried.append(i)
-                self.init += (zeros(*r.shape, dtype=r.dtype),)
+                self.init += (zeros(*_shape(r), dtype=r.dtype),)
             else:
                 raise _error(self.loc, "return of a " + type(r).__name__ + " inside a loop that runs on a tensor "
                              "condition", "return a tensor there, or break out of the loop and return after it")
@@ -452,7 +458,7 @@ class _LoopState:
         init, changed = list(self.init), False
         for k, i in enumerate(self.carried):
             meta = wanted.get(self.names[i], self.seen.get(k))
-            if not _is_tensor(self.base[i]) and meta is not None and meta != (tuple(init[k].shape), init[k].dtype):
+            if not _is_tensor(self.base[i]) and meta is not None and meta != (_shape(init[k]), init[k].dtype):
                 init[k], changed = _number_as(self.base[i], meta), True
         if changed:
             self.init = tuple(init)
@@ -474,10 +480,10 @@ class _LoopState:
                 raise _error(self.loc, f"loop variable {self.names[i]!r} becomes a {type(r).__name__} in a loop "
                                        "on a tensor", "loop variables of such loops must stay tensors or numbers")
             if _is_tensor(r):
-                self.seen[k] = (tuple(r.shape), r.dtype)
+                self.seen[k] = (_shape(r), r.dtype)
             elif isinstance(r, float) and not self.init[k].dtype.is_floating_point:
                 # an int loop variable given a float: the loop starts over with a float32 one
-                self.seen[k] = (tuple(self.init[k].shape), _C.float32)
+                self.seen[k] = (_shape(self.init[k]), _C.float32)
                 raise _Mismatch(_error(self.loc, f"loop variable {self.names[i]!r} that is an int before the "
                                                  "loop and a float in it", "start it as a float"),
                                 {self.names[i]: self.seen[k]})

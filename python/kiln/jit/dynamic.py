@@ -10,10 +10,18 @@ While the function is captured, a traced tensor's shape gives SymInts for its sy
 (an input's directly; an intermediate's found by rebinding the graph recorded so far to other
 sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *, //, %) stays
 symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
-follow the symbols. A comparison of a SymInt records a guard (the relation and its outcome: a
-branch on a shape); using one as a plain int anywhere else (a scalar in arithmetic with a tensor,
-a shape given to another op, range(), float()) specializes its symbols: the entry then covers only
-their captured sizes. Nothing derived from a symbolic size is baked in without a guard.
+follow the symbols; so does indexing (x[key] and x[key] = value with ints, slices of a positive
+step, None and ...: the slice's bounds and the view's sizes are expressions, each clamp and bounds
+check a guard; a key with index tensors specializes what it depends on). A comparison of a SymInt
+records a guard (the relation and its outcome: a branch on a shape; abs() too); divmod, floor,
+ceil, round and isinstance(n, int) stay symbolic as well. Using one as a plain int anywhere else (a
+scalar in arithmetic with a tensor, a shape given to another op, range(), int(), float(), math
+functions, a list index, bitwise operators, str() or an f-string) specializes its symbols: the
+entry then covers only their captured sizes (SymInt's docstring says why it is not an int
+subclass). A backward pass (value_and_grad of a jitted function, or one inside it) stays symbolic:
+its gradient rules count elements with ops, and a rebinding gives its reshape, expand, full and
+slice_assign nodes the sizes of the forward values they were recorded from (KILN_ATTR_SET_FOLLOW).
+Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
@@ -25,6 +33,7 @@ A binding the graph does not hold for (a node that keeps sizes with none given, 
 fails, an intermediate shape read that would differ) compiles a new entry.
 """
 import collections
+import operator
 import weakref
 
 from .. import _C
@@ -118,9 +127,20 @@ def _binop(op, a, b):
 
 class SymInt:
     """A size while a dynamic capture records: its value at the capture and the expression over the
-    symbols it came from (see the module's docstring for what each use records)."""
+    symbols it came from (see the module's docstring for what each use records).
+
+    Not a subclass of int, on purpose: C code (CPython's, NumPy's, kiln's own argument parsing)
+    reads an int subclass's stored value directly, without calling __index__, so every such use
+    would bake the captured size into the graph with no guard. As it is, each use as an int goes
+    through __index__ / __int__ / __float__ and specializes the symbols (the entry then covers only
+    their captured sizes: range(n), int(n), math functions, a list index all behave as in eager).
+    isinstance(n, int) is true, as in eager (through __class__); only type(n) is SymInt."""
 
     __slots__ = ("expr", "value", "_capture")
+
+    @property
+    def __class__(self):  # isinstance(n, int) and numbers.Integral checks take the int path
+        return int
 
     def __init__(self, expr, value, capture):
         self.expr, self.value, self._capture = expr, value, capture
@@ -154,6 +174,39 @@ class SymInt:
     __floordiv__, __rfloordiv__ = _arith("//"), _arith("//", True)
     __mod__, __rmod__ = _arith("%"), _arith("%", True)
     del _arith
+
+    def __divmod__(self, o):
+        return self // o, self % o
+
+    def __rdivmod__(self, o):
+        return o // self, o % self
+
+    def _as_int(op, swap=False):  # bitwise operators: the size is used as an int
+        def f(self, o):
+            v = self.specialize("used as an int")
+            return op(o, v) if swap else op(v, o)
+        return f
+
+    __and__, __rand__ = _as_int(operator.and_), _as_int(operator.and_, True)
+    __or__, __ror__ = _as_int(operator.or_), _as_int(operator.or_, True)
+    __xor__, __rxor__ = _as_int(operator.xor), _as_int(operator.xor, True)
+    __lshift__, __rlshift__ = _as_int(operator.lshift), _as_int(operator.lshift, True)
+    __rshift__, __rrshift__ = _as_int(operator.rshift), _as_int(operator.rshift, True)
+    del _as_int
+
+    def __invert__(self):
+        return ~self.specialize("used as an int")
+
+    def __abs__(self):  # |n| is n or -n: which one is a guard
+        return self if self >= 0 else -self
+
+    def __round__(self, ndigits=None):  # an int rounds, truncates, floors and ceils to itself
+        return self if ndigits is None or ndigits >= 0 else round(self.specialize("round()"), ndigits)
+
+    def __trunc__(self):
+        return self
+
+    __floor__ = __ceil__ = __trunc__
 
     def __neg__(self):
         return self._wrap(_binop("-", _const(0), self.expr))
@@ -204,8 +257,10 @@ class SymInt:
     def __hash__(self):
         return hash(self.specialize("hashed"))
 
-    def __repr__(self):
-        return repr(self.value)
+    def __repr__(self):  # text made from a size (f"{n}", str(n), printing it) holds its value
+        return repr(self.specialize("made into text"))
+
+    __str__ = __repr__
 
     def __getattr__(self, name):  # the rest of int's interface (bit_length, to_bytes, ...): as an int
         if name.startswith("__"):
@@ -213,7 +268,7 @@ class SymInt:
         return getattr(self.specialize(f"int.{name}"), name)
 
     def __format__(self, spec):
-        return format(self.value, spec)
+        return format(self.specialize("made into text"), spec)
 
 
 _COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
@@ -243,6 +298,8 @@ class Capture:
         self.sets = []  # (node, attr index, kind, expression or int)
         self.reads = []  # (value, expressions) of intermediate shapes Python read
         self._read_cache = {}
+        self.backward_nodes = set()  # the nodes backward passes recorded (their gradient rules')
+        self._backward_starts = []
 
     # bookkeeping
     def guard(self, op, lhs, rhs, outcome):
@@ -320,9 +377,11 @@ class Capture:
             return None
 
     def call_hook(self, op, args):
-        if op == "backward":  # gradient rules bake sizes into constants (mean's 1/n): no symbol survives
-            for k in range(len(self.values)):
-                self.specialize(("s", k), "a backward pass")
+        if op == "backward":  # the gradient rules' nodes follow the forward's sizes
+            self._backward_starts.append(self.tracer.count())
+            return None
+        if op == "backward_done":
+            self.backward_nodes.update(range(self._backward_starts.pop(), self.tracer.count()))
             return None
         if op == "derived":  # flatten, squeeze, unsqueeze: each size one of the input's, 1, or the rest
             x, out, src = args
@@ -332,6 +391,10 @@ class Capture:
                     if d != -1:
                         self.sets.append((node, k, 1, d) if d >= 0 else (node, k, 2, 0))
             return None
+        if op == "getitem":
+            return self._getitem(*args)
+        if op == "setitem":
+            return self._setitem(*args)
         x = args[0]
         before = self.tracer.count()
         if op == "narrow":
@@ -368,6 +431,143 @@ class Capture:
                 self.sets.append((node, k, 0, e))
         return result
 
+    def _getitem(self, x, key):
+        """x[key] with the bounds of its slice (and the sizes of the reshape that drops int axes and
+        adds None axes) as expressions of the symbols, each clamp or bounds check a guard. A key
+        with index tensors or a negative step, or an x whose sizes the capture cannot follow,
+        specializes the symbols the indexing depends on."""
+        items, concrete = _key_items(key)
+        exprs = self._shape_exprs(x)
+        before = self.tracer.count()
+        result = x[concrete]
+        plan = None if exprs is None else self._index_plan(exprs, items)
+        made = self.tracer.count() - before
+        slice_node = before if made in (1, 2) and self.tracer.node_of(result) == before + made - 1 else None
+        if plan is not None and slice_node is not None:
+            starts, lengths, view = plan
+            shape = tuple(evaluate(e, self.values) for e in view)
+            if shape == tuple(_C.raw_shape(result)) and (made == 2) == (len(view) != len(lengths) or any(
+                    a != b for a, b in zip(view, lengths))):
+                for d, (st, ln) in enumerate(zip(starts, lengths)):
+                    self.sets.append((slice_node, d, 0, st))
+                    self.sets.append((slice_node, 2 * 8 + d, 0, ln))
+                if made == 2:
+                    self.sets.extend((slice_node + 1, k, 0, e) for k, e in enumerate(view))
+                return result
+        self._specialize_index(exprs, items)
+        return result
+
+    def _setitem(self, x, key, value):
+        """x[key] = value, its nodes following the symbols as _getitem's do: the slice_assign's
+        bounds, and the sizes of the expand and reshape that fit the value to the slice (the C
+        lowering makes each only when the value's shape differs from the view's, the slice's)."""
+        items, concrete = _key_items(key)
+        exprs = self._shape_exprs(x)
+        before = self.tracer.count()
+        x[concrete] = value
+        plan = None if exprs is None else self._index_plan(exprs, items)
+        made = self.tracer.count() - before
+        if plan is not None and made >= 1 and self.tracer.node_of(x) == before + made - 1 and (
+                isinstance(value, (_C.TensorBase, int, float))):
+            starts, lengths, view = plan
+            shape = tuple(_C.raw_shape(value)) if isinstance(value, _C.TensorBase) else ()
+            nodes = []
+            if shape != tuple(evaluate(e, self.values) for e in view) and len(shape) <= len(view):
+                nodes.append(view)
+                shape = tuple(evaluate(e, self.values) for e in view)
+            if shape != tuple(evaluate(e, self.values) for e in lengths):
+                nodes.append(lengths)
+            if len(nodes) == made - 1:
+                node = before
+                for sizes in nodes:
+                    self.sets.extend((node, k, 0, e) for k, e in enumerate(sizes))
+                    node += 1
+                for d, (st, ln) in enumerate(zip(starts, lengths)):
+                    self.sets.append((node, d, 0, st))
+                    self.sets.append((node, 2 * 8 + d, 0, ln))
+                return None
+        self._specialize_index(exprs, items)
+        return None
+
+    def _specialize_index(self, exprs, items):
+        """What an indexing the capture cannot follow depends on stays at its captured size."""
+        for e in (exprs or ()):
+            self.specialize(e, "indexing")
+        for i in items:
+            for part in ((i.start, i.stop, i.step) if isinstance(i, slice) else (i,)):
+                if isinstance(part, SymInt):
+                    part.specialize("indexing")
+
+    def _index_plan(self, sizes, items):
+        """(per axis of x its slice start and length, the view's sizes) as expressions for a key of
+        ints, slices with a positive step, None and ..., recording the guards the clamps assumed; or
+        None for another key."""
+        def ok(v):
+            return v is None or isinstance(v, SymInt) or (isinstance(v, int) and not isinstance(v, bool))
+
+        for i in items:
+            if isinstance(i, slice):
+                if not (ok(i.start) and ok(i.stop) and ok(i.step)) or _value(i.step) is not None and (
+                        isinstance(i.step, SymInt) or i.step <= 0):
+                    return None
+            elif not (i is None or i is Ellipsis or (ok(i) and i is not None)):
+                return None
+        used = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if used > len(sizes) or sum(1 for i in items if i is Ellipsis) > 1:
+            return None
+        full = slice(None, None, None)
+        expanded = []
+        for i in items:
+            expanded.extend([full] * (len(sizes) - used) if i is Ellipsis else [i])
+        if Ellipsis not in items:
+            expanded.extend([full] * (len(sizes) - used))
+        starts, lengths, view, d = [], [], [], 0
+        for i in expanded:
+            if i is None:
+                view.append(_const(1))
+                continue
+            size = sizes[d]
+            d += 1
+            if isinstance(i, slice):
+                step = 1 if i.step is None else i.step
+                lo = self._bound(i.start, size, _const(0))
+                hi = self._bound(i.stop, size, size)
+                if self._holds("<", lo, hi):
+                    n = _binop("-", hi, lo) if step == 1 else _binop(
+                        "+", _binop("//", _binop("-", _binop("-", hi, lo), _const(1)), _const(step)), _const(1))
+                    starts.append(lo)
+                else:
+                    n = _const(0)
+                    starts.append(_const(0))
+                lengths.append(n)
+                view.append(n)
+                continue
+            e = _expr_of(i)
+            if evaluate(e, self.values) < 0:
+                e = _binop("+", size, e)
+            if not (self._holds(">=", e, _const(0)) and self._holds("<", e, size)):
+                return None  # out of bounds: the C lowering raises the error
+            starts.append(e)
+            lengths.append(_const(1))
+        return starts, lengths, view
+
+    def _holds(self, op, lhs, rhs):
+        """Whether lhs op rhs at the captured sizes; a guard when either side is symbolic."""
+        outcome = _COMPARE[op](evaluate(lhs, self.values), evaluate(rhs, self.values))
+        if lhs[0] != "c" or rhs[0] != "c":
+            self.guard(op, lhs, rhs, outcome)
+        return outcome
+
+    def _bound(self, v, size, default):
+        """A slice bound clamped to [0, size] as Python does (positive step), as an expression."""
+        if v is None:
+            return default
+        e = _expr_of(v)
+        if evaluate(e, self.values) < 0:
+            e = _binop("+", size, e)
+            return e if self._holds(">=", e, _const(0)) else _const(0)
+        return e if self._holds("<=", e, size) else size
+
     def _new_node(self, before, result):
         """The node the shape function just recorded, or None when it recorded none or several."""
         if self.tracer.count() != before + 1:
@@ -379,6 +579,9 @@ class Capture:
     def rebind(self, graph, values):
         shapes = [tuple(evaluate(e, values) for e in exprs) for exprs in self.input_exprs]
         sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
+        if self.backward_nodes:  # a gradient rule's reshape, expand, full, slice_assign: follow
+            named = {s[0] for s in self.sets}
+            sets.extend((n, 0, 3, 0) for n in sorted(self.backward_nodes - named))
         return graph.rebind(shapes, sets)
 
     def bind(self, leaves):
@@ -428,6 +631,14 @@ class Capture:
 
     def __exit__(self, *exc):
         _C.set_sym_hooks(None, None, None)
+
+
+def _key_items(key):
+    """(the items of an index key, the key with each SymInt given as its captured size)."""
+    items = key if isinstance(key, tuple) else (key,)
+    concrete = tuple(slice(_value(i.start), _value(i.stop), _value(i.step)) if isinstance(i, slice)
+                     else _value(i) for i in items)
+    return items, concrete if isinstance(key, tuple) else concrete[0]
 
 
 def _expr_of(x):

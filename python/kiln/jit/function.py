@@ -209,7 +209,6 @@ class JitFunction(_C.JitDispatcher):
         self._cache = {}
         self._dynamic = {}  # shape-free key -> [kiln.jit.dynamic.DynamicEntry]
         self._sizes_seen = {}  # shape-free key -> per tensor, per dimension, the sizes compiled for
-        self._dynamic_ok = True  # False for the value_and_grad variants (see _grad_variant)
         self._keys = []
         self._warned = False
         self._eager_reason = None  # set when a trace of this function cannot be replayed
@@ -362,8 +361,6 @@ class JitFunction(_C.JitDispatcher):
     def _symbols(self, key, leaves):
         """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
         every size exact. Records the call's sizes for automatic mode."""
-        if not self._dynamic_ok:
-            return None
         free = self._shape_free(key)
         seen = self._sizes_seen.get(free)
         names, values, exprs, origins = dynamic.choose_symbols(leaves, [f"input{k}" for k in range(len(leaves))],
@@ -604,9 +601,6 @@ class JitFunction(_C.JitDispatcher):
             value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
             jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options.with_capture_mode("trace"))
             jf._grad_parent = self
-            # gradient rules put sizes into constants (mean's 1/n) that a rebinding cannot see:
-            # the forward and backward graph stays specialized per shape
-            jf._dynamic_ok = False
         return jf
 
     def __repr__(self):

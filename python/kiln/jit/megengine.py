@@ -529,7 +529,9 @@ class trace(_C.JitDispatcher):
 
     def _check_run(self, rec, spec, leaves):
         _Bindings.check(self._seen, self._baked)
-        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic)
+        # recorded as the trace records (symbolic shapes: gradient rules count elements with ops)
+        run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
+                            symbolic_shape=self.symbolic_shape)
         self._seen = self._bindings.snapshot(False)
         differs = rec.graph.diff_ops(run.graph, self._labels)
         if differs is None and rec.out_spec != run.out_spec:
