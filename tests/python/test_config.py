@@ -74,7 +74,8 @@ def test_show_config_prints_every_part():
     text = out.getvalue()
     f = kiln.config.facts()
     for part in (f"kiln {kiln.__version__}", "build:", f["build_isa"], "CPU:", "kiln uses:",
-                 f"instruction set {f['isa']}", "threads:", "BLAS:", f["blas_core"], "oneDNN:", f["dnnl_isa"], "generated code:", f["cc_flags"], "compile cache:"):
+                 f"instruction set {f['isa']}", "threads:", "BLAS:", f["blas_core"], "oneDNN:", f["dnnl_isa"],
+                 "generated code:", f["cc_flags"], "compile cache:"):
         assert part in text, (part, text)
 
 
