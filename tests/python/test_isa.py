@@ -1,7 +1,8 @@
 """The instruction set kiln uses (issue 17 part 2): KILN_MAX_CPU_ISA caps the CPU's, and the
 kernel families compiled once per instruction set (src/ops/isa_dispatch.h) run the variant of the
 level chosen. Here: every variant this CPU runs computes the float32 norm kernels (layer_norm,
-rms_norm, batch_norm, forward and backward) as NumPy's float64 formulas do (the Winograd
+rms_norm, batch_norm) and the softmax family (softmax, log_softmax), forward and backward, as
+NumPy's float64 formulas do (the Winograd
 family's variants are checked by tests/c/test_conv_winograd.c); the AVX-512 variant only on CPUs
 with AVX-512 (skipped elsewhere, saying so). In fresh interpreters: KILN_MAX_CPU_ISA=avx2 gives
 the AVX2 choices (variants, oneDNN's ISA, the 8-channel block, kiln's Winograd, generated C
@@ -106,6 +107,24 @@ def test_batch_norm_every_variant(variant, shape):
         _close(got, want, f"batch_norm {what} ({variant})")
 
 
+# the last axis (rows: I == 1) and a leading one (blocks of columns); values reaching exp's
+# clamps (below -86.5 after the maximum is subtracted: 0)
+@pytest.mark.parametrize("variant", VARIANTS, indirect=True)
+@pytest.mark.parametrize("shape,axis", [((5, 300), -1), ((40, 3, 9), 0)], ids=str)
+def test_softmax_every_variant(variant, shape, axis):
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape) * 4
+    x.flat[::7] -= 95.0
+    e = np.exp(x - x.max(axis, keepdims=True))
+    soft = e / e.sum(axis, keepdims=True)
+    y, gy, (gx,) = _grads(lambda t: ops.softmax(t, axis), x)
+    _close(y, soft, f"softmax ({variant})")
+    _close(gx, soft * (gy - (gy * soft).sum(axis, keepdims=True)), f"softmax gradient ({variant})")
+    y, gy, (gx,) = _grads(lambda t: ops.log_softmax(t, axis), x)
+    _close(y, np.log(soft), f"log_softmax ({variant})")
+    _close(gx, gy - soft * gy.sum(axis, keepdims=True), f"log_softmax gradient ({variant})")
+
+
 def test_select_refuses_what_does_not_run():
     with pytest.raises(ValueError, match="no kernel variant named 'avx1024'"):
         kiln._C.isa_select("avx1024")
@@ -121,7 +140,7 @@ def test_default_choice_follows_the_level():
     want = {"avx512_core": "avx512", "avx2": "avx2"}.get(info["isa"], "baseline")
     if info["max_cpu_isa"] is None and "KILN_MAX_CPU_ISA" not in os.environ:
         assert info["isa"] == info["cpu_isa_level"]
-    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32"}
+    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32"}
     assert set(kiln._C.isa_kernels().values()) == {want}, (info, kiln._C.isa_kernels())
 
 
