@@ -261,31 +261,23 @@ typedef struct {
 #define WINO_V(name) name##_baseline
 #include "conv_winograd_block.h"
 #undef WINO_V
-static const wino_kernels wino_baseline = {wino_block_baseline};
+static const wino_kernels winograd_baseline = {wino_block_baseline};
 #if KILN_ISA_VARIANTS
 KILN_ISA_BEGIN_AVX2
 #define WINO_V(name) name##_avx2
 #include "conv_winograd_block.h"
 #undef WINO_V
 KILN_ISA_END
-static const wino_kernels wino_avx2 = {wino_block_avx2};
+static const wino_kernels winograd_avx2 = {wino_block_avx2};
 KILN_ISA_BEGIN_AVX512
 #define WINO_V(name) name##_avx512
 #include "conv_winograd_block.h"
 #undef WINO_V
 KILN_ISA_END
-static const wino_kernels wino_avx512 = {wino_block_avx512};
+static const wino_kernels winograd_avx512 = {wino_block_avx512};
 #endif
 
-static const void *wino_chosen = &wino_baseline; /* set at start-up (isa_dispatch.c) */
-const kiln_isa_kernel kiln_isa_winograd = {
-    "winograd", &wino_chosen,
-#if KILN_ISA_VARIANTS
-    {&wino_baseline, &wino_avx2, &wino_avx512},
-#else
-    {&wino_baseline, NULL, NULL},
-#endif
-};
+KILN_ISA_FAMILY(winograd)
 
 static kiln_status wino_run(const kiln_conv_params *p, const kiln_conv_epilogue *ep, const float *x, const float *w,
                             const float *bias, const float *residual, float *y, bool *ran) {
@@ -311,7 +303,7 @@ static kiln_status wino_run(const kiln_conv_params *p, const kiln_conv_epilogue 
     wino_layout lx = wino_layout_of(ep->layout, p->C, p->H, p->W), ly = wino_layout_of(ep->layout, p->O, p->OH, p->OW);
     wino_act_fn act = wino_activation(ep);
     float *scratch = wino_scratch;
-    wino_block_fn block = ((const wino_kernels *)wino_chosen)->block;
+    wino_block_fn block = ((const wino_kernels *)winograd_chosen)->block;
 #pragma omp parallel num_threads(threads)
     {
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();

@@ -50,6 +50,18 @@ typedef struct kiln_isa_kernel {
     const void *variant[KILN_VARIANT_COUNT]; /* NULL where not compiled */
 } kiln_isa_kernel;
 
+/* In a family's file, after its tables P_baseline, P_avx2 and P_avx512 (the last two only where
+ * KILN_ISA_VARIANTS): `static const void *P_chosen`, the table its callers use (set at start-up),
+ * and `const kiln_isa_kernel kiln_isa_P`, the family named "P". */
+#if KILN_ISA_VARIANTS
+#define KILN_ISA_TABLES(P) {&P##_baseline, &P##_avx2, &P##_avx512}
+#else
+#define KILN_ISA_TABLES(P) {&P##_baseline, NULL, NULL}
+#endif
+#define KILN_ISA_FAMILY(P)                             \
+    static const void *P##_chosen = &P##_baseline; \
+    const kiln_isa_kernel kiln_isa_##P = {#P, &P##_chosen, KILN_ISA_TABLES(P)};
+
 /* The dispatched families, listed in isa_dispatch.c; their tables live beside their loops. */
 int kiln_isa_kernel_count(void);
 const kiln_isa_kernel *kiln_isa_kernel_at(int k);

@@ -466,15 +466,7 @@ KILN_ISA_END
 static const norm_kernels norm_f32_avx512 = NORM_TABLE(f32_avx512);
 #endif
 
-static const void *norm_f32_chosen = &norm_f32_baseline; /* set at start-up (isa_dispatch.c) */
-const kiln_isa_kernel kiln_isa_norm_f32 = {
-    "norm_f32", &norm_f32_chosen,
-#if KILN_ISA_VARIANTS
-    {&norm_f32_baseline, &norm_f32_avx2, &norm_f32_avx512},
-#else
-    {&norm_f32_baseline, NULL, NULL},
-#endif
-};
+KILN_ISA_FAMILY(norm_f32)
 
 #define DISPATCH(f64, FN, ...) ((f64) ? FN##_f64(__VA_ARGS__) : ((const norm_kernels *)norm_f32_chosen)->FN(__VA_ARGS__))
 

@@ -988,15 +988,7 @@ SOFTMAX_F32_VARIANT(avx512)
 KILN_ISA_END
 #endif
 
-static const void *softmax_f32_chosen = &softmax_f32_baseline; /* set at start-up (isa_dispatch.c) */
-const kiln_isa_kernel kiln_isa_softmax_f32 = {
-    "softmax_f32", &softmax_f32_chosen,
-#if KILN_ISA_VARIANTS
-    {&softmax_f32_baseline, &softmax_f32_avx2, &softmax_f32_avx512},
-#else
-    {&softmax_f32_baseline, NULL, NULL},
-#endif
-};
+KILN_ISA_FAMILY(softmax_f32)
 
 /* t as a contiguous tensor of dtype cd and shape m (broadcast when the shapes differ). */
 static kiln_status materialize(kiln_tensor *t, kiln_dtype cd, const kiln_meta *m, kiln_tensor **out) {
