@@ -1,8 +1,8 @@
 """The instruction set kiln uses (issue 17 part 2): KILN_MAX_CPU_ISA caps the CPU's, and the
 kernel families compiled once per instruction set (src/ops/isa_dispatch.h) run the variant of the
 level chosen. Here: every variant this CPU runs computes the float32 norm kernels (layer_norm,
-rms_norm, batch_norm) and the softmax family (softmax, log_softmax), forward and backward, as
-NumPy's float64 formulas do (the Winograd
+rms_norm, batch_norm) and the softmax family (softmax, log_softmax), forward and backward, and
+the elementwise loops, as NumPy's float64 formulas do (the Winograd
 family's variants are checked by tests/c/test_conv_winograd.c); the AVX-512 variant only on CPUs
 with AVX-512 (skipped elsewhere, saying so). In fresh interpreters: KILN_MAX_CPU_ISA=avx2 gives
 the AVX2 choices (variants, oneDNN's ISA, the 8-channel block, kiln's Winograd, generated C
@@ -125,6 +125,29 @@ def test_softmax_every_variant(variant, shape, axis):
     _close(gx, gy - soft * gy.sum(axis, keepdims=True), f"log_softmax gradient ({variant})")
 
 
+# contiguous operands, a broadcast scalar on either side, strided (transposed) operands, three inputs
+@pytest.mark.parametrize("variant", VARIANTS, indirect=True)
+def test_elementwise_every_variant(variant):
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((37, 29)), rng.standard_normal((37, 29))
+    s = np.float64(rng.standard_normal())
+    ka, kb, ks = (kiln.Tensor(v.astype(np.float32)) for v in (a, b, np.array(s)))
+    a, b, s = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, s))  # the float32 values
+    kt = ops.swapaxes(kiln.Tensor(b.T.astype(np.float32).copy()), 0, 1)  # b again, strided
+    checks = [
+        ("add", ka + kb, a + b), ("mul by scalar", ka * ks, a * s), ("scalar minus", ks - ka, s - a),
+        ("div strided", ka / kt, a / b), ("neg", -ka, -a), ("relu", ops.relu(ka), np.maximum(a, 0)),
+        ("exp", ops.exp(ka), np.exp(a)), ("sigmoid", ops.sigmoid(ka), 1 / (1 + np.exp(-a))),
+        ("greater", ops.greater(ka, kt), a > b), ("where", ops.where(ops.greater(ka, 0), ka, kb), np.where(a > 0, a, b)),
+    ]
+    for what, got, want in checks:
+        got = got.asnumpy()
+        if want.dtype == bool:
+            np.testing.assert_array_equal(got, want, err_msg=f"{what} ({variant})")
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{what} ({variant})")
+
+
 def test_select_refuses_what_does_not_run():
     with pytest.raises(ValueError, match="no kernel variant named 'avx1024'"):
         kiln._C.isa_select("avx1024")
@@ -140,7 +163,7 @@ def test_default_choice_follows_the_level():
     want = {"avx512_core": "avx512", "avx2": "avx2"}.get(info["isa"], "baseline")
     if info["max_cpu_isa"] is None and "KILN_MAX_CPU_ISA" not in os.environ:
         assert info["isa"] == info["cpu_isa_level"]
-    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32"}
+    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32", "elementwise_f32"}
     assert set(kiln._C.isa_kernels().values()) == {want}, (info, kiln._C.isa_kernels())
 
 
