@@ -207,11 +207,15 @@ def test_avx2_cap_makes_the_avx2_choices(tmp_path):
     if shutil.which("objdump"):
         assert capped["generated"] > 0
         assert _avx512_instructions(str(tmp_path / "capped")) == 0
-    # the same results as the run at the CPU's own level (AVX-512 rounds differently: close, not equal)
+    # the results of the run at the CPU's own level: the same on an AVX2 CPU; on an AVX-512 one
+    # close (other vector widths sum in another order, and the block's convolutions run on
+    # oneDNN's kernels there, on kiln's Winograd capped: within its error, ~1e-5 of the terms' sum)
     for key in ("layer_norm", "softmax", "block"):
         got, want = np.array(capped["out"][key]), np.array(plain["out"][key])
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=key)
-        if not avx512_cpu:
+        if avx512_cpu:
+            tol = 2e-4 if key == "block" else 1e-5
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=key)
+        else:
             np.testing.assert_array_equal(got, want, err_msg=key)
 
 
