@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "core/profile.h"
+#include "kiln/config.h"
 #include "kiln/kiln.h"
 #include "npy.h"
 
@@ -336,6 +337,7 @@ int main(int argc, char **argv) {
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
+    if (kiln_max_isa_check() != KILN_OK) return die("environment"); /* a KILN_MAX_CPU_ISA kiln does not know */
     if (o.threads && kiln_set_num_threads(o.threads) != KILN_OK) return die("--threads");
     kiln_manual_seed(o.seed);
     double t0 = now_ms();

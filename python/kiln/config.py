@@ -46,7 +46,7 @@ def facts():
         "cpu_count": os.cpu_count(), "threads": get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
-        "conv_block": _C.conv_block_size(),
+        "conv_block": _C.conv_block_size(), "isa_kernels": _C.isa_kernels(),
         "cc_command": cc["command"], "cc_identity": cc["identity"], "cc_flags": cc["flags"],
         "cc_works": works, "cc_check": how,
         "cache_dir": cc["cache_dir"], "cache_usable": cc["cache_usable"], "cache_entries": entries,
@@ -67,6 +67,7 @@ def size_text(n):
 
 def show_config(file=None):
     """Prints what kiln runs on: version, build options, the CPU and its vector extensions,
+    the instruction set kiln uses (KILN_MAX_CPU_ISA caps it) and the kernel variants it chose,
     threads, BLAS and oneDNN and what they chose, the C compiler of generated code (compiling a
     tiny kernel to see that it works) and the compile cache."""
     f = facts()
@@ -78,6 +79,9 @@ def show_config(file=None):
         f"CPU:             {f['cpu_model'] or platform.machine()}, {f['cpu_count']} logical cores",
         f"CPU has:         {f['cpu_isa'] or '-'}"
         + (f" (not used by kiln's kernels: {' '.join(cpu_only)})" if cpu_only else ""),
+        f"kiln uses:       instruction set {f['isa']}"
+        + (f" (KILN_MAX_CPU_ISA={f['max_cpu_isa']}; the CPU's: {f['cpu_isa_level']})" if f["max_cpu_isa"] else "")
+        + "; kernel variants " + ", ".join(f"{k} {v}" for k, v in sorted(f["isa_kernels"].items())),
         f"threads:         {f['threads']} (kiln.set_num_threads"
         + (f"; OMP_NUM_THREADS={f['omp_num_threads']}" if f["omp_num_threads"] else "") + ")",
         f"BLAS:            {f['blas_config']}; kernels for {f['blas_core']}",

@@ -88,11 +88,14 @@ class LlamaAttention(nn.Cell):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
 
+        # grouped query heads without copying K/V (repeat_kv's result): the n_rep query heads
+        # that share a kv head are consecutive, so per kv head they form one (n_rep * seq)-row
+        # matrix, and one matmul with that head's K (and V) serves them all, forward and backward
+        # (whose gradient of K and V needs no sum over copies)
         n_rep = self.num_heads // self.num_kv_heads
-        k = repeat_kv(k, n_rep)
-        v = repeat_kv(v, n_rep)
-
+        q = ops.reshape(q, (b, self.num_kv_heads, n_rep * s, self.head_dim))
         scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) / math.sqrt(self.head_dim)
         out = ops.matmul(ops.softmax(scores, -1), v)
+        out = ops.reshape(out, (b, self.num_heads, s, self.head_dim))
         out = ops.reshape(ops.swapaxes(out, 1, 2), (b, s, self.hidden_size))
         return self.o_proj(out)

@@ -33,6 +33,7 @@
 #include "codegen_info.h"
 #include "disk_cache.h"
 #include "../core/profile.h"
+#include "kiln/config.h"
 
 extern char **environ;
 
@@ -45,6 +46,19 @@ static const char *const compile_flags[] = {
     "-std=c11", "-fPIC", "-shared", "-w",
 };
 #define NFLAGS ((int)(sizeof compile_flags / sizeof compile_flags[0]))
+#define MAX_ISA_FLAGS 2
+
+/* The flags that keep generated code within the level kiln uses (KILN_MAX_CPU_ISA below the
+ * CPU's: -march=native alone would use all of the CPU's); none at the CPU's own level. */
+static int isa_flags(const char *out[MAX_ISA_FLAGS]) {
+    kiln_isa cpu = kiln_cpu_isa_level(), used = kiln_isa_level();
+    if (used >= cpu) return 0;
+    switch (used) {
+    case KILN_ISA_AVX2: out[0] = "-mno-avx512f"; return 1; /* and every AVX-512 extension with it */
+    case KILN_ISA_AVX: out[0] = "-mno-avx2", out[1] = "-mno-fma"; return 2;
+    default: out[0] = "-mno-avx"; return 1; /* and AVX2, FMA, F16C, AVX-512 */
+    }
+}
 
 /* ---- hashing ------------------------------------------------------------------------------ */
 
@@ -302,7 +316,7 @@ static void *open_object(const kiln_work_dir *w, const char *name, const char **
 static kiln_status compile_in(const kiln_work_dir *w, const char *source, const char *target) {
     if (!kiln_work_write(w, "kernel.c", source, strlen(source), false))
         return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write kernel.c in %s: %s", w->where, strerror(errno));
-    char **argv = kiln_calloc((size_t)state.cc_argc + NFLAGS + 4, sizeof *argv);
+    char **argv = kiln_calloc((size_t)state.cc_argc + NFLAGS + MAX_ISA_FLAGS + 4, sizeof *argv);
     if (!argv) return KILN_ERR_MEMORY;
     int log = kiln_work_open(w, "log.txt");
     if (log < 0) {
@@ -312,6 +326,8 @@ static kiln_status compile_in(const kiln_work_dir *w, const char *source, const 
     int argc = 0;
     for (int k = 0; k < state.cc_argc; k++) argv[argc++] = state.cc_argv[k];
     for (int k = 0; k < NFLAGS; k++) argv[argc++] = (char *)compile_flags[k];
+    const char *isa[MAX_ISA_FLAGS];
+    for (int k = 0, n = isa_flags(isa); k < n; k++) argv[argc++] = (char *)isa[k];
     argv[argc++] = "-o";
     argv[argc++] = (char *)target;
     argv[argc++] = "kernel.c";
@@ -391,11 +407,15 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
 static kiln_status make_key(const char *source, char key[33]) {
     size_t n = strlen(source) + strlen(state.cc_identity) + strlen(KILN_CODEGEN_VERSION) + 64;
     for (int k = 0; k < NFLAGS; k++) n += strlen(compile_flags[k]) + 1;
+    const char *isa[MAX_ISA_FLAGS];
+    int nisa = isa_flags(isa);
+    for (int k = 0; k < nisa; k++) n += strlen(isa[k]) + 1;
     char *material = kiln_malloc(n);
     if (!material) return kiln_error(KILN_ERR_MEMORY, "out of memory loading generated code");
     size_t len = (size_t)snprintf(material, n, "%s\n%s\n%016llx\n", KILN_CODEGEN_VERSION, state.cc_identity,
                                   (unsigned long long)state.cpu_hash);
     for (int k = 0; k < NFLAGS; k++) len += (size_t)snprintf(material + len, n - len, "%s ", compile_flags[k]);
+    for (int k = 0; k < nisa; k++) len += (size_t)snprintf(material + len, n - len, "%s ", isa[k]);
     len += (size_t)snprintf(material + len, n - len, "\n%s", source);
     snprintf(key, 33, "%016llx%016llx", (unsigned long long)kiln_codegen_hash(material, len, 11),
              (unsigned long long)kiln_codegen_hash(material, len, 12));
@@ -520,11 +540,14 @@ void kiln_codegen_describe(kiln_codegen_description *out) {
     const char *cc = getenv("CC");
     snprintf(out->command, sizeof out->command, "%s", cc && *cc ? cc : "cc");
     size_t n = 0;
-    for (int k = 0; k < NFLAGS; k++) {
-        size_t len = strlen(compile_flags[k]);
+    const char *flags[NFLAGS + MAX_ISA_FLAGS];
+    memcpy(flags, compile_flags, sizeof compile_flags);
+    int nflags = NFLAGS + isa_flags(flags + NFLAGS);
+    for (int k = 0; k < nflags; k++) {
+        size_t len = strlen(flags[k]);
         if (n + len + 2 > sizeof out->flags) break;
         if (k) out->flags[n++] = ' ';
-        memcpy(out->flags + n, compile_flags[k], len + 1);
+        memcpy(out->flags + n, flags[k], len + 1);
         n += len;
     }
     pthread_mutex_lock(&state.lock);

@@ -1,10 +1,14 @@
 /* The CPU kiln runs on and how its kernels were built (include/kiln/config.h). The vector
  * extensions are listed twice with the same names: those the compiler was allowed to use for
- * kiln's kernels (predefined macros) and those the CPU has (its cpuid bits). */
+ * kiln's kernels (predefined macros) and those the CPU has (its cpuid bits). Also the
+ * instruction-set level kiln uses: the CPU's, capped by KILN_MAX_CPU_ISA. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "kiln/config.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -79,12 +83,14 @@ const char *kiln_build_isa(void) {
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 static char cpu_model[64], cpu_isa[160];
+static kiln_isa cpu_level = KILN_ISA_SSE41;
 
-#if defined(__x86_64__) || defined(__i386__)
 static void append(char *buf, size_t size, const char *name) {
     size_t n = strlen(buf);
     snprintf(buf + n, size - n, "%s%s", n ? " " : "", name);
 }
+
+#if defined(__x86_64__) || defined(__i386__)
 
 static void cpu_init(void) {
     unsigned regs[12];
@@ -113,6 +119,13 @@ static void cpu_init(void) {
     if (__builtin_cpu_supports("avx512vl")) append(cpu_isa, sizeof cpu_isa, "avx512vl");
     if (__builtin_cpu_supports("avx512vnni")) append(cpu_isa, sizeof cpu_isa, "avx512vnni");
     if (__builtin_cpu_supports("avx512bf16")) append(cpu_isa, sizeof cpu_isa, "avx512bf16");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        cpu_level = KILN_ISA_AVX512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        cpu_level = KILN_ISA_AVX2;
+    else if (__builtin_cpu_supports("avx"))
+        cpu_level = KILN_ISA_AVX;
 }
 #else
 static void cpu_init(void) {}
@@ -126,4 +139,79 @@ const char *kiln_cpu_model(void) {
 const char *kiln_cpu_isa(void) {
     pthread_once(&cpu_once, cpu_init);
     return cpu_isa;
+}
+
+kiln_isa kiln_cpu_isa_level(void) {
+    pthread_once(&cpu_once, cpu_init);
+    return cpu_level;
+}
+
+/* ---- KILN_MAX_CPU_ISA ------------------------------------------------------------------------- */
+
+/* oneDNN's names (ONEDNN_MAX_CPU_ISA), each with the kiln level it caps to */
+static const struct {
+    const char *name;
+    kiln_isa level;
+} isa_caps[] = {
+    {"sse41", KILN_ISA_SSE41},
+    {"avx", KILN_ISA_AVX},
+    {"avx2", KILN_ISA_AVX2},
+    {"avx2_vnni", KILN_ISA_AVX2},
+    {"avx512_core", KILN_ISA_AVX512},
+    {"avx512_core_vnni", KILN_ISA_AVX512},
+    {"avx512_core_bf16", KILN_ISA_AVX512},
+    {"avx512_core_fp16", KILN_ISA_AVX512},
+    {"avx512_core_amx", KILN_ISA_AVX512},
+};
+#define NCAPS ((int)(sizeof isa_caps / sizeof isa_caps[0]))
+
+static pthread_once_t cap_once = PTHREAD_ONCE_INIT;
+static int cap_index = -1;    /* into isa_caps; -1: no cap */
+static char cap_bad[64];      /* the value when it is no known name */
+
+static void cap_init(void) {
+    const char *v = getenv("KILN_MAX_CPU_ISA");
+    if (!v || !*v) return;
+    char low[64];
+    size_t n = 0;
+    for (; v[n] && n < sizeof low - 1; n++) low[n] = (char)tolower((unsigned char)v[n]);
+    low[n] = '\0';
+    if (!v[n]) {
+        if (!strcmp(low, "default") || !strcmp(low, "all")) return;
+        for (int k = 0; k < NCAPS; k++)
+            if (!strcmp(low, isa_caps[k].name)) {
+                cap_index = k;
+                return;
+            }
+    }
+    snprintf(cap_bad, sizeof cap_bad, "%s", v);
+}
+
+kiln_isa kiln_isa_level(void) {
+    pthread_once(&cap_once, cap_init);
+    kiln_isa cpu = kiln_cpu_isa_level();
+    return cap_index >= 0 && isa_caps[cap_index].level < cpu ? isa_caps[cap_index].level : cpu;
+}
+
+const char *kiln_max_isa_setting(void) {
+    pthread_once(&cap_once, cap_init);
+    return cap_index >= 0 ? isa_caps[cap_index].name : NULL;
+}
+
+kiln_status kiln_max_isa_check(void) {
+    pthread_once(&cap_once, cap_init);
+    if (!cap_bad[0]) return KILN_OK;
+    char known[256] = "";
+    for (int k = 0; k < NCAPS; k++) append(known, sizeof known, isa_caps[k].name);
+    return kiln_error(KILN_ERR_VALUE, "KILN_MAX_CPU_ISA=%s: not an instruction set kiln knows (%s, default, all)",
+                      cap_bad, known);
+}
+
+const char *kiln_isa_name(kiln_isa isa) {
+    switch (isa) {
+    case KILN_ISA_AVX: return "avx";
+    case KILN_ISA_AVX2: return "avx2";
+    case KILN_ISA_AVX512: return "avx512_core";
+    default: return "sse41";
+    }
 }

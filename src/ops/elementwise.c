@@ -1,10 +1,12 @@
 /* Elementwise ops: inference (broadcasting, promotion) and kernels generated from the C
- * expressions in ops.def, for every compute type. Ops on float16 operands only compute in
- * float32 registers, each result rounded to float16 (run_float16); bfloat16, and float16 mixed with
- * other dtypes, compute through float32 copies of the operands (run_elementwise). */
+ * expressions in ops.def, for every compute type; the float32 loops are compiled per instruction
+ * set (isa_dispatch.h: "elementwise_f32"). Ops on float16 operands only compute in float32
+ * registers, each result rounded to float16 (run_float16); bfloat16, and float16 mixed with other
+ * dtypes, compute through float32 copies of the operands (run_elementwise). */
 #include <tgmath.h>
 
 #include "../core/internal.h"
+#include "isa_dispatch.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
 
@@ -213,6 +215,54 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
     EW_IF_##fusion(EW_GEN_##infer(GEN_LOOPS, kernel, nin, cexpr))
 #include "ops.def"
 #undef KILN_OP
+
+/* float32's loops, the hot ones, also compiled per instruction set (isa_dispatch.h: family
+ * "elementwise_f32"): each variant is a table of them by op. ops.def is read per variant, for
+ * its loops (EW_PART = EW_F32_LOOP, inside the variant's target pragma) and for its table
+ * (EW_PART = EW_F32_ENTRY); EW_SFX names the variant's functions. */
+typedef struct {
+    kiln_inner_fn f32[KILN_OP_COUNT];
+} ew_kernels;
+#define EW_F32_LOOP(OUTKIND, name, nin, ENUM, cexpr, SFX) \
+    EW_LOOP##nin(ew_##name##_##SFX, float, EW_OT_##OUTKIND(float), EW_STORE_##OUTKIND, cexpr)
+#define EW_F32_ENTRY(OUTKIND, name, nin, ENUM, cexpr, SFX) [KILN_OP_##ENUM] = ew_##name##_##SFX,
+#define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
+    EW_IF_##fusion(EW_GEN_##infer(EW_PART, kernel, nin, ENUM, cexpr, EW_SFX))
+
+#define EW_SFX f32
+#define EW_PART EW_F32_ENTRY
+static const ew_kernels elementwise_f32_baseline = {{
+#include "ops.def"
+}};
+#undef EW_PART
+#undef EW_SFX
+#if KILN_ISA_VARIANTS
+#define EW_SFX f32_avx2
+KILN_ISA_BEGIN_AVX2
+#define EW_PART EW_F32_LOOP
+#include "ops.def"
+#undef EW_PART
+KILN_ISA_END
+#define EW_PART EW_F32_ENTRY
+static const ew_kernels elementwise_f32_avx2 = {{
+#include "ops.def"
+}};
+#undef EW_PART
+#undef EW_SFX
+#define EW_SFX f32_avx512
+KILN_ISA_BEGIN_AVX512
+#define EW_PART EW_F32_LOOP
+#include "ops.def"
+#undef EW_PART
+KILN_ISA_END
+#define EW_PART EW_F32_ENTRY
+static const ew_kernels elementwise_f32_avx512 = {{
+#include "ops.def"
+}};
+#undef EW_PART
+#undef EW_SFX
+#endif
+#undef KILN_OP
 #pragma GCC diagnostic pop
 
 /* ---- the shared kernel ------------------------------------------------------------------ */
@@ -330,16 +380,19 @@ static kiln_dtype op_compute_dtype(kiln_tensor *const *in, int nin, const kiln_t
     return compute_dtype(d);
 }
 
-#define GEN_KERNEL(OUTKIND, name, nin_, cexpr)                                               \
+KILN_ISA_FAMILY(elementwise_f32)
+
+/* float32 through the variant chosen (elementwise_f32_chosen), the other types as built */
+#define GEN_KERNEL(OUTKIND, name, nin_, ENUM)                                                \
     KILN_KERNEL(name) {                                                                      \
-        static const kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,      \
-                                                      ew_##name##_i32,  ew_##name##_i64,     \
-                                                      ew_##name##_f32,  ew_##name##_f64};    \
-        if (all_float16(in, nin, out[0])) return run_float16(ew_##name##_f32, nin, in, a, out[0]); \
+        kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,  ew_##name##_i32, \
+                                         ew_##name##_i64,  ew_##name##_f32, ew_##name##_f64}; \
+        loops[CT_F32] = ((const ew_kernels *)elementwise_f32_chosen)->f32[KILN_OP_##ENUM];   \
+        if (all_float16(in, nin, out[0])) return run_float16(loops[CT_F32], nin, in, a, out[0]); \
         return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
     }
 #define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
-    EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, cexpr))
+    EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, ENUM))
 #include "ops.def"
 #undef KILN_OP
 

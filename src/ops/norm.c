@@ -3,7 +3,8 @@
  * Kernels compute in float64 for float64 inputs and in float32 otherwise (float16/bfloat16
  * through float32), with statistics accumulated in double. Work is split by shape only, never
  * by thread count, and partial results are combined in a fixed order, so results are bitwise
- * identical for any number of threads.
+ * identical for any number of threads. The float32 kernels are compiled once per instruction
+ * set and chosen at start-up (isa_dispatch.h: family "norm_f32").
  *
  * Statistics outputs are float64 for float64 inputs and float32 otherwise. batch_norm's mean
  * and invstd have shape (C,); layer_norm/rms_norm's have x's shape with the normalized axes
@@ -12,6 +13,7 @@
 #include <math.h>
 
 #include "../core/internal.h"
+#include "isa_dispatch.h"
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
 
@@ -433,10 +435,40 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
         }                                                                                                            \
     }
 
-NORM_KERNELS(float, f32)
 NORM_KERNELS(double, f64)
 
-#define DISPATCH(f64, FN, ...) ((f64) ? FN##_f64(__VA_ARGS__) : FN##_f32(__VA_ARGS__))
+/* float32, the hot type, compiled per instruction set (isa_dispatch.h): a table per variant */
+typedef struct {
+    void (*bn_stats)(const float *x, const bn_plan *p, double *part, double *mean, double *var);
+    void (*bn_grad_sums)(const float *gy, const float *x, const bn_plan *p, const double *mean, double *part,
+                         double *sg, double *sgx);
+    void (*bn_affine)(const float *x, float *y, const bn_plan *p, const double *scale, const double *shift);
+    void (*bn_grad_input)(const float *gy, const float *x, float *gx, const bn_plan *p, const double *mean,
+                          const double *k1, const double *k2, const double *k3);
+    void (*ln_forward)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd, int64_t R,
+                       int64_t D, double eps, bool centered);
+    void (*ln_backward)(const float *gy, const float *x, const float *w, const float *mean, const float *rstd,
+                        float *gx, float *gw, float *gb, const ln_plan *lp, double *part, double *rowsums);
+} norm_kernels;
+#define NORM_TABLE(SFX) \
+    {bn_stats_##SFX, bn_grad_sums_##SFX, bn_affine_##SFX, bn_grad_input_##SFX, ln_forward_##SFX, ln_backward_##SFX}
+
+NORM_KERNELS(float, f32)
+static const norm_kernels norm_f32_baseline = NORM_TABLE(f32);
+#if KILN_ISA_VARIANTS
+KILN_ISA_BEGIN_AVX2
+NORM_KERNELS(float, f32_avx2)
+KILN_ISA_END
+static const norm_kernels norm_f32_avx2 = NORM_TABLE(f32_avx2);
+KILN_ISA_BEGIN_AVX512
+NORM_KERNELS(float, f32_avx512)
+KILN_ISA_END
+static const norm_kernels norm_f32_avx512 = NORM_TABLE(f32_avx512);
+#endif
+
+KILN_ISA_FAMILY(norm_f32)
+
+#define DISPATCH(f64, FN, ...) ((f64) ? FN##_f64(__VA_ARGS__) : ((const norm_kernels *)norm_f32_chosen)->FN(__VA_ARGS__))
 
 /* ---- batch_norm ------------------------------------------------------------------------------ */
 

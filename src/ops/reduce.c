@@ -4,11 +4,13 @@
  * Reductions compute in three element types: float (float16/bfloat16/float32 inputs), double,
  * and int64 (integer and bool inputs). Floating accumulators are double; float32 sums add
  * blocks of the input in float lanes first. Every kernel's summation order depends on the
- * shapes and strides only, never on the thread count, so results are bitwise reproducible. */
+ * shapes and strides only, never on the thread count, so results are bitwise reproducible.
+ * float32's softmax family is compiled per instruction set (isa_dispatch.h: "softmax_f32"). */
 #include <math.h>
 #include <omp.h>
 
 #include "../core/internal.h"
+#include "isa_dispatch.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
 
@@ -792,27 +794,29 @@ typedef struct {
  * plain arithmetic so loops over it vectorize (glibc's expf does not); explicit fmaf (one
  * instruction each) and rintf (one rounding instruction). Inputs below -86.5 give 0 (true
  * values there are under 3e-38). */
-static inline float exp_f32(float x) {
-    const float hi = 88.72283935546875f, lo = -86.5f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
-    float n = rintf(xc * 1.44269504088896341f);
-    n = n == n ? n : 0.0f; /* NaN: keep the int conversion defined */
-    float r = fmaf(n, 2.12194440e-4f, fmaf(n, -0.693359375f, xc));
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r) + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale;
-    scale.i = ((int32_t)n + 126) << 23; /* 2^(n-1): n - 1 >= -126 stays normal */
-    float y = p * scale.f * 2.0f;
-    return x < lo ? 0.0f : (x > hi ? (float)INFINITY : y);
-}
+#define DEFINE_EXP_F32(NAME)                                                             \
+    static inline float NAME(float x) {                                                  \
+        const float hi = 88.72283935546875f, lo = -86.5f;                                \
+        float xc = x > hi ? hi : (x < lo ? lo : x);                                      \
+        float n = rintf(xc * 1.44269504088896341f);                                      \
+        n = n == n ? n : 0.0f; /* NaN: keep the int conversion defined */                \
+        float r = fmaf(n, 2.12194440e-4f, fmaf(n, -0.693359375f, xc));                   \
+        float p = 1.9875691500e-4f;                                                      \
+        p = fmaf(p, r, 1.3981999507e-3f);                                                \
+        p = fmaf(p, r, 8.3334519073e-3f);                                                \
+        p = fmaf(p, r, 4.1665795894e-2f);                                                \
+        p = fmaf(p, r, 1.6666665459e-1f);                                                \
+        p = fmaf(p, r, 5.0000001201e-1f);                                                \
+        p = fmaf(p, r * r, r) + 1.0f;                                                    \
+        union {                                                                          \
+            int32_t i;                                                                   \
+            float f;                                                                     \
+        } scale;                                                                         \
+        scale.i = ((int32_t)n + 126) << 23; /* 2^(n-1): n - 1 >= -126 stays normal */    \
+        float y = p * scale.f * 2.0f;                                                    \
+        return x < lo ? 0.0f : (x > hi ? (float)INFINITY : y);                           \
+    }
+DEFINE_EXP_F32(exp_f32)
 
 /* sum(a * b) in lanes per block, blocks joined in double */
 #define DEFINE_DOT(SUF, T)                                                                   \
@@ -960,6 +964,32 @@ DEFINE_EXP_SUM(f64, double, exp)
 DEFINE_SOFTMAX(f32, float, exp_f32, log)
 DEFINE_SOFTMAX(f64, double, exp, log)
 
+/* float32's softmax family compiled per instruction set (isa_dispatch.h), each variant with its
+ * own copies of the loops it calls (the reductions' unused ones included: hence the pragma) */
+typedef struct {
+    void (*range)(const void *ctx, int64_t tb, int64_t te);
+} softmax_kernels;
+static const softmax_kernels softmax_f32_baseline = {sm_range_f32};
+#define SOFTMAX_F32_VARIANT(V)                                                               \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wunused-function\"")     \
+    DEFINE_LOOPS(f32_##V, float, double, float, ADD_F, MUL_F, FMAX, FMIN)                    \
+    DEFINE_EXP_F32(exp_f32_##V)                                                              \
+    DEFINE_DOT(f32_##V, float)                                                               \
+    DEFINE_EXP_SUM(f32_##V, float, exp_f32_##V)                                              \
+    DEFINE_SOFTMAX(f32_##V, float, exp_f32_##V, log)                                         \
+    _Pragma("GCC diagnostic pop")                                                            \
+    static const softmax_kernels softmax_f32_##V = {sm_range_f32_##V};
+#if KILN_ISA_VARIANTS
+KILN_ISA_BEGIN_AVX2
+SOFTMAX_F32_VARIANT(avx2)
+KILN_ISA_END
+KILN_ISA_BEGIN_AVX512
+SOFTMAX_F32_VARIANT(avx512)
+KILN_ISA_END
+#endif
+
+KILN_ISA_FAMILY(softmax_f32)
+
 /* t as a contiguous tensor of dtype cd and shape m (broadcast when the shapes differ). */
 static kiln_status materialize(kiln_tensor *t, kiln_dtype cd, const kiln_meta *m, kiln_tensor **out) {
     bool same = t->meta.ndim == m->ndim;
@@ -995,7 +1025,7 @@ static kiln_status run_softmax(const char *op, sm_kind kind, kiln_tensor *const 
         split_axis(m, (int)axis, &O, &c.R, &c.I);
         tasks = O * ((c.I + ARG_BLOCK - 1) / ARG_BLOCK);
         run_parallel(&c, c.R ? tasks : 0, kiln_meta_numel(m) >= KILN_PARALLEL_MIN / 4,
-                     cd == KILN_DTYPE_FLOAT64 ? sm_range_f64 : sm_range_f32);
+                     cd == KILN_DTYPE_FLOAT64 ? sm_range_f64 : ((const softmax_kernels *)softmax_f32_chosen)->range);
         if (res != out) s = kiln_copy_into(out, res);
     }
     if (res != out) kiln_tensor_release(res);

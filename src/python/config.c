@@ -1,16 +1,66 @@
 /* kiln._C's facts about this build and machine, for kiln.show_config and `python -m kiln`. */
 #include "pykiln.h"
 
+#include <string.h>
+
 #include "codegen/codegen_info.h"
+#include "isa_dispatch.h"
 #include "kiln/config.h"
 
-/* Returns a new dict: how kiln was built, the CPU, BLAS and oneDNN (include/kiln/config.h). */
+/* Returns a new dict: how kiln was built, the CPU, BLAS and oneDNN (include/kiln/config.h), and
+ * the instruction-set level kiln uses (the CPU's, capped by KILN_MAX_CPU_ISA: max_cpu_isa). */
 static PyObject *py_build_info(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return Py_BuildValue("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "options", kiln_build_options(), "build_isa",
+    return Py_BuildValue("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:z}", "options", kiln_build_options(), "build_isa",
                          kiln_build_isa(), "cpu_model", kiln_cpu_model(), "cpu_isa", kiln_cpu_isa(), "blas_config",
                          kiln_blas_config(), "blas_core", kiln_blas_core(), "dnnl_version", kiln_dnnl_version(),
-                         "dnnl_isa", kiln_dnnl_isa());
+                         "dnnl_isa", kiln_dnnl_isa(), "isa", kiln_isa_name(kiln_isa_level()), "cpu_isa_level",
+                         kiln_isa_name(kiln_cpu_isa_level()), "max_cpu_isa", kiln_max_isa_setting());
+}
+
+/* isa_kernels() -> {family: variant it runs} for the kernels compiled per instruction set. */
+static PyObject *py_isa_kernels(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *d = PyDict_New();
+    for (int k = 0; d && k < kiln_isa_kernel_count(); k++) {
+        const kiln_isa_kernel *f = kiln_isa_kernel_at(k);
+        PyObject *v = PyUnicode_FromString(kiln_variant_name(kiln_isa_kernel_chosen(f)));
+        if (!v || PyDict_SetItemString(d, f->name, v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* isa_variants() -> the variants this CPU runs and this build compiled, in order. */
+static PyObject *py_isa_variants(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *l = PyList_New(0);
+    for (int v = 0; l && v < KILN_VARIANT_COUNT; v++) {
+        if (!kiln_variant_runs((kiln_variant)v)) continue;
+        PyObject *s = PyUnicode_FromString(kiln_variant_name((kiln_variant)v));
+        if (!s || PyList_Append(l, s) < 0) Py_CLEAR(l);
+        Py_XDECREF(s);
+    }
+    return l;
+}
+
+/* isa_select(name) makes every family run that variant; isa_select(None) goes back to the
+ * level's choice. For tests; not while kernels run on other threads. */
+static PyObject *py_isa_select(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (arg == Py_None) {
+        kiln_isa_select_default();
+        Py_RETURN_NONE;
+    }
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    for (int v = 0; v < KILN_VARIANT_COUNT; v++)
+        if (!strcmp(name, kiln_variant_name((kiln_variant)v))) {
+            kiln_status s = kiln_isa_select((kiln_variant)v);
+            if (s != KILN_OK) return pykiln_raise(s);
+            Py_RETURN_NONE;
+        }
+    return PyErr_Format(PyExc_ValueError, "isa_select: no kernel variant named '%s' (baseline, avx2, avx512)", name);
 }
 
 /* Returns a new dict: the compiler of generated code and the disk cache's directory. */
@@ -57,7 +107,19 @@ static PyMethodDef config_methods[] = {
      "compile and run a tiny generated kernel; raises RuntimeError (or NotImplementedError: no compiler) on failure"},
     {"codegen_cache", (PyCFunction)(void (*)(void))py_codegen_cache, METH_VARARGS | METH_KEYWORDS,
      "codegen_cache(clear=False) -> (entries, bytes) of the disk cache; with clear=True, those deleted"},
+    {"isa_kernels", py_isa_kernels, METH_NOARGS, "{family: variant it runs} of the kernels compiled per instruction set"},
+    {"isa_variants", py_isa_variants, METH_NOARGS, "the kernel variants this CPU runs and this build compiled"},
+    {"isa_select", py_isa_select, METH_O,
+     "isa_select(variant) makes every dispatched kernel run it (tests); isa_select(None): the level's again"},
     {NULL, NULL, 0, NULL},
 };
 
-int pykiln_config_init(PyObject *module) { return PyModule_AddFunctions(module, config_methods); }
+/* A bad KILN_MAX_CPU_ISA stops the import with the reason (ValueError). */
+int pykiln_config_init(PyObject *module) {
+    kiln_status s = kiln_max_isa_check();
+    if (s != KILN_OK) {
+        pykiln_raise(s);
+        return -1;
+    }
+    return PyModule_AddFunctions(module, config_methods);
+}

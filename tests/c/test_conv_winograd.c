@@ -17,9 +17,15 @@
  * measure F(4x4, 3x3) float32 errors ~10-50x a direct convolution's). TOL = 1e-5 allows
  * 100x the direct error; the largest ratio seen on these cases is printed (1.7e-6 on the
  * first machine), a result wrong by one weight changed by 1% fails it (checked below), and
- * so does one coefficient of B^T changed by 1e-4 (tried by hand: 1.9e-5). */
+ * so does one coefficient of B^T changed by 1e-4 (tried by hand: 1.9e-5).
+ *
+ * The fast kernel is compiled per instruction set (src/ops/isa_dispatch.h): the cases run with
+ * every variant this CPU can run, each selected in turn (AVX-512's only on CPUs that have it). */
+#include <string.h>
+
 #include "linalg_testutil.h"
 #include "ops/conv_winograd.h"
+#include "ops/isa_dispatch.h"
 
 #define TOL 1e-5
 
@@ -148,6 +154,30 @@ static void test_against_direct(void) {
     printf("largest error / S over the cases: %g (tolerance %g)\n", largest_seen, TOL);
 }
 
+/* The cases again with each variant of the fast kernel that this CPU runs. */
+static void test_every_variant(void) {
+    const kiln_isa_kernel *wino = NULL;
+    for (int k = 0; k < kiln_isa_kernel_count(); k++)
+        if (!strcmp(kiln_isa_kernel_at(k)->name, "winograd")) wino = kiln_isa_kernel_at(k);
+    CHECK(wino != NULL);
+    if (!wino) return;
+    /* at start-up: the variant of the level kiln uses */
+    CHECK(kiln_isa_kernel_chosen(wino) == kiln_variant_for(kiln_isa_level()));
+    for (int v = 0; v < KILN_VARIANT_COUNT; v++) {
+        if (!kiln_variant_runs((kiln_variant)v)) {
+            CHECK(kiln_isa_select((kiln_variant)v) == KILN_ERR_VALUE);
+            printf("variant %s: not run (not compiled, or this CPU lacks it)\n", kiln_variant_name((kiln_variant)v));
+            continue;
+        }
+        CHECK_OK(kiln_isa_select((kiln_variant)v));
+        CHECK(kiln_isa_kernel_chosen(wino) == (kiln_variant)v);
+        printf("variant %s: ", kiln_variant_name((kiln_variant)v));
+        test_against_direct();
+    }
+    kiln_isa_select_default();
+    CHECK(kiln_isa_kernel_chosen(wino) == kiln_variant_for(kiln_isa_level()));
+}
+
 /* 1 and 2 threads compute each tile alike; new weights of the same shape are transformed anew. */
 static void test_threads_and_weights(void) {
     const wcase *c = &cases[5];
@@ -226,7 +256,7 @@ static void test_through_the_op(void) {
 }
 
 int main(void) {
-    test_against_direct();
+    test_every_variant();
     test_threads_and_weights();
     test_declines_wild_values();
     test_through_the_op();

@@ -57,13 +57,25 @@ def test_onednn_isa_follows_its_cap():
     assert "instruction set sse41" in line and "ONEDNN_MAX_CPU_ISA=SSE41" in line, line
 
 
+def test_kiln_isa_follows_its_cap():
+    """KILN_MAX_CPU_ISA caps kiln's level and, unless ONEDNN_MAX_CPU_ISA is set, oneDNN's."""
+    proc = run_kiln(KILN_MAX_CPU_ISA="sse41")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    line = next(ln for ln in lines if ln.startswith("kiln uses:"))
+    assert "instruction set sse41 (KILN_MAX_CPU_ISA=sse41" in line and "winograd baseline" in line, line
+    line = next(ln for ln in lines if ln.startswith("oneDNN:"))
+    assert "instruction set sse41" in line, line
+
+
 def test_show_config_prints_every_part():
     out = io.StringIO()
     kiln.show_config(file=out)
     text = out.getvalue()
     f = kiln.config.facts()
-    for part in (f"kiln {kiln.__version__}", "build:", f["build_isa"], "CPU:", "threads:", "BLAS:", f["blas_core"],
-                 "oneDNN:", f["dnnl_isa"], "generated code:", f["cc_flags"], "compile cache:"):
+    for part in (f"kiln {kiln.__version__}", "build:", f["build_isa"], "CPU:", "kiln uses:",
+                 f"instruction set {f['isa']}", "threads:", "BLAS:", f["blas_core"], "oneDNN:", f["dnnl_isa"],
+                 "generated code:", f["cc_flags"], "compile cache:"):
         assert part in text, (part, text)
 
 

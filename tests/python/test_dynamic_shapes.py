@@ -104,7 +104,7 @@ def test_reductions_and_reshapes_over_symbolic_sizes():
 
 def test_intermediate_shape_reads_follow_the_symbols():
     kiln.manual_seed(0)
-    att = models.LlamaAttention(32, 4, 2)  # repeat_kv and rotate_half read intermediate shapes
+    att = models.LlamaAttention(32, 4, 2)  # rotate_half and the head grouping read intermediate shapes
     f = kiln.jit(att, jit_level="O1")
     for s in (5, 8, 12, 7):
         x = T(1, s, 32)
