@@ -22,15 +22,16 @@ def _layout(channels):
     return "{0, 1}" if channels % block else {16: "{0, 2}", 8: "{0, 3}"}[block]
 
 
-@pytest.mark.parametrize("channels", [16, 32, 8])
+@pytest.mark.parametrize("channels, level", [(16, "O1"), (32, "O1"), (8, "O1"), (16, "O2")])
 @pytest.mark.parametrize("disable_format_transform", [False, True])
-def test_basic_block_inference_matches_eager(channels, disable_format_transform):
+def test_basic_block_inference_matches_eager(channels, level, disable_format_transform):
+    """O1's rewrites, and O2's, which runs every pass of O1 (it once lacked these, issue 17)."""
     layout = _layout(channels)
     block = inference_basic_block(channels)
     x = _x(channels)
     with kiln.no_grad():
         eager = block(x).asnumpy()
-        jitted = kiln.jit(block, jit_level="O1", infer_boost="on", disable_format_transform=disable_format_transform)
+        jitted = kiln.jit(block, jit_level=level, infer_boost="on", disable_format_transform=disable_format_transform)
         for _ in range(3):  # the traced call, then the compiled graph (twice: cached primitives)
             np.testing.assert_allclose(jitted(x).asnumpy(), eager, rtol=1e-4, atol=1e-4)
         text = jitted.graph_str()
