@@ -5,29 +5,30 @@
 
 static const kiln_pass o0_passes[] = {{NULL, NULL}};
 
+/* O1's passes up to the elementwise fusion; O2 runs them too, by this one list (O2 once had a copy
+ * of its own, which missed the conv and matmul epilogue fusions and the channels-last rewrite O1
+ * gained later and so ran slower than O1: issue 17) */
+#define O1_REWRITES                                                                        \
+    {"dce", kiln_pass_dce},                                                                \
+    {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */            \
+    {"cse", kiln_pass_cse},                                                                \
+    {"constant_fold", kiln_pass_constant_fold},                                            \
+    {"simplify", kiln_pass_simplify},                                                      \
+    {"dce", kiln_pass_dce},                                                                \
+    {"fuse_conv_epilogue", kiln_pass_fuse_conv_epilogue},                                  \
+    {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */    \
+    {"fuse_matmul_epilogue", kiln_pass_fuse_matmul_epilogue}
+
 static const kiln_pass o1_passes[] = {
-    {"dce", kiln_pass_dce},
-    {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */
-    {"cse", kiln_pass_cse},
-    {"constant_fold", kiln_pass_constant_fold},
-    {"simplify", kiln_pass_simplify},
-    {"dce", kiln_pass_dce},
-    {"fuse_conv_epilogue", kiln_pass_fuse_conv_epilogue},
-    {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */
-    {"fuse_matmul_epilogue", kiln_pass_fuse_matmul_epilogue},
+    O1_REWRITES,
     {"fuse_elementwise", kiln_pass_fuse_elementwise},
     {NULL, NULL},
 };
 
-/* O1's passes, and more aggressive fusion: cheap producers read by several kernels are
- * recomputed in each (duplicate_producers) */
+/* O1's passes, and more aggressive fusion: cheap producers read by several kernels are recomputed in
+ * each (duplicate_producers, right before the elementwise fusion it feeds) */
 static const kiln_pass o2_passes[] = {
-    {"dce", kiln_pass_dce},
-    {"fold_batch_norm", kiln_pass_fold_batch_norm},
-    {"cse", kiln_pass_cse},
-    {"constant_fold", kiln_pass_constant_fold},
-    {"simplify", kiln_pass_simplify},
-    {"dce", kiln_pass_dce},
+    O1_REWRITES,
     {"duplicate_producers", kiln_pass_duplicate_producers},
     {"fuse_elementwise", kiln_pass_fuse_elementwise},
     {NULL, NULL},

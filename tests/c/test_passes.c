@@ -641,6 +641,22 @@ static void test_pipeline_o1(void) {
                   "}\n");
 }
 
+/* Each level runs every pass of the level below, in the same order (a higher level adds passes, it
+ * never drops one): O2 once lacked the conv and matmul epilogue fusions and the channels-last
+ * rewrite O1 gained after O2's list was written, so O2 ran slower than O1 (issue 17). */
+static void test_levels_keep_the_passes_below(void) {
+    for (int level = KILN_LEVEL_O1; level <= KILN_LEVEL_O2; level++) {
+        int nlow, nhigh, k = 0;
+        const kiln_pass *low = kiln_pipeline((kiln_jit_level)(level - 1), &nlow);
+        const kiln_pass *high = kiln_pipeline((kiln_jit_level)level, &nhigh);
+        for (int j = 0; j < nhigh && k < nlow; j++)
+            if (strcmp(high[j].name, low[k].name) == 0) k++;
+        if (k < nlow) fprintf(stderr, "  O%d lacks O%d's pass %s (or runs it out of order)\n", level, level - 1, low[k].name);
+        CHECK(k == nlow);
+        CHECK(nhigh > nlow || level == KILN_LEVEL_O1);
+    }
+}
+
 /* ---- randomized: O1 computes what O0 does -------------------------------------------------------- */
 
 static const kiln_op unary_ops[] = {KILN_OP_NEG, KILN_OP_EXP, KILN_OP_TANH, KILN_OP_RELU, KILN_OP_CONTIGUOUS, KILN_OP_ABS};
@@ -762,6 +778,7 @@ int main(void) {
     test_simplify_movement();
     test_simplify_effects();
     test_pipeline_o1();
+    test_levels_keep_the_passes_below();
     test_random_graphs();
     CHECK_DONE();
 }

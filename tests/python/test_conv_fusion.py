@@ -22,15 +22,16 @@ def _layout(channels):
     return "{0, 1}" if channels % block else {16: "{0, 2}", 8: "{0, 3}"}[block]
 
 
-@pytest.mark.parametrize("channels", [16, 32, 8])
+@pytest.mark.parametrize("channels, level", [(16, "O1"), (32, "O1"), (8, "O1"), (16, "O2")])
 @pytest.mark.parametrize("disable_format_transform", [False, True])
-def test_basic_block_inference_matches_eager(channels, disable_format_transform):
+def test_basic_block_inference_matches_eager(channels, level, disable_format_transform):
+    """O1's rewrites, and O2's, which runs every pass of O1 (it once lacked these, issue 17)."""
     layout = _layout(channels)
     block = inference_basic_block(channels)
     x = _x(channels)
     with kiln.no_grad():
         eager = block(x).asnumpy()
-        jitted = kiln.jit(block, jit_level="O1", infer_boost="on", disable_format_transform=disable_format_transform)
+        jitted = kiln.jit(block, jit_level=level, infer_boost="on", disable_format_transform=disable_format_transform)
         for _ in range(3):  # the traced call, then the compiled graph (twice: cached primitives)
             np.testing.assert_allclose(jitted(x).asnumpy(), eager, rtol=1e-4, atol=1e-4)
         text = jitted.graph_str()
@@ -66,14 +67,18 @@ def test_conv_bias_activation_chains(act):
 
 
 @pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("disable_format_transform", [False, True])
-def test_basic_block_forward_backward_matches_eager(train, disable_format_transform):
+@pytest.mark.parametrize("disable_format_transform, infer_boost", [(False, "off"), (True, "off"), (False, "on")])
+def test_basic_block_forward_backward_matches_eager(train, disable_format_transform, infer_boost):
+    """infer_boost="on" keeps its rewrites in a forward+backward graph (the forward convolutions as
+    conv2d_fused, Winograd allowed: per-op profiles of the bench's BasicBlock show it faster than
+    the direct convolution there too, issue 17); the gradients still agree with eager."""
     block = inference_basic_block(16, seed=2)
     block.set_train(train)
     x = _x(16, size=8)
     weights = block.trainable_params()
     step_e = kiln.value_and_grad(block, None, weights)
-    jblock = kiln.jit(block, jit_level="O1", disable_format_transform=disable_format_transform)
+    jblock = kiln.jit(block, jit_level="O1", disable_format_transform=disable_format_transform,
+                      infer_boost=infer_boost)
     step_j = kiln.value_and_grad(jblock, None, weights)
     # training mode normalizes with batch statistics: the running ones moving between steps do not matter
     for _ in range(2):
@@ -85,6 +90,7 @@ def test_basic_block_forward_backward_matches_eager(train, disable_format_transf
     text = jblock._grad_variant(None, weights, False).executable(x).graph_str()
     # relu's input is saved for relu_backward: the activation stays out of the convolution
     assert "relu(" in text and "relu_backward" in text
+    assert text.count("conv2d_fused(") == (2 if infer_boost == "on" else 0), text
 
 
 def test_shared_intermediate_is_not_fused():

@@ -1,4 +1,4 @@
-"""Epilogue fusion into matmul and linear at O1 (the fuse_matmul_epilogue pass): jitted bias and
+"""Epilogue fusion into matmul and linear at O1 and O2 (the fuse_matmul_epilogue pass): jitted bias and
 residual adds, scaling and activations after a product equal eager execution, forward and through
 value_and_grad (gradients unaffected: an intermediate a gradient rule needs is never folded);
 the optimized graphs show matmul_epilogue nodes, O0 graphs none; the op runs eagerly too."""
@@ -52,10 +52,13 @@ def test_forward_equals_eager(name, f, shapes, dtype):
     args = [rnd(rng, *s, dtype=dtype) for s in shapes]
     eager = f(*args).asnumpy()
     j1, j0 = kiln.jit(f, jit_level="O1"), kiln.jit(f, jit_level="O0")
+    j2 = kiln.jit(f, jit_level="O2")  # runs every pass of O1 (it once lacked this one, issue 17)
     for _ in range(2):
         np.testing.assert_allclose(j1(*args).asnumpy(), eager, **tol(dtype, 2))
+        np.testing.assert_allclose(j2(*args).asnumpy(), eager, **tol(dtype, 2))
     j0(*args)
     assert epilogues(j1) == 1, j1.graph_str()
+    assert epilogues(j2) == 1, j2.graph_str()
     assert epilogues(j0) == 0
 
 
