@@ -272,8 +272,9 @@ static ew_ctx ew_ctx_of(const kiln_attrs *a) {
     return ctx;
 }
 
-/* Runs fn over out and operands[0..nin) broadcast to out's shape (operand items isz bytes). */
-static void iterate_operands(kiln_tensor *out, int nin, kiln_tensor *const *operands, size_t isz_in,
+/* Runs fn over out and operands[0..nin) broadcast to out's shape (operand items isz bytes).
+ * Inlined: it is on every eager elementwise call's path. */
+static inline __attribute__((always_inline)) void iterate_operands(kiln_tensor *out, int nin, kiln_tensor *const *operands, size_t isz_in,
                              kiln_inner_fn fn, void *ctx) {
     int nd = out->meta.ndim;
     int64_t strides[4][KILN_MAX_DIMS];
@@ -290,7 +291,8 @@ static void iterate_operands(kiln_tensor *out, int nin, kiln_tensor *const *oper
     kiln_iterate(nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape, fn, ctx);
 }
 
-static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_tensor *const *in,
+/* loops by compute type, except float32's: f32, the variant chosen for this CPU */
+static kiln_status run_elementwise(const kiln_inner_fn *loops, kiln_inner_fn f32, int nin, kiln_tensor *const *in,
                                    const kiln_attrs *a, kiln_tensor *out, kiln_dtype cdtype) {
     /* inputs converted to the compute dtype where needed (keeping their own shapes) */
     kiln_tensor *conv[3] = {0};
@@ -308,7 +310,8 @@ static kiln_status run_elementwise(const kiln_inner_fn *loops, int nin, kiln_ten
         kiln_tensor *operands[3];
         for (int k = 0; k < nin; k++) operands[k] = conv[k] ? conv[k] : in[k];
         ew_ctx ctx = ew_ctx_of(a);
-        iterate_operands(result, nin, operands, kiln_dtype_size(cdtype), loops[compute_index(cdtype)], &ctx);
+        int ci = compute_index(cdtype);
+        iterate_operands(result, nin, operands, kiln_dtype_size(cdtype), ci == CT_F32 ? f32 : loops[ci], &ctx);
         if (result != out) s = kiln_copy_into(out, result);
     }
     if (result != out) kiln_tensor_release(result);
@@ -385,11 +388,12 @@ KILN_ISA_FAMILY(elementwise_f32)
 /* float32 through the variant chosen (elementwise_f32_chosen), the other types as built */
 #define GEN_KERNEL(OUTKIND, name, nin_, ENUM)                                                \
     KILN_KERNEL(name) {                                                                      \
-        kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,  ew_##name##_i32, \
-                                         ew_##name##_i64,  ew_##name##_f32, ew_##name##_f64}; \
-        loops[CT_F32] = ((const ew_kernels *)elementwise_f32_chosen)->f32[KILN_OP_##ENUM];   \
-        if (all_float16(in, nin, out[0])) return run_float16(loops[CT_F32], nin, in, a, out[0]); \
-        return run_elementwise(loops, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
+        static const kiln_inner_fn loops[CT_COUNT] = {ew_##name##_bool, ew_##name##_i8,      \
+                                                      ew_##name##_i32,  ew_##name##_i64,     \
+                                                      NULL,             ew_##name##_f64};    \
+        kiln_inner_fn f32 = ((const ew_kernels *)elementwise_f32_chosen)->f32[KILN_OP_##ENUM]; \
+        if (all_float16(in, nin, out[0])) return run_float16(f32, nin, in, a, out[0]);      \
+        return run_elementwise(loops, f32, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
     }
 #define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
     EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, ENUM))
