@@ -67,6 +67,8 @@ KILN_API kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t 
 KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int32_t *index);
 /* A deep copy (captured tensors shared, retained). */
 KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
+/* Appends deep copies of from's subgraphs to to's (their indices shifted by to's count). */
+KILN_API kiln_status kiln_graph_copy_subgraphs(const kiln_graph *from, kiln_graph *to);
 /* The metas node n of g would have, inferred from its inputs' metas in g (checked like a tensor's). */
 KILN_API kiln_status kiln_graph_infer_node(const kiln_graph *g, const kiln_node *n, kiln_meta *metas);
 

@@ -239,22 +239,30 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
         if (!c->locs[l]) goto oom;
         c->nlocs = c->cap_locs = l + 1;
     }
-    for (int32_t k = 0; k < g->nsubgraphs; k++) {
-        kiln_graph *sub = NULL;
-        int32_t idx;
-        kiln_status s = kiln_graph_clone(g->subgraphs[k], &sub);
-        if (s == KILN_OK) s = kiln_graph_add_subgraph(c, sub, &idx);
-        if (s != KILN_OK) {
-            kiln_graph_free(sub);
-            kiln_graph_free(c);
-            return s;
-        }
+    kiln_status s = kiln_graph_copy_subgraphs(g, c);
+    if (s != KILN_OK) {
+        kiln_graph_free(c);
+        return s;
     }
     *out = c;
     return KILN_OK;
 oom:
     kiln_graph_free(c);
     return kiln_error(KILN_ERR_MEMORY, "out of memory copying a graph");
+}
+
+kiln_status kiln_graph_copy_subgraphs(const kiln_graph *from, kiln_graph *to) {
+    for (int32_t k = 0; k < from->nsubgraphs; k++) {
+        kiln_graph *sub = NULL;
+        int32_t idx;
+        kiln_status s = kiln_graph_clone(from->subgraphs[k], &sub);
+        if (s == KILN_OK) s = kiln_graph_add_subgraph(to, sub, &idx);
+        if (s != KILN_OK) {
+            kiln_graph_free(sub);
+            return s;
+        }
+    }
+    return KILN_OK;
 }
 
 kiln_status kiln_graph_set_outputs(kiln_graph *g, int n, const int32_t *values) {

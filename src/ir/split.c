@@ -39,20 +39,6 @@ static kiln_status copy_node(builder *b, int32_t n, kiln_graph *to) {
     return KILN_OK;
 }
 
-static kiln_status copy_subgraphs(const kiln_graph *g, kiln_graph *to) {
-    for (int32_t k = 0; k < g->nsubgraphs; k++) {
-        kiln_graph *sub = NULL;
-        int32_t idx;
-        kiln_status s = kiln_graph_clone(g->subgraphs[k], &sub);
-        if (s == KILN_OK) s = kiln_graph_add_subgraph(to, sub, &idx);
-        if (s != KILN_OK) {
-            kiln_graph_free(sub);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
 /* Marks in `fwd` the nodes value v needs (itself included when a node makes it). */
 static void mark_needed(const kiln_graph *g, int32_t v, bool *fwd, int32_t *stack) {
     int depth = 0;
@@ -88,8 +74,8 @@ static kiln_status split(const kiln_graph *g, int nfin, int nfout, bool *fwd, bo
             mark_needed(g, g->nodes[n].out[0], fwd, stack);
     /* the forward graph: its inputs, nodes, outputs; then the residuals: forward values (inputs
      * and node outputs) that backward nodes or backward outputs read */
-    KILN_TRY(copy_subgraphs(g, f));
-    KILN_TRY(copy_subgraphs(g, b));
+    KILN_TRY(kiln_graph_copy_subgraphs(g, f));
+    KILN_TRY(kiln_graph_copy_subgraphs(g, b));
     for (int k = 0; k < nfin; k++) KILN_TRY(kiln_graph_add_input(f, &g->values[g->inputs[k]].meta, &fb->map[g->inputs[k]]));
     for (int32_t n = 0; n < g->nnodes; n++)
         if (fwd[n]) KILN_TRY(copy_node(fb, n, f));
