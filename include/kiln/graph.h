@@ -24,6 +24,9 @@ typedef struct kiln_value {
     int32_t index;       /* NODE: output index; INPUT: input position; CAPTURED: capture position */
     kiln_tensor *bound;  /* CAPTURED: the tensor (owned reference) */
     bool constant;       /* CAPTURED: baked in (a private copy) rather than a live reference */
+    /* per dimension: 0, the size is meta.shape[d]; else the entry of the graph's symbol table
+     * (kiln_graph.syms) giving it, meta.shape[d] then its hint (its value at the symbols' hints) */
+    int32_t sym[KILN_MAX_DIMS];
 } kiln_value;
 
 typedef struct kiln_node {
@@ -34,6 +37,9 @@ typedef struct kiln_node {
     kiln_attrs attrs;
     int32_t loc; /* index into the graph's source locations, or -1 */
     int32_t recompute; /* recorded in a call of a Cell marked with Cell.recompute(): the call's id (0: none) */
+    /* NULL, or per int attribute (attrs.ni of them, owned): 0, or the symbol table entry the size
+     * it holds is (attrs.i[k] then its hint): a reshape's, expand's, slice's or full's symbolic sizes */
+    int32_t *attr_sym;
 } kiln_node;
 
 typedef struct kiln_graph {
@@ -48,6 +54,9 @@ typedef struct kiln_graph {
     int32_t nlocs, cap_locs;
     struct kiln_graph **subgraphs; /* control flow (capture modes that see it) */
     int32_t nsubgraphs;
+    /* symbolic sizes (src/core/symdim.h, src/ir/symbolic.h): the symbols and expressions values'
+     * dimensions refer to; NULL while every size is concrete */
+    struct kiln_symtab *syms;
 } kiln_graph;
 
 KILN_API kiln_status kiln_graph_new(kiln_graph **out);

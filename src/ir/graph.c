@@ -4,6 +4,7 @@
 
 #include "control.h"
 #include "kiln/graph.h"
+#include "symbolic.h"
 
 #define GROW(arr, count, cap)                                                                \
     do {                                                                                     \
@@ -24,11 +25,12 @@ kiln_status kiln_graph_new(kiln_graph **out) {
 void kiln_graph_free(kiln_graph *g) {
     if (!g) return;
     for (int32_t v = 0; v < g->nvalues; v++) kiln_tensor_release(g->values[v].bound);
-    for (int32_t n = 0; n < g->nnodes; n++) free(g->nodes[n].in);
+    for (int32_t n = 0; n < g->nnodes; n++) free(g->nodes[n].in), free(g->nodes[n].attr_sym);
     for (int32_t l = 0; l < g->nlocs; l++) free(g->locs[l]);
     for (int32_t s = 0; s < g->nsubgraphs; s++) kiln_graph_free(g->subgraphs[s]);
     free(g->values), free(g->nodes), free(g->inputs), free(g->captures), free(g->outputs);
     free(g->locs), free(g->subgraphs);
+    kiln_symtab_free(g->syms);
     free(g);
 }
 
@@ -164,31 +166,82 @@ kiln_status kiln_graph_infer_node(const kiln_graph *g, const kiln_node *n, kiln_
 
 kiln_status kiln_graph_add_node(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
                                 int32_t loc, int32_t *out) {
+    return kiln_graph_add_node_sym(g, op, nin, in, attrs, NULL, loc, out);
+}
+
+/* The entries of attr_dims (NULL when none is symbolic: *sym stays NULL), with a->i set to their hints. */
+static kiln_status attr_entries(const kiln_graph *g, const kiln_sdim *attr_dims, kiln_attrs *a, int32_t **sym) {
+    *sym = NULL;
+    bool any = false;
+    for (int k = 0; attr_dims && k < a->ni; k++) any |= attr_dims[k].e != 0;
+    if (!any) return KILN_OK;
+    if (!g->syms) return kiln_error(KILN_ERR_VALUE, "graph: a symbolic attribute in a graph without symbols");
+    *sym = kiln_malloc(sizeof **sym * (size_t)a->ni);
+    if (!*sym) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    for (int k = 0; k < a->ni; k++) {
+        (*sym)[k] = attr_dims[k].e;
+        if (!attr_dims[k].e) continue;
+        kiln_status s = attr_dims[k].e < kiln_symtab_entries(g->syms)
+                            ? kiln_sym_eval(g->syms, attr_dims[k], NULL, &a->i[k])
+                            : kiln_error(KILN_ERR_VALUE, "graph: attribute %d names no symbolic size of the graph", k);
+        if (s != KILN_OK) {
+            free(*sym);
+            *sym = NULL;
+            return s;
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_add_node_sym(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
+                                    const kiln_sdim *attr_dims, int32_t loc, int32_t *out) {
     static const kiln_attrs none;
     if (!attrs) attrs = &none;
     for (int k = 0; k < nin; k++)
         if (in[k] < 0 || in[k] >= g->nvalues)
             return kiln_error(KILN_ERR_VALUE, "graph: %s input %d refers to unknown value %d",
                               (unsigned)op < KILN_OP_COUNT ? kiln_op_table[op].name : "?", k, in[k]);
+    kiln_attrs a = *attrs;
+    int32_t *attr_sym;
+    KILN_TRY(attr_entries(g, attr_dims, &a, &attr_sym));
     kiln_meta metas[KILN_MAX_OUTPUTS];
-    KILN_TRY(infer_any(g, op, nin, in, attrs, metas));
-    for (int k = 0; k < kiln_op_nout(op, attrs); k++) KILN_TRY(check_meta(&metas[k]));
-    GROW(g->nodes, g->nnodes, g->cap_nodes);
+    kiln_sshape shapes[KILN_MAX_OUTPUTS];
+    bool symbolic = kiln_graph_node_symbolic(g, nin, in, a.ni, attr_sym);
+    kiln_status s = infer_any(g, op, nin, in, &a, metas);
+    for (int k = 0; k < kiln_op_nout(op, &a) && s == KILN_OK; k++) s = check_meta(&metas[k]);
+    if (s == KILN_OK && symbolic)
+        s = kiln_graph_infer_sym(g, op, nin, in, &a, attr_sym, kiln_op_nout(op, &a), metas, shapes);
+    if (s == KILN_OK && g->nnodes == g->cap_nodes) {
+        int32_t ncap = g->cap_nodes ? g->cap_nodes * 2 : 16;
+        kiln_node *grown = kiln_realloc(g->nodes, sizeof *grown * (size_t)ncap);
+        if (grown) g->nodes = grown, g->cap_nodes = ncap;
+        else s = kiln_error(KILN_ERR_MEMORY, "out of memory growing a graph");
+    }
+    if (s != KILN_OK) {
+        free(attr_sym);
+        return s;
+    }
     kiln_node *n = &g->nodes[g->nnodes];
     memset(n, 0, sizeof *n);
+    n->attr_sym = attr_sym;
     n->in = kiln_malloc(sizeof(int32_t) * (size_t)(nin ? nin : 1));
-    if (!n->in) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    if (!n->in) {
+        free(attr_sym);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    }
     if (nin) memcpy(n->in, in, sizeof(int32_t) * (size_t)nin);
     n->op = op;
     n->nin = nin;
-    n->nout = kiln_op_nout(op, attrs);
-    n->attrs = *attrs;
+    n->nout = kiln_op_nout(op, &a);
+    n->attrs = a;
     n->loc = loc;
     int32_t node_id = g->nnodes++;
     for (int k = 0; k < n->nout; k++) {
         KILN_TRY(new_value(g, &metas[k], KILN_VALUE_NODE, &n->out[k]));
-        g->values[n->out[k]].node = node_id;
-        g->values[n->out[k]].index = k;
+        kiln_value *v = &g->values[n->out[k]];
+        v->node = node_id;
+        v->index = k;
+        for (int d = 0; symbolic && d < v->meta.ndim; d++) v->sym[d] = shapes[k].d[d].e;
         if (out) out[k] = n->out[k];
     }
     return KILN_OK;
@@ -222,7 +275,9 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
     for (int32_t n = 0; n < g->nnodes; n++) {
         c->nodes[n] = g->nodes[n];
         c->nodes[n].in = NULL;
+        c->nodes[n].attr_sym = NULL;
         COPY_ARRAY(c->nodes[n].in, g->nodes[n].in, g->nodes[n].nin);
+        if (g->nodes[n].attr_sym) COPY_ARRAY(c->nodes[n].attr_sym, g->nodes[n].attr_sym, g->nodes[n].attrs.ni);
         c->nnodes = n + 1;
     }
     c->cap_nodes = c->nnodes = g->nnodes;
@@ -239,7 +294,8 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
         if (!c->locs[l]) goto oom;
         c->nlocs = c->cap_locs = l + 1;
     }
-    kiln_status s = kiln_graph_copy_subgraphs(g, c);
+    kiln_status s = g->syms ? kiln_symtab_clone(g->syms, &c->syms) : KILN_OK;
+    if (s == KILN_OK) s = kiln_graph_copy_subgraphs(g, c);
     if (s != KILN_OK) {
         kiln_graph_free(c);
         return s;
@@ -308,6 +364,7 @@ kiln_status kiln_graph_verify(const kiln_graph *g) {
     for (int32_t k = 0; k < g->noutputs && s == KILN_OK; k++)
         if (g->outputs[k] < 0 || g->outputs[k] >= g->nvalues || !defined[g->outputs[k]])
             s = kiln_error(KILN_ERR_VALUE, "graph: output %d refers to an undefined value", k);
+    if (s == KILN_OK) s = kiln_graph_verify_sym(g);
     free(defined);
     return s;
 }
@@ -315,10 +372,26 @@ kiln_status kiln_graph_verify(const kiln_graph *g) {
 /* ---- printing ----------------------------------------------------------------------------- */
 
 
-static void put_type(kiln_strbuf *t, const kiln_meta *m) {
-    kiln_strbuf_printf(t, "%s[", kiln_dtype_name(m->dtype));
-    for (int d = 0; d < m->ndim; d++) kiln_strbuf_printf(t, d ? ", %lld" : "%lld", (long long)m->shape[d]);
+/* "float32[s0, 64]": a symbolic size as its expression. */
+static void put_type(kiln_strbuf *t, const kiln_graph *g, int32_t v) {
+    const kiln_value *x = &g->values[v];
+    kiln_strbuf_printf(t, "%s[", kiln_dtype_name(x->meta.dtype));
+    for (int d = 0; d < x->meta.ndim; d++) {
+        if (d) kiln_strbuf_printf(t, ", ");
+        if (x->sym[d]) kiln_sym_print(t, g->syms, (kiln_sdim){x->sym[d], x->meta.shape[d]});
+        else kiln_strbuf_printf(t, "%lld", (long long)x->meta.shape[d]);
+    }
     kiln_strbuf_printf(t, "]");
+}
+
+/* "<s0 >= 2 (8), s1 >= 1 (3)>": each symbol, its lower bound and hint. */
+static void put_symbols(kiln_strbuf *t, const kiln_graph *g) {
+    if (!kiln_graph_is_symbolic(g)) return;
+    kiln_strbuf_printf(t, "<");
+    for (int32_t k = 0; k < kiln_sym_count(g->syms); k++)
+        kiln_strbuf_printf(t, "%ss%d >= %lld (%lld)", k ? ", " : "", k, (long long)kiln_sym_lower(g->syms, k),
+                           (long long)kiln_sym_hint(g->syms, k));
+    kiln_strbuf_printf(t, ">");
 }
 
 /* Whether every element of c holds the same bits (a 0-d constant does): the text form
@@ -356,16 +429,18 @@ char *kiln_graph_to_string(const kiln_graph *g) {
     kiln_strbuf t = {kiln_malloc(256), 0, 256, false};
     if (!t.buf) return NULL;
     t.buf[0] = '\0';
-    kiln_strbuf_printf(&t, "graph(");
+    kiln_strbuf_printf(&t, "graph");
+    put_symbols(&t, g);
+    kiln_strbuf_printf(&t, "(");
     for (int32_t i = 0; i < g->ninputs; i++) {
         kiln_strbuf_printf(&t, "%s%%%d: ", i ? ", " : "", g->inputs[i]);
-        put_type(&t, &g->values[g->inputs[i]].meta);
+        put_type(&t, g, g->inputs[i]);
     }
     kiln_strbuf_printf(&t, ") {\n");
     for (int32_t c = 0; c < g->ncaptures; c++) {
         const kiln_value *v = &g->values[g->captures[c]];
         kiln_strbuf_printf(&t, "  %%%d: ", g->captures[c]);
-        put_type(&t, &v->meta);
+        put_type(&t, g, g->captures[c]);
         if (v->constant && v->bound->numel > 0 && is_filled(v->bound, &t.failed)) {
             kiln_strbuf_printf(&t, " = constant(");
             put_value(&t, v->bound);
@@ -378,14 +453,17 @@ char *kiln_graph_to_string(const kiln_graph *g) {
         kiln_strbuf_printf(&t, "  ");
         for (int k = 0; k < n->nout; k++) {
             kiln_strbuf_printf(&t, "%s%%%d: ", k ? ", " : "", n->out[k]);
-            put_type(&t, &g->values[n->out[k]].meta);
+            put_type(&t, g, n->out[k]);
         }
         kiln_strbuf_printf(&t, " = %s(", kiln_op_table[n->op].name);
         for (int k = 0; k < n->nin; k++) kiln_strbuf_printf(&t, k ? ", %%%d" : "%%%d", n->in[k]);
         kiln_strbuf_printf(&t, ")");
         if (n->attrs.ni || n->attrs.nf) {
             kiln_strbuf_printf(&t, " {");
-            for (int k = 0; k < n->attrs.ni; k++) kiln_strbuf_printf(&t, k ? ", %lld" : "%lld", (long long)n->attrs.i[k]);
+            for (int k = 0; k < n->attrs.ni; k++) {
+                if (k) kiln_strbuf_printf(&t, ", ");
+                kiln_sym_print(&t, g->syms, kiln_graph_attr_dim(n, k));
+            }
             if (n->attrs.nf) kiln_strbuf_printf(&t, "; "); /* floats follow ";" (alone: "{; 0.5}") */
             for (int k = 0; k < n->attrs.nf; k++) {
                 if (k) kiln_strbuf_printf(&t, ", ");

@@ -3,6 +3,7 @@
  * zeroed). Value ids are renumbered in the file's order: inputs, captures, then node outputs. */
 #include "../core/strbuf.h"
 #include "model_format.h"
+#include "symbolic.h"
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull
@@ -219,6 +220,7 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
     *out = NULL;
     *size = 0;
     const kiln_graph *g = d->graph;
+    KILN_TRY(kiln_graph_require_concrete(g, "model_write"));
     KILN_TRY(check_names(d->input_names, g->ninputs, "input"));
     KILN_TRY(check_names(d->output_names, g->noutputs, "output"));
     KILN_TRY(check_cases(d));

@@ -8,6 +8,12 @@
  *   }
  *   subgraph 0: graph(...) { ... }
  *
+ * Symbolic sizes (src/ir/symbolic.h): the header declares the graph's symbols, each with its
+ * lower bound and hint, and sizes (in types and in attributes) are expressions of them:
+ *   graph<s0 >= 2 (8), s1 >= 1 (3)>(%0: float32[s0, 64], %1: float32[s1]) {
+ *     %2: float32[s0*64] = reshape(%0) {s0*64}
+ * (sums, differences, products, "//" by a positive constant, parentheses).
+ *
  * Value ids are renumbered in order of definition. Attributes without ';' are ints, unless a
  * token is not an integer or the op takes only floats (clamp, dropout). A subgraph block
  * belongs to the innermost graph whose next subgraph index it carries.
@@ -20,6 +26,7 @@
 #include <errno.h>
 
 #include "../core/internal.h"
+#include "symbolic.h"
 
 #define MAX_TEXT_ID KILN_GRAPH_TEXT_MAX_VALUES
 
@@ -122,8 +129,89 @@ static kiln_status text_id(parser *p, int64_t *id) {
     return KILN_OK;
 }
 
-/* "float32[2, 3]" */
-static kiln_status type(parser *p, kiln_meta *m) {
+/* ---- symbolic sizes --------------------------------------------------------------------- */
+
+static kiln_status sym_sum(parser *p, kiln_symtab *t, kiln_sdim *out);
+
+/* "(sum)", "s<k>" (a declared symbol) or a non-negative integer. */
+static kiln_status sym_atom(parser *p, kiln_symtab *t, kiln_sdim *out) {
+    skip_ws(p);
+    if (accept(p, "(")) {
+        KILN_TRY(sym_sum(p, t, out));
+        return expect(p, ")");
+    }
+    if (p->cur < p->end && *p->cur == 's' && p->cur + 1 < p->end && isdigit((unsigned char)p->cur[1])) {
+        p->cur++;
+        int64_t k;
+        KILN_TRY(integer(p, &k));
+        if (k < 0 || k >= kiln_sym_count(t)) return fail(p, "symbol s%lld is not declared", (long long)k);
+        *out = kiln_sym_get(t, (int32_t)k);
+        return KILN_OK;
+    }
+    if (p->cur == p->end || !isdigit((unsigned char)*p->cur))
+        return fail(p, "expected a size at column %d", (int)(p->cur - p->line) + 1);
+    int64_t v;
+    KILN_TRY(integer(p, &v));
+    *out = kiln_sdim_const(v);
+    return KILN_OK;
+}
+
+/* atom ("*" atom | "//" integer)* */
+static kiln_status sym_product(parser *p, kiln_symtab *t, kiln_sdim *out) {
+    KILN_TRY(sym_atom(p, t, out));
+    for (;;) {
+        if (accept(p, "//")) {
+            int64_t c;
+            KILN_TRY(integer(p, &c));
+            KILN_TRY(kiln_sym_floordiv(t, *out, c, out));
+        } else if (accept(p, "*")) {
+            kiln_sdim b;
+            KILN_TRY(sym_atom(p, t, &b));
+            KILN_TRY(kiln_sym_mul(t, *out, b, out));
+        } else {
+            return KILN_OK;
+        }
+    }
+}
+
+/* ["-"] product (("+" | "-") product)* */
+static kiln_status sym_sum(parser *p, kiln_symtab *t, kiln_sdim *out) {
+    bool neg = accept(p, "-");
+    KILN_TRY(sym_product(p, t, out));
+    if (neg) KILN_TRY(kiln_sym_mul(t, *out, kiln_sdim_const(-1), out));
+    for (;;) {
+        bool plus = accept(p, "+");
+        if (!plus && !accept(p, "-")) return KILN_OK;
+        kiln_sdim b;
+        KILN_TRY(sym_product(p, t, &b));
+        if (!plus) KILN_TRY(kiln_sym_mul(t, b, kiln_sdim_const(-1), &b));
+        KILN_TRY(kiln_sym_add(t, *out, b, out));
+    }
+}
+
+/* "<s0 >= 2 (8), ...>" after "graph": the symbols, declared in order. */
+static kiln_status symbols(parser *p, kiln_graph *g) {
+    if (!accept(p, "<")) return KILN_OK;
+    do {
+        int64_t k, lower, hint;
+        skip_ws(p);
+        if (!accept(p, "s")) return fail(p, "expected a symbol (s0, s1, ...) at column %d", (int)(p->cur - p->line) + 1);
+        KILN_TRY(integer(p, &k));
+        if (k != (g->syms ? kiln_sym_count(g->syms) : 0)) return fail(p, "symbol s%lld declared out of order", (long long)k);
+        KILN_TRY(expect(p, ">="));
+        KILN_TRY(integer(p, &lower));
+        KILN_TRY(expect(p, "("));
+        KILN_TRY(integer(p, &hint));
+        KILN_TRY(expect(p, ")"));
+        kiln_sdim unused;
+        kiln_status s = kiln_graph_add_symbol(g, lower, hint, &unused);
+        if (s != KILN_OK) return s == KILN_ERR_MEMORY ? s : kiln_error_context(s, "graph text line %d", p->lineno);
+    } while (accept(p, ","));
+    return expect(p, ">");
+}
+
+/* "float32[2, 3]", "float32[s0, 64]" (sizes: shape, with their hints in m) */
+static kiln_status type(parser *p, kiln_symtab *t, kiln_meta *m, kiln_sshape *shape) {
     char name[32];
     KILN_TRY(ident(p, name, sizeof name));
     int dt = 0;
@@ -131,16 +219,24 @@ static kiln_status type(parser *p, kiln_meta *m) {
     if (dt == KILN_DTYPE_COUNT) return fail(p, "unknown dtype '%s'", name);
     m->dtype = (kiln_dtype)dt;
     m->ndim = 0;
+    shape->ndim = 0;
     KILN_TRY(expect(p, "["));
     if (accept(p, "]")) return KILN_OK;
     do {
         if (m->ndim == KILN_MAX_DIMS) return fail(p, "more than %d dimensions", KILN_MAX_DIMS);
-        int64_t d;
-        KILN_TRY(integer(p, &d));
-        if (d < 0) return fail(p, "negative dimension %lld", (long long)d);
-        m->shape[m->ndim++] = d;
+        kiln_sdim d;
+        if (t) {
+            KILN_TRY(sym_sum(p, t, &d));
+        } else {
+            d.e = 0;
+            KILN_TRY(integer(p, &d.v));
+        }
+        if (d.v < 0) return fail(p, "negative dimension %lld", (long long)d.v);
+        shape->d[m->ndim] = d;
+        m->shape[m->ndim++] = d.v;
     } while (accept(p, ","));
     KILN_TRY(expect(p, "]"));
+    shape->ndim = m->ndim;
     int64_t n;
     kiln_status s = kiln_shape_numel_checked(m->ndim, m->shape, &n);
     return s == KILN_OK ? KILN_OK : kiln_error_context(s, "graph text line %d", p->lineno);
@@ -176,16 +272,18 @@ static kiln_status use(parser *p, const idmap *map, int32_t *value) {
 /* "graph(%0: T, ...) {" after the cursor. */
 static kiln_status header(parser *p, kiln_graph *g, idmap *map) {
     KILN_TRY(expect(p, "graph"));
+    KILN_TRY(symbols(p, g));
     KILN_TRY(expect(p, "("));
     if (!accept(p, ")")) {
         do {
             int64_t tid;
             kiln_meta m;
+            kiln_sshape shape;
             int32_t v;
             KILN_TRY(text_id(p, &tid));
             KILN_TRY(expect(p, ":"));
-            KILN_TRY(type(p, &m));
-            KILN_TRY(kiln_graph_add_input(g, &m, &v));
+            KILN_TRY(type(p, g->syms, &m, &shape));
+            KILN_TRY(kiln_graph_add_input_sym(g, m.dtype, &shape, &v));
             KILN_TRY(define(p, map, tid, v));
         } while (accept(p, ","));
         KILN_TRY(expect(p, ")"));
@@ -265,7 +363,11 @@ static bool token_is_int(const char *s, size_t n) {
     return true;
 }
 
-static kiln_status attrs(parser *p, kiln_op op, kiln_attrs *a) {
+/* A size expression among the int attributes ("s0*64"): it names a symbol (no number does). */
+static bool token_is_sym(const char *s, size_t n) { return memchr(s, 's', n) != NULL; }
+
+/* ai (NULL in graphs without symbols): the int attributes as sizes. */
+static kiln_status attrs(parser *p, kiln_symtab *t, kiln_op op, kiln_attrs *a, kiln_sdim *ai) {
     const char *tok[KILN_MAX_ATTR_INTS + KILN_MAX_ATTR_FLOATS + 1];
     size_t len[KILN_MAX_ATTR_INTS + KILN_MAX_ATTR_FLOATS + 1];
     int ntok = 0, split = -1; /* split: number of tokens before ';' */
@@ -275,7 +377,7 @@ static kiln_status attrs(parser *p, kiln_op op, kiln_attrs *a) {
         for (;;) {
             if (ntok == (int)(sizeof tok / sizeof tok[0])) return fail(p, "too many attributes");
             KILN_TRY(attr_token(p, &tok[ntok], &len[ntok]));
-            all_int &= token_is_int(tok[ntok], len[ntok]);
+            all_int &= token_is_int(tok[ntok], len[ntok]) || (t && token_is_sym(tok[ntok], len[ntok]));
             ntok++;
             if (accept(p, ",")) continue;
             if (accept(p, ";")) {
@@ -296,8 +398,15 @@ static kiln_status attrs(parser *p, kiln_op op, kiln_attrs *a) {
         memcpy(buf, tok[k], len[k]);
         buf[len[k]] = '\0';
         errno = 0;
-        if (k < split) {
+        if (k < split && t && token_is_sym(buf, len[k])) {
+            parser sub = *p;
+            sub.cur = tok[k], sub.end = tok[k] + len[k];
+            KILN_TRY(sym_sum(&sub, t, &ai[a->ni]));
+            if (!at_end(&sub)) return fail(p, "attribute '%s' is not a size", buf);
+            kiln_attrs_push_int(a, ai[a->ni].v);
+        } else if (k < split) {
             long long v = strtoll(buf, &e, 10);
+            if (ai) ai[a->ni] = kiln_sdim_const(v);
             if (*e || errno) return fail(p, "attribute '%s' is not an integer", buf);
             kiln_attrs_push_int(a, v);
         } else {
@@ -310,7 +419,7 @@ static kiln_status attrs(parser *p, kiln_op op, kiln_attrs *a) {
 }
 
 static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const int64_t *tids, const kiln_meta *metas,
-                        const char *name) {
+                        const kiln_sshape *shapes, const char *name) {
     kiln_op op = kiln_op_from_name(name);
     if (op == KILN_OP_COUNT) return fail(p, "unknown op '%s'", name);
     if (kiln_op_table[op].nout != nout && kiln_op_table[op].nout != KILN_VARIADIC)
@@ -335,7 +444,8 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
     }
     kiln_attrs a;
     kiln_attrs_clear(&a);
-    if (s == KILN_OK && accept(p, "{")) s = attrs(p, op, &a);
+    kiln_sdim ai[KILN_MAX_ATTR_INTS];
+    if (s == KILN_OK && accept(p, "{")) s = attrs(p, g->syms, op, &a, g->syms ? ai : NULL);
     int32_t loc = -1;
     if (s == KILN_OK && accept(p, "#")) {
         skip_ws(p);
@@ -354,12 +464,17 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
         s = fail(p, "%s has %d outputs (attribute 2), the line declares %d", name, kiln_op_nout(op, &a), nout);
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) {
-        s = kiln_graph_add_node(g, op, nin, in, &a, loc, outs);
+        s = kiln_graph_add_node_sym(g, op, nin, in, &a, g->syms ? ai : NULL, loc, outs);
         if (s != KILN_OK) s = kiln_error_context(s == KILN_ERR_MEMORY ? s : KILN_ERR_VALUE, "graph text line %d", p->lineno);
     }
     free(in);
     for (int k = 0; k < nout && s == KILN_OK; k++) {
         const kiln_meta *got = &g->values[outs[k]].meta;
+        kiln_sshape shape;
+        kiln_graph_value_sshape(g, outs[k], &shape);
+        bool same = true;
+        for (int d = 0; d < shape.ndim && d < shapes[k].ndim; d++) same &= kiln_sdim_same(shape.d[d], shapes[k].d[d]);
+        if (!same) return fail(p, "%s output %d is declared with other symbolic sizes than it has", name, k);
         if (!kiln_meta_equal(got, &metas[k])) {
             char a1[160], a2[160];
             return fail(p, "%s output %d is declared %s%s but is %s%s", name, k, kiln_dtype_name(metas[k].dtype),
@@ -375,12 +490,13 @@ static kiln_status node(parser *p, kiln_graph *g, idmap *map, int nout, const in
 static kiln_status definition(parser *p, kiln_graph *g, idmap *map) {
     int64_t tids[KILN_MAX_OUTPUTS];
     kiln_meta metas[KILN_MAX_OUTPUTS];
+    kiln_sshape shapes[KILN_MAX_OUTPUTS];
     int nout = 0;
     do {
         if (nout == KILN_MAX_OUTPUTS) return fail(p, "more than %d outputs", KILN_MAX_OUTPUTS);
         KILN_TRY(text_id(p, &tids[nout]));
         KILN_TRY(expect(p, ":"));
-        KILN_TRY(type(p, &metas[nout]));
+        KILN_TRY(type(p, g->syms, &metas[nout], &shapes[nout]));
         nout++;
     } while (accept(p, ","));
     KILN_TRY(expect(p, "="));
@@ -388,9 +504,11 @@ static kiln_status definition(parser *p, kiln_graph *g, idmap *map) {
     KILN_TRY(ident(p, name, sizeof name));
     if (strcmp(name, "constant") == 0 || strcmp(name, "captured") == 0 || strcmp(name, "parameter") == 0) {
         if (nout != 1) return fail(p, "a %s defines one value", name);
+        for (int d = 0; d < shapes[0].ndim; d++)
+            if (shapes[0].d[d].e) return fail(p, "a %s has concrete sizes", name);
         return capture(p, g, map, tids[0], &metas[0], name);
     }
-    return node(p, g, map, nout, tids, metas, name);
+    return node(p, g, map, nout, tids, metas, shapes, name);
 }
 
 static kiln_status ret(parser *p, kiln_graph *g, const idmap *map) {

@@ -6,6 +6,7 @@
 #include "../core/internal.h"
 #include "control.h"
 #include "kiln/graph.h"
+#include "symbolic.h"
 
 /* The int attributes of n that hold its sizes for KILN_ATTR_SET_FOLLOW: [*first, *first + *count). */
 static bool follow_span(const kiln_node *n, int *first, int *count) {
@@ -204,6 +205,7 @@ static kiln_status rebind_nodes(const kiln_graph *orig, kiln_graph *c, bool *cha
 kiln_status kiln_graph_rebind(const kiln_graph *g, const kiln_meta *inputs, int nset, const kiln_attr_set *sets,
                               kiln_graph **out) {
     *out = NULL;
+    KILN_TRY(kiln_graph_require_concrete(g, "rebind"));
     for (int32_t k = 0; k < g->ninputs; k++) {
         const kiln_meta *old = &g->values[g->inputs[k]].meta;
         if (inputs[k].dtype != old->dtype || inputs[k].ndim != old->ndim)

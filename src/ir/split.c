@@ -4,6 +4,7 @@
  * part only when the eager tape asks for the piece's gradients. */
 #include "../core/internal.h"
 #include "kiln/graph.h"
+#include "symbolic.h"
 
 typedef struct {
     const kiln_graph *g;
@@ -121,6 +122,7 @@ static kiln_status split(const kiln_graph *g, int nfin, int nfout, bool *fwd, bo
 kiln_status kiln_graph_split(const kiln_graph *g, int nforward_inputs, int nforward_outputs, kiln_graph **forward,
                              kiln_graph **backward, int32_t *nresiduals) {
     *forward = *backward = NULL;
+    KILN_TRY(kiln_graph_require_concrete(g, "split"));
     if (nforward_inputs < 0 || nforward_inputs > g->ninputs || nforward_outputs < 0 ||
         nforward_outputs > g->noutputs)
         return kiln_error(KILN_ERR_VALUE, "split: %d forward inputs and %d forward outputs of a graph with %d and %d",

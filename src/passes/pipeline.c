@@ -1,5 +1,6 @@
 /* The passes of each optimization level, in order. O0 runs only what correctness needs. */
 #include "../ir/control.h"
+#include "../ir/symbolic.h"
 #include "passes_internal.h"
 #include "../core/profile.h"
 
@@ -90,6 +91,7 @@ static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) 
 }
 
 kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
+    KILN_TRY(kiln_graph_require_concrete(*g, "optimize"));
     KILN_TRY(optimize_bodies(*g, opt));
     int n;
     const kiln_pass *passes = kiln_pipeline(opt->level, &n);
@@ -98,6 +100,7 @@ kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
 }
 
 kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt) {
+    KILN_TRY(kiln_graph_require_concrete(*g, name));
     for (int level = KILN_LEVEL_O0; level <= KILN_LEVEL_O2; level++) {
         int n;
         const kiln_pass *passes = kiln_pipeline((kiln_jit_level)level, &n);

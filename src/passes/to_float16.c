@@ -6,6 +6,7 @@
  * what is stored between ops, and the parameters, is halved (enable_ioc16 also keeps the ops
  * unfused, deploy.py). Run on a graph as recorded or after the
  * folding passes, before the fusion passes (fused groups' subgraphs are not converted). */
+#include "../ir/symbolic.h"
 #include "passes_internal.h"
 
 static kiln_dtype narrowed(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 ? KILN_DTYPE_FLOAT16 : d; }
@@ -67,6 +68,7 @@ static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
 
 kiln_status kiln_graph_to_float16(const kiln_graph *in, kiln_graph **out) {
     *out = NULL;
+    KILN_TRY(kiln_graph_require_concrete(in, "to_float16"));
     kiln_graph *g;
     KILN_TRY(kiln_graph_new(&g));
     int32_t *map = kiln_malloc(sizeof(int32_t) * (size_t)(in->nvalues ? in->nvalues : 1));

@@ -3,6 +3,7 @@
 
 #include "../ir/control.h"
 #include "../ir/layout.h"
+#include "../ir/symbolic.h"
 
 static const kiln_plan_kernels *registered_kernels;
 
@@ -360,6 +361,7 @@ kiln_status kiln_plan_arena_bytes(const kiln_graph *g, kiln_exec_order order, si
 
 kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
     KILN_TRY(kiln_graph_verify(g));
+    KILN_TRY(kiln_graph_require_concrete(g, "plan"));
     kiln_plan *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
     kiln_status s = kiln_graph_clone(g, &e->g);

@@ -1,0 +1,120 @@
+/* Symbolic sizes in a graph (see symbolic.h): symbols, symbolic inputs, the symbolic inference of
+ * a node's outputs through the op table's KILN_SYM rules, the verifier's checks and evaluation at
+ * a binding. */
+#include "../ops/infer_sym.h"
+#include "symbolic.h"
+
+kiln_status kiln_graph_add_symbol(kiln_graph *g, int64_t lower, int64_t hint, kiln_sdim *out) {
+    if (!g->syms) KILN_TRY(kiln_symtab_new(&g->syms));
+    return kiln_sym_new(g->syms, lower, hint, out);
+}
+
+/* Whether a is a valid size of g: a constant >= 0, or an entry of g's table. */
+static bool valid_dim(const kiln_graph *g, kiln_sdim a) {
+    return a.e == 0 ? a.v >= 0 : (g->syms && a.e > 0 && a.e < kiln_symtab_entries(g->syms));
+}
+
+kiln_status kiln_graph_add_input_sym(kiln_graph *g, kiln_dtype dtype, const kiln_sshape *shape, int32_t *value) {
+    if (shape->ndim < 0 || shape->ndim > KILN_MAX_DIMS)
+        return kiln_error(KILN_ERR_VALUE, "graph: an input of %d dimensions (at most %d)", shape->ndim, KILN_MAX_DIMS);
+    kiln_meta m = {.dtype = dtype, .ndim = shape->ndim};
+    for (int d = 0; d < shape->ndim; d++) {
+        if (!valid_dim(g, shape->d[d]))
+            return kiln_error(KILN_ERR_VALUE, "graph: input size %d names no size of this graph", d);
+        KILN_TRY(kiln_sym_eval(g->syms, shape->d[d], NULL, &m.shape[d]));
+    }
+    KILN_TRY(kiln_graph_add_input(g, &m, value));
+    for (int d = 0; d < shape->ndim; d++) g->values[*value].sym[d] = shape->d[d].e;
+    return KILN_OK;
+}
+
+void kiln_graph_value_sshape(const kiln_graph *g, int32_t v, kiln_sshape *out) {
+    const kiln_value *x = &g->values[v];
+    out->ndim = x->meta.ndim;
+    for (int d = 0; d < x->meta.ndim; d++) out->d[d] = (kiln_sdim){x->sym[d], x->meta.shape[d]};
+}
+
+bool kiln_graph_node_symbolic(const kiln_graph *g, int nin, const int32_t *in, int ni, const int32_t *attr_sym) {
+    if (!g->syms) return false;
+    for (int k = 0; attr_sym && k < ni; k++)
+        if (attr_sym[k]) return true;
+    for (int k = 0; k < nin; k++)
+        for (int d = 0; d < g->values[in[k]].meta.ndim; d++)
+            if (g->values[in[k]].sym[d]) return true;
+    return false;
+}
+
+kiln_status kiln_graph_infer_sym(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                                 const int32_t *attr_sym, int nout, const kiln_meta *concrete, kiln_sshape *out) {
+    kiln_sshape small[8] = {0};
+    kiln_sshape *shapes = nin <= 8 ? small : kiln_malloc(sizeof *shapes * (size_t)nin);
+    if (!shapes) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    for (int k = 0; k < nin; k++) kiln_graph_value_sshape(g, in[k], &shapes[k]);
+    kiln_sdim ai[KILN_MAX_ATTR_INTS] = {0};
+    for (int k = 0; k < a->ni; k++) ai[k] = (kiln_sdim){attr_sym ? attr_sym[k] : 0, a->i[k]};
+    kiln_status s = kiln_infer_sym(g->syms, op, nin, shapes, a, ai, nout, concrete, out);
+    if (shapes != small) free(shapes);
+    return s;
+}
+
+kiln_status kiln_graph_value_shape_at(const kiln_graph *g, int32_t v, const int64_t *bindings, int64_t *shape) {
+    const kiln_value *x = &g->values[v];
+    for (int d = 0; d < x->meta.ndim; d++) {
+        if (!x->sym[d]) shape[d] = x->meta.shape[d];
+        else KILN_TRY(kiln_sym_eval(g->syms, (kiln_sdim){x->sym[d], x->meta.shape[d]}, bindings, &shape[d]));
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_require_concrete(const kiln_graph *g, const char *what) {
+    if (kiln_graph_is_symbolic(g))
+        return kiln_error(KILN_ERR_VALUE, "%s: graphs with symbolic sizes are not supported yet", what);
+    for (int32_t k = 0; k < g->nsubgraphs; k++) KILN_TRY(kiln_graph_require_concrete(g->subgraphs[k], what));
+    return KILN_OK;
+}
+
+/* Value v's entries are g's and its hints its meta's. */
+static kiln_status check_value(const kiln_graph *g, int32_t v) {
+    const kiln_value *x = &g->values[v];
+    for (int d = 0; d < x->meta.ndim; d++) {
+        if (!x->sym[d]) continue;
+        if (x->kind == KILN_VALUE_CAPTURED || !valid_dim(g, (kiln_sdim){x->sym[d], 0}))
+            return kiln_error(KILN_ERR_VALUE, "graph: value %%%d size %d names no symbolic size of the graph", v, d);
+        int64_t hint;
+        KILN_TRY(kiln_sym_eval(g->syms, (kiln_sdim){x->sym[d], 0}, NULL, &hint));
+        if (hint != x->meta.shape[d])
+            return kiln_error(KILN_ERR_VALUE, "graph: value %%%d size %d is %lld, its expression's hint %lld", v, d,
+                              (long long)x->meta.shape[d], (long long)hint);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_verify_sym(const kiln_graph *g) {
+    for (int32_t v = 0; v < g->nvalues; v++) KILN_TRY(check_value(g, v));
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        const kiln_node *n = &g->nodes[i];
+        for (int k = 0; n->attr_sym && k < n->attrs.ni; k++) {
+            int64_t hint = 0;
+            if (n->attr_sym[k] && (!valid_dim(g, kiln_graph_attr_dim(n, k)) ||
+                                   kiln_sym_eval(g->syms, kiln_graph_attr_dim(n, k), NULL, &hint) != KILN_OK ||
+                                   hint != n->attrs.i[k]))
+                return kiln_error(KILN_ERR_VALUE, "graph: attribute %d of node %d (%s) is not a symbolic size of the graph",
+                                  k, i, kiln_op_table[n->op].name);
+        }
+        bool symbolic = kiln_graph_node_symbolic(g, n->nin, n->in, n->attrs.ni, n->attr_sym);
+        kiln_sshape got[KILN_MAX_OUTPUTS];
+        if (symbolic) {
+            kiln_meta concrete[KILN_MAX_OUTPUTS];
+            for (int k = 0; k < n->nout; k++) concrete[k] = g->values[n->out[k]].meta;
+            KILN_TRY(kiln_graph_infer_sym(g, n->op, n->nin, n->in, &n->attrs, n->attr_sym, n->nout, concrete, got));
+        }
+        for (int k = 0; k < n->nout; k++) {
+            const kiln_value *x = &g->values[n->out[k]];
+            for (int d = 0; d < x->meta.ndim; d++)
+                if (x->sym[d] != (symbolic ? got[k].d[d].e : 0))
+                    return kiln_error(KILN_ERR_VALUE, "graph: output %d of node %d (%s) has symbolic size %d wrong", k, i,
+                                      kiln_op_table[n->op].name, d);
+        }
+    }
+    return KILN_OK;
+}

@@ -1,0 +1,48 @@
+/* Symbolic sizes in a graph: its symbols, values whose dimensions are expressions of them, and
+ * nodes whose size attributes are (src/ir/graph_sym.c; the table: src/core/symdim.h). A value's
+ * meta keeps the hint, its size at the symbols' hints, so code that reads concrete sizes keeps
+ * working on the recorded shapes; code that must hold for every binding reads the expressions.
+ * Passes, the planner, model files, rebinding and splitting do not take symbolic graphs yet:
+ * they refuse them (kiln_graph_require_concrete) rather than bake the hints in. */
+#ifndef KILN_IR_SYMBOLIC_H
+#define KILN_IR_SYMBOLIC_H
+
+#include "../core/symdim.h"
+#include "kiln/graph.h"
+
+/* A new symbol of g (its table made on first use): sizes >= lower, hint its size here. */
+kiln_status kiln_graph_add_symbol(kiln_graph *g, int64_t lower, int64_t hint, kiln_sdim *out);
+/* Whether g has symbols. */
+static inline bool kiln_graph_is_symbolic(const kiln_graph *g) { return g->syms && kiln_sym_count(g->syms) > 0; }
+/* An input of g with the sizes `shape` (constants or g's expressions). */
+kiln_status kiln_graph_add_input_sym(kiln_graph *g, kiln_dtype dtype, const kiln_sshape *shape, int32_t *value);
+/* kiln_graph_add_node with the int attributes given as sizes too: attr_dims (attrs->ni of them, or
+ * NULL: all constant) holds g's expressions where a size attribute is symbolic (attrs->i[k] is
+ * then set to its hint). Outputs get symbolic shapes by the op's KILN_SYM rule when an input or
+ * an attribute is symbolic. */
+kiln_status kiln_graph_add_node_sym(kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *attrs,
+                                    const kiln_sdim *attr_dims, int32_t loc, int32_t *out);
+/* Value v's shape as sizes. */
+void kiln_graph_value_sshape(const kiln_graph *g, int32_t v, kiln_sshape *out);
+/* Node n's int attribute k as a size. */
+static inline kiln_sdim kiln_graph_attr_dim(const kiln_node *n, int k) {
+    return (kiln_sdim){n->attr_sym ? n->attr_sym[k] : 0, n->attrs.i[k]};
+}
+/* Value v's shape with symbol k bound to bindings[k] (kiln_sym_count(g->syms) of them). */
+kiln_status kiln_graph_value_shape_at(const kiln_graph *g, int32_t v, const int64_t *bindings, int64_t *shape);
+/* KILN_ERR_VALUE "<what>: graphs with symbolic sizes are not supported yet" when g (or a
+ * subgraph) has symbols. */
+kiln_status kiln_graph_require_concrete(const kiln_graph *g, const char *what);
+
+/* ---- for graph.c ------------------------------------------------------------------------------ */
+
+/* Whether node inputs `in` or attribute entries attr_sym (NULL: none) refer to symbols. */
+bool kiln_graph_node_symbolic(const kiln_graph *g, int nin, const int32_t *in, int ni, const int32_t *attr_sym);
+/* The symbolic shapes of a node's nout outputs (concrete: kiln_infer's at the hints). */
+kiln_status kiln_graph_infer_sym(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                                 const int32_t *attr_sym, int nout, const kiln_meta *concrete, kiln_sshape *out);
+/* The verifier's symbolic checks on g: entries in range, hints equal to the metas, captures
+ * concrete, every node's outputs the expressions its rule gives. */
+kiln_status kiln_graph_verify_sym(const kiln_graph *g);
+
+#endif

@@ -1,0 +1,315 @@
+/* Symbolic shape inference: the output sizes of an op as expressions of its inputs' symbolic
+ * sizes and of its attributes given as sizes, by the rule its KILN_SYM line in ops.def names. The
+ * concrete inference (kiln_infer on the hints) has already checked the op at the hints and given
+ * the dtypes; a rule checks what must hold for every binding of the symbols (equal sizes are the
+ * same expression, a size broadcast against 1 is at least 2, a slice stays in bounds), and fails
+ * naming the op and the shapes where it cannot show it. */
+#include "infer_sym.h"
+
+typedef kiln_status (*sym_rule)(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                 const kiln_sdim *ai, int nout, kiln_sshape *out);
+
+static kiln_status fail(const kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const char *what) {
+    kiln_strbuf b = {kiln_malloc(256), 0, 256, false};
+    if (!b.buf) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+    b.buf[0] = '\0';
+    for (int k = 0; k < nin; k++) {
+        kiln_strbuf_printf(&b, "%s", k == 0 ? "" : (k == nin - 1 ? " and " : ", "));
+        kiln_sshape_print(&b, t, &in[k]);
+    }
+    kiln_status s = b.failed ? kiln_error(KILN_ERR_MEMORY, "out of memory")
+                             : kiln_error(KILN_ERR_VALUE, "%s: %s (symbolic shapes %s)", op, what, b.buf);
+    free(b.buf);
+    return s;
+}
+
+/* Whether a size can never be 1 (so it never broadcasts). */
+static bool never_one(const kiln_symtab *t, kiln_sdim a) {
+    return a.e == 0 ? a.v != 1 : kiln_sym_lower_bound(t, a) >= 2;
+}
+
+static bool is_one(kiln_sdim a) { return a.e == 0 && a.v == 1; }
+
+/* The broadcast of x and y, or false when it depends on the binding. */
+static bool broadcast_dim(const kiln_symtab *t, kiln_sdim x, kiln_sdim y, kiln_sdim *out) {
+    if (kiln_sdim_same(x, y)) *out = x;
+    else if (is_one(x) && (y.e == 0 || never_one(t, y))) *out = y; /* y == 1 or >= 2: y either way */
+    else if (is_one(y) && (x.e == 0 || never_one(t, x))) *out = x;
+    else return false;
+    return true;
+}
+
+static kiln_status rule_same(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                             const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)a, (void)ai;
+    for (int k = 0; k < nout; k++) out[k] = in[0];
+    return KILN_OK;
+}
+
+static kiln_status rule_broadcast(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                  const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)ai, (void)nout;
+    kiln_sshape r = {0};
+    for (int k = 0; k < nin; k++)
+        if (in[k].ndim > r.ndim) r.ndim = in[k].ndim;
+    for (int d = 0; d < r.ndim; d++) r.d[d] = kiln_sdim_const(1);
+    for (int k = 0; k < nin; k++)
+        for (int d = 0; d < in[k].ndim; d++) {
+            kiln_sdim *o = &r.d[r.ndim - in[k].ndim + d];
+            if (!broadcast_dim(t, *o, in[k].d[d], o))
+                return fail(t, op, nin, in, "cannot broadcast these sizes for every value of their symbols");
+        }
+    out[0] = r;
+    return KILN_OK;
+}
+
+static kiln_status rule_reduce(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)ai, (void)nout;
+    uint64_t mask = (uint64_t)a->i[0];
+    out[0].ndim = 0;
+    for (int d = 0; d < in[0].ndim; d++) {
+        if (!((mask >> d) & 1u)) out[0].d[out[0].ndim++] = in[0].d[d];
+        else if (a->i[1]) out[0].d[out[0].ndim++] = kiln_sdim_const(1);
+    }
+    return KILN_OK;
+}
+
+/* NumPy matmul: 1-D operands, batch dimensions broadcast, inner sizes the same expression. */
+static kiln_status rule_matmul(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)ai, (void)nout;
+    const kiln_sshape *x = &in[0], *y = &in[1];
+    if (!kiln_sdim_same(x->d[x->ndim - 1], y->d[y->ndim == 1 ? 0 : y->ndim - 2]))
+        return fail(t, op, nin, in, "the inner sizes are not the same expression");
+    int bx = x->ndim > 2 ? x->ndim - 2 : 0, by = y->ndim > 2 ? y->ndim - 2 : 0, nb = bx > by ? bx : by;
+    kiln_sshape r = {.ndim = nb};
+    for (int d = 0; d < nb; d++) {
+        int dx = d - (nb - bx), dy = d - (nb - by);
+        kiln_sdim sx = dx >= 0 ? x->d[dx] : kiln_sdim_const(1), sy = dy >= 0 ? y->d[dy] : kiln_sdim_const(1);
+        if (!broadcast_dim(t, sx, sy, &r.d[d]))
+            return fail(t, op, nin, in, "cannot broadcast the batch sizes for every value of their symbols");
+    }
+    if (x->ndim >= 2) r.d[r.ndim++] = x->d[x->ndim - 2];
+    if (y->ndim >= 2) r.d[r.ndim++] = y->d[y->ndim - 1];
+    out[0] = r;
+    return KILN_OK;
+}
+
+/* linear(x, w[, b]): (..., in) x (out, in) -> (..., out) */
+static kiln_status rule_linear(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)ai, (void)nout;
+    const kiln_sshape *x = &in[0], *w = &in[1];
+    if (!kiln_sdim_same(x->d[x->ndim - 1], w->d[w->ndim - 1]))
+        return fail(t, op, nin, in, "the input's last size and the weight's are not the same expression");
+    if (nin > 2 && in[2].ndim == 1 && !kiln_sdim_same(in[2].d[0], w->d[0]))
+        return fail(t, op, nin, in, "the bias's size and the weight's first are not the same expression");
+    out[0] = *x;
+    out[0].d[x->ndim - 1] = w->d[0];
+    return KILN_OK;
+}
+
+static kiln_status product(kiln_symtab *t, int n, const kiln_sdim *d, kiln_sdim *out) {
+    *out = kiln_sdim_const(1);
+    for (int k = 0; k < n; k++) KILN_TRY(kiln_sym_mul(t, *out, d[k], out));
+    return KILN_OK;
+}
+
+/* reshape: the sizes are the attributes; both shapes must hold the same count as expressions. */
+static kiln_status rule_reshape(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)nout;
+    kiln_sdim before, after;
+    KILN_TRY(product(t, in[0].ndim, in[0].d, &before));
+    KILN_TRY(product(t, a->ni, ai, &after));
+    if (!kiln_sdim_same(before, after))
+        return fail(t, op, nin, in, "the element counts of the two shapes are not the same expression");
+    out[0].ndim = a->ni;
+    for (int d = 0; d < a->ni; d++) out[0].d[d] = ai[d];
+    return KILN_OK;
+}
+
+static kiln_status rule_permute(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)ai, (void)nout;
+    out[0].ndim = in[0].ndim;
+    for (int d = 0; d < in[0].ndim; d++) out[0].d[d] = in[0].d[a->i[d]];
+    return KILN_OK;
+}
+
+/* expand: each input size is the target's or 1 (a 1 stays 1 only where the target is 1). */
+static kiln_status rule_expand(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)nout;
+    int lead = a->ni - in[0].ndim;
+    for (int d = 0; d < in[0].ndim; d++) {
+        kiln_sdim x = in[0].d[d], want = ai[lead + d];
+        if (!kiln_sdim_same(x, want) && !(is_one(x) && (want.e == 0 || never_one(t, want))))
+            return fail(t, op, nin, in, "an input size is neither the target's nor 1 for every value of the symbols");
+    }
+    out[0].ndim = a->ni;
+    for (int d = 0; d < a->ni; d++) out[0].d[d] = ai[d];
+    return KILN_OK;
+}
+
+/* slice: per axis d, ai[16 + d] elements from ai[d] by ai[8 + d]. An axis with a symbol in its
+ * size or length needs a constant start and a positive constant step, and must be shown in
+ * bounds for every binding: size - (start + (length - 1) * step + 1) >= 0 by the lower bounds. */
+static kiln_status slice_shape(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_sdim *ai,
+                               kiln_sshape *out) {
+    const kiln_sshape *x = &in[0];
+    out->ndim = x->ndim;
+    for (int d = 0; d < x->ndim; d++) {
+        kiln_sdim start = ai[d], step = ai[8 + d], len = ai[16 + d];
+        out->d[d] = len;
+        if (x->d[d].e == 0 && len.e == 0 && start.e == 0 && step.e == 0) continue; /* checked at the hints */
+        if (start.e != 0 || step.e != 0 || step.v <= 0)
+            return fail(t, op, nin, in, "a symbolic axis needs a constant start and a positive constant step");
+        kiln_sdim last, rest;
+        KILN_TRY(kiln_sym_add(t, len, kiln_sdim_const(-1), &last));
+        KILN_TRY(kiln_sym_mul(t, last, step, &last));
+        KILN_TRY(kiln_sym_add(t, last, kiln_sdim_const(start.v + 1), &last));
+        KILN_TRY(kiln_sym_mul(t, last, kiln_sdim_const(-1), &rest));
+        KILN_TRY(kiln_sym_add(t, x->d[d], rest, &rest));
+        if (kiln_sym_lower_bound(t, rest) < 0 || kiln_sym_lower_bound(t, len) < 0)
+            return fail(t, op, nin, in, "a slice cannot be shown in bounds for every value of the symbols");
+    }
+    return KILN_OK;
+}
+
+static kiln_status rule_slice(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)nout;
+    return slice_shape(t, op, nin, in, ai, &out[0]);
+}
+
+/* slice_assign(x, v): v broadcasts into the slice; the result is x. */
+static kiln_status rule_slice_assign(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                     const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)nout;
+    kiln_sshape s;
+    KILN_TRY(slice_shape(t, op, nin, in, ai, &s));
+    for (int d = 0; d < in[1].ndim; d++) {
+        kiln_sdim v = in[1].d[d], want = s.d[s.ndim - in[1].ndim + d];
+        if (!kiln_sdim_same(v, want) && !(is_one(v) && (want.e == 0 || never_one(t, want))))
+            return fail(t, op, nin, in, "the value does not broadcast to the slice for every value of the symbols");
+    }
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+/* concat: i[0] = axis; the other sizes the same expressions, the axis their sum. */
+static kiln_status rule_concat(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    int axis = (int)(a->i[0] < 0 ? a->i[0] + in[0].ndim : a->i[0]);
+    kiln_sshape r = in[0];
+    for (int k = 1; k < nin; k++) {
+        for (int d = 0; d < r.ndim; d++)
+            if (d != axis && !kiln_sdim_same(r.d[d], in[k].d[d]))
+                return fail(t, op, nin, in, "sizes off the axis are not the same expressions");
+        KILN_TRY(kiln_sym_add(t, r.d[axis], in[k].d[axis], &r.d[axis]));
+    }
+    out[0] = r;
+    return KILN_OK;
+}
+
+/* gather(x, idx): x.shape[:axis] + idx.shape + x.shape[axis+1:] */
+static kiln_status rule_gather(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)ai, (void)nout;
+    int axis = (int)(a->i[0] < 0 ? a->i[0] + in[0].ndim : a->i[0]);
+    kiln_sshape r = {0};
+    for (int d = 0; d < axis; d++) r.d[r.ndim++] = in[0].d[d];
+    for (int d = 0; d < in[1].ndim; d++) r.d[r.ndim++] = in[1].d[d];
+    for (int d = axis + 1; d < in[0].ndim; d++) r.d[r.ndim++] = in[0].d[d];
+    out[0] = r;
+    return KILN_OK;
+}
+
+/* The shape of input 1 (gather_elements: the index's). */
+static kiln_status rule_second(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)a, (void)ai, (void)nout;
+    out[0] = in[1];
+    return KILN_OK;
+}
+
+/* layer_norm, rms_norm: y like x; the statistics x's shape with the i[0] normalized sizes 1. */
+static kiln_status rule_norm(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                             const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)ai;
+    for (int k = 0; k < nout; k++) {
+        out[k] = in[0];
+        for (int d = in[0].ndim - (int)a->i[0]; k && d < in[0].ndim; d++) out[k].d[d] = kiln_sdim_const(1);
+    }
+    return KILN_OK;
+}
+
+/* *_norm_backward(gy, x, w, ...) -> (gx, gw[, gb]): x's shape, then w's. */
+static kiln_status rule_norm_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                      const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)a, (void)ai;
+    out[0] = in[1];
+    for (int k = 1; k < nout; k++) out[k] = in[2];
+    return KILN_OK;
+}
+
+/* batch_norm(x, ...) -> (y, mean, invstd): x's shape, then (C,) = x's size 1. */
+static kiln_status rule_batch_norm(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                   const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)a, (void)ai, (void)nout;
+    out[0] = in[0];
+    out[1] = (kiln_sshape){.ndim = 1, .d = {in[0].d[1]}};
+    out[2] = out[1];
+    return KILN_OK;
+}
+
+/* full, rand, randn: i[1] sizes from i[2] */
+static kiln_status rule_full(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                             const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)in, (void)nout;
+    out[0].ndim = (int32_t)a->i[1];
+    for (int d = 0; d < out[0].ndim; d++) out[0].d[d] = ai[2 + d];
+    return KILN_OK;
+}
+
+/* arange, linspace: i[1] elements */
+static kiln_status rule_count(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)in, (void)a, (void)nout;
+    out[0] = (kiln_sshape){.ndim = 1, .d = {ai[1]}};
+    return KILN_OK;
+}
+
+/* Outputs whose sizes do not follow the inputs' (print's and check's token): the concrete ones. */
+static kiln_status rule_token(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)in, (void)a, (void)ai, (void)nout;
+    out[0].ndim = 0;
+    return KILN_OK;
+}
+
+static const sym_rule rules[KILN_OP_COUNT] = {
+#define KILN_OP(...)
+#define KILN_SYM(ENUM, rule) [KILN_OP_##ENUM] = rule_##rule,
+#include "ops.def"
+#undef KILN_SYM
+#undef KILN_OP
+};
+
+bool kiln_op_has_sym_rule(kiln_op op) { return (unsigned)op < KILN_OP_COUNT && rules[op] != NULL; }
+
+kiln_status kiln_infer_sym(kiln_symtab *t, kiln_op op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                           const kiln_sdim *ai, int nout, const kiln_meta *concrete, kiln_sshape *out) {
+    const char *name = kiln_op_table[op].name;
+    if (!rules[op]) return fail(t, name, nin, in, "the op has no symbolic shape rule (ops.def: KILN_SYM)");
+    KILN_TRY(rules[op](t, name, nin, in, a, ai, nout, out));
+    for (int k = 0; k < nout; k++) { /* the rule agrees with the concrete inference at the hints */
+        bool ok = out[k].ndim == concrete[k].ndim;
+        for (int d = 0; ok && d < out[k].ndim; d++) ok = out[k].d[d].v == concrete[k].shape[d];
+        if (!ok) return fail(t, name, nin, in, "internal: the symbolic rule disagrees with inference at the hints");
+    }
+    return KILN_OK;
+}
