@@ -21,7 +21,8 @@ cmake --build build-fuzz -j "$jobs" --target fuzz_graph_parse fuzz_model_load
 dict=build-fuzz/graph_text.dict
 {
   for t in graph subgraph return constant captured parameter float32 float64 float16 bfloat16 int32 int64 \
-           int8 uint8 bool '%0' '%1' ': ' ' = ' ' {' '}' '(' ')' '[' ']' ', ' '; ' '  # ' '\x0A'; do
+           int8 uint8 bool '%0' '%1' ': ' ' = ' ' {' '}' '(' ')' '[' ']' ', ' '; ' '  # ' '\x0A' \
+           'graph<' ' >= ' '>(' s0 s1 '//' '*' '+' '-'; do
     printf '"%s"\n' "$t"
   done
   sed -n 's/^KILN_OP([A-Z0-9_]*, *"\([a-z0-9_]*\)".*/"\1("/p' src/ops/ops.def

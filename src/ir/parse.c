@@ -131,13 +131,16 @@ static kiln_status text_id(parser *p, int64_t *id) {
 
 /* ---- symbolic sizes --------------------------------------------------------------------- */
 
-static kiln_status sym_sum(parser *p, kiln_symtab *t, kiln_sdim *out);
+#define MAX_SIZE_NESTING 64 /* parentheses in one size expression */
+
+static kiln_status sym_sum(parser *p, kiln_symtab *t, int depth, kiln_sdim *out);
 
 /* "(sum)", "s<k>" (a declared symbol) or a non-negative integer. */
-static kiln_status sym_atom(parser *p, kiln_symtab *t, kiln_sdim *out) {
+static kiln_status sym_atom(parser *p, kiln_symtab *t, int depth, kiln_sdim *out) {
     skip_ws(p);
     if (accept(p, "(")) {
-        KILN_TRY(sym_sum(p, t, out));
+        if (depth >= MAX_SIZE_NESTING) return fail(p, "a size nests more than %d parentheses", MAX_SIZE_NESTING);
+        KILN_TRY(sym_sum(p, t, depth + 1, out));
         return expect(p, ")");
     }
     if (p->cur < p->end && *p->cur == 's' && p->cur + 1 < p->end && isdigit((unsigned char)p->cur[1])) {
@@ -157,8 +160,8 @@ static kiln_status sym_atom(parser *p, kiln_symtab *t, kiln_sdim *out) {
 }
 
 /* atom ("*" atom | "//" integer)* */
-static kiln_status sym_product(parser *p, kiln_symtab *t, kiln_sdim *out) {
-    KILN_TRY(sym_atom(p, t, out));
+static kiln_status sym_product(parser *p, kiln_symtab *t, int depth, kiln_sdim *out) {
+    KILN_TRY(sym_atom(p, t, depth, out));
     for (;;) {
         if (accept(p, "//")) {
             int64_t c;
@@ -166,7 +169,7 @@ static kiln_status sym_product(parser *p, kiln_symtab *t, kiln_sdim *out) {
             KILN_TRY(kiln_sym_floordiv(t, *out, c, out));
         } else if (accept(p, "*")) {
             kiln_sdim b;
-            KILN_TRY(sym_atom(p, t, &b));
+            KILN_TRY(sym_atom(p, t, depth, &b));
             KILN_TRY(kiln_sym_mul(t, *out, b, out));
         } else {
             return KILN_OK;
@@ -175,15 +178,15 @@ static kiln_status sym_product(parser *p, kiln_symtab *t, kiln_sdim *out) {
 }
 
 /* ["-"] product (("+" | "-") product)* */
-static kiln_status sym_sum(parser *p, kiln_symtab *t, kiln_sdim *out) {
+static kiln_status sym_sum(parser *p, kiln_symtab *t, int depth, kiln_sdim *out) {
     bool neg = accept(p, "-");
-    KILN_TRY(sym_product(p, t, out));
+    KILN_TRY(sym_product(p, t, depth, out));
     if (neg) KILN_TRY(kiln_sym_mul(t, *out, kiln_sdim_const(-1), out));
     for (;;) {
         bool plus = accept(p, "+");
         if (!plus && !accept(p, "-")) return KILN_OK;
         kiln_sdim b;
-        KILN_TRY(sym_product(p, t, &b));
+        KILN_TRY(sym_product(p, t, depth, &b));
         if (!plus) KILN_TRY(kiln_sym_mul(t, b, kiln_sdim_const(-1), &b));
         KILN_TRY(kiln_sym_add(t, *out, b, out));
     }
@@ -226,7 +229,7 @@ static kiln_status type(parser *p, kiln_symtab *t, kiln_meta *m, kiln_sshape *sh
         if (m->ndim == KILN_MAX_DIMS) return fail(p, "more than %d dimensions", KILN_MAX_DIMS);
         kiln_sdim d;
         if (t) {
-            KILN_TRY(sym_sum(p, t, &d));
+            KILN_TRY(sym_sum(p, t, 0, &d));
         } else {
             d.e = 0;
             KILN_TRY(integer(p, &d.v));
@@ -401,7 +404,7 @@ static kiln_status attrs(parser *p, kiln_symtab *t, kiln_op op, kiln_attrs *a, k
         if (k < split && t && token_is_sym(buf, len[k])) {
             parser sub = *p;
             sub.cur = tok[k], sub.end = tok[k] + len[k];
-            KILN_TRY(sym_sum(&sub, t, &ai[a->ni]));
+            KILN_TRY(sym_sum(&sub, t, 0, &ai[a->ni]));
             if (!at_end(&sub)) return fail(p, "attribute '%s' is not a size", buf);
             kiln_attrs_push_int(a, ai[a->ni].v);
         } else if (k < split) {

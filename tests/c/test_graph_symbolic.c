@@ -292,6 +292,17 @@ static void test_rules_refuse_what_they_cannot_show(void) {
     parse_fails("graph<s1 >= 2 (4)>(%0: float32[s1]) {\n  return (%0)\n}\n", "declared out of order");
     parse_fails("graph<s0 >= 2 (4)>(%0: float32[s1]) {\n  return (%0)\n}\n", "symbol s1 is not declared");
     parse_fails("graph<s0 >= 5 (4)>(%0: float32[s0]) {\n  return (%0)\n}\n", "lower bound");
+    /* parentheses: a few are read, too many refused (the text may come from anywhere) */
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_parse("graph<s0 >= 2 (4)>(%0: float32[((s0+1))//2*3]) {\n  return (%0)\n}\n", &g));
+    CHECK(g && g->values[0].meta.shape[0] == 6);
+    kiln_graph_free(g);
+    char deep[400] = "graph<s0 >= 2 (4)>(%0: float32[";
+    for (int k = 0; k < 70; k++) strcat(deep, "(");
+    strcat(deep, "s0");
+    for (int k = 0; k < 70; k++) strcat(deep, ")");
+    strcat(deep, "]) {\n  return (%0)\n}\n");
+    parse_fails(deep, "nests more than 64 parentheses");
     /* a constant's sizes are concrete */
     parse_fails("graph<s0 >= 2 (4)>() {\n  %0: float32[s0] = constant\n  return (%0)\n}\n", "concrete sizes");
 }
