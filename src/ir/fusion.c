@@ -1,5 +1,6 @@
 /* Which graph nodes generated C computes. */
 #include "fusion.h"
+#include "symbolic.h"
 
 static bool is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
 
@@ -36,10 +37,12 @@ bool kiln_node_row_op(const kiln_graph *g, int32_t node) {
     if (rows->axis == KILN_ROWS_NONE || n->nout != 1 || n->nin < 1 || n->nin != kiln_op_table[n->op].nin) return false;
     const kiln_meta *x = &g->values[n->in[0]].meta, *o = &g->values[n->out[0]].meta;
     if (x->ndim < 1 || x->shape[x->ndim - 1] < 2 || !is_float(x->dtype) || o->dtype != x->dtype) return false;
+    const int32_t row_sym = g->values[n->in[0]].sym[x->ndim - 1]; /* rows of at least 2 at every binding */
+    if (row_sym && kiln_sym_lower_bound(g->syms, (kiln_sdim){row_sym, x->shape[x->ndim - 1]}) < 2) return false;
     int last = x->ndim - 1;
     if (rows->axis == KILN_ROWS_REDUCE) return n->attrs.ni >= 2 && n->attrs.i[0] == ((int64_t)1 << last);
-    if (n->attrs.ni < 1 || n->attrs.i[0] != last || !kiln_shape_equal(o, x->ndim, x->shape)) return false;
+    if (n->attrs.ni < 1 || n->attrs.i[0] != last || !kiln_graph_same_shape(g, n->out[0], n->in[0])) return false;
     for (int k = 1; k < n->nin; k++)
-        if (!kiln_meta_equal(&g->values[n->in[k]].meta, x)) return false;
+        if (!kiln_meta_equal(&g->values[n->in[k]].meta, x) || !kiln_graph_same_shape(g, n->in[k], n->in[0])) return false;
     return true;
 }

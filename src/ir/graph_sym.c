@@ -118,3 +118,83 @@ kiln_status kiln_graph_verify_sym(const kiln_graph *g) {
     }
     return KILN_OK;
 }
+
+void kiln_graph_attr_dims(const kiln_node *n, kiln_sdim *ai) {
+    for (int k = 0; k < n->attrs.ni; k++) ai[k] = kiln_graph_attr_dim(n, k);
+}
+
+bool kiln_value_same_shape(const kiln_value *a, const kiln_value *b) {
+    if (a->meta.ndim != b->meta.ndim) return false;
+    for (int d = 0; d < a->meta.ndim; d++)
+        if (a->sym[d] != b->sym[d] || a->meta.shape[d] != b->meta.shape[d]) return false;
+    return true;
+}
+
+bool kiln_node_same_attr_sym(const kiln_node *a, const kiln_node *b) {
+    if (a->attrs.ni != b->attrs.ni) return false;
+    for (int k = 0; k < a->attrs.ni; k++)
+        if ((a->attr_sym ? a->attr_sym[k] : 0) != (b->attr_sym ? b->attr_sym[k] : 0)) return false;
+    return true;
+}
+
+kiln_status kiln_graph_copy_symbols(const kiln_graph *from, kiln_graph *to) {
+    if (!from->syms) return KILN_OK;
+    if (to->syms) return kiln_error(KILN_ERR_VALUE, "graph: copying symbols into a graph that has some");
+    return kiln_symtab_clone(from->syms, &to->syms);
+}
+
+/* Evaluates g's sizes in place (g a private copy) and drops its symbols. */
+static kiln_status instantiate_in_place(kiln_graph *g, const int64_t *bindings) {
+    for (int32_t v = 0; v < g->nvalues; v++) {
+        kiln_value *x = &g->values[v];
+        int64_t shape[KILN_MAX_DIMS];
+        KILN_TRY(kiln_graph_value_shape_at(g, v, bindings, shape));
+        for (int d = 0; d < x->meta.ndim; d++) x->meta.shape[d] = shape[d], x->sym[d] = 0;
+    }
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        kiln_node *n = &g->nodes[i];
+        for (int k = 0; n->attr_sym && k < n->attrs.ni; k++)
+            if (n->attr_sym[k]) KILN_TRY(kiln_sym_eval(g->syms, kiln_graph_attr_dim(n, k), bindings, &n->attrs.i[k]));
+        free(n->attr_sym);
+        n->attr_sym = NULL;
+    }
+    for (int32_t k = 0; k < g->nsubgraphs; k++) KILN_TRY(instantiate_in_place(g->subgraphs[k], bindings));
+    kiln_symtab_free(g->syms);
+    g->syms = NULL;
+    return KILN_OK;
+}
+
+/* Whether a graph (or a subgraph) uses symbols other than its own first `count`. */
+static bool fewer_symbols(const kiln_graph *g, int32_t count) {
+    if (g->syms && kiln_sym_count(g->syms) > count) return true;
+    for (int32_t k = 0; k < g->nsubgraphs; k++)
+        if (fewer_symbols(g->subgraphs[k], count)) return true;
+    return false;
+}
+
+static kiln_status verify_all(const kiln_graph *g) {
+    KILN_TRY(kiln_graph_verify(g));
+    for (int32_t k = 0; k < g->nsubgraphs; k++) KILN_TRY(verify_all(g->subgraphs[k]));
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings, kiln_graph **out) {
+    *out = NULL;
+    int32_t count = g->syms ? kiln_sym_count(g->syms) : 0;
+    for (int32_t k = 0; k < count; k++)
+        if (bindings[k] < kiln_sym_lower(g->syms, k))
+            return kiln_error(KILN_ERR_VALUE, "instantiate: s%d = %lld is below its lower bound %lld", k,
+                              (long long)bindings[k], (long long)kiln_sym_lower(g->syms, k));
+    if (fewer_symbols(g, count)) /* subgraphs share their graph's symbols (copies of its table) */
+        return kiln_error(KILN_ERR_VALUE, "instantiate: a subgraph has symbols its graph does not");
+    kiln_graph *c;
+    KILN_TRY(kiln_graph_clone(g, &c));
+    kiln_status s = instantiate_in_place(c, bindings);
+    if (s == KILN_OK) s = verify_all(c);
+    if (s != KILN_OK) {
+        kiln_graph_free(c);
+        return kiln_error_context(s == KILN_ERR_MEMORY ? s : KILN_ERR_VALUE, "instantiate");
+    }
+    *out = c;
+    return KILN_OK;
+}

@@ -2,8 +2,11 @@
  * nodes whose size attributes are (src/ir/graph_sym.c; the table: src/core/symdim.h). A value's
  * meta keeps the hint, its size at the symbols' hints, so code that reads concrete sizes keeps
  * working on the recorded shapes; code that must hold for every binding reads the expressions.
- * Passes, the planner, model files, rebinding and splitting do not take symbolic graphs yet:
- * they refuse them (kiln_graph_require_concrete) rather than bake the hints in. */
+ * The passes run on symbolic graphs (each keeps the expressions, or leaves alone what it could only
+ * do for the hints; the pipeline checks that the outputs' sizes stay the same expressions), and
+ * kiln_graph_instantiate gives the concrete graph of one binding, which is planned and run. The
+ * planner, model files, rebinding and splitting take only concrete graphs: they refuse symbolic
+ * ones (kiln_graph_require_concrete) rather than bake the hints in. */
 #ifndef KILN_IR_SYMBOLIC_H
 #define KILN_IR_SYMBOLIC_H
 
@@ -33,6 +36,26 @@ kiln_status kiln_graph_value_shape_at(const kiln_graph *g, int32_t v, const int6
 /* KILN_ERR_VALUE "<what>: graphs with symbolic sizes are not supported yet" when g (or a
  * subgraph) has symbols. */
 kiln_status kiln_graph_require_concrete(const kiln_graph *g, const char *what);
+
+/* Node n's int attributes as sizes (n->attrs.ni of them) into ai. */
+void kiln_graph_attr_dims(const kiln_node *n, kiln_sdim *ai);
+/* Whether values a and b of g have the same shape for every binding (the same sizes and
+ * expressions). Also across two graphs whose tables are copies of one (a pass's input and output):
+ * kiln_value_same_shape. */
+bool kiln_value_same_shape(const kiln_value *a, const kiln_value *b);
+static inline bool kiln_graph_same_shape(const kiln_graph *g, int32_t a, int32_t b) {
+    return kiln_value_same_shape(&g->values[a], &g->values[b]);
+}
+/* Whether the size attributes of two nodes are the same expressions (their ints compared apart). */
+bool kiln_node_same_attr_sym(const kiln_node *a, const kiln_node *b);
+/* to (new, without symbols) gets a copy of from's table: the same entries, so the sizes of from's
+ * values and attributes are valid in to. */
+kiln_status kiln_graph_copy_symbols(const kiln_graph *from, kiln_graph *to);
+/* The concrete graph of g at one binding (symbol k = bindings[k], at least its lower bound): every
+ * size and size attribute evaluated, subgraphs too, then verified, so a binding the graph does
+ * not hold for (a slice out of bounds, sizes that do not broadcast) fails with KILN_ERR_VALUE
+ * naming the node. A graph without symbols gives a copy. */
+kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings, kiln_graph **out);
 
 /* ---- for graph.c ------------------------------------------------------------------------------ */
 

@@ -96,6 +96,35 @@ static kiln_status rule_matmul(kiln_symtab *t, const char *op, int nin, const ki
     return KILN_OK;
 }
 
+static kiln_status rule_linear(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out);
+
+/* matmul_epilogue: the product of its base inputs (i[0]: matmul or linear, i[1] of them); every
+ * other operand broadcasts to the product's shape. */
+static kiln_status rule_matmul_epilogue(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                        const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    int nbase = (int)a->i[1];
+    KILN_TRY(a->i[0] ? rule_linear(t, op, nbase, in, a, ai, nout, out) : rule_matmul(t, op, 2, in, a, ai, nout, out));
+    for (int k = nbase; k < nin; k++) {
+        if (in[k].ndim > out[0].ndim) return fail(t, op, nin, in, "an operand has more dimensions than the product");
+        for (int d = 0; d < in[k].ndim; d++) {
+            kiln_sdim x = in[k].d[d], want = out[0].d[out[0].ndim - in[k].ndim + d];
+            if (!kiln_sdim_same(x, want) && !(is_one(x) && (want.e == 0 || never_one(t, want))))
+                return fail(t, op, nin, in, "an operand does not broadcast to the product for every value of the symbols");
+        }
+    }
+    return KILN_OK;
+}
+
+/* fused: i[2] sizes from i[3] (the group's result; its subgraph holds the same expressions) */
+static kiln_status rule_fused(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)t, (void)op, (void)nin, (void)in, (void)nout;
+    out[0].ndim = (int32_t)a->i[2];
+    for (int d = 0; d < out[0].ndim; d++) out[0].d[d] = ai[3 + d];
+    return KILN_OK;
+}
+
 /* linear(x, w[, b]): (..., in) x (out, in) -> (..., out) */
 static kiln_status rule_linear(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                                const kiln_sdim *ai, int nout, kiln_sshape *out) {

@@ -25,6 +25,7 @@ typedef struct {
 static bool candidate(const folder *f, const kiln_node *n) {
     /* fused and control-flow nodes run subgraphs, which only the executor can */
     if (kiln_pass_has_effects(n) || n->op == KILN_OP_FUSED || (kiln_op_table[n->op].flags & KILN_OPF_CONTROL)) return false;
+    if (n->attr_sym) return false; /* sizes of symbols (a full of s0 elements): no constant holds them */
     for (int k = 0; k < n->nin; k++)
         if (!f->known[n->in[k]]) return false;
     int64_t numel = 0;

@@ -109,6 +109,7 @@ static uint64_t node_hash(const kiln_node *n, const int32_t *map) {
 
 static bool same_node(const kiln_node *a, const kiln_node *b, const int32_t *map) {
     if (a->op != b->op || a->nin != b->nin || a->attrs.ni != b->attrs.ni || a->attrs.nf != b->attrs.nf) return false;
+    if (!kiln_node_same_attr_sym(a, b)) return false; /* equal hints of other expressions */
     for (int k = 0; k < a->nin; k++)
         if (input_of(a, map, k) != input_of(b, map, k)) return false;
     return memcmp(a->attrs.i, b->attrs.i, sizeof(int64_t) * (size_t)a->attrs.ni) == 0 &&

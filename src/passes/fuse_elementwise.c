@@ -29,7 +29,7 @@ typedef struct {
     int32_t *group;             /* per node: its group (-1: none) */
     int32_t *root;              /* per group: its last node */
     int32_t *size;              /* per group: its ops */
-    kiln_meta *space;           /* per group: its iteration space (shape only) */
+    int32_t *space;             /* per group: the value whose shape is its iteration space */
     bool *rows;                 /* per group: holds a row op */
     int32_t ngroups;
 } fusion;
@@ -43,7 +43,7 @@ static kiln_status analyse(fusion *f) {
     f->group = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->root = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->size = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    f->space = kiln_malloc(sizeof(kiln_meta) * (size_t)(nn ? nn : 1));
+    f->space = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     f->rows = kiln_malloc(sizeof(bool) * (size_t)(nn ? nn : 1));
     int32_t total = 0;
     for (int32_t i = 0; i < nn; i++) total += g->nodes[i].nin;
@@ -68,12 +68,31 @@ static kiln_status analyse(fusion *f) {
     return KILN_OK;
 }
 
-/* Whether m is one value per row of space (its last axis 1, the others those of space). */
-static bool per_row(const kiln_meta *m, const kiln_meta *space) {
-    if (m->ndim != space->ndim || m->ndim == 0 || m->shape[m->ndim - 1] != 1) return false;
-    for (int d = 0; d + 1 < m->ndim; d++)
-        if (m->shape[d] != space->shape[d]) return false;
+/* Whether value v is one value per row of value space's shape (its last axis 1, the others
+ * those of space: the same sizes, as expressions too). */
+static bool per_row(const kiln_graph *g, int32_t v, int32_t space) {
+    const kiln_value *m = &g->values[v], *sp = &g->values[space];
+    if (m->meta.ndim != sp->meta.ndim || m->meta.ndim == 0 || m->meta.shape[m->meta.ndim - 1] != 1 ||
+        m->sym[m->meta.ndim - 1])
+        return false;
+    for (int d = 0; d + 1 < m->meta.ndim; d++)
+        if (m->meta.shape[d] != sp->meta.shape[d] || m->sym[d] != sp->sym[d]) return false;
     return true;
+}
+
+/* Whether values a and b hold as many elements for every binding. */
+static bool same_numel(const kiln_graph *g, int32_t a, int32_t b) {
+    if (kiln_meta_numel(&g->values[a].meta) != kiln_meta_numel(&g->values[b].meta)) return false;
+    if (!g->syms) return true;
+    kiln_sshape sa, sb;
+    kiln_graph_value_sshape(g, a, &sa);
+    kiln_graph_value_sshape(g, b, &sb);
+    kiln_sdim na = kiln_sdim_const(1), nb = kiln_sdim_const(1);
+    for (int d = 0; d < sa.ndim; d++)
+        if (kiln_sym_mul(g->syms, na, sa.d[d], &na) != KILN_OK) return kiln_clear_error(), false;
+    for (int d = 0; d < sb.ndim; d++)
+        if (kiln_sym_mul(g->syms, nb, sb.d[d], &nb) != KILN_OK) return kiln_clear_error(), false;
+    return kiln_sdim_same(na, nb);
 }
 
 /* The group node i can join, or -1. */
@@ -89,15 +108,14 @@ static int32_t joinable_group(const fusion *f, int32_t i) {
     int32_t r = f->root[grp];
     if (f->mut_before[r] - f->mut_before[i + 1] != 0) return -1;
     const kiln_node *nd = &g->nodes[i];
-    const kiln_meta *out = &g->values[v].meta, *space = &f->space[grp];
+    int32_t space = f->space[grp];
     if (kiln_node_row_op(g, i)) {
-        const kiln_meta *x = &g->values[nd->in[0]].meta;
+        int32_t x = nd->in[0];
         if (kiln_node_drops_row_axis(nd)) return -1; /* its result cannot broadcast back along the rows */
-        if (kiln_shape_equal(x, space->ndim, space->shape)) return grp;
-        return !f->rows[grp] && kiln_shape_equal(out, space->ndim, space->shape) && per_row(out, x) ? grp : -1;
+        if (kiln_graph_same_shape(g, x, space)) return grp;
+        return !f->rows[grp] && kiln_graph_same_shape(g, v, space) && per_row(g, v, x) ? grp : -1;
     }
-    if (nd->op != KILN_OP_FULL && kiln_op_calls_math(nd->op) && kiln_meta_numel(out) != kiln_meta_numel(space) &&
-        !per_row(out, space))
+    if (nd->op != KILN_OP_FULL && kiln_op_calls_math(nd->op) && !same_numel(g, v, space) && !per_row(g, v, space))
         return -1;
     return grp;
 }
@@ -115,10 +133,10 @@ static void form_groups(fusion *f) {
             f->root[grp] = i;
             f->size[grp] = 0;
             f->rows[grp] = false;
-            f->space[grp] = g->values[g->nodes[i].out[0]].meta;
+            f->space[grp] = g->nodes[i].out[0];
         }
         if (row_op) { /* the group's space becomes the rows this op reads */
-            f->space[grp] = g->values[g->nodes[i].in[0]].meta;
+            f->space[grp] = g->nodes[i].in[0];
             f->rows[grp] = true;
         }
         f->group[i] = grp;
@@ -163,16 +181,20 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
     const kiln_graph *g = f->g;
     kiln_graph *sub = NULL;
     KILN_TRY(kiln_graph_new(&sub));
-    kiln_status s = KILN_OK;
-    for (int32_t k = 0; k < nin && s == KILN_OK; k++)
+    kiln_status s = kiln_graph_copy_symbols(g, sub); /* the group's sizes are the graph's expressions */
+    for (int32_t k = 0; k < nin && s == KILN_OK; k++) {
         s = kiln_graph_add_input(sub, &g->values[inputs[k]].meta, &sub_map[inputs[k]]);
+        if (s == KILN_OK) memcpy(sub->values[sub_map[inputs[k]]].sym, g->values[inputs[k]].sym, sizeof g->values[0].sym);
+    }
     int32_t r = f->root[grp];
     for (int32_t i = 0; i <= r && s == KILN_OK; i++) {
         if (f->group[i] != grp) continue;
         const kiln_node *nd = &g->nodes[i];
         int32_t in[3];
+        kiln_sdim ai[KILN_MAX_ATTR_INTS];
         for (int k = 0; k < nd->nin; k++) in[k] = sub_map[nd->in[k]];
-        s = kiln_graph_add_node(sub, nd->op, nd->nin, in, &nd->attrs, -1, &sub_map[nd->out[0]]);
+        kiln_graph_attr_dims(nd, ai);
+        s = kiln_graph_add_node_sym(sub, nd->op, nd->nin, in, &nd->attrs, ai, -1, &sub_map[nd->out[0]]);
     }
     int32_t rv = g->nodes[r].out[0];
     if (s == KILN_OK) s = kiln_graph_set_outputs(sub, 1, &sub_map[rv]);
@@ -182,16 +204,21 @@ static kiln_status emit_group(const fusion *f, kiln_rewriter *rw, int32_t grp, c
     if (s != KILN_OK) return s;
     const kiln_meta *m = &g->values[rv].meta;
     kiln_attrs a = {0};
+    kiln_sdim ai[KILN_MAX_ATTR_INTS] = {{0, index}, {0, m->dtype}, {0, m->ndim}};
     kiln_attrs_push_int(&a, index);
     kiln_attrs_push_int(&a, m->dtype);
     kiln_attrs_push_int(&a, m->ndim);
-    for (int d = 0; d < m->ndim; d++) kiln_attrs_push_int(&a, m->shape[d]);
+    for (int d = 0; d < m->ndim; d++) {
+        ai[a.ni] = (kiln_sdim){g->values[rv].sym[d], m->shape[d]};
+        kiln_attrs_push_int(&a, m->shape[d]);
+    }
     int32_t outer[MAX_GROUP_INPUTS];
     for (int32_t k = 0; k < nin; k++) {
         outer[k] = rw->map[inputs[k]];
         if (outer[k] < 0) return kiln_error(KILN_ERR_VALUE, "fuse_elementwise: a group input is not defined before its group");
     }
-    return kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_FUSED, nin, outer, &a, g->nodes[r].loc, &rw->map[rv]),
+    return kiln_keep_recompute_mark(kiln_graph_add_node_sym(rw->dst, KILN_OP_FUSED, nin, outer, &a, ai, g->nodes[r].loc,
+                                                            &rw->map[rv]),
                                     rw->dst, g->nodes[r].recompute);
 }
 

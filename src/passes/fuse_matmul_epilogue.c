@@ -28,7 +28,8 @@ static void grow(const kiln_graph *g, int32_t i, const int32_t *uses, const int3
         const kiln_node *nd = &g->nodes[j];
         int code = kiln_matmul_epilogue_code(nd->op);
         if (code < 0 || claimed[j] || nd->attrs.ni || nd->attrs.nf || nd->nin != kiln_op_table[nd->op].nin) break;
-        if (!kiln_meta_equal(&g->values[nd->out[0]].meta, pm)) break;
+        if (!kiln_meta_equal(&g->values[nd->out[0]].meta, pm) || !kiln_graph_same_shape(g, nd->out[0], g->nodes[i].out[0]))
+            break;
         if (effects_before[j] != effects_before[at + 1]) break; /* an in-place op in between */
         int p = nd->in[0] == v ? 0 : 1;
         c->code[c->nsteps] = code;

@@ -47,6 +47,16 @@ const kiln_pass *kiln_pipeline(kiln_jit_level level, int *n) {
     return p;
 }
 
+/* A pass keeps the outputs' sizes: the same expressions where they are symbolic (a pass that
+ * used a hint as a size would change them, caught here rather than wrong at another binding). */
+static kiln_status same_output_sizes(const kiln_graph *before, const kiln_graph *after) {
+    if (!kiln_graph_is_symbolic(before)) return KILN_OK;
+    for (int32_t k = 0; k < before->noutputs && k < after->noutputs; k++)
+        if (!kiln_value_same_shape(&before->values[before->outputs[k]], &after->values[after->outputs[k]]))
+            return kiln_error(KILN_ERR_VALUE, "output %d no longer has the same symbolic sizes", k);
+    return KILN_OK;
+}
+
 static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_options *opt) {
     kiln_graph *out = NULL;
     int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
@@ -55,6 +65,7 @@ static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_op
     if (s != KILN_OK) return kiln_error_context(s, "in pass %s", pass->name);
     if (out) {
         s = kiln_graph_verify(out);
+        if (s == KILN_OK) s = same_output_sizes(*g, out);
         if (s != KILN_OK) {
             kiln_graph_free(out);
             return kiln_error_context(s, "after pass %s", pass->name);
@@ -91,7 +102,6 @@ static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) 
 }
 
 kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
-    KILN_TRY(kiln_graph_require_concrete(*g, "optimize"));
     KILN_TRY(optimize_bodies(*g, opt));
     int n;
     const kiln_pass *passes = kiln_pipeline(opt->level, &n);
@@ -100,7 +110,6 @@ kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
 }
 
 kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_options *opt) {
-    KILN_TRY(kiln_graph_require_concrete(*g, name));
     for (int level = KILN_LEVEL_O0; level <= KILN_LEVEL_O2; level++) {
         int n;
         const kiln_pass *passes = kiln_pipeline((kiln_jit_level)level, &n);

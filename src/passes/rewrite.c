@@ -18,8 +18,12 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
     if (!rw->map) return kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
     for (int32_t v = 0; v < src->nvalues; v++) rw->map[v] = -1;
     kiln_status s = kiln_graph_new(&rw->dst);
-    for (int32_t i = 0; i < src->ninputs && s == KILN_OK; i++)
-        s = kiln_graph_add_input(rw->dst, &src->values[src->inputs[i]].meta, &rw->map[src->inputs[i]]);
+    if (s == KILN_OK) s = kiln_graph_copy_symbols(src, rw->dst); /* the same entries: sizes copy as they are */
+    for (int32_t i = 0; i < src->ninputs && s == KILN_OK; i++) {
+        const kiln_value *v = &src->values[src->inputs[i]];
+        s = kiln_graph_add_input(rw->dst, &v->meta, &rw->map[src->inputs[i]]);
+        if (s == KILN_OK) memcpy(rw->dst->values[rw->map[src->inputs[i]]].sym, v->sym, sizeof v->sym);
+    }
     for (int32_t c = 0; c < src->ncaptures && s == KILN_OK; c++) {
         const kiln_value *v = &src->values[src->captures[c]];
         /* already a private copy when constant: share it rather than copy again */
@@ -51,7 +55,9 @@ kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node) {
         if (in[k] < 0) s = kiln_error(KILN_ERR_VALUE, "rewrite: %s uses a value the pass dropped", kiln_op_table[n->op].name);
     }
     int32_t outs[KILN_MAX_OUTPUTS];
-    if (s == KILN_OK) s = kiln_graph_add_node(rw->dst, n->op, n->nin, in, &n->attrs, n->loc, outs);
+    kiln_sdim ai[KILN_MAX_ATTR_INTS];
+    kiln_graph_attr_dims(n, ai);
+    if (s == KILN_OK) s = kiln_graph_add_node_sym(rw->dst, n->op, n->nin, in, &n->attrs, ai, n->loc, outs);
     if (s == KILN_OK) rw->dst->nodes[rw->dst->nnodes - 1].recompute = n->recompute;
     for (int k = 0; k < n->nout && s == KILN_OK; k++) rw->map[n->out[k]] = outs[k];
     if (in != small) free(in);

@@ -100,6 +100,7 @@ typedef struct {
     kiln_op op;       /* else, when op < KILN_OP_COUNT: add op(in) with attrs */
     int32_t in;
     kiln_attrs attrs;
+    const kiln_node *sizes; /* the node whose size attributes (symbolic ones too) attrs are, or NULL */
 } rewrite;
 
 static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, rewrite *r) {
@@ -135,7 +136,7 @@ static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, re
             r->value = in[0];
         } else if ((p = producer(s, in[0], n->op))) {
             if (kiln_shape_equal(&dval(s, p->in[0])->meta, a->ni, a->i)) r->value = p->in[0];
-            else r->op = n->op, r->in = p->in[0], r->attrs = *a;
+            else r->op = n->op, r->in = p->in[0], r->attrs = *a, r->sizes = n;
         }
         break;
     case KILN_OP_PERMUTE: {
@@ -183,14 +184,20 @@ static kiln_status visit(simp *s, int32_t i) {
      * existing value could be the caller's memory or share a buffer with another output */
     bool hands_out_shared_memory = r.value >= 0 && s->reaches_output[n->out[0]] &&
                                    !(kiln_op_table[n->op].flags & KILN_OPF_VIEW);
+    kiln_sdim ai[KILN_MAX_ATTR_INTS];
+    if (r.sizes) kiln_graph_attr_dims(r.sizes, ai);
+    /* the shapes compared as expressions too: equal hints may be other sizes at another binding */
     if (r.value >= 0 && s->safe[r.value] && kiln_meta_equal(&dval(s, r.value)->meta, meta) &&
+        kiln_value_same_shape(dval(s, r.value), &s->src->values[n->out[0]]) &&
         !(s->is_output[n->out[0]] && s->dst_out[r.value]) && !hands_out_shared_memory) {
         s->rw.map[n->out[0]] = r.value;
         fresh = false;
         s->changed++;
     } else if (r.value < 0 && r.op < KILN_OP_COUNT && s->safe[r.in] &&
-               kiln_graph_add_node(s->rw.dst, r.op, 1, &r.in, &r.attrs, n->loc, &s->rw.map[n->out[0]]) == KILN_OK) {
-        KILN_ASSERT(kiln_meta_equal(&dval(s, s->rw.map[n->out[0]])->meta, meta));
+               kiln_graph_add_node_sym(s->rw.dst, r.op, 1, &r.in, &r.attrs, r.sizes ? ai : NULL, n->loc,
+                                       &s->rw.map[n->out[0]]) == KILN_OK) {
+        KILN_ASSERT(kiln_meta_equal(&dval(s, s->rw.map[n->out[0]])->meta, meta) &&
+                    kiln_value_same_shape(dval(s, s->rw.map[n->out[0]]), &s->src->values[n->out[0]]));
         s->changed++;
     } else {
         kiln_clear_error();
