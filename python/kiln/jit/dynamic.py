@@ -303,6 +303,8 @@ class Capture:
 
     # bookkeeping
     def guard(self, op, lhs, rhs, outcome):
+        if lhs == rhs:  # s0 == s0, s0 <= s0, s0 != s0: true (or false) for every binding, no condition
+            return
         g = (op, lhs, rhs, outcome)
         if g not in self.guards:
             self.guards.append(g)
