@@ -323,18 +323,38 @@ kiln_status kiln_sym_floordiv(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim 
     return kiln_sym_add(t, w, r, out);
 }
 
+kiln_status kiln_sym_divexact(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out) {
+    poly p, q, r = {0};
+    to_poly(t, a, &p);
+    to_poly(t, b, &q);
+    if (q.nt != 1 || q.t[0].coef <= 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: division by a sum or a size <= 0");
+    const term *d = &q.t[0];
+    for (int32_t k = 0; k < p.nt; k++) {
+        term x = p.t[k], z = {0};
+        if (x.coef % d->coef != 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: an inexact division");
+        z.coef = x.coef / d->coef;
+        int32_t j = 0; /* the sorted factors of x without those of d */
+        for (int32_t f = 0; f < x.nf; f++) {
+            if (j < d->nf && x.f[f] == d->f[j]) j++;
+            else z.f[z.nf++] = x.f[f];
+        }
+        if (j != d->nf) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: an inexact division");
+        r.t[r.nt++] = z;
+    }
+    normalize(&r);
+    return from_poly(t, &r, out);
+}
+
 /* ---- bounds, uses, text --------------------------------------------------------------------- */
 
-static int64_t lower_entry(const kiln_symtab *t, int32_t e) {
-    const entry *x = &t->e[e];
-    if (x->kind == E_SYM) return x->lower;
-    if (x->kind == E_FDIV) {
-        int64_t n = lower_entry(t, x->num);
-        return n == INT64_MIN ? n : floordiv(n, x->div);
-    }
+static int64_t lower_entry(const kiln_symtab *t, int32_t e);
+
+/* The lower bound of p's terms with positive coefficients and its constant; INT64_MIN when a term
+ * on atoms has a negative coefficient or an atom may be negative. */
+static int64_t lower_plain(const kiln_symtab *t, const poly *p) {
     int64_t sum = 0;
-    for (int32_t k = 0; k < x->p.nt; k++) {
-        const term *y = &x->p.t[k];
+    for (int32_t k = 0; k < p->nt; k++) {
+        const term *y = &p->t[k];
         int64_t prod = y->coef;
         if (y->nf > 0 && prod < 0) return INT64_MIN;
         for (int32_t f = 0; f < y->nf; f++) {
@@ -344,6 +364,54 @@ static int64_t lower_entry(const kiln_symtab *t, int32_t e) {
         if (__builtin_add_overflow(sum, prod, &sum)) return INT64_MIN;
     }
     return sum;
+}
+
+/* A lower bound of p. Terms -k * floor(N / c) (N >= 0) are bounded by -k * N / c: with L the product
+ * of those c, L * p >= q = L * (the other terms) - sum of k * (L / c) * N, so p >= ceil(lb(q) / L)
+ * (s1 - s1 // 2 >= s1 / 2 >= 1 for s1 >= 2). */
+static int64_t lower_poly(const kiln_symtab *t, const poly *p) {
+    int64_t plain = lower_plain(t, p);
+    if (plain != INT64_MIN) return plain;
+    int64_t L = 1;
+    for (int32_t k = 0; k < p->nt; k++) {
+        const term *y = &p->t[k];
+        if (y->nf == 0 || y->coef > 0) continue;
+        const entry *x = y->nf == 1 ? &t->e[y->f[0]] : NULL;
+        if (!x || x->kind != E_FDIV || lower_entry(t, x->num) < 0) return INT64_MIN;
+        if (L % x->div != 0 && __builtin_mul_overflow(L, x->div, &L)) return INT64_MIN;
+    }
+    poly q = {0};
+    for (int32_t k = 0; k < p->nt; k++) {
+        term y = p->t[k];
+        if (y.nf == 0 || y.coef > 0) {
+            if (__builtin_mul_overflow(y.coef, L, &y.coef) || add_term(&q, &y) != KILN_OK) return kiln_clear_error(), INT64_MIN;
+            continue;
+        }
+        const entry *x = &t->e[y.f[0]];
+        poly n;
+        to_poly(t, (kiln_sdim){x->num, 0}, &n);
+        int64_t scale;
+        if (__builtin_mul_overflow(y.coef, L / x->div, &scale)) return INT64_MIN;
+        for (int32_t j = 0; j < n.nt; j++) {
+            term z = n.t[j];
+            if (__builtin_mul_overflow(z.coef, scale, &z.coef) || add_term(&q, &z) != KILN_OK)
+                return kiln_clear_error(), INT64_MIN;
+        }
+    }
+    normalize(&q);
+    int64_t lq = lower_plain(t, &q);
+    if (lq == INT64_MIN) return lq;
+    return lq / L + (lq % L > 0); /* ceil */
+}
+
+static int64_t lower_entry(const kiln_symtab *t, int32_t e) {
+    const entry *x = &t->e[e];
+    if (x->kind == E_SYM) return x->lower;
+    if (x->kind == E_FDIV) {
+        int64_t n = lower_entry(t, x->num);
+        return n == INT64_MIN ? n : floordiv(n, x->div);
+    }
+    return lower_poly(t, &x->p);
 }
 
 int64_t kiln_sym_lower_bound(const kiln_symtab *t, kiln_sdim a) { return a.e == 0 ? a.v : lower_entry(t, a.e); }

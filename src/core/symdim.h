@@ -57,6 +57,10 @@ kiln_status kiln_sym_add(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *ou
 kiln_status kiln_sym_mul(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 kiln_status kiln_sym_floordiv(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim *out);
 
+/* a / b where b divides a as expressions (b a product of atoms times a constant dividing every
+ * coefficient of a's terms, whose atoms each term holds): s0*s1*64 / (s1*8) = s0*8; KILN_ERR_VALUE
+ * otherwise (the division would not be exact at every binding). */
+kiln_status kiln_sym_divexact(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 /* The smallest value a can take given the symbols' lower bounds; INT64_MIN when not known (a
  * term with a negative coefficient on symbols). */
 int64_t kiln_sym_lower_bound(const kiln_symtab *t, kiln_sdim a);

@@ -198,3 +198,109 @@ kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings,
     *out = c;
     return KILN_OK;
 }
+
+/* The attributes of node i of c given by sets as sizes (attr_sym set, hints checked): in order,
+ * the last set of an attribute winning, REST sets last (as kiln_graph_rebind applies them). */
+static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kiln_attr_sym_set *sets) {
+    kiln_node *n = &c->nodes[i];
+    const char *name = kiln_op_table[n->op].name;
+    kiln_sdim now[KILN_MAX_ATTR_INTS];
+    bool given[KILN_MAX_ATTR_INTS] = {false};
+    for (int k = 0; k < n->attrs.ni; k++) now[k] = kiln_sdim_const(n->attrs.i[k]);
+    for (int k = 0; k < 2 * nset; k++) {
+        const kiln_attr_sym_set *st = &sets[k % nset];
+        if (st->node != i || (st->kind == KILN_ATTR_SET_REST) != (k >= nset)) continue;
+        if (st->index < 0 || st->index >= n->attrs.ni)
+            return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) has no attribute %d", i, name, st->index);
+        kiln_sdim d = st->value;
+        if (st->kind == KILN_ATTR_SET_DIM || st->kind == KILN_ATTR_SET_REST) {
+            if (n->nin < 1) return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) has no input", i, name);
+            kiln_sshape x;
+            kiln_graph_value_sshape(c, n->in[0], &x);
+            if (st->kind == KILN_ATTR_SET_DIM) {
+                if (d.e || d.v < 0 || d.v >= x.ndim)
+                    return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) names a dimension it lacks", i, name);
+                d = x.d[d.v];
+            } else { /* input 0's element count over the other sizes, exact as expressions */
+                kiln_sdim others = kiln_sdim_const(1);
+                for (int j = 0; j < n->attrs.ni; j++)
+                    if (j != st->index) KILN_TRY(kiln_sym_mul(c->syms, others, now[j], &others));
+                d = kiln_sdim_const(1);
+                for (int j = 0; j < x.ndim; j++) KILN_TRY(kiln_sym_mul(c->syms, d, x.d[j], &d));
+                kiln_status s = kiln_sym_divexact(c->syms, d, others, &d);
+                if (s != KILN_OK) return kiln_error_context(s, "symbolize: node %d (%s)", i, name);
+            }
+        } else if (st->kind != KILN_ATTR_SET_VALUE) {
+            return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s): sizes that follow other values are not symbolic", i,
+                              name);
+        } else if (d.e && !valid_dim(c, d)) {
+            return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) attribute %d names no size", i, name, st->index);
+        }
+        now[st->index] = d;
+        given[st->index] = true;
+    }
+    for (int k = 0; k < n->attrs.ni; k++) {
+        if (!given[k]) continue;
+        if (now[k].v != n->attrs.i[k])
+            return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) attribute %d is %lld, its size %lld", i, name, k,
+                              (long long)n->attrs.i[k], (long long)now[k].v);
+        if (!now[k].e) continue;
+        if (!n->attr_sym) {
+            n->attr_sym = kiln_calloc((size_t)n->attrs.ni, sizeof *n->attr_sym);
+            if (!n->attr_sym) return kiln_error(KILN_ERR_MEMORY, "out of memory");
+        }
+        n->attr_sym[k] = now[k].e;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
+                                 const kiln_attr_sym_set *sets, kiln_graph **out) {
+    *out = NULL;
+    kiln_graph *c = NULL;
+    kiln_status s = kiln_graph_require_concrete(g, "symbolize");
+    if (s == KILN_OK) s = kiln_graph_clone(g, &c);
+    if (s != KILN_OK) {
+        kiln_symtab_free(syms);
+        return s;
+    }
+    c->syms = syms;
+    for (int32_t k = 0; k < c->ninputs && s == KILN_OK; k++) {
+        kiln_value *x = &c->values[c->inputs[k]];
+        if (inputs[k].ndim != x->meta.ndim) s = kiln_error(KILN_ERR_VALUE, "symbolize: input %d has %d sizes", k, x->meta.ndim);
+        for (int d = 0; d < x->meta.ndim && s == KILN_OK; d++) {
+            kiln_sdim e = inputs[k].d[d];
+            if (e.e == 0 ? e.v != x->meta.shape[d] : !valid_dim(c, e) || e.v != x->meta.shape[d])
+                s = kiln_error(KILN_ERR_VALUE, "symbolize: input %d size %d is %lld, not its expression's hint", k, d,
+                               (long long)x->meta.shape[d]);
+            else
+                x->sym[d] = e.e;
+        }
+    }
+    for (int32_t i = 0; i < c->nnodes && s == KILN_OK; i++) {
+        kiln_node *n = &c->nodes[i];
+        s = symbolize_attrs(c, i, nset, sets);
+        if (s != KILN_OK || !kiln_graph_node_symbolic(c, n->nin, n->in, n->attrs.ni, n->attr_sym)) continue;
+        bool named = false;
+        for (int k = 0; k < nset && !named; k++) named = sets[k].node == i;
+        if (!named && (kiln_op_table[n->op].flags & KILN_OPF_SIZED)) { /* as kiln_graph_rebind refuses it */
+            s = kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) keeps sizes taken from shapes that no set gives", i,
+                           kiln_op_table[n->op].name);
+            continue;
+        }
+        kiln_meta concrete[KILN_MAX_OUTPUTS];
+        kiln_sshape shapes[KILN_MAX_OUTPUTS];
+        for (int k = 0; k < n->nout; k++) concrete[k] = c->values[n->out[k]].meta;
+        s = kiln_graph_infer_sym(c, n->op, n->nin, n->in, &n->attrs, n->attr_sym, n->nout, concrete, shapes);
+        for (int k = 0; k < n->nout && s == KILN_OK; k++)
+            for (int d = 0; d < shapes[k].ndim; d++) c->values[n->out[k]].sym[d] = shapes[k].d[d].e;
+        if (s != KILN_OK) s = kiln_error_context(s, "symbolize: node %d", i);
+    }
+    if (s == KILN_OK) s = kiln_graph_verify(c);
+    if (s != KILN_OK) {
+        kiln_graph_free(c);
+        return s;
+    }
+    *out = c;
+    return KILN_OK;
+}

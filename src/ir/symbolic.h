@@ -57,6 +57,26 @@ kiln_status kiln_graph_copy_symbols(const kiln_graph *from, kiln_graph *to);
  * naming the node. A graph without symbols gives a copy. */
 kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings, kiln_graph **out);
 
+/* A size attribute of a recorded graph's node as a symbolic size (kiln_graph_symbolize): kind
+ * KILN_ATTR_SET_VALUE, the size `value`; KILN_ATTR_SET_DIM, the size of dimension value.v of the
+ * node's input 0; KILN_ATTR_SET_REST, input 0's element count divided by the node's other int
+ * attributes (constants). */
+typedef struct kiln_attr_sym_set {
+    int32_t node, index;
+    kiln_attr_set_kind kind;
+    kiln_sdim value;
+} kiln_attr_sym_set;
+
+/* A copy of g, recorded with concrete sizes, whose inputs have the sizes `inputs` (expressions of
+ * syms, which it takes, freed on failure too; their hints g's sizes) and whose size attributes are
+ * `sets`; every node's outputs then get the expressions its KILN_SYM rule gives. KILN_ERR_VALUE
+ * naming the node where that cannot be (an op without a rule on symbolic sizes, a set of another
+ * kind, a size the rule cannot show for every binding, a KILN_OPF_SIZED node with symbolic inputs
+ * that no set names, whose sizes were taken from the recorded shapes, as kiln_graph_rebind
+ * refuses it): the graph does not hold for every binding as recorded. */
+kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
+                                 const kiln_attr_sym_set *sets, kiln_graph **out);
+
 /* ---- for graph.c ------------------------------------------------------------------------------ */
 
 /* Whether node inputs `in` or attribute entries attr_sym (NULL: none) refer to symbols. */

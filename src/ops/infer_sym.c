@@ -2,7 +2,7 @@
  * sizes and of its attributes given as sizes, by the rule its KILN_SYM line in ops.def names. The
  * concrete inference (kiln_infer on the hints) has already checked the op at the hints and given
  * the dtypes; a rule checks what must hold for every binding of the symbols (equal sizes are the
- * same expression, a size broadcast against 1 is at least 2, a slice stays in bounds), and fails
+ * same expression, a slice stays in bounds), and fails
  * naming the op and the shapes where it cannot show it. */
 #include "infer_sym.h"
 
@@ -23,18 +23,13 @@ static kiln_status fail(const kiln_symtab *t, const char *op, int nin, const kil
     return s;
 }
 
-/* Whether a size can never be 1 (so it never broadcasts). */
-static bool never_one(const kiln_symtab *t, kiln_sdim a) {
-    return a.e == 0 ? a.v != 1 : kiln_sym_lower_bound(t, a) >= 2;
-}
-
 static bool is_one(kiln_sdim a) { return a.e == 0 && a.v == 1; }
 
-/* The broadcast of x and y, or false when it depends on the binding. */
-static bool broadcast_dim(const kiln_symtab *t, kiln_sdim x, kiln_sdim y, kiln_sdim *out) {
-    if (kiln_sdim_same(x, y)) *out = x;
-    else if (is_one(x) && (y.e == 0 || never_one(t, y))) *out = y; /* y == 1 or >= 2: y either way */
-    else if (is_one(y) && (x.e == 0 || never_one(t, x))) *out = x;
+/* The broadcast of x and y (a 1 against any size gives that size, whatever its binding), or false
+ * when it depends on the binding (two other sizes: equal only for some bindings). */
+static bool broadcast_dim(kiln_sdim x, kiln_sdim y, kiln_sdim *out) {
+    if (kiln_sdim_same(x, y) || is_one(y)) *out = x;
+    else if (is_one(x)) *out = y;
     else return false;
     return true;
 }
@@ -56,7 +51,7 @@ static kiln_status rule_broadcast(kiln_symtab *t, const char *op, int nin, const
     for (int k = 0; k < nin; k++)
         for (int d = 0; d < in[k].ndim; d++) {
             kiln_sdim *o = &r.d[r.ndim - in[k].ndim + d];
-            if (!broadcast_dim(t, *o, in[k].d[d], o))
+            if (!broadcast_dim(*o, in[k].d[d], o))
                 return fail(t, op, nin, in, "cannot broadcast these sizes for every value of their symbols");
         }
     out[0] = r;
@@ -87,7 +82,7 @@ static kiln_status rule_matmul(kiln_symtab *t, const char *op, int nin, const ki
     for (int d = 0; d < nb; d++) {
         int dx = d - (nb - bx), dy = d - (nb - by);
         kiln_sdim sx = dx >= 0 ? x->d[dx] : kiln_sdim_const(1), sy = dy >= 0 ? y->d[dy] : kiln_sdim_const(1);
-        if (!broadcast_dim(t, sx, sy, &r.d[d]))
+        if (!broadcast_dim(sx, sy, &r.d[d]))
             return fail(t, op, nin, in, "cannot broadcast the batch sizes for every value of their symbols");
     }
     if (x->ndim >= 2) r.d[r.ndim++] = x->d[x->ndim - 2];
@@ -109,7 +104,7 @@ static kiln_status rule_matmul_epilogue(kiln_symtab *t, const char *op, int nin,
         if (in[k].ndim > out[0].ndim) return fail(t, op, nin, in, "an operand has more dimensions than the product");
         for (int d = 0; d < in[k].ndim; d++) {
             kiln_sdim x = in[k].d[d], want = out[0].d[out[0].ndim - in[k].ndim + d];
-            if (!kiln_sdim_same(x, want) && !(is_one(x) && (want.e == 0 || never_one(t, want))))
+            if (!kiln_sdim_same(x, want) && !is_one(x))
                 return fail(t, op, nin, in, "an operand does not broadcast to the product for every value of the symbols");
         }
     }
@@ -174,7 +169,7 @@ static kiln_status rule_expand(kiln_symtab *t, const char *op, int nin, const ki
     int lead = a->ni - in[0].ndim;
     for (int d = 0; d < in[0].ndim; d++) {
         kiln_sdim x = in[0].d[d], want = ai[lead + d];
-        if (!kiln_sdim_same(x, want) && !(is_one(x) && (want.e == 0 || never_one(t, want))))
+        if (!kiln_sdim_same(x, want) && !is_one(x))
             return fail(t, op, nin, in, "an input size is neither the target's nor 1 for every value of the symbols");
     }
     out[0].ndim = a->ni;
@@ -183,8 +178,8 @@ static kiln_status rule_expand(kiln_symtab *t, const char *op, int nin, const ki
 }
 
 /* slice: per axis d, ai[16 + d] elements from ai[d] by ai[8 + d]. An axis with a symbol in its
- * size or length needs a constant start and a positive constant step, and must be shown in
- * bounds for every binding: size - (start + (length - 1) * step + 1) >= 0 by the lower bounds. */
+ * size, start or length needs a positive constant step, and must be shown in bounds for every
+ * binding by the lower bounds: start >= 0, length >= 0, size - (start + (length - 1) * step + 1) >= 0. */
 static kiln_status slice_shape(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_sdim *ai,
                                kiln_sshape *out) {
     const kiln_sshape *x = &in[0];
@@ -193,15 +188,16 @@ static kiln_status slice_shape(kiln_symtab *t, const char *op, int nin, const ki
         kiln_sdim start = ai[d], step = ai[8 + d], len = ai[16 + d];
         out->d[d] = len;
         if (x->d[d].e == 0 && len.e == 0 && start.e == 0 && step.e == 0) continue; /* checked at the hints */
-        if (start.e != 0 || step.e != 0 || step.v <= 0)
-            return fail(t, op, nin, in, "a symbolic axis needs a constant start and a positive constant step");
+        if (step.e != 0 || step.v <= 0)
+            return fail(t, op, nin, in, "a symbolic axis needs a positive constant step");
         kiln_sdim last, rest;
         KILN_TRY(kiln_sym_add(t, len, kiln_sdim_const(-1), &last));
         KILN_TRY(kiln_sym_mul(t, last, step, &last));
-        KILN_TRY(kiln_sym_add(t, last, kiln_sdim_const(start.v + 1), &last));
+        KILN_TRY(kiln_sym_add(t, last, start, &last));
+        KILN_TRY(kiln_sym_add(t, last, kiln_sdim_const(1), &last));
         KILN_TRY(kiln_sym_mul(t, last, kiln_sdim_const(-1), &rest));
         KILN_TRY(kiln_sym_add(t, x->d[d], rest, &rest));
-        if (kiln_sym_lower_bound(t, rest) < 0 || kiln_sym_lower_bound(t, len) < 0)
+        if (kiln_sym_lower_bound(t, rest) < 0 || kiln_sym_lower_bound(t, len) < 0 || kiln_sym_lower_bound(t, start) < 0)
             return fail(t, op, nin, in, "a slice cannot be shown in bounds for every value of the symbols");
     }
     return KILN_OK;
@@ -221,7 +217,7 @@ static kiln_status rule_slice_assign(kiln_symtab *t, const char *op, int nin, co
     KILN_TRY(slice_shape(t, op, nin, in, ai, &s));
     for (int d = 0; d < in[1].ndim; d++) {
         kiln_sdim v = in[1].d[d], want = s.d[s.ndim - in[1].ndim + d];
-        if (!kiln_sdim_same(v, want) && !(is_one(v) && (want.e == 0 || never_one(t, want))))
+        if (!kiln_sdim_same(v, want) && !is_one(v))
             return fail(t, op, nin, in, "the value does not broadcast to the slice for every value of the symbols");
     }
     out[0] = in[0];

@@ -248,6 +248,9 @@ const kiln_graph *pykiln_graph_of(PyObject *o) {
 }
 
 /* Takes ownership of g. New reference. */
+static PyObject *wrap_graph(kiln_graph *g);
+PyObject *pykiln_wrap_graph(kiln_graph *g) { return wrap_graph(g); }
+
 static PyObject *wrap_graph(kiln_graph *g) {
     PyGraph *p = PyObject_New(PyGraph, &PyGraph_Type);
     if (!p) {
@@ -500,6 +503,11 @@ static PyMethodDef graph_methods[] = {
      "path) as data, for exporters"},
     {"rebind", graph_rebind, METH_VARARGS, "rebind(input_shapes, sets) -> this graph for other input shapes"},
     {"value_shape", graph_value_shape, METH_O, "value_shape(value) -> the shape of that value"},
+    {"symbolize", pykiln_graph_symbolize, METH_VARARGS,
+     "symbolize(hints, input_sizes, sets) -> this recording with symbolic sizes (graph_sym.c)"},
+    {"instantiate", pykiln_graph_instantiate, METH_O, "instantiate(values) -> the concrete graph of one binding"},
+    {"value_shape_at", pykiln_graph_value_shape_at, METH_VARARGS,
+     "value_shape_at(value, values) -> that value's shape at one binding of the symbols"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
@@ -968,6 +976,8 @@ static PyObject *py_compile_graph(PyObject *self, PyObject *args, PyObject *kwar
 PyMethodDef pykiln_graph_functions[] = {
     {"compile_graph", (PyCFunction)(void (*)(void))py_compile_graph, METH_VARARGS | METH_KEYWORDS,
      "compile_graph(graph, order='bfs', poison=False, level=0, ...) -> Executable"},
+    {"optimize_graph", (PyCFunction)(void (*)(void))pykiln_optimize_graph, METH_VARARGS | METH_KEYWORDS,
+     "optimize_graph(graph, level=0, inference=False, disable_format_transform=False) -> the optimized Graph"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},
     {"reset_peak_memory", py_reset_peak, METH_NOARGS, "restart peak tracking from the current use"},
     {"is_tracing", py_tracing, METH_NOARGS, "whether ops on this thread are being recorded"},

@@ -71,6 +71,14 @@ PyObject *pykiln_executable_dot(const kiln_executable *e);
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* An Executable compiling g (borrowed; the plan keeps its own copy) for opt (graph.c). */
 PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt);
+/* A kiln._C.Graph owning g (freed on failure), new reference (graph.c). */
+PyObject *pykiln_wrap_graph(kiln_graph *g);
+/* Graph.symbolize, Graph.instantiate, Graph.value_shape_at and kiln._C.optimize_graph: graphs with
+ * symbolic sizes (graph_sym.c). */
+PyObject *pykiln_graph_symbolize(PyObject *self, PyObject *args);
+PyObject *pykiln_graph_instantiate(PyObject *self, PyObject *values);
+PyObject *pykiln_graph_value_shape_at(PyObject *self, PyObject *args);
+PyObject *pykiln_optimize_graph(PyObject *self, PyObject *args, PyObject *kwargs);
 /* The graph of a kiln._C.Graph (borrowed), or NULL with TypeError set (graph.c). */
 const kiln_graph *pykiln_graph_of(PyObject *o);
 /* (dtype, shape tuple) of a meta, new reference (graph.c). */

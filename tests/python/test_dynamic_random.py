@@ -2,7 +2,8 @@
 (batch, seq, 3) tensor and a (seq, 3) one, built from steps that read and use the symbolic sizes
 (reshapes by products of them, narrow by halves, broadcast_to, reductions and softmax over symbolic
 axes, a matmul against a fixed weight, flatten/unsqueeze), each compiled once with dynamic=True and
-run over several shapes against eager execution. A failure prints the program:
+run over several shapes against eager execution (at O1 also against the instances made by
+rebinding and optimizing per binding, where the recording was made symbolic and optimized once). A failure prints the program:
     PYTHONPATH=python:tests/python python3 -c "import test_dynamic_random as t; print(t.source(SEED))"
 """
 import linecache
@@ -14,6 +15,7 @@ import pytest
 import astgen
 import kiln
 from kiln import ops
+from kiln.jit import dynamic
 
 STEPS = (
     "h = ops.tanh(h * {a} + {b})",
@@ -66,6 +68,54 @@ def test_one_dynamic_compile_agrees_with_eager_over_shapes(seed):
             np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-4, err_msg=source(seed))
     info = jf.cache_info()
     assert info.compiles == 1 and info.instances == len(SHAPES) - 1, (info, source(seed))
+
+
+@pytest.mark.parametrize("seed", range(0, 24, 3))
+def test_programs_optimized_once_agree_with_eager_and_with_rebinding(seed):
+    """At O1 (fusion, cse, simplify, epilogues): an entry whose recording becomes symbolic is
+    optimized once and instantiated per binding; each agrees with eager and with the instances made
+    by rebinding and optimizing per binding (dynamic.symbolic_instances off)."""
+    fn = program(seed)
+    results = {}
+    for once in (True, False):
+        dynamic.symbolic_instances = once
+        try:
+            jf = kiln.jit(fn, dynamic=True, jit_level="O1")
+            rng = np.random.default_rng(seed)
+            got = []
+            for b, s in SHAPES:
+                x = kiln.Tensor(rng.standard_normal((b, s, 3)).astype(np.float32))
+                y = kiln.Tensor(rng.standard_normal((s, 3)).astype(np.float32))
+                out = jf(x, y)
+                for g, w in zip(out, fn(x, y)):
+                    np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-4, err_msg=source(seed))
+                got.append([g.asnumpy() for g in out])
+            info = jf.cache_info()
+            assert info.compiles == 1 and info.instances == len(SHAPES) - 1, (info, source(seed))
+            results[once] = (got, info.dynamic[0]["optimized_once"])
+        finally:
+            dynamic.symbolic_instances = True
+    for a, b in zip(results[True][0], results[False][0]):
+        for g, w in zip(a, b):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=source(seed))
+    assert results[False][1] is None  # never asked for the symbolic recording
+
+
+def test_narrow_by_halves_and_reshapes_by_products_are_optimized_once():
+    def fn(x):
+        h = ops.concat((ops.narrow(x, 1, 0, x.shape[1] // 2) * 2, ops.narrow(x, 1, x.shape[1] // 2,
+                                                                                x.shape[1] - x.shape[1] // 2)), 1)
+        h = ops.reshape(ops.softmax(ops.reshape(h, (x.shape[0] * x.shape[1], x.shape[2])), -1), x.shape)
+        return ops.tanh(h + ops.broadcast_to(h.max(0, keepdims=True), h.shape))
+
+    jf = kiln.jit(fn, dynamic=True, jit_level="O1")
+    rng = np.random.default_rng(5)
+    for shape in ((2, 5, 4), (3, 6, 4), (4, 3, 7), (2, 9, 2)):
+        x = kiln.Tensor(rng.standard_normal(shape).astype(np.float32))
+        np.testing.assert_allclose(jf(x).asnumpy(), fn(x).asnumpy(), rtol=1e-5, atol=1e-5)
+    info = jf.cache_info()
+    assert info.compiles == 1 and info.instances == 3, info
+    assert info.dynamic[0]["optimized_once"] is True, info.dynamic
 
 
 @pytest.mark.parametrize("seed", [30] + list(range(0, 48, 4)))

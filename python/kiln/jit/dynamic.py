@@ -24,9 +24,15 @@ slice_assign nodes the sizes of the forward values they were recorded from (KILN
 Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
-an instance: the recorded graph rebound to those sizes (kiln_graph_rebind: no Python re-run, no new
-capture), optimized and planned again, its generated kernels the same objects (their C takes the
-sizes as arguments, so the compiler's cache answers). cache_info() counts these as `instances`,
+an instance. The entry's first new binding makes the recording symbolic in C (Graph.symbolize: its
+inputs' and size attributes' expressions, every node's sizes inferred as expressions) and
+optimizes that once (optimize_graph); each binding's instance is then its concrete graph
+(Graph.instantiate: sizes evaluated, no pass run again), planned. A recording that cannot be made
+symbolic (a backward pass's followed sizes, an op without a symbolic shape rule, control flow, a
+size with % or a division by a symbol) makes each instance as before: the recorded graph rebound
+to those sizes (kiln_graph_rebind: no Python re-run, no new capture), optimized and planned again.
+Either way its generated kernels are the same objects (their C takes the sizes as arguments, so
+the compiler's cache answers). cache_info() counts these as `instances`,
 not compiles. Later calls of the binding run the instance (positional all-tensor calls of plain
 functions straight from the C dispatcher, which checks the symbols' consistency and lower bounds).
 A binding the graph does not hold for (a node that keeps sizes with none given, a shape check that
@@ -39,6 +45,9 @@ import weakref
 from .. import _C
 
 MAX_INSTANCES = 16  # per dynamic entry (each holds its memory plan's arena): the least recently used goes
+# instances from the recording made symbolic and optimized once (False: rebound and optimized per
+# binding; tests and bench/bench_dynamic.py compare the two)
+symbolic_instances = True
 _PROBE_FACTORS = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59)
 
 # ---- marks ------------------------------------------------------------------------------------
@@ -730,6 +739,7 @@ class DynamicEntry:
         self.options = options
         self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
         self.fast = None  # the C dispatcher's number for this entry, once registered
+        self._symbolic = None  # (recording with symbolic sizes, optimized), or False: none (made once)
         capture.tracer = None  # the trace has ended; keep no reference to it
 
     @property
@@ -743,6 +753,48 @@ class DynamicEntry:
         """The symbols' sizes for a call (all of them, by symbol), or None when it is outside this entry."""
         return self._capture.bind(leaves)
 
+    def symbolic(self):
+        """(the recording with symbolic sizes, it optimized once), or None where it cannot be made
+        symbolic (see the module docstring); made on the first call that needs it."""
+        if self._symbolic is None:
+            self._symbolic = False
+            cap, fixed = self._capture, self.fixed
+
+            def sub(e):  # specialized symbols are their sizes
+                if e[0] == "s":
+                    return _const(fixed[e[1]]) if e[1] in fixed else e
+                return e if e[0] == "c" else _binop(e[0], sub(e[1]), sub(e[2]))
+
+            if not cap.backward_nodes:
+                o = self.options
+                try:
+                    recorded = self.graph.symbolize(list(self.values),
+                                                    [tuple(sub(e) for e in row) for row in self.input_exprs],
+                                                    [(n, i, kind, sub(v) if kind == 0 else v) for n, i, kind, v in self.sets])
+                    self._symbolic = (recorded, _C.optimize_graph(recorded, level=o.level,
+                                                                  inference=o.infer_boost == "on",
+                                                                  disable_format_transform=o.disable_format_transform))
+                except (ValueError, TypeError, OverflowError):
+                    pass
+        return self._symbolic or None
+
+    def _instance_graph(self, values):
+        """The graph of this binding's instance, and whether it is already optimized; (None, _) when
+        the recording does not hold for the binding."""
+        sym = self.symbolic() if symbolic_instances else None
+        if sym is None:
+            return self._capture.rebind_checked(self.graph, values), False
+        recorded, optimized = sym
+        values = list(values)
+        try:
+            g = optimized.instantiate(values)
+            for v, exprs in self.reads:  # shapes Python read are what it saw
+                if recorded.value_shape_at(v, values) != tuple(evaluate(e, values) for e in exprs):
+                    return None, True
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None, True
+        return g, True
+
     def instance(self, values):
         """The executable for this binding (made on its first call), or None when the graph does not
         hold for it; second: whether it was made now."""
@@ -751,11 +803,11 @@ class DynamicEntry:
         if exe is not None:
             self.instances.move_to_end(key)
             return exe, False
-        g = self._capture.rebind_checked(self.graph, values)
+        g, optimized = self._instance_graph(values)
         if g is None:
             return None, False
         o = self.options
-        exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=o.level,
+        exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=0 if optimized else o.level,
                                inference=o.infer_boost == "on",
                                disable_format_transform=o.disable_format_transform, backend=o.backend,
                                sublinear=o.sublinear)
@@ -765,7 +817,8 @@ class DynamicEntry:
         return exe, True
 
     def describe(self):
-        """The symbols, where they come from, and the guards (for cache_info)."""
+        """The symbols, where they come from, the guards, and whether instances come from the recording
+        made symbolic and optimized once (for cache_info; None until a new binding asked)."""
         names = self.names
         symbols = {}
         for k, name in enumerate(names):
@@ -776,4 +829,5 @@ class DynamicEntry:
                 symbols[name] = f"{where} >= 2"
         guards = [f"{show(l, names)} {op} {show(r, names)}" if outcome else f"not ({show(l, names)} {op} "
                   f"{show(r, names)})" for op, l, r, outcome in self.guards]
-        return {"symbols": symbols, "guards": guards, "instances": len(self.instances)}
+        optimized_once = None if self._symbolic is None else bool(self._symbolic)
+        return {"symbols": symbols, "guards": guards, "instances": len(self.instances), "optimized_once": optimized_once}
