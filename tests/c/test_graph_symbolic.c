@@ -85,6 +85,20 @@ static void test_canonical_forms(void) {
     CHECK_OK(kiln_sym_add(t, a, kiln_sdim_const(5), &a));
     CHECK(kiln_sym_lower_bound(t, a) == INT64_MIN);
     CHECK_STATUS(kiln_sym_floordiv(t, s0, 0, &a), KILN_ERR_VALUE);
+    /* s0 - s0//2 >= 1: the floor division bounded by s0 / 2 */
+    CHECK_OK(kiln_sym_floordiv(t, s0, 2, &a));
+    CHECK_OK(kiln_sym_mul(t, a, kiln_sdim_const(-1), &a));
+    CHECK_OK(kiln_sym_add(t, s0, a, &a));
+    CHECK(kiln_sym_lower_bound(t, a) == 1 && a.v == 4);
+    /* exact division as expressions: s0*s1*64 / (s1*8) = s0*8; s0*64 / s1 is refused */
+    CHECK_OK(kiln_sym_mul(t, s0, s1, &a));
+    CHECK_OK(kiln_sym_mul(t, a, kiln_sdim_const(64), &a));
+    CHECK_OK(kiln_sym_mul(t, s1, kiln_sdim_const(8), &b));
+    CHECK_OK(kiln_sym_divexact(t, a, b, &c));
+    CHECK_OK(kiln_sym_mul(t, s0, kiln_sdim_const(8), &d));
+    CHECK(kiln_sdim_same(c, d));
+    CHECK_OK(kiln_sym_mul(t, s0, kiln_sdim_const(64), &a));
+    CHECK_STATUS(kiln_sym_divexact(t, a, s1, &c), KILN_ERR_VALUE);
     kiln_symtab_free(t);
 }
 

@@ -140,7 +140,55 @@ static void test_instantiate_at_the_lower_bound(void) {
     kiln_graph_free(g);
 }
 
+/* A recording (concrete sizes) made symbolic from its inputs' and attributes' expressions: a
+ * reshape's rest divided exactly, a slice's length given, a later set of an attribute winning;
+ * a size-holding node that no set names is refused (its sizes were the recorded shapes'). */
+static void test_symbolize_a_recording(void) {
+    kiln_graph *rec = NULL;
+    CHECK_OK(kiln_graph_parse("graph(%0: float32[4, 6]) {\n"
+                              "  %1: float32[24] = reshape(%0) {24}\n"
+                              "  %2: float32[12, 2] = reshape(%1) {12, 2}\n"
+                              "  %3: float32[2, 6] = slice(%0) {1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 6, 0, 0, 0, 0, 0, 0}\n"
+                              "  return (%2, %3)\n}\n",
+                              &rec));
+    if (!rec) return;
+    for (int named = 0; named < 2; named++) {
+        kiln_symtab *t = NULL;
+        kiln_sdim s0;
+        CHECK_OK(kiln_symtab_new(&t));
+        CHECK_OK(kiln_sym_new(t, 2, 4, &s0));
+        kiln_sshape in = {.ndim = 2, .d = {s0, kiln_sdim_const(6)}};
+        kiln_sdim len;
+        CHECK_OK(kiln_sym_add(t, s0, kiln_sdim_const(-2), &len));
+        kiln_attr_sym_set sets[5] = {
+            {0, 0, KILN_ATTR_SET_REST, {0, 0}},       /* 24 = s0*6 */
+            {1, 0, KILN_ATTR_SET_VALUE, {0, 99}},     /* overridden by the next */
+            {1, 0, KILN_ATTR_SET_REST, {0, 0}},       /* s0*6 / 2 = s0*3 */
+            {2, 16, KILN_ATTR_SET_VALUE, len},        /* s0 - 2 rows from the second */
+            {2, 0, KILN_ATTR_SET_VALUE, {0, 1}},
+        };
+        kiln_graph *g = NULL;
+        kiln_status s = kiln_graph_symbolize(rec, t, &in, named ? 5 : 3, sets, &g);
+        if (named) {
+            CHECK_OK(s);
+            if (!g) continue;
+            int64_t b[1] = {7}, shape[KILN_MAX_DIMS];
+            CHECK_OK(kiln_graph_value_shape_at(g, g->outputs[0], b, shape));
+            CHECK(shape[0] == 21 && shape[1] == 2);
+            CHECK_OK(kiln_graph_value_shape_at(g, g->outputs[1], b, shape));
+            CHECK(shape[0] == 5 && shape[1] == 6);
+        } else { /* the slice (SIZED) has symbolic input and no set: refused */
+            CHECK_STATUS(s, KILN_ERR_VALUE);
+            CHECK(strstr(kiln_last_error(), "node 2 (slice) keeps sizes taken from shapes that no set gives") != NULL);
+        }
+        kiln_graph_free(g);
+    }
+    kiln_clear_error();
+    kiln_graph_free(rec);
+}
+
 int main(void) {
+    test_symbolize_a_recording();
     test_optimized_once_runs_at_every_binding();
     test_instantiate_at_the_lower_bound();
     if (check_failures) {
