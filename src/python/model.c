@@ -88,7 +88,7 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     if (s == KILN_OK && float16) s = to_float16(&g, &popt);
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {
-        kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors};
+        kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors, NULL};
         Py_BEGIN_ALLOW_THREADS
         s = kiln_model_write(&d, &bytes, &size);
         Py_END_ALLOW_THREADS
