@@ -132,14 +132,21 @@ kiln_status kiln_graph_carry_names(const kiln_graph *src, kiln_graph *dst, const
         if (name && d >= 0 && !kiln_graph_value_name(dst, d)) KILN_TRY(kiln_graph_set_value_name(dst, d, name));
     }
     if (!src->nnode_names && !src->npriorities) return KILN_OK;
-    for (int32_t d = 0; origin && d < norigin && d < dst->nnodes; d++)
-        if (origin[d] > 0 && origin[d] <= src->nnodes) KILN_TRY(give_node(src, dst, origin[d] - 1, d));
-    for (int32_t i = 0; i < src->nnodes; i++) {
-        if (!kiln_graph_node_name(src, i) && !kiln_graph_node_priority(src, i)) continue;
+    bool *given = kiln_calloc((size_t)(src->nnodes ? src->nnodes : 1), sizeof *given); /* each name to one node */
+    if (!given) return kiln_error(KILN_ERR_MEMORY, "out of memory naming a graph");
+    kiln_status s = KILN_OK;
+    for (int32_t d = 0; origin && d < norigin && d < dst->nnodes && s == KILN_OK; d++)
+        if (origin[d] > 0 && origin[d] <= src->nnodes && !given[origin[d] - 1] && !kiln_graph_node_name(dst, d)) {
+            given[origin[d] - 1] = true;
+            s = give_node(src, dst, origin[d] - 1, d);
+        }
+    for (int32_t i = 0; i < src->nnodes && s == KILN_OK; i++) {
+        if (given[i] || (!kiln_graph_node_name(src, i) && !kiln_graph_node_priority(src, i))) continue;
         int32_t d = mapped_node(src, dst, map, i);
-        if (d >= 0) KILN_TRY(give_node(src, dst, i, d));
+        if (d >= 0 && !kiln_graph_node_name(dst, d) && !kiln_graph_node_priority(dst, d)) s = give_node(src, dst, i, d);
     }
-    return KILN_OK;
+    free(given);
+    return s;
 }
 
 kiln_status kiln_graph_copy_names(const kiln_graph *src, kiln_graph *dst) {
