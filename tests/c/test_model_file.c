@@ -228,6 +228,22 @@ int main(void) {
     test_round_trip(file, size, g);
     test_hostile(file, size);
     test_two_graphs(g);
+    /* the writer refuses what a reader would: two nodes of one name, an empty or over-long graph name */
+    kiln_graph *dup;
+    CHECK_OK(kiln_graph_clone(g, &dup));
+    CHECK_OK(kiln_graph_set_node_name(dup, 1, kiln_graph_node_name(dup, 0)));
+    void *bytes = NULL;
+    size_t n = 0;
+    kiln_model_desc d = {dup, NULL, NULL, NULL, NULL, 0, NULL, NULL};
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "two nodes are named 'mul(x)[0]'") != NULL);
+    char long_name[KILN_MODEL_MAX_NAME + 2];
+    memset(long_name, 'a', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    d.graph = g, d.name = long_name;
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(bytes == NULL);
+    kiln_graph_free(dup);
     kiln_model *m = NULL;
     CHECK_STATUS(kiln_model_load("/nonexistent/model.kiln", &m), KILN_ERR_RUNTIME);
     free(file);
