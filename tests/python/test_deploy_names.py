@@ -104,11 +104,13 @@ def test_append_two_graphs_and_load_each(tmp_path):
     assert path.read_bytes().endswith(alone.getvalue())
     # the default name of a second graph of the same function gets its position
     t1.dump(str(path), append=True)
-    assert kiln.load(str(path)).graph_names == ["MLP", "cnn", "MLP:2"]
+    t1.dump(str(path), append=True, graph_name="MLP:3")
+    t1.dump(str(path), append=True)
+    assert kiln.load(str(path)).graph_names == ["MLP", "cnn", "MLP:2", "MLP:3", "MLP:4"]
     with pytest.raises(ValueError, match="already holds a graph named 'cnn'"):
         t2.dump(str(path), append=True, graph_name="cnn")
-    with pytest.raises(ValueError, match="no graph 3 \\(the file holds 3\\)"):
-        kiln.load(str(path), index=3)
+    with pytest.raises(ValueError, match="no graph 5 \\(the file holds 5\\)"):
+        kiln.load(str(path), index=5)
     with pytest.raises(ValueError, match="no graph named 'nope'"):
         kiln.load(str(path), name="nope")
     with pytest.raises(ValueError, match="needs a path"):

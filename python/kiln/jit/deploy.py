@@ -135,10 +135,11 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
     if tr._last is None:
         raise RuntimeError("trace.dump: nothing traced yet; call the trace first")
     graph_name = kwargs.pop("graph_name", None)
-    existing = _existing_graphs(file) if append else b""
-    taken = _C.Model(existing).graph_names if existing else []
+    existing, taken = _existing_graphs(file) if append else (b"", [])
     if graph_name is None:
-        graph_name = tr.__qualname__ if tr.__qualname__ not in taken else f"{tr.__qualname__}:{len(taken)}"
+        graph_name, k = tr.__qualname__, len(taken)
+        while graph_name in taken:
+            graph_name, k = f"{tr.__qualname__}:{k}", k + 1
     elif not isinstance(graph_name, str) or not graph_name:
         raise ValueError(f"trace.dump: graph_name must be a non-empty str, got {graph_name!r}")
     elif graph_name in taken:
@@ -186,17 +187,18 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
 
 
 def _existing_graphs(file):
-    """append=True: the bytes of the kiln file at path `file` (b"" when it does not exist or is
-    empty), each of its graphs checked (a file that is not a kiln model, or a corrupt one, raises)."""
+    """append=True: the bytes of the kiln file at path `file` and the names of its graphs (b"" and []
+    when it does not exist or is empty), each graph checked (a file that is not a kiln model, or a
+    corrupt one, raises)."""
     if not isinstance(file, (str, os.PathLike)):
         raise ValueError("trace.dump: append=True needs a path (as in MegEngine, where it only works when file is "
                          "a str), not a file object")
     if not os.path.exists(file):
-        return b""
+        return b"", []
     with open(file, "rb") as f:
         data = f.read()
     if not data:
-        return b""
+        return b"", []
     try:
         first = _C.Model(data)
         for k in range(1, len(first.graph_names)):
@@ -204,7 +206,7 @@ def _existing_graphs(file):
     except ValueError as e:
         raise ValueError(f"trace.dump(append=True): {os.fspath(file)} is not a kiln model file this kiln can append "
                          f"to: {e}") from None
-    return data
+    return data, first.graph_names
 
 
 def _write_strip_info(path, graph_text, append):
