@@ -169,7 +169,7 @@ static void test_hostile(const uint8_t *file, size_t size) {
      * its value id out of range */
     static const uint8_t out_name[] = {3, 0, 0, 0, 'o', 'u', 't'};
     at = size;
-    for (size_t k = size; k-- > 64 + sizeof out_name;) /* the last "out": the names section's */
+    for (size_t k = size - sizeof out_name; k-- > 64;) /* the last "out": the names section's */
         if (memcmp(file + k, out_name, sizeof out_name) == 0) {
             at = k;
             break;
