@@ -89,7 +89,8 @@ KILN_API int32_t kiln_graph_node_priority(const kiln_graph *g, int32_t node);
 /* Names a recording as trace.dump's keep options ask (docs/model_format.md, "Names"): nodes:
  * every node without a name is called "<op>(<its first input's name>)[<node index>]" ("<op>[i]"
  * when it has no input or its first input no name); values: every node output without a name
- * "<op><node index>" (output k > 0: "<op><node index>:<k>"); priorities: every node without one
+ * "<op><node index>" (output k > 0: "<op><node index>:<k>"; with "'" appended while a name set
+ * before has it); priorities: every node without one
  * gets its index + 1 (the order the trace ran the ops). Value names are made before node names. */
 KILN_API kiln_status kiln_graph_generate_names(kiln_graph *g, bool values, bool nodes, bool priorities);
 /* Removes names: of captures (params), of the other values, of nodes, and priorities. */

@@ -59,17 +59,38 @@ int32_t kiln_graph_node_priority(const kiln_graph *g, int32_t n) {
 /* At most this many bytes of an input's name go into a generated node name (whole UTF-8 characters). */
 #define QUOTED_NAME_BYTES 256
 
-kiln_status kiln_graph_generate_names(kiln_graph *g, bool values, bool nodes, bool priorities) {
-    char buf[QUOTED_NAME_BYTES + 128];
-    for (int32_t i = 0; i < g->nnodes && values; i++) {
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A name for every unnamed node output; one that a name set before (the user's) already has gets
+ * a "'" appended until it is new. */
+static kiln_status generate_value_names(kiln_graph *g) {
+    const char **taken = kiln_malloc(sizeof *taken * (size_t)(g->nvalue_names ? g->nvalue_names : 1));
+    if (!taken) return kiln_error(KILN_ERR_MEMORY, "out of memory naming a graph");
+    size_t ntaken = 0;
+    for (int32_t v = 0; v < g->nvalue_names; v++)
+        if (g->value_names[v]) taken[ntaken++] = g->value_names[v];
+    qsort(taken, ntaken, sizeof *taken, by_str);
+    char buf[128];
+    kiln_status s = KILN_OK;
+    for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
         const kiln_node *n = &g->nodes[i];
-        for (int k = 0; k < n->nout; k++) {
+        for (int k = 0; k < n->nout && s == KILN_OK; k++) {
             if (kiln_graph_value_name(g, n->out[k])) continue;
-            if (k == 0) snprintf(buf, sizeof buf, "%s%d", kiln_op_table[n->op].name, (int)i);
-            else snprintf(buf, sizeof buf, "%s%d:%d", kiln_op_table[n->op].name, (int)i, k);
-            KILN_TRY(kiln_graph_set_value_name(g, n->out[k], buf));
+            int len = k == 0 ? snprintf(buf, sizeof buf - 8, "%s%d", kiln_op_table[n->op].name, (int)i)
+                             : snprintf(buf, sizeof buf - 8, "%s%d:%d", kiln_op_table[n->op].name, (int)i, k);
+            const char *key = buf;
+            for (int primes = 0; primes < 7 && bsearch(&key, taken, ntaken, sizeof *taken, by_str); primes++)
+                buf[len++] = '\'', buf[len] = '\0';
+            s = kiln_graph_set_value_name(g, n->out[k], buf);
         }
     }
+    free(taken);
+    return s;
+}
+
+kiln_status kiln_graph_generate_names(kiln_graph *g, bool values, bool nodes, bool priorities) {
+    char buf[QUOTED_NAME_BYTES + 128];
+    if (values) KILN_TRY(generate_value_names(g));
     for (int32_t i = 0; i < g->nnodes && nodes; i++) {
         const kiln_node *n = &g->nodes[i];
         if (kiln_graph_node_name(g, i)) continue;

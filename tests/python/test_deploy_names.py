@@ -47,6 +47,9 @@ def test_each_keep_option_changes_what_is_stored():
     # keeping the user's name
     assert every.op_names == ["linear(data)[0]", "relu(linear0)[1]", "linear(relu1)[2]"]
     assert every.var_names == ["data", "linear0", "relu1", "output"]
+    # a generated name the user gave a value already gets a "'"
+    clash = loaded(t, arg_names=["relu1"], keep_var_name=2, **raw)
+    assert clash.var_names == ["relu1", "linear0", "relu1'", "output"]
     ops_only = loaded(t, keep_var_name=0, keep_opr_name=True, **raw)
     assert len(ops_only.op_names) == n and ops_only.op_priorities == [] and ops_only.var_names == []
     prio = loaded(t, keep_var_name=0, keep_opr_priority=True, **raw)
