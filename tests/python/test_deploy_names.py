@@ -140,8 +140,14 @@ def test_append_refuses_files_that_are_not_kiln_models(tmp_path):
     assert kiln.load(str(empty)).graph_names == ["MLP"]
 
 
-def test_version_1_files_still_load():
+def test_version_1_files_still_load(tmp_path):
     path = os.path.join(ROOT, "tests", "fuzz", "corpus_model", "mlp.kiln")
+    copy = tmp_path / "v1.kiln"
+    with open(path, "rb") as f:
+        copy.write_bytes(f.read())
+    t, _ = traced(MLP(), arr(4, 6))
+    with pytest.raises(ValueError, match="version 1 file, which holds one graph"):
+        t.dump(str(copy), append=True)
     with open(path, "rb") as f:
         assert struct.unpack_from("<I", f.read(12), 8)[0] == 1
     g = kiln.load(path)

@@ -206,6 +206,9 @@ def _existing_graphs(file):
     except ValueError as e:
         raise ValueError(f"trace.dump(append=True): {os.fspath(file)} is not a kiln model file this kiln can append "
                          f"to: {e}") from None
+    if first.version == 1:  # its header's size is the whole file's: a record after it would make it unreadable
+        raise ValueError(f"trace.dump(append=True): {os.fspath(file)} is a format version 1 file, which holds one "
+                         "graph; dump that graph again with this kiln to append to it")
     return data, first.graph_names
 
 
