@@ -2,14 +2,16 @@
  *
  *   kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]
  *            [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
- *            [--seed N] [--profile TRACE.json]
+ *            [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]
  *
  * Inputs not given are random (uniform in [-1, 1), by the model's shapes; --seed). Each timed
  * iteration prints its time, then min/median/max. --check runs the file's embedded test cases
  * and exits 1 when an output differs from its expected value by more than the tolerance
  * (relative, see kiln_tensor_max_error; default 1e-3, 1e-1 for float16/bfloat16 outputs),
  * printing the worst error. --profile writes the compile phases and every kernel of every run as
- * Chrome Trace Event JSON. Uses the public C API, and the recorder of src/core/profile.h. */
+ * Chrome Trace Event JSON. --graph / --graph-name pick a graph of a file of several (trace.dump's
+ * append=True; default the first). --model-info also lists the file's graphs and the names the
+ * file keeps (parameters, values, ops, op priorities). Uses the public C API, and the recorder of src/core/profile.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -25,7 +27,8 @@
 #include "npy.h"
 
 typedef struct {
-    const char *model, *output_dir, *backend, *profile;
+    const char *model, *output_dir, *backend, *profile, *graph_name;
+    long graph;
     const char **input_specs;
     int ninput_specs;
     long iters, warmup, threads;
@@ -37,7 +40,7 @@ typedef struct {
 static void usage(FILE *to) {
     fprintf(to, "usage: kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]\n"
                 "                [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
-                "                [--seed N] [--profile TRACE.json]\n");
+                "                [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]\n");
 }
 
 static int die(const char *what) {
@@ -61,7 +64,8 @@ static int parse_args(int argc, char **argv, options *o) {
         const char *a = argv[k], *v = k + 1 < argc ? argv[k + 1] : NULL;
         bool takes = strcmp(a, "--input") == 0 || strcmp(a, "--iter") == 0 || strcmp(a, "--warmup") == 0 ||
                      strcmp(a, "--threads") == 0 || strcmp(a, "--backend") == 0 || strcmp(a, "--output-dir") == 0 ||
-                     strcmp(a, "--tolerance") == 0 || strcmp(a, "--seed") == 0 || strcmp(a, "--profile") == 0;
+                     strcmp(a, "--tolerance") == 0 || strcmp(a, "--seed") == 0 || strcmp(a, "--profile") == 0 ||
+                     strcmp(a, "--graph") == 0 || strcmp(a, "--graph-name") == 0;
         if (takes && !v) {
             fprintf(stderr, "kiln-run: %s needs a value\n", a);
             return 2;
@@ -93,6 +97,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->seed = (unsigned long long)s;
         } else if (strcmp(a, "--profile") == 0) {
             o->profile = v;
+        } else if (strcmp(a, "--graph") == 0) {
+            ok = parse_long(v, 0, INT32_MAX, &o->graph);
+        } else if (strcmp(a, "--graph-name") == 0) {
+            o->graph_name = v;
         } else if (strcmp(a, "--model-info") == 0) {
             o->info = true;
         } else if (strcmp(a, "--check") == 0) {
@@ -123,6 +131,23 @@ static void put_meta(const kiln_meta *m) {
     printf("]");
 }
 
+/* The names the file keeps: parameters (captures), other values, ops and their priorities. */
+static void names_info(const kiln_graph *g) {
+    for (int32_t v = 0; v < g->nvalues; v++) {
+        const char *name = kiln_graph_value_name(g, v);
+        if (name) printf("%s %%%d: %s\n", g->values[v].kind == KILN_VALUE_CAPTURED ? "param" : "var", v, name);
+    }
+    for (int32_t i = 0; i < g->nnodes; i++) {
+        const char *name = kiln_graph_node_name(g, i);
+        int32_t priority = kiln_graph_node_priority(g, i);
+        if (!name && !priority) continue;
+        printf("op %d (%s):", i, kiln_op_table[g->nodes[i].op].name);
+        if (name) printf(" %s", name);
+        if (priority) printf(" priority %d", priority);
+        printf("\n");
+    }
+}
+
 static void model_info(const kiln_model *m, const kiln_executable *e) {
     const kiln_graph *g = kiln_model_graph(m);
     printf("producer: %s\n", kiln_model_producer(m));
@@ -144,6 +169,10 @@ static void model_info(const kiln_model *m, const kiln_executable *e) {
     char *order = kiln_executable_order_string(e);
     if (order) printf("order: %s\n", order);
     free(order);
+    printf("format version: %d\ngraph: %d of %d, '%s'\n", kiln_model_version(m), kiln_model_index(m),
+           kiln_model_num_graphs(m), kiln_model_name(m));
+    for (int32_t k = 0; k < kiln_model_num_graphs(m); k++) printf("file graph %d: %s\n", k, kiln_model_graph_name(m, k));
+    names_info(g);
 }
 
 /* A contiguous copy when t is not contiguous (new reference either way). */
@@ -342,7 +371,7 @@ int main(int argc, char **argv) {
     kiln_manual_seed(o.seed);
     double t0 = now_ms();
     kiln_model *m;
-    if (kiln_model_load(o.model, &m) != KILN_OK) {
+    if (kiln_model_load_graph(o.model, (int32_t)o.graph, o.graph_name, &m) != KILN_OK) {
         fprintf(stderr, "kiln-run: %s\n", kiln_last_error());
         free(o.input_specs);
         return 2;

@@ -57,6 +57,12 @@ typedef struct kiln_graph {
     /* symbolic sizes (src/core/symdim.h, src/ir/symbolic.h): the symbols and expressions values'
      * dimensions refer to; NULL while every size is concrete */
     struct kiln_symtab *syms;
+    /* names for deployment (trace.dump's keep_* options; src/ir/graph_names.c): per value and per
+     * node, NULL when none; arrays as long as the highest id named so far (NULL when none) */
+    char **value_names, **node_names;
+    int32_t nvalue_names, nnode_names;
+    int32_t *priorities; /* per node: its position in the recording (1, 2, ...), 0 when none */
+    int32_t npriorities;
 } kiln_graph;
 
 KILN_API kiln_status kiln_graph_new(kiln_graph **out);
@@ -78,6 +84,37 @@ KILN_API kiln_status kiln_graph_add_subgraph(kiln_graph *g, kiln_graph *sub, int
 KILN_API kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out);
 /* Appends deep copies of from's subgraphs to to's (their indices shifted by to's count). */
 KILN_API kiln_status kiln_graph_copy_subgraphs(const kiln_graph *from, kiln_graph *to);
+
+/* ---- names (src/ir/graph_names.c): what trace.dump keeps of the recording ---------------- */
+
+/* Sets (a copy of) name, or clears it with NULL. A value or node id out of range is an error. */
+KILN_API kiln_status kiln_graph_set_value_name(kiln_graph *g, int32_t value, const char *name);
+KILN_API kiln_status kiln_graph_set_node_name(kiln_graph *g, int32_t node, const char *name);
+KILN_API kiln_status kiln_graph_set_node_priority(kiln_graph *g, int32_t node, int32_t priority);
+/* NULL / 0 when none. */
+KILN_API const char *kiln_graph_value_name(const kiln_graph *g, int32_t value);
+KILN_API const char *kiln_graph_node_name(const kiln_graph *g, int32_t node);
+KILN_API int32_t kiln_graph_node_priority(const kiln_graph *g, int32_t node);
+/* Names a recording as trace.dump's keep options ask (docs/model_format.md, "Names"): nodes:
+ * every node without a name is called "<op>(<its first input's name>)[<node index>]" ("<op>[i]"
+ * when it has no input or its first input no name); values: every node output without a name
+ * "<op><node index>" (output k > 0: "<op><node index>:<k>"; with "'" appended while a name set
+ * before has it); priorities: every node without one
+ * gets its index + 1 (the order the trace ran the ops). Value names are made before node names. */
+KILN_API kiln_status kiln_graph_generate_names(kiln_graph *g, bool values, bool nodes, bool priorities);
+/* Removes names: of captures (params), of the other values, of nodes, and priorities. */
+KILN_API void kiln_graph_clear_names(kiln_graph *g, bool params, bool values, bool nodes, bool priorities);
+/* After a rewrite from src to dst: value v of src that maps to map[v] >= 0 gives dst's value its
+ * name, and a node of src whose output maps to a dst node's output gives that node its name and
+ * priority (the first such, in src's order), unless origin (dst node -> src node + 1, 0: none,
+ * norigin entries, may be NULL) names the src node a dst node stands for (a fused convolution
+ * keeps its convolution's name). Names already set in dst stay. */
+KILN_API kiln_status kiln_graph_carry_names(const kiln_graph *src, kiln_graph *dst, const int32_t *map,
+                                            const int32_t *origin, int32_t norigin);
+/* Copies every name and priority of src to dst (a clone: the same ids). */
+KILN_API kiln_status kiln_graph_copy_names(const kiln_graph *src, kiln_graph *dst);
+KILN_API void kiln_graph_free_names(kiln_graph *g);
+
 /* The metas node n of g would have, inferred from its inputs' metas in g (checked like a tensor's). */
 KILN_API kiln_status kiln_graph_infer_node(const kiln_graph *g, const kiln_node *n, kiln_meta *metas);
 

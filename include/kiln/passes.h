@@ -54,12 +54,18 @@ typedef struct kiln_rewriter {
     const kiln_graph *src;
     kiln_graph *dst;
     int32_t *map; /* src value -> dst value (-1: not yet defined) */
+    int32_t *origin; /* dst node -> the src node it stands for + 1 (0: none; kiln_rewriter_stands_for) */
+    int32_t norigin;
 } kiln_rewriter;
 
 KILN_API kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src);
 /* Copies src node `node` with its inputs mapped; maps its outputs. */
 KILN_API kiln_status kiln_rewriter_copy_node(kiln_rewriter *rw, int32_t node);
-/* Sets the outputs (mapped) and hands over the new graph. */
+/* The dst node added last stands for src node src_node: it takes that node's name and priority
+ * (kiln_graph_carry_names; a fused convolution is named after its convolution). */
+KILN_API kiln_status kiln_rewriter_stands_for(kiln_rewriter *rw, int32_t src_node);
+/* Sets the outputs (mapped), carries the names over (kiln_graph_carry_names) and hands over the
+ * new graph. */
 KILN_API kiln_status kiln_rewriter_finish(kiln_rewriter *rw, kiln_graph **out);
 KILN_API void kiln_rewriter_abort(kiln_rewriter *rw);
 

@@ -28,6 +28,7 @@ void kiln_graph_free(kiln_graph *g) {
     for (int32_t n = 0; n < g->nnodes; n++) free(g->nodes[n].in), free(g->nodes[n].attr_sym);
     for (int32_t l = 0; l < g->nlocs; l++) free(g->locs[l]);
     for (int32_t s = 0; s < g->nsubgraphs; s++) kiln_graph_free(g->subgraphs[s]);
+    kiln_graph_free_names(g);
     free(g->values), free(g->nodes), free(g->inputs), free(g->captures), free(g->outputs);
     free(g->locs), free(g->subgraphs);
     kiln_symtab_free(g->syms);
@@ -296,6 +297,7 @@ kiln_status kiln_graph_clone(const kiln_graph *g, kiln_graph **out) {
     }
     kiln_status s = g->syms ? kiln_symtab_clone(g->syms, &c->syms) : KILN_OK;
     if (s == KILN_OK) s = kiln_graph_copy_subgraphs(g, c);
+    if (s == KILN_OK) s = kiln_graph_copy_names(g, c);
     if (s != KILN_OK) {
         kiln_graph_free(c);
         return s;

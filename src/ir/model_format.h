@@ -12,7 +12,7 @@
 /* header fields: byte offsets */
 #define KILN_MODEL_AT_VERSION 8
 #define KILN_MODEL_AT_FLAGS 12
-#define KILN_MODEL_AT_FILE_SIZE 16
+#define KILN_MODEL_AT_FILE_SIZE 16 /* version 2: the size of this graph's record */
 #define KILN_MODEL_AT_META_OFFSET 24
 #define KILN_MODEL_AT_META_SIZE 32
 #define KILN_MODEL_AT_DATA_OFFSET 40
@@ -23,7 +23,8 @@
 #define KILN_MODEL_MAX_STRING (1 << 24)  /* bytes of one string */
 #define KILN_MODEL_MAX_DEPTH 64          /* subgraphs nested in subgraphs */
 #define KILN_MODEL_MAX_VALUES (1 << 22)  /* values of one graph */
-#define KILN_MODEL_MAX_NAME 4096         /* bytes of an input or output name */
+#define KILN_MODEL_MAX_NAME 4096         /* bytes of a name (input, output, graph, value, node) */
+#define KILN_MODEL_DEFAULT_NAME "graph"  /* a graph's name when the writer is given none */
 
 /* capture kinds */
 enum { KILN_MODEL_CONSTANT = 0, KILN_MODEL_CAPTURED = 1, KILN_MODEL_PARAMETER = 2 };
@@ -33,9 +34,9 @@ enum { KILN_MODEL_CONSTANT = 0, KILN_MODEL_CAPTURED = 1, KILN_MODEL_PARAMETER = 
  * a word, then combined (see docs/model_format.md). */
 uint64_t kiln_model_checksum(const uint8_t *bytes, size_t size);
 
-/* kiln_model_load_memory, with the checksum check skippable (the fuzz harness reaches the parser
+/* kiln_model_load_memory_graph by index, with the checksum check skippable (the fuzz harness reaches the parser
  * with it off). */
-kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, kiln_model **out);
+kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, int32_t index, kiln_model **out);
 
 static inline void kiln_put_u32(uint8_t *p, uint32_t v) {
     for (int k = 0; k < 4; k++) p[k] = (uint8_t)(v >> (8 * k));

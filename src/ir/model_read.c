@@ -32,6 +32,9 @@ static void blob_release(void *ctx) {
 
 struct kiln_model {
     kiln_graph *graph;
+    int32_t version, index, ngraphs;
+    char *name;
+    char **graph_names; /* ngraphs: the file's graphs */
     int32_t nin, nout;
     char **names; /* nin input names, then nout output names */
     kiln_meta *metas;
@@ -364,6 +367,66 @@ static kiln_status read_cases(cursor *c, kiln_model *m) {
     return KILN_OK;
 }
 
+/* ---- the names section (version 2) ------------------------------------------------------------ */
+
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* A list of (u32 id, str name): ids strictly increasing and below `limit`, names 1-4096 bytes and
+ * unique; set on g with `set`. */
+static kiln_status read_name_list(cursor *c, kiln_graph *g, const char *what, int32_t limit,
+                                  kiln_status (*set)(kiln_graph *, int32_t, const char *),
+                                  const char *(*get)(const kiln_graph *, int32_t)) {
+    char label[64];
+    snprintf(label, sizeof label, "the %s name count", what);
+    uint32_t n;
+    KILN_TRY(rd_count(c, label, 9, (uint32_t)limit, &n));
+    int64_t prev = -1;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t id;
+        char *name = NULL;
+        snprintf(label, sizeof label, "%s name %u", what, k);
+        KILN_TRY(rd_u32(c, label, &id));
+        if ((int64_t)id <= prev || id >= (uint32_t)limit)
+            return bad("%s names %s %u: not after %lld and below %d", label, what, id, (long long)prev, (int)limit);
+        prev = id;
+        KILN_TRY(rd_str(c, label, KILN_MODEL_MAX_NAME, &name));
+        kiln_status s = *name ? set(g, (int32_t)id, name) : bad("%s is empty", label);
+        free(name);
+        KILN_TRY(s);
+    }
+    /* unique: sorted copies of the pointers, neighbours compared */
+    const char **sorted = kiln_malloc(sizeof *sorted * (n ? n : 1));
+    if (!sorted) return KILN_ERR_MEMORY;
+    uint32_t m = 0;
+    for (int32_t id = 0; id < limit && m < n; id++)
+        if (get(g, id)) sorted[m++] = get(g, id);
+    qsort(sorted, m, sizeof *sorted, by_str);
+    kiln_status s = KILN_OK;
+    for (uint32_t k = 1; k < m && s == KILN_OK; k++)
+        if (strcmp(sorted[k - 1], sorted[k]) == 0) s = bad("two %ss are named '%s'", what, sorted[k]);
+    free(sorted);
+    return s;
+}
+
+static kiln_status read_names(cursor *c, kiln_graph *g) {
+    KILN_TRY(read_name_list(c, g, "value", g->nvalues, kiln_graph_set_value_name, kiln_graph_value_name));
+    KILN_TRY(read_name_list(c, g, "node", g->nnodes, kiln_graph_set_node_name, kiln_graph_node_name));
+    uint32_t n;
+    KILN_TRY(rd_count(c, "the priority count", 4, (uint32_t)g->nnodes, &n));
+    if (n != 0 && n != (uint32_t)g->nnodes)
+        return bad("%u priorities for %d nodes (none or one per node)", n, g->nnodes);
+    bool any = false;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t p;
+        KILN_TRY(rd_u32(c, "a priority", &p));
+        if (p > INT32_MAX) return bad("node %u has priority %u (at most %d)", k, p, INT32_MAX);
+        KILN_TRY(kiln_graph_set_node_priority(g, (int32_t)k, (int32_t)p));
+        any |= p != 0;
+    }
+    if (n && !any) return bad("a priority list of zeros (none is written as no list)");
+    return KILN_OK;
+}
+
 /* The graph's inputs and outputs are those the io lists describe. */
 static kiln_status check_io(const kiln_model *m) {
     const kiln_graph *g = m->graph;
@@ -381,20 +444,28 @@ static kiln_status check_io(const kiln_model *m) {
     return KILN_OK;
 }
 
-static kiln_status read_header(const uint8_t *b, size_t size, bool check_sum, size_t *meta_size, size_t *data_offset,
-                               size_t *data_size) {
-    if (size < KILN_MODEL_HEADER_BYTES)
-        return bad("truncated: %zu bytes, the header alone is %d", size, KILN_MODEL_HEADER_BYTES);
+/* The header of the record at b (avail bytes from it to the end of the file). Version 1: one
+ * record, the whole file. Version 2: records of a multiple of 64 bytes, one after the other. */
+static kiln_status read_header(const uint8_t *b, size_t avail, bool first, bool check_sum, uint32_t *version,
+                               size_t *record, size_t *meta_size, size_t *data_offset, size_t *data_size) {
+    if (avail < KILN_MODEL_HEADER_BYTES)
+        return bad("truncated: %zu bytes, the header alone is %d", avail, KILN_MODEL_HEADER_BYTES);
     if (memcmp(b, KILN_MODEL_MAGIC, 8) != 0) return bad("not a kiln model (wrong magic bytes)");
-    uint32_t version = kiln_get_u32(b + KILN_MODEL_AT_VERSION);
-    if (version != KILN_MODEL_VERSION)
-        return bad("format version %u; this kiln reads version %d", version, KILN_MODEL_VERSION);
+    *version = kiln_get_u32(b + KILN_MODEL_AT_VERSION);
+    if (*version != 1 && *version != KILN_MODEL_VERSION)
+        return bad("format version %u; this kiln reads versions 1 and %d", *version, KILN_MODEL_VERSION);
+    if (*version == 1 && !first) return bad("a version 1 model after another graph (version 1 files hold one)");
     uint32_t flags = kiln_get_u32(b + KILN_MODEL_AT_FLAGS);
     if (flags) return bad("unknown header flags 0x%x", flags);
-    uint64_t file_size = kiln_get_u64(b + KILN_MODEL_AT_FILE_SIZE);
-    if (file_size != size)
-        return bad("%s: the header says %llu bytes, there are %zu", file_size > size ? "truncated" : "trailing bytes",
-                   (unsigned long long)file_size, size);
+    uint64_t size = kiln_get_u64(b + KILN_MODEL_AT_FILE_SIZE);
+    if (*version == 1 && size != avail)
+        return bad("%s: the header says %llu bytes, there are %zu", size > avail ? "truncated" : "trailing bytes",
+                   (unsigned long long)size, avail);
+    if (*version != 1 && size > avail)
+        return bad("truncated: the header says %llu bytes, %zu are left", (unsigned long long)size, avail);
+    if (*version != 1 && (size % KILN_MODEL_DATA_ALIGN || size < KILN_MODEL_HEADER_BYTES))
+        return bad("a graph's record of %llu bytes (a multiple of %d is written)", (unsigned long long)size,
+                   KILN_MODEL_DATA_ALIGN);
     uint64_t mo = kiln_get_u64(b + KILN_MODEL_AT_META_OFFSET), ms = kiln_get_u64(b + KILN_MODEL_AT_META_SIZE);
     uint64_t dof = kiln_get_u64(b + KILN_MODEL_AT_DATA_OFFSET), ds = kiln_get_u64(b + KILN_MODEL_AT_DATA_SIZE);
     if (mo != KILN_MODEL_HEADER_BYTES) return bad("the metadata starts at %llu, not right after the header", (unsigned long long)mo);
@@ -404,22 +475,79 @@ static kiln_status read_header(const uint8_t *b, size_t size, bool check_sum, si
     if (ds != size - dof) return bad("the data section says %llu bytes, %llu follow its offset", (unsigned long long)ds,
                                      (unsigned long long)(size - dof));
     if (check_sum) {
-        uint64_t want = kiln_get_u64(b + KILN_MODEL_AT_CHECKSUM), got = kiln_model_checksum(b, size);
+        uint64_t want = kiln_get_u64(b + KILN_MODEL_AT_CHECKSUM), got = kiln_model_checksum(b, (size_t)size);
         if (want != got)
             return bad("checksum mismatch (stored %016llx, computed %016llx): the file is corrupt",
                        (unsigned long long)want, (unsigned long long)got);
     }
-    *meta_size = (size_t)ms, *data_offset = (size_t)dof, *data_size = (size_t)ds;
+    *record = (size_t)size, *meta_size = (size_t)ms, *data_offset = (size_t)dof, *data_size = (size_t)ds;
     return KILN_OK;
 }
 
-static kiln_status parse(kiln_model *m, bool check_sum) {
+/* The record's graph name (version 2: the string after the producer; version 1: "graph"). */
+static kiln_status read_graph_name(const uint8_t *b, size_t meta_size, size_t at, uint32_t version, char **name) {
+    if (version == 1) {
+        *name = kiln_strdup(KILN_MODEL_DEFAULT_NAME);
+        return *name ? KILN_OK : KILN_ERR_MEMORY;
+    }
+    cursor c = {b + KILN_MODEL_HEADER_BYTES, meta_size, 0, at + KILN_MODEL_HEADER_BYTES};
+    char *producer = NULL;
+    KILN_TRY(rd_str(&c, "the producer", KILN_MODEL_MAX_STRING, &producer));
+    free(producer);
+    KILN_TRY(rd_str(&c, "the graph's name", KILN_MODEL_MAX_NAME, name));
+    if (!**name) return bad("graph at offset %zu has an empty name", at);
+    return KILN_OK;
+}
+
+/* Walks the file's records (each header and checksum checked, names unique) and finds the one at
+ * `index`, or named `name`: *at and *size are its offset and size. */
+static kiln_status scan(kiln_model *m, bool check_sum, int32_t index, const char *name, size_t *at, size_t *size) {
     const uint8_t *b = m->blob->base;
-    size_t ms = 0, dof = 0, ds = 0;
-    KILN_TRY(read_header(b, m->blob->size, check_sum, &ms, &dof, &ds));
+    size_t total = m->blob->size, off = 0;
+    int32_t found = -1;
+    while (off < total || off == 0) {
+        uint32_t version;
+        size_t record, ms, dof, ds;
+        kiln_status s = read_header(b + off, total - off, off == 0, check_sum, &version, &record, &ms, &dof, &ds);
+        if (s != KILN_OK) return off ? kiln_error_context(s, "kiln file: graph %d at offset %zu", m->ngraphs, off) : s;
+        char **grown = kiln_realloc(m->graph_names, sizeof *grown * ((size_t)m->ngraphs + 1));
+        if (!grown) return KILN_ERR_MEMORY;
+        m->graph_names = grown;
+        m->graph_names[m->ngraphs++] = NULL;
+        KILN_TRY(read_graph_name(b + off, ms, off, version, &m->graph_names[m->ngraphs - 1]));
+        const char *this = m->graph_names[m->ngraphs - 1];
+        for (int32_t k = 0; k + 1 < m->ngraphs; k++)
+            if (strcmp(m->graph_names[k], this) == 0) return bad("two graphs are named '%s'", this);
+        if (found < 0 && (name ? strcmp(name, this) == 0 : m->ngraphs - 1 == index)) {
+            found = m->ngraphs - 1;
+            *at = off, *size = record;
+        }
+        off += record;
+    }
+    if (found < 0) {
+        if (name) return bad("no graph named '%s' (the file holds %d)", name, m->ngraphs);
+        return bad("no graph %d (the file holds %d)", (int)index, m->ngraphs);
+    }
+    m->index = found;
+    return KILN_OK;
+}
+
+static kiln_status parse(kiln_model *m, bool check_sum, int32_t index, const char *name) {
+    size_t at = 0, rs = 0, ms = 0, dof = 0, ds = 0;
+    KILN_TRY(scan(m, check_sum, index, name, &at, &rs));
+    const uint8_t *b = m->blob->base + at;
+    uint32_t version;
+    KILN_TRY(read_header(b, rs, at == 0, false, &version, &rs, &ms, &dof, &ds));
+    m->version = (int32_t)version;
     m->data_bytes = ds;
-    cursor c = {b + KILN_MODEL_HEADER_BYTES, ms, 0, KILN_MODEL_HEADER_BYTES};
+    cursor c = {b + KILN_MODEL_HEADER_BYTES, ms, 0, at + KILN_MODEL_HEADER_BYTES};
     KILN_TRY(rd_str(&c, "the producer", KILN_MODEL_MAX_STRING, &m->producer));
+    if (version == 1) {
+        m->name = kiln_strdup(KILN_MODEL_DEFAULT_NAME);
+        if (!m->name) return KILN_ERR_MEMORY;
+    } else {
+        KILN_TRY(rd_str(&c, "the graph's name", KILN_MODEL_MAX_NAME, &m->name));
+    }
     KILN_TRY(rd_str(&c, "the metadata", KILN_MODEL_MAX_STRING, &m->metadata));
     KILN_TRY(rd_str(&c, "the user info", KILN_MODEL_MAX_STRING, &m->user_info));
     uint32_t nin, nout;
@@ -445,6 +573,7 @@ static kiln_status parse(kiln_model *m, bool check_sum) {
     KILN_TRY(read_graph(&c, m, 0, m->graph));
     KILN_TRY(check_io(m));
     KILN_TRY(read_cases(&c, m));
+    if (version != 1) KILN_TRY(read_names(&c, m->graph));
     if (left(&c)) return bad("%zu unread bytes at the end of the metadata", left(&c));
     for (uint32_t k = 0; k < m->ntensors; k++)
         if (m->is_param[k]) m->param_bytes += (size_t)m->tensors[k]->numel * kiln_dtype_size(m->tensors[k]->meta.dtype);
@@ -452,7 +581,7 @@ static kiln_status parse(kiln_model *m, bool check_sum) {
 }
 
 /* Takes the blob (one reference). */
-static kiln_status load_blob(blob *bl, bool check_sum, kiln_model **out) {
+static kiln_status load_blob(blob *bl, bool check_sum, int32_t index, const char *name, kiln_model **out) {
     *out = NULL;
     kiln_model *m = kiln_calloc(1, sizeof *m);
     if (!m) {
@@ -460,7 +589,7 @@ static kiln_status load_blob(blob *bl, bool check_sum, kiln_model **out) {
         return KILN_ERR_MEMORY;
     }
     m->blob = bl;
-    kiln_status s = parse(m, check_sum);
+    kiln_status s = parse(m, check_sum, index, name);
     if (s != KILN_OK) {
         kiln_model_free(m);
         return s;
@@ -477,7 +606,8 @@ static blob *new_blob(uint8_t *base, size_t size, bool mapped) {
     return b;
 }
 
-kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, kiln_model **out) {
+static kiln_status load_bytes(const void *data, size_t size, bool check_sum, int32_t index, const char *name,
+                              kiln_model **out) {
     *out = NULL;
     uint8_t *copy = kiln_alloc(size ? size : 1);
     if (!copy) return KILN_ERR_MEMORY;
@@ -487,14 +617,25 @@ kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum,
         kiln_free(copy);
         return KILN_ERR_MEMORY;
     }
-    return load_blob(b, check_sum, out);
+    return load_blob(b, check_sum, index, name, out);
+}
+
+kiln_status kiln_model_load_bytes(const void *data, size_t size, bool check_sum, int32_t index, kiln_model **out) {
+    return load_bytes(data, size, check_sum, index, NULL, out);
 }
 
 kiln_status kiln_model_load_memory(const void *data, size_t size, kiln_model **out) {
-    return kiln_model_load_bytes(data, size, true, out);
+    return load_bytes(data, size, true, 0, NULL, out);
 }
 
-kiln_status kiln_model_load(const char *path, kiln_model **out) {
+kiln_status kiln_model_load_memory_graph(const void *data, size_t size, int32_t index, const char *name,
+                                         kiln_model **out) {
+    return load_bytes(data, size, true, index, name, out);
+}
+
+kiln_status kiln_model_load(const char *path, kiln_model **out) { return kiln_model_load_graph(path, 0, NULL, out); }
+
+kiln_status kiln_model_load_graph(const char *path, int32_t index, const char *name, kiln_model **out) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kiln_error(KILN_ERR_RUNTIME, "kiln file %s: can't open it: %s", path, strerror(errno));
@@ -517,7 +658,7 @@ kiln_status kiln_model_load(const char *path, kiln_model **out) {
         munmap(p, size);
         return KILN_ERR_MEMORY;
     }
-    kiln_status s = load_blob(b, true, out);
+    kiln_status s = load_blob(b, true, index, name, out);
     if (s != KILN_OK && s != KILN_ERR_MEMORY) return kiln_error_context(s, "%s", path);
     return s;
 }
@@ -527,7 +668,9 @@ void kiln_model_free(kiln_model *m) {
     kiln_graph_free(m->graph);
     for (int32_t k = 0; m->names && k < m->nin + m->nout; k++) free(m->names[k]);
     free(m->names), free(m->metas);
-    free(m->producer), free(m->metadata), free(m->user_info);
+    free(m->producer), free(m->metadata), free(m->user_info), free(m->name);
+    for (int32_t k = 0; m->graph_names && k < m->ngraphs; k++) free(m->graph_names[k]);
+    free(m->graph_names);
     for (uint32_t k = 0; m->tensors && k < m->ntensors; k++) kiln_tensor_release(m->tensors[k]);
     free(m->tensors), free(m->is_param), free(m->cases);
     if (m->blob) blob_release(m->blob);
@@ -551,6 +694,13 @@ int32_t kiln_model_input_index(const kiln_model *m, const char *name) {
     for (int32_t k = 0; k < m->nin; k++)
         if (strcmp(m->names[k], name) == 0) return k;
     return -1;
+}
+int32_t kiln_model_version(const kiln_model *m) { return m->version; }
+const char *kiln_model_name(const kiln_model *m) { return m->name; }
+int32_t kiln_model_index(const kiln_model *m) { return m->index; }
+int32_t kiln_model_num_graphs(const kiln_model *m) { return m->ngraphs; }
+const char *kiln_model_graph_name(const kiln_model *m, int32_t k) {
+    return k >= 0 && k < m->ngraphs ? m->graph_names[k] : NULL;
 }
 const char *kiln_model_producer(const kiln_model *m) { return m->producer; }
 const char *kiln_model_metadata(const kiln_model *m) { return m->metadata; }

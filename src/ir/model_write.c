@@ -115,7 +115,8 @@ static kiln_status add_tensor(writer *w, kiln_tensor *t, uint32_t *index) {
 
 /* ---- graphs ------------------------------------------------------------------------------------ */
 
-static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth) {
+/* Writes g; *ids (when not NULL) receives each value's id in the file (-1: left out), malloc'd. */
+static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth, int32_t **ids) {
     if (depth > KILN_MODEL_MAX_DEPTH)
         return kiln_error(KILN_ERR_VALUE, "kiln_model_write: subgraphs nested more than %d deep", KILN_MODEL_MAX_DEPTH);
     if (g->nvalues > KILN_MODEL_MAX_VALUES)
@@ -129,6 +130,7 @@ static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth
     }
     int32_t next = 0, ncaptures = 0;
     kiln_status s = KILN_OK;
+    for (int32_t v = 0; v < g->nvalues; v++) id[v] = -1;
     for (int32_t i = 0; i < g->nnodes; i++)
         for (int k = 0; k < g->nodes[i].nin; k++) uses[g->nodes[i].in[k]] = true;
     for (int32_t k = 0; k < g->noutputs; k++) uses[g->outputs[k]] = true;
@@ -151,7 +153,7 @@ static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth
     put_u32(b, (uint32_t)g->nlocs);
     for (int32_t k = 0; k < g->nlocs; k++) put_str(b, g->locs[k]);
     put_u32(b, (uint32_t)g->nsubgraphs);
-    for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++) s = put_graph(w, b, g->subgraphs[k], depth + 1);
+    for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++) s = put_graph(w, b, g->subgraphs[k], depth + 1, NULL);
     put_u32(b, (uint32_t)g->nnodes);
     for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++) {
         const kiln_node *n = &g->nodes[i];
@@ -167,7 +169,9 @@ static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth
     }
     put_u32(b, (uint32_t)g->noutputs);
     for (int32_t k = 0; k < g->noutputs; k++) put_u32(b, (uint32_t)id[g->outputs[k]]);
-    free(id), free(uses);
+    if (ids) *ids = id;
+    else free(id);
+    free(uses);
     if (s == KILN_OK && b->failed) s = kiln_error(KILN_ERR_MEMORY, "out of memory writing a model");
     return s;
 }
@@ -183,6 +187,62 @@ static kiln_status check_names(const char *const *names, int32_t n, const char *
                 return kiln_error(KILN_ERR_VALUE, "kiln_model_write: two %ss are named '%s'", what, names[k]);
     }
     return KILN_OK;
+}
+
+/* ---- the names section (version 2) ----------------------------------------------------------- */
+
+typedef struct {
+    int32_t id;
+    const char *name;
+} named;
+
+static int by_id(const void *a, const void *b) {
+    int32_t x = ((const named *)a)->id, y = ((const named *)b)->id;
+    return (x > y) - (x < y);
+}
+static int by_name(const void *a, const void *b) { return strcmp(((const named *)a)->name, ((const named *)b)->name); }
+
+/* Sorted by id, each name 1-4096 bytes and unique among them (else an error naming `what`). */
+static kiln_status put_names(bytes *b, named *list, int32_t n, const char *what) {
+    qsort(list, (size_t)n, sizeof *list, by_name);
+    for (int32_t k = 0; k < n; k++) {
+        size_t len = strlen(list[k].name);
+        if (len == 0 || len > KILN_MODEL_MAX_NAME)
+            return kiln_error(KILN_ERR_VALUE, "kiln_model_write: a %s name is empty or longer than %d bytes", what,
+                              KILN_MODEL_MAX_NAME);
+        if (k && strcmp(list[k - 1].name, list[k].name) == 0)
+            return kiln_error(KILN_ERR_VALUE, "kiln_model_write: two %ss are named '%s'", what, list[k].name);
+    }
+    qsort(list, (size_t)n, sizeof *list, by_id);
+    put_u32(b, (uint32_t)n);
+    for (int32_t k = 0; k < n; k++) {
+        put_u32(b, (uint32_t)list[k].id);
+        put_str(b, list[k].name);
+    }
+    return KILN_OK;
+}
+
+/* The top-level graph's value names (ids in the file: id[v]), node names and priorities. */
+static kiln_status put_names_section(bytes *b, const kiln_graph *g, const int32_t *id) {
+    int32_t most = g->nvalues > g->nnodes ? g->nvalues : g->nnodes;
+    named *list = kiln_malloc(sizeof *list * (size_t)(most ? most : 1));
+    if (!list) return kiln_error(KILN_ERR_MEMORY, "out of memory writing a model");
+    int32_t n = 0;
+    for (int32_t v = 0; v < g->nvalues; v++) {
+        const char *name = kiln_graph_value_name(g, v);
+        if (name && id[v] >= 0) list[n++] = (named){id[v], name};
+    }
+    kiln_status s = put_names(b, list, n, "value");
+    n = 0;
+    for (int32_t i = 0; i < g->nnodes; i++)
+        if (kiln_graph_node_name(g, i)) list[n++] = (named){i, kiln_graph_node_name(g, i)};
+    if (s == KILN_OK) s = put_names(b, list, n, "node");
+    free(list);
+    bool any = false;
+    for (int32_t i = 0; i < g->nnodes; i++) any |= kiln_graph_node_priority(g, i) != 0;
+    put_u32(b, any ? (uint32_t)g->nnodes : 0);
+    for (int32_t i = 0; i < g->nnodes && any; i++) put_u32(b, (uint32_t)kiln_graph_node_priority(g, i));
+    return s;
 }
 
 static void put_io(bytes *b, const kiln_graph *g, const int32_t *values, int32_t n, const char *const *names,
@@ -224,17 +284,22 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
     KILN_TRY(check_names(d->input_names, g->ninputs, "input"));
     KILN_TRY(check_names(d->output_names, g->noutputs, "output"));
     KILN_TRY(check_cases(d));
+    if (d->name && (!*d->name || strlen(d->name) > KILN_MODEL_MAX_NAME))
+        return kiln_error(KILN_ERR_VALUE, "kiln_model_write: the graph's name is empty or longer than %d bytes",
+                          KILN_MODEL_MAX_NAME);
     writer w = {0};
     bytes *m = &w.meta;
     char producer[64];
     snprintf(producer, sizeof producer, "kiln %s", "0.1.0");
     put_str(m, producer);
+    put_str(m, d->name ? d->name : KILN_MODEL_DEFAULT_NAME);
     put_str(m, d->metadata);
     put_str(m, d->user_info);
     put_io(m, g, g->inputs, g->ninputs, d->input_names, "input");
     put_io(m, g, g->outputs, g->noutputs, d->output_names, "output");
     bytes graph = {0};
-    kiln_status s = put_graph(&w, &graph, g, 0);
+    int32_t *ids = NULL;
+    kiln_status s = put_graph(&w, &graph, g, 0, &ids);
     put_u32(&graph, (uint32_t)d->ncases);
     int32_t per = g->ninputs + g->noutputs;
     for (int32_t c = 0; c < d->ncases && s == KILN_OK; c++)
@@ -243,6 +308,8 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
             s = add_tensor(&w, d->cases[(size_t)c * (size_t)per + (size_t)k], &t);
             put_u32(&graph, t);
         }
+    if (s == KILN_OK) s = put_names_section(&graph, g, ids);
+    free(ids);
     /* meta: strings, io, the tensor table, then the graph and the cases */
     put_u32(m, w.ntensors);
     put(m, w.table.p, w.table.n);
@@ -253,7 +320,8 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
         s = kiln_error(KILN_ERR_MEMORY, "out of memory writing a model");
     size_t data_offset = KILN_MODEL_HEADER_BYTES + m->n;
     data_offset = (data_offset + KILN_MODEL_DATA_ALIGN - 1) / KILN_MODEL_DATA_ALIGN * KILN_MODEL_DATA_ALIGN;
-    size_t total = data_offset + w.data.n;
+    size_t data_size = (w.data.n + KILN_MODEL_DATA_ALIGN - 1) / KILN_MODEL_DATA_ALIGN * KILN_MODEL_DATA_ALIGN;
+    size_t total = data_offset + data_size; /* a multiple of 64: the next graph of the file starts aligned */
     uint8_t *file = s == KILN_OK ? kiln_calloc(1, total) : NULL;
     if (s == KILN_OK && !file) s = KILN_ERR_MEMORY;
     if (s == KILN_OK) {
@@ -264,7 +332,7 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
         kiln_put_u64(file + KILN_MODEL_AT_META_OFFSET, KILN_MODEL_HEADER_BYTES);
         kiln_put_u64(file + KILN_MODEL_AT_META_SIZE, m->n);
         kiln_put_u64(file + KILN_MODEL_AT_DATA_OFFSET, data_offset);
-        kiln_put_u64(file + KILN_MODEL_AT_DATA_SIZE, w.data.n);
+        kiln_put_u64(file + KILN_MODEL_AT_DATA_SIZE, data_size);
         memcpy(file + KILN_MODEL_HEADER_BYTES, m->p, m->n);
         if (w.data.n) memcpy(file + data_offset, w.data.p, w.data.n);
         kiln_put_u64(file + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(file, total));

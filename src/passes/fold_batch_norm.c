@@ -64,7 +64,8 @@ static kiln_status fold(kiln_rewriter *rw, const kiln_node *conv, const kiln_nod
     pair[0] = beta, pair[1] = shifted;
     KILN_TRY(emit(rw, KILN_OP_ADD, 2, pair, &none, loc, &b2));
     int32_t ins[3] = {x, w2, b2};
-    return emit(rw, KILN_OP_CONV2D, 3, ins, &conv->attrs, conv->loc, y);
+    KILN_TRY(emit(rw, KILN_OP_CONV2D, 3, ins, &conv->attrs, conv->loc, y));
+    return kiln_rewriter_stands_for(rw, (int32_t)(conv - g->nodes)); /* keeps the convolution's name */
 }
 
 KILN_PASS(fold_batch_norm) {

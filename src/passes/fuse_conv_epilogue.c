@@ -89,7 +89,7 @@ static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const co
     KILN_TRY(kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_CONV2D_FUSED, nin, ins, &a, conv->loc, outs),
                                       rw->dst, conv->recompute));
     *y = outs[0];
-    return KILN_OK;
+    return kiln_rewriter_stands_for(rw, (int32_t)(conv - g->nodes)); /* keeps the convolution's name */
 }
 
 KILN_PASS(fuse_conv_epilogue) {

@@ -69,9 +69,10 @@ static kiln_status emit(kiln_rewriter *rw, int32_t i, const chain *c) {
     for (int k = 0; k < nin; k++)
         if (in[k] < 0) return kiln_error(KILN_ERR_VALUE, "fuse_matmul_epilogue: an operand is not defined before its node");
     int32_t last_out = g->nodes[c->last].out[0];
-    return kiln_keep_recompute_mark(
+    KILN_TRY(kiln_keep_recompute_mark(
         kiln_graph_add_node(rw->dst, KILN_OP_MATMUL_EPILOGUE, nin, in, &a, g->nodes[c->last].loc, &rw->map[last_out]),
-        rw->dst, g->nodes[c->last].recompute);
+        rw->dst, g->nodes[c->last].recompute));
+    return kiln_rewriter_stands_for(rw, i); /* keeps the product's name */
 }
 
 KILN_PASS(fuse_matmul_epilogue) {

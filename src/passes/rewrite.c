@@ -73,6 +73,7 @@ kiln_status kiln_rewriter_finish(kiln_rewriter *rw, kiln_graph **out) {
         if (outs[k] < 0) s = kiln_error(KILN_ERR_VALUE, "rewrite: graph output %d was dropped", k);
     }
     if (s == KILN_OK) s = kiln_graph_set_outputs(rw->dst, src->noutputs, outs);
+    if (s == KILN_OK) s = kiln_graph_carry_names(src, rw->dst, rw->map, rw->origin, rw->norigin);
     free(outs);
     if (s != KILN_OK) {
         kiln_rewriter_abort(rw);
@@ -80,16 +81,30 @@ kiln_status kiln_rewriter_finish(kiln_rewriter *rw, kiln_graph **out) {
     }
     *out = rw->dst;
     rw->dst = NULL;
-    free(rw->map);
-    rw->map = NULL;
+    free(rw->map), free(rw->origin);
+    rw->map = rw->origin = NULL;
     return KILN_OK;
 }
 
 void kiln_rewriter_abort(kiln_rewriter *rw) {
     kiln_graph_free(rw->dst);
-    free(rw->map);
+    free(rw->map), free(rw->origin);
     rw->dst = NULL;
-    rw->map = NULL;
+    rw->map = rw->origin = NULL;
+}
+
+kiln_status kiln_rewriter_stands_for(kiln_rewriter *rw, int32_t src_node) {
+    int32_t d = rw->dst->nnodes - 1;
+    if (d < 0) return KILN_OK;
+    if (d >= rw->norigin) {
+        int32_t want = d + 1 > 2 * rw->norigin ? d + 1 : 2 * rw->norigin;
+        int32_t *grown = kiln_realloc(rw->origin, sizeof(int32_t) * (size_t)want);
+        if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory rewriting a graph");
+        memset(grown + rw->norigin, 0, sizeof(int32_t) * (size_t)(want - rw->norigin));
+        rw->origin = grown, rw->norigin = want;
+    }
+    rw->origin[d] = src_node + 1;
+    return KILN_OK;
 }
 
 int32_t *kiln_graph_use_counts(const kiln_graph *g) {

@@ -63,7 +63,7 @@ static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
     for (int32_t k = 0; k < in->noutputs; k++) outs[k] = map[in->outputs[k]];
     kiln_status s = kiln_graph_set_outputs(g, in->noutputs, outs);
     free(outs);
-    return s;
+    return s == KILN_OK ? kiln_graph_carry_names(in, g, map, NULL, 0) : s;
 }
 
 kiln_status kiln_graph_to_float16(const kiln_graph *in, kiln_graph **out) {

@@ -42,19 +42,55 @@ static kiln_status to_float16(kiln_graph **g, const kiln_pass_options *opt) {
     return KILN_OK;
 }
 
+/* The names trace.dump keeps (keep_param_name: param_names, {capture value id: name}, else None;
+ * keep_var_name 1: the inputs' and outputs' names, 2: and generated ones for every node output;
+ * keep_opr_name, keep_opr_priority: generated node names, the recorded order), set on the copy
+ * of the recording before the rewrites, which carry them. */
+static kiln_status name_graph(kiln_graph *g, PyObject *param_names, int keep_var, int keep_opr, int keep_priority,
+                              const char **ins, const char **outs) {
+    if (param_names != Py_None) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(param_names, &pos, &key, &value)) {
+            long v = PyLong_AsLong(key);
+            const char *name = PyUnicode_AsUTF8(value);
+            if ((v == -1 && PyErr_Occurred()) || !name) return KILN_ERR_VALUE;
+            if (v < 0 || v >= g->nvalues || g->values[v].kind != KILN_VALUE_CAPTURED) {
+                PyErr_Format(PyExc_ValueError, "model_write: parameter name '%s' for value %ld, not a capture", name, v);
+                return KILN_ERR_VALUE;
+            }
+            KILN_TRY(kiln_graph_set_value_name(g, (int32_t)v, name));
+        }
+    }
+    for (int32_t k = 0; keep_var && k < g->ninputs; k++) KILN_TRY(kiln_graph_set_value_name(g, g->inputs[k], ins[k]));
+    for (int32_t k = 0; keep_var && k < g->noutputs; k++)
+        if (!kiln_graph_value_name(g, g->outputs[k])) KILN_TRY(kiln_graph_set_value_name(g, g->outputs[k], outs[k]));
+    return kiln_graph_generate_names(g, keep_var >= 2, keep_opr, keep_priority);
+}
+
 /* model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata,
- *             user_info, cases) -> (bytes, node count, parameter bytes, graph text)
+ *             user_info, cases, graph_name, param_names, keep_var_name, keep_opr_name, keep_opr_priority)
+ *   -> (bytes, node count, parameter bytes, graph text)
  * Optimizes a copy of graph at the level (inference: the inference rewrites) and writes it with
- * the test cases (a list of tensors: per case the inputs, then the expected outputs). */
+ * the test cases (a list of tensors: per case the inputs, then the expected outputs) and the
+ * names kept (name_graph). */
 static PyObject *py_model_write(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *graph, *in_names, *out_names, *cases;
-    int level, inference, no_format, fusion, float16;
-    const char *metadata, *user_info;
-    if (!PyArg_ParseTuple(args, "OippipOOzzO!:model_write", &graph, &level, &inference, &no_format, &fusion, &float16,
-                          &in_names,
-                          &out_names, &metadata, &user_info, &PyList_Type, &cases))
+    PyObject *graph, *in_names, *out_names, *cases, *param_names;
+    int level, inference, no_format, fusion, float16, keep_var, keep_opr, keep_priority;
+    const char *metadata, *user_info, *graph_name;
+    if (!PyArg_ParseTuple(args, "OippipOOzzO!zOipp:model_write", &graph, &level, &inference, &no_format, &fusion,
+                          &float16, &in_names, &out_names, &metadata, &user_info, &PyList_Type, &cases, &graph_name,
+                          &param_names, &keep_var, &keep_opr, &keep_priority))
         return NULL;
+    if (param_names != Py_None && !PyDict_Check(param_names)) {
+        PyErr_SetString(PyExc_TypeError, "model_write: param_names must be a dict or None");
+        return NULL;
+    }
+    if (keep_var < 0 || keep_var > 2) {
+        PyErr_Format(PyExc_ValueError, "trace.dump: keep_var_name must be 0, 1 or 2, got %d", keep_var);
+        return NULL;
+    }
     const kiln_graph *src = pykiln_graph_of(graph);
     if (!src) return NULL;
     if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2 || fusion < KILN_CONV_FUSE_ALL || fusion > KILN_CONV_FUSE_BIAS_ACT) {
@@ -84,17 +120,24 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     kiln_status s = tensors ? kiln_graph_clone(src, &g) : KILN_ERR_MEMORY;
     for (Py_ssize_t k = 0; tensors && k < ntensors; k++) tensors[k] = pykiln_unwrap(PyList_GET_ITEM(cases, k));
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
+    if (s == KILN_OK) s = name_graph(g, param_names, keep_var, keep_opr, keep_priority, ins, outs);
     if (s == KILN_OK) s = kiln_graph_base_name_locs(g); /* no user's directories in a shipped file */
     if (s == KILN_OK && float16) s = to_float16(&g, &popt);
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {
-        kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors};
+        kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors,
+                             graph_name};
         Py_BEGIN_ALLOW_THREADS
         s = kiln_model_write(&d, &bytes, &size);
         Py_END_ALLOW_THREADS
     }
     PyMem_Free(ins), PyMem_Free(outs), PyMem_Free(tensors);
     PyObject *result = NULL;
+    if (s != KILN_OK && PyErr_Occurred()) {
+        free(bytes);
+        kiln_graph_free(g);
+        return NULL;
+    }
     if (s == KILN_OK) {
         /* what was written, read back: the file is checked, and its parameter bytes are those it holds */
         kiln_model *m = NULL;
@@ -130,16 +173,22 @@ static PyTypeObject PyModel_Type;
 
 /* Model(source): source is a path (str or os.PathLike: mapped) or bytes-like (copied). */
 static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"source", NULL};
+    static char *kwlist[] = {"source", "index", "name", NULL};
     PyObject *src;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:Model", kwlist, &src)) return NULL;
+    int index = 0;
+    const char *name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|iz:Model", kwlist, &src, &index, &name)) return NULL;
+    if (index < 0) {
+        PyErr_Format(PyExc_ValueError, "kiln.load: index must be 0 or more, got %d", index);
+        return NULL;
+    }
     kiln_model *m = NULL;
     kiln_status s;
     if (PyObject_CheckBuffer(src)) {
         Py_buffer view;
         if (PyObject_GetBuffer(src, &view, PyBUF_SIMPLE) < 0) return NULL;
         Py_BEGIN_ALLOW_THREADS
-        s = kiln_model_load_memory(view.buf, (size_t)view.len, &m);
+        s = kiln_model_load_memory_graph(view.buf, (size_t)view.len, index, name, &m);
         Py_END_ALLOW_THREADS
         PyBuffer_Release(&view);
     } else {
@@ -147,7 +196,7 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         if (!PyUnicode_FSConverter(src, &path)) return NULL;
         const char *p = PyBytes_AS_STRING(path);
         Py_BEGIN_ALLOW_THREADS
-        s = kiln_model_load(p, &m);
+        s = kiln_model_load_graph(p, index, name, &m);
         Py_END_ALLOW_THREADS
         Py_DECREF(path);
     }
@@ -290,7 +339,69 @@ static PyObject *model_graph_str(PyObject *self, PyObject *unused) {
     return o;
 }
 
+/* names() -> ([(value id, is a capture, name)], [(node, name)], [priority per node] or []) */
+static PyObject *model_names(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_graph *g = kiln_model_graph(((PyModel *)self)->m);
+    PyObject *values = PyList_New(0), *nodes = PyList_New(0), *prios = PyList_New(0);
+    bool ok = values && nodes && prios, any = false;
+    for (int32_t v = 0; ok && v < g->nvalues; v++) {
+        const char *name = kiln_graph_value_name(g, v);
+        if (!name) continue;
+        PyObject *item = Py_BuildValue("(iNs)", (int)v, PyBool_FromLong(g->values[v].kind == KILN_VALUE_CAPTURED), name);
+        ok = item && PyList_Append(values, item) == 0;
+        Py_XDECREF(item);
+    }
+    for (int32_t i = 0; ok && i < g->nnodes; i++) {
+        const char *name = kiln_graph_node_name(g, i);
+        any |= kiln_graph_node_priority(g, i) != 0;
+        if (!name) continue;
+        PyObject *item = Py_BuildValue("(is)", (int)i, name);
+        ok = item && PyList_Append(nodes, item) == 0;
+        Py_XDECREF(item);
+    }
+    for (int32_t i = 0; ok && any && i < g->nnodes; i++) {
+        PyObject *p = PyLong_FromLong(kiln_graph_node_priority(g, i));
+        ok = p && PyList_Append(prios, p) == 0;
+        Py_XDECREF(p);
+    }
+    if (!ok) {
+        Py_XDECREF(values), Py_XDECREF(nodes), Py_XDECREF(prios);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", values, nodes, prios);
+}
+
+static PyObject *model_get_graph_names(PyObject *self, void *closure) {
+    (void)closure;
+    const kiln_model *m = ((PyModel *)self)->m;
+    PyObject *list = PyList_New(kiln_model_num_graphs(m));
+    for (int32_t k = 0; list && k < kiln_model_num_graphs(m); k++) {
+        PyObject *name = PyUnicode_FromString(kiln_model_graph_name(m, k));
+        if (!name) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, k, name);
+    }
+    return list;
+}
+
+static PyObject *model_get_name(PyObject *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(kiln_model_name(((PyModel *)self)->m));
+}
+
+static PyObject *model_get_index(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(kiln_model_index(((PyModel *)self)->m));
+}
+
+static PyObject *model_get_version(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(kiln_model_version(((PyModel *)self)->m));
+}
+
 static PyMethodDef model_methods[] = {
+    {"names", model_names, METH_NOARGS,
+     "([(value id, is a capture, name)], [(node, name)], [priority per node] or []): the names the file keeps"},
     {"cases", model_cases, METH_NOARGS, "[(inputs, expected outputs)] of the embedded test cases"},
     {"compile", (PyCFunction)(void (*)(void))model_compile, METH_VARARGS | METH_KEYWORDS,
      "compile(backend='kbk', level=0) -> Executable"},
@@ -306,6 +417,10 @@ static PyGetSetDef model_getset[] = {
     {"producer", model_get_producer, NULL, "what wrote the file", NULL},
     {"param_bytes", model_get_param_bytes, NULL, "bytes of the parameters", NULL},
     {"num_nodes", model_get_num_nodes, NULL, "nodes of the graph", NULL},
+    {"name", model_get_name, NULL, "this graph's name in its file", NULL},
+    {"index", model_get_index, NULL, "this graph's position in its file", NULL},
+    {"graph_names", model_get_graph_names, NULL, "the names of the file's graphs, in order", NULL},
+    {"version", model_get_version, NULL, "the file's format version", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -314,7 +429,7 @@ static PyTypeObject PyModel_Type = {
     .tp_basicsize = sizeof(PyModel),
     .tp_dealloc = model_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Model(path or bytes): a loaded kiln model file",
+    .tp_doc = "Model(path or bytes, index=0, name=None): one graph of a kiln model file",
     .tp_methods = model_methods,
     .tp_getset = model_getset,
     .tp_new = model_new,
@@ -323,7 +438,8 @@ static PyTypeObject PyModel_Type = {
 static PyMethodDef model_functions[] = {
     {"model_write", py_model_write, METH_VARARGS,
      "model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata, "
-     "user_info, cases) -> (bytes, nodes, parameter bytes, graph text)"},
+     "user_info, cases, graph_name, param_names, keep_var_name, keep_opr_name, keep_opr_priority) -> (bytes, nodes, "
+     "parameter bytes, graph text)"},
     {NULL, NULL, 0, NULL},
 };
 

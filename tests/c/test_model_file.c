@@ -1,7 +1,9 @@
 /* Model files (include/kiln/model.h) from C: a graph with a constant, a control-flow body and a
- * test case round-trips (same bytes written twice, same results), and every hostile variant of
- * the file (each prefix, each byte flipped with and without a repaired checksum, lying sizes) is
- * refused with KILN_ERR_VALUE or loads, never crashes. Runs under ASan/UBSan in CI too. */
+ * test case round-trips (same bytes written twice, same results, its value and node names and
+ * priorities kept), every hostile variant of the file (each prefix, each byte flipped with and
+ * without a repaired checksum, lying sizes, a corrupt names section) is refused with
+ * KILN_ERR_VALUE or loads, never crashes, and a file of two graphs loads each by index and by
+ * name. Runs under ASan/UBSan in CI too. */
 #include "check.h"
 
 #include "ir/model_format.h"
@@ -28,6 +30,11 @@ static kiln_graph *make_graph(void) {
     a.ni = 2, a.i[0] = 1, a.i[1] = 0; /* sum over axis 0 (bitmask), keepdims 0 */
     CHECK_OK(kiln_graph_add_node(g, KILN_OP_SUM, 1, &x, &a, -1, &out[1]));
     CHECK_OK(kiln_graph_set_outputs(g, 2, out));
+    /* names as trace.dump keeps them: a parameter, user-set values, nodes and priorities */
+    CHECK_OK(kiln_graph_set_value_name(g, c, "scale.weight"));
+    CHECK_OK(kiln_graph_set_value_name(g, x, "x"));
+    CHECK_OK(kiln_graph_set_value_name(g, out[0], "out"));
+    CHECK_OK(kiln_graph_generate_names(g, true, true, true));
     return g;
 }
 
@@ -40,17 +47,27 @@ static kiln_tensor *vec(float a, float b, float c) {
     return t;
 }
 
-static void *write_file(const kiln_graph *g, size_t *size) {
+static void *write_named(const kiln_graph *g, const char *name, size_t *size) {
     kiln_tensor *x = vec(1, 2, 3), *y = vec(10, 20, 30), *o0 = vec(10.5f, 22, 34.5f), *o1;
     CHECK_OK(kiln_tensor_empty(KILN_DTYPE_FLOAT32, 0, NULL, &o1));
     *(float *)o1->data = 6;
     kiln_tensor *cases[4] = {x, y, o0, o1};
     const char *in_names[2] = {"x", "y"}, *out_names[2] = {"out", "total"};
-    kiln_model_desc d = {g, in_names, out_names, "{\"k\": 1}", NULL, 1, cases};
+    kiln_model_desc d = {g, in_names, out_names, "{\"k\": 1}", NULL, 1, cases, name};
     void *bytes = NULL;
     CHECK_OK(kiln_model_write(&d, &bytes, size));
     for (int k = 0; k < 4; k++) kiln_tensor_release(cases[k]);
     return bytes;
+}
+
+static void *write_file(const kiln_graph *g, size_t *size) { return write_named(g, NULL, size); }
+
+static void check_names(const kiln_graph *g) {
+    CHECK(strcmp(kiln_graph_value_name(g, 2), "scale.weight") == 0); /* file ids: x, y, the capture, ... */
+    CHECK(strcmp(kiln_graph_value_name(g, 0), "x") == 0 && kiln_graph_value_name(g, 1) == NULL);
+    CHECK(strcmp(kiln_graph_value_name(g, 3), "mul0") == 0 && strcmp(kiln_graph_value_name(g, 4), "out") == 0);
+    CHECK(strcmp(kiln_graph_node_name(g, 0), "mul(x)[0]") == 0 && strcmp(kiln_graph_node_name(g, 1), "add(mul0)[1]") == 0);
+    for (int32_t i = 0; i < g->nnodes; i++) CHECK(kiln_graph_node_priority(g, i) == i + 1);
 }
 
 static void test_round_trip(const uint8_t *file, size_t size, const kiln_graph *g) {
@@ -67,6 +84,9 @@ static void test_round_trip(const uint8_t *file, size_t size, const kiln_graph *
     CHECK(strcmp(kiln_model_metadata(m), "{\"k\": 1}") == 0 && strcmp(kiln_model_user_info(m), "") == 0);
     CHECK(kiln_model_param_bytes(m) == 12);
     CHECK(kiln_model_num_cases(m) == 1);
+    CHECK(kiln_model_version(m) == KILN_MODEL_VERSION && strcmp(kiln_model_name(m), "graph") == 0);
+    CHECK(kiln_model_num_graphs(m) == 1 && kiln_model_index(m) == 0);
+    check_names(kiln_model_graph(m));
     kiln_executable *e = NULL;
     CHECK_OK(kiln_compile(kiln_model_graph(m), NULL, &e));
     kiln_tensor *in[2] = {kiln_model_case_input(m, 0, 0), kiln_model_case_input(m, 0, 1)}, *out[2] = {0};
@@ -85,7 +105,7 @@ static void test_round_trip(const uint8_t *file, size_t size, const kiln_graph *
 
 static void expect_refused(const uint8_t *bytes, size_t size, bool check_sum, const char *want) {
     kiln_model *m = NULL;
-    kiln_status s = kiln_model_load_bytes(bytes, size, check_sum, &m);
+    kiln_status s = kiln_model_load_bytes(bytes, size, check_sum, 0, &m);
     if (s == KILN_OK) {
         CHECK(want == NULL); /* a mutation that still describes a valid model */
         kiln_model_free(m);
@@ -119,8 +139,8 @@ static void test_hostile(const uint8_t *file, size_t size) {
     memcpy(b, "KILNXXX", 7);
     expect_refused(b, size, true, "wrong magic");
     memcpy(b, file, size);
-    kiln_put_u32(b + KILN_MODEL_AT_VERSION, 2);
-    expect_refused(b, size, true, "format version 2; this kiln reads version 1");
+    kiln_put_u32(b + KILN_MODEL_AT_VERSION, 3);
+    expect_refused(b, size, true, "format version 3; this kiln reads versions 1 and 2");
     memcpy(b, file, size);
     b[100] ^= 1;
     expect_refused(b, size, true, "checksum mismatch");
@@ -145,7 +165,59 @@ static void test_hostile(const uint8_t *file, size_t size) {
     kiln_put_u32(b + 64, 0x7fffffff); /* the producer string's length */
     kiln_put_u64(b + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(b, size));
     expect_refused(b, size, true, "the producer at offset 64 is 2147483647, at most");
+    /* the names section (its value name "out", the last "out" of the metadata): a NUL in the name, and
+     * its value id out of range */
+    static const uint8_t out_name[] = {3, 0, 0, 0, 'o', 'u', 't'};
+    at = size;
+    for (size_t k = size - sizeof out_name; k-- > 64;) /* the last "out": the names section's */
+        if (memcmp(file + k, out_name, sizeof out_name) == 0) {
+            at = k;
+            break;
+        }
+    CHECK(at < size);
+    if (at < size) {
+        memcpy(b, file, size);
+        memcpy(b + at + 4, "x\0\0", 3); /* a NUL in a name */
+        kiln_put_u64(b + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(b, size));
+        expect_refused(b, size, true, "holds a NUL byte");
+        memcpy(b, file, size);
+        kiln_put_u32(b + at - 4, 0x40000); /* the value id: past the graph's values */
+        kiln_put_u64(b + KILN_MODEL_AT_CHECKSUM, kiln_model_checksum(b, size));
+        expect_refused(b, size, true, "value name");
+    }
     free(b);
+}
+
+/* Two graphs in one file (trace.dump's append=True): each by index and by name; duplicate names,
+ * missing graphs and a version 1 record after the first are refused. */
+static void test_two_graphs(const kiln_graph *g) {
+    size_t n1, n2;
+    uint8_t *a = write_named(g, "first", &n1), *b = write_named(g, "second", &n2);
+    CHECK(n1 % 64 == 0 && n2 % 64 == 0);
+    uint8_t *both = malloc(n1 + n2);
+    if (!both) exit(2);
+    memcpy(both, a, n1), memcpy(both + n1, b, n2);
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_load_memory_graph(both, n1 + n2, 1, NULL, &m));
+    if (m) {
+        CHECK(kiln_model_num_graphs(m) == 2 && kiln_model_index(m) == 1 && strcmp(kiln_model_name(m), "second") == 0);
+        CHECK(strcmp(kiln_model_graph_name(m, 0), "first") == 0);
+        check_names(kiln_model_graph(m));
+        kiln_model_free(m);
+    }
+    CHECK_OK(kiln_model_load_memory_graph(both, n1 + n2, 7, "first", &m));
+    if (m) CHECK(kiln_model_index(m) == 0 && strcmp(kiln_model_name(m), "first") == 0);
+    kiln_model_free(m);
+    m = NULL;
+    CHECK_STATUS(kiln_model_load_memory_graph(both, n1 + n2, 2, NULL, &m), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "no graph 2 (the file holds 2)") != NULL);
+    CHECK_STATUS(kiln_model_load_memory_graph(both, n1 + n2, 0, "third", &m), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "no graph named 'third'") != NULL);
+    expect_refused(both, n1 + n2 - 64, true, "truncated"); /* the second record cut short */
+    memcpy(both + n1, a, n1); /* "first" twice (n1 == n2: the same graph) */
+    CHECK(n1 == n2);
+    expect_refused(both, n1 + n2, true, "two graphs are named 'first'");
+    free(a), free(b), free(both);
 }
 
 int main(void) {
@@ -155,6 +227,23 @@ int main(void) {
     if (!file) return 1;
     test_round_trip(file, size, g);
     test_hostile(file, size);
+    test_two_graphs(g);
+    /* the writer refuses what a reader would: two nodes of one name, an empty or over-long graph name */
+    kiln_graph *dup;
+    CHECK_OK(kiln_graph_clone(g, &dup));
+    CHECK_OK(kiln_graph_set_node_name(dup, 1, kiln_graph_node_name(dup, 0)));
+    void *bytes = NULL;
+    size_t n = 0;
+    kiln_model_desc d = {dup, NULL, NULL, NULL, NULL, 0, NULL, NULL};
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "two nodes are named 'mul(x)[0]'") != NULL);
+    char long_name[KILN_MODEL_MAX_NAME + 2];
+    memset(long_name, 'a', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    d.graph = g, d.name = long_name;
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(bytes == NULL);
+    kiln_graph_free(dup);
     kiln_model *m = NULL;
     CHECK_STATUS(kiln_model_load("/nonexistent/model.kiln", &m), KILN_ERR_RUNTIME);
     free(file);

@@ -1,10 +1,12 @@
 /* libFuzzer harness for the model file loader (src/ir/model_read.c): any bytes either load or fail
  * with KILN_ERR_VALUE (KILN_ERR_MEMORY when an allocation fails), leaving nothing allocated. The
  * bytes are loaded twice: as they are (the header and checksum checks), and with the checksum
- * check off, so that mutations reach the metadata parser behind it. A file that loads is written
- * again from its graph, names and test cases, and that must load to the same graph (compared by
- * what its values are, kiln_graph_diff_*), with a writer's output a fixed point. Built and run
+ * check off, so that mutations reach the metadata parser behind it. Each graph of a file that loads
+ * is written again from its graph, names and test cases, and that must load to the same graph
+ * (compared by what its values are, kiln_graph_diff_*, and by its value and node names and
+ * priorities), with a writer's output a fixed point. Built and run
  * by scripts/fuzz.sh (corpus: tests/fuzz/corpus_model, made by tests/fuzz/make_model_corpus.py). */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,8 @@ static void *rewrite(const kiln_model *m, size_t *size) {
         for (int32_t k = 0; k < nin + nout; k++)
             cases[(size_t)c * (size_t)(nin + nout) + (size_t)k] =
                 k < nin ? kiln_model_case_input(m, c, k) : kiln_model_case_output(m, c, k - nin);
-    kiln_model_desc d = {kiln_model_graph(m), names, names + nin, kiln_model_metadata(m), kiln_model_user_info(m), nc, cases};
+    kiln_model_desc d = {kiln_model_graph(m), names, names + nin, kiln_model_metadata(m), kiln_model_user_info(m), nc, cases,
+                         kiln_model_name(m)};
     void *bytes = NULL;
     kiln_status s = kiln_model_write(&d, &bytes, size);
     free(names), free(cases);
@@ -46,16 +49,33 @@ static void *rewrite(const kiln_model *m, size_t *size) {
     return bytes;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+static bool same_str(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+/* The same value names, node names and priorities. */
+static bool same_names(const kiln_graph *a, const kiln_graph *b) {
+    if (a->nvalues != b->nvalues || a->nnodes != b->nnodes) return false;
+    for (int32_t v = 0; v < a->nvalues; v++)
+        if (!same_str(kiln_graph_value_name(a, v), kiln_graph_value_name(b, v))) return false;
+    for (int32_t i = 0; i < a->nnodes; i++)
+        if (!same_str(kiln_graph_node_name(a, i), kiln_graph_node_name(b, i)) ||
+            kiln_graph_node_priority(a, i) != kiln_graph_node_priority(b, i))
+            return false;
+    return true;
+}
+
+/* Graph k of the file, loaded with the checksum check off, written again: the same graph and names,
+ * and writing it a fixed point. Returns the number of graphs in the file (0: it does not load). */
+static int32_t round_trip(const uint8_t *data, size_t size, int32_t k) {
     kiln_model *m = NULL;
-    kiln_status s = kiln_model_load_memory(data, size, &m);
-    if (s != KILN_OK) check_failure(s, m);
-    kiln_model_free(m);
-    m = NULL;
-    s = kiln_model_load_bytes(data, size, false, &m);
+    kiln_status s = kiln_model_load_bytes(data, size, false, k, &m);
     if (s != KILN_OK) {
         check_failure(s, m);
         return 0;
+    }
+    int32_t ngraphs = kiln_model_num_graphs(m);
+    if (kiln_model_index(m) != k || ngraphs <= k) {
+        fprintf(stderr, "graph %d loads as graph %d of %d\n", (int)k, (int)kiln_model_index(m), (int)ngraphs);
+        abort();
     }
     size_t n1 = 0, n2 = 0;
     void *b1 = rewrite(m, &n1);
@@ -71,6 +91,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fprintf(stderr, "a rewritten model loads to another graph\n");
             abort();
         }
+        if (!same_names(kiln_model_graph(m), kiln_model_graph(again)) ||
+            strcmp(kiln_model_name(m), kiln_model_name(again)) != 0) {
+            fprintf(stderr, "a rewritten model loads with other names\n");
+            abort();
+        }
         void *b2 = rewrite(again, &n2);
         if (b2 && (n1 != n2 || memcmp(b1, b2, n1) != 0)) {
             fprintf(stderr, "writing a model is not a fixed point\n");
@@ -81,5 +106,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(b1);
     kiln_model_free(again);
     kiln_model_free(m);
+    return ngraphs;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    kiln_model *m = NULL;
+    kiln_status s = kiln_model_load_memory(data, size, &m);
+    if (s != KILN_OK) check_failure(s, m);
+    kiln_model_free(m);
+    int32_t ngraphs = round_trip(data, size, 0);
+    for (int32_t k = 1; k < ngraphs && k < 4; k++) round_trip(data, size, k);
     return 0;
 }

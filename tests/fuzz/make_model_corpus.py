@@ -1,9 +1,11 @@
 """Writes the seed corpus of the model loader's fuzz harness, tests/fuzz/corpus_model: small valid
-kiln model files (a*b+c as recorded, a BasicBlock with every inference rewrite, an MLP, a graph
-with control flow), each with embedded test cases. ctest runs kiln-run --check and the C example
-on them too. The files named by a hash beside them are inputs a libFuzzer run found (libFuzzer's
--merge=1, at most 1200 bytes), replayed by CI. Run again after a change of the file format
-(and drop the hash-named files, whose bytes follow the old one):
+kiln model files, each with embedded test cases. ctest runs kiln-run --check and the C example on
+them too. simple.kiln, basic_block.kiln, mlp.kiln and cond.kiln (a*b+c as recorded, a BasicBlock
+with every inference rewrite, an MLP, a graph with control flow) are format version 1 files, kept
+as written by the kiln before version 2 (readers still load them); this script writes the version 2
+seeds: names_v2.kiln (every name kept) and two_graphs_v2.kiln (a file of two graphs, append=True).
+The files named by a hash are inputs a libFuzzer run found (libFuzzer's -merge=1, at most 1200
+bytes), replayed by CI. Run again after a change of the file format:
 
     PYTHONPATH=python python3 tests/fuzz/make_model_corpus.py
 """
@@ -37,22 +39,24 @@ def dump(fn, name, inputs, cases, **options):
     t.dump(os.path.join(HERE, name), input_data=cases, **options)
 
 
+ALL_NAMES = dict(keep_var_name=2, keep_opr_name=True, keep_param_name=True, keep_opr_priority=True)
+
+
 def main():
     os.makedirs(HERE, exist_ok=True)
     kiln.manual_seed(0)
     rng = np.random.default_rng(0)
     arr = lambda *shape: kiln.tensor(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
-    a, b, c = arr(2, 3), arr(2, 3), arr(2, 3)
-    dump(models.simple_function, "simple.kiln", (a, b, c), [(a, b, c)], optimize_for_inference=False)
-    block = models.BasicBlock(4)
-    block.set_train(False)
-    x = arr(1, 4, 6, 6)
-    dump(block, "basic_block.kiln", (x,), [x], enable_fuse_conv_bias_with_z=True)
     mlp = MLP()
     v = arr(2, 6)
-    dump(mlp, "mlp.kiln", (v,), [v, arr(2, 6)])
+    dump(mlp, "names_v2.kiln", (v,), [v], optimize_for_inference=False, **ALL_NAMES)
+    two = os.path.join(HERE, "two_graphs_v2.kiln")
+    if os.path.exists(two):
+        os.remove(two)
+    a, b, c = arr(2, 3), arr(2, 3), arr(2, 3)
+    dump(models.simple_function, "two_graphs_v2.kiln", (a, b, c), [(a, b, c)], graph_name="abc", **ALL_NAMES)
     p, q = arr(3), arr(3)
-    dump(branchy, "cond.kiln", (p, q), [(p, q), (-abs(p), q)])
+    dump(branchy, "two_graphs_v2.kiln", (p, q), [(p, q)], append=True, graph_name="cond", **ALL_NAMES)
 
 
 if __name__ == "__main__":

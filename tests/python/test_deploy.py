@@ -388,8 +388,9 @@ def test_kiln_run_check_fails_on_a_mismatch(tmp_path):
     model = tmp_path / "f.kiln"
     t.dump(str(model), input_data=[(arr(2, 3), arr(2, 3), arr(2, 3))])
     data = bytearray(model.read_bytes())
-    # the expected output is the last tensor of the data section: change it
-    struct.pack_into("<f", data, len(data) - 4, 1234.5)
+    # the expected output is the last tensor of the data section (24 bytes at a multiple of 64, then zero
+    # padding to the record's multiple of 64): change it
+    struct.pack_into("<f", data, len(data) - 64, 1234.5)
     model.write_bytes(fix_checksum(data))
     r = subprocess.run([KILN_RUN, str(model), "--check", "--iter", "0"], capture_output=True, text=True)
     assert r.returncode == 1 and "MISMATCH" in r.stdout

@@ -134,8 +134,18 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
                          "holds the parameters' values")
     if tr._last is None:
         raise RuntimeError("trace.dump: nothing traced yet; call the trace first")
-    if append:
-        raise ValueError("trace.dump: append=True is not supported: a kiln model file holds one graph")
+    graph_name = kwargs.pop("graph_name", None)
+    existing, taken = _existing_graphs(file) if append else (b"", [])
+    if graph_name is None:
+        graph_name, k = tr.__qualname__, len(taken)
+        while graph_name in taken:
+            graph_name, k = f"{tr.__qualname__}:{k}", k + 1
+    elif not isinstance(graph_name, str) or not graph_name:
+        raise ValueError(f"trace.dump: graph_name must be a non-empty str, got {graph_name!r}")
+    elif graph_name in taken:
+        raise ValueError(f"trace.dump: {file} already holds a graph named {graph_name!r} (its graphs: {taken})")
+    if keep_var_name not in (0, 1, 2, False, True):
+        raise ValueError(f"trace.dump: keep_var_name must be 0, 1 or 2, got {keep_var_name!r}")
     level, inference, no_format, fusion, float16, options = _inference_options(optimize_for_inference, kwargs)
     rec = tr._last
     graph_inputs = rec.graph.inputs()
@@ -162,16 +172,44 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
                                "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1)},
                               sort_keys=True)
     info = json.dumps(user_info, sort_keys=True) if user_info is not None else None
+    param_names = getattr(rec, "param_names", None) if keep_param_name else None
     data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, float16, arg_names,
-                                                output_names, metadata, info, cases)
+                                                output_names, metadata, info, cases, graph_name, param_names,
+                                                int(keep_var_name), bool(keep_opr_name), bool(keep_opr_priority))
     if isinstance(file, (str, os.PathLike)):
-        with open(file, "wb") as f:
+        with open(file, "ab" if existing else "wb") as f:  # a file's graphs are records one after another
             f.write(data)
     else:
         file.write(data)
     if strip_info_file is not None:
         _write_strip_info(strip_info_file, text, append_json)
     return DumpInfo(nodes, len(data), params, arg_names, output_names)
+
+
+def _existing_graphs(file):
+    """append=True: the bytes of the kiln file at path `file` and the names of its graphs (b"" and []
+    when it does not exist or is empty), each graph checked (a file that is not a kiln model, or a
+    corrupt one, raises)."""
+    if not isinstance(file, (str, os.PathLike)):
+        raise ValueError("trace.dump: append=True needs a path (as in MegEngine, where it only works when file is "
+                         "a str), not a file object")
+    if not os.path.exists(file):
+        return b"", []
+    with open(file, "rb") as f:
+        data = f.read()
+    if not data:
+        return b"", []
+    try:
+        first = _C.Model(data)
+        for k in range(1, len(first.graph_names)):
+            _C.Model(data, index=k)
+    except ValueError as e:
+        raise ValueError(f"trace.dump(append=True): {os.fspath(file)} is not a kiln model file this kiln can append "
+                         f"to: {e}") from None
+    if first.version == 1:  # its header's size is the whole file's: a record after it would make it unreadable
+        raise ValueError(f"trace.dump(append=True): {os.fspath(file)} is a format version 1 file, which holds one "
+                         "graph; dump that graph again with this kiln to append to it")
+    return data, first.graph_names
 
 
 def _write_strip_info(path, graph_text, append):
@@ -189,15 +227,42 @@ def _write_strip_info(path, graph_text, append):
 
 
 class LoadedGraph:
-    """A model file loaded for running (kiln.load): call it with the inputs (positional, in the
-    file's order); it returns the output, or a tuple of them. backend: "kbk" or "sink"."""
+    """A graph of a model file loaded for running (kiln.load): call it with the inputs (positional,
+    in the file's order); it returns the output, or a tuple of them. backend: "kbk" or "sink".
 
-    def __init__(self, source, backend="kbk"):
+    The names the file keeps (trace.dump's keep_* options; docs/model_format.md): param_names,
+    var_names and op_names (lists, in the graph's order), op_priorities (the recorded order of each
+    node, [] when not kept); name, index and graph_names tell which graph of the file this is."""
+
+    def __init__(self, source, backend="kbk", index=0, name=None):
         if hasattr(source, "read"):
             source = source.read()
-        self._model = _C.Model(source)
+        self._model = _C.Model(source, index=index, name=name)
         self._exe = self._model.compile(backend=backend)
         self.backend = backend
+        values, nodes, self.op_priorities = self._model.names()
+        self.param_names = [n for _, capture, n in values if capture]
+        self.var_names = [n for _, capture, n in values if not capture]
+        self.op_names = [n for _, n in nodes]
+
+    @property
+    def name(self):
+        """This graph's name in its file (trace.dump's graph_name)."""
+        return self._model.name
+
+    @property
+    def index(self):
+        return self._model.index
+
+    @property
+    def graph_names(self):
+        """The names of the file's graphs, in order (kiln.load's index or name picks one)."""
+        return self._model.graph_names
+
+    @property
+    def version(self):
+        """The file's format version."""
+        return self._model.version
 
     @property
     def inputs(self):
@@ -250,10 +315,11 @@ class LoadedGraph:
         return f"<kiln.load graph ({ins}) -> {len(self.outputs)} output(s), {self.num_nodes} nodes>"
 
 
-def load(source, backend="kbk"):
-    """Loads a model file (a path, bytes or a binary file object) written by trace.dump or
-    kiln.export, as a callable graph (MindSpore's mindspore.load; nn.GraphCell wraps it)."""
-    return LoadedGraph(source, backend=backend)
+def load(source, backend="kbk", index=0, name=None):
+    """Loads a graph of a model file (a path, bytes or a binary file object) written by trace.dump or
+    kiln.export, as a callable graph (MindSpore's mindspore.load; nn.GraphCell wraps it): the first,
+    or the one at `index`, or the one named `name` (a file trace.dump appended graphs to)."""
+    return LoadedGraph(source, backend=backend, index=index, name=name)
 
 
 def export(net, *inputs, file_name, file_format="KILN", **kwargs):

@@ -184,7 +184,7 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key")
+                 "constant_names", "capture", "requires_grad_key", "param_names")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None):
@@ -245,7 +245,26 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
     run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
     run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]
+    run.param_names = _param_names(fn, run.cells, sources) if sources else {}
     return run
+
+
+def _param_names(fn, cells, sources):
+    """{value id: attribute path} of the captured constants that are parameters of the traced Cell
+    or of the Cells it called ('conv1.weight'; trace.dump's keep_param_name). A parameter reached
+    from several Cells takes its longest path, the one from the outermost."""
+    by_storage = {(t._data_ptr, tuple(t.shape), t._strides): int(name[1:]) for t, name, _ in sources}
+    roots = list(cells)
+    owner = getattr(fn, "__self__", fn)
+    if hasattr(owner, "parameters_and_names"):  # a Cell, or a Cell's method
+        roots.insert(0, owner)
+    names = {}
+    for cell in roots:
+        for path, p in cell.parameters_and_names():
+            value = by_storage.get((p._data_ptr, tuple(p.shape), p._strides))
+            if value is not None and len(path) > len(names.get(value, "")):
+                names[value] = path
+    return names
 
 
 def _constant_name(graph, value, tensor):
@@ -607,9 +626,18 @@ class trace(_C.JitDispatcher):
         cases embedded for kiln-run --check: a case (a dict by input name, a tuple of inputs, or
         one array) or a list of cases; their expected outputs are what this trace computes.
         strip_info_file: writes the ops and dtypes the graph uses as JSON (append_json: merged
-        into the file's). keep_var_name, keep_opr_name, keep_param_name and keep_opr_priority
-        have no effect: a kiln file always keeps input and output names and source locations.
-        append=True raises ValueError (a kiln file holds one graph).
+        into the file's). Names (kiln.load's param_names, var_names, op_names, op_priorities):
+        keep_var_name 0 stores no value names, 1 (default) the inputs' and outputs' names, 2 also a
+        generated name for every op's output ("conv2d3"); keep_param_name the parameters' attribute
+        paths in the traced Cell ("conv1.weight"); keep_opr_name a name per op
+        ("conv2d(data)[3]": the op, its first input's name, its position in the recording);
+        keep_opr_priority each op's position in the recording. The inference rewrites carry them:
+        an op they remove loses its name, a fused op keeps its convolution's or product's (else
+        the last fused op's). The input and output lists of a file always name its inputs and
+        outputs. append=True (file a path) adds this graph after the graphs already in the file
+        (a file that is not a kiln model, or is corrupt, raises ValueError); the keyword
+        graph_name names it (default: the traced function's qualified name, with ":N" when the
+        file has that name already) for kiln.load(path, name=...).
 
         Returns a DumpInfo (nr_opr, tot_bytes, tensor_value_bytes, inputs, outputs)."""
         from .deploy import dump_trace
