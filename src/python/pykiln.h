@@ -80,7 +80,8 @@ int pykiln_model_init(PyObject *module);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 /* How a guard compares the value its path reaches with the one it expects (guards.c). */
-enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
+enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_WEAK, GUARD_WEAK_METHOD,
+       GUARD_MODE_COUNT };
 /* Registers GuardSet and its mode constants (guards.c). */
 int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);

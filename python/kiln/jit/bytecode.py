@@ -1005,28 +1005,47 @@ class _Tag:
 
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
+_FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
+TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
 class _ByIdentity:
-    """An object kept in a state by identity (hashable whatever its type is)."""
-    __slots__ = ("obj",)
+    """An object kept in a state by identity (hashable whatever its type is): through a weakref
+    when it takes one and is not a tensor (a state is part of entries kept with a code object,
+    which must not lead back to it: kiln.jit.code_cache); a dead one equals nothing."""
+    __slots__ = ("_ref", "_obj", "_id")
 
     def __init__(self, obj):
-        self.obj = obj
+        self._id = id(obj)
+        self._ref, self._obj = None, obj
+        if not isinstance(obj, _C.TensorBase):
+            try:
+                self._ref, self._obj = weakref.ref(obj), None
+            except TypeError:
+                pass
+
+    @property
+    def obj(self):
+        if self._ref is None:
+            return self._obj
+        o = self._ref()
+        if o is None:
+            raise Unsupported("an object a compiled state names no longer exists")
+        return o
 
     def __eq__(self, other):
-        return isinstance(other, _ByIdentity) and other.obj is self.obj
+        if not isinstance(other, _ByIdentity) or other._id != self._id:
+            return False
+        a = self._obj if self._ref is None else self._ref()
+        return a is not None and a is (other._obj if other._ref is None else other._ref())
 
     def __hash__(self):
-        return id(self.obj)
+        return self._id
 
 
-def _hashable(v):
-    try:
-        hash(v)
-        return True
-    except TypeError:
-        return False
+def frame_function(tok, top):
+    """The function a frozen frame names (TOP: top, the function called)."""
+    return top if tok is TOP else tok.obj
 
 
 _ATOMS = frozenset((type(None), int, float, bool, str, _Null))  # kept in a state as they are
@@ -1038,10 +1057,10 @@ def freeze(frames, interp, tracer=None):
     capture did not make — a parameter — by identity), containers rebuilt, iterators and cells
     tagged. Raises Unsupported for a state it cannot rebuild."""
     free_cells = {}
-    for fr in frames:
+    for i, fr in enumerate(frames):
         cells = fr.func.__closure__ or ()
         for k, c in enumerate(cells):
-            free_cells[id(c)] = (fr, k)
+            free_cells.setdefault(id(c), (i, k))
 
     def conv(v, depth=0):
         if type(v) in _ATOMS:
@@ -1056,7 +1075,7 @@ def freeze(frames, interp, tracer=None):
             return _ITER, tuple(conv(x, depth + 1) for x in v.items[v.pos:])
         if isinstance(v, types.CellType):
             if id(v) in free_cells:
-                return _REF, _ByIdentity(v)
+                return _FREE, free_cells[id(v)]
             try:
                 return _CELL, conv(v.cell_contents, depth + 1)
             except ValueError:
@@ -1070,20 +1089,23 @@ def freeze(frames, interp, tracer=None):
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
             return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
+        if isinstance(v, types.MethodType):
+            return _BOUND, (conv(v.__func__, depth + 1), conv(v.__self__, depth + 1))
         if isinstance(v, types.FunctionType) and v.__closure__ and guards.is_user_code(v.__code__) and any(
                 id(c) not in free_cells for c in v.__closure__):  # (library code is never the captured code's)
             raise Unsupported("a function defined in the captured code is live at a graph break")
-        if _hashable(v) and not isinstance(v, (set, _C.TensorBase)):
+        if type(v) in (frozenset, complex, bytes, range):
             return v
         return _REF, _ByIdentity(v)
 
-    return tuple([(fr.func, fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
-                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for fr in frames])
+    return tuple([(TOP if i == 0 else _ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
+                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for i, fr in enumerate(frames)])
 
 
-def thaw(state, interp):
+def thaw(state, interp, top):
     """Frames from freeze()'s tuple (after tree.unflatten: fresh containers), their containers
-    noted in interp as created or foreign as they were."""
+    noted in interp as created or foreign as they were; top is the function called (TOP)."""
+    funcs = [frame_function(fr[0], top) for fr in state]
 
     def conv(v):
         if type(v) not in _CONTAINERS:
@@ -1092,12 +1114,16 @@ def thaw(state, interp):
             tag, payload = v
             if tag is _REF:
                 return payload.obj
+            if tag is _FREE:
+                return funcs[payload[0]].__closure__[payload[1]]
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:
                 return types.CellType(conv(payload)) if payload != () else types.CellType()
             if tag is _METHOD:
                 return getattr(conv(payload[0]), payload[1])
+            if tag is _BOUND:
+                return types.MethodType(conv(payload[0]), conv(payload[1]))
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.foreign.add(id(c))
@@ -1110,7 +1136,7 @@ def thaw(state, interp):
         return v
 
     frames = []
-    for func, offset, local_values, stack, kw_names in state:
+    for func, (_, offset, local_values, stack, kw_names) in zip(funcs, state):
         code = Code.of(func.__code__)
         frames.append(Frame(func, code, [conv(x) for x in local_values], [conv(x) for x in stack],
                             code.at[offset], kw_names))
