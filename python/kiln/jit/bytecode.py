@@ -25,7 +25,8 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiates_by_pieces
-from . import guards
+from . import guards, sym_scalar
+from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
 _JREL = frozenset(dis.hasjrel)
@@ -243,6 +244,8 @@ class Interpreter:
         self.keep = []  # keeps those objects alive so their ids stay theirs
         self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
+        self.symbolic = False  # the frames hold SymScalars (kiln.jit.sym_scalar): instructions are checked
+        self.scalar_values = {}  # id(tensor of a SymScalar) -> the real 0-d tensor (the capture's input)
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -285,6 +288,8 @@ class Interpreter:
                     self.set_loc(f"{frame.code.code.co_filename}:{line}")
                 if offset in frame.code.covered or op == "BEFORE_WITH":
                     return "break", "try/with (run in Python)"
+            if self.symbolic:
+                sym_scalar.check(op, arg, frame.stack)
             try:
                 result = _HANDLERS[op](self, frame, arg, name, target)  # (Code.cpython_only: all have one)
             except GraphBreak as e:
@@ -342,6 +347,8 @@ class Interpreter:
                     and not target.__dict__.get("_jitted") and not getattr(target, "_kiln_hooks", None)):
                 _C.log_cell_call(target)
                 return self.inline(construct, (target,) + tuple(args), kwargs)
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {type(target).__name__}")
             return self.run_known(fn, args, kwargs)
         if isinstance(target, types.FunctionType) and guards.is_user_code(target.__code__):
             if bound_self is not None:
@@ -374,6 +381,8 @@ class Interpreter:
             if isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _GENERATOR_FLAGS:
                 self.brk(f"a generator ({fn.__qualname__})")
             self.brk(f"a call of {getattr(fn, '__qualname__', type(fn).__name__)} (an unknown function)")
+        if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+            raise Specialize(f"a symbolic scalar passed to {getattr(fn, '__qualname__', type(fn).__name__)}")
         return self.run_known(fn, args, kwargs)
 
     def run_known(self, fn, args, kwargs):
@@ -384,6 +393,9 @@ class Interpreter:
 
     def inline(self, func, args, kwargs):
         code = func.__code__
+        if self.symbolic and (code.co_flags & (0x0C | _GENERATOR_FLAGS) or Code.of(code).cpython_only) and (
+                sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+            raise Specialize(f"a symbolic scalar passed to {func.__qualname__} (*args, **kwargs or run by CPython)")
         if code.co_flags & _GENERATOR_FLAGS:
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
@@ -394,6 +406,8 @@ class Interpreter:
         try:
             bound = bind(func, args, kwargs)
         except TypeError:
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {func.__qualname__}") from None
             return func(*args, **kwargs)  # the same error eager raises
         for v in bound:
             if isinstance(v, (list, dict)) and code.co_flags & 0x0C:
@@ -582,8 +596,10 @@ def h_store_attr(it, f, arg, name, target):
 
 
 def h_binary_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    lhs = f.stack.pop()
+    rhs, lhs = f.stack[-1], f.stack[-2]
+    if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
+        lhs, rhs = sym_scalar.operands(lhs, rhs)
+    del f.stack[-2:]
     f.stack.append(_BINARY[arg](lhs, rhs))
     _next(f)
 
@@ -603,8 +619,11 @@ def h_unary_not(it, f, arg, name, target):
 
 
 def h_compare_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    f.stack[-1] = _COMPARE[arg](f.stack[-1], rhs)
+    rhs, lhs = f.stack[-1], f.stack[-2]
+    if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
+        lhs, rhs = sym_scalar.operands(lhs, rhs)
+    f.stack.pop()
+    f.stack[-1] = _COMPARE[arg](lhs, rhs)
     _next(f)
 
 
@@ -947,7 +966,10 @@ def h_with_except_start(it, f, arg, name, target):
 
 
 def h_return_value(it, f, arg, name, target):
-    value = f.stack.pop()
+    value = f.stack[-1]
+    if len(it.frames) == 1 and it.symbolic and isinstance(value, SymScalar):
+        raise Specialize("a symbolic scalar returned")
+    f.stack.pop()
     it.frames.pop()
     if not it.frames:
         return (value,)
@@ -1006,6 +1028,7 @@ class _Tag:
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
+_SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
@@ -1052,10 +1075,11 @@ _ATOMS = frozenset((type(None), int, float, bool, str, _Null))  # kept in a stat
 _CONTAINERS = frozenset((tuple, list, dict))
 
 
-def freeze(frames, interp, tracer=None):
+def freeze(frames, interp, tracer=None, symbolic=False):
     """The frames as a nested tuple tree.flatten can take: tensors as leaves (a tensor the
     capture did not make — a parameter — by identity), containers rebuilt, iterators and cells
-    tagged. Raises Unsupported for a state it cannot rebuild."""
+    tagged. symbolic: the ints and floats of locals and stacks as 0-d tensors (SymScalars of the
+    next capture); a SymScalar is its tensor. Raises Unsupported for a state it cannot rebuild."""
     free_cells = {}
     for i, fr in enumerate(frames):
         cells = fr.func.__closure__ or ()
@@ -1064,7 +1088,13 @@ def freeze(frames, interp, tracer=None):
 
     def conv(v, depth=0):
         if type(v) in _ATOMS:
+            if symbolic and depth == 0 and type(v) in (int, float):
+                t = sym_scalar.as_tensor(v)
+                if t is not None:
+                    return _SCALAR, t
             return v
+        if type(v) is SymScalar:
+            return _SCALAR, v.tensor
         if depth > 20:
             raise Unsupported("a state nested too deep")
         if _is_tensor(v):
@@ -1116,6 +1146,12 @@ def thaw(state, interp, top):
                 return payload.obj
             if tag is _FREE:
                 return funcs[payload[0]].__closure__[payload[1]]
+            if tag is _SCALAR:
+                real = interp.scalar_values.get(id(payload))
+                if real is None:  # the state of a Python run: the number
+                    return sym_scalar.value_of(payload)
+                interp.symbolic = True
+                return SymScalar(payload, type(sym_scalar.value_of(real)), sym_scalar.value_of(real))
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:

@@ -61,13 +61,14 @@ class Entries:
     """The compiled pieces of a function for one set of options, keyed by (resume point, call key),
     with what their captures found: shared by every kiln.jit wrapper of that function with those
     options (see entries_of)."""
-    __slots__ = ("cache", "breaks", "count", "python_steps", "__weakref__")
+    __slots__ = ("cache", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
 
     def __init__(self):
         self.cache = {}
         self.breaks = []  # (reason, where) of each graph break met, in order
         self.count = 0
         self.python_steps = set()  # positions whose instruction runs in Python whatever the state
+        self.static_scalars = set()  # resume points whose ints and floats are constants (kiln.jit.sym_scalar)
 
 
 def _options_key(opts):
@@ -146,6 +147,7 @@ def capture_piece(owner, state, leaves, spec, grad=False):
                 if t.requires_grad and not a.requires_grad:
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
+        interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
         top = owner._pieces.fn
         frames = bytecode.thaw(aliases_state, interp, top)
         interp.frames = frames
@@ -260,6 +262,13 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                     raise
                 pieces.given_up = str(e)
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
+            except bytecode.Specialize:  # a symbolic scalar's value is needed: this point's scalars are constants
+                pieces.entries.static_scalars.add(_position_of_state(spec, leaves, pieces.fn))
+                interp = bytecode.Interpreter([], capture=False)
+                frames = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp, pieces.fn)
+                key, spec, leaves = state_key(bytecode.freeze(frames, interp))
+                key = grad_key(key, grad)
+                continue
             owner.stats.compile_seconds += time.perf_counter() - t0
             if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves,
                                                                                                 pieces.fn):
@@ -299,7 +308,8 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 return result
             if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
                 break
-        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+        symbolic = not pieces.entries.static_scalars or _position(interp.frames) not in pieces.entries.static_scalars
+        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp, symbolic=symbolic))
         key = grad_key(key, grad)
 
 
