@@ -75,8 +75,9 @@ import math
 OFFSET = 1.0
 def helper(v):
     return v * SCALE
+TABLE = {"two": 2.0, "helper": helper}  # a dict (no weakref) that leads back to the code
 def h(x):
-    y = helper(x) + math.sqrt(4.0)
+    y = TABLE["helper"](x) + math.sqrt(TABLE["two"] * 2.0)
     print(end='')
     return y + OFFSET
 """
@@ -101,6 +102,8 @@ def test_entries_go_with_the_function_its_globals_and_its_code():
         kiln.grad(lambda a: jf(a).sum())(x)
     h.__globals__["SCALE"] = 3.0  # a global read by an inlined function, guarded through the frame's globals
     close(jf(x), x * 3.0 + 2.0 + 1.0)
+    h.__globals__["TABLE"]["two"] = 4.5  # an item of a global dict: guarded from the globals down
+    close(jf(x), x * 3.0 + 3.0 + 1.0)
     entries = weakref.ref(jf._pieces.entries)
     code, func = weakref.ref(h.__code__), weakref.ref(h)
     assert entries().count >= 2

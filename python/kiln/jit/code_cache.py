@@ -10,12 +10,15 @@ an entry keeps leads nowhere back:
   closure are found from the object that owns them;
 - identity guards on functions, modules, Cells and other objects compare with a weakref (an object
   that takes none, a list or dict read through a global, is compared by id: what the function
-  read from it is guarded beside it); bound methods by weak function and self;
+  read from it is guarded beside it, rooted where the guard on the container starts); bound
+  methods by weak function and self;
 - a frozen frame state (cache keys, the spec a piece rebuilds the frames with) names the called
   function as TOP, other functions and objects by weakref, closure cells by (frame, index)
   (see kiln.jit.bytecode.freeze).
 Tensors (parameters) and compiled graphs are held as they are: they do not lead to Python frames
-or functions. Two function objects of one code (a closure made twice) find the same entries;
+or functions. What stays held: a guard root that takes no weakref and is found from no other
+(none of the cases above), and in a state, a list or dict reached through a global that is live
+at a graph break (its contents are rebuilt from it). Two function objects of one code (a closure made twice) find the same entries;
 their closure cells and globals are guarded on each call's own.
 """
 import types
@@ -50,8 +53,8 @@ def _weak_root(obj, attr=None):
 
 def _owners(specs, top):
     """id(object) -> (root, root kind, path prefix) for the objects guards are rooted at that are
-    found from another: the called function's globals and cells, and the __dict__, globals and
-    closure cells of the objects the guards name."""
+    found from another: the called function's globals and cells; the __dict__, globals and
+    closure cells of the objects the guards name; a list or dict a guard finds (its path)."""
     owners = {id(top.__globals__): (None, _C.ROOT_GLOBALS, ())}
     for k, c in enumerate(top.__closure__ or ()):
         owners[id(c)] = (k, _C.ROOT_CELL, ())
@@ -69,7 +72,20 @@ def _owners(specs, top):
                 w = _weak_root(o, "__dict__")
                 if w is not None:
                     owners.setdefault(id(d), w)
-    return {k: v for k, v in owners.items() if v is not None}
+    owners = {k: v for k, v in owners.items() if v is not None}
+    for _ in range(4):  # containers found by a chain of guards (TABLE -> TABLE["a"] -> ...)
+        grew = False
+        for root, path, expected, mode in specs:
+            if mode != _C.GUARD_IDENTITY or id(expected) in owners or _atomic(expected) or isinstance(
+                    expected, _C.TensorBase) or isinstance(token(expected), weakref.ref):
+                continue
+            base = owners.get(id(root)) or _weak_root(root)
+            if base is not None:
+                owners[id(expected)] = (base[0], base[1], base[2] + tuple(path))
+                grew = True
+        if not grew:
+            break
+    return owners
 
 
 def _expected(expected, mode):
