@@ -29,6 +29,7 @@ from . import guards, sym_scalar
 from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
+_STEPS_IN_C = _C.bytecode_steps_supported()
 _JREL = frozenset(dis.hasjrel)
 _BINARY = [getattr(operator, n) for n in (
     "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_", "pow", "rshift", "sub", "truediv", "xor",
@@ -67,13 +68,15 @@ class Unsupported(Exception):
 class Code:
     """A code object's decoded instructions with resolved jump targets (cached per code object,
     while it lives: the cache holds neither the code object nor, past its end, its entry)."""
-    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered")
+    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered", "steps", "fast")
     _cache = {}  # id(code) -> Code, removed when the code object goes
 
     def __init__(self, code):
         self._code = weakref.ref(code)
         self.ins = []
+        ops = []
         for op, arg, offset, line, name in _C.decode(code):
+            ops.append(op)
             target = None
             if op in _JREL:
                 target = offset + 2 - 2 * arg if "BACKWARD" in _OP[op] else offset + 2 + 2 * arg
@@ -90,6 +93,14 @@ class Code:
         self.cpython_only = f"the instruction {missing}" if missing else None
         self.handlers = _exception_table(code.co_exceptiontable)  # (start, end, target, depth, lasti)
         self.covered = frozenset(o for o in self.at if any(h[0] <= o < h[1] for h in self.handlers))
+        # the instructions C runs (kiln._C.bytecode_steps: moves of values, operators, jumps), the rest
+        # by the Python handlers; inside a try or without a line, Python's
+        self.steps, self.fast = None, None
+        if _STEPS_IN_C:
+            rows = [(-1 if ins[2] in self.covered or ins[3] is None or ins[0] == "BEFORE_WITH" else op, ins[1] or 0,
+                     -1 if ins[5] is None else self.at[ins[5]], -1 if ins[3] is None else ins[3], ins[2])
+                    for op, ins in zip(ops, self.ins)]
+            self.steps, self.fast = _C.bytecode_table(rows, code.co_consts, code.co_filename)
 
     def handler_at(self, offset):
         """The exception table entry covering the instruction at offset, or None."""
@@ -278,6 +289,19 @@ class Interpreter:
         depth = len(self.frames)
         while True:
             frame = self.frames[-1]
+            if steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]:
+                if self.capture and frame.executed is None:
+                    frame.executed = set()
+                set_loc = self.set_loc if self.capture else None
+                try:  # the instructions C runs, up to the next one for Python
+                    at_line = _C.bytecode_steps(frame.code.steps, frame, NULL, self.created, self.keep, set_loc,
+                                                loc[1] if loc is not None and loc[0] is frame else -1)
+                except Exception as e:
+                    if self.capture or not self.unwind(e, depth):
+                        raise
+                    continue
+                if set_loc is not None and at_line >= 0:
+                    loc = (frame, at_line)
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
             if self.capture:
                 if frame.executed is None:
