@@ -10,9 +10,10 @@ Targets (issue 12):
   function), so the forward+backward rows time that graph;
 - a function with one graph break in the middle (print of a Python scalar between two blocks of
   tensor work) <= 1.5x the same function without the break, both bytecode O0.
-Without a target: the time a capture takes (first call, compile included) with the interpreter's
-generic instructions run in C (kiln._C.bytecode_steps) against all of them in Python's handlers,
-for the three seed workloads and for a loop of Python-level work on small tensors. --threads 1 shows the
+Without a target: the time a capture takes (a new wrapper's first call, compile included; the code
+objects' decoded tables are kept) with the interpreter's generic instructions run in C
+(kiln._C.bytecode_steps) against all of them in Python's handlers, for the three seed workloads and
+for a loop of Python-level work on small tensors. --threads 1 shows the
   same figure without kiln's worker threads, which sleep while Python runs between the two graphs.
 """
 import argparse
@@ -106,7 +107,7 @@ def python_heavy(x, n):
 
 
 def bench_capture(quick):
-    """Capture time with C steps against Python handlers only (bytecode._STEPS_IN_C)."""
+    """Capture time with C steps against Python handlers only (bytecode.STEPS_IN_C)."""
     import time
 
     from kiln.jit import bytecode
@@ -121,11 +122,10 @@ def bench_capture(quick):
     pos = kiln.Tensor(np.arange(8).reshape(1, 8).astype(np.int64))
     work = {"seed workloads": [(models.simple_function, (a, b, c)), (block, (x,)), (att, (xa, pos))],
             "Python-level loop": [(python_heavy, (a, 150))]}
-    saved = bytecode._STEPS_IN_C
+    saved = bytecode.STEPS_IN_C
 
     def capture(calls, in_c):
-        bytecode._STEPS_IN_C = in_c
-        bytecode.Code._cache.clear()
+        bytecode.STEPS_IN_C = in_c
         t0 = time.perf_counter()
         for fn, args in calls:
             if hasattr(fn, "__code__"):
@@ -141,8 +141,7 @@ def bench_capture(quick):
             print(f"{'capture, ' + name + ' (C steps), ms':<46} {t_c * 1e3:10.3f} ms       Python handlers      "
                   f"{t_py * 1e3:10.3f}  ratio {t_c / t_py:6.3f} (no target)")
     finally:
-        bytecode._STEPS_IN_C = saved
-        bytecode.Code._cache.clear()
+        bytecode.STEPS_IN_C = saved
 
 
 def main():

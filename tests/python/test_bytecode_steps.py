@@ -13,14 +13,12 @@ from test_bytecode_capture import bc, close, t
 
 @contextlib.contextmanager
 def python_handlers_only():
-    saved = bytecode._STEPS_IN_C
-    bytecode._STEPS_IN_C = False
-    bytecode.Code._cache.clear()
+    saved = bytecode.STEPS_IN_C
+    bytecode.STEPS_IN_C = False
     try:
         yield
     finally:
-        bytecode._STEPS_IN_C = saved
-        bytecode.Code._cache.clear()
+        bytecode.STEPS_IN_C = saved
 
 
 def shuffles(x, y, n):

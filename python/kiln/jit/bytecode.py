@@ -29,7 +29,7 @@ from . import guards, sym_scalar
 from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
-_STEPS_IN_C = _C.bytecode_steps_supported()
+STEPS_IN_C = _C.bytecode_steps_supported()  # False: every instruction in Python's handlers (for comparisons)
 _JREL = frozenset(dis.hasjrel)
 _BINARY = [getattr(operator, n) for n in (
     "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_", "pow", "rshift", "sub", "truediv", "xor",
@@ -96,7 +96,7 @@ class Code:
         # the instructions C runs (kiln._C.bytecode_steps: moves of values, operators, jumps), the rest
         # by the Python handlers; inside a try or without a line, Python's
         self.steps, self.fast = None, None
-        if _STEPS_IN_C:
+        if _C.bytecode_steps_supported():
             rows = [(-1 if ins[2] in self.covered or ins[3] is None or ins[0] == "BEFORE_WITH" else op, ins[1] or 0,
                      -1 if ins[5] is None else self.at[ins[5]], -1 if ins[3] is None else ins[3], ins[2])
                     for op, ins in zip(ops, self.ins)]
@@ -289,7 +289,8 @@ class Interpreter:
         depth = len(self.frames)
         while True:
             frame = self.frames[-1]
-            if steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]:
+            if (steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]
+                    and STEPS_IN_C):
                 if self.capture and frame.executed is None:
                     frame.executed = set()
                 set_loc = self.set_loc if self.capture else None
