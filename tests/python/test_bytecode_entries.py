@@ -6,7 +6,6 @@ import gc
 import sys
 import weakref
 
-import numpy as np
 
 import kiln
 from test_bytecode_capture import bc, close, t  # the helpers of the bytecode tests

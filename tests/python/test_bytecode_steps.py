@@ -3,10 +3,8 @@ run in C (kiln._C.bytecode_steps, src/python/bytecode_steps.c), the others in Py
 Captures and Python runs give eager's results with C steps and without them."""
 import contextlib
 
-import numpy as np
 import pytest
 
-import kiln
 from kiln.jit import bytecode
 from test_bytecode_capture import bc, close, t
 
