@@ -58,9 +58,9 @@ class Piece:
 
 
 class Entries:
-    """The compiled pieces of a function for one set of options, keyed by (resume point, call key),
-    with what their captures found: shared by every kiln.jit wrapper of that function with those
-    options (see entries_of)."""
+    """The compiled pieces of a code object for one set of options, keyed by (resume point, call
+    key), with what their captures found: shared by every kiln.jit wrapper of a function of that
+    code with those options (see entries_of); a Cell's or a method's are its wrapper's own."""
     __slots__ = ("cache", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
 
     def __init__(self):
@@ -291,7 +291,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             frames = value
         else:
             owner.stats.hits += 1
-            if owner._last is None:  # (compiled by another wrapper of the function: see entries_of)
+            if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
             outs = _execute(owner, piece, leaves)
             value = tree.unflatten(piece.out_spec, outs)[0]
