@@ -9,7 +9,11 @@ Targets (issue 12):
   captured like trace mode from the function itself (ast: its converted source; bytecode: the
   function), so the forward+backward rows time that graph;
 - a function with one graph break in the middle (print of a Python scalar between two blocks of
-  tensor work) <= 1.5x the same function without the break, both bytecode O0. --threads 1 shows the
+  tensor work) <= 1.5x the same function without the break, both bytecode O0.
+Without a target: the time a capture takes (a new wrapper's first call, compile included; the code
+objects' decoded tables are kept) with the interpreter's generic instructions run in C
+(kiln._C.bytecode_steps) against all of them in Python's handlers, for the three seed workloads and
+for a loop of Python-level work on small tensors. --threads 1 shows the
   same figure without kiln's worker threads, which sleep while Python runs between the two graphs.
 """
 import argparse
@@ -89,6 +93,57 @@ def bench_break(quick):
                t_brk / t_plain, 1.5)
 
 
+def python_heavy(x, n):
+    acc, parts = x, [x * 0.5, x - 1.0]
+    for k in range(n):
+        a, b = parts[0], parts[1]
+        if k % 3 == 0 and k is not None:
+            acc = acc + a * (k + 1)
+        elif k > 2:
+            acc = acc - b
+        else:
+            acc = (acc, b)[0] * 1.5
+    return acc
+
+
+def bench_capture(quick):
+    """Capture time with C steps against Python handlers only (bytecode.STEPS_IN_C)."""
+    import time
+
+    from kiln.jit import bytecode
+
+    rng = np.random.default_rng(5)
+    a, b, c = (kiln.Tensor(rng.standard_normal((2, 3)).astype(np.float32)) for _ in range(3))
+    block = models.BasicBlock(channels=16)
+    block.set_train(False)
+    x = kiln.Tensor(rng.standard_normal((1, 16, 8, 8)).astype(np.float32))
+    att = models.LlamaAttention(hidden_size=64, num_heads=4, num_kv_heads=2)
+    xa = kiln.Tensor(rng.standard_normal((1, 8, 64)).astype(np.float32))
+    pos = kiln.Tensor(np.arange(8).reshape(1, 8).astype(np.int64))
+    work = {"seed workloads": [(models.simple_function, (a, b, c)), (block, (x,)), (att, (xa, pos))],
+            "Python-level loop": [(python_heavy, (a, 150))]}
+    saved = bytecode.STEPS_IN_C
+
+    def capture(calls, in_c):
+        bytecode.STEPS_IN_C = in_c
+        t0 = time.perf_counter()
+        for fn, args in calls:
+            if hasattr(fn, "__code__"):
+                kiln._C.code_entries(fn.__code__).clear()  # (a plain function's entries live on its code)
+            kiln.jit(fn, capture_mode="bytecode", jit_level="O0")(*args)
+        return time.perf_counter() - t0
+
+    try:
+        for name, calls in work.items():
+            t_c = t_py = float("inf")
+            for _ in range(3 if quick else 7):
+                t_c, t_py = min(t_c, capture(calls, True)), min(t_py, capture(calls, False))
+            print(f"{'capture, ' + name + ' (C steps), ms':<46} {t_c * 1e3:10.3f} ms       Python handlers      "
+                  f"{t_py * 1e3:10.3f}  ratio {t_c / t_py:6.3f} (no target)")
+    finally:
+        bytecode.STEPS_IN_C = saved
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -110,6 +165,7 @@ def main():
     ok = bench_module("LlamaAttention", att, (xa, pos), args.quick) and ok
     ok = bench_module("LlamaAttention", att, (xa, pos), args.quick, backward=True) and ok
     ok = bench_break(args.quick) and ok
+    bench_capture(args.quick)
     return 0 if ok else 1
 
 

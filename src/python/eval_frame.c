@@ -13,8 +13,10 @@
  * CPython 3.11 only: in 3.11 the caller of the frame evaluator (_PyEval_Vector) clears and pops
  * the frame after it returns, so skipping evaluation needs nothing else; the frame layout and
  * that contract change with the version, so other versions get a clear error from run_hooked.
- * Reference notes: the co_extra slot owns a reference to its callback; run_hooked restores the
- * evaluator it found. */
+ * code_entries(code) keeps a dict in a second co_extra slot: the compiled entries of the code
+ * (python/kiln/jit/code_cache.py), freed with the code object.
+ * Reference notes: the co_extra slots own a reference to their callback and dict; run_hooked
+ * restores the evaluator it found. */
 #include "pykiln.h"
 
 #define KILN_EVAL_FRAME_SUPPORTED (PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000)
@@ -30,11 +32,33 @@ static Py_ssize_t slot = -1;
 static _Thread_local int suspended;
 static _Thread_local Py_ssize_t hook_calls; /* frames the hook handed to a callback (for tests) */
 
+static Py_ssize_t entries_slot = -1; /* the compiled entries of a code object (kiln/jit/code_cache.py) */
+
 static void release_callback(void *cb) { Py_XDECREF((PyObject *)cb); }
 
 static int ensure_slot(void) {
     if (slot < 0) slot = _PyEval_RequestCodeExtraIndex(release_callback);
-    return slot < 0 ? -1 : 0;
+    if (entries_slot < 0) entries_slot = _PyEval_RequestCodeExtraIndex(release_callback);
+    return slot < 0 || entries_slot < 0 ? -1 : 0;
+}
+
+/* code_entries(code): the dict kept in the code object's co_extra for its compiled entries, made
+ * empty on first use; it goes when the code object goes. What it holds must not lead back to the
+ * code object: the garbage collector does not see co_extra, so such a cycle would never be freed. */
+static PyObject *py_code_entries(PyObject *module, PyObject *code) {
+    (void)module;
+    if (!PyCode_Check(code)) return PyErr_Format(PyExc_TypeError, "code_entries: expected a code object");
+    void *d = NULL;
+    if (ensure_slot() < 0 || _PyCode_GetExtra(code, entries_slot, &d) < 0) return NULL;
+    if (!d) {
+        d = PyDict_New();
+        if (!d) return NULL;
+        if (_PyCode_SetExtra(code, entries_slot, d) < 0) {
+            Py_DECREF((PyObject *)d);
+            return NULL;
+        }
+    }
+    return Py_NewRef((PyObject *)d);
 }
 
 /* mark(code, callback or None): sets (None: clears) the callback of a code object. */
@@ -137,6 +161,8 @@ static PyMethodDef eval_frame_functions[] = {
      "eval_frame_mark(code, callback): the frame hook hands frames of code to callback(function, arguments)"},
     {"eval_frame_marked", py_marked, METH_O, "eval_frame_marked(code) -> the callback marked on code, or None"},
     {"eval_frame_suspend", py_suspend, METH_O, "eval_frame_suspend(on) -> previous: turn the hook off for this thread"},
+    {"code_entries", py_code_entries, METH_O,
+     "code_entries(code) -> the dict of compiled entries kept with code (in its co_extra; it dies with code)"},
     {"eval_frame_calls", py_hook_calls, METH_NOARGS, "eval_frame_calls() -> frames handed to a callback so far"},
     {"run_hooked", py_run_hooked, METH_VARARGS, "run_hooked(fn, args, kwargs): call fn with the frame hook installed"},
     {NULL, NULL, 0, NULL},

@@ -625,8 +625,8 @@ static PyObject *recorder_side_effect(PyObject *self, PyObject *cell_writes) {
     return e;
 }
 
-/* guard_set(): (the GuardSet of the guards recorded, the description of each). */
-static PyObject *recorder_guard_set(PyObject *self, PyObject *unused) {
+/* guard_specs(): ([(root, path, expected, mode) of each guard recorded], [the description of each]). */
+static PyObject *recorder_guard_specs(PyObject *self, PyObject *unused) {
     (void)unused;
     PyGuardRecorder *r = (PyGuardRecorder *)self;
     PyObject *specs = PyList_New(0), *names = PyList_New(0), *result = NULL;
@@ -638,11 +638,20 @@ static PyObject *recorder_guard_set(PyObject *self, PyObject *unused) {
             Py_CLEAR(specs);
         Py_XDECREF(spec);
     }
-    PyObject *set = specs && names ? pykiln_guardset_new(specs) : NULL;
-    if (set) result = PyTuple_Pack(2, set, names);
-    Py_XDECREF(set);
+    if (specs && names) result = PyTuple_Pack(2, specs, names);
     Py_XDECREF(specs);
     Py_XDECREF(names);
+    return result;
+}
+
+/* guard_set(): (the GuardSet of the guards recorded, the description of each). */
+static PyObject *recorder_guard_set(PyObject *self, PyObject *unused) {
+    PyObject *specs = recorder_guard_specs(self, unused), *result = NULL;
+    if (!specs) return NULL;
+    PyObject *set = pykiln_guardset_new(PyTuple_GET_ITEM(specs, 0));
+    if (set) result = PyTuple_Pack(2, set, PyTuple_GET_ITEM(specs, 1));
+    Py_XDECREF(set);
+    Py_DECREF(specs);
     return result;
 }
 
@@ -717,6 +726,8 @@ static PyMethodDef recorder_methods[] = {
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},
     {"guard_set", recorder_guard_set, METH_NOARGS, "guard_set() -> (GuardSet, description of each guard)"},
+    {"guard_specs", recorder_guard_specs, METH_NOARGS,
+     "guard_specs() -> ([(root, path, expected, mode) of each guard], description of each)"},
     {NULL, NULL, 0, NULL},
 };
 

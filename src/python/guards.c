@@ -9,13 +9,26 @@
  *     ABSENT    the last step finds nothing (a global not defined, so a builtin is used)
  *     METHOD    a bound method of the same function and the same self
  *     VERSION   expected is the storage version the tensor found had (an in-place write changes it)
+ *     WEAK      the same object as the token expected: a weakref to it (dead: fails) or its id, for an
+ *               object that takes no weakref (its contents read are guarded beside it)
+ *     WEAK_METHOD  (0, function token, self token): a bound method of those; (1, name, self token): a
+ *               builtin's bound method of that name and self
+ * A spec may name how its root is found, as a fifth item (a GuardSet kept with a code object holds
+ * nothing that leads back to the code: see python/kiln/jit/code_cache.py):
+ *     ROOT_OBJECT   root is the object (the default)
+ *     ROOT_WEAK     root is a weakref, or (weakref, attribute name): its referent (or that attribute
+ *                   of it); a dead referent fails the guard
+ *     ROOT_GLOBALS  the globals of the function being called (root is None)
+ *     ROOT_CELL     closure cell number root of the function being called
+ * The function being called is check(fn)'s argument, else the set's context (GuardSet(specs, fn)).
  * Checked per call by kiln.jit's C fast path (dispatcher.c) and by the Python slow path.
- * Reference notes: the set owns references to roots, step keys and expected values. */
+ * Reference notes: the set owns references to roots, step keys, expected values and its context. */
 #include <string.h>
 
 #include "pykiln.h"
 
 enum { STEP_ATTR, STEP_ITEM, STEP_CELL };
+enum { ROOT_OBJECT, ROOT_WEAK, ROOT_GLOBALS, ROOT_CELL, ROOT_KIND_COUNT };
 
 typedef struct {
     int kind;
@@ -23,9 +36,11 @@ typedef struct {
 } guard_step;
 
 typedef struct {
-    PyObject *root;     /* owned */
-    PyObject *expected; /* owned */
+    PyObject *root;      /* owned */
+    PyObject *root_attr; /* owned; ROOT_WEAK with an attribute name, else NULL */
+    PyObject *expected;  /* owned */
     int mode;
+    int root_kind;
     int nsteps;
     guard_step *steps;
     uint64_t dict_version; /* one item step on a dict: the dict's version when the guard last held */
@@ -36,11 +51,13 @@ typedef struct {
     guard *guards;
     Py_ssize_t n;
     Py_ssize_t checks; /* how many times the set was checked (for tests of the fast path) */
+    PyObject *context; /* owned or NULL: the function ROOT_GLOBALS and ROOT_CELL read when check() names none */
 } PyGuardSet;
 
 static void free_guards(PyGuardSet *g) {
     for (Py_ssize_t k = 0; k < g->n; k++) {
         Py_CLEAR(g->guards[k].root);
+        Py_CLEAR(g->guards[k].root_attr);
         Py_CLEAR(g->guards[k].expected);
         for (int s = 0; s < g->guards[k].nsteps; s++) Py_CLEAR(g->guards[k].steps[s].key);
         PyMem_Free(g->guards[k].steps);
@@ -48,6 +65,7 @@ static void free_guards(PyGuardSet *g) {
     PyMem_Free(g->guards);
     g->guards = NULL;
     g->n = 0;
+    Py_CLEAR(g->context);
 }
 
 static int same_value(PyObject *a, PyObject *b) {
@@ -75,12 +93,46 @@ static int same_value(PyObject *a, PyObject *b) {
     return 0; /* other kinds are guarded by identity */
 }
 
-static int check_value(const guard *g);
+static int check_value(const guard *g, PyObject *root);
 
-/* The object the guard's path reaches (new reference), or NULL with *absent set when a step
- * found nothing; NULL without *absent is an error (set). */
-static PyObject *walk(const guard *g, int *absent) {
-    PyObject *cur = g->root;
+/* The object a token names is v: a weakref's live referent, or the object whose id the token is. */
+static int token_is(PyObject *token, PyObject *v) {
+    if (PyWeakref_Check(token)) {
+        PyObject *o = PyWeakref_GET_OBJECT(token);
+        return o != Py_None && o == v;
+    }
+    if (PyLong_Check(token)) return PyLong_AsVoidPtr(token) == (void *)v;
+    return token == v;
+}
+
+/* The guard's root for a call of func (new reference), or NULL (no error) when it cannot be found:
+ * a dead weakref, no function, a cell number past its closure. */
+static PyObject *resolve_root(const guard *g, PyObject *func) {
+    switch (g->root_kind) {
+    case ROOT_WEAK: {
+        PyObject *o = PyWeakref_GET_OBJECT(g->root);
+        if (o == Py_None) return NULL;
+        if (!g->root_attr) return Py_NewRef(o);
+        PyObject *r = PyObject_GetAttr(o, g->root_attr);
+        if (!r) PyErr_Clear();
+        return r;
+    }
+    case ROOT_GLOBALS:
+        return func && PyFunction_Check(func) ? Py_NewRef(PyFunction_GET_GLOBALS(func)) : NULL;
+    case ROOT_CELL: {
+        PyObject *closure = func && PyFunction_Check(func) ? PyFunction_GET_CLOSURE(func) : NULL;
+        Py_ssize_t k = PyLong_AsSsize_t(g->root);
+        return closure && k >= 0 && k < PyTuple_GET_SIZE(closure) ? Py_NewRef(PyTuple_GET_ITEM(closure, k)) : NULL;
+    }
+    default:
+        return Py_NewRef(g->root);
+    }
+}
+
+/* The object the guard's path reaches from root (new reference), or NULL with *absent set when a
+ * step found nothing; NULL without *absent is an error (set). */
+static PyObject *walk(const guard *g, PyObject *root, int *absent) {
+    PyObject *cur = root;
     Py_INCREF(cur);
     *absent = 0;
     for (int s = 0; s < g->nsteps; s++) {
@@ -135,18 +187,20 @@ static uint64_t dict_version(PyObject *d) {
 /* 1: holds, 0: fails, -1: error (set). A guard on one item of a dict that has not been written
  * since the guard last held still holds (the item is the same object; numbers, strings and
  * tuples cannot change in place). */
-static int check_one(guard *g) {
+static int check_one(guard *g, PyObject *func) {
+    PyObject *root = resolve_root(g, func);
+    if (!root) return 0;
     bool one_item = g->nsteps == 1 && g->steps[0].kind == STEP_ITEM;
-    uint64_t version = one_item ? dict_version(g->root) : 0;
-    if (version && version == g->dict_version) return 1;
-    int r = check_value(g);
+    uint64_t version = one_item ? dict_version(root) : 0;
+    int r = version && version == g->dict_version ? 1 : check_value(g, root);
     if (r == 1) g->dict_version = version;
+    Py_DECREF(root);
     return r;
 }
 
-static int check_value(const guard *g) {
+static int check_value(const guard *g, PyObject *root) {
     int absent;
-    PyObject *v = walk(g, &absent);
+    PyObject *v = walk(g, root, &absent);
     if (!v) return absent ? g->mode == GUARD_ABSENT : -1;
     int r;
     switch (g->mode) {
@@ -160,6 +214,19 @@ static int check_value(const guard *g) {
                                        PyMethod_GET_FUNCTION(v) == PyMethod_GET_FUNCTION(g->expected) &&
                                        PyMethod_GET_SELF(v) == PyMethod_GET_SELF(g->expected);
         break;
+    case GUARD_WEAK: r = token_is(g->expected, v); break;
+    case GUARD_WEAK_METHOD: { /* expected: (0, function token, self token) or (1, name, self token) */
+        PyObject *how = PyTuple_GET_ITEM(g->expected, 0), *a = PyTuple_GET_ITEM(g->expected, 1),
+                 *self = PyTuple_GET_ITEM(g->expected, 2);
+        if (PyLong_AsLong(how) == 0) {
+            r = PyMethod_Check(v) && token_is(a, PyMethod_GET_FUNCTION(v)) && token_is(self, PyMethod_GET_SELF(v));
+        } else {
+            PyObject *bound = PyCFunction_Check(v) ? PyCFunction_GET_SELF(v) : NULL;
+            r = PyCFunction_Check(v) && bound && token_is(self, bound) &&
+                strcmp(((PyCFunctionObject *)v)->m_ml->ml_name, PyUnicode_AsUTF8(a)) == 0;
+        }
+        break;
+    }
     case GUARD_VERSION:
         r = pykiln_is_tensor(v) && PyLong_AsLongLong(g->expected) == kiln_tensor_version(pykiln_unwrap(v));
         break;
@@ -171,10 +238,11 @@ static int check_value(const guard *g) {
 
 /* Index of the first guard that fails, or -1 when all hold. A guard whose path raises counts as
  * failing (the error is cleared): the caller then recaptures, where the function meets it itself. */
-static Py_ssize_t first_failure(PyGuardSet *g) {
+static Py_ssize_t first_failure(PyGuardSet *g, PyObject *func) {
     g->checks++;
+    if (!func) func = g->context;
     for (Py_ssize_t k = 0; k < g->n; k++) {
-        int r = check_one(&g->guards[k]);
+        int r = check_one(&g->guards[k], func);
         if (r < 0) PyErr_Clear();
         if (r != 1) return k;
     }
@@ -182,7 +250,7 @@ static Py_ssize_t first_failure(PyGuardSet *g) {
 }
 
 int pykiln_guards_hold(PyObject *guards) {
-    return first_failure((PyGuardSet *)guards) < 0;
+    return first_failure((PyGuardSet *)guards, NULL) < 0;
 }
 
 static int parse_step(PyObject *item, guard_step *st) {
@@ -214,14 +282,43 @@ static int parse_step(PyObject *item, guard_step *st) {
     return -1;
 }
 
+static int parse_root(PyObject *root, int kind, guard *g) {
+    PyObject *attr = NULL;
+    if (kind == ROOT_WEAK && PyTuple_Check(root) && PyTuple_GET_SIZE(root) == 2 &&
+        PyUnicode_Check(PyTuple_GET_ITEM(root, 1))) {
+        attr = PyTuple_GET_ITEM(root, 1);
+        root = PyTuple_GET_ITEM(root, 0);
+    }
+    if ((kind == ROOT_WEAK && !PyWeakref_Check(root)) || (kind == ROOT_CELL && !PyLong_Check(root)) ||
+        (kind == ROOT_GLOBALS && root != Py_None)) {
+        PyErr_Format(PyExc_TypeError, "GuardSet: root %R does not fit root kind %d", root, kind);
+        return -1;
+    }
+    g->root = Py_NewRef(root);
+    g->root_attr = Py_XNewRef(attr);
+    g->root_kind = kind;
+    return 0;
+}
+
 static int parse_guard(PyObject *item, guard *g) {
     PyObject *root, *path, *expected;
-    int mode;
-    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OO!Oi:GuardSet", &root, &PyTuple_Type, &path, &expected,
-                                                  &mode))
+    int mode, root_kind = ROOT_OBJECT;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OO!Oi|i:GuardSet", &root, &PyTuple_Type, &path, &expected,
+                                                  &mode, &root_kind))
         return -1;
     if (mode < 0 || mode >= GUARD_MODE_COUNT) {
         PyErr_Format(PyExc_ValueError, "GuardSet: unknown guard mode %d", mode);
+        return -1;
+    }
+    if (root_kind < 0 || root_kind >= ROOT_KIND_COUNT) {
+        PyErr_Format(PyExc_ValueError, "GuardSet: unknown root kind %d", root_kind);
+        return -1;
+    }
+    if (mode == GUARD_WEAK_METHOD &&
+        (!PyTuple_Check(expected) || PyTuple_GET_SIZE(expected) != 3 || !PyLong_Check(PyTuple_GET_ITEM(expected, 0)) ||
+         (PyLong_AsLong(PyTuple_GET_ITEM(expected, 0)) == 1 && !PyUnicode_Check(PyTuple_GET_ITEM(expected, 1))))) {
+        PyErr_Format(PyExc_TypeError, "GuardSet: a WEAK_METHOD guard expects (0, function, self) or (1, name, self), "
+                                      "got %R", expected);
         return -1;
     }
     Py_ssize_t nsteps = PyTuple_GET_SIZE(path);
@@ -234,23 +331,22 @@ static int parse_guard(PyObject *item, guard *g) {
         if (parse_step(PyTuple_GET_ITEM(path, s), &g->steps[s]) < 0) return -1;
         g->nsteps = (int)s + 1;
     }
-    Py_INCREF(root);
-    Py_INCREF(expected);
-    g->root = root;
-    g->expected = expected;
+    if (parse_root(root, root_kind, g) < 0) return -1;
+    g->expected = Py_NewRef(expected);
     g->mode = mode;
     return 0;
 }
 
 static int guardset_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyGuardSet *g = (PyGuardSet *)self;
-    PyObject *list;
+    PyObject *list, *context = NULL;
     if (kwargs && PyDict_Size(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "GuardSet takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!:GuardSet", &PyList_Type, &list)) return -1;
+    if (!PyArg_ParseTuple(args, "O!|O:GuardSet", &PyList_Type, &list, &context)) return -1;
     free_guards(g);
+    g->context = context == Py_None ? NULL : Py_XNewRef(context);
     Py_ssize_t n = PyList_GET_SIZE(list);
     g->guards = PyMem_Calloc((size_t)(n ? n : 1), sizeof(guard));
     if (!g->guards) {
@@ -275,8 +371,10 @@ static int guardset_traverse(PyObject *self, visitproc visit, void *arg) {
     PyGuardSet *g = (PyGuardSet *)self;
     for (Py_ssize_t k = 0; k < g->n; k++) {
         Py_VISIT(g->guards[k].root);
+        Py_VISIT(g->guards[k].root_attr);
         Py_VISIT(g->guards[k].expected);
     }
+    Py_VISIT(g->context);
     return 0;
 }
 
@@ -285,14 +383,14 @@ static int guardset_clear(PyObject *self) {
     return 0;
 }
 
-static PyObject *guardset_check(PyObject *self, PyObject *unused) {
-    (void)unused;
-    return PyBool_FromLong(first_failure((PyGuardSet *)self) < 0);
+static PyObject *guardset_check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) return PyErr_Format(PyExc_TypeError, "GuardSet.check takes at most one function");
+    return PyBool_FromLong(first_failure((PyGuardSet *)self, nargs && args[0] != Py_None ? args[0] : NULL) < 0);
 }
 
-static PyObject *guardset_first_failure(PyObject *self, PyObject *unused) {
-    (void)unused;
-    return PyLong_FromSsize_t(first_failure((PyGuardSet *)self));
+static PyObject *guardset_first_failure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) return PyErr_Format(PyExc_TypeError, "GuardSet.first_failure takes at most one function");
+    return PyLong_FromSsize_t(first_failure((PyGuardSet *)self, nargs && args[0] != Py_None ? args[0] : NULL));
 }
 
 static Py_ssize_t guardset_len(PyObject *self) { return ((PyGuardSet *)self)->n; }
@@ -303,8 +401,10 @@ static PyObject *get_checks(PyObject *self, void *c) {
 }
 
 static PyMethodDef guardset_methods[] = {
-    {"check", guardset_check, METH_NOARGS, "whether every guard holds"},
-    {"first_failure", guardset_first_failure, METH_NOARGS, "index of the first guard that fails, or -1"},
+    {"check", (PyCFunction)(void (*)(void))guardset_check, METH_FASTCALL,
+     "check(fn=None): whether every guard holds (for a call of fn: the root of ROOT_GLOBALS and ROOT_CELL guards)"},
+    {"first_failure", (PyCFunction)(void (*)(void))guardset_first_failure, METH_FASTCALL,
+     "first_failure(fn=None): index of the first guard that fails, or -1"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -320,7 +420,8 @@ static PyTypeObject PyGuardSet_Type = {
     .tp_basicsize = sizeof(PyGuardSet),
     .tp_dealloc = guardset_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Guards on the Python state a capture read: GuardSet([(root, path, expected, mode), ...]).",
+    .tp_doc = "Guards on the Python state a capture read: GuardSet([(root, path, expected, mode[, root_kind]), ...]"
+              "[, context function]).",
     .tp_traverse = guardset_traverse,
     .tp_clear = guardset_clear,
     .tp_methods = guardset_methods,
@@ -344,7 +445,9 @@ int pykiln_guards_init_type(PyObject *module) {
         const char *name;
         int value;
     } modes[] = {{"GUARD_IDENTITY", GUARD_IDENTITY}, {"GUARD_VALUE", GUARD_VALUE}, {"GUARD_ABSENT", GUARD_ABSENT},
-                 {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}};
+                 {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}, {"GUARD_WEAK", GUARD_WEAK},
+                 {"GUARD_WEAK_METHOD", GUARD_WEAK_METHOD}, {"ROOT_OBJECT", ROOT_OBJECT}, {"ROOT_WEAK", ROOT_WEAK},
+                 {"ROOT_GLOBALS", ROOT_GLOBALS}, {"ROOT_CELL", ROOT_CELL}};
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
         if (PyModule_AddIntConstant(module, modes[k].name, modes[k].value) < 0) return -1;
     return 0;

@@ -88,7 +88,8 @@ int pykiln_model_init(PyObject *module);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 /* How a guard compares the value its path reaches with the one it expects (guards.c). */
-enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_MODE_COUNT };
+enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_WEAK, GUARD_WEAK_METHOD,
+       GUARD_MODE_COUNT };
 /* Registers GuardSet and its mode constants (guards.c). */
 int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);
@@ -142,6 +143,7 @@ int pykiln_cell_init(PyObject *module);
 int pykiln_custom_grad_init(PyObject *module);
 /* Registers the frame-evaluation hook of bytecode capture (eval_frame.c). */
 int pykiln_eval_frame_init(PyObject *module);
+int pykiln_bytecode_steps_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);
 /* Whether every guard of a GuardSet holds (a guard whose check raises fails; no error is left set). */

@@ -25,9 +25,11 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiates_by_pieces
-from . import guards
+from . import guards, sym_scalar
+from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
+STEPS_IN_C = _C.bytecode_steps_supported()  # False: every instruction in Python's handlers (for comparisons)
 _JREL = frozenset(dis.hasjrel)
 _BINARY = [getattr(operator, n) for n in (
     "add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_", "pow", "rshift", "sub", "truediv", "xor",
@@ -66,13 +68,15 @@ class Unsupported(Exception):
 class Code:
     """A code object's decoded instructions with resolved jump targets (cached per code object,
     while it lives: the cache holds neither the code object nor, past its end, its entry)."""
-    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered")
+    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered", "steps", "fast")
     _cache = {}  # id(code) -> Code, removed when the code object goes
 
     def __init__(self, code):
         self._code = weakref.ref(code)
         self.ins = []
+        ops = []
         for op, arg, offset, line, name in _C.decode(code):
+            ops.append(op)
             target = None
             if op in _JREL:
                 target = offset + 2 - 2 * arg if "BACKWARD" in _OP[op] else offset + 2 + 2 * arg
@@ -89,6 +93,14 @@ class Code:
         self.cpython_only = f"the instruction {missing}" if missing else None
         self.handlers = _exception_table(code.co_exceptiontable)  # (start, end, target, depth, lasti)
         self.covered = frozenset(o for o in self.at if any(h[0] <= o < h[1] for h in self.handlers))
+        # the instructions C runs (kiln._C.bytecode_steps: moves of values, operators, jumps), the rest
+        # by the Python handlers; inside a try or without a line, Python's
+        self.steps, self.fast = None, None
+        if _C.bytecode_steps_supported():
+            rows = [(-1 if ins[2] in self.covered or ins[3] is None or ins[0] == "BEFORE_WITH" else op, ins[1] or 0,
+                     -1 if ins[5] is None else self.at[ins[5]], -1 if ins[3] is None else ins[3], ins[2])
+                    for op, ins in zip(ops, self.ins)]
+            self.steps, self.fast = _C.bytecode_table(rows, code.co_consts, code.co_filename)
 
     def handler_at(self, offset):
         """The exception table entry covering the instruction at offset, or None."""
@@ -243,6 +255,8 @@ class Interpreter:
         self.keep = []  # keeps those objects alive so their ids stay theirs
         self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
+        self.symbolic = False  # the frames hold SymScalars (kiln.jit.sym_scalar): instructions are checked
+        self.scalar_values = {}  # id(tensor of a SymScalar) -> the real 0-d tensor (the capture's input)
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -275,6 +289,20 @@ class Interpreter:
         depth = len(self.frames)
         while True:
             frame = self.frames[-1]
+            if (steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]
+                    and STEPS_IN_C):
+                if self.capture and frame.executed is None:
+                    frame.executed = set()
+                set_loc = self.set_loc if self.capture else None
+                try:  # the instructions C runs, up to the next one for Python
+                    at_line = _C.bytecode_steps(frame.code.steps, frame, NULL, self.created, self.keep, set_loc,
+                                                loc[1] if loc is not None and loc[0] is frame else -1)
+                except Exception as e:
+                    if self.capture or not self.unwind(e, depth):
+                        raise
+                    continue
+                if set_loc is not None and at_line >= 0:
+                    loc = (frame, at_line)
             op, arg, offset, line, name, target = frame.code.ins[frame.pc]
             if self.capture:
                 if frame.executed is None:
@@ -285,6 +313,8 @@ class Interpreter:
                     self.set_loc(f"{frame.code.code.co_filename}:{line}")
                 if offset in frame.code.covered or op == "BEFORE_WITH":
                     return "break", "try/with (run in Python)"
+            if self.symbolic:
+                sym_scalar.check(op, arg, frame.stack)
             try:
                 result = _HANDLERS[op](self, frame, arg, name, target)  # (Code.cpython_only: all have one)
             except GraphBreak as e:
@@ -342,6 +372,8 @@ class Interpreter:
                     and not target.__dict__.get("_jitted") and not getattr(target, "_kiln_hooks", None)):
                 _C.log_cell_call(target)
                 return self.inline(construct, (target,) + tuple(args), kwargs)
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {type(target).__name__}")
             return self.run_known(fn, args, kwargs)
         if isinstance(target, types.FunctionType) and guards.is_user_code(target.__code__):
             if bound_self is not None:
@@ -374,6 +406,8 @@ class Interpreter:
             if isinstance(fn, types.FunctionType) and fn.__code__.co_flags & _GENERATOR_FLAGS:
                 self.brk(f"a generator ({fn.__qualname__})")
             self.brk(f"a call of {getattr(fn, '__qualname__', type(fn).__name__)} (an unknown function)")
+        if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+            raise Specialize(f"a symbolic scalar passed to {getattr(fn, '__qualname__', type(fn).__name__)}")
         return self.run_known(fn, args, kwargs)
 
     def run_known(self, fn, args, kwargs):
@@ -384,6 +418,9 @@ class Interpreter:
 
     def inline(self, func, args, kwargs):
         code = func.__code__
+        if self.symbolic and (code.co_flags & (0x0C | _GENERATOR_FLAGS) or Code.of(code).cpython_only) and (
+                sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+            raise Specialize(f"a symbolic scalar passed to {func.__qualname__} (*args, **kwargs or run by CPython)")
         if code.co_flags & _GENERATOR_FLAGS:
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
@@ -394,6 +431,8 @@ class Interpreter:
         try:
             bound = bind(func, args, kwargs)
         except TypeError:
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {func.__qualname__}") from None
             return func(*args, **kwargs)  # the same error eager raises
         for v in bound:
             if isinstance(v, (list, dict)) and code.co_flags & 0x0C:
@@ -582,8 +621,10 @@ def h_store_attr(it, f, arg, name, target):
 
 
 def h_binary_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    lhs = f.stack.pop()
+    rhs, lhs = f.stack[-1], f.stack[-2]
+    if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
+        lhs, rhs = sym_scalar.operands(lhs, rhs)
+    del f.stack[-2:]
     f.stack.append(_BINARY[arg](lhs, rhs))
     _next(f)
 
@@ -603,8 +644,11 @@ def h_unary_not(it, f, arg, name, target):
 
 
 def h_compare_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    f.stack[-1] = _COMPARE[arg](f.stack[-1], rhs)
+    rhs, lhs = f.stack[-1], f.stack[-2]
+    if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
+        lhs, rhs = sym_scalar.operands(lhs, rhs)
+    f.stack.pop()
+    f.stack[-1] = _COMPARE[arg](lhs, rhs)
     _next(f)
 
 
@@ -947,7 +991,10 @@ def h_with_except_start(it, f, arg, name, target):
 
 
 def h_return_value(it, f, arg, name, target):
-    value = f.stack.pop()
+    value = f.stack[-1]
+    if len(it.frames) == 1 and it.symbolic and isinstance(value, SymScalar):
+        raise Specialize("a symbolic scalar returned")
+    f.stack.pop()
     it.frames.pop()
     if not it.frames:
         return (value,)
@@ -1005,47 +1052,74 @@ class _Tag:
 
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
+_FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
+_SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
+TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
 class _ByIdentity:
-    """An object kept in a state by identity (hashable whatever its type is)."""
-    __slots__ = ("obj",)
+    """An object kept in a state by identity (hashable whatever its type is): through a weakref
+    when it takes one and is not a tensor (a state is part of entries kept with a code object,
+    which must not lead back to it: kiln.jit.code_cache); a dead one equals nothing."""
+    __slots__ = ("_ref", "_obj", "_id")
 
     def __init__(self, obj):
-        self.obj = obj
+        self._id = id(obj)
+        self._ref, self._obj = None, obj
+        if not isinstance(obj, _C.TensorBase):
+            try:
+                self._ref, self._obj = weakref.ref(obj), None
+            except TypeError:
+                pass
+
+    @property
+    def obj(self):
+        if self._ref is None:
+            return self._obj
+        o = self._ref()
+        if o is None:
+            raise Unsupported("an object a compiled state names no longer exists")
+        return o
 
     def __eq__(self, other):
-        return isinstance(other, _ByIdentity) and other.obj is self.obj
+        if not isinstance(other, _ByIdentity) or other._id != self._id:
+            return False
+        a = self._obj if self._ref is None else self._ref()
+        return a is not None and a is (other._obj if other._ref is None else other._ref())
 
     def __hash__(self):
-        return id(self.obj)
+        return self._id
 
 
-def _hashable(v):
-    try:
-        hash(v)
-        return True
-    except TypeError:
-        return False
+def frame_function(tok, top):
+    """The function a frozen frame names (TOP: top, the function called)."""
+    return top if tok is TOP else tok.obj
 
 
 _ATOMS = frozenset((type(None), int, float, bool, str, _Null))  # kept in a state as they are
 _CONTAINERS = frozenset((tuple, list, dict))
 
 
-def freeze(frames, interp, tracer=None):
+def freeze(frames, interp, tracer=None, symbolic=False):
     """The frames as a nested tuple tree.flatten can take: tensors as leaves (a tensor the
     capture did not make — a parameter — by identity), containers rebuilt, iterators and cells
-    tagged. Raises Unsupported for a state it cannot rebuild."""
+    tagged. symbolic: the ints and floats of locals and stacks as 0-d tensors (SymScalars of the
+    next capture); a SymScalar is its tensor. Raises Unsupported for a state it cannot rebuild."""
     free_cells = {}
-    for fr in frames:
+    for i, fr in enumerate(frames):
         cells = fr.func.__closure__ or ()
         for k, c in enumerate(cells):
-            free_cells[id(c)] = (fr, k)
+            free_cells.setdefault(id(c), (i, k))
 
     def conv(v, depth=0):
         if type(v) in _ATOMS:
+            if symbolic and depth == 0 and type(v) in (int, float):
+                t = sym_scalar.as_tensor(v)
+                if t is not None:
+                    return _SCALAR, t
             return v
+        if type(v) is SymScalar:
+            return _SCALAR, v.tensor
         if depth > 20:
             raise Unsupported("a state nested too deep")
         if _is_tensor(v):
@@ -1056,7 +1130,7 @@ def freeze(frames, interp, tracer=None):
             return _ITER, tuple(conv(x, depth + 1) for x in v.items[v.pos:])
         if isinstance(v, types.CellType):
             if id(v) in free_cells:
-                return _REF, _ByIdentity(v)
+                return _FREE, free_cells[id(v)]
             try:
                 return _CELL, conv(v.cell_contents, depth + 1)
             except ValueError:
@@ -1070,20 +1144,23 @@ def freeze(frames, interp, tracer=None):
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
             return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
+        if isinstance(v, types.MethodType):
+            return _BOUND, (conv(v.__func__, depth + 1), conv(v.__self__, depth + 1))
         if isinstance(v, types.FunctionType) and v.__closure__ and guards.is_user_code(v.__code__) and any(
                 id(c) not in free_cells for c in v.__closure__):  # (library code is never the captured code's)
             raise Unsupported("a function defined in the captured code is live at a graph break")
-        if _hashable(v) and not isinstance(v, (set, _C.TensorBase)):
+        if type(v) in (frozenset, complex, bytes, range):
             return v
         return _REF, _ByIdentity(v)
 
-    return tuple([(fr.func, fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
-                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for fr in frames])
+    return tuple([(TOP if i == 0 else _ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
+                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for i, fr in enumerate(frames)])
 
 
-def thaw(state, interp):
+def thaw(state, interp, top):
     """Frames from freeze()'s tuple (after tree.unflatten: fresh containers), their containers
-    noted in interp as created or foreign as they were."""
+    noted in interp as created or foreign as they were; top is the function called (TOP)."""
+    funcs = [frame_function(fr[0], top) for fr in state]
 
     def conv(v):
         if type(v) not in _CONTAINERS:
@@ -1092,12 +1169,22 @@ def thaw(state, interp):
             tag, payload = v
             if tag is _REF:
                 return payload.obj
+            if tag is _FREE:
+                return funcs[payload[0]].__closure__[payload[1]]
+            if tag is _SCALAR:
+                real = interp.scalar_values.get(id(payload))
+                if real is None:  # the state of a Python run: the number
+                    return sym_scalar.value_of(payload)
+                interp.symbolic = True
+                return SymScalar(payload, type(sym_scalar.value_of(real)), sym_scalar.value_of(real))
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:
                 return types.CellType(conv(payload)) if payload != () else types.CellType()
             if tag is _METHOD:
                 return getattr(conv(payload[0]), payload[1])
+            if tag is _BOUND:
+                return types.MethodType(conv(payload[0]), conv(payload[1]))
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.foreign.add(id(c))
@@ -1110,7 +1197,7 @@ def thaw(state, interp):
         return v
 
     frames = []
-    for func, offset, local_values, stack, kw_names in state:
+    for func, (_, offset, local_values, stack, kw_names) in zip(funcs, state):
         code = Code.of(func.__code__)
         frames.append(Frame(func, code, [conv(x) for x in local_values], [conv(x) for x in stack],
                             code.at[offset], kw_names))

@@ -23,7 +23,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, guards, piece_grad, tree
+from . import bytecode, code_cache, guards, piece_grad, tree
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -34,11 +34,11 @@ MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Py
 
 
 class Piece:
-    __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "returns", "reason", "where",
-                 "ops", "grad", "reads_grad")
+    __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "guard_specs", "returns", "reason",
+                 "where", "ops", "grad", "reads_grad")
 
     def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
-                 reads_grad=False):
+                 reads_grad=False, guard_specs=None):
         self.executable = executable  # with grad: the forward, returning the residuals after the outputs
         self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad, or None
         self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
@@ -47,29 +47,28 @@ class Piece:
         self.ops = self.graph_text.count(" = ")
         self.guards = guards_
         self.guard_names = guard_names
+        self.guard_specs = guard_specs  # the specs of guards (code_cache.weaken), or None: they hold their roots
         self.returns = returns  # True: the function's result; False: the state at a graph break
         self.reason = reason  # why the graph breaks after it (None when it returns)
         self.where = where  # "file:line" of the break instruction
 
-    def failed_guard(self):
-        k = self.guards.first_failure()
+    def failed_guard(self, fn=None):
+        k = self.guards.first_failure(fn)
         return None if k < 0 else self.guard_names[k]
 
 
 class Entries:
-    """The compiled pieces of a function for one set of options, keyed by (resume point, call key),
-    with what their captures found: shared by every kiln.jit wrapper of that function with those
-    options (see entries_of)."""
-    __slots__ = ("cache", "breaks", "count", "python_steps", "__weakref__")
+    """The compiled pieces of a code object for one set of options, keyed by (resume point, call
+    key), with what their captures found: shared by every kiln.jit wrapper of a function of that
+    code with those options (see entries_of); a Cell's or a method's are its wrapper's own."""
+    __slots__ = ("cache", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
 
     def __init__(self):
         self.cache = {}
         self.breaks = []  # (reason, where) of each graph break met, in order
         self.count = 0
         self.python_steps = set()  # positions whose instruction runs in Python whatever the state
-
-
-_ENTRIES = "__kiln_jit_entries__"
+        self.static_scalars = set()  # resume points whose ints and floats are constants (kiln.jit.sym_scalar)
 
 
 def _options_key(opts):
@@ -77,24 +76,19 @@ def _options_key(opts):
 
 
 def entries_of(fn, opts):
-    """The Entries of a plain function for these options, kept with the function object: wrappers
-    of one function (kiln.jit twice, or again after the first wrapper is gone) share them, and they
-    go when the function goes (a function and its entries reference each other only through
-    objects the garbage collector sees, so none outlives it; a code object's co_extra would hide
-    the cycle from the collector, since entries hold the function and its globals in their keys and
-    guards). Another function object of the same code (a closure made again, exec run again) has
-    its own: its closure cells and globals are other objects, which its guards must read."""
-    held = fn.__dict__.get(_ENTRIES)
-    if held is None or held[0] is not fn.__code__:
-        held = fn.__dict__[_ENTRIES] = (fn.__code__, {})
-    return held[1].setdefault(_options_key(opts), Entries())
+    """The Entries of a plain function's code for these options, kept with the code object
+    (kiln.jit.code_cache): wrappers of the code whose options agree share them (kiln.jit twice, a
+    closure made again, exec of the same code object), and they go when the code goes. Their
+    guards read the globals and closure cells of the function called."""
+    return code_cache.entries_dict(fn.__code__).setdefault(_options_key(opts), Entries())
 
 
 class Pieces:
     """The pieces of one jitted function (its Entries) and what its calls met."""
 
-    def __init__(self, owner, fn, prefix, entries):
+    def __init__(self, owner, fn, prefix, entries, shared=False):
         self.owner = owner  # the JitFunction
+        self.shared = shared  # entries kept with the code object (entries_of), shared by its wrappers
         self.fn, self.prefix = fn, prefix  # the Python function captured, the arguments before the call's
         self.entries = entries
         code = fn.__code__
@@ -120,9 +114,9 @@ class Pieces:
         if not entries:
             return None
         for e in entries:
-            if e.guards.check():
+            if e.guards.check(self.fn):
                 return e
-        self.recompiles.append((key[0], entries[-1].failed_guard()))
+        self.recompiles.append((key[0], entries[-1].failed_guard(self.fn)))
         return None
 
     def add(self, key, piece):
@@ -153,7 +147,9 @@ def capture_piece(owner, state, leaves, spec, grad=False):
                 if t.requires_grad and not a.requires_grad:
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
-        frames = bytecode.thaw(aliases_state, interp)
+        interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
+        top = owner._pieces.fn
+        frames = bytecode.thaw(aliases_state, interp, top)
         interp.frames = frames
         for f in frames:
             if f.code.cpython_only:
@@ -202,15 +198,21 @@ def capture_piece(owner, state, leaves, spec, grad=False):
     if isinstance(owner.fn, Cell):
         called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))
-    guard_set, guard_names = recorder.guard_set()
+    specs = None
+    if owner._pieces.shared:  # kept with the code object: guards that hold nothing leading back to it
+        specs, guard_names = recorder.guard_specs()
+        specs = code_cache.weaken(specs, top)
+        guard_set = _C.GuardSet(specs)
+    else:
+        guard_set, guard_names = recorder.guard_set()
     piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at, pgrad,
-                  reads_grad)
+                  reads_grad, specs)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
         return piece, "return", value, None
     run_interp = bytecode.Interpreter([], capture=False)
-    return piece, "break", bytecode.thaw(value, run_interp), run_interp
+    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp
 
 
 def _execute(jf, piece, leaves):
@@ -238,7 +240,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             stale = pieces.cache.get(key, ())
             if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
                 pieces.given_up = (f"compiled {len(stale)} times (recompile_limit="
-                                   f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard()} "
+                                   f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard(pieces.fn)} "
                                    "keeps changing")
                 if side_effects_done:
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
@@ -250,7 +252,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                                   "in Python", RuntimeWarning, stacklevel=4)
                 if not side_effects_done:  # nothing ran in Python yet: CPython runs the whole call
                     raise bytecode.Unsupported(pieces.given_up)
-                return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
             t0 = time.perf_counter()
             try:
                 piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
@@ -259,16 +261,24 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 if not side_effects_done:
                     raise
                 pieces.given_up = str(e)
-                return _finish_in_python(tree.unflatten(spec, list(leaves))[0])
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
+            except bytecode.Specialize:  # a symbolic scalar's value is needed: this point's scalars are constants
+                pieces.entries.static_scalars.add(_position_of_state(spec, leaves, pieces.fn))
+                interp = bytecode.Interpreter([], capture=False)
+                frames = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp, pieces.fn)
+                key, spec, leaves = state_key(bytecode.freeze(frames, interp))
+                key = grad_key(key, grad)
+                continue
             owner.stats.compile_seconds += time.perf_counter() - t0
-            if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves):
+            if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves,
+                                                                                                pieces.fn):
                 # the resume point's own instruction breaks, no graph before it: a Python step at this
                 # point from now on, whatever the state (no piece per value of a Python scalar)
                 pieces.python_steps.add(_position(value))
                 pieces.breaks.append((piece.reason, piece.where))
                 if grad:  # the frames on the call's own tensors (the capture's are detached)
                     interp = bytecode.Interpreter([], capture=False)
-                    value = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp)
+                    value = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp, pieces.fn)
             else:
                 owner.stats.compiles += 1
                 owner.stats.misses += 1
@@ -281,14 +291,14 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             frames = value
         else:
             owner.stats.hits += 1
-            if owner._last is None:  # (compiled by another wrapper of the function: see entries_of)
+            if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
             outs = _execute(owner, piece, leaves)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value
             interp = bytecode.Interpreter([], capture=False)
-            frames = bytecode.thaw(value, interp)
+            frames = bytecode.thaw(value, interp, pieces.fn)
         # the break instruction, in Python (and those of the Python steps after it)
         interp.frames = frames
         while True:
@@ -298,7 +308,8 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 return result
             if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
                 break
-        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp))
+        symbolic = not pieces.entries.static_scalars or _position(interp.frames) not in pieces.entries.static_scalars
+        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp, symbolic=symbolic))
         key = grad_key(key, grad)
 
 
@@ -313,13 +324,16 @@ def _skip_no_ops(code, pc):
 
 
 def _position(frames):
-    """Where frames stand: (function, offset of the next instruction that does something) of each."""
-    return tuple((f.func, _skip_no_ops(f.code, f.pc)) for f in frames)
+    """Where frames stand: (a weakref to the code, offset of the next instruction that does
+    something) of each (kept in Entries, with the code object: see kiln.jit.code_cache)."""
+    return tuple((weakref.ref(f.func.__code__), _skip_no_ops(f.code, f.pc)) for f in frames)
 
 
-def _position_of_state(spec, leaves):
+def _position_of_state(spec, leaves, top):
     state = tree.unflatten(spec, list(leaves))[0]
-    return tuple((s[0], _skip_no_ops(c, c.at[s[1]])) for s in state for c in (bytecode.Code.of(s[0].__code__),))
+    codes = [bytecode.frame_function(s[0], top).__code__ for s in state]
+    return tuple((weakref.ref(code), _skip_no_ops(c, c.at[s[1]]))
+                 for s, code in zip(state, codes) for c in (bytecode.Code.of(code),))
 
 
 def state_key(state):
@@ -330,9 +344,9 @@ def state_key(state):
     return key, spec, leaves
 
 
-def _finish_in_python(state):
+def _finish_in_python(state, top):
     interp = bytecode.Interpreter([], capture=False)
-    interp.frames = bytecode.thaw(state, interp)
+    interp.frames = bytecode.thaw(state, interp, top)
     prev = _C.eval_frame_suspend(False)
     try:
         return interp.run()[1]
@@ -391,7 +405,8 @@ def call(jf, args, kwargs):
             _give_up(jf, e)
             return jf._target()(*args, **kwargs)
         shared = not prefix and jf._self_ref is None  # a plain function (a Cell's or a method's are per wrapper)
-        pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries())
+        pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries(),
+                                         shared)
     else:
         fn, prefix = pieces.fn, pieces.prefix
         if jf._self_ref is not None:
@@ -404,7 +419,7 @@ def call(jf, args, kwargs):
         if hit is not None and jf._eager_reason is None and not (
                 ck[2][0] and (differentiating() or any(sig[2] for sig in ck[1]))):
             for piece in hit[2]:  # a function that is one graph: no state to rebuild
-                if piece.returns and piece.guards.check():
+                if piece.returns and piece.guards.check(fn):
                     jf.stats.hits += 1
                     return tree.unflatten(piece.out_spec, _execute(jf, piece, leaves))[0]
             try:
@@ -451,7 +466,7 @@ def entry_for(jf, args, kwargs):
         return None
     prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
     key, _, _ = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
-    return next((p for p in pieces.cache.get(key, ()) if p.guards.check()), None)
+    return next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
 
 
 def _give_up(jf, err):
@@ -497,7 +512,7 @@ def on_frame(jf, func, bound, pending):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if tuple(bound) == tuple(args) and not kwargs:
-            jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0]))
+            jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
     return result
 
 
@@ -505,6 +520,8 @@ class _FastView:
     """What JitFunction._register_fast reads of an entry, for a piece that returns."""
     __slots__ = ("executable", "out_spec", "guards", "differentiable")
 
-    def __init__(self, piece):
+    def __init__(self, piece, fn):
         self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
+        if piece.guard_specs is not None:  # (guards rooted at the function called: a copy bound to fn)
+            self.guards = _C.GuardSet(piece.guard_specs, fn)
         self.differentiable = piece.reads_grad  # (the C fast path cannot tell whether the caller differentiates)
