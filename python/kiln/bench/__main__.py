@@ -15,10 +15,10 @@ import sys
 
 import kiln
 
-from . import report, slower
+from . import report, sgemm, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
-                        jit_variant_status, kiln_variants, make_workloads, measure)
+                        jit_variant_status, kiln_variants, make_workloads, measure, workload_flops)
 
 
 class Progress:
@@ -95,14 +95,17 @@ def _row(variant, res, check, agree, err, where, info):
     }
 
 
-def run_workload(wl, variants, progress, repeat=1):
+def run_workload(wl, variants, progress, repeat=1, peak_gflops=None):
     """Measures every variant of one workload, the runs `repeat` times; returns its record (rows,
-    notes, load average before and after) and the count of failures (mismatches, and kiln
-    variants that raised)."""
+    notes, load average before and after, FLOPs per call) and the count of failures (mismatches,
+    and kiln variants that raised). Each row gets its GFLOP/s and their fraction of peak_gflops."""
     record = {"key": wl.key, "group": wl.group, "title": wl.title, "shapes": wl.shapes, "runs": wl.runs,
               "repeat": repeat, "outputs": wl.output_names, "rows": [], "notes": [], "load_before": _load()}
     failures = _measure_rows(wl, variants, progress, repeat, record)
     record["load_after"] = _load()
+    record["flops"] = workload_flops(wl)  # after the rows: the eager row's prepare keeps its first-use costs
+    for row in record["rows"]:
+        row["gflops_per_s"], row["peak_fraction"] = _rate(record["flops"], row["per_run_s"], peak_gflops)
     record["slower"] = slower.mark(record["rows"])
     return record, failures
 
@@ -164,6 +167,14 @@ def _slow_first_run(v, res):
            if v.system == "kiln.jit" and v.jit_level != "O0" else "")
     return (f"{report.row_label(vars(v))}: the first run took {report.fmt_time(res.first_run_s)}, the others "
             f"{report.fmt_time(rest)} each{why}")
+
+
+def _rate(flops, per_run_s, peak_gflops):
+    """(GFLOP/s, fraction of peak_gflops) of flops done in per_run_s; None where unknown."""
+    if not flops or per_run_s is None or not per_run_s > 0:  # (NaN: a failed row)
+        return None, None
+    g = flops / per_run_s / 1e9
+    return g, (g / peak_gflops if peak_gflops else None)
 
 
 def _load():
@@ -237,11 +248,19 @@ def main(argv=None):
         print(f"  note: {n}")
     sys.stdout.flush()
 
+    n = size.sgemm_n
+    peak = sgemm.peak_gflops(n)
+    record["sgemm_peak"] = {"n": n, "threads": kiln.get_num_threads(), "gflops_per_s": peak}
+    print(f"peak: OpenBLAS cblas_sgemm {n}x{n}x{n} float32 on {kiln.get_num_threads()} threads, "
+          "best of 5 in this run: " + (f"{peak:.1f} GFLOP/s" if peak else "OpenBLAS not loadable, no peak")
+          + "; GFLOP/s = the workload's FLOPs per call (kiln eager's kernels under kiln.profiler, the backward's "
+          "included) / per run; of peak = GFLOP/s / peak")
+    sys.stdout.flush()
     progress = Progress(sum(len(vs) for _, vs in plan))
     failures = 0
     try:
         for wl, variants in plan:
-            wl_record, f = run_workload(wl, variants, progress, args.repeat)
+            wl_record, f = run_workload(wl, variants, progress, args.repeat, peak)
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()
