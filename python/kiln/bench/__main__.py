@@ -5,8 +5,11 @@ MindSpore when they are installed.
 Columns: enable jit, jit level, capture mode, backend, fullgraph (the seed's), then "prepare"
 (building the callable and its first call: tracing and compiling for a jit), "runs" further calls
 on inputs x * (i / runs), their total time, the time per run and per run x 1000 (the seed's "time
-to run a thousand times"). "check": the first and last results, and for forward+backward the
-gradients too, against kiln eager's; any mismatch makes the command exit with status 1.
+to run a thousand times"), "GFLOP/s" (the workload's FLOPs per call, counted by kiln.profiler on
+kiln eager's kernels, over the per-run time) and "of peak" (that over OpenBLAS sgemm's GFLOP/s on
+2048x2048 matrices, measured at the start of the same run). "check": the first and last results,
+and for forward+backward the gradients too, against kiln eager's; any mismatch makes the command
+exit with status 1.
 """
 import argparse
 import datetime
