@@ -97,6 +97,7 @@ def print_workload(wl_record, file=None):
     flops = wl_record.get("flops")
     print(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}, timed {r} time{'' if r == 1 else 's'}; "
           + (f"{flops / 1e9:.4g} GFLOP per call; " if flops else "")
+          + (f"peak {wl_record['sgemm_peak_gflops']:.1f} GFLOP/s; " if wl_record.get("sgemm_peak_gflops") else "")
           + f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", file=file)
     print(table(wl_record["rows"]), file=file)
     for note in wl_record.get("notes", ()):
