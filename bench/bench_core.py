@@ -8,8 +8,6 @@ Targets (issue 2): eager a*b+c <= 1.0 us/call and <= 0.5x PyTorch eager; matmul 
 forward+backward <= 1.0x PyTorch CPU; add of two 64M float32 tensors >= 0.8x copy bandwidth.
 """
 import argparse
-import ctypes
-import ctypes.util
 import sys
 
 import numpy as np
@@ -17,6 +15,7 @@ import numpy as np
 import kiln
 from timing import best_time, row
 from kiln import ops
+from kiln.bench.sgemm import Sgemm
 
 try:
     import torch
@@ -41,18 +40,9 @@ def bench_matmul(quick):
     a = np.random.randn(n, n).astype(np.float32)
     b = np.random.randn(n, n).astype(np.float32)
     ka, kb = kiln.Tensor(a), kiln.Tensor(b)
-    flops = 2.0 * n * n * n
     rep = 5 if quick else 15
-    lib = ctypes.CDLL(ctypes.util.find_library("openblas") or "libopenblas.so.0")
     c = np.empty((n, n), np.float32)
-    fp = ctypes.POINTER(ctypes.c_float)
-    args = (101, 111, 111, n, n, n, ctypes.c_float(1.0), a.ctypes.data_as(fp), n, b.ctypes.data_as(fp), n,
-            ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
-    threads = kiln.get_num_threads()
-
-    def reference():  # OpenBLAS's own threads (kiln runs it single-threaded and splits GEMMs itself)
-        lib.openblas_set_num_threads(threads)
-        lib.cblas_sgemm(*args)
+    reference = Sgemm(a, b, c)  # OpenBLAS's own threads (kiln runs it single-threaded and splits GEMMs itself)
 
     ops.matmul(ka, kb)
     reference()
@@ -61,7 +51,7 @@ def bench_matmul(quick):
         t = min(t, best_time(lambda: ops.matmul(ka, kb), 1))
         tref = min(tref, best_time(reference, 1))
     assert np.allclose(c, ops.matmul(ka, kb).asnumpy(), rtol=1e-3, atol=1e-2)
-    g, gref = flops / t / 1e9, flops / tref / 1e9
+    g, gref = reference.flops / t / 1e9, reference.flops / tref / 1e9
     return [row("matmul 1024^3 float32", g, "GFLOP/s", "cblas_sgemm direct", gref, g / gref, 0.9, "higher")]
 
 

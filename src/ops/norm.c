@@ -236,39 +236,50 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
         bn_merge_moments(p, pm, pq, mean, var);                                                                      \
     }                                                                                                                \
                                                                                                                      \
-    /* sums of gy and gy * (x - mean) per channel of task t, into its slot of p0 / p1 */                             \
-    static void bn_task_grad_sums_##SFX(const T *gy, const T *x, const bn_plan *p, int64_t t, const double *mean,    \
-                                        double *p0, double *p1) {                                                    \
+    /* sums of gy and gy * (x - mean) per channel of task t, into its slot of p0 / p1; with a mask mk (not           \
+     * NULL), gy is read as relu_backward(gy, mk): 0 where mk <= 0 */                                                \
+    static void bn_task_grad_sums_##SFX(const T *gy, const T *mk, const T *x, const bn_plan *p, int64_t t,           \
+                                        const double *mean, double *p0, double *p1) {                                \
         bn_task k = bn_task_of(p, t);                                                                                \
         double *a0 = p0 + k.slot * p->C, *a1 = p1 + k.slot * p->C;                                                   \
         for (int64_t c = k.c0; c < k.c1; c++) a0[c] = a1[c] = 0;                                                     \
         for (int64_t n = k.n0; n < k.n1; n++) {                                                                      \
-            const T *gr = gy + n * p->C * p->S + k.s0, *xr = x + n * p->C * p->S + k.s0;                             \
+            int64_t at = n * p->C * p->S + k.s0;                                                                     \
+            const T *gr = gy + at, *xr = x + at, *mr = mk ? mk + at : NULL;                                          \
             if (p->S == 1) {                                                                                         \
                 _Pragma("omp simd") for (int64_t c = k.c0; c < k.c1; c++) {                                          \
-                    a0[c] += (double)gr[c];                                                                          \
-                    a1[c] += (double)gr[c] * ((double)xr[c] - mean[c]);                                              \
+                    double g = mr && mr[c] <= 0 ? 0.0 : (double)gr[c];                                               \
+                    a0[c] += g;                                                                                      \
+                    a1[c] += g * ((double)xr[c] - mean[c]);                                                          \
                 }                                                                                                    \
                 continue;                                                                                            \
             }                                                                                                        \
             for (int64_t c = k.c0; c < k.c1; c++) {                                                                  \
                 const T *gs = gr + c * p->S, *xs = xr + c * p->S;                                                    \
                 double mu = mean[c], s0 = 0, s1 = 0;                                                                 \
-                _Pragma("omp simd reduction(+ : s0, s1)") for (int64_t j = 0; j < k.len; j++) {                      \
-                    s0 += (double)gs[j];                                                                             \
-                    s1 += (double)gs[j] * ((double)xs[j] - mu);                                                      \
+                if (mr) {                                                                                            \
+                    const T *ms = mr + c * p->S;                                                                     \
+                    _Pragma("omp simd reduction(+ : s0, s1)") for (int64_t j = 0; j < k.len; j++) {                  \
+                        double g = ms[j] <= 0 ? 0.0 : (double)gs[j];                                                 \
+                        s0 += g;                                                                                     \
+                        s1 += g * ((double)xs[j] - mu);                                                              \
+                    }                                                                                                \
+                } else {                                                                                             \
+                    _Pragma("omp simd reduction(+ : s0, s1)") for (int64_t j = 0; j < k.len; j++) {                  \
+                        s0 += (double)gs[j];                                                                         \
+                        s1 += (double)gs[j] * ((double)xs[j] - mu);                                                  \
+                    }                                                                                                \
                 }                                                                                                    \
                 a0[c] += s0;                                                                                         \
                 a1[c] += s1;                                                                                         \
             }                                                                                                        \
         }                                                                                                            \
     }                                                                                                                \
-                                                                                                                     \
-    static void bn_grad_sums_##SFX(const T *gy, const T *x, const bn_plan *p, const double *mean, double *part,      \
-                                   double *sg, double *sgx) {                                                        \
+    static void bn_grad_sums_##SFX(const T *gy, const T *mk, const T *x, const bn_plan *p, const double *mean,       \
+                                   double *part, double *sg, double *sgx) {                                          \
         double *p0 = part, *p1 = part + p->slots * p->C;                                                             \
         _Pragma("omp parallel for schedule(static) if (p->parallel)")                                                \
-        for (int64_t t = 0; t < p->tasks; t++) bn_task_grad_sums_##SFX(gy, x, p, t, mean, p0, p1);                   \
+        for (int64_t t = 0; t < p->tasks; t++) bn_task_grad_sums_##SFX(gy, mk, x, p, t, mean, p0, p1);               \
         for (int64_t c = 0; c < p->C; c++) {                                                                         \
             double s0 = 0, s1 = 0;                                                                                   \
             for (int64_t slot = 0; slot < p->slots; slot++) {                                                        \
@@ -317,9 +328,9 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
         }                                                                                                            \
     }                                                                                                                \
                                                                                                                      \
-    /* gx = k1[c] * gy + k2[c] * (x - mean[c]) + k3[c] */                                                            \
-    static void bn_grad_input_##SFX(const T *gy, const T *x, T *gx, const bn_plan *p, const double *mean,            \
-                                    const double *k1, const double *k2, const double *k3) {                          \
+    /* gx = k1[c] * gy + k2[c] * (x - mean[c]) + k3[c], gy masked by mk as in bn_task_grad_sums */                   \
+    static void bn_grad_input_##SFX(const T *gy, const T *mk, const T *x, T *gx, const bn_plan *p,                   \
+                                    const double *mean, const double *k1, const double *k2, const double *k3) {      \
         const double *coef[4] = {k1, k2, mean, k3};                                                                  \
         int64_t cs = p->C * p->S;                                                                                    \
         T *e = bn_expand_##SFX(p, 4, coef);                                                                          \
@@ -329,7 +340,16 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
             for (int64_t n = 0; n < p->N; n++) {                                                                     \
                 const T *gr = gy + n * cs, *xr = x + n * cs;                                                         \
                 T *o = gx + n * cs;                                                                                  \
-                _Pragma("omp simd") for (int64_t j = 0; j < cs; j++) o[j] = ea[j] * gr[j] + eb[j] * (xr[j] - em[j]) + ed[j]; \
+                if (mk) {                                                                                            \
+                    const T *mr = mk + n * cs;                                                                       \
+                    _Pragma("omp simd") for (int64_t j = 0; j < cs; j++) {                                           \
+                        T g = mr[j] <= 0 ? (T)0 : gr[j];                                                             \
+                        o[j] = ea[j] * g + eb[j] * (xr[j] - em[j]) + ed[j];                                          \
+                    }                                                                                                \
+                } else {                                                                                             \
+                    _Pragma("omp simd") for (int64_t j = 0; j < cs; j++)                                             \
+                        o[j] = ea[j] * gr[j] + eb[j] * (xr[j] - em[j]) + ed[j];                                      \
+                }                                                                                                    \
             }                                                                                                        \
             free(e);                                                                                                 \
             return;                                                                                                  \
@@ -341,9 +361,18 @@ static ln_plan ln_plan_make(int64_t R, int64_t D) {
             const T a = (T)k1[c], b = (T)k2[c], d = (T)k3[c], mu = (T)mean[c];                                       \
             const T *gr = gy + r * p->S, *xr = x + r * p->S;                                                         \
             T *o = gx + r * p->S;                                                                                    \
-            _Pragma("omp simd") for (int64_t s = 0; s < p->S; s++) o[s] = a * gr[s] + b * (xr[s] - mu) + d;          \
+            if (mk) {                                                                                                \
+                const T *mr = mk + r * p->S;                                                                         \
+                _Pragma("omp simd") for (int64_t s = 0; s < p->S; s++) {                                             \
+                    T g = mr[s] <= 0 ? (T)0 : gr[s];                                                                 \
+                    o[s] = a * g + b * (xr[s] - mu) + d;                                                             \
+                }                                                                                                    \
+            } else {                                                                                                 \
+                _Pragma("omp simd") for (int64_t s = 0; s < p->S; s++) o[s] = a * gr[s] + b * (xr[s] - mu) + d;      \
+            }                                                                                                        \
         }                                                                                                            \
     }                                                                                                                \
+                                                                                                                \
                                                                                                                      \
     /* ---- layer norm (centered) and rms norm over rows of D ---- */                                                \
                                                                                                                      \
@@ -440,11 +469,11 @@ NORM_KERNELS(double, f64)
 /* float32, the hot type, compiled per instruction set (isa_dispatch.h): a table per variant */
 typedef struct {
     void (*bn_stats)(const float *x, const bn_plan *p, double *part, double *mean, double *var);
-    void (*bn_grad_sums)(const float *gy, const float *x, const bn_plan *p, const double *mean, double *part,
-                         double *sg, double *sgx);
+    void (*bn_grad_sums)(const float *gy, const float *mk, const float *x, const bn_plan *p, const double *mean,
+                         double *part, double *sg, double *sgx);
     void (*bn_affine)(const float *x, float *y, const bn_plan *p, const double *scale, const double *shift);
-    void (*bn_grad_input)(const float *gy, const float *x, float *gx, const bn_plan *p, const double *mean,
-                          const double *k1, const double *k2, const double *k3);
+    void (*bn_grad_input)(const float *gy, const float *mk, const float *x, float *gx, const bn_plan *p,
+                          const double *mean, const double *k1, const double *k2, const double *k3);
     void (*ln_forward)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd, int64_t R,
                        int64_t D, double eps, bool centered);
     void (*ln_backward)(const float *gy, const float *x, const float *w, const float *mean, const float *rstd,
@@ -571,40 +600,49 @@ KILN_KERNEL(batch_norm) {
 }
 
 /* (gy, x, gamma, mean, invstd) -> (gx, ggamma, gbeta); i[0] = batch statistics were used */
-KILN_INFER(batch_norm_backward) {
-    const char *op = "batch_norm_backward";
+static kiln_status bn_backward_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                                     kiln_meta *out) {
     KILN_TRY(kiln_attrs_expect(op, a, 1, 0));
     KILN_TRY(check_float(op, in, nin));
     const kiln_meta *x = &in[1]->meta;
     if (x->ndim < 2 || !kiln_shape_equal(&in[0]->meta, x->ndim, x->shape))
         return shapes_error(KILN_ERR_VALUE, op, "expected gy and x of one shape (N, C, ...)", in, nin);
-    KILN_TRY(bn_check_vectors(op, in, nin, 2, 3, x->shape[1], false));
+    if (nin > 5 && !kiln_shape_equal(&in[5]->meta, x->ndim, x->shape))
+        return shapes_error(KILN_ERR_VALUE, op, "expected the relu input of x's shape (N, C, ...)", in, nin);
+    KILN_TRY(bn_check_vectors(op, in, 5, 2, 3, x->shape[1], false));
     out[0] = *x;
     out[1] = in[2]->meta;
     out[2] = in[2]->meta;
     return KILN_OK;
 }
 
-KILN_KERNEL(batch_norm_backward) {
+KILN_INFER(batch_norm_backward) { return bn_backward_infer("batch_norm_backward", in, nin, a, out); }
+
+/* batch_norm_backward, its gy masked as relu_backward(gy, in[5]) when nin is 6: the sums and gx read
+ * gy and the mask together, the masked gy is never stored */
+static kiln_status bn_backward(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                               kiln_tensor **out) {
     kiln_dtype ct = compute_dtype(in[1]->meta.dtype);
     bool f64 = ct == KILN_DTYPE_FLOAT64, batch = a->i[0] != 0;
     bn_plan p = bn_plan_make(&in[1]->meta);
     int64_t C = p.C;
-    kiln_tensor *c[2], *buf[3];
-    KILN_TRY(load_inputs(in, 2, ct, c));
+    kiln_tensor *c[3] = {NULL, NULL, NULL}, *buf[3];
+    kiln_tensor *loaded[3] = {in[0], in[1], nin > 5 ? in[5] : NULL};
+    KILN_TRY(load_inputs(loaded, nin > 5 ? 3 : 2, ct, c));
     kiln_status s = output_buffers(out, 3, ct, buf);
     double *mem = s == KILN_OK ? kiln_malloc(sizeof(double) * (size_t)(6 * C + 2 * C * p.slots + 1)) : NULL;
     if (!mem && s == KILN_OK) {
         kiln_release_all(buf, 3);
-        s = kiln_error(KILN_ERR_MEMORY, "batch_norm_backward: out of memory");
+        s = kiln_error(KILN_ERR_MEMORY, "%s: out of memory", op);
     }
     if (s != KILN_OK) {
-        kiln_release_all(c, 2);
+        kiln_release_all(c, 3);
         return s;
     }
+    const void *mk = c[2] ? c[2]->data : NULL;
     double *mean = mem, *sg = mem + C, *sgx = mem + 2 * C, *k1 = mem + 3 * C, *k2 = mem + 4 * C, *k3 = mem + 5 * C;
     for (int64_t ch = 0; ch < C; ch++) mean[ch] = vector_get(in[3], ch);
-    DISPATCH(f64, bn_grad_sums, c[0]->data, c[1]->data, &p, mean, mem + 6 * C, sg, sgx);
+    DISPATCH(f64, bn_grad_sums, c[0]->data, mk, c[1]->data, &p, mean, mem + 6 * C, sg, sgx);
     double m = (double)(p.N * p.S);
     for (int64_t ch = 0; ch < C; ch++) {
         double gamma = vector_get(in[2], ch), invstd = vector_get(in[4], ch), ggamma = sgx[ch] * invstd;
@@ -619,11 +657,19 @@ KILN_KERNEL(batch_norm_backward) {
             ((float *)buf[2]->data)[ch] = (float)sg[ch];
         }
     }
-    DISPATCH(f64, bn_grad_input, c[0]->data, c[1]->data, buf[0]->data, &p, mean, k1, k2, k3);
+    DISPATCH(f64, bn_grad_input, c[0]->data, mk, c[1]->data, buf[0]->data, &p, mean, k1, k2, k3);
     free(mem);
-    kiln_release_all(c, 2);
+    kiln_release_all(c, 3);
     return store_outputs(out, 3, buf);
 }
+
+KILN_KERNEL(batch_norm_backward) { return bn_backward("batch_norm_backward", in, nin, a, out); }
+
+/* (gy, x, gamma, mean, invstd, r) -> batch_norm_backward(relu_backward(gy, r), x, gamma, mean, invstd):
+ * the fusion of src/passes/fuse_bn_relu_backward.c */
+KILN_INFER(batch_norm_relu_backward) { return bn_backward_infer("batch_norm_relu_backward", in, nin, a, out); }
+
+KILN_KERNEL(batch_norm_relu_backward) { return bn_backward("batch_norm_relu_backward", in, nin, a, out); }
 
 /* ---- gradient rules ------------------------------------------------------------------------ */
 
@@ -798,7 +844,7 @@ static kiln_status ln_check_stats(const char *op, kiln_tensor *const *in, int ni
 /* layer_norm(x, w, b) -> (y, mean, rstd); rms_norm(x, w) -> (y, rstd) */
 static kiln_status ln_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_meta *out,
                             bool centered) {
-    int64_t rows, D;
+    int64_t rows = 0, D = 0; /* (set by ln_split; gcc cannot always tell) */
     KILN_TRY(kiln_attrs_expect(op, a, 1, 1));
     KILN_TRY(check_float(op, in, nin));
     KILN_TRY(ln_split(op, in, nin, a, &rows, &D));
@@ -817,7 +863,7 @@ static kiln_status ln_forward(kiln_tensor *const *in, int nin, const kiln_attrs 
     kiln_dtype ct = compute_dtype(in[0]->meta.dtype);
     bool f64 = ct == KILN_DTYPE_FLOAT64;
     int nout = centered ? 3 : 2;
-    int64_t rows, D;
+    int64_t rows = 0, D = 0; /* (set by ln_split; gcc cannot always tell) */
     KILN_TRY(ln_split(centered ? "layer_norm" : "rms_norm", in, nin, a, &rows, &D));
     kiln_tensor *c[3], *buf[3];
     KILN_TRY(load_inputs(in, nin, ct, c));
@@ -839,7 +885,7 @@ KILN_KERNEL(rms_norm) { return ln_forward(in, nin, a, out, false); }
  * -> (gx, gw). The backward ops see x as input 1, so checks run on a shifted view. */
 static kiln_status ln_backward_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
                                      kiln_meta *out, bool centered) {
-    int64_t rows, D;
+    int64_t rows = 0, D = 0; /* (set by ln_split; gcc cannot always tell) */
     KILN_TRY(check_float(op, in, nin));
     const kiln_meta *x = &in[1]->meta;
     if (!kiln_shape_equal(&in[0]->meta, x->ndim, x->shape))
@@ -861,7 +907,7 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
     kiln_dtype ct = compute_dtype(in[1]->meta.dtype);
     bool f64 = ct == KILN_DTYPE_FLOAT64;
     int nout = centered ? 3 : 2;
-    int64_t rows, D;
+    int64_t rows = 0, D = 0; /* (set by ln_split; gcc cannot always tell) */
     KILN_TRY(ln_split(op, in + 1, nin - 1, a, &rows, &D));
     ln_plan lp = ln_plan_make(rows, D);
     kiln_tensor *c[5], *buf[3];

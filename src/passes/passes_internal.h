@@ -41,5 +41,6 @@ KILN_PASS(duplicate_producers);
 KILN_PASS(fold_batch_norm);
 KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);
+KILN_PASS(fuse_bn_relu_backward);
 
 #endif

@@ -35,6 +35,45 @@ static inline kiln_tensor *rc_random_tensor(const kiln_meta *m) {
     return t;
 }
 
+/* Whether a and b hold the same values (within float tolerance; NaNs match). */
+static inline int rc_same_values(const kiln_tensor *a, const kiln_tensor *b) {
+    if (a->meta.dtype != b->meta.dtype || a->numel != b->numel) return 0;
+    for (int64_t i = 0; i < a->numel; i++) {
+        double x = kiln_tensor_get_double(a, i), y = kiln_tensor_get_double(b, i);
+        if ((x != x && y != y) || x == y) continue;
+        if (!(fabs(x - y) <= 1e-5 * (1 + fabs(y)))) {
+            fprintf(stderr, "  element %lld: %g vs %g\n", (long long)i, x, y);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Runs both graphs `runs` times (same random inputs, same random seed) and compares their outputs
+ * (rc_same_values); 1 when they agree. */
+static inline int rc_same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
+    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+    kiln_executable *ea = NULL, *eb = NULL;
+    int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
+    if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());
+    for (int run = 0; run < runs && ok; run++) {
+        kiln_tensor *in[16] = {0}, *oa[16] = {0}, *ob[16] = {0};
+        int nin = a->ninputs, nout = a->noutputs;
+        if (nin > 16 || nout > 16 || b->ninputs != nin || b->noutputs != nout) return 0;
+        for (int k = 0; k < nin; k++) in[k] = rc_random_tensor(&a->values[a->inputs[k]].meta);
+        kiln_manual_seed(42 + (uint64_t)run);
+        kiln_status sa = kiln_executable_run(ea, nin, in, nout, oa);
+        kiln_manual_seed(42 + (uint64_t)run);
+        kiln_status sb = kiln_executable_run(eb, nin, in, nout, ob);
+        ok = sa == sb;
+        if (!ok) fprintf(stderr, "  statuses differ: %d vs %d (%s)\n", (int)sa, (int)sb, kiln_last_error());
+        for (int k = 0; k < nout && ok && sa == KILN_OK; k++) ok = rc_same_values(oa[k], ob[k]);
+        kiln_release_all(in, nin), kiln_release_all(oa, nout), kiln_release_all(ob, nout);
+    }
+    kiln_executable_free(ea), kiln_executable_free(eb);
+    return ok;
+}
+
 /* The canonical form of graph text: ids renumbered in order of first appearance (which is the
  * order of definition; each "subgraph" starts afresh), malloc'd; NULL when the text does not
  * parse. Renumbered as text, not printed again: a parsed bare "constant" is zeros, so reprinting

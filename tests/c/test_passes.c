@@ -5,47 +5,9 @@
 #include "rewrite_check.h"
 #include "core/internal.h"
 
-/* Whether a and b hold the same values (within float tolerance; NaNs match). */
-static int same_values(const kiln_tensor *a, const kiln_tensor *b) {
-    if (a->meta.dtype != b->meta.dtype || a->numel != b->numel) return 0;
-    for (int64_t i = 0; i < a->numel; i++) {
-        double x = kiln_tensor_get_double(a, i), y = kiln_tensor_get_double(b, i);
-        if ((x != x && y != y) || x == y) continue;
-        if (!(fabs(x - y) <= 1e-5 * (1 + fabs(y)))) {
-            fprintf(stderr, "  element %lld: %g vs %g\n", (long long)i, x, y);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Runs both graphs (same inputs, same random seed) and compares their outputs. */
-static int same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
-    kiln_executable *ea = NULL, *eb = NULL;
-    int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
-    if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());
-    for (int run = 0; run < runs && ok; run++) {
-        kiln_tensor *in[16] = {0}, *oa[16] = {0}, *ob[16] = {0};
-        int nin = a->ninputs, nout = a->noutputs;
-        if (nin > 16 || nout > 16 || b->ninputs != nin || b->noutputs != nout) return 0;
-        for (int k = 0; k < nin; k++) in[k] = rc_random_tensor(&a->values[a->inputs[k]].meta);
-        kiln_manual_seed(42 + (uint64_t)run);
-        kiln_status sa = kiln_executable_run(ea, nin, in, nout, oa);
-        kiln_manual_seed(42 + (uint64_t)run);
-        kiln_status sb = kiln_executable_run(eb, nin, in, nout, ob);
-        ok = sa == sb;
-        if (!ok) fprintf(stderr, "  statuses differ: %d vs %d (%s)\n", (int)sa, (int)sb, kiln_last_error());
-        for (int k = 0; k < nout && ok && sa == KILN_OK; k++) ok = same_values(oa[k], ob[k]);
-        kiln_release_all(in, nin), kiln_release_all(oa, nout), kiln_release_all(ob, nout);
-    }
-    kiln_executable_free(ea), kiln_executable_free(eb);
-    return ok;
-}
-
 static const kiln_pass_options o1 = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
 
-static int same_results_3_runs(const kiln_graph *a, const kiln_graph *b) { return same_results(a, b, 3); }
+static int same_results_3_runs(const kiln_graph *a, const kiln_graph *b) { return rc_same_results(a, b, 3); }
 
 /* The comma-separated passes turn input into want (NULL: unchanged), computing the same. */
 #define expect_passes(passes, input, want) rc_expect_rewrite_at(__LINE__, passes, &o1, input, want, same_results_3_runs)
@@ -753,7 +715,7 @@ static void test_random_graphs(void) {
         CHECK_OK(kiln_graph_clone(g, &opt));
         CHECK_OK(kiln_optimize(&opt, &o1));
         changed += opt->nnodes < g->nnodes;
-        if (!same_results(g, opt, 2)) {
+        if (!rc_same_results(g, opt, 2)) {
             char *a = kiln_graph_to_string(g), *b = kiln_graph_to_string(opt);
             fprintf(stderr, "random graph %d: O1 differs from O0\n%s--- O1:\n%s", trial, a, b);
             free(a), free(b);

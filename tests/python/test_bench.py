@@ -52,8 +52,11 @@ def test_exit_status_and_table(smallest_run):
     assert record is not None and record["ok"] and record["failures"] == 0
     assert "all results agree with kiln eager" in proc.stdout
     for header in ("enable jit", "jit level", "capture mode", "backend", "fullgraph", "prepare", "time for runs",
-                   "per run"):
+                   "per run", "GFLOP/s", "of peak"):
         assert header in proc.stdout
+    assert "peak: OpenBLAS cblas_sgemm 512x512x512" in proc.stdout
+    measured = record["sgemm_peak"]["measured"]
+    assert len(measured) == len(WORKLOADS) and record["sgemm_peak"]["gflops_per_s"] == max(measured)
     assert "\r" not in proc.stderr  # the progress line is for terminals only
 
 
@@ -83,6 +86,12 @@ def test_every_workload_and_variant_present_and_agreeing(smallest_run):
             assert r["per_run_max_s"] * r["runs"] == pytest.approx(max(each))
             assert isinstance(r["slower_than"], list)
         assert w["load_before"] is not None and w["load_after"] is not None
+        peak = w["sgemm_peak_gflops"]  # the best measurement so far
+        assert peak > 0 and w["flops"] > 0
+        assert peak == max(record["sgemm_peak"]["measured"][:record["workloads"].index(w) + 1])
+        for r in rows:  # GFLOP/s of the workload's FLOPs in the row's median per-run time, and of the peak
+            assert r["gflops_per_s"] == pytest.approx(w["flops"] / r["per_run_s"] / 1e9)
+            assert r["peak_fraction"] == pytest.approx(r["gflops_per_s"] / peak)
         if HAS_TORCH:
             assert {"torch", "torch.jit.trace"} <= {r["system"] for r in rows}
         if w["key"].endswith("fwdbwd"):
@@ -119,6 +128,32 @@ def test_a_mismatch_is_marked_and_fails(tmp_path, monkeypatch, capsys):
     assert "MISMATCH" in capsys.readouterr().out
     rows = json.loads(out.read_text())["workloads"][0]["rows"]
     assert [r["agree"] for r in rows] == [True] * (len(rows) - 1) + [False]
+
+
+def test_workload_flops_match_the_formulas():
+    """The FLOPs per call of a workload (kiln.profiler's count of kiln eager's kernels) against the
+    analytic counts: 2mnk for a matmul; 2 N Cout Ho Wo Cin kh kw for a convolution, and twice that
+    for its forward+backward over the weight (conv2d_backward_weight is a convolution as large)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    m, k, n = 5, 7, 3
+    a, b = (kiln.Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((m, k), (k, n)))
+    mm = workloads.Workload("mm", "t", "matmul", "", False, kiln.ops.matmul, (a, b), [])
+    assert workloads.workload_flops(mm) == 2 * m * n * k
+    batch, cin, cout, hw, kh = 2, 3, 4, 6, 3
+    conv = kiln.nn.Conv2d(cin, cout, kh, pad_mode="pad", padding=1, has_bias=False)
+    x = kiln.Tensor(rng.standard_normal((batch, cin, hw, hw)).astype(np.float32))
+    forward = 2 * batch * cout * hw * hw * cin * kh * kh
+    for backward, expected in ((False, forward), (True, 2 * forward)):
+        wl = workloads.Workload("conv", "t", "conv", "", backward, conv, (x,), [])
+        assert workloads.workload_flops(wl) == expected, backward
+
+
+def test_rates_of_a_row():
+    assert bench_main._rate(2e9, 0.5, 8.0) == (4.0, 0.5)
+    assert bench_main._rate(2e9, 0.5, None) == (4.0, None)  # no OpenBLAS: no fraction
+    assert bench_main._rate(2e9, float("nan"), 8.0) == (None, None)  # a failed row
 
 
 def test_compare_tolerance():

@@ -5,8 +5,11 @@ MindSpore when they are installed.
 Columns: enable jit, jit level, capture mode, backend, fullgraph (the seed's), then "prepare"
 (building the callable and its first call: tracing and compiling for a jit), "runs" further calls
 on inputs x * (i / runs), their total time, the time per run and per run x 1000 (the seed's "time
-to run a thousand times"). "check": the first and last results, and for forward+backward the
-gradients too, against kiln eager's; any mismatch makes the command exit with status 1.
+to run a thousand times"), "GFLOP/s" (the workload's FLOPs per call, counted by kiln.profiler on
+kiln eager's kernels, over the per-run time) and "of peak" (that over OpenBLAS sgemm's GFLOP/s on
+2048x2048 matrices, measured in the same run). "check": the first and last results,
+and for forward+backward the gradients too, against kiln eager's; any mismatch makes the command
+exit with status 1.
 """
 import argparse
 import datetime
@@ -15,10 +18,10 @@ import sys
 
 import kiln
 
-from . import report, slower
+from . import report, sgemm, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
-                        jit_variant_status, kiln_variants, make_workloads, measure)
+                        jit_variant_status, kiln_variants, make_workloads, measure, workload_flops)
 
 
 class Progress:
@@ -95,14 +98,17 @@ def _row(variant, res, check, agree, err, where, info):
     }
 
 
-def run_workload(wl, variants, progress, repeat=1):
+def run_workload(wl, variants, progress, repeat=1, peak_gflops=None):
     """Measures every variant of one workload, the runs `repeat` times; returns its record (rows,
-    notes, load average before and after) and the count of failures (mismatches, and kiln
-    variants that raised)."""
+    notes, load average before and after, FLOPs per call) and the count of failures (mismatches,
+    and kiln variants that raised). Each row gets its GFLOP/s and their fraction of peak_gflops."""
     record = {"key": wl.key, "group": wl.group, "title": wl.title, "shapes": wl.shapes, "runs": wl.runs,
               "repeat": repeat, "outputs": wl.output_names, "rows": [], "notes": [], "load_before": _load()}
     failures = _measure_rows(wl, variants, progress, repeat, record)
     record["load_after"] = _load()
+    record["flops"] = workload_flops(wl)  # after the rows: the eager row's prepare keeps its first-use costs
+    for row in record["rows"]:
+        row["gflops_per_s"], row["peak_fraction"] = _rate(record["flops"], row["per_run_s"], peak_gflops)
     record["slower"] = slower.mark(record["rows"])
     return record, failures
 
@@ -164,6 +170,14 @@ def _slow_first_run(v, res):
            if v.system == "kiln.jit" and v.jit_level != "O0" else "")
     return (f"{report.row_label(vars(v))}: the first run took {report.fmt_time(res.first_run_s)}, the others "
             f"{report.fmt_time(rest)} each{why}")
+
+
+def _rate(flops, per_run_s, peak_gflops):
+    """(GFLOP/s, fraction of peak_gflops) of flops done in per_run_s; None where unknown."""
+    if not flops or per_run_s is None or not per_run_s > 0:  # (NaN: a failed row)
+        return None, None
+    g = flops / per_run_s / 1e9
+    return g, (g / peak_gflops if peak_gflops else None)
 
 
 def _load():
@@ -237,11 +251,25 @@ def main(argv=None):
         print(f"  note: {n}")
     sys.stdout.flush()
 
+    n = size.sgemm_n
+    peaks = [sgemm.peak_gflops(n)]  # measured again before each later workload; the best so far is the peak
+    record["sgemm_peak"] = {"n": n, "threads": kiln.get_num_threads(), "measured": peaks, "gflops_per_s": peaks[0]}
+    print(f"peak: OpenBLAS cblas_sgemm {n}x{n}x{n} float32 on {kiln.get_num_threads()} threads, "
+          "best of 5: " + (f"{peaks[0]:.1f} GFLOP/s" if peaks[0] else "OpenBLAS not loadable, no peak")
+          + "; measured again before each later workload, each table using the best so far (other work on the "
+          "machine can cut one measurement far short); GFLOP/s = the workload's FLOPs per call (kiln eager's "
+          "kernels under kiln.profiler, the backward's included) / per run; of peak = GFLOP/s / peak")
+    sys.stdout.flush()
     progress = Progress(sum(len(vs) for _, vs in plan))
     failures = 0
     try:
         for wl, variants in plan:
-            wl_record, f = run_workload(wl, variants, progress, args.repeat)
+            if record["workloads"]:
+                peaks.append(sgemm.peak_gflops(n))
+            peak = max((p for p in peaks if p), default=None)
+            record["sgemm_peak"]["gflops_per_s"] = peak
+            wl_record, f = run_workload(wl, variants, progress, args.repeat, peak)
+            wl_record["sgemm_peak_gflops"] = peak
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()

@@ -19,9 +19,12 @@ COLUMNS = (  # (header, row key, width)
     ("per run", "per_run_s", 9),
     ("spread (min-max)", "spread", 19),
     ("x1000 runs", "thousand_runs_s", 10),
+    ("GFLOP/s", "gflops_per_s", 8),
+    ("of peak", "peak_fraction", 7),
     ("check", "check", 0),
 )
 TIME_KEYS = ("prepare_s", "run_s", "per_run_s", "thousand_runs_s")
+RATE_KEYS = ("gflops_per_s", "peak_fraction")
 
 
 def fmt_time(s):
@@ -70,6 +73,8 @@ def cell(row, key):
     v = row.get(key)
     if key in TIME_KEYS:
         return fmt_time(v)
+    if key in RATE_KEYS:
+        return "-" if v is None else f"{v:.3g}"
     if isinstance(v, bool):
         return str(v).lower()
     return "-" if v is None else str(v)
@@ -89,8 +94,11 @@ def print_workload(wl_record, file=None):
     file = file or sys.stdout
     print(f"\n## {wl_record['title']}", file=file)
     n, r = wl_record["runs"], wl_record.get("repeat", 1)
+    flops = wl_record.get("flops")
     print(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}, timed {r} time{'' if r == 1 else 's'}; "
-          f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", file=file)
+          + (f"{flops / 1e9:.4g} GFLOP per call; " if flops else "")
+          + (f"peak {wl_record['sgemm_peak_gflops']:.1f} GFLOP/s; " if wl_record.get("sgemm_peak_gflops") else "")
+          + f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", file=file)
     print(table(wl_record["rows"]), file=file)
     for note in wl_record.get("notes", ()):
         print(f"  note: {note}", file=file)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import kiln
-from kiln import models
+from kiln import models, profiler
 
 # ---- kiln's jit variants -----------------------------------------------------------------------------
 # capture_mode x jit_level x backend x fullgraph, one row each: THE list the benchmark runs. A row
@@ -93,6 +93,7 @@ class Size:
     attn_seq: int
     attn_runs: int
     note: str
+    sgemm_n: int = 2048  # the peak GFLOP/s: OpenBLAS sgemm of sgemm_n x sgemm_n matrices
 
 
 SIZES = {
@@ -105,7 +106,7 @@ SIZES = {
     "default": Size("default", (2, 3), 1000, 128, 64, 20, 1024, 8, 2, 256, 20,
                     "scaled down from the seed (--full: the seed's shapes)"),
     # tiny shapes, a few runs: for the smoke test
-    "smallest": Size("smallest", (2, 3), 5, 4, 8, 2, 32, 4, 2, 8, 2, "tiny shapes, a few runs (smoke test)"),
+    "smallest": Size("smallest", (2, 3), 5, 4, 8, 2, 32, 4, 2, 8, 2, "tiny shapes, a few runs (smoke test)", 512),
 }
 
 
@@ -206,6 +207,16 @@ def make_workloads(size, only=None, runs=None, seed=0):
         wl.output_names = ["value"] + [f"grad {p}" for p in wl.param_names()]
         out.append(wl)
     return out
+
+
+def workload_flops(workload):
+    """The floating-point operations of one call of the workload: kiln eager's call (forward, and
+    for forward+backward the backward too) run once under kiln.profiler, its kernels' FLOPs summed
+    (the op table's KILN_COST footprints, the profiler's own count)."""
+    fn = kiln_variants(workload, ())[0].make(workload.args0)
+    with profiler.profile(record_shapes=False, profile_memory=False) as prof:
+        fn(*workload.args0)
+    return sum(e["flops"] for e in prof.events() if e["kind"] == "kernel")
 
 
 # ---- kiln's variants of a workload ----------------------------------------------------------------------
