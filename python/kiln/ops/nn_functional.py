@@ -1,4 +1,6 @@
 """Neural-network ops: linear algebra, convolution, pooling, normalization, dropout."""
+import math
+
 from .._optable import OP
 from ._util import apply, as_tensor, pair
 
@@ -6,6 +8,19 @@ from ._util import apply, as_tensor, pair
 def matmul(input, other):
     """Matrix product with NumPy semantics (1-D operands, batch broadcasting)."""
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
+
+
+def scaled_dot_product_attention(query, key, value, scale=None):
+    """softmax(scale * query @ keyᵀ) @ value over the last two axes, in one op whose kernel
+    never holds the whole score matrix (blockwise, FlashAttention-2's loops), forward and
+    backward. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value (..., Hk, Lk, Dv), equal
+    leading axes and Hq a multiple of Hk: query head h attends with kv head h // (Hq // Hk),
+    without copies of key and value. scale defaults to 1 / sqrt(D). No mask."""
+    q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
+    out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
+    return out
 
 
 def dense(input, weight, bias=None):
