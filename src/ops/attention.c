@@ -28,6 +28,7 @@
 
 #include "../core/internal.h"
 #include "exp_f32.h"
+#include "isa_dispatch.h"
 #include "matmul.h"
 
 /* Query rows and keys per block of the blockwise kernels (bench/bench_flash.py measured them:
@@ -36,8 +37,6 @@
 #define AT_BC 256
 /* Multiply-adds below which the forward runs on the calling thread alone */
 #define AT_PARALLEL_MIN 65536
-
-DEFINE_EXP_F32(at_exp)
 
 typedef struct {
     int64_t units, group; /* batch x kv heads; query heads per kv head */
@@ -200,32 +199,65 @@ static void at_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
                 alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
-/* s[0..n) = exp(s - m); returns their sum (lanes, then double) */
-static float at_exp_row(float *restrict s, int64_t n, float m) {
-    enum { LANES = 16 };
-    float lanes[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float e = at_exp(s[j + l] - m);
-            s[j + l] = e;
-            lanes[l] += e;
-        }
-    for (int l = 0; j < n; j++, l++) {
-        float e = at_exp(s[j] - m);
-        s[j] = e;
-        lanes[l] += e;
-    }
-    double t = 0;
-    for (int l = 0; l < LANES; l++) t += lanes[l];
-    return (float)t;
-}
+/* The blockwise kernels' loops beside the GEMMs, compiled per instruction set (isa_dispatch.h:
+ * family "attention_f32"): exp_row: s[0..n) = exp(s - m), returning their sum (lanes, then
+ * double); row_max; scale_row: o[0..n) *= c; grad_rows: S = S (dP - dd[r]) row by row. */
+typedef struct {
+    float (*exp_row)(float *restrict s, int64_t n, float m);
+    float (*row_max)(const float *s, int64_t n);
+    void (*scale_row)(float *o, int64_t n, float c);
+    void (*grad_rows)(float *restrict S, const float *restrict dP, const float *dd, int64_t rows, int64_t cols);
+} attention_kernels;
 
-static float at_row_max(const float *s, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
-    return m;
-}
+#define AT_ROWS(V)                                                                            \
+    DEFINE_EXP_F32(at_exp_##V)                                                                \
+    static float at_exp_row_##V(float *restrict s, int64_t n, float m) {                      \
+        enum { LANES = 16 };                                                                  \
+        float lanes[LANES] = {0};                                                             \
+        int64_t j = 0;                                                                        \
+        for (; j + LANES <= n; j += LANES)                                                    \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                float e = at_exp_##V(s[j + l] - m);                                           \
+                s[j + l] = e;                                                                 \
+                lanes[l] += e;                                                                \
+            }                                                                                 \
+        for (int l = 0; j < n; j++, l++) {                                                    \
+            float e = at_exp_##V(s[j] - m);                                                   \
+            s[j] = e;                                                                         \
+            lanes[l] += e;                                                                    \
+        }                                                                                     \
+        double t = 0;                                                                         \
+        for (int l = 0; l < LANES; l++) t += lanes[l];                                        \
+        return (float)t;                                                                      \
+    }                                                                                         \
+    static float at_row_max_##V(const float *s, int64_t n) {                                  \
+        float m = -INFINITY;                                                                  \
+        for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;                              \
+        return m;                                                                             \
+    }                                                                                         \
+    static void at_scale_row_##V(float *o, int64_t n, float c) {                              \
+        for (int64_t j = 0; j < n; j++) o[j] *= c;                                            \
+    }                                                                                         \
+    static void at_grad_rows_##V(float *restrict S, const float *restrict dP, const float *dd, \
+                                 int64_t rows, int64_t cols) {                                \
+        for (int64_t r = 0; r < rows; r++)                                                    \
+            for (int64_t c = 0; c < cols; c++) S[r * cols + c] *= dP[r * cols + c] - dd[r];   \
+    }                                                                                         \
+    static const attention_kernels attention_f32_##V = {at_exp_row_##V, at_row_max_##V,       \
+                                                        at_scale_row_##V, at_grad_rows_##V};
+
+AT_ROWS(baseline)
+#if KILN_ISA_VARIANTS
+KILN_ISA_BEGIN_AVX2
+AT_ROWS(avx2)
+KILN_ISA_END
+KILN_ISA_BEGIN_AVX512
+AT_ROWS(avx512)
+KILN_ISA_END
+#endif
+
+KILN_ISA_FAMILY(attention_f32)
+#define AT_K ((const attention_kernels *)attention_f32_chosen)
 
 /* One block of up to AT_BR query rows of head h: out rows and lse. S: AT_BR * AT_BC floats,
  * m and l: AT_BR each. */
@@ -234,6 +266,7 @@ static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t 
     int64_t u = h / p->group, rows = at_min(AT_BR, p->Lq - i0);
     const float *Q = q + (h * p->Lq + i0) * p->D, *K = k + u * p->Lk * p->D, *V = v + u * p->Lk * p->Dv;
     float *O = o + (h * p->Lq + i0) * p->Dv;
+    const attention_kernels *kt = AT_K;
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     if (p->Lk == 0)
         for (int64_t r = 0; r < rows * p->Dv; r++) O[r] = 0;
@@ -241,12 +274,12 @@ static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t 
         int64_t cols = at_min(AT_BC, p->Lk - j0);
         at_gemm(false, true, rows, cols, p->D, scale, Q, p->D, K + j0 * p->D, p->D, 0.0f, S, cols);
         for (int64_t r = 0; r < rows; r++) {
-            float *s = S + r * cols, mx = at_row_max(s, cols), mnew = mx > m[r] ? mx : m[r];
-            float sum = at_exp_row(s, cols, mnew);
+            float *s = S + r * cols, mx = kt->row_max(s, cols), mnew = mx > m[r] ? mx : m[r];
+            float sum = kt->exp_row(s, cols, mnew);
             if (j0 > 0) { /* rescale what the earlier key blocks gave */
-                float corr = at_exp(m[r] - mnew);
+                float corr = expf(m[r] - mnew);
                 l[r] *= corr;
-                for (int64_t c = 0; c < p->Dv; c++) O[r * p->Dv + c] *= corr;
+                kt->scale_row(O + r * p->Dv, p->Dv, corr);
             }
             l[r] += sum;
             m[r] = mnew;
@@ -254,8 +287,7 @@ static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t 
         at_gemm(false, false, rows, p->Dv, cols, 1.0f, S, cols, V + j0 * p->Dv, p->Dv, j0 > 0 ? 1.0f : 0.0f, O, p->Dv);
     }
     for (int64_t r = 0; r < rows && p->Lk > 0; r++) {
-        float inv = 1.0f / l[r];
-        for (int64_t c = 0; c < p->Dv; c++) O[r * p->Dv + c] *= inv;
+        kt->scale_row(O + r * p->Dv, p->Dv, 1.0f / l[r]);
         lse[h * p->Lq + i0 + r] = m[r] + logf(l[r]);
     }
     for (int64_t r = 0; r < rows && p->Lk == 0; r++) lse[h * p->Lq + i0 + r] = -INFINITY;
@@ -307,11 +339,10 @@ static void at_backward_unit(const at_shape *p, float scale, int64_t u, const fl
                 int64_t rows = at_min(AT_BR, Lq - i0), row0 = h * Lq + i0;
                 const float *Qi = q + row0 * D, *dOi = go + row0 * Dv, *L = lse + row0, *Di = dd + g * Lq + i0;
                 at_gemm(false, true, rows, cols, D, scale, Qi, D, Kj, D, 0.0f, S, cols);
-                for (int64_t r = 0; r < rows; r++) at_exp_row(S + r * cols, cols, L[r]);
+                for (int64_t r = 0; r < rows; r++) AT_K->exp_row(S + r * cols, cols, L[r]);
                 at_gemm(true, false, cols, Dv, rows, 1.0f, S, cols, dOi, Dv, 1.0f, gV + j0 * Dv, Dv);
                 at_gemm(false, true, rows, cols, Dv, 1.0f, dOi, Dv, Vj, Dv, 0.0f, dP, cols);
-                for (int64_t r = 0; r < rows; r++)
-                    for (int64_t c = 0; c < cols; c++) S[r * cols + c] *= dP[r * cols + c] - Di[r];
+                AT_K->grad_rows(S, dP, Di, rows, cols);
                 at_gemm(false, false, rows, D, cols, scale, S, cols, Kj, D, 1.0f, gq + row0 * D, D);
                 at_gemm(true, false, cols, D, rows, scale, S, cols, Qi, D, 1.0f, gK + j0 * D, D);
             }

@@ -89,6 +89,21 @@ def test_row_norms_every_variant(variant, rows, d):
         _close(got, want, f"rms_norm {what} ({variant})")
 
 
+# attention's blockwise float32 kernel (2 key blocks of 256, 2 query blocks of 64, 2 query heads
+# per kv head) against its float64 reference kernel, forward and gradients
+@pytest.mark.parametrize("variant", VARIANTS, indirect=True)
+def test_attention_every_variant(variant):
+    rng = np.random.default_rng(17)
+    q, k, v = rng.standard_normal((1, 4, 70, 16)), rng.standard_normal((1, 2, 300, 16)), rng.standard_normal((1, 2, 300, 8))
+    y, gy, grads = _grads(ops.scaled_dot_product_attention, q, k, v)
+    t64 = [kiln.Tensor(a) for a in (q, k, v)]
+    want_grads = kiln.grad(lambda *ts: (ops.scaled_dot_product_attention(*ts) * kiln.Tensor(gy)).sum(),
+                           grad_position=(0, 1, 2))(*t64)
+    _close(y, ops.scaled_dot_product_attention(*t64).asnumpy(), f"attention ({variant})")
+    for got, want, what in zip(grads, want_grads, "qkv"):
+        _close(got, want.asnumpy(), f"attention grad {what} ({variant})")
+
+
 # spatial extents below 32 take the expanded-coefficient loops, longer ones the per-row loops
 @pytest.mark.parametrize("variant", VARIANTS, indirect=True)
 @pytest.mark.parametrize("shape", [(4, 16, 5, 5), (2, 8, 6, 7), (24, 12)], ids=str)
@@ -163,7 +178,7 @@ def test_default_choice_follows_the_level():
     want = {"avx512_core": "avx512", "avx2": "avx2"}.get(info["isa"], "baseline")
     if info["max_cpu_isa"] is None and "KILN_MAX_CPU_ISA" not in os.environ:
         assert info["isa"] == info["cpu_isa_level"]
-    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32", "elementwise_f32"}
+    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32", "elementwise_f32", "attention_f32"}
     assert set(kiln._C.isa_kernels().values()) == {want}, (info, kiln._C.isa_kernels())
 
 
