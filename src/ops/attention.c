@@ -27,6 +27,7 @@
 #include <omp.h>
 
 #include "../core/internal.h"
+#include "compute_buffers.h"
 #include "exp_f32.h"
 #include "isa_dispatch.h"
 #include "matmul.h"
@@ -375,42 +376,19 @@ static kiln_status at_backward_f32(const at_shape *p, float scale, const float *
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
-/* Contiguous copies of in[0..n) in dtype ct (new references; none made when already so). */
-static kiln_status at_load(kiln_tensor *const *in, int n, kiln_dtype ct, kiln_tensor **c) {
-    for (int t = 0; t < n; t++) c[t] = NULL;
-    for (int t = 0; t < n; t++) {
-        kiln_status s = kiln_to_contiguous(in[t], ct, &c[t]);
-        if (s != KILN_OK) {
-            kiln_release_all(c, n);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
-/* Zeroed buffers of out[t]'s shape in dtype ct: out[t] itself when it has that dtype. */
+/* Zeroed output buffers in dtype ct (compute_buffers.h) */
 static kiln_status at_outputs(kiln_tensor **out, int n, kiln_dtype ct, kiln_tensor **buf) {
-    for (int t = 0; t < n; t++) buf[t] = NULL;
-    for (int t = 0; t < n; t++) {
-        kiln_status s = KILN_OK;
-        if (out[t]->meta.dtype == ct)
-            kiln_tensor_retain(buf[t] = out[t]);
-        else
-            s = kiln_tensor_empty(ct, out[t]->meta.ndim, out[t]->meta.shape, &buf[t]);
-        if (s != KILN_OK) {
-            kiln_release_all(buf, n);
-            return s;
-        }
-        memset(buf[t]->data, 0, (size_t)buf[t]->numel * kiln_dtype_size(ct));
-    }
+    KILN_TRY(kiln_compute_outputs(out, n, ct, buf));
+    for (int t = 0; t < n; t++) memset(buf[t]->data, 0, (size_t)buf[t]->numel * kiln_dtype_size(ct));
     return KILN_OK;
 }
 
 static kiln_status at_store(kiln_tensor **out, int n, kiln_tensor **buf, kiln_status s) {
-    for (int t = 0; t < n; t++)
-        if (buf[t] != out[t] && s == KILN_OK) s = kiln_copy_into(out[t], buf[t]);
-    kiln_release_all(buf, n);
-    return s;
+    if (s != KILN_OK) {
+        kiln_release_all(buf, n);
+        return s;
+    }
+    return kiln_store_compute(out, n, buf);
 }
 
 static kiln_status at_scores_buffer(const char *op, const at_shape *p, double **P) {
@@ -423,7 +401,7 @@ KILN_KERNEL(attention) {
     KILN_TRY(at_shape_of("attention", in, nin, &p));
     kiln_dtype ct = at_compute_dtype(in[0]->meta.dtype);
     kiln_tensor *c[3], *buf[2];
-    KILN_TRY(at_load(in, 3, ct, c));
+    KILN_TRY(kiln_load_compute(in, 3, ct, c));
     kiln_status s = at_outputs(out, 2, ct, buf);
     if (s != KILN_OK) {
         kiln_release_all(c, 3);
@@ -446,7 +424,7 @@ KILN_KERNEL(attention_backward) {
     KILN_TRY(at_shape_of("attention_backward", in + 1, 3, &p));
     kiln_dtype ct = at_compute_dtype(in[1]->meta.dtype);
     kiln_tensor *c[7], *buf[3];
-    KILN_TRY(at_load(in, nin, ct, c));
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
     kiln_status s = at_outputs(out, 3, ct, buf);
     if (s != KILN_OK) {
         kiln_release_all(c, nin);

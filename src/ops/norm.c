@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "../core/internal.h"
+#include "compute_buffers.h"
 #include "isa_dispatch.h"
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
@@ -30,47 +31,6 @@ static kiln_status check_float(const char *op, kiln_tensor *const *in, int nin) 
             return kiln_error(KILN_ERR_TYPE, "%s: expected floating-point inputs, input %d is %s", op, k,
                               kiln_dtype_name(in[k]->meta.dtype));
     return KILN_OK;
-}
-
-/* Contiguous copies of in[0..n) in dtype ct (new references; no copy when already so). */
-static kiln_status load_inputs(kiln_tensor *const *in, int n, kiln_dtype ct, kiln_tensor **c) {
-    for (int k = 0; k < n; k++) c[k] = NULL;
-    for (int k = 0; k < n; k++) {
-        kiln_status s = kiln_to_contiguous(in[k], ct, &c[k]);
-        if (s != KILN_OK) {
-            kiln_release_all(c, n);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
-/* Where a kernel writes out[k]: out[k] itself when it has dtype ct, else a temporary that
- * store_outputs converts back. */
-static kiln_status output_buffers(kiln_tensor **out, int n, kiln_dtype ct, kiln_tensor **buf) {
-    for (int k = 0; k < n; k++) buf[k] = NULL;
-    for (int k = 0; k < n; k++) {
-        kiln_status s = KILN_OK;
-        if (out[k]->meta.dtype == ct) {
-            kiln_tensor_retain(out[k]);
-            buf[k] = out[k];
-        } else {
-            s = kiln_tensor_empty(ct, out[k]->meta.ndim, out[k]->meta.shape, &buf[k]);
-        }
-        if (s != KILN_OK) {
-            kiln_release_all(buf, n);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
-static kiln_status store_outputs(kiln_tensor **out, int n, kiln_tensor **buf) {
-    kiln_status s = KILN_OK;
-    for (int k = 0; k < n; k++)
-        if (buf[k] != out[k] && s == KILN_OK) s = kiln_copy_into(out[k], buf[k]);
-    kiln_release_all(buf, n);
-    return s;
 }
 
 /* Element c of a 1-D float tensor of any stride. */
@@ -524,7 +484,7 @@ KILN_KERNEL(batch_norm) {
     }
     kiln_tensor *x, *buf[3];
     KILN_TRY(kiln_to_contiguous(in[0], ct, &x));
-    kiln_status s = output_buffers(out, 3, ct, buf);
+    kiln_status s = kiln_compute_outputs(out, 3, ct, buf);
     int64_t C = p.C;
     double *mem = kiln_malloc(sizeof(double) * (size_t)(4 * C + 2 * C * p.slots + 1));
     if (!mem && s == KILN_OK) s = kiln_error(KILN_ERR_MEMORY, "batch_norm: out of memory");
@@ -567,7 +527,7 @@ KILN_KERNEL(batch_norm) {
     }
     free(mem);
     kiln_tensor_release(x);
-    return store_outputs(out, 3, buf);
+    return kiln_store_compute(out, 3, buf);
 }
 
 /* (gy, x, gamma, mean, invstd) -> (gx, ggamma, gbeta); i[0] = batch statistics were used */
@@ -591,8 +551,8 @@ KILN_KERNEL(batch_norm_backward) {
     bn_plan p = bn_plan_make(&in[1]->meta);
     int64_t C = p.C;
     kiln_tensor *c[2], *buf[3];
-    KILN_TRY(load_inputs(in, 2, ct, c));
-    kiln_status s = output_buffers(out, 3, ct, buf);
+    KILN_TRY(kiln_load_compute(in, 2, ct, c));
+    kiln_status s = kiln_compute_outputs(out, 3, ct, buf);
     double *mem = s == KILN_OK ? kiln_malloc(sizeof(double) * (size_t)(6 * C + 2 * C * p.slots + 1)) : NULL;
     if (!mem && s == KILN_OK) {
         kiln_release_all(buf, 3);
@@ -622,7 +582,7 @@ KILN_KERNEL(batch_norm_backward) {
     DISPATCH(f64, bn_grad_input, c[0]->data, c[1]->data, buf[0]->data, &p, mean, k1, k2, k3);
     free(mem);
     kiln_release_all(c, 2);
-    return store_outputs(out, 3, buf);
+    return kiln_store_compute(out, 3, buf);
 }
 
 /* ---- gradient rules ------------------------------------------------------------------------ */
@@ -798,7 +758,7 @@ static kiln_status ln_check_stats(const char *op, kiln_tensor *const *in, int ni
 /* layer_norm(x, w, b) -> (y, mean, rstd); rms_norm(x, w) -> (y, rstd) */
 static kiln_status ln_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_meta *out,
                             bool centered) {
-    int64_t rows, D;
+    int64_t rows = 0, D = 0;
     KILN_TRY(kiln_attrs_expect(op, a, 1, 1));
     KILN_TRY(check_float(op, in, nin));
     KILN_TRY(ln_split(op, in, nin, a, &rows, &D));
@@ -817,11 +777,11 @@ static kiln_status ln_forward(kiln_tensor *const *in, int nin, const kiln_attrs 
     kiln_dtype ct = compute_dtype(in[0]->meta.dtype);
     bool f64 = ct == KILN_DTYPE_FLOAT64;
     int nout = centered ? 3 : 2;
-    int64_t rows, D;
+    int64_t rows = 0, D = 0;
     KILN_TRY(ln_split(centered ? "layer_norm" : "rms_norm", in, nin, a, &rows, &D));
     kiln_tensor *c[3], *buf[3];
-    KILN_TRY(load_inputs(in, nin, ct, c));
-    kiln_status s = output_buffers(out, nout, ct, buf);
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    kiln_status s = kiln_compute_outputs(out, nout, ct, buf);
     if (s != KILN_OK) {
         kiln_release_all(c, nin);
         return s;
@@ -829,7 +789,7 @@ static kiln_status ln_forward(kiln_tensor *const *in, int nin, const kiln_attrs 
     void *b = centered ? c[2]->data : NULL, *mean = centered ? buf[1]->data : NULL, *rstd = buf[nout - 1]->data;
     DISPATCH(f64, ln_forward, c[0]->data, c[1]->data, b, buf[0]->data, mean, rstd, rows, D, a->f[0], centered);
     kiln_release_all(c, nin);
-    return store_outputs(out, nout, buf);
+    return kiln_store_compute(out, nout, buf);
 }
 
 KILN_KERNEL(layer_norm) { return ln_forward(in, nin, a, out, true); }
@@ -839,7 +799,7 @@ KILN_KERNEL(rms_norm) { return ln_forward(in, nin, a, out, false); }
  * -> (gx, gw). The backward ops see x as input 1, so checks run on a shifted view. */
 static kiln_status ln_backward_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
                                      kiln_meta *out, bool centered) {
-    int64_t rows, D;
+    int64_t rows = 0, D = 0;
     KILN_TRY(check_float(op, in, nin));
     const kiln_meta *x = &in[1]->meta;
     if (!kiln_shape_equal(&in[0]->meta, x->ndim, x->shape))
@@ -861,12 +821,12 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
     kiln_dtype ct = compute_dtype(in[1]->meta.dtype);
     bool f64 = ct == KILN_DTYPE_FLOAT64;
     int nout = centered ? 3 : 2;
-    int64_t rows, D;
+    int64_t rows = 0, D = 0;
     KILN_TRY(ln_split(op, in + 1, nin - 1, a, &rows, &D));
     ln_plan lp = ln_plan_make(rows, D);
     kiln_tensor *c[5], *buf[3];
-    KILN_TRY(load_inputs(in, nin, ct, c));
-    kiln_status s = output_buffers(out, nout, ct, buf);
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    kiln_status s = kiln_compute_outputs(out, nout, ct, buf);
     size_t doubles = (size_t)(2 * lp.nrb * D + (lp.ncb > 1 ? 2 * rows : 0) + 1);
     double *part = s == KILN_OK ? kiln_malloc(sizeof(double) * doubles) : NULL;
     if (!part && s == KILN_OK) {
@@ -882,7 +842,7 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
              part + 2 * lp.nrb * D);
     free(part);
     kiln_release_all(c, nin);
-    return store_outputs(out, nout, buf);
+    return kiln_store_compute(out, nout, buf);
 }
 
 KILN_KERNEL(layer_norm_backward) { return ln_backward(in, nin, a, out, true); }
