@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import models, ops
+from kiln import models, nn, ops
 from kiln._optable import OP
 from kiln.ops._util import apply
 
@@ -142,6 +142,44 @@ def test_finite_differences():
             fd[idx] = (float(value(*map(kiln.Tensor, plus)).asnumpy()) -
                        float(value(*map(kiln.Tensor, minus)).asnumpy())) / (2 * eps)
         np.testing.assert_allclose(g.asnumpy(), fd, rtol=1e-6, atol=1e-8, err_msg=f"input {n}")
+
+
+def test_long_keys_with_gradients_take_the_unfused_ops():
+    """Above FUSED_BACKWARD_MAX_KEYS keys a call that records gradients runs matmul, softmax,
+    matmul (the faster backward there); without gradients the fused op. Same values either way."""
+    from kiln.ops import nn_functional
+
+    lk = nn_functional.FUSED_BACKWARD_MAX_KEYS + 3
+    q, k, v = inputs((1, 4, 2, 6, lk, 4, 4), np.float32, seed=9)
+    w = np.random.default_rng(10).standard_normal((1, 4, 6, 4)).astype(np.float32)
+    ts, wt = [kiln.Tensor(t) for t in (q, k, v)], kiln.Tensor(w)
+
+    def loss(a, b, c):
+        return ops.sum(ops.scaled_dot_product_attention(a, b, c) * wt)
+
+    want = numpy_attention(*(t.astype(np.float64) for t in (q, k, v)), 0.5)[0]
+    with kiln.no_grad():
+        np.testing.assert_allclose(ops.scaled_dot_product_attention(*ts).asnumpy(), want, rtol=2e-4, atol=2e-5)
+    grads = kiln.grad(loss, (0, 1, 2))(*ts)
+    want_grads = numpy_attention_grads(*(t.astype(np.float64) for t in (q, k, v)), 0.5, w.astype(np.float64),
+                                       np.zeros((1, 4, 6)))
+    for name, g, wnt in zip("qkv", grads, want_grads):
+        np.testing.assert_allclose(g.asnumpy(), wnt, rtol=1e-3, atol=1e-4, err_msg=f"grad {name}")
+
+    class Core(nn.Cell):  # q, k, v as parameters: a captured call records gradients
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Parameter(t, name=n) for t, n in zip(ts, "qkv"))
+
+        def construct(self, x):
+            return loss(self.q, self.k, self.v) * x
+
+    core, one = Core(), kiln.Tensor(np.float32(1))
+    with_grad = kiln.jit(core).graph_str(one)
+    assert "softmax(" in with_grad and "= attention(" not in with_grad, with_grad
+    with kiln.no_grad():
+        without = kiln.jit(core).graph_str(one)
+    assert "= attention(" in without and "softmax(" not in without, without
 
 
 VARIANTS = [(level, backend, mode) for level in ("O0", "O1", "O2") for backend in ("kbk", "sink")

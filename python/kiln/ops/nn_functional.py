@@ -1,8 +1,11 @@
 """Neural-network ops: linear algebra, convolution, pooling, normalization, dropout."""
 import math
 
+from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, pair
+from .array import reshape, swapaxes
+from .math import softmax
 
 
 def matmul(input, other):
@@ -10,15 +13,45 @@ def matmul(input, other):
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
 
 
+# Keys above which a call that records gradients runs the unfused ops (matmul, softmax, matmul)
+# instead of the fused op: its blockwise backward recomputes the scores (five products per block
+# pair against the unfused backward's four with the probabilities kept), which bench/bench_flash.py
+# measured slower there on a 2-core AVX2 EPYC (1.05-1.12x at 1024 keys; 0.57-1.00x at 256 and 512
+# keys, and the fused forward 0.38-0.99x at every length): README, "Attention".
+FUSED_BACKWARD_MAX_KEYS = 512
+
+
+def _fold_heads(q, k, v):
+    """Whether q, k, v have the op's shapes: (..., Hq, Lq, D), (..., Hk, Lk, D), (..., Hk, Lk, Dv)."""
+    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    return (qs[:-3] == ks[:-3] == vs[:-3] and ks[-3] == vs[-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
+            and ks[-2] == vs[-2] and ks[-1] == qs[-1])
+
+
+def _unfused_attention(q, k, v, scale):
+    """The same product by the unfused ops, query heads folded per kv head."""
+    lead, (hq, lq, d), (hk, lk, dv) = tuple(q.shape[:-3]), q.shape[-3:], v.shape[-3:]
+    qf = reshape(q, lead + (hk, hq // hk * lq, d))
+    out = matmul(softmax(matmul(qf, swapaxes(k, -1, -2)) * scale, -1), v)
+    return reshape(out, lead + (hq, lq, dv))
+
+
 def scaled_dot_product_attention(query, key, value, scale=None):
     """softmax(scale * query @ keyᵀ) @ value over the last two axes, in one op whose kernel
     never holds the whole score matrix (blockwise, FlashAttention-2's loops), forward and
     backward. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value (..., Hk, Lk, Dv), equal
     leading axes and Hq a multiple of Hk: query head h attends with kv head h // (Hq // Hk),
-    without copies of key and value. scale defaults to 1 / sqrt(D). No mask."""
+    without copies of key and value. scale defaults to 1 / sqrt(D). No mask. A call that records
+    gradients with more than FUSED_BACKWARD_MAX_KEYS keys runs the unfused ops instead (their
+    backward is the faster one there)."""
     q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
+    if (_fold_heads(q, k, v) and isinstance(k.shape[-2], int) and k.shape[-2] > FUSED_BACKWARD_MAX_KEYS
+            and _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _unfused_attention(q, k, v, float(scale))
     out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
     return out
 
