@@ -109,7 +109,7 @@ def test_backward_matches_unfused_eager_with_grouped_heads():
     w = kiln.Tensor(np.random.default_rng(4).standard_normal((1, 2, 280, 16)).astype(np.float32))
 
     def fused(a, b, c):
-        return ops.sum(ops.scaled_dot_product_attention(a, b, c) * w)
+        return ops.sum(apply(OP.attention, (a, b, c), (), (1 / math.sqrt(16),))[0] * w)
 
     def unfused(a, b, c):
         s = ops.matmul(a, ops.swapaxes(b, -1, -2)) / math.sqrt(16)
@@ -144,42 +144,44 @@ def test_finite_differences():
         np.testing.assert_allclose(g.asnumpy(), fd, rtol=1e-6, atol=1e-8, err_msg=f"input {n}")
 
 
-def test_long_keys_with_gradients_take_the_unfused_ops():
-    """Above FUSED_BACKWARD_MAX_KEYS keys a call that records gradients runs matmul, softmax,
-    matmul (the faster backward there); without gradients the fused op. Same values either way."""
+def test_the_fused_op_runs_without_gradients_from_fused_min_keys():
+    """scaled_dot_product_attention runs the fused op only for calls that record no gradients with
+    at least FUSED_MIN_KEYS keys, else matmul, softmax, matmul (measured faster there). Same
+    values and gradients either way."""
     from kiln.ops import nn_functional
 
-    lk = nn_functional.FUSED_BACKWARD_MAX_KEYS + 3
-    q, k, v = inputs((1, 4, 2, 6, lk, 4, 4), np.float32, seed=9)
-    w = np.random.default_rng(10).standard_normal((1, 4, 6, 4)).astype(np.float32)
-    ts, wt = [kiln.Tensor(t) for t in (q, k, v)], kiln.Tensor(w)
+    for lk in (nn_functional.FUSED_MIN_KEYS, 7):
+        q, k, v = inputs((1, 4, 2, 6, lk, 4, 4), np.float32, seed=9)
+        w = np.random.default_rng(10).standard_normal((1, 4, 6, 4)).astype(np.float32)
+        ts, wt = [kiln.Tensor(t) for t in (q, k, v)], kiln.Tensor(w)
 
-    def loss(a, b, c):
-        return ops.sum(ops.scaled_dot_product_attention(a, b, c) * wt)
+        def loss(a, b, c):
+            return ops.sum(ops.scaled_dot_product_attention(a, b, c) * wt)
 
-    want = numpy_attention(*(t.astype(np.float64) for t in (q, k, v)), 0.5)[0]
-    with kiln.no_grad():
-        np.testing.assert_allclose(ops.scaled_dot_product_attention(*ts).asnumpy(), want, rtol=2e-4, atol=2e-5)
-    grads = kiln.grad(loss, (0, 1, 2))(*ts)
-    want_grads = numpy_attention_grads(*(t.astype(np.float64) for t in (q, k, v)), 0.5, w.astype(np.float64),
-                                       np.zeros((1, 4, 6)))
-    for name, g, wnt in zip("qkv", grads, want_grads):
-        np.testing.assert_allclose(g.asnumpy(), wnt, rtol=1e-3, atol=1e-4, err_msg=f"grad {name}")
+        want = numpy_attention(*(t.astype(np.float64) for t in (q, k, v)), 0.5)[0]
+        with kiln.no_grad():
+            np.testing.assert_allclose(ops.scaled_dot_product_attention(*ts).asnumpy(), want, rtol=2e-4, atol=2e-5)
+        grads = kiln.grad(loss, (0, 1, 2))(*ts)
+        want_grads = numpy_attention_grads(*(t.astype(np.float64) for t in (q, k, v)), 0.5, w.astype(np.float64),
+                                           np.zeros((1, 4, 6)))
+        for name, g, wnt in zip("qkv", grads, want_grads):
+            np.testing.assert_allclose(g.asnumpy(), wnt, rtol=1e-3, atol=1e-4, err_msg=f"grad {name}")
 
-    class Core(nn.Cell):  # q, k, v as parameters: a captured call records gradients
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v = (nn.Parameter(t, name=n) for t, n in zip(ts, "qkv"))
+        class Core(nn.Cell):  # q, k, v as parameters: a captured call records gradients
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v = (nn.Parameter(t, name=n) for t, n in zip(ts, "qkv"))
 
-        def construct(self, x):
-            return loss(self.q, self.k, self.v) * x
+            def construct(self, x):
+                return loss(self.q, self.k, self.v) * x
 
-    core, one = Core(), kiln.Tensor(np.float32(1))
-    with_grad = kiln.jit(core).graph_str(one)
-    assert "softmax(" in with_grad and "= attention(" not in with_grad, with_grad
-    with kiln.no_grad():
-        without = kiln.jit(core).graph_str(one)
-    assert "= attention(" in without and "softmax(" not in without, without
+        core, one = Core(), kiln.Tensor(np.float32(1))
+        with_grad = kiln.jit(core).graph_str(one)
+        assert "softmax(" in with_grad and "= attention(" not in with_grad, with_grad
+        with kiln.no_grad():
+            without = kiln.jit(core).graph_str(one)
+        fused = lk >= nn_functional.FUSED_MIN_KEYS
+        assert ("= attention(" in without) == fused and ("softmax(" in without) != fused, without
 
 
 VARIANTS = [(level, backend, mode) for level in ("O0", "O1", "O2") for backend in ("kbk", "sink")
@@ -187,25 +189,39 @@ VARIANTS = [(level, backend, mode) for level in ("O0", "O1", "O2") for backend i
 
 
 def test_every_compiled_variant_equals_eager():
-    kiln.manual_seed(7)
-    attn = models.LlamaAttention(64, 8, 2, rope_theta=10000.0)
-    rng = np.random.default_rng(8)
-    x = kiln.Tensor(rng.standard_normal((2, 70, 64)).astype(np.float32))  # 4 * 70 query rows per kv head
-    pos = kiln.Tensor(np.tile(np.arange(70), (2, 1)).astype(np.int64))
-    params = attn.trainable_params()
-    value, (gx, gw) = kiln.value_and_grad(attn, 0, params)(x, pos)
+    """The op and its gradient rule in every compiled variant (forward and backward), and
+    LlamaAttention without gradients at FUSED_MIN_KEYS tokens (where it runs the op)."""
+    q, k, v = inputs((1, 4, 2, 70, 300, 16, 8), np.float32, seed=11)
+    w = kiln.Tensor(np.random.default_rng(12).standard_normal((1, 4, 70, 8)).astype(np.float32))
+    ts = [kiln.Tensor(t) for t in (q, k, v)]
+
+    def loss(a, b, c):
+        return ops.sum(apply(OP.attention, (a * 1.5, b, c), (), (0.25,))[0] * w)
+
+    value, grads = kiln.value_and_grad(loss, (0, 1, 2))(*ts)
     for level, backend, mode in VARIANTS:
-        jitted = kiln.jit(attn, jit_level=level, backend=backend, capture_mode=mode)
-        f = kiln.value_and_grad(jitted, 0, params)
+        f = kiln.value_and_grad(kiln.jit(loss, jit_level=level, backend=backend, capture_mode=mode), (0, 1, 2))
         for _ in range(2):  # captured, then compiled
-            v_j, (gx_j, gw_j) = f(x, pos)
+            v_j, g_j = f(*ts)
             what = f"{level} {backend} {mode}"
-            np.testing.assert_allclose(v_j.asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=what)
-            np.testing.assert_allclose(gx_j.asnumpy(), gx.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=what)
-            for p, g, want in zip(params, gw_j, gw):
-                np.testing.assert_allclose(g.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"{what} {p.name}")
-        np.testing.assert_allclose(jitted(x, pos).asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=what)
-    text = kiln.jit(attn, jit_level="O1").graph_str(x, pos)
+            np.testing.assert_allclose(v_j.asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-5, err_msg=what)
+            for name, g, want in zip("qkv", g_j, grads):
+                np.testing.assert_allclose(g.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"{what} {name}")
+    from kiln.ops import nn_functional
+
+    kiln.manual_seed(7)
+    attn = models.LlamaAttention(32, 4, 2, rope_theta=10000.0)
+    seq = nn_functional.FUSED_MIN_KEYS
+    x = kiln.Tensor(np.random.default_rng(8).standard_normal((1, seq, 32)).astype(np.float32))
+    pos = kiln.Tensor(np.arange(seq, dtype=np.int64).reshape(1, seq))
+    with kiln.no_grad():
+        want = attn(x, pos).asnumpy()
+        for level, backend, mode in VARIANTS:
+            jitted = kiln.jit(attn, jit_level=level, backend=backend, capture_mode=mode)
+            for _ in range(2):
+                np.testing.assert_allclose(jitted(x, pos).asnumpy(), want, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{level} {backend} {mode}")
+        text = kiln.jit(attn, jit_level="O1").graph_str(x, pos)
     assert "= attention(" in text and "softmax" not in text, text
 
 

@@ -13,17 +13,19 @@ def matmul(input, other):
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
 
 
-# Keys above which a call that records gradients runs the unfused ops (matmul, softmax, matmul)
-# instead of the fused op: its blockwise backward recomputes the scores (five products per block
-# pair against the unfused backward's four with the probabilities kept), which bench/bench_flash.py
-# measured slower there on a 2-core AVX2 EPYC (1.05-1.12x at 1024 keys; 0.57-1.00x at 256 and 512
-# keys, and the fused forward 0.38-0.99x at every length): README, "Attention".
-FUSED_BACKWARD_MAX_KEYS = 512
+# When the fused op runs: only for calls that record no gradients, with at least FUSED_MIN_KEYS keys;
+# every other call runs the unfused ops (matmul, softmax, matmul). bench/bench_flash.py on a quiet
+# 2-core AVX2 EPYC (README, "Attention core"): fused / unfused 0.91-1.01 forward at 512 keys and
+# 0.94-0.97 at 1024, but 1.06-1.10 at 256 keys, and 1.03-1.29 forward+backward (the blockwise
+# backward recomputes each score block: five products per block pair against the unfused
+# backward's four, which keeps the probabilities).
+FUSED_MIN_KEYS = 512
 
 
 def _fold_heads(q, k, v):
-    """Whether q, k, v have the op's shapes: (..., Hq, Lq, D), (..., Hk, Lk, D), (..., Hk, Lk, Dv)."""
-    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim):
+    """Whether q, k, v are what the op takes: one dtype, shapes (..., Hq, Lq, D), (..., Hk, Lk, D),
+    (..., Hk, Lk, Dv) (anything else goes to the op, which says what is wrong)."""
+    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim and q.dtype == k.dtype == v.dtype):
         return False
     qs, ks, vs = q.shape, k.shape, v.shape
     return (qs[:-3] == ks[:-3] == vs[:-3] and ks[-3] == vs[-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
@@ -43,14 +45,14 @@ def scaled_dot_product_attention(query, key, value, scale=None):
     never holds the whole score matrix (blockwise, FlashAttention-2's loops), forward and
     backward. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value (..., Hk, Lk, Dv), equal
     leading axes and Hq a multiple of Hk: query head h attends with kv head h // (Hq // Hk),
-    without copies of key and value. scale defaults to 1 / sqrt(D). No mask. A call that records
-    gradients with more than FUSED_BACKWARD_MAX_KEYS keys runs the unfused ops instead (their
-    backward is the faster one there)."""
+    without copies of key and value. scale defaults to 1 / sqrt(D). No mask. Calls that record
+    gradients, or have fewer than FUSED_MIN_KEYS keys, run the unfused ops instead (measured
+    faster there on this project's machine)."""
     q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
-    if (_fold_heads(q, k, v) and isinstance(k.shape[-2], int) and k.shape[-2] > FUSED_BACKWARD_MAX_KEYS
-            and _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    records = _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if _fold_heads(q, k, v) and isinstance(k.shape[-2], int) and (records or k.shape[-2] < FUSED_MIN_KEYS):
         return _unfused_attention(q, k, v, float(scale))
     out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
     return out
