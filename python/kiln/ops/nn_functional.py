@@ -52,7 +52,9 @@ def scaled_dot_product_attention(query, key, value, scale=None):
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
     records = _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _fold_heads(q, k, v) and isinstance(k.shape[-2], int) and (records or k.shape[-2] < FUSED_MIN_KEYS):
+    keys = k.shape[-2] if k.ndim >= 2 else 0
+    fused = not records and isinstance(keys, int) and keys >= FUSED_MIN_KEYS  # a symbolic length: unfused
+    if not fused and _fold_heads(q, k, v):
         return _unfused_attention(q, k, v, float(scale))
     out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
     return out
