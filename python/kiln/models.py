@@ -94,8 +94,8 @@ class LlamaAttention(nn.Cell):
         # (whose gradient of K and V needs no sum over copies)
         n_rep = self.num_heads // self.num_kv_heads
         q = ops.reshape(q, (b, self.num_kv_heads, n_rep * s, self.head_dim))
-        scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) / math.sqrt(self.head_dim)
-        out = ops.matmul(ops.softmax(scores, -1), v)
+        # softmax(q kᵀ / sqrt(head_dim)) v in one op, blockwise: the score matrix is never whole
+        out = ops.scaled_dot_product_attention(q, k, v, 1.0 / math.sqrt(self.head_dim))
         out = ops.reshape(out, (b, self.num_heads, s, self.head_dim))
         out = ops.reshape(ops.swapaxes(out, 1, 2), (b, s, self.hidden_size))
         return self.o_proj(out)

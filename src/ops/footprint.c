@@ -4,7 +4,7 @@
 #include "footprint.h"
 
 typedef enum { COST_NONE, COST_PER_OUT, COST_PER_IN, COST_MATMUL, COST_CONV, COST_CONV_BWD_INPUT,
-               COST_CONV_BWD_WEIGHT, COST_POOL } cost_model;
+               COST_CONV_BWD_WEIGHT, COST_POOL, COST_ATTENTION } cost_model;
 
 static const struct {
     cost_model model;
@@ -44,6 +44,12 @@ int64_t kiln_op_flops(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_m
     }
     case COST_CONV_BWD_INPUT: return 2 * numel(in0) * per_lead(in1);
     case COST_CONV_BWD_WEIGHT: return 2 * numel(in1) * per_lead(o);
+    case COST_ATTENTION: { /* forward (q, k, v) -> out; backward (gout, q, k, ...) */
+        const kiln_meta *q = k ? in1 : in0, *kk = nin > 1 + k ? in[1 + k] : NULL, *ov = k ? in0 : o;
+        int64_t keys = kk && kk->ndim >= 2 ? kk->shape[kk->ndim - 2] : 0;
+        int64_t rows = q && q->ndim > 0 && q->shape[q->ndim - 1] > 0 ? numel(q) / q->shape[q->ndim - 1] : 0;
+        return k ? keys * (6 * numel(q) + 4 * numel(ov)) : keys * (2 * numel(q) + 2 * numel(ov) + 4 * rows);
+    }
     case COST_POOL: {
         int64_t window = attrs && attrs->ni >= 2 ? attrs->i[0] * attrs->i[1] : 1;
         return k * window * (op == KILN_OP_AVG_POOL2D_BACKWARD ? numel(in0) : numel(o));

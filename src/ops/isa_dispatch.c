@@ -4,10 +4,11 @@
 
 #include "../core/internal.h"
 
-extern const kiln_isa_kernel kiln_isa_winograd, kiln_isa_norm_f32, kiln_isa_softmax_f32, kiln_isa_elementwise_f32;
+extern const kiln_isa_kernel kiln_isa_winograd, kiln_isa_norm_f32, kiln_isa_softmax_f32, kiln_isa_elementwise_f32,
+    kiln_isa_attention_f32;
 
 static const kiln_isa_kernel *const families[] = {&kiln_isa_winograd, &kiln_isa_norm_f32, &kiln_isa_softmax_f32,
-                                                  &kiln_isa_elementwise_f32};
+                                                  &kiln_isa_elementwise_f32, &kiln_isa_attention_f32};
 #define NFAMILIES ((int)(sizeof families / sizeof families[0]))
 
 int kiln_isa_kernel_count(void) { return NFAMILIES; }

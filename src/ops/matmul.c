@@ -107,7 +107,7 @@ static void mm_gemm(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const void *
 
 /* OpenBLAS single-threaded (see MM_SPLIT_MIN). Called on the caller's thread only, never
  * inside a parallel region. */
-static void mm_sync_threads(void) {
+void kiln_mm_single_threaded_blas(void) {
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
@@ -365,7 +365,7 @@ kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *bt, kiln_tensor *outp,
     }
     if (s == KILN_OK) s = mm_output(out[0], ct, &c);
     if (s == KILN_OK) {
-        mm_sync_threads();
+        kiln_mm_single_threaded_blas();
         mm_run(&p, x[0]->data, x[1]->data, c->data, c == out[0] ? epi : NULL);
         s = mm_finish_epilogue(out[0], c, p.N, epi);
     }
@@ -525,7 +525,7 @@ kiln_status kiln_linear_into(kiln_tensor *xin, kiln_tensor *win, kiln_tensor *bi
 #pragma omp parallel for schedule(static) if (R * OUT >= KILN_PARALLEL_MIN)
         for (int64_t r = 0; r < R; r++) memcpy((char *)c->data + (size_t)r * row, b->data, row);
     }
-    mm_sync_threads();
+    kiln_mm_single_threaded_blas();
     mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL, c == out[0] ? epi : NULL, 0);
     s = mm_finish_epilogue(out[0], c, OUT, epi);
 done:

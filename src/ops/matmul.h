@@ -19,4 +19,9 @@ kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *b, kiln_tensor *out, c
 kiln_status kiln_linear_into(kiln_tensor *x, kiln_tensor *w, kiln_tensor *bias, kiln_tensor *out,
                              const kiln_mm_epilogue *epi);
 
+/* OpenBLAS single-threaded, as kiln's kernels call it (each spreads its GEMMs over its own OpenMP
+ * threads). Call on the caller's thread, outside parallel regions, before calling cblas_*gemm in
+ * a kernel's own parallel region. */
+void kiln_mm_single_threaded_blas(void);
+
 #endif

@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "../core/internal.h"
+#include "compute_buffers.h"
 #include "isa_dispatch.h"
 
 /* ---- shared helpers ---------------------------------------------------------------------- */
@@ -30,47 +31,6 @@ static kiln_status check_float(const char *op, kiln_tensor *const *in, int nin) 
             return kiln_error(KILN_ERR_TYPE, "%s: expected floating-point inputs, input %d is %s", op, k,
                               kiln_dtype_name(in[k]->meta.dtype));
     return KILN_OK;
-}
-
-/* Contiguous copies of in[0..n) in dtype ct (new references; no copy when already so). */
-static kiln_status load_inputs(kiln_tensor *const *in, int n, kiln_dtype ct, kiln_tensor **c) {
-    for (int k = 0; k < n; k++) c[k] = NULL;
-    for (int k = 0; k < n; k++) {
-        kiln_status s = kiln_to_contiguous(in[k], ct, &c[k]);
-        if (s != KILN_OK) {
-            kiln_release_all(c, n);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
-/* Where a kernel writes out[k]: out[k] itself when it has dtype ct, else a temporary that
- * store_outputs converts back. */
-static kiln_status output_buffers(kiln_tensor **out, int n, kiln_dtype ct, kiln_tensor **buf) {
-    for (int k = 0; k < n; k++) buf[k] = NULL;
-    for (int k = 0; k < n; k++) {
-        kiln_status s = KILN_OK;
-        if (out[k]->meta.dtype == ct) {
-            kiln_tensor_retain(out[k]);
-            buf[k] = out[k];
-        } else {
-            s = kiln_tensor_empty(ct, out[k]->meta.ndim, out[k]->meta.shape, &buf[k]);
-        }
-        if (s != KILN_OK) {
-            kiln_release_all(buf, n);
-            return s;
-        }
-    }
-    return KILN_OK;
-}
-
-static kiln_status store_outputs(kiln_tensor **out, int n, kiln_tensor **buf) {
-    kiln_status s = KILN_OK;
-    for (int k = 0; k < n; k++)
-        if (buf[k] != out[k] && s == KILN_OK) s = kiln_copy_into(out[k], buf[k]);
-    kiln_release_all(buf, n);
-    return s;
 }
 
 /* Element c of a 1-D float tensor of any stride. */
@@ -553,7 +513,7 @@ KILN_KERNEL(batch_norm) {
     }
     kiln_tensor *x, *buf[3];
     KILN_TRY(kiln_to_contiguous(in[0], ct, &x));
-    kiln_status s = output_buffers(out, 3, ct, buf);
+    kiln_status s = kiln_compute_outputs(out, 3, ct, buf);
     int64_t C = p.C;
     double *mem = kiln_malloc(sizeof(double) * (size_t)(4 * C + 2 * C * p.slots + 1));
     if (!mem && s == KILN_OK) s = kiln_error(KILN_ERR_MEMORY, "batch_norm: out of memory");
@@ -596,7 +556,7 @@ KILN_KERNEL(batch_norm) {
     }
     free(mem);
     kiln_tensor_release(x);
-    return store_outputs(out, 3, buf);
+    return kiln_store_compute(out, 3, buf);
 }
 
 /* (gy, x, gamma, mean, invstd) -> (gx, ggamma, gbeta); i[0] = batch statistics were used */
@@ -628,8 +588,8 @@ static kiln_status bn_backward(const char *op, kiln_tensor *const *in, int nin, 
     int64_t C = p.C;
     kiln_tensor *c[3] = {NULL, NULL, NULL}, *buf[3];
     kiln_tensor *loaded[3] = {in[0], in[1], nin > 5 ? in[5] : NULL};
-    KILN_TRY(load_inputs(loaded, nin > 5 ? 3 : 2, ct, c));
-    kiln_status s = output_buffers(out, 3, ct, buf);
+    KILN_TRY(kiln_load_compute(loaded, nin > 5 ? 3 : 2, ct, c));
+    kiln_status s = kiln_compute_outputs(out, 3, ct, buf);
     double *mem = s == KILN_OK ? kiln_malloc(sizeof(double) * (size_t)(6 * C + 2 * C * p.slots + 1)) : NULL;
     if (!mem && s == KILN_OK) {
         kiln_release_all(buf, 3);
@@ -660,7 +620,7 @@ static kiln_status bn_backward(const char *op, kiln_tensor *const *in, int nin, 
     DISPATCH(f64, bn_grad_input, c[0]->data, mk, c[1]->data, buf[0]->data, &p, mean, k1, k2, k3);
     free(mem);
     kiln_release_all(c, 3);
-    return store_outputs(out, 3, buf);
+    return kiln_store_compute(out, 3, buf);
 }
 
 KILN_KERNEL(batch_norm_backward) { return bn_backward("batch_norm_backward", in, nin, a, out); }
@@ -866,8 +826,8 @@ static kiln_status ln_forward(kiln_tensor *const *in, int nin, const kiln_attrs 
     int64_t rows = 0, D = 0; /* (set by ln_split; gcc cannot always tell) */
     KILN_TRY(ln_split(centered ? "layer_norm" : "rms_norm", in, nin, a, &rows, &D));
     kiln_tensor *c[3], *buf[3];
-    KILN_TRY(load_inputs(in, nin, ct, c));
-    kiln_status s = output_buffers(out, nout, ct, buf);
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    kiln_status s = kiln_compute_outputs(out, nout, ct, buf);
     if (s != KILN_OK) {
         kiln_release_all(c, nin);
         return s;
@@ -875,7 +835,7 @@ static kiln_status ln_forward(kiln_tensor *const *in, int nin, const kiln_attrs 
     void *b = centered ? c[2]->data : NULL, *mean = centered ? buf[1]->data : NULL, *rstd = buf[nout - 1]->data;
     DISPATCH(f64, ln_forward, c[0]->data, c[1]->data, b, buf[0]->data, mean, rstd, rows, D, a->f[0], centered);
     kiln_release_all(c, nin);
-    return store_outputs(out, nout, buf);
+    return kiln_store_compute(out, nout, buf);
 }
 
 KILN_KERNEL(layer_norm) { return ln_forward(in, nin, a, out, true); }
@@ -911,8 +871,8 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
     KILN_TRY(ln_split(op, in + 1, nin - 1, a, &rows, &D));
     ln_plan lp = ln_plan_make(rows, D);
     kiln_tensor *c[5], *buf[3];
-    KILN_TRY(load_inputs(in, nin, ct, c));
-    kiln_status s = output_buffers(out, nout, ct, buf);
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    kiln_status s = kiln_compute_outputs(out, nout, ct, buf);
     size_t doubles = (size_t)(2 * lp.nrb * D + (lp.ncb > 1 ? 2 * rows : 0) + 1);
     double *part = s == KILN_OK ? kiln_malloc(sizeof(double) * doubles) : NULL;
     if (!part && s == KILN_OK) {
@@ -928,7 +888,7 @@ static kiln_status ln_backward(kiln_tensor *const *in, int nin, const kiln_attrs
              part + 2 * lp.nrb * D);
     free(part);
     kiln_release_all(c, nin);
-    return store_outputs(out, nout, buf);
+    return kiln_store_compute(out, nout, buf);
 }
 
 KILN_KERNEL(layer_norm_backward) { return ln_backward(in, nin, a, out, true); }

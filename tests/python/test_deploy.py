@@ -14,6 +14,8 @@ import pytest
 
 import kiln
 from kiln import models, nn, ops
+from kiln._optable import OP
+from kiln.ops._util import apply
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KILN_RUN = os.path.join(ROOT, "build", "kiln-run")
@@ -455,6 +457,12 @@ class Encoder(nn.Cell):
         return self.rms(ops.gelu(self.fc(h)) + h)
 
 
+def fused_attention(q, k, v):
+    """the attention op itself, query heads grouped over kv heads (kiln.ops' function runs the
+    unfused ops at these sizes)"""
+    return apply(OP.attention, (q, k, v), (), (0.35,))[0]
+
+
 def looped(x):
     return ops.while_loop(lambda v: v.sum() > 1.0, lambda v: v * 0.5 + 0.01, (x,))[0] * 2
 
@@ -464,6 +472,7 @@ def looped(x):
     lambda: (CNN().set_train(False), (arr(2, 3, 8, 8),)),
     lambda: (basic_block(), (arr(1, 8, 10, 10),)),
     _attention,
+    lambda: (fused_attention, (arr(1, 4, 5, 8), arr(1, 2, 7, 8, seed=1), arr(1, 2, 7, 6, seed=2))),
     lambda: (PoolNet(), (arr(2, 3, 8, 8),)),
     lambda: (Encoder(), (kiln.tensor(np.array([[1, 4, 9], [0, 2, 2]], dtype=np.int64)),)),
     lambda: (branchy, (arr(3), arr(3, seed=5))),  # if: both branches

@@ -19,6 +19,8 @@ import pytest
 
 import kiln
 from kiln import ops
+from kiln._optable import OP
+from kiln.ops._util import apply
 
 VARIANTS = ("baseline", "avx2", "avx512")
 
@@ -87,6 +89,23 @@ def test_row_norms_every_variant(variant, rows, d):
     y, gy, (gx, gw) = _grads(lambda xt, wt: ops.rms_norm(xt, wt), x, w)
     for got, want, what in zip((y, gx, gw), _row_norm_ref(x, w, None, gy, False, 1e-6), ("y", "gx", "gw")):
         _close(got, want, f"rms_norm {what} ({variant})")
+
+
+# attention's blockwise float32 kernel (2 key blocks of 256, 2 query blocks of 64, 2 query heads
+# per kv head) against its float64 reference kernel, forward and gradients
+@pytest.mark.parametrize("variant", VARIANTS, indirect=True)
+def test_attention_every_variant(variant):
+    rng = np.random.default_rng(17)
+    q, k, v = rng.standard_normal((1, 4, 70, 16)), rng.standard_normal((1, 2, 300, 16)), rng.standard_normal((1, 2, 300, 8))
+    def attention(*ts):  # the op itself (kiln.ops' function may run the unfused ops)
+        return apply(OP.attention, ts, (), (0.25,))[0]
+
+    y, gy, grads = _grads(attention, q, k, v)
+    t64 = [kiln.Tensor(a) for a in (q, k, v)]
+    want_grads = kiln.grad(lambda *ts: (attention(*ts) * kiln.Tensor(gy)).sum(), grad_position=(0, 1, 2))(*t64)
+    _close(y, attention(*t64).asnumpy(), f"attention ({variant})")
+    for got, want, what in zip(grads, want_grads, "qkv"):
+        _close(got, want.asnumpy(), f"attention grad {what} ({variant})")
 
 
 # spatial extents below 32 take the expanded-coefficient loops, longer ones the per-row loops
@@ -163,7 +182,7 @@ def test_default_choice_follows_the_level():
     want = {"avx512_core": "avx512", "avx2": "avx2"}.get(info["isa"], "baseline")
     if info["max_cpu_isa"] is None and "KILN_MAX_CPU_ISA" not in os.environ:
         assert info["isa"] == info["cpu_isa_level"]
-    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32", "elementwise_f32"}
+    assert set(kiln._C.isa_kernels()) == {"winograd", "norm_f32", "softmax_f32", "elementwise_f32", "attention_f32"}
     assert set(kiln._C.isa_kernels().values()) == {want}, (info, kiln._C.isa_kernels())
 
 

@@ -69,6 +69,7 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
            "gather_elements": "GatherElements"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
 _OTHER = ("silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
+          "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
           "gather", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
 SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
@@ -134,6 +135,23 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         b.node("Mul", [b.node("Mul", [ins[0], rstd]), ins[1]], [out])
         if len(outs) > 1:
             b.node("Reshape", [rstd, b.ints(metas[1][1])], [outs[1]])
+    elif op == "attention":  # (out, lse): softmax(scale q kᵀ) v; query heads grouped per kv head
+        qs, ks, vs = (list(m[1]) for m in in_metas)
+        q, k, v = ins
+        group = qs[-3] // ks[-3] if ks[-3] else 1
+        if group > 1:  # q (..., Hk, group, Lq, D) against k and v (..., Hk, 1, Lk, D)
+            q = b.node("Reshape", [q, b.ints(ks[:-2] + [group] + qs[-2:])])
+            k = b.node("Reshape", [k, b.ints(ks[:-2] + [1] + ks[-2:])])
+            v = b.node("Reshape", [v, b.ints(vs[:-2] + [1] + vs[-2:])])
+        nd = len(qs) + (group > 1)
+        kt = b.node("Transpose", [k], perm=list(range(nd - 2)) + [nd - 1, nd - 2])
+        scores = b.node("Mul", [b.node("MatMul", [q, kt]), b.const(np.asarray(floats[0], _np_dtype(in_metas[0][0])))])
+        o = b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v])
+        b.node("Reshape", [o, b.ints(metas[0][1])], [out])
+        if len(outs) > 1:
+            lse = b.node("ReduceLogSumExp", [scores], axes=[-1], keepdims=0)
+            b.node("Reshape", [b.node("Cast", [lse], to=b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[1][0]))))
+                               , b.ints(metas[1][1])], [outs[1]])
     elif op in ("reshape", "expand"):
         b.node("Reshape" if op == "reshape" else "Expand", [ins[0], b.ints(ints)], [out])
     elif op == "permute":

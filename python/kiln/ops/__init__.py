@@ -9,7 +9,7 @@ from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, 
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
 from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
-                            max_pool2d, rms_norm, stop_gradient)
+                            max_pool2d, rms_norm, scaled_dot_product_attention, stop_gradient)
 from .control_flow import cond, while_loop
 from .debug import print_
 

@@ -1,11 +1,63 @@
 """Neural-network ops: linear algebra, convolution, pooling, normalization, dropout."""
+import math
+
+from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, pair
+from .array import reshape, swapaxes
+from .math import softmax
 
 
 def matmul(input, other):
     """Matrix product with NumPy semantics (1-D operands, batch broadcasting)."""
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
+
+
+# When the fused op runs: only for calls that record no gradients, with at least FUSED_MIN_KEYS keys;
+# every other call runs the unfused ops (matmul, softmax, matmul). bench/bench_flash.py on a quiet
+# 2-core AVX2 EPYC (README, "Attention core"): fused / unfused 0.91-1.01 forward at 512 keys and
+# 0.94-0.97 at 1024, but 1.06-1.10 at 256 keys, and 1.03-1.29 forward+backward (the blockwise
+# backward recomputes each score block: five products per block pair against the unfused
+# backward's four, which keeps the probabilities).
+FUSED_MIN_KEYS = 512
+
+
+def _fold_heads(q, k, v):
+    """Whether q, k, v are what the op takes: one dtype, shapes (..., Hq, Lq, D), (..., Hk, Lk, D),
+    (..., Hk, Lk, Dv) (anything else goes to the op, which says what is wrong)."""
+    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim and q.dtype == k.dtype == v.dtype):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    return (qs[:-3] == ks[:-3] == vs[:-3] and ks[-3] == vs[-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
+            and ks[-2] == vs[-2] and ks[-1] == qs[-1])
+
+
+def _unfused_attention(q, k, v, scale):
+    """The same product by the unfused ops, query heads folded per kv head."""
+    lead, (hq, lq, d), (hk, lk, dv) = tuple(q.shape[:-3]), q.shape[-3:], v.shape[-3:]
+    qf = reshape(q, lead + (hk, hq // hk * lq, d))
+    out = matmul(softmax(matmul(qf, swapaxes(k, -1, -2)) * scale, -1), v)
+    return reshape(out, lead + (hq, lq, dv))
+
+
+def scaled_dot_product_attention(query, key, value, scale=None):
+    """softmax(scale * query @ keyᵀ) @ value over the last two axes, in one op whose kernel
+    never holds the whole score matrix (blockwise, FlashAttention-2's loops), forward and
+    backward. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value (..., Hk, Lk, Dv), equal
+    leading axes and Hq a multiple of Hk: query head h attends with kv head h // (Hq // Hk),
+    without copies of key and value. scale defaults to 1 / sqrt(D). No mask. Calls that record
+    gradients, or have fewer than FUSED_MIN_KEYS keys, run the unfused ops instead (measured
+    faster there on this project's machine)."""
+    q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
+    records = _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    keys = k.shape[-2] if k.ndim >= 2 else 0
+    fused = not records and isinstance(keys, int) and keys >= FUSED_MIN_KEYS  # a symbolic length: unfused
+    if not fused and _fold_heads(q, k, v):
+        return _unfused_attention(q, k, v, float(scale))
+    out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
+    return out
 
 
 def dense(input, weight, bias=None):
