@@ -111,12 +111,17 @@ static kiln_status rule_matmul_epilogue(kiln_symtab *t, const char *op, int nin,
     return KILN_OK;
 }
 
+/* A shape whose n sizes are the size attributes' expressions from `from` on. */
+static void sizes_from(int n, const kiln_sdim *from, kiln_sshape *out) {
+    out->ndim = n;
+    for (int d = 0; d < n; d++) out->d[d] = from[d];
+}
+
 /* fused: i[2] sizes from i[3] (the group's result; its subgraph holds the same expressions) */
 static kiln_status rule_fused(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)nout;
-    out[0].ndim = (int32_t)a->i[2];
-    for (int d = 0; d < out[0].ndim; d++) out[0].d[d] = ai[3 + d];
+    sizes_from((int)a->i[2], &ai[3], &out[0]);
     return KILN_OK;
 }
 
@@ -149,8 +154,7 @@ static kiln_status rule_reshape(kiln_symtab *t, const char *op, int nin, const k
     KILN_TRY(product(t, a->ni, ai, &after));
     if (!kiln_sdim_same(before, after))
         return fail(t, op, nin, in, "the element counts of the two shapes are not the same expression");
-    out[0].ndim = a->ni;
-    for (int d = 0; d < a->ni; d++) out[0].d[d] = ai[d];
+    sizes_from(a->ni, ai, &out[0]);
     return KILN_OK;
 }
 
@@ -172,8 +176,7 @@ static kiln_status rule_expand(kiln_symtab *t, const char *op, int nin, const ki
         if (!kiln_sdim_same(x, want) && !is_one(x))
             return fail(t, op, nin, in, "an input size is neither the target's nor 1 for every value of the symbols");
     }
-    out[0].ndim = a->ni;
-    for (int d = 0; d < a->ni; d++) out[0].d[d] = ai[d];
+    sizes_from(a->ni, ai, &out[0]);
     return KILN_OK;
 }
 
@@ -295,8 +298,7 @@ static kiln_status rule_batch_norm(kiln_symtab *t, const char *op, int nin, cons
 static kiln_status rule_full(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)nout;
-    out[0].ndim = (int32_t)a->i[1];
-    for (int d = 0; d < out[0].ndim; d++) out[0].d[d] = ai[2 + d];
+    sizes_from((int)a->i[1], &ai[2], &out[0]);
     return KILN_OK;
 }
 
