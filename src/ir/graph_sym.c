@@ -2,6 +2,7 @@
  * a node's outputs through the op table's KILN_SYM rules, the verifier's checks and evaluation at
  * a binding. */
 #include "../ops/infer_sym.h"
+#include "follow.h"
 #include "symbolic.h"
 
 kiln_status kiln_graph_add_symbol(kiln_graph *g, int64_t lower, int64_t hint, kiln_sdim *out) {
@@ -199,9 +200,87 @@ kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings,
     return KILN_OK;
 }
 
+/* The votes picked at the followed nodes that had several left (kiln_follow_sizes), in the order
+ * met: an attempt that fails further on tries the next vote of the last such node (a depth-first
+ * search over the choices, bounded). */
+#define MAX_CHOICES 16
+#define MAX_ATTEMPTS 32
+typedef struct follow_choices {
+    int met, fixed;                   /* met this attempt; picks [0, fixed) given by the search */
+    int pick[MAX_CHOICES], options[MAX_CHOICES];
+} follow_choices;
+
+/* follow.c's check of a vote: node i of c infers symbolically with the sizes at its span. */
+typedef struct sym_follow_check {
+    kiln_graph *c;
+    int32_t i;
+    int first, count;
+    const kiln_sdim *now; /* the node's other attributes as sizes */
+} sym_follow_check;
+
+static bool sym_follow_fits(void *ctx, const kiln_sdim *sizes) {
+    sym_follow_check *f = ctx;
+    const kiln_node *n = &f->c->nodes[f->i];
+    int32_t attr_sym[KILN_MAX_ATTR_INTS] = {0};
+    for (int k = 0; k < n->attrs.ni; k++) {
+        kiln_sdim d = k >= f->first && k < f->first + f->count ? sizes[k - f->first] : f->now[k];
+        attr_sym[k] = d.e;
+    }
+    kiln_meta concrete[KILN_MAX_OUTPUTS];
+    kiln_sshape shapes[KILN_MAX_OUTPUTS];
+    for (int k = 0; k < n->nout; k++) concrete[k] = f->c->values[n->out[k]].meta;
+    return kiln_graph_infer_sym(f->c, n->op, n->nin, n->in, &n->attrs, attr_sym, n->nout, concrete, shapes) == KILN_OK;
+}
+
+/* A KILN_ATTR_SET_FOLLOW set (a backward pass's node) on node i of c: a reshape, expand, full or a
+ * convolution's or pooling's backward gets the expressions of the values its sizes were taken from
+ * (kiln_follow_sizes; c still has the recorded sizes as hints), a slice or slice_assign those of
+ * the earlier slices recorded with the same attributes (all agreeing); other ops get nothing. */
+static kiln_status follow_attrs(kiln_graph *c, int32_t i, kiln_sdim *now, bool *given, follow_choices *ch) {
+    kiln_node *n = &c->nodes[i];
+    int first, count;
+    if (n->op == KILN_OP_SLICE || n->op == KILN_OP_SLICE_ASSIGN) {
+        bool found = false;
+        for (int32_t j = 0; j < i; j++) {
+            const kiln_node *o = &c->nodes[j];
+            if ((o->op != KILN_OP_SLICE && o->op != KILN_OP_SLICE_ASSIGN) || o->attrs.ni != n->attrs.ni ||
+                memcmp(o->attrs.i, n->attrs.i, sizeof(int64_t) * (size_t)n->attrs.ni) != 0)
+                continue;
+            for (int k = 0; k < n->attrs.ni; k++)
+                if (found && !kiln_sdim_same(now[k], kiln_graph_attr_dim(o, k)))
+                    return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) follows slices that differ", i,
+                                      kiln_op_table[n->op].name);
+            kiln_graph_attr_dims(o, now);
+            found = true;
+        }
+        if (!found)
+            return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) has no slice to follow", i,
+                              kiln_op_table[n->op].name);
+        for (int k = 0; k < n->attrs.ni; k++) given[k] = true;
+        return KILN_OK;
+    }
+    if (!kiln_follow_span(n, &first, &count)) return KILN_OK;
+    sym_follow_check f = {c, i, first, count, now};
+    kiln_sdim got[KILN_MAX_DIMS];
+    int at = ch->met, options;
+    if (at == MAX_CHOICES)
+        return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s): too many followed sizes with several votes", i,
+                          kiln_op_table[n->op].name);
+    KILN_TRY(kiln_follow_sizes(c, c, i, sym_follow_fits, &f, "symbolize", at < ch->fixed ? ch->pick[at] : 0, &options,
+                               got));
+    if (options > 1) {
+        if (at >= ch->fixed) ch->pick[at] = 0;
+        ch->options[at] = options;
+        ch->met++;
+    }
+    for (int k = 0; k < count; k++) now[first + k] = got[k], given[first + k] = true;
+    return KILN_OK;
+}
+
 /* The attributes of node i of c given by sets as sizes (attr_sym set, hints checked): in order,
  * the last set of an attribute winning, REST sets last (as kiln_graph_rebind applies them). */
-static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kiln_attr_sym_set *sets) {
+static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kiln_attr_sym_set *sets,
+                                   follow_choices *ch) {
     kiln_node *n = &c->nodes[i];
     const char *name = kiln_op_table[n->op].name;
     kiln_sdim now[KILN_MAX_ATTR_INTS];
@@ -210,6 +289,10 @@ static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kil
     for (int k = 0; k < 2 * nset; k++) {
         const kiln_attr_sym_set *st = &sets[k % nset];
         if (st->node != i || (st->kind == KILN_ATTR_SET_REST) != (k >= nset)) continue;
+        if (st->kind == KILN_ATTR_SET_FOLLOW) {
+            KILN_TRY(follow_attrs(c, i, now, given, ch));
+            continue;
+        }
         if (st->index < 0 || st->index >= n->attrs.ni)
             return kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) has no attribute %d", i, name, st->index);
         kiln_sdim d = st->value;
@@ -254,12 +337,12 @@ static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kil
     return KILN_OK;
 }
 
-kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
-                                 const kiln_attr_sym_set *sets, kiln_graph **out) {
+/* One attempt of kiln_graph_symbolize with the choices ch (syms: taken). */
+static kiln_status symbolize_once(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
+                                  const kiln_attr_sym_set *sets, follow_choices *ch, kiln_graph **out) {
     *out = NULL;
     kiln_graph *c = NULL;
-    kiln_status s = kiln_graph_require_concrete(g, "symbolize");
-    if (s == KILN_OK) s = kiln_graph_clone(g, &c);
+    kiln_status s = kiln_graph_clone(g, &c);
     if (s != KILN_OK) {
         kiln_symtab_free(syms);
         return s;
@@ -279,7 +362,7 @@ kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const k
     }
     for (int32_t i = 0; i < c->nnodes && s == KILN_OK; i++) {
         kiln_node *n = &c->nodes[i];
-        s = symbolize_attrs(c, i, nset, sets);
+        s = symbolize_attrs(c, i, nset, sets, ch);
         if (s != KILN_OK || !kiln_graph_node_symbolic(c, n->nin, n->in, n->attrs.ni, n->attr_sym)) continue;
         bool named = false;
         for (int k = 0; k < nset && !named; k++) named = sets[k].node == i;
@@ -303,4 +386,26 @@ kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const k
     }
     *out = c;
     return KILN_OK;
+}
+
+kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
+                                 const kiln_attr_sym_set *sets, kiln_graph **out) {
+    *out = NULL;
+    kiln_status s = kiln_graph_require_concrete(g, "symbolize");
+    follow_choices ch = {0};
+    for (int attempt = 0; s == KILN_OK; attempt++) {
+        kiln_symtab *t;
+        ch.met = 0;
+        if ((s = kiln_symtab_clone(syms, &t)) != KILN_OK) break;
+        s = symbolize_once(g, t, inputs, nset, sets, &ch, out);
+        if (s != KILN_ERR_VALUE || attempt + 1 == MAX_ATTEMPTS) break;
+        int j = ch.met - 1; /* the last choice with a vote left to try */
+        while (j >= 0 && ch.pick[j] + 1 >= ch.options[j]) j--;
+        if (j < 0) break;
+        ch.pick[j]++;
+        ch.fixed = j + 1;
+        s = KILN_OK;
+    }
+    kiln_symtab_free(syms);
+    return s;
 }

@@ -6,19 +6,8 @@
 #include "../core/internal.h"
 #include "control.h"
 #include "kiln/graph.h"
+#include "follow.h"
 #include "symbolic.h"
-
-/* The int attributes of n that hold its sizes for KILN_ATTR_SET_FOLLOW: [*first, *first + *count). */
-static bool follow_span(const kiln_node *n, int *first, int *count) {
-    switch (n->op) {
-    case KILN_OP_RESHAPE:
-    case KILN_OP_EXPAND: *first = 0, *count = n->attrs.ni; return *count <= KILN_MAX_DIMS;
-    case KILN_OP_FULL:
-        *first = 2, *count = n->attrs.ni >= 2 ? (int)n->attrs.i[1] : -1;
-        return *count >= 0 && *count <= KILN_MAX_DIMS && 2 + *count <= n->attrs.ni;
-    default: return false;
-    }
-}
 
 /* KILN_ATTR_SET_FOLLOW for a slice or slice_assign: the attrs of the earlier slice node recorded
  * with the same ones, as rebound (every such node agreeing). */
@@ -43,54 +32,36 @@ static kiln_status follow_slice(const kiln_graph *orig, kiln_graph *c, kiln_node
     return KILN_OK;
 }
 
-/* One candidate's vote for a followed node's sizes (`got`, from the value's recorded shape `old`
- * and its rebound one `now`): j == 1, sizes `was` equal to the value's, a size 1 where the value's
- * is not kept at 1; j >= 2 (reshapes), the value's leading j sizes merged into the first (a
- * linear's or matmul's gradient flattening them). */
-static bool vote(const int64_t *was, int count, const kiln_meta *old, const kiln_meta *now, int j, int64_t *got) {
-    if (old->ndim != count + j - 1) return false;
-    if (j == 1) {
-        for (int k = 0; k < count; k++) {
-            if (was[k] != old->shape[k] && was[k] != 1) return false;
-            got[k] = was[k] == old->shape[k] ? now->shape[k] : 1;
-        }
-        return true;
-    }
-    int64_t lead = 1, lead_now = 1;
-    for (int k = 0; k < j; k++) lead *= old->shape[k], lead_now *= now->shape[k];
-    if (count < 1 || was[0] != lead) return false;
-    got[0] = lead_now;
-    for (int k = 1; k < count; k++) {
-        if (was[k] != old->shape[j + k - 1]) return false;
-        got[k] = now->shape[j + k - 1];
-    }
-    return true;
+/* follow.c's check of a vote: node n of c infers with the sizes at its span. */
+typedef struct follow_check {
+    kiln_graph *c;
+    kiln_node *n;
+    int first, count;
+} follow_check;
+
+static bool follow_fits(void *ctx, const kiln_sdim *sizes) {
+    follow_check *f = ctx;
+    int64_t keep[KILN_MAX_DIMS];
+    memcpy(keep, &f->n->attrs.i[f->first], sizeof(int64_t) * (size_t)f->count);
+    for (int k = 0; k < f->count; k++) f->n->attrs.i[f->first + k] = sizes[k].v;
+    kiln_meta metas[KILN_MAX_OUTPUTS];
+    bool ok = kiln_graph_infer_node(f->c, f->n, metas) == KILN_OK;
+    memcpy(&f->n->attrs.i[f->first], keep, sizeof(int64_t) * (size_t)f->count);
+    return ok;
 }
 
-/* KILN_ATTR_SET_FOLLOW for a reshape, expand or full: its sizes from every earlier value that
- * votes for them (see vote); all votes must agree. */
+/* KILN_ATTR_SET_FOLLOW for a reshape, expand, full or a convolution's or pooling's backward: the
+ * sizes of the values the node was recorded from (kiln_follow_sizes). */
 static kiln_status follow_sizes(const kiln_graph *orig, kiln_graph *c, kiln_node *n, int32_t node, int first,
                                 int count) {
-    const int64_t *was = &orig->nodes[node].attrs.i[first];
-    int64_t got[KILN_MAX_DIMS], want[KILN_MAX_DIMS];
-    bool found = false;
-    int merges = n->op == KILN_OP_RESHAPE ? KILN_MAX_DIMS : 1;
-    for (int32_t v = 0; v < orig->nvalues; v++) {
-        const kiln_value *ov = &orig->values[v];
-        if (ov->kind == KILN_VALUE_NODE && ov->node >= node) continue;
-        for (int j = 1; j <= merges; j++) {
-            if (!vote(was, count, &ov->meta, &c->values[v].meta, j, got)) continue;
-            if (found && memcmp(got, want, sizeof(int64_t) * (size_t)count) != 0)
-                return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows values whose sizes now differ", node,
-                                  kiln_op_table[n->op].name);
-            memcpy(want, got, sizeof(int64_t) * (size_t)count);
-            found = true;
-        }
-    }
-    if (!found)
-        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) has no value whose sizes it follows", node,
+    follow_check f = {c, n, first, count};
+    kiln_sdim got[KILN_MAX_DIMS];
+    int options;
+    KILN_TRY(kiln_follow_sizes(orig, c, node, follow_fits, &f, "rebind", 0, &options, got));
+    if (options > 1)
+        return kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) follows values whose sizes now differ", node,
                           kiln_op_table[n->op].name);
-    memcpy(&n->attrs.i[first], want, sizeof(int64_t) * (size_t)count);
+    for (int k = 0; k < count; k++) n->attrs.i[first + k] = got[k].v;
     return KILN_OK;
 }
 
@@ -135,7 +106,7 @@ static kiln_status apply_sets(const kiln_graph *orig, kiln_graph *g, kiln_node *
             if (sets[k].kind == KILN_ATTR_SET_FOLLOW) {
                 int first, count;
                 if (n->op == KILN_OP_SLICE || n->op == KILN_OP_SLICE_ASSIGN) KILN_TRY(follow_slice(orig, g, n, i));
-                else if (follow_span(n, &first, &count)) KILN_TRY(follow_sizes(orig, g, n, i, first, count));
+                else if (kiln_follow_span(n, &first, &count)) KILN_TRY(follow_sizes(orig, g, n, i, first, count));
                 else continue;
             } else {
                 KILN_TRY(apply_set(g, n, i, &sets[k]));

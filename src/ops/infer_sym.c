@@ -6,6 +6,8 @@
  * naming the op and the shapes where it cannot show it. */
 #include "infer_sym.h"
 
+#include <string.h>
+
 typedef kiln_status (*sym_rule)(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                                  const kiln_sdim *ai, int nout, kiln_sshape *out);
 
@@ -315,6 +317,163 @@ static kiln_status rule_token(kiln_symtab *t, const char *op, int nin, const kil
                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)a, (void)ai, (void)nout;
     out[0].ndim = 0;
+    return KILN_OK;
+}
+
+/* ---- convolution and pooling (NCHW; conv2d_fused and relayout in their layouts) ---------------- */
+
+/* floor((size + pad - ext) / stride) + 1, the count of windows of extent ext (a dilated kernel)
+ * at `stride` over size + pad, shown to be at least 1 for every binding by the lower bounds. */
+static kiln_status windows(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, kiln_sdim size, int64_t pad,
+                           int64_t ext, int64_t stride, kiln_sdim *out) {
+    kiln_sdim r;
+    KILN_TRY(kiln_sym_add(t, size, kiln_sdim_const(pad - ext), &r));
+    if (kiln_sym_lower_bound(t, r) < 0)
+        return fail(t, op, nin, in, "the window may not fit the padded input for every value of the symbols");
+    KILN_TRY(kiln_sym_floordiv(t, r, stride, &r));
+    return kiln_sym_add(t, r, kiln_sdim_const(1), out);
+}
+
+/* The (N, O, OH, OW) of a convolution (attributes i[0..8] as conv2d's) of x (N, C, H, W) by w
+ * (O, C / groups, KH, KW): the kernel's sizes constants, C the same expression as w's times groups. */
+static kiln_status conv_out(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                            const kiln_sdim *x, const kiln_sdim *w, kiln_sdim *out) {
+    const int64_t *i = a->i;
+    kiln_sdim c;
+    KILN_TRY(kiln_sym_mul(t, w[1], kiln_sdim_const(i[8]), &c));
+    if (!kiln_sdim_same(x[1], c))
+        return fail(t, op, nin, in, "the input's channels and the weight's are not the same expression");
+    if (!kiln_sdim_is_const(w[2]) || !kiln_sdim_is_const(w[3]))
+        return fail(t, op, nin, in, "the kernel's sizes must be constants");
+    out[0] = x[0], out[1] = w[0];
+    KILN_TRY(windows(t, op, nin, in, x[2], i[2] + i[3], i[6] * (w[2].v - 1) + 1, i[0], &out[2]));
+    return windows(t, op, nin, in, x[3], i[4] + i[5], i[7] * (w[3].v - 1) + 1, i[1], &out[3]);
+}
+
+static bool same_dims(int n, const kiln_sdim *x, const kiln_sdim *y) {
+    for (int d = 0; d < n; d++)
+        if (!kiln_sdim_same(x[d], y[d])) return false;
+    return true;
+}
+
+/* conv2d(x, w[, b]) */
+static kiln_status rule_conv2d(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    out[0].ndim = 4;
+    KILN_TRY(conv_out(t, op, nin, in, a, in[0].d, in[1].d, out[0].d));
+    if (nin > 2 && !kiln_sdim_same(in[2].d[0], in[1].d[0]))
+        return fail(t, op, nin, in, "the bias's size and the weight's first are not the same expression");
+    return KILN_OK;
+}
+
+/* A shape in conv layout `layout` (conv_epilogue.h's numbers) to NCHW and back; blocked layouts
+ * need constant channels. */
+static kiln_status layout_to_nchw(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, int64_t layout,
+                                  const kiln_sshape *x, kiln_sdim *nchw) {
+    if (layout == 1) { /* (N, H, W, C) */
+        nchw[0] = x->d[0], nchw[1] = x->d[3], nchw[2] = x->d[1], nchw[3] = x->d[2];
+        return KILN_OK;
+    }
+    for (int d = 0; d < 4; d++) nchw[d] = x->d[d];
+    if (layout == 0) return KILN_OK;
+    if (!kiln_sdim_is_const(x->d[1])) return fail(t, op, nin, in, "a blocked layout needs constant channels");
+    nchw[1] = kiln_sdim_const(x->d[1].v * x->d[4].v);
+    return KILN_OK;
+}
+
+static kiln_status layout_from_nchw(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, int64_t layout,
+                                    const kiln_sdim *nchw, kiln_sshape *out) {
+    out->ndim = 4;
+    if (layout == 1) {
+        out->d[0] = nchw[0], out->d[1] = nchw[2], out->d[2] = nchw[3], out->d[3] = nchw[1];
+        return KILN_OK;
+    }
+    for (int d = 0; d < 4; d++) out->d[d] = nchw[d];
+    if (layout == 0) return KILN_OK;
+    int64_t block = layout == 2 ? 16 : 8;
+    if (!kiln_sdim_is_const(nchw[1]) || nchw[1].v % block)
+        return fail(t, op, nin, in, "a blocked layout needs constant channels");
+    out->ndim = 5, out->d[1] = kiln_sdim_const(nchw[1].v / block), out->d[4] = kiln_sdim_const(block);
+    return KILN_OK;
+}
+
+/* conv2d_fused(x, w[, b][, r]): x, r and the result in layout i[12]; r the result's shape. */
+static kiln_status rule_conv2d_fused(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                     const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    kiln_sdim x[4], y[4];
+    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[12], &in[0], x));
+    KILN_TRY(conv_out(t, op, nin, in, a, x, in[1].d, y));
+    if (a->i[9] && !kiln_sdim_same(in[2].d[0], in[1].d[0]))
+        return fail(t, op, nin, in, "the bias's size and the weight's first are not the same expression");
+    KILN_TRY(layout_from_nchw(t, op, nin, in, a->i[12], y, &out[0]));
+    if (a->i[10] && (in[nin - 1].ndim != out[0].ndim || !same_dims(out[0].ndim, in[nin - 1].d, out[0].d)))
+        return fail(t, op, nin, in, "the residual's sizes and the output's are not the same expressions");
+    return KILN_OK;
+}
+
+/* relayout(x): i[0] x's layout, i[1] the result's */
+static kiln_status rule_relayout(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                 const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    kiln_sdim nchw[4];
+    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[0], &in[0], nchw));
+    return layout_from_nchw(t, op, nin, in, a->i[1], nchw, &out[0]);
+}
+
+/* conv2d_backward_input(gy, w): the input's sizes i[9..12], gy the convolution's output of them;
+ * conv2d_backward_weight(x, gy): the weight's sizes i[9..12], gy the output of x by them. */
+static kiln_status rule_conv2d_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                        const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)nout;
+    bool input = strcmp(op, "conv2d_backward_input") == 0;
+    kiln_sdim y[4];
+    KILN_TRY(conv_out(t, op, nin, in, a, input ? &ai[9] : in[0].d, input ? in[1].d : &ai[9], y));
+    if (!same_dims(4, y, in[input ? 0 : 1].d))
+        return fail(t, op, nin, in, "the gradient's sizes are not the convolution's output sizes as expressions");
+    sizes_from(4, &ai[9], &out[0]);
+    return KILN_OK;
+}
+
+/* The (N, C, OH, OW) of a pooling (attributes i[0..11]) of x (N, C, H, W); ceil_mode only over
+ * constant sizes. */
+static kiln_status pool_out(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                            const kiln_sdim *x, kiln_sdim *out) {
+    const int64_t *i = a->i;
+    out[0] = x[0], out[1] = x[1];
+    if (i[10] && (!kiln_sdim_is_const(x[2]) || !kiln_sdim_is_const(x[3])))
+        return fail(t, op, nin, in, "ceil_mode over symbolic sizes has no symbolic form");
+    for (int d = 0; i[10] && d < 2; d++) { /* constants, as pool.c's pool_out_size */
+        int64_t size = x[2 + d].v, s = i[2 + d], pl = i[4 + 2 * d], ext = i[8 + d] * (i[d] - 1) + 1;
+        int64_t num = size + pl + i[5 + 2 * d] - ext + s - 1, n = num < 0 ? 0 : num / s + 1;
+        out[2 + d] = kiln_sdim_const((n - 1) * s >= size + pl ? n - 1 : n);
+    }
+    if (i[10]) return KILN_OK;
+    KILN_TRY(windows(t, op, nin, in, x[2], i[4] + i[5], i[8] * (i[0] - 1) + 1, i[2], &out[2]));
+    return windows(t, op, nin, in, x[3], i[6] + i[7], i[9] * (i[1] - 1) + 1, i[3], &out[3]);
+}
+
+/* max_pool2d(x), avg_pool2d(x) */
+static kiln_status rule_pool2d(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    out[0].ndim = 4;
+    return pool_out(t, op, nin, in, a, in[0].d, out[0].d);
+}
+
+/* max_pool2d_backward(gy, x): x's sizes; avg_pool2d_backward(gy): the input's sizes i[12..15];
+ * gy the pooling's output of them. */
+static kiln_status rule_pool2d_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                        const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)nout;
+    if (nin == 2) out[0] = in[1];
+    else sizes_from(4, &ai[12], &out[0]);
+    kiln_sdim y[4];
+    KILN_TRY(pool_out(t, op, nin, in, a, out[0].d, y));
+    for (int d = 0; d < 4; d++)
+        if (!kiln_sdim_same(y[d], in[0].d[d]) && !(a->i[10] && d >= 2))
+            return fail(t, op, nin, in, "the gradient's sizes are not the pooling's output sizes as expressions");
     return KILN_OK;
 }
 

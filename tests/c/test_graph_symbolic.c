@@ -298,9 +298,13 @@ static void test_rules_refuse_what_they_cannot_show(void) {
                 "  %1: float32[3] = slice(%0) {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0}\n  return (%1)\n}\n",
                 "slice: a slice cannot be shown in bounds");
     /* an op without a KILN_SYM rule */
-    parse_fails("graph<s0 >= 2 (4)>(%0: float32[1, 1, s0, 4], %1: float32[1, 1, 1, 1]) {\n"
-                "  %2: float32[1, 1, s0, 4] = conv2d(%0, %1) {1, 1, 0, 0, 0, 0, 1, 1, 1}\n  return (%2)\n}\n",
-                "conv2d: the op has no symbolic shape rule");
+    parse_fails("graph<s0 >= 2 (4)>(%0: float32[2, s0], %1: float32[2, s0]) {\n"
+                "  %2: float32[2, s0] = add(%0, %1)\n  %3: int64[s0] = argmax(%2) {1, 0}\n  return (%3)\n}\n",
+                "argmax: the op has no symbolic shape rule");
+    /* a convolution's window that may not fit: s0 >= 2 against a 3-wide kernel */
+    parse_fails("graph<s0 >= 2 (4)>(%0: float32[1, 1, s0, 4], %1: float32[1, 1, 3, 3]) {\n"
+                "  %2: float32[1, 1, s0-2, 2] = conv2d(%0, %1) {1, 1, 0, 0, 0, 0, 1, 1, 1}\n  return (%2)\n}\n",
+                "conv2d: the window may not fit the padded input");
     /* declared sizes that are not the inferred expressions */
     parse_fails("graph<s0 >= 2 (4), s1 >= 2 (4)>(%0: float32[s0]) {\n"
                 "  %1: float32[s1] = neg(%0)\n  return (%1)\n}\n",

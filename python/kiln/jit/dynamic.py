@@ -590,10 +590,13 @@ class Capture:
     def rebind(self, graph, values):
         shapes = [tuple(evaluate(e, values) for e in exprs) for exprs in self.input_exprs]
         sets = [(n, i, kind, evaluate(v, values) if kind == 0 else v) for n, i, kind, v in self.sets]
-        if self.backward_nodes:  # a gradient rule's reshape, expand, full, slice_assign: follow
-            named = {s[0] for s in self.sets}
-            sets.extend((n, 0, 3, 0) for n in sorted(self.backward_nodes - named))
-        return graph.rebind(shapes, sets)
+        return graph.rebind(shapes, sets + self.follow_sets())
+
+    def follow_sets(self):
+        """A gradient rule's reshape, expand, full, slice_assign, convolution or pooling backward
+        follows the forward values its sizes came from (KILN_ATTR_SET_FOLLOW)."""
+        named = {s[0] for s in self.sets}
+        return [(n, 0, 3, 0) for n in sorted(self.backward_nodes - named)]
 
     def bind(self, leaves):
         """The symbols' sizes for a call's tensors (all of them, by symbol), or None when the call is
@@ -765,17 +768,17 @@ class DynamicEntry:
                     return _const(fixed[e[1]]) if e[1] in fixed else e
                 return e if e[0] == "c" else _binop(e[0], sub(e[1]), sub(e[2]))
 
-            if not cap.backward_nodes:
-                o = self.options
-                try:
-                    recorded = self.graph.symbolize(list(self.values),
-                                                    [tuple(sub(e) for e in row) for row in self.input_exprs],
-                                                    [(n, i, kind, sub(v) if kind == 0 else v) for n, i, kind, v in self.sets])
-                    self._symbolic = (recorded, _C.optimize_graph(recorded, level=o.level,
-                                                                  inference=o.infer_boost == "on",
-                                                                  disable_format_transform=o.disable_format_transform))
-                except (ValueError, TypeError, OverflowError):
-                    pass
+            o = self.options
+            try:
+                recorded = self.graph.symbolize(list(self.values),
+                                                [tuple(sub(e) for e in row) for row in self.input_exprs],
+                                                [(n, i, kind, sub(v) if kind == 0 else v) for n, i, kind, v in self.sets]
+                                                + cap.follow_sets())
+                self._symbolic = (recorded, _C.optimize_graph(recorded, level=o.level,
+                                                              inference=o.infer_boost == "on",
+                                                              disable_format_transform=o.disable_format_transform))
+            except (ValueError, TypeError, OverflowError):
+                pass
         return self._symbolic or None
 
     def _instance_graph(self, values):
