@@ -39,7 +39,8 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
     int32_t n = consumer[cur];
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && conv->nin == 2) {
         int32_t b = other_operand(&g->nodes[n], cur);
-        if (b >= 0 && is_channel_bias(&g->values[b].meta, ym->shape[1]) && g->values[b].meta.dtype == ym->dtype &&
+        if (b >= 0 && !g->values[cur].sym[1] && is_channel_bias(&g->values[b].meta, ym->shape[1]) &&
+            g->values[b].meta.dtype == ym->dtype &&
             kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
             ch.bias = b, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
@@ -47,7 +48,8 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
     }
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && mode == KILN_CONV_FUSE_ALL) {
         int32_t r = other_operand(&g->nodes[n], cur);
-        if (r >= 0 && kiln_meta_equal(&g->values[r].meta, ym) && kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
+        if (r >= 0 && kiln_meta_equal(&g->values[r].meta, ym) && kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym) &&
+            kiln_value_same_shape(&g->values[r], &g->values[cur])) { /* symbolic sizes: equal as expressions too */
             ch.residual = r, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
         }

@@ -97,3 +97,15 @@ def test_a_sequence_length_equal_to_the_head_dim_compiles_once():
             close(got, want, 1e-4)
     info = only_variant(jf)
     assert info.compiles == 1 and info.dynamic[0]["optimized_once"] is True, info
+
+
+def test_inference_fusions_over_symbolic_sizes_match_eager():
+    kiln.manual_seed(7)
+    net = models.BasicBlock(channels=8)
+    net.set_train(False)
+    jf = kiln.jit(net, jit_level="O2", infer_boost="on")  # conv epilogues, batch norm folding, layouts
+    for shape in ((1, 8, 6, 6), (2, 8, 7, 7), (3, 8, 5, 5), (2, 8, 9, 9)):
+        x = T(*shape)
+        close(jf(x), net(x), 1e-4)
+    info = jf.cache_info()
+    assert info.compiles == 2 and info.dynamic[-1]["optimized_once"] is True, info
