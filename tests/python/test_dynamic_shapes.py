@@ -214,6 +214,26 @@ def test_megengine_trace_symbolic_shape_records_one_graph():
     assert u.instances == 2 and len(u._records) == 3, u._records
 
 
+def test_megengine_trace_symbolic_shape_optimizes_once():
+    from kiln.profiler import profile
+
+    kiln.manual_seed(4)
+    net = models.BasicBlock(channels=4)
+    net.set_train(False)
+    for verify in (True, False):  # verify: each call also compared with the recording at its shapes
+        t = kiln.trace(net, verify=verify)
+        for k, (n, h) in enumerate(((2, 6), (3, 7), (2, 9), (4, 5), (3, 6))):
+            x = T(n, 4, h, h)
+            with profile() as p:
+                got = t(x)
+            close(got, net(x).asnumpy(), 1e-4)
+            passes = [e["name"] for e in p.events() if e["kind"] == "phase" and e["name"] not in ("plan", "prepare")]
+            if k >= 2 and not verify:  # a new shape: instantiated and planned, no pass run again
+                assert passes == [], (h, passes)
+        # the channels meet the weights: specialized when the recording was made symbolic
+        assert t.optimized_once == 1 and t.instances == 4 and len(t._records) == 5, (t.optimized_once, t.instances)
+
+
 def test_introspection_finds_the_instance_of_a_binding():
     f = kiln.jit(lambda x: ops.exp(x) * 2, dynamic=True)
     small, large = T(2, 3), T(20, 30)

@@ -640,6 +640,58 @@ class Capture:
             return None
         return g
 
+    def symbolize(self, graph, level, inference, disable_format_transform, specialize=False):
+        """(the recorded graph made symbolic, it optimized once at `level`), or None where it cannot
+        be made symbolic (see the module docstring). Specialized symbols are their sizes.
+        specialize: where it cannot, the symbols the graph cannot vary alone (a rebinding with only
+        that symbol at another size fails: a convolution's channels against its weight) are tried
+        as their sizes, and specialized when that makes it (bind then refuses other sizes of them;
+        only for callers that look up nothing else by the symbols)."""
+        made = self._symbolize(graph, level, inference, disable_format_transform, self.specialized)
+        if made is not None or not specialize:
+            return made
+        stuck = set()
+        for k in range(len(self.values)):
+            if k not in self.specialized:
+                try:
+                    self.rebind(graph, self._probe_values((k,)))
+                except (ValueError, TypeError, IndexError, OverflowError):
+                    stuck.add(k)
+        made = self._symbolize(graph, level, inference, disable_format_transform, self.specialized | stuck) \
+            if stuck else None
+        if made is not None:
+            for k in stuck:
+                self.specialize(("s", k), "the graph needs a fixed size here")
+        return made
+
+    def _symbolize(self, graph, level, inference, disable_format_transform, fixed):
+        def sub(e):
+            if e[0] == "s":
+                return _const(self.values[e[1]]) if e[1] in fixed else e
+            return e if e[0] == "c" else _binop(e[0], sub(e[1]), sub(e[2]))
+
+        try:
+            recorded = graph.symbolize(list(self.values), [tuple(sub(e) for e in row) for row in self.input_exprs],
+                                       [(n, i, kind, sub(v) if kind == 0 else v) for n, i, kind, v in self.sets]
+                                       + self.follow_sets())
+            return recorded, _C.optimize_graph(recorded, level=level, inference=inference,
+                                               disable_format_transform=disable_format_transform)
+        except (ValueError, TypeError, OverflowError):
+            return None
+
+    def instantiate(self, graph, recorded, values):
+        """graph (made from symbolize's recording) at the binding `values`, or None when the recording
+        does not hold for it (an inference fails, a shape Python read would differ)."""
+        values = list(values)
+        try:
+            g = graph.instantiate(values)
+            for v, exprs in self.reads:  # shapes Python read are what it saw
+                if recorded.value_shape_at(v, values) != tuple(evaluate(e, values) for e in exprs):
+                    return None
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+        return g
+
     def __enter__(self):
         _C.set_sym_hooks(self.shape_hook, self.call_hook, SymInt)
         return self
@@ -761,25 +813,9 @@ class DynamicEntry:
         """(the recording with symbolic sizes, it optimized once), or None where it cannot be made
         symbolic (see the module docstring); made on the first call that needs it."""
         if self._symbolic is None:
-            self._symbolic = False
-            cap, fixed = self._capture, self.fixed
-
-            def sub(e):  # specialized symbols are their sizes
-                if e[0] == "s":
-                    return _const(fixed[e[1]]) if e[1] in fixed else e
-                return e if e[0] == "c" else _binop(e[0], sub(e[1]), sub(e[2]))
-
             o = self.options
-            try:
-                recorded = self.graph.symbolize(list(self.values),
-                                                [tuple(sub(e) for e in row) for row in self.input_exprs],
-                                                [(n, i, kind, sub(v) if kind == 0 else v) for n, i, kind, v in self.sets]
-                                                + cap.follow_sets())
-                self._symbolic = (recorded, _C.optimize_graph(recorded, level=o.level,
-                                                              inference=o.infer_boost == "on",
-                                                              disable_format_transform=o.disable_format_transform))
-            except (ValueError, TypeError, OverflowError):
-                pass
+            self._symbolic = self._capture.symbolize(self.graph, o.level, o.infer_boost == "on",
+                                                     o.disable_format_transform) or False
         return self._symbolic or None
 
     def _instance_graph(self, values):
@@ -788,16 +824,7 @@ class DynamicEntry:
         sym = self.symbolic() if symbolic_instances else None
         if sym is None:
             return self._capture.rebind_checked(self.graph, values), False
-        recorded, optimized = sym
-        values = list(values)
-        try:
-            g = optimized.instantiate(values)
-            for v, exprs in self.reads:  # shapes Python read are what it saw
-                if recorded.value_shape_at(v, values) != tuple(evaluate(e, values) for e in exprs):
-                    return None, True
-        except (ValueError, TypeError, IndexError, OverflowError):
-            return None, True
-        return g, True
+        return self._capture.instantiate(sym[1], sym[0], values), True
 
     def instance(self, values):
         """The executable for this binding (made on its first call), or None when the graph does not

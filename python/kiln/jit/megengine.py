@@ -184,7 +184,7 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key", "param_names")
+                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None):
@@ -241,6 +241,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     if capture is not None:
         capture.tracer = None  # the trace has ended
     run.requires_grad_key = None
+    run.symbolic = None  # symbolic_shape: (the recording made symbolic, it optimized), or False; made on first need
     run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
     # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
     run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
@@ -293,9 +294,13 @@ class trace(_C.JitDispatcher):
     records it anew, so graph_str() shows the last call's graph, and calls return the eager
     results (MegEngine's record_only also skips computing them). symbolic_shape=True lets tensor
     arguments change shape: the recording is made with every input size of 2 or more symbolic
-    (kiln.jit.dynamic), and a new shape its symbols bind rebinds that graph and compiles it, with no
-    new recording (`instances` counts these; verification compares the call with the rebound graph);
-    a shape outside them records a new graph. False makes a shape change a TraceMismatchError.
+    (kiln.jit.dynamic), and a new shape its symbols bind is served from that graph with no new
+    recording (`instances` counts these): the recording is made symbolic and optimized once
+    (`optimized_once` counts those), each shape's graph instantiated from it without running a
+    pass again (a recording that cannot be made symbolic is rebound and optimized per shape);
+    verification compares the call with the recording at its shapes, and dump writes the graph of
+    the last call's shapes (a model file holds concrete sizes). A shape outside the symbols records
+    a new graph. False makes a shape change a TraceMismatchError.
 
     opt_level (default 2; None means 2, as in MegEngine 1.x) maps onto kiln's jit levels:
     0 -> O0; 1 -> O0 (MegEngine's level 1 only rewrites arithmetic while the graph is built, a
@@ -373,7 +378,8 @@ class trace(_C.JitDispatcher):
         self._seen = []           # global/closure tensors when the function last ran
         self._baked = []          # their values when traced (capture_as_const)
         self._warned = False
-        self.instances = 0        # symbolic_shape: recordings rebound to new shapes instead of recorded again
+        self.instances = 0        # symbolic_shape: recordings brought to new shapes instead of recorded again
+        self.optimized_once = 0   # symbolic_shape: recordings made symbolic and optimized once for their instances
         self._recorder = CallRecorder() if profiling else None
 
     # methods: @trace on a def inside a class binds like a function, one trace per instance
@@ -465,8 +471,12 @@ class trace(_C.JitDispatcher):
         return tree.unflatten(rec.out_spec, outs)[0]
 
     def _instantiate(self, key, leaves):
-        """symbolic_shape: a recording whose symbols bind this call's shapes, rebound to them and
-        compiled (no new recording; verification compares the call with the rebound graph), or None."""
+        """symbolic_shape: a recording whose symbols bind this call's shapes, at those shapes and
+        compiled, with no new recording, or None. The recording is made symbolic and optimized once
+        (kiln.jit.dynamic, as jit's dynamic entries: each shape's graph is then instantiated, no pass
+        run again); one that cannot be is rebound and optimized per shape. The instance's graph is
+        the recording at the call's shapes (what verification compares the call with, and dump
+        writes)."""
         for runs in list(self._records.values()):
             for run in runs:
                 cap = run.capture
@@ -474,12 +484,24 @@ class trace(_C.JitDispatcher):
                         not all(c.training == m for c, m in zip(run.cells, run.modes)):
                     continue
                 values = cap.bind(leaves)
-                graph = None if values is None else cap.rebind_checked(run.graph, values)
+                if values is not None and run.symbolic is None and dynamic.symbolic_instances:
+                    run.symbolic = cap.symbolize(run.graph, self._level, False, False, specialize=True) or False
+                    self.optimized_once += bool(run.symbolic)
+                    values = cap.bind(leaves)  # symbols it specialized are bound again
+                if values is None:
+                    continue
+                if run.symbolic and dynamic.symbolic_instances:
+                    recorded, optimized = run.symbolic
+                    compiled = cap.instantiate(optimized, recorded, values)
+                    graph, level = None if compiled is None else recorded.instantiate(list(values)), 0
+                else:
+                    graph = compiled = cap.rebind_checked(run.graph, values)
+                    level = self._level
                 if graph is None:
                     continue
                 inst = copy.copy(run)
-                inst.graph, inst.fast, inst.capture = graph, False, None
-                inst.executable = _C.compile_graph(graph, level=self._level, sublinear=self._sublinear())
+                inst.graph, inst.fast, inst.capture, inst.symbolic = graph, False, None, None
+                inst.executable = _C.compile_graph(compiled, level=level, sublinear=self._sublinear())
                 self._records.setdefault(key, []).append(inst)
                 self.instances += 1
                 return inst
