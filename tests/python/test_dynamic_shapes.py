@@ -214,7 +214,7 @@ def test_megengine_trace_symbolic_shape_records_one_graph():
     assert u.instances == 2 and len(u._records) == 3, u._records
 
 
-def test_megengine_trace_symbolic_shape_optimizes_once():
+def test_megengine_trace_symbolic_shape_optimizes_once(tmp_path):
     from kiln.profiler import profile
 
     kiln.manual_seed(4)
@@ -232,6 +232,14 @@ def test_megengine_trace_symbolic_shape_optimizes_once():
                 assert passes == [], (h, passes)
         # the channels meet the weights: specialized when the recording was made symbolic
         assert t.optimized_once == 1 and t.instances == 4 and len(t._records) == 5, (t.optimized_once, t.instances)
+    t = kiln.trace(net, capture_as_const=True)  # dump writes the graph of the last call's shapes
+    for h in (6, 7, 9):
+        x = T(2, 4, h, h)
+        t(x)
+    t.dump(str(tmp_path / "block.kiln"))
+    got = kiln.load(str(tmp_path / "block.kiln"))(x)
+    assert t.optimized_once == 1 and tuple(got.shape) == (2, 4, 9, 9)
+    close(got, net(x).asnumpy(), 1e-4)
 
 
 def test_introspection_finds_the_instance_of_a_binding():
