@@ -2,6 +2,7 @@
  * a node's outputs through the op table's KILN_SYM rules, the verifier's checks and evaluation at
  * a binding. */
 #include "../ops/infer_sym.h"
+#include "control.h"
 #include "follow.h"
 #include "symbolic.h"
 
@@ -45,8 +46,72 @@ bool kiln_graph_node_symbolic(const kiln_graph *g, int nin, const int32_t *in, i
     return false;
 }
 
+static bool same_sshape(const kiln_sshape *x, const kiln_sshape *y) {
+    if (x->ndim != y->ndim) return false;
+    for (int d = 0; d < x->ndim; d++)
+        if (!kiln_sdim_same(x->d[d], y->d[d])) return false;
+    return true;
+}
+
+/* An if, while or while_grad node's output sizes from its bodies (symbolic copies sharing g's
+ * symbols, made by kiln_graph_symbolize): each body takes the node's inputs' expressions; if's
+ * branches return the same expressions; a loop body returns its loop values' (sizes invariant
+ * over iterations), while_grad's backward body its inputs', and each gradient of a loop value has
+ * the value's. */
+static kiln_status infer_control_sym(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
+                                     int nout, kiln_sshape *out) {
+    const char *name = kiln_op_table[op].name;
+    int slots[4], ns = kiln_control_slots(op, slots), first = op == KILN_OP_IF ? 1 : 0;
+    int nstate = op == KILN_OP_WHILE ? nin : op == KILN_OP_WHILE_GRAD ? nout : nin - 1;
+    const kiln_graph *sub[3];
+    kiln_sshape x, y;
+    for (int k = 0; k < ns; k++) {
+        int64_t idx = slots[k] < a->ni ? a->i[slots[k]] : -1;
+        if (idx < 0 || idx >= g->nsubgraphs) return kiln_error(KILN_ERR_VALUE, "%s: names no subgraph", name);
+        sub[k] = g->subgraphs[idx];
+        int count = op == KILN_OP_WHILE_GRAD && k == 2 ? nin : nstate;
+        if (sub[k]->ninputs != count) return kiln_error(KILN_ERR_VALUE, "%s: a body does not fit the node", name);
+        for (int j = 0; j < count; j++) {
+            kiln_graph_value_sshape(g, in[first + j], &x);
+            kiln_graph_value_sshape(sub[k], sub[k]->inputs[j], &y);
+            if (!same_sshape(&x, &y))
+                return kiln_error(KILN_ERR_VALUE, "%s: body %d's input %d does not have the node's input sizes as "
+                                  "expressions", name, k, j);
+        }
+    }
+    for (int j = 0; j < nout; j++) {
+        if (op == KILN_OP_IF) {
+            kiln_graph_value_sshape(sub[0], sub[0]->outputs[j], &out[j]);
+            kiln_graph_value_sshape(sub[1], sub[1]->outputs[j], &y);
+            if (!same_sshape(&out[j], &y))
+                return kiln_error(KILN_ERR_VALUE, "if: the branches' output %d sizes are not the same expressions", j);
+            continue;
+        }
+        kiln_graph_value_sshape(g, in[j], &out[j]);
+        int nloop = op == KILN_OP_WHILE ? nout : nin - nout;
+        if (j < nloop) {
+            kiln_graph_value_sshape(sub[1], sub[1]->outputs[j], &y);
+            if (!same_sshape(&out[j], &y))
+                return kiln_error(KILN_ERR_VALUE, "%s: loop value %d's sizes are not the same expressions after an "
+                                  "iteration", name, j);
+        }
+        if (op == KILN_OP_WHILE_GRAD) {
+            kiln_graph_value_sshape(sub[2], sub[2]->outputs[j], &y);
+            bool ok = same_sshape(&out[j], &y);
+            if (ok && j < nloop) {
+                kiln_graph_value_sshape(g, in[nout + j], &y);
+                ok = same_sshape(&out[j], &y);
+            }
+            if (!ok)
+                return kiln_error(KILN_ERR_VALUE, "while_grad: gradient %d's sizes are not its input's expressions", j);
+        }
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_graph_infer_sym(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
                                  const int32_t *attr_sym, int nout, const kiln_meta *concrete, kiln_sshape *out) {
+    if (kiln_op_is_control(op)) return infer_control_sym(g, op, nin, in, a, nout, out);
     kiln_sshape small[8] = {0};
     kiln_sshape *shapes = nin <= 8 ? small : kiln_malloc(sizeof *shapes * (size_t)nin);
     if (!shapes) return kiln_error(KILN_ERR_MEMORY, "out of memory");
@@ -337,17 +402,50 @@ static kiln_status symbolize_attrs(kiln_graph *c, int32_t i, int nset, const kil
     return KILN_OK;
 }
 
-/* One attempt of kiln_graph_symbolize with the choices ch (syms: taken). */
-static kiln_status symbolize_once(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
-                                  const kiln_attr_sym_set *sets, follow_choices *ch, kiln_graph **out) {
-    *out = NULL;
-    kiln_graph *c = NULL;
-    kiln_status s = kiln_graph_clone(g, &c);
-    if (s != KILN_OK) {
-        kiln_symtab_free(syms);
-        return s;
+static kiln_status symbolize_into(kiln_graph *c, const kiln_sshape *inputs, int nset, const kiln_attr_sym_set *sets,
+                                  follow_choices *ch);
+
+/* Control node n of c: each body replaced by a symbolic copy taking the node's inputs' sizes and
+ * sharing c's table while it is made (then given a copy of it); a while_grad's backward body,
+ * made of gradient rules, follows the sizes its nodes were recorded from. A body an earlier node
+ * shares is made already (kiln_graph_infer_sym then checks it takes this node's sizes). */
+static kiln_status symbolize_bodies(kiln_graph *c, const kiln_node *n, follow_choices *ch) {
+    int slots[4], ns = kiln_control_slots(n->op, slots), first = n->op == KILN_OP_IF ? 1 : 0;
+    for (int k = 0; k < ns; k++) {
+        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
+        if (idx < 0 || idx >= c->nsubgraphs || c->subgraphs[idx]->ninputs > n->nin - first)
+            return kiln_error(KILN_ERR_VALUE, "symbolize: %s names a subgraph it cannot make symbolic",
+                              kiln_op_table[n->op].name);
+        if (c->subgraphs[idx]->syms) continue; /* shared with an earlier node (a while and its while_grad): made */
+        kiln_graph *b = NULL;
+        const kiln_graph *sub = c->subgraphs[idx];
+        int nset = n->op == KILN_OP_WHILE_GRAD && k == 2 ? sub->nnodes : 0;
+        kiln_sshape *in = kiln_calloc((size_t)(sub->ninputs ? sub->ninputs : 1), sizeof *in);
+        kiln_attr_sym_set *sets = kiln_calloc((size_t)(nset ? nset : 1), sizeof *sets);
+        kiln_status s = in && sets ? kiln_graph_clone(sub, &b) : kiln_error(KILN_ERR_MEMORY, "out of memory");
+        for (int j = 0; s == KILN_OK && j < sub->ninputs; j++) kiln_graph_value_sshape(c, n->in[first + j], &in[j]);
+        for (int j = 0; j < nset; j++) sets[j] = (kiln_attr_sym_set){j, 0, KILN_ATTR_SET_FOLLOW, kiln_sdim_const(0)};
+        if (s == KILN_OK) {
+            b->syms = c->syms; /* borrowed while it is made */
+            s = symbolize_into(b, in, nset, sets, ch);
+            b->syms = NULL;
+        }
+        if (s == KILN_OK) s = kiln_symtab_clone(c->syms, &b->syms);
+        free(in), free(sets);
+        if (s != KILN_OK) {
+            kiln_graph_free(b);
+            return kiln_error_context(s, "symbolize: a body of %s", kiln_op_table[n->op].name);
+        }
+        kiln_graph_free(c->subgraphs[idx]);
+        c->subgraphs[idx] = b;
     }
-    c->syms = syms;
+    return KILN_OK;
+}
+
+/* c (a clone of the recording, its table set) made symbolic in place. */
+static kiln_status symbolize_into(kiln_graph *c, const kiln_sshape *inputs, int nset, const kiln_attr_sym_set *sets,
+                                  follow_choices *ch) {
+    kiln_status s = KILN_OK;
     for (int32_t k = 0; k < c->ninputs && s == KILN_OK; k++) {
         kiln_value *x = &c->values[c->inputs[k]];
         if (inputs[k].ndim != x->meta.ndim) s = kiln_error(KILN_ERR_VALUE, "symbolize: input %d has %d sizes", k, x->meta.ndim);
@@ -364,13 +462,14 @@ static kiln_status symbolize_once(const kiln_graph *g, kiln_symtab *syms, const 
         kiln_node *n = &c->nodes[i];
         s = symbolize_attrs(c, i, nset, sets, ch);
         if (s != KILN_OK || !kiln_graph_node_symbolic(c, n->nin, n->in, n->attrs.ni, n->attr_sym)) continue;
-        bool named = false;
+        bool named = kiln_op_is_control(n->op); /* its bodies are made symbolic */
         for (int k = 0; k < nset && !named; k++) named = sets[k].node == i;
         if (!named && (kiln_op_table[n->op].flags & KILN_OPF_SIZED)) { /* as kiln_graph_rebind refuses it */
             s = kiln_error(KILN_ERR_VALUE, "symbolize: node %d (%s) keeps sizes taken from shapes that no set gives", i,
                            kiln_op_table[n->op].name);
             continue;
         }
+        if (kiln_op_is_control(n->op) && (s = symbolize_bodies(c, n, ch)) != KILN_OK) continue;
         kiln_meta concrete[KILN_MAX_OUTPUTS];
         kiln_sshape shapes[KILN_MAX_OUTPUTS];
         for (int k = 0; k < n->nout; k++) concrete[k] = c->values[n->out[k]].meta;
@@ -379,6 +478,21 @@ static kiln_status symbolize_once(const kiln_graph *g, kiln_symtab *syms, const 
             for (int d = 0; d < shapes[k].ndim; d++) c->values[n->out[k]].sym[d] = shapes[k].d[d].e;
         if (s != KILN_OK) s = kiln_error_context(s, "symbolize: node %d", i);
     }
+    return s;
+}
+
+/* One attempt of kiln_graph_symbolize with the choices ch (syms: taken). */
+static kiln_status symbolize_once(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
+                                  const kiln_attr_sym_set *sets, follow_choices *ch, kiln_graph **out) {
+    *out = NULL;
+    kiln_graph *c = NULL;
+    kiln_status s = kiln_graph_clone(g, &c);
+    if (s != KILN_OK) {
+        kiln_symtab_free(syms);
+        return s;
+    }
+    c->syms = syms;
+    s = symbolize_into(c, inputs, nset, sets, ch);
     if (s == KILN_OK) s = kiln_graph_verify(c);
     if (s != KILN_OK) {
         kiln_graph_free(c);

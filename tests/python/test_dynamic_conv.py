@@ -109,3 +109,38 @@ def test_inference_fusions_over_symbolic_sizes_match_eager():
         close(jf(x), net(x), 1e-4)
     info = jf.cache_info()
     assert info.compiles == 2 and info.dynamic[-1]["optimized_once"] is True, info
+
+
+def test_cond_while_loop_and_while_grad_are_optimized_once():
+    w = nn.Parameter(kiln.Tensor(RNG.standard_normal((3,)).astype(np.float32)), name="w")
+
+    def loss(x):  # the bodies take the symbolic sizes; the loop keeps its values' sizes
+        y = ops.cond(x.sum() > 0, lambda a: a * w, lambda a: a * 2.0 + w, (x,))
+        i = kiln.Tensor(np.zeros((), np.int64))
+        v, _ = ops.while_loop(lambda v, i: i < 3, lambda v, i: (ops.tanh(v * w) + v.sum(0), i + 1), (y, i))
+        return (v ** 2).mean()
+
+    forward = kiln.jit(loss, dynamic=True)
+    jf = kiln.jit(loss, dynamic=True)
+    step = kiln.value_and_grad(jf, 0, [w])  # the loop's gradient: a while_grad node
+    for n in (2, 5, 3, 7):
+        x = T(n, 3)
+        kiln.mark_static(x, 1)  # the columns meet w's size
+        close(forward(x), loss(x), 1e-5)
+        v, (gx, (gw,)) = step(x)
+        ev, (egx, (egw,)) = kiln.value_and_grad(loss, 0, [w])(x)
+        close(v, ev, 1e-5)
+        close(gx, egx, 1e-4)
+        close(gw, egw, 1e-4)
+    for info in (forward.cache_info(), only_variant(jf)):
+        assert info.compiles == 1 and info.instances == 3 and info.dynamic[0]["optimized_once"] is True, info
+    x = T(6, 3)  # central differences of the compiled gradient at a size no capture saw
+    kiln.mark_static(x, 1)
+    gx = step(x)[1][0].asnumpy()
+    xn, eps = x.asnumpy().astype(np.float64), 1e-2
+    for idx in ((0, 0), (5, 2), (3, 1)):
+        hi, lo = xn.copy(), xn.copy()
+        hi[idx] += eps
+        lo[idx] -= eps
+        fd = (loss(kiln.Tensor(hi.astype(np.float32))).item() - loss(kiln.Tensor(lo.astype(np.float32))).item()) / (2 * eps)
+        assert abs(fd - gx[idx]) < 2e-2 * max(1.0, abs(fd)), (idx, fd, gx[idx])

@@ -29,7 +29,8 @@ inputs' and size attributes' expressions, every node's sizes inferred as express
 optimizes that once (optimize_graph); each binding's instance is then its concrete graph
 (Graph.instantiate: sizes evaluated, no pass run again), planned; a backward pass's followed
 sizes become the expressions of the values they follow. A recording that cannot be made symbolic
-(an op without a symbolic shape rule, control flow, a window not shown to fit, a size with % or a
+(an op without a symbolic shape rule, a control-flow body whose sizes change per branch or
+iteration, a window not shown to fit, a size with % or a
 division by a symbol) makes each instance as before: the recorded graph rebound
 to those sizes (kiln_graph_rebind: no Python re-run, no new capture), optimized and planned again.
 Either way its generated kernels are the same objects (their C takes the sizes as arguments, so
