@@ -386,6 +386,111 @@ static void test_building_through_the_api(void) {
     kiln_graph_free(g);
 }
 
+/* A backward node's followed sizes, ambiguous at the capture (s0 = 4 = a fixed size): the full's
+ * two votes, (2, 4, s0) from %0 and (2, s0, 4) from %1, are both tried, the first rejected by
+ * the add that follows; the reshape's vote (s0, s0) does not hold its input's s0*4 elements. A
+ * rebinding refuses the full (nothing it infers with tells) and takes the reshape's one fitting vote. */
+static kiln_graph *symbolize_with(const kiln_graph *g, int nin, const kiln_sshape *rows, int nset,
+                                  const kiln_attr_sym_set *sets) {
+    kiln_symtab *t = NULL;
+    kiln_sdim s0;
+    CHECK_OK(kiln_symtab_new(&t));
+    if (!t) return NULL;
+    CHECK_OK(kiln_sym_new(t, 2, 4, &s0));
+    kiln_sshape in[4];
+    for (int k = 0; k < nin; k++) { /* -1 in rows: s0 */
+        in[k] = rows[k];
+        for (int d = 0; d < in[k].ndim; d++)
+            if (in[k].d[d].v == -1) in[k].d[d] = s0;
+    }
+    kiln_graph *out = NULL;
+    kiln_status st = kiln_graph_symbolize(g, t, in, nset, sets, &out);
+    return st == KILN_OK ? out : NULL;
+}
+
+static void test_ambiguous_followed_sizes(void) {
+    const char *text =
+        "graph(%0: float32[2, 4, 4], %1: float32[2, 4, 4], %2: float32[4, 4], %3: float32[4, 4]) {\n"
+        "  %4: float32[2, 4, 4] = full() {6, 3, 2, 4, 4; 1}\n"
+        "  %5: float32[2, 4, 4] = add(%1, %4)\n"
+        "  %6: float32[4, 4] = reshape(%3) {4, 4}\n"
+        "  return (%5, %6)\n"
+        "}\n";
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_parse(text, &g));
+    if (!g) return;
+    kiln_sdim S = kiln_sdim_const(-1), C4 = kiln_sdim_const(4), C2 = kiln_sdim_const(2);
+    kiln_sshape rows[4] = {{3, {C2, C4, S}}, {3, {C2, S, C4}}, {2, {S, S}}, {2, {S, C4}}};
+    kiln_attr_sym_set sets[2] = {{0, 0, KILN_ATTR_SET_FOLLOW, {0, 0}}, {2, 0, KILN_ATTR_SET_FOLLOW, {0, 0}}};
+    kiln_graph *c = symbolize_with(g, 4, rows, 2, sets);
+    CHECK(c != NULL);
+    if (c) {
+        const kiln_value *full = &c->values[c->nodes[0].out[0]], *x = &c->values[c->inputs[1]];
+        CHECK(full->sym[1] == x->sym[1] && full->sym[1] != 0 && full->sym[2] == 0);
+        CHECK(c->nodes[2].attr_sym && c->nodes[2].attr_sym[0] != 0 && c->nodes[2].attr_sym[1] == 0);
+        int64_t b[1] = {6};
+        kiln_graph *i = NULL;
+        CHECK_OK(kiln_graph_instantiate(c, b, &i));
+        CHECK(i && i->values[i->outputs[0]].meta.shape[1] == 6 && i->values[i->outputs[0]].meta.shape[2] == 4);
+        CHECK(i && i->values[i->outputs[1]].meta.shape[0] == 6 && i->values[i->outputs[1]].meta.shape[1] == 4);
+        kiln_graph_free(i);
+    }
+    kiln_graph_free(c);
+    kiln_meta m3a = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 4, 6}};
+    kiln_meta m3b = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 6, 4}};
+    kiln_meta m2a = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {6, 6}};
+    kiln_meta m2b = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {6, 4}};
+    kiln_meta metas[4] = {m3a, m3b, m2a, m2b};
+    kiln_attr_set follow[2] = {{0, 0, KILN_ATTR_SET_FOLLOW, 0}, {2, 0, KILN_ATTR_SET_FOLLOW, 0}};
+    kiln_graph *r = NULL;
+    CHECK_STATUS(kiln_graph_rebind(g, metas, 2, follow, &r), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "node 0 (full) follows values whose sizes now differ"));
+    kiln_attr_set given[4] = {{0, 2, KILN_ATTR_SET_VALUE, 2}, {0, 3, KILN_ATTR_SET_VALUE, 6},
+                              {0, 4, KILN_ATTR_SET_VALUE, 4}, follow[1]}; /* the full's sizes given */
+    CHECK_OK(kiln_graph_rebind(g, metas, 4, given, &r));
+    CHECK(r && r->values[r->outputs[1]].meta.shape[0] == 6 && r->values[r->outputs[1]].meta.shape[1] == 4);
+    kiln_graph_free(r);
+    kiln_graph_free(g);
+}
+
+/* A while loop whose body keeps its value's sizes, and an if whose branches agree, are made
+ * symbolic with their bodies; a body that grows its value is refused. */
+static void test_control_flow_bodies(void) {
+    const char *text =
+        "graph(%0: float32[4, 3], %1: float32[]) {\n"
+        "  %2: float32[4, 3] = while(%0, %1) {0, 1, 1}\n"
+        "  return (%2)\n"
+        "}\n"
+        "subgraph 0: graph(%0: float32[4, 3], %1: float32[]) {\n"
+        "  %2: float32[] = sum(%0) {3, 0}\n"
+        "  %3: bool[] = lt(%2, %1)\n"
+        "  return (%3)\n"
+        "}\n"
+        "subgraph 1: graph(%0: float32[4, 3], %1: float32[]) {\n"
+        "  %2: float32[4, 3] = mul(%0, %1)\n"
+        "  return (%2)\n"
+        "}\n";
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_parse(text, &g));
+    if (!g) return;
+    kiln_sdim S = kiln_sdim_const(-1);
+    kiln_sshape rows[2] = {{2, {S, kiln_sdim_const(3)}}, {0, {{0, 0}}}};
+    kiln_graph *c = symbolize_with(g, 2, rows, 0, NULL);
+    CHECK(c != NULL);
+    if (c) {
+        CHECK(c->values[c->outputs[0]].sym[0] != 0 && c->subgraphs[1]->syms != NULL);
+        CHECK(c->subgraphs[1]->values[c->subgraphs[1]->outputs[0]].sym[0] == c->values[c->outputs[0]].sym[0]);
+        CHECK_OK(kiln_graph_verify(c));
+        int64_t b[1] = {9};
+        kiln_graph *i = NULL;
+        CHECK_OK(kiln_graph_instantiate(c, b, &i));
+        CHECK(i && i->values[i->outputs[0]].meta.shape[0] == 9 && i->subgraphs[1]->values[0].meta.shape[0] == 9);
+        kiln_graph_free(i);
+    }
+    kiln_graph_free(c);
+    kiln_graph_free(g);
+}
+
 int main(void) {
     test_canonical_forms();
     test_random_expressions_evaluate_like_integers();
@@ -394,6 +499,8 @@ int main(void) {
     test_rules_refuse_what_they_cannot_show();
     test_verifier_catches_wrong_symbolic_sizes();
     test_building_through_the_api();
+    test_ambiguous_followed_sizes();
+    test_control_flow_bodies();
     if (check_failures) {
         fprintf(stderr, "%d check(s) failed\n", check_failures);
         return 1;
