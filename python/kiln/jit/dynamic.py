@@ -646,8 +646,7 @@ class Capture:
         be made symbolic (see the module docstring). Specialized symbols are their sizes.
         specialize: where it cannot, the symbols the graph cannot vary alone (a rebinding with only
         that symbol at another size fails: a convolution's channels against its weight) are tried
-        as their sizes, and specialized when that makes it (bind then refuses other sizes of them;
-        only for callers that look up nothing else by the symbols)."""
+        as their sizes, and specialized when that makes it (bind then refuses other sizes of them)."""
         made = self._symbolize(graph, level, inference, disable_format_transform, self.specialized)
         if made is not None or not specialize:
             return made
@@ -815,8 +814,11 @@ class DynamicEntry:
         symbolic (see the module docstring); made on the first call that needs it."""
         if self._symbolic is None:
             o = self.options
+            # symbols it specializes (a convolution's channels) make other sizes of them miss this
+            # entry: bind refuses them, and the C dispatcher finds no instance for them
             self._symbolic = self._capture.symbolize(self.graph, o.level, o.infer_boost == "on",
-                                                     o.disable_format_transform) or False
+                                                     o.disable_format_transform, specialize=True) or False
+            self.fixed = {k: self.values[k] for k in self._capture.specialized}
         return self._symbolic or None
 
     def _instance_graph(self, values):
@@ -825,6 +827,8 @@ class DynamicEntry:
         sym = self.symbolic() if symbolic_instances else None
         if sym is None:
             return self._capture.rebind_checked(self.graph, values), False
+        if any(values[k] != v for k, v in self.fixed.items()):  # a symbol symbolic() specialized: another entry
+            return None, True
         return self._capture.instantiate(sym[1], sym[0], values), True
 
     def instance(self, values):
