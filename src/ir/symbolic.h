@@ -60,7 +60,8 @@ kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings,
 /* A size attribute of a recorded graph's node as a symbolic size (kiln_graph_symbolize): kind
  * KILN_ATTR_SET_VALUE, the size `value`; KILN_ATTR_SET_DIM, the size of dimension value.v of the
  * node's input 0; KILN_ATTR_SET_REST, input 0's element count divided by the node's other int
- * attributes (constants). */
+ * attributes (constants); KILN_ATTR_SET_FOLLOW (a backward pass's node), the sizes of the values
+ * it was recorded from (src/ir/follow.h; a slice's, the earlier slices' with its attributes). */
 typedef struct kiln_attr_sym_set {
     int32_t node, index;
     kiln_attr_set_kind kind;
@@ -69,11 +70,14 @@ typedef struct kiln_attr_sym_set {
 
 /* A copy of g, recorded with concrete sizes, whose inputs have the sizes `inputs` (expressions of
  * syms, which it takes, freed on failure too; their hints g's sizes) and whose size attributes are
- * `sets`; every node's outputs then get the expressions its KILN_SYM rule gives. KILN_ERR_VALUE
- * naming the node where that cannot be (an op without a rule on symbolic sizes, a set of another
- * kind, a size the rule cannot show for every binding, a KILN_OPF_SIZED node with symbolic inputs
- * that no set names, whose sizes were taken from the recorded shapes, as kiln_graph_rebind
- * refuses it): the graph does not hold for every binding as recorded. */
+ * `sets`; every node's outputs then get the expressions its KILN_SYM rule gives (an if's, while's
+ * or while_grad's: its bodies made symbolic copies taking its inputs' sizes, see
+ * kiln_graph_infer_sym). Followed sizes with several votes left are tried in turn until the whole
+ * graph infers (a bounded search). KILN_ERR_VALUE naming the node where that cannot be (an op
+ * without a rule on symbolic sizes, a size the rule cannot show for every binding, a
+ * KILN_OPF_SIZED node with symbolic inputs that no set names, whose sizes were taken from the
+ * recorded shapes, as kiln_graph_rebind refuses it): the graph does not hold for every binding as
+ * recorded. */
 kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const kiln_sshape *inputs, int nset,
                                  const kiln_attr_sym_set *sets, kiln_graph **out);
 
@@ -81,7 +85,10 @@ kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const k
 
 /* Whether node inputs `in` or attribute entries attr_sym (NULL: none) refer to symbols. */
 bool kiln_graph_node_symbolic(const kiln_graph *g, int nin, const int32_t *in, int ni, const int32_t *attr_sym);
-/* The symbolic shapes of a node's nout outputs (concrete: kiln_infer's at the hints). */
+/* The symbolic shapes of a node's nout outputs (concrete: kiln_infer's at the hints): by the op's
+ * KILN_SYM rule, or for if, while and while_grad from their bodies in g (symbolic copies sharing
+ * g's symbols: each takes the node's inputs' expressions, if's branches return the same ones, a
+ * loop body its loop values'). */
 kiln_status kiln_graph_infer_sym(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
                                  const int32_t *attr_sym, int nout, const kiln_meta *concrete, kiln_sshape *out);
 /* The verifier's symbolic checks on g: entries in range, hints equal to the metas, captures
