@@ -266,8 +266,9 @@ kiln_status kiln_graph_instantiate(const kiln_graph *g, const int64_t *bindings,
 }
 
 /* The votes picked at the followed nodes that had several left (kiln_follow_sizes), in the order
- * met: an attempt that fails further on tries the next vote of the last such node (a depth-first
- * search over the choices, bounded). */
+ * met: each attempt tries the next vote of the last such node with one left (a depth-first search
+ * over every choice, bounded); the recording is made symbolic only when exactly one choice makes
+ * the whole graph infer. */
 #define MAX_CHOICES 16
 #define MAX_ATTEMPTS 32
 typedef struct follow_choices {
@@ -507,19 +508,39 @@ kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const k
     *out = NULL;
     kiln_status s = kiln_graph_require_concrete(g, "symbolize");
     follow_choices ch = {0};
-    for (int attempt = 0; s == KILN_OK; attempt++) {
+    kiln_graph *found = NULL; /* the choices that made it: taken only when no other choices do too */
+    bool complete = false;
+    for (int attempt = 0; s == KILN_OK || s == KILN_ERR_VALUE; attempt++) {
         kiln_symtab *t;
+        kiln_graph *c = NULL;
         ch.met = 0;
         if ((s = kiln_symtab_clone(syms, &t)) != KILN_OK) break;
-        s = symbolize_once(g, t, inputs, nset, sets, &ch, out);
-        if (s != KILN_ERR_VALUE || attempt + 1 == MAX_ATTEMPTS) break;
+        s = symbolize_once(g, t, inputs, nset, sets, &ch, &c);
+        if (s == KILN_OK && found) { /* two readings of the recording hold: it cannot tell which it is */
+            kiln_graph_free(c);
+            s = kiln_error(KILN_ERR_VALUE, "symbolize: followed sizes that two values held at the capture fit "
+                                           "either way");
+            break;
+        }
+        if (s == KILN_OK) found = c;
         int j = ch.met - 1; /* the last choice with a vote left to try */
         while (j >= 0 && ch.pick[j] + 1 >= ch.options[j]) j--;
-        if (j < 0) break;
+        if (j < 0) {
+            complete = true;
+            break;
+        }
+        if (attempt + 1 == MAX_ATTEMPTS) {
+            s = kiln_error(KILN_ERR_VALUE, "symbolize: too many choices of followed sizes to try");
+            break;
+        }
         ch.pick[j]++;
         ch.fixed = j + 1;
-        s = KILN_OK;
     }
     kiln_symtab_free(syms);
-    return s;
+    if (found && complete) {
+        *out = found;
+        return KILN_OK;
+    }
+    kiln_graph_free(found);
+    return s == KILN_OK ? kiln_error(KILN_ERR_VALUE, "symbolize: internal: no result") : s;
 }

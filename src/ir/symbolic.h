@@ -72,8 +72,10 @@ typedef struct kiln_attr_sym_set {
  * syms, which it takes, freed on failure too; their hints g's sizes) and whose size attributes are
  * `sets`; every node's outputs then get the expressions its KILN_SYM rule gives (an if's, while's
  * or while_grad's: its bodies made symbolic copies taking its inputs' sizes, see
- * kiln_graph_infer_sym). Followed sizes with several votes left are tried in turn until the whole
- * graph infers (a bounded search). KILN_ERR_VALUE naming the node where that cannot be (an op
+ * kiln_graph_infer_sym). Followed sizes with several votes left are tried in turn (a bounded
+ * search), and taken when exactly one choice makes the whole graph infer (two that both do:
+ * refused, it cannot tell which the recording meant). KILN_ERR_VALUE naming the node where that
+ * cannot be (an op
  * without a rule on symbolic sizes, a size the rule cannot show for every binding, a
  * KILN_OPF_SIZED node with symbolic inputs that no set names, whose sizes were taken from the
  * recorded shapes, as kiln_graph_rebind refuses it): the graph does not hold for every binding as

@@ -388,7 +388,8 @@ static void test_building_through_the_api(void) {
 
 /* A backward node's followed sizes, ambiguous at the capture (s0 = 4 = a fixed size): the full's
  * two votes, (2, 4, s0) from %0 and (2, s0, 4) from %1, are both tried, the first rejected by
- * the add that follows; the reshape's vote (s0, s0) does not hold its input's s0*4 elements. A
+ * the add that follows (a full only summed, where both hold, is refused); the reshape's vote
+ * (s0, s0) does not hold its input's s0*4 elements. A
  * rebinding refuses the full (nothing it infers with tells) and takes the reshape's one fitting vote. */
 static kiln_graph *symbolize_with(const kiln_graph *g, int nin, const kiln_sshape *rows, int nset,
                                   const kiln_attr_sym_set *sets) {
@@ -436,6 +437,17 @@ static void test_ambiguous_followed_sizes(void) {
         kiln_graph_free(i);
     }
     kiln_graph_free(c);
+    /* a full only summed: both votes hold, and it cannot tell which the gradient rule meant */
+    kiln_graph *h = NULL;
+    CHECK_OK(kiln_graph_parse("graph(%0: float32[2, 4, 4], %1: float32[2, 4, 4]) {\n"
+                              "  %2: float32[2, 4, 4] = full() {6, 3, 2, 4, 4; 1}\n"
+                              "  %3: float32[] = sum(%2) {7, 0}\n  return (%3)\n}\n", &h));
+    if (h) {
+        CHECK(symbolize_with(h, 2, rows, 1, sets) == NULL);
+        CHECK(strstr(kiln_last_error(), "fit either way"));
+        kiln_clear_error();
+    }
+    kiln_graph_free(h);
     kiln_meta m3a = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 4, 6}};
     kiln_meta m3b = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 3, .shape = {2, 6, 4}};
     kiln_meta m2a = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 2, .shape = {6, 6}};
