@@ -299,6 +299,28 @@ def test_measure_interleaved_takes_turns():
     assert bad.error == "ValueError: boom" and bad.rep_s == []
 
 
+def test_versus_best_peer_and_the_bound_at_peak():
+    from kiln.bench import report
+
+    eager = synthetic_row("kiln", times=(3.0, 3.0, 3.0))
+    o0 = synthetic_row(level="O0", times=(2.0, 2.1, 2.0))
+    o1 = synthetic_row(level="O1", times=(1.0, 1.1, 1.0))
+    torch_row = synthetic_row(system="torch", times=(1.4, 1.5, 1.4))
+    jax_row = synthetic_row(system="jax.jit", times=(1.2, 1.2, 1.3))
+    failed = synthetic_row(system="torch.compile", times=(0.1, 0.1, 0.1))
+    failed["error"] = "boom"  # a failed peer is no peer
+    record = {"rows": [eager, o0, o1, torch_row, jax_row, failed], "flops": 100e9, "sgemm_peak_gflops": 200.0}
+    v = report.versus_best_peer(record)
+    assert v["kiln_s"] == 1.0 and v["peer"] == "jax.jit" and v["peer_s"] == 1.2
+    assert v["peer_over_kiln"] == pytest.approx(1.2)
+    assert v["at_peak_s"] == pytest.approx(0.5) and v["peer_over_at_peak"] == pytest.approx(2.4)
+    text = report.versus_best_peer_text(v)
+    assert "1.20x kiln's time" in text and "more than 2.40x faster" in text
+    assert report.versus_best_peer({"rows": [eager, o0, o1]}) is None  # no peer ran
+    del record["sgemm_peak_gflops"]
+    assert "at_peak_s" not in report.versus_best_peer(record)
+
+
 def test_slower_compares_only_rows_that_differ_in_one_setting():
     from kiln.bench import slower
 

@@ -285,6 +285,7 @@ def main(argv=None):
             record["sgemm_peak"]["gflops_per_s"] = peak
             wl_record, f = run_workload(wl, variants, progress, args.repeat, peak)
             wl_record["sgemm_peak_gflops"] = peak
+            wl_record["versus_best_peer"] = report.versus_best_peer(wl_record)
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()
