@@ -769,6 +769,10 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     kiln_executable *exe = NULL;
     kiln_status s = kiln_compile(g, opt, &exe);
     if (s != KILN_OK) return pykiln_raise(s);
+    return pykiln_executable_wrap(exe, g);
+}
+
+PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g) {
     PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
     if (!e) {
         kiln_executable_free(exe);
@@ -997,5 +1001,6 @@ int pykiln_graph_init_types(PyObject *module) {
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_profile_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_plan_sym_functions) < 0) return -1;
     return PyModule_AddFunctions(module, pykiln_graph_functions);
 }

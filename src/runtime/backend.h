@@ -34,6 +34,10 @@ extern const kiln_backend kiln_backend_sink;
  * owns theirs). */
 kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out);
 const kiln_plan *kiln_executable_plan(const kiln_executable *e);
+/* A compiled graph of one binding of symbolic plan p (kiln_plan_bind: nothing planned or generated
+ * again), its own arena sized for that binding, run by backend be. */
+kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, const kiln_backend *be,
+                                 kiln_executable **out);
 
 /* kiln_executable_run writing its results into into[] (see kiln_backend.run_into). */
 kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,

@@ -87,6 +87,22 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     return KILN_OK;
 }
 
+kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, const kiln_backend *be,
+                                 kiln_executable **out) {
+    kiln_executable *e = kiln_calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
+    kiln_status s = kiln_plan_bind(p, bindings, &e->own_plan);
+    if (start) kiln_profile_phase("bind", NULL, start);
+    if (s == KILN_OK) s = prepare(e, e->own_plan, be);
+    if (s != KILN_OK) {
+        kiln_executable_free(e);
+        return s;
+    }
+    *out = e;
+    return KILN_OK;
+}
+
 void kiln_executable_free(kiln_executable *e) {
     if (!e) return;
     if (e->state) e->be->free(e->state);

@@ -53,6 +53,7 @@ struct kiln_sink {
     const kiln_attrs **attrs;
     void **fused;
     kiln_fused_fn *group_fns; /* per step: a native fused group's loaded kernel, or NULL */
+    const int64_t **shp, **str; /* per step: a native loop's sizes and byte strides, or NULL */
     kiln_sink_env env;
     kiln_sink_fn fn;      /* NULL: interpreted */
     int64_t fallbacks;
@@ -105,7 +106,9 @@ static kiln_status alloc_arrays(kiln_sink *s) {
     s->attrs = kiln_calloc((size_t)nn, sizeof *s->attrs);
     s->fused = kiln_calloc((size_t)nn, sizeof *s->fused);
     s->group_fns = kiln_calloc((size_t)nn, sizeof *s->group_fns);
-    if (!s->group_fns || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
+    s->shp = kiln_calloc((size_t)nn, sizeof *s->shp);
+    s->str = kiln_calloc((size_t)nn, sizeof *s->str);
+    if (!s->group_fns || !s->shp || !s->str || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
         !s->pinned || !s->steps || !s->kernels || !s->attrs || !s->fused)
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     for (int32_t v = 0; v < s->nv; v++) s->root[v] = v, s->same_as[v] = -1;
@@ -329,6 +332,7 @@ static kiln_status generate(kiln_sink *s) {
         else if (st->kind == KILN_SINK_KERNEL)
             KILN_TRY(prepare_native_node(s, st));
         s->group_fns[i] = st->loaded;
+        if (st->native) s->shp[i] = st->shape, s->str[i] = st->st;
     }
     char *source = NULL, symbol[48];
     KILN_TRY(kiln_sink_emit(s->g, s->steps, s->nsteps, &source, symbol));
@@ -353,7 +357,7 @@ static void sink_free(void *state) {
     for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
     free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
     free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
-    free(s->group_fns);
+    free(s->group_fns), free(s->shp), free(s->str);
     if (s->kbk) kiln_backend_kbk.free(s->kbk);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -393,7 +397,7 @@ static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void 
     }
     if (st == KILN_OK) {
         s->env = (kiln_sink_env){.t = s->t, .d = s->d, .k = s->kernels, .a = s->attrs, .fk = s->fused,
-                                 .gf = s->group_fns, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
+                                 .gf = s->group_fns, .shp = s->shp, .str = s->str, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
                                  .release = kiln_tensor_release, .bump = kiln_tensor_bump_version,
                                  .poison = env_poison, .stop = (const volatile int *)&kiln_interrupt_flag,
                                  .interrupted = kiln_interrupt_status};
