@@ -1,7 +1,8 @@
 /* One plan for every binding of a graph with symbolic sizes (kiln/jit/dynamic.py's instances):
  * plan_symbolic plans the optimized symbolic graph once (kiln_plan_build_symbolic: order, fused
  * groups' code, buffers at the hints) and bind_plan gives the Executable of one binding
- * (kiln_executable_bind: sizes and offsets evaluated, no planning, no code generated). */
+ * (kiln_executable_bind: sizes and offsets evaluated, no planning, no code generated), its buffers in
+ * the arena the plan's bindings share (grown to the largest binding seen). */
 #include "pykiln.h"
 
 #include "ir/symbolic.h"
@@ -12,12 +13,14 @@
 typedef struct {
     kiln_plan *plan;
     const kiln_backend *be;
+    kiln_arena *arena; /* the bindings' arena: the largest binding's size (NULL until the first) */
 } symbolic_plan;
 
 static void capsule_free(PyObject *capsule) {
     symbolic_plan *sp = PyCapsule_GetPointer(capsule, CAPSULE);
     if (!sp) return;
     kiln_plan_free(sp->plan);
+    kiln_arena_release(sp->arena);
     free(sp);
 }
 
@@ -78,7 +81,7 @@ static PyObject *py_bind_plan(PyObject *self, PyObject *args) {
         }
     }
     kiln_executable *exe = NULL;
-    kiln_status s = kiln_executable_bind(sp->plan, bind, sp->be, &exe);
+    kiln_status s = kiln_executable_bind(sp->plan, bind, sp->be, &sp->arena, &exe);
     if (bind != b) PyMem_Free(bind);
     if (s != KILN_OK) return pykiln_raise(s);
     return pykiln_executable_wrap(exe, kiln_executable_plan(exe)->g);

@@ -34,10 +34,20 @@ extern const kiln_backend kiln_backend_sink;
  * owns theirs). */
 kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out);
 const kiln_plan *kiln_executable_plan(const kiln_executable *e);
+/* An arena shared by the compiled bindings of one symbolic plan (reference counted). */
+typedef struct kiln_arena kiln_arena;
+void kiln_arena_release(kiln_arena *a);
+size_t kiln_arena_bytes(const kiln_arena *a);
+
 /* A compiled graph of one binding of symbolic plan p (kiln_plan_bind: nothing planned or generated
- * again), its own arena sized for that binding, run by backend be. */
+ * again), run by backend be. With arena NULL it has its own arena, sized for the binding. Else its
+ * buffers live in *arena, the arena of the plan's bindings compiled so far (NULL at first): sized by
+ * the largest binding seen, grown when this one needs more (a new arena of this binding's size
+ * becomes *arena; executables made before keep the one they have until freed). Executables sharing
+ * an arena run one at a time (kiln_executable_run takes its lock), so a new binding runs in memory
+ * the earlier ones already touched. The caller releases its reference to *arena when done. */
 kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, const kiln_backend *be,
-                                 kiln_executable **out);
+                                 kiln_arena **arena, kiln_executable **out);
 
 /* kiln_executable_run writing its results into into[] (see kiln_backend.run_into). */
 kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,

@@ -1,9 +1,10 @@
 /* One plan for every binding (issue 16 part 1): a graph with symbolic sizes, optimized and planned
  * once (kiln_plan_build_symbolic), bound at several bindings (kiln_executable_bind: larger than any
  * before, then smaller again) runs on both backends like the unoptimized graph instantiated at that
- * binding and compiled for it; binding plans nothing and compiles no code; a bound plan's buffers
- * are the ones planning the instantiated graph gives (same order, sizes evaluated); a binding the
- * graph does not hold for is refused. */
+ * binding and compiled for it, with an arena of its own or in the arena the bindings share (grown to
+ * the largest binding seen; all of them run again at the end); binding plans nothing and compiles no
+ * code; a bound plan's buffers are the ones planning the instantiated graph gives (same order, sizes
+ * evaluated); a binding the graph does not hold for is refused. */
 #include "check.h"
 #include "codegen/codegen.h"
 #include "core/internal.h"
@@ -50,8 +51,13 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
     if (!p) return;
     CHECK(p->symbolic);
     /* s0 grows past every size seen, then shrinks; s1 changes too */
-    static const int64_t bindings[][2] = {{4, 2}, {2, 1}, {9, 3}, {17, 4}, {3, 1}, {6, 2}};
-    for (size_t r = 0; r < sizeof bindings / sizeof bindings[0]; r++) {
+    enum { NB = 6 };
+    static const int64_t bindings[NB][2] = {{4, 2}, {2, 1}, {9, 3}, {17, 4}, {3, 1}, {6, 2}};
+    kiln_arena *arena[2] = {NULL, NULL}; /* per backend: the arena its bindings share */
+    kiln_executable *kept[NB][2] = {{NULL}};
+    kiln_tensor *kept_in[NB][3] = {{NULL}}, *kept_want[NB][2] = {{NULL}};
+    size_t largest = 0;
+    for (size_t r = 0; r < NB; r++) {
         const int64_t *b = bindings[r];
         kiln_graph *ref = NULL, *inst = NULL;
         CHECK_OK(kiln_graph_instantiate(g, b, &ref));
@@ -74,13 +80,14 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
             kiln_plan_counts(&built0, &bound0);
             kiln_codegen_get_stats(&cg0);
             kiln_executable *e = NULL;
-            CHECK_OK(kiln_executable_bind(p, b, backend ? &kiln_backend_sink : &kiln_backend_kbk, &e));
+            CHECK_OK(kiln_executable_bind(p, b, backend ? &kiln_backend_sink : &kiln_backend_kbk, NULL, &e));
             kiln_plan_counts(&built1, &bound1);
             kiln_codegen_get_stats(&cg1);
             CHECK(built1 == built0 && bound1 == bound0 + 1); /* bound, not planned */
             if (r > 0) CHECK(cg1.compiles == cg0.compiles); /* the code of the first binding serves */
             if (!e) continue;
             if (planned) CHECK(kiln_executable_arena_bytes(e) == kiln_executable_arena_bytes(planned));
+            if (backend == 0 && planned) largest = kiln_executable_arena_bytes(planned) > largest ? kiln_executable_arena_bytes(planned) : largest;
             kiln_tensor *got[2] = {0};
             CHECK_OK(kiln_executable_run(e, 3, in, 2, got));
             for (int k = 0; k < 2; k++) {
@@ -88,16 +95,38 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
                 kiln_tensor_release(got[k]);
             }
             kiln_executable_free(e);
+            /* the same binding in the arena shared with the earlier ones: grown to the largest seen */
+            CHECK_OK(kiln_executable_bind(p, b, backend ? &kiln_backend_sink : &kiln_backend_kbk, &arena[backend],
+                                          &kept[r][backend]));
+            CHECK(kiln_arena_bytes(arena[backend]) == largest);
         }
-        for (int k = 0; k < 2; k++) kiln_tensor_release(want[k]);
-        for (int k = 0; k < 3; k++) kiln_tensor_release(in[k]);
+        for (int k = 0; k < 2; k++) kept_want[r][k] = want[k];
+        for (int k = 0; k < 3; k++) kept_in[r][k] = in[k];
         kiln_executable_free(ref_exe), kiln_executable_free(planned);
         kiln_graph_free(ref), kiln_graph_free(inst);
     }
+    /* every binding kept, run again in turn, newest first: those sharing an arena (and those left with
+     * the arena before it grew) compute what the concrete graph does */
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = NB - 1; r >= 0; r--)
+            for (int backend = 0; backend < 2; backend++) {
+                if (!kept[r][backend]) continue;
+                kiln_tensor *got[2] = {0};
+                CHECK_OK(kiln_executable_run(kept[r][backend], 3, kept_in[r], 2, got));
+                for (int k = 0; k < 2; k++) {
+                    CHECK(same_values(got[k], kept_want[r][k]));
+                    kiln_tensor_release(got[k]);
+                }
+            }
+    for (int r = 0; r < NB; r++) {
+        kiln_executable_free(kept[r][0]), kiln_executable_free(kept[r][1]);
+        kiln_release_all(kept_in[r], 3), kiln_release_all(kept_want[r], 2);
+    }
+    kiln_arena_release(arena[0]), kiln_arena_release(arena[1]);
     /* below a lower bound: refused, naming the symbol */
     int64_t low[2] = {1, 2};
     kiln_executable *none = NULL;
-    CHECK_STATUS(kiln_executable_bind(p, low, &kiln_backend_kbk, &none), KILN_ERR_VALUE);
+    CHECK_STATUS(kiln_executable_bind(p, low, &kiln_backend_kbk, NULL, &none), KILN_ERR_VALUE);
     CHECK(none == NULL && strstr(kiln_last_error(), "s0 = 1 is below its lower bound 2"));
     kiln_clear_error();
     kiln_plan_free(p);
