@@ -34,6 +34,7 @@ typedef struct kiln_sink_step {
     char symbol[48];
     kiln_fused_fn loaded;
     int ndim;
+    int8_t inner[KILN_SINK_MAX_OPERANDS]; /* how each operand moves along the inner axis (KILN_INNER_*) */
     int64_t shape[KILN_MAX_DIMS];
     int64_t *st;
     const int32_t *poison_after; /* debug: values whose buffers are poisoned after the step (-1 ended), or NULL */

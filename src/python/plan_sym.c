@@ -2,7 +2,8 @@
  * plan_symbolic plans the optimized symbolic graph once (kiln_plan_build_symbolic: order, fused
  * groups' code, buffers at the hints) and bind_plan gives the Executable of one binding
  * (kiln_executable_bind: sizes and offsets evaluated, no planning, no code generated), its buffers in
- * the arena the plan's bindings share (grown to the largest binding seen). */
+ * the arena the plan's bindings share (grown to the largest binding seen), the sink's function the one
+ * generated for the first binding. */
 #include "pykiln.h"
 
 #include "ir/symbolic.h"
@@ -13,14 +14,14 @@
 typedef struct {
     kiln_plan *plan;
     const kiln_backend *be;
-    kiln_arena *arena; /* the bindings' arena: the largest binding's size (NULL until the first) */
+    kiln_bindings *shared; /* what its bindings share: the arena of the largest, the sink's code */
 } symbolic_plan;
 
 static void capsule_free(PyObject *capsule) {
     symbolic_plan *sp = PyCapsule_GetPointer(capsule, CAPSULE);
     if (!sp) return;
     kiln_plan_free(sp->plan);
-    kiln_arena_release(sp->arena);
+    kiln_bindings_free(sp->shared);
     free(sp);
 }
 
@@ -43,18 +44,20 @@ static PyObject *py_plan_symbolic(PyObject *self, PyObject *args, PyObject *kwar
     symbolic_plan *sp = kiln_calloc(1, sizeof *sp);
     if (!sp) return PyErr_NoMemory();
     sp->be = sunk ? &kiln_backend_sink : &kiln_backend_kbk;
-    kiln_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = kiln_plan_build_symbolic(g, &opt, &sp->plan);
-    Py_END_ALLOW_THREADS
+    kiln_status s = kiln_bindings_new(&sp->shared);
     if (s != KILN_OK) {
         free(sp);
         return pykiln_raise(s);
     }
-    PyObject *capsule = PyCapsule_New(sp, CAPSULE, capsule_free);
+    Py_BEGIN_ALLOW_THREADS
+    s = kiln_plan_build_symbolic(g, &opt, &sp->plan);
+    Py_END_ALLOW_THREADS
+    PyObject *capsule = s == KILN_OK ? PyCapsule_New(sp, CAPSULE, capsule_free) : NULL;
     if (!capsule) {
         kiln_plan_free(sp->plan);
+        kiln_bindings_free(sp->shared);
         free(sp);
+        if (s != KILN_OK) return pykiln_raise(s);
     }
     return capsule;
 }
@@ -81,7 +84,7 @@ static PyObject *py_bind_plan(PyObject *self, PyObject *args) {
         }
     }
     kiln_executable *exe = NULL;
-    kiln_status s = kiln_executable_bind(sp->plan, bind, sp->be, &sp->arena, &exe);
+    kiln_status s = kiln_executable_bind(sp->plan, bind, sp->be, sp->shared, &exe);
     if (bind != b) PyMem_Free(bind);
     if (s != KILN_OK) return pykiln_raise(s);
     return pykiln_executable_wrap(exe, kiln_executable_plan(exe)->g);

@@ -9,6 +9,9 @@
 #include "backend.h"
 #include "../core/profile.h"
 
+typedef struct kiln_arena kiln_arena;
+static void arena_release(kiln_arena *a); /* below */
+
 struct kiln_executable {
     kiln_plan *own_plan; /* the plan, when this executable made it */
     const kiln_plan *plan;
@@ -18,7 +21,8 @@ struct kiln_executable {
     void *state;
 };
 
-/* An arena the bindings of one symbolic plan share (kiln_executable_bind): one run at a time over it. */
+/* An arena the bindings of one symbolic plan share (kiln_executable_bind), reference counted: one run
+ * at a time over it. */
 struct kiln_arena {
     pthread_mutex_t lock;
     _Atomic int64_t refs;
@@ -39,14 +43,13 @@ static kiln_status arena_new(size_t bytes, kiln_arena **out) {
     return KILN_OK;
 }
 
-void kiln_arena_release(kiln_arena *a) {
+static void arena_release(kiln_arena *a) {
     if (!a || atomic_fetch_sub(&a->refs, 1) != 1) return;
     if (a->data) kiln_free(a->data);
     pthread_mutex_destroy(&a->lock);
     free(a);
 }
 
-size_t kiln_arena_bytes(const kiln_arena *a) { return a ? a->bytes : 0; }
 
 static kiln_status memory_new(const kiln_plan *p, kiln_plan_memory *m, char *shared) {
     const kiln_graph *g = p->g;
@@ -67,7 +70,7 @@ static kiln_status memory_new(const kiln_plan *p, kiln_plan_memory *m, char *sha
 static void memory_free(const kiln_plan *p, kiln_plan_memory *m, kiln_arena *shared) {
     for (int32_t v = 0; m->planned && p && v < p->g->nvalues; v++) kiln_tensor_release(m->planned[v]);
     free(m->planned);
-    if (shared) kiln_arena_release(shared);
+    if (shared) arena_release(shared);
     else if (m->arena) kiln_free(m->arena);
 }
 
@@ -122,29 +125,70 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     return KILN_OK;
 }
 
+/* What the compiled bindings of one symbolic plan share. */
+struct kiln_bindings {
+    pthread_mutex_t lock; /* one binding compiled at a time */
+    kiln_arena *arena;    /* the arena of the largest binding so far (NULL before the first) */
+    const kiln_backend *be; /* whose memo this is */
+    void *memo;           /* what that backend kept of the code it generated (kiln_backend.prepare_bound) */
+};
+
+kiln_status kiln_bindings_new(kiln_bindings **out) {
+    kiln_bindings *b = kiln_calloc(1, sizeof *b);
+    if (!b) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    pthread_mutex_init(&b->lock, NULL);
+    *out = b;
+    return KILN_OK;
+}
+
+void kiln_bindings_free(kiln_bindings *b) {
+    if (!b) return;
+    arena_release(b->arena);
+    if (b->memo) b->be->free_memo(b->memo);
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+size_t kiln_bindings_arena_bytes(const kiln_bindings *b) { return b && b->arena ? b->arena->bytes : 0; }
+
+/* e (its plan bound) in shared's arena, grown (a new arena for this and later bindings) when too small,
+ * and prepared for backend be from shared's memo where be keeps one. */
+static kiln_status prepare_shared(kiln_executable *e, kiln_bindings *shared, const kiln_backend *be) {
+    size_t need = e->own_plan->arena_bytes;
+    if (!shared->arena || shared->arena->bytes < need) {
+        kiln_arena *grown = NULL;
+        KILN_TRY(arena_new(need, &grown));
+        arena_release(shared->arena);
+        shared->arena = grown;
+    }
+    atomic_fetch_add(&shared->arena->refs, 1);
+    e->shared = shared->arena;
+    if (!be->prepare_bound) return prepare(e, e->own_plan, be);
+    if (shared->memo && shared->be != be) {
+        shared->be->free_memo(shared->memo);
+        shared->memo = NULL;
+    }
+    shared->be = be;
+    e->plan = e->own_plan;
+    e->be = be;
+    KILN_TRY(memory_new(e->plan, &e->mem, e->shared->data));
+    return be->prepare_bound(e->plan, &e->mem, &shared->memo, &e->state);
+}
+
 kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, const kiln_backend *be,
-                                 kiln_arena **arena, kiln_executable **out) {
+                                 kiln_bindings *shared, kiln_executable **out) {
     kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
     kiln_status s = kiln_plan_bind(p, bindings, &e->own_plan);
     if (start) kiln_profile_phase("bind", NULL, start);
-    if (s == KILN_OK && arena) { /* the shared arena, grown (a new one for this and later bindings) when too small */
-        size_t need = e->own_plan->arena_bytes;
-        if (!*arena || (*arena)->bytes < need) {
-            kiln_arena *grown = NULL;
-            s = arena_new(need, &grown);
-            if (s == KILN_OK) {
-                kiln_arena_release(*arena);
-                *arena = grown;
-            }
-        }
-        if (s == KILN_OK) {
-            atomic_fetch_add(&(*arena)->refs, 1);
-            e->shared = *arena;
-        }
+    if (s == KILN_OK && shared) {
+        pthread_mutex_lock(&shared->lock);
+        s = prepare_shared(e, shared, be);
+        pthread_mutex_unlock(&shared->lock);
+    } else if (s == KILN_OK) {
+        s = prepare(e, e->own_plan, be);
     }
-    if (s == KILN_OK) s = prepare(e, e->own_plan, be);
     if (s != KILN_OK) {
         kiln_executable_free(e);
         return s;

@@ -1,9 +1,9 @@
 /* One plan for every binding (issue 16 part 1): a graph with symbolic sizes, optimized and planned
  * once (kiln_plan_build_symbolic), bound at several bindings (kiln_executable_bind: larger than any
  * before, then smaller again) runs on both backends like the unoptimized graph instantiated at that
- * binding and compiled for it, with an arena of its own or in the arena the bindings share (grown to
- * the largest binding seen; all of them run again at the end); binding plans nothing and compiles no
- * code; a bound plan's buffers are the ones planning the instantiated graph gives (same order, sizes
+ * binding and compiled for it, with an arena of its own or sharing what the bindings share (the arena,
+ * grown to the largest binding seen, and the sink's generated function; all of them run again at the
+ * end); binding plans nothing and compiles no code (sharing, it does not even look code up); a bound plan's buffers are the ones planning the instantiated graph gives (same order, sizes
  * evaluated); a binding the graph does not hold for is refused. */
 #include "check.h"
 #include "codegen/codegen.h"
@@ -53,7 +53,9 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
     /* s0 grows past every size seen, then shrinks; s1 changes too */
     enum { NB = 6 };
     static const int64_t bindings[NB][2] = {{4, 2}, {2, 1}, {9, 3}, {17, 4}, {3, 1}, {6, 2}};
-    kiln_arena *arena[2] = {NULL, NULL}; /* per backend: the arena its bindings share */
+    kiln_bindings *shared[2] = {NULL, NULL}; /* per backend: what its bindings share (arena, sink code) */
+    CHECK_OK(kiln_bindings_new(&shared[0]));
+    CHECK_OK(kiln_bindings_new(&shared[1]));
     kiln_executable *kept[NB][2] = {{NULL}};
     kiln_tensor *kept_in[NB][3] = {{NULL}}, *kept_want[NB][2] = {{NULL}};
     size_t largest = 0;
@@ -96,9 +98,15 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
             }
             kiln_executable_free(e);
             /* the same binding in the arena shared with the earlier ones: grown to the largest seen */
-            CHECK_OK(kiln_executable_bind(p, b, backend ? &kiln_backend_sink : &kiln_backend_kbk, &arena[backend],
+            kiln_codegen_get_stats(&cg0);
+            CHECK_OK(kiln_executable_bind(p, b, backend ? &kiln_backend_sink : &kiln_backend_kbk, shared[backend],
                                           &kept[r][backend]));
-            CHECK(kiln_arena_bytes(arena[backend]) == largest);
+            kiln_codegen_get_stats(&cg1);
+            CHECK(kiln_bindings_arena_bytes(shared[backend]) == largest);
+            /* the sink's function of the first shared binding serves: nothing compiled or even looked up */
+            if (r > 0) CHECK(cg1.compiles == cg0.compiles && cg1.memory_hits == cg0.memory_hits);
+            if (kept[r][backend] && backend == 1 && kiln_codegen_available())
+                CHECK(kiln_executable_is_native(kept[r][backend]));
         }
         for (int k = 0; k < 2; k++) kept_want[r][k] = want[k];
         for (int k = 0; k < 3; k++) kept_in[r][k] = in[k];
@@ -122,7 +130,7 @@ static void test_one_plan_runs_every_binding(kiln_exec_order order) {
         kiln_executable_free(kept[r][0]), kiln_executable_free(kept[r][1]);
         kiln_release_all(kept_in[r], 3), kiln_release_all(kept_want[r], 2);
     }
-    kiln_arena_release(arena[0]), kiln_arena_release(arena[1]);
+    kiln_bindings_free(shared[0]), kiln_bindings_free(shared[1]);
     /* below a lower bound: refused, naming the symbol */
     int64_t low[2] = {1, 2};
     kiln_executable *none = NULL;
