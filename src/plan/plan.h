@@ -6,7 +6,8 @@
  * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
  * arena, freed after the last use of the buffer (through any view of it); an elementwise node
  * writes in place into an input buffer that dies with it when shapes and dtypes match; buffers
- * that graph outputs live in are never planned (they are allocated per call and handed out). */
+ * that graph outputs live in are never planned (they are allocated per call and handed out).
+ * A graph with symbolic sizes is planned once and bound per binding (kiln_plan_bind, below). */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
 

@@ -25,14 +25,20 @@ Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance. The entry's first new binding makes the recording symbolic in C (Graph.symbolize: its
-inputs' and size attributes' expressions, every node's sizes inferred as expressions) and
-optimizes that once (optimize_graph); each binding's instance is then its concrete graph
-(Graph.instantiate: sizes evaluated, no pass run again), planned. A recording that cannot be made
+inputs' and size attributes' expressions, every node's sizes inferred as expressions), optimizes
+that once (optimize_graph) and plans it once (kiln._C.plan_symbolic: order, fused groups' generated
+code); each binding's instance is then that plan bound to its sizes (kiln._C.bind_plan: the graph
+instantiated, buffer sizes and offsets evaluated, the groups' and the sink's code of the first
+binding called with the new sizes, buffers in one arena the entry's instances share, grown to the
+largest binding seen): no pass, no planning, no code generated. With a sublinear-memory config (its
+search rewrites each binding's graph), or where the planner refuses the graph, each instance is
+instead the concrete graph (Graph.instantiate) planned for itself. A recording that cannot be made
 symbolic (a backward pass's followed sizes, an op without a symbolic shape rule, control flow, a
 size with % or a division by a symbol) makes each instance as before: the recorded graph rebound
 to those sizes (kiln_graph_rebind: no Python re-run, no new capture), optimized and planned again.
 Either way its generated kernels are the same objects (their C takes the sizes as arguments, so
-the compiler's cache answers). cache_info() counts these as `instances`,
+the compiler's cache answers). cache_info() counts these as `instances` (and says per entry whether
+they came from the recording optimized once, `optimized_once`, and from one plan, `planned_once`),
 not compiles. Later calls of the binding run the instance (positional all-tensor calls of plain
 functions straight from the C dispatcher, which checks the symbols' consistency and lower bounds).
 A binding the graph does not hold for (a node that keeps sizes with none given, a shape check that
@@ -44,7 +50,7 @@ import weakref
 
 from .. import _C
 
-MAX_INSTANCES = 16  # per dynamic entry (each holds its memory plan's arena): the least recently used goes
+MAX_INSTANCES = 16  # per dynamic entry (each holds its memory, or a share of the entry's arena): the least recently used goes
 # instances from the recording made symbolic and optimized once (False: rebound and optimized per
 # binding; tests and bench/bench_dynamic.py compare the two)
 symbolic_instances = True
