@@ -124,11 +124,16 @@ def main():
     best = [[float("inf")] * len(lengths) for _ in range(3)]
     rebound = [float("inf")] * len(lengths)
     replanned = [float("inf")] * len(lengths)
+    making = [float("inf")] * 3  # per mode, the least time making one instance took (mean over a round)
     for _ in range(rounds):  # each round a new dynamic function: its instances are made again
         *times, info = attention_round(att, lengths, inputs)
         best = [[min(a, b) for a, b in zip(old, new)] for old, new in zip(best, times)]
-        replanned = [min(a, b) for a, b in zip(replanned, attention_round(att, lengths, inputs, planned=False)[0])]
-        rebound = [min(a, b) for a, b in zip(rebound, attention_round(att, lengths, inputs, once=False)[0])]
+        replanned_times, *_, replanned_info = attention_round(att, lengths, inputs, planned=False)
+        replanned = [min(a, b) for a, b in zip(replanned, replanned_times)]
+        rebound_times, *_, rebound_info = attention_round(att, lengths, inputs, once=False)
+        rebound = [min(a, b) for a, b in zip(rebound, rebound_times)]
+        making = [min(m, i.instance_seconds / max(i.instances, 1)) for m, i in
+                  zip(making, (info, replanned_info, rebound_info))]
     best_dyn, best_exact, best_warm = (sum(b) for b in best)
     ok &= compiles(f"LlamaAttention O1, {len(lengths)} sequence lengths {lengths[0]}..{lengths[-1]}", info,
                    "one per length after the compiles")
@@ -147,6 +152,9 @@ def main():
           f"rebound and optimized per length {first_rebound * 1e3:.2f} ms, warm exact-shape call {warm * 1e3:.2f} ms; "
           f"ratios to the warm call {first_once / warm:.3f}, {first_replanned / warm:.3f} and {first_rebound / warm:.3f} "
           "(information)")
+    print(f"attention, making one instance (best round's mean): planned once {making[0] * 1e6:.0f} us, planned per length "
+          f"{making[1] * 1e6:.0f} us, rebound and optimized per length {making[2] * 1e6:.0f} us; ratios "
+          f"{making[1] / making[0]:.2f} and {making[2] / making[0]:.2f} (information)")
 
     shapes = [(r, c) for r in range(2, 12) for c in range(2, 7) if (r, c) != (2, 3)]
     random.Random(0).shuffle(shapes)
