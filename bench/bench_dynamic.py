@@ -10,10 +10,11 @@ each exact shape, measured in the same run.
   planning the recorded graph; its generated kernels come from the compiler's cache); for the exact
   ones it is the first call of the graph compiled for that length (its warm call is printed too,
   for information). Targets: at most 2 compiles; total at most 1.1x. Then, for information, a new
-  length's first call (its instance made: the recording made symbolic and optimized once, each
-  instance instantiated and planned) against a warm exact-shape call, and the same with instances
-  made by rebinding and optimizing per length (kiln.jit.dynamic.symbolic_instances off), in the
-  same run.
+  length's first call (its instance made: the recording made symbolic, optimized and planned once,
+  each instance that plan bound to the length's sizes) against a warm exact-shape call, and the same
+  with each instance instantiated and planned per length (kiln.jit.dynamic.planned_instances off) and
+  with instances made by rebinding and optimizing per length (kiln.jit.dynamic.symbolic_instances
+  off), in the same run.
 - The seed's simple function a*b+c on 50 different float32 shapes (2..11 x 2..6; the seed's (2, 3)
   first, then the others in a fixed shuffled order whose first differs from it in both sizes): one
   kiln.jit (automatic mode) against 50 exact-shape ones, 200 calls per shape in alternating batches,
@@ -35,11 +36,12 @@ from kiln.jit import dynamic
 from timing import row
 
 
-def attention_round(att, lengths, inputs, once=True):
+def attention_round(att, lengths, inputs, once=True, planned=True):
     """Per length, the dynamic function's time, the exact-shape graph's first and warm call times
     (lists), and the dynamic function's cache_info. once: instances from the recording optimized
-    once (else rebound and optimized per length)."""
+    once (else rebound and optimized per length); planned: and planned once (else planned per length)."""
     dynamic.symbolic_instances = once
+    dynamic.planned_instances = planned
     dyn = kiln.jit(att, jit_level="O1")
     dyn_times, exact_times, warm_times = [], [], []
     for s in lengths:
@@ -61,7 +63,7 @@ def attention_round(att, lengths, inputs, once=True):
         t0 = time.perf_counter()
         exact(x, pos)  # and again, warm
         warm_times.append(time.perf_counter() - t0)
-    dynamic.symbolic_instances = True
+    dynamic.symbolic_instances = dynamic.planned_instances = True
     return dyn_times, exact_times, warm_times, dyn.cache_info()
 
 
@@ -121,10 +123,17 @@ def main():
                   kiln.Tensor(np.arange(s, dtype=np.int64).reshape(1, s))) for s in lengths}
     best = [[float("inf")] * len(lengths) for _ in range(3)]
     rebound = [float("inf")] * len(lengths)
+    replanned = [float("inf")] * len(lengths)
+    making = [float("inf")] * 3  # per mode, the least time making one instance took (mean over a round)
     for _ in range(rounds):  # each round a new dynamic function: its instances are made again
         *times, info = attention_round(att, lengths, inputs)
         best = [[min(a, b) for a, b in zip(old, new)] for old, new in zip(best, times)]
-        rebound = [min(a, b) for a, b in zip(rebound, attention_round(att, lengths, inputs, once=False)[0])]
+        replanned_times, *_, replanned_info = attention_round(att, lengths, inputs, planned=False)
+        replanned = [min(a, b) for a, b in zip(replanned, replanned_times)]
+        rebound_times, *_, rebound_info = attention_round(att, lengths, inputs, once=False)
+        rebound = [min(a, b) for a, b in zip(rebound, rebound_times)]
+        making = [min(m, i.instance_seconds / max(i.instances, 1)) for m, i in
+                  zip(making, (info, replanned_info, rebound_info))]
     best_dyn, best_exact, best_warm = (sum(b) for b in best)
     ok &= compiles(f"LlamaAttention O1, {len(lengths)} sequence lengths {lengths[0]}..{lengths[-1]}", info,
                    "one per length after the compiles")
@@ -136,10 +145,16 @@ def main():
     made = [k for k in range(len(lengths)) if k >= 2]  # the first two lengths compile (automatic mode)
     first_once = sum(best[0][k] for k in made) / len(made)
     first_rebound = sum(rebound[k] for k in made) / len(made)
+    first_replanned = sum(replanned[k] for k in made) / len(made)
     warm = sum(best[2][k] for k in made) / len(made)
-    print(f"attention, a new length's first call (mean of {len(made)}): optimized once {first_once * 1e3:.2f} ms, "
+    print(f"attention, a new length's first call (mean of {len(made)}): optimized and planned once "
+          f"{first_once * 1e3:.2f} ms, optimized once and planned per length {first_replanned * 1e3:.2f} ms, "
           f"rebound and optimized per length {first_rebound * 1e3:.2f} ms, warm exact-shape call {warm * 1e3:.2f} ms; "
-          f"ratios to the warm call {first_once / warm:.3f} and {first_rebound / warm:.3f} (information)")
+          f"ratios to the warm call {first_once / warm:.3f}, {first_replanned / warm:.3f} and {first_rebound / warm:.3f} "
+          "(information)")
+    print(f"attention, making one instance (best round's mean): planned once {making[0] * 1e6:.0f} us, planned per length "
+          f"{making[1] * 1e6:.0f} us, rebound and optimized per length {making[2] * 1e6:.0f} us; ratios "
+          f"{making[1] / making[0]:.2f} and {making[2] / making[0]:.2f} (information)")
 
     shapes = [(r, c) for r in range(2, 12) for c in range(2, 7) if (r, c) != (2, 3)]
     random.Random(0).shuffle(shapes)

@@ -3,8 +3,8 @@
  * run as the generated loops of emit_c.c over their fixed layouts: called through the
  * environment when the plan already loaded that kernel, else compiled into this source.
  *
- * The code depends on the graph's structure, layouts and sizes, never on addresses: tensors,
- * kernels and attributes come through the environment (src/codegen/sink_steps.h), so the
+ * The code depends on the graph's structure and layouts, never on sizes or addresses: tensors,
+ * kernels, attributes and the native loops' sizes and strides come through the environment (src/codegen/sink_steps.h), so the
  * compiled object is cached and reused by any process compiling the same graph. */
 #include "../core/strbuf.h"
 #include "sink_steps.h"
@@ -39,15 +39,12 @@ static void emit_step(kiln_strbuf *t, const kiln_graph *g, const kiln_sink_step 
                               "        e->step = %d;\n        return s;\n    }\n", i);
     }
     if (st->native) { /* a fused group, or a lone elementwise node */
-        int nops = 1 + st->nin;
-        kiln_strbuf_printf(t, "    {\n        static const int64_t shape[%d] = {", st->ndim);
-        for (int d = 0; d < st->ndim; d++) kiln_strbuf_printf(t, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
-        kiln_strbuf_printf(t, "};\n        static const int64_t st[%d] = {", nops * KILN_MAX_DIMS);
-        for (int k = 0; k < nops * KILN_MAX_DIMS; k++) kiln_strbuf_printf(t, "%s%lld", k ? ", " : "", (long long)st->st[k]);
-        kiln_strbuf_printf(t, "};\n        char *const p[%d] = {d[%d]%s", nops, st->out[0], st->nin ? ", " : "");
+        /* sizes and strides come through the environment: one compiled function for every binding of
+         * a symbolic plan */
+        kiln_strbuf_printf(t, "    {\n        char *const p[%d] = {d[%d]%s", 1 + st->nin, st->out[0], st->nin ? ", " : "");
         emit_list(t, "d", st->in, st->nin);
-        if (st->loaded) kiln_strbuf_printf(t, "};\n        e->gf[%d](p, %d, shape, st);\n    }\n", i, st->ndim);
-        else kiln_strbuf_printf(t, "};\n        %s(p, %d, shape, st);\n    }\n", st->symbol, st->ndim);
+        if (st->loaded) kiln_strbuf_printf(t, "};\n        e->gf[%d](p, %d, e->shp[%d], e->str[%d]);\n    }\n", i, st->ndim, i, i);
+        else kiln_strbuf_printf(t, "};\n        %s(p, %d, e->shp[%d], e->str[%d]);\n    }\n", st->symbol, st->ndim, i, i);
     } else if (st->kind != KILN_SINK_VIEW) {
         kiln_strbuf_printf(t, "    {\n");
         if (st->nin > 0) {

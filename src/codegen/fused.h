@@ -15,6 +15,11 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out);
 /* The same, generated for inputs laid out as in_strides[k] says (element strides of input k's
  * shape; NULL entries or in_strides NULL: contiguous). Any layout still runs (see run). */
 kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out);
+/* A kernel for sub, which has the structure of from's subgraph at other sizes (a symbolic group's
+ * binding): from's loaded code when every operand moves along the inner axis as in from (the code
+ * takes the sizes as arguments), else prepared as kiln_fused_prepare_strided does. */
+kiln_status kiln_fused_rebind(kiln_fused_kernel *from, const kiln_graph *sub, const int64_t *const *in_strides,
+                              kiln_fused_kernel **out);
 /* in: the node's inputs (any strides); out: allocated with the node's output meta. */
 kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in, kiln_tensor *out);
 void kiln_fused_free(kiln_fused_kernel *k);

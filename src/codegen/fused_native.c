@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../ir/symbolic.h"
 #include "../plan/plan.h"
 #include "codegen.h"
 #include "fused.h"
@@ -133,7 +134,9 @@ static bool kind_fits(const kiln_fused_kernel *k, int op, int64_t inner) {
     }
 }
 
-static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in_strides) {
+/* The kernel's iteration space, operand kinds and contiguous loop for the layouts in_strides says
+ * (NULL: contiguous inputs), from its subgraph's sizes: everything but the code. */
+static void plan_layouts(kiln_fused_kernel *k, const int64_t *const *in_strides) {
     const kiln_graph *g = k->sub;
     const kiln_meta *om = &g->values[g->outputs[0]].meta;
     k->rows = kiln_codegen_has_rows(g);
@@ -156,6 +159,11 @@ static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in
     plan_loop(p, k->rows, k->nops, k->itemsize, strides, k->snd, k->sshape);
     k->contiguous_fits = true;
     for (int op = 0; op < k->nops; op++) k->contiguous_fits &= kind_fits(k, op, p->st[op][p->ndim - 1]);
+}
+
+static kiln_status prepare_native(kiln_fused_kernel *k, const int64_t *const *in_strides) {
+    const kiln_graph *g = k->sub;
+    plan_layouts(k, in_strides);
     char *source = NULL;
     KILN_TRY(kiln_codegen_emit(g, k->kind, &source, k->symbol));
     const char *dump = getenv("KILN_DUMP_CODE");
@@ -233,7 +241,8 @@ kiln_status kiln_fused_prepare(const kiln_graph *sub, kiln_fused_kernel **out) {
     return kiln_fused_prepare_strided(sub, NULL, out);
 }
 
-kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out) {
+/* A kernel over a copy of sub, nothing prepared yet. */
+static kiln_status kernel_new(const kiln_graph *sub, kiln_fused_kernel **out) {
     kiln_fused_kernel *k = kiln_calloc(1, sizeof *k);
     if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory preparing a fused kernel");
     pthread_mutex_init(&k->lock, NULL);
@@ -247,13 +256,41 @@ kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *con
         return s;
     }
     k->nops = 1 + sub->ninputs;
+    *out = k;
+    return KILN_OK;
+}
+
+kiln_status kiln_fused_rebind(kiln_fused_kernel *from, const kiln_graph *sub, const int64_t *const *in_strides,
+                              kiln_fused_kernel **out) {
+    build_if_waiting(from);
+    kiln_fused_kernel *k = NULL;
+    KILN_TRY(kernel_new(sub, &k));
+    if (from->fn && k->nops == from->nops) {
+        plan_layouts(k, in_strides);
+        bool same = k->rows == from->rows && k->snd == from->snd; /* the same code when every operand moves the same way */
+        for (int op = 0; op < k->nops && same; op++) same = k->kind[op] == from->kind[op];
+        if (same) {
+            k->fn = from->fn;
+            memcpy(k->symbol, from->symbol, sizeof k->symbol);
+            *out = k;
+            return KILN_OK;
+        }
+    }
+    kiln_fused_free(k);
+    return kiln_fused_prepare_strided(sub, in_strides, out); /* other code (or none): made as for a new group */
+}
+
+kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *const *in_strides, kiln_fused_kernel **out) {
+    kiln_fused_kernel *k = NULL;
+    KILN_TRY(kernel_new(sub, &k));
+    kiln_status s = KILN_OK;
     bool native = !codegen_disabled() && k->nops <= MAX_OPERANDS && kiln_codegen_supports(sub) &&
                   kiln_codegen_available();
     if (native && prepare_native(k, in_strides) != KILN_OK) {
         native = false;
         if (kiln_last_error()[0]) kiln_clear_error(); /* the driver warned once; run interpreted */
     }
-    if (!native) s = ensure_interp(k);
+    if (!native && !kiln_graph_is_symbolic(sub)) s = ensure_interp(k); /* a symbolic group: at its bindings */
     if (s != KILN_OK) {
         kiln_fused_free(k);
         return s;
@@ -357,7 +394,11 @@ static kiln_status plan_prepare(const kiln_graph *sub, const int64_t *const *in_
 
 static void plan_free(void *kernel) { kiln_fused_free(kernel); }
 
+static kiln_status plan_rebind(void *kernel, const kiln_graph *sub, const int64_t *const *in_strides, void **out) {
+    return kiln_fused_rebind(kernel, sub, in_strides, (kiln_fused_kernel **)out);
+}
+
 __attribute__((constructor)) static void register_plan_kernels(void) {
-    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting};
+    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting, plan_rebind};
     kiln_plan_register_kernels(&kernels);
 }

@@ -25,7 +25,8 @@ typedef struct kiln_sink_step {
     int32_t out[KILN_MAX_OUTPUTS];
     kiln_fused_kernel *fused;
     /* native fused loop: the kernel's C source and name, and its loop over the fixed layouts (byte
-     * strides st[op * KILN_MAX_DIMS + d], op 0 the output, 1 + k input k); `loaded`: the same kernel
+     * strides st[op * KILN_MAX_DIMS + d], op 0 the output, 1 + k input k; the generated function reads
+     * shape and st through the environment, so its code is the same at any sizes); `loaded`: the same kernel
      * already loaded in this process (built for the plan's fused group), called through the
      * environment instead of compiled into the graph's function again */
     bool native;
@@ -33,6 +34,7 @@ typedef struct kiln_sink_step {
     char symbol[48];
     kiln_fused_fn loaded;
     int ndim;
+    int8_t inner[KILN_SINK_MAX_OPERANDS]; /* how each operand moves along the inner axis (KILN_INNER_*) */
     int64_t shape[KILN_MAX_DIMS];
     int64_t *st;
     const int32_t *poison_after; /* debug: values whose buffers are poisoned after the step (-1 ended), or NULL */
@@ -52,6 +54,8 @@ typedef struct kiln_sink_step {
     void (*release)(kiln_tensor *);                                                                  \
     void (*bump)(kiln_tensor *);                                                                     \
     void (*poison)(kiln_tensor *);                                                                   \
+    const int64_t *const *shp;   /* per step: a native loop's sizes (ndim of them), else NULL */     \
+    const int64_t *const *str;   /* per step: its byte strides (see kiln_sink_step.st), else NULL */ \
     const volatile int *stop;    /* nonzero: an interrupt was requested (checked before steps) */    \
     STATUS (*interrupted)(void); /* then: its status on this thread (0: go on) */                    \
     int step;

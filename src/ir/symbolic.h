@@ -4,9 +4,10 @@
  * working on the recorded shapes; code that must hold for every binding reads the expressions.
  * The passes run on symbolic graphs (each keeps the expressions, or leaves alone what it could only
  * do for the hints; the pipeline checks that the outputs' sizes stay the same expressions), and
- * kiln_graph_instantiate gives the concrete graph of one binding, which is planned and run. The
- * planner, model files, rebinding and splitting take only concrete graphs: they refuse symbolic
- * ones (kiln_graph_require_concrete) rather than bake the hints in. */
+ * kiln_graph_instantiate gives the concrete graph of one binding. The planner plans a symbolic
+ * graph once and binds that plan per binding (kiln_plan_build_symbolic, kiln_plan_bind in
+ * src/plan/plan.h); kiln_plan_build, model files, rebinding and splitting take only concrete graphs:
+ * they refuse symbolic ones (kiln_graph_require_concrete) rather than bake the hints in. */
 #ifndef KILN_IR_SYMBOLIC_H
 #define KILN_IR_SYMBOLIC_H
 

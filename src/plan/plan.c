@@ -1,6 +1,8 @@
 /* kiln_plan_build: order, memory plan, fused groups and nested plans of a graph (see plan.h). */
 #include "plan.h"
 
+#include <stdatomic.h>
+
 #include "../ir/control.h"
 #include "../ir/layout.h"
 #include "../ir/symbolic.h"
@@ -359,16 +361,16 @@ kiln_status kiln_plan_arena_bytes(const kiln_graph *g, kiln_exec_order order, si
 
 /* ---- building ----------------------------------------------------------------------------- */
 
-kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
-    KILN_TRY(kiln_graph_verify(g));
-    KILN_TRY(kiln_graph_require_concrete(g, "plan"));
-    kiln_plan *e = kiln_calloc(1, sizeof *e);
-    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
-    kiln_status s = kiln_graph_clone(g, &e->g);
-    if (s != KILN_OK) {
-        free(e);
-        return s;
-    }
+static _Atomic int64_t plans_built, plans_bound;
+
+void kiln_plan_counts(int64_t *built, int64_t *bound) {
+    *built = atomic_load(&plans_built);
+    *bound = atomic_load(&plans_bound);
+}
+
+/* The arrays of a plan of e->g (set). */
+static kiln_status plan_alloc(kiln_plan *e, const kiln_compile_options *opt) {
+    const kiln_graph *g = e->g;
     int32_t nv = g->nvalues, nn = g->nnodes;
     bool control = false;
     for (int32_t i = 0; i < nn; i++) control |= kiln_op_is_control(g->nodes[i].op);
@@ -384,10 +386,43 @@ kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt
     e->direct_output = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     e->poison = opt && opt->poison_freed;
     if (!e->order || !e->root || !e->last_use || !e->offset || !e->dead_after || !e->freed_after || !e->kernel ||
-        (control && !e->bodies) || !e->direct_output) {
-        kiln_plan_free(e);
+        (control && !e->bodies) || !e->direct_output)
         return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    return KILN_OK;
+}
+
+/* The buffers of e at its graph's sizes, in its order: offsets, what goes after each step, the
+ * outputs written directly. */
+static kiln_status plan_buffers(kiln_plan *e) {
+    KILN_TRY(plan_memory(e));
+    KILN_TRY(plan_releases(e));
+    plan_direct_outputs(e);
+    return KILN_OK;
+}
+
+static kiln_status plan_build(const kiln_graph *g, const kiln_compile_options *opt, bool symbolic, kiln_plan **out) {
+    KILN_TRY(kiln_graph_verify(g));
+    if (!symbolic) KILN_TRY(kiln_graph_require_concrete(g, "plan"));
+    kiln_plan *e = kiln_calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    kiln_status s = kiln_graph_clone(g, &e->g);
+    if (s != KILN_OK) {
+        free(e);
+        return s;
     }
+    e->symbolic = kiln_graph_is_symbolic(g);
+    if (e->symbolic)
+        for (int32_t i = 0; i < g->nnodes && s == KILN_OK; i++)
+            if (kiln_op_is_control(g->nodes[i].op))
+                s = kiln_error(KILN_ERR_VALUE, "plan: %s in a graph with symbolic sizes is not supported",
+                               kiln_op_table[g->nodes[i].op].name);
+    if (s == KILN_OK) s = plan_alloc(e, opt);
+    if (s != KILN_OK) {
+        kiln_plan_free(e);
+        return s;
+    }
+    atomic_fetch_add(&plans_built, 1);
+    int32_t nn = g->nnodes;
     if (opt && opt->order == KILN_ORDER_DFS) {
         s = order_dfs(e->g, e->order);
     } else {
@@ -402,13 +437,54 @@ kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt
             fused = true;
         }
     if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* the groups build together, now */
-    if (s == KILN_OK) s = plan_memory(e);
-    if (s == KILN_OK) s = plan_releases(e);
-    if (s == KILN_OK) plan_direct_outputs(e);
+    if (s == KILN_OK) s = plan_buffers(e);
     if (s != KILN_OK) {
         kiln_plan_free(e);
         return s;
     }
+    *out = e;
+    return KILN_OK;
+}
+
+kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
+    return plan_build(g, opt, false, out);
+}
+
+kiln_status kiln_plan_build_symbolic(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out) {
+    return plan_build(g, opt, true, out);
+}
+
+kiln_status kiln_plan_bind(const kiln_plan *p, const int64_t *bindings, kiln_plan **out) {
+    if (!p->symbolic) return kiln_error(KILN_ERR_VALUE, "plan: binding symbols of a plan without symbolic sizes");
+    kiln_plan *e = kiln_calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
+    kiln_status s = kiln_graph_instantiate(p->g, bindings, &e->g);
+    if (s != KILN_OK) {
+        free(e);
+        return s;
+    }
+    s = plan_alloc(e, NULL);
+    e->poison = p->poison;
+    if (s == KILN_OK) memcpy(e->order, p->order, sizeof(int32_t) * (size_t)p->norder);
+    bool fused = false; /* each group keeps its code: only the sizes it is called with change */
+    for (int32_t i = 0; i < e->g->nnodes && s == KILN_OK; i++) {
+        if (!p->kernel[i]) continue;
+        const kiln_node *nd = &e->g->nodes[i];
+        int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
+        const int64_t *hints[FUSED_MAX_INPUTS];
+        for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
+            hints[k] = kiln_graph_value_strides(e->g, nd->in[k], strides[k]) ? strides[k] : NULL;
+        s = registered_kernels->rebind(p->kernel[i], e->g->subgraphs[nd->attrs.i[0]],
+                                       nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &e->kernel[i]);
+        fused = true;
+    }
+    if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* groups whose code had to change */
+    if (s == KILN_OK) s = plan_buffers(e);
+    if (s != KILN_OK) {
+        kiln_plan_free(e);
+        return kiln_error_context(s, "plan: binding a symbolic plan");
+    }
+    atomic_fetch_add(&plans_bound, 1);
     *out = e;
     return KILN_OK;
 }

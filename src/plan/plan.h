@@ -6,7 +6,8 @@
  * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
  * arena, freed after the last use of the buffer (through any view of it); an elementwise node
  * writes in place into an input buffer that dies with it when shapes and dtypes match; buffers
- * that graph outputs live in are never planned (they are allocated per call and handed out). */
+ * that graph outputs live in are never planned (they are allocated per call and handed out).
+ * A graph with symbolic sizes is planned once and bound per binding (kiln_plan_bind, below). */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
 
@@ -21,6 +22,9 @@ typedef struct kiln_plan_kernels {
     kiln_status (*prepare)(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel);
     void (*free)(void *kernel);
     void (*build_waiting)(void); /* builds the prepared kernels together (one compiler run) */
+    /* the kernel of sub, kernel's subgraph at other sizes (a binding of a symbolic plan): its code
+     * again where that fits the layouts, else prepared anew */
+    kiln_status (*rebind)(void *kernel, const kiln_graph *sub, const int64_t *const *in_strides, void **out);
 } kiln_plan_kernels;
 
 void kiln_plan_register_kernels(const kiln_plan_kernels *k);
@@ -46,11 +50,27 @@ struct kiln_plan {
     size_t arena_bytes;      /* the arena every planned buffer lives in */
     size_t output_bytes;     /* the outputs one call allocates */
     bool poison;             /* debug: fill buffers with NaN after their last use */
+    bool symbolic;           /* planned at the hints of a graph with symbolic sizes: run only its bindings */
 };
 
 /* Plans g (the plan keeps its own copy; g may be freed). */
 kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out);
 void kiln_plan_free(kiln_plan *p);
+
+/* Plans of graphs with symbolic sizes (issue 16): kiln_plan_build_symbolic plans g once, at its
+ * symbols' hints: the order, the prepared kernel of each fused group (its generated code takes the
+ * sizes as arguments) and, at the hints, the buffers. Such a plan is not run itself:
+ * kiln_plan_bind gives the plan of one binding (symbol k = bindings[k]) without planning again: the
+ * graph instantiated (sizes evaluated, verified: a binding the graph does not hold for fails with
+ * KILN_ERR_VALUE), the same order, each fused group the same loaded code (prepared anew only where
+ * an operand's layout along the inner axis differs at these sizes), and the buffers' sizes and
+ * offsets evaluated by one walk of the order (the same liveness, sizes of this binding). Graphs with
+ * control flow are refused (no symbolic shape rule makes them). */
+kiln_status kiln_plan_build_symbolic(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out);
+kiln_status kiln_plan_bind(const kiln_plan *p, const int64_t *bindings, kiln_plan **out);
+/* Totals of this process: plans built (kiln_plan_build, kiln_plan_build_symbolic; nested plans of
+ * control-flow bodies and interpreted fused groups too) and plans bound (kiln_plan_bind). */
+void kiln_plan_counts(int64_t *built, int64_t *bound);
 /* The stable text form (malloc'd): steps in order with each value's buffer, offset and last use,
  * what is freed after each step, fused groups and nested plans. KILN_DUMP_PLAN=1 prints it. */
 char *kiln_plan_to_string(const kiln_plan *p);

@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "ir/compare.h"
 #include "ir/trace_internal.h"
+#include "runtime/backend.h"
 
 /* A str of text the library malloc'd (taken: freed here); NULL text is out of memory. */
 static PyObject *str_taking(char *text) {
@@ -19,7 +20,7 @@ static PyObject *str_taking(char *text) {
 typedef struct {
     PyObject_HEAD
     kiln_executable *exe; /* the plan and the backend that runs it */
-    char *graph_text;
+    char *graph_text; /* the graph's text, once asked for */
     int nin, nout;
     bool release_gil; /* worth it when the graph does real work */
     PyObject *memory; /* dict: planned peaks with and without recomputation, bfs and dfs (memory_report) */
@@ -125,7 +126,10 @@ PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_
 
 static PyObject *executable_graph_str(PyObject *self, PyObject *unused) {
     (void)unused;
-    return PyUnicode_FromString(((PyExecutable *)self)->graph_text);
+    PyExecutable *p = (PyExecutable *)self;
+    if (!p->graph_text && !(p->graph_text = kiln_graph_to_string(kiln_executable_plan(p->exe)->g)))
+        return PyErr_NoMemory();
+    return PyUnicode_FromString(p->graph_text);
 }
 
 static PyObject *executable_order(PyObject *self, PyObject *unused) {
@@ -769,6 +773,10 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     kiln_executable *exe = NULL;
     kiln_status s = kiln_compile(g, opt, &exe);
     if (s != KILN_OK) return pykiln_raise(s);
+    return pykiln_executable_wrap(exe, g);
+}
+
+PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g) {
     PyExecutableWithCall *e = PyObject_New(PyExecutableWithCall, &PyExecutable_Type);
     if (!e) {
         kiln_executable_free(exe);
@@ -777,7 +785,7 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     e->vectorcall = executable_vectorcall;
     e->base.exe = exe;
     e->base.memory = NULL;
-    e->base.graph_text = kiln_graph_to_string(g);
+    e->base.graph_text = NULL; /* made when asked for (graph_str): the plan keeps the graph */
     e->base.nin = g->ninputs;
     e->base.nout = g->noutputs;
     int64_t work = 0;
@@ -785,10 +793,6 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
     bool loops = false; /* control flow: the work depends on the data */
     for (int32_t i = 0; i < g->nnodes; i++) loops |= (kiln_op_table[g->nodes[i].op].flags & KILN_OPF_CONTROL) != 0;
     e->base.release_gil = work >= 65536 || loops;
-    if (!e->base.graph_text) {
-        Py_DECREF(e);
-        return PyErr_NoMemory();
-    }
     return (PyObject *)e;
 }
 
@@ -997,5 +1001,6 @@ int pykiln_graph_init_types(PyObject *module) {
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_profile_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_plan_sym_functions) < 0) return -1;
     return PyModule_AddFunctions(module, pykiln_graph_functions);
 }

@@ -71,6 +71,10 @@ PyObject *pykiln_executable_dot(const kiln_executable *e);
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
 /* An Executable compiling g (borrowed; the plan keeps its own copy) for opt (graph.c). */
 PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt);
+/* An Executable owning exe, a compiled graph of g (borrowed), or NULL with an exception (exe freed). */
+PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g);
+/* kiln._C.plan_symbolic, bind_plan, plan_counts: one plan for every binding (plan_sym.c). */
+extern PyMethodDef pykiln_plan_sym_functions[];
 /* A kiln._C.Graph owning g (freed on failure), new reference (graph.c). */
 PyObject *pykiln_wrap_graph(kiln_graph *g);
 /* Graph.symbolize, Graph.instantiate, Graph.value_shape_at and kiln._C.optimize_graph: graphs with

@@ -23,6 +23,11 @@ typedef struct kiln_backend {
      * share memory with an input or a capture) */
     kiln_status (*run_into)(void *state, int nin, kiln_tensor *const *in, int nout, kiln_tensor *const *into);
     void (*free)(void *state);
+    /* prepare for a binding of a symbolic plan (kiln_executable_bind): *memo (NULL at first; the
+     * caller's, freed by free_memo) holds what the backend kept of the code generated for an earlier
+     * binding of the same plan, reused where it fits and replaced where not (NULL: prepare serves) */
+    kiln_status (*prepare_bound)(const kiln_plan *plan, kiln_plan_memory *mem, void **memo, void **state);
+    void (*free_memo)(void *memo);
     bool (*is_native)(const void *state);         /* runs generated native code (NULL: never) */
     int64_t (*fallback_calls)(const void *state); /* calls it handed to kernel by kernel (NULL: none) */
 } kiln_backend;
@@ -34,6 +39,23 @@ extern const kiln_backend kiln_backend_sink;
  * owns theirs). */
 kiln_status kiln_executable_from_plan(const kiln_plan *p, const kiln_backend *be, kiln_executable **out);
 const kiln_plan *kiln_executable_plan(const kiln_executable *e);
+/* What the compiled bindings of one symbolic plan (one backend) share: the arena, sized by the
+ * largest binding seen, and what the backend kept of the code it generated (prepare_bound). */
+typedef struct kiln_bindings kiln_bindings;
+kiln_status kiln_bindings_new(kiln_bindings **out);
+void kiln_bindings_free(kiln_bindings *b); /* executables made with it keep what they use */
+size_t kiln_bindings_arena_bytes(const kiln_bindings *b);
+
+/* A compiled graph of one binding of symbolic plan p (kiln_plan_bind: nothing planned again), run by
+ * backend be. With shared NULL it has its own arena, sized for the binding, and its backend prepared
+ * as for any plan. Else its buffers live in shared's arena, grown when this binding needs more (a new
+ * arena of this binding's size serves it and later ones; executables made before keep the one they
+ * have until freed), and its backend is prepared from the code generated for an earlier binding
+ * where that fits (no code generated: the sink's function takes the sizes from its environment).
+ * Executables sharing an arena run one at a time (kiln_executable_run takes its lock), so a new
+ * binding runs in memory the earlier ones already touched. */
+kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, const kiln_backend *be,
+                                 kiln_bindings *shared, kiln_executable **out);
 
 /* kiln_executable_run writing its results into into[] (see kiln_backend.run_into). */
 kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,

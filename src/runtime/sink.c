@@ -24,6 +24,7 @@
 #include "../codegen/codegen.h"
 #include "../codegen/sink_steps.h"
 #include "../ir/control.h"
+#include "../ops/view.h"
 #include "backend.h"
 #include "profile_node.h"
 
@@ -53,6 +54,7 @@ struct kiln_sink {
     const kiln_attrs **attrs;
     void **fused;
     kiln_fused_fn *group_fns; /* per step: a native fused group's loaded kernel, or NULL */
+    const int64_t **shp, **str; /* per step: a native loop's sizes and byte strides, or NULL */
     kiln_sink_env env;
     kiln_sink_fn fn;      /* NULL: interpreted */
     int64_t fallbacks;
@@ -105,7 +107,9 @@ static kiln_status alloc_arrays(kiln_sink *s) {
     s->attrs = kiln_calloc((size_t)nn, sizeof *s->attrs);
     s->fused = kiln_calloc((size_t)nn, sizeof *s->fused);
     s->group_fns = kiln_calloc((size_t)nn, sizeof *s->group_fns);
-    if (!s->group_fns || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
+    s->shp = kiln_calloc((size_t)nn, sizeof *s->shp);
+    s->str = kiln_calloc((size_t)nn, sizeof *s->str);
+    if (!s->group_fns || !s->shp || !s->str || !s->own || !s->t || !s->d || !s->root || !s->same_as || !s->view_offset || !s->binding || !s->dyn ||
         !s->pinned || !s->steps || !s->kernels || !s->attrs || !s->fused)
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     for (int32_t v = 0; v < s->nv; v++) s->root[v] = v, s->same_as[v] = -1;
@@ -129,7 +133,13 @@ static kiln_status dry_run_node(kiln_sink *s, int32_t pos, int32_t i) {
     memcpy(step.out, nd->out, sizeof step.out);
     kiln_status st = KILN_OK;
     bool has_step = true;
-    if (info->flags & KILN_OPF_VIEW) {
+    int64_t view[KILN_MAX_DIMS];
+    if (nd->op == KILN_OP_RESHAPE && !kiln_view_strides(nd->op, &nd->attrs, &ins[0]->meta, ins[0]->strides, view)) {
+        kiln_tensor *out = NULL; /* a copy each call: its buffer, not filled now (the kernel would copy) */
+        st = kiln_tensor_empty(ins[0]->meta.dtype, nd->attrs.ni, nd->attrs.i, &out);
+        if (st == KILN_OK) set_tensor(s, nd->out[0], out);
+        step.kind = KILN_SINK_RESHAPE_COPY;
+    } else if (info->flags & KILN_OPF_VIEW) {
         kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
         st = info->kernel(ins, nd->nin, &nd->attrs, out);
         if (st == KILN_OK) {
@@ -284,9 +294,8 @@ static kiln_status prepare_native_loop(kiln_sink *s, kiln_sink_step *st, const k
     if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub) || kiln_codegen_has_rows(sub)) return KILN_OK;
     st->st = kiln_calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t));
     if (!st->st) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
-    int8_t kind[KILN_SINK_MAX_OPERANDS];
-    if (!plan_fused_loop(s, st, kind)) return KILN_OK;
-    kiln_status r = kiln_codegen_emit(sub, kind, &st->source, st->symbol);
+    if (!plan_fused_loop(s, st, st->inner)) return KILN_OK;
+    kiln_status r = kiln_codegen_emit(sub, st->inner, &st->source, st->symbol);
     if (r == KILN_ERR_NOT_IMPLEMENTED) {
         kiln_clear_error();
         return KILN_OK;
@@ -329,6 +338,7 @@ static kiln_status generate(kiln_sink *s) {
         else if (st->kind == KILN_SINK_KERNEL)
             KILN_TRY(prepare_native_node(s, st));
         s->group_fns[i] = st->loaded;
+        if (st->native) s->shp[i] = st->shape, s->str[i] = st->st;
     }
     char *source = NULL, symbol[48];
     KILN_TRY(kiln_sink_emit(s->g, s->steps, s->nsteps, &source, symbol));
@@ -346,6 +356,70 @@ static kiln_status generate(kiln_sink *s) {
     return KILN_OK;
 }
 
+/* ---- bindings of a symbolic plan: the code of an earlier binding, called with these sizes ---------- */
+
+/* What a sink keeps of the code it generated for one binding (kiln_backend.prepare_bound). */
+typedef struct {
+    kiln_sink_fn fn;
+    int32_t nsteps;
+    kiln_sink_step *steps; /* kind, node, native, ndim, inner and loaded of each (nothing owned) */
+} sink_memo;
+
+static void free_memo(void *memo) {
+    sink_memo *m = memo;
+    if (m) free(m->steps);
+    free(m);
+}
+
+static kiln_status keep_memo(const kiln_sink *s, void **memo) {
+    sink_memo *m = kiln_calloc(1, sizeof *m);
+    if (!m || !(m->steps = kiln_malloc(sizeof *m->steps * (size_t)(s->nsteps ? s->nsteps : 1)))) {
+        free(m);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
+    }
+    m->fn = s->fn;
+    m->nsteps = s->nsteps;
+    for (int32_t i = 0; i < s->nsteps; i++) {
+        m->steps[i] = s->steps[i];
+        m->steps[i].source = NULL, m->steps[i].st = NULL, m->steps[i].in = NULL, m->steps[i].fused = NULL;
+        m->steps[i].poison_after = NULL;
+    }
+    free_memo(*memo);
+    *memo = m;
+    return KILN_OK;
+}
+
+/* Takes m's code when s's steps are m's (same kinds and nodes, native loops over the same number of
+ * axes with operands moving the same way, at s's sizes); false (nothing taken) otherwise. */
+static kiln_status reuse_memo(kiln_sink *s, const sink_memo *m, bool *reused) {
+    *reused = false;
+    if (!m || m->nsteps != s->nsteps || s->poison_after) return KILN_OK;
+    for (int32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind != m->steps[i].kind || s->steps[i].node != m->steps[i].node) return KILN_OK;
+    for (int32_t i = 0; i < s->nsteps; i++) {
+        kiln_sink_step *st = &s->steps[i];
+        const kiln_sink_step *was = &m->steps[i];
+        if (!was->native) continue;
+        if (!st->st && !(st->st = kiln_calloc((size_t)(1 + st->nin) * KILN_MAX_DIMS, sizeof(int64_t))))
+            return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
+        if (!plan_fused_loop(s, st, st->inner) || st->ndim != was->ndim ||
+            memcmp(st->inner, was->inner, (size_t)(1 + st->nin)) != 0)
+            return KILN_OK;
+    }
+    for (int32_t i = 0; i < s->nsteps; i++) {
+        kiln_sink_step *st = &s->steps[i];
+        const kiln_sink_step *was = &m->steps[i];
+        st->native = was->native;
+        st->loaded = was->loaded;
+        memcpy(st->symbol, was->symbol, sizeof st->symbol);
+        s->group_fns[i] = st->loaded;
+        if (st->native) s->shp[i] = st->shape, s->str[i] = st->st;
+    }
+    s->fn = m->fn;
+    *reused = true;
+    return KILN_OK;
+}
+
 static void sink_free(void *state) {
     kiln_sink *s = state;
     if (!s) return;
@@ -353,13 +427,13 @@ static void sink_free(void *state) {
     for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
     free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
     free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
-    free(s->group_fns);
+    free(s->group_fns), free(s->shp), free(s->str);
     if (s->kbk) kiln_backend_kbk.free(s->kbk);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
-static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
+static kiln_status sink_prepare_memo(const kiln_plan *p, kiln_plan_memory *mem, void **memo, void **state) {
     kiln_sink *s = kiln_calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
     pthread_mutex_init(&s->lock, NULL);
@@ -393,11 +467,16 @@ static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void 
     }
     if (st == KILN_OK) {
         s->env = (kiln_sink_env){.t = s->t, .d = s->d, .k = s->kernels, .a = s->attrs, .fk = s->fused,
-                                 .gf = s->group_fns, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
+                                 .gf = s->group_fns, .shp = s->shp, .str = s->str, .fused_run = env_fused_run, .reshape_copy = env_reshape_copy,
                                  .release = kiln_tensor_release, .bump = kiln_tensor_bump_version,
                                  .poison = env_poison, .stop = (const volatile int *)&kiln_interrupt_flag,
                                  .interrupted = kiln_interrupt_status};
-        st = generate(s);
+        bool reused = false;
+        if (memo) st = reuse_memo(s, *memo, &reused);
+        if (st == KILN_OK && !reused) {
+            st = generate(s);
+            if (st == KILN_OK && memo && !s->poison_after) st = keep_memo(s, memo);
+        }
     }
     if (st != KILN_OK) {
         sink_free(s);
@@ -405,6 +484,10 @@ static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void 
     }
     *state = s;
     return KILN_OK;
+}
+
+static kiln_status sink_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
+    return sink_prepare_memo(p, mem, NULL, state);
 }
 
 static bool sink_is_native(const void *state) { return ((const kiln_sink *)state)->fn != NULL; }
@@ -574,6 +657,8 @@ const kiln_backend kiln_backend_sink = {
     .run = sink_run,
     .run_into = sink_run_into,
     .free = sink_free,
+    .prepare_bound = sink_prepare_memo,
+    .free_memo = free_memo,
     .is_native = sink_is_native,
     .fallback_calls = sink_fallback_calls,
 };

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import kiln
@@ -246,6 +247,80 @@ def test_slower_needs_more_than_the_spread():
     assert slower.mark([failed, synthetic_row(level="O1", times=(2.0, 2.0, 2.0))]) == 0
 
 
+def test_slower_mark_kept_only_when_timing_in_turns_confirms_it():
+    from kiln.bench import slower
+
+    asked = []
+
+    def remeasure(times_row, times_base):
+        def fn(row, base):
+            asked.append((row["jit_level"], base["jit_level"]))
+            return list(times_row), list(times_base)
+        return fn
+
+    o0 = synthetic_row(level="O0", times=(1.0, 1.0, 1.01))
+    o1 = synthetic_row(level="O1", times=(1.2, 1.21, 1.2))  # slower in the table
+    # timed again in turns, the two are equal: load during the table, not kiln
+    assert slower.mark([o0, o1], remeasure((1.0, 1.01, 1.0), (1.0, 1.0, 1.01))) == 0
+    assert asked == [("O1", "O0")]
+    assert o1["slower_than"] == [] and "SLOWER" not in o1["check"]
+    [note] = o1["not_slower_interleaved"]
+    assert note["than"] == "O0" and note["ratio"] == pytest.approx(1.2 / 1.0)
+    assert note["interleaved_ratio"] == pytest.approx(1.0)
+    # timed again in turns, still slower by more than the spread: marked, with both ratios
+    o1 = synthetic_row(level="O1", times=(1.2, 1.21, 1.2))
+    assert slower.mark([o0, o1], remeasure((1.3, 1.3, 1.31), (1.0, 1.01, 1.0))) == 1
+    assert o1["slower_than"][0]["interleaved_ratio"] == pytest.approx(1.3)
+    assert "SLOWER than O0 (1.20x; 1.30x timed in turns)" in o1["check"]
+    # rows not slower in the table are not measured again
+    asked.clear()
+    assert slower.mark([o0, synthetic_row(level="O1", times=(1.0, 1.0, 1.0))], remeasure((9, 9, 9), (1, 1, 1))) == 0
+    assert asked == []
+
+
+def test_measure_interleaved_takes_turns():
+    order = []
+
+    def variant(name, fail=False):
+        def make(args0):
+            def fn(x):
+                if fail:
+                    raise ValueError("boom")
+                order.append(name)
+                return kiln.Tensor(np.array([x], np.float32))
+            return fn
+        return workloads.Variant("kiln.jit", True, "O0", "trace", "kbk", "false", make, workloads.kiln_results)
+
+    a, b, bad = workloads.measure_interleaved([variant("a"), variant("b"), variant("bad", fail=True)],
+                                              (0.0,), [(1.0,), (2.0,)], repeat=3)
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # prepared, then whole repetitions in turns
+    assert len(a.rep_s) == len(b.rep_s) == 3 and a.error is None
+    assert a.last[0].tolist() == [2.0] and a.first[0].tolist() == [0.0]
+    assert bad.error == "ValueError: boom" and bad.rep_s == []
+
+
+def test_versus_best_peer_and_the_bound_at_peak():
+    from kiln.bench import report
+
+    eager = synthetic_row("kiln", times=(3.0, 3.0, 3.0))
+    o0 = synthetic_row(level="O0", times=(2.0, 2.1, 2.0))
+    o1 = synthetic_row(level="O1", times=(1.0, 1.1, 1.0))
+    torch_row = synthetic_row(system="torch", times=(1.4, 1.5, 1.4))
+    jax_row = synthetic_row(system="jax.jit", times=(1.2, 1.2, 1.3))
+    failed = synthetic_row(system="torch.compile", times=(0.1, 0.1, 0.1))
+    failed["error"] = "boom"  # a failed peer is no peer
+    record = {"rows": [eager, o0, o1, torch_row, jax_row, failed], "flops": 100e9, "sgemm_peak_gflops": 200.0}
+    v = report.versus_best_peer(record)
+    assert v["kiln_s"] == 1.0 and v["peer"] == "jax.jit" and v["peer_s"] == 1.2
+    assert v["peer_over_kiln"] == pytest.approx(1.2)
+    assert v["at_peak_s"] == pytest.approx(0.5) and v["peer_over_at_peak"] == pytest.approx(2.4)
+    text = report.versus_best_peer_text(v)
+    assert "1.20x kiln's time" in text and "more than 2.40x faster" in text
+    assert report.versus_best_peer({"rows": [eager, o0, o1]}) is None  # no peer ran
+    del record["sgemm_peak_gflops"]
+    assert "at_peak_s" not in report.versus_best_peer(record)
+
+
 def test_slower_compares_only_rows_that_differ_in_one_setting():
     from kiln.bench import slower
 
@@ -290,6 +365,8 @@ def test_slower_mark_in_the_table(tmp_path, monkeypatch, capsys):
     rows = record["workloads"][0]["rows"]
     assert [r["jit_level"] for r in rows] == ["-", "O0", "O1"]
     assert [s["than"] for s in rows[2]["slower_than"]] == ["eager", "O0"]
+    assert all(s["interleaved_ratio"] > 1 for s in rows[2]["slower_than"])  # confirmed when timed in turns
+    assert "timed in turns" in rows[2]["check"]
     assert record["slower"] == 1 and "1 kiln.jit row SLOWER" in text
     assert "SLOWER than eager" in text
 

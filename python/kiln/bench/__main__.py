@@ -21,7 +21,8 @@ import kiln
 from . import report, sgemm, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
-                        jit_variant_status, kiln_variants, make_workloads, measure, workload_flops)
+                        jit_variant_status, kiln_variants, make_workloads, measure, measure_interleaved,
+                        workload_flops)
 
 
 class Progress:
@@ -109,7 +110,21 @@ def run_workload(wl, variants, progress, repeat=1, peak_gflops=None):
     record["flops"] = workload_flops(wl)  # after the rows: the eager row's prepare keeps its first-use costs
     for row in record["rows"]:
         row["gflops_per_s"], row["peak_fraction"] = _rate(record["flops"], row["per_run_s"], peak_gflops)
-    record["slower"] = slower.mark(record["rows"])
+    variant_of = {id(row): v for row, v in zip(record["rows"], variants)}  # one row per variant, in order
+
+    def remeasure(row, base):
+        """The two rows timed again in turns (the table timed them minutes apart)."""
+        progress.show(f"{wl.title}: {report.row_label(row)} and {report.row_label(base)} timed again in turns")
+        again = measure_interleaved([variant_of[id(row)], variant_of[id(base)]], wl.args0, wl.run_args, repeat)
+        return [[s / r.runs for s in r.rep_s] for r in again]
+
+    record["slower"] = slower.mark(record["rows"], remeasure)
+    for row in record["rows"]:
+        for s in row["not_slower_interleaved"]:
+            record["notes"].append(
+                f"{report.row_label(row)}: {s['ratio']:.2f}x {s['than']}'s time in the table, {s['interleaved_ratio']:.2f}x "
+                f"when the two were timed again in turns ({repeat} repetitions each): not slower by more than the "
+                "spread, so not marked")
     return record, failures
 
 
@@ -234,7 +249,7 @@ def main(argv=None):
           "spread the min-max of per run over the repetitions; x1000 runs = per run x 1000")
     print("SLOWER: a kiln.jit row whose median is slower than the row it should beat (kiln eager; the same row at "
           "the jit level below, kbk instead of sink, fullgraph=false, infer_boost off) by more than either row's "
-          "spread" + ("" if args.repeat > 1 else " (needs --repeat 2 or more: no row is marked)"))
+          "spread, in the table and again when the two rows are timed in turns" + ("" if args.repeat > 1 else " (needs --repeat 2 or more: no row is marked)"))
     print(f"check: first and last results against kiln eager's: values {RULES['value']}, rtol {RTOL:g}, "
           f"atol {ATOL:g}; gradients {RULES['gradient']}, grad_rtol {GRAD_RTOL:g}")
     print("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
@@ -270,6 +285,7 @@ def main(argv=None):
             record["sgemm_peak"]["gflops_per_s"] = peak
             wl_record, f = run_workload(wl, variants, progress, args.repeat, peak)
             wl_record["sgemm_peak_gflops"] = peak
+            wl_record["versus_best_peer"] = report.versus_best_peer(wl_record)
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()

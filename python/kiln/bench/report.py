@@ -90,6 +90,36 @@ def table(rows):
     return "\n".join(out)
 
 
+def versus_best_peer(wl_record):
+    """The best kiln.jit row against the best peer row (lowest median per-run time of each, failed
+    rows left out), and the time the workload's FLOPs would take at the sgemm peak: a bound on any
+    row's time, hence on how much faster than that peer any row can be. None without both rows."""
+    def best(rows):
+        ok = [r for r in rows if not r.get("error") and r.get("per_run_s") is not None and math.isfinite(r["per_run_s"])]
+        return min(ok, key=lambda r: r["per_run_s"], default=None)
+    rows = wl_record["rows"]
+    kiln_row = best(r for r in rows if r["system"] == "kiln.jit")
+    peer_row = best(r for r in rows if not r["system"].startswith("kiln"))
+    if kiln_row is None or peer_row is None:
+        return None
+    out = {"kiln": row_label(kiln_row), "kiln_s": kiln_row["per_run_s"], "peer": row_label(peer_row),
+           "peer_s": peer_row["per_run_s"], "peer_over_kiln": peer_row["per_run_s"] / kiln_row["per_run_s"]}
+    flops, peak = wl_record.get("flops"), wl_record.get("sgemm_peak_gflops")
+    if flops and peak:
+        out["at_peak_s"] = flops / (peak * 1e9)
+        out["peer_over_at_peak"] = peer_row["per_run_s"] / out["at_peak_s"]
+    return out
+
+
+def versus_best_peer_text(v):
+    text = (f"best kiln.jit row {v['kiln']} {fmt_time(v['kiln_s'])}, best peer {v['peer']} {fmt_time(v['peer_s'])}: "
+            f"the peer takes {v['peer_over_kiln']:.2f}x kiln's time")
+    if "at_peak_s" in v:
+        text += (f"; these FLOPs at the sgemm peak take {fmt_time(v['at_peak_s'])}, so no row running at or below "
+                 f"that peak can be more than {v['peer_over_at_peak']:.2f}x faster than this peer")
+    return text
+
+
 def print_workload(wl_record, file=None):
     file = file or sys.stdout
     print(f"\n## {wl_record['title']}", file=file)
@@ -102,6 +132,8 @@ def print_workload(wl_record, file=None):
     print(table(wl_record["rows"]), file=file)
     for note in wl_record.get("notes", ()):
         print(f"  note: {note}", file=file)
+    if wl_record.get("versus_best_peer"):
+        print(f"  versus peers: {versus_best_peer_text(wl_record['versus_best_peer'])}", file=file)
     file.flush()
 
 

@@ -316,38 +316,67 @@ class Result:
 def measure(variant, args0, run_args, repeat=1):
     """Time to prepare (building the callable and its first call), then `repeat` times the time
     of the runs (every run_args once)."""
-    res = Result(runs=len(run_args))
+    return measure_interleaved([variant], args0, run_args, repeat)[0]
+
+
+def measure_interleaved(variants, args0, run_args, repeat=1):
+    """measure() of several variants at once: each prepared, then timed in turns, repetition i of
+    every variant before repetition i + 1 of any, so that a change in the machine's load during the
+    measurement reaches them alike. One Result per variant; a variant that fails is left out of
+    later turns."""
+    results = [Result(runs=len(run_args)) for _ in variants]
+    fns = [_guarded(res, _prepare, v, args0, res) for v, res in zip(variants, results)]
+    outs = [None] * len(variants)
+    for rep in range(repeat):
+        for i, (v, res) in enumerate(zip(variants, results)):
+            if res.error is None:
+                outs[i] = _guarded(res, _time_runs, v, fns[i], run_args, res, rep == 0)
+    for v, res, out in zip(variants, results, outs):
+        if res.error is None and out is not None:
+            _guarded(res, lambda: setattr(res, "last", v.to_numpy(out)))
+    return results
+
+
+def _guarded(res, fn, *args):
+    """fn(*args), or None with res.error and res.traceback set when it raises: a failing variant
+    is reported, not fatal."""
     try:
-        t0 = time.perf_counter()
-        fn = variant.make(args0)
-        out = fn(*args0)
-        if variant.sync:
-            variant.sync(out)
-        res.prepare_s = time.perf_counter() - t0
-        res.first = variant.to_numpy(out)
-        del out
-        out = None
-        for rep in range(repeat):
-            t0 = time.perf_counter()
-            runs = iter(run_args)
-            for args in runs:  # the first run alone: work deferred past the first call shows there
-                out = fn(*args)
-                break
-            t1 = time.perf_counter()
-            for args in runs:
-                out = fn(*args)
-            if variant.sync and out is not None:
-                variant.sync(out)
-            t2 = time.perf_counter()
-            res.rep_s.append(t2 - t0)
-            if rep == 0:
-                res.first_run_s = t1 - t0
-        if out is not None:
-            res.last = variant.to_numpy(out)
-    except Exception as e:  # noqa: BLE001 - a failing variant is reported, not fatal
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
         res.error = f"{type(e).__name__}: {_first_line(e)}"
         res.traceback = traceback.format_exc()
-    return res
+        return None
+
+
+def _prepare(variant, args0, res):
+    """Builds the callable and makes its first call: res.prepare_s and res.first; the callable."""
+    t0 = time.perf_counter()
+    fn = variant.make(args0)
+    out = fn(*args0)
+    if variant.sync:
+        variant.sync(out)
+    res.prepare_s = time.perf_counter() - t0
+    res.first = variant.to_numpy(out)
+    return fn
+
+
+def _time_runs(variant, fn, run_args, res, first_repetition):
+    """One repetition: every run_args once, its time appended to res.rep_s; the last output."""
+    out = None
+    t0 = time.perf_counter()
+    runs = iter(run_args)
+    for args in runs:  # the first run alone: work deferred past the first call shows there
+        out = fn(*args)
+        break
+    t1 = time.perf_counter()
+    for args in runs:
+        out = fn(*args)
+    if variant.sync and out is not None:
+        variant.sync(out)
+    res.rep_s.append(time.perf_counter() - t0)
+    if first_repetition:
+        res.first_run_s = t1 - t0
+    return out
 
 
 # Tolerances of a variant's results against kiln eager's (float32).

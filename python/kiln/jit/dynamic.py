@@ -25,16 +25,22 @@ Nothing derived from a symbolic size is baked in without a guard.
 
 A call whose sizes satisfy an entry's guards binds its symbols; the first call of a binding makes
 an instance. The entry's first new binding makes the recording symbolic in C (Graph.symbolize: its
-inputs' and size attributes' expressions, every node's sizes inferred as expressions) and
-optimizes that once (optimize_graph); each binding's instance is then its concrete graph
-(Graph.instantiate: sizes evaluated, no pass run again), planned; a backward pass's followed
-sizes become the expressions of the values they follow. A recording that cannot be made symbolic
-(an op without a symbolic shape rule, a control-flow body whose sizes change per branch or
-iteration, a window not shown to fit, a size with % or a
-division by a symbol) makes each instance as before: the recorded graph rebound
+inputs' and size attributes' expressions, every node's sizes inferred as expressions; a backward
+pass's followed sizes become the expressions of the values they follow), optimizes that once
+(optimize_graph) and plans it once (kiln._C.plan_symbolic: order, fused groups' generated code);
+each binding's instance is then that plan bound to its sizes (kiln._C.bind_plan: the graph
+instantiated, buffer sizes and offsets evaluated, the groups' and the sink's code of the first
+binding called with the new sizes, buffers in one arena the entry's instances share, grown to the
+largest binding seen): no pass, no planning, no code generated. With a sublinear-memory config (its
+search rewrites each binding's graph), or where the planner refuses the graph, each instance is
+instead the concrete graph (Graph.instantiate) planned for itself. A recording that cannot be made
+symbolic (an op without a symbolic shape rule, a control-flow body whose sizes change per branch or
+iteration, a window not shown to fit, a size with % or a division by a symbol) makes each instance
+as before: the recorded graph rebound
 to those sizes (kiln_graph_rebind: no Python re-run, no new capture), optimized and planned again.
 Either way its generated kernels are the same objects (their C takes the sizes as arguments, so
-the compiler's cache answers). cache_info() counts these as `instances`,
+the compiler's cache answers). cache_info() counts these as `instances` (and says per entry whether
+they came from the recording optimized once, `optimized_once`, and from one plan, `planned_once`),
 not compiles. Later calls of the binding run the instance (positional all-tensor calls of plain
 functions straight from the C dispatcher, which checks the symbols' consistency and lower bounds).
 A binding the graph does not hold for (a node that keeps sizes with none given, a shape check that
@@ -46,10 +52,14 @@ import weakref
 
 from .. import _C
 
-MAX_INSTANCES = 16  # per dynamic entry (each holds its memory plan's arena): the least recently used goes
+MAX_INSTANCES = 16  # per dynamic entry (each holds its memory, or a share of the entry's arena): the least recently used goes
 # instances from the recording made symbolic and optimized once (False: rebound and optimized per
 # binding; tests and bench/bench_dynamic.py compare the two)
 symbolic_instances = True
+# instances from one plan of the optimized symbolic recording (kiln._C.plan_symbolic, bound per binding
+# by kiln._C.bind_plan: nothing planned or generated again); False: each instance planned (and its code
+# generated) for its binding, as compile_graph does (tests and bench/bench_dynamic.py compare the two)
+planned_instances = True
 _PROBE_FACTORS = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59)
 
 # ---- marks ------------------------------------------------------------------------------------
@@ -685,12 +695,17 @@ class Capture:
         values = list(values)
         try:
             g = graph.instantiate(values)
-            for v, exprs in self.reads:  # shapes Python read are what it saw
-                if recorded.value_shape_at(v, values) != tuple(evaluate(e, values) for e in exprs):
-                    return None
+            if not self.reads_hold(recorded, values):
+                return None
         except (ValueError, TypeError, IndexError, OverflowError):
             return None
         return g
+
+    def reads_hold(self, recorded, values):
+        """Whether the shapes Python read while capturing are what it saw, at the binding `values` of
+        the symbolic recording."""
+        return all(recorded.value_shape_at(v, values) == tuple(evaluate(e, values) for e in exprs)
+                   for v, exprs in self.reads)
 
     def __enter__(self):
         _C.set_sym_hooks(self.shape_hook, self.call_hook, SymInt)
@@ -796,6 +811,7 @@ class DynamicEntry:
         self.instances = collections.OrderedDict({tuple(self.values[k] for k in self.live): entry.executable})
         self.fast = None  # the C dispatcher's number for this entry, once registered
         self._symbolic = None  # (recording with symbolic sizes, optimized), or False: none (made once)
+        self._plan = None  # kiln._C.plan_symbolic of the optimized recording, or False: none (made once)
         capture.tracer = None  # the trace has ended; keep no reference to it
 
     @property
@@ -821,14 +837,37 @@ class DynamicEntry:
             self.fixed = {k: self.values[k] for k in self._capture.specialized}
         return self._symbolic or None
 
+    def planned(self):
+        """The optimized symbolic recording planned once (kiln._C.plan_symbolic), or None where there is
+        none (see symbolic()), the sublinear-memory search is asked for (it rewrites each binding's
+        graph) or the planner refuses it; made on the first call that needs it."""
+        if self._plan is None:
+            self._plan = False
+            sym = self.symbolic() if symbolic_instances else None
+            o = self.options
+            if sym is not None and o.sublinear is None:
+                try:
+                    self._plan = _C.plan_symbolic(sym[1], order=o.exec_order, poison=o.debug_poison, backend=o.backend)
+                except (ValueError, TypeError, OverflowError):
+                    pass
+        return self._plan or None
+
+    def _bound_instance(self, plan, values):
+        """The executable of this binding from the one plan, or None when the graph does not hold for it."""
+        values = list(values)
+        try:
+            if not self._capture.reads_hold(self._symbolic[0], values):
+                return None
+            return _C.bind_plan(plan, values)
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+
     def _instance_graph(self, values):
         """The graph of this binding's instance, and whether it is already optimized; (None, _) when
         the recording does not hold for the binding."""
         sym = self.symbolic() if symbolic_instances else None
         if sym is None:
             return self._capture.rebind_checked(self.graph, values), False
-        if any(values[k] != v for k, v in self.fixed.items()):  # a symbol symbolic() specialized: another entry
-            return None, True
         return self._capture.instantiate(sym[1], sym[0], values), True
 
     def instance(self, values):
@@ -839,22 +878,32 @@ class DynamicEntry:
         if exe is not None:
             self.instances.move_to_end(key)
             return exe, False
-        g, optimized = self._instance_graph(values)
-        if g is None:
-            return None, False
-        o = self.options
-        exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=0 if optimized else o.level,
-                               inference=o.infer_boost == "on",
-                               disable_format_transform=o.disable_format_transform, backend=o.backend,
-                               sublinear=o.sublinear)
+        if symbolic_instances and self.symbolic() is not None and any(values[k] != v for k, v in self.fixed.items()):
+            return None, False  # a symbol symbolic() specialized (the graph needs it fixed): another entry
+        plan = self.planned() if planned_instances else None
+        if plan is not None:
+            exe = self._bound_instance(plan, values)
+            if exe is None:
+                return None, False
+        else:
+            g, optimized = self._instance_graph(values)
+            if g is None:
+                return None, False
+            o = self.options
+            exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=0 if optimized else o.level,
+                                   inference=o.infer_boost == "on",
+                                   disable_format_transform=o.disable_format_transform, backend=o.backend,
+                                   sublinear=o.sublinear)
         self.instances[key] = exe
         if len(self.instances) > MAX_INSTANCES:
             self.instances.popitem(last=False)
         return exe, True
 
     def describe(self):
-        """The symbols, where they come from, the guards, and whether instances come from the recording
-        made symbolic and optimized once (for cache_info; None until a new binding asked)."""
+        """The symbols, where they come from, the guards, whether instances come from the recording
+        made symbolic and optimized once, and whether from one plan of it (bound per binding: no
+        planning, no code generated; False: each binding planned); for cache_info, None until a new
+        binding asked."""
         names = self.names
         symbols = {}
         for k, name in enumerate(names):
@@ -866,4 +915,6 @@ class DynamicEntry:
         guards = [f"{show(l, names)} {op} {show(r, names)}" if outcome else f"not ({show(l, names)} {op} "
                   f"{show(r, names)})" for op, l, r, outcome in self.guards]
         optimized_once = None if self._symbolic is None else bool(self._symbolic)
-        return {"symbols": symbols, "guards": guards, "instances": len(self.instances), "optimized_once": optimized_once}
+        planned_once = None if self._plan is None else bool(self._plan)
+        return {"symbols": symbols, "guards": guards, "instances": len(self.instances), "optimized_once": optimized_once,
+                "planned_once": planned_once}
