@@ -184,7 +184,7 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic")
+                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None):
@@ -242,6 +242,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         capture.tracer = None  # the trace has ended
     run.requires_grad_key = None
     run.symbolic = None  # symbolic_shape: (the recording made symbolic, it optimized), or False; made on first need
+    run.plan = None  # symbolic_shape: run.symbolic's optimized graph planned once, or False: none; made on first need
     run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
     # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
     run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
@@ -490,22 +491,43 @@ class trace(_C.JitDispatcher):
                     values = cap.bind(leaves)  # symbols it specialized are bound again
                 if values is None:
                     continue
+                executable = None
                 if run.symbolic and dynamic.symbolic_instances:
                     recorded, optimized = run.symbolic
-                    compiled = cap.instantiate(optimized, recorded, values)
-                    graph, level = None if compiled is None else recorded.instantiate(list(values)), 0
+                    plan = self._plan(run)
+                    if plan is not None:  # the one plan bound to this call's sizes: nothing planned again
+                        if not cap.reads_hold(recorded, list(values)):
+                            continue
+                        executable = _C.bind_plan(plan, list(values))
+                        graph = recorded.instantiate(list(values))
+                    else:
+                        compiled = cap.instantiate(optimized, recorded, values)
+                        graph, level = None if compiled is None else recorded.instantiate(list(values)), 0
                 else:
                     graph = compiled = cap.rebind_checked(run.graph, values)
                     level = self._level
                 if graph is None:
                     continue
                 inst = copy.copy(run)
-                inst.graph, inst.fast, inst.capture, inst.symbolic = graph, False, None, None
-                inst.executable = _C.compile_graph(compiled, level=level, sublinear=self._sublinear())
+                inst.graph, inst.fast, inst.capture, inst.symbolic, inst.plan = graph, False, None, None, None
+                inst.executable = executable or _C.compile_graph(compiled, level=level, sublinear=self._sublinear())
                 self._records.setdefault(key, []).append(inst)
                 self.instances += 1
                 return inst
         return None
+
+    def _plan(self, run):
+        """The optimized symbolic recording of run planned once (kiln._C.plan_symbolic, bound per
+        shape), or None where the planner refuses it or sublinear memory rewrites each shape's graph
+        (each shape is then planned for itself); made on the first shape that needs it."""
+        if run.plan is None:
+            run.plan = False
+            if dynamic.planned_instances and self._sublinear() is None:
+                try:
+                    run.plan = _C.plan_symbolic(run.symbolic[1])
+                except (ValueError, TypeError, OverflowError):
+                    pass
+        return run.plan or None
 
     def _register_fast(self, rec, spec, leaves):
         """Lets the C base class replay this record for positional tensor calls."""
