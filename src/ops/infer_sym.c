@@ -477,6 +477,49 @@ static kiln_status rule_pool2d_backward(kiln_symtab *t, const char *op, int nin,
     return KILN_OK;
 }
 
+/* q (..., Hq, Lq, D), k (..., Hk, Lk, D), v (..., Hk, Lk, Dv) as attention reads them: what must be
+ * equal the same expression, the head counts constant (Hq a multiple of Hk, checked at the hints). */
+static kiln_status attention_operands(kiln_symtab *t, const char *op, int nin, const kiln_sshape *all,
+                                      const kiln_sshape *qkv) {
+    const kiln_sshape *q = &qkv[0], *k = &qkv[1], *v = &qkv[2];
+    int nd = q->ndim;
+    bool ok = k->ndim == nd && v->ndim == nd && nd >= 3;
+    for (int d = 0; ok && d < nd - 3; d++) ok = kiln_sdim_same(k->d[d], q->d[d]) && kiln_sdim_same(v->d[d], q->d[d]);
+    ok = ok && q->d[nd - 3].e == 0 && k->d[nd - 3].e == 0 && kiln_sdim_same(v->d[nd - 3], k->d[nd - 3]) &&
+         kiln_sdim_same(k->d[nd - 2], v->d[nd - 2]) && kiln_sdim_same(k->d[nd - 1], q->d[nd - 1]);
+    return ok ? KILN_OK
+              : fail(t, op, nin, all, "q, k and v's shared sizes are not the same expressions (or a head count is symbolic)");
+}
+
+/* attention(q, k, v) -> (out (..., Hq, Lq, Dv), lse (..., Hq, Lq)) */
+static kiln_status rule_attention(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                  const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)a, (void)ai, (void)nout;
+    KILN_TRY(attention_operands(t, op, nin, in, in));
+    out[0] = in[0];
+    out[0].d[in[0].ndim - 1] = in[2].d[in[2].ndim - 1];
+    out[1] = in[0];
+    out[1].ndim = in[0].ndim - 1;
+    return KILN_OK;
+}
+
+/* attention_backward(gout, q, k, v, out, lse[, glse]) -> (gq, gk, gv): q, k and v's shapes, gout and
+ * out attention's output, lse and glse its log-sum-exp */
+static kiln_status rule_attention_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                           const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    kiln_sshape want[2];
+    KILN_TRY(rule_attention(t, op, 3, in + 1, a, ai, 2, want));
+    const int which[4] = {0, 4, 5, 6};
+    for (int w = 0; w < 4 && which[w] < nin; w++) {
+        const kiln_sshape *got = &in[which[w]], *exp = &want[w < 2 ? 0 : 1];
+        bool ok = got->ndim == exp->ndim;
+        for (int d = 0; ok && d < got->ndim; d++) ok = kiln_sdim_same(got->d[d], exp->d[d]);
+        if (!ok) return fail(t, op, nin, in, "gout, out, lse and glse are not attention's output sizes as expressions");
+    }
+    for (int k = 0; k < 3 && k < nout; k++) out[k] = in[1 + k];
+    return KILN_OK;
+}
+
 static const sym_rule rules[KILN_OP_COUNT] = {
 #define KILN_OP(...)
 #define KILN_SYM(ENUM, rule) [KILN_OP_##ENUM] = rule_##rule,

@@ -328,6 +328,35 @@ static void test_rules_refuse_what_they_cannot_show(void) {
     parse_fails("graph<s0 >= 2 (4)>() {\n  %0: float32[s0] = constant\n  return (%0)\n}\n", "concrete sizes");
 }
 
+static void test_attention_sizes(void) {
+    /* query and key lengths symbolic: out and lse follow q, the gradients q, k and v */
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_parse(
+        "graph<s0 >= 2 (6), s1 >= 2 (5)>(%0: float32[1, 4, s0, 8], %1: float32[1, 2, s1, 8], %2: float32[1, 2, s1, 3]) {\n"
+        "  %3: float32[1, 4, s0, 3], %4: float32[1, 4, s0] = attention(%0, %1, %2) {; 0.5}\n"
+        "  %5: float32[1, 4, s0, 8], %6: float32[1, 2, s1, 8], %7: float32[1, 2, s1, 3] = "
+        "attention_backward(%3, %0, %1, %2, %3, %4) {; 0.5}\n"
+        "  return (%3, %4, %5, %6, %7)\n}\n",
+        &g));
+    if (g) {
+        const int64_t b[2] = {9, 2};
+        int64_t shape[KILN_MAX_DIMS];
+        CHECK_OK(kiln_graph_value_shape_at(g, 4, b, shape));
+        CHECK(shape[0] == 1 && shape[1] == 4 && shape[2] == 9);
+        CHECK_OK(kiln_graph_value_shape_at(g, 7, b, shape));
+        CHECK(shape[1] == 2 && shape[2] == 2 && shape[3] == 3);
+    }
+    kiln_graph_free(g);
+    /* k and v of different lengths */
+    parse_fails("graph<s0 >= 2 (6), s1 >= 2 (6)>(%0: float32[1, 2, 4, 8], %1: float32[1, 2, s0, 8], %2: float32[1, 2, s1, 8]) {\n"
+                "  %3: float32[1, 2, 4, 8], %4: float32[1, 2, 4] = attention(%0, %1, %2) {; 0.5}\n  return (%3)\n}\n",
+                "attention: q, k and v's shared sizes are not the same expressions");
+    /* a symbolic head count */
+    parse_fails("graph<s0 >= 2 (2)>(%0: float32[1, s0, 4, 8], %1: float32[1, s0, 4, 8]) {\n"
+                "  %2: float32[1, s0, 4, 8], %3: float32[1, s0, 4] = attention(%0, %1, %1) {; 0.5}\n  return (%2)\n}\n",
+                "or a head count is symbolic");
+}
+
 static void test_verifier_catches_wrong_symbolic_sizes(void) {
     kiln_graph *g = NULL;
     CHECK_OK(kiln_graph_parse(GRAPH, &g));
@@ -513,6 +542,7 @@ int main(void) {
     test_building_through_the_api();
     test_ambiguous_followed_sizes();
     test_control_flow_bodies();
+    test_attention_sizes();
     if (check_failures) {
         fprintf(stderr, "%d check(s) failed\n", check_failures);
         return 1;
