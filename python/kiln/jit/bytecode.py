@@ -26,6 +26,7 @@ import weakref
 from .. import _C
 from ..autograd import differentiates_by_pieces
 from . import guards, sym_scalar
+from .dynamic import SymInt, evaluate
 from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
@@ -257,6 +258,8 @@ class Interpreter:
         self.cell_type = _cell_type()
         self.symbolic = False  # the frames hold SymScalars (kiln.jit.sym_scalar): instructions are checked
         self.scalar_values = {}  # id(tensor of a SymScalar) -> the real 0-d tensor (the capture's input)
+        self.dynamic = None  # a dynamic-shape capture's kiln.jit.dynamic.Capture (len() of a tensor stays symbolic)
+        self.size_values = None  # thaw: the sizes of the symbols that a state's sizes (_SIZE) are expressions of
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -411,6 +414,9 @@ class Interpreter:
         return self.run_known(fn, args, kwargs)
 
     def run_known(self, fn, args, kwargs):
+        if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \
+                and args[0].ndim > 0:  # its first size as the capture sees it (a SymInt), not specialized
+            return args[0].shape[0]
         result = fn(*args, **kwargs)
         if fn in (list, dict, set) or fn is sorted:
             self.note_created(result)
@@ -1054,6 +1060,7 @@ class _Tag:
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
+_SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
@@ -1112,6 +1119,8 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             free_cells.setdefault(id(c), (i, k))
 
     def conv(v, depth=0):
+        if type(v) is SymInt:
+            return _SIZE, v.expr
         if type(v) in _ATOMS:
             if symbolic and depth == 0 and type(v) in (int, float):
                 t = sym_scalar.as_tensor(v)
@@ -1177,6 +1186,8 @@ def thaw(state, interp, top):
                     return sym_scalar.value_of(payload)
                 interp.symbolic = True
                 return SymScalar(payload, type(sym_scalar.value_of(real)), sym_scalar.value_of(real))
+            if tag is _SIZE:
+                return evaluate(payload, interp.size_values)
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:

@@ -485,6 +485,8 @@ class JitFunction(_C.JitDispatcher):
             setattr(info, name, getattr(self.stats, name))
         info.hits += self._fast_hits
         info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
+        if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
+            info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]
         return info
 
     def _compiled_for(self, args, kwargs):
