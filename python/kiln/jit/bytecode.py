@@ -260,6 +260,29 @@ class Interpreter:
         self.scalar_values = {}  # id(tensor of a SymScalar) -> the real 0-d tensor (the capture's input)
         self.dynamic = None  # a dynamic-shape capture's kiln.jit.dynamic.Capture (len() of a tensor stays symbolic)
         self.size_values = None  # thaw: the sizes of the symbols that a state's sizes (_SIZE) are expressions of
+        self.size_inputs = []  # (expression, 0-d tensor): sizes used as numbers beside tensors, graph inputs
+
+    def size_operand(self, n):
+        """A size (a SymInt of a dynamic capture) used as a number beside a tensor: a 0-d int64 graph
+        input (one per expression) that each call is given the size's value at its binding
+        (kiln.jit.bytecode_capture), seen as a SymScalar (weak as a Python int is), not specialized."""
+        for e, t in self.size_inputs:
+            if e == n.expr:
+                break
+        else:
+            t = sym_scalar.as_tensor(n.value)
+            self.dynamic.tracer.add_input(t)
+            self.dynamic.input_exprs.append(())  # (a 0-d input: no sizes to bind)
+            self.size_inputs.append((n.expr, t))
+        return SymScalar(t, int, n.value)
+
+    def size_operands(self, lhs, rhs):
+        """The operands of a binary op or comparison, a size beside a tensor as size_operand's."""
+        if type(lhs) is SymInt and _is_tensor(rhs):
+            return sym_scalar.operands(self.size_operand(lhs), rhs)
+        if type(rhs) is SymInt and _is_tensor(lhs):
+            return sym_scalar.operands(lhs, self.size_operand(rhs))
+        return lhs, rhs
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -292,8 +315,8 @@ class Interpreter:
         depth = len(self.frames)
         while True:
             frame = self.frames[-1]
-            if (steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]
-                    and STEPS_IN_C):
+            if (steps is None and not self.symbolic and self.dynamic is None and frame.code.fast is not None
+                    and frame.code.fast[frame.pc] and STEPS_IN_C):  # (binary ops on sizes: see size_operands)
                 if self.capture and frame.executed is None:
                     frame.executed = set()
                 set_loc = self.set_loc if self.capture else None
@@ -630,6 +653,8 @@ def h_binary_op(it, f, arg, name, target):
     rhs, lhs = f.stack[-1], f.stack[-2]
     if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
+    elif it.dynamic is not None:
+        lhs, rhs = it.size_operands(lhs, rhs)
     del f.stack[-2:]
     f.stack.append(_BINARY[arg](lhs, rhs))
     _next(f)
@@ -653,6 +678,8 @@ def h_compare_op(it, f, arg, name, target):
     rhs, lhs = f.stack[-1], f.stack[-2]
     if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
+    elif it.dynamic is not None:
+        lhs, rhs = it.size_operands(lhs, rhs)
     f.stack.pop()
     f.stack[-1] = _COMPARE[arg](lhs, rhs)
     _next(f)

@@ -23,7 +23,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, code_cache, dynamic, guards, piece_grad, tree
+from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -35,7 +35,7 @@ MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Py
 
 class Piece:
     __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "guard_specs", "returns", "reason",
-                 "where", "ops", "grad", "reads_grad", "dyn", "size_values")
+                 "where", "ops", "grad", "reads_grad", "dyn", "size_values", "size_inputs")
 
     def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
                  reads_grad=False, guard_specs=None):
@@ -53,6 +53,7 @@ class Piece:
         self.where = where  # "file:line" of the break instruction
         self.dyn = None  # a piece captured with symbolic sizes: its kiln.jit.dynamic.DynamicEntry
         self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
+        self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
 
     def failed_guard(self, fn=None):
         k = self.guards.first_failure(fn)
@@ -273,6 +274,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                   reads_grad, specs)
     if capture is not None:
         piece.size_values = capture.values
+        piece.size_inputs = tuple(e for e, _ in interp.size_inputs)
     if capture is not None and len(capture.specialized) < len(capture.values):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
@@ -284,10 +286,13 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     return piece, "break", bytecode.thaw(value, run_interp, top), run_interp
 
 
-def _execute(jf, piece, leaves, exe=None):
-    """Runs a compiled piece (exe: a dynamic piece's instance for the call's binding; recorded when
+def _execute(jf, piece, leaves, exe=None, sizes=None):
+    """Runs a compiled piece (exe: a dynamic piece's instance for the call's binding `sizes`; recorded when
     jf was made with profiling=True); a differentiable one records its node on the autograd tape."""
     recorder = jf._recorder
+    if piece.size_inputs:  # sizes used as numbers: their values at this call's binding
+        sizes = piece.size_values if exe is None else sizes
+        leaves = list(leaves) + [sym_scalar.as_tensor(dynamic.evaluate(e, sizes)) for e in piece.size_inputs]
     if piece.grad is not None:
         return piece_grad.run(piece.executable, piece.grad, leaves,
                               (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
@@ -369,7 +374,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             owner.stats.hits += 1
             if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
-            outs = _execute(owner, piece, leaves, exe)
+            outs = _execute(owner, piece, leaves, exe, sizes)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value
@@ -586,13 +591,13 @@ def on_frame(jf, func, bound, pending):
         pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
-            and entries[0].returns):
+            and entries[0].returns and not entries[0].size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if tuple(bound) == tuple(args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
-    if (not entries and len(dyn) == 1 and dyn[0].returns and id(dyn[0]) not in pieces.fast_dyn and not grad
-            and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
+    if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
+            and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
         _, _, args, kwargs = pending
         pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
         if tuple(bound) == tuple(args) and not kwargs:
