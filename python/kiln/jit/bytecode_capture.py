@@ -35,7 +35,7 @@ MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Py
 
 class Piece:
     __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "guard_specs", "returns", "reason",
-                 "where", "ops", "grad", "reads_grad", "dyn", "size_values", "size_inputs")
+                 "where", "ops", "grad", "reads_grad", "dyn", "size_values", "size_inputs", "out_dims")
 
     def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
                  reads_grad=False, guard_specs=None):
@@ -54,6 +54,7 @@ class Piece:
         self.dyn = None  # a piece captured with symbolic sizes: its kiln.jit.dynamic.DynamicEntry
         self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
         self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
+        self.out_dims = None  # a dynamic piece that breaks: per output tensor, the dimensions that follow symbols
 
     def failed_guard(self, fn=None):
         k = self.guards.first_failure(fn)
@@ -177,6 +178,32 @@ def _concrete(value):
     return value
 
 
+def _symbolic_dims(capture, graph, out_leaves):
+    """Per output of a dynamic capture that breaks, the dimensions whose sizes follow its symbols
+    (they differ when the recording is rebound with every live symbol at another size; all of an
+    output's when the recording does not hold for those sizes)."""
+    live = tuple(k for k in range(len(capture.values)) if k not in capture.specialized)
+    out = []
+    for t in out_leaves:
+        if not isinstance(t, _C.TensorBase) or t.ndim == 0 or not capture.tracer.knows(t):
+            out.append(())
+            continue
+        v = capture.tracer.value_of(t)
+        base, other = graph.value_shape(v), capture._probe(graph, v, live)
+        out.append(tuple(d for d in range(len(base)) if other is None or other[d] != base[d]))
+    return tuple(out)
+
+
+def mark_carried(piece, outs):
+    """Marks the outputs of a dynamic piece that breaks dynamic where their sizes follow its symbols
+    (kiln.mark_dynamic): the pieces after the break are captured with symbolic sizes there too."""
+    if piece.out_dims is None:
+        return
+    for t, dims in zip(outs, piece.out_dims):
+        if dims and isinstance(t, _C.TensorBase):
+            dynamic.mark_dynamic(t, dims)
+
+
 def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
@@ -187,7 +214,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
     tracer = _C.Tracer()
-    capture = graph = None
+    capture = graph = out_dims = None
     recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
     prev_logs = _C.set_cell_logs(called, writes)
@@ -242,6 +269,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                                      "fullgraph=False to split it into graphs")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
+            if capture is not None:
+                out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         if made is not None:
@@ -277,7 +306,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         piece.size_inputs = tuple(e for e, _ in interp.size_inputs)
     if capture is not None and len(capture.specialized) < len(capture.values):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
+        piece.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
+    mark_carried(piece, detached)
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
         return piece, "return", value, None
@@ -309,6 +340,7 @@ def grad_key(key, grad):
 def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
     """One call from a resume point: graphs and break instructions until the function returns
     (grad: the caller differentiates through it, key made by grad_key)."""
+    carried = None  # (the last dynamic piece run that broke, its outputs): see mark_carried
     while True:
         piece, exe, sizes = pieces.lookup(key), None, None
         if piece is None:
@@ -335,6 +367,8 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             t0 = time.perf_counter()
             try:
                 # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
+                if carried is not None:
+                    mark_carried(*carried)
                 symbols = None if grad else owner._symbols(key, leaves)
                 piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
                                                               leaves, spec, grad, symbols)
@@ -378,6 +412,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value
+            carried = (piece, outs) if piece.out_dims is not None else None
             interp = bytecode.Interpreter([], capture=False)
             interp.size_values = sizes if sizes is not None else piece.size_values
             frames = bytecode.thaw(value, interp, pieces.fn)
