@@ -189,3 +189,22 @@ def test_value_and_grad_through_a_graph_break_with_changing_shapes():
             close(got[0], want[0], 1e-4)
             for a, b in zip(got[1], want[1]):
                 close(a, b, 1e-4)
+
+
+def test_relations_that_keep_breaking_reach_the_recompile_limit():
+    def fn(x):
+        if x.shape[0] % 3 == 0:
+            return x * 2
+        if x.shape[0] % 3 == 1:
+            return x * 3
+        return x * 4
+
+    f = bc(fn, dynamic=True, recompile_limit=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 6, 4, 7, 5, 8):
+            x = T(n, 2)
+            close(f(x), fn(x))
+    info = f.cache_info()
+    assert info.compiles == 2 and info.eager_calls == 2, info  # 5 and 8: a third relation, run eagerly
+    assert any("recompile_limit=2" in str(w.message) for w in caught), [str(w.message) for w in caught]

@@ -348,11 +348,13 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             if found is not None:
                 piece, exe, sizes = found
         if piece is None:
-            stale = pieces.cache.get(key, ())
+            # (the dynamic pieces of these sizes' shape-free key count too: a call breaking their relations)
+            stale = list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(_shape_free(key), [])
             if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
-                pieces.given_up = (f"compiled {len(stale)} times (recompile_limit="
-                                   f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard(pieces.fn)} "
-                                   "keeps changing")
+                failed = stale[-1].failed_guard(pieces.fn)
+                pieces.given_up = (f"compiled {len(stale)} times (recompile_limit={owner.options.recompile_limit}); "
+                                   + (f"the value of {failed}" if failed else "a relation between sizes its symbols "
+                                      "assumed") + " keeps changing")
                 if side_effects_done:
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
                                   "in Python", RuntimeWarning, stacklevel=4)
