@@ -93,6 +93,8 @@ def test_a_branch_on_a_shape_recompiles_only_when_it_flips():
     assert info.compiles == 2 and info.eager_calls == 0, info
     assert sorted(g for d in info.dynamic for g in d["guards"]) == ["not (s0 > 6)", "s0 > 6"], info.dynamic
     assert all("specialized" not in s for d in info.dynamic for s in d["symbols"].values()), info.dynamic
+    text = str(f.explain())  # each graph with its symbols and shape guards
+    assert text.count("size s0: input0.shape[0] >= 2") == 2 and "shapes: not (s0 > 6)" in text, text
 
 
 def test_a_call_that_breaks_a_relation_recompiles_and_is_right():
