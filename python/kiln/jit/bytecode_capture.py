@@ -13,6 +13,18 @@ function's return (its outputs are the result's tensors) or at the next graph br
 are the tensors of the frozen frames, rebuilt around them with the piece's spec). Pieces are
 cached per resume point and call key (the frozen state's structure, constants and tensor
 signature), each guarded by the GuardSet of what its capture read.
+
+With dynamic shapes (the jit's `dynamic` option, kiln.mark_dynamic; see kiln.jit.dynamic) a piece
+is captured with symbolic sizes (dynamic.Capture) when its symbols, chosen as for trace and ast
+capture, include any; unless every one ended specialized it is kept by the shape-free key
+(Entries.dynamic) and serves each call whose sizes bind its symbols and satisfy its relation
+guards, through its DynamicEntry's instance for that binding. While it is captured, len() of a
+tensor is its symbolic first size, a size used as a number beside a tensor is a 0-d graph input
+(Piece.size_inputs: its value at each call's binding is passed after the state's tensors), a size
+live at the graph break is kept in the state as its expression (evaluated per binding when the
+state is thawed), and the outputs whose sizes follow the symbols are marked dynamic so that the
+piece after the break is captured with symbolic sizes there too. Differentiable pieces keep exact
+sizes (piece_grad splits their forward and backward per capture).
 """
 import sys
 import threading
