@@ -26,6 +26,7 @@ state is thawed), and the outputs whose sizes follow the symbols are marked dyna
 piece after the break is captured with symbolic sizes there too. Differentiable pieces keep exact
 sizes (piece_grad splits their forward and backward per capture).
 """
+import contextlib
 import sys
 import threading
 import time
@@ -195,6 +196,8 @@ def _symbolic_dims(capture, graph, out_leaves):
     (they differ when the recording is rebound with every live symbol at another size; all of an
     output's when the recording does not hold for those sizes)."""
     live = tuple(k for k in range(len(capture.values)) if k not in capture.specialized)
+    if not live:
+        return None
     out = []
     for t in out_leaves:
         if not isinstance(t, _C.TensorBase) or t.ndim == 0 or not capture.tracer.knows(t):
@@ -206,20 +209,34 @@ def _symbolic_dims(capture, graph, out_leaves):
     return tuple(out)
 
 
-def mark_carried(piece, outs):
-    """Marks the outputs of a dynamic piece that breaks dynamic where their sizes follow its symbols
-    (kiln.mark_dynamic): the pieces after the break are captured with symbolic sizes there too."""
-    if piece.out_dims is None:
-        return
-    for t, dims in zip(outs, piece.out_dims):
-        if dims and isinstance(t, _C.TensorBase):
-            dynamic.mark_dynamic(t, dims)
+@contextlib.contextmanager
+def carried_marks(carried):
+    """While the next piece's symbols are chosen: the outputs of the dynamic piece that broke before
+    it (carried: (piece, its outputs), or None) marked dynamic where their sizes follow its symbols
+    (kiln.mark_dynamic), so the piece after the break is symbolic there too; their marks as they
+    were afterwards (the tensors may be the caller's own)."""
+    saved = []
+    if carried is not None:
+        piece, outs = carried
+        for t, dims in zip(outs, piece.out_dims):
+            if dims and isinstance(t, _C.TensorBase):
+                marks = dynamic.marks_of(t)
+                saved.append((t, None if marks is None else dict(marks)))
+                dynamic.mark_dynamic(t, dims)
+    try:
+        yield
+    finally:
+        for t, old in saved:
+            marks = dynamic.marks_of(t)
+            marks.clear()
+            marks.update(old or {})
 
 
 def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
-    (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
-    "break" (payload: the frames, standing at the break instruction, on real values). grad: the
+    (piece, outcome, payload, interp, outputs) with outcome "return" (payload: the detached result) or
+    "break" (payload: the frames, standing at the break instruction, on real values; outputs: the
+    tensors of the frozen frames, detached, in the order of piece.out_dims). grad: the
     caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad). symbols:
     (names, values, per tensor its sizes as expressions, origins) of kiln.jit.dynamic.choose_symbols:
     the piece is captured with symbolic sizes (kiln.jit.dynamic.Capture) and, unless every symbol
@@ -320,13 +337,12 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
         piece.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
-    mark_carried(piece, detached)
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
-        return piece, "return", value, None
+        return piece, "return", value, None, detached
     run_interp = bytecode.Interpreter([], capture=False)
     run_interp.size_values = piece.size_values
-    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp
+    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp, detached
 
 
 def _execute(jf, piece, leaves, exe=None, sizes=None):
@@ -352,7 +368,7 @@ def grad_key(key, grad):
 def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
     """One call from a resume point: graphs and break instructions until the function returns
     (grad: the caller differentiates through it, key made by grad_key)."""
-    carried = None  # (the last dynamic piece run that broke, its outputs): see mark_carried
+    carried = None  # (the last dynamic piece run that broke, its outputs): see carried_marks
     while True:
         piece, exe, sizes = pieces.lookup(key), None, None
         if piece is None:
@@ -381,11 +397,10 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             t0 = time.perf_counter()
             try:
                 # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
-                if carried is not None:
-                    mark_carried(*carried)
-                symbols = None if grad else owner._symbols(key, leaves)
-                piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
-                                                              leaves, spec, grad, symbols)
+                with carried_marks(carried):
+                    symbols = None if grad else owner._symbols(key, leaves)
+                piece, outcome, value, interp, outs = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
+                                                                    leaves, spec, grad, symbols)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise
@@ -399,6 +414,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 key = grad_key(key, grad)
                 continue
             owner.stats.compile_seconds += time.perf_counter() - t0
+            carried = (piece, outs) if piece.out_dims is not None else None
             if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves,
                                                                                                 pieces.fn):
                 # the resume point's own instruction breaks, no graph before it: a Python step at this
