@@ -143,20 +143,11 @@ class Pieces:
         (on Python state, and the relations of its sizes) this call satisfies, its instance for the
         call's binding made on first use; or None."""
         for piece in self.entries.dynamic.get(_shape_free(key), ()):
-            if not piece.guards.check(self.fn):
+            found = self.owner._instance_for(piece.dyn, leaves) if piece.guards.check(self.fn) else None
+            if found is None:
                 continue
-            d = piece.dyn
-            values = d.bind(leaves)
-            if values is None:
-                continue
-            t0 = time.perf_counter()
-            exe, made = d.instance(values)
-            if exe is None:
-                continue
-            binding = tuple(values[k] for k in d.live)
-            if made:
-                self.owner.stats.instances += 1
-                self.owner.stats.instance_seconds += time.perf_counter() - t0
+            exe, values, _ = found
+            binding = tuple(values[k] for k in piece.dyn.live)
             fast = self.fast_dyn.get(id(piece))
             if fast and binding not in fast[1]:
                 fast[1].add(binding)

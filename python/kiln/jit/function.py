@@ -335,20 +335,12 @@ class JitFunction(_C.JitDispatcher):
         """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
         binding on first use), or returns _NO_ENTRY."""
         for d in self._dynamic.get(self._shape_free(key), ()):
-            if not d.entry.guards_hold():
+            found = self._instance_for(d, leaves) if d.entry.guards_hold() else None
+            if found is None:
                 continue
-            values = d.bind(leaves)
-            if values is None:
-                continue
-            t0 = time.perf_counter()
-            exe, made = d.instance(values)
-            if exe is None:
-                continue
-            if made:
-                self.stats.instances += 1
-                self.stats.instance_seconds += time.perf_counter() - t0
-                if d.fast is not None:
-                    self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
+            exe, values, made = found
+            if made and d.fast is not None:
+                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
             if d.entry.differentiable and key[2][0] and differentiating():
                 self.stats.eager_calls += 1
                 return self._target()(*args, **kwargs)
@@ -357,6 +349,22 @@ class JitFunction(_C.JitDispatcher):
             outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
             return tree.unflatten(d.entry.out_spec, outs)[0]
         return _NO_ENTRY
+
+    def _instance_for(self, d, leaves):
+        """(executable, the symbols' sizes, whether it was made now) of dynamic entry d for a call's
+        tensors: its instance for their binding, made (and counted) on first use; None when the call
+        is outside d (its relation guards, or a binding its graph does not hold for)."""
+        values = d.bind(leaves)
+        if values is None:
+            return None
+        t0 = time.perf_counter()
+        exe, made = d.instance(values)
+        if exe is None:
+            return None
+        if made:
+            self.stats.instances += 1
+            self.stats.instance_seconds += time.perf_counter() - t0
+        return exe, values, made
 
     def _symbols(self, key, leaves):
         """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
