@@ -210,3 +210,17 @@ def test_relations_that_keep_breaking_reach_the_recompile_limit():
     info = f.cache_info()
     assert info.compiles == 2 and info.eager_calls == 2, info  # 5 and 8: a third relation, run eagerly
     assert any("recompile_limit=2" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_introspection_of_a_binding_made_after_the_compile():
+    def fn(a, b):
+        return a * b + 1
+
+    f = bc(fn, dynamic=True)
+    f(T(3, 5), T(3, 5))
+    x = T(7, 5)
+    exe = f.executable(x, x)  # the instance of the binding (7, 5), made here without a compile
+    close(exe(x, x)[0], x.asnumpy() * x.asnumpy() + 1)
+    assert "outputs 140 bytes" in f.plan_str(x, x) and "mul(" in f.graph_str(x, x), f.plan_str(x, x)  # 7*5*4
+    info = f.cache_info()
+    assert info.compiles == 1 and info.instances == 1, info

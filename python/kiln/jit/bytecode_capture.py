@@ -598,13 +598,18 @@ def entry_key(pieces, func, bound):
 
 
 def entry_for(jf, args, kwargs):
-    """The piece a call with these arguments starts with (its guards holding), or None."""
+    """(the piece a call with these arguments starts with (its guards holding), its executable for
+    them: a dynamic piece's instance for their sizes), or None."""
     pieces = jf._pieces
     if pieces is None:
         return None
     prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
-    key, _, _ = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
-    return next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
+    key, _, leaves = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
+    piece = next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
+    if piece is not None:
+        return piece, piece.executable
+    found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
+    return None if found is None else found[:2]
 
 
 def _give_up(jf, err):

@@ -503,9 +503,9 @@ class JitFunction(_C.JitDispatcher):
         function split at graph breaks)."""
         for attempt in range(2):
             if self.options.capture_mode == "bytecode":
-                entry = bytecode_capture.entry_for(self, args, kwargs)
-                if entry is not None:
-                    return entry, entry.executable
+                found = bytecode_capture.entry_for(self, args, kwargs)
+                if found is not None:
+                    return found
             else:
                 key, leaves = self._key(args, kwargs)
                 entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
@@ -541,7 +541,7 @@ class JitFunction(_C.JitDispatcher):
         else:
             exe = self._last.executable
         r = exe.recompute_report()
-        if r["recompute"] == "none":
+        if r.get("recompute", "none") == "none":  # (an instance bound from a symbolic plan reports nothing)
             return exe.plan_str()
         return exe.plan_str() + (f"recompute ({r['recompute']}): planned peak {r['peak_before']} -> {r['peak_after']} "
                                  f"bytes, {r['recomputed_ops']} ops recomputed, {r['extra_flops']} extra FLOPs; "
