@@ -51,7 +51,7 @@ def test_simple_function_over_shapes(dyn, compiles):
         assert info.dynamic == [], info
         return
     (d,) = info.dynamic
-    assert "input0.shape[0] = input1.shape[0] = input2.shape[0] >= 2" in d["symbols"].values(), d
+    assert "a.shape[0] = b.shape[0] = c.shape[0] >= 2" in d["symbols"].values(), d  # (named by the locals)
     assert d["guards"] == [] and d["optimized_once"] is d["planned_once"] is True, d
 
 
@@ -94,7 +94,7 @@ def test_a_branch_on_a_shape_recompiles_only_when_it_flips():
     assert sorted(g for d in info.dynamic for g in d["guards"]) == ["not (s0 > 6)", "s0 > 6"], info.dynamic
     assert all("specialized" not in s for d in info.dynamic for s in d["symbols"].values()), info.dynamic
     text = str(f.explain())  # each graph with its symbols and shape guards
-    assert text.count("size s0: input0.shape[0] >= 2") == 2 and "shapes: not (s0 > 6)" in text, text
+    assert text.count("size s0: x.shape[0] >= 2") == 2 and "shapes: not (s0 > 6)" in text, text
 
 
 def test_a_call_that_breaks_a_relation_recompiles_and_is_right():

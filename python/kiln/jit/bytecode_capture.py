@@ -200,6 +200,18 @@ def _symbolic_dims(capture, graph, out_leaves):
     return tuple(out)
 
 
+def _labels(spec, leaves, top):
+    """Per tensor of a frozen state, the name of a local of the frames that holds it (the innermost
+    such frame's), else inputK: where cache_info says a piece's symbols come from."""
+    where = {}
+    for fr in tree.unflatten(spec, list(leaves))[0]:
+        code = bytecode.frame_function(fr[0], top).__code__
+        for name, v in zip(code.co_varnames + code.co_cellvars, fr[2]):
+            if isinstance(v, _C.TensorBase):
+                where[id(v)] = name
+    return [where.get(id(t), f"input{k}") for k, t in enumerate(leaves)]
+
+
 @contextlib.contextmanager
 def carried_marks(carried):
     """While the next piece's symbols are chosen: the outputs of the dynamic piece that broke before
@@ -389,7 +401,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             try:
                 # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
                 with carried_marks(carried):
-                    symbols = None if grad else owner._symbols(key, leaves)
+                    symbols = None if grad else owner._symbols(key, leaves, _labels(spec, leaves, pieces.fn))
                 piece, outcome, value, interp, outs = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
                                                                     leaves, spec, grad, symbols)
             except bytecode.Unsupported as e:

@@ -366,13 +366,14 @@ class JitFunction(_C.JitDispatcher):
             self.stats.instance_seconds += time.perf_counter() - t0
         return exe, values, made
 
-    def _symbols(self, key, leaves):
+    def _symbols(self, key, leaves, labels=None):
         """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
-        every size exact. Records the call's sizes for automatic mode."""
+        every size exact. Records the call's sizes for automatic mode. labels: per tensor, what
+        cache_info calls it (default: input0, input1, ...)."""
         free = self._shape_free(key)
         seen = self._sizes_seen.get(free)
-        names, values, exprs, origins = dynamic.choose_symbols(leaves, [f"input{k}" for k in range(len(leaves))],
-                                                               self.options.dynamic, seen)
+        labels = labels or [f"input{k}" for k in range(len(leaves))]
+        names, values, exprs, origins = dynamic.choose_symbols(leaves, labels, self.options.dynamic, seen)
         if seen is None:
             seen = self._sizes_seen[free] = [[set() for _ in t.shape] for t in leaves]
         for row, t in zip(seen, leaves):
