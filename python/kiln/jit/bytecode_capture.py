@@ -44,6 +44,7 @@ _owner = weakref.WeakValueDictionary()  # code -> the JitFunction that last ran 
 _VAR_ARGS = 0x04 | 0x08
 
 MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Python
+MAX_DIRECT = 256  # call keys (exact shapes) found without the frame hook, for those served by dynamic pieces
 
 
 class Piece:
@@ -660,7 +661,8 @@ def on_frame(jf, func, bound, pending):
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
     dyn = pieces.entries.dynamic.get(_shape_free(key), ())
-    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and (key in pieces.cache or dyn):
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and (
+            key in pieces.cache or dyn and len(pieces.direct) < MAX_DIRECT):  # (a dynamic piece: one per shape)
         pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
