@@ -3,7 +3,8 @@ each piece captured with symbolic sizes serves every binding its guards admit â€
 eager over several shapes, with compile counts that fail if a shape compiles its own graph: the
 seed's simple function (automatic, dynamic=True/1/False, mark_dynamic/static), a branch on a shape
 (recompiling only when the branch flips), sizes used as numbers and carried across a graph break
-(print, .item()), value_and_grad, and a call that breaks a relation."""
+(print, .item()), value_and_grad, a call that breaks a relation, the recompile limit, introspection
+of a binding, and test_dynamic_random's random programs (one compile each)."""
 import types
 import warnings
 
@@ -12,6 +13,7 @@ import pytest
 
 import kiln
 from kiln import models, nn, ops
+from test_dynamic_random import SHAPES, program, source
 
 RNG = np.random.default_rng(1616)
 ROWS = (3, 4, 6, 9, 13, 4, 3)  # (never 2 or 5: the sizes of the other dimensions, an equal size would share a symbol)
@@ -224,3 +226,17 @@ def test_introspection_of_a_binding_made_after_the_compile():
     assert "outputs 140 bytes" in f.plan_str(x, x) and "mul(" in f.graph_str(x, x), f.plan_str(x, x)  # 7*5*4
     info = f.cache_info()
     assert info.compiles == 1 and info.instances == 1, info
+
+
+@pytest.mark.parametrize("seed", range(200, 224, 3))
+def test_random_programs_compile_once_over_shapes(seed):
+    fn = program(seed)  # (test_dynamic_random's straight-line programs reading and using symbolic sizes)
+    f = bc(fn, dynamic=True)
+    rng = np.random.default_rng(seed)
+    for b, s in SHAPES:
+        x = kiln.Tensor(rng.standard_normal((b, s, 3)).astype(np.float32))
+        y = kiln.Tensor(rng.standard_normal((s, 3)).astype(np.float32))
+        for g, w in zip(f(x, y), fn(x, y)):
+            np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-4, err_msg=source(seed))
+    info = f.cache_info()
+    assert info.compiles == 1 and info.instances == len(SHAPES) - 1, (info, source(seed))
