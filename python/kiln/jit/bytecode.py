@@ -26,6 +26,7 @@ import weakref
 from .. import _C
 from ..autograd import differentiates_by_pieces
 from . import guards, sym_scalar
+from .dynamic import SymInt, evaluate
 from .sym_scalar import Specialize, SymScalar
 
 _OP = dis.opname
@@ -257,6 +258,31 @@ class Interpreter:
         self.cell_type = _cell_type()
         self.symbolic = False  # the frames hold SymScalars (kiln.jit.sym_scalar): instructions are checked
         self.scalar_values = {}  # id(tensor of a SymScalar) -> the real 0-d tensor (the capture's input)
+        self.dynamic = None  # a dynamic-shape capture's kiln.jit.dynamic.Capture (len() of a tensor stays symbolic)
+        self.size_values = None  # thaw: the sizes of the symbols that a state's sizes (_SIZE) are expressions of
+        self.size_inputs = []  # (expression, 0-d tensor): sizes used as numbers beside tensors, graph inputs
+
+    def size_operand(self, n):
+        """A size (a SymInt of a dynamic capture) used as a number beside a tensor: a 0-d int64 graph
+        input (one per expression) that each call is given the size's value at its binding
+        (kiln.jit.bytecode_capture), seen as a SymScalar (weak as a Python int is), not specialized."""
+        for e, t in self.size_inputs:
+            if e == n.expr:
+                break
+        else:
+            t = sym_scalar.as_tensor(n.value)
+            self.dynamic.tracer.add_input(t)
+            self.dynamic.input_exprs.append(())  # (a 0-d input: no sizes to bind)
+            self.size_inputs.append((n.expr, t))
+        return SymScalar(t, int, n.value)
+
+    def size_operands(self, lhs, rhs):
+        """The operands of a binary op or comparison, a size beside a tensor as size_operand's."""
+        if type(lhs) is SymInt and _is_tensor(rhs):
+            return sym_scalar.operands(self.size_operand(lhs), rhs)
+        if type(rhs) is SymInt and _is_tensor(lhs):
+            return sym_scalar.operands(lhs, self.size_operand(rhs))
+        return lhs, rhs
 
     def note_created(self, obj):
         self.created.add(id(obj))
@@ -289,8 +315,8 @@ class Interpreter:
         depth = len(self.frames)
         while True:
             frame = self.frames[-1]
-            if (steps is None and not self.symbolic and frame.code.fast is not None and frame.code.fast[frame.pc]
-                    and STEPS_IN_C):
+            if (steps is None and not self.symbolic and self.dynamic is None and frame.code.fast is not None
+                    and frame.code.fast[frame.pc] and STEPS_IN_C):  # (binary ops on sizes: see size_operands)
                 if self.capture and frame.executed is None:
                     frame.executed = set()
                 set_loc = self.set_loc if self.capture else None
@@ -411,6 +437,9 @@ class Interpreter:
         return self.run_known(fn, args, kwargs)
 
     def run_known(self, fn, args, kwargs):
+        if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \
+                and args[0].ndim > 0:  # its first size as the capture sees it (a SymInt), not specialized
+            return args[0].shape[0]
         result = fn(*args, **kwargs)
         if fn in (list, dict, set) or fn is sorted:
             self.note_created(result)
@@ -624,6 +653,8 @@ def h_binary_op(it, f, arg, name, target):
     rhs, lhs = f.stack[-1], f.stack[-2]
     if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
+    elif it.dynamic is not None:
+        lhs, rhs = it.size_operands(lhs, rhs)
     del f.stack[-2:]
     f.stack.append(_BINARY[arg](lhs, rhs))
     _next(f)
@@ -647,6 +678,8 @@ def h_compare_op(it, f, arg, name, target):
     rhs, lhs = f.stack[-1], f.stack[-2]
     if it.symbolic and (isinstance(lhs, SymScalar) or isinstance(rhs, SymScalar)):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
+    elif it.dynamic is not None:
+        lhs, rhs = it.size_operands(lhs, rhs)
     f.stack.pop()
     f.stack[-1] = _COMPARE[arg](lhs, rhs)
     _next(f)
@@ -1054,6 +1087,7 @@ class _Tag:
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
+_SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
@@ -1112,6 +1146,8 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             free_cells.setdefault(id(c), (i, k))
 
     def conv(v, depth=0):
+        if type(v) is SymInt:
+            return _SIZE, v.expr
         if type(v) in _ATOMS:
             if symbolic and depth == 0 and type(v) in (int, float):
                 t = sym_scalar.as_tensor(v)
@@ -1177,6 +1213,8 @@ def thaw(state, interp, top):
                     return sym_scalar.value_of(payload)
                 interp.symbolic = True
                 return SymScalar(payload, type(sym_scalar.value_of(real)), sym_scalar.value_of(real))
+            if tag is _SIZE:
+                return evaluate(payload, interp.size_values)
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
             if tag is _CELL:

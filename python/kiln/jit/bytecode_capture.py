@@ -13,7 +13,20 @@ function's return (its outputs are the result's tensors) or at the next graph br
 are the tensors of the frozen frames, rebuilt around them with the piece's spec). Pieces are
 cached per resume point and call key (the frozen state's structure, constants and tensor
 signature), each guarded by the GuardSet of what its capture read.
+
+With dynamic shapes (the jit's `dynamic` option, kiln.mark_dynamic; see kiln.jit.dynamic) a piece
+is captured with symbolic sizes (dynamic.Capture) when its symbols, chosen as for trace and ast
+capture, include any; unless every one ended specialized it is kept by the shape-free key
+(Entries.dynamic) and serves each call whose sizes bind its symbols and satisfy its relation
+guards, through its DynamicEntry's instance for that binding. While it is captured, len() of a
+tensor is its symbolic first size, a size used as a number beside a tensor is a 0-d graph input
+(Piece.size_inputs: its value at each call's binding is passed after the state's tensors), a size
+live at the graph break is kept in the state as its expression (evaluated per binding when the
+state is thawed), and the outputs whose sizes follow the symbols are marked dynamic so that the
+piece after the break is captured with symbolic sizes there too. Differentiable pieces keep exact
+sizes (piece_grad splits their forward and backward per capture).
 """
+import contextlib
 import sys
 import threading
 import time
@@ -23,7 +36,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, code_cache, guards, piece_grad, tree
+from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -31,11 +44,12 @@ _owner = weakref.WeakValueDictionary()  # code -> the JitFunction that last ran 
 _VAR_ARGS = 0x04 | 0x08
 
 MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Python
+MAX_DIRECT = 256  # call keys (exact shapes) found without the frame hook, for those served by dynamic pieces
 
 
 class Piece:
     __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "guard_specs", "returns", "reason",
-                 "where", "ops", "grad", "reads_grad")
+                 "where", "ops", "grad", "reads_grad", "dyn", "size_values", "size_inputs", "out_dims")
 
     def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
                  reads_grad=False, guard_specs=None):
@@ -51,6 +65,10 @@ class Piece:
         self.returns = returns  # True: the function's result; False: the state at a graph break
         self.reason = reason  # why the graph breaks after it (None when it returns)
         self.where = where  # "file:line" of the break instruction
+        self.dyn = None  # a piece captured with symbolic sizes: its kiln.jit.dynamic.DynamicEntry
+        self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
+        self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
+        self.out_dims = None  # a dynamic piece that breaks: per output tensor, the dimensions that follow symbols
 
     def failed_guard(self, fn=None):
         k = self.guards.first_failure(fn)
@@ -61,10 +79,11 @@ class Entries:
     """The compiled pieces of a code object for one set of options, keyed by (resume point, call
     key), with what their captures found: shared by every kiln.jit wrapper of a function of that
     code with those options (see entries_of); a Cell's or a method's are its wrapper's own."""
-    __slots__ = ("cache", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
+    __slots__ = ("cache", "dynamic", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
 
     def __init__(self):
         self.cache = {}
+        self.dynamic = {}  # shape-free (resume point, call key) -> [pieces captured with symbolic sizes]
         self.breaks = []  # (reason, where) of each graph break met, in order
         self.count = 0
         self.python_steps = set()  # positions whose instruction runs in Python whatever the state
@@ -98,6 +117,7 @@ class Pieces:
                       if code.co_flags & 0x08 else -1)  # the index of **kwargs among the parameters
         self.direct = {}  # call key of the positional arguments -> (state key, spec) of the entry
         self.fast_keys = set()  # entry keys offered to kiln.jit's C fast path
+        self.fast_dyn = {}  # id(dynamic piece) -> (its number in kiln.jit's C fast path, the bindings given it)
         self.recompiles = []  # (resume point, the guard that failed)
         self.new_signatures = []  # what changed in the arguments, for each entry compiled after the first
         self.entry_keys = []
@@ -119,20 +139,115 @@ class Pieces:
         self.recompiles.append((key[0], entries[-1].failed_guard(self.fn)))
         return None
 
+    def lookup_dynamic(self, key, leaves):
+        """(piece, executable, the symbols' sizes) of a piece captured with symbolic sizes whose guards
+        (on Python state, and the relations of its sizes) this call satisfies, its instance for the
+        call's binding made on first use; or None."""
+        for piece in self.entries.dynamic.get(_shape_free(key), ()):
+            found = self.owner._instance_for(piece.dyn, leaves) if piece.guards.check(self.fn) else None
+            if found is None:
+                continue
+            exe, values, _ = found
+            binding = tuple(values[k] for k in piece.dyn.live)
+            fast = self.fast_dyn.get(id(piece))
+            if fast and binding not in fast[1]:
+                fast[1].add(binding)
+                self.owner._add_fast_instance(fast[0], binding, exe)
+            return piece, exe, values
+        return None
+
     def add(self, key, piece):
-        self.cache.setdefault(key, []).append(piece)
+        if piece.dyn is not None:
+            self.entries.dynamic.setdefault(_shape_free(key), []).append(piece)
+        else:
+            self.cache.setdefault(key, []).append(piece)
         self.entries.count += 1
         if not piece.returns:
             self.breaks.append((piece.reason, piece.where))
 
 
-def capture_piece(owner, state, leaves, spec, grad=False):
+def _shape_free(key):
+    from .function import JitFunction
+
+    return JitFunction._shape_free(key)
+
+
+def _concrete(value):
+    """A function's result with each size in it (a SymInt) its captured value, specialized."""
+    if type(value) is dynamic.SymInt:
+        return value.specialize("returned")
+    if type(value) in (tuple, list):
+        return type(value)(_concrete(v) for v in value)
+    if type(value) is dict:
+        return {k: _concrete(v) for k, v in value.items()}
+    return value
+
+
+def _symbolic_dims(capture, graph, out_leaves):
+    """Per output of a dynamic capture that breaks, the dimensions whose sizes follow its symbols
+    (they differ when the recording is rebound with every live symbol at another size; all of an
+    output's when the recording does not hold for those sizes)."""
+    live = tuple(k for k in range(len(capture.values)) if k not in capture.specialized)
+    if not live:
+        return None
+    out = []
+    for t in out_leaves:
+        if not isinstance(t, _C.TensorBase) or t.ndim == 0 or not capture.tracer.knows(t):
+            out.append(())
+            continue
+        v = capture.tracer.value_of(t)
+        base, other = graph.value_shape(v), capture._probe(graph, v, live)
+        out.append(tuple(d for d in range(len(base)) if other is None or other[d] != base[d]))
+    return tuple(out)
+
+
+def _labels(spec, leaves, top):
+    """Per tensor of a frozen state, the name of a local of the frames that holds it (the innermost
+    such frame's), else inputK: where cache_info says a piece's symbols come from."""
+    where = {}
+    for fr in tree.unflatten(spec, list(leaves))[0]:
+        code = bytecode.frame_function(fr[0], top).__code__
+        for name, v in zip(code.co_varnames + code.co_cellvars, fr[2]):
+            if isinstance(v, _C.TensorBase):
+                where[id(v)] = name
+    return [where.get(id(t), f"input{k}") for k, t in enumerate(leaves)]
+
+
+@contextlib.contextmanager
+def carried_marks(carried):
+    """While the next piece's symbols are chosen: the outputs of the dynamic piece that broke before
+    it (carried: (piece, its outputs), or None) marked dynamic where their sizes follow its symbols
+    (kiln.mark_dynamic), so the piece after the break is symbolic there too; their marks as they
+    were afterwards (the tensors may be the caller's own)."""
+    saved = []
+    if carried is not None:
+        piece, outs = carried
+        for t, dims in zip(outs, piece.out_dims):
+            if dims and isinstance(t, _C.TensorBase):
+                marks = dynamic.marks_of(t)
+                saved.append((t, None if marks is None else dict(marks)))
+                dynamic.mark_dynamic(t, dims)
+    try:
+        yield
+    finally:
+        for t, old in saved:
+            marks = dynamic.marks_of(t)
+            marks.clear()
+            marks.update(old or {})
+
+
+def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
-    (piece, outcome, payload, interp) with outcome "return" (payload: the detached result) or
-    "break" (payload: the frames, standing at the break instruction, on real values). grad: the
-    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad)."""
+    (piece, outcome, payload, interp, outputs) with outcome "return" (payload: the detached result) or
+    "break" (payload: the frames, standing at the break instruction, on real values; outputs: the
+    tensors of the frozen frames, detached, in the order of piece.out_dims). grad: the
+    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad). symbols:
+    (names, values, per tensor its sizes as expressions, origins) of kiln.jit.dynamic.choose_symbols:
+    the piece is captured with symbolic sizes (kiln.jit.dynamic.Capture) and, unless every symbol
+    ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
     tracer = _C.Tracer()
+    capture = graph = out_dims = None
     recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
     prev_logs = _C.set_cell_logs(called, writes)
@@ -148,6 +263,8 @@ def capture_piece(owner, state, leaves, spec, grad=False):
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
+        if symbols is not None:
+            capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)
         top = owner._pieces.fn
         frames = bytecode.thaw(aliases_state, interp, top)
         interp.frames = frames
@@ -158,7 +275,11 @@ def capture_piece(owner, state, leaves, spec, grad=False):
         interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
         try:
-            outcome, payload = interp.run()
+            if capture is None:
+                outcome, payload = interp.run()
+            else:
+                with capture:
+                    outcome, payload = interp.run()
         finally:
             sys.settrace(prev_trace)
         interp.record_reads()
@@ -166,6 +287,8 @@ def capture_piece(owner, state, leaves, spec, grad=False):
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
         if outcome == "return":
+            if capture is not None:
+                payload = _concrete(payload)
             out_leaves = []
             out_spec = tree.flatten(payload, out_leaves)
             reason = where_at = None
@@ -179,6 +302,8 @@ def capture_piece(owner, state, leaves, spec, grad=False):
                                      "fullgraph=False to split it into graphs")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
+            if capture is not None:
+                out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         if made is not None:
@@ -189,6 +314,8 @@ def capture_piece(owner, state, leaves, spec, grad=False):
                                        level=opts.level, inference=opts.infer_boost == "on",
                                        disable_format_transform=opts.disable_format_transform,
                                        backend=opts.backend)
+        if capture is not None:
+            graph = tracer.recorded()
     finally:
         tracer.end()
         _C.eval_frame_suspend(prev_hook)
@@ -207,22 +334,33 @@ def capture_piece(owner, state, leaves, spec, grad=False):
         guard_set, guard_names = recorder.guard_set()
     piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at, pgrad,
                   reads_grad, specs)
+    if capture is not None:
+        piece.size_values = capture.values
+        piece.size_inputs = tuple(e for e, _ in interp.size_inputs)
+    if capture is not None and len(capture.specialized) < len(capture.values):
+        piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
+        piece.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
-        return piece, "return", value, None
+        return piece, "return", value, None, detached
     run_interp = bytecode.Interpreter([], capture=False)
-    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp
+    run_interp.size_values = piece.size_values
+    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp, detached
 
 
-def _execute(jf, piece, leaves):
-    """Runs a compiled piece (recorded when jf was made with profiling=True); a differentiable one
-    records its node on the autograd tape."""
+def _execute(jf, piece, leaves, exe=None, sizes=None):
+    """Runs a compiled piece (exe: a dynamic piece's instance for the call's binding `sizes`; recorded when
+    jf was made with profiling=True); a differentiable one records its node on the autograd tape."""
     recorder = jf._recorder
+    if piece.size_inputs:  # sizes used as numbers: their values at this call's binding
+        sizes = piece.size_values if exe is None else sizes
+        leaves = list(leaves) + [sym_scalar.as_tensor(dynamic.evaluate(e, sizes)) for e in piece.size_inputs]
     if piece.grad is not None:
         return piece_grad.run(piece.executable, piece.grad, leaves,
                               (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
-    return piece.executable(*leaves) if recorder is None else recorder.run(piece.executable, *leaves)
+    exe = piece.executable if exe is None else exe
+    return exe(*leaves) if recorder is None else recorder.run(exe, *leaves)
 
 
 def grad_key(key, grad):
@@ -234,14 +372,21 @@ def grad_key(key, grad):
 def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
     """One call from a resume point: graphs and break instructions until the function returns
     (grad: the caller differentiates through it, key made by grad_key)."""
+    carried = None  # (the last dynamic piece run that broke, its outputs): see carried_marks
     while True:
-        piece = pieces.lookup(key)
+        piece, exe, sizes = pieces.lookup(key), None, None
         if piece is None:
-            stale = pieces.cache.get(key, ())
+            found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
+            if found is not None:
+                piece, exe, sizes = found
+        if piece is None:
+            # (the dynamic pieces of these sizes' shape-free key count too: a call breaking their relations)
+            stale = list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(_shape_free(key), [])
             if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
-                pieces.given_up = (f"compiled {len(stale)} times (recompile_limit="
-                                   f"{owner.options.recompile_limit}); the value of {stale[-1].failed_guard(pieces.fn)} "
-                                   "keeps changing")
+                failed = stale[-1].failed_guard(pieces.fn)
+                pieces.given_up = (f"compiled {len(stale)} times (recompile_limit={owner.options.recompile_limit}); "
+                                   + (f"the value of {failed}" if failed else "a relation between sizes its symbols "
+                                      "assumed") + " keeps changing")
                 if side_effects_done:
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
                                   "in Python", RuntimeWarning, stacklevel=4)
@@ -255,8 +400,11 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
             t0 = time.perf_counter()
             try:
-                piece, outcome, value, interp = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
-                                                              leaves, spec, grad)
+                # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
+                with carried_marks(carried):
+                    symbols = None if grad else owner._symbols(key, leaves, _labels(spec, leaves, pieces.fn))
+                piece, outcome, value, interp, outs = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
+                                                                    leaves, spec, grad, symbols)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise
@@ -270,6 +418,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 key = grad_key(key, grad)
                 continue
             owner.stats.compile_seconds += time.perf_counter() - t0
+            carried = (piece, outs) if piece.out_dims is not None else None
             if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves,
                                                                                                 pieces.fn):
                 # the resume point's own instruction breaks, no graph before it: a Python step at this
@@ -293,11 +442,13 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             owner.stats.hits += 1
             if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
-            outs = _execute(owner, piece, leaves)
+            outs = _execute(owner, piece, leaves, exe, sizes)
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value
+            carried = (piece, outs) if piece.out_dims is not None else None
             interp = bytecode.Interpreter([], capture=False)
+            interp.size_values = sizes if sizes is not None else piece.size_values
             frames = bytecode.thaw(value, interp, pieces.fn)
         # the break instruction, in Python (and those of the Python steps after it)
         interp.frames = frames
@@ -460,13 +611,18 @@ def entry_key(pieces, func, bound):
 
 
 def entry_for(jf, args, kwargs):
-    """The piece a call with these arguments starts with (its guards holding), or None."""
+    """(the piece a call with these arguments starts with (its guards holding), its executable for
+    them: a dynamic piece's instance for their sizes), or None."""
     pieces = jf._pieces
     if pieces is None:
         return None
     prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
-    key, _, _ = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
-    return next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
+    key, _, leaves = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
+    piece = next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
+    if piece is not None:
+        return piece, piece.executable
+    found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
+    return None if found is None else found[:2]
 
 
 def _give_up(jf, err):
@@ -484,7 +640,7 @@ def on_frame(jf, func, bound, pending):
     grad = _differentiates(bound)
     key, spec, leaves = entry_key(pieces, func, bound)
     key = grad_key(key, grad)
-    first = key not in pieces.cache
+    first = key not in pieces.cache and _shape_free(key) not in pieces.entries.dynamic
     if first:
         if len(pieces.entry_keys) >= jf.options.recompile_limit:
             if not pieces.warned:
@@ -504,16 +660,36 @@ def on_frame(jf, func, bound, pending):
         _give_up(jf, e)
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
-    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and key in pieces.cache:
-        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache[key])
+    dyn = pieces.entries.dynamic.get(_shape_free(key), ())
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and (
+            key in pieces.cache or dyn and len(pieces.direct) < MAX_DIRECT):  # (a dynamic piece: one per shape)
+        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
-            and entries[0].returns):
+            and entries[0].returns and not entries[0].size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if tuple(bound) == tuple(args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
+    if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
+            and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
+        _, _, args, kwargs = pending
+        pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
+        if tuple(bound) == tuple(args) and not kwargs:
+            d = _FastDims(dyn[0].dyn)
+            jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(dyn[0], func), d)
+            if d.fast is not None:
+                pieces.fast_dyn[id(dyn[0])] = (d.fast, set(d.instances))
     return result
+
+
+class _FastDims:
+    """What JitFunction._register_fast reads of a dynamic entry, for a dynamic piece that returns (its
+    number in the C fast path is this wrapper's own: the piece may be shared, see entries_of)."""
+    __slots__ = ("dims", "instances", "fast")
+
+    def __init__(self, d):
+        self.dims, self.instances, self.fast = d.dims, dict(d.instances), None
 
 
 class _FastView:

@@ -41,6 +41,15 @@ def _ops(graph_text):
     return sum(1 for r in rhs if "(" in r and not r.startswith("constant("))
 
 
+def _dynamic_graph(graph_text, guard_names, d):
+    """(op count, guards) of a dynamic entry (kiln.jit.dynamic.DynamicEntry): one graph for many
+    sizes, with its symbols and shape guards after the guards on Python state."""
+    info = d.describe()
+    shapes = [f"size {name}: {what}" for name, what in info["symbols"].items()]
+    shapes += [f"shapes: {g}" for g in info["guards"]]
+    return _ops(graph_text), list(guard_names) + shapes
+
+
 def report(jf):
     """The ExplainOutput of a JitFunction after its calls."""
     mode = jf.options.capture_mode
@@ -51,6 +60,8 @@ def report(jf):
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
+            for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
+                graphs.extend(_dynamic_graph(p.graph_text, p.guard_names, p.dyn) for p in entries)
             breaks = list(pieces.breaks)
             recompiles = [f"the value of {g} changed" if g else "a guard failed" for _, g in pieces.recompiles]
             recompiles += pieces.new_signatures
@@ -58,11 +69,7 @@ def report(jf):
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
-            for d in ds:
-                info = d.describe()
-                shapes = [f"size {name}: {what}" for name, what in info["symbols"].items()]
-                shapes += [f"shapes: {g}" for g in info["guards"]]
-                graphs.append((_ops(d.entry.graph_text), list(d.entry.guard_names) + shapes))
+            graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:

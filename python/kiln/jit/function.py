@@ -335,20 +335,12 @@ class JitFunction(_C.JitDispatcher):
         """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
         binding on first use), or returns _NO_ENTRY."""
         for d in self._dynamic.get(self._shape_free(key), ()):
-            if not d.entry.guards_hold():
+            found = self._instance_for(d, leaves) if d.entry.guards_hold() else None
+            if found is None:
                 continue
-            values = d.bind(leaves)
-            if values is None:
-                continue
-            t0 = time.perf_counter()
-            exe, made = d.instance(values)
-            if exe is None:
-                continue
-            if made:
-                self.stats.instances += 1
-                self.stats.instance_seconds += time.perf_counter() - t0
-                if d.fast is not None:
-                    self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
+            exe, values, made = found
+            if made and d.fast is not None:
+                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
             if d.entry.differentiable and key[2][0] and differentiating():
                 self.stats.eager_calls += 1
                 return self._target()(*args, **kwargs)
@@ -358,13 +350,30 @@ class JitFunction(_C.JitDispatcher):
             return tree.unflatten(d.entry.out_spec, outs)[0]
         return _NO_ENTRY
 
-    def _symbols(self, key, leaves):
+    def _instance_for(self, d, leaves):
+        """(executable, the symbols' sizes, whether it was made now) of dynamic entry d for a call's
+        tensors: its instance for their binding, made (and counted) on first use; None when the call
+        is outside d (its relation guards, or a binding its graph does not hold for)."""
+        values = d.bind(leaves)
+        if values is None:
+            return None
+        t0 = time.perf_counter()
+        exe, made = d.instance(values)
+        if exe is None:
+            return None
+        if made:
+            self.stats.instances += 1
+            self.stats.instance_seconds += time.perf_counter() - t0
+        return exe, values, made
+
+    def _symbols(self, key, leaves, labels=None):
         """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
-        every size exact. Records the call's sizes for automatic mode."""
+        every size exact. Records the call's sizes for automatic mode. labels: per tensor, what
+        cache_info calls it (default: input0, input1, ...)."""
         free = self._shape_free(key)
         seen = self._sizes_seen.get(free)
-        names, values, exprs, origins = dynamic.choose_symbols(leaves, [f"input{k}" for k in range(len(leaves))],
-                                                               self.options.dynamic, seen)
+        labels = labels or [f"input{k}" for k in range(len(leaves))]
+        names, values, exprs, origins = dynamic.choose_symbols(leaves, labels, self.options.dynamic, seen)
         if seen is None:
             seen = self._sizes_seen[free] = [[set() for _ in t.shape] for t in leaves]
         for row, t in zip(seen, leaves):
@@ -485,6 +494,8 @@ class JitFunction(_C.JitDispatcher):
             setattr(info, name, getattr(self.stats, name))
         info.hits += self._fast_hits
         info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
+        if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
+            info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]
         return info
 
     def _compiled_for(self, args, kwargs):
@@ -493,9 +504,9 @@ class JitFunction(_C.JitDispatcher):
         function split at graph breaks)."""
         for attempt in range(2):
             if self.options.capture_mode == "bytecode":
-                entry = bytecode_capture.entry_for(self, args, kwargs)
-                if entry is not None:
-                    return entry, entry.executable
+                found = bytecode_capture.entry_for(self, args, kwargs)
+                if found is not None:
+                    return found
             else:
                 key, leaves = self._key(args, kwargs)
                 entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
@@ -531,7 +542,7 @@ class JitFunction(_C.JitDispatcher):
         else:
             exe = self._last.executable
         r = exe.recompute_report()
-        if r["recompute"] == "none":
+        if r.get("recompute", "none") == "none":  # (an instance bound from a symbolic plan reports nothing)
             return exe.plan_str()
         return exe.plan_str() + (f"recompute ({r['recompute']}): planned peak {r['peak_before']} -> {r['peak_after']} "
                                  f"bytes, {r['recomputed_ops']} ops recomputed, {r['extra_flops']} extra FLOPs; "
