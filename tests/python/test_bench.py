@@ -317,6 +317,8 @@ def test_versus_best_peer_and_the_bound_at_peak():
     text = report.versus_best_peer_text(v)
     assert "1.20x kiln's time" in text and "more than 2.40x faster" in text
     assert report.versus_best_peer({"rows": [eager, o0, o1]}) is None  # no peer ran
+    record["flops"] = 1e9  # 5 ms at the peak against kiln's 1 s: not what bounds it
+    assert "memory traffic, not arithmetic" in report.versus_best_peer_text(report.versus_best_peer(record))
     del record["sgemm_peak_gflops"]
     assert "at_peak_s" not in report.versus_best_peer(record)
 
