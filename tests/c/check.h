@@ -59,6 +59,16 @@ static inline int close_f32(const float *got, const float *want, int64_t n, floa
     return 1;
 }
 
+/* Both float32 of one shape, values within tol (relative, see close_f32). */
+static inline bool same_values_f32(const kiln_tensor *a, const kiln_tensor *b, float tol) {
+    if (!a || !b || a->meta.dtype != KILN_DTYPE_FLOAT32 || b->meta.dtype != KILN_DTYPE_FLOAT32 ||
+        a->meta.ndim != b->meta.ndim)
+        return false;
+    for (int d = 0; d < a->meta.ndim; d++)
+        if (a->meta.shape[d] != b->meta.shape[d]) return false;
+    return close_f32(a->data, b->data, a->numel, tol);
+}
+
 #define CHECK_DONE()                                                                        \
     do {                                                                                    \
         if (check_failures) {                                                               \

@@ -701,6 +701,26 @@ class Capture:
             return None
         return g
 
+    @staticmethod
+    def plan(optimized, **options):
+        """The optimized symbolic recording planned once (kiln._C.plan_symbolic with options), or
+        False where the planner refuses it."""
+        try:
+            return _C.plan_symbolic(optimized, **options)
+        except (ValueError, TypeError, OverflowError):
+            return False
+
+    def bind_plan(self, plan, recorded, values):
+        """The executable of the binding `values` from plan (kiln._C.bind_plan: nothing planned
+        again), or None when the recording does not hold for it (a shape Python read would differ)."""
+        values = list(values)
+        try:
+            if not self.reads_hold(recorded, values):
+                return None
+            return _C.bind_plan(plan, values)
+        except (ValueError, TypeError, IndexError, OverflowError):
+            return None
+
     def reads_hold(self, recorded, values):
         """Whether the shapes Python read while capturing are what it saw, at the binding `values` of
         the symbolic recording."""
@@ -846,21 +866,8 @@ class DynamicEntry:
             sym = self.symbolic() if symbolic_instances else None
             o = self.options
             if sym is not None and o.sublinear is None:
-                try:
-                    self._plan = _C.plan_symbolic(sym[1], order=o.exec_order, poison=o.debug_poison, backend=o.backend)
-                except (ValueError, TypeError, OverflowError):
-                    pass
+                self._plan = Capture.plan(sym[1], order=o.exec_order, poison=o.debug_poison, backend=o.backend)
         return self._plan or None
-
-    def _bound_instance(self, plan, values):
-        """The executable of this binding from the one plan, or None when the graph does not hold for it."""
-        values = list(values)
-        try:
-            if not self._capture.reads_hold(self._symbolic[0], values):
-                return None
-            return _C.bind_plan(plan, values)
-        except (ValueError, TypeError, IndexError, OverflowError):
-            return None
 
     def _instance_graph(self, values):
         """The graph of this binding's instance, and whether it is already optimized; (None, _) when
@@ -882,7 +889,7 @@ class DynamicEntry:
             return None, False  # a symbol symbolic() specialized (the graph needs it fixed): another entry
         plan = self.planned() if planned_instances else None
         if plan is not None:
-            exe = self._bound_instance(plan, values)
+            exe = self._capture.bind_plan(plan, self._symbolic[0], values)
             if exe is None:
                 return None, False
         else:

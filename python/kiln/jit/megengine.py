@@ -496,9 +496,9 @@ class trace(_C.JitDispatcher):
                     recorded, optimized = run.symbolic
                     plan = self._plan(run)
                     if plan is not None:  # the one plan bound to this call's sizes: nothing planned again
-                        if not cap.reads_hold(recorded, list(values)):
+                        executable = cap.bind_plan(plan, recorded, values)
+                        if executable is None:
                             continue
-                        executable = _C.bind_plan(plan, list(values))
                         graph = recorded.instantiate(list(values))
                     else:
                         compiled = cap.instantiate(optimized, recorded, values)
@@ -523,10 +523,7 @@ class trace(_C.JitDispatcher):
         if run.plan is None:
             run.plan = False
             if dynamic.planned_instances and self._sublinear() is None:
-                try:
-                    run.plan = _C.plan_symbolic(run.symbolic[1])
-                except (ValueError, TypeError, OverflowError):
-                    pass
+                run.plan = dynamic.Capture.plan(run.symbolic[1])
         return run.plan or None
 
     def _register_fast(self, rec, spec, leaves):
