@@ -292,15 +292,20 @@ def test_lax_runs_eagerly_control_flow_the_graph_cannot_hold(fn):
         kiln.jit(fn, fullgraph=True)(pos)
 
 
-def test_trace_mode_warns_when_a_traced_value_steers_python():
+def test_trace_mode_runs_eagerly_when_a_traced_value_steers_python():
+    """The branch taken on the first call must not be fixed for later calls with other values."""
     def f(x):
         if x.sum() > 0:
             return x * 1
         return x * 2
 
     jf = kiln.jit(f, capture_mode="trace")
-    with pytest.warns(RuntimeWarning, match=r"value is read into Python .*test_ast_syntax.py:\d+.*control flow is fixed"):
+    with pytest.warns(RuntimeWarning, match=r"runs eagerly: .*value is read into Python .*test_ast_syntax.py:\d+"):
         jf(T([1.0, 2.0]))
+    np.testing.assert_array_equal(jf(T([-1.0, -2.0])).asnumpy(), [-2.0, -4.0])
+    assert jf.cache_info().compiles == 0
+    with pytest.raises(kiln.JitSyntaxError, match="read into Python"):
+        kiln.jit(f, capture_mode="trace", fullgraph=True)(T([1.0, 2.0]))
 
 
 # ---- syntax level through JitConfig / Cell.set_jit_config -------------------------------------

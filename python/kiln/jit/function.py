@@ -137,6 +137,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         effect = recorder.side_effect(writes)
         if effect is not None:
             _on_side_effect(options, effect, reasons)
+        if capture is not None:
+            result = dynamic.concrete(result)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
@@ -177,21 +179,18 @@ def _on_side_effect(options, effect, reasons):
 
 def _on_value_read(fn, options, where, reasons):
     """A traced tensor's value was read into Python (a truth test, item(), a NumPy conversion): what
-    Python computed from it is fixed in the graph. The ast mode saw no way to keep it in the graph,
-    so it runs the function eagerly (STRICT: an error); trace mode keeps MindSpore's semantics and warns."""
+    Python computed from it would be fixed in the graph, and a later call with other values would get
+    the first call's branch or number silently. So the function runs eagerly (STRICT: an error), in
+    trace mode too: the ast mode converts if/while on tensors into graph control flow instead."""
     what = "a tensor's value is read into Python (a truth test, item(), int/float, a NumPy conversion)"
-    if options.capture_mode == "ast":
-        if options.strict:
-            filename, _, line = (where or "<unknown>:0").rpartition(":")
-            raise JitSyntaxError(what, filename, int(line) if line.isdigit() else 0, 0,
-                                 "keep the computation in kiln ops; if/while on tensors are converted when "
-                                 "written in the function's own source")
-        reasons.append(f"{what} at {where}, so the graph could not follow it")
-        return
-    name = getattr(fn, "__qualname__", fn)
-    warnings.warn(f"kiln.jit(capture_mode=\"trace\"): {name}: {what} at {where}; the graph keeps what Python "
-                  "computed from it on the first call (control flow is fixed); use capture_mode=\"ast\" for "
-                  "control flow on tensor values", RuntimeWarning, stacklevel=6)
+    if options.strict:
+        filename, _, line = (where or "<unknown>:0").rpartition(":")
+        raise JitSyntaxError(what, filename, int(line) if line.isdigit() else 0, 0,
+                             "keep the computation in kiln ops; if/while on tensors are converted when "
+                             "written in the function's own source (capture_mode=\"ast\")")
+    reasons.append(f"{what} at {where}, so the graph could not follow it"
+                   + ("; capture_mode=\"ast\" converts control flow on tensor values"
+                      if options.capture_mode == "trace" else ""))
 
 
 class JitFunction(_C.JitDispatcher):
