@@ -275,6 +275,9 @@ class SymInt:
     def __pow__(self, o):
         return self.specialize("a power") ** o
 
+    def __rpow__(self, o):
+        return o ** self.specialize("a power")
+
     def __hash__(self):
         return hash(self.specialize("hashed"))
 
@@ -290,6 +293,29 @@ class SymInt:
 
     def __format__(self, spec):
         return format(self.specialize("made into text"), spec)
+
+
+def concrete(obj):
+    """obj with every SymInt inside it (through tuples, lists and dicts) replaced by its int value,
+    specializing its symbols: a size the function returns is a plain int to its caller, as in eager
+    (the result's structure is part of the entry's key, so the size is fixed for the entry anyway)."""
+    if type(obj) is SymInt:
+        return obj.specialize("returned")
+    if isinstance(obj, (tuple, list)):
+        items = [concrete(v) for v in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        if isinstance(obj, list):
+            return type(obj)(items) if type(obj) is not list else items
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict):
+        items = {k: concrete(v) for k, v in obj.items()}
+        if all(items[k] is v for k, v in obj.items()):
+            return obj
+        out = type(obj)()
+        out.update(items)
+        return out
+    return obj
 
 
 _COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,

@@ -219,6 +219,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                 prev_logs[0].extend(cells)
             if symbolic:
                 _pop_symbolic()
+        if capture is not None:
+            result = dynamic.concrete(result)  # a size returned is a plain int, as in eager
         out_leaves = []
         try:
             out_spec = tree.flatten(result, out_leaves)
