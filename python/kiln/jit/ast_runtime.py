@@ -607,6 +607,10 @@ def _range(*args, loc):
 
 def _print(*args, sep=" ", end="\n", file=None, flush=False):
     if file is not None:
+        # a write to a file object is a Python side effect a graph would skip on later calls
+        from .function import mark_not_replayable
+
+        mark_not_replayable("print(..., file=...) writes to a Python file object")
         return builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
     from ..ops import print_
 
