@@ -484,7 +484,8 @@ def bind(func, args, kwargs):
     """The parameters of func bound as CPython binds them (localsplus order)."""
     import inspect
 
-    sig = inspect.signature(func)
+    # func's own parameters: not those of the function a decorator's __wrapped__ names
+    sig = inspect.signature(func, follow_wrapped=False)
     ba = sig.bind(*args, **kwargs)
     ba.apply_defaults()
     code = func.__code__
