@@ -93,7 +93,8 @@ class Code:
         missing = next((ins[0] for ins in self.ins if ins[0] not in _HANDLERS), None)
         self.cpython_only = f"the instruction {missing}" if missing else None
         self.handlers = _exception_table(code.co_exceptiontable)  # (start, end, target, depth, lasti)
-        self.covered = frozenset(o for o in self.at if any(h[0] <= o < h[1] for h in self.handlers))
+        self.covered = frozenset(o for o in self.at if any(h[0] <= o < h[1] for h in self.handlers)) | \
+            self._with_exit_calls(code)
         # the instructions C runs (kiln._C.bytecode_steps: moves of values, operators, jumps), the rest
         # by the Python handlers; inside a try or without a line, Python's
         self.steps, self.fast = None, None
@@ -102,6 +103,22 @@ class Code:
                      -1 if ins[5] is None else self.at[ins[5]], -1 if ins[3] is None else ins[3], ins[2])
                     for op, ins in zip(ops, self.ins)]
             self.steps, self.fast = _C.bytecode_table(rows, code.co_consts, code.co_filename)
+
+    def _with_exit_calls(self, code):
+        """The offsets of each with block's normal exit call (CPython 3.11: LOAD_CONST None x3,
+        PRECALL 2, CALL 2 right after the body the exception table covers). They count as part of
+        the block: the Python step that entered it (BEFORE_WITH) runs on through __exit__, which a
+        graph would otherwise hold as a call run once, at capture (no_grad left disabled)."""
+        out = set()
+        for start, end, target, *_ in self.handlers:
+            k, j = self.at.get(target), self.at.get(end)
+            if k is None or j is None or [i[0] for i in self.ins[k:k + 2]] != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+                continue
+            seq = self.ins[j:j + 5]
+            if ([i[0] for i in seq] == ["LOAD_CONST"] * 3 + ["PRECALL", "CALL"] and seq[4][1] == 2
+                    and all(code.co_consts[i[1]] is None for i in seq[:3])):
+                out.update(i[2] for i in seq)
+        return out
 
     def handler_at(self, offset):
         """The exception table entry covering the instruction at offset, or None."""
