@@ -1,0 +1,142 @@
+"""Conformance: Python side effects of compiled code happen at every call, in eager's order --
+prints, appends to global lists, attribute writes on objects and Cells, tensors written in place
+(arguments, globals, Cell parameters) -- and state read back after the call agrees with eager."""
+import io
+
+import kiln
+from kiln import nn
+from conformance import Call, rand, run_all_modes, t
+
+OUT = io.StringIO()
+EVENTS = []
+W = t(1.0, 1.0, 1.0)
+
+
+class Stats:
+    def __init__(self):
+        self.calls = 0
+        self.last = None
+
+
+STATS = Stats()
+
+
+def _reset():
+    global OUT, W
+    OUT = io.StringIO()
+    EVENTS.clear()
+    W = t(1.0, 1.0, 1.0)
+    STATS.calls, STATS.last = 0, None
+
+
+def test_print_each_call():
+    def f(x):
+        y = x * 2
+        print("step", y.shape, file=OUT)
+        return y + 1
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(3),), reset=_reset, observe=lambda: OUT.getvalue())
+
+
+def test_append_to_global_list_each_call():
+    def f(x):
+        loss = (x * x).sum()
+        EVENTS.append("called")
+        return loss
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset, observe=lambda: list(EVENTS))
+
+
+def test_attribute_write_on_global_object():
+    def f(x):
+        STATS.calls += 1
+        STATS.last = x.shape[0]
+        return x * STATS.calls
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(3),), reset=_reset,
+                  observe=lambda: (STATS.calls, STATS.last))
+
+
+def test_side_effect_order_between_tensor_ops():
+    def f(x):
+        EVENTS.append(0)
+        y = x.exp()
+        EVENTS.append(len(EVENTS))
+        z = y * 2
+        EVENTS.append(len(EVENTS))
+        return z
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), reset=_reset, observe=lambda: list(EVENTS))
+
+
+def test_global_tensor_written_in_place():
+    def f(x):
+        W[0] = x.sum()
+        return W * 2
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(4),), reset=_reset, observe=lambda: W)
+
+
+def test_argument_object_attribute_written():
+    class Ctx:
+        def __init__(self):
+            self.seen = 0
+
+    def f(ctx, x):
+        ctx.seen = ctx.seen + x.shape[0]
+        return x + ctx.seen
+
+    run_all_modes(f, (Ctx(), rand(2)), (Ctx(), rand(3)), observe=None)
+
+
+class Counter(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+        self.scale = 1.0
+
+    def construct(self, x):
+        self.steps += 1
+        return x * self.scale + self.steps
+
+
+def test_cell_attribute_written_in_construct():
+    net = Counter()
+
+    def reset():
+        net.steps, net.scale = 0, 1.0
+
+    def f(x):
+        return net(x)
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), Call((rand(2, seed=2),), before=lambda: setattr(net, "scale", 3.0)),
+                  reset=reset, observe=lambda: net.steps)
+
+
+def test_side_effect_under_tensor_condition():
+    def f(x):
+        if x.sum() > 0:
+            EVENTS.append("pos")
+            x = x * 2
+        else:
+            EVENTS.append("neg")
+        return x
+
+    run_all_modes(f, (t(1.0),), (t(-1.0),), (t(2.0),), reset=_reset, observe=lambda: list(EVENTS))
+
+
+def test_print_to_stdout_each_call(capfd):
+    def f(x):
+        y = x + 1
+        print("value", y)
+        return y
+
+    outputs = []
+
+    def observe():
+        outputs.append(capfd.readouterr().out)
+        return outputs[-1]
+
+    # values whose text is the same in NumPy's layout and kiln.ops.print_'s 6 significant digits
+    # (print_ writes an integral float as "2" where NumPy writes "2.", and pads no columns)
+    run_all_modes(f, (t(0.5, 1.5),), (t(2.25, 3.25),), reset=lambda: capfd.readouterr(), observe=observe)

@@ -1,0 +1,64 @@
+"""Conformance: tensor operators and methods as Python spells them -- %, //, ** and reflected
+operators with Python scalars, in-place operators and methods, integer and boolean tensors, dtype
+promotion with Python scalars, indexing and views -- compiled agree with eager (values and dtypes)."""
+import numpy as np
+
+import kiln
+from conformance import Call, rand, run_all_modes, t
+
+
+def ints(*values):
+    return kiln.Tensor(np.array(values, np.int64))
+
+
+def test_mod_floordiv_pow_with_negative_values():
+    def f(x, y):
+        return x % y, x // y, x % 2.5, -7.0 // y, x ** 2, 2 ** y
+
+    run_all_modes(f, (t(5.5, -5.5, 3.0), t(2.0, 2.0, -2.0)), (t(-1.0, 7.0, 0.5), t(3.0, -3.0, 0.25)))
+
+
+def test_integer_tensor_arithmetic():
+    def f(a, b):
+        return a % b, a // b, a * 3 - b, (a + b) / 2, -a, abs(a - 10)
+
+    run_all_modes(f, (ints(7, -7, 9), ints(2, 2, -4)), (ints(-3, 5, 8), ints(3, -2, 5)))
+
+
+def test_dtype_promotion_with_python_scalars():
+    def f(x, i, b):
+        return (kiln.ops.mul(2, x), i * 2.5, i + 1, b & (i > 0), x + True, i * x)
+
+    run_all_modes(f, (t(1.5, 2.0), ints(1, -2), kiln.Tensor(np.array([True, False]))),
+                  (t(-1.5, 0.5), ints(3, 4), kiln.Tensor(np.array([True, True]))))
+
+
+def test_in_place_operators_and_methods():
+    def f(x, y):
+        z = x * 1
+        z += y
+        z *= 2
+        z -= 1
+        z.add_(y)
+        z.mul_(0.5)
+        return z, x
+
+    run_all_modes(f, (rand(3), rand(3, seed=1)), (rand(3, seed=2), rand(3, seed=3)), (rand(5), rand(5, seed=1)))
+
+
+def test_indexing_views_and_setitem_on_a_local():
+    def f(x):
+        y = x.clone() if hasattr(x, "clone") else x * 1
+        y[0] = y[1] * 2
+        y[:, 1] = -1.0
+        return y, x[1:, ::2], x[..., -1], x.transpose(1, 0)[0], x.reshape(-1)[::3]
+
+    run_all_modes(f, (rand(3, 4),), (rand(3, 4, seed=1),), (rand(5, 4),))
+
+
+def test_comparisons_and_where_with_scalars():
+    def f(x):
+        m = (x > 0) == (x < 1)
+        return kiln.ops.where(m, x, 0.0), m, (x != 0.5).sum(), x.max(axis=0), x.argmax(axis=-1)
+
+    run_all_modes(f, (rand(2, 3),), (rand(2, 3, seed=1),), (rand(4, 3),))
