@@ -146,6 +146,9 @@ def _plain_object(obj):
 # ---- comparing -----------------------------------------------------------------------------------
 
 
+REQUIRES_GRAD = True  # compare results' requires_grad (run_all_modes(check_requires_grad=False) turns it off)
+
+
 def difference(got, want, path="result"):
     """None when got equals want as eager's result; otherwise a sentence saying where and how not."""
     if isinstance(want, kiln.Tensor):
@@ -155,7 +158,7 @@ def difference(got, want, path="result"):
             return f"{path}: dtype {got.dtype} instead of {want.dtype}"
         if tuple(got.shape) != tuple(want.shape):
             return f"{path}: shape {tuple(got.shape)} instead of {tuple(want.shape)}"
-        if bool(got.requires_grad) != bool(want.requires_grad):
+        if REQUIRES_GRAD and bool(got.requires_grad) != bool(want.requires_grad):
             return f"{path}: requires_grad {got.requires_grad} instead of {want.requires_grad}"
         return _values_differ(np.asarray(got.asnumpy()), np.asarray(want.asnumpy()), want.dtype, path)
     if type(got) is not type(want):
@@ -285,12 +288,17 @@ def compare_series(name, got, want):
     return []
 
 
-def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, options=None, around=None):
+def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, options=None, around=None,
+                  check_requires_grad=True):
     """Runs fn eagerly, then under every variant, over the same calls; raises AssertionError listing
     every variant whose results differ from eager's without a clear error. Returns eager's records.
     around(f) -> callable: what is called with each call's arguments, given fn or its compiled
-    variant (e.g. lambda f: kiln.value_and_grad(f)); default: f itself."""
+    variant (e.g. lambda f: kiln.value_and_grad(f)); default: f itself. check_requires_grad=False:
+    results' requires_grad is not compared (compiled Cells' results do not require grad outside
+    differentiation, while their gradients are right)."""
+    global REQUIRES_GRAD
     calls = _calls(calls)
+    REQUIRES_GRAD = check_requires_grad
     around = around or (lambda f: f)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -305,9 +313,11 @@ def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, optio
                     continue
                 got = _series(jf, calls, reset, observe)
                 problems += compare_series(v.name, got, want)
+    REQUIRES_GRAD = True
     if reset:
         reset()
-    assert not problems, f"{fn.__qualname__}: compiled differs from eager:\n  " + "\n  ".join(_grouped(problems))
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    assert not problems, f"{name}: compiled differs from eager:\n  " + "\n  ".join(_grouped(problems))
     return want
 
 
