@@ -15,8 +15,8 @@ after every call.
 What is compared after every call: the result (Python types of containers and scalars, dict key
 order, tensors' dtype, shape and values), the arguments as the call left them (in-place changes of
 argument containers and tensors), and observe()'s snapshot. A compiled call may instead raise a
-clear kiln error (JitSyntaxError, TraceMismatchError, NotImplementedError, or an error naming
-jit / kiln / capture / trace); that variant then stops. When eager raises, the compiled call must
+clear kiln error (JitSyntaxError, TraceMismatchError, NotImplementedError, or an error whose
+message kiln wrote: starting "kiln" / "jit", naming kiln.jit / kiln.trace, a capture or a graph break); that variant then stops. When eager raises, the compiled call must
 raise the same exception type. Anything else -- another result, a missing side effect, an internal
 exception -- is a failure, reported with the variant, the call number and where they differ.
 
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -69,7 +70,8 @@ VERBOSE = os.environ.get("KILN_CONFORM_VERBOSE", "") not in ("", "0")
 TOL = {kiln.float32: dict(rtol=1e-5, atol=1e-6), kiln.float64: dict(rtol=1e-12, atol=1e-12),
        kiln.float16: dict(rtol=2e-3, atol=2e-3), kiln.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 CLEAR_ERRORS = (kiln.JitSyntaxError, TraceMismatchError, NotImplementedError)
-CLEAR_WORDS = ("jit", "kiln", "capture", "trace", "graph")
+# an error of another type is clear when kiln says so: its message names jit / kiln.trace / capture
+CLEAR_MESSAGE = re.compile(r"^(kiln|jit)\b|kiln\.(jit|trace)\b|\bcapture|graph break", re.IGNORECASE)
 
 
 class Call:
@@ -146,7 +148,7 @@ def _plain_object(obj):
 # ---- comparing -----------------------------------------------------------------------------------
 
 
-REQUIRES_GRAD = True  # compare results' requires_grad (run_all_modes(check_requires_grad=False) turns it off)
+REQUIRES_GRAD = False  # compare results' requires_grad (run_all_modes(check_requires_grad=True) turns it on)
 
 
 def difference(got, want, path="result"):
@@ -257,8 +259,7 @@ def _series(fn, calls, reset, observe):
 def is_clear_error(e):
     if isinstance(e, CLEAR_ERRORS):
         return True
-    msg = str(e).lower()
-    return isinstance(e, (RuntimeError, TypeError, ValueError)) and any(w in msg for w in CLEAR_WORDS)
+    return isinstance(e, (RuntimeError, TypeError, ValueError)) and CLEAR_MESSAGE.search(str(e)) is not None
 
 
 def compare_series(name, got, want):
@@ -289,13 +290,16 @@ def compare_series(name, got, want):
 
 
 def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, options=None, around=None,
-                  check_requires_grad=True):
+                  check_requires_grad=False, raises=False):
     """Runs fn eagerly, then under every variant, over the same calls; raises AssertionError listing
     every variant whose results differ from eager's without a clear error. Returns eager's records.
     around(f) -> callable: what is called with each call's arguments, given fn or its compiled
-    variant (e.g. lambda f: kiln.value_and_grad(f)); default: f itself. check_requires_grad=False:
-    results' requires_grad is not compared (compiled Cells' results do not require grad outside
-    differentiation, while their gradients are right)."""
+    variant (e.g. lambda f: kiln.value_and_grad(f)); default: f itself. check_requires_grad=True:
+    results' requires_grad is compared too (off by default: compiled Cells' results, and the value
+    value_and_grad of a compiled function returns, do not require grad where eager's do, while
+    their gradients are right). raises=True: eager is expected to raise on
+    a call (the case tests errors); otherwise an eager exception fails the case (a broken case
+    would otherwise pass, every variant raising the same)."""
     global REQUIRES_GRAD
     calls = _calls(calls)
     REQUIRES_GRAD = check_requires_grad
@@ -303,6 +307,10 @@ def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, optio
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = _series(around(fn), calls, reset, observe)
+        eager_raised = want[-1][0] == "raise"
+        if eager_raised != raises:
+            raise AssertionError(f"eager {'raised ' + repr(want[-1][1]) if eager_raised else 'did not raise'} "
+                                 f"(raises={raises})")
         problems = []
         with environment(ENV):
             for v in variants:
@@ -313,7 +321,7 @@ def run_all_modes(fn, *calls, reset=None, observe=None, variants=VARIANTS, optio
                     continue
                 got = _series(jf, calls, reset, observe)
                 problems += compare_series(v.name, got, want)
-    REQUIRES_GRAD = True
+    REQUIRES_GRAD = False
     if reset:
         reset()
     name = getattr(fn, "__qualname__", type(fn).__name__)

@@ -70,7 +70,7 @@ def test_results_require_grad_as_in_eager():
 
     w = rand(3, seed=1)
     w.requires_grad_(True)
-    run_all_modes(f, (rand(3), w), (rand(3, seed=2), w))
+    run_all_modes(f, (rand(3), w), (rand(3, seed=2), w), check_requires_grad=True)
 
 
 def test_no_grad_inside_the_function():
@@ -82,7 +82,8 @@ def test_no_grad_inside_the_function():
     w = rand(3, seed=1)
     w.requires_grad_(True)
     # grad mode after each call: a with block's __exit__ once ran only at capture (bytecode)
-    run_all_modes(f, (rand(3), w), (rand(3, seed=2), w), (rand(3, seed=3), w), observe=kiln.is_grad_enabled)
+    run_all_modes(f, (rand(3), w), (rand(3, seed=2), w), (rand(3, seed=3), w), observe=kiln.is_grad_enabled,
+                  check_requires_grad=True)
     run_all_modes(f, (rand(3), w), (rand(3, seed=2), w), (rand(3, seed=3), w),
                   around=lambda g: kiln.value_and_grad(g, grad_position=(0, 1)))
 
@@ -91,14 +92,14 @@ def test_shape_error_on_a_later_call():
     def f(x, y):
         return x + y
 
-    run_all_modes(f, (rand(3), rand(3, seed=1)), (rand(3, seed=2), rand(3, seed=3)), (rand(3), rand(4)))
+    run_all_modes(f, (rand(3), rand(3, seed=1)), (rand(3, seed=2), rand(3, seed=3)), (rand(3), rand(4)), raises=True)
 
 
 def test_index_error_on_a_later_call():
     def f(xs, i):
         return xs[i] * 2
 
-    run_all_modes(f, ([rand(2), rand(2, seed=1)], 1), ([rand(2), rand(2, seed=1)], 0), ([rand(2)], 1))
+    run_all_modes(f, ([rand(2), rand(2, seed=1)], 1), ([rand(2), rand(2, seed=1)], 0), ([rand(2)], 1), raises=True)
 
 
 def test_python_exception_on_python_value():
@@ -107,12 +108,39 @@ def test_python_exception_on_python_value():
             raise ValueError(f"bad mode {mode}")
         return x + 1 if mode == "a" else x - 1
 
-    run_all_modes(f, (rand(2), "a"), (rand(2), "b"), (rand(2), "c"))
+    run_all_modes(f, (rand(2), "a"), (rand(2), "b"), (rand(2), "c"), raises=True)
 
 
 def test_creation_ops_sized_by_input():
     def f(x):
         n = x.shape[0]
-        return kiln.ones(n) * x.sum(), kiln.zeros((n, 2)), kiln.arange(n) * 2
+        return kiln.ops.ones(n) * x.sum(), kiln.ops.zeros((n, 2)), kiln.ops.arange(n) * 2
 
     run_all_modes(f, (rand(2, 3),), (rand(3, 3),), (rand(5, 3),), (rand(2, 3, seed=1),))
+
+
+def test_result_written_by_caller_does_not_change_the_next_call():
+    def f(x):
+        return x * 2, (x + 1).sum()
+
+    def probe(fn):
+        out = []
+        x = t(1.0, 2.0)
+        for _ in range(3):
+            a, s = fn(x)
+            out.append((a.asnumpy().tolist(), float(s.asnumpy())))
+            a[:] = 99.0
+            s.fill_(-5.0) if hasattr(s, "fill_") else None
+        return out
+
+    want = probe(f)
+    with environment(ENV):
+        for v in VARIANTS:
+            assert probe(v.wrap(f)) == want, v.name
+
+
+def test_random_ops_draw_anew_each_call():
+    def f(x):
+        return x + kiln.ops.rand(x.shape), kiln.ops.dropout(x, p=0.5) if hasattr(kiln.ops, "dropout") else x
+
+    run_all_modes(f, (kiln.ops.ones((64,)),), (kiln.ops.ones((64,)),), (kiln.ops.ones((64,)),), reset=lambda: kiln.manual_seed(0))

@@ -98,3 +98,38 @@ def test_tensor_item_and_tolist():
         return x - v, x.tolist(), v
 
     run_all_modes(f, (t(1.0, 2.0),), (t(5.0, -1.0),))
+
+
+def test_itertools_functools_and_strings():
+    import functools
+    import itertools
+
+    def f(x, names):
+        pairs = list(itertools.product(range(2), names))
+        chained = list(itertools.chain(names, ["z"]))
+        total = functools.reduce(lambda a, b: a + b, [x, x * 2, x * 3])
+        label = "-".join(n.upper() for n in names) + f"/{len(pairs)}:{x.shape[-1]}"
+        first = min(names, key=lambda n: (len(n), n))
+        return total, pairs, chained, label, first, sorted(set(names) | {"b"})
+
+    run_all_modes(f, (rand(2), ["a", "cc"]), (rand(2, seed=1), ["a", "cc"]), (rand(3), ["dd", "e", "a"]))
+
+
+def test_enumerate_start_zip_lengths_and_tuple_comparison():
+    def f(xs, ws):
+        acc = xs[0] * 0
+        for i, (x, w) in enumerate(zip(xs, ws), start=1):
+            acc = acc + x * w * i
+        key = (len(xs), len(ws)) < (2, 5)
+        return acc, key, bool(ws), bool([]), len(range(0, len(xs) * 3, 2))
+
+    run_all_modes(f, ([rand(2), rand(2, seed=1), rand(2, seed=2)], [0.5, 2.0]), ([rand(2, seed=3)], [1.0, -1.0, 3.0]))
+
+
+def test_python_scalar_arguments_of_each_type():
+    def f(x, s):
+        return x * s, s, type(s).__name__
+
+    nan = float("nan")
+    x = t(1.0, -2.0)
+    run_all_modes(f, (x, 1), (x, 1.0), (x, True), (x, 0.0), (x, -0.0), (x, nan), (x, 2), (x, 2.5), (x, False))

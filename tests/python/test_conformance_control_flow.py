@@ -140,4 +140,4 @@ def test_raise_under_tensor_condition():
             raise ValueError("negative input")
         return x.sqrt()
 
-    run_all_modes(f, (t(1.0, 4.0),), (t(9.0, 16.0),), (t(-1.0, 4.0),))
+    run_all_modes(f, (t(1.0, 4.0),), (t(9.0, 16.0),), (t(-1.0, 4.0),), raises=True)

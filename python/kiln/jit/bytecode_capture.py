@@ -669,18 +669,24 @@ def on_frame(jf, func, bound, pending):
             and entries[0].returns and not entries[0].size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
-        if tuple(bound) == tuple(args) and not kwargs:
+        if _same_objects(bound, args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
     if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
             and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
         _, _, args, kwargs = pending
         pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
-        if tuple(bound) == tuple(args) and not kwargs:
+        if _same_objects(bound, args) and not kwargs:
             d = _FastDims(dyn[0].dyn)
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(dyn[0], func), d)
             if d.fast is not None:
                 pieces.fast_dyn[id(dyn[0])] = (d.fast, set(d.instances))
     return result
+
+
+def _same_objects(bound, args):
+    """Whether the bound parameters are the call's positional arguments themselves (by identity:
+    == on a tensor compares elements, and *args binds a tuple where the call passed tensors)."""
+    return len(bound) == len(args) and all(a is b for a, b in zip(bound, args))
 
 
 class _FastDims:
