@@ -105,6 +105,11 @@ def clone(obj, memo=None):
         return memo[id(obj)]
     if isinstance(obj, kiln.Tensor):
         out = kiln.Tensor(np.array(obj.asnumpy(), copy=True), obj.dtype)
+        if not obj.is_contiguous():  # a view with gaps, as the original is not contiguous either
+            big = kiln.Tensor(np.zeros(tuple(2 * s for s in obj.shape), np.float64), obj.dtype)
+            view = big[tuple(slice(None, None, 2) for _ in obj.shape)]
+            view[...] = out
+            out = view
         if obj.requires_grad:
             out.requires_grad_(True)
     elif isinstance(obj, np.ndarray):
