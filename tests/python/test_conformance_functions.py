@@ -1,6 +1,7 @@
 """Conformance: the kinds of callables compiled code calls or is -- decorated functions
 (functools.wraps, __wrapped__), staticmethods, classmethods, properties, bound methods, Cells
-calling Cells, lambdas and functools.partial -- agree with eager under every kiln.jit variant."""
+calling Cells, lambdas and functools.partial, jitted functions called from compiled code, a
+construct decorated with kiln.jit -- agree with eager under every kiln.jit variant."""
 import functools
 
 import kiln
@@ -118,3 +119,44 @@ def test_recursion_on_python_depth():
         return f(x * 0.5 + 1, depth - 1)
 
     run_all_modes(f, (rand(3), 2), (rand(3, seed=1), 2), (rand(3, seed=2), 4))
+
+
+def test_jitted_function_calling_jitted_functions_of_other_modes():
+    inner_ast = kiln.jit(lambda v: v * 2 + 1, capture_mode="bytecode")
+
+    def helper(v):
+        if v.sum() > 0:
+            return v - 1
+        return v + 1
+
+    inner_helper = kiln.jit(helper)
+
+    def f(x):
+        return inner_ast(x) + inner_helper(x)
+
+    run_all_modes(f, (t(1.0, 2.0),), (t(-1.0, -2.0),), (t(3.0, -1.0),))
+
+
+class Head(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(3, 2)
+        self.temperature = 1.0
+
+    @kiln.jit
+    def construct(self, x):
+        return (self.fc(x) / self.temperature).softmax(axis=-1)
+
+
+def test_cell_with_jitted_construct_and_attribute_change():
+    """A construct decorated with kiln.jit follows attribute writes and new shapes as the same
+    computation written out eagerly does."""
+    import numpy as np
+
+    kiln.manual_seed(1)
+    head = Head()
+    for k, (temperature, rows) in enumerate([(1.0, 2), (1.0, 2), (0.25, 2), (0.25, 4), (2.0, 3)]):
+        head.temperature = temperature
+        x = rand(rows, 3, seed=k)
+        want = (head.fc(x) / temperature).softmax(axis=-1)
+        np.testing.assert_allclose(head(x).asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"call {k}")
