@@ -89,16 +89,18 @@ static int mode_of(PyObject *value) {
 
 /* Whether a snapshot of obj can see nothing a side effect would change. */
 static int never_watched(PyGuardRecorder *r, PyObject *obj) {
+    /* a class defined in Python is watched (a class attribute written: C.count += 1), a built-in one not */
+    int builtin_type = PyType_Check(obj) && !(((PyTypeObject *)obj)->tp_flags & Py_TPFLAGS_HEAPTYPE);
     if (obj == Py_None || PyModule_Check(obj) || PyFunction_Check(obj) || PyCFunction_Check(obj) ||
-        PyMethod_Check(obj) || PyType_Check(obj) || PyCode_Check(obj) || PyWeakref_CheckRef(obj) ||
+        PyMethod_Check(obj) || builtin_type || PyCode_Check(obj) || PyWeakref_CheckRef(obj) ||
         PyObject_TypeCheck(obj, &PyRange_Type) || PyUnicode_Check(obj) || PyBytes_Check(obj) || PyLong_Check(obj) ||
         PyFloat_Check(obj) || PyComplex_Check(obj) || PyTuple_Check(obj) || PyFrozenSet_Check(obj) ||
         pykiln_is_tensor(obj))
         return 1;
     int cell = PyObject_IsInstance(obj, r->cell_type);
     if (cell) return cell;
-    /* kiln's own objects (a jitted function's cache) */
-    PyObject *module = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
+    /* kiln's own objects (a jitted function's cache) and classes */
+    PyObject *module = PyObject_GetAttrString(PyType_Check(obj) ? obj : (PyObject *)Py_TYPE(obj), "__module__");
     if (!module) return -1;
     int own = PyUnicode_Check(module) && PyUnicode_Tailmatch(module, s_kiln, 0, 4, -1) == 1 &&
               (PyUnicode_GET_LENGTH(module) == 4 || PyUnicode_READ_CHAR(module, 4) == '.');
@@ -123,6 +125,11 @@ static PyObject *snapshot(PyGuardRecorder *r, PyObject *obj) {
             contents = items ? PySequence_Tuple(items) : NULL;
             Py_XDECREF(items);
         }
+    } else if (PyType_Check(obj)) { /* a class's own attributes (its __dict__ is a read-only proxy) */
+        PyObject *d = ((PyTypeObject *)obj)->tp_dict;
+        PyObject *items = d ? PyDict_Items(d) : PyList_New(0);
+        kind = SNAP_OBJECT, contents = items ? PySequence_Tuple(items) : NULL;
+        Py_XDECREF(items);
     } else {
         int err;
         PyObject *d = instance_dict(obj, &err);

@@ -140,3 +140,37 @@ def test_print_to_stdout_each_call(capfd):
     # values whose text is the same in NumPy's layout and kiln.ops.print_'s 6 significant digits
     # (print_ writes an integral float as "2" where NumPy writes "2.", and pads no columns)
     run_all_modes(f, (t(0.5, 1.5),), (t(2.25, 3.25),), reset=lambda: capfd.readouterr(), observe=observe)
+
+
+class Registry:
+    """Class attributes written by compiled code (not an instance's)."""
+    count = 0
+    names = ()
+
+    def record(self, name):
+        Registry.count += 1
+        Registry.names = Registry.names + (name,)
+
+
+def _reset_registry():
+    Registry.count, Registry.names = 0, ()
+
+
+def test_class_attribute_written_in_the_function():
+    def f(x):
+        Registry.count += 1
+        return x * 2
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_registry,
+                  observe=lambda: Registry.count)
+
+
+def test_class_attribute_written_in_a_called_method():
+    reg = Registry()
+
+    def f(x):
+        reg.record("step")
+        return x + 1
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_registry,
+                  observe=lambda: (Registry.count, Registry.names))
