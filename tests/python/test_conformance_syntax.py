@@ -96,3 +96,54 @@ def test_global_statement_accumulates():
         TOTAL = 0.0
 
     run_all_modes(f, (rand(2),), (rand(2, seed=1),), reset=reset, observe=lambda: TOTAL)
+
+
+class _Counting:
+    """A context manager counting entries and exits (state compared after every call)."""
+    entered = 0
+    exited = 0
+
+    def __enter__(self):
+        _Counting.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        _Counting.exited += 1
+        return False
+
+
+def _reset_counting():
+    _Counting.entered = _Counting.exited = 0
+
+
+def test_with_blocks_nested_in_loops_restore_state_each_call():
+    def f(x, w):
+        out = x
+        for k in range(2):
+            with kiln.no_grad(), _Counting():
+                frozen = w * (k + 1)
+            with _Counting() as c:
+                with kiln.no_grad():
+                    out = out + frozen
+                out = out * w + (1 if c else 0)
+        return out
+
+    w = rand(3, seed=1)
+    w.requires_grad_(True)
+    run_all_modes(f, (rand(3), w), (rand(3, seed=2), w), (rand(3, seed=3), w), reset=_reset_counting,
+                  observe=lambda: (kiln.is_grad_enabled(), _Counting.entered, _Counting.exited), check_requires_grad=True)
+
+
+def test_exception_leaving_a_with_block():
+    def f(x, bad):
+        try:
+            with _Counting():
+                if bad:
+                    raise KeyError("bad")
+                y = x * 2
+        except KeyError:
+            y = x - 1
+        return y
+
+    run_all_modes(f, (rand(2), False), (rand(2, seed=1), True), (rand(2, seed=2), False), reset=_reset_counting,
+                  observe=lambda: (_Counting.entered, _Counting.exited))

@@ -449,7 +449,15 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             carried = (piece, outs) if piece.out_dims is not None else None
             interp = bytecode.Interpreter([], capture=False)
             interp.size_values = sizes if sizes is not None else piece.size_values
-            frames = bytecode.thaw(value, interp, pieces.fn)
+            try:
+                frames = bytecode.thaw(value, interp, pieces.fn)
+            except bytecode.Unsupported:
+                # the state after the graph names an object of its capture that is gone; on_frame would run
+                # the whole call again eagerly, repeating the side effects already done in this call. A graph
+                # without ops changed nothing: the rest of the call runs in Python from the state before it
+                if not side_effects_done or piece.ops:
+                    raise
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
         # the break instruction, in Python (and those of the Python steps after it)
         interp.frames = frames
         while True:
