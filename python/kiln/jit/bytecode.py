@@ -450,7 +450,7 @@ class Interpreter:
         if self.symbolic and (code.co_flags & (0x0C | _GENERATOR_FLAGS) or Code.of(code).cpython_only) and (
                 sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
             raise Specialize(f"a symbolic scalar passed to {func.__qualname__} (*args, **kwargs or run by CPython)")
-        if code.co_flags & _GENERATOR_FLAGS:
+        if code.co_flags & _GENERATOR_FLAGS and not _is_genexpr(code):
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
         why = Code.of(code).cpython_only
@@ -467,6 +467,8 @@ class Interpreter:
             if isinstance(v, (list, dict)) and code.co_flags & 0x0C:
                 self.note_created(v)  # *args / **kwargs
         frame = Frame.start(func, bound)
+        if code.co_flags & _GENERATOR_FLAGS:  # a generator expression: its yields, at the bottom of its stack
+            frame.stack.append(self.note_created([]))
         self.reads.append((frame, dict(zip(bound_names(code), bound))))
         self.frames.append(frame)
         return _PUSHED
@@ -480,9 +482,19 @@ class Interpreter:
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
 
 
+def _is_genexpr(code):
+    """A generator expression's code: interpreted to its end when called (its values collected,
+    then iterated by the caller as a list's), like a list comprehension."""
+    return code.co_name == "<genexpr>" and code.co_flags & _GENERATOR_FLAGS == 0x20
+
+
 def bind(func, args, kwargs):
     """The parameters of func bound as CPython binds them (localsplus order)."""
     import inspect
+
+    code = func.__code__
+    if not kwargs and not code.co_flags & 0x0C and not code.co_kwonlyargcount and len(args) == code.co_argcount:
+        return list(args)  # positional, filling the parameters exactly (a comprehension's `.0` too)
 
     sig = inspect.signature(func)
     ba = sig.bind(*args, **kwargs)
@@ -626,11 +638,20 @@ def h_load_method(it, f, arg, name, target):
     attr = f.code.code.co_names[arg]
     obj = f.stack.pop()
     meth = getattr(type(obj), attr, None)
-    if isinstance(meth, types.FunctionType) and attr not in getattr(obj, "__dict__", {}):
+    if isinstance(meth, types.FunctionType) and attr not in getattr(obj, "__dict__", {}) and isinstance(
+            _class_attribute(type(obj), attr), types.FunctionType):  # not a staticmethod's function
         f.stack.extend((meth, obj))
     else:
         f.stack.extend((NULL, getattr(obj, attr)))
     _next(f)
+
+
+def _class_attribute(cls, attr):
+    """attr as the class defines it (a staticmethod object stays one), or None."""
+    for klass in cls.__mro__:
+        if attr in klass.__dict__:
+            return klass.__dict__[attr]
+    return None
 
 
 def _attribute_change(it, f, arg, what):
@@ -838,12 +859,22 @@ def h_unpack_ex(it, f, arg, name, target):
 
 
 class _Iter:
-    """An iterator of the interpreted code: the items left, materialized at GET_ITER (part of the
-    frame state at a graph break, rebuilt for the continuation)."""
+    """An iterator of the interpreted code: the items left, materialized at GET_ITER or by a
+    generator expression run to its end (part of the frame state at a graph break, rebuilt for the
+    continuation). Code run as it is (sum, tuple, max ...) iterates it as a Python iterator."""
     __slots__ = ("items", "pos")
 
     def __init__(self, items, pos=0):
         self.items, self.pos = items, pos
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
 
 
 def h_get_iter(it, f, arg, name, target):
@@ -881,6 +912,17 @@ def _pop_jump(test):
             it.brk("a branch on a tensor's value")
         f.stack.pop()
         if test(v):
+            _jump(f, target)
+        else:
+            _next(f)
+    return handler
+
+
+def _pop_jump_identity(test):
+    """POP_JUMP_*_IF_NONE / _IF_NOT_NONE: `x is None` is a Python fact about any object, a
+    tensor included (never its value): no graph break."""
+    def handler(it, f, arg, name, target):
+        if test(f.stack.pop()):
             _jump(f, target)
         else:
             _next(f)
@@ -1023,7 +1065,20 @@ def h_with_except_start(it, f, arg, name, target):
     _next(f)
 
 
+def h_return_generator(it, f, arg, name, target):
+    f.stack.append(None)  # what the first send() gives (popped next)
+    _next(f)
+
+
+def h_yield_value(it, f, arg, name, target):
+    f.stack[0].append(f.stack.pop())
+    f.stack.append(None)  # next() sends None
+    _next(f)
+
+
 def h_return_value(it, f, arg, name, target):
+    if f.code.code.co_flags & _GENERATOR_FLAGS:  # a generator expression's end: the iterator of its values
+        f.stack[-1] = _Iter(f.stack[0])
     value = f.stack[-1]
     if len(it.frames) == 1 and it.symbolic and isinstance(value, SymScalar):
         raise Specialize("a symbolic scalar returned")
@@ -1056,17 +1111,18 @@ _HANDLERS = {
     "JUMP_BACKWARD": h_jump, "JUMP_BACKWARD_NO_INTERRUPT": h_jump,
     "POP_JUMP_FORWARD_IF_TRUE": _pop_jump(bool), "POP_JUMP_BACKWARD_IF_TRUE": _pop_jump(bool),
     "POP_JUMP_FORWARD_IF_FALSE": _pop_jump(operator.not_), "POP_JUMP_BACKWARD_IF_FALSE": _pop_jump(operator.not_),
-    "POP_JUMP_FORWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
-    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "POP_JUMP_FORWARD_IF_NONE": _pop_jump_identity(lambda v: v is None),
+    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump_identity(lambda v: v is None),
+    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump_identity(lambda v: v is not None),
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump_identity(lambda v: v is not None),
     "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True), "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
     "KW_NAMES": h_kw_names, "CALL": h_call, "CALL_FUNCTION_EX": h_call_function_ex,
     "MAKE_FUNCTION": h_make_function, "RETURN_VALUE": h_return_value, "RAISE_VARARGS": h_raise_varargs,
     "LOAD_ASSERTION_ERROR": h_load_assertion_error, "IMPORT_NAME": h_import_name, "IMPORT_FROM": h_import_from,
     "DELETE_ATTR": h_delete_attr, "PUSH_EXC_INFO": h_push_exc_info, "POP_EXCEPT": h_pop_except,
     "CHECK_EXC_MATCH": h_check_exc_match, "RERAISE": h_reraise, "BEFORE_WITH": h_before_with,
-    "WITH_EXCEPT_START": h_with_except_start,
+    "WITH_EXCEPT_START": h_with_except_start, "RETURN_GENERATOR": h_return_generator,
+    "YIELD_VALUE": h_yield_value,
 }
 
 

@@ -299,7 +299,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 filename, _, line = where_at.rpartition(":")
                 raise JitSyntaxError(f"a graph break at {op} ({reason})", filename, int(line), 0,
                                      "fullgraph=True: keep the function free of graph breaks, or pass "
-                                     "fullgraph=False to split it into graphs")
+                                     "fullgraph=False to split it into graphs", capture_mode="bytecode")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
             if capture is not None:
@@ -555,7 +555,10 @@ def call(jf, args, kwargs):
                 raise
             _give_up(jf, e)
             return jf._target()(*args, **kwargs)
-        shared = not prefix and jf._self_ref is None  # a plain function (a Cell's or a method's are per wrapper)
+        # a plain function of user code (a Cell's or a method's are per wrapper; so are kiln's own
+        # wrappers', e.g. kiln.grad's: the guard recorder does not guard what kiln's code reads, such as
+        # the function a wrapper closes over, and every kiln.grad wrapper has the same code)
+        shared = not prefix and jf._self_ref is None and guards.is_user_code(fn.__code__)
         pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries(),
                                          shared)
     else:
@@ -669,18 +672,24 @@ def on_frame(jf, func, bound, pending):
             and entries[0].returns and not entries[0].size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
-        if tuple(bound) == tuple(args) and not kwargs:
+        if _same_arguments(bound, args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
     if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
             and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
         _, _, args, kwargs = pending
         pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
-        if tuple(bound) == tuple(args) and not kwargs:
+        if _same_arguments(bound, args) and not kwargs:
             d = _FastDims(dyn[0].dyn)
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(dyn[0], func), d)
             if d.fast is not None:
                 pieces.fast_dyn[id(dyn[0])] = (d.fast, set(d.instances))
     return result
+
+
+def _same_arguments(bound, args):
+    """Whether the frame's bound parameters are the call's positional arguments themselves (by
+    identity: `==` of tensors is elementwise; a *args parameter is one tuple of them)."""
+    return len(bound) == len(args) and all(b is a for b, a in zip(bound, args))
 
 
 class _FastDims:
