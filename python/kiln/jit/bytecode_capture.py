@@ -247,6 +247,11 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
     tracer = _C.Tracer()
+    # the tensors the capture writes in place (a BatchNorm's running statistics, an optimizer's
+    # state) are kept as they were: put back when the compiled piece runs the writes again (grad:
+    # it runs to record its node) or the call runs another way (Unsupported, Specialize)
+    tracer.keep_undo()
+    undo = True
     capture = graph = out_dims = None
     recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
@@ -316,8 +321,11 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                                        backend=opts.backend)
         if capture is not None:
             graph = tracer.recorded()
+        undo = grad
     finally:
         tracer.end()
+        if undo:
+            tracer.undo_writes()
         _C.eval_frame_suspend(prev_hook)
         _C.set_cell_logs(*prev_logs)
     from ..nn import Cell
