@@ -20,6 +20,7 @@ instruction, graph, ... with the pieces compiled once per resume point and guard
 """
 import dis
 import operator
+import sys
 import types
 import weakref
 
@@ -261,6 +262,7 @@ class Interpreter:
         self.dynamic = None  # a dynamic-shape capture's kiln.jit.dynamic.Capture (len() of a tensor stays symbolic)
         self.size_values = None  # thaw: the sizes of the symbols that a state's sizes (_SIZE) are expressions of
         self.size_inputs = []  # (expression, 0-d tensor): sizes used as numbers beside tensors, graph inputs
+        self.user_frames = None  # a capture's sys.settrace hook showing the recorder user code run as it is
 
     def size_operand(self, n):
         """A size (a SymInt of a dynamic capture) used as a number beside a tensor: a 0-d int64 graph
@@ -408,6 +410,9 @@ class Interpreter:
         if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
             self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
                      "breaks (its pieces run on the eager tape)")
+        if self.capture and type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ \
+                and not guards.is_user_code(fn.__code__):
+            return self.run_grad(fn, args, kwargs)
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
@@ -435,6 +440,25 @@ class Interpreter:
         if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
             raise Specialize(f"a symbolic scalar passed to {getattr(fn, '__qualname__', type(fn).__name__)}")
         return self.run_known(fn, args, kwargs)
+
+    def run_grad(self, fn, args, kwargs):
+        """A kiln.grad / value_and_grad wrapper: run as it is, its forward and backward recorded in
+        the graph (as trace capture records them), the user code it calls shown to the guard
+        recorder as it starts; a Python side effect there makes the call run eagerly."""
+        if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+            raise Specialize(f"a symbolic scalar passed to {fn.__qualname__}")
+        prev = sys.gettrace()
+        if self.user_frames is not None:
+            sys.settrace(self.user_frames)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            sys.settrace(prev)
+        effect = None if self.recorder is None else self.recorder.side_effect(())
+        if effect is not None:
+            raise Unsupported(f"a Python side effect ({effect}) in {fn.__qualname__}, which runs only when the "
+                              "graph is captured")
+        return result
 
     def run_known(self, fn, args, kwargs):
         if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \

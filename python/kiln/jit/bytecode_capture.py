@@ -258,7 +258,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import bind_inputs
+        from .function import _user_frame_tracer, bind_inputs
 
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
@@ -267,6 +267,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 if t.requires_grad and not a.requires_grad:
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
+        interp.user_frames = _user_frame_tracer(tracer, recorder.on_call)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
         if symbols is not None:
             capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)

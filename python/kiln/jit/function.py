@@ -493,6 +493,10 @@ class JitFunction(_C.JitDispatcher):
         for name in CacheInfo.__slots__:
             setattr(info, name, getattr(self.stats, name))
         info.hits += self._fast_hits
+        for variant in self._grad_variants.values():  # value_and_grad(this): its forward-and-backward graphs
+            got = variant.cache_info()
+            for name in CacheInfo.__slots__[:-1]:
+                setattr(info, name, getattr(info, name) + getattr(got, name))
         info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
         if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
             info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]
