@@ -152,7 +152,7 @@ class Pieces:
             fast = self.fast_dyn.get(id(piece))
             if fast and binding not in fast[1]:
                 fast[1].add(binding)
-                self.owner._add_fast_instance(fast[0], binding, exe)
+                self.owner._add_fast_instance(fast[0], binding, exe, piece.dyn.limit)
             return piece, exe, values
         return None
 
@@ -704,10 +704,10 @@ def _same_arguments(bound, args):
 class _FastDims:
     """What JitFunction._register_fast reads of a dynamic entry, for a dynamic piece that returns (its
     number in the C fast path is this wrapper's own: the piece may be shared, see entries_of)."""
-    __slots__ = ("dims", "instances", "fast")
+    __slots__ = ("dims", "instances", "fast", "limit")
 
     def __init__(self, d):
-        self.dims, self.instances, self.fast = d.dims, dict(d.instances), None
+        self.dims, self.instances, self.fast, self.limit = d.dims, dict(d.instances), None, d.limit
 
 
 class _FastView:

@@ -340,7 +340,7 @@ class JitFunction(_C.JitDispatcher):
                 continue
             exe, values, made = found
             if made and d.fast is not None:
-                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
+                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
             if d.entry.differentiable and key[2][0] and differentiating():
                 self.stats.eager_calls += 1
                 return self._target()(*args, **kwargs)
@@ -465,7 +465,7 @@ class JitFunction(_C.JitDispatcher):
             return
         dyn.fast = index
         for binding, exe in dyn.instances.items():
-            self._add_fast_instance(index, binding, exe)
+            self._add_fast_instance(index, binding, exe, dyn.limit)
 
     def _warn_recompiles(self, key):
         if self._warned:
