@@ -160,7 +160,7 @@ class Frame:
     def named_locals(self):
         """name -> value of the bound locals (cells read through), as a frame's f_locals."""
         out = {}
-        for name, v in zip(self.code.code.co_varnames + self.code.code.co_cellvars, self.locals):
+        for name, v in zip(localsplus_names(self.code.code), self.locals):
             if isinstance(v, types.CellType):
                 try:
                     v = v.cell_contents
@@ -173,13 +173,19 @@ class Frame:
     @classmethod
     def start(cls, func, bound):
         code = Code.of(func.__code__)
-        n = len(func.__code__.co_varnames) + len(func.__code__.co_cellvars) + len(func.__code__.co_freevars)
+        n = len(localsplus_names(func.__code__))
         local_values = list(bound) + [NULL] * (n - len(bound))
         return cls(func, code, local_values, [], 0)
 
     def where(self):
         ins = self.code.ins[self.pc]
         return f"{self.code.code.co_filename}:{ins[3]}"
+
+
+def localsplus_names(code):
+    """The names of a frame's local slots, in CPython 3.11's order: the locals (a parameter that is
+    also a cell keeps its one slot), the other cells, the free variables."""
+    return code.co_varnames + tuple(c for c in code.co_cellvars if c not in code.co_varnames) + code.co_freevars
 
 
 def bound_names(code):

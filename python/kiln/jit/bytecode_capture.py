@@ -207,7 +207,7 @@ def _labels(spec, leaves, top):
     where = {}
     for fr in tree.unflatten(spec, list(leaves))[0]:
         code = bytecode.frame_function(fr[0], top).__code__
-        for name, v in zip(code.co_varnames + code.co_cellvars, fr[2]):
+        for name, v in zip(bytecode.localsplus_names(code), fr[2]):
             if isinstance(v, _C.TensorBase):
                 where[id(v)] = name
     return [where.get(id(t), f"input{k}") for k, t in enumerate(leaves)]
