@@ -9,6 +9,7 @@ reach them.
 """
 from .. import _C
 from ..autograd import no_grad
+from .array import arange, index_select
 
 
 def _tree():
@@ -185,14 +186,27 @@ def while_loop(cond_fn, body_fn, init_vals):
 
 class _Packed:
     """More loop values than a node carries: one 1-D tensor per dtype, the values flattened and
-    concatenated (differentiable: gradients flow through the slices), unpacked where they are used."""
+    concatenated, taken apart again by index_select where they are used (slices would not do: a
+    slice's gradient writes in place, which a loop body's gradient cannot hold)."""
 
     def __init__(self, leaves):
         self.groups = {}  # dtype -> positions of its leaves
         for k, t in enumerate(leaves):
             self.groups.setdefault(t.dtype, []).append(k)
         self.shapes = [tuple(t.shape) for t in leaves]
+        if any(type(d) is not int for shape in self.shapes for d in shape):
+            raise NotImplementedError(f"while_loop: {len(leaves)} loop values (more than {_NODE_VALUES}) whose sizes "
+                                      "are dynamic; mark them static or carry fewer values")
         self.n = len(leaves)
+        self.spans = {}  # position -> (start, end) of its elements in its dtype's packed tensor
+        for ks in self.groups.values():
+            at = 0
+            for k in ks:
+                size = 1
+                for d in self.shapes[k]:
+                    size *= d
+                self.spans[k] = (at, at + size)
+                at += size
 
     def pack(self, leaves):
         return [_C.shape.concat([leaves[k].reshape((-1,)) for k in ks], 0) for ks in self.groups.values()]
@@ -200,13 +214,8 @@ class _Packed:
     def unpack(self, packed):
         out = [None] * self.n
         for p, ks in zip(packed, self.groups.values()):
-            at = 0
-            for k in ks:
-                size = 1
-                for d in self.shapes[k]:
-                    size *= d
-                out[k] = p[at:at + size].reshape(self.shapes[k])
-                at += size
+            for k in ks:  # (the indices made where they are used: no captured tensor per value)
+                out[k] = index_select(p, 0, arange(*self.spans[k], 1, dtype=_C.int64)).reshape(self.shapes[k])
         return out
 
 
