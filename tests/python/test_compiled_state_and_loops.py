@@ -152,6 +152,30 @@ def test_a_capture_given_up_leaves_in_place_updates_to_the_eager_run():
                                atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_dropout_under_value_and_grad_draws_the_random_stream_once(mode):
+    """A differentiable bytecode piece is captured, then run compiled: the capture's draws are
+    given back, so the values and the generator's stream follow eager's from manual_seed."""
+    x = kiln.tensor(np.ones((4, 8), np.float32))
+
+    def run(jitted):
+        kiln.manual_seed(0)
+        w = nn.Parameter(kiln.tensor(np.linspace(0.5, 1.5, 64, dtype=np.float32).reshape(8, 8)), name="w")
+
+        def f(x):
+            return (ops.dropout(x @ w, 0.5) ** 2).sum()
+
+        vg = kiln.value_and_grad(kiln.jit(f, capture_mode=mode) if jitted else f, None, [w])
+        out = [vg(x) for _ in range(3)]
+        return out, ops.rand((4,)).asnumpy()
+
+    (eager, eager_next), (got, got_next) = run(False), run(True)
+    np.testing.assert_array_equal(got_next, eager_next)  # the stream after the calls
+    for (v, (g,)), (ev, (eg,)) in zip(got, eager):
+        np.testing.assert_allclose(v.asnumpy(), ev.asnumpy(), rtol=1e-6)
+        np.testing.assert_allclose(g.asnumpy(), eg.asnumpy(), rtol=1e-6)
+
+
 # ---- kiln.grad wrappers ------------------------------------------------------------------------
 
 

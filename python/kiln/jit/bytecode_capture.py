@@ -248,10 +248,11 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     opts = owner.options
     tracer = _C.Tracer()
     # the tensors the capture writes in place (a BatchNorm's running statistics, an optimizer's
-    # state) are kept as they were: put back when the compiled piece runs the writes again (grad:
-    # it runs to record its node) or the call runs another way (Unsupported, Specialize)
+    # state) and the random generator are kept as they were: put back when the compiled piece runs
+    # the writes again (grad: it runs to record its node) or the call runs another way
+    # (Unsupported, Specialize)
     tracer.keep_undo()
-    undo = True
+    undo, rng = True, _C.random_state()  # (the generator's draws are undone with them)
     capture = graph = out_dims = None
     recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
@@ -327,6 +328,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         tracer.end()
         if undo:
             tracer.undo_writes()
+            _C.set_random_state(rng)
         _C.eval_frame_suspend(prev_hook)
         _C.set_cell_logs(*prev_logs)
     from ..nn import Cell
