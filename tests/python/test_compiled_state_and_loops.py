@@ -292,6 +292,40 @@ def test_gradients_flow_through_a_loop_of_many_values():
         np.testing.assert_allclose(g.asnumpy(), 4 * (i + 1) * x.asnumpy() ** 3, rtol=1e-4, atol=1e-4)
 
 
+def _cond_many(p, *v):
+    return ops.cond(p.sum() > 0, lambda *u: [t * 2 for t in u], lambda *u: [t - 1 for t in u], v)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cond_returns_every_one_of_many_outputs(mode):
+    vals = _many_values(40)
+    fn = kiln.jit(_cond_many, capture_mode=mode)
+    for p in (ops.ones((1,)), -ops.ones((1,))):
+        eager, got = _cond_many(p, *vals), fn(p, *vals)
+        assert isinstance(got, list) and len(got) == len(eager) == 42
+        for k, (a, b) in enumerate(zip(got, eager)):
+            assert a.dtype == b.dtype, k
+            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy(), err_msg=f"output {k}")
+    xs = vals[:36]
+    grads = kiln.grad(lambda *v: sum(t.sum() for t in fn(ops.ones((1,)), *v)), grad_position=tuple(range(36)))(*xs)
+    for g, x in zip(grads, xs):
+        np.testing.assert_allclose(g.asnumpy(), np.full(x.shape, 2.0))
+
+
+def test_a_differentiated_bytecode_piece_with_more_than_32_outputs():
+    """The piece's tape node has 40 outputs: its backward must not read past an op's 32."""
+    xs = [t * 1.0 for t in _many_values(40)[:40]]
+
+    def pieces(*v):
+        return tuple(t * (i + 1) for i, t in enumerate(v))
+
+    fn = kiln.jit(pieces, capture_mode="bytecode")
+    for _ in range(2):
+        grads = kiln.grad(lambda *v: sum(t.sum() for t in fn(*v)), grad_position=tuple(range(40)))(*xs)
+        for i, g in enumerate(grads):
+            np.testing.assert_allclose(g.asnumpy(), np.full((2,), i + 1.0))
+
+
 def test_while_loop_refuses_a_body_changing_the_structure():
     x = kiln.tensor(np.ones(2, np.float32))
     with pytest.raises(ValueError, match="body_fn returns"):

@@ -80,7 +80,7 @@ def cond(pred, true_fn, false_fn, operands=()):
 
     pred: a one-element tensor (nonzero is true) or a Python bool/int (a static choice). Both
     branches return a tensor or a (nested) tuple/list of tensors of the same structure, dtypes
-    and shapes."""
+    and shapes, any number of them (compiled, past 32 the node carries them packed)."""
     if not isinstance(operands, (tuple, list)):
         raise TypeError(f"cond: operands must be a tuple or list of Tensors, got {type(operands).__name__}")
     operands = tuple(operands)
@@ -93,6 +93,10 @@ def cond(pred, true_fn, false_fn, operands=()):
     _one_element("cond: the predicate", pred)
     if not _C.is_tracing():
         return (true_fn if bool(pred) else false_fn)(*operands)
+    if len(operands) > _NODE_VALUES:  # more operands than a node's gradient takes: passed packed
+        packed = _Packed(operands)
+        return cond(pred, lambda *p: true_fn(*packed.unpack(p)), lambda *p: false_fn(*packed.unpack(p)),
+                    packed.pack(operands))
     then_tr, then_spec, then_out = _trace_body(true_fn, operands, "cond: true_fn")
     else_tr, else_spec, else_out = _trace_body(false_fn, operands, "cond: false_fn")
     if then_spec is None or else_spec is None:
@@ -104,8 +108,23 @@ def cond(pred, true_fn, false_fn, operands=()):
     for i, (a, b) in enumerate(zip(then_out, else_out)):
         if not _C.same_meta(a, b):  # (checked again when a dynamic-shape graph is rebound)
             raise ValueError(f"cond: output {i} of true_fn is {_meta(a)} but output {i} of false_fn is {_meta(b)}")
-    outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + operands)
-    return _tree().unflatten(then_spec, list(outs))[0]
+    if len(then_out) <= _NODE_VALUES:
+        outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + operands)
+        return _tree().unflatten(then_spec, list(outs))[0]
+    # more outputs than a node carries: the branches are traced again returning them packed
+    packed = _Packed(then_out)
+
+    def packing(fn):
+        def branch(*args):
+            leaves = []
+            _tree().flatten(fn(*args), leaves)
+            return packed.pack(leaves)
+        return branch
+
+    then_tr, _, _ = _trace_body(packing(true_fn), operands, "cond: true_fn")
+    else_tr, _, _ = _trace_body(packing(false_fn), operands, "cond: false_fn")
+    outs = packed.unpack(_C.apply_control("if", [then_tr, else_tr], (pred,) + operands))
+    return _tree().unflatten(then_spec, outs)[0]
 
 
 _NODE_VALUES = 32  # the most values a control-flow node carries (KILN_MAX_OUTPUTS); more are packed (_Packed)
@@ -165,7 +184,7 @@ def while_loop(cond_fn, body_fn, init_vals):
     init_vals: a tuple/list whose items are tensors or nested tuples/lists/dicts of tensors (any
     number of them). cond_fn returns a one-element tensor (nonzero: go on) or a bool; body_fn
     returns values of init_vals' structure, dtypes and shapes (a lone tensor when there is one
-    loop value)."""
+    loop value). Compiled, past 32 tensors the node carries them packed (one tensor per dtype)."""
     _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
