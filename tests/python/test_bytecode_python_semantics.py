@@ -355,6 +355,56 @@ def test_state_is_carried_across_graph_breaks():
     compare(f, (X, Y), (X2, Y2))
 
 
+def test_a_list_changed_while_it_is_iterated():
+    """CPython's list iterator sees items appended or removed on the way."""
+    def grow(a, b):
+        queue = [a]
+        for v in queue:
+            if len(queue) < 4:
+                queue.append(v * 2)
+        return sum(queue)
+
+    def shrink(a, b):
+        items = [a, b, a]
+        out = a * 0
+        for v in items:
+            out = out + v
+            if len(items) > 1:
+                items.pop()
+        return out
+
+    compare(grow, (X, Y), (X2, Y2), graphs=1)
+    compare(shrink, (X, Y), (X2, Y2), graphs=1)
+
+
+def test_containers_keep_their_identity_across_graph_breaks():
+    def two_names(a, b):
+        lst = [a]
+        alias = lst
+        print(end="")
+        lst.append(b)
+        return sum(alias)
+
+    def held_by_another(a, b):
+        d = {"a": a}
+        holder = [d, d]
+        print(end="")
+        d["b"] = b
+        return sum(holder[0].values()) + len(holder[1])
+
+    def iterated_across_a_break(a, b):
+        queue = [a]
+        for v in queue:
+            print(end="")
+            if len(queue) < 3:
+                queue.append(v + b)
+        return sum(queue)
+
+    compare(two_names, (X, Y), (X2, Y2), breaks=1)
+    compare(held_by_another, (X, Y), (X2, Y2), breaks=1)
+    compare(iterated_across_a_break, (X, Y), (X2, Y2))
+
+
 def _helper_with_break(v):
     u = v * 2
     print(end="")

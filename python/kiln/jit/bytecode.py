@@ -916,7 +916,9 @@ def h_get_iter(it, f, arg, name, target):
             v, (range, tuple, list, dict, set, frozenset, str, zip, enumerate, reversed, type({}.items()),
                 type({}.keys()), type({}.values()))) and not _is_tensor(v) and not isinstance(v, it.cell_type)):
         it.brk(f"iterating over a {type(v).__name__}")
-    f.stack[-1] = _Iter(list(v))
+    # a list is iterated live, as CPython's list iterator does (items appended or removed on the
+    # way are seen); anything else is materialized here
+    f.stack[-1] = _Iter(v) if type(v) is list else _Iter(list(v))
     _next(f)
 
 
@@ -1171,6 +1173,8 @@ class _Tag:
 
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
+_LIVE_ITER = _Tag("live iter")  # an iterator over a list of the state: (the list, the position)
+_ALIAS = _Tag("alias")  # a list or dict met again in a state: the number of its first occurrence
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 _SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
@@ -1226,6 +1230,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
     tagged. symbolic: the ints and floats of locals and stacks as 0-d tensors (SymScalars of the
     next capture); a SymScalar is its tensor. Raises Unsupported for a state it cannot rebuild."""
     free_cells = {}
+    seen = {}  # id(list or dict of the state) -> its number, in the order met (thaw numbers them alike)
     for i, fr in enumerate(frames):
         cells = fr.func.__closure__ or ()
         for k, c in enumerate(cells):
@@ -1249,6 +1254,8 @@ def freeze(frames, interp, tracer=None, symbolic=False):
                 return _REF, _ByIdentity(v)
             return v
         if isinstance(v, _Iter):
+            if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
+                return _LIVE_ITER, (conv(v.items, depth + 1), v.pos)  # (the list, shared with the frames' own)
             return _ITER, tuple(conv(x, depth + 1) for x in v.items[v.pos:])
         if isinstance(v, types.CellType):
             if id(v) in free_cells:
@@ -1262,6 +1269,9 @@ def freeze(frames, interp, tracer=None, symbolic=False):
         if type(v) in (list, dict):
             if not interp.local(v) and id(v) not in interp.foreign:
                 return _REF, _ByIdentity(v)  # reached through a global, a closure or an attribute
+            if id(v) in seen:  # the same list or dict again (two names, or held by another): one object
+                return _ALIAS, seen[id(v)]
+            seen[id(v)] = len(seen)
             out = [conv(x, depth + 1) for x in v] if type(v) is list else {k: conv(x, depth + 1) for k, x in v.items()}
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
@@ -1283,6 +1293,7 @@ def thaw(state, interp, top):
     """Frames from freeze()'s tuple (after tree.unflatten: fresh containers), their containers
     noted in interp as created or foreign as they were; top is the function called (TOP)."""
     funcs = [frame_function(fr[0], top) for fr in state]
+    made = []  # the lists and dicts rebuilt, numbered in the order freeze met them (_ALIAS)
 
     def conv(v):
         if type(v) not in _CONTAINERS:
@@ -1303,6 +1314,10 @@ def thaw(state, interp, top):
                 return evaluate(payload, interp.size_values)
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
+            if tag is _LIVE_ITER:
+                return _Iter(conv(payload[0]), payload[1])
+            if tag is _ALIAS:
+                return made[payload]
             if tag is _CELL:
                 return types.CellType(conv(payload)) if payload != () else types.CellType()
             if tag is _METHOD:
@@ -1316,8 +1331,16 @@ def thaw(state, interp, top):
                 return c
         if type(v) is tuple:
             return tuple(conv(x) for x in v)
-        if type(v) in (list, dict):
-            return interp.note_created([conv(x) for x in v] if type(v) is list else {k: conv(x) for k, x in v.items()})
+        if type(v) is list:
+            out = interp.note_created([])
+            made.append(out)  # (before its items: they may name it)
+            out.extend([conv(x) for x in v])
+            return out
+        if type(v) is dict:
+            out = interp.note_created({})
+            made.append(out)
+            out.update({k: conv(x) for k, x in v.items()})
+            return out
         return v
 
     frames = []
