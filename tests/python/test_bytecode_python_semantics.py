@@ -373,8 +373,29 @@ def test_a_list_changed_while_it_is_iterated():
                 items.pop()
         return out
 
+    def enumerate_growing(a, b):
+        items = [a]
+        for i, v in enumerate(items):
+            if i < 2:
+                items.append(v + b)
+        return sum(items) + sum(v * len(k) for k, v in {"x": 1.0, "yy": 2.0}.items()) * a
+
     compare(grow, (X, Y), (X2, Y2), graphs=1)
     compare(shrink, (X, Y), (X2, Y2), graphs=1)
+    compare(enumerate_growing, (X, Y), (X2, Y2), graphs=1)
+
+
+def test_a_dict_changed_while_it_is_iterated_raises_as_eagerly():
+    def f(a, b):
+        d = {"a": a}
+        for k in d:
+            d[k + "2"] = b
+        return d["a"]
+
+    with pytest.raises(RuntimeError, match="changed size during iteration"):
+        f(X, Y)
+    with pytest.raises(RuntimeError, match="changed size during iteration"):
+        kiln.jit(f, capture_mode="bytecode")(X, Y)
 
 
 def test_containers_keep_their_identity_across_graph_breaks():

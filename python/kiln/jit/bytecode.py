@@ -891,20 +891,28 @@ def h_unpack_ex(it, f, arg, name, target):
 class _Iter:
     """An iterator of the interpreted code: the items left, materialized at GET_ITER or by a
     generator expression run to its end (part of the frame state at a graph break, rebuilt for the
-    continuation). Code run as it is (sum, tuple, max ...) iterates it as a Python iterator."""
-    __slots__ = ("items", "pos")
+    continuation), or a Python iterator advanced as the code asks (source: enumerate, zip,
+    reversed, a dict or its views, which see their list or dict change on the way; materialized
+    when a state is frozen). Code run as it is (sum, tuple, max ...) iterates it as a Python iterator."""
+    __slots__ = ("items", "pos", "source")
 
-    def __init__(self, items, pos=0):
-        self.items, self.pos = items, pos
+    def __init__(self, items, pos=0, source=None):
+        self.items, self.pos, self.source = items, pos, source
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self.source is not None:
+            return next(self.source)
         if self.pos >= len(self.items):
             raise StopIteration
         self.pos += 1
         return self.items[self.pos - 1]
+
+    def materialize(self):
+        if self.source is not None:
+            self.items, self.pos, self.source = list(self.source), 0, None
 
 
 def h_get_iter(it, f, arg, name, target):
@@ -917,14 +925,29 @@ def h_get_iter(it, f, arg, name, target):
                 type({}.keys()), type({}.values()))) and not _is_tensor(v) and not isinstance(v, it.cell_type)):
         it.brk(f"iterating over a {type(v).__name__}")
     # a list is iterated live, as CPython's list iterator does (items appended or removed on the
-    # way are seen); anything else is materialized here
-    f.stack[-1] = _Iter(v) if type(v) is list else _Iter(list(v))
+    # way are seen), so are the lazy iterators over them; anything else is materialized here
+    if type(v) is list:
+        f.stack[-1] = _Iter(v)
+    elif isinstance(v, _LAZY):
+        f.stack[-1] = _Iter([], source=iter(v))
+    else:
+        f.stack[-1] = _Iter(list(v))
     _next(f)
+
+
+_LAZY = (zip, enumerate, reversed, dict, type({}.items()), type({}.keys()), type({}.values()))
 
 
 def h_for_iter(it, f, arg, name, target):
     i = f.stack[-1]
-    if i.pos < len(i.items):
+    if i.source is not None:
+        try:
+            f.stack.append(next(i.source))
+            _next(f)
+        except StopIteration:
+            f.stack.pop()
+            _jump(f, target)
+    elif i.pos < len(i.items):
         f.stack.append(i.items[i.pos])
         i.pos += 1
         _next(f)
@@ -1254,6 +1277,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
                 return _REF, _ByIdentity(v)
             return v
         if isinstance(v, _Iter):
+            v.materialize()
             if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
                 return _LIVE_ITER, (conv(v.items, depth + 1), v.pos)  # (the list, shared with the frames' own)
             return _ITER, tuple(conv(x, depth + 1) for x in v.items[v.pos:])
