@@ -264,6 +264,36 @@ def test_a_staticmethod_through_an_instance_gets_no_instance():
     compare(f, (X, Y), (X2, Y2), graphs=1)
 
 
+class _Base:
+    def scale(self, v):
+        return v * 2
+
+
+class _Derived(_Base):
+    def scale(self, v):
+        return super().scale(v) + 1
+
+
+class _BaseCell(kiln.nn.Cell):
+    def construct(self, v):
+        return v * 3
+
+
+class _DerivedCell(_BaseCell):
+    def construct(self, v):
+        return super().construct(v) - 1
+
+
+_DERIVED, _DERIVED_CELL = _Derived(), _DerivedCell()
+
+
+def test_zero_argument_super_in_inlined_methods():
+    def f(a, b):
+        return _DERIVED.scale(a) + _DERIVED_CELL(b)
+
+    compare(f, (X, Y), (X2, Y2), graphs=1)
+
+
 def test_partial_and_operator_functions():
     def f(a, b):
         g = functools.partial(_inner, scale=3.0)

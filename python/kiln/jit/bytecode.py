@@ -419,6 +419,8 @@ class Interpreter:
         if self.capture and type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ \
                 and not guards.is_user_code(fn.__code__):
             return self.run_grad(fn, args, kwargs)
+        if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
+            return super(*_super_arguments(frame))
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
@@ -510,6 +512,20 @@ class Interpreter:
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
+
+
+def _super_arguments(frame):
+    """What zero-argument super() finds in the calling frame: the __class__ cell's class and the
+    first argument (CPython reads them from the frame, which an interpreted function does not have)."""
+    code = frame.code.code
+    names = localsplus_names(code)
+    if "__class__" not in code.co_freevars or not code.co_argcount:
+        raise RuntimeError("super(): __class__ cell not found" if code.co_argcount else "super(): no arguments")
+    cls = frame.locals[len(names) - len(code.co_freevars) + code.co_freevars.index("__class__")]
+    first = frame.locals[0]
+    if isinstance(first, types.CellType):
+        first = first.cell_contents
+    return cls.cell_contents, first
 
 
 def _is_genexpr(code):
