@@ -456,6 +456,27 @@ def test_containers_keep_their_identity_across_graph_breaks():
     compare(iterated_across_a_break, (X, Y), (X2, Y2))
 
 
+def test_python_numbers_carried_across_a_break_keep_their_semantics():
+    def ints(a, b, n):
+        print(end="")
+        m = n // 2 + n % 3 - (n ** 2) / 4
+        k = -n if n < 5 else n * 2
+        r = a
+        for i in range(n):
+            r = r + b * i
+        return (r + a * m + b * k + len(f"{n}") + a * max(n, 3) + b * int(n / 2) + a ** n + b * (1 << n)
+                + [a, b, a * 2, b * 2][n % 4])
+
+    def floats(a, b, s):
+        print(end="")
+        t = s * 2.5 - 1
+        u = t if t > 0 else -t
+        return a * u + b * (s == 1.5) + a * (t // 1) + b * (t % 1.0)
+
+    compare(ints, (X, Y, 3), (X, Y, 4), (X2, Y2, 7))
+    compare(floats, (X, Y, 1.5), (X, Y, -2.0), (X2, Y2, 0.3))
+
+
 def _helper_with_break(v):
     u = v * 2
     print(end="")
