@@ -210,6 +210,38 @@ def test_each_jitted_grad_wrapper_differentiates_its_own_function(mode):
     np.testing.assert_allclose(dg.asnumpy(), gg.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
+_SCALE = [2.0]
+
+
+def _scaled_square(x):
+    return (x * x * _SCALE[0]).sum()
+
+
+def _body_scale(a):
+    return a * _SCALE[0]
+
+
+@pytest.mark.parametrize("mode", ("bytecode", "trace"))  # (ast: kiln.jit(kiln.grad(f)) is the ast owner's)
+def test_what_a_jitted_grad_or_a_loop_body_reads_is_guarded(mode):
+    """The user code a kiln.grad wrapper or a loop body runs reads Python state: a compiled call
+    after it changed must follow it."""
+    x = kiln.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+
+    def loop(a):
+        return ops.while_loop(lambda v: v.sum() < 100, _body_scale, (a,))[0]
+
+    _SCALE[0] = 2.0
+    g = kiln.jit(kiln.grad(_scaled_square), capture_mode=mode)
+    lp = kiln.jit(loop, capture_mode=mode)
+    try:
+        for scale in (2.0, 5.0):
+            _SCALE[0] = scale
+            np.testing.assert_allclose(g(x).asnumpy(), kiln.grad(_scaled_square)(x).asnumpy(), rtol=1e-6)
+            np.testing.assert_allclose(lp(x).asnumpy(), loop(x).asnumpy(), rtol=1e-6)
+    finally:
+        _SCALE[0] = 2.0
+
+
 def test_cache_info_counts_the_graphs_value_and_grad_compiles():
     x = kiln.tensor(np.array([1.0, 2.0, 3.0], np.float32))
     for mode in MODES:

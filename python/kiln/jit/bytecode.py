@@ -416,9 +416,11 @@ class Interpreter:
         if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
             self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
                      "breaks (its pieces run on the eager tape)")
-        if self.capture and type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ \
-                and not guards.is_user_code(fn.__code__):
-            return self.run_grad(fn, args, kwargs)
+        if type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ and not guards.is_user_code(fn.__code__):
+            # a kiln.grad / value_and_grad wrapper (named after the function it differentiates)
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {fn.__qualname__}")
+            return self.run_known(fn, args, kwargs)
         if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
             return super(*_super_arguments(frame))
         name = getattr(fn, "__name__", "")
@@ -449,30 +451,28 @@ class Interpreter:
             raise Specialize(f"a symbolic scalar passed to {getattr(fn, '__qualname__', type(fn).__name__)}")
         return self.run_known(fn, args, kwargs)
 
-    def run_grad(self, fn, args, kwargs):
-        """A kiln.grad / value_and_grad wrapper: run as it is, its forward and backward recorded in
-        the graph (as trace capture records them), the user code it calls shown to the guard
-        recorder as it starts; a Python side effect there makes the call run eagerly."""
-        if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
-            raise Specialize(f"a symbolic scalar passed to {fn.__qualname__}")
-        prev = sys.gettrace()
-        if self.user_frames is not None:
+    def run_known(self, fn, args, kwargs):
+        """fn run as it is (kiln's own code, a builtin, a kiln.grad wrapper: its forward and
+        backward recorded in the graph as trace capture records them). While capturing, the user
+        code it calls (a function kiln.grad differentiates, a loop body, a key function) is shown
+        to the guard recorder as it starts; a Python side effect there makes the call run eagerly."""
+        if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \
+                and args[0].ndim > 0:  # its first size as the capture sees it (a SymInt), not specialized
+            return args[0].shape[0]
+        hooked = self.user_frames is not None and sys.gettrace() is None
+        if hooked:
             sys.settrace(self.user_frames)
         try:
             result = fn(*args, **kwargs)
         finally:
-            sys.settrace(prev)
-        effect = None if self.recorder is None else self.recorder.side_effect(())
-        if effect is not None:
-            raise Unsupported(f"a Python side effect ({effect}) in {fn.__qualname__}, which runs only when the "
-                              "graph is captured")
-        return result
-
-    def run_known(self, fn, args, kwargs):
-        if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \
-                and args[0].ndim > 0:  # its first size as the capture sees it (a SymInt), not specialized
-            return args[0].shape[0]
-        result = fn(*args, **kwargs)
+            if hooked:
+                sys.settrace(None)
+        if hooked and self.recorder is not None:
+            effect = self.recorder.side_effect(())
+            if effect is not None:
+                raise Unsupported(f"a Python side effect ({effect}) in code called by "
+                                  f"{getattr(fn, '__qualname__', type(fn).__name__)}, which would run only when the "
+                                  "graph is captured")
         if fn in (list, dict, set) or fn is sorted:
             self.note_created(result)
         return result
