@@ -216,6 +216,13 @@ KILN_API int32_t kiln_tracer_begin_recompute(kiln_tracer *tr);
 KILN_API void kiln_tracer_end_recompute(kiln_tracer *tr, int32_t previous);
 /* Number of ops recorded so far. */
 KILN_API int32_t kiln_tracer_count(const kiln_tracer *tr);
+/* An undo log: while `keep` is set, each tensor the traced ops (or those of traces nested in it)
+ * write in place is copied before its first write; kiln_tracer_undo_writes puts those values back
+ * (a capture that ran an in-place update which the compiled graph is about to run again) and
+ * kiln_tracer_drop_undo forgets them. */
+KILN_API void kiln_tracer_keep_undo(kiln_tracer *tr, bool keep);
+KILN_API kiln_status kiln_tracer_undo_writes(kiln_tracer *tr);
+KILN_API void kiln_tracer_drop_undo(kiln_tracer *tr);
 
 /* ---- compiled graphs ------------------------------------------------------------------- */
 

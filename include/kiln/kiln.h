@@ -152,6 +152,10 @@ KILN_API kiln_status kiln_shape_numel_checked(int ndim, const int64_t *shape, in
 
 /* Seeds the generator behind rand, randn and dropout (deterministic streams). */
 KILN_API void kiln_manual_seed(uint64_t seed);
+/* The generator's state (its key and the number of draws made), saved and put back by a caller
+ * that ran random ops it will run again (a capture whose compiled graph then runs). */
+KILN_API void kiln_random_get_state(uint64_t *key, uint64_t *counter);
+KILN_API void kiln_random_set_state(uint64_t key, uint64_t counter);
 
 /* ---- threads -------------------------------------------------------------------------- */
 

@@ -328,7 +328,9 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
         s = kiln_op_table[n->op].grad(&ctx, grads, gin);
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", kiln_op_table[n->op].name);
     }
-    for (int k = 0; k < n->nout; k++) kiln_tensor_release(outs[k]);
+    /* (outs holds an op's outputs, at most KILN_MAX_OUTPUTS; a custom node, a compiled piece, may
+     * have more and fills none) */
+    for (int k = 0; k < n->nout && !n->custom; k++) kiln_tensor_release(outs[k]);
     for (int k = 0; k < n->nin && s == KILN_OK; k++) {
         if (!gin[k]) continue;
         const kiln_meta *want = &n->in_meta[k], *got = &gin[k]->meta;

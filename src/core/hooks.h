@@ -13,6 +13,9 @@ typedef struct kiln_layer_hooks {
     /* the tracer: records an op kiln_apply just ran into the thread's active trace */
     void (*trace_record)(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                          kiln_tensor **out);
+    /* the tracer: an op that writes some of its inputs in place is about to run (kept for
+     * kiln_tracer_undo_writes when the trace keeps an undo log) */
+    void (*trace_before_write)(kiln_op op, int nin, kiln_tensor *const *in);
     /* the tracer: `alias` (a detached view of t) stands for t's value in the active trace */
     void (*trace_alias)(const kiln_tensor *t, const kiln_tensor *alias);
     /* autograd: records a differentiable op kiln_apply ran with inputs that require grad */

@@ -13,6 +13,16 @@ void kiln_manual_seed(uint64_t seed) {
     atomic_store(&random_counter, 0);
 }
 
+void kiln_random_get_state(uint64_t *key, uint64_t *counter) {
+    *key = atomic_load(&random_key);
+    *counter = atomic_load(&random_counter);
+}
+
+void kiln_random_set_state(uint64_t key, uint64_t counter) {
+    atomic_store(&random_key, key);
+    atomic_store(&random_counter, counter);
+}
+
 kiln_random_stream kiln_random_reserve(uint64_t count) {
     kiln_random_stream s;
     s.key = atomic_load_explicit(&random_key, memory_order_relaxed);

@@ -27,6 +27,12 @@ struct kiln_tracer {
     int32_t *const_value;
     int64_t *const_version;
     int32_t nconst, cap_const;
+    /* the undo log (kiln_tracer_keep_undo): each tensor the traced ops write in place, and a copy
+     * of it made before its first write */
+    bool keep_undo;
+    kiln_ptrmap undo_seen; /* tensor uid -> its entry */
+    kiln_tensor **undo_dst, **undo_copy;
+    int32_t nundo, cap_undo;
 };
 
 /* The thread's active tracer lives in core (kiln_thread.trace_active), where kiln_apply reads it. */
@@ -39,6 +45,7 @@ static void set_active(kiln_tracer *tr) {
 __attribute__((constructor)) static void register_hooks(void) {
     kiln_hooks.trace_record = kiln_tracer_record;
     kiln_hooks.trace_alias = kiln_tracer_alias;
+    kiln_hooks.trace_before_write = kiln_tracer_before_write;
 }
 
 kiln_tracer *kiln_tracer_active(void) { return kiln_thread.trace_active; }
@@ -87,6 +94,7 @@ void kiln_tracer_free(kiln_tracer *tr) {
     free(tr->first_read_loc);
     for (int32_t k = 0; k < tr->nconst; k++) kiln_tensor_release(tr->const_src[k]);
     free(tr->const_src), free(tr->const_value), free(tr->const_version);
+    kiln_tracer_drop_undo(tr);
     kiln_graph_free(tr->graph);
     free(tr);
 }
@@ -241,3 +249,70 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
 }
 
 kiln_status kiln_tracer_status(const kiln_tracer *tr) { return tr->failure; }
+
+void kiln_tracer_keep_undo(kiln_tracer *tr, bool keep) { tr->keep_undo = keep; }
+
+/* The copy of t as it is now, in the undo log of the innermost active tracer keeping one (once
+ * per tensor: its value before the trace's first write of it). */
+void kiln_tracer_before_write(kiln_op op, int nin, kiln_tensor *const *in) {
+    kiln_tracer *tr = kiln_thread.trace_active;
+    while (tr && !tr->keep_undo) tr = tr->parent;
+    if (!tr || tr->failure != KILN_OK) return;
+    uint32_t flags = kiln_op_table[op].flags;
+    kiln_tracer *active = kiln_thread.trace_active;
+    set_active(NULL); /* the copies are not part of the trace */
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < nin && s == KILN_OK; k++) {
+        bool written = (k == 0 && (flags & KILN_OPF_MUTATES)) || (k < 8 && (flags & KILN_OPF_WRITES_INPUT(k)));
+        if (!written || kiln_ptrmap_get(&tr->undo_seen, key_of(in[k])) >= 0) continue;
+        if (tr->nundo == tr->cap_undo) {
+            int32_t cap = tr->cap_undo ? 2 * tr->cap_undo : 8;
+            kiln_tensor **dst = kiln_realloc(tr->undo_dst, sizeof *dst * (size_t)cap);
+            if (dst) tr->undo_dst = dst;
+            kiln_tensor **copy = kiln_realloc(tr->undo_copy, sizeof *copy * (size_t)cap);
+            if (copy) tr->undo_copy = copy;
+            if (!dst || !copy) {
+                s = kiln_error(KILN_ERR_MEMORY, "out of memory keeping a tensor written while tracing");
+                break;
+            }
+            tr->cap_undo = cap;
+        }
+        kiln_tensor *copy = NULL;
+        s = kiln_tensor_empty_like_meta(&in[k]->meta, &copy);
+        if (s == KILN_OK) s = kiln_copy_into(copy, in[k]);
+        if (s == KILN_OK) s = kiln_ptrmap_put(&tr->undo_seen, key_of(in[k]), tr->nundo);
+        if (s != KILN_OK) {
+            kiln_tensor_release(copy);
+            break;
+        }
+        kiln_tensor_retain(in[k]);
+        tr->undo_dst[tr->nundo] = in[k];
+        tr->undo_copy[tr->nundo++] = copy;
+    }
+    if (s != KILN_OK) tr->failure = kiln_error_context(s, "while tracing %s", kiln_op_table[op].name);
+    set_active(active);
+}
+
+kiln_status kiln_tracer_undo_writes(kiln_tracer *tr) {
+    kiln_tracer *active = kiln_thread.trace_active;
+    set_active(NULL);
+    kiln_status s = KILN_OK;
+    for (int32_t k = tr->nundo - 1; k >= 0 && s == KILN_OK; k--) { /* the latest first: the earliest copy wins */
+        s = kiln_copy_into(tr->undo_dst[k], tr->undo_copy[k]);
+        if (s == KILN_OK) kiln_tensor_bump_version(tr->undo_dst[k]);
+    }
+    set_active(active);
+    kiln_tracer_drop_undo(tr);
+    return s;
+}
+
+void kiln_tracer_drop_undo(kiln_tracer *tr) {
+    for (int32_t k = 0; k < tr->nundo; k++) {
+        kiln_tensor_release(tr->undo_dst[k]);
+        kiln_tensor_release(tr->undo_copy[k]);
+    }
+    free(tr->undo_dst), free(tr->undo_copy);
+    tr->undo_dst = tr->undo_copy = NULL;
+    tr->nundo = tr->cap_undo = 0;
+    kiln_ptrmap_free(&tr->undo_seen);
+}

@@ -10,6 +10,9 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
                         kiln_tensor **out);
 /* With a tracer active: `alias` (a detached view of t) stands for t's value. */
 void kiln_tracer_alias(const kiln_tensor *t, const kiln_tensor *alias);
+/* An op about to write some of its inputs in place: kept in the undo log of the innermost active
+ * tracer that keeps one. */
+void kiln_tracer_before_write(kiln_op op, int nin, kiln_tensor *const *in);
 /* The first error met while recording (KILN_OK when none). */
 kiln_status kiln_tracer_status(const kiln_tracer *tr);
 

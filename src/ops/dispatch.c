@@ -32,6 +32,9 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
         for (int k = 0; k < nout && s == KILN_OK; k++) s = kiln_tensor_empty_like_meta(&metas[k], &out[k]);
     }
+    if (s == KILN_OK && kiln_thread.trace_active && (info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)) &&
+        kiln_hooks.trace_before_write)
+        kiln_hooks.trace_before_write(op, nin, in);
     if (s == KILN_OK) {
         if (kiln_profiling()) {
             int64_t start = kiln_profile_begin();

@@ -3,10 +3,33 @@
  * Parameters and state tensors must be contiguous float32 or float64 of one dtype and shape;
  * the gradient may have any layout and float dtype (it is converted to the parameter's).
  * Kernels write in[0] and the state tensors, bump their versions and return in[0] as out[0].
- * Each element is updated independently, so results do not depend on the thread count. */
+ * Each element is updated independently, so results do not depend on the thread count.
+ * The learning rate is attribute f[0], or an optional last input: a 1-element float tensor read
+ * when the update runs (a schedule computed in a compiled training step from its step count). */
 #include <math.h>
 
 #include "../core/internal.h"
+
+/* nin: the op's inputs without a learning-rate tensor; given one more, check that it is one. */
+static kiln_status check_lr_input(const char *op, kiln_tensor *const *in, int nin, int base) {
+    if (nin != base && nin != base + 1)
+        return kiln_error(KILN_ERR_TYPE, "%s: expected %d tensor inputs (%d with a learning-rate tensor), got %d", op,
+                          base, base + 1, nin);
+    if (nin == base + 1 && (!kiln_dtype_is_float(in[base]->meta.dtype) || in[base]->numel != 1)) {
+        char buf[160];
+        return kiln_error(KILN_ERR_TYPE, "%s: the learning rate must be a 1-element float tensor, got %s %s", op,
+                          kiln_dtype_name(in[base]->meta.dtype), kiln_shape_str(&in[base]->meta, buf, sizeof buf));
+    }
+    return KILN_OK;
+}
+
+/* The learning rate: the tensor after the base inputs when given (>= 0), else attribute f[0]. */
+static kiln_status learning_rate(const char *op, kiln_tensor *const *in, int nin, int base, const kiln_attrs *a,
+                                 double *lr) {
+    *lr = nin > base ? kiln_tensor_get_double(in[base], 0) : a->f[0];
+    if (!(*lr >= 0)) return kiln_error(KILN_ERR_VALUE, "%s: the learning rate must be >= 0, got %g", op, *lr);
+    return KILN_OK;
+}
 
 static kiln_status check_state(const char *op, const char *what, const kiln_tensor *p, const kiln_tensor *t) {
     const kiln_meta *pm = &p->meta, *m = &t->meta;
@@ -82,6 +105,7 @@ static kiln_status check_writable(const char *op, kiln_tensor *const *in, int n,
 
 KILN_INFER(sgd_update) {
     static const char *const names[] = {"the momentum buffer"};
+    KILN_TRY(check_lr_input("sgd_update", in, nin, 4));
     KILN_TRY(check_update("sgd_update", in, a->nf >= 2 && a->f[1] != 0.0 ? 1 : 0, names, a, 1, 4));
     KILN_TRY(check_step("sgd_update", in[3]));
     if (a->f[1] < 0 || a->f[3] < 0 || a->f[2] < 0)
@@ -97,7 +121,7 @@ KILN_INFER(sgd_update) {
     do {                                                                                      \
         T *restrict p = in[0]->data, *restrict buf = momentum != 0 ? in[2]->data : NULL;      \
         const T *restrict g = grad->data;                                                     \
-        const T lr = (T)a->f[0], mom = (T)momentum, wd = (T)a->f[2], damp = (T)(1 - dampening); \
+        const T lr = (T)lr_value, mom = (T)momentum, wd = (T)a->f[2], damp = (T)(1 - dampening); \
         const bool nesterov = a->i[0] != 0;                                                   \
         _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
         for (int64_t i = 0; i < n; i++) {                                                     \
@@ -112,7 +136,8 @@ KILN_INFER(sgd_update) {
     } while (0)
 
 KILN_KERNEL(sgd_update) {
-    double momentum = a->f[1];
+    double momentum = a->f[1], lr_value;
+    KILN_TRY(learning_rate("sgd_update", in, nin, 4, a, &lr_value));
     KILN_TRY(check_writable("sgd_update", in, momentum != 0 ? 3 : 1, 3));
     int64_t t = 0;
     KILN_TRY(next_step("sgd_update", in[3], &t));
@@ -138,6 +163,7 @@ KILN_KERNEL(sgd_update) {
 
 KILN_INFER(adam_update) {
     static const char *const names[] = {"the first moment m", "the second moment v"};
+    KILN_TRY(check_lr_input("adam_update", in, nin, 5));
     KILN_TRY(check_update("adam_update", in, 2, names, a, 0, 5));
     KILN_TRY(check_step("adam_update", in[4]));
     if (!(a->f[1] >= 0 && a->f[1] < 1 && a->f[2] >= 0 && a->f[2] < 1))
@@ -153,7 +179,7 @@ KILN_INFER(adam_update) {
         T *restrict p = in[0]->data, *restrict m = in[2]->data, *restrict v = in[3]->data;    \
         const T *restrict g = grad->data;                                                     \
         const T b1 = (T)beta1, b2 = (T)beta2, eps = (T)a->f[3], wd = (T)a->f[4];              \
-        const T step_size = (T)(a->f[0] / bc1), inv_bc2_sqrt = (T)(1 / sqrt(bc2));            \
+        const T step_size = (T)(lr_value / bc1), inv_bc2_sqrt = (T)(1 / sqrt(bc2));           \
         _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
         for (int64_t i = 0; i < n; i++) {                                                     \
             T gi = g[i] + wd * p[i];                                                          \
@@ -166,6 +192,8 @@ KILN_INFER(adam_update) {
     } while (0)
 
 KILN_KERNEL(adam_update) {
+    double lr_value;
+    KILN_TRY(learning_rate("adam_update", in, nin, 5, a, &lr_value));
     KILN_TRY(check_writable("adam_update", in, 4, 4));
     int64_t t = 0;
     KILN_TRY(next_step("adam_update", in[4], &t));

@@ -73,7 +73,7 @@ static int dispatcher_clear(PyObject *self) {
 }
 
 #define MAX_SYMS 64
-#define MAX_INSTANCES 16 /* per dynamic entry (each holds its arena): the least recently found goes */
+#define MAX_INSTANCES 256 /* per dynamic entry (kiln.jit.dynamic.MAX_INSTANCES): the least recently found goes */
 
 /* Whether the call matches e; for a dynamic entry, bind[] receives the symbols' sizes (a symbol
  * met twice must have one size; each is at least 2: sizes 0 and 1 are specialized). */
@@ -246,19 +246,21 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-/* _add_fast_instance(entry, binding, executable): the executable for one binding (a tuple of the
- * symbols' sizes) of dynamic entry number `entry` (in the order added) */
+/* _add_fast_instance(entry, binding, executable, limit=MAX_INSTANCES): the executable for one
+ * binding (a tuple of the symbols' sizes) of dynamic entry number `entry` (in the order added);
+ * the entry keeps at most `limit` instances */
 static PyObject *dispatcher_add_instance(PyObject *self, PyObject *args) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
-    int k;
+    int k, limit = MAX_INSTANCES;
     PyObject *binding, *exe;
-    if (!PyArg_ParseTuple(args, "iO!O:_add_fast_instance", &k, &PyTuple_Type, &binding, &exe)) return NULL;
+    if (!PyArg_ParseTuple(args, "iO!O|i:_add_fast_instance", &k, &PyTuple_Type, &binding, &exe, &limit)) return NULL;
+    if (limit < 1 || limit > MAX_INSTANCES) limit = MAX_INSTANCES;
     if (k < 0 || k >= d->nentries || d->entries[k].nsym == 0)
         return PyErr_Format(PyExc_IndexError, "_add_fast_instance: no dynamic entry %d", k);
     guard_entry *e = &d->entries[k];
     if (PyTuple_GET_SIZE(binding) != e->nsym)
         return PyErr_Format(PyExc_ValueError, "_add_fast_instance: %d sizes expected", e->nsym);
-    if (e->ninst == MAX_INSTANCES) Py_CLEAR(e->inst[--e->ninst]); /* the last: the least recently found */
+    while (e->ninst >= limit) Py_CLEAR(e->inst[--e->ninst]); /* the last: the least recently found */
     if (e->ninst == e->capinst) {
         int cap = e->capinst ? 2 * e->capinst : 8;
         int64_t *binds = PyMem_Realloc(e->binds, sizeof(int64_t) * (size_t)cap * (size_t)e->nsym);

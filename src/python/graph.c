@@ -611,6 +611,25 @@ static PyObject *tracer_set_loc(PyObject *self, PyObject *loc) {
     Py_RETURN_NONE;
 }
 
+/* keep_undo(): from now on, each tensor the traced ops write in place is copied before its first write */
+static PyObject *tracer_keep_undo(PyObject *self, PyObject *unused) {
+    (void)unused;
+    PyTracer *p = live(self);
+    if (!p) return NULL;
+    kiln_tracer_keep_undo(p->tr, true);
+    Py_RETURN_NONE;
+}
+
+/* undo_writes(): those tensors' values put back as they were before the trace wrote them */
+static PyObject *tracer_undo_writes(PyObject *self, PyObject *unused) {
+    (void)unused;
+    PyTracer *p = (PyTracer *)self;
+    kiln_tracer_keep_undo(p->tr, false);
+    kiln_status s = kiln_tracer_undo_writes(p->tr);
+    if (s != KILN_OK) return pykiln_raise(s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *tracer_knows(PyObject *self, PyObject *t) {
     PyTracer *p = (PyTracer *)self;
     if (!pykiln_is_tensor(t)) Py_RETURN_FALSE;
@@ -917,6 +936,8 @@ static PyMethodDef tracer_methods[] = {
     {"add_input", tracer_add_input, METH_O, "declare a tensor as the next graph input"},
     {"set_loc", tracer_set_loc, METH_O, "source location recorded with the following ops"},
     {"knows", tracer_knows, METH_O, "whether the tensor is an input or was produced while tracing"},
+    {"keep_undo", tracer_keep_undo, METH_NOARGS, "copy each tensor the traced ops write in place before its first write"},
+    {"undo_writes", tracer_undo_writes, METH_NOARGS, "put the tensors the trace wrote back as they were (keep_undo)"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
     {"value_of", tracer_value_of, METH_O, "value_of(tensor) -> its value id in the graph"},
     {"node_of", tracer_node_of, METH_O, "node_of(tensor) -> index of the node producing it, or -1"},

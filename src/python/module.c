@@ -269,6 +269,22 @@ static PyObject *py_manual_seed(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* random_state() -> (key, counter): the generator's state, for set_random_state */
+static PyObject *py_random_state(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    uint64_t key, counter;
+    kiln_random_get_state(&key, &counter);
+    return Py_BuildValue("(KK)", (unsigned long long)key, (unsigned long long)counter);
+}
+
+static PyObject *py_set_random_state(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long long key, counter;
+    if (!PyArg_ParseTuple(arg, "KK:set_random_state", &key, &counter)) return NULL;
+    kiln_random_set_state(key, counter);
+    Py_RETURN_NONE;
+}
+
 /* set_num_threads(n): n an int (or has __index__) in [1, KILN_MAX_THREADS] */
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     (void)self;
@@ -381,6 +397,8 @@ static PyMethodDef module_methods[] = {
     {"set_grad_enabled", py_set_grad_enabled, METH_O, "set grad mode; returns the previous mode"},
     {"is_grad_enabled", py_is_grad_enabled, METH_NOARGS, "whether grad mode is on"},
     {"manual_seed", py_manual_seed, METH_O, "seed the random generator"},
+    {"random_state", py_random_state, METH_NOARGS, "random_state() -> (key, counter) of the random generator"},
+    {"set_random_state", py_set_random_state, METH_O, "set_random_state((key, counter)): as random_state gave it"},
     {"set_num_threads", py_set_num_threads, METH_O, "set the number of threads"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "the number of threads"},
     {"from_numpy", py_from_buffer, METH_O, "a tensor sharing the memory of a NumPy array (read-only if the buffer is)"},

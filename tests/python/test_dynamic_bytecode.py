@@ -170,9 +170,10 @@ def test_value_and_grad_with_dynamic_shapes():
         close(v, ev)
         close(g, eg)
     # the first call's differentiable piece (exact sizes), then the forward-and-backward graph, once
+    # (cache_info counts the forward-and-backward graphs value_and_grad of f compiles)
     variants = [j.cache_info() for j in f._grad_variants.values()]
-    assert f.cache_info().compiles + sum(i.compiles for i in variants) == 2, (f.cache_info(), variants)
-    assert sum(i.instances for i in variants) == 2, variants  # sizes 6 and 9 (4: the capture)
+    assert f.cache_info().compiles == 2, (f.cache_info(), variants)
+    assert sum(i.instances for i in variants) == 2 == f.cache_info().instances, variants  # sizes 6 and 9 (4: the capture)
 
 
 def test_value_and_grad_through_a_graph_break_with_changing_shapes():

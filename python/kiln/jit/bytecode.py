@@ -20,6 +20,7 @@ instruction, graph, ... with the pieces compiled once per resume point and guard
 """
 import dis
 import operator
+import sys
 import types
 import weakref
 
@@ -176,7 +177,7 @@ class Frame:
     def named_locals(self):
         """name -> value of the bound locals (cells read through), as a frame's f_locals."""
         out = {}
-        for name, v in zip(self.code.code.co_varnames + self.code.code.co_cellvars, self.locals):
+        for name, v in zip(localsplus_names(self.code.code), self.locals):
             if isinstance(v, types.CellType):
                 try:
                     v = v.cell_contents
@@ -189,13 +190,19 @@ class Frame:
     @classmethod
     def start(cls, func, bound):
         code = Code.of(func.__code__)
-        n = len(func.__code__.co_varnames) + len(func.__code__.co_cellvars) + len(func.__code__.co_freevars)
+        n = len(localsplus_names(func.__code__))
         local_values = list(bound) + [NULL] * (n - len(bound))
         return cls(func, code, local_values, [], 0)
 
     def where(self):
         ins = self.code.ins[self.pc]
         return f"{self.code.code.co_filename}:{ins[3]}"
+
+
+def localsplus_names(code):
+    """The names of a frame's local slots, in CPython 3.11's order: the locals (a parameter that is
+    also a cell keeps its one slot), the other cells, the free variables."""
+    return code.co_varnames + tuple(c for c in code.co_cellvars if c not in code.co_varnames) + code.co_freevars
 
 
 def bound_names(code):
@@ -278,6 +285,7 @@ class Interpreter:
         self.dynamic = None  # a dynamic-shape capture's kiln.jit.dynamic.Capture (len() of a tensor stays symbolic)
         self.size_values = None  # thaw: the sizes of the symbols that a state's sizes (_SIZE) are expressions of
         self.size_inputs = []  # (expression, 0-d tensor): sizes used as numbers beside tensors, graph inputs
+        self.user_frames = None  # a capture's sys.settrace hook showing the recorder user code run as it is
 
     def size_operand(self, n):
         """A size (a SymInt of a dynamic capture) used as a number beside a tensor: a 0-d int64 graph
@@ -425,6 +433,13 @@ class Interpreter:
         if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
             self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
                      "breaks (its pieces run on the eager tape)")
+        if type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ and not guards.is_user_code(fn.__code__):
+            # a kiln.grad / value_and_grad wrapper (named after the function it differentiates)
+            if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
+                raise Specialize(f"a symbolic scalar passed to {fn.__qualname__}")
+            return self.run_known(fn, args, kwargs)
+        if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
+            return super(*_super_arguments(frame))
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
@@ -454,10 +469,27 @@ class Interpreter:
         return self.run_known(fn, args, kwargs)
 
     def run_known(self, fn, args, kwargs):
+        """fn run as it is (kiln's own code, a builtin, a kiln.grad wrapper: its forward and
+        backward recorded in the graph as trace capture records them). While capturing, the user
+        code it calls (a function kiln.grad differentiates, a loop body, a key function) is shown
+        to the guard recorder as it starts; a Python side effect there makes the call run eagerly."""
         if fn is len and self.dynamic is not None and len(args) == 1 and not kwargs and _is_tensor(args[0]) \
                 and args[0].ndim > 0:  # its first size as the capture sees it (a SymInt), not specialized
             return args[0].shape[0]
-        result = fn(*args, **kwargs)
+        hooked = self.user_frames is not None and sys.gettrace() is None
+        if hooked:
+            sys.settrace(self.user_frames)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            if hooked:
+                sys.settrace(None)
+        if hooked and self.recorder is not None:
+            effect = self.recorder.side_effect(())
+            if effect is not None:
+                raise Unsupported(f"a Python side effect ({effect}) in code called by "
+                                  f"{getattr(fn, '__qualname__', type(fn).__name__)}, which would run only when the "
+                                  "graph is captured")
         if fn in (list, dict, set) or fn is sorted:
             self.note_created(result)
         return result
@@ -467,7 +499,7 @@ class Interpreter:
         if self.symbolic and (code.co_flags & (0x0C | _GENERATOR_FLAGS) or Code.of(code).cpython_only) and (
                 sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
             raise Specialize(f"a symbolic scalar passed to {func.__qualname__} (*args, **kwargs or run by CPython)")
-        if code.co_flags & _GENERATOR_FLAGS:
+        if code.co_flags & _GENERATOR_FLAGS and not _is_genexpr(code):
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
         why = Code.of(code).cpython_only
@@ -484,6 +516,8 @@ class Interpreter:
             if isinstance(v, (list, dict)) and code.co_flags & 0x0C:
                 self.note_created(v)  # *args / **kwargs
         frame = Frame.start(func, bound)
+        if code.co_flags & _GENERATOR_FLAGS:  # a generator expression: its yields, at the bottom of its stack
+            frame.stack.append(self.note_created([]))
         self.reads.append((frame, dict(zip(bound_names(code), bound))))
         self.frames.append(frame)
         return _PUSHED
@@ -497,9 +531,33 @@ class Interpreter:
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
 
 
+def _super_arguments(frame):
+    """What zero-argument super() finds in the calling frame: the __class__ cell's class and the
+    first argument (CPython reads them from the frame, which an interpreted function does not have)."""
+    code = frame.code.code
+    names = localsplus_names(code)
+    if "__class__" not in code.co_freevars or not code.co_argcount:
+        raise RuntimeError("super(): __class__ cell not found" if code.co_argcount else "super(): no arguments")
+    cls = frame.locals[len(names) - len(code.co_freevars) + code.co_freevars.index("__class__")]
+    first = frame.locals[0]
+    if isinstance(first, types.CellType):
+        first = first.cell_contents
+    return cls.cell_contents, first
+
+
+def _is_genexpr(code):
+    """A generator expression's code: interpreted to its end when called (its values collected,
+    then iterated by the caller as a list's), like a list comprehension."""
+    return code.co_name == "<genexpr>" and code.co_flags & _GENERATOR_FLAGS == 0x20
+
+
 def bind(func, args, kwargs):
     """The parameters of func bound as CPython binds them (localsplus order)."""
     import inspect
+
+    code = func.__code__
+    if not kwargs and not code.co_flags & 0x0C and not code.co_kwonlyargcount and len(args) == code.co_argcount:
+        return list(args)  # positional, filling the parameters exactly (a comprehension's `.0` too)
 
     # func's own parameters: not those of the function a decorator's __wrapped__ names
     sig = inspect.signature(func, follow_wrapped=False)
@@ -644,11 +702,20 @@ def h_load_method(it, f, arg, name, target):
     attr = f.code.code.co_names[arg]
     obj = f.stack.pop()
     meth = getattr(type(obj), attr, None)
-    if isinstance(meth, types.FunctionType) and attr not in getattr(obj, "__dict__", {}):
+    if isinstance(meth, types.FunctionType) and attr not in getattr(obj, "__dict__", {}) and isinstance(
+            _class_attribute(type(obj), attr), types.FunctionType):  # not a staticmethod's function
         f.stack.extend((meth, obj))
     else:
         f.stack.extend((NULL, getattr(obj, attr)))
     _next(f)
+
+
+def _class_attribute(cls, attr):
+    """attr as the class defines it (a staticmethod object stays one), or None."""
+    for klass in cls.__mro__:
+        if attr in klass.__dict__:
+            return klass.__dict__[attr]
+    return None
 
 
 def _attribute_change(it, f, arg, what):
@@ -856,12 +923,30 @@ def h_unpack_ex(it, f, arg, name, target):
 
 
 class _Iter:
-    """An iterator of the interpreted code: the items left, materialized at GET_ITER (part of the
-    frame state at a graph break, rebuilt for the continuation)."""
-    __slots__ = ("items", "pos")
+    """An iterator of the interpreted code: the items left, materialized at GET_ITER or by a
+    generator expression run to its end (part of the frame state at a graph break, rebuilt for the
+    continuation), or a Python iterator advanced as the code asks (source: enumerate, zip,
+    reversed, a dict or its views, which see their list or dict change on the way; materialized
+    when a state is frozen). Code run as it is (sum, tuple, max ...) iterates it as a Python iterator."""
+    __slots__ = ("items", "pos", "source")
 
-    def __init__(self, items, pos=0):
-        self.items, self.pos = items, pos
+    def __init__(self, items, pos=0, source=None):
+        self.items, self.pos, self.source = items, pos, source
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.source is not None:
+            return next(self.source)
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def materialize(self):
+        if self.source is not None:
+            self.items, self.pos, self.source = list(self.source), 0, None
 
 
 def h_get_iter(it, f, arg, name, target):
@@ -873,13 +958,30 @@ def h_get_iter(it, f, arg, name, target):
             v, (range, tuple, list, dict, set, frozenset, str, zip, enumerate, reversed, type({}.items()),
                 type({}.keys()), type({}.values()))) and not _is_tensor(v) and not isinstance(v, it.cell_type)):
         it.brk(f"iterating over a {type(v).__name__}")
-    f.stack[-1] = _Iter(list(v))
+    # a list is iterated live, as CPython's list iterator does (items appended or removed on the
+    # way are seen), so are the lazy iterators over them; anything else is materialized here
+    if type(v) is list:
+        f.stack[-1] = _Iter(v)
+    elif isinstance(v, _LAZY):
+        f.stack[-1] = _Iter([], source=iter(v))
+    else:
+        f.stack[-1] = _Iter(list(v))
     _next(f)
+
+
+_LAZY = (zip, enumerate, reversed, dict, type({}.items()), type({}.keys()), type({}.values()))
 
 
 def h_for_iter(it, f, arg, name, target):
     i = f.stack[-1]
-    if i.pos < len(i.items):
+    if i.source is not None:
+        try:
+            f.stack.append(next(i.source))
+            _next(f)
+        except StopIteration:
+            f.stack.pop()
+            _jump(f, target)
+    elif i.pos < len(i.items):
         f.stack.append(i.items[i.pos])
         i.pos += 1
         _next(f)
@@ -899,6 +1001,17 @@ def _pop_jump(test):
             it.brk("a branch on a tensor's value")
         f.stack.pop()
         if test(v):
+            _jump(f, target)
+        else:
+            _next(f)
+    return handler
+
+
+def _pop_jump_identity(test):
+    """POP_JUMP_*_IF_NONE / _IF_NOT_NONE: `x is None` is a Python fact about any object, a
+    tensor included (never its value): no graph break."""
+    def handler(it, f, arg, name, target):
+        if test(f.stack.pop()):
             _jump(f, target)
         else:
             _next(f)
@@ -1041,7 +1154,20 @@ def h_with_except_start(it, f, arg, name, target):
     _next(f)
 
 
+def h_return_generator(it, f, arg, name, target):
+    f.stack.append(None)  # what the first send() gives (popped next)
+    _next(f)
+
+
+def h_yield_value(it, f, arg, name, target):
+    f.stack[0].append(f.stack.pop())
+    f.stack.append(None)  # next() sends None
+    _next(f)
+
+
 def h_return_value(it, f, arg, name, target):
+    if f.code.code.co_flags & _GENERATOR_FLAGS:  # a generator expression's end: the iterator of its values
+        f.stack[-1] = _Iter(f.stack[0])
     value = f.stack[-1]
     if len(it.frames) == 1 and it.symbolic and isinstance(value, SymScalar):
         raise Specialize("a symbolic scalar returned")
@@ -1074,17 +1200,18 @@ _HANDLERS = {
     "JUMP_BACKWARD": h_jump, "JUMP_BACKWARD_NO_INTERRUPT": h_jump,
     "POP_JUMP_FORWARD_IF_TRUE": _pop_jump(bool), "POP_JUMP_BACKWARD_IF_TRUE": _pop_jump(bool),
     "POP_JUMP_FORWARD_IF_FALSE": _pop_jump(operator.not_), "POP_JUMP_BACKWARD_IF_FALSE": _pop_jump(operator.not_),
-    "POP_JUMP_FORWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
-    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "POP_JUMP_FORWARD_IF_NONE": _pop_jump_identity(lambda v: v is None),
+    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump_identity(lambda v: v is None),
+    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump_identity(lambda v: v is not None),
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump_identity(lambda v: v is not None),
     "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True), "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
     "KW_NAMES": h_kw_names, "CALL": h_call, "CALL_FUNCTION_EX": h_call_function_ex,
     "MAKE_FUNCTION": h_make_function, "RETURN_VALUE": h_return_value, "RAISE_VARARGS": h_raise_varargs,
     "LOAD_ASSERTION_ERROR": h_load_assertion_error, "IMPORT_NAME": h_import_name, "IMPORT_FROM": h_import_from,
     "DELETE_ATTR": h_delete_attr, "PUSH_EXC_INFO": h_push_exc_info, "POP_EXCEPT": h_pop_except,
     "CHECK_EXC_MATCH": h_check_exc_match, "RERAISE": h_reraise, "BEFORE_WITH": h_before_with,
-    "WITH_EXCEPT_START": h_with_except_start,
+    "WITH_EXCEPT_START": h_with_except_start, "RETURN_GENERATOR": h_return_generator,
+    "YIELD_VALUE": h_yield_value,
 }
 
 
@@ -1103,6 +1230,8 @@ class _Tag:
 
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
+_LIVE_ITER = _Tag("live iter")  # an iterator over a list of the state: (the list, the position)
+_ALIAS = _Tag("alias")  # a list or dict met again in a state: the number of its first occurrence
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 _SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
@@ -1158,6 +1287,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
     tagged. symbolic: the ints and floats of locals and stacks as 0-d tensors (SymScalars of the
     next capture); a SymScalar is its tensor. Raises Unsupported for a state it cannot rebuild."""
     free_cells = {}
+    seen = {}  # id(list or dict of the state) -> its number, in the order met (thaw numbers them alike)
     for i, fr in enumerate(frames):
         cells = fr.func.__closure__ or ()
         for k, c in enumerate(cells):
@@ -1181,6 +1311,9 @@ def freeze(frames, interp, tracer=None, symbolic=False):
                 return _REF, _ByIdentity(v)
             return v
         if isinstance(v, _Iter):
+            v.materialize()
+            if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
+                return _LIVE_ITER, (conv(v.items, depth + 1), v.pos)  # (the list, shared with the frames' own)
             return _ITER, tuple(conv(x, depth + 1) for x in v.items[v.pos:])
         if isinstance(v, types.CellType):
             if id(v) in free_cells:
@@ -1194,6 +1327,9 @@ def freeze(frames, interp, tracer=None, symbolic=False):
         if type(v) in (list, dict):
             if not interp.local(v) and id(v) not in interp.foreign:
                 return _REF, _ByIdentity(v)  # reached through a global, a closure or an attribute
+            if id(v) in seen:  # the same list or dict again (two names, or held by another): one object
+                return _ALIAS, seen[id(v)]
+            seen[id(v)] = len(seen)
             out = [conv(x, depth + 1) for x in v] if type(v) is list else {k: conv(x, depth + 1) for k, x in v.items()}
             return out if interp.local(v) else (_FOREIGN, out)
         if isinstance(v, types.BuiltinMethodType) and not isinstance(v.__self__, types.ModuleType):
@@ -1215,6 +1351,7 @@ def thaw(state, interp, top):
     """Frames from freeze()'s tuple (after tree.unflatten: fresh containers), their containers
     noted in interp as created or foreign as they were; top is the function called (TOP)."""
     funcs = [frame_function(fr[0], top) for fr in state]
+    made = []  # the lists and dicts rebuilt, numbered in the order freeze met them (_ALIAS)
 
     def conv(v):
         if type(v) not in _CONTAINERS:
@@ -1235,6 +1372,10 @@ def thaw(state, interp, top):
                 return evaluate(payload, interp.size_values)
             if tag is _ITER:
                 return _Iter([conv(x) for x in payload])
+            if tag is _LIVE_ITER:
+                return _Iter(conv(payload[0]), payload[1])
+            if tag is _ALIAS:
+                return made[payload]
             if tag is _CELL:
                 return types.CellType(conv(payload)) if payload != () else types.CellType()
             if tag is _METHOD:
@@ -1248,8 +1389,16 @@ def thaw(state, interp, top):
                 return c
         if type(v) is tuple:
             return tuple(conv(x) for x in v)
-        if type(v) in (list, dict):
-            return interp.note_created([conv(x) for x in v] if type(v) is list else {k: conv(x) for k, x in v.items()})
+        if type(v) is list:
+            out = interp.note_created([])
+            made.append(out)  # (before its items: they may name it)
+            out.extend([conv(x) for x in v])
+            return out
+        if type(v) is dict:
+            out = interp.note_created({})
+            made.append(out)
+            out.update({k: conv(x) for k, x in v.items()})
+            return out
         return v
 
     frames = []

@@ -152,7 +152,7 @@ class Pieces:
             fast = self.fast_dyn.get(id(piece))
             if fast and binding not in fast[1]:
                 fast[1].add(binding)
-                self.owner._add_fast_instance(fast[0], binding, exe)
+                self.owner._add_fast_instance(fast[0], binding, exe, piece.dyn.limit)
             return piece, exe, values
         return None
 
@@ -207,7 +207,7 @@ def _labels(spec, leaves, top):
     where = {}
     for fr in tree.unflatten(spec, list(leaves))[0]:
         code = bytecode.frame_function(fr[0], top).__code__
-        for name, v in zip(code.co_varnames + code.co_cellvars, fr[2]):
+        for name, v in zip(bytecode.localsplus_names(code), fr[2]):
             if isinstance(v, _C.TensorBase):
                 where[id(v)] = name
     return [where.get(id(t), f"input{k}") for k, t in enumerate(leaves)]
@@ -247,13 +247,19 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
     tracer = _C.Tracer()
+    # the tensors the capture writes in place (a BatchNorm's running statistics, an optimizer's
+    # state) and the random generator are kept as they were: put back when the compiled piece runs
+    # the writes again (grad: it runs to record its node) or the call runs another way
+    # (Unsupported, Specialize)
+    tracer.keep_undo()
+    undo, rng = True, _C.random_state()  # (the generator's draws are undone with them)
     capture = graph = out_dims = None
     recorder = guards.Recorder(top=owner._pieces.fn)
     called, writes = [], []
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import bind_inputs
+        from .function import _user_frame_tracer, bind_inputs
 
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
@@ -262,6 +268,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 if t.requires_grad and not a.requires_grad:
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
+        interp.user_frames = _user_frame_tracer(tracer, recorder.on_call)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
         if symbols is not None:
             capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)
@@ -299,7 +306,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 filename, _, line = where_at.rpartition(":")
                 raise JitSyntaxError(f"a graph break at {op} ({reason})", filename, int(line), 0,
                                      "fullgraph=True: keep the function free of graph breaks, or pass "
-                                     "fullgraph=False to split it into graphs")
+                                     "fullgraph=False to split it into graphs", capture_mode="bytecode")
             out_leaves = []
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
             if capture is not None:
@@ -316,8 +323,12 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                                        backend=opts.backend)
         if capture is not None:
             graph = tracer.recorded()
+        undo = grad
     finally:
         tracer.end()
+        if undo:
+            tracer.undo_writes()
+            _C.set_random_state(rng)
         _C.eval_frame_suspend(prev_hook)
         _C.set_cell_logs(*prev_logs)
     from ..nn import Cell
@@ -563,7 +574,10 @@ def call(jf, args, kwargs):
                 raise
             _give_up(jf, e)
             return jf._target()(*args, **kwargs)
-        shared = not prefix and jf._self_ref is None  # a plain function (a Cell's or a method's are per wrapper)
+        # a plain function of user code (a Cell's or a method's are per wrapper; so are kiln's own
+        # wrappers', e.g. kiln.grad's: the guard recorder does not guard what kiln's code reads, such as
+        # the function a wrapper closes over, and every kiln.grad wrapper has the same code)
+        shared = not prefix and jf._self_ref is None and guards.is_user_code(fn.__code__)
         pieces = jf._pieces = Pieces(jf, fn, prefix, entries_of(fn, jf.options) if shared else Entries(),
                                          shared)
     else:
@@ -677,13 +691,13 @@ def on_frame(jf, func, bound, pending):
             and entries[0].returns and not entries[0].size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
-        if _same_objects(bound, args) and not kwargs:
+        if _same_arguments(bound, args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
     if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
             and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
         _, _, args, kwargs = pending
         pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
-        if _same_objects(bound, args) and not kwargs:
+        if _same_arguments(bound, args) and not kwargs:
             d = _FastDims(dyn[0].dyn)
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(dyn[0], func), d)
             if d.fast is not None:
@@ -691,19 +705,19 @@ def on_frame(jf, func, bound, pending):
     return result
 
 
-def _same_objects(bound, args):
-    """Whether the bound parameters are the call's positional arguments themselves (by identity:
-    == on a tensor compares elements, and *args binds a tuple where the call passed tensors)."""
-    return len(bound) == len(args) and all(a is b for a, b in zip(bound, args))
+def _same_arguments(bound, args):
+    """Whether the frame's bound parameters are the call's positional arguments themselves (by
+    identity: `==` of tensors is elementwise; a *args parameter is one tuple of them)."""
+    return len(bound) == len(args) and all(b is a for b, a in zip(bound, args))
 
 
 class _FastDims:
     """What JitFunction._register_fast reads of a dynamic entry, for a dynamic piece that returns (its
     number in the C fast path is this wrapper's own: the piece may be shared, see entries_of)."""
-    __slots__ = ("dims", "instances", "fast")
+    __slots__ = ("dims", "instances", "fast", "limit")
 
     def __init__(self, d):
-        self.dims, self.instances, self.fast = d.dims, dict(d.instances), None
+        self.dims, self.instances, self.fast, self.limit = d.dims, dict(d.instances), None, d.limit
 
 
 class _FastView:

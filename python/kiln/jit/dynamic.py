@@ -52,7 +52,11 @@ import weakref
 
 from .. import _C
 
-MAX_INSTANCES = 16  # per dynamic entry (each holds its memory, or a share of the entry's arena): the least recently used goes
+# per dynamic entry (each holds a share of the entry's arena, or its own memory): the least recently
+# used goes. Enough for the lengths of a generated sequence (a growing KV cache: one binding per
+# length) to be bound once and found again by the next sequence, rather than bound anew per token.
+MAX_INSTANCES = 256
+MAX_OWN_INSTANCES = 16  # instances that each hold their own memory (not bound from one plan)
 # instances from the recording made symbolic and optimized once (False: rebound and optimized per
 # binding; tests and bench/bench_dynamic.py compare the two)
 symbolic_instances = True
@@ -928,9 +932,14 @@ class DynamicEntry:
                                    disable_format_transform=o.disable_format_transform, backend=o.backend,
                                    sublinear=o.sublinear)
         self.instances[key] = exe
-        if len(self.instances) > MAX_INSTANCES:
+        while len(self.instances) > self.limit:
             self.instances.popitem(last=False)
         return exe, True
+
+    @property
+    def limit(self):
+        """The most instances kept: bound from one plan (a share of one arena each) or not."""
+        return MAX_INSTANCES if self._plan else MAX_OWN_INSTANCES
 
     def describe(self):
         """The symbols, where they come from, the guards, whether instances come from the recording

@@ -339,7 +339,7 @@ class JitFunction(_C.JitDispatcher):
                 continue
             exe, values, made = found
             if made and d.fast is not None:
-                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe)
+                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
             if d.entry.differentiable and key[2][0] and differentiating():
                 self.stats.eager_calls += 1
                 return self._target()(*args, **kwargs)
@@ -464,7 +464,7 @@ class JitFunction(_C.JitDispatcher):
             return
         dyn.fast = index
         for binding, exe in dyn.instances.items():
-            self._add_fast_instance(index, binding, exe)
+            self._add_fast_instance(index, binding, exe, dyn.limit)
 
     def _warn_recompiles(self, key):
         if self._warned:
@@ -492,6 +492,10 @@ class JitFunction(_C.JitDispatcher):
         for name in CacheInfo.__slots__:
             setattr(info, name, getattr(self.stats, name))
         info.hits += self._fast_hits
+        for variant in self._grad_variants.values():  # value_and_grad(this): its forward-and-backward graphs
+            got = variant.cache_info()
+            for name in CacheInfo.__slots__[:-1]:
+                setattr(info, name, getattr(info, name) + getattr(got, name))
         info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
         if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
             info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]

@@ -5,11 +5,12 @@ import ast
 
 class JitSyntaxError(SyntaxError):
     """Code that capture_mode="ast" cannot compile to a graph. `filename`, `lineno` and `offset`
-    (1-based column) locate it; `construct` names it and `hint` says what to write instead."""
+    (1-based column) locate it; `construct` names it and `hint` says what to write instead;
+    `capture_mode` names the mode that refused it (bytecode capture's fullgraph=True raises it too)."""
 
-    def __init__(self, construct, filename, lineno, col, hint=""):
+    def __init__(self, construct, filename, lineno, col, hint="", capture_mode="ast"):
         where = f"{filename}:{lineno}:{col}" if lineno else filename
-        msg = f"{construct} is not supported by kiln.jit(capture_mode=\"ast\") at {where}"
+        msg = f"{construct} is not supported by kiln.jit(capture_mode=\"{capture_mode}\") at {where}"
         if hint:
             msg += f"; {hint}"
         super().__init__(msg)

@@ -6,6 +6,7 @@ import numbers
 from .. import _C
 from .. import ops
 from .._optable import OP
+from .._tensor import tensor as _tensor
 from ..autograd import no_grad
 from .cell import Cell
 from .parameter import Parameter, ParameterTuple
@@ -17,6 +18,12 @@ def _check_nonneg(opt, name, v):
     if not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0:
         raise ValueError(f"{opt}: {name} must be a number >= 0, got {v!r}")
     return float(v)
+
+
+def _rate(lr):
+    """(the lr attribute, the extra inputs) of an update op: a rate computed in a graph (a tensor)
+    is the op's last input, read when the update runs."""
+    return (0.0, (lr,)) if isinstance(lr, _C.TensorBase) else (lr, ())
 
 
 class Optimizer(Cell):
@@ -65,6 +72,7 @@ class Optimizer(Cell):
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
         self._global_step = ops.zeros((), dtype=_C.int64)  # a tensor for the same reason
+        self._lr_tables = {}  # id(per-step list) -> its rates as a tensor (compiled steps index it)
 
     @property
     def global_step(self):
@@ -100,6 +108,25 @@ class Optimizer(Cell):
             return float(v.item() if isinstance(v, _C.TensorBase) else v)
         return float(lr)
 
+    def _lr_in_graph(self, lr):
+        """The rate at the current step as a 0-d float64 tensor computed from the step count, for
+        a schedule (a per-step list, a callable of the step); a constant rate as a number."""
+        if isinstance(lr, (list, tuple)):
+            table = self._lr_tables.get(id(lr))
+            if table is None:
+                table = self._lr_tables[id(lr)] = _tensor([float(v) for v in lr], dtype=_C.float64)
+            last = ops.full((), len(lr) - 1, dtype=_C.int64)
+            return table[ops.minimum(self._global_step, last)]
+        if callable(lr) and not isinstance(lr, _C.TensorBase):
+            v = lr(self._global_step)
+            if isinstance(v, _C.TensorBase):
+                if v.numel() != 1:
+                    raise ValueError(f"{type(self).__name__}: the learning-rate schedule returned a tensor of shape "
+                                     f"{tuple(v.shape)}; it must return a number or a 1-element tensor")
+                return v.reshape(()).astype(_C.float64)
+            return float(v)
+        return self._lr_at(lr, 0)
+
     def get_lr(self):
         """The learning rate of the next step (of the first group)."""
         return self._lr_at(self._lrs[0], self.global_step)
@@ -131,13 +158,12 @@ class Optimizer(Cell):
         if len(gradients) != len(self.parameters):
             raise ValueError(f"{type(self).__name__}: got {len(gradients)} gradients for {len(self.parameters)} "
                              f"parameters")
-        if _C.is_tracing() and any(isinstance(lr, (list, tuple)) or callable(lr) for lr in self._lrs):
-            from ..jit.function import mark_not_replayable
-
-            mark_not_replayable(f"{type(self).__name__} has a learning-rate schedule (a rate read at each step, "
-                                "outside the graph)")
-        step = self.global_step
+        # while a compiled step is captured, a schedule is computed in the graph from the step count
+        # (a tensor the graph increments), so one compiled step serves every step
+        traced = _C.is_tracing()
+        step = None if traced else self.global_step
         with no_grad():
+            rates = {}  # id(schedule) -> its rate at this step
             for i, (p, g) in enumerate(zip(self.parameters, gradients)):
                 if g is None:
                     continue
@@ -145,7 +171,10 @@ class Optimizer(Cell):
                     raise TypeError(f"{type(self).__name__}: gradient {i} must be a Tensor, got {type(g).__name__}")
                 if self.loss_scale != 1.0:
                     g = g / self.loss_scale
-                self._update(i, p, g, self._lr_at(self._lrs[i], step), self._wds[i])
+                lr = self._lrs[i]
+                if id(lr) not in rates:
+                    rates[id(lr)] = self._lr_in_graph(lr) if traced else self._lr_at(lr, step)
+                self._update(i, p, g, rates[id(lr)], self._wds[i])
             self._global_step[...] = self._global_step + 1
         return True
 
@@ -175,8 +204,9 @@ class SGD(Optimizer):
 
     def _update(self, i, param, grad, lr, weight_decay):
         buf = self.accum[i] if self.accum is not None else param
-        _apply(OP.sgd_update, (param, grad, buf, self._step_counters[i]), (int(self.nesterov),),
-               (lr, self.momentum, weight_decay, self.dampening))
+        rate, extra = _rate(lr)
+        _apply(OP.sgd_update, (param, grad, buf, self._step_counters[i]) + extra, (int(self.nesterov),),
+               (rate, self.momentum, weight_decay, self.dampening))
 
 
 class Adam(Optimizer):
@@ -200,5 +230,6 @@ class Adam(Optimizer):
         self.moment2 = self._state("moment2")
 
     def _update(self, i, param, grad, lr, weight_decay):
-        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i], self._step_counters[i]), (),
-               (lr, self.beta1, self.beta2, self.eps, weight_decay))
+        rate, extra = _rate(lr)
+        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i], self._step_counters[i]) + extra, (),
+               (rate, self.beta1, self.beta2, self.eps, weight_decay))
