@@ -498,7 +498,9 @@ def convert_code(fn):
     """The converted code object of the plain Python function fn (raises JitSyntaxError)."""
     code = fn.__code__
     try:
-        lines, first = inspect.getsourcelines(fn)
+        # the source of fn's own code: inspect follows a decorator's __wrapped__ from a function,
+        # which would compile the undecorated function in the wrapper's place
+        lines, first = inspect.getsourcelines(code)
     except (OSError, TypeError):
         raise source_error(fn, "defined in a REPL, exec'd, or built in") from None
     indent = len(lines[0]) - len(lines[0].lstrip())
@@ -512,7 +514,7 @@ def convert_code(fn):
         except SyntaxError:
             raise source_error(fn, "its source code could not be parsed on its own") from None
         fdef = tree.body[0] if tree.body else None
-        if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
+        if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
             raise source_error(fn, "its source is not a def statement")
         ast.increment_lineno(tree, first - 1)
     where = SourceLocation(code.co_filename, indent)
