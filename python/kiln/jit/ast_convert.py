@@ -117,6 +117,23 @@ def _call_rt(attr, *args):
     return ast.Call(func=_rt(attr), args=list(args), keywords=[])
 
 
+_CONDITION_FORMS = {"and_": "and_cond", "or_": "or_cond", "not_": "not_cond"}
+
+
+def _as_condition(test):
+    """test, read only for its truth (an if / while / assert test): its `and`, `or` and `not` on
+    tensors may give a bool tensor instead of an operand (ast_runtime.and_cond and friends)."""
+    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and isinstance(test.func.value, ast.Name)
+            and test.func.value.id == RT and test.func.attr in _CONDITION_FORMS):
+        test.func = _rt(_CONDITION_FORMS[test.func.attr])
+        for k, arg in enumerate(test.args):
+            if isinstance(arg, ast.Lambda):
+                arg.body = _as_condition(arg.body)
+            elif not isinstance(arg, ast.Tuple):  # not's operand (a location tuple is left alone)
+                test.args[k] = _as_condition(arg)
+    return test
+
+
 def _tuple(elts, store=False):
     return ast.Tuple(elts=list(elts), ctx=ast.Store() if store else ast.Load())
 
@@ -324,12 +341,13 @@ class _Converter(ast.NodeTransformer):
     def visit_BoolOp(self, node):
         self.generic_visit(node)
         thunks = [ast.Lambda(args=_no_args(), body=v) for v in node.values]
-        return ast.copy_location(_call_rt("and_" if isinstance(node.op, ast.And) else "or_", *thunks), node)
+        return ast.copy_location(_call_rt("and_" if isinstance(node.op, ast.And) else "or_", self._loc(node),
+                                          *thunks), node)
 
     def visit_UnaryOp(self, node):
         self.generic_visit(node)
         if isinstance(node.op, ast.Not):
-            return ast.copy_location(_call_rt("not_", node.operand), node)
+            return ast.copy_location(_call_rt("not_", self._loc(node), node.operand), node)
         return node
 
     def visit_Compare(self, node):
@@ -340,10 +358,11 @@ class _Converter(ast.NodeTransformer):
         parts = [ast.Compare(left=copy.deepcopy(a), ops=[op], comparators=[copy.deepcopy(b)])
                  for a, op, b in zip(lefts, node.ops, node.comparators)]
         thunks = [ast.Lambda(args=_no_args(), body=p) for p in parts]
-        return ast.copy_location(_call_rt("and_", *thunks), node)
+        return ast.copy_location(_call_rt("and_", self._loc(node), *thunks), node)
 
     def visit_IfExp(self, node):
         self.generic_visit(node)
+        node.test = _as_condition(node.test)
         call = _call_rt("if_exp", node.test, ast.Lambda(args=_no_args(), body=node.body),
                         ast.Lambda(args=_no_args(), body=node.orelse), self._loc(node))
         return ast.copy_location(call, node)
@@ -357,6 +376,7 @@ class _Converter(ast.NodeTransformer):
 
     def visit_Assert(self, node):
         self.generic_visit(node)
+        node.test = _as_condition(node.test)
         msg = ast.Lambda(args=_no_args(), body=node.msg or ast.Constant(None))
         return ast.copy_location(ast.Expr(_call_rt("assert_", node.test, msg, self._loc(node))), node)
 
@@ -367,6 +387,7 @@ class _Converter(ast.NodeTransformer):
         if len(node.body) == 1 and isinstance(node.body[0], ast.Raise) and node.body[0].exc is not None:
             # `if cond: raise E(...)`: a runtime check when cond is a tensor (the rest runs after it)
             self.generic_visit(node)
+            node.test = _as_condition(node.test)
             exc = ast.Lambda(args=_no_args(), body=node.body[0].exc)
             check = ast.copy_location(ast.Expr(_call_rt("raise_if", node.test, exc, self._loc(node))), node)
             return [check] + node.orelse
@@ -374,6 +395,7 @@ class _Converter(ast.NodeTransformer):
         in_true, in_false = assigned_names(node.body), assigned_names(node.orelse)
         inplace = ast.Constant(writes_in_place(node.body + node.orelse))
         self.generic_visit(node)
+        node.test = _as_condition(node.test)
         tname, fname = self.fresh("if_true"), self.fresh("if_false")
         if getattr(node, "kiln_returns", False):
             tdef = _def(tname, names, node.body, node)
@@ -398,6 +420,7 @@ class _Converter(ast.NodeTransformer):
         names = assigned_names(node.body)
         inplace = ast.Constant(writes_in_place(node.body))
         self.generic_visit(node)
+        node.test = _as_condition(node.test)
         test_name, body_name = self.fresh("while_test"), self.fresh("while_body")
         test_def = _def(test_name, names, [ast.copy_location(ast.Return(node.test), node.test)], node)
         ret = ast.copy_location(ast.Return(_tuple(_name(n) for n in names)), node)
@@ -420,7 +443,7 @@ class _Converter(ast.NodeTransformer):
         brk = getattr(node, "kiln_break", None)
         if brk is not None:
             extra_name = self.fresh("for_test")
-            out.append(_def(extra_name, names, [ast.copy_location(ast.Return(_call_rt("not_", _name(brk))), node)],
+            out.append(_def(extra_name, names, [ast.copy_location(ast.Return(_call_rt("not_cond", self._loc(node), _name(brk))), node)],
                             node))
             extra = _name(extra_name)
         call = _call_rt("for_stmt", node.iter, extra, _name(body_name), self._values(names), _strs(names),
@@ -498,7 +521,9 @@ def convert_code(fn):
     """The converted code object of the plain Python function fn (raises JitSyntaxError)."""
     code = fn.__code__
     try:
-        lines, first = inspect.getsourcelines(fn)
+        # the source of fn's own code: inspect follows a decorator's __wrapped__ from a function,
+        # which would compile the undecorated function in the wrapper's place
+        lines, first = inspect.getsourcelines(code)
     except (OSError, TypeError):
         raise source_error(fn, "defined in a REPL, exec'd, or built in") from None
     indent = len(lines[0]) - len(lines[0].lstrip())
@@ -512,7 +537,7 @@ def convert_code(fn):
         except SyntaxError:
             raise source_error(fn, "its source code could not be parsed on its own") from None
         fdef = tree.body[0] if tree.body else None
-        if not isinstance(fdef, ast.FunctionDef) or fdef.name != fn.__name__:
+        if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
             raise source_error(fn, "its source is not a def statement")
         ast.increment_lineno(tree, first - 1)
     where = SourceLocation(code.co_filename, indent)

@@ -3,6 +3,7 @@ a condition that is a Python value runs as plain Python (static, decided at comp
 tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
 import builtins
 import contextlib
+import math
 import sys
 import threading
 import types
@@ -325,13 +326,22 @@ def if_exp(pred, true_thunk, false_thunk, loc):
 
 # ---- boolean operators -------------------------------------------------------------------
 
-def and_(*thunks):
-    from ..ops import logical_and
+def _truth_of(v):
+    """v, a tensor whose truth Python reads: one element, or the error eager gives."""
+    shape = _shape(v)
+    if all(isinstance(d, int) and d >= 0 for d in shape) and math.prod(shape) != 1:
+        raise ValueError(f"the truth value of a tensor of shape {tuple(shape)} is ambiguous; use .any() or .all()")
+    return v
 
+
+def and_(loc, *thunks):
+    """`a and b ...` as Python gives it: the first false operand, else the last; on a tensor
+    operand (one element) a selection between the operands in the graph."""
     v = thunks[0]()
     for th in thunks[1:]:
         if _is_tensor(v):
-            v = logical_and(v, _as_tensor(th()))
+            left = _truth_of(v)
+            v = _select(left, th, lambda: left, loc, "`and` on a tensor")
         elif not v:
             return v
         else:
@@ -339,13 +349,13 @@ def and_(*thunks):
     return v
 
 
-def or_(*thunks):
-    from ..ops import logical_or
-
+def or_(loc, *thunks):
+    """`a or b ...` as Python gives it: the first true operand, else the last."""
     v = thunks[0]()
     for th in thunks[1:]:
         if _is_tensor(v):
-            v = logical_or(v, _as_tensor(th()))
+            left = _truth_of(v)
+            v = _select(left, lambda: left, th, loc, "`or` on a tensor")
         elif v:
             return v
         else:
@@ -353,11 +363,47 @@ def or_(*thunks):
     return v
 
 
-def not_(v):
+def not_(loc, v):
+    """`not v`; of a one-element tensor a bool tensor of its truth (eager gives the Python bool of
+    the same truth: a graph cannot give a value read at capture)."""
+    return not_cond(loc, v)
+
+
+# In a condition only the truth of the value matters: and/or/not of tensors are logical ops there.
+
+def and_cond(loc, *thunks):
+    from ..ops import logical_and
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_and(_truth_of(v), _truth_of(_as_tensor(th())))
+        elif not v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def or_cond(loc, *thunks):
+    from ..ops import logical_or
+
+    v = thunks[0]()
+    for th in thunks[1:]:
+        if _is_tensor(v):
+            v = logical_or(_truth_of(v), _truth_of(_as_tensor(th())))
+        elif v:
+            return v
+        else:
+            v = th()
+    return v
+
+
+def not_cond(loc, v):
     if _is_tensor(v):
         from ..ops import logical_not
 
-        return logical_not(v)
+        return logical_not(_truth_of(v))
     return not v
 
 
