@@ -30,12 +30,30 @@ static PyObject *py_profile_phase(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A thread's name is any str (Python allows NUL characters and lone surrogates in it): the trace
+ * gets its UTF-8 text with each NUL written as the four characters \x00 and a lone surrogate as \udc80. */
 static PyObject *py_profile_name_thread(PyObject *self, PyObject *args) {
     (void)self;
-    const char *name;
+    PyObject *name;
     int tid;
-    if (!PyArg_ParseTuple(args, "is", &tid, &name)) return NULL;
-    kiln_profile_name_thread(tid, name);
+    if (!PyArg_ParseTuple(args, "iU", &tid, &name)) return NULL;
+    PyObject *bytes = PyUnicode_AsEncodedString(name, "utf-8", "backslashreplace");
+    if (!bytes) return NULL;
+    const char *text = PyBytes_AS_STRING(bytes);
+    Py_ssize_t n = PyBytes_GET_SIZE(bytes);
+    char *copy = PyMem_Malloc((size_t)n * 4 + 1), *p = copy;
+    if (!copy) {
+        Py_DECREF(bytes);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (text[k]) *p++ = text[k];
+        else memcpy(p, "\\x00", 4), p += 4;
+    }
+    *p = '\0';
+    Py_DECREF(bytes);
+    kiln_profile_name_thread(tid, copy);
+    PyMem_Free(copy);
     Py_RETURN_NONE;
 }
 
