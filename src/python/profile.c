@@ -100,6 +100,138 @@ static PyObject *py_profile_events(PyObject *self, PyObject *arg) {
     return list;
 }
 
+/* ---- ProfileLog: a session's events, packed in C (kiln.profiler keeps one per profile) ---------- */
+
+typedef struct {
+    PyObject_HEAD
+    kiln_profile_log *log;
+} PyProfileLog;
+
+static PyTypeObject PyProfileLog_Type;
+
+static PyObject *py_profile_take(PyObject *self, PyObject *arg) {
+    (void)self;
+    size_t mark = PyLong_AsSize_t(arg);
+    if (mark == (size_t)-1 && PyErr_Occurred()) return NULL;
+    kiln_profile_log *log = NULL;
+    kiln_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = kiln_profile_take(mark, &log);
+    Py_END_ALLOW_THREADS
+    if (s != KILN_OK) return pykiln_raise(s);
+    PyProfileLog *o = PyObject_New(PyProfileLog, &PyProfileLog_Type);
+    if (!o) {
+        kiln_profile_log_free(log);
+        return NULL;
+    }
+    o->log = log;
+    return (PyObject *)o;
+}
+
+static void log_dealloc(PyObject *self) {
+    kiln_profile_log_free(((PyProfileLog *)self)->log);
+    PyObject_Free(self);
+}
+
+static Py_ssize_t log_len(PyObject *self) { return (Py_ssize_t)kiln_profile_log_count(((PyProfileLog *)self)->log); }
+
+/* Event i as the dict profile_events gives. */
+static PyObject *log_item(PyObject *self, Py_ssize_t i) {
+    const kiln_profile_log *log = ((PyProfileLog *)self)->log;
+    if (i < 0 || (size_t)i >= kiln_profile_log_count(log)) {
+        PyErr_SetString(PyExc_IndexError, "ProfileLog: event index out of range");
+        return NULL;
+    }
+    kiln_profile_event e;
+    kiln_profile_log_get(log, (size_t)i, &e);
+    return event_dict(&e);
+}
+
+/* kernels() -> [(name, inputs text, tid, start, end, depth, flops, bytes read + written)] */
+static PyObject *log_kernels(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_profile_log *log = ((PyProfileLog *)self)->log;
+    PyObject *list = PyList_New(0);
+    size_t n = kiln_profile_log_count(log);
+    for (size_t i = 0; list && i < n; i++) {
+        kiln_profile_event e;
+        kiln_profile_log_get(log, i, &e);
+        if (e.kind != KILN_PROFILE_KERNEL) continue;
+        PyObject *t = Py_BuildValue("(ssiLLiLL)", e.name, e.inputs ? e.inputs : "", (int)e.tid, (long long)e.start_ns,
+                                    (long long)e.end_ns, (int)e.depth, (long long)e.flops,
+                                    (long long)(e.bytes_read + e.bytes_written));
+        if (!t || PyList_Append(list, t) < 0) Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    return list;
+}
+
+/* peak_in_use() -> the most bytes of tensor memory in use at an allocation event (0: none) */
+static PyObject *log_peak_in_use(PyObject *self, PyObject *unused) {
+    (void)unused;
+    const kiln_profile_log *log = ((PyProfileLog *)self)->log;
+    long long peak = 0;
+    for (size_t i = 0; i < kiln_profile_log_count(log); i++) {
+        kiln_profile_event e;
+        kiln_profile_log_get(log, i, &e);
+        if (e.kind == KILN_PROFILE_ALLOC && e.in_use > peak) peak = e.in_use;
+    }
+    return PyLong_FromLongLong(peak);
+}
+
+static PyObject *log_write_chrome(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    int shapes = 1, memory = 1;
+    if (!PyArg_ParseTuple(args, "O&|pp", PyUnicode_FSConverter, &path_obj, &shapes, &memory)) return NULL;
+    const kiln_profile_log *log = ((PyProfileLog *)self)->log;
+    kiln_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = kiln_profile_log_write_chrome(log, PyBytes_AS_STRING(path_obj),
+                                      (shapes ? KILN_PROFILE_WRITE_SHAPES : 0) | (memory ? KILN_PROFILE_WRITE_MEMORY : 0));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (s != KILN_OK) return pykiln_raise(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *log_nbytes(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(kiln_profile_log_bytes(((PyProfileLog *)self)->log));
+}
+
+static PySequenceMethods log_sequence = {.sq_length = log_len, .sq_item = log_item};
+
+static PyMethodDef log_methods[] = {
+    {"kernels", log_kernels, METH_NOARGS,
+     "kernels() -> [(name, inputs, tid, start, end, depth, flops, bytes)] of the kernel events"},
+    {"peak_in_use", log_peak_in_use, METH_NOARGS, "the most bytes of tensor memory in use at once"},
+    {"write_chrome", log_write_chrome, METH_VARARGS,
+     "write_chrome(path, shapes=True, memory=True): the log as Chrome Trace Event JSON, streamed from C"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef log_getset[] = {
+    {"nbytes", log_nbytes, NULL, "bytes the log holds in C (packed events, interned texts)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PyProfileLog_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kiln._C.ProfileLog",
+    .tp_basicsize = sizeof(PyProfileLog),
+    .tp_dealloc = log_dealloc,
+    .tp_as_sequence = &log_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A profiling session's events, packed in C: len(), log[i] (a dict), kernels(), write_chrome()",
+    .tp_methods = log_methods,
+    .tp_getset = log_getset,
+};
+
+int pykiln_profile_log_ready(PyObject *module) {
+    if (PyType_Ready(&PyProfileLog_Type) < 0) return -1;
+    Py_INCREF(&PyProfileLog_Type);
+    return PyModule_AddObject(module, "ProfileLog", (PyObject *)&PyProfileLog_Type);
+}
+
 static PyObject *py_profile_write_chrome(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
@@ -124,6 +256,7 @@ PyMethodDef pykiln_profile_functions[] = {
     {"profile_name_thread", py_profile_name_thread, METH_VARARGS,
      "profile_name_thread(tid, name): name OS thread tid (0: the calling thread) in traces"},
     {"profile_events", py_profile_events, METH_O, "profile_events(mark) -> the events recorded since mark, as dicts"},
+    {"profile_take", py_profile_take, METH_O, "profile_take(mark) -> a ProfileLog of the events recorded since mark"},
     {"profile_write_chrome", py_profile_write_chrome, METH_VARARGS,
      "profile_write_chrome(path, mark, shapes=True, memory=True): Chrome Trace Event JSON of the events since mark"},
     {NULL, NULL, 0, NULL},
