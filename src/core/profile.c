@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 _Atomic int kiln_profile_sessions;
+kiln_profile_loc_fn kiln_profile_eager_loc;
 
 /* One recorded event, compact: texts are ids in the recorder's string table (0: absent), and the
  * three counts are a kernel's flops, bytes read and written, or an allocation's bytes, bytes in

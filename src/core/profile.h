@@ -78,6 +78,12 @@ KILN_API void kiln_profile_name_thread(int32_t tid, const char *name);
 /* The name of thread tid (malloc'd), from kiln_profile_name_thread or the OS; NULL when unknown. */
 char *kiln_profile_thread_name(int32_t tid);
 
+/* Where an eager kernel was called from ("file:line" written into buf, returned), or NULL: set by
+ * the Python extension (the innermost Python frame outside the kiln package), read by kiln_apply
+ * while profiling, before the kernel's clock starts. */
+typedef const char *(*kiln_profile_loc_fn)(char *buf, size_t size);
+extern KILN_API kiln_profile_loc_fn kiln_profile_eager_loc;
+
 /* Monotonic nanoseconds. */
 KILN_API int64_t kiln_profile_now(void);
 /* Before a kernel runs (only when kiln_profiling()): its start time, never 0; the thread's depth

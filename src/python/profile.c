@@ -2,6 +2,8 @@
  * dicts, its Chrome Trace JSON writer, and op footprints (kiln.profiler, trace.get_profile). */
 #include "pykiln.h"
 
+#include <dlfcn.h>
+
 #include "../core/profile.h"
 #include "../ops/footprint.h"
 
@@ -98,6 +100,43 @@ static PyObject *py_profile_events(PyObject *self, PyObject *arg) {
     }
     kiln_profile_events_free(ev, n);
     return list;
+}
+
+/* ---- where eager kernels are called from ------------------------------------------------------ */
+
+static char kiln_dir[4096]; /* the kiln package's folder, with a trailing '/' ("" when unknown) */
+
+/* kiln_profile_eager_loc: the innermost Python frame whose file is outside the kiln package (the
+ * user's line calling kiln.ops, a Cell, ...), when this thread holds the GIL. */
+static const char *eager_loc(char *buf, size_t size) {
+    if (!PyGILState_Check()) return NULL;
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    const char *result = NULL;
+    while (f && !result) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        const char *file = PyUnicode_AsUTF8(code->co_filename);
+        if (!file) PyErr_Clear();
+        else if (!kiln_dir[0] || strncmp(file, kiln_dir, strlen(kiln_dir)) != 0) {
+            snprintf(buf, size, "%s:%d", file, PyFrame_GetLineNumber(f));
+            result = buf;
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    return result;
+}
+
+/* The kiln package's folder: that of this extension's file. */
+static void find_kiln_dir(void) {
+    Dl_info info;
+    if (!dladdr((void *)eager_loc, &info) || !info.dli_fname) return;
+    const char *slash = strrchr(info.dli_fname, '/');
+    size_t n = slash ? (size_t)(slash - info.dli_fname) + 1 : 0;
+    if (n && n < sizeof kiln_dir) memcpy(kiln_dir, info.dli_fname, n), kiln_dir[n] = '\0';
 }
 
 /* ---- ProfileLog: a session's events, packed in C (kiln.profiler keeps one per profile) ---------- */
@@ -227,6 +266,8 @@ static PyTypeObject PyProfileLog_Type = {
 };
 
 int pykiln_profile_log_ready(PyObject *module) {
+    find_kiln_dir();
+    kiln_profile_eager_loc = eager_loc;
     if (PyType_Ready(&PyProfileLog_Type) < 0) return -1;
     Py_INCREF(&PyProfileLog_Type);
     return PyModule_AddObject(module, "ProfileLog", (PyObject *)&PyProfileLog_Type);
