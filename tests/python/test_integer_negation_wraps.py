@@ -32,3 +32,22 @@ def test_smallest_integer(np_t, kt, fn, ref):
             for backend in ("kbk", "sink"):
                 got = kiln.jit(fn, capture_mode=mode, jit_level=level, backend=backend)(x).asnumpy()
                 np.testing.assert_array_equal(got, want, err_msg=f"{mode} {level} {backend}")
+
+
+def f_square_add(x):
+    return ops.square(x) + x
+
+
+@pytest.mark.parametrize("np_t, kt", CASES[:2])
+def test_integer_arithmetic_wraps_as_numpy(np_t, kt):
+    """square and add past the largest integer wrap (ops.square(2**63 - 1) was signed overflow)."""
+    info = np.iinfo(np_t)
+    a = np.array([info.min, info.max, info.max // 2 + 1, -3, 0, 5], np_t)
+    with np.errstate(over="ignore"):
+        want = np.square(a) + a
+    x = kiln.tensor(a, kt)
+    np.testing.assert_array_equal(f_square_add(x).asnumpy(), want)
+    for mode in ("ast", "trace"):
+        for level in ("O0", "O1"):
+            got = kiln.jit(f_square_add, capture_mode=mode, jit_level=level)(x).asnumpy()
+            np.testing.assert_array_equal(got, want, err_msg=f"{mode} {level}")
