@@ -64,8 +64,9 @@ def test_backward_nodes_carry_their_forward_line(mode):
 
 
 @pytest.mark.parametrize("level", ["O0", "O1"])
-def test_profiled_backward_kernels_carry_their_forward_line(level):
-    jf = kiln.jit(train, capture_mode="trace", jit_level=level, profiling=True)
+@pytest.mark.parametrize("mode", ["ast", "trace"])
+def test_profiled_backward_kernels_carry_their_forward_line(mode, level):
+    jf = kiln.jit(train, capture_mode=mode, jit_level=level, profiling=True)
     jf(X, T)
     jf(X, T)
     ops_ = jf.get_profile()["graph_exec"]["operator"].values()
