@@ -11,15 +11,20 @@
  * printing the worst error. --profile writes the compile phases and every kernel of every run as
  * Chrome Trace Event JSON. --graph / --graph-name pick a graph of a file of several (trace.dump's
  * append=True; default the first). --model-info also lists the file's graphs and the names the
- * file keeps (parameters, values, ops, op priorities). Uses the public C API, and the recorder of src/core/profile.h. */
+ * file keeps (parameters, values, ops, op priorities). --output-dir writes output NAME as DIR/NAME.npy,
+ * bytes of NAME that would make it more than a plain file name written %XX (output_file_name). Uses the public C API, and the recorder of src/core/profile.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/profile.h"
 #include "kiln/config.h"
@@ -304,24 +309,60 @@ static int check_cases(const options *o, const kiln_model *m, kiln_executable *e
     return rc;
 }
 
+/* The file name of an output named `name` (which comes from the model file, so from anyone): the
+ * name itself when it is made of letters, digits, '_', '-', '.' and non-ASCII UTF-8 and does not
+ * start with '.'; otherwise each other byte (and a leading '.') as %XX. Never a path: no '/', never
+ * "." or "..", so --output-dir's files stay in it; and two names never give one file name. */
+enum { OUTPUT_FILE_MAX = 3 * 4096 + 8 }; /* a name of at most 4096 bytes, each byte as %XX at worst, and ".npy" */
+static void output_file_name(const char *name, char *out, size_t size) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p && n + 8 < size; p++) {
+        bool plain = isalnum(*p) || *p == '_' || *p == '-' || *p >= 0x80 || (*p == '.' && p != (const unsigned char *)name);
+        if (plain) out[n++] = (char)*p;
+        else n += (size_t)snprintf(out + n, size - n, "%%%02X", *p);
+    }
+    snprintf(out + n, size - n, ".npy");
+}
+
 static int write_outputs(const options *o, const kiln_model *m, kiln_tensor **out) {
     if (mkdir(o->output_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "kiln-run: can't create %s: %s\n", o->output_dir, strerror(errno));
         return 2;
     }
-    for (int32_t k = 0; k < kiln_model_num_outputs(m); k++) {
-        char path[8192], err[512];
-        snprintf(path, sizeof path, "%s/%s.npy", o->output_dir, kiln_model_output_name(m, k));
+    /* files are made in the directory opened once, never through a symbolic link in it */
+    int dir = open(o->output_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        fprintf(stderr, "kiln-run: can't open %s: %s\n", o->output_dir, strerror(errno));
+        return 2;
+    }
+    int rc = 0;
+    for (int32_t k = 0; k < kiln_model_num_outputs(m) && rc == 0; k++) {
+        char file[OUTPUT_FILE_MAX], path[8192 + OUTPUT_FILE_MAX], err[512];
+        output_file_name(kiln_model_output_name(m, k), file, sizeof file);
+        snprintf(path, sizeof path, "%s/%s", o->output_dir, file);
+        int fd = openat(dir, file, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+        FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (!f) {
+            fprintf(stderr, "kiln-run: can't create %s: %s\n", path, strerror(errno));
+            if (fd >= 0) close(fd);
+            rc = 2;
+            break;
+        }
         kiln_tensor *c;
-        if (contiguous(out[k], &c) != KILN_OK) return die("output");
-        kiln_status s = npy_write(path, c, err, sizeof err);
+        if (contiguous(out[k], &c) != KILN_OK) {
+            fclose(f);
+            rc = die("output");
+            break;
+        }
+        kiln_status s = npy_write(f, path, c, err, sizeof err);
         kiln_tensor_release(c);
         if (s != KILN_OK) {
             fprintf(stderr, "kiln-run: %s\n", err);
-            return 2;
+            rc = 2;
         }
     }
-    return 0;
+    close(dir);
+    return rc;
 }
 
 static int run(const options *o, kiln_model *m) {

@@ -107,11 +107,14 @@ kiln_status npy_read(const char *path, kiln_tensor **out, char *err, size_t esiz
     return s;
 }
 
-kiln_status npy_write(const char *path, const kiln_tensor *t, char *err, size_t esize) {
+kiln_status npy_write(FILE *f, const char *path, const kiln_tensor *t, char *err, size_t esize) {
     const char *descr = NULL;
     for (size_t k = 0; k < sizeof descrs / sizeof descrs[0]; k++)
         if (descrs[k].dtype == t->meta.dtype) descr = descrs[k].descr;
-    if (!descr) return fail(err, esize, "%s: dtype %s has no .npy form here", path, kiln_dtype_name(t->meta.dtype));
+    if (!descr) {
+        fclose(f);
+        return fail(err, esize, "%s: dtype %s has no .npy form here", path, kiln_dtype_name(t->meta.dtype));
+    }
     char header[512];
     int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int d = 0; d < t->meta.ndim; d++)
@@ -121,8 +124,6 @@ kiln_status npy_write(const char *path, const kiln_tensor *t, char *err, size_t 
     int total = (10 + n + 1 + 63) / 64 * 64;
     while (10 + n + 1 < total) header[n++] = ' ';
     header[n++] = '\n';
-    FILE *f = fopen(path, "wb");
-    if (!f) return fail(err, esize, "%s: can't create it", path);
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff), (unsigned char)(n >> 8)};
     size_t nbytes = (size_t)t->numel * kiln_dtype_size(t->meta.dtype);
     bool ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)n, f) == (size_t)n &&

@@ -43,7 +43,8 @@ KILN_API kiln_status kiln_model_write(const kiln_model_desc *d, void **bytes, si
 
 typedef struct kiln_model kiln_model;
 
-/* Maps the file read-only (parameters are used in place, never copied). */
+/* Reads the file into memory once (parameters are used in place in that copy, never mapped from the
+ * file): rewriting, truncating or deleting the file afterwards changes nothing the model computes. */
 KILN_API kiln_status kiln_model_load(const char *path, kiln_model **out);
 /* From bytes in memory (copied). */
 KILN_API kiln_status kiln_model_load_memory(const void *data, size_t size, kiln_model **out);
@@ -55,7 +56,7 @@ KILN_API kiln_status kiln_model_load_memory_graph(const void *data, size_t size,
                                                   kiln_model **out);
 KILN_API void kiln_model_free(kiln_model *m);
 
-/* The graph (owned by the model; its captured tensors view the file). */
+/* The graph (owned by the model; its captured tensors view the model's copy of the file). */
 KILN_API const kiln_graph *kiln_model_graph(const kiln_model *m);
 KILN_API int32_t kiln_model_num_inputs(const kiln_model *m);
 KILN_API int32_t kiln_model_num_outputs(const kiln_model *m);

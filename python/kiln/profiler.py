@@ -14,7 +14,6 @@ record every compiled call of that function; their ``get_profile()`` is MegEngin
 """
 import os
 import re
-import tempfile
 import threading
 
 from . import _C
@@ -32,22 +31,26 @@ def parse_shape(text):
     return m.group(1), tuple(int(d) for d in m.group(2).split(",") if d)
 
 
+# a kernel as key_averages reads it: ProfileLog.kernels()' tuples
+_NAME, _INPUTS, _TID, _START, _END, _DEPTH, _FLOPS, _BYTES = range(8)
+
+
 def _self_times(kernels):
-    """Per kernel event (by index): its duration less that of the kernels nested in it on its
-    thread (a control-flow node's body, a fused group's interpreted kernels)."""
-    self_ns = [e["end"] - e["start"] for e in kernels]
+    """Per kernel (by index): its duration less that of the kernels nested in it on its thread (a
+    control-flow node's body, a fused group's interpreted kernels)."""
+    self_ns = [k[_END] - k[_START] for k in kernels]
     by_thread = {}
-    for i, e in enumerate(kernels):
-        by_thread.setdefault(e["tid"], []).append(i)
+    for i, k in enumerate(kernels):
+        by_thread.setdefault(k[_TID], []).append(i)
     for idx in by_thread.values():
-        idx.sort(key=lambda i: (kernels[i]["start"], -kernels[i]["end"], kernels[i]["depth"]))
+        idx.sort(key=lambda i: (kernels[i][_START], -kernels[i][_END], kernels[i][_DEPTH]))
         stack = []  # the kernels enclosing the current one, outermost first
         for i in idx:
-            e = kernels[i]
-            while stack and (kernels[stack[-1]]["depth"] >= e["depth"] or kernels[stack[-1]]["end"] < e["end"]):
+            k = kernels[i]
+            while stack and (kernels[stack[-1]][_DEPTH] >= k[_DEPTH] or kernels[stack[-1]][_END] < k[_END]):
                 stack.pop()
             if stack:
-                self_ns[stack[-1]] -= e["end"] - e["start"]
+                self_ns[stack[-1]] -= k[_END] - k[_START]
             stack.append(i)
     return self_ns
 
@@ -122,19 +125,25 @@ class KeyAverages(list):
 
 
 def key_averages(events, wall_ns, group_by_input_shape=False):
-    kernels = [e for e in events if e["kind"] == "kernel"]
+    """The per-op table of events (dicts, as profile.events() gives them)."""
+    return _key_averages([(e["name"], ";".join(e["inputs"]), e["tid"], e["start"], e["end"], e["depth"], e["flops"],
+                           e["bytes_read"] + e["bytes_written"]) for e in events if e["kind"] == "kernel"],
+                         wall_ns, group_by_input_shape)
+
+
+def _key_averages(kernels, wall_ns, group_by_input_shape):
     self_ns = _self_times(kernels)
     rows = {}
-    for e, own in zip(kernels, self_ns):
-        shapes = tuple(e["inputs"]) if group_by_input_shape else ()
-        row = rows.get((e["name"], shapes))
+    for k, own in zip(kernels, self_ns):
+        shapes = tuple(k[_INPUTS].split(";")) if group_by_input_shape and k[_INPUTS] else ()
+        row = rows.get((k[_NAME], shapes))
         if row is None:
-            row = rows[(e["name"], shapes)] = KeyAverage(e["name"], shapes)
+            row = rows[(k[_NAME], shapes)] = KeyAverage(k[_NAME], shapes)
         row.count += 1
-        row.total_ns += e["end"] - e["start"]
+        row.total_ns += k[_END] - k[_START]
         row.self_ns += own
-        row.flops += e["flops"]
-        row.bytes += e["bytes_read"] + e["bytes_written"]
+        row.flops += k[_FLOPS]
+        row.bytes += k[_BYTES]
     return KeyAverages(rows.values(), wall_ns)
 
 
@@ -145,7 +154,11 @@ class profile:
     record_shapes: keep the input/output shapes of each kernel (in events, the trace and
     key_averages(group_by_input_shape=True)). profile_memory: keep the allocation events (the
     trace's memory counter track, peak_memory_bytes). Profiles may be open on several threads at
-    once; each sees the kernels of every thread, one track per thread."""
+    once; each sees the kernels of every thread, one track per thread.
+
+    A closed profile keeps its events packed in C (kiln._C.ProfileLog: 80 bytes an event, texts
+    interned), not as Python objects: events() makes the dicts when asked, and the trace JSON is
+    streamed from C when written."""
 
     def __init__(self, path=None, record_shapes=True, profile_memory=True):
         if path is not None and not isinstance(path, (str, os.PathLike)):
@@ -153,15 +166,14 @@ class profile:
         self.path = None if path is None else os.fspath(path)
         self.record_shapes, self.profile_memory = bool(record_shapes), bool(profile_memory)
         self._mark = None
-        self._events = None
-        self._trace = None
+        self._log = None
         self.wall_ns = 0
 
     def __enter__(self):
         if self._mark is not None:
             raise RuntimeError("profile: already open")
         _name_threads()
-        self._events = None
+        self._log = None
         self._mark = _C.profile_start()
         self._t0 = _C.profile_now()
         return self
@@ -170,54 +182,55 @@ class profile:
         self.wall_ns = _C.profile_now() - self._t0
         _name_threads()  # those started meanwhile and still running
         try:
-            events = _C.profile_events(self._mark)
-            fd, tmp = tempfile.mkstemp(suffix=".json", prefix="kiln-trace-")
-            os.close(fd)
-            try:
-                _C.profile_write_chrome(tmp, self._mark, self.record_shapes, self.profile_memory)
-                with open(tmp, encoding="utf-8") as f:
-                    self._trace = f.read()
-            finally:
-                os.unlink(tmp)
+            log = _C.profile_take(self._mark)
         finally:
             _C.profile_stop()
             self._mark = None
-        if not self.record_shapes:
-            for e in events:
-                e["inputs"], e["outputs"] = [], []
-        if not self.profile_memory:
-            events = [e for e in events if e["kind"] != "alloc"]
-        self._events = events
+        self._log = log
         if self.path is not None:
             self.export_chrome_trace(self.path)
         return False
 
     def _closed(self, what):
-        if self._events is None:
+        if self._log is None:
             raise RuntimeError(f"profile.{what}: the profile is still open (or was never entered)")
-        return self._events
+        return self._log
 
     def events(self):
         """The recorded events as dicts: kind ("kernel", "phase", "alloc"), source ("eager", "kbk",
         "sink", "compile", "memory"), name, op, node, tid, depth, start/end (ns), flops, bytes_read,
-        bytes_written, bytes/in_use/peak (allocations), loc (file:line), inputs, outputs."""
-        return list(self._closed("events"))
+        bytes_written, bytes/in_use/peak (allocations), loc (file:line), inputs, outputs. Made
+        from the packed events on each call."""
+        log = self._closed("events")
+        events = []
+        for i in range(len(log)):
+            e = log[i]
+            if e["kind"] == "alloc" and not self.profile_memory:
+                continue
+            if not self.record_shapes:
+                e["inputs"], e["outputs"] = [], []
+            events.append(e)
+        return events
 
     def key_averages(self, group_by_input_shape=False):
         """Per op (and, with group_by_input_shape, per input shapes): calls, total and self time,
         share of the wall time, GFLOP/s and GB/s; .table(sort_by=..., row_limit=...) prints it."""
-        return key_averages(self._closed("key_averages"), self.wall_ns, group_by_input_shape)
+        kernels = self._closed("key_averages").kernels()
+        return _key_averages(kernels, self.wall_ns, group_by_input_shape and self.record_shapes)
 
     def export_chrome_trace(self, path):
-        """Writes the Chrome Trace Event JSON of this profile to path."""
-        self._closed("export_chrome_trace")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self._trace)
+        """Writes the Chrome Trace Event JSON of this profile to path (streamed from C)."""
+        self._closed("export_chrome_trace").write_chrome(os.fspath(path), self.record_shapes, self.profile_memory)
+
+    @property
+    def nbytes(self):
+        """Bytes the closed profile holds (its packed events and their texts)."""
+        return self._closed("nbytes").nbytes
 
     @property
     def peak_memory_bytes(self):
         """The most bytes of tensor memory in use at once while the profile was open (profile_memory)."""
-        return max((e["in_use"] for e in self._closed("peak_memory_bytes") if e["kind"] == "alloc"), default=0)
+        return self._closed("peak_memory_bytes").peak_in_use() if self.profile_memory else 0
 
 
 class CallRecorder:

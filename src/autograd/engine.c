@@ -95,6 +95,8 @@ static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs 
     n->nout = nout;
     n->attrs = *attrs;
     n->custom = custom;
+    n->trace = 0, n->loc = -1;
+    if (kiln_hooks.trace_loc_get) kiln_hooks.trace_loc_get(&n->trace, &n->loc);
     /* the gradient rule of a control-flow node reads its bodies: the node keeps them alive */
     if (!custom && (kiln_op_table[op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold)
         kiln_hooks.bodies_hold(op, attrs, 1);
@@ -317,6 +319,10 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
     KILN_TRY(check_versions(n));
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
     kiln_status s = KILN_OK;
+    /* recorded by a trace, the gradient's ops carry the forward op's source line, not the line the
+     * trace reached when the backward ran */
+    bool located = n->trace && kiln_hooks.trace_loc_set;
+    int32_t outer_loc = located ? kiln_hooks.trace_loc_set(n->trace, n->loc) : -1;
     if (n->custom) {
         s = n->custom->backward(n->custom->ctx, n->nout, grads, n->nin, needs, create_graph, gin);
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", n->custom->name);
@@ -328,6 +334,7 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
         s = kiln_op_table[n->op].grad(&ctx, grads, gin);
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", kiln_op_table[n->op].name);
     }
+    if (located) kiln_hooks.trace_loc_set(n->trace, outer_loc);
     /* (outs holds an op's outputs, at most KILN_MAX_OUTPUTS; a custom node, a compiled piece, may
      * have more and fills none) */
     for (int k = 0; k < n->nout && !n->custom; k++) kiln_tensor_release(outs[k]);

@@ -25,6 +25,8 @@ typedef struct kiln_grad_node {
     kiln_grad_edge *next;                /* nin */
     struct kiln_grad_node *dying;        /* while being freed: the next node of the list still to free */
     kiln_custom_grad *custom;            /* kiln_autograd_record_custom's rule (op unused), or NULL */
+    uint64_t trace;                      /* the trace that recorded the forward op (0: none) and its */
+    int32_t loc;                         /* source location there: the gradient's ops take it */
 } kiln_grad_node;
 
 /* Called by kiln_apply after a differentiable op ran with inputs that require grad. */

@@ -26,6 +26,12 @@ typedef struct kiln_layer_hooks {
     /* control flow (ir/control.c): takes (delta 1) or drops (delta -1) a reference to the bodies a
      * control-flow node's attrs name in the body registry, for a tape node that keeps the attrs */
     void (*bodies_hold)(kiln_op op, const kiln_attrs *attrs, int delta);
+    /* the tracer: which trace is active (a serial, 0: none) and the source location its next op
+     * takes (-1: none), for a tape node to keep */
+    void (*trace_loc_get)(uint64_t *trace, int32_t *loc);
+    /* the tracer: while trace `trace` is active, the ops it records take location loc (-1: their
+     * own again); returns the one set before (-1 when `trace` is not the active trace) */
+    int32_t (*trace_loc_set)(uint64_t trace, int32_t loc);
 } kiln_layer_hooks;
 
 /* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */

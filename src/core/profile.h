@@ -54,6 +54,22 @@ static inline bool kiln_profiling(void) {
 KILN_API size_t kiln_profile_start(void);
 /* Closes one session; the last one to close empties the list. */
 KILN_API void kiln_profile_stop(void);
+/* A session's events, taken out of the recorder as they are kept there (packed, texts interned):
+ * what kiln.profiler keeps of a profile and what the JSON writer streams from. The threads of its
+ * events are named when it is taken. */
+typedef struct kiln_profile_log kiln_profile_log;
+KILN_API kiln_status kiln_profile_take(size_t mark, kiln_profile_log **out);
+KILN_API void kiln_profile_log_free(kiln_profile_log *log);
+KILN_API size_t kiln_profile_log_count(const kiln_profile_log *log);
+/* The bytes the log holds (its events, texts and thread names). */
+KILN_API size_t kiln_profile_log_bytes(const kiln_profile_log *log);
+/* Event i, its texts pointing into the log (valid while it lives). */
+KILN_API void kiln_profile_log_get(const kiln_profile_log *log, size_t i, kiln_profile_event *e);
+/* The name thread tid had when the log was taken, or NULL. */
+KILN_API const char *kiln_profile_log_thread_name(const kiln_profile_log *log, int32_t tid);
+/* Writes the log as kiln_profile_write_chrome does. */
+KILN_API kiln_status kiln_profile_log_write_chrome(const kiln_profile_log *log, const char *path, unsigned what);
+
 /* Events recorded from mark on, copied into a block the caller frees with kiln_profile_events_free. */
 KILN_API kiln_status kiln_profile_events(size_t mark, kiln_profile_event **out, size_t *count);
 KILN_API void kiln_profile_events_free(kiln_profile_event *events, size_t count);
@@ -61,6 +77,12 @@ KILN_API void kiln_profile_events_free(kiln_profile_event *events, size_t count)
 KILN_API void kiln_profile_name_thread(int32_t tid, const char *name);
 /* The name of thread tid (malloc'd), from kiln_profile_name_thread or the OS; NULL when unknown. */
 char *kiln_profile_thread_name(int32_t tid);
+
+/* Where an eager kernel was called from ("file:line" written into buf, returned), or NULL: set by
+ * the Python extension (the innermost Python frame outside the kiln package), read by kiln_apply
+ * while profiling, before the kernel's clock starts. */
+typedef const char *(*kiln_profile_loc_fn)(char *buf, size_t size);
+extern KILN_API kiln_profile_loc_fn kiln_profile_eager_loc;
 
 /* Monotonic nanoseconds. */
 KILN_API int64_t kiln_profile_now(void);

@@ -1,7 +1,8 @@
 /* Chrome Trace Event JSON (the format Perfetto and chrome://tracing open) of the recorder's events:
  * "X" (complete) events per kernel and compile phase with their args, a "C" counter track of the
  * bytes of tensor memory in use, and "M" metadata naming the process and each thread. Times are
- * microseconds from the first event. Any runtime can call kiln_profile_write_chrome. */
+ * microseconds from the first event. Any runtime can call kiln_profile_write_chrome. Events are streamed from a log (one
+ * unpacked at a time), never all held unpacked at once. */
 #include "profile.h"
 
 #include <unistd.h>
@@ -67,48 +68,55 @@ static void put_event(FILE *f, const kiln_profile_event *e, int64_t t0, int pid,
             (unsigned long long)e->graph);
 }
 
-static kiln_status write_events(FILE *f, const kiln_profile_event *ev, size_t n, unsigned what) {
+static kiln_status write_log(FILE *f, const kiln_profile_log *log, unsigned what) {
     int pid = (int)getpid();
-    int64_t t0 = n ? ev[0].start_ns : 0;
-    for (size_t i = 0; i < n; i++) t0 = ev[i].start_ns < t0 ? ev[i].start_ns : t0;
+    size_t n = kiln_profile_log_count(log);
+    kiln_profile_event e;
+    int64_t t0 = 0;
+    for (size_t i = 0; i < n; i++) {
+        kiln_profile_log_get(log, i, &e);
+        t0 = i == 0 || e.start_ns < t0 ? e.start_ns : t0;
+    }
     fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"ts\":0,\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"kiln\"}}", pid);
     int32_t tids[64];
     size_t ntids = 0;
     for (size_t i = 0; i < n && ntids < sizeof tids / sizeof *tids; i++) { /* one thread_name per thread */
+        kiln_profile_log_get(log, i, &e);
         size_t j = 0;
-        while (j < ntids && tids[j] != ev[i].tid) j++;
+        while (j < ntids && tids[j] != e.tid) j++;
         if (j < ntids) continue;
-        tids[ntids++] = ev[i].tid;
-        char *name = kiln_profile_thread_name(ev[i].tid);
+        tids[ntids++] = e.tid;
+        const char *name = kiln_profile_log_thread_name(log, e.tid);
         char fallback[32];
-        snprintf(fallback, sizeof fallback, "thread %d", (int)ev[i].tid);
+        snprintf(fallback, sizeof fallback, "thread %d", (int)e.tid);
         fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"ts\":0,\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", pid,
-                (int)ev[i].tid);
+                (int)e.tid);
         put_string(f, name ? name : fallback);
         fputs("}}", f);
-        free(name);
     }
     for (size_t i = 0; i < n; i++) {
-        if (ev[i].kind == KILN_PROFILE_ALLOC && !(what & KILN_PROFILE_WRITE_MEMORY)) continue;
+        kiln_profile_log_get(log, i, &e);
+        if (e.kind == KILN_PROFILE_ALLOC && !(what & KILN_PROFILE_WRITE_MEMORY)) continue;
         fputs(",\n", f);
-        put_event(f, &ev[i], t0, pid, what);
+        put_event(f, &e, t0, pid, what);
     }
     fputs("\n]}\n", f);
     return ferror(f) ? kiln_error(KILN_ERR_RUNTIME, "profile: writing the trace failed") : KILN_OK;
 }
 
-kiln_status kiln_profile_write_chrome(const char *path, size_t mark, unsigned what) {
-    kiln_profile_event *ev = NULL;
-    size_t n = 0;
-    KILN_TRY(kiln_profile_events(mark, &ev, &n));
+kiln_status kiln_profile_log_write_chrome(const kiln_profile_log *log, const char *path, unsigned what) {
     FILE *f = fopen(path, "w");
-    if (!f) {
-        kiln_profile_events_free(ev, n);
-        return kiln_error(KILN_ERR_RUNTIME, "profile: cannot write %s", path);
-    }
-    kiln_status s = write_events(f, ev, n, what);
+    if (!f) return kiln_error(KILN_ERR_RUNTIME, "profile: cannot write %s", path);
+    kiln_status s = write_log(f, log, what);
     if (fclose(f) != 0 && s == KILN_OK) s = kiln_error(KILN_ERR_RUNTIME, "profile: writing %s failed", path);
-    kiln_profile_events_free(ev, n);
+    return s;
+}
+
+kiln_status kiln_profile_write_chrome(const char *path, size_t mark, unsigned what) {
+    kiln_profile_log *log = NULL;
+    KILN_TRY(kiln_profile_take(mark, &log));
+    kiln_status s = kiln_profile_log_write_chrome(log, path, what);
+    kiln_profile_log_free(log);
     return s;
 }

@@ -1,4 +1,4 @@
-/* A growing string for text the library writes (graph dumps, generated C). */
+/* A growing string for text the library writes (graph dumps, generated C); UTF-8 checks. */
 #ifndef KILN_STRBUF_H
 #define KILN_STRBUF_H
 
@@ -17,5 +17,9 @@ void kiln_strbuf_printf(kiln_strbuf *t, const char *fmt, ...) __attribute__((for
 void kiln_strbuf_put_double(kiln_strbuf *t, double v);
 /* The same for a float32 value, read back through strtod and a cast to float. */
 void kiln_strbuf_put_float(kiln_strbuf *t, float v);
+
+/* Whether the n bytes at s are well-formed UTF-8 (no overlong forms, surrogates or code points
+ * above U+10FFFF). */
+bool kiln_utf8_valid(const char *s, size_t n);
 
 #endif

@@ -1,7 +1,9 @@
 /* The graph as Graphviz DOT (kiln_graph_to_dot): a box per node labelled with its op, the dtype and
  * shape of its first output and its source line; inputs, captures and outputs as ellipses; a fused
  * group as a cluster of its subgraph's nodes; a control-flow node as a cluster holding the node and
- * one nested cluster per body (drawn with their own parameters). */
+ * one nested cluster per body (drawn with their own parameters). An edge from a node outside a
+ * cluster is written outside it: Graphviz puts every node an edge in a cluster names into the
+ * cluster, so written inside, the producers of a fused group's inputs would be drawn in its box. */
 #include "control.h"
 
 #include "../core/strbuf.h"
@@ -36,25 +38,31 @@ static void put_edge(kiln_strbuf *t, int depth, const char *from, const char *to
 }
 
 /* Emits g's nodes (ids from *next on); src[v] is the DOT node making value v (inputs' filled in
- * by the caller when given, else drawn here as parameters). */
-static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_id *src, bool draw_inputs,
-                 bool draw_outputs);
+ * by the caller when given, else drawn here as parameters). Edges from the caller's nodes (outer[v])
+ * go to `outside`, written by the caller after the cluster g is drawn in. */
+static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_id *src, const bool *outer,
+                 kiln_strbuf *outside, int outside_depth, bool draw_inputs, bool draw_outputs);
 
 static void emit_sub(kiln_strbuf *t, const kiln_graph *sub, int *next, int depth, const dot_id *in, dot_id *out0,
-                     bool draw_inputs) {
+                     kiln_strbuf *outside, bool draw_inputs) {
     dot_id *src = kiln_calloc((size_t)(sub->nvalues ? sub->nvalues : 1), sizeof *src);
-    if (!src) {
+    bool *outer = kiln_calloc((size_t)(sub->nvalues ? sub->nvalues : 1), sizeof *outer);
+    if (!src || !outer) {
+        free(src), free(outer);
         t->failed = true;
         return;
     }
-    for (int32_t k = 0; in && k < sub->ninputs; k++) memcpy(src[sub->inputs[k]], in[k], sizeof(dot_id));
-    emit(t, sub, next, depth, src, draw_inputs, draw_inputs);
+    for (int32_t k = 0; in && k < sub->ninputs; k++) {
+        memcpy(src[sub->inputs[k]], in[k], sizeof(dot_id));
+        outer[sub->inputs[k]] = true;
+    }
+    emit(t, sub, next, depth, src, outer, outside, depth - 1, draw_inputs, draw_inputs);
     if (out0 && sub->noutputs > 0) memcpy(*out0, src[sub->outputs[0]], sizeof(dot_id));
-    free(src);
+    free(src), free(outer);
 }
 
-static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_id *src, bool draw_inputs,
-                 bool draw_outputs) {
+static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_id *src, const bool *outer,
+                 kiln_strbuf *outside, int outside_depth, bool draw_inputs, bool draw_outputs) {
     char label[512], meta[200];
     for (int32_t k = 0; draw_inputs && k < g->ninputs; k++) {
         int32_t v = g->inputs[k];
@@ -89,8 +97,12 @@ static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_
                                "", loc ? " " : "");
             if (loc) put_label(t, loc);
             kiln_strbuf_printf(t, "\"; style=filled; fillcolor=\"#eef3ff\";\n");
-            emit_sub(t, g->subgraphs[sub], next, depth + 1, in, &out0, false);
+            kiln_strbuf edges = {0}; /* into the group from outside it */
+            emit_sub(t, g->subgraphs[sub], next, depth + 1, in, &out0, &edges, false);
             kiln_strbuf_printf(t, "%*s}\n", 2 * depth, "");
+            if (edges.failed) t->failed = true;
+            else if (edges.len) kiln_strbuf_printf(t, "%s", edges.buf);
+            free(edges.buf);
             memcpy(src[nd->out[0]], out0, sizeof(dot_id));
             free(in);
             continue;
@@ -106,14 +118,17 @@ static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_
                 static const char *const if_names[] = {"then", "else"}, *const loop_names[] = {"cond", "body", "backward"};
                 kiln_strbuf_printf(t, "%*ssubgraph cluster_%s_b%d {\n%*slabel=\"%s\"; style=dashed;\n", 2 * depth + 2,
                                    "", id, b, 2 * depth + 4, "", nd->op == KILN_OP_IF ? if_names[b & 1] : loop_names[b]);
-                emit_sub(t, g->subgraphs[body], next, depth + 2, NULL, NULL, true);
+                emit_sub(t, g->subgraphs[body], next, depth + 2, NULL, NULL, NULL, true);
                 kiln_strbuf_printf(t, "%*s}\n", 2 * depth + 2, "");
             }
             kiln_strbuf_printf(t, "%*s}\n", 2 * depth, "");
         } else {
             put_node(t, depth, id, "box", label);
         }
-        for (int k = 0; k < nd->nin; k++) put_edge(t, depth, src[nd->in[k]], id);
+        for (int k = 0; k < nd->nin; k++) {
+            bool from_outside = outer && outside && outer[nd->in[k]];
+            put_edge(from_outside ? outside : t, from_outside ? outside_depth : depth, src[nd->in[k]], id);
+        }
         for (int k = 0; k < nd->nout; k++) memcpy(src[nd->out[k]], id, sizeof(dot_id));
     }
     for (int32_t k = 0; draw_outputs && k < g->noutputs; k++) {
@@ -129,7 +144,7 @@ char *kiln_graph_to_dot(const kiln_graph *g) {
     kiln_strbuf t = {0};
     kiln_strbuf_printf(&t, "digraph kiln {\n  node [fontname=\"monospace\", fontsize=10];\n");
     int next = 0;
-    emit_sub(&t, g, &next, 1, NULL, NULL, true);
+    emit_sub(&t, g, &next, 1, NULL, NULL, NULL, true);
     kiln_strbuf_printf(&t, "}\n");
     if (t.failed) {
         free(t.buf);

@@ -3,30 +3,29 @@
  * by the bytes left to hold them before anything is allocated for them, and errors are
  * KILN_ERR_VALUE messages starting "kiln file" that name what is wrong. The graph is rebuilt
  * through kiln_graph_add_* (which infer and check every node, as for the text parser) and
- * verified. Parameters stay in the file's memory (a read-only mapping, or one aligned copy). */
+ * verified. Parameters stay in the model's one aligned copy of the file's bytes: a file is read, never
+ * mapped, so rewriting, truncating or deleting it after the load changes nothing the model computes. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../core/strbuf.h"
 #include "model_format.h"
 
-/* The file's memory, shared by the model and every tensor viewing it. */
+/* The model's copy of the file's bytes, shared by the model and every tensor viewing it. */
 typedef struct blob {
     _Atomic int64_t refs;
     uint8_t *base;
     size_t size;
-    bool mapped;
 } blob;
 
 static void blob_release(void *ctx) {
     blob *b = ctx;
     if (atomic_fetch_sub(&b->refs, 1) != 1) return;
-    if (b->mapped) munmap(b->base, b->size);
-    else kiln_free(b->base);
+    kiln_free(b->base);
     free(b);
 }
 
@@ -110,6 +109,8 @@ static kiln_status rd_str(cursor *c, const char *what, uint32_t max, char **out)
     uint32_t n;
     KILN_TRY(rd_count(c, what, 1, max, &n));
     if (memchr(c->p + c->pos, 0, n)) return bad("%s at offset %zu holds a NUL byte", what, c->base + c->pos);
+    if (!kiln_utf8_valid((const char *)c->p + c->pos, n))
+        return bad("%s at offset %zu is not UTF-8 text", what, c->base + c->pos);
     char *s = kiln_malloc((size_t)n + 1);
     if (!s) return KILN_ERR_MEMORY;
     memcpy(s, c->p + c->pos, n);
@@ -598,11 +599,11 @@ static kiln_status load_blob(blob *bl, bool check_sum, int32_t index, const char
     return KILN_OK;
 }
 
-static blob *new_blob(uint8_t *base, size_t size, bool mapped) {
+static blob *new_blob(uint8_t *base, size_t size) {
     blob *b = kiln_malloc(sizeof *b);
     if (!b) return NULL;
     atomic_init(&b->refs, 1);
-    b->base = base, b->size = size, b->mapped = mapped;
+    b->base = base, b->size = size;
     return b;
 }
 
@@ -612,7 +613,7 @@ static kiln_status load_bytes(const void *data, size_t size, bool check_sum, int
     uint8_t *copy = kiln_alloc(size ? size : 1);
     if (!copy) return KILN_ERR_MEMORY;
     if (size) memcpy(copy, data, size);
-    blob *b = new_blob(copy, size, false);
+    blob *b = new_blob(copy, size);
     if (!b) {
         kiln_free(copy);
         return KILN_ERR_MEMORY;
@@ -635,7 +636,11 @@ kiln_status kiln_model_load_memory_graph(const void *data, size_t size, int32_t 
 
 kiln_status kiln_model_load(const char *path, kiln_model **out) { return kiln_model_load_graph(path, 0, NULL, out); }
 
-kiln_status kiln_model_load_graph(const char *path, int32_t index, const char *name, kiln_model **out) {
+/* The file's bytes, read into memory (kiln_alloc'd, *size of them). A mapping would let a later
+ * writer of the file change a loaded model's parameters, and a shorter file kill the process
+ * (SIGBUS) on its next read; a copy is the model's alone. A file that changes while it is read
+ * fails the checksum check. */
+static kiln_status read_file(const char *path, uint8_t **out, size_t *size) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kiln_error(KILN_ERR_RUNTIME, "kiln file %s: can't open it: %s", path, strerror(errno));
@@ -644,18 +649,43 @@ kiln_status kiln_model_load_graph(const char *path, int32_t index, const char *n
         close(fd);
         return kiln_error(KILN_ERR_RUNTIME, "kiln file %s: not a regular file", path);
     }
-    size_t size = (size_t)st.st_size;
-    if (size < KILN_MODEL_HEADER_BYTES) {
+    size_t n = (size_t)st.st_size;
+    if (n < KILN_MODEL_HEADER_BYTES) {
         close(fd);
-        return kiln_error(KILN_ERR_VALUE, "kiln file %s: truncated: %zu bytes, the header alone is %d", path, size,
+        return kiln_error(KILN_ERR_VALUE, "kiln file %s: truncated: %zu bytes, the header alone is %d", path, n,
                           KILN_MODEL_HEADER_BYTES);
     }
-    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    uint8_t *p = kiln_alloc(n);
+    if (!p) {
+        close(fd);
+        return KILN_ERR_MEMORY;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, p + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break; /* shortened since fstat: the header's sizes no longer fit what was read */
+        got += (size_t)r;
+    }
+    int err = errno;
     close(fd);
-    if (p == MAP_FAILED) return kiln_error(KILN_ERR_RUNTIME, "kiln file %s: can't map it: %s", path, strerror(errno));
-    blob *b = new_blob(p, size, true);
+    if (got < n && got < KILN_MODEL_HEADER_BYTES) {
+        kiln_free(p);
+        if (got == 0 && err) return kiln_error(KILN_ERR_RUNTIME, "kiln file %s: can't read it: %s", path, strerror(err));
+        return kiln_error(KILN_ERR_VALUE, "kiln file %s: truncated while it was read: %zu bytes", path, got);
+    }
+    *out = p, *size = got;
+    return KILN_OK;
+}
+
+kiln_status kiln_model_load_graph(const char *path, int32_t index, const char *name, kiln_model **out) {
+    *out = NULL;
+    uint8_t *p;
+    size_t size = 0;
+    KILN_TRY(read_file(path, &p, &size));
+    blob *b = new_blob(p, size);
     if (!b) {
-        munmap(p, size);
+        kiln_free(p);
         return KILN_ERR_MEMORY;
     }
     kiln_status s = load_blob(b, true, index, name, out);

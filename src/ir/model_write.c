@@ -113,6 +113,13 @@ static kiln_status add_tensor(writer *w, kiln_tensor *t, uint32_t *index) {
     return w->data.failed || w->table.failed ? kiln_error(KILN_ERR_MEMORY, "out of memory writing a model") : KILN_OK;
 }
 
+/* Every string of a file is UTF-8 text (the reader refuses any other). */
+static kiln_status check_text(const char *s, const char *what, int32_t k) {
+    if (!s || kiln_utf8_valid(s, strlen(s))) return KILN_OK;
+    if (k < 0) return kiln_error(KILN_ERR_VALUE, "kiln_model_write: %s is not UTF-8 text", what);
+    return kiln_error(KILN_ERR_VALUE, "kiln_model_write: %s %d is not UTF-8 text", what, (int)k);
+}
+
 /* ---- graphs ------------------------------------------------------------------------------------ */
 
 /* Writes g; *ids (when not NULL) receives each value's id in the file (-1: left out), malloc'd. */
@@ -151,7 +158,10 @@ static kiln_status put_graph(writer *w, bytes *b, const kiln_graph *g, int depth
         id[g->captures[k]] = next++;
     }
     put_u32(b, (uint32_t)g->nlocs);
-    for (int32_t k = 0; k < g->nlocs; k++) put_str(b, g->locs[k]);
+    for (int32_t k = 0; k < g->nlocs; k++) {
+        if (s == KILN_OK) s = check_text(g->locs[k], "source location", k);
+        put_str(b, g->locs[k]);
+    }
     put_u32(b, (uint32_t)g->nsubgraphs);
     for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++) s = put_graph(w, b, g->subgraphs[k], depth + 1, NULL);
     put_u32(b, (uint32_t)g->nnodes);
@@ -182,6 +192,8 @@ static kiln_status check_names(const char *const *names, int32_t n, const char *
         if (len == 0 || len > KILN_MODEL_MAX_NAME)
             return kiln_error(KILN_ERR_VALUE, "kiln_model_write: %s name %d is empty or longer than %d bytes", what,
                               k, KILN_MODEL_MAX_NAME);
+        if (!kiln_utf8_valid(names[k], len))
+            return kiln_error(KILN_ERR_VALUE, "kiln_model_write: %s name %d is not UTF-8 text", what, k);
         for (int32_t j = 0; j < k; j++)
             if (strcmp(names[j], names[k]) == 0)
                 return kiln_error(KILN_ERR_VALUE, "kiln_model_write: two %ss are named '%s'", what, names[k]);
@@ -210,6 +222,8 @@ static kiln_status put_names(bytes *b, named *list, int32_t n, const char *what)
         if (len == 0 || len > KILN_MODEL_MAX_NAME)
             return kiln_error(KILN_ERR_VALUE, "kiln_model_write: a %s name is empty or longer than %d bytes", what,
                               KILN_MODEL_MAX_NAME);
+        if (!kiln_utf8_valid(list[k].name, len))
+            return kiln_error(KILN_ERR_VALUE, "kiln_model_write: %s %d's name is not UTF-8 text", what, (int)list[k].id);
         if (k && strcmp(list[k - 1].name, list[k].name) == 0)
             return kiln_error(KILN_ERR_VALUE, "kiln_model_write: two %ss are named '%s'", what, list[k].name);
     }
@@ -287,6 +301,14 @@ kiln_status kiln_model_write(const kiln_model_desc *d, void **out, size_t *size)
     if (d->name && (!*d->name || strlen(d->name) > KILN_MODEL_MAX_NAME))
         return kiln_error(KILN_ERR_VALUE, "kiln_model_write: the graph's name is empty or longer than %d bytes",
                           KILN_MODEL_MAX_NAME);
+    KILN_TRY(check_text(d->name, "the graph's name", -1));
+    KILN_TRY(check_text(d->metadata, "the metadata", -1));
+    KILN_TRY(check_text(d->user_info, "the user info", -1));
+    for (int32_t k = 0; d->input_names && d->output_names && k < g->ninputs; k++)
+        for (int32_t j = 0; j < g->noutputs; j++)
+            if (strcmp(d->input_names[k], d->output_names[j]) == 0)
+                return kiln_error(KILN_ERR_VALUE, "kiln_model_write: an input and an output are both named '%s'",
+                                  d->input_names[k]);
     writer w = {0};
     bytes *m = &w.meta;
     char producer[64];

@@ -19,6 +19,8 @@ struct kiln_tracer {
     kiln_tracer *parent;  /* the tracer active when this one began (nested traces of control-flow bodies) */
     kiln_ptrmap bodies;   /* registered body id + 1 -> subgraph index in graph */
     bool own_loc;         /* told source lines itself (kiln_tracer_set_loc) */
+    uint64_t serial;      /* this trace among all (tape nodes name the trace that recorded them) */
+    int32_t loc_override; /* while a gradient rule runs: its forward op's location, else -1 */
     int32_t value_reads;  /* values of recorded tensors read by the caller (kiln_tracer_note_value_read) */
     char *first_read_loc; /* where the first of them happened, or NULL */
     /* capture_constants: each tensor copied in as a constant (owned), its value id and the storage
@@ -42,10 +44,30 @@ static void set_active(kiln_tracer *tr) {
 }
 
 /* kiln_apply and kiln_tensor_detach record through core's hooks, set when the library loads. */
+static kiln_status current_loc(kiln_tracer *tr);
+
+static void trace_loc_get(uint64_t *trace, int32_t *loc) {
+    kiln_tracer *tr = kiln_thread.trace_active;
+    *trace = 0, *loc = -1;
+    if (!tr || tr->failure != KILN_OK || current_loc(tr) != KILN_OK) return;
+    *trace = tr->serial;
+    *loc = tr->loc_override >= 0 ? tr->loc_override : tr->loc;
+}
+
+static int32_t trace_loc_set(uint64_t trace, int32_t loc) {
+    kiln_tracer *tr = kiln_thread.trace_active;
+    if (!tr || tr->serial != trace) return -1;
+    int32_t was = tr->loc_override;
+    tr->loc_override = loc >= 0 && loc < tr->graph->nlocs ? loc : -1;
+    return was;
+}
+
 __attribute__((constructor)) static void register_hooks(void) {
     kiln_hooks.trace_record = kiln_tracer_record;
     kiln_hooks.trace_alias = kiln_tracer_alias;
     kiln_hooks.trace_before_write = kiln_tracer_before_write;
+    kiln_hooks.trace_loc_get = trace_loc_get;
+    kiln_hooks.trace_loc_set = trace_loc_set;
 }
 
 kiln_tracer *kiln_tracer_active(void) { return kiln_thread.trace_active; }
@@ -74,7 +96,10 @@ kiln_status kiln_tracer_begin(kiln_tracer **out) {
         free(tr);
         return s;
     }
+    static _Atomic uint64_t serials;
     tr->loc = -1;
+    tr->loc_override = -1;
+    tr->serial = atomic_fetch_add(&serials, 1) + 1;
     tr->parent = kiln_thread.trace_active;
     set_active(tr);
     *out = tr;
@@ -239,7 +264,8 @@ void kiln_tracer_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_
     }
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) s = current_loc(tr);
-    if (s == KILN_OK) s = kiln_graph_add_node(tr->graph, op, nin, ids, attrs, tr->loc, outs);
+    if (s == KILN_OK)
+        s = kiln_graph_add_node(tr->graph, op, nin, ids, attrs, tr->loc_override >= 0 ? tr->loc_override : tr->loc, outs);
     if (s == KILN_OK) tr->graph->nodes[tr->graph->nnodes - 1].recompute = tr->recompute;
     for (int k = 0; k < nout && s == KILN_OK; k++) s = bind(tr, out[k], outs[k]);
     if (ids != small) free(ids);

@@ -37,9 +37,12 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
         kiln_hooks.trace_before_write(op, nin, in);
     if (s == KILN_OK) {
         if (kiln_profiling()) {
+            char where[512];
+            const char *loc = kiln_profile_eager_loc ? kiln_profile_eager_loc(where, sizeof where) : NULL;
             int64_t start = kiln_profile_begin();
             s = info->kernel(in, nin, attrs, out);
-            kiln_profile_op_info what = {.source = KILN_PROFILE_EAGER, .op = op, .attrs = attrs, .node = -1, .flops = -1};
+            kiln_profile_op_info what = {.source = KILN_PROFILE_EAGER, .op = op, .attrs = attrs, .node = -1, .flops = -1,
+                                         .loc = loc};
             kiln_profile_tensors(&what, nin, in, nout, out, start);
         } else {
             s = info->kernel(in, nin, attrs, out);

@@ -2,6 +2,27 @@
  * kiln.export and kiln.load. Arguments are borrowed; returned objects are new references. */
 #include "pykiln.h"
 
+/* The UTF-8 text of str o (borrowed), or NULL with an exception: a name in a model file is text
+ * without NUL characters (a C string would end at the first), which the reader checks too. */
+static const char *name_text(PyObject *o, const char *what, Py_ssize_t k) {
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s: name %zd is not a str", what, k);
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *text = PyUnicode_AsUTF8AndSize(o, &n);
+    if (!text) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: name %zd (%R) is not UTF-8 text (it holds a lone surrogate)", what, k, o);
+        return NULL;
+    }
+    if (strlen(text) != (size_t)n) {
+        PyErr_Format(PyExc_ValueError, "%s: name %zd (%R) holds a NUL character", what, k, o);
+        return NULL;
+    }
+    return text;
+}
+
 /* A list/tuple of str (or None: NULL) as a PyMem array of borrowed UTF-8 pointers. */
 static int names_of(PyObject *seq, Py_ssize_t want, const char *what, const char ***out) {
     *out = NULL;
@@ -19,9 +40,8 @@ static int names_of(PyObject *seq, Py_ssize_t want, const char *what, const char
     if (!names) return PyErr_NoMemory(), -1;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *o = PySequence_Fast_GET_ITEM(seq, k);
-        names[k] = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+        names[k] = name_text(o, what, k);
         if (!names[k]) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s: name %zd is not a str", what, k);
             PyMem_Free(names);
             return -1;
         }
@@ -53,8 +73,9 @@ static kiln_status name_graph(kiln_graph *g, PyObject *param_names, int keep_var
         Py_ssize_t pos = 0;
         while (PyDict_Next(param_names, &pos, &key, &value)) {
             long v = PyLong_AsLong(key);
-            const char *name = PyUnicode_AsUTF8(value);
-            if ((v == -1 && PyErr_Occurred()) || !name) return KILN_ERR_VALUE;
+            if (v == -1 && PyErr_Occurred()) return KILN_ERR_VALUE;
+            const char *name = name_text(value, "trace.dump param_names", v);
+            if (!name) return KILN_ERR_VALUE;
             if (v < 0 || v >= g->nvalues || g->values[v].kind != KILN_VALUE_CAPTURED) {
                 PyErr_Format(PyExc_ValueError, "model_write: parameter name '%s' for value %ld, not a capture", name, v);
                 return KILN_ERR_VALUE;
@@ -76,13 +97,14 @@ static kiln_status name_graph(kiln_graph *g, PyObject *param_names, int keep_var
  * names kept (name_graph). */
 static PyObject *py_model_write(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *graph, *in_names, *out_names, *cases, *param_names;
+    PyObject *graph, *in_names, *out_names, *cases, *param_names, *name_obj;
     int level, inference, no_format, fusion, float16, keep_var, keep_opr, keep_priority;
-    const char *metadata, *user_info, *graph_name;
-    if (!PyArg_ParseTuple(args, "OippipOOzzO!zOipp:model_write", &graph, &level, &inference, &no_format, &fusion,
-                          &float16, &in_names, &out_names, &metadata, &user_info, &PyList_Type, &cases, &graph_name,
+    const char *metadata, *user_info, *graph_name = NULL;
+    if (!PyArg_ParseTuple(args, "OippipOOzzO!OOipp:model_write", &graph, &level, &inference, &no_format, &fusion,
+                          &float16, &in_names, &out_names, &metadata, &user_info, &PyList_Type, &cases, &name_obj,
                           &param_names, &keep_var, &keep_opr, &keep_priority))
         return NULL;
+    if (name_obj != Py_None && !(graph_name = name_text(name_obj, "trace.dump graph_name", 0))) return NULL;
     if (param_names != Py_None && !PyDict_Check(param_names)) {
         PyErr_SetString(PyExc_TypeError, "model_write: param_names must be a dict or None");
         return NULL;
@@ -108,8 +130,8 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
             return NULL;
         }
     const char **ins = NULL, **outs = NULL;
-    if (names_of(in_names, src->ninputs, "arg_names", &ins) < 0) return NULL;
-    if (names_of(out_names, src->noutputs, "output_names", &outs) < 0) {
+    if (names_of(in_names, src->ninputs, "trace.dump arg_names", &ins) < 0) return NULL;
+    if (names_of(out_names, src->noutputs, "trace.dump output_names", &outs) < 0) {
         PyMem_Free(ins);
         return NULL;
     }
@@ -171,7 +193,7 @@ typedef struct {
 
 static PyTypeObject PyModel_Type;
 
-/* Model(source): source is a path (str or os.PathLike: mapped) or bytes-like (copied). */
+/* Model(source): source is a path (str or os.PathLike: the file read into memory) or bytes-like (copied). */
 static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"source", "index", "name", NULL};
     PyObject *src;

@@ -64,6 +64,8 @@ kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
 extern PyMethodDef pykiln_control_functions[];
 /* kiln._C.profile_* (profile.c), registered with the graph functions. */
 extern PyMethodDef pykiln_profile_functions[];
+/* kiln._C.ProfileLog (profile.c), added with them. */
+int pykiln_profile_log_ready(PyObject *module);
 /* An Executable's memory_report() and graph_dot() (executable_report.c). */
 PyObject *pykiln_executable_memory(const kiln_executable *e);
 PyObject *pykiln_executable_dot(const kiln_executable *e);

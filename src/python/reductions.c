@@ -26,8 +26,9 @@ static int reduce_mask(PyReduction *r, PyObject *axis, int ndim, long long *mask
     if (!name) return -1;
     if (r->kind == KIND_ARG) {
         int a = axis == Py_None ? 0 : pykiln_normalize_axis(name, axis, ndim);
+        if (a < 0) return -1; /* raised; no shift by it */
         *mask = ndim == 0 ? 0 : axis == Py_None ? (1LL << ndim) - 1 : 1LL << a;
-        return a < 0 ? -1 : 0;
+        return 0;
     }
     PyObject *m = pykiln_axes_mask(name, axis, ndim);
     *mask = m ? PyLong_AsLongLong(m) : -1;

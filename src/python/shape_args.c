@@ -523,7 +523,8 @@ static PyObject *py_chunk(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyObject *zero = PyLong_FromLong(0), *x = zero ? pykiln_as_tensor(input) : NULL, *out = NULL;
     int64_t n;
     int a = x ? cut_axis("chunk", x, axis ? axis : zero, &n) : -1;
-    PyObject *sizes = a >= 0 ? even_sizes((n + chunks - 1) / chunks, n, "split") : NULL;
+    /* ceil(n / chunks) without n + chunks - 1, which overflows for chunks near 2**63 */
+    PyObject *sizes = a >= 0 ? even_sizes(n > 0 ? (n - 1) / chunks + 1 : 0, n, "split") : NULL;
     if (sizes) out = split_sizes(x, a, sizes);
     Py_XDECREF(sizes);
     Py_XDECREF(x);

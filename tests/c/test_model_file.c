@@ -3,7 +3,13 @@
  * priorities kept), every hostile variant of the file (each prefix, each byte flipped with and
  * without a repaired checksum, lying sizes, a corrupt names section) is refused with
  * KILN_ERR_VALUE or loads, never crashes, and a file of two graphs loads each by index and by
- * name. Runs under ASan/UBSan in CI too. */
+ * name. A model loaded from a path keeps computing what it loaded when the file is then rewritten,
+ * scribbled over, truncated or deleted. Strings that are not UTF-8 are refused by the writer and
+ * the reader. Runs under ASan/UBSan in CI too. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "check.h"
 
 #include "ir/model_format.h"
@@ -220,6 +226,85 @@ static void test_two_graphs(const kiln_graph *g) {
     free(a), free(b), free(both);
 }
 
+/* The case's outputs of m, run now, equal its expected ones bit for bit. */
+static void check_runs_as_loaded(const kiln_model *m) {
+    kiln_executable *e = NULL;
+    CHECK_OK(kiln_compile(kiln_model_graph(m), NULL, &e));
+    if (!e) return;
+    kiln_tensor *in[2] = {kiln_model_case_input(m, 0, 0), kiln_model_case_input(m, 0, 1)}, *out[2] = {0};
+    CHECK_OK(kiln_executable_run(e, 2, in, 2, out));
+    float want[3] = {10.5f, 22, 34.5f};
+    CHECK(out[0] && memcmp(out[0]->data, want, sizeof want) == 0);
+    CHECK(out[1] && *(float *)out[1]->data == 6);
+    for (int k = 0; k < 2; k++) kiln_tensor_release(out[k]);
+    kiln_executable_free(e);
+}
+
+/* Loaded from a path, then the file rewritten in place (every byte changed), truncated and
+ * deleted: the model still computes what it loaded, and never faults on its parameters. */
+static void test_file_changes_after_load(const uint8_t *file, size_t size) {
+    char path[] = "/tmp/kiln-model-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    CHECK(write(fd, file, size) == (ssize_t)size);
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_load(path, &m));
+    if (m) {
+        check_runs_as_loaded(m);
+        uint8_t *scribble = malloc(size);
+        if (!scribble) exit(2);
+        memset(scribble, 0x7f, size); /* float32 NaN-free junk: 0x7f7f7f7f is a large finite number */
+        CHECK(pwrite(fd, scribble, size, 0) == (ssize_t)size);
+        free(scribble);
+        check_runs_as_loaded(m);
+        CHECK(ftruncate(fd, 16) == 0); /* a shared mapping's later reads would fault (SIGBUS) */
+        check_runs_as_loaded(m);
+        CHECK(unlink(path) == 0);
+        check_runs_as_loaded(m);
+        /* its parameters and cases still read as they were loaded */
+        CHECK(*(float *)kiln_model_case_input(m, 0, 0)->data == 1);
+        kiln_model_free(m);
+    } else {
+        unlink(path);
+    }
+    close(fd);
+}
+
+/* Names and texts that are not UTF-8: the writer refuses them, and so does the reader (a file
+ * whose name bytes were changed). */
+static void test_not_utf8(const kiln_graph *g, const uint8_t *file, size_t size) {
+    const char *ins[2] = {"x", "y\xff"}, *outs[2] = {"out", "total"};
+    kiln_model_desc d = {g, ins, outs, NULL, NULL, 0, NULL, NULL};
+    void *bytes = NULL;
+    size_t n = 0;
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "input name 1 is not UTF-8 text") != NULL);
+    ins[1] = "y", d.metadata = "\xc0\xaf"; /* an overlong '/' */
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "the metadata is not UTF-8 text") != NULL);
+    d.metadata = NULL, d.name = "\xed\xa0\x80"; /* a UTF-16 surrogate */
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(bytes == NULL);
+    d.name = NULL, outs[1] = "x";
+    CHECK_STATUS(kiln_model_write(&d, &bytes, &n), KILN_ERR_VALUE);
+    CHECK(strstr(kiln_last_error(), "an input and an output are both named 'x'") != NULL);
+    uint8_t *bad = malloc(size);
+    if (!bad) exit(2);
+    memcpy(bad, file, size);
+    const uint8_t total[9] = {5, 0, 0, 0, 't', 'o', 't', 'a', 'l'};
+    uint8_t *at = NULL;
+    for (size_t k = 0; k + sizeof total <= size && !at; k++)
+        if (memcmp(bad + k, total, sizeof total) == 0) at = bad + k;
+    CHECK(at != NULL);
+    if (at) {
+        at[6] = 0xff;
+        expect_refused(bad, size, false, "output 1 at offset");
+        CHECK(strstr(kiln_last_error(), "is not UTF-8 text") != NULL);
+    }
+    free(bad);
+}
+
 int main(void) {
     kiln_graph *g = make_graph();
     size_t size = 0;
@@ -228,6 +313,8 @@ int main(void) {
     test_round_trip(file, size, g);
     test_hostile(file, size);
     test_two_graphs(g);
+    test_file_changes_after_load(file, size);
+    test_not_utf8(g, file, size);
     /* the writer refuses what a reader would: two nodes of one name, an empty or over-long graph name */
     kiln_graph *dup;
     CHECK_OK(kiln_graph_clone(g, &dup));

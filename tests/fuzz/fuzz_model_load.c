@@ -4,13 +4,17 @@
  * check off, so that mutations reach the metadata parser behind it. Each graph of a file that loads
  * is written again from its graph, names and test cases, and that must load to the same graph
  * (compared by what its values are, kiln_graph_diff_*, and by its value and node names and
- * priorities), with a writer's output a fixed point. Built and run
+ * priorities), with a writer's output a fixed point. Bytes that load are also written to a file and
+ * loaded from its path; the file is then rewritten (every byte changed) and truncated before the
+ * model runs: its tensors must still be the bytes loaded, and running it must not fault. Built and run
  * by scripts/fuzz.sh (corpus: tests/fuzz/corpus_model, made by tests/fuzz/make_model_corpus.py). */
+#define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ir/compare.h"
 #include "ir/model_format.h"
@@ -109,10 +113,86 @@ static int32_t round_trip(const uint8_t *data, size_t size, int32_t k) {
     return ngraphs;
 }
 
+/* Tensors a and b hold the same bytes. */
+static bool same_tensor(const kiln_tensor *a, const kiln_tensor *b) {
+    return kiln_meta_equal(&a->meta, &b->meta) &&
+           memcmp(a->data, b->data, (size_t)a->numel * kiln_dtype_size(a->meta.dtype)) == 0;
+}
+
+/* A graph small and plain enough to run here: no control flow (a fuzzed loop may never end), no
+ * value of more than 4096 elements. */
+static bool small_graph(const kiln_graph *g) {
+    if (g->nsubgraphs) return false;
+    for (int32_t v = 0; v < g->nvalues; v++)
+        if (kiln_meta_numel(&g->values[v].meta) > 4096) return false;
+    return true;
+}
+
+/* The file the bytes are written to (one per fuzzing process, unlinked at once: its path is
+ * /proc/self/fd/N), or -1 when none could be made. */
+static int scratch_file(char *path, size_t size) {
+    static int fd = -2;
+    if (fd == -2) {
+        char name[] = "/tmp/kiln-fuzz-model-XXXXXX";
+        fd = mkstemp(name);
+        if (fd >= 0) unlink(name);
+    }
+    snprintf(path, size, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
+/* `mem`, loaded from memory, loaded again from a file holding the same bytes; the file is then
+ * rewritten and truncated: the model from the file still has mem's tensors, and runs. */
+static void check_file_changes(const uint8_t *data, size_t size, const kiln_model *mem) {
+    char path[64];
+    int fd = scratch_file(path, sizeof path);
+    if (fd < 0 || ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) return;
+    kiln_model *m = NULL;
+    kiln_status s = kiln_model_load(path, &m);
+    if (s == KILN_ERR_MEMORY) return;
+    if (s != KILN_OK) {
+        fprintf(stderr, "bytes that load from memory do not load from a file: %s\n", kiln_last_error());
+        abort();
+    }
+    uint8_t *junk = malloc(size ? size : 1);
+    if (!junk) abort();
+    for (size_t k = 0; k < size; k++) junk[k] = (uint8_t)~data[k];
+    if (pwrite(fd, junk, size, 0) != (ssize_t)size || ftruncate(fd, (off_t)(size / 3)) != 0) abort();
+    free(junk);
+    int32_t nin = kiln_model_num_inputs(m), nout = kiln_model_num_outputs(m);
+    for (int32_t c = 0; c < kiln_model_num_cases(m); c++)
+        for (int32_t k = 0; k < nin + nout; k++) {
+            const kiln_tensor *a = k < nin ? kiln_model_case_input(m, c, k) : kiln_model_case_output(m, c, k - nin);
+            const kiln_tensor *b = k < nin ? kiln_model_case_input(mem, c, k) : kiln_model_case_output(mem, c, k - nin);
+            if (!same_tensor(a, b)) {
+                fprintf(stderr, "a model loaded from a file changed when the file did\n");
+                abort();
+            }
+        }
+    const kiln_graph *g = kiln_model_graph(m), *gm = kiln_model_graph(mem);
+    for (int32_t k = 0; k < g->ncaptures; k++)
+        if (!same_tensor(g->values[g->captures[k]].bound, gm->values[gm->captures[k]].bound)) {
+            fprintf(stderr, "a model loaded from a file changed when the file did\n");
+            abort();
+        }
+    kiln_executable *e = NULL;
+    if (kiln_model_num_cases(m) > 0 && small_graph(g) && kiln_compile(g, NULL, &e) == KILN_OK) {
+        kiln_tensor **in = calloc((size_t)nin + 1, sizeof *in), **out = calloc((size_t)nout + 1, sizeof *out);
+        if (!in || !out) abort();
+        for (int32_t k = 0; k < nin; k++) in[k] = kiln_model_case_input(m, 0, k);
+        if (kiln_executable_run(e, nin, in, nout, out) == KILN_OK)
+            for (int32_t k = 0; k < nout; k++) kiln_tensor_release(out[k]);
+        free(in), free(out);
+        kiln_executable_free(e);
+    }
+    kiln_model_free(m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kiln_model *m = NULL;
     kiln_status s = kiln_model_load_memory(data, size, &m);
     if (s != KILN_OK) check_failure(s, m);
+    else check_file_changes(data, size, m);
     kiln_model_free(m);
     int32_t ngraphs = round_trip(data, size, 0);
     for (int32_t k = 1; k < ngraphs && k < 4; k++) round_trip(data, size, k);

@@ -367,7 +367,7 @@ def nested_def_and_slice_writes(x, k):
 @pytest.mark.parametrize("x", [POS, NEG], ids=["pos", "neg"])
 def test_nested_functions_closures_and_subscript_writes(x):
     check(nested_def_and_slice_writes, x, 5.0)
-    assert len([c for c in ast_runtime._converted if c.co_name == "inner"]) == 0  # converted once, with outer
+    assert len([c for c, _file in ast_runtime._converted if c.co_name == "inner"]) == 0  # converted once, with outer
 
 
 @pytest.mark.parametrize("x", [POS, NEG], ids=["pos", "neg"])

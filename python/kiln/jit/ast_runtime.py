@@ -664,7 +664,10 @@ def _print(*args, sep=" ", end="\n", file=None, flush=False):
 
 
 _SCALAR_BUILTINS = {builtins.int: "int()", builtins.float: "float()", builtins.bool: "bool()"}
-_converted = {}  # code object -> converted code object, or the JitSyntaxError converting it raised
+# (code object, its file) -> converted code object, or the JitSyntaxError converting it raised. Code
+# objects compare equal without their file: two modules' identical functions are one code by ==, and
+# the first one's converted code would name its file in the other's source locations.
+_converted = {}
 _warned = set()
 _functions = weakref.WeakKeyDictionary()  # function -> converted function
 
@@ -686,13 +689,14 @@ def convert_function(fn):
     except (KeyError, TypeError):
         pass
     code = fn.__code__
-    inner = _converted.get(code)
+    key = (code, code.co_filename)
+    inner = _converted.get(key)
     if inner is None:
         try:
             inner = ast_convert.convert_code(fn)
         except JitSyntaxError as e:
             inner = e
-        _converted[code] = inner
+        _converted[key] = inner
     if isinstance(inner, JitSyntaxError):
         raise inner
     new = ast_convert.build_function(fn, inner, sys.modules[__name__])
