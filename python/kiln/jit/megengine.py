@@ -31,6 +31,7 @@ import warnings
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
+from .eager_switch import jit_disabled
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
 from .graph_opt_config import GraphOptimizationConfig
@@ -419,6 +420,8 @@ class trace(_C.JitDispatcher):
         self._fast_enabled = not self._verify
 
     def _slow_call(self, *args, **kwargs):
+        if jit_disabled():  # kiln.disable_jit / KILN_DISABLE_JIT: the Python function, eagerly
+            return self._target(*args, **kwargs)
         if _C.is_tracing():  # inside another capture: contribute ops to it
             return self._target(*args, **kwargs)
         if not kwargs and all(isinstance(a, _C.TensorBase) for a in args):
