@@ -640,6 +640,8 @@ def _convert_target(fn):
 
     if isinstance(fn, Cell):
         construct = type(fn).construct
+        if construct is Cell.construct and type(fn).forward is not Cell.forward:
+            construct = type(fn).forward  # a module written with forward(): that is the code to convert
         if not isinstance(construct, types.FunctionType):
             raise ast_convert.source_error(construct, "its construct is not a Python function")
         convertible = ast_runtime._user_code(construct) or construct in ast_runtime._library_constructs()
