@@ -308,3 +308,21 @@ def test_gradoperation_of_a_jitted_cell(mode):
                           ops.GradOperation(get_all=True, sens_param=True)(net)(x, y, sens))
         assert_tree_close(kiln.grad(jnet, (0, 1), params, return_ids=True)(x, y),
                           kiln.grad(net, (0, 1), params, return_ids=True)(x, y))
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[2] == "kbk"], ids=lambda v: "-".join(v))
+def test_grad_of_grad_of_several_outputs_compiled(variant):
+    x = t64(X)
+
+    def cubic(x):  # its own code: not a function another test jitted (bytecode pieces are per code)
+        return x ** 3, 2 * x
+
+    def second(x):  # d/dx sum(d/dx (x^3 + 2x)) = 6x
+        return kiln.grad(lambda x: kiln.grad(cubic)(x).sum())(x)
+
+    jf = jitted(second, variant)
+    for _ in range(2):
+        np.testing.assert_allclose(to_numpy(jf(x)), 6 * X, rtol=1e-12)
+    inner = jitted(lambda x: kiln.grad(cubic)(x).sum(), variant)
+    for _ in range(2):
+        np.testing.assert_allclose(to_numpy(kiln.grad(inner)(x)), 6 * X, rtol=1e-12)

@@ -600,8 +600,11 @@ class JitFunction(_C.JitDispatcher):
         return self.options.capture_mode == "bytecode" and not bytecode_capture.one_graph(self)
 
     def _grad_variant(self, grad_position, weights, has_aux, **how):
-        """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
+        """A jitted function computing (value, grads) of this one: forward and backward as one graph
+        (how: autograd._run's options, sens_param, return_ids, all_inputs)."""
         from ..autograd import _run
+
+        how = {k: v for k, v in how.items() if v}  # the defaults share one variant
 
         wkey = None if weights is None else (id(weights) if not isinstance(weights, (list, tuple))
                                              else tuple(id(w) for w in weights))
