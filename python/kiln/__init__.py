@@ -12,6 +12,7 @@ from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__in
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
 from .jit.deploy import export, load
 from .jit.dynamic import mark_dynamic, mark_static
+from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
 from . import autodiff, profiler, tools
