@@ -4,16 +4,18 @@ from ._C import bfloat16, bool, float16, float32, float64, int8, int32, int64  #
 from ._C import dtype
 from ._tensor import Tensor, from_dlpack, from_numpy, tensor
 from . import ops
-from .autograd import enable_grad, grad, is_grad_enabled, no_grad, set_grad_enabled, value_and_grad
+from .autograd import (GradOperation, enable_grad, get_grad, grad, is_grad_enabled, no_grad, set_grad_enabled,
+                       value_and_grad)
 from . import nn
-from .jit import JitConfig, JitSyntaxError
+from .jit import JitConfig, JitSyntaxError, disable_jit
 from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
 from .jit.deploy import export, load
 from .jit.dynamic import mark_dynamic, mark_static
+from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
-from . import profiler, tools
+from . import autodiff, profiler, tools
 
 float_ = float32
 int_ = int64

@@ -68,10 +68,35 @@ def differentiating():
     return getattr(_nesting, "depth", 0) > 0
 
 
-def _run(fn, grad_position, weights, has_aux, args, kwargs):
+def _output_tensors(out, into):
+    """The tensors of a (nested tuple / list / dict) output, in order."""
+    if isinstance(out, _C.TensorBase):
+        into.append(out)
+    elif isinstance(out, (tuple, list)):
+        for o in out:
+            _output_tensors(o, into)
+    elif isinstance(out, dict):
+        for o in out.values():
+            _output_tensors(o, into)
+    return into
+
+
+def _run(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, return_ids=False, all_inputs=False):
+    """(fn's value, its gradients) as MindSpore computes them: the gradient of the sum of every
+    tensor fn returns (with has_aux, of its first output only), each non-scalar output weighted by
+    ones, or by the sensitivity given as the last positional argument (sens_param: one tensor per
+    differentiated output, in the same structure). all_inputs: differentiate every Tensor argument
+    (GradOperation(get_all=True); a non-float one gets zeros)."""
     from ._tensor import Tensor
 
+    sens = None
+    if sens_param:
+        if not args:
+            raise TypeError("GradOperation: with sens_param=True the last positional argument must be the sens")
+        args, sens = args[:-1], args[-1]
     nargs = len(args)
+    if all_inputs:
+        grad_position = tuple(k for k, a in enumerate(args) if isinstance(a, _C.TensorBase))
     if grad_position is None and weights is None:
         raise ValueError("grad: grad_position and weights cannot both be None")
     pos, single = _positions(grad_position, nargs) if grad_position is not None else ((), False)
@@ -82,6 +107,9 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs):
         if not isinstance(a, _C.TensorBase):
             raise TypeError(f"grad: argument {p} must be a Tensor to be differentiated, got {type(a).__name__}")
         if not a.dtype.is_floating_point:
+            if all_inputs:
+                leaves.append(None)  # no gradient: zeros
+                continue
             raise TypeError(f"grad: argument {p} has dtype {a.dtype}; only float tensors have gradients")
         if a.requires_grad or (isinstance(a, Tensor) and type(a) is not Tensor):
             leaf = a  # already tracked (e.g. inside an outer grad), or a Parameter keeping its identity
@@ -101,20 +129,40 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs):
     if has_aux:
         if not isinstance(out, tuple) or len(out) < 2:
             raise ValueError("grad: with has_aux=True the function must return a tuple (output, aux, ...)")
-        value, outputs = out, out[0]
+        value, differentiated = out, out[0]
     else:
-        value = out
-        outputs = out[0] if isinstance(out, tuple) else out
-    if not isinstance(outputs, _C.TensorBase):
-        raise TypeError(f"grad: the function must return a Tensor, got {type(outputs).__name__}")
-    targets = leaves + (wlist or [])
-    if not outputs.requires_grad:
+        value = differentiated = out
+    outputs = _output_tensors(differentiated, [])
+    if not outputs:
+        raise TypeError(f"grad: the function must return a Tensor (or tensors), got {type(differentiated).__name__}")
+    if sens is not None:
+        souts = _output_tensors(sens, [])
+        if len(souts) != len(outputs) or (isinstance(differentiated, _C.TensorBase)
+                                          != isinstance(sens, _C.TensorBase)):
+            raise ValueError(f"GradOperation: the sens must have the structure of the output: "
+                             f"{len(outputs)} tensor(s), got {len(souts)}")
+        for k, (o, s) in enumerate(zip(outputs, souts)):
+            if tuple(o.shape) != tuple(s.shape):
+                raise ValueError(f"GradOperation: sens {k} has shape {list(s.shape)}, "
+                                 f"the output has shape {list(o.shape)}")
+    else:
+        souts = [None] * len(outputs)
+    pairs = [(o, s) for o, s in zip(outputs, souts) if o.requires_grad]
+    targets = [t for t in leaves if t is not None] + (wlist or [])
+    if not pairs or not targets:
         grads = tuple(_zeros_like(t) for t in targets)
     else:
+        gouts = None if sens is None else [s for _, s in pairs]
         # inside another grad's function the gradients must be differentiable themselves
-        grads = _C.grad([outputs], targets, None, depth > 0 and is_grad_enabled())
+        grads = _C.grad([o for o, _ in pairs], targets, gouts, depth > 0 and is_grad_enabled())
         grads = tuple(g if g is not None else _zeros_like(t) for g, t in zip(grads, targets))
-    gin, gw = grads[:len(leaves)], grads[len(leaves):]
+    it = iter(grads)
+    gin = tuple(next(it) if t is not None else _zeros_like(args[p]) for p, t in zip(pos, leaves))
+    gw = tuple(it)
+    if return_ids:
+        gin = tuple(zip(pos, gin))
+        gw = tuple(zip((w.name if getattr(w, "name", None) is not None else k for k, w in enumerate(wlist or [])),
+                       gw))
     if grad_position is not None and single:
         gin = gin[0]
     if weights is not None and wsingle:
@@ -134,32 +182,123 @@ def _zeros_like(t):
     return zeros_like(t)
 
 
-def grad(fn, grad_position=0, weights=None, has_aux=False):
-    """A function returning the gradients of fn's output (its first output with has_aux) with
-    respect to the arguments at grad_position and/or the given weights (Parameters or a Cell).
-    Non-scalar outputs are differentiated with a gradient of ones, as in MindSpore. With has_aux
-    the function returns (output, aux, ...) and grad returns (gradients, aux)."""
+def grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False):
+    """A function returning the gradients of fn's output with respect to the arguments at
+    grad_position and/or the given weights (Parameters or a Cell), as MindSpore's grad: a function
+    returning several tensors (a tuple, list or dict, nested) is differentiated as the sum of them
+    all, each non-scalar output with a gradient of ones. With has_aux fn returns (output, aux, ...),
+    only its first output is differentiated, and grad returns (gradients, the tuple of the other
+    outputs). return_ids: each gradient is paired with its identifier, (position, gradient) for an
+    input and (parameter name, gradient) for a weight (see get_grad)."""
+    _check_flags(has_aux=has_aux, return_ids=return_ids)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        value, grads = _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs)
-        if has_aux:  # (gradients, the outputs after the first)
-            return grads, (value[1] if len(value) == 2 else value[1:])
+        value, grads = _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids)
+        if has_aux:  # (gradients, the outputs after the first, as a tuple)
+            return grads, tuple(value[1:])
         return grads
 
     wrapper._kiln_grad_of = fn
     return wrapper
 
 
-def value_and_grad(fn, grad_position=0, weights=None, has_aux=False):
-    """Like grad, but the function returns (fn's value, gradients)."""
+def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False):
+    """Like grad, but the function returns (fn's value, gradients); the value is everything fn
+    returned (with has_aux too)."""
+    _check_flags(has_aux=has_aux, return_ids=return_ids)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs)
+        return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids)
 
     wrapper._kiln_grad_of = fn
     return wrapper
+
+
+def _check_flags(**flags):
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"grad: {name} must be True or False, got {value!r}")
+
+
+def get_grad(gradients, identifier):
+    """The gradient that grad / value_and_grad(..., return_ids=True) returned for identifier: an
+    argument position (int) or a Parameter (found by its name)."""
+    if isinstance(identifier, bool) or not isinstance(identifier, (int, _C.TensorBase)):
+        raise TypeError(f"get_grad: identifier must be an argument position (int) or a Parameter, "
+                        f"got {type(identifier).__name__}")
+    if isinstance(identifier, _C.TensorBase):
+        key = getattr(identifier, "name", None)
+        if key is None:
+            raise ValueError("get_grad: the Parameter has no name to find its gradient by")
+    else:
+        key = identifier
+    found = _find_grad(gradients, key, isinstance(identifier, int))
+    if found is None:
+        raise ValueError(f"get_grad: no gradient for {identifier if isinstance(identifier, int) else key!r} "
+                         "in the gradients (were they computed with return_ids=True?)")
+    return found
+
+
+def _find_grad(node, key, positional):
+    if not isinstance(node, tuple):
+        return None
+    if len(node) == 2 and isinstance(node[1], _C.TensorBase) and not isinstance(node[0], (tuple, _C.TensorBase)):
+        ident = node[0]
+        if positional == (isinstance(ident, int) and not isinstance(ident, bool)) and ident == key:
+            return node[1]
+        return None
+    for sub in node:
+        g = _find_grad(sub, key, positional)
+        if g is not None:
+            return g
+    return None
+
+
+class GradOperation:
+    """MindSpore's GradOperation(get_all=False, get_by_list=False, sens_param=False): a higher-order
+    function; GradOperation(...)(fn[, weights]) returns the function computing fn's gradients.
+    Without get_all and get_by_list: the gradient with respect to the first argument; get_all: a
+    tuple of gradients, one per Tensor argument; get_by_list: a tuple of gradients, one per weight
+    (a list or ParameterTuple of Parameters, or a Cell's trainable parameters); both: (input
+    gradients, weight gradients). fn's outputs are all differentiated (the gradient of their sum);
+    sens_param: the call takes one more positional argument, the sensitivity (the gradient of the
+    output, one tensor per output tensor in the output's structure) instead of ones."""
+
+    def __init__(self, get_all=False, get_by_list=False, sens_param=False):
+        for name, value in (("get_all", get_all), ("get_by_list", get_by_list), ("sens_param", sens_param)):
+            if not isinstance(value, bool):
+                raise TypeError(f"GradOperation: {name} must be True or False, got {value!r}")
+        self.get_all, self.get_by_list, self.sens_param = get_all, get_by_list, sens_param
+
+    def __call__(self, fn, weights=None):
+        if not callable(fn):
+            raise TypeError(f"GradOperation: expected a function or a Cell, got {type(fn).__name__}")
+        if self.get_by_list and weights is None:
+            raise ValueError("GradOperation(get_by_list=True): give the weights, as GradOperation(...)(fn, weights)")
+        if not self.get_by_list and weights is not None:
+            raise ValueError("GradOperation: weights are only taken with get_by_list=True")
+        if weights is not None:
+            weights = weights if hasattr(weights, "trainable_params") else list(
+                [weights] if isinstance(weights, _C.TensorBase) else weights)
+        get_all, sens_param = self.get_all, self.sens_param
+        position = None if self.get_by_list and not get_all else 0
+
+        def grad_fn(*args, **kwargs):
+            if position == 0 and not get_all and (len(args) - sens_param) < 1:
+                raise TypeError("GradOperation: the function has no argument to differentiate")
+            _, grads = _value_and_grads(fn, position, weights, False, args, kwargs, sens_param=sens_param,
+                                        all_inputs=get_all)
+            return grads
+
+        functools.update_wrapper(grad_fn, fn, updated=())
+        grad_fn._kiln_grad_of = fn
+        return grad_fn
+
+    def __repr__(self):
+        return (f"GradOperation(get_all={self.get_all}, get_by_list={self.get_by_list}, "
+                f"sens_param={self.sens_param})")
 
 
 def jitted_of(fn):
@@ -178,14 +317,14 @@ def differentiates_by_pieces(fn):
     return jitted is not None and jitted._grad_through_pieces()
 
 
-def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs):
+def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, **how):
     if not _C.is_tracing():
         jitted = jitted_of(fn)
         if jitted is not None and jitted._grad_through_pieces():
             # bytecode capture with graph breaks: each compiled piece records one node on the tape, its
             # backward compiled with it, and the Python between pieces is recorded as eager code is
-            return _run(fn, grad_position, weights, has_aux, args, kwargs)
+            return _run(fn, grad_position, weights, has_aux, args, kwargs, **how)
         if jitted is not None:  # a jitted function, or a Cell given a JitConfig
             # forward and backward compiled together as one graph
-            return jitted._grad_variant(grad_position, weights, has_aux)(*args, **kwargs)
-    return _run(fn, grad_position, weights, has_aux, args, kwargs)
+            return jitted._grad_variant(grad_position, weights, has_aux, **how)(*args, **kwargs)
+    return _run(fn, grad_position, weights, has_aux, args, kwargs, **how)

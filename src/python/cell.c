@@ -231,6 +231,13 @@ static int cell_setattro(PyObject *self, PyObject *name, PyObject *value) {
         return touch(self, name);
     }
     int is_param = parameter_type ? PyObject_IsInstance(value, parameter_type) : 0;
+    if (is_param == 1) { /* `self.p += x`: Parameter.__iadd__ updated p in place and returned it */
+        PyObject *d = dict_of(self);
+        PyObject *cur = d ? PyDict_GetItemWithError(d, name) : NULL;
+        Py_XDECREF(d);
+        if (cur == value) return 0; /* the same object again: nothing changes, no write to log */
+        if (PyErr_Occurred()) return -1;
+    }
     int is_cell = is_param == 0 ? PyObject_TypeCheck(value, &PyCellBase_Type) : 0;
     int rc = is_param < 0 ? -1
              : is_param   ? register_parameter(self, name, value)

@@ -139,10 +139,22 @@ static PyObject *slow_call(PyObject *self, PyObject *const *args, size_t nargsf,
     return r;
 }
 
+/* kiln.disable_jit / KILN_DISABLE_JIT: every call goes to Python, which runs the function eagerly */
+static bool all_disabled = false;
+
+static PyObject *dispatcher_set_all_disabled(PyObject *cls, PyObject *flag) {
+    (void)cls;
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) return NULL;
+    bool prev = all_disabled;
+    all_disabled = on;
+    return PyBool_FromLong(prev);
+}
+
 static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (!d->enabled || (kwnames && PyTuple_GET_SIZE(kwnames)) || d->nentries == 0 || kiln_tracer_active())
+    if (!d->enabled || all_disabled || (kwnames && PyTuple_GET_SIZE(kwnames)) || d->nentries == 0 || kiln_tracer_active())
         return slow_call(self, args, nargsf, kwnames);
     for (Py_ssize_t k = 0; k < nargs; k++)
         if (!pykiln_is_tensor(args[k])) return slow_call(self, args, nargsf, kwnames);
@@ -322,6 +334,8 @@ static PyMethodDef dispatcher_methods[] = {
     {"_add_fast_entry", dispatcher_add_entry, METH_VARARGS, "register a graph for all-tensor positional calls"},
     {"_add_fast_instance", dispatcher_add_instance, METH_VARARGS, "register a dynamic entry's graph for a binding"},
     {"_clear_fast_entries", dispatcher_clear_entries, METH_NOARGS, "drop the registered graphs"},
+    {"_set_all_disabled", dispatcher_set_all_disabled, METH_O | METH_STATIC,
+     "send every call of every dispatcher to Python (kiln.disable_jit); returns the previous setting"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,6 +10,7 @@ import sys as _sys
 import types as _types
 
 from .config import JitConfig
+from .eager_switch import disable_jit
 from .function import CacheInfo, JitFunction, explain, jit
 from .syntax import JitSyntaxError
 from .dtr_config import DTRConfig
@@ -18,7 +19,7 @@ from .sublinear_memory_config import SublinearMemoryConfig
 from .megengine import TraceMismatchError, trace
 from . import tracing
 
-__all__ = ["CacheInfo", "DTRConfig", "explain", "GraphOptimizationConfig", "JitConfig", "JitFunction", "JitSyntaxError",
+__all__ = ["CacheInfo", "disable_jit", "DTRConfig", "explain", "GraphOptimizationConfig", "JitConfig", "JitFunction", "JitSyntaxError",
            "SublinearMemoryConfig", "TraceMismatchError", "jit", "trace"]
 
 

@@ -728,6 +728,11 @@ def _attribute_change(it, f, arg, what):
 
 
 def h_store_attr(it, f, arg, name, target):
+    obj, value = f.stack[-1], f.stack[-2]
+    if isinstance(obj, _C.CellBase) and value is obj.__dict__.get(f.code.code.co_names[arg]):
+        del f.stack[-2:]  # `self.p += x`: Parameter.__iadd__ updated p in place; storing it back changes nothing
+        _next(f)
+        return
     _attribute_change(it, f, arg, "write")
     obj = f.stack.pop()
     setattr(obj, f.code.code.co_names[arg], f.stack.pop())

@@ -17,6 +17,7 @@ from .. import _C
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, bytecode_capture, dynamic, guards, tree
+from .eager_switch import jit_disabled
 from .options import JitOptions
 from .syntax import JitSyntaxError
 
@@ -303,6 +304,9 @@ class JitFunction(_C.JitDispatcher):
         return _C.tree.call_key(args, kwargs, (self.fn, self._self))
 
     def _slow_call(self, *args, **kwargs):
+        if jit_disabled():  # kiln.disable_jit / KILN_DISABLE_JIT: the Python function, eagerly
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
         if _C.is_tracing():  # inside another capture: just contribute ops to it
             return self._capture_target()(*args, **kwargs)
         if self.options.capture_mode == "bytecode":
@@ -598,19 +602,23 @@ class JitFunction(_C.JitDispatcher):
         one forward-and-backward graph (any other function; a bytecode one that is one graph)."""
         return self.options.capture_mode == "bytecode" and not bytecode_capture.one_graph(self)
 
-    def _grad_variant(self, grad_position, weights, has_aux):
-        """A jitted function computing (value, grads) of this one: forward and backward as one graph."""
+    def _grad_variant(self, grad_position, weights, has_aux, **how):
+        """A jitted function computing (value, grads) of this one: forward and backward as one graph
+        (how: autograd._run's options, sens_param, return_ids, all_inputs)."""
         from ..autograd import _run
+
+        how = {k: v for k, v in how.items() if v}  # the defaults share one variant
 
         wkey = None if weights is None else (id(weights) if not isinstance(weights, (list, tuple))
                                              else tuple(id(w) for w in weights))
-        gkey = (grad_position if not isinstance(grad_position, list) else tuple(grad_position), wkey, has_aux)
+        gkey = (grad_position if not isinstance(grad_position, list) else tuple(grad_position), wkey, has_aux,
+                tuple(sorted(how.items())))
         jf = self._grad_variants.get(gkey)
         if jf is None:
             def value_and_grads(*args, **kwargs):
                 # captured: the converted function (ast); run eagerly: the function itself
                 target = self._capture_target() if _C.is_tracing() else self._target()
-                return _run(target, grad_position, weights, has_aux, args, kwargs)
+                return _run(target, grad_position, weights, has_aux, args, kwargs, **how)
 
             value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
             jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options.with_capture_mode("trace"))
@@ -638,6 +646,8 @@ def _convert_target(fn):
 
     if isinstance(fn, Cell):
         construct = type(fn).construct
+        if construct is Cell.construct and type(fn).forward is not Cell.forward:
+            construct = type(fn).forward  # a module written with forward(): that is the code to convert
         if not isinstance(construct, types.FunctionType):
             raise ast_convert.source_error(construct, "its construct is not a Python function")
         convertible = ast_runtime._user_code(construct) or construct in ast_runtime._library_constructs()

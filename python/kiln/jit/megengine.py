@@ -31,6 +31,7 @@ import warnings
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
+from .eager_switch import jit_disabled
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs
 from .graph_opt_config import GraphOptimizationConfig
@@ -323,7 +324,11 @@ class trace(_C.JitDispatcher):
     megengine_profile), which `python -m kiln.tools.profile_analyze` reads once dumped as JSON.
     Profiled calls always come through Python (never the C fast path).
 
-    verify (a kiln extension, default True; also the attribute `trace.verify`): re-run the
+    without_host=True (MegEngine's: after the recording, no Python code of the function runs) is
+    verify=False; imperative=True (MegEngine's: the recorded ops executed one by one by the
+    imperative runtime) compiles at O0, kernel by kernel without fusion, whatever opt_level says.
+
+    verify (a kiln extension, default True unless without_host; also the attribute `trace.verify`): re-run the
     Python function on every later call and compare it with the recording (see the module
     docstring). Results never carry autograd history; a call with a tensor argument that requires
     grad, in grad mode, runs eagerly so that gradients flow through it (as kiln.jit does; this is
@@ -339,14 +344,15 @@ class trace(_C.JitDispatcher):
 
     def __init__(self, function=None, symbolic=False, capture_as_const=False, record_only=False,
                  sublinear_memory_config=None, dtr_config=None, profiling=False, opt_level=2, graph_opt_config=None,
-                 symbolic_shape=True, *, verify=True):
+                 symbolic_shape=True, without_host=False, imperative=False, *, verify=None):
         if isinstance(function, trace):
             function = function.__wrapped__
         if not callable(function):
             raise TypeError(f"trace: expected a function or a Cell, got {type(function).__name__}")
         for name, value in (("symbolic", symbolic), ("capture_as_const", capture_as_const),
                             ("record_only", record_only), ("profiling", profiling),
-                            ("symbolic_shape", symbolic_shape), ("verify", verify)):
+                            ("symbolic_shape", symbolic_shape), ("without_host", without_host),
+                            ("imperative", imperative), ("verify", True if verify is None else verify)):
             if not isinstance(value, bool):
                 raise TypeError(f"trace: {name} must be True or False, got {value!r}")
         for name, value, cls in (("sublinear_memory_config", sublinear_memory_config, SublinearMemoryConfig),
@@ -365,9 +371,13 @@ class trace(_C.JitDispatcher):
         self.record_only = record_only
         self.sublinear_memory_config, self.dtr_config, self.profiling = sublinear_memory_config, dtr_config, profiling
         self.opt_level, self.graph_opt_config = opt_level, graph_opt_config
-        self.symbolic_shape, self.verify = symbolic_shape, verify
-        self._level = _KILN_LEVELS[2 if opt_level is None else opt_level]  # kiln's: 0 (O0) - 2 (O2)
-        if graph_opt_config is not None and graph_opt_config.jit_fuse_reduce:
+        if without_host and verify:
+            raise ValueError("trace: without_host=True runs no Python after the recording, so it cannot verify=True")
+        self.without_host, self.imperative = without_host, imperative
+        self.symbolic_shape, self.verify = symbolic_shape, not without_host if verify is None else verify
+        # imperative: the recorded ops replayed one by one (MegEngine's imperative runtime): kiln's O0, no fusion
+        self._level = 0 if imperative else _KILN_LEVELS[2 if opt_level is None else opt_level]  # 0 (O0) - 2 (O2)
+        if graph_opt_config is not None and graph_opt_config.jit_fuse_reduce and not imperative:
             self._level = max(self._level, 1)
         self._target = function
         self._bound = {}          # bound traces of instances without a __dict__
@@ -400,7 +410,8 @@ class trace(_C.JitDispatcher):
                       capture_as_const=self.capture_as_const, record_only=self.record_only,
                       sublinear_memory_config=self.sublinear_memory_config, dtr_config=self.dtr_config,
                       profiling=self.profiling, opt_level=self.opt_level, graph_opt_config=self.graph_opt_config,
-                      symbolic_shape=self.symbolic_shape, verify=self.verify)
+                      symbolic_shape=self.symbolic_shape, without_host=self.without_host,
+                      imperative=self.imperative, verify=self.verify)
             t.__name__, t.__qualname__, t.__doc__ = self.__name__, self.__qualname__, self.__doc__
             t._owner = obj
             store[slot] = t
@@ -421,6 +432,8 @@ class trace(_C.JitDispatcher):
         self._fast_enabled = not self._verify
 
     def _slow_call(self, *args, **kwargs):
+        if jit_disabled():  # kiln.disable_jit / KILN_DISABLE_JIT: the Python function, eagerly
+            return self._target(*args, **kwargs)
         if _C.is_tracing():  # inside another capture: contribute ops to it
             return self._target(*args, **kwargs)
         if not kwargs and all(isinstance(a, _C.TensorBase) for a in args):

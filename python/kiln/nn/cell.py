@@ -55,7 +55,15 @@ class Cell(_C.CellBase):
         return self
 
     def construct(self, *inputs, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} must define construct()")
+        if type(self).forward is not Cell.forward:  # a MegEngine / PyTorch style module: its forward
+            return self.forward(*inputs, **kwargs)
+        raise NotImplementedError(f"{type(self).__name__} must define construct() (or forward())")
+
+    def forward(self, *inputs, **kwargs):
+        """MegEngine's and PyTorch's name of construct: a Cell may define either."""
+        if type(self).construct is Cell.construct:
+            raise NotImplementedError(f"{type(self).__name__} must define construct() (or forward())")
+        return self.construct(*inputs, **kwargs)
 
     def _graph_mode_jit(self):
         """kiln.jit of this cell with the default options, made once (set_context(mode=GRAPH_MODE))."""
@@ -173,6 +181,14 @@ class Cell(_C.CellBase):
         for _, cell in self.cells_and_names():  # not a state version bump: compiled graphs guard on it apart
             _object_setattr(cell, "training", bool(mode))
         return self
+
+    def train(self, mode=True):
+        """MegEngine's / PyTorch's set_train; returns self."""
+        return self.set_train(mode)
+
+    def eval(self):
+        """Inference mode (set_train(False)); returns self."""
+        return self.set_train(False)
 
     def set_grad(self, requires_grad=True):
         """Marks the network as one that gradients are taken of (informational); returns self."""

@@ -180,8 +180,15 @@ class Optimizer(Cell):
 
     def zero_grad(self):
         """Clears .grad of every parameter."""
+        if _C.is_tracing():
+            from ..jit.function import mark_not_replayable
+
+            mark_not_replayable(f"{type(self).__name__}.zero_grad assigns the .grad of the parameters (Python state "
+                                "a graph cannot set)")
         for p in self.parameters:
             p.grad = None
+
+    clear_grad = zero_grad  # MegEngine's name
 
     def _update(self, i, param, grad, lr, weight_decay):
         raise NotImplementedError

@@ -8,7 +8,8 @@ class Parameter(Tensor):
 
     A real kiln Tensor (every op accepts it) holding its own copy of data, a leaf of the autograd
     graph. `name` is filled in with the attribute path when a Cell registers it and it has none.
-    Ops on a Parameter return plain Tensors; optimizers update it in place."""
+    Ops on a Parameter return plain Tensors; optimizers update it in place. An integer or bool
+    Parameter never requires grad, whatever requires_grad says."""
 
     def __new__(cls, data, name=None, requires_grad=True, dtype=None):
         if isinstance(data, _C.TensorBase) and data.dtype is _C.bfloat16 and dtype is None:
@@ -18,11 +19,10 @@ class Parameter(Tensor):
     def __init__(self, data, name=None, requires_grad=True, dtype=None):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Parameter: name must be a str or None, got {type(name).__name__}")
-        if requires_grad and not self.dtype.is_floating_point:
-            raise TypeError(f"Parameter: only float parameters can require gradients, got dtype {self.dtype}")
         self.name = name
         self._auto_name = name is None  # named by the Cell that registers it
-        self.requires_grad = bool(requires_grad)
+        # an integer Parameter (a counter, a step) is state, not trained: it never requires grad (as MindSpore)
+        self.requires_grad = bool(requires_grad) and self.dtype.is_floating_point
 
     def __repr__(self):
         return f"Parameter(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype.name}, " \
@@ -48,6 +48,30 @@ class Parameter(Tensor):
     @data.setter
     def data(self, value):
         self.set_data(value)
+
+    # `param += x` (e.g. `self.step += 1` in a construct) assigns in place as MindSpore's graph
+    # mode does: the Parameter keeps its identity (a Cell holds it, an optimizer updates it), its
+    # dtype and its shape; the update is state, not recorded for autograd
+    def _assign_op(self, other, op, sym):
+        new = op(self, other)
+        if tuple(new.shape) != tuple(self.shape):
+            raise ValueError(f"Parameter {self.name!r}: `{sym}=` would change its shape from {list(self.shape)} "
+                             f"to {list(new.shape)}; a Parameter is updated in place")
+        return self.set_data(new)
+
+    def __iadd__(self, other):
+        return self._assign_op(other, lambda a, b: a + b, "+")
+
+    def __isub__(self, other):
+        return self._assign_op(other, lambda a, b: a - b, "-")
+
+    def __imul__(self, other):
+        return self._assign_op(other, lambda a, b: a * b, "*")
+
+    def __itruediv__(self, other):
+        if not self.dtype.is_floating_point:
+            raise TypeError(f"Parameter {self.name!r}: `/=` on an integer Parameter would need a float result")
+        return self._assign_op(other, lambda a, b: a / b, "/")
 
     def __deepcopy__(self, memo):
         p = Parameter(self, self.name, self.requires_grad)

@@ -32,3 +32,7 @@ def _name_errors():
 
 
 _KNOWN_NAMES = _name_errors()
+
+# MindSpore's functional autodiff, also reachable as kiln.ops.* (after _name_errors: the user's
+# function's errors pass untouched)
+from ..autograd import GradOperation, get_grad, grad, value_and_grad  # noqa: E402
