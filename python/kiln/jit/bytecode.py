@@ -1390,6 +1390,7 @@ def thaw(state, interp, top):
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.foreign.add(id(c))
+                interp.created.discard(id(c))  # the caller's (rebuilt): changing it is not local
                 interp.keep.append(c)
                 return c
         if type(v) is tuple:

@@ -122,6 +122,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         aliases = []
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
         capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
+        before = _containers_of((call_args, call_kwargs))
         sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
         try:
             if capture is None:
@@ -138,6 +139,12 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         effect = recorder.side_effect(writes)
         if effect is not None:
             _on_side_effect(options, effect, reasons)
+        elif any(_contents(c) != seen for c, seen in before):  # changed where the recorder does not look
+            changed = next(c for c, seen in before if _contents(c) != seen)
+            code = getattr(fn, "__code__", None)
+            _on_side_effect(options, guards.SideEffect(
+                f"a change of a {type(changed).__name__} passed as an argument",
+                code.co_filename if code else "<unknown>", code.co_firstlineno if code else 0), reasons)
         if capture is not None:
             result = dynamic.concrete(result)
         out_leaves = []
@@ -152,8 +159,11 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         _C.set_cell_logs(*prev_logs)
         _local.not_replayable = prev_reasons
     if reasons:
-        raise NotReplayable(reasons[0], tree.unflatten(out_spec, [t.detach() if isinstance(t, _C.TensorBase)
-                                                                   else t for t in out_leaves])[0])
+        # the function runs eagerly from now on; this run's changes to the argument containers it was
+        # given (rebuilt around the aliases) are made on the caller's own, and what it returns of
+        # them is the caller's object
+        back = _ArgumentsBack((args, kwargs), (call_args, call_kwargs), leaves, aliases)
+        raise NotReplayable(reasons[0], back.result(result))
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
@@ -166,6 +176,82 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     if capture is not None:
         entry.capture, entry.graph = capture, graph
     return tree.unflatten(out_spec, detached)[0], entry
+
+
+def _contents(c):
+    """What a list, dict or set holds, by identity."""
+    if isinstance(c, dict):
+        return tuple((k, id(v)) for k, v in c.items())
+    if isinstance(c, set):
+        return frozenset(map(id, c))
+    return tuple(map(id, c))
+
+
+def _containers_of(obj, found=None):
+    """[(container, its _contents)] of the lists, dicts and sets in obj's tuples, lists and dicts."""
+    found = [] if found is None else found
+    if isinstance(obj, (list, dict, set)):
+        found.append((obj, _contents(obj)))
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            _containers_of(v, found)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _containers_of(v, found)
+    return found
+
+
+class _ArgumentsBack:
+    """Maps a capture run's arguments back to the caller's: the containers rebuilt around the
+    aliases to the caller's containers (given this run's contents), the aliases to the caller's
+    tensors, other tensors detached from the recording."""
+
+    _MUTABLE = (list, dict, set)
+
+    def __init__(self, original, rebuilt, leaves, aliases):
+        self.tensors = {id(a): t for a, t in zip(aliases, leaves)}
+        self.containers = {}  # id of a rebuilt container -> (it, the caller's)
+        self._pair(original, rebuilt)
+        for made, own in list(self.containers.values()):
+            if isinstance(own, list):
+                own[:] = [self.value(v) for v in made]
+            elif isinstance(own, dict):
+                items = [(k, self.value(v)) for k, v in made.items()]
+                own.clear()
+                own.update(items)
+            elif isinstance(own, set):
+                values = {self.value(v) for v in made}
+                own.clear()
+                own.update(values)
+
+    def _pair(self, own, made):
+        if own is made or type(own) is not type(made):
+            return
+        if isinstance(own, self._MUTABLE):
+            self.containers[id(made)] = (made, own)
+        if isinstance(own, (list, tuple)) and len(own) == len(made):
+            for a, b in zip(own, made):
+                self._pair(a, b)
+        elif isinstance(own, dict):
+            for k, v in own.items():
+                if k in made:
+                    self._pair(v, made[k])
+
+    def value(self, v):
+        if isinstance(v, _C.TensorBase):
+            own = self.tensors.get(id(v))
+            return own if own is not None else v.detach()
+        pair = self.containers.get(id(v))
+        if pair is not None:
+            return pair[1]
+        if type(v) in (list, tuple):
+            return type(v)(self.value(x) for x in v)
+        if type(v) is dict:
+            return {k: self.value(x) for k, x in v.items()}
+        return v
+
+    def result(self, result):
+        return self.value(result)
 
 
 def _on_side_effect(options, effect, reasons):
