@@ -1,8 +1,8 @@
 /* kiln._C.Elementwise: the elementwise functions of kiln.ops (neg, exp, ..., add, mul, maximum,
  * comparisons) as callables. A unary one converts its argument to a tensor; a binary one
  * broadcasts and promotes NumPy 2's way through kiln_apply, where a Python scalar next to a
- * tensor is weak (takes the tensor's dtype). With the scalar first, a bool, int or float is cast
- * to a floating tensor's dtype first, so that `2 - x` computes in x's dtype like `x - 2`.
+ * tensor is weak (takes the tensor's dtype), on either side: ops.sub(2, x) computes in the dtype
+ * `2 - x` and `x - 2` do.
  * Reference notes: arguments are borrowed; results are new references. */
 #include "pykiln.h"
 
@@ -27,18 +27,14 @@ static PyObject *apply_pair(int op, PyObject *a, PyObject *b) {
     return out;
 }
 
-/* A scalar given before a tensor, as a tensor: cast to other's dtype when other is floating. */
+/* A value given before a tensor, as a tensor, converted as the operators convert it (`2 * x` is
+ * `x.__rmul__(2)`): a Python scalar is weak, so ops.mul(2, x) and 2 * x give one dtype. */
 static PyObject *scalar_first(PyObject *input, PyObject *other) {
-    PyObject *t = pykiln_as_tensor(input);
-    kiln_dtype dtype = pykiln_unwrap(other)->meta.dtype;
-    if (!t || !(PyLong_Check(input) || PyFloat_Check(input)) || !kiln_dtype_is_float(dtype)) return t;
-    kiln_attrs attrs;
-    kiln_attrs_clear(&attrs);
-    kiln_attrs_push_int(&attrs, dtype);
-    PyObject *in = PyTuple_Pack(1, t), *cast = in ? pykiln_apply(KILN_OP_CAST, in, &attrs) : NULL;
-    Py_XDECREF(in);
-    Py_DECREF(t);
-    return cast;
+    if (!PyFloat_Check(input) && !PyLong_Check(input) && !PyObject_CheckBuffer(input) && !PyList_Check(input) &&
+        !PyTuple_Check(input))
+        return pykiln_as_tensor(input);
+    kiln_tensor *conv = pykiln_to_tensor(input, pykiln_unwrap(other));
+    return conv ? pykiln_wrap(conv) : NULL;
 }
 
 static PyObject *elementwise_run(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
