@@ -21,3 +21,9 @@ python3 - <<'PY' || python3 -m pip install -q numpy pytest scikit-build-core
 import importlib.util, sys
 sys.exit(0 if all(importlib.util.find_spec(m) for m in ("numpy", "pytest", "scikit_build_core")) else 1)
 PY
+
+# onnx and onnxruntime: the ONNX export is checked against ONNX Runtime (tests/python/test_onnx_export_values.py)
+python3 - <<'PY' || python3 -m pip install -q onnx onnxruntime
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime")) else 1)
+PY

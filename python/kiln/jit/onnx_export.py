@@ -86,6 +86,10 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     out = outs[0]
     if op in _UNARY:
         b.node(_UNARY[op], ins, [out])
+    elif op == "div" and _np_dtype(metas[0][0]) != _np_dtype(in_metas[0][0]):
+        # kiln's true division of integers gives floats; ONNX's Div keeps its inputs' type
+        to = b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0])))
+        b.node("Div", [b.node("Cast", [i], to=to) for i in ins], [out])
     elif op in _BINARY:
         b.node(_BINARY[op], ins, [out])
     elif op == "ne":
@@ -153,7 +157,10 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
             b.node("Reshape", [b.node("Cast", [lse], to=b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[1][0]))))
                                , b.ints(metas[1][1])], [outs[1]])
     elif op in ("reshape", "expand"):
-        b.node("Reshape" if op == "reshape" else "Expand", [ins[0], b.ints(ints)], [out])
+        if op == "reshape":  # allowzero: a 0 in the shape is a size 0, not "as the input's"
+            b.node("Reshape", [ins[0], b.ints(ints)], [out], allowzero=1)
+        else:
+            b.node("Expand", [ins[0], b.ints(ints)], [out])
     elif op == "permute":
         b.node("Transpose", ins, [out], perm=list(ints))
     elif op == "cast":
@@ -164,8 +171,17 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         b.node("Softmax" if op == "softmax" else "LogSoftmax", ins, [out], axis=ints[0])
     elif op in _REDUCE:
         axes, keep = _axes(ints[0], len(in_metas[0][1])), ints[1]
-        if op == "sum":
+        floating = np.issubdtype(_np_dtype(in_metas[0][0]), np.floating)
+        if not axes:  # no axis reduced (axis=()): the input itself; ONNX reads empty axes as every axis
+            b.node("Identity", ins, [out])
+        elif op == "sum":
             b.node("ReduceSum", [ins[0], b.ints(axes)], [out], keepdims=keep)
+        elif op in ("max", "min") and floating:
+            # kiln's max/min propagate NaN; ONNX Runtime's skip it: add NaN where a reduced NaN was
+            r = b.node(_REDUCE[op], ins, axes=axes, keepdims=keep)
+            zero = b.const(np.zeros((), _np_dtype(in_metas[0][0])))
+            nan_or_zero = b.node("Where", [b.node("IsNaN", ins), ins[0], zero])
+            b.node("Add", [r, b.node("ReduceSum", [nan_or_zero, b.ints(axes)], keepdims=keep)], [out])
         else:
             b.node(_REDUCE[op], ins, [out], axes=axes, keepdims=keep)
     elif op in ("var", "std"):  # mean((x - mean(x))^2) * n / (n - correction)
@@ -174,7 +190,8 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         n = int(np.prod([shape[d] for d in axes]))
         d = b.node("Sub", [ins[0], b.node("ReduceMean", ins, axes=axes, keepdims=1)])
         m = b.node("ReduceMean", [b.node("Mul", [d, d])], axes=axes, keepdims=ints[1])
-        v = b.node("Mul", [m, b.const(np.asarray(n / max(n - ints[2], 0) if n > ints[2] else np.nan, dt))])
+        # n / (n - ddof) as kiln computes it: a divisor of 0 past n (inf, or NaN for a zero sum)
+        v = b.node("Div", [b.node("Mul", [m, b.const(np.asarray(n, dt))]), b.const(np.asarray(max(n - ints[2], 0), dt))])
         b.node("Sqrt" if op == "std" else "Identity", [v], [out])
     elif op in ("argmax", "argmin"):
         shape = in_metas[0][1]
