@@ -61,14 +61,14 @@ class _Builder:
 
 
 _UNARY = {"relu": "Relu", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "cos": "Cos", "sin": "Sin",
-          "tanh": "Tanh", "sigmoid": "Sigmoid", "abs": "Abs", "erf": "Erf", "sign": "Sign", "logical_not": "Not",
+          "tanh": "Tanh", "sigmoid": "Sigmoid", "abs": "Abs", "erf": "Erf", "logical_not": "Not",
           "contiguous": "Identity"}
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "matmul": "MatMul",
            "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
            "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where",
            "gather_elements": "GatherElements"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
-_OTHER = ("silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
+_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
           "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
           "gather", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
@@ -86,6 +86,12 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     out = outs[0]
     if op in _UNARY:
         b.node(_UNARY[op], ins, [out])
+    elif op == "sign":  # kiln's sign of NaN is 0 (as torch's); ONNX's is NaN
+        if np.issubdtype(_np_dtype(in_metas[0][0]), np.floating):
+            zero = b.const(np.zeros((), _np_dtype(in_metas[0][0])))
+            b.node("Where", [b.node("IsNaN", ins), zero, b.node("Sign", ins)], [out])
+        else:
+            b.node("Sign", ins, [out])
     elif op == "div" and _np_dtype(metas[0][0]) != _np_dtype(in_metas[0][0]):
         # kiln's true division of integers gives floats; ONNX's Div keeps its inputs' type
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0])))
