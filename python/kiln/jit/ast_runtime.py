@@ -215,6 +215,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
     def branch(fn, other, which, other_which):
         def run():
             res = fn(*vals)
+            _check_unchanged(held, loc, names, "an if on a tensor")
             result = []
             for i in outs:
                 r = res[i]
@@ -253,6 +254,8 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
                 dropped.add(d.index)
 
     outs = []
+    # (run eagerly, cond runs the path taken only)
+    held = _held_containers(vals, true_fn, false_fn) if _C.is_tracing() else []
 
     try:
         results = attempt()
@@ -278,6 +281,75 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         if (isinstance(vals[i], Undefined) and i not in outs) or i in dropped:
             out[i] = Undefined(n, loc)
     return tuple(out)
+
+
+def _held_containers(vals, *branches):
+    """[(name or index, container, a copy of it)] of the lists, dicts and sets an if on a tensor
+    can reach: its variables (nested in tuples, lists and dicts too), the enclosing function's
+    variables and the globals its paths read. Both paths run while the graph is built, so a
+    change made in place on one of them would be made whatever the condition."""
+    found, seen = [], set()
+
+    def walk(key, v, depth=0):
+        if depth > 8:
+            return
+        if isinstance(v, (list, dict, set)) and id(v) not in seen:
+            seen.add(id(v))
+            found.append((key, v, v.copy()))
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                walk(key, x, depth + 1)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(key, x, depth + 1)
+
+    for i, v in enumerate(vals):
+        walk(i, v)
+    for fn in branches:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            if not name.startswith("__kiln"):
+                try:
+                    walk(name, cell.cell_contents)
+                except ValueError:  # an unbound cell
+                    pass
+        for name in _global_names(fn.__code__):
+            if name in fn.__globals__:
+                walk(name, fn.__globals__[name])
+    return found
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _same_contents(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    if isinstance(a, set):
+        return a == b
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _check_unchanged(held, loc, names, what):
+    """Raises (after undoing every change) when a held container was changed in place."""
+    changed = next(((key, c) for key, c, saved in held if not _same_contents(c, saved)), None)
+    if changed is None:
+        return
+    for _, c, saved in held:
+        if not _same_contents(c, saved):
+            if isinstance(c, list):
+                c[:] = saved
+            else:
+                c.clear()
+                c.update(saved)
+    key, c = changed
+    name = key if isinstance(key, str) else names[key]
+    raise _error(loc, f"a change of {name!r} (a {type(c).__name__}) in place under {what}",
+                 "build a new list or dict on each path (or keep the values in tensors)")
 
 
 # A value an if on a tensor chooses, as (structure, tensor leaves) and back; numbers become
