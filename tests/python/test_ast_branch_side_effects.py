@@ -78,3 +78,21 @@ def test_numpy_array_changed_in_place_is_not_a_python_container():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = kiln.jit(numpy_state, capture_mode="ast")(x)
     np.testing.assert_allclose(got.numpy(), numpy_state(x).numpy())
+
+
+def test_a_number_both_paths_give_alike_stays_a_number():
+    def f(x, n):
+        if x.sum() > 0:
+            x = x * 2.0
+            n = 3
+        else:
+            x = x - 1.0
+            n = 3
+        return x, n
+
+    jf = kiln.jit(f, capture_mode="ast")
+    for values in ([1.0], [-1.0]):
+        x = kiln.Tensor(np.array(values, np.float32))
+        got, n = jf(x, 3)
+        assert type(n) is int and n == 3
+        np.testing.assert_allclose(got.numpy(), f(x, 3)[0].numpy())

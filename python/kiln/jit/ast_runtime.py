@@ -194,6 +194,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
     as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
     leaf_metas = {}  # (branch, output index) -> (shape, dtype) of each tensor of its value
     numbers = {}  # output index -> the Python number types branches gave
+    number_values = {}  # (branch, output index) -> the Python number it gave
 
     def flat(i, r, which):
         if _is_tensor(r):
@@ -202,6 +203,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         elif _selectable(r):
             specs[which, i] = "T"
             numbers.setdefault(i, set()).add(type(r))
+            number_values[which, i] = r
             leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
         elif _structured(r):
             leaves = []
@@ -277,6 +279,9 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
             raise _error(loc, f"variable {names[i]!r} with a different structure on each path of an if on a tensor",
                          "give it the same tuple/list structure on both paths")
         out[i] = _unflatten_result(spec_t if spec_t is not None else spec_f, leaves)
+        t, f = number_values.get(("true_branch", i)), number_values.get(("false_branch", i))
+        if t is not None and f is not None and type(t) is type(f) and t == f:
+            out[i] = t  # one Python number whatever the condition: it stays a number, as eagerly
     for i, n in enumerate(names):
         if (isinstance(vals[i], Undefined) and i not in outs) or i in dropped:
             out[i] = Undefined(n, loc)
