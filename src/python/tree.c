@@ -169,12 +169,18 @@ static PyObject *flatten(PyObject *obj, PyObject *leaves) {
     if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
     if (PyTuple_Check(obj) || PyList_Check(obj)) {
         PyObject *items = flatten_items(obj, leaves);
-        return items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
+        PyObject *kind = PyTuple_Check(obj) ? s_tuple : s_list;
+        if (!items) return NULL;
+        if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) return Py_BuildValue("(ON)", kind, items);
+        return Py_BuildValue("(ONO)", kind, items, (PyObject *)Py_TYPE(obj)); /* a named tuple, a subclass */
     }
     if (PyDict_Check(obj)) {
         PyObject *keys = PyDict_Keys(obj), *values = keys ? PyDict_Values(obj) : NULL;
         PyObject *specs = values ? flatten_items(values, leaves) : NULL;
-        PyObject *spec = specs ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs) : NULL;
+        PyObject *spec = !specs                 ? NULL
+                         : PyDict_CheckExact(obj) ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs)
+                                                  : Py_BuildValue("(ONNO)", s_dict, PyList_AsTuple(keys), specs,
+                                                                  (PyObject *)Py_TYPE(obj)); /* OrderedDict, ... */
         Py_XDECREF(keys);
         Py_XDECREF(values);
         return spec;
@@ -200,6 +206,16 @@ static int spec_kind(PyObject *spec, PyObject *kind) {
 
 static PyObject *bad_spec(PyObject *spec) { return PyErr_Format(PyExc_ValueError, "jit: malformed spec %R", spec); }
 
+/* items (a tuple, list or dict) as an instance of their container's own type: a named tuple from
+ * its fields (_make), any other subclass from the plain container. */
+static PyObject *rebuild_as(PyObject *type, PyObject *items) {
+    PyObject *make = PyTuple_Check(items) ? PyObject_GetAttrString(type, "_make") : NULL;
+    if (!make) PyErr_Clear();
+    PyObject *out = PyObject_CallOneArg(make ? make : type, items);
+    Py_XDECREF(make);
+    return out;
+}
+
 /* The object spec describes, from leaves[*pos:] (new reference); advances *pos. */
 static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (is_tensor_spec(spec)) {
@@ -210,7 +226,11 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
         PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
         return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
-    int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) == 3;
+    int dict = spec_kind(spec, s_dict) && (PyTuple_GET_SIZE(spec) == 3 || PyTuple_GET_SIZE(spec) == 4);
+    /* the container's own type when it is not the plain one: its last item */
+    PyObject *type = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == (dict ? 4 : 3) ? PyTuple_GET_ITEM(spec, dict ? 3 : 2)
+                                                                                  : NULL;
+    if (type && !PyType_Check(type)) return bad_spec(spec);
     PyObject *items = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 ? PyTuple_GET_ITEM(spec, dict ? 2 : 1) : NULL;
     if (!items || !PyTuple_Check(items) || (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) ||
         (dict && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
@@ -230,6 +250,7 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
         }
     }
     if (out && spec_kind(spec, s_tuple)) Py_SETREF(out, PyList_AsTuple(out));
+    if (out && type) Py_SETREF(out, rebuild_as(type, out));
     return out;
 }
 

@@ -1240,6 +1240,7 @@ _ALIAS = _Tag("alias")  # a list or dict met again in a state: the number of its
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 _SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
+_NAMED = _Tag("named tuple")  # a named tuple: (its type, its items)
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
@@ -1329,6 +1330,8 @@ def freeze(frames, interp, tracer=None, symbolic=False):
                 return _CELL, ()
         if type(v) is tuple:
             return tuple(conv(x, depth + 1) for x in v)
+        if isinstance(v, tuple) and hasattr(type(v), "_make"):
+            return _NAMED, (type(v), tuple(conv(x, depth + 1) for x in v))
         if type(v) in (list, dict):
             if not interp.local(v) and id(v) not in interp.foreign:
                 return _REF, _ByIdentity(v)  # reached through a global, a closure or an attribute
@@ -1387,6 +1390,8 @@ def thaw(state, interp, top):
                 return getattr(conv(payload[0]), payload[1])
             if tag is _BOUND:
                 return types.MethodType(conv(payload[0]), conv(payload[1]))
+            if tag is _NAMED:
+                return payload[0]._make(conv(payload[1]))
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.foreign.add(id(c))

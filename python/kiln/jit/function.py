@@ -542,7 +542,7 @@ class JitFunction(_C.JitDispatcher):
         spec = entry.out_spec
         if spec == "T":
             kind = 0
-        elif spec[0] in ("tuple", "list") and all(s == "T" for s in spec[1]):
+        elif spec[0] in ("tuple", "list") and len(spec) == 2 and all(s == "T" for s in spec[1]):
             kind = 1 if spec[0] == "tuple" else 2
         else:
             return
