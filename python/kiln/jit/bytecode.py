@@ -1225,6 +1225,7 @@ def thaw(state, interp, top):
                 return types.MethodType(conv(payload[0]), conv(payload[1]))
             if tag is _FOREIGN:
                 c = conv(payload)
+                interp.created.discard(id(c))  # (conv noted the rebuilt copy as created: it is the caller's)
                 interp.foreign.add(id(c))
                 interp.keep.append(c)
                 return c

@@ -236,6 +236,15 @@ def carried_marks(carried):
             marks.update(old or {})
 
 
+def _holds(value, ids, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, an object whose id is in ids."""
+    if id(value) in ids:
+        return True
+    if depth < 20 and type(value) in (list, tuple, dict):
+        return any(_holds(v, ids, depth + 1) for v in (value.values() if type(value) is dict else value))
+    return False
+
+
 def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp, outputs) with outcome "return" (payload: the detached result) or
@@ -287,6 +296,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
         if outcome == "return":
+            if _holds(payload, interp.foreign):
+                raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
+                                           "return a copy)")
             if capture is not None:
                 payload = _concrete(payload)
             out_leaves = []
@@ -661,9 +673,12 @@ def on_frame(jf, func, bound, pending):
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
     dyn = pieces.entries.dynamic.get(_shape_free(key), ())
-    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and (
+    direct_key, direct_leaves = _C.tree.call_key(tuple(bound), {}, ())
+    # (the direct path runs the pieces on the arguments' own tensors: only where they are the state's)
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and len(direct_leaves) == len(leaves) and all(
+            a is b for a, b in zip(direct_leaves, leaves)) and (
             key in pieces.cache or dyn and len(pieces.direct) < MAX_DIRECT):  # (a dynamic piece: one per shape)
-        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache.get(key, ()))
+        pieces.direct[direct_key] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
             and entries[0].returns and not entries[0].size_inputs):
