@@ -262,7 +262,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import bind_inputs
+        from .function import bind_inputs, returns_closure
 
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
@@ -296,6 +296,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
         if outcome == "return":
+            if returns_closure(payload):
+                raise bytecode.Unsupported("it returns a function defined inside it (its closure would keep this "
+                                           "call's values at every later call)")
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")

@@ -141,6 +141,9 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         changed = callers.changed()
         if changed is not None and effect is None:
             _on_side_effect(options, changed, reasons)
+        if returns_closure(result):
+            reasons.append("it returns a function defined inside it (its closure would keep this call's values "
+                           "at every later call)")
         if changed is None and callers.returned(result):
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
         out_leaves = []
@@ -169,6 +172,15 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     if capture is not None:
         entry.capture, entry.graph = capture, graph
     return tree.unflatten(out_spec, detached)[0], entry
+
+
+def returns_closure(value, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, a function with a closure."""
+    if isinstance(value, types.FunctionType):
+        return bool(value.__closure__)
+    if depth < 20 and isinstance(value, (list, tuple, dict)):
+        return any(returns_closure(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 class _ContainerChange:
@@ -533,7 +545,7 @@ class JitFunction(_C.JitDispatcher):
         spec = entry.out_spec
         if spec == "T":
             kind = 0
-        elif spec[0] in ("tuple", "list") and all(s == "T" for s in spec[1]):
+        elif len(spec) == 2 and spec[0] in ("tuple", "list") and all(s == "T" for s in spec[1]):
             kind = 1 if spec[0] == "tuple" else 2
         else:
             return
