@@ -2,9 +2,11 @@
  * become a flat list, everything else a hashable structure (the spec, part of the cache key)
  * from which the object is rebuilt:
  *     "T"                                a tensor (the next leaf)
- *     ("tuple", (spec, ...))             a tuple (named tuples too) / ("list", ...) a list
+ *     ("tuple", (spec, ...))             a tuple / ("list", ...) a list
  *     ("dict", (key, ...), (spec, ...))  a dict, keys in order
- *     ("const", type, const_key, payload)  any other hashable value; payload carries the value
+ *                                        (a subclass — namedtuple, OrderedDict — has its type appended)
+ *     ("const", type, const_key, payload)  any other hashable value (and a set, a dict's keys view, a
+ *                                        NumPy array, keyed by their contents); payload carries the value
  *                                        without taking part in equality (ConstPayload)
  * Also the texts kiln.trace needs: a spec's short description, the labels of its tensor leaves
  * and the first difference between two specs.
@@ -165,11 +167,45 @@ static PyObject *flatten_items(PyObject *seq, PyObject *leaves) {
     return specs;
 }
 
+/* The key of an unhashable constant kiln.jit accepts: a set by its frozenset, a dict's keys view by
+ * the keys in order, a NumPy array by (dtype, shape, bytes); NULL with TypeError for anything else. */
+static PyObject *unhashable_key(PyObject *obj) {
+    if (PyAnySet_Check(obj)) return PyFrozenSet_New(obj);
+    if (PyDictKeys_Check(obj)) return PySequence_Tuple(obj);
+    PyObject *tobytes = attr_or_none(obj, "tobytes"), *key = NULL;
+    if (tobytes && tobytes != Py_None && PyObject_HasAttrString(obj, "dtype") && PyObject_HasAttrString(obj, "shape")) {
+        PyObject *dtype = PyObject_GetAttrString(obj, "dtype"), *shape = dtype ? PyObject_GetAttrString(obj, "shape") : NULL;
+        PyObject *name = shape ? PyObject_Str(dtype) : NULL, *bytes = name ? PyObject_CallNoArgs(tobytes) : NULL;
+        key = bytes ? PyTuple_Pack(3, name, shape, bytes) : NULL;
+        Py_XDECREF(dtype);
+        Py_XDECREF(shape);
+        Py_XDECREF(name);
+        Py_XDECREF(bytes);
+        Py_DECREF(tobytes);
+        return key;
+    }
+    Py_XDECREF(tobytes);
+    if (PyErr_Occurred()) return NULL;
+    return PyErr_Format(PyExc_TypeError, "jit: argument of type %s is neither a Tensor, a container of them, "
+                                         "nor a hashable constant", _PyType_Name(Py_TYPE(obj)));
+}
+
+/* A container spec, with the container's type appended when it is a subclass (a namedtuple, an
+ * OrderedDict): unflatten rebuilds that type. */
+static PyObject *typed_spec(PyObject *spec, PyObject *obj, PyTypeObject *exact) {
+    if (!spec || Py_TYPE(obj) == exact) return spec;
+    PyObject *type = PyTuple_Pack(1, (PyObject *)Py_TYPE(obj)), *out = type ? PySequence_Concat(spec, type) : NULL;
+    Py_XDECREF(type);
+    Py_DECREF(spec);
+    return out;
+}
+
 static PyObject *flatten(PyObject *obj, PyObject *leaves) {
     if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
     if (PyTuple_Check(obj) || PyList_Check(obj)) {
         PyObject *items = flatten_items(obj, leaves);
-        return items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
+        PyObject *spec = items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
+        return typed_spec(spec, obj, PyTuple_Check(obj) ? &PyTuple_Type : &PyList_Type);
     }
     if (PyDict_Check(obj)) {
         PyObject *keys = PyDict_Keys(obj), *values = keys ? PyDict_Values(obj) : NULL;
@@ -177,15 +213,17 @@ static PyObject *flatten(PyObject *obj, PyObject *leaves) {
         PyObject *spec = specs ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs) : NULL;
         Py_XDECREF(keys);
         Py_XDECREF(values);
-        return spec;
+        return typed_spec(spec, obj, &PyDict_Type);
     }
+    PyObject *key;
     if (PyObject_Hash(obj) == -1) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
         PyErr_Clear();
-        return PyErr_Format(PyExc_TypeError, "jit: argument of type %s is neither a Tensor, a container of them, "
-                                             "nor a hashable constant", _PyType_Name(Py_TYPE(obj)));
+        key = unhashable_key(obj);
+    } else {
+        key = const_key(obj);
     }
-    PyObject *key = const_key(obj), *payload = key ? make_payload(obj) : NULL;
+    PyObject *payload = key ? make_payload(obj) : NULL;
     PyObject *spec = payload ? PyTuple_Pack(4, s_const, (PyObject *)Py_TYPE(obj), key, payload) : NULL;
     Py_XDECREF(key);
     Py_XDECREF(payload);
@@ -200,6 +238,23 @@ static int spec_kind(PyObject *spec, PyObject *kind) {
 
 static PyObject *bad_spec(PyObject *spec) { return PyErr_Format(PyExc_ValueError, "jit: malformed spec %R", spec); }
 
+/* items (a plain tuple, list or dict) as an object of the subclass `type`: a namedtuple by its _make,
+ * else type(items); one whose constructor takes no such argument (a defaultdict) made empty and
+ * filled (new reference). */
+static PyObject *rebuild_as(PyObject *type, PyObject *items, int tuple) {
+    PyObject *make = tuple ? attr_or_none(type, "_make") : Py_NewRef(Py_None);
+    if (!make) return NULL;
+    PyObject *out = make != Py_None ? PyObject_CallOneArg(make, items) : PyObject_CallOneArg(type, items);
+    Py_DECREF(make);
+    if (out || tuple || !PyErr_ExceptionMatches(PyExc_TypeError)) return out;
+    PyErr_Clear();
+    out = PyObject_CallNoArgs(type);
+    PyObject *rc = out ? PyObject_CallMethod(out, "update", "O", items) : NULL;
+    if (!rc) Py_CLEAR(out);
+    Py_XDECREF(rc);
+    return out;
+}
+
 /* The object spec describes, from leaves[*pos:] (new reference); advances *pos. */
 static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (is_tensor_spec(spec)) {
@@ -210,8 +265,10 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
         PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
         return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
-    int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) == 3;
+    int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) >= 3;
     PyObject *items = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 ? PyTuple_GET_ITEM(spec, dict ? 2 : 1) : NULL;
+    PyObject *type = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == (dict ? 4 : 3) ? PyTuple_GET_ITEM(spec, dict ? 3 : 2)
+                                                                                    : NULL;
     if (!items || !PyTuple_Check(items) || (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) ||
         (dict && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
                   PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(items))))
@@ -230,6 +287,7 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
         }
     }
     if (out && spec_kind(spec, s_tuple)) Py_SETREF(out, PyList_AsTuple(out));
+    if (out && type && PyType_Check(type)) Py_SETREF(out, rebuild_as(type, out, spec_kind(spec, s_tuple)));
     return out;
 }
 

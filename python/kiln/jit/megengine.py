@@ -534,7 +534,7 @@ class trace(_C.JitDispatcher):
         out = rec.out_spec
         if out == tree._TENSOR:
             kind = 0
-        elif out[0] in ("tuple", "list") and all(s == tree._TENSOR for s in out[1]):
+        elif len(out) == 2 and out[0] in ("tuple", "list") and all(s == tree._TENSOR for s in out[1]):
             kind = 1 if out[0] == "tuple" else 2
         else:
             return
