@@ -13,7 +13,7 @@ from .jit.deploy import export, load
 from .jit.dynamic import mark_dynamic, mark_static
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
-from . import profiler, tools
+from . import profiler, tools, tree
 
 float_ = float32
 int_ = int64

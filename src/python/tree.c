@@ -5,6 +5,8 @@
  *     ("tuple", (spec, ...))             a tuple / ("list", ...) a list
  *     ("dict", (key, ...), (spec, ...))  a dict, keys in order
  *                                        (a subclass — namedtuple, OrderedDict — has its type appended)
+ *     ("node", type, aux, (spec, ...))   a registered node type or a dataclass instance: its
+ *                                        flatten gave (children, aux); unflatten(aux, children)
  *     ("const", type, const_key, payload)  any other hashable value (and a set, a dict's keys view, a
  *                                        NumPy array, keyed by their contents); payload carries the value
  *                                        without taking part in equality (ConstPayload)
@@ -15,7 +17,10 @@
 
 #include <structmember.h>
 
-static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *numbers_number;
+static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *s_node, *numbers_number;
+/* Registered pytree node types (kiln.jit.tree.register_pytree_node): type -> (flatten, unflatten);
+ * node_default(type) gives the pair for an unregistered dataclass (None: a constant). */
+static PyObject *node_registry, *node_default;
 
 /* ---- ConstPayload: the constant itself, equal to every other payload ------------------------ */
 
@@ -200,8 +205,51 @@ static PyObject *typed_spec(PyObject *spec, PyObject *obj, PyTypeObject *exact) 
     return out;
 }
 
+/* The (flatten, unflatten) pair of obj's type when it is a pytree node (borrowed), else NULL;
+ * -1 in *err on an error. */
+static PyObject *node_of(PyObject *obj, int *err) {
+    PyObject *type = (PyObject *)Py_TYPE(obj), *pair = node_registry ? PyDict_GetItemWithError(node_registry, type) : NULL;
+    if (pair) return pair == Py_None ? NULL : pair;
+    if (PyErr_Occurred() || !node_default || !PyObject_HasAttrString(type, "__dataclass_fields__")) {
+        *err = PyErr_Occurred() ? -1 : 0;
+        return NULL;
+    }
+    PyObject *made = PyObject_CallOneArg(node_default, type);
+    if (!made || PyDict_SetItem(node_registry, type, made) < 0) {
+        Py_XDECREF(made);
+        *err = -1;
+        return NULL;
+    }
+    Py_DECREF(made);
+    return made == Py_None ? NULL : made; /* (the registry holds it) */
+}
+
+/* ("node", type, aux, specs) of obj through its type's flatten (new reference). */
+static PyObject *flatten_node(PyObject *obj, PyObject *pair, PyObject *leaves) {
+    PyObject *res = PyObject_CallOneArg(PyTuple_GET_ITEM(pair, 0), obj);
+    if (!res) return NULL;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+        Py_DECREF(res);
+        return PyErr_Format(PyExc_TypeError, "jit: the pytree flatten of %s must return (children, aux)",
+                            _PyType_Name(Py_TYPE(obj)));
+    }
+    PyObject *aux = PyTuple_GET_ITEM(res, 1), *spec = NULL;
+    if (PyObject_Hash(aux) == -1) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyObject *specs = flatten_items(PyTuple_GET_ITEM(res, 0), leaves);
+    if (specs) spec = Py_BuildValue("(OOON)", s_node, (PyObject *)Py_TYPE(obj), aux, specs);
+    Py_DECREF(res);
+    return spec;
+}
+
 static PyObject *flatten(PyObject *obj, PyObject *leaves) {
     if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
+    int err = 0;
+    PyObject *pair = node_of(obj, &err);
+    if (err) return NULL;
+    if (pair) return flatten_node(obj, pair, leaves);
     if (PyTuple_Check(obj) || PyList_Check(obj)) {
         PyObject *items = flatten_items(obj, leaves);
         PyObject *spec = items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
@@ -265,6 +313,23 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
         PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
         return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    if (spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4 && PyTuple_Check(PyTuple_GET_ITEM(spec, 3))) {
+        PyObject *pair = node_registry ? PyDict_GetItemWithError(node_registry, PyTuple_GET_ITEM(spec, 1)) : NULL;
+        if (!pair || pair == Py_None)
+            return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "jit: %R is no registered pytree node",
+                                                          PyTuple_GET_ITEM(spec, 1));
+        PyObject *children = PyTuple_New(PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 3)));
+        for (Py_ssize_t k = 0; children && k < PyTuple_GET_SIZE(children); k++) {
+            PyObject *item = unflatten(PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 3), k), leaves, pos);
+            if (!item) Py_CLEAR(children);
+            else PyTuple_SET_ITEM(children, k, item);
+        }
+        PyObject *out = children ? PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(pair, 1), PyTuple_GET_ITEM(spec, 2),
+                                                                children, NULL)
+                                 : NULL;
+        Py_XDECREF(children);
+        return out;
+    }
     int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) >= 3;
     PyObject *items = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 ? PyTuple_GET_ITEM(spec, dict ? 2 : 1) : NULL;
     PyObject *type = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == (dict ? 4 : 3) ? PyTuple_GET_ITEM(spec, dict ? 3 : 2)
@@ -298,6 +363,8 @@ static PyObject *describe(PyObject *spec) {
     if (is_tensor_spec(spec)) return PyUnicode_FromString("Tensor");
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4)
         return PyObject_Repr(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    if (spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4)
+        return PyUnicode_FromFormat("%s(...)", _PyType_Name((PyTypeObject *)PyTuple_GET_ITEM(spec, 1)));
     int dict = spec_kind(spec, s_dict);
     if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return bad_spec(spec);
     PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1), *parts = PyList_New(0);
@@ -323,9 +390,9 @@ static PyObject *describe(PyObject *spec) {
 /* Appends the labels of spec's tensor leaves to out: path, path[1][0], path['k']. */
 static int leaf_labels(PyObject *spec, PyObject *path, PyObject *out) {
     if (is_tensor_spec(spec)) return PyList_Append(out, path);
-    int dict = spec_kind(spec, s_dict);
-    if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return 0;
-    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1);
+    int dict = spec_kind(spec, s_dict), node = spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4;
+    if (!dict && !node && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return 0;
+    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : node ? 3 : 1);
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(items); k++) {
         PyObject *sub = dict ? PyUnicode_FromFormat("%U[%R]", path, PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k))
                              : PyUnicode_FromFormat("%U[%zd]", path, k);
@@ -779,6 +846,24 @@ static PyObject *py_same_branch_spec(PyObject *module, PyObject *args) {
     return same < 0 ? NULL : PyBool_FromLong(same);
 }
 
+static PyObject *py_register_node(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *type, *flat, *unflat;
+    if (!PyArg_ParseTuple(args, "O!OO:register_node", &PyType_Type, &type, &flat, &unflat)) return NULL;
+    if (!PyCallable_Check(flat) || !PyCallable_Check(unflat))
+        return PyErr_Format(PyExc_TypeError, "register_node: flatten and unflatten must be callable");
+    PyObject *pair = PyTuple_Pack(2, flat, unflat);
+    int rc = pair ? PyDict_SetItem(node_registry, type, pair) : -1;
+    Py_XDECREF(pair);
+    return rc < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *py_set_node_default(PyObject *module, PyObject *fn) {
+    (void)module;
+    Py_XSETREF(node_default, Py_NewRef(fn));
+    return Py_NewRef(Py_None);
+}
+
 static PyMethodDef tree_functions[] = {
     {"flatten", py_flatten, METH_VARARGS, "flatten(obj, leaves) -> spec: appends obj's tensors to leaves"},
     {"unflatten", py_unflatten, METH_VARARGS, "unflatten(spec, leaves, pos=0) -> (object, next pos)"},
@@ -799,13 +884,18 @@ static PyMethodDef tree_functions[] = {
      "branch_unflatten(spec, leaves_iterator) -> the value rebuilt from the selected tensors"},
     {"same_branch_spec", py_same_branch_spec, METH_VARARGS,
      "same_branch_spec(a, b) -> whether two branches gave values of one structure"},
+    {"register_node", py_register_node, METH_VARARGS,
+     "register_node(type, flatten, unflatten): flatten(obj) -> (children, hashable aux); unflatten(aux, children)"},
+    {"set_node_default", py_set_node_default, METH_O,
+     "set_node_default(fn): fn(dataclass type) -> (flatten, unflatten) or None, for unregistered dataclasses"},
     {NULL, NULL, 0, NULL},
 };
 
 int pykiln_tree_init(PyObject *module) {
     if (!(s_T = PyUnicode_InternFromString("T")) || !(s_tuple = PyUnicode_InternFromString("tuple")) ||
         !(s_list = PyUnicode_InternFromString("list")) || !(s_dict = PyUnicode_InternFromString("dict")) ||
-        !(s_const = PyUnicode_InternFromString("const")))
+        !(s_const = PyUnicode_InternFromString("const")) || !(s_node = PyUnicode_InternFromString("node")) ||
+        !(node_registry = PyDict_New()))
         return -1;
     if (PyType_Ready(&PyConstPayload_Type) < 0) return -1;
     Py_INCREF(&PyConstPayload_Type);

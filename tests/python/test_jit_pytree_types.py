@@ -2,6 +2,7 @@
 OrderedDicts, dict subclasses, nested dict/list/tuple, sets, NumPy arrays and dict keys views.
 Results come back with their own type and values equal to eager, in every capture mode."""
 import collections
+import dataclasses
 import warnings
 
 import numpy as np
@@ -117,3 +118,51 @@ def test_unsupported_argument_is_a_clear_error():
 
     with pytest.raises(TypeError, match="Opaque"):
         kiln.jit(lambda x, o: x, capture_mode="trace")(_t(0), Opaque())
+
+
+@dataclasses.dataclass
+class State:
+    w: object
+    extra: object
+
+
+class Box:
+    """A user class registered as a pytree node."""
+
+    def __init__(self, value, tag):
+        self.value, self.tag = value, tag
+
+
+kiln.tree.register_pytree_node(Box, lambda b: ((b.value,), b.tag), lambda tag, children: Box(children[0], tag))
+
+
+@pytest.mark.parametrize("mode,level", MODES)
+def test_dataclass_argument_and_result(mode, level):
+    def f(s, x):
+        return State(s.w * x, {"n": s.extra["n"] + x})
+
+    jf = kiln.jit(f, capture_mode=mode, jit_level=level)
+    for k in range(3):
+        s, x = State(_t(k), {"n": _t(1)}), _t(2 * k)
+        want = f(s, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = jf(s, x)
+        assert type(got) is State
+        _same(got.w, want.w)
+        _same(got.extra, want.extra)
+
+
+@pytest.mark.parametrize("mode,level", MODES)
+def test_registered_node_argument_and_result(mode, level):
+    def f(b):
+        return Box(b.value * 3.0, b.tag + "!")
+
+    jf = kiln.jit(f, capture_mode=mode, jit_level=level)
+    for k in range(3):
+        b = Box(_t(k), "t")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = jf(b)
+        assert type(got) is Box and got.tag == "t!"
+        _same(got.value, f(b).value)
