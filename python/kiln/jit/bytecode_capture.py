@@ -292,6 +292,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         finally:
             sys.settrace(prev_trace)
         interp.record_reads()
+        # (no guards on the contents of lists, sets and dicts read: graph breaks change them in Python at each
+        # call, and pieces kept with the code object must hold nothing of them)
+        recorder.forget_contents(None)
         reads, where = tracer.value_reads()
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
