@@ -1,7 +1,8 @@
 /* Flattening nested arguments and results for kiln.jit and kiln.trace (kiln.jit.tree): tensors
  * become a flat list, everything else a hashable structure (the spec, part of the cache key)
  * from which the object is rebuilt:
- *     "T"                                a tensor (the next leaf)
+ *     "T"                                a tensor (the next leaf); "Tv" in call_key's spec: one
+ *                                        that is not contiguous
  *     ("tuple", (spec, ...))             a tuple / ("list", ...) a list
  *     ("dict", (key, ...), (spec, ...))  a dict, keys in order
  *                                        (a subclass — namedtuple, OrderedDict — has its type appended)
@@ -21,6 +22,10 @@ static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *s_node, *numbers_nu
 /* Registered pytree node types (kiln.jit.tree.register_pytree_node): type -> (flatten, unflatten);
  * node_default(type) gives the pair for an unregistered dataclass (None: a constant). */
 static PyObject *node_registry, *node_default;
+/* Set while call_key flattens: a tensor that is not contiguous is "Tv", so a layout fact read in
+ * Python (x.is_contiguous()) is part of the cache key. */
+static PyObject *s_Tv;
+static int mark_layout;
 
 /* ---- ConstPayload: the constant itself, equal to every other payload ------------------------ */
 
@@ -245,7 +250,9 @@ static PyObject *flatten_node(PyObject *obj, PyObject *pair, PyObject *leaves) {
 }
 
 static PyObject *flatten(PyObject *obj, PyObject *leaves) {
-    if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
+    if (pykiln_is_tensor(obj))
+        return PyList_Append(leaves, obj) < 0 ? NULL
+               : Py_NewRef(mark_layout && !kiln_tensor_is_contiguous(pykiln_unwrap(obj)) ? s_Tv : s_T);
     int err = 0;
     PyObject *pair = node_of(obj, &err);
     if (err) return NULL;
@@ -487,7 +494,10 @@ static int cells_training(PyObject *seq, PyObject *modes) {
 
 static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
     PyObject *leaves = PyList_New(0), *call = leaves ? PyTuple_Pack(2, args, kwargs) : NULL;
+    int prev_mark = mark_layout;
+    mark_layout = 1;
     PyObject *spec = call ? flatten(call, leaves) : NULL, *sig = spec ? leaf_signature(leaves) : NULL;
+    mark_layout = prev_mark;
     PyObject *modes = sig ? PyList_New(0) : NULL, *key = NULL;
     if (modes && cells_training(owners, modes) == 0 && cells_training(args, modes) == 0) {
         PyObject *extra = Py_BuildValue("(ON)", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes));
@@ -895,6 +905,7 @@ int pykiln_tree_init(PyObject *module) {
     if (!(s_T = PyUnicode_InternFromString("T")) || !(s_tuple = PyUnicode_InternFromString("tuple")) ||
         !(s_list = PyUnicode_InternFromString("list")) || !(s_dict = PyUnicode_InternFromString("dict")) ||
         !(s_const = PyUnicode_InternFromString("const")) || !(s_node = PyUnicode_InternFromString("node")) ||
+        !(s_Tv = PyUnicode_InternFromString("Tv")) ||
         !(node_registry = PyDict_New()))
         return -1;
     if (PyType_Ready(&PyConstPayload_Type) < 0) return -1;

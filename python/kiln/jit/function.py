@@ -540,7 +540,7 @@ class JitFunction(_C.JitDispatcher):
         if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
                 or entry.differentiable or self._recorder is not None):
             return
-        if not all(isinstance(a, _C.TensorBase) for a in args):
+        if not all(isinstance(a, _C.TensorBase) and a.is_contiguous() for a in args):
             return
         spec = entry.out_spec
         if spec == "T":
