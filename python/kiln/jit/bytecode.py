@@ -655,9 +655,17 @@ def h_binary_op(it, f, arg, name, target):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
     elif it.dynamic is not None:
         lhs, rhs = it.size_operands(lhs, rhs)
+    if arg >= _INPLACE_FIRST and type(lhs) in (list, dict, set) and not it.local(lhs):  # (lst += [x])
+        it.mutation(lhs, f"an in-place {type(lhs).__name__} operator (a Python side effect)")
     del f.stack[-2:]
-    f.stack.append(_BINARY[arg](lhs, rhs))
+    result = _BINARY[arg](lhs, rhs)
+    if type(result) in (list, dict, set) and result is not lhs and result is not rhs:
+        it.note_created(result)  # (a + b of two lists: a new list, the function's own)
+    f.stack.append(result)
     _next(f)
+
+
+_INPLACE_FIRST = 13  # CPython 3.11's NB_INPLACE_ADD: BINARY_OP's in-place forms come from here on
 
 
 def _unary(fn):
