@@ -15,7 +15,7 @@ from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
-from . import autodiff, profiler, tools
+from . import autodiff, profiler, tools, tree
 
 float_ = float32
 int_ = int64

@@ -272,6 +272,9 @@ static int run_step(const step_table *t, const step *s, Py_ssize_t *pc, PyObject
     case K_IS_OP: {
         if (depth < 2) return 0;
         PyObject *a = PyList_GET_ITEM(stack, depth - 2), *b = PyList_GET_ITEM(stack, depth - 1), *r;
+        if (s->kind == K_BINARY_OP && (PyList_Check(a) || PyDict_Check(a) || PyAnySet_Check(a) || PyList_Check(b) ||
+                                       PyDict_Check(b) || PyAnySet_Check(b)))
+            return 0; /* containers: Python's handler notes a new one as created, an in-place change as a mutation */
         if (s->kind == K_BINARY_OP)
             r = binary(s->arg, a, b);
         else if (s->kind == K_COMPARE_OP)

@@ -24,7 +24,7 @@ typedef struct {
     PyObject *functions_of; /* code -> the functions with that code (a search of the heap, once) */
 } PyGuardRecorder;
 
-static PyObject *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
+static PyObject *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
 
 enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT };
 
@@ -187,6 +187,14 @@ static int add_guard(PyGuardRecorder *r, PyObject *root, PyObject *key_step, PyO
 static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, PyObject *description) {
     PyObject *path = PyTuple_Pack(1, step);
     int rc = path ? add_guard(r, root, step, path, value, mode_of(value), description) : -1;
+    if (rc == 0 && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value))) { /* what the code reads of it (len(), iteration, items) may change in place */
+        PyObject *contents = pykiln_guard_contents(value), *key = contents ? PyTuple_Pack(2, step, s_contents) : NULL;
+        PyObject *what = key ? PyUnicode_FromFormat("the contents of %U", description) : NULL;
+        rc = what ? add_guard(r, root, key, path, contents, GUARD_CONTENTS, what) : -1;
+        Py_XDECREF(contents);
+        Py_XDECREF(key);
+        Py_XDECREF(what);
+    }
     Py_XDECREF(path);
     return rc;
 }
@@ -632,6 +640,49 @@ static PyObject *recorder_side_effect(PyObject *self, PyObject *cell_writes) {
     return e;
 }
 
+/* Whether guard entry g is kept (1, 0, -1): a contents guard is dropped when the capture itself changed the
+ * container (a change at a graph break, run in Python at each call: the next call finds it changed again). */
+static int contents_kept(PyObject *g) {
+    if (PyLong_AsLong(PyTuple_GET_ITEM(g, 3)) != GUARD_CONTENTS) return 1;
+    PyObject *v = walk_step(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(PyTuple_GET_ITEM(g, 1), 0));
+    if (!v) {
+        if (!PyErr_Occurred()) return 0;
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *now = pykiln_guard_contents(v), *expected = PyTuple_GET_ITEM(g, 2);
+    Py_DECREF(v);
+    if (!now) return -1;
+    int same = PyObject_RichCompareBool(now, expected, Py_EQ);
+    if (same == 1 && !PyFrozenSet_Check(now)) { /* (items the same objects, as the guard compares them) */
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(now); k++)
+            if (PyTuple_GET_ITEM(now, k) != PyTuple_GET_ITEM(expected, k) && !PyTuple_Check(PyTuple_GET_ITEM(now, k)))
+                same = 0;
+    }
+    Py_DECREF(now);
+    return same < 0 ? (PyErr_Clear(), 0) : same;
+}
+
+/* forget_contents(obj): drops the contents guards on obj (None: on every container), which the captured code
+ * changes itself (at a graph break, in Python at each call). */
+static PyObject *recorder_forget_contents(PyObject *self, PyObject *obj) {
+    PyGuardRecorder *r = (PyGuardRecorder *)self;
+    PyObject *drop = PyList_New(0), *key, *g;
+    Py_ssize_t pos = 0;
+    while (drop && PyDict_Next(r->guards, &pos, &key, &g)) {
+        if (PyLong_AsLong(PyTuple_GET_ITEM(g, 3)) != GUARD_CONTENTS) continue;
+        PyObject *v = walk_step(PyTuple_GET_ITEM(g, 0), PyTuple_GET_ITEM(PyTuple_GET_ITEM(g, 1), 0));
+        if (!v) PyErr_Clear();
+        if ((obj == Py_None || v == obj) && PyList_Append(drop, key) < 0) Py_CLEAR(drop);
+        Py_XDECREF(v);
+    }
+    for (Py_ssize_t k = 0; drop && k < PyList_GET_SIZE(drop); k++)
+        if (PyDict_DelItem(r->guards, PyList_GET_ITEM(drop, k)) < 0) Py_CLEAR(drop);
+    if (!drop) return NULL;
+    Py_DECREF(drop);
+    Py_RETURN_NONE;
+}
+
 /* guard_specs(): ([(root, path, expected, mode) of each guard recorded], [the description of each]). */
 static PyObject *recorder_guard_specs(PyObject *self, PyObject *unused) {
     (void)unused;
@@ -640,6 +691,11 @@ static PyObject *recorder_guard_specs(PyObject *self, PyObject *unused) {
     Py_ssize_t pos = 0;
     PyObject *key, *g;
     while (specs && names && PyDict_Next(r->guards, &pos, &key, &g)) {
+        int kept = contents_kept(g);
+        if (kept <= 0) {
+            if (kept < 0) Py_CLEAR(specs);
+            continue;
+        }
         PyObject *spec = PyTuple_GetSlice(g, 0, 4);
         if (!spec || PyList_Append(specs, spec) < 0 || PyList_Append(names, PyTuple_GET_ITEM(g, 4)) < 0)
             Py_CLEAR(specs);
@@ -733,6 +789,8 @@ static PyMethodDef recorder_methods[] = {
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},
     {"guard_set", recorder_guard_set, METH_NOARGS, "guard_set() -> (GuardSet, description of each guard)"},
+    {"forget_contents", recorder_forget_contents, METH_O,
+     "forget_contents(obj) -> None: drops the guards on obj's contents (the captured code changes them)"},
     {"guard_specs", recorder_guard_specs, METH_NOARGS,
      "guard_specs() -> ([(root, path, expected, mode) of each guard], description of each)"},
     {NULL, NULL, 0, NULL},
@@ -762,6 +820,7 @@ static PyTypeObject PyGuardRecorder_Type = {
 int pykiln_guard_recorder_init_type(PyObject *module) {
     if (!(s_attr = PyUnicode_InternFromString("attr")) || !(s_kiln = PyUnicode_InternFromString("kiln")) ||
         !(s_colon = PyUnicode_InternFromString(":")) || !(s_item = PyUnicode_InternFromString("item")) ||
+        !(s_contents = PyUnicode_InternFromString("contents")) ||
         !(cell_path = Py_BuildValue("((s))", "cell")) ||
         !(s_kiln_version = PyUnicode_InternFromString("_kiln_version")) ||
         !(s_training = PyUnicode_InternFromString("training")) || !(s_dict = PyUnicode_InternFromString("__dict__")) ||

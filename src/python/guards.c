@@ -13,6 +13,8 @@
  *               object that takes no weakref (its contents read are guarded beside it)
  *     WEAK_METHOD  (0, function token, self token): a bound method of those; (1, name, self token): a
  *               builtin's bound method of that name and self
+ *     CONTENTS  a list, dict or set whose contents (pykiln_guard_contents) are what expected holds: items
+ *               the same objects, or equal numbers and strings (len(S) of a global set S read by the code)
  * A spec may name how its root is found, as a fifth item (a GuardSet kept with a code object holds
  * nothing that leads back to the code: see python/kiln/jit/code_cache.py):
  *     ROOT_OBJECT   root is the object (the default)
@@ -94,6 +96,17 @@ static int same_value(PyObject *a, PyObject *b) {
 }
 
 static int check_value(const guard *g, PyObject *root);
+
+PyObject *pykiln_guard_contents(PyObject *value) {
+    if (PyList_CheckExact(value)) return PySequence_Tuple(value);
+    if (PySet_CheckExact(value)) return PyFrozenSet_New(value);
+    if (PyDict_CheckExact(value)) {
+        PyObject *items = PyDict_Items(value), *t = items ? PySequence_Tuple(items) : NULL;
+        Py_XDECREF(items);
+        return t;
+    }
+    return Py_NewRef(Py_None);
+}
 
 /* The object a token names is v: a weakref's live referent, or the object whose id the token is. */
 static int token_is(PyObject *token, PyObject *v) {
@@ -190,7 +203,7 @@ static uint64_t dict_version(PyObject *d) {
 static int check_one(guard *g, PyObject *func) {
     PyObject *root = resolve_root(g, func);
     if (!root) return 0;
-    bool one_item = g->nsteps == 1 && g->steps[0].kind == STEP_ITEM;
+    bool one_item = g->nsteps == 1 && g->steps[0].kind == STEP_ITEM && g->mode != GUARD_CONTENTS;
     uint64_t version = one_item ? dict_version(root) : 0;
     int r = version && version == g->dict_version ? 1 : check_value(g, root);
     if (r == 1) g->dict_version = version;
@@ -215,6 +228,14 @@ static int check_value(const guard *g, PyObject *root) {
                                        PyMethod_GET_SELF(v) == PyMethod_GET_SELF(g->expected);
         break;
     case GUARD_WEAK: r = token_is(g->expected, v); break;
+    case GUARD_CONTENTS: {
+        PyObject *now = pykiln_guard_contents(v);
+        r = !now ? -1
+            : PyFrozenSet_Check(now) ? PyObject_RichCompareBool(now, g->expected, Py_EQ)
+                                     : same_value(now, g->expected);
+        Py_XDECREF(now);
+        break;
+    }
     case GUARD_WEAK_METHOD: { /* expected: (0, function token, self token) or (1, name, self token) */
         PyObject *how = PyTuple_GET_ITEM(g->expected, 0), *a = PyTuple_GET_ITEM(g->expected, 1),
                  *self = PyTuple_GET_ITEM(g->expected, 2);
@@ -446,6 +467,7 @@ int pykiln_guards_init_type(PyObject *module) {
         int value;
     } modes[] = {{"GUARD_IDENTITY", GUARD_IDENTITY}, {"GUARD_VALUE", GUARD_VALUE}, {"GUARD_ABSENT", GUARD_ABSENT},
                  {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}, {"GUARD_WEAK", GUARD_WEAK},
+                 {"GUARD_CONTENTS", GUARD_CONTENTS},
                  {"GUARD_WEAK_METHOD", GUARD_WEAK_METHOD}, {"ROOT_OBJECT", ROOT_OBJECT}, {"ROOT_WEAK", ROOT_WEAK},
                  {"ROOT_GLOBALS", ROOT_GLOBALS}, {"ROOT_CELL", ROOT_CELL}};
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)

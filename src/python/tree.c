@@ -1,10 +1,15 @@
 /* Flattening nested arguments and results for kiln.jit and kiln.trace (kiln.jit.tree): tensors
  * become a flat list, everything else a hashable structure (the spec, part of the cache key)
  * from which the object is rebuilt:
- *     "T"                                a tensor (the next leaf)
- *     ("tuple", (spec, ...))             a tuple (named tuples too) / ("list", ...) a list
+ *     "T"                                a tensor (the next leaf); "Tv" in call_key's spec: one
+ *                                        that is not contiguous
+ *     ("tuple", (spec, ...))             a tuple / ("list", ...) a list
  *     ("dict", (key, ...), (spec, ...))  a dict, keys in order
- *     ("const", type, const_key, payload)  any other hashable value; payload carries the value
+ *                                        (a subclass — namedtuple, OrderedDict — has its type appended)
+ *     ("node", type, aux, (spec, ...))   a registered node type or a dataclass instance: its
+ *                                        flatten gave (children, aux); unflatten(aux, children)
+ *     ("const", type, const_key, payload)  any other hashable value (and a set, a dict's keys view, a
+ *                                        NumPy array, keyed by their contents); payload carries the value
  *                                        without taking part in equality (ConstPayload)
  * Also the texts kiln.trace needs: a spec's short description, the labels of its tensor leaves
  * and the first difference between two specs.
@@ -13,7 +18,14 @@
 
 #include <structmember.h>
 
-static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *numbers_number;
+static PyObject *s_T, *s_tuple, *s_list, *s_dict, *s_const, *s_node, *numbers_number;
+/* Registered pytree node types (kiln.jit.tree.register_pytree_node): type -> (flatten, unflatten);
+ * node_default(type) gives the pair for an unregistered dataclass (None: a constant). */
+static PyObject *node_registry, *node_default;
+/* Set while call_key flattens: a tensor that is not contiguous is "Tv", so a layout fact read in
+ * Python (x.is_contiguous()) is part of the cache key. */
+static PyObject *s_Tv;
+static int mark_layout;
 
 /* ---- ConstPayload: the constant itself, equal to every other payload ------------------------ */
 
@@ -165,33 +177,108 @@ static PyObject *flatten_items(PyObject *seq, PyObject *leaves) {
     return specs;
 }
 
+/* The key of an unhashable constant kiln.jit accepts: a set by its frozenset, a dict's keys view by
+ * the keys in order, a NumPy array by (dtype, shape, bytes); NULL with TypeError for anything else. */
+static PyObject *unhashable_key(PyObject *obj) {
+    if (PyAnySet_Check(obj)) return PyFrozenSet_New(obj);
+    if (PyDictKeys_Check(obj)) return PySequence_Tuple(obj);
+    PyObject *tobytes = attr_or_none(obj, "tobytes"), *key = NULL;
+    if (tobytes && tobytes != Py_None && PyObject_HasAttrString(obj, "dtype") && PyObject_HasAttrString(obj, "shape")) {
+        PyObject *dtype = PyObject_GetAttrString(obj, "dtype"), *shape = dtype ? PyObject_GetAttrString(obj, "shape") : NULL;
+        PyObject *name = shape ? PyObject_Str(dtype) : NULL, *bytes = name ? PyObject_CallNoArgs(tobytes) : NULL;
+        key = bytes ? PyTuple_Pack(3, name, shape, bytes) : NULL;
+        Py_XDECREF(dtype);
+        Py_XDECREF(shape);
+        Py_XDECREF(name);
+        Py_XDECREF(bytes);
+        Py_DECREF(tobytes);
+        return key;
+    }
+    Py_XDECREF(tobytes);
+    if (PyErr_Occurred()) return NULL;
+    return PyErr_Format(PyExc_TypeError, "jit: argument of type %s is neither a Tensor, a container of them, "
+                                         "nor a hashable constant", _PyType_Name(Py_TYPE(obj)));
+}
+
+/* A container spec, with the container's type appended when it is a subclass (a namedtuple, an
+ * OrderedDict): unflatten rebuilds that type. */
+static PyObject *typed_spec(PyObject *spec, PyObject *obj, PyTypeObject *exact) {
+    if (!spec || Py_TYPE(obj) == exact) return spec;
+    PyObject *type = PyTuple_Pack(1, (PyObject *)Py_TYPE(obj)), *out = type ? PySequence_Concat(spec, type) : NULL;
+    Py_XDECREF(type);
+    Py_DECREF(spec);
+    return out;
+}
+
+/* The (flatten, unflatten) pair of obj's type when it is a pytree node (borrowed), else NULL;
+ * -1 in *err on an error. */
+static PyObject *node_of(PyObject *obj, int *err) {
+    PyObject *type = (PyObject *)Py_TYPE(obj), *pair = node_registry ? PyDict_GetItemWithError(node_registry, type) : NULL;
+    if (pair) return pair == Py_None ? NULL : pair;
+    if (PyErr_Occurred() || !node_default || !PyObject_HasAttrString(type, "__dataclass_fields__")) {
+        *err = PyErr_Occurred() ? -1 : 0;
+        return NULL;
+    }
+    PyObject *made = PyObject_CallOneArg(node_default, type);
+    if (!made || PyDict_SetItem(node_registry, type, made) < 0) {
+        Py_XDECREF(made);
+        *err = -1;
+        return NULL;
+    }
+    Py_DECREF(made);
+    return made == Py_None ? NULL : made; /* (the registry holds it) */
+}
+
+/* ("node", type, aux, specs) of obj through its type's flatten (new reference). */
+static PyObject *flatten_node(PyObject *obj, PyObject *pair, PyObject *leaves) {
+    PyObject *res = PyObject_CallOneArg(PyTuple_GET_ITEM(pair, 0), obj);
+    if (!res) return NULL;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2) {
+        Py_DECREF(res);
+        return PyErr_Format(PyExc_TypeError, "jit: the pytree flatten of %s must return (children, aux)",
+                            _PyType_Name(Py_TYPE(obj)));
+    }
+    PyObject *aux = PyTuple_GET_ITEM(res, 1), *spec = NULL;
+    if (PyObject_Hash(aux) == -1) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyObject *specs = flatten_items(PyTuple_GET_ITEM(res, 0), leaves);
+    if (specs) spec = Py_BuildValue("(OOON)", s_node, (PyObject *)Py_TYPE(obj), aux, specs);
+    Py_DECREF(res);
+    return spec;
+}
+
 static PyObject *flatten(PyObject *obj, PyObject *leaves) {
-    if (pykiln_is_tensor(obj)) return PyList_Append(leaves, obj) < 0 ? NULL : Py_NewRef(s_T);
+    if (pykiln_is_tensor(obj))
+        return PyList_Append(leaves, obj) < 0 ? NULL
+               : Py_NewRef(mark_layout && !kiln_tensor_is_contiguous(pykiln_unwrap(obj)) ? s_Tv : s_T);
+    int err = 0;
+    PyObject *pair = node_of(obj, &err);
+    if (err) return NULL;
+    if (pair) return flatten_node(obj, pair, leaves);
     if (PyTuple_Check(obj) || PyList_Check(obj)) {
         PyObject *items = flatten_items(obj, leaves);
-        PyObject *kind = PyTuple_Check(obj) ? s_tuple : s_list;
-        if (!items) return NULL;
-        if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) return Py_BuildValue("(ON)", kind, items);
-        return Py_BuildValue("(ONO)", kind, items, (PyObject *)Py_TYPE(obj)); /* a named tuple, a subclass */
+        PyObject *spec = items ? Py_BuildValue("(ON)", PyTuple_Check(obj) ? s_tuple : s_list, items) : NULL;
+        return typed_spec(spec, obj, PyTuple_Check(obj) ? &PyTuple_Type : &PyList_Type);
     }
     if (PyDict_Check(obj)) {
         PyObject *keys = PyDict_Keys(obj), *values = keys ? PyDict_Values(obj) : NULL;
         PyObject *specs = values ? flatten_items(values, leaves) : NULL;
-        PyObject *spec = !specs                 ? NULL
-                         : PyDict_CheckExact(obj) ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs)
-                                                  : Py_BuildValue("(ONNO)", s_dict, PyList_AsTuple(keys), specs,
-                                                                  (PyObject *)Py_TYPE(obj)); /* OrderedDict, ... */
+        PyObject *spec = specs ? Py_BuildValue("(ONN)", s_dict, PyList_AsTuple(keys), specs) : NULL;
         Py_XDECREF(keys);
         Py_XDECREF(values);
-        return spec;
+        return typed_spec(spec, obj, &PyDict_Type);
     }
+    PyObject *key;
     if (PyObject_Hash(obj) == -1) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
         PyErr_Clear();
-        return PyErr_Format(PyExc_TypeError, "jit: argument of type %s is neither a Tensor, a container of them, "
-                                             "nor a hashable constant", _PyType_Name(Py_TYPE(obj)));
+        key = unhashable_key(obj);
+    } else {
+        key = const_key(obj);
     }
-    PyObject *key = const_key(obj), *payload = key ? make_payload(obj) : NULL;
+    PyObject *payload = key ? make_payload(obj) : NULL;
     PyObject *spec = payload ? PyTuple_Pack(4, s_const, (PyObject *)Py_TYPE(obj), key, payload) : NULL;
     Py_XDECREF(key);
     Py_XDECREF(payload);
@@ -206,13 +293,20 @@ static int spec_kind(PyObject *spec, PyObject *kind) {
 
 static PyObject *bad_spec(PyObject *spec) { return PyErr_Format(PyExc_ValueError, "jit: malformed spec %R", spec); }
 
-/* items (a tuple, list or dict) as an instance of their container's own type: a named tuple from
- * its fields (_make), any other subclass from the plain container. */
-static PyObject *rebuild_as(PyObject *type, PyObject *items) {
-    PyObject *make = PyTuple_Check(items) ? PyObject_GetAttrString(type, "_make") : NULL;
-    if (!make) PyErr_Clear();
-    PyObject *out = PyObject_CallOneArg(make ? make : type, items);
-    Py_XDECREF(make);
+/* items (a plain tuple, list or dict) as an object of the subclass `type`: a namedtuple by its _make,
+ * else type(items); one whose constructor takes no such argument (a defaultdict) made empty and
+ * filled (new reference). */
+static PyObject *rebuild_as(PyObject *type, PyObject *items, int tuple) {
+    PyObject *make = tuple ? attr_or_none(type, "_make") : Py_NewRef(Py_None);
+    if (!make) return NULL;
+    PyObject *out = make != Py_None ? PyObject_CallOneArg(make, items) : PyObject_CallOneArg(type, items);
+    Py_DECREF(make);
+    if (out || tuple || !PyErr_ExceptionMatches(PyExc_TypeError)) return out;
+    PyErr_Clear();
+    out = PyObject_CallNoArgs(type);
+    PyObject *rc = out ? PyObject_CallMethod(out, "update", "O", items) : NULL;
+    if (!rc) Py_CLEAR(out);
+    Py_XDECREF(rc);
     return out;
 }
 
@@ -226,12 +320,27 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
         PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
         return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
-    int dict = spec_kind(spec, s_dict) && (PyTuple_GET_SIZE(spec) == 3 || PyTuple_GET_SIZE(spec) == 4);
-    /* the container's own type when it is not the plain one: its last item */
-    PyObject *type = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == (dict ? 4 : 3) ? PyTuple_GET_ITEM(spec, dict ? 3 : 2)
-                                                                                  : NULL;
-    if (type && !PyType_Check(type)) return bad_spec(spec);
+    if (spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4 && PyTuple_Check(PyTuple_GET_ITEM(spec, 3))) {
+        PyObject *pair = node_registry ? PyDict_GetItemWithError(node_registry, PyTuple_GET_ITEM(spec, 1)) : NULL;
+        if (!pair || pair == Py_None)
+            return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "jit: %R is no registered pytree node",
+                                                          PyTuple_GET_ITEM(spec, 1));
+        PyObject *children = PyTuple_New(PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 3)));
+        for (Py_ssize_t k = 0; children && k < PyTuple_GET_SIZE(children); k++) {
+            PyObject *item = unflatten(PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 3), k), leaves, pos);
+            if (!item) Py_CLEAR(children);
+            else PyTuple_SET_ITEM(children, k, item);
+        }
+        PyObject *out = children ? PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(pair, 1), PyTuple_GET_ITEM(spec, 2),
+                                                                children, NULL)
+                                 : NULL;
+        Py_XDECREF(children);
+        return out;
+    }
+    int dict = spec_kind(spec, s_dict) && PyTuple_GET_SIZE(spec) >= 3;
     PyObject *items = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) >= 2 ? PyTuple_GET_ITEM(spec, dict ? 2 : 1) : NULL;
+    PyObject *type = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == (dict ? 4 : 3) ? PyTuple_GET_ITEM(spec, dict ? 3 : 2)
+                                                                                    : NULL;
     if (!items || !PyTuple_Check(items) || (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) ||
         (dict && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) ||
                   PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(items))))
@@ -250,7 +359,7 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
         }
     }
     if (out && spec_kind(spec, s_tuple)) Py_SETREF(out, PyList_AsTuple(out));
-    if (out && type) Py_SETREF(out, rebuild_as(type, out));
+    if (out && type && PyType_Check(type)) Py_SETREF(out, rebuild_as(type, out, spec_kind(spec, s_tuple)));
     return out;
 }
 
@@ -261,6 +370,8 @@ static PyObject *describe(PyObject *spec) {
     if (is_tensor_spec(spec)) return PyUnicode_FromString("Tensor");
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4)
         return PyObject_Repr(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    if (spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4)
+        return PyUnicode_FromFormat("%s(...)", _PyType_Name((PyTypeObject *)PyTuple_GET_ITEM(spec, 1)));
     int dict = spec_kind(spec, s_dict);
     if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return bad_spec(spec);
     PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1), *parts = PyList_New(0);
@@ -286,9 +397,9 @@ static PyObject *describe(PyObject *spec) {
 /* Appends the labels of spec's tensor leaves to out: path, path[1][0], path['k']. */
 static int leaf_labels(PyObject *spec, PyObject *path, PyObject *out) {
     if (is_tensor_spec(spec)) return PyList_Append(out, path);
-    int dict = spec_kind(spec, s_dict);
-    if (!dict && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return 0;
-    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : 1);
+    int dict = spec_kind(spec, s_dict), node = spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4;
+    if (!dict && !node && !spec_kind(spec, s_tuple) && !spec_kind(spec, s_list)) return 0;
+    PyObject *items = PyTuple_GET_ITEM(spec, dict ? 2 : node ? 3 : 1);
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(items); k++) {
         PyObject *sub = dict ? PyUnicode_FromFormat("%U[%R]", path, PyTuple_GET_ITEM(PyTuple_GET_ITEM(spec, 1), k))
                              : PyUnicode_FromFormat("%U[%zd]", path, k);
@@ -383,7 +494,10 @@ static int cells_training(PyObject *seq, PyObject *modes) {
 
 static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
     PyObject *leaves = PyList_New(0), *call = leaves ? PyTuple_Pack(2, args, kwargs) : NULL;
+    int prev_mark = mark_layout;
+    mark_layout = 1;
     PyObject *spec = call ? flatten(call, leaves) : NULL, *sig = spec ? leaf_signature(leaves) : NULL;
+    mark_layout = prev_mark;
     PyObject *modes = sig ? PyList_New(0) : NULL, *key = NULL;
     if (modes && cells_training(owners, modes) == 0 && cells_training(args, modes) == 0) {
         PyObject *extra = Py_BuildValue("(ON)", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes));
@@ -742,6 +856,24 @@ static PyObject *py_same_branch_spec(PyObject *module, PyObject *args) {
     return same < 0 ? NULL : PyBool_FromLong(same);
 }
 
+static PyObject *py_register_node(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *type, *flat, *unflat;
+    if (!PyArg_ParseTuple(args, "O!OO:register_node", &PyType_Type, &type, &flat, &unflat)) return NULL;
+    if (!PyCallable_Check(flat) || !PyCallable_Check(unflat))
+        return PyErr_Format(PyExc_TypeError, "register_node: flatten and unflatten must be callable");
+    PyObject *pair = PyTuple_Pack(2, flat, unflat);
+    int rc = pair ? PyDict_SetItem(node_registry, type, pair) : -1;
+    Py_XDECREF(pair);
+    return rc < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *py_set_node_default(PyObject *module, PyObject *fn) {
+    (void)module;
+    Py_XSETREF(node_default, Py_NewRef(fn));
+    return Py_NewRef(Py_None);
+}
+
 static PyMethodDef tree_functions[] = {
     {"flatten", py_flatten, METH_VARARGS, "flatten(obj, leaves) -> spec: appends obj's tensors to leaves"},
     {"unflatten", py_unflatten, METH_VARARGS, "unflatten(spec, leaves, pos=0) -> (object, next pos)"},
@@ -762,13 +894,19 @@ static PyMethodDef tree_functions[] = {
      "branch_unflatten(spec, leaves_iterator) -> the value rebuilt from the selected tensors"},
     {"same_branch_spec", py_same_branch_spec, METH_VARARGS,
      "same_branch_spec(a, b) -> whether two branches gave values of one structure"},
+    {"register_node", py_register_node, METH_VARARGS,
+     "register_node(type, flatten, unflatten): flatten(obj) -> (children, hashable aux); unflatten(aux, children)"},
+    {"set_node_default", py_set_node_default, METH_O,
+     "set_node_default(fn): fn(dataclass type) -> (flatten, unflatten) or None, for unregistered dataclasses"},
     {NULL, NULL, 0, NULL},
 };
 
 int pykiln_tree_init(PyObject *module) {
     if (!(s_T = PyUnicode_InternFromString("T")) || !(s_tuple = PyUnicode_InternFromString("tuple")) ||
         !(s_list = PyUnicode_InternFromString("list")) || !(s_dict = PyUnicode_InternFromString("dict")) ||
-        !(s_const = PyUnicode_InternFromString("const")))
+        !(s_const = PyUnicode_InternFromString("const")) || !(s_node = PyUnicode_InternFromString("node")) ||
+        !(s_Tv = PyUnicode_InternFromString("Tv")) ||
+        !(node_registry = PyDict_New()))
         return -1;
     if (PyType_Ready(&PyConstPayload_Type) < 0) return -1;
     Py_INCREF(&PyConstPayload_Type);

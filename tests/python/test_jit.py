@@ -232,7 +232,8 @@ def test_jitted_equals_eager(name, fn, specs, dtype):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
 def test_layout_of_inputs_may_change_between_calls(dtype):
-    """A graph traced with contiguous inputs is replayed on transposed and strided ones."""
+    """Contiguous, transposed and strided inputs all compute what eager does; contiguity is part of
+    the cache key (Python may read it: test_jit_layout_guard.py), so the views share a second graph."""
     fn = lambda a, b: ops.matmul(a, b) + a.sum(1, keepdims=True) * b[0]  # noqa: E731
     jf = kiln.jit(fn)
     rng = np.random.default_rng(3)
@@ -240,7 +241,7 @@ def test_layout_of_inputs_may_change_between_calls(dtype):
         a, b = rng.uniform(-1, 1, (4, 4)), rng.uniform(-1, 1, (4, 4))
         ka, kb = to_kiln(a, dtype, layout), to_kiln(b, dtype, layout)
         assert_same(jf(ka, kb), fn(ka, kb), layout)
-    assert jf.cache_info().compiles == 1
+    assert jf.cache_info().compiles == 2
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: d.name)
@@ -937,9 +938,12 @@ def test_jit_of_a_non_callable_raises_type_error():
 
 
 def test_unsupported_argument_type_raises_type_error():
+    class Unhashable:  # (NumPy arrays and sets are accepted, keyed by their contents: test_jit_pytree_types.py)
+        __hash__ = None
+
     jf = kiln.jit(lambda x, extra: x)
     with pytest.raises(TypeError, match="jit"):
-        jf(T([1.0]), [np.zeros(2)])
+        jf(T([1.0]), [Unhashable()])
 
 
 # ---- the plan --------------------------------------------------------------------------------

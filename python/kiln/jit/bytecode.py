@@ -745,9 +745,17 @@ def h_binary_op(it, f, arg, name, target):
         lhs, rhs = sym_scalar.operands(lhs, rhs)
     elif it.dynamic is not None:
         lhs, rhs = it.size_operands(lhs, rhs)
+    if arg >= _INPLACE_FIRST and type(lhs) in (list, dict, set) and not it.local(lhs):  # (lst += [x])
+        it.mutation(lhs, f"an in-place {type(lhs).__name__} operator (a Python side effect)")
     del f.stack[-2:]
-    f.stack.append(_BINARY[arg](lhs, rhs))
+    result = _BINARY[arg](lhs, rhs)
+    if type(result) in (list, dict, set) and result is not lhs and result is not rhs:
+        it.note_created(result)  # (a + b of two lists: a new list, the function's own)
+    f.stack.append(result)
     _next(f)
+
+
+_INPLACE_FIRST = 13  # CPython 3.11's NB_INPLACE_ADD: BINARY_OP's in-place forms come from here on
 
 
 def _unary(fn):
@@ -1394,6 +1402,7 @@ def thaw(state, interp, top):
                 return payload[0]._make(conv(payload[1]))
             if tag is _FOREIGN:
                 c = conv(payload)
+                interp.created.discard(id(c))  # (conv noted the rebuilt copy as created: it is the caller's)
                 interp.foreign.add(id(c))
                 interp.created.discard(id(c))  # the caller's (rebuilt): changing it is not local
                 interp.keep.append(c)

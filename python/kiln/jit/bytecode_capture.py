@@ -236,6 +236,15 @@ def carried_marks(carried):
             marks.update(old or {})
 
 
+def _holds(value, ids, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, an object whose id is in ids."""
+    if id(value) in ids:
+        return True
+    if depth < 20 and type(value) in (list, tuple, dict):
+        return any(_holds(v, ids, depth + 1) for v in (value.values() if type(value) is dict else value))
+    return False
+
+
 def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp, outputs) with outcome "return" (payload: the detached result) or
@@ -259,7 +268,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import _user_frame_tracer, bind_inputs
+        from .function import _user_frame_tracer, bind_inputs, returns_closure
 
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
@@ -290,10 +299,19 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         finally:
             sys.settrace(prev_trace)
         interp.record_reads()
+        # (no guards on the contents of lists, sets and dicts read: graph breaks change them in Python at each
+        # call, and pieces kept with the code object must hold nothing of them)
+        recorder.forget_contents(None)
         reads, where = tracer.value_reads()
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")
         if outcome == "return":
+            if returns_closure(payload):
+                raise bytecode.Unsupported("it returns a function defined inside it (its closure would keep this "
+                                           "call's values at every later call)")
+            if _holds(payload, interp.foreign):
+                raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
+                                           "return a copy)")
             if capture is not None:
                 payload = _concrete(payload)
             out_leaves = []
@@ -683,9 +701,12 @@ def on_frame(jf, func, bound, pending):
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
     dyn = pieces.entries.dynamic.get(_shape_free(key), ())
-    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and (
+    direct_key, direct_leaves = _C.tree.call_key(tuple(bound), {}, ())
+    # (the direct path runs the pieces on the arguments' own tensors: only where they are the state's)
+    if not grad and pieces.direct_ok and len(bound) == pieces.nparams and len(direct_leaves) == len(leaves) and all(
+            a is b for a, b in zip(direct_leaves, leaves)) and (
             key in pieces.cache or dyn and len(pieces.direct) < MAX_DIRECT):  # (a dynamic piece: one per shape)
-        pieces.direct[_C.tree.call_key(tuple(bound), {}, ())[0]] = (key, spec, pieces.cache.get(key, ()))
+        pieces.direct[direct_key] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
             and entries[0].returns and not entries[0].size_inputs):

@@ -121,8 +121,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     try:
         aliases = []
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
+        callers = _CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
         capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
-        before = _containers_of((call_args, call_kwargs))
         sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
         try:
             if capture is None:
@@ -139,12 +139,14 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         effect = recorder.side_effect(writes)
         if effect is not None:
             _on_side_effect(options, effect, reasons)
-        elif any(_contents(c) != seen for c, seen in before):  # changed where the recorder does not look
-            changed = next(c for c, seen in before if _contents(c) != seen)
-            code = getattr(fn, "__code__", None)
-            _on_side_effect(options, guards.SideEffect(
-                f"a change of a {type(changed).__name__} passed as an argument",
-                code.co_filename if code else "<unknown>", code.co_firstlineno if code else 0), reasons)
+        changed = callers.changed()
+        if changed is not None and effect is None:
+            _on_side_effect(options, changed, reasons)
+        if returns_closure(result):
+            reasons.append("it returns a function defined inside it (its closure would keep this call's values "
+                           "at every later call)")
+        if changed is None and callers.returned(result):
+            reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
         if capture is not None:
             result = dynamic.concrete(result)
         out_leaves = []
@@ -158,12 +160,9 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         tracer.end()
         _C.set_cell_logs(*prev_logs)
         _local.not_replayable = prev_reasons
-    if reasons:
-        # the function runs eagerly from now on; this run's changes to the argument containers it was
-        # given (rebuilt around the aliases) are made on the caller's own, and what it returns of
-        # them is the caller's object
-        back = _ArgumentsBack((args, kwargs), (call_args, call_kwargs), leaves, aliases)
-        raise NotReplayable(reasons[0], back.result(result))
+    if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
+        callers.write_back()
+        raise NotReplayable(reasons[0], callers.to_caller(result))
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
@@ -178,80 +177,87 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     return tree.unflatten(out_spec, detached)[0], entry
 
 
-def _contents(c):
-    """What a list, dict or set holds, by identity."""
-    if isinstance(c, dict):
-        return tuple((k, id(v)) for k, v in c.items())
-    if isinstance(c, set):
-        return frozenset(map(id, c))
-    return tuple(map(id, c))
+def returns_closure(value, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, a function with a closure."""
+    if isinstance(value, types.FunctionType):
+        return bool(value.__closure__)
+    if depth < 20 and isinstance(value, (list, tuple, dict)):
+        return any(returns_closure(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
-def _containers_of(obj, found=None):
-    """[(container, its _contents)] of the lists, dicts and sets in obj's tuples, lists and dicts."""
-    found = [] if found is None else found
-    if isinstance(obj, (list, dict, set)):
-        found.append((obj, _contents(obj)))
-    if isinstance(obj, (list, tuple)):
-        for v in obj:
-            _containers_of(v, found)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _containers_of(v, found)
-    return found
+class _ContainerChange:
+    """A change, during a capture, of a list or dict the caller passed in (what _on_side_effect reports)."""
+
+    def __init__(self, kind, filename, line):
+        self.what = f"a change of a {kind} passed in as an argument"
+        self.filename, self.line = filename, line
+
+    def __str__(self):
+        return self.what
 
 
-class _ArgumentsBack:
-    """Maps a capture run's arguments back to the caller's: the containers rebuilt around the
-    aliases to the caller's containers (given this run's contents), the aliases to the caller's
-    tensors, other tensors detached from the recording."""
+class _CallerContainers:
+    """The lists and dicts among a call's arguments beside the copies a capture runs on (bind_inputs
+    rebuilds them around aliases of the tensors): tells whether the run changed a copy or returned one,
+    and carries the run's changes back to the caller's objects."""
 
-    _MUTABLE = (list, dict, set)
+    def __init__(self, caller, rebuilt, leaves, aliases):
+        self.pairs = []  # (the caller's container, its copy, the copy's items before the run)
+        self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
+        self._pair(caller, rebuilt)
 
-    def __init__(self, original, rebuilt, leaves, aliases):
-        self.tensors = {id(a): t for a, t in zip(aliases, leaves)}
-        self.containers = {}  # id of a rebuilt container -> (it, the caller's)
-        self._pair(original, rebuilt)
-        for made, own in list(self.containers.values()):
-            if isinstance(own, list):
-                own[:] = [self.value(v) for v in made]
-            elif isinstance(own, dict):
-                items = [(k, self.value(v)) for k, v in made.items()]
-                own.clear()
-                own.update(items)
-            elif isinstance(own, set):
-                values = {self.value(v) for v in made}
-                own.clear()
-                own.update(values)
-
-    def _pair(self, own, made):
-        if own is made or type(own) is not type(made):
+    def _pair(self, orig, copy):
+        if type(orig) in (list, dict) and type(copy) is type(orig):
+            self.objects[id(copy)] = orig
+            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy)))
+            values = zip(orig.values(), copy.values()) if type(copy) is dict else zip(orig, copy)
+        elif type(orig) is tuple and type(copy) is tuple and len(orig) == len(copy):
+            values = zip(orig, copy)
+        else:
             return
-        if isinstance(own, self._MUTABLE):
-            self.containers[id(made)] = (made, own)
-        if isinstance(own, (list, tuple)) and len(own) == len(made):
-            for a, b in zip(own, made):
-                self._pair(a, b)
-        elif isinstance(own, dict):
-            for k, v in own.items():
-                if k in made:
-                    self._pair(v, made[k])
+        for o, c in values:
+            self._pair(o, c)
 
-    def value(self, v):
+    def changed(self):
+        """A _ContainerChange when the run changed a copy, else None."""
+        for orig, copy, before in self.pairs:
+            now = list(copy.items()) if type(copy) is dict else list(copy)
+            if len(now) != len(before) or any(
+                    (a[0] != b[0] or a[1] is not b[1]) if type(copy) is dict else a is not b
+                    for a, b in zip(now, before)):
+                return _ContainerChange(type(copy).__name__, "<an argument>", 0)
+        return None
+
+    def returned(self, result, depth=0):
+        """Whether result holds one of the copies."""
+        if id(result) in self.objects and type(result) in (list, dict):
+            return True
+        if depth < 20 and type(result) in (list, tuple, dict):
+            return any(self.returned(v, depth + 1) for v in (result.values() if type(result) is dict else result))
+        return False
+
+    def to_caller(self, v, depth=0):
+        """v with the copies and aliases replaced by the caller's objects, other traced tensors detached."""
+        found = self.objects.get(id(v))
+        if found is not None:
+            return found
         if isinstance(v, _C.TensorBase):
-            own = self.tensors.get(id(v))
-            return own if own is not None else v.detach()
-        pair = self.containers.get(id(v))
-        if pair is not None:
-            return pair[1]
-        if type(v) in (list, tuple):
-            return type(v)(self.value(x) for x in v)
-        if type(v) is dict:
-            return {k: self.value(x) for k, x in v.items()}
+            return v.detach()
+        if depth < 20 and type(v) in (list, tuple):
+            return type(v)(self.to_caller(x, depth + 1) for x in v)
+        if depth < 20 and type(v) is dict:
+            return {k: self.to_caller(x, depth + 1) for k, x in v.items()}
         return v
 
-    def result(self, result):
-        return self.value(result)
+    def write_back(self):
+        for orig, copy, _ in self.pairs:
+            if type(orig) is list:
+                orig[:] = [self.to_caller(x) for x in copy]
+            else:
+                items = {k: self.to_caller(x) for k, x in copy.items()}
+                orig.clear()
+                orig.update(items)
 
 
 def _on_side_effect(options, effect, reasons):
@@ -537,12 +543,12 @@ class JitFunction(_C.JitDispatcher):
         if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
                 or entry.differentiable or self._recorder is not None):
             return
-        if not all(isinstance(a, _C.TensorBase) for a in args):
+        if not all(isinstance(a, _C.TensorBase) and a.is_contiguous() for a in args):
             return
         spec = entry.out_spec
         if spec == "T":
             kind = 0
-        elif spec[0] in ("tuple", "list") and len(spec) == 2 and all(s == "T" for s in spec[1]):
+        elif len(spec) == 2 and spec[0] in ("tuple", "list") and all(s == "T" for s in spec[1]):
             kind = 1 if spec[0] == "tuple" else 2
         else:
             return
