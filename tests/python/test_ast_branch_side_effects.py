@@ -96,3 +96,27 @@ def test_a_number_both_paths_give_alike_stays_a_number():
         got, n = jf(x, 3)
         assert type(n) is int and n == 3
         np.testing.assert_allclose(got.numpy(), f(x, 3)[0].numpy())
+
+
+def appends_before_and_in_a_tensor_loop(x):
+    for v in (1, 2):
+        LOG.append(v)
+    while x.sum() > 100.0:  # never true here: eagerly the body does not run
+        LOG.append("loop")
+        x = x * 0.5
+    return x
+
+
+def test_a_capture_given_up_leaves_the_state_as_eager_does():
+    # the tensor loop's body appends to a global while traced; the capture is given up for another
+    # one, which runs the function again: the first attempt's appends (before the loop too) are undone
+    x = kiln.Tensor(np.array([1.0, 2.0], np.float32))
+    LOG.clear()
+    want = appends_before_and_in_a_tensor_loop(x)
+    want_log = list(LOG)
+    LOG.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = kiln.jit(appends_before_and_in_a_tensor_loop, capture_mode="ast")(x)
+    assert LOG == want_log == [1, 2]
+    np.testing.assert_allclose(got.numpy(), want.numpy())

@@ -339,11 +339,15 @@ def _same_contents(a, b):
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
-def _check_unchanged(held, loc, names, what):
-    """Raises (after undoing every change) when a held container was changed in place."""
-    changed = next(((key, c) for key, c, saved in held if not _same_contents(c, saved)), None)
-    if changed is None:
-        return
+def reachable_state(fn):
+    """The lists, dicts and sets fn's globals and closure hold (as _held_containers), copied, so
+    that a capture attempt given up can be undone before another capture runs fn again."""
+    fn = getattr(fn, "__func__", fn)
+    return _held_containers((), fn) if isinstance(fn, types.FunctionType) else []
+
+
+def undo(held):
+    """Puts back the contents of the held containers changed since they were copied."""
     for _, c, saved in held:
         if not _same_contents(c, saved):
             if isinstance(c, list):
@@ -351,6 +355,14 @@ def _check_unchanged(held, loc, names, what):
             else:
                 c.clear()
                 c.update(saved)
+
+
+def _check_unchanged(held, loc, names, what):
+    """Raises (after undoing every change) when a held container was changed in place."""
+    changed = next(((key, c) for key, c, saved in held if not _same_contents(c, saved)), None)
+    if changed is None:
+        return
+    undo(held)
     key, c = changed
     name = key if isinstance(key, str) else names[key]
     raise _error(loc, f"a change of {name!r} (a {type(c).__name__}) in place under {what}",
@@ -634,12 +646,16 @@ def _tensor_while(test_fn, body_fn, vals, names, loc):
     from ..ops import while_loop
 
     st = _LoopState(vals, names, loc)
+    # the body is traced whether or not the loop runs: state it changes in place would change always
+    held = _held_containers(vals, test_fn, body_fn) if _C.is_tracing() else []
 
     def cond_fn(*lv):
         return test_fn(*st.full(lv))
 
     def body(*lv):
-        return tuple(st.carry(body_fn(*st.full(lv))))
+        out = tuple(st.carry(body_fn(*st.full(lv))))
+        _check_unchanged(held, loc, names, "a loop on a tensor condition")
+        return out
 
     st.define_returned(lambda lv: body_fn(*st.full(lv)))
     if not st.init:

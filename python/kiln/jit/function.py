@@ -381,12 +381,16 @@ class JitFunction(_C.JitDispatcher):
         from . import ast_runtime
 
         owner = self._grad_parent or self  # a value_and_grad variant captures its parent's conversion
+        ast_attempt = owner.options.capture_mode == "ast" and owner._ast_fallback is None
+        # what the attempt changes in the globals' and closure's containers is undone if it is given up
+        held = ast_runtime.reachable_state(self.fn) if ast_attempt and not owner.options.strict else []
         with ast_runtime.capturing(owner.options.strict):
             try:
                 return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
             except JitSyntaxError as e:
                 if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
                     raise
+                ast_runtime.undo(held)
                 owner._fall_back_to_trace(e)
             return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
 
