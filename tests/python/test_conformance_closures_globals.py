@@ -3,6 +3,8 @@ config objects, containers) changed between calls, global and nonlocal writes, c
 again with other values, default and keyword arguments: every kiln.jit variant agrees with eager."""
 import types
 
+import pytest
+
 import kiln
 from conformance import Call, rand, run_all_modes, t
 
@@ -50,6 +52,7 @@ def test_global_tensor_rebound_and_changed_in_place():
                   reset=_reset_globals)
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_global_list_element_and_length_change():
     def f(x):
         out = x * TABLE[0]
@@ -205,6 +208,7 @@ def test_varargs_and_kwargs():
                   Call((rand(2),), dict(a=2.0, b=-1.0)))
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_global_list_appended_by_compiled_function():
     def f(x):
         y = x * 2

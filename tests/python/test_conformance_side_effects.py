@@ -3,6 +3,8 @@ prints, appends to global lists, attribute writes on objects and Cells, tensors 
 (arguments, globals, Cell parameters) -- and state read back after the call agrees with eager."""
 import io
 
+import pytest
+
 import kiln
 from kiln import nn
 from conformance import Call, rand, run_all_modes, t
@@ -47,6 +49,7 @@ def test_append_to_global_list_each_call():
     run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset, observe=lambda: list(EVENTS))
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_attribute_write_on_global_object():
     def f(x):
         STATS.calls += 1
@@ -57,6 +60,7 @@ def test_attribute_write_on_global_object():
                   observe=lambda: (STATS.calls, STATS.last))
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_side_effect_order_between_tensor_ops():
     def f(x):
         EVENTS.append(0)
@@ -156,6 +160,7 @@ def _reset_registry():
     Registry.count, Registry.names = 0, ()
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_class_attribute_written_in_the_function():
     def f(x):
         Registry.count += 1
@@ -165,6 +170,7 @@ def test_class_attribute_written_in_the_function():
                   observe=lambda: Registry.count)
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_class_attribute_written_in_a_called_method():
     reg = Registry()
 

@@ -3,6 +3,8 @@ operators with Python scalars, in-place operators and methods, integer and boole
 promotion with Python scalars, indexing and views -- compiled agree with eager (values and dtypes)."""
 import numpy as np
 
+import pytest
+
 import kiln
 from conformance import Call, rand, run_all_modes, t
 
@@ -11,6 +13,7 @@ def ints(*values):
     return kiln.Tensor(np.array(values, np.int64))
 
 
+@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_mod_floordiv_pow_with_negative_values():
     def f(x, y):
         return x % y, x // y, x % 2.5, -7.0 // y, x ** 2, 2 ** y
@@ -18,6 +21,7 @@ def test_mod_floordiv_pow_with_negative_values():
     run_all_modes(f, (t(5.5, -5.5, 3.0), t(2.0, 2.0, -2.0)), (t(-1.0, 7.0, 0.5), t(3.0, -3.0, 0.25)))
 
 
+@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_integer_tensor_arithmetic():
     def f(a, b):
         return a % b, a // b, a * 3 - b, (a + b) / 2, -a, abs(a - 10)
@@ -33,6 +37,7 @@ def test_dtype_promotion_with_python_scalars():
                   (t(-1.5, 0.5), ints(3, 4), kiln.Tensor(np.array([True, True]))))
 
 
+@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_in_place_operators_and_methods():
     def f(x, y):
         z = x * 1
