@@ -805,8 +805,11 @@ def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=None, full
     def wrap(fn):
         from ..nn import Cell
 
-        if isinstance(fn, JitFunction):
+        if isinstance(fn, JitFunction):  # re-jitted with these options; a bound one keeps its instance
+            bound = fn._self if fn._self_ref is not None else None
             fn = fn.fn
+            if bound is not None:
+                return JitFunction(fn, opts, bound_self=bound)
         if not callable(fn):
             raise TypeError(f"jit: expected a function or a Cell, got {type(fn).__name__}")
         if isinstance(fn, Cell):
