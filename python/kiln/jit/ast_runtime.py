@@ -423,33 +423,29 @@ def _truth_of(v):
     return v
 
 
-def and_(loc, *thunks):
-    """`a and b ...` as Python gives it: the first false operand, else the last; on a tensor
-    operand (one element) a selection between the operands in the graph."""
+def _short_circuit(thunks, stops_at, on_tensor):
+    """Python's `a and b ...` (stops_at False) or `a or b ...` (stops_at True): operands evaluated
+    left to right until one's truth is stops_at; a tensor operand goes to on_tensor(it, next)."""
     v = thunks[0]()
     for th in thunks[1:]:
         if _is_tensor(v):
-            left = _truth_of(v)
-            v = _select(left, th, lambda: left, loc, "`and` on a tensor")
-        elif not v:
+            v = on_tensor(_truth_of(v), th)
+        elif bool(v) is stops_at:
             return v
         else:
             v = th()
     return v
+
+
+def and_(loc, *thunks):
+    """`a and b ...` as Python gives it: the first false operand, else the last; on a tensor
+    operand (one element) a selection between the operands in the graph."""
+    return _short_circuit(thunks, False, lambda left, th: _select(left, th, lambda: left, loc, "`and` on a tensor"))
 
 
 def or_(loc, *thunks):
     """`a or b ...` as Python gives it: the first true operand, else the last."""
-    v = thunks[0]()
-    for th in thunks[1:]:
-        if _is_tensor(v):
-            left = _truth_of(v)
-            v = _select(left, lambda: left, th, loc, "`or` on a tensor")
-        elif v:
-            return v
-        else:
-            v = th()
-    return v
+    return _short_circuit(thunks, True, lambda left, th: _select(left, lambda: left, th, loc, "`or` on a tensor"))
 
 
 def not_(loc, v):
@@ -463,29 +459,13 @@ def not_(loc, v):
 def and_cond(loc, *thunks):
     from ..ops import logical_and
 
-    v = thunks[0]()
-    for th in thunks[1:]:
-        if _is_tensor(v):
-            v = logical_and(_truth_of(v), _truth_of(_as_tensor(th())))
-        elif not v:
-            return v
-        else:
-            v = th()
-    return v
+    return _short_circuit(thunks, False, lambda left, th: logical_and(left, _truth_of(_as_tensor(th()))))
 
 
 def or_cond(loc, *thunks):
     from ..ops import logical_or
 
-    v = thunks[0]()
-    for th in thunks[1:]:
-        if _is_tensor(v):
-            v = logical_or(_truth_of(v), _truth_of(_as_tensor(th())))
-        elif v:
-            return v
-        else:
-            v = th()
-    return v
+    return _short_circuit(thunks, True, lambda left, th: logical_or(left, _truth_of(_as_tensor(th()))))
 
 
 def not_cond(loc, v):
