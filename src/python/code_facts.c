@@ -30,6 +30,7 @@ typedef struct {
     PyObject *prints;    /* lines that load the name print */
     PyObject *mutations; /* (what, line): statements that may change a container or an object */
     PyObject *nested;    /* the code objects among the constants */
+    PyObject *appended;  /* globals and free variables only ever loaded to call a write-only method on */
 } PyCodeFacts;
 
 static PyMemberDef codefacts_members[] = {
@@ -43,6 +44,9 @@ static PyMemberDef codefacts_members[] = {
     {"mutations", T_OBJECT_EX, offsetof(PyCodeFacts, mutations), READONLY,
      "(what, line): statements that may change a container or an object"},
     {"nested", T_OBJECT_EX, offsetof(PyCodeFacts, nested), READONLY, "code objects among the constants"},
+    {"appended", T_OBJECT_EX, offsetof(PyCodeFacts, appended), READONLY,
+     "globals and free variables every load of which calls a write-only method on it (LOG.append(x)): their "
+     "contents are not read"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -51,6 +55,7 @@ static void codefacts_dealloc(PyObject *self) {
     Py_XDECREF(f->globals);
     Py_XDECREF(f->freevars);
     Py_XDECREF(f->chains);
+    Py_XDECREF(f->appended);
     Py_XDECREF(f->effects);
     Py_XDECREF(f->prints);
     Py_XDECREF(f->mutations);
@@ -187,10 +192,19 @@ static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k
     while (k < n) {
         int act = by_opcode[ins[k].op].act;
         PyObject *step = NULL;
+        /* an augmented assignment copies the object before reading from it: `obj.n += 1` is
+         * COPY 1; LOAD_ATTR n, and `obj[c] += 1` is LOAD_CONST c; COPY 2; COPY 2; BINARY_SUBSCR */
+        if (ins[k].op == COPY && ins[k].arg == 1 && k + 1 < n && by_opcode[ins[k + 1].op].act == ACT_ATTR) {
+            k++;
+            continue;
+        }
+        int copied = act == ACT_CONST && k + 3 < n && ins[k + 1].op == COPY && ins[k + 1].arg == 2 &&
+                     ins[k + 2].op == COPY && ins[k + 2].arg == 2;
+        int subscr_at = copied ? 3 : 1;
         if ((act == ACT_ATTR || act == ACT_METHOD) && ins[k].name) {
             step = Py_BuildValue("(sO)", "attr", ins[k].name);
-        } else if (act == ACT_CONST && k + 1 < n && by_opcode[ins[k + 1].op].act == ACT_SUBSCR && ins[k].name &&
-                   (PyLong_Check(ins[k].name) || PyUnicode_Check(ins[k].name))) {
+        } else if (act == ACT_CONST && k + subscr_at < n && by_opcode[ins[k + subscr_at].op].act == ACT_SUBSCR &&
+                   ins[k].name && (PyLong_Check(ins[k].name) || PyUnicode_Check(ins[k].name))) {
             step = Py_BuildValue("(sO)", "item", ins[k].name);
         } else {
             break;
@@ -202,7 +216,7 @@ static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k
         }
         Py_DECREF(step);
         if (act == ACT_METHOD) break;
-        k += act == ACT_CONST ? 2 : 1;
+        k += act == ACT_CONST ? subscr_at + 1 : 1;
     }
     PyObject *t = PyList_AsTuple(steps);
     Py_DECREF(steps);
@@ -221,6 +235,44 @@ static int add_event(PyObject *list, const char *format, PyObject *name, int lin
     int r = item ? PyList_Append(list, item) : -1;
     Py_XDECREF(item);
     return r;
+}
+
+/* Methods that change a container without reading anything of it into the caller. */
+static const char *const write_only_methods[] = {"append", "appendleft", "extend", "extendleft", "insert", "add",
+                                                 "update", "clear", "discard"};
+
+static int is_write_only(PyObject *name) {
+    for (size_t k = 0; name && k < sizeof write_only_methods / sizeof write_only_methods[0]; k++)
+        if (PyUnicode_CompareWithASCIIString(name, write_only_methods[k]) == 0) return 1;
+    return 0;
+}
+
+/* The globals and free variables among ins[:n] whose every load is followed at once by LOAD_METHOD of a
+ * write-only method (`LOG.append(x)`): the code changes them but reads nothing of their contents. */
+static PyObject *appended_names(const pykiln_instr *ins, Py_ssize_t n) {
+    PyObject *seen = PyDict_New(); /* name -> True while every load of it so far was write-only */
+    if (!seen) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int op = ins[k].op;
+        if (!ins[k].name || !(op == LOAD_GLOBAL || op == LOAD_DEREF || op == LOAD_CLASSDEREF || op == LOAD_NAME))
+            continue;
+        int only = !(op == LOAD_GLOBAL && (ins[k].arg & 1)) && k + 1 < n && ins[k + 1].op == LOAD_METHOD &&
+                   is_write_only(ins[k + 1].name);
+        PyObject *was = PyDict_GetItemWithError(seen, ins[k].name);
+        if (!was && PyErr_Occurred()) goto fail;
+        if (PyDict_SetItem(seen, ins[k].name, only && (!was || was == Py_True) ? Py_True : Py_False) < 0) goto fail;
+    }
+    PyObject *names = PyList_New(0), *key, *value;
+    Py_ssize_t pos = 0;
+    while (names && PyDict_Next(seen, &pos, &key, &value))
+        if (value == Py_True && PyList_Append(names, key) < 0) Py_CLEAR(names);
+    PyObject *t = names ? PyList_AsTuple(names) : NULL;
+    Py_XDECREF(names);
+    Py_DECREF(seen);
+    return t;
+fail:
+    Py_DECREF(seen);
+    return NULL;
 }
 
 /* The parameters the code never assigns (a chain on one of them reads the caller's object). */
@@ -353,7 +405,9 @@ static PyObject *compute_facts(PyCodeObject *code, PyObject *executed) {
     f->prints = PyList_AsTuple(lists[1]);
     f->mutations = PyList_AsTuple(lists[2]);
     f->nested = nested_codes(code);
-    if (!f->globals || !f->freevars || !f->chains || !f->effects || !f->prints || !f->mutations || !f->nested)
+    f->appended = appended_names(ins, n);
+    if (!f->globals || !f->freevars || !f->chains || !f->effects || !f->prints || !f->mutations || !f->nested ||
+        !f->appended)
         Py_CLEAR(f);
 done:
     PyMem_Free(ins);

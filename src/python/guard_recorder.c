@@ -22,11 +22,12 @@ typedef struct {
     PyObject *effects;      /* [(what, filename, line)] */
     PyObject *local_codes;  /* code objects of functions defined while capturing */
     PyObject *functions_of; /* code -> the functions with that code (a search of the heap, once) */
+    PyObject *appended;     /* borrowed while a code is recorded: its CodeFacts.appended, or NULL */
 } PyGuardRecorder;
 
 static PyObject *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
 
-enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT };
+enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT, SNAP_ITERATOR };
 
 static int step_is(PyObject *step, char kind) {
     return PyUnicode_READ_CHAR(PyTuple_GET_ITEM(step, 0), 0) == (Py_UCS4)kind;
@@ -108,6 +109,25 @@ static int never_watched(PyGuardRecorder *r, PyObject *obj) {
     return own;
 }
 
+/* Where an iterator stands (new reference): its __reduce__() (a builtin iterator's sequence and index), a
+ * generator's frame and instruction, or a new object, never equal to another (no way to tell: next() on it in
+ * the captured code would run once). */
+static PyObject *iterator_position(PyObject *obj) {
+    if (PyGen_Check(obj)) {
+        PyObject *frame = PyObject_GetAttrString(obj, "gi_frame");
+        if (!frame || frame == Py_None) return frame;
+        PyObject *lasti = PyObject_GetAttrString(frame, "f_lasti");
+        PyObject *position = lasti ? PyTuple_Pack(2, frame, lasti) : NULL;
+        Py_DECREF(frame);
+        Py_XDECREF(lasti);
+        return position;
+    }
+    PyObject *reduced = PyObject_CallMethod(obj, "__reduce__", NULL);
+    if (reduced || !PyErr_ExceptionMatches(PyExc_Exception)) return reduced;
+    PyErr_Clear();
+    return PyBaseObject_Type.tp_alloc(&PyBaseObject_Type, 0);
+}
+
 /* A shallow copy of what a Python side effect would change in obj, as (kind, contents) (new
  * reference), or None: nothing to watch. */
 static PyObject *snapshot(PyGuardRecorder *r, PyObject *obj) {
@@ -115,7 +135,10 @@ static PyObject *snapshot(PyGuardRecorder *r, PyObject *obj) {
     if (never) return never < 0 ? NULL : Py_NewRef(Py_None);
     int kind;
     PyObject *contents;
-    if (PyList_Check(obj)) {
+    iternextfunc next = Py_TYPE(obj)->tp_iternext;
+    if (next && next != &_PyObject_NextNotImplemented && Py_TYPE(obj)->tp_iter == PyObject_SelfIter) {
+        kind = SNAP_ITERATOR, contents = iterator_position(obj);
+    } else if (PyList_Check(obj)) {
         kind = SNAP_LIST, contents = PySequence_Tuple(obj);
     } else if (PyDict_Check(obj) || PyAnySet_Check(obj) || PyByteArray_Check(obj)) {
         kind = PyDict_Check(obj) ? SNAP_DICT : PyAnySet_Check(obj) ? SNAP_SET : SNAP_BYTES;
@@ -151,7 +174,7 @@ static int same_snapshot(PyObject *a, PyObject *b) {
     PyObject *ka = PyTuple_GET_ITEM(a, 0), *ca = PyTuple_GET_ITEM(a, 1), *cb = PyTuple_GET_ITEM(b, 1);
     long kind = PyLong_AsLong(ka);
     if (kind != PyLong_AsLong(PyTuple_GET_ITEM(b, 0))) return 0;
-    if (kind == SNAP_SET || kind == SNAP_BYTES) return PyObject_RichCompareBool(ca, cb, Py_EQ);
+    if (kind == SNAP_SET || kind == SNAP_BYTES || kind == SNAP_ITERATOR) return PyObject_RichCompareBool(ca, cb, Py_EQ);
     Py_ssize_t n = PyTuple_GET_SIZE(ca);
     if (n != PyTuple_GET_SIZE(cb)) return 0;
     for (Py_ssize_t k = 0; k < n; k++) {
@@ -184,10 +207,11 @@ static int add_guard(PyGuardRecorder *r, PyObject *root, PyObject *key_step, PyO
     return rc;
 }
 
-static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, PyObject *description) {
+static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, PyObject *description,
+                           int guard_contents) {
     PyObject *path = PyTuple_Pack(1, step);
     int rc = path ? add_guard(r, root, step, path, value, mode_of(value), description) : -1;
-    if (rc == 0 && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value))) { /* what the code reads of it (len(), iteration, items) may change in place */
+    if (rc == 0 && guard_contents && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value))) { /* what the code reads of it (len(), iteration, items) may change in place */
         PyObject *contents = pykiln_guard_contents(value), *key = contents ? PyTuple_Pack(2, step, s_contents) : NULL;
         PyObject *what = key ? PyUnicode_FromFormat("the contents of %U", description) : NULL;
         rc = what ? add_guard(r, root, key, path, contents, GUARD_CONTENTS, what) : -1;
@@ -206,7 +230,7 @@ static int guard_cell_item(PyGuardRecorder *r, PyObject *cell, PyObject *name, P
     if (!d) return err ? -1 : 0;
     PyObject *step = PyTuple_Pack(2, s_item, name);
     PyObject *what = PyUnicode_FromFormat(format, _PyType_Name(Py_TYPE(cell)));
-    int rc = step && what ? guard_step_only(r, d, step, value, what) : -1;
+    int rc = step && what ? guard_step_only(r, d, step, value, what, 1) : -1;
     Py_XDECREF(step);
     Py_XDECREF(what);
     Py_DECREF(d);
@@ -249,8 +273,13 @@ static int watch(PyGuardRecorder *r, PyObject *obj, PyObject *description, PyObj
 /* Guards each step of path from root on the object it reaches now: a chain of one-step guards,
  * each rooted at the object the step before reached (whose identity that step guards), so most
  * are items of a dict (a module's globals, an instance's __dict__), which the GuardSet skips
- * while the dict is unchanged. */
-static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObject *description, PyObject *code) {
+ * while the dict is unchanged. name: the global or free variable the path starts with, or NULL;
+ * when the code only calls write-only methods on it (CodeFacts.appended), its contents are not
+ * guarded. */
+static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObject *description, PyObject *code,
+                      PyObject *name) {
+    int appended = name && r->appended ? PySequence_Contains(r->appended, name) : 0;
+    if (appended < 0) return -1;
     PyObject *cur = Py_NewRef(root), *step_desc = PyUnicode_FromFormat("%U (a step of it)", description);
     int rc = step_desc ? 0 : -1;
     Py_ssize_t n = PyTuple_GET_SIZE(path);
@@ -268,7 +297,7 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
             if (plain < 0 || err || !at || !step) rc = -1;
         }
         PyObject *what = k == n - 1 ? description : step_desc;
-        if (rc == 0 && (guard_step_only(r, at, step, value, what) < 0 || watch(r, value, what, code) < 0 ||
+        if (rc == 0 && (guard_step_only(r, at, step, value, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code) < 0 ||
                         guard_cell_version(r, value) < 0))
             rc = -1;
         Py_XDECREF(step);
@@ -287,7 +316,7 @@ static int guard_global(PyGuardRecorder *r, PyObject *g, PyObject *name, int con
     if (!path || in < 0) goto done;
     if (in) {
         PyObject *what = PyUnicode_FromFormat("global %R", name);
-        rc = what ? guard_path(r, g, path, what, code) : -1;
+        rc = what ? guard_path(r, g, path, what, code, name) : -1;
         Py_XDECREF(what);
     } else {
         int builtin = PyDict_Contains(builtins, name);
@@ -436,7 +465,7 @@ static int guard_chains(PyGuardRecorder *r, PyObject *facts, PyObject *g, PyObje
             path = Py_NewRef(steps), what = Py_NewRef(name);
         }
         PyObject *text = what && path && rc == 0 ? describe_chain(what, steps) : NULL;
-        rc = text ? guard_path(r, root, path, text, code) : -1;
+        rc = text ? guard_path(r, root, path, text, code, kind == 'g' || kind == 'd' ? name : NULL) : -1;
         Py_XDECREF(text);
         Py_XDECREF(root);
         Py_XDECREF(path);
@@ -497,7 +526,7 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
                 continue;
             }
             PyObject *what = PyUnicode_FromFormat("closure variable %R of %U", name, code->co_qualname);
-            rc = what ? guard_path(r, cell, cell_path, what, (PyObject *)code) : -1;
+            rc = what ? guard_path(r, cell, cell_path, what, (PyObject *)code, name) : -1;
             Py_XDECREF(what);
         }
         if (rc == 0) rc = guard_chains(r, facts, g, cells, locals, (PyObject *)code);
@@ -519,13 +548,15 @@ static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g
                              PyObject *executed) {
     PyObject *user = PyObject_CallOneArg(r->is_user_code, (PyObject *)code);
     int is_user = user ? PyObject_IsTrue(user) : -1, rc = -1;
-    PyObject *facts = NULL, *nested = NULL;
+    PyObject *facts = NULL, *nested = NULL, *appended = NULL;
     Py_XDECREF(user);
     if (is_user <= 0) goto done;
     facts = executed ? pykiln_code_facts_executed((PyObject *)code, executed) : pykiln_code_facts((PyObject *)code);
     nested = facts ? PyObject_GetAttrString(facts, "nested") : NULL;
+    appended = facts ? PyObject_GetAttrString(facts, "appended") : NULL;
+    r->appended = appended;
     int converted = is_converted(r, code);
-    if (!nested || !g || !locals || converted < 0 || _PySet_Update(r->local_codes, nested) < 0 ||
+    if (!nested || !appended || !g || !locals || converted < 0 || _PySet_Update(r->local_codes, nested) < 0 ||
         record_effects(r, code, facts, g, converted) < 0)
         goto done;
     PyObject *globals = PyObject_GetAttrString(facts, "globals");
@@ -535,6 +566,8 @@ static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g
     Py_XDECREF(globals);
     if (rc == 0) rc = guard_closures(r, facts, code, g, locals);
 done:
+    r->appended = NULL;
+    Py_XDECREF(appended);
     Py_DECREF(code);
     Py_XDECREF(facts);
     Py_XDECREF(nested);

@@ -39,7 +39,6 @@ def test_sum_of_tensor_list_and_abs_of_tensor():
     run_all_modes(f, ([rand(3), rand(3, seed=1)],), ([rand(3, seed=2), rand(3, seed=3), rand(3, seed=4)],))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_sorted_reversed_map_filter_any_all():
     def f(x, ks):
         order = sorted(ks, reverse=True)

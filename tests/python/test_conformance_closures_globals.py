@@ -52,7 +52,6 @@ def test_global_tensor_rebound_and_changed_in_place():
                   reset=_reset_globals)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_global_list_element_and_length_change():
     def f(x):
         out = x * TABLE[0]
@@ -208,7 +207,6 @@ def test_varargs_and_kwargs():
                   Call((rand(2),), dict(a=2.0, b=-1.0)))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_global_list_appended_by_compiled_function():
     def f(x):
         y = x * 2

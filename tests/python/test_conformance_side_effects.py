@@ -49,7 +49,6 @@ def test_append_to_global_list_each_call():
     run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset, observe=lambda: list(EVENTS))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_attribute_write_on_global_object():
     def f(x):
         STATS.calls += 1
@@ -60,7 +59,6 @@ def test_attribute_write_on_global_object():
                   observe=lambda: (STATS.calls, STATS.last))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_side_effect_order_between_tensor_ops():
     def f(x):
         EVENTS.append(0)
@@ -160,7 +158,6 @@ def _reset_registry():
     Registry.count, Registry.names = 0, ()
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_class_attribute_written_in_the_function():
     def f(x):
         Registry.count += 1
@@ -170,7 +167,6 @@ def test_class_attribute_written_in_the_function():
                   observe=lambda: Registry.count)
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): bytecode capture does not guard Python state read from globals and attributes, so a later call returns a stale result")
 def test_class_attribute_written_in_a_called_method():
     reg = Registry()
 
@@ -180,3 +176,67 @@ def test_class_attribute_written_in_a_called_method():
 
     run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_registry,
                   observe=lambda: (Registry.count, Registry.names))
+
+
+ITEMS = iter(())
+
+
+def _reset_items():
+    global ITEMS
+    ITEMS = iter([1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+def test_next_on_a_global_iterator_each_call():
+    def f(x):
+        return x + next(ITEMS)
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_items)
+
+
+def _numbers():
+    for k in range(10):
+        yield float(k)
+
+
+GEN = _numbers()
+
+
+def _reset_gen():
+    global GEN
+    GEN = _numbers()
+
+
+def test_next_on_a_global_generator_each_call():
+    def f(x):
+        return x * next(GEN)
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_gen)
+
+
+def test_iterator_made_in_the_function_across_a_break():
+    def f(x, ks):
+        it = iter(ks)
+        first = next(it)
+        print("between", file=OUT)
+        out = x * first
+        for k in reversed(list(it)):
+            out = out * 0.5 + k
+        return out
+
+    run_all_modes(f, (rand(2), [3, -1, 2]), (rand(2, seed=1), [3, -1, 2]), (rand(2, seed=2), [1, 5]),
+                  reset=_reset)
+
+
+def test_list_only_appended_to_keeps_its_graph():
+    log = []
+
+    def f(x):
+        y = (x * x).sum()
+        log.append(y)
+        return y * 2
+
+    jf = kiln.jit(f, capture_mode="bytecode")
+    for s in range(4):
+        jf(rand(3, seed=s))
+    assert len(log) == 4
+    assert jf.stats.compiles <= 2, jf.explain()  # appending reads nothing of the list: no recompile per length

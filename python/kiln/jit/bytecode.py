@@ -444,6 +444,8 @@ class Interpreter:
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
             self.brk(f"Tensor.{name}() (its value is read into Python)")
+        if fn is next and args and not isinstance(args[0], _Iter) and not self.local(args[0]):
+            self.mutation(args[0], "next() on an iterator the function did not make (a Python side effect)")
         if fn is print:
             self.brk("print() (a Python side effect)")
         elif id(fn) in _CONVERSIONS and _contains_tensor(args):
@@ -490,8 +492,8 @@ class Interpreter:
                 raise Unsupported(f"a Python side effect ({effect}) in code called by "
                                   f"{getattr(fn, '__qualname__', type(fn).__name__)}, which would run only when the "
                                   "graph is captured")
-        if fn in (list, dict, set) or fn is sorted:
-            self.note_created(result)
+        if fn in (list, dict, set) or fn is sorted or (id(fn) in _PURE_BUILTINS and type(result) in _BUILTIN_ITERATORS):
+            self.note_created(result)  # (an iterator made here, reversed(xs), is the code's own to advance)
         return result
 
     def inline(self, func, args, kwargs):
@@ -967,6 +969,10 @@ def h_get_iter(it, f, arg, name, target):
     if isinstance(v, _Iter):
         _next(f)
         return
+    if type(v) in _BUILTIN_ITERATORS and it.local(v):
+        f.stack[-1] = _Iter([], source=v)
+        _next(f)
+        return
     if isinstance(v, (types.GeneratorType, map, filter)) or (not isinstance(
             v, (range, tuple, list, dict, set, frozenset, str, zip, enumerate, reversed, type({}.items()),
                 type({}.keys()), type({}.values()))) and not _is_tensor(v) and not isinstance(v, it.cell_type)):
@@ -982,6 +988,11 @@ def h_get_iter(it, f, arg, name, target):
     _next(f)
 
 
+# the iterators builtins return over lists, tuples, ranges, strings and dicts (reversed(xs), iter(xs))
+_BUILTIN_ITERATORS = frozenset(type(i) for i in (
+    iter([]), reversed([]), iter(()), reversed(()), iter(range(0)), reversed(range(0)), iter(range(1 << 70)), iter(""),
+    reversed(""), iter({}), reversed({}), iter({}.values()), iter({}.items()), reversed({}.values()),
+    reversed({}.items())))
 _LAZY = (zip, enumerate, reversed, dict, type({}.items()), type({}.keys()), type({}.values()))
 
 

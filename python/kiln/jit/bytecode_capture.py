@@ -298,10 +298,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                     outcome, payload = interp.run()
         finally:
             sys.settrace(prev_trace)
-        interp.record_reads()
-        # (no guards on the contents of lists, sets and dicts read: graph breaks change them in Python at each
-        # call, and pieces kept with the code object must hold nothing of them)
-        recorder.forget_contents(None)
+        interp.record_reads()  # (a list only appended to, `LOG.append(x)`, gets no guard on its contents)
         reads, where = tracer.value_reads()
         if reads:
             raise bytecode.Unsupported(f"a tensor's value is read into Python at {where} by code run as it is")

@@ -18,7 +18,8 @@ an entry keeps leads nowhere back:
 Tensors (parameters) and compiled graphs are held as they are: they do not lead to Python frames
 or functions. What stays held: a guard root that takes no weakref and is found from no other
 (none of the cases above), and in a state, a list or dict reached through a global that is live
-at a graph break (its contents are rebuilt from it). Two function objects of one code (a closure made twice) find the same entries;
+at a graph break (its contents are rebuilt from it). A guard on the contents of a list, dict or set
+is kept only when they are numbers, strings and tensors (held objects could lead back). Two function objects of one code (a closure made twice) find the same entries;
 their closure cells and globals are guarded on each call's own.
 """
 import types
@@ -112,9 +113,17 @@ def weaken(specs, top):
         if found is None:  # a tensor, or an object that takes no weakref and is not found from another
             found = (root, _C.ROOT_OBJECT, ())
         base, kind, prefix = found
+        if mode == _C.GUARD_CONTENTS and not all(_atomic(x) or isinstance(x, _C.TensorBase) for x in _items(expected)):
+            continue  # (contents holding functions or objects would lead back to the code: not kept with it)
         expected, mode = _expected(expected, mode)
         out.append((base, prefix + tuple(path), expected, mode, kind))
     return out
+
+
+def _items(contents):
+    """The objects a contents guard's expected value holds (a set's, a list's items; a dict's keys and values)."""
+    for x in contents:
+        yield from (x if type(x) is tuple else (x,))
 
 
 def entries_dict(code):
