@@ -11,7 +11,7 @@ import warnings
 import weakref
 
 from .. import _C
-from . import ast_convert, guards
+from . import ast_convert, guards, tree
 from .syntax import JitSyntaxError
 
 _state = threading.local()
@@ -194,7 +194,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
     as_meta = {}  # output index -> (shape, dtype) numbers take on the retry
     leaf_metas = {}  # (branch, output index) -> (shape, dtype) of each tensor of its value
     numbers = {}  # output index -> the Python number types branches gave
-    number_values = {}  # (branch, output index) -> the Python number it gave
+    given = {}  # (branch, output index) -> the value it gave (numbers it gave alike stay numbers)
 
     def flat(i, r, which):
         if _is_tensor(r):
@@ -203,7 +203,6 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         elif _selectable(r):
             specs[which, i] = "T"
             numbers.setdefault(i, set()).add(type(r))
-            number_values[which, i] = r
             leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
         elif _structured(r):
             leaves = []
@@ -235,6 +234,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
                     continue
                 if isinstance(r, Undefined):
                     raise _Drop(i)
+                given[which, i] = r
                 result += flat(i, r, which)
             for i in static:
                 if res[i] is not vals[i]:
@@ -278,10 +278,8 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         if spec_t is not None and spec_f is not None and not _same_spec(spec_t, spec_f):
             raise _error(loc, f"variable {names[i]!r} with a different structure on each path of an if on a tensor",
                          "give it the same tuple/list structure on both paths")
-        out[i] = _unflatten_result(spec_t if spec_t is not None else spec_f, leaves)
-        t, f = number_values.get(("true_branch", i)), number_values.get(("false_branch", i))
-        if t is not None and f is not None and type(t) is type(f) and t == f:
-            out[i] = t  # one Python number whatever the condition: it stays a number, as eagerly
+        out[i] = _keep_numbers(_unflatten_result(spec_t if spec_t is not None else spec_f, leaves),
+                               [given[w, i] for w in ("true_branch", "false_branch") if (w, i) in given])
     for i, n in enumerate(names):
         if (isinstance(vals[i], Undefined) and i not in outs) or i in dropped:
             out[i] = Undefined(n, loc)
@@ -376,16 +374,120 @@ _unflatten_result = _C.tree.branch_unflatten  # (spec, iterator of the selected 
 _same_spec = _C.tree.same_branch_spec  # (a, b): one structure (and equal constants) on both paths
 
 
+# ---- Python numbers an if on a tensor chooses ------------------------------------------------
+# Both paths run while the graph is built, so a number that differs between them is a 0-d tensor
+# in the graph; eagerly it is an int, float or bool. Such a tensor is noted here while capturing,
+# and a result of the captured function holding it returns the number (ChosenNumber).
+_chosen = {}  # id(tensor) -> (weakref to it, the Python type the paths gave)
+
+
+class ChosenNumber:
+    """A Python number an if on a tensor chose, returned by a captured function: a 0-d tensor among
+    the graph's outputs, the number of its type after the call."""
+    __slots__ = ("tensor", "kind")
+
+    def __init__(self, tensor, kind):
+        self.tensor, self.kind = tensor, kind
+
+
+def _number_of(kind, children):
+    (t,) = children
+    return kind(t.item()) if _is_tensor(t) else t
+
+
+tree.register_pytree_node(ChosenNumber, lambda c: ((c.tensor,), c.kind), _number_of)
+
+
+def _note_chosen(value, kind):
+    if _is_tensor(value) and _shape(value) == ():
+        _chosen[id(value)] = (weakref.ref(value), kind)
+    return value
+
+
+def chosen_numbers(result):
+    """result with each tensor an if on a tensor chose among Python numbers as a ChosenNumber, and
+    the notes cleared (the end of a capture)."""
+    if not _chosen:
+        return result
+
+    def one(v):
+        noted = _chosen.get(id(v))
+        return ChosenNumber(v, noted[1]) if noted is not None and noted[0]() is v else v
+
+    try:
+        return _replace_leaves(result, one, _is_tensor)
+    finally:
+        _chosen.clear()
+
+
+def plain_numbers(result):
+    """result with each ChosenNumber as its number (a result handed back as it is, not rebuilt)."""
+    return _replace_leaves(result, lambda c: c.kind(c.tensor.item()), lambda v: type(v) is ChosenNumber)
+
+
+def _replace_leaves(value, fn, is_leaf, depth=0):
+    """value with fn(leaf) for each leaf in its tuples, lists and dicts; a container none of whose
+    leaves changed is value itself (a list the caller passed in stays that list)."""
+    if is_leaf(value):
+        return fn(value)
+    if depth > 20 or not isinstance(value, (tuple, list, dict)):
+        return value
+    items = list(value.values()) if type(value) is dict else list(value) if type(value) in (tuple, list) or (
+        isinstance(value, tuple) and hasattr(type(value), "_make")) else None
+    if items is None:
+        return value
+    new = [_replace_leaves(x, fn, is_leaf, depth + 1) for x in items]
+    if all(a is b for a, b in zip(new, items)):
+        return value
+    if type(value) is dict:
+        return dict(zip(value.keys(), new))
+    if type(value) in (tuple, list):
+        return type(value)(new)
+    return type(value)._make(new)
+
+
+def _number_kind(v):
+    """The Python number type v is (a number, or a tensor noted as chosen among numbers), or None."""
+    if _is_tensor(v):
+        noted = _chosen.get(id(v))
+        return noted[1] if noted is not None and noted[0]() is v else None
+    return type(v) if isinstance(v, (builtins.bool, int, float)) else None
+
+
+def _keep_numbers(value, raws):
+    """value (an if on a tensor's result, numbers as 0-d tensors) with each Python number put back
+    that every path run gave alike (raws: what each path gave; one path when run eagerly), as eager
+    has it: a tensor condition cannot change it."""
+    if not raws:
+        return value
+    first = raws[0]
+    kinds = {_number_kind(r) for r in raws}
+    if None not in kinds:
+        if not any(_is_tensor(r) for r in raws) and all(
+                type(r) is type(first) and (r == first or (r != r and first != first)) for r in raws[1:]):
+            return first
+        return _note_chosen(value, kinds.pop()) if len(kinds) == 1 else value
+    if type(value) in (tuple, list) and all(type(r) is type(value) and len(r) == len(value) for r in raws):
+        return type(value)(_keep_numbers(v, [r[k] for r in raws]) for k, v in enumerate(value))
+    if isinstance(value, tuple) and hasattr(type(value), "_make") and all(
+            type(r) is type(value) and len(r) == len(value) for r in raws):
+        return type(value)._make(_keep_numbers(v, [r[k] for r in raws]) for k, v in enumerate(value))
+    if type(value) is dict and all(type(r) is dict and r.keys() == value.keys() for r in raws):
+        return {k: _keep_numbers(v, [r[k] for r in raws]) for k, v in value.items()}
+    return value
+
+
 def _select(pred, true_fn, false_fn, loc, what):
     """kiln.ops.cond over two functions of no arguments returning nested values."""
     from ..ops import cond
 
-    specs = {}
+    specs, raws = {}, {}
 
     def branch(fn, which):
         def run():
             leaves = []
-            specs[which] = _flatten_result(fn(), leaves)
+            raws[which] = fn()
+            specs[which] = _flatten_result(raws[which], leaves)
             return tuple(leaves) + (_token(),)
 
         run.__name__ = which
@@ -397,7 +499,7 @@ def _select(pred, true_fn, false_fn, loc, what):
         raise _error(loc, f"{what} whose branches give different kinds of values",
                      "return tensors (or numbers) of one structure on both paths")
     spec = specs.get("true_branch", specs.get("false_branch"))
-    return _unflatten_result(spec, iter(results))
+    return _keep_numbers(_unflatten_result(spec, iter(results)), list(raws.values()))
 
 
 def if_return(pred, true_fn, false_fn, vals, names, inplace, loc):

@@ -16,7 +16,7 @@ import warnings
 from .. import _C
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
-from . import ast_convert, bytecode_capture, dynamic, guards, tree
+from . import ast_convert, ast_runtime, bytecode_capture, dynamic, guards, tree
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .syntax import JitSyntaxError
@@ -149,6 +149,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
         if capture is not None:
             result = dynamic.concrete(result)
+        result = ast_runtime.chosen_numbers(result)  # (numbers an if on a tensor chose, returned as numbers)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
         executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
@@ -162,7 +163,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         _local.not_replayable = prev_reasons
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
-        raise NotReplayable(reasons[0], callers.to_caller(result))
+        raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
