@@ -6,6 +6,18 @@ from . import ops as _ops
 from ._optable import OP
 
 
+_GRAD = _C.TensorBase.grad
+# Set by kiln.jit at import: called with (tensor, value) when Python code assigns a .grad while a
+# graph is recorded (kiln.jit runs such a function eagerly; kiln.trace(without_host=True) replays it).
+grad_written_while_tracing = None
+
+
+def _set_grad(tensor, value):
+    if grad_written_while_tracing is not None and _C.is_tracing():
+        grad_written_while_tracing(tensor, value)
+    _GRAD.__set__(tensor, value)
+
+
 class Tensor(_C.TensorBase):
     """An n-dimensional array on the CPU: Tensor(input_data, dtype=None).
 
@@ -14,6 +26,8 @@ class Tensor(_C.TensorBase):
     share memory). Python floats default to float32, ints to int64."""
 
     __slots__ = ()
+
+    grad = property(_GRAD.__get__, _set_grad, doc=_GRAD.__doc__)
 
     # ---- conversion -------------------------------------------------------------------
     def asnumpy(self):

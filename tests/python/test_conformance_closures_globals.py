@@ -214,3 +214,41 @@ def test_global_list_appended_by_compiled_function():
         return y
 
     run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=_reset_globals, observe=lambda: list(LOG))
+
+
+def _closure_counter():
+    n = 0
+
+    def f(x):
+        def bump():
+            nonlocal n
+            n = n + 1
+
+        bump()
+        return x * n
+
+    def reset():
+        nonlocal n
+        n = 0
+
+    return f, reset, lambda: n
+
+
+def test_nonlocal_written_by_an_inner_function_each_call():
+    f, reset, observe = _closure_counter()
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), (rand(3),), reset=reset, observe=observe)
+
+
+def test_local_closure_accumulates_within_a_call():
+    def f(x, k):
+        total = 0
+
+        def add(v):
+            nonlocal total
+            total += v
+
+        add(k)
+        add(2)
+        return x * total, total
+
+    run_all_modes(f, (rand(2), 1), (rand(2, seed=1), 1), (rand(2, seed=2), 5))

@@ -14,6 +14,7 @@ import types
 import warnings
 
 from .. import _C
+from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, guards, tree
@@ -30,6 +31,30 @@ def mark_not_replayable(reason):
     reasons = getattr(_local, "not_replayable", None)
     if reasons is not None:
         reasons.append(reason)
+
+
+def _grad_written(tensor, value):
+    log = getattr(_local, "grad_writes", None)
+    if log is not None:  # a recording that replays them (collect_grad_writes)
+        log.append((tensor, value))
+    else:
+        mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
+
+
+class collect_grad_writes:
+    """While a recording runs: the (tensor, value) of each .grad assignment, in order, instead of
+    running the function eagerly (kiln.trace(without_host=True) sets them after each replay)."""
+
+    def __enter__(self):
+        self.prev = getattr(_local, "grad_writes", None)
+        _local.grad_writes = self.writes = []
+        return self.writes
+
+    def __exit__(self, *exc):
+        _local.grad_writes = self.prev
+
+
+_tensor_module.grad_written_while_tracing = _grad_written
 
 
 class NotReplayable(Exception):

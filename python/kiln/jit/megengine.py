@@ -33,7 +33,7 @@ from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
 from .eager_switch import jit_disabled
 from .dtr_config import DTRConfig
-from .function import _user_frame_tracer, bind_inputs
+from .function import _user_frame_tracer, bind_inputs, collect_grad_writes
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 
@@ -185,13 +185,16 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan")
+                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets")
 
 
-def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None):
+def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
+                  grad_writes=False):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
-    (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes."""
+    (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. grad_writes
+    (without_host): the .grad assignments the function makes are kept as run.grad_targets, their
+    tensors as extra outputs of the graph, for each replay to make them (set_grads)."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
     prev_logs = _C.cell_logs()
@@ -207,6 +210,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             _push_symbolic(tracer)
         _C.set_cell_logs(cells, prev_logs[1])
         sys.settrace(_user_frame_tracer(tracer))
+        collecting = collect_grad_writes() if grad_writes else None
+        writes = collecting.__enter__() if collecting is not None else ()
         try:
             if capture is None:
                 result = fn(*call_args, **call_kwargs)
@@ -214,6 +219,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                 with capture:
                     result = fn(*call_args, **call_kwargs)
         finally:
+            if collecting is not None:
+                collecting.__exit__(None, None, None)
             sys.settrace(prev_trace)
             _C.set_cell_logs(*prev_logs)
             if prev_logs[0] is not None:
@@ -228,6 +235,13 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
+        n_results = len(out_leaves)
+        last = {id(t): (t, v) for t, v in writes}  # (the last assignment of each tensor's .grad stands)
+        grad_targets = []
+        for t, v in last.values():
+            grad_targets.append((t, None if v is None else len(out_leaves)))
+            if v is not None:
+                out_leaves.append(v)
         executable = tracer.finish(out_leaves, level=level, sublinear=sublinear)
         recorded = tracer.recorded()  # the graph before the level's passes
         sources = tracer.constant_sources()
@@ -235,7 +249,9 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         tracer.end()
     run = _Run()
     detached = [t.detach() for t in out_leaves]
-    run.result = tree.unflatten(out_spec, detached)[0]
+    run.result = tree.unflatten(out_spec, detached[:n_results])[0]
+    run.grad_targets = grad_targets
+    set_grads(run, detached)
     run.executable, run.out_spec = executable, out_spec
     run.graph = recorded
     run.cells = list({id(c): c for c in cells}.values())
@@ -252,6 +268,12 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]
     run.param_names = _param_names(fn, run.cells, sources) if sources else {}
     return run
+
+
+def set_grads(run, outs):
+    """The .grad assignments a without_host recording made, from a replay's outputs outs."""
+    for t, k in run.grad_targets:
+        t.grad = None if k is None else outs[k]
 
 
 def _param_names(fn, cells, sources):
@@ -484,6 +506,8 @@ class trace(_C.JitDispatcher):
         if not rec.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
+        if rec.grad_targets:
+            set_grads(rec, outs)
         return tree.unflatten(rec.out_spec, outs)[0]
 
     def _instantiate(self, key, leaves):
@@ -544,7 +568,7 @@ class trace(_C.JitDispatcher):
     def _register_fast(self, rec, spec, leaves):
         """Lets the C base class replay this record for positional tensor calls."""
         rec.fast = True
-        if rec.cells or spec is not _TENSOR_ARGS.get(len(leaves)):
+        if rec.cells or rec.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves)):
             return
         out = rec.out_spec
         if out == tree._TENSOR:
@@ -580,7 +604,7 @@ class trace(_C.JitDispatcher):
 
     def _record(self, key, spec, leaves):
         args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                self._level, self.symbolic_shape, self._sublinear())
+                self._level, self.symbolic_shape, self._sublinear(), self.without_host)
         run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
@@ -599,6 +623,7 @@ class trace(_C.JitDispatcher):
         if self.symbolic and not run.graph.has_effects:
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
+            set_grads(run, outs)
             return tree.unflatten(run.out_spec, outs)[0]
         return run.result
 
