@@ -24,9 +24,32 @@ bool_ = bool
 __version__ = "0.1.0"
 
 
+_seed = None
+
+
 def manual_seed(seed):
     """Seeds the generator behind rand, randn, normal, uniform and dropout."""
     _C.manual_seed(int(seed))
+
+
+def set_seed(seed):
+    """MindSpore's global seed: seeds kiln's generator (rand, randn, dropout, initializers) and
+    NumPy's global one (numpy.random), as mindspore.set_seed does. seed: an int in [0, 2**32)."""
+    global _seed
+    import builtins
+
+    if type(seed) is builtins.bool or not isinstance(seed, builtins.int) or not 0 <= seed < 2 ** 32:
+        raise ValueError(f"set_seed: seed must be an int in [0, 2**32), got {seed!r}")
+    import numpy
+
+    _C.manual_seed(seed)
+    numpy.random.seed(seed)
+    _seed = seed
+
+
+def get_seed():
+    """The seed set_seed was given last, or None."""
+    return _seed
 
 
 def set_num_threads(n):

@@ -156,36 +156,62 @@ class Tensor(_C.TensorBase):
     def dim(self):
         return self.ndim
 
+    ndimension = dim
+
     def numel(self):
         return self.size
 
+    nelement = numel
+
+    @property
+    def mT(self):
+        """The last two axes swapped (a batch of matrices transposed)."""
+        if self.ndim < 2:
+            raise ValueError(f"Tensor.mT: needs at least 2 dimensions, the tensor has shape {list(self.shape)}")
+        return _ops.swapaxes(self, -2, -1)
+
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
+    def element_size(self):
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    def type(self, dtype=None):
+        """With no argument: the dtype's name, as MindSpore's Tensor.type() ("Float32"); with a dtype
+        (a kiln dtype, its name or a NumPy dtype): this tensor converted to it."""
+        if dtype is None:
+            name = self.dtype.name
+            return name[0].upper() + name[1:]
+        return _ops.cast(self, dtype)
+
     # ---- math -------------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False, **kw):
-        return _ops.sum(self, axis, keepdims, **kw)
+        return _ops.sum(*_numpy_reduction("sum", self, kw), axis, keepdims, **kw)
 
     def mean(self, axis=None, keepdims=False, **kw):
-        return _ops.mean(self, axis, keepdims, **kw)
+        return _ops.mean(*_numpy_reduction("mean", self, kw), axis, keepdims, **kw)
 
     def prod(self, axis=None, keepdims=False, **kw):
-        return _ops.prod(self, axis, keepdims, **kw)
+        return _ops.prod(*_numpy_reduction("prod", self, kw), axis, keepdims, **kw)
 
     def max(self, axis=None, keepdims=False, **kw):
-        return _ops.max(self, axis, keepdims, **kw)
+        return _ops.max(*_numpy_reduction("max", self, kw), axis, keepdims, **kw)
 
     def min(self, axis=None, keepdims=False, **kw):
-        return _ops.min(self, axis, keepdims, **kw)
+        return _ops.min(*_numpy_reduction("min", self, kw), axis, keepdims, **kw)
 
     def var(self, axis=None, keepdims=False, **kw):
-        return _ops.var(self, axis, keepdims, **kw)
+        return _ops.var(*_numpy_reduction("var", self, kw), axis, keepdims, **kw)
 
     def std(self, axis=None, keepdims=False, **kw):
-        return _ops.std(self, axis, keepdims, **kw)
+        return _ops.std(*_numpy_reduction("std", self, kw), axis, keepdims, **kw)
 
     def argmax(self, axis=None, keepdims=False, **kw):
-        return _ops.argmax(self, axis, keepdims, **kw)
+        return _ops.argmax(*_numpy_reduction("argmax", self, kw), axis, keepdims, **kw)
 
     def argmin(self, axis=None, keepdims=False, **kw):
-        return _ops.argmin(self, axis, keepdims, **kw)
+        return _ops.argmin(*_numpy_reduction("argmin", self, kw), axis, keepdims, **kw)
 
     def all(self, axis=None, keepdims=False):
         return _ops.all(self, axis, keepdims)
@@ -288,8 +314,66 @@ class Tensor(_C.TensorBase):
         self[...] = 0
         return self
 
+    # PyTorch's in-place methods: the result written into this tensor, which keeps its dtype and
+    # shape (a float result into an integer tensor, or a broadcast that grows it, is refused)
+    def _write_result(self, name, result):
+        if result.dtype.is_floating_point and not self.dtype.is_floating_point:
+            raise TypeError(f"Tensor.{name}: the result is {result.dtype.name}, which cannot be written into this "
+                            f"{self.dtype.name} tensor in place")
+        if tuple(result.shape) != tuple(self.shape):
+            raise ValueError(f"Tensor.{name}: the result has shape {list(result.shape)}, which cannot be written "
+                             f"into this tensor of shape {list(self.shape)} in place")
+        self[...] = result
+        return self
+
+    def copy_(self, src):
+        """src's elements (broadcast, converted to this tensor's dtype) written into this tensor."""
+        self[...] = src
+        return self
+
+    def add_(self, other, alpha=1):
+        return self._write_result("add_", self + (other if alpha == 1 else other * alpha))
+
+    def sub_(self, other, alpha=1):
+        return self._write_result("sub_", self - (other if alpha == 1 else other * alpha))
+
+    def mul_(self, other):
+        return self._write_result("mul_", self * other)
+
+    def div_(self, other):
+        return self._write_result("div_", self / other)
+
+    def pow_(self, exponent):
+        return self._write_result("pow_", self ** exponent)
+
+    def neg_(self):
+        return self._write_result("neg_", -self)
+
+    def abs_(self):
+        return self._write_result("abs_", abs(self))
+
+    def clamp_(self, min=None, max=None):  # noqa: A002 (PyTorch's argument names)
+        return self._write_result("clamp_", _ops.clamp(self, min, max))
+
+    clip_ = clamp_
+
+    def exp_(self):
+        return self._write_result("exp_", _ops.exp(self))
+
+    def sqrt_(self):
+        return self._write_result("sqrt_", _ops.sqrt(self))
+
 
 _C._set_tensor_class(Tensor)
+
+
+def _numpy_reduction(name, tensor, kw):
+    """(tensor,) with NumPy's reduction arguments taken out of kw (np.sum(t) calls t.sum(axis=,
+    dtype=, out=)): dtype converts the input first; out= must be None."""
+    out, dtype = kw.pop("out", None), kw.pop("dtype", None)
+    if out is not None:
+        raise TypeError(f"Tensor.{name}: out= is not supported (the result is a new tensor)")
+    return (tensor if dtype is None else _ops.cast(tensor, dtype),)
 
 
 def _scalar_like(value, like):

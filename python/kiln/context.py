@@ -16,12 +16,13 @@ LAX = "LAX"
 
 _MODES = {GRAPH_MODE: "GRAPH_MODE", PYNATIVE_MODE: "PYNATIVE_MODE"}
 _SYNTAX_LEVELS = (STRICT, LAX)
-_context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX}
+_context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX, "device_target": "CPU", "device_id": 0}
 
 
 def set_context(**kwargs):
     """Sets process-wide settings: mode (kiln.GRAPH_MODE or kiln.PYNATIVE_MODE, see the module
-    docstring) and jit_syntax_level ("STRICT" or "LAX"). Unknown names raise ValueError."""
+    docstring), jit_syntax_level ("STRICT" or "LAX"), device_target ("CPU", the only one) and
+    device_id (0). Unknown names raise ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
             if isinstance(value, bool) or value not in _MODES:
@@ -30,10 +31,17 @@ def set_context(**kwargs):
         elif name == "jit_syntax_level":
             if value not in _SYNTAX_LEVELS:
                 raise ValueError(f"set_context: jit_syntax_level must be 'STRICT' or 'LAX', got {value!r}")
+        elif name == "device_target":
+            if not isinstance(value, str) or value.upper() != "CPU":
+                raise ValueError(f"set_context: device_target {value!r} is not available: kiln runs on the CPU "
+                                 "(device_target='CPU')")
+        elif name == "device_id":
+            if isinstance(value, bool) or value != 0:
+                raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
     for name, value in kwargs.items():
-        _context[name] = value
+        _context[name] = value.upper() if name == "device_target" else value
 
 
 

@@ -54,20 +54,44 @@ PyObject *pykiln_raise(kiln_status s) {
     return NULL;
 }
 
+static int dtype_of_name(PyObject *str, kiln_dtype *out) {
+    const char *name = PyUnicode_AsUTF8(str);
+    if (!name) PyErr_Clear();
+    for (int d = 0; name && d < KILN_DTYPE_COUNT; d++)
+        if (strcmp(name, kiln_dtype_name((kiln_dtype)d)) == 0) {
+            *out = (kiln_dtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+/* numpy.dtype(obj).name (new reference), for a NumPy dtype or scalar type (np.float32) and the Python
+ * types NumPy reads (bool, int, float); NULL with no error set when NumPy has no dtype for obj. */
+static PyObject *numpy_dtype_name(PyObject *obj) {
+    PyObject *mod = PyImport_ImportModule("numpy");
+    PyObject *dt = mod ? PyObject_CallMethod(mod, "dtype", "O", obj) : NULL;
+    PyObject *name = dt ? PyObject_GetAttrString(dt, "name") : NULL;
+    Py_XDECREF(mod);
+    Py_XDECREF(dt);
+    if (!name && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    return name;
+}
+
 int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out) {
     if (PyObject_TypeCheck(obj, &PyKilnDType_Type)) {
         *out = ((PyKilnDType *)obj)->id;
         return 0;
     }
-    if (PyUnicode_Check(obj)) {
-        const char *name = PyUnicode_AsUTF8(obj);
-        for (int d = 0; name && d < KILN_DTYPE_COUNT; d++)
-            if (strcmp(name, kiln_dtype_name((kiln_dtype)d)) == 0) {
-                *out = (kiln_dtype)d;
-                return 0;
-            }
+    if (PyUnicode_Check(obj) && dtype_of_name(obj, out) == 0) return 0;
+    if (!PyUnicode_Check(obj)) {
+        PyObject *name = numpy_dtype_name(obj);
+        if (!name && PyErr_Occurred()) return -1;
+        int found = name ? dtype_of_name(name, out) : -1;
+        Py_XDECREF(name);
+        if (found == 0) return 0;
     }
-    PyErr_Format(PyExc_TypeError, "expected a kiln dtype (kiln.float32, ...), got %R", obj);
+    PyErr_Format(PyExc_TypeError, "expected a kiln dtype (kiln.float32, ...), its name or a NumPy dtype kiln has, got %R",
+                 obj);
     return -1;
 }
 

@@ -58,7 +58,15 @@ def reference_facts(code):
         steps, j = [], k + 1
         while kind and j < len(instrs):
             nxt = instrs[j]
-            if nxt.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            if nxt.opname == "COPY" and nxt.arg == 1 and j + 1 < len(instrs) and instrs[j + 1].opname == "LOAD_ATTR":
+                j += 1  # `obj.n += 1` reads obj.n from a copy of obj
+                continue
+            copied = (nxt.opname == "LOAD_CONST" and j + 3 < len(instrs) and
+                      [(i.opname, i.arg) for i in instrs[j + 1:j + 3]] == [("COPY", 2), ("COPY", 2)])
+            if copied and instrs[j + 3].opname == "BINARY_SUBSCR" and isinstance(nxt.argval, (int, str)):
+                steps.append(("item", nxt.argval))  # `obj[c] += 1`
+                j += 4
+            elif nxt.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 steps.append(("attr", nxt.argval))
                 if nxt.opname == "LOAD_METHOD":
                     break
@@ -125,6 +133,10 @@ def test_code_facts_of_the_sample_see_each_kind():
     assert not any(c[1] == "x" for c in f.chains)  # x is assigned: not the caller's object
     assert [w for w, _ in f.effects] == ["a write to the global 'counter'"]
     assert ("an item assignment", 15) in f.mutations and ("an assignment to attribute 'gone'", 16) in f.mutations
+    assert ("fast", "cfg", (("attr", "count"),)) in f.chains  # cfg.count += 1 reads it from a copy of cfg
+    inner = next(c for c in all_codes(compile(SAMPLE, "<sample>", "exec")) if c.co_name == "inner")
+    assert _C.code_facts(inner).appended == ("history",)  # only ever appended to: its contents are not read
+    assert _C.code_facts(code).appended == ()
     inner = next(c for c in f.nested if c.co_name == "inner")
     fi = _C.code_facts(inner)
     assert set(fi.freevars) == {"scale", "opts"}
@@ -133,6 +145,12 @@ def test_code_facts_of_the_sample_see_each_kind():
     assert fi.effects == (("a write to the closure variable 'scale' (nonlocal)", 9),)
     assert fi.prints == (11,) and (".append(...)", 10) in fi.mutations
     assert _C.code_facts(code) is f  # cached on the code object
+
+
+def test_appended_names_need_every_load_to_call_a_write_only_method():
+    src = "def f(x):\n    LOG.append(x)\n    SEEN.add(x)\n    if x in SEEN:\n        OUT.extend([x])\n    return len(LOG2)\n"
+    code = compile(src, "<appended>", "exec").co_consts[0]
+    assert sorted(_C.code_facts(code).appended) == ["LOG", "OUT"]
 
 
 def test_extended_args_are_folded():

@@ -37,7 +37,6 @@ def test_dtype_promotion_with_python_scalars():
                   (t(-1.5, 0.5), ints(3, 4), kiln.Tensor(np.array([True, True]))))
 
 
-@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_in_place_operators_and_methods():
     def f(x, y):
         z = x * 1

@@ -120,8 +120,9 @@ def test_context_defaults_constants_and_validation(context):
         kiln.set_context(mode=2)
     with pytest.raises(ValueError, match="set_context: jit_syntax_level must be 'STRICT' or 'LAX', got 'COMPATIBLE'"):
         kiln.set_context(jit_syntax_level="COMPATIBLE")
-    with pytest.raises(ValueError, match="set_context: unknown setting 'device_id'; accepted: mode, jit_syntax_level"):
-        kiln.set_context(device_id=0)
+    with pytest.raises(ValueError, match="set_context: unknown setting 'enable_graph_kernel'; accepted: mode, "
+                                         "jit_syntax_level, device_target, device_id"):
+        kiln.set_context(enable_graph_kernel=True)
     with pytest.raises(ValueError, match="get_context: unknown setting 'speed'"):
         kiln.get_context("speed")
     # a rejected call changes nothing

@@ -86,10 +86,18 @@ def naming_errors(f, name, known):
                 if p.kind == p.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind != p.POSITIONAL_ONLY):
                     defs.append("/")
         head, call = ", ".join(defs), ", ".join(args)
-    source = (f"def wrapper({head}):\n"
+    source = ("\n" * (_as_tracebacks_show.__code__.co_firstlineno - 1) +  # (its lines are the ones below)
+              f"def wrapper({head}):\n"
               f"    try:\n"
               f"        return _f({call})\n"
               f"    except _caught as e:\n"
               f"        _rename(e, {name!r}, _known)\n")
     exec(compile(source, __file__, "exec"), namespace)  # this file's name: kiln's code, not the user's
     return functools.wraps(f)(namespace["wrapper"])
+
+
+def _as_tracebacks_show(*arguments):  # what each wrapper naming_errors compiles is, line for line
+    try:
+        return _f(*arguments)  # noqa: F821 (the wrapper's own: the function wrapped)
+    except _caught as e:  # noqa: F821
+        _rename(e, "name", _known)  # noqa: F821

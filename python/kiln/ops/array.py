@@ -90,14 +90,12 @@ def embedding(input, weight):
 
 
 def _dtype_or(dtype, default):
-    """dtype (a kiln dtype or its name), or default when it is None."""
+    """dtype (a kiln dtype, its name or a NumPy dtype), or default when it is None."""
     if dtype is None:
         return default
     if isinstance(dtype, _C.dtype):
         return dtype
-    if isinstance(dtype, str):
-        return _C.dtype_from_name(dtype)
-    raise TypeError(f"dtype must be a kiln dtype (kiln.float32, ...) or its name, got {dtype!r}")
+    return _C.dtype_from_name(dtype)
 
 
 def full(shape, fill_value, dtype=None):
