@@ -7,6 +7,7 @@ from . import ops
 from .autograd import (GradOperation, enable_grad, get_grad, grad, is_grad_enabled, no_grad, set_grad_enabled,
                        value_and_grad)
 from . import nn
+from .nn import Parameter, ParameterTuple
 from .jit import JitConfig, JitSyntaxError, disable_jit
 from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig

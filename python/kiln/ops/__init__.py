@@ -33,6 +33,9 @@ def _name_errors():
 
 _KNOWN_NAMES = _name_errors()
 
+# MindSpore's primitive classes (ops.Add()(x, y), ops.ReduceSum(keep_dims=True)(x, 1), ...)
+from .primitives import *  # noqa: E402,F401,F403
+
 # MindSpore's functional autodiff, also reachable as kiln.ops.* (after _name_errors: the user's
 # function's errors pass untouched)
 from ..autograd import GradOperation, get_grad, grad, value_and_grad  # noqa: E402
