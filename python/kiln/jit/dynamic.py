@@ -285,6 +285,11 @@ class SymInt:
     def __hash__(self):
         return hash(self.specialize("hashed"))
 
+    def __array__(self, dtype=None, copy=None):  # NumPy (np.sqrt(n), np.array([n])): the int's array
+        import numpy
+
+        return numpy.asarray(self.specialize("used by NumPy"), dtype=dtype)
+
     def __repr__(self):  # text made from a size (f"{n}", str(n), printing it) holds its value
         return repr(self.specialize("made into text"))
 
