@@ -17,16 +17,30 @@ from . import tree
 DumpInfo = collections.namedtuple("DumpInfo", "nr_opr tot_bytes tensor_value_bytes inputs outputs")
 DumpInfo.__doc__ = """What trace.dump wrote: nodes, file bytes, parameter bytes, input and output names."""
 
-# MegEngine's layout options for other hardware: what each is for
-_FOREIGN_LAYOUTS = {
+# MegEngine's layout options for other hardware: what each is for. The CPU ones (4-channel blocks
+# for ARM's 4-wide NEON) become kiln's blocked channel layout for this CPU, as enable_nchw88 (8 or 16
+# channels, what x86's SIMD reads); the GPU ones are recorded in the file's metadata and leave the
+# graph in NCHW, so the file runs everywhere. Either way a warning names the option, once.
+_CPU_BLOCKED_LAYOUTS = {
     "enable_nchw44": "ARM CPUs (NEON)",
     "enable_nchw44_dot": "ARMv8.2 CPUs with dot-product instructions",
+}
+_FOREIGN_LAYOUTS = {
     "enable_nchw4": "NVIDIA GPUs (cuDNN int8)",
     "enable_nchw32": "NVIDIA GPUs with tensor cores (cuDNN)",
     "enable_chwn4": "NVIDIA GPUs with tensor cores",
     "enable_hwcd4": "OpenCL (mobile GPU) backends",
 }
-_LAYOUTS = ("enable_nchw88",) + tuple(_FOREIGN_LAYOUTS)
+_LAYOUTS = ("enable_nchw88",) + tuple(_CPU_BLOCKED_LAYOUTS) + tuple(_FOREIGN_LAYOUTS)
+_warned_layouts = set()
+
+
+def _warn_layout_once(option, text):
+    if option not in _warned_layouts:
+        _warned_layouts.add(option)
+        import warnings
+
+        warnings.warn(f"trace.dump: {option}: {text}", RuntimeWarning, stacklevel=4)
 _FLOAT16 = ("enable_io16xc32", "enable_ioc16")
 _FUSIONS = ("enable_fuse_conv_bias_nonlinearity", "enable_fuse_conv_bias_with_z")
 _OPTIONS = _LAYOUTS + _FLOAT16 + _FUSIONS
@@ -36,7 +50,7 @@ _CONV_FUSE_ALL, _CONV_FUSE_NONE, _CONV_FUSE_BIAS_ACT = 0, 1, 2
 
 def _inference_options(optimize_for_inference, options):
     """The pass settings of dump's keyword options: (level, inference, disable_format_transform,
-    conv_fusion, float16, the options in effect)."""
+    conv_fusion, float16, the options in effect, the options recorded but not applied)."""
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"trace.dump: unknown keyword argument(s) {', '.join(unknown)}; the inference options are "
@@ -46,14 +60,20 @@ def _inference_options(optimize_for_inference, options):
         if on:
             raise ValueError(f"trace.dump: {', '.join(on)} need optimize_for_inference=True (MegEngine skips every "
                              "option without it)")
-        return 0, False, True, _CONV_FUSE_NONE, False, []
+        return 0, False, True, _CONV_FUSE_NONE, False, [], []
     layouts = [k for k in on if k in _LAYOUTS]
     if len(layouts) > 1:
         raise ValueError(f"trace.dump: choose at most one layout option, got {', '.join(layouts)}")
+    recorded, blocked = [], "enable_nchw88" in on
     for k in layouts:
-        if k in _FOREIGN_LAYOUTS:
-            raise ValueError(f"trace.dump: {k} is the layout for {_FOREIGN_LAYOUTS[k]}; kiln runs on x86 CPUs, whose "
-                             "blocked layout is enable_nchw88")
+        if k in _CPU_BLOCKED_LAYOUTS:
+            blocked = True
+            _warn_layout_once(k, f"the 4-channel blocked layout of {_CPU_BLOCKED_LAYOUTS[k]}; kiln applies its own "
+                                 "blocked channel layout for this CPU (as enable_nchw88: 8 or 16 channels a block)")
+        elif k in _FOREIGN_LAYOUTS:
+            recorded.append(k)
+            _warn_layout_once(k, f"the layout for {_FOREIGN_LAYOUTS[k]}, which kiln does not run on; recorded in the "
+                                 "file's metadata, the graph stays NCHW (the file runs everywhere)")
     float16 = any(k in on for k in _FLOAT16)
     if "enable_ioc16" in on:
         if "enable_io16xc32" in on:
@@ -70,7 +90,7 @@ def _inference_options(optimize_for_inference, options):
         fusion = _CONV_FUSE_BIAS_ACT
     else:
         fusion = _CONV_FUSE_NONE
-    return 1, True, "enable_nchw88" not in on, fusion, float16, on
+    return 1, True, not blocked, fusion, float16, [k for k in on if k not in recorded], recorded
 
 
 def _default_arg_names(tr, nin):
@@ -146,7 +166,8 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
         raise ValueError(f"trace.dump: {file} already holds a graph named {graph_name!r} (its graphs: {taken})")
     if keep_var_name not in (0, 1, 2, False, True):
         raise ValueError(f"trace.dump: keep_var_name must be 0, 1 or 2, got {keep_var_name!r}")
-    level, inference, no_format, fusion, float16, options = _inference_options(optimize_for_inference, kwargs)
+    level, inference, no_format, fusion, float16, options, not_applied = _inference_options(optimize_for_inference,
+                                                                                            kwargs)
     rec = tr._last
     graph_inputs = rec.graph.inputs()
     nin, nout = len(graph_inputs), rec.graph.num_outputs
@@ -169,8 +190,8 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
     if enable_metadata:
         metadata = json.dumps({"producer": "kiln.trace.dump", "function": tr.__qualname__,
                                "optimize_for_inference": bool(optimize_for_inference), "options": options,
-                               "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1)},
-                              sort_keys=True)
+                               "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1),
+                               "options_not_applied": not_applied}, sort_keys=True)
     info = json.dumps(user_info, sort_keys=True) if user_info is not None else None
     param_names = getattr(rec, "param_names", None) if keep_param_name else None
     data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, float16, arg_names,

@@ -696,8 +696,10 @@ class trace(_C.JitDispatcher):
         enable_fuse_conv_bias_nonlinearity (convolution, bias and activation become one oneDNN
         primitive), enable_fuse_conv_bias_with_z (also the residual add, as a post-op),
         enable_nchw88 (the CPU's blocked channel layout for x86, oneDNN's nChw8c/nChw16c);
-        enable_nchw44, enable_nchw44_dot, enable_nchw4, enable_nchw32, enable_chwn4 and
-        enable_hwcd4 raise ValueError naming the hardware they are for; enable_io16xc32 stores every
+        enable_nchw44 and enable_nchw44_dot (ARM's 4-channel blocking) apply that blocked layout of
+        this CPU too, with a warning; enable_nchw4, enable_nchw32, enable_chwn4 and enable_hwcd4
+        (GPU layouts) are recorded in the metadata ("options_not_applied") with a warning, the
+        graph staying NCHW so the file runs everywhere (each warning once); enable_io16xc32 stores every
         float32 value (parameters, inputs, outputs, values between ops) as float16 while fused ops
         (the convolution fusions above) compute their steps in float32; enable_ioc16 is float16
         throughout: every op's result is rounded to float16 (kiln's float16 arithmetic reads float16
