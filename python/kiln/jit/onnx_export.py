@@ -123,7 +123,15 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op in ("max_pool2d", "avg_pool2d"):
         kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, ceil = ints[:11]
         common = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], ceil_mode=ceil)
-        if op == "max_pool2d":
+        if op == "max_pool2d" and np.issubdtype(_np_dtype(in_metas[0][0]), np.floating):
+            # kiln's window maximum is NaN when the window holds one; ONNX Runtime's skips it
+            dt = _np_dtype(in_metas[0][0])
+            pooled = b.node("MaxPool", ins, dilations=[dh, dw], **common)
+            nan = b.node("Cast", [b.node("IsNaN", ins)], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dt)))
+            has_nan = b.node("Greater", [b.node("MaxPool", [nan], dilations=[dh, dw], **common),
+                                         b.const(np.zeros((), dt))])
+            b.node("Where", [has_nan, b.const(np.asarray(np.nan, dt)), pooled], [out])
+        elif op == "max_pool2d":
             b.node("MaxPool", ins, [out], dilations=[dh, dw], **common)
         else:
             if (dh, dw) != (1, 1):
@@ -170,7 +178,18 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op == "permute":
         b.node("Transpose", ins, [out], perm=list(ints))
     elif op == "cast":
-        b.node("Cast", ins, [out], to=b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0]))))
+        src, dst = _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0])
+        to = b.h.np_dtype_to_tensor_dtype(np.dtype(dst))
+        x = ins[0]
+        if np.issubdtype(src, np.floating) and np.issubdtype(dst, np.integer):
+            # kiln saturates a float beyond the integer's range and takes NaN to 0; ONNX's Cast leaves
+            # both undefined (ONNX Runtime gives INT_MIN): clip in float64 (exact for the bounds)
+            info = np.iinfo(dst)
+            hi = float(np.nextafter(np.float64(info.max) + 1, 0)) if info.bits == 64 else float(info.max)
+            x64 = x if src == np.float64 else b.node("Cast", [x], to=b.onnx.TensorProto.DOUBLE)
+            clipped = b.node("Clip", [x64, b.const(np.float64(info.min)), b.const(np.float64(hi))])
+            x = b.node("Where", [b.node("IsNaN", [x64]), b.const(np.float64(0)), clipped])
+        b.node("Cast", [x], [out], to=to)
     elif op == "concat":
         b.node("Concat", ins, [out], axis=ints[0])
     elif op in ("softmax", "log_softmax"):
@@ -203,10 +222,23 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         shape = in_metas[0][1]
         axes = _axes(ints[0], len(shape))
         onnx_op = "ArgMax" if op == "argmax" else "ArgMin"
+        floating = np.issubdtype(_np_dtype(in_metas[0][0]), np.floating)
+
+        def arg(x, axis, keepdims, into=None):
+            found = b.node(onnx_op, [x], None if floating else into, axis=axis, keepdims=keepdims)
+            if not floating:
+                return found
+            # kiln, as NumPy, gives the first NaN's index where there is one; ONNX Runtime skips NaN
+            nan = b.node("Cast", [b.node("IsNaN", [x])], to=b.onnx.TensorProto.INT32)
+            first_nan = b.node("ArgMax", [nan], axis=axis, keepdims=keepdims)
+            has_nan = b.node("Cast", [b.node("ReduceMax", [nan], axes=[axis], keepdims=keepdims)],
+                             to=b.onnx.TensorProto.BOOL)
+            return b.node("Where", [has_nan, first_nan, found], into)
+
         if len(axes) == 1 and len(shape) > 0:
-            b.node(onnx_op, ins, [out], axis=axes[0], keepdims=ints[1])
+            arg(ins[0], axes[0], ints[1], [out])
         else:  # the flattened tensor
-            flat = b.node(onnx_op, [b.node("Reshape", [ins[0], b.ints([-1])])], axis=0, keepdims=0)
+            flat = arg(b.node("Reshape", [ins[0], b.ints([-1])]), 0, 0)
             b.node("Reshape", [flat, b.ints(metas[0][1])], [out])
     elif op == "slice":
         ndim = len(metas[0][1])
@@ -283,6 +315,47 @@ def _emit_graph(b, graph, path, in_names):
     return [names[v] for v in outputs], [metas[v] for v in outputs]
 
 
+def _without_identities(nodes, initializers, inputs, outputs):
+    """The main graph's nodes without its Identity nodes: a use of an Identity's result reads its
+    input instead, and a graph output that an Identity copies from a value a node makes becomes that
+    node's output (renamed everywhere, subgraphs' outer-scope reads included). An Identity stays only
+    where an output copies a graph input, an initializer or another output."""
+    made = {o for n in nodes for o in n.output}
+    alias, rename, kept = {}, {}, []
+
+    def resolve(name):
+        while name in alias:
+            name = alias[name]
+        return rename.get(name, name)
+
+    for n in nodes:
+        if n.op_type != "Identity":
+            kept.append(n)
+            continue
+        src, dst = resolve(n.input[0]), n.output[0]
+        if dst not in outputs:
+            alias[dst] = src
+        elif src in made and src not in outputs and src not in initializers and src not in inputs and \
+                src not in rename.values():
+            rename[src] = dst
+        else:
+            kept.append(n)
+
+    def rewrite(node_list):
+        for n in node_list:
+            for k, name in enumerate(n.input):
+                if name:
+                    n.input[k] = resolve(name)
+            for k, name in enumerate(n.output):
+                n.output[k] = rename.get(name, name)
+            for a in n.attribute:  # subgraphs read outer values by name
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    rewrite(g.node)
+
+    rewrite(kept)
+    return kept
+
+
 def export_graph(graph, input_names, output_names, file_name):
     """Writes the kiln._C.Graph `graph` as an ONNX model to file_name; returns the onnx ModelProto."""
     try:
@@ -297,7 +370,8 @@ def export_graph(graph, input_names, output_names, file_name):
     for src, name, meta in zip(outs, output_names, metas):
         b.node("Identity", [src], [name])
         graph_outputs.append(b.value_info(name, meta))
-    model = onnx.helper.make_model(onnx.helper.make_graph(b.nodes, "kiln", graph_inputs, graph_outputs, b.inits),
+    nodes = _without_identities(b.nodes, {t.name for t in b.inits}, set(input_names), set(output_names))
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "kiln", graph_inputs, graph_outputs, b.inits),
                                    opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="kiln")
     onnx.checker.check_model(model)
     onnx.save(model, file_name)
