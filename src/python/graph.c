@@ -510,6 +510,8 @@ static PyMethodDef graph_methods[] = {
     {"symbolize", pykiln_graph_symbolize, METH_VARARGS,
      "symbolize(hints, input_sizes, sets) -> this recording with symbolic sizes (graph_sym.c)"},
     {"instantiate", pykiln_graph_instantiate, METH_O, "instantiate(values) -> the concrete graph of one binding"},
+    {"symbolic_sizes", pykiln_graph_symbolic_sizes, METH_VARARGS,
+     "symbolic_sizes(path=()) -> ({value: sizes}, {node: int attributes as sizes}) where a size is symbolic"},
     {"value_shape_at", pykiln_graph_value_shape_at, METH_VARARGS,
      "value_shape_at(value, values) -> that value's shape at one binding of the symbols"},
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},

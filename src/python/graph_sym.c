@@ -178,6 +178,72 @@ PyObject *pykiln_graph_value_shape_at(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* One size as Python: an int when constant, else its expression's text ("s0*64", "(s0+1)//2"). */
+static PyObject *size_object(const kiln_symtab *t, kiln_sdim d) {
+    if (kiln_sdim_is_const(d)) return PyLong_FromLongLong(d.v);
+    kiln_strbuf b = {0};
+    kiln_sym_print(&b, t, d);
+    PyObject *text = b.failed || !b.buf ? PyErr_NoMemory() : PyUnicode_FromStringAndSize(b.buf, (Py_ssize_t)b.len);
+    free(b.buf);
+    return text;
+}
+
+/* A tuple of n sizes, or None when every one is constant (new reference; NULL on error). */
+static PyObject *sizes_tuple(const kiln_symtab *t, const kiln_sdim *d, int n) {
+    bool symbolic = false;
+    for (int k = 0; k < n; k++) symbolic |= !kiln_sdim_is_const(d[k]);
+    if (!symbolic) return Py_NewRef(Py_None);
+    PyObject *out = PyTuple_New(n);
+    for (int k = 0; out && k < n; k++) {
+        PyObject *o = size_object(t, d[k]);
+        if (!o) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, o);
+    }
+    return out;
+}
+
+/* symbolic_sizes(path=()) -> ({value: sizes}, {node index: int attributes as sizes}) of the graph
+ * (or the subgraph at path), for values and nodes with a symbolic size; sizes are ints and
+ * expression texts over s0, s1, ... (kiln_sym_print: + - * and // by a constant). */
+PyObject *pykiln_graph_symbolic_sizes(PyObject *self, PyObject *args) {
+    const kiln_graph *g = pykiln_graph_of(self);
+    PyObject *path = NULL;
+    if (!g || !PyArg_ParseTuple(args, "|O!:symbolic_sizes", &PyTuple_Type, &path)) return NULL;
+    for (Py_ssize_t k = 0; path && k < PyTuple_GET_SIZE(path); k++) {
+        long idx = PyLong_AsLong(PyTuple_GET_ITEM(path, k));
+        if (idx == -1 && PyErr_Occurred()) return NULL;
+        if (idx < 0 || idx >= g->nsubgraphs)
+            return PyErr_Format(PyExc_IndexError, "symbolic_sizes: subgraph %ld of a graph with %d", idx,
+                                (int)g->nsubgraphs);
+        g = g->subgraphs[idx];
+    }
+    PyObject *values = PyDict_New(), *attrs = PyDict_New();
+    bool ok = values && attrs;
+    for (int32_t v = 0; ok && g->syms && v < g->nvalues; v++) {
+        kiln_sshape sh;
+        kiln_graph_value_sshape(g, v, &sh);
+        PyObject *sizes = sizes_tuple(g->syms, sh.d, sh.ndim), *key = sizes ? PyLong_FromLong(v) : NULL;
+        ok = key && (sizes == Py_None || PyDict_SetItem(values, key, sizes) == 0);
+        Py_XDECREF(sizes);
+        Py_XDECREF(key);
+    }
+    for (int32_t i = 0; ok && g->syms && i < g->nnodes; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if (!n->attr_sym || n->attrs.ni == 0) continue;
+        kiln_sdim ai[KILN_MAX_ATTR_INTS];
+        kiln_graph_attr_dims(n, ai);
+        PyObject *sizes = sizes_tuple(g->syms, ai, n->attrs.ni), *key = sizes ? PyLong_FromLong(i) : NULL;
+        ok = key && (sizes == Py_None || PyDict_SetItem(attrs, key, sizes) == 0);
+        Py_XDECREF(sizes);
+        Py_XDECREF(key);
+    }
+    if (!ok) {
+        Py_XDECREF(values), Py_XDECREF(attrs);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", values, attrs);
+}
+
 /* optimize_graph(graph, level=0, inference=False, disable_format_transform=False) -> Graph: a copy
  * run through the level's passes (symbolic sizes kept) */
 PyObject *pykiln_optimize_graph(PyObject *self, PyObject *args, PyObject *kwargs) {

@@ -83,6 +83,7 @@ PyObject *pykiln_wrap_graph(kiln_graph *g);
  * symbolic sizes (graph_sym.c). */
 PyObject *pykiln_graph_symbolize(PyObject *self, PyObject *args);
 PyObject *pykiln_graph_instantiate(PyObject *self, PyObject *values);
+PyObject *pykiln_graph_symbolic_sizes(PyObject *self, PyObject *args);
 PyObject *pykiln_graph_value_shape_at(PyObject *self, PyObject *args);
 PyObject *pykiln_optimize_graph(PyObject *self, PyObject *args, PyObject *kwargs);
 /* The graph of a kiln._C.Graph (borrowed), or NULL with TypeError set (graph.c). */

@@ -185,7 +185,8 @@ class _Run:
     """One run of the Python function under a recorder: its detached results and its graph."""
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets")
+                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets",
+                 "export_capture")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
@@ -263,6 +264,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     run.symbolic = None  # symbolic_shape: (the recording made symbolic, it optimized), or False; made on first need
     run.plan = None  # symbolic_shape: run.symbolic's optimized graph planned once, or False: none; made on first need
     run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
+    run.export_capture = capture  # (kiln.export reads why a size was fixed)
     # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
     run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
     run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]

@@ -8,6 +8,7 @@ an entry below raises OnnxExportError naming it."""
 import numpy as np
 
 from .. import _C
+from .onnx_sizes import SizeEmitter, dim_param, is_symbolic, product, start_plus
 
 OPSET = 17
 
@@ -29,13 +30,15 @@ def _dtype_of_code(code):
 class _Builder:
     """The nodes and initializers of one ONNX graph (subgraphs get a child sharing the names' counter)."""
 
-    def __init__(self, onnx, counter=None):
+    def __init__(self, onnx, counter=None, sizes=None, labels=None):
         self.onnx, self.h = onnx, onnx.helper
         self.nodes, self.inits = [], []
         self.counter = counter if counter is not None else [0]
+        self.sizes = sizes  # a SizeEmitter when sizes vary (dynamic axes), else None
+        self.labels = labels or {}  # symbol -> the name of its dimension
 
     def child(self):
-        return _Builder(self.onnx, self.counter)
+        return _Builder(self.onnx, self.counter, self.sizes, self.labels)
 
     def fresh(self, hint):
         self.counter[0] += 1
@@ -47,6 +50,9 @@ class _Builder:
         return name
 
     def ints(self, values):
+        """A 1-D int64 tensor of sizes (computed from the inputs' dimensions where they vary)."""
+        if is_symbolic(values):
+            return self.sizes.shape(self, list(values))
         return self.const(np.asarray(values, dtype=np.int64), "shape")
 
     def node(self, op, inputs, outputs=None, **attrs):
@@ -57,7 +63,7 @@ class _Builder:
     def value_info(self, name, meta):
         dtype, shape = meta
         return self.h.make_tensor_value_info(name, self.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(dtype))),
-                                             list(shape))
+                                             [dim_param(d, self.labels) for d in shape])
 
 
 _UNARY = {"relu": "Relu", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "cos": "Cos", "sin": "Sin",
@@ -156,6 +162,8 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op == "attention":  # (out, lse): softmax(scale q kᵀ) v; query heads grouped per kv head
         qs, ks, vs = (list(m[1]) for m in in_metas)
         q, k, v = ins
+        if is_symbolic((qs[-3], ks[-3])):
+            raise OnnxExportError("kiln.export(ONNX): attention with a varying number of heads")
         group = qs[-3] // ks[-3] if ks[-3] else 1
         if group > 1:  # q (..., Hk, group, Lq, D) against k and v (..., Hk, 1, Lk, D)
             q = b.node("Reshape", [q, b.ints(ks[:-2] + [group] + qs[-2:])])
@@ -212,11 +220,19 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op in ("var", "std"):  # mean((x - mean(x))^2) * n / (n - correction)
         shape, dt = in_metas[0][1], _np_dtype(metas[0][0])
         axes = _axes(ints[0], len(shape))
-        n = int(np.prod([shape[d] for d in axes]))
+        n = product([shape[d] for d in axes])
         d = b.node("Sub", [ins[0], b.node("ReduceMean", ins, axes=axes, keepdims=1)])
         m = b.node("ReduceMean", [b.node("Mul", [d, d])], axes=axes, keepdims=ints[1])
         # n / (n - ddof) as kiln computes it: a divisor of 0 past n (inf, or NaN for a zero sum)
-        v = b.node("Div", [b.node("Mul", [m, b.const(np.asarray(n, dt))]), b.const(np.asarray(max(n - ints[2], 0), dt))])
+        if is_symbolic((n,)):
+            to = b.h.np_dtype_to_tensor_dtype(np.dtype(dt))
+            n_t = b.sizes.scalar(b, n)
+            rest = b.node("Max", [b.node("Sub", [n_t, b.const(np.asarray(ints[2], np.int64))]),
+                                  b.const(np.asarray(0, np.int64))])
+            v = b.node("Div", [b.node("Mul", [m, b.node("Cast", [n_t], to=to)]), b.node("Cast", [rest], to=to)])
+        else:
+            v = b.node("Div", [b.node("Mul", [m, b.const(np.asarray(n, dt))]),
+                               b.const(np.asarray(max(n - ints[2], 0), dt))])
         b.node("Sqrt" if op == "std" else "Identity", [v], [out])
     elif op in ("argmax", "argmin"):
         shape = in_metas[0][1]
@@ -243,12 +259,28 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op == "slice":
         ndim = len(metas[0][1])
         starts, steps, lengths = ints[0:ndim], ints[8:8 + ndim], ints[16:16 + ndim]
-        ends = [s + st * n if (s + st * n) >= 0 else -(2 ** 62) for s, st, n in zip(starts, steps, lengths)]
+        ends = [start_plus(s, st, n) for s, st, n in zip(starts, steps, lengths)]
+        ends = [e if isinstance(e, str) or e >= 0 else -(2 ** 62) for e in ends]  # (a reversed slice to the start)
         b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(list(range(ndim))), b.ints(steps)], [out])
     elif op == "gather":
         b.node("Gather", ins, [out], axis=ints[0])
+    elif op in ("full", "arange") and is_symbolic(metas[0][1]):  # of sizes that vary: computed
+        dt = _dtype_of_code(ints[0])
+        to = b.h.np_dtype_to_tensor_dtype(np.dtype(dt))
+        if op == "full":
+            value = b.onnx.numpy_helper.from_array(np.full((1,), floats[0], dtype=dt))
+            b.node("ConstantOfShape", [b.ints(metas[0][1])], [out], value=value)
+        else:  # start + step * k, k = 0 .. n-1, in float64 as kiln computes it
+            k = b.node("Range", [b.const(np.asarray(0, np.int64)), b.sizes.scalar(b, ints[1]),
+                                 b.const(np.asarray(1, np.int64))])
+            k = b.node("Cast", [k], to=b.onnx.TensorProto.DOUBLE)
+            v = b.node("Add", [b.const(np.asarray(floats[0], np.float64)),
+                               b.node("Mul", [b.const(np.asarray(floats[1], np.float64)), k])])
+            b.node("Cast", [v], [out], to=to)
     elif op in ("full", "arange", "linspace", "eye"):  # constants: their values as initializers
         dt, shape = _dtype_of_code(ints[0]), metas[0][1]
+        if is_symbolic(shape):
+            raise OnnxExportError(f"kiln.export(ONNX): {op} of a size that varies (dynamic_axes)")
         if op == "full":
             value = np.full(shape, floats[0], dtype=dt)
         elif op == "arange":
@@ -295,13 +327,17 @@ def _emit_graph(b, graph, path, in_names):
     """Emits the (sub)graph at path with its inputs named in_names into b; returns its outputs'
     names and metas."""
     inputs, captures, nodes, outputs, _ = graph.structure(tuple(path))
+    # sizes that vary (dynamic axes): the values' and size attributes' expressions over the symbols
+    sym_values, sym_attrs = graph.symbolic_sizes(tuple(path)) if b.sizes is not None else ({}, {})
     prefix = b.fresh("g") + "_" if path else ""  # each emission of a subgraph names its values anew
     names = {vid: name for (vid, _), name in zip(inputs, in_names)}
-    metas = {vid: m for vid, m in inputs}
+    metas = {vid: (m[0], sym_values.get(vid, m[1])) for vid, m in inputs}
     for vid, tensor in captures:
         names[vid] = b.const(tensor.asnumpy(), "param")
         metas[vid] = (tensor.dtype, tuple(tensor.shape))
-    for op, ins, outs, ints, floats, out_metas in nodes:
+    for index, (op, ins, outs, ints, floats, out_metas) in enumerate(nodes):
+        ints = sym_attrs.get(index, ints)
+        out_metas = [(m[0], sym_values.get(vid, m[1])) for vid, m in zip(outs, out_metas)]
         for vid, m in zip(outs, out_metas):
             names[vid], metas[vid] = f"{prefix}v{vid}", m
 
@@ -356,20 +392,28 @@ def _without_identities(nodes, initializers, inputs, outputs):
     return kept
 
 
-def export_graph(graph, input_names, output_names, file_name):
-    """Writes the kiln._C.Graph `graph` as an ONNX model to file_name; returns the onnx ModelProto."""
+def export_graph(graph, input_names, output_names, file_name, symbol_dims=None, labels=None, output_labels=None):
+    """Writes the kiln._C.Graph `graph` as an ONNX model to file_name; returns the onnx ModelProto.
+    A graph with symbolic sizes (dynamic axes): symbol_dims maps each symbol to the (input index,
+    axis) it is read from, labels each symbol to the name of its dimension, output_labels an
+    (output index, axis) to the name the caller gave it."""
     try:
         import onnx
     except ImportError:
         raise ImportError("kiln.export(file_format='ONNX') needs the onnx package (pip install onnx)") from None
-    b = _Builder(onnx)
+    b = _Builder(onnx, labels=labels)
+    if symbol_dims:
+        b.sizes = SizeEmitter(b, symbol_dims, list(input_names))
     inputs = graph.structure()[0]
-    graph_inputs = [b.value_info(name, meta) for (_, meta), name in zip(inputs, input_names)]
+    in_sizes = graph.symbolic_sizes()[0] if symbol_dims else {}
+    graph_inputs = [b.value_info(name, (meta[0], in_sizes.get(vid, meta[1])))
+                    for (vid, meta), name in zip(inputs, input_names)]
     outs, metas = _emit_graph(b, graph, (), list(input_names))
     graph_outputs = []
-    for src, name, meta in zip(outs, output_names, metas):
+    for o, (src, name, meta) in enumerate(zip(outs, output_names, metas)):
         b.node("Identity", [src], [name])
-        graph_outputs.append(b.value_info(name, meta))
+        shape = [(output_labels or {}).get((o, axis), d) for axis, d in enumerate(meta[1])]
+        graph_outputs.append(b.value_info(name, (meta[0], shape)))
     nodes = _without_identities(b.nodes, {t.name for t in b.inits}, set(input_names), set(output_names))
     model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "kiln", graph_inputs, graph_outputs, b.inits),
                                    opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="kiln")

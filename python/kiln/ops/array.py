@@ -155,9 +155,11 @@ def arange(start=0, end=None, step=1, dtype=None):
         raise ValueError("arange: step must not be zero")
     import math
 
-    count = _builtins.max(0, math.ceil((end - start) / step))
+    integral = _builtins.all(isinstance(v, int) for v in (start, end, step))
+    # ceil((end - start) / step) in integers when they are (a symbolic size stays one)
+    count = _builtins.max(0, -((start - end) // step) if integral else math.ceil((end - start) / step))
     if dtype is None:
-        dtype = _C.int64 if _builtins.all(isinstance(v, int) for v in (start, end, step)) else _C.float32
+        dtype = _C.int64 if integral else _C.float32
     dtype = _dtype_or(dtype, None)
     return apply(OP.arange, (), (dtype.id, count), (float(start), float(step)))
 
