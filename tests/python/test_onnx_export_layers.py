@@ -144,3 +144,16 @@ def test_an_output_that_is_an_input_keeps_its_copy(tmp_path):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     a, b = session.run(None, {session.get_inputs()[0].name: np.arange(3, dtype=np.float32)})
     assert a.tolist() == [0.0, 1.0, 2.0] and b.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_remaining_exported_ops(tmp_path):
+    def f(x, y):
+        idx = kiln.Tensor(np.array([[0, 2], [1, 0], [2, 2]], np.int64))
+        lin = ops.linspace(-1.0, 1.0, 5) * 2.0
+        logic = ops.logical_or(ops.logical_and(x > 0, y < 0), ops.logical_not(x == y))
+        return (ops.rsqrt(ops.abs(x) + 0.5), ops.where(x > y, x, y), logic, ops.gather_elements(x, 1, idx),
+                ops.matmul(x, y.transpose(1, 0)), lin, ops.pow(ops.abs(x), y), ops.sign(x), ops.minimum(x, y))
+
+    x, y = np.random.default_rng(4).standard_normal((2, 3, 3)).astype(np.float32)
+    x[0, 0], y[1, 1] = np.nan, -np.inf
+    check(Net(f), x, y, tmp_path=tmp_path)

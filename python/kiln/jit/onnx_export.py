@@ -71,13 +71,12 @@ _UNARY = {"relu": "Relu", "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqr
           "contiguous": "Identity"}
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "matmul": "MatMul",
            "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
-           "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where",
-           "gather_elements": "GatherElements"}
+           "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
 _OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
           "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
-          "gather", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
+          "gather", "gather_elements", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
 SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
 
 
@@ -262,8 +261,8 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         ends = [start_plus(s, st, n) for s, st, n in zip(starts, steps, lengths)]
         ends = [e if isinstance(e, str) or e >= 0 else -(2 ** 62) for e in ends]  # (a reversed slice to the start)
         b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(list(range(ndim))), b.ints(steps)], [out])
-    elif op == "gather":
-        b.node("Gather", ins, [out], axis=ints[0])
+    elif op in ("gather", "gather_elements"):
+        b.node("Gather" if op == "gather" else "GatherElements", ins, [out], axis=ints[0])
     elif op in ("full", "arange") and is_symbolic(metas[0][1]):  # of sizes that vary: computed
         dt = _dtype_of_code(ints[0])
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(dt))
