@@ -28,8 +28,11 @@ static bool is_channel_bias(const kiln_meta *m, int64_t channels) {
     return false;
 }
 
-/* The chain after conv node c; consumer[v] is v's only consumer (-1: none, several, or an output). */
-static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *consumer, kiln_conv_fusion mode) {
+/* The chain after conv node c; consumer[v] is v's only consumer (-1: none, several, or an output).
+ * A node another convolution's chain has absorbed (claimed[n]) ends the chain before it: in
+ * conv_a(x) + conv_b(x) the add is one chain's residual step, and the other convolution stays. */
+static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *consumer, const bool *claimed,
+                             kiln_conv_fusion mode) {
     conv_chain ch = {-1, -1, -1, -1};
     if (mode == KILN_CONV_FUSE_NONE) return ch;
     const kiln_node *conv = &g->nodes[c];
@@ -37,6 +40,7 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
     const kiln_meta *ym = &g->values[cur].meta;
     if (!kiln_dtype_is_float(ym->dtype)) return ch;
     int32_t n = consumer[cur];
+    if (n >= 0 && claimed[n]) return ch;
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && conv->nin == 2) {
         int32_t b = other_operand(&g->nodes[n], cur);
         if (b >= 0 && !g->values[cur].sym[1] && is_channel_bias(&g->values[b].meta, ym->shape[1]) &&
@@ -44,6 +48,7 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
             kiln_meta_equal(&g->values[g->nodes[n].out[0]].meta, ym)) {
             ch.bias = b, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
+            if (n >= 0 && claimed[n]) return ch;
         }
     }
     if (n >= 0 && g->nodes[n].op == KILN_OP_ADD && mode == KILN_CONV_FUSE_ALL) {
@@ -52,6 +57,7 @@ static conv_chain find_chain(const kiln_graph *g, int32_t c, const int32_t *cons
             kiln_value_same_shape(&g->values[r], &g->values[cur])) { /* symbolic sizes: equal as expressions too */
             ch.residual = r, ch.last = n, cur = g->nodes[n].out[0];
             n = consumer[cur];
+            if (n >= 0 && claimed[n]) return ch;
         }
     }
     if (n >= 0 && kiln_conv_activation_of(g->nodes[n].op) != KILN_CONV_ACT_NONE &&
@@ -102,8 +108,9 @@ KILN_PASS(fuse_conv_epilogue) {
     conv_chain *chain = kiln_malloc(sizeof(conv_chain) * nn);
     int32_t *fused_at = kiln_malloc(sizeof(int32_t) * nn); /* last absorbed node -> its conv */
     bool *skip = kiln_calloc(nn, sizeof(bool));
+    bool *claimed = kiln_calloc(nn, sizeof(bool)); /* absorbed into some convolution's chain */
     kiln_status s = KILN_OK;
-    if (!uses || !consumer || !chain || !fused_at || !skip) {
+    if (!uses || !consumer || !chain || !fused_at || !skip || !claimed) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_conv_epilogue");
         goto done;
     }
@@ -117,7 +124,7 @@ KILN_PASS(fuse_conv_epilogue) {
     for (int32_t i = 0; i < in->nnodes; i++) fused_at[i] = -1;
     for (int32_t i = 0; i < in->nnodes; i++) {
         if (in->nodes[i].op != KILN_OP_CONV2D) continue;
-        chain[i] = find_chain(in, i, consumer, opt->conv_fusion);
+        chain[i] = find_chain(in, i, consumer, claimed, opt->conv_fusion);
         if (chain[i].last < 0 && !opt->inference) continue;
         found++;
         skip[i] = true;
@@ -125,8 +132,11 @@ KILN_PASS(fuse_conv_epilogue) {
             fused_at[i] = i;
             continue;
         }
-        for (int32_t v = in->nodes[i].out[0]; consumer[v] != chain[i].last; v = in->nodes[consumer[v]].out[0])
+        for (int32_t v = in->nodes[i].out[0];; v = in->nodes[consumer[v]].out[0]) {
+            claimed[consumer[v]] = true;
+            if (consumer[v] == chain[i].last) break;
             skip[consumer[v]] = true;
+        }
         fused_at[chain[i].last] = i;
     }
     if (found) {
@@ -147,6 +157,6 @@ KILN_PASS(fuse_conv_epilogue) {
         else kiln_rewriter_abort(&rw);
     }
 done:
-    free(uses), free(consumer), free(chain), free(fused_at), free(skip);
+    free(uses), free(consumer), free(chain), free(fused_at), free(skip), free(claimed);
     return s;
 }

@@ -176,3 +176,36 @@ def test_layout_pass_through_broadcasting_elementwise_ops(channels, infer_boost)
             for got, want in zip(jitted(x, full), eager):
                 np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=1e-4)
     assert "relayout(" in jitted.graph_str()
+
+
+class _TwoBranches(nn.Cell):
+    """conv_a(x) + conv_b(x) (+ a bias add on one branch): both convolutions reach the one add, which
+    only one of them may absorb as its residual step."""
+
+    def __init__(self, bias_on_b):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, pad_mode="same")
+        self.b = nn.Conv2d(3, 8, 1, has_bias=not bias_on_b)
+        self.bias = kiln.Parameter(kiln.Tensor(np.full((8, 1, 1), 0.25, np.float32)), name="bias") if bias_on_b else None
+
+    def construct(self, x):
+        y = self.b(x)
+        if self.bias is not None:
+            y = y + self.bias
+        return ops.relu(self.a(x) + y)
+
+
+@pytest.mark.parametrize("bias_on_b", [False, True])
+@pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.parametrize("backend", ["kbk", "sink"])
+def test_two_convolutions_into_one_add(bias_on_b, level, backend):
+    net = _TwoBranches(bias_on_b)
+    x = kiln.Tensor(np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32))
+    for train in (False, True):
+        net.set_train(train)
+        want_y = net(x)
+        want_g = kiln.grad(lambda v: net(v).sum())(x)
+        f = kiln.jit(net, jit_level=level, backend=backend)
+        np.testing.assert_allclose(f(x).asnumpy(), want_y.asnumpy(), rtol=1e-4, atol=1e-5)
+        g = kiln.grad(lambda v: kiln.jit(lambda u: net(u).sum(), jit_level=level, backend=backend)(v))(x)
+        np.testing.assert_allclose(g.asnumpy(), want_g.asnumpy(), rtol=1e-4, atol=1e-4)
