@@ -70,7 +70,7 @@ class Tensor(_C.TensorBase):
         return _ops.cast(self, _C.bool)
 
     def __repr__(self):
-        body = _np.array2string(self.asnumpy(), separator=", ", prefix="       ")
+        body = _np.array2string(self.asnumpy(), separator=", ")  # (rows under the first, as MindSpore's)
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype.name}, value=\n{body})"
 
     def __str__(self):

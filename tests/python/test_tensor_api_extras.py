@@ -106,3 +106,8 @@ def test_set_seed_makes_initializers_random_ops_and_numpy_repeat():
     for bad in (-1, 2 ** 32, 1.5, True):
         with pytest.raises(ValueError, match="set_seed"):
             kiln.set_seed(bad)
+
+
+def test_repr_rows_line_up_under_the_first():
+    text = repr(kiln.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    assert text == "Tensor(shape=[2, 3], dtype=float32, value=\n[[0., 1., 2.],\n [3., 4., 5.]])"
