@@ -201,6 +201,8 @@ class Tensor(_C.TensorBase):
     def min(self, axis=None, keepdims=False, **kw):
         return _ops.min(*_numpy_reduction("min", self, kw), axis, keepdims, **kw)
 
+    amax, amin = max, min  # (MindSpore's and PyTorch's names for the values alone)
+
     def var(self, axis=None, keepdims=False, **kw):
         return _ops.var(*_numpy_reduction("var", self, kw), axis, keepdims, **kw)
 
@@ -345,6 +347,12 @@ class Tensor(_C.TensorBase):
 
     def pow_(self, exponent):
         return self._write_result("pow_", self ** exponent)
+
+    def addcmul_(self, tensor1, tensor2, value=1):
+        return self._write_result("addcmul_", self + tensor1 * tensor2 * value)
+
+    def addcdiv_(self, tensor1, tensor2, value=1):
+        return self._write_result("addcdiv_", self + tensor1 / tensor2 * value)
 
     def neg_(self):
         return self._write_result("neg_", -self)

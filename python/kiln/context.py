@@ -16,12 +16,17 @@ LAX = "LAX"
 
 _MODES = {GRAPH_MODE: "GRAPH_MODE", PYNATIVE_MODE: "PYNATIVE_MODE"}
 _SYNTAX_LEVELS = (STRICT, LAX)
-_context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX, "device_target": "CPU", "device_id": 0}
+_context = {"mode": PYNATIVE_MODE, "jit_syntax_level": LAX, "device_target": "CPU", "device_id": 0, "jit_level": "",
+            "save_graphs": False, "save_graphs_path": "."}
+_JIT_LEVELS = ("", "O0", "O1", "O2")
 
 
 def set_context(**kwargs):
     """Sets process-wide settings: mode (kiln.GRAPH_MODE or kiln.PYNATIVE_MODE, see the module
-    docstring), jit_syntax_level ("STRICT" or "LAX"), device_target ("CPU", the only one) and
+    docstring), jit_syntax_level ("STRICT" or "LAX"), jit_level ("O0", "O1", "O2": the level of
+    every kiln.jit and GRAPH_MODE Cell made after it that names none; "" kiln's default O0),
+    save_graphs (truthy: each graph kiln.jit compiles is written as text to save_graphs_path, as
+    <function>_<n>.ir), device_target ("CPU"; another warns and kiln stays on the CPU) and
     device_id (0). Unknown names raise ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
@@ -32,16 +37,31 @@ def set_context(**kwargs):
             if value not in _SYNTAX_LEVELS:
                 raise ValueError(f"set_context: jit_syntax_level must be 'STRICT' or 'LAX', got {value!r}")
         elif name == "device_target":
-            if not isinstance(value, str) or value.upper() != "CPU":
-                raise ValueError(f"set_context: device_target {value!r} is not available: kiln runs on the CPU "
-                                 "(device_target='CPU')")
+            if not isinstance(value, str):
+                raise ValueError(f"set_context: device_target must be a str such as 'CPU', got {value!r}")
+        elif name == "jit_level":
+            if value not in _JIT_LEVELS:
+                raise ValueError(f"set_context: jit_level must be 'O0', 'O1', 'O2' or '', got {value!r}")
+        elif name == "save_graphs":
+            if not isinstance(value, (bool, int)) or not 0 <= int(value) <= 3:
+                raise ValueError(f"set_context: save_graphs must be a bool or 0-3, got {value!r}")
+        elif name == "save_graphs_path":
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"set_context: save_graphs_path must be a non-empty str, got {value!r}")
         elif name == "device_id":
             if isinstance(value, bool) or value != 0:
                 raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
     for name, value in kwargs.items():
-        _context[name] = value.upper() if name == "device_target" else value
+        if name == "device_target":
+            if value.upper() != "CPU":  # (MindSpore scripts name their device first; kiln runs on the CPU)
+                import warnings
+
+                warnings.warn(f"set_context: device_target {value!r} is not available; kiln runs on the CPU",
+                              RuntimeWarning, stacklevel=2)
+            value = "CPU"
+        _context[name] = value
 
 
 

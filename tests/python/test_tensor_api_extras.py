@@ -87,12 +87,31 @@ def test_set_context_device_target():
     kiln.set_context(device_target="CPU")
     assert kiln.get_context("device_target") == "CPU"
     kiln.set_context(device_target="cpu", device_id=0)
-    for bad in ("GPU", "Ascend", 3):
-        with pytest.raises(ValueError, match="device_target"):
-            kiln.set_context(device_target=bad)
+    for other in ("GPU", "Ascend"):  # a MindSpore script's first line: it runs, on the CPU, with a warning
+        with pytest.warns(RuntimeWarning, match=f"device_target '{other}' is not available; kiln runs on the CPU"):
+            kiln.set_context(device_target=other)
+        assert kiln.get_context("device_target") == "CPU"
+    with pytest.raises(ValueError, match="device_target"):
+        kiln.set_context(device_target=3)
     with pytest.raises(ValueError, match="device_id"):
         kiln.set_context(device_id=1)
-    assert kiln.get_context("device_target") == "CPU"
+
+
+def test_set_context_jit_level_and_save_graphs(tmp_path):
+    try:
+        kiln.set_context(jit_level="O1", save_graphs=True, save_graphs_path=str(tmp_path / "ir"))
+        f = kiln.jit(lambda a, b: a * b + 1)
+        assert f.options.jit_level == "O1" and kiln.jit(lambda a: a, jit_level="O0").options.jit_level == "O0"
+        x = rand(3)
+        np.testing.assert_allclose(f(x, x).asnumpy(), (x * x + 1).asnumpy())
+        files = list((tmp_path / "ir").iterdir())
+        assert len(files) == 1 and files[0].suffix == ".ir" and "mul" in files[0].read_text()
+        with pytest.raises(ValueError, match="jit_level"):
+            kiln.set_context(jit_level="O3")
+        with pytest.raises(ValueError, match="save_graphs"):
+            kiln.set_context(save_graphs=7)
+    finally:
+        kiln.set_context(jit_level="", save_graphs=False, save_graphs_path=".")
 
 
 def test_set_seed_makes_initializers_random_ops_and_numpy_repeat():
@@ -111,3 +130,14 @@ def test_set_seed_makes_initializers_random_ops_and_numpy_repeat():
 def test_repr_rows_line_up_under_the_first():
     text = repr(kiln.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)))
     assert text == "Tensor(shape=[2, 3], dtype=float32, value=\n[[0., 1., 2.],\n [3., 4., 5.]])"
+
+
+def test_addcmul_addcdiv_and_amin_amax():
+    a = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]], np.float32)
+    t1, t2 = kiln.Tensor(a * 2), kiln.Tensor(a + 5)
+    z = kiln.Tensor(a.copy())
+    z.addcmul_(t1, t2, value=0.5).addcdiv_(t1, t2, value=-2)
+    np.testing.assert_allclose(z.asnumpy(), a + 0.5 * (a * 2) * (a + 5) - 2 * (a * 2) / (a + 5), rtol=1e-6)
+    t = kiln.Tensor(a)
+    np.testing.assert_allclose(t.amax(1).asnumpy(), a.max(1))
+    np.testing.assert_allclose(t.amin((0, 1)).asnumpy(), a.min())

@@ -41,6 +41,23 @@ def _grad_written(tensor, value):
         mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
 
 
+_saved_graphs = [0]
+
+
+def _save_graph(name, text):
+    """set_context(save_graphs=...): the compiled graph's text as save_graphs_path/<name>_<n>.ir."""
+    from ..context import get_context
+
+    if not get_context("save_graphs"):
+        return
+    directory = get_context("save_graphs_path")
+    os.makedirs(directory, exist_ok=True)
+    _saved_graphs[0] += 1
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:100] or "graph"
+    with open(os.path.join(directory, f"{safe}_{_saved_graphs[0]}.ir"), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 class collect_grad_writes:
     """While a recording runs: the (tensor, value) of each .grad assignment, in order, instead of
     running the function eagerly (kiln.trace(without_host=True) sets them after each replay)."""
@@ -192,6 +209,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
+    _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     cells = tuple(dict.fromkeys(called))
     recorder.add_cells(cells)
@@ -436,10 +454,10 @@ class JitFunction(_C.JitDispatcher):
         key, leaves = self._key(args, kwargs)
         entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
-            # inside grad / value_and_grad of an enclosing function: the graph's results would carry no
-            # history, so run eagerly (value_and_grad of the jitted function itself compiles the backward)
-            self.stats.eager_calls += 1
-            return self._target()(*args, **kwargs)
+            # inside grad / value_and_grad of an enclosing function: this graph's results would carry no
+            # history; the call runs as differentiable pieces, each one compiled forward and backward
+            # node on the eager tape (bytecode capture's, kiln.jit.piece_grad)
+            return self._differentiable_call(args, kwargs)
         if entry is not None:
             self.stats.hits += 1
             self._last = entry
@@ -467,8 +485,7 @@ class JitFunction(_C.JitDispatcher):
             if made and d.fast is not None:
                 self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
             if d.entry.differentiable and key[2][0] and differentiating():
-                self.stats.eager_calls += 1
-                return self._target()(*args, **kwargs)
+                return self._differentiable_call(args, kwargs)
             self.stats.hits += 1
             self._last = d.entry
             outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
@@ -512,9 +529,21 @@ class JitFunction(_C.JitDispatcher):
         backward instead, see kiln.grad)."""
         return key[2][0] and any(s[2] for s in key[1])
 
+    def _differentiable_call(self, args, kwargs):
+        """A call the caller differentiates through (inside grad / value_and_grad, or inputs that
+        require grad): graphs of this call's results would carry no autograd history, so it runs as
+        bytecode capture's differentiable pieces (a compiled forward, and a node on the eager tape
+        running the compiled backward), or eagerly where those cannot be made."""
+        if self._eager_reason is not None or self._warned:
+            self.stats.eager_calls += 1
+            return self._target()(*args, **kwargs)
+        return bytecode_capture.call(self, args, kwargs)
+
     def _miss(self, key, args, kwargs):
         self.stats.misses += 1
-        if self._needs_eager_autograd(key) or self._warned or (key[2][0] and differentiating()):
+        if self._needs_eager_autograd(key) or (key[2][0] and differentiating()):
+            return self._differentiable_call(args, kwargs)
+        if self._warned:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
         if sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values())) >= self.options.recompile_limit:
@@ -798,7 +827,7 @@ def explain(fn, *args, **kwargs):
     return jf.explain()
 
 
-def jit(function=None, *, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="",
+def jit(function=None, *, capture_mode="ast", jit_level=None, dynamic=None, fullgraph=False, backend="",
         **options):
     """Compile a function or Cell into a graph (MindSpore's mindspore.jit).
 

@@ -25,8 +25,12 @@ class JitOptions:
                  "profiling", "sublinear_memory_config")
 
     @classmethod
-    def make(cls, capture_mode="ast", jit_level="O0", dynamic=None, fullgraph=False, backend="", **options):
+    def make(cls, capture_mode="ast", jit_level=None, dynamic=None, fullgraph=False, backend="", **options):
         o = cls()
+        if jit_level is None:  # unnamed: set_context's jit_level, else O0
+            from ..context import get_context
+
+            jit_level = get_context("jit_level") or "O0"
         if capture_mode not in CAPTURE_MODES:
             raise ValueError(f"jit: capture_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
                              f"got {capture_mode!r}")
