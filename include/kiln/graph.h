@@ -195,6 +195,10 @@ KILN_API kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32
 KILN_API bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t);
 KILN_API kiln_graph *kiln_tracer_graph(kiln_tracer *tr);
 KILN_API kiln_tracer *kiln_tracer_active(void);
+/* Stops recording on this thread (MegEngine's exclude_from_trace): ops run eagerly, unrecorded,
+ * until kiln_tracer_resume(the tracer returned), which must follow on the same thread. */
+KILN_API kiln_tracer *kiln_tracer_suspend(void);
+KILN_API void kiln_tracer_resume(kiln_tracer *suspended);
 /* Whether the active trace is nested in another (a control-flow body traced once to be recorded; its ops
  * run again for real when the node runs). */
 KILN_API bool kiln_tracer_in_body(void);

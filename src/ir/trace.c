@@ -72,6 +72,14 @@ __attribute__((constructor)) static void register_hooks(void) {
 
 kiln_tracer *kiln_tracer_active(void) { return kiln_thread.trace_active; }
 
+kiln_tracer *kiln_tracer_suspend(void) {
+    kiln_tracer *tr = kiln_thread.trace_active;
+    set_active(NULL);
+    return tr;
+}
+
+void kiln_tracer_resume(kiln_tracer *suspended) { set_active(suspended); }
+
 bool kiln_tracer_in_body(void) { return kiln_thread.trace_in_body; }
 
 void kiln_tracer_note_value_read(const kiln_tensor *t) {

@@ -978,6 +978,23 @@ static PyObject *py_reset_peak(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* suspend_tracing() -> token: recording on this thread stops (exclude_from_trace) until
+ * resume_tracing(token); the token is the suspended tracer's address (0: none was active). */
+static PyObject *py_suspend_tracing(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromVoidPtr(kiln_tracer_suspend());
+}
+
+static PyObject *py_resume_tracing(PyObject *self, PyObject *token) {
+    (void)self;
+    void *tr = PyLong_AsVoidPtr(token);
+    if (!tr && PyErr_Occurred()) return NULL;
+    if (kiln_tracer_active())
+        return PyErr_Format(PyExc_RuntimeError, "resume_tracing: a tracer is active; suspend and resume must pair");
+    kiln_tracer_resume((kiln_tracer *)tr);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_tracing(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(kiln_tracer_active() != NULL);
@@ -1008,6 +1025,9 @@ PyMethodDef pykiln_graph_functions[] = {
     {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},
     {"reset_peak_memory", py_reset_peak, METH_NOARGS, "restart peak tracking from the current use"},
     {"is_tracing", py_tracing, METH_NOARGS, "whether ops on this thread are being recorded"},
+    {"suspend_tracing", py_suspend_tracing, METH_NOARGS,
+     "suspend_tracing() -> token: stop recording on this thread until resume_tracing(token)"},
+    {"resume_tracing", py_resume_tracing, METH_O, "resume_tracing(token): recording as before suspend_tracing"},
     {NULL, NULL, 0, NULL},
 };
 

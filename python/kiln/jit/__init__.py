@@ -17,9 +17,10 @@ from .dtr_config import DTRConfig
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 from .megengine import TraceMismatchError, trace
+from .exclude import exclude_from_trace
 from . import tracing
 
-__all__ = ["CacheInfo", "disable_jit", "DTRConfig", "explain", "GraphOptimizationConfig", "JitConfig", "JitFunction", "JitSyntaxError",
+__all__ = ["CacheInfo", "disable_jit", "DTRConfig", "exclude_from_trace", "explain", "GraphOptimizationConfig", "JitConfig", "JitFunction", "JitSyntaxError",
            "SublinearMemoryConfig", "TraceMismatchError", "jit", "trace"]
 
 

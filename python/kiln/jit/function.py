@@ -17,7 +17,7 @@ from .. import _C
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
-from . import ast_convert, ast_runtime, bytecode_capture, dynamic, guards, tree
+from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .syntax import JitSyntaxError
@@ -166,15 +166,19 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         callers = _CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
         capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
         sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
+        excluded = exclude.noting()
         try:
-            if capture is None:
-                result = fn(*call_args, **call_kwargs)
-            else:
-                with capture:
+            with excluded:
+                if capture is None:
                     result = fn(*call_args, **call_kwargs)
+                else:
+                    with capture:
+                        result = fn(*call_args, **call_kwargs)
         finally:
             sys.settrace(prev_trace)
             _C.set_cell_logs(called, prev_logs[1])
+        if excluded.used:
+            reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)

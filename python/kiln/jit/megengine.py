@@ -30,7 +30,7 @@ import warnings
 
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
-from . import dynamic, tree
+from . import dynamic, exclude, tree
 from .eager_switch import jit_disabled
 from .dtr_config import DTRConfig
 from .function import _user_frame_tracer, bind_inputs, collect_grad_writes
@@ -186,7 +186,7 @@ class _Run:
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
                  "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets",
-                 "export_capture")
+                 "export_capture", "excluded")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
@@ -213,12 +213,14 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         sys.settrace(_user_frame_tracer(tracer))
         collecting = collect_grad_writes() if grad_writes else None
         writes = collecting.__enter__() if collecting is not None else ()
+        excluded = exclude.noting()
         try:
-            if capture is None:
-                result = fn(*call_args, **call_kwargs)
-            else:
-                with capture:
+            with excluded:
+                if capture is None:
                     result = fn(*call_args, **call_kwargs)
+                else:
+                    with capture:
+                        result = fn(*call_args, **call_kwargs)
         finally:
             if collecting is not None:
                 collecting.__exit__(None, None, None)
@@ -252,6 +254,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     detached = [t.detach() for t in out_leaves]
     run.result = tree.unflatten(out_spec, detached[:n_results])[0]
     run.grad_targets = grad_targets
+    run.excluded = excluded.used  # exclude_from_trace ran: each call's own run is its result
     set_grads(run, detached)
     run.executable, run.out_spec = executable, out_spec
     run.graph = recorded
@@ -503,7 +506,7 @@ class trace(_C.JitDispatcher):
                                      "(or trace without capture_as_const to read it live)")
         if self.verify:
             run = self._check_run(rec, spec, leaves)
-            if rec.graph.has_effects:
+            if rec.graph.has_effects or rec.excluded or run.excluded:
                 return run.result
         if not rec.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
@@ -622,7 +625,10 @@ class trace(_C.JitDispatcher):
         self._seen = self._bindings.snapshot(False)
         if self.capture_as_const:
             self._baked = self._bindings.snapshot(True)
-        if self.symbolic and not run.graph.has_effects:
+        if run.excluded and not self.verify:
+            raise TraceMismatchError(f"{self.__qualname__}: exclude_from_trace runs Python at every call, which this "
+                                     "trace does not (without_host=True or verify=False); trace with verify=True")
+        if self.symbolic and not run.graph.has_effects and not run.excluded:
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
             set_grads(run, outs)
@@ -635,6 +641,8 @@ class trace(_C.JitDispatcher):
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
                             symbolic_shape=self.symbolic_shape)
         self._seen = self._bindings.snapshot(False)
+        if rec.excluded or run.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
+            return run
         differs = rec.graph.diff_ops(run.graph, self._labels)
         if differs is None and rec.out_spec != run.out_spec:
             differs = (f"different outputs: the traced function returned {tree.describe(rec.out_spec)}, "
