@@ -348,6 +348,18 @@ class Tensor(_C.TensorBase):
     def pow_(self, exponent):
         return self._write_result("pow_", self ** exponent)
 
+    def floor_divide(self, other):
+        return _ops.floor_divide(self, other)
+
+    def remainder(self, other):
+        return _ops.remainder(self, other)
+
+    def floor_divide_(self, other):
+        return self._write_result("floor_divide_", self // other)
+
+    def remainder_(self, other):
+        return self._write_result("remainder_", self % other)
+
     def addcmul_(self, tensor1, tensor2, value=1):
         return self._write_result("addcmul_", self + tensor1 * tensor2 * value)
 

@@ -102,6 +102,8 @@ bool kiln_codegen_supports(const kiln_graph *sub) {
 
 /* ---- the prelude ------------------------------------------------------------------------ */
 
+#include "floordiv_text.h" /* kiln_floordiv_text: src/core/floordiv.h, for KILN_FLOORDIV and KILN_MOD */
+
 #define KILN_NEG_TEXT "#define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))" /* as src/core/internal.h */
 
 /* float32 versions that vectorize (max errors against libm over all floats: exp 1 ulp, tanh
@@ -216,8 +218,8 @@ unsigned kiln_cg_uses(const kiln_graph *sub) {
 /* Every block is guarded: sources of several groups concatenate into one translation unit. */
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
     kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
-           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n%s\n#endif\n",
-        prelude_fma, KILN_NEG_TEXT);
+           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n%s\n%s\n#endif\n",
+        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
     static const struct {
         unsigned use;

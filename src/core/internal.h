@@ -265,6 +265,8 @@ void kiln_release_all(kiln_tensor **ts, int n);
  * overflowing (undefined behaviour); generated C gets the same macro (src/codegen/emit_c.c). */
 #define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))
 
+#include "floordiv.h" /* KILN_FLOORDIV, KILN_MOD: Python's // and % in ops.def's C expressions */
+
 /* Every kernel, inference function and gradient rule named in ops.def. */
 #define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \
     kiln_status kiln_infer_##infer(kiln_tensor *const *in, int nin_, const kiln_attrs *a,   \

@@ -135,6 +135,15 @@ KILN_GRAD(div) {
     return finish(&sc, ctx, gin, v);
 }
 
+/* a % b = a - b * floor(a / b): d/da = 1, d/db = -floor(a / b) */
+KILN_GRAD(remainder) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? G : NULL,
+                         ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_FLOOR_DIVIDE, A, B)))
+                                            : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
 /* d/da a^b = b a^(b-1); d/db a^b = a^b log a, taken as 0 where a <= 0 */
 KILN_GRAD(pow) {
     grad_scope sc = {0};

@@ -358,6 +358,8 @@ static PyObject *nb_sub(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_
 static PyObject *nb_mul(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_MUL); }
 static PyObject *nb_div(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_DIV); }
 static PyObject *nb_matmul(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_MATMUL); }
+static PyObject *nb_floor_divide(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_FLOOR_DIVIDE); }
+static PyObject *nb_remainder(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_REMAINDER); }
 static PyObject *nb_neg(PyObject *a) { return unary(a, KILN_OP_NEG); }
 static PyObject *nb_abs(PyObject *a) { return unary(a, KILN_OP_ABS); }
 static PyObject *nb_pos(PyObject *a) {
@@ -438,6 +440,8 @@ static PyNumberMethods tensor_as_number = {
     .nb_subtract = nb_sub,
     .nb_multiply = nb_mul,
     .nb_true_divide = nb_div,
+    .nb_floor_divide = nb_floor_divide,
+    .nb_remainder = nb_remainder,
     .nb_power = nb_pow,
     .nb_negative = nb_neg,
     .nb_positive = nb_pos,

@@ -13,7 +13,6 @@ def ints(*values):
     return kiln.Tensor(np.array(values, np.int64))
 
 
-@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_mod_floordiv_pow_with_negative_values():
     def f(x, y):
         return x % y, x // y, x % 2.5, -7.0 // y, x ** 2, 2 ** y
@@ -21,7 +20,6 @@ def test_mod_floordiv_pow_with_negative_values():
     run_all_modes(f, (t(5.5, -5.5, 3.0), t(2.0, 2.0, -2.0)), (t(-1.0, 7.0, 0.5), t(3.0, -3.0, 0.25)))
 
 
-@pytest.mark.xfail(strict=True, reason="not implemented yet (issue 27 API list): Tensor % and // and the in-place methods (add_, ...)")
 def test_integer_tensor_arithmetic():
     def f(a, b):
         return a % b, a // b, a * 3 - b, (a + b) / 2, -a, abs(a - 10)

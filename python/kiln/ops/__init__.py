@@ -4,7 +4,8 @@ from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedd
                     normal, ones, ones_like, permute, rand, randn, reshape, scatter_add, split, squeeze, stack,
                     swapaxes, transpose, uniform, unsqueeze, view, zeros, zeros_like)
 from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
-                   erf, exp, ge, gelu, greater, greater_equal, gt, le, less, less_equal, log, log_softmax,
+                   erf, exp, floor_div, floor_divide, floor_mod, ge, gelu, greater, greater_equal, gt, le, less,
+                   less_equal, log, log_softmax, mod, remainder,
                    logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)

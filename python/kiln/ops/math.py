@@ -65,6 +65,10 @@ greater_equal = ge = _binary(OP.ge, "greater_equal")
 logical_and = _binary(OP.logical_and, "logical_and")
 logical_or = _binary(OP.logical_or, "logical_or")
 subtract, multiply, divide, true_divide = sub, mul, div, div
+# Python's // and % (the quotient rounded toward -inf, the remainder with the divisor's sign)
+floor_divide = _binary(OP.floor_divide, "floor_divide")
+remainder = _binary(OP.remainder, "remainder")
+floor_div, floor_mod, mod = floor_divide, remainder, remainder  # (MindSpore's names)
 
 
 def where(condition, x, y):

@@ -49,7 +49,8 @@ _ELEMENTWISE = {
     "Exp": math.exp, "Log": math.log, "Sqrt": math.sqrt, "Rsqrt": math.rsqrt, "Square": math.square,
     "Sin": math.sin, "Cos": math.cos, "Tanh": math.tanh, "Sigmoid": math.sigmoid, "ReLU": math.relu,
     "GeLU": math.gelu, "GELU": math.gelu, "SiLU": math.silu, "Erf": math.erf, "Sign": math.sign,
-    "Reciprocal": math.reciprocal, "Select": math.where, "ZerosLike": array.zeros_like,
+    "Reciprocal": math.reciprocal, "Select": math.where, "FloorDiv": math.floor_divide, "FloorMod": math.remainder,
+    "Mod": math.remainder, "ZerosLike": array.zeros_like,
     "OnesLike": array.ones_like, "Cast": math.cast, "Reshape": array.reshape, "ExpandDims": array.expand_dims,
     "Gather": array.gather, "GatherV2": array.gather, "StopGradient": nn_functional.stop_gradient,
 }
