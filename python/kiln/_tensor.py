@@ -18,6 +18,18 @@ def _set_grad(tensor, value):
     _GRAD.__set__(tensor, value)
 
 
+# Set by kiln.jit at import: called with the tensor whose .grad Python code reads while a graph is
+# recorded, when that gradient was set outside the graph (the graph would keep this call's tensor).
+grad_read_while_tracing = None
+
+
+def _get_grad(tensor):
+    g = _GRAD.__get__(tensor)
+    if g is not None and grad_read_while_tracing is not None and _C.is_tracing() and not _C.traced_here(g):
+        grad_read_while_tracing(tensor)
+    return g
+
+
 class Tensor(_C.TensorBase):
     """An n-dimensional array on the CPU: Tensor(input_data, dtype=None).
 
@@ -27,7 +39,7 @@ class Tensor(_C.TensorBase):
 
     __slots__ = ()
 
-    grad = property(_GRAD.__get__, _set_grad, doc=_GRAD.__doc__)
+    grad = property(_get_grad, _set_grad, doc=_GRAD.__doc__)
 
     # ---- conversion -------------------------------------------------------------------
     def asnumpy(self):

@@ -995,6 +995,15 @@ static PyObject *py_resume_tracing(PyObject *self, PyObject *token) {
     Py_RETURN_NONE;
 }
 
+/* traced_here(tensor) -> whether the active recording made the tensor or takes it as an input (a
+ * value of the graph), rather than meeting it as a constant; False when none records. */
+static PyObject *py_traced_here(PyObject *self, PyObject *t) {
+    (void)self;
+    if (!pykiln_is_tensor(t)) return PyErr_Format(PyExc_TypeError, "traced_here: expected a Tensor");
+    kiln_tracer *tr = kiln_tracer_active();
+    return PyBool_FromLong(tr && kiln_tracer_knows(tr, pykiln_unwrap(t)));
+}
+
 static PyObject *py_tracing(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(kiln_tracer_active() != NULL);
@@ -1025,6 +1034,7 @@ PyMethodDef pykiln_graph_functions[] = {
     {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},
     {"reset_peak_memory", py_reset_peak, METH_NOARGS, "restart peak tracking from the current use"},
     {"is_tracing", py_tracing, METH_NOARGS, "whether ops on this thread are being recorded"},
+    {"traced_here", py_traced_here, METH_O, "traced_here(tensor) -> whether the active recording made or takes it"},
     {"suspend_tracing", py_suspend_tracing, METH_NOARGS,
      "suspend_tracing() -> token: stop recording on this thread until resume_tracing(token)"},
     {"resume_tracing", py_resume_tracing, METH_O, "resume_tracing(token): recording as before suspend_tracing"},

@@ -92,3 +92,36 @@ def test_trace_without_host_replays_a_grad_cleared():
         net.weight.grad = kiln.Tensor(np.ones((2, 3), np.float32))
         f(kiln.Tensor(np.full((1, 3), i + 1.0, np.float32)))
         assert net.weight.grad is None
+
+
+def _gm_training_net():
+    net = _net()
+    gm = GradManager().attach(net.trainable_params())
+    opt = kiln.nn.SGD(net.trainable_params(), learning_rate=0.1)
+    return net, gm, opt
+
+
+GM_NET, GM, GM_OPT = _gm_training_net()
+
+
+def _reset_gm_net():
+    GM_NET.weight.set_data(kiln.Tensor(np.ones((2, 3), np.float32)))
+    GM_NET.bias.set_data(kiln.Tensor(np.zeros(2, np.float32)))
+    for p in GM_NET.trainable_params():
+        p.grad = None
+
+
+def test_megengine_style_step_with_gradmanager_and_optimizer_step():
+    """GradManager.backward sets .grad, SGD.step() reads it, the loop clears it: each call trains
+    as eager does (bytecode capture used to keep the first call's gradients in the step's graph)."""
+    def step(x):
+        with GM:
+            loss = (GM_NET(x) ** 2).sum()
+            GM.backward(loss)
+        GM_OPT.step()
+        for p in GM_NET.trainable_params():
+            p.grad = None
+        return loss
+
+    run_all_modes(step, *[(kiln.Tensor(np.full((1, 3), i + 1.0, np.float32)),) for i in range(4)],
+                  reset=_reset_gm_net, observe=lambda: GM_NET.weight.asnumpy().copy())

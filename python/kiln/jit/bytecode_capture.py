@@ -268,7 +268,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import _user_frame_tracer, bind_inputs, returns_closure
+        from .function import _user_frame_tracer, bind_inputs, refusing_unreplayable, returns_closure
 
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
@@ -291,11 +291,12 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
         try:
-            if capture is None:
-                outcome, payload = interp.run()
-            else:
-                with capture:
+            with refusing_unreplayable(bytecode.Unsupported):  # (.grad written, GradManager.backward, ...)
+                if capture is None:
                     outcome, payload = interp.run()
+                else:
+                    with capture:
+                        outcome, payload = interp.run()
         finally:
             sys.settrace(prev_trace)
         interp.record_reads()  # (a list only appended to, `LOG.append(x)`, gets no guard on its contents)

@@ -27,15 +27,34 @@ _local = threading.local()
 
 def mark_not_replayable(reason):
     """Called by code that a trace cannot capture faithfully (Python state read at every call):
-    the function being traced is then run eagerly instead of compiled."""
+    the function being traced is then run eagerly instead of compiled. While a bytecode piece is
+    captured it raises at once (bytecode.Unsupported), before the code changes anything: that part
+    of the call then runs in Python."""
+    refuse = getattr(_local, "refuse", None)
+    if refuse is not None:
+        raise refuse(reason)
     reasons = getattr(_local, "not_replayable", None)
     if reasons is not None:
         reasons.append(reason)
 
 
+class refusing_unreplayable:
+    """While a bytecode piece is captured: mark_not_replayable (and a .grad written) raises `error`."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __enter__(self):
+        self.prev = getattr(_local, "refuse", None)
+        _local.refuse = self.error
+
+    def __exit__(self, *exc):
+        _local.refuse = self.prev
+
+
 def _grad_written(tensor, value):
     log = getattr(_local, "grad_writes", None)
-    if log is not None:  # a recording that replays them (collect_grad_writes)
+    if log is not None and getattr(_local, "refuse", None) is None:  # a recording that replays them
         log.append((tensor, value))
     else:
         mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
@@ -72,6 +91,8 @@ class collect_grad_writes:
 
 
 _tensor_module.grad_written_while_tracing = _grad_written
+_tensor_module.grad_read_while_tracing = lambda tensor: mark_not_replayable(
+    "a .grad read that was set outside the graph (the graph would keep this call's gradient)")
 
 
 class NotReplayable(Exception):
