@@ -360,6 +360,20 @@ class Tensor(_C.TensorBase):
     def pow_(self, exponent):
         return self._write_result("pow_", self ** exponent)
 
+    def tile(self, *multiples):
+        return _ops.tile(self, multiples[0] if len(multiples) == 1 and isinstance(multiples[0], (tuple, list))
+                         else multiples)
+
+    def repeat(self, *sizes):
+        """PyTorch's repeat: the tensor tiled `sizes` times along each axis."""
+        return _ops.repeat(self, *sizes)
+
+    def repeat_interleave(self, repeats, dim=None):
+        return _ops.repeat_interleave(self, repeats, dim)
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+        return _ops.topk(self, k, dim, largest, sorted)
+
     def floor_divide(self, other):
         return _ops.floor_divide(self, other)
 
