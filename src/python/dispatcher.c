@@ -157,8 +157,11 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (!d->enabled || all_disabled || (kwnames && PyTuple_GET_SIZE(kwnames)) || d->nentries == 0 || kiln_tracer_active())
         return slow_call(self, args, nargsf, kwnames);
-    for (Py_ssize_t k = 0; k < nargs; k++)
+    for (Py_ssize_t k = 0; k < nargs; k++) {
         if (!pykiln_is_tensor(args[k])) return slow_call(self, args, nargsf, kwnames);
+        for (Py_ssize_t j = 0; j < k; j++) /* one tensor in two places: keyed apart, in Python */
+            if (args[j] == args[k]) return slow_call(self, args, nargsf, kwnames);
+    }
     bool grad_mode = kiln_grad_enabled();
     int64_t bind[MAX_SYMS];
     for (int k = 0; k < d->nentries; k++) {

@@ -492,6 +492,37 @@ static int cells_training(PyObject *seq, PyObject *modes) {
     return 0;
 }
 
+/* Where a tensor is passed more than once (f(x, x)): a tuple giving, per leaf, the index of its first
+ * occurrence (new reference), or None when every leaf is its own tensor. The key holds it, so a graph
+ * captured with one tensor in two places (where `a is b`) serves only calls that pass one tensor so. */
+static PyObject *same_tensor_pattern(PyObject *leaves) {
+    Py_ssize_t n = PyList_GET_SIZE(leaves);
+    PyObject *first = NULL;
+    for (Py_ssize_t k = 1; k < n; k++) {
+        PyObject *t = PyList_GET_ITEM(leaves, k);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (PyList_GET_ITEM(leaves, j) != t) continue;
+            if (!first) {
+                first = PyTuple_New(n);
+                for (Py_ssize_t i = 0; first && i < n; i++) {
+                    PyObject *v = PyLong_FromSsize_t(i);
+                    if (!v) Py_CLEAR(first);
+                    else PyTuple_SET_ITEM(first, i, v);
+                }
+                if (!first) return NULL;
+            }
+            PyObject *v = PyLong_FromSsize_t(j);
+            if (!v) {
+                Py_DECREF(first);
+                return NULL;
+            }
+            Py_SETREF(PyTuple_GET_ITEM(first, k), v); /* (a tuple this function made: not shared yet) */
+            break;
+        }
+    }
+    return first ? first : Py_NewRef(Py_None);
+}
+
 static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
     PyObject *leaves = PyList_New(0), *call = leaves ? PyTuple_Pack(2, args, kwargs) : NULL;
     int prev_mark = mark_layout;
@@ -500,7 +531,13 @@ static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
     mark_layout = prev_mark;
     PyObject *modes = sig ? PyList_New(0) : NULL, *key = NULL;
     if (modes && cells_training(owners, modes) == 0 && cells_training(args, modes) == 0) {
-        PyObject *extra = Py_BuildValue("(ON)", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes));
+        PyObject *same = same_tensor_pattern(leaves), *extra = NULL;
+        if (same == Py_None)
+            extra = Py_BuildValue("(ON)", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes));
+        else if (same)
+            extra = Py_BuildValue("(ON(sO))", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes),
+                                  "same tensors", same);
+        Py_XDECREF(same);
         key = extra ? Py_BuildValue("((OON)O)", spec, sig, extra, leaves) : NULL;
     }
     Py_XDECREF(leaves);
@@ -518,6 +555,8 @@ static PyObject *describe_change(PyObject *old, PyObject *new) {
         !PyArg_ParseTuple(new, "OO!O", &nspec, &PyTuple_Type, &nsig, &nextra))
         return NULL;
     int eq = PyObject_RichCompareBool(oextra, nextra, Py_EQ);
+    if (eq == 0 && PyTuple_Check(oextra) && PyTuple_Check(nextra) && PyTuple_GET_SIZE(oextra) != PyTuple_GET_SIZE(nextra))
+        return PyUnicode_FromString("one tensor passed as two arguments (or no longer)");
     if (eq <= 0) return eq < 0 ? NULL : PyUnicode_FromString("the grad or training mode");
     eq = PyObject_RichCompareBool(ospec, nspec, Py_EQ);
     if (eq < 0) return NULL;

@@ -156,13 +156,16 @@ def _user_frame_tracer(tracer, on_call=None):
 
 def bind_inputs(tracer, spec, leaves, aliases=None):
     """The call's arguments rebuilt around fresh aliases of its tensors, each declared as the
-    next graph input (aliases: the same tensor passed twice still makes two inputs; appended to
-    `aliases` when given)."""
+    next graph input (the same tensor passed twice makes two inputs of one alias, so `a is b` holds
+    as in eager; the call key tells such calls apart); appended to `aliases` when given."""
     aliases = [] if aliases is None else aliases
+    made = {}  # id(tensor) -> its alias: one tensor in two places is one object to the function too
     for t in leaves:
-        a = t.detach()
-        a.requires_grad = t.requires_grad and t.is_leaf
-        tracer.add_input(a)
+        a = made.get(id(t))
+        if a is None:
+            a = made[id(t)] = t.detach()
+            a.requires_grad = t.requires_grad and t.is_leaf
+        tracer.add_input(a)  # (a second input of the same alias: the graph reads the last, the call passes both)
         aliases.append(a)
     return tree.unflatten(spec, aliases)[0]
 
@@ -624,9 +627,9 @@ class JitFunction(_C.JitDispatcher):
         whose results are a tensor or a flat tuple/list of tensors."""
         from ..nn import Cell
 
-        if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1]
+        if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or len(key[2]) > 2
                 or entry.differentiable or self._recorder is not None):
-            return
+            return  # (len(key[2]) > 2: one tensor in two places, which the C path never serves)
         if not all(isinstance(a, _C.TensorBase) and a.is_contiguous() for a in args):
             return
         spec = entry.out_spec
