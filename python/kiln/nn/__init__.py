@@ -8,6 +8,11 @@ from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, NLLLoss
 from .optim import Adam, Optimizer, SGD
+from .optim_extra import Adagrad, AdamW, AdamWeightDecay, Momentum, RMSProp
+from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
+                          WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
+                          warmup_lr)
+from . import utils
 from .parameter import Parameter, ParameterTuple
 
 __all__ = [
@@ -17,7 +22,9 @@ __all__ = [
     "Flatten", "Dropout", "Identity", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
     "get_activation",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
-    "Optimizer", "SGD", "Adam",
+    "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad",
+    "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
+    "WarmUpCosineDecayLR",
 ]
 
 

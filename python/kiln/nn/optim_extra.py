@@ -1,0 +1,115 @@
+"""More optimizers with MindSpore's names and rules (PyTorch's spelling as an alias where its rule
+is the same): AdamWeightDecay / AdamW (decoupled weight decay), Momentum, RMSProp, Adagrad.
+Their updates are kiln ops written into the parameters and state in place, so a compiled
+training step replays them, and a learning-rate schedule is computed in the graph from the step
+count as for SGD and Adam (kiln.nn.optim)."""
+import numbers
+
+from .. import _C
+from .. import ops
+from .optim import Adam, Optimizer, SGD, _check_nonneg
+
+
+def _write(target, value):
+    """target's elements set to value, in place (recorded as an in-place update when compiled)."""
+    target[...] = value
+
+
+def _rate_for(lr, param):
+    """A rate as an operand beside param: a number, or a schedule's 0-d tensor (computed in the graph)
+    in param's dtype, so eager (a number) and compiled steps compute in the same precision."""
+    return lr.astype(param.dtype) if isinstance(lr, _C.TensorBase) else lr
+
+
+class AdamWeightDecay(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter; MindSpore's AdamWeightDecay, PyTorch's
+    AdamW): p -= lr * weight_decay * p, then Adam's step without decay in the gradient. MindSpore's
+    argument names (learning_rate, beta1, beta2, eps, weight_decay), PyTorch's defaults for AdamW
+    (weight_decay 0.01)."""
+
+    def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
+                 loss_scale=1.0):
+        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay=weight_decay, loss_scale=loss_scale)
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        if weight_decay:
+            _write(param, param - param * (_rate_for(lr, param) * weight_decay))
+        super()._update(i, param, grad, lr, 0.0)
+
+
+class AdamW(AdamWeightDecay):
+    """PyTorch's AdamW: AdamWeightDecay with PyTorch's argument names and defaults
+    (lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, learning_rate=None):
+        super().__init__(params, lr if learning_rate is None else learning_rate, betas[0], betas[1], eps,
+                         weight_decay)
+
+
+class Momentum(SGD):
+    """MindSpore's Momentum: accum = momentum * accum + g; p -= lr * accum (use_nesterov:
+    p -= lr * (g + momentum * accum)); weight_decay adds weight_decay * p to g."""
+
+    def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0, use_nesterov=False):
+        if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or momentum < 0:
+            raise ValueError(f"Momentum: momentum must be a number >= 0, got {momentum!r}")
+        super().__init__(params, learning_rate, momentum=momentum, weight_decay=weight_decay,
+                         nesterov=bool(use_nesterov) and momentum > 0, loss_scale=loss_scale)
+
+
+class RMSProp(Optimizer):
+    """MindSpore's RMSProp: ms = decay * ms + (1 - decay) * g^2 (centered: mg = decay * mg +
+    (1 - decay) * g, and ms - mg^2 is used); mom = momentum * mom + lr * g / sqrt(ms + epsilon);
+    p -= mom. (PyTorch's RMSprop puts eps outside the square root.)"""
+
+    def __init__(self, params, learning_rate=0.1, decay=0.9, momentum=0.0, epsilon=1e-10, use_locking=False,
+                 centered=False, loss_scale=1.0, weight_decay=0.0):
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+        if not isinstance(decay, numbers.Real) or not 0.0 <= decay < 1.0:
+            raise ValueError(f"RMSProp: decay must be in [0, 1), got {decay!r}")
+        self.decay = float(decay)
+        self.momentum = _check_nonneg("RMSProp", "momentum", momentum)
+        self.epsilon = _check_nonneg("RMSProp", "epsilon", epsilon)
+        self.centered = bool(centered)
+        self.mean_square = self._state("mean_square")
+        self.moment = self._state("moment")
+        self.mean_grad = self._state("mean_grad") if self.centered else None
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        if weight_decay:
+            grad = grad + param * weight_decay
+        ms = self.mean_square[i]
+        _write(ms, ms * self.decay + grad * grad * (1.0 - self.decay))
+        denom = ms
+        if self.centered:
+            mg = self.mean_grad[i]
+            _write(mg, mg * self.decay + grad * (1.0 - self.decay))
+            denom = ms - mg * mg
+        mom = self.moment[i]
+        _write(mom, mom * self.momentum + grad * _rate_for(lr, param) / ops.sqrt(denom + self.epsilon))
+        _write(param, param - mom)
+
+
+class Adagrad(Optimizer):
+    """MindSpore's Adagrad: accum += g^2; p -= lr * g / sqrt(accum), accum starting at `accum`
+    (default 0.1); weight_decay adds weight_decay * p to g. (PyTorch's Adagrad starts the sum at
+    initial_accumulator_value, default 0, and adds eps to the root: Adagrad(..., accum=0.0, eps=1e-10)
+    matches it.)"""
+
+    def __init__(self, params, accum=0.1, learning_rate=0.001, update_slots=True, loss_scale=1.0,
+                 weight_decay=0.0, eps=0.0):
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+        self.initial_accum = _check_nonneg("Adagrad", "accum", accum)
+        self.eps = _check_nonneg("Adagrad", "eps", eps)
+        self.update_slots = bool(update_slots)
+        self.accum = self._state("accum")
+        for a in self.accum:
+            _write(a, self.initial_accum)
+
+    def _update(self, i, param, grad, lr, weight_decay):
+        if weight_decay:
+            grad = grad + param * weight_decay
+        acc = self.accum[i]
+        if self.update_slots:
+            _write(acc, acc + grad * grad)
+        _write(param, param - grad * _rate_for(lr, param) / (ops.sqrt(acc) + self.eps))
