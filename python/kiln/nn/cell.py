@@ -1,5 +1,5 @@
 """Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 from .. import _C
 from .. import context as _context
@@ -150,6 +150,22 @@ class Cell(_C.CellBase):
         """OrderedDict path -> parameter."""
         return OrderedDict(self.parameters_and_names(expand=recurse))
 
+    def state_dict(self):
+        """PyTorch's spelling: OrderedDict name -> tensor of the parameters (and an optimizer's state)."""
+        out = self.parameters_dict()
+        state = getattr(self, "state_for_checkpoint", None)
+        if state is not None:
+            out.update(state())
+        return out
+
+    def load_state_dict(self, state_dict, strict=True):
+        """PyTorch's spelling of load_param_into_net: returns (missing_keys, unexpected_keys); strict
+        raises when either is not empty (shapes and dtypes must match in any case)."""
+        from ..checkpoint import load_param_into_net
+
+        missing, unexpected = load_param_into_net(self, dict(state_dict), strict_load=strict)
+        return _IncompatibleKeys(missing, unexpected)
+
     def load_parameter_dict(self, parameter_dict, strict=True):
         """Copies values (Tensors, arrays) into the parameters of the same paths. With strict,
         missing or unexpected names raise KeyError. Returns the names not found in the dict."""
@@ -229,6 +245,9 @@ class Cell(_C.CellBase):
         if len(lines) == 1 and not self._cells:
             return body + lines[0] + ">"
         return body + "\n  " + "\n  ".join(lines) + "\n  >"
+
+
+_IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
 
 class _CellContainer(Cell):

@@ -138,6 +138,18 @@ class Optimizer(Cell):
                 return self._lr_at(lr, self.global_step)
         raise ValueError("get_lr_parameter: the parameter is not optimized by this optimizer")
 
+    def state_for_checkpoint(self):
+        """[(name, tensor)] of this optimizer's state -- each ParameterTuple of moments ("moment1.0",
+        ...), the step counts ("step_counters.0", ...) and "global_step" -- what save_checkpoint writes
+        and load_param_into_net restores (the tensors themselves: loading writes into them)."""
+        out = []
+        for attr, value in vars(self).items():
+            if isinstance(value, ParameterTuple):
+                out += [(f"{attr}.{i}", t) for i, t in enumerate(value)]
+        out += [(f"step_counters.{i}", t) for i, t in enumerate(self._step_counters)]
+        out.append(("global_step", self._global_step))
+        return out
+
     def _state(self, prefix):
         """Zero-initialized state tensors, one per parameter, named prefix.<parameter name>."""
         return ParameterTuple(Parameter(ops.zeros_like(p), f"{prefix}.{getattr(p, 'name', None) or i}",
