@@ -7,6 +7,9 @@ from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, NLLLoss
+from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, GroupNorm, HSigmoid, HSwish, Hardsigmoid,
+                           Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
+                           PReLU, Softplus, Unflatten, Upsample)
 from .optim import Adam, Optimizer, SGD
 from .optim_extra import Adagrad, AdamW, AdamWeightDecay, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
@@ -20,7 +23,9 @@ __all__ = [
     "Parameter", "ParameterTuple", "init", "initializer",
     "Dense", "Conv2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "MaxPool2d", "AvgPool2d",
     "Flatten", "Dropout", "Identity", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
-    "get_activation",
+    "get_activation", "LeakyReLU", "PReLU", "ELU", "Softplus", "HSigmoid", "HSwish", "Hardsigmoid", "Hardswish",
+    "Mish", "Conv1d", "GroupNorm", "InstanceNorm2d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle",
+    "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
