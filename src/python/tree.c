@@ -554,9 +554,13 @@ static PyObject *describe_change(PyObject *old, PyObject *new) {
     if (!PyArg_ParseTuple(old, "OO!O", &ospec, &PyTuple_Type, &osig, &oextra) ||
         !PyArg_ParseTuple(new, "OO!O", &nspec, &PyTuple_Type, &nsig, &nextra))
         return NULL;
-    int eq = PyObject_RichCompareBool(oextra, nextra, Py_EQ);
-    if (eq == 0 && PyTuple_Check(oextra) && PyTuple_Check(nextra) && PyTuple_GET_SIZE(oextra) != PyTuple_GET_SIZE(nextra))
-        return PyUnicode_FromString("one tensor passed as two arguments (or no longer)");
+    /* extra: (grad mode, training modes[, which leaves are one tensor]); the modes first, the
+     * aliasing after the arguments themselves */
+    PyObject *omodes = PyTuple_Check(oextra) ? PyTuple_GetSlice(oextra, 0, 2) : Py_NewRef(oextra);
+    PyObject *nmodes = omodes && PyTuple_Check(nextra) ? PyTuple_GetSlice(nextra, 0, 2) : Py_XNewRef(nextra);
+    int eq = omodes && nmodes ? PyObject_RichCompareBool(omodes, nmodes, Py_EQ) : -1;
+    Py_XDECREF(omodes);
+    Py_XDECREF(nmodes);
     if (eq <= 0) return eq < 0 ? NULL : PyUnicode_FromString("the grad or training mode");
     eq = PyObject_RichCompareBool(ospec, nspec, Py_EQ);
     if (eq < 0) return NULL;
@@ -588,6 +592,9 @@ static PyObject *describe_change(PyObject *old, PyObject *new) {
         const char *what = !same_shape ? "shape" : !same_dtype ? "dtype" : "requires_grad";
         return PyUnicode_FromFormat("the %s of tensor argument %zd (%R -> %R)", what, i, osh, nsh);
     }
+    eq = PyObject_RichCompareBool(oextra, nextra, Py_EQ);
+    if (eq == 0) return PyUnicode_FromString("one tensor passed as two arguments (or no longer)");
+    if (eq < 0) return NULL;
     return PyUnicode_FromString("the signature");
 }
 

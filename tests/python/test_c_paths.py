@@ -255,7 +255,12 @@ def test_call_keys_and_what_changed():
     net = nn.Dense(3, 3)
     (spec, sig, extra), leaves = _C.tree.call_key((t, 2, net), {"k": t}, (None, None))
     assert leaves[0] is t and leaves[1] is t and sig == ((t.dtype.id, (2, 3), False),) * 2
-    assert extra == (kiln._C.is_grad_enabled(), (False,))
+    # (t passed twice: the key says which leaves are one tensor, so f(t, t) and f(t, u) are keyed apart)
+    assert extra == (kiln._C.is_grad_enabled(), (False,), ("same tensors", (0, 0)))
+    u = kiln.Tensor(np.ones((2, 3), np.float32))
+    assert _C.tree.call_key((t, 2, net), {"k": u}, (None, None))[0][2] == (kiln._C.is_grad_enabled(), (False,))
+    assert _C.tree.describe_change(_C.tree.call_key((t, 2, net), {"k": u}, (None, None))[0], (spec, sig, extra)) \
+        == "one tensor passed as two arguments (or no longer)"
     other = _C.tree.call_key((kiln.Tensor(np.ones((4, 3), np.float32)), 2, net), {"k": t}, (None, None))[0]
     assert _C.tree.describe_change((spec, sig, extra), other) == "the shape of tensor argument 0 ((2, 3) -> (4, 3))"
     third = _C.tree.call_key((t, 3, net), {"k": t}, (None, None))[0]

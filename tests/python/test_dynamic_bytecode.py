@@ -221,10 +221,10 @@ def test_introspection_of_a_binding_made_after_the_compile():
 
     f = bc(fn, dynamic=True)
     f(T(3, 5), T(3, 5))
-    x = T(7, 5)
-    exe = f.executable(x, x)  # the instance of the binding (7, 5), made here without a compile
-    close(exe(x, x)[0], x.asnumpy() * x.asnumpy() + 1)
-    assert "outputs 140 bytes" in f.plan_str(x, x) and "mul(" in f.graph_str(x, x), f.plan_str(x, x)  # 7*5*4
+    x, y = T(7, 5), T(7, 5) * 2.0  # (two tensors, as at the compile: one passed twice is keyed apart)
+    exe = f.executable(x, y)  # the instance of the binding (7, 5), made here without a compile
+    close(exe(x, y)[0], x.asnumpy() * y.asnumpy() + 1)
+    assert "outputs 140 bytes" in f.plan_str(x, y) and "mul(" in f.graph_str(x, y), f.plan_str(x, y)  # 7*5*4
     info = f.cache_info()
     assert info.compiles == 1 and info.instances == 1, info
 

@@ -976,7 +976,7 @@ def test_dump_plan_prints_each_compiled_plan():
     code = ("import kiln, numpy as np\n"
             "f = kiln.jit(lambda a, b: a * b + a)\n"
             "x = kiln.Tensor(np.ones(3, np.float32))\n"
-            "f(x, x)\n")
+            "f(x, x * 2)\n")
     env = dict(os.environ, KILN_DUMP_PLAN="1", PYTHONPATH=os.path.join(REPO, "python"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "[kiln] plan: 2 steps" in out.stderr and "= mul(%0, %1)" in out.stderr, out.stderr
