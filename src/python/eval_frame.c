@@ -27,6 +27,18 @@
 #undef Py_BUILD_CORE
 #endif
 
+/* The function a frame runs (borrowed), or NULL where that is not known (not CPython 3.11): the
+ * guard recorder then searches the heap for the functions with the frame's code. */
+PyObject *pykiln_frame_function(PyFrameObject *frame) {
+#if KILN_EVAL_FRAME_SUPPORTED
+    _PyInterpreterFrame *f = frame->f_frame; /* (struct _frame of internal/pycore_frame.h) */
+    return f && f->f_func && PyFunction_Check(f->f_func) ? (PyObject *)f->f_func : NULL;
+#else
+    (void)frame;
+    return NULL;
+#endif
+}
+
 static PyObject *run_eager; /* the RUN_EAGER sentinel */
 static Py_ssize_t slot = -1;
 static _Thread_local int suspended;

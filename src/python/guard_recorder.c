@@ -23,6 +23,7 @@ typedef struct {
     PyObject *local_codes;  /* code objects of functions defined while capturing */
     PyObject *functions_of; /* code -> the functions with that code (a search of the heap, once) */
     PyObject *appended;     /* borrowed while a code is recorded: its CodeFacts.appended, or NULL */
+    PyObject *running;      /* borrowed while a code is recorded: the function running it, when known */
 } PyGuardRecorder;
 
 static PyObject *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
@@ -378,6 +379,15 @@ static PyObject *closures_of(PyGuardRecorder *r, PyObject *code, PyObject *freev
         else Py_XDECREF(cells);
         return list;
     }
+    if (r->running && PyFunction_Check(r->running) && PyFunction_GET_CODE(r->running) == code) {
+        /* the frame's own function: its closure, no search (a search of the heap costs time in
+         * proportion to everything alive) */
+        PyObject *cells = closure_of(r->running, freevars);
+        PyObject *list = cells ? PyList_New(1) : NULL;
+        if (list) PyList_SET_ITEM(list, 0, cells);
+        else Py_XDECREF(cells);
+        return list;
+    }
     PyObject *cached = PyDict_GetItemWithError(r->functions_of, code);
     if (!cached && PyErr_Occurred()) return NULL;
     PyObject *closures = NULL;
@@ -545,7 +555,7 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
 /* What code, starting with globals g and locals (a dict), reads and writes (steals code, g and
  * locals); only its instructions at the offsets in the set `executed` when not NULL. */
 static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g, PyObject *locals,
-                             PyObject *executed) {
+                             PyObject *executed, PyObject *running) {
     PyObject *user = PyObject_CallOneArg(r->is_user_code, (PyObject *)code);
     int is_user = user ? PyObject_IsTrue(user) : -1, rc = -1;
     PyObject *facts = NULL, *nested = NULL, *appended = NULL;
@@ -555,6 +565,7 @@ static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g
     nested = facts ? PyObject_GetAttrString(facts, "nested") : NULL;
     appended = facts ? PyObject_GetAttrString(facts, "appended") : NULL;
     r->appended = appended;
+    r->running = running;
     int converted = is_converted(r, code);
     if (!nested || !appended || !g || !locals || converted < 0 || _PySet_Update(r->local_codes, nested) < 0 ||
         record_effects(r, code, facts, g, converted) < 0)
@@ -567,6 +578,7 @@ static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g
     if (rc == 0) rc = guard_closures(r, facts, code, g, locals);
 done:
     r->appended = NULL;
+    r->running = NULL;
     Py_XDECREF(appended);
     Py_DECREF(code);
     Py_XDECREF(facts);
@@ -581,21 +593,22 @@ done:
 static PyObject *recorder_on_call(PyObject *self, PyObject *frame) {
     if (!PyFrame_Check(frame)) return PyErr_Format(PyExc_TypeError, "on_call: expected a frame");
     return record_code((PyGuardRecorder *)self, PyFrame_GetCode((PyFrameObject *)frame),
-                       PyFrame_GetGlobals((PyFrameObject *)frame), PyFrame_GetLocals((PyFrameObject *)frame), NULL);
+                       PyFrame_GetGlobals((PyFrameObject *)frame), PyFrame_GetLocals((PyFrameObject *)frame), NULL,
+                       pykiln_frame_function((PyFrameObject *)frame));
 }
 
 /* on_code(code, globals, locals, executed=None): on_call for code that bytecode capture
  * interprets (no frame), from the locals the interpreted part started with; executed: the set of
  * offsets it ran (None: all of the code). */
 static PyObject *recorder_on_code(PyObject *self, PyObject *args) {
-    PyObject *code, *g, *locals, *executed = Py_None;
-    if (!PyArg_ParseTuple(args, "O!O!O!|O:on_code", &PyCode_Type, &code, &PyDict_Type, &g, &PyDict_Type, &locals,
-                          &executed))
+    PyObject *code, *g, *locals, *executed = Py_None, *running = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!O!|OO:on_code", &PyCode_Type, &code, &PyDict_Type, &g, &PyDict_Type, &locals,
+                          &executed, &running))
         return NULL;
     if (executed != Py_None && !PyAnySet_Check(executed))
         return PyErr_Format(PyExc_TypeError, "on_code: executed must be a set of offsets or None");
     return record_code((PyGuardRecorder *)self, (PyCodeObject *)Py_NewRef(code), Py_NewRef(g), Py_NewRef(locals),
-                       executed == Py_None ? NULL : executed);
+                       executed == Py_None ? NULL : executed, PyFunction_Check(running) ? running : NULL);
 }
 
 /* add_cells(cells): guards the training mode and state version of each Cell the capture called. */
@@ -816,8 +829,8 @@ static PyObject *get_count(PyObject *self, void *which) {
 static PyMethodDef recorder_methods[] = {
     {"on_call", recorder_on_call, METH_O, "on_call(frame): record what a starting frame of user code reads and writes"},
     {"on_code", recorder_on_code, METH_VARARGS,
-     "on_code(code, globals, locals, executed=None): on_call for code interpreted without a frame, only the "
-     "instructions at the offsets in executed (bytecode capture)"},
+     "on_code(code, globals, locals, executed=None, function=None): on_call for code interpreted without a "
+     "frame, only the instructions at the offsets in executed (bytecode capture), run by function"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},

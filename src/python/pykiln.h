@@ -152,6 +152,7 @@ int pykiln_cell_init(PyObject *module);
 int pykiln_custom_grad_init(PyObject *module);
 /* Registers the frame-evaluation hook of bytecode capture (eval_frame.c). */
 int pykiln_eval_frame_init(PyObject *module);
+PyObject *pykiln_frame_function(PyFrameObject *frame);
 int pykiln_bytecode_steps_init(PyObject *module);
 /* Registers GuardRecorder (guard_recorder.c). */
 int pykiln_guard_recorder_init_type(PyObject *module);

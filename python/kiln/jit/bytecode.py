@@ -527,7 +527,8 @@ class Interpreter:
     def record_reads(self):
         """Shows the recorder what each interpreted frame read: its instructions that ran."""
         for frame, local_values in self.reads:
-            self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed or set())
+            self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed or set(),
+                                  frame.func)
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
