@@ -16,6 +16,7 @@ from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
 from . import autodiff, profiler, tools, tree
+from . import dataset
 
 float_ = float32
 int_ = int64
@@ -27,6 +28,13 @@ __version__ = "0.1.0"
 def manual_seed(seed):
     """Seeds the generator behind rand, randn, normal, uniform and dropout."""
     _C.manual_seed(int(seed))
+
+
+def set_seed(seed):
+    """MindSpore's set_seed: seeds kiln's random ops (manual_seed) and dataset shuffles
+    (kiln.dataset.config.set_seed)."""
+    dataset.config.set_seed(seed)
+    manual_seed(seed)
 
 
 def set_num_threads(n):
