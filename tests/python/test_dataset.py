@@ -202,6 +202,15 @@ def test_early_break_leaves_no_worker_processes():
     gc.collect()
     assert multiprocessing.active_children() == []
 
+    def train_until_it_fails():
+        for i, _ in enumerate(ds.DataLoader(ds.ArrayDataset(x, y), batch_size=2, num_workers=2)):
+            if i == 2:
+                raise FloatingPointError("loss is nan")
+    with pytest.raises(FloatingPointError):
+        train_until_it_fails()
+    gc.collect()
+    assert multiprocessing.active_children() == []
+
 
 class Broken(RandomAccess):
     def __getitem__(self, i):
