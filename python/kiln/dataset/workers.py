@@ -16,24 +16,9 @@ import pickle
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-_worker_fn = None  # the fn of the pool this process serves (set by fork, or by _install)
-
-
 class WorkerError(RuntimeError):
     """An exception raised by dataset code in a data worker; its message holds the worker's
     traceback."""
-
-
-def _install(fn):
-    global _worker_fn
-    _worker_fn = fn
-
-
-def _call(item):
-    try:
-        return True, _worker_fn(item)
-    except BaseException as exc:  # reported back, never lost in the worker
-        return False, f"{type(exc).__name__}: {exc}\n--- worker traceback ---\n{traceback.format_exc()}"
 
 
 def _call_fn(fn, item):
@@ -58,6 +43,83 @@ def choose_mode(fn, mode=None):
         return "thread"
 
 
+def _serve(fn, inbox, outbox):
+    """A worker process: fn over the items of inbox, each result (or error text) to outbox."""
+    while True:
+        item = inbox.get()
+        if item is None:
+            return
+        ok, value = _call_fn(fn, item)
+        try:
+            outbox.send((ok, value))
+        except Exception as exc:  # a result that does not pickle
+            outbox.send((False, f"the worker's result could not be sent back ({type(exc).__name__}: {exc}); "
+                                "return NumPy arrays, numbers or tuples of them"))
+
+
+class _Processes:
+    """num_workers processes; item k goes to worker k % num_workers, so each worker's results,
+    read in turn, are in input order. Items go through a Queue (its feeder thread never blocks
+    the caller), results come back through a Pipe read only by the caller."""
+
+    def __init__(self, fn, num_workers):
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+        self.inboxes, self.outboxes, self.procs = [], [], []
+        try:
+            for _ in range(num_workers):
+                inbox = ctx.Queue()
+                receive, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_serve, args=(fn, inbox, send), daemon=True)
+                proc.start()
+                send.close()
+                self.inboxes.append(inbox)
+                self.outboxes.append(receive)
+                self.procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, k, item):
+        w = k % len(self.procs)
+        self.inboxes[w].put(item)
+        return w
+
+    def result(self, w):
+        try:
+            return self.outboxes[w].recv()
+        except EOFError:
+            proc = self.procs[w]
+            proc.join(1)
+            return False, f"the worker process exited unexpectedly (exit code {proc.exitcode})"
+
+    def close(self):
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join()
+        for inbox in self.inboxes:
+            inbox.cancel_join_thread()
+            inbox.close()
+        for outbox in self.outboxes:
+            outbox.close()
+
+
+class _Threads:
+    def __init__(self, fn, num_workers):
+        self.fn = fn
+        self.pool = ThreadPoolExecutor(num_workers)
+
+    def submit(self, k, item):
+        return self.pool.submit(_call_fn, self.fn, item)
+
+    def result(self, future):
+        return future.result()
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
     """A generator of fn(item) for item in items, in order; fn runs in num_workers workers."""
     if num_workers <= 0:
@@ -65,27 +127,12 @@ def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
             yield fn(item)
         return
     bound = max(1, num_workers * max(1, int(prefetch)))
-    if choose_mode(fn, mode) == "thread":
-        pool = ThreadPoolExecutor(num_workers)
-        submit = lambda item: pool.submit(_call_fn, fn, item)  # noqa: E731
-        result = lambda fut: fut.result()  # noqa: E731
-
-        def close():
-            pool.shutdown(wait=True, cancel_futures=True)
-    else:
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-        pool = ctx.Pool(num_workers, initializer=_install, initargs=(fn,))
-        submit = lambda item: pool.apply_async(_call, (item,))  # noqa: E731
-        result = lambda fut: fut.get()  # noqa: E731
-
-        def close():
-            pool.terminate()
-            pool.join()
+    pool = (_Threads if choose_mode(fn, mode) == "thread" else _Processes)(fn, num_workers)
     pending = collections.deque()
     source = iter(items)
     try:
         exhausted = False
+        k = 0
         while True:
             while not exhausted and len(pending) < bound:
                 try:
@@ -93,12 +140,13 @@ def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
                 except StopIteration:
                     exhausted = True
                     break
-                pending.append(submit(item))
+                pending.append(pool.submit(k, item))
+                k += 1
             if not pending:
                 return
-            ok, value = result(pending.popleft())
+            ok, value = pool.result(pending.popleft())
             if not ok:
                 raise WorkerError(f"kiln.dataset: error in a data worker of {what}: {value}")
             yield value
     finally:
-        close()
+        pool.close()
