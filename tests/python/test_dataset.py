@@ -231,6 +231,9 @@ def test_worker_exceptions_reach_the_main_process_with_traceback():
     d = ds.NumpySlicesDataset(np.arange(12), ["v"], shuffle=False)
     with pytest.raises(ds.WorkerError, match=r"bad pixel in sample 7(.|\n)*_fails_on_seven"):
         list(d.map(_fails_on_seven, num_parallel_workers=2).create_tuple_iterator())
+    with pytest.raises(ds.WorkerError, match="could not be sent back"):
+        list(d.map(lambda v: (v, lambda: 1), output_columns=["a", "b"], num_parallel_workers=2)
+             .create_tuple_iterator(output_numpy=True))
     # without workers the user's own exception comes through unchanged
     with pytest.raises(ValueError, match="bad pixel"):
         list(d.map(_fails_on_seven).create_tuple_iterator())

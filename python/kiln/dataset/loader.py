@@ -87,7 +87,7 @@ class DataLoader:
     its result is returned as it gives it."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, num_workers=0, collate_fn=None,
-                 drop_last=False, prefetch_factor=2, seed=None, timeout=0, worker_mode=None):
+                 drop_last=False, prefetch_factor=2, seed=None, worker_mode=None):
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError(f"kiln.dataset.DataLoader: dataset must have __getitem__ and __len__, "
                             f"got {type(dataset).__name__}")
