@@ -46,6 +46,7 @@ def set_seed(seed):
 
     _C.manual_seed(seed)
     numpy.random.seed(seed)
+    dataset.config.set_seed(seed)  # (shuffles and random samplers too)
     _seed = seed
 
 

@@ -1,16 +1,13 @@
-"""PyTorch's and MegEngine's data loading: Dataset / ArrayDataset / TensorDataset, samplers and
-DataLoader(dataset, batch_size, shuffle, sampler, num_workers, collate_fn, drop_last,
-prefetch_factor, seed). With num_workers > 0 each batch is fetched and collated in a worker process
-(kiln.dataset.workers), at most prefetch_factor * num_workers batches ahead, in order; the
-results equal num_workers=0's. A sampler that yields lists of indices (MegEngine's, or a
-BatchSampler) gives the batches itself."""
+"""PyTorch/MegEngine-style loading: Dataset, ArrayDataset, TensorDataset and DataLoader."""
 import numpy as np
 
-from . import config
+from ._rows import stack, to_numpy, to_tensor
+from .samplers import BatchSampler, RandomSampler, SequentialSampler
+from .workers import ordered_map
 
 
 class Dataset:
-    """A map-style dataset: __getitem__(index) -> a sample, __len__."""
+    """A map-style dataset: subclasses give __getitem__(index) and __len__."""
 
     def __getitem__(self, index):
         raise NotImplementedError
@@ -20,14 +17,17 @@ class Dataset:
 
 
 class ArrayDataset(Dataset):
-    """Samples are the index-th rows of arrays of one length (MegEngine's ArrayDataset)."""
+    """Samples are tuples (arrays[0][i], arrays[1][i], ...) of NumPy arrays of one length."""
 
     def __init__(self, *arrays):
         if not arrays:
-            raise ValueError("ArrayDataset: give at least one array")
-        self.arrays = [np.asarray(a) if not hasattr(a, "asnumpy") else a.asnumpy() for a in arrays]
-        if len({len(a) for a in self.arrays}) != 1:
-            raise ValueError(f"ArrayDataset: arrays of different lengths {[len(a) for a in self.arrays]}")
+            raise ValueError("kiln.dataset.ArrayDataset: give at least one array")
+        self.arrays = [to_numpy(a) for a in arrays]
+        if any(a.ndim == 0 for a in self.arrays):
+            raise ValueError("kiln.dataset.ArrayDataset: every array needs a first axis to index")
+        lengths = [len(a) for a in self.arrays]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"kiln.dataset.ArrayDataset: arrays have different lengths {lengths}")
 
     def __getitem__(self, index):
         return tuple(a[index] for a in self.arrays)
@@ -36,126 +36,109 @@ class ArrayDataset(Dataset):
         return len(self.arrays[0])
 
 
-TensorDataset = ArrayDataset  # (PyTorch's name)
-
-
-class SequentialSampler:
-    def __init__(self, data_source):
-        self.n = len(data_source)
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-    def __len__(self):
-        return self.n
-
-
-class RandomSampler:
-    """Indices in a random order, a new one each epoch (seed: repeatable; else kiln.dataset.config's
-    seed). batch_size (MegEngine's form): yields lists of that many indices."""
-
-    def __init__(self, data_source, batch_size=None, drop_last=False, seed=None):
-        self.n, self.batch_size, self.drop_last = len(data_source), batch_size, drop_last
-        self.seed = seed
-        self.epoch = 0
-
-    def _order(self):
-        seed = self.seed if self.seed is not None else config.get_seed()
-        rng = np.random.default_rng(None if seed is None else [seed, self.epoch])
-        self.epoch += 1
-        return rng.permutation(self.n).tolist()
-
-    def __iter__(self):
-        order = self._order()
-        if self.batch_size is None:
-            return iter(order)
-        return iter(_batches(order, self.batch_size, self.drop_last))
-
-    def __len__(self):
-        if self.batch_size is None:
-            return self.n
-        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
-
-
-class SequentialBatchSampler(RandomSampler):  # (MegEngine's SequentialSampler with a batch size)
-    def _order(self):
-        return list(range(self.n))
-
-
-class BatchSampler:
-    def __init__(self, sampler, batch_size, drop_last=False):
-        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
-
-    def __iter__(self):
-        return iter(_batches(list(iter(self.sampler)), self.batch_size, self.drop_last))
-
-    def __len__(self):
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-
-def _batches(order, size, drop_last):
-    out = [order[k:k + size] for k in range(0, len(order), size)]
-    if drop_last and out and len(out[-1]) < size:
-        out.pop()
-    return out
+class TensorDataset(ArrayDataset):
+    """ArrayDataset over kiln Tensors (kept as NumPy copies; batches come back as Tensors)."""
 
 
 def default_collate(samples):
-    """A list of samples (arrays, numbers, or tuples/dicts of them) stacked along a new first axis."""
+    """Stacks samples into a batch: tuples/lists column by column, dicts key by key, arrays and
+    numbers by np.stack (NumPy; the loader turns the arrays into Tensors)."""
     first = samples[0]
-    if isinstance(first, tuple) or isinstance(first, list):
-        return type(first)(default_collate([s[k] for s in samples]) for k in range(len(first)))
+    if isinstance(first, (tuple, list)):
+        if any(len(s) != len(first) for s in samples):
+            raise ValueError("kiln.dataset.default_collate: samples have different numbers of fields")
+        return tuple(default_collate([s[i] for s in samples]) for i in range(len(first)))
     if isinstance(first, dict):
         return {k: default_collate([s[k] for s in samples]) for k in first}
-    return np.stack([np.asarray(s.asnumpy() if hasattr(s, "asnumpy") else s) for s in samples])
+    return stack(samples, "DataLoader samples")
+
+
+def _tensors(batch):
+    if isinstance(batch, tuple):
+        return tuple(_tensors(b) for b in batch)
+    if isinstance(batch, list):
+        return [_tensors(b) for b in batch]
+    if isinstance(batch, dict):
+        return {k: _tensors(v) for k, v in batch.items()}
+    if isinstance(batch, np.ndarray):
+        return to_tensor(batch)
+    return batch
+
+
+class _Fetch:
+    """The per-batch work done in a worker: read the samples (and collate with the default)."""
+
+    def __init__(self, dataset, collate):
+        self.dataset, self.collate = dataset, collate
+
+    def __call__(self, indices):
+        samples = [self.dataset[int(i)] for i in indices]
+        return default_collate(samples) if self.collate else samples
 
 
 class DataLoader:
-    """Batches of a map-style dataset, as kiln Tensors (collate_fn's structure kept)."""
+    """Batches of a map-style dataset (__getitem__, __len__) as kiln Tensors.
 
-    def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None, num_workers=0,
-                 collate_fn=None, drop_last=False, prefetch_factor=2, seed=None, **kwargs):
-        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise TypeError("DataLoader: the dataset needs __getitem__ and __len__")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
-        if batch_sampler is None:
-            if sampler is None:
-                sampler = RandomSampler(dataset, seed=seed) if shuffle else SequentialSampler(dataset)
-            elif shuffle:
-                raise ValueError("DataLoader: give either shuffle=True or a sampler")
-            batch_sampler = sampler if getattr(sampler, "batch_size", None) else \
-                BatchSampler(sampler, batch_size, drop_last)
-        self.dataset, self.batch_sampler = dataset, batch_sampler
-        self.num_workers, self.prefetch = num_workers, max(1, int(prefetch_factor))
-        self.collate_fn = collate_fn or default_collate
+    sampler yields indices (grouped by batch_size and drop_last) or lists of indices (MegEngine's
+    batch samplers, e.g. RandomSampler(dataset, batch_size=32)); shuffle=True without a sampler
+    is RandomSampler(dataset, seed=seed). num_workers > 0 reads and collates batches in worker
+    processes, prefetch_factor batches ahead per worker, in the same order and values as with 0.
+    collate_fn (run in the main process on the list of samples) replaces the default stacking;
+    its result is returned as it gives it."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, num_workers=0, collate_fn=None,
+                 drop_last=False, prefetch_factor=2, seed=None, worker_mode=None):
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"kiln.dataset.DataLoader: dataset must have __getitem__ and __len__, "
+                            f"got {type(dataset).__name__}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"kiln.dataset.DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
+        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, (int, np.integer)) \
+                or prefetch_factor < 1:
+            raise ValueError(f"kiln.dataset.DataLoader: prefetch_factor must be an int >= 1, got {prefetch_factor!r}")
+        if sampler is not None and shuffle:
+            raise ValueError("kiln.dataset.DataLoader: give shuffle=True or a sampler, not both")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError("kiln.dataset.DataLoader: collate_fn must be callable")
+        self.dataset = dataset
+        if sampler is None:
+            sampler = RandomSampler(dataset, seed=seed) if shuffle else SequentialSampler(dataset)
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = int(num_workers)
+        self.prefetch_factor = int(prefetch_factor)
+        self.collate_fn = collate_fn
+        self.worker_mode = worker_mode
+        self.batch_sampler = None
+        if getattr(sampler, "batch_size", None) is None:
+            if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                    or batch_size < 1:
+                raise ValueError(f"kiln.dataset.DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
+
+    def _batches(self):
+        """Lists of indices: the sampler's own when it yields lists, else grouped here."""
+        it = iter(self.sampler)
+        first = next(it, None)
+        if first is None:
+            return iter(())
+        import itertools
+        chain = itertools.chain([first], it)
+        if isinstance(first, (list, tuple, np.ndarray)):
+            return chain
+        return iter(BatchSampler(chain, self.batch_size, self.drop_last))
 
     def __len__(self):
-        return len(self.batch_sampler)
-
-    def _fetch(self, indices):
-        return self.collate_fn([self.dataset[int(i)] for i in indices])
+        if getattr(self.sampler, "batch_size", None) is not None or isinstance(self.sampler, BatchSampler):
+            return len(self.sampler)
+        return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
 
     def __iter__(self):
-        from . import workers
-
-        batches = iter(self.batch_sampler)
-        if self.num_workers > 0:
-            results = workers.ordered_map(self._fetch, batches, self.num_workers, self.prefetch * self.num_workers)
-        else:
-            results = map(self._fetch, batches)
-        for b in results:
-            yield _to_tensors(b)
-
-
-def _to_tensors(x):
-    from .._tensor import Tensor
-
-    if isinstance(x, np.ndarray):
-        return Tensor(x)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to_tensors(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _to_tensors(v) for k, v in x.items()}
-    return x
+        fetch = _Fetch(self.dataset, self.collate_fn is None)
+        batches = ordered_map(fetch, self._batches(), self.num_workers, self.prefetch_factor,
+                              mode=self.worker_mode, what="DataLoader")
+        try:
+            for batch in batches:
+                yield _tensors(batch) if self.collate_fn is None else self.collate_fn(batch)
+        finally:
+            batches.close()

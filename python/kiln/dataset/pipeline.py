@@ -1,348 +1,475 @@
-"""MindSpore-style datasets: a source (GeneratorDataset, NumpySlicesDataset) and lazy operations
-chained on it (shuffle, map, batch, repeat, take, skip, project), iterated with
-create_tuple_iterator / create_dict_iterator. Rows are tuples of NumPy arrays until an iterator
-hands them out (as kiln Tensors unless output_numpy=True). num_parallel_workers > 1 on a source or
-a map runs that per-row work in worker processes (kiln.dataset.workers), in order."""
+"""MindSpore-style dataset pipelines: sources (GeneratorDataset, NumpySlicesDataset) and the
+chained operations shuffle, map, batch, repeat, take, skip, project.
+
+Each node yields rows (tuples of NumPy arrays, one per column) for one epoch at a time;
+iterators convert them to kiln Tensors at the end, in the main process."""
+import itertools
+
 import numpy as np
 
-from . import config, workers
+from . import config
+from ._rows import as_row, stack, to_tensor
+from .workers import ordered_map
 
 
-def _rng(epoch):
-    seed = config.get_seed()
-    return np.random.default_rng(None if seed is None else [seed, epoch])
+def _workers(n, what):
+    if n is None:
+        return 0
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"kiln.dataset: {what} num_parallel_workers must be an int >= 1, got {n!r}")
+    return 0 if n == 1 else int(n)
 
 
-def _as_row(item, ncols, where):
-    row = item if isinstance(item, tuple) else (item,) if ncols == 1 else tuple(item)
-    if len(row) != ncols:
-        raise ValueError(f"{where}: a row has {len(row)} columns, the dataset names {ncols}")
-    return tuple(np.asarray(v) for v in row)
+def _count(n, what, allow_none=False):
+    if allow_none and n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"kiln.dataset: {what} must be an int, got {n!r}")
+    return int(n)
 
 
 class Dataset:
-    """The operations every dataset has; subclasses give column_names and _rows(epoch)."""
+    """A pipeline node. Subclasses give columns, _rows(epoch) and _size()."""
 
-    column_names = ()
+    def __init__(self, children=()):
+        self.children = list(children)
+        self._node = 1 + max((c._node for c in self.children), default=0)  # depth: a stream per node of a chain
+        self._epoch = 0
 
-    # ---- chained operations ----------------------------------------------------------------
+    # ---- chained operations
     def shuffle(self, buffer_size):
-        if not isinstance(buffer_size, int) or buffer_size < 2:
-            raise ValueError(f"shuffle: buffer_size must be an int >= 2, got {buffer_size!r}")
-        return _Shuffle(self, buffer_size)
+        return ShuffleDataset(self, buffer_size)
 
-    def batch(self, batch_size, drop_remainder=False, num_parallel_workers=None, per_batch_map=None):
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
-        return _Batch(self, batch_size, bool(drop_remainder), per_batch_map)
+    def batch(self, batch_size, drop_remainder=False, num_parallel_workers=None):
+        return BatchDataset(self, batch_size, drop_remainder, num_parallel_workers)
 
-    def map(self, operations, input_columns=None, output_columns=None, num_parallel_workers=None, **kwargs):
-        ops = list(operations) if isinstance(operations, (list, tuple)) else [operations]
-        if not ops or not all(callable(op) for op in ops):
-            raise TypeError("map: operations must be a callable or a list of callables")
-        return _Map(self, ops, input_columns, output_columns, num_parallel_workers or 1)
+    def map(self, operations, input_columns=None, output_columns=None, num_parallel_workers=None):
+        return MapDataset(self, operations, input_columns, output_columns, num_parallel_workers)
 
     def repeat(self, count=None):
-        if count is not None and (not isinstance(count, int) or count < 1) and count != -1:
-            raise ValueError(f"repeat: count must be a positive int, -1 or None, got {count!r}")
-        return _Repeat(self, None if count in (None, -1) else count)
+        return RepeatDataset(self, count)
 
-    def take(self, count):
-        return _Slice(self, 0, count)
+    def take(self, count=-1):
+        return TakeDataset(self, count)
 
     def skip(self, count):
-        return _Slice(self, count, None)
+        return SkipDataset(self, count)
 
     def project(self, columns):
-        cols = [columns] if isinstance(columns, str) else list(columns)
-        missing = [c for c in cols if c not in self.column_names]
-        if missing:
-            raise ValueError(f"project: no column {missing[0]!r} (columns: {list(self.column_names)})")
-        return _Project(self, cols)
+        return ProjectDataset(self, columns)
 
-    # ---- sizes and iteration ---------------------------------------------------------------
-    def get_dataset_size(self):
-        """Rows (batches after batch) of one epoch."""
-        n = self._size()
-        return n if n is not None else sum(1 for _ in self._rows(0))
-
-    def _size(self):
-        return None
-
+    # ---- facts
     def get_col_names(self):
-        return list(self.column_names)
+        return list(self.columns)
+
+    def get_dataset_size(self):
+        """Rows (batches after .batch) in one epoch."""
+        size = self._size()
+        if size is None:  # an iterable source of unknown length: count one pass
+            size = sum(1 for _ in self._rows(-1))
+        return size
+
+    def __len__(self):
+        return self.get_dataset_size()
+
+    # ---- iteration
+    def _epoch_rows(self):
+        """The rows of the next epoch; each call starts a new epoch (new shuffle order)."""
+        epoch = self._epoch
+        self._epoch += 1
+        return self._rows(epoch)
 
     def create_tuple_iterator(self, columns=None, num_epochs=-1, output_numpy=False, do_copy=True):
-        """Rows as lists (one entry per column) of kiln Tensors (NumPy arrays with output_numpy),
-        over num_epochs epochs (-1: until the caller stops)."""
-        return _Iterator(self, num_epochs, output_numpy, as_dict=False, columns=columns)
+        """An iterator of lists (one value per column) of kiln Tensors, or of NumPy arrays with
+        output_numpy=True. Each `for` over it runs one epoch; at most num_epochs (-1: any)."""
+        return TupleIterator(self, columns, num_epochs, output_numpy, as_dict=False)
 
     def create_dict_iterator(self, num_epochs=-1, output_numpy=False, do_copy=True):
-        return _Iterator(self, num_epochs, output_numpy, as_dict=True)
+        """Like create_tuple_iterator, yielding {column name: value} dicts."""
+        return TupleIterator(self, None, num_epochs, output_numpy, as_dict=True)
 
     def __iter__(self):
-        return iter(self.create_tuple_iterator(num_epochs=1))
+        return iter(self.create_tuple_iterator())
 
 
-class _Iterator:
-    def __init__(self, ds, num_epochs, output_numpy, as_dict, columns=None):
-        self.ds, self.num_epochs, self.output_numpy, self.as_dict = ds, num_epochs, output_numpy, as_dict
-        self.columns = columns
+class TupleIterator:
+    def __init__(self, dataset, columns, num_epochs, output_numpy, as_dict):
+        self.dataset = dataset if columns is None else dataset.project(columns)
+        self.num_epochs = _count(num_epochs, "num_epochs")
+        if self.num_epochs == 0 or self.num_epochs < -1:
+            raise ValueError(f"kiln.dataset: num_epochs must be -1 or >= 1, got {num_epochs}")
+        self.output_numpy = output_numpy
+        self.as_dict = as_dict
+        self.epochs = 0
+        self._current = None
+
+    def _convert(self, row):
+        values = list(row) if self.output_numpy else [to_tensor(v) for v in row]
+        return dict(zip(self.dataset.columns, values)) if self.as_dict else values
+
+    def _one_epoch(self):
+        if self.num_epochs != -1 and self.epochs >= self.num_epochs:
+            raise RuntimeError(f"kiln.dataset: the iterator was made for num_epochs={self.num_epochs} "
+                               "and all of them have been run")
+        self.epochs += 1
+        for row in self.dataset._epoch_rows():
+            yield self._convert(row)
 
     def __iter__(self):
-        from .._tensor import Tensor
+        self._current = self._one_epoch()
+        return self._current
 
-        names = list(self.ds.column_names)
-        pick = None if self.columns is None else [names.index(c) for c in self.columns]
-        epoch = 0
-        while self.num_epochs < 0 or epoch < self.num_epochs:
-            for row in self.ds._rows(epoch):
-                if pick is not None:
-                    row = tuple(row[k] for k in pick)
-                values = list(row) if self.output_numpy else [Tensor(v) for v in row]
-                yield dict(zip(names, values)) if self.as_dict else values
-            epoch += 1
+    def __next__(self):
+        if self._current is None:
+            self._current = self._one_epoch()
+        try:
+            return next(self._current)
+        except StopIteration:
+            self._current = None
+            raise
 
 
 class GeneratorDataset(Dataset):
-    """A dataset from source: a random-access object (__getitem__ and __len__: rows by index,
-    shuffled each epoch unless shuffle=False, read by num_parallel_workers processes), an iterable,
-    or a function returning an iterator (rows in its order). A row is a tuple with one value per
-    column name (a single value for one column). sampler: an iterable of indices (random access)."""
+    """Rows from a Python source: a random-access object (__getitem__ and __len__) or an
+    iterable / generator function (called anew each epoch). Each item is a tuple with one value
+    per column (a lone value for one column).
 
-    def __init__(self, source, column_names=None, column_types=None, schema=None, num_samples=None,
-                 num_parallel_workers=1, shuffle=None, sampler=None, num_shards=None, shard_id=None, **kwargs):
-        if column_names is None:
-            column_names = ["data"]
-        self.column_names = [column_names] if isinstance(column_names, str) else list(column_names)
+    shuffle: None or True shuffles a random-access source (as MindSpore does), False keeps
+    order; an iterable source cannot be shuffled here (use .shuffle(buffer_size)).
+    sampler: an iterable of indices (e.g. kiln.dataset.SequentialSampler/RandomSampler, or a
+    list) choosing which items, in which order. num_samples: read at most that many rows.
+    num_parallel_workers > 1: __getitem__ runs in worker processes (see kiln.dataset.workers)."""
+
+    def __init__(self, source, column_names, shuffle=None, num_parallel_workers=1, sampler=None,
+                 num_samples=None, python_multiprocessing=True):
+        super().__init__()
+        if isinstance(column_names, str):
+            column_names = [column_names]
+        if not column_names or not all(isinstance(c, str) for c in column_names):
+            raise ValueError(f"kiln.dataset.GeneratorDataset: column_names must be a non-empty list "
+                             f"of str, got {column_names!r}")
+        if len(set(column_names)) != len(column_names):
+            raise ValueError(f"kiln.dataset.GeneratorDataset: duplicate column names {column_names}")
+        self.columns = list(column_names)
         self.source = source
         self.random_access = hasattr(source, "__getitem__") and hasattr(source, "__len__")
-        if sampler is not None and not self.random_access:
-            raise ValueError("GeneratorDataset: a sampler needs a source with __getitem__ and __len__")
-        self.shuffle_rows = (shuffle is None or shuffle) and self.random_access and sampler is None
-        self.sampler = sampler
-        self.num_samples = num_samples
-        if not isinstance(num_parallel_workers, int) or num_parallel_workers < 1:
-            raise ValueError(f"GeneratorDataset: num_parallel_workers must be a positive int, got "
-                             f"{num_parallel_workers!r}")
-        self.workers = num_parallel_workers
         if not self.random_access and not (callable(source) or hasattr(source, "__iter__")):
-            raise TypeError(f"GeneratorDataset: source must be random-access, iterable or a generator function, got "
-                            f"{type(source).__name__}")
+            raise TypeError("kiln.dataset.GeneratorDataset: source must have __getitem__ and __len__, "
+                            f"or be iterable or a generator function; got {type(source).__name__}")
+        if not self.random_access and (shuffle or sampler is not None):
+            raise ValueError("kiln.dataset.GeneratorDataset: shuffle and sampler need a random-access "
+                             "source (__getitem__ and __len__); use .shuffle(buffer_size) on an iterable")
+        if shuffle is not None and sampler is not None:
+            raise ValueError("kiln.dataset.GeneratorDataset: give shuffle or sampler, not both")
+        self.shuffle_rows = self.random_access and sampler is None and shuffle is not False
+        self.sampler = sampler
+        self.num_samples = _count(num_samples, "num_samples", allow_none=True)
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ValueError(f"kiln.dataset.GeneratorDataset: num_samples must be >= 1, got {num_samples}")
+        self.workers = _workers(num_parallel_workers, "GeneratorDataset")
+        self.worker_mode = None if python_multiprocessing else "thread"
 
     def _indices(self, epoch):
         if self.sampler is not None:
-            idx = list(iter(self.sampler))
+            indices = list(self.sampler)
+        elif self.shuffle_rows:
+            indices = config.rng(self._node, epoch).permutation(len(self.source)).tolist()
         else:
-            idx = list(range(len(self.source)))
-            if self.shuffle_rows:
-                _rng(epoch).shuffle(idx)
-        return idx[:self.num_samples] if self.num_samples else idx
+            indices = range(len(self.source))
+        return indices
 
     def _size(self):
+        if not self.random_access:
+            n = len(self.source) if hasattr(self.source, "__len__") else None
+        elif self.sampler is not None:
+            n = len(self.sampler) if hasattr(self.sampler, "__len__") else len(list(self.sampler))
+        else:
+            n = len(self.source)
+        if n is not None and self.num_samples is not None:
+            n = min(n, self.num_samples)
+        return n
+
+    def _rows(self, epoch):
+        what = "GeneratorDataset source"
         if self.random_access:
-            return len(self._indices(0))
-        return None
-
-    def _rows(self, epoch):
-        n = len(self.column_names)
-        if self.random_access:
-            fetch = self._fetch
-            idx = self._indices(epoch)
-            if self.workers > 1:
-                yield from workers.ordered_map(fetch, idx, self.workers, 4 * self.workers)
-            else:
-                yield from (fetch(i) for i in idx)
-            return
-        it = self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else iter(self.source)
-        for k, item in enumerate(it):
-            if self.num_samples and k >= self.num_samples:
-                break
-            yield _as_row(item, n, "GeneratorDataset")
-
-    def _fetch(self, i):
-        return _as_row(self.source[int(i)], len(self.column_names), "GeneratorDataset")
-
-
-class NumpySlicesDataset(GeneratorDataset):
-    """Rows sliced along the first axis of data: an array, a list/tuple of arrays (one column
-    each) or a dict name -> array; shuffled each epoch unless shuffle=False (MindSpore's default)."""
-
-    def __init__(self, data, column_names=None, num_samples=None, num_parallel_workers=1, shuffle=None,
-                 sampler=None, **kwargs):
-        if isinstance(data, dict):
-            column_names = column_names or list(data)
-            cols = [np.asarray(v) for v in data.values()]
-        elif isinstance(data, (list, tuple)) and data and all(hasattr(v, "__len__") for v in data) and \
-                not np.isscalar(data[0]):
-            cols = [np.asarray(v) for v in data]
+            source = self.source
+            indices = itertools.islice(self._indices(epoch), self.num_samples)
+            fetch = lambda i: as_row(source[int(i)], what)  # noqa: E731
+            rows = ordered_map(fetch, indices, self.workers, mode=self.worker_mode, what=what)
         else:
-            cols = [np.asarray(data)]
-        column_names = column_names or [f"column_{k}" for k in range(len(cols))]
-        lengths = {len(c) for c in cols}
-        if len(lengths) != 1:
-            raise ValueError(f"NumpySlicesDataset: the columns have different lengths {sorted(lengths)}")
-        super().__init__(_Slices(cols), column_names, num_samples=num_samples,
-                         num_parallel_workers=num_parallel_workers, shuffle=shuffle, sampler=sampler)
-
-
-class _Slices:
-    def __init__(self, cols):
-        self.cols = cols
-
-    def __len__(self):
-        return len(self.cols[0])
-
-    def __getitem__(self, i):
-        return tuple(c[i] for c in self.cols)
-
-
-class _Op(Dataset):
-    def __init__(self, child):
-        self.child = child
-        self.column_names = child.column_names
-
-
-class _Shuffle(_Op):
-    def __init__(self, child, buffer_size):
-        super().__init__(child)
-        self.buffer_size = buffer_size
-
-    def _size(self):
-        return self.child._size()
-
-    def _rows(self, epoch):
-        rng, buf = _rng(epoch + 7919), []
-        for row in self.child._rows(epoch):
-            buf.append(row)
-            if len(buf) >= self.buffer_size:
-                yield buf.pop(int(rng.integers(len(buf))))
-        while buf:
-            yield buf.pop(int(rng.integers(len(buf))))
-
-
-class _Map(_Op):
-    def __init__(self, child, ops, input_columns, output_columns, nworkers):
-        super().__init__(child)
-        names = list(child.column_names)
-        cols = input_columns if input_columns is not None else names
-        cols = [cols] if isinstance(cols, str) else list(cols)
-        missing = [c for c in cols if c not in names]
-        if missing:
-            raise ValueError(f"map: no column {missing[0]!r} (columns: {names})")
-        self.ops, self.inputs, self.nworkers = ops, [names.index(c) for c in cols], nworkers
-        out = output_columns if output_columns is not None else cols
-        self.outputs = [out] if isinstance(out, str) else list(out)
-        if len(self.outputs) != len(cols):
-            raise ValueError("map: output_columns must name as many columns as input_columns (renaming only)")
-        self.column_names = [self.outputs[cols.index(n)] if n in cols else n for n in names]
-
-    def _size(self):
-        return self.child._size()
-
-    def _apply(self, row):
-        values = tuple(row[k] for k in self.inputs)
-        for op in self.ops:
-            values = op(*values)
-            values = values if isinstance(values, tuple) else (values,)
-        if len(values) != len(self.inputs):
-            raise ValueError(f"map: the operations return {len(values)} values for {len(self.inputs)} columns")
-        out = list(row)
-        for k, v in zip(self.inputs, values):
-            out[k] = np.asarray(v)
-        return tuple(out)
-
-    def _rows(self, epoch):
-        rows = self.child._rows(epoch)
-        if self.nworkers > 1:
-            yield from workers.ordered_map(self._apply, rows, self.nworkers, 4 * self.nworkers)
-        else:
-            yield from map(self._apply, rows)
-
-
-class _Batch(_Op):
-    def __init__(self, child, size, drop, per_batch_map):
-        super().__init__(child)
-        self.size, self.drop, self.per_batch_map = size, drop, per_batch_map
-
-    def _size(self):
-        n = self.child._size()
-        if n is None:
-            return None
-        return n // self.size if self.drop else -(-n // self.size)
-
-    def _rows(self, epoch):
-        buf = []
-        for row in self.child._rows(epoch):
-            buf.append(row)
-            if len(buf) == self.size:
-                yield self._stack(buf)
-                buf = []
-        if buf and not self.drop:
-            yield self._stack(buf)
-
-    def _stack(self, rows):
-        cols = []
-        for k, name in enumerate(self.column_names):
-            shapes = {r[k].shape for r in rows}
-            if len(shapes) > 1:
-                raise ValueError(f"batch: column {name!r} has rows of shapes {sorted(shapes)}; pad them to one shape")
-            cols.append(np.stack([r[k] for r in rows]))
-        out = tuple(cols)
-        if self.per_batch_map is not None:
-            out = self.per_batch_map(*out)
-            out = out if isinstance(out, tuple) else (out,)
-        return out
-
-
-class _Repeat(_Op):
-    def __init__(self, child, count):
-        super().__init__(child)
-        self.count = count
-
-    def _size(self):
-        n = self.child._size()
-        return None if n is None or self.count is None else n * self.count
-
-    def _rows(self, epoch):
-        k = 0
-        while self.count is None or k < self.count:
-            yield from self.child._rows(epoch * (self.count or 1) + k)
-            k += 1
-
-
-class _Slice(_Op):
-    def __init__(self, child, start, count):
-        super().__init__(child)
-        if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 0)):
-            raise ValueError("take/skip: counts must be ints >= 0")
-        self.start, self.count = start, count
-
-    def _size(self):
-        n = self.child._size()
-        if n is None:
-            return None
-        n = max(0, n - self.start)
-        return n if self.count is None else min(n, self.count)
-
-    def _rows(self, epoch):
-        for k, row in enumerate(self.child._rows(epoch)):
-            if k < self.start:
-                continue
-            if self.count is not None and k >= self.start + self.count:
-                break
+            items = self.source() if callable(self.source) and not hasattr(self.source, "__iter__") \
+                else self.source
+            rows = (as_row(item, what) for item in itertools.islice(items, self.num_samples))
+        for row in rows:
+            if len(row) != len(self.columns):
+                raise ValueError(f"kiln.dataset.GeneratorDataset: a source item has {len(row)} values "
+                                 f"but column_names names {len(self.columns)}: {self.columns}")
             yield row
 
 
-class _Project(_Op):
-    def __init__(self, child, cols):
-        super().__init__(child)
-        self.pick = [list(child.column_names).index(c) for c in cols]
-        self.column_names = cols
+class _Slices:
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def __len__(self):
+        return len(self.arrays[0])
+
+    def __getitem__(self, i):
+        return tuple(a[i] for a in self.arrays)
+
+
+class NumpySlicesDataset(GeneratorDataset):
+    """Rows sliced along the first axis of arrays: data is one array, a list/tuple of arrays
+    (one column each) or a dict {column name: array}. shuffle as GeneratorDataset (None
+    shuffles, as MindSpore does)."""
+
+    def __init__(self, data, column_names=None, shuffle=None, num_parallel_workers=1, sampler=None,
+                 num_samples=None):
+        if isinstance(data, dict):
+            names = list(data)
+            arrays = [np.asarray(v) for v in data.values()]
+            if column_names is not None and list(column_names) != names:
+                names = list(column_names)
+        elif isinstance(data, tuple):  # a tuple: one column per element
+            arrays = [np.asarray(d) for d in data]
+            names = None
+        else:
+            arrays = [np.asarray(data)]
+            names = None
+        if any(a.ndim == 0 for a in arrays):
+            raise ValueError("kiln.dataset.NumpySlicesDataset: data must have at least one axis to slice")
+        lengths = {len(a) for a in arrays}
+        if len(lengths) != 1:
+            raise ValueError(f"kiln.dataset.NumpySlicesDataset: columns have different lengths "
+                             f"{[len(a) for a in arrays]}")
+        if names is None:
+            names = list(column_names) if column_names is not None else \
+                [f"column_{i}" for i in range(len(arrays))]
+        if isinstance(names, str):
+            names = [names]
+        if len(names) != len(arrays):
+            raise ValueError(f"kiln.dataset.NumpySlicesDataset: {len(arrays)} columns but "
+                             f"column_names has {len(names)}: {names}")
+        super().__init__(_Slices(arrays), names, shuffle=shuffle, num_parallel_workers=num_parallel_workers,
+                         sampler=sampler, num_samples=num_samples)
+
+
+class ShuffleDataset(Dataset):
+    """Shuffles within a buffer of buffer_size rows (buffer_size >= the dataset size: a full shuffle)."""
+
+    def __init__(self, child, buffer_size):
+        super().__init__([child])
+        self.buffer_size = _count(buffer_size, "shuffle buffer_size")
+        if self.buffer_size < 2:
+            raise ValueError(f"kiln.dataset: shuffle buffer_size must be >= 2, got {buffer_size}")
+        self.columns = child.columns
 
     def _size(self):
-        return self.child._size()
+        return self.children[0]._size()
 
     def _rows(self, epoch):
-        for row in self.child._rows(epoch):
-            yield tuple(row[k] for k in self.pick)
+        rng = config.rng(self._node, epoch)
+        buffer = []
+        for row in self.children[0]._rows(epoch):
+            if len(buffer) < self.buffer_size:
+                buffer.append(row)
+                continue
+            j = int(rng.integers(len(buffer)))
+            yield buffer[j]
+            buffer[j] = row
+        order = rng.permutation(len(buffer))
+        for j in order:
+            yield buffer[j]
+
+
+class _ApplyOps:
+    """The per-row work of a map, run in the workers: the operations in turn on the input columns."""
+
+    def __init__(self, operations, in_idx, n_out, columns_in, out_names):
+        self.operations, self.in_idx, self.n_out = operations, in_idx, n_out
+        self.columns_in, self.out_names = columns_in, out_names
+
+    def __call__(self, row):
+        values = tuple(row[i] for i in self.in_idx)
+        for op in self.operations:
+            out = op(*values)
+            values = tuple(out) if isinstance(out, tuple) else (out,)
+        if len(values) != self.n_out:
+            raise ValueError(f"kiln.dataset.map: the operations return {len(values)} values but "
+                             f"{self.n_out} output column(s) {self.out_names} are expected; "
+                             "give output_columns")
+        values = tuple(np.asarray(v) if not hasattr(v, "asnumpy") else v.asnumpy() for v in values)
+        # the input columns are replaced, in place, by the outputs
+        first = min(self.in_idx)
+        rest = [row[i] for i in range(len(row)) if i not in self.in_idx]
+        keep_before = [row[i] for i in range(first) if i not in self.in_idx]
+        return tuple(keep_before) + values + tuple(rest[len(keep_before):])
+
+
+class MapDataset(Dataset):
+    """Applies operations (a callable or a list of them, each taking the input columns' values as
+    NumPy arrays and returning the new values) to input_columns (default: the first column).
+    The outputs take the input columns' place, named output_columns (default: the input names).
+    num_parallel_workers > 1 runs the operations in worker processes, in order."""
+
+    def __init__(self, child, operations, input_columns, output_columns, num_parallel_workers):
+        super().__init__([child])
+        ops = list(operations) if isinstance(operations, (list, tuple)) else [operations]
+        if not ops or not all(callable(op) for op in ops):
+            raise TypeError(f"kiln.dataset.map: operations must be a callable or a list of callables, "
+                            f"got {operations!r}")
+        names = child.columns
+        if input_columns is None:
+            input_columns = [names[0]]
+        elif isinstance(input_columns, str):
+            input_columns = [input_columns]
+        missing = [c for c in input_columns if c not in names]
+        if missing:
+            raise ValueError(f"kiln.dataset.map: no column(s) {missing}; the columns are {names}")
+        if output_columns is None:
+            output_columns = list(input_columns)
+        elif isinstance(output_columns, str):
+            output_columns = [output_columns]
+        in_idx = [names.index(c) for c in input_columns]
+        first = min(in_idx)
+        others = [c for i, c in enumerate(names) if i not in in_idx]
+        before = [c for i, c in enumerate(names[:first]) if i not in in_idx]
+        self.columns = before + list(output_columns) + others[len(before):]
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"kiln.dataset.map: the columns after the map would repeat a name: {self.columns}")
+        self.apply = _ApplyOps(ops, in_idx, len(output_columns), list(input_columns), list(output_columns))
+        self.workers = _workers(num_parallel_workers, "map")
+
+    def _size(self):
+        return self.children[0]._size()
+
+    def _rows(self, epoch):
+        return ordered_map(self.apply, self.children[0]._rows(epoch), self.workers, what="map")
+
+
+class BatchDataset(Dataset):
+    """Stacks batch_size consecutive rows, column by column; a last short batch is kept unless
+    drop_remainder. num_parallel_workers > 1 stacks in worker processes."""
+
+    def __init__(self, child, batch_size, drop_remainder, num_parallel_workers):
+        super().__init__([child])
+        self.batch_size = _count(batch_size, "batch_size")
+        if self.batch_size < 1:
+            raise ValueError(f"kiln.dataset.batch: batch_size must be >= 1, got {batch_size}")
+        self.drop_remainder = bool(drop_remainder)
+        self.workers = _workers(num_parallel_workers, "batch")
+        self.columns = child.columns
+
+    def _size(self):
+        n = self.children[0]._size()
+        if n is None:
+            return None
+        return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
+
+    def _groups(self, epoch):
+        rows = self.children[0]._rows(epoch)
+        while True:
+            group = list(itertools.islice(rows, self.batch_size))
+            if not group or (self.drop_remainder and len(group) < self.batch_size):
+                return
+            yield group
+
+    def _stack(self, group):
+        return tuple(stack([row[c] for row in group], f"column '{name}'")
+                     for c, name in enumerate(self.columns))
+
+    def _rows(self, epoch):
+        return ordered_map(self._stack, self._groups(epoch), self.workers, what="batch")
+
+
+class RepeatDataset(Dataset):
+    """The child's epochs count times over (None or -1: without end); each repeat reshuffles."""
+
+    def __init__(self, child, count):
+        super().__init__([child])
+        count = -1 if count is None else _count(count, "repeat count")
+        if count == 0 or count < -1:
+            raise ValueError(f"kiln.dataset.repeat: count must be -1 (forever) or >= 1, got {count}")
+        self.count = count
+        self.columns = child.columns
+
+    def _size(self):
+        n = self.children[0]._size()
+        if self.count == -1:
+            raise ValueError("kiln.dataset: an endlessly repeated dataset has no size")
+        return None if n is None else n * self.count
+
+    def _rows(self, epoch):
+        rounds = itertools.count() if self.count == -1 else range(self.count)
+        for r in rounds:
+            yield from self.children[0]._rows(epoch * (self.count if self.count > 0 else 1) + r)
+
+
+class TakeDataset(Dataset):
+    """The first count rows (-1: all)."""
+
+    def __init__(self, child, count):
+        super().__init__([child])
+        count = _count(count, "take count")
+        if count == 0 or count < -1:
+            raise ValueError(f"kiln.dataset.take: count must be -1 (all) or >= 1, got {count}")
+        self.count = count
+        self.columns = child.columns
+
+    def _size(self):
+        n = self.children[0]._size()
+        if self.count == -1:
+            return n
+        return self.count if n is None else min(n, self.count)
+
+    def _rows(self, epoch):
+        rows = self.children[0]._rows(epoch)
+        if self.count == -1:
+            yield from rows
+            return
+        try:
+            yield from itertools.islice(rows, self.count)
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:  # stop the upstream workers now, not at garbage collection
+                close()
+
+
+class SkipDataset(Dataset):
+    """All but the first count rows."""
+
+    def __init__(self, child, count):
+        super().__init__([child])
+        self.count = _count(count, "skip count")
+        if self.count < 0:
+            raise ValueError(f"kiln.dataset.skip: count must be >= 0, got {count}")
+        self.columns = child.columns
+
+    def _size(self):
+        n = self.children[0]._size()
+        return None if n is None else max(0, n - self.count)
+
+    def _rows(self, epoch):
+        yield from itertools.islice(self.children[0]._rows(epoch), self.count, None)
+
+
+class ProjectDataset(Dataset):
+    """Only the named columns, in the order given."""
+
+    def __init__(self, child, columns):
+        super().__init__([child])
+        if isinstance(columns, str):
+            columns = [columns]
+        missing = [c for c in columns if c not in child.columns]
+        if missing or not columns:
+            raise ValueError(f"kiln.dataset.project: no column(s) {missing or columns}; "
+                             f"the columns are {child.columns}")
+        self.columns = list(columns)
+        self.idx = [child.columns.index(c) for c in columns]
+
+    def _size(self):
+        return self.children[0]._size()
+
+    def _rows(self, epoch):
+        for row in self.children[0]._rows(epoch):
+            yield tuple(row[i] for i in self.idx)

@@ -1,31 +1,44 @@
-"""A small progress bar for training loops: progress(iterable, total=None, desc="") yields the
-items and, when stderr is a terminal (or force=True), redraws one line with the count, rate and
-time left."""
+"""progress(iterable): a one-line progress counter on stderr for data loops."""
 import sys
 import time
 
 
-def progress(iterable, total=None, desc="", file=None, force=False, width=30):
-    out = file or sys.stderr
-    show = force or (hasattr(out, "isatty") and out.isatty())
+def progress(iterable, total=None, desc="", enabled=None, file=None, every=0.1):
+    """Yields the items of iterable, showing `desc: n/total (rate it/s)` on one stderr line.
+
+    It draws only when enabled is True, or when enabled is None and the stream is a terminal
+    (so logs and CI output stay clean). total defaults to len(iterable) when it has one.
+    every: the least seconds between redraws."""
+    stream = file if file is not None else sys.stderr
+    if enabled is None:
+        enabled = hasattr(stream, "isatty") and stream.isatty()
     if total is None and hasattr(iterable, "__len__"):
-        total = len(iterable)
-    start = time.perf_counter()
+        try:
+            total = len(iterable)
+        except TypeError:
+            total = None
+    if not enabled:
+        yield from iterable
+        return
+    start = last = time.monotonic()
     n = 0
-    for item in iterable:
-        yield item
-        n += 1
-        if show:
-            elapsed = time.perf_counter() - start
-            rate = n / elapsed if elapsed > 0 else 0.0
-            if total:
-                filled = int(width * n / total)
-                left = (total - n) / rate if rate else 0.0
-                line = f"\r{desc} [{'#' * filled}{'.' * (width - filled)}] {n}/{total} {rate:.1f}/s {left:.0f}s left"
-            else:
-                line = f"\r{desc} {n} {rate:.1f}/s"
-            out.write(line)
-            out.flush()
-    if show:
-        out.write("\n")
-        out.flush()
+    prefix = f"{desc}: " if desc else ""
+
+    def draw():
+        rate = n / max(time.monotonic() - start, 1e-9)
+        of = f"/{total}" if total is not None else ""
+        stream.write(f"\r{prefix}{n}{of} ({rate:.1f} it/s)")
+        stream.flush()
+
+    try:
+        for item in iterable:
+            yield item
+            n += 1
+            now = time.monotonic()
+            if now - last >= every:
+                last = now
+                draw()
+    finally:
+        draw()
+        stream.write("\n")
+        stream.flush()

@@ -1,55 +1,152 @@
-"""Worker processes for the data pipeline: the per-sample work (a source's __getitem__, map
-operations, collation) runs in a pool forked from the main process, which therefore needs to
-pickle only indices and the results (NumPy arrays), never the dataset or the functions. Results
-come back in submission order, at most `window` tasks ahead of the consumer (the prefetch queue),
-and the pool is terminated when iteration ends, breaks or raises. Where fork is not available the
-work runs in threads."""
+"""ordered_map: fn over items in worker processes (or threads), results in input order.
+
+The rule for processes or threads:
+  * fork start method available (Linux, macOS with fork): worker processes. fn is handed to
+    them by fork itself, so it need not be picklable; the items sent and results returned must
+    be (NumPy arrays, numbers, tuples/lists/dicts of them are).
+  * no fork (Windows): processes when fn pickles, otherwise threads.
+  * mode="thread" forces threads.
+At most num_workers * prefetch items are in flight: iteration overlaps the consumer's work
+without reading the whole source ahead. Breaking out of the loop, or an error, terminates the
+workers (no process outlives the iterator). An exception in fn is re-raised in the caller as
+WorkerError carrying the worker's traceback text."""
+import collections
 import multiprocessing
-import threading
+import pickle
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-_jobs = {}  # job id -> the function the workers call (inherited through fork)
-_next_id = [0]
-_lock = threading.Lock()
+class WorkerError(RuntimeError):
+    """An exception raised by dataset code in a data worker; its message holds the worker's
+    traceback."""
 
 
-def _run(job, arg):
-    return _jobs[job](arg)
-
-
-def ordered_map(fn, args, workers, window):
-    """fn over args in `workers` processes (threads where fork is missing), yielding results in
-    order with at most `window` outstanding."""
-    with _lock:
-        job = _next_id[0]
-        _next_id[0] += 1
-        _jobs[job] = fn
+def _call_fn(fn, item):
     try:
-        if "fork" in multiprocessing.get_all_start_methods():
-            pool = multiprocessing.get_context("fork").Pool(workers)
-            submit = lambda a: pool.apply_async(_run, (job, a))  # noqa: E731
-            result = lambda f: f.get()  # noqa: E731
-            close = pool.terminate
-        else:
-            pool = ThreadPoolExecutor(workers)
-            submit = lambda a: pool.submit(fn, a)  # noqa: E731
-            result = lambda f: f.result()  # noqa: E731
-            close = lambda: pool.shutdown(wait=False, cancel_futures=True)  # noqa: E731
+        return True, fn(item)
+    except BaseException as exc:
+        return False, f"{type(exc).__name__}: {exc}\n--- worker traceback ---\n{traceback.format_exc()}"
+
+
+def choose_mode(fn, mode=None):
+    """"process" or "thread", by the rule in the module docstring."""
+    if mode in ("process", "thread"):
+        return mode
+    if mode is not None:
+        raise ValueError(f"kiln.dataset: worker mode must be 'process', 'thread' or None, got {mode!r}")
+    if "fork" in multiprocessing.get_all_start_methods():
+        return "process"
+    try:
+        pickle.dumps(fn)
+        return "process"
+    except Exception:
+        return "thread"
+
+
+def _serve(fn, inbox, outbox):
+    """A worker process: fn over the items of inbox, each result (or error text) to outbox."""
+    while True:
+        item = inbox.get()
+        if item is None:
+            return
+        ok, value = _call_fn(fn, item)
         try:
-            pending = []
-            it = iter(args)
-            for a in it:
-                pending.append(submit(a))
-                if len(pending) >= window:
+            outbox.send((ok, value))
+        except Exception as exc:  # a result that does not pickle
+            outbox.send((False, f"the worker's result could not be sent back ({type(exc).__name__}: {exc}); "
+                                "return NumPy arrays, numbers or tuples of them"))
+
+
+class _Processes:
+    """num_workers processes; item k goes to worker k % num_workers, so each worker's results,
+    read in turn, are in input order. Items go through a Queue (its feeder thread never blocks
+    the caller), results come back through a Pipe read only by the caller."""
+
+    def __init__(self, fn, num_workers):
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+        self.inboxes, self.outboxes, self.procs = [], [], []
+        try:
+            for _ in range(num_workers):
+                inbox = ctx.Queue()
+                receive, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_serve, args=(fn, inbox, send), daemon=True)
+                proc.start()
+                send.close()
+                self.inboxes.append(inbox)
+                self.outboxes.append(receive)
+                self.procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, k, item):
+        w = k % len(self.procs)
+        self.inboxes[w].put(item)
+        return w
+
+    def result(self, w):
+        try:
+            return self.outboxes[w].recv()
+        except EOFError:
+            proc = self.procs[w]
+            proc.join(1)
+            return False, f"the worker process exited unexpectedly (exit code {proc.exitcode})"
+
+    def close(self):
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join()
+        for inbox in self.inboxes:
+            inbox.cancel_join_thread()
+            inbox.close()
+        for outbox in self.outboxes:
+            outbox.close()
+
+
+class _Threads:
+    def __init__(self, fn, num_workers):
+        self.fn = fn
+        self.pool = ThreadPoolExecutor(num_workers)
+
+    def submit(self, k, item):
+        return self.pool.submit(_call_fn, self.fn, item)
+
+    def result(self, future):
+        return future.result()
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
+    """A generator of fn(item) for item in items, in order; fn runs in num_workers workers."""
+    if num_workers <= 0:
+        for item in items:
+            yield fn(item)
+        return
+    bound = max(1, num_workers * max(1, int(prefetch)))
+    pool = (_Threads if choose_mode(fn, mode) == "thread" else _Processes)(fn, num_workers)
+    pending = collections.deque()
+    source = iter(items)
+    try:
+        exhausted = False
+        k = 0
+        while True:
+            while not exhausted and len(pending) < bound:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    exhausted = True
                     break
-            while pending:
-                done = pending.pop(0)
-                for a in it:
-                    pending.append(submit(a))
-                    break
-                yield result(done)
-        finally:
-            close()
+                pending.append(pool.submit(k, item))
+                k += 1
+            if not pending:
+                return
+            ok, value = pool.result(pending.popleft())
+            if not ok:
+                raise WorkerError(f"kiln.dataset: error in a data worker of {what}: {value}")
+            yield value
     finally:
-        with _lock:
-            _jobs.pop(job, None)
+        pool.close()
