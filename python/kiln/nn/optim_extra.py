@@ -42,6 +42,8 @@ class AdamW(AdamWeightDecay):
     (lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, learning_rate=None):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"AdamW: betas must be a pair of numbers in [0, 1), got {betas!r}")
         super().__init__(params, lr if learning_rate is None else learning_rate, betas[0], betas[1], eps,
                          weight_decay)
 
