@@ -23,6 +23,7 @@ import zlib
 import numpy as np
 
 from . import _C
+from ._tensor import Tensor
 
 MAGIC = b"KILNCKPT"
 VERSION = 1
@@ -83,7 +84,7 @@ def _encode(name, value):
     n = name.encode("utf-8")
     parts = [struct.pack("<I", len(n)), n]
     if isinstance(value, _C.TensorBase) or isinstance(value, np.ndarray):
-        t = value if isinstance(value, _C.TensorBase) else _C_tensor(value)
+        t = value if isinstance(value, _C.TensorBase) else Tensor(value)
         dt = t.dtype.name
         arr = np.ascontiguousarray(t.astype(_C.float32).asnumpy() if dt == "bfloat16" else t.asnumpy())
         if dt == "bfloat16":  # stored as its 2-byte patterns
@@ -105,12 +106,6 @@ def _encode(name, value):
         raise TypeError(f"save_checkpoint: entry {name!r} is a {type(value).__name__}; entries are tensors, arrays, "
                         "ints, floats, bools and strs")
     return b"".join(parts)
-
-
-def _C_tensor(array):
-    from ._tensor import Tensor
-
-    return Tensor(array)
 
 
 def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=False, append_dict=None,
@@ -235,8 +230,6 @@ def _parse(data, where):
 
 
 def _tensor_from(raw, dtype, shape):
-    from ._tensor import Tensor
-
     if dtype == "bfloat16":
         bits = np.frombuffer(raw, np.uint16).astype(np.uint32) << 16
         return Tensor(bits.view(np.float32).reshape(shape), _C.bfloat16)
@@ -306,7 +299,7 @@ def load_param_into_net(net, parameter_dict, strict_load=False):
             continue
         v = parameter_dict[name]
         if not isinstance(v, _C.TensorBase):
-            v = _C_tensor(np.asarray(v))
+            v = Tensor(np.asarray(v))
         if tuple(v.shape) != tuple(p.shape):
             raise ValueError(f"load_param_into_net: {name!r} has shape {list(p.shape)} in the net, {list(v.shape)} "
                              "in the checkpoint")

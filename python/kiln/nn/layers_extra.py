@@ -9,7 +9,8 @@ import numpy as np
 from .. import _C
 from .. import ops
 from .cell import Cell
-from .layers import Conv2d, Dense
+from .._tensor import Tensor
+from .layers import Conv2d, Dense, Dropout
 from .parameter import Parameter
 
 
@@ -161,7 +162,7 @@ class AdaptiveAvgPool2d(Cell):
         for i in range(out):
             a, b = (i * size) // out, -((-(i + 1) * size) // out)
             w[i, a:b] = 1.0 / (b - a)
-        return _C_tensor(w.astype(np.dtype(dtype.name)))
+        return Tensor(w.astype(np.dtype(dtype.name)))
 
     def construct(self, x):
         if x.ndim != 4:
@@ -175,12 +176,6 @@ class AdaptiveAvgPool2d(Cell):
         cols = self._weights(w, ow, x.dtype)  # (ow, w)
         y = ops.matmul(x, ops.transpose(cols, 1, 0))  # (N, C, H, ow)
         return ops.matmul(rows, y)  # (N, C, oh, ow)
-
-
-def _C_tensor(a):
-    from .._tensor import Tensor
-
-    return Tensor(a)
 
 
 class Upsample(Cell):
@@ -245,15 +240,9 @@ class PixelUnshuffle(Cell):
         return ops.reshape(y, n, c * r * r, hr // r, wr // r)
 
 
-class Dropout2d(Cell):
+class Dropout2d(Dropout):
     """Zeroes whole channels with probability p in training (the rest scaled by 1 / (1 - p));
-    the identity in eval mode."""
-
-    def __init__(self, p=0.5):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout2d: p must be in [0, 1), got {p!r}")
-        self.p = float(p)
+    the identity in eval mode (Dropout's arguments)."""
 
     def construct(self, x):
         if not self.training or self.p == 0.0:

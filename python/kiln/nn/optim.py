@@ -191,12 +191,8 @@ class Optimizer(Cell):
         return True
 
     def zero_grad(self):
-        """Clears .grad of every parameter."""
-        if _C.is_tracing():
-            from ..jit.function import mark_not_replayable
-
-            mark_not_replayable(f"{type(self).__name__}.zero_grad assigns the .grad of the parameters (Python state "
-                                "a graph cannot set)")
+        """Clears .grad of every parameter (inside a compiled function, each .grad write makes the
+        call run eagerly: kiln.Tensor.grad's setter)."""
         for p in self.parameters:
             p.grad = None
 

@@ -2,6 +2,8 @@
 fusion and ONNX export follow from their parts): tile (Tensor.repeat in PyTorch's meaning),
 repeat_interleave, and topk (k passes of argmax over a copy whose chosen entries are masked, so
 ties go to the lower index and NaN counts as the largest, as in PyTorch; O(k n), meant for small k)."""
+import numpy as np
+
 from .. import _C
 from ._util import as_tensor, normalize_axis
 from .array import arange, broadcast_to, gather_elements, reshape, unsqueeze
@@ -82,9 +84,8 @@ def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (PyTorch's 
         worst = float("-inf") if largest else float("inf")
         nan = v != v
     else:
-        bounds = {"int8": (-128, 127), "int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 63, 2 ** 63 - 1),
-                  "bool": (False, True)}[v.dtype.name]
-        worst = bounds[0] if largest else bounds[1]
+        info = np.iinfo(v.dtype.name) if v.dtype.name != "bool" else None
+        worst = (info.min if largest else info.max) if info is not None else (not largest)
         nan = None
     best = max_ if largest else min_
     shape = [1] * v.ndim
