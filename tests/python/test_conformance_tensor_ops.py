@@ -1,6 +1,8 @@
 """Conformance: tensor operators and methods as Python spells them -- %, //, ** and reflected
 operators with Python scalars, in-place operators and methods, integer and boolean tensors, dtype
 promotion with Python scalars, indexing and views -- compiled agree with eager (values and dtypes)."""
+import functools
+
 import numpy as np
 
 import pytest
@@ -64,3 +66,34 @@ def test_comparisons_and_where_with_scalars():
         return kiln.ops.where(m, x, 0.0), m, (x != 0.5).sum(), x.max(axis=0), x.argmax(axis=-1)
 
     run_all_modes(f, (rand(2, 3),), (rand(2, 3, seed=1),), (rand(4, 3),))
+
+
+def _logged(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        out = fn(*args)
+        return out
+    return wrapper
+
+
+@_logged
+def _helper(x, y):
+    return x // y, x % y
+
+
+def test_new_ops_through_a_decorated_helper_into_a_mutated_list():
+    """This stop's additions (//, %, in-place methods, topk, tile, a primitive) used from a
+    functools.wraps-decorated helper, with results appended to the caller's list in place."""
+    add = kiln.ops.Add()
+
+    def f(x, y, out):
+        q, r = _helper(x, y)
+        z = x * 1
+        z.add_(r, alpha=0.5)
+        v, i = kiln.ops.topk(z, 2)
+        out.append(add(q, kiln.ops.tile(v.sum(-1, keepdims=True), (1, 3))))
+        out[0] = i
+        return z, len(out)
+
+    run_all_modes(f, Call((t(5.5, -5.5, 3.0), t(2.0, 2.0, -2.0), [None])),
+                  Call((t(-1.0, 7.0, 0.5), t(3.0, -3.0, 0.25), [None, None])))

@@ -40,7 +40,8 @@ def test_schedule_cells(schedule, formula):
 
 
 @pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
-def test_jitted_step_follows_a_schedule_cell(mode):
+@pytest.mark.parametrize("level, backend", [("O0", "kbk"), ("O1", "kbk"), ("O1", "sink")])
+def test_jitted_step_follows_a_schedule_cell(mode, level, backend):
     def train(jit):
         kiln.manual_seed(0)
         net = nn.Dense(3, 2)
@@ -54,7 +55,7 @@ def test_jitted_step_follows_a_schedule_cell(mode):
             opt(grads)
             return loss
 
-        f = kiln.jit(step, capture_mode=mode) if jit else step
+        f = kiln.jit(step, capture_mode=mode, jit_level=level, backend=backend) if jit else step
         rng = np.random.default_rng(2)
         losses = [float(f(kiln.Tensor(rng.standard_normal((4, 3)).astype(np.float32)),
                           kiln.Tensor(rng.standard_normal((4, 2)).astype(np.float32))).asnumpy()) for _ in range(7)]

@@ -97,8 +97,9 @@ def test_against_torch_when_installed():
 
 
 @pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+@pytest.mark.parametrize("level, backend", [("O0", "kbk"), ("O1", "kbk"), ("O1", "sink")])
 @pytest.mark.parametrize("name", ["AdamW", "Momentum", "RMSProp", "Adagrad"])
-def test_jitted_training_step_follows_a_schedule_like_eager(mode, name):
+def test_jitted_training_step_follows_a_schedule_like_eager(mode, name, level, backend):
     def train(jit):
         kiln.manual_seed(0)
         net = nn.Dense(3, 2)
@@ -114,7 +115,7 @@ def test_jitted_training_step_follows_a_schedule_like_eager(mode, name):
             opt(grads)
             return loss
 
-        f = kiln.jit(step, capture_mode=mode) if jit else step
+        f = kiln.jit(step, capture_mode=mode, jit_level=level, backend=backend) if jit else step
         rng = np.random.default_rng(1)
         losses = [float(f(kiln.Tensor(rng.standard_normal((4, 3)).astype(np.float32)),
                           kiln.Tensor(rng.standard_normal((4, 2)).astype(np.float32))).asnumpy()) for _ in range(5)]
