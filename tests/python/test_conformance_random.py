@@ -12,20 +12,6 @@ from conformance import Call, rand, run_all_modes
 
 SEEDS = range(120)
 
-# Open (issue 27): ast capture returns a Python number an if on a tensor chooses as that number
-# (kiln.jit.ast_runtime.ChosenNumber), but not one computed from it afterwards (k = k * 1.1) or
-# carried by a while loop on a tensor: that comes back as a 0-d tensor of the same value, where eager
-# has the int or float. These programs return such a number; each fails the type comparison (values
-# agree) until ast capture keeps those numbers numbers too.
-NUMBER_AS_TENSOR = pytest.mark.xfail(strict=True, reason="ast capture: a Python number computed from one a "
-                                                         "tensor condition chose comes back as a 0-d tensor")
-NUMBER_AS_TENSOR_SEEDS = {14, 26, 37, 44, 92, 100, 108, 113}
-NUMBER_AS_TENSOR_CLOSURE_SEEDS = {44, 92, 100, 108}
-
-
-def seeds(known):
-    return [pytest.param(s, marks=NUMBER_AS_TENSOR) if s in known else s for s in SEEDS]
-
 
 def calls():
     x, y = rand(2, 3, seed=1), rand(2, 3, seed=2)
@@ -35,7 +21,7 @@ def calls():
             (rand(4, 3, seed=9), rand(4, 3, seed=10), 1, True, [])]
 
 
-@pytest.mark.parametrize("seed", seeds(NUMBER_AS_TENSOR_SEEDS))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_random_program_agrees_with_eager(seed):
     fn = pygen.program(seed)
     try:
@@ -44,7 +30,7 @@ def test_random_program_agrees_with_eager(seed):
         raise AssertionError(f"seed {seed}:\n{pygen.source(seed)}\n{e}") from None
 
 
-@pytest.mark.parametrize("seed", seeds(NUMBER_AS_TENSOR_CLOSURE_SEEDS)[::4])
+@pytest.mark.parametrize("seed", SEEDS[::4])
 def test_random_program_closure_made_again(seed):
     """The same code closed over another value (bytecode capture keeps pieces per code object)."""
     make = pygen.maker(seed)

@@ -117,6 +117,23 @@ def _call_rt(attr, *args):
     return ast.Call(func=_rt(attr), args=list(args), keywords=[])
 
 
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+           ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.LShift: "lshift", ast.RShift: "rshift",
+           ast.BitOr: "or_", ast.BitXor: "xor", ast.BitAnd: "and_"}  # -> the operator module's function
+_UNARY = {ast.USub: "neg", ast.UAdd: "pos", ast.Invert: "invert"}
+
+_COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+
+
+def _comparison(loc, left, op, right, at):
+    """`left op right`: an order or equality test through ast_runtime.binary (a chosen number's
+    comparison is a bool), is / in as they are."""
+    name = _COMPARE.get(type(op))
+    node = _call_rt("binary", loc, ast.Constant(name), left, right) if name else ast.Compare(
+        left=left, ops=[op], comparators=[right])
+    return ast.copy_location(node, at)
+
+
 _CONDITION_FORMS = {"and_": "and_cond", "or_": "or_cond", "not_": "not_cond"}
 
 
@@ -348,14 +365,30 @@ class _Converter(ast.NodeTransformer):
         self.generic_visit(node)
         if isinstance(node.op, ast.Not):
             return ast.copy_location(_call_rt("not_", self._loc(node), node.operand), node)
-        return node
+        return ast.copy_location(_call_rt("unary", ast.Constant(_UNARY[type(node.op)]), node.operand), node)
+
+    # Arithmetic goes through ast_runtime.binary / unary (the operator module's functions): a number
+    # an if or loop on a tensor made a 0-d tensor stays a Python number through it.
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        return ast.copy_location(_call_rt("binary", self._loc(node), ast.Constant(_BINARY[type(node.op)]), node.left,
+                                          node.right),
+                                 node)
+
+    def visit_AugAssign(self, node):
+        self.generic_visit(node)
+        if not isinstance(node.target, ast.Name):
+            return node  # (x[i] += v, obj.a += v: evaluated once as Python does)
+        value = _call_rt("binary", self._loc(node), ast.Constant("i" + _BINARY[type(node.op)].rstrip("_")),
+                         _name(node.target.id), node.value)
+        return ast.copy_location(ast.Assign(targets=[_name(node.target.id, True)], value=value), node)
 
     def visit_Compare(self, node):
         self.generic_visit(node)
         if len(node.ops) == 1:
-            return node
+            return _comparison(self._loc(node), node.left, node.ops[0], node.comparators[0], node)
         lefts = [node.left] + node.comparators[:-1]
-        parts = [ast.Compare(left=copy.deepcopy(a), ops=[op], comparators=[copy.deepcopy(b)])
+        parts = [_comparison(self._loc(node), copy.deepcopy(a), op, copy.deepcopy(b), node)
                  for a, op, b in zip(lefts, node.ops, node.comparators)]
         thunks = [ast.Lambda(args=_no_args(), body=p) for p in parts]
         return ast.copy_location(_call_rt("and_", self._loc(node), *thunks), node)

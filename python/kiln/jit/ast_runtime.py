@@ -4,6 +4,7 @@ tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
 import builtins
 import contextlib
 import math
+import operator
 import sys
 import threading
 import types
@@ -454,6 +455,45 @@ def _number_kind(v):
     return type(v) if isinstance(v, (builtins.bool, int, float)) else None
 
 
+def _kind_of_result(name, ka, kb):
+    """The Python type `a <name> b` gives for numbers of types ka and kb (None when numbers do not
+    take that operator)."""
+    try:
+        return type(getattr(operator, name)(ka(1), kb(1)))
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+
+
+def binary(loc, name, a, b):
+    """`a op b` (operator.<name>: converted code's arithmetic and comparisons); a result computed
+    from numbers an if or loop on a tensor chose (noted 0-d tensors) and other numbers is noted as
+    the number Python would give."""
+    if not _chosen:
+        return getattr(operator, name)(a, b)
+    ka, kb = _number_kind(a), _number_kind(b)
+    if ka is None or kb is None or not (_is_tensor(a) or _is_tensor(b)):
+        return getattr(operator, name)(a, b)
+    if name in ("pow", "ipow") and float not in (ka, kb):
+        # Python: int ** int is an int for an exponent >= 0, a float for a negative one
+        if _is_tensor(b):
+            raise _error(loc, "an int raised to an int power chosen by a tensor condition (Python gives an int "
+                              "or a float by the exponent's sign)", "make one of them a float")
+        if b < 0:
+            return _note_chosen(operator.pow(a.float(), b), float)
+    out = getattr(operator, name)(a, b)
+    kind = _kind_of_result(name, ka, kb)
+    return _note_chosen(out, kind) if kind is not None and _is_tensor(out) else out
+
+
+def unary(name, a):
+    out = getattr(operator, name)(a)
+    if _chosen and _is_tensor(out):
+        ka = _number_kind(a)
+        if ka is not None:
+            _note_chosen(out, type(getattr(operator, name)(ka(1))))
+    return out
+
+
 def _keep_numbers(value, raws):
     """value (an if on a tensor's result, numbers as 0-d tensors) with each Python number put back
     that every path run gave alike (raws: what each path gave; one path when run eagerly), as eager
@@ -477,16 +517,21 @@ def _keep_numbers(value, raws):
     return value
 
 
-def _select(pred, true_fn, false_fn, loc, what):
-    """kiln.ops.cond over two functions of no arguments returning nested values."""
+def _select(pred, true_fn, false_fn, loc, what, held=None):
+    """kiln.ops.cond over two functions of no arguments returning nested values. held: the
+    containers the paths can reach (_held_containers; default: those the two functions' globals
+    and closures hold), which neither path may change in place (both run while capturing)."""
     from ..ops import cond
 
     specs, raws = {}, {}
+    if held is None:
+        held = _held_containers((), true_fn, false_fn) if _C.is_tracing() else []
 
     def branch(fn, which):
         def run():
             leaves = []
             raws[which] = fn()
+            _check_unchanged(held, loc, (), what)
             specs[which] = _flatten_result(raws[which], leaves)
             return tuple(leaves) + (_token(),)
 
@@ -506,7 +551,9 @@ def if_return(pred, true_fn, false_fn, vals, names, inplace, loc):
     if not _is_tensor(pred):
         return true_fn(*vals) if pred else false_fn(*vals)
     _no_inplace(inplace, loc, "an if on a tensor")
-    return _select(pred, lambda: true_fn(*vals), lambda: false_fn(*vals), loc, "a return under an if on a tensor")
+    held = _held_containers(vals, true_fn, false_fn) if _C.is_tracing() else []
+    return _select(pred, lambda: true_fn(*vals), lambda: false_fn(*vals), loc, "a return under an if on a tensor",
+                   [(names[k] if isinstance(k, int) else k, c, saved) for k, c, saved in held])
 
 
 def if_exp(pred, true_thunk, false_thunk, loc):
@@ -642,6 +689,10 @@ class _LoopState:
         self.base = list(vals)
         self.init = tuple(_as_tensor(vals[i]) for i in self.carried)
         self.seen = {}  # carried position -> (shape, dtype) the body gave
+        # carried position -> the Python number type the variable keeps (a number before the loop
+        # and of that type after each run of the body: a number after the loop too); all None
+        # once one changes type (the others' kinds may have been read from it)
+        self.kinds = [_number_kind(vals[i]) for i in self.carried]
 
     def define_returned(self, dry_run):
         """A `return` inside the loop saves its value in a variable unbound before the loop; the
@@ -663,6 +714,7 @@ class _LoopState:
             if _is_tensor(r) or (isinstance(r, (int, float)) and not isinstance(r, bool)):
                 r = _as_tensor(r)
                 self.carried.append(i)
+                self.kinds.append(None)
                 self.init += (zeros(*_shape(r), dtype=r.dtype),)
             else:
                 raise _error(self.loc, "return of a " + type(r).__name__ + " inside a loop that runs on a tensor "
@@ -683,14 +735,16 @@ class _LoopState:
 
     def full(self, loop_vals):
         out = list(self.base)
-        for i, v in zip(self.carried, loop_vals):
-            out[i] = v
+        for i, v, kind in zip(self.carried, loop_vals, self.kinds):
+            out[i] = v if kind is None else _note_chosen(v, kind)
         for i in self.local:
             out[i] = Undefined(self.names[i], self.loc)
         return out
 
     def carry(self, res):
         out = []
+        if any(kind is not None and _number_kind(res[i]) is not kind for i, kind in zip(self.carried, self.kinds)):
+            self.kinds = [None] * len(self.kinds)
         for k, i in enumerate(self.carried):
             r = res[i]
             if not _selectable(r):
@@ -809,7 +863,7 @@ def _tensor_range_loop(rng, extra_test, body_fn, vals, names, loc):
         return go
 
     def body(i, *lv):
-        res = body_fn(i, *st.full(lv))
+        res = body_fn(_note_chosen(i, int), *st.full(lv))
         return (i + step,) + tuple(st.carry(res))
 
     st.define_returned(lambda lv: body_fn(start, *st.full(lv)))
@@ -946,6 +1000,8 @@ def converted_call(loc, f, *args, **kwargs):
         return _print(*args, **kwargs)
     if f is builtins.range:
         return _range(*args, loc=loc)
+    if f is builtins.abs and len(args) == 1 and not kwargs:
+        return unary("abs", args[0])  # (a chosen number's abs stays a number)
     scalar = _SCALAR_BUILTINS.get(f)
     if scalar is not None and args and _is_tensor(args[0]):
         raise _error(loc, f"{scalar} of a tensor value", "keep the value a tensor (use .astype(), comparisons "
