@@ -11,7 +11,7 @@ from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, 
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
 from .optim import Adam, Optimizer, SGD
-from .optim_extra import Adagrad, AdamW, AdamWeightDecay, Momentum, RMSProp
+from .optim_extra import EMA, Adagrad, AdamW, AdamWeightDecay, ExponentialMovingAverage, Lamb, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
                           warmup_lr)
@@ -27,7 +27,8 @@ __all__ = [
     "Mish", "Conv1d", "GroupNorm", "InstanceNorm2d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle",
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
-    "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad",
+    "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
+    "ExponentialMovingAverage",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
     "WarmUpCosineDecayLR",
 ]
