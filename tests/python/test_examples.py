@@ -1,0 +1,32 @@
+"""The model zoo in examples/ (issue 30), each at a small size: it trains to its mark, and every
+capture mode of kiln.jit gives eager's losses."""
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+MODES = ["ast", "bytecode", "trace"]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lenet_on_digits_reaches_97_percent():
+    pytest.importorskip("sklearn")
+    lenet = load("lenet_digits")
+    losses, acc = lenet.train(epochs=12, mode="ast", log=lambda *_: None)
+    assert losses[-1] < losses[0] / 10
+    assert acc >= 0.97, acc
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lenet_jitted_steps_equal_eager(mode):
+    pytest.importorskip("sklearn")
+    lenet = load("lenet_digits")
+    np.testing.assert_allclose(lenet.first_losses(mode), lenet.first_losses("eager"), rtol=1e-5, atol=1e-6)
