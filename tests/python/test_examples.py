@@ -30,3 +30,17 @@ def test_lenet_jitted_steps_equal_eager(mode):
     pytest.importorskip("sklearn")
     lenet = load("lenet_digits")
     np.testing.assert_allclose(lenet.first_losses(mode), lenet.first_losses("eager"), rtol=1e-5, atol=1e-6)
+
+
+def test_gpt_learns_the_text():
+    gpt = load("gpt_tiny")
+    _, _, losses = gpt.train(steps=120, mode="ast", log=lambda *_: None)
+    assert np.mean(losses[-10:]) < losses[0] - 1.3, (losses[0], losses[-10:])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt_jitted_steps_equal_eager(mode):
+    gpt = load("gpt_tiny")
+    want = gpt.train(steps=4, mode="eager", batch=4, context=32, log=lambda *_: None)[2]
+    got = gpt.train(steps=4, mode=mode, batch=4, context=32, log=lambda *_: None)[2]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
