@@ -44,3 +44,13 @@ def test_gpt_jitted_steps_equal_eager(mode):
     want = gpt.train(steps=4, mode="eager", batch=4, context=32, log=lambda *_: None)[2]
     got = gpt.train(steps=4, mode=mode, batch=4, context=32, log=lambda *_: None)[2]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_llama_decodes_like_eager_with_a_bounded_number_of_compiles(mode):
+    llama = load("llama_decode")
+    want = llama.run(tokens=30, mode="eager")[0]
+    ids, _, compiles = llama.run(tokens=30, mode=mode)
+    assert ids == want
+    assert compiles <= 3  # empty cache, one entry, then one dynamic entry for every longer cache
+    assert llama.run(tokens=60, mode=mode)[2] == compiles  # longer text: no more compiles
