@@ -54,3 +54,15 @@ def test_llama_decodes_like_eager_with_a_bounded_number_of_compiles(mode):
     assert ids == want
     assert compiles <= 3  # empty cache, one entry, then one dynamic entry for every longer cache
     assert llama.run(tokens=60, mode=mode)[2] == compiles  # longer text: no more compiles
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resnet18_training_and_boosted_inference_equal_eager(mode):
+    resnet = load("resnet18")
+    small = dict(batch=2, size=16, steps=3, width=8)
+    want, _, net_eager = resnet.train("eager", **small)
+    got, _, net = resnet.train(mode, **small)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    x = resnet.data(2, 16, 1, seed=1)[0][0]
+    np.testing.assert_allclose(resnet.infer(net, mode, x)[0], resnet.infer(net_eager, "eager", x)[0],
+                               rtol=1e-4, atol=1e-4)
