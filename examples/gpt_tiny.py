@@ -103,6 +103,7 @@ def train(steps=300, mode="ast", batch=16, context=64, seed=0, log=print):
     kiln.manual_seed(seed)
     data, chars = corpus()
     model = GPT(len(chars), context=context)
+    model.set_train()
     step = make_step(model, mode, steps)
     losses = []
     for i, (x, y) in zip(range(steps), batches(data, batch, context, seed)):

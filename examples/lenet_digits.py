@@ -66,6 +66,7 @@ def train(epochs=12, mode="ast", batch_size=32, seed=0, log=print):
     kiln.manual_seed(seed)
     x_train, y_train, x_test, y_test = load_digits_split(seed)
     net = LeNet5()
+    net.set_train()
     step = make_step(net, mode)
     ds.config.set_seed(seed)
     data = ds.NumpySlicesDataset((x_train, y_train), column_names=["image", "label"], shuffle=True).batch(batch_size)

@@ -73,6 +73,7 @@ def train(mode="ast", batch=8, size=64, steps=5, width=64, seed=0):
     """(losses, seconds of the last step, the trained net) for a fresh seeded ResNet-18."""
     kiln.manual_seed(seed)
     net = ResNet18(width=width)
+    net.set_train()  # BatchNorm on batch statistics (a Cell starts in inference mode, as in MindSpore)
     step = make_step(net, mode)
     losses, last = [], 0.0
     for x, y in data(batch, size, steps, seed):
