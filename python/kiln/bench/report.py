@@ -101,6 +101,7 @@ def spread_in_unit(row):
     if any(v is None or not math.isfinite(v) for v in (lo, hi, mid)):
         return "-"
     scale = next(k for k, limit in ((1.0, 1), (1e3, 1e-3), (1e6, 0)) if mid >= limit)  # as fmt_time
+
     def num(x):  # at most 6 characters below 100000
         return f"{x:.2f}" if x < 100 else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
     return f"{num(lo * scale)}-{num(hi * scale)}"
