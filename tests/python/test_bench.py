@@ -390,14 +390,17 @@ def fixed_workload():
     eager_fast = synthetic_row("kiln", times=(17.31e-3, 17.41e-3, 20.0e-3), runs=20)  # a spread across units
     boost = synthetic_row(level="O1", boost="on", times=(0.2292, 0.2080, 0.2514), runs=20)
     full = synthetic_row(level="O0", capture="ast", fullgraph="true", times=(396.5, 383.0, 407.6), runs=20)
-    full["check"] = "MISMATCH 3.25x tol (grad conv1.weight) (ran eagerly 2x) SLOWER than eager (1.23x; 1.10x timed in turns)"
+    full["check"] = ("MISMATCH 3.25x tol (grad conv1.weight) (ran eagerly 2x) SLOWER than eager "
+                     "(1.23x; 1.10x timed in turns)")
     full["agree"], full["slower_than"] = False, [{"than": "eager", "ratio": 1.23}]
     slow = synthetic_row(level="O1", backend="sink", times=(0.39, 0.38, 0.40), runs=20)
     slow["check"] = "ok SLOWER than eager (1.13x; 1.11x timed in turns), O0 (1.10x; 1.08x timed in turns)"
     slow["slower_than"] = [{"than": "eager", "ratio": 1.13}, {"than": "O0", "ratio": 1.10}]
-    ms = synthetic_row("mindspore.jit", level="O0", capture="bytecode", backend="ms_backend", times=(1.01, 0.92, 1.14), runs=20)
+    ms = synthetic_row("mindspore.jit", level="O0", capture="bytecode", backend="ms_backend",
+                       times=(1.01, 0.92, 1.14), runs=20)
     ms["infer_boost"] = "-"
-    tjt = synthetic_row("torch.jit.trace", level="-", capture="trace", backend="torchscript", times=(0.412, 0.401, 0.434), runs=20)
+    tjt = synthetic_row("torch.jit.trace", level="-", capture="trace", backend="torchscript",
+                        times=(0.412, 0.401, 0.434), runs=20)
     tjt.update(fullgraph="-", infer_boost="-")
     rows = [eager, boost, full, slow, ms, tjt]
     for r in rows + [eager_fast]:
