@@ -73,22 +73,48 @@ def test_fences_parse():
         split_fences("```python\nx = 1\n")
 
 
-@pytest.mark.parametrize("name,code", BLOCKS, ids=[name for name, _ in BLOCKS])
-def test_python_block_runs(name, code, tmp_path):
-    """The block, run as a script in an empty directory (files it writes stay out of the tree)."""
+def block_failure(name, code, workdir, timeout=BLOCK_TIMEOUT_S):
+    """Runs one block as a script in workdir (files it writes stay out of the tree); None when it
+    succeeds, else why it failed, naming the block's file and line."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT / "python"),
                                                                      os.environ.get("PYTHONPATH")))))
     env.setdefault("MPLBACKEND", "Agg")
-    script = tmp_path / "block.py"
+    script = Path(workdir) / "block.py"
     script.write_text(code)
     try:
-        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=BLOCK_TIMEOUT_S)
+        proc = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env, capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{name}: the python block did not finish in {BLOCK_TIMEOUT_S} s")
-    assert proc.returncode == 0, (f"{name}: the python block exits with status {proc.returncode} "
-                                  f"(fence it as text or console if it is not meant to run)\n"
-                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        return f"{name}: the python block did not finish in {timeout} s"
+    if proc.returncode != 0:
+        return (f"{name}: the python block exits with status {proc.returncode} "
+                f"(fence it as text or console if it is not meant to run)\n"
+                f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return None
+
+
+@pytest.mark.parametrize("name,code", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_python_block_runs(name, code, tmp_path):
+    failure = block_failure(name, code, tmp_path)
+    assert failure is None, failure
+
+
+def test_a_failing_block_is_named(tmp_path):
+    """The runner fails a block that raises, exits non-zero or hangs, naming where it is."""
+    assert block_failure("a.md:3", "import kiln\nprint(kiln.__version__)\n", tmp_path) is None
+    failure = block_failure("a.md:3", "import kiln\nkiln.ops.no_such_op()\n", tmp_path)
+    assert failure.startswith("a.md:3: the python block exits with status 1") and "AttributeError" in failure
+    assert block_failure("b.md:7", "import time\ntime.sleep(30)\n", tmp_path, timeout=1) == \
+        "b.md:7: the python block did not finish in 1 s"
+
+
+def test_the_readme_is_short_with_a_short_example():
+    """Issue 29 item 9: a README a newcomer reads, under 250 lines, its example at most 20."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    _, blocks = split_fences(text)
+    first = next(code for info, _, code in blocks if info == "python")
+    assert len(first.splitlines()) <= 20, first
 
 
 # ---- links ---------------------------------------------------------------------------------------
