@@ -125,7 +125,10 @@ def train(step, images, labels, augment, workers, epochs):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="one epoch")
     args = p.parse_args()
+    if args.quick:
+        args.epochs = 1
     images, labels, source = digits()
     step = make_step()
     step_s = step_seconds(step, images, labels)

@@ -193,7 +193,10 @@ def main():
     p.add_argument("--models", default="lenet,resnet18,gpt,llama")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--quick", action="store_true", help="5 repeats, 16 tokens")
     args = p.parse_args()
+    if args.quick:
+        args.repeat, args.tokens = 5, 16
     try:
         import torch
         import torch_twins as twins
