@@ -157,3 +157,18 @@ def test_resnet18_losses_equal_torch_with_copied_weights():
     want = _torch_steps(twin, lambda m, a, b: torch.nn.functional.cross_entropy(m(a), b), batches,
                         lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_zoo_benchmark_prints_its_rows(capsys):
+    from kiln.bench import models_table
+    script = models_table.zoo_script()
+    assert script is not None and script.name == "bench_zoo.py"
+    import runpy
+    import sys
+    argv, sys.argv = sys.argv, [str(script), "--models", "llama", "--quick"]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert "Llama decoder" in out and "kiln eager" in out and "best kiln.jit row" in out

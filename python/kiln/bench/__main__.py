@@ -22,7 +22,7 @@ import sys
 
 import kiln
 
-from . import report, sgemm, slower
+from . import models_table, report, sgemm, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
                         jit_variant_status, kiln_variants, make_workloads, measure, measure_interleaved,
@@ -89,6 +89,9 @@ def build_parser():
                    help="every column of the tutorial's tables (enable jit, runs, time for runs, x1000 runs, "
                         "GFLOP/s, ...) and unwrapped lines; by default the output fits 100 columns")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
+    p.add_argument("--models", action="store_true",
+                   help="after the tables, the model zoo's (examples/: LeNet5, ResNet-18, a GPT, a Llama decoder) "
+                        "training steps against torch eager and torch.compile (bench/bench_zoo.py)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="one panel per workload: the best row of each system, time relative to the best peer "
                         "(needs matplotlib)")
@@ -332,7 +335,8 @@ def main(argv=None):
         + (f"{record['slower']} kiln.jit row{'s' if record['slower'] != 1 else ''} SLOWER than a row "
            "they should beat (see check column)" if record["slower"] else "no row SLOWER than a row it should beat")
         + f"; load average {record['load_average_before']} before, {record['load_average_after']} after")
-    return 0 if failures == 0 else 1
+    zoo = models_table.run(quick=not args.full) if args.models else 0
+    return 0 if failures == 0 and zoo == 0 else 1
 
 
 if __name__ == "__main__":
