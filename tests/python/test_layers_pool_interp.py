@@ -130,6 +130,11 @@ def test_bad_inputs_raise_naming_the_function():
         nn.AdaptiveMaxPool2d(2)(kiln.Tensor(np.zeros((2, 4), np.float32)))
     with pytest.raises(ValueError, match="AdaptiveMaxPool2d: output_size must be"):
         nn.AdaptiveMaxPool2d((0, 2))
+    with pytest.raises(ValueError, match=r"interpolate: an output of spatial size \(1048576, 1048576\) .* holds "
+                                         r"more than 2\*\*31 elements"):
+        ops.interpolate(x, size=(2 ** 20, 2 ** 20))
+    with pytest.raises(ValueError, match="adaptive_max_pool2d: an output of spatial size .* more than 2"):
+        ops.adaptive_max_pool2d(x, (2 ** 40, 2))
     with pytest.raises(ValueError, match="adaptive_max_pool2d: return_indices=True is not supported"):
         ops.adaptive_max_pool2d(x, 2, return_indices=True)
 

@@ -13,6 +13,20 @@ from .nn_functional import max_pool2d
 _LINEAR_RANK = {"linear": 3, "bilinear": 4, "trilinear": 5}
 
 
+# The most elements a resize or adaptive pool may produce (8 GiB of float32): index arrays are
+# built per axis in NumPy first, and an absurd size is refused before it takes the memory.
+MAX_OUTPUT_ELEMENTS = 2 ** 31
+
+
+def _check_output(op, x, sizes):
+    count = 1
+    for s in sizes:
+        count *= s
+    if count > MAX_OUTPUT_ELEMENTS or count * x.shape[0] * x.shape[1] > MAX_OUTPUT_ELEMENTS:
+        raise ValueError(f"{op}: an output of spatial size {tuple(sizes)} for input {list(x.shape)} holds more than "
+                         f"2**31 elements")
+
+
 def _index(values):
     return as_tensor(np.asarray(values, np.int64))
 
@@ -100,6 +114,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if min(x.shape[2:]) < 1:
         raise ValueError(f"{op}: input of shape {list(x.shape)} has an empty spatial axis")
     sizes, scales = _out_sizes(op, x, size, scale_factor)
+    _check_output(op, x, sizes)
     if recompute_scale_factor:
         scales = tuple(x.shape[2 + d] / sizes[d] for d in range(len(sizes)))
     y = x
@@ -118,19 +133,20 @@ def _max_axis(x, axis, n_in, n_out):
     of each window's start from the pool of its length."""
     if n_out == n_in:
         return x
-    starts = [(i * n_in) // n_out for i in range(n_out)]
-    lengths = [-((-(i + 1) * n_in) // n_out) - starts[i] for i in range(n_out)]
+    i = np.arange(n_out, dtype=np.int64)
+    starts = (i * n_in) // n_out
+    lengths = -((-(i + 1) * n_in) // n_out) - starts
     if n_in % n_out == 0:  # equal windows, side by side: one pool
         k = n_in // n_out
         kernel = (k, 1) if axis == 2 else (1, k)
         return max_pool2d(x, kernel, kernel)
-    pools, offset, index = [], {}, []
-    for k in sorted(set(lengths)):
+    pools, index, offset = [], starts.copy(), 0
+    for k in np.unique(lengths).tolist():
         kernel = (k, 1) if axis == 2 else (1, k)
-        offset[k] = sum(p.shape[axis] for p in pools)
+        index[lengths == k] += offset
         pools.append(max_pool2d(x, kernel, 1))
+        offset += pools[-1].shape[axis]
     joined = pools[0] if len(pools) == 1 else concat(pools, axis)
-    index = [offset[lengths[i]] + starts[i] for i in range(n_out)]
     return gather(joined, _index(index), axis)
 
 
@@ -152,6 +168,7 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
         raise ValueError(f"{op}: output_size must be positive ints, got {output_size!r}")
     if min(x.shape[2:]) < 1:
         raise ValueError(f"{op}: input of shape {list(x.shape)} has an empty spatial axis")
+    _check_output(op, x, sizes)
     y = _max_axis(x, 2, x.shape[2], sizes[0])
     return _max_axis(y, 3, x.shape[3], sizes[1])
 
