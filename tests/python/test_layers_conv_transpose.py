@@ -276,3 +276,18 @@ def test_onnx_export_of_the_transposed_convolution(tmp_path):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = session.run(None, {session.get_inputs()[0].name: x})[0]
     np.testing.assert_allclose(got, net(kiln.Tensor(x)).asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tol", [(kiln.float16, 3e-2), (kiln.bfloat16, 1e-1)])
+def test_half_precision_and_strided_operands(dtype, tol):
+    x = RNG.standard_normal((2, 4, 5, 3))
+    w = RNG.standard_normal((4, 3, 3, 3))
+    want = np_conv_transpose(x, w, None, (2, 2), (1, 1), (1, 1), 1, (9, 5))
+    got = ops.conv_transpose2d(kiln.Tensor(x, dtype), kiln.Tensor(w, dtype), None, 2, 1)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype(kiln.float64).asnumpy(), want, rtol=tol, atol=tol * 4)
+    # operands that are views with swapped axes: the same result as their contiguous copies
+    xs = kiln.Tensor(np.ascontiguousarray(x.swapaxes(2, 3))).swapaxes(2, 3)
+    ws = kiln.Tensor(np.ascontiguousarray(w.swapaxes(0, 1))).swapaxes(0, 1)
+    assert not xs.is_contiguous() and not ws.is_contiguous()
+    np.testing.assert_allclose(ops.conv_transpose2d(xs, ws, None, 2, 1).asnumpy(), want, rtol=1e-12, atol=1e-12)

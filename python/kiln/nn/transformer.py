@@ -6,11 +6,8 @@ attention op where no mask or weights are asked for, layer_norm, dropout)."""
 import copy
 import math
 
-import numpy as np
-
 from .. import _C
 from .. import ops
-from .._tensor import Tensor
 from .cell import Cell, CellList
 from .init import HeUniform, Uniform, XavierUniform, initializer
 from .layers import Dropout
@@ -132,8 +129,9 @@ class MultiheadAttention(Cell):
                 raise ValueError(f"{name}: attn_mask of shape {list(attn_mask.shape)} must be (L, S) = "
                                  f"{[lq, ls]} or (N * num_heads, L, S) = {[n * self.num_heads, lq, ls]}")
             total = m
-        elif is_causal:
-            total = Tensor(np.triu(np.full((lq, ls), -np.inf), 1)).astype(dtype)
+        elif is_causal:  # key j is masked from query i where j > i
+            later = ops.reshape(ops.arange(ls), (1, ls)) > ops.reshape(ops.arange(lq), (lq, 1))
+            total = ops.where(later, float("-inf"), ops.zeros(lq, ls, dtype=dtype))
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (n, ls):
                 raise ValueError(f"{name}: key_padding_mask of shape {list(key_padding_mask.shape)} must be "
