@@ -171,3 +171,21 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
         return (pool(up(x)) ** 2).sum() + corners(x).sum()
 
     run_all_modes(loss, args(1.0), args(0.5), around=lambda f: kiln.value_and_grad(f))
+
+
+def test_onnx_export_of_resizing_and_pooling(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    import warnings
+
+    net = nn.SequentialCell(nn.Upsample(scale_factor=1.5, mode="bilinear"), nn.AdaptiveMaxPool2d((3, 4)),
+                            nn.Upsample(size=(5, 7)))
+    x = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    path = str(tmp_path / "resize.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = kiln.export(net, kiln.Tensor(x), file_name=path, file_format="ONNX")
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, net(kiln.Tensor(x)).asnumpy(), rtol=1e-6, atol=1e-6)

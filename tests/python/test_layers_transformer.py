@@ -333,3 +333,29 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
         return (enc(x, is_causal=True) ** 2).sum() + dec(x.swapaxes(0, 1), mha(x.swapaxes(0, 1), mem, mem)[0]).sum()
 
     run_all_modes(loss, args(1.0), args(0.5), around=lambda f: kiln.value_and_grad(f, (0, 1), weights))
+
+
+def test_onnx_export_of_an_encoder(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    import warnings
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(E, H, 16, 0.0, "gelu"), 2)
+            self.mha = nn.MultiheadAttention(E, H)
+
+        def construct(self, x):
+            return self.enc(x, is_causal=True) + self.mha(x, x, x)[1].sum()
+
+    net = randomize(Net(), 0.3)
+    x = RNG.standard_normal((L, N, E)).astype(np.float32)
+    path = str(tmp_path / "encoder.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = kiln.export(net, kiln.Tensor(x), file_name=path, file_format="ONNX")
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, net(kiln.Tensor(x)).asnumpy(), rtol=1e-5, atol=1e-5)
