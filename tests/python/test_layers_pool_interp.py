@@ -124,6 +124,8 @@ def test_bad_inputs_raise_naming_the_function():
         ops.interpolate(x, size=(3, 0))
     with pytest.raises(ValueError, match="interpolate: align_corners is for the linear modes"):
         ops.interpolate(x, size=3, align_corners=True)
+    with pytest.raises(ValueError, match=r"Upsample: expected \(N, C, spatial...\) .* got \[2, 4\]"):
+        nn.Upsample(scale_factor=2)(kiln.Tensor(np.zeros((2, 4), np.float32)))
     with pytest.raises(ValueError, match="Upsample: mode must be"):
         nn.Upsample(scale_factor=2, mode="area")
     with pytest.raises(ValueError, match=r"AdaptiveMaxPool2d: expected \(N, C, H, W\), got \[2, 4\]"):

@@ -269,6 +269,10 @@ def test_bad_arguments_and_shapes_raise_naming_the_layer():
     with pytest.raises(ValueError, match="MultiheadAttention: query .* and key .* have different batch sizes"):
         y = T(RNG.standard_normal((L, 2, E)), kiln.float32)
         m(x, y, y)
+    with pytest.raises(ValueError, match=r"TransformerEncoderLayer: src must be \(L, N, 8\), .* got \[5, 3, 6\]"):
+        nn.TransformerEncoderLayer(E, H, 16)(T(RNG.standard_normal((L, N, 6)), kiln.float32))
+    with pytest.raises(ValueError, match=r"TransformerDecoderLayer: memory must be .* got \[4, 3, 6\]\Z"):
+        nn.TransformerDecoderLayer(E, H, 16)(x, T(RNG.standard_normal((4, 3, 6)), kiln.float32))
     with pytest.raises(ValueError, match="TransformerEncoderLayer: activation must be 'relu', 'gelu'"):
         nn.TransformerEncoderLayer(E, H, activation="tanh")
     with pytest.raises(TypeError, match="TransformerEncoder: expected a TransformerEncoderLayer"):

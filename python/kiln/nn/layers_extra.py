@@ -194,6 +194,8 @@ class Upsample(Cell):
         self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
 
     def construct(self, x):
+        if x.ndim not in (3, 4, 5):
+            raise ValueError(f"Upsample: expected (N, C, spatial...) with 1 to 3 spatial axes, got {list(x.shape)}")
         return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
                                self.recompute_scale_factor)
 

@@ -221,6 +221,7 @@ class TransformerEncoderLayer(Cell):
         return self.dropout2(self.linear2(self.dropout(_activate(self.activation, self.linear1(x)))))
 
     def construct(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        _check_model_dim("TransformerEncoderLayer", "src", src, self.self_attn.embed_dim)
         x = src
         if self.norm_first:
             x = x + self._sa(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
@@ -261,6 +262,8 @@ class TransformerDecoderLayer(Cell):
 
     def construct(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                   memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        _check_model_dim("TransformerDecoderLayer", "tgt", tgt, self.self_attn.embed_dim)
+        _check_model_dim("TransformerDecoderLayer", "memory", memory, self.self_attn.embed_dim)
         x = tgt
         if self.norm_first:
             x = x + self._sa(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
@@ -269,6 +272,12 @@ class TransformerDecoderLayer(Cell):
         x = self.norm1(x + self._sa(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
         x = self.norm2(x + self._mha(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
         return self.norm3(x + self._ff(x))
+
+
+def _check_model_dim(name, what, x, d_model):
+    if x.ndim not in (2, 3) or x.shape[-1] != d_model:
+        raise ValueError(f"{name}: {what} must be (L, N, {d_model}), (N, L, {d_model}) or (L, {d_model}), got "
+                         f"{list(x.shape)}")
 
 
 def _clones(name, layer, cls, num_layers):
