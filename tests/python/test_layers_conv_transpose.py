@@ -7,7 +7,7 @@ import pytest
 
 import kiln
 from kiln import nn, ops
-from conformance import run_all_modes
+from conformance import TRACE_VARIANTS, run_all_modes
 from conftest import check_grad
 
 RNG = np.random.default_rng(30)
@@ -251,6 +251,7 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
     args = lambda s: (kiln.Tensor(RNG.standard_normal((2, 4, 3, 4)).astype(np.float32) * s),  # noqa: E731
                       kiln.Tensor(RNG.standard_normal((1, 2, 5, 4, 4)).astype(np.float32) * s))
     run_all_modes(f, args(1.0), args(2.0))
+    run_all_modes(f, args(1.0), args(2.0), variants=TRACE_VARIANTS)  # kiln.trace, MegEngine's
     params = deconv.trainable_params() + same.trainable_params()
 
     def loss(x):

@@ -7,7 +7,7 @@ import pytest
 
 import kiln
 from kiln import nn, ops
-from conformance import run_all_modes
+from conformance import TRACE_VARIANTS, run_all_modes
 from conftest import check_grad
 
 RNG = np.random.default_rng(31)
@@ -149,6 +149,14 @@ def test_torch_parity():
                dict(scale_factor=1.7, mode="nearest"), dict(size=(3, 11), mode="nearest")):
         want = torch.nn.functional.interpolate(torch.tensor(x), **kw).numpy()
         np.testing.assert_allclose(ops.interpolate(kiln.Tensor(x), **kw).asnumpy(), want, rtol=1e-12, atol=1e-12)
+    for align in (False, True):
+        xt = torch.tensor(x, requires_grad=True)
+        yt = torch.nn.functional.interpolate(xt, size=(8, 3), mode="bilinear", align_corners=align)
+        gy = RNG.standard_normal(tuple(yt.shape))
+        yt.backward(torch.tensor(gy))
+        g = kiln.grad(lambda v: (ops.interpolate(v, (8, 3), None, "bilinear", align) * kiln.Tensor(gy)).sum())(
+            kiln.Tensor(x))
+        np.testing.assert_allclose(g.asnumpy(), xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     xt = torch.tensor(x, requires_grad=True)
     yt = torch.nn.functional.adaptive_max_pool2d(xt, (3, 4))
     gy = RNG.standard_normal(tuple(yt.shape))
@@ -168,6 +176,7 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
 
     args = lambda s: (kiln.Tensor(RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) * s),)  # noqa: E731
     run_all_modes(f, args(1.0), args(3.0))
+    run_all_modes(f, args(1.0), args(3.0), variants=TRACE_VARIANTS)  # kiln.trace, MegEngine's
 
     def loss(x):
         return (pool(up(x)) ** 2).sum() + corners(x).sum()

@@ -10,7 +10,7 @@ import pytest
 
 import kiln
 from kiln import nn
-from conformance import run_all_modes
+from conformance import TRACE_VARIANTS, run_all_modes
 from conftest import check_grad
 
 RNG = np.random.default_rng(32)
@@ -331,6 +331,7 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
     args = lambda s: (T(RNG.standard_normal((L, N, E)) * s, kiln.float32),  # noqa: E731
                       T(RNG.standard_normal((N, S, 6)) * s, kiln.float32))
     run_all_modes(f, args(1.0), args(2.0))
+    run_all_modes(f, args(1.0), args(2.0), variants=TRACE_VARIANTS)  # kiln.trace, MegEngine's
     weights = enc.trainable_params() + dec.trainable_params()
 
     def loss(x, mem):
