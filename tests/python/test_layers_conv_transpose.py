@@ -246,7 +246,7 @@ def test_compiled_variants_agree_with_eager_forward_and_backward():
     conv3 = nn.Conv3d(2, 2, 3, (2, 1, 1), has_bias=True)
 
     def f(x, v):
-        return same(ops.relu(deconv(x))), conv3(v)
+        return same(ops.relu(deconv(x))), conv3(v), deconv(x, output_size=(5, 8))
 
     args = lambda s: (kiln.Tensor(RNG.standard_normal((2, 4, 3, 4)).astype(np.float32) * s),  # noqa: E731
                       kiln.Tensor(RNG.standard_normal((1, 2, 5, 4, 4)).astype(np.float32) * s))
