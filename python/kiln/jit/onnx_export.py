@@ -73,7 +73,7 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
            "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
            "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
-_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
+_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_backward_input", "batch_norm", "layer_norm", "rms_norm", "reshape",
           "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
           "gather", "gather_elements", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
@@ -125,6 +125,15 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op == "conv2d":
         sh, sw, pt, pb, pl, pr, dh, dw, groups = ints[:9]
         b.node("Conv", ins, [out], strides=[sh, sw], pads=[pt, pl, pb, pr], dilations=[dh, dw], group=groups)
+    elif op == "conv2d_backward_input":  # the transposed convolution (ops.conv_transpose2d)
+        sh, sw, pt, _, pl, _, dh, dw, groups = ints[:9]
+        kernel, size, out_hw = in_metas[1][1][2:], in_metas[0][1][2:], ints[11:13]
+        pads, extra = [pt, pl, 0, 0], [0, 0]
+        for d, (s, dil, top) in enumerate(((sh, dh, pt), (sw, dw, pl))):
+            full = s * (size[d] - 1) + (kernel[d] - 1) * dil + 1 - top  # ONNX's size with no end padding
+            pads[2 + d], extra[d] = max(full - out_hw[d], 0), max(out_hw[d] - full, 0)
+        b.node("ConvTranspose", ins, [out], strides=[sh, sw], pads=pads, dilations=[dh, dw], group=groups,
+               kernel_shape=list(kernel), output_padding=extra)
     elif op in ("max_pool2d", "avg_pool2d"):
         kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, ceil = ints[:11]
         common = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], ceil_mode=ceil)

@@ -10,6 +10,10 @@ from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, NLLLoss
 from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, GroupNorm, HSigmoid, HSwish, Hardsigmoid,
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
+from .conv_transpose import Conv2dTranspose, Conv3d, ConvTranspose2d
+from .pooling_extra import AdaptiveMaxPool2d
+from .transformer import (MultiheadAttention, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                          TransformerEncoderLayer)
 from .optim import Adam, Optimizer, SGD
 from .optim_extra import EMA, Adagrad, AdamW, AdamWeightDecay, ExponentialMovingAverage, Lamb, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
@@ -26,6 +30,8 @@ __all__ = [
     "get_activation", "LeakyReLU", "PReLU", "ELU", "Softplus", "HSigmoid", "HSwish", "Hardsigmoid", "Hardswish",
     "Mish", "Conv1d", "GroupNorm", "InstanceNorm2d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle",
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
+    "Conv2dTranspose", "ConvTranspose2d", "Conv3d", "AdaptiveMaxPool2d", "MultiheadAttention",
+    "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
     "ExponentialMovingAverage",

@@ -2,7 +2,7 @@
 each an exact composition of kiln's ops (so gradients, symbolic sizes, fusion and export follow):
 activations (LeakyReLU, PReLU, ELU, Softplus, HSwish/Hardswish, HSigmoid/Hardsigmoid, Mish),
 Conv1d (a convolution over a height of 1), GroupNorm, InstanceNorm2d, AdaptiveAvgPool2d,
-Upsample (nearest), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
+Upsample (ops.interpolate), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
 and Linear (Dense with PyTorch's argument names)."""
 import numpy as np
 
@@ -179,33 +179,25 @@ class AdaptiveAvgPool2d(Cell):
 
 
 class Upsample(Cell):
-    """Nearest-neighbour upsampling of (N, C, H, W) by an integer scale_factor or to size (a multiple)."""
+    """Resizes (N, C, ...) by scale_factor or to size through ops.interpolate: mode 'nearest'
+    (default), 'linear', 'bilinear' or 'trilinear' (align_corners as PyTorch's)."""
 
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         super().__init__()
-        if mode != "nearest":
-            raise ValueError(f"Upsample: mode {mode!r} is not supported yet (nearest is)")
+        if mode not in ("nearest", "linear", "bilinear", "trilinear"):
+            raise ValueError(f"Upsample: mode must be 'nearest', 'linear', 'bilinear' or 'trilinear', got {mode!r}")
         if (size is None) == (scale_factor is None):
             raise ValueError("Upsample: give exactly one of size and scale_factor")
-        self.size, self.scale_factor = size, scale_factor
+        if mode == "nearest" and align_corners is not None:
+            raise ValueError("Upsample: align_corners is for the linear modes, not 'nearest'")
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
 
     def construct(self, x):
-        if x.ndim != 4:
-            raise ValueError(f"Upsample: expected (N, C, H, W), got {list(x.shape)}")
-        n, c, h, w = x.shape
-        if self.size is not None:
-            oh, ow = (self.size, self.size) if isinstance(self.size, int) else self.size
-            if oh % h or ow % w:
-                raise ValueError(f"Upsample: nearest to {oh, ow} from {h, w} needs whole multiples")
-            sh, sw = oh // h, ow // w
-        else:
-            sh, sw = (self.scale_factor, self.scale_factor) if not isinstance(self.scale_factor, (tuple, list)) \
-                else self.scale_factor
-            if int(sh) != sh or int(sw) != sw:
-                raise ValueError(f"Upsample: nearest needs integer scale factors, got {self.scale_factor!r}")
-            sh, sw = int(sh), int(sw)
-        y = ops.broadcast_to(ops.reshape(x, n, c, h, 1, w, 1), n, c, h, sh, w, sw)
-        return ops.reshape(y, n, c, h * sh, w * sw)
+        if x.ndim not in (3, 4, 5):
+            raise ValueError(f"Upsample: expected (N, C, spatial...) with 1 to 3 spatial axes, got {list(x.shape)}")
+        return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                               self.recompute_scale_factor)
 
 
 class PixelShuffle(Cell):

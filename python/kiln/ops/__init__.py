@@ -11,6 +11,8 @@ from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, 
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
 from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
                             max_pool2d, rms_norm, scaled_dot_product_attention, stop_gradient)
+from .conv_transpose import conv3d, conv_transpose2d
+from .interpolate import adaptive_max_pool2d, interpolate
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .clip import clip_by_global_norm, clip_by_norm
 from .control_flow import cond, while_loop
