@@ -4,7 +4,7 @@ pad, one_hot, masked_fill, gather_nd and scatter (PyTorch's Tensor.scatter as a 
 from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
-from .array import arange, broadcast_to, concat, full, narrow, reshape, scatter_add, unsqueeze
+from .array import arange, broadcast_to, concat, full, gather, narrow, reshape, scatter_add, unsqueeze
 from .math import cast, eq, where
 
 _TensorBase = _C.TensorBase
@@ -36,7 +36,7 @@ def roll(input, shifts, dims=None):
     """input shifted by shifts[i] positions along dims[i], elements pushed off one end coming in at
     the other; dims=None rolls the flattened tensor and restores the shape."""
     x = as_tensor(input)
-    shifts = (shifts,) if _is_int(shifts) else tuple(shifts)
+    shifts = (shifts,) if _is_int(shifts) else tuple(shifts) if isinstance(shifts, (tuple, list)) else None
     if not shifts or not all(_is_int(s) for s in shifts):
         raise TypeError(f"roll: shifts must be an int or a sequence of ints, got {shifts!r}")
     if dims is None:
@@ -193,7 +193,9 @@ def masked_fill(input, mask, value):
 def gather_nd(input_x, indices):
     """MindSpore's GatherNd: indices (..., K) pick input_x[i0, ..., iK-1] (a slice of the remaining
     axes) for each leading position: a result of shape indices.shape[:-1] + input_x.shape[K:].
-    Indices are bounds-checked per axis (negative ones count from the end)."""
+    Each coordinate is bounds-checked for its axis (IndexError, in compiled graphs too; negative
+    ones count from the end), then the K coordinates become one row of input_x viewed as
+    (prod(shape[:K]), shape[K:]...), gathered."""
     x, idx = as_tensor(input_x), as_tensor(indices)
     if idx.dtype not in (_C.int32, _C.int64):
         raise TypeError(f"gather_nd: indices must be int32 or int64, got {idx.dtype}")
@@ -203,7 +205,19 @@ def gather_nd(input_x, indices):
     if not _is_int(k) or not 1 <= k <= x.ndim:
         raise ValueError(f"gather_nd: the last axis of indices (shape {list(idx.shape)}) must have 1 to "
                          f"{x.ndim} coordinates for input of shape {list(x.shape)}")
-    return x[tuple(idx[..., j] for j in range(k))]
+    idx = cast(idx, _C.int64)
+    rows = None
+    for j in range(k):
+        n = x.shape[j]
+        c = idx[..., j]
+        _check(((c < -n) | (c >= n)).any(), IndexError,
+               f"gather_nd: an index in coordinate {j} is out of bounds for axis {j} of the input")
+        c = where(c < 0, c + n, c)
+        rows = c if rows is None else rows * n + c
+    count = 1
+    for n in x.shape[:k]:
+        count = count * n
+    return gather(reshape(x, count, *x.shape[k:]), rows, 0)
 
 
 # one check per message: the exception a check op raises is registered once (process-wide)
