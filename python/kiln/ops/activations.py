@@ -16,6 +16,15 @@ def _floating(op, input):
     return x
 
 
+def log1p_small(e):
+    """log(1 + e) for e >= 0, exact to rounding even where 1 + e rounds to 1 (Goldberg's form:
+    log(u) * e / (u - 1), u = 1 + e, which cancels u's rounding error; e itself where u is 1).
+    The unused side's denominator is kept at 1, so no 0 / 0 reaches a gradient."""
+    u = e + 1.0
+    exact = u == 1.0
+    return where(exact, e, log(u) * e / where(exact, 1.0, u - 1.0))
+
+
 def leaky_relu(input, alpha=0.2):
     """x where x >= 0, alpha * x below."""
     x = _floating("leaky_relu", input)
@@ -35,14 +44,15 @@ def selu(input_x):
 
 def softplus(input, beta=1, threshold=20):
     """log(1 + exp(beta x)) / beta, x itself where beta x > threshold (PyTorch's rule), computed as
-    log(1 + exp(-|bx|)) + max(bx, 0) so no exp overflows."""
+    log(1 + exp(-|bx|)) + max(bx, 0) so no exp overflows (and far below 0 is exp(bx) / beta to
+    full precision, not 0)."""
     x = _floating("softplus", input)
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta == 0:
         raise ValueError(f"softplus: beta must be a nonzero number, got {beta!r}")
     beta, threshold = float(beta), float(threshold)
     bx = x * beta
     safe = minimum(bx, threshold)
-    soft = (log(exp(-abs_(safe)) + 1.0) + maximum(safe, 0.0)) / beta
+    soft = (log1p_small(exp(-abs_(safe))) + maximum(safe, 0.0)) / beta
     return where(bx > threshold, x, soft)
 
 

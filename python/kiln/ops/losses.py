@@ -4,6 +4,7 @@ kiln.nn's loss Cells call these: one definition each."""
 from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor
+from .activations import log1p_small
 from .array import gather, gather_elements, reshape, squeeze, unsqueeze
 from .math import abs as abs_, cast, exp, log, log_softmax, maximum, mean, minimum, ne, neg, sum as sum_, where
 
@@ -72,7 +73,7 @@ def binary_cross_entropy_with_logits(logits, label, weight=None, pos_weight=None
     _same_shape("binary_cross_entropy_with_logits", x, y)
     reduction = _reduction("binary_cross_entropy_with_logits", reduction)
     y = cast(y, x.dtype)
-    log_sig_neg = log(exp(neg(abs_(x))) + 1.0) + maximum(neg(x), 0.0)  # -log sigmoid(x)
+    log_sig_neg = log1p_small(exp(neg(abs_(x)))) + maximum(neg(x), 0.0)  # -log sigmoid(x)
     if pos_weight is None:
         loss = (1.0 - y) * x + log_sig_neg
     else:
