@@ -377,6 +377,10 @@ DYNAMIC = [
     ("norm", lambda x: ops.norm(x, dim=1), lambda a: np.linalg.norm(a, axis=1)),
     ("einsum", lambda x: ops.einsum("ij,kj->ik", x, x), lambda a: a @ a.T),
     ("one_hot", lambda x: ops.one_hot((x > 0).astype(kiln.int64), 2), lambda a: np.eye(2, dtype=np.int64)[(a > 0) * 1]),
+    ("isin", lambda x: ops.isin(ops.cast(x > 0, kiln.int64), T([1, 3])), lambda a: np.isin((a > 0) * 1, [1, 3])),
+    ("where", lambda x: ops.where(x > 0, 1.5, x), lambda a: np.where(a > 0, np.float32(1.5), a)),
+    ("scatter", lambda x: ops.scatter(x, 1, ops.cast(ops.amax(x, 1, True) > 9.0, kiln.int64), -1.0),
+     lambda a: _scatter_reference(a, 1, (a.max(1, keepdims=True) > 9.0) * 1, np.full((len(a), 1), -1.0, np.float32))),
 ]
 
 

@@ -2,12 +2,14 @@
 (NumPy on the values); a compiled graph has sizes fixed when it is captured, so under kiln.jit or
 kiln.trace they raise NotImplementedError naming the op, never a result baked in from the capture.
 isin, whose size is its input's, is ordinary ops and compiles."""
+import builtins
+
 import numpy as np
 
 from .. import _C
 from ._util import as_tensor
 from .array import reshape
-from .math import any as any_, eq, logical_not
+from .math import any as any_, eq, logical_and, logical_not
 
 
 def _eager_only(op, x):
@@ -62,5 +64,8 @@ def isin(elements, test_elements, *, invert=False):
     """Whether each element of `elements` equals some element of test_elements (a bool tensor of
     elements' shape; invert: whether it equals none). O(len(elements) * len(test_elements))."""
     x, t = as_tensor(elements), as_tensor(test_elements)
-    hit = any_(eq(reshape(x, *x.shape, 1), reshape(t, -1)), -1) if t.numel() else eq(x, x) & False
+    if builtins.any(n == 0 for n in t.shape):  # (a symbolic size is at least 2: a guard, not a fixed size)
+        hit = logical_and(eq(x, x), False)
+    else:
+        hit = any_(eq(reshape(x, *x.shape, 1), reshape(t, -1)), -1)
     return logical_not(hit) if invert else hit
