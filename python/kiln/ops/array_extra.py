@@ -97,8 +97,12 @@ def pad(input, padding, mode="constant", value=None):
         raise ValueError(f"pad: mode must be one of {_PAD_MODES}, got {mode!r}")
     if value is not None and mode != "constant":
         raise ValueError(f"pad: value is for mode 'constant' only, got value={value!r} with mode {mode!r}")
-    for i in range(len(pads) // 2):
-        x = _pad_axis(x, x.ndim - 1 - i, pads[2 * i], pads[2 * i + 1], mode, 0 if value is None else value)
+    shape = list(x.shape)
+    try:
+        for i in range(len(pads) // 2):
+            x = _pad_axis(x, x.ndim - 1 - i, pads[2 * i], pads[2 * i + 1], mode, 0 if value is None else value)
+    except MemoryError as e:
+        raise MemoryError(f"pad: padding {pads} of a tensor of shape {shape}: {e}") from e
     return x
 
 
