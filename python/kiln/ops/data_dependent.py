@@ -9,7 +9,7 @@ import numpy as np
 from .. import _C
 from ._util import as_tensor
 from .array import reshape
-from .math import any as any_, eq, logical_and, logical_not
+from .math import cast, eq, logical_and, logical_not, sum as sum_
 
 
 def _eager_only(op, x):
@@ -67,5 +67,6 @@ def isin(elements, test_elements, *, invert=False):
     if builtins.any(n == 0 for n in t.shape):  # (a symbolic size is at least 2: a guard, not a fixed size)
         hit = logical_and(eq(x, x), False)
     else:
-        hit = any_(eq(reshape(x, *x.shape, 1), reshape(t, -1)), -1)
+        # a count, not any() over bools: ONNX's ReduceMax takes no bool (so isin exports)
+        hit = sum_(cast(eq(reshape(x, *x.shape, 1), reshape(t, -1)), _C.float32), -1) > 0.5
     return logical_not(hit) if invert else hit
