@@ -416,3 +416,24 @@ def test_torch_agrees():
     ]
     for got, want in pairs:
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_methods_call_the_functions():
+    a = values((3, 4), np.float32)
+    x = T(a)
+    np.testing.assert_array_equal(x.flip(0).numpy(), np.flip(a, 0))
+    np.testing.assert_array_equal(x.flip(0, 1).numpy(), np.flip(a, (0, 1)))
+    np.testing.assert_array_equal(x.roll(1, 1).numpy(), np.roll(a, 1, 1))
+    np.testing.assert_array_equal(x.tril(1).numpy(), np.tril(a, 1))
+    np.testing.assert_array_equal(x.triu().numpy(), np.triu(a))
+    np.testing.assert_array_equal(x.masked_fill(x > 0, 0.0).numpy(), np.where(a > 0, 0, a))
+    idx = T(np.array([[1], [0], [3]]))
+    np.testing.assert_array_equal(x.scatter(1, idx, value=2.0).numpy(), ops.scatter(x, 1, idx, 2.0).numpy())
+    np.testing.assert_array_equal(x.scatter(1, idx, x * 3).numpy(), ops.scatter(x, 1, idx, x * 3).numpy())
+    with pytest.raises(TypeError, match="Tensor.scatter: give exactly one of src and value"):
+        x.scatter(1, idx)
+    np.testing.assert_allclose(x.norm(dim=1).numpy(), np.linalg.norm(a, axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(x.nonzero().numpy(), np.argwhere(a))
+    np.testing.assert_array_equal(T(np.array([2, 1, 2])).unique().numpy(), [1, 2])
+    assert_compiled_equal(lambda t: (t.flip(1).tril(-1) + t.roll(2, 0).triu(), t.masked_fill(t < 0, 1.0),
+                                     t.scatter(1, idx, value=0.0), t.norm(dim=0)), (x,), (T(values((3, 4), np.float32)),))
