@@ -76,6 +76,8 @@ def test_nll_loss_matches_cross_entropy_of_log_probabilities():
     x = RNG.standard_normal((4, 3))
     y = np.array([2, 0, -1, 1])
     logp = log_softmax(x)
+    np.testing.assert_allclose(ops.nll_loss(T(logp), T(y), ignore_index=-1, label_smoothing=0.3).numpy(),
+                               ce_indices_reference(x, y, None, -1, "mean", 0.3), rtol=1e-12)
     got = ops.nll_loss(T(logp), T(y), ignore_index=-1, reduction="sum")
     np.testing.assert_allclose(got.numpy(), -(logp[0, 2] + logp[1, 0] + logp[3, 1]), rtol=1e-12)
     w = np.array([1.0, 2.0, 3.0])
@@ -104,6 +106,8 @@ def test_regression_losses(reduction):
         got = ops.smooth_l1_loss(T(a), T(b), beta, reduction)
         np.testing.assert_allclose(got.numpy(), reduce(ref, reduction), rtol=1e-12)
         np.testing.assert_array_equal(nn.SmoothL1Loss(beta, reduction)(T(a), T(b)).numpy(), got.numpy())
+    # MindSpore's default reduction for smooth_l1_loss is 'none' (PyTorch's is 'mean')
+    assert ops.smooth_l1_loss(T(a), T(b)).shape == (3, 4) and nn.SmoothL1Loss()(T(a), T(b)).shape == (3, 4)
     np.testing.assert_array_equal(nn.MSELoss(reduction)(T(a), T(b)).numpy(),
                                   ops.mse_loss(T(a), T(b), reduction).numpy())
     np.testing.assert_array_equal(nn.L1Loss(reduction)(T(a), T(b)).numpy(), ops.l1_loss(T(a), T(b), reduction).numpy())
@@ -272,7 +276,7 @@ def test_torch_agrees():
         (ops.cross_entropy(T(x), T(y), T(w), label_smoothing=0.3), F.cross_entropy(tx, ty, tw, label_smoothing=0.3)),
         (ops.cross_entropy(T(x), T(p)), F.cross_entropy(tx, tp)),
         (ops.nll_loss(T(x), T(y), reduction="sum"), F.nll_loss(tx, ty, reduction="sum")),
-        (ops.smooth_l1_loss(T(x), T(p), 0.3), F.smooth_l1_loss(tx, tp, beta=0.3)),
+        (ops.smooth_l1_loss(T(x), T(p), 0.3, "mean"), F.smooth_l1_loss(tx, tp, beta=0.3)),
         (ops.binary_cross_entropy_with_logits(T(x * 30), T(p), T(p), T(w)),
          F.binary_cross_entropy_with_logits(tx * 30, tp, tp, pos_weight=tw)),
         (ops.kl_div(T(x), T(p), "batchmean"), F.kl_div(tx, tp, reduction="batchmean")),

@@ -45,9 +45,10 @@ class L1Loss(LossBase):
 
 
 class SmoothL1Loss(LossBase):
-    """Quadratic below beta, linear above (ops.smooth_l1_loss)."""
+    """Quadratic below beta, linear above (ops.smooth_l1_loss); reduction 'none' by default, as
+    MindSpore's (PyTorch's is 'mean')."""
 
-    def __init__(self, beta=1.0, reduction="mean"):
+    def __init__(self, beta=1.0, reduction="none"):
         super().__init__(reduction)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
             raise ValueError(f"SmoothL1Loss: beta must be a non-negative number, got {beta!r}")

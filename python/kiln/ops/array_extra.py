@@ -82,12 +82,12 @@ def triu(input, diagonal=0):
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def pad(input, padding, mode="constant", value=None):
+def pad(input_x, padding, mode="constant", value=None):
     """input padded as MindSpore's ops.pad / PyTorch's F.pad: padding holds (before, after) pairs
     starting with the last axis, (left, right, top, bottom, ...); a negative entry removes elements.
     mode 'constant' fills with value (0 when None), 'reflect' mirrors without repeating the edge
     (each pad smaller than the axis), 'replicate' repeats the edge, 'circular' wraps around."""
-    x = as_tensor(input)
+    x = as_tensor(input_x)
     pads = tuple(padding) if isinstance(padding, (tuple, list)) else padding
     if not isinstance(pads, tuple) or len(pads) % 2 or not all(_is_int(p) for p in pads):
         raise TypeError(f"pad: padding must be a tuple of ints of even length, got {padding!r}")
@@ -177,10 +177,10 @@ def _scalar_tensor(op, name, v):
     return full((), v)
 
 
-def masked_fill(input, mask, value):
+def masked_fill(input_x, mask, value):
     """A copy of input with value (a number or a one-element tensor) where the bool mask, broadcast
     to input's shape, is true."""
-    x, m = as_tensor(input), as_tensor(mask)
+    x, m = as_tensor(input_x), as_tensor(mask)
     if m.dtype is not _C.bool:
         raise TypeError(f"masked_fill: mask must be bool, got {m.dtype}")
     try:

@@ -9,9 +9,9 @@ from .math import abs as abs_, max as max_, min as min_, sqrt, sum as sum_, wher
 from .nn_functional import matmul
 
 
-def bmm(input, mat2):
+def bmm(input_x, mat2):
     """Batched matrix product of (B, N, M) and (B, M, P): (B, N, P)."""
-    a, b = as_tensor(input), as_tensor(mat2)
+    a, b = as_tensor(input_x), as_tensor(mat2)
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"bmm: expected (B, N, M) and (B, M, P), got shapes {list(a.shape)} and {list(b.shape)}")
     return matmul(a, b)

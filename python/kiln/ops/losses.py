@@ -51,8 +51,9 @@ def l1_loss(input, target, reduction="mean"):
     return _reduce(abs_(x - y), _reduction("l1_loss", reduction))
 
 
-def smooth_l1_loss(input, target, beta=1.0, reduction="mean"):
-    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (d = input - target; beta 0: |d|)."""
+def smooth_l1_loss(input, target, beta=1.0, reduction="none"):
+    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (d = input - target; beta 0: |d|).
+    reduction defaults to 'none', as MindSpore's (PyTorch's default is 'mean')."""
     x, y = _floating("smooth_l1_loss", as_tensor(input)), as_tensor(target)
     _same_shape("smooth_l1_loss", x, y)
     if not isinstance(beta, (int, float)) or isinstance(beta, bool) or beta < 0:
@@ -125,16 +126,17 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
                        label_smoothing)
 
 
-def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+def nll_loss(inputs, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """Negative log likelihood of log-probabilities (N, C) or (N, C, d1, ...) at integer labels
-    (N,) / (N, d1, ...): cross_entropy's rules for weight, ignore_index and reduction."""
-    logp = _floating("nll_loss", as_tensor(input))
+    (N,) / (N, d1, ...): cross_entropy's rules for weight, ignore_index, reduction and
+    label_smoothing."""
+    logp = _floating("nll_loss", as_tensor(inputs))
     if logp.ndim < 2:
         raise ValueError(f"nll_loss: input must be (N, C) or (N, C, d1, ...), got shape {list(logp.shape)}")
     labels = as_tensor(target)
     if labels.dtype.is_floating_point:
         raise TypeError(f"nll_loss: target must hold integer class labels, got {labels.dtype}")
-    return _class_loss("nll_loss", logp, logp, labels, weight, ignore_index, reduction, 0.0)
+    return _class_loss("nll_loss", logp, logp, labels, weight, ignore_index, reduction, label_smoothing)
 
 
 def _class_loss(op, logits, logp, target, weight, ignore_index, reduction, label_smoothing):
