@@ -6,7 +6,8 @@ from .graph_cell import GraphCell
 from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
-from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, NLLLoss
+from .loss import (BCEWithLogitsLoss, CrossEntropyLoss, KLDivLoss, L1Loss, LossBase, MSELoss, NLLLoss,
+                   SmoothL1Loss)
 from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, GroupNorm, HSigmoid, HSwish, Hardsigmoid,
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
@@ -32,7 +33,7 @@ __all__ = [
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
     "Conv2dTranspose", "ConvTranspose2d", "Conv3d", "AdaptiveMaxPool2d", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
-    "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
+    "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss", "SmoothL1Loss", "BCEWithLogitsLoss", "KLDivLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
     "ExponentialMovingAverage",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",

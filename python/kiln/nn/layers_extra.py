@@ -1,6 +1,6 @@
 """More layers a practitioner reaches for (issue 30), MindSpore's names with PyTorch's as aliases,
 each an exact composition of kiln's ops (so gradients, symbolic sizes, fusion and export follow):
-activations (LeakyReLU, PReLU, ELU, Softplus, HSwish/Hardswish, HSigmoid/Hardsigmoid, Mish),
+activations (their math in kiln.ops.activations) (LeakyReLU, PReLU, ELU, Softplus, HSwish/Hardswish, HSigmoid/Hardsigmoid, Mish),
 Conv1d (a convolution over a height of 1), GroupNorm, InstanceNorm2d, AdaptiveAvgPool2d,
 Upsample (ops.interpolate), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
 and Linear (Dense with PyTorch's argument names)."""
@@ -24,7 +24,7 @@ class LeakyReLU(Cell):
         self.alpha = float(alpha if negative_slope is None else negative_slope)
 
     def construct(self, x):
-        return ops.where(x >= 0, x, x * self.alpha)
+        return ops.leaky_relu(x, self.alpha)
 
 
 class PReLU(Cell):
@@ -38,20 +38,18 @@ class PReLU(Cell):
         self.w = Parameter(ops.full((n,), value), name="w")
 
     def construct(self, x):
-        shape = [1] * x.ndim
-        if x.ndim >= 2:
-            shape[1] = self.w.shape[0]
-        slope = ops.reshape(self.w, *shape) if x.ndim >= 2 else self.w
-        return ops.where(x >= 0, x, x * slope)
+        return ops.prelu(x, self.w)
 
 
 class ELU(Cell):
+    """x above 0, alpha (exp(x) - 1) below."""
+
     def __init__(self, alpha=1.0):
         super().__init__()
         self.alpha = float(alpha)
 
     def construct(self, x):
-        return ops.where(x > 0, x, (ops.exp(ops.minimum(x, 0.0)) - 1.0) * self.alpha)
+        return ops.elu(x, self.alpha)
 
 
 class Softplus(Cell):
@@ -62,31 +60,28 @@ class Softplus(Cell):
         self.beta, self.threshold = float(beta), float(threshold)
 
     def construct(self, x):
-        bx = x * self.beta
-        safe = ops.minimum(bx, self.threshold)
-        soft = (ops.log(ops.exp(-ops.abs(safe)) + 1.0) + ops.maximum(safe, 0.0)) / self.beta
-        return ops.where(bx > self.threshold, x, soft)
+        return ops.softplus(x, self.beta, self.threshold)
 
 
 class HSigmoid(Cell):
     """relu6(x + 3) / 6."""
 
     def construct(self, x):
-        return ops.clamp(x + 3.0, 0.0, 6.0) / 6.0
+        return ops.hardsigmoid(x)
 
 
 class HSwish(Cell):
     """x * relu6(x + 3) / 6."""
 
     def construct(self, x):
-        return x * ops.clamp(x + 3.0, 0.0, 6.0) / 6.0
+        return ops.hardswish(x)
 
 
 class Mish(Cell):
     """x * tanh(softplus(x))."""
 
     def construct(self, x):
-        return x * ops.tanh(Softplus().construct(x))
+        return ops.mish(x)
 
 
 Hardswish, Hardsigmoid = HSwish, HSigmoid

@@ -13,6 +13,12 @@ from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, laye
                             max_pool2d, rms_norm, scaled_dot_product_attention, stop_gradient)
 from .conv_transpose import conv3d, conv_transpose2d
 from .interpolate import adaptive_max_pool2d, interpolate
+from .array_extra import flip, gather_nd, masked_fill, one_hot, pad, roll, scatter, tril, triu
+from .linalg import bmm, einsum, norm
+from .data_dependent import isin, nonzero, unique
+from .losses import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1_loss, mse_loss, nll_loss,
+                     smooth_l1_loss)
+from .activations import elu, hardsigmoid, hardswish, leaky_relu, mish, prelu, selu, softplus
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .clip import clip_by_global_norm, clip_by_norm
 from .control_flow import cond, while_loop
