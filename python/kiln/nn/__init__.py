@@ -11,6 +11,7 @@ from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, 
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
 from .optim import Adam, Optimizer, SGD
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell
 from .optim_extra import Adagrad, AdamW, AdamWeightDecay, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
@@ -26,6 +27,7 @@ __all__ = [
     "get_activation", "LeakyReLU", "PReLU", "ELU", "Softplus", "HSigmoid", "HSwish", "Hardsigmoid", "Hardswish",
     "Mish", "Conv1d", "GroupNorm", "InstanceNorm2d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle",
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
+    "RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
