@@ -1,0 +1,287 @@
+"""Recurrent layers (nn.RNN, nn.LSTM, nn.GRU and their cells): values against a NumPy reference
+written here from the equations (PyTorch's gate order), torch's layers with copied weights when
+torch is importable, compiled (ast / bytecode / trace x O0/O1 x kbk/sink) against eager for values
+and gradients, gradients against central differences, the compiled time loop being ONE while node
+whose graph does not grow with the sequence, and bad input."""
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn, ops
+
+from conftest import to_numpy
+
+MODES = ("ast", "bytecode", "trace")
+VARIANTS = [(m, lvl, be) for m in MODES for lvl in ("O0", "O1") for be in ("kbk", "sink")]
+KINDS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn_tanh": nn.RNN, "rnn_relu": lambda *a, **k: nn.RNN(*a, nonlinearity="relu", **k)}
+
+
+def jit(fn, variant):
+    mode, level, backend = variant
+    return kiln.jit(fn, capture_mode=mode, jit_level=level, backend=backend)
+
+
+def T(a, dtype=kiln.float64):
+    return kiln.Tensor(np.asarray(a), dtype)
+
+
+# ---- the NumPy reference ----------------------------------------------------------------------------
+
+
+def sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def np_step(kind, x, state, w):
+    """One step from the equations; w = (w_ih, w_hh, b_ih, b_hh), biases may be None."""
+    w_ih, w_hh, b_ih, b_hh = w
+    h = state[0] if kind == "lstm" else state
+    gi = x @ w_ih.T + (0 if b_ih is None else b_ih)
+    gh = h @ w_hh.T + (0 if b_hh is None else b_hh)
+    n = h.shape[-1]
+    if kind == "rnn_tanh":
+        return np.tanh(gi + gh)
+    if kind == "rnn_relu":
+        return np.maximum(gi + gh, 0)
+    if kind == "lstm":
+        g = gi + gh
+        i, f, c_hat, o = (g[..., k * n:(k + 1) * n] for k in range(4))
+        c = sigmoid(f) * state[1] + sigmoid(i) * np.tanh(c_hat)
+        return sigmoid(o) * np.tanh(c), c
+    r = sigmoid(gi[..., :n] + gh[..., :n])
+    z = sigmoid(gi[..., n:2 * n] + gh[..., n:2 * n])
+    cand = np.tanh(gi[..., 2 * n:] + r * gh[..., 2 * n:])
+    return (1 - z) * cand + z * h
+
+
+def np_weights(m, layer, d):
+    s = f"_l{layer}" + ("_reverse" if d else "")
+    return tuple(to_numpy(getattr(m, n + s)) if hasattr(m, n + s) else None
+                 for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+
+
+def np_layer(kind, m, x, h0=None, c0=None, lengths=None):
+    """The whole layer (x: (T, batch, input) NumPy): (output, h_n[, c_n]); a sequence's steps past
+    its length output zeros and leave the state alone."""
+    steps, batch = x.shape[:2]
+    dirs = 2 if m.bidirectional else 1
+    hs = np.zeros((m.num_layers * dirs, batch, m.hidden_size)) if h0 is None else h0
+    cs = np.zeros_like(hs) if c0 is None else c0
+    lengths = np.full(batch, steps) if lengths is None else lengths
+    inp, h_n, c_n = x, [], []
+    for layer in range(m.num_layers):
+        outs = []
+        for d in range(dirs):
+            k = layer * dirs + d
+            state = (hs[k], cs[k]) if kind == "lstm" else hs[k]
+            out = np.zeros((steps, batch, m.hidden_size))
+            for t in (reversed(range(steps)) if d else range(steps)):
+                new = np_step(kind, inp[t], state, np_weights(m, layer, d))
+                valid = (t < lengths)[:, None]
+                if kind == "lstm":
+                    state = (np.where(valid, new[0], state[0]), np.where(valid, new[1], state[1]))
+                else:
+                    state = np.where(valid, new, state)
+                out[t] = np.where(valid, state[0] if kind == "lstm" else state, 0)
+            outs.append(out)
+            h_n.append(state[0] if kind == "lstm" else state)
+            if kind == "lstm":
+                c_n.append(state[1])
+        inp = np.concatenate(outs, -1)
+    return (inp, np.stack(h_n)) + ((np.stack(c_n),) if kind == "lstm" else ())
+
+
+def flat(result):
+    """(output, h_n) or (output, (h_n, c_n)) -> a flat list of tensors."""
+    out, state = result
+    return [out] + (list(state) if isinstance(state, tuple) else [state])
+
+
+def model(kind, *args, seed=0, **kwargs):
+    kiln.manual_seed(seed)
+    return KINDS[kind](*args, dtype=kiln.float64, **kwargs)
+
+
+# ---- eager values ----------------------------------------------------------------------------------
+
+CONFIGS = {
+    "one_layer": dict(num_layers=1),
+    "two_layers_bidirectional": dict(num_layers=2, bidirectional=True),
+    "no_bias": dict(num_layers=1, has_bias=False),
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_eager_layers_match_the_numpy_reference(kind, config):
+    m = model(kind, 3, 4, **CONFIGS[config])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 2, 3))
+    dirs = 2 if m.bidirectional else 1
+    h0 = rng.standard_normal((m.num_layers * dirs, 2, 4))
+    c0 = rng.standard_normal((m.num_layers * dirs, 2, 4))
+    hx = (T(h0), T(c0)) if kind == "lstm" else T(h0)
+    got = flat(m(T(x), hx))
+    want = np_layer(kind, m, x, h0, c0 if kind == "lstm" else None)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(to_numpy(g), w, rtol=1e-10, atol=1e-12)
+    assert tuple(got[0].shape) == (5, 2, 4 * dirs)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_seq_length_batch_first_and_unbatched_inputs(kind):
+    m = model(kind, 3, 4, num_layers=2, bidirectional=True, batch_first=True)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 6, 3))  # (batch, T, input)
+    lengths = np.array([6, 2, 4])
+    got = flat(m(T(x), None, T(lengths, kiln.int64)))
+    want = np_layer(kind, m, x.swapaxes(0, 1), lengths=lengths)
+    np.testing.assert_allclose(to_numpy(got[0]), want[0].swapaxes(0, 1), rtol=1e-10, atol=1e-12)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(to_numpy(g), w, rtol=1e-10, atol=1e-12)
+    assert np.all(to_numpy(got[0])[1, 2:] == 0)  # past its length a sequence outputs zeros
+    # unbatched (T, input): the batch of one, squeezed
+    m.batch_first = False
+    one = flat(m(T(x[0])))
+    want = np_layer(kind, m, x[:1].swapaxes(0, 1))
+    np.testing.assert_allclose(to_numpy(one[0]), want[0][:, 0], rtol=1e-10, atol=1e-12)
+    assert tuple(one[1].shape) == (4, 4)
+
+
+def test_parameter_names_shapes_and_aliases():
+    m = nn.LSTM(3, 5, num_layers=2, bidirectional=True)
+    names = [p.name for p in m.trainable_params()]
+    assert names[:4] == ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
+    assert "weight_ih_l1_reverse" in names and len(names) == 16
+    assert tuple(m.weight_ih_l1.shape) == (20, 10) and tuple(m.weight_hh_l0.shape) == (20, 5)
+    assert tuple(nn.GRU(3, 5).weight_ih_l0.shape) == (15, 3)
+    assert len(nn.RNN(3, 5, bias=False).trainable_params()) == 2
+    assert len(nn.GRUCell(3, 5, bias=False).trainable_params()) == 2
+    bound = 1 / np.sqrt(5)
+    assert all(np.abs(to_numpy(p)).max() <= bound for p in m.trainable_params())
+
+
+# ---- compiled against eager --------------------------------------------------------------------------
+
+
+def _loss_fn(m, kind):
+    def loss(x, h0, lengths):
+        hx = (h0, h0 * 0.5) if kind == "lstm" else h0
+        out, state = m(x, hx, lengths)
+        last = state[1] if kind == "lstm" else state
+        return (out * out).sum() + (last * last.sin()).sum()
+
+    return loss
+
+
+def _inputs(seed=3):
+    rng = np.random.default_rng(seed)
+    return T(rng.standard_normal((5, 2, 3))), T(rng.standard_normal((4, 2, 4))), T([5, 3], kiln.int64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v))
+def test_compiled_lstm_equals_eager_values_and_gradients(variant):
+    m = model("lstm", 3, 4, num_layers=2, bidirectional=True)
+    loss = _loss_fn(m, "lstm")
+    x, h0, lengths = _inputs()
+    params = m.trainable_params()
+    jf = jit(lambda a, h, n: flat(m(a, (h, h * 0.5), n)), variant)
+    for got, want in zip(jf(x, h0, lengths), flat(m(x, (h0, h0 * 0.5), lengths))):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
+    value_e, grads_e = kiln.value_and_grad(loss, (0, 1), params)(x, h0, lengths)
+    jl = jit(loss, variant)
+    for _ in range(2):  # the second call runs the compiled step
+        value_j, grads_j = kiln.value_and_grad(jl, (0, 1), params)(x, h0, lengths)
+        np.testing.assert_allclose(value_j.item(), value_e.item(), rtol=1e-10)
+        for got, want in zip(list(grads_j[0]) + list(grads_j[1]), list(grads_e[0]) + list(grads_e[1])):
+            np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
+    assert jl.cache_info().eager_calls == 0  # (no call gave up compiling)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["gru", "rnn_tanh", "rnn_relu"])
+def test_compiled_gru_and_rnn_equal_eager(kind, mode):
+    m = model(kind, 3, 4, num_layers=2, bidirectional=True)
+    loss = _loss_fn(m, kind)
+    x, h0, lengths = _inputs(4)
+    params = m.trainable_params()
+    value_e, grads_e = kiln.value_and_grad(loss, (0, 1), params)(x, h0, lengths)
+    jl = jit(loss, (mode, "O1", "kbk"))
+    np.testing.assert_allclose(jl(x, h0, lengths).item(), value_e.item(), rtol=1e-10)
+    value_j, grads_j = kiln.value_and_grad(jl, (0, 1), params)(x, h0, lengths)
+    np.testing.assert_allclose(value_j.item(), value_e.item(), rtol=1e-10)
+    for got, want in zip(list(grads_j[0]) + list(grads_j[1]), list(grads_e[0]) + list(grads_e[1])):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
+
+
+def _top_level_nodes(text):
+    return sum(" = " in line for line in text.split("\nsubgraph")[0].splitlines())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_time_loop_is_one_while_node_that_does_not_grow_with_the_sequence(mode):
+    m = model("lstm", 3, 4, num_layers=2, bidirectional=True)
+    jf = jit(lambda a: m(a), (mode, "O1", "kbk"))
+    counts = []
+    for steps in (3, 11):
+        x = T(np.random.default_rng(steps).standard_normal((steps, 2, 3)))
+        np.testing.assert_allclose(to_numpy(jf(x)[0]), to_numpy(m(x)[0]), rtol=1e-9, atol=1e-12)
+        text = jf.graph_str(x)
+        assert text.count("= while(") == 2  # one per layer, both directions in its body
+        counts.append((_top_level_nodes(text), len(text.splitlines())))
+    assert counts[0] == counts[1]
+
+
+def test_the_gradient_graph_holds_while_grad_and_does_not_grow():
+    m = model("gru", 3, 4)
+    params = m.trainable_params()
+    jl = jit(lambda a: (m(a)[0] ** 2).sum(), ("trace", "O0", "kbk"))
+    sizes = []
+    for steps in (2, 9):
+        x = T(np.random.default_rng(steps).standard_normal((steps, 2, 3)))
+        kiln.value_and_grad(jl, 0, params)(x)
+        variant = next(iter(jl._grad_variants.values()))
+        text = variant.graph_str(x)
+        assert text.count("= while(") == 1 and text.count("= while_grad(") == 1
+        sizes.append(len(text.splitlines()))
+    assert sizes[0] == sizes[1]
+
+
+# ---- finite differences ----------------------------------------------------------------------------
+
+
+def _central(f, arr, index, eps=1e-6):
+    base = arr[index]
+    arr[index] = base + eps
+    up = f()
+    arr[index] = base - eps
+    down = f()
+    arr[index] = base
+    return (up - down) / (2 * eps)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_compiled_gradients_match_central_differences(kind):
+    m = model(kind, 2, 3, bidirectional=True, seed=5)
+    rng = np.random.default_rng(6)
+    x, h0 = rng.standard_normal((4, 1, 2)), rng.standard_normal((2, 1, 3)) * 0.5
+    lengths = T([3], kiln.int64)
+    loss = _loss_fn(m, kind)
+    w_name = "weight_hh_l0_reverse"
+    w = to_numpy(getattr(m, w_name)).copy()
+    _, (gx, gh) = kiln.value_and_grad(jit(loss, ("ast", "O1", "kbk")), (0, 1))(T(x), T(h0), lengths)
+    _, gw = kiln.value_and_grad(jit(loss, ("trace", "O0", "kbk")), None, [getattr(m, w_name)])(T(x), T(h0), lengths)
+
+    def value():
+        getattr(m, w_name).set_data(T(w))
+        with kiln.no_grad():
+            return loss(T(x), T(h0), lengths).item()
+
+    for index in [(0, 0, 1), (2, 0, 0), (3, 0, 1)]:  # (step 3 is past the length: no gradient)
+        np.testing.assert_allclose(to_numpy(gx)[index], _central(value, x, index), rtol=1e-5, atol=1e-7)
+    for index in [(0, 0, 0), (1, 0, 2)]:
+        np.testing.assert_allclose(to_numpy(gh)[index], _central(value, h0, index), rtol=1e-5, atol=1e-7)
+    for index in [(0, 1), (min(w.shape[0] - 1, 7), 2)]:
+        np.testing.assert_allclose(to_numpy(gw[0])[index], _central(value, w, index), rtol=1e-5, atol=1e-7)
+    assert np.all(to_numpy(gx)[3] == 0) and np.any(to_numpy(gx)[2] != 0)  # step 3 lies past the length
