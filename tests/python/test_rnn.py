@@ -285,3 +285,171 @@ def test_compiled_gradients_match_central_differences(kind):
     for index in [(0, 1), (min(w.shape[0] - 1, 7), 2)]:
         np.testing.assert_allclose(to_numpy(gw[0])[index], _central(value, w, index), rtol=1e-5, atol=1e-7)
     assert np.all(to_numpy(gx)[3] == 0) and np.any(to_numpy(gx)[2] != 0)  # step 3 lies past the length
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_weight_gradients_alone_equal_eager(mode):
+    """Only the weights differentiated: the loop's input gets no gradient built (while_grad asks for
+    the wanted ones only) and the weights' are unchanged by that."""
+    m = model("lstm", 3, 4, num_layers=2)
+    x = T(np.random.default_rng(7).standard_normal((6, 2, 3)))
+
+    def loss(a):
+        out, (h, c) = m(a)
+        return (out.tanh() * out).sum() + c.sum()
+
+    params = m.trainable_params()
+    value_e, grads_e = kiln.value_and_grad(loss, None, params)(x)
+    value_j, grads_j = kiln.value_and_grad(jit(loss, (mode, "O0", "kbk")), None, params)(x)
+    np.testing.assert_allclose(value_j.item(), value_e.item(), rtol=1e-10)
+    assert len(grads_j) == len(grads_e) == 8
+    for got, want in zip(grads_j, grads_e):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
+
+
+# ---- cells -------------------------------------------------------------------------------------------
+
+CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn_tanh": nn.RNNCell,
+         "rnn_relu": lambda *a, **k: nn.RNNCell(*a, nonlinearity="relu", **k)}
+
+
+@pytest.mark.parametrize("kind", sorted(CELLS))
+def test_cells_match_numpy_eagerly_and_compiled(kind):
+    kiln.manual_seed(8)
+    cell = CELLS[kind](3, 4, dtype=kiln.float64)
+    rng = np.random.default_rng(9)
+    x, h, c = rng.standard_normal((2, 3)), rng.standard_normal((2, 4)), rng.standard_normal((2, 4))
+    w = tuple(to_numpy(getattr(cell, n)) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+    want = np_step(kind, x, (h, c) if kind == "lstm" else h, w)
+    hx = (T(h), T(c)) if kind == "lstm" else T(h)
+    want = list(want) if kind == "lstm" else [want]
+
+    def run(a, hx):
+        out = cell(a, hx)
+        return list(out) if isinstance(out, tuple) else [out]
+
+    for fn in [run] + [jit(run, (mode, "O1", "kbk")) for mode in MODES]:
+        for got, ref in zip(fn(T(x), hx), want):
+            np.testing.assert_allclose(to_numpy(got), ref, rtol=1e-10, atol=1e-12)
+    # no state: zeros; one sample (input_size,)
+    zero = (np.zeros(4), np.zeros(4)) if kind == "lstm" else np.zeros(4)
+    one = run(T(x[0]), None)
+    ref = np_step(kind, x[0], zero, w)
+    np.testing.assert_allclose(to_numpy(one[0]), ref[0] if kind == "lstm" else ref, rtol=1e-10, atol=1e-12)
+
+
+def test_a_cell_stepped_in_a_while_loop_differentiates_compiled():
+    """A user's own time loop over LSTMCell under ops.while_loop, with gradients through it."""
+    kiln.manual_seed(10)
+    cell = nn.LSTMCell(3, 4, dtype=kiln.float64)
+    xs = T(np.random.default_rng(11).standard_normal((5, 2, 3)))
+
+    def f(x):
+        def body(t, h, c):
+            h, c = cell(ops.gather(x, t, 0), (h, c))
+            return t + 1, h, c
+
+        zeros = ops.zeros((2, 4), dtype=kiln.float64)
+        _, h, c = ops.while_loop(lambda t, h, c: t < 5, body, (ops.zeros((), dtype=kiln.int64), zeros, zeros))
+        return (h * c).sum()
+
+    params = cell.trainable_params()
+    value_e, grads_e = kiln.value_and_grad(f, 0, params)(xs)
+    for mode in MODES:
+        value_j, grads_j = kiln.value_and_grad(jit(f, (mode, "O1", "kbk")), 0, params)(xs)
+        np.testing.assert_allclose(value_j.item(), value_e.item(), rtol=1e-10)
+        for got, want in zip([grads_j[0]] + list(grads_j[1]), [grads_e[0]] + list(grads_e[1])):
+            np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
+
+
+# ---- dropout between layers ----------------------------------------------------------------------------
+
+
+def test_dropout_applies_between_layers_only_in_training():
+    m = model("gru", 3, 8, num_layers=2, dropout=0.5)
+    x = T(np.random.default_rng(12).standard_normal((4, 2, 3)))
+    m.set_train(False)
+    want = np_layer("gru", m, to_numpy(x))
+    np.testing.assert_allclose(to_numpy(m(x)[0]), want[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(to_numpy(jit(lambda a: m(a)[0], ("ast", "O1", "kbk"))(x)), want[0], rtol=1e-10,
+                               atol=1e-12)
+    m.set_train(True)
+    kiln.manual_seed(0)
+    trained = to_numpy(m(x)[0])
+    assert not np.allclose(trained, want[0])  # the first layer's outputs were dropped and scaled
+    one_layer = model("gru", 3, 8, num_layers=1, dropout=0.5)
+    one_layer.set_train(True)
+    np.testing.assert_allclose(to_numpy(one_layer(x)[0]), np_layer("gru", one_layer, to_numpy(x))[0], rtol=1e-10,
+                               atol=1e-12)  # no layer after the last: no dropout
+
+
+# ---- torch, with copied weights ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
+def test_layers_equal_torch_with_copied_weights(kind):
+    torch = pytest.importorskip("torch")
+    kiln.manual_seed(13)
+    m = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn_tanh": nn.RNN}[kind](3, 5, num_layers=2, bidirectional=True,
+                                                                  batch_first=True)
+    tm = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[kind](
+        3, 5, num_layers=2, bidirectional=True, batch_first=True)
+    with torch.no_grad():
+        for name, p in tm.named_parameters():
+            p.copy_(torch.from_numpy(to_numpy(getattr(m, name))))
+    x = np.random.default_rng(14).standard_normal((2, 6, 3)).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    t_out, t_state = tm(tx)
+    t_last = t_state[0] if kind == "lstm" else t_state
+    (t_out.square().sum() + t_last.sum()).backward()
+
+    def loss(a):
+        out, state = m(a)
+        last = state[0] if kind == "lstm" else state
+        return (out * out).sum() + last.sum()
+
+    params = m.trainable_params()
+    for fn in (loss, jit(loss, ("ast", "O1", "kbk"))):
+        out = flat(m(kiln.tensor(x)))
+        np.testing.assert_allclose(to_numpy(out[0]), t_out.detach().numpy(), rtol=1e-4, atol=1e-5)
+        _, (gx, gw) = kiln.value_and_grad(fn, 0, params)(kiln.tensor(x))
+        np.testing.assert_allclose(to_numpy(gx), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+        for p, g in zip(params, gw):
+            np.testing.assert_allclose(to_numpy(g), dict(tm.named_parameters())[p.name].grad.numpy(), rtol=1e-4,
+                                       atol=1e-5)
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match="LSTM: hidden_size must be a positive int, got 0"):
+        nn.LSTM(3, 0)
+    with pytest.raises(ValueError, match="RNN: nonlinearity must be 'tanh' or 'relu', got 'gelu'"):
+        nn.RNN(3, 4, nonlinearity="gelu")
+    with pytest.raises(ValueError, match=r"GRU: dropout must be a number in \[0, 1\), got 1.5"):
+        nn.GRU(3, 4, dropout=1.5)
+    m = nn.LSTM(3, 4, num_layers=2)
+    x = kiln.tensor(np.zeros((5, 2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"LSTM: input must be 2-D or 3-D with last size input_size=3, got shape "
+                                         r"\(5, 2, 7\)"):
+        m(kiln.tensor(np.zeros((5, 2, 7), np.float32)))
+    with pytest.raises(TypeError, match="LSTM: input is float64 but the weights are float32"):
+        m(kiln.tensor(np.zeros((5, 2, 3))))
+    with pytest.raises(ValueError, match=r"LSTM: h_0 must have shape \(2, 2, 4\), got \(1, 2, 4\)"):
+        m(x, (kiln.tensor(np.zeros((1, 2, 4), np.float32)), kiln.tensor(np.zeros((2, 2, 4), np.float32))))
+    with pytest.raises(TypeError, match=r"LSTM: hx must be a pair \(h_0, c_0\) of Tensors, got Tensor"):
+        m(x, kiln.tensor(np.zeros((2, 2, 4), np.float32)))
+    with pytest.raises(ValueError, match=r"LSTM: seq_length must lie in \[0, 5\] \(the sequence length\), got "
+                                         r"values from 1 to 9"):
+        m(x, None, kiln.tensor(np.array([9, 1])))
+    with pytest.raises(ValueError, match=r"LSTM: seq_length must be an int32/int64 Tensor of shape \(2,\)"):
+        m(x, None, kiln.tensor(np.array([1.0, 2.0])))
+    with pytest.raises(ValueError, match="LSTM: the input has no time steps"):
+        m(kiln.tensor(np.zeros((0, 2, 3), np.float32)))
+    with pytest.raises(ValueError, match="GRUCell: hx must have shape"):
+        nn.GRUCell(3, 4)(kiln.tensor(np.zeros((2, 3), np.float32)), kiln.tensor(np.zeros((3, 4), np.float32)))
+    with pytest.raises(ValueError, match="disagree"):
+        nn.LSTM(3, 4, has_bias=False, bias=True)
+    with pytest.raises(ValueError, match="LSTM: input must be 2-D or 3-D"):  # compiled: the same error
+        kiln.jit(lambda a: m(a), capture_mode="ast")(kiln.tensor(np.zeros((5, 3, 2, 3), np.float32)))

@@ -64,7 +64,13 @@ def _chunks_by_gather(t, n):
     return [ops.gather(parts, k, parts.ndim - 2) for k in range(n)]
 
 
-def _step(mode, x, state, w, chunks):
+def _chunks(t, n):
+    """The gate split: by gather while a trace records (the step may be a loop body, whether ours or
+    a user's own while_loop over a cell), by slices otherwise."""
+    return (_chunks_by_gather if _C.is_tracing() else _chunks_by_slice)(t, n)
+
+
+def _step(mode, x, state, w):
     """One time step. state: h, or (h, c) for the LSTM; w: (w_ih, w_hh, b_ih, b_hh), biases may be
     None. Returns the new state in the same form."""
     w_ih, w_hh, b_ih, b_hh = w
@@ -76,11 +82,11 @@ def _step(mode, x, state, w, chunks):
     if mode == "RNN_RELU":
         return ops.relu(gi + gh)
     if mode == "LSTM":
-        i, f, g, o = chunks(gi + gh, 4)
+        i, f, g, o = _chunks(gi + gh, 4)
         c = f.sigmoid() * state[1] + i.sigmoid() * g.tanh()
         return o.sigmoid() * c.tanh(), c
-    ir, iz, inn = chunks(gi, 3)
-    hr, hz, hn = chunks(gh, 3)
+    ir, iz, inn = _chunks(gi, 3)
+    hr, hz, hn = _chunks(gh, 3)
     r = (ir + hr).sigmoid()
     z = (iz + hz).sigmoid()
     n = (inn + r * hn).tanh()
@@ -149,7 +155,7 @@ class RNNCell(_CellBase):
 
     def construct(self, x, hx=None):
         _check_input("RNNCell", x, self.input_size, self.dtype, (1, 2))
-        return _step(self._mode, x, self._state(x, hx, "hx"), self._w(), _chunks_by_slice)
+        return _step(self._mode, x, self._state(x, hx, "hx"), self._w())
 
 
 class LSTMCell(_CellBase):
@@ -164,7 +170,7 @@ class LSTMCell(_CellBase):
         elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(f"LSTMCell: hx must be a pair (h, c) of Tensors, got {type(hx).__name__}")
         state = (self._state(x, hx[0], "h"), self._state(x, hx[1], "c"))
-        return _step("LSTM", x, state, self._w(), _chunks_by_slice)
+        return _step("LSTM", x, state, self._w())
 
 
 class GRUCell(_CellBase):
@@ -175,7 +181,7 @@ class GRUCell(_CellBase):
 
     def construct(self, x, hx=None):
         _check_input("GRUCell", x, self.input_size, self.dtype, (1, 2))
-        return _step("GRU", x, self._state(x, hx, "hx"), self._w(), _chunks_by_slice)
+        return _step("GRU", x, self._state(x, hx, "hx"), self._w())
 
 
 # ---- layers: whole sequences ----------------------------------------------------------------------
@@ -326,7 +332,7 @@ def _eager_layer(mode, x, states, weights, lengths):
         for i in range(steps):
             t = steps - 1 - i if d else i
             valid = None if lengths is None else lengths > t
-            state = _masked(mode, valid, _step(mode, x[t], state, w, _chunks_by_slice), state)
+            state = _masked(mode, valid, _step(mode, x[t], state, w), state)
             outs[t] = _output(mode, valid, state)
         outputs.append(ops.stack(outs, 0))
         finals.append(state)
@@ -345,7 +351,7 @@ def _traced_layer(mode, x, states, weights, lengths):
         for d, (state, w, buf) in enumerate(zip(states, weights, buffers)):
             t = (steps - 1) - i if d else i
             valid = None if lengths is None else lengths > t
-            state = _masked(mode, valid, _step(mode, ops.gather(x, t, 0), state, w, _chunks_by_gather), state)
+            state = _masked(mode, valid, _step(mode, ops.gather(x, t, 0), state, w), state)
             out = _output(mode, valid, state)
             new_states.append(state)
             new_buffers.append(ops.index_add(buf, 0, t.reshape((1,)), out.unsqueeze(0)))
