@@ -453,3 +453,19 @@ def test_bad_arguments_raise_clear_errors():
         nn.LSTM(3, 4, has_bias=False, bias=True)
     with pytest.raises(ValueError, match="LSTM: input must be 2-D or 3-D"):  # compiled: the same error
         kiln.jit(lambda a: m(a), capture_mode="ast")(kiln.tensor(np.zeros((5, 3, 2, 3), np.float32)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_seq_length_outside_the_sequence_raises_as_eager(mode):
+    """A length is data under kiln.jit: the graph checks it on every call, as eager checks it."""
+    m = nn.GRU(3, 4)
+    x = kiln.tensor(np.zeros((5, 2, 3), np.float32))
+    jf = kiln.jit(lambda a, n: m(a, None, n)[0], capture_mode=mode)
+    np.testing.assert_allclose(to_numpy(jf(x, kiln.tensor(np.array([5, 2])))),
+                               to_numpy(m(x, None, kiln.tensor(np.array([5, 2])))[0]), rtol=1e-6, atol=1e-7)
+    for bad in ([9, 1], [-1, 2]):
+        with pytest.raises(ValueError, match=r"GRU: seq_length must lie in \[0, 5\] \(the sequence length\)"):
+            m(x, None, kiln.tensor(np.array(bad)))
+        with pytest.raises(ValueError, match=r"GRU: seq_length must lie in \[0, 5\] \(the sequence length\)"):
+            jf(x, kiln.tensor(np.array(bad)))
+    assert jf.cache_info().compiles == 1

@@ -13,6 +13,7 @@ import math
 
 from .. import _C
 from .. import ops
+from .._optable import OP
 from .cell import Cell
 from .init import Uniform, initializer
 from .parameter import Parameter
@@ -239,11 +240,14 @@ class _RNNBase(Cell):
         if seq_length.dtype not in (_C.int32, _C.int64) or tuple(seq_length.shape) != (batch,):
             raise ValueError(f"{name}: seq_length must be an int32/int64 Tensor of shape ({batch},), got "
                              f"{seq_length.dtype.name} {tuple(seq_length.shape)}")
-        if not _C.is_tracing():  # (a traced length is data: it is not read while recording)
+        bad = f"{name}: seq_length must lie in [0, {steps}] (the sequence length)"
+        if _C.is_tracing():  # a traced length is data: the graph checks it on every call
+            outside = ops.logical_or(seq_length < 0, seq_length > steps).any()
+            _C.apply(OP.check, (outside,), (_C.register_check(ValueError(bad)), 1))
+        else:
             lo, hi = ops.min(seq_length).item(), ops.max(seq_length).item()
             if lo < 0 or hi > steps:
-                raise ValueError(f"{name}: seq_length must lie in [0, {steps}] (the sequence length), got values "
-                                 f"from {lo} to {hi}")
+                raise ValueError(f"{bad}, got values from {lo} to {hi}")
         return seq_length.reshape((batch, 1))
 
     def construct(self, x, hx=None, seq_length=None):
