@@ -469,3 +469,44 @@ def test_compiled_seq_length_outside_the_sequence_raises_as_eager(mode):
         with pytest.raises(ValueError, match=r"GRU: seq_length must lie in \[0, 5\] \(the sequence length\)"):
             jf(x, kiln.tensor(np.array(bad)))
     assert jf.cache_info().compiles == 1
+
+
+def test_sizes_beyond_memory_are_refused_before_any_parameter_is_made():
+    """num_layers=2**63-1 used to make small layers until memory ran out."""
+    with pytest.raises(MemoryError, match="LSTM: 9223372036854775807 layers of hidden_size 4 .* more than this "
+                                          "machine's memory"):
+        nn.LSTM(3, 4, num_layers=2**63 - 1)
+    with pytest.raises(MemoryError, match="GRUCell: .* more than this machine's memory"):
+        nn.GRUCell(3, 2**62)
+
+
+def test_a_stacked_bidirectional_lstm_exports_to_onnx(tmp_path):
+    """The compiled layer (one while per layer, index_add into its output buffer) as ONNX Loop and
+    ScatterND, run by ONNX Runtime."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    import warnings
+
+    kiln.manual_seed(15)
+    lstm = nn.LSTM(3, 4, num_layers=2, bidirectional=True)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lstm
+
+        def construct(self, x):
+            out, (h, c) = self.lstm(x)
+            return out, h, c
+
+    x = np.random.default_rng(16).standard_normal((5, 2, 3)).astype(np.float32)
+    path = str(tmp_path / "lstm.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = kiln.export(Net(), kiln.Tensor(x), file_name=path, file_format="ONNX")
+    onnx.checker.check_model(model, full_check=True)
+    assert sum(n.op_type == "Loop" for n in model.graph.node) == 2
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x})
+    for g, w in zip(got, Net()(kiln.Tensor(x))):
+        np.testing.assert_allclose(g, to_numpy(w), rtol=1e-5, atol=1e-6)

@@ -10,6 +10,7 @@ index_add, so the graph does not grow with the sequence and gradients flow throu
 (`while_grad`). Both paths run the same step function, so they compute the same values.
 """
 import math
+import os
 
 from .. import _C
 from .. import ops
@@ -50,6 +51,22 @@ def _weights(cell, suffix, gate_size, input_size, hidden_size, has_bias, dtype):
         shapes += [("bias_ih", (gate_size,)), ("bias_hh", (gate_size,))]
     for name, shape in shapes:
         setattr(cell, name + suffix, Parameter(initializer(init, shape, dtype), name=name + suffix))
+
+
+def _check_total_size(layer, num_layers, dirs, gate_size, input_size, hidden_size, dtype):
+    """Refuses, before making any, parameters that cannot fit in this machine's memory (a huge
+    num_layers would otherwise make small ones until memory runs out)."""
+    per_dir_first = gate_size * (input_size + hidden_size + 2)
+    per_dir_rest = gate_size * (hidden_size * dirs + hidden_size + 2)
+    elements = dirs * (per_dir_first + (num_layers - 1) * per_dir_rest)
+    nbytes = elements * dtype.itemsize
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 46
+    if nbytes > memory:
+        raise MemoryError(f"{layer}: {num_layers} layers of hidden_size {hidden_size} over input_size {input_size} "
+                          f"need {nbytes / 2**30:.3g} GiB of parameters, more than this machine's memory")
 
 
 def _chunks_by_slice(t, n):
@@ -129,6 +146,7 @@ class _CellBase(Cell):
         self.hidden_size = _positive_int(name, "hidden_size", hidden_size)
         self.has_bias = _has_bias(name, has_bias, bias)
         self.dtype = dtype
+        _check_total_size(name, 1, 1, _GATES[self._mode] * hidden_size, input_size, hidden_size, dtype)
         _weights(self, "", _GATES[self._mode] * hidden_size, input_size, hidden_size, self.has_bias, dtype)
 
     def _w(self):
@@ -209,6 +227,7 @@ class _RNNBase(Cell):
         self.num_directions = 2 if self.bidirectional else 1
         self.dtype = dtype
         gate_size = _GATES[self._mode] * hidden_size
+        _check_total_size(name, num_layers, self.num_directions, gate_size, input_size, hidden_size, dtype)
         for layer in range(num_layers):
             layer_input = input_size if layer == 0 else hidden_size * self.num_directions
             for d in range(self.num_directions):
