@@ -182,6 +182,9 @@ class LSTMCell(_CellBase):
     (input_size,); hx: (h, c), each like x with hidden_size (zeros when None). Returns (h', c')."""
     _mode = "LSTM"
 
+    def __init__(self, input_size, hidden_size, has_bias=True, dtype=_C.float32, *, bias=None):
+        super().__init__(input_size, hidden_size, has_bias, dtype, bias)
+
     def construct(self, x, hx=None):
         _check_input("LSTMCell", x, self.input_size, self.dtype, (1, 2))
         if hx is None:
@@ -197,6 +200,9 @@ class GRUCell(_CellBase):
     h' = (1 - z) * n + z * h. x: (batch, input_size) or (input_size,); hx like x with hidden_size
     (zeros when None). Returns h'."""
     _mode = "GRU"
+
+    def __init__(self, input_size, hidden_size, has_bias=True, dtype=_C.float32, *, bias=None):
+        super().__init__(input_size, hidden_size, has_bias, dtype, bias)
 
     def construct(self, x, hx=None):
         _check_input("GRUCell", x, self.input_size, self.dtype, (1, 2))
