@@ -215,6 +215,29 @@ def test_compiled_gru_and_rnn_equal_eager(kind, mode):
         np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("steps", [1, 8, 11, 19])
+def test_compiled_blocks_padding_reverse_and_lengths(steps, mode):
+    """The compiled loop runs blocks of steps: a last block padded past the sequence, the reverse
+    direction over the reversed sequence and per-sequence lengths must all give eager's values and
+    gradients, against NumPy too."""
+    m = model("lstm", 3, 4, bidirectional=True, seed=17)
+    rng = np.random.default_rng(steps)
+    x, h0 = T(rng.standard_normal((steps, 3, 3))), T(rng.standard_normal((2, 3, 4)))
+    lengths = T([steps, max(steps // 2, 1), 1], kiln.int64)
+    loss = _loss_fn(m, "lstm")
+    params = m.trainable_params()
+    want = np_layer("lstm", m, to_numpy(x), to_numpy(h0), to_numpy(h0) * 0.5, to_numpy(lengths))
+    got = jit(lambda a, h, n: flat(m(a, (h, h * 0.5), n)), (mode, "O1", "kbk"))(x, h0, lengths)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(to_numpy(g), w, rtol=1e-9, atol=1e-12)
+    value_e, grads_e = kiln.value_and_grad(loss, (0, 1), params)(x, h0, lengths)
+    value_j, grads_j = kiln.value_and_grad(jit(loss, (mode, "O1", "kbk")), (0, 1), params)(x, h0, lengths)
+    np.testing.assert_allclose(value_j.item(), value_e.item(), rtol=1e-10)
+    for g, w in zip(list(grads_j[0]) + list(grads_j[1]), list(grads_e[0]) + list(grads_e[1])):
+        np.testing.assert_allclose(to_numpy(g), to_numpy(w), rtol=1e-9, atol=1e-12)
+
+
 def _top_level_nodes(text):
     return sum(" = " in line for line in text.split("\nsubgraph")[0].splitlines())
 
@@ -224,13 +247,13 @@ def test_the_time_loop_is_one_while_node_that_does_not_grow_with_the_sequence(mo
     m = model("lstm", 3, 4, num_layers=2, bidirectional=True)
     jf = jit(lambda a: m(a), (mode, "O1", "kbk"))
     counts = []
-    for steps in (3, 11):
+    for steps in (9, 41, 16, 48):  # (the last block padded, then not: two graph shapes, each for any length)
         x = T(np.random.default_rng(steps).standard_normal((steps, 2, 3)))
         np.testing.assert_allclose(to_numpy(jf(x)[0]), to_numpy(m(x)[0]), rtol=1e-9, atol=1e-12)
         text = jf.graph_str(x)
         assert text.count("= while(") == 2  # one per layer, both directions in its body
         counts.append((_top_level_nodes(text), len(text.splitlines())))
-    assert counts[0] == counts[1]
+    assert counts[0] == counts[1] and counts[2] == counts[3]
 
 
 def test_the_gradient_graph_holds_while_grad_and_does_not_grow():
@@ -238,7 +261,7 @@ def test_the_gradient_graph_holds_while_grad_and_does_not_grow():
     params = m.trainable_params()
     jl = jit(lambda a: (m(a)[0] ** 2).sum(), ("trace", "O0", "kbk"))
     sizes = []
-    for steps in (2, 9):
+    for steps in (9, 25):
         x = T(np.random.default_rng(steps).standard_normal((steps, 2, 3)))
         kiln.value_and_grad(jl, 0, params)(x)
         variant = next(iter(jl._grad_variants.values()))

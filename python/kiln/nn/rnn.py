@@ -79,7 +79,13 @@ def _chunks_by_gather(t, n):
     """The same parts taken by gather: inside a loop body, whose gradient may not write in place
     (a slice's gradient does; gather's, index_add, does not)."""
     parts = t.reshape(tuple(t.shape[:-1]) + (n, t.shape[-1] // n))
-    return [ops.gather(parts, k, parts.ndim - 2) for k in range(n)]
+    return [ops.gather(parts, _index(k), parts.ndim - 2) for k in range(n)]
+
+
+def _index(k):
+    """k as a 0-d int64 tensor made by an op: inside a loop body a node of the body, where a tensor
+    made from the number would be one more captured input of the loop."""
+    return ops.full((), k, dtype=_C.int64)
 
 
 def _chunks(t, n):
@@ -88,12 +94,14 @@ def _chunks(t, n):
     return (_chunks_by_gather if _C.is_tracing() else _chunks_by_slice)(t, n)
 
 
-def _step(mode, x, state, w):
+def _step(mode, x, state, w, gi=None):
     """One time step. state: h, or (h, c) for the LSTM; w: (w_ih, w_hh, b_ih, b_hh), biases may be
-    None. Returns the new state in the same form."""
+    None; gi: x's projection x @ w_ih.T + b_ih when already made (x is then not read). Returns the
+    new state in the same form."""
     w_ih, w_hh, b_ih, b_hh = w
     h = state[0] if mode == "LSTM" else state
-    gi = ops.dense(x, w_ih, b_ih)
+    if gi is None:
+        gi = ops.dense(x, w_ih, b_ih)
     gh = ops.dense(h, w_hh, b_hh)
     if mode == "RNN_TANH":
         return (gi + gh).tanh()
@@ -368,27 +376,59 @@ def _eager_layer(mode, x, states, weights, lengths):
     return outputs, finals
 
 
-def _traced_layer(mode, x, states, weights, lengths):
-    """The same layer as ONE while loop over time (both directions in its body): the loop values are
-    the step counter, each direction's state and each direction's output buffer."""
-    steps = x.shape[0]
-    h_like = states[0][0] if mode == "LSTM" else states[0]
-    buffers = [ops.zeros((steps,) + tuple(h_like.shape), dtype=h_like.dtype) for _ in states]
+_BLOCK = 8  # time steps per iteration of a compiled layer's loop
 
-    def body(i, states, buffers):
+
+def _traced_layer(mode, x, states, weights, lengths):
+    """The same layer as ONE while loop over time, both directions in its body. Each iteration runs
+    a block of _BLOCK steps: it gathers the block's inputs and projects them with one matmul, runs the
+    steps, and adds the block's outputs into a preallocated (T, batch, hidden) buffer with one
+    index_add, so the loop's per-iteration costs (the buffer's copy, the gradient's bookkeeping) are
+    paid once per block. The loop values are the block counter, each direction's state and output
+    buffer. The reverse direction runs forward over the reversed sequence; the steps a sequence's
+    length (or the padding of the last block) leaves out keep the state and output zeros."""
+    steps = x.shape[0]
+    block = min(_BLOCK, steps)
+    padded = -(-steps // block) * block
+    backward = ops.arange(steps - 1, -1, -1, dtype=_C.int64)
+    pad = [] if padded == steps else [ops.zeros((padded - steps,) + tuple(x.shape[1:]), dtype=x.dtype)]
+    seqs = [ops.concat([x] + pad, 0) if pad else x]
+    if len(states) == 2:
+        seqs.append(ops.concat([ops.gather(x, backward, 0)] + pad, 0) if pad else ops.gather(x, backward, 0))
+    h_like = states[0][0] if mode == "LSTM" else states[0]
+    buffers = [ops.zeros((padded,) + tuple(h_like.shape), dtype=h_like.dtype) for _ in states]
+    offsets = ops.arange(0, block, 1, dtype=_C.int64)
+
+    def valid_at(d, s):
+        """Whether step s (of direction d's own order) lies in each sequence: (batch, 1) bool or None."""
+        inside = None if padded == steps else s < steps
+        if lengths is None:
+            return inside
+        in_length = lengths > ((steps - 1) - s if d else s)
+        return in_length if inside is None else ops.logical_and(in_length, inside)
+
+    def body(j, states, buffers):
         new_states, new_buffers = [], []
-        for d, (state, w, buf) in enumerate(zip(states, weights, buffers)):
-            t = (steps - 1) - i if d else i
-            valid = None if lengths is None else lengths > t
-            state = _masked(mode, valid, _step(mode, ops.gather(x, t, 0), state, w), state)
-            out = _output(mode, valid, state)
+        rows = j * block + offsets
+        for d, (state, w, buf, seq) in enumerate(zip(states, weights, buffers, seqs)):
+            projected = ops.dense(ops.gather(seq, rows, 0), w[0], w[2])
+            outs = []
+            for k in range(block):
+                valid = valid_at(d, j * block + k)
+                new = _step(mode, None, state, w, gi=ops.gather(projected, _index(k), 0))
+                state = _masked(mode, valid, new, state)
+                outs.append(_output(mode, valid, state))
             new_states.append(state)
-            new_buffers.append(ops.index_add(buf, 0, t.reshape((1,)), out.unsqueeze(0)))
-        return i + 1, tuple(new_states), tuple(new_buffers)
+            new_buffers.append(ops.index_add(buf, 0, rows, ops.stack(outs, 0)))
+        return j + 1, tuple(new_states), tuple(new_buffers)
 
     start = ops.zeros((), dtype=_C.int64)
-    _, finals, outputs = ops.while_loop(lambda i, s, b: i < steps, body, (start, tuple(states), tuple(buffers)))
-    return list(outputs), list(finals)
+    _, finals, outputs = ops.while_loop(lambda j, s, b: j < padded // block, body,
+                                        (start, tuple(states), tuple(buffers)))
+    outputs = [out if padded == steps else out[:steps] for out in outputs]
+    if len(outputs) == 2:  # the reverse direction's outputs back in time order
+        outputs[1] = ops.gather(outputs[1], backward, 0)
+    return outputs, list(finals)
 
 
 class RNN(_RNNBase):
