@@ -4,10 +4,11 @@ the LSTM; r, z, n for the GRU) and parameter names (weight_ih_l0, bias_hh_l1_rev
 weights copied from torch give torch's results.
 
 Eagerly a layer runs its time loop in Python. While kiln.jit (or kiln.trace) records, each layer's
-time loop is ONE `while` node (kiln.ops.while_loop) over both directions: the step reads x[t] with a
-gather at the loop counter and adds its output into a preallocated (T, batch, hidden) buffer with
-index_add, so the graph does not grow with the sequence and gradients flow through the loop
-(`while_grad`). Both paths run the same step function, so they compute the same values.
+time loop is ONE `while` node (kiln.ops.while_loop) over both directions, each iteration a block of
+steps (_traced_layer): it reads the block's inputs with a gather at the loop counter and adds its
+outputs into a preallocated (T, batch, hidden) buffer with index_add, so the graph does not grow
+with the sequence and gradients flow through the loop (`while_grad`). Both paths run the same step
+function, so they compute the same values.
 """
 import math
 import os
