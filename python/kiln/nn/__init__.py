@@ -16,6 +16,7 @@ from .pooling_extra import AdaptiveMaxPool2d
 from .transformer import (MultiheadAttention, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                           TransformerEncoderLayer)
 from .optim import Adam, Optimizer, SGD
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell
 from .optim_extra import EMA, Adagrad, AdamW, AdamWeightDecay, ExponentialMovingAverage, Lamb, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
@@ -33,6 +34,7 @@ __all__ = [
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
     "Conv2dTranspose", "ConvTranspose2d", "Conv3d", "AdaptiveMaxPool2d", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+    "RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss", "SmoothL1Loss", "BCEWithLogitsLoss", "KLDivLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
     "ExponentialMovingAverage",
