@@ -4,7 +4,7 @@ and PyTorch), sort -> (values, indices int64), stable with NaN last ascending an
 and argsort (sort's indices)."""
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
-from .array import reshape
+from .array import concat, full, narrow, reshape
 from .math import cast
 
 
@@ -24,6 +24,25 @@ def _scan(op, name, input, axis, dtype, reverse=False):
     if axis is None:  # of the flattened tensor (NumPy's, MindSpore's Tensor.cumsum)
         x, axis = reshape(x, -1), 0
     return apply(op, (x,), (normalize_axis(name, axis, x.ndim), int(bool(reverse))))
+
+
+def scan(name, input, axis, exclusive=False, reverse=False):
+    """cumsum or cumprod (name) along axis, from the end with reverse; exclusive: each element left
+    out of its own result (the scan shifted by one, starting from 0 or 1: MindSpore's CumSum and
+    CumProd attributes)."""
+    op = OP.cumsum if name == "cumsum" else OP.cumprod
+    y = _scan(op, name, input, axis, None, reverse)
+    if not exclusive:
+        return y
+    axis = normalize_axis(name, axis, y.ndim)
+    n = y.shape[axis] if y.ndim else 1
+    if n == 0:
+        return y
+    start = full([1 if d == axis else s for d, s in enumerate(y.shape)], 0 if name == "cumsum" else 1, y.dtype)
+    if y.ndim == 0:
+        return reshape(start, ())
+    kept = narrow(y, axis, 1 if reverse else 0, n - 1)
+    return concat([kept, start] if reverse else [start, kept], axis)
 
 
 def cumsum(input, axis=None, dtype=None, *, dim=None):
