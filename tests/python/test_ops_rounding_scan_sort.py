@@ -210,3 +210,17 @@ def test_matches_torch():
     tw = torch.tensor(w, requires_grad=True)
     torch.cumprod(tw, 1).sum().backward()
     np.testing.assert_allclose(kiln.grad(lambda t: ops.cumprod(t, 1).sum())(_t(w)).numpy(), tw.grad.numpy())
+
+
+def test_dynamic_shapes_optimize_once():
+    def f(x):
+        v, k = ops.sort(x, 1)
+        return ops.cumsum(v, 1) + ops.floor(x) + ops.cumprod(x, 0), k, ops.isnan(x)
+
+    jf = kiln.jit(f, dynamic=True)
+    for n in (3, 5, 7):
+        x = _t(np.random.default_rng(n).standard_normal((4, n)).astype(np.float32))
+        for g, w in zip(jf(x), f(x)):
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    (info,) = jf.cache_info().dynamic
+    assert info["instances"] == 3 and info["optimized_once"] and info["planned_once"], info
