@@ -382,7 +382,8 @@ class Tensor(_C.TensorBase):
     def ceil(self):
         return _ops.ceil(self)
 
-    def round(self, decimals=0):
+    def round(self, decimals=0, out=None):
+        _no_out("round", out)  # (np.round(t) passes out=None)
         return _ops.round(self, decimals=decimals)
 
     def trunc(self):

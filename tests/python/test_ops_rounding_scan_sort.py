@@ -74,6 +74,16 @@ def test_sort_compiled_equal_eager():
     run_all_modes(f, (_t(x), _t(i)), (_t(x[:, ::-1].copy()), _t(i * -1)))
 
 
+def test_sort_result_is_a_named_tuple_in_every_variant():
+    def f(x):
+        top = x.sort(-1, descending=True)
+        return top.values[:, :2] * 2.0, top.indices, ops.sort(x, 0)  # the result itself returned
+
+    out = run_all_modes(f, (_t(HOSTILE),), (_t(HOSTILE * 2.0),))
+    assert out is not None and ops.sort(_t(HOSTILE)).indices.dtype == kiln.int64
+    assert type(ops.sort(_t(HOSTILE))).__name__ == "SortResult" and isinstance(ops.sort(_t(HOSTILE)), tuple)
+
+
 def test_sort_is_stable_with_nan_last_as_numpy():
     a = np.array([2.0, np.nan, 1.0, 2.0, np.nan, -np.inf, 1.0, np.inf, -0.0, 0.0])
     v, k = ops.sort(_t(a))

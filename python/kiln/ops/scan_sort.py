@@ -2,6 +2,8 @@
 (MindSpore's ops.cumsum(x, axis), PyTorch's dim=; integers and bool accumulate in int64, as NumPy
 and PyTorch), sort -> (values, indices int64), stable with NaN last ascending and first descending,
 and argsort (sort's indices)."""
+from collections import namedtuple
+
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
 from .array import concat, full, narrow, reshape
@@ -57,6 +59,10 @@ def cumprod(input, dim=None, dtype=None, *, axis=None):
     return _scan(OP.cumprod, "cumprod", input, _axis("cumprod", dim, axis, None), dtype)
 
 
+# sort's result: a tuple (MindSpore's), whose fields are PyTorch's names (x.sort().values)
+SortResult = namedtuple("SortResult", "values indices")
+
+
 def _sort(name, input, axis, descending):
     x = as_tensor(input)
     if not isinstance(descending, (bool, int)):
@@ -64,8 +70,8 @@ def _sort(name, input, axis, descending):
     if x.ndim == 0:  # one element: itself, at index 0
         axis = normalize_axis(name, axis, 0)
         values, indices = apply(OP.sort, (reshape(x, 1),), (0, int(bool(descending))))
-        return reshape(values, ()), reshape(indices, ())
-    return apply(OP.sort, (x,), (normalize_axis(name, axis, x.ndim), int(bool(descending))))
+        return SortResult(reshape(values, ()), reshape(indices, ()))
+    return SortResult(*apply(OP.sort, (x,), (normalize_axis(name, axis, x.ndim), int(bool(descending)))))
 
 
 def sort(input, axis=-1, descending=False, *, dim=None, stable=True):
