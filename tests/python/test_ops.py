@@ -1485,6 +1485,19 @@ def test_along_axis_shapes(case):
         assert_close(kfn(kiln.Tensor(a), axis), want)
 
 
+@pytest.mark.parametrize("level,backend", [(lv, b) for lv in ("O0", "O1", "O2") for b in ("kbk", "sink")])
+@pytest.mark.parametrize("case", ALONG, ids=lambda c: c[0])
+def test_along_axis_compiled(case, level, backend):
+    name, kfn, nfn = case
+    a = np.round(rand_array(make_rng(10), (3, 5), kiln.float32, -2, 2) * 2) / 2
+    a[1, 2] = np.nan
+    jf = kiln.jit(lambda x: kfn(x * 1.0, 1), capture_mode="trace", jit_level=level, backend=backend)
+    x = kiln.Tensor(a, kiln.float32)
+    jf(x)
+    assert_close(jf(x), nfn(a.astype(np.float32), 1))
+    assert jf.cache_info().hits >= 1
+
+
 def test_along_axis_bad_axes():
     x = kiln.Tensor(np.zeros((2, 3), np.float32))
     for f in (ops.cumsum, ops.cumprod, ops.sort, ops.argsort):
