@@ -234,3 +234,23 @@ def test_dynamic_shapes_optimize_once():
             np.testing.assert_array_equal(g.numpy(), w.numpy())
     (info,) = jf.cache_info().dynamic
     assert info["instances"] == 3 and info["optimized_once"] and info["planned_once"], info
+
+
+def test_onnx_with_dynamic_axes(tmp_path):
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+
+    def f(x):
+        v, k = ops.sort(x, 1)
+        return v + ops.cumsum(x, 1) + ops.floor(x), k
+
+    path = str(tmp_path / "m.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.export(_Net(f), _t(np.zeros((3, 5), np.float32)), file_name=path, file_format="ONNX",
+                    dynamic_axes={"x": {0: "batch", 1: "n"}})
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for shape in [(3, 5), (2, 9), (4, 1)]:
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        for got, want in zip(session.run(None, {session.get_inputs()[0].name: x}), f(_t(x))):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
