@@ -405,6 +405,65 @@ class Tensor(_C.TensorBase):
     def topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002
         return _ops.topk(self, k, dim, largest, sorted)
 
+    # rounding and classifying (a Tensor, as PyTorch's, also from math.floor, math.ceil, math.trunc
+    # and round)
+    def floor(self):
+        return _ops.floor(self)
+
+    def ceil(self):
+        return _ops.ceil(self)
+
+    def round(self, decimals=0, out=None):
+        _no_out("round", out)  # (np.round(t) passes out=None)
+        return _ops.round(self, decimals=decimals)
+
+    def trunc(self):
+        return _ops.trunc(self)
+
+    fix = trunc
+
+    def __floor__(self):
+        return _ops.floor(self)
+
+    def __ceil__(self):
+        return _ops.ceil(self)
+
+    def __trunc__(self):
+        return _ops.trunc(self)
+
+    def __round__(self, ndigits=None):
+        return _ops.round(self, decimals=ndigits or 0)
+
+    def log1p(self):
+        return _ops.log1p(self)
+
+    def expm1(self):
+        return _ops.expm1(self)
+
+    def isnan(self):
+        return _ops.isnan(self)
+
+    def isinf(self):
+        return _ops.isinf(self)
+
+    def isfinite(self):
+        return _ops.isfinite(self)
+
+    # scans and sorting along an axis (MindSpore's axis, PyTorch's dim)
+    def cumsum(self, axis=None, dtype=None, *, dim=None, out=None):
+        _no_out("cumsum", out)
+        return _ops.cumsum(self, axis, dtype, dim=dim)
+
+    def cumprod(self, dim=None, dtype=None, *, axis=None, out=None):
+        _no_out("cumprod", out)
+        return _ops.cumprod(self, dim, dtype, axis=axis)
+
+    def sort(self, axis=-1, descending=False, *, dim=None, stable=True):
+        return _ops.sort(self, axis, descending, dim=dim, stable=stable)
+
+    def argsort(self, axis=-1, descending=False, *, dim=None, stable=True):
+        return _ops.argsort(self, axis, descending, dim=dim, stable=stable)
+
     def floor_divide(self, other):
         return _ops.floor_divide(self, other)
 
@@ -442,6 +501,12 @@ class Tensor(_C.TensorBase):
 
 
 _C._set_tensor_class(Tensor)
+
+
+def _no_out(name, out):
+    """NumPy's out= (np.cumsum(t) passes out=None): only None."""
+    if out is not None:
+        raise TypeError(f"Tensor.{name}: out= is not supported (got {type(out).__name__}); use the result")
 
 
 def _numpy_reduction(name, tensor, kw):

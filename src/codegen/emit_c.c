@@ -103,6 +103,7 @@ bool kiln_codegen_supports(const kiln_graph *sub) {
 /* ---- the prelude ------------------------------------------------------------------------ */
 
 #include "floordiv_text.h" /* kiln_floordiv_text: src/core/floordiv.h, for KILN_FLOORDIV and KILN_MOD */
+#include "rounding_text.h" /* kiln_rounding_text: src/core/rounding.h, for KILN_FLOOR, KILN_ISNAN, ... */
 
 #define KILN_NEG_TEXT "#define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))" /* as src/core/internal.h */
 
@@ -218,8 +219,8 @@ unsigned kiln_cg_uses(const kiln_graph *sub) {
 /* Every block is guarded: sources of several groups concatenate into one translation unit. */
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
     kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
-           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n%s\n%s\n#endif\n",
-        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text);
+           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n%s\n%s\n%s\n#endif\n",
+        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
     static const struct {
         unsigned use;
@@ -233,7 +234,9 @@ void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
          "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
          "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
          "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
-         "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"},
+         "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"
+         "#define log1p(x) _Generic((x), float: log1pf, default: log1p)(x)\n"
+         "#define expm1(x) _Generic((x), float: expm1f, default: expm1)(x)\n"},
     };
     for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
         if (uses & blocks[k].use)

@@ -266,6 +266,7 @@ void kiln_release_all(kiln_tensor **ts, int n);
 #define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))
 
 #include "floordiv.h" /* KILN_FLOORDIV, KILN_MOD: Python's // and % in ops.def's C expressions */
+#include "rounding.h" /* KILN_FLOOR, KILN_ROUND, KILN_ISNAN, ...: rounding and classifying in C expressions */
 
 /* Every kernel, inference function and gradient rule named in ops.def. */
 #define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \

@@ -1,66 +1,6 @@
 /* Gradient rules of the elementwise ops, written with ops (principle 2: gradients are ops). */
 #include "../core/internal.h"
-
-/* Small op-emitting helpers; each returns a new reference or NULL with the error set. A NULL
- * argument propagates, so expressions can be chained and checked once. */
-typedef struct {
-    kiln_status status;
-    kiln_tensor *temps[16]; /* released at the end of a rule */
-    int ntemps;
-} grad_scope;
-
-static kiln_tensor *keep(grad_scope *sc, kiln_status s, kiln_tensor *t) {
-    if (s != KILN_OK) {
-        if (sc->status == KILN_OK) sc->status = s;
-        return NULL;
-    }
-    KILN_ASSERT(sc->ntemps < 16);
-    sc->temps[sc->ntemps++] = t;
-    return t;
-}
-
-static kiln_tensor *bin(grad_scope *sc, kiln_op op, kiln_tensor *a, kiln_tensor *b) {
-    if (!a || !b || sc->status != KILN_OK) return NULL;
-    kiln_tensor *t = NULL;
-    kiln_status s = kiln_emit_binary(op, a, b, &t);
-    return keep(sc, s, t);
-}
-
-static kiln_tensor *un(grad_scope *sc, kiln_op op, kiln_tensor *a) {
-    if (!a || sc->status != KILN_OK) return NULL;
-    kiln_tensor *t = NULL;
-    kiln_status s = kiln_emit_unary(op, a, &t);
-    return keep(sc, s, t);
-}
-
-static kiln_tensor *scalar(grad_scope *sc, double v, const kiln_tensor *like) {
-    if (!like || sc->status != KILN_OK) return NULL;
-    kiln_tensor *t = NULL;
-    kiln_status s = kiln_emit_scalar(v, like->meta.dtype, &t);
-    return keep(sc, s, t);
-}
-
-static kiln_tensor *where3(grad_scope *sc, kiln_tensor *c, kiln_tensor *x, kiln_tensor *y) {
-    if (!c || !x || !y || sc->status != KILN_OK) return NULL;
-    kiln_tensor *in[3] = {c, x, y}, *t = NULL;
-    kiln_status s = kiln_apply(KILN_OP_WHERE, 3, in, NULL, &t);
-    return keep(sc, s, t);
-}
-
-/* Finishes a rule: gin[j] = sum_to(value, input j's shape) when needed; releases temps. */
-static kiln_status finish(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor **gin, kiln_tensor *const *values) {
-    for (int j = 0; j < ctx->nin && sc->status == KILN_OK; j++) {
-        if (!ctx->needs_grad[j]) continue;
-        if (!values[j]) {
-            if (sc->status == KILN_OK) sc->status = kiln_error(KILN_ERR_RUNTIME, "gradient of input %d missing", j);
-            break;
-        }
-        sc->status = kiln_emit_sum_to(values[j], &ctx->in_meta[j], &gin[j]);
-    }
-    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
-    if (sc->status != KILN_OK) kiln_release_all(gin, ctx->nin);
-    return sc->status;
-}
+#include "grad_scope.h"
 
 #define X (ctx->in[0])
 #define Y (ctx->out[0])
@@ -90,6 +30,12 @@ UNARY_RULE(silu, bin(&sc, KILN_OP_SILU_BACKWARD, G, X))
 /* d/dx erf(x) = 2/sqrt(pi) exp(-x^2) */
 UNARY_RULE(erf, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, scalar(&sc, 1.1283791670955126, G)),
                     un(&sc, KILN_OP_EXP, un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, X, X)))))
+
+/* d/dx log(1 + x) = 1 / (1 + x); d/dx (exp(x) - 1) = exp(x) = y + 1 */
+UNARY_RULE(log1p, bin(&sc, KILN_OP_DIV, G, bin(&sc, KILN_OP_ADD, X, scalar(&sc, 1.0, X))))
+UNARY_RULE(expm1, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_ADD, Y, scalar(&sc, 1.0, Y))))
+/* piecewise constant (floor, ceil, round, trunc): 0 everywhere, as PyTorch's */
+UNARY_RULE(zero, zeros_like(&sc, G))
 
 KILN_GRAD(clamp) {
     grad_scope sc = {0};

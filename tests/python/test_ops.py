@@ -50,9 +50,16 @@ UNARY = [
     ("clamp_int_max", lambda x: ops.clamp(x, max=1), lambda x: np.minimum(x, 1), (-3, 3), True),
     ("clamp_min", lambda x: ops.clamp(x, min=0.5), lambda x: np.maximum(x, 0.5), (-3, 3), False),
     ("clamp_max", lambda x: ops.clamp(x, max=0.5), lambda x: np.minimum(x, 0.5), (-3, 3), False),
+    ("floor", ops.floor, np.floor, (-3, 3), True),
+    ("ceil", ops.ceil, np.ceil, (-3, 3), True),
+    ("round", ops.round, np.round, (-3, 3), True),  # halves to even (np.round's rule)
+    ("trunc", ops.trunc, np.trunc, (-3, 3), True),
+    ("log1p", ops.log1p, np.log1p, (-0.9, 3), False),
+    ("expm1", ops.expm1, np.expm1, (-3, 3), False),
 ]
 UNARY_IDS = [u[0] for u in UNARY]
-HALF_UNARY = {"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "clamp"}
+HALF_UNARY = {"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "clamp", "floor", "round",
+              "expm1"}
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=dtype_name)
@@ -78,7 +85,7 @@ def test_unary_shapes(case):
 def test_unary_int(case, dtype):
     name, kfn, nfn, (lo, hi), keeps_int = case
     a = rand_array(make_rng(3), (2, 5), dtype, max(lo, -3), min(hi, 3))
-    if name in ("log", "sqrt", "rsqrt", "reciprocal"):
+    if name in ("log", "sqrt", "rsqrt", "reciprocal", "log1p"):
         a = np.abs(a) + 1
     out = kfn(to_kiln(a, dtype))
     if keeps_int:
@@ -1399,6 +1406,107 @@ def test_methods_match_functions():
     assert t.float().dtype is kiln.float32 and t.half().dtype is kiln.float16 and t.int().dtype is kiln.int32
 
 
+# ---- classifying: bool results for every dtype and layout -----------------------------------
+CLASSIFY = [("isnan", ops.isnan, np.isnan), ("isinf", ops.isinf, np.isinf), ("isfinite", ops.isfinite, np.isfinite)]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("case", CLASSIFY, ids=lambda c: c[0])
+def test_classify(case, dtype):
+    name, kfn, nfn = case
+    a = rand_array(make_rng(7), (3, 4), dtype, -3, 3)
+    if dtype.is_floating_point:
+        a[0, :3] = [np.nan, np.inf, -np.inf]
+    for layout in LAYOUTS:
+        assert_close(kfn(to_kiln(a, dtype, layout)), nfn(a.astype(np.float64)), kiln.bool)
+    assert_close(getattr(to_kiln(a, dtype), name)(), nfn(a.astype(np.float64)), kiln.bool)
+
+
+# ---- along one axis: scans and sorting --------------------------------------------------------
+def _sorted_reference(a, axis, descending):
+    """(values, indices) of a stable sort along axis, NaN the largest (NumPy's order ascending)."""
+    moved = np.moveaxis(np.asarray(a), axis, -1)
+    idx = np.empty(moved.shape, np.int64)
+    for pos in np.ndindex(moved.shape[:-1]):
+        row = [v.item() for v in moved[pos]]
+
+        def key(i):
+            v = row[i]
+            nan = v != v
+            return (not nan, 0 if nan else -v) if descending else (nan, 0 if nan else v)
+
+        idx[pos] = sorted(range(len(row)), key=key)
+    idx = np.moveaxis(idx, -1, axis)
+    return np.take_along_axis(np.asarray(a), idx, axis), idx
+
+
+def _cum_dtype(a):
+    return a.dtype if np.issubdtype(a.dtype, np.floating) else np.int64
+
+
+# (id, kiln fn (x, axis), NumPy fn (a, axis))
+ALONG = [
+    ("cumsum", lambda x, ax: ops.cumsum(x, ax), lambda a, ax: np.cumsum(a, ax, dtype=_cum_dtype(a))),
+    ("cumsum_dim", lambda x, ax: x.cumsum(dim=ax), lambda a, ax: np.cumsum(a, ax, dtype=_cum_dtype(a))),
+    ("cumprod", lambda x, ax: ops.cumprod(x, ax), lambda a, ax: np.cumprod(a, ax, dtype=_cum_dtype(a))),
+    ("sort_values", lambda x, ax: ops.sort(x, ax)[0], lambda a, ax: _sorted_reference(a, ax, False)[0]),
+    ("sort_indices", lambda x, ax: ops.sort(x, ax)[1], lambda a, ax: _sorted_reference(a, ax, False)[1]),
+    ("sort_descending", lambda x, ax: x.sort(ax, descending=True)[0], lambda a, ax: _sorted_reference(a, ax, True)[0]),
+    ("argsort_descending", lambda x, ax: ops.argsort(x, ax, True), lambda a, ax: _sorted_reference(a, ax, True)[1]),
+    ("argsort", lambda x, ax: x.argsort(dim=ax), lambda a, ax: _sorted_reference(a, ax, False)[1]),
+]
+
+
+@pytest.mark.parametrize("dtype", (kiln.bool, kiln.int8) + INTS + HALFS + FLOATS, ids=dtype_name)
+@pytest.mark.parametrize("case", ALONG, ids=lambda c: c[0])
+def test_along_axis_dtypes_and_layouts(case, dtype):
+    name, kfn, nfn = case
+    a = rand_array(make_rng(8), (3, 4, 5), dtype, -2, 2)
+    if dtype.is_floating_point:  # ties, NaN and infinities (their order is part of the result)
+        a = np.round(a * 2) / 2
+        a[0, 1, :3] = [np.nan, np.inf, -np.inf]
+    a = a.astype(NP_DTYPE[dtype])
+    for axis in (0, 1, -1):
+        want = nfn(a, axis)
+        for layout in LAYOUTS:
+            out = kfn(to_kiln(a, dtype, layout), axis)
+            assert_close(out, want, None if not out.dtype.is_floating_point else out.dtype)
+            assert out.dtype is (kiln.int64 if np.asarray(want).dtype.kind in "iub" and name.startswith(("cum", "arg"))
+                                 or "indices" in name else dtype)
+
+
+@pytest.mark.parametrize("case", ALONG, ids=lambda c: c[0])
+def test_along_axis_shapes(case):
+    name, kfn, nfn = case
+    rng = make_rng(9)
+    for shape, axis in [((), 0), ((), -1), ((1,), 0), ((7,), 0), ((0, 3), 0), ((0, 3), 1), ((2, 1, 3), 1)]:
+        a = rand_array(rng, shape, kiln.float64, -2, 2)
+        want = nfn(a.reshape(a.shape or (1,)), axis).reshape(shape)
+        assert_close(kfn(kiln.Tensor(a), axis), want)
+
+
+@pytest.mark.parametrize("level,backend", [(lv, b) for lv in ("O0", "O1", "O2") for b in ("kbk", "sink")])
+@pytest.mark.parametrize("case", ALONG, ids=lambda c: c[0])
+def test_along_axis_compiled(case, level, backend):
+    name, kfn, nfn = case
+    a = np.round(rand_array(make_rng(10), (3, 5), kiln.float32, -2, 2) * 2) / 2
+    a[1, 2] = np.nan
+    jf = kiln.jit(lambda x: kfn(x * 1.0, 1), capture_mode="trace", jit_level=level, backend=backend)
+    x = kiln.Tensor(a, kiln.float32)
+    jf(x)
+    assert_close(jf(x), nfn(a.astype(np.float32), 1))
+    assert jf.cache_info().hits >= 1
+
+
+def test_along_axis_bad_axes():
+    x = kiln.Tensor(np.zeros((2, 3), np.float32))
+    for f in (ops.cumsum, ops.cumprod, ops.sort, ops.argsort):
+        with pytest.raises(IndexError, match=f"{f.__name__}: axis 2 is out of range"):
+            f(x, 2)
+    with pytest.raises(TypeError, match="cumsum: give axis or dim, not both"):
+        ops.cumsum(x, 0, dim=1)
+
+
 # ---- NaN and ±inf (issue 18) ---------------------------------------------------------------
 # Every elementwise op and reduction of the tables above on NaN, ±inf, ±0 and large values:
 # eager, jitted at O1 (the op fused with a scaling into generated C) and sunk. NaN propagates
@@ -1473,6 +1581,15 @@ def test_binary_special_values(case, mode, dtype):
     with np.errstate(all="ignore"):
         expected = nfn(x.astype(NP_DTYPE[dtype]), y.astype(NP_DTYPE[dtype]))
     _check_special(name, out, expected, dtype)
+
+
+@pytest.mark.parametrize("mode,dtype", _special_modes(), ids=lambda v: v if isinstance(v, str) else dtype_name(v))
+@pytest.mark.parametrize("case", CLASSIFY, ids=lambda c: c[0])
+def test_classify_special_values(case, mode, dtype):
+    name, kfn, nfn = case
+    out, seen = _special_call(mode, kfn, [SPECIAL.reshape(3, 4)], dtype)
+    with np.errstate(all="ignore"):
+        assert_close(out, nfn(seen[0].astype(NP_DTYPE[dtype])), kiln.bool)
 
 
 def _special_rows():

@@ -64,6 +64,23 @@ UNARY_GRAD = [
     ("softmax_axis0", lambda x: ops.softmax(x, 0), lambda r: [sym(r, (3, 2, 2))]),
     ("log_softmax", lambda x: ops.log_softmax(x, 1), lambda r: [sym(r, (2, 4))]),
     ("log_softmax_axis0", lambda x: ops.log_softmax(x, 0), lambda r: [sym(r, (3, 2))]),
+    ("log1p", ops.log1p, lambda r: [sym(r, (2, 3), 0.9)]),
+    ("expm1", ops.expm1, lambda r: [sym(r, (2, 3))]),
+    # piecewise constant: 0 away from the steps (alone, and beside a smooth term)
+    ("floor_alone", ops.floor, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
+    ("floor", lambda x: ops.floor(x) + x * 0.5, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
+    ("ceil", lambda x: ops.ceil(x) * x, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
+    ("round", lambda x: ops.round(x) * x, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
+    ("trunc", lambda x: ops.trunc(x) - x, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
+    ("cumsum", lambda x: ops.cumsum(x, 1), lambda r: [sym(r, (3, 4))]),
+    ("cumsum_axis0", lambda x: ops.cumsum(x, 0), lambda r: [sym(r, (3, 4))]),
+    ("cumprod", lambda x: ops.cumprod(x, 1), lambda r: [sym(r, (3, 4))]),
+    # zeros: none, one, two in a line (the gradient at the first zero is not 0, after it is)
+    ("cumprod_zeros", lambda x: ops.cumprod(x, 1),
+     lambda r: [np.array([[0.5, 0.0, 2.0, 1.5, -1.0], [0.0, 1.2, 0.0, 2.0, 0.7], [1.1, -0.8, 0.9, 1.3, 0.0]])]),
+    ("cumprod_zeros_axis0", lambda x: ops.cumprod(x, 0), lambda r: [np.array([[0.5, 0.0], [0.0, 2.0], [1.5, 3.0]])]),
+    ("sort", lambda x: ops.sort(x, 1)[0], lambda r: [distinct(r, (3, 4))]),
+    ("sort_descending_axis0", lambda x: ops.sort(x, 0, descending=True)[0], lambda r: [distinct(r, (3, 4))]),
 ]
 
 

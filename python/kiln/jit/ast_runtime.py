@@ -995,6 +995,23 @@ def call_cell(cell, construct, args, kwargs):
     return construct(cell, *args, **kwargs)
 
 
+_ROUNDING_BUILTINS = (builtins.round, math.floor, math.ceil, math.trunc)
+
+
+def _rounded(f, args, kwargs):
+    """round(), math.floor, math.ceil or math.trunc of a tensor: a tensor (Tensor.__round__, ...).
+    Of a number an if or loop on a tensor chose (a noted 0-d tensor) it is noted as the number
+    Python gives: an int (int64), or with round's ndigits the number's own type."""
+    kind = _number_kind(args[0])
+    out = f(*args, **kwargs)
+    if kind is None:
+        return out
+    ndigits = args[1] if len(args) > 1 else kwargs.get("ndigits")
+    if f is builtins.round and ndigits is not None:
+        return _note_chosen(out, kind)
+    return _note_chosen(out.astype(_C.int64), int)
+
+
 def converted_call(loc, f, *args, **kwargs):
     if f is builtins.print:
         return _print(*args, **kwargs)
@@ -1002,6 +1019,8 @@ def converted_call(loc, f, *args, **kwargs):
         return _range(*args, loc=loc)
     if f is builtins.abs and len(args) == 1 and not kwargs:
         return unary("abs", args[0])  # (a chosen number's abs stays a number)
+    if f in _ROUNDING_BUILTINS and args and _is_tensor(args[0]):
+        return _rounded(f, args, kwargs)
     scalar = _SCALAR_BUILTINS.get(f)
     if scalar is not None and args and _is_tensor(args[0]):
         raise _error(loc, f"{scalar} of a tensor value", "keep the value a tensor (use .astype(), comparisons "

@@ -73,10 +73,12 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
            "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
            "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
-_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_backward_input", "batch_norm", "layer_norm", "rms_norm", "reshape",
+_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_backward_input", "batch_norm", "layer_norm",
+          "rms_norm", "reshape",
           "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
-          "gather", "gather_elements", "index_add", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while")
+          "gather", "gather_elements", "index_add", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while",
+          "floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite", "cumsum", "sort")
 SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
 
 
@@ -97,6 +99,16 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
             b.node("Where", [b.node("IsNaN", ins), zero, b.node("Sign", ins)], [out])
         else:
             b.node("Sign", ins, [out])
+    elif op in ("floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite"):
+        _emit_rounding_classifying(b, op, ins[0], out, _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0]))
+    elif op == "cumsum":  # kiln accumulates floats in double: so does the export, then rounds
+        src, dst = _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0])
+        acc = np.float64 if np.issubdtype(dst, np.floating) else np.int64
+        x = b.node("Cast", ins, to=b.h.np_dtype_to_tensor_dtype(np.dtype(acc))) if src != acc else ins[0]
+        summed = b.node("CumSum", [x, b.const(np.asarray(ints[0], np.int64))], reverse=ints[1])
+        b.node("Cast", [summed], [out], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dst)))
+    elif op == "sort":
+        _emit_sort(b, ins[0], outs, ints[0], ints[1], _np_dtype(in_metas[0][0]), in_metas[0][1][ints[0]])
     elif op == "div" and _np_dtype(metas[0][0]) != _np_dtype(in_metas[0][0]):
         # kiln's true division of integers gives floats; ONNX's Div keeps its inputs' type
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0])))
@@ -350,6 +362,68 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     else:
         raise OnnxExportError(f"kiln.export(ONNX): the op {op!r} has no ONNX form here (ops with one: "
                               f"{', '.join(SUPPORTED)})")
+
+
+def _emit_rounding_classifying(b, op, x, out, src, dst):
+    """floor, ceil, round (halves to even, as ONNX's Round), trunc, log1p, expm1 (accurate near 0
+    without ONNX operators of their own), isnan, isinf, isfinite (integers: never NaN or infinite)."""
+    floating = np.issubdtype(src, np.floating)
+    if op in ("floor", "ceil", "round", "trunc") and not floating:
+        b.node("Identity", [x], [out])  # integers are whole already
+    elif op in ("floor", "ceil", "round"):
+        b.node(op.capitalize(), [x], [out])
+    elif op == "trunc":  # toward 0: ceil below 0, floor elsewhere (NaN included)
+        below = b.node("Less", [x, b.const(np.zeros((), src))])
+        b.node("Where", [below, b.node("Ceil", [x]), b.node("Floor", [x])], [out])
+    elif op in ("log1p", "expm1"):
+        if src != dst:  # integers compute in float32, as kiln's
+            x = b.node("Cast", [x], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dst)))
+        one = b.const(np.ones((), dst))
+        if op == "log1p":  # u = 1 + x: log(u) * x / (u - 1), exact where u rounds to 1 (Goldberg)
+            u = b.node("Add", [x, one])
+            main = b.node("Mul", [b.node("Log", [u]), b.node("Div", [x, b.node("Sub", [u, one])])])
+            main = b.node("Where", [b.node("IsInf", [u], detect_negative=0), u, main])
+            b.node("Where", [b.node("Equal", [u, one]), x, main], [out])
+        else:  # u = exp(x): (u - 1) * x / log(u), x where u rounds to 1, -1 where u - 1 does (Kahan)
+            u = b.node("Exp", [x])
+            um1 = b.node("Sub", [u, one])
+            main = b.node("Mul", [um1, b.node("Div", [x, b.node("Log", [u])])])
+            main = b.node("Where", [b.node("IsInf", [u], detect_negative=0), u, main])
+            main = b.node("Where", [b.node("Equal", [um1, b.const(-np.ones((), dst))]), um1, main])
+            b.node("Where", [b.node("Equal", [u, one]), x, main], [out])
+    elif not floating:  # integers and bool: x == x is true
+        same = b.node("Equal", [x, x])
+        b.node("Identity" if op == "isfinite" else "Not", [same], [out])
+    else:
+        if src == np.float16 and op != "isnan":  # (opset 17's IsInf takes float32 and float64)
+            x = b.node("Cast", [x], to=b.onnx.TensorProto.FLOAT)
+        if op == "isnan":
+            b.node("IsNaN", [x], [out])
+        elif op == "isinf":
+            b.node("IsInf", [x], [out])
+        else:
+            b.node("Not", [b.node("Or", [b.node("IsNaN", [x]), b.node("IsInf", [x])])], [out])
+
+
+def _emit_sort(b, x, outs, axis, descending, src, n):
+    """kiln's sort (stable, NaN the largest) through ONNX's TopK, whose ties go to the lower index:
+    floats are ordered first by being NaN, then by value with NaN read as +inf, so NaN comes after
+    +inf ascending and before it descending. bool sorts as int32."""
+    k = b.ints([n])
+
+    def order_of(key, into=None):  # TopK's second output: the positions in sorted order
+        indices = into or b.fresh("order")
+        b.node("TopK", [key, k], [b.fresh("sorted"), indices], axis=axis, largest=int(descending), sorted=1)
+        return indices
+
+    if np.issubdtype(src, np.floating):
+        nan = b.node("IsNaN", [x])
+        by_nan = order_of(b.node("Cast", [nan], to=b.onnx.TensorProto.FLOAT))
+        key = b.node("GatherElements", [b.node("Where", [nan, b.const(np.asarray(np.inf, src)), x]), by_nan], axis=axis)
+        order = b.node("GatherElements", [by_nan, order_of(key)], [outs[1]], axis=axis)
+    else:
+        order = order_of(x if src != np.bool_ else b.node("Cast", [x], to=b.onnx.TensorProto.INT32), outs[1])
+    b.node("GatherElements", [x, order], [outs[0]], axis=axis)
 
 
 def _emit_graph(b, graph, path, in_names):

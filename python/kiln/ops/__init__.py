@@ -5,7 +5,8 @@ from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedd
                     swapaxes, transpose, uniform, unsqueeze, view, zeros, zeros_like)
 from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
                    erf, exp, floor_div, floor_divide, floor_mod, ge, gelu, greater, greater_equal, gt, le, less,
-                   less_equal, log, log_softmax, mod, remainder,
+                   less_equal, log, log_softmax, mod, remainder, ceil, expm1, fix, floor, isfinite, isinf, isnan,
+                   log1p, round, trunc,
                    logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
@@ -20,6 +21,7 @@ from .losses import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1
                      smooth_l1_loss)
 from .activations import elu, hardsigmoid, hardswish, leaky_relu, mish, prelu, selu, softplus
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
+from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm
 from .control_flow import cond, while_loop
 from .debug import print_

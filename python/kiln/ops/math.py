@@ -27,6 +27,34 @@ relu = _unary(OP.relu, "relu")
 silu = _unary(OP.silu, "silu")
 erf = _unary(OP.erf, "erf")
 logical_not = _unary(OP.logical_not, "logical_not")
+floor = _unary(OP.floor, "floor")
+ceil = _unary(OP.ceil, "ceil")
+trunc = _unary(OP.trunc, "trunc")
+fix = trunc  # (PyTorch's name)
+log1p = _unary(OP.log1p, "log1p")
+expm1 = _unary(OP.expm1, "expm1")
+isnan = _unary(OP.isnan, "isnan")
+isinf = _unary(OP.isinf, "isinf")
+isfinite = _unary(OP.isfinite, "isfinite")
+
+
+def round(input, *, decimals=0):  # noqa: A001 (MindSpore's and PyTorch's name)
+    """input rounded to the nearest integer, halves to the even one (NumPy's and PyTorch's rule);
+    with `decimals`, to that many decimal places (negative: tens, hundreds, ...) as PyTorch:
+    round(x * 10**decimals) / 10**decimals. Integers are unchanged (decimals must then be 0)."""
+    x = as_tensor(input)
+    if not isinstance(decimals, int) or isinstance(decimals, _builtins.bool):
+        raise TypeError(f"round: decimals must be an int, got {decimals!r}")
+    if decimals == 0:
+        return apply(OP.round, (x,))
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"round: decimals={decimals} needs a floating-point tensor, got {x.dtype.name} "
+                        f"(shape {list(x.shape)})")
+    if decimals > 0:
+        scale = 10.0 ** decimals
+        return apply(OP.round, (x * scale,)) / scale
+    scale = 10.0 ** -decimals
+    return apply(OP.round, (x / scale,)) * scale
 
 
 def gelu(input, approximate="none"):

@@ -3,7 +3,7 @@
 tensors, each running the kiln.ops function of the same meaning. They are kiln's own code, so
 kiln.jit records what they compute in every capture mode."""
 from .. import _C
-from . import array, math, nn_functional
+from . import array, math, nn_functional, scan_sort
 
 
 class Primitive:
@@ -53,6 +53,8 @@ _ELEMENTWISE = {
     "Mod": math.remainder, "ZerosLike": array.zeros_like,
     "OnesLike": array.ones_like, "Cast": math.cast, "Reshape": array.reshape, "ExpandDims": array.expand_dims,
     "Gather": array.gather, "GatherV2": array.gather, "StopGradient": nn_functional.stop_gradient,
+    "Floor": math.floor, "Ceil": math.ceil, "Round": math.round, "Trunc": math.trunc, "Log1p": math.log1p,
+    "Expm1": math.expm1, "IsNan": math.isnan, "IsInf": math.isinf, "IsFinite": math.isfinite,
 }
 for _name, _fn in _ELEMENTWISE.items():
     globals()[_name] = _function_primitive(_name, _fn, f"MindSpore's ops.{_name}: kiln.ops.{_fn.__name__}.")
@@ -255,6 +257,34 @@ class Print(Primitive):
         from .debug import print_
 
         return print_(*args)
+
+
+class CumSum(Primitive):
+    """MindSpore's ops.CumSum(exclusive=False, reverse=False)(x, axis): running sums along axis, from
+    the end with reverse; exclusive leaves each element out of its own sum."""
+
+    def __init__(self, exclusive=False, reverse=False):
+        super().__init__(exclusive=exclusive, reverse=reverse)
+
+    def __call__(self, x, axis):
+        return scan_sort.scan("cumsum", x, axis, self.exclusive, self.reverse)
+
+
+class CumProd(CumSum):
+    """MindSpore's ops.CumProd(exclusive=False, reverse=False)(x, axis): running products."""
+
+    def __call__(self, x, axis):
+        return scan_sort.scan("cumprod", x, axis, self.exclusive, self.reverse)
+
+
+class Sort(Primitive):
+    """MindSpore's ops.Sort(axis=-1, descending=False)(x) -> (values, indices)."""
+
+    def __init__(self, axis=-1, descending=False):
+        super().__init__(axis=axis, descending=descending)
+
+    def __call__(self, x):
+        return scan_sort.sort(x, self.axis, self.descending)
 
 
 __all__ = [n for n, v in list(globals().items()) if isinstance(v, type) and issubclass(v, Primitive)]
