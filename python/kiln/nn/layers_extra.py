@@ -145,19 +145,28 @@ class InstanceNorm2d(GroupNorm):
 
 class AdaptiveAvgPool2d(Cell):
     """Average pooling to output_size (an int or (h, w); None keeps that size): PyTorch's windows,
-    [floor(i * H / h), ceil((i + 1) * H / h)), as a matrix product per axis (exact, any sizes)."""
+    [floor(i * H / h), ceil((i + 1) * H / h)), each the mean of its elements (an inf or NaN stays
+    in its own windows)."""
 
     def __init__(self, output_size):
         super().__init__()
         self.output_size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
 
     @staticmethod
-    def _weights(size, out, dtype):
-        w = np.zeros((out, size), np.float64)
+    def _pool_axis(x, axis, out):
+        size = x.shape[axis]
+        if size == out:
+            return x
+        if size % out == 0:  # equal windows: one reshape and one mean
+            shape = list(x.shape)
+            return x.reshape(tuple(shape[:axis]) + (out, size // out) + tuple(shape[axis + 1:])).mean(axis + 1)
+        windows = []
         for i in range(out):
             a, b = (i * size) // out, -((-(i + 1) * size) // out)
-            w[i, a:b] = 1.0 / (b - a)
-        return Tensor(w.astype(np.dtype(dtype.name)))
+            index = [slice(None)] * x.ndim
+            index[axis] = slice(a, b)
+            windows.append(x[tuple(index)].mean(axis, keepdims=True))
+        return ops.concat(windows, axis)
 
     def construct(self, x):
         if x.ndim != 4:
@@ -167,10 +176,7 @@ class AdaptiveAvgPool2d(Cell):
         ow = w if self.output_size[1] is None else self.output_size[1]
         if oh == 1 and ow == 1:
             return x.mean((2, 3), keepdims=True)
-        rows = self._weights(h, oh, x.dtype)  # (oh, h)
-        cols = self._weights(w, ow, x.dtype)  # (ow, w)
-        y = ops.matmul(x, ops.transpose(cols, 1, 0))  # (N, C, H, ow)
-        return ops.matmul(rows, y)  # (N, C, oh, ow)
+        return self._pool_axis(self._pool_axis(x, 2, oh), 3, ow)
 
 
 class Upsample(Cell):
