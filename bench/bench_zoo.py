@@ -3,7 +3,7 @@ Llama decoder: tokens per second of greedy decoding with a KV cache) with kiln e
 best of a few rows, torch eager and torch.compile, at the same thread count, same weights, same
 run; and the first call's time (capture + compile) of kiln.jit against torch.compile's.
 
-    PYTHONPATH=python python3 bench/bench_zoo.py [--models lenet,resnet18,gpt,llama] [--repeat 20]
+    PYTHONPATH=python python3 bench/bench_zoo.py [--models lenet,resnet18,gpt,lstm,llama] [--repeat 20]
 
 torch is used where importable (a venv made with --system-site-packages; see README). Targets:
 kiln's best jit row >= 1.3x torch eager and >= 1.1x torch.compile; compile time <= torch.compile's."""
@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
 import gpt_tiny  # noqa: E402
 import lenet_digits  # noqa: E402
 import llama_decode  # noqa: E402
+import lstm_classifier  # noqa: E402
 import resnet18  # noqa: E402
 
 JIT_ROWS = [dict(capture_mode="ast", jit_level="O0"), dict(capture_mode="ast", jit_level="O1"),
@@ -98,11 +99,29 @@ def gpt_case():
         dict(adamw=True), dict(vocab=len(chars))
 
 
+def lstm_case():
+    x, y = lstm_classifier.sequences(32, 128, np.random.default_rng(0))
+
+    def kiln_step(options):
+        kiln.manual_seed(0)
+        net = lstm_classifier.Classifier()
+        net.set_train()
+        step = lstm_classifier.make_step(net, "eager")
+        step = kiln.jit(step, **options) if options is not None else step
+        xs, ys = kiln.Tensor(x), kiln.Tensor(y)
+        return net, lambda: step(xs, ys).asnumpy()
+
+    return "LSTM classifier (2 layers, 32 wide) train step, batch 32 x 128 steps", kiln_step, (x, y), \
+        "LSTMClassifier", dict(adam=True), None
+
+
 def torch_train_step(twins, torch, net, case_args, opt_args, compiled):
     x, y = (torch.from_numpy(a) for a in case_args)
     model = torch.compile(net) if compiled else net
     if opt_args.get("adamw"):
         opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01)
+    elif opt_args.get("adam"):
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=opt_args["lr"], momentum=opt_args["momentum"])
 
@@ -190,7 +209,7 @@ def report(title, rows, per_token=False):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="lenet,resnet18,gpt,llama")
+    p.add_argument("--models", default="lenet,resnet18,gpt,lstm,llama")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="5 repeats, 16 tokens")
@@ -207,7 +226,7 @@ def main():
     threads = torch.get_num_threads() if torch is not None else "-"
     print(f"{os.cpu_count()} CPUs; torch threads {threads}; "
           f"torch {torch.__version__ if torch is not None else 'absent'}")
-    cases = {"lenet": lenet_case, "resnet18": resnet_case, "gpt": gpt_case}
+    cases = {"lenet": lenet_case, "resnet18": resnet_case, "gpt": gpt_case, "lstm": lstm_case}
     for name in args.models.split(","):
         if name == "llama":
             report(*llama_rows(torch, twins, args.tokens), per_token=True)

@@ -201,3 +201,15 @@ class Llama(nn.Module):
 
     def empty_caches(self):
         return [(torch.zeros(1, *self.kv_shape[:1], 0, self.kv_shape[1]),) * 2 for _ in self.layers]
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self, vocab=11, hidden=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 16)
+        self.lstm = nn.LSTM(16, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, 2)
+
+    def forward(self, tokens):
+        _, (h_n, _) = self.lstm(self.embed(tokens))
+        return self.head(h_n[-1])

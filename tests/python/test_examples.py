@@ -172,3 +172,33 @@ def test_the_zoo_benchmark_prints_its_rows(capsys):
         sys.argv = argv
     out = capsys.readouterr().out
     assert "Llama decoder" in out and "kiln eager" in out and "best kiln.jit row" in out
+
+
+def test_lstm_classifier_learns_the_marked_digit():
+    lstm = load("lstm_classifier")
+    losses, acc = lstm.train(steps=120, mode="ast", log=lambda *_: None)
+    assert np.mean(losses[-10:]) < 0.2 and acc >= 0.9, (losses[-10:], acc)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lstm_classifier_jitted_steps_equal_eager(mode):
+    lstm = load("lstm_classifier")
+    want = lstm.train(steps=4, mode="eager", log=lambda *_: None)[0]
+    np.testing.assert_allclose(lstm.train(steps=4, mode=mode, log=lambda *_: None)[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_classifier_losses_equal_torch_with_copied_weights():
+    torch = pytest.importorskip("torch")
+    import kiln
+    lstm, twins = load("lstm_classifier"), load("torch_twins")
+    kiln.manual_seed(0)
+    net = lstm.Classifier()
+    net.set_train()
+    twin = twins.copy_weights(net, twins.LSTMClassifier())
+    rng = np.random.default_rng(0)
+    batches = [tuple(kiln.Tensor(a) for a in lstm.sequences(8, 12, rng)) for _ in range(4)]
+    step = lstm.make_step(net, "ast")
+    got = [float(step(a, b).asnumpy()) for a, b in batches]
+    want = _torch_steps(twin, lambda m, a, b: torch.nn.functional.cross_entropy(m(a), b), batches,
+                        lambda ps: torch.optim.Adam(ps, lr=0.01))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
