@@ -141,12 +141,17 @@ def test_seq_length_batch_first_and_unbatched_inputs(kind):
     for g, w in zip(got[1:], want[1:]):
         np.testing.assert_allclose(to_numpy(g), w, rtol=1e-10, atol=1e-12)
     assert np.all(to_numpy(got[0])[1, 2:] == 0)  # past its length a sequence outputs zeros
+    compiled = jit(lambda a, n: flat(m(a, None, n)), ("trace", "O1", "kbk"))(T(x), T(lengths, kiln.int64))
+    for g, w in zip(compiled, got):
+        np.testing.assert_allclose(to_numpy(g), to_numpy(w), rtol=1e-10, atol=1e-12)
     # unbatched (T, input): the batch of one, squeezed
     m.batch_first = False
     one = flat(m(T(x[0])))
     want = np_layer(kind, m, x[:1].swapaxes(0, 1))
     np.testing.assert_allclose(to_numpy(one[0]), want[0][:, 0], rtol=1e-10, atol=1e-12)
     assert tuple(one[1].shape) == (4, 4)
+    for g, w in zip(jit(lambda a: flat(m(a)), ("ast", "O1", "kbk"))(T(x[0])), one):
+        np.testing.assert_allclose(to_numpy(g), to_numpy(w), rtol=1e-10, atol=1e-12)
 
 
 def test_parameter_names_shapes_and_aliases():
