@@ -136,6 +136,13 @@ def test_bmm_and_einsum_match_numpy():
         np.testing.assert_allclose(ops.einsum(eq, *[T(x) for x in arrays]).numpy(), np.einsum(eq, *arrays),
                                    rtol=1e-12, atol=1e-12, err_msg=eq)
     np.testing.assert_allclose(ops.einsum("ij,jk", [T(c), T(c.T)]).numpy(), c @ c.T, rtol=1e-12)
+    sq, bsq = values((3, 3), np.float64), values((2, 3, 3), np.float64)
+    for eq, arrays in [("ii->i", (sq,)), ("ii", (sq,)), ("bii->b", (bsq,)), ("...ii->...i", (bsq,)),
+                       ("ii,ij->j", (sq, values((3, 4), np.float64))), ("bij,bjj->bi", (bsq, bsq))]:
+        np.testing.assert_allclose(ops.einsum(eq, *[T(x) for x in arrays]).numpy(), np.einsum(eq, *arrays),
+                                   rtol=1e-12, atol=1e-12, err_msg=eq)
+    sq[0, 1], sq[2, 0] = np.inf, np.nan  # off the diagonal: not part of the trace
+    np.testing.assert_allclose(ops.einsum("ii", T(sq)).numpy(), np.trace(sq), rtol=1e-12)
 
 
 @pytest.mark.parametrize("ord_", [None, 1, 2, 3, 0.5, 0, math.inf, -math.inf])
@@ -254,7 +261,8 @@ def test_bad_arguments_raise_clear_errors():
         (lambda: ops.masked_fill(T([1, 2]), T([True, False]), 0.5), TypeError, "masked_fill: a float value"),
         (lambda: ops.bmm(x, x), ValueError, "bmm: expected \\(B, N, M\\) and \\(B, M, P\\)"),
         (lambda: ops.einsum("ij,jk->ik", x, x), ValueError, "einsum: 'ij,jk->ik': subscript 'j' is 4"),
-        (lambda: ops.einsum("ii->i", T(np.eye(3))), NotImplementedError, "einsum: 'ii' repeats a subscript"),
+        (lambda: ops.einsum("ii->i", T(np.ones((3, 4)))), ValueError,
+         "einsum: 'ii->i': subscript 'i' repeats over axes of sizes 3 and 4"),
         (lambda: ops.einsum("ij->ik", x), ValueError, "einsum: output subscripts \\['k'\\]"),
         (lambda: ops.einsum("ij,j", x), ValueError, "einsum: 'ij,j' has 2 operands, 1 given"),
         (lambda: ops.einsum("i2", x), ValueError, "einsum: .*subscripts must be letters"),
@@ -293,6 +301,7 @@ GRAD_TABLE = [
     ("norm_fro", lambda x: ops.norm(x, "fro")),
     ("norm_matrix_1", lambda x: ops.norm(x, 1, dim=(0, 1))),
     ("einsum", lambda x: ops.einsum("ij,kj->ik", x, x * 2.0)),
+    ("einsum_diagonal", lambda x: ops.einsum("ii,ij->j", x[:, :4], x)),
     ("bmm", lambda x: ops.bmm(ops.reshape(x, 1, 4, 5), ops.reshape(x, 1, 5, 4))),
     ("gather_nd", lambda x: ops.gather_nd(x, T([[1, 2], [3, -1], [1, 2]]))),
     ("amax", lambda x: ops.amax(x, (0, 1))),
@@ -328,7 +337,7 @@ def _shape_ops(x):
 
 
 def _products(x, idx):
-    return (ops.einsum("ij,kj->ik", x, x), ops.einsum("bi,bj->bij", x, x), ops.bmm(ops.reshape(x, 2, 2, 5), ops.reshape(x, 2, 5, 2)),
+    return (ops.einsum("ij,kj->ik", x, x), ops.einsum("bi,bj->bij", x, x), ops.einsum("ii->i", x[:, :4]), ops.bmm(ops.reshape(x, 2, 2, 5), ops.reshape(x, 2, 5, 2)),
             ops.norm(x, dim=1), ops.norm(x, 1), ops.norm(x, math.inf, dim=0), ops.norm(x, "fro"),
             ops.gather_nd(x, idx), ops.one_hot(idx[:, 0], 4, 1.0, 0.0), ops.isin(idx, T([0, 3])))
 
