@@ -122,6 +122,8 @@ def test_where_with_python_numbers_promotes_like_numpy():
     assert ops.where(cond, 1, 2.5).dtype is kiln.float32
     np.testing.assert_array_equal(ops.where(cond, True, False).numpy(), [True, False, True])
     assert ops.where(cond, cond, 3).dtype is kiln.int64
+    assert ops.where(cond, 2**60 + 1, i).numpy()[0] == 2**60 + 1  # ints stay exact (no float on the way)
+    assert ops.where(cond, np.float64(0.5), i).dtype is kiln.float64  # a NumPy scalar is not weak
 
 
 def test_bmm_and_einsum_match_numpy():
