@@ -124,6 +124,10 @@ def test_where_with_python_numbers_promotes_like_numpy():
     assert ops.where(cond, cond, 3).dtype is kiln.int64
     assert ops.where(cond, 2**60 + 1, i).numpy()[0] == 2**60 + 1  # ints stay exact (no float on the way)
     assert ops.where(cond, np.float64(0.5), i).dtype is kiln.float64  # a NumPy scalar is not weak
+    f64 = T(np.array([1.0, 2.0, 3.0]))
+    assert ops.where(cond, 0.1, f64).numpy()[0] == 0.1 and ops.where(cond, f64, 0.1).numpy()[1] == 0.1  # one rounding
+    with pytest.raises(ValueError, match="where: the number 1099511627776 is out of range for the tensor's dtype int32"):
+        ops.where(cond, 2**40, T(np.array([1, 2, 3], np.int32)))
 
 
 def test_bmm_and_einsum_match_numpy():
