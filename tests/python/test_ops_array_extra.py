@@ -452,3 +452,18 @@ def test_tensor_methods_call_the_functions():
     np.testing.assert_array_equal(T(np.array([2, 1, 2])).unique().numpy(), [1, 2])
     assert_compiled_equal(lambda t: (t.flip(1).tril(-1) + t.roll(2, 0).triu(), t.masked_fill(t < 0, 1.0),
                                      t.scatter(1, idx, value=0.0), t.norm(dim=0)), (x,), (T(values((3, 4), np.float32)),))
+
+
+def test_numbers_are_rounded_once_to_the_tensor_dtype():
+    """A Python number given to masked_fill, one_hot or scatter is made in the result's dtype
+    directly: float64's 0.1 stays 0.1 (not float32's), an int stays exact."""
+    f64 = T(np.array([1.0, 2.0]))
+    mask = T(np.array([True, False]))
+    assert ops.masked_fill(f64, mask, 0.1).numpy()[0] == 0.1
+    assert ops.masked_fill(T(np.array([1, 2])), mask, 2**60 + 1).numpy()[0] == 2**60 + 1
+    assert ops.one_hot(T([0, 1]), 2, T(np.float64(1.0)), 0.1).numpy()[0, 1] == 0.1
+    assert ops.scatter(T(np.zeros((1, 3))), 1, T([[2]]), 0.1).numpy()[0, 2] == 0.1
+    with pytest.raises(TypeError, match="scatter: a float src 0.5 for a tensor of dtype int64"):
+        ops.scatter(T(np.zeros((1, 3), np.int64)), 1, T([[2]]), 0.5)
+    with pytest.raises(ValueError, match="masked_fill: the number 1099511627776 is out of range"):
+        ops.masked_fill(T(np.array([1, 2], np.int32)), mask, 2**40)
