@@ -463,6 +463,10 @@ def test_numbers_are_rounded_once_to_the_tensor_dtype():
     assert ops.masked_fill(T(np.array([1, 2])), mask, 2**60 + 1).numpy()[0] == 2**60 + 1
     assert ops.one_hot(T([0, 1]), 2, T(np.float64(1.0)), 0.1).numpy()[0, 1] == 0.1
     assert ops.scatter(T(np.zeros((1, 3))), 1, T([[2]]), 0.1).numpy()[0, 2] == 0.1
+    assert ops.pad(T(np.array([1, 2])), (1, 0), value=2**60 + 1).numpy()[0] == 2**60 + 1
+    assert ops.pad(T(np.array([1.0])), (0, 1), value=0.1).numpy()[1] == 0.1
+    with pytest.raises(TypeError, match="pad: a float value 0.5 for a tensor of dtype int64"):
+        ops.pad(T(np.array([1, 2])), (1, 1), value=0.5)
     with pytest.raises(TypeError, match="scatter: a float src 0.5 for a tensor of dtype int64"):
         ops.scatter(T(np.zeros((1, 3), np.int64)), 1, T([[2]]), 0.5)
     with pytest.raises(ValueError, match="masked_fill: the number 1099511627776 is out of range"):

@@ -133,7 +133,7 @@ def _pad_axis(x, axis, before, after, mode, value):
         if mode == "constant":
             shape = list(x.shape)
             shape[axis] = count
-            block = broadcast_to(full((), value, x.dtype), *shape)
+            block = broadcast_to(_scalar_tensor("pad", "value", value, x.dtype), *shape)
         elif mode == "replicate":
             edge = narrow(x, axis, 0 if side == 0 else n - 1, 1)
             shape = list(x.shape)
