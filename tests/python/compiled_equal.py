@@ -1,12 +1,18 @@
 """A strict form of the conformance check, for functions that must compile: each kiln.jit variant
-(capture_mode ast / bytecode / trace x jit_level O0 / O1 x backend kbk / sink) runs the calls,
+(capture_mode ast / bytecode / trace x jit_level O0 / O1 / O2 x backend kbk / sink) runs the calls,
 must compile a graph (no eager fallback, no error) and give eager's results. With grad=True the
 variants compile value_and_grad of the function (forward and backward in one graph) and are
 compared with eager's value_and_grad."""
 import warnings
 
 import kiln
-from conformance import ENV, VARIANTS, clone, difference, environment
+from conformance import ENV, MODES, VARIANTS, Variant, clone, difference, environment
+
+# conformance's variants and O2 (the whole graph sunk by default; kbk asked for explicitly)
+STRICT_VARIANTS = VARIANTS + [
+    Variant(f"{mode}-O2-{backend}",
+            lambda fn, mode=mode, backend=backend: kiln.jit(fn, capture_mode=mode, jit_level="O2", backend=backend))
+    for mode in MODES for backend in ("kbk", "sink")]
 
 
 def _float_positions(args):
@@ -22,7 +28,7 @@ def assert_compiled_equal(fn, *calls, grad=False):
     problems = []
     with environment(ENV), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for v in VARIANTS:
+        for v in STRICT_VARIANTS:
             jf = v.wrap(target)
             for k, c in enumerate(calls):
                 try:

@@ -122,6 +122,12 @@ def test_where_with_python_numbers_promotes_like_numpy():
     assert ops.where(cond, 1, 2.5).dtype is kiln.float32
     np.testing.assert_array_equal(ops.where(cond, True, False).numpy(), [True, False, True])
     assert ops.where(cond, cond, 3).dtype is kiln.int64
+    assert ops.where(cond, 2**60 + 1, i).numpy()[0] == 2**60 + 1  # ints stay exact (no float on the way)
+    assert ops.where(cond, np.float64(0.5), i).dtype is kiln.float64  # a NumPy scalar is not weak
+    f64 = T(np.array([1.0, 2.0, 3.0]))
+    assert ops.where(cond, 0.1, f64).numpy()[0] == 0.1 and ops.where(cond, f64, 0.1).numpy()[1] == 0.1  # one rounding
+    with pytest.raises(ValueError, match="where: the number 1099511627776 is out of range for the tensor's dtype int32"):
+        ops.where(cond, 2**40, T(np.array([1, 2, 3], np.int32)))
 
 
 def test_bmm_and_einsum_match_numpy():
@@ -136,6 +142,13 @@ def test_bmm_and_einsum_match_numpy():
         np.testing.assert_allclose(ops.einsum(eq, *[T(x) for x in arrays]).numpy(), np.einsum(eq, *arrays),
                                    rtol=1e-12, atol=1e-12, err_msg=eq)
     np.testing.assert_allclose(ops.einsum("ij,jk", [T(c), T(c.T)]).numpy(), c @ c.T, rtol=1e-12)
+    sq, bsq = values((3, 3), np.float64), values((2, 3, 3), np.float64)
+    for eq, arrays in [("ii->i", (sq,)), ("ii", (sq,)), ("bii->b", (bsq,)), ("...ii->...i", (bsq,)),
+                       ("ii,ij->j", (sq, values((3, 4), np.float64))), ("bij,bjj->bi", (bsq, bsq))]:
+        np.testing.assert_allclose(ops.einsum(eq, *[T(x) for x in arrays]).numpy(), np.einsum(eq, *arrays),
+                                   rtol=1e-12, atol=1e-12, err_msg=eq)
+    sq[0, 1], sq[2, 0] = np.inf, np.nan  # off the diagonal: not part of the trace
+    np.testing.assert_allclose(ops.einsum("ii", T(sq)).numpy(), np.trace(sq), rtol=1e-12)
 
 
 @pytest.mark.parametrize("ord_", [None, 1, 2, 3, 0.5, 0, math.inf, -math.inf])
@@ -254,7 +267,8 @@ def test_bad_arguments_raise_clear_errors():
         (lambda: ops.masked_fill(T([1, 2]), T([True, False]), 0.5), TypeError, "masked_fill: a float value"),
         (lambda: ops.bmm(x, x), ValueError, "bmm: expected \\(B, N, M\\) and \\(B, M, P\\)"),
         (lambda: ops.einsum("ij,jk->ik", x, x), ValueError, "einsum: 'ij,jk->ik': subscript 'j' is 4"),
-        (lambda: ops.einsum("ii->i", T(np.eye(3))), NotImplementedError, "einsum: 'ii' repeats a subscript"),
+        (lambda: ops.einsum("ii->i", T(np.ones((3, 4)))), ValueError,
+         "einsum: 'ii->i': subscript 'i' repeats over axes of sizes 3 and 4"),
         (lambda: ops.einsum("ij->ik", x), ValueError, "einsum: output subscripts \\['k'\\]"),
         (lambda: ops.einsum("ij,j", x), ValueError, "einsum: 'ij,j' has 2 operands, 1 given"),
         (lambda: ops.einsum("i2", x), ValueError, "einsum: .*subscripts must be letters"),
@@ -293,6 +307,7 @@ GRAD_TABLE = [
     ("norm_fro", lambda x: ops.norm(x, "fro")),
     ("norm_matrix_1", lambda x: ops.norm(x, 1, dim=(0, 1))),
     ("einsum", lambda x: ops.einsum("ij,kj->ik", x, x * 2.0)),
+    ("einsum_diagonal", lambda x: ops.einsum("ii,ij->j", x[:, :4], x)),
     ("bmm", lambda x: ops.bmm(ops.reshape(x, 1, 4, 5), ops.reshape(x, 1, 5, 4))),
     ("gather_nd", lambda x: ops.gather_nd(x, T([[1, 2], [3, -1], [1, 2]]))),
     ("amax", lambda x: ops.amax(x, (0, 1))),
@@ -328,7 +343,7 @@ def _shape_ops(x):
 
 
 def _products(x, idx):
-    return (ops.einsum("ij,kj->ik", x, x), ops.einsum("bi,bj->bij", x, x), ops.bmm(ops.reshape(x, 2, 2, 5), ops.reshape(x, 2, 5, 2)),
+    return (ops.einsum("ij,kj->ik", x, x), ops.einsum("bi,bj->bij", x, x), ops.einsum("ii->i", x[:, :4]), ops.bmm(ops.reshape(x, 2, 2, 5), ops.reshape(x, 2, 5, 2)),
             ops.norm(x, dim=1), ops.norm(x, 1), ops.norm(x, math.inf, dim=0), ops.norm(x, "fro"),
             ops.gather_nd(x, idx), ops.one_hot(idx[:, 0], 4, 1.0, 0.0), ops.isin(idx, T([0, 3])))
 
@@ -437,3 +452,22 @@ def test_tensor_methods_call_the_functions():
     np.testing.assert_array_equal(T(np.array([2, 1, 2])).unique().numpy(), [1, 2])
     assert_compiled_equal(lambda t: (t.flip(1).tril(-1) + t.roll(2, 0).triu(), t.masked_fill(t < 0, 1.0),
                                      t.scatter(1, idx, value=0.0), t.norm(dim=0)), (x,), (T(values((3, 4), np.float32)),))
+
+
+def test_numbers_are_rounded_once_to_the_tensor_dtype():
+    """A Python number given to masked_fill, one_hot or scatter is made in the result's dtype
+    directly: float64's 0.1 stays 0.1 (not float32's), an int stays exact."""
+    f64 = T(np.array([1.0, 2.0]))
+    mask = T(np.array([True, False]))
+    assert ops.masked_fill(f64, mask, 0.1).numpy()[0] == 0.1
+    assert ops.masked_fill(T(np.array([1, 2])), mask, 2**60 + 1).numpy()[0] == 2**60 + 1
+    assert ops.one_hot(T([0, 1]), 2, T(np.float64(1.0)), 0.1).numpy()[0, 1] == 0.1
+    assert ops.scatter(T(np.zeros((1, 3))), 1, T([[2]]), 0.1).numpy()[0, 2] == 0.1
+    assert ops.pad(T(np.array([1, 2])), (1, 0), value=2**60 + 1).numpy()[0] == 2**60 + 1
+    assert ops.pad(T(np.array([1.0])), (0, 1), value=0.1).numpy()[1] == 0.1
+    with pytest.raises(TypeError, match="pad: a float value 0.5 for a tensor of dtype int64"):
+        ops.pad(T(np.array([1, 2])), (1, 1), value=0.5)
+    with pytest.raises(TypeError, match="scatter: a float src 0.5 for a tensor of dtype int64"):
+        ops.scatter(T(np.zeros((1, 3), np.int64)), 1, T([[2]]), 0.5)
+    with pytest.raises(ValueError, match="masked_fill: the number 1099511627776 is out of range"):
+        ops.masked_fill(T(np.array([1, 2], np.int32)), mask, 2**40)

@@ -5,7 +5,7 @@ from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
 from .array import arange, broadcast_to, concat, full, gather, narrow, reshape, scatter_add, unsqueeze
-from .math import cast, eq, where
+from .math import _number_as, cast, eq, where
 
 _TensorBase = _C.TensorBase
 
@@ -133,7 +133,7 @@ def _pad_axis(x, axis, before, after, mode, value):
         if mode == "constant":
             shape = list(x.shape)
             shape[axis] = count
-            block = broadcast_to(full((), value, x.dtype), *shape)
+            block = broadcast_to(_scalar_tensor("pad", "value", value, x.dtype), *shape)
         elif mode == "replicate":
             edge = narrow(x, axis, 0 if side == 0 else n - 1, 1)
             shape = list(x.shape)
@@ -161,20 +161,25 @@ def one_hot(indices, depth, on_value=1, off_value=0, axis=-1):
     shape[axis] = depth
     hit = eq(unsqueeze(idx, axis), reshape(arange(depth, dtype=idx.dtype), *shape))
     on = _scalar_tensor("one_hot", "on_value", on_value)
-    off = _scalar_tensor("one_hot", "off_value", off_value)
-    return where(hit, on, cast(off, on.dtype))
+    return where(hit, on, _scalar_tensor("one_hot", "off_value", off_value, on.dtype))
 
 
-def _scalar_tensor(op, name, v):
-    """v (a Python number or a one-element tensor) as a 0-d tensor: bool, int64 or float32 after a
-    Python number's type."""
+def _scalar_tensor(op, name, v, dtype=None):
+    """v (a Python number or a one-element tensor) as a 0-d tensor: a tensor of its own dtype, a
+    number bool, int64 (exact) or float32 after its Python type; with dtype, in that dtype, a
+    number rounded once (not through float32) and a float refused for an integer dtype."""
     if isinstance(v, _TensorBase):
         if v.numel() != 1:
             raise ValueError(f"{op}: {name} must be a number or a one-element tensor, got shape {list(v.shape)}")
-        return reshape(v, ())
+        v = reshape(v, ())
+        return v if dtype is None else cast(v, dtype)
     if not isinstance(v, (int, float)):
         raise TypeError(f"{op}: {name} must be a number or a tensor, got {type(v).__name__}")
-    return full((), v)
+    if dtype is None:
+        return as_tensor(v)
+    if isinstance(v, float) and not dtype.is_floating_point:
+        raise TypeError(f"{op}: a float {name} {v!r} for a tensor of dtype {dtype.name}")
+    return _number_as(op, v, dtype)
 
 
 def masked_fill(input_x, mask, value):
@@ -188,10 +193,9 @@ def masked_fill(input_x, mask, value):
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"masked_fill: mask of shape {list(m.shape)} does not broadcast to input's shape "
                          f"{list(x.shape)}") from e
-    v = _scalar_tensor("masked_fill", "value", value)
-    if v.dtype.is_floating_point and not x.dtype.is_floating_point:
-        raise TypeError(f"masked_fill: a float value {value!r} for an integer tensor of dtype {x.dtype}")
-    return where(m, cast(v, x.dtype), x)
+    if isinstance(value, _TensorBase) and value.dtype.is_floating_point and not x.dtype.is_floating_point:
+        raise TypeError(f"masked_fill: a float value of dtype {value.dtype.name} for a tensor of dtype {x.dtype.name}")
+    return where(m, _scalar_tensor("masked_fill", "value", value, x.dtype), x)
 
 
 def gather_nd(input_x, indices):
@@ -259,8 +263,7 @@ def scatter(input, axis, index, src):
                 s = narrow(s, d, 0, idx.shape[d])
         s = cast(s, x.dtype)
     else:
-        s = broadcast_to(_scalar_tensor("scatter", "src", src), *idx.shape)
-        s = cast(s, x.dtype)
+        s = broadcast_to(_scalar_tensor("scatter", "src", src, x.dtype), *idx.shape)
     zeros = broadcast_to(full((), 0, _C.int32), *x.shape)
     count = scatter_add(zeros, axis, idx, broadcast_to(full((), 1, _C.int32), *idx.shape))
     _check((count > 1).any(), ValueError,

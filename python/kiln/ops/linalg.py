@@ -4,8 +4,8 @@ batched matmul per pair of operands, sum) and norm (vector p-norms, Frobenius an
 import math as _math
 
 from ._util import as_tensor, normalize_axis
-from .array import permute, reshape
-from .math import abs as abs_, max as max_, min as min_, sqrt, sum as sum_, where
+from .array import arange, permute, reshape
+from .math import abs as abs_, eq, max as max_, min as min_, sqrt, sum as sum_, where
 from .nn_functional import matmul
 
 
@@ -49,9 +49,6 @@ def _parse(equation, operands):
             t = t.replace("...", ell_letters[ell - n:])
         if len(t) != x.ndim:
             raise ValueError(f"einsum: {t!r} names {len(t)} dimensions of an operand of shape {list(x.shape)}")
-        if len(set(t)) != len(t):
-            raise NotImplementedError(f"einsum: {t!r} repeats a subscript within one operand (a diagonal or "
-                                      "trace), which kiln's einsum does not support; multiply by ops.eye and sum instead")
         subs.append(t)
     if arrow:
         out = out.replace("...", ell_letters)  # (an output without '...' sums those dimensions)
@@ -70,8 +67,9 @@ def _parse(equation, operands):
 
 def einsum(equation, *operands):
     """Einstein summation over the operands (NumPy's and PyTorch's equations: 'ij,jk->ik',
-    'bhqd,bhkd->bhqk', '...ij,...jk', implicit output, 'ii' unsupported). Each pair of operands is
-    one batched matmul; a subscript's sizes must agree across operands (no broadcasting of 1)."""
+    'bhqd,bhkd->bhqk', '...ij,...jk', implicit output, diagonals and traces such as 'ii->i' and
+    'ii'). Each pair of operands is one batched matmul; a subscript's sizes must agree across
+    operands (no broadcasting of 1)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not isinstance(equation, str):
@@ -81,7 +79,8 @@ def einsum(equation, *operands):
     xs = [as_tensor(x) for x in operands]
     subs, out = _parse(equation, xs)
     sizes = {}
-    for t, x in zip(subs, xs):
+    for i, (t, x) in enumerate(zip(subs, xs)):
+        subs[i], xs[i] = t, x = _diagonals(equation, t, x)
         for c, n in zip(t, x.shape):
             if c in sizes and sizes[c] != n:
                 raise ValueError(f"einsum: {equation!r}: subscript {c!r} is {sizes[c]} in one operand and {n} in "
@@ -97,6 +96,25 @@ def einsum(equation, *operands):
         keep = set(out).union(*(set(s) for s, _ in terms[i + 1:]))
         t, x = _contract(t, x, *terms[i], keep, sizes)
     return _arrange(t, x, out)
+
+
+def _diagonals(equation, t, x):
+    """x with each subscript that t repeats ('ii', 'bii') reduced to its diagonal: the elements
+    off it replaced by 0 (where, so an inf or NaN there adds nothing) and that axis summed."""
+    while len(set(t)) != len(t):
+        c = next(c for c in t if t.count(c) > 1)
+        p = t.index(c)
+        q = t.index(c, p + 1)
+        n = x.shape[p]
+        if x.shape[q] != n:
+            raise ValueError(f"einsum: {equation!r}: subscript {c!r} repeats over axes of sizes {n} and {x.shape[q]} "
+                             f"(operand shape {list(x.shape)})")
+        at_p, at_q = [1] * x.ndim, [1] * x.ndim
+        at_p[p], at_q[q] = n, n
+        on_diagonal = eq(reshape(arange(n), *at_p), reshape(arange(n), *at_q))
+        x = sum_(where(on_diagonal, x, 0), q)
+        t = t[:q] + t[q + 1:]
+    return t, x
 
 
 def _sum_out(t, x, needed):

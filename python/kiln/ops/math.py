@@ -104,35 +104,33 @@ def where(condition, x, y):
     either side is weak (NumPy 2, PyTorch): it takes the tensor's dtype unless it is of a higher kind
     (a float beside an integer or bool tensor gives float32, an int beside a bool tensor int64)."""
     condition = as_tensor(condition)
-    xt, yt = isinstance(x, _TensorBase), isinstance(y, _TensorBase)
-    if xt and yt:
-        return apply(OP.where, (condition, x, y))
-    if not xt and not yt:
-        return apply(OP.where, (condition, _number("where", x), _number("where", y)))
-    tensor, number = (x, y) if xt else (y, x)
-    number = _number("where", number)
-    if _KIND[number.dtype.name] > _kind(tensor.dtype):
-        tensor = cast(tensor, number.dtype)
-    number = cast(number, tensor.dtype)
-    return apply(OP.where, (condition, tensor, number) if xt else (condition, number, tensor))
-
-
-_KIND = {"bool": 0, "int64": 1, "float32": 2}
+    xw, yw = type(x) in (bool, int, float), type(y) in (bool, int, float)  # weak: Python's own numbers
+    if xw == yw:
+        return apply(OP.where, (condition, as_tensor(x), as_tensor(y)))
+    tensor, number = (as_tensor(y), x) if xw else (as_tensor(x), y)
+    kind = 0 if isinstance(number, bool) else 1 if isinstance(number, int) else 2
+    if kind > _kind(tensor.dtype):
+        tensor = cast(tensor, _C.int64 if kind == 1 else _C.float32)
+    number = _number_as("where", number, tensor.dtype)
+    return apply(OP.where, (condition, number, tensor) if xw else (condition, tensor, number))
 
 
 def _kind(dtype):
     return 0 if dtype.name == "bool" else 2 if dtype.is_floating_point else 1
 
 
-def _number(op, v):
-    """A Python number (or NumPy scalar) as a 0-d tensor: bool, int64 or float32."""
-    if isinstance(v, bool):
-        return apply(OP.full, (), (_C.bool.id, 0), (float(v),))
-    if isinstance(v, int):
-        return apply(OP.full, (), (_C.int64.id, 0), (float(v),))
-    if isinstance(v, float):
-        return apply(OP.full, (), (_C.float32.id, 0), (v,))
-    return as_tensor(v)
+def _number_as(op, v, dtype):
+    """The Python number v as a 0-d tensor of dtype, rounded once (a float through a double, an
+    int exactly); an int outside an integer dtype's range raises ValueError."""
+    if dtype.is_floating_point:
+        return apply(OP.full, (), (dtype.id, 0), (float(v),))
+    if dtype is not _C.bool and not isinstance(v, bool):
+        import numpy as np
+
+        info = np.iinfo(dtype.name)
+        if not info.min <= v <= info.max:
+            raise ValueError(f"{op}: the number {v} is out of range for the tensor's dtype {dtype.name}")
+    return cast(as_tensor(v), dtype)
 
 
 def clamp(input, min=None, max=None):
