@@ -15,6 +15,8 @@ from conformance import run_all_modes
 # halves (ties of round), signed zeros, NaN, infinities and a value past float32's integers
 HOSTILE = np.array([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5], [-0.0, 0.0, np.nan, np.inf, -np.inf, 3e9],
                     [0.7, -0.7, 1e-7, -1e-7, 2.4999, -3.6]], np.float32)
+with np.errstate(over="ignore"):
+    HOSTILE_HALF = HOSTILE.astype(np.float16)  # (3e9 becomes inf)
 
 
 def _t(a):
@@ -180,9 +182,13 @@ class _Net(kiln.nn.Cell):
          "sort_desc"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_onnx_runtime_equals_kiln(fn, dtype, tmp_path):
+    _onnx_check(fn, HOSTILE if dtype == np.float32 else np.array([[3, -1, 3, 0], [2, 2, -5, 9]], dtype), tmp_path)
+
+
+def _onnx_check(fn, x, tmp_path):
+    """kiln.export(ONNX) of fn checked, run by ONNX Runtime on x and compared with kiln eager."""
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    x = HOSTILE if dtype == np.float32 else np.array([[3, -1, 3, 0], [2, 2, -5, 9]], dtype)
     path = str(tmp_path / "m.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -194,6 +200,19 @@ def test_onnx_runtime_equals_kiln(fn, dtype, tmp_path):
     for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
         assert g.dtype == w.numpy().dtype and g.shape == w.numpy().shape
         np.testing.assert_allclose(g, w.numpy(), rtol=2e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn,x", [
+    (lambda t: ops.sort(t, 1), HOSTILE_HALF),
+    (lambda t: ops.sort(t > 0, 1, descending=True), HOSTILE),
+    (lambda t: ops.cumsum(t, 1), HOSTILE_HALF),
+    (lambda t: ops.cumsum(t, 0), np.array([[100, -100], [100, 27]], np.int8)),
+    (ops.isfinite, HOSTILE_HALF),
+    (ops.round, HOSTILE.astype(np.float64)),
+    (ops.log1p, np.array([[0, 1], [7, 100]], np.int8))],
+    ids=["sort-f16", "sort-bool", "cumsum-f16", "cumsum-i8", "isfinite-f16", "round-f64", "log1p-i8"])
+def test_onnx_runtime_other_dtypes(fn, x, tmp_path):
+    _onnx_check(fn, x, tmp_path)
 
 
 def test_onnx_refuses_cumprod_by_name(tmp_path):
