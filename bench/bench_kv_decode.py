@@ -52,7 +52,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="64 tokens")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens = min(args.tokens, 64)
     kiln.manual_seed(0)
     hidden, heads, kv_heads = 256, 8, 2
     net = DecodeStep(hidden, heads, kv_heads)

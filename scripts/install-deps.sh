@@ -22,6 +22,12 @@ import importlib.util, sys
 sys.exit(0 if all(importlib.util.find_spec(m) for m in ("numpy", "pytest", "scikit_build_core")) else 1)
 PY
 
+# scikit-learn: its bundled digits images train the LeNet5 example (examples/lenet_digits.py, tests/python/test_examples.py)
+python3 - <<'PY' || python3 -m pip install -q scikit-learn
+import importlib.util, sys
+sys.exit(0 if importlib.util.find_spec("sklearn") else 1)
+PY
+
 # onnx and onnxruntime: the ONNX export is checked against ONNX Runtime (tests/python/test_onnx_export_values.py)
 python3 - <<'PY' || python3 -m pip install -q onnx onnxruntime
 import importlib.util, sys

@@ -310,6 +310,37 @@ class Tensor(_C.TensorBase):
     def index_select(self, axis, index):
         return _ops.index_select(self, axis, index)
 
+    # ---- the composites of kiln.ops.array_extra, linalg and data_dependent ----------------
+    def flip(self, *dims):
+        return _ops.flip(self, dims[0] if len(dims) == 1 else dims)
+
+    def roll(self, shifts, dims=None):
+        return _ops.roll(self, shifts, dims)
+
+    def tril(self, diagonal=0):
+        return _ops.tril(self, diagonal)
+
+    def triu(self, diagonal=0):
+        return _ops.triu(self, diagonal)
+
+    def masked_fill(self, mask, value):
+        return _ops.masked_fill(self, mask, value)
+
+    def scatter(self, axis, index, src=None, *, value=None):
+        """PyTorch's scatter(dim, index, src) or scatter(dim, index, value=v), as a new tensor."""
+        if (src is None) == (value is None):
+            raise TypeError("Tensor.scatter: give exactly one of src and value")
+        return _ops.scatter(self, axis, index, src if value is None else value)
+
+    def norm(self, ord=None, dim=None, keepdim=False):  # noqa: A002 (torch.linalg.norm's names)
+        return _ops.norm(self, ord, dim, keepdim)
+
+    def nonzero(self, *, as_tuple=False):
+        return _ops.nonzero(self, as_tuple=as_tuple)
+
+    def unique(self, sorted=True, return_inverse=False, return_counts=False, dim=None):  # noqa: A002
+        return _ops.unique(self, sorted, return_inverse, return_counts, dim)
+
     def requires_grad_(self, requires_grad=True):
         self.requires_grad = requires_grad
         return self

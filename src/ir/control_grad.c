@@ -8,10 +8,11 @@
 #include "trace_internal.h"
 
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
- * whose incoming gradients are gy) with respect to every x (zeros where none flows), registered
- * as *id. x and gy give the values the body is run on while recording (and the metas). */
-static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, int ny, kiln_tensor *const *gy,
-                                 int64_t *id) {
+ * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
+ * others, and where none flows), registered as *id. x and gy give the values the body is run on
+ * while recording (and the metas). */
+static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, const bool *want, int ny,
+                                 kiln_tensor *const *gy, int64_t *id) {
     kiln_tracer *tr = NULL;
     int total = nx + ny;
     kiln_tensor **alias = kiln_calloc((size_t)(total ? total : 1), sizeof *alias);
@@ -30,7 +31,7 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, int
     for (int k = 0; k < total && s == KILN_OK; k++) {
         kiln_tensor *src = k < nx ? x[k] : gy[k - nx];
         s = kiln_tensor_detach(src, &alias[k]);
-        if (s == KILN_OK && k < nx && kiln_dtype_is_float(src->meta.dtype)) alias[k]->requires_grad = true;
+        if (s == KILN_OK && k < nx && want[k] && kiln_dtype_is_float(src->meta.dtype)) alias[k]->requires_grad = true;
         if (s == KILN_OK) s = kiln_tracer_add_input(tr, alias[k]);
     }
     if (s == KILN_OK) s = kiln_body_interpret(fwd, nx, alias, ny, y);
@@ -120,8 +121,8 @@ KILN_GRAD(if) {
     kiln_attrs a = {0};
     int64_t back[2] = {-1, -1}; /* the backward bodies, held for the emitted node's run */
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->nout, gy, &back[0]);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->nout, gy, &back[1]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[0]);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[1]);
     a.ni = 3;
     a.i[0] = back[0], a.i[1] = back[1];
     a.i[2] = nx;
@@ -142,8 +143,12 @@ KILN_GRAD(while) {
     kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
     kiln_attrs a = {0};
     int64_t back = -1; /* the backward body, held for the emitted node's run */
+    /* every loop value carries gradients between iterations; a lifted tensor's gradient is made
+     * only when it is wanted (the others' are zeros, which while_grad does not accumulate) */
+    bool want[KILN_MAX_OUTPUTS];
+    for (int k = 0; k < nstate; k++) want[k] = k < ctx->nout || ctx->needs_grad[k];
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, ctx->nout, gy, &back);
+    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, want, ctx->nout, gy, &back);
     a.ni = 4;
     a.i[0] = ctx->attrs->i[0];
     a.i[1] = ctx->attrs->i[1];

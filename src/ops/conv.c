@@ -433,3 +433,22 @@ KILN_GRAD(conv2d) {
         s = kiln_emit_reduce(KILN_OP_SUM, gy, 0xD /* axes 0, 2, 3 */, false, &gin[2]);
     return s;
 }
+
+/* conv2d_backward_input(gy, w) is linear in each input: the transposed convolution (what
+ * ops.conv_transpose2d computes with it). Its adjoint in gy is the forward convolution of the
+ * incoming gradient g (of the input's shape) by w; in w, conv2d_backward_weight(g, gy). */
+KILN_GRAD(conv2d_backward_input) {
+    kiln_tensor *g = gout[0];
+    if (!g) return KILN_OK;
+    kiln_status s = KILN_OK;
+    if (ctx->needs_grad[0]) {
+        kiln_attrs at;
+        kiln_attrs_clear(&at);
+        for (int k = 0; k < 9; k++) kiln_attrs_push_int(&at, ctx->attrs->i[k]);
+        kiln_tensor *ins[2] = {g, ctx->in[1]};
+        s = kiln_apply(KILN_OP_CONV2D, 2, ins, &at, &gin[0]);
+    }
+    if (s == KILN_OK && ctx->needs_grad[1])
+        s = conv_backward(KILN_OP_CONV2D_BACKWARD_WEIGHT, ctx->attrs, &ctx->in_meta[1], g, ctx->in[0], &gin[1]);
+    return s;
+}

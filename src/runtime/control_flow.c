@@ -13,7 +13,38 @@ struct kiln_control_node {
     kiln_op op;
     kiln_executable *exe[3]; /* by slot: then/else, cond/body[/backward] (owned) */
     kiln_executable *step;   /* while compiled with a graph: body and cond in one, or NULL (owned) */
+    /* while_grad, from its backward body (backward_facts): per loop value, whether the backward
+     * body never reads it (its history is not kept); per lifted tensor, whether its gradient is
+     * zeros made from nothing (not accumulated). NULL otherwise (owned). */
+    bool *unread, *zero;
 };
+
+/* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...) ->
+ * (gv..., glifted...)): a loop carrying a buffer it only writes (a sequence's outputs) then keeps
+ * one buffer per iteration no longer, and a captured tensor whose gradient nobody asked for costs
+ * no full-size addition per iteration. */
+static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
+    int nloop = g->ninputs - g->noutputs, nlift = g->noutputs - nloop;
+    if (nloop < 0 || nlift < 0) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed backward body");
+    bool *read = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *read);
+    c->unread = kiln_calloc((size_t)(nloop ? nloop : 1), sizeof *c->unread);
+    c->zero = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *c->zero);
+    if (!read || !c->unread || !c->zero) {
+        free(read);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop's gradient");
+    }
+    for (int32_t i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++) read[g->nodes[i].in[k]] = true;
+    for (int32_t k = 0; k < g->noutputs; k++) read[g->outputs[k]] = true;
+    for (int k = 0; k < nloop; k++) c->unread[k] = !read[g->inputs[k]];
+    for (int k = 0; k < nlift; k++) {
+        const kiln_value *v = &g->values[g->outputs[nloop + k]];
+        const kiln_node *nd = v->kind == KILN_VALUE_NODE ? &g->nodes[v->node] : NULL;
+        c->zero[k] = nd && nd->op == KILN_OP_FULL && nd->attrs.nf > 0 && nd->attrs.f[nd->attrs.nf - 1] == 0.0;
+    }
+    free(read);
+    return KILN_OK;
+}
 
 /* ---- inference and eager kernels --------------------------------------------------------------- */
 
@@ -54,9 +85,11 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     for (int k = 0; k < n && s == KILN_OK; k++) {
         const kiln_graph *body = kiln_body_graph(a->i[slots[k]]);
         s = body ? kiln_compile(body, NULL, &c.exe[k]) : kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
+        if (s == KILN_OK && op == KILN_OP_WHILE_GRAD && k == 2) s = backward_facts(&c, body);
     }
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
+    free(c.unread), free(c.zero);
     return s;
 }
 
@@ -75,6 +108,7 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_
     kiln_status s = KILN_OK;
     for (int k = 0; k < ns && s == KILN_OK; k++)
         s = kiln_executable_from_plan(kiln_plan_body(p, node, k), &kiln_backend_kbk, &c->exe[k]);
+    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
     if (s == KILN_OK && step) s = kiln_executable_from_plan(step, &kiln_backend_kbk, &c->step);
     if (s != KILN_OK) {
@@ -89,6 +123,7 @@ void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
     for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
     kiln_executable_free(c->step);
+    free(c->unread), free(c->zero);
     free(c);
 }
 
@@ -254,8 +289,11 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
             }
             history = grown, cap = ncap;
         }
-        for (int k = 0; k < nloop; k++) kiln_tensor_retain(state[k]);
-        memcpy(history + steps * nloop, state, sizeof *state * (size_t)nloop);
+        for (int k = 0; k < nloop; k++) {
+            kiln_tensor *kept = c->unread[k] ? NULL : state[k]; /* (an unread one is never looked at) */
+            if (kept) kiln_tensor_retain(kept);
+            history[steps * nloop + k] = kept;
+        }
         s = step(c, nstate, nloop, state, &go);
         if (s != KILN_OK || !go) kiln_release_all(history + steps * nloop, nloop); /* no iteration ran on them */
         else steps++;
@@ -271,6 +309,8 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     for (int64_t t = steps - 1; t >= 0 && s == KILN_OK; t--) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         memcpy(state, history + t * nloop, sizeof *state * (size_t)nloop);
+        for (int k = 0; k < nloop; k++)
+            if (c->unread[k]) state[k] = (kiln_tensor *)in[k]; /* stands in (same meta), never read */
         s = kiln_executable_run(c->exe[2], nin, state, nout, res);
         for (int k = 0; k < nloop; k++) state[k] = NULL; /* borrowed from history */
         if (s != KILN_OK) {
@@ -279,6 +319,8 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         }
         kiln_release_all(state + nstate, nloop);
         memcpy(state + nstate, res, sizeof *res * (size_t)nloop);
+        for (int k = 0; k < nlift; k++)
+            if (c->zero[k]) kiln_tensor_release(res[nloop + k]), res[nloop + k] = NULL;
         s = accumulate(nlift, gl, res + nloop);
     }
     if (s == KILN_OK) s = copy_out(nloop, state + nstate, out);

@@ -42,12 +42,14 @@ def smallest_run(tmp_path_factory):
     env = dict(os.environ)
     python_dir = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (python_dir, env.get("PYTHONPATH"))))
-    proc = subprocess.run([sys.executable, "-m", "kiln.bench", "--smallest", "--peers", PEERS, "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "kiln.bench", "--smallest", "--peers", PEERS, "--wide", "--json",
+                           str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
     return proc, json.loads(out.read_text()) if out.exists() else None
 
 
 def test_exit_status_and_table(smallest_run):
+    """With --wide, the tables have the tutorial's columns (the default's are tested below)."""
     proc, record = smallest_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert record is not None and record["ok"] and record["failures"] == 0
@@ -126,7 +128,9 @@ def test_a_mismatch_is_marked_and_fails(tmp_path, monkeypatch, capsys):
     out = tmp_path / "bench.json"
     rc = bench_main.main(["--smallest", "--only", "simple", "--peers", "none", "--json", str(out)])
     assert rc == 1
-    assert "MISMATCH" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "MISMATCH" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, "the default output fits 100 columns"
     rows = json.loads(out.read_text())["workloads"][0]["rows"]
     assert [r["agree"] for r in rows] == [True] * (len(rows) - 1) + [False]
 
@@ -371,9 +375,133 @@ def test_slower_mark_in_the_table(tmp_path, monkeypatch, capsys):
     assert "timed in turns" in rows[2]["check"]
     assert record["slower"] == 1 and "1 kiln.jit row SLOWER" in text
     assert "SLOWER than eager" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, "the default output fits 100 columns"
 
 
-# ---- the plot (issue 19 part 5) ------------------------------------------------------------------------
+# ---- the report's width (issue 29 item 9) -------------------------------------------------------------
+
+
+def fixed_workload():
+    """A workload record as __main__ makes it, with the widest cells a run can print: the longest
+    system and variant names, times in seconds, a mismatch also marked SLOWER, notes, peers."""
+    from kiln.bench import report
+
+    eager = synthetic_row("kiln", times=(0.3462, 0.3482, 0.400), runs=20)
+    eager_fast = synthetic_row("kiln", times=(17.31e-3, 17.41e-3, 20.0e-3), runs=20)  # a spread across units
+    boost = synthetic_row(level="O1", boost="on", times=(0.2292, 0.2080, 0.2514), runs=20)
+    full = synthetic_row(level="O0", capture="ast", fullgraph="true", times=(396.5, 383.0, 407.6), runs=20)
+    full["check"] = ("MISMATCH 3.25x tol (grad conv1.weight) (ran eagerly 2x) SLOWER than eager "
+                     "(1.23x; 1.10x timed in turns)")
+    full["agree"], full["slower_than"] = False, [{"than": "eager", "ratio": 1.23}]
+    slow = synthetic_row(level="O1", backend="sink", times=(0.39, 0.38, 0.40), runs=20)
+    slow["check"] = "ok SLOWER than eager (1.13x; 1.11x timed in turns), O0 (1.10x; 1.08x timed in turns)"
+    slow["slower_than"] = [{"than": "eager", "ratio": 1.13}, {"than": "O0", "ratio": 1.10}]
+    ms = synthetic_row("mindspore.jit", level="O0", capture="bytecode", backend="ms_backend",
+                       times=(1.01, 0.92, 1.14), runs=20)
+    ms["infer_boost"] = "-"
+    tjt = synthetic_row("torch.jit.trace", level="-", capture="trace", backend="torchscript",
+                        times=(0.412, 0.401, 0.434), runs=20)
+    tjt.update(fullgraph="-", infer_boost="-")
+    rows = [eager, boost, full, slow, ms, tjt]
+    for r in rows + [eager_fast]:
+        r.update(enable_jit=r["system"] != "kiln", prepare_s=992.64e-3, thousand_runs_s=r["per_run_s"] * 1000)
+        r["gflops_per_s"] = 2.423 / r["per_run_s"]
+        r["peak_fraction"] = r["gflops_per_s"] / 174.5
+    rows[0]["check"] = "reference"
+    rows.append(dict(eager_fast, system="torch", peak_fraction=16.0))  # "of peak" past 1000%
+    record = {"title": "conv: ResNet BasicBlock, forward", "runs": 20, "repeat": 3, "flops": 2.423e9,
+              "shapes": "BasicBlock 128->128 channels, stride 1; x float32 1x128x64x64; eval mode",
+              "sgemm_peak_gflops": 174.5, "load_before": 1.36, "load_after": 1.79, "rows": rows,
+              "notes": ["kiln.jit trace O1 sink: 1.25x kbk's time in the table, 0.99x when the two were timed again "
+                        "in turns (3 repetitions each): not slower by more than the spread, so not marked"]}
+    record["versus_best_peer"] = report.versus_best_peer(record)
+    return record
+
+
+def test_default_table_fits_100_columns_and_wide_keeps_every_column():
+    import io
+
+    from kiln.bench import report
+
+    record = fixed_workload()
+    out = io.StringIO()
+    report.print_workload(record, out)
+    text = out.getvalue()
+    too_wide = [line for line in text.splitlines() if len(line) > 100]
+    assert not too_wide, "\n".join(too_wide)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("system"))
+    assert header.split() == ["system", "variant", "prepare", "per", "run", "spread", "of", "peak", "check"]
+    row = {line.split()[0]: line for line in lines[lines.index(header) + 1:lines.index(header) + 8]}
+    assert "865.5-1000" in row["torch"] and "1600%" in row["torch"]  # cells kept to their widths
+    assert "ast O0 kbk fullgraph" in text and "trace O1 kbk infer_boost" in text
+    assert "bytecode O0 ms_backend" in row["mindspore.jit"] and "trace torchscript" in row["torch.jit.trace"]
+    assert "11.46 ms" in text and "10.40-12.57" in text  # the infer_boost row: median, spread in ms
+    assert "396.50 s" not in text and "19.82 s" in text  # per run = 396.5 s / 20 runs
+    assert "MISMATCH *" in text and "ok SLOWER *" in text  # short verdicts in the column
+    full_check = record["rows"][2]["check"]
+    assert " ".join(text.split()).count(full_check) == 1  # the whole check text under the table
+    assert "versus peers:" in text and "note: kiln.jit trace O1 sink" in text
+
+    wide = io.StringIO()
+    report.print_workload(record, wide, wide=True)
+    wide_text = wide.getvalue()
+    for column in ("enable jit", "jit level", "capture mode", "backend", "fullgraph", "infer boost", "time for runs",
+                   "x1000 runs", "GFLOP/s", "of peak"):
+        assert column in wide_text
+    assert any(full_check in line and line.startswith("kiln.jit") for line in wide_text.splitlines())
+
+
+def test_wide_flag_and_default_through_main(capsys):
+    rc = bench_main.main(["--smallest", "--only", "simple", "--peers", "none", "--repeat", "2"])
+    default = capsys.readouterr().out
+    rc_wide = bench_main.main(["--smallest", "--only", "simple", "--peers", "none", "--repeat", "2", "--wide"])
+    wide = capsys.readouterr().out
+    assert rc == rc_wide == 0
+    assert max(map(len, default.splitlines())) <= 100
+    assert "time for runs" in wide and "time for runs" not in default.split("## simple")[1]
+    assert max(map(len, wide.splitlines())) > 100  # --wide: the full detail, unwrapped
+
+
+# ---- the plot (issue 19 part 5; issue 29 item 9) ---------------------------------------------------------
+
+
+def test_plot_panels_best_row_per_system_relative_to_best_peer():
+    from kiln.bench import report
+
+    conv = fixed_workload()
+    conv["rows"] = [r for r in conv["rows"] if r["system"] != "torch"]  # the best peer: torch.jit.trace
+    simple = {"title": "simple function f(a, b, c) = a * b + c", "rows": [
+        synthetic_row("kiln", times=(3.0, 3.0, 3.0)),
+        synthetic_row(level="O0", times=(2.0, 2.0, 2.0)),
+        synthetic_row(level="O1", times=(1.0, 1.0, 1.2))]}
+    failed = synthetic_row("torch", times=(0.1, 0.1, 0.1))
+    failed["per_run_s"] = float("nan")  # a failed peer has no time
+    simple["rows"].append(failed)
+    record = {"workloads": [conv, simple, {"title": "nothing measured", "rows": [failed]}]}
+    panels = report.plot_panels(record)
+    assert [p["title"] for p in panels] == [conv["title"], simple["title"]]  # one panel per measured workload
+
+    bars = panels[0]["bars"]
+    assert [b["system"] for b in bars] == ["kiln", "kiln.jit", "torch.jit.trace", "mindspore.jit"]  # one per system
+    by = {b["system"]: b for b in bars}
+    jit_rows = [r for r in conv["rows"] if r["system"] == "kiln.jit"]
+    assert by["kiln.jit"]["row"] is min(jit_rows, key=lambda r: r["per_run_s"])  # its best row
+    peer_s = by["torch.jit.trace"]["row"]["per_run_s"]  # the best peer (faster than mindspore.jit)
+    assert panels[0]["reference"] == "best peer (torch.jit.trace)"
+    for b in bars:
+        assert b["ratio"] == pytest.approx(b["row"]["per_run_s"] / peer_s)
+        assert b["lo"] <= b["ratio"] <= b["hi"]
+    assert by["torch.jit.trace"]["ratio"] == 1.0
+    assert len({b["colour"] for b in bars}) == len(bars)  # distinct colours
+
+    # no peer measured: relative to kiln eager, and each system keeps its colour across panels
+    bars2 = panels[1]["bars"]
+    assert [b["system"] for b in bars2] == ["kiln", "kiln.jit"]
+    assert panels[1]["reference"] == "kiln (no peer ran)"
+    assert [b["ratio"] for b in bars2] == [1.0, pytest.approx(1.0 / 3.0)]
+    assert {b["system"]: b["colour"] for b in bars2} == {s: by[s]["colour"] for s in ("kiln", "kiln.jit")}
+
 
 
 def test_plot_writes_a_png(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """kiln.dataset: the pipelines users write, in both API styles, with and without workers."""
 import gc
+import os
 import multiprocessing
 
 import numpy as np
@@ -319,3 +320,40 @@ def test_jitted_training_loop_over_a_dataloader_equals_eager():
         np.testing.assert_allclose(got_w, eager_w, rtol=1e-5, atol=1e-6, err_msg=f"{mode} {level} {backend}")
         np.testing.assert_allclose(got_losses, eager_losses, rtol=1e-5, atol=1e-6)
     assert not multiprocessing.active_children()
+
+
+def _with_pid(a):
+    return a, np.array(os.getpid())
+
+
+def test_pipeline_workers_serve_every_epoch_and_end_with_the_pipeline():
+    x, y = _xy(40)
+    d = ds.NumpySlicesDataset((x, y), column_names=["x", "y"], shuffle=False)
+    pipeline = d.map(_with_pid, input_columns="x", output_columns=["x", "pid"], num_parallel_workers=2).batch(4)
+    it = pipeline.create_tuple_iterator(output_numpy=True)
+    epochs = [[(b[0], b[1].tolist()) for b in it] for _ in range(3)]
+    for rows in epochs:
+        np.testing.assert_array_equal(np.concatenate([r[0] for r in rows]), x)
+    pids = [set(sum((r[1] for r in rows), [])) for rows in epochs]
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2] and os.getpid() not in pids[0]
+    for i, _ in enumerate(it):  # an epoch broken off: its workers end, the next epoch starts afresh
+        if i == 2:
+            break
+    again = [b for b in it]
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in again]), x)
+    del it, pipeline, again, epochs
+    gc.collect()
+    assert multiprocessing.active_children() == []
+
+
+def test_dataloader_persistent_workers_keep_their_processes():
+    x, y = _xy(30)
+    loader = ds.DataLoader(ds.ArrayDataset(x, y), batch_size=4, num_workers=2, persistent_workers=True)
+    first = [[t.asnumpy() for t in b] for b in loader]
+    alive = {p.pid for p in multiprocessing.active_children()}
+    second = [[t.asnumpy() for t in b] for b in loader]
+    _same(first, second)
+    assert len(alive) == 2 and {p.pid for p in multiprocessing.active_children()} == alive
+    del loader
+    gc.collect()
+    assert multiprocessing.active_children() == []

@@ -108,3 +108,14 @@ def test_compiled_variants_agree_with_eager():
 
     run_all_modes(f, (kiln.Tensor(X), kiln.Tensor(RNG.standard_normal((2, 4, 9)).astype(np.float32))),
                   (kiln.Tensor(X * 2), kiln.Tensor(RNG.standard_normal((2, 4, 9)).astype(np.float32))))
+
+
+@pytest.mark.parametrize("out", [2, (3, 2)])
+def test_adaptive_avg_pool_keeps_an_inf_in_its_own_windows(out):
+    x = np.zeros((1, 1, 4, 5), np.float32)
+    x[0, 0, 0, 0] = np.inf
+    got = nn.AdaptiveAvgPool2d(out)(kiln.Tensor(x)).asnumpy()
+    oh, ow = (out, out) if isinstance(out, int) else out
+    want = np.zeros((1, 1, oh, ow), np.float32)
+    want[0, 0, 0, 0] = np.inf  # only the window holding the inf; no NaN elsewhere
+    np.testing.assert_array_equal(got, want)

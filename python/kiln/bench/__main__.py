@@ -10,6 +10,10 @@ kiln eager's kernels, over the per-run time) and "of peak" (that over OpenBLAS s
 2048x2048 matrices, measured in the same run). "check": the first and last results,
 and for forward+backward the gradients too, against kiln eager's; any mismatch makes the command
 exit with status 1.
+
+By default every line fits a 100-column terminal: the tables show one "variant" column (capture
+mode, jit level, backend, fullgraph, infer_boost), prepare, per run, its spread, of peak and check;
+--wide prints all the columns above.
 """
 import argparse
 import datetime
@@ -18,7 +22,7 @@ import sys
 
 import kiln
 
-from . import report, sgemm, slower
+from . import models_table, report, sgemm, slower
 from .peers import PEER_NAMES, Peers
 from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
                         jit_variant_status, kiln_variants, make_workloads, measure, measure_interleaved,
@@ -81,8 +85,16 @@ def build_parser():
     p.add_argument("--peers", type=parse_peers, default=PEER_NAMES, metavar="LIST",
                    help="comma-separated peers to run: all (default), none, or any of "
                         f"{', '.join(PEER_NAMES)}, jax")
+    p.add_argument("--wide", action="store_true",
+                   help="every column of the tutorial's tables (enable jit, runs, time for runs, x1000 runs, "
+                        "GFLOP/s, ...) and unwrapped lines; by default the output fits 100 columns")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of per-run times (needs matplotlib)")
+    p.add_argument("--models", action="store_true",
+                   help="after the tables, the model zoo's (examples/: LeNet5, ResNet-18, a GPT, a Llama decoder) "
+                        "training steps against torch eager and torch.compile (bench/bench_zoo.py)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="one panel per workload: the best row of each system, time relative to the best peer "
+                        "(needs matplotlib)")
     return p
 
 
@@ -241,39 +253,53 @@ def main(argv=None):
         "jit_variants": [dict(vars(v), implemented=why is None, note=why) for v, why in statuses],
         "notes": [], "workloads": [],
     }
+    def say(text, indent=""):
+        print(report.wrap(text, args.wide, indent))
+
     print("kiln.bench: the just-in-time compilation tutorial's tables (seed 003) on this machine")
-    print(f"{record['machine']}; {versions}; {record['date']}; load average {record['load_average_before']}")
-    print(f"size: {size.name}, {size.note}")
-    print("prepare = building the callable and its first call; then `runs` calls on inputs x * (i / runs), "
-          f"timed {args.repeat} time{'s' if args.repeat > 1 else ''}: time for runs and per run are the median, "
-          "spread the min-max of per run over the repetitions; x1000 runs = per run x 1000")
-    print("SLOWER: a kiln.jit row whose median is slower than the row it should beat (kiln eager; the same row at "
-          "the jit level below, kbk instead of sink, fullgraph=false, infer_boost off) by more than either row's "
-          "spread, in the table and again when the two rows are timed in turns" + ("" if args.repeat > 1 else " (needs --repeat 2 or more: no row is marked)"))
-    print(f"check: first and last results against kiln eager's: values {RULES['value']}, rtol {RTOL:g}, "
-          f"atol {ATOL:g}; gradients {RULES['gradient']}, grad_rtol {GRAD_RTOL:g}")
-    print("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
+    say(f"{record['machine']}; {versions}; {record['date']}; load average {record['load_average_before']}")
+    say(f"size: {size.name}, {size.note}")
+    say("prepare = building the callable and its first call; then `runs` calls on inputs x * (i / runs), "
+        f"timed {args.repeat} time{'s' if args.repeat > 1 else ''}: time for runs and per run are the median, "
+        "spread the min-max of per run over the repetitions; x1000 runs = per run x 1000")
+    if not args.wide:
+        say("columns: variant = capture mode, jit level, backend (kbk: kernel by kernel), fullgraph, infer_boost; "
+            "spread in per run's unit; * = the check in full under the table; --wide: every column of the "
+            "tutorial's tables (enable jit, runs, time for runs, x1000 runs, GFLOP/s)")
+    say("SLOWER: a kiln.jit row whose median is slower than the row it should beat (kiln eager; the same row at "
+        "the jit level below, kbk instead of sink, fullgraph=false, infer_boost off) by more than either row's "
+        "spread, in the table and again when the two rows are timed in turns"
+        + ("" if args.repeat > 1 else " (needs --repeat 2 or more: no row is marked)"))
+    say(f"check: first and last results against kiln eager's: values {RULES['value']}, rtol {RTOL:g}, "
+        f"atol {ATOL:g}; gradients {RULES['gradient']}, grad_rtol {GRAD_RTOL:g}")
+    if args.wide:
+        say("kiln.jit variants run: " + ("; ".join(v.label() for v in implemented) or "none"))
+    else:  # as the table's variant column names them
+        say("kiln.jit variants run: " + (", ".join(report.variant(dict(vars(v), system="kiln.jit",
+                                                                      fullgraph=str(v.fullgraph).lower()))
+                                                   for v in implemented) or "none"))
     notes = [f"kiln.jit {v.label()}: {why}" for v, why in statuses if why is not None]
     notes += [f"kiln.jit {n}" for n in SAME_AS_LISTED] + peers.notes
     missing = peers.missing()
-    notes.append((f"to add {', '.join(missing)}: {PEERS_HINT}; " if missing else "")
-                 + "--full for the tutorial's shapes (many minutes)")
+    if missing:
+        notes.append(f"to add {', '.join(missing)}: {PEERS_HINT}")
+    notes.append("--full for the tutorial's shapes (many minutes)")
     if "torch.compile" in args.peers and torch is not None:
         notes.append("torch.compile: backend inductor; its prepare includes compiling the forward "
                      "(and the backward) to C++")
     record["notes"] = notes
     for n in notes:
-        print(f"  note: {n}")
+        say(f"note: {n}", "  ")
     sys.stdout.flush()
 
     n = size.sgemm_n
     peaks = [sgemm.peak_gflops(n)]  # measured again before each later workload; the best so far is the peak
     record["sgemm_peak"] = {"n": n, "threads": kiln.get_num_threads(), "measured": peaks, "gflops_per_s": peaks[0]}
-    print(f"peak: OpenBLAS cblas_sgemm {n}x{n}x{n} float32 on {kiln.get_num_threads()} threads, "
-          "best of 5: " + (f"{peaks[0]:.1f} GFLOP/s" if peaks[0] else "OpenBLAS not loadable, no peak")
-          + "; measured again before each later workload, each table using the best so far (other work on the "
-          "machine can cut one measurement far short); GFLOP/s = the workload's FLOPs per call (kiln eager's "
-          "kernels under kiln.profiler, the backward's included) / per run; of peak = GFLOP/s / peak")
+    say(f"peak: OpenBLAS cblas_sgemm {n}x{n}x{n} float32 on {kiln.get_num_threads()} threads, "
+        "best of 5: " + (f"{peaks[0]:.1f} GFLOP/s" if peaks[0] else "OpenBLAS not loadable, no peak")
+        + "; measured again before each later workload, each table using the best so far (other work on the "
+        "machine can cut one measurement far short); GFLOP/s = the workload's FLOPs per call (kiln eager's "
+        "kernels under kiln.profiler, the backward's included) / per run; of peak = GFLOP/s / peak")
     sys.stdout.flush()
     progress = Progress(sum(len(vs) for _, vs in plan))
     failures = 0
@@ -289,7 +315,7 @@ def main(argv=None):
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()
-            report.print_workload(wl_record)
+            report.print_workload(wl_record, wide=args.wide)
             wl.args0 = wl.run_args = None  # free the inputs of finished workloads
     finally:
         progress.clear()
@@ -304,11 +330,13 @@ def main(argv=None):
     if args.plot:
         why = report.plot(record, args.plot)
         print(f"\n{why}" if why else f"\nplot written to {args.plot}")
-    print(f"\n{'all results agree with kiln eager' if failures == 0 else f'{failures} FAILED (see check column)'}; "
-          + (f"{record['slower']} kiln.jit row{'s' if record['slower'] != 1 else ''} SLOWER than a row "
-             "they should beat (see check column)" if record["slower"] else "no row SLOWER than a row it should beat")
-          + f"; load average {record['load_average_before']} before, {record['load_average_after']} after")
-    return 0 if failures == 0 else 1
+    print()
+    say(f"{'all results agree with kiln eager' if failures == 0 else f'{failures} FAILED (see check column)'}; "
+        + (f"{record['slower']} kiln.jit row{'s' if record['slower'] != 1 else ''} SLOWER than a row "
+           "they should beat (see check column)" if record["slower"] else "no row SLOWER than a row it should beat")
+        + f"; load average {record['load_average_before']} before, {record['load_average_after']} after")
+    zoo = models_table.run(quick=not args.full) if args.models else 0
+    return 0 if failures == 0 and zoo == 0 else 1
 
 
 if __name__ == "__main__":

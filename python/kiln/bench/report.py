@@ -1,11 +1,19 @@
-"""The benchmark's outputs: the text tables (the seed's columns), the JSON file and the plot."""
+"""The benchmark's outputs: the text tables, the JSON file and the plot.
+
+By default a table fits a 100-column terminal (WIDTH): one "variant" column for how a row compiles,
+the per-run median with its spread, the share of the sgemm peak and a short check, long check texts
+(mismatches, SLOWER marks) repeated in full under the table. `--wide` prints the seed's columns
+(COLUMNS) and every line unwrapped."""
 import json
 import math
 import os
 import platform
 import sys
+import textwrap
 
-COLUMNS = (  # (header, row key, width)
+WIDTH = 100  # the default output's widest line
+
+COLUMNS = (  # (header, row key, width): the --wide table
     ("system", "system", 15),
     ("enable jit", "enable_jit", 10),
     ("jit level", "jit_level", 9),
@@ -23,6 +31,16 @@ COLUMNS = (  # (header, row key, width)
     ("of peak", "peak_fraction", 7),
     ("check", "check", 0),
 )
+COMPACT_COLUMNS = (  # the default table: at most WIDTH columns (CHECK_WIDTH for the check)
+    ("system", "system", 15),
+    ("variant", "variant", 24),
+    ("prepare", "prepare_s", 9),
+    ("per run", "per_run_s", 9),
+    ("spread", "spread_in_unit", 13),
+    ("of peak", "percent_of_peak", 7),
+    ("check", "short_check", 0),
+)
+CHECK_WIDTH = WIDTH - sum(w + 2 for _, _, w in COMPACT_COLUMNS[:-1])
 TIME_KEYS = ("prepare_s", "run_s", "per_run_s", "thousand_runs_s")
 RATE_KEYS = ("gflops_per_s", "peak_fraction")
 
@@ -67,9 +85,64 @@ def fmt_spread(lo, hi):
     return f"{lo * scale:.2f}-{hi * scale:.2f} {unit}"
 
 
+def variant(row):
+    """How a row compiles, in one cell: "trace O1 kbk infer_boost", "bytecode inductor", "-"."""
+    parts = [row.get(k) for k in ("capture_mode", "jit_level", "backend")]
+    if row.get("fullgraph") == "true" and row.get("system") == "kiln.jit":
+        parts.append("fullgraph")
+    if row.get("infer_boost") == "on":
+        parts.append("infer_boost")
+    return " ".join(str(p) for p in parts if p not in (None, "-")) or "-"
+
+
+def spread_in_unit(row):
+    """min-max of the per-run times in the unit of the per-run median: "13.88-14.07"."""
+    lo, hi, mid = row.get("per_run_min_s"), row.get("per_run_max_s"), row.get("per_run_s")
+    if any(v is None or not math.isfinite(v) for v in (lo, hi, mid)):
+        return "-"
+    scale = next(k for k, limit in ((1.0, 1), (1e3, 1e-3), (1e6, 0)) if mid >= limit)  # as fmt_time
+
+    def num(x):  # at most 6 characters below 100000
+        return f"{x:.2f}" if x < 100 else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+    return f"{num(lo * scale)}-{num(hi * scale)}"
+
+
+def percent_of_peak(row):
+    """The share of the sgemm peak as a percentage ("79.7%"; "<0.1%" below that)."""
+    v = row.get("peak_fraction")
+    if v is None or not math.isfinite(v):
+        return "-"
+    return "<0.1%" if v < 1e-3 else f"{v * 100:.3g}%" if v < 10 else f"{v * 100:.0f}%"
+
+
+def short_check(row):
+    """The check column of the default table: the check itself when short, else its verdict and
+    a star (the full text follows the table, long_checks)."""
+    full = row.get("check", "")
+    if len(full) <= CHECK_WIDTH:
+        return full
+    head = full.split(" ")[0]
+    if head == "ok" and row.get("slower_than"):
+        head = "ok SLOWER"
+    return f"{head} *"
+
+
+def long_checks(rows):
+    """The check texts the default table shortened, one line each: "label: check"."""
+    return [f"{row_label(r)}: {r['check']}" for r in rows if short_check(r) != r.get("check", "")]
+
+
 def cell(row, key):
     if key == "spread":
         return fmt_spread(row.get("per_run_min_s"), row.get("per_run_max_s"))
+    if key == "spread_in_unit":
+        return spread_in_unit(row)
+    if key == "variant":
+        return variant(row)
+    if key == "percent_of_peak":
+        return percent_of_peak(row)
+    if key == "short_check":
+        return short_check(row)
     v = row.get(key)
     if key in TIME_KEYS:
         return fmt_time(v)
@@ -80,14 +153,26 @@ def cell(row, key):
     return "-" if v is None else str(v)
 
 
-def table(rows):
-    """The rows as aligned text, one header line."""
-    def line(values):
-        return "  ".join(v.ljust(w) if w else v for v, (_, _, w) in zip(values, COLUMNS)).rstrip()
+def table(rows, wide=False):
+    """The rows as aligned text, one header line: the seed's columns with wide, else the
+    compact ones (COMPACT_COLUMNS)."""
+    columns = COLUMNS if wide else COMPACT_COLUMNS
 
-    out = [line([h for h, _, _ in COLUMNS])]
-    out += [line([cell(r, k) for _, k, _ in COLUMNS]) for r in rows]
+    def line(values):
+        return "  ".join(v.ljust(w) if w else v for v, (_, _, w) in zip(values, columns)).rstrip()
+
+    out = [line([h for h, _, _ in columns])]
+    out += [line([cell(r, k) for _, k, _ in columns]) for r in rows]
     return "\n".join(out)
+
+
+def wrap(text, wide=False, indent=""):
+    """text as printed lines: as it is with wide, else wrapped to WIDTH, later lines indented
+    under the first's text."""
+    if wide:
+        return indent + text
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def versus_best_peer(wl_record):
@@ -122,20 +207,26 @@ def versus_best_peer_text(v):
     return text
 
 
-def print_workload(wl_record, file=None):
+def print_workload(wl_record, file=None, wide=False):
+    """One workload's table with its header line and notes; by default every line fits WIDTH
+    columns, with wide the seed's columns and unwrapped lines."""
     file = file or sys.stdout
     print(f"\n## {wl_record['title']}", file=file)
     n, r = wl_record["runs"], wl_record.get("repeat", 1)
     flops = wl_record.get("flops")
-    print(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}, timed {r} time{'' if r == 1 else 's'}; "
-          + (f"{flops / 1e9:.4g} GFLOP per call; " if flops else "")
-          + (f"peak {wl_record['sgemm_peak_gflops']:.1f} GFLOP/s; " if wl_record.get("sgemm_peak_gflops") else "")
-          + f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", file=file)
-    print(table(wl_record["rows"]), file=file)
+    print(wrap(f"{wl_record['shapes']}; {n} run{'' if n == 1 else 's'}, timed {r} time{'' if r == 1 else 's'}; "
+               + (f"{flops / 1e9:.4g} GFLOP per call; " if flops else "")
+               + (f"peak {wl_record['sgemm_peak_gflops']:.1f} GFLOP/s; " if wl_record.get("sgemm_peak_gflops") else "")
+               + f"load average {wl_record.get('load_before')} before, {wl_record.get('load_after')} after", wide),
+          file=file)
+    print(table(wl_record["rows"], wide), file=file)
+    if not wide:
+        for text in long_checks(wl_record["rows"]):
+            print(wrap(f"* {text}", wide, "  "), file=file)
     for note in wl_record.get("notes", ()):
-        print(f"  note: {note}", file=file)
+        print(wrap(f"note: {note}", wide, "  "), file=file)
     if wl_record.get("versus_best_peer"):
-        print(f"  versus peers: {versus_best_peer_text(wl_record['versus_best_peer'])}", file=file)
+        print(wrap(f"versus peers: {versus_best_peer_text(wl_record['versus_best_peer'])}", wide, "  "), file=file)
     file.flush()
 
 
@@ -164,58 +255,91 @@ def row_label(r):
     return r["system"]
 
 
+SYSTEMS = ("kiln", "kiln.jit", "torch", "torch.jit.trace", "torch.compile", "jax.jit", "mindspore", "mindspore.jit")
+COLOURS = ("#7f7f7f", "#d62728", "#1f77b4", "#17becf", "#9467bd", "#2ca02c", "#ff7f0e", "#8c564b", "#e377c2",
+           "#bcbd22")  # one per system, in SYSTEMS order (grey for kiln eager, red for kiln.jit)
+
+
+def plot_panels(record):
+    """What --plot draws: one panel per workload with a measured row, one bar per system (that
+    system's best row: lowest median per run), each bar's time relative to the best peer's (kiln
+    eager's when no peer ran). [{title, reference, bars: [{system, label, row, ratio, lo, hi,
+    colour}]}], colours fixed per system across panels."""
+    panels = []
+    systems = list(SYSTEMS) + sorted({r["system"] for w in record["workloads"] for r in w["rows"]} - set(SYSTEMS))
+    for w in record["workloads"]:
+        best = {}
+        for r in w["rows"]:
+            if _measured(r) and (r["system"] not in best or r["per_run_s"] < best[r["system"]]["per_run_s"]):
+                best[r["system"]] = r
+        if not best:
+            continue
+        peers = [r for s, r in best.items() if not s.startswith("kiln")]
+        ref = min(peers, key=lambda r: r["per_run_s"]) if peers else best.get("kiln") or min(
+            best.values(), key=lambda r: r["per_run_s"])
+        reference = f"best peer ({row_label(ref)})" if peers else f"{row_label(ref)} (no peer ran)"
+        bars = []
+        for s in sorted(best, key=systems.index):
+            r = best[s]
+            lo, hi = r.get("per_run_min_s") or r["per_run_s"], r.get("per_run_max_s") or r["per_run_s"]
+            bars.append({"system": s, "label": row_label(r), "row": r, "ratio": r["per_run_s"] / ref["per_run_s"],
+                         "lo": lo / ref["per_run_s"], "hi": hi / ref["per_run_s"],
+                         "colour": COLOURS[systems.index(s) % len(COLOURS)]})
+        panels.append({"title": w["title"], "reference": reference, "bars": bars})
+    return panels
+
+
 def plot(record, path):
-    """Grouped bars: one group per workload, one bar per kiln variant and peer (the same colour in
-    every group), the median per-run time on a log scale with the spread as an error bar. Needs
-    matplotlib (ImportError otherwise); returns a note when nothing was measured, else None."""
+    """One panel per workload: a horizontal bar per system, its best row's median per-run time
+    relative to the best peer's (log scale, 1 = the best peer, the spread as an error bar), each
+    system in its own colour. Needs matplotlib (ImportError otherwise); returns a note when nothing
+    was measured, else None."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
-    wls = [w for w in record["workloads"] if any(_measured(r) for r in w["rows"])]
-    if not wls:
+    panels = plot_panels(record)
+    if not panels:
         return "--plot: nothing was measured; no plot written"
-    measured = {row_label(r) for w in wls for r in w["rows"] if _measured(r)}
-    labels = [label for label in dict.fromkeys(row_label(r) for w in wls for r in w["rows"]) if label in measured]
-    cmap = plt.get_cmap("tab20")
-    colors = {label: cmap(i % 20) for i, label in enumerate(labels)}
-    width = 0.84 / len(labels)
-    fig, ax = plt.subplots(figsize=(min(15.0, max(8.0, 3.0 + 0.12 * len(labels) * len(wls))), 5.5))
-    for i, label in enumerate(labels):
-        xs, ys, lo, hi, hatches = [], [], [], [], []
-        for g, w in enumerate(wls):
-            r = next((r for r in w["rows"] if row_label(r) == label and _measured(r)), None)
-            if r is None:
-                continue
-            xs.append(g - 0.42 + width * (i + 0.5))
-            ys.append(r["per_run_s"])
-            lo.append(r["per_run_s"] - (r.get("per_run_min_s") or r["per_run_s"]))
-            hi.append((r.get("per_run_max_s") or r["per_run_s"]) - r["per_run_s"])
-            hatches.append("//" if not r.get("agree", True) else ".." if r.get("slower_than") else "")
-        bars = ax.bar(xs, ys, width, yerr=[lo, hi], color=colors[label], label=label, capsize=1.5,
-                      error_kw={"elinewidth": 0.7})
-        for bar, hatch in zip(bars, hatches):
-            bar.set_hatch(hatch)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(wls)), [_short_title(w["title"]) for w in wls], fontsize=8)
-    ax.set_ylabel("per run (s, log scale): median, bar = min-max")
-    ax.grid(axis="y", which="both", alpha=0.3)
-    ax.set_axisbelow(True)
-    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_title(f"kiln.bench, {record['size']} size, {record.get('repeat', 1)} repetitions: {record['machine']}, "
-                 f"{record['date']}, load average {record.get('load_average_before')} before, "
-                 f"{record.get('load_average_after')} after\nhatched //: results disagree with kiln eager; hatched ..: SLOWER than a row "
-                 "it should beat", fontsize=9)
-    fig.tight_layout()
+    heights = [0.6 + 0.32 * len(p["bars"]) for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10.0, 1.2 + sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, panel in zip(axes[:, 0], panels):
+        bars = panel["bars"]
+        ys = range(len(bars))[::-1]  # the first system at the top
+        ratios = [b["ratio"] for b in bars]
+        err = [[b["ratio"] - b["lo"] for b in bars], [b["hi"] - b["ratio"] for b in bars]]
+        drawn = ax.barh(list(ys), ratios, 0.7, xerr=err, color=[b["colour"] for b in bars], capsize=2,
+                        error_kw={"elinewidth": 0.7})
+        for bar, b in zip(drawn, bars):
+            r = b["row"]
+            bar.set_hatch("//" if not r.get("agree", True) else ".." if r.get("slower_than") else "")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}x"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.tick_params(axis="x", labelsize=8)
+        ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_yticks(list(ys), [b["label"] for b in bars], fontsize=8)
+        for y, b in zip(ys, bars):
+            ax.annotate(f" {b['ratio']:.2f}x  ({fmt_time(b['row']['per_run_s'])})", (max(b["ratio"], b["hi"]), y),
+                        va="center", fontsize=7)
+        lo = min(min(b["lo"] for b in bars), 1.0)
+        hi = max(max(b["hi"] for b in bars), 1.0)
+        ax.set_xlim(lo / 1.5, hi * 4.0)  # room for the labels right of the bars
+        ax.set_title(f"{panel['title']}: time relative to the {panel['reference']}", fontsize=9, loc="left")
+        ax.grid(axis="x", which="both", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[-1, 0].set_xlabel("median per-run time / the reference's (log scale; left of the dashed line is faster); "
+                           "error bar = min-max", fontsize=8)
+    fig.suptitle(f"kiln.bench, {record['size']} size, {record.get('repeat', 1)} repetitions: {record['machine']}, "
+                 f"{record['date']}; the best row of each system\nhatched //: results disagree with kiln eager; "
+                 "hatched ..: SLOWER than a row it should beat", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for the two-line title
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
-
-
-def _short_title(title):
-    """ "conv: ResNet BasicBlock, forward + backward" -> "conv\nforward + backward"."""
-    group, _, rest = title.partition(": ")
-    return f"{group}\n{rest.rpartition(', ')[2]}" if rest else title.replace(" f(", "\nf(", 1)
 
 
 def _measured(r):

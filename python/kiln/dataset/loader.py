@@ -3,7 +3,7 @@ import numpy as np
 
 from ._rows import stack, to_numpy, to_tensor
 from .samplers import BatchSampler, RandomSampler, SequentialSampler
-from .workers import ordered_map
+from .workers import KeptWorkers, ordered_map
 
 
 class Dataset:
@@ -84,10 +84,11 @@ class DataLoader:
     is RandomSampler(dataset, seed=seed). num_workers > 0 reads and collates batches in worker
     processes, prefetch_factor batches ahead per worker, in the same order and values as with 0.
     collate_fn (run in the main process on the list of samples) replaces the default stacking;
-    its result is returned as it gives it."""
+    its result is returned as it gives it. persistent_workers=True keeps the worker processes from one
+    epoch to the next (they read the dataset as it was when they started)."""
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, num_workers=0, collate_fn=None,
-                 drop_last=False, prefetch_factor=2, seed=None, worker_mode=None):
+                 drop_last=False, prefetch_factor=2, seed=None, worker_mode=None, persistent_workers=False):
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError(f"kiln.dataset.DataLoader: dataset must have __getitem__ and __len__, "
                             f"got {type(dataset).__name__}")
@@ -110,6 +111,9 @@ class DataLoader:
         self.prefetch_factor = int(prefetch_factor)
         self.collate_fn = collate_fn
         self.worker_mode = worker_mode
+        # PyTorch's persistent_workers: the workers (and the dataset copy they forked) serve every epoch
+        self._kept = KeptWorkers() if persistent_workers and self.num_workers > 0 else None
+        self._fetch = _Fetch(dataset, collate_fn is None)
         self.batch_sampler = None
         if getattr(sampler, "batch_size", None) is None:
             if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
@@ -134,9 +138,8 @@ class DataLoader:
         return len(BatchSampler(self.sampler, self.batch_size, self.drop_last))
 
     def __iter__(self):
-        fetch = _Fetch(self.dataset, self.collate_fn is None)
-        batches = ordered_map(fetch, self._batches(), self.num_workers, self.prefetch_factor,
-                              mode=self.worker_mode, what="DataLoader")
+        batches = ordered_map(self._fetch, self._batches(), self.num_workers, self.prefetch_factor,
+                              mode=self.worker_mode, what="DataLoader", kept=self._kept)
         try:
             for batch in batches:
                 yield _tensors(batch) if self.collate_fn is None else self.collate_fn(batch)

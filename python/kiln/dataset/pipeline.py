@@ -3,13 +3,14 @@ chained operations shuffle, map, batch, repeat, take, skip, project.
 
 Each node yields rows (tuples of NumPy arrays, one per column) for one epoch at a time;
 iterators convert them to kiln Tensors at the end, in the main process."""
+import functools
 import itertools
 
 import numpy as np
 
 from . import config
 from ._rows import as_row, stack, to_tensor
-from .workers import ordered_map
+from .workers import KeptWorkers, ordered_map
 
 
 def _workers(n, what):
@@ -339,12 +340,17 @@ class MapDataset(Dataset):
             raise ValueError(f"kiln.dataset.map: the columns after the map would repeat a name: {self.columns}")
         self.apply = _ApplyOps(ops, in_idx, len(output_columns), list(input_columns), list(output_columns))
         self.workers = _workers(num_parallel_workers, "map")
+        self.kept = KeptWorkers()  # the workers live as long as the pipeline (started once)
 
     def _size(self):
         return self.children[0]._size()
 
     def _rows(self, epoch):
-        return ordered_map(self.apply, self.children[0]._rows(epoch), self.workers, what="map")
+        return ordered_map(self.apply, self.children[0]._rows(epoch), self.workers, what="map", kept=self.kept)
+
+
+def _stack_rows(columns, group):
+    return tuple(stack([row[c] for row in group], f"column '{name}'") for c, name in enumerate(columns))
 
 
 class BatchDataset(Dataset):
@@ -358,6 +364,7 @@ class BatchDataset(Dataset):
             raise ValueError(f"kiln.dataset.batch: batch_size must be >= 1, got {batch_size}")
         self.drop_remainder = bool(drop_remainder)
         self.workers = _workers(num_parallel_workers, "batch")
+        self.kept = KeptWorkers()
         self.columns = child.columns
 
     def _size(self):
@@ -374,12 +381,10 @@ class BatchDataset(Dataset):
                 return
             yield group
 
-    def _stack(self, group):
-        return tuple(stack([row[c] for row in group], f"column '{name}'")
-                     for c, name in enumerate(self.columns))
-
     def _rows(self, epoch):
-        return ordered_map(self._stack, self._groups(epoch), self.workers, what="batch")
+        # (the kept workers hold the function: one that held this node would keep it alive)
+        return ordered_map(functools.partial(_stack_rows, tuple(self.columns)), self._groups(epoch), self.workers,
+                           what="batch", kept=self.kept)
 
 
 class RepeatDataset(Dataset):

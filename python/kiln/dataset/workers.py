@@ -9,11 +9,12 @@ The rule for processes or threads:
 At most num_workers * prefetch items are in flight: iteration overlaps the consumer's work
 without reading the whole source ahead. Breaking out of the loop, or an error, terminates the
 workers (no process outlives the iterator). An exception in fn is re-raised in the caller as
-WorkerError carrying the worker's traceback text."""
+WorkerError carrying the worker's traceback text. A KeptWorkers keeps the workers between epochs."""
 import collections
 import multiprocessing
 import pickle
 import traceback
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 class WorkerError(RuntimeError):
@@ -120,16 +121,48 @@ class _Threads:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
-    """A generator of fn(item) for item in items, in order; fn runs in num_workers workers."""
+def _close_kept(box):
+    if box[0] is not None:
+        box[0].close()
+        box[0] = None
+
+
+class KeptWorkers:
+    """Workers kept from one epoch to the next (a dataset node's, for the node's lifetime): starting
+    processes costs milliseconds an epoch of small batches notices. A pool comes back here only
+    after an epoch that read every result (one broken off is closed: items still in flight would
+    come out in the next epoch); the last one is closed when this object goes away."""
+
+    def __init__(self):
+        self._box = [None]
+        weakref.finalize(self, _close_kept, self._box)
+
+    def take(self):
+        pool, self._box[0] = self._box[0], None
+        return pool
+
+    def keep(self, pool):
+        _close_kept(self._box)
+        self._box[0] = pool
+
+    def close(self):
+        _close_kept(self._box)
+
+
+def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset", kept=None):
+    """A generator of fn(item) for item in items, in order; fn runs in num_workers workers (kept:
+    a KeptWorkers to take the workers from and give them back to, for the same fn)."""
     if num_workers <= 0:
         for item in items:
             yield fn(item)
         return
     bound = max(1, num_workers * max(1, int(prefetch)))
-    pool = (_Threads if choose_mode(fn, mode) == "thread" else _Processes)(fn, num_workers)
+    pool = kept.take() if kept is not None else None
+    if pool is None:
+        pool = (_Threads if choose_mode(fn, mode) == "thread" else _Processes)(fn, num_workers)
     pending = collections.deque()
     source = iter(items)
+    finished = False
     try:
         exhausted = False
         k = 0
@@ -143,10 +176,14 @@ def ordered_map(fn, items, num_workers, prefetch=2, mode=None, what="dataset"):
                 pending.append(pool.submit(k, item))
                 k += 1
             if not pending:
+                finished = True
                 return
             ok, value = pool.result(pending.popleft())
             if not ok:
                 raise WorkerError(f"kiln.dataset: error in a data worker of {what}: {value}")
             yield value
     finally:
-        pool.close()
+        if finished and kept is not None:
+            kept.keep(pool)
+        else:
+            pool.close()

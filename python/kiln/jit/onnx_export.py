@@ -73,10 +73,11 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
            "maximum": "Max", "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
            "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "where": "Where"}
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
-_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "batch_norm", "layer_norm", "rms_norm", "reshape",
+_OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_backward_input", "batch_norm", "layer_norm",
+          "rms_norm", "reshape",
           "attention",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
-          "gather", "gather_elements", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while",
+          "gather", "gather_elements", "index_add", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while",
           "floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite", "cumsum", "sort")
 SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
 
@@ -136,6 +137,15 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op == "conv2d":
         sh, sw, pt, pb, pl, pr, dh, dw, groups = ints[:9]
         b.node("Conv", ins, [out], strides=[sh, sw], pads=[pt, pl, pb, pr], dilations=[dh, dw], group=groups)
+    elif op == "conv2d_backward_input":  # the transposed convolution (ops.conv_transpose2d)
+        sh, sw, pt, _, pl, _, dh, dw, groups = ints[:9]
+        kernel, size, out_hw = in_metas[1][1][2:], in_metas[0][1][2:], ints[11:13]
+        pads, extra = [pt, pl, 0, 0], [0, 0]
+        for d, (s, dil, top) in enumerate(((sh, dh, pt), (sw, dw, pl))):
+            full = s * (size[d] - 1) + (kernel[d] - 1) * dil + 1 - top  # ONNX's size with no end padding
+            pads[2 + d], extra[d] = max(full - out_hw[d], 0), max(out_hw[d] - full, 0)
+        b.node("ConvTranspose", ins, [out], strides=[sh, sw], pads=pads, dilations=[dh, dw], group=groups,
+               kernel_shape=list(kernel), output_padding=extra)
     elif op in ("max_pool2d", "avg_pool2d"):
         kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, ceil = ints[:11]
         common = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], ceil_mode=ceil)
@@ -274,6 +284,27 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         b.node("Slice", [ins[0], b.ints(starts), b.ints(ends), b.ints(list(range(ndim))), b.ints(steps)], [out])
     elif op in ("gather", "gather_elements"):
         b.node("Gather" if op == "gather" else "GatherElements", ins, [out], axis=ints[0])
+    elif op == "index_add":  # x plus src's slices at idx along the axis: ScatterND(add) with that axis first
+        axis, x_shape, idx_shape = ints[0], in_metas[0][1], in_metas[1][1]
+        if is_symbolic(x_shape) or is_symbolic(idx_shape):
+            raise OnnxExportError("kiln.export(ONNX): index_add of a size that varies (dynamic_axes)")
+        ndim, k = len(x_shape), len(idx_shape)
+        sel = list(x_shape[:axis]) + list(idx_shape) + list(x_shape[axis + 1:])
+        first = [axis] + [d for d in range(ndim) if d != axis]
+        x = b.node("Transpose", [ins[0]], perm=first) if axis else ins[0]
+        src = b.node("Expand", [ins[2], b.ints(sel)])  # (src broadcasts to the selection)
+        if axis:
+            src = b.node("Transpose", [src], perm=list(range(axis, axis + k)) +
+                         [d for d in range(len(sel)) if not axis <= d < axis + k])
+        rest = [x_shape[d] for d in first[1:]]
+        src = b.node("Reshape", [src, b.ints([-1] + rest)])
+        idx = b.node("Cast", [b.node("Reshape", [ins[1], b.ints([-1, 1])])], to=b.onnx.TensorProto.INT64)
+        idx = b.node("Mod", [idx, b.const(np.asarray(x_shape[axis], np.int64))])  # (negative indices wrap)
+        if axis:
+            b.node("Transpose", [b.node("ScatterND", [x, idx, src], reduction="add")], [out],
+                   perm=[first.index(d) for d in range(ndim)])
+        else:
+            b.node("ScatterND", [x, idx, src], [out], reduction="add")
     elif op in ("full", "arange") and is_symbolic(metas[0][1]):  # of sizes that vary: computed
         dt = _dtype_of_code(ints[0])
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(dt))

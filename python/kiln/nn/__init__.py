@@ -6,12 +6,18 @@ from .graph_cell import GraphCell
 from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
-from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, NLLLoss
+from .loss import (BCEWithLogitsLoss, CrossEntropyLoss, KLDivLoss, L1Loss, LossBase, MSELoss, NLLLoss,
+                   SmoothL1Loss)
 from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, GroupNorm, HSigmoid, HSwish, Hardsigmoid,
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
+from .conv_transpose import Conv2dTranspose, Conv3d, ConvTranspose2d
+from .pooling_extra import AdaptiveMaxPool2d
+from .transformer import (MultiheadAttention, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                          TransformerEncoderLayer)
 from .optim import Adam, Optimizer, SGD
-from .optim_extra import Adagrad, AdamW, AdamWeightDecay, Momentum, RMSProp
+from .rnn import GRU, GRUCell, LSTM, LSTMCell, RNN, RNNCell
+from .optim_extra import EMA, Adagrad, AdamW, AdamWeightDecay, ExponentialMovingAverage, Lamb, Momentum, RMSProp
 from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule, PolynomialDecayLR, WarmUpCosineDecayLR,
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
                           warmup_lr)
@@ -26,8 +32,12 @@ __all__ = [
     "get_activation", "LeakyReLU", "PReLU", "ELU", "Softplus", "HSigmoid", "HSwish", "Hardsigmoid", "Hardswish",
     "Mish", "Conv1d", "GroupNorm", "InstanceNorm2d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle",
     "PixelUnshuffle", "Dropout2d", "Unflatten", "CellDict", "ModuleDict", "Linear",
-    "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss",
-    "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad",
+    "Conv2dTranspose", "ConvTranspose2d", "Conv3d", "AdaptiveMaxPool2d", "MultiheadAttention",
+    "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+    "RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU",
+    "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss", "SmoothL1Loss", "BCEWithLogitsLoss", "KLDivLoss",
+    "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
+    "ExponentialMovingAverage",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
     "WarmUpCosineDecayLR",
 ]

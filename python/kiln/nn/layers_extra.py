@@ -1,8 +1,8 @@
 """More layers a practitioner reaches for (issue 30), MindSpore's names with PyTorch's as aliases,
 each an exact composition of kiln's ops (so gradients, symbolic sizes, fusion and export follow):
-activations (LeakyReLU, PReLU, ELU, Softplus, HSwish/Hardswish, HSigmoid/Hardsigmoid, Mish),
+activations (their math in kiln.ops.activations) (LeakyReLU, PReLU, ELU, Softplus, HSwish/Hardswish, HSigmoid/Hardsigmoid, Mish),
 Conv1d (a convolution over a height of 1), GroupNorm, InstanceNorm2d, AdaptiveAvgPool2d,
-Upsample (nearest), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
+Upsample (ops.interpolate), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
 and Linear (Dense with PyTorch's argument names)."""
 import numpy as np
 
@@ -24,7 +24,7 @@ class LeakyReLU(Cell):
         self.alpha = float(alpha if negative_slope is None else negative_slope)
 
     def construct(self, x):
-        return ops.where(x >= 0, x, x * self.alpha)
+        return ops.leaky_relu(x, self.alpha)
 
 
 class PReLU(Cell):
@@ -38,20 +38,18 @@ class PReLU(Cell):
         self.w = Parameter(ops.full((n,), value), name="w")
 
     def construct(self, x):
-        shape = [1] * x.ndim
-        if x.ndim >= 2:
-            shape[1] = self.w.shape[0]
-        slope = ops.reshape(self.w, *shape) if x.ndim >= 2 else self.w
-        return ops.where(x >= 0, x, x * slope)
+        return ops.prelu(x, self.w)
 
 
 class ELU(Cell):
+    """x above 0, alpha (exp(x) - 1) below."""
+
     def __init__(self, alpha=1.0):
         super().__init__()
         self.alpha = float(alpha)
 
     def construct(self, x):
-        return ops.where(x > 0, x, (ops.exp(ops.minimum(x, 0.0)) - 1.0) * self.alpha)
+        return ops.elu(x, self.alpha)
 
 
 class Softplus(Cell):
@@ -62,31 +60,28 @@ class Softplus(Cell):
         self.beta, self.threshold = float(beta), float(threshold)
 
     def construct(self, x):
-        bx = x * self.beta
-        safe = ops.minimum(bx, self.threshold)
-        soft = (ops.log(ops.exp(-ops.abs(safe)) + 1.0) + ops.maximum(safe, 0.0)) / self.beta
-        return ops.where(bx > self.threshold, x, soft)
+        return ops.softplus(x, self.beta, self.threshold)
 
 
 class HSigmoid(Cell):
     """relu6(x + 3) / 6."""
 
     def construct(self, x):
-        return ops.clamp(x + 3.0, 0.0, 6.0) / 6.0
+        return ops.hardsigmoid(x)
 
 
 class HSwish(Cell):
     """x * relu6(x + 3) / 6."""
 
     def construct(self, x):
-        return x * ops.clamp(x + 3.0, 0.0, 6.0) / 6.0
+        return ops.hardswish(x)
 
 
 class Mish(Cell):
     """x * tanh(softplus(x))."""
 
     def construct(self, x):
-        return x * ops.tanh(Softplus().construct(x))
+        return ops.mish(x)
 
 
 Hardswish, Hardsigmoid = HSwish, HSigmoid
@@ -150,19 +145,28 @@ class InstanceNorm2d(GroupNorm):
 
 class AdaptiveAvgPool2d(Cell):
     """Average pooling to output_size (an int or (h, w); None keeps that size): PyTorch's windows,
-    [floor(i * H / h), ceil((i + 1) * H / h)), as a matrix product per axis (exact, any sizes)."""
+    [floor(i * H / h), ceil((i + 1) * H / h)), each the mean of its elements (an inf or NaN stays
+    in its own windows)."""
 
     def __init__(self, output_size):
         super().__init__()
         self.output_size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
 
     @staticmethod
-    def _weights(size, out, dtype):
-        w = np.zeros((out, size), np.float64)
+    def _pool_axis(x, axis, out):
+        size = x.shape[axis]
+        if size == out:
+            return x
+        if size % out == 0:  # equal windows: one reshape and one mean
+            shape = list(x.shape)
+            return x.reshape(tuple(shape[:axis]) + (out, size // out) + tuple(shape[axis + 1:])).mean(axis + 1)
+        windows = []
         for i in range(out):
             a, b = (i * size) // out, -((-(i + 1) * size) // out)
-            w[i, a:b] = 1.0 / (b - a)
-        return Tensor(w.astype(np.dtype(dtype.name)))
+            index = [slice(None)] * x.ndim
+            index[axis] = slice(a, b)
+            windows.append(x[tuple(index)].mean(axis, keepdims=True))
+        return ops.concat(windows, axis)
 
     def construct(self, x):
         if x.ndim != 4:
@@ -172,40 +176,29 @@ class AdaptiveAvgPool2d(Cell):
         ow = w if self.output_size[1] is None else self.output_size[1]
         if oh == 1 and ow == 1:
             return x.mean((2, 3), keepdims=True)
-        rows = self._weights(h, oh, x.dtype)  # (oh, h)
-        cols = self._weights(w, ow, x.dtype)  # (ow, w)
-        y = ops.matmul(x, ops.transpose(cols, 1, 0))  # (N, C, H, ow)
-        return ops.matmul(rows, y)  # (N, C, oh, ow)
+        return self._pool_axis(self._pool_axis(x, 2, oh), 3, ow)
 
 
 class Upsample(Cell):
-    """Nearest-neighbour upsampling of (N, C, H, W) by an integer scale_factor or to size (a multiple)."""
+    """Resizes (N, C, ...) by scale_factor or to size through ops.interpolate: mode 'nearest'
+    (default), 'linear', 'bilinear' or 'trilinear' (align_corners as PyTorch's)."""
 
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         super().__init__()
-        if mode != "nearest":
-            raise ValueError(f"Upsample: mode {mode!r} is not supported yet (nearest is)")
+        if mode not in ("nearest", "linear", "bilinear", "trilinear"):
+            raise ValueError(f"Upsample: mode must be 'nearest', 'linear', 'bilinear' or 'trilinear', got {mode!r}")
         if (size is None) == (scale_factor is None):
             raise ValueError("Upsample: give exactly one of size and scale_factor")
-        self.size, self.scale_factor = size, scale_factor
+        if mode == "nearest" and align_corners is not None:
+            raise ValueError("Upsample: align_corners is for the linear modes, not 'nearest'")
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
 
     def construct(self, x):
-        if x.ndim != 4:
-            raise ValueError(f"Upsample: expected (N, C, H, W), got {list(x.shape)}")
-        n, c, h, w = x.shape
-        if self.size is not None:
-            oh, ow = (self.size, self.size) if isinstance(self.size, int) else self.size
-            if oh % h or ow % w:
-                raise ValueError(f"Upsample: nearest to {oh, ow} from {h, w} needs whole multiples")
-            sh, sw = oh // h, ow // w
-        else:
-            sh, sw = (self.scale_factor, self.scale_factor) if not isinstance(self.scale_factor, (tuple, list)) \
-                else self.scale_factor
-            if int(sh) != sh or int(sw) != sw:
-                raise ValueError(f"Upsample: nearest needs integer scale factors, got {self.scale_factor!r}")
-            sh, sw = int(sh), int(sw)
-        y = ops.broadcast_to(ops.reshape(x, n, c, h, 1, w, 1), n, c, h, sh, w, sw)
-        return ops.reshape(y, n, c, h * sh, w * sw)
+        if x.ndim not in (3, 4, 5):
+            raise ValueError(f"Upsample: expected (N, C, spatial...) with 1 to 3 spatial axes, got {list(x.shape)}")
+        return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                               self.recompute_scale_factor)
 
 
 class PixelShuffle(Cell):

@@ -1,19 +1,22 @@
-"""Loss cells: MSELoss, L1Loss, CrossEntropyLoss, NLLLoss."""
+"""Loss cells: MSELoss, L1Loss, SmoothL1Loss, CrossEntropyLoss, NLLLoss, BCEWithLogitsLoss,
+KLDivLoss. Each calls its function in kiln.ops.losses (one definition)."""
 from .. import _C
 from .. import ops
-from .._optable import OP
+from ..ops import losses as _losses
 from .cell import Cell
 
-_REDUCTIONS = ("mean", "sum", "none")
+_REDUCTIONS = _losses.REDUCTIONS
 
 
 class LossBase(Cell):
     """Base of the losses: reduction is 'mean', 'sum' or 'none'."""
 
+    _allowed = _REDUCTIONS
+
     def __init__(self, reduction="mean"):
         super().__init__()
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"{type(self).__name__}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        if reduction not in self._allowed:
+            raise ValueError(f"{type(self).__name__}: reduction must be one of {self._allowed}, got {reduction!r}")
         self.reduction = reduction
 
     def get_loss(self, x):
@@ -27,26 +30,32 @@ class LossBase(Cell):
         return f"reduction={self.reduction!r}"
 
 
-def _check_same_shape(loss, logits, labels):
-    if tuple(logits.shape) != tuple(labels.shape):
-        raise ValueError(f"{loss}: logits and labels must have one shape, got {logits.shape} and {labels.shape}")
-
-
 class MSELoss(LossBase):
-    """(logits - labels)^2, reduced."""
+    """(logits - labels)^2, reduced (ops.mse_loss)."""
 
     def construct(self, logits, labels):
-        _check_same_shape("MSELoss", logits, labels)
-        d = logits - labels
-        return self.get_loss(d * d)
+        return _losses.mse_loss(logits, labels, self.reduction)
 
 
 class L1Loss(LossBase):
-    """|logits - labels|, reduced."""
+    """|logits - labels|, reduced (ops.l1_loss)."""
 
     def construct(self, logits, labels):
-        _check_same_shape("L1Loss", logits, labels)
-        return self.get_loss(ops.abs(logits - labels))
+        return _losses.l1_loss(logits, labels, self.reduction)
+
+
+class SmoothL1Loss(LossBase):
+    """Quadratic below beta, linear above (ops.smooth_l1_loss); reduction 'none' by default, as
+    MindSpore's (PyTorch's is 'mean')."""
+
+    def __init__(self, beta=1.0, reduction="none"):
+        super().__init__(reduction)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+            raise ValueError(f"SmoothL1Loss: beta must be a non-negative number, got {beta!r}")
+        self.beta = float(beta)
+
+    def construct(self, logits, labels):
+        return _losses.smooth_l1_loss(logits, labels, self.beta, self.reduction)
 
 
 def _as_tensor(x):
@@ -56,15 +65,8 @@ def _as_tensor(x):
 
 
 class CrossEntropyLoss(LossBase):
-    """Cross entropy between logits (N, C) or (N, C, d1, ...) and either integer class labels
-    (N,) / (N, d1, ...) or class probabilities of the logits' shape.
-
-    weight: optional per-class weights (C,). ignore_index: integer labels equal to it add
-    nothing, to the loss or its gradient (and are left out of the mean). Any other label
-    outside [0, C) raises IndexError naming it and C, when the loss runs (in compiled graphs
-    too). label_smoothing s mixes the target with the uniform distribution: (1 - s) * target
-    + s / C. With integer labels and reduction='mean' the sum is divided by the total weight
-    of the counted labels (PyTorch's rule)."""
+    """Cross entropy between logits and class labels or class probabilities (ops.cross_entropy,
+    which says what weight, ignore_index and label_smoothing do)."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
         super().__init__(reduction)
@@ -77,69 +79,50 @@ class CrossEntropyLoss(LossBase):
         self.label_smoothing = float(label_smoothing)
 
     def construct(self, logits, labels):
-        if logits.ndim < 2:
-            raise ValueError(f"CrossEntropyLoss: logits must be (N, C) or (N, C, d1, ...), got shape {logits.shape}")
-        labels = _as_tensor(labels)
-        num_classes = logits.shape[1]
-        if self.weight is not None and self.weight.shape[0] != num_classes:
-            raise ValueError(f"CrossEntropyLoss: weight has {self.weight.shape[0]} entries for {num_classes} classes")
-        logp = ops.log_softmax(logits, 1)
-        # weights broadcast along the class axis
-        w = None if self.weight is None else ops.reshape(ops.cast(self.weight, logp.dtype),
-                                                          (num_classes,) + (1,) * (logits.ndim - 2))
-        if labels.dtype.is_floating_point:
-            return self._with_probabilities(logp, labels, w, num_classes)
-        return self._with_indices(logits, logp, labels, w, num_classes)
-
-    def _with_probabilities(self, logp, target, w, num_classes):
-        _check_same_shape("CrossEntropyLoss", logp, target)
-        if self.label_smoothing:
-            target = target * (1.0 - self.label_smoothing) + self.label_smoothing / num_classes
-        prod = logp * target if w is None else logp * target * w
-        loss = ops.neg(ops.sum(prod, 1))
-        if self.reduction == "mean":
-            return ops.sum(loss) / float(loss.size)
-        return self.get_loss(loss)
-
-    def _with_indices(self, logits, logp, labels, w, num_classes):
-        if labels.dtype not in (_C.int32, _C.int64):
-            raise TypeError(f"CrossEntropyLoss: integer labels must be int32 or int64, got {labels.dtype}")
-        expected = logits.shape[:1] + logits.shape[2:]
-        if tuple(labels.shape) != expected:
-            raise ValueError(f"CrossEntropyLoss: labels of shape {labels.shape} do not match logits of shape "
-                             f"{logits.shape}; expected {expected}")
-        keep = ops.ne(labels, self.ignore_index)
-        # checked in C, so a compiled loss raises too; ignored labels read class 0
-        safe = _C.apply(OP.class_labels, (labels,), (num_classes, self.ignore_index))
-        picked = ops.squeeze(ops.gather_elements(logp, 1, ops.unsqueeze(safe, 1)), 1)
-        sample_w = ops.cast(keep, logp.dtype)
-        if w is not None:
-            sample_w = sample_w * ops.gather(self.weight, safe, 0).astype(logp.dtype)
-        # where, not a product with the 0/1 mask: an ignored position whose class-0 log
-        # probability is -inf (or NaN) still adds 0, and 0 to the gradient
-        loss = ops.where(keep, ops.neg(picked) * sample_w, 0.0)
-        if self.label_smoothing:
-            smooth = ops.where(keep, ops.neg(ops.sum(logp if w is None else logp * w, 1)), 0.0)
-            loss = loss * (1.0 - self.label_smoothing) + smooth * (self.label_smoothing / num_classes)
-        if self.reduction == "mean":
-            return ops.sum(loss) / ops.sum(sample_w)
-        return self.get_loss(loss)
+        return _losses.cross_entropy(logits, labels, self.weight, self.ignore_index, self.reduction,
+                                     self.label_smoothing)
 
     def extend_repr(self):
         return f"reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
 
 
 class NLLLoss(LossBase):
-    """Negative log likelihood of log-probabilities (N, C) at integer labels (N,)."""
+    """Negative log likelihood of log-probabilities (N, C) at integer labels (N,) (ops.nll_loss)."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
         super().__init__(reduction)
-        self._ce = CrossEntropyLoss(weight, ignore_index, reduction)
+        self.weight = None if weight is None else _as_tensor(weight)
+        self.ignore_index = int(ignore_index)
 
     def construct(self, logits, labels):
-        ce = self._ce
-        labels = _as_tensor(labels)
-        num_classes = logits.shape[1]
-        w = None if ce.weight is None else ops.reshape(ops.cast(ce.weight, logits.dtype),
-                                                        (num_classes,) + (1,) * (logits.ndim - 2))
-        return ce._with_indices(logits, logits, labels, w, num_classes)
+        return _losses.nll_loss(logits, labels, self.weight, self.ignore_index, self.reduction)
+
+
+class BCEWithLogitsLoss(LossBase):
+    """Binary cross entropy from logits, numerically stable (ops.binary_cross_entropy_with_logits);
+    MindSpore's argument order (reduction, weight, pos_weight)."""
+
+    def __init__(self, reduction="mean", weight=None, pos_weight=None):
+        if isinstance(reduction, _C.TensorBase):  # PyTorch's order: BCEWithLogitsLoss(weight, ...)
+            raise TypeError("BCEWithLogitsLoss: the first argument is reduction (MindSpore's order); pass "
+                            "weight=... by keyword")
+        super().__init__(reduction)
+        self.weight = None if weight is None else _as_tensor(weight)
+        self.pos_weight = None if pos_weight is None else _as_tensor(pos_weight)
+
+    def construct(self, logits, labels):
+        return _losses.binary_cross_entropy_with_logits(logits, labels, self.weight, self.pos_weight, self.reduction)
+
+
+class KLDivLoss(LossBase):
+    """Kullback-Leibler divergence of labels from log-probabilities (ops.kl_div); reduction also
+    'batchmean' (the sum over the batch size)."""
+
+    _allowed = _REDUCTIONS + ("batchmean",)
+
+    def __init__(self, reduction="mean", log_target=False):
+        super().__init__(reduction)
+        self.log_target = bool(log_target)
+
+    def construct(self, logits, labels):
+        return _losses.kl_div(logits, labels, self.reduction, self.log_target)

@@ -12,6 +12,14 @@ from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, 
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
 from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
                             max_pool2d, rms_norm, scaled_dot_product_attention, stop_gradient)
+from .conv_transpose import conv3d, conv_transpose2d
+from .interpolate import adaptive_max_pool2d, interpolate
+from .array_extra import flip, gather_nd, masked_fill, one_hot, pad, roll, scatter, tril, triu
+from .linalg import bmm, einsum, norm
+from .data_dependent import isin, nonzero, unique
+from .losses import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1_loss, mse_loss, nll_loss,
+                     smooth_l1_loss)
+from .activations import elu, hardsigmoid, hardswish, leaky_relu, mish, prelu, selu, softplus
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm

@@ -100,13 +100,39 @@ floor_div, floor_mod, mod = floor_divide, remainder, remainder  # (MindSpore's n
 
 
 def where(condition, x, y):
-    """Elements of x where condition is true, else of y (broadcast together)."""
+    """Elements of x where condition is true, else of y (broadcast together). A Python number on
+    either side is weak (NumPy 2, PyTorch): it takes the tensor's dtype unless it is of a higher kind
+    (a float beside an integer or bool tensor gives float32, an int beside a bool tensor int64)."""
     condition = as_tensor(condition)
-    if not isinstance(x, _TensorBase) and isinstance(y, _TensorBase):
-        x = apply(OP.cast, (as_tensor(x),), (y.dtype.id,))
-    elif not isinstance(x, _TensorBase):
-        x = as_tensor(x)
-    return apply(OP.where, (condition, x, y))
+    xt, yt = isinstance(x, _TensorBase), isinstance(y, _TensorBase)
+    if xt and yt:
+        return apply(OP.where, (condition, x, y))
+    if not xt and not yt:
+        return apply(OP.where, (condition, _number("where", x), _number("where", y)))
+    tensor, number = (x, y) if xt else (y, x)
+    number = _number("where", number)
+    if _KIND[number.dtype.name] > _kind(tensor.dtype):
+        tensor = cast(tensor, number.dtype)
+    number = cast(number, tensor.dtype)
+    return apply(OP.where, (condition, tensor, number) if xt else (condition, number, tensor))
+
+
+_KIND = {"bool": 0, "int64": 1, "float32": 2}
+
+
+def _kind(dtype):
+    return 0 if dtype.name == "bool" else 2 if dtype.is_floating_point else 1
+
+
+def _number(op, v):
+    """A Python number (or NumPy scalar) as a 0-d tensor: bool, int64 or float32."""
+    if isinstance(v, bool):
+        return apply(OP.full, (), (_C.bool.id, 0), (float(v),))
+    if isinstance(v, int):
+        return apply(OP.full, (), (_C.int64.id, 0), (float(v),))
+    if isinstance(v, float):
+        return apply(OP.full, (), (_C.float32.id, 0), (v,))
+    return as_tensor(v)
 
 
 def clamp(input, min=None, max=None):
