@@ -144,7 +144,10 @@ def test_python_rounding_builtins_give_tensors():
 def test_python_rounding_of_numbers_chosen_by_a_tensor():
     def f(x):
         k = 2.7 if x.sum() > 0 else -1.2
-        return x * math.floor(k), round(k), math.ceil(k), round(k, 1), math.trunc(k)
+        n = 25 if x.sum() > 0 else 14
+        b = True if x.sum() > 0 else False
+        return (x * math.floor(k), round(k), math.ceil(k), round(k, 1), math.trunc(k), round(n, -1), round(n, 1),
+                math.floor(n), round(b), math.ceil(b))
 
     run_all_modes(f, (_t(np.ones(3, np.float32)),), (_t(-np.ones(3, np.float32)),))
 
