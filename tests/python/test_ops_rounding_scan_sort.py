@@ -134,6 +134,15 @@ def test_level_o2_equal_eager():
             np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
+def test_in_place_rounding_compiled_equal_eager():
+    def f(x, y):
+        x.floor_()
+        y[0].round_(decimals=1)
+        return x * 2.0, y.trunc_()
+
+    run_all_modes(f, (_t(HOSTILE), _t(HOSTILE * 1.37)), (_t(HOSTILE * -2.0), _t(HOSTILE)))
+
+
 def test_python_rounding_builtins_give_tensors():
     t = _t(np.array([2.5, -1.25], np.float32))
     assert isinstance(math.floor(t), kiln.Tensor) and math.floor(t).numpy().tolist() == [2.0, -2.0]
