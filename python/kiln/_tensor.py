@@ -422,6 +422,18 @@ class Tensor(_C.TensorBase):
 
     fix = trunc
 
+    def floor_(self):
+        return self._write_result("floor_", _ops.floor(self))
+
+    def ceil_(self):
+        return self._write_result("ceil_", _ops.ceil(self))
+
+    def round_(self, decimals=0):
+        return self._write_result("round_", _ops.round(self, decimals=decimals))
+
+    def trunc_(self):
+        return self._write_result("trunc_", _ops.trunc(self))
+
     def __floor__(self):
         return _ops.floor(self)
 

@@ -1003,13 +1003,16 @@ def _rounded(f, args, kwargs):
     Of a number an if or loop on a tensor chose (a noted 0-d tensor) it is noted as the number
     Python gives: an int (int64), or with round's ndigits the number's own type."""
     kind = _number_kind(args[0])
-    out = f(*args, **kwargs)
     if kind is None:
-        return out
+        return f(*args, **kwargs)
     ndigits = args[1] if len(args) > 1 else kwargs.get("ndigits")
     if f is builtins.round and ndigits is not None:
-        return _note_chosen(out, kind)
-    return _note_chosen(out.astype(_C.int64), int)
+        if kind is float:
+            return _note_chosen(f(*args, **kwargs), float)
+        # Python rounds an int (or bool) to ndigits as an int: through float64, halves to even
+        return _note_chosen(round(args[0].astype(_C.float64), ndigits).astype(_C.int64), int)
+    x = args[0].astype(_C.int64) if kind is builtins.bool else args[0]  # (floor(True) is 1)
+    return _note_chosen(f(x).astype(_C.int64), int)
 
 
 def converted_call(loc, f, *args, **kwargs):
