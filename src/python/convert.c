@@ -266,3 +266,65 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like) {
     PyErr_Format(PyExc_TypeError, "cannot make a tensor from an object of type %.100s", Py_TYPE(value)->tp_name);
     return NULL;
 }
+
+/* A Python number in `dtype` itself (not through float32 first: Tensor(0.1, float64) is 0.1), or
+ * the OverflowError / ValueError NumPy gives for a value the dtype cannot hold. */
+static kiln_tensor *number_as(PyObject *value, kiln_dtype dtype) {
+    bool is_int = PyBool_Check(value) || PyLong_Check(value);
+    long long iv = 0;
+    double v = 0;
+    if (is_int) {
+        int overflow = 0;
+        iv = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow && !kiln_dtype_is_float(dtype)) {
+            PyErr_Format(PyExc_OverflowError, "Python integer %R out of bounds for %s", value, kiln_dtype_name(dtype));
+            return NULL;
+        }
+        v = overflow ? PyLong_AsDouble(value) : (double)iv;
+        if (overflow && PyErr_Occurred()) return NULL;
+        if (overflow) is_int = false;
+    } else {
+        v = PyFloat_AS_DOUBLE(value);
+    }
+    long long ilo = 0, ihi = 0; /* the integer dtype's range */
+    double lo = 0, hi = 0;      /* floats it takes: [lo, hi) */
+    switch (dtype) {
+    case KILN_DTYPE_INT8: ilo = INT8_MIN, ihi = INT8_MAX, lo = -128.0, hi = 128.0; break;
+    case KILN_DTYPE_INT32: ilo = INT32_MIN, ihi = INT32_MAX, lo = -2147483648.0, hi = 2147483648.0; break;
+    case KILN_DTYPE_INT64: ilo = INT64_MIN, ihi = INT64_MAX, lo = -9223372036854775808.0, hi = 9223372036854775808.0; break;
+    default: break;
+    }
+    if (hi != 0) {
+        if (is_int && (iv < ilo || iv > ihi)) {
+            PyErr_Format(PyExc_OverflowError, "Python integer %R out of bounds for %s", value, kiln_dtype_name(dtype));
+            return NULL;
+        }
+        if (!is_int && !(v > lo - 1.0 && v < hi)) { /* NaN, inf or out of range: no integer holds it */
+            PyErr_Format(PyExc_ValueError, "cannot convert float %R to %s", value, kiln_dtype_name(dtype));
+            return NULL;
+        }
+    }
+    return scalar_tensor(v, iv, is_int, dtype);
+}
+
+kiln_tensor *pykiln_to_tensor_as(PyObject *value, kiln_dtype dtype) {
+    if (PyBool_Check(value) || PyLong_CheckExact(value) || PyFloat_CheckExact(value)) {
+        kiln_tensor *t = number_as(value, dtype);
+        if (t) t->literal = false;
+        return t;
+    }
+    if ((PyList_Check(value) || PyTuple_Check(value)) && dtype != KILN_DTYPE_BFLOAT16) {
+        /* nested numbers straight into the dtype through NumPy (no float32 on the way) */
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (!np) return NULL;
+        PyObject *arr = PyObject_CallMethod(np, "asarray", "Os", value, kiln_dtype_name(dtype));
+        Py_DECREF(np);
+        if (!arr) return NULL;
+        kiln_tensor *t = wrap_buffer(arr);
+        Py_DECREF(arr);
+        if (!t && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "cannot make a %s tensor from %R", kiln_dtype_name(dtype), value);
+        return t;
+    }
+    return pykiln_to_tensor(value, NULL);
+}

@@ -42,6 +42,8 @@ PyObject *pykiln_register_check(PyObject *module, PyObject *exc);
 /* Converts any value (tensor, Python scalar, sequence, buffer) to a new C tensor reference.
  * `like`, when given, sets the dtype of Python scalars the way NumPy 2 does for weak scalars. */
 kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like);
+/* value as a new tensor of dtype for Tensor(value, dtype): numbers and lists straight into dtype */
+kiln_tensor *pykiln_to_tensor_as(PyObject *value, kiln_dtype dtype);
 /* dtype object or None/NULL -> kiln_dtype; -1 with TypeError set. */
 int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
 

@@ -79,13 +79,11 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_TypeError, "Tensor() needs input_data (a NumPy array, a number or a nested list)");
         return NULL;
     }
-    kiln_tensor *src = pykiln_to_tensor(data, NULL);
+    kiln_dtype dtype = KILN_DTYPE_FLOAT32;
+    if (dtype_obj != Py_None && pykiln_parse_dtype(dtype_obj, &dtype) != 0) return NULL;
+    kiln_tensor *src = dtype_obj != Py_None ? pykiln_to_tensor_as(data, dtype) : pykiln_to_tensor(data, NULL);
     if (!src) return NULL;
-    kiln_dtype dtype = src->meta.dtype;
-    if (dtype_obj != Py_None && pykiln_parse_dtype(dtype_obj, &dtype) != 0) {
-        kiln_tensor_release(src);
-        return NULL;
-    }
+    if (dtype_obj == Py_None) dtype = src->meta.dtype;
     /* always an owned copy: the new tensor never aliases the caller's memory */
     kiln_tensor *t = NULL;
     kiln_status s = kiln_tensor_empty(dtype, src->meta.ndim, src->meta.shape, &t);

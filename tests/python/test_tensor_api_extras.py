@@ -141,3 +141,17 @@ def test_addcmul_addcdiv_and_amin_amax():
     t = kiln.Tensor(a)
     np.testing.assert_allclose(t.amax(1).asnumpy(), a.max(1))
     np.testing.assert_allclose(t.amin((0, 1)).asnumpy(), a.min())
+
+
+def test_tensor_from_a_python_number_keeps_it_in_the_dtype_asked():
+    import numpy as np
+    assert kiln.Tensor(0.1, kiln.float64).item() == 0.1  # not 0.1 rounded to float32 on the way
+    assert kiln.Tensor([0.1, 0.7], kiln.float64).asnumpy().tolist() == [0.1, 0.7]
+    assert kiln.Tensor(2 ** 53 + 1, kiln.int64).item() == 2 ** 53 + 1
+    assert kiln.Tensor(2.7, kiln.int32).item() == 2 and kiln.Tensor(True, kiln.float32).item() == 1.0
+    for value, dtype, error in [(2 ** 40, kiln.int32, OverflowError), (300, kiln.int8, OverflowError),
+                                (2 ** 70, kiln.int64, OverflowError), ([1, 300], kiln.int8, OverflowError),
+                                (float("nan"), kiln.int64, ValueError), (1e30, kiln.int32, ValueError)]:
+        with pytest.raises(error):
+            kiln.Tensor(value, dtype)
+    np.testing.assert_array_equal(kiln.Tensor([[1, 2], [3, 4]], kiln.int8).asnumpy(), [[1, 2], [3, 4]])
