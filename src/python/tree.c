@@ -720,21 +720,21 @@ static PyObject *check_call(PyObject *old, PyObject *new, int verify) {
 /* ---- the values of ast-converted branches ------------------------------------------------- */
 /* A value an if on a tensor chooses, flattened for kiln.ops.cond (kiln.jit.ast_runtime):
  *     "T"                          a tensor, or a bool/int/float made a 0-d tensor (bool, int64,
- *                                  float32) that the graph selects
+ *                                  float64, or float32 when asked) that the graph selects
  *     (type, (spec, ...))          a tuple or list (rebuilt as a tuple only for exactly tuple)
  *     (dict, (key, ...), (spec, ...))
  *     ("const", value)             anything else, which both branches must give equal */
 
 static int is_number(PyObject *v) { return PyLong_Check(v) || PyFloat_Check(v); }
 
-static PyObject *number_tensor(PyObject *v) {
-    kiln_dtype dtype = PyBool_Check(v) ? KILN_DTYPE_BOOL : PyLong_Check(v) ? KILN_DTYPE_INT64 : KILN_DTYPE_FLOAT32;
+static PyObject *number_tensor(PyObject *v, kiln_dtype float_dtype) {
+    kiln_dtype dtype = PyBool_Check(v) ? KILN_DTYPE_BOOL : PyLong_Check(v) ? KILN_DTYPE_INT64 : float_dtype;
     return PyObject_CallFunctionObjArgs((PyObject *)pykiln_tensor_class, v, pykiln_dtypes[dtype], NULL);
 }
 
-static PyObject *branch_flatten(PyObject *obj, PyObject *leaves) {
+static PyObject *branch_flatten(PyObject *obj, PyObject *leaves, kiln_dtype float_dtype) {
     if (pykiln_is_tensor(obj) || is_number(obj)) {
-        PyObject *t = pykiln_is_tensor(obj) ? Py_NewRef(obj) : number_tensor(obj);
+        PyObject *t = pykiln_is_tensor(obj) ? Py_NewRef(obj) : number_tensor(obj, float_dtype);
         int rc = t ? PyList_Append(leaves, t) : -1;
         Py_XDECREF(t);
         return rc < 0 ? NULL : Py_NewRef(s_T);
@@ -744,7 +744,7 @@ static PyObject *branch_flatten(PyObject *obj, PyObject *leaves) {
     PyObject *keys = dict ? PyDict_Keys(obj) : NULL, *values = dict ? PyDict_Values(obj) : PySequence_List(obj);
     PyObject *specs = values ? PyTuple_New(PyList_GET_SIZE(values)) : NULL;
     for (Py_ssize_t k = 0; specs && k < PyList_GET_SIZE(values); k++) {
-        PyObject *sub = branch_flatten(PyList_GET_ITEM(values, k), leaves);
+        PyObject *sub = branch_flatten(PyList_GET_ITEM(values, k), leaves, float_dtype);
         if (!sub) Py_CLEAR(specs);
         else PyTuple_SET_ITEM(specs, k, sub);
     }
@@ -882,8 +882,9 @@ static PyObject *py_check_call(PyObject *module, PyObject *args) {
 static PyObject *py_branch_flatten(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *obj, *leaves;
-    if (!PyArg_ParseTuple(args, "OO!:branch_flatten", &obj, &PyList_Type, &leaves)) return NULL;
-    return branch_flatten(obj, leaves);
+    int float32 = 0;
+    if (!PyArg_ParseTuple(args, "OO!|p:branch_flatten", &obj, &PyList_Type, &leaves, &float32)) return NULL;
+    return branch_flatten(obj, leaves, float32 ? KILN_DTYPE_FLOAT32 : KILN_DTYPE_FLOAT64);
 }
 
 static PyObject *py_branch_unflatten(PyObject *module, PyObject *args) {
@@ -935,7 +936,8 @@ static PyMethodDef tree_functions[] = {
     {"check_call", py_check_call, METH_VARARGS,
      "check_call(old, new, verify) -> how a trace's call differs from the traced one in its arguments, or None"},
     {"branch_flatten", py_branch_flatten, METH_VARARGS,
-     "branch_flatten(value, leaves) -> spec: a value an if on a tensor chooses; numbers become 0-d tensors"},
+     "branch_flatten(value, leaves, float32=False) -> spec: a value an if on a tensor chooses; numbers become "
+     "0-d tensors (floats float64, or float32)"},
     {"branch_unflatten", py_branch_unflatten, METH_VARARGS,
      "branch_unflatten(spec, leaves_iterator) -> the value rebuilt from the selected tensors"},
     {"same_branch_spec", py_same_branch_spec, METH_VARARGS,

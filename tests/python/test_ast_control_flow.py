@@ -260,11 +260,20 @@ def test_random_programs_one_graph_for_every_path(seed):
     base = rng.standard_normal((2, 3)).astype(np.float32)
     xs = [kiln.tensor(base * s) for s in (0.1, 1.0, 3.0, -2.0)]
     jf = kiln.jit(fn, fullgraph=True)
+    try:
+        jf(xs[0])
+    except kiln.JitSyntaxError as e:
+        # a number that is an int on one path and a float on another: no one graph can give eager's
+        # type on both, so capture refuses it (without fullgraph the function runs eagerly)
+        assert "by the path an if on a tensor takes" in str(e), (str(e), astgen.source(seed))
+        jf = kiln.jit(fn)
     for x in xs:
-        for a, b in zip(_vals(jf(x)), _vals(fn(x))):
+        got, want = jf(x), fn(x)
+        assert [type(v) for v in got] == [type(v) for v in want], astgen.source(seed)
+        for a, b in zip(_vals(got), _vals(want)):
             np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-5, atol=1e-5,
                                        err_msg=astgen.source(seed))
-    assert jf.cache_info().compiles == 1
+    assert jf.cache_info().compiles <= 1
 
 
 def returns_inside_a_tensor_loop(x):

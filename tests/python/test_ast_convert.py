@@ -275,7 +275,7 @@ def accumulators(x):
     k = 0
     if x.sum() > 0:
         k = x * 2
-    m = 1
+    m = 1.0
     if x.max() > 2:
         m = 2.5
     j = 0
@@ -287,6 +287,25 @@ def accumulators(x):
 @pytest.mark.parametrize("x", [POS, NEG, SMALL], ids=["pos", "neg", "small"])
 def test_python_numbers_that_become_tensors_on_some_paths(x):
     check(accumulators, x)
+
+
+def int_or_float_by_path(x):
+    m = 1
+    if x.max() > 2:
+        m = 2.5
+    return x * m, m
+
+
+@pytest.mark.parametrize("x", [POS, NEG], ids=["pos", "neg"])
+def test_a_number_that_is_an_int_on_one_path_and_a_float_on_the_other_is_refused(x):
+    # eager gives an int or a float by the path taken (and x * m an int or float dtype): one graph
+    # cannot, so capture says so (fullgraph) or the function runs eagerly
+    with pytest.raises(kiln.JitSyntaxError, match="'m' that is a Python float and int"):
+        kiln.jit(int_or_float_by_path, fullgraph=True)(x)
+    with pytest.warns(RuntimeWarning):
+        got = kiln.jit(int_or_float_by_path)(x)
+    want = int_or_float_by_path(x)
+    assert type(got[1]) is type(want[1]) and got[1] == want[1] and got[0].dtype == want[0].dtype
 
 
 @pytest.mark.parametrize("x", [POS, NEG, SMALL], ids=["pos", "neg", "small"])

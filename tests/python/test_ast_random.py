@@ -39,4 +39,12 @@ def test_converted_function_computes_what_python_computes(seed):
 def test_capture_run_agrees_with_eager(seed):
     fn = astgen.program(seed)
     for x in inputs()[:2]:
-        agree(kiln.jit(fn, fullgraph=True)(x), fn(x), seed)
+        try:
+            got = kiln.jit(fn, fullgraph=True)(x)
+        except kiln.JitSyntaxError as e:
+            # a number that is an int or a float by the path taken: refused (one graph output cannot
+            # follow eager's type); without fullgraph the function then runs eagerly
+            assert "by the path an if on a tensor takes" in str(e), (str(e), astgen.source(seed))
+            with pytest.warns(RuntimeWarning):
+                got = kiln.jit(fn)(x)
+        agree(got, fn(x), seed)

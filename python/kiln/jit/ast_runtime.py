@@ -104,7 +104,7 @@ def _as_tensor(value, like=None):
         return Tensor(value, _C.bool)
     if isinstance(value, int):
         return Tensor(value, _C.int64)
-    return Tensor(value, _C.float32)
+    return Tensor(value, _C.float64)  # (a Python float is a double; beside a tensor it promotes weakly: binary)
 
 
 _INPLACE_HINT = "build the new tensor outside it, or select values with kiln.ops.where"
@@ -207,7 +207,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
             leaves = [_number_as(r, as_meta[i]) if i in as_meta else _as_tensor(r, vals[i])]
         elif _structured(r):
             leaves = []
-            specs[which, i] = _flatten_result(r, leaves)
+            specs[which, i] = _flatten_result(r, leaves, floats32[0])
         else:
             raise _error(loc, f"variable {names[i]!r} holding a {type(r).__name__} chosen by an if on a tensor",
                          "only tensors, numbers and tuples/lists of them can depend on a tensor condition")
@@ -257,6 +257,7 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
                 dropped.add(d.index)
 
     outs = []
+    floats32 = [False]  # Python floats in tuples, lists and dicts as float32 (the retry)
     # (run eagerly, cond runs the path taken only)
     held = _held_containers(vals, true_fn, false_fn) if _C.is_tracing() else []
 
@@ -266,11 +267,16 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
         # a variable that is a Python number on one path and a tensor on the other: the number
         # takes the tensor's dtype and shape (k = 0, then k = x.sum() on one path)
         as_meta.update(seen)
-        for i, kinds in numbers.items():  # an int on one path, a float on the other: float32
-            if i not in as_meta and len(kinds | {type(vals[i])} - {Undefined}) > 1:
-                as_meta[i] = ((), _C.float32 if float in kinds or isinstance(vals[i], float) else _C.int64)
-        if not as_meta:
-            raise
+        for i, kinds in numbers.items():
+            if i not in as_meta and len(kinds) > 1:
+                # an int on one path and a float on the other: eager's type depends on the path,
+                # which no one graph output can follow
+                names_ = " and ".join(sorted(k.__name__ for k in kinds))
+                raise _error(loc, f"variable {names[i]!r} that is a Python {names_} by the path an if on a tensor "
+                                  "takes", f"give it one type on every path (e.g. {names[i]} = 1.0 for a float)")
+        # and floats inside tuples, lists and dicts take float32 (beside a float32 tensor on the
+        # other path; the retry raises _Mismatch again when that is not what differed)
+        floats32[0] = True
         results = attempt()
     out = list(vals)
     leaves = iter(results)
@@ -464,6 +470,18 @@ def _kind_of_result(name, ka, kb):
         return None
 
 
+_KIND_RANK = {builtins.bool: 0, int: 1, float: 2}
+
+
+def _as_weak_number(t, kind, other_dtype):
+    """t (a 0-d tensor standing for a Python number of type kind) in the dtype Python's number
+    would take beside a tensor of other_dtype: that dtype when the number's kind is no higher
+    (an int beside int32 stays int32), else the kind's default (a float beside ints: float32)."""
+    rank = 2 if other_dtype.is_floating_point else 0 if other_dtype == _C.bool else 1
+    target = other_dtype if _KIND_RANK[kind] <= rank else (_C.float32 if kind is float else _C.int64)
+    return t if t.dtype == target else t.astype(target)
+
+
 def binary(loc, name, a, b):
     """`a op b` (operator.<name>: converted code's arithmetic and comparisons); a result computed
     from numbers an if or loop on a tensor chose (noted 0-d tensors) and other numbers is noted as
@@ -471,6 +489,13 @@ def binary(loc, name, a, b):
     if not _chosen:
         return getattr(operator, name)(a, b)
     ka, kb = _number_kind(a), _number_kind(b)
+    if _is_tensor(a) and _is_tensor(b) and (ka is None) != (kb is None):
+        # a chosen number beside a tensor promotes as the Python number it stands for (weakly)
+        if ka is not None:
+            a = _as_weak_number(a, ka, b.dtype)
+        else:
+            b = _as_weak_number(b, kb, a.dtype)
+        return getattr(operator, name)(a, b)
     if ka is None or kb is None or not (_is_tensor(a) or _is_tensor(b)):
         return getattr(operator, name)(a, b)
     if name in ("pow", "ipow") and float not in (ka, kb):
@@ -526,20 +551,28 @@ def _select(pred, true_fn, false_fn, loc, what, held=None):
     specs, raws = {}, {}
     if held is None:
         held = _held_containers((), true_fn, false_fn) if _C.is_tracing() else []
+    floats32 = [False]  # Python floats as float32 (to match a float32 tensor on the other path)
 
     def branch(fn, which):
         def run():
             leaves = []
             raws[which] = fn()
             _check_unchanged(held, loc, (), what)
-            specs[which] = _flatten_result(raws[which], leaves)
+            specs[which] = _flatten_result(raws[which], leaves, floats32[0])
             return tuple(leaves) + (_token(),)
 
         run.__name__ = which
         return run
 
-    results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
-                           branch(false_fn, "false_branch"))[:-1]
+    try:
+        results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                               branch(false_fn, "false_branch"))[:-1]
+    except _Mismatch:
+        # a float on one path, a float32 tensor on the other (x.sum() if c else 0.0): the float
+        # takes float32, as it does beside that tensor eagerly
+        floats32[0] = True
+        results = _run_control(loc, what, cond, pred, branch(true_fn, "true_branch"),
+                               branch(false_fn, "false_branch"))[:-1]
     if len(specs) == 2 and not _same_spec(specs["true_branch"], specs["false_branch"]):
         raise _error(loc, f"{what} whose branches give different kinds of values",
                      "return tensors (or numbers) of one structure on both paths")
