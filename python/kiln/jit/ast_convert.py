@@ -20,6 +20,7 @@ source lines the tracer records are the user's."""
 import ast
 import copy
 import inspect
+import os
 import sys
 import textwrap
 import types
@@ -550,6 +551,28 @@ def _lambda_as_def(fn, lam):
                                              returns=None, type_comment=None), lam)
 
 
+def _source_changed(fn):
+    """Whether fn's source file was changed after its module was imported (then converting the
+    text in the file would compile other code than the code that runs). Read from the module's
+    bytecode cache, which records the size and time of the source it was compiled from; without
+    one (not written, or another loader) the file is taken as it is."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    cached, source = getattr(module, "__cached__", None), getattr(module, "__file__", None)
+    if not cached or not source or os.path.abspath(source) != os.path.abspath(fn.__code__.co_filename):
+        return False
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+        st = os.stat(source)
+    except OSError:
+        return False
+    flags = int.from_bytes(header[4:8], "little") if len(header) == 16 else 1
+    if flags != 0:  # a hash-based cache (or none readable): nothing to compare
+        return False
+    mtime, size = int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
+    return (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF) != (mtime, size)
+
+
 def convert_code(fn):
     """The converted code object of the plain Python function fn (raises JitSyntaxError)."""
     code = fn.__code__
@@ -573,6 +596,9 @@ def convert_code(fn):
         if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
             raise source_error(fn, "its source is not a def statement")
         ast.increment_lineno(tree, first - 1)
+    if _source_changed(fn):
+        raise source_error(fn, "its source file changed since the function was defined (the code that runs "
+                               "is not the code in the file)")
     where = SourceLocation(code.co_filename, indent)
     check(fdef, where)
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
