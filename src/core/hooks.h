@@ -8,6 +8,8 @@
 #include "internal.h"
 
 struct kiln_grad_node;
+struct kiln_graph;
+struct kiln_pass_options;
 
 typedef struct kiln_layer_hooks {
     /* the tracer: records an op kiln_apply just ran into the thread's active trace */
@@ -32,6 +34,15 @@ typedef struct kiln_layer_hooks {
     /* the tracer: while trace `trace` is active, the ops it records take location loc (-1: their
      * own again); returns the one set before (-1 when `trace` is not the active trace) */
     int32_t (*trace_loc_set)(uint64_t trace, int32_t loc);
+    /* control flow: the op table's if / while / while_grad entries (src/ops/control_ops.c) run
+     * their eager shape inference and kernel from the runtime (runtime/control_flow.c) and their
+     * gradient rules from the IR (ir/control_grad.c), which fill these in */
+    kiln_status (*control_infer)(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *a, kiln_meta *out);
+    kiln_status (*control_kernel)(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                                  kiln_tensor **out);
+    kiln_status (*control_grad)(kiln_op op, const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin);
+    /* the pass pipeline (passes/pipeline.c): runs pass `name` over *g, for the IR's gradient bodies */
+    kiln_status (*run_pass)(const char *name, struct kiln_graph **g, const struct kiln_pass_options *opt);
 } kiln_layer_hooks;
 
 /* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */

@@ -5,6 +5,7 @@
  * `if` over the two branches' backwards, `while_grad` for a loop. They live with the tracer
  * and the body registry they use; the tape (src/autograd) reaches them through the op table. */
 #include "control.h"
+#include "../core/hooks.h"
 #include "trace_internal.h"
 
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
@@ -62,7 +63,9 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
         kiln_tracer_free(tr);
     }
     kiln_pass_options dce_opt = {KILN_LEVEL_O0, false, false, KILN_CONV_FUSE_ALL, false};
-    if (s == KILN_OK) s = kiln_run_pass("dce", &g, &dce_opt); /* the forward ops the gradients do not read */
+    /* the forward ops the gradients do not read (the pass pipeline, a layer above, fills the hook) */
+    if (s == KILN_OK) s = kiln_hooks.run_pass ? kiln_hooks.run_pass("dce", &g, &dce_opt)
+                                              : kiln_error(KILN_ERR_RUNTIME, "no pass pipeline registered");
     if (s == KILN_OK) s = kiln_body_register(g, id);
     else kiln_graph_free(g);
     if (alias) kiln_release_all(alias, total);
@@ -111,7 +114,7 @@ static kiln_status emit(const kiln_grad_ctx *ctx, kiln_op op, const kiln_attrs *
     return KILN_OK;
 }
 
-KILN_GRAD(if) {
+static kiln_status grad_if(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
     if (!any_needed(ctx, 1)) return KILN_OK;
     int nx = ctx->nin - 1;
     if (nx > KILN_MAX_OUTPUTS)
@@ -134,7 +137,7 @@ KILN_GRAD(if) {
     return s;
 }
 
-KILN_GRAD(while) {
+static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
     if (!any_needed(ctx, 0)) return KILN_OK;
     int nstate = ctx->nin;
     if (nstate > KILN_MAX_OUTPUTS)
@@ -162,8 +165,17 @@ KILN_GRAD(while) {
 }
 
 /* Recorded so that differentiating a loop's gradient again fails loudly instead of giving zeros. */
-KILN_GRAD(while_grad) {
-    (void)gin;
+static kiln_status grad_while_grad(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    (void)ctx, (void)gout, (void)gin;
     return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
                       "while_grad: gradients of gradients through a while loop are not supported");
 }
+
+static kiln_status grad_control(kiln_op op, const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    return op == KILN_OP_IF ? grad_if(ctx, gout, gin)
+           : op == KILN_OP_WHILE ? grad_while(ctx, gout, gin)
+                                 : grad_while_grad(ctx, gout, gin);
+}
+
+/* The op table's if / while / while_grad gradient entries run these (src/ops/control_ops.c). */
+__attribute__((constructor)) static void register_control_grads(void) { kiln_hooks.control_grad = grad_control; }

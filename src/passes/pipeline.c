@@ -3,6 +3,7 @@
 #include "../ir/symbolic.h"
 #include "passes_internal.h"
 #include "../core/profile.h"
+#include "../core/hooks.h"
 
 static const kiln_pass o0_passes[] = {{NULL, NULL}};
 
@@ -119,3 +120,6 @@ kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_opti
     }
     return kiln_error(KILN_ERR_VALUE, "unknown pass '%s'", name);
 }
+
+/* The IR reaches the pipeline through this hook (ir/control_grad.c prunes gradient bodies). */
+__attribute__((constructor)) static void register_run_pass(void) { kiln_hooks.run_pass = kiln_run_pass; }

@@ -5,6 +5,7 @@
  * of the nested plans of the enclosing plan) and by the eager kernels (registered bodies,
  * compiled on the call). */
 #include "control_flow.h"
+#include "../core/hooks.h"
 
 #include "../ir/control.h"
 #include "backend.h"
@@ -72,9 +73,6 @@ static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, cons
     return s;
 }
 
-KILN_INFER(if) { return infer_eager(KILN_OP_IF, nin, in, a, out); }
-KILN_INFER(while) { return infer_eager(KILN_OP_WHILE, nin, in, a, out); }
-KILN_INFER(while_grad) { return infer_eager(KILN_OP_WHILE_GRAD, nin, in, a, out); }
 
 /* Eagerly (while tracing, and when a gradient rule runs without a trace) the bodies are compiled
  * for the call: a loop still runs in C, and no arena outlives it. */
@@ -93,9 +91,11 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     return s;
 }
 
-KILN_KERNEL(if) { return eager_run(KILN_OP_IF, in, nin, a, out); }
-KILN_KERNEL(while) { return eager_run(KILN_OP_WHILE, in, nin, a, out); }
-KILN_KERNEL(while_grad) { return eager_run(KILN_OP_WHILE_GRAD, in, nin, a, out); }
+/* The op table's if / while / while_grad entries run these (src/ops/control_ops.c). */
+__attribute__((constructor)) static void register_control_kernels(void) {
+    kiln_hooks.control_infer = infer_eager;
+    kiln_hooks.control_kernel = eager_run;
+}
 
 /* ---- compiled with a graph ------------------------------------------------------------------------ */
 
