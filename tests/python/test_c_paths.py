@@ -240,7 +240,10 @@ def test_trace_call_checks_and_branch_values():
     leaves = []
     value = (t, [2, {"a": 1.5, "b": True}], "name")
     b = _C.tree.branch_flatten(value, leaves)
-    assert [x.dtype for x in leaves] == [kiln.float32, kiln.int64, kiln.float32, kiln.bool]
+    assert [x.dtype for x in leaves] == [kiln.float32, kiln.int64, kiln.float64, kiln.bool]  # a float: a double
+    leaves32 = []
+    _C.tree.branch_flatten(value, leaves32, True)  # floats as float32 (beside a float32 tensor on another path)
+    assert [x.dtype for x in leaves32] == [kiln.float32, kiln.int64, kiln.float32, kiln.bool]
     back = _C.tree.branch_unflatten(b, iter(leaves))
     assert back[0] is t and back[1][0] is leaves[1] and back[1][1]["b"] is leaves[3] and back[2] == "name"
     assert _C.tree.same_branch_spec(b, _C.tree.branch_flatten((t, [t, {"a": t, "b": t}], "name"), []))
