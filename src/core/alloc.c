@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 /* ---- fault injection ------------------------------------------------------------------- */
 
@@ -62,7 +63,22 @@ void *kiln_realloc(void *p, size_t nbytes) {
     return q ? q : out_of_memory(nbytes); /* p is still valid (and still the caller's) */
 }
 
+/* Bytes of physical memory (a request beyond it cannot be held: it fails as out of memory
+ * instead of reaching the system allocator, which may abort on absurd sizes under sanitizers). */
+static size_t physical_memory(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!v) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        v = pages > 0 && page > 0 && (size_t)pages <= SIZE_MAX / (size_t)page ? (size_t)pages * (size_t)page
+                                                                              : (size_t)1 << 40;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 static void *system_aligned_alloc(size_t nbytes) {
+    if (nbytes > physical_memory()) return NULL;
     return inject_failure() ? NULL : aligned_alloc(KILN_ALIGN, nbytes);
 }
 
