@@ -3,35 +3,23 @@ export -> onnx.checker -> ONNX Runtime gives kiln's eager values; the ones holdi
 op without an ONNX form (scatter, gather_nd, cross_entropy with class indices) refuse clearly.
 Skips when onnx or onnxruntime is not installed."""
 import math
-import warnings
 
 import numpy as np
 import pytest
 
 import kiln
 from kiln import ops
+import onnx_runtime
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
 
 X = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
 IDX = kiln.Tensor(np.array([[0, 2], [1, 0], [2, 1]]))
 
 
-class Net(kiln.nn.Cell):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def construct(self, x):
-        return self.fn(x)
-
-
 def export(fn, path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = kiln.export(Net(fn), kiln.Tensor(X), file_name=path, file_format="ONNX")
-    onnx.checker.check_model(model, full_check=True)
+    onnx_runtime.export_checked(onnx_runtime.FnCell(fn), [X], path)
 
 
 EXPORTED = {
@@ -60,8 +48,7 @@ def test_onnx_runtime_gives_eager_values(name, tmp_path):
     fn = EXPORTED[name]
     path = str(tmp_path / "m.onnx")
     export(fn, path)
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: X})[0]
+    got = onnx_runtime.run(path, [X])[0]
     want = fn(kiln.Tensor(X)).numpy()
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
