@@ -14,6 +14,7 @@ import numpy as np
 
 import kiln
 from kiln import nn, ops
+from training import train_step
 
 TEXT = pathlib.Path(__file__).resolve().parents[1] / "ARCHITECTURE.md"
 
@@ -79,14 +80,7 @@ def make_step(model, mode, steps, max_lr=3e-3):
         logits = model(x)
         return loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    grad_fn = kiln.value_and_grad(loss_of, None, opt.parameters)
-
-    def step(x, y):
-        loss, grads = grad_fn(x, y)
-        opt(ops.clip_by_global_norm(grads, 1.0))
-        return loss
-
-    return step if mode == "eager" else kiln.jit(step, capture_mode=mode)
+    return train_step(loss_of, opt, mode, clip=1.0)
 
 
 def batches(data, batch, context, seed):

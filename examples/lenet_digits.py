@@ -12,6 +12,7 @@ import numpy as np
 import kiln
 from kiln import dataset as ds
 from kiln import nn
+from training import train_step
 
 
 class LeNet5(nn.Cell):
@@ -43,15 +44,7 @@ def load_digits_split(seed=0):
 
 def make_step(net, mode, lr=0.02):
     loss_fn = nn.CrossEntropyLoss()
-    opt = nn.Momentum(net.trainable_params(), lr, 0.9)
-    grad_fn = kiln.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
-
-    def step(x, y):
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        return loss
-
-    return step if mode == "eager" else kiln.jit(step, capture_mode=mode)
+    return train_step(lambda x, y: loss_fn(net(x), y), nn.Momentum(net.trainable_params(), lr, 0.9), mode)
 
 
 def accuracy(net, images, labels):

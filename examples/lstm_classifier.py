@@ -12,6 +12,7 @@ import numpy as np
 
 import kiln
 from kiln import nn
+from training import train_step
 
 VOCAB = 11  # digits 0-9 and the marker
 
@@ -39,15 +40,7 @@ def sequences(n, length, rng):
 
 def make_step(net, mode, lr=0.01):
     loss_fn = nn.CrossEntropyLoss()
-    opt = nn.Adam(net.trainable_params(), lr)
-    grad_fn = kiln.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
-
-    def step(x, y):
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        return loss
-
-    return step if mode == "eager" else kiln.jit(step, capture_mode=mode)
+    return train_step(lambda x, y: loss_fn(net(x), y), nn.Adam(net.trainable_params(), lr), mode)
 
 
 def train(steps=300, mode="ast", batch=32, length=12, seed=0, log=print):

@@ -13,6 +13,7 @@ import numpy as np
 
 import kiln
 from kiln import nn
+from training import train_step
 
 
 class Block(nn.Cell):
@@ -52,15 +53,7 @@ class ResNet18(nn.Cell):
 
 def make_step(net, mode, lr=0.01):
     loss_fn = nn.CrossEntropyLoss()
-    opt = nn.Momentum(net.trainable_params(), lr, 0.9)
-    grad_fn = kiln.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
-
-    def step(x, y):
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        return loss
-
-    return step if mode == "eager" else kiln.jit(step, capture_mode=mode)
+    return train_step(lambda x, y: loss_fn(net(x), y), nn.Momentum(net.trainable_params(), lr, 0.9), mode)
 
 
 def data(batch, size, steps, seed=0):

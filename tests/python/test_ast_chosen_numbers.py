@@ -104,3 +104,25 @@ def test_a_global_list_appended_after_a_tensor_if_that_returns_is_not_changed_tw
 
     run_all_modes(f, (rand(3), 1), (rand(3) * -1.0, 2), (rand(3, seed=3), 3), reset=log.clear,
                   observe=lambda: list(log))
+
+
+def test_chosen_numbers_in_a_decorated_function_that_fills_a_list_argument():
+    import functools
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            return fn(*args)
+        return wrapper
+
+    @logged
+    def f(x, out):
+        scale, count = 0.5, 1
+        if x.sum() > 0:
+            scale, count = 2.0, 3
+        out.append(x * scale)  # the caller's list, changed in place
+        out[0] = x + count
+        return x * (scale + count), count * 2, scale < 1.0
+
+    run_all_modes(f, (rand(3), [rand(3, seed=7)]), (rand(3) * -1.0, [rand(3, seed=8)]),
+                  (rand(3, seed=2), [rand(3, seed=9)]))

@@ -2,6 +2,7 @@
 capture mode of kiln.jit gives eager's losses."""
 import importlib.util
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ MODES = ["ast", "bytecode", "trace"]
 
 
 def load(name):
+    if str(EXAMPLES) not in sys.path:  # (the examples import their shared training step)
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -164,7 +167,6 @@ def test_the_zoo_benchmark_prints_its_rows(capsys):
     script = models_table.zoo_script()
     assert script is not None and script.name == "bench_zoo.py"
     import runpy
-    import sys
     argv, sys.argv = sys.argv, [str(script), "--models", "llama", "--quick"]
     try:
         runpy.run_path(str(script), run_name="__main__")
