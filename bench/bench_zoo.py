@@ -46,38 +46,35 @@ def timed(fn, repeat):
 
 # ---- the models: kiln step makers and torch twins ----------------------------------------------
 
-def lenet_case():
-    rng = np.random.default_rng(0)
-    x = rng.random((32, 1, 32, 32), dtype=np.float32)
-    y = rng.integers(0, 10, 32).astype(np.int64)
-
+def kiln_steps(make_net, make_step, x, y):
+    """options -> (a fresh seeded net in training mode, a call of its training step on x, y):
+    eager for options None, else kiln.jit(step, **options)."""
     def kiln_step(options):
         kiln.manual_seed(0)
-        net = lenet_digits.LeNet5()
+        net = make_net()
         net.set_train()
-        step = lenet_digits.make_step(net, "eager")
+        step = make_step(net)
         step = kiln.jit(step, **options) if options is not None else step
         xs, ys = kiln.Tensor(x), kiln.Tensor(y)
         return net, lambda: step(xs, ys).asnumpy()
 
-    return "LeNet5 train step, batch 32, 1x32x32", kiln_step, (x, y), "LeNet5", dict(lr=0.02, momentum=0.9), None
+    return kiln_step
+
+
+def lenet_case():
+    rng = np.random.default_rng(0)
+    x = rng.random((32, 1, 32, 32), dtype=np.float32)
+    y = rng.integers(0, 10, 32).astype(np.int64)
+    steps = kiln_steps(lenet_digits.LeNet5, lambda net: lenet_digits.make_step(net, "eager"), x, y)
+    return "LeNet5 train step, batch 32, 1x32x32", steps, (x, y), "LeNet5", dict(lr=0.02, momentum=0.9), None
 
 
 def resnet_case():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, 8).astype(np.int64)
-
-    def kiln_step(options):
-        kiln.manual_seed(0)
-        net = resnet18.ResNet18(width=32)
-        net.set_train()
-        step = resnet18.make_step(net, "eager")
-        step = kiln.jit(step, **options) if options is not None else step
-        xs, ys = kiln.Tensor(x), kiln.Tensor(y)
-        return net, lambda: step(xs, ys).asnumpy()
-
-    return "ResNet-18 (width 32) train step, batch 8, 3x32x32", kiln_step, (x, y), "ResNet18", \
+    steps = kiln_steps(lambda: resnet18.ResNet18(width=32), lambda net: resnet18.make_step(net, "eager"), x, y)
+    return "ResNet-18 (width 32) train step, batch 8, 3x32x32", steps, (x, y), "ResNet18", \
         dict(lr=0.01, momentum=0.9), dict(width=32)
 
 
@@ -85,33 +82,15 @@ def gpt_case():
     data, chars = gpt_tiny.corpus()
     x, y = next(gpt_tiny.batches(data, 16, 64, 0))
     x, y = x.asnumpy(), y.asnumpy()
-
-    def kiln_step(options):
-        kiln.manual_seed(0)
-        model = gpt_tiny.GPT(len(chars))
-        model.set_train()
-        step = gpt_tiny.make_step(model, "eager", 1000)
-        step = kiln.jit(step, **options) if options is not None else step
-        xs, ys = kiln.Tensor(x), kiln.Tensor(y)
-        return model, lambda: step(xs, ys).asnumpy()
-
-    return "GPT (2 layers, 64 wide) train step, batch 16 x 64 tokens", kiln_step, (x, y), "GPT", \
+    steps = kiln_steps(lambda: gpt_tiny.GPT(len(chars)), lambda net: gpt_tiny.make_step(net, "eager", 1000), x, y)
+    return "GPT (2 layers, 64 wide) train step, batch 16 x 64 tokens", steps, (x, y), "GPT", \
         dict(adamw=True), dict(vocab=len(chars))
 
 
 def lstm_case():
     x, y = lstm_classifier.sequences(32, 128, np.random.default_rng(0))
-
-    def kiln_step(options):
-        kiln.manual_seed(0)
-        net = lstm_classifier.Classifier()
-        net.set_train()
-        step = lstm_classifier.make_step(net, "eager")
-        step = kiln.jit(step, **options) if options is not None else step
-        xs, ys = kiln.Tensor(x), kiln.Tensor(y)
-        return net, lambda: step(xs, ys).asnumpy()
-
-    return "LSTM classifier (2 layers, 32 wide) train step, batch 32 x 128 steps", kiln_step, (x, y), \
+    steps = kiln_steps(lstm_classifier.Classifier, lambda net: lstm_classifier.make_step(net, "eager"), x, y)
+    return "LSTM classifier (2 layers, 32 wide) train step, batch 32 x 128 steps", steps, (x, y), \
         "LSTMClassifier", dict(adam=True), None
 
 
