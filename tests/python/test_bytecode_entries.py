@@ -8,6 +8,7 @@ import weakref
 
 
 import kiln
+from kiln.jit import bytecode_capture
 from test_bytecode_capture import bc, close, t  # the helpers of the bytecode tests
 
 
@@ -128,3 +129,24 @@ def test_no_leak_over_many_calls_and_many_functions():
     before, after = counts
     assert after[:3] == before[:3]
     assert after[3] - before[3] < 100
+
+
+def test_closures_made_again_many_times_each_compile():
+    """A closure of one code made again with a new cell value many times (a step function built per
+    model or per epoch): each new wrapper compiles, however many came before; the shared entries stay
+    bounded; no wrapper gives up and runs eagerly."""
+    def make_here(scale):
+        def f(x):
+            return x * scale + 1.0
+
+        return f
+
+    x = t(2, 3)
+    n = bytecode_capture.MAX_PIECES + bytecode_capture.SHARED_PER_KEY + 5
+    for k in range(n):
+        jf = bc(make_here(float(k)))
+        close(jf(x), x * float(k) + 1.0)
+        info = jf.cache_info()
+        assert (info.compiles, info.eager_calls) == (1, 0), (k, info)
+    shared = jf._pieces.entries
+    assert max(len(v) for v in shared.cache.values()) <= bytecode_capture.SHARED_PER_KEY

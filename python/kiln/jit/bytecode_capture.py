@@ -43,7 +43,10 @@ _local = threading.local()
 _owner = weakref.WeakValueDictionary()  # code -> the JitFunction that last ran it (frames met outside its call)
 _VAR_ARGS = 0x04 | 0x08
 
-MAX_PIECES = 64  # per function: beyond, the rest of a call is interpreted in Python
+MAX_PIECES = 64  # per wrapper: beyond, the rest of a call is interpreted in Python
+# Pieces of one (resume point, call key) kept in a code object's shared Entries: closures made again
+# with new cell values each add one; beyond this many the oldest go (a wrapper needing it recompiles).
+SHARED_PER_KEY = 32
 MAX_DIRECT = 256  # call keys (exact shapes) found without the frame hook, for those served by dynamic pieces
 
 
@@ -123,6 +126,8 @@ class Pieces:
         self.entry_keys = []
         self.warned = False  # the recompile_limit warning was given
         self.given_up = None  # why the rest of calls is interpreted in Python
+        self.own = set()  # ids of the pieces this wrapper captured (its limits count these only)
+        self.mine = []  # those pieces, kept alive while the wrapper lives (the ids stay theirs)
 
     cache = property(lambda self: self.entries.cache)
     breaks = property(lambda self: self.entries.breaks)
@@ -158,9 +163,14 @@ class Pieces:
 
     def add(self, key, piece):
         if piece.dyn is not None:
-            self.entries.dynamic.setdefault(_shape_free(key), []).append(piece)
+            same = self.entries.dynamic.setdefault(_shape_free(key), [])
         else:
-            self.cache.setdefault(key, []).append(piece)
+            same = self.cache.setdefault(key, [])
+        same.append(piece)
+        if self.shared and len(same) > SHARED_PER_KEY:
+            del same[0]  # in place: Pieces.direct holds the list
+        self.own.add(id(piece))
+        self.mine.append(piece)
         self.entries.count += 1
         if not piece.returns:
             self.breaks.append((piece.reason, piece.where))
@@ -408,7 +418,9 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 piece, exe, sizes = found
         if piece is None:
             # (the dynamic pieces of these sizes' shape-free key count too: a call breaking their relations)
-            stale = list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(_shape_free(key), [])
+            # (only this wrapper's: a closure made again with other cell values is not a recompile)
+            stale = [p for p in list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(_shape_free(key), [])
+                     if id(p) in pieces.own]
             if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
                 failed = stale[-1].failed_guard(pieces.fn)
                 pieces.given_up = (f"compiled {len(stale)} times (recompile_limit={owner.options.recompile_limit}); "
@@ -417,7 +429,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 if side_effects_done:
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
                                   "in Python", RuntimeWarning, stacklevel=4)
-            if pieces.count >= MAX_PIECES or pieces.given_up:
+            if len(pieces.mine) >= MAX_PIECES or pieces.given_up:
                 if pieces.given_up is None:
                     pieces.given_up = f"more than {MAX_PIECES} graphs"
                     warnings.warn(f"kiln.jit: {owner.__qualname__}: {pieces.given_up}; the rest of each call runs "
