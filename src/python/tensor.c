@@ -370,6 +370,21 @@ static PyObject *nb_pow(PyObject *a, PyObject *b, PyObject *mod) {
         PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported for tensors");
         return NULL;
     }
+    /* an integer tensor to a negative integer power: Python gives a float, integer arithmetic 0 or
+     * garbage; refused, as NumPy and PyTorch do */
+    if (pykiln_is_tensor(a) && PyLong_Check(b) && !PyBool_Check(b)) {
+        const kiln_tensor *t = pykiln_unwrap(a);
+        int overflow = 0;
+        long long e = PyLong_AsLongLongAndOverflow(b, &overflow);
+        if (!kiln_dtype_is_float(t->meta.dtype) && t->meta.dtype != KILN_DTYPE_BOOL && (e < 0 || overflow < 0)) {
+            char buf[160];
+            PyErr_Format(PyExc_ValueError,
+                         "pow: an integer tensor (%s %s) to a negative integer power (%S) is not an integer; "
+                         "use x.float() ** n",
+                         kiln_dtype_name(t->meta.dtype), kiln_shape_str(&t->meta, buf, sizeof buf), b);
+            return NULL;
+        }
+    }
     return binary(a, b, KILN_OP_POW);
 }
 
@@ -377,17 +392,18 @@ static int is_bool_tensor(PyObject *o) {
     return pykiln_is_tensor(o) && pykiln_unwrap(o)->meta.dtype == KILN_DTYPE_BOOL;
 }
 
-static PyObject *logical(PyObject *a, PyObject *b, kiln_op op, const char *sym) {
+static PyObject *logical(PyObject *a, PyObject *b, kiln_op op, const char *sym, const char *name) {
     if ((pykiln_is_tensor(a) && !is_bool_tensor(a)) || (pykiln_is_tensor(b) && !is_bool_tensor(b))) {
-        PyErr_Format(PyExc_TypeError, "operator %s is defined for bool tensors only (logical %s)", sym,
-                     kiln_op_table[op].name);
+        PyErr_Format(PyExc_TypeError, "operator %s is defined for bool tensors only (%s)", sym, name);
         return NULL;
     }
     return binary(a, b, op);
 }
 
-static PyObject *nb_and(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_AND, "&"); }
-static PyObject *nb_or(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_OR, "|"); }
+static PyObject *nb_and(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_AND, "&", "logical_and"); }
+static PyObject *nb_or(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_OR, "|", "logical_or"); }
+/* bool ^ bool is "not equal" */
+static PyObject *nb_xor(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_NE, "^", "logical_xor"); }
 static PyObject *nb_invert(PyObject *a) {
     if (!is_bool_tensor(a)) {
         PyErr_SetString(PyExc_TypeError, "operator ~ is defined for bool tensors only (logical_not)");
@@ -448,6 +464,7 @@ static PyNumberMethods tensor_as_number = {
     .nb_invert = nb_invert,
     .nb_and = nb_and,
     .nb_or = nb_or,
+    .nb_xor = nb_xor,
     .nb_int = nb_int,
     .nb_float = nb_float,
     .nb_index = nb_index,
