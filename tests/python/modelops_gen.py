@@ -18,8 +18,10 @@ import kiln
 
 
 class _Value:
-    def __init__(self, name, shape):
-        self.name, self.shape = name, tuple(shape)
+    def __init__(self, name, shape, key):
+        # key: how the shape was derived from the inputs'; values of one key have one shape at any
+        # input sizes (two shapes equal by chance at the generated sizes are never paired)
+        self.name, self.shape, self.key = name, tuple(shape), key
 
 
 def _axis(r, v):
@@ -64,22 +66,22 @@ STEPS = [
     ("triu", lambda s: len(s) >= 2, lambda r, v, o: (f"K.triu({v.name}, {r.randint(-1, 1)})", v.shape)),
     ("softmax", lambda s: True, lambda r, v, o: (f"K.softmax({v.name}, {_axis(r, v)})", v.shape)),
     ("log_softmax", lambda s: True, lambda r, v, o: (f"K.log_softmax({v.name}, -1) * 0.3", v.shape)),
-    ("pad", lambda s: s[-1] <= 8,
+    ("pad", lambda s: True,
      lambda r, v, o: _pad(r, v)),
-    ("tile", lambda s: s[-1] <= 6,
+    ("tile", lambda s: True,
      lambda r, v, o: (f"K.tile({v.name}, {(1,) * (len(v.shape) - 1) + (2,)})", v.shape[:-1] + (2 * v.shape[-1],))),
-    ("repeat_interleave", lambda s: s[-1] <= 6,
+    ("repeat_interleave", lambda s: True,
      lambda r, v, o: (f"K.repeat_interleave({v.name}, 2, axis={len(v.shape) - 1})", v.shape[:-1] + (2 * v.shape[-1],))),
     ("topk", lambda s: s[-1] >= 3,
      lambda r, v, o: (f"K.topk({v.name}, 2, dim=-1, largest={r.random() < 0.5})[0]", v.shape[:-1] + (2,))),
     ("norm", lambda s: len(s) >= 2,
      lambda r, v, o: (f"K.norm({v.name}, dim=-1, keepdim=True) * {v.name}", v.shape)),
-    ("einsum", lambda s: len(s) >= 2 and s[-1] <= 8,
+    ("einsum", lambda s: len(s) >= 2,
      lambda r, v, o: (f"K.einsum('...ij,...kj->...ik', {v.name}, {v.name}) * 0.2", v.shape[:-1] + (v.shape[-2],))),
     ("bmm", lambda s: len(s) == 3,
      lambda r, v, o: (f"K.bmm({v.name}, {v.name}.transpose(0, 2, 1)) * 0.2", v.shape[:-1] + (v.shape[-2],))),
     ("one_hot", lambda s: True,
-     lambda r, v, o: (f"K.one_hot(K.argmax({v.name}, -1), {v.shape[-1]}).astype(kiln.float32) * {v.name}",
+     lambda r, v, o: (f"K.one_hot(K.argmax({v.name}, -1), {v.name}.shape[-1]).astype(kiln.float32) * {v.name}",
                       v.shape)),
     ("gather_elements", lambda s: True,
      lambda r, v, o: (f"K.gather_elements({v.name}, -1, K.argsort({v.name}, -1))", v.shape)),
@@ -101,7 +103,7 @@ ENDINGS = [
     lambda v: f"K.mse_loss({v.name}, {v.name} * 0.5)",
     lambda v: f"K.smooth_l1_loss({v.name}, {v.name} * 0.0, reduction='mean')",
     lambda v: f"K.binary_cross_entropy_with_logits({v.name}, K.sigmoid({v.name} * 0.0 + 0.3))",
-    lambda v: f"K.cross_entropy({v.name}.reshape(-1, {v.shape[-1]}), K.argmax({v.name}.reshape(-1, {v.shape[-1]}), -1))",
+    lambda v: f"K.cross_entropy({v.name}.reshape(-1, {v.name}.shape[-1]), K.argmax({v.name}, -1).reshape(-1))",
 ]
 
 
@@ -114,9 +116,11 @@ class Program:
     def __init__(self, seed, source, fn, shapes):
         self.seed, self.source, self.fn, self.shapes = seed, source, fn, shapes
 
-    def inputs(self, k=0):
+    def inputs(self, k=0, grow=0):
+        """Input arrays (k: which draw); grow: every size that many larger (the program's steps hold
+        for sizes 2 to 7)."""
         rng = np.random.default_rng([self.seed, k])
-        return [rng.uniform(-2.5, 2.5, s).astype(np.float32) for s in self.shapes]
+        return [rng.uniform(-2.5, 2.5, tuple(d + grow for d in s)).astype(np.float32) for s in self.shapes]
 
     def __repr__(self):
         return f"modelops seed {self.seed}:\n{self.source}"
@@ -127,16 +131,16 @@ def generate(seed, grad_safe=False):
     rank = r.choice((1, 2, 2, 3))
     shape = tuple(r.randint(2, 5) for _ in range(rank))
     n_in = r.choice((1, 2))
-    vals = [_Value(f"x{k}", shape) for k in range(n_in)]
+    vals = [_Value(f"x{k}", shape, "input") for k in range(n_in)]
     lines = []
     steps = [s for s in STEPS if not (grad_safe and s[0] in ("isnan",))]
     for k in range(r.randint(3, 6)):
         v = r.choice(vals)
         options = [s for s in steps if s[1](v.shape)]
         name, _, make = r.choice(options)
-        other = next((u for u in vals if u is not v and u.shape == v.shape), None)
+        other = next((u for u in vals if u is not v and u.key == v.key), None)
         expr, new_shape = make(r, v, other)
-        out = _Value(f"t{k}", new_shape)
+        out = _Value(f"t{k}", new_shape, v.key if new_shape == v.shape else f"{expr}")
         lines.append(f"    {out.name} = {expr}  # {name}")
         vals.append(out)
     last = vals[-1]

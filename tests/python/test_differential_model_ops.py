@@ -1,7 +1,8 @@
 """Randomized differential tests over the ops real models use (modelops_gen.py): for each seed's
 program, every capture mode (ast, bytecode, trace) at O0 / O1 kernel by kernel, O1 sunk and O2
 agrees with eager on the tracing call and on a replay with new values, and leaves its inputs as
-they were; for a third of the seeds, value_and_grad of the jitted function agrees with eager's.
+they were; for a third of the seeds, value_and_grad of the jitted function agrees with eager's;
+with dynamic=1, calls at other sizes (every size one and two larger, then the first again) agree.
 
     KILN_MODELOPS_SEEDS=N   seeds 0..N-1 (default 60)
 A failure prints the seed, the variant and the program. Print one with
@@ -103,3 +104,22 @@ def test_generator_covers_every_step():
         seen |= {name for name, _, _ in modelops_gen.STEPS if f"# {name}\n" in src}
     missing = {name for name, _, _ in modelops_gen.STEPS} - seen
     assert not missing or len(SEEDS) < 60, f"steps never generated: {sorted(missing)}"
+
+
+DYNAMIC_SEEDS = [s for s in SEEDS if s % 2 == 0]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[1:] in (("O0", "kbk"), ("O1", "sink"))], ids="-".join)
+@pytest.mark.parametrize("seed", DYNAMIC_SEEDS)
+def test_dynamic_sizes(seed, variant, monkeypatch):
+    prog = modelops_gen.generate(seed)
+    if interpreted(variant, seed):
+        monkeypatch.setenv("KILN_DISABLE_CODEGEN", "1")
+    mode, level, backend = variant
+    jf = kiln.jit(prog.fn, capture_mode=mode, jit_level=level, backend=backend, dynamic=1)
+    for k, grow in enumerate((0, 1, 2, 0)):
+        arrays = prog.inputs(k, grow)
+        expected = prog.fn(*[kiln.Tensor(a) for a in arrays])
+        check(prog, f"call at sizes {[a.shape for a in arrays]}", variant, jf(*[kiln.Tensor(a) for a in arrays]),
+              expected)
+    assert jf.cache_info().eager_calls == 0, f"{variant}: {jf.cache_info()}\n{prog}"
