@@ -2,6 +2,7 @@
  * the tensor, a RESHAPE that drops integer-indexed axes and inserts None axes, and, for index
  * tensors, a GATHER (reads) or INDEX_PUT (writes) on that view. Several index tensors are
  * combined into one index over their merged axes. */
+#include "../core/hooks.h"
 #include "../core/internal.h"
 
 #include "index_lower.h"
@@ -236,33 +237,44 @@ static kiln_status with_literal(kiln_op op, kiln_tensor *a, int64_t value, kiln_
     return s;
 }
 
-/* One index tensor of the view's axis `axis` (length n), bounds-checked, negatives wrapped. */
-static kiln_status wrapped_part(kiln_tensor *idx, int axis, int64_t n, kiln_value_read_fn note_read,
+/* One index tensor of the view's axis `axis` (length n), bounds-checked, negatives wrapped.
+ * Eagerly the check reads whether any index is out of range and names the axis. While a trace
+ * records, reading it would fix the answer into the graph (and send the capture eager), so an
+ * out-of-range index becomes `total` (the size of all the merged axes) instead: the merged index
+ * is then >= total, which the gather or index_put it feeds refuses when the graph runs. */
+static kiln_status wrapped_part(kiln_tensor *idx, int axis, int64_t n, int64_t total, kiln_value_read_fn note_read,
                                 kiln_tensor **out) {
-    kiln_tensor *t[8] = {0}; /* part, lo, hi, bad, any, neg, shifted */
+    kiln_tensor *t[10] = {0}; /* part, lo, hi, bad, any, neg, shifted, wrapped, sentinel */
+    bool in_graph = kiln_thread.trace_active != NULL && total <= (INT64_MAX / 2) / (total ? total : 1);
     kiln_status s = KILN_OK;
     if (idx->meta.dtype == KILN_DTYPE_INT64) kiln_tensor_retain(t[0] = idx);
     else s = kiln_emit_cast(idx, KILN_DTYPE_INT64, &t[0]);
     if (s == KILN_OK) s = with_literal(KILN_OP_LT, t[0], -n, &t[1]);
     if (s == KILN_OK) s = with_literal(KILN_OP_GE, t[0], n, &t[2]);
     if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_LOGICAL_OR, t[1], t[2], &t[3]);
-    if (s == KILN_OK) {
+    if (s == KILN_OK && !in_graph) {
         int nd = t[3]->meta.ndim;
         s = kiln_emit_reduce(KILN_OP_MAX, t[3], nd ? (1ull << nd) - 1 : 0, false, &t[4]);
-    }
-    if (s == KILN_OK) {
-        if (note_read) note_read(t[4]);
-        if (kiln_tensor_get_double(t[4], 0) != 0)
-            s = kiln_error(KILN_ERR_INDEX, "index: an index is out of bounds for axis %d with size %lld", axis,
-                           (long long)n);
+        if (s == KILN_OK) {
+            if (note_read) note_read(t[4]);
+            if (kiln_tensor_get_double(t[4], 0) != 0)
+                s = kiln_error(KILN_ERR_INDEX, "index: an index is out of bounds for axis %d with size %lld", axis,
+                               (long long)n);
+        }
     }
     if (s == KILN_OK) s = with_literal(KILN_OP_LT, t[0], 0, &t[5]);
     if (s == KILN_OK) s = with_literal(KILN_OP_ADD, t[0], n, &t[6]);
+    kiln_tensor **wrapped = in_graph ? &t[7] : out;
     if (s == KILN_OK) {
         kiln_tensor *in[3] = {t[5], t[6], t[0]};
+        s = kiln_apply(KILN_OP_WHERE, 3, in, NULL, wrapped);
+    }
+    if (s == KILN_OK && in_graph) s = literal(total, &t[8]);
+    if (s == KILN_OK && in_graph) {
+        kiln_tensor *in[3] = {t[3], t[8], t[7]};
         s = kiln_apply(KILN_OP_WHERE, 3, in, NULL, out);
     }
-    kiln_release_all(t, 8);
+    kiln_release_all(t, 10);
     return s;
 }
 
@@ -270,12 +282,13 @@ static kiln_status wrapped_part(kiln_tensor *idx, int axis, int64_t n, kiln_valu
  * the last axis varies fastest. */
 static kiln_status merged_index(const lowered *l, kiln_value_read_fn note_read, kiln_tensor **out) {
     kiln_tensor *index = NULL;
-    int64_t stride = 1;
+    int64_t stride = 1, total = 1;
     kiln_status s = KILN_OK;
+    for (int k = 0; k < l->narrays; k++) total *= l->view_shape[l->axes[k]];
     for (int k = l->narrays - 1; k >= 0 && s == KILN_OK; k--) {
         int64_t n = l->view_shape[l->axes[k]];
         kiln_tensor *part = NULL, *scaled = NULL, *sum = NULL;
-        s = wrapped_part(l->arrays[k], l->axes[k], n, note_read, &part);
+        s = wrapped_part(l->arrays[k], l->axes[k], n, total, note_read, &part);
         if (s == KILN_OK) s = with_literal(KILN_OP_MUL, part, stride, &scaled);
         if (s == KILN_OK && index) {
             s = kiln_emit_binary(KILN_OP_ADD, index, scaled, &sum);

@@ -113,3 +113,35 @@ def test_bool_xor_and_integer_negative_power():
     with pytest.raises(ValueError, match=r"pow: an integer tensor \(int64 \(3,\)\) to a negative integer power"):
         ints(2, 3, 4) ** -2
     assert (ints(2, 3, 4) ** 0).asnumpy().tolist() == [1, 1, 1]
+
+
+def test_several_index_tensors_compile_and_check_bounds_in_the_graph():
+    """x[rows, cols] and x[rows, cols] = v with index tensors (picking each row's target: the NLL
+    pattern) agree with eager in every mode, compile into the graph (no read of the indices sending
+    the call eager), and an out-of-range index still raises IndexError when the graph runs."""
+    x = kiln.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+
+    def pick(x, rows, cols):
+        return x[rows, cols] * 2.0, -x[rows, cols].sum()
+
+    def put(x, rows, cols):
+        y = x * 1.0
+        y[rows, cols] = -1.0
+        return y
+
+    good = (x, ints(0, 2, -1), ints(1, -4, 3))
+    run_all_modes(pick, good, (x, ints(1, 1, 0), ints(0, 3, -1)))
+    run_all_modes(put, good, (x, ints(1, 1, 0), ints(0, 3, -1)))
+    for mode in ("ast", "bytecode", "trace"):
+        for fn in (pick, put):
+            jf = kiln.jit(fn, capture_mode=mode)
+            jf(*good)
+            jf(*good)
+            info = jf.cache_info()
+            # (bytecode entries live with the code: run_all_modes may have compiled them already)
+            assert info.compiles <= 1 and info.hits >= 1 and info.eager_calls == 0, (mode, fn.__name__, info)
+            for bad in (ints(0, 5, 1), ints(0, -5, 1)):
+                with pytest.raises(IndexError, match="out of range"):
+                    jf(x, ints(0, 1, 1), bad)
+    with pytest.raises(IndexError, match="out of bounds for axis 1 with size 4"):
+        pick(x, ints(0, 1), ints(0, 7))
