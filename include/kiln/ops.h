@@ -24,12 +24,15 @@ typedef enum kiln_op {
 #define KILN_MAX_OUTPUTS 32
 #define KILN_VARIADIC (-1)
 
-/* Non-tensor arguments of an op. Each op documents its layout in ops.def. */
+/* Non-tensor arguments of an op. Each op declares its layout in ops.def (KILN_ATTRS), which
+ * kiln/op_attrs.h turns into named indices (KILN_A_REDUCE_KEEPDIMS, ...). */
 typedef struct kiln_attrs {
     int32_t ni, nf;
     int64_t i[KILN_MAX_ATTR_INTS];
     double f[KILN_MAX_ATTR_FLOATS];
 } kiln_attrs;
+
+#include "op_attrs.h"
 
 typedef enum kiln_fusion {
     KILN_FUSE_ELEMENTWISE, /* out[i] = expr(in[i]...) after broadcasting; has a C expression */
@@ -44,7 +47,7 @@ enum kiln_op_flags {
     KILN_OPF_RANDOM = 1 << 2,       /* draws from the global generator */
     KILN_OPF_SAVE_INPUTS = 1 << 3,  /* the gradient rule reads the input values */
     KILN_OPF_SAVE_OUTPUTS = 1 << 4, /* the gradient rule reads the output values */
-    KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in i[2] */
+    KILN_OPF_CONTROL = 1 << 5,      /* runs subgraphs named by attrs (ops.def: if, while); nout in KILN_A_CONTROL_NOUT */
     KILN_OPF_EFFECT = 1 << 6,       /* observable when it runs (print): kept, never merged, order kept */
     KILN_OPF_COMMUTATIVE = 1 << 7,  /* its two inputs may be swapped: same result, shape and dtype */
     /* its attributes hold sizes taken from tensor shapes (a target shape, slice lengths, the
@@ -105,10 +108,10 @@ typedef struct kiln_op_info {
 
 KILN_API extern const kiln_op_info kiln_op_table[KILN_OP_COUNT];
 KILN_API const kiln_op_info *kiln_op_get(kiln_op op);
-/* Number of outputs of op with these attrs (control-flow ops carry it in attrs.i[2]). */
+/* Number of outputs of op with these attrs (control-flow ops carry it: KILN_A_CONTROL_NOUT). */
 static inline int kiln_op_nout(kiln_op op, const kiln_attrs *attrs) {
     int n = kiln_op_table[op].nout;
-    return n != KILN_VARIADIC ? n : (attrs && attrs->ni > 2 ? (int)attrs->i[2] : 0);
+    return n != KILN_VARIADIC ? n : (int)kiln_attr_int(attrs, KILN_A_CONTROL_NOUT, 0);
 }
 static inline bool kiln_op_has_side_effects(kiln_op op) {
     return (kiln_op_table[op].flags & KILN_OPF_SIDE_EFFECTS) != 0;

@@ -273,7 +273,7 @@ void kiln_cg_put_expr(kiln_strbuf *t, const kiln_graph *g, int32_t i, const char
     const char *ot = kiln_cg_c_type(od);
     if (n->op == KILN_OP_FULL) {
         kiln_strbuf_printf(t, "        const %s %s = (%s)", ot, out, ot);
-        kiln_cg_put_double(t, n->attrs.f[0]);
+        kiln_cg_put_double(t, n->attrs.f[KILN_A_FULL_VALUE]);
         kiln_strbuf_printf(t, ";\n");
         return;
     }

@@ -7,7 +7,7 @@
 /* ---- effects ------------------------------------------------------------------------------ */
 
 static bool node_has_effects(const kiln_node *n) {
-    if (n->op == KILN_OP_BATCH_NORM) return n->attrs.ni > 0 && n->attrs.i[0] != 0; /* i[0]: training */
+    if (n->op == KILN_OP_BATCH_NORM) return kiln_attr_int(&n->attrs, KILN_A_BATCH_NORM_TRAINING, 0) != 0;
     return kiln_op_has_side_effects(n->op);
 }
 
@@ -32,7 +32,7 @@ static bool same_attrs(const kiln_attrs *a, const kiln_attrs *b) {
     if (a->ni != b->ni || a->nf != b->nf) return false;
     for (int k = 0; k < a->ni; k++)
         if (a->i[k] != b->i[k]) return false;
-    return a->nf == 0 || memcmp(a->f, b->f, sizeof a->f[0] * (size_t)a->nf) == 0; /* bit for bit */
+    return a->nf == 0 || memcmp(a->f, b->f, sizeof *a->f * (size_t)a->nf) == 0; /* bit for bit */
 }
 
 typedef enum { CAPTURE_CONSTANT, CAPTURE_PARAMETER, CAPTURE_TENSOR } capture_kind;

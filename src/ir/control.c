@@ -8,12 +8,10 @@
 #include "trace_internal.h"
 
 int kiln_control_slots(kiln_op op, int *slots) {
-    slots[0] = 0, slots[1] = 1;
-    if (op == KILN_OP_WHILE_GRAD) {
-        slots[2] = 3;
-        return 3;
-    }
-    return kiln_op_is_control(op) ? 2 : 0;
+    if (!kiln_op_is_control(op)) return 0;
+    int n = kiln_op_nbodies(op);
+    for (int k = 0; k < n; k++) slots[k] = kiln_op_body_attr(op, k);
+    return n;
 }
 
 static const char *meta_text(const kiln_meta *m, char *buf, size_t size) {
@@ -228,16 +226,22 @@ const kiln_graph *kiln_body_graph(int64_t id) {
     return b ? b->g : NULL;
 }
 
+const kiln_graph *kiln_body_of(kiln_op op, const kiln_attrs *a, int k) {
+    int64_t id;
+    if (kiln_attrs_body(op, a, k, &id) != KILN_OK) return NULL;
+    const kiln_graph *g = kiln_body_graph(id);
+    if (!g) kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
+    return g;
+}
+
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out) {
     body *b = lookup(id);
     if (!b) return KILN_ERR_VALUE;
     *out = n->attrs;
     int slots[4], ns = kiln_control_slots(n->op, slots);
     for (int k = 0; k < ns; k++) {
-        int64_t idx = n->attrs.i[slots[k]];
-        if (idx < 0 || idx >= b->g->nsubgraphs)
-            return kiln_error(KILN_ERR_VALUE, "%s names subgraph %lld, which does not exist", kiln_op_table[n->op].name,
-                              (long long)idx);
+        int32_t idx;
+        KILN_TRY(kiln_graph_body_index(b->g, n->op, &n->attrs, k, &idx));
         out->i[slots[k]] = b->sub_ids[idx];
     }
     return KILN_OK;

@@ -13,8 +13,10 @@
 
 #include "../core/internal.h"
 #include "kiln/graph.h"
+#include "body.h"
 
-/* The attr slots of op that name subgraphs (at most 4); returns how many. */
+/* The attr slots of a control-flow op that name subgraphs (at most 4; kiln_op_body_attr of each
+ * body, body.h); returns how many (0 for other ops, fused ones included). */
 int kiln_control_slots(kiln_op op, int *slots);
 static inline bool kiln_op_is_control(kiln_op op) { return kiln_op_table[op].flags & KILN_OPF_CONTROL; }
 
@@ -38,6 +40,9 @@ void kiln_body_release(int64_t id);
 int64_t kiln_body_live_count(void);
 /* The body's graph (borrowed: valid while a reference is held), or NULL with an error set. */
 const kiln_graph *kiln_body_graph(int64_t id);
+/* Body k of a control-flow op given to kiln_apply (its attrs name registered bodies): borrowed, or
+ * NULL with an error naming the op when a lacks the int or it names no registered body. */
+const kiln_graph *kiln_body_of(kiln_op op, const kiln_attrs *a, int k);
 /* attrs of a node of body `id`'s graph with its subgraph indices turned into registry ids. */
 kiln_status kiln_body_node_attrs(int64_t id, const kiln_node *n, kiln_attrs *out);
 

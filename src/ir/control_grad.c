@@ -124,11 +124,14 @@ static kiln_status grad_if(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, k
     kiln_attrs a = {0};
     int64_t back[2] = {-1, -1}; /* the backward bodies, held for the emitted node's run */
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[0], nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[0]);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[1]);
-    a.ni = 3;
-    a.i[0] = back[0], a.i[1] = back[1];
-    a.i[2] = nx;
+    int64_t then_id = -1, else_id = -1;
+    if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_IF, ctx->attrs, 0, &then_id);
+    if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_IF, ctx->attrs, 1, &else_id);
+    if (s == KILN_OK) s = backward_body(then_id, nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[0]);
+    if (s == KILN_OK) s = backward_body(else_id, nx, ctx->in + 1, ctx->needs_grad + 1, ctx->nout, gy, &back[1]);
+    a.ni = KILN_A_IF_NI;
+    a.i[KILN_A_IF_THEN] = back[0], a.i[KILN_A_IF_ELSE] = back[1];
+    a.i[KILN_A_IF_NOUT] = nx;
     /* if(pred, x..., gy...) -> gx... */
     if (s == KILN_OK) s = emit(ctx, KILN_OP_IF, &a, ctx->nin, ctx->in, gy, 1, gin);
     kiln_body_release(back[0]);
@@ -151,12 +154,15 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
     bool want[KILN_MAX_OUTPUTS];
     for (int k = 0; k < nstate; k++) want[k] = k < ctx->nout || ctx->needs_grad[k];
     kiln_status s = output_grads(ctx, gout, gy);
-    if (s == KILN_OK) s = backward_body(ctx->attrs->i[1], nstate, ctx->in, want, ctx->nout, gy, &back);
-    a.ni = 4;
-    a.i[0] = ctx->attrs->i[0];
-    a.i[1] = ctx->attrs->i[1];
-    a.i[2] = nstate;
-    a.i[3] = back;
+    int64_t cond_id = -1, body_id = -1;
+    if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id);
+    if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &body_id);
+    if (s == KILN_OK) s = backward_body(body_id, nstate, ctx->in, want, ctx->nout, gy, &back);
+    a.ni = KILN_A_WHILE_NI;
+    a.i[KILN_A_WHILE_COND] = cond_id;
+    a.i[KILN_A_WHILE_BODY] = body_id;
+    a.i[KILN_A_WHILE_NOUT] = nstate;
+    a.i[KILN_A_WHILE_BACKWARD] = back;
     /* while_grad(v0..., lifted..., gv...) -> (gv0..., glifted...) */
     if (s == KILN_OK) s = emit(ctx, KILN_OP_WHILE_GRAD, &a, nstate, ctx->in, gy, 0, gin);
     kiln_body_release(back);

@@ -85,8 +85,8 @@ static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_
         const kiln_meta *m0 = nd->nout > 0 ? &g->values[nd->out[0]].meta : NULL;
         snprintf(label, sizeof label, "%s\n%s%s%s", name, m0 ? meta_text(m0, meta, sizeof meta) : "", loc ? "\n" : "",
                  loc ? loc : "");
-        int64_t sub = nd->attrs.i[0];
-        if (nd->op == KILN_OP_FUSED && sub >= 0 && sub < g->nsubgraphs) {
+        kiln_graph *sub;
+        if (nd->op == KILN_OP_FUSED && kiln_graph_body(g, nd, 0, &sub) == KILN_OK) {
             dot_id *in = kiln_calloc((size_t)(nd->nin ? nd->nin : 1), sizeof *in), out0 = "";
             if (!in) {
                 t->failed = true;
@@ -98,7 +98,7 @@ static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_
             if (loc) put_label(t, loc);
             kiln_strbuf_printf(t, "\"; style=filled; fillcolor=\"#eef3ff\";\n");
             kiln_strbuf edges = {0}; /* into the group from outside it */
-            emit_sub(t, g->subgraphs[sub], next, depth + 1, in, &out0, &edges, false);
+            emit_sub(t, sub, next, depth + 1, in, &out0, &edges, false);
             kiln_strbuf_printf(t, "%*s}\n", 2 * depth, "");
             if (edges.failed) t->failed = true;
             else if (edges.len) kiln_strbuf_printf(t, "%s", edges.buf);
@@ -113,12 +113,12 @@ static void emit(kiln_strbuf *t, const kiln_graph *g, int *next, int depth, dot_
                                2 * depth + 2, "", name);
             put_node(t, depth + 1, id, "box", label);
             for (int b = 0; b < nbodies; b++) {
-                int64_t body = nd->attrs.i[slots[b]];
-                if (body < 0 || body >= g->nsubgraphs) continue;
+                kiln_graph *body;
+                if (kiln_graph_body(g, nd, b, &body) != KILN_OK) continue;
                 static const char *const if_names[] = {"then", "else"}, *const loop_names[] = {"cond", "body", "backward"};
                 kiln_strbuf_printf(t, "%*ssubgraph cluster_%s_b%d {\n%*slabel=\"%s\"; style=dashed;\n", 2 * depth + 2,
                                    "", id, b, 2 * depth + 4, "", nd->op == KILN_OP_IF ? if_names[b & 1] : loop_names[b]);
-                emit_sub(t, g->subgraphs[body], next, depth + 2, NULL, NULL, NULL, true);
+                emit_sub(t, body, next, depth + 2, NULL, NULL, NULL, true);
                 kiln_strbuf_printf(t, "%*s}\n", 2 * depth + 2, "");
             }
             kiln_strbuf_printf(t, "%*s}\n", 2 * depth, "");

@@ -8,11 +8,15 @@ bool kiln_follow_span(const kiln_node *n, int *first, int *count) {
     case KILN_OP_RESHAPE:
     case KILN_OP_EXPAND: *first = 0, *count = n->attrs.ni; return *count <= KILN_MAX_DIMS;
     case KILN_OP_FULL:
-        *first = 2, *count = n->attrs.ni >= 2 ? (int)n->attrs.i[1] : -1;
-        return *count >= 0 && *count <= KILN_MAX_DIMS && 2 + *count <= n->attrs.ni;
+        *first = KILN_A_FULL_SHAPE, *count = (int)kiln_attr_int(&n->attrs, KILN_A_FULL_NDIM, -1);
+        return *count >= 0 && *count <= KILN_MAX_DIMS && KILN_A_FULL_SHAPE + *count <= n->attrs.ni;
     case KILN_OP_CONV2D_BACKWARD_INPUT:
-    case KILN_OP_CONV2D_BACKWARD_WEIGHT: *first = 9, *count = 4; return n->attrs.ni == 13;
-    case KILN_OP_AVG_POOL2D_BACKWARD: *first = 12, *count = 4; return n->attrs.ni == 16;
+    case KILN_OP_CONV2D_BACKWARD_WEIGHT:
+        *first = KILN_A_CONV_SHAPE, *count = KILN_A_CONV_NI - KILN_A_CONV_SHAPE;
+        return n->attrs.ni == KILN_A_CONV_NI;
+    case KILN_OP_AVG_POOL2D_BACKWARD:
+        *first = KILN_A_POOL_SHAPE, *count = KILN_A_POOL_NI - KILN_A_POOL_SHAPE;
+        return n->attrs.ni == KILN_A_POOL_NI;
     default: return false;
     }
 }

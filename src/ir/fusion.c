@@ -40,8 +40,11 @@ bool kiln_node_row_op(const kiln_graph *g, int32_t node) {
     const int32_t row_sym = g->values[n->in[0]].sym[x->ndim - 1]; /* rows of at least 2 at every binding */
     if (row_sym && kiln_sym_lower_bound(g->syms, (kiln_sdim){row_sym, x->shape[x->ndim - 1]}) < 2) return false;
     int last = x->ndim - 1;
-    if (rows->axis == KILN_ROWS_REDUCE) return n->attrs.ni >= 2 && n->attrs.i[0] == ((int64_t)1 << last);
-    if (n->attrs.ni < 1 || n->attrs.i[0] != last || !kiln_graph_same_shape(g, n->out[0], n->in[0])) return false;
+    if (rows->axis == KILN_ROWS_REDUCE)
+        return n->attrs.ni > KILN_A_REDUCE_KEEPDIMS && n->attrs.i[KILN_A_REDUCE_AXES] == ((int64_t)1 << last);
+    /* ALONG: the ops of KILN_ROWS lines with an axis are the softmax family */
+    if (kiln_attr_int(&n->attrs, KILN_A_SOFTMAX_AXIS, -1) != last || !kiln_graph_same_shape(g, n->out[0], n->in[0]))
+        return false;
     for (int k = 1; k < n->nin; k++)
         if (!kiln_meta_equal(&g->values[n->in[k]].meta, x) || !kiln_graph_same_shape(g, n->in[k], n->in[0])) return false;
     return true;

@@ -18,7 +18,7 @@ bool kiln_node_row_op(const kiln_graph *g, int32_t node);
 /* Whether n is a row reduction that drops the reduced axis (no keepdims): its result cannot
  * broadcast back along the rows. */
 static inline bool kiln_node_drops_row_axis(const kiln_node *n) {
-    return kiln_op_rows[n->op].axis == KILN_ROWS_REDUCE && n->attrs.ni >= 2 && !n->attrs.i[1];
+    return kiln_op_rows[n->op].axis == KILN_ROWS_REDUCE && !kiln_attr_int(&n->attrs, KILN_A_REDUCE_KEEPDIMS, 1);
 }
 /* The dtype n's C expression computes in: its output's, or for bool-valued ops the promoted
  * dtype of its inputs. */

@@ -136,13 +136,12 @@ static kiln_status infer_node(const kiln_graph *g, kiln_op op, int nin, const in
 static kiln_status infer_control(const kiln_graph *g, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a,
                                  kiln_meta *metas) {
     const char *name = kiln_op_table[op].name;
-    if (a->ni < 3) return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", name, a->ni);
+    if (a->ni <= KILN_A_CONTROL_NOUT) return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", name, a->ni);
     const kiln_graph *subs[4];
     int slots[4], ns = kiln_control_slots(op, slots);
     for (int k = 0; k < ns; k++) {
-        int64_t idx = slots[k] < a->ni ? a->i[slots[k]] : -1;
-        if (idx < 0 || idx >= g->nsubgraphs)
-            return kiln_error(KILN_ERR_VALUE, "%s names subgraph %lld, which does not exist", name, (long long)idx);
+        int32_t idx;
+        KILN_TRY(kiln_graph_body_index(g, op, a, k, &idx));
         subs[k] = g->subgraphs[idx];
     }
     kiln_meta *in_metas = kiln_malloc(sizeof *in_metas * (size_t)(nin ? nin : 1));

@@ -66,8 +66,8 @@ static kiln_status infer_control_sym(const kiln_graph *g, kiln_op op, int nin, c
     const kiln_graph *sub[3];
     kiln_sshape x, y;
     for (int k = 0; k < ns; k++) {
-        int64_t idx = slots[k] < a->ni ? a->i[slots[k]] : -1;
-        if (idx < 0 || idx >= g->nsubgraphs) return kiln_error(KILN_ERR_VALUE, "%s: names no subgraph", name);
+        int32_t idx;
+        KILN_TRY(kiln_graph_body_index(g, op, a, k, &idx));
         sub[k] = g->subgraphs[idx];
         int count = op == KILN_OP_WHILE_GRAD && k == 2 ? nin : nstate;
         if (sub[k]->ninputs != count) return kiln_error(KILN_ERR_VALUE, "%s: a body does not fit the node", name);
@@ -413,8 +413,9 @@ static kiln_status symbolize_into(kiln_graph *c, const kiln_sshape *inputs, int 
 static kiln_status symbolize_bodies(kiln_graph *c, const kiln_node *n, follow_choices *ch) {
     int slots[4], ns = kiln_control_slots(n->op, slots), first = n->op == KILN_OP_IF ? 1 : 0;
     for (int k = 0; k < ns; k++) {
-        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
-        if (idx < 0 || idx >= c->nsubgraphs || c->subgraphs[idx]->ninputs > n->nin - first)
+        int32_t idx;
+        KILN_TRY(kiln_graph_body_index(c, n->op, &n->attrs, k, &idx));
+        if (c->subgraphs[idx]->ninputs > n->nin - first)
             return kiln_error(KILN_ERR_VALUE, "symbolize: %s names a subgraph it cannot make symbolic",
                               kiln_op_table[n->op].name);
         if (c->subgraphs[idx]->syms) continue; /* shared with an earlier node (a while and its while_grad): made */

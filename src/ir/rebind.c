@@ -127,8 +127,9 @@ static kiln_status rebind_bodies(kiln_graph *c, kiln_node *n, int32_t i) {
     for (int k = 0; k < nin; k++) metas[k] = c->values[n->in[first + k]].meta;
     kiln_status s = KILN_OK;
     for (int k = 0; k < ns && s == KILN_OK; k++) {
-        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
-        if (idx < 0 || idx >= c->nsubgraphs || c->subgraphs[idx]->ninputs != nin) {
+        int32_t idx;
+        if ((s = kiln_graph_body_index(c, n->op, &n->attrs, k, &idx)) != KILN_OK) break;
+        if (c->subgraphs[idx]->ninputs != nin) {
             s = kiln_error(KILN_ERR_VALUE, "rebind: node %d (%s) names a subgraph that does not fit it", i,
                            kiln_op_table[n->op].name);
             break;

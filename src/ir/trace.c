@@ -218,11 +218,12 @@ static kiln_status subgraphs_of(kiln_tracer *tr, kiln_op op, const kiln_attrs *a
     *out = *a;
     int slots[4], n = kiln_control_slots(op, slots);
     for (int k = 0; k < n; k++) {
-        int64_t id = a->i[slots[k]];
+        int64_t id;
+        KILN_TRY(kiln_attrs_body(op, a, k, &id));
         const void *key = (const void *)(uintptr_t)(id + 1);
         int64_t idx = kiln_ptrmap_get(&tr->bodies, key);
         if (idx < 0) {
-            const kiln_graph *body = kiln_body_graph(id);
+            const kiln_graph *body = kiln_body_of(op, a, k);
             kiln_graph *copy;
             int32_t index;
             if (!body) return KILN_ERR_VALUE;

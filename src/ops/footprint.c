@@ -35,11 +35,17 @@ int64_t kiln_op_flops(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_m
         int64_t depth = in0 && in0->ndim > 0 ? in0->shape[in0->ndim - 1] : 0;
         int64_t extra = 0; /* a bias, or the epilogue's steps: one operation per result each */
         if (op == KILN_OP_LINEAR) extra = nin > 2;
-        if (op == KILN_OP_MATMUL_EPILOGUE && attrs) extra = (attrs->i[0] == 1 && attrs->i[1] == 3) + attrs->i[2];
+        if (op == KILN_OP_MATMUL_EPILOGUE && attrs) /* linear's bias, then the steps */
+            extra = (attrs->i[KILN_A_MATMUL_EPILOGUE_BASE] == 1 && attrs->i[KILN_A_MATMUL_EPILOGUE_BASE_INPUTS] == 3) +
+                    attrs->i[KILN_A_MATMUL_EPILOGUE_NSTEPS];
         return (2 * depth + extra) * numel(o);
     }
     case COST_CONV: { /* conv2d_fused: its bias, residual and activation one operation per result each */
-        int64_t extra = op == KILN_OP_CONV2D ? nin > 2 : attrs ? (attrs->i[9] != 0) + (attrs->i[10] != 0) + (attrs->i[11] != 0) : 0;
+        int64_t extra = 0;
+        if (op == KILN_OP_CONV2D) extra = nin > 2;
+        else if (attrs)
+            extra = (attrs->i[KILN_A_CONV2D_FUSED_HAS_BIAS] != 0) + (attrs->i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL] != 0) +
+                    (attrs->i[KILN_A_CONV2D_FUSED_ACT] != 0);
         return (2 * per_lead(in1) + extra) * numel(o);
     }
     case COST_CONV_BWD_INPUT: return 2 * numel(in0) * per_lead(in1);
@@ -51,7 +57,7 @@ int64_t kiln_op_flops(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_m
         return k ? keys * (6 * numel(q) + 4 * numel(ov)) : keys * (2 * numel(q) + 2 * numel(ov) + 4 * rows);
     }
     case COST_POOL: {
-        int64_t window = attrs && attrs->ni >= 2 ? attrs->i[0] * attrs->i[1] : 1;
+        int64_t window = attrs && attrs->ni >= 2 ? attrs->i[KILN_A_POOL_KERNEL] * attrs->i[KILN_A_POOL_KERNEL + 1] : 1;
         return k * window * (op == KILN_OP_AVG_POOL2D_BACKWARD ? numel(in0) : numel(o));
     }
     }

@@ -11,7 +11,7 @@
 
 typedef struct {
     kiln_attrs slice;                   /* starts, steps, lengths: the slice op's attrs */
-    int ndim;                           /* of x: the slice's shape is slice.i[16 .. 16 + ndim) */
+    int ndim;                           /* of x: the slice's shape is its LENGTH ints (slice_shape) */
     int view_ndim;
     int64_t view_shape[MAX_VIEW_DIMS];  /* x[key] before gathering */
     int narrays;
@@ -21,7 +21,7 @@ typedef struct {
 
 static void lowered_free(lowered *l) { kiln_release_all(l->arrays, l->narrays); }
 
-static const int64_t *slice_shape(const lowered *l) { return &l->slice.i[2 * KILN_MAX_DIMS]; }
+static const int64_t *slice_shape(const lowered *l) { return &l->slice.i[KILN_A_SLICE_LENGTH]; }
 
 /* Axes of x an item consumes. */
 static int consumed(const kiln_index_item *k) {
@@ -58,7 +58,7 @@ static kiln_status add_view_axis(lowered *l, int64_t n) {
 }
 
 static kiln_status add_array(lowered *l, kiln_tensor *t, const kiln_tensor *x, int *dim) {
-    l->slice.i[2 * KILN_MAX_DIMS + *dim] = x->meta.shape[*dim];
+    l->slice.i[KILN_A_SLICE_LENGTH + *dim] = x->meta.shape[*dim];
     l->axes[l->narrays] = l->view_ndim;
     l->arrays[l->narrays++] = t;
     return add_view_axis(l, x->meta.shape[(*dim)++]);
@@ -122,7 +122,7 @@ static kiln_status parse(const kiln_tensor *x, int n, const kiln_index_item *ite
     memset(l, 0, sizeof *l);
     l->ndim = ndim;
     l->slice.ni = 3 * KILN_MAX_DIMS;
-    for (int d = 0; d < KILN_MAX_DIMS; d++) l->slice.i[KILN_MAX_DIMS + d] = 1;
+    for (int d = 0; d < KILN_MAX_DIMS; d++) l->slice.i[KILN_A_SLICE_STEP + d] = 1;
     for (int k = 0; k < n; k++) {
         ellipses += items[k].kind == KILN_INDEX_ELLIPSIS;
         used += consumed(&items[k]);
@@ -150,9 +150,9 @@ static kiln_status parse(const kiln_tensor *x, int n, const kiln_index_item *ite
                 break;
             case KILN_INDEX_SLICE: {
                 int64_t start = item->start, len = adjust_slice(&start, item->stop, item->step, x->meta.shape[dim]);
-                l->slice.i[dim] = len ? start : 0;
-                l->slice.i[KILN_MAX_DIMS + dim] = item->step;
-                l->slice.i[2 * KILN_MAX_DIMS + dim] = len;
+                l->slice.i[KILN_A_SLICE_START + dim] = len ? start : 0;
+                l->slice.i[KILN_A_SLICE_STEP + dim] = item->step;
+                l->slice.i[KILN_A_SLICE_LENGTH + dim] = len;
                 KILN_TRY(add_view_axis(l, len));
                 dim++;
                 break;
@@ -176,8 +176,8 @@ static kiln_status parse(const kiln_tensor *x, int n, const kiln_index_item *ite
                 if (i < -size || i >= size)
                     return kiln_error(KILN_ERR_INDEX, "index %lld is out of bounds for axis %d with size %lld",
                                       (long long)i, dim, (long long)size);
-                l->slice.i[dim] = i < 0 ? i + size : i;
-                l->slice.i[2 * KILN_MAX_DIMS + dim] = 1;
+                l->slice.i[KILN_A_SLICE_START + dim] = i < 0 ? i + size : i;
+                l->slice.i[KILN_A_SLICE_LENGTH + dim] = 1;
                 dim++;
                 break;
             }
@@ -395,7 +395,8 @@ static kiln_status set_lowered(kiln_tensor *x, const lowered *l, kiln_tensor *va
     const int64_t *ss = slice_shape(l);
     bool whole = same_shape(l->ndim, ss, x->meta.ndim, x->meta.shape) &&
                  same_shape(l->view_ndim, l->view_shape, x->meta.ndim, x->meta.shape);
-    for (int d = 0; whole && d < l->ndim; d++) whole = l->slice.i[d] == 0 && l->slice.i[KILN_MAX_DIMS + d] == 1;
+    for (int d = 0; whole && d < l->ndim; d++)
+        whole = l->slice.i[KILN_A_SLICE_START + d] == 0 && l->slice.i[KILN_A_SLICE_STEP + d] == 1;
     kiln_tensor *target = NULL, *index = NULL, *merged = NULL, *work = NULL, *back = NULL, *done = NULL;
     kiln_status s = KILN_OK;
     if (whole) kiln_tensor_retain(target = x);

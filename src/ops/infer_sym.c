@@ -63,11 +63,11 @@ static kiln_status rule_broadcast(kiln_symtab *t, const char *op, int nin, const
 static kiln_status rule_reduce(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                                const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)ai, (void)nout;
-    uint64_t mask = (uint64_t)a->i[0];
+    uint64_t mask = (uint64_t)a->i[KILN_A_REDUCE_AXES];
     out[0].ndim = 0;
     for (int d = 0; d < in[0].ndim; d++) {
         if (!((mask >> d) & 1u)) out[0].d[out[0].ndim++] = in[0].d[d];
-        else if (a->i[1]) out[0].d[out[0].ndim++] = kiln_sdim_const(1);
+        else if (a->i[KILN_A_REDUCE_KEEPDIMS]) out[0].d[out[0].ndim++] = kiln_sdim_const(1);
     }
     return KILN_OK;
 }
@@ -100,8 +100,8 @@ static kiln_status rule_linear(kiln_symtab *t, const char *op, int nin, const ki
  * other operand broadcasts to the product's shape. */
 static kiln_status rule_matmul_epilogue(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
                                         const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
-    int nbase = (int)a->i[1];
-    KILN_TRY(a->i[0] ? rule_linear(t, op, nbase, in, a, ai, nout, out) : rule_matmul(t, op, 2, in, a, ai, nout, out));
+    int nbase = (int)a->i[KILN_A_MATMUL_EPILOGUE_BASE_INPUTS];
+    KILN_TRY(a->i[KILN_A_MATMUL_EPILOGUE_BASE] ? rule_linear(t, op, nbase, in, a, ai, nout, out) : rule_matmul(t, op, 2, in, a, ai, nout, out));
     for (int k = nbase; k < nin; k++) {
         if (in[k].ndim > out[0].ndim) return fail(t, op, nin, in, "an operand has more dimensions than the product");
         for (int d = 0; d < in[k].ndim; d++) {
@@ -123,7 +123,7 @@ static void sizes_from(int n, const kiln_sdim *from, kiln_sshape *out) {
 static kiln_status rule_fused(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)nout;
-    sizes_from((int)a->i[2], &ai[3], &out[0]);
+    sizes_from((int)a->i[KILN_A_FUSED_NDIM], &ai[KILN_A_FUSED_SHAPE], &out[0]);
     return KILN_OK;
 }
 
@@ -182,7 +182,7 @@ static kiln_status rule_expand(kiln_symtab *t, const char *op, int nin, const ki
     return KILN_OK;
 }
 
-/* slice: per axis d, ai[16 + d] elements from ai[d] by ai[8 + d]. An axis with a symbol in its
+/* slice: per axis d, LENGTH + d elements from START + d by STEP + d. An axis with a symbol in its
  * size, start or length needs a positive constant step, and must be shown in bounds for every
  * binding by the lower bounds: start >= 0, length >= 0, size - (start + (length - 1) * step + 1) >= 0. */
 static kiln_status slice_shape(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_sdim *ai,
@@ -190,7 +190,7 @@ static kiln_status slice_shape(kiln_symtab *t, const char *op, int nin, const ki
     const kiln_sshape *x = &in[0];
     out->ndim = x->ndim;
     for (int d = 0; d < x->ndim; d++) {
-        kiln_sdim start = ai[d], step = ai[8 + d], len = ai[16 + d];
+        kiln_sdim start = ai[KILN_A_SLICE_START + d], step = ai[KILN_A_SLICE_STEP + d], len = ai[KILN_A_SLICE_LENGTH + d];
         out->d[d] = len;
         if (x->d[d].e == 0 && len.e == 0 && start.e == 0 && step.e == 0) continue; /* checked at the hints */
         if (step.e != 0 || step.v <= 0)
@@ -233,7 +233,8 @@ static kiln_status rule_slice_assign(kiln_symtab *t, const char *op, int nin, co
 static kiln_status rule_concat(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                                const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)ai, (void)nout;
-    int axis = (int)(a->i[0] < 0 ? a->i[0] + in[0].ndim : a->i[0]);
+    int64_t at = a->i[KILN_A_CONCAT_AXIS];
+    int axis = (int)(at < 0 ? at + in[0].ndim : at);
     kiln_sshape r = in[0];
     for (int k = 1; k < nin; k++) {
         for (int d = 0; d < r.ndim; d++)
@@ -249,7 +250,8 @@ static kiln_status rule_concat(kiln_symtab *t, const char *op, int nin, const ki
 static kiln_status rule_gather(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                                const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)ai, (void)nout;
-    int axis = (int)(a->i[0] < 0 ? a->i[0] + in[0].ndim : a->i[0]);
+    int64_t at = a->i[KILN_A_INDEX_AXIS];
+    int axis = (int)(at < 0 ? at + in[0].ndim : at);
     kiln_sshape r = {0};
     for (int d = 0; d < axis; d++) r.d[r.ndim++] = in[0].d[d];
     for (int d = 0; d < in[1].ndim; d++) r.d[r.ndim++] = in[1].d[d];
@@ -272,7 +274,7 @@ static kiln_status rule_norm(kiln_symtab *t, const char *op, int nin, const kiln
     (void)t, (void)op, (void)nin, (void)ai;
     for (int k = 0; k < nout; k++) {
         out[k] = in[0];
-        for (int d = in[0].ndim - (int)a->i[0]; k && d < in[0].ndim; d++) out[k].d[d] = kiln_sdim_const(1);
+        for (int d = in[0].ndim - (int)a->i[KILN_A_NORM_NAXES]; k && d < in[0].ndim; d++) out[k].d[d] = kiln_sdim_const(1);
     }
     return KILN_OK;
 }
@@ -300,7 +302,7 @@ static kiln_status rule_batch_norm(kiln_symtab *t, const char *op, int nin, cons
 static kiln_status rule_full(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                              const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)nout;
-    sizes_from((int)a->i[1], &ai[2], &out[0]);
+    sizes_from((int)a->i[KILN_A_FULL_NDIM], &ai[KILN_A_FULL_SHAPE], &out[0]);
     return KILN_OK;
 }
 
@@ -308,7 +310,7 @@ static kiln_status rule_full(kiln_symtab *t, const char *op, int nin, const kiln
 static kiln_status rule_count(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                               const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)t, (void)op, (void)nin, (void)in, (void)a, (void)nout;
-    out[0] = (kiln_sshape){.ndim = 1, .d = {ai[1]}};
+    out[0] = (kiln_sshape){.ndim = 1, .d = {ai[KILN_A_ARANGE_COUNT]}};
     return KILN_OK;
 }
 
@@ -338,16 +340,16 @@ static kiln_status windows(kiln_symtab *t, const char *op, int nin, const kiln_s
  * (O, C / groups, KH, KW): the kernel's sizes constants, C the same expression as w's times groups. */
 static kiln_status conv_out(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                             const kiln_sdim *x, const kiln_sdim *w, kiln_sdim *out) {
-    const int64_t *i = a->i;
+    const int64_t *stride = &a->i[KILN_A_CONV_STRIDE], *pad = &a->i[KILN_A_CONV_PAD], *dil = &a->i[KILN_A_CONV_DILATION];
     kiln_sdim c;
-    KILN_TRY(kiln_sym_mul(t, w[1], kiln_sdim_const(i[8]), &c));
+    KILN_TRY(kiln_sym_mul(t, w[1], kiln_sdim_const(a->i[KILN_A_CONV_GROUPS]), &c));
     if (!kiln_sdim_same(x[1], c))
         return fail(t, op, nin, in, "the input's channels and the weight's are not the same expression");
     if (!kiln_sdim_is_const(w[2]) || !kiln_sdim_is_const(w[3]))
         return fail(t, op, nin, in, "the kernel's sizes must be constants");
     out[0] = x[0], out[1] = w[0];
-    KILN_TRY(windows(t, op, nin, in, x[2], i[2] + i[3], i[6] * (w[2].v - 1) + 1, i[0], &out[2]));
-    return windows(t, op, nin, in, x[3], i[4] + i[5], i[7] * (w[3].v - 1) + 1, i[1], &out[3]);
+    KILN_TRY(windows(t, op, nin, in, x[2], pad[0] + pad[1], dil[0] * (w[2].v - 1) + 1, stride[0], &out[2]));
+    return windows(t, op, nin, in, x[3], pad[2] + pad[3], dil[1] * (w[3].v - 1) + 1, stride[1], &out[3]);
 }
 
 static bool same_dims(int n, const kiln_sdim *x, const kiln_sdim *y) {
@@ -403,12 +405,12 @@ static kiln_status rule_conv2d_fused(kiln_symtab *t, const char *op, int nin, co
                                      const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)ai, (void)nout;
     kiln_sdim x[4], y[4];
-    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[12], &in[0], x));
+    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[KILN_A_CONV2D_FUSED_LAYOUT], &in[0], x));
     KILN_TRY(conv_out(t, op, nin, in, a, x, in[1].d, y));
-    if (a->i[9] && !kiln_sdim_same(in[2].d[0], in[1].d[0]))
+    if (a->i[KILN_A_CONV2D_FUSED_HAS_BIAS] && !kiln_sdim_same(in[2].d[0], in[1].d[0]))
         return fail(t, op, nin, in, "the bias's size and the weight's first are not the same expression");
-    KILN_TRY(layout_from_nchw(t, op, nin, in, a->i[12], y, &out[0]));
-    if (a->i[10] && (in[nin - 1].ndim != out[0].ndim || !same_dims(out[0].ndim, in[nin - 1].d, out[0].d)))
+    KILN_TRY(layout_from_nchw(t, op, nin, in, a->i[KILN_A_CONV2D_FUSED_LAYOUT], y, &out[0]));
+    if (a->i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL] && (in[nin - 1].ndim != out[0].ndim || !same_dims(out[0].ndim, in[nin - 1].d, out[0].d)))
         return fail(t, op, nin, in, "the residual's sizes and the output's are not the same expressions");
     return KILN_OK;
 }
@@ -418,8 +420,8 @@ static kiln_status rule_relayout(kiln_symtab *t, const char *op, int nin, const 
                                  const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)ai, (void)nout;
     kiln_sdim nchw[4];
-    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[0], &in[0], nchw));
-    return layout_from_nchw(t, op, nin, in, a->i[1], nchw, &out[0]);
+    KILN_TRY(layout_to_nchw(t, op, nin, in, a->i[KILN_A_RELAYOUT_FROM], &in[0], nchw));
+    return layout_from_nchw(t, op, nin, in, a->i[KILN_A_RELAYOUT_TO], nchw, &out[0]);
 }
 
 /* conv2d_backward_input(gy, w): the input's sizes i[9..12], gy the convolution's output of them;
@@ -429,10 +431,10 @@ static kiln_status rule_conv2d_backward(kiln_symtab *t, const char *op, int nin,
     (void)nout;
     bool input = strcmp(op, "conv2d_backward_input") == 0;
     kiln_sdim y[4];
-    KILN_TRY(conv_out(t, op, nin, in, a, input ? &ai[9] : in[0].d, input ? in[1].d : &ai[9], y));
+    KILN_TRY(conv_out(t, op, nin, in, a, input ? &ai[KILN_A_CONV_SHAPE] : in[0].d, input ? in[1].d : &ai[KILN_A_CONV_SHAPE], y));
     if (!same_dims(4, y, in[input ? 0 : 1].d))
         return fail(t, op, nin, in, "the gradient's sizes are not the convolution's output sizes as expressions");
-    sizes_from(4, &ai[9], &out[0]);
+    sizes_from(4, &ai[KILN_A_CONV_SHAPE], &out[0]);
     return KILN_OK;
 }
 
@@ -440,18 +442,20 @@ static kiln_status rule_conv2d_backward(kiln_symtab *t, const char *op, int nin,
  * constant sizes. */
 static kiln_status pool_out(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
                             const kiln_sdim *x, kiln_sdim *out) {
-    const int64_t *i = a->i;
+    const int64_t *kernel = &a->i[KILN_A_POOL_KERNEL], *stride = &a->i[KILN_A_POOL_STRIDE];
+    const int64_t *pad = &a->i[KILN_A_POOL_PAD], *dil = &a->i[KILN_A_POOL_DILATION];
+    bool ceil_mode = a->i[KILN_A_POOL_CEIL_MODE] != 0;
     out[0] = x[0], out[1] = x[1];
-    if (i[10] && (!kiln_sdim_is_const(x[2]) || !kiln_sdim_is_const(x[3])))
+    if (ceil_mode && (!kiln_sdim_is_const(x[2]) || !kiln_sdim_is_const(x[3])))
         return fail(t, op, nin, in, "ceil_mode over symbolic sizes has no symbolic form");
-    for (int d = 0; i[10] && d < 2; d++) { /* constants, as pool.c's pool_out_size */
-        int64_t size = x[2 + d].v, s = i[2 + d], pl = i[4 + 2 * d], ext = i[8 + d] * (i[d] - 1) + 1;
-        int64_t num = size + pl + i[5 + 2 * d] - ext + s - 1, n = num < 0 ? 0 : num / s + 1;
+    for (int d = 0; ceil_mode && d < 2; d++) { /* constants, as pool.c's pool_out_size */
+        int64_t size = x[2 + d].v, s = stride[d], pl = pad[2 * d], ext = dil[d] * (kernel[d] - 1) + 1;
+        int64_t num = size + pl + pad[1 + 2 * d] - ext + s - 1, n = num < 0 ? 0 : num / s + 1;
         out[2 + d] = kiln_sdim_const((n - 1) * s >= size + pl ? n - 1 : n);
     }
-    if (i[10]) return KILN_OK;
-    KILN_TRY(windows(t, op, nin, in, x[2], i[4] + i[5], i[8] * (i[0] - 1) + 1, i[2], &out[2]));
-    return windows(t, op, nin, in, x[3], i[6] + i[7], i[9] * (i[1] - 1) + 1, i[3], &out[3]);
+    if (ceil_mode) return KILN_OK;
+    KILN_TRY(windows(t, op, nin, in, x[2], pad[0] + pad[1], dil[0] * (kernel[0] - 1) + 1, stride[0], &out[2]));
+    return windows(t, op, nin, in, x[3], pad[2] + pad[3], dil[1] * (kernel[1] - 1) + 1, stride[1], &out[3]);
 }
 
 /* max_pool2d(x), avg_pool2d(x) */
@@ -468,11 +472,11 @@ static kiln_status rule_pool2d_backward(kiln_symtab *t, const char *op, int nin,
                                         const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)nout;
     if (nin == 2) out[0] = in[1];
-    else sizes_from(4, &ai[12], &out[0]);
+    else sizes_from(4, &ai[KILN_A_POOL_SHAPE], &out[0]);
     kiln_sdim y[4];
     KILN_TRY(pool_out(t, op, nin, in, a, out[0].d, y));
     for (int d = 0; d < 4; d++)
-        if (!kiln_sdim_same(y[d], in[0].d[d]) && !(a->i[10] && d >= 2))
+        if (!kiln_sdim_same(y[d], in[0].d[d]) && !(a->i[KILN_A_POOL_CEIL_MODE] && d >= 2))
             return fail(t, op, nin, in, "the gradient's sizes are not the pooling's output sizes as expressions");
     return KILN_OK;
 }

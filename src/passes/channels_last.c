@@ -24,7 +24,8 @@ typedef struct {
 } layout_state;
 
 static bool is_layout_conv(const kiln_graph *g, const kiln_node *n) {
-    if (n->op != KILN_OP_CONV2D && !(n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[12] == 0)) return false;
+    if (n->op != KILN_OP_CONV2D && !(n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[KILN_A_CONV2D_FUSED_LAYOUT] == KILN_CONV_NCHW))
+        return false;
     return g->values[n->out[0]].meta.dtype == KILN_DTYPE_FLOAT32;
 }
 
@@ -48,8 +49,8 @@ static kiln_status add_node(layout_state *st, kiln_op op, int nin, const int32_t
 /* The chain-layout form of src value v (4-D, defined in NCHW): converted once. */
 static kiln_status convert(layout_state *st, int32_t v, int32_t loc, int32_t *out) {
     if (st->converted[v] < 0) {
-        kiln_attrs a = {0};
-        a.ni = 2, a.i[0] = KILN_CONV_NCHW, a.i[1] = st->layout;
+        kiln_attrs a = {.ni = KILN_A_RELAYOUT_NI};
+        a.i[KILN_A_RELAYOUT_FROM] = KILN_CONV_NCHW, a.i[KILN_A_RELAYOUT_TO] = st->layout;
         KILN_TRY(add_node(st, KILN_OP_RELAYOUT, 1, &st->rw.map[v], &a, loc, &st->converted[v]));
     }
     *out = st->converted[v];
@@ -59,8 +60,8 @@ static kiln_status convert(layout_state *st, int32_t v, int32_t loc, int32_t *ou
 /* Makes the NCHW form of src value v available (converting back from the chain layout). */
 static kiln_status need_nchw(layout_state *st, int32_t v) {
     if (st->rw.map[v] >= 0) return KILN_OK;
-    kiln_attrs a = {0};
-    a.ni = 2, a.i[0] = st->layout, a.i[1] = KILN_CONV_NCHW;
+    kiln_attrs a = {.ni = KILN_A_RELAYOUT_NI};
+    a.i[KILN_A_RELAYOUT_FROM] = st->layout, a.i[KILN_A_RELAYOUT_TO] = KILN_CONV_NCHW;
     return add_node(st, KILN_OP_RELAYOUT, 1, &st->converted[v], &a, -1, &st->rw.map[v]);
 }
 
@@ -79,14 +80,14 @@ static kiln_status converted_operand(layout_state *st, int32_t v, int64_t n, int
     int64_t s4[4], block = kiln_conv_layout_block(st->layout);
     for (int d = 0; d < 4; d++) s4[d] = d < 4 - m->ndim ? 1 : m->shape[d - (4 - m->ndim)];
     int32_t x = st->rw.map[v];
-    kiln_attrs r = {0}, p = {0};
+    kiln_attrs r = {0}, p = {0}; /* a reshape's shape, a permutation */
     if (block) {
         int64_t blk = s4[1] == 1 ? 1 : block;
-        r.ni = 5, r.i[0] = s4[0], r.i[1] = s4[1] / blk, r.i[2] = blk, r.i[3] = s4[2], r.i[4] = s4[3];
-        p.ni = 5, p.i[0] = 0, p.i[1] = 1, p.i[2] = 3, p.i[3] = 4, p.i[4] = 2;
+        const int64_t shape[5] = {s4[0], s4[1] / blk, blk, s4[2], s4[3]}, perm[5] = {0, 1, 3, 4, 2};
+        for (int d = 0; d < 5; d++) kiln_attrs_push_int(&r, shape[d]), kiln_attrs_push_int(&p, perm[d]);
     } else {
-        r.ni = 4, memcpy(r.i, s4, sizeof s4);
-        p.ni = 4, p.i[0] = 0, p.i[1] = 2, p.i[2] = 3, p.i[3] = 1;
+        const int64_t perm[4] = {0, 2, 3, 1};
+        for (int d = 0; d < 4; d++) kiln_attrs_push_int(&r, s4[d]), kiln_attrs_push_int(&p, perm[d]);
     }
     if (m->ndim < 4 || block) KILN_TRY(add_node(st, KILN_OP_RESHAPE, 1, &x, &r, loc, &x));
     return add_node(st, KILN_OP_PERMUTE, 1, &x, &p, loc, out);
@@ -101,11 +102,13 @@ static kiln_status emit_conv(layout_state *st, const kiln_node *n) {
     }
     kiln_attrs a = n->attrs;
     if (n->op == KILN_OP_CONV2D) { /* conv2d(x, w[, b]) as conv2d_fused with no epilogue */
-        a.ni = 14, a.i[9] = n->nin == 3, a.i[10] = 0, a.i[11] = 0, a.i[13] = 0;
-    } else if (n->attrs.i[10]) { /* the residual, converted too */
+        a.ni = KILN_A_CONV2D_FUSED_NI, a.i[KILN_A_CONV2D_FUSED_HAS_BIAS] = n->nin == 3;
+        a.i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL] = 0, a.i[KILN_A_CONV2D_FUSED_ACT] = 0;
+        a.i[KILN_A_CONV2D_FUSED_WINOGRAD] = 0;
+    } else if (n->attrs.i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL]) { /* the residual, converted too */
         KILN_TRY(convert(st, n->in[n->nin - 1], n->loc, &ins[n->nin - 1]));
     }
-    a.i[12] = st->layout;
+    a.i[KILN_A_CONV2D_FUSED_LAYOUT] = st->layout;
     KILN_TRY(add_node(st, KILN_OP_CONV2D_FUSED, n->nin, ins, &a, n->loc, &y));
     st->converted[n->out[0]] = y;
     return KILN_OK;
@@ -130,7 +133,7 @@ static void mark_feeds_conv(const kiln_graph *g, bool *feeds_conv) {
         const kiln_node *n = &g->nodes[i];
         if (is_layout_conv(g, n)) {
             feeds_conv[n->in[0]] = true;
-            if (n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[10]) feeds_conv[n->in[n->nin - 1]] = true;
+            if (n->op == KILN_OP_CONV2D_FUSED && n->attrs.i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL]) feeds_conv[n->in[n->nin - 1]] = true;
         } else if (is_layout_elementwise(g, n) && feeds_conv[n->out[0]]) {
             for (int k = 0; k < n->nin; k++) feeds_conv[n->in[k]] = true;
         }

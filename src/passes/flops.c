@@ -2,12 +2,13 @@
  * footprint (KILN_COST in ops.def, kiln_op_flops), summed over a fused group's own nodes. */
 #include "passes_internal.h"
 
+#include "../ir/body.h"
 #include "../ops/footprint.h"
 
 int64_t kiln_node_flops(const kiln_graph *g, int32_t i) {
     const kiln_node *n = &g->nodes[i];
-    if (n->op == KILN_OP_FUSED && n->attrs.ni > 0 && n->attrs.i[0] >= 0 && n->attrs.i[0] < g->nsubgraphs) {
-        const kiln_graph *sub = g->subgraphs[n->attrs.i[0]];
+    kiln_graph *sub;
+    if (n->op == KILN_OP_FUSED && kiln_graph_body(g, n, 0, &sub) == KILN_OK) {
         int64_t sum = 0;
         for (int32_t j = 0; j < sub->nnodes; j++) sum += kiln_node_flops(sub, j);
         return sum;

@@ -40,14 +40,14 @@ static kiln_status fold(kiln_rewriter *rw, const kiln_node *conv, const kiln_nod
     int64_t cout = g->values[conv->in[1]].meta.shape[0];
     int32_t eps, sum, inv, scale, scale4, w2, shifted, b2, pair[2];
     kiln_attrs none = {0}, shape4 = {0};
-    KILN_TRY(emit_scalar(rw, bn->attrs.f[0], dt, &eps));
+    KILN_TRY(emit_scalar(rw, bn->attrs.f[KILN_A_BATCH_NORM_EPS], dt, &eps));
     pair[0] = var, pair[1] = eps;
     KILN_TRY(emit(rw, KILN_OP_ADD, 2, pair, &none, loc, &sum));
     KILN_TRY(emit(rw, KILN_OP_RSQRT, 1, &sum, &none, loc, &inv));
     pair[0] = gamma, pair[1] = inv;
     KILN_TRY(emit(rw, KILN_OP_MUL, 2, pair, &none, loc, &scale));
-    shape4.ni = 4;
-    shape4.i[0] = cout, shape4.i[1] = 1, shape4.i[2] = 1, shape4.i[3] = 1;
+    kiln_attrs_push_int(&shape4, cout); /* (cout, 1, 1, 1) */
+    for (int d = 1; d < 4; d++) kiln_attrs_push_int(&shape4, 1);
     KILN_TRY(emit(rw, KILN_OP_RESHAPE, 1, &scale, &shape4, loc, &scale4));
     pair[0] = w, pair[1] = scale4;
     KILN_TRY(emit(rw, KILN_OP_MUL, 2, pair, &none, loc, &w2));
@@ -81,7 +81,7 @@ KILN_PASS(fold_batch_norm) {
     for (int32_t i = 0; i < in->nnodes; i++) conv_of[i] = -1;
     for (int32_t i = 0; i < in->nnodes; i++) {
         const kiln_node *bn = &in->nodes[i];
-        if (bn->op != KILN_OP_BATCH_NORM || bn->attrs.i[0] != 0) continue; /* inference mode only */
+        if (bn->op != KILN_OP_BATCH_NORM || kiln_attr_int(&bn->attrs, KILN_A_BATCH_NORM_TRAINING, 1) != 0) continue; /* inference mode only */
         const kiln_value *y = &in->values[bn->in[0]];
         if (y->kind != KILN_VALUE_NODE || uses[bn->in[0]] != 1) continue;
         const kiln_node *conv = &in->nodes[y->node];

@@ -76,23 +76,28 @@ static kiln_status emit_fused(kiln_rewriter *rw, const kiln_node *conv, const co
     bool bias = conv->nin == 3 || ch->bias >= 0;
     if (conv->nin == 3) ins[nin++] = rw->map[conv->in[2]];
     if (ch->bias >= 0) {
-        kiln_attrs flat = {0};
-        flat.ni = 1, flat.i[0] = g->values[conv->out[0]].meta.shape[1];
+        kiln_attrs flat = {0}; /* the bias as (C) */
+        kiln_attrs_push_int(&flat, g->values[conv->out[0]].meta.shape[1]);
         KILN_TRY(kiln_graph_add_node(rw->dst, KILN_OP_RESHAPE, 1, &rw->map[ch->bias], &flat, conv->loc, outs));
         ins[nin++] = outs[0];
     }
     if (ch->residual >= 0) ins[nin++] = rw->map[ch->residual];
-    kiln_attrs a = {0};
-    for (int k = 0; k < 9; k++) kiln_attrs_push_int(&a, conv->attrs.i[k]);
-    kiln_attrs_push_int(&a, bias);
-    kiln_attrs_push_int(&a, ch->residual >= 0);
+    kiln_attrs a = {.ni = KILN_A_CONV2D_FUSED_NI};
+    /* the convolution's own ints (stride, padding, dilation, groups) are the first of either layout */
+    _Static_assert((int)KILN_A_CONV_SHAPE == (int)KILN_A_CONV2D_FUSED_HAS_BIAS &&
+                       (int)KILN_A_CONV_GROUPS == (int)KILN_A_CONV2D_FUSED_GROUPS,
+                   "conv2d_fused starts with conv2d's attributes");
+    memcpy(a.i, conv->attrs.i, sizeof(int64_t) * KILN_A_CONV_SHAPE);
+    a.i[KILN_A_CONV2D_FUSED_HAS_BIAS] = bias;
+    a.i[KILN_A_CONV2D_FUSED_HAS_RESIDUAL] = ch->residual >= 0;
     kiln_conv_activation act = ch->act_node >= 0 ? kiln_conv_activation_of(g->nodes[ch->act_node].op) : KILN_CONV_ACT_NONE;
-    kiln_attrs_push_int(&a, act);
-    kiln_attrs_push_int(&a, 0); /* NCHW: the channels_last pass decides layouts */
-    kiln_attrs_push_int(&a, inference);
+    a.i[KILN_A_CONV2D_FUSED_ACT] = act;
+    a.i[KILN_A_CONV2D_FUSED_LAYOUT] = KILN_CONV_NCHW; /* the channels_last pass decides layouts */
+    a.i[KILN_A_CONV2D_FUSED_WINOGRAD] = inference;
     if (act == KILN_CONV_ACT_CLAMP) {
-        kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[0]);
-        kiln_attrs_push_float(&a, g->nodes[ch->act_node].attrs.f[1]);
+        a.nf = KILN_A_CONV2D_FUSED_NF;
+        a.f[KILN_A_CONV2D_FUSED_ACT_MIN] = g->nodes[ch->act_node].attrs.f[KILN_A_CLAMP_MIN];
+        a.f[KILN_A_CONV2D_FUSED_ACT_MAX] = g->nodes[ch->act_node].attrs.f[KILN_A_CLAMP_MAX];
     }
     KILN_TRY(kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_CONV2D_FUSED, nin, ins, &a, conv->loc, outs),
                                       rw->dst, conv->recompute));

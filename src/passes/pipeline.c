@@ -93,8 +93,10 @@ static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) 
     for (int32_t i = 0; i < g->nnodes; i++) {
         const kiln_node *n = &g->nodes[i];
         int slots[4], nslots = kiln_control_slots(n->op, slots);
-        for (int k = 0; k < nslots; k++)
-            if (n->attrs.i[slots[k]] >= 0 && n->attrs.i[slots[k]] < g->nsubgraphs) body[n->attrs.i[slots[k]]] = true;
+        for (int k = 0; k < nslots; k++) {
+            int32_t idx;
+            if (kiln_graph_body_index(g, n->op, &n->attrs, k, &idx) == KILN_OK) body[idx] = true;
+        }
     }
     kiln_status s = KILN_OK;
     for (int32_t k = 0; k < g->nsubgraphs && s == KILN_OK; k++)

@@ -43,8 +43,9 @@ static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *ne
     for (int32_t i = nn - 1; i >= 0; i--) {
         const kiln_node *n = &g->nodes[i];
         bool good = !kiln_node_has_effects(n) && !kiln_op_is_control(n->op);
-        if (good && n->op == KILN_OP_FUSED && n->attrs.ni >= 1 && n->attrs.i[0] >= 0 && n->attrs.i[0] < g->nsubgraphs)
-            good = !impure_subgraph(g->subgraphs[n->attrs.i[0]]);
+        kiln_graph *sub;
+        if (good && n->op == KILN_OP_FUSED) /* a group whose subgraph is missing is not recomputed */
+            good = kiln_graph_body(g, n, 0, &sub) == KILN_OK && !impure_subgraph(sub);
         ok[i] = good;
         next_write[i] = nn;
         for (int k = 0; k < n->nin; k++)

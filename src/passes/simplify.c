@@ -72,7 +72,7 @@ static bool uniform(const simp *s, int32_t d, double want) {
         }
         if (v->kind != KILN_VALUE_NODE) return false;
         const kiln_node *n = &s->rw.dst->nodes[v->node];
-        if (n->op == KILN_OP_FULL) return n->attrs.nf > 0 && n->attrs.f[0] == want;
+        if (n->op == KILN_OP_FULL) return n->attrs.nf > KILN_A_FULL_VALUE && n->attrs.f[KILN_A_FULL_VALUE] == want;
         if (n->op != KILN_OP_RESHAPE && n->op != KILN_OP_EXPAND) return false;
         d = n->in[0];
     }
@@ -125,9 +125,10 @@ static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, re
         if ((p = producer(s, in[0], KILN_OP_NEG))) r->value = p->in[0];
         break;
     case KILN_OP_CAST:
-        if (dval(s, in[0])->meta.dtype == (kiln_dtype)a->i[0]) r->value = in[0];
-        else if ((p = producer(s, in[0], KILN_OP_CAST)) && dval(s, p->in[0])->meta.dtype == (kiln_dtype)a->i[0] &&
-                 exact_widening((kiln_dtype)a->i[0], dval(s, in[0])->meta.dtype))
+        if (dval(s, in[0])->meta.dtype == (kiln_dtype)a->i[KILN_A_CAST_DTYPE]) r->value = in[0];
+        else if ((p = producer(s, in[0], KILN_OP_CAST)) &&
+                 dval(s, p->in[0])->meta.dtype == (kiln_dtype)a->i[KILN_A_CAST_DTYPE] &&
+                 exact_widening((kiln_dtype)a->i[KILN_A_CAST_DTYPE], dval(s, in[0])->meta.dtype))
             r->value = p->in[0];
         break;
     case KILN_OP_RESHAPE:

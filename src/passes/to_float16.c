@@ -50,8 +50,9 @@ static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
         if (!ins) return kiln_error(KILN_ERR_MEMORY, "out of memory converting a graph to float16");
         for (int k = 0; k < n->nin; k++) ins[k] = map[n->in[k]];
         kiln_attrs a = n->attrs;
-        if ((kiln_op_table[n->op].flags & KILN_OPF_DTYPE_ATTR) && a.ni > 0 && a.i[0] == KILN_DTYPE_FLOAT32)
-            a.i[0] = KILN_DTYPE_FLOAT16;
+        if ((kiln_op_table[n->op].flags & KILN_OPF_DTYPE_ATTR) &&
+            kiln_attr_int(&a, KILN_A_OUTPUT_DTYPE, -1) == KILN_DTYPE_FLOAT32)
+            a.i[KILN_A_OUTPUT_DTYPE] = KILN_DTYPE_FLOAT16;
         int32_t outs[KILN_MAX_OUTPUTS];
         kiln_status s = kiln_graph_add_node(g, n->op, n->nin, ins, &a, n->loc, outs);
         if (ins != small) free(ins);

@@ -28,10 +28,10 @@ kiln_status kiln_plan_compose_loop_step(const kiln_graph *cond, const kiln_graph
     for (int32_t i = 0; i < cond->nnodes && s == KILN_OK; i++) {
         const kiln_node *nd = &cond->nodes[i];
         kiln_attrs a = nd->attrs;
-        int slots[4], ns = kiln_control_slots(nd->op, slots);
-        for (int k = 0; k < ns; k++)
-            if (slots[k] < a.ni) a.i[slots[k]] += base;
-        if (nd->op == KILN_OP_FUSED && a.ni > 0) a.i[0] += base;
+        for (int k = 0; k < kiln_op_nbodies(nd->op); k++) { /* its subgraphs, now after g's own */
+            int slot = kiln_op_body_attr(nd->op, k);
+            if (slot < a.ni) a.i[slot] += base;
+        }
         int32_t loc = -1, *in = kiln_malloc(sizeof(int32_t) * (size_t)(nd->nin ? nd->nin : 1)), outs[KILN_MAX_OUTPUTS];
         if (!in) s = kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
         for (int k = 0; k < nd->nin && s == KILN_OK; k++) in[k] = map[nd->in[k]];

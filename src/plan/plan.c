@@ -300,17 +300,15 @@ static void plan_direct_outputs(kiln_plan *e) {
 static kiln_status prepare_fused(kiln_plan *p, int32_t i) {
     const kiln_graph *g = p->g;
     const kiln_node *nd = &g->nodes[i];
-    if (nd->attrs.ni < 1 || nd->attrs.i[0] < 0 || nd->attrs.i[0] >= g->nsubgraphs)
-        return kiln_error(KILN_ERR_VALUE, "graph: fused node %d names subgraph %lld, which does not exist", i,
-                          nd->attrs.ni < 1 ? -1LL : (long long)nd->attrs.i[0]);
+    kiln_graph *sub;
+    if (kiln_graph_body(g, nd, 0, &sub) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "graph: node %d", i);
     if (!registered_kernels)
         return kiln_error(KILN_ERR_RUNTIME, "graph: fused groups need code generation, which is not linked in");
     int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
     const int64_t *hints[FUSED_MAX_INPUTS];
     for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
         hints[k] = kiln_graph_value_strides(g, nd->in[k], strides[k]) ? strides[k] : NULL;
-    return registered_kernels->prepare(g->subgraphs[nd->attrs.i[0]], nd->nin <= FUSED_MAX_INPUTS ? hints : NULL,
-                                       &p->kernel[i]);
+    return registered_kernels->prepare(sub, nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &p->kernel[i]);
 }
 
 /* The nested plans of control-flow node i: its subgraphs, and a while's iteration composed. */
@@ -319,16 +317,14 @@ static kiln_status plan_bodies(kiln_plan *p, int32_t i, const kiln_compile_optio
     const kiln_node *n = &g->nodes[i];
     kiln_plan **bodies = &p->bodies[(int64_t)i * KILN_PLAN_BODIES];
     int slots[4], ns = kiln_control_slots(n->op, slots);
+    kiln_graph *sub[4];
     for (int k = 0; k < ns; k++) {
-        int64_t idx = slots[k] < n->attrs.ni ? n->attrs.i[slots[k]] : -1;
-        if (idx < 0 || idx >= g->nsubgraphs)
-            return kiln_error(KILN_ERR_VALUE, "graph: %s names subgraph %lld, which does not exist",
-                              kiln_op_table[n->op].name, (long long)idx);
-        KILN_TRY(kiln_plan_build(g->subgraphs[idx], opt, &bodies[k]));
+        if (kiln_graph_body(g, n, k, &sub[k]) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "graph: node %d", i);
+        KILN_TRY(kiln_plan_build(sub[k], opt, &bodies[k]));
     }
     if (n->op != KILN_OP_WHILE) return KILN_OK;
     kiln_graph *step = NULL;
-    KILN_TRY(kiln_plan_compose_loop_step(g->subgraphs[n->attrs.i[0]], g->subgraphs[n->attrs.i[1]], n->nout, &step));
+    KILN_TRY(kiln_plan_compose_loop_step(sub[0], sub[1], n->nout, &step));
     kiln_status s = kiln_plan_build(step, opt, &bodies[KILN_PLAN_STEP]);
     kiln_graph_free(step);
     return s;
@@ -474,8 +470,10 @@ kiln_status kiln_plan_bind(const kiln_plan *p, const int64_t *bindings, kiln_pla
         const int64_t *hints[FUSED_MAX_INPUTS];
         for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
             hints[k] = kiln_graph_value_strides(e->g, nd->in[k], strides[k]) ? strides[k] : NULL;
-        s = registered_kernels->rebind(p->kernel[i], e->g->subgraphs[nd->attrs.i[0]],
-                                       nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &e->kernel[i]);
+        kiln_graph *sub;
+        s = kiln_graph_body(e->g, nd, 0, &sub);
+        if (s == KILN_OK)
+            s = registered_kernels->rebind(p->kernel[i], sub, nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &e->kernel[i]);
         fused = true;
     }
     if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* groups whose code had to change */

@@ -56,14 +56,13 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < nin; k++) in[k] = pykiln_unwrap(PySequence_Fast_GET_ITEM(iseq, k));
     for (int k = 0; k < nlifted; k++) in[nin + k] = lifted[k];
     int nout = op == KILN_OP_IF ? bodies[0]->noutputs : (int)nin;
-    kiln_attrs a = {0};
-    a.ni = 3;
-    a.i[2] = nout;
+    kiln_attrs a = {.ni = KILN_A_IF_NI}; /* if and while: two bodies and the output count */
+    a.i[KILN_A_CONTROL_NOUT] = nout;
     for (int k = 0; k < 2 && s == KILN_OK; k++) {
         kiln_graph *b = bodies[k];
         bodies[k] = NULL;
         s = kiln_body_register(b, &ids[k]);
-        a.i[k] = ids[k];
+        a.i[kiln_op_body_attr(op, k)] = ids[k];
     }
     kiln_tensor *out[KILN_MAX_OUTPUTS] = {0};
     if (s == KILN_OK && (nout < 1 || nout > KILN_MAX_OUTPUTS))

@@ -41,7 +41,7 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
     for (int k = 0; k < nlift; k++) {
         const kiln_value *v = &g->values[g->outputs[nloop + k]];
         const kiln_node *nd = v->kind == KILN_VALUE_NODE ? &g->nodes[v->node] : NULL;
-        c->zero[k] = nd && nd->op == KILN_OP_FULL && nd->attrs.nf > 0 && nd->attrs.f[nd->attrs.nf - 1] == 0.0;
+        c->zero[k] = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
     }
     free(read);
     return KILN_OK;
@@ -51,12 +51,8 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
 
 static kiln_status registered_subgraphs(kiln_op op, const kiln_attrs *a, const kiln_graph **subs) {
     int slots[4], n = kiln_control_slots(op, slots);
-    for (int k = 0; k < n; k++) {
-        if (slots[k] >= a->ni)
-            return kiln_error(KILN_ERR_VALUE, "%s: malformed attributes (%d ints)", kiln_op_table[op].name, a->ni);
-        subs[k] = kiln_body_graph(a->i[slots[k]]);
-        if (!subs[k]) return kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
-    }
+    for (int k = 0; k < n; k++)
+        if (!(subs[k] = kiln_body_of(op, a, k))) return KILN_ERR_VALUE;
     return KILN_OK;
 }
 
@@ -81,8 +77,8 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     int slots[4], n = kiln_control_slots(op, slots);
     kiln_status s = KILN_OK;
     for (int k = 0; k < n && s == KILN_OK; k++) {
-        const kiln_graph *body = kiln_body_graph(a->i[slots[k]]);
-        s = body ? kiln_compile(body, NULL, &c.exe[k]) : kiln_error_context(KILN_ERR_VALUE, "%s", kiln_op_table[op].name);
+        const kiln_graph *body = kiln_body_of(op, a, k);
+        s = body ? kiln_compile(body, NULL, &c.exe[k]) : KILN_ERR_VALUE;
         if (s == KILN_OK && op == KILN_OP_WHILE_GRAD && k == 2) s = backward_facts(&c, body);
     }
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);

@@ -2,6 +2,7 @@
  * counts their FLOPs over the group's own shapes. */
 #include "profile_node.h"
 
+#include "../ir/body.h"
 #include "../ops/footprint.h"
 
 /* Sum of the FLOPs of sub's nodes; their names joined by '+' into name. */
@@ -35,8 +36,8 @@ void kiln_profile_node(int32_t source, const kiln_graph *g, int32_t i, kiln_tens
                                  .graph = (uint64_t)(uintptr_t)g, .flops = -1,
                                  .loc = nd->loc >= 0 ? g->locs[nd->loc] : NULL};
     char name[256];
-    if (nd->op == KILN_OP_FUSED && nd->attrs.i[0] >= 0 && nd->attrs.i[0] < g->nsubgraphs) {
-        const kiln_graph *sub = g->subgraphs[nd->attrs.i[0]];
+    kiln_graph *sub;
+    if (nd->op == KILN_OP_FUSED && kiln_graph_body(g, nd, 0, &sub) == KILN_OK) {
         what.flops = group_footprint(sub, name, sizeof name);
         what.name = name;
         if (!what.loc) what.loc = group_loc(sub);

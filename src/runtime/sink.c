@@ -333,9 +333,11 @@ static kiln_status generate(kiln_sink *s) {
     if (codegen_disabled() || !kiln_codegen_available()) return KILN_OK; /* the driver warned once */
     for (int32_t i = 0; i < s->nsteps; i++) {
         kiln_sink_step *st = &s->steps[i];
-        if (st->kind == KILN_SINK_FUSED)
-            KILN_TRY(prepare_native_loop(s, st, s->g->subgraphs[s->g->nodes[st->node].attrs.i[0]], false));
-        else if (st->kind == KILN_SINK_KERNEL)
+        if (st->kind == KILN_SINK_FUSED) {
+            kiln_graph *sub;
+            KILN_TRY(kiln_graph_body(s->g, &s->g->nodes[st->node], 0, &sub));
+            KILN_TRY(prepare_native_loop(s, st, sub, false));
+        } else if (st->kind == KILN_SINK_KERNEL)
             KILN_TRY(prepare_native_node(s, st));
         s->group_fns[i] = st->loaded;
         if (st->native) s->shp[i] = st->shape, s->str[i] = st->st;
