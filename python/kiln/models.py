@@ -95,7 +95,7 @@ class LlamaAttention(nn.Cell):
         n_rep = self.num_heads // self.num_kv_heads
         q = ops.reshape(q, (b, self.num_kv_heads, n_rep * s, self.head_dim))
         # softmax(q kᵀ / sqrt(head_dim)) v in one op, blockwise: the score matrix is never whole
-        out = ops.scaled_dot_product_attention(q, k, v, 1.0 / math.sqrt(self.head_dim))
+        out = ops.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim))
         out = ops.reshape(out, (b, self.num_heads, s, self.head_dim))
         out = ops.reshape(ops.swapaxes(out, 1, 2), (b, s, self.hidden_size))
         return self.o_proj(out)

@@ -5,6 +5,7 @@ from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, pair
 from .array import reshape, swapaxes
+from .attention_masks import additive_mask, masked_attention
 from .math import softmax
 
 
@@ -40,17 +41,27 @@ def _unfused_attention(q, k, v, scale):
     return reshape(out, lead + (hq, lq, dv))
 
 
-def scaled_dot_product_attention(query, key, value, scale=None):
-    """softmax(scale * query @ keyᵀ) @ value over the last two axes, in one op whose kernel
-    never holds the whole score matrix (blockwise, FlashAttention-2's loops), forward and
-    backward. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value (..., Hk, Lk, Dv), equal
-    leading axes and Hq a multiple of Hk: query head h attends with kv head h // (Hq // Hk),
-    without copies of key and value. scale defaults to 1 / sqrt(D). No mask. Calls that record
-    gradients, or have fewer than FUSED_MIN_KEYS keys, run the unfused ops instead (measured
-    faster there on this project's machine)."""
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """softmax(scale * query @ keyᵀ + mask) @ value over the last two axes, PyTorch's
+    F.scaled_dot_product_attention. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value
+    (..., Hk, Lk, Dv), equal leading axes and Hq a multiple of Hk: query head h attends with kv head
+    h // (Hq // Hk), without copies of key and value. scale defaults to 1 / sqrt(D).
+    attn_mask: bool (True: the key takes part) or floating point (added to the scores), broadcasting
+    against (..., Hq, Lq, Lk); is_causal=True: query i sees keys j <= i; dropout_p: dropout on the
+    probabilities (pass it only when training, as in PyTorch).
+    Without mask or dropout, calls that record no gradients and have at least FUSED_MIN_KEYS keys
+    run one blockwise op that never holds the score matrix (FlashAttention-2's loops); others the
+    unfused ops (measured faster there on this project's machine)."""
     q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if attn_mask is not None or is_causal or dropout_p:
+        if not _fold_heads(q, k, v):
+            apply(OP.attention, (q, k, v), (), (float(scale),))  # raises: names what is wrong
+        mask = additive_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.dtype)
+        return masked_attention(q, k, v, mask, dropout_p, float(scale), matmul, dropout)
     records = _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     keys = k.shape[-2] if k.ndim >= 2 else 0
     fused = not records and isinstance(keys, int) and keys >= FUSED_MIN_KEYS  # a symbolic length: unfused
