@@ -273,7 +273,8 @@ KILN_KERNEL(rnn_layer) {
     }
     s = kiln_compute_outputs(out, 4, ct, buf);
     int64_t GH = p.G * p.H;
-    void *pre = s == KILN_OK ? kiln_malloc(isz * (size_t)(p.T * p.B * GH + p.B * GH + 1)) : NULL;
+    /* the projections, then the GRU's recurrent one per step (B rows) or the summed biases (1 row) */
+    void *pre = s == KILN_OK ? kiln_malloc(isz * (size_t)(p.T * p.B * GH + (p.B > 1 ? p.B : 1) * GH + 1)) : NULL;
     if (s == KILN_OK && !pre) s = kiln_error(KILN_ERR_MEMORY, "rnn_layer: out of memory for the gates");
     if (s == KILN_OK) {
         if (p.mode != RNN_LSTM) memset(buf[2]->data, 0, isz * (size_t)(p.B * p.H));
