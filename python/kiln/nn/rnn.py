@@ -253,9 +253,9 @@ class _RNNBase(Cell):
         return (getattr(self, "weight_ih" + s), getattr(self, "weight_hh" + s), getattr(self, "bias_ih" + s, None),
                 getattr(self, "bias_hh" + s, None))
 
-    def _initial(self, name, hx, shape, x):
+    def _initial(self, name, hx, shape):
         if hx is None:
-            if len(shape) == 3 and _C.is_tracing():  # the batch size taken from x: a symbol stays one
+            if len(shape) == 3 and _C.is_tracing():  # (ops.zeros would fix a symbolic batch size)
                 return ops.broadcast_to(ops.zeros((shape[0], 1, shape[2]), dtype=self.dtype), shape)
             return ops.zeros(shape, dtype=self.dtype)
         _check_state(type(self).__name__, name, hx, shape, self.dtype)
@@ -291,7 +291,7 @@ class _RNNBase(Cell):
         if steps == 0:
             raise ValueError(f"{name}: the input has no time steps (shape {tuple(x.shape)})")
         lengths = self._lengths(seq_length, batch, steps, unbatched)
-        h0, c0 = self._initial_states(hx, batch, unbatched, x)
+        h0, c0 = self._initial_states(hx, batch, unbatched)
         finals_h, finals_c = [], []
         layer_input = x
         for layer in range(self.num_layers):
@@ -317,7 +317,7 @@ class _RNNBase(Cell):
             out = out.swapaxes(0, 1)
         return (out, (h_n, c_n)) if self._mode == "LSTM" else (out, h_n)
 
-    def _initial_states(self, hx, batch, unbatched, x):
+    def _initial_states(self, hx, batch, unbatched):
         name = type(self).__name__
         shape = (self.num_layers * self.num_directions,) + (() if unbatched else (batch,)) + (self.hidden_size,)
         if self._mode == "LSTM":
@@ -325,9 +325,9 @@ class _RNNBase(Cell):
                 hx = (None, None)
             elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise TypeError(f"{name}: hx must be a pair (h_0, c_0) of Tensors, got {type(hx).__name__}")
-            h0, c0 = self._initial("h_0", hx[0], shape, x), self._initial("c_0", hx[1], shape, x)
+            h0, c0 = self._initial("h_0", hx[0], shape), self._initial("c_0", hx[1], shape)
         else:
-            h0, c0 = self._initial("hx", hx, shape, x), None
+            h0, c0 = self._initial("hx", hx, shape), None
         if unbatched:
             h0 = h0.unsqueeze(1)
             c0 = None if c0 is None else c0.unsqueeze(1)
