@@ -1,7 +1,7 @@
 """An LSTM sequence classifier: is the marked digit of a noisy sequence above 4? Each sequence is
 a run of random digits (one-hot) where one position carries a marker, so the answer needs the
 whole sequence read and remembered. Embedding -> 2-layer LSTM -> last state -> Dense, Adam,
-eagerly or under kiln.jit (the time loop compiles to one loop per layer).
+eagerly or under kiln.jit (each layer is one rnn_layer op, the whole time loop in C).
 
     PYTHONPATH=python python3 examples/lstm_classifier.py [--steps 300] [--mode ast|bytecode|trace|eager]
 

@@ -524,6 +524,53 @@ static kiln_status rule_attention_backward(kiln_symtab *t, const char *op, int n
     return KILN_OK;
 }
 
+/* rnn_layer(x (T, B, I), h0 (B, H)[, c0], w_ih (G*H, I), w_hh (G*H, H), ...) -> (y (T, B, H), h_n and
+ * c_n (B, H), workspace (T, B, W)): T and B may be symbols, the hidden size (the workspace's width
+ * follows it) must be constant; the sizes x, the states and the weights share the same expressions. */
+static kiln_status rnn_operands(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a) {
+    int lstm = a->i[0] == 0, wi = 2 + lstm, wh = 3 + lstm;
+    const kiln_sshape *x = &in[0], *h = &in[1];
+    bool ok = nin > wh && x->ndim == 3 && h->ndim == 2 && in[wi].ndim == 2 && in[wh].ndim == 2 &&
+              kiln_sdim_is_const(h->d[1]) && kiln_sdim_same(x->d[1], h->d[0]) && kiln_sdim_same(x->d[2], in[wi].d[1]) &&
+              kiln_sdim_same(in[wi].d[0], in[wh].d[0]) && kiln_sdim_same(h->d[1], in[wh].d[1]);
+    for (int k = 0; ok && lstm && k < 2; k++) ok = kiln_sdim_same(in[2].d[k], h->d[k]);
+    return ok ? KILN_OK
+              : fail(t, op, nin, in, "x, the states and the weights' shared sizes are not the same expressions (or the "
+                                     "hidden size is symbolic)");
+}
+
+static kiln_status rule_rnn_layer(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a,
+                                  const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)ai, (void)nout;
+    KILN_TRY(rnn_operands(t, op, nin, in, a));
+    int64_t H = in[1].d[1].v, W = a->i[0] == 0 ? 6 * H : (a->i[0] == 1 ? 5 * H : H); /* ops.def */
+    out[0] = (kiln_sshape){3, {in[0].d[0], in[0].d[1], in[1].d[1]}};
+    out[1] = out[2] = in[1];
+    out[3] = (kiln_sshape){3, {in[0].d[0], in[0].d[1], kiln_sdim_const(W)}};
+    return KILN_OK;
+}
+
+/* rnn_layer_backward(forward inputs..., workspace, gy, gh_n[, gc_n]) -> the gradients of x, h0, c0,
+ * w_ih, w_hh (their shapes) and of the biases (G*H,) */
+static kiln_status rule_rnn_layer_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
+                                           const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
+    (void)nout;
+    int lstm = a->i[0] == 0, nfwd = 4 + lstm + 2 * (int)a->i[2] + (int)a->i[3];
+    kiln_sshape want[4];
+    KILN_TRY(rule_rnn_layer(t, op, nfwd, in, a, ai, 4, want));
+    const int order[4] = {3, 0, 1, 2}; /* workspace, gy, gh_n, gc_n */
+    for (int k = 0; nfwd + k < nin && k < 4; k++) {
+        const kiln_sshape *got = &in[nfwd + k], *exp = &want[order[k]];
+        bool ok = got->ndim == exp->ndim;
+        for (int d = 0; ok && d < got->ndim; d++) ok = kiln_sdim_same(got->d[d], exp->d[d]);
+        if (!ok) return fail(t, op, nin, in, "the workspace and output gradients are not rnn_layer's output sizes");
+    }
+    int wi = 2 + lstm;
+    out[0] = in[0], out[1] = out[2] = in[1], out[3] = in[wi], out[4] = in[wi + 1];
+    out[5] = out[6] = (kiln_sshape){1, {in[wi].d[0]}};
+    return KILN_OK;
+}
+
 static const sym_rule rules[KILN_OP_COUNT] = {
 #define KILN_OP(...)
 #define KILN_SYM(ENUM, rule) [KILN_OP_##ENUM] = rule_##rule,

@@ -75,7 +75,7 @@ _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
 _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
 _OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_backward_input", "batch_norm", "layer_norm",
           "rms_norm", "reshape",
-          "attention",
+          "attention", "rnn_layer",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
           "gather", "gather_elements", "index_add", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while",
           "floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite", "cumsum", "sort")
@@ -198,6 +198,8 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
             lse = b.node("ReduceLogSumExp", [scores], axes=[-1], keepdims=0)
             b.node("Reshape", [b.node("Cast", [lse], to=b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[1][0]))))
                                , b.ints(metas[1][1])], [outs[1]])
+    elif op == "rnn_layer":
+        _emit_rnn_layer(b, ins, outs, ints, metas, in_metas)
     elif op in ("reshape", "expand"):
         if op == "reshape":  # allowzero: a 0 in the shape is a size 0, not "as the input's"
             b.node("Reshape", [ins[0], b.ints(ints)], [out], allowzero=1)
@@ -424,6 +426,56 @@ def _emit_sort(b, x, outs, axis, descending, src, n):
     else:
         order = order_of(x if src != np.bool_ else b.node("Cast", [x], to=b.onnx.TensorProto.INT32), outs[1])
     b.node("GatherElements", [x, order], [outs[0]], axis=axis)
+
+
+# rnn_layer's modes (ops.def i[0]) as ONNX operators, and where each of ONNX's gate blocks lies in
+# kiln's (PyTorch's) order: LSTM kiln (i, f, g, o), ONNX (i, o, f, c); GRU kiln (r, z, n), ONNX (z, r, h)
+_RNN_ONNX = {0: ("LSTM", [0, 3, 1, 2]), 1: ("GRU", [1, 0, 2]), 2: ("RNN", [0]), 3: ("RNN", [0])}
+
+
+def _emit_rnn_layer(b, ins, outs, ints, metas, in_metas):
+    """rnn_layer (one direction of one layer) as ONNX's LSTM, GRU or RNN with one direction: the
+    weights' gate blocks permuted, the biases concatenated (W's then R's), the lengths as int32, y
+    and the states without ONNX's direction axis. The workspace (for gradients only) is not made."""
+    mode, reverse, has_bias, has_lengths = ints[:4]
+    onnx_op, order = _RNN_ONNX[mode]
+    hidden = in_metas[1][1][1]
+    if is_symbolic((hidden,)):
+        raise OnnxExportError("kiln.export(ONNX): rnn_layer with a varying hidden size")
+    k = 3 if mode == 0 else 2
+    w_ih, w_hh = ins[k], ins[k + 1]
+    rows = b.const(np.concatenate([np.arange(g * hidden, (g + 1) * hidden) for g in order]).astype(np.int64), "gates")
+    axis0 = b.const(np.asarray([0], np.int64), "axes")
+
+    def gates(t):  # t's gate blocks in ONNX's order, with ONNX's leading direction axis
+        return b.node("Unsqueeze", [b.node("Gather", [t, rows], axis=0), axis0])
+
+    bias = ""
+    if has_bias:  # B = (Wb, Rb), each in ONNX's gate order
+        both = b.node("Concat", [b.node("Gather", [ins[k + 2], rows], axis=0),
+                                 b.node("Gather", [ins[k + 3], rows], axis=0)], axis=0)
+        bias = b.node("Unsqueeze", [both, axis0])
+    lengths = ""
+    if has_lengths:
+        lengths = b.node("Cast", [ins[k + 2 + 2 * has_bias]], to=b.onnx.TensorProto.INT32)
+    inputs = [ins[0], gates(w_ih), gates(w_hh), bias, lengths, b.node("Unsqueeze", [ins[1], axis0])]
+    attrs = dict(hidden_size=int(hidden), direction="reverse" if reverse else "forward")
+    if mode == 0:
+        inputs.append(b.node("Unsqueeze", [ins[2], axis0]))
+    elif mode == 1:
+        attrs["linear_before_reset"] = 1  # n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), PyTorch's GRU
+    else:
+        attrs["activations"] = ["Tanh" if mode == 2 else "Relu"]
+    raw = [b.fresh("rnn_y"), b.fresh("rnn_h")] + ([b.fresh("rnn_c")] if mode == 0 else [])
+    b.node(onnx_op, inputs, raw, **attrs)
+    b.node("Squeeze", [raw[0], b.const(np.asarray([1], np.int64), "axes")], [outs[0]])
+    b.node("Squeeze", [raw[1], axis0], [outs[1]])
+    if len(outs) > 2:
+        if mode == 0:
+            b.node("Squeeze", [raw[2], axis0], [outs[2]])
+        else:  # c_n: zeros for the GRU and RNN
+            zero = b.h.make_tensor("zero", b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[2][0]))), [1], [0])
+            b.node("ConstantOfShape", [b.node("Shape", [ins[1]])], [outs[2]], value=zero)
 
 
 def _emit_graph(b, graph, path, in_names):

@@ -3,12 +3,10 @@ stacked and bidirectional), MindSpore's names with PyTorch's layouts, gate order
 the LSTM; r, z, n for the GRU) and parameter names (weight_ih_l0, bias_hh_l1_reverse, ...), so
 weights copied from torch give torch's results.
 
-Eagerly a layer runs its time loop in Python. While kiln.jit (or kiln.trace) records, each layer's
-time loop is ONE `while` node (kiln.ops.while_loop) over both directions, each iteration a block of
-steps (_traced_layer): it reads the block's inputs with a gather at the loop counter and adds its
-outputs into a preallocated (T, batch, hidden) buffer with index_add, so the graph does not grow
-with the sequence and gradients flow through the loop (`while_grad`). Both paths run the same step
-function, so they compute the same values.
+Each direction of each layer of RNN, LSTM and GRU is ONE op, rnn_layer (src/ops/rnn.c: the whole
+time loop in C, its gradient the op rnn_layer_backward), eagerly and under kiln.jit / kiln.trace
+alike, so a compiled graph holds one node per layer and direction whatever the sequence's length.
+The cells are one step of ordinary ops.
 """
 import math
 import os
@@ -90,19 +88,17 @@ def _index(k):
 
 
 def _chunks(t, n):
-    """The gate split: by gather while a trace records (the step may be a loop body, whether ours or
-    a user's own while_loop over a cell), by slices otherwise."""
+    """The gate split: by gather while a trace records (the step may be the body of a user's own
+    while_loop over a cell), by slices otherwise."""
     return (_chunks_by_gather if _C.is_tracing() else _chunks_by_slice)(t, n)
 
 
-def _step(mode, x, state, w, gi=None):
-    """One time step. state: h, or (h, c) for the LSTM; w: (w_ih, w_hh, b_ih, b_hh), biases may be
-    None; gi: x's projection x @ w_ih.T + b_ih when already made (x is then not read). Returns the
-    new state in the same form."""
+def _step(mode, x, state, w):
+    """One time step of a cell. state: h, or (h, c) for the LSTM; w: (w_ih, w_hh, b_ih, b_hh),
+    biases may be None. Returns the new state in the same form."""
     w_ih, w_hh, b_ih, b_hh = w
     h = state[0] if mode == "LSTM" else state
-    if gi is None:
-        gi = ops.dense(x, w_ih, b_ih)
+    gi = ops.dense(x, w_ih, b_ih)
     gh = ops.dense(h, w_hh, b_hh)
     if mode == "RNN_TANH":
         return (gi + gh).tanh()
@@ -259,6 +255,8 @@ class _RNNBase(Cell):
 
     def _initial(self, name, hx, shape):
         if hx is None:
+            if len(shape) == 3 and _C.is_tracing():  # (ops.zeros would fix a symbolic batch size)
+                return ops.broadcast_to(ops.zeros((shape[0], 1, shape[2]), dtype=self.dtype), shape)
             return ops.zeros(shape, dtype=self.dtype)
         _check_state(type(self).__name__, name, hx, shape, self.dtype)
         return hx
@@ -274,15 +272,12 @@ class _RNNBase(Cell):
         if seq_length.dtype not in (_C.int32, _C.int64) or tuple(seq_length.shape) != (batch,):
             raise ValueError(f"{name}: seq_length must be an int32/int64 Tensor of shape ({batch},), got "
                              f"{seq_length.dtype.name} {tuple(seq_length.shape)}")
-        bad = f"{name}: seq_length must lie in [0, {steps}] (the sequence length)"
-        if _C.is_tracing():  # a traced length is data: the graph checks it on every call
-            outside = ops.logical_or(seq_length < 0, seq_length > steps).any()
-            _C.apply(OP.check, (outside,), (_C.register_check(ValueError(bad)), 1))
-        else:
+        if not _C.is_tracing() and batch:  # a traced length is data: rnn_layer checks it on every call
             lo, hi = ops.min(seq_length).item(), ops.max(seq_length).item()
             if lo < 0 or hi > steps:
-                raise ValueError(f"{bad}, got values from {lo} to {hi}")
-        return seq_length.reshape((batch, 1))
+                raise ValueError(f"{name}: seq_length must lie in [0, {steps}] (the sequence length), got values from "
+                                 f"{lo} to {hi}")
+        return seq_length
 
     def construct(self, x, hx=None, seq_length=None):
         name = type(self).__name__
@@ -304,8 +299,7 @@ class _RNNBase(Cell):
             k = [layer * self.num_directions + d for d in dirs]
             states = [(h0[i], c0[i]) if self._mode == "LSTM" else h0[i] for i in k]
             weights = [self._w(layer, d) for d in dirs]
-            run = _traced_layer if _C.is_tracing() else _eager_layer
-            outputs, states = run(self._mode, layer_input, states, weights, lengths)
+            outputs, states = _fused_layer(self._mode, layer_input, states, weights, lengths)
             for st in states:
                 finals_h.append(st[0] if self._mode == "LSTM" else st)
                 if self._mode == "LSTM":
@@ -314,8 +308,8 @@ class _RNNBase(Cell):
             if self.dropout and self.training and layer < self.num_layers - 1:
                 layer_input = ops.dropout(layer_input, self.dropout, True)
         out = layer_input
-        h_n = ops.stack(finals_h, 0)
-        c_n = ops.stack(finals_c, 0) if self._mode == "LSTM" else None
+        h_n = _stacked(finals_h)
+        c_n = _stacked(finals_c) if self._mode == "LSTM" else None
         if unbatched:
             out, h_n = out.squeeze(1), h_n.squeeze(1)
             c_n = None if c_n is None else c_n.squeeze(1)
@@ -344,92 +338,31 @@ class _RNNBase(Cell):
                 f"batch_first={self.batch_first}, dropout={self.dropout}, bidirectional={self.bidirectional}")
 
 
-def _masked(mode, valid, new, old):
-    """The state where this step is inside the sequence (valid: (batch, 1) bool), else the old one."""
-    if valid is None:
-        return new
-    if mode == "LSTM":
-        return ops.where(valid, new[0], old[0]), ops.where(valid, new[1], old[1])
-    return ops.where(valid, new, old)
+def _stacked(states):
+    """The final states stacked on a new first axis, by concat of unsqueezed states (ops.stack would
+    fix a symbolic batch size under dynamic shapes); one state alone is only unsqueezed."""
+    parts = [s.unsqueeze(0) for s in states]
+    return parts[0] if len(parts) == 1 else ops.concat(parts, 0)
 
 
-def _output(mode, valid, state):
-    h = state[0] if mode == "LSTM" else state
-    return h if valid is None else ops.where(valid, h, ops.zeros_like(h))
+_MODE_IDS = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}  # rnn_layer's i[0] (ops.def)
 
 
-def _eager_layer(mode, x, states, weights, lengths):
-    """One layer, every direction, as a Python loop: (outputs per direction (T, batch, hidden),
-    final states). The reverse direction runs from the last step back; with lengths, a sequence's
-    steps past its length leave the state alone and output zeros (so its reverse direction starts
-    at its own last step)."""
-    steps = x.shape[0]
+def _fused_layer(mode, x, states, weights, lengths):
+    """One layer, every direction, each one rnn_layer op: (outputs per direction (T, batch,
+    hidden), final states). The reverse direction runs from the last step back; with lengths
+    ((batch,) ints), a sequence's steps past its length leave the state alone and output zeros (so
+    its reverse direction starts at its own last step)."""
     outputs, finals = [], []
-    for d, (state, w) in enumerate(zip(states, weights)):
-        outs = [None] * steps
-        for i in range(steps):
-            t = steps - 1 - i if d else i
-            valid = None if lengths is None else lengths > t
-            state = _masked(mode, valid, _step(mode, x[t], state, w), state)
-            outs[t] = _output(mode, valid, state)
-        outputs.append(ops.stack(outs, 0))
-        finals.append(state)
+    for d, (state, (w_ih, w_hh, b_ih, b_hh)) in enumerate(zip(states, weights)):
+        initial = list(state) if mode == "LSTM" else [state]
+        biases = [] if b_ih is None else [b_ih, b_hh]
+        ins = [x] + initial + [w_ih, w_hh] + biases + ([] if lengths is None else [lengths])
+        attrs = (_MODE_IDS[mode], d, int(bool(biases)), int(lengths is not None))
+        y, h_n, c_n, _ = _C.apply(OP.rnn_layer, tuple(ins), attrs, ())
+        outputs.append(y)
+        finals.append((h_n, c_n) if mode == "LSTM" else h_n)
     return outputs, finals
-
-
-_BLOCK = 8  # time steps per iteration of a compiled layer's loop
-
-
-def _traced_layer(mode, x, states, weights, lengths):
-    """The same layer as ONE while loop over time, both directions in its body. Each iteration runs
-    a block of _BLOCK steps: it gathers the block's inputs and projects them with one matmul, runs the
-    steps, and adds the block's outputs into a preallocated (T, batch, hidden) buffer with one
-    index_add, so the loop's per-iteration costs (the buffer's copy, the gradient's bookkeeping) are
-    paid once per block. The loop values are the block counter, each direction's state and output
-    buffer. The reverse direction runs forward over the reversed sequence; the steps a sequence's
-    length (or the padding of the last block) leaves out keep the state and output zeros."""
-    steps = x.shape[0]
-    block = min(_BLOCK, steps)
-    padded = -(-steps // block) * block
-    backward = ops.arange(steps - 1, -1, -1, dtype=_C.int64)
-    pad = [] if padded == steps else [ops.zeros((padded - steps,) + tuple(x.shape[1:]), dtype=x.dtype)]
-    seqs = [ops.concat([x] + pad, 0) if pad else x]
-    if len(states) == 2:
-        seqs.append(ops.concat([ops.gather(x, backward, 0)] + pad, 0) if pad else ops.gather(x, backward, 0))
-    h_like = states[0][0] if mode == "LSTM" else states[0]
-    buffers = [ops.zeros((padded,) + tuple(h_like.shape), dtype=h_like.dtype) for _ in states]
-    offsets = ops.arange(0, block, 1, dtype=_C.int64)
-
-    def valid_at(d, s):
-        """Whether step s (of direction d's own order) lies in each sequence: (batch, 1) bool or None."""
-        inside = None if padded == steps else s < steps
-        if lengths is None:
-            return inside
-        in_length = lengths > ((steps - 1) - s if d else s)
-        return in_length if inside is None else ops.logical_and(in_length, inside)
-
-    def body(j, states, buffers):
-        new_states, new_buffers = [], []
-        rows = j * block + offsets
-        for d, (state, w, buf, seq) in enumerate(zip(states, weights, buffers, seqs)):
-            projected = ops.dense(ops.gather(seq, rows, 0), w[0], w[2])
-            outs = []
-            for k in range(block):
-                valid = valid_at(d, j * block + k)
-                new = _step(mode, None, state, w, gi=ops.gather(projected, _index(k), 0))
-                state = _masked(mode, valid, new, state)
-                outs.append(_output(mode, valid, state))
-            new_states.append(state)
-            new_buffers.append(ops.index_add(buf, 0, rows, ops.stack(outs, 0)))
-        return j + 1, tuple(new_states), tuple(new_buffers)
-
-    start = ops.zeros((), dtype=_C.int64)
-    _, finals, outputs = ops.while_loop(lambda j, s, b: j < padded // block, body,
-                                        (start, tuple(states), tuple(buffers)))
-    outputs = [out if padded == steps else out[:steps] for out in outputs]
-    if len(outputs) == 2:  # the reverse direction's outputs back in time order
-        outputs[1] = ops.gather(outputs[1], backward, 0)
-    return outputs, list(finals)
 
 
 class RNN(_RNNBase):
