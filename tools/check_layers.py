@@ -50,7 +50,9 @@ Python: every import of a module of the package counts, at module level and insi
 (a lazy import is still a dependency: it fails, or runs the other module's import, when the
 function first runs), except those under `if TYPE_CHECKING:`. `from P import x` depends on module
 P.x when there is one, else on P (x is an attribute P's import sets: `from .. import X` depends on
-the whole package). The package's modules have layers (PY_LAYERS, lowest first):
+the whole package). Importing P.x counts as depending on P.x alone, though Python runs P's
+__init__ first: kiln/__init__.py imports every layer at start-up, so the namespaces are loaded
+before any of their modules is used. The package's modules have layers (PY_LAYERS, lowest first):
 
     base -> ops -> autograd -> ops namespace -> tensor -> cell -> jit -> nn -> library -> kiln
          -> programs
