@@ -5,11 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-python3 tools/check_layers.py  # layers include only downward, no folder or import cycles (ARCHITECTURE.md)
 
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
+# layers include, call (the linked symbols of the objects just built) and import only downward, no cycles
+# (ARCHITECTURE.md)
+python3 tools/check_layers.py --build build
 (cd build && ctest --output-on-failure -j "$jobs")
 
 # the C tests again under the sanitizers; the same build makes a second kiln._C beside a copy of the

@@ -4,26 +4,11 @@
 #ifndef KILN_AUTOGRAD_H
 #define KILN_AUTOGRAD_H
 
+#include "kiln/ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* What a gradient rule sees. in/out hold the saved tensors (detached) when the op's flags ask
- * for them, else NULL; their metas are always available. */
-typedef struct kiln_grad_ctx {
-    kiln_op op;
-    int nin, nout;
-    kiln_tensor *const *in;
-    kiln_tensor *const *out;
-    const kiln_meta *in_meta;
-    const kiln_meta *out_meta;
-    const kiln_attrs *attrs;
-    const bool *needs_grad; /* per input */
-} kiln_grad_ctx;
-
-/* Grad mode (thread-local, on by default). Returns the previous value. */
-KILN_API bool kiln_grad_enabled(void);
-KILN_API bool kiln_set_grad_enabled(bool enabled);
 
 KILN_API kiln_status kiln_tensor_set_requires_grad(kiln_tensor *t, bool requires_grad);
 
@@ -58,10 +43,6 @@ typedef struct kiln_custom_grad {
 KILN_API kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nout, kiln_tensor **out,
                                                  const kiln_custom_grad *fn);
 
-/* Sentinel gradient rule of ops that are not differentiable (ops.def `none`). */
-KILN_API kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout,
-                                    kiln_tensor **gin);
-KILN_API bool kiln_op_differentiable(kiln_op op);
 
 #ifdef __cplusplus
 }

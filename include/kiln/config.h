@@ -4,7 +4,7 @@
 #ifndef KILN_CONFIG_H
 #define KILN_CONFIG_H
 
-#include "kiln.h"
+#include "kiln/core.h"
 
 #ifdef __cplusplus
 extern "C" {

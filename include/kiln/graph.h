@@ -7,6 +7,8 @@
 #ifndef KILN_GRAPH_H
 #define KILN_GRAPH_H
 
+#include "kiln/ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -268,11 +270,6 @@ KILN_API bool kiln_executable_is_native(const kiln_executable *e);
  * not made for, when the graph writes or returns them). */
 KILN_API int64_t kiln_executable_fallback_calls(const kiln_executable *e);
 
-/* ---- memory accounting of the allocator (for peak-memory comparisons) ------------------- */
-
-KILN_API size_t kiln_memory_in_use(void);
-KILN_API size_t kiln_memory_peak(void);
-KILN_API void kiln_memory_reset_peak(void);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@
 #ifndef KILN_MODEL_H
 #define KILN_MODEL_H
 
-#include "kiln/kiln.h"
+#include "kiln/graph.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,12 +87,6 @@ KILN_API kiln_tensor *kiln_model_case_input(const kiln_model *m, int32_t c, int3
 KILN_API kiln_tensor *kiln_model_case_output(const kiln_model *m, int32_t c, int32_t k);
 
 /* ---- checking results ---------------------------------------------------------------------- */
-
-/* How far `got` is from `expected` (same dtype and shape, else KILN_ERR_VALUE naming both):
- * the largest absolute difference, and the largest |got - expected| / max(|expected|, 1e-3 *
- * max|expected|, tiny). NaN where expected has NaN counts as equal; elsewhere as infinitely far. */
-KILN_API kiln_status kiln_tensor_max_error(const kiln_tensor *got, const kiln_tensor *expected, double *max_abs,
-                                           double *max_rel);
 
 #ifdef __cplusplus
 }

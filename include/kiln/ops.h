@@ -6,6 +6,8 @@
 #ifndef KILN_OPS_H
 #define KILN_OPS_H
 
+#include "kiln/core.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -105,6 +107,24 @@ typedef struct kiln_op_info {
     kiln_grad_fn grad;   /* kiln_grad_none: not differentiable */
     const char *c_expr; /* elementwise ops: C expression over a, b, c (see ops.def); else NULL */
 } kiln_op_info;
+
+/* What a gradient rule sees. in/out hold the saved tensors (detached) when the op's flags ask
+ * for them, else NULL; their metas are always available. */
+typedef struct kiln_grad_ctx {
+    kiln_op op;
+    int nin, nout;
+    kiln_tensor *const *in;
+    kiln_tensor *const *out;
+    const kiln_meta *in_meta;
+    const kiln_meta *out_meta;
+    const kiln_attrs *attrs;
+    const bool *needs_grad; /* per input */
+} kiln_grad_ctx;
+
+/* Sentinel gradient rule of ops that are not differentiable (ops.def `none`). */
+KILN_API kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const *gout,
+                                    kiln_tensor **gin);
+KILN_API bool kiln_op_differentiable(kiln_op op);
 
 KILN_API extern const kiln_op_info kiln_op_table[KILN_OP_COUNT];
 KILN_API const kiln_op_info *kiln_op_get(kiln_op op);

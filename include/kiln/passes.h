@@ -6,6 +6,8 @@
 #ifndef KILN_PASSES_H
 #define KILN_PASSES_H
 
+#include "kiln/graph.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

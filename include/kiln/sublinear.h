@@ -5,6 +5,8 @@
 #ifndef KILN_SUBLINEAR_H
 #define KILN_SUBLINEAR_H
 
+#include "kiln/passes.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

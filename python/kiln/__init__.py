@@ -11,7 +11,8 @@ from .nn import Parameter, ParameterTuple
 from .jit import JitConfig, JitSyntaxError, disable_jit
 from . import jit  # the package, callable as MindSpore's jit (see kiln/jit/__init__.py)
 from .jit import trace, TraceMismatchError, SublinearMemoryConfig
-from .jit.deploy import export, load
+from .jit.deploy import load
+from .jit.export import export
 from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
@@ -23,7 +24,7 @@ float_ = float32
 int_ = int64
 bool_ = bool
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 
 _seed = None

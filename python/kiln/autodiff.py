@@ -1,7 +1,7 @@
 """MegEngine's megengine.autodiff: GradManager, which writes the gradients of a loss into the
 .grad of the tensors attached to it (kiln.grad / value_and_grad are the functional API)."""
 from . import _C
-from .autograd import _nesting, enable_grad
+from .autograd import enable_grad, grad_nesting
 
 
 class GradManager:
@@ -70,12 +70,12 @@ class GradManager:
         self._grad_mode.__enter__()
         # what runs now will be differentiated: a jitted function called here keeps its results'
         # autograd history (bytecode capture compiles its pieces with their backward)
-        _nesting.depth = getattr(_nesting, "depth", 0) + 1
+        grad_nesting.depth = getattr(grad_nesting, "depth", 0) + 1
 
     def release(self):
         if self._recording:
             self._recording = False
-            _nesting.depth -= 1
+            grad_nesting.depth -= 1
             self._grad_mode.__exit__(None, None, None)
 
     def __enter__(self):
@@ -108,7 +108,7 @@ class GradManager:
             if not keep or not params:
                 return
             if _C.is_tracing():
-                from .jit.function import mark_not_replayable
+                from .jit.replay import mark_not_replayable
 
                 # .grad is Python state a compiled graph cannot set: the traced function runs eagerly
                 mark_not_replayable("GradManager.backward assigns the .grad of its tensors")

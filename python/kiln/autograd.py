@@ -1,42 +1,9 @@
 """Reverse-mode autodiff, MindSpore style: grad, value_and_grad, no_grad."""
-import contextlib
 import functools
 import threading
 
-from . import _C
-
-
-class no_grad(contextlib.ContextDecorator):
-    """Context (or decorator) in which no op is recorded for autograd."""
-
-    def __enter__(self):
-        self._prev = _C.set_grad_enabled(False)
-        return self
-
-    def __exit__(self, *exc):
-        _C.set_grad_enabled(self._prev)
-        return False
-
-
-class enable_grad(contextlib.ContextDecorator):
-    """Context (or decorator) in which ops are recorded for autograd."""
-
-    def __enter__(self):
-        self._prev = _C.set_grad_enabled(True)
-        return self
-
-    def __exit__(self, *exc):
-        _C.set_grad_enabled(self._prev)
-        return False
-
-
-def is_grad_enabled():
-    return _C.is_grad_enabled()
-
-
-def set_grad_enabled(mode):
-    """Sets grad mode; returns the previous one."""
-    return _C.set_grad_enabled(bool(mode))
+from . import _C, hooks
+from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401 (kiln.autograd's API)
 
 
 def _positions(grad_position, nargs):
@@ -60,12 +27,12 @@ def _weights_list(weights):
     return list(weights), False
 
 
-_nesting = threading.local()  # depth of grad calls running their function on this thread
+grad_nesting = threading.local()  # depth of grad calls running their function on this thread
 
 
 def differentiating():
     """Whether code runs inside a grad / value_and_grad call (its results will be differentiated)."""
-    return getattr(_nesting, "depth", 0) > 0
+    return getattr(grad_nesting, "depth", 0) > 0
 
 
 def _output_tensors(out, into):
@@ -81,13 +48,14 @@ def _output_tensors(out, into):
     return into
 
 
-def _run(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, return_ids=False, all_inputs=False):
+def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, return_ids=False,
+                           all_inputs=False):
     """(fn's value, its gradients) as MindSpore computes them: the gradient of the sum of every
     tensor fn returns (with has_aux, of its first output only), each non-scalar output weighted by
     ones, or by the sensitivity given as the last positional argument (sens_param: one tensor per
     differentiated output, in the same structure). all_inputs: differentiate every Tensor argument
     (GradOperation(get_all=True); a non-float one gets zeros)."""
-    from ._tensor import Tensor
+    Tensor = _C.tensor_class()  # kiln.Tensor (a subclass of it, a Parameter, keeps its identity)
 
     sens = None
     if sens_param:
@@ -119,13 +87,13 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, re
         args[p] = leaf
         leaves.append(args[p])
     wlist, wsingle = _weights_list(weights)
-    depth = getattr(_nesting, "depth", 0)
-    _nesting.depth = depth + 1
+    depth = getattr(grad_nesting, "depth", 0)
+    grad_nesting.depth = depth + 1
     try:
         with enable_grad():
             out = fn(*args, **kwargs)
     finally:
-        _nesting.depth = depth
+        grad_nesting.depth = depth
     if has_aux:
         if not isinstance(out, tuple) or len(out) < 2:
             raise ValueError("grad: with has_aux=True the function must return a tuple (output, aux, ...)")
@@ -177,7 +145,7 @@ def _run(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, re
 
 
 def _zeros_like(t):
-    from .ops import zeros_like
+    from .ops.array import zeros_like
 
     return zeros_like(t)
 
@@ -303,9 +271,7 @@ class GradOperation:
 
 def jitted_of(fn):
     """The kiln.jit function behind fn (fn itself, or a Cell's JitConfig one), or None."""
-    from .jit import JitFunction
-
-    return fn if isinstance(fn, JitFunction) else getattr(fn, "__dict__", {}).get("_jitted")
+    return fn if hooks.is_jit_function(fn) else getattr(fn, "__dict__", {}).get("_jitted")
 
 
 def differentiates_by_pieces(fn):
@@ -323,8 +289,8 @@ def _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, **how):
         if jitted is not None and jitted._grad_through_pieces():
             # bytecode capture with graph breaks: each compiled piece records one node on the tape, its
             # backward compiled with it, and the Python between pieces is recorded as eager code is
-            return _run(fn, grad_position, weights, has_aux, args, kwargs, **how)
+            return value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, **how)
         if jitted is not None:  # a jitted function, or a Cell given a JitConfig
             # forward and backward compiled together as one graph
             return jitted._grad_variant(grad_position, weights, has_aux, **how)(*args, **kwargs)
-    return _run(fn, grad_position, weights, has_aux, args, kwargs, **how)
+    return value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, **how)

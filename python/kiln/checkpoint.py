@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _C
 from ._tensor import Tensor
+from .nn.cell import load_param_into_net  # (kiln.load_param_into_net: MindSpore's place for it)
 
 MAGIC = b"KILNCKPT"
 VERSION = 1
@@ -271,46 +272,3 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
     if net is not None:
         load_param_into_net(net, out, strict_load)
     return out
-
-
-def load_param_into_net(net, parameter_dict, strict_load=False):
-    """Copies the entries of parameter_dict (name -> tensor or array) into the parameters of net with
-    those names (and into an optimizer's state, when net is one or holds one). Returns
-    (param_not_load, ckpt_not_load): net's parameters no entry matched, and entries no parameter
-    took. A shape or dtype that differs raises ValueError naming the parameter; strict_load also
-    refuses names that do not match."""
-    from .nn import Cell
-
-    if not isinstance(net, Cell):
-        raise TypeError(f"load_param_into_net: net must be a Cell, got {type(net).__name__}")
-    if not isinstance(parameter_dict, dict):
-        raise TypeError(f"load_param_into_net: parameter_dict must be a dict, got {type(parameter_dict).__name__}")
-    targets = dict(net.parameters_and_names())
-    state = getattr(net, "state_for_checkpoint", None)
-    if state is not None:
-        targets.update(state())
-    param_not_load = [n for n in targets if n not in parameter_dict]
-    ckpt_not_load = [n for n in parameter_dict if n not in targets]
-    if strict_load and (param_not_load or ckpt_not_load):
-        raise ValueError(f"load_param_into_net: strict_load: parameters without an entry {param_not_load}, "
-                         f"entries without a parameter {ckpt_not_load}")
-    for name, p in targets.items():
-        if name not in parameter_dict:
-            continue
-        v = parameter_dict[name]
-        if not isinstance(v, _C.TensorBase):
-            v = Tensor(np.asarray(v))
-        if tuple(v.shape) != tuple(p.shape):
-            raise ValueError(f"load_param_into_net: {name!r} has shape {list(p.shape)} in the net, {list(v.shape)} "
-                             "in the checkpoint")
-        if v.dtype != p.dtype:
-            if v.dtype.is_floating_point and p.dtype.is_floating_point:
-                v = v.astype(p.dtype)
-            else:
-                raise ValueError(f"load_param_into_net: {name!r} is {p.dtype.name} in the net, {v.dtype.name} in the "
-                                 "checkpoint")
-        if hasattr(p, "set_data"):
-            p.set_data(v)
-        else:
-            p[...] = v
-    return param_not_load, ckpt_not_load

@@ -5,6 +5,7 @@ import platform
 import sys
 
 from . import _C
+from .version import __version__
 
 
 def _codegen_check():
@@ -24,8 +25,6 @@ def _codegen_check():
 
 def facts():
     """Every fact show_config prints, as a dict (strings, numbers, bools)."""
-    from . import __version__, get_num_threads
-
     build = _C.build_info()
     cc = _C.codegen_info()
     works, how = _codegen_check()
@@ -43,7 +42,7 @@ def facts():
     return {
         "version": __version__, "python": platform.python_version(), "numpy": numpy_version,
         **build,
-        "cpu_count": os.cpu_count(), "threads": get_num_threads(),
+        "cpu_count": os.cpu_count(), "threads": _C.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
         "conv_block": _C.conv_block_size(), "isa_kernels": _C.isa_kernels(),

@@ -9,7 +9,7 @@
 
 struct kiln_grad_node;
 struct kiln_graph;
-struct kiln_pass_options;
+typedef struct kiln_tracer kiln_tracer; /* the tracer of include/kiln/graph.h, opaque here */
 
 typedef struct kiln_layer_hooks {
     /* the tracer: records an op kiln_apply just ran into the thread's active trace */
@@ -41,8 +41,9 @@ typedef struct kiln_layer_hooks {
     kiln_status (*control_kernel)(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
                                   kiln_tensor **out);
     kiln_status (*control_grad)(kiln_op op, const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin);
-    /* the pass pipeline (passes/pipeline.c): runs pass `name` over *g, for the IR's gradient bodies */
-    kiln_status (*run_pass)(const char *name, struct kiln_graph **g, const struct kiln_pass_options *opt);
+    /* the pass pipeline (passes/pipeline.c): dead code elimination over *g (replaced by the result),
+     * for the IR's gradient bodies */
+    kiln_status (*eliminate_dead_code)(struct kiln_graph **g);
 } kiln_layer_hooks;
 
 /* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */

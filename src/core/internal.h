@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiln/kiln.h"
+#include "kiln/core.h"
+#include "kiln/ops.h"
 
 /* ---- errors -------------------------------------------------------------------------- */
 

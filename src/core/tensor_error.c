@@ -3,7 +3,6 @@
 #include <math.h>
 
 #include "internal.h"
-#include "kiln/model.h"
 
 kiln_status kiln_tensor_max_error(const kiln_tensor *got, const kiln_tensor *expected, double *max_abs,
                                   double *max_rel) {

@@ -8,6 +8,8 @@
 #include "../core/hooks.h"
 #include "trace_internal.h"
 
+#include "kiln/autograd.h"
+
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
  * others, and where none flows), registered as *id. x and gy give the values the body is run on
@@ -62,10 +64,9 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
         if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tr), &g);
         kiln_tracer_free(tr);
     }
-    kiln_pass_options dce_opt = {KILN_LEVEL_O0, false, false, KILN_CONV_FUSE_ALL, false};
     /* the forward ops the gradients do not read (the pass pipeline, a layer above, fills the hook) */
-    if (s == KILN_OK) s = kiln_hooks.run_pass ? kiln_hooks.run_pass("dce", &g, &dce_opt)
-                                              : kiln_error(KILN_ERR_RUNTIME, "no pass pipeline registered");
+    if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code ? kiln_hooks.eliminate_dead_code(&g)
+                                                         : kiln_error(KILN_ERR_RUNTIME, "no pass pipeline registered");
     if (s == KILN_OK) s = kiln_body_register(g, id);
     else kiln_graph_free(g);
     if (alias) kiln_release_all(alias, total);

@@ -5,6 +5,7 @@
  * A path relative to the files' common directory would still hold the user's name whenever the
  * traced code and a library lie in different trees (/home/u/... and /usr/...). */
 #include "../core/internal.h"
+#include "kiln/graph.h"
 
 /* The length of loc's directory part: up to the last '/' before the line's ':'. */
 static size_t dir_len(const char *loc) {

@@ -4,7 +4,7 @@
 #ifndef KILN_INDEX_LOWER_H
 #define KILN_INDEX_LOWER_H
 
-#include "kiln/kiln.h"
+#include "kiln/ops.h"
 
 typedef enum kiln_index_kind {
     KILN_INDEX_INT,      /* an integer: start */

@@ -4,6 +4,8 @@
 
 #include "../core/internal.h"
 #include "../ir/symbolic.h"
+#include "kiln/passes.h"
+#include "kiln/sublinear.h"
 
 /* Nodes whose order and count matter (KILN_OPF_SIDE_EFFECTS). */
 static inline bool kiln_node_has_effects(const kiln_node *n) { return kiln_op_has_side_effects(n->op); }

@@ -123,5 +123,11 @@ kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_pass_opti
     return kiln_error(KILN_ERR_VALUE, "unknown pass '%s'", name);
 }
 
-/* The IR reaches the pipeline through this hook (ir/control_grad.c prunes gradient bodies). */
-__attribute__((constructor)) static void register_run_pass(void) { kiln_hooks.run_pass = kiln_run_pass; }
+/* The dce pass at level O0, for the IR, which reaches it through a hook (ir/control_grad.c prunes
+ * gradient bodies). */
+static kiln_status eliminate_dead_code(kiln_graph **g) {
+    kiln_pass_options opt = {KILN_LEVEL_O0, false, false, KILN_CONV_FUSE_ALL, false};
+    return kiln_run_pass("dce", g, &opt);
+}
+
+__attribute__((constructor)) static void register_dead_code(void) { kiln_hooks.eliminate_dead_code = eliminate_dead_code; }

@@ -7,6 +7,8 @@
 #include "../ir/layout.h"
 #include "../ir/symbolic.h"
 
+#include "kiln/sublinear.h"
+
 static const kiln_plan_kernels *registered_kernels;
 
 void kiln_plan_register_kernels(const kiln_plan_kernels *k) { registered_kernels = k; }

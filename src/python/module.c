@@ -337,6 +337,12 @@ static PyObject *py_set_tensor_class(PyObject *self, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_tensor_class(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    Py_INCREF(pykiln_tensor_class);
+    return (PyObject *)pykiln_tensor_class;
+}
+
 static PyObject *py_dtype_from_name(PyObject *self, PyObject *name) {
     (void)self;
     kiln_dtype d;
@@ -405,6 +411,8 @@ static PyMethodDef module_methods[] = {
     {"from_dlpack", (PyCFunction)(void (*)(void))pykiln_from_dlpack, METH_VARARGS | METH_KEYWORDS,
      "from_dlpack(x, /, *, device=None, copy=None): a tensor sharing the memory of a DLPack producer"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, "register the class of new tensors"},
+    {"tensor_class", py_tensor_class, METH_NOARGS,
+     "tensor_class()\n--\n\nThe class of new tensors: kiln.Tensor once kiln._tensor registered it, TensorBase before."},
     {"dtype_from_name", py_dtype_from_name, METH_O, "the dtype object of a name"},
     {"codegen_stats", py_codegen_stats, METH_NOARGS, "counters of the fused-kernel compiler in this process"},
     {"conv_block_size", py_conv_block_size, METH_NOARGS, "the channel block of the CPU's blocked conv layout (0: none)"},

@@ -12,7 +12,7 @@ import pytest
 
 import kiln
 from kiln import nn
-from kiln.jit.function import mark_not_replayable
+from kiln.jit.replay import mark_not_replayable
 
 
 def T(a):

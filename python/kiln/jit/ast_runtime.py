@@ -11,7 +11,7 @@ import types
 import warnings
 import weakref
 
-from .. import _C
+from .. import _C, hooks
 from . import ast_convert, guards, tree
 from .syntax import JitSyntaxError
 
@@ -916,7 +916,7 @@ def _range(*args, loc):
 def _print(*args, sep=" ", end="\n", file=None, flush=False):
     if file is not None:
         # a write to a file object is a Python side effect a graph would skip on later calls
-        from .function import mark_not_replayable
+        from .replay import mark_not_replayable
 
         mark_not_replayable("print(..., file=...) writes to a Python file object")
         return builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
@@ -991,8 +991,7 @@ def _convert_or_fallback(fn):
 def convert_callable(f):
     """What converted code calls for f: converted user functions, methods and Cells; f itself
     for everything else."""
-    from ..nn import Cell
-    from .function import JitFunction
+    from ..nn.cell import Cell
 
     if isinstance(f, types.FunctionType):
         return _convert_or_fallback(f) if _user_code(f) else f
@@ -1001,7 +1000,7 @@ def convert_callable(f):
         if isinstance(func, types.FunctionType) and _user_code(func):
             return types.MethodType(_convert_or_fallback(func), f.__self__)
         return f
-    if isinstance(f, Cell) and not isinstance(f, JitFunction):
+    if isinstance(f, Cell) and not hooks.is_jit_function(f):
         construct = type(f).construct
         if not (isinstance(construct, types.FunctionType) and (_user_code(construct) or
                                                                construct in _library_constructs())):
@@ -1016,7 +1015,7 @@ def convert_callable(f):
 
 def _library_constructs():
     """kiln's own Cells that call other Cells: converted so the Cells they call are too."""
-    from ..nn import SequentialCell, WithLossCell
+    from ..nn.cell import SequentialCell, WithLossCell
 
     return (SequentialCell.construct, WithLossCell.construct)
 

@@ -24,7 +24,7 @@ import sys
 import types
 import weakref
 
-from .. import _C
+from .. import _C, hooks
 from ..autograd import differentiates_by_pieces
 from . import guards, sym_scalar
 from .dynamic import SymInt, evaluate
@@ -246,23 +246,13 @@ def _kiln_module(obj):
 def _cell_type():
     global _CELL_TYPE
     if _CELL_TYPE is None:
-        from ..nn import Cell
+        from ..nn.cell import Cell
 
         _CELL_TYPE = Cell
     return _CELL_TYPE
 
 
 _CELL_TYPE = None
-_JIT_FUNCTION = None
-
-
-def _jit_function_type():
-    global _JIT_FUNCTION
-    if _JIT_FUNCTION is None:
-        from .function import JitFunction
-
-        _JIT_FUNCTION = JitFunction
-    return _JIT_FUNCTION
 
 
 class Interpreter:
@@ -414,7 +404,7 @@ class Interpreter:
         target, bound_self = fn, None
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             target, bound_self = fn.__func__, fn.__self__
-        if (isinstance(target, _jit_function_type()) and isinstance(target.fn, types.FunctionType)
+        if (hooks.is_jit_function(target) and isinstance(target.fn, types.FunctionType)
                 and target._self_ref is None):
             target = target.fn
         if isinstance(target, self.cell_type) and bound_self is None:

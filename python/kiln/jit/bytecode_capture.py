@@ -37,6 +37,8 @@ import weakref
 from .. import _C
 from ..autograd import differentiating
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
+from .recording import bind_inputs, returns_closure, user_frame_tracer
+from .replay import refusing_unreplayable
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -148,7 +150,7 @@ class Pieces:
         """(piece, executable, the symbols' sizes) of a piece captured with symbolic sizes whose guards
         (on Python state, and the relations of its sizes) this call satisfies, its instance for the
         call's binding made on first use; or None."""
-        for piece in self.entries.dynamic.get(_shape_free(key), ()):
+        for piece in self.entries.dynamic.get(dynamic.shape_free(key), ()):
             found = self.owner._instance_for(piece.dyn, leaves) if piece.guards.check(self.fn) else None
             if found is None:
                 continue
@@ -163,7 +165,7 @@ class Pieces:
 
     def add(self, key, piece):
         if piece.dyn is not None:
-            same = self.entries.dynamic.setdefault(_shape_free(key), [])
+            same = self.entries.dynamic.setdefault(dynamic.shape_free(key), [])
         else:
             same = self.cache.setdefault(key, [])
         same.append(piece)
@@ -174,12 +176,6 @@ class Pieces:
         self.entries.count += 1
         if not piece.returns:
             self.breaks.append((piece.reason, piece.where))
-
-
-def _shape_free(key):
-    from .function import JitFunction
-
-    return JitFunction._shape_free(key)
 
 
 def _concrete(value):
@@ -278,8 +274,6 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     prev_logs = _C.set_cell_logs(called, writes)
     prev_hook = _C.eval_frame_suspend(True)
     try:
-        from .function import _user_frame_tracer, bind_inputs, refusing_unreplayable, returns_closure
-
         aliases = []
         aliases_state = bind_inputs(tracer, spec, leaves, aliases)
         if grad:  # (bind_inputs marks leaves only: here every input that requires grad is differentiated)
@@ -287,7 +281,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 if t.requires_grad and not a.requires_grad:
                     a.requires_grad = True
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
-        interp.user_frames = _user_frame_tracer(tracer, recorder.on_call)
+        interp.user_frames = user_frame_tracer(tracer, recorder.on_call)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
         if symbols is not None:
             capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)
@@ -357,7 +351,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             _C.set_random_state(rng)
         _C.eval_frame_suspend(prev_hook)
         _C.set_cell_logs(*prev_logs)
-    from ..nn import Cell
+    from ..nn.cell import Cell
 
     if isinstance(owner.fn, Cell):
         called.insert(0, owner.fn)
@@ -419,7 +413,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
         if piece is None:
             # (the dynamic pieces of these sizes' shape-free key count too: a call breaking their relations)
             # (only this wrapper's: a closure made again with other cell values is not a recompile)
-            stale = [p for p in list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(_shape_free(key), [])
+            stale = [p for p in list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(dynamic.shape_free(key), [])
                      if id(p) in pieces.own]
             if len(stale) >= owner.options.recompile_limit and pieces.given_up is None:
                 failed = stale[-1].failed_guard(pieces.fn)
@@ -557,7 +551,7 @@ def _finish_in_python(state, top):
 
 def target(jf):
     """(the Python function whose frames a JitFunction captures, the arguments before the call's)."""
-    from ..nn import Cell
+    from ..nn.cell import Cell
 
     fn, prefix = jf.fn, ()
     if isinstance(fn, Cell):
@@ -690,7 +684,7 @@ def on_frame(jf, func, bound, pending):
     grad = _differentiates(bound)
     key, spec, leaves = entry_key(pieces, func, bound)
     key = grad_key(key, grad)
-    first = key not in pieces.cache and _shape_free(key) not in pieces.entries.dynamic
+    first = key not in pieces.cache and dynamic.shape_free(key) not in pieces.entries.dynamic
     if first:
         if len(pieces.entry_keys) >= jf.options.recompile_limit:
             if not pieces.warned:
@@ -710,7 +704,7 @@ def on_frame(jf, func, bound, pending):
         _give_up(jf, e)
         return _C.RUN_EAGER
     jf.stats.entries = pieces.count
-    dyn = pieces.entries.dynamic.get(_shape_free(key), ())
+    dyn = pieces.entries.dynamic.get(dynamic.shape_free(key), ())
     direct_key, direct_leaves = _C.tree.call_key(tuple(bound), {}, ())
     # (the direct path runs the pieces on the arguments' own tensors: only where they are the state's)
     if not grad and pieces.direct_ok and len(bound) == pieces.nparams and len(direct_leaves) == len(leaves) and all(

@@ -965,3 +965,9 @@ class DynamicEntry:
         planned_once = None if self._plan is None else bool(self._plan)
         return {"symbols": symbols, "guards": guards, "instances": len(self.instances), "optimized_once": optimized_once,
                 "planned_once": planned_once}
+
+
+def shape_free(key):
+    """A call key (kiln.jit.function's: options, per tensor (dtype, shape, requires_grad), state)
+    without the tensors' sizes, their ranks kept: what a dynamic entry matches."""
+    return key[0], tuple((dt, len(shape), rg) for dt, shape, rg in key[1]), key[2]

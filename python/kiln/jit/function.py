@@ -8,57 +8,20 @@ its guards admit, with an instance of its graph per binding of the symbols.
 """
 import os
 import sys
-import threading
 import time
 import types
 import warnings
 
-from .. import _C
+from .. import _C, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
 from .eager_switch import jit_disabled
 from .options import JitOptions
+from .recording import bind_inputs, returns_closure, user_frame_tracer
+from .replay import end_reasons, grad_written, mark_not_replayable, start_reasons
 from .syntax import JitSyntaxError
-
-_local = threading.local()
-
-
-def mark_not_replayable(reason):
-    """Called by code that a trace cannot capture faithfully (Python state read at every call):
-    the function being traced is then run eagerly instead of compiled. While a bytecode piece is
-    captured it raises at once (bytecode.Unsupported), before the code changes anything: that part
-    of the call then runs in Python."""
-    refuse = getattr(_local, "refuse", None)
-    if refuse is not None:
-        raise refuse(reason)
-    reasons = getattr(_local, "not_replayable", None)
-    if reasons is not None:
-        reasons.append(reason)
-
-
-class refusing_unreplayable:
-    """While a bytecode piece is captured: mark_not_replayable (and a .grad written) raises `error`."""
-
-    def __init__(self, error):
-        self.error = error
-
-    def __enter__(self):
-        self.prev = getattr(_local, "refuse", None)
-        _local.refuse = self.error
-
-    def __exit__(self, *exc):
-        _local.refuse = self.prev
-
-
-def _grad_written(tensor, value):
-    log = getattr(_local, "grad_writes", None)
-    if log is not None and getattr(_local, "refuse", None) is None:  # a recording that replays them
-        log.append((tensor, value))
-    else:
-        mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
-
 
 _saved_graphs = [0]
 
@@ -77,20 +40,7 @@ def _save_graph(name, text):
         f.write(text)
 
 
-class collect_grad_writes:
-    """While a recording runs: the (tensor, value) of each .grad assignment, in order, instead of
-    running the function eagerly (kiln.trace(without_host=True) sets them after each replay)."""
-
-    def __enter__(self):
-        self.prev = getattr(_local, "grad_writes", None)
-        _local.grad_writes = self.writes = []
-        return self.writes
-
-    def __exit__(self, *exc):
-        _local.grad_writes = self.prev
-
-
-_tensor_module.grad_written_while_tracing = _grad_written
+_tensor_module.grad_written_while_tracing = grad_written
 _tensor_module.grad_read_while_tracing = lambda tensor: mark_not_replayable(
     "a .grad read that was set outside the graph (the graph would keep this call's gradient)")
 
@@ -145,31 +95,6 @@ class _Entry:
         return None if k < 0 else self.guard_names[k]
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_frame_tracer(tracer, on_call=None):
-    """A sys.settrace hook that tells the tracer the user's source line of each op (and shows
-    on_call, when given, each frame of user code as it starts); C: kiln._C.FrameHook."""
-    return _C.FrameHook(tracer, _PACKAGE_DIR, on_call)
-
-
-def bind_inputs(tracer, spec, leaves, aliases=None):
-    """The call's arguments rebuilt around fresh aliases of its tensors, each declared as the
-    next graph input (the same tensor passed twice makes two inputs of one alias, so `a is b` holds
-    as in eager; the call key tells such calls apart); appended to `aliases` when given."""
-    aliases = [] if aliases is None else aliases
-    made = {}  # id(tensor) -> its alias: one tensor in two places is one object to the function too
-    for t in leaves:
-        a = made.get(id(t))
-        if a is None:
-            a = made[id(t)] = t.detach()
-            a.requires_grad = t.requires_grad and t.is_leaf
-        tracer.add_input(a)  # (a second input of the same alias: the graph reads the last, the call passes both)
-        aliases.append(a)
-    return tree.unflatten(spec, aliases)[0]
-
-
 def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
@@ -182,14 +107,13 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     prev_trace = sys.gettrace()
     called, writes = [], []
     prev_logs = _C.set_cell_logs(called, writes)  # the Cells called and the writes on Cells
-    prev_reasons = getattr(_local, "not_replayable", None)
-    _local.not_replayable = reasons = []
+    reasons, prev_reasons = start_reasons()
     try:
         aliases = []
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
         callers = _CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
         capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
-        sys.settrace(_user_frame_tracer(tracer, recorder.on_call))
+        sys.settrace(user_frame_tracer(tracer, recorder.on_call))
         excluded = exclude.noting()
         try:
             with excluded:
@@ -230,7 +154,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     finally:
         tracer.end()
         _C.set_cell_logs(*prev_logs)
-        _local.not_replayable = prev_reasons
+        end_reasons(prev_reasons)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
@@ -247,15 +171,6 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     if capture is not None:
         entry.capture, entry.graph = capture, graph
     return tree.unflatten(out_spec, detached)[0], entry
-
-
-def returns_closure(value, depth=0):
-    """Whether value is, or holds in its lists, tuples and dicts, a function with a closure."""
-    if isinstance(value, types.FunctionType):
-        return bool(value.__closure__)
-    if depth < 20 and isinstance(value, (list, tuple, dict)):
-        return any(returns_closure(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
 
 
 class _ContainerChange:
@@ -413,7 +328,7 @@ class JitFunction(_C.JitDispatcher):
         return jf
 
     def _target(self):
-        from ..nn import Cell
+        from ..nn.cell import Cell
 
         if isinstance(self.fn, Cell):  # its construct: Cell.__call__ may route back here (set_jit_config)
             cell = self.fn
@@ -497,15 +412,10 @@ class JitFunction(_C.JitDispatcher):
                 return found
         return self._miss(key, args, kwargs)
 
-    @staticmethod
-    def _shape_free(key):
-        """The call key without the tensors' sizes (their ranks kept): what a dynamic entry matches."""
-        return key[0], tuple((dt, len(shape), rg) for dt, shape, rg in key[1]), key[2]
-
     def _dynamic_call(self, key, args, kwargs, leaves):
         """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
         binding on first use), or returns _NO_ENTRY."""
-        for d in self._dynamic.get(self._shape_free(key), ()):
+        for d in self._dynamic.get(dynamic.shape_free(key), ()):
             found = self._instance_for(d, leaves) if d.entry.guards_hold() else None
             if found is None:
                 continue
@@ -540,7 +450,7 @@ class JitFunction(_C.JitDispatcher):
         """The symbols of the next capture for this call (kiln.jit.dynamic.choose_symbols), or None:
         every size exact. Records the call's sizes for automatic mode. labels: per tensor, what
         cache_info calls it (default: input0, input1, ...)."""
-        free = self._shape_free(key)
+        free = dynamic.shape_free(key)
         seen = self._sizes_seen.get(free)
         labels = labels or [f"input{k}" for k in range(len(leaves))]
         names, values, exprs, origins = dynamic.choose_symbols(leaves, labels, self.options.dynamic, seen)
@@ -613,7 +523,7 @@ class JitFunction(_C.JitDispatcher):
         self._last = entry
         if entry.capture is not None and len(entry.capture.specialized) < len(entry.capture.values):
             d = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
-            self._dynamic.setdefault(self._shape_free(key), []).append(d)
+            self._dynamic.setdefault(dynamic.shape_free(key), []).append(d)
             self._register_fast(key, args, kwargs, entry, d)
         else:
             self._cache.setdefault(key, []).append(entry)
@@ -625,7 +535,7 @@ class JitFunction(_C.JitDispatcher):
         """Lets the C base class serve later calls of this signature (of every binding of dyn, a
         dynamic entry, as its instances are made): plain functions called with positional tensors
         whose results are a tensor or a flat tuple/list of tensors."""
-        from ..nn import Cell
+        from ..nn.cell import Cell
 
         if (kwargs or self._self_ref is not None or isinstance(self.fn, Cell) or key[2][1] or len(key[2]) > 2
                 or entry.differentiable or self._recorder is not None):
@@ -698,7 +608,7 @@ class JitFunction(_C.JitDispatcher):
                 entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
                 if entry is not None:
                     return entry, entry.executable
-                for d in self._dynamic.get(self._shape_free(key), ()):
+                for d in self._dynamic.get(dynamic.shape_free(key), ()):
                     values = d.bind(leaves) if d.entry.guards_hold() else None
                     exe = None if values is None else d.instances.get(tuple(values[k] for k in d.live))
                     if exe is not None:
@@ -783,8 +693,8 @@ class JitFunction(_C.JitDispatcher):
 
     def _grad_variant(self, grad_position, weights, has_aux, **how):
         """A jitted function computing (value, grads) of this one: forward and backward as one graph
-        (how: autograd._run's options, sens_param, return_ids, all_inputs)."""
-        from ..autograd import _run
+        (how: autograd.value_and_grad_on_tape's options, sens_param, return_ids, all_inputs)."""
+        from ..autograd import value_and_grad_on_tape
 
         how = {k: v for k, v in how.items() if v}  # the defaults share one variant
 
@@ -797,7 +707,7 @@ class JitFunction(_C.JitDispatcher):
             def value_and_grads(*args, **kwargs):
                 # captured: the converted function (ast); run eagerly: the function itself
                 target = self._capture_target() if _C.is_tracing() else self._target()
-                return _run(target, grad_position, weights, has_aux, args, kwargs, **how)
+                return value_and_grad_on_tape(target, grad_position, weights, has_aux, args, kwargs, **how)
 
             value_and_grads.__qualname__ = f"value_and_grad({self.__qualname__})"
             jf = self._grad_variants[gkey] = JitFunction(value_and_grads, self.options.with_capture_mode("trace"))
@@ -807,6 +717,8 @@ class JitFunction(_C.JitDispatcher):
     def __repr__(self):
         return f"<kiln.jit {self.__qualname__} ({self.options})>"
 
+
+hooks.jit_function_class = JitFunction  # (autograd, Cell and the capture modes reach it there)
 
 _NO_ENTRY = object()
 
@@ -820,7 +732,7 @@ def _call_cell_body(cell, args, kwargs):
 def _convert_target(fn):
     """The ast conversion of a jitted function, method or Cell (a Cell's converted construct
     bound to it); raises JitSyntaxError."""
-    from ..nn import Cell
+    from ..nn.cell import Cell
     from . import ast_runtime
 
     if isinstance(fn, Cell):
@@ -886,7 +798,7 @@ def jit(function=None, *, capture_mode="ast", jit_level=None, dynamic=None, full
                            backend=backend, **options)
 
     def wrap(fn):
-        from ..nn import Cell
+        from ..nn.cell import Cell
 
         if isinstance(fn, JitFunction):  # re-jitted with these options; a bound one keeps its instance
             bound = fn._self if fn._self_ref is not None else None

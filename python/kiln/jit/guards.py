@@ -58,6 +58,6 @@ def Recorder(top=None):
     on_call(frame) for each frame of user code as it starts, add_cells(cells) for the Cells it
     called, then side_effect(cell_writes) and guard_set() -> (GuardSet, descriptions). top is the
     function captured: its closure cells are known without a search."""
-    from ..nn import Cell
+    from ..nn.cell import Cell
 
     return _C.GuardRecorder(top, is_user_code, ast_convert.RT, Cell, SideEffect)

@@ -32,8 +32,10 @@ from .. import _C
 from ..profiler import CallRecorder, capture_phase
 from . import dynamic, exclude, tree
 from .eager_switch import jit_disabled
+from .deploy import dump_trace
 from .dtr_config import DTRConfig
-from .function import _user_frame_tracer, bind_inputs, collect_grad_writes
+from .recording import bind_inputs, user_frame_tracer
+from .replay import collect_grad_writes
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 
@@ -210,7 +212,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         if symbolic:
             _push_symbolic(tracer)
         _C.set_cell_logs(cells, prev_logs[1])
-        sys.settrace(_user_frame_tracer(tracer))
+        sys.settrace(user_frame_tracer(tracer))
         collecting = collect_grad_writes() if grad_writes else None
         writes = collecting.__enter__() if collecting is not None else ()
         excluded = exclude.noting()
@@ -733,8 +735,6 @@ class trace(_C.JitDispatcher):
         file has that name already) for kiln.load(path, name=...).
 
         Returns a DumpInfo (nr_opr, tot_bytes, tensor_value_bytes, inputs, outputs)."""
-        from .deploy import dump_trace
-
         return dump_trace(self, file, arg_names=arg_names, output_names=output_names, append=append,
                           keep_var_name=keep_var_name, keep_opr_name=keep_opr_name, keep_param_name=keep_param_name,
                           keep_opr_priority=keep_opr_priority, strip_info_file=strip_info_file,

@@ -57,13 +57,9 @@ def _weak(s, like):
     """s's tensor cast to the dtype a Python scalar of s's type takes next to tensor like."""
     d = like.dtype
     if s.pytype is float:
-        from .. import float32
-
-        dtype = d if d.is_floating_point else float32
+        dtype = d if d.is_floating_point else _C.float32
     else:
-        from .. import bool_, int64
-
-        dtype = int64 if d == bool_ else d
+        dtype = _C.int64 if d == _C.bool else d
     return s.tensor.astype(dtype)
 
 

@@ -45,11 +45,11 @@ __all__ = [
 
 def _name_errors():
     """A constructor's errors from bad arguments name its class (kiln.ops._util.naming_errors)."""
-    from ..ops import _KNOWN_NAMES
-    from ..ops._util import naming_errors
+    from .. import ops
+    from ..ops._util import function_names, naming_errors
 
     classes = [c for n, c in globals().items() if n in __all__ and isinstance(c, type)]
-    known = _KNOWN_NAMES | {c.__name__ for c in classes}
+    known = function_names(vars(ops)) | {c.__name__ for c in classes}
     for c in classes:  # inherited constructors too: the error names the class called
         if c.__init__ is not object.__init__:  # (object's tolerates the arguments of a __new__)
             c.__init__ = naming_errors(c.__init__, c.__name__, known)

@@ -1,7 +1,10 @@
 """Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
 from collections import OrderedDict, namedtuple
 
-from .. import _C
+import numpy as np
+
+from .. import _C, hooks
+from .. import _tensor
 from .. import context as _context
 from .parameter import Parameter
 
@@ -67,12 +70,11 @@ class Cell(_C.CellBase):
 
     def _graph_mode_jit(self):
         """kiln.jit of this cell with the default options, made once (set_context(mode=GRAPH_MODE))."""
-        from ..jit import JitFunction
         from ..jit.options import JitOptions
 
         jitted = self.__dict__.get("_graph_jitted")
         if jitted is None:
-            jitted = JitFunction(self, JitOptions.make())
+            jitted = hooks.make_jit_function(self, JitOptions.make())
             _object_setattr(self, "_graph_jitted", jitted)
         return jitted
 
@@ -161,8 +163,6 @@ class Cell(_C.CellBase):
     def load_state_dict(self, state_dict, strict=True):
         """PyTorch's spelling of load_param_into_net: returns (missing_keys, unexpected_keys); strict
         raises when either is not empty (shapes and dtypes must match in any case)."""
-        from ..checkpoint import load_param_into_net
-
         missing, unexpected = load_param_into_net(self, dict(state_dict), strict_load=strict)
         return _IncompatibleKeys(missing, unexpected)
 
@@ -214,12 +214,12 @@ class Cell(_C.CellBase):
 
     def set_jit_config(self, jit_config):
         """Makes this cell run compiled with jit_config (a kiln.JitConfig)."""
-        from ..jit import JitConfig, JitFunction
+        from ..jit.config import JitConfig
 
         if not isinstance(jit_config, JitConfig):
             raise TypeError(f"set_jit_config: expected a kiln.JitConfig, got {type(jit_config).__name__}")
         _object_setattr(self, "_jit_config", jit_config)
-        _object_setattr(self, "_jitted", JitFunction(self, jit_config.jit_options()))
+        _object_setattr(self, "_jitted", hooks.make_jit_function(self, jit_config.jit_options()))
         return self
 
     def get_jit_config(self):
@@ -386,3 +386,44 @@ class TrainOneStepCell(Cell):
         loss, grads = self._grad_fn(*inputs)
         self.optimizer(grads)
         return loss / self.sens if self.sens != 1.0 else loss
+
+
+def load_param_into_net(net, parameter_dict, strict_load=False):
+    """Copies the entries of parameter_dict (name -> tensor or array) into the parameters of net with
+    those names (and into an optimizer's state, when net is one or holds one). Returns
+    (param_not_load, ckpt_not_load): net's parameters no entry matched, and entries no parameter
+    took. A shape or dtype that differs raises ValueError naming the parameter; strict_load also
+    refuses names that do not match."""
+    if not isinstance(net, Cell):
+        raise TypeError(f"load_param_into_net: net must be a Cell, got {type(net).__name__}")
+    if not isinstance(parameter_dict, dict):
+        raise TypeError(f"load_param_into_net: parameter_dict must be a dict, got {type(parameter_dict).__name__}")
+    targets = dict(net.parameters_and_names())
+    state = getattr(net, "state_for_checkpoint", None)
+    if state is not None:
+        targets.update(state())
+    param_not_load = [n for n in targets if n not in parameter_dict]
+    ckpt_not_load = [n for n in parameter_dict if n not in targets]
+    if strict_load and (param_not_load or ckpt_not_load):
+        raise ValueError(f"load_param_into_net: strict_load: parameters without an entry {param_not_load}, "
+                         f"entries without a parameter {ckpt_not_load}")
+    for name, p in targets.items():
+        if name not in parameter_dict:
+            continue
+        v = parameter_dict[name]
+        if not isinstance(v, _C.TensorBase):
+            v = _tensor.Tensor(np.asarray(v))
+        if tuple(v.shape) != tuple(p.shape):
+            raise ValueError(f"load_param_into_net: {name!r} has shape {list(p.shape)} in the net, {list(v.shape)} "
+                             "in the checkpoint")
+        if v.dtype != p.dtype:
+            if v.dtype.is_floating_point and p.dtype.is_floating_point:
+                v = v.astype(p.dtype)
+            else:
+                raise ValueError(f"load_param_into_net: {name!r} is {p.dtype.name} in the net, {v.dtype.name} in the "
+                                 "checkpoint")
+        if hasattr(p, "set_data"):
+            p.set_data(v)
+        else:
+            p[...] = v
+    return param_not_load, ckpt_not_load

@@ -7,7 +7,7 @@ from .. import ops
 from ..ops import conv_transpose as _ct
 from .cell import Cell
 from .init import HeUniform, Uniform
-from .layers import _pad_mode, _pair, _param
+from .layers import checked_pad_mode, new_param, positive_pair
 
 
 def _out_padding(layer, v, stride, dilation):
@@ -41,19 +41,19 @@ class Conv2dTranspose(Cell):
             raise ValueError(f"{name}: group {group} must divide in_channels {in_channels} and out_channels "
                              f"{out_channels}")
         self.in_channels, self.out_channels, self.group = in_channels, out_channels, group
-        self.kernel_size = _pair(name, "kernel_size", kernel_size)
-        self.stride = _pair(name, "stride", stride)
-        self.dilation = _pair(name, "dilation", dilation)
-        self.pad_mode = _pad_mode(name, pad_mode, padding)
+        self.kernel_size = positive_pair(name, "kernel_size", kernel_size)
+        self.stride = positive_pair(name, "stride", stride)
+        self.dilation = positive_pair(name, "dilation", dilation)
+        self.pad_mode = checked_pad_mode(name, pad_mode, padding)
         self.padding = _ct._quad(name, "padding", padding)
         self.output_padding = _out_padding(name, output_padding, self.stride, self.dilation)
         self.has_bias = bool(has_bias)
         shape = (in_channels, out_channels // group) + self.kernel_size
-        self.weight = _param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
+        self.weight = new_param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
         self.bias = None
         if self.has_bias:
             fan_in = out_channels // group * self.kernel_size[0] * self.kernel_size[1]
-            self.bias = _param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
+            self.bias = new_param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
                                (out_channels,), dtype)
 
     def _geometry(self, size):
@@ -149,11 +149,11 @@ class Conv3d(Cell):
         self.padding = _ct.conv3d_pads("Conv3d", "pad", padding, None, None, None, None) if mode == "pad" else 0
         self.has_bias = bool(has_bias)
         shape = (out_channels, in_channels // group) + self.kernel_size
-        self.weight = _param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
+        self.weight = new_param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
         self.bias = None
         if self.has_bias:
             fan_in = in_channels // group * self.kernel_size[0] * self.kernel_size[1] * self.kernel_size[2]
-            self.bias = _param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
+            self.bias = new_param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
                                (out_channels,), dtype)
 
     def construct(self, x):

@@ -9,11 +9,11 @@ from .init import HeUniform, Uniform, initializer
 from .parameter import Parameter
 
 
-def _param(init, shape, dtype, requires_grad=True):
+def new_param(init, shape, dtype, requires_grad=True):
     return Parameter(initializer(init, shape, dtype), requires_grad=requires_grad)
 
 
-def _pair(layer, name, v):
+def positive_pair(layer, name, v):
     if isinstance(v, int) and not isinstance(v, bool) and v > 0:
         return (v, v)
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(x, int) and x > 0 for x in v):
@@ -21,7 +21,7 @@ def _pair(layer, name, v):
     raise ValueError(f"{layer}: {name} must be a positive int or a pair of positive ints, got {v!r}")
 
 
-def _pad_mode(layer, pad_mode, padding):
+def checked_pad_mode(layer, pad_mode, padding):
     mode = pad_mode.lower() if isinstance(pad_mode, str) else pad_mode
     if mode not in ("same", "valid", "pad"):
         raise ValueError(f"{layer}: pad_mode must be 'same', 'valid' or 'pad', got {pad_mode!r}")
@@ -145,12 +145,12 @@ class Dense(Cell):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.has_bias = bool(has_bias)
-        self.weight = _param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init,
+        self.weight = new_param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init,
                              (out_channels, in_channels), dtype)
         self.bias = None
         if self.has_bias:
             bound = 1 / math.sqrt(in_channels)
-            self.bias = _param(Uniform(bound) if bias_init is None else bias_init, (out_channels,), dtype)
+            self.bias = new_param(Uniform(bound) if bias_init is None else bias_init, (out_channels,), dtype)
         self.activation = _activation("Dense", activation)
 
     def construct(self, x):
@@ -175,19 +175,19 @@ class Conv2d(Cell):
                              f"out_channels {out_channels}")
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.kernel_size = _pair("Conv2d", "kernel_size", kernel_size)
-        self.stride = _pair("Conv2d", "stride", stride)
-        self.dilation = _pair("Conv2d", "dilation", dilation)
-        self.pad_mode = _pad_mode("Conv2d", pad_mode, padding)
+        self.kernel_size = positive_pair("Conv2d", "kernel_size", kernel_size)
+        self.stride = positive_pair("Conv2d", "stride", stride)
+        self.dilation = positive_pair("Conv2d", "dilation", dilation)
+        self.pad_mode = checked_pad_mode("Conv2d", pad_mode, padding)
         self.padding = padding
         self.group = group
         self.has_bias = bool(has_bias)
         shape = (out_channels, in_channels // group) + self.kernel_size
-        self.weight = _param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
+        self.weight = new_param(HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype)
         self.bias = None
         if self.has_bias:
             fan_in = in_channels // group * self.kernel_size[0] * self.kernel_size[1]
-            self.bias = _param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
+            self.bias = new_param(Uniform(1 / math.sqrt(fan_in)) if bias_init is None else bias_init,
                                (out_channels,), dtype)
 
     def construct(self, x):
@@ -224,10 +224,10 @@ class _BatchNorm(Cell):
         self.momentum = float(momentum)
         self.affine = bool(affine)
         self.use_batch_statistics = use_batch_statistics
-        self.moving_mean = _param(moving_mean_init, (num_features,), dtype, requires_grad=False)
-        self.moving_variance = _param(moving_var_init, (num_features,), dtype, requires_grad=False)
-        self.gamma = _param(gamma_init, (num_features,), dtype, requires_grad=self.affine)
-        self.beta = _param(beta_init, (num_features,), dtype, requires_grad=self.affine)
+        self.moving_mean = new_param(moving_mean_init, (num_features,), dtype, requires_grad=False)
+        self.moving_variance = new_param(moving_var_init, (num_features,), dtype, requires_grad=False)
+        self.gamma = new_param(gamma_init, (num_features,), dtype, requires_grad=self.affine)
+        self.beta = new_param(beta_init, (num_features,), dtype, requires_grad=self.affine)
 
     # PyTorch's names for the same parameters
     running_mean = property(lambda self: self.moving_mean)
@@ -276,8 +276,8 @@ class LayerNorm(Cell):
         self.begin_norm_axis = begin_norm_axis
         self.begin_params_axis = begin_params_axis
         self.epsilon = float(epsilon if eps is None else eps)
-        self.gamma = _param(gamma_init, shape, dtype, requires_grad=bool(elementwise_affine))
-        self.beta = _param(beta_init, shape, dtype, requires_grad=bool(elementwise_affine))
+        self.gamma = new_param(gamma_init, shape, dtype, requires_grad=bool(elementwise_affine))
+        self.beta = new_param(beta_init, shape, dtype, requires_grad=bool(elementwise_affine))
 
     weight = property(lambda self: self.gamma)
     bias = property(lambda self: self.beta)
@@ -310,7 +310,7 @@ class RMSNorm(Cell):
             raise ValueError(f"RMSNorm: normalized_shape must be positive ints, got {normalized_shape!r}")
         self.normalized_shape = shape
         self.eps = float(eps)
-        self.weight = _param(weight_init, shape, dtype)
+        self.weight = new_param(weight_init, shape, dtype)
 
     def construct(self, x):
         return ops.rms_norm(x, self.weight, self.eps)
@@ -367,9 +367,9 @@ class _Pool2d(Cell):
     def __init__(self, kernel_size, stride, pad_mode, padding, ceil_mode):
         super().__init__()
         name = type(self).__name__
-        self.kernel_size = _pair(name, "kernel_size", kernel_size)
-        self.stride = _pair(name, "stride", stride)
-        self.pad_mode = _pad_mode(name, pad_mode, padding)
+        self.kernel_size = positive_pair(name, "kernel_size", kernel_size)
+        self.stride = positive_pair(name, "stride", stride)
+        self.pad_mode = checked_pad_mode(name, pad_mode, padding)
         self.padding = padding
         self.ceil_mode = bool(ceil_mode)
 
@@ -395,7 +395,7 @@ class MaxPool2d(_Pool2d):
             raise ValueError("MaxPool2d: return_indices=True is not supported")
         if data_format != "NCHW":
             raise ValueError(f"MaxPool2d: only data_format='NCHW' is supported, got {data_format!r}")
-        self.dilation = _pair("MaxPool2d", "dilation", dilation)
+        self.dilation = positive_pair("MaxPool2d", "dilation", dilation)
 
     def construct(self, x):
         return ops.max_pool2d(x, self.kernel_size, self.stride, self._pads(x), self.dilation, self.ceil_mode)

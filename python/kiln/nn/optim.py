@@ -14,7 +14,7 @@ from .parameter import Parameter, ParameterTuple
 _apply = _C.apply
 
 
-def _check_nonneg(opt, name, v):
+def check_nonneg(opt, name, v):
     if not isinstance(v, numbers.Real) or isinstance(v, bool) or not v >= 0:
         raise ValueError(f"{opt}: {name} must be a number >= 0, got {v!r}")
     return float(v)
@@ -46,7 +46,7 @@ class Optimizer(Cell):
             if not isinstance(g, dict) or "params" not in g:
                 raise TypeError(f"{name}: parameter groups must be dicts with a 'params' entry")
             lr = g.get("lr", g.get("learning_rate", learning_rate))
-            wd = _check_nonneg(name, "weight_decay", g.get("weight_decay", weight_decay))
+            wd = check_nonneg(name, "weight_decay", g.get("weight_decay", weight_decay))
             self._check_lr(lr)
             for p in g["params"]:
                 if not isinstance(p, _C.TensorBase):
@@ -210,8 +210,8 @@ class SGD(Optimizer):
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  loss_scale=1.0):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
-        self.momentum = _check_nonneg("SGD", "momentum", momentum)
-        self.dampening = _check_nonneg("SGD", "dampening", dampening)
+        self.momentum = check_nonneg("SGD", "momentum", momentum)
+        self.dampening = check_nonneg("SGD", "dampening", dampening)
         self.nesterov = bool(nesterov)
         if self.nesterov and (self.momentum == 0 or self.dampening != 0):
             raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0")
@@ -240,7 +240,7 @@ class Adam(Optimizer):
                 raise ValueError(f"Adam: {n} must be in [0, 1), got {b!r}")
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
-        self.eps = _check_nonneg("Adam", "eps", eps)
+        self.eps = check_nonneg("Adam", "eps", eps)
         self.moment1 = self._state("moment1")
         self.moment2 = self._state("moment2")
 

@@ -11,7 +11,7 @@ from .. import _C
 from .. import ops
 from ..autograd import no_grad
 from .cell import Cell
-from .optim import Adam, Optimizer, SGD, _check_nonneg
+from .optim import Adam, Optimizer, SGD, check_nonneg
 from .parameter import Parameter, ParameterTuple
 
 
@@ -75,8 +75,8 @@ class RMSProp(Optimizer):
         if not isinstance(decay, numbers.Real) or not 0.0 <= decay < 1.0:
             raise ValueError(f"RMSProp: decay must be in [0, 1), got {decay!r}")
         self.decay = float(decay)
-        self.momentum = _check_nonneg("RMSProp", "momentum", momentum)
-        self.epsilon = _check_nonneg("RMSProp", "epsilon", epsilon)
+        self.momentum = check_nonneg("RMSProp", "momentum", momentum)
+        self.epsilon = check_nonneg("RMSProp", "epsilon", epsilon)
         self.centered = bool(centered)
         self.mean_square = self._state("mean_square")
         self.moment = self._state("moment")
@@ -106,8 +106,8 @@ class Adagrad(Optimizer):
     def __init__(self, params, accum=0.1, learning_rate=0.001, update_slots=True, loss_scale=1.0,
                  weight_decay=0.0, eps=0.0):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
-        self.initial_accum = _check_nonneg("Adagrad", "accum", accum)
-        self.eps = _check_nonneg("Adagrad", "eps", eps)
+        self.initial_accum = check_nonneg("Adagrad", "accum", accum)
+        self.eps = check_nonneg("Adagrad", "eps", eps)
         self.update_slots = bool(update_slots)
         self.accum = self._state("accum")
         for a in self.accum:
@@ -133,7 +133,7 @@ class Lamb(Optimizer):
             if not isinstance(b, numbers.Real) or isinstance(b, bool) or not 0.0 <= b < 1.0:
                 raise ValueError(f"Lamb: {name} must be in [0, 1), got {b!r}")
         self.beta1, self.beta2 = float(beta1), float(beta2)
-        self.eps = _check_nonneg("Lamb", "eps", eps)
+        self.eps = check_nonneg("Lamb", "eps", eps)
         self.moment1 = self._state("moment1")
         self.moment2 = self._state("moment2")
 

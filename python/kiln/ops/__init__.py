@@ -32,19 +32,17 @@ def _name_errors():
     while_loop run the user's functions, print_ the user's formatting: their errors pass untouched."""
     import types
 
-    from .._optable import INFO
-    from ._util import naming_errors
+    from ._util import function_names, naming_errors
 
     g = globals()
     public = [n for n, f in g.items() if not n.startswith("_") and isinstance(f, types.FunctionType)]
-    known = set(INFO) | set(public)
+    known = function_names(g)
     for n in public:
         if n not in ("cond", "while_loop", "print_"):
             g[n] = naming_errors(g[n], n, known)
-    return known
 
 
-_KNOWN_NAMES = _name_errors()
+_name_errors()
 
 # MindSpore's primitive classes (ops.Add()(x, y), ops.ReduceSum(keep_dims=True)(x, 1), ...)
 from .primitives import *  # noqa: E402,F401,F403

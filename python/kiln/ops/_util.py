@@ -2,8 +2,10 @@
 import functools
 import inspect
 import re
+import types
 
 from .. import _C
+from .._optable import INFO
 
 apply = _C.apply
 as_tensor = _C.shape.as_tensor  # x as a kiln tensor: itself, or Tensor(x)
@@ -49,6 +51,12 @@ def _rename(e, name, known):
             e.args = (f"{name}: {message}",)
         raise e
     raise _RENAMED[cls](f"{name}: {message}") from e
+
+
+def function_names(namespace):
+    """The names an error of kiln's functions may already start with ("name: ..."): the op table's
+    and those of the public functions in namespace (a module's dict, such as kiln.ops')."""
+    return set(INFO) | {n for n, f in namespace.items() if not n.startswith("_") and isinstance(f, types.FunctionType)}
 
 
 def naming_errors(f, name, known):

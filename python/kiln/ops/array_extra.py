@@ -5,7 +5,7 @@ from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, normalize_axis
 from .array import arange, broadcast_to, concat, full, gather, narrow, reshape, scatter_add, unsqueeze
-from .math import _number_as, cast, eq, where
+from .math import cast, eq, number_as, where
 
 _TensorBase = _C.TensorBase
 
@@ -179,7 +179,7 @@ def _scalar_tensor(op, name, v, dtype=None):
         return as_tensor(v)
     if isinstance(v, float) and not dtype.is_floating_point:
         raise TypeError(f"{op}: a float {name} {v!r} for a tensor of dtype {dtype.name}")
-    return _number_as(op, v, dtype)
+    return number_as(op, v, dtype)
 
 
 def masked_fill(input_x, mask, value):

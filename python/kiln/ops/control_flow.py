@@ -8,7 +8,7 @@ read from outside (closures, Cell parameters) become extra inputs of the node, s
 reach them.
 """
 from .. import _C
-from ..autograd import no_grad
+from ..grad_mode import no_grad
 from .array import arange, index_select
 
 

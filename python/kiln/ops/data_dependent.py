@@ -38,9 +38,7 @@ def nonzero(input, *, as_tuple=False):
 
 
 def _tensor(a):
-    from .._tensor import Tensor
-
-    return Tensor(np.ascontiguousarray(a))
+    return as_tensor(np.ascontiguousarray(a))
 
 
 def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):  # noqa: A002 (PyTorch's names)

@@ -111,7 +111,7 @@ def where(condition, x, y):
     kind = 0 if isinstance(number, bool) else 1 if isinstance(number, int) else 2
     if kind > _kind(tensor.dtype):
         tensor = cast(tensor, _C.int64 if kind == 1 else _C.float32)
-    number = _number_as("where", number, tensor.dtype)
+    number = number_as("where", number, tensor.dtype)
     return apply(OP.where, (condition, number, tensor) if xw else (condition, tensor, number))
 
 
@@ -119,7 +119,7 @@ def _kind(dtype):
     return 0 if dtype.name == "bool" else 2 if dtype.is_floating_point else 1
 
 
-def _number_as(op, v, dtype):
+def number_as(op, v, dtype):
     """The Python number v as a 0-d tensor of dtype, rounded once (a float through a double, an
     int exactly); an int outside an integer dtype's range raises ValueError."""
     if dtype.is_floating_point:

@@ -1,0 +1,20 @@
+"""What lower modules of kiln reach of higher ones, registered by the higher module when it is
+imported (modules import only modules of their own layer and below: tools/check_layers.py,
+PY_LAYERS; kiln/__init__.py imports every layer at start-up)."""
+
+# The class of kiln.jit's functions (kiln.jit.function.JitFunction, set by that module). autograd
+# differentiates a jitted function through its compiled graph, a Cell given a JitConfig (or run in
+# GRAPH_MODE) makes one, and the capture modes tell a jitted function called inside another apart.
+jit_function_class = None
+
+
+def is_jit_function(obj):
+    """Whether obj is a kiln.jit function (a JitFunction)."""
+    return jit_function_class is not None and isinstance(obj, jit_function_class)
+
+
+def make_jit_function(fn, options):
+    """kiln.jit's function of fn compiled with options (a JitOptions)."""
+    if jit_function_class is None:
+        raise RuntimeError("kiln.jit is not imported: import kiln first")
+    return jit_function_class(fn, options)

@@ -1,0 +1,67 @@
+"""Whether a recording can be replayed: what a trace cannot capture faithfully (Python state read
+at every call, a .grad written) is reported here by the code that meets it, in whatever layer, and
+read by the capture that is running on this thread (kiln.jit.function, kiln.jit.bytecode_capture,
+kiln.trace)."""
+import threading
+
+_local = threading.local()
+
+
+def mark_not_replayable(reason):
+    """Called by code that a trace cannot capture faithfully (Python state read at every call):
+    the function being traced is then run eagerly instead of compiled. While a bytecode piece is
+    captured it raises at once (bytecode.Unsupported), before the code changes anything: that part
+    of the call then runs in Python."""
+    refuse = getattr(_local, "refuse", None)
+    if refuse is not None:
+        raise refuse(reason)
+    reasons = getattr(_local, "not_replayable", None)
+    if reasons is not None:
+        reasons.append(reason)
+
+
+class refusing_unreplayable:
+    """While a bytecode piece is captured: mark_not_replayable (and a .grad written) raises `error`."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __enter__(self):
+        self.prev = getattr(_local, "refuse", None)
+        _local.refuse = self.error
+
+    def __exit__(self, *exc):
+        _local.refuse = self.prev
+
+
+def grad_written(tensor, value):
+    log = getattr(_local, "grad_writes", None)
+    if log is not None and getattr(_local, "refuse", None) is None:  # a recording that replays them
+        log.append((tensor, value))
+    else:
+        mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
+
+
+def start_reasons():
+    """Starts collecting the reasons the recording that begins on this thread cannot be replayed:
+    (the list mark_not_replayable appends to, what end_reasons puts back)."""
+    prev = getattr(_local, "not_replayable", None)
+    _local.not_replayable = reasons = []
+    return reasons, prev
+
+
+def end_reasons(prev):
+    _local.not_replayable = prev
+
+
+class collect_grad_writes:
+    """While a recording runs: the (tensor, value) of each .grad assignment, in order, instead of
+    running the function eagerly (kiln.trace(without_host=True) sets them after each replay)."""
+
+    def __enter__(self):
+        self.prev = getattr(_local, "grad_writes", None)
+        _local.grad_writes = self.writes = []
+        return self.writes
+
+    def __exit__(self, *exc):
+        _local.grad_writes = self.prev
