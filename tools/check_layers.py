@@ -97,6 +97,7 @@ PUBLIC_HEADERS = {
     "kiln/core.h": "core",
     "kiln/config.h": "core",
     "kiln/ops.h": "core",
+    "kiln/op_attrs.h": "core",
     "kiln/autograd.h": "autograd",
     "kiln/graph.h": "ir",
     "kiln/model.h": "ir",
