@@ -1,7 +1,7 @@
 /* kiln-run: runs a kiln model file without Python (MegEngine's load_and_run as the model).
  *
  *   kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]
- *            [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
+ *            [--backend NAME] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
  *            [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]
  *
  * Inputs not given are random (uniform in [-1, 1), by the model's shapes; --seed). Each timed
@@ -44,8 +44,9 @@ typedef struct {
 
 static void usage(FILE *to) {
     fprintf(to, "usage: kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]\n"
-                "                [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
-                "                [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]\n");
+                "                [--backend NAME] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
+                "                [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]\n"
+                "backends: %s\n", kiln_backend_names());
 }
 
 static int die(const char *what) {
@@ -366,7 +367,7 @@ static int write_outputs(const options *o, const kiln_model *m, kiln_tensor **ou
 }
 
 static int run(const options *o, kiln_model *m) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, false, strcmp(o->backend, "sink") == 0 ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    kiln_compile_options copt = {KILN_ORDER_BFS, false, o->backend}; /* any registered backend */
     kiln_executable *e;
     if (kiln_compile(kiln_model_graph(m), &copt, &e) != KILN_OK) return die("compile");
     if (o->info) model_info(m, e);

@@ -38,7 +38,7 @@ static kiln_status kbk_prepare(const kiln_plan *p, kiln_plan_memory *mem, void *
     e->control = kiln_calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
     kiln_status s = e->slot && e->control ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
-        if (kiln_op_is_control(p->g->nodes[i].op)) s = kiln_control_prepare(p, i, &e->control[i]);
+        if (kiln_op_is_control(p->g->nodes[i].op)) s = kiln_control_prepare(p, i, &kiln_backend_kbk, &e->control[i]);
     if (s != KILN_OK) {
         kbk_free(e);
         return s;
