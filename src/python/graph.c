@@ -219,7 +219,7 @@ static PyTypeObject PyExecutable_Type = {
     .tp_vectorcall_offset = 0, /* set in init */
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A compiled graph: run kernel by kernel, or sunk into one generated function.",
+    .tp_doc = "A compiled graph: its plan, run by one registered backend (kbk, sink, reference).",
     .tp_methods = executable_methods,
     .tp_getset = executable_getset,
 };
