@@ -90,7 +90,12 @@ static int parse_args(int argc, char **argv, options *o) {
             ok = parse_long(v, 1, KILN_MAX_THREADS, &o->threads);
         } else if (strcmp(a, "--backend") == 0) {
             o->backend = v;
-            ok = strcmp(v, "kbk") == 0 || strcmp(v, "sink") == 0;
+            ok = false; /* a registered backend's name */
+            for (int b = 0; b < kiln_backend_count(); b++) ok |= strcmp(v, kiln_backend_name_at(b)) == 0;
+            if (!ok) {
+                fprintf(stderr, "kiln-run: unknown backend '%s'; registered backends: %s\n", v, kiln_backend_names());
+                return 2;
+            }
         } else if (strcmp(a, "--output-dir") == 0) {
             o->output_dir = v;
         } else if (strcmp(a, "--tolerance") == 0) {
