@@ -1,7 +1,7 @@
 """Backends by name: kiln.jit's backend= takes any backend registered in C (kiln._C.backend_names():
 kbk, sink and the reference, which runs each node's op-table kernel and fused groups node by node)
 besides MindSpore's aliases; an unknown name is refused naming the registered ones. The reference
-gives what eager execution and kbk give, on graphs with a fused group, an if and a while, in every
+gives what eager execution, kbk and the sink give, on graphs with a fused group, an if and a while, in every
 capture mode and at O0/O1. kiln._C.CompileOptions is the one definition of a compile's options."""
 import numpy as np
 import pytest
@@ -67,12 +67,12 @@ def test_an_unknown_backend_lists_the_registered_ones():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_reference_equals_eager_and_kbk(mode, level, case):
+def test_reference_equals_eager_kbk_and_sink(mode, level, case):
     fn, make = CASES[case]
     rng = np.random.default_rng(case)
     calls = [tuple(T(a) for a in make(rng)) for _ in range(2)]
     results = {}
-    for backend in ("kbk", "reference"):
+    for backend in ("kbk", "sink", "reference"):
         jf = kiln.jit(fn, capture_mode=mode, jit_level=level, backend=backend)
         results[backend] = [leaves(jf(*args)) for args in calls + calls]  # capture, then replays
         if mode == "ast" or fn is fused_chain:  # (trace and bytecode run an if on a tensor eagerly / in pieces)
@@ -105,7 +105,7 @@ def test_the_reference_runs_a_loaded_model(tmp_path):
     t(x, w)
     path = str(tmp_path / "mlp.kiln")
     t.dump(path)
-    for backend in ("kbk", "reference"):
+    for backend in ("kbk", "sink", "reference"):
         loaded = kiln.load(path, backend=backend)
         np.testing.assert_allclose(loaded(x, w).numpy(), mlp(x, w).numpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="registered backends: kbk, sink, reference"):
