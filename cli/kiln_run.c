@@ -1,7 +1,7 @@
 /* kiln-run: runs a kiln model file without Python (MegEngine's load_and_run as the model).
  *
  *   kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]
- *            [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
+ *            [--backend NAME] [--model-info] [--output-dir DIR] [--check] [--tolerance X]
  *            [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]
  *
  * Inputs not given are random (uniform in [-1, 1), by the model's shapes; --seed). Each timed
@@ -44,8 +44,9 @@ typedef struct {
 
 static void usage(FILE *to) {
     fprintf(to, "usage: kiln-run MODEL [--input NAME=FILE.npy]... [--iter N] [--warmup N] [--threads N]\n"
-                "                [--backend kbk|sink] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
-                "                [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]\n");
+                "                [--backend NAME] [--model-info] [--output-dir DIR] [--check] [--tolerance X]\n"
+                "                [--seed N] [--profile TRACE.json] [--graph N | --graph-name NAME]\n"
+                "backends: %s\n", kiln_backend_names());
 }
 
 static int die(const char *what) {
@@ -89,7 +90,12 @@ static int parse_args(int argc, char **argv, options *o) {
             ok = parse_long(v, 1, KILN_MAX_THREADS, &o->threads);
         } else if (strcmp(a, "--backend") == 0) {
             o->backend = v;
-            ok = strcmp(v, "kbk") == 0 || strcmp(v, "sink") == 0;
+            ok = false; /* a registered backend's name */
+            for (int b = 0; b < kiln_backend_count(); b++) ok |= strcmp(v, kiln_backend_name_at(b)) == 0;
+            if (!ok) {
+                fprintf(stderr, "kiln-run: unknown backend '%s'; registered backends: %s\n", v, kiln_backend_names());
+                return 2;
+            }
         } else if (strcmp(a, "--output-dir") == 0) {
             o->output_dir = v;
         } else if (strcmp(a, "--tolerance") == 0) {
@@ -366,7 +372,7 @@ static int write_outputs(const options *o, const kiln_model *m, kiln_tensor **ou
 }
 
 static int run(const options *o, kiln_model *m) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, false, strcmp(o->backend, "sink") == 0 ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    kiln_compile_options copt = {KILN_ORDER_BFS, false, o->backend}; /* any registered backend */
     kiln_executable *e;
     if (kiln_compile(kiln_model_graph(m), &copt, &e) != KILN_OK) return die("compile");
     if (o->info) model_info(m, e);

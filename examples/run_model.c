@@ -24,7 +24,7 @@ int main(int argc, char **argv) {
     for (int32_t k = 0; k < nin; k++) printf("input %s\n", kiln_model_input_name(m, k));
     for (int32_t k = 0; k < nout; k++) printf("output %s\n", kiln_model_output_name(m, k));
     kiln_executable *e;
-    kiln_compile_options opt = {KILN_ORDER_BFS, false, KILN_BACKEND_KBK};
+    kiln_compile_options opt = {KILN_ORDER_BFS, false, "kbk"};
     if (kiln_compile(kiln_model_graph(m), &opt, &e) != KILN_OK) {
         fprintf(stderr, "%s\n", kiln_last_error());
         kiln_model_free(m);

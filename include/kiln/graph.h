@@ -234,21 +234,26 @@ KILN_API void kiln_tracer_drop_undo(kiln_tracer *tr);
 
 typedef enum kiln_exec_order { KILN_ORDER_BFS, KILN_ORDER_DFS } kiln_exec_order;
 
-/* Which backend runs a compiled graph: kernel by kernel, or the whole graph as one generated
- * function (MindSpore's GE / exc_mode="sink"; graphs with control-flow nodes run kernel by kernel). */
-typedef enum kiln_backend_kind { KILN_BACKEND_KBK, KILN_BACKEND_SINK } kiln_backend_kind;
-
 typedef struct kiln_executable kiln_executable;
 
 typedef struct kiln_compile_options {
     kiln_exec_order order;
-    bool poison_freed; /* debug: fill buffers with NaN after their last use */
-    kiln_backend_kind backend;
+    bool poison_freed;   /* debug: fill buffers with NaN after their last use */
+    const char *backend; /* a registered backend's name (kiln_backend_names); NULL: "kbk" */
 } kiln_compile_options;
 
+/* The backends a compiled graph can run on, registered by name (src/runtime/backends.def):
+ * "kbk" (kernel by kernel), "sink" (the whole graph as one generated function: MindSpore's GE /
+ * exc_mode="sink"; graphs with control-flow nodes run kernel by kernel) and "reference" (each
+ * node's kernel from the op table, fused groups node by node: a check of the others). Their names
+ * in registration order, ", "-separated ("kbk, sink, reference"); static. */
+KILN_API const char *kiln_backend_names(void);
+KILN_API int kiln_backend_count(void);
+KILN_API const char *kiln_backend_name_at(int k); /* NULL past the end */
+
 /* Plans g (order, memory, fused groups: the plan keeps its own copy of g, which may be freed) and
- * prepares the backend opt->backend (kbk when opt is NULL) to run it. KILN_DUMP_PLAN=1 prints
- * the plan. */
+ * prepares the backend named opt->backend (kbk when opt or the name is NULL; KILN_ERR_VALUE naming
+ * the registered ones for a name not registered) to run it. KILN_DUMP_PLAN=1 prints the plan. */
 KILN_API kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out);
 KILN_API void kiln_executable_free(kiln_executable *e);
 /* Runs with the graph inputs bound to `inputs` (metas must match); outputs are new references. */
@@ -262,7 +267,7 @@ KILN_API size_t kiln_executable_output_bytes(const kiln_executable *e);
 KILN_API char *kiln_executable_order_string(const kiln_executable *e);
 /* The plan's text form (see src/plan/plan.h). malloc'd. */
 KILN_API char *kiln_executable_plan_string(const kiln_executable *e);
-/* "kbk" or "sink". */
+/* The name of the backend that runs it ("kbk", "sink", ...). */
 KILN_API const char *kiln_executable_backend(const kiln_executable *e);
 /* sink: whether the graph runs as generated native code (false: the interpreted loop, or kbk). */
 KILN_API bool kiln_executable_is_native(const kiln_executable *e);

@@ -8,6 +8,7 @@
 #include "kiln/graph.h"
 
 typedef struct kiln_fused_kernel kiln_fused_kernel;
+struct kiln_plan; /* src/plan/plan.h */
 
 /* Prepares the kernel of a fused node's subgraph (sub stays owned by the caller), generated for
  * contiguous inputs. */
@@ -28,6 +29,18 @@ void kiln_fused_free(kiln_fused_kernel *k);
 void kiln_fused_build_waiting(void);
 /* Whether k runs generated code (false: interpreted); builds it if it waits to be built. */
 bool kiln_fused_is_native(kiln_fused_kernel *k);
+
+/* The kernels of plan p's fused groups, per node (NULL at other nodes; *out malloc'd, freed with
+ * kiln_fused_kernels_free(p->g->nnodes, ...)), generated for the layouts the groups' inputs have in p's graph.
+ * from (NULL, or an earlier binding's kernels of the same symbolic plan, per node): their code
+ * again where it fits (kiln_fused_rebind: nothing generated or looked up), else made anew. Built
+ * together at once (one compiler run), unless builds are deferred. Backends call it from prepare:
+ * the plan itself holds nothing compiled. */
+kiln_status kiln_fused_plan_kernels(const struct kiln_plan *p, kiln_fused_kernel *const *from, kiln_fused_kernel ***out);
+void kiln_fused_kernels_free(int32_t n, kiln_fused_kernel **k);
+/* Builds of waiting kernels wait while the depth (+1 / -1) is above 0, and happen when it returns to
+ * 0: a backend preparing a plan and its nested plans builds their groups with one compiler run. */
+void kiln_fused_defer_builds(int delta);
 
 /* The interpreted path: the subgraph run kernel by kernel. Code generation does not call the
  * backends: the runtime registers this at start-up (src/runtime/executable.c). */

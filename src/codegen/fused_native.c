@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../ir/layout.h"
 #include "../ir/symbolic.h"
 #include "../plan/plan.h"
 #include "codegen.h"
@@ -386,19 +387,51 @@ void kiln_fused_free(kiln_fused_kernel *k) {
     free(k);
 }
 
-/* ---- the plan's fused groups (src/plan/plan.h): registered at start-up ------------------------- */
+/* ---- the fused groups of a plan: made by the backend that runs it ------------------------------- */
 
-static kiln_status plan_prepare(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel) {
-    return kiln_fused_prepare_strided(sub, in_strides, (kiln_fused_kernel **)kernel);
+#define FUSED_MAX_INPUTS 32 /* layouts passed to fused kernels (the fusion pass makes no more inputs) */
+
+static _Thread_local int defer_depth; /* kiln_fused_defer_builds: builds wait while > 0 (compiling is single-threaded per plan) */
+
+void kiln_fused_defer_builds(int delta) {
+    defer_depth += delta;
+    if (defer_depth == 0) build_waiting();
 }
 
-static void plan_free(void *kernel) { kiln_fused_free(kernel); }
-
-static kiln_status plan_rebind(void *kernel, const kiln_graph *sub, const int64_t *const *in_strides, void **out) {
-    return kiln_fused_rebind(kernel, sub, in_strides, (kiln_fused_kernel **)out);
+kiln_status kiln_fused_plan_kernels(const kiln_plan *p, kiln_fused_kernel *const *from, kiln_fused_kernel ***out) {
+    const kiln_graph *g = p->g;
+    int32_t nn = g->nnodes;
+    kiln_fused_kernel **k = kiln_calloc((size_t)(nn ? nn : 1), sizeof *k);
+    if (!k) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    kiln_status s = KILN_OK;
+    bool fused = false;
+    for (int32_t i = 0; i < nn && s == KILN_OK; i++) {
+        const kiln_node *nd = &g->nodes[i];
+        if (nd->op != KILN_OP_FUSED) continue;
+        if (nd->attrs.ni < 1 || nd->attrs.i[0] < 0 || nd->attrs.i[0] >= g->nsubgraphs) {
+            s = kiln_error(KILN_ERR_VALUE, "graph: fused node %d names a subgraph that does not exist", i);
+            break;
+        }
+        int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
+        const int64_t *hints[FUSED_MAX_INPUTS]; /* the layouts its inputs have when the graph runs */
+        for (int j = 0; j < nd->nin && j < FUSED_MAX_INPUTS; j++)
+            hints[j] = kiln_graph_value_strides(g, nd->in[j], strides[j]) ? strides[j] : NULL;
+        const kiln_graph *sub = g->subgraphs[nd->attrs.i[0]];
+        const int64_t *const *layouts = nd->nin <= FUSED_MAX_INPUTS ? hints : NULL;
+        s = from && from[i] ? kiln_fused_rebind(from[i], sub, layouts, &k[i])
+                            : kiln_fused_prepare_strided(sub, layouts, &k[i]);
+        fused = true;
+    }
+    if (s != KILN_OK) {
+        kiln_fused_kernels_free(nn, k);
+        return s;
+    }
+    if (fused && defer_depth == 0) build_waiting(); /* the groups build together, now */
+    *out = k;
+    return KILN_OK;
 }
 
-__attribute__((constructor)) static void register_plan_kernels(void) {
-    static const kiln_plan_kernels kernels = {plan_prepare, plan_free, build_waiting, plan_rebind};
-    kiln_plan_register_kernels(&kernels);
+void kiln_fused_kernels_free(int32_t n, kiln_fused_kernel **k) {
+    for (int32_t i = 0; k && i < n; i++) kiln_fused_free(k[i]);
+    free(k);
 }

@@ -4,15 +4,9 @@
 #include <stdatomic.h>
 
 #include "../ir/control.h"
-#include "../ir/layout.h"
 #include "../ir/symbolic.h"
 
 #include "kiln/sublinear.h"
-
-static const kiln_plan_kernels *registered_kernels;
-
-void kiln_plan_register_kernels(const kiln_plan_kernels *k) { registered_kernels = k; }
-const kiln_plan_kernels *kiln_plan_registered_kernels(void) { return registered_kernels; }
 
 static bool is_alias_op(kiln_op op) { return kiln_op_table[op].flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES); }
 
@@ -296,21 +290,13 @@ static void plan_direct_outputs(kiln_plan *e) {
 
 /* ---- fused groups and control-flow bodies ------------------------------------------------- */
 
-#define FUSED_MAX_INPUTS 32 /* layouts passed to fused kernels (the fusion pass makes no more inputs) */
-
-/* A fused node's kernel, generated for the layouts its inputs have when the graph runs. */
-static kiln_status prepare_fused(kiln_plan *p, int32_t i) {
+/* A fused node names one of the graph's subgraphs (backends make its kernel from it). */
+static kiln_status check_fused(const kiln_plan *p, int32_t i) {
     const kiln_graph *g = p->g;
     const kiln_node *nd = &g->nodes[i];
     kiln_graph *sub;
-    if (kiln_graph_body(g, nd, 0, &sub) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "graph: node %d", i);
-    if (!registered_kernels)
-        return kiln_error(KILN_ERR_RUNTIME, "graph: fused groups need code generation, which is not linked in");
-    int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
-    const int64_t *hints[FUSED_MAX_INPUTS];
-    for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
-        hints[k] = kiln_graph_value_strides(g, nd->in[k], strides[k]) ? strides[k] : NULL;
-    return registered_kernels->prepare(sub, nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &p->kernel[i]);
+    if (kiln_graph_body(g, nd, 0, &sub) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "graph: fused node %d", i);
+    return KILN_OK;
 }
 
 /* The nested plans of control-flow node i: its subgraphs, and a while's iteration composed. */
@@ -379,11 +365,10 @@ static kiln_status plan_alloc(kiln_plan *e, const kiln_compile_options *opt) {
     e->offset = kiln_malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
     e->dead_after = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
     e->freed_after = kiln_calloc((size_t)(nn ? nn : 1), sizeof(int32_t *));
-    e->kernel = kiln_calloc((size_t)(nn ? nn : 1), sizeof(void *));
     e->bodies = control ? kiln_calloc((size_t)nn * KILN_PLAN_BODIES, sizeof(kiln_plan *)) : NULL;
     e->direct_output = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     e->poison = opt && opt->poison_freed;
-    if (!e->order || !e->root || !e->last_use || !e->offset || !e->dead_after || !e->freed_after || !e->kernel ||
+    if (!e->order || !e->root || !e->last_use || !e->offset || !e->dead_after || !e->freed_after ||
         (control && !e->bodies) || !e->direct_output)
         return kiln_error(KILN_ERR_MEMORY, "out of memory planning a graph");
     return KILN_OK;
@@ -428,13 +413,8 @@ static kiln_status plan_build(const kiln_graph *g, const kiln_compile_options *o
     }
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
         if (kiln_op_is_control(e->g->nodes[i].op)) s = plan_bodies(e, i, opt);
-    bool fused = false;
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
-        if (e->g->nodes[i].op == KILN_OP_FUSED) {
-            s = prepare_fused(e, i);
-            fused = true;
-        }
-    if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* the groups build together, now */
+        if (e->g->nodes[i].op == KILN_OP_FUSED) s = check_fused(e, i);
     if (s == KILN_OK) s = plan_buffers(e);
     if (s != KILN_OK) {
         kiln_plan_free(e);
@@ -464,21 +444,6 @@ kiln_status kiln_plan_bind(const kiln_plan *p, const int64_t *bindings, kiln_pla
     s = plan_alloc(e, NULL);
     e->poison = p->poison;
     if (s == KILN_OK) memcpy(e->order, p->order, sizeof(int32_t) * (size_t)p->norder);
-    bool fused = false; /* each group keeps its code: only the sizes it is called with change */
-    for (int32_t i = 0; i < e->g->nnodes && s == KILN_OK; i++) {
-        if (!p->kernel[i]) continue;
-        const kiln_node *nd = &e->g->nodes[i];
-        int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
-        const int64_t *hints[FUSED_MAX_INPUTS];
-        for (int k = 0; k < nd->nin && k < FUSED_MAX_INPUTS; k++)
-            hints[k] = kiln_graph_value_strides(e->g, nd->in[k], strides[k]) ? strides[k] : NULL;
-        kiln_graph *sub;
-        s = kiln_graph_body(e->g, nd, 0, &sub);
-        if (s == KILN_OK)
-            s = registered_kernels->rebind(p->kernel[i], sub, nd->nin <= FUSED_MAX_INPUTS ? hints : NULL, &e->kernel[i]);
-        fused = true;
-    }
-    if (s == KILN_OK && fused) registered_kernels->build_waiting(); /* groups whose code had to change */
     if (s == KILN_OK) s = plan_buffers(e);
     if (s != KILN_OK) {
         kiln_plan_free(e);
@@ -495,11 +460,10 @@ void kiln_plan_free(kiln_plan *p) {
     for (int32_t i = 0; i < nn; i++) {
         if (p->dead_after) free(p->dead_after[i]);
         if (p->freed_after) free(p->freed_after[i]);
-        if (p->kernel && p->kernel[i]) registered_kernels->free(p->kernel[i]);
         for (int k = 0; p->bodies && k < KILN_PLAN_BODIES; k++) kiln_plan_free(p->bodies[(int64_t)i * KILN_PLAN_BODIES + k]);
     }
     kiln_graph_free(p->g);
     free(p->order), free(p->root), free(p->last_use), free(p->offset), free(p->dead_after), free(p->freed_after);
-    free(p->kernel), free(p->bodies), free(p->direct_output);
+    free(p->bodies), free(p->direct_output);
     free(p);
 }

@@ -1,7 +1,9 @@
-/* The plan of a compiled graph: plain data that every backend reads (kernel by kernel, sink, a
- * saved-graph runtime). kiln_plan_build decides the node order, which buffer each value lives in
- * and where in one arena, what can go after each step, the prepared kernel of each fused group
- * and the nested plans of control-flow bodies. Nothing here runs a kernel or allocates the arena.
+/* The plan of a compiled graph: plain data that every backend reads (kernel by kernel, sink,
+ * reference). kiln_plan_build decides the node order, which buffer each value lives in and where in
+ * one arena, what can go after each step, and the nested plans of control-flow bodies. It holds no
+ * function pointer and nothing compiled: what runs a fused group is made by the backend that runs
+ * the plan (its prepare; src/codegen/fused.h's kiln_fused_plan_kernels). Nothing here runs a kernel,
+ * generates code or allocates the arena.
  *
  * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
  * arena, freed after the last use of the buffer (through any view of it); an elementwise node
@@ -14,21 +16,6 @@
 #include "../core/internal.h"
 
 #include "kiln/graph.h"
-
-/* What fused groups need from code generation. The plan layer sits below codegen and never
- * includes it: src/codegen/fused_native.c registers these at start-up. */
-typedef struct kiln_plan_kernels {
-    /* the kernel of a fused node's subgraph, generated for inputs laid out as in_strides says */
-    kiln_status (*prepare)(const kiln_graph *sub, const int64_t *const *in_strides, void **kernel);
-    void (*free)(void *kernel);
-    void (*build_waiting)(void); /* builds the prepared kernels together (one compiler run) */
-    /* the kernel of sub, kernel's subgraph at other sizes (a binding of a symbolic plan): its code
-     * again where that fits the layouts, else prepared anew */
-    kiln_status (*rebind)(void *kernel, const kiln_graph *sub, const int64_t *const *in_strides, void **out);
-} kiln_plan_kernels;
-
-void kiln_plan_register_kernels(const kiln_plan_kernels *k);
-const kiln_plan_kernels *kiln_plan_registered_kernels(void);
 
 /* Nested plans per control-flow node: its subgraphs in kiln_control_slots order (then/else;
  * cond/body[/backward]), and in the last slot a while's iteration composed into one graph. */
@@ -45,7 +32,6 @@ struct kiln_plan {
     int32_t **dead_after;    /* per step: values whose run-time tensors can go after it (-1 ended) */
     int32_t **freed_after;   /* per step: planned buffers given back after it (-1 ended, or NULL) */
     int32_t *direct_output;  /* per value: the output a run_into call computes it into directly, or -1 */
-    void **kernel;           /* per node: the prepared kernel of a fused group (kiln_plan_kernels), or NULL */
     kiln_plan **bodies;      /* per node, KILN_PLAN_BODIES each: nested plans of control-flow nodes, or NULL */
     size_t arena_bytes;      /* the arena every planned buffer lives in */
     size_t output_bytes;     /* the outputs one call allocates */
@@ -58,14 +44,13 @@ kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt
 void kiln_plan_free(kiln_plan *p);
 
 /* Plans of graphs with symbolic sizes (issue 16): kiln_plan_build_symbolic plans g once, at its
- * symbols' hints: the order, the prepared kernel of each fused group (its generated code takes the
- * sizes as arguments) and, at the hints, the buffers. Such a plan is not run itself:
+ * symbols' hints: the order and, at the hints, the buffers. Such a plan is not run itself:
  * kiln_plan_bind gives the plan of one binding (symbol k = bindings[k]) without planning again: the
  * graph instantiated (sizes evaluated, verified: a binding the graph does not hold for fails with
- * KILN_ERR_VALUE), the same order, each fused group the same loaded code (prepared anew only where
- * an operand's layout along the inner axis differs at these sizes), and the buffers' sizes and
- * offsets evaluated by one walk of the order (the same liveness, sizes of this binding). Graphs with
- * control flow are refused (no symbolic shape rule makes them). */
+ * KILN_ERR_VALUE), the same order, and the buffers' sizes and offsets evaluated by one walk of the
+ * order (the same liveness, sizes of this binding). The bindings' backends keep the code of fused
+ * groups from one binding to the next (kiln_backend.prepare_bound). Graphs with control flow are
+ * refused (no symbolic shape rule makes them). */
 kiln_status kiln_plan_build_symbolic(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out);
 kiln_status kiln_plan_bind(const kiln_plan *p, const int64_t *bindings, kiln_plan **out);
 /* Totals of this process: plans built (kiln_plan_build, kiln_plan_build_symbolic; nested plans of

@@ -53,7 +53,7 @@ static void plan_text(kiln_strbuf *t, const kiln_plan *p, int depth) {
         for (int k = 0; k < nd->nin; k++) kiln_strbuf_printf(t, "%s%%%d", k ? ", " : "", nd->in[k]);
         kiln_strbuf_printf(t, ")");
         if (nd->op == KILN_OP_FUSED)
-            kiln_strbuf_printf(t, " {subgraph %lld%s}", (long long)nd->attrs.i[KILN_A_FUSED_SUBGRAPH], p->kernel[node] ? "" : ", no kernel");
+            kiln_strbuf_printf(t, " {subgraph %lld}", (long long)nd->attrs.i[KILN_A_FUSED_SUBGRAPH]);
         for (int k = 0; k < nd->nout; k++) value_place(t, p, nd->out[k]);
         if (p->freed_after[i] && p->freed_after[i][0] >= 0) {
             kiln_strbuf_printf(t, "  frees");

@@ -205,7 +205,7 @@ static PyGetSetDef executable_getset[] = {
     {"arena_bytes", executable_get_arena_bytes, NULL, "planned bytes of all intermediates", NULL},
     {"output_bytes", executable_get_output_bytes, NULL, "bytes of the outputs of one call", NULL},
     {"num_outputs", executable_get_num_outputs, NULL, "number of outputs", NULL},
-    {"backend", executable_get_backend, NULL, "'kbk' (kernel by kernel) or 'sink' (one generated function)", NULL},
+    {"backend", executable_get_backend, NULL, "the name of the registered backend that runs it ('kbk', 'sink', ...)", NULL},
     {"native", executable_get_native, NULL, "sink: whether the graph runs as generated native code", NULL},
     {"fallback_calls", executable_get_fallback_calls, NULL,
      "sink: calls run kernel by kernel (inputs in layouts the generated code was not made for)", NULL},
@@ -219,7 +219,7 @@ static PyTypeObject PyExecutable_Type = {
     .tp_vectorcall_offset = 0, /* set in init */
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A compiled graph: run kernel by kernel, or sunk into one generated function.",
+    .tp_doc = "A compiled graph: its plan, run by one registered backend (kbk, sink, reference).",
     .tp_methods = executable_methods,
     .tp_getset = executable_getset,
 };
@@ -817,29 +817,22 @@ PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g) {
     return (PyObject *)e;
 }
 
-/* An Executable of g (borrowed, left unchanged): a copy optimized for the level, compiled for the backend. */
-static PyObject *optimize_and_compile(const kiln_graph *g, const char *order, int poison, int level, int inference,
-                                      int no_format, bool sunk, PyObject *sublinear) {
-    if (sublinear != Py_None && !PyTuple_Check(sublinear)) {
-        PyErr_SetString(PyExc_TypeError, "sublinear must be None or a tuple of five ints");
-        return NULL;
-    }
+/* An Executable of g (borrowed, left unchanged): a copy optimized for opt's level, recomputed
+ * (recompute_graph) and compiled for opt's backend. */
+static PyObject *optimize_and_compile(const kiln_graph *g, const pykiln_compile_options *opt) {
     kiln_graph *optimized = NULL;
-    kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, KILN_CONV_FUSE_ALL, false};
     kiln_status s = kiln_graph_clone(g, &optimized);
-    if (s == KILN_OK) s = kiln_optimize(&optimized, &popt);
+    if (s == KILN_OK) s = kiln_optimize(&optimized, &opt->passes);
     if (s != KILN_OK) {
         kiln_graph_free(optimized);
         return pykiln_raise(s);
     }
-    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
-                                sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
-    PyObject *memory = recompute_graph(&optimized, opt.order, sublinear);
+    PyObject *memory = recompute_graph(&optimized, opt->compile.order, opt->sublinear);
     if (!memory) {
         kiln_graph_free(optimized);
         return NULL;
     }
-    PyObject *e = pykiln_executable_new(optimized, &opt);
+    PyObject *e = pykiln_executable_new(optimized, &opt->compile);
     kiln_graph_free(optimized);
     if (!e) {
         Py_DECREF(memory);
@@ -849,39 +842,19 @@ static PyObject *optimize_and_compile(const kiln_graph *g, const char *order, in
     return e;
 }
 
-/* Parses the compile options shared by Tracer.finish and compile_graph. */
-static int backend_is_sink(const char *who, const char *backend, int level, bool *sunk) {
-    *sunk = strcmp(backend, "sink") == 0;
-    if (!*sunk && strcmp(backend, "kbk") != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: backend must be 'kbk' or 'sink', got '%s'", who, backend);
-        return -1;
-    }
-    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
-        PyErr_Format(PyExc_ValueError, "%s: level must be 0, 1 or 2", who);
-        return -1;
-    }
-    return 0;
-}
-
-/* finish(outputs, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
- *        backend="kbk", sublinear=None) -> Executable; ends the trace, optimizes the graph for the
- * level, recomputes (recompute_graph) and compiles it for the backend ("kbk" or "sink") */
+/* finish(outputs, options=None) -> Executable; ends the trace and compiles its graph with options
+ * (a CompileOptions; None: the defaults), as compile_graph does */
 static PyObject *tracer_finish(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"outputs", "order", "poison", "level", "inference", "disable_format_transform",
-                             "backend", "sublinear", NULL};
-    PyObject *outputs, *sublinear = Py_None;
-    const char *order = "bfs", *backend = "kbk";
-    int poison = 0, level = 0, inference = 0, no_format = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|spippsO:finish", kwlist, &outputs, &order, &poison, &level,
-                                     &inference, &no_format, &backend, &sublinear))
-        return NULL;
-    bool sunk;
-    if (backend_is_sink("finish", backend, level, &sunk) < 0) return NULL;
+    static char *kwlist[] = {"outputs", "options", NULL};
+    PyObject *outputs, *options = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:finish", kwlist, &outputs, &options)) return NULL;
+    const pykiln_compile_options *opt = pykiln_compile_options_of(options, "finish");
+    if (!opt) return NULL;
     PyTracer *p = (PyTracer *)self;
     Py_ssize_t n = 0;
     kiln_graph *g = end_with_outputs(p, outputs, "finish", &n);
     if (!g) return NULL;
-    return optimize_and_compile(g, order, poison, level, inference, no_format, sunk, sublinear);
+    return optimize_and_compile(g, opt);
 }
 
 /* finish_body(outputs): ends the trace and keeps its graph, returning `outputs`, for
@@ -947,7 +920,7 @@ static PyMethodDef tracer_methods[] = {
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
-     "finish(outputs, order='bfs', poison=False) -> Executable"},
+     "finish(outputs, options=None) -> Executable (options: a CompileOptions)"},
     {"finish_body", tracer_finish_body, METH_O, "finish_body(outputs): end and keep the graph for apply_control"},
     {"finish_graph", tracer_finish_graph, METH_O, "finish_graph(outputs) -> Graph: end, with these outputs"},
     {"graph_str", tracer_graph_str, METH_NOARGS, "the graph recorded so far"},
@@ -1009,26 +982,21 @@ static PyObject *py_tracing(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kiln_tracer_active() != NULL);
 }
 
-/* compile_graph(graph, order="bfs", poison=False, level=0, inference=False, disable_format_transform=False,
- *               backend="kbk") -> Executable: as Tracer.finish, for a graph (a rebound one) */
+/* compile_graph(graph, options=None) -> Executable: a copy of graph optimized for options' level
+ * and compiled for its backend (options: a CompileOptions; None: the defaults) */
 static PyObject *py_compile_graph(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *kwlist[] = {"graph", "order", "poison", "level", "inference", "disable_format_transform",
-                             "backend", "sublinear", NULL};
-    PyObject *graph, *sublinear = Py_None;
-    const char *order = "bfs", *backend = "kbk";
-    int poison = 0, level = 0, inference = 0, no_format = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|spippsO:compile_graph", kwlist, &PyGraph_Type, &graph, &order,
-                                     &poison, &level, &inference, &no_format, &backend, &sublinear))
+    static char *kwlist[] = {"graph", "options", NULL};
+    PyObject *graph, *options = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|O:compile_graph", kwlist, &PyGraph_Type, &graph, &options))
         return NULL;
-    bool sunk;
-    if (backend_is_sink("compile_graph", backend, level, &sunk) < 0) return NULL;
-    return optimize_and_compile(((PyGraph *)graph)->g, order, poison, level, inference, no_format, sunk, sublinear);
+    const pykiln_compile_options *opt = pykiln_compile_options_of(options, "compile_graph");
+    return opt ? optimize_and_compile(((PyGraph *)graph)->g, opt) : NULL;
 }
 
 PyMethodDef pykiln_graph_functions[] = {
     {"compile_graph", (PyCFunction)(void (*)(void))py_compile_graph, METH_VARARGS | METH_KEYWORDS,
-     "compile_graph(graph, order='bfs', poison=False, level=0, ...) -> Executable"},
+     "compile_graph(graph, options=None) -> Executable (options: a CompileOptions)"},
     {"optimize_graph", (PyCFunction)(void (*)(void))pykiln_optimize_graph, METH_VARARGS | METH_KEYWORDS,
      "optimize_graph(graph, level=0, inference=False, disable_format_transform=False) -> the optimized Graph"},
     {"memory_stats", py_memory_stats, METH_NOARGS, "(bytes in use, peak bytes) of kiln's allocator"},

@@ -323,31 +323,22 @@ static PyObject *model_cases(PyObject *self, PyObject *unused) {
     return list;
 }
 
-/* compile(backend="kbk", level=0) -> Executable of the model's graph (optimized further at level) */
+/* compile(options=None) -> Executable of the model's graph, optimized further at options' level
+ * (options: a CompileOptions; None: the defaults) */
 static PyObject *model_compile(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"backend", "level", NULL};
-    const char *backend = "kbk";
-    int level = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|si:compile", kwlist, &backend, &level)) return NULL;
-    bool sunk = strcmp(backend, "sink") == 0;
-    if (!sunk && strcmp(backend, "kbk") != 0) {
-        PyErr_Format(PyExc_ValueError, "compile: backend must be 'kbk' or 'sink', got '%s'", backend);
-        return NULL;
-    }
-    if (level < KILN_LEVEL_O0 || level > KILN_LEVEL_O2) {
-        PyErr_SetString(PyExc_ValueError, "compile: level must be 0, 1 or 2");
-        return NULL;
-    }
+    static char *kwlist[] = {"options", NULL};
+    PyObject *options = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:compile", kwlist, &options)) return NULL;
+    const pykiln_compile_options *opt = pykiln_compile_options_of(options, "compile");
+    if (!opt) return NULL;
     kiln_graph *g = NULL;
     kiln_status s = kiln_graph_clone(kiln_model_graph(((PyModel *)self)->m), &g);
-    kiln_pass_options popt = {(kiln_jit_level)level, true, false, KILN_CONV_FUSE_ALL, false};
-    if (s == KILN_OK) s = kiln_optimize(&g, &popt);
+    if (s == KILN_OK) s = kiln_optimize(&g, &opt->passes);
     if (s != KILN_OK) {
         kiln_graph_free(g);
         return pykiln_raise(s);
     }
-    kiln_compile_options opt = {KILN_ORDER_BFS, false, sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
-    PyObject *e = pykiln_executable_new(g, &opt);
+    PyObject *e = pykiln_executable_new(g, &opt->compile);
     kiln_graph_free(g);
     return e;
 }
@@ -426,7 +417,7 @@ static PyMethodDef model_methods[] = {
      "([(value id, is a capture, name)], [(node, name)], [priority per node] or []): the names the file keeps"},
     {"cases", model_cases, METH_NOARGS, "[(inputs, expected outputs)] of the embedded test cases"},
     {"compile", (PyCFunction)(void (*)(void))model_compile, METH_VARARGS | METH_KEYWORDS,
-     "compile(backend='kbk', level=0) -> Executable"},
+     "compile(options=None) -> Executable of the model's graph (options: a CompileOptions)"},
     {"graph_str", model_graph_str, METH_NOARGS, "the graph in text form"},
     {NULL, NULL, 0, NULL},
 };

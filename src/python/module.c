@@ -431,7 +431,7 @@ PyMODINIT_FUNC PyInit__C(void);
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject *m = PyModule_Create(&kiln_module);
     if (!m) return NULL;
-    if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_model_init(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
+    if (pykiln_tensor_init_type(m) < 0 || pykiln_graph_init_types(m) < 0 || pykiln_compile_options_init(m) < 0 || pykiln_model_init(m) < 0 || pykiln_dispatcher_init_type(m) < 0 ||
         pykiln_guards_init_type(m) < 0 || pykiln_code_facts_init_type(m) < 0 ||
         pykiln_guard_recorder_init_type(m) < 0 || pykiln_tree_init(m) < 0 ||
         pykiln_shape_init(m) < 0 || pykiln_sym_hooks_init(m) < 0 || pykiln_cell_init(m) < 0 ||

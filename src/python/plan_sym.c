@@ -25,32 +25,28 @@ static void capsule_free(PyObject *capsule) {
     free(sp);
 }
 
-/* plan_symbolic(graph, order="bfs", poison=False, backend="kbk") -> an opaque plan for bind_plan */
+/* plan_symbolic(graph, options=None) -> an opaque plan for bind_plan (options: a CompileOptions; its
+ * order, poison and backend are used) */
 static PyObject *py_plan_symbolic(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    static char *kwlist[] = {"graph", "order", "poison", "backend", NULL};
-    PyObject *graph;
-    const char *order = "bfs", *backend = "kbk";
-    int poison = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|sps:plan_symbolic", kwlist, &graph, &order, &poison, &backend))
-        return NULL;
+    static char *kwlist[] = {"graph", "options", NULL};
+    PyObject *graph, *options = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:plan_symbolic", kwlist, &graph, &options)) return NULL;
     const kiln_graph *g = pykiln_graph_of(graph);
-    if (!g) return NULL;
-    bool sunk = strcmp(backend, "sink") == 0;
-    if (!sunk && strcmp(backend, "kbk") != 0)
-        return PyErr_Format(PyExc_ValueError, "plan_symbolic: backend must be 'kbk' or 'sink', got '%s'", backend);
-    kiln_compile_options opt = {strcmp(order, "dfs") == 0 ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison,
-                                sunk ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+    const pykiln_compile_options *opt = g ? pykiln_compile_options_of(options, "plan_symbolic") : NULL;
+    if (!opt) return NULL;
+    const kiln_backend *be = kiln_backend_find(opt->compile.backend); /* a CompileOptions names a registered one */
+    if (!be) return pykiln_raise(KILN_ERR_VALUE);
     symbolic_plan *sp = kiln_calloc(1, sizeof *sp);
     if (!sp) return PyErr_NoMemory();
-    sp->be = sunk ? &kiln_backend_sink : &kiln_backend_kbk;
+    sp->be = be;
     kiln_status s = kiln_bindings_new(&sp->shared);
     if (s != KILN_OK) {
         free(sp);
         return pykiln_raise(s);
     }
     Py_BEGIN_ALLOW_THREADS
-    s = kiln_plan_build_symbolic(g, &opt, &sp->plan);
+    s = kiln_plan_build_symbolic(g, &opt->compile, &sp->plan);
     Py_END_ALLOW_THREADS
     PyObject *capsule = s == KILN_OK ? PyCapsule_New(sp, CAPSULE, capsule_free) : NULL;
     if (!capsule) {
@@ -100,7 +96,7 @@ static PyObject *py_plan_counts(PyObject *self, PyObject *unused) {
 
 PyMethodDef pykiln_plan_sym_functions[] = {
     {"plan_symbolic", (PyCFunction)(void (*)(void))py_plan_symbolic, METH_VARARGS | METH_KEYWORDS,
-     "plan_symbolic(graph, order='bfs', poison=False, backend='kbk') -> one plan for every binding"},
+     "plan_symbolic(graph, options=None) -> one plan for every binding"},
     {"bind_plan", py_bind_plan, METH_VARARGS, "bind_plan(plan, values) -> the Executable of one binding"},
     {"plan_counts", py_plan_counts, METH_NOARGS, "(plans built, plans bound) in this process"},
     {NULL, NULL, 0, NULL},

@@ -73,6 +73,18 @@ PyObject *pykiln_executable_memory(const kiln_executable *e);
 PyObject *pykiln_executable_dot(const kiln_executable *e);
 /* Runs a compiled graph for the JitDispatcher's fast path (graph.c); args are tensors. */
 PyObject *pykiln_executable_call(PyObject *exe, PyObject *const *args, Py_ssize_t nargs, bool single);
+/* The options of one compile as C takes them: kiln._C.CompileOptions (compile_options.c) defines
+ * their fields, defaults and validation once and fills this. */
+typedef struct pykiln_compile_options {
+    kiln_compile_options compile; /* order, poison, backend (a registered backend's name) */
+    kiln_pass_options passes;     /* level, inference, disable_format_transform */
+    PyObject *sublinear;          /* None or the sublinear-memory search's five ints */
+} pykiln_compile_options;
+/* The options o holds (a CompileOptions; None: the defaults), borrowed from o; NULL with TypeError
+ * naming `who` for anything else. */
+const pykiln_compile_options *pykiln_compile_options_of(PyObject *o, const char *who);
+/* Registers CompileOptions and backend_names (compile_options.c). */
+int pykiln_compile_options_init(PyObject *module);
 /* An Executable compiling g (borrowed; the plan keeps its own copy) for opt (graph.c). */
 PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options *opt);
 /* An Executable owning exe, a compiled graph of g (borrowed), or NULL with an exception (exe freed). */

@@ -1,7 +1,8 @@
 /* Backends: what runs a plan. Each is one small table of functions over the same plain-data plan
  * (src/plan/plan.h) and the same arena; a compiled graph (kiln_executable) is a plan, its arena
- * and one backend's state. Kernel by kernel ("kbk", src/runtime/kbk.c) and the whole-graph sink
- * (src/runtime/sink.c) are peers; a saved-graph runtime or a GPU backend plugs in the same way. */
+ * and one backend's state. Kernel by kernel ("kbk", src/runtime/kbk.c), the whole-graph sink
+ * (src/runtime/sink.c) and the reference (src/runtime/reference/) are peers, registered by name
+ * in backends.def; a new one is its own folder and one line there. */
 #ifndef KILN_RUNTIME_BACKEND_H
 #define KILN_RUNTIME_BACKEND_H
 
@@ -34,6 +35,11 @@ typedef struct kiln_backend {
 
 extern const kiln_backend kiln_backend_kbk;
 extern const kiln_backend kiln_backend_sink;
+
+/* The registered backend called name (src/runtime/registry.c; the list is backends.def), the first
+ * registered (kbk) for NULL; NULL with a KILN_ERR_VALUE error naming the registered ones when
+ * none is called so. */
+const kiln_backend *kiln_backend_find(const char *name);
 
 /* A compiled graph over a plan it does not own (nested control-flow bodies: the enclosing plan
  * owns theirs). */

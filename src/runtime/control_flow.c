@@ -95,18 +95,18 @@ __attribute__((constructor)) static void register_control_kernels(void) {
 
 /* ---- compiled with a graph ------------------------------------------------------------------------ */
 
-/* The executables of control-flow node `node` of p, over its nested plans (owned by p). */
-kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_node **out) {
+/* The executables of control-flow node `node` of p, over its nested plans (owned by p), on be. */
+kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_backend *be, kiln_control_node **out) {
     kiln_control_node *c = kiln_calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     c->op = p->g->nodes[node].op;
     int slots[4], ns = kiln_control_slots(c->op, slots);
     kiln_status s = KILN_OK;
     for (int k = 0; k < ns && s == KILN_OK; k++)
-        s = kiln_executable_from_plan(kiln_plan_body(p, node, k), &kiln_backend_kbk, &c->exe[k]);
+        s = kiln_executable_from_plan(kiln_plan_body(p, node, k), be, &c->exe[k]);
     if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
-    if (s == KILN_OK && step) s = kiln_executable_from_plan(step, &kiln_backend_kbk, &c->step);
+    if (s == KILN_OK && step) s = kiln_executable_from_plan(step, be, &c->step);
     if (s != KILN_OK) {
         kiln_control_free(c);
         return s;

@@ -6,8 +6,11 @@
 #include "../plan/plan.h"
 
 typedef struct kiln_control_node kiln_control_node;
-/* The executables of node `node` of p, over p's nested plans (which outlive them). */
-kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, kiln_control_node **out);
+struct kiln_backend; /* backend.h */
+/* The executables of node `node` of p, over p's nested plans (which outlive them), run by backend
+ * be (the enclosing plan's own, so a body runs as the graph around it does). */
+kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const struct kiln_backend *be,
+                                 kiln_control_node **out);
 /* Runs it; out[] arrive allocated (the node's output metas) and are filled. */
 kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
 void kiln_control_free(kiln_control_node *c);

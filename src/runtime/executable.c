@@ -99,6 +99,8 @@ static bool dump_plan(void) {
 }
 
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, kiln_executable **out) {
+    const kiln_backend *be = kiln_backend_find(opt ? opt->backend : NULL);
+    if (!be) return kiln_error_context(KILN_ERR_VALUE, "compile");
     kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
@@ -109,12 +111,11 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
         fprintf(stderr, "[kiln] %s", text ? text : "(out of memory)\n");
         free(text);
     }
-    bool sink = opt && opt->backend == KILN_BACKEND_SINK;
     start = kiln_profiling() ? kiln_profile_now() : 0;
-    if (s == KILN_OK) s = prepare(e, e->own_plan, sink ? &kiln_backend_sink : &kiln_backend_kbk);
+    if (s == KILN_OK) s = prepare(e, e->own_plan, be);
     if (start && s == KILN_OK) {
         char detail[96];
-        snprintf(detail, sizeof detail, "backend %s, arena %zu bytes", sink ? "sink" : "kbk", e->own_plan->arena_bytes);
+        snprintf(detail, sizeof detail, "backend %s, arena %zu bytes", be->name, e->own_plan->arena_bytes);
         kiln_profile_phase("prepare", detail, start);
     }
     if (s != KILN_OK) {

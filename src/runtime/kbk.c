@@ -1,6 +1,6 @@
 /* The kernel-by-kernel backend ("kbk"): runs a plan by calling each node's kernel directly in the
  * plan's order (no inference, no autograd, no dispatch at run time), over the plan's arena;
- * fused groups through their prepared kernels, control-flow nodes through executables of their
+ * fused groups through the kernels its prepare makes (kiln_fused_plan_kernels), control-flow nodes through executables of their
  * nested plans. An interrupt request (kiln_interrupt) is checked before each node. */
 #include <pthread.h>
 
@@ -8,6 +8,7 @@
 #include "../ir/control.h"
 #include "backend.h"
 #include "control_flow.h"
+#include "kbk.h"
 #include "profile_node.h"
 
 typedef struct {
@@ -15,6 +16,8 @@ typedef struct {
     kiln_tensor *const *planned;  /* per value: its tensor over the arena (planned roots only) */
     kiln_tensor **slot;           /* per value: the tensor of the current run */
     kiln_control_node **control;  /* per node: the executables of an if / while, or NULL */
+    kiln_fused_kernel **kernel;   /* per node: the kernel of a fused group, or NULL */
+    bool own_kernels;             /* kernel[] is this state's (else the caller's: kiln_kbk_prepare_with) */
     pthread_mutex_t lock;         /* one run at a time: the arena and slots are shared */
 } kbk_state;
 
@@ -22,12 +25,15 @@ static void kbk_free(void *state) {
     kbk_state *e = state;
     if (!e) return;
     for (int32_t i = 0; e->control && i < e->p->g->nnodes; i++) kiln_control_free(e->control[i]);
+    if (e->own_kernels) kiln_fused_kernels_free(e->p->g->nnodes, e->kernel);
     free(e->control), free(e->slot);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
 
-static kiln_status kbk_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
+/* The state over kernels (per node; NULL: made here from the plan, from[] the code to reuse). */
+static kiln_status prepare_state(const kiln_plan *p, kiln_plan_memory *mem, kiln_fused_kernel **kernels,
+                                 kiln_fused_kernel *const *from, void **state) {
     kbk_state *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
     pthread_mutex_init(&e->lock, NULL);
@@ -37,14 +43,71 @@ static kiln_status kbk_prepare(const kiln_plan *p, kiln_plan_memory *mem, void *
     e->slot = kiln_calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
     e->control = kiln_calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
     kiln_status s = e->slot && e->control ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    kiln_fused_defer_builds(+1); /* this plan's groups and its bodies' build together */
+    e->kernel = kernels;
+    if (s == KILN_OK && !kernels) {
+        s = kiln_fused_plan_kernels(p, from, &e->kernel);
+        e->own_kernels = s == KILN_OK;
+    }
     for (int32_t i = 0; i < nn && s == KILN_OK; i++)
-        if (kiln_op_is_control(p->g->nodes[i].op)) s = kiln_control_prepare(p, i, &e->control[i]);
+        if (kiln_op_is_control(p->g->nodes[i].op)) s = kiln_control_prepare(p, i, &kiln_backend_kbk, &e->control[i]);
+    kiln_fused_defer_builds(-1);
     if (s != KILN_OK) {
         kbk_free(e);
         return s;
     }
     *state = e;
     return KILN_OK;
+}
+
+static kiln_status kbk_prepare(const kiln_plan *p, kiln_plan_memory *mem, void **state) {
+    return prepare_state(p, mem, NULL, NULL, state);
+}
+
+kiln_status kiln_kbk_prepare_with(const kiln_plan *p, kiln_plan_memory *mem, kiln_fused_kernel **kernels, void **state) {
+    return prepare_state(p, mem, kernels, NULL, state);
+}
+
+/* What kbk keeps of a binding of a symbolic plan for the next (kiln_backend.prepare_bound): its fused
+ * groups' kernels, whose code the next binding's groups take where it fits. */
+typedef struct {
+    int32_t n;
+    kiln_fused_kernel **kernel;
+} kbk_memo;
+
+static void kbk_free_memo(void *memo) {
+    kbk_memo *m = memo;
+    if (m) kiln_fused_kernels_free(m->n, m->kernel);
+    free(m);
+}
+
+kiln_status kiln_kbk_keep_memo(const kiln_plan *p, kiln_fused_kernel *const *kernels, void **memo) {
+    if (*memo) return KILN_OK; /* the first binding's code serves the later ones */
+    kbk_memo *m = kiln_calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    m->n = p->g->nnodes;
+    kiln_status s = kiln_fused_plan_kernels(p, kernels, &m->kernel); /* copies: the same code, nothing made */
+    if (s != KILN_OK) {
+        free(m);
+        return s;
+    }
+    *memo = m;
+    return KILN_OK;
+}
+
+kiln_fused_kernel *const *kiln_kbk_memo_kernels(const void *memo, const kiln_plan *p) {
+    const kbk_memo *m = memo;
+    return m && m->n == p->g->nnodes ? m->kernel : NULL;
+}
+
+static kiln_status kbk_prepare_bound(const kiln_plan *p, kiln_plan_memory *mem, void **memo, void **state) {
+    KILN_TRY(prepare_state(p, mem, NULL, kiln_kbk_memo_kernels(*memo, p), state));
+    kiln_status s = kiln_kbk_keep_memo(p, ((kbk_state *)*state)->kernel, memo);
+    if (s != KILN_OK) {
+        kbk_free(*state);
+        *state = NULL;
+    }
+    return s;
 }
 
 /* ---- running ------------------------------------------------------------------------------ */
@@ -105,7 +168,7 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
             }
         }
         if (s == KILN_OK) {
-            kiln_fused_kernel *fk = p->kernel[p->order[i]];
+            kiln_fused_kernel *fk = e->kernel[p->order[i]];
             kiln_control_node *cf = e->control[p->order[i]];
             int64_t start = profiling ? kiln_profile_begin() : 0;
             s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0])
@@ -160,4 +223,6 @@ const kiln_backend kiln_backend_kbk = {
     .run = kbk_run,
     .run_into = kbk_run_into,
     .free = kbk_free,
+    .prepare_bound = kbk_prepare_bound,
+    .free_memo = kbk_free_memo,
 };

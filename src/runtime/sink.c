@@ -26,6 +26,7 @@
 #include "../ir/control.h"
 #include "../ops/view.h"
 #include "backend.h"
+#include "kbk.h"
 #include "profile_node.h"
 
 typedef enum { BOUND_ONCE, DYN_INPUT, DYN_OUTPUT_ROOT, DYN_VIEW, DYN_SAME_AS } value_binding;
@@ -37,6 +38,7 @@ struct kiln_sink {
     kiln_tensor *const *planned;    /* per value: its tensor over the plan's arena, or NULL */
     int32_t *const *poison_after;   /* per step: the plan's freed buffers, when poisoning; else NULL */
     void *kbk;            /* the kbk backend over the same plan and arena: calls the sink does not serve */
+    kiln_fused_kernel **kernel; /* per node: the kernel of a fused group (kbk's too), or NULL */
     const kiln_graph *g;  /* the plan's graph */
     int32_t nv;
     kiln_tensor **own;    /* per value: the tensor made at compile time (a reference; placeholders for dynamic ones) */
@@ -171,9 +173,9 @@ static kiln_status dry_run_node(kiln_sink *s, int32_t pos, int32_t i) {
             else st = kiln_tensor_empty_like_meta(&g->values[v].meta, &t); /* the output of a call, or unplanned */
             if (st == KILN_OK) set_tensor(s, v, t);
         }
-        if (s->p->kernel[i]) {
+        if (s->kernel[i]) {
             step.kind = KILN_SINK_FUSED;
-            step.fused = s->p->kernel[i];
+            step.fused = s->kernel[i];
         }
     }
     if (ins != small) free(ins);
@@ -365,11 +367,12 @@ typedef struct {
     kiln_sink_fn fn;
     int32_t nsteps;
     kiln_sink_step *steps; /* kind, node, native, ndim, inner and loaded of each (nothing owned) */
+    void *groups;          /* the fused groups' kernels (kbk's memo: kiln_kbk_keep_memo) */
 } sink_memo;
 
 static void free_memo(void *memo) {
     sink_memo *m = memo;
-    if (m) free(m->steps);
+    if (m) free(m->steps), kiln_backend_kbk.free_memo(m->groups);
     free(m);
 }
 
@@ -378,6 +381,13 @@ static kiln_status keep_memo(const kiln_sink *s, void **memo) {
     if (!m || !(m->steps = kiln_malloc(sizeof *m->steps * (size_t)(s->nsteps ? s->nsteps : 1)))) {
         free(m);
         return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph for the sink backend");
+    }
+    sink_memo *old = *memo;
+    if (old) m->groups = old->groups, old->groups = NULL; /* the groups' code of the first binding stays */
+    kiln_status st = kiln_kbk_keep_memo(s->p, s->kernel, &m->groups);
+    if (st != KILN_OK) {
+        free_memo(m);
+        return st;
     }
     m->fn = s->fn;
     m->nsteps = s->nsteps;
@@ -431,6 +441,7 @@ static void sink_free(void *state) {
     free(s->dyn), free(s->pinned), free(s->steps), free(s->kernels), free(s->attrs), free(s->fused);
     free(s->group_fns), free(s->shp), free(s->str);
     if (s->kbk) kiln_backend_kbk.free(s->kbk);
+    kiln_fused_kernels_free(s->g ? s->g->nnodes : 0, s->kernel);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -444,7 +455,12 @@ static kiln_status sink_prepare_memo(const kiln_plan *p, kiln_plan_memory *mem, 
     s->poison_after = p->poison ? p->freed_after : NULL;
     s->g = p->g;
     s->nv = s->g->nvalues;
-    kiln_status st = kiln_backend_kbk.prepare(p, mem, &s->kbk);
+    /* the fused groups' kernels (an earlier binding's code where it fits), which kbk runs too */
+    const sink_memo *was = memo ? *memo : NULL;
+    kiln_fused_defer_builds(+1);
+    kiln_status st = kiln_fused_plan_kernels(p, was ? kiln_kbk_memo_kernels(was->groups, p) : NULL, &s->kernel);
+    if (st == KILN_OK) st = kiln_kbk_prepare_with(p, mem, s->kernel, &s->kbk);
+    kiln_fused_defer_builds(-1);
     if (st == KILN_OK) st = alloc_arrays(s);
     const kiln_graph *pg = s->g;
     for (int32_t i = 0; st == KILN_OK && i < pg->nnodes; i++) s->via_kbk |= kiln_op_is_control(pg->nodes[i].op);

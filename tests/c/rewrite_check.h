@@ -52,7 +52,7 @@ static inline int rc_same_values(const kiln_tensor *a, const kiln_tensor *b) {
 /* Runs both graphs `runs` times (same random inputs, same random seed) and compares their outputs
  * (rc_same_values); 1 when they agree. */
 static inline int rc_same_results(const kiln_graph *a, const kiln_graph *b, int runs) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+    kiln_compile_options copt = {KILN_ORDER_BFS, true, "kbk"};
     kiln_executable *ea = NULL, *eb = NULL;
     int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
     if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());

@@ -245,7 +245,7 @@ static void run_loop(kiln_executable *e, const float *x, float limit, float *out
 static void test_while_runs(int order) {
     kiln_graph *g = parse(doubling_loop);
     kiln_executable *e = NULL;
-    kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+    kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, true, "kbk"};
     if (g) CHECK_OK(kiln_compile(g, &opt, &e));
     if (!e) return;
     const float x[3] = {1, 2, 3};

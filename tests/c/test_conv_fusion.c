@@ -183,7 +183,7 @@ static void test_errors(void) {
 
 /* Both graphs run on the same random inputs give the same outputs (Winograd's rounding allowed). */
 static int same_results(const kiln_graph *a, const kiln_graph *b) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+    kiln_compile_options copt = {KILN_ORDER_BFS, true, "kbk"};
     kiln_executable *ea = NULL, *eb = NULL;
     int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
     if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());

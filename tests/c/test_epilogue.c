@@ -8,7 +8,7 @@
 /* Runs both graphs on the same random inputs: outputs must be bitwise equal (an epilogue runs
  * the ops' own kernels) and inputs written in place must end equal too. */
 static int same_results(const kiln_graph *a, const kiln_graph *b) {
-    kiln_compile_options copt = {KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+    kiln_compile_options copt = {KILN_ORDER_BFS, true, "kbk"};
     kiln_executable *ea = NULL, *eb = NULL;
     int ok = kiln_compile(a, &copt, &ea) == KILN_OK && kiln_compile(b, &copt, &eb) == KILN_OK;
     if (!ok) fprintf(stderr, "compile failed: %s\n", kiln_last_error());

@@ -32,7 +32,7 @@ static void test_chain_plan_and_run(int order, int poison) {
     char *text = kiln_graph_to_string(g);
     CHECK(text && strstr(text, "= exp(") && strstr(text, "= full()") && strstr(text, "return ("));
     free(text);
-    kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison, KILN_BACKEND_KBK};
+    kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, poison, "kbk"};
     kiln_executable *e = NULL;
     CHECK_OK(kiln_compile(g, &opt, &e));
     /* five intermediates of 4000 bytes; reuse and in-place keep the arena well below that */
@@ -70,7 +70,7 @@ static void test_branches_poisoned(void) {
     CHECK_OK(kiln_graph_add_node(g, KILN_OP_ADD, 2, pair2, NULL, -1, &y));
     CHECK_OK(kiln_graph_set_outputs(g, 1, &y));
     for (int order = 0; order < 2; order++) {
-        kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, true, KILN_BACKEND_KBK};
+        kiln_compile_options opt = {order ? KILN_ORDER_DFS : KILN_ORDER_BFS, true, "kbk"};
         kiln_executable *e = NULL;
         CHECK_OK(kiln_compile(g, &opt, &e));
         char *ord = e ? kiln_executable_order_string(e) : NULL;

@@ -84,7 +84,7 @@ static void check_loop_stops(loop_run *r, const char *what) {
 static void test_compiled_loop_stops(void) {
     kiln_graph *g = parse(SAMPLE_COUNTING_LOOP);
     for (int b = 0; b < 2; b++) {
-        kiln_compile_options opt = {KILN_ORDER_BFS, false, b ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+        kiln_compile_options opt = {KILN_ORDER_BFS, false, b ? "sink" : "kbk"};
         loop_run r = {0};
         CHECK_OK(kiln_compile(g, &opt, &r.exe));
         if (!r.exe) continue;
@@ -172,7 +172,7 @@ static void test_straight_line(void) {
     kiln_graph *g = parse(SAMPLE_ABC);
     for (int kind = 0; kind < 3; kind++) {
         if (kind == 2) setenv("KILN_DISABLE_CODEGEN", "1", 1);
-        kiln_compile_options opt = {KILN_ORDER_BFS, false, kind ? KILN_BACKEND_SINK : KILN_BACKEND_KBK};
+        kiln_compile_options opt = {KILN_ORDER_BFS, false, kind ? "sink" : "kbk"};
         kiln_executable *e = NULL;
         CHECK_OK(kiln_compile(g, &opt, &e));
         unsetenv("KILN_DISABLE_CODEGEN");

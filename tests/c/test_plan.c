@@ -18,7 +18,7 @@ static void check_plan(const char *text, kiln_jit_level level, kiln_exec_order o
     kiln_graph *g = parse(text);
     kiln_pass_options popt = {level, false, false, KILN_CONV_FUSE_ALL, false};
     CHECK_OK(kiln_optimize(&g, &popt));
-    kiln_compile_options opt = {order, false, KILN_BACKEND_KBK};
+    kiln_compile_options opt = {order, false, "kbk"};
     kiln_plan *p = NULL;
     CHECK_OK(kiln_plan_build(g, &opt, &p));
     char *got = p ? kiln_plan_to_string(p) : NULL;
@@ -106,8 +106,8 @@ static void test_loop_bodies(void) {
 static void test_backends_share_a_plan(void) {
     kiln_graph *g = parse(two_chains);
     kiln_executable *k = NULL, *s = NULL;
-    CHECK_OK(kiln_compile(g, &(kiln_compile_options){KILN_ORDER_DFS, true, KILN_BACKEND_KBK}, &k));
-    CHECK_OK(kiln_compile(g, &(kiln_compile_options){KILN_ORDER_DFS, true, KILN_BACKEND_SINK}, &s));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){KILN_ORDER_DFS, true, "kbk"}, &k));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){KILN_ORDER_DFS, true, "sink"}, &s));
     CHECK(k && s && strcmp(kiln_executable_backend(k), "kbk") == 0 && strcmp(kiln_executable_backend(s), "sink") == 0);
     char *pk = k ? kiln_executable_plan_string(k) : NULL, *ps = s ? kiln_executable_plan_string(s) : NULL;
     CHECK(pk && ps && strcmp(pk, ps) == 0);

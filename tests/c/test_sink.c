@@ -44,8 +44,8 @@ static void compare_backends(const char *text, int nin, make_input make, bool in
     if (interpreted) setenv("KILN_DISABLE_CODEGEN", "1", 1);
     kiln_executable *s = NULL;
     kiln_executable *e = NULL;
-    kiln_compile_options opt = {KILN_ORDER_BFS, false, KILN_BACKEND_KBK};
-    kiln_compile_options sunk = {KILN_ORDER_BFS, false, KILN_BACKEND_SINK};
+    kiln_compile_options opt = {KILN_ORDER_BFS, false, "kbk"};
+    kiln_compile_options sunk = {KILN_ORDER_BFS, false, "sink"};
     CHECK_OK(kiln_compile(g, &sunk, &s));
     CHECK_OK(kiln_compile(g, &opt, &e));
     unsetenv("KILN_DISABLE_CODEGEN");
@@ -132,7 +132,7 @@ static void test_in_place_write_of_an_input(void) {
     CHECK_OK(kiln_graph_add_node(g, KILN_OP_MUL, 2, pair, NULL, -1, &y));
     CHECK_OK(kiln_graph_set_outputs(g, 1, &y));
     kiln_executable *s = NULL;
-    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = "sink"}, &s));
     int64_t sx[2] = {4, 3}, st[2] = {3, 4}, sv[1] = {3};
     for (int strided = 0; strided < 2 && s; strided++) {
         kiln_tensor *xin, *base = NULL;
@@ -181,7 +181,7 @@ static void test_fused_group(void) {
     free(text);
     kiln_executable *s = NULL;
     kiln_executable *e = NULL;
-    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = "sink"}, &s));
     CHECK_OK(kiln_compile(g, NULL, &e));
     CHECK(s && kiln_executable_is_native(s));
     int64_t s0[2] = {64, 33}, s1[1] = {33}, s2[2] = {64, 1};
@@ -200,7 +200,7 @@ static void test_fused_group(void) {
 static void test_wrong_inputs(void) {
     kiln_graph *g = parse(SAMPLE_ABC);
     kiln_executable *s = NULL;
-    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = KILN_BACKEND_SINK}, &s));
+    CHECK_OK(kiln_compile(g, &(kiln_compile_options){.backend = "sink"}, &s));
     int64_t shape[2] = {3, 2};
     kiln_tensor *in[3] = {abc_input(0, 0), abc_input(1, 0), tensor_f32(2, shape, NULL)}, *out = NULL;
     CHECK_STATUS(kiln_executable_run(s, 3, in, 1, &out), KILN_ERR_VALUE);

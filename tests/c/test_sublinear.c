@@ -44,7 +44,7 @@ static kiln_tensor *run(const kiln_graph *g) {
         for (int64_t i = 0; i < in[k]->numel; i++) ((float *)in[k]->data)[i] = 0.3f * (float)((i * 7 + k) % 11) / 11.0f - 0.1f;
     }
     kiln_executable *e = NULL;
-    kiln_compile_options opt = {KILN_ORDER_BFS, false, KILN_BACKEND_KBK};
+    kiln_compile_options opt = {KILN_ORDER_BFS, false, "kbk"};
     CHECK_OK(kiln_compile(g, &opt, &e));
     if (e) CHECK_OK(kiln_executable_run(e, LAYERS + 1, in, 1, &out));
     kiln_executable_free(e);

@@ -337,10 +337,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             executable, pgrad = made
         else:
             pgrad = None
-            executable = tracer.finish(out_leaves, order=opts.exec_order, poison=opts.debug_poison,
-                                       level=opts.level, inference=opts.infer_boost == "on",
-                                       disable_format_transform=opts.disable_format_transform,
-                                       backend=opts.backend)
+            # (a piece runs no sublinear-memory search)
+            executable = tracer.finish(out_leaves, opts.compile_options.replace(sublinear=None))
         if capture is not None:
             graph = tracer.recorded()
         undo = grad

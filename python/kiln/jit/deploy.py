@@ -249,7 +249,8 @@ def _write_strip_info(path, graph_text, append):
 
 class LoadedGraph:
     """A graph of a model file loaded for running (kiln.load): call it with the inputs (positional,
-    in the file's order); it returns the output, or a tuple of them. backend: "kbk" or "sink".
+    in the file's order); it returns the output, or a tuple of them. backend: a registered backend
+    ("kbk", "sink", "reference": kiln._C.backend_names()).
 
     The names the file keeps (trace.dump's keep_* options; docs/model_format.md): param_names,
     var_names and op_names (lists, in the graph's order), op_priorities (the recorded order of each
@@ -259,7 +260,7 @@ class LoadedGraph:
         if hasattr(source, "read"):
             source = source.read()
         self._model = _C.Model(source, index=index, name=name)
-        self._exe = self._model.compile(backend=backend)
+        self._exe = self._model.compile(_C.CompileOptions(backend=backend, inference=True))
         self.backend = backend
         values, nodes, self.op_priorities = self._model.names()
         self.param_names = [n for _, capture, n in values if capture]

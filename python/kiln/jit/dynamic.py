@@ -737,11 +737,11 @@ class Capture:
         return g
 
     @staticmethod
-    def plan(optimized, **options):
-        """The optimized symbolic recording planned once (kiln._C.plan_symbolic with options), or
-        False where the planner refuses it."""
+    def plan(optimized, options=None):
+        """The optimized symbolic recording planned once (kiln._C.plan_symbolic with options, a
+        kiln._C.CompileOptions), or False where the planner refuses it."""
         try:
-            return _C.plan_symbolic(optimized, **options)
+            return _C.plan_symbolic(optimized, options)
         except (ValueError, TypeError, OverflowError):
             return False
 
@@ -901,7 +901,7 @@ class DynamicEntry:
             sym = self.symbolic() if symbolic_instances else None
             o = self.options
             if sym is not None and o.sublinear is None:
-                self._plan = Capture.plan(sym[1], order=o.exec_order, poison=o.debug_poison, backend=o.backend)
+                self._plan = Capture.plan(sym[1], o.compile_options)
         return self._plan or None
 
     def _instance_graph(self, values):
@@ -932,10 +932,8 @@ class DynamicEntry:
             if g is None:
                 return None, False
             o = self.options
-            exe = _C.compile_graph(g, order=o.exec_order, poison=o.debug_poison, level=0 if optimized else o.level,
-                                   inference=o.infer_boost == "on",
-                                   disable_format_transform=o.disable_format_transform, backend=o.backend,
-                                   sublinear=o.sublinear)
+            options = o.compile_options.replace(level=0) if optimized else o.compile_options
+            exe = _C.compile_graph(g, options)
         self.instances[key] = exe
         while len(self.instances) > self.limit:
             self.instances.popitem(last=False)

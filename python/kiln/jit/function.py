@@ -146,10 +146,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         result = ast_runtime.chosen_numbers(result)  # (numbers an if on a tensor chose, returned as numbers)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
-        executable = tracer.finish(out_leaves, order=options.exec_order, poison=options.debug_poison,
-                                   level=options.level, inference=options.infer_boost == "on",
-                                   disable_format_transform=options.disable_format_transform,
-                                   backend=options.backend, sublinear=options.sublinear)
+        executable = tracer.finish(out_leaves, options.compile_options)
         graph = tracer.recorded() if capture is not None else None
     finally:
         tracer.end()

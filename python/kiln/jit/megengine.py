@@ -247,7 +247,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
-        executable = tracer.finish(out_leaves, level=level, sublinear=sublinear)
+        executable = tracer.finish(out_leaves, _C.CompileOptions(level=level, sublinear=sublinear))
         recorded = tracer.recorded()  # the graph before the level's passes
         sources = tracer.constant_sources()
     finally:
@@ -556,7 +556,8 @@ class trace(_C.JitDispatcher):
                     continue
                 inst = copy.copy(run)
                 inst.graph, inst.fast, inst.capture, inst.symbolic, inst.plan = graph, False, None, None, None
-                inst.executable = executable or _C.compile_graph(compiled, level=level, sublinear=self._sublinear())
+                inst.executable = executable or _C.compile_graph(compiled, _C.CompileOptions(level=level,
+                                                                                            sublinear=self._sublinear()))
                 self._records.setdefault(key, []).append(inst)
                 self.instances += 1
                 return inst

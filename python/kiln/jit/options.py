@@ -1,14 +1,16 @@
 """Validation of kiln.jit's arguments and options."""
 import warnings
 
+from .. import _C
 from .sublinear_memory_config import check as check_sublinear
 
 CAPTURE_MODES = ("ast", "bytecode", "trace")
 SYNTAX_LEVELS = ("STRICT", "LAX")
 JIT_LEVELS = ("O0", "O1", "O2")
-# MindSpore's names are accepted as aliases: ms_backend is kernel by kernel, GE the whole-graph sink.
+# The backends registered in C (src/runtime/backends.def: kbk, sink, reference), each by its name, and
+# MindSpore's names as aliases: ms_backend is kernel by kernel, GE the whole-graph sink.
 # "" picks by level, as MindSpore does: O0/O1 kernel by kernel, O2 the whole graph sunk.
-BACKENDS = {"": "", "kbk": "kbk", "ms_backend": "kbk", "sink": "sink", "GE": "sink"}
+BACKENDS = {"": "", **{name: name for name in _C.backend_names()}, "ms_backend": "kbk", "GE": "sink"}
 EXEC_ORDERS = ("bfs", "dfs")
 OPTION_NAMES = ("exec_order", "recompile_limit", "debug_poison", "disable_format_transform", "infer_boost",
                 "jit_syntax_level", "ge_options", "profiling", "sublinear_memory_config")
@@ -22,7 +24,7 @@ class JitOptions:
 
     __slots__ = ("capture_mode", "jit_level", "dynamic", "fullgraph", "backend", "exec_order", "recompile_limit",
                  "debug_poison", "disable_format_transform", "infer_boost", "_syntax_level", "ge_options",
-                 "profiling", "sublinear_memory_config")
+                 "profiling", "sublinear_memory_config", "compile_options")
 
     @classmethod
     def make(cls, capture_mode="ast", jit_level=None, dynamic=None, fullgraph=False, backend="", **options):
@@ -74,6 +76,11 @@ class JitOptions:
         if not isinstance(o.profiling, bool):
             raise TypeError(f"jit: profiling must be True or False, got {o.profiling!r}")
         o.sublinear_memory_config = check_sublinear(options.get("sublinear_memory_config"), "jit")
+        # what every compile of this function's graphs is given (kiln._C.CompileOptions checks it once)
+        o.compile_options = _C.CompileOptions(order=o.exec_order, poison=o.debug_poison, level=o.level,
+                                              inference=o.infer_boost == "on",
+                                              disable_format_transform=o.disable_format_transform,
+                                              backend=o.backend, sublinear=o.sublinear)
         return o
 
     @property

@@ -86,10 +86,10 @@ def _finish(tracer, aliases, out_leaves, opts, name):
             outs.append(g)
     graph = tracer.finish_graph(list(out_leaves) + outs)
     fwd, bwd, _ = graph.split(len(aliases), len(out_leaves))
-    kw = dict(order=opts.exec_order, poison=opts.debug_poison, level=opts.level,
-              disable_format_transform=opts.disable_format_transform, backend=opts.backend)
-    forward = _C.compile_graph(fwd, **kw)
-    backward = _C.compile_graph(bwd, **kw)
+    # forward and backward of a training piece: no inference rewrites, no sublinear-memory search
+    options = opts.compile_options.replace(inference=False, sublinear=None)
+    forward = _C.compile_graph(fwd, options)
+    backward = _C.compile_graph(bwd, options)
     metas = [(tuple(out_leaves[i].shape), out_leaves[i].dtype) for i in diff_out]
     return forward, PieceGrad(backward, len(out_leaves), diff_out, metas, positions, params, present, passthrough,
                               f"compiled piece of {name}")
