@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../ir/body.h"
 #include "../ir/layout.h"
 #include "../ir/symbolic.h"
 #include "../plan/plan.h"
@@ -408,15 +409,16 @@ kiln_status kiln_fused_plan_kernels(const kiln_plan *p, kiln_fused_kernel *const
     for (int32_t i = 0; i < nn && s == KILN_OK; i++) {
         const kiln_node *nd = &g->nodes[i];
         if (nd->op != KILN_OP_FUSED) continue;
-        if (nd->attrs.ni < 1 || nd->attrs.i[0] < 0 || nd->attrs.i[0] >= g->nsubgraphs) {
-            s = kiln_error(KILN_ERR_VALUE, "graph: fused node %d names a subgraph that does not exist", i);
+        kiln_graph *sub;
+        s = kiln_graph_body(g, nd, 0, &sub);
+        if (s != KILN_OK) {
+            s = kiln_error_context(s, "graph: fused node %d", i);
             break;
         }
         int64_t strides[FUSED_MAX_INPUTS][KILN_MAX_DIMS];
         const int64_t *hints[FUSED_MAX_INPUTS]; /* the layouts its inputs have when the graph runs */
         for (int j = 0; j < nd->nin && j < FUSED_MAX_INPUTS; j++)
             hints[j] = kiln_graph_value_strides(g, nd->in[j], strides[j]) ? strides[j] : NULL;
-        const kiln_graph *sub = g->subgraphs[nd->attrs.i[0]];
         const int64_t *const *layouts = nd->nin <= FUSED_MAX_INPUTS ? hints : NULL;
         s = from && from[i] ? kiln_fused_rebind(from[i], sub, layouts, &k[i])
                             : kiln_fused_prepare_strided(sub, layouts, &k[i]);

@@ -528,7 +528,7 @@ static kiln_status rule_attention_backward(kiln_symtab *t, const char *op, int n
  * c_n (B, H), workspace (T, B, W)): T and B may be symbols, the hidden size (the workspace's width
  * follows it) must be constant; the sizes x, the states and the weights share the same expressions. */
 static kiln_status rnn_operands(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in, const kiln_attrs *a) {
-    int lstm = a->i[0] == 0, wi = 2 + lstm, wh = 3 + lstm;
+    int lstm = a->i[KILN_A_RNN_LAYER_MODE] == 0, wi = 2 + lstm, wh = 3 + lstm;
     const kiln_sshape *x = &in[0], *h = &in[1];
     bool ok = nin > wh && x->ndim == 3 && h->ndim == 2 && in[wi].ndim == 2 && in[wh].ndim == 2 &&
               kiln_sdim_is_const(h->d[1]) && kiln_sdim_same(x->d[1], h->d[0]) && kiln_sdim_same(x->d[2], in[wi].d[1]) &&
@@ -543,7 +543,7 @@ static kiln_status rule_rnn_layer(kiln_symtab *t, const char *op, int nin, const
                                   const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)ai, (void)nout;
     KILN_TRY(rnn_operands(t, op, nin, in, a));
-    int64_t H = in[1].d[1].v, W = a->i[0] == 0 ? 6 * H : (a->i[0] == 1 ? 5 * H : H); /* ops.def */
+    int64_t H = in[1].d[1].v, W = a->i[KILN_A_RNN_LAYER_MODE] == 0 ? 6 * H : (a->i[KILN_A_RNN_LAYER_MODE] == 1 ? 5 * H : H); /* ops.def */
     out[0] = (kiln_sshape){3, {in[0].d[0], in[0].d[1], in[1].d[1]}};
     out[1] = out[2] = in[1];
     out[3] = (kiln_sshape){3, {in[0].d[0], in[0].d[1], kiln_sdim_const(W)}};
@@ -555,7 +555,8 @@ static kiln_status rule_rnn_layer(kiln_symtab *t, const char *op, int nin, const
 static kiln_status rule_rnn_layer_backward(kiln_symtab *t, const char *op, int nin, const kiln_sshape *in,
                                            const kiln_attrs *a, const kiln_sdim *ai, int nout, kiln_sshape *out) {
     (void)nout;
-    int lstm = a->i[0] == 0, nfwd = 4 + lstm + 2 * (int)a->i[2] + (int)a->i[3];
+    int lstm = a->i[KILN_A_RNN_LAYER_MODE] == 0,
+        nfwd = 4 + lstm + 2 * (int)a->i[KILN_A_RNN_LAYER_HAS_BIASES] + (int)a->i[KILN_A_RNN_LAYER_HAS_LENGTHS];
     kiln_sshape want[4];
     KILN_TRY(rule_rnn_layer(t, op, nfwd, in, a, ai, 4, want));
     const int order[4] = {3, 0, 1, 2}; /* workspace, gy, gh_n, gc_n */

@@ -5,6 +5,7 @@
  * way (no generated code); control-flow nodes run their nested plans on this backend
  * (control_flow.c). It keeps no state between calls, so calls may run concurrently. Registered in
  * src/runtime/backends.def; everything else of it is in this folder. */
+#include "../../ir/body.h"
 #include "../../ir/control.h"
 #include "../backend.h"
 #include "../control_flow.h"
@@ -51,9 +52,8 @@ static kiln_status run_graph(const kiln_graph *g, const int32_t *order, kiln_con
 
 /* A fused group: its subgraph (one output) run node by node, the result copied into out. */
 static kiln_status run_fused(const kiln_graph *g, const kiln_node *nd, kiln_tensor *const *in, kiln_tensor *out) {
-    if (nd->attrs.ni < 1 || nd->attrs.i[0] < 0 || nd->attrs.i[0] >= g->nsubgraphs)
-        return kiln_error(KILN_ERR_VALUE, "graph: fused node names a subgraph that does not exist");
-    const kiln_graph *sub = g->subgraphs[nd->attrs.i[0]];
+    kiln_graph *sub;
+    KILN_TRY(kiln_graph_body(g, nd, 0, &sub));
     if (sub->noutputs != 1) return kiln_error(KILN_ERR_VALUE, "graph: a fused group has %d outputs, not 1", sub->noutputs);
     kiln_tensor *result = NULL;
     KILN_TRY(run_graph(sub, NULL, NULL, nd->nin, in, 1, &result));
