@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 import textwrap
+import time
 import types
 
 from .syntax import JitSyntaxError, SourceLocation, check
@@ -551,11 +552,30 @@ def _lambda_as_def(fn, lam):
                                              returns=None, type_comment=None), lam)
 
 
+def _process_started():
+    """When this process started (seconds since the epoch): Linux's /proc, else when this module was
+    imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+_STARTED = _process_started()
+
+
 def _source_changed(fn):
     """Whether fn's source file was changed after its module was imported (then converting the
     text in the file would compile other code than the code that runs). Read from the module's
     bytecode cache, which records the size and time of the source it was compiled from; without
-    one (not written, or another loader) the file is taken as it is."""
+    one (not written, or another loader) the file is taken as it is. A cache that disagrees with a
+    file last written before this process started is one Python found stale and did not rewrite
+    (PYTHONDONTWRITEBYTECODE, a read-only folder): the module was compiled from the file as it is."""
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     cached, source = getattr(module, "__cached__", None), getattr(module, "__file__", None)
     if not cached or not source or os.path.abspath(source) != os.path.abspath(fn.__code__.co_filename):
@@ -570,7 +590,7 @@ def _source_changed(fn):
     if flags != 0:  # a hash-based cache (or none readable): nothing to compare
         return False
     mtime, size = int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")
-    return (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF) != (mtime, size)
+    return (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF) != (mtime, size) and st.st_mtime > _STARTED
 
 
 def convert_code(fn):
