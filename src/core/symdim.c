@@ -511,7 +511,9 @@ static void print_poly(kiln_strbuf *b, const kiln_symtab *t, const poly *p, cons
         }
         if (c < 0) kiln_strbuf_printf(b, "-");
         else if (k) kiln_strbuf_printf(b, "+");
-        bool many = x->nf > 1 || (c != 1 && c != -1);
+        /* a floor division is parenthesized in a product or after a minus ("-((-s0)//2)", not
+         * "-(-s0)//2", which reads as (s0)//2) */
+        bool many = x->nf > 1 || c != 1;
         for (int32_t f = 0; f < x->nf; f++) {
             if (f) kiln_strbuf_printf(b, "*");
             print_entry(b, t, x->f[f], many, names);

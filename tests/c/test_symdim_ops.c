@@ -126,6 +126,13 @@ static void test_text_with_names(void) {
     CHECK(text_is(t, kiln_sdim_const(-4), names, "-4"));
     CHECK_OK(kiln_sym_mod(t, s0, 4, &a));
     CHECK(text_is(t, a, names, "batch-(batch//4)*4"));
+    /* -(-s0 // 2): the minus outside the floor division's parentheses */
+    CHECK_OK(kiln_sym_floordiv(t, s0, -2, &a));
+    CHECK_OK(kiln_sym_mul(t, a, kiln_sdim_const(-1), &a));
+    CHECK(text_is(t, a, names, "-((-batch)//2)"));
+    CHECK_OK(kiln_sym_floordiv(t, s0, 2, &a));
+    CHECK_OK(kiln_sym_sub(t, s1, a, &a));
+    CHECK(text_is(t, a, NULL, "s1-(s0//2)"));
     kiln_symtab_free(t);
 }
 
