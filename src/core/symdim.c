@@ -230,7 +230,8 @@ static kiln_status from_poly(kiln_symtab *t, const poly *p, kiln_sdim *out) {
             return KILN_OK;
         }
     entry x = {.kind = E_POLY, .p = *p};
-    KILN_TRY(eval_poly(t, p, NULL, &x.hint));
+    if (eval_poly(t, p, NULL, &x.hint) != KILN_OK) /* no room for it either: not a wrong size */
+        return kiln_error(KILN_ERR_LIMIT, "symbolic sizes: an expression's value at the hints overflows int64");
     int32_t id = 0;
     KILN_TRY(push(t, &x, &id));
     *out = (kiln_sdim){id, x.hint};

@@ -53,8 +53,8 @@ static inline bool kiln_sdim_same(kiln_sdim a, kiln_sdim b) { return a.e == b.e 
 
 /* a + b, a - b, a * b, floor(a / c) and a % c (Python's: the sign of c; a - c * (a // c)) for a
  * constant c != 0 (KILN_ERR_VALUE for 0). KILN_ERR_LIMIT when the result outgrows the limits above
- * or a coefficient overflows: nothing is wrong with the sizes, the table has no room for the
- * expression (a caller may treat its sizes as constants); KILN_ERR_VALUE when the hint overflows. */
+ * a coefficient or the value at the hints overflows: nothing is wrong with the sizes, the table
+ * has no room for the expression (a caller may treat its sizes as constants). */
 kiln_status kiln_sym_add(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 kiln_status kiln_sym_sub(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 kiln_status kiln_sym_mul(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);

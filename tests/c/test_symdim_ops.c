@@ -206,7 +206,9 @@ static void test_limits_are_reported_as_limits(void) {
     /* a coefficient past int64 */
     CHECK_OK(kiln_sym_mul(t, s[0], kiln_sdim_const(INT64_MAX / 2), &a));
     CHECK_STATUS(kiln_sym_mul(t, a, kiln_sdim_const(4), &b), KILN_ERR_LIMIT);
-    /* entries: distinct expressions s0*k until the table is full */
+    /* the value at the hints past int64: s0*(INT64_MAX/2 + 1) at s0 = 2 */
+    CHECK_STATUS(kiln_sym_add(t, a, s[0], &b), KILN_ERR_LIMIT);
+    /* entries: distinct expressions s1*k until the table is full */
     st = KILN_OK;
     for (int64_t k = 2; st == KILN_OK && k < 2 * KILN_SYM_MAX_ENTRIES; k++) st = kiln_sym_mul(t, s[1], kiln_sdim_const(k), &a);
     CHECK(st == KILN_ERR_LIMIT && kiln_symtab_entries(t) == KILN_SYM_MAX_ENTRIES);

@@ -112,6 +112,10 @@ def test_bad_operations_raise_clear_errors():
     small = t.symbol(2) * 2 ** 61  # its hint 2 ** 62 fits
     with pytest.raises(_C.SymLimitError):
         small * 4  # a coefficient past int64
+    with pytest.raises(_C.SymLimitError):
+        small + small  # the value at the hints past int64
+    with pytest.raises(_C.SymLimitError):
+        a + 2 ** 64  # a constant past int64
 
 
 def test_limits_raise_sym_limit_error_and_leave_the_table_usable():
@@ -155,6 +159,26 @@ def test_mod_and_negative_floordiv_of_sizes_stay_symbolic(mode):
     assert info.compiles == 1, info  # one capture serves every size: nothing was specialized
     (d,) = info.dynamic
     assert all(v.endswith(">= 2") for v in d["symbols"].values()), d
+
+
+def _past_int64(x):
+    n = x.shape[0]
+    whole = n * 10 ** 20 // 10 ** 20  # a Python int past int64 on the way, as in eager
+    also = n * 2 ** 62 // 2 ** 62  # the expression's value past int64
+    return x[:whole - 1] * 2.0, x[:also].sum(0), n * 10 ** 20 > 10 ** 19
+
+
+@pytest.mark.parametrize("mode", ["ast", "trace", "bytecode"])
+def test_sizes_past_int64_are_python_ints(mode):
+    jf = kiln.jit(_past_int64, capture_mode=mode, dynamic=True)
+    rng = np.random.default_rng(5)
+    for n in (4, 6, 4):
+        x = kiln.Tensor(rng.standard_normal((n, 2)).astype(np.float32))
+        got, want = jf(x), _past_int64(x)
+        np.testing.assert_allclose(got[0].asnumpy(), want[0].asnumpy(), rtol=1e-6)
+        np.testing.assert_allclose(got[1].asnumpy(), want[1].asnumpy(), rtol=1e-5)
+        assert got[2] is want[2] is True
+    assert jf.cache_info().compiles == 2  # n was specialized: each size its own entry
 
 
 def _product_of_sums(a, b, c, d, e):

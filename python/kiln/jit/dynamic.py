@@ -168,14 +168,14 @@ class SymInt:
     def _other(self, o):
         if isinstance(o, SymInt):
             return o.expr
-        if isinstance(o, int) and not isinstance(o, bool):
+        if isinstance(o, int) and not isinstance(o, bool) and -2 ** 63 <= o < 2 ** 63:
             return _const(o)
-        return None
+        return None  # a float, a tensor, an int past int64: the size is used as a number
 
     def _arith(op, swap=False):
         def f(self, o):
             e = self._other(o)
-            if e is None:  # a float or a tensor: the size is used as a number
+            if e is None:  # a float, a tensor, an int past int64: the size is used as a number
                 return _binary_fallback(op, self.specialize("arithmetic with a non-int"), o, swap)
             lhs, rhs = (e, self.expr) if swap else (self.expr, e)
             if op in ("//", "%") and not rhs.is_const:  # dividing by a symbolic size specializes it
@@ -413,7 +413,10 @@ class Capture:
         probe, other = self._probe_values(live), self._probe(g, v, live)
         out = []
         for d, x0 in enumerate(base):
-            e = None if other is None else _explain(x0, other[d], self.values, probe, self.symbol)
+            try:
+                e = None if other is None else _explain(x0, other[d], self.values, probe, self.symbol)
+            except _C.SymLimitError:  # the table is full
+                e = None
             if e is None:
                 for k in live:
                     self.specialize(self.symbol(k), "an intermediate shape no simple form explains")
