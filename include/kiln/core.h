@@ -31,6 +31,8 @@ typedef enum kiln_status {
     KILN_ERR_CHECK,           /* a check op's condition held: kiln_last_check() names it
                                  -> the exception the user's code raises there */
     KILN_ERR_INTERRUPTED,     /* kiln_interrupt() stopped a run       -> KeyboardInterrupt */
+    KILN_ERR_LIMIT,           /* a fixed capacity outgrown (a symbolic size's terms, factors or
+                                 table entries): the caller may fall back  -> ValueError */
 } kiln_status;
 
 /* The message of the last error set on this thread ("" when none). */

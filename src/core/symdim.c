@@ -76,7 +76,7 @@ void kiln_sym_hints(const kiln_symtab *t, int64_t *out) {
 
 static kiln_status push(kiln_symtab *t, const entry *e, int32_t *id) {
     if (t->n >= KILN_SYM_MAX_ENTRIES)
-        return kiln_error(KILN_ERR_VALUE, "symbolic sizes: more than %d expressions in one graph", KILN_SYM_MAX_ENTRIES);
+        return kiln_error(KILN_ERR_LIMIT, "symbolic sizes: more than %d expressions in one table", KILN_SYM_MAX_ENTRIES);
     if (t->n >= t->cap) { /* entry 0 is never stored: the first push allocates */
         int32_t ncap = t->cap ? t->cap * 2 : 16;
         entry *grown = kiln_realloc(t->e, sizeof *grown * (size_t)ncap);
@@ -128,11 +128,11 @@ static void normalize(poly *p) {
 }
 
 static kiln_status too_large(void) {
-    return kiln_error(KILN_ERR_VALUE, "symbolic sizes: an expression outgrows %d terms of %d factors",
+    return kiln_error(KILN_ERR_LIMIT, "symbolic sizes: an expression outgrows %d terms of %d factors",
                       KILN_SYM_MAX_TERMS, KILN_SYM_MAX_FACTORS);
 }
 
-static kiln_status overflow(void) { return kiln_error(KILN_ERR_VALUE, "symbolic sizes: a coefficient overflows"); }
+static kiln_status overflow(void) { return kiln_error(KILN_ERR_LIMIT, "symbolic sizes: a coefficient overflows"); }
 
 /* p += x (a term), merging with the term of the same factors. */
 static kiln_status add_term(poly *p, const term *x) {
@@ -230,7 +230,8 @@ static kiln_status from_poly(kiln_symtab *t, const poly *p, kiln_sdim *out) {
             return KILN_OK;
         }
     entry x = {.kind = E_POLY, .p = *p};
-    KILN_TRY(eval_poly(t, p, NULL, &x.hint));
+    if (eval_poly(t, p, NULL, &x.hint) != KILN_OK) /* no room for it either: not a wrong size */
+        return kiln_error(KILN_ERR_LIMIT, "symbolic sizes: an expression's value at the hints overflows int64");
     int32_t id = 0;
     KILN_TRY(push(t, &x, &id));
     *out = (kiln_sdim){id, x.hint};
@@ -278,7 +279,13 @@ kiln_status kiln_sym_mul(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *ou
 }
 
 kiln_status kiln_sym_floordiv(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim *out) {
-    if (c <= 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: floor division by %lld (must be positive)", (long long)c);
+    if (c == 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: floor division by zero");
+    if (c < 0) { /* floor(a / c) = floor(-a / -c) */
+        if (c == INT64_MIN) return overflow();
+        kiln_sdim neg;
+        KILN_TRY(kiln_sym_mul(t, a, kiln_sdim_const(-1), &neg));
+        return kiln_sym_floordiv(t, neg, -c, out);
+    }
     if (a.e == 0) {
         *out = kiln_sdim_const(floordiv(a.v, c));
         return KILN_OK;
@@ -321,6 +328,71 @@ kiln_status kiln_sym_floordiv(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim 
         r = (kiln_sdim){id, t->e[id].hint};
     }
     return kiln_sym_add(t, w, r, out);
+}
+
+kiln_status kiln_sym_sub(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out) {
+    kiln_sdim nb;
+    KILN_TRY(kiln_sym_mul(t, b, kiln_sdim_const(-1), &nb));
+    return kiln_sym_add(t, a, nb, out);
+}
+
+kiln_status kiln_sym_mod(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim *out) {
+    if (c == 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: modulo by zero");
+    if (a.e == 0) { /* Python's %: the sign of c */
+        if (c == -1) {
+            *out = kiln_sdim_const(0);
+            return KILN_OK;
+        }
+        int64_t r = a.v % c;
+        *out = kiln_sdim_const(r != 0 && (r < 0) != (c < 0) ? r + c : r);
+        return KILN_OK;
+    }
+    kiln_sdim q, cq; /* a - c * (a // c) */
+    KILN_TRY(kiln_sym_floordiv(t, a, c, &q));
+    KILN_TRY(kiln_sym_mul(t, q, kiln_sdim_const(c), &cq));
+    return kiln_sym_sub(t, a, cq, out);
+}
+
+/* The entry (or constant) of src's entry e in dst, each symbol k replaced by map[k]. */
+static kiln_status subst_entry(kiln_symtab *dst, const kiln_symtab *src, int32_t e, const kiln_sdim *map,
+                               kiln_sdim *out) {
+    entry copy = src->e[e]; /* dst may be src: its entries move as it grows */
+    const entry *x = &copy;
+    if (x->kind == E_SYM) {
+        if (map[x->sym].e < 0) return kiln_error(KILN_ERR_VALUE, "symbolic sizes: symbol s%d has no value here", x->sym);
+        *out = map[x->sym];
+        return KILN_OK;
+    }
+    if (x->kind == E_FDIV) {
+        kiln_sdim n;
+        KILN_TRY(subst_entry(dst, src, x->num, map, &n));
+        return kiln_sym_floordiv(dst, n, x->div, out);
+    }
+    kiln_sdim sum = kiln_sdim_const(0);
+    for (int32_t k = 0; k < x->p.nt; k++) {
+        kiln_sdim prod = kiln_sdim_const(x->p.t[k].coef);
+        for (int32_t f = 0; f < x->p.t[k].nf; f++) {
+            kiln_sdim a;
+            KILN_TRY(subst_entry(dst, src, x->p.t[k].f[f], map, &a));
+            KILN_TRY(kiln_sym_mul(dst, prod, a, &prod));
+        }
+        KILN_TRY(kiln_sym_add(dst, sum, prod, &sum));
+    }
+    *out = sum;
+    return KILN_OK;
+}
+
+kiln_status kiln_sym_subst(kiln_symtab *dst, const kiln_symtab *src, kiln_sdim a, const kiln_sdim *map,
+                           kiln_sdim *out) {
+    if (a.e == 0) {
+        *out = a;
+        return KILN_OK;
+    }
+    return subst_entry(dst, src, a.e, map, out);
+}
+
+int32_t kiln_sym_symbol_of(const kiln_symtab *t, kiln_sdim a) {
+    return a.e != 0 && t->e[a.e].kind == E_SYM ? t->e[a.e].sym : -1;
 }
 
 kiln_status kiln_sym_divexact(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out) {
@@ -428,9 +500,9 @@ static bool uses_entry(const kiln_symtab *t, int32_t e, int32_t k) {
 
 bool kiln_sym_uses(const kiln_symtab *t, kiln_sdim a, int32_t k) { return a.e != 0 && uses_entry(t, a.e, k); }
 
-static void print_entry(kiln_strbuf *b, const kiln_symtab *t, int32_t e, bool factor);
+static void print_entry(kiln_strbuf *b, const kiln_symtab *t, int32_t e, bool factor, const char *const *names);
 
-static void print_poly(kiln_strbuf *b, const kiln_symtab *t, const poly *p) {
+static void print_poly(kiln_strbuf *b, const kiln_symtab *t, const poly *p, const char *const *names) {
     for (int32_t k = 0; k < p->nt; k++) {
         const term *x = &p->t[k];
         int64_t c = x->coef;
@@ -440,36 +512,41 @@ static void print_poly(kiln_strbuf *b, const kiln_symtab *t, const poly *p) {
         }
         if (c < 0) kiln_strbuf_printf(b, "-");
         else if (k) kiln_strbuf_printf(b, "+");
-        bool many = x->nf > 1 || (c != 1 && c != -1);
+        /* a floor division is parenthesized in a product or after a minus ("-((-s0)//2)", not
+         * "-(-s0)//2", which reads as (s0)//2) */
+        bool many = x->nf > 1 || c != 1;
         for (int32_t f = 0; f < x->nf; f++) {
             if (f) kiln_strbuf_printf(b, "*");
-            print_entry(b, t, x->f[f], many);
+            print_entry(b, t, x->f[f], many, names);
         }
         if (c != 1 && c != -1) kiln_strbuf_printf(b, "*%lld", (long long)(c < 0 ? -(unsigned long long)c : (unsigned long long)c));
     }
 }
 
 /* factor: a floor division inside a product is parenthesized ("s1*(s0//2)"). */
-static void print_entry(kiln_strbuf *b, const kiln_symtab *t, int32_t e, bool factor) {
+static void print_entry(kiln_strbuf *b, const kiln_symtab *t, int32_t e, bool factor, const char *const *names) {
     const entry *x = &t->e[e];
     if (x->kind == E_SYM) {
-        kiln_strbuf_printf(b, "s%d", x->sym);
+        if (names && names[x->sym]) kiln_strbuf_printf(b, "%s", names[x->sym]);
+        else kiln_strbuf_printf(b, "s%d", x->sym);
     } else if (x->kind == E_FDIV) {
         bool wrap = t->e[x->num].kind == E_POLY;
         kiln_strbuf_printf(b, "%s%s", factor ? "(" : "", wrap ? "(" : "");
-        print_entry(b, t, x->num, false);
+        print_entry(b, t, x->num, false, names);
         kiln_strbuf_printf(b, "%s//%lld%s", wrap ? ")" : "", (long long)x->div, factor ? ")" : "");
     } else {
         if (factor) kiln_strbuf_printf(b, "(");
-        print_poly(b, t, &x->p);
+        print_poly(b, t, &x->p, names);
         if (factor) kiln_strbuf_printf(b, ")");
     }
 }
 
-void kiln_sym_print(kiln_strbuf *b, const kiln_symtab *t, kiln_sdim a) {
+void kiln_sym_print_named(kiln_strbuf *b, const kiln_symtab *t, kiln_sdim a, const char *const *names) {
     if (a.e == 0) kiln_strbuf_printf(b, "%lld", (long long)a.v);
-    else print_entry(b, t, a.e, false);
+    else print_entry(b, t, a.e, false, names);
 }
+
+void kiln_sym_print(kiln_strbuf *b, const kiln_symtab *t, kiln_sdim a) { kiln_sym_print_named(b, t, a, NULL); }
 
 void kiln_sshape_print(kiln_strbuf *b, const kiln_symtab *t, const kiln_sshape *s) {
     kiln_strbuf_printf(b, "(");

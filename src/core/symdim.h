@@ -51,11 +51,21 @@ static inline bool kiln_sdim_is_const(kiln_sdim a) { return a.e == 0; }
 /* Equal as expressions (entries are canonical: the same expression is one entry). */
 static inline bool kiln_sdim_same(kiln_sdim a, kiln_sdim b) { return a.e == b.e && (a.e != 0 || a.v == b.v); }
 
-/* a + b, a * b, floor(a / c) (c > 0); KILN_ERR_VALUE when the result outgrows the limits above
- * or its hint overflows. */
+/* a + b, a - b, a * b, floor(a / c) and a % c (Python's: the sign of c; a - c * (a // c)) for a
+ * constant c != 0 (KILN_ERR_VALUE for 0). KILN_ERR_LIMIT when the result outgrows the limits above
+ * a coefficient or the value at the hints overflows: nothing is wrong with the sizes, the table
+ * has no room for the expression (a caller may treat its sizes as constants). */
 kiln_status kiln_sym_add(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
+kiln_status kiln_sym_sub(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 kiln_status kiln_sym_mul(kiln_symtab *t, kiln_sdim a, kiln_sdim b, kiln_sdim *out);
 kiln_status kiln_sym_floordiv(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim *out);
+kiln_status kiln_sym_mod(kiln_symtab *t, kiln_sdim a, int64_t c, kiln_sdim *out);
+/* a (an expression of src) rebuilt in dst with src's symbol k replaced by map[k] (a size of dst; e < 0:
+ * none, KILN_ERR_VALUE when a uses it): copies an expression between tables, or fixes symbols. */
+kiln_status kiln_sym_subst(kiln_symtab *dst, const kiln_symtab *src, kiln_sdim a, const kiln_sdim *map,
+                           kiln_sdim *out);
+/* k when a is the lone symbol s<k>, else -1. */
+int32_t kiln_sym_symbol_of(const kiln_symtab *t, kiln_sdim a);
 
 /* a / b where b divides a as expressions (b a product of atoms times a constant dividing every
  * coefficient of a's terms, whose atoms each term holds): s0*s1*64 / (s1*8) = s0*8; KILN_ERR_VALUE
@@ -70,6 +80,8 @@ kiln_status kiln_sym_eval(const kiln_symtab *t, kiln_sdim a, const int64_t *bind
 bool kiln_sym_uses(const kiln_symtab *t, kiln_sdim a, int32_t k);
 /* Text of a: "64", "s0", "s0*64", "s0+s1-1", "(s0+1)//2" (parsed back by src/ir/parse.c). */
 void kiln_sym_print(kiln_strbuf *b, const kiln_symtab *t, kiln_sdim a);
+/* The same with symbol k written names[k] ("s<k>" where names or names[k] is NULL). */
+void kiln_sym_print_named(kiln_strbuf *b, const kiln_symtab *t, kiln_sdim a, const char *const *names);
 /* "(s0, 64)" ("(s0,)" for one dimension, like kiln_shape_str). */
 void kiln_sshape_print(kiln_strbuf *b, const kiln_symtab *t, const kiln_sshape *s);
 

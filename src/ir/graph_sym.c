@@ -511,7 +511,7 @@ kiln_status kiln_graph_symbolize(const kiln_graph *g, kiln_symtab *syms, const k
     follow_choices ch = {0};
     kiln_graph *found = NULL; /* the choices that made it: taken only when no other choices do too */
     bool complete = false;
-    for (int attempt = 0; s == KILN_OK || s == KILN_ERR_VALUE; attempt++) {
+    for (int attempt = 0; s == KILN_OK || s == KILN_ERR_VALUE || s == KILN_ERR_LIMIT; attempt++) {
         kiln_symtab *t;
         kiln_graph *c = NULL;
         ch.met = 0;

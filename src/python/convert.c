@@ -43,7 +43,8 @@ PyObject *pykiln_raise(kiln_status s) {
     switch (s) {
     case KILN_ERR_CHECK: return raise_check();
     case KILN_ERR_INTERRUPTED: return pykiln_raise_interrupted();
-    case KILN_ERR_VALUE: type = PyExc_ValueError; break;
+    case KILN_ERR_VALUE:
+    case KILN_ERR_LIMIT: type = PyExc_ValueError; break;
     case KILN_ERR_TYPE: type = PyExc_TypeError; break;
     case KILN_ERR_INDEX: type = PyExc_IndexError; break;
     case KILN_ERR_MEMORY: type = PyExc_MemoryError; break;

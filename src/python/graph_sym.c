@@ -8,9 +8,25 @@
 #include "ir/symbolic.h"
 #include "kiln/passes.h"
 
+/* A SymExpr's size d (in table src) copied into the graph's table t, symbol k of src being symbol k
+ * of t; -1 with an exception. */
+static int copy_sdim(const kiln_symtab *src, kiln_sdim d, kiln_symtab *t, kiln_sdim *out) {
+    int32_t n = kiln_sym_count(src), have = kiln_sym_count(t);
+    kiln_sdim *map = PyMem_Malloc(sizeof *map * (size_t)(n ? n : 1));
+    if (!map) return PyErr_NoMemory(), -1;
+    for (int32_t k = 0; k < n; k++) map[k] = k < have ? kiln_sym_get(t, k) : (kiln_sdim){-1, 0};
+    kiln_status s = kiln_sym_subst(t, src, d, map, out);
+    PyMem_Free(map);
+    if (s != KILN_OK) return pykiln_raise(s), -1;
+    return 0;
+}
+
 /* The size of a capture expression, or -1 with ValueError (an op the table has no form for:
  * %, floor division by a symbol or a constant <= 0). */
 static int to_sdim(PyObject *e, kiln_symtab *t, int depth, kiln_sdim *out) {
+    const kiln_symtab *src;
+    kiln_sdim d;
+    if (pykiln_symexpr_get(e, &src, &d)) return copy_sdim(src, d, t, out);
     if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(e, 0)) || depth > 64) {
         PyErr_SetString(PyExc_ValueError, "symbolize: not a size expression");
         return -1;

@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include "core/internal.h"
+#include "core/symdim.h"
 #include "kiln/kiln.h"
 
 /* A Python tensor owns one reference to a C tensor. */
@@ -156,6 +157,10 @@ PyObject *pykiln_sym_derived(PyObject *x, PyObject *out, const int *src, int n);
  * the hook failed. */
 int pykiln_sym_note_backward(bool done);
 int pykiln_sym_hooks_init(PyObject *module);
+/* kiln._C.SymTable, SymExpr and SymLimitError (src/python/sym_expr.c). */
+int pykiln_sym_expr_init(PyObject *module);
+/* 1 with its table and size when o is a SymExpr, else 0. */
+int pykiln_symexpr_get(PyObject *o, const kiln_symtab **t, kiln_sdim *d);
 /* Registers kiln._C.shape: the shape functions and argument helpers of kiln.ops (shape_args.c). */
 int pykiln_shape_init(PyObject *module);
 /* Whether o is a kiln.nn.Cell (cell.c). */

@@ -9,8 +9,10 @@ symbol (so the entry assumes they stay equal). Each symbol is at least 2.
 While the function is captured, a traced tensor's shape gives SymInts for its symbolic sizes
 (an input's directly; an intermediate's found by rebinding the graph recorded so far to other
 sizes and checked again for every later binding). Arithmetic on SymInts (+, -, *, //, %) stays
-symbolic, and reshape, broadcast_to and narrow given SymInts record how their node's attributes
-follow the symbols; so does indexing (x[key] and x[key] = value with ints, slices of a positive
+symbolic (the expressions are kiln._C.SymExpr handles: the C algebra of src/core/symdim.c, one
+table per capture; an expression past its limits specializes the symbols it combines), and
+reshape, broadcast_to and narrow given SymInts record how their node's attributes follow the
+symbols; so does indexing (x[key] and x[key] = value with ints, slices of a positive
 step, None and ...: the slice's bounds and the view's sizes are expressions, each clamp and bounds
 check a guard; a key with index tensors specializes what it depends on). A comparison of a SymInt
 records a guard (the relation and its outcome: a branch on a shape; abs() too); divmod, floor,
@@ -35,8 +37,8 @@ largest binding seen): no pass, no planning, no code generated. With a sublinear
 search rewrites each binding's graph), or where the planner refuses the graph, each instance is
 instead the concrete graph (Graph.instantiate) planned for itself. A recording that cannot be made
 symbolic (an op without a symbolic shape rule, a control-flow body whose sizes change per branch or
-iteration, a window not shown to fit, a size with % or a division by a symbol) makes each instance
-as before: the recorded graph rebound
+iteration, a window or slice not shown to fit) makes each instance as before: the recorded graph
+rebound
 to those sizes (kiln_graph_rebind: no Python re-run, no new capture), optimized and planned again.
 Either way its generated kernels are the same objects (their C takes the sizes as arguments, so
 the compiler's cache answers). cache_info() counts these as `instances` (and says per entry whether
@@ -104,50 +106,31 @@ def marks_of(t):
     return marks if ref is not None and ref() is t else None
 
 
-# ---- expressions: ('c', v) | ('s', k) | (op, a, b) with op in + - * // % --------------------------
+# ---- expressions: kiln._C.SymExpr handles into the capture's kiln._C.SymTable (src/core/symdim.c:
+# one canonical form, so equal expressions are equal and hash alike). An expression the table has
+# no room for raises kiln._C.SymLimitError: the sizes it combines are then specialized.
+_CONSTANTS = _C.SymTable()  # a constant uses no symbol: it combines with any table's expressions
+
+
 def _const(v):
-    return ("c", v)
+    return _CONSTANTS.const(v)
 
 
 def evaluate(e, values):
-    tag = e[0]
-    if tag == "c":
-        return e[1]
-    if tag == "s":
-        return values[e[1]]
-    a, b = evaluate(e[1], values), evaluate(e[2], values)
-    if tag == "+":
-        return a + b
-    if tag == "-":
-        return a - b
-    if tag == "*":
-        return a * b
-    if tag == "//":
-        return a // b
-    return a % b
+    return e.eval(values)
 
 
 def symbols_in(e, into):
-    if e[0] == "s":
-        into.add(e[1])
-    elif e[0] != "c":
-        symbols_in(e[1], into)
-        symbols_in(e[2], into)
+    into.update(e.symbols())
     return into
 
 
 def show(e, names):
-    if e[0] == "c":
-        return str(e[1])
-    if e[0] == "s":
-        return names[e[1]]
-    return f"({show(e[1], names)} {e[0]} {show(e[2], names)})"
+    return e.text(names)
 
 
 def _binop(op, a, b):
-    if a[0] == "c" and b[0] == "c":
-        return _const(evaluate((op, a, b), ()))
-    return (op, a, b)
+    return _PYOP[op](a, b)
 
 
 class SymInt:
@@ -171,26 +154,34 @@ class SymInt:
         self.expr, self.value, self._capture = expr, value, capture
 
     def _wrap(self, expr):
-        value = evaluate(expr, self._capture.values)
-        return value if expr[0] == "c" else SymInt(expr, value, self._capture)
+        return expr.value if expr.is_const else SymInt(expr, expr.eval(self._capture.values), self._capture)
+
+    def _combine(self, op, lhs, rhs):
+        """lhs op rhs as a size; past the algebra's limits, its value with the symbols of both fixed."""
+        try:
+            return self._wrap(_binop(op, lhs, rhs))
+        except _C.SymLimitError:
+            for e in (lhs, rhs):
+                self._capture.specialize(e, "an expression past the symbolic algebra's limits")
+            return _PYOP[op](lhs.eval(self._capture.values), rhs.eval(self._capture.values))
 
     def _other(self, o):
         if isinstance(o, SymInt):
             return o.expr
-        if isinstance(o, int) and not isinstance(o, bool):
+        if isinstance(o, int) and not isinstance(o, bool) and -2 ** 63 <= o < 2 ** 63:
             return _const(o)
-        return None
+        return None  # a float, a tensor, an int past int64: the size is used as a number
 
     def _arith(op, swap=False):
         def f(self, o):
             e = self._other(o)
-            if e is None:  # a float or a tensor: the size is used as a number
+            if e is None:  # a float, a tensor, an int past int64: the size is used as a number
                 return _binary_fallback(op, self.specialize("arithmetic with a non-int"), o, swap)
             lhs, rhs = (e, self.expr) if swap else (self.expr, e)
-            if op in ("//", "%") and rhs[0] != "c":  # dividing by a symbolic size specializes it
+            if op in ("//", "%") and not rhs.is_const:  # dividing by a symbolic size specializes it
                 self._capture.specialize(rhs, "a divisor")
                 rhs = _const(evaluate(rhs, self._capture.values))
-            return self._wrap(_binop(op, lhs, rhs))
+            return self._combine(op, lhs, rhs)
         return f
 
     __add__, __radd__ = _arith("+"), _arith("+", True)
@@ -234,7 +225,7 @@ class SymInt:
     __floor__ = __ceil__ = __trunc__
 
     def __neg__(self):
-        return self._wrap(_binop("-", _const(0), self.expr))
+        return self._combine("-", _const(0), self.expr)
 
     def __pos__(self):
         return self
@@ -343,6 +334,8 @@ class Capture:
 
     def __init__(self, tracer, names, values, input_exprs, aliases):
         self.tracer = tracer
+        # the symbols' table (choose_symbols made it; a capture without symbols gets an empty one)
+        self.table = next((e.table for row in input_exprs for e in row if not e.is_const), None) or _C.SymTable()
         self.names = names  # per symbol, where it came from ("a.shape[1]")
         self.values = values  # per symbol, its size at the capture
         self.input_exprs = input_exprs  # per graph input, its sizes as expressions
@@ -356,6 +349,11 @@ class Capture:
         self._read_cache = {}
         self.backward_nodes = set()  # the nodes backward passes recorded (their gradient rules')
         self._backward_starts = []
+        self._rows = None  # input_exprs as (True, size) | (False, symbol) per dimension, for bind
+
+    def symbol(self, k):
+        """Symbol k as an expression."""
+        return self.table.get(k)
 
     # bookkeeping
     def guard(self, op, lhs, rhs, outcome):
@@ -372,7 +370,7 @@ class Capture:
                 self.why[k] = why
 
     def sym(self, expr):
-        return evaluate(expr, self.values) if expr[0] == "c" else SymInt(expr, evaluate(expr, self.values), self)
+        return expr.value if expr.is_const else SymInt(expr, evaluate(expr, self.values), self)
 
     # hooks (kiln._C.set_sym_hooks)
     def shape_hook(self, t, what):
@@ -392,7 +390,7 @@ class Capture:
         if not self.tracer.knows(t):
             if _C.in_body(t):  # a control-flow body's tensor: what Python decides from its sizes is not followed
                 for k in range(len(self.values)):
-                    self.specialize(("s", k), "a shape read inside a control-flow body")
+                    self.specialize(self.symbol(k), "a shape read inside a control-flow body")
             return None
         v = self.tracer.value_of(t)
         exprs = self._read_cache.get(v)
@@ -410,15 +408,18 @@ class Capture:
         base = g.value_shape(v)
         for k in range(len(self.values)):
             if k not in self.specialized and self._probe(g, v, (k,)) is None:
-                self.specialize(("s", k), "the graph needs a fixed size here")
+                self.specialize(self.symbol(k), "the graph needs a fixed size here")
         live = tuple(k for k in range(len(self.values)) if k not in self.specialized)
         probe, other = self._probe_values(live), self._probe(g, v, live)
         out = []
         for d, x0 in enumerate(base):
-            e = None if other is None else _explain(x0, other[d], self.values, probe)
+            try:
+                e = None if other is None else _explain(x0, other[d], self.values, probe, self.symbol)
+            except _C.SymLimitError:  # the table is full
+                e = None
             if e is None:
                 for k in live:
-                    self.specialize(("s", k), "an intermediate shape no simple form explains")
+                    self.specialize(self.symbol(k), "an intermediate shape no simple form explains")
                 e = _const(x0)
             out.append(e)
         return tuple(out)
@@ -559,7 +560,13 @@ class Capture:
     def _index_plan(self, sizes, items):
         """(per axis of x its slice start and length, the view's sizes) as expressions for a key of
         ints, slices with a positive step, None and ..., recording the guards the clamps assumed; or
-        None for another key."""
+        None for another key (or bounds past the symbolic algebra's limits)."""
+        try:
+            return self._index_plan_of(sizes, items)
+        except _C.SymLimitError:
+            return None
+
+    def _index_plan_of(self, sizes, items):
         def ok(v):
             return v is None or isinstance(v, SymInt) or (isinstance(v, int) and not isinstance(v, bool))
 
@@ -612,7 +619,7 @@ class Capture:
     def _holds(self, op, lhs, rhs):
         """Whether lhs op rhs at the captured sizes; a guard when either side is symbolic."""
         outcome = _COMPARE[op](evaluate(lhs, self.values), evaluate(rhs, self.values))
-        if lhs[0] != "c" or rhs[0] != "c":
+        if not lhs.is_const or not rhs.is_const:
             self.guard(op, lhs, rhs, outcome)
         return outcome
 
@@ -651,16 +658,19 @@ class Capture:
         2 or away from its specialized size, or a guard with another outcome."""
         values = list(self.values)
         seen = set()
-        for t, row in zip(leaves, self.input_exprs):
+        rows = self._rows
+        if rows is None or len(rows) != len(self.input_exprs):  # (a 0-d size input may be added while capturing)
+            rows = self._rows = [tuple((True, e.value) if e.is_const else (False, e.symbol_index) for e in row)
+                                 for row in self.input_exprs]
+        for t, row in zip(leaves, rows):
             shape = t.shape
             if len(shape) != len(row):
                 return None
-            for size, e in zip(shape, row):
-                if e[0] == "c":
-                    if size != e[1]:
+            for size, (fixed, k) in zip(shape, row):
+                if fixed:
+                    if size != k:
                         return None
                     continue
-                k = e[1]
                 if k in seen:
                     if values[k] != size:
                         return None
@@ -706,14 +716,14 @@ class Capture:
             if stuck else None
         if made is not None:
             for k in stuck:
-                self.specialize(("s", k), "the graph needs a fixed size here")
+                self.specialize(self.symbol(k), "the graph needs a fixed size here")
         return made
 
     def _symbolize(self, graph, level, inference, disable_format_transform, fixed):
+        at = {k: self.values[k] for k in fixed}
+
         def sub(e):
-            if e[0] == "s":
-                return _const(self.values[e[1]]) if e[1] in fixed else e
-            return e if e[0] == "c" else _binop(e[0], sub(e[1]), sub(e[2]))
+            return e.substitute(at) if at else e
 
         try:
             recorded = graph.symbolize(list(self.values), [tuple(sub(e) for e in row) for row in self.input_exprs],
@@ -788,8 +798,9 @@ def _value(x):
     return x.value if isinstance(x, SymInt) else x
 
 
-def _explain(x0, x1, v0, v1):
-    """A simple expression over the symbols equal to x0 at sizes v0 and x1 at v1, or None."""
+def _explain(x0, x1, v0, v1, symbol):
+    """A simple expression over the symbols (symbol(k): symbol k) equal to x0 at sizes v0 and x1 at
+    v1, or None."""
     if x0 == x1:
         return _const(x0)
     n = len(v0)
@@ -797,20 +808,17 @@ def _explain(x0, x1, v0, v1):
         a0, a1 = v0[k], v1[k]
         if a0 == a1:
             continue
-        s = ("s", k)
+        s = symbol(k)
         if x0 % a0 == 0 and x1 == x0 // a0 * a1:
-            c = x0 // a0
-            return s if c == 1 else ("*", s, _const(c))
+            return s * (x0 // a0)
         if x0 and a0 % x0 == 0 and x1 == a1 // (a0 // x0):
-            return ("//", s, _const(a0 // x0))
+            return s // (a0 // x0)
         if x1 - a1 == x0 - a0:
-            return ("+", s, _const(x0 - a0))
+            return s + (x0 - a0)
         for j in range(k + 1, n):
             b0, b1 = v0[j], v1[j]
             if b0 != b1 and x0 % (a0 * b0) == 0 and x1 == x0 // (a0 * b0) * a1 * b1:
-                c = x0 // (a0 * b0)
-                prod = ("*", s, ("s", j))
-                return prod if c == 1 else ("*", prod, _const(c))
+                return s * symbol(j) * (x0 // (a0 * b0))
     return None
 
 
@@ -819,7 +827,7 @@ def choose_symbols(leaves, labels, dynamic, history):
     (see the module docstring); equal symbolic sizes share one symbol. history: per leaf, the set of
     sizes each dimension took in earlier compiles of this signature's structure (automatic mode)."""
     names, values, by_size = [], [], {}
-    exprs = []
+    exprs, table = [], _C.SymTable()
     for k, t in enumerate(leaves):
         marks = marks_of(t) or {}
         row = []
@@ -833,16 +841,16 @@ def choose_symbols(leaves, labels, dynamic, history):
                 continue
             sym = by_size.get(size)
             if sym is None:
-                sym = by_size[size] = len(values)
-                names.append(f"s{sym}")
+                sym = by_size[size] = table.symbol(size)
+                names.append(f"s{len(values)}")
                 values.append(size)
-            row.append(("s", sym))
+            row.append(sym)
         exprs.append(tuple(row))
     origins = {}
     for k, row in enumerate(exprs):
         for d, e in enumerate(row):
-            if e[0] == "s":
-                origins.setdefault(e[1], []).append(f"{labels[k]}.shape[{d}]")
+            if not e.is_const:
+                origins.setdefault(e.symbol_index, []).append(f"{labels[k]}.shape[{d}]")
     return names, values, exprs, origins
 
 
@@ -873,7 +881,7 @@ class DynamicEntry:
     def dims(self):
         """Per input its sizes for the C dispatcher: exact, or -1 - j for live symbol j."""
         slot = {k: j for j, k in enumerate(self.live)}
-        return tuple(tuple(-1 - slot[e[1]] if e[0] == "s" and e[1] in slot else evaluate(e, self.values)
+        return tuple(tuple(-1 - slot[e.symbol_index] if e.symbol_index in slot else evaluate(e, self.values)
                            for e in row) for row in self.input_exprs)
 
     def bind(self, leaves):

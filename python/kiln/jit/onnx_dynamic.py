@@ -49,9 +49,9 @@ def symbolic_export_graph(rec, arg_names, output_names, dynamic_axes):
         if size < 2:
             raise OnnxExportError(f"kiln.export(ONNX): {where} cannot vary: export with a size of 2 or more there")
         expr = cap.input_exprs[i][axis] if cap is not None else None
-        if expr is None or expr[0] != "s":
+        k = None if expr is None else expr.symbol_index
+        if k is None:
             raise OnnxExportError(f"kiln.export(ONNX): {where} cannot vary: the trace could not make it symbolic")
-        k = expr[1]
         if k in cap.specialized:
             raise OnnxExportError(f"kiln.export(ONNX): {where} cannot vary: the traced code needs its size "
                                   f"({cap.why.get(k, 'fixed while tracing')})")
