@@ -55,7 +55,13 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
     /* before autograd: the aliases it saves of the outputs must map to the recorded values */
     if (kiln_thread.trace_active) kiln_hooks.trace_record(op, nin, in, attrs, nout, out);
-    if (!kiln_thread.grad_disabled && info->grad != kiln_grad_none) {
+    /* An op without a gradient rule is recorded too when its inputs require grad: its rule
+     * (kiln_grad_none) raises when a gradient reaches it. Left off the tape, its outputs would be
+     * constants and a gradient through them silently zero (a second derivative through tanh's
+     * backward op). In-place updates and effects stay off: nothing differentiates through them. */
+    bool recorded = info->grad != kiln_grad_none ||
+                    !(info->flags & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT));
+    if (!kiln_thread.grad_disabled && recorded) {
         bool any = false;
         for (int k = 0; k < nin; k++) any |= in[k]->requires_grad;
         if (any) {

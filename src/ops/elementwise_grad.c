@@ -130,3 +130,46 @@ KILN_GRAD(where) {
                          ctx->needs_grad[2] ? where3(&sc, c, zero, G) : NULL};
     return finish(&sc, ctx, gin, v);
 }
+
+/* ---- piecewise constant and the first-order backward ops (second derivatives) ------------- */
+
+/* no gradient flows (sign, floor_divide: piecewise constant, 0 almost everywhere, as PyTorch's) */
+KILN_GRAD(constant) {
+    (void)gout;
+    for (int k = 0; k < ctx->nin; k++)
+        if (ctx->needs_grad[k]) KILN_TRY(kiln_emit_full(&ctx->in_meta[k], 0.0, &gin[k]));
+    return KILN_OK;
+}
+
+/* tanh_backward(a, y) = a (1 - y²): d/da = 1 - y², d/dy = -2 a y */
+KILN_GRAD(tanh_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *one = scalar(&sc, 1.0, B);
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_SUB, one, bin(&sc, KILN_OP_MUL, B, B)))
+                                            : NULL,
+                         ctx->needs_grad[1] ? bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, scalar(&sc, -2.0, G)),
+                                                  bin(&sc, KILN_OP_MUL, A, B))
+                                            : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* sigmoid_backward(a, y) = a y (1 - y): d/da = y (1 - y), d/dy = a (1 - 2 y) */
+KILN_GRAD(sigmoid_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *one = scalar(&sc, 1.0, B);
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_MUL, B, bin(&sc, KILN_OP_SUB, one, B)))
+                                            : NULL,
+                         ctx->needs_grad[1] ? bin(&sc, KILN_OP_MUL, G,
+                                                  bin(&sc, KILN_OP_MUL, A,
+                                                      bin(&sc, KILN_OP_SUB, one, bin(&sc, KILN_OP_MUL, scalar(&sc, 2.0, B), B))))
+                                            : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* relu_backward(a, x) = a where x > 0: d/da = the same mask, d/dx = 0 */
+KILN_GRAD(relu_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_RELU_BACKWARD, G, B) : NULL,
+                         ctx->needs_grad[1] ? zeros_like(&sc, B) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
