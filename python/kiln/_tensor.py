@@ -452,6 +452,75 @@ class Tensor(_C.TensorBase):
     def expm1(self):
         return _ops.expm1(self)
 
+    def tan(self):
+        return _ops.tan(self)
+
+    def asin(self):
+        return _ops.asin(self)
+
+    def arcsin(self):
+        return _ops.arcsin(self)
+
+    def acos(self):
+        return _ops.acos(self)
+
+    def arccos(self):
+        return _ops.arccos(self)
+
+    def atan(self):
+        return _ops.atan(self)
+
+    def arctan(self):
+        return _ops.arctan(self)
+
+    def sinh(self):
+        return _ops.sinh(self)
+
+    def cosh(self):
+        return _ops.cosh(self)
+
+    def asinh(self):
+        return _ops.asinh(self)
+
+    def arcsinh(self):
+        return _ops.arcsinh(self)
+
+    def acosh(self):
+        return _ops.acosh(self)
+
+    def arccosh(self):
+        return _ops.arccosh(self)
+
+    def atanh(self):
+        return _ops.atanh(self)
+
+    def arctanh(self):
+        return _ops.arctanh(self)
+
+    def log2(self):
+        return _ops.log2(self)
+
+    def log10(self):
+        return _ops.log10(self)
+
+    def exp2(self):
+        return _ops.exp2(self)
+
+    def fmod(self, other):
+        return _ops.fmod(self, other)
+
+    def atan2(self, other):
+        return _ops.atan2(self, other)
+
+    def arctan2(self, other):
+        return _ops.arctan2(self, other)
+
+    def hypot(self, other):
+        return _ops.hypot(self, other)
+
+    def logaddexp(self, other):
+        return _ops.logaddexp(self, other)
+
     def isnan(self):
         return _ops.isnan(self)
 

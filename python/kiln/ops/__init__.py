@@ -6,7 +6,8 @@ from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedd
 from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
                    erf, exp, floor_div, floor_divide, floor_mod, ge, gelu, greater, greater_equal, gt, le, less,
                    less_equal, log, log_softmax, mod, remainder, ceil, expm1, fix, floor, isfinite, isinf, isnan,
-                   log1p, round, trunc,
+                   log1p, round, trunc, tan, asin, arcsin, acos, arccos, atan, arctan, sinh, cosh, asinh, arcsinh,
+                   acosh, arccosh, atanh, arctanh, log2, log10, exp2, fmod, atan2, arctan2, hypot, logaddexp,
                    logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
