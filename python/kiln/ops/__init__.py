@@ -17,10 +17,17 @@ from .conv_transpose import conv3d, conv_transpose2d
 from .interpolate import adaptive_max_pool2d, interpolate
 from .array_extra import flip, gather_nd, masked_fill, one_hot, pad, roll, scatter, tril, triu
 from .linalg import bmm, einsum, norm
-from .data_dependent import isin, nonzero, unique
+from .data_dependent import argwhere, isin, masked_select, nonzero, unique
 from .losses import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1_loss, mse_loss, nll_loss,
                      smooth_l1_loss)
-from .activations import elu, hardsigmoid, hardswish, leaky_relu, mish, prelu, selu, softplus
+from .activations import (celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logit, mish, prelu, relu6,
+                          selu, softplus, softsign)
+from .math_extra import (addcdiv, addcmul, allclose, clamp_max, clamp_min, count_nonzero, cummax, cummin, diff,
+                         isclose, lerp, logical_xor, logsumexp, nan_to_num, std_mean, var_mean)
+from .array_more import (diag, hstack, movedim, moveaxis, ravel, rot90, take_along_dim, tril_indices, triu_indices,
+                         unbind, vstack)
+from .linalg_extra import (addmm, baddbmm, cdist, cosine_similarity, dot, ger, kron, mv, outer, pairwise_distance,
+                           trace)
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm
