@@ -631,6 +631,12 @@ class Tensor(_C.TensorBase):
     def argwhere(self):
         return _ops.argwhere(self)
 
+    def bernoulli(self, p=None):
+        return _ops.bernoulli(self, p)
+
+    def multinomial(self, num_samples, replacement=False):
+        return _ops.multinomial(self, num_samples, replacement)
+
     # scans and sorting along an axis (MindSpore's axis, PyTorch's dim)
     def cumsum(self, axis=None, dtype=None, *, dim=None, out=None):
         _no_out("cumsum", out)

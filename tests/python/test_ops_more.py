@@ -502,3 +502,71 @@ def test_masked_select_and_argwhere_are_never_compiled_silently(mode):
         if ran:
             assert any(f"{op}: its output size depends on the values" in str(w.message) for w in seen), seen
             assert f.cache_info().compiles == 0
+
+
+# ---- random sampling ---------------------------------------------------------------------------------
+
+
+def _draws(x, w):
+    return (ops.rand_like(x), ops.randn_like(x, dtype=kiln.float64), ops.randint(3, 9, (2, 5)),
+            ops.randint(4, size=3, dtype=kiln.int32), ops.randperm(7), ops.bernoulli(ops.sigmoid(x)),
+            x.bernoulli(0.25), ops.multinomial(w, 2), w.multinomial(6, replacement=True),
+            ops.multinomial(w[0], 3))
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+@pytest.mark.parametrize("level", ["O0", "O1"])
+@pytest.mark.parametrize("backend", ["kbk", "sink"])
+def test_samplers_compiled_draw_what_eager_draws_under_one_seed(mode, level, backend):
+    x = T(rng(18).normal(size=(3, 4)).astype(np.float32))
+    w = T(np.array([[0.1, 0.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0]], np.float32))
+    kiln.manual_seed(42)
+    want = _draws(x, w)
+    jf = kiln.jit(_draws, capture_mode=mode, jit_level=level, backend=backend)
+    for call in range(2):  # the capturing call and a replay
+        kiln.manual_seed(42)
+        got = jf(x, w)
+        for k, (g, e) in enumerate(zip(got, want)):
+            assert g.dtype is e.dtype and g.shape == e.shape, (call, k)
+            np.testing.assert_array_equal(g.numpy(), e.numpy(), err_msg=f"call {call} draw {k}")
+    assert jf.cache_info().eager_calls == 0
+
+
+def test_samplers_draw_from_their_distributions():
+    kiln.manual_seed(7)
+    n = 20000
+    ints = ops.randint(-2, 3, (n,)).numpy()
+    assert ints.dtype == np.int64 and ints.min() == -2 and ints.max() == 2
+    np.testing.assert_allclose(np.bincount(ints + 2) / n, 0.2, atol=0.02)
+    for k in (0, 1, 9):
+        assert sorted(ops.randperm(k).numpy().tolist()) == list(range(k))
+    p = T(np.full((n,), 0.3))
+    b = ops.bernoulli(p).numpy()
+    assert set(np.unique(b)) <= {0.0, 1.0} and abs(b.mean() - 0.3) < 0.02
+    u = ops.rand_like(T(np.zeros((n,), np.float32))).numpy()
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+    z = ops.randn_like(T(np.zeros((n,)))).numpy()
+    assert abs(z.mean()) < 0.03 and abs(z.std() - 1) < 0.03
+    w = np.array([0.0, 1.0, 3.0, 0.0, 4.0])
+    draws = ops.multinomial(T(np.tile(w, (n // 10, 1))), 1, True).numpy().ravel()
+    np.testing.assert_allclose(np.bincount(draws, minlength=5) / draws.size, w / w.sum(), atol=0.03)
+    without = ops.multinomial(T(np.tile(w, (200, 1))), 3).numpy()
+    assert all(sorted(row) == [1, 2, 4] for row in without.tolist())  # every positive category, none twice
+    first = ops.multinomial(T(np.tile(w, (n // 10, 1))), 2).numpy()[:, 0]
+    np.testing.assert_allclose(np.bincount(first, minlength=5) / first.size, w / w.sum(), atol=0.03)
+
+
+def test_sampler_bad_arguments():
+    cases = [
+        (lambda: ops.randint(5, 5, (2,)), ValueError, "randint: high (5) must be greater than low (5)"),
+        (lambda: ops.randint(0, 5), TypeError, "randint: size is required"),
+        (lambda: ops.randperm(-1), ValueError, "randperm: n must be a non-negative int"),
+        (lambda: ops.bernoulli(T(np.ones(2, np.int32))), TypeError, "bernoulli: input must be floating point"),
+        (lambda: ops.multinomial(T(np.ones(3)), 4), ValueError, "multinomial: cannot draw 4 samples"),
+        (lambda: ops.multinomial(T(np.ones((2, 2, 2))), 1), ValueError, "multinomial: input must be 1-D or 2-D"),
+        (lambda: ops.rand_like(T(np.ones(2, np.int64))), TypeError, "rand_like: samples are floating point"),
+    ]
+    for call, exc, text in cases:
+        with pytest.raises(exc) as info:
+            call()
+        assert text in str(info.value), (text, str(info.value))
