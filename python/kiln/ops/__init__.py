@@ -29,6 +29,8 @@ from .array_more import (diag, hstack, movedim, moveaxis, ravel, rot90, take_alo
 from .linalg_extra import (addmm, baddbmm, cdist, cosine_similarity, dot, ger, kron, mv, outer, pairwise_distance,
                            trace)
 from .sampling import bernoulli, multinomial, rand_like, randint, randn_like, randperm
+from .losses_more import (binary_cross_entropy, cosine_embedding_loss, huber_loss, margin_ranking_loss,
+                          soft_margin_loss)
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm
