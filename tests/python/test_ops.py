@@ -104,7 +104,9 @@ def test_unary_int(case, dtype):
         assert_close(out, nfn(a).astype(NP_DTYPE[dtype]), dtype)
     else:  # integer inputs of float functions compute in float32
         assert out.dtype.is_floating_point, out.dtype
-        assert_close(out, nfn(a.astype(np.float64)), out.dtype)
+        with np.errstate(divide="ignore"):  # (atanh(+-1) is infinite)
+            want = nfn(a.astype(np.float64))
+        assert_close(out, want, out.dtype)
 
 
 @pytest.mark.parametrize("dtype", HALFS, ids=dtype_name)

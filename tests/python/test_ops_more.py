@@ -570,3 +570,44 @@ def test_sampler_bad_arguments():
         with pytest.raises(exc) as info:
             call()
         assert text in str(info.value), (text, str(info.value))
+
+
+# ---- symbolic sizes and export of the new ops ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["ast", "trace"])
+def test_one_dynamic_capture_serves_other_sizes(mode):
+    """KILN_SYM rules of the C ops, and the composites' parts: compiled once with dynamic=True, the
+    function serves new sizes equal to eager."""
+    def fn(x, y):
+        z = _all_c_ops(x, y) + ops.relu6(x) * ops.softsign(y)
+        return ops.logsumexp(z, 1) + ops.cdist(z, z).sum(1) + ops.diff(z, 1, 1).sum(1)
+
+    def scan(x):  # cummax's number of log steps follows the length: a new length may compile again
+        return ops.cummax(x, 0).values
+
+    f, g = kiln.jit(fn, capture_mode=mode, dynamic=True), kiln.jit(scan, capture_mode=mode, dynamic=True)
+    r = rng(19)
+    for n, m in ((3, 4), (5, 4), (4, 6)):
+        x, y = T(r.uniform(-1.5, 1.5, (n, m))), T(r.uniform(0.4, 2.0, (n, m)))
+        np.testing.assert_allclose(f(x, y).numpy(), fn(x, y).numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(g(x).numpy(), scan(x).numpy())
+    assert f.cache_info().compiles == 1
+
+
+def test_composites_export_to_onnx(tmp_path):
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx_runtime import FnCell, export_checked
+
+    def fn(v):
+        h = ops.logsumexp(v, 1, True) + ops.hardtanh(v) + ops.glu(ops.hstack([v, v * 0.5]))
+        h = h + ops.cdist(v, v * 0.5) @ ops.diag(ops.diag(v[:, :4])) + ops.kron(v[:1, :2], v[:2, :2])[:, :4].sum()
+        return h + ops.rot90(ops.lerp(v, v * v, 0.25)[:, :3]).T.sum(1, True) + ops.nan_to_num(ops.log(v)).sum(1, True)
+
+    x = rng(20).uniform(-2, 2, (4, 4)).astype(np.float32)
+    path = str(tmp_path / "c.onnx")
+    export_checked(FnCell(fn), [x], path)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, fn(T(x)).numpy(), rtol=1e-5, atol=1e-5)

@@ -6,11 +6,12 @@ on an added axis (MaxPool1d, AvgPool1d, AdaptiveAvgPool1d), BatchNorm3d, Dropout
 CosineSimilarity, PairwiseDistance, the losses HuberLoss, BCELoss, MarginRankingLoss,
 SoftMarginLoss, CosineEmbeddingLoss, and the containers ParameterList / ParameterDict with
 PyTorch's ModuleList (CellList) and Sequential (SequentialCell)."""
+import numpy as np
+
 from .. import ops
 from .._tensor import Tensor
 from .cell import Cell, CellList, SequentialCell
 from .layers import AvgPool2d, BatchNorm2d, Dropout, MaxPool2d
-from .layers_extra import AdaptiveAvgPool2d
 from .loss import LossBase
 from .parameter import Parameter
 
@@ -203,14 +204,38 @@ class AvgPool1d(AvgPool2d):
         return _on_rows("AvgPool1d", super().construct, x)
 
 
-class AdaptiveAvgPool1d(AdaptiveAvgPool2d):
-    """Average pooling of (N, C, L) input to output_size along L (AdaptiveAvgPool2d's windows)."""
+class AdaptiveAvgPool1d(Cell):
+    """Average pooling of (N, C, L) or (C, L) input to output_size along L, PyTorch's windows
+    [floor(i L / out), ceil((i + 1) L / out)): one gather of the windows' elements (padded to the
+    widest with a masked repeat) and a masked sum over each."""
 
     def __init__(self, output_size):
-        super().__init__((1, _one("AdaptiveAvgPool1d", "output_size", output_size)))
+        super().__init__()
+        self.output_size = _one("AdaptiveAvgPool1d", "output_size", output_size)
 
     def construct(self, x):
-        return _on_rows("AdaptiveAvgPool1d", super().construct, x)
+        return _on_rows("AdaptiveAvgPool1d", self._pool, x)
+
+    def _pool(self, x):  # (N, C, 1, L)
+        size, out = x.shape[-1], self.output_size
+        if size == out:
+            return x
+        if size % out == 0:
+            return ops.mean(ops.reshape(x, *x.shape[:-1], out, size // out), -1)
+        try:
+            i = np.arange(out, dtype=np.int64)
+            start, end = (i * size) // out, -((-(i + 1) * size) // out)
+            width = end - start
+            at = start[:, None] + np.arange(int(width.max()), dtype=np.int64)[None, :]
+            inside = at < end[:, None]
+        except (MemoryError, ValueError, OverflowError) as e:
+            raise ValueError(f"AdaptiveAvgPool1d: output_size {out} for length {size}: {e}") from None
+        taken = ops.gather(x, Tensor(np.where(inside, at, start[:, None])), -1)  # (N, C, 1, out, widest)
+        summed = ops.sum(ops.where(Tensor(inside), taken, 0.0), -1)
+        return summed / Tensor(width.astype(np.float64)).astype(x.dtype)
+
+    def extend_repr(self):
+        return f"output_size={self.output_size}"
 
 
 # ---- normalization and dropout ---------------------------------------------------------------------
@@ -393,12 +418,13 @@ class ParameterDict(Cell):
     def __init__(self, parameters=None):
         super().__init__()
         self._keys = []
-        for k, v in (parameters.items() if isinstance(parameters, dict) else (parameters or [])):
-            self[k] = v
+        self.update(parameters or {})
 
     def __setitem__(self, key, value):
-        if not isinstance(key, str) or not key or "." in key:
-            raise KeyError(f"ParameterDict: keys are non-empty str without '.', got {key!r}")
+        if not isinstance(key, str):
+            raise TypeError(f"ParameterDict: keys are str, got {type(key).__name__}")
+        if not key or "." in key:
+            raise ValueError(f"ParameterDict: a key must be a non-empty str without '.', got {key!r}")
         setattr(self, key, _parameter("ParameterDict", value))
         if key not in self._keys:
             self._keys.append(key)
@@ -433,8 +459,14 @@ class ParameterDict(Cell):
         return [(k, self._params[k]) for k in self._keys]
 
     def update(self, parameters):
-        for k, v in (parameters.items() if isinstance(parameters, dict) else parameters):
-            self[k] = v
+        """Sets each (key, parameter) of a dict or of a sequence of pairs."""
+        items = parameters.items() if isinstance(parameters, dict) else parameters
+        if not isinstance(parameters, dict) and not isinstance(parameters, (list, tuple)):
+            raise TypeError(f"ParameterDict: expected a dict or (key, parameter) pairs, got {type(parameters).__name__}")
+        for item in items:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError(f"ParameterDict: expected (key, parameter) pairs, got {type(item).__name__}")
+            self[item[0]] = item[1]
 
     def construct(self, *inputs):
         raise TypeError("ParameterDict is a container: use its parameters")
