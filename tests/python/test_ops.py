@@ -71,7 +71,7 @@ UNARY = [
 ]
 UNARY_IDS = [u[0] for u in UNARY]
 HALF_UNARY = {"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "clamp", "floor", "round",
-              "expm1"}
+              "expm1", "atan", "sinh", "log2", "exp2"}
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=dtype_name)

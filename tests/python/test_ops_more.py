@@ -611,3 +611,15 @@ def test_composites_export_to_onnx(tmp_path):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = session.run(None, {session.get_inputs()[0].name: x})[0]
     np.testing.assert_allclose(got, fn(T(x)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["atan2", "hypot", "logaddexp"])
+def test_ops_without_an_onnx_operator_are_refused_by_name(name, tmp_path):
+    pytest.importorskip("onnx")
+    from kiln.jit.onnx_export import OnnxExportError
+    from onnx_runtime import FnCell
+
+    with pytest.raises(OnnxExportError, match=f"the op '{name}' has no ONNX form"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.export(FnCell(lambda v: getattr(ops, name)(v, v * 2.0)), T(np.ones((2, 2), np.float32)),
+                    file_name=str(tmp_path / "m.onnx"), file_format="ONNX")

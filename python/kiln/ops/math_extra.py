@@ -111,18 +111,20 @@ def diff(input, n=1, axis=-1, prepend=None, append=None, *, dim=None):
     return x
 
 
+# the largest finite value of each float dtype
+_LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": float(np.finfo(np.float32).max),
+            "float64": float(np.finfo(np.float64).max)}
+
+
 def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
     """NaN replaced by nan, +inf by posinf and -inf by neginf (None: the dtype's largest and
     lowest finite values); integers and bool are returned unchanged."""
     x = as_tensor(input)
     if not x.dtype.is_floating_point:
         return x
-    info = np.finfo(x.dtype.name if x.dtype.name != "bfloat16" else "float32")
-    if x.dtype.name == "bfloat16":
-        big = 3.3895313892515355e38
-        info = type("bf16", (), {"max": big, "min": -big})
-    hi = float(info.max) if posinf is None else float(posinf)
-    lo = float(info.min) if neginf is None else float(neginf)
+    big = _LARGEST[x.dtype.name]
+    hi = big if posinf is None else float(posinf)
+    lo = -big if neginf is None else float(neginf)
     y = where(x == float("inf"), full((), hi, x.dtype), x)
     y = where(x == float("-inf"), full((), lo, x.dtype), y)
     return where(isnan(x), full((), float(nan), x.dtype), y)
