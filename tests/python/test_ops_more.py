@@ -623,3 +623,20 @@ def test_ops_without_an_onnx_operator_are_refused_by_name(name, tmp_path):
         warnings.simplefilter("ignore")
         kiln.export(FnCell(lambda v: getattr(ops, name)(v, v * 2.0)), T(np.ones((2, 2), np.float32)),
                     file_name=str(tmp_path / "m.onnx"), file_format="ONNX")
+
+
+HOSTILE = np.array([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5], [-0.0, 0.0, NAN, INF, -INF, 3e9],
+                    [0.7, -0.7, 1e-7, -1e-7, 100.0, -100.0]], np.float32)
+
+
+def test_c_ops_on_hostile_values_compiled_equal_eager():
+    """NaN, infinities, signed zeros, huge and tiny values through the fused groups' generated C
+    (whose exp is its own approximation): every variant gives eager's values."""
+    def fn(x, y):
+        unary = [getattr(ops, n)(x) for n in sorted(UNARY_NP)]
+        binary = [ops.fmod(x, y), ops.atan2(x, y), ops.hypot(x, y), ops.logaddexp(x, y), ops.logaddexp(y, x)]
+        return [u * 1.0 for u in unary] + [b + 0.0 for b in binary]
+
+    y = np.roll(HOSTILE, 1, axis=1) * -1.5
+    with np.errstate(all="ignore"):
+        assert_compiled_equal(fn, (T(HOSTILE), T(y)), (T(HOSTILE.astype(np.float64)), T(y.astype(np.float64))))
