@@ -6,8 +6,8 @@ import math as _math
 from ._util import as_tensor, normalize_axis
 from .array import reshape, swapaxes, unsqueeze
 from .array_more import diag
-from .linalg import _safe_sqrt, bmm, norm
-from .math import abs as abs_, clamp, max as max_, sum as sum_
+from .linalg import bmm, norm
+from .math import abs as abs_, clamp, max as max_, sqrt, sum as sum_, where
 from .nn_functional import matmul
 
 
@@ -121,7 +121,9 @@ def cdist(x1, x2, p=2.0):
     if p == 2:
         aa = sum_(a * a, -1, True)
         bb = swapaxes(sum_(b * b, -1, True), -1, -2)
-        return _safe_sqrt(clamp(aa + bb - matmul(a, swapaxes(b, -1, -2)) * 2.0, min=0.0))
+        d2 = clamp(aa + bb - matmul(a, swapaxes(b, -1, -2)) * 2.0, min=0.0)
+        positive = d2 > 0  # (a zero distance's gradient is 0, not the NaN of 0 * inf)
+        return where(positive, sqrt(where(positive, d2, 1.0)), 0.0)
     diff = abs_(unsqueeze(a, -2) - unsqueeze(b, -3))
     if p == 1:
         return sum_(diff, -1)

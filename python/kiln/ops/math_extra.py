@@ -32,7 +32,7 @@ def logsumexp(input, axis=None, keep_dims=False, *, dim=None, keepdim=None):
     axis = _dim("logsumexp", axis, dim)
     keep = bool(keep_dims if keepdim is None else keepdim)
     m = stop_gradient(max_(x, axis, True))
-    m = where(logical_or(isnan(m), abs_(m) == float("inf")), 0.0, m)
+    m = where(isfinite(m), m, 0.0)  # (an all -inf, +inf or NaN slice: no shift)
     out = log(sum_(exp(x - m), axis, True)) + m
     if keep:
         return out

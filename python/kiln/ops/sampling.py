@@ -1,11 +1,10 @@
 """Random sampling beyond rand and randn (issue 30): rand_like, randn_like, randint, randperm,
 bernoulli, multinomial. Each is drawn from kiln's rand / randn ops (the generator kiln.manual_seed
 seeds), so a compiled function draws what eager draws under the same seed."""
-import builtins as _builtins
 
 from .. import _C
 from ._util import as_tensor, shape_tuple
-from .array import _dtype_or, rand, randn, reshape
+from .array import rand, randn, reshape
 from .math import cast, clamp, floor, log, sum as sum_
 from .repeat_topk import topk
 from .scan_sort import argsort, cumsum
@@ -21,6 +20,13 @@ def randn_like(input, *, dtype=None):
     """Standard normal samples of input's shape (and float dtype unless dtype is given)."""
     x = as_tensor(input)
     return randn(*x.shape, dtype=_float_dtype("randn_like", _dtype_or(dtype, x.dtype)))
+
+
+def _dtype_or(dtype, default):
+    """dtype (a kiln dtype or its name), or default when it is None."""
+    if dtype is None:
+        return default
+    return dtype if isinstance(dtype, _C.dtype) else _C.dtype_from_name(dtype)
 
 
 def _float_dtype(op, dtype):
