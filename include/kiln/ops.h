@@ -62,7 +62,7 @@ enum kiln_op_flags {
     KILN_OPF_LOG = 1 << 25,
     KILN_OPF_ERF = 1 << 26,
     KILN_OPF_TANH = 1 << 27,
-    KILN_OPF_LIBM = 1 << 28, /* sqrt, sin, cos, pow */
+    KILN_OPF_LIBM = 1 << 28, /* other libm functions: sqrt, sin, cos, pow, tan, atan2, ... */
 };
 /* attribute i[0] is the output's kiln_dtype (cast, creation ops); a define: an enum constant is an int */
 #define KILN_OPF_DTYPE_ATTR (1u << 31)

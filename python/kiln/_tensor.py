@@ -452,6 +452,75 @@ class Tensor(_C.TensorBase):
     def expm1(self):
         return _ops.expm1(self)
 
+    def tan(self):
+        return _ops.tan(self)
+
+    def asin(self):
+        return _ops.asin(self)
+
+    def arcsin(self):
+        return _ops.arcsin(self)
+
+    def acos(self):
+        return _ops.acos(self)
+
+    def arccos(self):
+        return _ops.arccos(self)
+
+    def atan(self):
+        return _ops.atan(self)
+
+    def arctan(self):
+        return _ops.arctan(self)
+
+    def sinh(self):
+        return _ops.sinh(self)
+
+    def cosh(self):
+        return _ops.cosh(self)
+
+    def asinh(self):
+        return _ops.asinh(self)
+
+    def arcsinh(self):
+        return _ops.arcsinh(self)
+
+    def acosh(self):
+        return _ops.acosh(self)
+
+    def arccosh(self):
+        return _ops.arccosh(self)
+
+    def atanh(self):
+        return _ops.atanh(self)
+
+    def arctanh(self):
+        return _ops.arctanh(self)
+
+    def log2(self):
+        return _ops.log2(self)
+
+    def log10(self):
+        return _ops.log10(self)
+
+    def exp2(self):
+        return _ops.exp2(self)
+
+    def fmod(self, other):
+        return _ops.fmod(self, other)
+
+    def atan2(self, other):
+        return _ops.atan2(self, other)
+
+    def arctan2(self, other):
+        return _ops.arctan2(self, other)
+
+    def hypot(self, other):
+        return _ops.hypot(self, other)
+
+    def logaddexp(self, other):
+        return _ops.logaddexp(self, other)
+
     def isnan(self):
         return _ops.isnan(self)
 
@@ -460,6 +529,113 @@ class Tensor(_C.TensorBase):
 
     def isfinite(self):
         return _ops.isfinite(self)
+
+    # more math, products and array methods (PyTorch's Tensor methods of kiln.ops' composites)
+    def logsumexp(self, axis=None, keep_dims=False, **kw):
+        return _ops.logsumexp(self, axis, keep_dims, **kw)
+
+    def logit(self, eps=None):
+        return _ops.logit(self, eps)
+
+    def clamp_min(self, min):  # noqa: A002 (PyTorch's name)
+        return _ops.clamp_min(self, min)
+
+    def clamp_max(self, max):  # noqa: A002 (PyTorch's name)
+        return _ops.clamp_max(self, max)
+
+    def addcmul(self, tensor1, tensor2, *, value=1):
+        return _ops.addcmul(self, tensor1, tensor2, value=value)
+
+    def addcdiv(self, tensor1, tensor2, *, value=1):
+        return _ops.addcdiv(self, tensor1, tensor2, value=value)
+
+    def lerp(self, end, weight):
+        return _ops.lerp(self, end, weight)
+
+    def diff(self, n=1, axis=-1, prepend=None, append=None, **kw):
+        return _ops.diff(self, n, axis, prepend, append, **kw)
+
+    def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
+        return _ops.nan_to_num(self, nan, posinf, neginf)
+
+    def count_nonzero(self, axis=None, keep_dims=False, **kw):
+        return _ops.count_nonzero(self, axis, keep_dims, **kw)
+
+    def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return _ops.isclose(self, other, rtol, atol, equal_nan)
+
+    def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        return _ops.allclose(self, other, rtol, atol, equal_nan)
+
+    def logical_xor(self, other):
+        return _ops.logical_xor(self, other)
+
+    def cummax(self, axis=None, **kw):
+        return _ops.cummax(self, axis, **kw)
+
+    def cummin(self, axis=None, **kw):
+        return _ops.cummin(self, axis, **kw)
+
+    def outer(self, vec2):
+        return _ops.outer(self, vec2)
+
+    ger = outer
+
+    def dot(self, other):
+        return _ops.dot(self, other)
+
+    def mv(self, vec):
+        return _ops.mv(self, vec)
+
+    def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+        return _ops.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+
+    def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+        return _ops.baddbmm(self, batch1, batch2, beta=beta, alpha=alpha)
+
+    def trace(self):
+        return _ops.trace(self)
+
+    def kron(self, other):
+        return _ops.kron(self, other)
+
+    def diag(self, diagonal=0):
+        return _ops.diag(self, diagonal)
+
+    def movedim(self, source, destination):
+        return _ops.movedim(self, source, destination)
+
+    moveaxis = movedim
+
+    def unbind(self, axis=0, **kw):
+        return _ops.unbind(self, axis, **kw)
+
+    def ravel(self):
+        return _ops.ravel(self)
+
+    def take_along_dim(self, indices, dim=None):
+        return _ops.take_along_dim(self, indices, dim)
+
+    def rot90(self, k=1, dims=(0, 1)):
+        return _ops.rot90(self, k, dims)
+
+    def expand_as(self, other):
+        return _ops.broadcast_to(self, *other.shape)
+
+    def type_as(self, other):
+        return _ops.cast(self, other.dtype)
+
+    def masked_select(self, mask):
+        return _ops.masked_select(self, mask)
+
+    def argwhere(self):
+        return _ops.argwhere(self)
+
+    def bernoulli(self, p=None):
+        return _ops.bernoulli(self, p)
+
+    def multinomial(self, num_samples, replacement=False):
+        return _ops.multinomial(self, num_samples, replacement)
 
     # scans and sorting along an axis (MindSpore's axis, PyTorch's dim)
     def cumsum(self, axis=None, dtype=None, *, dim=None, out=None):

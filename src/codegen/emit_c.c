@@ -236,7 +236,21 @@ void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
          "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
          "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"
          "#define log1p(x) _Generic((x), float: log1pf, default: log1p)(x)\n"
-         "#define expm1(x) _Generic((x), float: expm1f, default: expm1)(x)\n"},
+         "#define expm1(x) _Generic((x), float: expm1f, default: expm1)(x)\n"
+         "#define tan(x) _Generic((x), float: tanf, default: tan)(x)\n"
+         "#define asin(x) _Generic((x), float: asinf, default: asin)(x)\n"
+         "#define acos(x) _Generic((x), float: acosf, default: acos)(x)\n"
+         "#define atan(x) _Generic((x), float: atanf, default: atan)(x)\n"
+         "#define sinh(x) _Generic((x), float: sinhf, default: sinh)(x)\n"
+         "#define cosh(x) _Generic((x), float: coshf, default: cosh)(x)\n"
+         "#define asinh(x) _Generic((x), float: asinhf, default: asinh)(x)\n"
+         "#define acosh(x) _Generic((x), float: acoshf, default: acosh)(x)\n"
+         "#define atanh(x) _Generic((x), float: atanhf, default: atanh)(x)\n"
+         "#define log2(x) _Generic((x), float: log2f, default: log2)(x)\n"
+         "#define log10(x) _Generic((x), float: log10f, default: log10)(x)\n"
+         "#define exp2(x) _Generic((x), float: exp2f, default: exp2)(x)\n"
+         "#define atan2(x, y) _Generic((x) + (y), float: atan2f, default: atan2)(x, y)\n"
+         "#define hypot(x, y) _Generic((x) + (y), float: hypotf, default: hypot)(x, y)\n"},
     };
     for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
         if (uses & blocks[k].use)

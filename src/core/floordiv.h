@@ -44,4 +44,11 @@ static inline int64_t kiln_mod_i64(int64_t a, int64_t b) {
 #define KILN_FLOORDIV(a, b) \
     _Generic((a), float: kiln_floordiv_f32, double: kiln_floordiv_f64, default: kiln_floordiv_i64)((a), (b))
 #define KILN_MOD(a, b) _Generic((a), float: kiln_mod_f32, double: kiln_mod_f64, default: kiln_mod_i64)((a), (b))
+
+/* C's fmod (the dividend's sign) for ops.def's fmod: integers truncate, a zero divisor gives 0
+ * and x fmod -1 gives 0 (never the trap of INT64_MIN % -1) */
+static inline float kiln_fmod_f32(float a, float b) { return __builtin_fmodf(a, b); }
+static inline double kiln_fmod_f64(double a, double b) { return __builtin_fmod(a, b); }
+static inline int64_t kiln_fmod_i64(int64_t a, int64_t b) { return b == 0 || b == -1 ? 0 : a % b; }
+#define KILN_FMOD(a, b) _Generic((a), float: kiln_fmod_f32, double: kiln_fmod_f64, default: kiln_fmod_i64)((a), (b))
 #endif

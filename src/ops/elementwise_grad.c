@@ -34,6 +34,25 @@ UNARY_RULE(erf, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, scalar(&sc, 1.128
 /* d/dx log(1 + x) = 1 / (1 + x); d/dx (exp(x) - 1) = exp(x) = y + 1 */
 UNARY_RULE(log1p, bin(&sc, KILN_OP_DIV, G, bin(&sc, KILN_OP_ADD, X, scalar(&sc, 1.0, X))))
 UNARY_RULE(expm1, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_ADD, Y, scalar(&sc, 1.0, Y))))
+/* d/dx tan x = 1 + tan^2 x; asin: 1 / sqrt(1 - x^2); acos: its negation; atan: 1 / (1 + x^2) */
+UNARY_RULE(tan, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, Y, Y), scalar(&sc, 1.0, Y))))
+#define ONE_MINUS_X2 bin(&sc, KILN_OP_SUB, scalar(&sc, 1.0, X), bin(&sc, KILN_OP_MUL, X, X))
+UNARY_RULE(asin, bin(&sc, KILN_OP_DIV, G, un(&sc, KILN_OP_SQRT, ONE_MINUS_X2)))
+UNARY_RULE(acos, un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_DIV, G, un(&sc, KILN_OP_SQRT, ONE_MINUS_X2))))
+UNARY_RULE(atan, bin(&sc, KILN_OP_DIV, G, bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, X, X), scalar(&sc, 1.0, X))))
+/* sinh' = cosh, cosh' = sinh; asinh: 1 / sqrt(x^2 + 1); acosh: 1 / sqrt(x^2 - 1); atanh: 1 / (1 - x^2) */
+UNARY_RULE(sinh, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_COSH, X)))
+UNARY_RULE(cosh, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_SINH, X)))
+UNARY_RULE(asinh, bin(&sc, KILN_OP_DIV, G,
+                      un(&sc, KILN_OP_SQRT, bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, X, X), scalar(&sc, 1.0, X)))))
+UNARY_RULE(acosh, bin(&sc, KILN_OP_DIV, G,
+                      un(&sc, KILN_OP_SQRT, bin(&sc, KILN_OP_SUB, bin(&sc, KILN_OP_MUL, X, X), scalar(&sc, 1.0, X)))))
+UNARY_RULE(atanh, bin(&sc, KILN_OP_DIV, G, ONE_MINUS_X2))
+#undef ONE_MINUS_X2
+/* log2: 1 / (x ln 2); log10: 1 / (x ln 10); exp2: 2^x ln 2 */
+UNARY_RULE(log2, bin(&sc, KILN_OP_DIV, G, bin(&sc, KILN_OP_MUL, X, scalar(&sc, 0.69314718055994531, X))))
+UNARY_RULE(log10, bin(&sc, KILN_OP_DIV, G, bin(&sc, KILN_OP_MUL, X, scalar(&sc, 2.3025850929940457, X))))
+UNARY_RULE(exp2, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_MUL, Y, scalar(&sc, 0.69314718055994531, Y))))
 /* piecewise constant (floor, ceil, round, trunc): 0 everywhere, as PyTorch's */
 UNARY_RULE(zero, zeros_like(&sc, G))
 
@@ -87,6 +106,42 @@ KILN_GRAD(remainder) {
     kiln_tensor *v[2] = {ctx->needs_grad[0] ? G : NULL,
                          ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, G, bin(&sc, KILN_OP_FLOOR_DIVIDE, A, B)))
                                             : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* fmod(a, b) = a - b * trunc(a / b): d/da = 1, d/db = -trunc(a / b) */
+KILN_GRAD(fmod) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? G : NULL,
+                         ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_TRUNC, bin(&sc, KILN_OP_DIV, A, B))))
+                                            : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* atan2(a, b): d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) */
+KILN_GRAD(atan2) {
+    grad_scope sc = {0};
+    kiln_tensor *r2 = bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, A, A), bin(&sc, KILN_OP_MUL, B, B));
+    kiln_tensor *gr = bin(&sc, KILN_OP_DIV, G, r2);
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, gr, B) : NULL,
+                         ctx->needs_grad[1] ? un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, gr, A)) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* hypot(a, b) = y: d/da = a / y, d/db = b / y */
+KILN_GRAD(hypot) {
+    grad_scope sc = {0};
+    kiln_tensor *gy = bin(&sc, KILN_OP_DIV, G, Y);
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, gy, A) : NULL,
+                         ctx->needs_grad[1] ? bin(&sc, KILN_OP_MUL, gy, B) : NULL};
+    return finish(&sc, ctx, gin, v);
+}
+
+/* logaddexp(a, b) = y: d/da = exp(a - y), d/db = exp(b - y) (softmax weights of a and b) */
+KILN_GRAD(logaddexp) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_EXP, bin(&sc, KILN_OP_SUB, A, Y))) : NULL,
+                         ctx->needs_grad[1] ? bin(&sc, KILN_OP_MUL, G, un(&sc, KILN_OP_EXP, bin(&sc, KILN_OP_SUB, B, Y))) : NULL};
     return finish(&sc, ctx, gin, v);
 }
 

@@ -66,6 +66,18 @@ UNARY_GRAD = [
     ("log_softmax_axis0", lambda x: ops.log_softmax(x, 0), lambda r: [sym(r, (3, 2))]),
     ("log1p", ops.log1p, lambda r: [sym(r, (2, 3), 0.9)]),
     ("expm1", ops.expm1, lambda r: [sym(r, (2, 3))]),
+    ("tan", ops.tan, lambda r: [sym(r, (2, 3), 1.2)]),
+    ("asin", ops.asin, lambda r: [sym(r, (2, 3), 0.9)]),
+    ("acos", ops.acos, lambda r: [sym(r, (2, 3), 0.9)]),
+    ("atan", ops.atan, lambda r: [sym(r, (2, 3), 3)]),
+    ("sinh", ops.sinh, lambda r: [sym(r, (2, 3))]),
+    ("cosh", ops.cosh, lambda r: [sym(r, (2, 3))]),
+    ("asinh", ops.asinh, lambda r: [sym(r, (2, 3), 3)]),
+    ("acosh", ops.acosh, lambda r: [pos(r, (2, 3), 1.2, 4.0)]),
+    ("atanh", ops.atanh, lambda r: [sym(r, (2, 3), 0.9)]),
+    ("log2", ops.log2, lambda r: [pos(r, (2, 3))]),
+    ("log10", ops.log10, lambda r: [pos(r, (2, 3))]),
+    ("exp2", ops.exp2, lambda r: [sym(r, (2, 3))]),
     # piecewise constant: 0 away from the steps (alone, and beside a smooth term)
     ("floor_alone", ops.floor, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
     ("floor", lambda x: ops.floor(x) + x * 0.5, lambda r: [np.array([[-1.7, -0.3, 0.2], [0.6, 1.4, 2.8]])]),
@@ -110,6 +122,10 @@ BINARY_GRAD = [
     ("div", ops.div, sym, lambda r, s: away(r, s, 0.5)),
     ("pow", ops.pow, pos, sym),
     ("operators", lambda a, b: (a + b) * a - b / (a * a + 1.0), sym, sym),
+    ("fmod", ops.fmod, sym, lambda r, s: away(r, s, 0.7)),
+    ("atan2", ops.atan2, sym, lambda r, s: away(r, s, 0.3)),
+    ("hypot", ops.hypot, lambda r, s: away(r, s, 0.3), sym),
+    ("logaddexp", ops.logaddexp, sym, sym),
 ]
 
 

@@ -78,7 +78,11 @@ _OTHER = ("sign", "silu", "gelu", "rsqrt", "clamp", "linear", "conv2d", "conv2d_
           "attention", "rnn_layer",
           "expand", "permute", "cast", "concat", "softmax", "log_softmax", "var", "std", "argmax", "argmin", "slice",
           "gather", "gather_elements", "index_add", "max_pool2d", "avg_pool2d", "full", "arange", "linspace", "eye", "ne", "if", "while",
-          "floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite", "cumsum", "sort")
+          "floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite", "cumsum", "sort",
+          "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "exp2", "fmod")
+# kiln's float-valued unary ops with ONNX operators of their own (integer inputs cast to the result first)
+_UNARY_FLOAT = {"tan": "Tan", "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh",
+                "asinh": "Asinh", "acosh": "Acosh", "atanh": "Atanh"}
 SUPPORTED = sorted(set(_UNARY) | set(_BINARY) | set(_REDUCE) | set(_OTHER))
 
 
@@ -101,6 +105,18 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
             b.node("Sign", ins, [out])
     elif op in ("floor", "ceil", "round", "trunc", "log1p", "expm1", "isnan", "isinf", "isfinite"):
         _emit_rounding_classifying(b, op, ins[0], out, _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0]))
+    elif op in _UNARY_FLOAT or op in ("log2", "log10", "exp2"):
+        _emit_unary_float(b, op, ins[0], out, _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0]))
+    elif op == "fmod":  # ONNX's Mod with fmod=1 (the dividend's sign); kiln's integer x fmod 0 is 0
+        dt = _np_dtype(metas[0][0])
+        a, d = [b.node("Cast", [i], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dt))) if _np_dtype(m[0]) != dt else i
+                for i, m in zip(ins, in_metas)]
+        if np.issubdtype(dt, np.floating):
+            b.node("Mod", [a, d], [out], fmod=1)
+        else:
+            zero, one = b.const(np.zeros((), dt)), b.const(np.ones((), dt))
+            nought = b.node("Equal", [d, zero])
+            b.node("Where", [nought, zero, b.node("Mod", [a, b.node("Where", [nought, one, d])], fmod=1)], [out])
     elif op == "cumsum":  # kiln accumulates floats in double: so does the export, then rounds
         src, dst = _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0])
         acc = np.float64 if np.issubdtype(dst, np.floating) else np.int64
@@ -364,6 +380,19 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     else:
         raise OnnxExportError(f"kiln.export(ONNX): the op {op!r} has no ONNX form here (ops with one: "
                               f"{', '.join(SUPPORTED)})")
+
+
+def _emit_unary_float(b, op, x, out, src, dst):
+    """tan ... atanh (ONNX operators), log2 and log10 (log(x) / log(base)) and exp2 (Pow(2, x)); integer
+    inputs compute in float32, as kiln's."""
+    if src != dst:
+        x = b.node("Cast", [x], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dst)))
+    if op in _UNARY_FLOAT:
+        b.node(_UNARY_FLOAT[op], [x], [out])
+    elif op == "exp2":
+        b.node("Pow", [b.const(np.asarray(2, dst)), x], [out])
+    else:
+        b.node("Div", [b.node("Log", [x]), b.const(np.asarray(np.log(2.0 if op == "log2" else 10.0), dst))], [out])
 
 
 def _emit_rounding_classifying(b, op, x, out, src, dst):

@@ -12,6 +12,10 @@ from .layers_extra import (AdaptiveAvgPool2d, CellDict, Conv1d, Dropout2d, ELU, 
                            Hardswish, InstanceNorm2d, LeakyReLU, Linear, Mish, ModuleDict, PixelShuffle, PixelUnshuffle,
                            PReLU, Softplus, Unflatten, Upsample)
 from .conv_transpose import Conv2dTranspose, Conv3d, ConvTranspose2d
+from .layers_more import (AdaptiveAvgPool1d, AvgPool1d, BatchNorm3d, BCELoss, CELU, ConstantPad2d, CosineEmbeddingLoss,
+                          CosineSimilarity, Dropout1d, Dropout3d, GLU, Hardtanh, HuberLoss, MarginRankingLoss, MaxPool1d,
+                          ModuleList, PairwiseDistance, ParameterDict, ParameterList, ReflectionPad2d, ReLU6,
+                          ReplicationPad2d, SELU, Sequential, SoftMarginLoss, Softmin, Softsign, Threshold, ZeroPad2d)
 from .pooling_extra import AdaptiveMaxPool2d
 from .transformer import (MultiheadAttention, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                           TransformerEncoderLayer)
@@ -35,6 +39,10 @@ __all__ = [
     "Conv2dTranspose", "ConvTranspose2d", "Conv3d", "AdaptiveMaxPool2d", "MultiheadAttention",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
     "RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU",
+    "ReLU6", "Hardtanh", "Softsign", "SELU", "CELU", "GLU", "Softmin", "Threshold", "ZeroPad2d", "ConstantPad2d",
+    "ReflectionPad2d", "ReplicationPad2d", "MaxPool1d", "AvgPool1d", "AdaptiveAvgPool1d", "BatchNorm3d", "Dropout1d",
+    "Dropout3d", "CosineSimilarity", "PairwiseDistance", "HuberLoss", "BCELoss", "MarginRankingLoss", "SoftMarginLoss",
+    "CosineEmbeddingLoss", "ParameterList", "ParameterDict", "ModuleList", "Sequential",
     "LossBase", "MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss", "SmoothL1Loss", "BCEWithLogitsLoss", "KLDivLoss",
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
     "ExponentialMovingAverage",

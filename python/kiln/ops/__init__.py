@@ -6,7 +6,8 @@ from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedd
 from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
                    erf, exp, floor_div, floor_divide, floor_mod, ge, gelu, greater, greater_equal, gt, le, less,
                    less_equal, log, log_softmax, mod, remainder, ceil, expm1, fix, floor, isfinite, isinf, isnan,
-                   log1p, round, trunc,
+                   log1p, round, trunc, tan, asin, arcsin, acos, arccos, atan, arctan, sinh, cosh, asinh, arcsinh,
+                   acosh, arccosh, atanh, arctanh, log2, log10, exp2, fmod, atan2, arctan2, hypot, logaddexp,
                    logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
                    square, std, sub, subtract, sum, tanh, true_divide, var, where)
@@ -16,10 +17,20 @@ from .conv_transpose import conv3d, conv_transpose2d
 from .interpolate import adaptive_max_pool2d, interpolate
 from .array_extra import flip, gather_nd, masked_fill, one_hot, pad, roll, scatter, tril, triu
 from .linalg import bmm, einsum, norm
-from .data_dependent import isin, nonzero, unique
+from .data_dependent import argwhere, isin, masked_select, nonzero, unique
 from .losses import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1_loss, mse_loss, nll_loss,
                      smooth_l1_loss)
-from .activations import elu, hardsigmoid, hardswish, leaky_relu, mish, prelu, selu, softplus
+from .activations import (celu, elu, glu, hardsigmoid, hardswish, hardtanh, leaky_relu, logit, mish, prelu, relu6,
+                          selu, softplus, softsign)
+from .math_extra import (addcdiv, addcmul, allclose, clamp_max, clamp_min, count_nonzero, cummax, cummin, diff,
+                         isclose, lerp, logical_xor, logsumexp, nan_to_num, std_mean, var_mean)
+from .array_more import (diag, hstack, movedim, moveaxis, ravel, rot90, take_along_dim, tril_indices, triu_indices,
+                         unbind, vstack)
+from .linalg_extra import (addmm, baddbmm, cdist, cosine_similarity, dot, ger, kron, mv, outer, pairwise_distance,
+                           trace)
+from .sampling import bernoulli, multinomial, rand_like, randint, randn_like, randperm
+from .losses_more import (binary_cross_entropy, cosine_embedding_loss, huber_loss, margin_ranking_loss,
+                          soft_margin_loss)
 from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm

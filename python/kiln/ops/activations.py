@@ -1,8 +1,8 @@
 """Functional activations (MindSpore's names), compositions of kiln's elementwise ops, so fusion,
 gradients, symbolic sizes and export follow; kiln.nn's activation Cells call these."""
-from ._util import as_tensor
-from .array import reshape
-from .math import abs as abs_, clamp, exp, log, maximum, minimum, tanh, where
+from ._util import as_tensor, normalize_axis
+from .array import narrow, reshape
+from .math import abs as abs_, clamp, exp, log, maximum, minimum, sigmoid, tanh, where
 
 # SELU's constants (Klambauer et al. 2017), as PyTorch and MindSpore write them
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -92,3 +92,51 @@ def prelu(x, weight):
     elif w.ndim and x.ndim == 0:
         w = reshape(w, ())
     return where(x >= 0, x, x * w.astype(x.dtype))
+
+
+def relu6(input):
+    """min(max(x, 0), 6)."""
+    return clamp(_floating("relu6", input), 0.0, 6.0)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0):
+    """x limited to [min_val, max_val]."""
+    x = _floating("hardtanh", input)
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
+    return clamp(x, float(min_val), float(max_val))
+
+
+def softsign(input):
+    """x / (1 + |x|)."""
+    x = _floating("softsign", input)
+    return x / (abs_(x) + 1.0)
+
+
+def celu(input, alpha=1.0):
+    """x where x > 0, alpha (exp(x / alpha) - 1) below (exp of min(x, 0): no overflow on the unused side)."""
+    x = _floating("celu", input)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha == 0:
+        raise ValueError(f"celu: alpha must be a nonzero number, got {alpha!r}")
+    alpha = float(alpha)
+    return where(x > 0, x, (exp(minimum(x, 0.0) / alpha) - 1.0) * alpha)
+
+
+def glu(input, axis=-1):
+    """a * sigmoid(b), a and b the two halves of input along axis (its length must be even)."""
+    x = _floating("glu", input)
+    if x.ndim == 0:
+        raise ValueError("glu: input must have at least 1 dimension, got a 0-d tensor")
+    axis = normalize_axis("glu", axis, x.ndim)
+    n = x.shape[axis]
+    if n % 2:
+        raise ValueError(f"glu: the length of axis {axis} must be even, got shape {list(x.shape)}")
+    return narrow(x, axis, 0, n // 2) * sigmoid(narrow(x, axis, n // 2, n // 2))
+
+
+def logit(input, eps=None):
+    """log(x / (1 - x)), x first limited to [eps, 1 - eps] when eps is given."""
+    x = _floating("logit", input)
+    if eps is not None:
+        x = clamp(x, float(eps), 1.0 - float(eps))
+    return log(x / (1.0 - x))

@@ -26,8 +26,12 @@ def _eager_only(op, x):
 def nonzero(input, *, as_tuple=False):
     """The indices of the nonzero elements, int64 of shape (count, ndim) in row-major order (as_tuple:
     one 1-D tensor per axis). Eager only (see the module)."""
+    return _nonzero("nonzero", input, as_tuple)
+
+
+def _nonzero(op, input, as_tuple):
     x = as_tensor(input)
-    a = _eager_only("nonzero", x)
+    a = _eager_only(op, x)
     if a.ndim == 0:  # (as PyTorch) one row of no coordinates when the value is nonzero
         found = () if as_tuple else np.zeros((int(a != 0), 0), np.int64)
     else:
@@ -68,3 +72,26 @@ def isin(elements, test_elements, *, invert=False):
         # a count, not any() over bools: ONNX's ReduceMax takes no bool (so isin exports)
         hit = sum_(cast(eq(reshape(x, *x.shape, 1), reshape(t, -1)), _C.float32), -1) > 0.5
     return logical_not(hit) if invert else hit
+
+
+def argwhere(input):
+    """The indices of the nonzero elements, int64 of shape (count, ndim) (nonzero's). Eager only."""
+    return _nonzero("argwhere", input, False)
+
+
+def masked_select(input, mask):
+    """The elements of input where mask (broadcast together) is true, 1-D in row-major order.
+    The positions are found eagerly (NumPy on the mask, eager only like nonzero); the elements are
+    gathered from input, so the gradient reaches them."""
+    from .array import broadcast_to, gather
+
+    x, m = as_tensor(input), as_tensor(mask)
+    if m.dtype is not _C.bool:
+        raise TypeError(f"masked_select: mask must be bool, got {m.dtype.name} (shape {list(m.shape)})")
+    try:
+        shape = np.broadcast_shapes(tuple(x.shape), tuple(m.shape))
+    except ValueError:
+        raise ValueError(f"masked_select: input of shape {list(x.shape)} and mask of shape {list(m.shape)} "
+                         "do not broadcast") from None
+    positions = np.flatnonzero(np.broadcast_to(_eager_only("masked_select", m), shape)).astype(np.int64)
+    return gather(reshape(broadcast_to(x, *shape), -1), _tensor(positions), 0)

@@ -36,6 +36,20 @@ expm1 = _unary(OP.expm1, "expm1")
 isnan = _unary(OP.isnan, "isnan")
 isinf = _unary(OP.isinf, "isinf")
 isfinite = _unary(OP.isfinite, "isfinite")
+# trigonometric and hyperbolic functions, their inverses (NumPy's arc* names as aliases), logarithms
+# base 2 and 10, 2^x: libm in C, integers giving float32
+tan = _unary(OP.tan, "tan")
+asin = arcsin = _unary(OP.asin, "asin")
+acos = arccos = _unary(OP.acos, "acos")
+atan = arctan = _unary(OP.atan, "atan")
+sinh = _unary(OP.sinh, "sinh")
+cosh = _unary(OP.cosh, "cosh")
+asinh = arcsinh = _unary(OP.asinh, "asinh")
+acosh = arccosh = _unary(OP.acosh, "acosh")
+atanh = arctanh = _unary(OP.atanh, "atanh")
+log2 = _unary(OP.log2, "log2")
+log10 = _unary(OP.log10, "log10")
+exp2 = _unary(OP.exp2, "exp2")
 
 
 def round(input, *, decimals=0):  # noqa: A001 (MindSpore's and PyTorch's name)
@@ -97,6 +111,12 @@ subtract, multiply, divide, true_divide = sub, mul, div, div
 floor_divide = _binary(OP.floor_divide, "floor_divide")
 remainder = _binary(OP.remainder, "remainder")
 floor_div, floor_mod, mod = floor_divide, remainder, remainder  # (MindSpore's names)
+# C's fmod (the remainder with the dividend's sign), atan2 (the angle of (other, input)), hypot,
+# logaddexp (log(exp(input) + exp(other)) without overflow)
+fmod = _binary(OP.fmod, "fmod")
+atan2 = arctan2 = _binary(OP.atan2, "atan2")
+hypot = _binary(OP.hypot, "hypot")
+logaddexp = _binary(OP.logaddexp, "logaddexp")
 
 
 def where(condition, x, y):

@@ -55,6 +55,9 @@ _ELEMENTWISE = {
     "Gather": array.gather, "GatherV2": array.gather, "StopGradient": nn_functional.stop_gradient,
     "Floor": math.floor, "Ceil": math.ceil, "Round": math.round, "Trunc": math.trunc, "Log1p": math.log1p,
     "Expm1": math.expm1, "IsNan": math.isnan, "IsInf": math.isinf, "IsFinite": math.isfinite,
+    "Tan": math.tan, "Asin": math.asin, "ACos": math.acos, "Atan": math.atan, "Sinh": math.sinh, "Cosh": math.cosh,
+    "Asinh": math.asinh, "Acosh": math.acosh, "Atanh": math.atanh, "Log2": math.log2, "Log10": math.log10,
+    "Exp2": math.exp2, "Atan2": math.atan2, "Hypot": math.hypot, "LogAddExp": math.logaddexp, "Fmod": math.fmod,
 }
 for _name, _fn in _ELEMENTWISE.items():
     globals()[_name] = _function_primitive(_name, _fn, f"MindSpore's ops.{_name}: kiln.ops.{_fn.__name__}.")
