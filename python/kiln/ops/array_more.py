@@ -42,10 +42,8 @@ def _triangle_indices(op, row, col, offset, lower):
         _int(op, name, v)
     if row < 0 or col < 0:
         raise ValueError(f"{op}: row and col must be non-negative, got {row} and {col}")
-    from .._tensor import Tensor
-
     r, c = (np.tril_indices if lower else np.triu_indices)(row, offset, col)
-    return Tensor(np.stack([r, c]).astype(np.int64).reshape(2, -1))
+    return as_tensor(np.stack([r, c]).astype(np.int64).reshape(2, -1))
 
 
 def tril_indices(row, col, offset=0):
