@@ -119,3 +119,25 @@ def test_adaptive_avg_pool_keeps_an_inf_in_its_own_windows(out):
     want = np.zeros((1, 1, oh, ow), np.float32)
     want[0, 0, 0, 0] = np.inf  # only the window holding the inf; no NaN elsewhere
     np.testing.assert_array_equal(got, want)
+
+
+def test_adaptive_avg_pool_sizes_are_checked_and_never_loop_per_window():
+    """A huge output_size is refused at once (it used to loop once per window in Python: a hang),
+    a bad one names the layer, and windows of unequal width (output larger than the input too)
+    are PyTorch's, a NaN staying in its own windows."""
+    x = np.arange(2 * 3 * 7 * 5, dtype=np.float32).reshape(2, 3, 7, 5)
+    x[0, 0, 2, 1] = np.nan
+    with pytest.raises(MemoryError, match=r"AdaptiveAvgPool2d: output_size \(1000000000, 1000000000\)"):
+        nn.AdaptiveAvgPool2d(10 ** 9)(kiln.Tensor(x))
+    for bad in (0, -2, (3,), "4", True):
+        with pytest.raises(ValueError, match="AdaptiveAvgPool2d: output_size must be a positive int"):
+            nn.AdaptiveAvgPool2d(bad)
+    for oh, ow in ((3, 2), (9, 8), (7, 3)):
+        want = np.empty((2, 3, oh, ow), np.float32)
+        for i in range(oh):
+            for j in range(ow):
+                a, b = i * 7 // oh, -(-(i + 1) * 7 // oh)
+                c, d = j * 5 // ow, -(-(j + 1) * 5 // ow)
+                want[:, :, i, j] = x[:, :, a:b, c:d].mean((2, 3))
+        got = nn.AdaptiveAvgPool2d((oh, ow))(kiln.Tensor(x)).asnumpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)

@@ -4,6 +4,8 @@ activations (their math in kiln.ops.activations) (LeakyReLU, PReLU, ELU, Softplu
 Conv1d (a convolution over a height of 1), GroupNorm, InstanceNorm2d, AdaptiveAvgPool2d,
 Upsample (ops.interpolate), PixelShuffle / PixelUnshuffle, Dropout2d, Unflatten, CellDict / ModuleDict,
 and Linear (Dense with PyTorch's argument names)."""
+import os
+
 import numpy as np
 
 from .. import _C
@@ -12,6 +14,11 @@ from .cell import Cell
 from .._tensor import Tensor
 from .layers import Conv2d, Dense, Dropout
 from .parameter import Parameter
+
+try:
+    _PHYSICAL_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+except (ValueError, OSError, AttributeError):  # not POSIX: no bound beyond the allocator's
+    _PHYSICAL_MEMORY = float("inf")
 
 
 # ---- activations ------------------------------------------------------------------------------
@@ -150,23 +157,33 @@ class AdaptiveAvgPool2d(Cell):
 
     def __init__(self, output_size):
         super().__init__()
-        self.output_size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        sizes = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        if len(sizes) != 2 or not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+                                      for v in sizes):
+            raise ValueError(f"AdaptiveAvgPool2d: output_size must be a positive int or a pair of them (or None), "
+                             f"got {output_size!r}")
+        self.output_size = sizes
 
     @staticmethod
     def _pool_axis(x, axis, out):
+        """x pooled along axis to out windows: one gather of the windows' elements (padded to the
+        widest by repeating its first, masked out of the sum), so the work is one op, not a loop
+        over windows."""
         size = x.shape[axis]
         if size == out:
             return x
         if size % out == 0:  # equal windows: one reshape and one mean
             shape = list(x.shape)
             return x.reshape(tuple(shape[:axis]) + (out, size // out) + tuple(shape[axis + 1:])).mean(axis + 1)
-        windows = []
-        for i in range(out):
-            a, b = (i * size) // out, -((-(i + 1) * size) // out)
-            index = [slice(None)] * x.ndim
-            index[axis] = slice(a, b)
-            windows.append(x[tuple(index)].mean(axis, keepdims=True))
-        return ops.concat(windows, axis)
+        i = np.arange(out, dtype=np.int64)
+        start, end = (i * size) // out, -((-(i + 1) * size) // out)
+        width = end - start
+        at = start[:, None] + np.arange(int(width.max()), dtype=np.int64)[None, :]
+        inside = at < end[:, None]
+        moved = ops.swapaxes(x, axis, -1)  # (..., size)
+        taken = ops.gather(moved, Tensor(np.where(inside, at, start[:, None])), -1)  # (..., out, widest)
+        mean = ops.sum(ops.where(Tensor(inside), taken, 0.0), -1) / Tensor(width.astype(np.float64)).astype(x.dtype)
+        return ops.swapaxes(mean, axis, -1)
 
     def construct(self, x):
         if x.ndim != 4:
@@ -174,6 +191,10 @@ class AdaptiveAvgPool2d(Cell):
         h, w = x.shape[2], x.shape[3]
         oh = h if self.output_size[0] is None else self.output_size[0]
         ow = w if self.output_size[1] is None else self.output_size[1]
+        need = x.shape[0] * x.shape[1] * (oh * max(h // oh + 2, 1) + oh * ow * max(w // ow + 2, 1)) * x.dtype.itemsize
+        if need > _PHYSICAL_MEMORY:
+            raise MemoryError(f"AdaptiveAvgPool2d: output_size ({oh}, {ow}) for input of shape {list(x.shape)} needs "
+                              f"about {need} bytes, more than this machine's memory")
         if oh == 1 and ow == 1:
             return x.mean((2, 3), keepdims=True)
         return self._pool_axis(self._pool_axis(x, 2, oh), 3, ow)
