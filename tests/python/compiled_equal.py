@@ -44,3 +44,24 @@ def assert_compiled_equal(fn, *calls, grad=False):
             if info.eager_calls:
                 problems.append(f"{v.name}: ran eagerly ({info})")
     assert not problems, "\n".join(problems)
+
+
+def assert_never_compiled_silently(op, fn, mode, inputs):
+    """fn uses op, whose output size depends on its input's values: under kiln.jit(capture_mode=
+    mode) each call either raises NotImplementedError naming op, or gives eager's result with a
+    warning naming op (the function run eagerly); never a size baked in at capture."""
+    f = kiln.jit(fn, capture_mode=mode)
+    ran = False
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for a in inputs:
+            try:
+                got = f(a)
+            except NotImplementedError as e:
+                assert f"{op}: its output size depends on the values" in str(e)
+                continue
+            assert got.numpy().tolist() == fn(a).numpy().tolist(), (op, mode)
+            ran = True
+    if ran:  # (the warning is given once, when the function is first found to run eagerly)
+        assert any(f"{op}: its output size depends on the values" in str(w.message) for w in seen), seen
+        assert f.cache_info().compiles == 0

@@ -12,7 +12,7 @@ import pytest
 
 import kiln
 from kiln import ops
-from compiled_equal import assert_compiled_equal
+from compiled_equal import assert_compiled_equal, assert_never_compiled_silently
 from conftest import check_grad
 
 
@@ -485,23 +485,10 @@ def test_masked_select_and_argwhere_match_numpy():
 def test_masked_select_and_argwhere_are_never_compiled_silently(mode):
     """As nonzero: under kiln.jit an error naming the op, or (where the mode can) the function run
     eagerly with a warning naming it; never a size baked in from the capture."""
+    inputs = (T(np.array([1.0, -1.0, 2.0])), T(np.array([3.0, 3.0, -1.0, 5.0])))
     for op, fn in (("masked_select", lambda x: ops.masked_select(x, x > 0) * 2),
                    ("argwhere", lambda x: ops.argwhere(x > 0) + 1)):
-        f = kiln.jit(fn, capture_mode=mode)
-        ran = False
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for a in (np.array([1.0, -1.0, 2.0]), np.array([3.0, 3.0, -1.0, 5.0])):
-                try:
-                    got = f(T(a))
-                except NotImplementedError as e:
-                    assert f"{op}: its output size depends on the values" in str(e)
-                    continue
-                np.testing.assert_array_equal(got.numpy(), fn(T(a)).numpy())
-                ran = True
-        if ran:
-            assert any(f"{op}: its output size depends on the values" in str(w.message) for w in seen), seen
-            assert f.cache_info().compiles == 0
+        assert_never_compiled_silently(op, fn, mode, inputs)
 
 
 # ---- random sampling ---------------------------------------------------------------------------------
