@@ -1,11 +1,13 @@
 """Per-call overhead of a jitted function on small tensors: kiln.jit(lambda a, b, c: a * b + c)
-on 2x3 float32, backends kbk and sink (eager a*b+c for reference), in us/call.
+on 2x3 float32, each capture mode (ast, bytecode, trace) on backends kbk and sink (eager a*b+c
+for reference), in us/call.
 
     PYTHONPATH=python python3 bench/bench_call_overhead.py [--baseline DIR] [--rounds N] [--calls N]
 
 --baseline DIR: the python/ directory of another checkout (its _C*.so built). Each round measures
 this tree and the baseline in turn, each in a fresh subprocess, so both see the same machine load;
-the best time per variant is kept and the ratio current/baseline printed (target: <= 1.05).
+the best time per variant is kept and the ratio current/baseline printed (target: <= 1.05; issue
+29's refactor of capture, options and backends: <= 1.03).
 """
 import argparse
 import json
@@ -13,7 +15,8 @@ import os
 import subprocess
 import sys
 
-VARIANTS = ("eager", "kbk", "sink")
+MODES = ("ast", "bytecode", "trace")
+VARIANTS = ("eager",) + tuple(f"{m} {b}" for m in MODES for b in ("kbk", "sink"))
 
 _MEASURE = r"""
 import json, sys, time
@@ -23,7 +26,10 @@ calls = int(sys.argv[1])
 a, b, c = [kiln.Tensor(np.random.randn(2, 3).astype(np.float32)) for _ in range(3)]
 def f(a, b, c):
     return a * b + c
-fns = {"eager": f, "kbk": kiln.jit(f, backend="kbk"), "sink": kiln.jit(f, backend="sink")}
+fns = {"eager": f}
+for m in ("ast", "bytecode", "trace"):
+    for be in ("kbk", "sink"):
+        fns[f"{m} {be}"] = kiln.jit(f, capture_mode=m, backend=be)
 out = {}
 for name, fn in fns.items():
     expect = (a.asnumpy() * b.asnumpy() + c.asnumpy())
@@ -61,7 +67,7 @@ def main():
                 best[label][name] = min(best[label].get(name, float("inf")), t)
     for name in VARIANTS:
         cur = best["current"][name]
-        line = f"{name:6s} current {cur:8.3f} us/call"
+        line = f"{name:13s} current {cur:8.3f} us/call"
         if args.baseline:
             base = best["baseline"][name]
             line += f"  baseline {base:8.3f} us/call  ratio {cur / base:.3f}"
