@@ -582,7 +582,19 @@ static kiln_status parse(kiln_model *m, bool check_sum, int32_t index, const cha
 }
 
 /* Takes the blob (one reference). */
+/* A file's symbolic sizes that outgrow the algebra's capacity (KILN_ERR_LIMIT) make the file
+ * invalid like any other bad content: the loader fails with KILN_ERR_VALUE. */
+static kiln_status invalid_if_limit(kiln_status s) {
+    return s == KILN_ERR_LIMIT ? kiln_error_context(KILN_ERR_VALUE, "model file") : s;
+}
+
+static kiln_status load_blob_checked(blob *bl, bool check_sum, int32_t index, const char *name, kiln_model **out);
+
 static kiln_status load_blob(blob *bl, bool check_sum, int32_t index, const char *name, kiln_model **out) {
+    return invalid_if_limit(load_blob_checked(bl, check_sum, index, name, out));
+}
+
+static kiln_status load_blob_checked(blob *bl, bool check_sum, int32_t index, const char *name, kiln_model **out) {
     *out = NULL;
     kiln_model *m = kiln_calloc(1, sizeof *m);
     if (!m) {

@@ -619,6 +619,7 @@ kiln_status kiln_graph_parse(const char *text, kiln_graph **out) {
         s = kiln_graph_verify(g);
         if (s != KILN_OK) s = kiln_error_context(s == KILN_ERR_MEMORY ? s : KILN_ERR_VALUE, "graph text");
     }
+    if (s == KILN_ERR_LIMIT) s = kiln_error_context(KILN_ERR_VALUE, "graph text"); /* sizes past the algebra's capacity */
     if (s != KILN_OK) {
         kiln_graph_free(g);
         return s;
