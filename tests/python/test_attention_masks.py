@@ -131,3 +131,41 @@ def test_clear_errors():
         ops.scaled_dot_product_attention(q, k, v, kiln.Tensor(np.ones((4, 6), bool)))
     with pytest.raises(ValueError, match="dropout_p must be in"):
         ops.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+
+
+def test_every_variant_with_a_decorated_helper_and_a_mutated_list():
+    """User code as written: a decorated attention helper, outputs collected in a list mutated in
+    place, bool and float masks and the causal flag; every capture mode x O0/O1 x kbk/sink agrees
+    with eager, values and gradients."""
+    import functools
+
+    from conformance import run_all_modes
+
+    def scaled(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs) * 0.5
+        return wrapper
+
+    @scaled
+    def attend(q, k, v, **kw):
+        return ops.scaled_dot_product_attention(q, k, v, **kw)
+
+    def f(q, k, v, m, bias):
+        outs = []
+        outs.append(attend(q, k, v, attn_mask=m))
+        outs.append(attend(q, k, v, is_causal=True))
+        outs += [attend(q, k, v, attn_mask=bias, scale=0.2)]
+        outs[0] = outs[0] + outs.pop()
+        return outs
+
+    def call(seed):
+        r = np.random.default_rng(seed)
+        q, k, v = (kiln.Tensor(r.standard_normal(s).astype(np.float32)) for s in ((2, 4, 6, 8), (2, 2, 6, 8), (2, 2, 6, 8)))
+        m = r.random((6, 6)) < 0.7
+        m[:, 0] = True
+        return q, k, v, kiln.Tensor(m), kiln.Tensor(r.standard_normal((2, 1, 6, 6)).astype(np.float32))
+
+    run_all_modes(f, call(1), call(2))
+    run_all_modes(f, call(1), call(2),
+                  around=lambda g: kiln.value_and_grad(lambda *a: sum(o.sum() for o in g(*a)), grad_position=(0, 1, 2)))
