@@ -37,6 +37,7 @@ KILN_PASS(dce);
 KILN_PASS(cse);
 KILN_PASS(constant_fold);
 KILN_PASS(simplify);
+KILN_PASS(join_slice_writes);
 KILN_PASS(fuse_elementwise);
 KILN_PASS(fuse_matmul_epilogue);
 KILN_PASS(duplicate_producers);
