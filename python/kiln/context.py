@@ -7,6 +7,7 @@ PYNATIVE_MODE): in GRAPH_MODE, as in MindSpore, a Cell called from Python runs c
 kiln.jit with its default options (ast capture, O0), or its own Cell.set_jit_config; Cells it
 calls are part of its graph, and plain functions stay eager unless wrapped in kiln.jit.
 """
+from . import _C
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
@@ -27,7 +28,11 @@ def set_context(**kwargs):
     every kiln.jit and GRAPH_MODE Cell made after it that names none; "" kiln's default O0),
     save_graphs (truthy: each graph kiln.jit compiles is written as text to save_graphs_path, as
     <function>_<n>.ir), device_target ("CPU"; another warns and kiln stays on the CPU) and
-    device_id (0). Unknown names raise ValueError."""
+    device_id (0), background_compile (True: generated C is compiled on a background thread while
+    the calls that need it run kiln's interpreted kernels, switching to the native code once it is
+    built: first calls cost no compiler run; default False, or True when the environment has
+    KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds). Unknown names raise
+    ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
             if isinstance(value, bool) or value not in _MODES:
@@ -48,12 +53,19 @@ def set_context(**kwargs):
         elif name == "save_graphs_path":
             if not isinstance(value, str) or not value:
                 raise ValueError(f"set_context: save_graphs_path must be a non-empty str, got {value!r}")
+        elif name == "background_compile":
+            if not isinstance(value, bool):
+                raise ValueError(f"set_context: background_compile must be a bool, got {value!r}")
         elif name == "device_id":
             if isinstance(value, bool) or value != 0:
                 raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
-            raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
+            raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
+                             f"background_compile")
     for name, value in kwargs.items():
+        if name == "background_compile":
+            _C.codegen_background(value)
+            continue
         if name == "device_target":
             if value.upper() != "CPU":  # (MindSpore scripts name their device first; kiln runs on the CPU)
                 import warnings
@@ -72,6 +84,16 @@ def graph_mode():
 
 def get_context(name):
     """The value of one setting of set_context."""
+    if name == "background_compile":
+        return _C.codegen_background()
     if name not in _context:
-        raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}")
+        raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
+                         f"background_compile")
     return _context[name]
+
+
+def wait_compiles():
+    """Waits until no generated code is being built in the background (set_context(
+    background_compile=True)): calls made after it run the native code of every function compiled
+    before it."""
+    _C.codegen_wait()

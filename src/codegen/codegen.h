@@ -41,6 +41,23 @@ kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn)
 /* The same for n kernels, those not loaded yet built by one compiler run into one object (cached
  * on disk under the key of their concatenation). */
 kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns);
+/* Only what is loaded or in the disk cache (no compiler run): true with every fns[k] set. */
+bool kiln_codegen_load_cached(int n, const char *const *sources, const char *const *symbols, void **fns);
+
+/* ---- background builds (background.c) ----
+ * With background builds on (kiln_codegen_set_background; KILN_BACKGROUND_COMPILE=1 at start-up),
+ * callers that can run interpreted hand their sources to one builder thread instead of running
+ * the compiler themselves: kiln_codegen_load_later copies them and returns at once; when the
+ * object is built each *targets[k] receives its function (an atomic release store; never
+ * written when the build fails: the caller's interpreted path stays). kiln_codegen_forget(t):
+ * target t is never written after it returns (its memory may go). kiln_codegen_wait: until no
+ * build is queued or running. */
+void kiln_codegen_set_background(bool on);
+bool kiln_codegen_background(void);
+kiln_status kiln_codegen_load_later(int n, const char *const *sources, const char *const *symbols, void **const *targets);
+void kiln_codegen_forget(void **target);
+void kiln_codegen_wait(void);
+
 /* Whether a C compiler is there (probed once per process; one warning on stderr when not). */
 bool kiln_codegen_available(void);
 /* Only what is already loaded in this process: true with *fn set, else false (nothing built). */

@@ -38,6 +38,8 @@
 extern char **environ;
 
 #define KILN_CODEGEN_VERSION "kiln 0.1.0 codegen 2"
+/* build_and_load without compiling, the object not in the cache (no error text) */
+#define NOT_CACHED KILN_ERR_NOT_IMPLEMENTED
 #define FOOTER_MAGIC "KILNSO\x01\x00"
 #define FOOTER_BYTES 24 /* magic, payload size, payload hash */
 
@@ -312,7 +314,8 @@ static void *open_object(const kiln_work_dir *w, const char *name, const char **
     return h;
 }
 
-/* Builds source in w into work file `target`; the compiler's messages go to the error on failure. */
+/* Builds source in w into work file `target`; the compiler's messages go to the error on failure.
+ * Called with the lock held; releases it while the compiler runs. */
 static kiln_status compile_in(const kiln_work_dir *w, const char *source, const char *target) {
     if (!kiln_work_write(w, "kernel.c", source, strlen(source), false))
         return kiln_error(KILN_ERR_RUNTIME, "codegen: cannot write kernel.c in %s: %s", w->where, strerror(errno));
@@ -333,10 +336,14 @@ static kiln_status compile_in(const kiln_work_dir *w, const char *source, const 
     argv[argc++] = "kernel.c";
     double t0 = now_seconds();
     pid_t pid;
+    /* the compiler runs without the lock: other threads find and load objects meanwhile (a
+     * background build, src/codegen/background.c, must not stall the thread that runs) */
+    pthread_mutex_unlock(&state.lock);
     int err = spawn(argv, w->fd, log, &pid);
     close(log);
     free(argv);
     int status = err == 0 ? wait_for(pid) : -1;
+    pthread_mutex_lock(&state.lock);
     state.stats.compile_seconds += now_seconds() - t0;
     if (err != 0 || status != 0) {
         char *text = kiln_work_read(w, "log.txt", NULL);
@@ -373,8 +380,10 @@ static void *load_entry(const kiln_cache_dir *c, const kiln_work_dir *w, const c
     return NULL;
 }
 
-/* Finds the object for key on disk or builds it; *handle stays loaded for the process. */
-static kiln_status build_and_load(const char *source, const char *key, const char *probe_symbol, void **handle) {
+/* Finds the object for key on disk or builds it (when `compile`; else NOT_CACHED);
+ * *handle stays loaded for the process. */
+static kiln_status build_and_load(const char *source, const char *key, const char *probe_symbol, bool compile,
+                                  void **handle) {
     kiln_cache_dir c;
     kiln_work_dir w;
     char entry[48], name[32];
@@ -385,6 +394,7 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     void *h = NULL;
     if (s == KILN_OK && use_disk) h = load_entry(&c, &w, key, entry, probe_symbol);
     bool hit = h != NULL;
+    if (s == KILN_OK && !h && !compile) s = NOT_CACHED; /* no error text: callers ask, then build */
     if (s == KILN_OK && !h) {
         fresh_name(name);
         s = compile_in(&w, source, name);
@@ -398,7 +408,7 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     }
     kiln_work_dir_remove(&w); /* everything in it: loaded objects stay mapped */
     kiln_cache_close(&c);
-    if (start) kiln_profile_phase("codegen", hit ? "disk cache hit" : "cache miss: compiled", start);
+    if (start && s != NOT_CACHED) kiln_profile_phase("codegen", hit ? "disk cache hit" : "cache miss: compiled", start);
     if (s == KILN_OK) *handle = h;
     return s;
 }
@@ -458,7 +468,7 @@ bool kiln_codegen_find(const char *source, const char *symbol, void **fn) {
     return *fn != NULL;
 }
 
-static kiln_status load_locked(int n, const char *const *sources, const char *const *symbols, void **fns) {
+static kiln_status load_locked(int n, const char *const *sources, const char *const *symbols, bool compile, void **fns) {
     if (!compiler_ready(true)) return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "codegen: no C compiler");
     char (*keys)[33] = kiln_malloc(sizeof *keys * (size_t)(n ? n : 1));
     int *todo = kiln_malloc(sizeof(int) * (size_t)(n ? n : 1)), ntodo = 0;
@@ -496,7 +506,7 @@ static kiln_status load_locked(int n, const char *const *sources, const char *co
             memcpy(batch_key, keys[todo[0]], 33);
         }
         void *h = NULL;
-        if (s == KILN_OK) s = build_and_load(src, batch_key, symbols[todo[0]], &h);
+        if (s == KILN_OK) s = build_and_load(src, batch_key, symbols[todo[0]], compile, &h);
         for (int j = 0; j < ntodo && s == KILN_OK; j++) s = remember(keys[todo[j]], h);
         free(batch);
         for (int k = 0; k < n && s == KILN_OK; k++) {
@@ -513,7 +523,7 @@ static kiln_status load_locked(int n, const char *const *sources, const char *co
 kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns) {
     pthread_mutex_lock(&state.lock);
     int64_t start = kiln_profiling() ? kiln_profile_now() : 0, hits = state.stats.memory_hits;
-    kiln_status s = load_locked(n, sources, symbols, fns);
+    kiln_status s = load_locked(n, sources, symbols, true, fns);
     if (start) {
         char detail[64];
         snprintf(detail, sizeof detail, "%d kernels, %lld loaded before (memory cache hits)", n,
@@ -527,6 +537,14 @@ kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char
     }
     pthread_mutex_unlock(&state.lock);
     return s;
+}
+
+bool kiln_codegen_load_cached(int n, const char *const *sources, const char *const *symbols, void **fns) {
+    pthread_mutex_lock(&state.lock);
+    kiln_status s = compiler_ready(false) ? load_locked(n, sources, symbols, false, fns) : NOT_CACHED;
+    pthread_mutex_unlock(&state.lock);
+    if (s != KILN_OK) kiln_clear_error(); /* not there (or unusable): the caller builds it */
+    return s == KILN_OK;
 }
 
 kiln_status kiln_codegen_load(const char *source, const char *symbol, void **fn) {

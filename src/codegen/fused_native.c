@@ -203,22 +203,31 @@ static void build_waiting(void) {
     const char **sources = kiln_malloc(sizeof(char *) * (size_t)(n ? n : 1));
     const char **symbols = kiln_malloc(sizeof(char *) * (size_t)(n ? n : 1));
     void **fns = kiln_calloc((size_t)(n ? n : 1), sizeof(void *));
-    bool ok = sources && symbols && fns;
-    for (int i = 0; i < n && ok; i++) sources[i] = waiting.items[i]->source, symbols[i] = waiting.items[i]->symbol;
-    if (ok && n > 0 && kiln_codegen_load_many(n, sources, symbols, fns) != KILN_OK) {
+    void ***targets = kiln_malloc(sizeof(void **) * (size_t)(n ? n : 1));
+    bool ok = sources && symbols && fns && targets, later = false, cached = false;
+    for (int i = 0; i < n && ok; i++) {
+        sources[i] = waiting.items[i]->source, symbols[i] = waiting.items[i]->symbol;
+        targets[i] = (void **)&waiting.items[i]->fn;
+    }
+    if (ok && n > 0 && kiln_codegen_background() && !(cached = kiln_codegen_load_cached(n, sources, symbols, fns))) {
+        /* the builder thread stores each k->fn; they run interpreted until then */
+        later = kiln_codegen_load_later(n, sources, symbols, targets) == KILN_OK;
+        if (!later) kiln_clear_error(); /* built here, as without background builds */
+    }
+    if (ok && n > 0 && !later && !cached && kiln_codegen_load_many(n, sources, symbols, fns) != KILN_OK) {
         memset(fns, 0, sizeof(void *) * (size_t)n);
         kiln_clear_error(); /* the driver warned once */
     }
     for (int i = 0; i < n; i++) {
         kiln_fused_kernel *k = waiting.items[i];
-        k->fn = ok ? (kiln_fused_fn)(uintptr_t)fns[i] : NULL;
+        if (!later) k->fn = ok ? (kiln_fused_fn)(uintptr_t)fns[i] : NULL;
         free(k->source);
         k->source = NULL;
         atomic_store(&k->waiting, false);
     }
     waiting.n = 0;
     pthread_mutex_unlock(&waiting.lock);
-    free(sources), free(symbols), free(fns);
+    free(sources), free(symbols), free(fns), free(targets);
 }
 
 void kiln_fused_build_waiting(void) { build_waiting(); }
@@ -267,12 +276,13 @@ kiln_status kiln_fused_rebind(kiln_fused_kernel *from, const kiln_graph *sub, co
     build_if_waiting(from);
     kiln_fused_kernel *k = NULL;
     KILN_TRY(kernel_new(sub, &k));
-    if (from->fn && k->nops == from->nops) {
+    kiln_fused_fn from_fn = __atomic_load_n(&from->fn, __ATOMIC_ACQUIRE);
+    if (from_fn && k->nops == from->nops) {
         plan_layouts(k, in_strides);
         bool same = k->rows == from->rows && k->snd == from->snd; /* the same code when every operand moves the same way */
         for (int op = 0; op < k->nops && same; op++) same = k->kind[op] == from->kind[op];
         if (same) {
-            k->fn = from->fn;
+            k->fn = from_fn;
             memcpy(k->symbol, from->symbol, sizeof k->symbol);
             *out = k;
             return KILN_OK;
@@ -304,7 +314,7 @@ kiln_status kiln_fused_prepare_strided(const kiln_graph *sub, const int64_t *con
 bool kiln_fused_is_native(kiln_fused_kernel *k) {
     if (!k) return false;
     build_if_waiting(k);
-    return k->fn != NULL;
+    return __atomic_load_n(&k->fn, __ATOMIC_ACQUIRE) != NULL;
 }
 
 /* Binds the call's tensors; false when their layouts do not fit the generated code even after
@@ -344,7 +354,8 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
     build_if_waiting(k);
     if (nin != g->ninputs)
         return kiln_error(KILN_ERR_VALUE, "fused: the group takes %d inputs, got %d", g->ninputs, nin);
-    bool native = k->fn != NULL && kiln_meta_equal(&out->meta, &g->values[g->outputs[0]].meta);
+    kiln_fused_fn fn = __atomic_load_n(&k->fn, __ATOMIC_ACQUIRE); /* a background build stores it */
+    bool native = fn != NULL && kiln_meta_equal(&out->meta, &g->values[g->outputs[0]].meta);
     for (int i = 0; i < nin && native; i++) {
         const kiln_meta *m = &g->values[g->inputs[i]].meta;
         native = kiln_meta_equal(&in[i]->meta, m) &&
@@ -357,7 +368,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
             char *ptrs[MAX_OPERANDS];
             ptrs[0] = out->data;
             for (int i = 0; i < nin; i++) ptrs[1 + i] = in[i]->data;
-            if (out->numel > 0) k->fn(ptrs, k->contiguous.ndim, k->contiguous.shape, &k->contiguous.st[0][0]);
+            if (out->numel > 0) fn(ptrs, k->contiguous.ndim, k->contiguous.shape, &k->contiguous.st[0][0]);
             return KILN_OK;
         }
     }
@@ -367,7 +378,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
         loop_plan p;
         bool fits;
         kiln_status s = bind(k, in, out, tmp, &p, ptrs, &fits);
-        if (s == KILN_OK && fits && out->numel > 0) k->fn(ptrs, p.ndim, p.shape, &p.st[0][0]);
+        if (s == KILN_OK && fits && out->numel > 0) fn(ptrs, p.ndim, p.shape, &p.st[0][0]);
         kiln_release_all(tmp, nin);
         if (s != KILN_OK || fits) return s;
     }
@@ -377,6 +388,7 @@ kiln_status kiln_fused_run(kiln_fused_kernel *k, int nin, kiln_tensor *const *in
 
 void kiln_fused_free(kiln_fused_kernel *k) {
     if (!k) return;
+    kiln_codegen_forget((void **)&k->fn); /* a background build never writes it after this */
     pthread_mutex_lock(&waiting.lock);
     for (int i = 0; i < waiting.n; i++)
         if (waiting.items[i] == k) waiting.items[i--] = waiting.items[--waiting.n];

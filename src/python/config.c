@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "codegen/codegen.h"
 #include "codegen/codegen_info.h"
 #include "isa_dispatch.h"
 #include "kiln/config.h"
@@ -100,7 +101,32 @@ static PyObject *py_codegen_cache(PyObject *self, PyObject *args, PyObject *kwar
     return Py_BuildValue("(LL)", (long long)entries, (long long)bytes);
 }
 
+/* codegen_background(on=None) -> whether generated code builds in the background (setting it when
+ * on is given: True or False). */
+static PyObject *py_codegen_background(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *on = Py_None;
+    if (!PyArg_ParseTuple(args, "|O:codegen_background", &on)) return NULL;
+    if (on != Py_None) {
+        if (!PyBool_Check(on)) return PyErr_Format(PyExc_TypeError, "codegen_background: on must be a bool");
+        kiln_codegen_set_background(on == Py_True);
+    }
+    return PyBool_FromLong(kiln_codegen_background());
+}
+
+/* codegen_wait(): until no background build of generated code is queued or running. */
+static PyObject *py_codegen_wait(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    kiln_codegen_wait();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef config_methods[] = {
+    {"codegen_background", py_codegen_background, METH_VARARGS,
+     "codegen_background(on=None) -> whether generated code builds on a background thread (set when on is given)"},
+    {"codegen_wait", py_codegen_wait, METH_NOARGS, "waits until no background build of generated code is queued or running"},
     {"build_info", py_build_info, METH_NOARGS, "how kiln was built, the CPU, BLAS and oneDNN (a dict of strings)"},
     {"codegen_info", py_codegen_info, METH_NOARGS, "the compiler of generated code and the disk cache's directory"},
     {"codegen_selftest", py_codegen_selftest, METH_NOARGS,

@@ -349,7 +349,16 @@ static kiln_status generate(kiln_sink *s) {
     const char *dump = getenv("KILN_DUMP_CODE");
     if (dump && strcmp(dump, "1") == 0) fprintf(stderr, "[kiln] generated %s:\n%s\n", symbol, source);
     void *fn = NULL;
-    kiln_status r = kiln_codegen_load(source, symbol, &fn);
+    kiln_status r;
+    const char *sym = symbol;
+    if (kiln_codegen_background() && !kiln_codegen_load_cached(1, (const char *const *)&source, &sym, &fn)) {
+        /* built by the background builder: the steps run interpreted until it stores s->fn */
+        void **target = (void **)&s->fn;
+        r = kiln_codegen_load_later(1, (const char *const *)&source, &sym, &target);
+        free(source);
+        return r;
+    }
+    r = fn ? KILN_OK : kiln_codegen_load(source, symbol, &fn);
     free(source);
     if (r == KILN_ERR_MEMORY) return r;
     if (r != KILN_OK) { /* the driver warned once: the steps run interpreted */
@@ -389,7 +398,7 @@ static kiln_status keep_memo(const kiln_sink *s, void **memo) {
         free_memo(m);
         return st;
     }
-    m->fn = s->fn;
+    m->fn = __atomic_load_n(&s->fn, __ATOMIC_ACQUIRE);
     m->nsteps = s->nsteps;
     for (int32_t i = 0; i < s->nsteps; i++) {
         m->steps[i] = s->steps[i];
@@ -406,6 +415,9 @@ static kiln_status keep_memo(const kiln_sink *s, void **memo) {
 static kiln_status reuse_memo(kiln_sink *s, const sink_memo *m, bool *reused) {
     *reused = false;
     if (!m || m->nsteps != s->nsteps || s->poison_after) return KILN_OK;
+    /* code still building in the background when the memo was kept: generated again (found in
+     * memory once built), so this binding is not left interpreted */
+    if (!m->fn && kiln_codegen_background()) return KILN_OK;
     for (int32_t i = 0; i < s->nsteps; i++)
         if (s->steps[i].kind != m->steps[i].kind || s->steps[i].node != m->steps[i].node) return KILN_OK;
     for (int32_t i = 0; i < s->nsteps; i++) {
@@ -435,6 +447,7 @@ static kiln_status reuse_memo(kiln_sink *s, const sink_memo *m, bool *reused) {
 static void sink_free(void *state) {
     kiln_sink *s = state;
     if (!s) return;
+    kiln_codegen_forget((void **)&s->fn); /* a background build never writes it after this */
     for (int32_t v = 0; s->own && v < s->nv; v++) kiln_tensor_release(s->own[v]);
     for (int32_t i = 0; s->steps && i < s->nsteps; i++) free(s->steps[i].source), free(s->steps[i].st);
     free(s->own), free(s->t), free(s->d), free(s->root), free(s->same_as), free(s->view_offset), free(s->binding);
@@ -639,7 +652,8 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     kiln_status st = bind(s, inputs, copies);
     if (st == KILN_OK) {
         /* profiled calls run the same steps interpreted, to time each (the generated function has no clock) */
-        st = s->fn && !kiln_profiling() ? (kiln_status)s->fn(&s->env) : interpret(s);
+        kiln_sink_fn fn = __atomic_load_n(&s->fn, __ATOMIC_ACQUIRE); /* stored by a background build */
+        st = fn && !kiln_profiling() ? (kiln_status)fn(&s->env) : interpret(s);
         if (st != KILN_OK && st != KILN_ERR_INTERRUPTED) step_error(s, st);
     }
     for (int k = 0; k < nout && st == KILN_OK; k++) {
