@@ -33,14 +33,32 @@ found_model=$(mktemp -d)
 trap 'rm -rf "$found" "$found_model"' EXIT
 # both harnesses run even when the first fails; the script fails when either did
 status=0
-ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
-LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
-UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
-  -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus || status=1
-ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
-LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
-UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  build-fuzz/tests/fuzz/fuzz_model_load -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
-  -artifact_prefix=build-fuzz/model- -print_final_stats=1 "$found_model" tests/fuzz/corpus_model || status=1
+# the two fuzzers run side by side when there are two cores (each is one thread): a minute, not two
+fuzz_parse() {
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+  LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    build-fuzz/tests/fuzz/fuzz_graph_parse -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
+    -dict="$dict" -artifact_prefix=build-fuzz/ -print_final_stats=1 "$found" tests/fuzz/corpus
+}
+fuzz_model() {
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+  LSAN_OPTIONS=suppressions=$PWD/tests/c/lsan.supp \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    build-fuzz/tests/fuzz/fuzz_model_load -max_total_time="$seconds" -seed="${KILN_FUZZ_SEED:-0}" ${KILN_FUZZ_RUNS:+-runs=$KILN_FUZZ_RUNS} -timeout=20 -rss_limit_mb=4096 \
+    -artifact_prefix=build-fuzz/model- -print_final_stats=1 "$found_model" tests/fuzz/corpus_model
+}
+if [ "$jobs" -ge 2 ]; then
+  logs=$(mktemp -d)
+  trap 'rm -rf "$found" "$found_model" "$logs"' EXIT
+  fuzz_parse >"$logs/parse.txt" 2>&1 &
+  parse_pid=$!
+  fuzz_model >"$logs/model.txt" 2>&1 || status=1
+  wait "$parse_pid" || status=1
+  echo "---- fuzz_graph_parse"; cat "$logs/parse.txt"
+  echo "---- fuzz_model_load"; cat "$logs/model.txt"
+else
+  fuzz_parse || status=1
+  fuzz_model || status=1
+fi
 exit $status
