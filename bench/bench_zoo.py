@@ -203,6 +203,8 @@ def main():
     p.add_argument("--warm-cache", action="store_true",
                    help="use kiln's compile cache as it is (default: an empty one, so first calls compile)")
     args = p.parse_args()
+    # (restored at the end: tests run this script in their own process)
+    was_background, was_cache = kiln.get_context("background_compile"), os.environ.get("KILN_CACHE_DIR")
     kiln.set_context(background_compile=args.background_compile)
     cache = None if args.warm_cache else tempfile.TemporaryDirectory(prefix="kiln-bench-zoo-cache-")
     if cache is not None:
@@ -229,8 +231,13 @@ def main():
                 report(*train_rows(cases[name](), torch, twins, args.repeat))
     finally:
         kiln.wait_compiles()
+        kiln.set_context(background_compile=was_background)
         if cache is not None:
             cache.cleanup()
+            if was_cache is None:
+                os.environ.pop("KILN_CACHE_DIR", None)
+            else:
+                os.environ["KILN_CACHE_DIR"] = was_cache
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ def test_resnet18_losses_equal_torch_with_copied_weights():
 
 
 def test_the_zoo_benchmark_prints_its_rows(capsys):
+    import kiln
     from kiln.bench import models_table
     script = models_table.zoo_script()
     assert script is not None and script.name == "bench_zoo.py"
@@ -174,6 +175,7 @@ def test_the_zoo_benchmark_prints_its_rows(capsys):
         sys.argv = argv
     out = capsys.readouterr().out
     assert "Llama decoder" in out and "kiln eager" in out and "best kiln.jit row" in out
+    assert kiln.get_context("background_compile") is False  # the script leaves the settings as they were
 
 
 def test_lstm_classifier_learns_the_marked_digit():
