@@ -143,8 +143,8 @@ PY_LAYERS = {
     "kiln.jit": 6, "kiln.jit.*": 6,
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
-    # checkpoints, data loading, the pytree and configuration reports
-    "kiln.checkpoint": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    # checkpoints (serialization), data loading, the pytree alias and configuration reports
+    "kiln.serialization": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package
