@@ -18,7 +18,7 @@ from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
 from .config import show_config
 from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
-from . import autodiff, dataset, profiler, tools, tree
+from . import autodiff, dataset, profiler, tools, tree, tree_util
 
 float_ = float32
 int_ = int64
