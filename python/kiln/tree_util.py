@@ -77,6 +77,16 @@ def _node_pair(t):
     return pair
 
 
+class _DictKeys(tuple):
+    """A dict node's aux: its keys sorted (what equality and hashing see, as JAX), carrying the
+    dict's own key order, in which unflatten rebuilds it (so a result's keys are in eager's order)."""
+
+    def __new__(cls, keys, order):
+        self = super().__new__(cls, keys)
+        self.order = order
+        return self
+
+
 # A tree structure is a nest of tuples: _LEAF for a leaf, (type, aux, (child structure, ...)) for
 # a node; the type is compared by identity, aux by equality.
 _LEAF = "*"
@@ -94,7 +104,9 @@ def _flatten(x, leaves, is_leaf):
             keys = tuple(sorted(x))
         except TypeError:
             raise TypeError(f"tree_flatten: a dict's keys must be sortable to flatten it, got {list(x)!r}") from None
-        return (dict, keys, tuple([_flatten(x[k], leaves, is_leaf) for k in keys]))
+        order = tuple(x)
+        return (dict, keys if order == keys else _DictKeys(keys, order),
+                tuple([_flatten(x[k], leaves, is_leaf) for k in keys]))
     if x is None:
         return (_NoneType, None, ())
     if isinstance(x, _C.TensorBase):
@@ -110,7 +122,8 @@ def _flatten(x, leaves, is_leaf):
         return (t, tuple(x), tuple([_flatten(c, leaves, is_leaf) for c in x.values()]))
     if t is collections.defaultdict:
         keys = tuple(sorted(x))
-        return (t, (x.default_factory, keys), tuple([_flatten(x[k], leaves, is_leaf) for k in keys]))
+        return (t, (x.default_factory, _DictKeys(keys, tuple(x))),
+                tuple([_flatten(x[k], leaves, is_leaf) for k in keys]))
     leaves.append(x)
     return _LEAF
 
@@ -122,6 +135,9 @@ def _build(node, children):
     if t is list:
         return list(children)
     if t is dict:
+        if type(aux) is _DictKeys:  # rebuilt in the flattened dict's own key order
+            at = dict(zip(aux, children))
+            return {k: at[k] for k in aux.order}
         return dict(zip(aux, children))
     if t is _NoneType:
         return None
@@ -131,7 +147,8 @@ def _build(node, children):
     if t is collections.OrderedDict:
         return collections.OrderedDict(zip(aux, children))
     if t is collections.defaultdict:
-        return collections.defaultdict(aux[0], zip(aux[1], children))
+        at = dict(zip(aux[1], children))
+        return collections.defaultdict(aux[0], [(k, at[k]) for k in aux[1].order])
     return t._make(children)  # a namedtuple
 
 
@@ -197,6 +214,13 @@ class PyTreeDef:
         _up_to(self._node, tree, out, "")
         return out
 
+    def leaf_paths(self):
+        """Where each leaf sits, as text: ['key'] for a dict entry, .name for a namedtuple's or a
+        dataclass's field, [i] otherwise ("" for a tree that is one leaf)."""
+        out = []
+        _paths(self._node, "", out)
+        return out
+
     def children(self):
         """The structures of the root node's children."""
         return [] if self._node is _LEAF else [PyTreeDef(c) for c in self._node[2]]
@@ -211,6 +235,25 @@ class PyTreeDef:
 
     def __repr__(self):
         return f"PyTreeDef({_text(self._node)})"
+
+
+def _paths(node, path, out):
+    if node is _LEAF:
+        out.append(path)
+        return
+    t, aux, children = node
+    if t is dict or t is collections.OrderedDict:
+        labels = [f"[{k!r}]" for k in aux]
+    elif t is collections.defaultdict:
+        labels = [f"[{k!r}]" for k in aux[1]]
+    elif hasattr(t, "_fields") and issubclass(t, tuple):
+        labels = [f".{n}" for n in t._fields]
+    elif hasattr(t, "__dataclass_fields__") and isinstance(aux, tuple) and len(aux) == len(children):
+        labels = [f".{n}" for n in aux]
+    else:
+        labels = [f"[{i}]" for i in range(len(children))]
+    for label, c in zip(labels, children):
+        _paths(c, path + label, out)
 
 
 def _same(a, b):
