@@ -38,7 +38,7 @@ def register_pytree_node(nodetype, flatten_func, unflatten_func):
         raise ValueError(f"register_pytree_node: {nodetype.__name__} is built in and cannot be registered")
     if not callable(flatten_func) or not callable(unflatten_func):
         raise TypeError("register_pytree_node: flatten_func and unflatten_func must be callable")
-    if _registry.get(nodetype) is not None:
+    if _registry.get(nodetype) is not None and type(_registry[nodetype]) is not _DataclassNode:
         raise ValueError(f"register_pytree_node: {nodetype.__qualname__} is already registered")
     _C.tree.register_node(nodetype, flatten_func, unflatten_func)
 
@@ -60,8 +60,12 @@ def _dataclass_node(cls):
     if any(not f.init for f in fields):
         return None
     names = tuple(f.name for f in fields)
-    return (lambda obj: (tuple(getattr(obj, n) for n in names), names),
-            lambda aux, children: cls(**dict(zip(aux, children))))
+    return _DataclassNode((lambda obj: (tuple(getattr(obj, n) for n in names), names),
+                           lambda aux, children: cls(**dict(zip(aux, children)))))
+
+
+class _DataclassNode(tuple):
+    """The (flatten, unflatten) made for an unregistered dataclass: registering the class replaces it."""
 
 
 _C.tree.set_node_default(_dataclass_node)

@@ -336,3 +336,18 @@ def test_pytree_operand_with_a_non_tensor_leaf_is_a_clear_error():
     with pytest.raises(TypeError, match="loop value 0 must be a Tensor or a pytree of Tensors, got a dict holding "
                                         "a str"):
         ops.while_loop(lambda d: d["x"].sum() < 3, lambda d: d, ({"x": x, "name": "a"},))
+
+
+def test_a_dataclass_flattened_before_can_still_be_registered():
+    @dataclasses.dataclass
+    class Config:
+        weight: object
+        label: str
+
+    assert tree_util.tree_leaves(Config(1, "a")) == [1, "a"]  # by default: every init field a child
+    tree_util.register_pytree_node(Config, lambda c: ((c.weight,), c.label), lambda label, ch: Config(ch[0], label))
+    assert tree_util.tree_leaves(Config(1, "a")) == [1]
+    out = kiln.jit(lambda c: Config(c.weight * 2.0, c.label + "!"), capture_mode="trace")(Config(T([1.0]), "a"))
+    assert type(out) is Config and out.label == "a!" and out.weight.numpy().tolist() == [2.0]
+    with pytest.raises(ValueError, match="already registered"):
+        tree_util.register_pytree_node(Config, lambda c: ((), None), lambda aux, ch: None)
