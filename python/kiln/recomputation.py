@@ -67,11 +67,12 @@ def _eager(fn, args, kwargs):
     versions = [(k, leaves[k], leaves[k]._version) for k, x in enumerate(leaves) if isinstance(x, _C.TensorBase)]
     state = _C.random_state()
 
-    def run():
-        """fn, recording its history, on fresh leaves of the differentiable arguments: (result,
-        those leaves)."""
+    def run(connected=False):
+        """fn, recording its history, on fresh leaves of the differentiable arguments (connected:
+        on the arguments themselves, so that the history reaches theirs): (result, the tensors
+        standing for the differentiable arguments)."""
         fresh = list(leaves)
-        for k in grad_at:
+        for k in grad_at if not connected else ():
             fresh[k] = leaves[k].detach()
             fresh[k].requires_grad_(True)
         a, kw = treedef.unflatten(fresh)
@@ -101,12 +102,13 @@ def _eager(fn, args, kwargs):
     def backward(grads, needs, create_graph):
         for k, t, v in versions:
             if t._version != v:
-                raise RuntimeError(f"{name}: argument tensor {k} was changed in place after the forward; the "
-                                   "recomputation would read the new values")
+                raise RuntimeError(f"{name}: the argument tensor {_argument(treedef, k)} was changed in place (by "
+                                   "the function, or after it ran); its recomputation would read the new values")
         saved = _C.random_state()
         _C.set_random_state(state)  # random ops draw what the forward drew
         try:
-            again, fresh = run()
+            # gradients of gradients (create_graph): the recomputed history must reach the arguments'
+            again, fresh = run(connected=create_graph)
         finally:
             _C.set_random_state(saved)
         again_leaves = tree_util.tree_leaves(again)
@@ -121,3 +123,8 @@ def _eager(fn, args, kwargs):
     _C.record_grad(tuple(inputs) + tuple(params), tuple(made), backward, name)
     return result
 
+
+def _argument(treedef, k):
+    """The k-th leaf of (args, kwargs) as text: args[1], kwargs['x'], args[0]['w']."""
+    path = treedef.leaf_paths()[k]
+    return ("args" if path.startswith("[0]") else "kwargs") + path[3:]
