@@ -29,10 +29,10 @@ def recompute(fn=None):
     if not callable(fn):
         raise TypeError(f"recompute: expected a function or a Cell, got {type(fn).__name__}")
 
-    @functools.wraps(fn)
     def recomputed(*args, **kwargs):
         return call(fn, args, kwargs)
 
+    functools.update_wrapper(recomputed, fn, updated=())  # (not a Cell's __dict__: its _jitted would leak)
     recomputed._kiln_recompute_of = fn
     return recomputed
 

@@ -91,6 +91,22 @@ def test_cell_recompute_eagerly_is_bitwise_the_same(p_drop):
     _bitwise(got, want)
 
 
+def test_recompute_of_a_cell_instance_is_bitwise_the_same():
+    x = _rand(16, 64, seed=15)
+    plain = _mlp(False, depth=2)
+    wrapped = _mlp(False, depth=2)
+    blocks = [kiln.recompute(b) for b in wrapped.blocks]
+
+    def loss(x):
+        for b in blocks:
+            x = b(x)
+        return (x * x).mean()
+
+    want = kiln.value_and_grad(plain, grad_position=0, weights=plain.trainable_params())(x)
+    got = kiln.value_and_grad(loss, grad_position=0, weights=wrapped.trainable_params())(x)
+    _bitwise(got, want)
+
+
 def test_recompute_function_with_closure_parameters_is_bitwise_the_same():
     ws = [kiln.Parameter(_rand(16, 16, seed=k), name=f"w{k}") for k in range(4)]
     x = _rand(8, 16, seed=9)
