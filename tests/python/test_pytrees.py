@@ -351,3 +351,23 @@ def test_a_dataclass_flattened_before_can_still_be_registered():
     assert type(out) is Config and out.label == "a!" and out.weight.numpy().tolist() == [2.0]
     with pytest.raises(ValueError, match="already registered"):
         tree_util.register_pytree_node(Config, lambda c: ((), None), lambda aux, ch: None)
+
+
+def test_cond_with_more_than_32_pytree_operands_and_results_and_its_gradient():
+    tree = {f"k{i:02d}": State(T([float(i), 1.0]), None) for i in range(36)}
+
+    def f(tree, x):
+        out = ops.cond(x.sum() > 0, lambda t, y: tree_util.tree_map(lambda v: v * y, t),
+                       lambda t, y: tree_util.tree_map(lambda v: v - y, t), (tree, x))
+        return sum((v.h * v.h).sum() for v in out.values())
+
+    for x in (T(2.0), T(-1.0)):
+        want = f(tree, x)
+        _strict(lambda v, fn: v.wrap(fn), f, (tree, x))
+        g = kiln.grad(kiln.jit(f, capture_mode="trace"), grad_position=1)(tree, x)
+        # d/dx of sum((v*x)^2) = 2 x sum(v^2); of sum((v-x)^2) = -2 sum(v - x)
+        vals = np.array([[float(i), 1.0] for i in range(36)])
+        x0 = float(x.numpy())
+        expect = 2 * x0 * (vals ** 2).sum() if x0 > 0 else -2 * (vals - x0).sum()
+        np.testing.assert_allclose(g.numpy(), expect, rtol=1e-10)
+        assert want.numpy() > 0
