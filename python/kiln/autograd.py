@@ -69,10 +69,10 @@ def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, se
             tensors, treedef = [a], None
         else:
             tensors, treedef = tree_util.tree_flatten(a)
-        defs.append((treedef, len(tensors)))
+        defs.append((treedef, tensors))
+        paths = None if treedef is None or treedef.num_nodes == 1 else treedef.leaf_paths()
         for k, t in enumerate(tensors):
-            label = None if treedef is None or treedef.num_nodes == 1 else treedef.leaf_paths()[k]
-            leaf = _differentiable(t, p, label, all_inputs or allow_int, Tensor)
+            leaf = _differentiable(t, p, paths and paths[k], all_inputs or allow_int, Tensor)
             leaves.append(leaf)
             if leaf is not None:
                 tensors[k] = leaf
@@ -118,11 +118,10 @@ def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, se
     it = iter(grads)
     inputs = iter(leaves)
     gin = []
-    for p, (treedef, n) in zip(pos, defs):
+    for p, (treedef, tensors) in zip(pos, defs):
         if treedef is None:  # (all_inputs) a Tensor argument: a non-float one gets zeros of its dtype
-            gin.append(next(it) if next(inputs) is not None else _zeros_like(args[p]))
+            gin.append(next(it) if next(inputs) is not None else _zeros_like(tensors[0]))
             continue
-        tensors = tree_util.tree_leaves(args[p])
         gs = [next(it) if next(inputs) is not None else _zero_grad(t) for t in tensors]
         gin.append(treedef.unflatten(gs))  # the argument's own pytree type
     gin = tuple(gin)

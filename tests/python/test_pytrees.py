@@ -371,3 +371,16 @@ def test_cond_with_more_than_32_pytree_operands_and_results_and_its_gradient():
         expect = 2 * x0 * (vals ** 2).sum() if x0 > 0 else -2 * (vals - x0).sum()
         np.testing.assert_allclose(g.numpy(), expect, rtol=1e-10)
         assert want.numpy() > 0
+
+
+def test_grad_structure_is_the_argument_as_passed_even_if_the_function_changes_it():
+    def f(ws):
+        total = (ws[0] * ws[1]).sum()
+        ws.append(ws[0] * 2.0)  # the function grows its list argument
+        return total
+
+    a, b = T([1.0, 2.0]), T([3.0, 4.0])
+    g = kiln.grad(f)([a, b])
+    assert type(g) is list and len(g) == 2
+    np.testing.assert_allclose(g[0].numpy(), [3.0, 4.0])
+    np.testing.assert_allclose(g[1].numpy(), [1.0, 2.0])
