@@ -283,3 +283,19 @@ def test_compiled_peak_memory_is_lower_on_a_deep_mlp():
         peaks.append(exe.recompute_report())
     assert peaks[0].get("recompute", "none") == "none" and peaks[1]["recompute"] == "cell"
     assert peaks[1]["peak_after"] < 0.75 * peaks[1]["peak_before"], peaks[1]
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_compiled_recompute_with_dropout_equals_eager(mode):
+    x = _rand(16, 32, seed=3)
+    net = _mlp(True, n=32, depth=3, p_drop=0.3)
+    vg = kiln.value_and_grad(net, grad_position=0, weights=net.trainable_params())
+    kiln.manual_seed(5)
+    want = vg(x)  # eagerly: recomputed on the tape, the same mask drawn again
+    plain = _mlp(False, n=32, depth=3, p_drop=0.3)
+    kiln.manual_seed(5)
+    _bitwise(want, kiln.value_and_grad(plain, grad_position=0, weights=plain.trainable_params())(x))
+    jf = kiln.jit(vg, capture_mode=mode)
+    kiln.manual_seed(5)
+    assert difference(jf(x), want) is None
+    assert jf.cache_info().compiles == 1 and jf.cache_info().eager_calls == 0
