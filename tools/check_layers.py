@@ -126,13 +126,14 @@ PY_LAYERS = {
     # the extension and what builds on it alone: the op table, grad mode, start-up hooks, the
     # flattening of arguments, settings, profiling and memory tools
     "kiln._C": 0, "kiln._optable": 0, "kiln.grad_mode": 0, "kiln.hooks": 0, "kiln.context": 0, "kiln.version": 0,
-    "kiln.profiler": 0, "kiln.tools": 0, "kiln.tools.*": 0, "kiln.jit.tree": 0, "kiln.jit.replay": 0,
+    "kiln.profiler": 0, "kiln.tools": 0, "kiln.tools.*": 0, "kiln.jit.tree": 0, "kiln.tree_util": 0,
+    "kiln.jit.replay": 0,
     "kiln.jit.options": 0, "kiln.jit.config": 0, "kiln.jit.sublinear_memory_config": 0,
     "kiln.jit.dtr_config": 0, "kiln.jit.graph_opt_config": 0,
     # the functions of the op table, one module per family
     "kiln.ops.*": 1,
     # the tape's functional API over them
-    "kiln.autograd": 2, "kiln.autodiff": 2,
+    "kiln.autograd": 2, "kiln.autodiff": 2, "kiln.recomputation": 2,
     # kiln.ops: the functional namespace (the op modules and the autodiff functions)
     "kiln.ops": 3,
     # kiln.Tensor, whose methods are the namespace's functions
@@ -143,8 +144,8 @@ PY_LAYERS = {
     "kiln.jit": 6, "kiln.jit.*": 6,
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
-    # checkpoints, data loading, the pytree and configuration reports
-    "kiln.checkpoint": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    # checkpoints (serialization), data loading, the pytree alias and configuration reports
+    "kiln.serialization": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package

@@ -17,8 +17,10 @@ from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context, wait_compiles
 from .config import show_config
-from .checkpoint import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
-from . import autodiff, dataset, profiler, tools, tree
+from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
+from . import autodiff, dataset, profiler, tools, tree, tree_util
+from .recomputation import recompute
+checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
 
 float_ = float32
 int_ = int64

@@ -2,7 +2,7 @@
 import functools
 import threading
 
-from . import _C, hooks
+from . import _C, hooks, tree_util
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401 (kiln.autograd's API)
 
 
@@ -36,20 +36,13 @@ def differentiating():
 
 
 def _output_tensors(out, into):
-    """The tensors of a (nested tuple / list / dict) output, in order."""
-    if isinstance(out, _C.TensorBase):
-        into.append(out)
-    elif isinstance(out, (tuple, list)):
-        for o in out:
-            _output_tensors(o, into)
-    elif isinstance(out, dict):
-        for o in out.values():
-            _output_tensors(o, into)
+    """The tensors of a (pytree) output, in tree_util's order."""
+    into.extend(x for x in tree_util.tree_leaves(out) if isinstance(x, _C.TensorBase))
     return into
 
 
 def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, sens_param=False, return_ids=False,
-                           all_inputs=False):
+                           all_inputs=False, allow_int=False):
     """(fn's value, its gradients) as MindSpore computes them: the gradient of the sum of every
     tensor fn returns (with has_aux, of its first output only), each non-scalar output weighted by
     ones, or by the sensitivity given as the last positional argument (sens_param: one tensor per
@@ -69,23 +62,21 @@ def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, se
         raise ValueError("grad: grad_position and weights cannot both be None")
     pos, single = _positions(grad_position, nargs) if grad_position is not None else ((), False)
     args = list(args)
-    leaves = []
+    leaves, defs = [], []  # the differentiated tensors (None: a zero gradient), each argument's treedef
     for p in pos:
         a = args[p]
-        if not isinstance(a, _C.TensorBase):
-            raise TypeError(f"grad: argument {p} must be a Tensor to be differentiated, got {type(a).__name__}")
-        if not a.dtype.is_floating_point:
-            if all_inputs:
-                leaves.append(None)  # no gradient: zeros
-                continue
-            raise TypeError(f"grad: argument {p} has dtype {a.dtype}; only float tensors have gradients")
-        if a.requires_grad or (isinstance(a, Tensor) and type(a) is not Tensor):
-            leaf = a  # already tracked (e.g. inside an outer grad), or a Parameter keeping its identity
+        if all_inputs:
+            tensors, treedef = [a], None
         else:
-            leaf = a.detach()
-            leaf.requires_grad = True
-        args[p] = leaf
-        leaves.append(args[p])
+            tensors, treedef = tree_util.tree_flatten(a)
+        defs.append((treedef, tensors))
+        paths = None if treedef is None or treedef.num_nodes == 1 else treedef.leaf_paths()
+        for k, t in enumerate(tensors):
+            leaf = _differentiable(t, p, paths and paths[k], all_inputs or allow_int, Tensor)
+            leaves.append(leaf)
+            if leaf is not None:
+                tensors[k] = leaf
+        args[p] = tensors[0] if treedef is None else treedef.unflatten(tensors)
     wlist, wsingle = _weights_list(weights)
     depth = getattr(grad_nesting, "depth", 0)
     grad_nesting.depth = depth + 1
@@ -125,7 +116,15 @@ def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, se
         grads = _C.grad([o for o, _ in pairs], targets, gouts, depth > 0 and is_grad_enabled())
         grads = tuple(g if g is not None else _zeros_like(t) for g, t in zip(grads, targets))
     it = iter(grads)
-    gin = tuple(next(it) if t is not None else _zeros_like(args[p]) for p, t in zip(pos, leaves))
+    inputs = iter(leaves)
+    gin = []
+    for p, (treedef, tensors) in zip(pos, defs):
+        if treedef is None:  # (all_inputs) a Tensor argument: a non-float one gets zeros of its dtype
+            gin.append(next(it) if next(inputs) is not None else _zeros_like(tensors[0]))
+            continue
+        gs = [next(it) if next(inputs) is not None else _zero_grad(t) for t in tensors]
+        gin.append(treedef.unflatten(gs))  # the argument's own pytree type
+    gin = tuple(gin)
     gw = tuple(it)
     if return_ids:
         gin = tuple(zip(pos, gin))
@@ -144,25 +143,59 @@ def value_and_grad_on_tape(fn, grad_position, weights, has_aux, args, kwargs, se
     return value, result
 
 
+def _differentiable(a, position, leaf, allow_int, Tensor):
+    """The tensor a (argument `position`, at path `leaf` in it when the argument is a pytree)
+    made a leaf that records its gradient; None for an integer or bool tensor whose gradient is
+    zeros (allow_int)."""
+    where = f"argument {position}" + (f" (its leaf {leaf})" if leaf is not None else "")  # e.g. its leaf ['w'][0]
+    if not isinstance(a, _C.TensorBase):
+        raise TypeError(f"grad: {where} must be a Tensor (or a pytree of Tensors) to be differentiated, "
+                        f"got {type(a).__name__}")
+    if not a.dtype.is_floating_point:
+        if allow_int:
+            return None  # no gradient: zeros
+        raise TypeError(f"grad: {where} has dtype {a.dtype}; only float tensors have gradients (pass "
+                        f"allow_int=True for a zero float32 gradient of integer and bool inputs)")
+    if a.requires_grad or (isinstance(a, Tensor) and type(a) is not Tensor):
+        return a  # already tracked (e.g. inside an outer grad), or a Parameter keeping its identity
+    leaf = a.detach()
+    leaf.requires_grad = True
+    return leaf
+
+
+def _zero_grad(t):
+    """The gradient of an input that has none: zeros of its shape, float32 for an integer or bool
+    input (allow_int; JAX's float0 has no storage, which kiln's tensors have not either)."""
+    from .ops.array import zeros
+
+    return zeros(tuple(t.shape), dtype=t.dtype if t.dtype.is_floating_point else _C.float32)
+
+
 def _zeros_like(t):
     from .ops.array import zeros_like
 
     return zeros_like(t)
 
 
-def grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False):
+def grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False, allow_int=False):
     """A function returning the gradients of fn's output with respect to the arguments at
     grad_position and/or the given weights (Parameters or a Cell), as MindSpore's grad: a function
     returning several tensors (a tuple, list or dict, nested) is differentiated as the sum of them
     all, each non-scalar output with a gradient of ones. With has_aux fn returns (output, aux, ...),
     only its first output is differentiated, and grad returns (gradients, the tuple of the other
     outputs). return_ids: each gradient is paired with its identifier, (position, gradient) for an
-    input and (parameter name, gradient) for a weight (see get_grad)."""
-    _check_flags(has_aux=has_aux, return_ids=return_ids)
+    input and (parameter name, gradient) for a weight (see get_grad).
+
+    An argument at grad_position may be a pytree of tensors (kiln.tree_util): its gradient is the
+    pytree of the same type with each leaf's gradient. allow_int=True: integer and bool tensors
+    there are allowed, their gradient zeros of their shape in float32 (JAX gives float0, a dtype
+    without storage; kiln has none, and float32 zeros add into optimizer updates harmlessly)."""
+    _check_flags(has_aux=has_aux, return_ids=return_ids, allow_int=allow_int)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        value, grads = _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids)
+        value, grads = _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids,
+                                        allow_int=allow_int)
         if has_aux:  # (gradients, the outputs after the first, as a tuple)
             return grads, tuple(value[1:])
         return grads
@@ -171,14 +204,15 @@ def grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False):
     return wrapper
 
 
-def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False):
+def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False, allow_int=False):
     """Like grad, but the function returns (fn's value, gradients); the value is everything fn
     returned (with has_aux too)."""
-    _check_flags(has_aux=has_aux, return_ids=return_ids)
+    _check_flags(has_aux=has_aux, return_ids=return_ids, allow_int=allow_int)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids)
+        return _value_and_grads(fn, grad_position, weights, has_aux, args, kwargs, return_ids=return_ids,
+                                allow_int=allow_int)
 
     wrapper._kiln_grad_of = fn
     return wrapper

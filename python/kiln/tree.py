@@ -1,5 +1,3 @@
-"""kiln.tree: pytree registration for kiln.jit and kiln.trace arguments and results (the
-flattening itself is kiln.jit.tree)."""
-from .jit.tree import register_pytree_node
-
-__all__ = ["register_pytree_node"]
+"""kiln.tree: the older name of kiln.tree_util (pytree registration and flattening)."""
+from .tree_util import *  # noqa: F401,F403
+from .tree_util import __all__  # noqa: F401

@@ -103,6 +103,8 @@ static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs 
     return n;
 }
 
+uint64_t kiln_autograd_clock(void) { return atomic_load_explicit(&next_seq, memory_order_relaxed); }
+
 /* The edge of input k of n to the history of t. */
 static void link_input(kiln_grad_node *n, int k, kiln_tensor *t) {
     n->in_meta[k] = t->meta;

@@ -33,6 +33,8 @@ typedef struct kiln_grad_node {
 kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in,
                                  const kiln_attrs *attrs, int nout, kiln_tensor **out);
 void kiln_grad_node_release(kiln_grad_node *node);
+/* The seq the next recorded node will get: nodes with a smaller seq were recorded before. */
+uint64_t kiln_autograd_clock(void);
 /* What the node computed: its op's name, or a custom node's. */
 const char *kiln_grad_node_name(const kiln_grad_node *node);
 

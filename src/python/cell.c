@@ -21,6 +21,7 @@
 static _Thread_local PyObject *call_log, *write_log; /* lists while this thread captures; else NULL */
 static PyObject *parameter_type;       /* kiln.nn.Parameter */
 static PyObject *context;              /* kiln.context._context: its "mode" 0 is GRAPH_MODE */
+static PyObject *recompute_eager;      /* kiln.recompute's eager call, for Cell.recompute() (cell_setup) */
 static PyObject *s_params, *s_cells, *s_jitted, *s_graph_mode_jit, *s_construct, *s_auto_prefix, *s_name,
     *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute;
 
@@ -58,20 +59,25 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
     Py_XDECREF(jitted);
-    /* Cell.recompute(): the ops recorded while construct runs are recomputed for the backward */
+    /* Cell.recompute(): the ops recorded while construct runs are recomputed for the backward;
+     * eagerly, construct runs through recompute_eager (kiln.recompute's eager path) */
     kiln_tracer *tr = kiln_tracer_active();
     int marked = 0;
-    if (tr) {
+    if (tr || recompute_eager) {
         PyObject *flag = PyObject_GetAttr(self, s_recompute);
         marked = flag ? PyObject_IsTrue(flag) : -1;
         Py_XDECREF(flag);
         if (marked < 0) return NULL;
     }
-    int32_t was = marked ? kiln_tracer_begin_recompute(tr) : 0;
+    int32_t was = marked && tr ? kiln_tracer_begin_recompute(tr) : 0;
     PyObject *construct = PyObject_GetAttr(self, s_construct);
-    PyObject *out = construct ? PyObject_Call(construct, args, kwargs) : NULL;
+    PyObject *out = NULL;
+    if (construct && marked && !tr)
+        out = PyObject_CallFunctionObjArgs(recompute_eager, construct, args, kwargs ? kwargs : Py_None, NULL);
+    else if (construct)
+        out = PyObject_Call(construct, args, kwargs);
     Py_XDECREF(construct);
-    if (marked) kiln_tracer_end_recompute(tr, was);
+    if (marked && tr) kiln_tracer_end_recompute(tr, was);
     return out;
 }
 
@@ -284,24 +290,50 @@ static PyObject *py_log_cell_call(PyObject *module, PyObject *cell) {
     Py_RETURN_NONE;
 }
 
-/* cell_setup(Parameter, context): the types and settings CellBase reads. */
+/* cell_setup(Parameter, context, recompute_eager=None): the types and settings CellBase reads. */
 static PyObject *py_cell_setup(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *param, *ctx;
-    if (!PyArg_ParseTuple(args, "O!O!:cell_setup", &PyType_Type, &param, &PyDict_Type, &ctx)) return NULL;
+    PyObject *param, *ctx, *recompute = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!|O:cell_setup", &PyType_Type, &param, &PyDict_Type, &ctx, &recompute))
+        return NULL;
     Py_XSETREF(parameter_type, Py_NewRef(param));
     Py_XSETREF(context, Py_NewRef(ctx));
+    Py_CLEAR(recompute_eager);
+    if (recompute != Py_None) recompute_eager = Py_NewRef(recompute);
+    Py_RETURN_NONE;
+}
+
+/* recompute_begin() -> the mark to restore (recompute_end), or None when no trace records: the
+ * ops recorded until then are marked for recomputation, as a Cell.recompute() cell's are. */
+static PyObject *py_recompute_begin(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    kiln_tracer *tr = kiln_tracer_active();
+    if (!tr) Py_RETURN_NONE;
+    return PyLong_FromLong(kiln_tracer_begin_recompute(tr));
+}
+
+static PyObject *py_recompute_end(PyObject *module, PyObject *mark) {
+    (void)module;
+    kiln_tracer *tr = kiln_tracer_active();
+    long was = PyLong_AsLong(mark);
+    if (was == -1 && PyErr_Occurred()) return NULL;
+    if (tr) kiln_tracer_end_recompute(tr, (int32_t)was);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef cell_functions[] = {
+    {"recompute_begin", py_recompute_begin, METH_NOARGS,
+     "recompute_begin() -> mark or None: the ops recorded from now on are recomputed for the backward"},
+    {"recompute_end", py_recompute_end, METH_O, "recompute_end(mark): ends what recompute_begin began"},
     {"cell_set_raw", (PyCFunction)(void (*)(void))py_set_raw, METH_FASTCALL,
      "cell_set_raw(cell, name, value): set an attribute without registering it or bumping the version"},
     {"set_cell_logs", py_set_cell_logs, METH_VARARGS,
      "set_cell_logs(call_log, write_log) -> previous pair: the lists a capture logs Cell calls and writes in"},
     {"cell_logs", py_cell_logs, METH_NOARGS, "cell_logs() -> (call_log, write_log) of the capture running, or Nones"},
     {"log_cell_call", py_log_cell_call, METH_O, "log_cell_call(cell): note a Cell called while a capture runs"},
-    {"cell_setup", py_cell_setup, METH_VARARGS, "cell_setup(Parameter, context dict): what CellBase reads"},
+    {"cell_setup", py_cell_setup, METH_VARARGS,
+     "cell_setup(Parameter, context dict, recompute_eager=None): what CellBase reads; recompute_eager(construct, "
+     "args, kwargs or None) runs a Cell.recompute() cell's construct eagerly"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,6 +3,8 @@
  * backward graph of that piece). */
 #include "pykiln.h"
 
+#include "autograd/node.h"
+
 /* The node's rule: backward(grads, needs) -> a sequence of nin gradients (Tensor or None). */
 static kiln_status call_backward(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
                                  bool create_graph, kiln_tensor **gin) {
@@ -97,7 +99,93 @@ static PyObject *py_record_grad(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Adds what the history edge e reaches to the walk: a leaf (once) to leaves, a node recorded
+ * since `since` (once) to the stack; a node recorded before: its name in *outer. */
+static int walk_edge(const kiln_grad_edge *e, uint64_t since, PyObject *seen, PyObject *leaves, PyObject *stack,
+                     const char **outer) {
+    const void *key = e->leaf ? (const void *)e->leaf : (const void *)e->node;
+    if (!key) return 0;
+    if (e->node && e->node->seq < since) {
+        if (!*outer) *outer = kiln_grad_node_name(e->node);
+        return 0;
+    }
+    PyObject *k = PyLong_FromVoidPtr((void *)key);
+    int known = k ? PySet_Contains(seen, k) : -1;
+    if (known == 0) known = PySet_Add(seen, k);
+    else if (known == 1) known = 2;
+    Py_XDECREF(k);
+    if (known < 0) return -1;
+    if (known == 2) return 0;
+    if (e->node) {
+        PyObject *n = PyLong_FromVoidPtr(e->node);
+        int rc = n ? PyList_Append(stack, n) : -1;
+        Py_XDECREF(n);
+        return rc;
+    }
+    kiln_tensor_retain(e->leaf);
+    PyObject *t = pykiln_wrap(e->leaf);
+    int rc = t ? PyList_Append(leaves, t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
+/* grad_leaves(outputs, since, known) -> (leaves, outer): the leaf tensors that require grad which
+ * the outputs' history reaches through nodes recorded at or after `since` (grad_clock()), each
+ * once, in the order found, except those in known; outer: the name of the first op recorded before `since` that the history
+ * reaches (a tensor made outside with its own history), or None. */
+static PyObject *py_grad_leaves(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *outs, *known;
+    unsigned long long since;
+    if (!PyArg_ParseTuple(args, "O!KO!:grad_leaves", &PyTuple_Type, &outs, &since, &PyTuple_Type, &known))
+        return NULL;
+    PyObject *seen = PySet_New(NULL), *leaves = PyList_New(0), *stack = PyList_New(0), *result = NULL;
+    const char *outer = NULL;
+    int rc = seen && leaves && stack ? 0 : -1;
+    for (Py_ssize_t k = 0; rc == 0 && k < PyTuple_GET_SIZE(known); k++) { /* leaves not to list */
+        PyObject *o = PyTuple_GET_ITEM(known, k);
+        PyObject *key = pykiln_is_tensor(o) ? PyLong_FromVoidPtr(pykiln_unwrap(o)) : NULL;
+        rc = key ? PySet_Add(seen, key) : -1;
+        Py_XDECREF(key);
+        if (!pykiln_is_tensor(o)) PyErr_Format(PyExc_TypeError, "grad_leaves: known %zd is not a Tensor", k);
+    }
+    for (Py_ssize_t k = 0; rc == 0 && k < PyTuple_GET_SIZE(outs); k++) {
+        PyObject *o = PyTuple_GET_ITEM(outs, k);
+        if (!pykiln_is_tensor(o)) {
+            PyErr_Format(PyExc_TypeError, "grad_leaves: output %zd is not a Tensor", k);
+            rc = -1;
+            break;
+        }
+        kiln_tensor *t = pykiln_unwrap(o);
+        if (!t->requires_grad) continue;
+        kiln_grad_edge e = {.node = t->grad_fn, .output_nr = 0, .leaf = t->grad_fn ? NULL : t};
+        rc = walk_edge(&e, (uint64_t)since, seen, leaves, stack, &outer);
+    }
+    while (rc == 0 && PyList_GET_SIZE(stack) > 0) {
+        Py_ssize_t top = PyList_GET_SIZE(stack) - 1;
+        const kiln_grad_node *n = PyLong_AsVoidPtr(PyList_GET_ITEM(stack, top));
+        rc = PyList_SetSlice(stack, top, top + 1, NULL);
+        for (int32_t k = 0; rc == 0 && n && k < n->nin; k++) rc = walk_edge(&n->next[k], (uint64_t)since, seen, leaves,
+                                                                           stack, &outer);
+    }
+    if (rc == 0) result = outer ? Py_BuildValue("(Os)", leaves, outer) : Py_BuildValue("(OO)", leaves, Py_None);
+    Py_XDECREF(seen);
+    Py_XDECREF(leaves);
+    Py_XDECREF(stack);
+    return result;
+}
+
+static PyObject *py_grad_clock(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong(kiln_autograd_clock());
+}
+
 static PyMethodDef custom_grad_functions[] = {
+    {"grad_leaves", py_grad_leaves, METH_VARARGS,
+     "grad_leaves(outputs, since, known) -> (leaves, outer): the leaf tensors requiring grad (but those in known) "
+     "that the outputs' history recorded since grad_clock() reaches, and the name of an op recorded before it that "
+     "it reaches (or None)"},
+    {"grad_clock", py_grad_clock, METH_NOARGS, "grad_clock() -> the order number the next autograd node gets"},
     {"record_grad", py_record_grad, METH_VARARGS,
      "record_grad(inputs, outputs, backward, name): outputs become one autograd node over inputs, whose gradient "
      "is backward(grads, needs, create_graph) -> per input a Tensor or None"},

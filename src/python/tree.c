@@ -960,7 +960,9 @@ int pykiln_tree_init(PyObject *module) {
     Py_INCREF(&PyConstPayload_Type);
     if (PyModule_AddObject(module, "ConstPayload", (PyObject *)&PyConstPayload_Type) < 0) return -1;
     PyObject *tree = PyModule_New("kiln._C.tree");
-    if (!tree || PyModule_AddFunctions(tree, tree_functions) < 0 || PyModule_AddObjectRef(tree, "TENSOR", s_T) < 0) {
+    /* the registry itself, read by kiln.tree_util (one registry for jit and the public pytree API) */
+    if (!tree || PyModule_AddFunctions(tree, tree_functions) < 0 || PyModule_AddObjectRef(tree, "TENSOR", s_T) < 0 ||
+        PyModule_AddObjectRef(tree, "registry", node_registry) < 0) {
         Py_XDECREF(tree);
         return -1;
     }

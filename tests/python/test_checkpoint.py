@@ -12,7 +12,7 @@ import pytest
 
 import kiln
 from kiln import nn
-from kiln.checkpoint import CheckpointError, read_checkpoint
+from kiln.serialization import CheckpointError, read_checkpoint
 
 
 class Net(nn.Cell):

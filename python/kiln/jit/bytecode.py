@@ -423,8 +423,10 @@ class Interpreter:
         if type(fn) is types.FunctionType and differentiates_by_pieces(fn):
             self.brk("a grad / value_and_grad of a function jitted with capture_mode=\"bytecode\" that has graph "
                      "breaks (its pieces run on the eager tape)")
-        if type(fn) is types.FunctionType and "_kiln_grad_of" in fn.__dict__ and not guards.is_user_code(fn.__code__):
-            # a kiln.grad / value_and_grad wrapper (named after the function it differentiates)
+        if type(fn) is types.FunctionType and ("_kiln_grad_of" in fn.__dict__ or "_kiln_recompute_of" in fn.__dict__) \
+                and not guards.is_user_code(fn.__code__):
+            # a kiln.grad / value_and_grad wrapper (named after the function it differentiates), or a
+            # kiln.recompute one (the ops its function records are marked for recomputation)
             if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):
                 raise Specialize(f"a symbolic scalar passed to {fn.__qualname__}")
             return self.run_known(fn, args, kwargs)

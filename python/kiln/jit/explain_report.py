@@ -7,7 +7,7 @@ trace report their fallbacks to trace capture or eager execution)."""
 class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
-    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback):
+    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -17,6 +17,8 @@ class ExplainOutput:
         self.graph_break_count = len(breaks)
         self.recompiles = recompiles  # [what changed]
         self.fallback = fallback  # why the function (or a part of it) runs in Python, or None
+        # per graph: what recomputation (kiln.recompute, Cell.recompute, SublinearMemoryConfig) did, or None
+        self.recomputed = list(recomputed) if recomputed is not None else [None] * len(graphs)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -25,6 +27,8 @@ class ExplainOutput:
             lines.append(f"  break {k + 1}: {reason} at {where}")
         for k, (ops, guard_names) in enumerate(self.graphs):
             lines.append(f"  graph {k + 1}: {ops} ops, {len(guard_names)} guards")
+            if self.recomputed[k]:
+                lines.append(f"    {self.recomputed[k]}")
             lines.extend(f"    guard: {g}" for g in guard_names)
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
@@ -50,29 +54,44 @@ def _dynamic_graph(graph_text, guard_names, d):
     return _ops(graph_text), list(guard_names) + shapes
 
 
+def _recomputed(exe):
+    """What recomputation did to a compiled graph, as a line, or None when it did not run."""
+    r = exe.recompute_report() if exe is not None and hasattr(exe, "recompute_report") else {}
+    mode = r.get("recompute", "none")
+    if mode == "none":
+        return None
+    why = ("kiln.recompute / Cell.recompute" if mode == "cell" else "SublinearMemoryConfig")
+    return (f"recompute ({why}): {r['recomputed_ops']} ops recomputed for the backward, {r['extra_flops']} extra "
+            f"FLOPs; arena {r['peak_before']:,} -> {r['peak_after']:,} bytes")
+
+
 def report(jf):
     """The ExplainOutput of a JitFunction after its calls."""
     mode = jf.options.capture_mode
     fallback = jf._eager_reason
     if mode == "bytecode":
         pieces = jf._pieces
-        graphs, breaks, recompiles = [], [], []
+        graphs, breaks, recompiles, recomputed = [], [], [], []
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
+                recomputed.extend(_recomputed(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
                 graphs.extend(_dynamic_graph(p.graph_text, p.guard_names, p.dyn) for p in entries)
+                recomputed.extend(None for _ in entries)
             breaks = list(pieces.breaks)
             recompiles = [f"the value of {g} changed" if g else "a guard failed" for _, g in pieces.recompiles]
             recompiles += pieces.new_signatures
             fallback = fallback or pieces.given_up
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
+        recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
             graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
+            recomputed.extend(None for _ in ds)
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
-    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback)
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed)

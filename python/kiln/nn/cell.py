@@ -6,13 +6,15 @@ import numpy as np
 from .. import _C, hooks
 from .. import _tensor
 from .. import context as _context
+from .. import recomputation
 from .parameter import Parameter
 
 _object_setattr = _C.cell_set_raw  # an attribute write that neither registers nor bumps the version
 
 # While kiln.jit captures, the Cells called and the attribute writes on Cells are logged in the
 # lists given to kiln._C.set_cell_logs (see kiln.jit.function.trace_call and kiln.jit.guards).
-_C.cell_setup(Parameter, _context._context)
+# Cell.recompute() cells called eagerly run through kiln.recompute's eager path.
+_C.cell_setup(Parameter, _context._context, recomputation.call_construct)
 
 
 class Cell(_C.CellBase):
@@ -44,7 +46,9 @@ class Cell(_C.CellBase):
         value_and_grad of a jitted function) the activations this cell's construct computes are
         not kept for the backward but computed again, from the cell's inputs, just before the
         backward reads them (src/passes/recompute.c; no search: the cell says what). Random ops
-        (dropout) inside are never recomputed. mode=False undoes it. MindSpore's keyword arguments
+        (dropout) inside are never recomputed. Eagerly (while grad is enabled) each call runs as
+        kiln.recompute(construct): its intermediates are dropped after the forward and the
+        construct runs again in the backward, drawing the same random numbers. mode=False undoes it. MindSpore's keyword arguments
         (mp_comm_recompute, parallel_optimizer_comm_recompute, recompute_slice_activation) concern
         parallel training; they are checked and have no effect here. Returns self."""
         if not isinstance(mode, bool):

@@ -7,21 +7,41 @@ the compiled graph then decides at run time, and loops run entirely in C. Tensor
 read from outside (closures, Cell parameters) become extra inputs of the node, so gradients
 reach them.
 """
-from .. import _C
+from .. import _C, tree_util
 from ..grad_mode import no_grad
 from .array import arange, index_select
 
 
-def _tree():
-    from ..jit import tree  # kiln.jit imports kiln.ops: resolved at call time
-
-    return tree
-
-
 def _check_tensors(what, values):
-    for i, v in enumerate(values):
-        if not isinstance(v, _C.TensorBase):
-            raise TypeError(f"{what}: operand {i} must be a Tensor, got {type(v).__name__}")
+    """values' leaves (kiln.tree_util) and their treedef; each leaf must be a Tensor. what: the
+    name of one value, with {i} for its position."""
+    leaves, treedef = tree_util.tree_flatten(tuple(values))
+    if not all(isinstance(v, _C.TensorBase) for v in leaves):
+        for i, v in enumerate(values):
+            bad = [x for x in tree_util.tree_leaves(v) if not isinstance(x, _C.TensorBase)]
+            if bad and bad[0] is v:
+                raise TypeError(f"{what.format(i=i)} must be a Tensor, got {type(v).__name__}")
+            if bad:
+                raise TypeError(f"{what.format(i=i)} must be a Tensor or a pytree of Tensors, got a "
+                                f"{type(v).__name__} holding a {type(bad[0]).__name__}")
+    return leaves, treedef
+
+
+class _Shown:
+    """A leaf in a structure's description (repr "Tensor", or the leaf's type)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _describe(treedef, leaves=None):
+    """treedef as text, its leaves shown as Tensor (or the type of a leaf that is not one)."""
+    shown = [_Shown("Tensor" if leaves is None or isinstance(x, _C.TensorBase) else repr(x)[:40])
+             for x in (leaves if leaves is not None else range(treedef.num_leaves))]
+    return repr(treedef.unflatten(shown))
 
 
 def _meta(t):
@@ -34,25 +54,14 @@ def _one_element(what, value):
 
 
 def _flat_outputs(what, out):
-    leaves = []
-    spec = _tree().flatten(out, leaves)
-    if not leaves or any(s[0] == "const" for s in _specs(spec)):
-        raise TypeError(f"{what} must return a Tensor or a (nested) tuple/list of Tensors, got {_tree().describe(spec)}")
-    return spec, leaves
-
-
-def _specs(spec):
-    if spec == "T":
-        return
-    if spec[0] == "const":
-        yield spec
-        return
-    for s in spec[-1]:
-        yield from _specs(s)
+    leaves, treedef = tree_util.tree_flatten(out)
+    if not leaves or not all(isinstance(x, _C.TensorBase) for x in leaves):
+        raise TypeError(f"{what} must return a Tensor or a pytree of Tensors, got {_describe(treedef, leaves)}")
+    return treedef, leaves
 
 
 def _trace_body(fn, args, what):
-    """fn(*args) traced into a body under a nested tracer: (tracer, output spec, output leaves)."""
+    """fn(*args) traced into a body under a nested tracer: (tracer, output treedef, output leaves)."""
     tracer = _C.Tracer(nested=True)
     try:
         aliases = [a.detach() for a in args]
@@ -62,11 +71,11 @@ def _trace_body(fn, args, what):
             out = fn(*aliases)
         if isinstance(out, (bool, int)) and not isinstance(out, _C.TensorBase):
             return tracer, None, out
-        spec, leaves = _flat_outputs(what, out)
+        treedef, leaves = _flat_outputs(what, out)
         tracer.finish_body(leaves)
     finally:
         tracer.end()
-    return tracer, spec, leaves
+    return tracer, treedef, leaves
 
 
 def _check_callables(op, **fns):
@@ -78,13 +87,14 @@ def _check_callables(op, **fns):
 def cond(pred, true_fn, false_fn, operands=()):
     """true_fn(*operands) if pred else false_fn(*operands).
 
-    pred: a one-element tensor (nonzero is true) or a Python bool/int (a static choice). Both
-    branches return a tensor or a (nested) tuple/list of tensors of the same structure, dtypes
-    and shapes, any number of them (compiled, past 32 the node carries them packed)."""
+    pred: a one-element tensor (nonzero is true) or a Python bool/int (a static choice). operands:
+    a tuple or list of tensors or pytrees of tensors (kiln.tree_util). Both branches return a
+    tensor or a pytree of tensors of the same structure, dtypes and shapes, any number of them
+    (compiled, past 32 the node carries them packed)."""
     if not isinstance(operands, (tuple, list)):
         raise TypeError(f"cond: operands must be a tuple or list of Tensors, got {type(operands).__name__}")
     operands = tuple(operands)
-    _check_tensors("cond", operands)
+    in_leaves, in_def = _check_tensors("cond: operand {i}", operands)
     _check_callables("cond", true_fn=true_fn, false_fn=false_fn)
     if not isinstance(pred, (_C.TensorBase, bool, int)):
         raise TypeError(f"cond: pred must be a one-element Tensor, a bool or an int, got {type(pred).__name__}")
@@ -93,77 +103,66 @@ def cond(pred, true_fn, false_fn, operands=()):
     _one_element("cond: the predicate", pred)
     if not _C.is_tracing():
         return (true_fn if bool(pred) else false_fn)(*operands)
-    if len(operands) > _NODE_VALUES:  # more operands than a node's gradient takes: passed packed
-        packed = _Packed(operands)
-        return cond(pred, lambda *p: true_fn(*packed.unpack(p)), lambda *p: false_fn(*packed.unpack(p)),
-                    packed.pack(operands))
-    then_tr, then_spec, then_out = _trace_body(true_fn, operands, "cond: true_fn")
-    else_tr, else_spec, else_out = _trace_body(false_fn, operands, "cond: false_fn")
-    if then_spec is None or else_spec is None:
+    if len(in_leaves) > _NODE_VALUES:  # more operands than a node's gradient takes: passed packed
+        packed = _Packed(in_leaves)
+        return cond(pred, lambda *p: true_fn(*in_def.unflatten(packed.unpack(p))),
+                    lambda *p: false_fn(*in_def.unflatten(packed.unpack(p))), packed.pack(in_leaves))
+    in_leaves = tuple(in_leaves)
+
+    def on_leaves(fn):
+        return lambda *leaves: fn(*in_def.unflatten(leaves))
+
+    then_tr, then_def, then_out = _trace_body(on_leaves(true_fn), in_leaves, "cond: true_fn")
+    else_tr, else_def, else_out = _trace_body(on_leaves(false_fn), in_leaves, "cond: false_fn")
+    if then_def is None or else_def is None:
         raise TypeError("cond: true_fn and false_fn must return Tensors, got a Python "
-                        f"{type(then_out if then_spec is None else else_out).__name__}")
-    if then_spec != else_spec:
-        raise ValueError(f"cond: true_fn returns {_tree().describe(then_spec)} but false_fn returns "
-                         f"{_tree().describe(else_spec)}")
+                        f"{type(then_out if then_def is None else else_out).__name__}")
+    if then_def != else_def:
+        raise ValueError(f"cond: true_fn returns {_describe(then_def)} but false_fn returns {_describe(else_def)}")
     for i, (a, b) in enumerate(zip(then_out, else_out)):
         if not _C.same_meta(a, b):  # (checked again when a dynamic-shape graph is rebound)
             raise ValueError(f"cond: output {i} of true_fn is {_meta(a)} but output {i} of false_fn is {_meta(b)}")
     if len(then_out) <= _NODE_VALUES:
-        outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + operands)
-        return _tree().unflatten(then_spec, list(outs))[0]
+        outs = _C.apply_control("if", [then_tr, else_tr], (pred,) + in_leaves)
+        return then_def.unflatten(outs)
     # more outputs than a node carries: the branches are traced again returning them packed
     packed = _Packed(then_out)
 
     def packing(fn):
-        def branch(*args):
-            leaves = []
-            _tree().flatten(fn(*args), leaves)
-            return packed.pack(leaves)
+        def branch(*leaves):
+            return packed.pack(tree_util.tree_leaves(fn(*in_def.unflatten(leaves))))
         return branch
 
-    then_tr, _, _ = _trace_body(packing(true_fn), operands, "cond: true_fn")
-    else_tr, _, _ = _trace_body(packing(false_fn), operands, "cond: false_fn")
-    outs = packed.unpack(_C.apply_control("if", [then_tr, else_tr], (pred,) + operands))
-    return _tree().unflatten(then_spec, outs)[0]
+    then_tr, _, _ = _trace_body(packing(true_fn), in_leaves, "cond: true_fn")
+    else_tr, _, _ = _trace_body(packing(false_fn), in_leaves, "cond: false_fn")
+    outs = packed.unpack(_C.apply_control("if", [then_tr, else_tr], (pred,) + in_leaves))
+    return then_def.unflatten(outs)
 
 
 _NODE_VALUES = 32  # the most values a control-flow node carries (KILN_MAX_OUTPUTS); more are packed (_Packed)
 
 
 def _loop_leaves(init_vals):
-    """The loop values' tensors (leaves of init_vals, a tuple/list whose items are tensors or
-    nested tuples/lists/dicts of tensors) and their structure."""
-    for i, v in enumerate(init_vals):
-        if not isinstance(v, (_C.TensorBase, tuple, list, dict)):
-            raise TypeError(f"while_loop: loop value {i} must be a Tensor, got {type(v).__name__}")
-    leaves = []
-    spec = _tree().flatten(tuple(init_vals), leaves)
-    if any(s[0] == "const" for s in _specs(spec)):
-        raise TypeError(f"while_loop: loop values must be Tensors or nested tuples/lists/dicts of Tensors, got "
-                        f"{_tree().describe(spec)}")
+    """The loop values' tensors (the leaves of init_vals, a tuple/list of tensors or pytrees of
+    tensors) and their treedef."""
+    leaves, treedef = _check_tensors("while_loop: loop value {i}", init_vals)
     if not leaves:
         raise ValueError("while_loop: init_vals holds no Tensor")
-    return spec, leaves
+    return treedef, leaves
 
 
-def _next_values(body_fn, spec, leaves, nvals):
+def _next_values(body_fn, treedef, leaves, nvals):
     """body_fn on the loop values rebuilt from leaves: its new leaves, checked against the old."""
-    vals = _tree().unflatten(spec, list(leaves))[0]
+    vals = treedef.unflatten(leaves)
     new = body_fn(*vals)
-    if nvals == 1 and (isinstance(new, (_C.TensorBase, dict)) or (
-            isinstance(new, (tuple, list)) and not isinstance(vals[0], _C.TensorBase) and len(new) != 1)):
+    if nvals == 1 and tree_util.tree_structure(new) == tree_util.tree_structure(vals[0]):
         new = (new,)  # the one loop value, returned alone
     if not isinstance(new, (tuple, list)) or len(new) != nvals:
         got = f"{len(new)} values" if isinstance(new, (tuple, list)) else type(new).__name__
         raise ValueError(f"while_loop: body_fn must return {nvals} loop values like init_vals, got {got}")
-    for i, b in enumerate(new):
-        if not isinstance(b, (_C.TensorBase, tuple, list, dict)):
-            raise TypeError(f"while_loop: loop value {i} returned by body_fn must be a Tensor, got {type(b).__name__}")
-    new_leaves = []
-    new_spec = _tree().flatten(tuple(new), new_leaves)
-    if new_spec != spec:
-        raise ValueError(f"while_loop: body_fn returns {_tree().describe(new_spec)}, but init_vals is "
-                         f"{_tree().describe(spec)}")
+    new_leaves, new_def = _check_tensors("while_loop: loop value {i} returned by body_fn", new)
+    if new_def != treedef:
+        raise ValueError(f"while_loop: body_fn returns {_describe(new_def)}, but init_vals is {_describe(treedef)}")
     for i, (a, b) in enumerate(zip(leaves, new_leaves)):
         if not _C.same_meta(a, b):  # (checked again when a dynamic-shape graph is rebound)
             raise ValueError(f"while_loop: body_fn returns loop value {i} as {_meta(b)}, but it is {_meta(a)} "
@@ -181,25 +180,26 @@ def while_loop(cond_fn, body_fn, init_vals):
     """Runs vals = body_fn(*vals) while cond_fn(*vals), starting from init_vals; returns the final
     values (a tuple, or a list when init_vals is a list).
 
-    init_vals: a tuple/list whose items are tensors or nested tuples/lists/dicts of tensors (any
-    number of them). cond_fn returns a one-element tensor (nonzero: go on) or a bool; body_fn
-    returns values of init_vals' structure, dtypes and shapes (a lone tensor when there is one
-    loop value). Compiled, past 32 tensors the node carries them packed (one tensor per dtype)."""
+    init_vals: a tuple/list whose items are tensors or pytrees of tensors (kiln.tree_util: nested
+    tuples, lists, dicts, namedtuples, dataclasses, registered types, None; any number of them).
+    cond_fn returns a one-element tensor (nonzero: go on) or a bool; body_fn returns values of
+    init_vals' structure, dtypes and shapes (the value alone when there is one loop value).
+    Compiled, past 32 tensors the node carries them packed (one tensor per dtype)."""
     _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
     as_list = isinstance(init_vals, list)
     if not init_vals:
         raise ValueError("while_loop: init_vals is empty")
-    spec, leaves = _loop_leaves(init_vals)
+    treedef, leaves = _loop_leaves(init_vals)
     nvals = len(init_vals)
-    traced = _traced_while(cond_fn, body_fn, spec, leaves, nvals) if _C.is_tracing() else None
+    traced = _traced_while(cond_fn, body_fn, treedef, leaves, nvals) if _C.is_tracing() else None
     if traced is not None:
         leaves = traced
     else:
-        while _truth(cond_fn(*_tree().unflatten(spec, list(leaves))[0])):
-            leaves = _next_values(body_fn, spec, leaves, nvals)
-    vals = _tree().unflatten(spec, list(leaves))[0]
+        while _truth(cond_fn(*treedef.unflatten(leaves))):
+            leaves = _next_values(body_fn, treedef, leaves, nvals)
+    vals = treedef.unflatten(leaves)
     return list(vals) if as_list else vals
 
 
@@ -238,7 +238,7 @@ class _Packed:
         return out
 
 
-def _traced_while(cond_fn, body_fn, spec, leaves, nvals):
+def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
     """One `while` node over the loop values' leaves (packed when there are more than a node
     carries): the final leaves, or None when cond_fn gives a Python bool (a static loop: run it in Python)."""
     packed = _Packed(leaves) if len(leaves) > _NODE_VALUES else None
@@ -248,13 +248,13 @@ def _traced_while(cond_fn, body_fn, spec, leaves, nvals):
         return list(values) if packed is None else packed.unpack(values)
 
     def cond_of(*values):
-        return cond_fn(*_tree().unflatten(spec, unpacked(values))[0])
+        return cond_fn(*treedef.unflatten(unpacked(values)))
 
-    cond_tr, cond_spec, cond_out = _trace_body(cond_of, loop, "while_loop: cond_fn")
-    if cond_spec is None:
+    cond_tr, cond_def, cond_out = _trace_body(cond_of, loop, "while_loop: cond_fn")
+    if cond_def is None:
         return None
-    if cond_spec != "T":
-        raise TypeError(f"while_loop: cond_fn must return one Tensor, got {_tree().describe(cond_spec)}")
+    if cond_def.num_nodes != 1:
+        raise TypeError(f"while_loop: cond_fn must return one Tensor, got {_describe(cond_def)}")
     _one_element("while_loop: the value of cond_fn", cond_out[0])
     tracer = _C.Tracer(nested=True)
     try:
@@ -262,7 +262,7 @@ def _traced_while(cond_fn, body_fn, spec, leaves, nvals):
         for a in aliases:
             tracer.add_input(a)
         with no_grad():
-            new = _next_values(body_fn, spec, unpacked(aliases), nvals)
+            new = _next_values(body_fn, treedef, unpacked(aliases), nvals)
             if packed is not None:
                 new = packed.pack(new)
         tracer.finish_body(list(new))

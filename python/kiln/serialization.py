@@ -1,4 +1,5 @@
-"""Checkpoints, MindSpore's API: save_checkpoint, load_checkpoint, load_param_into_net (PyTorch's
+"""Checkpoints (kiln.serialization: MindSpore's module name; kiln.checkpoint is JAX's recompute),
+MindSpore's API: save_checkpoint, load_checkpoint, load_param_into_net (PyTorch's
 Cell.state_dict / load_state_dict beside them), in kiln's own file format -- no pickle, nothing
 executed on load, every count, size and name checked against the file before use.
 
