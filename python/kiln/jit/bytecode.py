@@ -1247,6 +1247,7 @@ class _Tag:
 
 
 _ITER, _CELL, _REF, _FOREIGN, _METHOD = _Tag("iter"), _Tag("cell"), _Tag("ref"), _Tag("foreign"), _Tag("method")
+_EMPTY = _Tag("empty")  # the payload of a cell with no contents (a cell may hold (), or a tensor)
 _LIVE_ITER = _Tag("live iter")  # an iterator over a list of the state: (the list, the position)
 _ALIAS = _Tag("alias")  # a list or dict met again in a state: the number of its first occurrence
 _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's function; a bound method
@@ -1339,7 +1340,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             try:
                 return _CELL, conv(v.cell_contents, depth + 1)
             except ValueError:
-                return _CELL, ()
+                return _CELL, _EMPTY
         if type(v) is tuple:
             return tuple(conv(x, depth + 1) for x in v)
         if isinstance(v, tuple) and hasattr(type(v), "_make"):
@@ -1397,7 +1398,7 @@ def thaw(state, interp, top):
             if tag is _ALIAS:
                 return made[payload]
             if tag is _CELL:
-                return types.CellType(conv(payload)) if payload != () else types.CellType()
+                return types.CellType() if payload is _EMPTY else types.CellType(conv(payload))
             if tag is _METHOD:
                 return getattr(conv(payload[0]), payload[1])
             if tag is _BOUND:
