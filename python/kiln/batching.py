@@ -291,17 +291,23 @@ def _ensemble(cells, in_axes, out_axes):
 
 def _call_with_params(cell, own, params, args):
     """cell(*args) with its parameters read as `params` (the traced inputs of one ensemble member):
-    each of its cells' parameter slots holding one of `own` holds the matching tensor meanwhile."""
+    each of its cells' parameter slots (_params and the attribute) holding one of `own` holds the
+    matching tensor meanwhile, written around Cell's attribute machinery (no version bump: the
+    cell is the same when the call returns)."""
     by_id = {id(p): q for p, q in zip(own, params)}
-    slots = [(c, name, p) for _, c in cell.cells_and_names() for name, p in c._params.items()
-             if p is not None and id(p) in by_id]
+    slots = [(c, name, p, c.__dict__.get(name) is p) for _, c in cell.cells_and_names()
+             for name, p in c._params.items() if p is not None and id(p) in by_id]
     try:
-        for c, name, p in slots:
+        for c, name, p, attr in slots:
             c._params[name] = by_id[id(p)]
+            if attr:
+                c.__dict__[name] = by_id[id(p)]
         return cell(*args)
     finally:
-        for c, name, p in slots:
+        for c, name, p, attr in slots:
             c._params[name] = p
+            if attr:
+                c.__dict__[name] = p
 
 
 def jacrev(fn, grad_position=0, has_aux=False):

@@ -266,10 +266,15 @@ static kiln_status rule_linear(vm *c, const kiln_node *n, const bv *in, int32_t 
     /* batched weights (an ensemble, or per-example weights): x @ w^T + b per example */
     const kiln_meta *r = &c->g->values[n->out[0]].meta;
     int64_t perm[3] = {0, 2, 1}, perm1[2] = {1, 0};
-    bv wt = {0, in[1].b};
-    KILN_TRY(permute(c, in[1].v, in[1].b ? perm : perm1, &wt.v));
     int32_t prod;
-    KILN_TRY(batched_matmul(c, in[0], wt, r->ndim, r->shape, &prod));
+    if (!in[0].b && !in[1].b) { /* the bias alone batched: the product once, the biases added */
+        int32_t ins[2] = {in[0].v, in[1].v};
+        KILN_TRY(add(c, KILN_OP_LINEAR, 2, ins, &n->attrs, &prod));
+    } else {
+        bv wt = {0, in[1].b};
+        KILN_TRY(permute(c, in[1].v, in[1].b ? perm : perm1, &wt.v));
+        KILN_TRY(batched_matmul(c, in[0], wt, r->ndim, r->shape, &prod));
+    }
     if (n->nin < 3) {
         *out = prod;
         return KILN_OK;
