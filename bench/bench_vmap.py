@@ -8,7 +8,10 @@ with kiln.jit(kiln.vmap(kiln.grad(f))) against
 
 and kiln.jacrev of a 256 -> 256 MLP (jitted) against 256 separate grad calls (target: >= 5x).
 
-    PYTHONPATH=python python3 bench/bench_vmap.py [--repeats N] [--torch-python PATH]
+    PYTHONPATH=python python3 bench/bench_vmap.py [--repeats N] [--threads N] [--torch-python PATH]
+
+--threads sets kiln's and torch's kernel threads alike (on a loaded 2-core machine 1 is the
+steadiest: threads waiting for each other at every kernel dominate otherwise).
 """
 import argparse
 import os
@@ -61,10 +64,16 @@ def main():
     p.add_argument("--loop-examples", type=int, default=32,
                    help="examples the Python loop of grad calls runs (its time is scaled to the batch)")
     p.add_argument("--torch-python", default="/work/peers-venv/bin/python")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads (kiln and torch); default: kiln's")
     args = p.parse_args()
 
     import kiln
     from kiln import ops
+
+    if args.threads:
+        kiln.set_num_threads(args.threads)
+    threads = args.threads or os.cpu_count() or 1
+    print(f"threads: {args.threads or 'default'}")
 
     rng = np.random.default_rng(0)
 
@@ -102,8 +111,7 @@ def main():
     print(f"  one batched backward (jit)    {t_batched * 1e3:9.2f} ms   vmap/batched {t_vmap / t_batched:6.2f}  "
           f"(target <= 1.5)")
     if os.path.exists(args.torch_python):
-        threads = str(kiln.get_num_threads()) if hasattr(kiln, "get_num_threads") else "2"
-        res = subprocess.run([args.torch_python, "-c", _TORCH, str(args.repeats), threads], capture_output=True,
+        res = subprocess.run([args.torch_python, "-c", _TORCH, str(args.repeats), str(threads)], capture_output=True,
                              text=True)
         if res.returncode == 0:
             t_torch = float(res.stdout.strip().splitlines()[-1])
