@@ -164,3 +164,80 @@ def test_every_rule_is_a_known_kind():
              "slice_assign", "gather", "index_add", "fold", "leading", "leading_all", "unbatched", ""}
     assert set(_C.batch_rules().values()) <= kinds
     assert _C.batch_rules()["add"] == "elementwise" and _C.batch_rules()["matmul"] == "matmul"
+
+
+# ---- every elementwise op of the table, applied by its op number -------------------------------
+
+OP_INDEX = {row[0]: k for k, row in enumerate(_C.op_table())}
+ELEMENTWISE = sorted(name for name, rule in _C.batch_rules().items()
+                     if rule == "elementwise" and name not in ("clamp", "cast", "class_labels"))
+
+
+def _apply(name, *xs):
+    return _C.apply(OP_INDEX[name], list(xs))
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_every_elementwise_op(name):
+    nin = _C.op_table()[OP_INDEX[name]][1]
+    makers = [f32(2, 3, positive=True)] + [f32(3, positive=True)] * (nin - 1)
+    variants = [0, 1] if nin == 1 else [(0,) + (None,) * (nin - 1), (None,) + (0,) * (nin - 1), (2,) + (0,) * (nin - 1)]
+    for in_axes in variants:
+        axes = _axes(in_axes, nin)
+        arrays = [_batched(m, ax) for m, ax in zip(makers, axes)]
+        if name == "where":
+            arrays[0] = arrays[0] > 1.0
+        expected = np.stack([_apply(name, *[kiln.tensor(_example(a, ax, i)) for a, ax in zip(arrays, axes)]).numpy()
+                             for i in range(B)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", kiln.VmapFallbackWarning)
+            got = kiln.vmap(lambda *xs: _apply(name, *xs), in_axes=in_axes)(*[kiln.tensor(a) for a in arrays])
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+# ---- gradient ops: vmap(grad(f)) against stacked grad calls ------------------------------------
+
+# (name, f(w, x) -> scalar, w maker, x maker (one example), ops allowed to run per example)
+GRAD_CASES = [
+    ("softmax", lambda w, x: (ops.softmax(x * w, -1) * x).sum(), f32(4), f32(2, 4), set()),
+    ("log_softmax", lambda w, x: ops.log_softmax(x * w, 0).sum(), f32(4), f32(2, 4), set()),
+    ("cumsum", lambda w, x: (ops.cumsum(x * w, 1) ** 2).sum(), f32(4), f32(2, 4), set()),
+    ("sort", lambda w, x: (ops.sort(x * w, axis=-1)[0] * ops.arange(4).astype(kiln.float32)).sum(), f32(4),
+     f32(2, 4), set()),
+    ("slice", lambda w, x: (x[:, 1:3] * w[1:3]).sum(), f32(4), f32(3, 4), set()),
+    ("matmul", lambda w, x: ops.tanh(ops.matmul(x, w)).sum(), f32(4, 3), f32(2, 4), set()),
+    ("dense", lambda w, x: ops.tanh(ops.dense(x, w)).sum(), f32(3, 4), f32(4), set()),
+    ("broadcast", lambda w, x: (ops.broadcast_to(w, (2, 4)) * x).sum(), f32(4), f32(2, 4), set()),
+    ("permute", lambda w, x: (ops.permute(x, (1, 0)) * w[:, None]).sum(), f32(4), f32(2, 4), set()),
+    ("max", lambda w, x: (x * w).max(axis=1).sum(), f32(4), f32(2, 4), set()),
+    ("gather_table", lambda w, x: (ops.gather(w, ops.argmax(x, 0), 0) * 2).sum(), f32(5, 3), f32(5),
+     {"index_add"}),  # the indices vary per example: the gradient's index_add runs per example
+    ("conv2d", lambda w, x: ops.conv2d(x, w, pad_mode="pad", padding=1).sum(), f32(2, 3, 3, 3), f32(1, 3, 4, 4),
+     {"conv2d_backward_weight"}),
+    ("conv2d_input", lambda w, x: (ops.conv2d(w, x, pad_mode="valid") ** 2).sum(), f32(1, 3, 5, 5),
+     f32(2, 3, 3, 3), {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"}),  # a batched weight
+    ("max_pool2d", lambda w, x: ops.max_pool2d(x * w, 2, 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
+    ("avg_pool2d", lambda w, x: (ops.avg_pool2d(x * w, 2, 2) ** 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
+    ("layer_norm", lambda w, x: (ops.layer_norm(x, (4,), w) ** 3).sum(), f32(4), f32(2, 4), {"layer_norm_backward"}),
+    ("attention", lambda w, x: ops.scaled_dot_product_attention(x * w, x, x).sum(), f32(4), f32(2, 3, 4), set()),
+]
+
+
+@pytest.mark.parametrize("mode", ["eager", "trace"])
+@pytest.mark.parametrize("name,f,wm,xm,allowed", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_grad_rules_match_stacked_grad_calls(mode, name, f, wm, xm, allowed):
+    w = kiln.tensor(wm())
+    x = kiln.tensor(np.stack([xm() for _ in range(B)]))
+    g = kiln.grad(f, (0, 1))
+    expected = [np.stack([g(w, x[i])[k].numpy() for i in range(B)]) for k in range(2)]
+    pe = kiln.vmap(g, in_axes=(None, 0))
+    call = pe if mode == "eager" else kiln.jit(lambda w, x: pe(w, x), capture_mode="trace")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", kiln.VmapFallbackWarning)
+        got = call(w, x)
+        got = call(w, x)
+    slow = {op for m in seen if issubclass(m.category, kiln.VmapFallbackWarning)
+            for op in str(m.message).split("applies to ")[1].split(" here")[0].split(", ")}
+    assert slow <= allowed, f"ran per example: {slow - allowed}"
+    for k in range(2):
+        np.testing.assert_allclose(got[k].numpy(), expected[k], rtol=1e-4, atol=1e-5)
