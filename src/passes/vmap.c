@@ -30,6 +30,7 @@ typedef enum {
     BR_GATHER,
     BR_INDEX_ADD,
     BR_FOLD,
+    BR_CONV,
     BR_LEADING,
     BR_LEADING_ALL,
     BR_UNBATCHED,
@@ -53,6 +54,7 @@ typedef struct {
 #define BR_ENUM_gather BR_GATHER
 #define BR_ENUM_index_add BR_INDEX_ADD
 #define BR_ENUM_fold BR_FOLD
+#define BR_ENUM_conv BR_CONV
 #define BR_ENUM_leading BR_LEADING
 #define BR_ENUM_leading_all BR_LEADING_ALL
 #define BR_ENUM_unbatched BR_UNBATCHED
@@ -67,7 +69,7 @@ static const batch_info rules[KILN_OP_COUNT] = {
 
 static const char *const rule_names[] = {
     "", "elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-    "slice_assign", "gather", "index_add", "fold", "leading", "leading_all", "unbatched",
+    "slice_assign", "gather", "index_add", "fold", "conv", "leading", "leading_all", "unbatched",
 };
 
 const char *kiln_batch_rule_name(kiln_op op) {
@@ -422,6 +424,65 @@ static kiln_status rule_fold(vm *c, const kiln_node *n, const bv *in, int arg, i
     return reshape(c, folded, nd, shape, out);
 }
 
+/* (B, N, C, H, W) -> (N, B*C, H, W): the batch as groups of channels */
+static kiln_status to_groups(vm *c, bv x, int32_t *out) {
+    int32_t m, p;
+    KILN_TRY(materialize(c, x, &m));
+    const kiln_meta *mm = meta(c, m);
+    if (mm->ndim != 5) return NO_RULE;
+    int64_t perm[5] = {1, 0, 2, 3, 4};
+    int64_t shape[4] = {mm->shape[1], mm->shape[0] * mm->shape[2], mm->shape[3], mm->shape[4]};
+    KILN_TRY(permute(c, m, perm, &p));
+    return reshape(c, p, 4, shape, out);
+}
+
+/* (N, B*C, H, W) -> (B, N, C, H, W) */
+static kiln_status from_groups(vm *c, int32_t v, int32_t *out) {
+    const kiln_meta *m = meta(c, v);
+    int64_t shape[5] = {m->shape[0], c->B, m->shape[1] / c->B, m->shape[2], m->shape[3]};
+    int64_t perm[5] = {1, 0, 2, 3, 4};
+    int32_t r;
+    KILN_TRY(reshape(c, v, 5, shape, &r));
+    return permute(c, r, perm, out);
+}
+
+/* convolutions: a batch of inputs with one weight folds the batch into N (rule_fold); a batch of
+ * weights (an ensemble, per-example weight gradients) runs as one grouped convolution, each
+ * example's channels a group of their own */
+static kiln_status rule_conv(vm *c, const kiln_node *n, const bv *in, int arg, int32_t *out) {
+    bool weights = n->op == KILN_OP_CONV2D_BACKWARD_WEIGHT || in[1].b || (n->nin > 2 && in[2].b);
+    if (!weights) return rule_fold(c, n, in, arg, out);
+    kiln_attrs a = n->attrs;
+    a.i[KILN_A_CONV_GROUPS] *= c->B;
+    int32_t ins[3], r;
+    if (n->op == KILN_OP_CONV2D_BACKWARD_WEIGHT) { /* (x, gy) -> the weight's gradient per example */
+        KILN_TRY(to_groups(c, in[0], &ins[0]));
+        KILN_TRY(to_groups(c, in[1], &ins[1]));
+        a.i[KILN_A_CONV_SHAPE] *= c->B;
+        KILN_TRY(add(c, n->op, 2, ins, &a, &r));
+        int64_t shape[KILN_MAX_DIMS + 1];
+        int nd = batched_shape(c, n->out[0], shape);
+        return reshape(c, r, nd, shape, out);
+    }
+    /* conv2d (x, w[, b]) or conv2d_backward_input (gy, w): input 0 as groups, the weights stacked */
+    KILN_TRY(to_groups(c, in[0], &ins[0]));
+    int32_t w;
+    KILN_TRY(materialize(c, in[1], &w));
+    const kiln_meta *mw = meta(c, w);
+    if (mw->ndim != 5) return NO_RULE;
+    int64_t wshape[4] = {mw->shape[0] * mw->shape[1], mw->shape[2], mw->shape[3], mw->shape[4]};
+    KILN_TRY(reshape(c, w, 4, wshape, &ins[1]));
+    if (n->nin > 2) {
+        int32_t b;
+        KILN_TRY(materialize(c, in[2], &b));
+        int64_t bshape[1] = {meta(c, b)->shape[0] * meta(c, b)->shape[1]};
+        KILN_TRY(reshape(c, b, 1, bshape, &ins[2]));
+    }
+    if (n->op == KILN_OP_CONV2D_BACKWARD_INPUT) a.i[KILN_A_CONV_SHAPE + 1] *= c->B;
+    KILN_TRY(add(c, n->op, n->nin, ins, &a, &r));
+    return from_groups(c, r, out);
+}
+
 /* ops over trailing axes whose leading axes are independent rows: input 0 batched, the others
  * (weights) not (leading_all: every input batched) */
 static kiln_status rule_leading(vm *c, const kiln_node *n, const bv *in, bool all, int32_t *out) {
@@ -503,6 +564,7 @@ static kiln_status batch_node(vm *c, const kiln_node *n, const bv *in, int32_t *
     case BR_GATHER: return rule_gather(c, n, in, out);
     case BR_INDEX_ADD: return rule_index_add(c, n, in, out);
     case BR_FOLD: return rule_fold(c, n, in, r.arg, out);
+    case BR_CONV: return rule_conv(c, n, in, r.arg, out);
     case BR_LEADING: return rule_leading(c, n, in, false, out);
     case BR_LEADING_ALL: return rule_leading(c, n, in, true, out);
     case BR_UNBATCHED: /* an op without inputs never has batched ones */

@@ -293,9 +293,19 @@ def test_jacrev_is_one_batched_backward():
 # ---- the slow path -----------------------------------------------------------------------------
 
 def test_an_op_without_a_rule_runs_per_example_and_warns():
-    x, w = t(2, 1, 3, 5, 5), t(2, 4, 3, 3, 3)  # a batched weight: conv2d's rule folds only the input
+    tables = t(3, 5, 2)  # a batch of tables and a batch of indices: gather's rule takes one or the other
+    idx = kiln.tensor(np.array([[0, 4], [1, 1], [3, 2]], np.int64))
+    f = lambda tab, i: ops.gather(tab, i, 0)  # noqa: E731
+    with pytest.warns(kiln.VmapFallbackWarning, match="gather"):
+        got = kiln.vmap(f)(tables, idx).numpy()
+    close(got, np.stack([tables.numpy()[k][idx.numpy()[k]] for k in range(3)]))
+
+
+def test_ensemble_of_conv_weights_is_one_grouped_convolution():
+    x, w = t(2, 1, 3, 5, 5), t(2, 4, 3, 3, 3)
     f = lambda x, w: ops.conv2d(x, w, pad_mode="valid")  # noqa: E731
-    with pytest.warns(kiln.VmapFallbackWarning, match="conv2d"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kiln.VmapFallbackWarning)
         got = kiln.vmap(f)(x, w).numpy()
     close(got, np.stack([f(x[i], w[i]).numpy() for i in range(2)]), tol=1e-4)
 

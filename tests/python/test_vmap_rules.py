@@ -84,7 +84,9 @@ CASES = [
      [(0, None), (None, 0), (1, None)]),
     ("embedding", lambda w, i: ops.gather(w, i, 0), [f32(6, 3), ints(6, 2, 2)], [(None, 0), (None, 2)]),
     ("conv2d", lambda x, w: ops.conv2d(x, w, pad_mode="pad", padding=1), [f32(2, 3, 5, 5), f32(4, 3, 3, 3)],
-     [(0, None), (1, None)]),
+     [(0, None), (1, None), (None, 0), (0, 0), (4, 1)]),
+    ("conv2d_bias_groups", lambda x, w, b: ops.conv2d(x, w, b, pad_mode="valid", stride=2, groups=2),
+     [f32(2, 4, 5, 5), f32(6, 2, 3, 3), f32(6)], [(0, None, None), (None, None, 0), (0, 0, 0), (None, 0, None)]),
     ("max_pool2d", lambda x: ops.max_pool2d(x, 2, 2), [f32(2, 3, 4, 4)], [0, 4]),
     ("avg_pool2d", lambda x: ops.avg_pool2d(x, 2, 2), [f32(1, 2, 4, 4)], [0]),
     ("layer_norm", lambda x, w, b: ops.layer_norm(x, (4,), w, b), [f32(3, 4), f32(4), f32(4)],
@@ -145,7 +147,7 @@ def test_rule_matches_a_loop(mode, fn, makers, in_axes):
 WITHOUT_RULE = {
     "index_put",
     "batch_norm", "batch_norm_backward", "batch_norm_relu_backward",
-    "layer_norm_backward", "rms_norm_backward", "conv2d_backward_weight", "conv2d_fused", "relayout",
+    "layer_norm_backward", "rms_norm_backward", "conv2d_fused", "relayout",
     "rnn_layer", "rnn_layer_backward", "sgd_update", "adam_update", "print", "check", "fused",
     "if", "while", "while_grad", "matmul_epilogue",
 }
@@ -161,7 +163,7 @@ def test_ops_without_a_batching_rule_do_not_grow():
 
 def test_every_rule_is_a_known_kind():
     kinds = {"elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-             "slice_assign", "gather", "index_add", "fold", "leading", "leading_all", "unbatched", ""}
+             "slice_assign", "gather", "index_add", "fold", "conv", "leading", "leading_all", "unbatched", ""}
     assert set(_C.batch_rules().values()) <= kinds
     assert _C.batch_rules()["add"] == "elementwise" and _C.batch_rules()["matmul"] == "matmul"
 
@@ -213,9 +215,9 @@ GRAD_CASES = [
     ("gather_table", lambda w, x: (ops.gather(w, ops.argmax(x, 0), 0) * 2).sum(), f32(5, 3), f32(5),
      {"index_add"}),  # the indices vary per example: the gradient's index_add runs per example
     ("conv2d", lambda w, x: ops.conv2d(x, w, pad_mode="pad", padding=1).sum(), f32(2, 3, 3, 3), f32(1, 3, 4, 4),
-     {"conv2d_backward_weight"}),
+     set()),
     ("conv2d_input", lambda w, x: (ops.conv2d(w, x, pad_mode="valid") ** 2).sum(), f32(1, 3, 5, 5),
-     f32(2, 3, 3, 3), {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"}),  # a batched weight
+     f32(2, 3, 3, 3), set()),  # a batched weight: grouped convolutions
     ("max_pool2d", lambda w, x: ops.max_pool2d(x * w, 2, 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
     ("avg_pool2d", lambda w, x: (ops.avg_pool2d(x * w, 2, 2) ** 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
     ("layer_norm", lambda w, x: (ops.layer_norm(x, (4,), w) ** 3).sum(), f32(4), f32(2, 4), {"layer_norm_backward"}),
