@@ -368,6 +368,18 @@ static kiln_status rule_slice_assign(vm *c, const kiln_node *n, const bv *in, in
     return add(c, KILN_OP_SLICE_ASSIGN, 2, ins, &a, out);
 }
 
+/* batched indices (B, I...) as (B, 1.., n, 1..) broadcast to target (rank nd, n at axis): what
+ * gather_elements and scatter_add_elements take for a per-example gather or index_add */
+static kiln_status spread_indices(vm *c, int32_t idx, int nd, int axis, const int64_t *target, int32_t *out) {
+    int64_t shape[KILN_MAX_DIMS] = {0};
+    for (int d = 0; d < nd; d++) shape[d] = d == 0 ? c->B : (d == axis ? target[axis] : 1);
+    int32_t r;
+    KILN_TRY(reshape(c, idx, nd, shape, &r));
+    kiln_attrs a = {.ni = nd};
+    for (int d = 0; d < nd; d++) a.i[KILN_A_EXPAND_SHAPE + d] = target[d];
+    return add(c, KILN_OP_EXPAND, 1, &r, &a, out);
+}
+
 static kiln_status rule_gather(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
     int64_t axis = n->attrs.i[KILN_A_INDEX_AXIS];
     if (axis < 0) return NO_RULE;
@@ -382,19 +394,50 @@ static kiln_status rule_gather(vm *c, const kiln_node *n, const bv *in, int32_t 
         KILN_TRY(add(c, KILN_OP_GATHER, 2, ins, &n->attrs, &g));
         return move_axis(c, g, (int)axis, 0, out);
     }
-    return NO_RULE;
+    /* a batch of tables and of indices: gather_elements with the indices spread along the axis */
+    int32_t x = in[0].v, idx;
+    const kiln_meta *mx = meta(c, x);
+    int64_t target[KILN_MAX_DIMS];
+    int64_t count = 1;
+    const kiln_meta *mi = meta(c, in[1].v);
+    for (int d = 1; d < mi->ndim; d++) count *= mi->shape[d];
+    for (int d = 0; d < mx->ndim; d++) target[d] = mx->shape[d];
+    target[axis + 1] = count;
+    KILN_TRY(spread_indices(c, in[1].v, mx->ndim, (int)axis + 1, target, &idx));
+    kiln_attrs a = {.ni = 1};
+    a.i[KILN_A_INDEX_AXIS] = axis + 1;
+    int32_t ins[2] = {x, idx}, g;
+    KILN_TRY(add(c, KILN_OP_GATHER_ELEMENTS, 2, ins, &a, &g));
+    int64_t shape[KILN_MAX_DIMS + 1];
+    int nd = batched_shape(c, n->out[0], shape);
+    return reshape(c, g, nd, shape, out);
 }
 
 static kiln_status rule_index_add(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
     int64_t axis = n->attrs.i[KILN_A_INDEX_AXIS];
-    if (in[1].b || axis < 0) return NO_RULE;
+    if (axis < 0) return NO_RULE;
     int32_t ins[3];
     KILN_TRY(materialize(c, in[0], &ins[0]));
     ins[1] = in[1].v;
     KILN_TRY(materialize(c, in[2], &ins[2]));
     kiln_attrs a = n->attrs;
     a.i[KILN_A_INDEX_AXIS] = axis + 1;
-    return add(c, n->op, 3, ins, &a, out);
+    if (!in[1].b) return add(c, n->op, 3, ins, &a, out);
+    /* per-example indices (a per-example embedding gradient): scatter_add_elements with the
+     * indices spread over the source's shape */
+    int32_t idx = in[1].v;
+    if (meta(c, idx)->ndim == 1) { /* one index per example: the source without the axis */
+        int64_t shape[KILN_MAX_DIMS + 1] = {c->B, 1};
+        KILN_TRY(reshape(c, idx, 2, shape, &idx));
+        const kiln_meta *m0 = meta(c, ins[2]);
+        if (m0->ndim + 1 > KILN_MAX_DIMS) return NO_RULE;
+        for (int d = 0, k = 0; d <= m0->ndim; d++) shape[d] = d == axis + 1 ? 1 : m0->shape[k++];
+        KILN_TRY(reshape(c, ins[2], m0->ndim + 1, shape, &ins[2]));
+    }
+    const kiln_meta *ms = meta(c, ins[2]);
+    if (meta(c, idx)->ndim != 2 || ms->ndim != meta(c, ins[0])->ndim) return NO_RULE;
+    KILN_TRY(spread_indices(c, idx, ms->ndim, (int)axis + 1, ms->shape, &ins[1]));
+    return add(c, KILN_OP_SCATTER_ADD_ELEMENTS, 3, ins, &a, out);
 }
 
 /* NCHW ops: the batch folded into N. Input 0 batched (with input 1 for the max pool's backward,

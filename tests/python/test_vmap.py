@@ -293,12 +293,21 @@ def test_jacrev_is_one_batched_backward():
 # ---- the slow path -----------------------------------------------------------------------------
 
 def test_an_op_without_a_rule_runs_per_example_and_warns():
-    tables = t(3, 5, 2)  # a batch of tables and a batch of indices: gather's rule takes one or the other
-    idx = kiln.tensor(np.array([[0, 4], [1, 1], [3, 2]], np.int64))
-    f = lambda tab, i: ops.gather(tab, i, 0)  # noqa: E731
-    with pytest.warns(kiln.VmapFallbackWarning, match="gather"):
-        got = kiln.vmap(f)(tables, idx).numpy()
+    x, w = t(3, 2, 4), t(3, 4)  # a batch of layer_norm weights: its rule takes a batched input only
+    f = lambda x, w: ops.layer_norm(x, (4,), w)  # noqa: E731
+    with pytest.warns(kiln.VmapFallbackWarning, match="layer_norm"):
+        got = kiln.vmap(f)(x, w).numpy()
+    close(got, np.stack([f(x[k], w[k]).numpy() for k in range(3)]))
+
+
+def test_a_batch_of_tables_and_of_indices():
+    tables = t(3, 5, 2)
+    idx = kiln.tensor(np.array([[0, 4], [1, 1], [3, -1]], np.int64))
+    got = kiln.vmap(lambda tab, i: ops.gather(tab, i, 0))(tables, idx).numpy()
     close(got, np.stack([tables.numpy()[k][idx.numpy()[k]] for k in range(3)]))
+    bad = kiln.tensor(np.array([[0, 4], [1, 9], [3, 2]], np.int64))
+    with pytest.raises(IndexError):
+        kiln.vmap(lambda tab, i: ops.gather(tab, i, 0))(tables, bad)
 
 
 def test_ensemble_of_conv_weights_is_one_grouped_convolution():

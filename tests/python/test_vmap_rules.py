@@ -82,7 +82,10 @@ CASES = [
     ("slice_step", lambda x: x[::2, -1], [f32(5, 3)], [0, 2]),
     ("index_select", lambda x, i: ops.index_select(x, 0, i), [f32(5, 3), ints(5, 4)],
      [(0, None), (None, 0), (1, None)]),
-    ("embedding", lambda w, i: ops.gather(w, i, 0), [f32(6, 3), ints(6, 2, 2)], [(None, 0), (None, 2)]),
+    ("embedding", lambda w, i: ops.gather(w, i, 0), [f32(6, 3), ints(6, 2, 2)], [(None, 0), (None, 2), (0, 0)]),
+    ("gather_axis1", lambda w, i: ops.gather(w, i, 1), [f32(2, 6, 3), ints(6, 4)], [(0, 0), (2, None), (None, 0)]),
+    ("index_add", lambda x, i, s: ops.index_add(x, 1, i, s), [f32(2, 5), ints(5, 3), f32(2, 3)],
+     [(0, None, 0), (None, 0, 0), (0, 0, None), (1, 0, 1)]),
     ("conv2d", lambda x, w: ops.conv2d(x, w, pad_mode="pad", padding=1), [f32(2, 3, 5, 5), f32(4, 3, 3, 3)],
      [(0, None), (1, None), (None, 0), (0, 0), (4, 1)]),
     ("conv2d_bias_groups", lambda x, w, b: ops.conv2d(x, w, b, pad_mode="valid", stride=2, groups=2),
@@ -213,7 +216,7 @@ GRAD_CASES = [
     ("permute", lambda w, x: (ops.permute(x, (1, 0)) * w[:, None]).sum(), f32(4), f32(2, 4), set()),
     ("max", lambda w, x: (x * w).max(axis=1).sum(), f32(4), f32(2, 4), set()),
     ("gather_table", lambda w, x: (ops.gather(w, ops.argmax(x, 0), 0) * 2).sum(), f32(5, 3), f32(5),
-     {"index_add"}),  # the indices vary per example: the gradient's index_add runs per example
+     set()),  # indices varying per example: the gradient's index_add as scatter_add_elements
     ("conv2d", lambda w, x: ops.conv2d(x, w, pad_mode="pad", padding=1).sum(), f32(2, 3, 3, 3), f32(1, 3, 4, 4),
      set()),
     ("conv2d_input", lambda w, x: (ops.conv2d(w, x, pad_mode="valid") ** 2).sum(), f32(1, 3, 5, 5),
