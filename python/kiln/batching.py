@@ -145,6 +145,7 @@ def _rebuild_count(spec, into):
 def _trace_example(fn, examples, arg_spec):
     """fn traced on one example: (recorded Graph, output structure)."""
     tracer = _C.Tracer(nested=True)
+    tracer.keep_undo()  # the trace runs fn's in-place writes for real: put them back afterwards
     try:
         aliases = [e.detach() for e in examples]
         for a in aliases:
@@ -167,6 +168,7 @@ def _trace_example(fn, examples, arg_spec):
         graph = tracer.finish_graph(leaves)
     finally:
         tracer.end()
+        tracer.undo_writes()
     return graph, spec, [tuple(t.shape) for t in leaves]
 
 
