@@ -336,3 +336,25 @@ def test_vmap_under_kiln_trace():
     traced(w, x)
     got = traced(w, x).numpy()
     close(got, pe(w, x).numpy())
+
+
+# ---- in-place writes and new sizes ---------------------------------------------------------------
+
+def test_an_in_place_write_to_a_mapped_argument_happens_once_per_example():
+    x = kiln.tensor(np.ones((3, 2), np.float32))
+
+    def f(r):
+        r[0] = 5.0
+        return r * 2
+
+    y = kiln.vmap(f)(x)
+    close(y.numpy(), np.tile([10.0, 2.0], (3, 1)))
+    close(x.numpy(), np.tile([5.0, 1.0], (3, 1)))  # as a loop over the rows leaves it
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_compiled_vmap_called_with_other_batch_sizes(mode):
+    jf = kiln.jit(lambda x: kiln.vmap(lambda r: ops.tanh(r).sum())(x), capture_mode=mode)
+    for n in (3, 5, 7, 5):
+        x = t(n, 4)
+        close(jf(x).numpy(), np.tanh(x.numpy()).sum(1))

@@ -120,7 +120,8 @@ def _run(mode, fn, in_axes, arrays):
     args = [kiln.tensor(a) for a in arrays]
     if mode == "eager":
         return mapped(*args)
-    jf = kiln.jit(lambda *xs: mapped(*xs), capture_mode=mode)
+    mode, level, backend = (mode.split("-") + ["O0", "kbk"])[:3]
+    jf = kiln.jit(lambda *xs: mapped(*xs), capture_mode=mode, jit_level=level, backend=backend)
     jf(*args)
     return jf(*args)  # the compiled call
 
@@ -129,7 +130,7 @@ CASE_IDS = [f"{name}-{ax}" for name, _, _, variants in CASES for ax in variants]
 CASE_ARGS = [(fn, makers, ax) for _, fn, makers, variants in CASES for ax in variants]
 
 
-@pytest.mark.parametrize("mode", ["eager", "ast", "bytecode", "trace"])
+@pytest.mark.parametrize("mode", ["eager", "ast", "bytecode", "trace", "trace-O1-sink", "ast-O0-sink", "bytecode-O1-kbk"])
 @pytest.mark.parametrize("fn,makers,in_axes", CASE_ARGS, ids=CASE_IDS)
 def test_rule_matches_a_loop(mode, fn, makers, in_axes):
     axes = _axes(in_axes, len(makers))
