@@ -210,14 +210,11 @@ def _call_batched(fn, in_axes, out_axes, args, extra=(), extra_axes=()):
     def on_example(*flat):
         return fn(*flat[:nextra], *_rebuild(arg_spec, iter(flat[nextra:])))
 
-    graph, out_spec, out_shapes = _trace_example(on_example, examples, None if not examples else
-                                     (tuple, [None] * len(examples)))
-    nout = graph.num_outputs
-    oaxes = _out_axes(out_axes, out_spec, nout)
-    shapes = [len(s) for s in out_shapes]
+    graph, out_spec, out_shapes = _trace_example(on_example, examples, (tuple, [None] * len(examples)))
+    oaxes = _out_axes(out_axes, out_spec, len(out_shapes))
     for k, ax in enumerate(oaxes):
         if ax is not None:
-            r = shapes[k] + 1
+            r = len(out_shapes[k]) + 1
             if not -r <= ax < r:
                 raise ValueError(f"vmap: out_axes {ax} is out of bounds for output {k} of rank {r} "
                                  f"(it must be in [{-r}, {r}))")
@@ -230,16 +227,17 @@ def _call_batched(fn, in_axes, out_axes, args, extra=(), extra_axes=()):
     return _rebuild(out_spec, iter(outs))
 
 
-def _wrapper(fn, call):
-    @functools.wraps(fn)
+def _wrapper(fn, call, what):
     def wrapper(*args, **kwargs):
         if kwargs:
-            raise TypeError("vmap: keyword arguments are not mapped over; pass them positionally")
+            raise TypeError(f"{what}: keyword arguments are not supported; pass them positionally")
         return call(args)
 
+    if callable(fn) and hasattr(fn, "__code__"):
+        functools.update_wrapper(wrapper, fn, updated=())
+    wrapper.__module__ = __name__
     # capture runs it as kiln's own code (as it runs a kiln.grad wrapper): its ops are recorded
     wrapper._kiln_grad_of = fn
-    wrapper.__module__ = __name__
     return wrapper
 
 
@@ -253,7 +251,7 @@ def vmap(fn, in_axes=0, out_axes=0):
         return _ensemble(fn, in_axes, out_axes)
     if not callable(fn):
         raise TypeError(f"vmap: fn must be callable, got {type(fn).__name__}")
-    return _wrapper(fn, lambda args: _call_batched(fn, in_axes, out_axes, args))
+    return _wrapper(fn, lambda args: _call_batched(fn, in_axes, out_axes, args), "vmap")
 
 
 def _is_cell_list(obj):
@@ -288,7 +286,7 @@ def _ensemble(cells, in_axes, out_axes):
         stacked = [stack([dict(c.parameters_and_names())[n] for c in members], 0) for n in names]
         return _call_batched(member, in_axes, out_axes, args, extra=stacked, extra_axes=[0] * len(stacked))
 
-    return _wrapper(first, call)
+    return _wrapper(cells, call, "vmap")
 
 
 def _call_with_params(cell, own, params, args):
@@ -364,7 +362,7 @@ def jacrev(fn, grad_position=0, has_aux=False):
         result = jac[0] if yspec is None else tuple(jac)
         return (result, aux) if has_aux else result
 
-    return _wrapper(fn, call)
+    return _wrapper(fn, call, "jacrev")
 
 
 def _offsets(sizes):
