@@ -31,6 +31,7 @@ typedef enum {
     BR_INDEX_ADD,
     BR_FOLD,
     BR_CONV,
+    BR_NORM_BACKWARD,
     BR_LEADING,
     BR_LEADING_ALL,
     BR_UNBATCHED,
@@ -55,6 +56,7 @@ typedef struct {
 #define BR_ENUM_index_add BR_INDEX_ADD
 #define BR_ENUM_fold BR_FOLD
 #define BR_ENUM_conv BR_CONV
+#define BR_ENUM_norm_backward BR_NORM_BACKWARD
 #define BR_ENUM_leading BR_LEADING
 #define BR_ENUM_leading_all BR_LEADING_ALL
 #define BR_ENUM_unbatched BR_UNBATCHED
@@ -69,7 +71,7 @@ static const batch_info rules[KILN_OP_COUNT] = {
 
 static const char *const rule_names[] = {
     "", "elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-    "slice_assign", "gather", "index_add", "fold", "conv", "leading", "leading_all", "unbatched",
+    "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "leading", "leading_all", "unbatched",
 };
 
 const char *kiln_batch_rule_name(kiln_op op) {
@@ -542,6 +544,46 @@ static kiln_status rule_leading(vm *c, const kiln_node *n, const bv *in, bool al
     return s;
 }
 
+/* layer_norm_backward (gy, x, w, mean, rstd) -> (gx, gw, gb) and rms_norm_backward (gy, x, w, rstd)
+ * -> (gx, gw) with one weight: gx from the op (its rows are independent), the weight's gradients
+ * per example summed over each example's rows only (the op would sum over the whole batch). */
+static kiln_status rule_norm_backward(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
+    if (in[2].b) return NO_RULE;
+    bool layer = n->op == KILN_OP_LAYER_NORM_BACKWARD;
+    int32_t ins[5], outs[KILN_MAX_OUTPUTS];
+    for (int k = 0; k < n->nin; k++) {
+        if (k == 2) ins[k] = in[k].v;
+        else KILN_TRY(materialize(c, in[k], &ins[k]));
+    }
+    KILN_TRY(add(c, n->op, n->nin, ins, &n->attrs, outs));
+    out[0] = outs[0];
+    /* xhat = (x - mean) * rstd, or x * rstd */
+    int32_t xhat, prod, two[2];
+    two[0] = ins[1], two[1] = ins[3];
+    if (layer) KILN_TRY(add(c, KILN_OP_SUB, 2, two, NULL, &two[0]));
+    two[1] = ins[layer ? 4 : 3];
+    KILN_TRY(add(c, KILN_OP_MUL, 2, two, NULL, &xhat));
+    two[0] = ins[0], two[1] = xhat;
+    KILN_TRY(add(c, KILN_OP_MUL, 2, two, NULL, &prod));
+    int nd = meta(c, ins[1])->ndim;
+    int nlead = nd - 1 - (int)n->attrs.i[KILN_A_NORM_NAXES];
+    kiln_attrs sum = {.ni = KILN_A_REDUCE_NI};
+    for (int d = 1; d <= nlead; d++) sum.i[KILN_A_REDUCE_AXES] |= (int64_t)1 << d;
+    int32_t sums[2] = {prod, ins[0]};
+    for (int k = 0; k < (layer ? 2 : 1); k++) {
+        int32_t s = sums[k];
+        if (nlead > 0) KILN_TRY(add(c, KILN_OP_SUM, 1, &sums[k], &sum, &s));
+        const kiln_meta *want = &c->g->values[n->out[1 + k]].meta;
+        if (meta(c, s)->dtype != want->dtype) {
+            kiln_attrs cast = {.ni = KILN_A_CAST_NI};
+            cast.i[KILN_A_CAST_DTYPE] = want->dtype;
+            KILN_TRY(add(c, KILN_OP_CAST, 1, &s, &cast, &s));
+        }
+        out[1 + k] = s;
+    }
+    return KILN_OK;
+}
+
 /* The slow path: the node once per example, the results stacked. */
 static kiln_status per_example(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
     if (kiln_op_has_side_effects(n->op) || (kiln_op_table[n->op].flags & KILN_OPF_CONTROL))
@@ -608,6 +650,7 @@ static kiln_status batch_node(vm *c, const kiln_node *n, const bv *in, int32_t *
     case BR_INDEX_ADD: return rule_index_add(c, n, in, out);
     case BR_FOLD: return rule_fold(c, n, in, r.arg, out);
     case BR_CONV: return rule_conv(c, n, in, r.arg, out);
+    case BR_NORM_BACKWARD: return rule_norm_backward(c, n, in, out);
     case BR_LEADING: return rule_leading(c, n, in, false, out);
     case BR_LEADING_ALL: return rule_leading(c, n, in, true, out);
     case BR_UNBATCHED: /* an op without inputs never has batched ones */

@@ -151,7 +151,7 @@ def test_rule_matches_a_loop(mode, fn, makers, in_axes):
 WITHOUT_RULE = {
     "index_put",
     "batch_norm", "batch_norm_backward", "batch_norm_relu_backward",
-    "layer_norm_backward", "rms_norm_backward", "conv2d_fused", "relayout",
+    "conv2d_fused", "relayout",
     "rnn_layer", "rnn_layer_backward", "sgd_update", "adam_update", "print", "check", "fused",
     "if", "while", "while_grad", "matmul_epilogue",
 }
@@ -167,7 +167,7 @@ def test_ops_without_a_batching_rule_do_not_grow():
 
 def test_every_rule_is_a_known_kind():
     kinds = {"elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-             "slice_assign", "gather", "index_add", "fold", "conv", "leading", "leading_all", "unbatched", ""}
+             "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "leading", "leading_all", "unbatched", ""}
     assert set(_C.batch_rules().values()) <= kinds
     assert _C.batch_rules()["add"] == "elementwise" and _C.batch_rules()["matmul"] == "matmul"
 
@@ -224,7 +224,11 @@ GRAD_CASES = [
      f32(2, 3, 3, 3), set()),  # a batched weight: grouped convolutions
     ("max_pool2d", lambda w, x: ops.max_pool2d(x * w, 2, 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
     ("avg_pool2d", lambda w, x: (ops.avg_pool2d(x * w, 2, 2) ** 2).sum(), f32(4), f32(1, 2, 4, 4), set()),
-    ("layer_norm", lambda w, x: (ops.layer_norm(x, (4,), w) ** 3).sum(), f32(4), f32(2, 4), {"layer_norm_backward"}),
+    ("layer_norm", lambda w, x: (ops.layer_norm(x, (4,), w) ** 3).sum(), f32(4), f32(2, 4), set()),
+    ("layer_norm_bias", lambda w, x: (ops.layer_norm(x, (2, 4), None, w) ** 2 * x).sum(), f32(2, 4), f32(3, 2, 4),
+     set()),
+    ("layer_norm_one_row", lambda w, x: (ops.layer_norm(x, (4,), w) * x).sum(), f32(4), f32(4), set()),
+    ("rms_norm", lambda w, x: (ops.rms_norm(x, w) ** 3).sum(), f32(4), f32(2, 4), set()),
     ("attention", lambda w, x: ops.scaled_dot_product_attention(x * w, x, x).sum(), f32(4), f32(2, 3, 4), set()),
 ]
 
