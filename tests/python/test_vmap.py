@@ -358,3 +358,12 @@ def test_compiled_vmap_called_with_other_batch_sizes(mode):
     for n in (3, 5, 7, 5):
         x = t(n, 4)
         close(jf(x).numpy(), np.tanh(x.numpy()).sum(1))
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_vmap_of_a_jitted_function_and_its_gradient(mode):
+    x = t(4, 3)
+    jf = kiln.jit(lambda r: ops.tanh(r * 2).sum(), capture_mode=mode)
+    jf(x[0])  # compiled for one example before vmap traces it
+    close(kiln.vmap(jf)(x).numpy(), np.tanh(2 * x.numpy()).sum(1))
+    close(kiln.vmap(kiln.grad(jf))(x).numpy(), 2 * (1 - np.tanh(2 * x.numpy()) ** 2))
