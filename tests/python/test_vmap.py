@@ -367,3 +367,13 @@ def test_vmap_of_a_jitted_function_and_its_gradient(mode):
     jf(x[0])  # compiled for one example before vmap traces it
     close(kiln.vmap(jf)(x).numpy(), np.tanh(2 * x.numpy()).sum(1))
     close(kiln.vmap(kiln.grad(jf))(x).numpy(), 2 * (1 - np.tanh(2 * x.numpy()) ** 2))
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_grad_of_a_jitted_function_that_vmaps(mode):
+    w, x = t(3, 2), t(4, 3)
+    jf = kiln.jit(lambda w, x: kiln.vmap(lambda xi: ops.tanh(ops.matmul(xi, w)).sum())(x).sum(), capture_mode=mode)
+    g = kiln.grad(jf)
+    g(w, x)
+    expected = kiln.grad(lambda w, x: ops.tanh(ops.matmul(x, w)).sum())(w, x).numpy()
+    close(g(w, x).numpy(), expected)
