@@ -146,6 +146,8 @@ PY_LAYERS = {
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
     # checkpoints (serialization), data loading, the pytree alias and configuration reports
     "kiln.serialization": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    # kiln.vmap and kiln.jacrev (ensembles of CellLists)
+    "kiln.batching": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package

@@ -48,6 +48,18 @@ KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_
  * enable_io16xc32; each op still computes in float32). */
 KILN_API kiln_status kiln_graph_to_float16(const kiln_graph *g, kiln_graph **out);
 
+/* vmap (src/passes/vmap.c): the graph of `batch` examples of g, each a call of g. in_axes, one per
+ * input of g: the axis of the new input that holds the batch, or -1 (the input is shared by every
+ * example, unchanged); out_axes, one per output: the axis of the batch in that output, or -1 (the
+ * output must not vary over the batch). Each node follows its op's KILN_BATCH rule (ops.def); a
+ * node with no rule that applies runs once per example, and fallback (KILN_OP_COUNT flags, may be
+ * NULL) marks its op. Control-flow nodes and ops with side effects on batched inputs fail with
+ * KILN_ERR_NOT_IMPLEMENTED; graphs with symbolic sizes are refused. */
+KILN_API kiln_status kiln_graph_batch(const kiln_graph *g, int64_t batch, const int32_t *in_axes,
+                                      const int32_t *out_axes, bool *fallback, kiln_graph **out);
+/* The name of op's KILN_BATCH rule ("elementwise", ...), "" when it has none. */
+KILN_API const char *kiln_batch_rule_name(kiln_op op);
+
 /* ---- rewriting helpers for passes -------------------------------------------------------- */
 
 /* Copies a graph node by node: inputs and captures first (same order), then whatever nodes the

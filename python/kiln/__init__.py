@@ -21,6 +21,7 @@ from .serialization import CheckpointError, load_checkpoint, load_param_into_net
 from . import autodiff, dataset, profiler, tools, tree, tree_util
 from .recomputation import recompute
 checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
+from .batching import VmapFallbackWarning, jacrev, vmap
 
 float_ = float32
 int_ = int64

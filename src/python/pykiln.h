@@ -121,6 +121,8 @@ int pykiln_is_guardset(PyObject *o);
 PyObject *pykiln_guardset_new(PyObject *specs);
 /* Registers kiln._C.tree (flatten, unflatten, describe, ...) and ConstPayload (tree.c). */
 int pykiln_tree_init(PyObject *module);
+/* kiln._C.batch_graph, apply_graph, batch_rules: kiln.vmap's (vmap.c). */
+int pykiln_vmap_init(PyObject *module);
 /* kiln._C.apply without the parsing: inputs is a sequence of tensors, or values converted next to
  * the first tensor (NumPy 2's weak scalars); a tensor, or a tuple for several outputs (module.c). */
 PyObject *pykiln_apply(kiln_op op, PyObject *inputs, const kiln_attrs *attrs);
