@@ -144,12 +144,16 @@ PY_LAYERS = {
     "kiln._tensor": 4,
     # Cell, Parameter and initializers: what kiln.jit knows of networks
     "kiln.nn.cell": 5, "kiln.nn.parameter": 5, "kiln.nn.init": 5,
+    # the data-parallel gradient all-reduce TrainOneStepCell makes in data-parallel mode
+    "kiln.nn.grad_reduce": 5,
     # capture, compilation, kiln.trace, deployment
     "kiln.jit": 6, "kiln.jit.*": 6,
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
     # checkpoints, data loading, the pytree and configuration reports
     "kiln.checkpoint": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    # communication across processes: MindSpore's kiln.communication, MegEngine's kiln.distributed
+    "kiln.communication": 8, "kiln.distributed": 8, "kiln.distributed.*": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package

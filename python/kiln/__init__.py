@@ -16,9 +16,11 @@ from .jit.export import export
 from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context
+from .context import ParallelMode, get_auto_parallel_context, reset_auto_parallel_context, set_auto_parallel_context
 from .config import show_config
 from .checkpoint import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
 from . import autodiff, dataset, profiler, tools, tree
+from . import communication, distributed
 
 float_ = float32
 int_ = int64
