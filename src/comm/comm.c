@@ -222,9 +222,11 @@ kiln_status kiln_comm_rank(int g, int *rank) {
     return KILN_OK;
 }
 
-kiln_status kiln_comm_size(int g, int *size) {
+kiln_status kiln_comm_size(int g, int *size) { return kiln_comm_size_for("get_group_size", g, size); }
+
+kiln_status kiln_comm_size_for(const char *what, int g, int *size) {
     group *gr = NULL;
-    KILN_TRY(get_group("get_group_size", g, &gr));
+    KILN_TRY(get_group(what, g, &gr));
     *size = gr->size;
     return KILN_OK;
 }

@@ -33,6 +33,8 @@ const char *kiln_comm_default_backend(void);
 
 kiln_status kiln_comm_rank(int group, int *rank);
 kiln_status kiln_comm_size(int group, int *size);
+/* The same, its errors naming `what` (an op) */
+kiln_status kiln_comm_size_for(const char *what, int group, int *size);
 /* A group of these world ranks (distinct, ascending or not; this rank among them); called by
  * its members only. */
 kiln_status kiln_comm_group_create(const int *ranks, int n, int *group);

@@ -7,8 +7,7 @@
 #include "../core/internal.h"
 
 static kiln_status group_size(const char *op, const kiln_attrs *a, int slot, int *size) {
-    kiln_status s = kiln_comm_size((int)a->i[slot], size);
-    return s == KILN_OK ? s : kiln_error_context(s, "%s", op);
+    return kiln_comm_size_for(op, (int)a->i[slot], size);
 }
 
 static kiln_status check_op(const char *op, int64_t reduce) {
@@ -189,7 +188,7 @@ static kiln_status emit(kiln_op op, kiln_tensor *x, int64_t i0, int64_t i1, int6
 
 static kiln_status divide_by_size(kiln_tensor *t, int64_t group, kiln_tensor **out) {
     int size;
-    KILN_TRY(kiln_comm_size((int)group, &size));
+    KILN_TRY(kiln_comm_size_for("the gradient of a mean", (int)group, &size));
     kiln_tensor *n;
     KILN_TRY(kiln_emit_scalar((double)size, t->meta.dtype, &n));
     kiln_status s = kiln_emit_binary(KILN_OP_DIV, t, n, out);

@@ -49,18 +49,18 @@ class launcher:
                              "args": args, "kwargs": kwargs, "out": tmp, "path": sys.path}, f)
             cmd = mpirun_command(self.n, [sys.executable, "-m", "kiln.distributed._worker", job], threads=self.threads)
             p = subprocess.run(cmd, env=environment(), capture_output=True, text=True)
-            results = []
+            outcomes = {}
             for r in range(self.n):
                 path = os.path.join(tmp, f"result{r}.pkl")
-                if not os.path.exists(path):
-                    break
-                with open(path, "rb") as f:
-                    ok, value = pickle.load(f)
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        outcomes[r] = pickle.load(f)
+            for r, (ok, value) in sorted(outcomes.items()):
                 if not ok:
                     raise RuntimeError(f"launcher: rank {r} of {self.n} raised:\n{value}\n{p.stderr[-4000:]}")
-                results.append(value)
-            if p.returncode != 0 or len(results) != self.n:
+            if p.returncode != 0 or len(outcomes) != self.n:
                 raise RuntimeError(f"launcher: the job of {self.n} ranks failed (mpirun exit status "
                                    f"{p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+            results = [outcomes[r][1] for r in range(self.n)]
             sys.stdout.write(p.stdout)
             return results
