@@ -8,9 +8,10 @@
  * reduction and root, the dtype and shape, and how many collectives the group ran before), so a
  * rank that calls a different collective, or one with another shape or dtype, makes every rank
  * fail with an error naming what each rank called instead of hanging or reducing garbage
- * (kiln_comm_set_check(false) skips it). Waiting ends after kiln_comm_timeout() seconds with an
- * error (KILN_COMM_TIMEOUT in the environment, else 300). Errors name the collective, the rank
- * and the shapes. */
+ * (kiln_comm_set_check(false) skips it). A collective waits kiln_comm_timeout() seconds at most
+ * (KILN_COMM_TIMEOUT in the environment, else 300): then the backend fails the call, or (mpi,
+ * whose blocking calls cannot be left) prints what it waited in and ends the job. Errors name the
+ * collective, the rank and the shapes. */
 #ifndef KILN_COMM_H
 #define KILN_COMM_H
 

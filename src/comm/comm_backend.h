@@ -6,8 +6,8 @@
  *
  * Every call returns KILN_COMM_OK or one of the failures below with a message in err (errlen
  * bytes). Buffers are contiguous; counts are elements of `dtype`. `group` is what group_create
- * gave (NULL: every rank). `timeout` in seconds (<= 0: wait forever); a backend that can only
- * block ignores it. */
+ * gave (NULL: every rank). `timeout` in seconds (<= 0: wait forever): past it, a call returns
+ * KILN_COMM_TIMEOUT or the backend ends the job with a message naming what describe() said. */
 #ifndef KILN_COMM_BACKEND_H
 #define KILN_COMM_BACKEND_H
 
@@ -32,7 +32,8 @@ enum { KILN_COMM_SUM, KILN_COMM_MEAN, KILN_COMM_MAX, KILN_COMM_MIN, KILN_COMM_PR
 typedef struct kiln_comm_backend {
     int abi; /* KILN_COMM_ABI */
     const char *name;
-    /* should_stop: polled while waiting (kiln's interrupt request); may be NULL */
+    /* should_stop: kiln's interrupt request, for a backend that polls while it waits (the mpi
+     * backend blocks in MPI instead); may be NULL */
     int (*init)(int (*should_stop)(void), char *err, size_t errlen);
     int (*finalize)(char *err, size_t errlen);
     int (*world_rank)(void);
@@ -62,6 +63,9 @@ typedef struct kiln_comm_backend {
     int (*recv)(void *group, void *buf, int64_t bytes, int src, int tag, double timeout, char *err, size_t errlen);
     /* ends every rank of the job (after an unrecoverable error); does not return */
     void (*abort)(int code);
+    /* what the next calls are doing, for the messages of a backend that ends the job itself
+     * (the mpi backend's timeout: "all_reduce(sum) of float32(4,) on rank 0 of 2") */
+    void (*describe)(const char *what);
 } kiln_comm_backend;
 
 /* What a backend library exports (dlsym): its table. */

@@ -86,6 +86,7 @@ static int local_recv(void *g, void *buf, int64_t bytes, int src, int tag, doubl
 }
 
 static void local_abort(int code) { _Exit(code); }
+static void local_describe(const char *what) { (void)what; }
 
 const kiln_comm_backend kiln_comm_backend_local = {
     .abi = KILN_COMM_ABI,
@@ -107,4 +108,5 @@ const kiln_comm_backend kiln_comm_backend_local = {
     .send = local_send,
     .recv = local_recv,
     .abort = local_abort,
+    .describe = local_describe,
 };
