@@ -11,7 +11,8 @@
  * (kiln_comm_set_check(false) skips it). A collective waits kiln_comm_timeout() seconds at most
  * (KILN_COMM_TIMEOUT in the environment, else 300): then the backend fails the call, or (mpi,
  * whose blocking calls cannot be left) prints what it waited in and ends the job. Errors name the
- * collective, the rank and the shapes. */
+ * collective, the rank and the shapes. The collectives of a process are called from one thread at
+ * a time (they number each group's collectives in order). */
 #ifndef KILN_COMM_H
 #define KILN_COMM_H
 

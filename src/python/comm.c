@@ -10,8 +10,10 @@ static PyObject *py_comm_init(PyObject *self, PyObject *args) {
     const char *backend = NULL;
     if (!PyArg_ParseTuple(args, "|z:comm_init", &backend)) return NULL;
     kiln_status s;
-    Py_BEGIN_ALLOW_THREADS s = kiln_comm_init(backend);
-    Py_END_ALLOW_THREADS if (s != KILN_OK) return pykiln_raise(s);
+    Py_BEGIN_ALLOW_THREADS
+    s = kiln_comm_init(backend);
+    Py_END_ALLOW_THREADS
+    if (s != KILN_OK) return pykiln_raise(s);
     return PyUnicode_FromString(kiln_comm_backend_name());
 }
 
@@ -95,8 +97,10 @@ static PyObject *py_comm_create_group(PyObject *self, PyObject *arg) {
     Py_DECREF(seq);
     int group = 0;
     kiln_status s;
-    Py_BEGIN_ALLOW_THREADS s = kiln_comm_group_create(ranks, (int)n, &group);
-    Py_END_ALLOW_THREADS PyMem_Free(ranks);
+    Py_BEGIN_ALLOW_THREADS
+    s = kiln_comm_group_create(ranks, (int)n, &group);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(ranks);
     if (s != KILN_OK) return pykiln_raise(s);
     return PyLong_FromLong(group);
 }

@@ -1,6 +1,7 @@
 """Gradients of the collectives on 2 ranks: kiln's (eager) against finite differences of the
 job's total loss (every rank's loss summed), and every compiled variant (capture_mode ast /
-bytecode / trace x O0 / O1 / O2 x kbk / sink, forward and backward in one graph) against eager."""
+bytecode / trace x O0 / O1 / O2 x kbk / sink, forward and backward in one graph) against eager,
+collectives inside a branch on a tensor included."""
 from distributed_util import needs_mpi, run_ranks
 
 pytestmark = needs_mpi
@@ -79,6 +80,32 @@ x = kiln.tensor(np.random.RandomState(r).randn(2 * n, 3).astype(np.float32))
 w = kiln.tensor(np.random.RandomState(9).randn(2 * n, 3).astype(np.float32))
 assert_compiled_equal(step, (x, w), (x * 2, w))
 assert_compiled_equal(step, (x, w), (x * 2, w), grad=True)
+
+
+def branch(x):
+    # the condition is the same on every rank (an all-reduced value): each call runs the branch's
+    # collectives on every rank or on none
+    return kiln.ops.cond(C.all_reduce(x.sum()) > 0, lambda a: C.all_gather(a).sum(0) + 1,
+                         lambda a: C.broadcast(a, 1).sum(0) * 2, (x,))
+
+
+assert_compiled_equal(branch, (x.abs(),), (-x.abs(),), (x.abs(),))
+
+
+def branch_if(x):
+    if C.all_reduce(x.sum()) > 0:
+        y = C.all_gather(x).sum(0) + 1
+    else:
+        y = C.broadcast(x, 1).sum(0) * 2
+    return y
+
+
+for level in ("O0", "O1"):
+    for backend in ("kbk", "sink"):
+        jf = kiln.jit(branch_if, capture_mode="ast", jit_level=level, backend=backend)
+        for arg in (x.abs(), -x.abs(), x.abs()):
+            np.testing.assert_allclose(jf(arg).numpy(), branch_if(arg).numpy(), rtol=1e-6)
+        assert jf.cache_info().eager_calls == 0, jf.cache_info()
 print(f"rank {r} ok", flush=True)
 """
 
