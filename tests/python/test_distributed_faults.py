@@ -70,3 +70,32 @@ if r == 0:
 C.broadcast(x, 0)
 """, limit=60)
     assert "kiln: broadcast root 0 of float32(4,) on rank 1 of 2: timed out after 2 s" in out, out
+
+
+def test_ctrl_c_stops_every_rank():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from distributed_util import PYTHON_DIR
+    from kiln.distributed.mpirun import environment, mpirun_command
+
+    with tempfile.TemporaryDirectory(prefix="kiln-dist-test-") as tmp:
+        path = os.path.join(tmp, "spin.py")
+        with open(path, "w") as f:
+            f.write(PRELUDE + "print('started', flush=True)\nwhile True:\n    C.all_reduce(x)\n")
+        env = environment()
+        env["PYTHONPATH"] = PYTHON_DIR
+        p = subprocess.Popen(mpirun_command(2, [sys.executable, path], threads=1, extra=["--oversubscribe"]), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert p.stdout.readline().strip() == "started"
+        start = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode != 0 and time.monotonic() - start < 30
