@@ -100,6 +100,20 @@ def branch_if(x):
     return y
 
 
+def exchange(x):
+    # point to point between ranks 0 and 1: rank 0 sends, then receives; rank 1 the other way
+    if r == 0:
+        C.send(x * 2, 1, tag=5)
+        return C.recv(tuple(x.shape), x.dtype, 1, tag=6) + x
+    if r == 1:
+        y = C.recv(tuple(x.shape), x.dtype, 0, tag=5)
+        C.send(x * 3, 0, tag=6)
+        return y + x
+    return x
+
+
+assert_compiled_equal(exchange, (x,), (x * 2,))
+
 for level in ("O0", "O1"):
     for backend in ("kbk", "sink"):
         jf = kiln.jit(branch_if, capture_mode="ast", jit_level=level, backend=backend)
