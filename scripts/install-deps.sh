@@ -4,7 +4,10 @@ set -euo pipefail
 
 # clang, its sanitizer and libFuzzer runtimes and its OpenMP: the fuzz build (scripts/fuzz.sh);
 # graphviz: SVG pictures of graphs (kiln.tools.draw), tested when dot is there
-apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev clang libclang-rt-14-dev libomp-14-dev graphviz)
+# openmpi-bin, libopenmpi-dev: the mpi communication backend (src/comm/mpi/, built when CMake finds
+# MPI) and mpirun, which the distributed tests (tests/python/test_distributed_*.py) launch
+apt_packages=(build-essential cmake libopenblas-dev libdnnl-dev clang libclang-rt-14-dev libomp-14-dev graphviz
+              openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

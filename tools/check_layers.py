@@ -13,7 +13,11 @@
 
 The C layers, lowest first (LAYERS below):
 
-    core -> ops -> autograd -> ir -> passes -> plan -> codegen | runtime -> python
+    core | comm -> ops -> autograd -> ir -> passes -> plan -> codegen | runtime -> python
+
+comm, the communication layer (ranks, groups and collectives over a backend chosen by name,
+src/comm/comm.h), is core's peer: it uses core (tensors, errors) and the collective ops' kernels
+(src/ops/collective.c) call it; core never reaches comm (that would be a cycle).
 
 autograd sits just above ops: the eager tape records the ops the dispatcher ran and runs their
 gradient rules through kiln_apply, needing nothing of the graph IR; the tracer and the graph
@@ -81,6 +85,7 @@ import sys
 # src/<folder>: its layer. Folders at the same level are peers.
 LAYERS = {
     "core": 0,
+    "comm": 0,
     "ops": 1,
     "autograd": 2,
     "ir": 3,
@@ -140,6 +145,8 @@ PY_LAYERS = {
     "kiln._tensor": 4,
     # Cell, Parameter and initializers: what kiln.jit knows of networks
     "kiln.nn.cell": 5, "kiln.nn.parameter": 5, "kiln.nn.init": 5,
+    # the data-parallel gradient all-reduce TrainOneStepCell makes in data-parallel mode
+    "kiln.nn.grad_reduce": 5,
     # capture, compilation, kiln.trace, deployment
     "kiln.jit": 6, "kiln.jit.*": 6,
     # layers, losses, optimizers; the model zoo
@@ -148,6 +155,8 @@ PY_LAYERS = {
     "kiln.serialization": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # kiln.vmap and kiln.jacrev (ensembles of CellLists)
     "kiln.batching": 8,
+    # communication across processes: MindSpore's kiln.communication, MegEngine's kiln.distributed
+    "kiln.communication": 8, "kiln.distributed": 8, "kiln.distributed.*": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package
@@ -440,7 +449,9 @@ def python_modules(pkg):
     for dirpath, dirnames, filenames in os.walk(pkg):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for fn in sorted(filenames):
-            if fn.endswith((".so", ".pyd")):  # built from C: imports nothing of the package
+            # built from C: imports nothing of the package (lib*.so: a plain library kiln dlopens
+            # itself, such as the mpi communication backend, not a module)
+            if fn.endswith((".so", ".pyd")) and not fn.startswith("lib"):
                 parts = [root] + _rel(os.path.join(dirpath, fn.split(".")[0]), pkg).split("/")
                 mods[".".join(parts)] = (None, False)
             if not fn.endswith(".py"):

@@ -22,6 +22,8 @@ from . import autodiff, dataset, profiler, tools, tree, tree_util
 from .recomputation import recompute
 checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
 from .batching import VmapFallbackWarning, jacrev, vmap
+from .context import ParallelMode, get_auto_parallel_context, reset_auto_parallel_context, set_auto_parallel_context
+from . import communication, distributed
 
 float_ = float32
 int_ = int64

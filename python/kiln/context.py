@@ -97,3 +97,97 @@ def wait_compiles():
     background_compile=True)): calls made after it run the native code of every function compiled
     before it."""
     _C.codegen_wait()
+
+
+# ---- MindSpore's auto-parallel context (data parallelism over kiln.communication) ----------
+
+class ParallelMode:
+    """The parallel modes set_auto_parallel_context accepts: kiln runs stand_alone and
+    data_parallel (every rank holds the whole model and a shard of each batch; the gradients are
+    all-reduced)."""
+    STAND_ALONE = "stand_alone"
+    DATA_PARALLEL = "data_parallel"
+
+
+BUCKET_BYTES = 25 * 1024 * 1024  # gradients per fused all-reduce by default (DDP's bucket)
+_AUTO_PARALLEL_DEFAULTS = {"parallel_mode": ParallelMode.STAND_ALONE, "gradients_mean": False, "device_num": 1,
+                           "global_rank": 0, "parameter_broadcast": False, "all_reduce_fusion_config": [],
+                           "comm_fusion": {"allreduce": {"mode": "size", "config": BUCKET_BYTES // (1024 * 1024)}}}
+_auto_parallel = dict(_AUTO_PARALLEL_DEFAULTS)
+
+
+def _check_comm_fusion(value):
+    if not isinstance(value, dict) or set(value) - {"allreduce"}:
+        raise ValueError(f"set_auto_parallel_context: comm_fusion must be a dict {{'allreduce': {{'mode': 'size', "
+                         f"'config': MB}}}} (or mode 'auto' / 'index'), got {value!r}")
+    ar = value.get("allreduce", {})
+    if not isinstance(ar, dict) or ar.get("mode", "size") not in ("auto", "size", "index"):
+        raise ValueError(f"set_auto_parallel_context: comm_fusion['allreduce'] must have mode 'auto', 'size' or "
+                         f"'index', got {ar!r}")
+    if ar.get("mode", "size") == "size" and (isinstance(ar.get("config", 25), bool)
+                                            or not isinstance(ar.get("config", 25), (int, float))
+                                            or ar.get("config", 25) <= 0):
+        raise ValueError(f"set_auto_parallel_context: comm_fusion size config must be a number of MB > 0, got "
+                         f"{ar.get('config')!r}")
+
+
+def set_auto_parallel_context(**kwargs):
+    """MindSpore's parallel settings: parallel_mode ("stand_alone" or "data_parallel"),
+    gradients_mean (average the all-reduced gradients instead of summing them), device_num and
+    global_rank (checked against kiln.communication's when given), parameter_broadcast (rank 0's
+    parameters are broadcast when a TrainOneStepCell is made), all_reduce_fusion_config (a list
+    of increasing parameter indices at which gradient buckets split) and comm_fusion
+    ({"allreduce": {"mode": "size", "config": MB}}: buckets of at most that many megabytes,
+    25 by default; "auto": the default size; "index": all_reduce_fusion_config). Unknown
+    names and bad values raise ValueError and change nothing."""
+    for name, value in kwargs.items():
+        if name == "parallel_mode":
+            if value not in (ParallelMode.STAND_ALONE, ParallelMode.DATA_PARALLEL):
+                raise ValueError(f"set_auto_parallel_context: parallel_mode must be 'stand_alone' or "
+                                 f"'data_parallel' (kiln runs no other), got {value!r}")
+        elif name in ("gradients_mean", "parameter_broadcast"):
+            if not isinstance(value, bool):
+                raise ValueError(f"set_auto_parallel_context: {name} must be a bool, got {value!r}")
+        elif name in ("device_num", "global_rank"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "device_num" else 0):
+                raise ValueError(f"set_auto_parallel_context: {name} must be an int "
+                                 f"{'>= 1' if name == 'device_num' else '>= 0'}, got {value!r}")
+        elif name == "all_reduce_fusion_config":
+            if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
+                                                           for v in value) or list(value) != sorted(set(value)):
+                raise ValueError(f"set_auto_parallel_context: all_reduce_fusion_config must be a list of increasing "
+                                 f"parameter indices > 0, got {value!r}")
+            value = list(value)
+        elif name == "comm_fusion":
+            _check_comm_fusion(value)
+        else:
+            raise ValueError(f"set_auto_parallel_context: unknown setting {name!r}; accepted: "
+                             f"{', '.join(_AUTO_PARALLEL_DEFAULTS)}")
+    _auto_parallel.update(kwargs)
+
+
+def get_auto_parallel_context(name):
+    """The value of one setting of set_auto_parallel_context."""
+    if name not in _auto_parallel:
+        raise ValueError(f"get_auto_parallel_context: unknown setting {name!r}; accepted: "
+                         f"{', '.join(_AUTO_PARALLEL_DEFAULTS)}")
+    return _auto_parallel[name]
+
+
+def reset_auto_parallel_context():
+    """Every setting of set_auto_parallel_context back to its default (stand_alone)."""
+    _auto_parallel.clear()
+    _auto_parallel.update(_AUTO_PARALLEL_DEFAULTS)
+
+
+def data_parallel():
+    """Whether set_auto_parallel_context(parallel_mode="data_parallel") is in effect."""
+    return _auto_parallel["parallel_mode"] == ParallelMode.DATA_PARALLEL
+
+
+def gradient_bucket_bytes():
+    """The most bytes of gradients one fused all-reduce carries (comm_fusion's size)."""
+    ar = _auto_parallel["comm_fusion"].get("allreduce", {})
+    if ar.get("mode", "size") == "size":
+        return int(ar.get("config", BUCKET_BYTES // (1024 * 1024)) * 1024 * 1024)
+    return BUCKET_BYTES

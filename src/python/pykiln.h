@@ -181,6 +181,8 @@ int pykiln_guard_recorder_init_type(PyObject *module);
 int pykiln_guards_hold(PyObject *guards);
 /* Adds build_info, codegen_info, codegen_selftest and codegen_cache (config.c). */
 int pykiln_config_init(PyObject *module);
+/* the communication layer's functions (comm.c) */
+int pykiln_comm_init(PyObject *module);
 
 /* One bytecode instruction (code_facts.c): EXTENDED_ARG folded into arg, CACHE entries skipped;
  * name is the name or constant the argument designates (borrowed from the code object), or NULL. */

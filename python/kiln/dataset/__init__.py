@@ -11,9 +11,9 @@ from .config import get_seed, set_seed
 from .loader import ArrayDataset, DataLoader, Dataset, TensorDataset, default_collate
 from .pipeline import GeneratorDataset, NumpySlicesDataset
 from .progress import progress
-from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from .samplers import BatchSampler, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 from .workers import WorkerError
 
 __all__ = ["config", "get_seed", "set_seed", "ArrayDataset", "DataLoader", "Dataset", "TensorDataset",
-           "default_collate", "GeneratorDataset", "NumpySlicesDataset", "progress", "BatchSampler",
+           "default_collate", "GeneratorDataset", "NumpySlicesDataset", "progress", "BatchSampler", "DistributedSampler",
            "RandomSampler", "Sampler", "SequentialSampler", "WorkerError"]

@@ -94,3 +94,65 @@ class BatchSampler:
     def __len__(self):
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class DistributedSampler(Sampler):
+    """The shard of the dataset one rank of a data-parallel job reads: every rank draws the same
+    order (the same seed; a new one each epoch, or set_epoch), pads it to a multiple of the ranks
+    by repeating its first indices (drop_last: drops the tail instead), and takes the indices
+    rank, rank + num_replicas, ...: disjoint shards of one size, whose k-th batches together are
+    the k-th batch of num_replicas times the size from one process reading the whole order.
+
+    num_replicas and rank default to the job's (kiln.communication; 1 and 0 before init);
+    MindSpore's num_shards and shard_id name them too. shuffle=False keeps the dataset's order."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
+                 batch_size=None, num_shards=None, shard_id=None):
+        super().__init__(dataset, batch_size, drop_last)
+        from .. import _C
+
+        num_replicas = num_shards if num_replicas is None else num_replicas
+        rank = shard_id if rank is None else rank
+        if num_replicas is None:
+            num_replicas = _C.comm_size() if _C.comm_initialized() else 1
+        if rank is None:
+            rank = _C.comm_rank() if _C.comm_initialized() else 0
+        for name, v, low in (("num_replicas", num_replicas, 1), ("rank", rank, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"kiln.dataset.DistributedSampler: {name} must be an int >= {low}, got {v!r}")
+        if rank >= num_replicas:
+            raise ValueError(f"kiln.dataset.DistributedSampler: rank {rank} is not below num_replicas {num_replicas}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"kiln.dataset.DistributedSampler: seed must be an int, got {seed!r}")
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.shuffle, self.seed, self.epoch = bool(shuffle), int(seed), 0
+        self._epoch_set = False
+        if self.drop_last:
+            self.num_samples = self.num // self.num_replicas
+        else:
+            self.num_samples = -(-self.num // self.num_replicas)
+
+    def set_epoch(self, epoch):
+        """The order of this epoch (every rank must set the same)."""
+        self.epoch = int(epoch)
+        self._epoch_set = True
+
+    def _order(self):
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num).tolist()
+        else:
+            order = list(range(self.num))
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        total = self.num_samples * self.num_replicas
+        if total > len(order):
+            order += (order * (-(-total // max(len(order), 1))))[:total - len(order)]
+        order = order[:total]
+        return order[self.rank::self.num_replicas]
+
+    def __len__(self):
+        n = self.num_samples
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

@@ -3,6 +3,7 @@ following MindSpore's mindspore.nn."""
 from . import init
 from .cell import Cell, CellList, SequentialCell, TrainOneStepCell, WithLossCell
 from .graph_cell import GraphCell
+from .grad_reducer import DistributedGradReducer
 from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,
                      LayerNorm, LogSoftmax, MaxPool2d, ReLU, RMSNorm, SiLU, Sigmoid, Softmax, Tanh, get_activation)
@@ -29,7 +30,7 @@ from . import utils
 from .parameter import Parameter, ParameterTuple
 
 __all__ = [
-    "Cell", "GraphCell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
+    "Cell", "DistributedGradReducer", "GraphCell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
     "Parameter", "ParameterTuple", "init", "initializer",
     "Dense", "Conv2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "MaxPool2d", "AvgPool2d",
     "Flatten", "Dropout", "Identity", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",

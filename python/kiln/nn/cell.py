@@ -370,7 +370,12 @@ class WithLossCell(Cell):
 
 class TrainOneStepCell(Cell):
     """Calling it runs network(*inputs), takes the gradients of that loss with respect to the
-    optimizer's parameters, applies the optimizer and returns the loss."""
+    optimizer's parameters, applies the optimizer and returns the loss.
+
+    In data-parallel mode (kiln.set_auto_parallel_context(parallel_mode="data_parallel"), decided
+    when it is made) the gradients are all-reduced across the ranks before the optimizer runs
+    (averaged with gradients_mean=True; fused into buckets, kiln.nn.grad_reduce), and with
+    parameter_broadcast=True rank 0's parameters are first copied to every rank."""
 
     def __init__(self, network, optimizer, sens=1.0):
         super().__init__(auto_prefix=False)
@@ -381,6 +386,18 @@ class TrainOneStepCell(Cell):
         self.sens = float(sens)
         self.weights = tuple(optimizer.parameters)
         self._grad_fn = value_and_grad(self._scaled, None, self.weights)
+        self._reducer = None
+        if _context.data_parallel():
+            from . import grad_reduce
+
+            if not _C.comm_initialized():
+                raise RuntimeError("TrainOneStepCell: data_parallel mode needs communication: call "
+                                   "kiln.communication.init() first")
+            mean = _context.get_auto_parallel_context("gradients_mean")
+            splits = _context.get_auto_parallel_context("all_reduce_fusion_config")
+            self._reducer = lambda grads: grad_reduce.reduce_gradients(grads, mean, split_indices=splits)
+            if _context.get_auto_parallel_context("parameter_broadcast"):
+                grad_reduce.broadcast_parameters(self.weights)
 
     def _scaled(self, *inputs):
         loss = self.network(*inputs)
@@ -388,6 +405,8 @@ class TrainOneStepCell(Cell):
 
     def construct(self, *inputs):
         loss, grads = self._grad_fn(*inputs)
+        if self._reducer is not None:
+            grads = self._reducer(grads)
         self.optimizer(grads)
         return loss / self.sens if self.sens != 1.0 else loss
 

@@ -1,0 +1,175 @@
+"""Data-parallel training over MPI (issue 32), ratios measured in one run:
+
+  - throughput: the seed's BasicBlock (64 channels, 16x16) trained by 2 ranks x 1 kernel thread
+    (data parallel, batch G/2 each, gradients all-reduced) against 1 rank x 2 threads on the same
+    global batch G, both jitted at O1; target >= 0.9 of the single rank's steps per second.
+    Also the fraction of a data-parallel step spent in the gradient all-reduce.
+  - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
+    25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
+    MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
+    target >= 0.8. Printed also against the raw call followed by the mean's division, which reads
+    the result as kiln's split does.
+
+    PYTHONPATH=python python3 bench/bench_distributed.py [--quick]
+
+It starts the 2 ranks itself (python -m kiln.distributed.run's mpirun command); the ranks run
+this file with --rank-worker.
+"""
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import kiln
+from kiln import models, nn
+
+CHANNELS, SIZE = 64, 16
+
+
+def make_step(batch, data_parallel):
+    kiln.manual_seed(0)
+    block = models.BasicBlock(CHANNELS)
+    block.set_train()
+    if data_parallel:
+        kiln.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    train = nn.TrainOneStepCell(nn.WithLossCell(block, nn.MSELoss()), nn.SGD(block.trainable_params(), 0.01))
+    kiln.reset_auto_parallel_context()
+    rng = np.random.default_rng(1)
+    x = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
+    y = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
+    step = kiln.jit(lambda a, b: train(a, b), jit_level="O1")
+    return step, x, y, block
+
+
+def time_steps(step, x, y, steps, sync=lambda: None):
+    step(x, y)
+    step(x, y)
+    sync()
+    best = float("inf")
+    for _ in range(3):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(x, y).item()
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return best
+
+
+def raw_allreduce(n_floats, repeat):
+    """Best seconds of one MPI_Allreduce (float32 sum, out of place) of n_floats, through ctypes on
+    the libmpi kiln's mpi backend loaded (Open MPI's handles are addresses of its globals): alone,
+    as osu_allreduce times it, and followed by the division of a mean (which reads the result:
+    here, reading a buffer MPI_Allreduce just wrote costs several times a plain read)."""
+    lib = ctypes.CDLL(None)
+    handle = lambda name: ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(lib, name)))  # noqa: E731
+    comm, dtype, op = handle("ompi_mpi_comm_world"), handle("ompi_mpi_float"), handle("ompi_mpi_op_sum")
+    send, recv = np.ones(n_floats, np.float32), np.empty(n_floats, np.float32)
+    ptr = ctypes.c_void_p
+    lib.MPI_Allreduce.argtypes = [ptr, ptr, ctypes.c_int, ptr, ptr, ptr]
+    lib.MPI_Barrier.argtypes = [ptr]
+    best = [float("inf"), float("inf")]
+    for k in range(2 * repeat):
+        lib.MPI_Barrier(comm)
+        t0 = time.perf_counter()
+        rc = lib.MPI_Allreduce(send.ctypes.data_as(ptr), recv.ctypes.data_as(ptr), n_floats, dtype, op, comm)
+        if k % 2:
+            recv *= 0.5
+        best[k % 2] = min(best[k % 2], time.perf_counter() - t0)
+        assert rc == 0, rc
+    return best
+
+
+def rank_worker(global_batch, steps, out):
+    from kiln import communication
+    from kiln.ops import collective
+
+    communication.init()
+    r, n = communication.get_rank(), communication.get_group_size()
+    kiln.set_num_threads(1)
+    step, x, y, block = make_step(global_batch // n, True)
+    barrier = lambda: collective.barrier()  # noqa: E731
+    t_step = time_steps(step, x, y, steps, barrier)
+    # the all-reduce of a model's gradients alone, bucketed as a training step does it: the
+    # trained block's, and a wider BasicBlock's (256 channels, 4.7 MB), where latency matters less
+    sizes = [[tuple(p.shape) for p in block.trainable_params()],
+             [tuple(p.shape) for p in models.BasicBlock(256).trainable_params()]]
+    figures = [t_step]
+    for shapes in sizes:
+        figures += allreduce_pair(shapes, barrier)
+    # every rank's slowest figures: the job goes at its slowest rank's pace
+    figures = collective.all_reduce(kiln.tensor(np.array(figures)), "max").numpy().tolist()
+    if r == 0:
+        with open(out, "w") as f:
+            json.dump({"step": figures[0], "pairs": [figures[1:4], figures[4:7]],
+                       "floats": [sum(int(np.prod(s)) for s in shapes) for shapes in sizes]}, f)
+
+
+def allreduce_pair(shapes, barrier):
+    """Best seconds of kiln's bucketed, jitted all-reduce of gradients of these shapes, and of one
+    raw MPI_Allreduce of as many floats."""
+    from kiln.nn import grad_reduce
+
+    grads = [kiln.ops.ones(s) for s in shapes]
+    floats = sum(g.numel() for g in grads)
+    reduce = kiln.jit(lambda *g: grad_reduce.reduce_gradients(g, mean=True), jit_level="O1")
+    reduce(*grads)
+    best_kiln = float("inf")
+    for _ in range(20):
+        barrier()
+        t0 = time.perf_counter()
+        reduce(*grads)[0].numpy()
+        best_kiln = min(best_kiln, time.perf_counter() - t0)
+    return [best_kiln, *raw_allreduce(floats, 20)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rank-worker", nargs=3, metavar=("BATCH", "STEPS", "OUT"))
+    args = parser.parse_args()
+    if args.rank_worker:
+        rank_worker(int(args.rank_worker[0]), int(args.rank_worker[1]), args.rank_worker[2])
+        return 0
+    global_batch, steps = (8, 3) if args.quick else (16, 5)
+    from kiln.distributed.mpirun import environment, mpirun_command
+
+    out = os.path.abspath(f"bench_distributed_{os.getpid()}.json")
+    cmd = mpirun_command(2, [sys.executable, os.path.abspath(__file__), "--rank-worker", str(global_batch),
+                             str(steps), out], threads=1)
+    env = environment()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(kiln.__path__[0]), env.get("PYTHONPATH")) if p)
+    subprocess.run(cmd, env=env, check=True)
+    with open(out) as f:
+        dp = json.load(f)
+    os.remove(out)
+    kiln.set_num_threads(2)
+    step, x, y, _ = make_step(global_batch, False)
+    t_single = time_steps(step, x, y, steps)
+    ratio = t_single / dp["step"]
+    missed = ratio < 0.9
+    print(f"BasicBlock({CHANNELS}) train step, global batch {global_batch}, {SIZE}x{SIZE}, O1:")
+    print(f"  1 rank x 2 threads       {t_single * 1e3:9.2f} ms/step")
+    print(f"  2 ranks x 1 thread (DP)  {dp['step'] * 1e3:9.2f} ms/step   throughput ratio {ratio:.3f} "
+          f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
+    t_ar = dp["pairs"][0][0]
+    print(f"  gradient all-reduce      {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of a data-parallel step "
+          f"(none of it hidden: the plan runs collectives synchronously)")
+    for (t_kiln, t_raw, t_raw_mean), floats in zip(dp["pairs"], dp["floats"]):
+        mb = floats * 4 / 1e6
+        print(f"all-reduce (mean) of a model's gradients ({floats} floats, {mb:.2f} MB) on 2 ranks:")
+        print(f"  kiln (bucketed, jitted)         {t_kiln * 1e6:9.1f} us   {mb / t_kiln:8.1f} MB/s")
+        missed |= t_raw / t_kiln < 0.8
+        print(f"  raw MPI_Allreduce               {t_raw * 1e6:9.1f} us   {mb / t_raw:8.1f} MB/s   ratio "
+              f"{t_raw / t_kiln:.3f} (target >= 0.8) {'ok' if t_raw / t_kiln >= 0.8 else 'MISSED'}")
+        print(f"  raw MPI_Allreduce, then / size  {t_raw_mean * 1e6:9.1f} us   {mb / t_raw_mean:8.1f} MB/s   ratio "
+              f"{t_raw_mean / t_kiln:.3f}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
