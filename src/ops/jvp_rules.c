@@ -1,0 +1,302 @@
+/* Forward-mode rules (ops.def KILN_JVP): each gives the tangents of an op's outputs from the
+ * tangents of its inputs, with ops (kiln_apply), so a traced run records them as graph nodes
+ * (src/ir/jvp.c walks a recorded graph and calls them). Generic rules first:
+ *   self       the op is linear in its float inputs: the op itself over their tangents (zeros for
+ *              the inputs without one; integer and bool inputs, such as indices, as they are)
+ *   self_in_place  the same for ops that write input 0 in place, on a fresh copy of its tangent
+ *   diag       an elementwise op: its Jacobian per input is diagonal, so the reverse rule given the
+ *              input's tangent (broadcast to the output) as the output's gradient is the JVP term
+ *   reduce     a reduction whose reverse rule is the gradient broadcast times a per-element weight
+ *              w(x): transposed, sum(t * w) over the reduced axes
+ *   bilinear   op(a, b[, bias]) linear in a and in b (and the bias): op(ta, b[, tbias]) + op(a, tb)
+ * then the rules of single ops. */
+#include "../core/internal.h"
+#include "grad_scope.h"
+
+/* the rules' prototypes, from ops.def */
+#define KILN_OP(...)
+#define KILN_JVP(ENUM, rule) kiln_status kiln_jvp_##rule(const kiln_grad_ctx *, kiln_tensor *const *, kiln_tensor **);
+#include "ops.def"
+#undef KILN_JVP
+#undef KILN_OP
+
+/* the most inputs an elementwise op has (where: 3) */
+#define DIAG_MAX_INPUTS 4
+
+#define JVP(name)                                                                           \
+    kiln_status kiln_jvp_##name(const kiln_grad_ctx *ctx KILN_UNUSED, kiln_tensor *const *tin, \
+                                kiln_tensor **tout)
+
+/* ---- generic rules ----------------------------------------------------------------------- */
+
+/* zeros of m (new reference) */
+static kiln_status zeros_of(const kiln_meta *m, kiln_tensor **out) { return kiln_emit_full(m, 0.0, out); }
+
+static kiln_status apply_over_tangents(const kiln_grad_ctx *ctx, kiln_tensor *const *tin, bool copy_first,
+                                       kiln_tensor **tout) {
+    kiln_tensor **ins = kiln_calloc((size_t)ctx->nin, sizeof *ins);
+    bool *owned = kiln_calloc((size_t)ctx->nin, sizeof *owned);
+    kiln_status s = ins && owned ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory in a JVP rule");
+    for (int j = 0; j < ctx->nin && s == KILN_OK; j++) {
+        if (!kiln_dtype_is_float(ctx->in_meta[j].dtype)) {
+            ins[j] = ctx->in[j];
+        } else if (tin[j] && !(copy_first && j == 0)) {
+            ins[j] = tin[j];
+        } else if (tin[j]) { /* the op writes it: a private copy */
+            s = kiln_emit_unary(KILN_OP_CONTIGUOUS, tin[j], &ins[j]);
+            owned[j] = true;
+        } else {
+            s = zeros_of(&ctx->in_meta[j], &ins[j]);
+            owned[j] = true;
+        }
+    }
+    kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+    if (s == KILN_OK) s = kiln_apply(ctx->op, ctx->nin, ins, ctx->attrs, outs);
+    if (s == KILN_OK) {
+        tout[0] = outs[0];
+        for (int k = 1; k < ctx->nout; k++) kiln_tensor_release(outs[k]);
+    }
+    for (int j = 0; ins && owned && j < ctx->nin; j++)
+        if (owned[j]) kiln_tensor_release(ins[j]);
+    free(ins), free(owned);
+    return s;
+}
+
+JVP(self) { return apply_over_tangents(ctx, tin, false, tout); }
+JVP(self_in_place) { return apply_over_tangents(ctx, tin, true, tout); }
+
+/* a + b into *acc (a new reference replacing it); b released */
+static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *b) {
+    if (!*acc) {
+        *acc = b;
+        return KILN_OK;
+    }
+    kiln_tensor *sum = NULL;
+    kiln_status s = kiln_emit_binary(KILN_OP_ADD, *acc, b, &sum);
+    kiln_tensor_release(*acc), kiln_tensor_release(b);
+    *acc = sum;
+    return s;
+}
+
+/* t broadcast to m's shape (a new reference; t itself when it has it) */
+static kiln_status broadcast_to(kiln_tensor *t, const kiln_meta *m, kiln_tensor **out) {
+    bool same = t->meta.ndim == m->ndim;
+    for (int d = 0; same && d < m->ndim; d++) same = t->meta.shape[d] == m->shape[d];
+    if (same) {
+        kiln_tensor_retain(t);
+        *out = t;
+        return KILN_OK;
+    }
+    return kiln_emit_expand(t, m->ndim, m->shape, out);
+}
+
+JVP(diag) {
+    const kiln_op_info *info = kiln_op_get(ctx->op);
+    kiln_meta in_meta[DIAG_MAX_INPUTS];
+    bool want[DIAG_MAX_INPUTS];
+    if (ctx->nin > DIAG_MAX_INPUTS) return kiln_error(KILN_ERR_RUNTIME, "jvp: %s is not elementwise (%d inputs)", info->name, ctx->nin);
+    kiln_status s = KILN_OK;
+    kiln_tensor *acc = NULL;
+    for (int j = 0; j < ctx->nin && s == KILN_OK; j++) {
+        if (!ctx->needs_grad[j]) continue;
+        /* input j seen as having the output's shape: the rule's sum_to over broadcast axes is then
+         * the identity, and its result the diagonal of the Jacobian times the tangent */
+        for (int k = 0; k < ctx->nin; k++) {
+            in_meta[k] = ctx->in_meta[k];
+            want[k] = k == j;
+        }
+        in_meta[j] = ctx->out_meta[0];
+        in_meta[j].dtype = ctx->in_meta[j].dtype;
+        kiln_grad_ctx c = *ctx;
+        c.in_meta = in_meta;
+        c.needs_grad = want;
+        kiln_tensor *g = NULL, *gin[DIAG_MAX_INPUTS] = {0};
+        s = broadcast_to(tin[j], &ctx->out_meta[0], &g);
+        if (s == KILN_OK) s = info->grad(&c, &g, gin);
+        kiln_tensor_release(g);
+        if (s == KILN_OK) s = accumulate(&acc, gin[j]);
+        else kiln_release_all(gin, ctx->nin);
+    }
+    if (s == KILN_OK) *tout = acc;
+    else kiln_tensor_release(acc);
+    return s;
+}
+
+JVP(reduce) {
+    if (!tin[0]) return KILN_OK;
+    const kiln_op_info *info = kiln_op_get(ctx->op);
+    kiln_tensor *ones = NULL, *w = NULL, *tw = NULL;
+    kiln_status s = kiln_emit_full(&ctx->out_meta[0], 1.0, &ones);
+    if (s == KILN_OK) s = info->grad(ctx, &ones, &w); /* the per-element weight of the reverse rule */
+    if (s == KILN_OK) s = kiln_emit_binary(KILN_OP_MUL, tin[0], w, &tw);
+    uint64_t mask = ctx->in_meta[0].ndim ? (uint64_t)ctx->attrs->i[KILN_A_REDUCE_AXES] : 0;
+    if (s == KILN_OK) s = kiln_emit_reduce(KILN_OP_SUM, tw, mask, ctx->attrs->i[KILN_A_REDUCE_KEEPDIMS] != 0, tout);
+    kiln_tensor_release(ones), kiln_tensor_release(w), kiln_tensor_release(tw);
+    return s;
+}
+
+JVP(bilinear) {
+    kiln_tensor *acc = NULL;
+    kiln_status s = KILN_OK;
+    bool bias = ctx->nin > 2 && tin[2];
+    if (tin[0] || bias) { /* op(ta, b[, tbias]) */
+        kiln_tensor *a = tin[0], *zero = NULL, *t = NULL;
+        if (!a) s = zeros_of(&ctx->in_meta[0], &zero), a = zero;
+        kiln_tensor *ins[3] = {a, ctx->in[1], bias ? tin[2] : NULL};
+        if (s == KILN_OK) s = kiln_apply(ctx->op, bias ? 3 : 2, ins, ctx->attrs, &t);
+        kiln_tensor_release(zero);
+        if (s == KILN_OK) s = accumulate(&acc, t);
+    }
+    if (s == KILN_OK && tin[1]) { /* op(a, tb) */
+        kiln_tensor *ins[2] = {ctx->in[0], tin[1]}, *t = NULL;
+        s = kiln_apply(ctx->op, 2, ins, ctx->attrs, &t);
+        if (s == KILN_OK) s = accumulate(&acc, t);
+    }
+    if (s == KILN_OK) *tout = acc;
+    else kiln_tensor_release(acc);
+    return s;
+}
+
+/* ---- single ops ------------------------------------------------------------------------------ */
+
+#define X (ctx->in[0])
+#define Y (ctx->out[0])
+
+/* the tangent of a float result is the input's, cast */
+JVP(cast) {
+    if (!tin[0] || !kiln_dtype_is_float(ctx->out_meta[0].dtype)) return KILN_OK;
+    return kiln_emit_cast(tin[0], ctx->out_meta[0].dtype, tout);
+}
+
+static kiln_status along(kiln_op op, kiln_tensor *t, const kiln_grad_ctx *ctx, kiln_tensor **out) {
+    kiln_attrs a;
+    kiln_attrs_clear(&a);
+    kiln_attrs_push_int(&a, ctx->attrs->i[KILN_A_SOFTMAX_AXIS]);
+    kiln_tensor *in[2] = {t, Y};
+    return kiln_apply(op, 2, in, &a, out);
+}
+
+static kiln_tensor *row_sum(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor *t) {
+    if (!t || sc->status != KILN_OK) return NULL;
+    kiln_tensor *r = NULL;
+    kiln_status s = kiln_emit_reduce(KILN_OP_SUM, t, 1ull << ctx->attrs->i[KILN_A_SOFTMAX_AXIS], true, &r);
+    return keep(sc, s, r);
+}
+
+/* softmax's Jacobian is symmetric: its JVP is its reverse rule, softmax_backward(t, y) */
+JVP(softmax) {
+    if (!tin[0]) return KILN_OK;
+    return along(KILN_OP_SOFTMAX_BACKWARD, tin[0], ctx, tout);
+}
+
+/* y = x - logsumexp(x): t - sum(exp(y) t) */
+static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout);
+JVP(log_softmax) {
+    if (!tin[0]) return KILN_OK;
+    grad_scope sc = {0};
+    kiln_tensor *v = bin(&sc, KILN_OP_SUB, tin[0], row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, Y), tin[0])));
+    return done(&sc, v, tout);
+}
+
+/* Ends a single-output rule: *tout = v (retained) when all went well; temps released. */
+static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout) {
+    if (sc->status == KILN_OK && v) kiln_tensor_retain(v), *tout = v;
+    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
+    return sc->status;
+}
+
+/* z = y (g - s), s = sum(g y): tz = softmax_backward(tg, y) + ty (g - s) - y sum(g ty) */
+JVP(softmax_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *acc = NULL;
+    if (tin[0]) {
+        kiln_tensor *in[2] = {tin[0], y}, *t = NULL;
+        acc = keep(&sc, kiln_apply(KILN_OP_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t), t);
+    }
+    if (tin[1]) {
+        kiln_tensor *s = row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, y));
+        kiln_tensor *term = bin(&sc, KILN_OP_SUB, bin(&sc, KILN_OP_MUL, tin[1], bin(&sc, KILN_OP_SUB, g, s)),
+                                bin(&sc, KILN_OP_MUL, y, row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, tin[1]))));
+        acc = acc ? bin(&sc, KILN_OP_ADD, acc, term) : term;
+    }
+    return done(&sc, acc, tout);
+}
+
+/* z = g - exp(y) sum(g): tz = log_softmax_backward(tg, y) - exp(y) ty sum(g) */
+JVP(log_softmax_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *acc = NULL;
+    if (tin[0]) {
+        kiln_tensor *in[2] = {tin[0], y}, *t = NULL;
+        acc = keep(&sc, kiln_apply(KILN_OP_LOG_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t), t);
+    }
+    if (tin[1]) {
+        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, y), tin[1]), row_sum(&sc, ctx, g));
+        acc = acc ? bin(&sc, KILN_OP_SUB, acc, term) : un(&sc, KILN_OP_NEG, term);
+    }
+    return done(&sc, acc, tout);
+}
+
+/* (y, mask) = dropout(x): ty = t mask, the same draw */
+JVP(dropout) {
+    if (!tin[0]) return KILN_OK;
+    return kiln_emit_binary(KILN_OP_MUL, tin[0], ctx->out[1], tout);
+}
+
+/* sorted values: the tangent picked by the sort's indices */
+JVP(sort) {
+    if (!tin[0]) return KILN_OK;
+    kiln_attrs a;
+    kiln_attrs_clear(&a);
+    kiln_attrs_push_int(&a, ctx->attrs->i[KILN_A_SORT_AXIS]);
+    kiln_tensor *in[2] = {tin[0], ctx->out[1]};
+    return kiln_apply(KILN_OP_GATHER_ELEMENTS, 2, in, &a, tout);
+}
+
+/* gelu_backward(a, x) = a gelu'(x): d/da its own, d/dx = a gelu''(x), gelu'' = phi(x) (2 - x^2) */
+JVP(gelu_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *a = ctx->in[0], *x = ctx->in[1], *acc = NULL;
+    if (tin[0]) acc = bin(&sc, KILN_OP_GELU_BACKWARD, tin[0], x);
+    if (tin[1]) {
+        kiln_tensor *x2 = bin(&sc, KILN_OP_MUL, x, x);
+        kiln_tensor *phi = bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, bin(&sc, KILN_OP_MUL, x2, scalar(&sc, -0.5, x))),
+                               scalar(&sc, 0.39894228040143268, x));
+        kiln_tensor *d2 = bin(&sc, KILN_OP_MUL, phi, bin(&sc, KILN_OP_SUB, scalar(&sc, 2.0, x), x2));
+        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, a, d2), tin[1]);
+        acc = acc ? bin(&sc, KILN_OP_ADD, acc, term) : term;
+    }
+    return done(&sc, acc, tout);
+}
+
+/* silu_backward(a, x) = a silu'(x): d/dx = a s (1 - s) (2 + x (1 - 2 s)), s = sigmoid(x) */
+JVP(silu_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *a = ctx->in[0], *x = ctx->in[1], *acc = NULL;
+    if (tin[0]) acc = bin(&sc, KILN_OP_SILU_BACKWARD, tin[0], x);
+    if (tin[1]) {
+        kiln_tensor *sg = un(&sc, KILN_OP_SIGMOID, x), *one = scalar(&sc, 1.0, x);
+        kiln_tensor *ds = bin(&sc, KILN_OP_MUL, sg, bin(&sc, KILN_OP_SUB, one, sg));
+        kiln_tensor *inner = bin(&sc, KILN_OP_ADD, scalar(&sc, 2.0, x),
+                                 bin(&sc, KILN_OP_MUL, x, bin(&sc, KILN_OP_SUB, one, bin(&sc, KILN_OP_MUL, scalar(&sc, 2.0, x), sg))));
+        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, a, bin(&sc, KILN_OP_MUL, ds, inner)), tin[1]);
+        acc = acc ? bin(&sc, KILN_OP_ADD, acc, term) : term;
+    }
+    return done(&sc, acc, tout);
+}
+
+#undef X
+#undef Y
+
+/* ---- the table ------------------------------------------------------------------------------- */
+
+
+static const kiln_jvp_fn jvp_table[KILN_OP_COUNT] = {
+#define KILN_OP(...)
+#define KILN_JVP(ENUM, rule) [KILN_OP_##ENUM] = kiln_jvp_##rule,
+#include "ops.def"
+#undef KILN_JVP
+#undef KILN_OP
+};
+
+kiln_jvp_fn kiln_op_jvp(kiln_op op) { return (unsigned)op < KILN_OP_COUNT ? jvp_table[op] : NULL; }
