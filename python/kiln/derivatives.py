@@ -10,6 +10,7 @@ part of a linearization (_jacobian_by_basis); hessian is jacfwd over a reverse-m
 import functools
 
 from . import _C
+from .autograd import grad_nesting
 from .grad_mode import enable_grad, is_grad_enabled, no_grad
 from .jit import tree as _tree
 from .ops import array as _array
@@ -148,8 +149,13 @@ def vjp(fn, *inputs, has_aux=False):
             leaf = a.detach()
             leaf.requires_grad = True
             targets.append(leaf)
-    with enable_grad():
-        out = fn(*_tree.unflatten(spec, targets)[0])
+    depth = getattr(grad_nesting, "depth", 0)
+    grad_nesting.depth = depth + 1  # a kiln.grad inside fn keeps its gradients differentiable
+    try:
+        with enable_grad():
+            out = fn(*_tree.unflatten(spec, targets)[0])
+    finally:
+        grad_nesting.depth = depth
     primary, aux = _split_aux(out, has_aux, "vjp")
     outs = []
     out_spec = _tree.flatten(primary, outs)
@@ -289,6 +295,7 @@ def jacfwd(fn, grad_position=0, has_aux=False):
         jac = _arrange(out_spec, _jacobian_by_basis(f_jvp, primals, outs), single)
         return (jac, aux) if has_aux else jac
 
+    jac_fn._kiln_grad_of = fn  # kiln's own wrapper: capture runs it as it is, recording its ops
     return jac_fn
 
 
@@ -320,6 +327,7 @@ def _jacrev(fn, grad_position=0, has_aux=False):
         jac = _arrange(out_spec, per_position, single)
         return (jac, res[2]) if has_aux else jac
 
+    jac_fn._kiln_grad_of = fn
     return jac_fn
 
 

@@ -211,7 +211,8 @@ JVP(softmax_backward) {
     kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *acc = NULL;
     if (tin[0]) {
         kiln_tensor *in[2] = {tin[0], y}, *t = NULL;
-        acc = keep(&sc, kiln_apply(KILN_OP_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t), t);
+        kiln_status st = kiln_apply(KILN_OP_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t);
+        acc = keep(&sc, st, t);
     }
     if (tin[1]) {
         kiln_tensor *s = row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, y));
@@ -228,7 +229,8 @@ JVP(log_softmax_backward) {
     kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *acc = NULL;
     if (tin[0]) {
         kiln_tensor *in[2] = {tin[0], y}, *t = NULL;
-        acc = keep(&sc, kiln_apply(KILN_OP_LOG_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t), t);
+        kiln_status st = kiln_apply(KILN_OP_LOG_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t);
+        acc = keep(&sc, st, t);
     }
     if (tin[1]) {
         kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, y), tin[1]), row_sum(&sc, ctx, g));
