@@ -287,6 +287,204 @@ JVP(silu_backward) {
     return done(&sc, acc, tout);
 }
 
+
+/* ---- normalization ----------------------------------------------------------------------------
+ * y = (x - m) s w + b with m, s the mean and inverse deviation over the axes in `mask` (batch
+ * statistics) or given (batch_norm's running ones: no tangent). With batch statistics tm =
+ * mean(tx), ts = -s^3 mean((x - m) tx); then ty = ((tx - tm) s + (x - m) ts) w + (x - m) s tw + tb. */
+
+typedef struct {
+    kiln_tensor *x, *m, *s, *w, *tx, *tw, *tb; /* m, s, w, tw, tb broadcastable against x; w, tw, tb may be NULL */
+    uint64_t mask;
+    bool batch, centered;
+} norm_jvp;
+
+/* ts and (centered) tm, or NULL when x has no tangent or the statistics are given */
+static kiln_status norm_stats_tangents(const norm_jvp *n, kiln_tensor **tm, kiln_tensor **ts) {
+    *tm = *ts = NULL;
+    if (!n->tx || !n->batch) return KILN_OK;
+    grad_scope sc = {0};
+    kiln_tensor *xc = n->centered ? bin(&sc, KILN_OP_SUB, n->x, n->m) : n->x, *mean = NULL, *m2 = NULL;
+    kiln_tensor *prod = bin(&sc, KILN_OP_MUL, xc, n->tx);
+    if (prod && sc.status == KILN_OK) sc.status = kiln_emit_reduce(KILN_OP_MEAN, prod, n->mask, true, &mean), keep(&sc, sc.status, mean);
+    kiln_tensor *s3 = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, n->s, n->s), n->s);
+    kiln_tensor *t = un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, s3, mean));
+    if (n->centered && sc.status == KILN_OK) sc.status = kiln_emit_reduce(KILN_OP_MEAN, n->tx, n->mask, true, &m2), keep(&sc, sc.status, m2);
+    if (sc.status == KILN_OK) {
+        kiln_tensor_retain(t), *ts = t;
+        if (m2) kiln_tensor_retain(m2), *tm = m2;
+    }
+    for (int k = 0; k < sc.ntemps; k++) kiln_tensor_release(sc.temps[k]);
+    return sc.status;
+}
+
+/* ty from the statistics' tangents (tm, ts may be NULL) */
+static kiln_status norm_out_tangent(const norm_jvp *n, kiln_tensor *tm, kiln_tensor *ts, kiln_tensor **ty) {
+    grad_scope sc = {0};
+    kiln_tensor *xc = n->centered ? bin(&sc, KILN_OP_SUB, n->x, n->m) : n->x, *acc = NULL;
+    if (n->tx) {
+        kiln_tensor *dx = tm ? bin(&sc, KILN_OP_SUB, n->tx, tm) : n->tx;
+        kiln_tensor *txhat = bin(&sc, KILN_OP_MUL, dx, n->s);
+        if (ts) txhat = bin(&sc, KILN_OP_ADD, txhat, bin(&sc, KILN_OP_MUL, xc, ts));
+        acc = n->w ? bin(&sc, KILN_OP_MUL, txhat, n->w) : txhat;
+    }
+    if (n->tw) {
+        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, xc, n->s), n->tw);
+        acc = acc ? bin(&sc, KILN_OP_ADD, acc, term) : term;
+    }
+    if (n->tb) acc = acc ? bin(&sc, KILN_OP_ADD, acc, n->tb) : n->tb;
+    return done(&sc, acc, ty);
+}
+
+/* t cast to dtype d and reshaped to m's shape (new reference; NULL stays NULL) */
+static kiln_status to_meta(kiln_tensor *t, const kiln_meta *m, kiln_tensor **out) {
+    *out = NULL;
+    if (!t) return KILN_OK;
+    kiln_tensor *c = NULL;
+    if (t->meta.dtype != m->dtype) KILN_TRY(kiln_emit_cast(t, m->dtype, &c));
+    else kiln_tensor_retain(t), c = t;
+    kiln_status s = kiln_emit_reshape(c, m->ndim, m->shape, out);
+    kiln_tensor_release(c);
+    return s;
+}
+
+/* the three (or two) outputs' tangents of a normalization set up in n; stats: the output index of
+ * the mean (-1: none) and of the inverse deviation */
+static kiln_status norm_finish(const kiln_grad_ctx *ctx, const norm_jvp *n, int mean_out, int s_out, kiln_tensor **tout) {
+    kiln_tensor *tm = NULL, *ts = NULL;
+    kiln_status s = norm_stats_tangents(n, &tm, &ts);
+    if (s == KILN_OK) s = norm_out_tangent(n, tm, ts, &tout[0]);
+    if (s == KILN_OK && mean_out >= 0) s = to_meta(tm, &ctx->out_meta[mean_out], &tout[mean_out]);
+    if (s == KILN_OK) s = to_meta(ts, &ctx->out_meta[s_out], &tout[s_out]);
+    kiln_tensor_release(tm), kiln_tensor_release(ts);
+    return s;
+}
+
+/* a tensor of x's dtype (a statistic kept in float32 for 16-bit x): new reference */
+static kiln_status in_dtype(kiln_tensor *t, kiln_dtype d, kiln_tensor **out) {
+    if (t->meta.dtype == d) return kiln_tensor_retain(t), *out = t, KILN_OK;
+    return kiln_emit_cast(t, d, out);
+}
+
+/* layer_norm(x, w, b) -> (y, mean, rstd); rms_norm(x, w) -> (y, rstd): over the i[0] trailing axes */
+static kiln_status trailing_norm(const kiln_grad_ctx *ctx, kiln_tensor *const *tin, kiln_tensor **tout, bool centered) {
+    const kiln_meta *xm = &ctx->in_meta[0];
+    int naxes = (int)ctx->attrs->i[KILN_A_NORM_NAXES];
+    norm_jvp n = {.x = ctx->in[0], .w = ctx->in[1], .tx = tin[0], .tw = tin[1], .tb = centered ? tin[2] : NULL,
+                  .batch = true, .centered = centered};
+    for (int d = xm->ndim - naxes; d < xm->ndim; d++) n.mask |= 1ull << d;
+    kiln_tensor *m = NULL, *sd = NULL;
+    kiln_status s = centered ? in_dtype(ctx->out[1], xm->dtype, &m) : KILN_OK;
+    if (s == KILN_OK) s = in_dtype(ctx->out[centered ? 2 : 1], xm->dtype, &sd);
+    n.m = m, n.s = sd;
+    if (s == KILN_OK) s = norm_finish(ctx, &n, centered ? 1 : -1, centered ? 2 : 1, tout);
+    kiln_tensor_release(m), kiln_tensor_release(sd);
+    return s;
+}
+
+JVP(layer_norm) { return trailing_norm(ctx, tin, tout, true); }
+JVP(rms_norm) { return trailing_norm(ctx, tin, tout, false); }
+
+/* batch_norm(x, gamma, beta, running_mean, running_var) -> (y, mean, invstd): per channel (axis 1);
+ * batch statistics in training (or without running ones), else the running ones (constants) */
+JVP(batch_norm) {
+    const kiln_meta *xm = &ctx->in_meta[0];
+    bool batch = ctx->attrs->i[KILN_A_BATCH_NORM_TRAINING] != 0 || kiln_meta_numel(&ctx->in_meta[3]) == 0;
+    int64_t shape[KILN_MAX_DIMS];
+    for (int d = 0; d < xm->ndim; d++) shape[d] = d == 1 ? xm->shape[1] : 1;
+    kiln_meta cm;
+    kiln_meta_set(&cm, xm->dtype, xm->ndim, shape);
+    kiln_tensor *v[5] = {NULL}; /* m, s, w, tw, tb as (1, C, 1, ...) */
+    kiln_tensor *src[5] = {ctx->out[1], ctx->out[2], ctx->in[1], tin[1], tin[2]};
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < 5 && s == KILN_OK; k++) s = to_meta(src[k], &cm, &v[k]);
+    norm_jvp n = {.x = ctx->in[0], .m = v[0], .s = v[1], .w = v[2], .tx = tin[0], .tw = v[3], .tb = v[4],
+                  .batch = batch, .centered = true};
+    for (int d = 0; d < xm->ndim; d++)
+        if (d != 1) n.mask |= 1ull << d;
+    if (s == KILN_OK) s = norm_finish(ctx, &n, 1, 2, tout);
+    kiln_release_all(v, 5);
+    return s;
+}
+
+/* ---- attention ----------------------------------------------------------------------------------
+ * (out, lse) = attention(q, k, v): P = softmax(S), S = scale q k^T (k and v's heads repeated for
+ * grouped queries); tS = scale (tq k^T + q tk^T), tP = softmax_backward(tS, P),
+ * tout = tP v + P tv, tlse = sum(P tS) over the keys. The scores are made whole here (the forward
+ * op never does). */
+
+/* k (..., Hk, L, D) with each head repeated Hq / Hk times: (..., Hq, L, D) (new reference) */
+static kiln_status repeat_heads(kiln_tensor *k, int64_t hq, kiln_tensor **out) {
+    const kiln_meta *m = &k->meta;
+    int nd = m->ndim;
+    int64_t hk = m->shape[nd - 3];
+    if (!k || hk == hq) return kiln_tensor_retain(k), *out = k, KILN_OK;
+    int64_t s5[KILN_MAX_DIMS + 1], e5[KILN_MAX_DIMS + 1], fin[KILN_MAX_DIMS];
+    for (int d = 0; d < nd - 3; d++) s5[d] = e5[d] = fin[d] = m->shape[d];
+    s5[nd - 3] = e5[nd - 3] = hk, s5[nd - 2] = 1, e5[nd - 2] = hq / hk;
+    s5[nd - 1] = e5[nd - 1] = m->shape[nd - 2], s5[nd] = e5[nd] = m->shape[nd - 1];
+    fin[nd - 3] = hq, fin[nd - 2] = m->shape[nd - 2], fin[nd - 1] = m->shape[nd - 1];
+    if (nd + 1 > KILN_MAX_DIMS) return kiln_error(KILN_ERR_VALUE, "jvp: attention of %d dimensions", nd);
+    kiln_tensor *a = NULL, *b = NULL;
+    kiln_status s = kiln_emit_reshape(k, nd + 1, s5, &a);
+    if (s == KILN_OK) s = kiln_emit_expand(a, nd + 1, e5, &b);
+    if (s == KILN_OK) s = kiln_emit_reshape(b, nd, fin, out);
+    kiln_tensor_release(a), kiln_tensor_release(b);
+    return s;
+}
+
+JVP(attention) {
+    kiln_tensor *q = ctx->in[0], *tq = tin[0];
+    int nd = ctx->in_meta[0].ndim;
+    int64_t hq = ctx->in_meta[0].shape[nd - 3];
+    double scale = ctx->attrs->f[KILN_A_ATTENTION_SCALE];
+    kiln_tensor *r[4] = {NULL}; /* k, v, tk, tv with the query heads */
+    kiln_tensor *srcs[4] = {ctx->in[1], ctx->in[2], tin[1], tin[2]};
+    kiln_status st = KILN_OK;
+    for (int j = 0; j < 4 && st == KILN_OK; j++)
+        if (srcs[j]) st = repeat_heads(srcs[j], hq, &r[j]);
+    if (st != KILN_OK) return kiln_release_all(r, 4), st;
+    grad_scope sc = {0};
+    kiln_attrs last;
+    kiln_attrs_clear(&last);
+    kiln_attrs_push_int(&last, nd - 1);
+    kiln_tensor *kt = NULL, *sv = scalar(&sc, scale, q), *scores = NULL, *p = NULL, *ts = NULL, *tp = NULL;
+    if (sc.status == KILN_OK) sc.status = kiln_emit_transpose_last(r[0], &kt), keep(&sc, sc.status, kt);
+    scores = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MATMUL, q, kt), sv);
+    if (scores && sc.status == KILN_OK) sc.status = kiln_apply(KILN_OP_SOFTMAX, 1, &scores, &last, &p), keep(&sc, sc.status, p);
+    if (tq) ts = bin(&sc, KILN_OP_MATMUL, tq, kt);
+    if (r[2]) {
+        kiln_tensor *tkt = NULL;
+        if (sc.status == KILN_OK) sc.status = kiln_emit_transpose_last(r[2], &tkt), keep(&sc, sc.status, tkt);
+        kiln_tensor *term = bin(&sc, KILN_OP_MATMUL, q, tkt);
+        ts = ts ? bin(&sc, KILN_OP_ADD, ts, term) : term;
+    }
+    kiln_tensor *tout0 = NULL, *tlse = NULL;
+    if (ts) {
+        ts = bin(&sc, KILN_OP_MUL, ts, sv);
+        kiln_tensor *in2[2] = {ts, p};
+        if (sc.status == KILN_OK) sc.status = kiln_apply(KILN_OP_SOFTMAX_BACKWARD, 2, in2, &last, &tp), keep(&sc, sc.status, tp);
+        tout0 = bin(&sc, KILN_OP_MATMUL, tp, r[1]);
+        kiln_tensor *ps = bin(&sc, KILN_OP_MUL, p, ts), *sum = NULL;
+        if (ps && sc.status == KILN_OK) sc.status = kiln_emit_reduce(KILN_OP_SUM, ps, 1ull << (nd - 1), false, &sum), keep(&sc, sc.status, sum);
+        tlse = sum;
+    }
+    if (r[3]) {
+        kiln_tensor *term = bin(&sc, KILN_OP_MATMUL, p, r[3]);
+        tout0 = tout0 ? bin(&sc, KILN_OP_ADD, tout0, term) : term;
+    }
+    if (sc.status == KILN_OK && tlse && tlse->meta.dtype != ctx->out_meta[1].dtype) {
+        kiln_tensor *c = NULL;
+        sc.status = kiln_emit_cast(tlse, ctx->out_meta[1].dtype, &c);
+        tlse = keep(&sc, sc.status, c);
+    }
+    if (sc.status == KILN_OK && tlse) kiln_tensor_retain(tlse), tout[1] = tlse;
+    kiln_status s = done(&sc, tout0, &tout[0]);
+    if (s != KILN_OK) kiln_tensor_release(tout[1]), tout[1] = NULL;
+    kiln_release_all(r, 4);
+    return s;
+}
+
 #undef X
 #undef Y
 

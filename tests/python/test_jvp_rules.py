@@ -45,6 +45,10 @@ IDX = kiln.tensor(np.array([2, 0, 2]), dtype=kiln.int64)
 IDX_E = kiln.tensor(np.array([[0, 2, 1, 0], [1, 1, 0, 2], [2, 0, 0, 1]]), dtype=kiln.int64)
 
 
+RUNNING = {"mean": t(np.zeros(3)), "var": t(np.ones(3))}  # batch norm's running statistics (updated in training)
+FROZEN = {"mean": t(RNG.uniform(-0.2, 0.2, 3)), "var": t(RNG.uniform(0.5, 1.5, 3))}
+
+
 def _set_slice(x, v):
     y = x * 1.0
     y[1:3, ::2] = v
@@ -141,6 +145,16 @@ CASES = [
     ("scatter_add_elements", lambda x, s: ops.scatter_add(x, 1, IDX_E, s), [away((3, 4)), away((3, 4))]),
     ("slice_assign", _set_slice, [away((3, 4)), away((2, 2))]),
     ("index_put", _index_put, [away((3, 4)), away((4,))]),
+    ("layer_norm", lambda x, w, b: ops.layer_norm(x, (3, 4), w, b), [away((2, 3, 4)), away((3, 4)), away((3, 4))]),
+    ("rms_norm", ops.rms_norm, [away((2, 3, 4)), away((4,))]),
+    ("batch_norm", lambda x, w, b: ops.batch_norm(x, RUNNING["mean"], RUNNING["var"], w, b, training=True),
+     [away((4, 3, 2, 2)), away((3,)), away((3,))]),
+    ("batch_norm_inference", lambda x, w, b: ops.batch_norm(x, FROZEN["mean"], FROZEN["var"], w, b),
+     [away((4, 3, 2, 2)), away((3,)), away((3,))]),
+    # (512 keys: scaled_dot_product_attention's fused op rather than its matmuls and softmax)
+    ("attention", ops.scaled_dot_product_attention, [away((1, 2, 3, 4)), away((1, 2, 512, 4)), away((1, 2, 512, 3))]),
+    ("attention_grouped", lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, scale=0.7),
+     [away((1, 4, 2, 4)), away((1, 2, 512, 4)), away((1, 2, 512, 2))]),
     # backward ops, through a gradient inside the function (forward over reverse)
     ("tanh_backward", _grad_of(lambda x: ops.tanh(x) * x), [away((3, 4))]),
     ("sigmoid_backward", _grad_of(lambda x: ops.sigmoid(x) * x), [away((3, 4))]),
@@ -156,8 +170,7 @@ CASES = [
 # ops no Python function reaches (made by the passes), their rules checked through the others' tests
 NOT_REACHED = {"relayout"}
 # differentiable ops without a forward-mode rule: this list may shrink, never grow
-MISSING = {"cumprod", "attention", "rnn_layer", "max_pool2d", "batch_norm", "layer_norm", "rms_norm", "if", "while",
-           "while_grad"}
+MISSING = {"cumprod", "rnn_layer", "max_pool2d", "if", "while", "while_grad"}
 
 
 def _args(arrays):
