@@ -10,6 +10,8 @@
  *              w(x): transposed, sum(t * w) over the reduced axes
  *   bilinear   op(a, b[, bias]) linear in a and in b (and the bias): op(ta, b[, tbias]) + op(a, tb)
  * then the rules of single ops. */
+#include <math.h>
+
 #include "../core/internal.h"
 #include "grad_scope.h"
 
@@ -482,6 +484,80 @@ JVP(attention) {
     kiln_status s = done(&sc, tout0, &tout[0]);
     if (s != KILN_OK) kiln_tensor_release(tout[1]), tout[1] = NULL;
     kiln_release_all(r, 4);
+    return s;
+}
+
+
+/* ---- max pooling ----------------------------------------------------------------------------------
+ * Each output takes the tangent at its window's first maximum in row-major order (the element the
+ * reverse rule gives the gradient to): over the window offsets (a, b), the strided slices of x and
+ * t at that offset (x padded with -inf, t with 0), the first offset whose x equals the output. */
+
+static kiln_status slice_nchw(kiln_tensor *x, const int64_t *start, const int64_t *step, const int64_t *len,
+                              kiln_op op, kiln_tensor *value, kiln_tensor **out) {
+    kiln_attrs a;
+    kiln_attrs_clear(&a);
+    for (int d = 0; d < 8; d++) a.i[KILN_A_SLICE_START + d] = d < 4 ? start[d] : 0;
+    for (int d = 0; d < 8; d++) a.i[KILN_A_SLICE_STEP + d] = d < 4 ? step[d] : 1;
+    for (int d = 0; d < 8; d++) a.i[KILN_A_SLICE_LENGTH + d] = d < 4 ? len[d] : 0;
+    a.ni = 24;
+    kiln_tensor *in[2] = {x, value};
+    return kiln_apply(op, value ? 2 : 1, in, &a, out);
+}
+
+/* x written at (top, left) of a fresh tensor of padded's meta filled with fill (new reference) */
+static kiln_status padded(kiln_tensor *x, const kiln_meta *m, double fill, int64_t top, int64_t left, kiln_tensor **out) {
+    kiln_tensor *base = NULL;
+    KILN_TRY(kiln_emit_full(m, fill, &base));
+    const int64_t *sh = x->meta.shape;
+    int64_t start[4] = {0, 0, top, left}, step[4] = {1, 1, 1, 1}, len[4] = {sh[0], sh[1], sh[2], sh[3]};
+    kiln_status s = slice_nchw(base, start, step, len, KILN_OP_SLICE_ASSIGN, x, out);
+    kiln_tensor_release(base);
+    return s;
+}
+
+JVP(max_pool2d) {
+    if (!tin[0]) return KILN_OK;
+    const kiln_meta *xm = &ctx->in_meta[0], *ym = &ctx->out_meta[0];
+    const int64_t *ai = ctx->attrs->i;
+    int64_t kh = ai[KILN_A_POOL_KERNEL], kw = ai[KILN_A_POOL_KERNEL + 1], sh = ai[KILN_A_POOL_STRIDE],
+            sw = ai[KILN_A_POOL_STRIDE + 1], top = ai[KILN_A_POOL_PAD], left = ai[KILN_A_POOL_PAD + 2],
+            dh = ai[KILN_A_POOL_DILATION], dw = ai[KILN_A_POOL_DILATION + 1];
+    if (xm->ndim != 4) return kiln_error(KILN_ERR_VALUE, "jvp: max_pool2d of a %d-d input", xm->ndim);
+    int64_t oh = ym->shape[2], ow = ym->shape[3];
+    int64_t hp = (oh - 1) * sh + (kh - 1) * dh + 1, wp = (ow - 1) * sw + (kw - 1) * dw + 1;
+    if (hp < top + xm->shape[2]) hp = top + xm->shape[2];
+    if (wp < left + xm->shape[3]) wp = left + xm->shape[3];
+    kiln_meta pm = *xm;
+    pm.shape[2] = hp, pm.shape[3] = wp;
+    kiln_tensor *xp = NULL, *tp = NULL, *taken = NULL, *acc = NULL;
+    kiln_status s = padded(ctx->in[0], &pm, -INFINITY, top, left, &xp);
+    if (s == KILN_OK) s = padded(tin[0], &pm, 0.0, top, left, &tp);
+    kiln_meta bm = *ym;
+    bm.dtype = KILN_DTYPE_BOOL;
+    if (s == KILN_OK) s = kiln_emit_full(&bm, 0.0, &taken);
+    if (s == KILN_OK) s = kiln_emit_full(ym, 0.0, &acc);
+    int64_t step[4] = {1, 1, sh, sw}, len[4] = {ym->shape[0], ym->shape[1], oh, ow};
+    for (int64_t a = 0; a < kh && s == KILN_OK; a++)
+        for (int64_t b = 0; b < kw && s == KILN_OK; b++) {
+            grad_scope sc = {0};
+            int64_t start[4] = {0, 0, a * dh, b * dw};
+            kiln_tensor *xs = NULL, *ts = NULL;
+            sc.status = slice_nchw(xp, start, step, len, KILN_OP_SLICE, NULL, &xs);
+            keep(&sc, sc.status, xs);
+            if (sc.status == KILN_OK) sc.status = slice_nchw(tp, start, step, len, KILN_OP_SLICE, NULL, &ts), keep(&sc, sc.status, ts);
+            kiln_tensor *hit = bin(&sc, KILN_OP_LOGICAL_AND, bin(&sc, KILN_OP_EQ, xs, ctx->out[0]), un(&sc, KILN_OP_LOGICAL_NOT, taken));
+            kiln_tensor *next_acc = where3(&sc, hit, ts, acc), *next_taken = bin(&sc, KILN_OP_LOGICAL_OR, taken, hit);
+            if (sc.status == KILN_OK) {
+                kiln_tensor_retain(next_acc), kiln_tensor_retain(next_taken);
+                kiln_tensor_release(acc), kiln_tensor_release(taken);
+                acc = next_acc, taken = next_taken;
+            }
+            for (int k = 0; k < sc.ntemps; k++) kiln_tensor_release(sc.temps[k]);
+            s = sc.status;
+        }
+    if (s == KILN_OK) *tout = acc, acc = NULL;
+    kiln_tensor_release(xp), kiln_tensor_release(tp), kiln_tensor_release(taken), kiln_tensor_release(acc);
     return s;
 }
 

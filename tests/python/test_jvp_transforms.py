@@ -140,6 +140,19 @@ def test_reverse_over_forward():
     close(g, vn * (-np.sin(xn) * xn + 2 * np.cos(xn)), 1e-9)
 
 
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_reverse_over_forward_compiled(mode):
+    v = t(np.array([1.0, -1.0, 0.5]))
+
+    def h(a):
+        return kiln.jvp(lambda b: ops.sin(b) * b, a, v)[1].sum()
+
+    for x in (rnd(1, 3), rnd(2, 3)):
+        want = kiln.grad(h)(x).numpy()
+        close(kiln.grad(kiln.jit(h, capture_mode=mode))(x), want)  # forward and backward compiled together
+        close(kiln.jit(lambda a: kiln.grad(h)(a), capture_mode=mode)(x), want)
+
+
 # ---- vjp -----------------------------------------------------------------------------------------
 
 def test_vjp_against_transposed_jacobian_and_reusable():
