@@ -561,6 +561,39 @@ JVP(max_pool2d) {
     return s;
 }
 
+
+/* cumsum or cumprod of t along axis (from the end when reverse) */
+static kiln_tensor *scan(grad_scope *sc, kiln_op op, kiln_tensor *t, int64_t axis, bool reverse) {
+    if (!t || sc->status != KILN_OK) return NULL;
+    kiln_attrs at;
+    kiln_attrs_clear(&at);
+    kiln_attrs_push_int(&at, axis);
+    kiln_attrs_push_int(&at, reverse);
+    kiln_tensor *r = NULL;
+    kiln_status s = kiln_apply(op, 1, &t, &at, &r);
+    return keep(sc, s, r);
+}
+
+/* y_j = prod of x_i for i up to j: ty_j = sum over k <= j of t_k prod_{i <= j, i != k} x_i, exact
+ * with zeros. Before a line's first zero z that is y_j cumsum(t / x)_j; from z on only k = z
+ * leaves no zero factor: t_z times the running product with x_z taken as 1. */
+JVP(cumprod) {
+    if (!tin[0]) return KILN_OK;
+    grad_scope sc = {0};
+    int64_t axis = ctx->attrs->i[KILN_A_SCAN_AXIS];
+    bool rev = ctx->attrs->i[KILN_A_SCAN_REVERSE] != 0;
+    kiln_tensor *t = tin[0], *zero = scalar(&sc, 0.0, X), *one = scalar(&sc, 1.0, X);
+    kiln_tensor *is_zero = bin(&sc, KILN_OP_EQ, X, zero);
+    kiln_tensor *zeros_so_far = scan(&sc, KILN_OP_CUMSUM, is_zero, axis, rev); /* int64 */
+    kiln_tensor *before = bin(&sc, KILN_OP_EQ, zeros_so_far, scalar(&sc, 0.0, zeros_so_far));
+    kiln_tensor *first = bin(&sc, KILN_OP_LOGICAL_AND, is_zero,
+                             bin(&sc, KILN_OP_EQ, zeros_so_far, scalar(&sc, 1.0, zeros_so_far)));
+    kiln_tensor *plain = bin(&sc, KILN_OP_MUL, Y, scan(&sc, KILN_OP_CUMSUM, bin(&sc, KILN_OP_DIV, t, where3(&sc, before, X, one)), axis, rev));
+    kiln_tensor *skipping = scan(&sc, KILN_OP_CUMPROD, where3(&sc, first, one, X), axis, rev);
+    kiln_tensor *t_first = scan(&sc, KILN_OP_CUMSUM, where3(&sc, first, t, zero), axis, rev);
+    return done(&sc, where3(&sc, before, plain, bin(&sc, KILN_OP_MUL, t_first, skipping)), tout);
+}
+
 #undef X
 #undef Y
 
