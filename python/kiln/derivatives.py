@@ -46,6 +46,22 @@ def _same_structure(spec, tspec, leaves, tleaves, what):
                              f"{list(x.shape)} and {x.dtype}")
 
 
+def _zero_constants(obj):
+    """obj with its Python numbers made 0 of their type (the tangent, or Jacobian, of a constant
+    output), in tuples, lists and dicts; tensors and other objects as they are."""
+    if isinstance(obj, _C.TensorBase):
+        return obj
+    if isinstance(obj, (bool, int, float, complex)):
+        return type(obj)(0)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_zero_constants(o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_zero_constants(o) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _zero_constants(v)) for k, v in obj.items())
+    return obj
+
+
 def _split_aux(out, has_aux, what):
     """(the differentiated output, aux or None): with has_aux fn returns (output, aux, ...)."""
     if not has_aux:
@@ -103,7 +119,7 @@ def jvp(fn, inputs, v, has_aux=False):
     tracer, out_spec, nout, aux_spec = _record(fn, spec, leaves, has_aux, "jvp")
     ys, tys = _C.jvp(tracer, leaves, tleaves)
     out = _tree.unflatten(out_spec, list(ys[:nout]))[0]
-    tan = _tree.unflatten(out_spec, list(tys[:nout]))[0]
+    tan = _zero_constants(_tree.unflatten(out_spec, list(tys[:nout]))[0])
     if has_aux:
         return out, tan, _tree.unflatten(aux_spec, list(ys[nout:]))[0]
     return out, tan
@@ -128,7 +144,7 @@ def _linearize(fn, primals, has_aux, what):
         tspec, tleaves = _flat(tuple(tangents), f"{what}: tangents")
         _same_structure(spec, tspec, leaves, tleaves, what)
         tys = _C.run_linear(linear, list(residuals), list(tleaves))
-        return _tree.unflatten(out_spec, list(tys[:nout]))[0]
+        return _zero_constants(_tree.unflatten(out_spec, list(tys[:nout]))[0])
 
     f_jvp._kiln_linear = linear
     return out, f_jvp, aux
@@ -247,9 +263,9 @@ def _arrange(out_spec, per_position, single):
     n = len(per_position[0]) if per_position else 0
     leaves = [per_position[0][j] if single else tuple(pp[j] for pp in per_position) for j in range(n)]
     if single:
-        return _tree.unflatten(out_spec, leaves)[0]
+        return _zero_constants(_tree.unflatten(out_spec, leaves)[0])
     # tuples as leaves: rebuild the structure with placeholders, then swap them in
-    return _replace_leaves(_tree.unflatten(out_spec, [_Slot(k) for k in range(n)])[0], leaves)
+    return _replace_leaves(_zero_constants(_tree.unflatten(out_spec, [_Slot(k) for k in range(n)])[0]), leaves)
 
 
 class _Slot:

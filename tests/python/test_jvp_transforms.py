@@ -87,6 +87,17 @@ def test_jvp_has_aux_returns_the_aux_untouched_by_tangents():
     close(aux[1], x.numpy() - 1)
 
 
+def test_constant_outputs_have_zero_tangents():
+    x, v = rnd(1, 3), rnd(2, 3)
+    out, tan = kiln.jvp(lambda a: (a * 2, 3, {"f": 1.5, "c": kiln.tensor(np.ones(3))}), x, v)
+    assert out[1] == 3 and tan[1] == 0 and type(tan[1]) is int
+    assert out[2]["f"] == 1.5 and tan[2]["f"] == 0.0
+    close(tan[2]["c"], np.zeros(3))
+    jac = kiln.jacfwd(lambda a: (a * 2, 7))(x)
+    assert jac[1] == 0
+    close(jac[0], 2 * np.eye(3))
+
+
 def test_jvp_closure_tensors_are_constants():
     w = rnd(7, 3)
     x, v = rnd(1, 3), rnd(2, 3)
