@@ -120,9 +120,17 @@ kiln_status kiln_jvp_run(const kiln_graph *g, int nin, kiln_tensor *const *x, ki
         }
     }
     for (int32_t c = 0; c < g->ncaptures && st == KILN_OK; c++) {
-        kiln_tensor *b = g->values[g->captures[c]].bound;
-        kiln_tensor_retain(b);
-        s.val[g->captures[c]] = b;
+        const kiln_value *cv = &g->values[g->captures[c]];
+        if (cv->constant) { /* a constant of the recording (a Python number): one of the enclosing trace's too, so
+                               kiln.trace compares it call by call rather than reading the old copy live */
+            kiln_tensor *alias = NULL;
+            st = kiln_tensor_detach(cv->bound, &alias);
+            if (st == KILN_OK) alias->literal = true;
+            s.val[g->captures[c]] = alias;
+        } else {
+            kiln_tensor_retain(cv->bound);
+            s.val[g->captures[c]] = cv->bound;
+        }
     }
     for (int32_t i = 0; i < g->nnodes && st == KILN_OK; i++) {
         const kiln_node *n = &g->nodes[i];

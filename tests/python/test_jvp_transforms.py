@@ -338,6 +338,17 @@ def test_compiled_equals_eager(fn):
             assert info.compiles >= 1 and not info.eager_calls, (variant.name, info)
 
 
+def test_kiln_trace_notices_a_constant_of_the_function_changing():
+    def f(a):
+        return a * (2.0 if float(a.sum()) > 0 else 3.0)
+
+    traced = kiln.trace(lambda x, v: kiln.jvp(f, x, v)[1])
+    v = t(np.ones(2))
+    close(traced(t(np.ones(2)), v), np.full(2, 2.0))
+    with pytest.raises(kiln.TraceMismatchError, match="the trace recorded the constant 2, this call used the constant 3"):
+        traced(t(-np.ones(2)), v)
+
+
 @pytest.mark.parametrize("fn", USER, ids=[f.__name__ for f in USER])
 def test_kiln_trace_equals_eager(fn):
     calls = _calls()
