@@ -7,6 +7,7 @@
 #include "jvp.h"
 
 #include "../core/hooks.h"
+#include "body.h"
 #include "control.h"
 #include "trace_internal.h"
 
@@ -32,6 +33,9 @@ static kiln_status no_rule(const kiln_graph *g, const kiln_node *n, const char *
 /* Whether m holds a float dtype (what carries a tangent). */
 static bool carries(const kiln_meta *m) { return kiln_dtype_is_float(m->dtype); }
 
+static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                          bool any);
+
 /* Runs node n on s->val and its rule on s->tan. */
 static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
                             bool *has) {
@@ -43,6 +47,7 @@ static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, k
         if (!has[k]) tins[k] = NULL;
         any = any || has[k];
     }
+    if (n->op == KILN_OP_IF) return run_if(g, n, s, ins, tins, any);
     if (kiln_op_is_control(n->op)) return no_rule(g, n, "control flow");
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0}, *touts[KILN_MAX_OUTPUTS] = {0};
     KILN_TRY(kiln_apply(n->op, n->nin, ins, &n->attrs, outs));
@@ -89,6 +94,76 @@ static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, k
     for (int k = 0; k < n->nout; k++) s->tan[n->out[k]] = touts[k];
     return KILN_OK;
 }
+
+/* ---- if: an if over its branches' JVP graphs -------------------------------------------------------
+ * if(pred, x...) -> y... runs as it is, then (with tangents) if(pred, x..., t..., lifted...) -> ty...,
+ * each branch its JVP graph giving the tangents alone (recorded by running both branches once on x, as
+ * capture does), the tensors those capture lifted into shared inputs (kiln_bodies_lift). Two nodes,
+ * so the values never read a tangent (linearize cuts between them). */
+static kiln_status apply_if(const kiln_graph *g, const kiln_node *n, kiln_tensor **ins, kiln_tensor **tins, bool tangent,
+                            kiln_tensor **outs) {
+    int nb = n->nin - 1, ny = n->nout;
+    kiln_graph *bodies[2] = {NULL, NULL};
+    int64_t ids[2] = {-1, -1};
+    kiln_tensor **lifted = NULL, **in = NULL;
+    bool *owned = NULL;
+    int nlifted = 0;
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < 2 && st == KILN_OK; k++) {
+        kiln_graph *branch = NULL;
+        st = kiln_graph_body(g, n, k, &branch);
+        if (st == KILN_OK) st = tangent ? kiln_jvp_graph(branch, nb, ins + 1, &bodies[k]) : kiln_graph_clone(branch, &bodies[k]);
+        if (st == KILN_OK && tangent) { /* the tangents alone */
+            int32_t touts[KILN_MAX_OUTPUTS];
+            for (int j = 0; j < ny; j++) touts[j] = bodies[k]->outputs[ny + j];
+            st = kiln_graph_set_outputs(bodies[k], ny, touts);
+            if (st == KILN_OK) st = kiln_hooks.eliminate_dead_code(&bodies[k]);
+        }
+    }
+    if (st == KILN_OK) st = kiln_bodies_lift(2, bodies, &lifted, &nlifted);
+    int total = 1 + nb + (tangent ? nb : 0) + nlifted;
+    in = st == KILN_OK ? kiln_calloc((size_t)total, sizeof *in) : NULL;
+    owned = in ? kiln_calloc((size_t)total, sizeof *owned) : NULL;
+    if (st == KILN_OK && !owned) st = kiln_error(KILN_ERR_MEMORY, "out of memory in jvp");
+    for (int k = 0; k <= nb && st == KILN_OK; k++) in[k] = ins[k];
+    for (int k = 0; tangent && k < nb && st == KILN_OK; k++) {
+        in[1 + nb + k] = tins[1 + k];
+        if (!tins[1 + k]) st = kiln_emit_full(&ins[1 + k]->meta, 0.0, &in[1 + nb + k]), owned[1 + nb + k] = true;
+    }
+    for (int k = 0; k < nlifted && st == KILN_OK; k++) in[total - nlifted + k] = lifted[k];
+    kiln_attrs a = {.ni = KILN_A_IF_NI};
+    a.i[KILN_A_IF_NOUT] = ny;
+    for (int k = 0; k < 2 && st == KILN_OK; k++) {
+        kiln_graph *b = bodies[k];
+        bodies[k] = NULL;
+        st = kiln_body_register(b, &ids[k]);
+        a.i[kiln_op_body_attr(KILN_OP_IF, k)] = ids[k];
+    }
+    if (st == KILN_OK) st = kiln_apply(KILN_OP_IF, total, in, &a, outs);
+    kiln_graph_free(bodies[0]), kiln_graph_free(bodies[1]);
+    kiln_body_release(ids[0]), kiln_body_release(ids[1]);
+    for (int k = 0; in && owned && k < total; k++)
+        if (owned[k]) kiln_tensor_release(in[k]);
+    if (lifted) kiln_release_all(lifted, nlifted);
+    free(lifted), free(in), free(owned);
+    return st;
+}
+
+static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                          bool any) {
+    kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+    KILN_TRY(apply_if(g, n, ins, tins, false, outs));
+    for (int k = 0; k < n->nout; k++) s->val[n->out[k]] = outs[k], outs[k] = NULL;
+    if (!any) return KILN_OK;
+    KILN_TRY(apply_if(g, n, ins, tins, true, outs));
+    for (int k = 0; k < n->nout; k++) {
+        if (carries(&outs[k]->meta)) s->tan[n->out[k]] = outs[k];
+        else kiln_tensor_release(outs[k]);
+    }
+    return KILN_OK;
+}
+
+bool kiln_jvp_supports(kiln_op op) { return op == KILN_OP_IF || kiln_op_jvp(op) != NULL; }
 
 kiln_status kiln_jvp_run(const kiln_graph *g, int nin, kiln_tensor *const *x, kiln_tensor *const *t, int nout,
                          kiln_tensor **y, kiln_tensor **ty) {

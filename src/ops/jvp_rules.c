@@ -191,8 +191,14 @@ JVP(softmax) {
     return along(KILN_OP_SOFTMAX_BACKWARD, tin[0], ctx, tout);
 }
 
+/* Ends a single-output rule: *tout = v (retained) when all went well; temps released. */
+static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout) {
+    if (sc->status == KILN_OK && v) kiln_tensor_retain(v), *tout = v;
+    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
+    return sc->status;
+}
+
 /* y = x - logsumexp(x): t - sum(exp(y) t) */
-static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout);
 JVP(log_softmax) {
     if (!tin[0]) return KILN_OK;
     grad_scope sc = {0};
@@ -200,12 +206,6 @@ JVP(log_softmax) {
     return done(&sc, v, tout);
 }
 
-/* Ends a single-output rule: *tout = v (retained) when all went well; temps released. */
-static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout) {
-    if (sc->status == KILN_OK && v) kiln_tensor_retain(v), *tout = v;
-    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
-    return sc->status;
-}
 
 /* z = y (g - s), s = sum(g y): tz = softmax_backward(tg, y) + ty (g - s) - y sum(g ty) */
 JVP(softmax_backward) {
@@ -420,7 +420,7 @@ static kiln_status repeat_heads(kiln_tensor *k, int64_t hq, kiln_tensor **out) {
     const kiln_meta *m = &k->meta;
     int nd = m->ndim;
     int64_t hk = m->shape[nd - 3];
-    if (!k || hk == hq) return kiln_tensor_retain(k), *out = k, KILN_OK;
+    if (hk == hq) return kiln_tensor_retain(k), *out = k, KILN_OK;
     int64_t s5[KILN_MAX_DIMS + 1], e5[KILN_MAX_DIMS + 1], fin[KILN_MAX_DIMS];
     for (int d = 0; d < nd - 3; d++) s5[d] = e5[d] = fin[d] = m->shape[d];
     s5[nd - 3] = e5[nd - 3] = hk, s5[nd - 2] = 1, e5[nd - 2] = hq / hk;

@@ -155,7 +155,7 @@ static PyObject *py_jvp_missing(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     PyObject *list = PyList_New(0);
     for (int op = 0; list && op < KILN_OP_COUNT; op++) {
-        if (!kiln_op_differentiable((kiln_op)op) || kiln_op_jvp((kiln_op)op)) continue;
+        if (!kiln_op_differentiable((kiln_op)op) || kiln_jvp_supports((kiln_op)op)) continue;
         PyObject *name = PyUnicode_FromString(kiln_op_table[op].name);
         if (!name || PyList_Append(list, name) < 0) Py_CLEAR(list);
         Py_XDECREF(name);
@@ -163,12 +163,12 @@ static PyObject *py_jvp_missing(PyObject *self, PyObject *unused) {
     return list;
 }
 
-/* jvp_rule_ops() -> names of the ops with a JVP rule */
+/* jvp_rule_ops() -> names of the ops forward mode goes through (a JVP rule, or the transform's own) */
 static PyObject *py_jvp_ops(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     PyObject *list = PyList_New(0);
     for (int op = 0; list && op < KILN_OP_COUNT; op++) {
-        if (!kiln_op_jvp((kiln_op)op)) continue;
+        if (!kiln_jvp_supports((kiln_op)op)) continue;
         PyObject *name = PyUnicode_FromString(kiln_op_table[op].name);
         if (!name || PyList_Append(list, name) < 0) Py_CLEAR(list);
         Py_XDECREF(name);
@@ -183,7 +183,7 @@ PyMethodDef pykiln_jvp_functions[] = {
      "linearize(tracer, primals) -> (outputs, residuals, linear part) of the body the tracer finished"},
     {"run_linear", py_run_linear, METH_VARARGS, "run_linear(linear, residuals, tangents) -> output tangents"},
     {"linear_ops", py_linear_ops, METH_O, "linear_ops(linear) -> op names of a linearization's tangent part"},
-    {"jvp_rules_missing", py_jvp_missing, METH_NOARGS, "differentiable ops without a forward-mode (JVP) rule"},
-    {"jvp_rule_ops", py_jvp_ops, METH_NOARGS, "ops with a forward-mode (JVP) rule"},
+    {"jvp_rules_missing", py_jvp_missing, METH_NOARGS, "differentiable ops forward mode does not go through"},
+    {"jvp_rule_ops", py_jvp_ops, METH_NOARGS, "ops forward mode goes through"},
     {NULL, NULL, 0, NULL},
 };

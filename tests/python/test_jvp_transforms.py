@@ -121,14 +121,31 @@ def test_jvp_bad_input_is_a_clear_error(call, match):
         call(rnd(1, 3))
 
 
-def test_jvp_through_control_flow_names_the_op():
+def test_jvp_through_a_while_loop_names_the_op():
     x = rnd(1, 3)
 
     def f(a):
-        return ops.cond(a.sum() > 0, lambda b: b * 2, lambda b: b * 3, (a,))
+        return ops.while_loop(lambda i, b: i < 3, lambda i, b: (i + 1, b * 2.0), (kiln.tensor(0), a))[1]
 
-    with pytest.raises(ValueError, match=r"jvp: control flow 'if'.* has no forward-mode \(JVP\) rule"):
+    with pytest.raises(ValueError, match=r"jvp: control flow 'while'.* has no forward-mode \(JVP\) rule"):
         kiln.jvp(f, x, x)
+
+
+W_IF = t(np.array([0.5, -1.0, 2.0]))
+
+
+def branchy(a, b):
+    return ops.cond(a.sum() > 0, lambda p, q: ops.sin(p) * q * W_IF, lambda p, q: (p * p + q, )[0], (a, b))
+
+
+def test_jacfwd_and_hessian_through_cond():
+    for x in (t(np.array([0.3, 0.7, 1.1])), t(np.array([-0.3, -0.7, 1.1]))):
+        y = t(np.array([1.0, 2.0, 3.0]))
+        jx, jy = kiln.jacfwd(branchy, grad_position=(0, 1))(x, y)
+        close(jx, numeric_jacobian(lambda a: branchy(t(a), y).numpy(), x.numpy()), 1e-7)
+        close(jy, numeric_jacobian(lambda b: branchy(x, t(b)).numpy(), y.numpy()), 1e-7)
+        hess = kiln.hessian(lambda a: ops.cond(a.sum() > 0, lambda p: (p ** 3).sum(), lambda p: (p ** 2).sum(), (a,)))(x)
+        close(hess, np.diag(6 * x.numpy()) if x.numpy().sum() > 0 else 2 * np.eye(3))
 
 
 def test_jvp_runs_in_place_writes_once():
@@ -302,7 +319,13 @@ def _user_hessian(x, w, v):
     return kiln.hessian(lambda a: (ops.tanh(ops.matmul(w, a)) ** 2).sum() + (a * v).sum())(x)
 
 
-USER = [_user_jvp, _user_vjp, _user_linearize, _user_jacfwd, _user_hessian]
+def _user_cond(x, w, v):
+    a = x[:3] - 0.39  # the first call takes the true branch, the second the false one
+    out, tan = kiln.jvp(branchy, (a, v[:3]), (v[1:], x[1:]))
+    return out, tan, kiln.jacfwd(branchy)(a, v[:3])
+
+
+USER = [_user_jvp, _user_vjp, _user_linearize, _user_jacfwd, _user_hessian, _user_cond]
 
 
 def _flat(out, into):
