@@ -224,7 +224,8 @@ def _at_positions(fn, args, pos):
 
 def _basis(x, k):
     """The k-th basis tensor of x's shape and dtype (1 at flat position k)."""
-    flat = _array.eye(_numel(x), dtype=x.dtype)[k]
+    flat = _array.zeros((_numel(x),), dtype=x.dtype)
+    flat[k] = 1.0
     return flat.reshape(tuple(x.shape))
 
 
