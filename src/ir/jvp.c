@@ -35,6 +35,8 @@ static bool carries(const kiln_meta *m) { return kiln_dtype_is_float(m->dtype); 
 
 static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
                           bool any);
+static kiln_status run_while(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                             bool any);
 
 /* Runs node n on s->val and its rule on s->tan. */
 static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
@@ -48,6 +50,7 @@ static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, k
         any = any || has[k];
     }
     if (n->op == KILN_OP_IF) return run_if(g, n, s, ins, tins, any);
+    if (n->op == KILN_OP_WHILE) return run_while(g, n, s, ins, tins, any);
     if (kiln_op_is_control(n->op)) return no_rule(g, n, "control flow");
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0}, *touts[KILN_MAX_OUTPUTS] = {0};
     KILN_TRY(kiln_apply(n->op, n->nin, ins, &n->attrs, outs));
@@ -163,7 +166,109 @@ static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kil
     return KILN_OK;
 }
 
-bool kiln_jvp_supports(kiln_op op) { return op == KILN_OP_IF || kiln_op_jvp(op) != NULL; }
+/* ---- while: a while over the pair (values, tangents) ------------------------------------------------
+ * while(v..., l...) -> v... (cond and body take (v..., l...)) runs as it is, then (with tangents)
+ * while(v..., tv..., l..., tl..., lifted...) -> (v..., tv...): the body its JVP graph, the cond the
+ * same cond taking (and ignoring) the tangents, the inputs of both put in that order. */
+
+/* g's inputs in the order `order` (order[k]: the old position of new input k) */
+static void permute_inputs(kiln_graph *g, const int *order) {
+    int32_t small[2 * KILN_MAX_OUTPUTS + 64];
+    for (int k = 0; k < g->ninputs; k++) small[k] = g->inputs[order[k]];
+    for (int k = 0; k < g->ninputs; k++) g->inputs[k] = small[k], g->values[small[k]].index = k;
+}
+
+/* (v..., l..., tv..., tl...) -> (v..., tv..., l..., tl...) for nv loop values and nl lifted ones */
+static void loop_order(kiln_graph *g, int nv, int nl) {
+    int order[2 * KILN_MAX_OUTPUTS + 64], m = 0;
+    for (int k = 0; k < nv; k++) order[m++] = k;
+    for (int k = 0; k < nv; k++) order[m++] = nv + nl + k;
+    for (int k = 0; k < nl; k++) order[m++] = nv + k;
+    for (int k = 0; k < nl; k++) order[m++] = 2 * nv + nl + k;
+    permute_inputs(g, order);
+}
+
+static kiln_status apply_while(const kiln_graph *g, const kiln_node *n, kiln_tensor **ins, kiln_tensor **tins,
+                               bool tangent, kiln_tensor **outs) {
+    int nv = n->nout, nl = n->nin - nv, nres = tangent ? 2 * nv : nv;
+    if (nres > KILN_MAX_OUTPUTS || n->nin > 64)
+        return kiln_error(KILN_ERR_VALUE, "jvp: a while with %d loop values and %d other inputs (forward mode carries "
+                          "at most %d and 64)", nv, nl, KILN_MAX_OUTPUTS / 2);
+    kiln_graph *bodies[2] = {NULL, NULL}; /* cond, body */
+    int64_t ids[2] = {-1, -1};
+    kiln_tensor **lifted = NULL, **in = NULL;
+    bool *owned = NULL;
+    int nlifted = 0;
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < 2 && st == KILN_OK; k++) {
+        kiln_graph *sub = NULL;
+        st = kiln_graph_body(g, n, k, &sub);
+        if (st == KILN_OK && tangent && k == 1) st = kiln_jvp_graph(sub, n->nin, ins, &bodies[k]);
+        else if (st == KILN_OK) st = kiln_graph_clone(sub, &bodies[k]);
+        for (int j = 0; tangent && k == 0 && j < n->nin && st == KILN_OK; j++) { /* the cond's unused tangents */
+            int32_t v;
+            st = kiln_graph_add_input(bodies[0], &ins[j]->meta, &v);
+        }
+        if (st == KILN_OK && tangent) loop_order(bodies[k], nv, nl);
+    }
+    if (st == KILN_OK) st = kiln_bodies_lift(2, bodies, &lifted, &nlifted);
+    int total = (tangent ? 2 * n->nin : n->nin) + nlifted;
+    in = st == KILN_OK ? kiln_calloc((size_t)total, sizeof *in) : NULL;
+    owned = in ? kiln_calloc((size_t)total, sizeof *owned) : NULL;
+    if (st == KILN_OK && !owned) st = kiln_error(KILN_ERR_MEMORY, "out of memory in jvp");
+    /* the inputs in the loop's order: v, (tv), l, (tl), lifted */
+    int m = 0;
+    for (int part = 0; part < 4 && st == KILN_OK; part++) {
+        bool tan_part = part == 1 || part == 3;
+        if (tan_part && !tangent) continue;
+        int from = part < 2 ? 0 : nv, count = part < 2 ? nv : nl;
+        for (int k = from; k < from + count && st == KILN_OK; k++, m++) {
+            if (!tan_part) in[m] = ins[k];
+            else if (tins[k]) in[m] = tins[k];
+            else st = kiln_emit_full(&ins[k]->meta, 0.0, &in[m]), owned[m] = true;
+        }
+    }
+    for (int k = 0; k < nlifted && st == KILN_OK; k++) in[m++] = lifted[k];
+    kiln_attrs a = {.ni = KILN_A_IF_NI};
+    a.i[KILN_A_WHILE_NOUT] = nres;
+    for (int k = 0; k < 2 && st == KILN_OK; k++) {
+        kiln_graph *b = bodies[k];
+        bodies[k] = NULL;
+        st = kiln_body_register(b, &ids[k]);
+        a.i[kiln_op_body_attr(KILN_OP_WHILE, k)] = ids[k];
+    }
+    kiln_tensor *all[KILN_MAX_OUTPUTS] = {0};
+    if (st == KILN_OK) st = kiln_apply(KILN_OP_WHILE, total, in, &a, all);
+    if (st == KILN_OK) { /* the values, or (with tangents) the tangents */
+        for (int k = 0; k < nv; k++) {
+            outs[k] = all[tangent ? nv + k : k];
+            kiln_tensor_release(tangent ? all[k] : NULL);
+        }
+    }
+    kiln_graph_free(bodies[0]), kiln_graph_free(bodies[1]);
+    kiln_body_release(ids[0]), kiln_body_release(ids[1]);
+    for (int k = 0; in && owned && k < total; k++)
+        if (owned[k]) kiln_tensor_release(in[k]);
+    if (lifted) kiln_release_all(lifted, nlifted);
+    free(lifted), free(in), free(owned);
+    return st;
+}
+
+static kiln_status run_while(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                             bool any) {
+    kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
+    KILN_TRY(apply_while(g, n, ins, tins, false, outs));
+    for (int k = 0; k < n->nout; k++) s->val[n->out[k]] = outs[k], outs[k] = NULL;
+    if (!any) return KILN_OK;
+    KILN_TRY(apply_while(g, n, ins, tins, true, outs));
+    for (int k = 0; k < n->nout; k++) {
+        if (carries(&outs[k]->meta)) s->tan[n->out[k]] = outs[k];
+        else kiln_tensor_release(outs[k]);
+    }
+    return KILN_OK;
+}
+
+bool kiln_jvp_supports(kiln_op op) { return op == KILN_OP_IF || op == KILN_OP_WHILE || kiln_op_jvp(op) != NULL; }
 
 kiln_status kiln_jvp_run(const kiln_graph *g, int nin, kiln_tensor *const *x, kiln_tensor *const *t, int nout,
                          kiln_tensor **y, kiln_tensor **ty) {

@@ -8,11 +8,11 @@
 #include "../core/internal.h"
 #include "kiln/graph.h"
 
-/* Whether forward mode goes through op: a JVP rule in ops.def, or `if` (this transform's own: an if
- * over its branches' JVP graphs). */
+/* Whether forward mode goes through op: a JVP rule in ops.def, or `if` / `while` (this transform's
+ * own: an if over its branches' JVP graphs, a while carrying the tangents with the values). */
 bool kiln_jvp_supports(kiln_op op);
 
-/* Runs g (`while` nodes excepted) on inputs x (nin = g->ninputs) whose tangents are t (t or entries of
+/* Runs g on inputs x (nin = g->ninputs) whose tangents are t (t or entries of
  * it may be NULL: zero); y gets g's outputs and, when ty is not NULL, ty their tangents (new
  * references; zeros where none flows). KILN_ERR_VALUE naming the op (and the user's source line when
  * recorded) for an op without a JVP rule that a tangent reaches, or a control-flow node. */
