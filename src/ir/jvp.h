@@ -15,7 +15,7 @@ bool kiln_jvp_supports(kiln_op op);
 /* Runs g on inputs x (nin = g->ninputs) whose tangents are t (t or entries of
  * it may be NULL: zero); y gets g's outputs and, when ty is not NULL, ty their tangents (new
  * references; zeros where none flows). KILN_ERR_VALUE naming the op (and the user's source line when
- * recorded) for an op without a JVP rule that a tangent reaches, or a control-flow node. */
+ * recorded) for an op without a JVP rule that a tangent reaches (while_grad among them). */
 kiln_status kiln_jvp_run(const kiln_graph *g, int nin, kiln_tensor *const *x, kiln_tensor *const *t, int nout,
                          kiln_tensor **y, kiln_tensor **ty);
 
