@@ -108,7 +108,7 @@ def jvp(fn, inputs, v, has_aux=False):
     mindspore.jvp): inputs and v are a Tensor or tuples of Tensors (or pytrees of them) of the same
     structure, shapes and dtypes. With has_aux, fn returns (output, aux) (or (output, aux...)): only
     output is differentiated and jvp returns (output, jvp, aux)."""
-    _check_flag("jvp", has_aux)
+    _check_flag("jvp", has_aux, fn)
     args, single = _args_of(inputs, "jvp")
     if single != isinstance(v, _C.TensorBase):
         raise ValueError("jvp: v must have the structure of inputs (a Tensor for a Tensor, a tuple for a tuple)")
@@ -129,6 +129,7 @@ def linearize(fn, *primals):
     """(fn(*primals), f_jvp) as JAX's linearize: f_jvp(*tangents) gives the Jacobian-vector product
     at primals by the tangent part of fn's JVP graph alone, reusing the forward values it reads
     (the residuals) instead of running fn again."""
+    _check_flag("linearize", False, fn)
     out, f_jvp, _ = _linearize(fn, primals, False, "linearize")
     return out, f_jvp
 
@@ -155,7 +156,7 @@ def vjp(fn, *inputs, has_aux=False):
     fn's output, returns the tuple of the vector-Jacobian products, one per input (each shaped like
     it). vjp_fn may be called many times. With has_aux, fn returns (output, aux) and vjp returns
     (output, vjp_fn, aux)."""
-    _check_flag("vjp", has_aux)
+    _check_flag("vjp", has_aux, fn)
     spec, leaves = _flat(tuple(inputs), "vjp: inputs")
     targets = []
     for a in leaves:
@@ -286,7 +287,9 @@ def _replace_leaves(obj, leaves):
     return obj
 
 
-def _check_flag(what, has_aux):
+def _check_flag(what, has_aux, fn=len):
+    if not callable(fn):
+        raise TypeError(f"{what}: fn must be a function (or a Cell), got {type(fn).__name__}")
     if not isinstance(has_aux, bool):
         raise TypeError(f"{what}: has_aux must be True or False, got {has_aux!r}")
 
@@ -297,7 +300,7 @@ def jacfwd(fn, grad_position=0, has_aux=False):
     of shape S + P. Outputs in a tuple / list / dict give Jacobians in that structure; a tuple
     grad_position gives, per output, a tuple over the positions. With has_aux fn returns
     (output, aux) and the function (jacobian, aux)."""
-    _check_flag("jacfwd", has_aux)
+    _check_flag("jacfwd", has_aux, fn)
 
     @functools.wraps(fn)
     def jac_fn(*args):
@@ -352,5 +355,5 @@ def hessian(fn, grad_position=0, has_aux=False):
     """fn's Hessian with respect to the arguments at grad_position (JAX's hessian): jacfwd of the
     reverse-mode Jacobian, forward over reverse. For a scalar output and an input of shape P, a
     tensor of shape P + P; a tuple grad_position gives nested tuples (row position, column position)."""
-    _check_flag("hessian", has_aux)
+    _check_flag("hessian", has_aux, fn)
     return jacfwd(_jacrev(fn, grad_position, has_aux), grad_position, has_aux)

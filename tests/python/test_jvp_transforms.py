@@ -115,6 +115,11 @@ def test_jvp_closure_tensors_are_constants():
     (lambda x: kiln.jvp(ops.sin, 3.0, x), "inputs must be a Tensor"),
     (lambda x: kiln.jvp(lambda a: a, x, x, has_aux=True), "has_aux=True the function must return a tuple"),
     (lambda x: kiln.jvp(lambda a: a, x, x, has_aux=1), "has_aux must be True or False"),
+    (lambda x: kiln.jvp(None, x, x), "jvp: fn must be a function"),
+    (lambda x: kiln.vjp(None, x), "vjp: fn must be a function"),
+    (lambda x: kiln.linearize(None, x), "linearize: fn must be a function"),
+    (lambda x: kiln.jacfwd(3), "jacfwd: fn must be a function"),
+    (lambda x: kiln.hessian("f"), "hessian: fn must be a function"),
 ])
 def test_jvp_bad_input_is_a_clear_error(call, match):
     with pytest.raises((TypeError, ValueError), match=match):
