@@ -96,6 +96,14 @@ typedef kiln_status (*kiln_kernel_fn)(kiln_tensor *const *in, int nin, const kil
 typedef kiln_status (*kiln_grad_fn)(const struct kiln_grad_ctx *ctx, kiln_tensor *const *gout,
                                     kiln_tensor **gin);
 
+/* Forward mode (ops.def KILN_JVP): the tangents of the op's outputs from its inputs' tangents.
+ * ctx holds every input and output (ctx->in, ctx->out, never NULL here); ctx->needs_grad[j] tells
+ * whether input j has a tangent (tin[j] non-NULL, of input j's meta). Sets tout[k] (new reference,
+ * output k's meta) or leaves it NULL (a zero tangent). Emits ops through kiln_apply only, so a
+ * traced run records them (src/ir/jvp.c). */
+typedef kiln_status (*kiln_jvp_fn)(const struct kiln_grad_ctx *ctx, kiln_tensor *const *tin,
+                                   kiln_tensor **tout);
+
 typedef struct kiln_op_info {
     const char *name;
     int nin;  /* KILN_VARIADIC: checked by infer */
@@ -127,6 +135,8 @@ KILN_API kiln_status kiln_grad_none(const kiln_grad_ctx *ctx, kiln_tensor *const
 KILN_API bool kiln_op_differentiable(kiln_op op);
 
 KILN_API extern const kiln_op_info kiln_op_table[KILN_OP_COUNT];
+/* The op's forward-mode rule (ops.def KILN_JVP), or NULL when it has none (src/ops/jvp_rules.c). */
+KILN_API kiln_jvp_fn kiln_op_jvp(kiln_op op);
 KILN_API const kiln_op_info *kiln_op_get(kiln_op op);
 /* Number of outputs of op with these attrs (control-flow ops carry it: KILN_A_CONTROL_NOUT). */
 static inline int kiln_op_nout(kiln_op op, const kiln_attrs *attrs) {

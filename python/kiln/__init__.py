@@ -6,6 +6,7 @@ from ._tensor import Tensor, from_dlpack, from_numpy, tensor
 from . import ops
 from .autograd import (GradOperation, enable_grad, get_grad, grad, is_grad_enabled, no_grad, set_grad_enabled,
                        value_and_grad)
+from .derivatives import hessian, jacfwd, jvp, linearize, vjp
 from . import nn
 from .nn import Parameter, ParameterTuple
 from .jit import JitConfig, JitSyntaxError, disable_jit

@@ -1021,6 +1021,7 @@ int pykiln_graph_init_types(PyObject *module) {
     Py_INCREF(&PyTracer_Type);
     if (PyModule_AddObject(module, "Tracer", (PyObject *)&PyTracer_Type) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_control_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_jvp_functions) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_profile_functions) < 0) return -1;
     if (pykiln_profile_log_ready(module) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_plan_sym_functions) < 0) return -1;

@@ -65,6 +65,7 @@ int pykiln_graph_init_types(PyObject *module);
 kiln_graph *pykiln_tracer_take_body(PyObject *tracer);
 /* kiln._C.apply_control (src/python/control_flow.c) */
 extern PyMethodDef pykiln_control_functions[];
+extern PyMethodDef pykiln_jvp_functions[];
 /* kiln._C.profile_* (profile.c), registered with the graph functions. */
 extern PyMethodDef pykiln_profile_functions[];
 /* kiln._C.ProfileLog (profile.c), added with them. */

@@ -61,3 +61,4 @@ from .primitives import *  # noqa: E402,F401,F403
 # MindSpore's functional autodiff, also reachable as kiln.ops.* (after _name_errors: the user's
 # function's errors pass untouched)
 from ..autograd import GradOperation, get_grad, grad, value_and_grad  # noqa: E402
+from ..derivatives import hessian, jacfwd, jvp, linearize, vjp  # noqa: E402
