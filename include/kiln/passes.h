@@ -48,6 +48,10 @@ KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_
  * enable_io16xc32; each op still computes in float32). */
 KILN_API kiln_status kiln_graph_to_float16(const kiln_graph *g, kiln_graph **out);
 
+/* The graph with amp's casts (src/passes/amp.c): each node's float inputs cast to the dtype its
+ * KILN_AMP class (src/ops/ops.def) gives at `level` with low dtype `low` (bfloat16 or float16). */
+KILN_API kiln_status kiln_graph_amp(const kiln_graph *g, kiln_amp_level level, kiln_dtype low, kiln_graph **out);
+
 /* ---- rewriting helpers for passes -------------------------------------------------------- */
 
 /* Copies a graph node by node: inputs and captures first (same order), then whatever nodes the

@@ -108,6 +108,7 @@ static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
     t->refcount = 1;
     t->uid = atomic_fetch_add_explicit(&next_uid, 1, memory_order_relaxed);
     t->literal = false;
+    t->amp_exact = false;
     t->requires_grad = false;
     t->output_nr = 0;
     t->grad_fn = NULL;
