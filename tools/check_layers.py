@@ -144,7 +144,7 @@ PY_LAYERS = {
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
     # checkpoints, data loading, the pytree and configuration reports
-    "kiln.checkpoint": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    "kiln.checkpoint": 8, "kiln.amp": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package

@@ -19,6 +19,8 @@ from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_co
 from .config import show_config
 from .checkpoint import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
 from . import autodiff, dataset, profiler, tools, tree
+from . import amp
+from .amp import torch_autocast as autocast
 
 float_ = float32
 int_ = int64
