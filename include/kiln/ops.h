@@ -162,8 +162,8 @@ KILN_API kiln_amp_class kiln_amp_class_of(kiln_op op);
 KILN_API kiln_dtype kiln_amp_input_dtype(kiln_op op, int k, kiln_amp_level level, kiln_dtype low, kiln_dtype d,
                                          bool leaf, bool exact);
 /* Whether op's float outputs are derived from integers only, given whether each input is (a
- * non-float input counts as such): arange with integer start and step, a cast from an integer or
- * bool dtype, and ops of class PROMOTE or ACCUM whose float inputs all are. */
+ * non-float input counts as such): arange with integer start and step, full of an integer value, a
+ * cast from an integer or bool dtype, and ops of class PROMOTE or ACCUM whose float inputs all are. */
 KILN_API bool kiln_amp_output_exact(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_dtype *in_dtype,
                                     const bool *in_exact);
 /* The thread's amp level and low dtype (bfloat16 or float16; float32 with O3 runs every float op in

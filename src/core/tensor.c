@@ -178,6 +178,7 @@ kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, 
 
 kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out) {
     KILN_TRY(kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out));
+    (*out)->amp_exact = t->amp_exact;
     if (kiln_thread.trace_active) kiln_hooks.trace_alias(t, *out); /* a traced value keeps its identity through detach */
     return KILN_OK;
 }

@@ -50,6 +50,8 @@ bool kiln_amp_output_exact(kiln_op op, const kiln_attrs *attrs, int nin, const k
     if (op == KILN_OP_ARANGE)
         return attrs && integral(kiln_attr_float(attrs, KILN_A_ARANGE_START, 0.5)) &&
                integral(kiln_attr_float(attrs, KILN_A_ARANGE_STEP, 0.5));
+    if (op == KILN_OP_FULL) /* a Python number made a tensor (1.0 / x) */
+        return attrs && integral(kiln_attr_float(attrs, KILN_A_FULL_VALUE, 0.5));
     if (op == KILN_OP_CAST) return nin == 1 && (!kiln_dtype_is_float(in_dtype[0]) || in_exact[0]);
     if (nin == 0 || amp_untouched(op)) return false;
     kiln_amp_class c = kiln_amp_class_of(op);

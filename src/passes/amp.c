@@ -71,6 +71,22 @@ static kiln_status rewrite_node(amp_state *a, int32_t i, kiln_amp_level level, k
         if (want != d) s = cast_to(a, v, want, n->loc, &ins[k]);
         if (s == KILN_OK) dts[k] = dst->values[ins[k]].meta.dtype, exs[k] = a->exact[ins[k]] || is_literal(dst, ins[k]);
     }
+    /* a Python number beside a tensor takes that tensor's dtype when it is recorded (NumPy 2's weak
+     * scalars): under eager amp it is made next to the cast operand, so here it follows the cast */
+    kiln_amp_class cls = kiln_amp_class_of(n->op);
+    if (s == KILN_OK && level != KILN_AMP_O0 && (cls == KILN_AMP_PROMOTE || cls == KILN_AMP_ACCUM) &&
+        !(kiln_op_table[n->op].flags & (KILN_OPF_MUTATES | KILN_OPF_EFFECT | KILN_OPF_CONTROL)) && n->op != KILN_OP_CAST) {
+        kiln_dtype widest = KILN_DTYPE_COUNT;
+        for (int k = 0; k < n->nin; k++)
+            if (!is_literal(dst, ins[k]) && kiln_dtype_is_float(dts[k]))
+                widest = widest == KILN_DTYPE_COUNT ? dts[k] : kiln_dtype_promote(widest, dts[k]);
+        for (int k = 0; k < n->nin && s == KILN_OK && widest != KILN_DTYPE_COUNT; k++)
+            if (is_literal(dst, ins[k]) && kiln_dtype_is_float(dts[k]) && dts[k] != widest &&
+                dst->values[a->rw.map[n->in[k]]].meta.dtype != widest) {
+                s = cast_to(a, ins[k], widest, n->loc, &ins[k]);
+                if (s == KILN_OK) dts[k] = widest;
+            }
+    }
     int32_t outs[KILN_MAX_OUTPUTS];
     if (s == KILN_OK) s = kiln_graph_add_node(dst, n->op, n->nin, ins, &n->attrs, n->loc, outs);
     if (s == KILN_OK) {
