@@ -35,6 +35,7 @@ from .nn.loss import LossBase
 
 LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
 _LOW = (_C.bfloat16, _C.float16)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _level(level, who):
@@ -214,7 +215,7 @@ def _next_scale(scale, counter, finite, factor, window):
         return max(scale / factor, 1.0), 0
     if counter + 1 >= window:
         grown = scale * factor
-        return (grown if math.isfinite(np.float32(grown)) else scale), 0
+        return (grown if grown <= _FLOAT32_MAX else scale), 0
     return scale, counter + 1
 
 
@@ -342,7 +343,7 @@ class TrainOneStepWithLossScaleCell(Cell):
         else:
             raise TypeError("TrainOneStepWithLossScaleCell: scale_sense must be a loss scale update Cell or a "
                             f"Tensor, got {type(scale_sense).__name__}")
-        self._grad_fn = value_and_grad(self._scaled, None, self.weights)
+        self._grad_fn = value_and_grad(self._scaled, None, self.weights, has_aux=True)
 
     def _scaled(self, *inputs):
         loss = self.network(*inputs)
