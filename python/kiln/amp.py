@@ -29,8 +29,9 @@ from . import ops
 from ._tensor import Tensor
 from .autograd import value_and_grad
 from .nn.cell import Cell, WithLossCell
-from .nn.layers import LayerNorm, RMSNorm
+from .nn.layers import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm
 from .nn.layers_extra import GroupNorm
+from .nn.layers_more import BatchNorm3d
 from .nn.loss import LossBase
 
 LEVELS = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
@@ -126,16 +127,15 @@ def _to_float32(out):
     return out
 
 
-_FP32_CELLS = (LossBase, LayerNorm, RMSNorm, GroupNorm)
+_BATCH_NORMS = (BatchNorm1d, BatchNorm2d, BatchNorm3d)
+_FP32_CELLS = (LossBase, LayerNorm, RMSNorm, GroupNorm) + _BATCH_NORMS
 
 
 def _keep_fp32(network):
     """O2: losses and normalizations inside network run in float32 (MindSpore keeps BatchNorm,
     LayerNorm and the loss in float32)."""
-    from .nn.layers import _BatchNorm
-
     for _, cell in network.cells_and_names():
-        if isinstance(cell, _FP32_CELLS + (_BatchNorm,)):
+        if isinstance(cell, _FP32_CELLS):
             cell.to_float(_C.float32)
 
 
@@ -374,7 +374,6 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     dtype, float16 by default as MindSpore's; bfloat16 is the CPU's). Returns the training Cell:
     calling it runs one step."""
     from .nn.cell import TrainOneStepCell
-    from .nn.layers import _BatchNorm
 
     known = {"cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager", "dtype"}
     unknown = set(kwargs) - known
@@ -395,7 +394,7 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
             network.to_float(cast)
             if kwargs.get("keep_batchnorm_fp32", True):
                 for _, cell in network.cells_and_names():
-                    if isinstance(cell, _BatchNorm):
+                    if isinstance(cell, _BATCH_NORMS):
                         cell.to_float(_C.float32)
     else:
         network = auto_mixed_precision(network, level if level != "auto" else "O2", dtype)
