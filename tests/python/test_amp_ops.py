@@ -122,3 +122,40 @@ def test_megengine_trace_records_apart_under_amp():
     assert got.dtype is kiln.bfloat16
     close_to(got, ops.matmul(a, b), kiln.bfloat16, "traced matmul")
     assert traced(a, b).dtype is kiln.float32
+
+
+ISA_PROBE = """
+import json, numpy as np, kiln
+from kiln import ops
+from kiln.config import amp_kernel_path
+rng = np.random.default_rng(7)
+a = kiln.tensor(rng.standard_normal((33, 70)).astype(np.float32))
+b = kiln.tensor(rng.standard_normal((70, 19)).astype(np.float32))
+x = kiln.tensor(rng.standard_normal((2, 3, 9, 9)).astype(np.float32))
+w = kiln.tensor(rng.standard_normal((5, 3, 3, 3)).astype(np.float32))
+with kiln.amp.autocast(low_prec_dtype=kiln.bfloat16):
+    mm, cv = ops.matmul(a, b), ops.conv2d(x, w, padding=1)
+print(json.dumps({"path": amp_kernel_path()[0], "dnnl_isa": kiln._C.build_info()["dnnl_isa"],
+                  "mm": mm.astype(kiln.float32).numpy().tolist(), "cv": cv.astype(kiln.float32).numpy().tolist()}))
+"""
+
+
+def test_the_isa_switch_selects_the_path_and_both_give_the_same_results():
+    """KILN_MAX_CPU_ISA caps oneDNN: below avx512_core_bf16 the products take the float32 path,
+    whatever the CPU has; the results agree with the default selection within bfloat16's rounding
+    (float32 GEMMs of other instruction sets may round the last bit apart)."""
+    import json
+
+    from conftest import run_isolated
+
+    runs = {}
+    for cap in (None, "avx2"):
+        rc, out = run_isolated(ISA_PROBE, **({"KILN_MAX_CPU_ISA": cap} if cap else {}))
+        assert rc == 0, out
+        runs[cap] = json.loads(out.strip().splitlines()[-1])
+    assert runs["avx2"]["dnnl_isa"] == "avx2" and runs["avx2"]["path"] == "fp32"
+    for key in ("mm", "cv"):
+        got, want = np.array(runs["avx2"][key]), np.array(runs[None][key])
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+    if runs[None]["dnnl_isa"] not in ("avx512_core_bf16", "avx512_core_amx"):
+        assert runs[None]["path"] == "fp32"
