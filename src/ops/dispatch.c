@@ -109,7 +109,7 @@ static kiln_status apply_amp(kiln_op op, int nin, kiln_tensor *const *in, const 
     if (s == KILN_OK) {
         if (any) {
             for (int k = 0; k < nin; k++)
-                if (!cast[k]) kiln_tensor_retain(cast[k] = in[k]);
+                if (!cast[k] && in[k]) kiln_tensor_retain(cast[k] = in[k]);
             s = apply_plain(op, nin, cast, attrs, out);
         } else {
             s = apply_plain(op, nin, in, attrs, out);

@@ -8,6 +8,7 @@ import pytest
 
 import kiln
 from kiln import _C, ops
+from compiled_equal import assert_compiled_equal
 
 BF = kiln.bfloat16
 NODE = re.compile(r"^\s*%\d+: (\w+)\[[^\]]*\](?:, %\d+: \w+\[[^\]]*\])* = (\w+)\(", re.M)
@@ -142,6 +143,37 @@ def test_exact_widening_cast_pairs_cancel_at_O1_and_narrowing_pairs_stay():
     got = _C.compile_graph(lossy, _C.CompileOptions(level=1))(x)
     got = got[0] if isinstance(got, (list, tuple)) else got
     np.testing.assert_array_equal(got.numpy(), ops.relu(x.astype(BF).astype(kiln.float32)).numpy())
+
+
+def test_elementwise_fusion_takes_the_casts_around_it():
+    """At O1 a cast from bfloat16 opens an elementwise group and a cast to bfloat16 ends it: one
+    fused node, no cast left outside; its result is eager's."""
+    x = kiln.tensor(np.random.default_rng(4).standard_normal((8, 16)).astype(np.float32)).astype(BF)
+
+    def f(x):
+        return (ops.relu(x.astype(kiln.float32)) * 3.0 + 1.0).astype(BF)
+
+    opt = str(_C.optimize_graph(record(f, x), level=1))
+    main = opt.split("subgraph")[0]
+    assert "cast(" not in main and main.count("fused(") == 1, opt
+    assert "bfloat16[8, 16] = fused(" in main, opt
+    assert_compiled_equal(f, (x,))
+
+
+def test_a_cast_to_16_bits_never_sits_inside_a_group():
+    x = kiln.tensor(np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32))
+
+    def f(x):  # the bfloat16 value is read again: rounding it is part of the computation
+        return ops.exp(x.astype(BF).astype(kiln.float32)) + 1.0
+
+    text = str(_C.optimize_graph(record(f, x), level=1))
+    subs = text.split("subgraph")[1:]
+    assert subs, text  # the exp and the add fused
+    for sub in subs:
+        halves = re.findall(r"%(\d+): bfloat16\[", sub.split(") {", 1)[1])
+        returned = re.search(r"return \(%(\d+)\)", sub).group(1)
+        assert all(v == returned for v in halves), sub
+    assert_compiled_equal(f, (x,))
 
 
 def test_writes_in_place_are_never_cast():

@@ -159,3 +159,19 @@ def test_the_isa_switch_selects_the_path_and_both_give_the_same_results():
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
     if runs[None]["dnnl_isa"] not in ("avx512_core_bf16", "avx512_core_amx"):
         assert runs[None]["path"] == "fp32"
+
+
+def test_low_precision_reductions_accumulate_in_float32():
+    """Sums, means, scans, softmax and norms of bfloat16 values add float32 numbers and round once:
+    10000 ones sum to bfloat16(10000) = 9984 (a bfloat16 accumulator stops at 256)."""
+    ones = ops.ones((10000,), dtype=kiln.bfloat16)
+    assert float(ones.sum()) == 9984.0 and float(ones.mean()) == 1.0
+    assert float(ops.cumsum(ones, 0)[-1]) == 9984.0
+    with kiln.amp.autocast(low_prec_dtype=kiln.bfloat16, level="O3"):  # softmax and norms run low at O3
+        p = ops.softmax(kiln.tensor(np.full((2, 3000), 0.01, np.float32)), -1)
+        z = kiln.tensor(np.random.default_rng(8).standard_normal((4, 4096)).astype(np.float32) + 100)
+        n = ops.layer_norm(z, (4096,))
+    assert p.dtype is kiln.bfloat16 and n.dtype is kiln.bfloat16
+    np.testing.assert_allclose(p.astype(kiln.float32).numpy().sum(-1), 1.0, atol=5e-3)
+    # statistics of values near 100 (bfloat16 spacing 0.5 there) still normalize to unit variance
+    np.testing.assert_allclose(n.astype(kiln.float32).numpy().std(-1), 1.0, atol=5e-3)
