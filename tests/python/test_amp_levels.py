@@ -190,3 +190,29 @@ def test_writes_in_place_are_never_cast():
     assert bn.moving_mean.dtype is kiln.float32
     np.testing.assert_allclose(bn.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=2e-2, atol=2e-3)
     assert np.abs(bn.moving_mean.numpy()).max() > 0  # the update reached the running statistics
+
+
+def test_generated_kernels_read_and_write_bfloat16_as_the_cast_op_does():
+    """A fused group with bfloat16 operands runs generated code (loads widened, the store rounded to
+    nearest even): bit for bit eager's, NaN, infinities, ties and overflow included, on every
+    capture mode, backend and level."""
+    rng = np.random.default_rng(6)
+    vals = rng.standard_normal((64, 33)).astype(np.float32)
+    vals[0, :6] = [np.nan, np.inf, -np.inf, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 3.4e38]
+    x = kiln.tensor(vals)
+    xb = x.astype(BF)
+
+    def f(x, xb):
+        return (ops.relu(xb.astype(kiln.float32)) * 3.0 + x).astype(BF)
+
+    before = _C.codegen_stats()
+    for mode in ("ast", "bytecode", "trace"):
+        for backend in ("kbk", "sink"):
+            for level in ("O1", "O2"):
+                jf = kiln.jit(f, capture_mode=mode, jit_level=level, backend=backend)
+                got, want = jf(x, xb), f(x, xb)
+                np.testing.assert_array_equal(got.astype(kiln.float32).numpy(), want.astype(kiln.float32).numpy(),
+                                              err_msg=f"{mode} {backend} {level}")
+    after = _C.codegen_stats()
+    assert after["compiles"] + after["disk_hits"] + after["memory_hits"] > \
+        before["compiles"] + before["disk_hits"] + before["memory_hits"]  # generated code ran
