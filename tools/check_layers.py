@@ -157,6 +157,8 @@ PY_LAYERS = {
     "kiln.batching": 8,
     # communication across processes: MindSpore's kiln.communication, MegEngine's kiln.distributed
     "kiln.communication": 8, "kiln.distributed": 8, "kiln.distributed.*": 8,
+    # mixed precision: MindSpore's and MegEngine's amp
+    "kiln.amp": 8,
     # the package: imports everything
     "kiln": 9,
     # programs on the public package

@@ -96,6 +96,8 @@ typedef struct kiln_tensor {
     int64_t refcount;               /* atomic */
     uint64_t uid;                   /* unique for the life of the process (tracing identifies tensors by it) */
     bool literal;                   /* made from a Python number: a constant when traced */
+    bool amp_exact;                 /* derived from integers only (arange, casts of ints): amp keeps it
+                                     * float32 (kiln_amp_output_exact, src/ops/amp.c) */
     /* autograd */
     bool requires_grad;
     int32_t output_nr;              /* which output of grad_fn this is */

@@ -159,6 +159,29 @@ KILN_API kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in,
 KILN_API kiln_status kiln_infer(kiln_op op, int nin, kiln_tensor *const *in,
                                 const kiln_attrs *attrs, kiln_meta *out);
 
+/* Mixed precision: the classes of ops.def's KILN_AMP lines and the levels of kiln.amp (documented
+ * there; src/ops/amp.c). While the thread's level (kiln_amp_set) is not O0, kiln_apply casts each
+ * input to the dtype kiln_amp_input_dtype gives before the kernel (the casts are ops: traced and
+ * differentiated like any other); gradient rules run without it. */
+typedef enum kiln_amp_class { KILN_AMP_PROMOTE = 0, KILN_AMP_LOW, KILN_AMP_FP32, KILN_AMP_ACCUM } kiln_amp_class;
+typedef enum kiln_amp_level { KILN_AMP_O0 = 0, KILN_AMP_O1, KILN_AMP_O2, KILN_AMP_O3 } kiln_amp_level;
+KILN_API kiln_amp_class kiln_amp_class_of(kiln_op op);
+/* The dtype input k (of dtype d) of op runs in at `level` with low dtype `low`: d where unchanged.
+ * leaf: a parameter (a leaf that requires grad; in a graph, an input or capture); exact: a value
+ * derived from integers only (kiln_amp_output_exact), never narrowed but by a LOW op. */
+KILN_API kiln_dtype kiln_amp_input_dtype(kiln_op op, int k, kiln_amp_level level, kiln_dtype low, kiln_dtype d,
+                                         bool leaf, bool exact);
+/* Whether op's float outputs are derived from integers only, given whether each input is (a
+ * non-float input counts as such): arange with integer start and step, full of an integer value, a
+ * cast from an integer or bool dtype, and ops of class PROMOTE or ACCUM whose float inputs all are. */
+KILN_API bool kiln_amp_output_exact(kiln_op op, const kiln_attrs *attrs, int nin, const kiln_dtype *in_dtype,
+                                    const bool *in_exact);
+/* The thread's amp level and low dtype (bfloat16 or float16; float32 with O3 runs every float op in
+ * float32: Cell.to_float(float32)); the previous ones in *prev_level, *prev_low when not NULL. */
+KILN_API kiln_status kiln_amp_set(kiln_amp_level level, kiln_dtype low, kiln_amp_level *prev_level,
+                                  kiln_dtype *prev_low);
+KILN_API void kiln_amp_get(kiln_amp_level *level, kiln_dtype *low);
+
 /* Convenience wrappers over kiln_apply for single-output ops. */
 KILN_API kiln_status kiln_apply1(kiln_op op, kiln_tensor *a, const kiln_attrs *attrs,
                                  kiln_tensor **out);

@@ -59,6 +59,9 @@ KILN_API kiln_status kiln_graph_batch(const kiln_graph *g, int64_t batch, const 
                                       const int32_t *out_axes, bool *fallback, kiln_graph **out);
 /* The name of op's KILN_BATCH rule ("elementwise", ...), "" when it has none. */
 KILN_API const char *kiln_batch_rule_name(kiln_op op);
+/* The graph with amp's casts (src/passes/amp.c): each node's float inputs cast to the dtype its
+ * KILN_AMP class (src/ops/ops.def) gives at `level` with low dtype `low` (bfloat16 or float16). */
+KILN_API kiln_status kiln_graph_amp(const kiln_graph *g, kiln_amp_level level, kiln_dtype low, kiln_graph **out);
 
 /* ---- rewriting helpers for passes -------------------------------------------------------- */
 

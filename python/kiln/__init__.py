@@ -25,6 +25,8 @@ checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serializat
 from .batching import VmapFallbackWarning, jacrev, vmap
 from .context import ParallelMode, get_auto_parallel_context, reset_auto_parallel_context, set_auto_parallel_context
 from . import communication, distributed
+from . import amp
+from .amp import torch_autocast as autocast
 
 float_ = float32
 int_ = int64

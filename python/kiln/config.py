@@ -46,11 +46,29 @@ def facts():
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
         "conv_block": _C.conv_block_size(), "isa_kernels": _C.isa_kernels(),
+        "amp_path": amp_kernel_path(build["dnnl_isa"])[0], "amp_path_why": amp_kernel_path(build["dnnl_isa"])[1],
         "cc_command": cc["command"], "cc_identity": cc["identity"], "cc_flags": cc["flags"],
         "cc_works": works, "cc_check": how,
         "cache_dir": cc["cache_dir"], "cache_usable": cc["cache_usable"], "cache_entries": entries,
         "cache_bytes": size, "cache_error": cache_error,
     }
+
+
+# oneDNN instruction sets with bfloat16 arithmetic (avx512_core_fp16 is named as bf16 by oneDNN 2.x)
+LOW_PRECISION_ISAS = ("avx512_core_bf16", "avx512_core_amx")
+
+
+def amp_kernel_path(dnnl_isa=None):
+    """How bfloat16/float16 products (kiln.amp) run here: ("fp32", why) — operands converted to
+    float32, float32 GEMM and convolutions, results rounded — the path kiln has on every CPU today
+    (oneDNN's instruction set, which KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap, says whether
+    bf16 arithmetic would be there)."""
+    isa = dnnl_isa or _C.build_info()["dnnl_isa"]
+    if isa in LOW_PRECISION_ISAS:
+        return "fp32", (f"oneDNN's instruction set {isa} has bf16 arithmetic, but kiln's products do not use "
+                        "oneDNN's bf16 primitives yet: operands are converted to float32")
+    return "fp32", (f"oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands are converted to "
+                    "float32 and run the float32 kernels")
 
 
 def plural(n, one, many):
@@ -87,6 +105,7 @@ def show_config(file=None):
         f"oneDNN:          {f['dnnl_version']}; instruction set {f['dnnl_isa']}"
         + (f" (ONEDNN_MAX_CPU_ISA={f['onednn_max_cpu_isa']})" if f["onednn_max_cpu_isa"] else "")
         + (f"; convolution layouts blocked by {f['conv_block']} channels" if f["conv_block"] else ""),
+        f"mixed precision: {f['amp_path']} path; {f['amp_path_why']}",
         f"generated code:  {f['cc_command']} = {f['cc_identity'] or 'does not run'}: "
         + ("works, " if f["cc_works"] else "FAILS: ") + f["cc_check"],
         f"  flags:         {f['cc_flags']}",

@@ -325,6 +325,10 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
      * trace reached when the backward ran */
     bool located = n->trace && kiln_hooks.trace_loc_set;
     int32_t outer_loc = located ? kiln_hooks.trace_loc_set(n->trace, n->loc) : -1;
+    /* gradients run in the dtypes the forward ran in: amp's casts belong to the forward (a
+     * backward() inside an autocast region would otherwise cast the gradients' products again) */
+    int8_t amp_level = kiln_thread.amp_level;
+    kiln_thread.amp_level = 0;
     if (n->custom) {
         s = n->custom->backward(n->custom->ctx, n->nout, grads, n->nin, needs, create_graph, gin);
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", n->custom->name);
@@ -337,6 +341,7 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
         if (s != KILN_OK) kiln_error_context(s, "in the gradient of %s", kiln_op_table[n->op].name);
     }
     if (located) kiln_hooks.trace_loc_set(n->trace, outer_loc);
+    kiln_thread.amp_level = amp_level;
     /* (outs holds an op's outputs, at most KILN_MAX_OUTPUTS; a custom node, a compiled piece, may
      * have more and fills none) */
     for (int k = 0; k < n->nout && !n->custom; k++) kiln_tensor_release(outs[k]);

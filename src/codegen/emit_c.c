@@ -89,12 +89,21 @@ static bool rows_fit(const kiln_graph *sub) {
     return true;
 }
 
+/* bfloat16 operands of elementwise kernels: loaded as float (exact), the result stored rounded to
+ * nearest even (kiln_bf16_ld / kiln_bf16_st of the prelude, internal.h's conversions). The row
+ * kernels (emit_rows.c) take none. */
+static bool is_bf16(kiln_dtype d) { return d == KILN_DTYPE_BFLOAT16; }
+
 bool kiln_codegen_supports(const kiln_graph *sub) {
     if (sub->noutputs != 1 || sub->ncaptures != 0 || sub->nsubgraphs != 0 || sub->nnodes == 0) return false;
     if (sub->values[sub->outputs[0]].kind != KILN_VALUE_NODE) return false;
-    if (!kiln_cg_c_type(sub->values[sub->outputs[0]].meta.dtype)) return false;
-    for (int32_t i = 0; i < sub->ninputs; i++)
-        if (!kiln_cg_c_type(sub->values[sub->inputs[i]].meta.dtype)) return false;
+    bool rows = kiln_codegen_has_rows(sub);
+    kiln_dtype od = sub->values[sub->outputs[0]].meta.dtype;
+    if (!kiln_cg_c_type(od) && !(is_bf16(od) && !rows)) return false;
+    for (int32_t i = 0; i < sub->ninputs; i++) {
+        kiln_dtype d = sub->values[sub->inputs[i]].meta.dtype;
+        if (!kiln_cg_c_type(d) && !(is_bf16(d) && !rows)) return false;
+    }
     for (int32_t i = 0; i < sub->nnodes; i++)
         if (!kiln_node_fusable(sub, i)) return false;
     return !kiln_codegen_has_rows(sub) || rows_fit(sub);
@@ -219,7 +228,11 @@ unsigned kiln_cg_uses(const kiln_graph *sub) {
 /* Every block is guarded: sources of several groups concatenate into one translation unit. */
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
     kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
-           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n%s\n%s\n%s\n#endif\n",
+           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n"
+           "static inline float kiln_bf16_ld(uint16_t h) { kf_bits b; b.u = (uint32_t)h << 16; return b.f; }\n"
+           "static inline uint16_t kiln_bf16_st(float f) { kf_bits b; b.f = f; uint32_t u = b.u;\n"
+           "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
+           "%s\n%s\n%s\n#endif\n",
         prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
     static const struct {
@@ -284,14 +297,15 @@ void kiln_cg_put_converted(kiln_strbuf *t, const char *name, kiln_dtype d, kiln_
 void kiln_cg_put_expr(kiln_strbuf *t, const kiln_graph *g, int32_t i, const char *const *operands, const char *out) {
     const kiln_node *n = &g->nodes[i];
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
-    const char *ot = kiln_cg_c_type(od);
+    bool half = is_bf16(od); /* the group's root cast: computed in float, rounded by the store */
+    const char *ot = half ? "float" : kiln_cg_c_type(od);
     if (n->op == KILN_OP_FULL) {
         kiln_strbuf_printf(t, "        const %s %s = (%s)", ot, out, ot);
         kiln_cg_put_double(t, n->attrs.f[KILN_A_FULL_VALUE]);
         kiln_strbuf_printf(t, ";\n");
         return;
     }
-    kiln_dtype ct = kiln_node_compute_dtype(g, n);
+    kiln_dtype ct = half ? KILN_DTYPE_FLOAT32 : kiln_node_compute_dtype(g, n);
     kiln_strbuf_printf(t, "        %s %s;\n        {\n            typedef %s T;\n", ot, out, kiln_cg_c_type(ct));
     static const char names[3] = {'a', 'b', 'c'};
     for (int k = 0; k < n->nin && k < 3; k++) {
@@ -332,22 +346,30 @@ static void emit_row(kiln_strbuf *t, const kiln_graph *g, const int8_t *kind) {
     int nops = 1 + g->ninputs;
     const kiln_value *ov = &g->values[g->outputs[0]];
     kiln_strbuf_printf(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, const int64_t *is, int64_t n) {\n");
-    kiln_strbuf_printf(t, "    (void)is;\n    %s *restrict o = (%s *)q[0];\n", kiln_cg_c_type(ov->meta.dtype), kiln_cg_c_type(ov->meta.dtype));
+    /* storage types (bfloat16: uint16_t, loaded with kiln_bf16_ld) and value types */
+    bool ohalf = is_bf16(ov->meta.dtype);
+    const char *ost = ohalf ? "uint16_t" : kiln_cg_c_type(ov->meta.dtype);
+    kiln_strbuf_printf(t, "    (void)is;\n    %s *restrict o = (%s *)q[0];\n", ost, ost);
     for (int k = 1; k < nops; k++) {
-        const char *ct = kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        if (kind[k] == KILN_INNER_FIXED) kiln_strbuf_printf(t, "    const %s v%d = *(const %s *)q[%d];\n", ct, k - 1, ct, k);
-        else kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", ct, k - 1, ct, k);
+        bool half = is_bf16(g->values[g->inputs[k - 1]].meta.dtype);
+        const char *st = half ? "uint16_t" : kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
+        const char *vt = half ? "float" : st, *ld = half ? "kiln_bf16_ld" : "";
+        if (kind[k] == KILN_INNER_FIXED) kiln_strbuf_printf(t, "    const %s v%d = %s(*(const %s *)q[%d]);\n", vt, k - 1, ld, st, k);
+        else kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", st, k - 1, st, k);
         if (kind[k] == KILN_INNER_STRIDED) kiln_strbuf_printf(t, "    const int64_t s%d = is[%d];\n", k - 1, k);
     }
     kiln_strbuf_printf(t, "#pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n");
     for (int k = 1; k < nops; k++) {
-        const char *ct = kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        if (kind[k] == KILN_INNER_UNIT) kiln_strbuf_printf(t, "        const %s v%d = x%d[i];\n", ct, k - 1, k - 1);
-        else if (kind[k] == KILN_INNER_STRIDED) kiln_strbuf_printf(t, "        const %s v%d = x%d[i * s%d];\n", ct, k - 1, k - 1, k - 1);
+        bool half = is_bf16(g->values[g->inputs[k - 1]].meta.dtype);
+        const char *vt = half ? "float" : kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
+        const char *ld = half ? "kiln_bf16_ld" : "";
+        if (kind[k] == KILN_INNER_UNIT) kiln_strbuf_printf(t, "        const %s v%d = %s(x%d[i]);\n", vt, k - 1, ld, k - 1);
+        else if (kind[k] == KILN_INNER_STRIDED)
+            kiln_strbuf_printf(t, "        const %s v%d = %s(x%d[i * s%d]);\n", vt, k - 1, ld, k - 1, k - 1);
     }
     for (int32_t i = 0; i < g->nnodes; i++) emit_node(t, g, i);
     const char *at = kind[0] == KILN_INNER_UNIT ? "i" : (kind[0] == KILN_INNER_STRIDED ? "i * is[0]" : "0");
-    kiln_strbuf_printf(t, "        o[%s] = t%d;\n    }\n}\n\n", at, ov->node);
+    kiln_strbuf_printf(t, "        o[%s] = %s(t%d);\n    }\n}\n\n", at, ohalf ? "kiln_bf16_st" : "", ov->node);
 }
 
 /* The rows of [begin, end) (an odometer over the outer axes), and the entry point, which splits

@@ -59,6 +59,8 @@ typedef struct kiln_thread_state {
     bool grad_disabled;        /* grad mode off (kiln_set_grad_enabled(false)) */
     bool trace_symbolic;       /* a dynamic-shape capture records: gradient rules take sizes from
                                 * ops (which a rebinding follows) rather than baking them in */
+    int8_t amp_level;          /* kiln_amp_level: casts kiln_apply inserts (src/ops/amp.c) */
+    int8_t amp_low;            /* kiln_dtype those casts narrow to */
 } kiln_thread_state;
 
 extern KILN_HIDDEN _Thread_local kiln_thread_state kiln_thread;

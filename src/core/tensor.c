@@ -108,6 +108,7 @@ static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
     t->refcount = 1;
     t->uid = atomic_fetch_add_explicit(&next_uid, 1, memory_order_relaxed);
     t->literal = false;
+    t->amp_exact = false;
     t->requires_grad = false;
     t->output_nr = 0;
     t->grad_fn = NULL;
@@ -177,6 +178,7 @@ kiln_status kiln_tensor_view(kiln_tensor *base, int ndim, const int64_t *shape, 
 
 kiln_status kiln_tensor_detach(kiln_tensor *t, kiln_tensor **out) {
     KILN_TRY(kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, out));
+    (*out)->amp_exact = t->amp_exact;
     if (kiln_thread.trace_active) kiln_hooks.trace_alias(t, *out); /* a traced value keeps its identity through detach */
     return KILN_OK;
 }

@@ -4,8 +4,7 @@
 
 static bool is_float(kiln_dtype d) { return d == KILN_DTYPE_FLOAT32 || d == KILN_DTYPE_FLOAT64; }
 
-/* Generated code reads every dtype but the 16-bit floats. */
-static bool readable(kiln_dtype d) { return d != KILN_DTYPE_FLOAT16 && d != KILN_DTYPE_BFLOAT16; }
+static bool is_half(kiln_dtype d) { return d == KILN_DTYPE_FLOAT16 || d == KILN_DTYPE_BFLOAT16; }
 
 kiln_dtype kiln_node_compute_dtype(const kiln_graph *g, const kiln_node *n) {
     kiln_dtype d = g->values[n->out[0]].meta.dtype;
@@ -14,6 +13,12 @@ kiln_dtype kiln_node_compute_dtype(const kiln_graph *g, const kiln_node *n) {
         for (int k = 1; k < n->nin; k++) d = kiln_dtype_promote(d, g->values[n->in[k]].meta.dtype);
     }
     return d;
+}
+
+bool kiln_node_half_root(const kiln_graph *g, int32_t node) {
+    const kiln_node *n = &g->nodes[node];
+    return n->op == KILN_OP_CAST && n->nout == 1 && n->nin == 1 && is_half(g->values[n->out[0]].meta.dtype) &&
+           is_float(g->values[n->in[0]].meta.dtype);
 }
 
 bool kiln_node_fusable(const kiln_graph *g, int32_t node) {
@@ -25,9 +30,11 @@ bool kiln_node_fusable(const kiln_graph *g, int32_t node) {
     if (n->op == KILN_OP_FULL) return n->nin == 0 && n->attrs.nf >= 1 && is_float(od);
     if (info->fusion == KILN_FUSE_REDUCTION) return kiln_node_row_op(g, node);
     if (info->fusion != KILN_FUSE_ELEMENTWISE || !info->c_expr || n->nin != info->nin) return false;
+    /* 16-bit floats (amp): read as group inputs (widening is exact), and written only by a cast
+     * that is its group's root (kiln_node_half_root), which rounds its float result once as the
+     * cast op does; every value inside a group is float32 or float64 */
+    if (kiln_node_half_root(g, node)) return true;
     if (!is_float(od) && od != KILN_DTYPE_BOOL) return false;
-    for (int k = 0; k < n->nin; k++)
-        if (!readable(g->values[n->in[k]].meta.dtype)) return false;
     return is_float(kiln_node_compute_dtype(g, n));
 }
 

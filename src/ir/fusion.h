@@ -9,9 +9,13 @@
 #include "kiln/graph.h"
 
 /* Whether generated code can compute node `node` of g: an elementwise op (cast and contiguous
- * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes; or a
- * row op (kiln_node_row_op). */
+ * included) computing in float32 or float64, or a float full(); inputs of numeric dtypes (16-bit
+ * floats too: widened exactly); a cast of float32/float64 to a 16-bit float as its group's root
+ * (kiln_node_half_root); or a row op (kiln_node_row_op). */
 bool kiln_node_fusable(const kiln_graph *g, int32_t node);
+/* Whether node is a cast of a float32/float64 value to bfloat16 or float16: fused only as the root
+ * of its group (the one value of a group that is 16-bit), never inside one. */
+bool kiln_node_half_root(const kiln_graph *g, int32_t node);
 /* Whether node is an op with a row kernel (ops.def: KILN_ROWS) over exactly its input's last axis
  * (of 2 or more elements), in float: an op computed with a reduction over each row. */
 bool kiln_node_row_op(const kiln_graph *g, int32_t node);

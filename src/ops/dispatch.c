@@ -20,8 +20,20 @@ kiln_status kiln_infer(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
     return s;
 }
 
-kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+/* Marks op's float outputs derived from integers only (amp keeps them float32: src/ops/amp.c). */
+static void mark_exact(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, int nout,
                        kiln_tensor **out) {
+    kiln_dtype small_d[8];
+    bool small_e[8];
+    if (nin > 8) return; /* no integer-only op takes so many */
+    for (int k = 0; k < nin; k++) small_d[k] = in[k]->meta.dtype, small_e[k] = in[k]->amp_exact || in[k]->literal;
+    bool exact = kiln_amp_output_exact(op, attrs, nin, small_d, small_e);
+    for (int k = 0; k < nout; k++)
+        if (out[k] && kiln_dtype_is_float(out[k]->meta.dtype)) out[k]->amp_exact = exact;
+}
+
+static kiln_status apply_plain(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+                               kiln_tensor **out) {
     kiln_meta metas[KILN_MAX_OUTPUTS];
     if (!attrs) attrs = &no_attrs;
     KILN_TRY(kiln_infer(op, nin, in, attrs, metas));
@@ -53,6 +65,7 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
         return s;
     }
     if (info->flags & KILN_OPF_MUTATES) kiln_tensor_bump_version(in[0]);
+    else mark_exact(op, nin, in, attrs, nout, out);
     /* before autograd: the aliases it saves of the outputs must map to the recorded values */
     if (kiln_thread.trace_active) kiln_hooks.trace_record(op, nin, in, attrs, nout, out);
     /* An op without a gradient rule is recorded too when its inputs require grad: its rule
@@ -70,6 +83,47 @@ kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_a
         }
     }
     return s;
+}
+
+/* Under amp: each input cast (by the cast op, so traced and differentiated) to the dtype the op's
+ * KILN_AMP class gives it, then the op. */
+static kiln_status apply_amp(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs, kiln_tensor **out) {
+    kiln_amp_level level = (kiln_amp_level)kiln_thread.amp_level;
+    kiln_dtype low = (kiln_dtype)kiln_thread.amp_low;
+    kiln_tensor *small[16], **cast = nin <= 16 ? small : kiln_calloc((size_t)nin, sizeof *cast);
+    if (!cast) return kiln_error(KILN_ERR_MEMORY, "out of memory casting inputs for amp");
+    bool any = false;
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < nin; k++) cast[k] = NULL;
+    for (int k = 0; k < nin && s == KILN_OK; k++) {
+        kiln_tensor *t = in[k];
+        if (!t) continue;
+        bool leaf = t->requires_grad && !t->grad_fn;
+        kiln_dtype want = kiln_amp_input_dtype(op, k, level, low, t->meta.dtype, leaf, t->amp_exact);
+        if (want == t->meta.dtype) continue;
+        kiln_attrs a = {0};
+        kiln_attrs_push_int(&a, want);
+        s = apply_plain(KILN_OP_CAST, 1, &t, &a, &cast[k]);
+        any = true;
+    }
+    if (s == KILN_OK) {
+        if (any) {
+            for (int k = 0; k < nin; k++)
+                if (!cast[k] && in[k]) kiln_tensor_retain(cast[k] = in[k]);
+            s = apply_plain(op, nin, cast, attrs, out);
+        } else {
+            s = apply_plain(op, nin, in, attrs, out);
+        }
+    }
+    for (int k = 0; k < nin; k++) kiln_tensor_release(cast[k]);
+    if (cast != small) free(cast);
+    return s;
+}
+
+kiln_status kiln_apply(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
+                       kiln_tensor **out) {
+    if (kiln_thread.amp_level && op != KILN_OP_CAST) return apply_amp(op, nin, in, attrs, out);
+    return apply_plain(op, nin, in, attrs, out);
 }
 
 kiln_status kiln_apply1(kiln_op op, kiln_tensor *a, const kiln_attrs *attrs, kiln_tensor **out) {

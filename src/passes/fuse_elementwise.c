@@ -127,7 +127,8 @@ static void form_groups(fusion *f) {
         f->group[i] = -1;
         if (!kiln_node_fusable(g, i)) continue;
         bool row_op = kiln_node_row_op(g, i);
-        int32_t grp = joinable_group(f, i);
+        /* a cast to a 16-bit float only ends a group (its value is the group's output) */
+        int32_t grp = kiln_node_half_root(g, i) ? -1 : joinable_group(f, i);
         if (grp < 0) {
             grp = f->ngroups++;
             f->root[grp] = i;

@@ -23,7 +23,7 @@ static PyObject *parameter_type;       /* kiln.nn.Parameter */
 static PyObject *context;              /* kiln.context._context: its "mode" 0 is GRAPH_MODE */
 static PyObject *recompute_eager;      /* kiln.recompute's eager call, for Cell.recompute() (cell_setup) */
 static PyObject *s_params, *s_cells, *s_jitted, *s_graph_mode_jit, *s_construct, *s_auto_prefix, *s_name,
-    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute;
+    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute, *s_amp;
 
 static PyTypeObject PyCellBase_Type;
 
@@ -39,14 +39,44 @@ static int graph_mode(void) {
     return PyLong_CheckExact(mode) && PyLong_AsLong(mode) == 0;
 }
 
+static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted);
+
+/* The cell's mixed precision (auto_mixed_precision, to_float: `_amp` = (level, dtype)) is the
+ * thread's while it runs: its ops cast their inputs at dispatch, and a compiled call is keyed by it. */
 static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (call_log && PyList_Append(call_log, self) < 0) return NULL;
     PyObject *d = dict_of(self), *jitted = NULL;
     if (!d) return NULL;
     jitted = PyDict_GetItemWithError(d, s_jitted); /* set_jit_config: run compiled (inside a capture, record) */
     Py_XINCREF(jitted);
+    PyObject *amp = jitted || !PyErr_Occurred() ? PyDict_GetItemWithError(d, s_amp) : NULL;
     Py_DECREF(d);
-    if (!jitted && PyErr_Occurred()) return NULL;
+    if (PyErr_Occurred()) {
+        Py_XDECREF(jitted);
+        return NULL;
+    }
+    if (!amp || amp == Py_None) return cell_call_as_set(self, args, kwargs, jitted);
+    int level;
+    PyObject *dtype;
+    kiln_dtype low;
+    kiln_amp_level prev;
+    kiln_dtype prev_low;
+    if (!PyArg_ParseTuple(amp, "iO:Cell._amp", &level, &dtype) || pykiln_parse_dtype(dtype, &low) < 0) {
+        Py_XDECREF(jitted);
+        return NULL;
+    }
+    kiln_status st = kiln_amp_set((kiln_amp_level)level, low, &prev, &prev_low);
+    if (st != KILN_OK) {
+        Py_XDECREF(jitted);
+        return pykiln_raise(st);
+    }
+    PyObject *out = cell_call_as_set(self, args, kwargs, jitted);
+    kiln_amp_set(prev, prev_low, NULL, NULL);
+    return out;
+}
+
+/* cell_call with the amp setting made; takes the reference to jitted */
+static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted) {
     if (!call_log) {
         int graph = jitted ? 0 : graph_mode();
         if (graph < 0) return NULL;
@@ -355,7 +385,7 @@ int pykiln_cell_init(PyObject *module) {
         const char *text;
     } names[] = {{&s_params, "_params"},       {&s_cells, "_cells"},
                  {&s_jitted, "_jitted"},       {&s_graph_mode_jit, "_graph_mode_jit"},
-                 {&s_construct, "construct"}, {&s_recompute, "_recompute"},  {&s_auto_prefix, "_auto_prefix"},
+                 {&s_construct, "construct"}, {&s_recompute, "_recompute"}, {&s_amp, "_amp"},  {&s_auto_prefix, "_auto_prefix"},
                  {&s_name, "name"},            {&s_auto_name, "_auto_name"},
                  {&s_version, "_kiln_version"}, {&s_mode, "mode"},
                  {&s_parameters_and_names, "parameters_and_names"}};

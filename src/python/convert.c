@@ -1,6 +1,8 @@
 /* Conversions between Python values and kiln tensors, and kiln_status -> exceptions. */
 #include "pykiln.h"
 
+#include <math.h>
+
 #include "core/internal.h"
 
 /* The exceptions of check ops, indexed by check id (register_check); process-wide like the
@@ -204,10 +206,12 @@ static kiln_tensor *scalar_tensor(double v, int64_t iv, bool is_int, kiln_dtype 
             return NULL;
         }
         h->literal = true;
+        h->amp_exact = is_int || v == floor(v); /* (amp never narrows integers: src/ops/amp.c) */
         return h;
     }
     }
     t->literal = true;
+    t->amp_exact = is_int || v == floor(v);
     return t;
 }
 

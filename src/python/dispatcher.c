@@ -155,7 +155,11 @@ static PyObject *dispatcher_set_all_disabled(PyObject *cls, PyObject *flag) {
 static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (!d->enabled || all_disabled || (kwnames && PyTuple_GET_SIZE(kwnames)) || d->nentries == 0 || kiln_tracer_active())
+    kiln_amp_level amp;
+    kiln_amp_get(&amp, NULL);
+    /* fast entries are of calls without amp (dispatcher_add_entry): under amp, Python keys the call */
+    if (!d->enabled || all_disabled || (kwnames && PyTuple_GET_SIZE(kwnames)) || d->nentries == 0 || kiln_tracer_active() ||
+        amp != KILN_AMP_O0)
         return slow_call(self, args, nargsf, kwnames);
     for (Py_ssize_t k = 0; k < nargs; k++) {
         if (!pykiln_is_tensor(args[k])) return slow_call(self, args, nargsf, kwnames);
@@ -216,6 +220,9 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!pi|OO:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
                           &guards, &dims))
         return NULL;
+    kiln_amp_level amp;
+    kiln_amp_get(&amp, NULL);
+    if (amp != KILN_AMP_O0) Py_RETURN_FALSE; /* the fast path does not key calls by amp */
     if (guards != Py_None && !pykiln_is_guardset(guards)) {
         PyErr_SetString(PyExc_TypeError, "_add_fast_entry: guards must be a GuardSet or None");
         return NULL;

@@ -364,6 +364,17 @@ done:
     return result;
 }
 
+/* amp(level, dtype) -> this graph with amp's casts (kiln_graph_amp, src/passes/amp.c) */
+static PyObject *graph_amp(PyObject *self, PyObject *args) {
+    int level;
+    PyObject *dtype;
+    kiln_dtype low;
+    if (!PyArg_ParseTuple(args, "iO:amp", &level, &dtype) || pykiln_parse_dtype(dtype, &low) < 0) return NULL;
+    kiln_graph *out = NULL;
+    kiln_status s = kiln_graph_amp(((PyGraph *)self)->g, (kiln_amp_level)level, low, &out);
+    return s == KILN_OK ? wrap_graph(out) : pykiln_raise(s);
+}
+
 /* The value id arg names in self's graph, or -1 with an exception naming `who` set. */
 static long value_arg(PyObject *self, PyObject *arg, const char *who) {
     const kiln_graph *g = ((PyGraph *)self)->g;
@@ -505,6 +516,7 @@ static PyMethodDef graph_methods[] = {
     {"structure", graph_structure, METH_VARARGS,
      "structure(path=()) -> (inputs, captures, nodes, outputs, subgraph count): the graph (or the nested subgraph at "
      "path) as data, for exporters"},
+    {"amp", graph_amp, METH_VARARGS, "amp(level, dtype) -> this graph with mixed precision's casts (level 0-3: O0-O3)"},
     {"rebind", graph_rebind, METH_VARARGS, "rebind(input_shapes, sets) -> this graph for other input shapes"},
     {"value_shape", graph_value_shape, METH_O, "value_shape(value) -> the shape of that value"},
     {"symbolize", pykiln_graph_symbolize, METH_VARARGS,

@@ -261,6 +261,42 @@ static PyObject *py_is_grad_enabled(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kiln_grad_enabled());
 }
 
+/* amp_set(level, dtype) -> (previous level, previous dtype or None): the thread's mixed precision */
+static PyObject *py_amp_set(PyObject *self, PyObject *args) {
+    (void)self;
+    int level;
+    PyObject *dtype;
+    kiln_dtype low = KILN_DTYPE_FLOAT32;
+    if (!PyArg_ParseTuple(args, "iO:amp_set", &level, &dtype)) return NULL;
+    if (dtype != Py_None && pykiln_parse_dtype(dtype, &low) < 0) return NULL;
+    kiln_amp_level prev;
+    kiln_dtype prev_low;
+    kiln_status s = kiln_amp_set((kiln_amp_level)level, low, &prev, &prev_low);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return Py_BuildValue("(iO)", (int)prev, prev == KILN_AMP_O0 ? Py_None : pykiln_dtypes[prev_low]);
+}
+
+/* amp_state() -> None, or (level, dtype) while amp is on in this thread */
+static PyObject *py_amp_state(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    kiln_amp_level level;
+    kiln_dtype low;
+    kiln_amp_get(&level, &low);
+    if (level == KILN_AMP_O0) Py_RETURN_NONE;
+    return Py_BuildValue("(iO)", (int)level, pykiln_dtypes[low]);
+}
+
+/* amp_class(op name) -> "low", "fp32", "accum" or "promote" (ops.def's KILN_AMP lines) */
+static PyObject *py_amp_class(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    kiln_op op = kiln_op_from_name(name);
+    if (op == KILN_OP_COUNT) return PyErr_Format(PyExc_ValueError, "amp_class: unknown op '%s'", name);
+    static const char *const names[] = {"promote", "low", "fp32", "accum"};
+    return PyUnicode_FromString(names[kiln_amp_class_of(op)]);
+}
+
 static PyObject *py_manual_seed(PyObject *self, PyObject *arg) {
     (void)self;
     unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);
@@ -401,6 +437,9 @@ static PyMethodDef module_methods[] = {
     {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr, side_effects)"},
     {"grad", py_grad, METH_VARARGS, "grad(outputs, inputs, grad_outputs=None, create_graph=False)"},
     {"set_grad_enabled", py_set_grad_enabled, METH_O, "set grad mode; returns the previous mode"},
+    {"amp_set", py_amp_set, METH_VARARGS, "amp_set(level, dtype) -> the previous (level, dtype): mixed precision of this thread"},
+    {"amp_state", py_amp_state, METH_NOARGS, "None, or (level, dtype) while mixed precision is on in this thread"},
+    {"amp_class", py_amp_class, METH_O, "amp_class(op) -> 'low', 'fp32', 'accum' or 'promote' (ops.def's KILN_AMP)"},
     {"is_grad_enabled", py_is_grad_enabled, METH_NOARGS, "whether grad mode is on"},
     {"manual_seed", py_manual_seed, METH_O, "seed the random generator"},
     {"random_state", py_random_state, METH_NOARGS, "random_state() -> (key, counter) of the random generator"},

@@ -88,6 +88,7 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     kiln_tensor *t = NULL;
     kiln_status s = kiln_tensor_empty(dtype, src->meta.ndim, src->meta.shape, &t);
     if (s == KILN_OK) s = kiln_copy_into(t, src);
+    if (s == KILN_OK) t->amp_exact = src->amp_exact; /* an integer-valued number: amp keeps it */
     kiln_tensor_release(src);
     if (s != KILN_OK) {
         kiln_tensor_release(t);

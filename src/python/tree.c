@@ -538,6 +538,14 @@ static PyObject *call_key(PyObject *args, PyObject *kwargs, PyObject *owners) {
             extra = Py_BuildValue("(ON(sO))", kiln_grad_enabled() ? Py_True : Py_False, PyList_AsTuple(modes),
                                   "same tensors", same);
         Py_XDECREF(same);
+        kiln_amp_level amp;
+        kiln_dtype low;
+        kiln_amp_get(&amp, &low);
+        if (extra && amp != KILN_AMP_O0) { /* a call under amp records other casts: its own key */
+            PyObject *more = Py_BuildValue("((siO))", "amp", (int)amp, pykiln_dtypes[low]);
+            Py_SETREF(extra, more ? PySequence_Concat(extra, more) : NULL);
+            Py_XDECREF(more);
+        }
         key = extra ? Py_BuildValue("((OON)O)", spec, sig, extra, leaves) : NULL;
     }
     Py_XDECREF(leaves);

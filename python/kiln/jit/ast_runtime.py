@@ -1024,7 +1024,14 @@ def call_cell(cell, construct, args, kwargs):
     """A Cell called from converted code: logged for the training-mode guards, then its
     converted construct."""
     _C.log_cell_call(cell)
-    return construct(cell, *args, **kwargs)
+    amp = cell.__dict__.get("_amp")  # Cell.to_float, auto_mixed_precision: the level while it runs
+    if amp is None:
+        return construct(cell, *args, **kwargs)
+    saved = _C.amp_set(*amp)
+    try:
+        return construct(cell, *args, **kwargs)
+    finally:
+        _C.amp_set(*saved)
 
 
 _ROUNDING_BUILTINS = (builtins.round, math.floor, math.ceil, math.trunc)

@@ -410,7 +410,8 @@ class Interpreter:
         if isinstance(target, self.cell_type) and bound_self is None:
             construct = type(target).construct
             if (isinstance(construct, types.FunctionType) and guards.is_user_code(construct.__code__)
-                    and not target.__dict__.get("_jitted") and not getattr(target, "_kiln_hooks", None)):
+                    and not target.__dict__.get("_jitted") and not getattr(target, "_kiln_hooks", None)
+                    and not target.__dict__.get("_amp")):  # (its call sets the amp level: Cell.to_float)
                 _C.log_cell_call(target)
                 return self.inline(construct, (target,) + tuple(args), kwargs)
             if self.symbolic and (sym_scalar.any_in(args) or sym_scalar.any_in(kwargs.values())):

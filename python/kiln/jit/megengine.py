@@ -489,7 +489,8 @@ class trace(_C.JitDispatcher):
         metas = tuple((t.dtype, _device(t)) for t in leaves)
         if metas != self._metas:
             self._meta_mismatch(metas)
-        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
+               _C.amp_state())
         if not self.symbolic_shape and key[0] != next(iter(self._records))[0]:
             self._shape_mismatch(key[0])
         records = self._records.get(key, ())
@@ -591,7 +592,8 @@ class trace(_C.JitDispatcher):
         self._spec = spec
         self._metas = tuple((t.dtype, _device(t)) for t in leaves)
         self._labels = _labels(spec)
-        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
+               _C.amp_state())
         try:
             return self._record(key, spec, leaves)
         except BaseException:
@@ -603,7 +605,8 @@ class trace(_C.JitDispatcher):
         self._warn_unused(stacklevel=4)
         self._spec, self._labels = spec, _labels(spec)
         self._metas = tuple((t.dtype, _device(t)) for t in leaves)
-        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled())
+        key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
+               _C.amp_state())
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
                             self._sublinear())
         self._records = {key: [run]}

@@ -148,6 +148,16 @@ class Cell(_C.CellBase):
         """The parameters that require gradients, in registration order."""
         return [p for p in self.get_parameters(expand=recurse) if p.requires_grad]
 
+    def to_float(self, dst_type):
+        """MindSpore's Cell.to_float: while this cell runs, every float op in it (and in the cells it
+        calls, unless they set their own) takes its inputs in dst_type (float16, bfloat16, or
+        float32 to keep a part of a mixed-precision network in float32: amp level O3 with that
+        dtype, see kiln.amp). The parameters keep their dtype (cast where read). Returns self."""
+        if dst_type not in (_C.float16, _C.bfloat16, _C.float32):
+            raise TypeError(f"to_float: dst_type must be kiln.float16, kiln.bfloat16 or kiln.float32, got {dst_type!r}")
+        self._amp = (3, dst_type)
+        return self
+
     def untrainable_params(self, recurse=True):
         """The parameters that do not require gradients (e.g. BatchNorm running statistics)."""
         return [p for p in self.get_parameters(expand=recurse) if not p.requires_grad]
