@@ -18,7 +18,7 @@ from .. import _C
 from .. import hooks
 from ..grad_mode import no_grad
 from .array import arange, full, gather, index_add, index_select, stack, zeros
-from .control_flow import cond, while_loop
+from .control_flow import cond, refuse_value_reads, while_loop
 from .primitives import Primitive
 
 _NUMBERS = (bool, int, float)
@@ -96,6 +96,10 @@ def _meta(v):
     return f"Tensor {v.dtype.name} {tuple(v.shape)}" if isinstance(v, _C.TensorBase) else f"Python {type(v).__name__}"
 
 
+def _is_integer(dtype):
+    return not dtype.is_floating_point and dtype != _C.bool
+
+
 def _number_dtype(v):
     return _C.bool if type(v) is bool else _C.int64 if type(v) is int else _C.float64
 
@@ -156,10 +160,13 @@ class _Carry:
                     raise ValueError(f"{self.op}: {fn_name} returns {path} as {_meta(v)}, but it is a Python "
                                      f"{kind.__name__} in {self.name} (a 0-d {_number_dtype(kind(0)).name} tensor "
                                      "in the compiled loop)")
+            elif isinstance(v, _C.TensorBase) and v.dtype == _number_dtype(kind(0)) and tuple(v.shape) == ():
+                v = kind(v.item())  # (the number's own dtype: exact, as the compiled loop's 0-d tensor)
             elif type(v) is not kind:
                 raise ValueError(f"{self.op}: {fn_name} returns {path} as {_meta(v)}, but it is a Python "
                                  f"{kind.__name__} in {self.name}" +
-                                 ("; give it a Tensor there" if isinstance(v, _C.TensorBase) else ""))
+                                 (f" (a 0-d {_number_dtype(kind(0)).name} tensor would do; or give it a Tensor "
+                                  "there)" if isinstance(v, _C.TensorBase) else ""))
             out.append(v)
         return out
 
@@ -211,8 +218,7 @@ def _carried_while(op, cond_fn, body_fn, carry, extra=(), extra_fn=None):
 def _bound(op, name, v):
     if type(v) is int:
         return v
-    if isinstance(v, _C.TensorBase) and v.numel() == 1 and v.dtype in (_C.int8, _C.int16, _C.int32, _C.int64,
-                                                                            _C.uint8):
+    if isinstance(v, _C.TensorBase) and v.numel() == 1 and _is_integer(v.dtype):
         return v
     raise TypeError(f"{op}: {name} must be an int or a one-element integer Tensor, got "
                     f"{_meta(v) if isinstance(v, _C.TensorBase) else type(v).__name__}")
@@ -224,9 +230,11 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=1):
     lower, upper: ints or one-element integer tensors (no step; upper <= lower runs no step).
     init_val: a tensor, a Python number or a pytree (tuple/list/namedtuple/dict) of them; body_fun
     returns the same structure, each tensor with its dtype and shape (a Python number where the
-    carry holds a tensor is made one). Eagerly body_fun gets i as an int (a 0-d int64 tensor when a
-    bound is a tensor); compiled it is a 0-d int64 tensor and the loop is one `while` node, whose
-    gradient reaches init_val and the tensors body_fun reads. unroll is accepted for JAX
+    carry holds a tensor is made one; a Python number leaf stays one: body_fun returns a number of
+    its type, or a 0-d tensor of that type's dtype, bool, int64 or float64). body_fun gets i as a
+    0-d int64 tensor, eagerly and compiled alike (so arithmetic on it gives the same dtypes both
+    ways). Compiled, the loop is one `while` node, whose gradient reaches init_val and the tensors
+    body_fun reads. unroll is accepted for JAX
     compatibility; a compiled loop runs one step per iteration."""
     op = "fori_loop"
     _check_callable(op, "body_fun", body_fun)
@@ -234,11 +242,9 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=1):
     lower, upper = _bound(op, "lower", lower), _bound(op, "upper", upper)
     carry = _Carry(op, init_val, "init_val")
     if not _C.is_tracing():
-        tensor_i = not (type(lower) is int and type(upper) is int)
         val = init_val
         for k in range(int(lower), int(upper)):
-            i = full((), k, dtype=_C.int64) if tensor_i else k
-            val = carry.check("body_fun", body_fun(i, val), False)
+            val = carry.check("body_fun", body_fun(full((), k, dtype=_C.int64), val), False)
             val = _rebuild(carry.struct, val)
         return val
 
@@ -349,7 +355,7 @@ class _PackedRows:
         return out
 
 
-def _probe(fn, args):
+def _probe(what, fn, args):
     """What fn(*args) returns when traced on stand-ins of args, in a body that is then dropped
     (its structure and the metas of its tensors)."""
     tracer = _C.Tracer(nested=True)
@@ -358,7 +364,9 @@ def _probe(fn, args):
         for a in aliases:
             tracer.add_input(a)
         with no_grad():
-            return fn(*aliases)
+            out = fn(*aliases)
+        refuse_value_reads(tracer, what)
+        return out
     finally:
         tracer.end()
 
@@ -377,7 +385,7 @@ def _traced_scan(op, f, carry, xs_struct, xs_leaves, length, reverse):
         c = _rebuild(carry.struct, list(leaves))
         return _split_step(op, f(c, x_at(full((), index_of(0), dtype=_C.int64))))
 
-    _, y = _probe(first_step, carry.loop_leaves())
+    _, y = _probe(f"{op}: f", first_step, carry.loop_leaves())
     y_struct, y_leaves, y_paths = _tree(op, "y", y, "y")
     y_kinds = [type(v) if _is_number(v) else None for v in y_leaves]
     y_metas = [(_number_dtype(v), ()) if _is_number(v) else (v.dtype, tuple(v.shape)) for v in y_leaves]
@@ -466,9 +474,7 @@ def switch(index, branches, *operands):
     n = len(branches)
     if type(index) is int:
         return branches[min(max(index, 0), n - 1)](*operands)
-    if not isinstance(index, _C.TensorBase) or index.numel() != 1 or index.dtype in (_C.float16, _C.bfloat16,
-                                                                                     _C.float32, _C.float64,
-                                                                                     _C.bool):
+    if not isinstance(index, _C.TensorBase) or index.numel() != 1 or not _is_integer(index.dtype):
         raise TypeError(f"{op}: index must be an int or a one-element integer Tensor, got "
                         f"{_meta(index) if isinstance(index, _C.TensorBase) else type(index).__name__}")
     if not _C.is_tracing() or n == 1:
@@ -488,7 +494,8 @@ def _traced_switch(op, index, branches, operands):
 
     outs = []
     for k in range(len(branches)):
-        out = _probe(lambda *leaves, k=k: branches[k](*_rebuild(in_struct, _const_arg(leaves))), loop_in)
+        out = _probe(f"{op}: branches[{k}]", lambda *leaves, k=k: branches[k](*_rebuild(in_struct, _const_arg(leaves))),
+                     loop_in)
         outs.append(_tree(op, f"the value of branches[{k}]", out, "out"))
     struct, _, paths = outs[0]
     for k, (s, _, _) in enumerate(outs):
