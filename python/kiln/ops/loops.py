@@ -153,8 +153,8 @@ class _Carry:
             elif traced:  # a number, a 0-d tensor in the loop
                 if _is_number(v):
                     if type(v) is not kind:
-                        raise ValueError(f"{self.op}: {fn_name} returns {path} as a Python {type(v).__name__}, "
-                                         f"but it is a Python {kind.__name__} in {self.name}")
+                        raise ValueError(f"{self.op}: {fn_name} returns {path} as {_meta(v)}, but it is a Python "
+                                         f"{kind.__name__} in {self.name}")
                     v = _as_tensor(v)
                 elif v.dtype != _number_dtype(kind(0)) or tuple(v.shape) != ():
                     raise ValueError(f"{self.op}: {fn_name} returns {path} as {_meta(v)}, but it is a Python "
@@ -286,26 +286,26 @@ def _scan_length(op, xs_leaves, xs_paths, length):
     return length if length is not None else sizes.pop()
 
 
-def _split_step(op, out):
+def _split_step(op, fname, out):
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         got = f"{len(out)} values" if isinstance(out, (tuple, list)) else type(out).__name__
-        raise TypeError(f"{op}: f must return a pair (carry, y), got {got}")
+        raise TypeError(f"{op}: {fname} must return a pair (carry, y), got {got}")
     return out
 
 
-def _eager_scan(op, f, carry, init, xs_struct, xs_leaves, length, reverse):
+def _eager_scan(op, fname, f, carry, init, xs_struct, xs_leaves, length, reverse):
     c = init
     steps = range(length - 1, -1, -1) if reverse else range(length)
     ys, y_struct, y_paths = [], None, None
     for t in steps:
         x = _rebuild(xs_struct, [v[t] for v in xs_leaves])
-        new_c, y = _split_step(op, f(c, x))
-        c = _rebuild(carry.struct, carry.check("f", new_c, False))
+        new_c, y = _split_step(op, fname, f(c, x))
+        c = _rebuild(carry.struct, carry.check(fname, new_c, False))
         struct, leaves, paths = _tree(op, "y", y, "y")
         if y_struct is None:
             y_struct, y_paths = struct, paths
         elif struct != y_struct:
-            raise ValueError(f"{op}: f returns y structured as {_describe(struct)} at step {t}, but as "
+            raise ValueError(f"{op}: {fname} returns y structured as {_describe(struct)} at step {t}, but as "
                              f"{_describe(y_struct)} before")
         ys.append(leaves)
     if reverse:
@@ -316,7 +316,7 @@ def _eager_scan(op, f, carry, init, xs_struct, xs_leaves, length, reverse):
         first = column[0]
         for t, v in enumerate(column):
             if _meta(v) != _meta(first) or (_is_number(v) and type(v) is not type(first)):
-                raise ValueError(f"{op}: f returns {path} as {_meta(v)} at step {t}, but as {_meta(first)} at "
+                raise ValueError(f"{op}: {fname} returns {path} as {_meta(v)} at step {t}, but as {_meta(first)} at "
                                  "step 0")
         if _is_number(first):
             column = [full((), v, dtype=_number_dtype(v)) for v in column]
@@ -371,7 +371,7 @@ def _probe(what, fn, args):
         tracer.end()
 
 
-def _traced_scan(op, f, carry, xs_struct, xs_leaves, length, reverse):
+def _traced_scan(op, fname, f, carry, xs_struct, xs_leaves, length, reverse):
     packed = _PackedRows(xs_leaves, length) if len(xs_leaves) > _PACK_XS else None
 
     def index_of(i):
@@ -383,9 +383,9 @@ def _traced_scan(op, f, carry, xs_struct, xs_leaves, length, reverse):
     # y's structure and metas, from f traced once on the first step's values
     def first_step(*leaves):
         c = _rebuild(carry.struct, list(leaves))
-        return _split_step(op, f(c, x_at(full((), index_of(0), dtype=_C.int64))))
+        return _split_step(op, fname, f(c, x_at(full((), index_of(0), dtype=_C.int64))))
 
-    _, y = _probe(f"{op}: f", first_step, carry.loop_leaves())
+    _, y = _probe(f"{op}: {fname}", first_step, carry.loop_leaves())
     y_struct, y_leaves, y_paths = _tree(op, "y", y, "y")
     y_kinds = [type(v) if _is_number(v) else None for v in y_leaves]
     y_metas = [(_number_dtype(v), ()) if _is_number(v) else (v.dtype, tuple(v.shape)) for v in y_leaves]
@@ -398,11 +398,11 @@ def _traced_scan(op, f, carry, xs_struct, xs_leaves, length, reverse):
     def body_fn(ex, c):
         i, old = ex[0], ex[1:]
         t = index_of(i)
-        new_c, y = _split_step(op, f(c, x_at(t)))
-        new_leaves = carry.check("f", new_c, True)
+        new_c, y = _split_step(op, fname, f(c, x_at(t)))
+        new_leaves = carry.check(fname, new_c, True)
         struct, leaves, _ = _tree(op, "y", y, "y")
         if struct != y_struct:
-            raise ValueError(f"{op}: f returns y structured as {_describe(struct)}, but as {_describe(y_struct)} "
+            raise ValueError(f"{op}: {fname} returns y structured as {_describe(struct)}, but as {_describe(y_struct)} "
                              "on the first step")
         row = t.reshape((1,))
         new_bufs = []
@@ -410,7 +410,7 @@ def _traced_scan(op, f, carry, xs_struct, xs_leaves, length, reverse):
             if _is_number(v):
                 v = full(shape, v, dtype=dtype)
             elif v.dtype != dtype or tuple(v.shape) != shape:
-                raise ValueError(f"{op}: f returns {path} as {_meta(v)}, but as Tensor {dtype.name} {shape} on the "
+                raise ValueError(f"{op}: {fname} returns {path} as {_meta(v)}, but as Tensor {dtype.name} {shape} on the "
                                  "first step")
             new_bufs.append(index_add(b, 0, row, v.unsqueeze(0)))
         return [i + 1] + new_bufs, new_leaves
@@ -431,19 +431,22 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
     int64, float64). Compiled, the loop is one `while` node and its gradient reaches init, xs and
     what f reads. unroll is accepted for JAX compatibility; a compiled loop runs one step per
     iteration."""
-    op = "scan"
-    _check_callable(op, "f", f)
-    _check_unroll(op, unroll)
+    _check_callable("scan", "f", f)
+    _check_unroll("scan", unroll)
     if type(reverse) is not bool:
-        raise TypeError(f"{op}: reverse must be a bool, got {type(reverse).__name__}")
+        raise TypeError(f"scan: reverse must be a bool, got {type(reverse).__name__}")
+    return _scan("scan", "f", f, init, xs, length, reverse)
+
+
+def _scan(op, fname, f, init, xs, length, reverse):
     carry = _Carry(op, init, "init")
     xs_struct, xs_leaves, xs_paths = _tree(op, "xs", xs, "xs")
     n = _scan_length(op, xs_leaves, xs_paths, length)
     if n == 0:
         raise ValueError(f"{op}: length 0 (the stacked outputs' shapes come from a step that never runs)")
     if not _C.is_tracing():
-        return _eager_scan(op, f, carry, init, xs_struct, xs_leaves, n, reverse)
-    return _traced_scan(op, f, carry, xs_struct, xs_leaves, n, reverse)
+        return _eager_scan(op, fname, f, carry, init, xs_struct, xs_leaves, n, reverse)
+    return _traced_scan(op, fname, f, carry, xs_struct, xs_leaves, n, reverse)
 
 
 def map(f, xs):
@@ -618,16 +621,16 @@ class Scan(Primitive):
         if not _C.is_tracing() or stackable is None or not xs:
             c, ys = init, []
             for x in xs:
-                new_c, y = _split_step(op, loop_func(c, x))
+                new_c, y = _split_step(op, "loop_func", loop_func(c, x))
                 c = _rebuild(carry.struct, carry.check("loop_func", new_c, False))
                 ys.append(y)
             return c, ys
         kind = None if stackable == "none" else stackable
         if kind is None:
-            c, ys = scan(lambda c, x: loop_func(c, None), init, None, length=len(xs))
+            c, ys = _scan(op, "loop_func", lambda c, x: loop_func(c, None), init, None, len(xs), False)
         else:
             xs_t = stack([full((), v, dtype=_number_dtype(v)) if _is_number(v) else v for v in xs], 0)
-            c, ys = scan(loop_func, init, xs_t)  # (numbers: each step's x is a 0-d tensor)
+            c, ys = _scan(op, "loop_func", loop_func, init, xs_t, None, False)  # (numbers: each x a 0-d tensor)
         y_struct, y_leaves, _ = _tree(op, "y", ys, "ys")
         per_step = [[leaf[t] for leaf in y_leaves] for t in range(len(xs))]
         return c, [_rebuild(y_struct, leaves) for leaves in per_step]
