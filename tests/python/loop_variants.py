@@ -1,5 +1,6 @@
 """The compiled variants the tests of kiln.ops' loops (test_loops_*.py) compare with eager: every
-kiln.jit capture mode at jit levels O0/O1 on the kbk and sink backends, and kiln.trace; and the
+kiln.jit capture mode at jit levels O0/O1 (and O2 for the main checks) on the kbk and sink
+backends, and kiln.trace; and the
 check that a compiled graph holds the loop as ONE node."""
 import re
 
@@ -8,6 +9,9 @@ import kiln
 JIT_VARIANTS = [(mode, level, backend) for mode in ("ast", "bytecode", "trace") for level in ("O0", "O1")
                 for backend in ("kbk", "sink")]
 JIT_IDS = [f"{m}-{l}-{b}" for m, l, b in JIT_VARIANTS]
+# O2 (sinks by default), each capture mode on each backend: the loop tests' main checks run here too
+O2_VARIANTS = [(mode, "O2", backend) for mode in ("ast", "bytecode", "trace") for backend in ("kbk", "sink")]
+O2_IDS = [f"{m}-O2-{b}" for m, _, b in O2_VARIANTS]
 
 
 def jitted(fn, variant):

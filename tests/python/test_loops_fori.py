@@ -9,7 +9,7 @@ import kiln
 from kiln import ops
 
 from conftest import check_grad, to_numpy
-from loop_variants import JIT_IDS, JIT_VARIANTS, assert_one_node, jitted
+from loop_variants import JIT_IDS, JIT_VARIANTS, O2_IDS, O2_VARIANTS, assert_one_node, jitted
 
 
 def body(w):
@@ -60,7 +60,7 @@ def test_a_python_float_carry_that_becomes_a_tensor_is_refused_eagerly():
                       {"h": h, "acc": [0.0, 3]})
 
 
-@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+@pytest.mark.parametrize("variant", JIT_VARIANTS + O2_VARIANTS, ids=JIT_IDS + O2_IDS)
 def test_jitted_fori_loop_is_one_while_node_equal_to_the_loop(variant):
     h, w = data(1)
     fn = jitted(tensor_carried, variant)
@@ -70,7 +70,7 @@ def test_jitted_fori_loop_is_one_while_node_equal_to_the_loop(variant):
     assert_one_node(fn.graph_str(h, w), "while")
 
 
-@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+@pytest.mark.parametrize("variant", JIT_VARIANTS + O2_VARIANTS, ids=JIT_IDS + O2_IDS)
 def test_jitted_fori_loop_gradient_equals_the_loops(variant):
     h, w = data(2)
     want = kiln.grad(loop_loss, (0, 1))(h, w)

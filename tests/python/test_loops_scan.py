@@ -9,7 +9,7 @@ import kiln
 from kiln import ops
 
 from conftest import check_grad, to_numpy
-from loop_variants import JIT_IDS, JIT_VARIANTS, assert_one_node, jitted
+from loop_variants import JIT_IDS, JIT_VARIANTS, O2_IDS, O2_VARIANTS, assert_one_node, jitted
 
 STEPS, WIDTH = 5, 3
 
@@ -67,7 +67,7 @@ def test_eager_scan_is_the_python_loop(reverse):
     assert_same(scanned(*args, reverse=reverse), python_loop(*args, reverse=reverse))
 
 
-@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+@pytest.mark.parametrize("variant", JIT_VARIANTS + O2_VARIANTS, ids=JIT_IDS + O2_IDS)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_jitted_scan_is_one_while_node_equal_to_the_loop(variant, reverse):
     args = data(1)
@@ -78,7 +78,7 @@ def test_jitted_scan_is_one_while_node_equal_to_the_loop(variant, reverse):
     assert_one_node(fn.graph_str(*args), "while")
 
 
-@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+@pytest.mark.parametrize("variant", JIT_VARIANTS + O2_VARIANTS, ids=JIT_IDS + O2_IDS)
 def test_jitted_scan_gradient_equals_the_loops(variant):
     args = data(2)
     want = kiln.grad(loop_loss, (0, 1, 2))(*args)

@@ -9,7 +9,7 @@ import kiln
 from kiln import ops
 
 from conftest import check_grad, to_numpy
-from loop_variants import JIT_IDS, JIT_VARIANTS, assert_one_node, jitted
+from loop_variants import JIT_IDS, JIT_VARIANTS, O2_IDS, O2_VARIANTS, assert_one_node, jitted
 
 BRANCHES = [
     lambda p: {"y": p["x"] * p["w"], "n": 0, "c": 1.5},
@@ -49,7 +49,7 @@ def test_eager_switch_with_int_and_tensor_indices():
             assert out["n"] == kk and out["c"] == 1.5
 
 
-@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+@pytest.mark.parametrize("variant", JIT_VARIANTS + O2_VARIANTS, ids=JIT_IDS + O2_IDS)
 def test_jitted_switch_is_one_if_node_equal_to_the_chosen_branch(variant):
     x, w = data(1)
     fn = jitted(choose, variant)
