@@ -18,3 +18,9 @@ def make_jit_function(fn, options):
     if jit_function_class is None:
         raise RuntimeError("kiln.jit is not imported: import kiln first")
     return jit_function_class(fn, options)
+
+
+# Notes a 0-d tensor that stands for a Python number of a type (int, float, bool) while a capture
+# records, so the capture returns it as that number (set by kiln.jit.ast_runtime; kiln.ops' loops
+# carry Python numbers as 0-d tensors when compiled).
+note_number = None

@@ -53,12 +53,33 @@ static kiln_status check_outputs(const char *op, const char *what, const kiln_gr
     return KILN_OK;
 }
 
+/* Whether node i of g writes in place only a buffer the body itself just filled: in[0] of a
+ * MUTATES op writing no other input, made by a `full` node of g and read by no other node nor
+ * returned. A slice's gradient is such a write (zeros, then slice_assign): no value from outside
+ * the body is changed, so the body stays pure to the graph around it. */
+static bool writes_own_fresh_buffer(const kiln_graph *g, int32_t i) {
+    const kiln_node *nd = &g->nodes[i];
+    unsigned f = kiln_op_table[nd->op].flags;
+    if (!(f & KILN_OPF_MUTATES) || (f & (KILN_OPF_RANDOM | KILN_OPF_EFFECT)) ||
+        (f & KILN_OPF_WRITES_ANY) != KILN_OPF_WRITES_INPUT(0) || nd->nin < 1)
+        return false;
+    int32_t target = nd->in[0];
+    const kiln_value *v = &g->values[target];
+    if (v->kind != KILN_VALUE_NODE || g->nodes[v->node].op != KILN_OP_FULL) return false;
+    for (int32_t j = 0; j < g->nnodes; j++)
+        for (int k = 0; k < g->nodes[j].nin; k++)
+            if (g->nodes[j].in[k] == target && (j != i || k != 0)) return false;
+    for (int32_t k = 0; k < g->noutputs; k++)
+        if (g->outputs[k] == target) return false;
+    return true;
+}
+
 /* Subgraphs of control flow are pure: passes may drop unused control-flow nodes and merge
  * identical ones like any other pure op (nested control flow was checked when added). */
 static kiln_status check_pure(const kiln_graph *g) {
     for (int32_t i = 0; i < g->nnodes; i++) {
         unsigned f = kiln_op_table[g->nodes[i].op].flags;
-        if (f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM))
+        if ((f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM)) && !writes_own_fresh_buffer(g, i))
             return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
                               "control flow: a branch or loop body %s (%s); bodies must be free of in-place "
                               "writes and random ops",

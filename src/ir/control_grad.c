@@ -10,6 +10,8 @@
 
 #include "kiln/autograd.h"
 
+static kiln_status zeros_view(const kiln_meta *m, kiln_tensor **out);
+
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
  * others, and where none flows), registered as *id. x and gy give the values the body is run on
@@ -52,7 +54,7 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
             gk = gx[j];
             gx[j--] = NULL;
         }
-        if (!gk) s = kiln_emit_full(&x[k]->meta, 0.0, &gk);
+        if (!gk) s = zeros_view(&x[k]->meta, &gk);
         gx[k] = gk;
     }
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, gx[k], &outs[k]);
@@ -74,6 +76,18 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
     if (gx) kiln_release_all(gx, nx);
     free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs);
     if (s != KILN_OK) kiln_error_context(s, "building the backward of a control-flow body");
+    return s;
+}
+
+/* Zeros of meta m as a view of one zero (expand of a 0-d full): a backward body's gradient that
+ * nothing flows into costs no full-size buffer per iteration (control_flow.c's backward_facts
+ * knows it for zeros and does not accumulate it). */
+static kiln_status zeros_view(const kiln_meta *m, kiln_tensor **out) {
+    if (m->ndim == 0) return kiln_emit_full(m, 0.0, out);
+    kiln_tensor *zero = NULL;
+    KILN_TRY(kiln_emit_scalar(0.0, m->dtype, &zero));
+    kiln_status s = kiln_emit_expand(zero, m->ndim, m->shape, out);
+    kiln_tensor_release(zero);
     return s;
 }
 

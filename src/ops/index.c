@@ -394,7 +394,7 @@ KILN_KERNEL(index_add) {
     rows_geom g;
     rows_geom_init(&g, &x->meta, axis, in[1]->numel);
     kiln_dtype cd = compute_dtype(x->meta.dtype);
-    kiln_status s = kiln_copy_into(o, x);
+    kiln_status s = o == x ? KILN_OK : kiln_copy_into(o, x); /* (the same tensor: rows added in place, a loop's) */
     if (s == KILN_OK) s = kiln_to_contiguous(o, cd, &acc);
     if (s == KILN_OK) s = materialize(in[2], cd, &sel, false, &src);
     if (s == KILN_OK) {

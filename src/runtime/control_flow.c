@@ -18,7 +18,39 @@ struct kiln_control_node {
      * body never reads it (its history is not kept); per lifted tensor, whether its gradient is
      * zeros made from nothing (not accumulated). NULL otherwise (owned). */
     bool *unread, *zero;
+    /* while and while_grad, from the body and cond (row_write_facts): per loop value, whether the
+     * body only adds rows into it (index_add of the loop value, its one reader) and the cond never
+     * reads it, so an iteration may write it in place. NULL when none is (owned). */
+    bool *in_place;
 };
+
+/* The facts above: a loop carrying a buffer it writes one row of per iteration (a scan's stacked
+ * outputs) then costs a row per iteration, not a copy of the whole buffer. */
+static kiln_status row_write_facts(kiln_control_node *c, const kiln_graph *cond, const kiln_graph *body, int nloop) {
+    bool any = false;
+    bool *in_place = kiln_calloc((size_t)(nloop ? nloop : 1), sizeof *in_place);
+    if (!in_place) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop");
+    for (int k = 0; k < nloop && k < body->noutputs && k < body->ninputs && k < cond->ninputs; k++) {
+        int32_t v = body->inputs[k], o = body->outputs[k];
+        const kiln_value *ov = &body->values[o];
+        if (ov->kind != KILN_VALUE_NODE || body->nodes[ov->node].op != KILN_OP_INDEX_ADD ||
+            body->nodes[ov->node].in[0] != v)
+            continue;
+        int readers = 0;
+        for (int32_t i = 0; i < body->nnodes; i++)
+            for (int j = 0; j < body->nodes[i].nin; j++) readers += body->nodes[i].in[j] == v;
+        for (int32_t j = 0; j < body->noutputs; j++) readers += body->outputs[j] == v;
+        int32_t cv = cond->inputs[k];
+        for (int32_t i = 0; i < cond->nnodes; i++)
+            for (int j = 0; j < cond->nodes[i].nin; j++) readers += cond->nodes[i].in[j] == cv;
+        for (int32_t j = 0; j < cond->noutputs; j++) readers += cond->outputs[j] == cv;
+        in_place[k] = readers == 1;
+        any |= in_place[k];
+    }
+    if (any) c->in_place = in_place;
+    else free(in_place);
+    return KILN_OK;
+}
 
 /* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...) ->
  * (gv..., glifted...)): a loop carrying a buffer it only writes (a sequence's outputs) then keeps
@@ -41,6 +73,10 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
     for (int k = 0; k < nlift; k++) {
         const kiln_value *v = &g->values[g->outputs[nloop + k]];
         const kiln_node *nd = v->kind == KILN_VALUE_NODE ? &g->nodes[v->node] : NULL;
+        if (nd && nd->op == KILN_OP_EXPAND) { /* zeros as a view of one zero (control_grad.c) */
+            const kiln_value *src = &g->values[nd->in[0]];
+            nd = src->kind == KILN_VALUE_NODE ? &g->nodes[src->node] : NULL;
+        }
         c->zero[k] = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
     }
     free(read);
@@ -81,9 +117,11 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
         s = body ? kiln_compile(body, NULL, &c.exe[k]) : KILN_ERR_VALUE;
         if (s == KILN_OK && op == KILN_OP_WHILE_GRAD && k == 2) s = backward_facts(&c, body);
     }
+    if (s == KILN_OK && op != KILN_OP_IF)
+        s = row_write_facts(&c, kiln_body_of(op, a, 0), kiln_body_of(op, a, 1), kiln_body_of(op, a, 1)->noutputs);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
-    free(c.unread), free(c.zero);
+    free(c.unread), free(c.zero), free(c.in_place);
     return s;
 }
 
@@ -105,6 +143,10 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_ba
     for (int k = 0; k < ns && s == KILN_OK; k++)
         s = kiln_executable_from_plan(kiln_plan_body(p, node, k), be, &c->exe[k]);
     if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g);
+    if (s == KILN_OK && c->op != KILN_OP_IF) {
+        const kiln_graph *body = kiln_plan_body(p, node, 1)->g;
+        s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, body, body->noutputs);
+    }
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
     if (s == KILN_OK && step) s = kiln_executable_from_plan(step, be, &c->step);
     if (s != KILN_OK) {
@@ -119,7 +161,7 @@ void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
     for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
     kiln_executable_free(c->step);
-    free(c->unread), free(c->zero);
+    free(c->unread), free(c->zero), free(c->in_place);
     free(c);
 }
 
@@ -153,10 +195,37 @@ static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor
     kiln_tensor_release(p);
     if (!*go) return KILN_OK;
     kiln_tensor *next[KILN_MAX_OUTPUTS] = {0};
-    s = kiln_executable_run(c->exe[1], nstate, state, nloop, next);
+    if (c->in_place) { /* rows added in place into state's own buffers, the others new */
+        for (int k = 0; k < nloop && s == KILN_OK; k++) {
+            if (c->in_place[k]) kiln_tensor_retain(next[k] = state[k]);
+            else s = kiln_tensor_empty_like_meta(&state[k]->meta, &next[k]);
+        }
+        if (s == KILN_OK) s = kiln_executable_run_into(c->exe[1], nstate, state, nloop, next);
+        if (s != KILN_OK) kiln_release_all(next, nloop);
+    } else {
+        s = kiln_executable_run(c->exe[1], nstate, state, nloop, next);
+    }
     if (s != KILN_OK) return kiln_error_context(s, "in the loop body");
     kiln_release_all(state, nloop);
     memcpy(state, next, sizeof *next * (size_t)nloop);
+    return KILN_OK;
+}
+
+/* state[k] (a reference to a caller's tensor) replaced by its own copy for each loop value written
+ * in place: the caller's tensors are never written. */
+static kiln_status own_in_place(kiln_control_node *c, int nloop, kiln_tensor **state) {
+    for (int k = 0; k < nloop && c->in_place; k++) {
+        if (!c->in_place[k]) continue;
+        kiln_tensor *copy = NULL;
+        KILN_TRY(kiln_tensor_empty_like_meta(&state[k]->meta, &copy));
+        kiln_status s = kiln_copy_into(copy, state[k]);
+        if (s != KILN_OK) {
+            kiln_tensor_release(copy);
+            return s;
+        }
+        kiln_tensor_release(state[k]);
+        state[k] = copy;
+    }
     return KILN_OK;
 }
 
@@ -215,6 +284,13 @@ static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *
         else if (s != KILN_OK) kiln_error_context(s, "in the loop condition");
         kiln_tensor_release(first);
     }
+    /* a loop value written in place lives in out[k] throughout (in[k] copied there once) */
+    for (int k = 0; k < nloop && s == KILN_OK && pred && c->in_place; k++)
+        if (c->in_place[k]) {
+            s = kiln_copy_into(out[k], in[k]);
+            state[k] = out[k];
+            kiln_tensor_retain(spare[k] = out[k]);
+        }
     for (int64_t it = 0; s == KILN_OK && pred; it++) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         kiln_tensor **dst = it % 2 == 0 ? out : spare;
@@ -274,6 +350,9 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         kiln_tensor_retain(in[k]);
         state[k] = in[k];
     }
+    /* a value written in place keeps no history: its backward never reads it (else not in place) */
+    for (int k = 0; k < nloop && c->in_place; k++) c->in_place[k] &= c->unread[k];
+    if (s == KILN_OK) s = own_in_place(c, nloop, state);
     for (bool go = true; go && s == KILN_OK;) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         if (steps == cap) {

@@ -411,6 +411,9 @@ def _note_chosen(value, kind):
     return value
 
 
+hooks.note_number = _note_chosen  # (kiln.ops' compiled loops carry Python numbers as 0-d tensors)
+
+
 def chosen_numbers(result):
     """result with each tensor an if on a tensor chose among Python numbers as a ChosenNumber, and
     the notes cleared (the end of a capture)."""

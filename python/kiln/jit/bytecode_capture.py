@@ -36,7 +36,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
+from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .recording import bind_inputs, returns_closure, user_frame_tracer
 from .replay import refusing_unreplayable
 from .syntax import JitSyntaxError
@@ -316,6 +316,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                                            "return a copy)")
             if capture is not None:
                 payload = _concrete(payload)
+            payload = ast_runtime.chosen_numbers(payload)  # (numbers a compiled loop carried, returned as numbers)
             out_leaves = []
             out_spec = tree.flatten(payload, out_leaves)
             reason = where_at = None

@@ -30,7 +30,7 @@ import warnings
 
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
-from . import dynamic, exclude, tree
+from . import ast_runtime, dynamic, exclude, tree
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
@@ -234,6 +234,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                 _pop_symbolic()
         if capture is not None:
             result = dynamic.concrete(result)  # a size returned is a plain int, as in eager
+        result = ast_runtime.chosen_numbers(result)  # (numbers a compiled loop carried, returned as numbers)
         out_leaves = []
         try:
             out_spec = tree.flatten(result, out_leaves)

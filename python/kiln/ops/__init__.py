@@ -35,12 +35,14 @@ from .repeat_topk import repeat, repeat_elements, repeat_interleave, tile, topk
 from .scan_sort import argsort, cumprod, cumsum, sort
 from .clip import clip_by_global_norm, clip_by_norm
 from .control_flow import cond, while_loop
+from .loops import ForiLoop, Scan, WhileLoop, fori_loop, map, scan, switch
 from .debug import print_
 
 
 def _name_errors():
     """Each function's errors from bad arguments name it (ops._util.naming_errors). cond and
-    while_loop run the user's functions, print_ the user's formatting: their errors pass untouched."""
+    while_loop and the loops run the user's functions, print_ the user's formatting: their errors pass
+    untouched."""
     import types
 
     from ._util import function_names, naming_errors
@@ -49,7 +51,7 @@ def _name_errors():
     public = [n for n, f in g.items() if not n.startswith("_") and isinstance(f, types.FunctionType)]
     known = function_names(g)
     for n in public:
-        if n not in ("cond", "while_loop", "print_"):
+        if n not in ("cond", "while_loop", "fori_loop", "scan", "map", "switch", "print_"):
             g[n] = naming_errors(g[n], n, known)
 
 

@@ -60,6 +60,17 @@ def _flat_outputs(what, out):
     return treedef, leaves
 
 
+def refuse_value_reads(tracer, what):
+    """A body that read a traced tensor's value into Python (a truth test, item(), int/float) would
+    run every iteration or branch with what Python made of the value while it was traced: refused
+    (kiln.jit's ast mode then runs the function eagerly; the other captures raise this)."""
+    reads, where = tracer.value_reads()
+    if reads:
+        raise NotImplementedError(f"{what} reads a tensor's value into Python (a truth test, item(), int/float) "
+                                  f"at {where or 'an unknown line'}; a compiled body cannot follow it (branch with "
+                                  "kiln.ops.cond / switch, or compute it outside the body)")
+
+
 def _trace_body(fn, args, what):
     """fn(*args) traced into a body under a nested tracer: (tracer, output treedef, output leaves)."""
     tracer = _C.Tracer(nested=True)
@@ -69,6 +80,7 @@ def _trace_body(fn, args, what):
             tracer.add_input(a)
         with no_grad():
             out = fn(*aliases)
+        refuse_value_reads(tracer, what)
         if isinstance(out, (bool, int)) and not isinstance(out, _C.TensorBase):
             return tracer, None, out
         treedef, leaves = _flat_outputs(what, out)
@@ -265,6 +277,7 @@ def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
             new = _next_values(body_fn, treedef, unpacked(aliases), nvals)
             if packed is not None:
                 new = packed.pack(new)
+        refuse_value_reads(tracer, "while_loop: body_fn")
         tracer.finish_body(list(new))
     finally:
         tracer.end()
