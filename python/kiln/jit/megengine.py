@@ -92,6 +92,17 @@ class _Bindings:
             if name in cells:
                 self.slots.append((f"closure variable {name!r}", cells[name], None))
 
+    def add_called(self, user_code):
+        """Adds the globals read by the functions a recorded run called (helpers of the traced
+        function: a global rebound there is a different tensor too)."""
+        seen = {(id(where), name) for _, where, name in self.slots}
+        for code, globs in user_code.items():
+            global_names, _ = _C.read_names(code)
+            for name in sorted(global_names):
+                if (id(globs), name) not in seen and isinstance(globs.get(name), _C.TensorBase):
+                    seen.add((id(globs), name))
+                    self.slots.append((f"global {name!r} (read by {code.co_name})", globs, name))
+
     @staticmethod
     def _get(where, name):
         try:
@@ -188,7 +199,7 @@ class _Run:
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
                  "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets",
-                 "export_capture", "excluded")
+                 "export_capture", "excluded", "user_code")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
@@ -212,7 +223,11 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         if symbolic:
             _push_symbolic(tracer)
         _C.set_cell_logs(cells, prev_logs[1])
-        sys.settrace(user_frame_tracer(tracer))
+        user_code = {}  # the code of every user function the run called -> its globals
+
+        def on_call(frame):
+            user_code.setdefault(frame.f_code, frame.f_globals)
+        sys.settrace(user_frame_tracer(tracer, on_call))
         collecting = collect_grad_writes() if grad_writes else None
         writes = collecting.__enter__() if collecting is not None else ()
         excluded = exclude.noting()
@@ -258,6 +273,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     run.result = tree.unflatten(out_spec, detached[:n_results])[0]
     run.grad_targets = grad_targets
     run.excluded = excluded.used  # exclude_from_trace ran: each call's own run is its result
+    run.user_code = user_code
     set_grads(run, detached)
     run.executable, run.out_spec = executable, out_spec
     run.graph = recorded
@@ -629,6 +645,7 @@ class trace(_C.JitDispatcher):
             if not self._records[oldest]:
                 del self._records[oldest]
         self._last = run
+        self._bindings.add_called(run.user_code)
         self._seen = self._bindings.snapshot(False)
         if self.capture_as_const:
             self._baked = self._bindings.snapshot(True)
