@@ -12,20 +12,28 @@ import functools
 from . import _C
 from .autograd import grad_nesting
 from .grad_mode import enable_grad, is_grad_enabled, no_grad
-from .jit import tree as _tree
 from .ops import array as _array
+
+
+def _tree():
+    """kiln.jit.tree, at call time: importing it loads kiln.jit, which must come after kiln.ops
+    (kiln.ops imports this module; loading kiln.jit in the middle of kiln.ops changed what its
+    capture bound, and .grad writes of compiled functions came out wrong)."""
+    from .jit import tree
+
+    return tree
 
 
 def _flat(obj, what):
     """The tensors of obj (a tensor or a tuple / list / dict / registered pytree of them) and its
     structure; anything but a float tensor as a leaf is an error naming `what`."""
     leaves = []
-    spec = _tree.flatten(obj, leaves)
+    spec = _tree().flatten(obj, leaves)
     for k, t in enumerate(leaves):
         if not t.dtype.is_floating_point:
             raise TypeError(f"{what}: tensor {k} has dtype {t.dtype}; only float tensors are differentiated")
     if _has_constants(spec):
-        raise TypeError(f"{what}: expected Tensors (or tuples / lists / dicts of them), got {_tree.describe(spec)}")
+        raise TypeError(f"{what}: expected Tensors (or tuples / lists / dicts of them), got {_tree().describe(spec)}")
     return spec, leaves
 
 
@@ -39,7 +47,7 @@ def _has_constants(spec):
 
 def _same_structure(spec, tspec, leaves, tleaves, what):
     if spec != tspec:
-        raise ValueError(f"{what}: the tangents are {_tree.describe(tspec)}, the inputs {_tree.describe(spec)}")
+        raise ValueError(f"{what}: the tangents are {_tree().describe(tspec)}, the inputs {_tree().describe(spec)}")
     for k, (x, t) in enumerate(zip(leaves, tleaves)):
         if tuple(x.shape) != tuple(t.shape) or x.dtype != t.dtype:
             raise ValueError(f"{what}: tangent {k} has shape {list(t.shape)} and dtype {t.dtype}, its input "
@@ -82,11 +90,11 @@ def _record(fn, spec, leaves, has_aux, what):
         for a in aliases:
             tracer.add_input(a)
         with no_grad():
-            out = fn(*_tree.unflatten(spec, aliases)[0])
+            out = fn(*_tree().unflatten(spec, aliases)[0])
         primary, aux = _split_aux(out, has_aux, what)
         outs, auxs = [], []
-        out_spec = _tree.flatten(primary, outs)
-        aux_spec = _tree.flatten(aux, auxs) if has_aux else None
+        out_spec = _tree().flatten(primary, outs)
+        aux_spec = _tree().flatten(aux, auxs) if has_aux else None
         tracer.finish_body(outs + auxs)
     finally:
         tracer.end()
@@ -118,10 +126,10 @@ def jvp(fn, inputs, v, has_aux=False):
     _same_structure(spec, tspec, leaves, tleaves, "jvp")
     tracer, out_spec, nout, aux_spec = _record(fn, spec, leaves, has_aux, "jvp")
     ys, tys = _C.jvp(tracer, leaves, tleaves)
-    out = _tree.unflatten(out_spec, list(ys[:nout]))[0]
-    tan = _zero_constants(_tree.unflatten(out_spec, list(tys[:nout]))[0])
+    out = _tree().unflatten(out_spec, list(ys[:nout]))[0]
+    tan = _zero_constants(_tree().unflatten(out_spec, list(tys[:nout]))[0])
     if has_aux:
-        return out, tan, _tree.unflatten(aux_spec, list(ys[nout:]))[0]
+        return out, tan, _tree().unflatten(aux_spec, list(ys[nout:]))[0]
     return out, tan
 
 
@@ -138,14 +146,14 @@ def _linearize(fn, primals, has_aux, what):
     spec, leaves = _flat(tuple(primals), f"{what}: primals")
     tracer, out_spec, nout, aux_spec = _record(fn, spec, leaves, has_aux, what)
     ys, residuals, linear = _C.linearize(tracer, leaves)
-    out = _tree.unflatten(out_spec, list(ys[:nout]))[0]
-    aux = _tree.unflatten(aux_spec, list(ys[nout:]))[0] if has_aux else None
+    out = _tree().unflatten(out_spec, list(ys[:nout]))[0]
+    aux = _tree().unflatten(aux_spec, list(ys[nout:]))[0] if has_aux else None
 
     def f_jvp(*tangents):
         tspec, tleaves = _flat(tuple(tangents), f"{what}: tangents")
         _same_structure(spec, tspec, leaves, tleaves, what)
         tys = _C.run_linear(linear, list(residuals), list(tleaves))
-        return _zero_constants(_tree.unflatten(out_spec, list(tys[:nout]))[0])
+        return _zero_constants(_tree().unflatten(out_spec, list(tys[:nout]))[0])
 
     f_jvp._kiln_linear = linear
     return out, f_jvp, aux
@@ -170,22 +178,22 @@ def vjp(fn, *inputs, has_aux=False):
     grad_nesting.depth = depth + 1  # a kiln.grad inside fn keeps its gradients differentiable
     try:
         with enable_grad():
-            out = fn(*_tree.unflatten(spec, targets)[0])
+            out = fn(*_tree().unflatten(spec, targets)[0])
     finally:
         grad_nesting.depth = depth
     primary, aux = _split_aux(out, has_aux, "vjp")
     outs = []
-    out_spec = _tree.flatten(primary, outs)
+    out_spec = _tree().flatten(primary, outs)
     if not outs:
         raise TypeError(f"vjp: the function must return a Tensor (or tensors), got {type(primary).__name__}")
     outer = is_grad_enabled() and any(a.requires_grad for a in leaves)
 
     def vjp_fn(cotangents):
         couts = []
-        cspec = _tree.flatten(cotangents, couts)
+        cspec = _tree().flatten(cotangents, couts)
         if cspec != out_spec:
-            raise ValueError(f"vjp: the cotangents are {_tree.describe(cspec)}, the output "
-                             f"{_tree.describe(out_spec)}")
+            raise ValueError(f"vjp: the cotangents are {_tree().describe(cspec)}, the output "
+                             f"{_tree().describe(out_spec)}")
         for k, (o, c) in enumerate(zip(outs, couts)):
             if tuple(o.shape) != tuple(c.shape):
                 raise ValueError(f"vjp: cotangent {k} has shape {list(c.shape)}, the output {list(o.shape)}")
@@ -195,7 +203,7 @@ def vjp(fn, *inputs, has_aux=False):
         else:
             grads = [None] * len(targets)
         grads = [g if g is not None else _array.zeros_like(t) for g, t in zip(grads, targets)]
-        return tuple(_tree.unflatten(spec, grads)[0])
+        return tuple(_tree().unflatten(spec, grads)[0])
 
     if has_aux:
         return primary, vjp_fn, aux
@@ -249,7 +257,7 @@ def _jacobian_by_basis(f_jvp, primals, out_leaves):
             tangents = list(zeros)
             tangents[i] = _basis(p, k)
             ty = []
-            _tree.flatten(f_jvp(*tangents), ty)
+            _tree().flatten(f_jvp(*tangents), ty)
             columns.append(ty)
         jacs = []
         for j, o in enumerate(out_leaves):
@@ -265,9 +273,9 @@ def _arrange(out_spec, per_position, single):
     n = len(per_position[0]) if per_position else 0
     leaves = [per_position[0][j] if single else tuple(pp[j] for pp in per_position) for j in range(n)]
     if single:
-        return _zero_constants(_tree.unflatten(out_spec, leaves)[0])
+        return _zero_constants(_tree().unflatten(out_spec, leaves)[0])
     # tuples as leaves: rebuild the structure with placeholders, then swap them in
-    return _replace_leaves(_zero_constants(_tree.unflatten(out_spec, [_Slot(k) for k in range(n)])[0]), leaves)
+    return _replace_leaves(_zero_constants(_tree().unflatten(out_spec, [_Slot(k) for k in range(n)])[0]), leaves)
 
 
 class _Slot:
@@ -311,7 +319,7 @@ def jacfwd(fn, grad_position=0, has_aux=False):
                 raise TypeError(f"jacfwd: argument {p} must be a Tensor, got {type(x).__name__}")
         out, f_jvp, aux = _linearize(_at_positions(fn, args, pos), primals, has_aux, "jacfwd")
         outs = []
-        out_spec = _tree.flatten(out, outs)
+        out_spec = _tree().flatten(out, outs)
         jac = _arrange(out_spec, _jacobian_by_basis(f_jvp, primals, outs), single)
         return (jac, aux) if has_aux else jac
 
@@ -330,10 +338,10 @@ def _jacrev(fn, grad_position=0, has_aux=False):
         res = vjp(_at_positions(fn, args, pos), *primals, has_aux=has_aux)
         out, vjp_fn = res[0], res[1]
         outs = []
-        out_spec = _tree.flatten(out, outs)
+        out_spec = _tree().flatten(out, outs)
         rows = []  # rows[j][k]: the gradients (one per primal) of element k of output leaf j
         for j, o in enumerate(outs):
-            rows.append([vjp_fn(_tree.unflatten(out_spec, [
+            rows.append([vjp_fn(_tree().unflatten(out_spec, [
                 _basis(o, k) if i == j else _array.zeros_like(q) for i, q in enumerate(outs)])[0])
                 for k in range(_numel(o))])
         per_position = []
