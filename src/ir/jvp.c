@@ -33,10 +33,15 @@ static kiln_status no_rule(const kiln_graph *g, const kiln_node *n, const char *
 /* Whether m holds a float dtype (what carries a tangent). */
 static bool carries(const kiln_meta *m) { return kiln_dtype_is_float(m->dtype); }
 
-static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
-                          bool any);
-static kiln_status run_while(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
-                             bool any);
+/* The node (values) and, when a tangent reaches it, the node over its bodies' JVP graphs: if and while. */
+typedef kiln_status (*control_apply)(const kiln_graph *g, const kiln_node *n, kiln_tensor **ins, kiln_tensor **tins,
+                                     bool tangent, kiln_tensor **outs);
+static kiln_status apply_if(const kiln_graph *g, const kiln_node *n, kiln_tensor **ins, kiln_tensor **tins, bool tangent,
+                            kiln_tensor **outs);
+static kiln_status apply_while(const kiln_graph *g, const kiln_node *n, kiln_tensor **ins, kiln_tensor **tins,
+                               bool tangent, kiln_tensor **outs);
+static kiln_status run_control(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                               bool any, control_apply apply);
 
 /* Runs node n on s->val and its rule on s->tan. */
 static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
@@ -49,8 +54,8 @@ static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, k
         if (!has[k]) tins[k] = NULL;
         any = any || has[k];
     }
-    if (n->op == KILN_OP_IF) return run_if(g, n, s, ins, tins, any);
-    if (n->op == KILN_OP_WHILE) return run_while(g, n, s, ins, tins, any);
+    if (n->op == KILN_OP_IF) return run_control(g, n, s, ins, tins, any, apply_if);
+    if (n->op == KILN_OP_WHILE) return run_control(g, n, s, ins, tins, any, apply_while);
     if (kiln_op_is_control(n->op)) return no_rule(g, n, "control flow");
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0}, *touts[KILN_MAX_OUTPUTS] = {0};
     KILN_TRY(kiln_apply(n->op, n->nin, ins, &n->attrs, outs));
@@ -152,19 +157,6 @@ static kiln_status apply_if(const kiln_graph *g, const kiln_node *n, kiln_tensor
     return st;
 }
 
-static kiln_status run_if(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
-                          bool any) {
-    kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
-    KILN_TRY(apply_if(g, n, ins, tins, false, outs));
-    for (int k = 0; k < n->nout; k++) s->val[n->out[k]] = outs[k], outs[k] = NULL;
-    if (!any) return KILN_OK;
-    KILN_TRY(apply_if(g, n, ins, tins, true, outs));
-    for (int k = 0; k < n->nout; k++) {
-        if (carries(&outs[k]->meta)) s->tan[n->out[k]] = outs[k];
-        else kiln_tensor_release(outs[k]);
-    }
-    return KILN_OK;
-}
 
 /* ---- while: a while over the pair (values, tangents) ------------------------------------------------
  * while(v..., l...) -> v... (cond and body take (v..., l...)) runs as it is, then (with tangents)
@@ -254,13 +246,13 @@ static kiln_status apply_while(const kiln_graph *g, const kiln_node *n, kiln_ten
     return st;
 }
 
-static kiln_status run_while(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
-                             bool any) {
+static kiln_status run_control(const kiln_graph *g, const kiln_node *n, slots *s, kiln_tensor **ins, kiln_tensor **tins,
+                               bool any, control_apply apply) {
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
-    KILN_TRY(apply_while(g, n, ins, tins, false, outs));
+    KILN_TRY(apply(g, n, ins, tins, false, outs));
     for (int k = 0; k < n->nout; k++) s->val[n->out[k]] = outs[k], outs[k] = NULL;
     if (!any) return KILN_OK;
-    KILN_TRY(apply_while(g, n, ins, tins, true, outs));
+    KILN_TRY(apply(g, n, ins, tins, true, outs));
     for (int k = 0; k < n->nout; k++) {
         if (carries(&outs[k]->meta)) s->tan[n->out[k]] = outs[k];
         else kiln_tensor_release(outs[k]);
