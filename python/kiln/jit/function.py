@@ -19,7 +19,7 @@ from ..profiler import CallRecorder, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
 from .eager_switch import jit_disabled
 from .options import JitOptions
-from .recording import bind_inputs, returns_closure, user_frame_tracer
+from .recording import CallerContainers, bind_inputs, returns_closure, user_frame_tracer
 from .replay import end_reasons, grad_written, mark_not_replayable, start_reasons
 from .syntax import JitSyntaxError
 
@@ -111,7 +111,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     try:
         aliases = []
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
-        callers = _CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
+        callers = CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
         capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
         sys.settrace(user_frame_tracer(tracer, recorder.on_call))
         excluded = exclude.noting()
@@ -168,80 +168,6 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     if capture is not None:
         entry.capture, entry.graph = capture, graph
     return tree.unflatten(out_spec, detached)[0], entry
-
-
-class _ContainerChange:
-    """A change, during a capture, of a list or dict the caller passed in (what _on_side_effect reports)."""
-
-    def __init__(self, kind, filename, line):
-        self.what = f"a change of a {kind} passed in as an argument"
-        self.filename, self.line = filename, line
-
-    def __str__(self):
-        return self.what
-
-
-class _CallerContainers:
-    """The lists and dicts among a call's arguments beside the copies a capture runs on (bind_inputs
-    rebuilds them around aliases of the tensors): tells whether the run changed a copy or returned one,
-    and carries the run's changes back to the caller's objects."""
-
-    def __init__(self, caller, rebuilt, leaves, aliases):
-        self.pairs = []  # (the caller's container, its copy, the copy's items before the run)
-        self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
-        self._pair(caller, rebuilt)
-
-    def _pair(self, orig, copy):
-        if type(orig) in (list, dict) and type(copy) is type(orig):
-            self.objects[id(copy)] = orig
-            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy)))
-            values = zip(orig.values(), copy.values()) if type(copy) is dict else zip(orig, copy)
-        elif type(orig) is tuple and type(copy) is tuple and len(orig) == len(copy):
-            values = zip(orig, copy)
-        else:
-            return
-        for o, c in values:
-            self._pair(o, c)
-
-    def changed(self):
-        """A _ContainerChange when the run changed a copy, else None."""
-        for orig, copy, before in self.pairs:
-            now = list(copy.items()) if type(copy) is dict else list(copy)
-            if len(now) != len(before) or any(
-                    (a[0] != b[0] or a[1] is not b[1]) if type(copy) is dict else a is not b
-                    for a, b in zip(now, before)):
-                return _ContainerChange(type(copy).__name__, "<an argument>", 0)
-        return None
-
-    def returned(self, result, depth=0):
-        """Whether result holds one of the copies."""
-        if id(result) in self.objects and type(result) in (list, dict):
-            return True
-        if depth < 20 and type(result) in (list, tuple, dict):
-            return any(self.returned(v, depth + 1) for v in (result.values() if type(result) is dict else result))
-        return False
-
-    def to_caller(self, v, depth=0):
-        """v with the copies and aliases replaced by the caller's objects, other traced tensors detached."""
-        found = self.objects.get(id(v))
-        if found is not None:
-            return found
-        if isinstance(v, _C.TensorBase):
-            return v.detach()
-        if depth < 20 and type(v) in (list, tuple):
-            return type(v)(self.to_caller(x, depth + 1) for x in v)
-        if depth < 20 and type(v) is dict:
-            return {k: self.to_caller(x, depth + 1) for k, x in v.items()}
-        return v
-
-    def write_back(self):
-        for orig, copy, _ in self.pairs:
-            if type(orig) is list:
-                orig[:] = [self.to_caller(x) for x in copy]
-            else:
-                items = {k: self.to_caller(x) for k, x in copy.items()}
-                orig.clear()
-                orig.update(items)
 
 
 def _on_side_effect(options, effect, reasons):

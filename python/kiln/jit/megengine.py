@@ -34,7 +34,7 @@ from . import ast_runtime, dynamic, exclude, tree
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
-from .recording import bind_inputs, user_frame_tracer
+from .recording import CallerContainers, bind_inputs, user_frame_tracer
 from .replay import collect_grad_writes
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
@@ -203,12 +203,14 @@ class _Run:
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
-                  grad_writes=False):
+                  grad_writes=False, caller=None):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
     (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. grad_writes
     (without_host): the .grad assignments the function makes are kept as run.grad_targets, their
-    tensors as extra outputs of the graph, for each replay to make them (set_grads)."""
+    tensors as extra outputs of the graph, for each replay to make them (set_grads). caller: the
+    call's (args, kwargs), whose lists and dicts the function must leave alone (a replay would not
+    repeat a change of them: TraceMismatchError)."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
     prev_logs = _C.cell_logs()
@@ -216,6 +218,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     try:
         aliases = []
         call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
+        callers = None if caller is None else CallerContainers(caller, (call_args, call_kwargs), leaves, aliases)
         capture = None
         if symbolic_shape:
             names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
@@ -247,6 +250,12 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                 prev_logs[0].extend(cells)
             if symbolic:
                 _pop_symbolic()
+        changed = None if callers is None else callers.changed()
+        if changed is not None:
+            raise TraceMismatchError(
+                f"kiln.trace: {getattr(fn, '__qualname__', fn)} made {changed}; a trace replays only the tensor "
+                "operations it recorded, so later calls would not make that change: return the new values "
+                "instead (kiln.jit runs such a function eagerly)")
         if capture is not None:
             result = dynamic.concrete(result)  # a size returned is a plain int, as in eager
         result = ast_runtime.chosen_numbers(result)  # (numbers a compiled loop carried, returned as numbers)
@@ -482,6 +491,7 @@ class trace(_C.JitDispatcher):
             return self._target(*args, **kwargs)
         if _C.is_tracing():  # inside another capture: contribute ops to it
             return self._target(*args, **kwargs)
+        caller = None  # the arguments' lists and dicts, which the function must not change
         if not kwargs and all(isinstance(a, _C.TensorBase) for a in args):
             leaves = args
             spec = _TENSOR_ARGS.get(len(args)) or _TENSOR_ARGS.setdefault(
@@ -494,13 +504,14 @@ class trace(_C.JitDispatcher):
                 spec = tree.flatten((args, kwargs), leaves)
             except TypeError as e:
                 raise TypeError(str(e).replace("jit:", "trace:", 1)) from None
+            caller = (args, kwargs)
         if _C.is_grad_enabled() and any(t.requires_grad for t in leaves):
             return self._target(*args, **kwargs)  # the caller differentiates through this call: eager
         if self.record_only:
-            return self._record_only(spec, leaves)
+            return self._record_only(spec, leaves, caller)
         if self._spec is None:
             self._warn_unused()
-            return self._first_call(spec, leaves)
+            return self._first_call(spec, leaves, caller)
         if spec != self._spec:
             _check_call(self._spec, spec, self.verify)
         metas = tuple((t.dtype, _device(t)) for t in leaves)
@@ -515,7 +526,7 @@ class trace(_C.JitDispatcher):
         if rec is None and self.symbolic_shape:
             rec = self._instantiate(key, leaves)
         if rec is None:
-            return self._record(key, spec, leaves)
+            return self._record(key, spec, leaves, caller)
         self._last = rec
         if self.verify:
             _Bindings.check(self._seen, self._baked)  # names the global or closure variable that changed
@@ -525,7 +536,7 @@ class trace(_C.JitDispatcher):
                                      "it: capture_as_const baked its old value into the graph; make a new trace "
                                      "(or trace without capture_as_const to read it live)")
         if self.verify:
-            run = self._check_run(rec, spec, leaves)
+            run = self._check_run(rec, spec, leaves, caller)
             if rec.graph.has_effects or rec.excluded or run.excluded:
                 return run.result
         if not rec.fast and self._recorder is None:
@@ -605,19 +616,19 @@ class trace(_C.JitDispatcher):
             return
         self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind, rec.constants)
 
-    def _first_call(self, spec, leaves):
+    def _first_call(self, spec, leaves, caller=None):
         self._spec = spec
         self._metas = tuple((t.dtype, _device(t)) for t in leaves)
         self._labels = _labels(spec)
         key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
                _C.amp_state())
         try:
-            return self._record(key, spec, leaves)
+            return self._record(key, spec, leaves, caller)
         except BaseException:
             self._spec = None
             raise
 
-    def _record_only(self, spec, leaves):
+    def _record_only(self, spec, leaves, caller=None):
         """record_only: records this call as the trace's graph; nothing compiled runs."""
         self._warn_unused(stacklevel=4)
         self._spec, self._labels = spec, _labels(spec)
@@ -625,14 +636,14 @@ class trace(_C.JitDispatcher):
         key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
                _C.amp_state())
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
-                            self._sublinear())
+                            self._sublinear(), caller=caller)
         self._records = {key: [run]}
         self._last = run
         return run.result
 
-    def _record(self, key, spec, leaves):
+    def _record(self, key, spec, leaves, caller=None):
         args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                self._level, self.symbolic_shape, self._sublinear(), self.without_host)
+                self._level, self.symbolic_shape, self._sublinear(), self.without_host, caller)
         run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
@@ -659,11 +670,11 @@ class trace(_C.JitDispatcher):
             return tree.unflatten(run.out_spec, outs)[0]
         return run.result
 
-    def _check_run(self, rec, spec, leaves):
+    def _check_run(self, rec, spec, leaves, caller=None):
         _Bindings.check(self._seen, self._baked)
         # recorded as the trace records (symbolic shapes: gradient rules count elements with ops)
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                            symbolic_shape=self.symbolic_shape)
+                            symbolic_shape=self.symbolic_shape, caller=caller)
         self._seen = self._bindings.snapshot(False)
         if rec.excluded or run.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
             return run

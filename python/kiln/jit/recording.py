@@ -39,3 +39,77 @@ def returns_closure(value, depth=0):
     if depth < 20 and isinstance(value, (list, tuple, dict)):
         return any(returns_closure(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
     return False
+
+
+class ContainerChange:
+    """A change, during a capture, of a list or dict the caller passed in (what _on_side_effect reports)."""
+
+    def __init__(self, kind, filename, line):
+        self.what = f"a change of a {kind} passed in as an argument"
+        self.filename, self.line = filename, line
+
+    def __str__(self):
+        return self.what
+
+
+class CallerContainers:
+    """The lists and dicts among a call's arguments beside the copies a capture runs on (bind_inputs
+    rebuilds them around aliases of the tensors): tells whether the run changed a copy or returned one,
+    and carries the run's changes back to the caller's objects."""
+
+    def __init__(self, caller, rebuilt, leaves, aliases):
+        self.pairs = []  # (the caller's container, its copy, the copy's items before the run)
+        self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
+        self._pair(caller, rebuilt)
+
+    def _pair(self, orig, copy):
+        if type(orig) in (list, dict) and type(copy) is type(orig):
+            self.objects[id(copy)] = orig
+            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy)))
+            values = zip(orig.values(), copy.values()) if type(copy) is dict else zip(orig, copy)
+        elif type(orig) is tuple and type(copy) is tuple and len(orig) == len(copy):
+            values = zip(orig, copy)
+        else:
+            return
+        for o, c in values:
+            self._pair(o, c)
+
+    def changed(self):
+        """A ContainerChange when the run changed a copy, else None."""
+        for orig, copy, before in self.pairs:
+            now = list(copy.items()) if type(copy) is dict else list(copy)
+            if len(now) != len(before) or any(
+                    (a[0] != b[0] or a[1] is not b[1]) if type(copy) is dict else a is not b
+                    for a, b in zip(now, before)):
+                return ContainerChange(type(copy).__name__, "<an argument>", 0)
+        return None
+
+    def returned(self, result, depth=0):
+        """Whether result holds one of the copies."""
+        if id(result) in self.objects and type(result) in (list, dict):
+            return True
+        if depth < 20 and type(result) in (list, tuple, dict):
+            return any(self.returned(v, depth + 1) for v in (result.values() if type(result) is dict else result))
+        return False
+
+    def to_caller(self, v, depth=0):
+        """v with the copies and aliases replaced by the caller's objects, other traced tensors detached."""
+        found = self.objects.get(id(v))
+        if found is not None:
+            return found
+        if isinstance(v, _C.TensorBase):
+            return v.detach()
+        if depth < 20 and type(v) in (list, tuple):
+            return type(v)(self.to_caller(x, depth + 1) for x in v)
+        if depth < 20 and type(v) is dict:
+            return {k: self.to_caller(x, depth + 1) for k, x in v.items()}
+        return v
+
+    def write_back(self):
+        for orig, copy, _ in self.pairs:
+            if type(orig) is list:
+                orig[:] = [self.to_caller(x) for x in copy]
+            else:
+                items = {k: self.to_caller(x) for k, x in copy.items()}
+                orig.clear()
+                orig.update(items)
