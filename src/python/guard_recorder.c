@@ -26,7 +26,7 @@ typedef struct {
     PyObject *running;      /* borrowed while a code is recorded: the function running it, when known */
 } PyGuardRecorder;
 
-static PyObject *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
+static PyObject *s_defaults, *s_kwdefaults, *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
 
 enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT, SNAP_ITERATOR };
 
@@ -552,6 +552,47 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
     return rc;
 }
 
+/* Guards the containers among the defaults of `running` that the frame got (its local of that name is
+ * the default object): a list, dict or set default is state the call key does not hold, and len(),
+ * iteration or `in` read its contents without an attribute chain to guard. Each is guarded as the
+ * path running.__defaults__[i] (or .__kwdefaults__[name]), contents included. */
+static int guard_default(PyGuardRecorder *r, PyObject *running, PyObject *where, PyObject *key, PyObject *name,
+                         PyObject *value, PyObject *locals, PyObject *code) {
+    PyObject *local = name ? PyDict_GetItemWithError(locals, name) : NULL;
+    if (!local) return PyErr_Occurred() ? -1 : 0;
+    if (local != value || !(PyList_CheckExact(value) || PyDict_CheckExact(value) || PySet_CheckExact(value)))
+        return 0;
+    PyObject *path = Py_BuildValue("((OO)(OO))", s_attr, where, s_item, key);
+    PyObject *what = path ? PyUnicode_FromFormat("the default of parameter %R of %U", name,
+                                                 ((PyCodeObject *)code)->co_qualname)
+                          : NULL;
+    int rc = what ? guard_path(r, running, path, what, code, NULL) : -1;
+    Py_XDECREF(path);
+    Py_XDECREF(what);
+    return rc;
+}
+
+static int guard_defaults(PyGuardRecorder *r, PyObject *running, PyCodeObject *code, PyObject *locals) {
+    if (!running || !PyFunction_Check(running) || PyFunction_GET_CODE(running) != (PyObject *)code) return 0;
+    PyObject *defaults = PyFunction_GET_DEFAULTS(running), *kwdefaults = PyFunction_GET_KW_DEFAULTS(running);
+    PyObject *names = PyCode_GetVarnames(code);
+    int rc = names ? 0 : -1;
+    Py_ssize_t n = defaults ? PyTuple_GET_SIZE(defaults) : 0, first = code->co_argcount - n;
+    for (Py_ssize_t k = 0; rc == 0 && k < n && first + k >= 0 && first + k < PyTuple_GET_SIZE(names); k++) {
+        PyObject *key = PyLong_FromSsize_t(k);
+        rc = key ? guard_default(r, running, s_defaults, key, PyTuple_GET_ITEM(names, first + k),
+                                 PyTuple_GET_ITEM(defaults, k), locals, (PyObject *)code)
+                 : -1;
+        Py_XDECREF(key);
+    }
+    Py_ssize_t pos = 0;
+    PyObject *name, *value;
+    while (rc == 0 && kwdefaults && PyDict_Check(kwdefaults) && PyDict_Next(kwdefaults, &pos, &name, &value))
+        rc = guard_default(r, running, s_kwdefaults, name, name, value, locals, (PyObject *)code);
+    Py_XDECREF(names);
+    return rc;
+}
+
 /* What code, starting with globals g and locals (a dict), reads and writes (steals code, g and
  * locals); only its instructions at the offsets in the set `executed` when not NULL. */
 static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g, PyObject *locals,
@@ -576,6 +617,7 @@ static PyObject *record_code(PyGuardRecorder *r, PyCodeObject *code, PyObject *g
         rc = guard_global(r, g, PyTuple_GET_ITEM(globals, k), converted, (PyObject *)code);
     Py_XDECREF(globals);
     if (rc == 0) rc = guard_closures(r, facts, code, g, locals);
+    if (rc == 0) rc = guard_defaults(r, running, code, locals);
 done:
     r->appended = NULL;
     r->running = NULL;
@@ -864,7 +906,9 @@ static PyTypeObject PyGuardRecorder_Type = {
 };
 
 int pykiln_guard_recorder_init_type(PyObject *module) {
-    if (!(s_attr = PyUnicode_InternFromString("attr")) || !(s_kiln = PyUnicode_InternFromString("kiln")) ||
+    if (!(s_defaults = PyUnicode_InternFromString("__defaults__")) ||
+        !(s_kwdefaults = PyUnicode_InternFromString("__kwdefaults__")) ||
+        !(s_attr = PyUnicode_InternFromString("attr")) || !(s_kiln = PyUnicode_InternFromString("kiln")) ||
         !(s_colon = PyUnicode_InternFromString(":")) || !(s_item = PyUnicode_InternFromString("item")) ||
         !(s_contents = PyUnicode_InternFromString("contents")) ||
         !(cell_path = Py_BuildValue("((s))", "cell")) ||
