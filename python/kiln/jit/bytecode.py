@@ -1301,11 +1301,27 @@ _ATOMS = frozenset((type(None), int, float, bool, str, _Null))  # kept in a stat
 _CONTAINERS = frozenset((tuple, list, dict))
 
 
+def _refuse_closures_of_this_call(frames):
+    """Raises Unsupported when a frame stopped at a graph break runs a function whose closure holds
+    a cell an enclosing frame made (a def or lambda of the captured code): the frozen state names
+    frame functions by identity, so later calls would run this call's function, closing over this
+    call's values."""
+    own = set()
+    for fr in frames:
+        n_free = len(fr.code.code.co_freevars)
+        own.update(id(v) for v in fr.locals[:len(fr.locals) - n_free] if isinstance(v, types.CellType))
+    for fr in frames[1:]:
+        if any(id(c) in own for c in fr.func.__closure__ or ()):
+            raise Unsupported(f"a graph break inside {fr.func.__qualname__}, a function defined in the captured "
+                              "code (its closure holds this call's variables)")
+
+
 def freeze(frames, interp, tracer=None, symbolic=False):
     """The frames as a nested tuple tree.flatten can take: tensors as leaves (a tensor the
     capture did not make — a parameter — by identity), containers rebuilt, iterators and cells
     tagged. symbolic: the ints and floats of locals and stacks as 0-d tensors (SymScalars of the
     next capture); a SymScalar is its tensor. Raises Unsupported for a state it cannot rebuild."""
+    _refuse_closures_of_this_call(frames)
     free_cells = {}
     seen = {}  # id(list or dict of the state) -> its number, in the order met (thaw numbers them alike)
     for i, fr in enumerate(frames):
