@@ -268,6 +268,7 @@ class Interpreter:
         self.created = set()  # ids of containers built by the interpreted code (local, free to change)
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
+        self.iter_wrappers = {}  # id(a Python iterator the code made) -> the _Iter that advances it
         self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
         self.symbolic = False  # the frames hold SymScalars (kiln.jit.sym_scalar): instructions are checked
@@ -306,6 +307,14 @@ class Interpreter:
 
     def local(self, obj):
         return id(obj) in self.created
+
+    def wrap_iterator(self, v):
+        """The one _Iter advancing v, a Python iterator the code made: the name holding v and the
+        loop over it stay one iterator when a break state freezes and thaws them."""
+        wrapper = self.iter_wrappers.get(id(v))
+        if wrapper is None:
+            wrapper = self.iter_wrappers[id(v)] = self.note_created(_Iter([], source=v))
+        return wrapper
 
     def brk(self, reason):
         if self.capture:
@@ -485,7 +494,7 @@ class Interpreter:
                 raise Unsupported(f"a Python side effect ({effect}) in code called by "
                                   f"{getattr(fn, '__qualname__', type(fn).__name__)}, which would run only when the "
                                   "graph is captured")
-        if fn in (list, dict, set) or fn is sorted or (id(fn) in _PURE_BUILTINS and type(result) in _BUILTIN_ITERATORS):
+        if fn in (list, dict, set) or fn is sorted or (id(fn) in _PURE_BUILTINS and type(result) in _ITERATORS):
             self.note_created(result)  # (an iterator made here, reversed(xs), is the code's own to advance)
         return result
 
@@ -963,8 +972,8 @@ def h_get_iter(it, f, arg, name, target):
     if isinstance(v, _Iter):
         _next(f)
         return
-    if type(v) in _BUILTIN_ITERATORS and it.local(v):
-        f.stack[-1] = _Iter([], source=v)
+    if type(v) in _ITERATORS and it.local(v):
+        f.stack[-1] = it.wrap_iterator(v)
         _next(f)
         return
     if isinstance(v, (types.GeneratorType, map, filter)) or (not isinstance(
@@ -988,6 +997,8 @@ _BUILTIN_ITERATORS = frozenset(type(i) for i in (
     reversed(""), iter({}), reversed({}), iter({}.values()), iter({}.items()), reversed({}.values()),
     reversed({}.items())))
 _LAZY = (zip, enumerate, reversed, dict, type({}.items()), type({}.keys()), type({}.values()))
+# the one-pass iterators the code may make and advance itself (next(it), a loop over it)
+_ITERATORS = _BUILTIN_ITERATORS | {zip, enumerate}
 
 
 def h_for_iter(it, f, arg, name, target):
@@ -1346,7 +1357,12 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             if tracer is not None and not tracer.knows(v):
                 return _REF, _ByIdentity(v)
             return v
+        if type(v) in _ITERATORS and interp.local(v):
+            v = interp.wrap_iterator(v)  # (thawed as the _Iter a loop over it advances)
         if isinstance(v, _Iter):
+            if id(v) in seen:  # a loop's iterator also held by a name: one object
+                return _ALIAS, seen[id(v)]
+            seen[id(v)] = len(seen)
             v.materialize()
             if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
                 return _LIVE_ITER, (conv(v.items, depth + 1), v.pos)  # (the list, shared with the frames' own)
@@ -1408,10 +1424,14 @@ def thaw(state, interp, top):
                 return SymScalar(payload, type(sym_scalar.value_of(real)), sym_scalar.value_of(real))
             if tag is _SIZE:
                 return evaluate(payload, interp.size_values)
-            if tag is _ITER:
-                return _Iter([conv(x) for x in payload])
-            if tag is _LIVE_ITER:
-                return _Iter(conv(payload[0]), payload[1])
+            if tag is _ITER or tag is _LIVE_ITER:
+                out = _Iter([])
+                made.append(out)  # (numbered before its items, as freeze numbered it)
+                if tag is _ITER:
+                    out.items = [conv(x) for x in payload]
+                else:
+                    out.items, out.pos = conv(payload[0]), payload[1]
+                return out
             if tag is _ALIAS:
                 return made[payload]
             if tag is _CELL:
