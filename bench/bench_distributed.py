@@ -1,9 +1,10 @@
 """Data-parallel training over MPI (issue 32), ratios measured in one run:
 
-  - throughput: the seed's BasicBlock (64 channels, 16x16) trained by 2 ranks x 1 kernel thread
-    (data parallel, batch G/2 each, gradients all-reduced) against 1 rank x 2 threads on the same
-    global batch G, both jitted at O1; target >= 0.9 of the single rank's steps per second.
-    Also the fraction of a data-parallel step spent in the gradient all-reduce.
+  - throughput: the seed's BasicBlock (64 channels, 16x16) and the seed's Llama attention block
+    (hidden 256, 8 heads, 2 key/value heads, 64 positions) each trained by 2 ranks x 1 kernel
+    thread (data parallel, batch G/2 each, gradients all-reduced) against 1 rank x 2 threads on
+    the same global batch G, both jitted at O1; target >= 0.9 of the single rank's steps per
+    second. Also the fraction of a data-parallel BasicBlock step spent in the gradient all-reduce.
   - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
     25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
     MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
@@ -29,19 +30,38 @@ import kiln
 from kiln import models, nn
 
 CHANNELS, SIZE = 64, 16
+HIDDEN, HEADS, KV_HEADS, SEQ = 256, 8, 2, 64
+WORKLOADS = ("BasicBlock", "attention")
 
 
-def make_step(batch, data_parallel):
+class _Attention(nn.Cell):
+    """The seed's Llama attention block on positions 0..SEQ-1."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = models.LlamaAttention(HIDDEN, HEADS, KV_HEADS)
+        self.position_ids = kiln.tensor(np.arange(SEQ, dtype=np.int64)[None, :])
+
+    def construct(self, x):
+        return self.attention(x, self.position_ids)
+
+
+def make_step(batch, data_parallel, workload="BasicBlock"):
     kiln.manual_seed(0)
-    block = models.BasicBlock(CHANNELS)
+    if workload == "BasicBlock":
+        block = models.BasicBlock(CHANNELS)
+        shape = (batch, CHANNELS, SIZE, SIZE)
+    else:
+        block = _Attention()
+        shape = (batch, SEQ, HIDDEN)
     block.set_train()
     if data_parallel:
         kiln.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
     train = nn.TrainOneStepCell(nn.WithLossCell(block, nn.MSELoss()), nn.SGD(block.trainable_params(), 0.01))
     kiln.reset_auto_parallel_context()
     rng = np.random.default_rng(1)
-    x = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
-    y = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
+    x = kiln.tensor(rng.standard_normal(shape).astype(np.float32))
+    y = kiln.tensor(rng.standard_normal(shape).astype(np.float32))
     step = kiln.jit(lambda a, b: train(a, b), jit_level="O1")
     return step, x, y, block
 
@@ -91,21 +111,22 @@ def rank_worker(global_batch, steps, out):
     communication.init()
     r, n = communication.get_rank(), communication.get_group_size()
     kiln.set_num_threads(1)
-    step, x, y, block = make_step(global_batch // n, True)
     barrier = lambda: collective.barrier()  # noqa: E731
+    t_attention = time_steps(*make_step(global_batch // n, True, "attention")[:3], steps, barrier)
+    step, x, y, block = make_step(global_batch // n, True)
     t_step = time_steps(step, x, y, steps, barrier)
     # the all-reduce of a model's gradients alone, bucketed as a training step does it: the
     # trained block's, and a wider BasicBlock's (256 channels, 4.7 MB), where latency matters less
     sizes = [[tuple(p.shape) for p in block.trainable_params()],
              [tuple(p.shape) for p in models.BasicBlock(256).trainable_params()]]
-    figures = [t_step]
+    figures = [t_step, t_attention]
     for shapes in sizes:
         figures += allreduce_pair(shapes, barrier)
     # every rank's slowest figures: the job goes at its slowest rank's pace
     figures = collective.all_reduce(kiln.tensor(np.array(figures)), "max").numpy().tolist()
     if r == 0:
         with open(out, "w") as f:
-            json.dump({"step": figures[0], "pairs": [figures[1:4], figures[4:7]],
+            json.dump({"step": figures[0], "attention_step": figures[1], "pairs": [figures[2:5], figures[5:8]],
                        "floats": [sum(int(np.prod(s)) for s in shapes) for shapes in sizes]}, f)
 
 
@@ -148,16 +169,20 @@ def main():
         dp = json.load(f)
     os.remove(out)
     kiln.set_num_threads(2)
-    step, x, y, _ = make_step(global_batch, False)
-    t_single = time_steps(step, x, y, steps)
-    ratio = t_single / dp["step"]
-    missed = ratio < 0.9
-    print(f"BasicBlock({CHANNELS}) train step, global batch {global_batch}, {SIZE}x{SIZE}, O1:")
-    print(f"  1 rank x 2 threads       {t_single * 1e3:9.2f} ms/step")
-    print(f"  2 ranks x 1 thread (DP)  {dp['step'] * 1e3:9.2f} ms/step   throughput ratio {ratio:.3f} "
-          f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
+    missed = False
+    for workload, t_dp in zip(WORKLOADS, (dp["step"], dp["attention_step"])):
+        step, x, y, _ = make_step(global_batch, False, workload)
+        t_single = time_steps(step, x, y, steps)
+        ratio = t_single / t_dp
+        missed |= ratio < 0.9
+        shape = f"{CHANNELS} channels, {SIZE}x{SIZE}" if workload == "BasicBlock" else \
+            f"hidden {HIDDEN}, {HEADS} heads / {KV_HEADS} kv heads, {SEQ} positions"
+        print(f"{workload} ({shape}) train step, global batch {global_batch}, O1:")
+        print(f"  1 rank x 2 threads       {t_single * 1e3:9.2f} ms/step")
+        print(f"  2 ranks x 1 thread (DP)  {t_dp * 1e3:9.2f} ms/step   throughput ratio {ratio:.3f} "
+              f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
     t_ar = dp["pairs"][0][0]
-    print(f"  gradient all-reduce      {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of a data-parallel step "
+    print(f"BasicBlock's gradient all-reduce {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of its data-parallel step "
           f"(none of it hidden: the plan runs collectives synchronously)")
     for (t_kiln, t_raw, t_raw_mean), floats in zip(dp["pairs"], dp["floats"]):
         mb = floats * 4 / 1e6

@@ -17,6 +17,7 @@ from .jit.export import export
 from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context, wait_compiles
+from .context import get_deterministic, set_deterministic
 from .config import show_config
 from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
 from . import autodiff, dataset, profiler, tools, tree, tree_util

@@ -31,8 +31,8 @@ def set_context(**kwargs):
     device_id (0), background_compile (True: generated C is compiled on a background thread while
     the calls that need it run kiln's interpreted kernels, switching to the native code once it is
     built: first calls cost no compiler run; default False, or True when the environment has
-    KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds). Unknown names raise
-    ValueError."""
+    KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds), deterministic ("ON" or
+    "OFF", MindSpore 2.2's spelling of set_deterministic). Unknown names raise ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
             if isinstance(value, bool) or value not in _MODES:
@@ -56,15 +56,21 @@ def set_context(**kwargs):
         elif name == "background_compile":
             if not isinstance(value, bool):
                 raise ValueError(f"set_context: background_compile must be a bool, got {value!r}")
+        elif name == "deterministic":
+            if value not in ("ON", "OFF"):
+                raise ValueError(f"set_context: deterministic must be 'ON' or 'OFF', got {value!r}")
         elif name == "device_id":
             if isinstance(value, bool) or value != 0:
                 raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                             f"background_compile")
+                             f"background_compile, deterministic")
     for name, value in kwargs.items():
         if name == "background_compile":
             _C.codegen_background(value)
+            continue
+        if name == "deterministic":
+            _C.comm_set_deterministic(value == "ON")
             continue
         if name == "device_target":
             if value.upper() != "CPU":  # (MindSpore scripts name their device first; kiln runs on the CPU)
@@ -86,10 +92,29 @@ def get_context(name):
     """The value of one setting of set_context."""
     if name == "background_compile":
         return _C.codegen_background()
+    if name == "deterministic":
+        return "ON" if _C.comm_deterministic() else "OFF"
     if name not in _context:
         raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                         f"background_compile")
+                         f"background_compile, deterministic")
     return _context[name]
+
+
+def set_deterministic(deterministic):
+    """MindSpore's set_deterministic: with True, the float all-reduces of kiln.communication (sum,
+    mean, prod; the gradient all-reduce of data-parallel training) gather every rank's tensor and
+    combine them in rank order, ((x0 + x1) + x2) + ..., the same on every rank and in every run,
+    whatever order the MPI library's algorithm takes. It changes no kernel (tests/python/
+    test_distributed_deterministic.py checks that training repeats bit for bit with it, at a
+    fixed thread count). Read at each all-reduce, eager or compiled. Default False."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"set_deterministic: deterministic must be a bool, got {deterministic!r}")
+    _C.comm_set_deterministic(deterministic)
+
+
+def get_deterministic():
+    """Whether set_deterministic(True) is in effect."""
+    return _C.comm_deterministic()
 
 
 def wait_compiles():

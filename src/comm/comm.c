@@ -47,7 +47,7 @@ static struct {
     void *library;
     char name[32];
     double timeout;
-    bool timeout_set, check;
+    bool timeout_set, check, deterministic;
     group groups[MAX_GROUPS];
 } comm = {.lock = PTHREAD_MUTEX_INITIALIZER, .check = true};
 
@@ -202,6 +202,8 @@ double kiln_comm_timeout(void) {
 }
 void kiln_comm_set_check(bool check) { comm.check = check; }
 bool kiln_comm_check(void) { return comm.check; }
+void kiln_comm_set_deterministic(bool on) { comm.deterministic = on; }
+bool kiln_comm_deterministic(void) { return comm.deterministic; }
 
 static kiln_status get_group(const char *what, int g, group **out) {
     if (!comm.be)
@@ -402,6 +404,48 @@ static kiln_status begin(call *c, const char *name, int g, kiln_tensor *x, kiln_
 
 #define EMPTY_META (&(kiln_meta){.dtype = KILN_DTYPE_INT8})
 
+/* The all-reduce of set_deterministic for floats (integer sums and products are exact in any
+ * order): every rank's x gathered, then combined in rank order into out, so each element is
+ * ((x0 op x1) op x2) ... on every rank and in every run. A backend status. */
+static void combine_f32(float *o, const float *all, int64_t n, int size, bool prod) {
+    memcpy(o, all, (size_t)n * sizeof *o);
+    for (int r = 1; r < size; r++) {
+        const float *in = all + (int64_t)r * n;
+        if (prod)
+            for (int64_t k = 0; k < n; k++) o[k] *= in[k];
+        else
+            for (int64_t k = 0; k < n; k++) o[k] += in[k];
+    }
+}
+
+static void combine_f64(double *o, const double *all, int64_t n, int size, bool prod) {
+    memcpy(o, all, (size_t)n * sizeof *o);
+    for (int r = 1; r < size; r++) {
+        const double *in = all + (int64_t)r * n;
+        if (prod)
+            for (int64_t k = 0; k < n; k++) o[k] *= in[k];
+        else
+            for (int64_t k = 0; k < n; k++) o[k] += in[k];
+    }
+}
+
+static int ordered_all_reduce(const call *c, kiln_tensor *xc, kiln_tensor *out, char *err, size_t errlen) {
+    int size = c->g->size, dt = comm_dtype(xc->meta.dtype);
+    int64_t n = xc->numel;
+    void *all = kiln_malloc((size_t)n * (size_t)size * kiln_dtype_size(xc->meta.dtype) + 1);
+    if (!all) {
+        snprintf(err, errlen, "out of memory for the %d ranks' tensors of the deterministic all-reduce", size);
+        return KILN_COMM_FAILED;
+    }
+    int rc = comm.be->all_gather(c->g->handle, xc->data, all, n, dt, comm.timeout, err, errlen);
+    if (rc == KILN_COMM_OK && dt == KILN_COMM_FLOAT32)
+        combine_f32(out->data, all, n, size, c->op == KILN_COMM_PROD);
+    else if (rc == KILN_COMM_OK)
+        combine_f64(out->data, all, n, size, c->op == KILN_COMM_PROD);
+    free(all);
+    return rc;
+}
+
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out) {
     call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
@@ -410,8 +454,13 @@ kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out
     kiln_tensor *xc;
     KILN_TRY(kiln_to_contiguous(x, x->meta.dtype, &xc));
     char err[512] = "";
-    int rc = comm.be->all_reduce(c.g->handle, xc->data, out->data, x->numel, comm_dtype(x->meta.dtype), op,
-                                 comm.timeout, err, sizeof err);
+    int rc;
+    int dt = comm_dtype(x->meta.dtype);
+    if (comm.deterministic && c.g->size > 1 && (dt == KILN_COMM_FLOAT32 || dt == KILN_COMM_FLOAT64) &&
+        (op == KILN_COMM_SUM || op == KILN_COMM_MEAN || op == KILN_COMM_PROD))
+        rc = ordered_all_reduce(&c, xc, out, err, sizeof err);
+    else
+        rc = comm.be->all_reduce(c.g->handle, xc->data, out->data, x->numel, dt, op, comm.timeout, err, sizeof err);
     kiln_tensor_release(xc);
     if (rc != KILN_COMM_OK) return backend_status(rc, &c, err);
     if (op == KILN_COMM_MEAN) divide_by_size(out, c.g->size);

@@ -46,6 +46,11 @@ void kiln_comm_set_timeout(double seconds); /* <= 0: wait forever */
 double kiln_comm_timeout(void);
 void kiln_comm_set_check(bool check);
 bool kiln_comm_check(void);
+/* Deterministic all-reduce (kiln.set_deterministic): a float sum, mean or prod gathers every
+ * rank's tensor and combines them in rank order, ((x0 op x1) op x2) ..., the same on every rank
+ * and in every run, whatever order the backend's own reduction would take. Off by default. */
+void kiln_comm_set_deterministic(bool on);
+bool kiln_comm_deterministic(void);
 
 /* out: contiguous, allocated by the caller with the output's shape (all_gather: size * x.shape[0]
  * rows; reduce_scatter: x.shape[0] / size rows); x may have any layout. */

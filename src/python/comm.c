@@ -135,6 +135,19 @@ static PyObject *py_comm_set_check(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_comm_set_deterministic(PyObject *self, PyObject *arg) {
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    kiln_comm_set_deterministic(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_deterministic(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kiln_comm_deterministic());
+}
+
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
     (void)self;
     int code = (int)PyLong_AsLong(arg);
@@ -158,6 +171,9 @@ static PyMethodDef comm_methods[] = {
     {"comm_timeout", py_comm_timeout, METH_NOARGS, "seconds a collective waits for the other ranks"},
     {"comm_set_check", py_comm_set_check, METH_O,
      "whether ranks compare each collective, dtype and shape before its data (default True)"},
+    {"comm_set_deterministic", py_comm_set_deterministic, METH_O,
+     "whether float all-reduces (sum, mean, prod) combine the ranks' tensors in rank order (default False)"},
+    {"comm_deterministic", py_comm_deterministic, METH_NOARGS, "whether all-reduces combine in rank order"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };
