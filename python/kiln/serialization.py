@@ -52,10 +52,7 @@ def _entries_of(save_obj, append_dict):
     objs = save_obj if isinstance(save_obj, (list, tuple)) and not _is_entry_list(save_obj) else [save_obj]
     for obj in objs:
         if isinstance(obj, Cell):
-            out += list(obj.parameters_and_names())
-            state = getattr(obj, "state_for_checkpoint", None)
-            if state is not None:
-                out += state()
+            out += obj.checkpoint_entries()
         elif isinstance(obj, dict):
             out += list(obj.items())
         elif isinstance(obj, (list, tuple)):  # MindSpore's [{"name": ..., "data": ...}, ...]

@@ -166,13 +166,20 @@ class Cell(_C.CellBase):
         """OrderedDict path -> parameter."""
         return OrderedDict(self.parameters_and_names(expand=recurse))
 
-    def state_dict(self):
-        """PyTorch's spelling: OrderedDict name -> tensor of the parameters (and an optimizer's state)."""
-        out = self.parameters_dict()
-        state = getattr(self, "state_for_checkpoint", None)
-        if state is not None:
-            out.update(state())
+    def checkpoint_entries(self):
+        """[(name, tensor)] a checkpoint of this cell holds: the parameters by path, then the state of
+        every optimizer in it -- this cell's as "moment1.0", a sub-cell's under its path
+        ("optimizer.moment1.0"), so saving a TrainOneStepCell keeps its optimizer's moments."""
+        out = list(self.parameters_and_names())
+        for path, cell in self.cells_and_names():
+            state = getattr(cell, "state_for_checkpoint", None)
+            if state is not None:
+                out += [(f"{path}.{name}" if path else name, t) for name, t in state()]
         return out
+
+    def state_dict(self):
+        """PyTorch's spelling: OrderedDict name -> tensor of the parameters (and optimizers' state)."""
+        return OrderedDict(self.checkpoint_entries())
 
     def load_state_dict(self, state_dict, strict=True):
         """PyTorch's spelling of load_param_into_net: returns (missing_keys, unexpected_keys); strict
@@ -431,10 +438,7 @@ def load_param_into_net(net, parameter_dict, strict_load=False):
         raise TypeError(f"load_param_into_net: net must be a Cell, got {type(net).__name__}")
     if not isinstance(parameter_dict, dict):
         raise TypeError(f"load_param_into_net: parameter_dict must be a dict, got {type(parameter_dict).__name__}")
-    targets = dict(net.parameters_and_names())
-    state = getattr(net, "state_for_checkpoint", None)
-    if state is not None:
-        targets.update(state())
+    targets = dict(net.checkpoint_entries())
     param_not_load = [n for n in targets if n not in parameter_dict]
     ckpt_not_load = [n for n in parameter_dict if n not in targets]
     if strict_load and (param_not_load or ckpt_not_load):
