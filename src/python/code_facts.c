@@ -284,7 +284,8 @@ static PyObject *unassigned_params(PyCodeObject *code, const pykiln_instr *ins, 
     for (int k = 0; k < nargs && k < PyTuple_GET_SIZE(code->co_localsplusnames); k++)
         if (PySet_Add(params, PyTuple_GET_ITEM(code->co_localsplusnames, k)) < 0) goto fail;
     for (Py_ssize_t k = 0; k < n; k++)
-        if (by_opcode[ins[k].op].act == ACT_WRITE_FAST && ins[k].name && PySet_Discard(params, ins[k].name) < 0)
+        if ((by_opcode[ins[k].op].act == ACT_WRITE_FAST || by_opcode[ins[k].op].act == ACT_WRITE_DEREF) &&
+            ins[k].name && PySet_Discard(params, ins[k].name) < 0)
             goto fail;
     return params;
 fail:
@@ -316,8 +317,8 @@ static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObj
         } else if ((act == ACT_READ_DEREF || act == ACT_READ_CLOSURE) && is_free) {
             if (PyDict_SetItem(freevars, name, Py_None) < 0) goto done;
             kind = act == ACT_READ_DEREF ? "deref" : NULL;
-        } else if (act == ACT_READ_FAST && name && PySet_Contains(params, name) == 1) {
-            kind = "fast";
+        } else if ((act == ACT_READ_FAST || act == ACT_READ_DEREF) && name && PySet_Contains(params, name) == 1) {
+            kind = "fast"; /* (through its cell when a nested function closes over the parameter) */
         } else if (act == ACT_WRITE_GLOBAL) {
             if (add_event(effects, "a write to the global %R", name, i->line) < 0) goto done;
         } else if (act == ACT_WRITE_DEREF && is_free) {
@@ -372,6 +373,45 @@ static PyObject *keys_tuple(PyObject *dict) {
     return t;
 }
 
+/* Adds to chains, as chains on the parameter itself ("fast"), the chains that nested code reads
+ * through a closure variable naming one of the outer code's unassigned parameters (names: those
+ * still meaning the parameter at this depth). A lambda or an ast-converted branch reading
+ * self.cfg.scale is made anew by each call, so the parameter is the root that stays to guard. */
+static int lift_nested_chains(PyCodeObject *code, PyObject *names, PyObject *chains) {
+    int rc = 0;
+    for (Py_ssize_t c = 0; rc == 0 && c < PyTuple_GET_SIZE(code->co_consts); c++) {
+        PyObject *nested = PyTuple_GET_ITEM(code->co_consts, c);
+        if (!PyCode_Check(nested)) continue;
+        PyObject *free = PyCode_GetFreevars((PyCodeObject *)nested), *here = PySet_New(NULL);
+        for (Py_ssize_t k = 0; free && here && rc == 0 && k < PyTuple_GET_SIZE(free); k++) {
+            int in = PySet_Contains(names, PyTuple_GET_ITEM(free, k));
+            rc = in < 0 ? -1 : in ? PySet_Add(here, PyTuple_GET_ITEM(free, k)) : 0;
+        }
+        pykiln_instr *ins = NULL;
+        Py_ssize_t n = 0;
+        if (!free || !here || rc < 0 || pykiln_decode((PyCodeObject *)nested, &ins, &n) < 0) rc = -1;
+        for (Py_ssize_t k = 0; rc == 0 && PySet_GET_SIZE(here) && k < n; k++) /* (a nonlocal write: not stable) */
+            if (by_opcode[ins[k].op].act == ACT_WRITE_DEREF && ins[k].name) rc = PySet_Discard(here, ins[k].name) < 0 ? -1 : 0;
+        for (Py_ssize_t k = 0; rc == 0 && PySet_GET_SIZE(here) && k < n; k++) {
+            if (by_opcode[ins[k].op].act != ACT_READ_DEREF || !ins[k].name) continue;
+            int in = PySet_Contains(here, ins[k].name);
+            PyObject *steps = in == 1 ? chain_after(ins, n, k + 1) : NULL;
+            if (in < 0 || (in == 1 && !steps)) rc = -1;
+            if (steps && PyTuple_GET_SIZE(steps)) {
+                PyObject *chain = Py_BuildValue("(sOO)", "fast", ins[k].name, steps);
+                if (!chain || PyDict_SetItem(chains, chain, Py_None) < 0) rc = -1;
+                Py_XDECREF(chain);
+            }
+            Py_XDECREF(steps);
+        }
+        PyMem_Free(ins);
+        if (rc == 0 && PySet_GET_SIZE(here)) rc = lift_nested_chains((PyCodeObject *)nested, here, chains);
+        Py_XDECREF(free);
+        Py_XDECREF(here);
+    }
+    return rc;
+}
+
 /* The facts of code, or of its instructions at the offsets in `executed` (a set) when not NULL:
  * what one run of part of the code read (parameters count as assigned from the whole code). */
 static PyObject *compute_facts(PyCodeObject *code, PyObject *executed) {
@@ -395,7 +435,9 @@ static PyObject *compute_facts(PyCodeObject *code, PyObject *executed) {
     PyObject *globals = PyDict_New(), *freevars = PyDict_New(), *chains = PyDict_New();
     PyObject *lists[3] = {PyList_New(0), PyList_New(0), PyList_New(0)};
     if (!params || !globals || !freevars || !chains || !lists[0] || !lists[1] || !lists[2]) goto done;
-    if (scan(code, ins, n, params, globals, freevars, chains, lists) < 0) goto done;
+    if (scan(code, ins, n, params, globals, freevars, chains, lists) < 0 ||
+        lift_nested_chains(code, params, chains) < 0)
+        goto done;
     f = PyObject_New(PyCodeFacts, &PyCodeFacts_Type);
     if (!f) goto done;
     f->globals = keys_tuple(globals);
