@@ -522,7 +522,7 @@ class Interpreter:
         frame = Frame.start(func, bound)
         if code.co_flags & _GENERATOR_FLAGS:  # a generator expression: its yields, at the bottom of its stack
             frame.stack.append(self.note_created([]))
-        self.reads.append((frame, _starting_values(func, bound)))
+        self.reads.append((frame, dict(zip(bound_names(code), bound))))
         self.frames.append(frame)
         return _PUSHED
 
@@ -535,18 +535,6 @@ class Interpreter:
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
 
-
-def _starting_values(func, bound):
-    """What a frame of func starts with, by name, as a frame's f_locals shows it: the parameters
-    bound, then the values of its closure variables (the guard recorder roots a chain read through
-    one at its value when the function is one the capture itself made)."""
-    values = dict(zip(bound_names(func.__code__), bound))
-    for name, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
-        try:
-            values.setdefault(name, cell.cell_contents)
-        except ValueError:  # (an empty cell)
-            pass
-    return values
 
 
 def _super_arguments(frame):
