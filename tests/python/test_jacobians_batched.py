@@ -283,3 +283,16 @@ def test_control_flow_takes_the_pass_per_basis_vector():
     close(kiln.jacfwd(f)(x), central_differences(lambda a: np.sin(a) * a, x.numpy()), 1e-7)
     close(kiln.hessian(lambda a: f(a).sum())(x), np.diag(2 * np.cos(x.numpy()) - x.numpy() * np.sin(x.numpy())),
           1e-10)
+
+
+def test_gradient_through_the_batched_jacobian():
+    """Reverse over forward: kiln.grad of a function of jacfwd's Jacobian."""
+    def f(a):
+        return ops.sin(a) * a.sum()
+
+    def jac_np(a):
+        return np.diag(np.cos(a)) * a.sum() + np.sin(a)[:, None]
+
+    x = t(np.array([0.3, -0.7, 1.1]))
+    got = kiln.grad(lambda a: (kiln.jacfwd(f)(a) ** 2).sum())(x)
+    close(got, central_differences(lambda a: (jac_np(a) ** 2).sum(), x.numpy()), 1e-7)
