@@ -422,8 +422,9 @@ def _jacrev_by_rows(fn, grad_position=0, has_aux=False):
 def hessian(fn, grad_position=0, has_aux=False):
     """fn's Hessian with respect to the arguments at grad_position (JAX's hessian): jacfwd of
     kiln.jacrev, forward over reverse, each one batched graph (with ops.cond / ops.while_loop,
-    which kiln.vmap cannot batch yet: a pass per basis vector and a vjp per output element). For a scalar output and an input of shape P, a
-    tensor of shape P + P; a tuple grad_position gives nested tuples (row position, column position)."""
+    which kiln.vmap cannot batch yet: a pass per basis vector and a vjp per output element). For a
+    scalar output and an input of shape P, a tensor of shape P + P; a tuple grad_position gives
+    nested tuples (row position, column position)."""
     _check_flag("hessian", has_aux, fn)
     batched = hooks.batching("jacrev")(fn, grad_position, has_aux)
 
