@@ -22,7 +22,13 @@ class VmapFallbackWarning(UserWarning):
 
 class VmapControlFlowError(NotImplementedError):
     """A vmapped function holds control flow (ops.cond, ops.while_loop), which vmap cannot batch
-    yet. kiln.jacfwd and kiln.hessian catch it and take one pass per basis vector instead."""
+    yet. kiln.hessian catches it and takes one pass per basis vector instead (as kiln.jacfwd)."""
+
+
+class VmapValueReadError(ValueError):
+    """A vmapped function reads a tensor's value into Python (a truth test, item()): vmap refuses
+    it, as the value may differ per example. kiln.hessian catches it and takes one pass per output
+    element instead."""
 
 
 _SEQ = (tuple, list)
@@ -169,8 +175,9 @@ def _trace_example(fn, examples, arg_spec):
                             f"vmap returns Tensors only")
         reads, loc = tracer.value_reads()
         if reads:
-            raise ValueError(f"vmap: the function reads a tensor's value into Python ({loc or 'a truth test, item()'}),"
-                             f" which differs per example; use ops.where / ops.select instead of Python control flow")
+            raise VmapValueReadError(f"vmap: the function reads a tensor's value into Python ({loc or 'a truth test, item()'}),"
+                                     f" which differs per example; use ops.where / ops.select instead of Python "
+                                     f"control flow")
         graph = tracer.finish_graph(leaves)
     finally:
         tracer.end()
@@ -384,4 +391,5 @@ def _offsets(sizes):
 
 
 # kiln.jacfwd and kiln.hessian (kiln.derivatives) batch through them
-hooks.vmap, hooks.jacrev, hooks.vmap_control_flow_error = vmap, jacrev, VmapControlFlowError
+hooks.vmap, hooks.jacrev = vmap, jacrev
+hooks.vmap_refusals = (VmapControlFlowError, VmapValueReadError)

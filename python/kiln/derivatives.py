@@ -7,8 +7,8 @@ src/ir/jvp.c): outputs and tangents in one pass, recorded by kiln.jit / kiln.tra
 capturing. vjp is the eager tape (kiln._C.grad). jacfwd maps jvp over the input basis with kiln.vmap
 (one batched graph: _jacobian_batched); hessian is jacfwd of kiln.jacrev, forward over reverse.
 kiln.vmap and kiln.jacrev live above this module (kiln.batching) and reach it through kiln.hooks,
-registered when kiln is imported. Control flow, which vmap cannot batch yet, takes the loops:
-a linear-part run per basis vector, a vjp_fn call per output element."""
+registered when kiln is imported. What vmap refuses (control flow; in jacrev a value read into
+Python) takes the loops: a linear-part run per basis vector, a vjp_fn call per output element."""
 import functools
 
 from . import _C, hooks
@@ -250,48 +250,43 @@ def _numel(x):
 
 def _jacobian_batched(fn, primals, has_aux):
     """(fn's output, its aux or None, per primal the Jacobians of the output leaves, each of shape
-    out.shape + primal.shape): jvp mapped with kiln.vmap over the basis of all the primals at once,
-    one batched graph whose batch is their total element count (example r: a 1 at element r of the
-    concatenated primals, the rest 0), not one run per basis vector. The forward part does not
-    depend on the tangents, so the batched graph computes it once."""
-    sizes = [_numel(p) for p in primals]
+    out.shape + primal.shape): fn recorded once (as jvp records it: a value read into Python there
+    is fixed by the primals), then its forward-mode pass mapped with kiln.vmap over the basis of all
+    the primals at once, one batched graph whose batch is their total element count (example r: a
+    1 at element r of the concatenated primals, the rest 0), not one run per basis vector. The
+    forward part does not depend on the tangents: the batched graph computes it once."""
+    spec, leaves = _flat(tuple(primals), "jacfwd: primals")
+    tracer, out_spec, nout, aux_spec = _record(fn, spec, leaves, has_aux, "jacfwd")
+    sizes = [_numel(p) for p in leaves]
     total = sum(sizes)
     if total == 0:
-        res = jvp(fn, tuple(primals), tuple(_array.zeros_like(p) for p in primals), has_aux=has_aux)
-        outs = []
-        _tree().flatten(res[0], outs)
-        jacs = [[_array.zeros(tuple(o.shape) + tuple(p.shape), dtype=o.dtype) for o in outs] for p in primals]
-        return res[0], (res[2] if has_aux else None), jacs
-    eyes, basis, off = {}, [], 0
-    for p, n in zip(primals, sizes):
-        if p.dtype not in eyes:
-            eyes[p.dtype] = _array.eye(total, total, dtype=p.dtype)
-        basis.append(eyes[p.dtype][:, off:off + n].reshape((total,) + tuple(p.shape)))
-        off += n
-    specs = {}
+        ys, _ = _C.jvp(tracer, leaves, [_array.zeros_like(p) for p in leaves])
+        values = list(ys)
+        jacs = [[_array.zeros(tuple(o.shape) + tuple(p.shape), dtype=o.dtype) for o in values[:nout]] for p in leaves]
+    else:
+        eyes, basis, off = {}, [], 0
+        for p, n in zip(leaves, sizes):
+            if p.dtype not in eyes:
+                eyes[p.dtype] = _array.eye(total, total, dtype=p.dtype)
+            basis.append(eyes[p.dtype][:, off:off + n].reshape((total,) + tuple(p.shape)))
+            off += n
 
-    def pushforward(*tangents):
-        res = jvp(fn, tuple(primals), tuple(tangents), has_aux=has_aux)
-        outs, auxs, tans = [], [], []
-        specs["out"] = _tree().flatten(res[0], outs)
-        specs["aux"] = _tree().flatten(res[2], auxs) if has_aux else None
-        specs["nout"] = len(outs)
-        _tree().flatten(res[1], tans)
-        return tuple(outs + auxs), tuple(tans)  # the first part the same for every example
+        def pushforward(*tangents):
+            ys, tys = _C.jvp(tracer, leaves, list(tangents))
+            return tuple(ys), tuple(tys[:nout])  # the outputs and aux the same for every example
 
-    values, columns = hooks.batching("vmap")(pushforward, out_axes=(None, 0))(*basis)
-    outs, nout = list(values[:specs["nout"]]), specs["nout"]
-    out = _tree().unflatten(specs["out"], outs)[0]
-    aux = _tree().unflatten(specs["aux"], list(values[nout:]))[0] if has_aux else None
-    per_primal, off = [], 0
-    for p, n in zip(primals, sizes):
-        jacs = []
-        for o, col in zip(outs, columns):  # col: (total,) + out.shape
-            block = _movedim(col[off:off + n], 0, -1)  # out.shape + (n,)
-            jacs.append(block.reshape(tuple(o.shape) + tuple(p.shape)))
-        per_primal.append(jacs)
-        off += n
-    return out, aux, per_primal
+        values, columns = hooks.batching("vmap")(pushforward, out_axes=(None, 0))(*basis)
+        jacs, off = [], 0
+        for p, n in zip(leaves, sizes):
+            per_out = []
+            for o, col in zip(values[:nout], columns):  # col: (total,) + out.shape
+                block = _movedim(col[off:off + n], 0, -1)  # out.shape + (n,)
+                per_out.append(block.reshape(tuple(o.shape) + tuple(p.shape)))
+            jacs.append(per_out)
+            off += n
+    out = _tree().unflatten(out_spec, list(values[:nout]))[0]
+    aux = _tree().unflatten(aux_spec, list(values[nout:]))[0] if has_aux else None
+    return out, aux, jacs
 
 
 def _jacobian_by_basis(f_jvp, primals, out_leaves):
@@ -320,10 +315,10 @@ def _jacobian_by_basis(f_jvp, primals, out_leaves):
 
 def _jacobian(fn, primals, has_aux):
     """(output, aux or None, per primal the Jacobians of the output leaves): batched, or by a pass
-    per basis vector where kiln.vmap cannot batch (control flow)."""
+    per basis vector where kiln.vmap refuses (control flow)."""
     try:
         return _jacobian_batched(fn, primals, has_aux)
-    except hooks.batching("vmap_control_flow_error"):
+    except hooks.batching("vmap_refusals"):
         out, f_jvp, aux = _linearize(fn, primals, has_aux, "jacfwd")
         outs = []
         _tree().flatten(out, outs)
@@ -389,7 +384,8 @@ def jacfwd(fn, grad_position=0, has_aux=False):
 
 def _jacrev_by_rows(fn, grad_position=0, has_aux=False):
     """fn's Jacobian by reverse mode: one vjp, its vjp_fn given each basis vector of each output in
-    turn (rows stacked): kiln.hessian's inner Jacobian where kiln.jacrev cannot batch (control flow)."""
+    turn (rows stacked): kiln.hessian's inner Jacobian where kiln.jacrev's vmap refuses (control
+    flow, a value read into Python)."""
 
     @functools.wraps(fn)
     def jac_fn(*args):
@@ -421,8 +417,9 @@ def _jacrev_by_rows(fn, grad_position=0, has_aux=False):
 
 def hessian(fn, grad_position=0, has_aux=False):
     """fn's Hessian with respect to the arguments at grad_position (JAX's hessian): jacfwd of
-    kiln.jacrev, forward over reverse, each one batched graph (with ops.cond / ops.while_loop,
-    which kiln.vmap cannot batch yet: a pass per basis vector and a vjp per output element). For a
+    kiln.jacrev, forward over reverse, each one batched graph (a pass per basis vector and a vjp
+    per output element where kiln.vmap refuses: ops.cond / ops.while_loop, values read into
+    Python). For a
     scalar output and an input of shape P, a tensor of shape P + P; a tuple grad_position gives
     nested tuples (row position, column position)."""
     _check_flag("hessian", has_aux, fn)
@@ -432,7 +429,7 @@ def hessian(fn, grad_position=0, has_aux=False):
     def reverse_jacobian(*args):
         try:
             return batched(*args)
-        except hooks.batching("vmap_control_flow_error"):
+        except hooks.batching("vmap_refusals"):
             return _jacrev_by_rows(fn, grad_position, has_aux)(*args)
 
     reverse_jacobian._kiln_grad_of = fn

@@ -27,16 +27,16 @@ note_number = None
 
 
 # kiln.vmap and kiln.jacrev (kiln.batching, set by that module): kiln.jacfwd maps the forward-mode
-# pass over the input basis with vmap, kiln.hessian is jacfwd of jacrev; vmap raises
-# vmap_control_flow_error (kiln.batching.VmapControlFlowError) for control flow it cannot batch.
+# pass over the input basis with vmap, kiln.hessian is jacfwd of jacrev. vmap_refusals: the
+# exceptions of what vmap refuses and a loop of calls handles (control flow, a value read into
+# Python: kiln.batching.VmapControlFlowError, VmapValueReadError).
 vmap = None
 jacrev = None
-vmap_control_flow_error = None
+vmap_refusals = None
 
 
 def batching(name):
-    """kiln.batching's `name` (vmap, jacrev or vmap_control_flow_error), registered when kiln is
-    imported."""
+    """kiln.batching's `name` (vmap, jacrev or vmap_refusals), registered when kiln is imported."""
     fn = globals()[name]
     if fn is None:
         raise RuntimeError(f"kiln.{name} is not imported: import kiln first")

@@ -270,7 +270,27 @@ def test_kiln_trace_equals_eager(fn):
                                            err_msg=f"{variant.name} output {k}")
 
 
-# ---- control flow: vmap cannot batch it yet -----------------------------------------------------------
+# ---- what vmap refuses: the loops take over ---------------------------------------------------------
+
+def scaled(a):
+    return a * (2.0 if float(a.sum()) > 0 else 3.0) + ops.sin(a)  # a value read into Python
+
+
+def test_a_value_read_into_python_is_fixed_by_the_primals():
+    """jacfwd records the function once, as jvp does, so a Python branch on the primals' values is
+    taken once; hessian's kiln.jacrev refuses it (vmap: the value may differ per example), and the
+    rows of the Jacobian come from a vjp per output element instead."""
+    for x in (t(np.array([0.5, 1.0, -0.2])), t(np.array([-0.5, -1.0, 0.2]))):
+        k = 2.0 if x.numpy().sum() > 0 else 3.0
+        xn = x.numpy()
+        close(kiln.jacfwd(scaled)(x), np.diag(k + np.cos(xn)))
+        close(kiln.hessian(lambda a: (scaled(a) ** 2).sum())(x),
+              np.diag(2 * (k + np.cos(xn)) ** 2 - 2 * (k * xn + np.sin(xn)) * np.sin(xn)))
+    with pytest.raises(kiln.batching.VmapValueReadError, match="reads a tensor's value into Python"):
+        kiln.jacrev(scaled)(t(np.ones(3)))
+    assert issubclass(kiln.batching.VmapValueReadError, ValueError)
+
+
 
 def test_control_flow_takes_the_pass_per_basis_vector():
     def f(a):
