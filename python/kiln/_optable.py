@@ -1,13 +1,14 @@
 """The op table of the C core (src/ops/ops.def), as seen from Python.
 
 `OP.add` is the integer id of the op named "add"; `INFO["add"]` describes it. `side_effects`: running
-the op twice, or not at all, is visible (in-place writes, random draws, printing, checks).
+the op twice, or not at all, is visible (in-place writes, random draws, printing, checks). `control`:
+the op runs subgraphs (cond's if, while_loop's while and while_grad).
 """
 from collections import namedtuple
 
 from . import _C
 
-OpInfo = namedtuple("OpInfo", "id name nin nout differentiable fusion c_expr side_effects")
+OpInfo = namedtuple("OpInfo", "id name nin nout differentiable fusion c_expr side_effects control")
 
 INFO = {}
 for _id, _row in enumerate(_C.op_table()):

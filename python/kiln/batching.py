@@ -10,13 +10,25 @@ applied twice. jacrev is vmap over reverse-mode gradients, the cotangents the ro
 import functools
 import warnings
 
-from . import _C
+from . import _C, hooks
+from ._optable import INFO
 from .autograd import value_and_grad_on_tape
 from .grad_mode import no_grad
 
 
 class VmapFallbackWarning(UserWarning):
     """An op of a vmapped function has no batching rule for its inputs: it runs once per example."""
+
+
+class VmapControlFlowError(NotImplementedError):
+    """A vmapped function holds control flow (ops.cond, ops.while_loop), which vmap cannot batch
+    yet. kiln.hessian catches it and takes one pass per basis vector instead (as kiln.jacfwd)."""
+
+
+class VmapValueReadError(ValueError):
+    """A vmapped function reads a tensor's value into Python (a truth test, item()): vmap refuses
+    it, as the value may differ per example. kiln.hessian catches it and takes one pass per output
+    element instead."""
 
 
 _SEQ = (tuple, list)
@@ -163,8 +175,9 @@ def _trace_example(fn, examples, arg_spec):
                             f"vmap returns Tensors only")
         reads, loc = tracer.value_reads()
         if reads:
-            raise ValueError(f"vmap: the function reads a tensor's value into Python ({loc or 'a truth test, item()'}),"
-                             f" which differs per example; use ops.where / ops.select instead of Python control flow")
+            raise VmapValueReadError(f"vmap: the function reads a tensor's value into Python ({loc or 'a truth test, item()'}),"
+                                     f" which differs per example; use ops.where / ops.select instead of Python "
+                                     f"control flow")
         graph = tracer.finish_graph(leaves)
     finally:
         tracer.end()
@@ -219,7 +232,12 @@ def _call_batched(fn, in_axes, out_axes, args, extra=(), extra_axes=()):
                 raise ValueError(f"vmap: out_axes {ax} is out of bounds for output {k} of rank {r} "
                                  f"(it must be in [{-r}, {r}))")
             oaxes[k] = ax % r
-    batched, slow = _C.batch_graph(graph, batch, axes, oaxes)
+    try:
+        batched, slow = _C.batch_graph(graph, batch, axes, oaxes)
+    except NotImplementedError as e:
+        if any(INFO[node[0]].control for node in graph.structure()[2]):
+            raise VmapControlFlowError(str(e)) from None
+        raise
     if slow:
         warnings.warn(f"vmap: no batching rule applies to {', '.join(slow)} here: it runs once per example "
                       f"(the slow path)", VmapFallbackWarning, stacklevel=3)
@@ -370,3 +388,8 @@ def _offsets(sizes):
     for n in sizes:
         yield off
         off += n
+
+
+# kiln.jacfwd and kiln.hessian (kiln.derivatives) batch through them
+hooks.vmap, hooks.jacrev = vmap, jacrev
+hooks.vmap_refusals = (VmapControlFlowError, VmapValueReadError)

@@ -4,15 +4,18 @@ jvp, vjp, linearize, jacfwd, hessian.
 Forward mode records the function once into a graph (a nested Tracer, as control flow's bodies),
 then runs that graph again with each op's JVP rule (ops.def KILN_JVP) after it (kiln._C.jvp,
 src/ir/jvp.c): outputs and tangents in one pass, recorded by kiln.jit / kiln.trace when they are
-capturing. vjp is the eager tape (kiln._C.grad). jacfwd pushes the input basis through the linear
-part of a linearization (_jacobian_by_basis); hessian is jacfwd over a reverse-mode Jacobian
-(_jacrev, built from vjp), forward over reverse."""
+capturing. vjp is the eager tape (kiln._C.grad). jacfwd maps jvp over the input basis with kiln.vmap
+(one batched graph: _jacobian_batched); hessian is jacfwd of kiln.jacrev, forward over reverse.
+kiln.vmap and kiln.jacrev live above this module (kiln.batching) and reach it through kiln.hooks,
+registered when kiln is imported. What vmap refuses (control flow; in jacrev a value read into
+Python) takes the loops: a linear-part run per basis vector, a vjp_fn call per output element."""
 import functools
 
-from . import _C
+from . import _C, hooks
 from .autograd import grad_nesting
 from .grad_mode import enable_grad, is_grad_enabled, no_grad
 from .ops import array as _array
+from .ops.array_more import movedim as _movedim
 
 
 def _tree():
@@ -245,10 +248,52 @@ def _numel(x):
     return n
 
 
+def _jacobian_batched(fn, primals, has_aux):
+    """(fn's output, its aux or None, per primal the Jacobians of the output leaves, each of shape
+    out.shape + primal.shape): fn recorded once (as jvp records it: a value read into Python there
+    is fixed by the primals), then its forward-mode pass mapped with kiln.vmap over the basis of all
+    the primals at once, one batched graph whose batch is their total element count (example r: a
+    1 at element r of the concatenated primals, the rest 0), not one run per basis vector. The
+    forward part does not depend on the tangents: the batched graph computes it once."""
+    spec, leaves = _flat(tuple(primals), "jacfwd: primals")
+    tracer, out_spec, nout, aux_spec = _record(fn, spec, leaves, has_aux, "jacfwd")
+    sizes = [_numel(p) for p in leaves]
+    total = sum(sizes)
+    if total == 0:
+        ys, _ = _C.jvp(tracer, leaves, [_array.zeros_like(p) for p in leaves])
+        values = list(ys)
+        jacs = [[_array.zeros(tuple(o.shape) + tuple(p.shape), dtype=o.dtype) for o in values[:nout]] for p in leaves]
+    else:
+        eyes, basis, off = {}, [], 0
+        for p, n in zip(leaves, sizes):
+            if p.dtype not in eyes:
+                eyes[p.dtype] = _array.eye(total, total, dtype=p.dtype)
+            basis.append(eyes[p.dtype][:, off:off + n].reshape((total,) + tuple(p.shape)))
+            off += n
+
+        def pushforward(*tangents):
+            ys, tys = _C.jvp(tracer, leaves, list(tangents))
+            return tuple(ys), tuple(tys[:nout])  # the outputs and aux the same for every example
+
+        values, columns = hooks.batching("vmap")(pushforward, out_axes=(None, 0))(*basis)
+        jacs, off = [], 0
+        for p, n in zip(leaves, sizes):
+            per_out = []
+            for o, col in zip(values[:nout], columns):  # col: (total,) + out.shape
+                block = _movedim(col[off:off + n], 0, -1)  # out.shape + (n,)
+                per_out.append(block.reshape(tuple(o.shape) + tuple(p.shape)))
+            jacs.append(per_out)
+            off += n
+    out = _tree().unflatten(out_spec, list(values[:nout]))[0]
+    aux = _tree().unflatten(aux_spec, list(values[nout:]))[0] if has_aux else None
+    return out, aux, jacs
+
+
 def _jacobian_by_basis(f_jvp, primals, out_leaves):
     """Per output leaf, per primal: the Jacobian d out / d primal, of shape out.shape + primal.shape,
     from f_jvp (a linearization's tangent part) given each basis vector of each primal in turn, the
-    other primals' tangents zero. (A loop of linear-part runs; kiln.vmap may batch it later.)"""
+    other primals' tangents zero: a loop of linear-part runs, for what kiln.vmap cannot batch (control
+    flow)."""
     zeros = [_array.zeros_like(p) for p in primals]
     per_primal = []
     for i, p in enumerate(primals):
@@ -266,6 +311,18 @@ def _jacobian_by_basis(f_jvp, primals, out_leaves):
             jacs.append(stacked.reshape(tuple(o.shape) + tuple(p.shape)))
         per_primal.append(jacs)
     return per_primal
+
+
+def _jacobian(fn, primals, has_aux):
+    """(output, aux or None, per primal the Jacobians of the output leaves): batched, or by a pass
+    per basis vector where kiln.vmap refuses (control flow)."""
+    try:
+        return _jacobian_batched(fn, primals, has_aux)
+    except hooks.batching("vmap_refusals"):
+        out, f_jvp, aux = _linearize(fn, primals, has_aux, "jacfwd")
+        outs = []
+        _tree().flatten(out, outs)
+        return out, aux, _jacobian_by_basis(f_jvp, primals, outs)
 
 
 def _arrange(out_spec, per_position, single):
@@ -317,19 +374,18 @@ def jacfwd(fn, grad_position=0, has_aux=False):
         for p, x in zip(pos, primals):
             if not isinstance(x, _C.TensorBase):
                 raise TypeError(f"jacfwd: argument {p} must be a Tensor, got {type(x).__name__}")
-        out, f_jvp, aux = _linearize(_at_positions(fn, args, pos), primals, has_aux, "jacfwd")
-        outs = []
-        out_spec = _tree().flatten(out, outs)
-        jac = _arrange(out_spec, _jacobian_by_basis(f_jvp, primals, outs), single)
+        out, aux, per_primal = _jacobian(_at_positions(fn, args, pos), primals, has_aux)
+        jac = _arrange(_tree().flatten(out, []), per_primal, single)
         return (jac, aux) if has_aux else jac
 
     jac_fn._kiln_grad_of = fn  # kiln's own wrapper: capture runs it as it is, recording its ops
     return jac_fn
 
 
-def _jacrev(fn, grad_position=0, has_aux=False):
+def _jacrev_by_rows(fn, grad_position=0, has_aux=False):
     """fn's Jacobian by reverse mode: one vjp, its vjp_fn given each basis vector of each output in
-    turn (rows stacked). kiln.jacrev (issue 34, another part) replaces it once merged."""
+    turn (rows stacked): kiln.hessian's inner Jacobian where kiln.jacrev's vmap refuses (control
+    flow, a value read into Python)."""
 
     @functools.wraps(fn)
     def jac_fn(*args):
@@ -360,8 +416,21 @@ def _jacrev(fn, grad_position=0, has_aux=False):
 
 
 def hessian(fn, grad_position=0, has_aux=False):
-    """fn's Hessian with respect to the arguments at grad_position (JAX's hessian): jacfwd of the
-    reverse-mode Jacobian, forward over reverse. For a scalar output and an input of shape P, a
-    tensor of shape P + P; a tuple grad_position gives nested tuples (row position, column position)."""
+    """fn's Hessian with respect to the arguments at grad_position (JAX's hessian): jacfwd of
+    kiln.jacrev, forward over reverse, each one batched graph (a pass per basis vector and a vjp
+    per output element where kiln.vmap refuses: ops.cond / ops.while_loop, values read into
+    Python). For a
+    scalar output and an input of shape P, a tensor of shape P + P; a tuple grad_position gives
+    nested tuples (row position, column position)."""
     _check_flag("hessian", has_aux, fn)
-    return jacfwd(_jacrev(fn, grad_position, has_aux), grad_position, has_aux)
+    batched = hooks.batching("jacrev")(fn, grad_position, has_aux)
+
+    @functools.wraps(fn)
+    def reverse_jacobian(*args):
+        try:
+            return batched(*args)
+        except hooks.batching("vmap_refusals"):
+            return _jacrev_by_rows(fn, grad_position, has_aux)(*args)
+
+    reverse_jacobian._kiln_grad_of = fn
+    return jacfwd(reverse_jacobian, grad_position, has_aux)

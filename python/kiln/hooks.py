@@ -24,3 +24,20 @@ def make_jit_function(fn, options):
 # records, so the capture returns it as that number (set by kiln.jit.ast_runtime; kiln.ops' loops
 # carry Python numbers as 0-d tensors when compiled).
 note_number = None
+
+
+# kiln.vmap and kiln.jacrev (kiln.batching, set by that module): kiln.jacfwd maps the forward-mode
+# pass over the input basis with vmap, kiln.hessian is jacfwd of jacrev. vmap_refusals: the
+# exceptions of what vmap refuses and a loop of calls handles (control flow, a value read into
+# Python: kiln.batching.VmapControlFlowError, VmapValueReadError).
+vmap = None
+jacrev = None
+vmap_refusals = None
+
+
+def batching(name):
+    """kiln.batching's `name` (vmap, jacrev or vmap_refusals), registered when kiln is imported."""
+    fn = globals()[name]
+    if fn is None:
+        raise RuntimeError(f"kiln.{name} is not imported: import kiln first")
+    return fn

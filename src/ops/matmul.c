@@ -223,6 +223,57 @@ static bool mm_fold(const mm_plan *p, mm_mat *folded) {
     return true;
 }
 
+/* ---- outer products ---------------------------------------------------------------------- */
+
+#define MM_OUTER_ROW(NAME, T)                                                                \
+    static void NAME(T *restrict c, T a, const T *restrict b, int64_t bcs, int64_t n) {     \
+        if (bcs == 1) {                                                                      \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) c[j] = a * b[j];             \
+        } else {                                                                             \
+            for (int64_t j = 0; j < n; j++) c[j] = a * b[j * bcs];                           \
+        }                                                                                    \
+    }
+MM_OUTER_ROW(mm_outer_row_f32, float)
+MM_OUTER_ROW(mm_outer_row_f64, double)
+
+/* Rows [r0, r1) of a batched product over one element (K == 1), rows counted over the whole
+ * output viewed as (numel / N, N); then the epilogue on them while they are in cache. */
+static void mm_outer_rows(const mm_plan *p, const char *A, const char *B, char *C, int64_t r0, int64_t r1,
+                          const kiln_mm_epilogue *epi) {
+    int64_t isz = (int64_t)kiln_dtype_size(p->ct);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t t = r / p->M, i = r % p->M, oa = 0, ob = 0, rem = t;
+        for (int d = p->nb - 1; d >= 0; d--) {
+            int64_t k = rem % p->bshape[d];
+            rem /= p->bshape[d];
+            oa += k * p->sa[d], ob += k * p->sb[d];
+        }
+        const char *a = A + (oa + i * p->a.rs) * isz, *b = B + ob * isz;
+        char *c = C + r * p->N * isz;
+        if (p->ct == KILN_DTYPE_FLOAT32)
+            mm_outer_row_f32((float *)c, *(const float *)a, (const float *)b, p->b.cs, p->N);
+        else
+            mm_outer_row_f64((double *)c, *(const double *)a, (const double *)b, p->b.cs, p->N);
+    }
+    mm_epilogue_run(epi, r0, r1 - r0, 0, p->N);
+}
+
+/* A product over one element (K == 1), as a per-example weight gradient gy x^T under kiln.vmap:
+ * an outer product per batch, C[t, i, :] = A[t, i] * B[t, :], each output element written once
+ * (a GEMM call per batch costs more than it computes; the products are the GEMM's, a * b + 0).
+ * Its speed is the memory's write bandwidth. */
+static void mm_outer(const mm_plan *p, const char *A, const char *B, char *C, const kiln_mm_epilogue *epi) {
+    int64_t rows = kiln_shape_numel(p->nb, p->bshape) * p->M;
+    int threads = rows * p->N >= KILN_PARALLEL_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+    if (threads > rows) threads = (int)rows;
+    if (threads <= 1) {
+        mm_outer_rows(p, A, B, C, 0, rows, epi);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < threads; t++) mm_outer_rows(p, A, B, C, rows * t / threads, rows * (t + 1) / threads, epi);
+}
+
 static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, const kiln_mm_epilogue *epi) {
     size_t isz = kiln_dtype_size(p->ct);
     int64_t count = kiln_shape_numel(p->nb, p->bshape);
@@ -230,6 +281,10 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, cons
     if (p->K == 0) {                                   /* empty sums */
         memset(C, 0, (size_t)(count * p->M * p->N) * isz);
         mm_epilogue_run(epi, 0, count * p->M, 0, p->N);
+        return;
+    }
+    if (p->K == 1 && (p->ct == KILN_DTYPE_FLOAT32 || p->ct == KILN_DTYPE_FLOAT64)) {
+        mm_outer(p, A, B, C, epi);
         return;
     }
     if (count == 1) {

@@ -251,14 +251,9 @@ static kiln_status batched_matmul(vm *c, bv a, bv b, int rres, const int64_t *re
     if (a.b) KILN_TRY(align(c, a, lead, &a.v));
     if (b.b) KILN_TRY(align(c, b, lead, &b.v));
     int32_t ins[2] = {a.v, b.v}, prod;
-    const kiln_meta *ma = meta(c, a.v), *mb = meta(c, b.v);
-    if (ma->ndim >= 2 && mb->ndim >= 2 && ma->shape[ma->ndim - 1] == 1) {
-        /* a contraction over one element (a per-example weight gradient, gy x^T) is an outer
-         * product: the broadcasting multiply computes the same products without a GEMM per example */
-        KILN_TRY(add(c, KILN_OP_MUL, 2, ins, NULL, &prod));
-    } else {
-        KILN_TRY(add(c, KILN_OP_MATMUL, 2, ins, NULL, &prod));
-    }
+    /* a contraction over one element (a per-example weight gradient, gy x^T) is an outer
+     * product: matmul's kernel writes it in one pass (mm_outer), without a GEMM per example */
+    KILN_TRY(add(c, KILN_OP_MATMUL, 2, ins, NULL, &prod));
     shape[0] = c->B;
     for (int d = 0; d < rres; d++) shape[1 + d] = res[d];
     return reshape(c, prod, rres + 1, shape, out);
