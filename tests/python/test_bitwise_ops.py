@@ -4,7 +4,7 @@ int8, int32, int64 and bool, broadcasting, Python ints on either side, negative 
 counts of 0, the width - 1, the width, beyond it and negative; float inputs a TypeError naming the
 op; every compiled variant (kiln.jit's capture modes x O0/O1 x kbk/sink, kiln.trace, and O1 with
 generated C) equal to eager bit for bit."""
-import os
+import warnings
 
 import numpy as np
 import pytest
@@ -215,7 +215,8 @@ def masks_and_shifts(a, b, m, c8):
     h <<= 1
     h &= b
     flags = (m & (a > 0)) | ~m ^ (b < 0)
-    edge = (c8 << T(np.array([0, 7, 8, 9, -1, 100], np.int8))) , (c8 >> T(np.array([0, 7, 8, 9, -1, 100], np.int8)))
+    count = T(np.array([0, 7, 8, 9, -1, 100], np.int8))  # int8: 0, width - 1, width, beyond, negative
+    edge = (c8 << count, c8 >> count)
     return low, field, mixed, h, flags, 1 << (b & 31), -1024 >> (b & 63), edge, ops.invert(c8), c8 ^ 0x55
 
 
@@ -248,9 +249,9 @@ def fused_with_floats(x, i, c):
 def test_o1_with_generated_c_equals_eager_bit_for_bit(backend, monkeypatch):
     monkeypatch.delenv("KILN_DISABLE_CODEGEN", raising=False)  # the generated C, not the interpreted path
     r = np.random.default_rng(3)
-    args = [(T(r.standard_normal(8).astype(np.float32)), T(r.integers(-2 ** 31, 2 ** 31 - 1, 8, dtype=np.int64)
-                                                          .astype(np.int32)), T(np.array([0, 1, 31, 32, 33, -1, 5, 40], np.int32)))
-            for _ in range(2)]
+    counts32 = T(np.array([0, 1, 31, 32, 33, -1, 5, 40], np.int32))
+    args = [(T(r.standard_normal(8).astype(np.float32)),
+             T(r.integers(-2 ** 31, 2 ** 31 - 1, 8, dtype=np.int64).astype(np.int32)), counts32) for _ in range(2)]
     jf = kiln.jit(fused_with_floats, capture_mode="ast", jit_level="O1", backend=backend)
     for x, i, c in args + args:
         want, got = fused_with_floats(x, i, c), jf(x, i, c)
@@ -286,3 +287,21 @@ def test_bitwise_ops_have_no_gradient_rule():
     assert names <= {row[0] for row in kiln._C.op_table()}
     assert not names & set(kiln._C.jvp_rules_missing())
     assert not names & set(kiln._C.jvp_rule_ops())
+
+
+# ---- export -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "left_shift",
+                                "right_shift"])
+def test_onnx_export_refuses_naming_the_op(op, tmp_path):
+    """opset 17 has no integer bitwise operators (BitShift takes unsigned types only)."""
+    pytest.importorskip("onnx")
+    from kiln.jit.onnx_export import OnnxExportError
+    from onnx_runtime import FnCell
+
+    fns = {"bitwise_and": lambda i: i & 6, "bitwise_or": lambda i: i | 6, "bitwise_xor": lambda i: i ^ 6,
+           "bitwise_not": lambda i: ~i, "left_shift": lambda i: i << 2, "right_shift": lambda i: i >> 2}
+    with pytest.raises(OnnxExportError, match=f"the op '{op}' has no ONNX form"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.export(FnCell(fns[op]), T(np.arange(4, dtype=np.int32)), file_name=str(tmp_path / "m.onnx"),
+                    file_format="ONNX")
