@@ -4,6 +4,7 @@ int8, int32, int64 and bool, broadcasting, Python ints on either side, negative 
 counts of 0, the width - 1, the width, beyond it and negative; float inputs a TypeError naming the
 op; every compiled variant (kiln.jit's capture modes x O0/O1 x kbk/sink, kiln.trace, and O1 with
 generated C) equal to eager bit for bit."""
+import io
 import warnings
 
 import numpy as np
@@ -323,3 +324,20 @@ def test_onnx_export_refuses_naming_the_op(op, tmp_path):
         warnings.simplefilter("ignore")
         kiln.export(FnCell(fns[op]), T(np.arange(4, dtype=np.int32)), file_name=str(tmp_path / "m.onnx"),
                     file_format="ONNX")
+
+
+def test_a_dumped_model_keeps_the_bitwise_ops():
+    """kiln.trace's dump names ops in the model file: a loaded model computes the same bits."""
+    def hash_bits(i, c):
+        h = (i ^ (i >> 7)) << 1
+        return (h & c) | ~(i >> c), 1 << c
+
+    i, c = T(np.array([[-5, 1 << 40, 77], [3, -1, 0]], np.int64)), T(np.array([0, 63, 70], np.int64))
+    t = kiln.trace(hash_bits, capture_as_const=True)
+    want = t(i, c)
+    buf = io.BytesIO()
+    t.dump(buf, optimize_for_inference=False)
+    got = kiln.load(buf.getvalue())(i, c)
+    for g, w in zip(got, want):
+        assert_same(g, w.numpy())
+    np.testing.assert_array_equal(want[1].numpy(), np.left_shift(np.int64(1), c.numpy()))
