@@ -521,6 +521,27 @@ class Tensor(_C.TensorBase):
     def logaddexp(self, other):
         return _ops.logaddexp(self, other)
 
+    # bitwise ops of integer and bool tensors (MindSpore's names, PyTorch's bitwise_not)
+    def bitwise_and(self, other):
+        return _ops.bitwise_and(self, other)
+
+    def bitwise_or(self, other):
+        return _ops.bitwise_or(self, other)
+
+    def bitwise_xor(self, other):
+        return _ops.bitwise_xor(self, other)
+
+    def bitwise_left_shift(self, other):
+        return _ops.bitwise_left_shift(self, other)
+
+    def bitwise_right_shift(self, other):
+        return _ops.bitwise_right_shift(self, other)
+
+    def invert(self):
+        return _ops.invert(self)
+
+    bitwise_not = invert
+
     def isnan(self):
         return _ops.isnan(self)
 
@@ -663,6 +684,24 @@ class Tensor(_C.TensorBase):
 
     def remainder_(self, other):
         return self._write_result("remainder_", self % other)
+
+    def bitwise_and_(self, other):
+        return self._write_result("bitwise_and_", _ops.bitwise_and(self, other))
+
+    def bitwise_or_(self, other):
+        return self._write_result("bitwise_or_", _ops.bitwise_or(self, other))
+
+    def bitwise_xor_(self, other):
+        return self._write_result("bitwise_xor_", _ops.bitwise_xor(self, other))
+
+    def bitwise_left_shift_(self, other):
+        return self._write_result("bitwise_left_shift_", _ops.bitwise_left_shift(self, other))
+
+    def bitwise_right_shift_(self, other):
+        return self._write_result("bitwise_right_shift_", _ops.bitwise_right_shift(self, other))
+
+    def bitwise_not_(self):
+        return self._write_result("bitwise_not_", _ops.invert(self))
 
     def addcmul_(self, tensor1, tensor2, value=1):
         return self._write_result("addcmul_", self + tensor1 * tensor2 * value)

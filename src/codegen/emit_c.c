@@ -113,6 +113,7 @@ bool kiln_codegen_supports(const kiln_graph *sub) {
 
 #include "floordiv_text.h" /* kiln_floordiv_text: src/core/floordiv.h, for KILN_FLOORDIV and KILN_MOD */
 #include "rounding_text.h" /* kiln_rounding_text: src/core/rounding.h, for KILN_FLOOR, KILN_ISNAN, ... */
+#include "bitwise_text.h" /* kiln_bitwise_text: src/core/bitwise.h, for KILN_BITAND, KILN_SHL, ... */
 
 #define KILN_NEG_TEXT "#define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))" /* as src/core/internal.h */
 
@@ -232,8 +233,8 @@ void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
            "static inline float kiln_bf16_ld(uint16_t h) { kf_bits b; b.u = (uint32_t)h << 16; return b.f; }\n"
            "static inline uint16_t kiln_bf16_st(float f) { kf_bits b; b.f = f; uint32_t u = b.u;\n"
            "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
-           "%s\n%s\n%s\n#endif\n",
-        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text);
+           "%s\n%s\n%s\n%s\n#endif\n",
+        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text, kiln_bitwise_text);
     /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
     static const struct {
         unsigned use;

@@ -268,6 +268,7 @@ void kiln_release_all(kiln_tensor **ts, int n);
 
 #include "floordiv.h" /* KILN_FLOORDIV, KILN_MOD: Python's // and % in ops.def's C expressions */
 #include "rounding.h" /* KILN_FLOOR, KILN_ROUND, KILN_ISNAN, ...: rounding and classifying in C expressions */
+#include "bitwise.h" /* KILN_BITAND, KILN_SHL, ...: bitwise ops and shifts in C expressions */
 
 /* Every kernel, inference function and gradient rule named in ops.def. */
 #define KILN_OP(ENUM, name, nin, nout, fusion, flags, infer, kernel, grad, cexpr)           \

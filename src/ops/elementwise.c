@@ -77,6 +77,37 @@ KILN_INFER(binary_float) {
 
 KILN_INFER(compare) { return infer_broadcast(in, nin, KILN_DTYPE_BOOL, out); }
 
+/* bitwise ops take integer and bool tensors only (NumPy's TypeError for floats) */
+static kiln_status reject_float(kiln_tensor *const *in, int nin) {
+    for (int k = 0; k < nin; k++)
+        if (kiln_dtype_is_float(in[k]->meta.dtype)) {
+            char buf[512];
+            return kiln_error(KILN_ERR_TYPE, "not supported for %s%s%s tensors (shapes %s): bitwise ops take integer or bool "
+                              "tensors", kiln_dtype_name(in[0]->meta.dtype), nin > 1 ? " and " : "",
+                              nin > 1 ? kiln_dtype_name(in[1]->meta.dtype) : "", kiln_shapes_str(in, nin, buf, sizeof buf));
+        }
+    return KILN_OK;
+}
+
+/* and, or, xor: NumPy promotion (two bools give bool: the logical op) */
+KILN_INFER(bitwise) {
+    KILN_TRY(reject_float(in, nin));
+    return kiln_infer_binary_arith(in, nin, a, out);
+}
+
+KILN_INFER(bitwise_not) {
+    KILN_TRY(reject_float(in, nin));
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+/* shifts: NumPy promotion, two bools giving int8 (NumPy's) */
+KILN_INFER(shift) {
+    KILN_TRY(reject_float(in, nin));
+    kiln_dtype d = kiln_dtype_promote(in[0]->meta.dtype, in[1]->meta.dtype);
+    return infer_broadcast(in, nin, d == KILN_DTYPE_BOOL ? KILN_DTYPE_INT8 : d, out);
+}
+
 KILN_INFER(where) { return infer_broadcast(in, nin, kiln_dtype_promote(in[1]->meta.dtype, in[2]->meta.dtype), out); }
 
 /* ---- generated inner loops -------------------------------------------------------------- */
@@ -199,6 +230,9 @@ static kiln_dtype compute_dtype(kiln_dtype d) {
 #define EW_GEN_binary_sub(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_binary_float(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_compare(G, ...) G(BOOL, __VA_ARGS__)
+#define EW_GEN_bitwise(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_bitwise_not(G, ...) G(SAME, __VA_ARGS__)
+#define EW_GEN_shift(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_where(G, ...) G(SAME, __VA_ARGS__)
 #define EW_GEN_cast(G, ...)       /* own kernel below */
 #define EW_GEN_unary_any(G, ...)  /* own kernel below */

@@ -393,25 +393,20 @@ static int is_bool_tensor(PyObject *o) {
     return pykiln_is_tensor(o) && pykiln_unwrap(o)->meta.dtype == KILN_DTYPE_BOOL;
 }
 
-static PyObject *logical(PyObject *a, PyObject *b, kiln_op op, const char *sym, const char *name) {
-    if ((pykiln_is_tensor(a) && !is_bool_tensor(a)) || (pykiln_is_tensor(b) && !is_bool_tensor(b))) {
-        PyErr_Format(PyExc_TypeError, "operator %s is defined for bool tensors only (%s)", sym, name);
-        return NULL;
-    }
-    return binary(a, b, op);
+/* & | ^ of bool tensors (or a bool tensor and a Python bool) are the logical ops, as before and as
+ * NumPy's; any integer operand makes them bitwise (floats: bitwise inference's TypeError) */
+static PyObject *bitwise(PyObject *a, PyObject *b, kiln_op logical_op, kiln_op bitwise_op) {
+    bool logical = (is_bool_tensor(a) || PyBool_Check(a)) && (is_bool_tensor(b) || PyBool_Check(b));
+    return binary(a, b, logical ? logical_op : bitwise_op);
 }
 
-static PyObject *nb_and(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_AND, "&", "logical_and"); }
-static PyObject *nb_or(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_LOGICAL_OR, "|", "logical_or"); }
+static PyObject *nb_and(PyObject *a, PyObject *b) { return bitwise(a, b, KILN_OP_LOGICAL_AND, KILN_OP_BITWISE_AND); }
+static PyObject *nb_or(PyObject *a, PyObject *b) { return bitwise(a, b, KILN_OP_LOGICAL_OR, KILN_OP_BITWISE_OR); }
 /* bool ^ bool is "not equal" */
-static PyObject *nb_xor(PyObject *a, PyObject *b) { return logical(a, b, KILN_OP_NE, "^", "logical_xor"); }
-static PyObject *nb_invert(PyObject *a) {
-    if (!is_bool_tensor(a)) {
-        PyErr_SetString(PyExc_TypeError, "operator ~ is defined for bool tensors only (logical_not)");
-        return NULL;
-    }
-    return unary(a, KILN_OP_LOGICAL_NOT);
-}
+static PyObject *nb_xor(PyObject *a, PyObject *b) { return bitwise(a, b, KILN_OP_NE, KILN_OP_BITWISE_XOR); }
+static PyObject *nb_lshift(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_LEFT_SHIFT); }
+static PyObject *nb_rshift(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_RIGHT_SHIFT); }
+static PyObject *nb_invert(PyObject *a) { return unary(a, is_bool_tensor(a) ? KILN_OP_LOGICAL_NOT : KILN_OP_BITWISE_NOT); }
 
 static int nb_bool(PyObject *self) {
     kiln_tensor *t = T(self);
@@ -466,6 +461,8 @@ static PyNumberMethods tensor_as_number = {
     .nb_and = nb_and,
     .nb_or = nb_or,
     .nb_xor = nb_xor,
+    .nb_lshift = nb_lshift,
+    .nb_rshift = nb_rshift,
     .nb_int = nb_int,
     .nb_float = nb_float,
     .nb_index = nb_index,

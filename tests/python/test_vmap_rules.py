@@ -177,6 +177,7 @@ def test_every_rule_is_a_known_kind():
 # ---- every elementwise op of the table, applied by its op number -------------------------------
 
 OP_INDEX = {row[0]: k for k, row in enumerate(_C.op_table())}
+INTEGER_ONLY = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "left_shift", "right_shift"}
 ELEMENTWISE = sorted(name for name, rule in _C.batch_rules().items()
                      if rule == "elementwise" and name not in ("clamp", "cast", "class_labels"))
 
@@ -189,6 +190,8 @@ def _apply(name, *xs):
 def test_every_elementwise_op(name):
     nin = _C.op_table()[OP_INDEX[name]][1]
     makers = [f32(2, 3, positive=True)] + [f32(3, positive=True)] * (nin - 1)
+    if name in INTEGER_ONLY:  # bitwise ops refuse floats: values and shift counts 0..9
+        makers = [ints(10, 2, 3)] + [ints(10, 3)] * (nin - 1)
     variants = [0, 1] if nin == 1 else [(0,) + (None,) * (nin - 1), (None,) + (0,) * (nin - 1), (2,) + (0,) * (nin - 1)]
     for in_axes in variants:
         axes = _axes(in_axes, nin)

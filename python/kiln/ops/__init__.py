@@ -10,7 +10,8 @@ from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, 
                    acosh, arccosh, atanh, arctanh, log2, log10, exp2, fmod, atan2, arctan2, hypot, logaddexp,
                    logical_and, logical_not, logical_or, lt, max, maximum, mean, min, minimum, mul, multiply, ne,
                    neg, not_equal, pow, prod, reciprocal, relu, rsqrt, sigmoid, sign, silu, sin, softmax, sqrt,
-                   square, std, sub, subtract, sum, tanh, true_divide, var, where)
+                   square, std, sub, subtract, sum, tanh, true_divide, var, where, bitwise_and, bitwise_or,
+                   bitwise_xor, bitwise_left_shift, bitwise_right_shift, left_shift, right_shift, invert, bitwise_not)
 from .nn_functional import (avg_pool2d, batch_norm, conv2d, dense, dropout, layer_norm, linear, matmul,
                             max_pool2d, rms_norm, scaled_dot_product_attention, stop_gradient)
 from .conv_transpose import conv3d, conv_transpose2d

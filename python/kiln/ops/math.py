@@ -117,6 +117,15 @@ fmod = _binary(OP.fmod, "fmod")
 atan2 = arctan2 = _binary(OP.atan2, "atan2")
 hypot = _binary(OP.hypot, "hypot")
 logaddexp = _binary(OP.logaddexp, "logaddexp")
+# bitwise ops of integer and bool tensors (Python's & | ^ ~ << >>; floats are a TypeError): of bools,
+# and, or, xor and invert are the logical ops; a shift count that is negative or at least the bit
+# width gives 0 (left) or the sign (right: arithmetic), as NumPy's
+bitwise_and = _binary(OP.bitwise_and, "bitwise_and")
+bitwise_or = _binary(OP.bitwise_or, "bitwise_or")
+bitwise_xor = _binary(OP.bitwise_xor, "bitwise_xor")
+bitwise_left_shift = left_shift = _binary(OP.left_shift, "bitwise_left_shift")  # (PyTorch's and NumPy's names)
+bitwise_right_shift = right_shift = _binary(OP.right_shift, "bitwise_right_shift")
+invert = bitwise_not = _unary(OP.bitwise_not, "invert")
 
 
 def where(condition, x, y):

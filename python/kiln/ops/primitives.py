@@ -58,6 +58,8 @@ _ELEMENTWISE = {
     "Tan": math.tan, "Asin": math.asin, "ACos": math.acos, "Atan": math.atan, "Sinh": math.sinh, "Cosh": math.cosh,
     "Asinh": math.asinh, "Acosh": math.acosh, "Atanh": math.atanh, "Log2": math.log2, "Log10": math.log10,
     "Exp2": math.exp2, "Atan2": math.atan2, "Hypot": math.hypot, "LogAddExp": math.logaddexp, "Fmod": math.fmod,
+    "BitwiseAnd": math.bitwise_and, "BitwiseOr": math.bitwise_or, "BitwiseXor": math.bitwise_xor,
+    "Invert": math.invert, "LeftShift": math.bitwise_left_shift, "RightShift": math.bitwise_right_shift,
 }
 for _name, _fn in _ELEMENTWISE.items():
     globals()[_name] = _function_primitive(_name, _fn, f"MindSpore's ops.{_name}: kiln.ops.{_fn.__name__}.")
