@@ -28,7 +28,8 @@ _MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "re
 def reference_facts(code):
     instrs = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     nargs = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
-    params = set(code.co_varnames[:nargs]) - {i.argval for i in instrs if i.opname in ("STORE_FAST", "DELETE_FAST")}
+    params = set(code.co_varnames[:nargs]) - {i.argval for i in instrs if i.opname in (
+        "STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF")}
     globals_, freevars, chains, effects, prints, mutations = set(), set(), set(), [], [], []
     line = code.co_firstlineno
     for k, ins in enumerate(instrs):
@@ -54,9 +55,35 @@ def reference_facts(code):
             mutations.append(("an item assignment", line))
         kind = ("global" if op in ("LOAD_GLOBAL", "LOAD_NAME") else
                 "deref" if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and free else
-                "fast" if op == "LOAD_FAST" and arg in params else None)
-        steps, j = [], k + 1
-        while kind and j < len(instrs):
+                "fast" if op in ("LOAD_FAST", "LOAD_DEREF") and arg in params else None)
+        steps = steps_after(instrs, k) if kind else ()
+        if steps:
+            chains.add((kind, arg, steps))
+    lift_nested(code, params, chains)
+    nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return globals_, freevars, chains, effects, prints, mutations, nested
+
+
+def lift_nested(code, names, chains):
+    """Chains nested code reads through a closure variable that is one of names (the outer code's
+    unassigned parameters, as far as they reach), added as chains on the parameter."""
+    for nested in (c for c in code.co_consts if isinstance(c, types.CodeType)):
+        instrs = [i for i in dis.get_instructions(nested) if i.opname != "EXTENDED_ARG"]
+        here = (set(names) & set(nested.co_freevars)) - {
+            i.argval for i in instrs if i.opname in ("STORE_DEREF", "DELETE_DEREF")}
+        for k, ins in enumerate(instrs):
+            if ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in here:
+                steps = steps_after(instrs, k)
+                if steps:
+                    chains.add(("fast", ins.argval, steps))
+        if here:
+            lift_nested(nested, here, chains)
+
+
+def steps_after(instrs, k):
+    """The attribute and constant-subscript steps read after instruction k."""
+    steps, j = [], k + 1
+    while j < len(instrs):
             nxt = instrs[j]
             if nxt.opname == "COPY" and nxt.arg == 1 and j + 1 < len(instrs) and instrs[j + 1].opname == "LOAD_ATTR":
                 j += 1  # `obj.n += 1` reads obj.n from a copy of obj
@@ -77,10 +104,7 @@ def reference_facts(code):
                 j += 2
             else:
                 break
-        if steps:
-            chains.add((kind, arg, tuple(steps)))
-    nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return globals_, freevars, chains, effects, prints, mutations, nested
+    return tuple(steps)
 
 
 def all_codes(code):
@@ -108,6 +132,17 @@ def outer(self, cfg, x, *args, **kw):
     del cfg.gone
     counter = len(args) + kw.get("a", 0)
     return inner(x).sum()
+def closes_over(self, opts, x):
+    shift = lambda v: v + self.cfg.scale + opts["k"].bias
+    def deeper(y):
+        return (lambda z: z * self.table["k"])(y)
+    return shift(x) * self.table["k"] + deeper(x)
+def rebinds(self, x):
+    def set_self(v):
+        nonlocal self
+        self = v
+    set_self(x)
+    return (lambda: self.w)()
 '''
 
 
