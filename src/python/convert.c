@@ -237,7 +237,15 @@ kiln_tensor *pykiln_to_tensor(PyObject *value, const kiln_tensor *like) {
             PyErr_SetString(PyExc_OverflowError, "Python int too large for an int64 tensor");
             return NULL;
         }
-        return scalar_tensor((double)iv, iv, true, weak_scalar_dtype(value, like));
+        kiln_dtype dtype = weak_scalar_dtype(value, like);
+        if (!PyBool_Check(value) && ((dtype == KILN_DTYPE_INT8 && (iv < INT8_MIN || iv > INT8_MAX)) ||
+                                     (dtype == KILN_DTYPE_INT32 && (iv < INT32_MIN || iv > INT32_MAX)))) {
+            /* NumPy 2's rule: a weak Python int must fit the tensor's integer dtype (no silent wrap) */
+            PyErr_Format(PyExc_OverflowError, "Python integer %lld out of bounds for %s", iv,
+                         kiln_dtype_name(dtype));
+            return NULL;
+        }
+        return scalar_tensor((double)iv, iv, true, dtype);
     }
     /* NumPy scalars subclass float but keep their dtype: they go through the buffer path */
     if (PyFloat_CheckExact(value)) return scalar_tensor(PyFloat_AS_DOUBLE(value), 0, false, weak_scalar_dtype(value, like));
