@@ -280,3 +280,19 @@ def test_bad_masks(monkeypatch, mask, match, exc):
     with pytest.raises(ValueError, match="not both"):
         ops.scaled_dot_product_attention(*(kiln.Tensor(t) for t in (q, k, v)),
                                          attn_mask=kiln.Tensor(np.zeros((70, 90), bool)), is_causal=True)
+
+
+def test_forward_mode_and_onnx_refuse_masks_rather_than_ignore_them(tmp_path):
+    q, k, v, fmask, *_ = sdpa_case(12, False)
+    ts = [kiln.Tensor(t) for t in (q, k, v)]
+    mt = kiln.Tensor(fmask)
+    for ints, extra in (((1,), ()), ((0,), (mt,))):
+        with pytest.raises(ValueError, match="no forward-mode rule"):
+            kiln.jvp(lambda a: apply(OP.attention, (a, ts[1], ts[2]) + extra, ints, (0.5,))[0], (ts[0],), (ts[0],))
+    from kiln import nn
+    from kiln.jit.onnx_export import OnnxExportError
+
+    net = nn.Cell()
+    net.construct = lambda a, b, c: apply(OP.attention, (a, b, c), (1,), (0.5,))[0]
+    with pytest.raises(OnnxExportError, match="mask or the causal flag"):
+        kiln.export(net, *ts, file_name=str(tmp_path / "m"), file_format="ONNX")

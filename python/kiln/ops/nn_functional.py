@@ -37,7 +37,7 @@ def attention_choice(q, k, v, masked=False, is_causal=False, dropout_p=0.0, back
     op and the unfused ops for these operands (kiln._C.attention_choice, src/ops/attention_cost.c;
     the O1 pass fuse_attention decides by the same model). Symbolic sizes: unfused."""
     sizes = tuple(q.shape[:-1]) + (k.shape[-2], q.shape[-1], v.shape[-1])
-    if not all(isinstance(n, int) for n in sizes):
+    if not all(type(n) is int for n in sizes):  # a dynamic capture's SymInt passes isinstance(n, int)
         return False, 0.0, 0.0, "symbolic sizes"
     heads = math.prod(q.shape[:-2])
     return _C.attention_choice(heads, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.dtype, bool(is_causal),
