@@ -11,21 +11,32 @@
  * axes (the reshapes that fold grouped query heads onto their kv head give exactly that: the
  * folded queries are rows of one head), the mask broadcasting to the scores without widening them
  * (float: the scores' dtype; bool b: true keeps the key). Every intermediate (scores, scaled,
- * masked, probabilities) must have this chain as its only user and be no graph output, so a
- * training graph whose backward reads the probabilities keeps the unfused ops; no op with effects
- * may run between the first product and the last (the fused op reads q, k, v and the mask at
- * the last one's place), and the scale must be a value no op writes. Symbolic graphs are left
- * alone. */
+ * masked) must have this chain as its only user and be no graph output. The probabilities P may
+ * also be read by the backward the gradient rules recorded in a training graph — gP = gO @ vᵀ,
+ * gV = Pᵀ @ gO, softmax_backward(gP, P), where(b, ·, 0) for a bool mask, the same scaling, gq =
+ * gS @ k and g(kᵀ) = qᵀ @ gS (each transpose maybe composed with other permutes by simplify) —
+ * which then becomes attention_backward, placed at the backward's first node (the forward's
+ * result may then be unused: the fused op goes where the softmax was). Any other reader (a mask
+ * that needs a gradient, probabilities returned) keeps the ops. No op between the first product
+ * and the last node replaced may write q, k, v or the mask (the fused ops read them later than
+ * the chain did), and the scale must be a value no op writes. Symbolic graphs are left alone. */
 #include <math.h>
 
 #include "../ops/attention_cost.h"
 #include "passes_internal.h"
 
 typedef struct {
-    int32_t qk, scale, mask, softmax, pv, kt; /* nodes (-1: absent) */
-    int32_t q, k, v, maskv;               /* values (maskv -1: none) */
+    int32_t qk, scale, mask, softmax, pv, kt; /* forward nodes (-1: absent) */
+    int32_t q, k, v, maskv;                   /* values (maskv -1: none) */
     double c;
     bool divide;
+    /* the backward of a training graph (smb -1: none): gP = gO @ vᵀ, gV = Pᵀ @ gO (pt: Pᵀ),
+     * gX = softmax_backward(gP, P), gS = gX scaled as the scores were (gs), gq = gS @ (kᵀ)ᵀ,
+     * g(kᵀ) = qᵀ @ gS; gv, gq and gkt may be absent (that operand gets no gradient) */
+    int32_t smb, gp, pt, gv, gw, gs, gq, gkt, go; /* gw: where(b, gX, 0), a bool mask's step */
+    int32_t first_bwd, last_bwd;
+    /* set when the forward is emitted: the rewritten graph's values */
+    int32_t d_q, d_k, d_v, d_mask, d_out, d_lse;
 } pattern;
 
 /* The producing node of value v (-1: an input or capture) */
@@ -76,6 +87,142 @@ static bool single_use(const kiln_graph *g, const int32_t *uses, int32_t v) {
     return uses[v] == 1;
 }
 
+/* The nodes reading value v (up to max; a node reading it twice counts twice); their count */
+static int consumers_of(const kiln_graph *g, int32_t v, int32_t *out, int max) {
+    int n = 0;
+    for (int32_t i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] == v) {
+                if (n < max) out[n] = i;
+                n++;
+            }
+    return n;
+}
+
+/* Whether node i is a permute swapping the last two of its nd axes, of value from (-1: any) */
+static bool swaps_last(const kiln_graph *g, int32_t i, int nd, int32_t from) {
+    const kiln_node *n = &g->nodes[i];
+    if (n->op != KILN_OP_PERMUTE || n->attrs.ni != nd || (from >= 0 && n->in[0] != from)) return false;
+    for (int d = 0; d < nd; d++)
+        if (n->attrs.i[KILN_A_PERMUTE_PERM + d] != (d < nd - 2 ? d : (d == nd - 2 ? nd - 1 : nd - 2))) return false;
+    return true;
+}
+
+/* Value v as (base, perm): the input and permutation of the permute making it, else itself */
+static int32_t as_permute(const kiln_graph *g, int32_t v, int nd, int64_t *perm) {
+    int32_t n = producer(g, v);
+    bool permuted = n >= 0 && g->nodes[n].op == KILN_OP_PERMUTE && g->nodes[n].attrs.ni == nd;
+    for (int d = 0; d < nd; d++) perm[d] = permuted ? g->nodes[n].attrs.i[KILN_A_PERMUTE_PERM + d] : d;
+    return permuted ? g->nodes[n].in[0] : v;
+}
+
+/* Whether value t is x with its last two axes swapped, as views of one base (simplify composes
+ * a gradient rule's transpose with the permutes before it, or cancels it) */
+static bool is_swap_of(const kiln_graph *g, int32_t t, int32_t x, int nd) {
+    int64_t sx[KILN_MAX_DIMS], st[KILN_MAX_DIMS];
+    if (as_permute(g, x, nd, sx) != as_permute(g, t, nd, st)) return false;
+    for (int d = 0; d < nd; d++)
+        if (st[d] != sx[d < nd - 2 ? d : (d == nd - 2 ? nd - 1 : nd - 2)]) return false;
+    return true;
+}
+
+/* Matches the backward of pattern p's forward: P's other readers are softmax_backward and maybe
+ * the permute giving Pᵀ for v's gradient, each intermediate read only by the chain. cons: P's
+ * readers. */
+static bool match_backward(const kiln_graph *g, const int32_t *uses, const int32_t *consumer, const bool *written,
+                           const int32_t *root, pattern *p, const int32_t *cons, int nc) {
+    int32_t P = g->nodes[p->softmax].out[0];
+    int nd = g->values[P].meta.ndim;
+    kiln_meta O = g->values[p->q].meta; /* the forward's result: (..., Lq, Dv) */
+    O.shape[nd - 1] = g->values[p->v].meta.shape[nd - 1];
+    for (int k = 0; k < nc; k++) {
+        const kiln_node *n = &g->nodes[cons[k]];
+        if (cons[k] == p->pv) continue;
+        if (n->op == KILN_OP_SOFTMAX_BACKWARD && p->smb < 0 && n->in[1] == P && n->in[0] != P &&
+            n->attrs.ni > KILN_A_SOFTMAX_AXIS && n->attrs.i[KILN_A_SOFTMAX_AXIS] == nd - 1)
+            p->smb = cons[k];
+        else if (p->pt < 0 && swaps_last(g, cons[k], nd, P))
+            p->pt = cons[k];
+        else
+            return false;
+    }
+    if (p->smb < 0) return false;
+    /* gP = gO @ vᵀ */
+    int32_t gP = g->nodes[p->smb].in[0], gpn = producer(g, gP);
+    if (gpn < 0 || uses[gP] != 1 || g->nodes[gpn].op != KILN_OP_MATMUL) return false;
+    if (!is_swap_of(g, g->nodes[gpn].in[1], p->v, nd)) return false;
+    p->gp = gpn, p->go = g->nodes[gpn].in[0];
+    if (!kiln_meta_equal(&g->values[p->go].meta, &O)) return false;
+    /* gV = Pᵀ @ gO */
+    if (p->pt >= 0) {
+        int32_t Pt = g->nodes[p->pt].out[0], m = consumer[Pt];
+        if (uses[Pt] != 1 || m < 0 || g->nodes[m].op != KILN_OP_MATMUL || g->nodes[m].in[0] != Pt ||
+            g->nodes[m].in[1] != p->go)
+            return false;
+        p->gv = m;
+    }
+    /* a bool mask's where: zeros where the mask hides a key (where softmax_backward's are zero) */
+    int32_t gX = g->nodes[p->smb].out[0];
+    if (p->mask >= 0 && g->nodes[p->mask].op == KILN_OP_WHERE) {
+        int32_t m = consumer[gX];
+        double zero = 1;
+        if (uses[gX] != 1 || m < 0 || g->nodes[m].op != KILN_OP_WHERE || g->nodes[m].in[0] != p->maskv ||
+            g->nodes[m].in[1] != gX || !scalar_constant(g, written, root, g->nodes[m].in[2], &zero) || zero != 0 ||
+            !kiln_meta_equal(&g->values[g->nodes[m].out[0]].meta, &g->values[gX].meta))
+            return false;
+        p->gw = m, gX = g->nodes[m].out[0];
+    }
+    /* gS: gX scaled by the forward's constant */
+    int32_t gS = gX;
+    if (p->scale >= 0) {
+        int32_t m = consumer[gX];
+        if (uses[gX] != 1 || m < 0) return false;
+        const kiln_node *n = &g->nodes[m];
+        double c2 = 0;
+        bool ok = p->divide ? n->op == KILN_OP_DIV && n->in[0] == gX && scalar_constant(g, written, root, n->in[1], &c2)
+                            : n->op == KILN_OP_MUL && n->in[0] != n->in[1] &&
+                                  scalar_constant(g, written, root, n->in[n->in[0] == gX ? 1 : 0], &c2);
+        if (!ok || c2 != p->c || !kiln_meta_equal(&g->values[n->out[0]].meta, &g->values[gX].meta)) return false;
+        p->gs = m, gS = n->out[0];
+    }
+    /* gq = gS @ (kᵀ)ᵀ and g(kᵀ) = qᵀ @ gS */
+    int32_t gcons[2], kt = g->nodes[p->kt].out[0];
+    int ng = consumers_of(g, gS, gcons, 2);
+    if (ng < 1 || ng > 2 || ng != uses[gS]) return false;
+    for (int k = 0; k < ng; k++) {
+        const kiln_node *n = &g->nodes[gcons[k]];
+        if (n->op != KILN_OP_MATMUL || n->in[0] == n->in[1]) return false;
+        int32_t other = n->in[n->in[0] == gS ? 1 : 0];
+        if (n->in[0] == gS && p->gq < 0 && is_swap_of(g, other, kt, nd)) p->gq = gcons[k];
+        else if (n->in[1] == gS && p->gkt < 0 && is_swap_of(g, other, p->q, nd)) p->gkt = gcons[k];
+        else return false;
+    }
+    int32_t bwd[8] = {p->smb, p->gp, p->pt, p->gv, p->gw, p->gs, p->gq, p->gkt};
+    p->first_bwd = INT32_MAX, p->last_bwd = -1;
+    for (int k = 0; k < 8; k++)
+        if (bwd[k] >= 0) {
+            p->first_bwd = bwd[k] < p->first_bwd ? bwd[k] : p->first_bwd;
+            p->last_bwd = bwd[k] > p->last_bwd ? bwd[k] : p->last_bwd;
+        }
+    int32_t gon = producer(g, p->go);
+    return p->first_bwd > (p->pv >= 0 ? p->pv : p->softmax) && gon < p->first_bwd;
+}
+
+/* Whether a node after the first product and up to node `end` may change what the fused ops
+ * read (q, k's source, v, the mask): it writes one of their buffers, or writes anything or has
+ * an effect of its own. */
+static bool written_between(const kiln_graph *g, const int32_t *root, const pattern *p, int32_t end) {
+    int32_t vals[4] = {p->q, p->k, p->v, p->maskv};
+    for (int32_t i = p->qk + 1; i <= end; i++) {
+        const kiln_node *n = &g->nodes[i];
+        if (kiln_op_table[n->op].flags & (KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)) return true;
+        for (int k = 0; k < n->nin; k++)
+            for (int w = 0; w < 4; w++)
+                if (vals[w] >= 0 && kiln_node_writes_buffer(n, k) && root[n->in[k]] == root[vals[w]]) return true;
+    }
+    return false;
+}
+
 /* Matches the chain ending at softmax node sm; fills p. */
 static bool match(const kiln_graph *g, const int32_t *uses, const int32_t *consumer, const bool *written,
                   const int32_t *root, int32_t sm, pattern *p) {
@@ -86,12 +233,23 @@ static bool match(const kiln_graph *g, const int32_t *uses, const int32_t *consu
     if (!kiln_dtype_is_float(sm_meta->dtype)) return false;
     memset(p, -1, sizeof *p);
     p->c = 1.0, p->divide = false, p->softmax = sm;
-    /* the product with v */
-    int32_t pv = consumer[s->out[0]];
-    if (pv < 0 || !single_use(g, uses, s->out[0]) || g->nodes[pv].op != KILN_OP_MATMUL ||
-        g->nodes[pv].in[0] != s->out[0])
-        return false;
-    p->pv = pv, p->v = g->nodes[pv].in[1];
+    /* the product with v (and, in a training graph, the backward's readers of P) */
+    int32_t P = s->out[0], cons[3];
+    int nc = consumers_of(g, P, cons, 3);
+    if (nc > 3 || nc != uses[P]) return false; /* a graph output, or other readers */
+    for (int k = 0; k < nc && p->pv < 0; k++)
+        if (g->nodes[cons[k]].op == KILN_OP_MATMUL && g->nodes[cons[k]].in[0] == P && g->nodes[cons[k]].in[1] != P)
+            p->pv = cons[k];
+    if (p->pv >= 0) p->v = g->nodes[p->pv].in[1];
+    else /* the forward's result unused (a gradient alone): v from the backward's gO @ vᵀ */
+        for (int k = 0; k < nc && p->v < 0; k++) {
+            const kiln_node *b = &g->nodes[cons[k]];
+            int32_t gpn = b->op == KILN_OP_SOFTMAX_BACKWARD && b->in[1] == P ? producer(g, b->in[0]) : -1;
+            int32_t vtn = gpn >= 0 && g->nodes[gpn].op == KILN_OP_MATMUL ? producer(g, g->nodes[gpn].in[1]) : -1;
+            if (vtn >= 0 && swaps_last(g, vtn, nd, -1) && producer(g, g->nodes[vtn].in[0]) < sm)
+                p->v = g->nodes[vtn].in[0]; /* (v a permute itself: its swap composed by simplify, not found) */
+        }
+    if (p->v < 0) return false;
     /* the mask */
     int32_t x = s->in[0], n = producer(g, x);
     if (n < 0 || !single_use(g, uses, x)) return false;
@@ -151,13 +309,15 @@ static bool match(const kiln_graph *g, const int32_t *uses, const int32_t *consu
         return false;
     for (int d = 0; d < nd - 2; d++)
         if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) return false;
-    return k->shape[nd - 2] == v->shape[nd - 2] && k->shape[nd - 1] == q->shape[nd - 1] && p->c != 0 &&
-           isfinite(p->c);
+    if (k->shape[nd - 2] != v->shape[nd - 2] || k->shape[nd - 1] != q->shape[nd - 1] || p->c == 0 || !isfinite(p->c))
+        return false;
+    return (nc == 1 && p->pv >= 0) || match_backward(g, uses, consumer, written, root, p, cons, nc);
 }
 
-static kiln_status emit(kiln_rewriter *rw, const pattern *p) {
+static kiln_status emit(kiln_rewriter *rw, pattern *p) {
     const kiln_graph *g = rw->src;
-    const kiln_node *last = &g->nodes[p->pv];
+    int32_t at = p->pv >= 0 ? p->pv : p->softmax; /* where the fused op goes */
+    const kiln_node *last = &g->nodes[at];
     int nd = g->values[p->q].meta.ndim;
     int32_t in[4] = {rw->map[p->q], rw->map[p->k], rw->map[p->v], -1};
     int nin = 3;
@@ -187,8 +347,47 @@ static kiln_status emit(kiln_rewriter *rw, const pattern *p) {
     int32_t outs[2];
     KILN_TRY(kiln_keep_recompute_mark(kiln_graph_add_node(rw->dst, KILN_OP_ATTENTION, nin, in, &a, last->loc, outs),
                                       rw->dst, last->recompute));
-    rw->map[last->out[0]] = outs[0];
-    return kiln_rewriter_stands_for(rw, p->pv);
+    if (p->pv >= 0) rw->map[last->out[0]] = outs[0];
+    p->d_q = in[0], p->d_k = in[1], p->d_v = in[2], p->d_mask = nin == 4 ? in[3] : -1;
+    p->d_out = outs[0], p->d_lse = outs[1];
+    return kiln_rewriter_stands_for(rw, at);
+}
+
+/* attention_backward at the place of the backward's first node; its gradients stand for the
+ * chain's (the one of kᵀ swapped back from k's). */
+static kiln_status emit_backward(kiln_rewriter *rw, pattern *p) {
+    const kiln_graph *g = rw->src;
+    const kiln_node *first = &g->nodes[p->first_bwd];
+    int nd = g->values[p->q].meta.ndim;
+    int32_t in[8] = {rw->map[p->go], p->d_q, p->d_k, p->d_v, p->d_out, p->d_lse, -1, -1};
+    int nin = 6;
+    if (in[0] < 0) return kiln_error(KILN_ERR_VALUE, "fuse_attention: an operand is not defined before its node");
+    if (p->d_mask >= 0) { /* the mask follows glse: zeros, lse gets no gradient here */
+        const kiln_meta *lm = &rw->dst->values[p->d_lse].meta;
+        kiln_attrs fa = {0};
+        kiln_attrs_push_int(&fa, lm->dtype);
+        kiln_attrs_push_int(&fa, lm->ndim);
+        for (int d = 0; d < lm->ndim; d++) kiln_attrs_push_int(&fa, lm->shape[d]);
+        kiln_attrs_push_float(&fa, 0.0);
+        KILN_TRY(kiln_graph_add_node(rw->dst, KILN_OP_FULL, 0, NULL, &fa, first->loc, &in[6]));
+        in[7] = p->d_mask, nin = 8;
+    }
+    kiln_attrs a = {0};
+    kiln_attrs_push_float(&a, p->divide ? 1.0 / p->c : p->c);
+    kiln_attrs_push_int(&a, 0);
+    int32_t outs[3];
+    KILN_TRY(kiln_keep_recompute_mark(
+        kiln_graph_add_node(rw->dst, KILN_OP_ATTENTION_BACKWARD, nin, in, &a, first->loc, outs), rw->dst,
+        first->recompute));
+    if (p->gq >= 0) rw->map[g->nodes[p->gq].out[0]] = outs[0];
+    if (p->gv >= 0) rw->map[g->nodes[p->gv].out[0]] = outs[2];
+    if (p->gkt >= 0) {
+        kiln_attrs pa = {0};
+        for (int d = 0; d < nd; d++) kiln_attrs_push_int(&pa, d < nd - 2 ? d : (d == nd - 2 ? nd - 1 : nd - 2));
+        KILN_TRY(kiln_graph_add_node(rw->dst, KILN_OP_PERMUTE, 1, &outs[1], &pa, first->loc,
+                                     &rw->map[g->nodes[p->gkt].out[0]]));
+    }
+    return KILN_OK;
 }
 
 static bool chosen(const kiln_graph *g, const pattern *p) {
@@ -196,7 +395,7 @@ static bool chosen(const kiln_graph *g, const pattern *p) {
                     *v = &g->values[p->v].meta;
     int nd = q->ndim;
     kiln_attention_case c = {kiln_shape_numel(nd - 2, q->shape), q->shape[nd - 2], kt->shape[nd - 1], q->shape[nd - 1],
-                             v->shape[nd - 1], q->dtype, false, p->maskv >= 0, false, false};
+                             v->shape[nd - 1], q->dtype, false, p->maskv >= 0, false, p->smb >= 0};
     kiln_attention_choice out;
     kiln_attention_choose(&c, &out);
     return out.fused;
@@ -214,12 +413,12 @@ KILN_PASS(fuse_attention) {
     int32_t *uses = kiln_graph_use_counts(g);
     int32_t *consumer = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     int32_t *root = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    int32_t *effects_before = kiln_calloc((size_t)nn + 1, sizeof(int32_t));
     bool *written = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
-    int32_t *role = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1)); /* -1 copy, -2 drop, else the pattern */
+    /* per node: -1 copy, -2 drop, k >= 0 pattern k's forward, -3 - k its backward */
+    int32_t *role = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
     pattern *pats = kiln_malloc(sizeof(pattern) * (size_t)(nn ? nn : 1));
     kiln_status s = KILN_OK;
-    if (!uses || !consumer || !root || !effects_before || !written || !role || !pats) {
+    if (!uses || !consumer || !root || !written || !role || !pats) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory in fuse_attention");
         goto done;
     }
@@ -231,31 +430,33 @@ KILN_PASS(fuse_attention) {
             consumer[n->in[k]] = i;
             if (kiln_node_writes_buffer(n, k)) written[root[n->in[k]]] = true;
         }
-        effects_before[i + 1] = effects_before[i] + kiln_node_has_effects(n);
         role[i] = -1;
     }
     int npats = 0;
     for (int32_t i = 0; i < nn; i++) {
         pattern p;
         if (g->nodes[i].op != KILN_OP_SOFTMAX || !match(g, uses, consumer, written, root, i, &p)) continue;
-        if (effects_before[p.pv] != effects_before[p.qk + 1]) continue; /* an effect in between */
+        /* a write in between: the fused ops would read q, k, v and the mask later than the chain */
+        if (written_between(g, root, &p, p.smb >= 0 ? p.last_bwd : p.pv)) continue;
         if (!chosen(g, &p)) continue;
-        int32_t nodes[4] = {p.qk, p.scale, p.mask, p.softmax};
-        for (int k = 0; k < 4; k++)
+        int32_t nodes[13] = {p.qk, p.scale, p.mask, p.softmax, p.pv, p.smb, p.gp, p.pt, p.gv, p.gw, p.gs, p.gq, p.gkt};
+        for (int k = 0; k < 13; k++)
             if (nodes[k] >= 0) role[nodes[k]] = -2;
+        if (p.smb >= 0) role[p.first_bwd] = -3 - npats;
         pats[npats] = p;
-        role[p.pv] = npats++;
+        role[p.pv >= 0 ? p.pv : p.softmax] = npats++;
     }
     if (!npats) goto done;
     kiln_rewriter rw;
     if ((s = kiln_rewriter_begin(&rw, g)) != KILN_OK) goto done;
     for (int32_t i = 0; i < nn && s == KILN_OK; i++) {
         if (role[i] >= 0) s = emit(&rw, &pats[role[i]]);
+        else if (role[i] <= -3) s = emit_backward(&rw, &pats[-3 - role[i]]);
         else if (role[i] == -1) s = kiln_rewriter_copy_node(&rw, i);
     }
     if (s == KILN_OK) s = kiln_rewriter_finish(&rw, out);
     else kiln_rewriter_abort(&rw);
 done:
-    free(uses), free(consumer), free(root), free(effects_before), free(written), free(role), free(pats);
+    free(uses), free(consumer), free(root), free(written), free(role), free(pats);
     return s;
 }

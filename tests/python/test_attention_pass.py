@@ -181,36 +181,64 @@ def test_a_write_in_place_between_the_products_keeps_the_ops(monkeypatch):
         assert "= attention(" not in jf.graph_str(), jf.graph_str()
 
 
-def test_training_graph_equals_eager(monkeypatch):
-    """With a backward in the graph, hand-written attention stays unfused (the backward reads the
-    probabilities) and gives eager's gradients; sdpa-style code records the fused op and its
-    backward (attention_backward, the score blocks recomputed)."""
+TRAINED = [swapaxes_scaled, transpose_divided, permute_scale_first, bool_filled, grouped_heads, sdpa_style,
+           sdpa_causal]
+
+
+@pytest.mark.parametrize("fn", TRAINED, ids=lambda f: f.__name__)
+def test_training_graphs_use_the_fused_backward_and_equal_eager(monkeypatch, fn):
+    """A training step captured whole (the gradient taken inside the jitted function): the pass
+    turns the hand-written forward and its recorded backward (matmul, softmax_backward, scale,
+    matmuls) into attention and attention_backward, returning the loss or not; sdpa-style code
+    records them itself. Gradients equal eager's and NumPy's; every variant of the jitted loss
+    differentiated from outside equals eager too."""
     monkeypatch.setenv("KILN_ATTENTION", "fused")
     w = kiln.Tensor(rng.standard_normal((B, H, LQ, D)).astype(np.float32))
-    for fn in (swapaxes_scaled, sdpa_style):
-        args = args_for(fn)
+    args = args_for(fn)
 
-        def loss(q, k, v, m):
-            return ops.sum(fn(q, k, v, m) * w)
+    def loss(q, k, v, m):
+        return ops.sum(fn(q, k, v, m) * w)
 
-        want = kiln.grad(loss, (0, 1, 2))(*args)
-        for level, backend, mode in VARIANTS:
-            jf = kiln.jit(loss, jit_level=level, backend=backend, capture_mode=mode)
-            got = kiln.grad(jf, (0, 1, 2))(*args)
-            for name, g, wg in zip("qkv", got, want):
-                np.testing.assert_allclose(g.asnumpy(), wg.asnumpy(), rtol=1e-4, atol=1e-5,
-                                           err_msg=f"{fn.__name__} {level} {backend} {mode} {name}")
+    def step(q, k, v, m):
+        return kiln.grad(loss, (0, 1, 2))(q, k, v, m)
 
-        def step(q, k, v, m):
-            return kiln.grad(loss, (0, 1, 2))(q, k, v, m)
+    def step_and_loss(q, k, v, m):
+        return kiln.value_and_grad(loss, (0, 1, 2))(q, k, v, m)
 
-        js = kiln.jit(step, jit_level="O1", capture_mode="trace")
-        js(*args)
-        text = js.graph_str()
-        if fn is sdpa_style:
-            assert "attention_backward(" in text and "softmax(" not in text, text
-        else:
-            assert "= attention(" not in text, text
+    want = [g.asnumpy() for g in step(*args)]
+    for f, grads_of in ((step, lambda r: r), (step_and_loss, lambda r: r[1])):
+        for level, backend in (("O0", "kbk"), ("O1", "kbk"), ("O1", "sink"), ("O2", "kbk")):
+            js = kiln.jit(f, jit_level=level, backend=backend, capture_mode="trace")
+            for _ in range(2):
+                for name, g, wg in zip("qkv", grads_of(js(*args)), want):
+                    np.testing.assert_allclose(g.asnumpy(), wg, rtol=1e-4, atol=1e-5,
+                                               err_msg=f"{fn.__name__} {f.__name__} {level} {backend} {name}")
+            text = js.graph_str()
+            if level != "O0" or fn.__name__.startswith("sdpa"):
+                assert "attention_backward(" in text and "softmax" not in text, f"{f.__name__} {level}\n{text}"
+    for level, backend, mode in VARIANTS:
+        jf = kiln.jit(loss, jit_level=level, backend=backend, capture_mode=mode)
+        got = kiln.grad(jf, (0, 1, 2))(*args)
+        for name, g, wg in zip("qkv", got, want):
+            np.testing.assert_allclose(g.asnumpy(), wg, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{fn.__name__} {level} {backend} {mode} {name}")
+
+
+def test_training_graph_with_a_gradient_for_the_mask_stays_unfused(monkeypatch):
+    """The fused backward gives no gradient for the mask: a step that asks for one keeps the ops."""
+    monkeypatch.setenv("KILN_ATTENTION", "fused")
+    args = args_for(swapaxes_scaled)
+
+    def step(q, k, v, m):
+        return kiln.grad(lambda *a: ops.sum(swapaxes_scaled(*a)), (0, 3))(q, k, v, m)
+
+    want = [g.asnumpy() for g in step(*args)]
+    js = kiln.jit(step, jit_level="O1", capture_mode="trace")
+    for _ in range(2):
+        for g, wg in zip(js(*args), want):
+            np.testing.assert_allclose(g.asnumpy(), wg, rtol=1e-4, atol=1e-5)
+    text = js.graph_str()
+    assert "= attention(" not in text and "attention_backward(" not in text and "softmax_backward(" in text, text
 
 
 def test_multihead_attention_with_a_mask(monkeypatch):
