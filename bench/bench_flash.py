@@ -2,9 +2,9 @@
 folded per kv head (grouped-query attention without K/V copies), two ways, timed in alternating
 rounds in one run: the unfused ops (matmul, div, softmax, matmul: the whole score matrix
 materialized) and the fused op `attention` (blockwise, src/ops/attention.c), forward and
-forward+backward (gradients of q, k, v), eager and jitted at O1. kiln.ops.scaled_dot_product_attention
-runs the fused op only where these ratios were below 1 (FUSED_MIN_KEYS in
-python/kiln/ops/nn_functional.py).
+forward+backward (gradients of q, k, v), eager and jitted at O1. These ratios calibrated the cost
+model by which kiln.ops.scaled_dot_product_attention and the O1 pass fuse_attention choose
+(src/ops/attention_cost.c).
 Every figure is a ratio fused / unfused measured in the same run (below 1: the fused op is faster).
 
     flock /tmp/kiln-bench.lock env PYTHONPATH=python python3 bench/bench_flash.py [--quick]

@@ -1,5 +1,9 @@
-/* Attention: attention(q, k, v) = softmax(scale * q @ kᵀ) @ v over the last two axes, with the
- * log-sum-exp of each row of scores as a second output, its backward op and its gradient rule.
+/* Attention: attention(q, k, v[, mask]) = softmax(scale * q @ kᵀ + mask) @ v over the last two
+ * axes, with the log-sum-exp of each row of scores as a second output, its backward op and its
+ * gradient rule. i[0] (causal, optional) hides key j from query i when j > i (top-left aligned):
+ * the blockwise kernels skip the key blocks a query block sees none of. The mask, when given, has
+ * q's number of axes, each 1 or the scores' size (..., Hq, Lq, Lk): bool (true: the key takes
+ * part; false: its score is -inf) or floating point (added to the scaled scores).
  *
  * Shapes: q (..., Hq, Lq, D), k (..., Hk, Lk, D), v (..., Hk, Lk, Dv), equal leading axes, Hq a
  * multiple of Hk; query head h reads kv head h / (Hq / Hk) (grouped-query attention without
@@ -42,6 +46,11 @@
 typedef struct {
     int64_t units, group; /* batch x kv heads; query heads per kv head */
     int64_t Lq, Lk, D, Dv;
+    bool causal;
+    const void *mask;                              /* additive, in the compute dtype; NULL: none */
+    int64_t mask_lead[KILN_MAX_DIMS], mask_rs, mask_cs; /* element strides (0: broadcast) */
+    int nlead;                                     /* leading axes, Hq's included */
+    int64_t lead[KILN_MAX_DIMS];
 } at_shape;
 
 static int64_t at_min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -72,10 +81,46 @@ static kiln_status at_shape_of(const char *op, kiln_tensor *const *in, int nin, 
         return at_bad(op, layout, in, nin);
     p->group = hk == 0 ? 1 : hq / hk;
     p->units = kiln_shape_numel(nd - 3, q->shape) * hk;
+    p->causal = false, p->mask = NULL, p->nlead = nd - 2;
+    for (int d = 0; d < nd - 2; d++) p->lead[d] = q->shape[d];
     p->Lq = q->shape[nd - 2], p->Lk = k->shape[nd - 2], p->D = q->shape[nd - 1], p->Dv = v->shape[nd - 1];
     if (p->D > INT_MAX / AT_BC || p->Dv > INT_MAX / AT_BC)
         return at_bad(op, "head dimensions this large are not supported", in, nin);
     return KILN_OK;
+}
+
+/* Checks the mask (bool or float, q's number of axes, each 1 or the scores' (..., Hq, Lq, Lk)
+ * size) and sets its strides in p. */
+static kiln_status at_mask_of(const char *op, kiln_tensor *const *in, int nin, const kiln_tensor *mask, at_shape *p) {
+    const kiln_meta *m = &mask->meta;
+    int nd = p->nlead + 2;
+    if (m->dtype != KILN_DTYPE_BOOL && !kiln_dtype_is_float(m->dtype))
+        return kiln_error(KILN_ERR_TYPE, "%s: the mask must be bool or floating point, got %s", op,
+                          kiln_dtype_name(m->dtype));
+    const char *want = "expected a mask with q's number of axes, each 1 or the scores' size (..., Hq, Lq, Lk)";
+    if (m->ndim != nd) return at_bad(op, want, in, nin);
+    int64_t full[KILN_MAX_DIMS], stride = 1, st[KILN_MAX_DIMS];
+    for (int d = 0; d < nd - 2; d++) full[d] = p->lead[d];
+    full[nd - 2] = p->Lq, full[nd - 1] = p->Lk;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (m->shape[d] != 1 && m->shape[d] != full[d]) return at_bad(op, want, in, nin);
+        st[d] = m->shape[d] == 1 ? 0 : stride;
+        stride *= m->shape[d];
+    }
+    for (int d = 0; d < nd - 2; d++) p->mask_lead[d] = st[d];
+    p->mask_rs = st[nd - 2], p->mask_cs = st[nd - 1];
+    return KILN_OK;
+}
+
+/* The mask's offset of query head h (0 <= h < units * group, over (..., Hq) in order). */
+static int64_t at_mask_head(const at_shape *p, int64_t h) {
+    int64_t off = 0;
+    for (int d = p->nlead - 1; d >= 0; d--) {
+        int64_t n = p->lead[d] ? p->lead[d] : 1;
+        off += (h % n) * p->mask_lead[d];
+        h /= n;
+    }
+    return off;
 }
 
 static kiln_dtype at_compute_dtype(kiln_dtype d) { return d == KILN_DTYPE_FLOAT64 ? d : KILN_DTYPE_FLOAT32; }
@@ -89,22 +134,30 @@ static void at_out_metas(const kiln_meta *q, const kiln_meta *v, kiln_meta *out)
     out[1].dtype = at_compute_dtype(q->dtype);
 }
 
+/* Shapes, causal flag and mask of attention(q, k, v[, mask]) (in: q's position; mask: NULL or it) */
+static kiln_status at_setup(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a,
+                            const kiln_tensor *mask, at_shape *p) {
+    KILN_TRY(kiln_attrs_expect(op, a, 0, 1));
+    KILN_TRY(at_shape_of(op, in, nin, p));
+    p->causal = a->ni > KILN_A_ATTENTION_CAUSAL && a->i[KILN_A_ATTENTION_CAUSAL] != 0;
+    return mask ? at_mask_of(op, in, nin, mask, p) : KILN_OK;
+}
+
 KILN_INFER(attention) {
     at_shape p;
-    KILN_TRY(kiln_attrs_expect("attention", a, 0, 1));
-    KILN_TRY(at_shape_of("attention", in, nin, &p));
+    if (nin != 3 && nin != 4) return kiln_error(KILN_ERR_VALUE, "attention: expected 3 or 4 inputs, got %d", nin);
+    KILN_TRY(at_setup("attention", in, nin, a, nin == 4 ? in[3] : NULL, &p));
     at_out_metas(&in[0]->meta, &in[2]->meta, out);
     return KILN_OK;
 }
 
-/* attention_backward(gout, q, k, v, out, lse[, glse]) -> (gq, gk, gv) */
+/* attention_backward(gout, q, k, v, out, lse[, glse[, mask]]) -> (gq, gk, gv) */
 KILN_INFER(attention_backward) {
     const char *op = "attention_backward";
     at_shape p;
     kiln_meta want[2];
-    KILN_TRY(kiln_attrs_expect(op, a, 0, 1));
-    if (nin != 6 && nin != 7) return kiln_error(KILN_ERR_VALUE, "%s: expected 6 or 7 inputs, got %d", op, nin);
-    KILN_TRY(at_shape_of(op, in + 1, 3, &p));
+    if (nin < 6 || nin > 8) return kiln_error(KILN_ERR_VALUE, "%s: expected 6 to 8 inputs, got %d", op, nin);
+    KILN_TRY(at_setup(op, in + 1, 3, a, nin == 8 ? in[7] : NULL, &p));
     at_out_metas(&in[1]->meta, &in[3]->meta, want);
     const int which[4] = {0, 4, 5, 6};
     const kiln_meta *wm[4] = {&want[0], &want[0], &want[1], &want[1]};
@@ -119,15 +172,20 @@ KILN_INFER(attention_backward) {
 
 /* ---- the reference kernels: plain loops, the score matrix materialized ------------------- */
 
-static void at_ref_softmax_rows(const at_shape *p, double scale, const double *q, const double *k, double *P,
-                                double *lse) {
+/* P = softmax(scale q kᵀ + mask) of query head h, as written */
+static void at_ref_softmax_rows(const at_shape *p, double scale, int64_t h, const double *q, const double *k,
+                                double *P, double *lse) {
+    const double *M = p->mask ? (const double *)p->mask + at_mask_head(p, h) : NULL;
     for (int64_t i = 0; i < p->Lq; i++) {
         double mx = -INFINITY, sum = 0;
         for (int64_t j = 0; j < p->Lk; j++) {
             double s = 0;
             for (int64_t c = 0; c < p->D; c++) s += q[i * p->D + c] * k[j * p->D + c];
-            P[i * p->Lk + j] = s * scale;
-            mx = fmax(mx, s * scale);
+            s *= scale;
+            if (M) s += M[i * p->mask_rs + j * p->mask_cs];
+            if (p->causal && j > i) s = -INFINITY;
+            P[i * p->Lk + j] = s;
+            mx = fmax(mx, s);
         }
         for (int64_t j = 0; j < p->Lk; j++) sum += exp(P[i * p->Lk + j] - mx);
         for (int64_t j = 0; j < p->Lk; j++) P[i * p->Lk + j] = exp(P[i * p->Lk + j] - mx) / sum;
@@ -140,7 +198,7 @@ static void at_ref_forward(const at_shape *p, double scale, const double *q, con
     for (int64_t h = 0; h < p->units * p->group; h++) {
         int64_t u = h / p->group;
         const double *qh = q + h * p->Lq * p->D, *ku = k + u * p->Lk * p->D, *vu = v + u * p->Lk * p->Dv;
-        at_ref_softmax_rows(p, scale, qh, ku, P, lse + h * p->Lq);
+        at_ref_softmax_rows(p, scale, h, qh, ku, P, lse + h * p->Lq);
         for (int64_t i = 0; i < p->Lq; i++)
             for (int64_t c = 0; c < p->Dv; c++) {
                 double s = 0;
@@ -158,7 +216,7 @@ static void at_ref_backward(const at_shape *p, double scale, const double *go, c
         const double *qh = q + h * p->Lq * p->D, *ku = k + u * p->Lk * p->D, *vu = v + u * p->Lk * p->Dv;
         const double *goh = go + h * p->Lq * p->Dv;
         double *gqh = gq + h * p->Lq * p->D, *gku = gk + u * p->Lk * p->D, *gvu = gv + u * p->Lk * p->Dv;
-        at_ref_softmax_rows(p, scale, qh, ku, P, NULL);
+        at_ref_softmax_rows(p, scale, h, qh, ku, P, NULL);
         for (int64_t i = 0; i < p->Lq; i++) {
             /* dp_j = go_i . v_j; ds_j = p_j (dp_j - sum_l p_l dp_l + glse_i) */
             double pdp = 0;
@@ -260,6 +318,25 @@ KILN_ISA_END
 KILN_ISA_FAMILY(attention_f32)
 #define AT_K ((const attention_kernels *)attention_f32_chosen)
 
+/* Adds the mask to the score block S (rows x cols, query rows from i0, keys from j0) of head h
+ * and hides the keys causal attention does not see. */
+static void at_mask_block(const at_shape *p, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols, float *S) {
+    if (p->mask) {
+        const float *M = (const float *)p->mask + at_mask_head(p, h) + i0 * p->mask_rs + j0 * p->mask_cs;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) S[r * cols + c] += M[r * p->mask_rs + c * p->mask_cs];
+    }
+    if (p->causal)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = i0 + r + 1 - j0 < 0 ? 0 : i0 + r + 1 - j0; c < cols; c++) S[r * cols + c] = -INFINITY;
+}
+
+/* The keys query rows [i0, i0 + rows) see any of: all, or under the causal flag those up to the
+ * last row's. */
+static int64_t at_keys_seen(const at_shape *p, int64_t i0, int64_t rows) {
+    return p->causal ? at_min(p->Lk, i0 + rows) : p->Lk;
+}
+
 /* One block of up to AT_BR query rows of head h: out rows and lse. S: AT_BR * AT_BC floats,
  * m and l: AT_BR each. */
 static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t i0, const float *q, const float *k,
@@ -271,13 +348,18 @@ static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t 
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     if (p->Lk == 0)
         for (int64_t r = 0; r < rows * p->Dv; r++) O[r] = 0;
-    for (int64_t j0 = 0; j0 < p->Lk; j0 += AT_BC) {
-        int64_t cols = at_min(AT_BC, p->Lk - j0);
+    int64_t keys = at_keys_seen(p, i0, rows);
+    for (int64_t j0 = 0; j0 < keys; j0 += AT_BC) {
+        int64_t cols = at_min(AT_BC, keys - j0);
         at_gemm(false, true, rows, cols, p->D, scale, Q, p->D, K + j0 * p->D, p->D, 0.0f, S, cols);
+        at_mask_block(p, h, i0, j0, rows, cols, S);
         for (int64_t r = 0; r < rows; r++) {
             float *s = S + r * cols, mx = kt->row_max(s, cols), mnew = mx > m[r] ? mx : m[r];
-            float sum = kt->exp_row(s, cols, mnew);
-            if (j0 > 0) { /* rescale what the earlier key blocks gave */
+            float sum = 0;
+            if (mnew == -INFINITY) /* every key so far masked: nothing to add yet */
+                for (int64_t c = 0; c < cols; c++) s[c] = 0;
+            else sum = kt->exp_row(s, cols, mnew);
+            if (j0 > 0 && m[r] != mnew) { /* rescale what the earlier key blocks gave */
                 float corr = expf(m[r] - mnew);
                 l[r] *= corr;
                 kt->scale_row(O + r * p->Dv, p->Dv, corr);
@@ -287,9 +369,10 @@ static void at_forward_block(const at_shape *p, float scale, int64_t h, int64_t 
         }
         at_gemm(false, false, rows, p->Dv, cols, 1.0f, S, cols, V + j0 * p->Dv, p->Dv, j0 > 0 ? 1.0f : 0.0f, O, p->Dv);
     }
+    /* a row whose every key is masked gets NaN, as softmax over -inf scores does */
     for (int64_t r = 0; r < rows && p->Lk > 0; r++) {
-        kt->scale_row(O + r * p->Dv, p->Dv, 1.0f / l[r]);
-        lse[h * p->Lq + i0 + r] = m[r] + logf(l[r]);
+        kt->scale_row(O + r * p->Dv, p->Dv, l[r] > 0 ? 1.0f / l[r] : NAN);
+        lse[h * p->Lq + i0 + r] = l[r] > 0 ? m[r] + logf(l[r]) : NAN;
     }
     for (int64_t r = 0; r < rows && p->Lk == 0; r++) lse[h * p->Lq + i0 + r] = -INFINITY;
 }
@@ -336,10 +419,12 @@ static void at_backward_unit(const at_shape *p, float scale, int64_t u, const fl
         const float *Kj = K + j0 * D, *Vj = V + j0 * Dv;
         for (int64_t g = 0; g < p->group; g++) {
             int64_t h = h0 + g;
-            for (int64_t i0 = 0; i0 < Lq; i0 += AT_BR) {
+            /* under the causal flag, the query blocks before key j0 see none of this block */
+            for (int64_t i0 = p->causal ? j0 / AT_BR * AT_BR : 0; i0 < Lq; i0 += AT_BR) {
                 int64_t rows = at_min(AT_BR, Lq - i0), row0 = h * Lq + i0;
                 const float *Qi = q + row0 * D, *dOi = go + row0 * Dv, *L = lse + row0, *Di = dd + g * Lq + i0;
                 at_gemm(false, true, rows, cols, D, scale, Qi, D, Kj, D, 0.0f, S, cols);
+                at_mask_block(p, h, i0, j0, rows, cols, S);
                 for (int64_t r = 0; r < rows; r++) AT_K->exp_row(S + r * cols, cols, L[r]);
                 at_gemm(true, false, cols, Dv, rows, 1.0f, S, cols, dOi, Dv, 1.0f, gV + j0 * Dv, Dv);
                 at_gemm(false, true, rows, cols, Dv, 1.0f, dOi, Dv, Vj, Dv, 0.0f, dP, cols);
@@ -396,15 +481,26 @@ static kiln_status at_scores_buffer(const char *op, const at_shape *p, double **
     return *P ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "%s: out of memory for the reference's score matrix", op);
 }
 
+/* The mask as attention adds it, in place in its compute copy c (dtype ct): a bool one's
+ * 1 / 0 as 0 / -inf. */
+static void at_additive_mask(const kiln_tensor *mask, kiln_tensor *c, kiln_dtype ct) {
+    if (mask->meta.dtype != KILN_DTYPE_BOOL) return;
+    for (int64_t e = 0; e < c->numel; e++) {
+        if (ct == KILN_DTYPE_FLOAT32) ((float *)c->data)[e] = ((float *)c->data)[e] != 0 ? 0.0f : -INFINITY;
+        else ((double *)c->data)[e] = ((double *)c->data)[e] != 0 ? 0.0 : -INFINITY;
+    }
+}
+
 KILN_KERNEL(attention) {
     at_shape p;
-    KILN_TRY(at_shape_of("attention", in, nin, &p));
+    KILN_TRY(at_setup("attention", in, 3, a, nin == 4 ? in[3] : NULL, &p));
     kiln_dtype ct = at_compute_dtype(in[0]->meta.dtype);
-    kiln_tensor *c[3], *buf[2];
-    KILN_TRY(kiln_load_compute(in, 3, ct, c));
+    kiln_tensor *c[4], *buf[2];
+    KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    if (nin == 4) at_additive_mask(in[3], c[3], ct), p.mask = c[3]->data;
     kiln_status s = at_outputs(out, 2, ct, buf);
     if (s != KILN_OK) {
-        kiln_release_all(c, 3);
+        kiln_release_all(c, nin);
         return s;
     }
     if (ct == KILN_DTYPE_FLOAT32) {
@@ -415,22 +511,23 @@ KILN_KERNEL(attention) {
         if (s == KILN_OK) at_ref_forward(&p, a->f[0], c[0]->data, c[1]->data, c[2]->data, buf[0]->data, buf[1]->data, P);
         free(P);
     }
-    kiln_release_all(c, 3);
+    kiln_release_all(c, nin);
     return at_store(out, 2, buf, s);
 }
 
 KILN_KERNEL(attention_backward) {
     at_shape p;
-    KILN_TRY(at_shape_of("attention_backward", in + 1, 3, &p));
+    KILN_TRY(at_setup("attention_backward", in + 1, 3, a, nin == 8 ? in[7] : NULL, &p));
     kiln_dtype ct = at_compute_dtype(in[1]->meta.dtype);
-    kiln_tensor *c[7], *buf[3];
+    kiln_tensor *c[8], *buf[3];
     KILN_TRY(kiln_load_compute(in, nin, ct, c));
+    if (nin == 8) at_additive_mask(in[7], c[7], ct), p.mask = c[7]->data;
     kiln_status s = at_outputs(out, 3, ct, buf);
     if (s != KILN_OK) {
         kiln_release_all(c, nin);
         return s;
     }
-    void *glse = nin == 7 ? c[6]->data : NULL;
+    void *glse = nin >= 7 ? c[6]->data : NULL;
     if (ct == KILN_DTYPE_FLOAT32) {
         s = at_backward_f32(&p, (float)a->f[0], c[0]->data, c[1]->data, c[2]->data, c[3]->data, c[4]->data, c[5]->data,
                             glse, buf[0]->data, buf[1]->data, buf[2]->data);
@@ -448,17 +545,28 @@ KILN_KERNEL(attention_backward) {
 
 /* ---- gradient rule -------------------------------------------------------------------------- */
 
+/* With a mask, attention_backward takes glse (zeros when lse has no gradient) and the mask last;
+ * the mask itself gets no gradient (kiln.ops.scaled_dot_product_attention runs the unfused ops
+ * for a mask that needs one). */
 KILN_GRAD(attention) {
+    bool masked = ctx->nin == 4;
+    if (masked && ctx->needs_grad[3])
+        return kiln_error(KILN_ERR_VALUE, "attention: no gradient with respect to the mask; use the unfused ops "
+                                          "(matmul, softmax, matmul) for a mask that needs one");
     if (!ctx->needs_grad[0] && !ctx->needs_grad[1] && !ctx->needs_grad[2]) return KILN_OK;
-    kiln_tensor *go = gout[0], *g[3] = {NULL, NULL, NULL};
+    kiln_tensor *go = gout[0], *glse = gout[1], *g[3] = {NULL, NULL, NULL};
     kiln_status s = KILN_OK;
     if (!go) s = kiln_emit_full(&ctx->out_meta[0], 0.0, &go);
     else kiln_tensor_retain(go);
+    if (s == KILN_OK && masked && !glse) s = kiln_emit_full(&ctx->out_meta[1], 0.0, &glse);
+    else if (glse) kiln_tensor_retain(glse);
     if (s == KILN_OK) {
-        kiln_tensor *ins[7] = {go, ctx->in[0], ctx->in[1], ctx->in[2], ctx->out[0], ctx->out[1], gout[1]};
-        s = kiln_apply(KILN_OP_ATTENTION_BACKWARD, gout[1] ? 7 : 6, ins, ctx->attrs, g);
+        kiln_tensor *ins[8] = {go, ctx->in[0], ctx->in[1], ctx->in[2], ctx->out[0], ctx->out[1], glse,
+                               masked ? ctx->in[3] : NULL};
+        s = kiln_apply(KILN_OP_ATTENTION_BACKWARD, masked ? 8 : glse ? 7 : 6, ins, ctx->attrs, g);
     }
     kiln_tensor_release(go);
+    kiln_tensor_release(glse);
     if (s != KILN_OK) return s;
     for (int t = 0; t < 3; t++) {
         if (ctx->needs_grad[t]) gin[t] = g[t];

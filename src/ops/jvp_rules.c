@@ -436,6 +436,9 @@ static kiln_status repeat_heads(kiln_tensor *k, int64_t hq, kiln_tensor **out) {
 }
 
 JVP(attention) {
+    if (ctx->nin > 3 || (ctx->attrs->ni > KILN_A_ATTENTION_CAUSAL && ctx->attrs->i[KILN_A_ATTENTION_CAUSAL]))
+        return kiln_error(KILN_ERR_VALUE, "jvp: attention with a mask or the causal flag has no forward-mode rule; "
+                                          "write it as matmul, softmax, matmul");
     kiln_tensor *q = ctx->in[0], *tq = tin[0];
     int nd = ctx->in_meta[0].ndim;
     int64_t hq = ctx->in_meta[0].shape[nd - 3];

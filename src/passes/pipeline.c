@@ -17,6 +17,7 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
     {"constant_fold", kiln_pass_constant_fold},                                            \
     {"simplify", kiln_pass_simplify},                                                      \
     {"join_slice_writes", kiln_pass_join_slice_writes}, /* summed gradients of slices */   \
+    {"fuse_attention", kiln_pass_fuse_attention}, /* by the cost model */                \
     {"dce", kiln_pass_dce},                                                                \
     {"fuse_conv_epilogue", kiln_pass_fuse_conv_epilogue},                                  \
     {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */    \

@@ -1037,5 +1037,6 @@ int pykiln_graph_init_types(PyObject *module) {
     if (PyModule_AddFunctions(module, pykiln_profile_functions) < 0) return -1;
     if (pykiln_profile_log_ready(module) < 0) return -1;
     if (PyModule_AddFunctions(module, pykiln_plan_sym_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, pykiln_attention_functions) < 0) return -1;
     return PyModule_AddFunctions(module, pykiln_graph_functions);
 }

@@ -93,6 +93,7 @@ PyObject *pykiln_executable_new(const kiln_graph *g, const kiln_compile_options 
 PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g);
 /* kiln._C.plan_symbolic, bind_plan, plan_counts: one plan for every binding (plan_sym.c). */
 extern PyMethodDef pykiln_plan_sym_functions[];
+extern PyMethodDef pykiln_attention_functions[];
 /* A kiln._C.Graph owning g (freed on failure), new reference (graph.c). */
 PyObject *pykiln_wrap_graph(kiln_graph *g);
 /* Graph.symbolize, Graph.instantiate, Graph.value_shape_at and kiln._C.optimize_graph: graphs with

@@ -144,13 +144,16 @@ def test_finite_differences():
         np.testing.assert_allclose(g.asnumpy(), fd, rtol=1e-6, atol=1e-8, err_msg=f"input {n}")
 
 
-def test_the_fused_op_runs_without_gradients_from_fused_min_keys():
-    """scaled_dot_product_attention runs the fused op only for calls that record no gradients with
-    at least FUSED_MIN_KEYS keys, else matmul, softmax, matmul (measured faster there). Same
-    values and gradients either way."""
-    from kiln.ops import nn_functional
+@pytest.mark.parametrize("how", ["fused", "unfused", "cost model"])
+def test_sdpa_runs_what_the_cost_model_chooses(monkeypatch, how):
+    """scaled_dot_product_attention runs the fused op or matmul, softmax, matmul as
+    attention_choice says (with and without recorded gradients; KILN_ATTENTION forces either).
+    Same values and gradients either way."""
+    from kiln.ops.nn_functional import attention_choice
 
-    for lk in (nn_functional.FUSED_MIN_KEYS, 7):
+    if how != "cost model":
+        monkeypatch.setenv("KILN_ATTENTION", how)
+    for lk in (512, 7):
         q, k, v = inputs((1, 4, 2, 6, lk, 4, 4), np.float32, seed=9)
         w = np.random.default_rng(10).standard_normal((1, 4, 6, 4)).astype(np.float32)
         ts, wt = [kiln.Tensor(t) for t in (q, k, v)], kiln.Tensor(w)
@@ -176,21 +179,24 @@ def test_the_fused_op_runs_without_gradients_from_fused_min_keys():
                 return loss(self.q, self.k, self.v) * x
 
         core, one = Core(), kiln.Tensor(np.float32(1))
-        with_grad = kiln.jit(core).graph_str(one)
-        assert "softmax(" in with_grad and "= attention(" not in with_grad, with_grad
-        with kiln.no_grad():
-            without = kiln.jit(core).graph_str(one)
-        fused = lk >= nn_functional.FUSED_MIN_KEYS
-        assert ("= attention(" in without) == fused and ("softmax(" in without) != fused, without
+        for backward in (True, False):
+            fused = attention_choice(ts[0], ts[1], ts[2], backward=backward)[0]
+            assert fused == (how == "fused") or how == "cost model"
+            if backward:
+                text = kiln.jit(core).graph_str(one)
+            else:
+                with kiln.no_grad():
+                    text = kiln.jit(core).graph_str(one)
+            assert ("= attention(" in text) == fused and ("softmax(" in text) != fused, text
 
 
 VARIANTS = [(level, backend, mode) for level in ("O0", "O1", "O2") for backend in ("kbk", "sink")
             for mode in ("trace", "ast")] + [("O1", "kbk", "bytecode")]
 
 
-def test_every_compiled_variant_equals_eager():
+def test_every_compiled_variant_equals_eager(monkeypatch):
     """The op and its gradient rule in every compiled variant (forward and backward), and
-    LlamaAttention without gradients at FUSED_MIN_KEYS tokens (where it runs the op)."""
+    LlamaAttention without gradients at 512 tokens, the fused op forced (KILN_ATTENTION)."""
     q, k, v = inputs((1, 4, 2, 70, 300, 16, 8), np.float32, seed=11)
     w = kiln.Tensor(np.random.default_rng(12).standard_normal((1, 4, 70, 8)).astype(np.float32))
     ts = [kiln.Tensor(t) for t in (q, k, v)]
@@ -207,11 +213,10 @@ def test_every_compiled_variant_equals_eager():
             np.testing.assert_allclose(v_j.asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-5, err_msg=what)
             for name, g, want in zip("qkv", g_j, grads):
                 np.testing.assert_allclose(g.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=f"{what} {name}")
-    from kiln.ops import nn_functional
-
+    monkeypatch.setenv("KILN_ATTENTION", "fused")
     kiln.manual_seed(7)
     attn = models.LlamaAttention(32, 4, 2, rope_theta=10000.0)
-    seq = nn_functional.FUSED_MIN_KEYS
+    seq = 512
     x = kiln.Tensor(np.random.default_rng(8).standard_normal((1, seq, 32)).astype(np.float32))
     pos = kiln.Tensor(np.arange(seq, dtype=np.int64).reshape(1, seq))
     with kiln.no_grad():

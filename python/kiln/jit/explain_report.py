@@ -1,13 +1,18 @@
 """kiln.jit.explain: what kiln.jit made of a function — graphs and their ops, graph breaks with
 their reason and source line, the guards of each compiled entry, and each recompile with what
-changed (the guard that failed, or the argument signature) — for every capture mode (ast and
-trace report their fallbacks to trace capture or eager execution)."""
+changed (the guard that failed, or the argument signature), and the cost model's reason for each
+fused attention op — for every capture mode (ast and trace report their fallbacks to trace capture
+or eager execution)."""
+import math
+import re
+
+from .. import _C
 
 
 class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
-    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None):
+    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -19,6 +24,8 @@ class ExplainOutput:
         self.fallback = fallback  # why the function (or a part of it) runs in Python, or None
         # per graph: what recomputation (kiln.recompute, Cell.recompute, SublinearMemoryConfig) did, or None
         self.recomputed = list(recomputed) if recomputed is not None else [None] * len(graphs)
+        # per graph: a line per fused attention op, with the cost model's reason
+        self.attention = list(attention) if attention is not None else [[] for _ in graphs]
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -29,6 +36,7 @@ class ExplainOutput:
             lines.append(f"  graph {k + 1}: {ops} ops, {len(guard_names)} guards")
             if self.recomputed[k]:
                 lines.append(f"    {self.recomputed[k]}")
+            lines.extend(f"    {a}" for a in self.attention[k])
             lines.extend(f"    guard: {g}" for g in guard_names)
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
@@ -43,6 +51,36 @@ def _ops(graph_text):
     """The ops of a graph's text (not its captures: constants, parameters, captured tensors)."""
     rhs = [line.partition(" = ")[2] for line in graph_text.split("\nsubgraph")[0].splitlines()]
     return sum(1 for r in rhs if "(" in r and not r.startswith("constant("))
+
+
+_VALUE = re.compile(r"%(\d+): ([a-z0-9]+)\[([^\]]*)\]")
+_ATTENTION = re.compile(r"= attention\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$")
+
+
+def _attention(graph_text):
+    """A line per attention op of a graph's text: fused, where, and the cost model's reason
+    (kiln._C.attention_choice on its operands' shapes, as the eager entry and the O1 pass
+    fuse_attention decide)."""
+    metas = {int(n): (dt, [int(x) for x in dims.split(", ") if x.strip().lstrip("-").isdigit()])
+             for n, dt, dims in _VALUE.findall(graph_text)}
+    backward = "attention_backward(" in graph_text
+    notes = []
+    for line in graph_text.split("\nsubgraph")[0].splitlines():
+        m = _ATTENTION.search(line)
+        if not m:
+            continue
+        operands = [int(x.strip().lstrip("%")) for x in m.group(1).split(",")]
+        attrs = (m.group(2) or "").split(";")[0].strip()
+        causal = attrs not in ("", "0")
+        where = f" at {m.group(3)}" if m.group(3) else ""
+        try:
+            (dt, q), (_, k), (_, v) = (metas[o] for o in operands[:3])
+            why = _C.attention_choice(math.prod(q[:-2]), q[-2], k[-2], q[-1], v[-1], dt, causal, len(operands) > 3,
+                                      False, backward)[3]
+        except (KeyError, ValueError, TypeError, IndexError):
+            why = "shapes not known"
+        notes.append(f"attention: fused{where} ({why})")
+    return notes
 
 
 def _dynamic_graph(graph_text, guard_names, d):
@@ -71,13 +109,15 @@ def report(jf):
     fallback = jf._eager_reason
     if mode == "bytecode":
         pieces = jf._pieces
-        graphs, breaks, recompiles, recomputed = [], [], [], []
+        graphs, breaks, recompiles, recomputed, attention = [], [], [], [], []
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
+                attention.extend(_attention(p.graph_text) for p in entries)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
                 graphs.extend(_dynamic_graph(p.graph_text, p.guard_names, p.dyn) for p in entries)
+                attention.extend(_attention(p.graph_text) for p in entries)
                 recomputed.extend(None for _ in entries)
             breaks = list(pieces.breaks)
             recompiles = [f"the value of {g} changed" if g else "a guard failed" for _, g in pieces.recompiles]
@@ -85,13 +125,15 @@ def report(jf):
             fallback = fallback or pieces.given_up
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
+        attention = [_attention(e.graph_text) for entries in jf._cache.values() for e in entries]
         recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
             graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
+            attention.extend(_attention(d.entry.graph_text) for d in ds)
             recomputed.extend(None for _ in ds)
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
-    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed)
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention)

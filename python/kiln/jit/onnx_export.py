@@ -196,6 +196,8 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         if len(outs) > 1:
             b.node("Reshape", [rstd, b.ints(metas[1][1])], [outs[1]])
     elif op == "attention":  # (out, lse): softmax(scale q kᵀ) v; query heads grouped per kv head
+        if len(ins) > 3 or (ints and ints[0]):
+            raise OnnxExportError("kiln.export(ONNX): attention with a mask or the causal flag is not exported")
         qs, ks, vs = (list(m[1]) for m in in_metas)
         q, k, v = ins
         if is_symbolic((qs[-3], ks[-3])):

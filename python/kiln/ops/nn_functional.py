@@ -5,22 +5,13 @@ from .. import _C
 from .._optable import OP
 from ._util import apply, as_tensor, pair
 from .array import reshape, swapaxes
-from .attention_masks import additive_mask, masked_attention
+from .attention_masks import additive_mask, check_mask, fused_mask, masked_attention
 from .math import softmax
 
 
 def matmul(input, other):
     """Matrix product with NumPy semantics (1-D operands, batch broadcasting)."""
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
-
-
-# When the fused op runs: only for calls that record no gradients, with at least FUSED_MIN_KEYS keys;
-# every other call runs the unfused ops (matmul, softmax, matmul). bench/bench_flash.py on a quiet
-# 2-core AVX2 EPYC (README, "Attention core"): fused / unfused 0.91-1.01 forward at 512 keys and
-# 0.94-0.97 at 1024, but 1.06-1.10 at 256 keys, and 1.03-1.29 forward+backward (the blockwise
-# backward recomputes each score block: five products per block pair against the unfused
-# backward's four, which keeps the probabilities).
-FUSED_MIN_KEYS = 512
 
 
 def _fold_heads(q, k, v):
@@ -41,6 +32,18 @@ def _unfused_attention(q, k, v, scale):
     return reshape(out, lead + (hq, lq, dv))
 
 
+def attention_choice(q, k, v, masked=False, is_causal=False, dropout_p=0.0, backward=False):
+    """(fused, fused cost, unfused cost, why): the cost model's choice between the fused attention
+    op and the unfused ops for these operands (kiln._C.attention_choice, src/ops/attention_cost.c;
+    the O1 pass fuse_attention decides by the same model). Symbolic sizes: unfused."""
+    sizes = tuple(q.shape[:-1]) + (k.shape[-2], q.shape[-1], v.shape[-1])
+    if not all(type(n) is int for n in sizes):  # a dynamic capture's SymInt passes isinstance(n, int)
+        return False, 0.0, 0.0, "symbolic sizes"
+    heads = math.prod(q.shape[:-2])
+    return _C.attention_choice(heads, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.dtype, bool(is_causal),
+                               bool(masked), bool(dropout_p), bool(backward))
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """softmax(scale * query @ keyᵀ + mask) @ value over the last two axes, PyTorch's
     F.scaled_dot_product_attention. query (..., Hq, Lq, D), key (..., Hk, Lk, D), value
@@ -49,26 +52,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     attn_mask: bool (True: the key takes part) or floating point (added to the scores), broadcasting
     against (..., Hq, Lq, Lk); is_causal=True: query i sees keys j <= i; dropout_p: dropout on the
     probabilities (pass it only when training, as in PyTorch).
-    Without mask or dropout, calls that record no gradients and have at least FUSED_MIN_KEYS keys
-    run one blockwise op that never holds the score matrix (FlashAttention-2's loops); others the
-    unfused ops (measured faster there on this project's machine)."""
+    The fused blockwise op (FlashAttention-2's loops, masks and the causal flag included, its
+    backward recomputing the score blocks) or the unfused ops, as the cost model chooses per shape
+    and CPU (attention_choice), with or without gradients; dropout and a mask that needs a
+    gradient run the unfused ops."""
     q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    check_mask(attn_mask, is_causal)
+    if not _fold_heads(q, k, v):
+        apply(OP.attention, (q, k, v), (), (float(scale),))  # raises: names what is wrong
+    records = _C.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, attn_mask) if t is not None)
+    mask_grad = records and attn_mask is not None and attn_mask.requires_grad
+    fused = not mask_grad and attention_choice(q, k, v, attn_mask is not None, is_causal, dropout_p, records)[0]
+    if fused:
+        ins = (q, k, v)
+        if attn_mask is not None:
+            ins += (fused_mask(attn_mask, tuple(q.shape[:-1]) + (k.shape[-2],)),)
+        out, _ = apply(OP.attention, ins, (int(bool(is_causal)),), (float(scale),))
+        return out
     if attn_mask is not None or is_causal or dropout_p:
-        if not _fold_heads(q, k, v):
-            apply(OP.attention, (q, k, v), (), (float(scale),))  # raises: names what is wrong
         mask = additive_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.dtype)
         return masked_attention(q, k, v, mask, dropout_p, float(scale), matmul, dropout)
-    records = _C.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    keys = k.shape[-2] if k.ndim >= 2 else 0
-    fused = not records and isinstance(keys, int) and keys >= FUSED_MIN_KEYS  # a symbolic length: unfused
-    if not fused and _fold_heads(q, k, v):
-        return _unfused_attention(q, k, v, float(scale))
-    out, _ = apply(OP.attention, (q, k, v), (), (float(scale),))
-    return out
+    return _unfused_attention(q, k, v, float(scale))
 
 
 def dense(input, weight, bias=None):
