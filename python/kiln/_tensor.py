@@ -38,6 +38,9 @@ class Tensor(_C.TensorBase):
     share memory). Python floats default to float32, ints to int64."""
 
     __slots__ = ()
+    # a NumPy scalar or array on the left of an operator (np.float32(2) * t) defers to the
+    # tensor's reflected operator, giving a Tensor as PyTorch does, not a NumPy array
+    __array_priority__ = 1000
 
     grad = property(_get_grad, _set_grad, doc=_GRAD.__doc__)
 
