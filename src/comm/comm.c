@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,6 +201,10 @@ double kiln_comm_timeout(void) {
     }
     return comm.timeout;
 }
+static _Atomic int64_t fusion_bytes = 25 * 1024 * 1024;
+void kiln_comm_set_fusion_bytes(int64_t bytes) { fusion_bytes = bytes > 0 ? bytes : 1; }
+int64_t kiln_comm_fusion_bytes(void) { return fusion_bytes; }
+
 void kiln_comm_set_check(bool check) { comm.check = check; }
 bool kiln_comm_check(void) { return comm.check; }
 
@@ -223,6 +228,13 @@ kiln_status kiln_comm_rank(int g, int *rank) {
 }
 
 kiln_status kiln_comm_size(int g, int *size) { return kiln_comm_size_for("get_group_size", g, size); }
+
+kiln_status kiln_comm_collective_count(int g, long long *count) {
+    group *gr = NULL;
+    KILN_TRY(get_group("collective_count", g, &gr));
+    *count = (long long)gr->seq;
+    return KILN_OK;
+}
 
 kiln_status kiln_comm_size_for(const char *what, int g, int *size) {
     group *gr = NULL;
@@ -273,6 +285,7 @@ typedef struct call {
     int kind, op, root;
     group *g;
     const kiln_meta *m;
+    int64_t members, layout; /* a bucketed all-reduce: how many tensors, a hash of their shapes */
 } call;
 
 static char *call_str(const call *c, char *buf, size_t size) {
@@ -317,6 +330,7 @@ static kiln_status agree(const call *c) {
     group *g = c->g;
     int64_t mine[HEADER] = {g->seq, c->kind, c->op, c->root, c->m->dtype, c->m->ndim};
     for (int d = 0; d < c->m->ndim; d++) mine[6 + d] = c->m->shape[d];
+    mine[14] = c->members, mine[15] = c->layout;
     g->seq++;
     if (!comm.check || g->size == 1) return KILN_OK;
     int64_t *all = kiln_malloc(sizeof(int64_t) * HEADER * (size_t)g->size);
@@ -346,8 +360,12 @@ static kiln_status agree(const call *c) {
                       .op = h[2] >= 0 && h[2] < KILN_COMM_REDUCE_COUNT ? (int)h[2] : 0, .root = (int)h[3], .g = &gr,
                       .m = &m};
         char what[256];
-        n += (size_t)snprintf(list + n, sizeof list - n, "%srank %d: %s (its collective #%lld in this group)",
-                              r ? "; " : "", r, call_str(&other, what, sizeof what), (long long)h[0]);
+        n += (size_t)snprintf(list + n, sizeof list - n, "%srank %d: %s", r ? "; " : "", r,
+                              call_str(&other, what, sizeof what));
+        if (h[14] > 0)
+            n += (size_t)snprintf(list + n, sizeof list - n, " (a bucket of %lld tensors, layout %llx)", (long long)h[14],
+                                  (unsigned long long)h[15]);
+        n += (size_t)snprintf(list + n, sizeof list - n, " (its collective #%lld in this group)", (long long)h[0]);
     }
     free(all);
     return fail(KILN_ERR_VALUE, c, "the ranks called different collectives or shapes or dtypes: ", list);
@@ -402,9 +420,55 @@ static kiln_status begin(call *c, const char *name, int g, kiln_tensor *x, kiln_
 
 #define EMPTY_META (&(kiln_meta){.dtype = KILN_DTYPE_INT8})
 
+/* A mean over a power-of-two number of ranks scales each rank's values by 1 / size while they are
+ * copied into the output, which the all-reduce then sums in place: exact (a power of two), so the
+ * same as dividing the sum, without a pass over the result (reading what MPI just wrote is slow);
+ * other sizes divide the sum. A bucket and a single tensor do the same, so bucketing changes no
+ * value. */
+static bool scale_first(int op, int size) { return op == KILN_COMM_MEAN && (size & (size - 1)) == 0; }
+
+/* dst[0..n) = src (contiguous, float dtype when scaling) times scale */
+static void copy_scaled(void *dst, const void *src, int64_t n, kiln_dtype dtype, double scale) {
+    if (scale == 1.0) {
+        memcpy(dst, src, (size_t)n * kiln_dtype_size(dtype));
+    } else if (dtype == KILN_DTYPE_FLOAT32) {
+        float *d = dst, f = (float)scale;
+        const float *s = src;
+        for (int64_t k = 0; k < n; k++) d[k] = s[k] * f;
+    } else {
+        double *d = dst;
+        const double *s = src;
+        for (int64_t k = 0; k < n; k++) d[k] = s[k] * scale;
+    }
+}
+
+/* Copies x (any layout) into dst, scaled. */
+static kiln_status pack(void *dst, kiln_tensor *x, double scale) {
+    kiln_tensor *xc = x;
+    if (!kiln_tensor_is_contiguous(x)) KILN_TRY(kiln_to_contiguous(x, x->meta.dtype, &xc));
+    copy_scaled(dst, xc->data, x->numel, x->meta.dtype, scale);
+    if (xc != x) kiln_tensor_release(xc);
+    return KILN_OK;
+}
+
+/* The reduction of out (already holding this rank's values) in place, then a mean's division
+ * where it was not done while packing. */
+static kiln_status reduce_in_place(const call *c, kiln_tensor *out) {
+    char err[512] = "";
+    int rc = comm.be->all_reduce(c->g->handle, out->data, out->data, out->numel, comm_dtype(out->meta.dtype), c->op,
+                                 comm.timeout, err, sizeof err);
+    if (rc != KILN_COMM_OK) return backend_status(rc, c, err);
+    if (c->op == KILN_COMM_MEAN && !scale_first(c->op, c->g->size)) divide_by_size(out, c->g->size);
+    return KILN_OK;
+}
+
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out) {
-    call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta};
+    call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta, 0, 0};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    if (scale_first(op, c.g->size) || c.g->size == 1) {
+        KILN_TRY(pack(out->data, x, scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0));
+        return reduce_in_place(&c, out);
+    }
     /* from x (contiguous) into the output: with Open MPI this is as fast as an all-reduce in
      * place in a buffer used before, and faster than one in place in a new buffer */
     kiln_tensor *xc;
@@ -418,8 +482,35 @@ kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out
     return KILN_OK;
 }
 
+/* FNV-1a over the members' shapes: the header tells buckets of the same size but other tensors
+ * apart */
+static int64_t layout_hash(kiln_tensor *const *x, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < n; k++)
+        for (int d = -1; d < x[k]->meta.ndim; d++) {
+            h ^= (uint64_t)(d < 0 ? x[k]->meta.ndim : x[k]->meta.shape[d]);
+            h *= 1099511628211ull;
+        }
+    return (int64_t)(h >> 1);
+}
+
+kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
+    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
+    int64_t at = 0;
+    size_t item = kiln_dtype_size(out->meta.dtype);
+    for (int k = 0; k < n; k++) {
+        if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
+            return fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
+        KILN_TRY(pack((char *)out->data + (size_t)at * item, x[k], scale));
+        at += x[k]->numel;
+    }
+    return reduce_in_place(&c, out);
+}
+
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
-    call c = {C_ALL_GATHER, 0, 0, NULL, &x->meta};
+    call c = {C_ALL_GATHER, 0, 0, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "all_gather", g, x, &xc));
     char err[512] = "";
@@ -431,7 +522,7 @@ kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
 }
 
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int g, kiln_tensor *out) {
-    call c = {C_REDUCE_SCATTER, op, 0, NULL, &x->meta};
+    call c = {C_REDUCE_SCATTER, op, 0, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "reduce_scatter", g, x, &xc));
     char err[512] = "";
@@ -444,7 +535,7 @@ kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int g, kiln_tensor 
 }
 
 kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int g, kiln_tensor *out) {
-    call c = {C_BROADCAST, 0, root, NULL, &x->meta};
+    call c = {C_BROADCAST, 0, root, NULL, &x->meta, 0, 0};
     KILN_TRY(begin(&c, "broadcast", g, NULL, NULL));
     if (c.g->rank == root) KILN_TRY(kiln_copy_into(out, x));
     char err[512] = "";
@@ -454,7 +545,7 @@ kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int g, kiln_tensor *ou
 }
 
 kiln_status kiln_comm_reduce(kiln_tensor *x, int op, int root, int g, kiln_tensor *out) {
-    call c = {C_REDUCE, op, root, NULL, &x->meta};
+    call c = {C_REDUCE, op, root, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "reduce", g, x, &xc));
     char err[512] = "";
@@ -470,7 +561,7 @@ kiln_status kiln_comm_reduce(kiln_tensor *x, int op, int root, int g, kiln_tenso
 }
 
 kiln_status kiln_comm_barrier(int g) {
-    call c = {C_BARRIER, 0, 0, NULL, EMPTY_META};
+    call c = {C_BARRIER, 0, 0, NULL, EMPTY_META, 0, 0};
     KILN_TRY(begin(&c, "barrier", g, NULL, NULL));
     char err[512] = "";
     int rc = comm.be->barrier(c.g->handle, comm.timeout, err, sizeof err);
@@ -487,7 +578,7 @@ static void point_header(const kiln_meta *m, int64_t *h) {
 }
 
 kiln_status kiln_comm_send(kiln_tensor *x, int dst, int tag, int g) {
-    call c = {C_SEND, 0, dst, NULL, &x->meta};
+    call c = {C_SEND, 0, dst, NULL, &x->meta, 0, 0};
     KILN_TRY(get_group("send", g, &c.g));
     describe(&c);
     if (dst < 0 || dst >= c.g->size || dst == c.g->rank)
@@ -507,7 +598,7 @@ kiln_status kiln_comm_send(kiln_tensor *x, int dst, int tag, int g) {
 }
 
 kiln_status kiln_comm_recv(kiln_tensor *out, int src, int tag, int g) {
-    call c = {C_RECV, 0, src, NULL, &out->meta};
+    call c = {C_RECV, 0, src, NULL, &out->meta, 0, 0};
     KILN_TRY(get_group("recv", g, &c.g));
     describe(&c);
     if (src < 0 || src >= c.g->size || src == c.g->rank)

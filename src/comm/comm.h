@@ -36,6 +36,8 @@ const char *kiln_comm_default_backend(void);
 kiln_status kiln_comm_rank(int group, int *rank);
 kiln_status kiln_comm_size(int group, int *size);
 /* The same, its errors naming `what` (an op) */
+/* How many collectives this rank ran in the group (each bucket counts once). */
+kiln_status kiln_comm_collective_count(int group, long long *count);
 kiln_status kiln_comm_size_for(const char *what, int group, int *size);
 /* A group of these world ranks (distinct, ascending or not; this rank among them); called by
  * its members only. */
@@ -46,10 +48,18 @@ void kiln_comm_set_timeout(double seconds); /* <= 0: wait forever */
 double kiln_comm_timeout(void);
 void kiln_comm_set_check(bool check);
 bool kiln_comm_check(void);
+/* The most bytes one fused all-reduce carries: the bucketing pass (src/passes/bucket_all_reduce.c)
+ * joins all-reduces of the same fusion id into buckets of at most this size (25 MB unless
+ * set_auto_parallel_context's comm_fusion says otherwise). */
+void kiln_comm_set_fusion_bytes(int64_t bytes);
+int64_t kiln_comm_fusion_bytes(void);
 
 /* out: contiguous, allocated by the caller with the output's shape (all_gather: size * x.shape[0]
  * rows; reduce_scatter: x.shape[0] / size rows); x may have any layout. */
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int group, kiln_tensor *out);
+/* The all-reduce of n tensors of one dtype as one call (a gradient bucket): out, 1-D, holds their
+ * elements one after the other, reduced; the ranks' headers also compare the tensors' shapes. */
+kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int group, kiln_tensor *out);
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int group, kiln_tensor *out);
 kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int group, kiln_tensor *out);

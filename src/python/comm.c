@@ -135,6 +135,33 @@ static PyObject *py_comm_set_check(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_comm_set_fusion_bytes(PyObject *self, PyObject *arg) {
+    (void)self;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "comm_set_fusion_bytes: the bucket size must be > 0 bytes");
+        return NULL;
+    }
+    kiln_comm_set_fusion_bytes(n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_fusion_bytes(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(kiln_comm_fusion_bytes());
+}
+
+static PyObject *py_comm_collective_count(PyObject *self, PyObject *args) {
+    (void)self;
+    int group = 0;
+    if (!PyArg_ParseTuple(args, "|i", &group)) return NULL;
+    long long n = 0;
+    kiln_status s = kiln_comm_collective_count(group, &n);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return PyLong_FromLongLong(n);
+}
+
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
     (void)self;
     int code = (int)PyLong_AsLong(arg);
@@ -158,6 +185,11 @@ static PyMethodDef comm_methods[] = {
     {"comm_timeout", py_comm_timeout, METH_NOARGS, "seconds a collective waits for the other ranks"},
     {"comm_set_check", py_comm_set_check, METH_O,
      "whether ranks compare each collective, dtype and shape before its data (default True)"},
+    {"comm_set_fusion_bytes", py_comm_set_fusion_bytes, METH_O,
+     "the most bytes one fused (bucketed) all-reduce carries; the bucketing pass reads it at compile time"},
+    {"comm_fusion_bytes", py_comm_fusion_bytes, METH_NOARGS, "the most bytes one fused all-reduce carries"},
+    {"comm_collective_count", py_comm_collective_count, METH_VARARGS,
+     "comm_collective_count(group=0): how many collectives this rank ran in the group"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };
