@@ -45,5 +45,6 @@ KILN_PASS(fold_batch_norm);
 KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);
 KILN_PASS(fuse_bn_relu_backward);
+KILN_PASS(bucket_all_reduce);
 
 #endif
