@@ -7,8 +7,8 @@
   - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
     25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
     MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
-    target >= 0.8. Printed also against the raw call followed by the mean's division, which reads
-    the result as kiln's split does.
+    target >= 0.8 (the three timed in turn, best of 20 each, so that they see the same load).
+    Printed also against the raw call followed by the mean's division.
 
     PYTHONPATH=python python3 bench/bench_distributed.py [--quick]
 
@@ -60,28 +60,28 @@ def time_steps(step, x, y, steps, sync=lambda: None):
     return best
 
 
-def raw_allreduce(n_floats, repeat):
-    """Best seconds of one MPI_Allreduce (float32 sum, out of place) of n_floats, through ctypes on
-    the libmpi kiln's mpi backend loaded (Open MPI's handles are addresses of its globals): alone,
-    as osu_allreduce times it, and followed by the division of a mean (which reads the result:
-    here, reading a buffer MPI_Allreduce just wrote costs several times a plain read)."""
+def raw_allreduce(n_floats):
+    """Two calls timing nothing themselves: one MPI_Allreduce (float32 sum, out of place) of
+    n_floats, through ctypes on the libmpi kiln's mpi backend loaded (Open MPI's handles are
+    addresses of its globals), alone as osu_allreduce times it, and followed by the division of a
+    mean (which reads the result: here, reading a buffer MPI_Allreduce just wrote costs several
+    times a plain read)."""
     lib = ctypes.CDLL(None)
     handle = lambda name: ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(lib, name)))  # noqa: E731
     comm, dtype, op = handle("ompi_mpi_comm_world"), handle("ompi_mpi_float"), handle("ompi_mpi_op_sum")
     send, recv = np.ones(n_floats, np.float32), np.empty(n_floats, np.float32)
     ptr = ctypes.c_void_p
     lib.MPI_Allreduce.argtypes = [ptr, ptr, ctypes.c_int, ptr, ptr, ptr]
-    lib.MPI_Barrier.argtypes = [ptr]
-    best = [float("inf"), float("inf")]
-    for k in range(2 * repeat):
-        lib.MPI_Barrier(comm)
-        t0 = time.perf_counter()
+
+    def plain():
         rc = lib.MPI_Allreduce(send.ctypes.data_as(ptr), recv.ctypes.data_as(ptr), n_floats, dtype, op, comm)
-        if k % 2:
-            recv *= 0.5
-        best[k % 2] = min(best[k % 2], time.perf_counter() - t0)
         assert rc == 0, rc
-    return best
+
+    def mean():
+        plain()
+        np.multiply(recv, 0.5, out=recv)
+
+    return plain, mean
 
 
 def rank_worker(global_batch, steps, out):
@@ -111,20 +111,23 @@ def rank_worker(global_batch, steps, out):
 
 def allreduce_pair(shapes, barrier):
     """Best seconds of kiln's bucketed, jitted all-reduce of gradients of these shapes, and of one
-    raw MPI_Allreduce of as many floats."""
+    raw MPI_Allreduce of as many floats (alone, and followed by the mean's division), timed in
+    turn so that all three see the same load on the machine."""
     from kiln.nn import grad_reduce
 
     grads = [kiln.ops.ones(s) for s in shapes]
     floats = sum(g.numel() for g in grads)
     reduce = kiln.jit(lambda *g: grad_reduce.reduce_gradients(g, mean=True), jit_level="O1")
     reduce(*grads)
-    best_kiln = float("inf")
+    calls = [lambda: reduce(*grads)[0].numpy(), *raw_allreduce(floats)]
+    best = [float("inf")] * len(calls)
     for _ in range(20):
-        barrier()
-        t0 = time.perf_counter()
-        reduce(*grads)[0].numpy()
-        best_kiln = min(best_kiln, time.perf_counter() - t0)
-    return [best_kiln, *raw_allreduce(floats, 20)]
+        for k, call in enumerate(calls):
+            barrier()
+            t0 = time.perf_counter()
+            call()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def main():

@@ -50,6 +50,8 @@ static struct {
     double timeout;
     bool timeout_set, check;
     group groups[MAX_GROUPS];
+    void *staging; /* where buckets and scaled means are packed; reused (see pack_to_staging) */
+    size_t staging_bytes;
 } comm = {.lock = PTHREAD_MUTEX_INITIALIZER, .check = true};
 
 enum { C_ALL_REDUCE = 1, C_ALL_GATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_BARRIER, C_SEND, C_RECV };
@@ -180,6 +182,8 @@ kiln_status kiln_comm_finalize(void) {
         if (comm.be->finalize(err, sizeof err) != KILN_COMM_OK)
             s = kiln_error(KILN_ERR_RUNTIME, "communication: finalize failed: %s", err);
         comm.be = NULL; /* a library backend stays loaded: MPI is not restarted in one process */
+        kiln_free(comm.staging);
+        comm.staging = NULL, comm.staging_bytes = 0;
         comm.name[0] = 0;
         memset(comm.groups, 0, sizeof comm.groups);
     }
@@ -421,10 +425,9 @@ static kiln_status begin(call *c, const char *name, int g, kiln_tensor *x, kiln_
 #define EMPTY_META (&(kiln_meta){.dtype = KILN_DTYPE_INT8})
 
 /* A mean over a power-of-two number of ranks scales each rank's values by 1 / size while they are
- * copied into the output, which the all-reduce then sums in place: exact (a power of two), so the
- * same as dividing the sum, without a pass over the result (reading what MPI just wrote is slow);
- * other sizes divide the sum. A bucket and a single tensor do the same, so bucketing changes no
- * value. */
+ * packed, and the all-reduce sums them: exact (a power of two), so the same as dividing the sum,
+ * without a pass over the result (reading what MPI just wrote is slow); other sizes divide the
+ * sum. A bucket and a single tensor do the same, so bucketing changes no value. */
 static bool scale_first(int op, int size) { return op == KILN_COMM_MEAN && (size & (size - 1)) == 0; }
 
 /* dst[0..n) = src (contiguous, float dtype when scaling) times scale */
@@ -451,11 +454,26 @@ static kiln_status pack(void *dst, kiln_tensor *x, double scale) {
     return KILN_OK;
 }
 
-/* The reduction of out (already holding this rank's values) in place, then a mean's division
- * where it was not done while packing. */
-static kiln_status reduce_in_place(const call *c, kiln_tensor *out) {
+/* The staging buffer, at least bytes long. Packed data is all-reduced from it into the output:
+ * with Open MPI an all-reduce out of place from a buffer used before runs at the speed of one in
+ * place in a buffer used before, while one in place in a new buffer (an output) is several times
+ * slower for a few hundred KB. */
+static void *staging(size_t bytes) {
+    if (bytes > comm.staging_bytes) {
+        kiln_free(comm.staging);
+        comm.staging_bytes = 0;
+        comm.staging = kiln_alloc(bytes);
+        if (!comm.staging) return NULL;
+        comm.staging_bytes = bytes;
+    }
+    return comm.staging;
+}
+
+/* The reduction of in (this rank's values, contiguous) into out, then a mean's division where it
+ * was not done while packing. */
+static kiln_status reduce_into(const call *c, const void *in, kiln_tensor *out) {
     char err[512] = "";
-    int rc = comm.be->all_reduce(c->g->handle, out->data, out->data, out->numel, comm_dtype(out->meta.dtype), c->op,
+    int rc = comm.be->all_reduce(c->g->handle, in, out->data, out->numel, comm_dtype(out->meta.dtype), c->op,
                                  comm.timeout, err, sizeof err);
     if (rc != KILN_COMM_OK) return backend_status(rc, c, err);
     if (c->op == KILN_COMM_MEAN && !scale_first(c->op, c->g->size)) divide_by_size(out, c->g->size);
@@ -465,21 +483,19 @@ static kiln_status reduce_in_place(const call *c, kiln_tensor *out) {
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out) {
     call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta, 0, 0};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
-    if (scale_first(op, c.g->size) || c.g->size == 1) {
-        KILN_TRY(pack(out->data, x, scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0));
-        return reduce_in_place(&c, out);
+    if (scale_first(op, c.g->size) && c.g->size > 1) {
+        void *buf = staging((size_t)x->numel * kiln_dtype_size(x->meta.dtype));
+        if (!buf) return KILN_ERR_MEMORY;
+        KILN_TRY(pack(buf, x, 1.0 / c.g->size));
+        return reduce_into(&c, buf, out);
     }
     /* from x (contiguous) into the output: with Open MPI this is as fast as an all-reduce in
      * place in a buffer used before, and faster than one in place in a new buffer */
     kiln_tensor *xc;
     KILN_TRY(kiln_to_contiguous(x, x->meta.dtype, &xc));
-    char err[512] = "";
-    int rc = comm.be->all_reduce(c.g->handle, xc->data, out->data, x->numel, comm_dtype(x->meta.dtype), op,
-                                 comm.timeout, err, sizeof err);
+    kiln_status s = reduce_into(&c, xc->data, out);
     kiln_tensor_release(xc);
-    if (rc != KILN_COMM_OK) return backend_status(rc, &c, err);
-    if (op == KILN_COMM_MEAN) divide_by_size(out, c.g->size);
-    return KILN_OK;
+    return s;
 }
 
 /* FNV-1a over the members' shapes: the header tells buckets of the same size but other tensors
@@ -498,15 +514,17 @@ kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, in
     call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
     double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
-    int64_t at = 0;
     size_t item = kiln_dtype_size(out->meta.dtype);
+    char *buf = staging((size_t)out->numel * item);
+    if (!buf) return KILN_ERR_MEMORY;
+    int64_t at = 0;
     for (int k = 0; k < n; k++) {
         if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
             return fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
-        KILN_TRY(pack((char *)out->data + (size_t)at * item, x[k], scale));
+        KILN_TRY(pack(buf + (size_t)at * item, x[k], scale));
         at += x[k]->numel;
     }
-    return reduce_in_place(&c, out);
+    return reduce_into(&c, buf, out);
 }
 
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
