@@ -3,8 +3,8 @@
  * all_reduce_bucket nodes of at most kiln_comm_fusion_bytes() bytes, one dtype, reduction, group
  * and fusion id per bucket, filled in the order the graph makes the tensors (backward makes the
  * last parameters' gradients first, so DDP's reverse parameter order); each all_reduce's users then
- * read a view of its bucket's result. One
- * collective per bucket instead of one per gradient, and no copy back out of the bucket.
+ * read a view of its bucket's result. One collective per bucket instead of one per gradient, and
+ * no copy back out of the bucket.
  *
  * A bucket goes right after the last node making one of its tensors, so it can start while earlier
  * gradients are still being computed. all_reduces move only within a segment of the graph free
