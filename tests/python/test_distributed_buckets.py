@@ -4,6 +4,7 @@ buckets in Python by the same rule) in every capture mode x O0 / O1 x kbk / sink
 on the whole batch; comm_fusion's size and all_reduce_fusion_config split the buckets; ranks whose
 buckets hold other tensors fail naming them; with one rank there is no collective at all."""
 import numpy as np
+import pytest
 
 import kiln
 from distributed_util import needs_mpi, run_ranks
@@ -209,10 +210,36 @@ def test_one_rank_has_no_collective_in_the_step():
         losses = [step(x, y).item() for _ in range(3)]
         assert _C.comm_collective_count() == before
         assert "all_reduce" not in step.plan_str()
-        return losses, [p.numpy() for p in net.trainable_params()]
+        return losses, [p.numpy() for p in net.trainable_params()], step.plan_str()
 
     for level in ("O0", "O1"):
         alone, parallel = run(False, level), run(True, level)
         assert alone[0] == parallel[0]
         for p, q in zip(alone[1], parallel[1]):
             np.testing.assert_array_equal(p, q)
+        assert alone[2] == parallel[2]  # the same plan: data-parallel mode costs one rank nothing
+
+
+def test_bad_bucket_input_raises_and_any_layout_packs():
+    from kiln import communication
+    from kiln.ops import collective as C
+
+    communication.init("local")
+    with pytest.raises(ValueError, match="at least one tensor"):
+        C.all_reduce_bucket([])
+    with pytest.raises(TypeError, match="mean needs a floating-point tensor"):
+        C.all_reduce_bucket([kiln.ops.ones((2,), kiln.int32)], "mean")
+    with pytest.raises(TypeError, match="expected a Tensor"):
+        C.all_reduce_bucket([kiln.ops.ones((2,)), 3])
+    with pytest.raises(ValueError, match="op must be one of"):
+        C.all_reduce_bucket([kiln.ops.ones((2,))], "nope")
+    with pytest.raises(ValueError, match="fusion must be an int >= 0"):
+        C.all_reduce(kiln.ops.ones((2,)), fusion=-1)
+    with pytest.raises(TypeError, match="fusion must be an int"):
+        C.all_reduce(kiln.ops.ones((2,)), fusion=True)
+    # views of any layout are packed in their logical order; integers sum
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = C.all_reduce_bucket([kiln.tensor(x).permute(1, 0), kiln.tensor(x)[:, 1]], "mean").numpy()
+    np.testing.assert_array_equal(got, np.concatenate([x.T.reshape(-1), x[:, 1]]))
+    ints = C.all_reduce_bucket([kiln.ops.ones((2,), kiln.int32), kiln.ops.ones((1,), kiln.int32) * 3]).numpy()
+    assert ints.tolist() == [1, 1, 3] and ints.dtype == np.int32

@@ -79,8 +79,10 @@ def all_reduce(x, op=ReduceOp.SUM, group=None, fusion=0):
     with the same fusion id > 0 (and group and dtype) are joined into buckets of comm_fusion's
     size (one collective each); 0, the default, keeps this one alone. Eager calls run alone."""
     code = _reduce_code(op, "all_reduce")
-    if not isinstance(fusion, builtins.int) or isinstance(fusion, builtins.bool) or fusion < 0:
+    if not isinstance(fusion, builtins.int) or isinstance(fusion, builtins.bool):
         raise TypeError(f"all_reduce: fusion must be an int >= 0, got {fusion!r}")
+    if fusion < 0:
+        raise ValueError(f"all_reduce: fusion must be an int >= 0 (0: never bucketed), got {fusion}")
     return _C.apply(OP.all_reduce, (_tensor(x, "all_reduce"),), (code, group_id(group, "all_reduce"), fusion))
 
 
