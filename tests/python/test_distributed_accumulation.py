@@ -106,6 +106,8 @@ def test_bad_accumulation_settings_raise():
     for bad in (0, -1, 1.5, True, "3"):
         with pytest.raises(ValueError, match="max_accumulation_step"):
             nn.GradientAccumulation(bad, opt)
+    with pytest.raises(TypeError, match="optimizer must be an optimizer"):
+        nn.GradientAccumulation(2, kiln.ops.zeros((2, 3)))
     acc = nn.GradientAccumulation(2, opt)
     with pytest.raises(ValueError, match="1 gradients for 2 parameters"):
         acc(kiln.ops.zeros(()), [kiln.ops.zeros((2, 2))])

@@ -25,6 +25,9 @@ class GradientAccumulation(Cell):
                 or max_accumulation_step < 1:
             raise ValueError(f"GradientAccumulation: max_accumulation_step must be an int >= 1, got "
                              f"{max_accumulation_step!r}")
+        if not callable(optimizer) or not hasattr(optimizer, "parameters"):
+            raise TypeError(f"GradientAccumulation: optimizer must be an optimizer (nn.SGD, nn.Adam, ...), got "
+                            f"{type(optimizer).__name__}")
         self.max_accumulation_step = max_accumulation_step
         self.optimizer = optimizer
         params = tuple(optimizer.parameters)
