@@ -50,7 +50,7 @@ static struct {
     double timeout;
     bool timeout_set, check;
     group groups[MAX_GROUPS];
-    void *staging; /* where buckets and scaled means are packed; reused (see pack_to_staging) */
+    void *staging; /* where buckets and scaled means are packed; reused (see staging()) */
     size_t staging_bytes;
 } comm = {.lock = PTHREAD_MUTEX_INITIALIZER, .check = true};
 
@@ -163,6 +163,8 @@ kiln_status kiln_comm_init(const char *backend) {
     const char *check = getenv("KILN_COMM_CHECK");
     if (check && strcmp(check, "0") == 0) comm.check = false;
     comm.be = be;
+    const char *overlap_env = getenv("KILN_COMM_OVERLAP");
+    if (overlap_env && *overlap_env) kiln_comm_set_overlap(strcmp(overlap_env, "0") != 0);
     comm.library = lib;
     snprintf(comm.name, sizeof comm.name, "%s", b->name);
     memset(comm.groups, 0, sizeof comm.groups);
@@ -526,6 +528,88 @@ kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, in
     }
     return reduce_into(&c, buf, out);
 }
+
+/* ---- all-reduces in flight (a compiled plan's overlap: start after the last gradient, wait at
+ * the first use) --------------------------------------------------------------------------- */
+
+#define MAX_PENDING 64
+
+typedef struct pending {
+    void *out;     /* the output's data: what the wait names */
+    void *request; /* the backend's; NULL when the backend reduced at the start */
+    void *packed;  /* this all-reduce's own packed input (freed at the wait) */
+    group *g;
+    int op;
+    char what[200];
+} pending;
+
+static pending in_flight[MAX_PENDING];
+static int nin_flight;
+
+kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
+    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    if (nin_flight == MAX_PENDING)
+        return fail(KILN_ERR_LIMIT, &c, "", "more than 64 all-reduces in flight");
+    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
+    size_t item = kiln_dtype_size(out->meta.dtype);
+    char *buf = kiln_alloc((size_t)out->numel * item + 1);
+    if (!buf) return KILN_ERR_MEMORY;
+    kiln_status s = KILN_OK;
+    int64_t at = 0;
+    for (int k = 0; k < n && s == KILN_OK; k++) {
+        if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
+            s = fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
+        else
+            s = pack(buf + (size_t)at * item, x[k], scale);
+        at += x[k]->numel;
+    }
+    pending p = {.out = out->data, .packed = buf, .g = c.g, .op = op};
+    call_str(&c, p.what, sizeof p.what);
+    if (s == KILN_OK && comm.be->all_reduce_start) {
+        char err[512] = "";
+        int rc = comm.be->all_reduce_start(c.g->handle, buf, out->data, out->numel, comm_dtype(out->meta.dtype), op,
+                                           &p.request, err, sizeof err);
+        if (rc != KILN_COMM_OK) s = backend_status(rc, &c, err);
+    } else if (s == KILN_OK) { /* no non-blocking call: reduced now, the wait only finishes */
+        s = reduce_into(&c, buf, out);
+        p.op = KILN_COMM_SUM; /* (a mean's division is done) */
+    }
+    if (s != KILN_OK) {
+        kiln_free(buf);
+        return s;
+    }
+    in_flight[nin_flight++] = p;
+    return KILN_OK;
+}
+
+kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out) {
+    int k = 0;
+    while (k < nin_flight && in_flight[k].out != out->data) k++;
+    if (k == nin_flight)
+        return kiln_error(KILN_ERR_VALUE, "all_reduce_wait: no all-reduce is in flight into this tensor (all_reduce_wait "
+                          "completes what all_reduce_start began)");
+    pending p = in_flight[k];
+    in_flight[k] = in_flight[--nin_flight];
+    int rc = KILN_COMM_OK;
+    char err[512] = "";
+    if (p.request) {
+        char text[320];
+        snprintf(text, sizeof text, "%s on rank %d of %d (waiting)", p.what, p.g->rank, p.g->size);
+        comm.be->describe(text);
+        rc = comm.be->wait(p.request, comm.timeout, err, sizeof err);
+    }
+    kiln_free(p.packed);
+    if (rc != KILN_COMM_OK)
+        return kiln_error(rc == KILN_COMM_INTERRUPTED ? KILN_ERR_INTERRUPTED : KILN_ERR_RUNTIME, "%s on rank %d of %d: %s",
+                          p.what, p.g->rank, p.g->size, err);
+    if (p.op == KILN_COMM_MEAN && !scale_first(p.op, p.g->size)) divide_by_size(out, p.g->size);
+    return KILN_OK;
+}
+
+static _Atomic bool overlap = false;
+void kiln_comm_set_overlap(bool on) { overlap = on; }
+bool kiln_comm_overlap(void) { return overlap; }
 
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
     call c = {C_ALL_GATHER, 0, 0, NULL, &x->meta, 0, 0};

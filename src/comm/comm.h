@@ -60,6 +60,15 @@ kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int group, kiln_tensor 
 /* The all-reduce of n tensors of one dtype as one call (a gradient bucket): out, 1-D, holds their
  * elements one after the other, reduced; the ranks' headers also compare the tensors' shapes. */
 kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
+/* The same, in two halves: start packs the tensors and begins the all-reduce into out (a backend
+ * without a non-blocking call reduces now); wait, given the same out, completes it. Between them
+ * out must stay alive and unread; other collectives may run. */
+kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
+kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out);
+/* Whether the bucketing pass splits buckets into start and wait (off by default: see
+ * docs/guide/distributed.md; KILN_COMM_OVERLAP=1 or kiln._C.comm_set_overlap(True)). */
+void kiln_comm_set_overlap(bool on);
+bool kiln_comm_overlap(void);
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int group, kiln_tensor *out);
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int group, kiln_tensor *out);
 kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int group, kiln_tensor *out);

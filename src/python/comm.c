@@ -162,6 +162,19 @@ static PyObject *py_comm_collective_count(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(n);
 }
 
+static PyObject *py_comm_set_overlap(PyObject *self, PyObject *arg) {
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    kiln_comm_set_overlap(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_overlap(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kiln_comm_overlap());
+}
+
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
     (void)self;
     int code = (int)PyLong_AsLong(arg);
@@ -190,6 +203,10 @@ static PyMethodDef comm_methods[] = {
     {"comm_fusion_bytes", py_comm_fusion_bytes, METH_NOARGS, "the most bytes one fused all-reduce carries"},
     {"comm_collective_count", py_comm_collective_count, METH_VARARGS,
      "comm_collective_count(group=0): how many collectives this rank ran in the group"},
+    {"comm_set_overlap", py_comm_set_overlap, METH_O,
+     "whether graphs compiled from now on start each gradient bucket's all-reduce after its last gradient and "
+     "wait at its first use (default False; KILN_COMM_OVERLAP=1 at init)"},
+    {"comm_overlap", py_comm_overlap, METH_NOARGS, "whether compiled buckets overlap (comm_set_overlap)"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };
