@@ -44,26 +44,49 @@ KILN_KERNEL(all_reduce) {
     return kiln_comm_all_reduce(in[0], (int)a->i[KILN_A_ALL_REDUCE_OP], (int)a->i[KILN_A_ALL_REDUCE_GROUP], out[0]);
 }
 
-KILN_INFER(all_reduce_bucket) {
-    KILN_TRY(kiln_attrs_expect("all_reduce_bucket", a, KILN_A_ALL_REDUCE_BUCKET_NI, 0));
+/* all_reduce_bucket and all_reduce_start: one dtype, sum or mean, a 1-D result of every element */
+static kiln_status infer_bucket(const char *name, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_meta *out) {
+    KILN_TRY(kiln_attrs_expect(name, a, KILN_A_ALL_REDUCE_BUCKET_NI, 0));
     int64_t op = a->i[KILN_A_ALL_REDUCE_BUCKET_OP];
     if (op != KILN_COMM_SUM && op != KILN_COMM_MEAN)
-        return kiln_error(KILN_ERR_VALUE, "all_reduce_bucket: buckets reduce by sum (0) or mean (1), got %lld",
-                          (long long)op);
+        return kiln_error(KILN_ERR_VALUE, "%s: buckets reduce by sum (0) or mean (1), got %lld",
+                          name, (long long)op);
     int size;
-    KILN_TRY(group_size("all_reduce_bucket", a, KILN_A_ALL_REDUCE_BUCKET_GROUP, &size));
-    if (nin < 1) return kiln_error(KILN_ERR_VALUE, "all_reduce_bucket: a bucket holds at least one tensor");
+    KILN_TRY(group_size(name, a, KILN_A_ALL_REDUCE_BUCKET_GROUP, &size));
+    if (nin < 1) return kiln_error(KILN_ERR_VALUE, "%s: a bucket holds at least one tensor", name);
     int64_t total = 0;
     for (int k = 0; k < nin; k++) {
         if (in[k]->meta.dtype != in[0]->meta.dtype)
-            return kiln_error(KILN_ERR_TYPE, "all_reduce_bucket: one dtype per bucket: tensor %d is %s, tensor 0 %s", k,
+            return kiln_error(KILN_ERR_TYPE, "%s: one dtype per bucket: tensor %d is %s, tensor 0 %s", name, k,
                               kiln_dtype_name(in[k]->meta.dtype), kiln_dtype_name(in[0]->meta.dtype));
         int64_t n;
         KILN_TRY(kiln_shape_numel_checked(in[k]->meta.ndim, in[k]->meta.shape, &n));
-        if (total > INT64_MAX - n) return kiln_error(KILN_ERR_LIMIT, "all_reduce_bucket: too many elements");
+        if (total > INT64_MAX - n) return kiln_error(KILN_ERR_LIMIT, "%s: too many elements", name);
         total += n;
     }
     kiln_meta_set(out, in[0]->meta.dtype, 1, &total);
+    return KILN_OK;
+}
+
+KILN_INFER(all_reduce_bucket) { return infer_bucket("all_reduce_bucket", in, nin, a, out); }
+
+KILN_INFER(all_reduce_start) { return infer_bucket("all_reduce_start", in, nin, a, out); }
+
+KILN_KERNEL(all_reduce_start) {
+    if (recording_a_body(out, 1)) return KILN_OK;
+    return kiln_comm_all_reduce_start(in, nin, (int)a->i[KILN_A_ALL_REDUCE_START_OP],
+                                      (int)a->i[KILN_A_ALL_REDUCE_START_GROUP], out[0]);
+}
+
+KILN_INFER(all_reduce_wait) {
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+KILN_KERNEL(all_reduce_wait) {
+    if (!kiln_thread.trace_in_body) KILN_TRY(kiln_comm_all_reduce_wait(in[0]));
+    kiln_tensor_retain(in[0]);
+    out[0] = in[0];
     return KILN_OK;
 }
 

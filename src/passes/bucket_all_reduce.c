@@ -58,9 +58,12 @@ static int by_producer(const void *pa, const void *pb) {
     return a->node < b->node ? -1 : 1;
 }
 
-/* Emits one bucket (members m[0..n)) into the rewritten graph: all_reduce_bucket, and for each
+/* Emits one bucket (members m[0..n)) into the rewritten graph: all_reduce_bucket (overlap:
+ * all_reduce_start, its value in *flat_out, the views waiting for finish_bucket), and for each
  * member a reshaped slice of it standing for the member's result. */
-static kiln_status emit_bucket(kiln_rewriter *rw, const member *m, int n) {
+static kiln_status emit_views(kiln_rewriter *rw, const member *m, int n, int32_t flat);
+
+static kiln_status emit_bucket(kiln_rewriter *rw, const member *m, int n, bool overlap, int32_t *flat_out) {
     const kiln_graph *g = rw->src;
     const kiln_node *first = &g->nodes[m[0].node];
     if (n == 1) return kiln_rewriter_copy_node(rw, m[0].node);
@@ -72,8 +75,29 @@ static kiln_status emit_bucket(kiln_rewriter *rw, const member *m, int n) {
     kiln_attrs_push_int(&ba, first->attrs.i[KILN_A_ALL_REDUCE_OP]);
     kiln_attrs_push_int(&ba, first->attrs.i[KILN_A_ALL_REDUCE_GROUP]);
     int32_t flat;
-    kiln_status s = kiln_graph_add_node(rw->dst, KILN_OP_ALL_REDUCE_BUCKET, n, ins, &ba, first->loc, &flat);
+    kiln_status s = kiln_graph_add_node(rw->dst, overlap ? KILN_OP_ALL_REDUCE_START : KILN_OP_ALL_REDUCE_BUCKET, n, ins,
+                                        &ba, first->loc, &flat);
     free(ins);
+    if (s != KILN_OK || overlap) {
+        *flat_out = flat;
+        return s;
+    }
+    return emit_views(rw, m, n, flat);
+}
+
+/* The wait of an overlapped bucket (started as *flat), then its views. */
+static kiln_status finish_bucket(kiln_rewriter *rw, const member *m, int n, int32_t flat) {
+    int32_t done;
+    kiln_attrs none;
+    kiln_attrs_clear(&none);
+    kiln_status s = kiln_graph_add_node(rw->dst, KILN_OP_ALL_REDUCE_WAIT, 1, &flat, &none,
+                                        rw->src->nodes[m[0].node].loc, &done);
+    return s == KILN_OK ? emit_views(rw, m, n, done) : s;
+}
+
+static kiln_status emit_views(kiln_rewriter *rw, const member *m, int n, int32_t flat) {
+    const kiln_graph *g = rw->src;
+    kiln_status s = KILN_OK;
     int64_t at = 0;
     for (int k = 0; k < n && s == KILN_OK; k++) {
         const kiln_node *ar = &g->nodes[m[k].node];
@@ -110,9 +134,12 @@ KILN_PASS(bucket_all_reduce) {
      * (before that node) and how many members it has */
     int32_t *leader = kiln_malloc(sizeof(int32_t) * (size_t)nm), *at = kiln_malloc(sizeof(int32_t) * (size_t)nm);
     int32_t *size = kiln_calloc((size_t)nm, sizeof(int32_t));
+    /* overlap: per leader, where its wait goes (before the first read of a result) and its start's value */
+    int32_t *wait_at = kiln_malloc(sizeof(int32_t) * (size_t)nm), *flat = kiln_malloc(sizeof(int32_t) * (size_t)nm);
+    bool overlap = kiln_comm_overlap();
     bool *skip = kiln_calloc((size_t)nn, sizeof(bool));
     kiln_status s = KILN_OK;
-    if (!seg_lo || !first_use || !m || !bucket || !leader || !at || !size || !skip) {
+    if (!seg_lo || !first_use || !m || !bucket || !leader || !at || !size || !skip || !wait_at || !flat) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory bucketing all-reduces");
         goto done;
     }
@@ -150,7 +177,7 @@ KILN_PASS(bucket_all_reduce) {
             place = p, read = r, bytes += b;
             nb++;
         }
-        at[k] = place, size[k] = nb;
+        at[k] = place, size[k] = nb, wait_at[k] = read < nn ? read : nn;
         if (nb > 1) nbuckets++;
     }
     if (!nbuckets) goto done;
@@ -159,18 +186,21 @@ KILN_PASS(bucket_all_reduce) {
     for (int j = 0; j < nm; j++) /* the members of buckets of two or more leave their place */
         skip[m[j].node] = size[leader[j]] > 1;
     for (int32_t i = 0; i <= nn && s == KILN_OK; i++) {
-        for (int k = 0; k < nm && s == KILN_OK; k++) { /* the buckets placed before node i */
-            if (size[k] < 2 || at[k] != i) continue;
-            int nb = 0;
-            for (int j = k; j < nm; j++)
-                if (leader[j] == k) bucket[nb++] = m[j];
-            s = emit_bucket(&rw, bucket, nb);
-        }
+        /* before node i: the buckets placed here (started, with overlap), then the waits due */
+        for (int pass = 0; pass < (overlap ? 2 : 1); pass++)
+            for (int k = 0; k < nm && s == KILN_OK; k++) {
+                if (size[k] < 2 || (pass == 0 ? at[k] : wait_at[k]) != i) continue;
+                int nb = 0;
+                for (int j = k; j < nm; j++)
+                    if (leader[j] == k) bucket[nb++] = m[j];
+                s = pass == 0 ? emit_bucket(&rw, bucket, nb, overlap, &flat[k]) : finish_bucket(&rw, bucket, nb, flat[k]);
+            }
         if (i < nn && !skip[i] && s == KILN_OK) s = kiln_rewriter_copy_node(&rw, i);
     }
     if (s == KILN_OK) s = kiln_rewriter_finish(&rw, out);
     else kiln_rewriter_abort(&rw);
 done:
-    free(seg_lo), free(first_use), free(m), free(bucket), free(leader), free(at), free(size), free(skip);
+    free(seg_lo), free(first_use), free(m), free(bucket), free(leader), free(at), free(size), free(skip), free(wait_at),
+        free(flat);
     return s;
 }
