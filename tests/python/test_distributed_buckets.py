@@ -95,6 +95,26 @@ for settings, buckets in SETTINGS:
             assert joined >= 2 and 3 <= joined + alone <= 4, (variant, plan)
             assert f"{joined} gradient buckets" in str(step.explain()), variant
 
+# overlap: each bucket started after its last gradient, waited for at the first use of one
+_C.comm_set_overlap(True)
+for settings, buckets in SETTINGS:
+    eager_losses, eager_params, _, _ = train(settings, "eager")
+    for variant in [v for v in VARIANTS if v[1] == "O1"]:
+        losses, params, counts, step = train(settings, variant)
+        np.testing.assert_allclose(losses, eager_losses, rtol=2e-6, atol=1e-7, err_msg=f"overlap {variant}")
+        for p, q in zip(params, eager_params):
+            np.testing.assert_allclose(p, q, rtol=1e-5, atol=1e-6, err_msg=f"overlap {variant}")
+        plan = step.plan_str()
+        started, alone = plan.count("= all_reduce_start("), plan.count("= all_reduce(")
+        assert plan.count("= all_reduce_wait(") == started and "all_reduce_bucket" not in plan, (variant, plan)
+        assert counts[1:] == [started + alone] * (STEPS - 1), (variant, counts, plan)
+        assert started >= 1 and "waited for at the first use" in str(step.explain()), (variant, plan)
+        lines = plan.splitlines()
+        first_start = next(k for k, line in enumerate(lines) if "= all_reduce_start(" in line)
+        if settings:  # several buckets: the first starts while backward still computes fc1's gradients
+            assert any("matmul" in line for line in lines[first_start:]), (variant, plan)
+_C.comm_set_overlap(False)
+
 # a bucket whose tensors differ between the ranks (same total size) fails on every rank, naming it
 shapes = [(2, 3), (4,)] if r == 0 else [(4,), (2, 3)]
 try:
