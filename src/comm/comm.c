@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../core/internal.h"
 
@@ -473,10 +474,24 @@ static void *staging(size_t bytes) {
 
 /* The reduction of in (this rank's values, contiguous) into out, then a mean's division where it
  * was not done while packing. */
+/* Seconds this process spent in all-reduces (blocking calls, starts and waits): what overlap
+ * hides shows as less time here (kiln_comm_all_reduce_seconds). */
+static double all_reduce_seconds;
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double kiln_comm_all_reduce_seconds(void) { return all_reduce_seconds; }
+
 static kiln_status reduce_into(const call *c, const void *in, kiln_tensor *out) {
     char err[512] = "";
+    double t0 = seconds_now();
     int rc = comm.be->all_reduce(c->g->handle, in, out->data, out->numel, comm_dtype(out->meta.dtype), c->op,
                                  comm.timeout, err, sizeof err);
+    all_reduce_seconds += seconds_now() - t0;
     if (rc != KILN_COMM_OK) return backend_status(rc, c, err);
     if (c->op == KILN_COMM_MEAN && !scale_first(c->op, c->g->size)) divide_by_size(out, c->g->size);
     return KILN_OK;
@@ -568,8 +583,10 @@ kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int
     call_str(&c, p.what, sizeof p.what);
     if (s == KILN_OK && comm.be->all_reduce_start) {
         char err[512] = "";
+        double t0 = seconds_now();
         int rc = comm.be->all_reduce_start(c.g->handle, buf, out->data, out->numel, comm_dtype(out->meta.dtype), op,
                                            &p.request, err, sizeof err);
+        all_reduce_seconds += seconds_now() - t0;
         if (rc != KILN_COMM_OK) s = backend_status(rc, &c, err);
     } else if (s == KILN_OK) { /* no non-blocking call: reduced now, the wait only finishes */
         s = reduce_into(&c, buf, out);
@@ -597,7 +614,9 @@ kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out) {
         char text[320];
         snprintf(text, sizeof text, "%s on rank %d of %d (waiting)", p.what, p.g->rank, p.g->size);
         comm.be->describe(text);
+        double t0 = seconds_now();
         rc = comm.be->wait(p.request, comm.timeout, err, sizeof err);
+        all_reduce_seconds += seconds_now() - t0;
     }
     kiln_free(p.packed);
     if (rc != KILN_COMM_OK)

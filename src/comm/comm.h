@@ -68,6 +68,9 @@ kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out);
 /* Whether the bucketing pass splits buckets into start and wait (off by default: see
  * docs/guide/distributed.md; KILN_COMM_OVERLAP=1 or kiln._C.comm_set_overlap(True)). */
 void kiln_comm_set_overlap(bool on);
+/* Seconds this process has spent in all-reduce calls of the backend (blocking ones, starts and
+ * waits; not the packing): what the overlap hides no longer shows here. */
+double kiln_comm_all_reduce_seconds(void);
 bool kiln_comm_overlap(void);
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int group, kiln_tensor *out);
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int group, kiln_tensor *out);

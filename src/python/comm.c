@@ -175,6 +175,11 @@ static PyObject *py_comm_overlap(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kiln_comm_overlap());
 }
 
+static PyObject *py_comm_all_reduce_seconds(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyFloat_FromDouble(kiln_comm_all_reduce_seconds());
+}
+
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
     (void)self;
     int code = (int)PyLong_AsLong(arg);
@@ -207,6 +212,8 @@ static PyMethodDef comm_methods[] = {
      "whether graphs compiled from now on start each gradient bucket's all-reduce after its last gradient and "
      "wait at its first use (default False; KILN_COMM_OVERLAP=1 at init)"},
     {"comm_overlap", py_comm_overlap, METH_NOARGS, "whether compiled buckets overlap (comm_set_overlap)"},
+    {"comm_all_reduce_seconds", py_comm_all_reduce_seconds, METH_NOARGS,
+     "seconds this process spent in the backend's all-reduce calls (blocking, starts and waits)"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };
