@@ -3,7 +3,10 @@
   - throughput: the seed's BasicBlock (64 channels, 16x16) trained by 2 ranks x 1 kernel thread
     (data parallel, batch G/2 each, gradients all-reduced) against 1 rank x 2 threads on the same
     global batch G, both jitted at O1; target >= 0.9 of the single rank's steps per second.
-    Also the fraction of a data-parallel step spent in the gradient all-reduce.
+    Also the fraction of a data-parallel step spent in the gradient all-reduce, and the step with
+    0.1 MB buckets run where they stand and overlapped (KILN_COMM_OVERLAP: started as backward
+    makes their gradients, waited for at the optimizer), with the share of the all-reduce time
+    the overlap hid.
   - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
     25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
     MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
@@ -31,32 +34,50 @@ from kiln import models, nn
 CHANNELS, SIZE = 64, 16
 
 
-def make_step(batch, data_parallel):
+def make_step(batch, data_parallel, bucket_mb=None, overlap=False):
+    """The jitted training step (compiled here, under these bucket settings)."""
+    from kiln import _C
+
     kiln.manual_seed(0)
     block = models.BasicBlock(CHANNELS)
     block.set_train()
     if data_parallel:
         kiln.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    if bucket_mb:
+        kiln.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": bucket_mb}})
     train = nn.TrainOneStepCell(nn.WithLossCell(block, nn.MSELoss()), nn.SGD(block.trainable_params(), 0.01))
-    kiln.reset_auto_parallel_context()
     rng = np.random.default_rng(1)
     x = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
     y = kiln.tensor(rng.standard_normal((batch, CHANNELS, SIZE, SIZE)).astype(np.float32))
     step = kiln.jit(lambda a, b: train(a, b), jit_level="O1")
+    if data_parallel:
+        _C.comm_set_overlap(overlap)
+        step(x, y)  # compiled now, with these settings
+        _C.comm_set_overlap(False)
+    kiln.reset_auto_parallel_context()
     return step, x, y, block
 
 
-def time_steps(step, x, y, steps, sync=lambda: None):
+def time_steps(step, x, y, steps, sync=lambda: None, comm_seconds=None):
+    """Best seconds per step; with comm_seconds (a list), appends the seconds per step spent in
+    all-reduce calls in that best run."""
+    from kiln import _C
+
     step(x, y)
     step(x, y)
     sync()
-    best = float("inf")
+    best, in_comm = float("inf"), 0.0
     for _ in range(3):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _C.comm_all_reduce_seconds() if comm_seconds is not None else 0.0
         for _ in range(steps):
             step(x, y).item()
-        best = min(best, (time.perf_counter() - t0) / steps)
+        t = (time.perf_counter() - t0) / steps
+        if t < best:
+            best = t
+            in_comm = (_C.comm_all_reduce_seconds() - c0) / steps if comm_seconds is not None else 0.0
+    if comm_seconds is not None:
+        comm_seconds.append(in_comm)
     return best
 
 
@@ -94,18 +115,24 @@ def rank_worker(global_batch, steps, out):
     step, x, y, block = make_step(global_batch // n, True)
     barrier = lambda: collective.barrier()  # noqa: E731
     t_step = time_steps(step, x, y, steps, barrier)
+    # overlap (KILN_COMM_OVERLAP): buckets of 0.1 MB (3 here) started as backward makes their
+    # gradients, waited for at the optimizer; against the same buckets run where they stand
+    waits = []  # seconds per step inside the all-reduce calls: blocking, then started and waited for
+    t_small = time_steps(make_step(global_batch // n, True, 0.1)[0], x, y, steps, barrier, waits)
+    t_overlap = time_steps(make_step(global_batch // n, True, 0.1, True)[0], x, y, steps, barrier, waits)
     # the all-reduce of a model's gradients alone, bucketed as a training step does it: the
     # trained block's, and a wider BasicBlock's (256 channels, 4.7 MB), where latency matters less
     sizes = [[tuple(p.shape) for p in block.trainable_params()],
              [tuple(p.shape) for p in models.BasicBlock(256).trainable_params()]]
-    figures = [t_step]
+    figures = [t_step, t_small, t_overlap, *waits]
     for shapes in sizes:
         figures += allreduce_pair(shapes, barrier)
     # every rank's slowest figures: the job goes at its slowest rank's pace
     figures = collective.all_reduce(kiln.tensor(np.array(figures)), "max").numpy().tolist()
     if r == 0:
         with open(out, "w") as f:
-            json.dump({"step": figures[0], "pairs": [figures[1:4], figures[4:7]],
+            json.dump({"step": figures[0], "small_buckets": figures[1], "overlap": figures[2],
+                       "in_comm": figures[3:5], "pairs": [figures[5:8], figures[8:11]],
                        "floats": [sum(int(np.prod(s)) for s in shapes) for shapes in sizes]}, f)
 
 
@@ -161,7 +188,14 @@ def main():
           f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
     t_ar = dp["pairs"][0][0]
     print(f"  gradient all-reduce      {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of a data-parallel step "
-          f"(none of it hidden: the plan runs collectives synchronously)")
+          f"(one 25 MB bucket, run where it stands)")
+    sync_s, overlap_s = dp["in_comm"]
+    hidden = 1 - overlap_s / sync_s if sync_s > 0 else 0.0
+    print(f"  DP, 0.1 MB buckets       {dp['small_buckets'] * 1e3:9.2f} ms/step   throughput ratio "
+          f"{t_single / dp['small_buckets']:.3f}; {sync_s * 1e3:.3f} ms/step in all-reduce calls")
+    print(f"  DP, 0.1 MB, overlapped   {dp['overlap'] * 1e3:9.2f} ms/step   throughput ratio "
+          f"{t_single / dp['overlap']:.3f}; {overlap_s * 1e3:.3f} ms/step in starts and waits: "
+          f"{hidden:.0%} of the all-reduce time hidden")
     for (t_kiln, t_raw, t_raw_mean), floats in zip(dp["pairs"], dp["floats"]):
         mb = floats * 4 / 1e6
         print(f"all-reduce (mean) of a model's gradients ({floats} floats, {mb:.2f} MB) on 2 ranks:")
