@@ -626,6 +626,15 @@ kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out) {
     return KILN_OK;
 }
 
+void kiln_comm_finish_in_flight(void) {
+    for (int k = 0; k < nin_flight; k++) {
+        char err[512] = "";
+        if (in_flight[k].request) comm.be->wait(in_flight[k].request, comm.timeout, err, sizeof err);
+        kiln_free(in_flight[k].packed);
+    }
+    nin_flight = 0;
+}
+
 static _Atomic bool overlap = false;
 void kiln_comm_set_overlap(bool on) { overlap = on; }
 bool kiln_comm_overlap(void) { return overlap; }

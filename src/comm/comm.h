@@ -65,6 +65,9 @@ kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, in
  * out must stay alive and unread; other collectives may run. */
 kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
 kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out);
+/* Completes every all-reduce still in flight, their results dropped: a plan that failed between
+ * a start and its wait calls it, so no all-reduce goes on writing into memory reused after. */
+void kiln_comm_finish_in_flight(void);
 /* Whether the bucketing pass splits buckets into start and wait (off by default: see
  * docs/guide/distributed.md; KILN_COMM_OVERLAP=1 or kiln._C.comm_set_overlap(True)). */
 void kiln_comm_set_overlap(bool on);

@@ -183,6 +183,37 @@ np.testing.assert_allclose(got[2], sum(p[1] * 3 for p in parts) / n, rtol=1e-6)
 np.testing.assert_allclose(got[3], sum(x + p[2] for p in parts), rtol=1e-6)
 np.testing.assert_allclose(got[6], sum(p[0] - 1 for p in parts), rtol=1e-6)
 
+# overlap: a call failing between a bucket's start and its wait (a failed assert in the graph)
+# completes the all-reduce in flight; the next calls are right
+from kiln import _C
+
+_C.comm_set_overlap(True)
+
+
+def checked(a, b, c):
+    x = C.all_reduce(a * 2, "sum", fusion=1)
+    y = C.all_reduce(b * 3, "sum", fusion=1)
+    assert (c > 0).all(), "c must be positive"
+    return x + 1, y + 1
+
+
+jc = kiln.jit(checked, capture_mode="ast", jit_level="O1")
+good = kiln.ops.ones((2,))
+jc(args[0], args[1], good)
+plan = jc.plan_str()
+assert plan.index("all_reduce_start") < plan.index("check") < plan.index("all_reduce_wait"), plan
+for k, c in enumerate((good, -good, good, -good, good)):  # other values each call
+    try:
+        x, y = jc(args[0] * (k + 1), args[1] * (k + 1), c)
+    except AssertionError as e:
+        assert "c must be positive" in str(e) and c.numpy()[0] < 0, e
+        continue
+    assert c.numpy()[0] > 0
+    np.testing.assert_allclose(x.numpy(), sum(p[0] * 2 * (k + 1) for p in parts) + 1, rtol=1e-6)
+    np.testing.assert_allclose(y.numpy(), sum(p[1] * 3 * (k + 1) for p in parts) + 1, rtol=1e-6)
+assert jc.cache_info().eager_calls == 0
+_C.comm_set_overlap(False)
+
 # the gradient of a bucket: each tensor's part of the all-reduced gradient, as all_reduce's
 def bucketed(a, b):
     flat = C.all_reduce_bucket([a, b], "mean")
