@@ -4,12 +4,15 @@
     (hidden 256, 8 heads, 2 key/value heads, 64 positions) each trained by 2 ranks x 1 kernel
     thread (data parallel, batch G/2 each, gradients all-reduced) against 1 rank x 2 threads on
     the same global batch G, both jitted at O1; target >= 0.9 of the single rank's steps per
-    second. Also the fraction of a data-parallel BasicBlock step spent in the gradient all-reduce.
+    second. Also the fraction of a data-parallel BasicBlock step spent in the gradient all-reduce,
+    and that step with 0.1 MB buckets run where they stand and overlapped (KILN_COMM_OVERLAP:
+    started as backward makes their gradients, waited for at the optimizer), with the share of the
+    all-reduce time the overlap hid.
   - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
     25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
     MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
-    target >= 0.8. Printed also against the raw call followed by the mean's division, which reads
-    the result as kiln's split does.
+    target >= 0.8 (the three timed in turn, best of 20 each, so that they see the same load).
+    Printed also against the raw call followed by the mean's division.
 
     PYTHONPATH=python python3 bench/bench_distributed.py [--quick]
 
@@ -46,7 +49,10 @@ class _Attention(nn.Cell):
         return self.attention(x, self.position_ids)
 
 
-def make_step(batch, data_parallel, workload="BasicBlock"):
+def make_step(batch, data_parallel, workload="BasicBlock", bucket_mb=None, overlap=False):
+    """The jitted training step (compiled here, under these bucket settings)."""
+    from kiln import _C
+
     kiln.manual_seed(0)
     if workload == "BasicBlock":
         block = models.BasicBlock(CHANNELS)
@@ -57,51 +63,66 @@ def make_step(batch, data_parallel, workload="BasicBlock"):
     block.set_train()
     if data_parallel:
         kiln.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    if bucket_mb:
+        kiln.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": bucket_mb}})
     train = nn.TrainOneStepCell(nn.WithLossCell(block, nn.MSELoss()), nn.SGD(block.trainable_params(), 0.01))
-    kiln.reset_auto_parallel_context()
     rng = np.random.default_rng(1)
     x = kiln.tensor(rng.standard_normal(shape).astype(np.float32))
     y = kiln.tensor(rng.standard_normal(shape).astype(np.float32))
     step = kiln.jit(lambda a, b: train(a, b), jit_level="O1")
+    if data_parallel:
+        _C.comm_set_overlap(overlap)
+        step(x, y)  # compiled now, with these settings
+        _C.comm_set_overlap(False)
+    kiln.reset_auto_parallel_context()
     return step, x, y, block
 
 
-def time_steps(step, x, y, steps, sync=lambda: None):
+def time_steps(step, x, y, steps, sync=lambda: None, comm_seconds=None):
+    """Best seconds per step; with comm_seconds (a list), appends the seconds per step spent in
+    all-reduce calls in that best run."""
+    from kiln import _C
+
     step(x, y)
     step(x, y)
     sync()
-    best = float("inf")
+    best, in_comm = float("inf"), 0.0
     for _ in range(3):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _C.comm_all_reduce_seconds() if comm_seconds is not None else 0.0
         for _ in range(steps):
             step(x, y).item()
-        best = min(best, (time.perf_counter() - t0) / steps)
+        t = (time.perf_counter() - t0) / steps
+        if t < best:
+            best = t
+            in_comm = (_C.comm_all_reduce_seconds() - c0) / steps if comm_seconds is not None else 0.0
+    if comm_seconds is not None:
+        comm_seconds.append(in_comm)
     return best
 
 
-def raw_allreduce(n_floats, repeat):
-    """Best seconds of one MPI_Allreduce (float32 sum, out of place) of n_floats, through ctypes on
-    the libmpi kiln's mpi backend loaded (Open MPI's handles are addresses of its globals): alone,
-    as osu_allreduce times it, and followed by the division of a mean (which reads the result:
-    here, reading a buffer MPI_Allreduce just wrote costs several times a plain read)."""
+def raw_allreduce(n_floats):
+    """Two calls timing nothing themselves: one MPI_Allreduce (float32 sum, out of place) of
+    n_floats, through ctypes on the libmpi kiln's mpi backend loaded (Open MPI's handles are
+    addresses of its globals), alone as osu_allreduce times it, and followed by the division of a
+    mean (which reads the result: here, reading a buffer MPI_Allreduce just wrote costs several
+    times a plain read)."""
     lib = ctypes.CDLL(None)
     handle = lambda name: ctypes.c_void_p(ctypes.addressof(ctypes.c_char.in_dll(lib, name)))  # noqa: E731
     comm, dtype, op = handle("ompi_mpi_comm_world"), handle("ompi_mpi_float"), handle("ompi_mpi_op_sum")
     send, recv = np.ones(n_floats, np.float32), np.empty(n_floats, np.float32)
     ptr = ctypes.c_void_p
     lib.MPI_Allreduce.argtypes = [ptr, ptr, ctypes.c_int, ptr, ptr, ptr]
-    lib.MPI_Barrier.argtypes = [ptr]
-    best = [float("inf"), float("inf")]
-    for k in range(2 * repeat):
-        lib.MPI_Barrier(comm)
-        t0 = time.perf_counter()
+
+    def plain():
         rc = lib.MPI_Allreduce(send.ctypes.data_as(ptr), recv.ctypes.data_as(ptr), n_floats, dtype, op, comm)
-        if k % 2:
-            recv *= 0.5
-        best[k % 2] = min(best[k % 2], time.perf_counter() - t0)
         assert rc == 0, rc
-    return best
+
+    def mean():
+        plain()
+        np.multiply(recv, 0.5, out=recv)
+
+    return plain, mean
 
 
 def rank_worker(global_batch, steps, out):
@@ -115,37 +136,47 @@ def rank_worker(global_batch, steps, out):
     t_attention = time_steps(*make_step(global_batch // n, True, "attention")[:3], steps, barrier)
     step, x, y, block = make_step(global_batch // n, True)
     t_step = time_steps(step, x, y, steps, barrier)
+    # overlap (KILN_COMM_OVERLAP): buckets of 0.1 MB (3 here) started as backward makes their
+    # gradients, waited for at the optimizer; against the same buckets run where they stand
+    waits = []  # seconds per step inside the all-reduce calls: blocking, then started and waited for
+    t_small = time_steps(make_step(global_batch // n, True, "BasicBlock", 0.1)[0], x, y, steps, barrier, waits)
+    t_overlap = time_steps(make_step(global_batch // n, True, "BasicBlock", 0.1, True)[0], x, y, steps, barrier,
+                           waits)
     # the all-reduce of a model's gradients alone, bucketed as a training step does it: the
     # trained block's, and a wider BasicBlock's (256 channels, 4.7 MB), where latency matters less
     sizes = [[tuple(p.shape) for p in block.trainable_params()],
              [tuple(p.shape) for p in models.BasicBlock(256).trainable_params()]]
-    figures = [t_step, t_attention]
+    figures = [t_step, t_attention, t_small, t_overlap, *waits]
     for shapes in sizes:
         figures += allreduce_pair(shapes, barrier)
     # every rank's slowest figures: the job goes at its slowest rank's pace
     figures = collective.all_reduce(kiln.tensor(np.array(figures)), "max").numpy().tolist()
     if r == 0:
         with open(out, "w") as f:
-            json.dump({"step": figures[0], "attention_step": figures[1], "pairs": [figures[2:5], figures[5:8]],
+            json.dump({"step": figures[0], "attention_step": figures[1], "small_buckets": figures[2],
+                       "overlap": figures[3], "in_comm": figures[4:6], "pairs": [figures[6:9], figures[9:12]],
                        "floats": [sum(int(np.prod(s)) for s in shapes) for shapes in sizes]}, f)
 
 
 def allreduce_pair(shapes, barrier):
     """Best seconds of kiln's bucketed, jitted all-reduce of gradients of these shapes, and of one
-    raw MPI_Allreduce of as many floats."""
+    raw MPI_Allreduce of as many floats (alone, and followed by the mean's division), timed in
+    turn so that all three see the same load on the machine."""
     from kiln.nn import grad_reduce
 
     grads = [kiln.ops.ones(s) for s in shapes]
     floats = sum(g.numel() for g in grads)
     reduce = kiln.jit(lambda *g: grad_reduce.reduce_gradients(g, mean=True), jit_level="O1")
     reduce(*grads)
-    best_kiln = float("inf")
+    calls = [lambda: reduce(*grads)[0].numpy(), *raw_allreduce(floats)]
+    best = [float("inf")] * len(calls)
     for _ in range(20):
-        barrier()
-        t0 = time.perf_counter()
-        reduce(*grads)[0].numpy()
-        best_kiln = min(best_kiln, time.perf_counter() - t0)
-    return [best_kiln, *raw_allreduce(floats, 20)]
+        for k, call in enumerate(calls):
+            barrier()
+            t0 = time.perf_counter()
+            call()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def main():
@@ -170,9 +201,10 @@ def main():
     os.remove(out)
     kiln.set_num_threads(2)
     missed = False
+    singles = {}
     for workload, t_dp in zip(WORKLOADS, (dp["step"], dp["attention_step"])):
         step, x, y, _ = make_step(global_batch, False, workload)
-        t_single = time_steps(step, x, y, steps)
+        t_single = singles[workload] = time_steps(step, x, y, steps)
         ratio = t_single / t_dp
         missed |= ratio < 0.9
         shape = f"{CHANNELS} channels, {SIZE}x{SIZE}" if workload == "BasicBlock" else \
@@ -182,8 +214,16 @@ def main():
         print(f"  2 ranks x 1 thread (DP)  {t_dp * 1e3:9.2f} ms/step   throughput ratio {ratio:.3f} "
               f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
     t_ar = dp["pairs"][0][0]
+    t_single = singles["BasicBlock"]
     print(f"BasicBlock's gradient all-reduce {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of its data-parallel step "
-          f"(none of it hidden: the plan runs collectives synchronously)")
+          f"(one 25 MB bucket, run where it stands)")
+    sync_s, overlap_s = dp["in_comm"]
+    hidden = 1 - overlap_s / sync_s if sync_s > 0 else 0.0
+    print(f"  DP, 0.1 MB buckets       {dp['small_buckets'] * 1e3:9.2f} ms/step   throughput ratio "
+          f"{t_single / dp['small_buckets']:.3f}; {sync_s * 1e3:.3f} ms/step in all-reduce calls")
+    print(f"  DP, 0.1 MB, overlapped   {dp['overlap'] * 1e3:9.2f} ms/step   throughput ratio "
+          f"{t_single / dp['overlap']:.3f}; {overlap_s * 1e3:.3f} ms/step in starts and waits: "
+          f"{hidden:.0%} of the all-reduce time hidden")
     for (t_kiln, t_raw, t_raw_mean), floats in zip(dp["pairs"], dp["floats"]):
         mb = floats * 4 / 1e6
         print(f"all-reduce (mean) of a model's gradients ({floats} floats, {mb:.2f} MB) on 2 ranks:")

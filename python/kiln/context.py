@@ -189,6 +189,7 @@ def set_auto_parallel_context(**kwargs):
             raise ValueError(f"set_auto_parallel_context: unknown setting {name!r}; accepted: "
                              f"{', '.join(_AUTO_PARALLEL_DEFAULTS)}")
     _auto_parallel.update(kwargs)
+    _C.comm_set_fusion_bytes(gradient_bucket_bytes())  # what the bucketing pass reads at compile time
 
 
 def get_auto_parallel_context(name):
@@ -203,6 +204,7 @@ def reset_auto_parallel_context():
     """Every setting of set_auto_parallel_context back to its default (stand_alone)."""
     _auto_parallel.clear()
     _auto_parallel.update(_AUTO_PARALLEL_DEFAULTS)
+    _C.comm_set_fusion_bytes(BUCKET_BYTES)
 
 
 def data_parallel():

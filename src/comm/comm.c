@@ -6,10 +6,12 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../core/internal.h"
 
@@ -49,6 +51,8 @@ static struct {
     double timeout;
     bool timeout_set, check, deterministic;
     group groups[MAX_GROUPS];
+    void *staging; /* where buckets and scaled means are packed; reused (see staging()) */
+    size_t staging_bytes;
 } comm = {.lock = PTHREAD_MUTEX_INITIALIZER, .check = true};
 
 enum { C_ALL_REDUCE = 1, C_ALL_GATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_BARRIER, C_SEND, C_RECV };
@@ -160,6 +164,8 @@ kiln_status kiln_comm_init(const char *backend) {
     const char *check = getenv("KILN_COMM_CHECK");
     if (check && strcmp(check, "0") == 0) comm.check = false;
     comm.be = be;
+    const char *overlap_env = getenv("KILN_COMM_OVERLAP");
+    if (overlap_env && *overlap_env) kiln_comm_set_overlap(strcmp(overlap_env, "0") != 0);
     comm.library = lib;
     snprintf(comm.name, sizeof comm.name, "%s", b->name);
     memset(comm.groups, 0, sizeof comm.groups);
@@ -179,6 +185,8 @@ kiln_status kiln_comm_finalize(void) {
         if (comm.be->finalize(err, sizeof err) != KILN_COMM_OK)
             s = kiln_error(KILN_ERR_RUNTIME, "communication: finalize failed: %s", err);
         comm.be = NULL; /* a library backend stays loaded: MPI is not restarted in one process */
+        kiln_free(comm.staging);
+        comm.staging = NULL, comm.staging_bytes = 0;
         comm.name[0] = 0;
         memset(comm.groups, 0, sizeof comm.groups);
     }
@@ -200,6 +208,10 @@ double kiln_comm_timeout(void) {
     }
     return comm.timeout;
 }
+static _Atomic int64_t fusion_bytes = 25 * 1024 * 1024;
+void kiln_comm_set_fusion_bytes(int64_t bytes) { fusion_bytes = bytes > 0 ? bytes : 1; }
+int64_t kiln_comm_fusion_bytes(void) { return fusion_bytes; }
+
 void kiln_comm_set_check(bool check) { comm.check = check; }
 bool kiln_comm_check(void) { return comm.check; }
 void kiln_comm_set_deterministic(bool on) { comm.deterministic = on; }
@@ -225,6 +237,13 @@ kiln_status kiln_comm_rank(int g, int *rank) {
 }
 
 kiln_status kiln_comm_size(int g, int *size) { return kiln_comm_size_for("get_group_size", g, size); }
+
+kiln_status kiln_comm_collective_count(int g, long long *count) {
+    group *gr = NULL;
+    KILN_TRY(get_group("collective_count", g, &gr));
+    *count = (long long)gr->seq;
+    return KILN_OK;
+}
 
 kiln_status kiln_comm_size_for(const char *what, int g, int *size) {
     group *gr = NULL;
@@ -275,6 +294,7 @@ typedef struct call {
     int kind, op, root;
     group *g;
     const kiln_meta *m;
+    int64_t members, layout; /* a bucketed all-reduce: how many tensors, a hash of their shapes */
 } call;
 
 static char *call_str(const call *c, char *buf, size_t size) {
@@ -319,6 +339,7 @@ static kiln_status agree(const call *c) {
     group *g = c->g;
     int64_t mine[HEADER] = {g->seq, c->kind, c->op, c->root, c->m->dtype, c->m->ndim};
     for (int d = 0; d < c->m->ndim; d++) mine[6 + d] = c->m->shape[d];
+    mine[14] = c->members, mine[15] = c->layout;
     g->seq++;
     if (!comm.check || g->size == 1) return KILN_OK;
     int64_t *all = kiln_malloc(sizeof(int64_t) * HEADER * (size_t)g->size);
@@ -348,8 +369,12 @@ static kiln_status agree(const call *c) {
                       .op = h[2] >= 0 && h[2] < KILN_COMM_REDUCE_COUNT ? (int)h[2] : 0, .root = (int)h[3], .g = &gr,
                       .m = &m};
         char what[256];
-        n += (size_t)snprintf(list + n, sizeof list - n, "%srank %d: %s (its collective #%lld in this group)",
-                              r ? "; " : "", r, call_str(&other, what, sizeof what), (long long)h[0]);
+        n += (size_t)snprintf(list + n, sizeof list - n, "%srank %d: %s", r ? "; " : "", r,
+                              call_str(&other, what, sizeof what));
+        if (h[14] > 0)
+            n += (size_t)snprintf(list + n, sizeof list - n, " (a bucket of %lld tensors, layout %llx)", (long long)h[14],
+                                  (unsigned long long)h[15]);
+        n += (size_t)snprintf(list + n, sizeof list - n, " (its collective #%lld in this group)", (long long)h[0]);
     }
     free(all);
     return fail(KILN_ERR_VALUE, c, "the ranks called different collectives or shapes or dtypes: ", list);
@@ -429,15 +454,15 @@ static void combine_f64(double *o, const double *all, int64_t n, int size, bool 
     }
 }
 
-static int ordered_all_reduce(const call *c, kiln_tensor *xc, kiln_tensor *out, char *err, size_t errlen) {
-    int size = c->g->size, dt = comm_dtype(xc->meta.dtype);
-    int64_t n = xc->numel;
-    void *all = kiln_malloc((size_t)n * (size_t)size * kiln_dtype_size(xc->meta.dtype) + 1);
+static int ordered_all_reduce(const call *c, const void *in, kiln_tensor *out, char *err, size_t errlen) {
+    int size = c->g->size, dt = comm_dtype(out->meta.dtype);
+    int64_t n = out->numel;
+    void *all = kiln_malloc((size_t)n * (size_t)size * kiln_dtype_size(out->meta.dtype) + 1);
     if (!all) {
         snprintf(err, errlen, "out of memory for the %d ranks' tensors of the deterministic all-reduce", size);
         return KILN_COMM_FAILED;
     }
-    int rc = comm.be->all_gather(c->g->handle, xc->data, all, n, dt, comm.timeout, err, errlen);
+    int rc = comm.be->all_gather(c->g->handle, in, all, n, dt, comm.timeout, err, errlen);
     if (rc == KILN_COMM_OK && dt == KILN_COMM_FLOAT32)
         combine_f32(out->data, all, n, size, c->op == KILN_COMM_PROD);
     else if (rc == KILN_COMM_OK)
@@ -446,29 +471,209 @@ static int ordered_all_reduce(const call *c, kiln_tensor *xc, kiln_tensor *out, 
     return rc;
 }
 
+/* Whether an all-reduce goes the deterministic way (set_deterministic: floats summed, averaged or
+ * multiplied in rank order). */
+static bool ordered(const call *c, kiln_dtype dtype) {
+    int dt = comm_dtype(dtype);
+    return comm.deterministic && c->g->size > 1 && (dt == KILN_COMM_FLOAT32 || dt == KILN_COMM_FLOAT64) &&
+           (c->op == KILN_COMM_SUM || c->op == KILN_COMM_MEAN || c->op == KILN_COMM_PROD);
+}
+
+/* Copies x (any layout) into dst, scaled. */
+static kiln_status pack(void *dst, kiln_tensor *x, double scale) {
+    kiln_tensor *xc = x;
+    if (!kiln_tensor_is_contiguous(x)) KILN_TRY(kiln_to_contiguous(x, x->meta.dtype, &xc));
+    copy_scaled(dst, xc->data, x->numel, x->meta.dtype, scale);
+    if (xc != x) kiln_tensor_release(xc);
+    return KILN_OK;
+}
+
+/* The staging buffer, at least bytes long. Packed data is all-reduced from it into the output:
+ * with Open MPI an all-reduce out of place from a buffer used before runs at the speed of one in
+ * place in a buffer used before, while one in place in a new buffer (an output) is several times
+ * slower for a few hundred KB. */
+static void *staging(size_t bytes) {
+    if (bytes > comm.staging_bytes) {
+        kiln_free(comm.staging);
+        comm.staging_bytes = 0;
+        comm.staging = kiln_alloc(bytes);
+        if (!comm.staging) return NULL;
+        comm.staging_bytes = bytes;
+    }
+    return comm.staging;
+}
+
+/* The reduction of in (this rank's values, contiguous) into out, then a mean's division where it
+ * was not done while packing. */
+/* Seconds this process spent in all-reduces (blocking calls, starts and waits): what overlap
+ * hides shows as less time here (kiln_comm_all_reduce_seconds). */
+static double all_reduce_seconds;
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double kiln_comm_all_reduce_seconds(void) { return all_reduce_seconds; }
+
+static kiln_status reduce_into(const call *c, const void *in, kiln_tensor *out) {
+    char err[512] = "";
+    double t0 = seconds_now();
+    int rc = ordered(c, out->meta.dtype)
+                 ? ordered_all_reduce(c, in, out, err, sizeof err)
+                 : comm.be->all_reduce(c->g->handle, in, out->data, out->numel, comm_dtype(out->meta.dtype), c->op,
+                                       comm.timeout, err, sizeof err);
+    all_reduce_seconds += seconds_now() - t0;
+    if (rc != KILN_COMM_OK) return backend_status(rc, c, err);
+    if (c->op == KILN_COMM_MEAN && !scale_first(c->op, c->g->size)) divide_by_size(out, c->g->size);
+    return KILN_OK;
+}
+
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int g, kiln_tensor *out) {
-    call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta};
+    call c = {C_ALL_REDUCE, op, 0, NULL, &x->meta, 0, 0};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    if (scale_first(op, c.g->size) && c.g->size > 1) {
+        void *buf = staging((size_t)x->numel * kiln_dtype_size(x->meta.dtype));
+        if (!buf) return KILN_ERR_MEMORY;
+        KILN_TRY(pack(buf, x, 1.0 / c.g->size));
+        return reduce_into(&c, buf, out);
+    }
     /* from x (contiguous) into the output: with Open MPI this is as fast as an all-reduce in
      * place in a buffer used before, and faster than one in place in a new buffer */
     kiln_tensor *xc;
     KILN_TRY(kiln_to_contiguous(x, x->meta.dtype, &xc));
-    char err[512] = "";
-    int rc;
-    int dt = comm_dtype(x->meta.dtype);
-    if (comm.deterministic && c.g->size > 1 && (dt == KILN_COMM_FLOAT32 || dt == KILN_COMM_FLOAT64) &&
-        (op == KILN_COMM_SUM || op == KILN_COMM_MEAN || op == KILN_COMM_PROD))
-        rc = ordered_all_reduce(&c, xc, out, err, sizeof err);
-    else
-        rc = comm.be->all_reduce(c.g->handle, xc->data, out->data, x->numel, dt, op, comm.timeout, err, sizeof err);
+    kiln_status s = reduce_into(&c, xc->data, out);
     kiln_tensor_release(xc);
-    if (rc != KILN_COMM_OK) return backend_status(rc, &c, err);
-    if (op == KILN_COMM_MEAN) divide_by_size(out, c.g->size);
+    return s;
+}
+
+/* FNV-1a over the members' shapes: the header tells buckets of the same size but other tensors
+ * apart */
+static int64_t layout_hash(kiln_tensor *const *x, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < n; k++)
+        for (int d = -1; d < x[k]->meta.ndim; d++) {
+            h ^= (uint64_t)(d < 0 ? x[k]->meta.ndim : x[k]->meta.shape[d]);
+            h *= 1099511628211ull;
+        }
+    return (int64_t)(h >> 1);
+}
+
+kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
+    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
+    size_t item = kiln_dtype_size(out->meta.dtype);
+    char *buf = staging((size_t)out->numel * item);
+    if (!buf) return KILN_ERR_MEMORY;
+    int64_t at = 0;
+    for (int k = 0; k < n; k++) {
+        if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
+            return fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
+        KILN_TRY(pack(buf + (size_t)at * item, x[k], scale));
+        at += x[k]->numel;
+    }
+    return reduce_into(&c, buf, out);
+}
+
+/* ---- all-reduces in flight (a compiled plan's overlap: start after the last gradient, wait at
+ * the first use) --------------------------------------------------------------------------- */
+
+#define MAX_PENDING 64
+
+typedef struct pending {
+    void *out;     /* the output's data: what the wait names */
+    void *request; /* the backend's; NULL when the backend reduced at the start */
+    void *packed;  /* this all-reduce's own packed input (freed at the wait) */
+    group *g;
+    int op;
+    char what[200];
+} pending;
+
+static pending in_flight[MAX_PENDING];
+static int nin_flight;
+
+kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
+    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    if (nin_flight == MAX_PENDING)
+        return fail(KILN_ERR_LIMIT, &c, "", "more than 64 all-reduces in flight");
+    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
+    size_t item = kiln_dtype_size(out->meta.dtype);
+    char *buf = kiln_alloc((size_t)out->numel * item + 1);
+    if (!buf) return KILN_ERR_MEMORY;
+    kiln_status s = KILN_OK;
+    int64_t at = 0;
+    for (int k = 0; k < n && s == KILN_OK; k++) {
+        if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
+            s = fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
+        else
+            s = pack(buf + (size_t)at * item, x[k], scale);
+        at += x[k]->numel;
+    }
+    pending p = {.out = out->data, .packed = buf, .g = c.g, .op = op};
+    call_str(&c, p.what, sizeof p.what);
+    if (s == KILN_OK && comm.be->all_reduce_start && !ordered(&c, out->meta.dtype)) {
+        char err[512] = "";
+        double t0 = seconds_now();
+        int rc = comm.be->all_reduce_start(c.g->handle, buf, out->data, out->numel, comm_dtype(out->meta.dtype), op,
+                                           &p.request, err, sizeof err);
+        all_reduce_seconds += seconds_now() - t0;
+        if (rc != KILN_COMM_OK) s = backend_status(rc, &c, err);
+    } else if (s == KILN_OK) { /* no non-blocking call: reduced now, the wait only finishes */
+        s = reduce_into(&c, buf, out);
+        p.op = KILN_COMM_SUM; /* (a mean's division is done) */
+    }
+    if (s != KILN_OK) {
+        kiln_free(buf);
+        return s;
+    }
+    in_flight[nin_flight++] = p;
     return KILN_OK;
 }
 
+kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out) {
+    int k = 0;
+    while (k < nin_flight && in_flight[k].out != out->data) k++;
+    if (k == nin_flight)
+        return kiln_error(KILN_ERR_VALUE, "all_reduce_wait: no all-reduce is in flight into this tensor (all_reduce_wait "
+                          "completes what all_reduce_start began)");
+    pending p = in_flight[k];
+    in_flight[k] = in_flight[--nin_flight];
+    int rc = KILN_COMM_OK;
+    char err[512] = "";
+    if (p.request) {
+        char text[320];
+        snprintf(text, sizeof text, "%s on rank %d of %d (waiting)", p.what, p.g->rank, p.g->size);
+        comm.be->describe(text);
+        double t0 = seconds_now();
+        rc = comm.be->wait(p.request, comm.timeout, err, sizeof err);
+        all_reduce_seconds += seconds_now() - t0;
+    }
+    kiln_free(p.packed);
+    if (rc != KILN_COMM_OK)
+        return kiln_error(rc == KILN_COMM_INTERRUPTED ? KILN_ERR_INTERRUPTED : KILN_ERR_RUNTIME, "%s on rank %d of %d: %s",
+                          p.what, p.g->rank, p.g->size, err);
+    if (p.op == KILN_COMM_MEAN && !scale_first(p.op, p.g->size)) divide_by_size(out, p.g->size);
+    return KILN_OK;
+}
+
+void kiln_comm_finish_in_flight(void) {
+    for (int k = 0; k < nin_flight; k++) {
+        char err[512] = "";
+        if (in_flight[k].request) comm.be->wait(in_flight[k].request, comm.timeout, err, sizeof err);
+        kiln_free(in_flight[k].packed);
+    }
+    nin_flight = 0;
+}
+
+static _Atomic bool overlap = false;
+void kiln_comm_set_overlap(bool on) { overlap = on; }
+bool kiln_comm_overlap(void) { return overlap; }
+
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
-    call c = {C_ALL_GATHER, 0, 0, NULL, &x->meta};
+    call c = {C_ALL_GATHER, 0, 0, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "all_gather", g, x, &xc));
     char err[512] = "";
@@ -480,7 +685,7 @@ kiln_status kiln_comm_all_gather(kiln_tensor *x, int g, kiln_tensor *out) {
 }
 
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int g, kiln_tensor *out) {
-    call c = {C_REDUCE_SCATTER, op, 0, NULL, &x->meta};
+    call c = {C_REDUCE_SCATTER, op, 0, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "reduce_scatter", g, x, &xc));
     char err[512] = "";
@@ -493,7 +698,7 @@ kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int g, kiln_tensor 
 }
 
 kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int g, kiln_tensor *out) {
-    call c = {C_BROADCAST, 0, root, NULL, &x->meta};
+    call c = {C_BROADCAST, 0, root, NULL, &x->meta, 0, 0};
     KILN_TRY(begin(&c, "broadcast", g, NULL, NULL));
     if (c.g->rank == root) KILN_TRY(kiln_copy_into(out, x));
     char err[512] = "";
@@ -503,7 +708,7 @@ kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int g, kiln_tensor *ou
 }
 
 kiln_status kiln_comm_reduce(kiln_tensor *x, int op, int root, int g, kiln_tensor *out) {
-    call c = {C_REDUCE, op, root, NULL, &x->meta};
+    call c = {C_REDUCE, op, root, NULL, &x->meta, 0, 0};
     kiln_tensor *xc;
     KILN_TRY(begin(&c, "reduce", g, x, &xc));
     char err[512] = "";
@@ -519,7 +724,7 @@ kiln_status kiln_comm_reduce(kiln_tensor *x, int op, int root, int g, kiln_tenso
 }
 
 kiln_status kiln_comm_barrier(int g) {
-    call c = {C_BARRIER, 0, 0, NULL, EMPTY_META};
+    call c = {C_BARRIER, 0, 0, NULL, EMPTY_META, 0, 0};
     KILN_TRY(begin(&c, "barrier", g, NULL, NULL));
     char err[512] = "";
     int rc = comm.be->barrier(c.g->handle, comm.timeout, err, sizeof err);
@@ -536,7 +741,7 @@ static void point_header(const kiln_meta *m, int64_t *h) {
 }
 
 kiln_status kiln_comm_send(kiln_tensor *x, int dst, int tag, int g) {
-    call c = {C_SEND, 0, dst, NULL, &x->meta};
+    call c = {C_SEND, 0, dst, NULL, &x->meta, 0, 0};
     KILN_TRY(get_group("send", g, &c.g));
     describe(&c);
     if (dst < 0 || dst >= c.g->size || dst == c.g->rank)
@@ -556,7 +761,7 @@ kiln_status kiln_comm_send(kiln_tensor *x, int dst, int tag, int g) {
 }
 
 kiln_status kiln_comm_recv(kiln_tensor *out, int src, int tag, int g) {
-    call c = {C_RECV, 0, src, NULL, &out->meta};
+    call c = {C_RECV, 0, src, NULL, &out->meta, 0, 0};
     KILN_TRY(get_group("recv", g, &c.g));
     describe(&c);
     if (src < 0 || src >= c.g->size || src == c.g->rank)

@@ -36,6 +36,8 @@ const char *kiln_comm_default_backend(void);
 kiln_status kiln_comm_rank(int group, int *rank);
 kiln_status kiln_comm_size(int group, int *size);
 /* The same, its errors naming `what` (an op) */
+/* How many collectives this rank ran in the group (each bucket counts once). */
+kiln_status kiln_comm_collective_count(int group, long long *count);
 kiln_status kiln_comm_size_for(const char *what, int group, int *size);
 /* A group of these world ranks (distinct, ascending or not; this rank among them); called by
  * its members only. */
@@ -51,10 +53,33 @@ bool kiln_comm_check(void);
  * and in every run, whatever order the backend's own reduction would take. Off by default. */
 void kiln_comm_set_deterministic(bool on);
 bool kiln_comm_deterministic(void);
+/* The most bytes one fused all-reduce carries: the bucketing pass (src/passes/bucket_all_reduce.c)
+ * joins all-reduces of the same fusion id into buckets of at most this size (25 MB unless
+ * set_auto_parallel_context's comm_fusion says otherwise). */
+void kiln_comm_set_fusion_bytes(int64_t bytes);
+int64_t kiln_comm_fusion_bytes(void);
 
 /* out: contiguous, allocated by the caller with the output's shape (all_gather: size * x.shape[0]
  * rows; reduce_scatter: x.shape[0] / size rows); x may have any layout. */
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int group, kiln_tensor *out);
+/* The all-reduce of n tensors of one dtype as one call (a gradient bucket): out, 1-D, holds their
+ * elements one after the other, reduced; the ranks' headers also compare the tensors' shapes. */
+kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
+/* The same, in two halves: start packs the tensors and begins the all-reduce into out (a backend
+ * without a non-blocking call reduces now); wait, given the same out, completes it. Between them
+ * out must stay alive and unread; other collectives may run. */
+kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
+kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out);
+/* Completes every all-reduce still in flight, their results dropped: a plan that failed between
+ * a start and its wait calls it, so no all-reduce goes on writing into memory reused after. */
+void kiln_comm_finish_in_flight(void);
+/* Whether the bucketing pass splits buckets into start and wait (off by default: see
+ * docs/guide/distributed.md; KILN_COMM_OVERLAP=1 or kiln._C.comm_set_overlap(True)). */
+void kiln_comm_set_overlap(bool on);
+/* Seconds this process has spent in all-reduce calls of the backend (blocking ones, starts and
+ * waits; not the packing): what the overlap hides no longer shows here. */
+double kiln_comm_all_reduce_seconds(void);
+bool kiln_comm_overlap(void);
 kiln_status kiln_comm_all_gather(kiln_tensor *x, int group, kiln_tensor *out);
 kiln_status kiln_comm_reduce_scatter(kiln_tensor *x, int op, int group, kiln_tensor *out);
 kiln_status kiln_comm_broadcast(kiln_tensor *x, int root, int group, kiln_tensor *out);

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KILN_COMM_ABI 1
+#define KILN_COMM_ABI 2
 
 enum {
     KILN_COMM_OK = 0,
@@ -66,6 +66,12 @@ typedef struct kiln_comm_backend {
     /* what the next calls are doing, for the messages of a backend that ends the job itself
      * (the mpi backend's timeout: "all_reduce(sum) of float32(4,) on rank 0 of 2") */
     void (*describe)(const char *what);
+    /* A non-blocking all-reduce (NULL in a backend without one: comm.c then reduces at the start):
+     * starts it and gives a request for wait, which completes it and frees the request; in and out
+     * stay untouched by the caller until then. */
+    int (*all_reduce_start)(void *group, const void *in, void *out, int64_t count, int dtype, int op, void **request,
+                            char *err, size_t errlen);
+    int (*wait)(void *request, double timeout, char *err, size_t errlen);
 } kiln_comm_backend;
 
 /* What a backend library exports (dlsym): its table. */

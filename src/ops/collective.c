@@ -27,7 +27,11 @@ static bool recording_a_body(kiln_tensor **out, int nout) {
 }
 
 KILN_INFER(all_reduce) {
-    KILN_TRY(kiln_attrs_expect("all_reduce", a, KILN_A_ALL_REDUCE_NI, 0));
+    /* FUSION is optional (graphs saved before it have two ints) */
+    KILN_TRY(kiln_attrs_expect("all_reduce", a, KILN_A_ALL_REDUCE_FUSION, 0));
+    if (a->ni > KILN_A_ALL_REDUCE_FUSION && a->i[KILN_A_ALL_REDUCE_FUSION] < 0)
+        return kiln_error(KILN_ERR_VALUE, "all_reduce: the fusion id must be >= 0 (0: never bucketed), got %lld",
+                          (long long)a->i[KILN_A_ALL_REDUCE_FUSION]);
     KILN_TRY(check_op("all_reduce", a->i[KILN_A_ALL_REDUCE_OP]));
     int size;
     KILN_TRY(group_size("all_reduce", a, KILN_A_ALL_REDUCE_GROUP, &size));
@@ -38,6 +42,58 @@ KILN_INFER(all_reduce) {
 KILN_KERNEL(all_reduce) {
     if (recording_a_body(out, 1)) return KILN_OK;
     return kiln_comm_all_reduce(in[0], (int)a->i[KILN_A_ALL_REDUCE_OP], (int)a->i[KILN_A_ALL_REDUCE_GROUP], out[0]);
+}
+
+/* all_reduce_bucket and all_reduce_start: one dtype, sum or mean, a 1-D result of every element */
+static kiln_status infer_bucket(const char *name, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_meta *out) {
+    KILN_TRY(kiln_attrs_expect(name, a, KILN_A_ALL_REDUCE_BUCKET_NI, 0));
+    int64_t op = a->i[KILN_A_ALL_REDUCE_BUCKET_OP];
+    if (op != KILN_COMM_SUM && op != KILN_COMM_MEAN)
+        return kiln_error(KILN_ERR_VALUE, "%s: buckets reduce by sum (0) or mean (1), got %lld",
+                          name, (long long)op);
+    int size;
+    KILN_TRY(group_size(name, a, KILN_A_ALL_REDUCE_BUCKET_GROUP, &size));
+    if (nin < 1) return kiln_error(KILN_ERR_VALUE, "%s: a bucket holds at least one tensor", name);
+    int64_t total = 0;
+    for (int k = 0; k < nin; k++) {
+        if (in[k]->meta.dtype != in[0]->meta.dtype)
+            return kiln_error(KILN_ERR_TYPE, "%s: one dtype per bucket: tensor %d is %s, tensor 0 %s", name, k,
+                              kiln_dtype_name(in[k]->meta.dtype), kiln_dtype_name(in[0]->meta.dtype));
+        int64_t n;
+        KILN_TRY(kiln_shape_numel_checked(in[k]->meta.ndim, in[k]->meta.shape, &n));
+        if (total > INT64_MAX - n) return kiln_error(KILN_ERR_LIMIT, "%s: too many elements", name);
+        total += n;
+    }
+    kiln_meta_set(out, in[0]->meta.dtype, 1, &total);
+    return KILN_OK;
+}
+
+KILN_INFER(all_reduce_bucket) { return infer_bucket("all_reduce_bucket", in, nin, a, out); }
+
+KILN_INFER(all_reduce_start) { return infer_bucket("all_reduce_start", in, nin, a, out); }
+
+KILN_KERNEL(all_reduce_start) {
+    if (recording_a_body(out, 1)) return KILN_OK;
+    return kiln_comm_all_reduce_start(in, nin, (int)a->i[KILN_A_ALL_REDUCE_START_OP],
+                                      (int)a->i[KILN_A_ALL_REDUCE_START_GROUP], out[0]);
+}
+
+KILN_INFER(all_reduce_wait) {
+    *out = in[0]->meta;
+    return KILN_OK;
+}
+
+KILN_KERNEL(all_reduce_wait) {
+    if (!kiln_thread.trace_in_body) KILN_TRY(kiln_comm_all_reduce_wait(in[0]));
+    kiln_tensor_retain(in[0]);
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+KILN_KERNEL(all_reduce_bucket) {
+    if (recording_a_body(out, 1)) return KILN_OK;
+    return kiln_comm_all_reduce_bucket(in, nin, (int)a->i[KILN_A_ALL_REDUCE_BUCKET_OP],
+                                       (int)a->i[KILN_A_ALL_REDUCE_BUCKET_GROUP], out[0]);
 }
 
 KILN_INFER(all_gather) {
@@ -223,6 +279,36 @@ KILN_GRAD(all_reduce) {
     kiln_tensor_release(total);
     if (t1) kiln_tensor_release(t1);
     if (t2) kiln_tensor_release(t2);
+    return s;
+}
+
+/* gradient: all_reduce(g) (sum or mean, as the bucket), each input's part a view of it */
+KILN_GRAD(all_reduce_bucket) {
+    const kiln_attrs *a = ctx->attrs;
+    kiln_tensor *g, *total = NULL;
+    KILN_TRY(gradient_or_zeros(ctx, gout, &g));
+    kiln_status s = emit(KILN_OP_ALL_REDUCE, g, a->i[KILN_A_ALL_REDUCE_BUCKET_OP], a->i[KILN_A_ALL_REDUCE_BUCKET_GROUP],
+                         0, 2, &total);
+    kiln_tensor_release(g);
+    int64_t at = 0;
+    for (int j = 0; j < ctx->nin && s == KILN_OK; j++) {
+        const kiln_meta *m = &ctx->in_meta[j];
+        int64_t n = 1;
+        for (int d = 0; d < m->ndim; d++) n *= m->shape[d];
+        if (ctx->needs_grad[j]) {
+            kiln_attrs sa, ra;
+            kiln_attrs_clear(&sa);
+            kiln_attrs_clear(&ra);
+            for (int d = 0; d < 24; d++) kiln_attrs_push_int(&sa, d == 0 ? at : d == 8 ? 1 : d == 16 ? n : 0);
+            for (int d = 0; d < m->ndim; d++) kiln_attrs_push_int(&ra, m->shape[d]);
+            kiln_tensor *part = NULL;
+            s = kiln_apply(KILN_OP_SLICE, 1, &total, &sa, &part);
+            if (s == KILN_OK) s = kiln_apply(KILN_OP_RESHAPE, 1, &part, &ra, &gin[j]);
+            if (part) kiln_tensor_release(part);
+        }
+        at += n;
+    }
+    kiln_tensor_release(total);
     return s;
 }
 

@@ -46,5 +46,6 @@ KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);
 KILN_PASS(fuse_bn_relu_backward);
 KILN_PASS(fuse_attention);
+KILN_PASS(bucket_all_reduce);
 
 #endif

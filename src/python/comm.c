@@ -146,6 +146,49 @@ static PyObject *py_comm_set_deterministic(PyObject *self, PyObject *arg) {
 static PyObject *py_comm_deterministic(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(kiln_comm_deterministic());
+static PyObject *py_comm_set_fusion_bytes(PyObject *self, PyObject *arg) {
+    (void)self;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "comm_set_fusion_bytes: the bucket size must be > 0 bytes");
+        return NULL;
+    }
+    kiln_comm_set_fusion_bytes(n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_fusion_bytes(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(kiln_comm_fusion_bytes());
+}
+
+static PyObject *py_comm_collective_count(PyObject *self, PyObject *args) {
+    (void)self;
+    int group = 0;
+    if (!PyArg_ParseTuple(args, "|i", &group)) return NULL;
+    long long n = 0;
+    kiln_status s = kiln_comm_collective_count(group, &n);
+    if (s != KILN_OK) return pykiln_raise(s);
+    return PyLong_FromLongLong(n);
+}
+
+static PyObject *py_comm_set_overlap(PyObject *self, PyObject *arg) {
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    kiln_comm_set_overlap(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_comm_overlap(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kiln_comm_overlap());
+}
+
+static PyObject *py_comm_all_reduce_seconds(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyFloat_FromDouble(kiln_comm_all_reduce_seconds());
 }
 
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
@@ -174,6 +217,17 @@ static PyMethodDef comm_methods[] = {
     {"comm_set_deterministic", py_comm_set_deterministic, METH_O,
      "whether float all-reduces (sum, mean, prod) combine the ranks' tensors in rank order (default False)"},
     {"comm_deterministic", py_comm_deterministic, METH_NOARGS, "whether all-reduces combine in rank order"},
+    {"comm_set_fusion_bytes", py_comm_set_fusion_bytes, METH_O,
+     "the most bytes one fused (bucketed) all-reduce carries; the bucketing pass reads it at compile time"},
+    {"comm_fusion_bytes", py_comm_fusion_bytes, METH_NOARGS, "the most bytes one fused all-reduce carries"},
+    {"comm_collective_count", py_comm_collective_count, METH_VARARGS,
+     "comm_collective_count(group=0): how many collectives this rank ran in the group"},
+    {"comm_set_overlap", py_comm_set_overlap, METH_O,
+     "whether graphs compiled from now on start each gradient bucket's all-reduce after its last gradient and "
+     "wait at its first use (default False; KILN_COMM_OVERLAP=1 at init)"},
+    {"comm_overlap", py_comm_overlap, METH_NOARGS, "whether compiled buckets overlap (comm_set_overlap)"},
+    {"comm_all_reduce_seconds", py_comm_all_reduce_seconds, METH_NOARGS,
+     "seconds this process spent in the backend's all-reduce calls (blocking, starts and waits)"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };

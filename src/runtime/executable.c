@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "../codegen/fused.h"
+#include "../comm/comm.h"
 #include "backend.h"
 #include "../core/profile.h"
 
@@ -206,13 +207,20 @@ void kiln_executable_free(kiln_executable *e) {
     free(e);
 }
 
+/* A run that failed between an all-reduce's start and its wait leaves it in flight, writing into
+ * the plan's memory: it is completed (and dropped) before the error goes back. */
+static kiln_status finish_run(kiln_status s) {
+    if (s != KILN_OK) kiln_comm_finish_in_flight();
+    return s;
+}
+
 kiln_status kiln_executable_run(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
                                 kiln_tensor **outputs) {
-    if (!e->shared) return e->be->run(e->state, nin, inputs, nout, outputs);
+    if (!e->shared) return finish_run(e->be->run(e->state, nin, inputs, nout, outputs));
     pthread_mutex_lock(&e->shared->lock);
     kiln_status s = e->be->run(e->state, nin, inputs, nout, outputs);
     pthread_mutex_unlock(&e->shared->lock);
-    return s;
+    return finish_run(s);
 }
 
 kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *const *inputs, int nout,
@@ -221,11 +229,11 @@ kiln_status kiln_executable_run_into(kiln_executable *e, int nin, kiln_tensor *c
     for (int k = 0; k < nout && k < g->noutputs; k++)
         if (!kiln_meta_equal(&g->values[g->outputs[k]].meta, &into[k]->meta) || !kiln_tensor_is_contiguous(into[k]))
             return kiln_error(KILN_ERR_VALUE, "graph: output buffer %d does not match the graph's output", k);
-    if (!e->shared) return e->be->run_into(e->state, nin, inputs, nout, into);
+    if (!e->shared) return finish_run(e->be->run_into(e->state, nin, inputs, nout, into));
     pthread_mutex_lock(&e->shared->lock);
     kiln_status s = e->be->run_into(e->state, nin, inputs, nout, into);
     pthread_mutex_unlock(&e->shared->lock);
-    return s;
+    return finish_run(s);
 }
 
 const kiln_plan *kiln_executable_plan(const kiln_executable *e) { return e->plan; }

@@ -12,7 +12,8 @@ from .. import _C
 class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
-    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None):
+    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None,
+                 buckets=None):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -26,6 +27,8 @@ class ExplainOutput:
         self.recomputed = list(recomputed) if recomputed is not None else [None] * len(graphs)
         # per graph: a line per fused attention op, with the cost model's reason
         self.attention = list(attention) if attention is not None else [[] for _ in graphs]
+        # per graph: its gradient buckets (the bucket_all_reduce pass's all_reduce_bucket nodes), or None
+        self.buckets = list(buckets) if buckets is not None else [None] * len(graphs)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -37,6 +40,8 @@ class ExplainOutput:
             if self.recomputed[k]:
                 lines.append(f"    {self.recomputed[k]}")
             lines.extend(f"    {a}" for a in self.attention[k])
+            if self.buckets[k]:
+                lines.append(f"    {self.buckets[k]}")
             lines.extend(f"    guard: {g}" for g in guard_names)
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
@@ -92,6 +97,21 @@ def _dynamic_graph(graph_text, guard_names, d):
     return _ops(graph_text), list(guard_names) + shapes
 
 
+def _buckets(exe):
+    """The gradient buckets of a compiled graph's plan (all_reduce_bucket nodes, or all_reduce_start
+    with overlap), as a line, or None."""
+    if exe is None or not hasattr(exe, "plan_str"):
+        return None
+    found = [line.partition(op)[2].partition(")")[0] for line in exe.plan_str().splitlines()
+             for op in ("all_reduce_bucket(", "all_reduce_start(") if op in line]
+    if not found:
+        return None
+    overlapped = " started after their last gradient, waited for at the first use" if \
+        "all_reduce_start(" in exe.plan_str() else ""
+    return (f"{len(found)} gradient bucket{'s' if len(found) > 1 else ''} (one all-reduce each{overlapped}): "
+            + "; ".join(f"{len(args.split(','))} tensors ({args})" for args in found))
+
+
 def _recomputed(exe):
     """What recomputation did to a compiled graph, as a line, or None when it did not run."""
     r = exe.recompute_report() if exe is not None and hasattr(exe, "recompute_report") else {}
@@ -109,16 +129,18 @@ def report(jf):
     fallback = jf._eager_reason
     if mode == "bytecode":
         pieces = jf._pieces
-        graphs, breaks, recompiles, recomputed, attention = [], [], [], [], []
+        graphs, breaks, recompiles, recomputed, attention, buckets = [], [], [], [], [], []
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
+                buckets.extend(_buckets(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
                 graphs.extend(_dynamic_graph(p.graph_text, p.guard_names, p.dyn) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
                 recomputed.extend(None for _ in entries)
+                buckets.extend(None for _ in entries)
             breaks = list(pieces.breaks)
             recompiles = [f"the value of {g} changed" if g else "a guard failed" for _, g in pieces.recompiles]
             recompiles += pieces.new_signatures
@@ -127,13 +149,15 @@ def report(jf):
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
         attention = [_attention(e.graph_text) for entries in jf._cache.values() for e in entries]
         recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
+        buckets = [_buckets(e.executable) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
             graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
             attention.extend(_attention(d.entry.graph_text) for d in ds)
             recomputed.extend(None for _ in ds)
+            buckets.extend(None for _ in ds)
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
-    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention)
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention, buckets)

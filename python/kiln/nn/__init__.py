@@ -3,6 +3,7 @@ following MindSpore's mindspore.nn."""
 from . import init
 from .cell import Cell, CellList, SequentialCell, TrainOneStepCell, WithLossCell
 from .graph_cell import GraphCell
+from .grad_accumulation import GradientAccumulation
 from .grad_reducer import DistributedGradReducer
 from .init import initializer
 from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, Identity,

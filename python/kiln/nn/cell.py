@@ -412,7 +412,8 @@ class TrainOneStepCell(Cell):
                                    "kiln.communication.init() first")
             mean = _context.get_auto_parallel_context("gradients_mean")
             splits = _context.get_auto_parallel_context("all_reduce_fusion_config")
-            self._reducer = lambda grads: grad_reduce.reduce_gradients(grads, mean, split_indices=splits)
+            if _C.comm_size() > 1:  # one rank: nothing to reduce, the step is stand-alone's
+                self._reducer = lambda grads: grad_reduce.reduce_gradients(grads, mean, split_indices=splits)
             if _context.get_auto_parallel_context("parameter_broadcast"):
                 grad_reduce.broadcast_parameters(self.weights)
 

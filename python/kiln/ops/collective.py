@@ -73,10 +73,25 @@ def _tensor(x, who):
     return x
 
 
-def all_reduce(x, op=ReduceOp.SUM, group=None):
-    """The reduction (sum, mean, max, min or prod) of every rank's x, on every rank."""
+def all_reduce(x, op=ReduceOp.SUM, group=None, fusion=0):
+    """The reduction (sum, mean, max, min or prod) of every rank's x, on every rank. fusion
+    (MindSpore's AllReduce fusion attribute): in a graph compiled at O1, sum and mean all-reduces
+    with the same fusion id > 0 (and group and dtype) are joined into buckets of comm_fusion's
+    size (one collective each); 0, the default, keeps this one alone. Eager calls run alone."""
     code = _reduce_code(op, "all_reduce")
-    return _C.apply(OP.all_reduce, (_tensor(x, "all_reduce"),), (code, group_id(group, "all_reduce")))
+    if not isinstance(fusion, builtins.int) or isinstance(fusion, builtins.bool):
+        raise TypeError(f"all_reduce: fusion must be an int >= 0, got {fusion!r}")
+    if fusion < 0:
+        raise ValueError(f"all_reduce: fusion must be an int >= 0 (0: never bucketed), got {fusion}")
+    return _C.apply(OP.all_reduce, (_tensor(x, "all_reduce"),), (code, group_id(group, "all_reduce"), fusion))
+
+
+def all_reduce_bucket(tensors, op=ReduceOp.SUM, group=None):
+    """The sum or mean of every rank's tensors (one dtype) as one collective: a 1-D tensor of
+    their elements one after the other (the flat bucket; reshape slices of it to read each)."""
+    code = _reduce_code(op, "all_reduce_bucket")
+    tensors = tuple(_tensor(t, "all_reduce_bucket") for t in tensors)
+    return _C.apply(OP.all_reduce_bucket, tensors, (code, group_id(group, "all_reduce_bucket")))
 
 
 def all_gather(x, group=None):

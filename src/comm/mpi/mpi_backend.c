@@ -260,6 +260,31 @@ static int mpi_recv(void *group, void *buf, int64_t bytes, int src, int tag, dou
     CALL(MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, comm_of(group), MPI_STATUS_IGNORE), "MPI_Recv");
 }
 
+static int mpi_all_reduce_start(void *group, const void *in, void *out, int64_t count, int dtype, int op,
+                                void **request, char *err, size_t errlen) {
+    if (check_count(count, "MPI_Iallreduce", err, errlen)) return KILN_COMM_FAILED;
+    MPI_Request *r = malloc(sizeof *r);
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return KILN_COMM_FAILED;
+    }
+    int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, (int)count, type_of(dtype), op_of(op), comm_of(group), r);
+    if (rc != MPI_SUCCESS) {
+        free(r);
+        return mpi_failed(rc, "MPI_Iallreduce", err, errlen);
+    }
+    *request = r;
+    return KILN_COMM_OK;
+}
+
+static int mpi_wait(void *request, double timeout, char *err, size_t errlen) {
+    arm(timeout);
+    int rc = MPI_Wait((MPI_Request *)request, MPI_STATUS_IGNORE);
+    disarm(timeout);
+    free(request);
+    return rc == MPI_SUCCESS ? KILN_COMM_OK : mpi_failed(rc, "MPI_Wait", err, errlen);
+}
+
 static void mpi_abort(int code) {
     MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);
@@ -286,6 +311,8 @@ static const kiln_comm_backend table = {
     .recv = mpi_recv,
     .abort = mpi_abort,
     .describe = mpi_describe,
+    .all_reduce_start = mpi_all_reduce_start,
+    .wait = mpi_wait,
 };
 
 const kiln_comm_backend *kiln_comm_backend_table(void);
