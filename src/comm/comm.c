@@ -479,6 +479,27 @@ static bool ordered(const call *c, kiln_dtype dtype) {
            (c->op == KILN_COMM_SUM || c->op == KILN_COMM_MEAN || c->op == KILN_COMM_PROD);
 }
 
+/* A mean over a power-of-two number of ranks scales each rank's values by 1 / size while they are
+ * packed, and the all-reduce sums them: exact (a power of two), so the same as dividing the sum,
+ * without a pass over the result (reading what MPI just wrote is slow); other sizes divide the
+ * sum. A bucket and a single tensor do the same, so bucketing changes no value. */
+static bool scale_first(int op, int size) { return op == KILN_COMM_MEAN && (size & (size - 1)) == 0; }
+
+/* dst[0..n) = src (contiguous, float dtype when scaling) times scale */
+static void copy_scaled(void *dst, const void *src, int64_t n, kiln_dtype dtype, double scale) {
+    if (scale == 1.0) {
+        memcpy(dst, src, (size_t)n * kiln_dtype_size(dtype));
+    } else if (dtype == KILN_DTYPE_FLOAT32) {
+        float *d = dst, f = (float)scale;
+        const float *s = src;
+        for (int64_t k = 0; k < n; k++) d[k] = s[k] * f;
+    } else {
+        double *d = dst;
+        const double *s = src;
+        for (int64_t k = 0; k < n; k++) d[k] = s[k] * scale;
+    }
+}
+
 /* Copies x (any layout) into dst, scaled. */
 static kiln_status pack(void *dst, kiln_tensor *x, double scale) {
     kiln_tensor *xc = x;

@@ -146,6 +146,8 @@ static PyObject *py_comm_set_deterministic(PyObject *self, PyObject *arg) {
 static PyObject *py_comm_deterministic(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(kiln_comm_deterministic());
+}
+
 static PyObject *py_comm_set_fusion_bytes(PyObject *self, PyObject *arg) {
     (void)self;
     long long n = PyLong_AsLongLong(arg);
