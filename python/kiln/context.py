@@ -31,7 +31,11 @@ def set_context(**kwargs):
     device_id (0), background_compile (True: generated C is compiled on a background thread while
     the calls that need it run kiln's interpreted kernels, switching to the native code once it is
     built: first calls cost no compiler run; default False, or True when the environment has
-    KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds). Unknown names raise
+    KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds), loop_residual_budget
+    (megabytes, default 1024: the gradient of a compiled loop whose trip count is known —
+    kiln.ops.scan, fori_loop with int bounds — stores each step's residuals when trip count x
+    residual bytes per step fits it, else recomputes them in the backward; 0 always recomputes;
+    read when a gradient is compiled, see docs/guide/transforms.md "Loops"). Unknown names raise
     ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
@@ -56,15 +60,21 @@ def set_context(**kwargs):
         elif name == "background_compile":
             if not isinstance(value, bool):
                 raise ValueError(f"set_context: background_compile must be a bool, got {value!r}")
+        elif name == "loop_residual_budget":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"set_context: loop_residual_budget must be a number of megabytes >= 0, got {value!r}")
         elif name == "device_id":
             if isinstance(value, bool) or value != 0:
                 raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                             f"background_compile")
+                             f"background_compile, loop_residual_budget")
     for name, value in kwargs.items():
         if name == "background_compile":
             _C.codegen_background(value)
+            continue
+        if name == "loop_residual_budget":
+            _C.loop_residual_budget(int(value * (1 << 20)))
             continue
         if name == "device_target":
             if value.upper() != "CPU":  # (MindSpore scripts name their device first; kiln runs on the CPU)
@@ -86,9 +96,11 @@ def get_context(name):
     """The value of one setting of set_context."""
     if name == "background_compile":
         return _C.codegen_background()
+    if name == "loop_residual_budget":
+        return _C.loop_residual_budget() / (1 << 20)
     if name not in _context:
         raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                         f"background_compile")
+                         f"background_compile, loop_residual_budget")
     return _context[name]
 
 

@@ -1,13 +1,18 @@
 """kiln.jit.explain: what kiln.jit made of a function — graphs and their ops, graph breaks with
 their reason and source line, the guards of each compiled entry, and each recompile with what
-changed (the guard that failed, or the argument signature) — for every capture mode (ast and
-trace report their fallbacks to trace capture or eager execution)."""
+changed (the guard that failed, or the argument signature), and how each compiled loop's gradient
+keeps its residuals — for every capture mode (ast and trace report their fallbacks to trace
+capture or eager execution)."""
+import re
+
+_WHILE_GRAD = re.compile(r"= while_grad\([^)]*\) \{([-0-9, ]*)\}(?:  # (.*))?")
 
 
 class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
-    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None):
+    def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None,
+                 loop_gradients=()):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -19,6 +24,10 @@ class ExplainOutput:
         self.fallback = fallback  # why the function (or a part of it) runs in Python, or None
         # per graph: what recomputation (kiln.recompute, Cell.recompute, SublinearMemoryConfig) did, or None
         self.recomputed = list(recomputed) if recomputed is not None else [None] * len(graphs)
+        # per compiled loop gradient (while_grad node) of this function and of kiln.grad of it: a dict
+        # strategy ("stored" or "recomputed"), trips (0: unknown), residuals (per step),
+        # bytes_per_step (-1: not measured), where ("file:line" or None)
+        self.loop_gradients = list(loop_gradients)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -30,6 +39,8 @@ class ExplainOutput:
             if self.recomputed[k]:
                 lines.append(f"    {self.recomputed[k]}")
             lines.extend(f"    guard: {g}" for g in guard_names)
+        for k, g in enumerate(self.loop_gradients):
+            lines.append(f"  loop gradient {k + 1}: {_describe_loop(g)}")
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
         if self.fallback:
@@ -37,6 +48,42 @@ class ExplainOutput:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _describe_loop(g):
+    where = f" at {g['where']}" if g["where"] else ""
+    mb = g["bytes_per_step"] * g["trips"] / (1 << 20)
+    if g["strategy"] == "stored":
+        return (f"residuals stored ({g['residuals']} per step, {g['bytes_per_step']:,} bytes x {g['trips']} steps = "
+                f"{mb:.1f} MB){where}")
+    if g["trips"] <= 0:
+        why = "trip count unknown"
+    elif g["bytes_per_step"] < 0:
+        why = "loop_residual_budget 0, or sizes not static"
+    elif g["bytes_per_step"] == 0:
+        why = "the backward reads no value the body computes"
+    else:
+        why = f"{g['bytes_per_step']:,} bytes x {g['trips']} steps = {mb:.1f} MB over loop_residual_budget"
+    return f"residuals recomputed from each step's carry ({why}){where}"
+
+
+def _loop_gradients(texts):
+    """The while_grad nodes of graph texts (attrs: cond, body, nout, backward, trips, nres,
+    res_bytes; src/ops/ops.def)."""
+    found = []
+    for text in texts:
+        for m in _WHILE_GRAD.finditer(text or ""):
+            a = [int(v) for v in m.group(1).replace(" ", "").split(",") if v]
+            trips, nres, nbytes = (a[4:7] + [0, 0, -1][len(a[4:7]):]) if len(a) >= 4 else (0, 0, -1)
+            found.append({"strategy": "stored" if nres > 0 else "recomputed", "trips": trips, "residuals": nres,
+                          "bytes_per_step": nbytes, "where": m.group(2)})
+    return found
+
+
+def _grad_texts(jf):
+    """The graph texts of kiln.grad / value_and_grad of jf (their forward-and-backward graphs)."""
+    return [e.graph_text for v in getattr(jf, "_grad_variants", {}).values() for entries in v._cache.values()
+            for e in entries]
 
 
 def _ops(graph_text):
@@ -72,9 +119,12 @@ def report(jf):
     if mode == "bytecode":
         pieces = jf._pieces
         graphs, breaks, recompiles, recomputed = [], [], [], []
+        texts = []
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
+                texts.extend(p.graph_text for p in entries)
+                texts.extend(p.grad.backward.graph_str() for p in entries if p.grad is not None)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
                 graphs.extend(_dynamic_graph(p.graph_text, p.guard_names, p.dyn) for p in entries)
@@ -85,6 +135,7 @@ def report(jf):
             fallback = fallback or pieces.given_up
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
+        texts = [e.graph_text for entries in jf._cache.values() for e in entries]
         recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
             graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
@@ -94,4 +145,5 @@ def report(jf):
         if jf._ast_fallback is not None:
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
-    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed)
+    loops = _loop_gradients(texts + _grad_texts(jf))
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, loops)

@@ -197,6 +197,13 @@ def while_loop(cond_fn, body_fn, init_vals):
     cond_fn returns a one-element tensor (nonzero: go on) or a bool; body_fn returns values of
     init_vals' structure, dtypes and shapes (the value alone when there is one loop value).
     Compiled, past 32 tensors the node carries them packed (one tensor per dtype)."""
+    return counted_while_loop(cond_fn, body_fn, init_vals, 0)
+
+
+def counted_while_loop(cond_fn, body_fn, init_vals, trips):
+    """while_loop whose trip count the caller knows (trips > 0; 0: unknown): kiln.ops.scan and
+    fori_loop with int bounds. A compiled loop's gradient may then store each step's residuals
+    rather than recompute them (kiln.set_context(loop_residual_budget=...))."""
     _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
@@ -205,7 +212,7 @@ def while_loop(cond_fn, body_fn, init_vals):
         raise ValueError("while_loop: init_vals is empty")
     treedef, leaves = _loop_leaves(init_vals)
     nvals = len(init_vals)
-    traced = _traced_while(cond_fn, body_fn, treedef, leaves, nvals) if _C.is_tracing() else None
+    traced = _traced_while(cond_fn, body_fn, treedef, leaves, nvals, trips) if _C.is_tracing() else None
     if traced is not None:
         leaves = traced
     else:
@@ -250,7 +257,7 @@ class _Packed:
         return out
 
 
-def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
+def _traced_while(cond_fn, body_fn, treedef, leaves, nvals, trips):
     """One `while` node over the loop values' leaves (packed when there are more than a node
     carries): the final leaves, or None when cond_fn gives a Python bool (a static loop: run it in Python)."""
     packed = _Packed(leaves) if len(leaves) > _NODE_VALUES else None
@@ -281,4 +288,4 @@ def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
         tracer.finish_body(list(new))
     finally:
         tracer.end()
-    return unpacked(_C.apply_control("while", [cond_tr, tracer], loop))
+    return unpacked(_C.apply_control("while", [cond_tr, tracer], loop, trips))
