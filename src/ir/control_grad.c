@@ -158,8 +158,29 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     for (int32_t c = 0; c < ncap && s == KILN_OK; c++) {
         kiln_value *v = &bg->values[bg->captures[c]];
         if (v->constant) continue;
-        if (kiln_tracer_knows(ta, v->bound)) resv[(*nres)++] = bg->captures[c];
-        else v->constant = true;
+        if (!kiln_tracer_knows(ta, v->bound)) {
+            v->constant = true;
+            continue;
+        }
+        /* tensors aliasing one value of A (detached copies autograd saved) are one residual */
+        int32_t va = -1, vb = -1;
+        s = kiln_tracer_value_of(ta, v->bound, &va);
+        for (int k = 0; k < *nres && s == KILN_OK && vb < 0; k++) {
+            int32_t other = -1;
+            s = kiln_tracer_value_of(ta, bg->values[resv[k]].bound, &other);
+            if (other == va) vb = resv[k];
+        }
+        if (s != KILN_OK) break;
+        if (vb < 0) {
+            resv[(*nres)++] = bg->captures[c];
+            continue;
+        }
+        for (int32_t i = 0; i < bg->nnodes; i++)
+            for (int j = 0; j < bg->nodes[i].nin; j++)
+                if (bg->nodes[i].in[j] == bg->captures[c]) bg->nodes[i].in[j] = vb;
+        for (int32_t j = 0; j < bg->noutputs; j++)
+            if (bg->outputs[j] == bg->captures[c]) bg->outputs[j] = vb;
+        v->constant = true; /* (read by nothing now) */
     }
     /* A's outputs: y..., then the residuals' values in A; B's trailing inputs: the residuals */
     int32_t *fouts = s == KILN_OK ? kiln_calloc((size_t)(ny + *nres ? ny + *nres : 1), sizeof *fouts) : NULL;

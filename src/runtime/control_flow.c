@@ -332,8 +332,10 @@ static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *
     return s;
 }
 
-/* acc[k] = acc[k] + g[k] (new tensors; g consumed), or g[k] when acc[k] is NULL */
-static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
+/* acc[k] += g[k] (g consumed), or acc[k] = g[k] when acc[k] is NULL. own[k]: acc[k] is a sum this
+ * loop made (added into in place); else the first gradient, which a backward body may return as one
+ * of its inputs, so the first sum is a new tensor. */
+static kiln_status accumulate(int n, kiln_tensor **acc, bool *own, kiln_tensor **g) {
     static const kiln_attrs none;
     kiln_status s = KILN_OK;
     for (int k = 0; k < n; k++) {
@@ -343,8 +345,10 @@ static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
             g[k] = NULL;
             continue;
         }
+        if (!g[k]) continue;
         kiln_tensor *sum = NULL, *pair[2] = {acc[k], g[k]};
-        s = kiln_tensor_empty_like_meta(&acc[k]->meta, &sum);
+        if (own[k]) kiln_tensor_retain(sum = acc[k]);
+        else s = kiln_tensor_empty_like_meta(&acc[k]->meta, &sum);
         if (s == KILN_OK) s = kiln_kernel_add(pair, 2, &none, &sum);
         kiln_tensor_release(g[k]);
         g[k] = NULL;
@@ -354,6 +358,7 @@ static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
         }
         kiln_tensor_release(acc[k]);
         acc[k] = sum;
+        own[k] = true;
     }
     return s;
 }
@@ -388,13 +393,14 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     /* state = (loop values, lifted, gradients of the loop values, residuals); entries are owned or NULL */
     kiln_tensor **state = kiln_calloc((size_t)(nin + nres), sizeof *state);
     kiln_tensor **gl = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *gl);
+    bool *gl_own = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *gl_own);
     kiln_tensor **res = kiln_calloc((size_t)nout, sizeof *res);
     kiln_tensor **stacked = kiln_calloc((size_t)(nres ? nres : 1), sizeof *stacked);
     kiln_tensor **next = kiln_calloc((size_t)(nloop + nres), sizeof *next); /* step()'s */
     kiln_tensor **history = NULL; /* per iteration: the loop values before it (nloop), its residuals (nres) */
     int per = nloop + nres;
     int64_t steps = 0, cap = 0;
-    kiln_status s = state && gl && res && stacked && next ? KILN_OK
+    kiln_status s = state && gl && gl_own && res && stacked && next ? KILN_OK
                                                   : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
     for (int k = 0; k < nstate && s == KILN_OK; k++) {
         kiln_tensor_retain(in[k]);
@@ -454,7 +460,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         memcpy(state + nstate, res, sizeof *res * (size_t)nloop);
         for (int k = 0; k < nlift; k++)
             if (c->zero[k]) kiln_tensor_release(res[nloop + k]), res[nloop + k] = NULL;
-        s = accumulate(nlift, gl, res + nloop);
+        s = accumulate(nlift, gl, gl_own, res + nloop);
     }
     if (s == KILN_OK) s = copy_out(nloop, state + nstate, out);
     for (int k = 0; k < nlift && s == KILN_OK; k++) {
@@ -465,7 +471,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     if (history) kiln_release_all(history, (int)(steps * per));
     if (gl) kiln_release_all(gl, nlift);
     if (stacked) kiln_release_all(stacked, nres);
-    free(gl), free(res), free(history), free(state), free(stacked), free(next);
+    free(gl), free(gl_own), free(res), free(history), free(state), free(stacked), free(next);
     return s;
 }
 
