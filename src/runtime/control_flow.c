@@ -123,22 +123,38 @@ static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, cons
 }
 
 
+/* Body k of op compiled for one call: optimized at O1 first (fused kernels: a loop runs as fast as
+ * in a compiled graph) when the pass pipeline is there; the facts below read the optimized graph. */
+static kiln_status compile_body(kiln_op op, const kiln_attrs *a, int k, kiln_graph **opt, kiln_executable **exe) {
+    const kiln_graph *body = kiln_body_of(op, a, k);
+    if (!body) return KILN_ERR_VALUE;
+    kiln_status s = KILN_OK;
+    if (kiln_hooks.optimize_body) {
+        s = kiln_graph_clone(body, opt);
+        if (s == KILN_OK) s = kiln_hooks.optimize_body(opt);
+        if (s != KILN_OK) return kiln_error_context(s, "optimizing a body of %s", kiln_op_table[op].name);
+    }
+    return kiln_compile(*opt ? *opt : body, NULL, exe);
+}
+
 /* Eagerly (while tracing, and when a gradient rule runs without a trace) the bodies are compiled
  * for the call: a loop still runs in C, and no arena outlives it. */
 static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_tensor **out) {
     kiln_control_node c = {.op = op};
     int slots[4], n = kiln_control_slots(op, slots);
+    kiln_graph *opt[4] = {0};
+    const kiln_graph *g[4] = {0}; /* what runs: the optimized bodies (or the registered ones) */
     kiln_status s = KILN_OK;
     for (int k = 0; k < n && s == KILN_OK; k++) {
-        const kiln_graph *body = kiln_body_of(op, a, k);
-        s = body ? kiln_compile(body, NULL, &c.exe[k]) : KILN_ERR_VALUE;
+        s = compile_body(op, a, k, &opt[k], &c.exe[k]);
+        g[k] = opt[k] ? opt[k] : kiln_body_of(op, a, k);
     }
     int nloop = op == KILN_OP_WHILE ? kiln_op_nout(op, a) : nin - kiln_op_nout(op, a);
-    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = residual_facts(&c, a, kiln_body_of(op, a, 1), nloop);
-    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, kiln_body_of(op, a, 2), c.nres);
-    if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, kiln_body_of(op, a, 0), kiln_body_of(op, a, 1), nloop);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = residual_facts(&c, a, g[1], nloop);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres);
+    if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, g[0], g[1], nloop);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
-    for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
+    for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]), kiln_graph_free(opt[k]);
     free(c.unread), free(c.zero), free(c.in_place), free(c.res_meta);
     return s;
 }
