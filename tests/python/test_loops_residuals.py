@@ -242,3 +242,61 @@ def test_the_budget_setting_is_checked():
             kiln.set_context(loop_residual_budget=bad)
     with residual_budget(12.5):
         assert kiln.get_context("loop_residual_budget") == 12.5
+
+
+def tanh_chain(h, w):
+    """tanh's backward reads its output, which is also the next carry: one value both stored as a
+    residual and carried."""
+    h = ops.fori_loop(0, 4, lambda i, h: (h * w).tanh(), h)
+    return (h * h).sum()
+
+
+def tanh_chain_loop(h, w):
+    for _ in range(4):
+        h = (h * w).tanh()
+    return (h * h).sum()
+
+
+@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+def test_a_residual_that_is_also_the_next_carry(variant):
+    h, w = kiln.tensor(np.array([0.3, -0.2, 0.9])), kiln.tensor(np.array([1.1, 0.9, -1.3]))
+    want = kiln.grad(tanh_chain_loop, (0, 1))(h, w)
+    with residual_budget(STORE):
+        grad = kiln.grad(jitted(fresh(tanh_chain), variant), (0, 1))
+        for _ in range(2):
+            assert_grads(grad(h, w), want)
+
+
+def nested(h, xs, w):
+    """A fori_loop in a scan's body: the inner loop's gradient is built inside the outer one's."""
+    def step(c, x):
+        inner = ops.fori_loop(0, 3, lambda i, a: (a * w + x).sin(), c)
+        return inner * 0.5 + c.tanh(), inner.sum()
+    c, ys = ops.scan(step, h, xs)
+    return (c * c).sum() + (ys * ys).sum()
+
+
+def nested_loop(h, xs, w):
+    c, total = h, None
+    for t in range(xs.shape[0]):
+        a = c
+        for _ in range(3):
+            a = (a * w + xs[t]).sin()
+        c, y = a * 0.5 + c.tanh(), a.sum()
+        total = y * y if total is None else total + y * y
+    return (c * c).sum() + total
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_a_loop_in_a_loop_body(mode, strategy):
+    rng = np.random.default_rng(8)
+    h, xs, w = (kiln.tensor(rng.standard_normal(2)), kiln.tensor(rng.standard_normal((3, 2)) * 0.3),
+                kiln.tensor(rng.uniform(0.5, 1.5, 2)))
+    want = kiln.grad(nested_loop, (0, 1, 2))(h, xs, w)
+    with residual_budget(STRATEGIES[strategy]):
+        fn = kiln.jit(fresh(nested), capture_mode=mode)
+        grad = kiln.grad(fn, (0, 1, 2))
+        for _ in range(2):
+            assert_grads(grad(h, xs, w), want)
+    assert loop_gradients(fn) == [strategy]
