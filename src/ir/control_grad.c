@@ -15,6 +15,13 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
                                    kiln_tensor *const *gy, int64_t *fid, int64_t *bid, int *nres,
                                    int64_t *res_bytes);
 
+/* A gradient nobody asked for (want[k] false: an operand or captured tensor that needs none) is
+ * returned by a backward body as the input itself: handed out without a copy, where zeros of a
+ * big captured tensor (a scan's xs), a view of a constant once optimized, would be copied out of
+ * the compiled body every step. The nodes emitted over the body never hand it on: `if` gives
+ * gradients only to the inputs that need them, and while_grad reads it as zeros (control_flow.c,
+ * backward_facts). */
+
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
  * others, and where none flows), registered as *id. x and gy give the values the body is run on
@@ -57,7 +64,8 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
             gk = gx[j];
             gx[j--] = NULL;
         }
-        if (!gk) s = zeros_view(&x[k]->meta, &gk);
+        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
+        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
         gx[k] = gk;
     }
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, gx[k], &outs[k]);
@@ -137,7 +145,8 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
             gk = gx[j];
             gx[j--] = NULL;
         }
-        if (!gk) s = zeros_view(&x[k]->meta, &gk);
+        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
+        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
         gx[k] = gk;
     }
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tb, gx[k], &outs[k]);

@@ -69,10 +69,11 @@ static kiln_status row_write_facts(kiln_control_node *c, const kiln_graph *cond,
     return KILN_OK;
 }
 
-/* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...) ->
+/* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...[, r...]) ->
  * (gv..., glifted...)): a loop carrying a buffer it only writes (a sequence's outputs) then keeps
- * one buffer per iteration no longer, and a captured tensor whose gradient nobody asked for costs
- * no full-size addition per iteration. */
+ * one buffer per iteration no longer, and a captured tensor whose gradient is zeros (made from one
+ * zero) or nobody asked for (the body returns the tensor itself in its place) costs no full-size
+ * addition per iteration. */
 static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres) {
     int nloop = g->ninputs - nres - g->noutputs, nlift = g->noutputs - nloop;
     if (nloop < 0 || nlift < 0) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed backward body");
@@ -88,13 +89,15 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int
     for (int32_t k = 0; k < g->noutputs; k++) read[g->outputs[k]] = true;
     for (int k = 0; k < nloop; k++) c->unread[k] = !read[g->inputs[k]];
     for (int k = 0; k < nlift; k++) {
-        const kiln_value *v = &g->values[g->outputs[nloop + k]];
-        const kiln_node *nd = v->kind == KILN_VALUE_NODE ? &g->nodes[v->node] : NULL;
-        if (nd && nd->op == KILN_OP_EXPAND) { /* zeros as a view of one zero (control_grad.c) */
-            const kiln_value *src = &g->values[nd->in[0]];
-            nd = src->kind == KILN_VALUE_NODE ? &g->nodes[src->node] : NULL;
-        }
-        c->zero[k] = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
+        const kiln_value *v = &g->values[g->outputs[nloop + k]], *base = v;
+        if (v->kind == KILN_VALUE_NODE && g->nodes[v->node].op == KILN_OP_EXPAND) /* zeros as a view of one zero */
+            base = &g->values[g->nodes[v->node].in[0]];
+        const kiln_node *nd = base->kind == KILN_VALUE_NODE ? &g->nodes[base->node] : NULL;
+        bool full_zero = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
+        bool folded_zero = base->kind == KILN_VALUE_CAPTURED && base->constant && base->bound->numel == 1 &&
+                           kiln_tensor_get_double(base->bound, 0) == 0.0; /* (optimized bodies fold the full) */
+        bool itself = g->outputs[nloop + k] == g->inputs[nloop + k]; /* not asked for (ir/control_grad.c) */
+        c->zero[k] = full_zero || folded_zero || itself;
     }
     free(read);
     return KILN_OK;
@@ -124,15 +127,14 @@ static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, cons
 
 
 /* Body k of op compiled for one call: optimized at O1 first (fused kernels: a loop runs as fast as
- * in a compiled graph) when the pass pipeline is there; the facts below read the optimized graph. */
+ * in a compiled graph) when the pass pipeline is there, else (or when optimizing fails) as it is;
+ * *opt: the optimized graph (the facts below read what runs), or NULL. */
 static kiln_status compile_body(kiln_op op, const kiln_attrs *a, int k, kiln_graph **opt, kiln_executable **exe) {
     const kiln_graph *body = kiln_body_of(op, a, k);
     if (!body) return KILN_ERR_VALUE;
-    kiln_status s = KILN_OK;
-    if (kiln_hooks.optimize_body) {
-        s = kiln_graph_clone(body, opt);
-        if (s == KILN_OK) s = kiln_hooks.optimize_body(opt);
-        if (s != KILN_OK) return kiln_error_context(s, "optimizing a body of %s", kiln_op_table[op].name);
+    if (kiln_hooks.optimize_body && kiln_graph_clone(body, opt) == KILN_OK && kiln_hooks.optimize_body(opt) != KILN_OK) {
+        kiln_graph_free(*opt); /* (an optimization is not needed to run it) */
+        *opt = NULL;
     }
     return kiln_compile(*opt ? *opt : body, NULL, exe);
 }
