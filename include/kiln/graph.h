@@ -230,6 +230,17 @@ KILN_API void kiln_tracer_keep_undo(kiln_tracer *tr, bool keep);
 KILN_API kiln_status kiln_tracer_undo_writes(kiln_tracer *tr);
 KILN_API void kiln_tracer_drop_undo(kiln_tracer *tr);
 
+/* ---- loop gradients --------------------------------------------------------------------- */
+
+/* The gradient of a loop whose trip count the front end knows (kiln.ops.scan, fori_loop with int
+ * bounds) stores each step's residuals (the values the body's backward reads) when trip count x
+ * residual bytes per step is at most this budget, and otherwise recomputes them from each step's
+ * loop values in the backward (src/ir/control_grad.c). Read when a gradient is built; 1 GiB by
+ * default; 0 always recomputes. Process-wide. */
+#define KILN_LOOP_RESIDUAL_BUDGET_DEFAULT ((int64_t)1 << 30)
+KILN_API void kiln_set_loop_residual_budget(int64_t bytes);
+KILN_API int64_t kiln_loop_residual_budget(void);
+
 /* ---- compiled graphs ------------------------------------------------------------------- */
 
 typedef enum kiln_exec_order { KILN_ORDER_BFS, KILN_ORDER_DFS } kiln_exec_order;

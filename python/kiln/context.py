@@ -32,7 +32,11 @@ def set_context(**kwargs):
     the calls that need it run kiln's interpreted kernels, switching to the native code once it is
     built: first calls cost no compiler run; default False, or True when the environment has
     KILN_BACKGROUND_COMPILE=1; kiln.wait_compiles() waits for the builds), deterministic ("ON" or
-    "OFF", MindSpore 2.2's spelling of set_deterministic). Unknown names raise ValueError."""
+    "OFF", MindSpore 2.2's spelling of set_deterministic), loop_residual_budget (megabytes, default
+    1024: the gradient of a compiled loop whose trip count is known — kiln.ops.scan, fori_loop with
+    int bounds — stores each step's residuals when trip count x residual bytes per step fits it,
+    else recomputes them in the backward; 0 always recomputes; read when a gradient is compiled,
+    see docs/guide/transforms.md "Loops"). Unknown names raise ValueError."""
     for name, value in kwargs.items():
         if name == "mode":
             if isinstance(value, bool) or value not in _MODES:
@@ -59,18 +63,24 @@ def set_context(**kwargs):
         elif name == "deterministic":
             if value not in ("ON", "OFF"):
                 raise ValueError(f"set_context: deterministic must be 'ON' or 'OFF', got {value!r}")
+        elif name == "loop_residual_budget":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"set_context: loop_residual_budget must be a number of megabytes >= 0, got {value!r}")
         elif name == "device_id":
             if isinstance(value, bool) or value != 0:
                 raise ValueError(f"set_context: device_id must be 0 (kiln has one device, the CPU), got {value!r}")
         else:
             raise ValueError(f"set_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                             f"background_compile, deterministic")
+                             f"background_compile, deterministic, loop_residual_budget")
     for name, value in kwargs.items():
         if name == "background_compile":
             _C.codegen_background(value)
             continue
         if name == "deterministic":
             _C.comm_set_deterministic(value == "ON")
+            continue
+        if name == "loop_residual_budget":
+            _C.loop_residual_budget(int(value * (1 << 20)))
             continue
         if name == "device_target":
             if value.upper() != "CPU":  # (MindSpore scripts name their device first; kiln runs on the CPU)
@@ -94,9 +104,11 @@ def get_context(name):
         return _C.codegen_background()
     if name == "deterministic":
         return "ON" if _C.comm_deterministic() else "OFF"
+    if name == "loop_residual_budget":
+        return _C.loop_residual_budget() / (1 << 20)
     if name not in _context:
         raise ValueError(f"get_context: unknown setting {name!r}; accepted: {', '.join(_context)}, "
-                         f"background_compile, deterministic")
+                         f"background_compile, deterministic, loop_residual_budget")
     return _context[name]
 
 

@@ -44,6 +44,10 @@ typedef struct kiln_layer_hooks {
     /* the pass pipeline (passes/pipeline.c): dead code elimination over *g (replaced by the result),
      * for the IR's gradient bodies */
     kiln_status (*eliminate_dead_code)(struct kiln_graph **g);
+    /* the pass pipeline: O1's rewrites and fusion over a loop or branch body (replaced by the
+     * result), for the runtime's eager control-flow kernels: the loop a trace runs once to record
+     * it runs as fast as the compiled graph's (a jitted function's first call) */
+    kiln_status (*optimize_body)(struct kiln_graph **g);
 } kiln_layer_hooks;
 
 /* Hidden: defined in this library, so kiln_apply reads them without going through the GOT. */

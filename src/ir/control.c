@@ -20,11 +20,12 @@ static const char *meta_text(const kiln_meta *m, char *buf, size_t size) {
     return buf;
 }
 
-/* Checks that sub takes exactly the metas in[0..nin). */
-static kiln_status check_inputs(const char *op, const char *what, const kiln_graph *sub, int nin, const kiln_meta *in) {
-    if (sub->ninputs != nin)
+/* Checks that sub takes exactly the metas in[0..nin), then `extra` more (stored residuals). */
+static kiln_status check_inputs_then(const char *op, const char *what, const kiln_graph *sub, int nin,
+                                     const kiln_meta *in, int extra) {
+    if (sub->ninputs != nin + extra)
         return kiln_error(KILN_ERR_VALUE, "%s: the %s subgraph takes %d inputs, the node gives it %d", op, what,
-                          sub->ninputs, nin);
+                          sub->ninputs, nin + extra);
     for (int k = 0; k < nin; k++) {
         const kiln_meta *want = &sub->values[sub->inputs[k]].meta;
         if (!kiln_meta_equal(want, &in[k])) {
@@ -36,12 +37,16 @@ static kiln_status check_inputs(const char *op, const char *what, const kiln_gra
     return KILN_OK;
 }
 
-/* Checks that sub returns exactly the metas want[0..n). */
-static kiln_status check_outputs(const char *op, const char *what, const kiln_graph *sub, int n, const kiln_meta *want,
-                                 const char *want_what) {
-    if (sub->noutputs != n)
+static kiln_status check_inputs(const char *op, const char *what, const kiln_graph *sub, int nin, const kiln_meta *in) {
+    return check_inputs_then(op, what, sub, nin, in, 0);
+}
+
+/* Checks that sub returns the metas want[0..n), then `extra` more values. */
+static kiln_status check_outputs_then(const char *op, const char *what, const kiln_graph *sub, int n,
+                                      const kiln_meta *want, const char *want_what, int extra) {
+    if (sub->noutputs != n + extra)
         return kiln_error(KILN_ERR_VALUE, "%s: the %s subgraph returns %d values, expected %d", op, what,
-                          sub->noutputs, n);
+                          sub->noutputs, n + extra);
     for (int k = 0; k < n; k++) {
         const kiln_meta *got = &sub->values[sub->outputs[k]].meta;
         if (!kiln_meta_equal(got, &want[k])) {
@@ -51,6 +56,11 @@ static kiln_status check_outputs(const char *op, const char *what, const kiln_gr
         }
     }
     return KILN_OK;
+}
+
+static kiln_status check_outputs(const char *op, const char *what, const kiln_graph *sub, int n, const kiln_meta *want,
+                                 const char *want_what) {
+    return check_outputs_then(op, what, sub, n, want, want_what, 0);
 }
 
 /* Whether node i of g writes in place only a buffer the body itself just filled: in[0] of a
@@ -120,10 +130,21 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
     if (subs[0]->noutputs != 1 || kiln_meta_numel(&subs[0]->values[subs[0]->outputs[0]].meta) != 1)
         return kiln_error(KILN_ERR_VALUE, "%s: the cond subgraph must return one value with one element", name);
     KILN_TRY(check_inputs(name, "body", subs[1], nstate, in));
-    KILN_TRY(check_outputs(name, "body", subs[1], nloop, in, "the loop value"));
+    /* while_grad with stored residuals: the body returns them after the loop values, and the
+     * backward body takes them after the node's inputs */
+    int nres = op == KILN_OP_WHILE_GRAD ? (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0) : 0;
+    if (nres < 0) return kiln_error(KILN_ERR_VALUE, "%s: %d stored residuals", name, nres);
+    KILN_TRY(check_outputs_then(name, "body", subs[1], nloop, in, "the loop value", nres));
     if (op == KILN_OP_WHILE_GRAD) {
-        KILN_TRY(check_inputs(name, "backward", subs[2], nin, in));
+        KILN_TRY(check_inputs_then(name, "backward", subs[2], nin, in, nres));
         KILN_TRY(check_outputs(name, "backward", subs[2], nout, in, "the input"));
+        for (int k = 0; k < nres; k++) {
+            const kiln_meta *r = &subs[1]->values[subs[1]->outputs[nloop + k]].meta;
+            const kiln_meta *want = &subs[2]->values[subs[2]->inputs[nin + k]].meta;
+            if (!kiln_meta_equal(r, want))
+                return kiln_error(KILN_ERR_VALUE, "while_grad: stored residual %d does not match the backward body's "
+                                  "input", k);
+        }
         for (int k = 0; k < nloop; k++)
             if (!kiln_meta_equal(&in[nstate + k], &in[k]))
                 return kiln_error(KILN_ERR_VALUE, "while_grad: the gradient of loop value %d does not match it", k);
@@ -324,8 +345,7 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
 
 /* ---- lifting captures into inputs ---------------------------------------------------------------- */
 
-/* Makes value v of g (a live capture) its next input. */
-static kiln_status capture_to_input(kiln_graph *g, int32_t v) {
+kiln_status kiln_graph_capture_to_input(kiln_graph *g, int32_t v) {
     int32_t *grown = kiln_realloc(g->inputs, sizeof(int32_t) * (size_t)(g->ninputs + 1));
     if (!grown) return kiln_error(KILN_ERR_MEMORY, "out of memory lifting captures");
     g->inputs = grown;
@@ -373,7 +393,7 @@ kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies_in, kiln_tensor **
                 const kiln_value *v = &g->values[g->captures[c]];
                 if (!v->constant && v->bound == list[k]) found = g->captures[c];
             }
-            if (found >= 0) s = capture_to_input(g, found);
+            if (found >= 0) s = kiln_graph_capture_to_input(g, found);
             else s = kiln_graph_add_input(g, &list[k]->meta, &found);
         }
     }

@@ -57,5 +57,7 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
  * *lifted (malloc'd array of new references, *nlifted of them); each body gets one input per
  * lifted tensor, in that order, whether it reads it or not. */
 kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies, kiln_tensor ***lifted, int *nlifted);
+/* Makes captured value v of g its next input (the captured tensor is released). */
+kiln_status kiln_graph_capture_to_input(kiln_graph *g, int32_t v);
 
 #endif

@@ -11,6 +11,16 @@
 #include "kiln/autograd.h"
 
 static kiln_status zeros_view(const kiln_meta *m, kiln_tensor **out);
+static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, const bool *want, int ny,
+                                   kiln_tensor *const *gy, int64_t *fid, int64_t *bid, int *nres,
+                                   int64_t *res_bytes);
+
+/* A gradient nobody asked for (want[k] false: an operand or captured tensor that needs none) is
+ * returned by a backward body as the input itself: handed out without a copy, where zeros of a
+ * big captured tensor (a scan's xs), a view of a constant once optimized, would be copied out of
+ * the compiled body every step. The nodes emitted over the body never hand it on: `if` gives
+ * gradients only to the inputs that need them, and while_grad reads it as zeros (control_flow.c,
+ * backward_facts). */
 
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
@@ -54,7 +64,8 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
             gk = gx[j];
             gx[j--] = NULL;
         }
-        if (!gk) s = zeros_view(&x[k]->meta, &gk);
+        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
+        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
         gx[k] = gk;
     }
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, gx[k], &outs[k]);
@@ -76,6 +87,149 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
     if (gx) kiln_release_all(gx, nx);
     free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs);
     if (s != KILN_OK) kiln_error_context(s, "building the backward of a control-flow body");
+    return s;
+}
+
+/* ---- stored residuals -------------------------------------------------------------------------- */
+
+static _Atomic int64_t residual_budget = KILN_LOOP_RESIDUAL_BUDGET_DEFAULT;
+
+void kiln_set_loop_residual_budget(int64_t bytes) { residual_budget = bytes < 0 ? 0 : bytes; }
+int64_t kiln_loop_residual_budget(void) { return residual_budget; }
+
+/* The stored-residual split of body `fwd` ((x...) -> y...): F, (x...) -> (y..., r...), the body
+ * also returning the values its backward reads (the residuals r: values the body computes, not
+ * its inputs, which the loop keeps anyway), and B, (x..., gy..., r...) -> (gx...), the backward
+ * reading them instead of recomputing the body. The forward is run under tracer A with autograd
+ * on; the gradients are recorded under tracer B nested in it, so every value of A that B reads
+ * becomes a capture of B: those are the residuals, turned into B's trailing inputs and A's extra
+ * outputs. *nres residuals, *res_bytes bytes per step (-1 when a size is symbolic). want: as in
+ * backward_body. */
+static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, const bool *want, int ny,
+                                   kiln_tensor *const *gy, int64_t *fid, int64_t *bid, int *nres,
+                                   int64_t *res_bytes) {
+    kiln_tracer *ta = NULL, *tb = NULL;
+    int total = nx + ny;
+    size_t n1 = (size_t)(total ? total : 1);
+    kiln_tensor **alias = kiln_calloc(n1, sizeof *alias), **y = kiln_calloc(n1, sizeof *y);
+    kiln_tensor **gx = kiln_calloc(n1, sizeof *gx), **roots = kiln_calloc(n1, sizeof *roots);
+    kiln_tensor **groots = kiln_calloc(n1, sizeof *groots), **wrt = kiln_calloc(n1, sizeof *wrt);
+    int32_t *outs = kiln_calloc(n1, sizeof *outs);
+    int32_t *resv = NULL; /* B's captured values that are A's: the residuals */
+    kiln_graph *fg = NULL, *bg = NULL;
+    *fid = *bid = -1, *nres = 0, *res_bytes = 0;
+    kiln_status s = alias && y && gx && roots && groots && wrt && outs
+                        ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
+    if (s == KILN_OK) s = kiln_tracer_begin(&ta);
+    if (ta) kiln_tracer_set_capture_constants(ta, true); /* only the forward body's constants are met */
+    bool prev_grad = kiln_set_grad_enabled(true);
+    for (int k = 0; k < total && s == KILN_OK; k++) {
+        kiln_tensor *src = k < nx ? x[k] : gy[k - nx];
+        s = kiln_tensor_detach(src, &alias[k]);
+        if (s == KILN_OK && k < nx && want[k] && kiln_dtype_is_float(src->meta.dtype)) alias[k]->requires_grad = true;
+        if (s == KILN_OK && k < nx) s = kiln_tracer_add_input(ta, alias[k]);
+    }
+    if (s == KILN_OK) s = kiln_body_interpret(fwd, nx, alias, ny, y);
+    if (s == KILN_OK) s = kiln_tracer_begin(&tb); /* nested in A: what it reads of A, it captures */
+    for (int k = 0; k < total && s == KILN_OK; k++) s = kiln_tracer_add_input(tb, alias[k]);
+    int nroots = 0, nwrt = 0;
+    for (int k = 0; k < ny && s == KILN_OK; k++)
+        if (y[k]->requires_grad) roots[nroots] = y[k], groots[nroots++] = alias[nx + k];
+    for (int k = 0; k < nx; k++)
+        if (alias[k] && alias[k]->requires_grad) wrt[nwrt++] = alias[k];
+    if (s == KILN_OK && nroots && nwrt) s = kiln_autograd_grad(nroots, roots, groots, nwrt, wrt, false, gx);
+    kiln_set_grad_enabled(false);
+    for (int k = nx - 1, j = nwrt - 1; k >= 0 && s == KILN_OK; k--) {
+        kiln_tensor *gk = NULL;
+        if (alias[k]->requires_grad) {
+            gk = gx[j];
+            gx[j--] = NULL;
+        }
+        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
+        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
+        gx[k] = gk;
+    }
+    for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tb, gx[k], &outs[k]);
+    kiln_set_grad_enabled(prev_grad);
+    if (tb) {
+        kiln_tracer_end(tb);
+        if (s == KILN_OK) s = kiln_tracer_status(tb);
+        if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(tb), nx, outs);
+        if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tb), &bg);
+        kiln_tracer_free(tb);
+    }
+    /* B's captures: A's values become residuals; the rest are the forward body's constants */
+    int ncap = bg ? bg->ncaptures : 0;
+    if (s == KILN_OK) {
+        resv = kiln_calloc((size_t)(ncap ? ncap : 1), sizeof *resv);
+        if (!resv) s = kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
+    }
+    for (int32_t c = 0; c < ncap && s == KILN_OK; c++) {
+        kiln_value *v = &bg->values[bg->captures[c]];
+        if (v->constant) continue;
+        if (!kiln_tracer_knows(ta, v->bound)) {
+            v->constant = true;
+            continue;
+        }
+        /* tensors aliasing one value of A (detached copies autograd saved) are one residual */
+        int32_t va = -1, vb = -1;
+        s = kiln_tracer_value_of(ta, v->bound, &va);
+        for (int k = 0; k < *nres && s == KILN_OK && vb < 0; k++) {
+            int32_t other = -1;
+            s = kiln_tracer_value_of(ta, bg->values[resv[k]].bound, &other);
+            if (other == va) vb = resv[k];
+        }
+        if (s != KILN_OK) break;
+        if (vb < 0) {
+            resv[(*nres)++] = bg->captures[c];
+            continue;
+        }
+        for (int32_t i = 0; i < bg->nnodes; i++)
+            for (int j = 0; j < bg->nodes[i].nin; j++)
+                if (bg->nodes[i].in[j] == bg->captures[c]) bg->nodes[i].in[j] = vb;
+        for (int32_t j = 0; j < bg->noutputs; j++)
+            if (bg->outputs[j] == bg->captures[c]) bg->outputs[j] = vb;
+        v->constant = true; /* (read by nothing now) */
+    }
+    /* A's outputs: y..., then the residuals' values in A; B's trailing inputs: the residuals */
+    int32_t *fouts = s == KILN_OK ? kiln_calloc((size_t)(ny + *nres ? ny + *nres : 1), sizeof *fouts) : NULL;
+    if (s == KILN_OK && !fouts) s = kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
+    for (int k = 0; k < ny && s == KILN_OK; k++) s = kiln_tracer_value_of(ta, y[k], &fouts[k]);
+    for (int k = 0; k < *nres && s == KILN_OK; k++) {
+        const kiln_value *v = &bg->values[resv[k]];
+        s = kiln_tracer_value_of(ta, v->bound, &fouts[ny + k]);
+        int64_t bytes = kiln_meta_numel(&v->meta) * (int64_t)kiln_dtype_size(v->meta.dtype);
+        for (int d = 0; d < v->meta.ndim; d++)
+            if (v->sym[d]) bytes = -1;
+        if (bytes < 0 || *res_bytes < 0) *res_bytes = -1;
+        else *res_bytes += bytes;
+    }
+    for (int k = 0; k < *nres && s == KILN_OK; k++) s = kiln_graph_capture_to_input(bg, resv[k]);
+    if (ta) {
+        kiln_tracer_end(ta);
+        if (s == KILN_OK) s = kiln_tracer_status(ta);
+        if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(ta), ny + *nres, fouts);
+        if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(ta), &fg);
+        kiln_tracer_free(ta);
+    }
+    free(fouts);
+    if (s == KILN_OK && !kiln_hooks.eliminate_dead_code)
+        s = kiln_error(KILN_ERR_RUNTIME, "no pass pipeline registered");
+    if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code(&fg);
+    if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code(&bg);
+    if (s == KILN_OK) s = kiln_body_register(fg, fid), fg = NULL;
+    if (s == KILN_OK) s = kiln_body_register(bg, bid), bg = NULL;
+    kiln_graph_free(fg);
+    kiln_graph_free(bg);
+    if (s != KILN_OK) {
+        kiln_body_release(*fid);
+        *fid = -1;
+    }
+    if (alias) kiln_release_all(alias, total);
+    if (y) kiln_release_all(y, ny);
+    if (gx) kiln_release_all(gx, nx);
+    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs), free(resv);
+    if (s != KILN_OK) kiln_error_context(s, "building the stored-residual backward of a loop body");
     return s;
 }
 
@@ -163,24 +317,42 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
                           KILN_MAX_OUTPUTS);
     kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
     kiln_attrs a = {0};
-    int64_t back = -1; /* the backward body, held for the emitted node's run */
+    int64_t back = -1, fwd = -1; /* the backward (and stored-residual forward) bodies, held for the node's run */
     /* every loop value carries gradients between iterations; a lifted tensor's gradient is made
      * only when it is wanted (the others' are zeros, which while_grad does not accumulate) */
     bool want[KILN_MAX_OUTPUTS];
     for (int k = 0; k < nstate; k++) want[k] = k < ctx->nout || ctx->needs_grad[k];
     kiln_status s = output_grads(ctx, gout, gy);
     int64_t cond_id = -1, body_id = -1;
+    int64_t trips = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0), budget = kiln_loop_residual_budget();
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id);
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &body_id);
-    if (s == KILN_OK) s = backward_body(body_id, nstate, ctx->in, want, ctx->nout, gy, &back);
+    /* Stored residuals when the trip count is known and they fit the budget: each step's are
+     * stored by the rerun forward, the backward reads them (no recomputation). Else the backward
+     * body recomputes the body's internals from each step's loop values. */
+    int nres = 0;
+    int64_t res_bytes = -1;
+    if (s == KILN_OK && trips > 0 && budget > 0) {
+        s = residual_bodies(body_id, nstate, ctx->in, want, ctx->nout, gy, &fwd, &back, &nres, &res_bytes);
+        bool fits = res_bytes >= 0 && nres > 0 && res_bytes <= budget / trips;
+        if (s == KILN_OK && !fits) {
+            kiln_body_release(fwd), kiln_body_release(back);
+            fwd = back = -1, nres = 0;
+        }
+    }
+    if (s == KILN_OK && back < 0) s = backward_body(body_id, nstate, ctx->in, want, ctx->nout, gy, &back);
     a.ni = KILN_A_WHILE_NI;
     a.i[KILN_A_WHILE_COND] = cond_id;
-    a.i[KILN_A_WHILE_BODY] = body_id;
+    a.i[KILN_A_WHILE_BODY] = fwd >= 0 ? fwd : body_id;
     a.i[KILN_A_WHILE_NOUT] = nstate;
     a.i[KILN_A_WHILE_BACKWARD] = back;
+    a.i[KILN_A_WHILE_TRIPS] = trips;
+    a.i[KILN_A_WHILE_NRES] = nres;
+    a.i[KILN_A_WHILE_RES_BYTES] = res_bytes;
     /* while_grad(v0..., lifted..., gv...) -> (gv0..., glifted...) */
     if (s == KILN_OK) s = emit(ctx, KILN_OP_WHILE_GRAD, &a, nstate, ctx->in, gy, 0, gin);
     kiln_body_release(back);
+    kiln_body_release(fwd);
     kiln_release_all(gy, ctx->nout);
     return s;
 }

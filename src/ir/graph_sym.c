@@ -70,7 +70,8 @@ static kiln_status infer_control_sym(const kiln_graph *g, kiln_op op, int nin, c
         KILN_TRY(kiln_graph_body_index(g, op, a, k, &idx));
         sub[k] = g->subgraphs[idx];
         int count = op == KILN_OP_WHILE_GRAD && k == 2 ? nin : nstate;
-        if (sub[k]->ninputs != count) return kiln_error(KILN_ERR_VALUE, "%s: a body does not fit the node", name);
+        int extra = op == KILN_OP_WHILE_GRAD && k == 2 ? (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0) : 0;
+        if (sub[k]->ninputs != count + extra) return kiln_error(KILN_ERR_VALUE, "%s: a body does not fit the node", name);
         for (int j = 0; j < count; j++) {
             kiln_graph_value_sshape(g, in[first + j], &x);
             kiln_graph_value_sshape(sub[k], sub[k]->inputs[j], &y);
@@ -415,6 +416,9 @@ static kiln_status symbolize_bodies(kiln_graph *c, const kiln_node *n, follow_ch
     for (int k = 0; k < ns; k++) {
         int32_t idx;
         KILN_TRY(kiln_graph_body_index(c, n->op, &n->attrs, k, &idx));
+        if (n->op == KILN_OP_WHILE_GRAD && kiln_attr_int(&n->attrs, KILN_A_WHILE_NRES, 0) > 0)
+            return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "symbolize: a loop gradient storing residuals (sizes fixed "
+                              "per step); set kiln.set_context(loop_residual_budget=0) to recompute them");
         if (c->subgraphs[idx]->ninputs > n->nin - first)
             return kiln_error(KILN_ERR_VALUE, "symbolize: %s names a subgraph it cannot make symbolic",
                               kiln_op_table[n->op].name);

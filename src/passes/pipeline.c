@@ -133,4 +133,13 @@ static kiln_status eliminate_dead_code(kiln_graph **g) {
     return kiln_run_pass("dce", g, &opt);
 }
 
-__attribute__((constructor)) static void register_dead_code(void) { kiln_hooks.eliminate_dead_code = eliminate_dead_code; }
+/* O1 over a body the runtime compiles for one eager call of a control-flow node (core/hooks.h). */
+static kiln_status optimize_body(kiln_graph **g) {
+    kiln_pass_options opt = {KILN_LEVEL_O1, false, false, KILN_CONV_FUSE_ALL, false};
+    return kiln_optimize(g, &opt);
+}
+
+__attribute__((constructor)) static void register_dead_code(void) {
+    kiln_hooks.eliminate_dead_code = eliminate_dead_code;
+    kiln_hooks.optimize_body = optimize_body;
+}

@@ -8,7 +8,8 @@
 
 /* apply_control(kind, tracers, inputs) -> tuple of tensors
  *   kind "if":    tracers (then, else), inputs (pred, operands...)
- *   kind "while": tracers (cond, body), inputs (loop values...)
+ *   kind "while": tracers (cond, body), inputs (loop values...); trips: the trip count when the
+ *   caller knows it (> 0), which lets the loop's gradient store residuals (src/ir/control_grad.c)
  * The bodies' captured tensors become extra inputs of the node (so gradients reach them); the
  * bodies are registered and the node runs through kiln_apply (eagerly, recorded by the active
  * trace and by autograd). */
@@ -16,7 +17,8 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     (void)self;
     const char *kind;
     PyObject *tracers, *inputs;
-    if (!PyArg_ParseTuple(args, "sOO:apply_control", &kind, &tracers, &inputs)) return NULL;
+    long long trips = 0;
+    if (!PyArg_ParseTuple(args, "sOO|L:apply_control", &kind, &tracers, &inputs, &trips)) return NULL;
     kiln_op op = strcmp(kind, "if") == 0 ? KILN_OP_IF : (strcmp(kind, "while") == 0 ? KILN_OP_WHILE : KILN_OP_COUNT);
     if (op == KILN_OP_COUNT) return PyErr_Format(PyExc_ValueError, "apply_control: unknown kind '%s'", kind);
     PyObject *tseq = PySequence_Fast(tracers, "apply_control: tracers must be a sequence");
@@ -58,6 +60,11 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     int nout = op == KILN_OP_IF ? bodies[0]->noutputs : (int)nin;
     kiln_attrs a = {.ni = KILN_A_IF_NI}; /* if and while: two bodies and the output count */
     a.i[KILN_A_CONTROL_NOUT] = nout;
+    if (op == KILN_OP_WHILE && trips > 0) { /* a static trip count: the gradient may store residuals */
+        a.ni = KILN_A_WHILE_NI;
+        a.i[KILN_A_WHILE_BACKWARD] = -1;
+        a.i[KILN_A_WHILE_TRIPS] = trips;
+    }
     for (int k = 0; k < 2 && s == KILN_OK; k++) {
         kiln_graph *b = bodies[k];
         bodies[k] = NULL;
@@ -99,6 +106,18 @@ done:
     return result;
 }
 
+/* loop_residual_budget([bytes]) -> int: the budget of a loop gradient's stored residuals
+ * (kiln_loop_residual_budget), set first when bytes is given */
+static PyObject *py_loop_residual_budget(PyObject *self, PyObject *args) {
+    (void)self;
+    long long bytes = -1;
+    if (!PyArg_ParseTuple(args, "|L:loop_residual_budget", &bytes)) return NULL;
+    if (PyTuple_GET_SIZE(args) && bytes < 0)
+        return PyErr_Format(PyExc_ValueError, "loop_residual_budget: bytes must be >= 0, got %lld", bytes);
+    if (PyTuple_GET_SIZE(args)) kiln_set_loop_residual_budget(bytes);
+    return PyLong_FromLongLong(kiln_loop_residual_budget());
+}
+
 /* live_bodies() -> int: control-flow bodies registered and not yet freed (for tests) */
 static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -107,7 +126,9 @@ static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
 
 PyMethodDef pykiln_control_functions[] = {
     {"apply_control", py_apply_control, METH_VARARGS,
-     "apply_control(kind, tracers, inputs): one if / while node over bodies traced by nested Tracers"},
+     "apply_control(kind, tracers, inputs[, trips]): one if / while node over bodies traced by nested Tracers"},
+    {"loop_residual_budget", py_loop_residual_budget, METH_VARARGS,
+     "loop_residual_budget([bytes]): the budget of a loop gradient's stored residuals (set when given)"},
     {"live_bodies", py_live_bodies, METH_NOARGS, "control-flow bodies registered and not yet freed"},
     {NULL, NULL, 0, NULL},
 };

@@ -650,6 +650,39 @@ static PyObject *tracer_knows(PyObject *self, PyObject *t) {
     return PyBool_FromLong(kiln_tracer_knows(p->tr, pykiln_unwrap(t)));
 }
 
+/* captured() -> [tensor]: the tensors the graph reads from outside by reference (not constants),
+ * of the finished body, else of the graph recorded so far */
+static PyObject *tracer_captured(PyObject *self, PyObject *unused) {
+    (void)unused;
+    PyTracer *p = (PyTracer *)self;
+    const kiln_graph *g = p->body ? p->body : kiln_tracer_graph(p->tr);
+    PyObject *list = PyList_New(0);
+    for (int32_t c = 0; list && g && c < g->ncaptures; c++) {
+        const kiln_value *v = &g->values[g->captures[c]];
+        if (v->constant) continue;
+        kiln_tensor_retain(v->bound);
+        PyObject *t = pykiln_wrap(v->bound);
+        if (!t || PyList_Append(list, t) < 0) Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    return list;
+}
+
+/* bind(tensor, like): from now on this (active) trace reads tensor as the value of like, a
+ * tensor it recorded of the same meta (a captured tensor read through a packed copy) */
+static PyObject *tracer_bind(PyObject *self, PyObject *args) {
+    PyObject *t, *like;
+    if (!PyArg_ParseTuple(args, "OO:bind", &t, &like)) return NULL;
+    PyTracer *p = live(self);
+    if (!p) return NULL;
+    if (!pykiln_is_tensor(t) || !pykiln_is_tensor(like)) return PyErr_Format(PyExc_TypeError, "bind expects two Tensors");
+    kiln_tensor *a = pykiln_unwrap(t), *b = pykiln_unwrap(like);
+    if (kiln_tracer_active() != p->tr || !kiln_tracer_knows(p->tr, b) || !kiln_meta_equal(&a->meta, &b->meta))
+        return PyErr_Format(PyExc_ValueError, "bind: like must be a tensor this active trace recorded, of tensor's meta");
+    kiln_tracer_alias(b, a);
+    Py_RETURN_NONE;
+}
+
 /* value_of(tensor) -> its value in the graph (capturing it when unknown) */
 static PyObject *tracer_value_of(PyObject *self, PyObject *t) {
     PyTracer *p = live(self);
@@ -927,6 +960,8 @@ static PyMethodDef tracer_methods[] = {
     {"undo_writes", tracer_undo_writes, METH_NOARGS, "put the tensors the trace wrote back as they were (keep_undo)"},
     {"count", tracer_count, METH_NOARGS, "number of ops recorded"},
     {"value_of", tracer_value_of, METH_O, "value_of(tensor) -> its value id in the graph"},
+    {"captured", tracer_captured, METH_NOARGS, "captured() -> [tensor] read from outside by reference"},
+    {"bind", tracer_bind, METH_VARARGS, "bind(tensor, like): read tensor as like's value from now on"},
     {"node_of", tracer_node_of, METH_O, "node_of(tensor) -> index of the node producing it, or -1"},
     {"constant_sources", tracer_constant_sources, METH_NOARGS, "[(tensor, value name, version)] of constants"},
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},

@@ -22,7 +22,24 @@ struct kiln_control_node {
      * body only adds rows into it (index_add of the loop value, its one reader) and the cond never
      * reads it, so an iteration may write it in place. NULL when none is (owned). */
     bool *in_place;
+    /* while_grad with stored residuals: how many per step, their metas (owned) and the trip count
+     * the front end knows (0: unknown), which sizes one buffer per residual holding every step's */
+    int nres;
+    kiln_meta *res_meta;
+    int64_t trips;
 };
+
+/* The stored-residual facts of a while_grad node with attrs a and body (F) graph f. */
+static kiln_status residual_facts(kiln_control_node *c, const kiln_attrs *a, const kiln_graph *f, int nloop) {
+    c->nres = (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0);
+    c->trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0);
+    if (c->nres <= 0) return KILN_OK;
+    if (f->noutputs != nloop + c->nres) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed stored-residual body");
+    c->res_meta = kiln_malloc(sizeof *c->res_meta * (size_t)c->nres);
+    if (!c->res_meta) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop's gradient");
+    for (int k = 0; k < c->nres; k++) c->res_meta[k] = f->values[f->outputs[nloop + k]].meta;
+    return KILN_OK;
+}
 
 /* The facts above: a loop carrying a buffer it writes one row of per iteration (a scan's stacked
  * outputs) then costs a row per iteration, not a copy of the whole buffer. */
@@ -52,12 +69,13 @@ static kiln_status row_write_facts(kiln_control_node *c, const kiln_graph *cond,
     return KILN_OK;
 }
 
-/* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...) ->
+/* The facts above of a while_grad's backward body g ((v..., lifted..., gnext...[, r...]) ->
  * (gv..., glifted...)): a loop carrying a buffer it only writes (a sequence's outputs) then keeps
- * one buffer per iteration no longer, and a captured tensor whose gradient nobody asked for costs
- * no full-size addition per iteration. */
-static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
-    int nloop = g->ninputs - g->noutputs, nlift = g->noutputs - nloop;
+ * one buffer per iteration no longer, and a captured tensor whose gradient is zeros (made from one
+ * zero) or nobody asked for (the body returns the tensor itself in its place) costs no full-size
+ * addition per iteration. */
+static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres) {
+    int nloop = g->ninputs - nres - g->noutputs, nlift = g->noutputs - nloop;
     if (nloop < 0 || nlift < 0) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed backward body");
     bool *read = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *read);
     c->unread = kiln_calloc((size_t)(nloop ? nloop : 1), sizeof *c->unread);
@@ -71,13 +89,15 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g) {
     for (int32_t k = 0; k < g->noutputs; k++) read[g->outputs[k]] = true;
     for (int k = 0; k < nloop; k++) c->unread[k] = !read[g->inputs[k]];
     for (int k = 0; k < nlift; k++) {
-        const kiln_value *v = &g->values[g->outputs[nloop + k]];
-        const kiln_node *nd = v->kind == KILN_VALUE_NODE ? &g->nodes[v->node] : NULL;
-        if (nd && nd->op == KILN_OP_EXPAND) { /* zeros as a view of one zero (control_grad.c) */
-            const kiln_value *src = &g->values[nd->in[0]];
-            nd = src->kind == KILN_VALUE_NODE ? &g->nodes[src->node] : NULL;
-        }
-        c->zero[k] = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
+        const kiln_value *v = &g->values[g->outputs[nloop + k]], *base = v;
+        if (v->kind == KILN_VALUE_NODE && g->nodes[v->node].op == KILN_OP_EXPAND) /* zeros as a view of one zero */
+            base = &g->values[g->nodes[v->node].in[0]];
+        const kiln_node *nd = base->kind == KILN_VALUE_NODE ? &g->nodes[base->node] : NULL;
+        bool full_zero = nd && nd->op == KILN_OP_FULL && kiln_attr_float(&nd->attrs, KILN_A_FULL_VALUE, 1.0) == 0.0;
+        bool folded_zero = base->kind == KILN_VALUE_CAPTURED && base->constant && base->bound->numel == 1 &&
+                           kiln_tensor_get_double(base->bound, 0) == 0.0; /* (optimized bodies fold the full) */
+        bool itself = g->outputs[nloop + k] == g->inputs[nloop + k]; /* not asked for (ir/control_grad.c) */
+        c->zero[k] = full_zero || folded_zero || itself;
     }
     free(read);
     return KILN_OK;
@@ -106,22 +126,38 @@ static kiln_status infer_eager(kiln_op op, int nin, kiln_tensor *const *in, cons
 }
 
 
+/* Body k of op compiled for one call: optimized at O1 first (fused kernels: a loop runs as fast as
+ * in a compiled graph) when the pass pipeline is there, else (or when optimizing fails) as it is;
+ * *opt: the optimized graph (the facts below read what runs), or NULL. */
+static kiln_status compile_body(kiln_op op, const kiln_attrs *a, int k, kiln_graph **opt, kiln_executable **exe) {
+    const kiln_graph *body = kiln_body_of(op, a, k);
+    if (!body) return KILN_ERR_VALUE;
+    if (kiln_hooks.optimize_body && kiln_graph_clone(body, opt) == KILN_OK && kiln_hooks.optimize_body(opt) != KILN_OK) {
+        kiln_graph_free(*opt); /* (an optimization is not needed to run it) */
+        *opt = NULL;
+    }
+    return kiln_compile(*opt ? *opt : body, NULL, exe);
+}
+
 /* Eagerly (while tracing, and when a gradient rule runs without a trace) the bodies are compiled
  * for the call: a loop still runs in C, and no arena outlives it. */
 static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const kiln_attrs *a, kiln_tensor **out) {
     kiln_control_node c = {.op = op};
     int slots[4], n = kiln_control_slots(op, slots);
+    kiln_graph *opt[4] = {0};
+    const kiln_graph *g[4] = {0}; /* what runs: the optimized bodies (or the registered ones) */
     kiln_status s = KILN_OK;
     for (int k = 0; k < n && s == KILN_OK; k++) {
-        const kiln_graph *body = kiln_body_of(op, a, k);
-        s = body ? kiln_compile(body, NULL, &c.exe[k]) : KILN_ERR_VALUE;
-        if (s == KILN_OK && op == KILN_OP_WHILE_GRAD && k == 2) s = backward_facts(&c, body);
+        s = compile_body(op, a, k, &opt[k], &c.exe[k]);
+        g[k] = opt[k] ? opt[k] : kiln_body_of(op, a, k);
     }
-    if (s == KILN_OK && op != KILN_OP_IF)
-        s = row_write_facts(&c, kiln_body_of(op, a, 0), kiln_body_of(op, a, 1), kiln_body_of(op, a, 1)->noutputs);
+    int nloop = op == KILN_OP_WHILE ? kiln_op_nout(op, a) : nin - kiln_op_nout(op, a);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = residual_facts(&c, a, g[1], nloop);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres);
+    if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, g[0], g[1], nloop);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
-    for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]);
-    free(c.unread), free(c.zero), free(c.in_place);
+    for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]), kiln_graph_free(opt[k]);
+    free(c.unread), free(c.zero), free(c.in_place), free(c.res_meta);
     return s;
 }
 
@@ -142,11 +178,13 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_ba
     kiln_status s = KILN_OK;
     for (int k = 0; k < ns && s == KILN_OK; k++)
         s = kiln_executable_from_plan(kiln_plan_body(p, node, k), be, &c->exe[k]);
-    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g);
-    if (s == KILN_OK && c->op != KILN_OP_IF) {
-        const kiln_graph *body = kiln_plan_body(p, node, 1)->g;
-        s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, body, body->noutputs);
-    }
+    const kiln_node *nd = &p->g->nodes[node];
+    int nloop = c->op == KILN_OP_WHILE ? nd->nout : nd->nin - nd->nout;
+    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD)
+        s = residual_facts(c, &nd->attrs, kiln_plan_body(p, node, 1)->g, nloop);
+    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres);
+    if (s == KILN_OK && c->op != KILN_OP_IF)
+        s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, kiln_plan_body(p, node, 1)->g, nloop);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
     if (s == KILN_OK && step) s = kiln_executable_from_plan(step, be, &c->step);
     if (s != KILN_OK) {
@@ -161,7 +199,7 @@ void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
     for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
     kiln_executable_free(c->step);
-    free(c->unread), free(c->zero), free(c->in_place);
+    free(c->unread), free(c->zero), free(c->in_place), free(c->res_meta);
     free(c);
 }
 
@@ -186,21 +224,24 @@ static kiln_status run_if(kiln_control_node *c, int nin, kiln_tensor *const *in,
 }
 
 /* One loop step of the state (v..., lifted...): *go = cond(state); when true, state's loop values
- * are replaced by body(state) (old ones released). */
-static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor **state, bool *go) {
+ * are replaced by body(state) (old ones released), and a stored-residual body writes this step's
+ * residuals into res[0..c->nres) (given). next: room for nloop + c->nres tensors. */
+static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor **state, kiln_tensor *const *res,
+                        kiln_tensor **next, bool *go) {
     kiln_tensor *p = NULL;
     kiln_status s = kiln_executable_run(c->exe[0], nstate, state, 1, &p);
     if (s != KILN_OK) return kiln_error_context(s, "in the loop condition");
     *go = truth(p);
     kiln_tensor_release(p);
     if (!*go) return KILN_OK;
-    kiln_tensor *next[KILN_MAX_OUTPUTS] = {0};
-    if (c->in_place) { /* rows added in place into state's own buffers, the others new */
+    memset(next, 0, sizeof *next * (size_t)(nloop + c->nres));
+    if (c->in_place || c->nres > 0) { /* rows added in place into state's own buffers, the others new */
         for (int k = 0; k < nloop && s == KILN_OK; k++) {
-            if (c->in_place[k]) kiln_tensor_retain(next[k] = state[k]);
+            if (c->in_place && c->in_place[k]) kiln_tensor_retain(next[k] = state[k]);
             else s = kiln_tensor_empty_like_meta(&state[k]->meta, &next[k]);
         }
-        if (s == KILN_OK) s = kiln_executable_run_into(c->exe[1], nstate, state, nloop, next);
+        for (int k = 0; k < c->nres; k++) next[nloop + k] = res[k];
+        if (s == KILN_OK) s = kiln_executable_run_into(c->exe[1], nstate, state, nloop + c->nres, next);
         if (s != KILN_OK) kiln_release_all(next, nloop);
     } else {
         s = kiln_executable_run(c->exe[1], nstate, state, nloop, next);
@@ -309,8 +350,10 @@ static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *
     return s;
 }
 
-/* acc[k] = acc[k] + g[k] (new tensors; g consumed), or g[k] when acc[k] is NULL */
-static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
+/* acc[k] += g[k] (g consumed), or acc[k] = g[k] when acc[k] is NULL. own[k]: acc[k] is a sum this
+ * loop made (added into in place); else the first gradient, which a backward body may return as one
+ * of its inputs, so the first sum is a new tensor. */
+static kiln_status accumulate(int n, kiln_tensor **acc, bool *own, kiln_tensor **g) {
     static const kiln_attrs none;
     kiln_status s = KILN_OK;
     for (int k = 0; k < n; k++) {
@@ -320,8 +363,10 @@ static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
             g[k] = NULL;
             continue;
         }
+        if (!g[k]) continue;
         kiln_tensor *sum = NULL, *pair[2] = {acc[k], g[k]};
-        s = kiln_tensor_empty_like_meta(&acc[k]->meta, &sum);
+        if (own[k]) kiln_tensor_retain(sum = acc[k]);
+        else s = kiln_tensor_empty_like_meta(&acc[k]->meta, &sum);
         if (s == KILN_OK) s = kiln_kernel_add(pair, 2, &none, &sum);
         kiln_tensor_release(g[k]);
         g[k] = NULL;
@@ -331,21 +376,50 @@ static kiln_status accumulate(int n, kiln_tensor **acc, kiln_tensor **g) {
         }
         kiln_tensor_release(acc[k]);
         acc[k] = sum;
+        own[k] = true;
     }
     return s;
 }
 
-/* in = (v0..., lifted..., gv...): nloop loop values, nlift lifted tensors; out = (gv0..., glifted...) */
+/* Step t's residuals (new references in row[0..c->nres)): rows of one buffer per residual holding
+ * every step's when the trip count is known (made at the first step), else tensors of their own. */
+static kiln_status residual_rows(kiln_control_node *c, kiln_tensor **stacked, int64_t t, kiln_tensor **row) {
+    for (int k = 0; k < c->nres; k++) {
+        const kiln_meta *m = &c->res_meta[k];
+        if (t >= c->trips) {
+            KILN_TRY(kiln_tensor_empty_like_meta(m, &row[k]));
+            continue;
+        }
+        if (!stacked[k]) {
+            int64_t shape[KILN_MAX_DIMS + 1] = {c->trips};
+            if (m->ndim + 1 > KILN_MAX_DIMS)
+                return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while_grad: a stored residual of %d dimensions", m->ndim);
+            memcpy(shape + 1, m->shape, sizeof *shape * (size_t)m->ndim);
+            KILN_TRY(kiln_tensor_empty(m->dtype, m->ndim + 1, shape, &stacked[k]));
+        }
+        KILN_TRY(kiln_tensor_view(stacked[k], m->ndim, m->shape, NULL, t * kiln_meta_numel(m), &row[k]));
+    }
+    return KILN_OK;
+}
+
+/* in = (v0..., lifted..., gv...): nloop loop values, nlift lifted tensors; out = (gv0..., glifted...).
+ * With stored residuals (c->nres), the forward rerun's body also writes each step's residuals and
+ * the backward body reads them after (v..., lifted..., gnext...). */
 static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
-    int nloop = nin - nout, nstate = nout;
+    int nloop = nin - nout, nstate = nout, nres = c->nres;
     int nlift = nstate - nloop;
-    /* state = (loop values, lifted, gradients of the loop values); entries are owned or NULL */
-    kiln_tensor **state = kiln_calloc((size_t)nin, sizeof *state);
+    /* state = (loop values, lifted, gradients of the loop values, residuals); entries are owned or NULL */
+    kiln_tensor **state = kiln_calloc((size_t)(nin + nres), sizeof *state);
     kiln_tensor **gl = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *gl);
+    bool *gl_own = kiln_calloc((size_t)(nlift ? nlift : 1), sizeof *gl_own);
     kiln_tensor **res = kiln_calloc((size_t)nout, sizeof *res);
-    kiln_tensor **history = NULL; /* the loop values before each iteration, nloop per entry */
+    kiln_tensor **stacked = kiln_calloc((size_t)(nres ? nres : 1), sizeof *stacked);
+    kiln_tensor **next = kiln_calloc((size_t)(nloop + nres), sizeof *next); /* step()'s */
+    kiln_tensor **history = NULL; /* per iteration: the loop values before it (nloop), its residuals (nres) */
+    int per = nloop + nres;
     int64_t steps = 0, cap = 0;
-    kiln_status s = state && gl && res ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
+    kiln_status s = state && gl && gl_own && res && stacked && next ? KILN_OK
+                                                  : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
     for (int k = 0; k < nstate && s == KILN_OK; k++) {
         kiln_tensor_retain(in[k]);
         state[k] = in[k];
@@ -356,21 +430,24 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     for (bool go = true; go && s == KILN_OK;) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         if (steps == cap) {
-            int64_t ncap = cap ? cap * 2 : 16;
-            kiln_tensor **grown = kiln_realloc(history, sizeof *grown * (size_t)(ncap * nloop));
+            int64_t ncap = cap ? cap * 2 : (c->trips > 0 ? c->trips + 1 : 16);
+            kiln_tensor **grown = kiln_realloc(history, sizeof *grown * (size_t)(ncap * per));
             if (!grown) {
                 s = kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
                 break;
             }
             history = grown, cap = ncap;
         }
+        kiln_tensor **h = history + steps * per;
         for (int k = 0; k < nloop; k++) {
             kiln_tensor *kept = c->unread[k] ? NULL : state[k]; /* (an unread one is never looked at) */
             if (kept) kiln_tensor_retain(kept);
-            history[steps * nloop + k] = kept;
+            h[k] = kept;
         }
-        s = step(c, nstate, nloop, state, &go);
-        if (s != KILN_OK || !go) kiln_release_all(history + steps * nloop, nloop); /* no iteration ran on them */
+        memset(h + nloop, 0, sizeof *h * (size_t)nres);
+        if (nres) s = residual_rows(c, stacked, steps, h + nloop);
+        if (s == KILN_OK) s = step(c, nstate, nloop, state, h + nloop, next, &go);
+        if (s != KILN_OK || !go) kiln_release_all(h, per); /* no iteration ran on them */
         else steps++;
     }
     if (s == KILN_OK) {
@@ -380,14 +457,19 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
             state[nstate + k] = in[nstate + k]; /* the incoming gradient, then each step's */
         }
     }
-    /* backward: (v_t..., lifted..., g_{t+1}...) -> (g_t..., glifted_t...) */
+    /* backward: (v_t..., lifted..., g_{t+1}...[, r_t...]) -> (g_t..., glifted_t...) */
     for (int64_t t = steps - 1; t >= 0 && s == KILN_OK; t--) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
-        memcpy(state, history + t * nloop, sizeof *state * (size_t)nloop);
+        kiln_tensor **h = history + t * per;
+        memcpy(state, h, sizeof *state * (size_t)nloop);
+        memcpy(state + nin, h + nloop, sizeof *state * (size_t)nres);
         for (int k = 0; k < nloop; k++)
             if (c->unread[k]) state[k] = (kiln_tensor *)in[k]; /* stands in (same meta), never read */
-        s = kiln_executable_run(c->exe[2], nin, state, nout, res);
+        s = kiln_executable_run(c->exe[2], nin + nres, state, nout, res);
         for (int k = 0; k < nloop; k++) state[k] = NULL; /* borrowed from history */
+        for (int k = 0; k < nres; k++) state[nin + k] = NULL;
+        kiln_release_all(h + nloop, nres); /* read: no longer needed */
+        memset(h + nloop, 0, sizeof *h * (size_t)nres);
         if (s != KILN_OK) {
             kiln_error_context(s, "in the backward loop body");
             break;
@@ -396,7 +478,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         memcpy(state + nstate, res, sizeof *res * (size_t)nloop);
         for (int k = 0; k < nlift; k++)
             if (c->zero[k]) kiln_tensor_release(res[nloop + k]), res[nloop + k] = NULL;
-        s = accumulate(nlift, gl, res + nloop);
+        s = accumulate(nlift, gl, gl_own, res + nloop);
     }
     if (s == KILN_OK) s = copy_out(nloop, state + nstate, out);
     for (int k = 0; k < nlift && s == KILN_OK; k++) {
@@ -404,9 +486,10 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         else memset(out[nloop + k]->data, 0, (size_t)out[nloop + k]->numel * kiln_dtype_size(out[nloop + k]->meta.dtype));
     }
     if (state) kiln_release_all(state, nin);
-    if (history) kiln_release_all(history, (int)(steps * nloop));
+    if (history) kiln_release_all(history, (int)(steps * per));
     if (gl) kiln_release_all(gl, nlift);
-    free(gl), free(res), free(history), free(state);
+    if (stacked) kiln_release_all(stacked, nres);
+    free(gl), free(gl_own), free(res), free(history), free(state), free(stacked), free(next);
     return s;
 }
 

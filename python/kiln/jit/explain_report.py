@@ -1,19 +1,21 @@
 """kiln.jit.explain: what kiln.jit made of a function — graphs and their ops, graph breaks with
 their reason and source line, the guards of each compiled entry, and each recompile with what
-changed (the guard that failed, or the argument signature), and the cost model's reason for each
-fused attention op — for every capture mode (ast and trace report their fallbacks to trace capture
-or eager execution)."""
+changed (the guard that failed, or the argument signature), the cost model's reason for each
+fused attention op, and how each compiled loop's gradient keeps its residuals — for every capture
+mode (ast and trace report their fallbacks to trace capture or eager execution)."""
 import math
 import re
 
 from .. import _C
+
+_WHILE_GRAD = re.compile(r"= while_grad\([^)]*\) \{([-0-9, ]*)\}(?:  # (.*))?")
 
 
 class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
     def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None,
-                 buckets=None):
+                 buckets=None, loop_gradients=()):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -29,6 +31,10 @@ class ExplainOutput:
         self.attention = list(attention) if attention is not None else [[] for _ in graphs]
         # per graph: its gradient buckets (the bucket_all_reduce pass's all_reduce_bucket nodes), or None
         self.buckets = list(buckets) if buckets is not None else [None] * len(graphs)
+        # per compiled loop gradient (while_grad node) of this function and of kiln.grad of it: a dict
+        # strategy ("stored" or "recomputed"), trips (0: unknown), residuals (per step),
+        # bytes_per_step (-1: not measured), where ("file:line" or None)
+        self.loop_gradients = list(loop_gradients)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -43,6 +49,8 @@ class ExplainOutput:
             if self.buckets[k]:
                 lines.append(f"    {self.buckets[k]}")
             lines.extend(f"    guard: {g}" for g in guard_names)
+        for k, g in enumerate(self.loop_gradients):
+            lines.append(f"  loop gradient {k + 1}: {_describe_loop(g)}")
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
         if self.fallback:
@@ -50,6 +58,42 @@ class ExplainOutput:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _describe_loop(g):
+    where = f" at {g['where']}" if g["where"] else ""
+    mb = g["bytes_per_step"] * g["trips"] / (1 << 20)
+    if g["strategy"] == "stored":
+        return (f"residuals stored ({g['residuals']} per step, {g['bytes_per_step']:,} bytes x {g['trips']} steps = "
+                f"{mb:.1f} MB){where}")
+    if g["trips"] <= 0:
+        why = "trip count unknown"
+    elif g["bytes_per_step"] < 0:
+        why = "loop_residual_budget 0, or sizes not static"
+    elif g["bytes_per_step"] == 0:
+        why = "the backward reads no value the body computes"
+    else:
+        why = f"{g['bytes_per_step']:,} bytes x {g['trips']} steps = {mb:.1f} MB over loop_residual_budget"
+    return f"residuals recomputed from each step's carry ({why}){where}"
+
+
+def _loop_gradients(texts):
+    """The while_grad nodes of graph texts (attrs: cond, body, nout, backward, trips, nres,
+    res_bytes; src/ops/ops.def)."""
+    found = []
+    for text in texts:
+        for m in _WHILE_GRAD.finditer(text or ""):
+            a = [int(v) for v in m.group(1).replace(" ", "").split(",") if v]
+            trips, nres, nbytes = (a[4:7] + [0, 0, -1][len(a[4:7]):]) if len(a) >= 4 else (0, 0, -1)
+            found.append({"strategy": "stored" if nres > 0 else "recomputed", "trips": trips, "residuals": nres,
+                          "bytes_per_step": nbytes, "where": m.group(2)})
+    return found
+
+
+def _grad_texts(jf):
+    """The graph texts of kiln.grad / value_and_grad of jf (their forward-and-backward graphs)."""
+    return [e.graph_text for v in getattr(jf, "_grad_variants", {}).values() for entries in v._cache.values()
+            for e in entries]
 
 
 def _ops(graph_text):
@@ -130,10 +174,13 @@ def report(jf):
     if mode == "bytecode":
         pieces = jf._pieces
         graphs, breaks, recompiles, recomputed, attention, buckets = [], [], [], [], [], []
+        texts = []
         if pieces is not None:
             for entries in pieces.cache.values():
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
+                texts.extend(p.graph_text for p in entries)
+                texts.extend(p.grad.backward.graph_str() for p in entries if p.grad is not None)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
                 buckets.extend(_buckets(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
@@ -148,6 +195,7 @@ def report(jf):
     else:
         graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
         attention = [_attention(e.graph_text) for entries in jf._cache.values() for e in entries]
+        texts = [e.graph_text for entries in jf._cache.values() for e in entries]
         recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
         buckets = [_buckets(e.executable) for entries in jf._cache.values() for e in entries]
         for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
@@ -160,4 +208,6 @@ def report(jf):
         if jf._ast_fallback is not None:
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
-    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention, buckets)
+    loops = _loop_gradients(texts + _grad_texts(jf))
+    return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention, buckets,
+                         loops)

@@ -71,14 +71,17 @@ def refuse_value_reads(tracer, what):
                                   "kiln.ops.cond / switch, or compute it outside the body)")
 
 
-def _trace_body(fn, args, what):
-    """fn(*args) traced into a body under a nested tracer: (tracer, output treedef, output leaves)."""
+def _trace_body(fn, args, what, setup=None):
+    """fn(*args) traced into a body under a nested tracer: (tracer, output treedef, output leaves).
+    setup(tracer), when given, runs before fn (in the trace)."""
     tracer = _C.Tracer(nested=True)
     try:
         aliases = [a.detach() for a in args]
         for a in aliases:
             tracer.add_input(a)
         with no_grad():
+            if setup is not None:
+                setup(tracer)
             out = fn(*aliases)
         refuse_value_reads(tracer, what)
         if isinstance(out, (bool, int)) and not isinstance(out, _C.TensorBase):
@@ -197,6 +200,13 @@ def while_loop(cond_fn, body_fn, init_vals):
     cond_fn returns a one-element tensor (nonzero: go on) or a bool; body_fn returns values of
     init_vals' structure, dtypes and shapes (the value alone when there is one loop value).
     Compiled, past 32 tensors the node carries them packed (one tensor per dtype)."""
+    return counted_while_loop(cond_fn, body_fn, init_vals, 0)
+
+
+def counted_while_loop(cond_fn, body_fn, init_vals, trips):
+    """while_loop whose trip count the caller knows (trips > 0; 0: unknown): kiln.ops.scan and
+    fori_loop with int bounds. A compiled loop's gradient may then store each step's residuals
+    rather than recompute them (kiln.set_context(loop_residual_budget=...))."""
     _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
@@ -205,7 +215,7 @@ def while_loop(cond_fn, body_fn, init_vals):
         raise ValueError("while_loop: init_vals is empty")
     treedef, leaves = _loop_leaves(init_vals)
     nvals = len(init_vals)
-    traced = _traced_while(cond_fn, body_fn, treedef, leaves, nvals) if _C.is_tracing() else None
+    traced = _traced_while(cond_fn, body_fn, treedef, leaves, nvals, trips) if _C.is_tracing() else None
     if traced is not None:
         leaves = traced
     else:
@@ -250,19 +260,47 @@ class _Packed:
         return out
 
 
-def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
+def _traced_while(cond_fn, body_fn, treedef, leaves, nvals, trips):
     """One `while` node over the loop values' leaves (packed when there are more than a node
-    carries): the final leaves, or None when cond_fn gives a Python bool (a static loop: run it in Python)."""
+    carries): the final leaves, or None when cond_fn gives a Python bool (a static loop: run it in
+    Python). When the bodies read more captured tensors needing gradients than the node's gradient
+    carries beside the loop values, they are traced again reading those through packed copies."""
     packed = _Packed(leaves) if len(leaves) > _NODE_VALUES else None
     loop = leaves if packed is None else packed.pack(leaves)
+    bodies = _trace_loop(cond_fn, body_fn, treedef, nvals, packed, loop, None)
+    if bodies is None:
+        return None
+    captured = {}
+    for tr in bodies:
+        for t in tr.captured():
+            captured.setdefault(id(t), t)
+    needing = [t for t in captured.values() if t.requires_grad and t.dtype.is_floating_point]
+    if len(loop) + len(captured) > _NODE_VALUES and len(needing) > 1:
+        read_through = _Packed(needing)
+        bodies = _trace_loop(cond_fn, body_fn, treedef, nvals, packed, loop,
+                             (needing, read_through, read_through.pack(needing)))
+    out = _C.apply_control("while", list(bodies), loop, trips)
+    return list(out) if packed is None else packed.unpack(out)
 
+
+def _trace_loop(cond_fn, body_fn, treedef, nvals, packed, loop, read_through):
+    """The cond and body tracers of a while node (None when cond_fn gives a Python bool).
+    read_through: None, or (captured tensors, their _Packed, the packed tensors): each body reads
+    those tensors as pieces of the packed ones (so the node lifts one tensor per dtype for them,
+    and their gradients reach them through the packing)."""
     def unpacked(values):
         return list(values) if packed is None else packed.unpack(values)
+
+    def setup(tracer):
+        if read_through is not None:
+            tensors, how, packs = read_through
+            for t, piece in zip(tensors, how.unpack(packs)):
+                tracer.bind(t, piece)
 
     def cond_of(*values):
         return cond_fn(*treedef.unflatten(unpacked(values)))
 
-    cond_tr, cond_def, cond_out = _trace_body(cond_of, loop, "while_loop: cond_fn")
+    cond_tr, cond_def, cond_out = _trace_body(cond_of, loop, "while_loop: cond_fn", setup)
     if cond_def is None:
         return None
     if cond_def.num_nodes != 1:
@@ -274,6 +312,7 @@ def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
         for a in aliases:
             tracer.add_input(a)
         with no_grad():
+            setup(tracer)
             new = _next_values(body_fn, treedef, unpacked(aliases), nvals)
             if packed is not None:
                 new = packed.pack(new)
@@ -281,4 +320,4 @@ def _traced_while(cond_fn, body_fn, treedef, leaves, nvals):
         tracer.finish_body(list(new))
     finally:
         tracer.end()
-    return unpacked(_C.apply_control("while", [cond_tr, tracer], loop))
+    return cond_tr, tracer

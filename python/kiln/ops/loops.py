@@ -18,7 +18,7 @@ from .. import _C
 from .. import hooks
 from ..grad_mode import no_grad
 from .array import arange, full, gather, index_add, index_select, stack, zeros
-from .control_flow import cond, refuse_value_reads, while_loop
+from .control_flow import cond, counted_while_loop, refuse_value_reads
 from .primitives import Primitive
 
 _NUMBERS = (bool, int, float)
@@ -190,10 +190,11 @@ def _check_unroll(op, unroll):
     raise TypeError(f"{op}: unroll must be a bool or a positive int, got {unroll!r}")
 
 
-def _carried_while(op, cond_fn, body_fn, carry, extra=(), extra_fn=None):
+def _carried_while(op, cond_fn, body_fn, carry, extra=(), trips=0):
     """One while node over (extra..., the carry's leaves): cond_fn(extra, carry) and
     body_fn(extra, carry) -> (extra', carry') where extra are loop tensors of op's own (a counter,
-    output buffers). Returns (extra', the final carry's leaves)."""
+    output buffers). trips: the trip count when known (else 0). Returns (extra', the final
+    carry's leaves)."""
     nx = len(extra)
 
     def split(values):
@@ -208,7 +209,7 @@ def _carried_while(op, cond_fn, body_fn, carry, extra=(), extra_fn=None):
         new_ex, new_c = body_fn(ex, c)
         return tuple(new_ex) + tuple(new_c)
 
-    out = while_loop(cond_of, body_of, tuple(extra) + tuple(carry.loop_leaves()))
+    out = counted_while_loop(cond_of, body_of, tuple(extra) + tuple(carry.loop_leaves()), trips)
     return list(out[:nx]), list(out[nx:])
 
 
@@ -260,7 +261,8 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=1):
         (i,) = ex
         return (i + 1,), carry.check("body_fun", body_fun(i, c), True)
 
-    _, leaves = _carried_while(op, cond_fn, body_fn, carry, (as_index(lower),))
+    trips = max(upper - lower, 0) if type(lower) is int and type(upper) is int else 0
+    _, leaves = _carried_while(op, cond_fn, body_fn, carry, (as_index(lower),), trips)
     return carry.result(leaves)
 
 
@@ -415,7 +417,7 @@ def _traced_scan(op, fname, f, carry, xs_struct, xs_leaves, length, reverse):
             new_bufs.append(index_add(b, 0, row, v.unsqueeze(0)))
         return [i + 1] + new_bufs, new_leaves
 
-    ex, leaves = _carried_while(op, cond_fn, body_fn, carry, [full((), 0, dtype=_C.int64)] + bufs)
+    ex, leaves = _carried_while(op, cond_fn, body_fn, carry, [full((), 0, dtype=_C.int64)] + bufs, length)
     return carry.result(leaves), _rebuild(y_struct, _note_numbers(ex[1:1 + nb], [None] * nb))
 
 
