@@ -22,6 +22,35 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
  * gradients only to the inputs that need them, and while_grad reads it as zeros (control_flow.c,
  * backward_facts). */
 
+/* gx[0..nwrt) holds the gradients of the inputs that required them, in order: spread them to
+ * gx[0..nx): the input itself where none was asked for (see above), zeros where none flows. */
+static kiln_status spread_gradients(int nx, kiln_tensor *const *x, kiln_tensor *const *alias, const bool *want,
+                                    int nwrt, kiln_tensor **gx) {
+    kiln_status s = KILN_OK;
+    for (int k = nx - 1, j = nwrt - 1; k >= 0 && s == KILN_OK; k--) {
+        kiln_tensor *gk = NULL;
+        if (alias[k]->requires_grad) {
+            gk = gx[j];
+            gx[j--] = NULL;
+        }
+        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]);
+        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
+        gx[k] = gk;
+    }
+    return s;
+}
+
+/* Ends the recording of a gradient body whose outputs are outs[0..nx) and copies its graph to *g
+ * (status s so far; the tracer is freed). */
+static kiln_status end_gradient_trace(kiln_tracer *t, kiln_status s, int nx, const int32_t *outs, kiln_graph **g) {
+    kiln_tracer_end(t);
+    if (s == KILN_OK) s = kiln_tracer_status(t);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(t), nx, outs);
+    if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(t), g);
+    kiln_tracer_free(t);
+    return s;
+}
+
 /* A graph (x..., gy...) -> (gx...) computing the gradients of body `fwd` (inputs x, outputs
  * whose incoming gradients are gy) with respect to the float x that `want` names (zeros for the
  * others, and where none flows), registered as *id. x and gy give the values the body is run on
@@ -57,26 +86,10 @@ static kiln_status backward_body(int64_t fwd, int nx, kiln_tensor *const *x, con
         if (alias && alias[k] && alias[k]->requires_grad) wrt[nwrt++] = alias[k];
     kiln_set_grad_enabled(false);
     if (s == KILN_OK && nroots && nwrt) s = kiln_autograd_grad(nroots, roots, groots, nwrt, wrt, false, gx);
-    /* gx holds the float inputs' gradients in order: spread them out, zeros where none flows */
-    for (int k = nx - 1, j = nwrt - 1; k >= 0 && s == KILN_OK; k--) {
-        kiln_tensor *gk = NULL;
-        if (alias[k]->requires_grad) {
-            gk = gx[j];
-            gx[j--] = NULL;
-        }
-        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
-        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
-        gx[k] = gk;
-    }
+    if (s == KILN_OK) s = spread_gradients(nx, x, alias, want, nwrt, gx);
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tr, gx[k], &outs[k]);
     kiln_set_grad_enabled(prev_grad);
-    if (tr) {
-        kiln_tracer_end(tr);
-        if (s == KILN_OK) s = kiln_tracer_status(tr);
-        if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(tr), nx, outs);
-        if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tr), &g);
-        kiln_tracer_free(tr);
-    }
+    if (tr) s = end_gradient_trace(tr, s, nx, outs, &g);
     /* the forward ops the gradients do not read (the pass pipeline, a layer above, fills the hook) */
     if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code ? kiln_hooks.eliminate_dead_code(&g)
                                                          : kiln_error(KILN_ERR_RUNTIME, "no pass pipeline registered");
@@ -139,25 +152,10 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
         if (alias[k] && alias[k]->requires_grad) wrt[nwrt++] = alias[k];
     if (s == KILN_OK && nroots && nwrt) s = kiln_autograd_grad(nroots, roots, groots, nwrt, wrt, false, gx);
     kiln_set_grad_enabled(false);
-    for (int k = nx - 1, j = nwrt - 1; k >= 0 && s == KILN_OK; k--) {
-        kiln_tensor *gk = NULL;
-        if (alias[k]->requires_grad) {
-            gk = gx[j];
-            gx[j--] = NULL;
-        }
-        if (!gk && !want[k]) kiln_tensor_retain(gk = alias[k]); /* not asked for: see above */
-        else if (!gk) s = zeros_view(&x[k]->meta, &gk);
-        gx[k] = gk;
-    }
+    if (s == KILN_OK) s = spread_gradients(nx, x, alias, want, nwrt, gx);
     for (int k = 0; k < nx && s == KILN_OK; k++) s = kiln_tracer_value_of(tb, gx[k], &outs[k]);
     kiln_set_grad_enabled(prev_grad);
-    if (tb) {
-        kiln_tracer_end(tb);
-        if (s == KILN_OK) s = kiln_tracer_status(tb);
-        if (s == KILN_OK) s = kiln_graph_set_outputs(kiln_tracer_graph(tb), nx, outs);
-        if (s == KILN_OK) s = kiln_graph_clone(kiln_tracer_graph(tb), &bg);
-        kiln_tracer_free(tb);
-    }
+    if (tb) s = end_gradient_trace(tb, s, nx, outs, &bg);
     /* B's captures: A's values become residuals; the rest are the forward body's constants */
     int ncap = bg ? bg->ncaptures : 0;
     if (s == KILN_OK) {
