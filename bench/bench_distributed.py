@@ -8,6 +8,8 @@
     and that step with 0.1 MB buckets run where they stand and overlapped (KILN_COMM_OVERLAP:
     started as backward makes their gradients, waited for at the optimizer), with the share of the
     all-reduce time the overlap hid.
+  - size 1: one process with data-parallel mode set, against the same step without it; target
+    <= 1.02 of its time (timed in turn).
   - bandwidth: kiln's bucketed all-reduce (mean) of a model's gradients (kiln.nn.grad_reduce,
     25 MB buckets; the trained block's and a 256-channel BasicBlock's) against one raw
     MPI_Allreduce (called through ctypes) of a buffer of the same total size, on the same 2 ranks;
@@ -213,6 +215,20 @@ def main():
         print(f"  1 rank x 2 threads       {t_single * 1e3:9.2f} ms/step")
         print(f"  2 ranks x 1 thread (DP)  {t_dp * 1e3:9.2f} ms/step   throughput ratio {ratio:.3f} "
               f"(target >= 0.9) {'ok' if ratio >= 0.9 else 'MISSED'}")
+    # one process in data-parallel mode (size 1: no collective, the stand-alone plan) against the
+    # stand-alone step, timed in turn
+    from kiln import communication
+
+    communication.init()  # (no mpirun: the local backend, size 1)
+    runs = [make_step(global_batch, False)[:3], make_step(global_batch, True)[:3]]
+    best = [float("inf"), float("inf")]
+    for _ in range(3):
+        for k, run in enumerate(runs):
+            best[k] = min(best[k], time_steps(*run, steps))
+    size1 = best[1] / best[0]
+    missed |= size1 > 1.02
+    print(f"BasicBlock, one process in data-parallel mode vs stand-alone: {best[1] * 1e3:.2f} / {best[0] * 1e3:.2f} "
+          f"ms/step = {size1:.3f} (target <= 1.02) {'ok' if size1 <= 1.02 else 'MISSED'}")
     t_ar = dp["pairs"][0][0]
     t_single = singles["BasicBlock"]
     print(f"BasicBlock's gradient all-reduce {t_ar * 1e3:9.3f} ms = {t_ar / dp['step']:.1%} of its data-parallel step "
