@@ -99,9 +99,9 @@ ERROR_CASES = [
     # dtypes
     ("neg_bool", lambda: -T(2, dtype=np.bool_), TypeError, ["neg", "bool"]),
     ("sub_bool", lambda: T(2, dtype=np.bool_) - T(2, dtype=np.bool_), TypeError, ["sub", "bool"]),
-    ("and_float", lambda: A & A, TypeError, ["&", "bool"]),
-    ("or_int", lambda: T(2, dtype=np.int32) | T(2, dtype=np.int32), TypeError, ["|", "bool"]),
-    ("invert_float", lambda: ~A, TypeError, ["~", "bool"]),
+    ("and_float", lambda: A & A, TypeError, ["bitwise_and", "float64", "(2, 3)", "integer or bool"]),
+    ("or_float_int", lambda: A | T(3, dtype=np.int32), TypeError, ["bitwise_or", "float64", "int32", "(3,)"]),
+    ("invert_float", lambda: ~A, TypeError, ["bitwise_not", "float64", "integer or bool"]),
     ("grad_int_input", lambda: kiln.grad(lambda x: x.sum())(kiln.Tensor([1, 2])), TypeError, ["grad", "int64"]),
     ("cast_bad_dtype", lambda: ops.cast(A, "float33"), TypeError, ["float33"]),
     ("tensor_bad_dtype", lambda: kiln.Tensor([1], dtype="foo"), TypeError, ["foo"]),

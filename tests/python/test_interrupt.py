@@ -30,11 +30,19 @@ PRELUDE = """
 BOUND = 10.0  # seconds from SIGINT to the end of the process: generous for a loaded machine
 
 
+def _sigint_as_at_a_terminal():
+    """(in the child, before exec) SIGINT delivered and not ignored, whatever the test process had:
+    an ignored disposition or a blocked mask is inherited across exec, and would test that state
+    instead of kiln's handling in a fresh process. A CI run once saw every case here hang so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def interrupt(code, delay=0.5, **env):
     """Runs PRELUDE + code; once it prints 'ready', waits `delay` s and sends SIGINT.
     Returns (returncode, output, seconds from the signal to the end of the process)."""
     p = subprocess.Popen(python_command(textwrap.dedent(PRELUDE) + textwrap.dedent(code)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=python_env(**env))
+                         env=python_env(**env), preexec_fn=_sigint_as_at_a_terminal)
     out = []
     try:
         for line in p.stdout:

