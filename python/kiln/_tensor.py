@@ -18,6 +18,11 @@ def _set_grad(tensor, value):
     _GRAD.__set__(tensor, value)
 
 
+# Set by kiln.jit at import: called when Tensor.backward() runs while a graph is recorded (it
+# accumulates into the leaves' .grad, which a replay of the graph would not do).
+backward_while_tracing = None
+
+
 # Set by kiln.jit at import: called with the tensor whose .grad Python code reads while a graph is
 # recorded, when that gradient was set outside the graph (the graph would keep this call's tensor).
 grad_read_while_tracing = None
@@ -43,6 +48,13 @@ class Tensor(_C.TensorBase):
     __array_priority__ = 1000
 
     grad = property(_get_grad, _set_grad, doc=_GRAD.__doc__)
+
+    def backward(self, gradient=None):
+        """Accumulates the gradients of this tensor (gradient: its incoming gradient, implied for one
+        element) into the .grad of the leaves it depends on, as PyTorch's backward() does."""
+        if backward_while_tracing is not None and _C.is_tracing():
+            backward_while_tracing()
+        return _C.TensorBase.backward(self, gradient)
 
     # ---- conversion -------------------------------------------------------------------
     def asnumpy(self):

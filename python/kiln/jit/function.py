@@ -41,6 +41,8 @@ def _save_graph(name, text):
 
 
 _tensor_module.grad_written_while_tracing = grad_written
+_tensor_module.backward_while_tracing = lambda: mark_not_replayable(
+    "Tensor.backward() accumulates into the leaves' .grad (Python state a graph does not update at later calls)")
 _tensor_module.grad_read_while_tracing = lambda tensor: mark_not_replayable(
     "a .grad read that was set outside the graph (the graph would keep this call's gradient)")
 
