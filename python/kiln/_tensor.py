@@ -23,15 +23,16 @@ def _set_grad(tensor, value):
 backward_while_tracing = None
 
 
-# Set by kiln.jit at import: called with the tensor whose .grad Python code reads while a graph is
-# recorded, when that gradient was set outside the graph (the graph would keep this call's tensor).
+# Set by kiln.jit at import: called with (tensor, its .grad) when Python code reads a .grad while a
+# graph is recorded (a gradient set outside the graph would be kept as this call's tensor; a None
+# read decides what the code does, which a replay must find again).
 grad_read_while_tracing = None
 
 
 def _get_grad(tensor):
     g = _GRAD.__get__(tensor)
-    if g is not None and grad_read_while_tracing is not None and _C.is_tracing() and not _C.traced_here(g):
-        grad_read_while_tracing(tensor)
+    if grad_read_while_tracing is not None and _C.is_tracing():
+        grad_read_while_tracing(tensor, g)
     return g
 
 

@@ -108,10 +108,13 @@ class GradManager:
             if not keep or not params:
                 return
             if _C.is_tracing():
-                from .jit.replay import mark_not_replayable
+                from .jit.replay import grad_writes_replayed, mark_not_replayable
 
-                # .grad is Python state a compiled graph cannot set: the traced function runs eagerly
-                mark_not_replayable("GradManager.backward assigns the .grad of its tensors")
+                # .grad is Python state a compiled graph cannot set unless the recording replays
+                # the assignments (kiln.trace): otherwise the traced function runs eagerly, and
+                # bytecode capture stops here, before the callbacks (collectives) run
+                if not grad_writes_replayed():
+                    mark_not_replayable("GradManager.backward assigns the .grad of its tensors")
             grads = _C.grad([ys[k] for k in keep], params, None if dys is None else [dys[k] for k in keep], False)
             for p, g in zip(params, grads):
                 if g is None:

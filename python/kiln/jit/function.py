@@ -20,7 +20,7 @@ from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guar
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import CallerContainers, bind_inputs, returns_closure, user_frame_tracer
-from .replay import end_reasons, grad_written, mark_not_replayable, start_reasons
+from .replay import end_reasons, grad_read, grad_written, mark_not_replayable, start_reasons
 from .syntax import JitSyntaxError
 
 _saved_graphs = [0]
@@ -43,8 +43,7 @@ def _save_graph(name, text):
 _tensor_module.grad_written_while_tracing = grad_written
 _tensor_module.backward_while_tracing = lambda: mark_not_replayable(
     "Tensor.backward() accumulates into the leaves' .grad (Python state a graph does not update at later calls)")
-_tensor_module.grad_read_while_tracing = lambda tensor: mark_not_replayable(
-    "a .grad read that was set outside the graph (the graph would keep this call's gradient)")
+_tensor_module.grad_read_while_tracing = grad_read
 
 
 class NotReplayable(Exception):

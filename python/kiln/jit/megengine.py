@@ -35,7 +35,7 @@ from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import collect_grad_writes
+from .replay import collect_grad_writes, end_reasons, start_reasons
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 
@@ -199,18 +199,19 @@ class _Run:
 
     __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
                  "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets",
-                 "export_capture", "excluded", "user_code")
+                 "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
 
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
-                  grad_writes=False, caller=None):
+                  caller=None):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
-    (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. grad_writes
-    (without_host): the .grad assignments the function makes are kept as run.grad_targets, their
-    tensors as extra outputs of the graph, for each replay to make them (set_grads). caller: the
-    call's (args, kwargs), whose lists and dicts the function must leave alone (a replay would not
-    repeat a change of them: TraceMismatchError)."""
+    (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. The .grad
+    assignments the function makes are kept as run.grad_targets, their tensors as extra outputs of
+    the graph, for each replay to make them (set_grads). run.unreplayable lists what the function
+    did that no replay repeats (Tensor.backward accumulating in C, a .grad set before the call read,
+    print to a file: kiln.jit.replay). caller: the call's (args, kwargs), whose lists and dicts the
+    function must leave alone (a replay would not repeat a change of them: TraceMismatchError)."""
     tracer = _C.Tracer(capture_constants=capture_constants)
     prev_trace = sys.gettrace()
     prev_logs = _C.cell_logs()
@@ -231,8 +232,9 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         def on_call(frame):
             user_code.setdefault(frame.f_code, frame.f_globals)
         sys.settrace(user_frame_tracer(tracer, on_call))
-        collecting = collect_grad_writes() if grad_writes else None
-        writes = collecting.__enter__() if collecting is not None else ()
+        collecting = collect_grad_writes()
+        grad_log = collecting.__enter__()
+        reasons, prev_reasons = start_reasons()
         excluded = exclude.noting()
         try:
             with excluded:
@@ -242,8 +244,10 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                     with capture:
                         result = fn(*call_args, **call_kwargs)
         finally:
-            if collecting is not None:
-                collecting.__exit__(None, None, None)
+            collecting.__exit__(None, None, None)
+            end_reasons(prev_reasons)
+            if prev_reasons is not None:  # (a recording around this one cannot replay it either)
+                prev_reasons.extend(reasons)
             sys.settrace(prev_trace)
             _C.set_cell_logs(*prev_logs)
             if prev_logs[0] is not None:
@@ -266,7 +270,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
         n_results = len(out_leaves)
-        last = {id(t): (t, v) for t, v in writes}  # (the last assignment of each tensor's .grad stands)
+        last = {id(t): (t, v) for t, v in grad_log.writes}  # (the last assignment of each tensor's .grad stands)
         grad_targets = []
         for t, v in last.values():
             grad_targets.append((t, None if v is None else len(out_leaves)))
@@ -281,9 +285,13 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     detached = [t.detach() for t in out_leaves]
     run.result = tree.unflatten(out_spec, detached[:n_results])[0]
     run.grad_targets = grad_targets
+    run.unreplayable = list(dict.fromkeys(reasons))
+    written = {id(t) for t, _ in grad_targets}
+    run.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
     run.excluded = excluded.used  # exclude_from_trace ran: each call's own run is its result
     run.user_code = user_code
-    set_grads(run, detached)
+    if not run.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
+        set_grads(run, detached)
     run.executable, run.out_spec = executable, out_spec
     run.graph = recorded
     run.cells = list({id(c): c for c in cells}.values())
@@ -304,7 +312,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
 
 
 def set_grads(run, outs):
-    """The .grad assignments a without_host recording made, from a replay's outputs outs."""
+    """The .grad assignments a recording made, from a replay's outputs outs."""
     for t, k in run.grad_targets:
         t.grad = None if k is None else outs[k]
 
@@ -537,14 +545,28 @@ class trace(_C.JitDispatcher):
                                      "(or trace without capture_as_const to read it live)")
         if self.verify:
             run = self._check_run(rec, spec, leaves, caller)
-            if rec.graph.has_effects or rec.excluded or run.excluded:
+            if rec.graph.has_effects or rec.excluded or run.excluded or run.unreplayable:
                 return run.result
+        else:
+            self._check_grads_at_entry(rec)
         if not rec.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
         if rec.grad_targets:
             set_grads(rec, outs)
         return tree.unflatten(rec.out_spec, outs)[0]
+
+    def _check_grads_at_entry(self, rec):
+        """A replay sets the .grad its recording assigned; where the function found that .grad None
+        before assigning it (GradManager.backward), a gradient there now would have been added to."""
+        for t in rec.grads_at_entry:
+            if t.grad is not None:
+                name = getattr(t, "name", None) or f"a {list(t.shape)} tensor"
+                raise TraceMismatchError(
+                    f"{self.__qualname__}: the .grad of {name} was None when the trace recorded and holds a gradient "
+                    "now; the function would accumulate into it, and a replay (without_host=True or verify=False) "
+                    "only sets it: clear the gradients before each call (optimizer.clear_grad()), or trace with "
+                    "verify=True")
 
     def _instantiate(self, key, leaves):
         """symbolic_shape: a recording whose symbols bind this call's shapes, at those shapes and
@@ -643,7 +665,7 @@ class trace(_C.JitDispatcher):
 
     def _record(self, key, spec, leaves, caller=None):
         args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                self._level, self.symbolic_shape, self._sublinear(), self.without_host, caller)
+                self._level, self.symbolic_shape, self._sublinear(), caller)
         run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
         run.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
@@ -663,6 +685,13 @@ class trace(_C.JitDispatcher):
         if run.excluded and not self.verify:
             raise TraceMismatchError(f"{self.__qualname__}: exclude_from_trace runs Python at every call, which this "
                                      "trace does not (without_host=True or verify=False); trace with verify=True")
+        if run.unreplayable:
+            if not self.verify:
+                raise TraceMismatchError(
+                    f"{self.__qualname__}: {run.unreplayable[0]}; this trace (without_host=True or verify=False) "
+                    "would only replay the recorded graph. Compute gradients with GradManager and clear them inside "
+                    "or before each call, or trace with verify=True (each call then runs the function)")
+            return run.result
         if self.symbolic and not run.graph.has_effects and not run.excluded:
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)

@@ -4,6 +4,8 @@ read by the capture that is running on this thread (kiln.jit.function, kiln.jit.
 kiln.trace)."""
 import threading
 
+from .. import _C
+
 _local = threading.local()
 
 
@@ -34,12 +36,29 @@ class refusing_unreplayable:
         _local.refuse = self.prev
 
 
+def grad_writes_replayed():
+    """Whether the recording running on this thread replays the .grad assignments it sees."""
+    return getattr(_local, "grad_writes", None) is not None and getattr(_local, "refuse", None) is None
+
+
 def grad_written(tensor, value):
-    log = getattr(_local, "grad_writes", None)
-    if log is not None and getattr(_local, "refuse", None) is None:  # a recording that replays them
-        log.append((tensor, value))
+    if grad_writes_replayed():
+        _local.grad_writes.writes.append((tensor, value))
     else:
         mark_not_replayable("an assignment to the .grad of a tensor (Python state a graph cannot set at later calls)")
+
+
+def grad_read(tensor, value):
+    """Python code read tensor.grad (value) while a graph is recorded. A gradient set outside the
+    graph would be baked in as this call's tensor; a None read before any write of that .grad is
+    noted, while writes are collected, as a condition of replaying them (grads_read_as_none)."""
+    if value is None:
+        log = getattr(_local, "grad_writes", None)
+        if log is not None and all(t is not tensor for t, _ in log.writes) and \
+                all(t is not tensor for t in log.read_as_none):
+            log.read_as_none.append(tensor)
+    elif not _C.traced_here(value):
+        mark_not_replayable("a .grad read that was set outside the graph (the graph would keep this call's gradient)")
 
 
 def start_reasons():
@@ -56,12 +75,15 @@ def end_reasons(prev):
 
 class collect_grad_writes:
     """While a recording runs: the (tensor, value) of each .grad assignment, in order, instead of
-    running the function eagerly (kiln.trace(without_host=True) sets them after each replay)."""
+    running the function eagerly (kiln.trace sets them after each replay); and read_as_none, the
+    tensors whose .grad the code found None before writing it (GradManager.backward then sets
+    rather than accumulates: a replay holds only while they are None again)."""
 
     def __enter__(self):
         self.prev = getattr(_local, "grad_writes", None)
-        _local.grad_writes = self.writes = []
-        return self.writes
+        self.writes, self.read_as_none = [], []
+        _local.grad_writes = self
+        return self
 
     def __exit__(self, *exc):
         _local.grad_writes = self.prev
