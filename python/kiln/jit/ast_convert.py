@@ -314,9 +314,29 @@ def prepare_body(fdef, fresh):
 
 # ---- step 4: control flow and calls through the runtime helpers ------------------------------
 
+def bound_names(fdef):
+    """Every name the function (nested defs included) binds: parameters, assignment and loop
+    targets, defs, classes and imports. A name only written through (G[k] = v on a global or
+    closed-over dict) is not: the block mutates its object and does not rebind it."""
+    out = set()
+    for n in ast.walk(fdef):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.alias):
+            out.add((n.asname or n.name).split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+    return out
+
+
 class _Converter(ast.NodeTransformer):
-    def __init__(self, where, fresh, class_name):
+    def __init__(self, where, fresh, class_name, bound=None):
         self.where, self.fresh = where, fresh
+        self.bound = bound  # bound_names of the function converted (None: every name counts)
         self.mangle_prefix = f"_{class_name.lstrip('_')}" if class_name and class_name.strip("_") else None
         self.first_params = []  # first parameter of each enclosing def (for zero-argument super())
 
@@ -426,8 +446,8 @@ class _Converter(ast.NodeTransformer):
             exc = ast.Lambda(args=_no_args(), body=node.body[0].exc)
             check = ast.copy_location(ast.Expr(_call_rt("raise_if", node.test, exc, self._loc(node))), node)
             return [check] + node.orelse
-        names = assigned_names(node.body + node.orelse)
-        in_true, in_false = assigned_names(node.body), assigned_names(node.orelse)
+        names = self._block_names(node.body + node.orelse)
+        in_true, in_false = self._block_names(node.body), self._block_names(node.orelse)
         inplace = ast.Constant(writes_in_place(node.body + node.orelse))
         self.generic_visit(node)
         node.test = _as_condition(node.test)
@@ -451,8 +471,16 @@ class _Converter(ast.NodeTransformer):
         return ast.copy_location(ast.Assign(targets=[_tuple((_name(n, True) for n in names), store=True)],
                                             value=call), at)
 
+    def _block_names(self, stmts):
+        """The names a block rebinds, which its converted form passes in and returns: not a global
+        or closed-over container it only writes through (rebinding it would make it a local)."""
+        names = assigned_names(stmts)
+        if self.bound is None:
+            return names
+        return [n for n in names if n in self.bound or n.startswith("__kiln")]  # (or made by the lowering)
+
     def visit_While(self, node):
-        names = assigned_names(node.body)
+        names = self._block_names(node.body)
         inplace = ast.Constant(writes_in_place(node.body))
         self.generic_visit(node)
         node.test = _as_condition(node.test)
@@ -465,7 +493,7 @@ class _Converter(ast.NodeTransformer):
         return [test_def, body_def, self._unpack(names, call, node)]
 
     def visit_For(self, node):
-        names = assigned_names([ast.Assign(targets=[node.target], value=ast.Constant(None))] + node.body)
+        names = self._block_names([ast.Assign(targets=[node.target], value=ast.Constant(None))] + node.body)
         inplace = ast.Constant(writes_in_place(node.body))
         self.generic_visit(node)
         body_name = self.fresh("for_body")
@@ -630,7 +658,7 @@ def convert_code(fn):
         if arg is not None:
             arg.annotation = None
     a.defaults, a.kw_defaults = [], [None] * len(a.kwonlyargs)  # the function object keeps its own
-    conv = _Converter(where, _Names(), _class_of(fn))
+    conv = _Converter(where, _Names(), _class_of(fn), bound_names(fdef))
     fdef = conv.visit_FunctionDef(fdef)
     # a factory binding the runtime and the original free variables as closure cells
     factory_args = [RT] + list(code.co_freevars)
