@@ -359,6 +359,17 @@ static PyObject *nb_div(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_
 static PyObject *nb_matmul(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_MATMUL); }
 static PyObject *nb_floor_divide(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_FLOOR_DIVIDE); }
 static PyObject *nb_remainder(PyObject *a, PyObject *b) { return binary(a, b, KILN_OP_REMAINDER); }
+/* divmod(a, b): (a // b, a % b), as NumPy's */
+static PyObject *nb_divmod(PyObject *a, PyObject *b) {
+    PyObject *q = nb_floor_divide(a, b);
+    if (!q || q == Py_NotImplemented) return q;
+    PyObject *r = nb_remainder(a, b);
+    if (!r) {
+        Py_DECREF(q);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", q, r);
+}
 static PyObject *nb_neg(PyObject *a) { return unary(a, KILN_OP_NEG); }
 static PyObject *nb_abs(PyObject *a) { return unary(a, KILN_OP_ABS); }
 static PyObject *nb_pos(PyObject *a) {
@@ -452,6 +463,7 @@ static PyNumberMethods tensor_as_number = {
     .nb_true_divide = nb_div,
     .nb_floor_divide = nb_floor_divide,
     .nb_remainder = nb_remainder,
+    .nb_divmod = nb_divmod,
     .nb_power = nb_pow,
     .nb_negative = nb_neg,
     .nb_positive = nb_pos,

@@ -80,3 +80,20 @@ def test_compiled_variants_agree_with_eager():
     ys = kiln.Tensor(np.array([1.5, -2.0, 0.3, 4.0], np.float32))
     ints = kiln.Tensor(np.arange(-6, 6, dtype=np.int64))
     run_all_modes(f, (xs, ys, ints), (xs * -1.3, ys, ints * 7))
+
+
+def divmods(a, b):
+    q, r = divmod(a, b)
+    q2, r2 = divmod(a, 3)  # a Python number on the right
+    q3, r3 = divmod(7.5, b)  # and on the left (Tensor.__rdivmod__)
+    return q, r, q2 + r2, q3 * r3
+
+
+def test_divmod_is_floor_divide_and_remainder_in_every_variant():
+    a, b = kiln.Tensor(A[:2].astype(np.float32)), kiln.Tensor(B[:2].astype(np.float32))
+    q, r = divmod(a, b)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(q.numpy(), np.floor_divide(A[:2].astype(np.float32), B[:2].astype(np.float32)))
+        np.testing.assert_array_equal(r.numpy(), np.remainder(A[:2].astype(np.float32), B[:2].astype(np.float32)))
+        np.testing.assert_array_equal(divmod(7.5, b)[1].numpy(), np.remainder(np.float32(7.5), B[:2].astype(np.float32)))
+    run_all_modes(divmods, (a, b))
