@@ -26,6 +26,7 @@ typedef struct {
     PyObject *running;      /* borrowed while a code is recorded: the function running it, when known */
 } PyGuardRecorder;
 
+static PyObject *s_getattribute, *s_getattr, *s_get;
 static PyObject *s_defaults, *s_kwdefaults, *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
 
 enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT, SNAP_ITERATOR };
@@ -34,11 +35,64 @@ static int step_is(PyObject *step, char kind) {
     return PyUnicode_READ_CHAR(PyTuple_GET_ITEM(step, 0), 0) == (Py_UCS4)kind;
 }
 
+static PyObject *instance_dict(PyObject *obj, int *err);
+
+/* Whether f is a function of kiln's own package (its attribute hooks read kiln's tables only). */
+static int kiln_function(PyObject *f) {
+    if (!PyFunction_Check(f)) return 0;
+    PyObject *module = PyFunction_GetModule(f);
+    return module && PyUnicode_Check(module) && PyUnicode_Tailmatch(module, s_kiln, 0, 4, -1) == 1 &&
+           (PyUnicode_GET_LENGTH(module) == 4 || PyUnicode_READ_CHAR(module, 4) == '.');
+}
+
+/* Whether reading cur.name would run Python code of the user's: a property or another descriptor
+ * written in Python, a __getattribute__, or a __getattr__ for a name found nowhere else. Its getter
+ * may have effects (self.count += 1), which a guard must not repeat: such a chain is not followed
+ * (the getter's own reads are guarded where it runs). 1, 0, or -1 on error. */
+static int attribute_runs_user_code(PyObject *cur, PyObject *name) {
+    PyTypeObject *tp = Py_TYPE(cur);
+    if (PyModule_Check(cur) || PyType_Check(cur) || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE)) return 0;
+    PyObject *hook = _PyType_Lookup(tp, s_getattribute);
+    if (hook && PyFunction_Check(hook) && !kiln_function(hook)) return 1;
+    PyObject *d = _PyType_Lookup(tp, name);
+    if (d && Py_TYPE(d)->tp_descr_get && !PyFunction_Check(d)) {
+        if (PyObject_TypeCheck(d, &PyProperty_Type)) {
+            PyObject *fget = PyObject_GetAttrString(d, "fget");
+            if (!fget) return -1;
+            int own = kiln_function(fget);
+            Py_DECREF(fget);
+            return !own;
+        }
+        if (Py_TYPE(d)->tp_flags & Py_TPFLAGS_HEAPTYPE) { /* a descriptor class written in Python */
+            PyObject *get = _PyType_Lookup(Py_TYPE(d), s_get);
+            return get && !kiln_function(get);
+        }
+        return 0; /* a method, staticmethod, classmethod, slot or C getter */
+    }
+    if (d) return 0;
+    int err;
+    PyObject *dict = instance_dict(cur, &err);
+    if (err) return -1;
+    int in = dict ? PyDict_Contains(dict, name) : 0;
+    Py_XDECREF(dict);
+    if (in != 0) return in < 0 ? -1 : 0;
+    hook = _PyType_Lookup(tp, s_getattr);
+    return hook && !kiln_function(hook);
+}
+
 /* The object one step reaches from cur (new reference), or NULL: nothing there, also when the
- * step raises an Exception (a failing property: the function meets it itself); an error is left
- * set only for what is not an Exception (KeyboardInterrupt). */
+ * step raises an Exception (a failing property: the function meets it itself) or would run the
+ * user's code (attribute_runs_user_code); an error is left set only for what is not an Exception
+ * (KeyboardInterrupt). */
 static PyObject *walk_step(PyObject *cur, PyObject *step) {
     PyObject *r;
+    if (step_is(step, 'a')) {
+        int runs = attribute_runs_user_code(cur, PyTuple_GET_ITEM(step, 1));
+        if (runs != 0) {
+            if (runs < 0 && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+            return NULL;
+        }
+    }
     if (step_is(step, 'c')) {
         r = PyCell_Check(cur) ? PyCell_GET(cur) : NULL;
         Py_XINCREF(r);
@@ -909,6 +963,8 @@ int pykiln_guard_recorder_init_type(PyObject *module) {
     if (!(s_defaults = PyUnicode_InternFromString("__defaults__")) ||
         !(s_kwdefaults = PyUnicode_InternFromString("__kwdefaults__")) ||
         !(s_attr = PyUnicode_InternFromString("attr")) || !(s_kiln = PyUnicode_InternFromString("kiln")) ||
+        !(s_getattribute = PyUnicode_InternFromString("__getattribute__")) ||
+        !(s_getattr = PyUnicode_InternFromString("__getattr__")) || !(s_get = PyUnicode_InternFromString("__get__")) ||
         !(s_colon = PyUnicode_InternFromString(":")) || !(s_item = PyUnicode_InternFromString("item")) ||
         !(s_contents = PyUnicode_InternFromString("contents")) ||
         !(cell_path = Py_BuildValue("((s))", "cell")) ||

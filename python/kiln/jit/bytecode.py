@@ -697,16 +697,76 @@ def h_load_closure(it, f, arg, name, target):
     _next(f)
 
 
+def _kiln_function(fn):
+    return (getattr(fn, "__module__", None) or "").startswith("kiln")
+
+
+def _user_attribute_code(it, obj, attr):
+    """(function, args) when reading obj.attr runs Python code the user wrote (not kiln's): a
+    property's getter, a descriptor class's __get__, or __getattr__ for a name found nowhere else;
+    else None. It is interpreted as a call, so its reads are guarded and its writes seen, as if the
+    code had called it: run natively, its effects (self.count += 1) and what it read would be baked
+    into the graph. A __getattribute__ written in Python is a graph break."""
+    if isinstance(obj, (type, types.ModuleType)):
+        return None
+    cls = type(obj)
+    hook = cls.__getattribute__
+    if isinstance(hook, types.FunctionType) and not _kiln_function(hook):
+        it.brk(f"reading .{attr} of a {cls.__name__} through its __getattribute__")
+    for klass in cls.__mro__:
+        d = klass.__dict__.get(attr, NULL)
+        if d is NULL:
+            continue
+        if isinstance(d, property):
+            return (d.fget, [obj]) if isinstance(d.fget, types.FunctionType) and not _kiln_function(d.fget) else None
+        get = getattr(type(d), "__get__", None)
+        if not isinstance(get, types.FunctionType) or _kiln_function(get):
+            return None  # a plain class attribute, a method, a slot or a C descriptor
+        data = hasattr(type(d), "__set__") or hasattr(type(d), "__delete__")
+        if not data and attr in getattr(obj, "__dict__", {}):
+            return None
+        return get, [d, obj, cls]
+    if attr in getattr(obj, "__dict__", {}):
+        return None
+    hook = getattr(cls, "__getattr__", None)
+    if isinstance(hook, types.FunctionType) and not _kiln_function(hook):
+        return hook, [obj, attr]
+    return None
+
+
+def _read_through(it, f, code):
+    fn, args = code
+    result = it.call(f, fn, args, {})  # may raise GraphBreak: the frame is untouched
+    f.stack.pop()
+    _next(f)
+    if result is not _PUSHED:
+        f.stack.append(result)
+
+
 def h_load_attr(it, f, arg, name, target):
     attr = f.code.code.co_names[arg]
     obj = f.stack[-1]
+    code = _user_attribute_code(it, obj, attr)
+    if code is not None:
+        _read_through(it, f, code)
+        return
     f.stack[-1] = getattr(obj, attr)
     _next(f)
 
 
 def h_load_method(it, f, arg, name, target):
     attr = f.code.code.co_names[arg]
-    obj = f.stack.pop()
+    obj = f.stack[-1]
+    code = _user_attribute_code(it, obj, attr)
+    if code is not None:  # a callable a property returns: (NULL, its value), as for any attribute
+        f.stack.insert(len(f.stack) - 1, NULL)
+        try:
+            _read_through(it, f, code)
+        except BaseException:
+            del f.stack[-2]
+            raise
+        return
+    f.stack.pop()
     meth = getattr(type(obj), attr, None)
     if isinstance(meth, types.FunctionType) and attr not in getattr(obj, "__dict__", {}) and isinstance(
             _class_attribute(type(obj), attr), types.FunctionType):  # not a staticmethod's function
