@@ -221,6 +221,36 @@ KILN_GRAD(sigmoid_backward) {
     return finish(&sc, ctx, gin, v);
 }
 
+/* gelu_backward(a, x) = a gelu'(x): d/da = gelu_backward(g, x), d/dx = g a gelu''(x), with
+ * gelu''(x) = phi(x) (2 - x^2), phi the standard normal density */
+KILN_GRAD(gelu_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_GELU_BACKWARD, G, B) : NULL, NULL};
+    if (ctx->needs_grad[1]) {
+        kiln_tensor *x2 = bin(&sc, KILN_OP_MUL, B, B);
+        kiln_tensor *phi = bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, bin(&sc, KILN_OP_MUL, x2, scalar(&sc, -0.5, B))),
+                               scalar(&sc, 0.39894228040143268, B));
+        v[1] = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, A),
+                   bin(&sc, KILN_OP_MUL, phi, bin(&sc, KILN_OP_SUB, scalar(&sc, 2.0, B), x2)));
+    }
+    return finish(&sc, ctx, gin, v);
+}
+
+/* silu_backward(a, x) = a silu'(x): d/da = silu_backward(g, x), d/dx = g a silu''(x), with
+ * silu''(x) = s (1 - s) (2 + x (1 - 2 s)), s = sigmoid(x) */
+KILN_GRAD(silu_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *v[2] = {ctx->needs_grad[0] ? bin(&sc, KILN_OP_SILU_BACKWARD, G, B) : NULL, NULL};
+    if (ctx->needs_grad[1]) {
+        kiln_tensor *s = un(&sc, KILN_OP_SIGMOID, B), *one = scalar(&sc, 1.0, B);
+        kiln_tensor *ds = bin(&sc, KILN_OP_MUL, s, bin(&sc, KILN_OP_SUB, one, s));
+        kiln_tensor *inner = bin(&sc, KILN_OP_ADD, scalar(&sc, 2.0, B),
+                                 bin(&sc, KILN_OP_MUL, B, bin(&sc, KILN_OP_SUB, one, bin(&sc, KILN_OP_MUL, scalar(&sc, 2.0, B), s))));
+        v[1] = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, G, A), bin(&sc, KILN_OP_MUL, ds, inner));
+    }
+    return finish(&sc, ctx, gin, v);
+}
+
 /* relu_backward(a, x) = a where x > 0: d/da = the same mask, d/dx = 0 */
 KILN_GRAD(relu_backward) {
     grad_scope sc = {0};

@@ -58,6 +58,14 @@ static inline kiln_tensor *zeros_like(grad_scope *sc, kiln_tensor *g) {
     return where3(sc, keep(sc, s, no), g, scalar(sc, 0.0, g));
 }
 
+/* t summed along a softmax op's axis, kept as size 1 (softmax_backward's s = sum(g y)). */
+static inline kiln_tensor *softmax_row_sum(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor *t) {
+    if (!t || sc->status != KILN_OK) return NULL;
+    kiln_tensor *r = NULL;
+    kiln_status s = kiln_emit_reduce(KILN_OP_SUM, t, 1ull << ctx->attrs->i[KILN_A_SOFTMAX_AXIS], true, &r);
+    return keep(sc, s, r);
+}
+
 /* Finishes a rule: gin[j] = sum_to(value, input j's shape) when needed; releases temps. */
 static inline kiln_status finish(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor **gin, kiln_tensor *const *values) {
     for (int j = 0; j < ctx->nin && sc->status == KILN_OK; j++) {

@@ -178,12 +178,6 @@ static kiln_status along(kiln_op op, kiln_tensor *t, const kiln_grad_ctx *ctx, k
     return kiln_apply(op, 2, in, &a, out);
 }
 
-static kiln_tensor *row_sum(grad_scope *sc, const kiln_grad_ctx *ctx, kiln_tensor *t) {
-    if (!t || sc->status != KILN_OK) return NULL;
-    kiln_tensor *r = NULL;
-    kiln_status s = kiln_emit_reduce(KILN_OP_SUM, t, 1ull << ctx->attrs->i[KILN_A_SOFTMAX_AXIS], true, &r);
-    return keep(sc, s, r);
-}
 
 /* softmax's Jacobian is symmetric: its JVP is its reverse rule, softmax_backward(t, y) */
 JVP(softmax) {
@@ -202,7 +196,7 @@ static kiln_status done(grad_scope *sc, kiln_tensor *v, kiln_tensor **tout) {
 JVP(log_softmax) {
     if (!tin[0]) return KILN_OK;
     grad_scope sc = {0};
-    kiln_tensor *v = bin(&sc, KILN_OP_SUB, tin[0], row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, Y), tin[0])));
+    kiln_tensor *v = bin(&sc, KILN_OP_SUB, tin[0], softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, Y), tin[0])));
     return done(&sc, v, tout);
 }
 
@@ -217,9 +211,9 @@ JVP(softmax_backward) {
         acc = keep(&sc, st, t);
     }
     if (tin[1]) {
-        kiln_tensor *s = row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, y));
+        kiln_tensor *s = softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, y));
         kiln_tensor *term = bin(&sc, KILN_OP_SUB, bin(&sc, KILN_OP_MUL, tin[1], bin(&sc, KILN_OP_SUB, g, s)),
-                                bin(&sc, KILN_OP_MUL, y, row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, tin[1]))));
+                                bin(&sc, KILN_OP_MUL, y, softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, tin[1]))));
         acc = acc ? bin(&sc, KILN_OP_ADD, acc, term) : term;
     }
     return done(&sc, acc, tout);
@@ -235,7 +229,7 @@ JVP(log_softmax_backward) {
         acc = keep(&sc, st, t);
     }
     if (tin[1]) {
-        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, y), tin[1]), row_sum(&sc, ctx, g));
+        kiln_tensor *term = bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_EXP, y), tin[1]), softmax_row_sum(&sc, ctx, g));
         acc = acc ? bin(&sc, KILN_OP_SUB, acc, term) : un(&sc, KILN_OP_NEG, term);
     }
     return done(&sc, acc, tout);

@@ -1,6 +1,7 @@
 /* Gradient rules of the reductions and the softmax family, written with ops only (kiln_emit_*,
  * kiln_apply) so a traced backward is an ordinary graph. */
 #include "../core/hooks.h"
+#include "grad_scope.h"
 
 static uint64_t grad_mask(const kiln_grad_ctx *ctx) {
     return ctx->in_meta[0].ndim ? (uint64_t)ctx->attrs->i[0] : 0;
@@ -187,3 +188,32 @@ static kiln_status grad_softmax(kiln_op backward, const kiln_grad_ctx *ctx, kiln
 
 KILN_GRAD(softmax) { return grad_softmax(KILN_OP_SOFTMAX_BACKWARD, ctx, gout, gin); }
 KILN_GRAD(log_softmax) { return grad_softmax(KILN_OP_LOG_SOFTMAX_BACKWARD, ctx, gout, gin); }
+
+/* z = softmax_backward(g, y) = y (g - s), s = sum(g y) along the axis. Its Jacobian in g is
+ * softmax's (symmetric): dg = softmax_backward(c, y); in y: dy = c (g - s) - g sum(c y). */
+KILN_GRAD(softmax_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *c = gout[0], *v[2] = {NULL, NULL};
+    if (ctx->needs_grad[0]) {
+        kiln_tensor *in[2] = {c, y}, *t = NULL;
+        kiln_status st = kiln_apply(KILN_OP_SOFTMAX_BACKWARD, 2, in, ctx->attrs, &t);
+        v[0] = keep(&sc, st, t);
+    }
+    if (ctx->needs_grad[1]) {
+        kiln_tensor *s = softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, g, y));
+        v[1] = bin(&sc, KILN_OP_SUB, bin(&sc, KILN_OP_MUL, c, bin(&sc, KILN_OP_SUB, g, s)),
+                   bin(&sc, KILN_OP_MUL, g, softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, c, y))));
+    }
+    return finish(&sc, ctx, gin, v);
+}
+
+/* z = log_softmax_backward(g, y) = g - exp(y) sum(g): dg = c - sum(c exp(y)), dy = -c exp(y) sum(g) */
+KILN_GRAD(log_softmax_backward) {
+    grad_scope sc = {0};
+    kiln_tensor *g = ctx->in[0], *y = ctx->in[1], *c = gout[0], *v[2] = {NULL, NULL};
+    kiln_tensor *e = un(&sc, KILN_OP_EXP, y);
+    if (ctx->needs_grad[0]) v[0] = bin(&sc, KILN_OP_SUB, c, softmax_row_sum(&sc, ctx, bin(&sc, KILN_OP_MUL, c, e)));
+    if (ctx->needs_grad[1])
+        v[1] = un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, bin(&sc, KILN_OP_MUL, c, e), softmax_row_sum(&sc, ctx, g)));
+    return finish(&sc, ctx, gin, v);
+}
