@@ -159,7 +159,8 @@ static void plan_joined_inputs(const kiln_plan *e, const bool *output_root, cons
             int32_t v = nd->in[k];
             const kiln_value *val = &g->values[v];
             ok = val->kind == KILN_VALUE_NODE && e->root[v] == v && !output_root[v] && region[v] < 0 &&
-                 !kiln_op_is_control(g->nodes[val->node].op) && e->last_use[v] == i && step_of[val->node] < i &&
+                 !is_alias_op(g->nodes[val->node].op) && !kiln_op_is_control(g->nodes[val->node].op) &&
+                 e->last_use[v] == i && step_of[val->node] < i &&
                  val->meta.dtype == g->values[y].meta.dtype && kiln_meta_numel(&val->meta) > 0;
             for (int j = 0; j < k && ok; j++) ok = nd->in[j] != v;
         }
