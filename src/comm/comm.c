@@ -485,10 +485,10 @@ static bool ordered(const call *c, kiln_dtype dtype) {
  * sum. A bucket and a single tensor do the same, so bucketing changes no value. */
 static bool scale_first(int op, int size) { return op == KILN_COMM_MEAN && (size & (size - 1)) == 0; }
 
-/* dst[0..n) = src (contiguous, float dtype when scaling) times scale */
+/* dst[0..n) = src (contiguous, float dtype when scaling) times scale; dst may be src */
 static void copy_scaled(void *dst, const void *src, int64_t n, kiln_dtype dtype, double scale) {
     if (scale == 1.0) {
-        memcpy(dst, src, (size_t)n * kiln_dtype_size(dtype));
+        if (dst != src) memcpy(dst, src, (size_t)n * kiln_dtype_size(dtype));
     } else if (dtype == KILN_DTYPE_FLOAT32) {
         float *d = dst, f = (float)scale;
         const float *s = src;
@@ -581,21 +581,66 @@ static int64_t layout_hash(kiln_tensor *const *x, int n) {
     return (int64_t)(h >> 1);
 }
 
-kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
-    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
-    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
-    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
+/* Whether the bucket's tensors already lie in out, contiguous and one after the other (the memory
+ * planner put them there: src/plan/plan.c, ops.def's JOINS_INPUTS): then out is reduced in place,
+ * nothing packed (DDP's gradients written straight into their bucket). */
+static bool laid_out_in(kiln_tensor *const *x, int n, const kiln_tensor *out) {
     size_t item = kiln_dtype_size(out->meta.dtype);
-    char *buf = staging((size_t)out->numel * item);
-    if (!buf) return KILN_ERR_MEMORY;
+    const char *at = out->data;
+    int64_t total = 0;
+    for (int k = 0; k < n; k++) {
+        if (x[k]->meta.dtype != out->meta.dtype || !kiln_tensor_is_contiguous(x[k]) || (const char *)x[k]->data != at)
+            return false;
+        at += (size_t)x[k]->numel * item;
+        total += x[k]->numel;
+    }
+    return total == out->numel;
+}
+
+static _Atomic long long buckets_in_place, buckets_packed;
+static double bucket_seconds; /* whole bucket calls: header, packing or scaling, the all-reduce */
+
+void kiln_comm_bucket_counts(long long *in_place, long long *packed, double *seconds) {
+    *in_place = buckets_in_place;
+    *packed = buckets_packed;
+    *seconds = bucket_seconds;
+}
+
+/* The bucket's values in buf (out's data when they lie there already: scaled in place), scaled
+ * for a mean over a power-of-two group. */
+static kiln_status fill_bucket(const call *c, kiln_tensor *const *x, int n, kiln_tensor *out, char *buf) {
+    double scale = scale_first(c->op, c->g->size) ? 1.0 / c->g->size : 1.0;
+    if (buf == out->data) {
+        if (scale != 1.0) copy_scaled(buf, buf, out->numel, out->meta.dtype, scale);
+        buckets_in_place++;
+        return KILN_OK;
+    }
+    size_t item = kiln_dtype_size(out->meta.dtype);
     int64_t at = 0;
     for (int k = 0; k < n; k++) {
         if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
-            return fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
+            return fail(KILN_ERR_VALUE, c, "", "the bucket's tensors do not match its buffer");
         KILN_TRY(pack(buf + (size_t)at * item, x[k], scale));
         at += x[k]->numel;
     }
+    buckets_packed++;
+    return KILN_OK;
+}
+
+static kiln_status bucket(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
+    KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
+    char *buf = laid_out_in(x, n, out) ? out->data : staging((size_t)out->numel * kiln_dtype_size(out->meta.dtype));
+    if (!buf) return KILN_ERR_MEMORY;
+    KILN_TRY(fill_bucket(&c, x, n, out, buf));
     return reduce_into(&c, buf, out);
+}
+
+kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    double t0 = seconds_now();
+    kiln_status s = bucket(x, n, op, g, out);
+    bucket_seconds += seconds_now() - t0;
+    return s;
 }
 
 /* ---- all-reduces in flight (a compiled plan's overlap: start after the last gradient, wait at
@@ -615,25 +660,16 @@ typedef struct pending {
 static pending in_flight[MAX_PENDING];
 static int nin_flight;
 
-kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+static kiln_status start(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
     call c = {C_ALL_REDUCE, op, 0, NULL, &out->meta, n, layout_hash(x, n)};
     KILN_TRY(begin(&c, "all_reduce", g, NULL, NULL));
     if (nin_flight == MAX_PENDING)
         return fail(KILN_ERR_LIMIT, &c, "", "more than 64 all-reduces in flight");
-    double scale = scale_first(op, c.g->size) ? 1.0 / c.g->size : 1.0;
-    size_t item = kiln_dtype_size(out->meta.dtype);
-    char *buf = kiln_alloc((size_t)out->numel * item + 1);
+    bool in_place = laid_out_in(x, n, out);
+    char *buf = in_place ? out->data : kiln_alloc((size_t)out->numel * kiln_dtype_size(out->meta.dtype) + 1);
     if (!buf) return KILN_ERR_MEMORY;
-    kiln_status s = KILN_OK;
-    int64_t at = 0;
-    for (int k = 0; k < n && s == KILN_OK; k++) {
-        if (x[k]->meta.dtype != out->meta.dtype || at + x[k]->numel > out->numel)
-            s = fail(KILN_ERR_VALUE, &c, "", "the bucket's tensors do not match its buffer");
-        else
-            s = pack(buf + (size_t)at * item, x[k], scale);
-        at += x[k]->numel;
-    }
-    pending p = {.out = out->data, .packed = buf, .g = c.g, .op = op};
+    kiln_status s = fill_bucket(&c, x, n, out, buf);
+    pending p = {.out = out->data, .packed = in_place ? NULL : buf, .g = c.g, .op = op};
     call_str(&c, p.what, sizeof p.what);
     if (s == KILN_OK && comm.be->all_reduce_start && !ordered(&c, out->meta.dtype)) {
         char err[512] = "";
@@ -647,14 +683,30 @@ kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int
         p.op = KILN_COMM_SUM; /* (a mean's division is done) */
     }
     if (s != KILN_OK) {
-        kiln_free(buf);
+        kiln_free(p.packed);
         return s;
     }
     in_flight[nin_flight++] = p;
     return KILN_OK;
 }
 
+kiln_status kiln_comm_all_reduce_start(kiln_tensor *const *x, int n, int op, int g, kiln_tensor *out) {
+    double t0 = seconds_now();
+    kiln_status s = start(x, n, op, g, out);
+    bucket_seconds += seconds_now() - t0;
+    return s;
+}
+
+static kiln_status wait_for(kiln_tensor *out);
+
 kiln_status kiln_comm_all_reduce_wait(kiln_tensor *out) {
+    double t0 = seconds_now();
+    kiln_status s = wait_for(out);
+    bucket_seconds += seconds_now() - t0;
+    return s;
+}
+
+static kiln_status wait_for(kiln_tensor *out) {
     int k = 0;
     while (k < nin_flight && in_flight[k].out != out->data) k++;
     if (k == nin_flight)

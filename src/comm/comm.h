@@ -63,8 +63,13 @@ int64_t kiln_comm_fusion_bytes(void);
  * rows; reduce_scatter: x.shape[0] / size rows); x may have any layout. */
 kiln_status kiln_comm_all_reduce(kiln_tensor *x, int op, int group, kiln_tensor *out);
 /* The all-reduce of n tensors of one dtype as one call (a gradient bucket): out, 1-D, holds their
- * elements one after the other, reduced; the ranks' headers also compare the tensors' shapes. */
+ * elements one after the other, reduced; the ranks' headers also compare the tensors' shapes.
+ * When the tensors already lie in out, contiguous and in order (a compiled plan put them there),
+ * out is reduced in place (the tensors' values are then overwritten); else they are packed. */
 kiln_status kiln_comm_all_reduce_bucket(kiln_tensor *const *x, int n, int op, int group, kiln_tensor *out);
+/* How many buckets this process reduced in place, and packed (all_reduce_bucket and starts), and
+ * the seconds spent in those calls (and the waits): headers, packing or scaling, the all-reduce. */
+void kiln_comm_bucket_counts(long long *in_place, long long *packed, double *seconds);
 /* The same, in two halves: start packs the tensors and begins the all-reduce into out (a backend
  * without a non-blocking call reduces now); wait, given the same out, completes it. Between them
  * out must stay alive and unread; other collectives may run. */

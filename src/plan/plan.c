@@ -136,6 +136,55 @@ static kiln_status arena_give(arena_plan *a, int64_t offset, int64_t size) {
     return KILN_OK;
 }
 
+/* Gradient buckets laid out in place (ops.def's JOINS_INPUTS: all_reduce_bucket, all_reduce_start):
+ * when every input of such a node is a buffer of its own made by this plan (not a graph input, a
+ * view, an alias or a result), of the output's dtype, distinct, read by nothing after the node,
+ * the inputs are placed one after the other in the output's block, which is taken when the first
+ * of them is made and lives to the output's last use; the kernel then finds them there and works
+ * in place. region[v]: the output whose block input v lies in (-1: none), at byte region_at[v].
+ * KILN_BUCKET_IN_PLACE=0 in the environment (read per plan) leaves every bucket to pack. */
+static void plan_joined_inputs(const kiln_plan *e, const bool *output_root, const int32_t *step_of, int32_t *region,
+                               int64_t *region_at) {
+    const kiln_graph *g = e->g;
+    for (int32_t v = 0; v < g->nvalues; v++) region[v] = -1;
+    const char *env = getenv("KILN_BUCKET_IN_PLACE");
+    if (env && strcmp(env, "0") == 0) return;
+    for (int32_t i = 0; i < e->norder; i++) {
+        const kiln_node *nd = &g->nodes[e->order[i]];
+        if (!(kiln_op_table[nd->op].flags & KILN_OPF_JOINS_INPUTS) || nd->nout != 1) continue;
+        int32_t y = nd->out[0];
+        if (output_root[y] || e->root[y] != y) continue;
+        bool ok = nd->nin > 0;
+        for (int k = 0; k < nd->nin && ok; k++) {
+            int32_t v = nd->in[k];
+            const kiln_value *val = &g->values[v];
+            ok = val->kind == KILN_VALUE_NODE && e->root[v] == v && !output_root[v] && region[v] < 0 &&
+                 !is_alias_op(g->nodes[val->node].op) && !kiln_op_is_control(g->nodes[val->node].op) &&
+                 e->last_use[v] == i && step_of[val->node] < i &&
+                 val->meta.dtype == g->values[y].meta.dtype && kiln_meta_numel(&val->meta) > 0;
+            for (int j = 0; j < k && ok; j++) ok = nd->in[j] != v;
+        }
+        if (!ok) continue;
+        int64_t at = 0;
+        for (int k = 0; k < nd->nin; k++) {
+            region[nd->in[k]] = y, region_at[nd->in[k]] = at;
+            at += (int64_t)meta_bytes(&g->values[nd->in[k]].meta);
+        }
+    }
+}
+
+bool kiln_plan_joins_in_place(const kiln_plan *p, int32_t node) {
+    const kiln_node *nd = &p->g->nodes[node];
+    if (!(kiln_op_table[nd->op].flags & KILN_OPF_JOINS_INPUTS) || nd->nout != 1 || p->offset[nd->out[0]] < 0)
+        return false;
+    int64_t at = p->offset[nd->out[0]];
+    for (int k = 0; k < nd->nin; k++) {
+        if (p->offset[nd->in[k]] != at || p->root[nd->in[k]] != nd->in[k]) return false;
+        at += (int64_t)meta_bytes(&p->g->values[nd->in[k]].meta);
+    }
+    return nd->nin > 0;
+}
+
 /* Appends root r to the buffers given back after step i. */
 static kiln_status note_freed(kiln_plan *e, int32_t i, int32_t r) {
     int32_t n = 0;
@@ -153,9 +202,12 @@ static kiln_status plan_memory(kiln_plan *e) {
     int32_t nv = g->nvalues;
     bool *output_root = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
     int32_t *end = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1)); /* last_use, then -1 moved / -2 given back */
+    int32_t *region = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
+    int64_t *region_at = kiln_malloc(sizeof(int64_t) * (size_t)(nv ? nv : 1));
+    int32_t *step_of = kiln_malloc(sizeof(int32_t) * (size_t)(g->nnodes ? g->nnodes : 1));
     arena_plan a = {0};
     kiln_status s = KILN_OK;
-    if (!output_root || !end) {
+    if (!output_root || !end || !region || !region_at || !step_of) {
         s = kiln_error(KILN_ERR_MEMORY, "out of memory planning memory");
         goto done;
     }
@@ -182,6 +234,10 @@ static kiln_status plan_memory(kiln_plan *e) {
     for (int32_t v = 0; v < nv; v++)
         if (output_root[v] || g->values[v].kind != KILN_VALUE_NODE) e->last_use[v] = e->norder;
     memcpy(end, e->last_use, sizeof(int32_t) * (size_t)nv);
+    for (int32_t i = 0; i < e->norder; i++) step_of[e->order[i]] = i;
+    plan_joined_inputs(e, output_root, step_of, region, region_at);
+    for (int32_t v = 0; v < nv; v++)
+        if (region[v] >= 0) end[v] = -1; /* the block is its bucket's, given back with it */
     /* walk the order, handing out and taking back blocks */
     for (int32_t i = 0; i < e->norder && s == KILN_OK; i++) {
         const kiln_node *nd = &g->nodes[e->order[i]];
@@ -191,6 +247,12 @@ static kiln_status plan_memory(kiln_plan *e) {
             int32_t v = nd->out[k];
             if (output_root[v]) continue;
             int64_t size = (int64_t)meta_bytes(&g->values[v].meta);
+            if (region[v] >= 0) { /* into its bucket's block, taken by the first input made */
+                int32_t y = region[v];
+                if (e->offset[y] < 0) s = arena_take(&a, (int64_t)meta_bytes(&g->values[y].meta), &e->offset[y]);
+                e->offset[v] = e->offset[y] + region_at[v];
+                continue;
+            }
             /* in place: an elementwise input whose buffer dies here, same dtype and shape */
             if (kiln_op_table[nd->op].fusion == KILN_FUSE_ELEMENTWISE && nd->op != KILN_OP_CAST) {
                 for (int j = 0; j < nd->nin; j++) {
@@ -231,7 +293,7 @@ static kiln_status plan_memory(kiln_plan *e) {
         if (e->root[g->outputs[k]] == g->outputs[k] && g->values[g->outputs[k]].kind == KILN_VALUE_NODE)
             e->output_bytes += meta_bytes(&g->values[g->outputs[k]].meta);
 done:
-    free(output_root), free(end), free(a.free_blocks);
+    free(output_root), free(end), free(region), free(region_at), free(step_of), free(a.free_blocks);
     return s;
 }
 

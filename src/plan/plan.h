@@ -8,7 +8,9 @@
  * Memory plan (ggml-alloc's rules): every intermediate that owns its buffer gets a block of one
  * arena, freed after the last use of the buffer (through any view of it); an elementwise node
  * writes in place into an input buffer that dies with it when shapes and dtypes match; buffers
- * that graph outputs live in are never planned (they are allocated per call and handed out).
+ * that graph outputs live in are never planned (they are allocated per call and handed out); the
+ * inputs of a gradient bucket (ops.def's JOINS_INPUTS), when this plan makes them, are laid out one
+ * after the other in the bucket's own block, so that it reduces them in place.
  * A graph with symbolic sizes is planned once and bound per binding (kiln_plan_bind, below). */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
@@ -38,6 +40,10 @@ struct kiln_plan {
     bool poison;             /* debug: fill buffers with NaN after their last use */
     bool symbolic;           /* planned at the hints of a graph with symbolic sizes: run only its bindings */
 };
+
+/* Whether node `node` (a JOINS_INPUTS op: a gradient bucket) finds its inputs laid out in its
+ * output's block, in order: it then runs in place (kiln.jit's explain says so). */
+bool kiln_plan_joins_in_place(const kiln_plan *p, int32_t node);
 
 /* Plans g (the plan keeps its own copy; g may be freed). */
 kiln_status kiln_plan_build(const kiln_graph *g, const kiln_compile_options *opt, kiln_plan **out);

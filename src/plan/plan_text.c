@@ -7,7 +7,8 @@
  *
  * Each step names its node's outputs and where each lives: `@offset size last step` in the arena,
  * `view of %r`, `output` (allocated per call), `per call` (neither planned nor returned); then the
- * planned buffers given back after it. Control-flow steps list their nested plans, indented. */
+ * planned buffers given back after it. A gradient bucket whose inputs the plan laid out in its own
+ * block says `{inputs in place}`. Control-flow steps list their nested plans, indented. */
 #include "plan.h"
 
 #include "../core/strbuf.h"
@@ -54,6 +55,7 @@ static void plan_text(kiln_strbuf *t, const kiln_plan *p, int depth) {
         kiln_strbuf_printf(t, ")");
         if (nd->op == KILN_OP_FUSED)
             kiln_strbuf_printf(t, " {subgraph %lld}", (long long)nd->attrs.i[KILN_A_FUSED_SUBGRAPH]);
+        if (kiln_plan_joins_in_place(p, node)) kiln_strbuf_printf(t, " {inputs in place}");
         for (int k = 0; k < nd->nout; k++) value_place(t, p, nd->out[k]);
         if (p->freed_after[i] && p->freed_after[i][0] >= 0) {
             kiln_strbuf_printf(t, "  frees");

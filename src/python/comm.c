@@ -193,6 +193,14 @@ static PyObject *py_comm_all_reduce_seconds(PyObject *self, PyObject *unused) {
     return PyFloat_FromDouble(kiln_comm_all_reduce_seconds());
 }
 
+static PyObject *py_comm_bucket_counts(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    long long in_place, packed;
+    double seconds;
+    kiln_comm_bucket_counts(&in_place, &packed, &seconds);
+    return Py_BuildValue("(LLd)", in_place, packed, seconds);
+}
+
 static PyObject *py_comm_abort(PyObject *self, PyObject *arg) {
     (void)self;
     int code = (int)PyLong_AsLong(arg);
@@ -230,6 +238,9 @@ static PyMethodDef comm_methods[] = {
     {"comm_overlap", py_comm_overlap, METH_NOARGS, "whether compiled buckets overlap (comm_set_overlap)"},
     {"comm_all_reduce_seconds", py_comm_all_reduce_seconds, METH_NOARGS,
      "seconds this process spent in the backend's all-reduce calls (blocking, starts and waits)"},
+    {"comm_bucket_counts", py_comm_bucket_counts, METH_NOARGS,
+     "(in place, packed, seconds): how many gradient buckets this process reduced where the plan laid their "
+     "tensors out, and by packing them, and the seconds spent in those calls (headers, packing, all-reduce)"},
     {"comm_abort", py_comm_abort, METH_O, "comm_abort(code): ends every rank of the job; does not return"},
     {NULL, NULL, 0, NULL},
 };

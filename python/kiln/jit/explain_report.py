@@ -143,17 +143,19 @@ def _dynamic_graph(graph_text, guard_names, d):
 
 def _buckets(exe):
     """The gradient buckets of a compiled graph's plan (all_reduce_bucket nodes, or all_reduce_start
-    with overlap), as a line, or None."""
+    with overlap), as a line, or None. Each says whether the plan laid its gradients out in the
+    bucket's own memory (reduced in place) or the bucket packs them."""
     if exe is None or not hasattr(exe, "plan_str"):
         return None
-    found = [line.partition(op)[2].partition(")")[0] for line in exe.plan_str().splitlines()
-             for op in ("all_reduce_bucket(", "all_reduce_start(") if op in line]
+    found = [(line.partition(op)[2].partition(")")[0], "{inputs in place}" in line)
+             for line in exe.plan_str().splitlines() for op in ("all_reduce_bucket(", "all_reduce_start(") if op in line]
     if not found:
         return None
     overlapped = " started after their last gradient, waited for at the first use" if \
         "all_reduce_start(" in exe.plan_str() else ""
     return (f"{len(found)} gradient bucket{'s' if len(found) > 1 else ''} (one all-reduce each{overlapped}): "
-            + "; ".join(f"{len(args.split(','))} tensors ({args})" for args in found))
+            + "; ".join(f"{len(args.split(','))} tensors ({args}) {'in place' if in_place else 'packed'}"
+                        for args, in_place in found))
 
 
 def _recomputed(exe):
