@@ -56,6 +56,11 @@ enum kiln_op_flags {
      * shape a backward op produces, a fused group's or a loop gradient's subgraph shapes): a graph
      * rebound to other input shapes (kiln_graph_rebind) must be given them anew, never keep them */
     KILN_OPF_SIZED = 1 << 29,
+    /* the inputs it writes in place (KILN_OPF_WRITES_INPUT) are optional running state that,
+     * while attribute i[0] is nonzero (training), its outputs never read: given empty tensors
+     * there it writes nothing and computes the same outputs (batch_norm's running statistics),
+     * which is how recomputation runs it again (src/passes/recompute.c) */
+    KILN_OPF_OPTIONAL_STATE = 1 << 30,
     /* math functions the C expression calls (costly per element; codegen's prelude has
      * vectorizable float32 exp, log, erf and tanh) */
     KILN_OPF_EXP = 1 << 24,
@@ -78,9 +83,9 @@ enum kiln_op_flags {
  * printing and checks. Such nodes are kept, never merged, and kept in order. */
 #define KILN_OPF_SIDE_EFFECTS (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)
 /* Every flag its own bit (bits 0-7 named above, 8-15 unsaved inputs, 16-23 written inputs). */
-#define KILN_OPF_HIGH_BITS_ (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_DTYPE_ATTR)
+#define KILN_OPF_HIGH_BITS_ (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_OPTIONAL_STATE | KILN_OPF_DTYPE_ATTR)
 _Static_assert(0xffffffull + KILN_OPF_EXP + KILN_OPF_LOG + KILN_OPF_ERF + KILN_OPF_TANH + KILN_OPF_LIBM + KILN_OPF_SIZED +
-                       KILN_OPF_DTYPE_ATTR ==
+                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR ==
                    (0xffffffull | KILN_OPF_HIGH_BITS_),
                "two op flags share a bit");
 
