@@ -15,7 +15,13 @@ the graph unchanged; exec_order="dfs" against "bfs" on a branching graph. Times 
 measured peaks are kiln's allocator high-water mark during a call, beyond what it held before
 the step was first called. --quick runs reduced sizes (about 15 s; the targets are the issue's,
 for the full sizes, which take about 7 minutes on a busy 2-core machine: a step of the MLP is about
-80 GFLOP)."""
+80 GFLOP).
+
+Default settings (issue 33): SublinearMemoryConfig() with nothing set, on a deep tanh-residual MLP
+(24 blocks x + tanh(dense(x))) and a 20-block CNN (x + relu(batchnorm(conv3x3(x)))), each trained
+under kiln.trace(symbolic=True) and kiln.jit (trace capture, O1), against the same entry without
+the config: measured peak at most 0.5x, step time at most 1.35x. --defaults-only prints just
+these (under a minute)."""
 import argparse
 import sys
 import time
@@ -73,6 +79,38 @@ def compare(name, build, x, runs, peak_target, time_target, workers):
     return ok
 
 
+def default_settings(name, build, x, runs):
+    """SublinearMemoryConfig() as it comes, under kiln.trace(symbolic=True) and kiln.jit, against
+    the same entry without it: measured peak and step time."""
+    ok = True
+    for entry, label in (("trace", "kiln.trace(symbolic=True)"), ("jit", "kiln.jit O1")):
+        base = T.Step(build, entry=entry)
+        base.first_call(x)
+        mb = base.measured_peak(x)
+        sub = T.Step(build, entry=entry, sublinear_memory_config=SublinearMemoryConfig())
+        sub.first_call(x)
+        ms = sub.measured_peak(x)
+        tb, ts = best_of_alternating([base, sub], x, runs)
+        r = sub.report()
+        print(f"{name}, {label}, SublinearMemoryConfig(): {r['recomputed_ops']} ops recomputed "
+              f"({r['extra_flops'] / 1e9:.2f} GFLOP), {r['checkpoints']} checkpoints")
+        ok &= row(f"{name} {entry} default peak", ms / 2**20, "MB", "without the config", mb / 2**20, ms / mb, 0.5)
+        ok &= row(f"{name} {entry} default step time", ts * 1e3, "ms", "without the config", tb * 1e3, ts / tb,
+                  1.35)
+        del base, sub
+    return ok
+
+
+def defaults(quick, runs):
+    mlp_n, mlp_w, mlp_b = (24, 64, 256) if quick else (24, 256, 1024)
+    cnn_c, cnn_hw, cnn_b = (8, 8, 4) if quick else (32, 16, 8)
+    ok = default_settings(f"tanh-residual MLP {mlp_n}x{mlp_w}, batch {mlp_b}", partial(T.tanh_residual_mlp, mlp_n, mlp_w),
+                          T.inputs((mlp_b, mlp_w)), runs)
+    ok &= default_settings(f"20-block CNN {cnn_c}ch {cnn_hw}x{cnn_hw}, batch {cnn_b}",
+                           partial(T.conv_residual_cnn, 20, cnn_c), T.inputs((cnn_b, cnn_c, cnn_hw, cnn_hw)), runs)
+    return ok
+
+
 def search_checks(build, x, workers):
     greedy = T.Step(build, sublinear_memory_config=SublinearMemoryConfig(num_worker=workers))
     genetic = T.Step(build, sublinear_memory_config=SublinearMemoryConfig(genetic_nr_iter=4, genetic_pool_size=8,
@@ -111,10 +149,14 @@ def main():
     p.add_argument("--quick", action="store_true", help="reduced sizes")
     p.add_argument("--runs", type=int, default=3, help="timed calls of each step")
     p.add_argument("--workers", type=int, default=2, help="SublinearMemoryConfig.num_worker")
+    p.add_argument("--defaults-only", action="store_true", help="only SublinearMemoryConfig() as it comes")
     a = p.parse_args()
+    ok = defaults(a.quick, a.runs)
+    if a.defaults_only:
+        return 0 if ok else 1
     n, width, batch = (20, 256, 64) if a.quick else (50, 1024, 256)
     c, hw, bb = (8, 8, 4) if a.quick else (32, 16, 8)
-    ok = compare(f"residual MLP {n}x{width}, batch {batch}", partial(T.residual_mlp, n, width),
+    ok &= compare(f"residual MLP {n}x{width}, batch {batch}", partial(T.residual_mlp, n, width),
                  T.inputs((batch, width)), a.runs, 0.4, 1.35, a.workers)
     ok &= compare(f"8 BasicBlocks {c}ch {hw}x{hw}, batch {bb}", partial(T.basicblock_stack, 8, c),
                   T.inputs((bb, c, hw, hw)), a.runs, 0.6, 1.35, a.workers)

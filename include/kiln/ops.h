@@ -56,10 +56,11 @@ enum kiln_op_flags {
      * shape a backward op produces, a fused group's or a loop gradient's subgraph shapes): a graph
      * rebound to other input shapes (kiln_graph_rebind) must be given them anew, never keep them */
     KILN_OPF_SIZED = 1 << 29,
-    /* out[0] is 1-D and holds its inputs' elements one after the other (a gradient bucket); the
-     * kernel works in place when it finds its inputs already laid out there, contiguous and in
-     * order, so the memory planner may place them so (src/plan/plan.c) */
-    KILN_OPF_JOINS_INPUTS = 1 << 30,
+    /* the inputs it writes in place (KILN_OPF_WRITES_INPUT) are optional running state that,
+     * while attribute i[0] is nonzero (training), its outputs never read: given empty tensors
+     * there it writes nothing and computes the same outputs (batch_norm's running statistics),
+     * which is how recomputation runs it again (src/passes/recompute.c) */
+    KILN_OPF_OPTIONAL_STATE = 1 << 30,
     /* math functions the C expression calls (costly per element; codegen's prelude has
      * vectorizable float32 exp, log, erf and tanh) */
     KILN_OPF_EXP = 1 << 24,
@@ -70,6 +71,11 @@ enum kiln_op_flags {
 };
 /* attribute i[0] is the output's kiln_dtype (cast, creation ops); a define: an enum constant is an int */
 #define KILN_OPF_DTYPE_ATTR (1u << 31)
+/* out[0] is 1-D and holds its inputs' elements one after the other (a gradient bucket); the
+ * kernel works in place when it finds its inputs already laid out there, contiguous and in
+ * order, so the memory planner may place them so (src/plan/plan.c). Beyond 32 bits: flags is
+ * a uint64_t. */
+#define KILN_OPF_JOINS_INPUTS (1ull << 32)
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
@@ -82,9 +88,10 @@ enum kiln_op_flags {
  * printing and checks. Such nodes are kept, never merged, and kept in order. */
 #define KILN_OPF_SIDE_EFFECTS (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)
 /* Every flag its own bit (bits 0-7 named above, 8-15 unsaved inputs, 16-23 written inputs). */
-#define KILN_OPF_HIGH_BITS_ (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_JOINS_INPUTS | KILN_OPF_DTYPE_ATTR)
+#define KILN_OPF_HIGH_BITS_ \
+    (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_OPTIONAL_STATE | KILN_OPF_DTYPE_ATTR | KILN_OPF_JOINS_INPUTS)
 _Static_assert(0xffffffull + KILN_OPF_EXP + KILN_OPF_LOG + KILN_OPF_ERF + KILN_OPF_TANH + KILN_OPF_LIBM + KILN_OPF_SIZED +
-                       KILN_OPF_JOINS_INPUTS + KILN_OPF_DTYPE_ATTR ==
+                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR + KILN_OPF_JOINS_INPUTS ==
                    (0xffffffull | KILN_OPF_HIGH_BITS_),
                "two op flags share a bit");
 
@@ -113,7 +120,7 @@ typedef struct kiln_op_info {
     int nin;  /* KILN_VARIADIC: checked by infer */
     int nout;
     kiln_fusion fusion;
-    unsigned flags;
+    uint64_t flags;
     kiln_infer_fn infer;
     kiln_kernel_fn kernel;
     kiln_grad_fn grad;   /* kiln_grad_none: not differentiable */

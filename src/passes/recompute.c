@@ -6,10 +6,12 @@
  * node is never dropped nor recomputed). A value v made by node p in block b is dropped when it
  * has a gap in its uses that ends at a reader outside b: it is kept up to the use before the
  * largest such gap, and the readers after it read a copy. The copy of p reads, for each input,
- * the copy of a value dropped from the same block (made recursively), otherwise the original
- * (which then lives longer: what that costs is the planner's to measure). Copies are shared by
- * every later reader. Block endpoints (the last node of a block, when `endpoint` says so) are the
- * checkpoints: their outputs are never dropped.
+ * the copy of a value dropped from the same block, or of any value that is no checkpoint and
+ * whose last reader has run by then (made recursively: a segment is made again from its
+ * checkpoints, and the pre-activation of a dropped activation is not kept alive in its place),
+ * otherwise the original (which then lives longer: what that costs is the planner's to measure).
+ * Copies are shared by every later reader. Block endpoints (the last node of a block, when
+ * `endpoint` says so) are the checkpoints: their outputs are never dropped.
  *
  * Never dropped nor recomputed: random ops (dropout keeps its mask), ops with effects or in-place
  * writes, control flow and fused groups holding such ops; and no copy runs after an in-place write
@@ -19,6 +21,15 @@
  * without the pass, and the planner places them like any other node. */
 #include "../ir/control.h"
 #include "passes_internal.h"
+
+/* A training batch_norm (an op with KILN_OPF_OPTIONAL_STATE, i[0] set) whose only effect is the
+ * update of its running state: its copy is given empty state, writes nothing and makes the same
+ * outputs, so it may run again. */
+static bool state_only_effects(const kiln_node *n) {
+    uint32_t f = kiln_op_table[n->op].flags;
+    return (f & KILN_OPF_OPTIONAL_STATE) && n->attrs.ni > 0 && n->attrs.i[0] != 0 &&
+           !(f & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_EFFECT | KILN_OPF_CONTROL));
+}
 
 static bool impure_subgraph(const kiln_graph *sub) {
     for (int32_t i = 0; i < sub->nnodes; i++)
@@ -42,7 +53,7 @@ static kiln_status recomputable_nodes(const kiln_graph *g, bool *ok, int32_t *ne
     for (int32_t v = 0; v < nv; v++) writer[v] = nn;
     for (int32_t i = nn - 1; i >= 0; i--) {
         const kiln_node *n = &g->nodes[i];
-        bool good = !kiln_node_has_effects(n) && !kiln_op_is_control(n->op);
+        bool good = (!kiln_node_has_effects(n) || state_only_effects(n)) && !kiln_op_is_control(n->op);
         kiln_graph *sub;
         if (good && n->op == KILN_OP_FUSED) /* a group whose subgraph is missing is not recomputed */
             good = kiln_graph_body(g, n, 0, &sub) == KILN_OK && !impure_subgraph(sub);
@@ -98,6 +109,9 @@ static kiln_status collect_uses(const kiln_graph *g, uses *u) {
 typedef struct {
     const kiln_graph *g;
     const int32_t *block;
+    const bool *endpoint;  /* per node: its outputs are checkpoints */
+    const bool *pinned;    /* per value: a graph output or written in place: never copied */
+    const int32_t *last;   /* per value: its last reader in the graph, or -1 */
     int32_t *drop_after; /* per value: the last node reading the original, or -1 when kept */
     int32_t *copy;       /* per value: its copy in the new graph, or -1 */
     kiln_rewriter rw;
@@ -114,6 +128,29 @@ static bool dropped_at(const rewrite *r, int32_t v, int32_t reader) {
     return r->drop_after[v] >= 0 && reader > r->drop_after[v];
 }
 
+/* Whether a copy made for `reader` (of a node in block b) makes its input w again rather than
+ * read the original: when w was dropped from block b, or when w is no checkpoint and its last
+ * reader runs before `reader` (reading the original would keep it alive until then: an
+ * activation's pre-activation, a normalization's input, kept in place of the value dropped). */
+static bool copy_input(const rewrite *r, int32_t w, int32_t reader, int32_t b) {
+    const kiln_value *wv = &r->g->values[w];
+    if (wv->kind != KILN_VALUE_NODE) return false;
+    int32_t q = wv->node;
+    if (r->block[q] < 0 || !can_recompute(r, q, reader)) return false;
+    if (dropped_at(r, w, reader)) return r->block[q] == b;
+    return !r->pinned[w] && !(r->endpoint && r->endpoint[q]) && r->last[w] < reader;
+}
+
+/* An empty tensor of w's dtype, one dimension of size 0 (a copy's running state: none). */
+static kiln_status empty_state(rewrite *r, int32_t w, int32_t loc, int32_t *out) {
+    kiln_attrs a = {0};
+    kiln_attrs_push_int(&a, r->g->values[w].meta.dtype);
+    kiln_attrs_push_int(&a, 1);
+    kiln_attrs_push_int(&a, 0);
+    kiln_attrs_push_float(&a, 0.0);
+    return kiln_graph_add_node(r->rw.dst, KILN_OP_FULL, 0, NULL, &a, loc, out);
+}
+
 /* The copy of value v for reader `reader`, made (with the copies it needs) when missing. */
 static kiln_status recompute_value(rewrite *r, int32_t v, int32_t reader, int depth) {
     if (r->copy[v] >= 0) return KILN_OK;
@@ -126,11 +163,11 @@ static kiln_status recompute_value(rewrite *r, int32_t v, int32_t reader, int de
     kiln_status s = KILN_OK;
     for (int k = 0; k < n->nin && s == KILN_OK; k++) {
         int32_t w = n->in[k];
-        const kiln_value *wv = &g->values[w];
-        if (dropped_at(r, w, reader) && wv->kind == KILN_VALUE_NODE && r->block[wv->node] == r->block[p] &&
-            can_recompute(r, wv->node, reader)) {
+        if (copy_input(r, w, reader, r->block[p])) {
             s = recompute_value(r, w, reader, depth + 1);
             in[k] = r->copy[w];
+        } else if (k < 8 && (kiln_op_table[n->op].flags & KILN_OPF_WRITES_INPUT(k))) {
+            s = empty_state(r, w, n->loc, &in[k]); /* (state_only_effects: the copy updates nothing) */
         } else {
             in[k] = r->rw.map[w];
         }
@@ -155,13 +192,15 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
     uses u = {0};
     bool *ok = kiln_malloc(sizeof(bool) * (size_t)(nn ? nn : 1));
     int32_t *next_write = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
-    rewrite r = {g, block, NULL, NULL, {0}, ok, next_write, st, recomputed};
+    rewrite r = {g, block, endpoint, NULL, NULL, NULL, NULL, {0}, ok, next_write, st, recomputed};
     bool *output = kiln_calloc((size_t)(nv ? nv : 1), sizeof(bool));
     bool *written = kiln_malloc(sizeof(bool) * (size_t)(nv ? nv : 1));
     int32_t *block_end = kiln_malloc(sizeof(int32_t) * (size_t)(nn ? nn : 1));
+    int32_t *last = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     r.drop_after = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
     r.copy = kiln_malloc(sizeof(int32_t) * (size_t)(nv ? nv : 1));
-    kiln_status s = ok && next_write && output && written && block_end && r.drop_after && r.copy
+    r.pinned = output, r.last = last;
+    kiln_status s = ok && next_write && output && written && block_end && last && r.drop_after && r.copy
                         ? KILN_OK
                         : kiln_error(KILN_ERR_MEMORY, "out of memory planning recomputation");
     if (recomputed) memset(recomputed, 0, sizeof(bool) * (size_t)nn);
@@ -172,12 +211,16 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
     for (int32_t i = nn - 1; i >= 0; i--)
         block_end[i] = (i + 1 < nn && block[i + 1] == block[i] && block[i] >= 0) ? block_end[i + 1] : i;
     for (int32_t k = 0; k < g->noutputs; k++) output[g->outputs[k]] = true;
+    for (int32_t v = 0; v < nv; v++) {
+        output[v] |= written[v]; /* (pinned: never dropped nor copied) */
+        last[v] = u.start[v + 1] > u.start[v] ? u.at[u.start[v + 1] - 1] : -1;
+    }
     bool any = false;
     for (int32_t v = 0; v < nv; v++) {
         r.drop_after[v] = -1;
         r.copy[v] = -1;
         const kiln_value *val = &g->values[v];
-        if (val->kind != KILN_VALUE_NODE || output[v] || written[v]) continue;
+        if (val->kind != KILN_VALUE_NODE || output[v]) continue;
         int32_t p = val->node;
         const kiln_node *n = &g->nodes[p];
         if (block[p] < 0 || !ok[p] || (endpoint && endpoint[p])) continue;
@@ -219,7 +262,7 @@ kiln_status kiln_recompute_rewrite(const kiln_graph *g, const int32_t *block, co
     if (s == KILN_OK && st->recomputed_ops > 0) s = kiln_rewriter_finish(&r.rw, out);
     else kiln_rewriter_abort(&r.rw);
 done:
-    free(ok), free(next_write), free(output), free(written), free(block_end), free(r.drop_after), free(r.copy), free(u.start), free(u.at);
+    free(ok), free(next_write), free(output), free(written), free(block_end), free(last), free(r.drop_after), free(r.copy), free(u.start), free(u.at);
     return s;
 }
 

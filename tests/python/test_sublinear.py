@@ -134,7 +134,10 @@ def test_genetic_search_never_chooses_a_higher_peak_than_the_greedy_one():
     genetic = T.Step(build, sublinear_memory_config=cfg(genetic_nr_iter=3, genetic_pool_size=8))
     greedy.first_call(x), genetic.first_call(x)
     g, e = greedy.report(), genetic.report()
-    assert e["peak_greedy"] == g["peak_after"] and e["peak_after"] <= g["peak_after"], (g, e)
+    # both runs make the same greedy choice; the genetic rounds never end above it (the final
+    # refinement may lower either run's peak below that choice)
+    assert e["peak_greedy"] == g["peak_greedy"] and e["peak_after"] <= e["peak_greedy"], (g, e)
+    assert g["peak_after"] <= g["peak_greedy"], g
     assert e["candidates"] > g["candidates"]
 
 

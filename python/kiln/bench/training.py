@@ -26,6 +26,37 @@ def residual_mlp(nblocks, width, dropout=0.0):
     return nn.SequentialCell([ResidualBlock(width, dropout) for _ in range(nblocks)])
 
 
+class TanhResidualBlock(nn.Cell):
+    """x + tanh(dense(x)): the backward reads the block's input and its tanh."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Dense(width, width)
+
+    def construct(self, x):
+        return x + ops.tanh(self.fc(x))
+
+
+def tanh_residual_mlp(nblocks, width):
+    return nn.SequentialCell([TanhResidualBlock(width) for _ in range(nblocks)])
+
+
+class ConvResidualBlock(nn.Cell):
+    """x + relu(batchnorm(conv3x3(x))), channels and size kept."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, pad_mode="pad", padding=1, has_bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def construct(self, x):
+        return x + ops.relu(self.bn(self.conv(x)))
+
+
+def conv_residual_cnn(nblocks, channels):
+    return nn.SequentialCell([ConvResidualBlock(channels) for _ in range(nblocks)])
+
+
 def basicblock_stack(nblocks, channels):
     """nblocks seed BasicBlocks (kiln.models) in a row, then a global average pool."""
     return nn.SequentialCell([models.BasicBlock(channels) for _ in range(nblocks)])
@@ -33,10 +64,12 @@ def basicblock_stack(nblocks, channels):
 
 class Step:
     """One training step of `net` on the mean square of its output, jitted; `jit_options` go to
-    kiln.jit (sublinear_memory_config, exec_order, ...). The network is made under
+    kiln.jit (sublinear_memory_config, exec_order, ...), or with entry="trace" to
+    kiln.trace(symbolic=True, verify=False, ...) (MegEngine's spelling; verify=True would also run
+    the step eagerly on every call, and hold what eager holds). The network is made under
     kiln.manual_seed(seed), so two Steps of the same builder start from the same parameters."""
 
-    def __init__(self, build, seed=0, lr=0.01, recompute_cells=False, **jit_options):
+    def __init__(self, build, seed=0, lr=0.01, recompute_cells=False, entry="jit", **jit_options):
         kiln.manual_seed(seed)
         self.net = build()
         if recompute_cells:
@@ -52,7 +85,11 @@ class Step:
             self.opt(grads)
             return loss
 
-        self.step = kiln.jit(step, jit_level="O1", capture_mode="trace", **jit_options)
+        if entry == "trace":
+            self.step = kiln.trace(step, symbolic=True, verify=False, **jit_options)
+        else:
+            jit_options.setdefault("jit_level", "O1")
+            self.step = kiln.jit(step, capture_mode="trace", **jit_options)
 
     def __call__(self, x):
         return self.step(x)
