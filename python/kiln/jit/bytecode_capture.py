@@ -36,6 +36,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
+from ..profiler import capture_phase, timed_phase
 from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .recording import bind_inputs, returns_closure, user_frame_tracer
 from .replay import refusing_unreplayable
@@ -297,7 +298,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
         try:
-            with refusing_unreplayable(bytecode.Unsupported):  # (.grad written, GradManager.backward, ...)
+            with refusing_unreplayable(bytecode.Unsupported), \
+                    timed_phase("record", "the function run once, its ops recorded"):  # (refusing: .grad written, ...)
                 if capture is None:
                     outcome, payload = interp.run()
                 else:
@@ -448,8 +450,9 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
                 with carried_marks(carried):
                     symbols = None if grad else owner._symbols(key, leaves, _labels(spec, leaves, pieces.fn))
-                piece, outcome, value, interp, outs, made = capture_piece(
-                    owner, tree.unflatten(spec, list(leaves))[0], leaves, spec, grad, symbols)
+                piece, outcome, value, interp, outs, made = owner._phases.record(
+                    capture_phase, owner.__qualname__, capture_piece, owner, tree.unflatten(spec, list(leaves))[0],
+                    leaves, spec, grad, symbols)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise

@@ -23,6 +23,7 @@ eagerly on the capture's own tape (a piece whose outputs feed later work gets ot
 """
 from .. import _C
 from ..ops import ones, zeros
+from ..profiler import timed_phase
 
 
 class PieceGrad:
@@ -102,14 +103,16 @@ def _finish(tracer, aliases, out_leaves, opts, name):
         tracer.add_input(c)
     targets = [aliases[k] for k in positions] + params
     roots = [out_leaves[i] for i in diff_out]
-    grads = _C.grad(roots, targets, cotangents, False)
+    with timed_phase("gradient", "bytecode capture: the backward recorded"):
+        grads = _C.grad(roots, targets, cotangents, False)
     present, outs = [], []
     for g in grads:
         present.append(-1 if g is None else len(outs))
         if g is not None:
             outs.append(g)
     graph = tracer.finish_graph(list(out_leaves) + outs)
-    fwd, bwd, _ = graph.split(len(aliases), len(out_leaves))
+    with timed_phase("split", "bytecode capture: forward and backward cut apart"):
+        fwd, bwd, _ = graph.split(len(aliases), len(out_leaves))
     # forward and backward of a training piece: no inference rewrites, no sublinear-memory search
     options = opts.compile_options.replace(inference=False, sublinear=None)
     forward = _C.compile_graph(fwd, options)
