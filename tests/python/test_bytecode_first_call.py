@@ -5,6 +5,7 @@ gradients are ones, else runs the capture's backward again with the gradients gi
 the user code of one way this could go wrong, compared against eager kiln, NumPy and finite
 differences, on every compiled variant that applies."""
 
+import contextlib
 import types
 
 import numpy as np
@@ -207,3 +208,39 @@ def test_the_first_call_runs_the_matmuls_of_an_eager_call(variant):
     eager = matmul_kernels(kiln.value_and_grad(tanh_loss, grad_position=1), x, w)
     first = matmul_kernels(kiln.value_and_grad(kiln.jit(fresh, **variant), grad_position=1), x, w)
     assert eager >= 2 and first == eager
+
+
+def two_graphs(x, w):
+    h = ops.tanh(ops.matmul(x, w))
+    print("between the graphs")
+    return (ops.exp(h * 0.5) * h).sum()
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["first-piece", "second-piece"])
+def test_a_backward_kiln_cannot_compile_at_the_second_call_runs_in_python(failing, monkeypatch, capsys):
+    # a piece's backward is compiled when a call after the capturing one runs it: one that fails
+    # there leaves that call (and the later ones) to Python, as a capture that fails does
+    x, w = t(4, 3, seed=18), t(3, 5, seed=19)
+    want = kiln.value_and_grad(two_graphs, grad_position=(0, 1))(x, w)
+    jf = kiln.jit(types.FunctionType(two_graphs.__code__.replace(), two_graphs.__globals__, "two"),
+                  capture_mode="bytecode")
+    vg = kiln.value_and_grad(jf, grad_position=(0, 1))
+    first = vg(x, w)
+    compile_graph, seen = kiln._C.compile_graph, []
+
+    def failing_compile(graph, options):
+        seen.append(graph)
+        if len(seen) == failing:
+            raise RuntimeError("no kernel for this op (made up by the test)")
+        return compile_graph(graph, options)
+
+    monkeypatch.setattr(kiln._C, "compile_graph", failing_compile)
+    with pytest.warns(RuntimeWarning) if failing == 1 else contextlib.nullcontext():
+        later = [vg(x, w) for _ in range(2)]
+    for got in [first] + later:
+        close(got[0], want[0])
+        close(got[1][0], want[1][0])
+        close(got[1][1], want[1][1])
+    assert seen and capsys.readouterr().out.count("between the graphs") == 4
+    given_up = jf._eager_reason if failing == 1 else jf._pieces.given_up  # (the whole call, or the rest of it)
+    assert "could not be compiled" in given_up

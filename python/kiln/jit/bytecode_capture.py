@@ -491,7 +491,13 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             owner.stats.hits += 1
             if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
-            outs = _execute(owner, piece, leaves, exe, sizes, first and first[:2])
+            try:
+                outs = _execute(owner, piece, leaves, exe, sizes, first and first[:2])
+            except bytecode.Unsupported as e:  # (a differentiable piece whose backward, compiled now, cannot be)
+                if not side_effects_done:
+                    raise
+                pieces.given_up = str(e)
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
             first = None
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:

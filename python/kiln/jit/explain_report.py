@@ -187,7 +187,7 @@ def report(jf):
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
                 texts.extend(p.graph_text for p in entries)
-                texts.extend(p.grad.backward.graph_str() for p in entries if p.grad is not None)
+                texts.extend(p.grad.backward_text() for p in entries if p.grad is not None)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
                 buckets.extend(_buckets(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes

@@ -27,12 +27,16 @@ from ..profiler import timed_phase
 
 
 class PieceGrad:
-    """What a differentiable piece adds to its forward executable."""
-    __slots__ = ("backward", "nout", "diff_out", "out_metas", "grad_inputs", "params", "present", "passthrough",
-                 "name")
+    """What a differentiable piece adds to its forward executable. Its backward graph is compiled
+    when a call after the capturing one runs the piece (compiled()): the capturing call needs none,
+    and a function that is one graph is differentiated through its whole-graph variant from then on
+    (JitFunction._grad_variant), so its pieces' backward is never compiled."""
+    __slots__ = ("_backward", "_graph", "_options", "nout", "diff_out", "out_metas", "grad_inputs", "params",
+                 "present", "passthrough", "name")
 
-    def __init__(self, backward, nout, diff_out, out_metas, grad_inputs, params, present, passthrough, name):
-        self.backward = backward  # the compiled backward: (residuals..., output gradients...) -> gradients
+    def __init__(self, graph, options, nout, diff_out, out_metas, grad_inputs, params, present, passthrough, name):
+        self._graph, self._options = graph, options  # the backward graph and its compile options, until compiled
+        self._backward = None  # the compiled backward: (residuals..., output gradients...) -> gradients
         self.nout = nout  # the piece's outputs; the forward's outputs after them are residuals
         self.diff_out = diff_out  # positions of the outputs the node makes (they carry history)
         self.out_metas = out_metas  # their (shape, dtype): a zero gradient where none reached one
@@ -43,6 +47,27 @@ class PieceGrad:
         # the object of an earlier output
         self.passthrough = passthrough
         self.name = name
+
+    def compiled(self):
+        """The compiled backward, compiled at the first call; one kiln cannot compile is
+        bytecode.Unsupported (that part runs in Python)."""
+        if self._backward is None:
+            try:
+                self._backward = _C.compile_graph(self._graph, self._options)
+            except (RuntimeError, ValueError, TypeError) as e:
+                from .bytecode import Unsupported
+
+                raise Unsupported(f"the backward of a graph could not be compiled: {e}") from e
+            self._graph = self._options = None
+        return self._backward
+
+    def backward_text(self):
+        """The backward graph's text: compiled (explain reads what its passes made of it) unless it
+        cannot be."""
+        try:
+            return self.compiled().graph_str()
+        except Exception:  # noqa: BLE001 (bytecode.Unsupported: the graph as recorded)
+            return str(self._graph)
 
 
 def _grad_inputs(tracer, aliases):
@@ -116,16 +141,17 @@ def _finish(tracer, aliases, out_leaves, opts, name):
     # forward and backward of a training piece: no inference rewrites, no sublinear-memory search
     options = opts.compile_options.replace(inference=False, sublinear=None)
     forward = _C.compile_graph(fwd, options)
-    backward = _C.compile_graph(bwd, options)
     metas = [(tuple(out_leaves[i].shape), out_leaves[i].dtype) for i in diff_out]
-    pg = PieceGrad(backward, len(out_leaves), diff_out, metas, positions, params, present, passthrough,
+    pg = PieceGrad(bwd, options, len(out_leaves), diff_out, metas, positions, params, present, passthrough,
                    f"compiled piece of {name}")
     return forward, pg, FirstRun(roots, targets, list(grads))
 
 
 def run(forward, pg, leaves, run_exe):
     """Runs a differentiable piece on its input tensors: its outputs, those that carry history
-    recorded on the tape as one node whose gradient is the compiled backward."""
+    recorded on the tape as one node whose gradient is the compiled backward (compiled first: one
+    that cannot be is bytecode.Unsupported before anything ran)."""
+    pg.compiled()
     outs = run_exe(forward, leaves)
     residuals = outs[pg.nout:]
     return _record(pg, leaves, list(outs[:pg.nout]), _backward(pg, residuals))
@@ -167,7 +193,7 @@ def _filled(pg, grads):
 def _backward(pg, residuals):
     def backward(grads, needs, create_graph):
         _no_higher_order(pg, create_graph)
-        got = pg.backward(*residuals, *_filled(pg, grads))
+        got = pg.compiled()(*residuals, *_filled(pg, grads))
         return [got[p] if p >= 0 and need else None for p, need in zip(pg.present, needs)]
 
     return backward
