@@ -91,8 +91,8 @@ class FirstRun:
 def finish(tracer, aliases, out_leaves, opts, name):
     """Ends a capture whose outputs are out_leaves: (forward executable, PieceGrad, FirstRun), or
     None when no output depends on anything that requires grad (the caller then finishes it as
-    usual). A backward kiln cannot record or compile is bytecode.Unsupported (that part runs in
-    Python)."""
+    usual). A backward kiln cannot record, or a forward it cannot compile, is bytecode.Unsupported
+    (that part runs in Python)."""
     try:
         return _finish(tracer, aliases, out_leaves, opts, name)
     except (RuntimeError, ValueError, TypeError) as e:
