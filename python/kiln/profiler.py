@@ -12,13 +12,15 @@ recorded, so that each is timed.
 record every compiled call of that function; their ``get_profile()`` is MegEngine's dict
 (``megengine_profile``), which ``python -m kiln.tools.profile_analyze`` reads.
 """
+import contextlib
 import os
 import re
 import threading
 
 from . import _C
 
-__all__ = ["profile", "KeyAverage", "KeyAverages", "CallRecorder", "megengine_profile", "parse_shape"]
+__all__ = ["profile", "KeyAverage", "KeyAverages", "CallRecorder", "CompilePhases", "megengine_profile",
+           "parse_shape"]
 
 _SHAPE = re.compile(r"^([a-z0-9_]+)\[([0-9,]*)\]$")
 
@@ -266,6 +268,41 @@ class CallRecorder:
                                  [e for e in self.events if e["kind"] == "phase"])
 
 
+class CompilePhases:
+    """The compile phases of one jitted function (kiln.jit.explain lists them): each capture and
+    compile runs with the recorder on, and keeps the phases recorded on its thread, by name: how
+    many, and their total time."""
+
+    def __init__(self):
+        self.by_name = {}  # phase name -> [count, total ns], in the order first met
+
+    def record(self, fn, *args):
+        """fn(*args), its phases kept."""
+        mark = _C.profile_start()
+        try:
+            return fn(*args)
+        finally:
+            try:
+                tid = threading.get_native_id()
+                for e in _C.profile_events(mark):
+                    if e["kind"] == "phase" and e["tid"] == tid:
+                        got = self.by_name.setdefault(e["name"], [0, 0])
+                        got[0] += 1
+                        got[1] += e["end"] - e["start"]
+            finally:
+                _C.profile_stop()
+
+    def merged(self, others=()):
+        """[(name, count, seconds)] of these phases and those of `others` (CompilePhases)."""
+        total = {}
+        for p in (self, *others):
+            for name, (n, ns) in p.by_name.items():
+                got = total.setdefault(name, [0, 0])
+                got[0] += n
+                got[1] += ns
+        return [(name, n, ns / 1e9) for name, (n, ns) in total.items()]
+
+
 def capture_phase(what, fn, *args):
     """fn(*args), recorded as the compile phase "capture" (around the passes, plan and codegen
     phases it contains) when a profile is open."""
@@ -315,3 +352,13 @@ def megengine_profile(kernels, phases=()):
 def _op_type(e):
     """The operator type: the op, or "fused" for a fused group (its ops are in the name)."""
     return "fused" if e["name"].startswith("fused(") else e["name"]
+
+
+@contextlib.contextmanager
+def timed_phase(name, detail):
+    """The block, recorded as the compile phase `name` when a profile is open."""
+    start = _C.profile_now()
+    try:
+        yield
+    finally:
+        _C.profile_phase(name, start, detail)

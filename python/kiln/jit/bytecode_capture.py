@@ -36,6 +36,7 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
+from ..profiler import capture_phase, timed_phase
 from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .recording import bind_inputs, returns_closure, user_frame_tracer
 from .replay import refusing_unreplayable
@@ -253,10 +254,12 @@ def _holds(value, ids, depth=0):
 
 def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
-    (piece, outcome, payload, interp, outputs) with outcome "return" (payload: the detached result) or
+    (piece, outcome, payload, interp, outputs, first) with outcome "return" (payload: the detached result) or
     "break" (payload: the frames, standing at the break instruction, on real values; outputs: the
     tensors of the frozen frames, detached, in the order of piece.out_dims). grad: the
-    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad). symbols:
+    caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad); when it
+    has one, first is its piece_grad.FirstRun, for the call to go on with the capture's outputs
+    (payload and interp are then None), else None. symbols:
     (names, values, per tensor its sizes as expressions, origins) of kiln.jit.dynamic.choose_symbols:
     the piece is captured with symbolic sizes (kiln.jit.dynamic.Capture) and, unless every symbol
     ended specialized, serves every binding its guards admit (piece.dyn)."""
@@ -295,7 +298,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         interp.reads.extend((f, f.named_locals()) for f in frames)
         prev_trace = sys.gettrace()
         try:
-            with refusing_unreplayable(bytecode.Unsupported):  # (.grad written, GradManager.backward, ...)
+            with refusing_unreplayable(bytecode.Unsupported), \
+                    timed_phase("record", "the function run once, its ops recorded"):  # (refusing: .grad written, ...)
                 if capture is None:
                     outcome, payload = interp.run()
                 else:
@@ -334,15 +338,18 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
+        first = None
         if made is not None:
-            executable, pgrad = made
+            executable, pgrad, first = made
         else:
             pgrad = None
             # (a piece runs no sublinear-memory search)
             executable = tracer.finish(out_leaves, opts.compile_options.replace(sublinear=None))
         if capture is not None:
             graph = tracer.recorded()
-        undo = grad
+        # the call goes on with the capture's values (first) or runs the compiled piece: then the
+        # writes and draws are done again
+        undo = grad and first is None
     finally:
         tracer.end()
         if undo:
@@ -371,17 +378,23 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
         piece.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
+    if first is not None:  # (the call records its node on these, then goes on as after a compiled run)
+        return piece, outcome, None, None, detached, first
     value = tree.unflatten(out_spec, detached)[0]
     if outcome == "return":
-        return piece, "return", value, None, detached
+        return piece, "return", value, None, detached, None
     run_interp = bytecode.Interpreter([], capture=False)
     run_interp.size_values = piece.size_values
-    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp, detached
+    return piece, "break", bytecode.thaw(value, run_interp, top), run_interp, detached, None
 
 
-def _execute(jf, piece, leaves, exe=None, sizes=None):
+def _execute(jf, piece, leaves, exe=None, sizes=None, first=None):
     """Runs a compiled piece (exe: a dynamic piece's instance for the call's binding `sizes`; recorded when
-    jf was made with profiling=True); a differentiable one records its node on the autograd tape."""
+    jf was made with profiling=True); a differentiable one records its node on the autograd tape. first:
+    the call that captured a differentiable piece, whose outputs it computed (first: (outputs,
+    piece_grad.FirstRun)); nothing runs again."""
+    if first is not None:
+        return piece_grad.first_run(piece.grad, leaves, *first)
     recorder = jf._recorder
     if piece.size_inputs:  # sizes used as numbers: their values at this call's binding
         sizes = piece.size_values if exe is None else sizes
@@ -403,8 +416,10 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
     """One call from a resume point: graphs and break instructions until the function returns
     (grad: the caller differentiates through it, key made by grad_key)."""
     carried = None  # (the last dynamic piece run that broke, its outputs): see carried_marks
+    first = None  # (outputs, piece_grad.FirstRun) of the differentiable piece just captured
     while True:
-        piece, exe, sizes = pieces.lookup(key), None, None
+        # (the piece just captured serves its own call, whatever its guards read now)
+        piece, exe, sizes = first[2] if first is not None else pieces.lookup(key), None, None
         if piece is None:
             found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
             if found is not None:
@@ -435,8 +450,9 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 # (a differentiable piece keeps exact sizes: its forward and backward are split per capture)
                 with carried_marks(carried):
                     symbols = None if grad else owner._symbols(key, leaves, _labels(spec, leaves, pieces.fn))
-                piece, outcome, value, interp, outs = capture_piece(owner, tree.unflatten(spec, list(leaves))[0],
-                                                                    leaves, spec, grad, symbols)
+                piece, outcome, value, interp, outs, made = owner._phases.record(
+                    capture_phase, owner.__qualname__, capture_piece, owner, tree.unflatten(spec, list(leaves))[0],
+                    leaves, spec, grad, symbols)
             except bytecode.Unsupported as e:
                 if not side_effects_done:
                     raise
@@ -465,7 +481,8 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 owner.stats.misses += 1
                 pieces.add(key, piece)
                 owner._last = piece
-                if grad:  # the capture computed on detached tensors: run the piece to record its node
+                if grad:  # the capture computed on detached tensors: record the piece's node on its outputs
+                    first = None if made is None else (outs, made, piece)
                     continue
             if outcome == "return":
                 return value
@@ -474,7 +491,14 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             owner.stats.hits += 1
             if owner._last is None:  # (compiled by another wrapper of the code: see entries_of)
                 owner._last = piece
-            outs = _execute(owner, piece, leaves, exe, sizes)
+            try:
+                outs = _execute(owner, piece, leaves, exe, sizes, first and first[:2])
+            except bytecode.Unsupported as e:  # (a differentiable piece whose backward, compiled now, cannot be)
+                if not side_effects_done:
+                    raise
+                pieces.given_up = str(e)
+                return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
+            first = None
             value = tree.unflatten(piece.out_spec, outs)[0]
             if piece.returns:
                 return value

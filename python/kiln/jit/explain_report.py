@@ -15,7 +15,7 @@ class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
     def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None,
-                 buckets=None, loop_gradients=()):
+                 buckets=None, loop_gradients=(), phases=()):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -35,6 +35,10 @@ class ExplainOutput:
         # strategy ("stored" or "recomputed"), trips (0: unknown), residuals (per step),
         # bytes_per_step (-1: not measured), where ("file:line" or None)
         self.loop_gradients = list(loop_gradients)
+        # the compile phases kiln's profiler recorded in its captures and compiles (kiln.profiler's
+        # names: capture, record, gradient, split, each pass, plan, prepare, codegen, ...): per name
+        # (name, how many, total seconds)
+        self.phases = list(phases)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -55,6 +59,9 @@ class ExplainOutput:
             lines.append(f"  recompile {k + 1}: {what}")
         if self.fallback:
             lines.append(f"  runs in Python: {self.fallback}")
+        if self.phases:
+            lines.append("  compile phases (ms): " + ", ".join(
+                f"{name} {seconds * 1e3:.1f}" + (f" ({n}x)" if n > 1 else "") for name, n, seconds in self.phases))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -182,7 +189,7 @@ def report(jf):
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
                 texts.extend(p.graph_text for p in entries)
-                texts.extend(p.grad.backward.graph_str() for p in entries if p.grad is not None)
+                texts.extend(p.grad.backward_text() for p in entries if p.grad is not None)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
                 buckets.extend(_buckets(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
@@ -211,5 +218,6 @@ def report(jf):
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
     loops = _loop_gradients(texts + _grad_texts(jf))
+    phases = jf._phases.merged(v._phases for v in getattr(jf, "_grad_variants", {}).values())
     return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention, buckets,
-                         loops)
+                         loops, phases)

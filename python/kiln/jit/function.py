@@ -15,7 +15,7 @@ import warnings
 from .. import _C, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
-from ..profiler import CallRecorder, capture_phase
+from ..profiler import CallRecorder, CompilePhases, capture_phase, timed_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
 from .eager_switch import jit_disabled
 from .options import JitOptions
@@ -117,7 +117,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         sys.settrace(user_frame_tracer(tracer, recorder.on_call))
         excluded = exclude.noting()
         try:
-            with excluded:
+            with excluded, timed_phase("record", "the function run once, its ops recorded"):
                 if capture is None:
                     result = fn(*call_args, **call_kwargs)
                 else:
@@ -224,6 +224,7 @@ class JitFunction(_C.JitDispatcher):
         self._pieces = None  # capture_mode="bytecode": its Pieces (kiln.jit.bytecode_capture)
         self._recompiles = []  # ast and trace: what changed at each capture after the first (explain)
         self._recorder = CallRecorder() if options.profiling else None  # profiling=True: every compiled run
+        self._phases = CompilePhases()  # the phases of its captures and compiles (explain)
         try:
             self.__wrapped__ = fn
             self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -424,9 +425,9 @@ class JitFunction(_C.JitDispatcher):
         try:
             compile_args = (self.__qualname__, self._capture, args, kwargs, symbols and symbols[:3])
             if self._recorder is None:
-                result, entry = capture_phase(*compile_args)
+                result, entry = self._phases.record(capture_phase, *compile_args)
             else:
-                result, entry = self._recorder.compile(capture_phase, *compile_args)
+                result, entry = self._phases.record(self._recorder.compile, capture_phase, *compile_args)
         except NotReplayable as e:
             self._eager_reason = e.reason
             warnings.warn(f"kiln.jit: {self.__qualname__} runs eagerly: {e.reason}", RuntimeWarning, stacklevel=3)
