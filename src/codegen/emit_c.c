@@ -130,7 +130,8 @@ unsigned kiln_cg_uses(const kiln_graph *sub) {
  * float32 exp, erf, tanh and log are the eager kernels' (src/core/approx_f32.h, which defines
  * kf_bits): the same bits as eager. */
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
-    kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
+    kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n"
+           "#define KILN_APPROX_F32_NAMES\n%s"
            "static inline float kiln_bf16_ld(uint16_t h) { kf_bits b; b.u = (uint32_t)h << 16; return b.f; }\n"
            "static inline uint16_t kiln_bf16_st(float f) { kf_bits b; b.f = f; uint32_t u = b.u;\n"
            "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"

@@ -1,9 +1,10 @@
 /* float32 exp, erf, tanh and log in plain branch-free arithmetic, so loops over them vectorize
  * (glibc's expf, tanhf, logf, erff do not). The eager float32 kernels (src/ops/elementwise.c) and
  * generated C (src/codegen/emit_c.c embeds this file) both compute with them: the same
- * expression gives the same bits in either. Including this file makes exp, erf, tanh and log of
- * a float argument these, as <tgmath.h> picks expf for one; other types keep libm's functions.
- * Include it after <math.h> or <tgmath.h>, in files whose float math should run on them only.
+ * expression gives the same bits in either; the softmax family, attention and the recurrent cells
+ * use its exp (src/ops/exp_f32.h). With KILN_APPROX_F32_NAMES defined, including this file makes
+ * exp, erf, tanh and log of a float argument these, as <tgmath.h> picks expf for one (include
+ * it after <math.h> or <tgmath.h>).
  *
  * Max errors against float64 libm, in float32 ulps of the result, over a sweep of every 257th
  * float32 (tests/python/test_transcendental_kernels.py asserts them): exp 0.97, log 0.75,
@@ -120,7 +121,12 @@ KILN_APPROX_F32_DEFINE(kf_)
 #define KF_CAT_(a, b) a##b
 #define KF_CAT(a, b) KF_CAT_(a, b)
 
-/* exp, erf, tanh and log of a float: the functions above; of anything else: libm's (double) */
+#endif
+
+/* With KILN_APPROX_F32_NAMES defined before the include (the elementwise kernels, generated C):
+ * exp, erf, tanh and log of a float are the functions above; of anything else, libm's (double). */
+#if defined(KILN_APPROX_F32_NAMES) && !defined(KILN_APPROX_F32_NAMES_SET)
+#define KILN_APPROX_F32_NAMES_SET
 #undef exp
 #undef erf
 #undef tanh

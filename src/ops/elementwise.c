@@ -11,6 +11,7 @@
 #include "isa_dispatch.h"
 /* last: float32 exp, erf, tanh and log of the C expressions become generated C's vectorizable
  * ones (float64 stays on libm, and is the reference the tests hold float32 to) */
+#define KILN_APPROX_F32_NAMES
 #include "../core/approx_f32.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
