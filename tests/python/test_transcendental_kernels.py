@@ -15,7 +15,7 @@ import pytest
 
 import kiln
 from kiln import ops
-from conftest import check_grad, tol
+from conftest import check_grad, run_isolated, tol
 
 FLT_MIN = np.float32(1.17549435e-38)
 
@@ -229,6 +229,37 @@ def test_every_isa_variant_gives_the_same_bits():
     for v in names[1:]:
         for n in UNARY:
             np.testing.assert_array_equal(results[v][n].view(np.uint32), first[n].view(np.uint32), err_msg=f"{n}: {v}")
+
+
+CAPPED = """
+import numpy as np, kiln
+from kiln import ops
+x = kiln.Tensor((np.random.default_rng(5).standard_normal((48, 40)) * 5).astype(np.float32))
+def f(t):
+    return ops.tanh(t) * ops.sigmoid(t * 0.5) + ops.exp(-t) - ops.log(ops.abs(t) + 1.0) + ops.gelu(t)
+eager = f(x).numpy()
+before = kiln._C.codegen_stats()["compiles"]
+for backend in ("kbk", "sink"):
+    jf = kiln.jit(f, capture_mode="trace", jit_level="O1", backend=backend)
+    for _ in range(3):
+        assert np.array_equal(jf(x).numpy().view(np.uint32), eager.view(np.uint32)), backend
+assert kiln._C.codegen_stats()["compiles"] > before
+print("flags", kiln._C.codegen_info()["flags"], kiln._C.build_info()["isa"])
+"""
+
+
+@pytest.mark.parametrize("isa", ["sse41", "avx2"])
+def test_capped_instruction_set_gives_the_same_bits(isa, tmp_path):
+    """Generated code of a capped level is built without FMA (sse41: -mno-avx) or without AVX-512,
+    while eager runs the build's kernels: still the same bits (KF_FMA is always fused)."""
+    if not kiln._C.codegen_info().get("command"):
+        pytest.skip("no C compiler: no generated code to compare")
+    rc, out = run_isolated(CAPPED, timeout=300, KILN_MAX_CPU_ISA=isa, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    assert rc == 0, out
+    line = out.strip().splitlines()[-1]
+    assert line.endswith(f" {isa}"), out
+    if isa == "sse41" and kiln._C.build_info()["cpu_isa_level"] != "sse41":
+        assert "-mno-avx" in line.split(), line  # generated code without AVX, so without FMA
 
 
 # ---- gradients ---------------------------------------------------------------------------------
