@@ -3,9 +3,10 @@
  *
  * The code depends on the group's ops, dtypes and attributes and on which operands step along
  * the inner axis (broadcast operands stay put), not on the sizes: one object serves every shape
- * with the same pattern. float32 exp, erf, tanh and log use the branch-free approximations of
- * the prelude below so the loops vectorize; the rest is libm. Arithmetic is not contracted
- * into fused multiply-adds (-ffp-contract=off), as in the interpreted kernels. */
+ * with the same pattern. float32 exp, erf, tanh and log are the branch-free approximations of
+ * src/core/approx_f32.h, which the interpreted kernels use too, so the loops vectorize and give
+ * eager's bits; the rest is libm. Arithmetic is not contracted into fused multiply-adds
+ * (-ffp-contract=off), as in the interpreted kernels. */
 #include <math.h>
 
 #include "emit_internal.h"
@@ -114,162 +115,52 @@ bool kiln_codegen_supports(const kiln_graph *sub) {
 #include "floordiv_text.h" /* kiln_floordiv_text: src/core/floordiv.h, for KILN_FLOORDIV and KILN_MOD */
 #include "rounding_text.h" /* kiln_rounding_text: src/core/rounding.h, for KILN_FLOOR, KILN_ISNAN, ... */
 #include "bitwise_text.h" /* kiln_bitwise_text: src/core/bitwise.h, for KILN_BITAND, KILN_SHL, ... */
+#include "approx_f32_text.h" /* kiln_approx_f32_text: src/core/approx_f32.h, float32 exp, erf, tanh, log */
 
 #define KILN_NEG_TEXT "#define KILN_NEG(x) _Generic((x), int64_t: (int64_t)(0ull - (uint64_t)(x)), int32_t: (int32_t)(0u - (uint32_t)(x)), int8_t: (int8_t)(0u - (uint32_t)(x)), default: -(x))" /* as src/core/internal.h */
 
-/* float32 versions that vectorize (max errors against libm over all floats: exp 1 ulp, tanh
- * 1.3, log 0.8, erf 6.5 near |x| = 3.9, else under 2). exp: Cody-Waite reduction and Cephes'
- * polynomial, scaled in two steps so results that underflow to subnormals round once. erf: the
- * rational approximation on [-4, 4] of XLA and Eigen. tanh and log: Cephes. */
-static const char prelude_fma[] =
-    "#ifdef __FMA__\n"
-    "#define KF_FMA(a, b, c) __builtin_fmaf(a, b, c)\n"
-    "#else\n"
-    "#define KF_FMA(a, b, c) ((a) * (b) + (c))\n"
-    "#endif\n";
-
-static const char prelude_exp[] =
-    "static inline __attribute__((always_inline)) float kf_expf(float x) {\n"
-    "    float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);\n"
-    "    c = x == x ? c : 0.0f;\n"
-    "    float fn = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;\n"
-    "    float r = c - fn * 0.693359375f;\n"
-    "    r = r - fn * -2.12194440e-4f;\n"
-    "    float z = r * r, p = 1.9875691500e-4f;\n"
-    "    p = KF_FMA(p, r, 1.3981999507e-3f);\n"
-    "    p = KF_FMA(p, r, 8.3334519073e-3f);\n"
-    "    p = KF_FMA(p, r, 4.1665795894e-2f);\n"
-    "    p = KF_FMA(p, r, 1.6666665459e-1f);\n"
-    "    p = KF_FMA(p, r, 5.0000001201e-1f);\n"
-    "    p = p * z + r + 1.0f;\n"
-    "    int32_t n = (int32_t)fn, n1 = n >> 1, n2 = n - n1;\n"
-    "    kf_bits s1, s2;\n"
-    "    s1.i = (n1 + 127) << 23;\n"
-    "    s2.i = (n2 + 127) << 23;\n"
-    "    float y = p * s1.f * s2.f;\n"
-    "    return x == x ? y : x;\n"
-    "}\n";
-
-static const char prelude_erf[] =
-    "static inline __attribute__((always_inline)) float kf_erff(float x) {\n"
-    "    float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);\n"
-    "    float z = c * c, p = -2.72614225801306e-10f, q = -1.45660718464996e-05f;\n"
-    "    p = KF_FMA(p, z, 2.77068142495902e-08f);\n"
-    "    p = KF_FMA(p, z, -2.10102402082508e-06f);\n"
-    "    p = KF_FMA(p, z, -5.69250639462346e-05f);\n"
-    "    p = KF_FMA(p, z, -7.34990630326855e-04f);\n"
-    "    p = KF_FMA(p, z, -2.95459980854025e-03f);\n"
-    "    p = KF_FMA(p, z, -1.60960333262415e-02f);\n"
-    "    q = KF_FMA(q, z, -2.13374055278905e-04f);\n"
-    "    q = KF_FMA(q, z, -1.68282697438203e-03f);\n"
-    "    q = KF_FMA(q, z, -7.37332916720468e-03f);\n"
-    "    q = KF_FMA(q, z, -1.42647390514189e-02f);\n"
-    "    float y = c * (p / q);\n"
-    "    return y > 1.0f ? 1.0f : (y < -1.0f ? -1.0f : y);\n"
-    "}\n";
-
-static const char prelude_tanh[] =
-    "static inline __attribute__((always_inline)) float kf_tanhf(float x) {\n"
-    "    float ax = x < 0.0f ? -x : x, z = x * x, p = -5.70498872745e-3f;\n"
-    "    p = KF_FMA(p, z, 2.06390887954e-2f);\n"
-    "    p = KF_FMA(p, z, -5.37397155531e-2f);\n"
-    "    p = KF_FMA(p, z, 1.33314422036e-1f);\n"
-    "    p = KF_FMA(p, z, -3.33332819422e-1f);\n"
-    "    float small = p * z * x + x;\n"
-    "    small = x == 0.0f ? x : small;\n"
-    "    float big = 1.0f - 2.0f / (kf_expf(ax + ax) + 1.0f);\n"
-    "    big = x < 0.0f ? -big : big;\n"
-    "    return ax < 0.625f ? small : big;\n"
-    "}\n";
-
-static const char prelude_log[] =
-    "static inline __attribute__((always_inline)) float kf_logf(float x) {\n"
-    "    int tiny = x < 1.17549435e-38f;\n"
-    "    kf_bits v;\n"
-    "    v.f = tiny ? x * 8388608.0f : x;\n"
-    "    int32_t e = (int32_t)((v.u >> 23) & 0xffu) - (tiny ? 149 : 126);\n"
-    "    v.u = (v.u & 0x807fffffu) | 0x3f000000u;\n"
-    "    float m = v.f;\n"
-    "    int lo = m < 0.707106781186547524f;\n"
-    "    e = lo ? e - 1 : e;\n"
-    "    m = lo ? m + m - 1.0f : m - 1.0f;\n"
-    "    float z = m * m, p = 7.0376836292e-2f;\n"
-    "    p = KF_FMA(p, m, -1.1514610310e-1f);\n"
-    "    p = KF_FMA(p, m, 1.1676998740e-1f);\n"
-    "    p = KF_FMA(p, m, -1.2420140846e-1f);\n"
-    "    p = KF_FMA(p, m, 1.4249322787e-1f);\n"
-    "    p = KF_FMA(p, m, -1.6668057665e-1f);\n"
-    "    p = KF_FMA(p, m, 2.0000714765e-1f);\n"
-    "    p = KF_FMA(p, m, -2.4999993993e-1f);\n"
-    "    p = KF_FMA(p, m, 3.3333331174e-1f);\n"
-    "    float fe = (float)e, y = p * m * z;\n"
-    "    y = y + fe * -2.12194440e-4f;\n"
-    "    y = y + -0.5f * z;\n"
-    "    float r = m + y;\n"
-    "    r = r + fe * 0.693359375f;\n"
-    "    r = x == __builtin_inff() ? x : r;\n"
-    "    r = x == 0.0f ? -__builtin_inff() : r;\n"
-    "    return (x < 0.0f || x != x) ? __builtin_nanf(\"\") : r;\n"
-    "}\n";
-
-
 unsigned kiln_cg_uses(const kiln_graph *sub) {
     unsigned u = 0;
-    for (int32_t i = 0; i < sub->nnodes; i++) {
-        unsigned f = kiln_op_table[sub->nodes[i].op].flags;
-        if (f & KILN_OPF_EXP) u |= KILN_USE_EXP;
-        if (f & KILN_OPF_ERF) u |= KILN_USE_ERF;
-        if (f & KILN_OPF_TANH) u |= KILN_USE_TANH | KILN_USE_EXP;
-        if (f & KILN_OPF_LOG) u |= KILN_USE_LOG;
-        if (f & KILN_OPF_LIBM) u |= KILN_USE_LIBM;
-    }
+    for (int32_t i = 0; i < sub->nnodes; i++)
+        if (kiln_op_table[sub->nodes[i].op].flags & KILN_OPF_LIBM) u |= KILN_USE_LIBM;
     return u;
 }
 
-/* Every block is guarded: sources of several groups concatenate into one translation unit. */
+/* Every block is guarded: sources of several groups concatenate into one translation unit.
+ * float32 exp, erf, tanh and log are the eager kernels' (src/core/approx_f32.h, which defines
+ * kf_bits): the same bits as eager. */
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
-    kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n%s"
-           "typedef union { float f; int32_t i; uint32_t u; } kf_bits;\n"
+    kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE\n#define KILN_PRELUDE\n#include <math.h>\n#include <omp.h>\n#include <stdint.h>\n"
+           "#define KILN_APPROX_F32_NAMES\n%s"
            "static inline float kiln_bf16_ld(uint16_t h) { kf_bits b; b.u = (uint32_t)h << 16; return b.f; }\n"
            "static inline uint16_t kiln_bf16_st(float f) { kf_bits b; b.f = f; uint32_t u = b.u;\n"
            "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
            "%s\n%s\n%s\n%s\n#endif\n",
-        prelude_fma, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text, kiln_bitwise_text);
-    /* as <tgmath.h> for the interpreted kernels, with the approximations above for float */
-    static const struct {
-        unsigned use;
-        const char *guard, *code, *macro;
-    } blocks[] = {
-        {KILN_USE_EXP, "EXP", prelude_exp, "#define exp(x) _Generic((x), float: kf_expf, default: exp)(x)\n"},
-        {KILN_USE_ERF, "ERF", prelude_erf, "#define erf(x) _Generic((x), float: kf_erff, default: erf)(x)\n"},
-        {KILN_USE_TANH, "TANH", prelude_tanh, "#define tanh(x) _Generic((x), float: kf_tanhf, default: tanh)(x)\n"},
-        {KILN_USE_LOG, "LOG", prelude_log, "#define log(x) _Generic((x), float: kf_logf, default: log)(x)\n"},
-        {KILN_USE_LIBM, "LIBM", "",
-         "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
-         "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
-         "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
-         "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"
-         "#define log1p(x) _Generic((x), float: log1pf, default: log1p)(x)\n"
-         "#define expm1(x) _Generic((x), float: expm1f, default: expm1)(x)\n"
-         "#define tan(x) _Generic((x), float: tanf, default: tan)(x)\n"
-         "#define asin(x) _Generic((x), float: asinf, default: asin)(x)\n"
-         "#define acos(x) _Generic((x), float: acosf, default: acos)(x)\n"
-         "#define atan(x) _Generic((x), float: atanf, default: atan)(x)\n"
-         "#define sinh(x) _Generic((x), float: sinhf, default: sinh)(x)\n"
-         "#define cosh(x) _Generic((x), float: coshf, default: cosh)(x)\n"
-         "#define asinh(x) _Generic((x), float: asinhf, default: asinh)(x)\n"
-         "#define acosh(x) _Generic((x), float: acoshf, default: acosh)(x)\n"
-         "#define atanh(x) _Generic((x), float: atanhf, default: atanh)(x)\n"
-         "#define log2(x) _Generic((x), float: log2f, default: log2)(x)\n"
-         "#define log10(x) _Generic((x), float: log10f, default: log10)(x)\n"
-         "#define exp2(x) _Generic((x), float: exp2f, default: exp2)(x)\n"
-         "#define atan2(x, y) _Generic((x) + (y), float: atan2f, default: atan2)(x, y)\n"
-         "#define hypot(x, y) _Generic((x) + (y), float: hypotf, default: hypot)(x, y)\n"},
-    };
-    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++)
-        if (uses & blocks[k].use)
-            kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE_%s\n#define KILN_PRELUDE_%s\n%s%s#endif\n", blocks[k].guard,
-                blocks[k].guard, blocks[k].code, blocks[k].macro);
+        kiln_approx_f32_text, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text, kiln_bitwise_text);
+    /* as <tgmath.h> for the interpreted kernels */
+    if (uses & KILN_USE_LIBM)
+        kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE_LIBM\n#define KILN_PRELUDE_LIBM\n"
+             "#define sqrt(x) _Generic((x), float: sqrtf, default: sqrt)(x)\n"
+             "#define sin(x) _Generic((x), float: sinf, default: sin)(x)\n"
+             "#define cos(x) _Generic((x), float: cosf, default: cos)(x)\n"
+             "#define pow(x, y) _Generic((x) + (y), float: powf, default: pow)(x, y)\n"
+             "#define log1p(x) _Generic((x), float: log1pf, default: log1p)(x)\n"
+             "#define expm1(x) _Generic((x), float: expm1f, default: expm1)(x)\n"
+             "#define tan(x) _Generic((x), float: tanf, default: tan)(x)\n"
+             "#define asin(x) _Generic((x), float: asinf, default: asin)(x)\n"
+             "#define acos(x) _Generic((x), float: acosf, default: acos)(x)\n"
+             "#define atan(x) _Generic((x), float: atanf, default: atan)(x)\n"
+             "#define sinh(x) _Generic((x), float: sinhf, default: sinh)(x)\n"
+             "#define cosh(x) _Generic((x), float: coshf, default: cosh)(x)\n"
+             "#define asinh(x) _Generic((x), float: asinhf, default: asinh)(x)\n"
+             "#define acosh(x) _Generic((x), float: acoshf, default: acosh)(x)\n"
+             "#define atanh(x) _Generic((x), float: atanhf, default: atanh)(x)\n"
+             "#define log2(x) _Generic((x), float: log2f, default: log2)(x)\n"
+             "#define log10(x) _Generic((x), float: log10f, default: log10)(x)\n"
+             "#define exp2(x) _Generic((x), float: exp2f, default: exp2)(x)\n"
+             "#define atan2(x, y) _Generic((x) + (y), float: atan2f, default: atan2)(x, y)\n"
+             "#define hypot(x, y) _Generic((x) + (y), float: hypotf, default: hypot)(x, y)\n"
+             "#endif\n");
 }
 
 /* ---- the kernel --------------------------------------------------------------------------- */
@@ -436,7 +327,7 @@ kiln_status kiln_codegen_emit(const kiln_graph *sub, const int8_t *inner_kind, c
     bool rows = kiln_codegen_has_rows(sub);
     kiln_strbuf_printf(&body, "/* kiln fused %s kernel: %d inputs, %d ops */\n", rows ? "row" : "elementwise", sub->ninputs,
                        sub->nnodes);
-    kiln_cg_prelude(&body, kiln_cg_uses(sub) | (rows ? KILN_USE_EXP | KILN_USE_LOG : 0));
+    kiln_cg_prelude(&body, kiln_cg_uses(sub));
     kiln_strbuf_printf(&body, "\n");
     if (rows) {
         kiln_cg_emit_rows(&body, sub, inner_kind);

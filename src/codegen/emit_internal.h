@@ -9,15 +9,16 @@
 
 #define KILN_PARALLEL_MIN 32768 /* elements below which a kernel stays on one thread */
 
-/* Which libm names the code calls (the prelude defines vectorizable float32 versions). */
-enum { KILN_USE_EXP = 1, KILN_USE_ERF = 2, KILN_USE_TANH = 4, KILN_USE_LOG = 8, KILN_USE_LIBM = 16 };
+/* Whether the code calls libm functions beyond exp, erf, tanh and log, whose float32 versions
+ * every prelude holds (src/core/approx_f32.h): the prelude then maps their names for float. */
+enum { KILN_USE_LIBM = 1 };
 
 const char *kiln_cg_c_type(kiln_dtype d); /* NULL: not generated */
 bool kiln_cg_is_float(kiln_dtype d);
 void kiln_cg_put_double(kiln_strbuf *t, double v);
 /* `static const int64_t KILN_SYM_isz[]`: the item sizes of the output and of each input. */
 void kiln_cg_put_item_sizes(kiln_strbuf *t, const kiln_graph *g);
-/* The uses of the elementwise expressions of sub's nodes (their ops' KILN_OPF_ math flags). */
+/* The uses of the elementwise expressions of sub's nodes (their ops' KILN_OPF_LIBM flags). */
 unsigned kiln_cg_uses(const kiln_graph *sub);
 void kiln_cg_prelude(kiln_strbuf *t, unsigned uses);
 /* `const T a = <value v as T>;`-style operand text: value v of g held in variable `name`,

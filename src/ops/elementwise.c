@@ -2,11 +2,17 @@
  * expressions in ops.def, for every compute type; the float32 loops are compiled per instruction
  * set (isa_dispatch.h: "elementwise_f32"). Ops on float16 operands only compute in float32
  * registers, each result rounded to float16 (run_float16); bfloat16, and float16 mixed with other
- * dtypes, compute through float32 copies of the operands (run_elementwise). */
+ * dtypes, compute through float32 copies of the operands (run_elementwise). float32 exp, erf,
+ * tanh and log are src/core/approx_f32.h's, as in generated C: eager and compiled agree bit for
+ * bit. */
 #include <tgmath.h>
 
 #include "../core/internal.h"
 #include "isa_dispatch.h"
+/* last: float32 exp, erf, tanh and log of the C expressions become generated C's vectorizable
+ * ones (float64 stays on libm, and is the reference the tests hold float32 to) */
+#define KILN_APPROX_F32_NAMES
+#include "../core/approx_f32.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
 
@@ -273,9 +279,14 @@ static const ew_kernels elementwise_f32_baseline = {{
 #if KILN_ISA_VARIANTS
 #define EW_SFX f32_avx2
 KILN_ISA_BEGIN_AVX2
+KILN_APPROX_F32_DEFINE(kf_avx2_) /* this variant's exp, erf, tanh, log */
+#undef KILN_APPROX_F32
+#define KILN_APPROX_F32 kf_avx2_
 #define EW_PART EW_F32_LOOP
 #include "ops.def"
 #undef EW_PART
+#undef KILN_APPROX_F32
+#define KILN_APPROX_F32 kf_
 KILN_ISA_END
 #define EW_PART EW_F32_ENTRY
 static const ew_kernels elementwise_f32_avx2 = {{
@@ -285,9 +296,14 @@ static const ew_kernels elementwise_f32_avx2 = {{
 #undef EW_SFX
 #define EW_SFX f32_avx512
 KILN_ISA_BEGIN_AVX512
+KILN_APPROX_F32_DEFINE(kf_avx512_) /* this variant's exp, erf, tanh, log */
+#undef KILN_APPROX_F32
+#define KILN_APPROX_F32 kf_avx512_
 #define EW_PART EW_F32_LOOP
 #include "ops.def"
 #undef EW_PART
+#undef KILN_APPROX_F32
+#define KILN_APPROX_F32 kf_
 KILN_ISA_END
 #define EW_PART EW_F32_ENTRY
 static const ew_kernels elementwise_f32_avx512 = {{

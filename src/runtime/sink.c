@@ -290,7 +290,8 @@ static bool plan_fused_loop(kiln_sink *s, kiln_sink_step *st, int8_t *kind) {
 /* A step whose elementwise subgraph the C emitter handles, over layouts it was made for, runs its
  * generated loop straight from the graph's function (no kiln_fused_run checks, no kernel call).
  * exact_only: only when that loop computes what the kernels do, bit for bit: code that needs none
- * of the emitter's optional prelude (its fast exp, erf, tanh, log; libm name mapping). */
+ * of the emitter's optional prelude (its libm name mapping; float32 exp, erf, tanh and log are
+ * the kernels' own, src/core/approx_f32.h). */
 static kiln_status prepare_native_loop(kiln_sink *s, kiln_sink_step *st, const kiln_graph *sub, bool exact_only) {
     /* row kernels (reductions) walk their own space: they run as the plan prepared them */
     if (1 + st->nin > KILN_SINK_MAX_OPERANDS || !kiln_codegen_supports(sub) || kiln_codegen_has_rows(sub)) return KILN_OK;

@@ -98,6 +98,11 @@ CASES = ROW_CASES + [
     ("log/erf", log_chain, [(5000,)]),
 ]
 
+# elementwise groups: generated C computes each op as its kernel does, bit for bit (float32 exp,
+# erf, tanh and log too: src/core/approx_f32.h); row groups sum in another order
+EXACT_CASES = {"gelu(x*y+z)", "gelu(x*y+z) large", "residual", "where/compare", "clamp/exp/sqrt", "log/erf",
+               "bias+silu"}
+
 
 def fused_count(fn):
     """Nodes that fuse elementwise work: groups, and epilogues folded into a matmul."""
@@ -117,6 +122,8 @@ def test_o1_equals_o0_and_eager(name, f, shapes, dtype):
     for _ in range(2):  # the second call runs the cached executable
         r1 = j1(*args).asnumpy()
         assert r1.dtype == r0.dtype and r1.shape == r0.shape
+        if name in EXACT_CASES:
+            np.testing.assert_array_equal(r1, eager)
         np.testing.assert_allclose(r1, r0, **tol(dtype, 2))
         np.testing.assert_allclose(r1, eager, **tol(dtype, 2))
     np.testing.assert_array_equal(r0, eager)
@@ -177,8 +184,9 @@ def test_inputs_in_other_layouts():
     def f(x, y, z):
         return ops.gelu(x * ops.transpose(y, 1, 0) + z)
 
-    got = kiln.jit(f, jit_level="O1")(x, y, z).asnumpy()
-    np.testing.assert_allclose(got, f(x, y, z).asnumpy(), **tol(kiln.float32, 2))
+    jf = kiln.jit(f, jit_level="O1")
+    for _ in range(2):  # the second call runs the cached executable
+        np.testing.assert_array_equal(jf(x, y, z).asnumpy(), f(x, y, z).asnumpy())
 
 
 def test_intermediate_outputs_stay():
@@ -190,10 +198,11 @@ def test_intermediate_outputs_stay():
         return t, ops.sigmoid(t + y) * 2.0
 
     j1 = kiln.jit(f, jit_level="O1")
-    a1, b1 = j1(x, y)
     a0, b0 = f(x, y)
-    np.testing.assert_allclose(a1.asnumpy(), a0.asnumpy(), **tol(kiln.float32, 2))
-    np.testing.assert_allclose(b1.asnumpy(), b0.asnumpy(), **tol(kiln.float32, 2))
+    for _ in range(2):  # the second call runs the cached executable
+        a1, b1 = j1(x, y)
+        np.testing.assert_array_equal(a1.asnumpy(), a0.asnumpy())
+        np.testing.assert_array_equal(b1.asnumpy(), b0.asnumpy())
 
 
 def test_no_compiler_runs_interpreted(tmp_path):
