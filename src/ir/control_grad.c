@@ -110,14 +110,16 @@ static _Atomic int64_t residual_budget = KILN_LOOP_RESIDUAL_BUDGET_DEFAULT;
 void kiln_set_loop_residual_budget(int64_t bytes) { residual_budget = bytes < 0 ? 0 : bytes; }
 int64_t kiln_loop_residual_budget(void) { return residual_budget; }
 
-/* The stored-residual split of body `fwd` ((x...) -> y...): F, (x...) -> (y..., r...), the body
- * also returning the values its backward reads (the residuals r: values the body computes, not
- * its inputs, which the loop keeps anyway), and B, (x..., gy..., r...) -> (gx...), the backward
- * reading them instead of recomputing the body. The forward is run under tracer A with autograd
- * on; the gradients are recorded under tracer B nested in it, so every value of A that B reads
- * becomes a capture of B: those are the residuals, turned into B's trailing inputs and A's extra
- * outputs. *nres residuals, *res_bytes bytes per step (-1 when a size is symbolic). want: as in
- * backward_body. */
+/* The stored-residual split of body `fwd` ((x...) -> y...; x[0..ny) the loop values, the rest
+ * lifted tensors): F, (x...) -> (y..., r...), the body also returning the values its backward
+ * reads (the residuals r: values the body computes, and the loop values it reads), and B,
+ * (x..., gy..., r...) -> (gx...), the backward reading them instead of recomputing the body (and
+ * reading none of x[0..ny): a loop then keeps no history of its loop values). The forward is run
+ * under tracer A with autograd on; the gradients are recorded under tracer B nested in it, whose
+ * inputs for the loop values are stand-ins, so every value of A that B reads, the loop values
+ * included, becomes a capture of B: those are the residuals, turned into B's trailing inputs and
+ * A's extra outputs. *nres residuals, *res_bytes bytes per step (-1 when a size is symbolic).
+ * want: as in backward_body. */
 static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, const bool *want, int ny,
                                    kiln_tensor *const *gy, int64_t *fid, int64_t *bid, int *nres,
                                    int64_t *res_bytes) {
@@ -127,11 +129,12 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     kiln_tensor **alias = kiln_calloc(n1, sizeof *alias), **y = kiln_calloc(n1, sizeof *y);
     kiln_tensor **gx = kiln_calloc(n1, sizeof *gx), **roots = kiln_calloc(n1, sizeof *roots);
     kiln_tensor **groots = kiln_calloc(n1, sizeof *groots), **wrt = kiln_calloc(n1, sizeof *wrt);
+    kiln_tensor **stand_in = kiln_calloc(n1, sizeof *stand_in); /* B's inputs for the loop values */
     int32_t *outs = kiln_calloc(n1, sizeof *outs);
     int32_t *resv = NULL; /* B's captured values that are A's: the residuals */
     kiln_graph *fg = NULL, *bg = NULL;
     *fid = *bid = -1, *nres = 0, *res_bytes = 0;
-    kiln_status s = alias && y && gx && roots && groots && wrt && outs
+    kiln_status s = alias && y && gx && roots && groots && wrt && stand_in && outs
                         ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
     if (s == KILN_OK) s = kiln_tracer_begin(&ta);
     if (ta) kiln_tracer_set_capture_constants(ta, true); /* only the forward body's constants are met */
@@ -144,7 +147,8 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     }
     if (s == KILN_OK) s = kiln_body_interpret(fwd, nx, alias, ny, y);
     if (s == KILN_OK) s = kiln_tracer_begin(&tb); /* nested in A: what it reads of A, it captures */
-    for (int k = 0; k < total && s == KILN_OK; k++) s = kiln_tracer_add_input(tb, alias[k]);
+    for (int k = 0; k < ny && s == KILN_OK; k++) s = kiln_tensor_empty_like_meta(&alias[k]->meta, &stand_in[k]);
+    for (int k = 0; k < total && s == KILN_OK; k++) s = kiln_tracer_add_input(tb, k < ny ? stand_in[k] : alias[k]);
     int nroots = 0, nwrt = 0;
     for (int k = 0; k < ny && s == KILN_OK; k++)
         if (y[k]->requires_grad) roots[nroots] = y[k], groots[nroots++] = alias[nx + k];
@@ -226,7 +230,8 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     if (alias) kiln_release_all(alias, total);
     if (y) kiln_release_all(y, ny);
     if (gx) kiln_release_all(gx, nx);
-    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs), free(resv);
+    if (stand_in) kiln_release_all(stand_in, ny);
+    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(stand_in), free(outs), free(resv);
     if (s != KILN_OK) kiln_error_context(s, "building the stored-residual backward of a loop body");
     return s;
 }
@@ -307,8 +312,98 @@ static kiln_status grad_if(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, k
     return s;
 }
 
+/* Whether the residuals of nres values of res_bytes each per step (-1: symbolic) over `trips`
+ * steps fit the budget. */
+static bool residuals_fit(int nres, int64_t res_bytes, int64_t trips) {
+    int64_t budget = kiln_loop_residual_budget();
+    return trips > 0 && budget > 0 && res_bytes >= 0 && nres > 0 && res_bytes <= budget / trips;
+}
+
+kiln_status kiln_while_for_gradient(int nin, kiln_tensor *const *in, kiln_attrs *a, int64_t *fwd) {
+    *fwd = -1;
+    int nloop = (int)kiln_attr_int(a, KILN_A_WHILE_NOUT, 0);
+    int64_t trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0), body_id = -1;
+    bool needed = false;
+    for (int k = 0; k < nin; k++) needed |= in[k]->requires_grad && kiln_dtype_is_float(in[k]->meta.dtype);
+    if (!needed || !kiln_grad_enabled() || trips <= 0 || kiln_loop_residual_budget() <= 0 || nloop < 1 ||
+        nin > KILN_MAX_OUTPUTS || kiln_loop_nres(KILN_OP_WHILE, a) != 0)
+        return KILN_OK;
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, a, 1, &body_id));
+    /* the body's backward as the gradient rule would build it (want: see grad_while); the incoming
+     * gradients' values are not read while it is recorded, only their metas */
+    bool want[KILN_MAX_OUTPUTS];
+    kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < nin; k++) want[k] = k < nloop || (in[k]->requires_grad && kiln_dtype_is_float(in[k]->meta.dtype));
+    for (int k = 0; k < nloop && s == KILN_OK; k++) {
+        s = kiln_tensor_empty_like_meta(&in[k]->meta, &gy[k]);
+        if (s == KILN_OK) memset(gy[k]->data, 0, (size_t)gy[k]->numel * kiln_dtype_size(gy[k]->meta.dtype));
+    }
+    int64_t f = -1, b = -1, res_bytes = -1;
+    int nres = 0;
+    if (s == KILN_OK) s = residual_bodies(body_id, nin, in, want, nloop, gy, &f, &b, &nres, &res_bytes);
+    kiln_release_all(gy, nloop);
+    bool fits = s == KILN_OK && residuals_fit(nres, res_bytes, trips) && nloop + nres <= KILN_MAX_OUTPUTS;
+    if (fits) s = kiln_body_hold(f, b);
+    kiln_body_release(b);
+    if (!fits || s != KILN_OK) {
+        kiln_body_release(f);
+        return s;
+    }
+    a->ni = a->ni > KILN_A_WHILE_NI ? a->ni : KILN_A_WHILE_NI;
+    a->i[KILN_A_WHILE_BODY] = f;
+    a->i[KILN_A_WHILE_NOUT] = nloop + nres;
+    a->i[KILN_A_WHILE_BACKWARD] = -1;
+    a->i[KILN_A_WHILE_NRES] = nres;
+    a->i[KILN_A_WHILE_RES_BYTES] = res_bytes;
+    a->i[KILN_A_WHILE_GIVEN] = 0;
+    *fwd = f;
+    return KILN_OK;
+}
+
+/* The gradient of a while that stored its residuals (kiln_while_for_gradient): while_grad(v0...,
+ * lifted..., gv..., R...) over the backward body its forward body holds, no loop run again. */
+static kiln_status grad_while_given(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    int nres = kiln_loop_nres(KILN_OP_WHILE, ctx->attrs), nloop = ctx->nout - nres, nstate = ctx->nin;
+    int64_t fwd = -1, cond_id = -1;
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id));
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &fwd));
+    int64_t back = kiln_body_held(fwd);
+    if (back < 0 || !ctx->out)
+        return kiln_error(KILN_ERR_VALUE, "while: a loop recorded with stored residuals has no backward body");
+    int nin = nstate + nloop + nres;
+    kiln_tensor **in = kiln_calloc((size_t)nin, sizeof *in);
+    kiln_tensor *gx[KILN_MAX_OUTPUTS] = {0};
+    if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory in a gradient");
+    kiln_status s = KILN_OK;
+    memcpy(in, ctx->in, sizeof *in * (size_t)nstate);
+    for (int k = 0; k < nloop && s == KILN_OK; k++) {
+        if (gout[k]) kiln_tensor_retain(in[nstate + k] = gout[k]);
+        else s = kiln_emit_full(&ctx->out_meta[k], 0.0, &in[nstate + k]);
+    }
+    memcpy(in + nstate + nloop, ctx->out + nloop, sizeof *in * (size_t)nres);
+    kiln_attrs a = {.ni = KILN_A_WHILE_NI};
+    a.i[KILN_A_WHILE_COND] = cond_id;
+    a.i[KILN_A_WHILE_BODY] = fwd;
+    a.i[KILN_A_WHILE_NOUT] = nstate;
+    a.i[KILN_A_WHILE_BACKWARD] = back;
+    a.i[KILN_A_WHILE_TRIPS] = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0);
+    a.i[KILN_A_WHILE_NRES] = nres;
+    a.i[KILN_A_WHILE_RES_BYTES] = kiln_attr_int(ctx->attrs, KILN_A_WHILE_RES_BYTES, -1);
+    a.i[KILN_A_WHILE_GIVEN] = 1;
+    if (s == KILN_OK) s = kiln_apply(KILN_OP_WHILE_GRAD, nin, in, &a, gx);
+    for (int k = 0; k < nstate && s == KILN_OK; k++) {
+        if (ctx->needs_grad[k]) gin[k] = gx[k];
+        else kiln_tensor_release(gx[k]);
+    }
+    for (int k = 0; k < nloop; k++) kiln_tensor_release(in[nstate + k]);
+    free(in);
+    return s;
+}
+
 static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
     if (!any_needed(ctx, 0)) return KILN_OK;
+    if (kiln_loop_nres(KILN_OP_WHILE, ctx->attrs) > 0) return grad_while_given(ctx, gout, gin);
     int nstate = ctx->nin;
     if (nstate > KILN_MAX_OUTPUTS)
         return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while: gradients of more than %d loop values and captured tensors",
@@ -322,7 +417,7 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
     for (int k = 0; k < nstate; k++) want[k] = k < ctx->nout || ctx->needs_grad[k];
     kiln_status s = output_grads(ctx, gout, gy);
     int64_t cond_id = -1, body_id = -1;
-    int64_t trips = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0), budget = kiln_loop_residual_budget();
+    int64_t trips = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0);
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id);
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &body_id);
     /* Stored residuals when the trip count is known and they fit the budget: each step's are
@@ -330,9 +425,9 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
      * body recomputes the body's internals from each step's loop values. */
     int nres = 0;
     int64_t res_bytes = -1;
-    if (s == KILN_OK && trips > 0 && budget > 0) {
+    if (s == KILN_OK && trips > 0 && kiln_loop_residual_budget() > 0) {
         s = residual_bodies(body_id, nstate, ctx->in, want, ctx->nout, gy, &fwd, &back, &nres, &res_bytes);
-        bool fits = res_bytes >= 0 && nres > 0 && res_bytes <= budget / trips;
+        bool fits = residuals_fit(nres, res_bytes, trips);
         if (s == KILN_OK && !fits) {
             kiln_body_release(fwd), kiln_body_release(back);
             fwd = back = -1, nres = 0;
