@@ -125,12 +125,13 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
     int nres = kiln_loop_nres(op, a);
     bool given = kiln_loop_given(op, a);
     int nloop = kiln_loop_nloop(op, a, nin, nout);
-    int nstate = op == KILN_OP_WHILE ? nin : nout; /* loop values and lifted tensors */
+    int nd = kiln_loop_nstacked(op, a);            /* stacked cotangents after while_grad's gradients */
+    int nstate = op == KILN_OP_WHILE ? nin : nout - nd; /* loop values and lifted tensors */
     int nbase = nin - (given ? nres : 0);          /* the inputs before stored residuals given */
     int64_t trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0);
     if (nres < 0 || (nres > 0 && op == KILN_OP_WHILE && trips <= 0))
         return kiln_error(KILN_ERR_VALUE, "%s: %d stored residuals over %lld steps", name, nres, (long long)trips);
-    if (nloop < 1 || nstate < nloop || nbase < nstate)
+    if (nloop < 1 || nstate < nloop || nbase < nstate || nd < 0 || (nd > 0 && !given))
         return kiln_error(KILN_ERR_VALUE, "%s: %d inputs do not fit %d outputs", name, nin, nout);
     KILN_TRY(check_inputs(name, "cond", subs[0], nstate, in));
     if (subs[0]->noutputs != 1 || kiln_meta_numel(&subs[0]->values[subs[0]->outputs[0]].meta) != 1)
@@ -141,7 +142,7 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
     KILN_TRY(check_outputs_then(name, "body", subs[1], nloop, in, "the loop value", nres));
     if (op == KILN_OP_WHILE_GRAD) {
         KILN_TRY(check_inputs_then(name, "backward", subs[2], nbase, in, nres));
-        KILN_TRY(check_outputs(name, "backward", subs[2], nout, in, "the input"));
+        KILN_TRY(check_outputs_then(name, "backward", subs[2], nstate, in, "the input", nd));
         for (int k = 0; k < nres; k++) {
             const kiln_meta *r = &subs[1]->values[subs[1]->outputs[nloop + k]].meta;
             const kiln_meta *want = &subs[2]->values[subs[2]->inputs[nbase + k]].meta;
@@ -158,7 +159,9 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
             if (!kiln_meta_equal(&in[nstate + k], &in[k]))
                 return kiln_error(KILN_ERR_VALUE, "while_grad: the gradient of loop value %d does not match it", k);
     }
-    for (int k = 0; k < (op == KILN_OP_WHILE ? nloop : nout); k++) out[k] = in[k];
+    for (int k = 0; k < (op == KILN_OP_WHILE ? nloop : nstate); k++) out[k] = in[k];
+    for (int k = 0; k < nd; k++)
+        KILN_TRY(kiln_loop_stacked_meta(&subs[2]->values[subs[2]->outputs[nstate + k]].meta, trips, &out[nstate + k]));
     for (int k = 0; op == KILN_OP_WHILE && k < nres; k++)
         KILN_TRY(kiln_loop_stacked_meta(&subs[1]->values[subs[1]->outputs[nloop + k]].meta, trips, &out[nloop + k]));
     return KILN_OK;

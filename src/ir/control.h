@@ -29,9 +29,18 @@ static inline int kiln_loop_nres(kiln_op op, const kiln_attrs *a) {
 static inline bool kiln_loop_given(kiln_op op, const kiln_attrs *a) {
     return op == KILN_OP_WHILE_GRAD && kiln_attr_int(a, KILN_A_WHILE_GIVEN, 0) != 0;
 }
+/* The stacked cotangents a given while_grad returns after its gradients (ops.def STACK). */
+static inline int kiln_loop_nstacked(kiln_op op, const kiln_attrs *a) {
+    if (!kiln_loop_given(op, a)) return 0;
+    int n = (int)kiln_attr_int(a, KILN_A_WHILE_NSTACK, 0), nd = 0;
+    for (int t = 0; t < n && KILN_A_WHILE_STACK + 3 * t + 2 < a->ni; t++)
+        if (a->i[KILN_A_WHILE_STACK + 3 * t + 2] + 1 > nd) nd = (int)a->i[KILN_A_WHILE_STACK + 3 * t + 2] + 1;
+    return nd;
+}
 static inline int kiln_loop_nloop(kiln_op op, const kiln_attrs *a, int nin, int nout) {
     int nres = kiln_loop_nres(op, a);
-    return op == KILN_OP_WHILE ? nout - nres : nin - nout - (kiln_loop_given(op, a) ? nres : 0);
+    return op == KILN_OP_WHILE ? nout - nres
+                               : nin - (nout - kiln_loop_nstacked(op, a)) - (kiln_loop_given(op, a) ? nres : 0);
 }
 /* The meta of a buffer holding `trips` rows of meta m (a stored residual of every step). */
 kiln_status kiln_loop_stacked_meta(const kiln_meta *m, int64_t trips, kiln_meta *out);

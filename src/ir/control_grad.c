@@ -312,6 +312,96 @@ static kiln_status grad_if(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, k
     return s;
 }
 
+/* ---- weight gradients stacked over steps ------------------------------------------------------- */
+
+/* Backward body b ((v..., lifted..., gy..., r...) -> (gv..., glifted...): nloop loop values, nstate
+ * values before gy) of a storing while: each lifted tensor's gradient that is exactly
+ * matmul(permute(r_k, {1, 0}), d) of a 2-D residual r_k and a per-step d (a weight read by
+ * x_t @ w) is taken out of the step: b's copy returns d as an extra output instead (the tensor
+ * itself in the gradient's place: not accumulated, control_flow.c backward_facts), and
+ * stack[3 * n...] records (lifted j, residual k, output m) for the gradient rule, which sums
+ * the steps' products as one matmul of every step's rows (grad_while_given). *b becomes the new
+ * body (the old one released) when any is found; *nstack of them (at most max). bytes: what
+ * the loop stores per step (its residuals); a stacked cotangent is added only while that and the
+ * cotangents fit `room` (the budget per step). */
+static kiln_status stack_weight_gradients(int64_t *b, int nloop, int nstate, int nres, int max, int64_t room,
+                                          int64_t bytes, int64_t *stack, int *nstack) {
+    *nstack = 0;
+    const kiln_graph *g = kiln_body_graph(*b);
+    if (!g) return KILN_ERR_VALUE;
+    int nbase = g->ninputs - nres, nd = 0;
+    int32_t douts[KILN_MAX_OUTPUTS];
+    for (int j = nloop; j < nstate && *nstack < max && g->noutputs == nstate; j++) {
+        const kiln_value *v = &g->values[g->outputs[j]];
+        if (v->kind != KILN_VALUE_NODE || g->outputs[j] == g->inputs[j]) continue;
+        const kiln_node *mm = &g->nodes[v->node];
+        if (mm->op != KILN_OP_MATMUL || mm->nin != 2) continue;
+        const kiln_value *pv = &g->values[mm->in[0]], *dv = &g->values[mm->in[1]];
+        if (pv->kind != KILN_VALUE_NODE || dv->meta.ndim != 2) continue;
+        const kiln_node *pm = &g->nodes[pv->node];
+        if (pm->op != KILN_OP_PERMUTE || pm->attrs.ni != 2 || pm->attrs.i[0] != 1 || pm->attrs.i[1] != 0) continue;
+        int k = -1;
+        for (int q = 0; q < nres; q++)
+            if (g->inputs[nbase + q] == pm->in[0]) k = q;
+        if (k < 0 || g->values[pm->in[0]].meta.ndim != 2 || !kiln_meta_equal(&v->meta, &g->values[g->inputs[j]].meta))
+            continue;
+        int m = -1;
+        for (int q = 0; q < nd; q++)
+            if (douts[q] == mm->in[1]) m = q;
+        int64_t dbytes = kiln_meta_numel(&dv->meta) * (int64_t)kiln_dtype_size(dv->meta.dtype);
+        if (m < 0 && (nstate + nd >= KILN_MAX_OUTPUTS || bytes + dbytes > room)) continue;
+        if (m < 0) douts[m = nd++] = mm->in[1], bytes += dbytes;
+        stack[3 * *nstack] = j - nloop, stack[3 * *nstack + 1] = k, stack[3 * *nstack + 2] = m;
+        (*nstack)++;
+    }
+    if (!*nstack) return KILN_OK;
+    int32_t outs[2 * KILN_MAX_OUTPUTS];
+    memcpy(outs, g->outputs, sizeof *outs * (size_t)nstate);
+    for (int t = 0; t < *nstack; t++) {
+        int j = nloop + (int)stack[3 * t];
+        outs[j] = g->inputs[j];
+    }
+    memcpy(outs + nstate, douts, sizeof *outs * (size_t)nd);
+    kiln_graph *copy = NULL;
+    int64_t id = -1;
+    kiln_status s = kiln_graph_clone(g, &copy);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(copy, nstate + nd, outs);
+    if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code(&copy);
+    if (s == KILN_OK) s = kiln_body_register(copy, &id), copy = NULL;
+    kiln_graph_free(copy);
+    if (s != KILN_OK) {
+        *nstack = 0;
+        return s;
+    }
+    kiln_body_release(*b);
+    *b = id;
+    return KILN_OK;
+}
+
+/* gin[nloop + j] for each stacked weight gradient of the while's STACK: sum over steps of
+ * permute(r_k) @ d_m, as permute(R_k as (T*rows, n)) @ (D_m as (T*rows, p)). */
+static kiln_status stacked_gradients(const kiln_grad_ctx *ctx, int nloop, kiln_tensor *const *res,
+                                     kiln_tensor *const *stacked, kiln_tensor **gin) {
+    int n = (int)kiln_attr_int(ctx->attrs, KILN_A_WHILE_NSTACK, 0);
+    kiln_status s = KILN_OK;
+    for (int t = 0; t < n && s == KILN_OK; t++) {
+        const int64_t *e = &ctx->attrs->i[KILN_A_WHILE_STACK + 3 * t];
+        int j = nloop + (int)e[0];
+        if (!ctx->needs_grad[j]) continue;
+        kiln_tensor *r = res[e[1]], *d = stacked[e[2]], *r2 = NULL, *rt = NULL, *d2 = NULL;
+        int64_t rs[2] = {r->meta.shape[0] * r->meta.shape[1], r->meta.shape[2]};
+        int64_t ds[2] = {d->meta.shape[0] * d->meta.shape[1], d->meta.shape[2]}, perm[2] = {1, 0};
+        s = kiln_emit_reshape(r, 2, rs, &r2);
+        if (s == KILN_OK) s = kiln_emit_permute(r2, perm, &rt);
+        if (s == KILN_OK) s = kiln_emit_reshape(d, 2, ds, &d2);
+        kiln_tensor *pair[2] = {rt, d2};
+        static const kiln_attrs none;
+        if (s == KILN_OK) s = kiln_apply(KILN_OP_MATMUL, 2, pair, &none, &gin[j]);
+        kiln_tensor_release(r2), kiln_tensor_release(rt), kiln_tensor_release(d2);
+    }
+    return s;
+}
+
 /* Whether the residuals of nres values of res_bytes each per step (-1: symbolic) over `trips`
  * steps fit the budget. */
 static bool residuals_fit(int nres, int64_t res_bytes, int64_t trips) {
@@ -344,19 +434,25 @@ kiln_status kiln_while_for_gradient(int nin, kiln_tensor *const *in, kiln_attrs 
     if (s == KILN_OK) s = residual_bodies(body_id, nin, in, want, nloop, gy, &f, &b, &nres, &res_bytes);
     kiln_release_all(gy, nloop);
     bool fits = s == KILN_OK && residuals_fit(nres, res_bytes, trips) && nloop + nres <= KILN_MAX_OUTPUTS;
-    if (fits) s = kiln_body_hold(f, b);
+    int64_t stack[3 * KILN_MAX_OUTPUTS];
+    int nstack = 0, room = (KILN_MAX_ATTR_INTS - KILN_A_WHILE_STACK) / 3;
+    if (fits) s = stack_weight_gradients(&b, nloop, nin, nres, room, kiln_loop_residual_budget() / trips, res_bytes,
+                                         stack, &nstack);
+    if (fits && s == KILN_OK) s = kiln_body_hold(f, b);
     kiln_body_release(b);
     if (!fits || s != KILN_OK) {
         kiln_body_release(f);
         return s;
     }
-    a->ni = a->ni > KILN_A_WHILE_NI ? a->ni : KILN_A_WHILE_NI;
     a->i[KILN_A_WHILE_BODY] = f;
     a->i[KILN_A_WHILE_NOUT] = nloop + nres;
     a->i[KILN_A_WHILE_BACKWARD] = -1;
     a->i[KILN_A_WHILE_NRES] = nres;
     a->i[KILN_A_WHILE_RES_BYTES] = res_bytes;
     a->i[KILN_A_WHILE_GIVEN] = 0;
+    a->i[KILN_A_WHILE_NSTACK] = nstack;
+    memcpy(&a->i[KILN_A_WHILE_STACK], stack, sizeof *stack * (size_t)(3 * nstack));
+    a->ni = KILN_A_WHILE_STACK + 3 * nstack;
     *fwd = f;
     return KILN_OK;
 }
@@ -373,7 +469,7 @@ static kiln_status grad_while_given(const kiln_grad_ctx *ctx, kiln_tensor *const
         return kiln_error(KILN_ERR_VALUE, "while: a loop recorded with stored residuals has no backward body");
     int nin = nstate + nloop + nres;
     kiln_tensor **in = kiln_calloc((size_t)nin, sizeof *in);
-    kiln_tensor *gx[KILN_MAX_OUTPUTS] = {0};
+    kiln_tensor *gx[2 * KILN_MAX_OUTPUTS] = {0};
     if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory in a gradient");
     kiln_status s = KILN_OK;
     memcpy(in, ctx->in, sizeof *in * (size_t)nstate);
@@ -382,7 +478,7 @@ static kiln_status grad_while_given(const kiln_grad_ctx *ctx, kiln_tensor *const
         else s = kiln_emit_full(&ctx->out_meta[k], 0.0, &in[nstate + k]);
     }
     memcpy(in + nstate + nloop, ctx->out + nloop, sizeof *in * (size_t)nres);
-    kiln_attrs a = {.ni = KILN_A_WHILE_NI};
+    kiln_attrs a = *ctx->attrs; /* (STACK as the while's) */
     a.i[KILN_A_WHILE_COND] = cond_id;
     a.i[KILN_A_WHILE_BODY] = fwd;
     a.i[KILN_A_WHILE_NOUT] = nstate;
@@ -391,11 +487,21 @@ static kiln_status grad_while_given(const kiln_grad_ctx *ctx, kiln_tensor *const
     a.i[KILN_A_WHILE_NRES] = nres;
     a.i[KILN_A_WHILE_RES_BYTES] = kiln_attr_int(ctx->attrs, KILN_A_WHILE_RES_BYTES, -1);
     a.i[KILN_A_WHILE_GIVEN] = 1;
+    int nd = kiln_loop_nstacked(KILN_OP_WHILE_GRAD, &a);
+    a.i[KILN_A_WHILE_NOUT] = nstate + nd;
     if (s == KILN_OK) s = kiln_apply(KILN_OP_WHILE_GRAD, nin, in, &a, gx);
+    for (int t = 0; t < (int)a.i[KILN_A_WHILE_NSTACK] && s == KILN_OK; t++) { /* (zeros in while_grad's) */
+        int j = nloop + (int)a.i[KILN_A_WHILE_STACK + 3 * t];
+        kiln_tensor_release(gx[j]);
+        gx[j] = NULL;
+    }
+    if (s == KILN_OK) s = stacked_gradients(ctx, nloop, ctx->out + nloop, gx + nstate, gx);
     for (int k = 0; k < nstate && s == KILN_OK; k++) {
         if (ctx->needs_grad[k]) gin[k] = gx[k];
         else kiln_tensor_release(gx[k]);
+        gx[k] = NULL;
     }
+    kiln_release_all(gx, nstate + nd);
     for (int k = 0; k < nloop; k++) kiln_tensor_release(in[nstate + k]);
     free(in);
     return s;

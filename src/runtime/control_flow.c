@@ -29,6 +29,7 @@ struct kiln_control_node {
     kiln_meta *res_meta;
     int64_t trips;
     bool given;
+    int nstacked; /* a given while_grad's stacked cotangents (ops.def STACK), after its gradients */
 };
 
 /* The stored-residual facts of a while or while_grad node with attrs a and body (F) graph f. */
@@ -36,6 +37,7 @@ static kiln_status residual_facts(kiln_control_node *c, const kiln_attrs *a, con
     c->nres = kiln_loop_nres(c->op, a);
     c->trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0);
     c->given = kiln_loop_given(c->op, a);
+    c->nstacked = kiln_loop_nstacked(c->op, a);
     if (c->nres <= 0) return KILN_OK;
     if (f->noutputs != nloop + c->nres || (c->op == KILN_OP_WHILE && c->trips <= 0))
         return kiln_error(KILN_ERR_VALUE, "%s: malformed stored-residual body", kiln_op_table[c->op].name);
@@ -78,8 +80,8 @@ static kiln_status row_write_facts(kiln_control_node *c, const kiln_graph *cond,
  * one buffer per iteration no longer, and a captured tensor whose gradient is zeros (made from one
  * zero) or nobody asked for (the body returns the tensor itself in its place) costs no full-size
  * addition per iteration. */
-static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres) {
-    int nloop = g->ninputs - nres - g->noutputs, nlift = g->noutputs - nloop;
+static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres, int nstacked) {
+    int nstate = g->noutputs - nstacked, nloop = g->ninputs - nres - nstate, nlift = nstate - nloop;
     if (nloop < 0 || nlift < 0) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed backward body");
     bool *read = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *read);
     c->unread = kiln_calloc((size_t)(nloop ? nloop : 1), sizeof *c->unread);
@@ -157,7 +159,7 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     }
     int nloop = kiln_loop_nloop(op, a, nin, kiln_op_nout(op, a));
     if (s == KILN_OK && op != KILN_OP_IF) s = residual_facts(&c, a, g[1], nloop);
-    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres, c.nstacked);
     if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, g[0], g[1], nloop);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]), kiln_graph_free(opt[k]);
@@ -185,7 +187,8 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_ba
     const kiln_node *nd = &p->g->nodes[node];
     int nloop = kiln_loop_nloop(c->op, &nd->attrs, nd->nin, nd->nout);
     if (s == KILN_OK && c->op != KILN_OP_IF) s = residual_facts(c, &nd->attrs, kiln_plan_body(p, node, 1)->g, nloop);
-    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres);
+    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD)
+        s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres, c->nstacked);
     if (s == KILN_OK && c->op != KILN_OP_IF)
         s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, kiln_plan_body(p, node, 1)->g, nloop);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
@@ -474,7 +477,7 @@ static kiln_status given_history(kiln_control_node *c, int nloop, kiln_tensor *c
 static kiln_status run_while_grad(kiln_control_node *c, int nin_all, kiln_tensor *const *in, int nout,
                                   kiln_tensor **out) {
     int nres = c->nres, nin = c->given ? nin_all - nres : nin_all;
-    int nloop = nin - nout, nstate = nout;
+    int nstate = nout - c->nstacked, nloop = nin - nstate;
     int nlift = nstate - nloop;
     /* state = (loop values, lifted, gradients of the loop values, residuals); entries are owned or NULL */
     kiln_tensor **state = kiln_calloc((size_t)(nin + nres), sizeof *state);
@@ -541,6 +544,19 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin_all, kiln_tensor
         memset(h + nloop, 0, sizeof *h * (size_t)nres);
         if (s != KILN_OK) {
             kiln_error_context(s, "in the backward loop body");
+            break;
+        }
+        for (int k = 0; k < c->nstacked && s == KILN_OK; k++) { /* this step's cotangent into its row */
+            kiln_tensor *row = NULL;
+            const kiln_meta *m = &res[nstate + k]->meta;
+            s = kiln_tensor_view(out[nstate + k], m->ndim, m->shape, NULL,
+                                 out[nstate + k]->offset + t * kiln_meta_numel(m), &row);
+            if (s == KILN_OK) s = kiln_copy_into(row, res[nstate + k]);
+            kiln_tensor_release(row);
+        }
+        kiln_release_all(res + nstate, c->nstacked);
+        if (s != KILN_OK) {
+            kiln_release_all(res, nstate);
             break;
         }
         kiln_release_all(state + nstate, nloop);

@@ -3,7 +3,8 @@ residuals as it runs (extra outputs only its `while_grad` reads), and the gradie
 without running the loop again. Checked by the runtime's count of loop-body runs, against eager
 autograd of the Python loop and central differences in float64, in every kiln.jit variant and
 kiln.trace; and a loop whose gradient nobody takes (no_grad, inputs needing none) stays the plain
-loop, with no residual outputs."""
+loop, with no residual outputs. A weight read as x_t @ w gets its gradient from one matmul over
+every step's rows after the loop (ops.def STACK), within the residual budget."""
 import re
 import types
 
@@ -228,3 +229,69 @@ def test_a_forward_call_reading_weights_that_need_gradients_stores_nothing(mode)
         np.testing.assert_allclose(to_numpy(fn(h0, c0, xs, u, b)), to_numpy(want), rtol=1e-10)
     attrs = while_attrs(fn.graph_str(h0, c0, xs, u, b))
     assert attrs and all(len(a) < 6 or a[5] == 0 for a, _ in attrs), attrs
+
+
+def while_grad_attrs(graph_text):
+    main = graph_text.split("\nsubgraph")[0]
+    return [[int(v) for v in m.split(", ")] for m in re.findall(r"= while_grad\(.*\) \{([-0-9, ]*)\}", main)]
+
+
+def shared_weight_loss(h0, xs, w, v):
+    """w read twice per step (x_t @ w and h @ w.T @ w): its gradient is not one product per step,
+    so it stays accumulated per step; v's is (x_t @ v), summed over all steps in one matmul."""
+    def step(h, x):
+        h = (ops.matmul(x, w) + ops.matmul(ops.matmul(h, w.transpose(1, 0)), w) + ops.matmul(x, v)).tanh()
+        return h, h.sum()
+    h, ys = ops.scan(step, h0, xs, reverse=True)
+    return (h * h).sum() + (ys * ys).sum()
+
+
+def shared_weight_python(h0, xs, w, v):
+    h, total = h0, None
+    for t in range(xs.shape[0] - 1, -1, -1):
+        x = xs[t]
+        h = (ops.matmul(x, w) + ops.matmul(ops.matmul(h, w.transpose(1, 0)), w) + ops.matmul(x, v)).tanh()
+        total = h.sum() * h.sum() if total is None else total + h.sum() * h.sum()
+    return (h * h).sum() + total
+
+
+@pytest.mark.parametrize("variant", JIT_VARIANTS, ids=JIT_IDS)
+def test_weight_gradients_summed_over_all_steps_in_one_matmul(variant):
+    """A weight read as x_t @ w has the gradient sum_t x_t^T dy_t: the backward body stores dy_t
+    per step and one matmul over every step's rows sums it after the loop (ops.def STACK)."""
+    rng = np.random.default_rng(9)
+    h0, xs = kiln.tensor(rng.standard_normal((2, 3)) * 0.5), kiln.tensor(rng.standard_normal((5, 2, 3)) * 0.5)
+    w, v = kiln.tensor(rng.standard_normal((3, 3)) * 0.4), kiln.tensor(rng.standard_normal((3, 3)) * 0.4)
+    want = kiln.grad(shared_weight_python, (0, 1, 2, 3))(h0, xs, w, v)
+    grad = kiln.grad(jitted(fresh(shared_weight_loss), variant), (0, 1, 2, 3))
+    for _ in range(3):
+        assert_close(grad(h0, xs, w, v), want)
+    traced = kiln.trace(lambda *a: kiln.grad(shared_weight_loss, (0, 1, 2, 3))(*a))
+    assert_close(traced(h0, xs, w, v), want)
+    (attrs,) = while_grad_attrs(traced.graph_str())
+    assert attrs[8] == 1, attrs  # NSTACK: v's gradient stacked, w's (read twice) accumulated per step
+    for g, c in zip(traced(h0, xs, w, v), central_differences(shared_weight_python, [h0, xs, w, v])):
+        np.testing.assert_allclose(to_numpy(g), c, rtol=1e-6, atol=1e-8)
+
+
+def test_the_lstm_weights_are_stacked():
+    args = data(7)
+    traced = kiln.trace(lambda *a: kiln.grad(scan_loss, (3, 4, 5))(*a))
+    assert_close(traced(*args), kiln.grad(python_loss, (3, 4, 5))(*args))
+    (attrs,) = while_grad_attrs(traced.graph_str())
+    assert attrs[8] == 2, attrs  # w (read by x_t @ w) and u (h @ u); b's is a sum, kept per step
+
+
+def test_no_stacking_past_the_budget():
+    """The stacked cotangents count against loop_residual_budget: with room for the residuals alone
+    the weights' gradients are summed per step, and are the same."""
+    args = data(8)
+    traced = kiln.trace(lambda *a: kiln.grad(scan_loss, (3, 4))(*a))
+    traced(*args)
+    (attrs,) = while_grad_attrs(traced.graph_str())
+    residual_bytes = attrs[6]
+    kiln.set_context(loop_residual_budget=(residual_bytes + 8) * STEPS / (1 << 20))  # (a cotangent row: 192 bytes)
+    tight = kiln.trace(lambda *a: kiln.grad(scan_loss, (3, 4))(*a))
+    assert_close(tight(*args), kiln.grad(python_loss, (3, 4))(*args))
+    (attrs,) = while_grad_attrs(tight.graph_str())
+    assert attrs[5] > 0 and attrs[7] == 1 and attrs[8] == 0, attrs  # stored, single forward, nothing stacked
