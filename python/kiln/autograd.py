@@ -35,6 +35,9 @@ def differentiating():
     return getattr(grad_nesting, "depth", 0) > 0
 
 
+hooks.differentiating = differentiating
+
+
 def _output_tensors(out, into):
     """The tensors of a (pytree) output, in tree_util's order."""
     into.extend(x for x in tree_util.tree_leaves(out) if isinstance(x, _C.TensorBase))

@@ -26,6 +26,12 @@ def make_jit_function(fn, options):
 note_number = None
 
 
+# Whether code runs inside a grad / value_and_grad call, whose results will be differentiated
+# (kiln.autograd.differentiating, set by that module): a loop recorded there stores its residuals
+# for the gradient as it runs (kiln.ops.control_flow).
+differentiating = None
+
+
 # kiln.vmap and kiln.jacrev (kiln.batching, set by that module): kiln.jacfwd maps the forward-mode
 # pass over the input basis with vmap, kiln.hessian is jacfwd of jacrev. vmap_refusals: the
 # exceptions of what vmap refuses and a loop of calls handles (control flow, a value read into

@@ -132,6 +132,13 @@ static void link_outputs(kiln_grad_node *n, int nout, kiln_tensor **out) {
     }
 }
 
+/* Whether n keeps output k for its gradient: the op's flag, or a while recorded with stored residuals
+ * (ops.def: its outputs after the loop values; only its own gradient reads them). */
+static bool saves_output(kiln_op op, const kiln_attrs *attrs, int k, int nout) {
+    if (kiln_op_table[op].flags & KILN_OPF_SAVE_OUTPUTS) return true;
+    return op == KILN_OP_WHILE && k >= nout - kiln_attr_int(attrs, KILN_A_WHILE_NRES, 0);
+}
+
 kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, const kiln_attrs *attrs,
                                  int nout, kiln_tensor **out) {
     const kiln_op_info *info = &kiln_op_table[op];
@@ -160,7 +167,7 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
     }
     for (int k = 0; k < nout; k++) {
         n->out_meta[k] = out[k]->meta;
-        if ((info->flags & KILN_OPF_SAVE_OUTPUTS) && s == KILN_OK) {
+        if (saves_output(op, attrs, k, nout) && s == KILN_OK) {
             s = kiln_tensor_detach(out[k], &n->saved_out[k]); /* no history: no cycle */
             n->saved_version[nin + k] = kiln_tensor_version(out[k]);
         }

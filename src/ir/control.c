@@ -121,35 +121,60 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
         for (int k = 0; k < nout; k++) out[k] = subs[0]->values[subs[0]->outputs[k]].meta;
         return check_outputs(name, "else", subs[1], nout, out, "the then subgraph's");
     }
-    /* while and while_grad: (v..., lifted...[, gv...]) */
-    int nloop = op == KILN_OP_WHILE ? nout : nin - nout;
-    int nstate = op == KILN_OP_WHILE ? nin : nout; /* loop values and lifted tensors */
-    if (nloop < 1 || nstate < nloop || nin < nstate)
+    /* while and while_grad: (v..., lifted...[, gv...][, R...]) */
+    int nres = kiln_loop_nres(op, a);
+    bool given = kiln_loop_given(op, a);
+    int nloop = kiln_loop_nloop(op, a, nin, nout);
+    int nd = kiln_loop_nstacked(op, a);            /* stacked cotangents after while_grad's gradients */
+    int nstate = op == KILN_OP_WHILE ? nin : nout - nd; /* loop values and lifted tensors */
+    int nbase = nin - (given ? nres : 0);          /* the inputs before stored residuals given */
+    int64_t trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0);
+    if (nres < 0 || (nres > 0 && op == KILN_OP_WHILE && trips <= 0))
+        return kiln_error(KILN_ERR_VALUE, "%s: %d stored residuals over %lld steps", name, nres, (long long)trips);
+    if (nloop < 1 || nstate < nloop || nbase < nstate || nd < 0 || (nd > 0 && !given))
         return kiln_error(KILN_ERR_VALUE, "%s: %d inputs do not fit %d outputs", name, nin, nout);
     KILN_TRY(check_inputs(name, "cond", subs[0], nstate, in));
     if (subs[0]->noutputs != 1 || kiln_meta_numel(&subs[0]->values[subs[0]->outputs[0]].meta) != 1)
         return kiln_error(KILN_ERR_VALUE, "%s: the cond subgraph must return one value with one element", name);
     KILN_TRY(check_inputs(name, "body", subs[1], nstate, in));
-    /* while_grad with stored residuals: the body returns them after the loop values, and the
-     * backward body takes them after the node's inputs */
-    int nres = op == KILN_OP_WHILE_GRAD ? (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0) : 0;
-    if (nres < 0) return kiln_error(KILN_ERR_VALUE, "%s: %d stored residuals", name, nres);
+    /* stored residuals: the body returns them after the loop values, the backward body takes
+     * them after the node's inputs (a row of each when its while stored them) */
     KILN_TRY(check_outputs_then(name, "body", subs[1], nloop, in, "the loop value", nres));
     if (op == KILN_OP_WHILE_GRAD) {
-        KILN_TRY(check_inputs_then(name, "backward", subs[2], nin, in, nres));
-        KILN_TRY(check_outputs(name, "backward", subs[2], nout, in, "the input"));
+        KILN_TRY(check_inputs_then(name, "backward", subs[2], nbase, in, nres));
+        KILN_TRY(check_outputs_then(name, "backward", subs[2], nstate, in, "the input", nd));
         for (int k = 0; k < nres; k++) {
             const kiln_meta *r = &subs[1]->values[subs[1]->outputs[nloop + k]].meta;
-            const kiln_meta *want = &subs[2]->values[subs[2]->inputs[nin + k]].meta;
+            const kiln_meta *want = &subs[2]->values[subs[2]->inputs[nbase + k]].meta;
+            kiln_meta stacked;
             if (!kiln_meta_equal(r, want))
                 return kiln_error(KILN_ERR_VALUE, "while_grad: stored residual %d does not match the backward body's "
                                   "input", k);
+            if (given && (kiln_loop_stacked_meta(r, trips, &stacked) != KILN_OK ||
+                          !kiln_meta_equal(&stacked, &in[nbase + k])))
+                return kiln_error(KILN_ERR_VALUE, "while_grad: the stored residual buffer %d does not hold %lld steps "
+                                  "of the residual", k, (long long)trips);
         }
         for (int k = 0; k < nloop; k++)
             if (!kiln_meta_equal(&in[nstate + k], &in[k]))
                 return kiln_error(KILN_ERR_VALUE, "while_grad: the gradient of loop value %d does not match it", k);
     }
-    for (int k = 0; k < nout; k++) out[k] = in[k];
+    for (int k = 0; k < (op == KILN_OP_WHILE ? nloop : nstate); k++) out[k] = in[k];
+    for (int k = 0; k < nd; k++)
+        KILN_TRY(kiln_loop_stacked_meta(&subs[2]->values[subs[2]->outputs[nstate + k]].meta, trips, &out[nstate + k]));
+    for (int k = 0; op == KILN_OP_WHILE && k < nres; k++)
+        KILN_TRY(kiln_loop_stacked_meta(&subs[1]->values[subs[1]->outputs[nloop + k]].meta, trips, &out[nloop + k]));
+    return KILN_OK;
+}
+
+kiln_status kiln_loop_stacked_meta(const kiln_meta *m, int64_t trips, kiln_meta *out) {
+    if (m->ndim + 1 > KILN_MAX_DIMS)
+        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "a loop's stored residual of %d dimensions (at most %d)", m->ndim,
+                          KILN_MAX_DIMS - 1);
+    *out = *m;
+    out->ndim = m->ndim + 1;
+    out->shape[0] = trips;
+    memcpy(out->shape + 1, m->shape, sizeof *m->shape * (size_t)m->ndim);
     return KILN_OK;
 }
 
@@ -160,6 +185,7 @@ kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const k
 typedef struct {
     kiln_graph *g;
     int64_t *sub_ids;
+    int64_t held; /* a body this one holds (kiln_body_hold), or -1 */
     int64_t refs;
 } body;
 
@@ -175,6 +201,7 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
     if (s == KILN_OK && !b) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
     if (s == KILN_OK) {
         b->g = g;
+        b->held = -1;
         b->refs = 1;
         b->sub_ids = kiln_malloc(sizeof(int64_t) * (size_t)(g->nsubgraphs ? g->nsubgraphs : 1));
         if (!b->sub_ids) s = kiln_error(KILN_ERR_MEMORY, "out of memory registering a body");
@@ -212,6 +239,7 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id) {
 
 static void body_free(body *b) {
     for (int32_t k = 0; k < b->g->nsubgraphs; k++) kiln_body_release(b->sub_ids[k]);
+    kiln_body_release(b->held);
     kiln_graph_free(b->g);
     free(b->sub_ids);
     free(b);
@@ -261,6 +289,24 @@ static body *lookup(int64_t id) {
     if (!b) kiln_error(KILN_ERR_VALUE, "control flow: no registered body %lld (never registered, or released)",
                        (long long)id);
     return b;
+}
+
+kiln_status kiln_body_hold(int64_t holder, int64_t held) {
+    body *b = lookup(holder);
+    if (!b) return KILN_ERR_VALUE;
+    if (!kiln_body_graph(held)) return KILN_ERR_VALUE;
+    kiln_body_retain(held);
+    pthread_mutex_lock(&registry_lock);
+    int64_t old = b->held;
+    b->held = held;
+    pthread_mutex_unlock(&registry_lock);
+    kiln_body_release(old);
+    return KILN_OK;
+}
+
+int64_t kiln_body_held(int64_t id) {
+    body *b = lookup(id);
+    return b ? b->held : -1;
 }
 
 const kiln_graph *kiln_body_graph(int64_t id) {

@@ -20,6 +20,31 @@
 int kiln_control_slots(kiln_op op, int *slots);
 static inline bool kiln_op_is_control(kiln_op op) { return kiln_op_table[op].flags & KILN_OPF_CONTROL; }
 
+/* Stored residuals (ops.def, src/ir/control_grad.c): how many a while or while_grad node stores
+ * (i[NRES]); whether a while_grad is given them as inputs by its while (i[GIVEN]); and the loop
+ * values of a while / while_grad node with nin inputs and nout outputs. */
+static inline int kiln_loop_nres(kiln_op op, const kiln_attrs *a) {
+    return op == KILN_OP_WHILE || op == KILN_OP_WHILE_GRAD ? (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0) : 0;
+}
+static inline bool kiln_loop_given(kiln_op op, const kiln_attrs *a) {
+    return op == KILN_OP_WHILE_GRAD && kiln_attr_int(a, KILN_A_WHILE_GIVEN, 0) != 0;
+}
+/* The stacked cotangents a given while_grad returns after its gradients (ops.def STACK). */
+static inline int kiln_loop_nstacked(kiln_op op, const kiln_attrs *a) {
+    if (!kiln_loop_given(op, a)) return 0;
+    int n = (int)kiln_attr_int(a, KILN_A_WHILE_NSTACK, 0), nd = 0;
+    for (int t = 0; t < n && KILN_A_WHILE_STACK + 3 * t + 2 < a->ni; t++)
+        if (a->i[KILN_A_WHILE_STACK + 3 * t + 2] + 1 > nd) nd = (int)a->i[KILN_A_WHILE_STACK + 3 * t + 2] + 1;
+    return nd;
+}
+static inline int kiln_loop_nloop(kiln_op op, const kiln_attrs *a, int nin, int nout) {
+    int nres = kiln_loop_nres(op, a);
+    return op == KILN_OP_WHILE ? nout - nres
+                               : nin - (nout - kiln_loop_nstacked(op, a)) - (kiln_loop_given(op, a) ? nres : 0);
+}
+/* The meta of a buffer holding `trips` rows of meta m (a stored residual of every step). */
+kiln_status kiln_loop_stacked_meta(const kiln_meta *m, int64_t trips, kiln_meta *out);
+
 /* Output metas of a control-flow node from its inputs' metas and subgraphs (subs[k] is the
  * subgraph named by slot k of kiln_control_slots); errors name the op, the subgraph and metas. */
 kiln_status kiln_control_infer(kiln_op op, int nin, const kiln_meta *in, const kiln_attrs *a,
@@ -36,6 +61,11 @@ kiln_status kiln_body_register(kiln_graph *g, int64_t *id);
  * then names nothing. Unknown or released ids are ignored. */
 void kiln_body_retain(int64_t id);
 void kiln_body_release(int64_t id);
+/* Body `holder` holds a reference to body `held` until it is freed (a loop's stored-residual
+ * forward body holds its backward body: the gradient rule of the node finds it there). */
+kiln_status kiln_body_hold(int64_t holder, int64_t held);
+/* The body `id` holds (borrowed), or -1 (an error set when id names no body). */
+int64_t kiln_body_held(int64_t id);
 /* Bodies registered and not yet released (for tests). */
 int64_t kiln_body_live_count(void);
 /* The body's graph (borrowed: valid while a reference is held), or NULL with an error set. */
@@ -59,5 +89,17 @@ kiln_status kiln_body_interpret(int64_t id, int nin, kiln_tensor *const *in, int
 kiln_status kiln_bodies_lift(int n, kiln_graph *const *bodies, kiln_tensor ***lifted, int *nlifted);
 /* Makes captured value v of g its next input (the captured tensor is released). */
 kiln_status kiln_graph_capture_to_input(kiln_graph *g, int32_t v);
+
+/* ---- loops recorded for a gradient (src/ir/control_grad.c) ----------------------------------- */
+
+/* A while about to be applied (attrs a naming registered bodies, i[TRIPS] its trip count) over
+ * inputs in[0..nin) whose gradient the caller will take (the front end knows: inside kiln.grad):
+ * when autograd records it (on, a float input requiring grad), its trip count is known and its
+ * stored residuals fit kiln_loop_residual_budget, a is made
+ * the storing while (ops.def: i[1] the stored-residual body F, which holds its backward body; the
+ * node returns the residual buffers after the loop values) and *fwd is F's id (a reference the
+ * caller releases after applying it); else a is left as it is and *fwd is -1. The loop then runs
+ * forward once for its value and its gradient. */
+kiln_status kiln_while_for_gradient(int nin, kiln_tensor *const *in, kiln_attrs *a, int64_t *fwd);
 
 #endif

@@ -110,14 +110,16 @@ static _Atomic int64_t residual_budget = KILN_LOOP_RESIDUAL_BUDGET_DEFAULT;
 void kiln_set_loop_residual_budget(int64_t bytes) { residual_budget = bytes < 0 ? 0 : bytes; }
 int64_t kiln_loop_residual_budget(void) { return residual_budget; }
 
-/* The stored-residual split of body `fwd` ((x...) -> y...): F, (x...) -> (y..., r...), the body
- * also returning the values its backward reads (the residuals r: values the body computes, not
- * its inputs, which the loop keeps anyway), and B, (x..., gy..., r...) -> (gx...), the backward
- * reading them instead of recomputing the body. The forward is run under tracer A with autograd
- * on; the gradients are recorded under tracer B nested in it, so every value of A that B reads
- * becomes a capture of B: those are the residuals, turned into B's trailing inputs and A's extra
- * outputs. *nres residuals, *res_bytes bytes per step (-1 when a size is symbolic). want: as in
- * backward_body. */
+/* The stored-residual split of body `fwd` ((x...) -> y...; x[0..ny) the loop values, the rest
+ * lifted tensors): F, (x...) -> (y..., r...), the body also returning the values its backward
+ * reads (the residuals r: values the body computes, and the loop values it reads), and B,
+ * (x..., gy..., r...) -> (gx...), the backward reading them instead of recomputing the body (and
+ * reading none of x[0..ny): a loop then keeps no history of its loop values). The forward is run
+ * under tracer A with autograd on; the gradients are recorded under tracer B nested in it, whose
+ * inputs for the loop values are stand-ins, so every value of A that B reads, the loop values
+ * included, becomes a capture of B: those are the residuals, turned into B's trailing inputs and
+ * A's extra outputs. *nres residuals, *res_bytes bytes per step (-1 when a size is symbolic).
+ * want: as in backward_body. */
 static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, const bool *want, int ny,
                                    kiln_tensor *const *gy, int64_t *fid, int64_t *bid, int *nres,
                                    int64_t *res_bytes) {
@@ -127,11 +129,12 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     kiln_tensor **alias = kiln_calloc(n1, sizeof *alias), **y = kiln_calloc(n1, sizeof *y);
     kiln_tensor **gx = kiln_calloc(n1, sizeof *gx), **roots = kiln_calloc(n1, sizeof *roots);
     kiln_tensor **groots = kiln_calloc(n1, sizeof *groots), **wrt = kiln_calloc(n1, sizeof *wrt);
+    kiln_tensor **stand_in = kiln_calloc(n1, sizeof *stand_in); /* B's inputs for the loop values */
     int32_t *outs = kiln_calloc(n1, sizeof *outs);
     int32_t *resv = NULL; /* B's captured values that are A's: the residuals */
     kiln_graph *fg = NULL, *bg = NULL;
     *fid = *bid = -1, *nres = 0, *res_bytes = 0;
-    kiln_status s = alias && y && gx && roots && groots && wrt && outs
+    kiln_status s = alias && y && gx && roots && groots && wrt && stand_in && outs
                         ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory building a backward body");
     if (s == KILN_OK) s = kiln_tracer_begin(&ta);
     if (ta) kiln_tracer_set_capture_constants(ta, true); /* only the forward body's constants are met */
@@ -144,7 +147,8 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     }
     if (s == KILN_OK) s = kiln_body_interpret(fwd, nx, alias, ny, y);
     if (s == KILN_OK) s = kiln_tracer_begin(&tb); /* nested in A: what it reads of A, it captures */
-    for (int k = 0; k < total && s == KILN_OK; k++) s = kiln_tracer_add_input(tb, alias[k]);
+    for (int k = 0; k < ny && s == KILN_OK; k++) s = kiln_tensor_empty_like_meta(&alias[k]->meta, &stand_in[k]);
+    for (int k = 0; k < total && s == KILN_OK; k++) s = kiln_tracer_add_input(tb, k < ny ? stand_in[k] : alias[k]);
     int nroots = 0, nwrt = 0;
     for (int k = 0; k < ny && s == KILN_OK; k++)
         if (y[k]->requires_grad) roots[nroots] = y[k], groots[nroots++] = alias[nx + k];
@@ -226,7 +230,8 @@ static kiln_status residual_bodies(int64_t fwd, int nx, kiln_tensor *const *x, c
     if (alias) kiln_release_all(alias, total);
     if (y) kiln_release_all(y, ny);
     if (gx) kiln_release_all(gx, nx);
-    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(outs), free(resv);
+    if (stand_in) kiln_release_all(stand_in, ny);
+    free(alias), free(y), free(gx), free(roots), free(groots), free(wrt), free(stand_in), free(outs), free(resv);
     if (s != KILN_OK) kiln_error_context(s, "building the stored-residual backward of a loop body");
     return s;
 }
@@ -307,8 +312,204 @@ static kiln_status grad_if(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, k
     return s;
 }
 
+/* ---- weight gradients stacked over steps ------------------------------------------------------- */
+
+/* Backward body b ((v..., lifted..., gy..., r...) -> (gv..., glifted...): nloop loop values, nstate
+ * values before gy) of a storing while: each lifted tensor's gradient that is exactly
+ * matmul(permute(r_k, {1, 0}), d) of a 2-D residual r_k and a per-step d (a weight read by
+ * x_t @ w) is taken out of the step: b's copy returns d as an extra output instead (the tensor
+ * itself in the gradient's place: not accumulated, control_flow.c backward_facts), and
+ * stack[3 * n...] records (lifted j, residual k, output m) for the gradient rule, which sums
+ * the steps' products as one matmul of every step's rows (grad_while_given). *b becomes the new
+ * body (the old one released) when any is found; *nstack of them (at most max). bytes: what
+ * the loop stores per step (its residuals); a stacked cotangent is added only while that and the
+ * cotangents fit `room` (the budget per step). */
+static kiln_status stack_weight_gradients(int64_t *b, int nloop, int nstate, int nres, int max, int64_t room,
+                                          int64_t bytes, int64_t *stack, int *nstack) {
+    *nstack = 0;
+    const kiln_graph *g = kiln_body_graph(*b);
+    if (!g) return KILN_ERR_VALUE;
+    int nbase = g->ninputs - nres, nd = 0;
+    int32_t douts[KILN_MAX_OUTPUTS];
+    for (int j = nloop; j < nstate && *nstack < max && g->noutputs == nstate; j++) {
+        const kiln_value *v = &g->values[g->outputs[j]];
+        if (v->kind != KILN_VALUE_NODE || g->outputs[j] == g->inputs[j]) continue;
+        const kiln_node *mm = &g->nodes[v->node];
+        if (mm->op != KILN_OP_MATMUL || mm->nin != 2) continue;
+        const kiln_value *pv = &g->values[mm->in[0]], *dv = &g->values[mm->in[1]];
+        if (pv->kind != KILN_VALUE_NODE || dv->meta.ndim != 2) continue;
+        const kiln_node *pm = &g->nodes[pv->node];
+        if (pm->op != KILN_OP_PERMUTE || pm->attrs.ni != 2 || pm->attrs.i[0] != 1 || pm->attrs.i[1] != 0) continue;
+        int k = -1;
+        for (int q = 0; q < nres; q++)
+            if (g->inputs[nbase + q] == pm->in[0]) k = q;
+        if (k < 0 || g->values[pm->in[0]].meta.ndim != 2 || !kiln_meta_equal(&v->meta, &g->values[g->inputs[j]].meta))
+            continue;
+        int m = -1;
+        for (int q = 0; q < nd; q++)
+            if (douts[q] == mm->in[1]) m = q;
+        int64_t dbytes = kiln_meta_numel(&dv->meta) * (int64_t)kiln_dtype_size(dv->meta.dtype);
+        if (m < 0 && (nstate + nd >= KILN_MAX_OUTPUTS || bytes + dbytes > room)) continue;
+        if (m < 0) douts[m = nd++] = mm->in[1], bytes += dbytes;
+        stack[3 * *nstack] = j - nloop, stack[3 * *nstack + 1] = k, stack[3 * *nstack + 2] = m;
+        (*nstack)++;
+    }
+    if (!*nstack) return KILN_OK;
+    int32_t outs[2 * KILN_MAX_OUTPUTS];
+    memcpy(outs, g->outputs, sizeof *outs * (size_t)nstate);
+    for (int t = 0; t < *nstack; t++) {
+        int j = nloop + (int)stack[3 * t];
+        outs[j] = g->inputs[j];
+    }
+    memcpy(outs + nstate, douts, sizeof *outs * (size_t)nd);
+    kiln_graph *copy = NULL;
+    int64_t id = -1;
+    kiln_status s = kiln_graph_clone(g, &copy);
+    if (s == KILN_OK) s = kiln_graph_set_outputs(copy, nstate + nd, outs);
+    if (s == KILN_OK) s = kiln_hooks.eliminate_dead_code(&copy);
+    if (s == KILN_OK) s = kiln_body_register(copy, &id), copy = NULL;
+    kiln_graph_free(copy);
+    if (s != KILN_OK) {
+        *nstack = 0;
+        return s;
+    }
+    kiln_body_release(*b);
+    *b = id;
+    return KILN_OK;
+}
+
+/* gin[nloop + j] for each stacked weight gradient of the while's STACK: sum over steps of
+ * permute(r_k) @ d_m, as permute(R_k as (T*rows, n)) @ (D_m as (T*rows, p)). */
+static kiln_status stacked_gradients(const kiln_grad_ctx *ctx, int nloop, kiln_tensor *const *res,
+                                     kiln_tensor *const *stacked, kiln_tensor **gin) {
+    int n = (int)kiln_attr_int(ctx->attrs, KILN_A_WHILE_NSTACK, 0);
+    kiln_status s = KILN_OK;
+    for (int t = 0; t < n && s == KILN_OK; t++) {
+        const int64_t *e = &ctx->attrs->i[KILN_A_WHILE_STACK + 3 * t];
+        int j = nloop + (int)e[0];
+        if (!ctx->needs_grad[j]) continue;
+        kiln_tensor *r = res[e[1]], *d = stacked[e[2]], *r2 = NULL, *rt = NULL, *d2 = NULL;
+        int64_t rs[2] = {r->meta.shape[0] * r->meta.shape[1], r->meta.shape[2]};
+        int64_t ds[2] = {d->meta.shape[0] * d->meta.shape[1], d->meta.shape[2]}, perm[2] = {1, 0};
+        s = kiln_emit_reshape(r, 2, rs, &r2);
+        if (s == KILN_OK) s = kiln_emit_permute(r2, perm, &rt);
+        if (s == KILN_OK) s = kiln_emit_reshape(d, 2, ds, &d2);
+        kiln_tensor *pair[2] = {rt, d2};
+        static const kiln_attrs none;
+        if (s == KILN_OK) s = kiln_apply(KILN_OP_MATMUL, 2, pair, &none, &gin[j]);
+        kiln_tensor_release(r2), kiln_tensor_release(rt), kiln_tensor_release(d2);
+    }
+    return s;
+}
+
+/* Whether the residuals of nres values of res_bytes each per step (-1: symbolic) over `trips`
+ * steps fit the budget. */
+static bool residuals_fit(int nres, int64_t res_bytes, int64_t trips) {
+    int64_t budget = kiln_loop_residual_budget();
+    return trips > 0 && budget > 0 && res_bytes >= 0 && nres > 0 && res_bytes <= budget / trips;
+}
+
+kiln_status kiln_while_for_gradient(int nin, kiln_tensor *const *in, kiln_attrs *a, int64_t *fwd) {
+    *fwd = -1;
+    int nloop = (int)kiln_attr_int(a, KILN_A_WHILE_NOUT, 0);
+    int64_t trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0), body_id = -1;
+    bool needed = false;
+    for (int k = 0; k < nin; k++) needed |= in[k]->requires_grad && kiln_dtype_is_float(in[k]->meta.dtype);
+    if (!needed || !kiln_grad_enabled() || trips <= 0 || kiln_loop_residual_budget() <= 0 || nloop < 1 ||
+        nin > KILN_MAX_OUTPUTS || kiln_loop_nres(KILN_OP_WHILE, a) != 0)
+        return KILN_OK;
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, a, 1, &body_id));
+    /* the body's backward as the gradient rule would build it (want: see grad_while); the incoming
+     * gradients' values are not read while it is recorded, only their metas */
+    bool want[KILN_MAX_OUTPUTS];
+    kiln_tensor *gy[KILN_MAX_OUTPUTS] = {0};
+    kiln_status s = KILN_OK;
+    for (int k = 0; k < nin; k++) want[k] = k < nloop || (in[k]->requires_grad && kiln_dtype_is_float(in[k]->meta.dtype));
+    for (int k = 0; k < nloop && s == KILN_OK; k++) {
+        s = kiln_tensor_empty_like_meta(&in[k]->meta, &gy[k]);
+        if (s == KILN_OK) memset(gy[k]->data, 0, (size_t)gy[k]->numel * kiln_dtype_size(gy[k]->meta.dtype));
+    }
+    int64_t f = -1, b = -1, res_bytes = -1;
+    int nres = 0;
+    if (s == KILN_OK) s = residual_bodies(body_id, nin, in, want, nloop, gy, &f, &b, &nres, &res_bytes);
+    kiln_release_all(gy, nloop);
+    bool fits = s == KILN_OK && residuals_fit(nres, res_bytes, trips) && nloop + nres <= KILN_MAX_OUTPUTS;
+    int64_t stack[3 * KILN_MAX_OUTPUTS];
+    int nstack = 0, room = (KILN_MAX_ATTR_INTS - KILN_A_WHILE_STACK) / 3;
+    if (fits) s = stack_weight_gradients(&b, nloop, nin, nres, room, kiln_loop_residual_budget() / trips, res_bytes,
+                                         stack, &nstack);
+    if (fits && s == KILN_OK) s = kiln_body_hold(f, b);
+    kiln_body_release(b);
+    if (!fits || s != KILN_OK) {
+        kiln_body_release(f);
+        return s;
+    }
+    a->i[KILN_A_WHILE_BODY] = f;
+    a->i[KILN_A_WHILE_NOUT] = nloop + nres;
+    a->i[KILN_A_WHILE_BACKWARD] = -1;
+    a->i[KILN_A_WHILE_NRES] = nres;
+    a->i[KILN_A_WHILE_RES_BYTES] = res_bytes;
+    a->i[KILN_A_WHILE_GIVEN] = 0;
+    a->i[KILN_A_WHILE_NSTACK] = nstack;
+    memcpy(&a->i[KILN_A_WHILE_STACK], stack, sizeof *stack * (size_t)(3 * nstack));
+    a->ni = KILN_A_WHILE_STACK + 3 * nstack;
+    *fwd = f;
+    return KILN_OK;
+}
+
+/* The gradient of a while that stored its residuals (kiln_while_for_gradient): while_grad(v0...,
+ * lifted..., gv..., R...) over the backward body its forward body holds, no loop run again. */
+static kiln_status grad_while_given(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
+    int nres = kiln_loop_nres(KILN_OP_WHILE, ctx->attrs), nloop = ctx->nout - nres, nstate = ctx->nin;
+    int64_t fwd = -1, cond_id = -1;
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id));
+    KILN_TRY(kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &fwd));
+    int64_t back = kiln_body_held(fwd);
+    if (back < 0 || !ctx->out)
+        return kiln_error(KILN_ERR_VALUE, "while: a loop recorded with stored residuals has no backward body");
+    int nin = nstate + nloop + nres;
+    kiln_tensor **in = kiln_calloc((size_t)nin, sizeof *in);
+    kiln_tensor *gx[2 * KILN_MAX_OUTPUTS] = {0};
+    if (!in) return kiln_error(KILN_ERR_MEMORY, "out of memory in a gradient");
+    kiln_status s = KILN_OK;
+    memcpy(in, ctx->in, sizeof *in * (size_t)nstate);
+    for (int k = 0; k < nloop && s == KILN_OK; k++) {
+        if (gout[k]) kiln_tensor_retain(in[nstate + k] = gout[k]);
+        else s = kiln_emit_full(&ctx->out_meta[k], 0.0, &in[nstate + k]);
+    }
+    memcpy(in + nstate + nloop, ctx->out + nloop, sizeof *in * (size_t)nres);
+    kiln_attrs a = *ctx->attrs; /* (STACK as the while's) */
+    a.i[KILN_A_WHILE_COND] = cond_id;
+    a.i[KILN_A_WHILE_BODY] = fwd;
+    a.i[KILN_A_WHILE_NOUT] = nstate;
+    a.i[KILN_A_WHILE_BACKWARD] = back;
+    a.i[KILN_A_WHILE_TRIPS] = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0);
+    a.i[KILN_A_WHILE_NRES] = nres;
+    a.i[KILN_A_WHILE_RES_BYTES] = kiln_attr_int(ctx->attrs, KILN_A_WHILE_RES_BYTES, -1);
+    a.i[KILN_A_WHILE_GIVEN] = 1;
+    int nd = kiln_loop_nstacked(KILN_OP_WHILE_GRAD, &a);
+    a.i[KILN_A_WHILE_NOUT] = nstate + nd;
+    if (s == KILN_OK) s = kiln_apply(KILN_OP_WHILE_GRAD, nin, in, &a, gx);
+    for (int t = 0; t < (int)a.i[KILN_A_WHILE_NSTACK] && s == KILN_OK; t++) { /* (zeros in while_grad's) */
+        int j = nloop + (int)a.i[KILN_A_WHILE_STACK + 3 * t];
+        kiln_tensor_release(gx[j]);
+        gx[j] = NULL;
+    }
+    if (s == KILN_OK) s = stacked_gradients(ctx, nloop, ctx->out + nloop, gx + nstate, gx);
+    for (int k = 0; k < nstate && s == KILN_OK; k++) {
+        if (ctx->needs_grad[k]) gin[k] = gx[k];
+        else kiln_tensor_release(gx[k]);
+        gx[k] = NULL;
+    }
+    kiln_release_all(gx, nstate + nd);
+    for (int k = 0; k < nloop; k++) kiln_tensor_release(in[nstate + k]);
+    free(in);
+    return s;
+}
+
 static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
     if (!any_needed(ctx, 0)) return KILN_OK;
+    if (kiln_loop_nres(KILN_OP_WHILE, ctx->attrs) > 0) return grad_while_given(ctx, gout, gin);
     int nstate = ctx->nin;
     if (nstate > KILN_MAX_OUTPUTS)
         return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while: gradients of more than %d loop values and captured tensors",
@@ -322,7 +523,7 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
     for (int k = 0; k < nstate; k++) want[k] = k < ctx->nout || ctx->needs_grad[k];
     kiln_status s = output_grads(ctx, gout, gy);
     int64_t cond_id = -1, body_id = -1;
-    int64_t trips = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0), budget = kiln_loop_residual_budget();
+    int64_t trips = kiln_attr_int(ctx->attrs, KILN_A_WHILE_TRIPS, 0);
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 0, &cond_id);
     if (s == KILN_OK) s = kiln_attrs_body(KILN_OP_WHILE, ctx->attrs, 1, &body_id);
     /* Stored residuals when the trip count is known and they fit the budget: each step's are
@@ -330,9 +531,9 @@ static kiln_status grad_while(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
      * body recomputes the body's internals from each step's loop values. */
     int nres = 0;
     int64_t res_bytes = -1;
-    if (s == KILN_OK && trips > 0 && budget > 0) {
+    if (s == KILN_OK && trips > 0 && kiln_loop_residual_budget() > 0) {
         s = residual_bodies(body_id, nstate, ctx->in, want, ctx->nout, gy, &fwd, &back, &nres, &res_bytes);
-        bool fits = res_bytes >= 0 && nres > 0 && res_bytes <= budget / trips;
+        bool fits = residuals_fit(nres, res_bytes, trips);
         if (s == KILN_OK && !fits) {
             kiln_body_release(fwd), kiln_body_release(back);
             fwd = back = -1, nres = 0;

@@ -65,6 +65,8 @@ static kiln_status infer_control_sym(const kiln_graph *g, kiln_op op, int nin, c
     int nstate = op == KILN_OP_WHILE ? nin : op == KILN_OP_WHILE_GRAD ? nout : nin - 1;
     const kiln_graph *sub[3];
     kiln_sshape x, y;
+    if (kiln_loop_nres(op, a) > 0) /* (symbolize refuses them first) */
+        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "%s: stored residuals with symbolic sizes", name);
     for (int k = 0; k < ns; k++) {
         int32_t idx;
         KILN_TRY(kiln_graph_body_index(g, op, a, k, &idx));
@@ -416,7 +418,7 @@ static kiln_status symbolize_bodies(kiln_graph *c, const kiln_node *n, follow_ch
     for (int k = 0; k < ns; k++) {
         int32_t idx;
         KILN_TRY(kiln_graph_body_index(c, n->op, &n->attrs, k, &idx));
-        if (n->op == KILN_OP_WHILE_GRAD && kiln_attr_int(&n->attrs, KILN_A_WHILE_NRES, 0) > 0)
+        if (kiln_loop_nres(n->op, &n->attrs) > 0)
             return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "symbolize: a loop gradient storing residuals (sizes fixed "
                               "per step); set kiln.set_context(loop_residual_budget=0) to recompute them");
         if (c->subgraphs[idx]->ninputs > n->nin - first)

@@ -55,6 +55,9 @@ static kiln_status run_node(const kiln_graph *g, const kiln_node *n, slots *s, k
         any = any || has[k];
     }
     if (n->op == KILN_OP_IF) return run_control(g, n, s, ins, tins, any, apply_if);
+    if (n->op == KILN_OP_WHILE && kiln_loop_nres(n->op, &n->attrs) > 0)
+        return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "jvp: a while loop recorded for a reverse-mode gradient (it stores "
+                          "residuals for it); take the jvp of the function without grad");
     if (n->op == KILN_OP_WHILE) return run_control(g, n, s, ins, tins, any, apply_while);
     if (kiln_op_is_control(n->op)) return no_rule(g, n, "control flow");
     kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0}, *touts[KILN_MAX_OUTPUTS] = {0};

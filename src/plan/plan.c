@@ -372,7 +372,8 @@ static kiln_status plan_bodies(kiln_plan *p, int32_t i, const kiln_compile_optio
         if (kiln_graph_body(g, n, k, &sub[k]) != KILN_OK) return kiln_error_context(KILN_ERR_VALUE, "graph: node %d", i);
         KILN_TRY(kiln_plan_build(sub[k], opt, &bodies[k]));
     }
-    if (n->op != KILN_OP_WHILE) return KILN_OK;
+    if (n->op != KILN_OP_WHILE || kiln_loop_nres(n->op, &n->attrs) > 0) /* (storing: steps write rows) */
+        return KILN_OK;
     kiln_graph *step = NULL;
     KILN_TRY(kiln_plan_compose_loop_step(sub[0], sub[1], n->nout, &step));
     kiln_status s = kiln_plan_build(step, opt, &bodies[KILN_PLAN_STEP]);

@@ -5,11 +5,14 @@
 
 #include "core/internal.h"
 #include "ir/control.h"
+#include "runtime/control_flow.h"
 
-/* apply_control(kind, tracers, inputs) -> tuple of tensors
+/* apply_control(kind, tracers, inputs[, trips[, for_gradient]]) -> tuple of tensors
  *   kind "if":    tracers (then, else), inputs (pred, operands...)
  *   kind "while": tracers (cond, body), inputs (loop values...); trips: the trip count when the
- *   caller knows it (> 0), which lets the loop's gradient store residuals (src/ir/control_grad.c)
+ *   caller knows it (> 0), which lets the loop's gradient store residuals (src/ir/control_grad.c);
+ *   for_gradient: the caller will differentiate the result (inside kiln.grad): then the loop node
+ *   itself stores them (kiln_while_for_gradient), so the gradient does not run the loop again
  * The bodies' captured tensors become extra inputs of the node (so gradients reach them); the
  * bodies are registered and the node runs through kiln_apply (eagerly, recorded by the active
  * trace and by autograd). */
@@ -18,7 +21,8 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     const char *kind;
     PyObject *tracers, *inputs;
     long long trips = 0;
-    if (!PyArg_ParseTuple(args, "sOO|L:apply_control", &kind, &tracers, &inputs, &trips)) return NULL;
+    int for_gradient = 0;
+    if (!PyArg_ParseTuple(args, "sOO|Lp:apply_control", &kind, &tracers, &inputs, &trips, &for_gradient)) return NULL;
     kiln_op op = strcmp(kind, "if") == 0 ? KILN_OP_IF : (strcmp(kind, "while") == 0 ? KILN_OP_WHILE : KILN_OP_COUNT);
     if (op == KILN_OP_COUNT) return PyErr_Format(PyExc_ValueError, "apply_control: unknown kind '%s'", kind);
     PyObject *tseq = PySequence_Fast(tracers, "apply_control: tracers must be a sequence");
@@ -34,6 +38,7 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     }
     kiln_graph *bodies[2] = {NULL, NULL};
     int64_t ids[2] = {-1, -1}; /* registered for this call (a tape node recording it holds them too) */
+    int64_t storing = -1;      /* the stored-residual body of a while recorded for a gradient */
     kiln_tensor **lifted = NULL, **in = NULL;
     int nlifted = 0;
     PyObject *result = NULL;
@@ -75,6 +80,11 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
     if (s == KILN_OK && (nout < 1 || nout > KILN_MAX_OUTPUTS))
         s = kiln_error(KILN_ERR_VALUE, "%s: %d values (between 1 and %d are supported)", kiln_op_table[op].name, nout,
                        KILN_MAX_OUTPUTS);
+    /* a while whose gradient will be taken stores its residuals as it runs (its extra outputs,
+     * which only its gradient reads): the loop then runs forward once, not again in the gradient */
+    if (s == KILN_OK && for_gradient && op == KILN_OP_WHILE && trips > 0 && nout >= 1 && nout <= KILN_MAX_OUTPUTS)
+        s = kiln_while_for_gradient((int)nin + nlifted, in, &a, &storing);
+    int nall = s == KILN_OK ? kiln_op_nout(op, &a) : nout; /* nout, and the residual buffers */
     if (s == KILN_OK && pykiln_interrupt_stale() < 0) goto done;
     pykiln_interrupt_arm(); /* a loop runs here, the GIL held: Ctrl-C stops it */
     if (s == KILN_OK) s = kiln_apply(op, (int)nin + nlifted, in, &a, out);
@@ -82,6 +92,7 @@ static PyObject *py_apply_control(PyObject *self, PyObject *args) {
         pykiln_raise(s);
         goto done;
     }
+    kiln_release_all(out + nout, nall - nout);
     result = PyTuple_New(nout);
     for (int k = 0; k < nout; k++) {
         PyObject *o = result ? pykiln_wrap(out[k]) : NULL;
@@ -98,6 +109,7 @@ done:
     kiln_graph_free(bodies[1]);
     kiln_body_release(ids[0]);
     kiln_body_release(ids[1]);
+    kiln_body_release(storing);
     if (lifted) kiln_release_all(lifted, nlifted);
     free(lifted);
     PyMem_Free(in);
@@ -118,6 +130,12 @@ static PyObject *py_loop_residual_budget(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(kiln_loop_residual_budget());
 }
 
+/* loop_body_runs() -> int: loop bodies run forward so far in this process (for tests) */
+static PyObject *py_loop_body_runs(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(kiln_loop_body_runs());
+}
+
 /* live_bodies() -> int: control-flow bodies registered and not yet freed (for tests) */
 static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -126,9 +144,11 @@ static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
 
 PyMethodDef pykiln_control_functions[] = {
     {"apply_control", py_apply_control, METH_VARARGS,
-     "apply_control(kind, tracers, inputs[, trips]): one if / while node over bodies traced by nested Tracers"},
+     "apply_control(kind, tracers, inputs[, trips[, for_gradient]]): one if / while node over bodies traced by "
+     "nested Tracers"},
     {"loop_residual_budget", py_loop_residual_budget, METH_VARARGS,
      "loop_residual_budget([bytes]): the budget of a loop gradient's stored residuals (set when given)"},
     {"live_bodies", py_live_bodies, METH_NOARGS, "control-flow bodies registered and not yet freed"},
+    {"loop_body_runs", py_loop_body_runs, METH_NOARGS, "loop bodies run forward so far (counts iterations)"},
     {NULL, NULL, 0, NULL},
 };

@@ -22,19 +22,25 @@ struct kiln_control_node {
      * body only adds rows into it (index_add of the loop value, its one reader) and the cond never
      * reads it, so an iteration may write it in place. NULL when none is (owned). */
     bool *in_place;
-    /* while_grad with stored residuals: how many per step, their metas (owned) and the trip count
-     * the front end knows (0: unknown), which sizes one buffer per residual holding every step's */
+    /* while and while_grad with stored residuals: how many per step, their metas (owned) and the
+     * trip count the front end knows (0: unknown), which sizes one buffer per residual holding
+     * every step's; given: a while_grad whose while stored them (they are its last inputs) */
     int nres;
     kiln_meta *res_meta;
     int64_t trips;
+    bool given;
+    int nstacked; /* a given while_grad's stacked cotangents (ops.def STACK), after its gradients */
 };
 
-/* The stored-residual facts of a while_grad node with attrs a and body (F) graph f. */
+/* The stored-residual facts of a while or while_grad node with attrs a and body (F) graph f. */
 static kiln_status residual_facts(kiln_control_node *c, const kiln_attrs *a, const kiln_graph *f, int nloop) {
-    c->nres = (int)kiln_attr_int(a, KILN_A_WHILE_NRES, 0);
+    c->nres = kiln_loop_nres(c->op, a);
     c->trips = kiln_attr_int(a, KILN_A_WHILE_TRIPS, 0);
+    c->given = kiln_loop_given(c->op, a);
+    c->nstacked = kiln_loop_nstacked(c->op, a);
     if (c->nres <= 0) return KILN_OK;
-    if (f->noutputs != nloop + c->nres) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed stored-residual body");
+    if (f->noutputs != nloop + c->nres || (c->op == KILN_OP_WHILE && c->trips <= 0))
+        return kiln_error(KILN_ERR_VALUE, "%s: malformed stored-residual body", kiln_op_table[c->op].name);
     c->res_meta = kiln_malloc(sizeof *c->res_meta * (size_t)c->nres);
     if (!c->res_meta) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop's gradient");
     for (int k = 0; k < c->nres; k++) c->res_meta[k] = f->values[f->outputs[nloop + k]].meta;
@@ -74,8 +80,8 @@ static kiln_status row_write_facts(kiln_control_node *c, const kiln_graph *cond,
  * one buffer per iteration no longer, and a captured tensor whose gradient is zeros (made from one
  * zero) or nobody asked for (the body returns the tensor itself in its place) costs no full-size
  * addition per iteration. */
-static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres) {
-    int nloop = g->ninputs - nres - g->noutputs, nlift = g->noutputs - nloop;
+static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int nres, int nstacked) {
+    int nstate = g->noutputs - nstacked, nloop = g->ninputs - nres - nstate, nlift = nstate - nloop;
     if (nloop < 0 || nlift < 0) return kiln_error(KILN_ERR_VALUE, "while_grad: malformed backward body");
     bool *read = kiln_calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *read);
     c->unread = kiln_calloc((size_t)(nloop ? nloop : 1), sizeof *c->unread);
@@ -151,9 +157,9 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
         s = compile_body(op, a, k, &opt[k], &c.exe[k]);
         g[k] = opt[k] ? opt[k] : kiln_body_of(op, a, k);
     }
-    int nloop = op == KILN_OP_WHILE ? kiln_op_nout(op, a) : nin - kiln_op_nout(op, a);
-    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = residual_facts(&c, a, g[1], nloop);
-    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres);
+    int nloop = kiln_loop_nloop(op, a, nin, kiln_op_nout(op, a));
+    if (s == KILN_OK && op != KILN_OP_IF) s = residual_facts(&c, a, g[1], nloop);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres, c.nstacked);
     if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, g[0], g[1], nloop);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]), kiln_graph_free(opt[k]);
@@ -179,10 +185,10 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_ba
     for (int k = 0; k < ns && s == KILN_OK; k++)
         s = kiln_executable_from_plan(kiln_plan_body(p, node, k), be, &c->exe[k]);
     const kiln_node *nd = &p->g->nodes[node];
-    int nloop = c->op == KILN_OP_WHILE ? nd->nout : nd->nin - nd->nout;
+    int nloop = kiln_loop_nloop(c->op, &nd->attrs, nd->nin, nd->nout);
+    if (s == KILN_OK && c->op != KILN_OP_IF) s = residual_facts(c, &nd->attrs, kiln_plan_body(p, node, 1)->g, nloop);
     if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD)
-        s = residual_facts(c, &nd->attrs, kiln_plan_body(p, node, 1)->g, nloop);
-    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD) s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres);
+        s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres, c->nstacked);
     if (s == KILN_OK && c->op != KILN_OP_IF)
         s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, kiln_plan_body(p, node, 1)->g, nloop);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
@@ -204,6 +210,10 @@ void kiln_control_free(kiln_control_node *c) {
 }
 
 /* ---- running ------------------------------------------------------------------------------------- */
+
+static _Atomic int64_t body_runs; /* kiln_loop_body_runs */
+
+int64_t kiln_loop_body_runs(void) { return body_runs; }
 
 static bool truth(const kiln_tensor *t) { return kiln_tensor_get_double(t, 0) != 0; }
 
@@ -234,6 +244,7 @@ static kiln_status step(kiln_control_node *c, int nstate, int nloop, kiln_tensor
     *go = truth(p);
     kiln_tensor_release(p);
     if (!*go) return KILN_OK;
+    body_runs++;
     memset(next, 0, sizeof *next * (size_t)(nloop + c->nres));
     if (c->in_place || c->nres > 0) { /* rows added in place into state's own buffers, the others new */
         for (int k = 0; k < nloop && s == KILN_OK; k++) {
@@ -293,6 +304,7 @@ static kiln_status step_error(kiln_control_node *c, int nin, kiln_tensor *const 
  * (through the composed step when there is one; into has room for nloop + 1 tensors). */
 static kiln_status iterate(kiln_control_node *c, int nin, kiln_tensor *const *state, int nloop, kiln_tensor *const *dst,
                            kiln_tensor *pred, kiln_tensor **into) {
+    body_runs++;
     if (c->step) {
         memcpy(into, dst, sizeof *into * (size_t)nloop);
         into[nloop] = pred;
@@ -307,10 +319,65 @@ static kiln_status iterate(kiln_control_node *c, int nin, kiln_tensor *const *st
     return s == KILN_OK ? s : kiln_error_context(s, "in the loop condition");
 }
 
+/* Step t's residuals (new references in row[0..c->nres)): rows of one buffer per residual holding
+ * every step's when the trip count is known (made at the first step), else tensors of their own. */
+static kiln_status residual_rows(kiln_control_node *c, kiln_tensor **stacked, int64_t t, kiln_tensor **row) {
+    for (int k = 0; k < c->nres; k++) {
+        const kiln_meta *m = &c->res_meta[k];
+        if (t >= c->trips) {
+            KILN_TRY(kiln_tensor_empty_like_meta(m, &row[k]));
+            continue;
+        }
+        if (!stacked[k]) {
+            int64_t shape[KILN_MAX_DIMS + 1] = {c->trips};
+            if (m->ndim + 1 > KILN_MAX_DIMS)
+                return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while_grad: a stored residual of %d dimensions", m->ndim);
+            memcpy(shape + 1, m->shape, sizeof *shape * (size_t)m->ndim);
+            KILN_TRY(kiln_tensor_empty(m->dtype, m->ndim + 1, shape, &stacked[k]));
+        }
+        if (!kiln_tensor_is_contiguous(stacked[k]))
+            return kiln_error(KILN_ERR_VALUE, "while: a stored residual buffer is not contiguous");
+        KILN_TRY(kiln_tensor_view(stacked[k], m->ndim, m->shape, NULL, stacked[k]->offset + t * kiln_meta_numel(m),
+                                  &row[k]));
+    }
+    return KILN_OK;
+}
+
+/* A while recorded for a gradient (c->nres > 0): each step's body also returns the residuals its
+ * backward reads, written into row t of out[nloop + k] (c->trips rows each), which the loop's
+ * while_grad then reads instead of running the loop again. */
+static kiln_status run_while_storing(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout,
+                                     kiln_tensor **out) {
+    int nres = c->nres, nloop = nout - nres;
+    kiln_tensor **state = kiln_calloc((size_t)nin, sizeof *state); /* owned */
+    kiln_tensor **next = kiln_calloc((size_t)(nloop + nres), sizeof *next);
+    kiln_tensor **row = kiln_calloc((size_t)nres, sizeof *row);
+    kiln_status s = state && next && row ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory running a loop");
+    for (int k = 0; k < nin && s == KILN_OK; k++) kiln_tensor_retain(state[k] = in[k]);
+    if (s == KILN_OK) s = own_in_place(c, nloop, state);
+    int64_t steps = 0;
+    for (bool go = true; go && s == KILN_OK;) {
+        if ((s = kiln_check_interrupt()) != KILN_OK) break;
+        s = residual_rows(c, out + nloop, steps, row);
+        if (s == KILN_OK) s = step(c, nin, nloop, state, row, next, &go);
+        kiln_release_all(row, nres);
+        memset(row, 0, sizeof *row * (size_t)nres);
+        if (s == KILN_OK && go) steps++;
+    }
+    if (s == KILN_OK && steps != c->trips)
+        s = kiln_error(KILN_ERR_VALUE, "while: the loop ran %lld steps but was recorded for a gradient with %lld (the "
+                       "trip count its front end gave)", (long long)steps, (long long)c->trips);
+    if (s == KILN_OK) s = copy_out(nloop, state, out);
+    if (state) kiln_release_all(state, nin);
+    free(state), free(next), free(row);
+    return s;
+}
+
 /* The loop without allocating per iteration: the cond writes its predicate into one buffer and the
  * body's loop values alternate between out[] and a second set of buffers, so an iteration never
  * writes the buffers it reads (the first reads in[]). */
 static kiln_status run_while(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
+    if (c->nres > 0) return run_while_storing(c, nin, in, nout, out);
     int nloop = nout;
     kiln_tensor **state = kiln_malloc(sizeof *state * (size_t)nin); /* borrowed: in[], out[] or spare[] */
     kiln_tensor **spare = kiln_calloc((size_t)nloop, sizeof *spare);
@@ -381,32 +448,36 @@ static kiln_status accumulate(int n, kiln_tensor **acc, bool *own, kiln_tensor *
     return s;
 }
 
-/* Step t's residuals (new references in row[0..c->nres)): rows of one buffer per residual holding
- * every step's when the trip count is known (made at the first step), else tensors of their own. */
-static kiln_status residual_rows(kiln_control_node *c, kiln_tensor **stacked, int64_t t, kiln_tensor **row) {
-    for (int k = 0; k < c->nres; k++) {
-        const kiln_meta *m = &c->res_meta[k];
-        if (t >= c->trips) {
-            KILN_TRY(kiln_tensor_empty_like_meta(m, &row[k]));
-            continue;
-        }
-        if (!stacked[k]) {
-            int64_t shape[KILN_MAX_DIMS + 1] = {c->trips};
-            if (m->ndim + 1 > KILN_MAX_DIMS)
-                return kiln_error(KILN_ERR_NOT_IMPLEMENTED, "while_grad: a stored residual of %d dimensions", m->ndim);
-            memcpy(shape + 1, m->shape, sizeof *shape * (size_t)m->ndim);
-            KILN_TRY(kiln_tensor_empty(m->dtype, m->ndim + 1, shape, &stacked[k]));
-        }
-        KILN_TRY(kiln_tensor_view(stacked[k], m->ndim, m->shape, NULL, t * kiln_meta_numel(m), &row[k]));
+/* The history of a while_grad given its while's stored residuals (the buffers R[0..c->nres)): per
+ * step, no loop values (its backward body reads none of them: the residuals hold what it reads)
+ * and row t of each buffer. */
+static kiln_status given_history(kiln_control_node *c, int nloop, kiln_tensor *const *stacked, kiln_tensor ***history,
+                                 int64_t *steps) {
+    int per = nloop + c->nres;
+    for (int k = 0; k < nloop; k++)
+        if (!c->unread[k])
+            return kiln_error(KILN_ERR_VALUE, "while_grad: given stored residuals, its backward body reads loop value %d",
+                              k);
+    if (c->trips <= 0) return kiln_error(KILN_ERR_VALUE, "while_grad: stored residuals without a trip count");
+    kiln_tensor **h = kiln_calloc((size_t)(c->trips * per), sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_MEMORY, "out of memory running a loop's gradient");
+    *history = h;
+    for (int64_t t = 0; t < c->trips; t++) {
+        *steps = t + 1; /* (rows made before a failure are released with the history) */
+        KILN_TRY(residual_rows(c, (kiln_tensor **)stacked, t, h + t * per + nloop));
     }
     return KILN_OK;
 }
 
-/* in = (v0..., lifted..., gv...): nloop loop values, nlift lifted tensors; out = (gv0..., glifted...).
- * With stored residuals (c->nres), the forward rerun's body also writes each step's residuals and
- * the backward body reads them after (v..., lifted..., gnext...). */
-static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out) {
-    int nloop = nin - nout, nstate = nout, nres = c->nres;
+/* in = (v0..., lifted..., gv...[, R...]): nloop loop values, nlift lifted tensors; out = (gv0...,
+ * glifted...). With stored residuals (c->nres), the forward rerun's body also writes each step's
+ * residuals and the backward body reads them after (v..., lifted..., gnext...); given them (R, one
+ * buffer of every step's each, stored by the loop's while), there is no rerun: the backward reads
+ * R's rows. */
+static kiln_status run_while_grad(kiln_control_node *c, int nin_all, kiln_tensor *const *in, int nout,
+                                  kiln_tensor **out) {
+    int nres = c->nres, nin = c->given ? nin_all - nres : nin_all;
+    int nstate = nout - c->nstacked, nloop = nin - nstate;
     int nlift = nstate - nloop;
     /* state = (loop values, lifted, gradients of the loop values, residuals); entries are owned or NULL */
     kiln_tensor **state = kiln_calloc((size_t)(nin + nres), sizeof *state);
@@ -426,8 +497,9 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
     }
     /* a value written in place keeps no history: its backward never reads it (else not in place) */
     for (int k = 0; k < nloop && c->in_place; k++) c->in_place[k] &= c->unread[k];
-    if (s == KILN_OK) s = own_in_place(c, nloop, state);
-    for (bool go = true; go && s == KILN_OK;) {
+    if (s == KILN_OK && !c->given) s = own_in_place(c, nloop, state);
+    if (s == KILN_OK && c->given) s = given_history(c, nloop, in + nin, &history, &steps);
+    for (bool go = !c->given; go && s == KILN_OK;) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;
         if (steps == cap) {
             int64_t ncap = cap ? cap * 2 : (c->trips > 0 ? c->trips + 1 : 16);
@@ -472,6 +544,19 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin, kiln_tensor *co
         memset(h + nloop, 0, sizeof *h * (size_t)nres);
         if (s != KILN_OK) {
             kiln_error_context(s, "in the backward loop body");
+            break;
+        }
+        for (int k = 0; k < c->nstacked && s == KILN_OK; k++) { /* this step's cotangent into its row */
+            kiln_tensor *row = NULL;
+            const kiln_meta *m = &res[nstate + k]->meta;
+            s = kiln_tensor_view(out[nstate + k], m->ndim, m->shape, NULL,
+                                 out[nstate + k]->offset + t * kiln_meta_numel(m), &row);
+            if (s == KILN_OK) s = kiln_copy_into(row, res[nstate + k]);
+            kiln_tensor_release(row);
+        }
+        kiln_release_all(res + nstate, c->nstacked);
+        if (s != KILN_OK) {
+            kiln_release_all(res, nstate);
             break;
         }
         kiln_release_all(state + nstate, nloop);

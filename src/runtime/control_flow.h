@@ -14,5 +14,8 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const struct 
 /* Runs it; out[] arrive allocated (the node's output metas) and are filled. */
 kiln_status kiln_control_run(kiln_control_node *c, int nin, kiln_tensor *const *in, int nout, kiln_tensor **out);
 void kiln_control_free(kiln_control_node *c);
+/* How many times loops' bodies have run forward in this process (every while iteration, and every
+ * iteration of a while_grad's rerun of its loop; not backward bodies): tests count with it. */
+int64_t kiln_loop_body_runs(void);
 
 #endif

@@ -71,8 +71,9 @@ def _describe_loop(g):
     where = f" at {g['where']}" if g["where"] else ""
     mb = g["bytes_per_step"] * g["trips"] / (1 << 20)
     if g["strategy"] == "stored":
-        return (f"residuals stored ({g['residuals']} per step, {g['bytes_per_step']:,} bytes x {g['trips']} steps = "
-                f"{mb:.1f} MB){where}")
+        by = "by the loop itself" if g.get("single_forward") else "by a rerun of the loop"
+        return (f"residuals stored {by} ({g['residuals']} per step, {g['bytes_per_step']:,} bytes x {g['trips']} "
+                f"steps = {mb:.1f} MB){where}")
     if g["trips"] <= 0:
         why = "trip count unknown"
     elif g["bytes_per_step"] < 0:
@@ -86,14 +87,15 @@ def _describe_loop(g):
 
 def _loop_gradients(texts):
     """The while_grad nodes of graph texts (attrs: cond, body, nout, backward, trips, nres,
-    res_bytes; src/ops/ops.def)."""
+    res_bytes, given; src/ops/ops.def). single_forward: the loop's forward node stored the
+    residuals as it ran (no rerun of the loop in the gradient)."""
     found = []
     for text in texts:
         for m in _WHILE_GRAD.finditer(text or ""):
             a = [int(v) for v in m.group(1).replace(" ", "").split(",") if v]
-            trips, nres, nbytes = (a[4:7] + [0, 0, -1][len(a[4:7]):]) if len(a) >= 4 else (0, 0, -1)
+            trips, nres, nbytes, given = (a[4:8] + [0, 0, -1, 0][len(a[4:8]):]) if len(a) >= 4 else (0, 0, -1, 0)
             found.append({"strategy": "stored" if nres > 0 else "recomputed", "trips": trips, "residuals": nres,
-                          "bytes_per_step": nbytes, "where": m.group(2)})
+                          "bytes_per_step": nbytes, "single_forward": bool(given), "where": m.group(2)})
     return found
 
 

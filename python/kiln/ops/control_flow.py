@@ -7,7 +7,7 @@ the compiled graph then decides at run time, and loops run entirely in C. Tensor
 read from outside (closures, Cell parameters) become extra inputs of the node, so gradients
 reach them.
 """
-from .. import _C, tree_util
+from .. import _C, hooks, tree_util
 from ..grad_mode import no_grad
 from .array import arange, index_select
 
@@ -206,7 +206,8 @@ def while_loop(cond_fn, body_fn, init_vals):
 def counted_while_loop(cond_fn, body_fn, init_vals, trips):
     """while_loop whose trip count the caller knows (trips > 0; 0: unknown): kiln.ops.scan and
     fori_loop with int bounds. A compiled loop's gradient may then store each step's residuals
-    rather than recompute them (kiln.set_context(loop_residual_budget=...))."""
+    rather than recompute them (kiln.set_context(loop_residual_budget=...)); recorded inside
+    kiln.grad, the loop node itself stores them as it runs."""
     _check_callables("while_loop", cond_fn=cond_fn, body_fn=body_fn)
     if not isinstance(init_vals, (tuple, list)):
         raise TypeError(f"while_loop: init_vals must be a tuple or list of Tensors, got {type(init_vals).__name__}")
@@ -279,7 +280,10 @@ def _traced_while(cond_fn, body_fn, treedef, leaves, nvals, trips):
         read_through = _Packed(needing)
         bodies = _trace_loop(cond_fn, body_fn, treedef, nvals, packed, loop,
                              (needing, read_through, read_through.pack(needing)))
-    out = _C.apply_control("while", list(bodies), loop, trips)
+    # inside kiln.grad the loop node itself keeps each step's residuals for its gradient (which then
+    # does not run the loop again); elsewhere (a forward-only capture) it is the plain loop
+    out = _C.apply_control("while", list(bodies), loop, trips,
+                           trips > 0 and hooks.differentiating is not None and hooks.differentiating())
     return list(out) if packed is None else packed.unpack(out)
 
 
