@@ -284,8 +284,8 @@ class CompilePhases:
         finally:
             try:
                 tid = threading.get_native_id()
-                for e in _C.profile_events(mark):
-                    if e["kind"] == "phase" and e["tid"] == tid:
+                for e in _C.profile_events(mark, "phase"):
+                    if e["tid"] == tid:
                         got = self.by_name.setdefault(e["name"], [0, 0])
                         got[0] += 1
                         got[1] += e["end"] - e["start"]

@@ -69,7 +69,7 @@ static kiln_status check_outputs(const char *op, const char *what, const kiln_gr
  * the body is changed, so the body stays pure to the graph around it. */
 static bool writes_own_fresh_buffer(const kiln_graph *g, int32_t i) {
     const kiln_node *nd = &g->nodes[i];
-    unsigned f = kiln_op_table[nd->op].flags;
+    uint64_t f = kiln_op_table[nd->op].flags;
     if (!(f & KILN_OPF_MUTATES) || (f & (KILN_OPF_RANDOM | KILN_OPF_EFFECT)) ||
         (f & KILN_OPF_WRITES_ANY) != KILN_OPF_WRITES_INPUT(0) || nd->nin < 1)
         return false;
@@ -88,7 +88,7 @@ static bool writes_own_fresh_buffer(const kiln_graph *g, int32_t i) {
  * identical ones like any other pure op (nested control flow was checked when added). */
 static kiln_status check_pure(const kiln_graph *g) {
     for (int32_t i = 0; i < g->nnodes; i++) {
-        unsigned f = kiln_op_table[g->nodes[i].op].flags;
+        uint64_t f = kiln_op_table[g->nodes[i].op].flags;
         if ((f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY | KILN_OPF_RANDOM)) && !writes_own_fresh_buffer(g, i))
             return kiln_error(KILN_ERR_NOT_IMPLEMENTED,
                               "control flow: a branch or loop body %s (%s); bodies must be free of in-place "

@@ -339,7 +339,9 @@ static kiln_status stack_weight_gradients(int64_t *b, int nloop, int nstate, int
         const kiln_value *pv = &g->values[mm->in[0]], *dv = &g->values[mm->in[1]];
         if (pv->kind != KILN_VALUE_NODE || dv->meta.ndim != 2) continue;
         const kiln_node *pm = &g->nodes[pv->node];
-        if (pm->op != KILN_OP_PERMUTE || pm->attrs.ni != 2 || pm->attrs.i[0] != 1 || pm->attrs.i[1] != 0) continue;
+        if (pm->op != KILN_OP_PERMUTE || pm->attrs.ni != 2 || pm->attrs.i[KILN_A_PERMUTE_PERM] != 1 ||
+            pm->attrs.i[KILN_A_PERMUTE_PERM + 1] != 0)
+            continue;
         int k = -1;
         for (int q = 0; q < nres; q++)
             if (g->inputs[nbase + q] == pm->in[0]) k = q;

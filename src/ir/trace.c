@@ -293,7 +293,7 @@ void kiln_tracer_before_write(kiln_op op, int nin, kiln_tensor *const *in) {
     kiln_tracer *tr = kiln_thread.trace_active;
     while (tr && !tr->keep_undo) tr = tr->parent;
     if (!tr || tr->failure != KILN_OK) return;
-    uint32_t flags = kiln_op_table[op].flags;
+    uint64_t flags = kiln_op_table[op].flags;
     kiln_tracer *active = kiln_thread.trace_active;
     set_active(NULL); /* the copies are not part of the trace */
     kiln_status s = KILN_OK;

@@ -10,7 +10,7 @@
 #include "kiln/sublinear.h"
 
 static bool movable(const kiln_node *n) {
-    uint32_t f = kiln_op_table[n->op].flags;
+    uint64_t f = kiln_op_table[n->op].flags;
     return (f & (KILN_OPF_MUTATES | KILN_OPF_WRITES_ANY)) && !(f & (KILN_OPF_RANDOM | KILN_OPF_EFFECT)) &&
            !kiln_op_is_control(n->op);
 }

@@ -25,9 +25,10 @@
 /* A training batch_norm (an op with KILN_OPF_OPTIONAL_STATE, i[0] set) whose only effect is the
  * update of its running state: its copy is given empty state, writes nothing and makes the same
  * outputs, so it may run again. */
+_Static_assert(KILN_A_BATCH_NORM_TRAINING == 0, "OPTIONAL_STATE ops hold their training flag first");
 static bool state_only_effects(const kiln_node *n) {
-    uint32_t f = kiln_op_table[n->op].flags;
-    return (f & KILN_OPF_OPTIONAL_STATE) && n->attrs.ni > 0 && n->attrs.i[0] != 0 &&
+    uint64_t f = kiln_op_table[n->op].flags;
+    return (f & KILN_OPF_OPTIONAL_STATE) && n->attrs.ni > 0 && n->attrs.i[KILN_A_BATCH_NORM_TRAINING] != 0 &&
            !(f & (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_EFFECT | KILN_OPF_CONTROL));
 }
 

@@ -84,19 +84,29 @@ static PyObject *event_dict(const kiln_profile_event *e) {
     return d;
 }
 
-static PyObject *py_profile_events(PyObject *self, PyObject *arg) {
+/* profile_events(mark, kind=None): kind ("kernel", "phase", "alloc") keeps only those events,
+ * chosen before any dict is built (a compile's phases among a first run's many kernels). */
+static PyObject *py_profile_events(PyObject *self, PyObject *args) {
     (void)self;
-    size_t mark = PyLong_AsSize_t(arg);
+    PyObject *mark_obj;
+    const char *kind = NULL;
+    if (!PyArg_ParseTuple(args, "O|z", &mark_obj, &kind)) return NULL;
+    size_t mark = PyLong_AsSize_t(mark_obj);
     if (mark == (size_t)-1 && PyErr_Occurred()) return NULL;
+    int want = -1;
+    for (int k = 0; kind && k < (int)(sizeof kind_names / sizeof kind_names[0]); k++)
+        if (strcmp(kind, kind_names[k]) == 0) want = k;
+    if (kind && want < 0) return PyErr_Format(PyExc_ValueError, "profile_events: unknown event kind %R", args);
     kiln_profile_event *ev = NULL;
     size_t n = 0;
     kiln_status s = kiln_profile_events(mark, &ev, &n);
     if (s != KILN_OK) return pykiln_raise(s);
-    PyObject *list = PyList_New((Py_ssize_t)n);
+    PyObject *list = PyList_New(0);
     for (size_t i = 0; list && i < n; i++) {
+        if (want >= 0 && ev[i].kind != want) continue;
         PyObject *d = event_dict(&ev[i]);
-        if (!d) Py_CLEAR(list);
-        else PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+        if (!d || PyList_Append(list, d) < 0) Py_CLEAR(list);
+        Py_XDECREF(d);
     }
     kiln_profile_events_free(ev, n);
     return list;
@@ -296,7 +306,9 @@ PyMethodDef pykiln_profile_functions[] = {
     {"profile_phase", py_profile_phase, METH_VARARGS, "profile_phase(name, start_ns, detail=None): a phase until now"},
     {"profile_name_thread", py_profile_name_thread, METH_VARARGS,
      "profile_name_thread(tid, name): name OS thread tid (0: the calling thread) in traces"},
-    {"profile_events", py_profile_events, METH_O, "profile_events(mark) -> the events recorded since mark, as dicts"},
+    {"profile_events", py_profile_events, METH_VARARGS,
+     "profile_events(mark, kind=None) -> the events recorded since mark (only those of kind: 'kernel', 'phase', "
+     "'alloc'), as dicts"},
     {"profile_take", py_profile_take, METH_O, "profile_take(mark) -> a ProfileLog of the events recorded since mark"},
     {"profile_write_chrome", py_profile_write_chrome, METH_VARARGS,
      "profile_write_chrome(path, mark, shapes=True, memory=True): Chrome Trace Event JSON of the events since mark"},

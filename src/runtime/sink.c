@@ -206,7 +206,7 @@ static void classify(kiln_sink *s) {
     }
     for (int32_t p = 0; p < s->p->norder; p++) {
         const kiln_node *nd = &g->nodes[s->p->order[p]];
-        unsigned flags = kiln_op_table[nd->op].flags;
+        uint64_t flags = kiln_op_table[nd->op].flags;
         for (int k = 0; k < nd->nin && k < 8; k++) {
             int32_t r = s->root[nd->in[k]];
             bool writes = (flags & KILN_OPF_WRITES_INPUT(k)) || (k == 0 && (flags & KILN_OPF_MUTATES));
