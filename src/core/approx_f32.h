@@ -34,7 +34,7 @@ typedef union {
  * instruction sets (src/ops/isa_dispatch.h) define a set per variant, as a function of one
  * target cannot be inlined into another's. */
 #define KILN_APPROX_F32_DEFINE(P)                                                                   \
-static inline __attribute__((always_inline)) float P##expf(float x) {                               \
+static inline __attribute__((always_inline, unused)) float P##expf(float x) {                             \
     float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);                                      \
     c = x == x ? c : 0.0f;                                                                          \
     float fn = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                              \
@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) float P##expf(float x) {           
     return x == x ? y : x;                                                                          \
 }                                                                                                   \
                                                                                                     \
-static inline __attribute__((always_inline)) float P##erff(float x) {                               \
+static inline __attribute__((always_inline, unused)) float P##erff(float x) {                             \
     float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);                                            \
     float z = c * c, p = -2.72614225801306e-10f, q = -1.45660718464996e-05f;                        \
     p = KF_FMA(p, z, 2.77068142495902e-08f);                                                        \
@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) float P##erff(float x) {           
     return y > 1.0f ? 1.0f : (y < -1.0f ? -1.0f : y);                                               \
 }                                                                                                   \
                                                                                                     \
-static inline __attribute__((always_inline)) float P##tanhf(float x) {                              \
+static inline __attribute__((always_inline, unused)) float P##tanhf(float x) {                            \
     float ax = x < 0.0f ? -x : x, z = x * x, p = -5.70498872745e-3f;                                \
     p = KF_FMA(p, z, 2.06390887954e-2f);                                                            \
     p = KF_FMA(p, z, -5.37397155531e-2f);                                                           \
@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) float P##tanhf(float x) {          
     return ax < 0.625f ? small : big;                                                               \
 }                                                                                                   \
                                                                                                     \
-static inline __attribute__((always_inline)) float P##logf(float x) {                               \
+static inline __attribute__((always_inline, unused)) float P##logf(float x) {                             \
     int tiny = x < 1.17549435e-38f;                                                                 \
     kf_bits v;                                                                                      \
     v.f = tiny ? x * 8388608.0f : x;                                                                \
