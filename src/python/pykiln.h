@@ -219,4 +219,9 @@ static inline int pykiln_interrupt_stale(void) {
 /* The exception of a run that stopped with KILN_ERR_INTERRUPTED (pykiln_raise calls it). */
 PyObject *pykiln_raise_interrupted(void);
 
+/* A comparison op (KILN_OP_EQ ... KILN_OP_GE) of an integer tensor with a Python int its dtype cannot
+ * hold, answered by value as NumPy 2 does (int8 == 300: all False); NULL without an error when the int
+ * fits or the operands are not such a pair (src/python/tensor.c). */
+PyObject *pykiln_compare_out_of_range(PyObject *tensor, PyObject *v, kiln_op op);
+
 #endif
