@@ -35,7 +35,7 @@ import warnings
 import weakref
 
 from .. import _C
-from ..autograd import differentiating
+from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase, timed_phase
 from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .recording import bind_inputs, returns_closure, user_frame_tracer
@@ -608,7 +608,9 @@ def _differentiates(tensors):
 def call(jf, args, kwargs):
     """JitFunction's slow path for capture_mode="bytecode"."""
     pieces = jf._pieces
-    if jf._eager_reason is not None and pieces is None:
+    if (jf._eager_reason is not None and pieces is None) or gradient_of_gradient_possible():
+        # (grad inside grad: a compiled piece's backward is not differentiable itself, so the call runs
+        # on the eager tape, which records what the outer gradient needs)
         jf.stats.eager_calls += 1
         return jf._target()(*args, **kwargs)
     if pieces is None:
