@@ -337,6 +337,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if capture is not None:
                 out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
+        outside = tracer.captured()  # (the parameters and closures' tensors the piece reads)
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         first = None
         if made is not None:
@@ -362,6 +363,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     if isinstance(owner.fn, Cell):
         called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))
+    recorder.add_tensors(outside)
     specs = None
     if owner._pieces.shared:  # kept with the code object: guards that hold nothing leading back to it
         specs, guard_names = recorder.guard_specs()

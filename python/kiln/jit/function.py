@@ -147,6 +147,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         result = ast_runtime.chosen_numbers(result)  # (numbers an if on a tensor chose, returned as numbers)
         out_leaves = []
         out_spec = tree.flatten(result, out_leaves)
+        outside = tracer.captured()  # (the parameters and closures' tensors the graph reads)
         executable = tracer.finish(out_leaves, options.compile_options)
         graph = tracer.recorded() if capture is not None else None
     finally:
@@ -163,6 +164,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     cells = tuple(dict.fromkeys(called))
     recorder.add_cells(cells)
+    recorder.add_tensors(outside)
     guard_set, guard_names = recorder.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
     entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
