@@ -22,8 +22,9 @@ static _Thread_local PyObject *call_log, *write_log; /* lists while this thread 
 static PyObject *parameter_type;       /* kiln.nn.Parameter */
 static PyObject *context;              /* kiln.context._context: its "mode" 0 is GRAPH_MODE */
 static PyObject *recompute_eager;      /* kiln.recompute's eager call, for Cell.recompute() (cell_setup) */
+static PyObject *hooks_before, *hooks_after; /* kiln.nn.cell's forward-hook runners (cell_set_hook_runners) */
 static PyObject *s_params, *s_cells, *s_jitted, *s_graph_mode_jit, *s_construct, *s_auto_prefix, *s_name,
-    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute, *s_amp;
+    *s_auto_name, *s_version, *s_mode, *s_parameters_and_names, *s_recompute, *s_amp, *s_hooks;
 
 static PyTypeObject PyCellBase_Type;
 
@@ -99,15 +100,25 @@ static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwar
         Py_XDECREF(flag);
         if (marked < 0) return NULL;
     }
+    /* forward hooks (register_forward_pre_hook / register_forward_hook) around construct; a jitted
+     * cell's run them in its compiled function's target instead (kiln.jit.function) */
+    PyObject *d = dict_of(self), *hooks = d ? PyDict_GetItemWithError(d, s_hooks) : NULL;
+    Py_XDECREF(d);
+    if (!hooks && PyErr_Occurred()) return NULL;
+    bool hooked = hooks && hooks != Py_None && hooks_before;
+    PyObject *hooked_args = hooked ? PyObject_CallFunctionObjArgs(hooks_before, self, args, NULL) : Py_NewRef(args);
+    if (!hooked_args) return NULL;
     int32_t was = marked && tr ? kiln_tracer_begin_recompute(tr) : 0;
     PyObject *construct = PyObject_GetAttr(self, s_construct);
     PyObject *out = NULL;
     if (construct && marked && !tr)
-        out = PyObject_CallFunctionObjArgs(recompute_eager, construct, args, kwargs ? kwargs : Py_None, NULL);
+        out = PyObject_CallFunctionObjArgs(recompute_eager, construct, hooked_args, kwargs ? kwargs : Py_None, NULL);
     else if (construct)
-        out = PyObject_Call(construct, args, kwargs);
+        out = PyObject_Call(construct, hooked_args, kwargs);
     Py_XDECREF(construct);
     if (marked && tr) kiln_tracer_end_recompute(tr, was);
+    if (out && hooked) Py_SETREF(out, PyObject_CallFunctionObjArgs(hooks_after, self, hooked_args, out, NULL));
+    Py_DECREF(hooked_args);
     return out;
 }
 
@@ -351,7 +362,20 @@ static PyObject *py_recompute_end(PyObject *module, PyObject *mark) {
     Py_RETURN_NONE;
 }
 
+/* cell_set_hook_runners(before, after): before(cell, args) -> args and after(cell, args, output) ->
+ * output run a cell's forward hooks (kiln.nn.cell) */
+static PyObject *py_cell_set_hook_runners(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *before, *after;
+    if (!PyArg_ParseTuple(args, "OO:cell_set_hook_runners", &before, &after)) return NULL;
+    Py_XSETREF(hooks_before, Py_NewRef(before));
+    Py_XSETREF(hooks_after, Py_NewRef(after));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cell_functions[] = {
+    {"cell_set_hook_runners", py_cell_set_hook_runners, METH_VARARGS,
+     "cell_set_hook_runners(before, after): the functions that run a cell's forward hooks around construct"},
     {"recompute_begin", py_recompute_begin, METH_NOARGS,
      "recompute_begin() -> mark or None: the ops recorded from now on are recomputed for the backward"},
     {"recompute_end", py_recompute_end, METH_O, "recompute_end(mark): ends what recompute_begin began"},
@@ -385,7 +409,7 @@ int pykiln_cell_init(PyObject *module) {
         const char *text;
     } names[] = {{&s_params, "_params"},       {&s_cells, "_cells"},
                  {&s_jitted, "_jitted"},       {&s_graph_mode_jit, "_graph_mode_jit"},
-                 {&s_construct, "construct"}, {&s_recompute, "_recompute"}, {&s_amp, "_amp"},  {&s_auto_prefix, "_auto_prefix"},
+                 {&s_construct, "construct"}, {&s_recompute, "_recompute"}, {&s_amp, "_amp"},  {&s_hooks, "_kiln_hooks"}, {&s_auto_prefix, "_auto_prefix"},
                  {&s_name, "name"},            {&s_auto_name, "_auto_name"},
                  {&s_version, "_kiln_version"}, {&s_mode, "mode"},
                  {&s_parameters_and_names, "parameters_and_names"}};

@@ -3,6 +3,7 @@ a condition that is a Python value runs as plain Python (static, decided at comp
 tensor condition becomes kiln.ops.cond / kiln.ops.while_loop."""
 import builtins
 import contextlib
+import functools
 import math
 import operator
 import sys
@@ -1026,13 +1027,16 @@ def _library_constructs():
 def call_cell(cell, construct, args, kwargs):
     """A Cell called from converted code: logged for the training-mode guards, then its
     converted construct."""
+    from ..nn.cell import call_construct_hooked
+
     _C.log_cell_call(cell)
     amp = cell.__dict__.get("_amp")  # Cell.to_float, auto_mixed_precision: the level while it runs
+    body = functools.partial(construct, cell)
     if amp is None:
-        return construct(cell, *args, **kwargs)
+        return call_construct_hooked(cell, body, args, kwargs)
     saved = _C.amp_set(*amp)
     try:
-        return construct(cell, *args, **kwargs)
+        return call_construct_hooked(cell, body, args, kwargs)
     finally:
         _C.amp_set(*saved)
 

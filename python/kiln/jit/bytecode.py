@@ -417,9 +417,12 @@ class Interpreter:
                 and target._self_ref is None):
             target = target.fn
         if isinstance(target, self.cell_type) and bound_self is None:
+            if target.__dict__.get("_kiln_hooks") and not target.__dict__.get("_jitted"):
+                # (its hooks would run natively, their Python side effects unseen: the call runs in Python)
+                self.brk(f"a call of a {type(target).__name__} cell with forward hooks")
             construct = type(target).construct
             if (isinstance(construct, types.FunctionType) and guards.is_user_code(construct.__code__)
-                    and not target.__dict__.get("_jitted") and not getattr(target, "_kiln_hooks", None)
+                    and not target.__dict__.get("_jitted")
                     and not target.__dict__.get("_amp")):  # (its call sets the amp level: Cell.to_float)
                 _C.log_cell_call(target)
                 return self.inline(construct, (target,) + tuple(args), kwargs)

@@ -651,9 +651,12 @@ _NO_ENTRY = object()
 
 
 def _call_cell_body(cell, args, kwargs):
-    """A cell's construct, logged for the training-mode guards like a call through Cell.__call__."""
+    """A cell's construct, logged for the training-mode guards like a call through Cell.__call__,
+    its forward hooks around it."""
+    from ..nn.cell import call_construct_hooked
+
     _C.log_cell_call(cell)
-    return cell.construct(*args, **kwargs)
+    return call_construct_hooked(cell, cell.construct, args, kwargs)
 
 
 def _convert_target(fn):

@@ -17,6 +17,64 @@ _object_setattr = _C.cell_set_raw  # an attribute write that neither registers n
 _C.cell_setup(Parameter, _context._context, recomputation.call_construct)
 
 
+def hooks_before(cell, args):
+    """Runs cell's forward pre-hooks on its call's positional args; a hook returning something
+    else than None replaces them (a tuple, or one value standing for a 1-tuple)."""
+    for _, hook in cell.__dict__["_kiln_hooks"][0]:
+        got = hook(cell, args)
+        if got is not None:
+            args = got if isinstance(got, tuple) else (got,)
+    return args
+
+
+def hooks_after(cell, args, output):
+    """Runs cell's forward hooks on its call's args and output; one returning something else than
+    None replaces the output."""
+    for _, hook in cell.__dict__["_kiln_hooks"][1]:
+        got = hook(cell, args, output)
+        if got is not None:
+            output = got
+    return output
+
+
+def call_construct_hooked(cell, construct, args, kwargs):
+    """construct(*args, **kwargs) of a cell, its forward hooks around it (kiln.jit's targets, which
+    call a cell's construct without Cell.__call__)."""
+    if not cell.__dict__.get("_kiln_hooks"):
+        return construct(*args, **kwargs)
+    args = hooks_before(cell, args)
+    return hooks_after(cell, args, construct(*args, **kwargs))
+
+
+_C.cell_set_hook_runners(hooks_before, hooks_after)
+
+
+class HookHandle:
+    """What register_forward_hook / register_forward_pre_hook return: remove() takes the hook away
+    (MindSpore's and PyTorch's RemovableHandle)."""
+
+    _next_id = 0
+
+    def __init__(self, cell, kind):
+        HookHandle._next_id += 1
+        self.id, self._cell, self._kind = HookHandle._next_id, cell, kind
+
+    def remove(self):
+        hooks = self._cell.__dict__.get("_kiln_hooks")
+        if hooks is None:
+            return
+        kept = list(hooks)
+        kept[self._kind] = tuple(h for h in hooks[self._kind] if h[0] != self.id)
+        # (an attribute write: graphs captured with the hook are captured again)
+        self._cell._kiln_hooks = tuple(kept) if any(kept) else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
 class Cell(_C.CellBase):
     """Base class of layers and networks. Subclasses call super().__init__() first, assign
     Parameters and sub-Cells as attributes (they are registered in assignment order) and
@@ -212,6 +270,27 @@ class Cell(_C.CellBase):
         return self
 
     # ---- modes and configuration --------------------------------------------------------
+    def register_forward_pre_hook(self, hook_fn):
+        """hook_fn(cell, inputs) runs before each call's construct, with the call's positional inputs
+        as a tuple; returning something else than None replaces them. Returns a handle whose
+        remove() takes the hook away. Compiled graphs that call this cell run its hooks (they are
+        captured with it) and are captured again when a hook is added or removed."""
+        return self._add_forward_hook(0, hook_fn, "register_forward_pre_hook")
+
+    def register_forward_hook(self, hook_fn):
+        """hook_fn(cell, inputs, output) runs after each call's construct; returning something else
+        than None replaces the output. Returns a handle whose remove() takes the hook away."""
+        return self._add_forward_hook(1, hook_fn, "register_forward_hook")
+
+    def _add_forward_hook(self, kind, hook_fn, name):
+        if not callable(hook_fn):
+            raise TypeError(f"Cell.{name}: the hook must be callable, got {type(hook_fn).__name__}")
+        handle = HookHandle(self, kind)
+        hooks = list(self.__dict__.get("_kiln_hooks") or ((), ()))
+        hooks[kind] = hooks[kind] + ((handle.id, hook_fn),)
+        self._kiln_hooks = tuple(hooks)  # (an attribute write: graphs captured before are captured again)
+        return handle
+
     def set_train(self, mode=True):
         """Training mode (Dropout drops, BatchNorm uses batch statistics) for this cell and
         every sub-cell; returns self."""
