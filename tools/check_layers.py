@@ -143,6 +143,7 @@ PY_LAYERS = {
     "kiln.ops": 3,
     # kiln.Tensor, whose methods are the namespace's functions
     "kiln._tensor": 4,
+    "kiln._tensor_torch": 4,
     # Cell, Parameter and initializers: what kiln.jit knows of networks
     "kiln.nn.cell": 5, "kiln.nn.parameter": 5, "kiln.nn.init": 5,
     # the data-parallel gradient all-reduce TrainOneStepCell makes in data-parallel mode

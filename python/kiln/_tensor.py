@@ -4,6 +4,7 @@ import numpy as _np
 from . import _C
 from . import ops as _ops
 from ._optable import OP
+from ._tensor_torch import TorchTensorMethods
 
 
 _GRAD = _C.TensorBase.grad
@@ -36,7 +37,7 @@ def _get_grad(tensor):
     return g
 
 
-class Tensor(_C.TensorBase):
+class Tensor(_C.TensorBase, TorchTensorMethods):
     """An n-dimensional array on the CPU: Tensor(input_data, dtype=None).
 
     input_data is a NumPy array, a Python number, a nested list, another Tensor or an object with
