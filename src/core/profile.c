@@ -126,13 +126,16 @@ static void clear_locked(void) {
     strings_free(&rec.str);
 }
 
-size_t kiln_profile_start(void) {
+/* Opens one session counted by `sessions`: its mark. */
+static size_t start_one(_Atomic int *sessions) {
     pthread_mutex_lock(&rec.lock);
     size_t mark = rec.n;
-    atomic_fetch_add(&kiln_profile_sessions, 1);
+    atomic_fetch_add(sessions, 1);
     pthread_mutex_unlock(&rec.lock);
     return mark;
 }
+
+size_t kiln_profile_start(void) { return start_one(&kiln_profile_sessions); }
 
 static bool no_session_open(void) {
     return atomic_load(&kiln_profile_sessions) == 0 && atomic_load(&kiln_profile_phase_sessions) == 0;
@@ -150,13 +153,7 @@ static void stop_one(_Atomic int *sessions) {
 
 void kiln_profile_stop(void) { stop_one(&kiln_profile_sessions); }
 
-size_t kiln_profile_start_phases(void) {
-    pthread_mutex_lock(&rec.lock);
-    size_t mark = rec.n;
-    atomic_fetch_add(&kiln_profile_phase_sessions, 1);
-    pthread_mutex_unlock(&rec.lock);
-    return mark;
-}
+size_t kiln_profile_start_phases(void) { return start_one(&kiln_profile_phase_sessions); }
 
 void kiln_profile_stop_phases(void) { stop_one(&kiln_profile_phase_sessions); }
 
