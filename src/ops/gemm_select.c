@@ -18,6 +18,7 @@ static const char *provider_names[KILN_GEMM_PROVIDERS] = {"openblas", "onednn"};
 
 static _Atomic int table[KILN_GEMM_CLASSES]; /* all KILN_GEMM_OPENBLAS (0) until set */
 static atomic_bool pinned;
+static atomic_llong call_counts[KILN_GEMM_PROVIDERS]; /* kiln_sgemm's calls per provider (tests check the dispatch) */
 
 kiln_gemm_class kiln_gemm_class_of(int64_t M, int64_t N, int64_t K) {
     int64_t mn = M > N ? M : N;
@@ -84,8 +85,13 @@ void kiln_sgemm_with(kiln_gemm_provider p, bool ta, bool tb, int64_t M, int64_t 
 
 void kiln_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    kiln_sgemm_with(kiln_gemm_provider_used(kiln_gemm_class_of(M, N, K)), ta, tb, M, N, K, alpha, A, lda, B, ldb,
-                    beta, C, ldc);
+    kiln_gemm_provider p = kiln_gemm_provider_used(kiln_gemm_class_of(M, N, K));
+    atomic_fetch_add_explicit(&call_counts[p], 1, memory_order_relaxed);
+    kiln_sgemm_with(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int64_t kiln_gemm_calls(int provider) {
+    return provider >= 0 && provider < KILN_GEMM_PROVIDERS ? (int64_t)atomic_load(&call_counts[provider]) : 0;
 }
 
 /* ---- timing (calibration and kiln.bench's peak) --------------------------------------------- */

@@ -54,6 +54,8 @@ static inline void kiln_sgemm_cblas(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS
 kiln_status kiln_gemm_set_provider(int cls, int provider);
 kiln_gemm_provider kiln_gemm_provider_of(int cls);
 kiln_gemm_provider kiln_gemm_provider_used(int cls);
+/* How many GEMMs kiln_sgemm ran on `provider` in this process. */
+int64_t kiln_gemm_calls(int provider);
 /* Pinned: OpenBLAS for every class, whatever the table (kiln.set_deterministic). */
 void kiln_gemm_set_pinned(bool on);
 bool kiln_gemm_pinned(void);

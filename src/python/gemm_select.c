@@ -111,7 +111,20 @@ static PyObject *py_gemm_rate(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(gflops);
 }
 
+/* gemm_calls() -> {provider: GEMMs kiln_sgemm ran on it in this process} */
+static PyObject *py_gemm_calls(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *d = PyDict_New();
+    for (int p = 0; d && p < KILN_GEMM_PROVIDERS; p++) {
+        PyObject *v = PyLong_FromLongLong((long long)kiln_gemm_calls(p));
+        if (!v || PyDict_SetItemString(d, kiln_gemm_provider_name(p), v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 static PyMethodDef gemm_functions[] = {
+    {"gemm_calls", py_gemm_calls, METH_NOARGS, "{provider: float32 GEMMs run on it in this process}"},
     {"gemm_classes", py_gemm_classes, METH_NOARGS, "the GEMM shape classes, in the order they are tested"},
     {"gemm_providers", py_gemm_providers, METH_NOARGS, "the GEMM providers (the first is the default)"},
     {"gemm_table", py_gemm_table, METH_VARARGS,
