@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import stat
 import tempfile
 import warnings
 
@@ -44,7 +45,8 @@ def path():
 
 
 def cpu_key():
-    """{"cpu": model name, "cpu_flags": hash of the instruction-set flags, "kiln": version}."""
+    """{"cpu": model name, "cpu_flags": hash of the instruction-set flags, "kiln": version, "isa_cap":
+    KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA (a capped oneDNN times differently)}."""
     model = flags = None
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -59,7 +61,8 @@ def cpu_key():
     model = model or platform.processor() or platform.machine()
     flags = flags or ""
     digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16]
-    return {"cpu": model[:_TEXT_MAX], "cpu_flags": digest, "kiln": __version__}
+    cap = "/".join(os.environ.get(v, "") for v in ("KILN_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"))
+    return {"cpu": model[:_TEXT_MAX], "cpu_flags": digest, "kiln": __version__, "isa_cap": cap[:_TEXT_MAX]}
 
 
 def _bad(p, why):
@@ -119,11 +122,17 @@ def read(key, classes=None, providers=None, file=None):
     """The calibration in `file` (default path()) when valid for key, else None (a warning says
     why, unless the file does not exist)."""
     p = file or path()
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+    try:  # non-blocking: a FIFO put there must not hang the import
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
+    except OSError as e:
+        return _bad(p, f"cannot be opened ({e.strerror})")
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return _bad(p, "not a regular file")
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         return _bad(p, f"cannot be read ({e.strerror})")
     if len(raw) > MAX_BYTES:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 from . import _C
 from . import _gemm_cache
@@ -163,8 +164,10 @@ def calibrate(force=False, write=True):
         t0 = time.perf_counter()
         calib = measure()
         calib["key"]["measured_s"] = f"{time.perf_counter() - t0:.3f}"
-        if write:
-            _gemm_cache.write(calib)
+        if write and not _gemm_cache.write(calib):
+            warnings.warn(f"kiln.gemm_select: cannot write {_gemm_cache.path()}: the GEMM providers will be measured "
+                          "again at each start (set KILN_CACHE_DIR to a writable directory, or "
+                          "KILN_GEMM_CALIBRATION=off)", _gemm_cache.GemmCalibrationWarning, stacklevel=2)
         _state["source"] = "measured"
     apply(calib)
     return calib

@@ -289,6 +289,24 @@ def test_garbage_and_huge_files_are_ignored_with_a_warning(tmp_path):
         assert data is None and len(warned) == 1, raw[:40]
 
 
+def test_a_fifo_or_directory_does_not_hang_or_crash(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert _read(fifo)[0] is None and len(_read(fifo)[1]) == 1
+    (tmp_path / "dir.json").mkdir()
+    assert _read(tmp_path / "dir.json")[0] is None and len(_read(tmp_path / "dir.json")[1]) == 1
+
+
+def test_unwritable_place_warns(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(blocker / "cache"))  # under a file: cannot be made
+    assert not _gemm_cache.write(_valid())
+    monkeypatch.setattr(gemm_select, "measure", _valid)
+    with pytest.warns(_gemm_cache.GemmCalibrationWarning, match="cannot write"):
+        gemm_select.calibrate(force=True)
+
+
 def _mutations():
     """(description, file content) pairs, each invalid in one field."""
     def m(desc, f):
