@@ -132,7 +132,7 @@ PY_LAYERS = {
     # flattening of arguments, settings, profiling and memory tools
     "kiln._C": 0, "kiln._optable": 0, "kiln.grad_mode": 0, "kiln.hooks": 0, "kiln.context": 0, "kiln.version": 0,
     "kiln.profiler": 0, "kiln.tools": 0, "kiln.tools.*": 0, "kiln.jit.tree": 0, "kiln.tree_util": 0,
-    "kiln.jit.replay": 0,
+    "kiln.jit.replay": 0, "kiln._gemm_cache": 0, "kiln.gemm_select": 0,
     "kiln.jit.options": 0, "kiln.jit.config": 0, "kiln.jit.sublinear_memory_config": 0,
     "kiln.jit.dtr_config": 0, "kiln.jit.graph_opt_config": 0,
     # the functions of the op table, one module per family

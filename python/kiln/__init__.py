@@ -1,5 +1,14 @@
 """kiln: a deep-learning runtime and just-in-time graph compiler with a C11 core."""
-from . import _C
+import os as _os
+
+from . import _gemm_cache
+
+# OpenBLAS picks its kernels when it loads (with the extension, next line): the AVX2 ones where
+# kiln's calibration found them faster on this CPU (kiln.gemm_select), unless the user chose.
+_coretype = _gemm_cache.coretype_before_load()
+if _coretype:
+    _os.environ["OPENBLAS_CORETYPE"] = _coretype
+from . import _C  # noqa: E402
 from ._C import bfloat16, bool, float16, float32, float64, int8, int32, int64  # noqa: A004
 from ._C import dtype
 from ._tensor import Tensor, from_dlpack, from_numpy, tensor
@@ -34,6 +43,9 @@ int_ = int64
 bool_ = bool
 
 from .version import __version__  # noqa: E402
+from . import gemm_select  # noqa: E402
+
+gemm_select.startup(_coretype)
 
 
 _seed = None

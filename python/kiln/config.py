@@ -4,7 +4,7 @@ import os
 import platform
 import sys
 
-from . import _C
+from . import _C, gemm_select
 from .version import __version__
 
 
@@ -51,6 +51,7 @@ def facts():
         "cc_works": works, "cc_check": how,
         "cache_dir": cc["cache_dir"], "cache_usable": cc["cache_usable"], "cache_entries": entries,
         "cache_bytes": size, "cache_error": cache_error,
+        "gemm_source": gemm_select.describe()[0], "gemm_classes": gemm_select.describe()[1],
     }
 
 
@@ -85,7 +86,7 @@ def size_text(n):
 def show_config(file=None):
     """Prints what kiln runs on: version, build options, the CPU and its vector extensions,
     the instruction set kiln uses (KILN_MAX_CPU_ISA caps it) and the kernel variants it chose,
-    threads, BLAS and oneDNN and what they chose, the C compiler of generated code (compiling a
+    threads, BLAS and oneDNN and what they chose, the GEMM provider per shape class, the C compiler of generated code (compiling a
     tiny kernel to see that it works) and the compile cache."""
     f = facts()
     cpu_only = sorted(set(f["cpu_isa"].split()) - set(f["build_isa"].split()))
@@ -105,6 +106,8 @@ def show_config(file=None):
         f"oneDNN:          {f['dnnl_version']}; instruction set {f['dnnl_isa']}"
         + (f" (ONEDNN_MAX_CPU_ISA={f['onednn_max_cpu_isa']})" if f["onednn_max_cpu_isa"] else "")
         + (f"; convolution layouts blocked by {f['conv_block']} channels" if f["conv_block"] else ""),
+        f"float32 GEMM:    {f['gemm_source']}",
+        *(f"  {c}" for c in f["gemm_classes"]),
         f"mixed precision: {f['amp_path']} path; {f['amp_path_why']}",
         f"generated code:  {f['cc_command']} = {f['cc_identity'] or 'does not run'}: "
         + ("works, " if f["cc_works"] else "FAILS: ") + f["cc_check"],

@@ -78,6 +78,7 @@ def set_context(**kwargs):
             continue
         if name == "deterministic":
             _C.comm_set_deterministic(value == "ON")
+            _C.gemm_set_pinned(value == "ON")
             continue
         if name == "loop_residual_budget":
             _C.loop_residual_budget(int(value * (1 << 20)))
@@ -116,12 +117,14 @@ def set_deterministic(deterministic):
     """MindSpore's set_deterministic: with True, the float all-reduces of kiln.communication (sum,
     mean, prod; the gradient all-reduce of data-parallel training) gather every rank's tensor and
     combine them in rank order, ((x0 + x1) + x2) + ..., the same on every rank and in every run,
-    whatever order the MPI library's algorithm takes. It changes no kernel (tests/python/
-    test_distributed_deterministic.py checks that training repeats bit for bit with it, at a
-    fixed thread count). Read at each all-reduce, eager or compiled. Default False."""
+    whatever order the MPI library's algorithm takes; and every float32 GEMM runs on OpenBLAS,
+    whatever provider kiln.gemm_select chose for its shape class. It changes no other kernel
+    (tests/python/test_distributed_deterministic.py checks that training repeats bit for bit with
+    it, at a fixed thread count). Read at each all-reduce, eager or compiled. Default False."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"set_deterministic: deterministic must be a bool, got {deterministic!r}")
     _C.comm_set_deterministic(deterministic)
+    _C.gemm_set_pinned(deterministic)
 
 
 def get_deterministic():

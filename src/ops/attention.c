@@ -33,6 +33,7 @@
 #include "../core/internal.h"
 #include "compute_buffers.h"
 #include "exp_f32.h"
+#include "gemm_select.h"
 #include "isa_dispatch.h"
 #include "matmul.h"
 
@@ -254,8 +255,7 @@ static void at_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    kiln_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* The blockwise kernels' loops beside the GEMMs, compiled per instruction set (isa_dispatch.h:

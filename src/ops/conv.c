@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "conv_winograd.h"
+#include "gemm_select.h"
 
 /* ---- geometry and inference ------------------------------------------------------------- */
 
@@ -291,7 +292,7 @@ CONV_IM2COL(f64, double)
         kiln_free(col);                                                                      \
         return KILN_OK;                                                                      \
     }
-CONV_REF(f32, float, cblas_sgemm)
+CONV_REF(f32, float, kiln_sgemm_cblas)
 CONV_REF(f64, double, cblas_dgemm)
 
 /* ---- kernels ---------------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "../core/internal.h"
+#include "gemm_select.h"
 #include "matmul.h"
 
 /* Up to this many multiply-adds a plain loop beats the BLAS call (OpenBLAS has fast small-
@@ -92,7 +93,7 @@ static void mm_naive_i64(int64_t M, int64_t N, int64_t K, const int64_t *A, mm_m
             BLAS(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, \
                  (int)M, (int)N, (int)K, 1, A, (int)lda, B, (int)ldb, acc ? 1 : 0, C, (int)ldc); \
     }
-MM_GEMM_FLOAT(mm_gemm_f32, float, mm_naive_f32, cblas_sgemm)
+MM_GEMM_FLOAT(mm_gemm_f32, float, mm_naive_f32, kiln_sgemm_cblas)
 MM_GEMM_FLOAT(mm_gemm_f64, double, mm_naive_f64, cblas_dgemm)
 
 /* One GEMM in compute dtype ct (float32, float64 or int64). */

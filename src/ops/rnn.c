@@ -20,6 +20,7 @@
 #include "../core/internal.h"
 #include "compute_buffers.h"
 #include "exp_f32.h"
+#include "gemm_select.h"
 #include "matmul.h"
 
 enum { RNN_LSTM, RNN_GRU, RNN_TANH, RNN_RELU, RNN_MODES };
@@ -175,9 +176,8 @@ static void rnn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const f
     for (int t = 0; t < threads; t++) {
         int64_t lo = M * t / threads, hi = M * (t + 1) / threads;
         if (hi > lo)
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)(hi - lo),
-                        (int)N, (int)K, 1.0f, ta ? A + lo : A + lo * lda, (int)lda, B, (int)ldb, acc ? 1.0f : 0.0f,
-                        C + lo * ldc, (int)ldc);
+            kiln_sgemm(ta, tb, hi - lo, N, K, 1.0f, ta ? A + lo : A + lo * lda, lda, B, ldb, acc ? 1.0f : 0.0f,
+                       C + lo * ldc, ldc);
     }
 }
 

@@ -476,7 +476,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         pykiln_guard_recorder_init_type(m) < 0 || pykiln_tree_init(m) < 0 ||
         pykiln_shape_init(m) < 0 || pykiln_sym_hooks_init(m) < 0 || pykiln_sym_expr_init(m) < 0 || pykiln_cell_init(m) < 0 ||
         pykiln_reductions_init(m) < 0 || pykiln_elementwise_init(m) < 0 ||
-        pykiln_frame_hook_init(m) < 0 || pykiln_eval_frame_init(m) < 0 || pykiln_bytecode_steps_init(m) < 0 || pykiln_custom_grad_init(m) < 0 || pykiln_vmap_init(m) < 0 || pykiln_config_init(m) < 0 || pykiln_comm_init(m) < 0 || pykiln_interrupt_init() < 0) {
+        pykiln_frame_hook_init(m) < 0 || pykiln_eval_frame_init(m) < 0 || pykiln_bytecode_steps_init(m) < 0 || pykiln_custom_grad_init(m) < 0 || pykiln_vmap_init(m) < 0 || pykiln_config_init(m) < 0 || pykiln_gemm_select_init(m) < 0 || pykiln_comm_init(m) < 0 || pykiln_interrupt_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }

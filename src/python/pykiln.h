@@ -94,6 +94,8 @@ PyObject *pykiln_executable_wrap(kiln_executable *exe, const kiln_graph *g);
 /* kiln._C.plan_symbolic, bind_plan, plan_counts: one plan for every binding (plan_sym.c). */
 extern PyMethodDef pykiln_plan_sym_functions[];
 extern PyMethodDef pykiln_attention_functions[];
+/* kiln._C.gemm_*: the GEMM provider table and its timing (gemm_select.c). */
+int pykiln_gemm_select_init(PyObject *module);
 /* A kiln._C.Graph owning g (freed on failure), new reference (graph.c). */
 PyObject *pykiln_wrap_graph(kiln_graph *g);
 /* Graph.symbolize, Graph.instantiate, Graph.value_shape_at and kiln._C.optimize_graph: graphs with

@@ -9,7 +9,11 @@ import textwrap
 import numpy as np
 import pytest
 
-import kiln
+# The suite runs OpenBLAS for every GEMM (kiln.gemm_select's calibration off: no file written, no
+# second of measuring in each fresh interpreter); test_gemm_select.py turns it on where it tests it.
+os.environ.setdefault("KILN_GEMM_CALIBRATION", "off")
+
+import kiln  # noqa: E402
 
 # ---- dtypes ---------------------------------------------------------------------------
 

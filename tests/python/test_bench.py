@@ -57,7 +57,11 @@ def test_exit_status_and_table(smallest_run):
     for header in ("enable jit", "jit level", "capture mode", "backend", "fullgraph", "prepare", "time for runs",
                    "per run", "GFLOP/s", "of peak"):
         assert header in proc.stdout
-    assert "peak: OpenBLAS cblas_sgemm 512x512x512" in proc.stdout
+    # the peak is the best sgemm here, and the line says which (OpenBLAS <core type> or oneDNN)
+    peak = record["sgemm_peak"]
+    assert f"peak: the best sgemm here, {peak['source']}, 512x512x512" in proc.stdout
+    assert peak["source"] in peak["candidates"] and "oneDNN" in peak["candidates"]
+    assert peak["candidates"][peak["source"]] == max(peak["candidates"].values()) == peak["measured"][0]
     measured = record["sgemm_peak"]["measured"]
     assert len(measured) == len(WORKLOADS) and record["sgemm_peak"]["gflops_per_s"] == max(measured)
     assert "\r" not in proc.stderr  # the progress line is for terminals only

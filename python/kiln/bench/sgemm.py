@@ -1,11 +1,18 @@
-"""OpenBLAS's cblas_sgemm called directly (through ctypes): the machine's float32 matrix-multiply
-speed that kiln's figures are measured against. kiln links OpenBLAS (and runs it single-threaded,
-splitting GEMMs itself); here OpenBLAS runs on its own threads, as many as kiln uses.
+"""The machine's float32 matrix-multiply speed that kiln's figures are measured against: the best
+sgemm available here (best_peak), over OpenBLAS's cblas_sgemm called directly (through ctypes) with
+the core type kiln loaded, OpenBLAS with its other core type (AVX2's Haswell against an AVX-512 one,
+in a child process, since OPENBLAS_CORETYPE applies at load) and oneDNN's dnnl_sgemm. kiln links
+both (and runs them single-threaded, splitting GEMMs itself); here each runs on its own threads, as
+many as kiln uses.
 
 Used by kiln.bench (the peak GFLOP/s printed once per run) and bench/bench_core.py (the matmul row).
 """
 import ctypes
 import ctypes.util
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -59,3 +66,58 @@ def peak_gflops(n=2048, repeat=5, seed=0):
         gemm()
         best = min(best, time.perf_counter() - t0)
     return gemm.flops / best / 1e9
+
+
+_other_core = {}  # (n, threads) -> (label, GFLOP/s) or None: measured once per process
+
+
+def _other_core_peak(n, repeat, threads):
+    """OpenBLAS with the other core type in a child process: (label, GFLOP/s), or None where the CPU
+    has no AVX-512, the user set OPENBLAS_CORETYPE, or the child fails."""
+    if (n, threads) in _other_core:
+        return _other_core[(n, threads)]
+    info = kiln._C.build_info()
+    result = None
+    if "avx512f" in info["cpu_isa"].split() and (kiln.gemm_select.coretype_set() or "OPENBLAS_CORETYPE" not in os.environ):
+        env = dict(os.environ, KILN_GEMM_CALIBRATION="off")
+        env.pop("OPENBLAS_CORETYPE", None)
+        if not kiln.gemm_select.coretype_set():
+            env["OPENBLAS_CORETYPE"] = "Haswell"
+        code = ("import importlib.util, json, sys\n"
+                "spec = importlib.util.spec_from_file_location('kiln._C', sys.argv[1])\n"
+                "C = importlib.util.module_from_spec(spec); spec.loader.exec_module(C)\n"
+                "n, t, r = map(int, sys.argv[2:5])\n"
+                "print(json.dumps([C.build_info()['blas_core'], C.gemm_rate('openblas', n, n, n, t, r, 0.0)]))\n")
+        try:
+            r = subprocess.run([sys.executable, "-c", code, kiln._C.__file__, str(n), str(threads), str(repeat)],
+                               env=env, capture_output=True, text=True, timeout=300)
+            core, rate = json.loads(r.stdout.strip().splitlines()[-1])
+            if r.returncode == 0 and rate > 0:
+                result = (f"OpenBLAS {core}", float(rate))
+        except (OSError, ValueError, IndexError, TypeError, subprocess.SubprocessError):
+            result = None
+    _other_core[(n, threads)] = result
+    return result
+
+
+def peak_candidates(n=2048, repeat=5):
+    """{label: best GFLOP/s of `repeat` calls on n x n x n float32 on kiln's thread count}: OpenBLAS
+    as loaded ("OpenBLAS <core>"), OpenBLAS with its other core type (measured once per process), and
+    oneDNN. A library that cannot be measured is left out."""
+    threads = kiln.get_num_threads()
+    out = {}
+    openblas = peak_gflops(n, repeat)
+    if openblas:
+        out[f"OpenBLAS {kiln._C.build_info()['blas_core']}"] = openblas
+    other = _other_core_peak(n, repeat, threads)
+    if other:
+        out[other[0]] = other[1]
+    out["oneDNN"] = kiln._C.gemm_rate("onednn", n, n, n, threads, repeat, 0.0)
+    return out
+
+
+def best_peak(n=2048, repeat=5):
+    """(GFLOP/s, label, every candidate): the best sgemm available on this machine (peak_candidates)."""
+    cands = peak_candidates(n, repeat)
+    label = max(cands, key=cands.get)
+    return cands[label], label, cands

@@ -93,7 +93,7 @@ class Size:
     attn_seq: int
     attn_runs: int
     note: str
-    sgemm_n: int = 2048  # the peak GFLOP/s: OpenBLAS sgemm of sgemm_n x sgemm_n matrices
+    sgemm_n: int = 2048  # the peak GFLOP/s: the best sgemm (sgemm.best_peak) of sgemm_n x sgemm_n matrices
 
 
 SIZES = {
