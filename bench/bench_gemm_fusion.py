@@ -12,6 +12,7 @@ reference: there a gradient rule that needs an intermediate (gelu's input) keeps
 chain, so less is fused.
 """
 import argparse
+import sys
 
 import numpy as np
 
@@ -111,7 +112,8 @@ def main():
         row(f"fwd+bwd {name} O1/O0", t1 * 1e3, "ms", "O0 (unfused)", t0 * 1e3, t1 / t0, 1.0)
         row(f"fwd+bwd {name} O1/bare", t1 * 1e3, "ms", "bare product fwd+bwd", tb * 1e3, t1 / tb, 1.1)
     print("all forward targets met" if ok else "some forward targets MISSED")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
