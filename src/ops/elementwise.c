@@ -8,6 +8,7 @@
 #include <tgmath.h>
 
 #include "../core/internal.h"
+#include "elementwise_loops.h"
 #include "isa_dispatch.h"
 /* last: float32 exp, erf, tanh and log of the C expressions become generated C's vectorizable
  * ones (float64 stays on libm, and is the reference the tests hold float32 to) */
@@ -449,6 +450,29 @@ KILN_ISA_FAMILY(elementwise_f32)
     EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, ENUM))
 #include "ops.def"
 #undef KILN_OP
+
+/* ---- the loops for other kernels (elementwise_loops.h) -------------------------------------- */
+
+#define EW_F64_ENTRY_SAME(name, ENUM) [KILN_OP_##ENUM] = ew_##name##_f64,
+#define EW_F64_ENTRY_BOOL(name, ENUM)
+#define EW_F64_ENTRY(OUTKIND, name, nin_, ENUM) EW_F64_ENTRY_##OUTKIND(name, ENUM)
+#define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
+    EW_IF_##fusion(EW_GEN_##infer(EW_F64_ENTRY, kernel, nin, ENUM))
+/* float64 loops of the ops whose result has the operands' dtype */
+static const kiln_inner_fn ew_f64_same[KILN_OP_COUNT] = {
+#include "ops.def"
+};
+#undef KILN_OP
+
+static const ew_ctx ew_no_attrs;
+const void *const kiln_elementwise_no_attrs = &ew_no_attrs;
+
+kiln_inner_fn kiln_elementwise_loop(kiln_op op, kiln_dtype dtype) {
+    if ((unsigned)op >= KILN_OP_COUNT || !ew_f64_same[op]) return NULL;
+    if (dtype == KILN_DTYPE_FLOAT64) return ew_f64_same[op];
+    if (dtype == KILN_DTYPE_FLOAT32) return ((const ew_kernels *)elementwise_f32_chosen)->f32[op];
+    return NULL;
+}
 
 KILN_KERNEL(cast) {
     (void)nin, (void)a;

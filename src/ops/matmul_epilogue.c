@@ -1,8 +1,12 @@
 /* matmul_epilogue: a matmul or linear whose product goes through a chain of elementwise steps
  * (bias and residual adds, scaling, activations) applied in place on each block of the output
- * right after the GEMM computed it, while the block is in cache. Each step runs the op's own
- * kernel on views of the block, so results equal the unfused ops' exactly. The
- * fuse_matmul_epilogue pass makes these nodes; the op has an eager kernel too.
+ * right after the GEMM computed it, while the block is in cache. The steps run on each row of a
+ * block in chunks of a few hundred elements: every step in turn on a chunk while it is in L1, so
+ * the product is read and written once. Each step is the op's own inner loop (the eager
+ * kernel's, elementwise_loops.h), so results equal the unfused ops' bit for bit. The reference
+ * path (kiln_matmul_epilogue_set_reference, for tests) runs each step's whole kernel on views of
+ * the block instead. The fuse_matmul_epilogue pass makes these nodes; the op has an eager kernel
+ * too.
  *
  * Attributes (see ops.def): i[0] base (0 matmul, 1 linear), i[1] base inputs (2, or 3 for a
  * linear with bias), i[2] steps; step s: i[3+3s] step code (epilogue_ops below), i[4+3s] node
@@ -10,6 +14,7 @@
  * of the running product in the step (0 or 1). */
 #include <omp.h>
 
+#include "elementwise_loops.h"
 #include "matmul.h"
 #include "matmul_epilogue.h"
 
@@ -98,8 +103,15 @@ typedef struct {
     kiln_tensor *out;
     int64_t N, M;                                /* output viewed as (rows / M, M, N) */
     int64_t bstrides[KILN_MATMUL_EPILOGUE_MAX_STEPS][KILN_MAX_DIMS]; /* operands broadcast to out */
+    kiln_inner_fn loop[KILN_MATMUL_EPILOGUE_MAX_STEPS];              /* each step's inner loop */
+    int64_t isz;                                                      /* the product's item size */
+    bool fast;                                   /* apply_fast, else the reference path */
     int failed;                                  /* a step failed (atomic flag) */
 } epi_ctx;
+
+static bool use_reference;
+
+void kiln_matmul_epilogue_set_reference(bool on) { use_reference = on; }
 
 /* Element offset in an operand with broadcast strides bs of the output's element `flat`. */
 static int64_t operand_offset(const kiln_meta *m, const int64_t *bs, int64_t flat) {
@@ -141,13 +153,57 @@ static kiln_status run_segment(epi_ctx *c, int64_t row0, int64_t rows, int64_t c
     return s;
 }
 
+/* Elements of a row the steps run on at a time: with an operand's chunk beside it, a few KiB of L1. */
+enum { EPI_CHUNK = 256 };
+
+/* The fast path on rows [row0, row0 + rows) x columns [col0, col0 + cols) of one (M, N) matrix of
+ * the output: each row in chunks, every step on a chunk before the next chunk. The output is
+ * contiguous (the GEMM wrote it with row stride N); within the matrix an operand's offset is
+ * affine in the row and the column (its broadcast strides; 0 along a broadcast dimension). */
+static void fast_segment(epi_ctx *c, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+    const kiln_meta *m = &c->out->meta;
+    const epi_desc *d = c->d;
+    int64_t isz = c->isz, flat = row0 * c->N + col0;
+    if (c->N == 1) cols = rows, rows = 1; /* one column (b a vector): its elements are contiguous */
+    char *xrow[KILN_MATMUL_EPILOGUE_MAX_STEPS];
+    int64_t xcol[KILN_MATMUL_EPILOGUE_MAX_STEPS], xnext[KILN_MATMUL_EPILOGUE_MAX_STEPS]; /* bytes */
+    for (int k = 0; k < d->nsteps; k++) {
+        if (d->step[k].operand < 0) continue;
+        const int64_t *bs = c->bstrides[k];
+        int64_t o0 = operand_offset(m, bs, flat);
+        xrow[k] = (char *)c->in[d->step[k].operand]->data + o0 * isz;
+        xnext[k] = rows > 1 ? (operand_offset(m, bs, flat + c->N) - o0) * isz : 0;
+        xcol[k] = cols > 1 ? (operand_offset(m, bs, flat + 1) - o0) * isz : 0;
+    }
+    char *orow = (char *)c->out->data + flat * isz;
+    for (int64_t r = 0; r < rows; r++, orow += c->N * isz) {
+        for (int64_t j = 0; j < cols; j += EPI_CHUNK) {
+            int64_t n = cols - j < EPI_CHUNK ? cols - j : EPI_CHUNK;
+            char *o = orow + j * isz;
+            for (int k = 0; k < d->nsteps; k++) {
+                char *p[3] = {o, o, NULL};
+                int64_t st[3] = {isz, isz, isz};
+                if (d->step[k].operand >= 0) {
+                    int x = 2 - d->step[k].product; /* the operand's slot: 1 or 2 */
+                    p[x] = xrow[k] + r * xnext[k] + j * xcol[k];
+                    p[3 - x] = o;
+                    st[x] = xcol[k];
+                }
+                c->loop[k]((void *)kiln_elementwise_no_attrs, n, p, st);
+            }
+        }
+    }
+}
+
 static void apply_block(void *vctx, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
     epi_ctx *c = vctx;
     /* one segment per (M, N) matrix the rows cross */
     for (int64_t r = row0, end = row0 + rows; r < end;) {
         int64_t stop = (r / c->M + 1) * c->M;
         if (stop > end) stop = end;
-        if (run_segment(c, r, stop - r, col0, cols) != KILN_OK) {
+        if (c->fast) {
+            fast_segment(c, r, stop - r, col0, cols);
+        } else if (run_segment(c, r, stop - r, col0, cols) != KILN_OK) {
 #pragma omp atomic write
             c->failed = 1;
             return;
@@ -161,15 +217,20 @@ KILN_KERNEL(matmul_epilogue) {
     KILN_TRY(decode(a, nin, &d));
     kiln_tensor *o = out[0];
     const kiln_meta *m = &o->meta;
-    epi_ctx c = {.d = &d, .in = in, .out = o};
+    epi_ctx c = {.d = &d, .in = in, .out = o, .fast = !use_reference};
     /* N: the product's columns (1 when b is a vector); M: rows of the output along which
      * every operand's offset is affine (its last dimension over the rows) */
     bool b_vec = d.base == 0 && in[1]->meta.ndim == 1;
     c.N = b_vec || m->ndim == 0 ? 1 : m->shape[m->ndim - 1];
     int row_dim = m->ndim - (b_vec ? 1 : 2);
     c.M = row_dim >= 0 && m->shape[row_dim] > 0 ? m->shape[row_dim] : 1;
-    for (int k = 0; k < d.nsteps; k++)
+    c.isz = (int64_t)kiln_dtype_size(m->dtype);
+    for (int k = 0; k < d.nsteps; k++) {
         if (d.step[k].operand >= 0) kiln_broadcast_strides(in[d.step[k].operand], m->ndim, m->shape, c.bstrides[k]);
+        c.loop[k] = kiln_elementwise_loop(d.step[k].op, m->dtype);
+        /* an operand of another dtype (promoted by the op's kernel) takes the reference path */
+        if (!c.loop[k] || (d.step[k].operand >= 0 && in[d.step[k].operand]->meta.dtype != m->dtype)) c.fast = false;
+    }
     kiln_mm_epilogue epi = {apply_block, &c};
     kiln_status s = d.base ? kiln_linear_into(in[0], in[1], d.nbase == 3 ? in[2] : NULL, o, &epi)
                            : kiln_matmul_into(in[0], in[1], o, &epi);

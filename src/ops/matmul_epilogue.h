@@ -9,4 +9,8 @@
 /* The step code of an elementwise op an epilogue can apply, or -1. */
 int kiln_matmul_epilogue_code(kiln_op op);
 
+/* For tests: on, the kernel runs each step's whole kernel on views of every block (the plain
+ * reference path) instead of its inner loop on chunks of rows. Not while kernels run. */
+void kiln_matmul_epilogue_set_reference(bool on);
+
 #endif
