@@ -310,6 +310,11 @@ class DynamicLossScaleUpdateCell(Cell):
         return self.loss_scale_value
 
     def construct(self, loss_scale, overflow):
+        if not isinstance(loss_scale, _C.TensorBase):
+            raise TypeError(f"DynamicLossScaleUpdateCell: loss_scale must be a float32 tensor (updated in place), got "
+                            f"{type(loss_scale).__name__}")
+        if not isinstance(overflow, _C.TensorBase):
+            overflow = Tensor(np.array(bool(overflow)))
         scale = loss_scale.astype(_C.float32).reshape(())
         overflow = overflow.astype(_C.bool).reshape(())
         grown = scale * float(self.scale_factor)

@@ -98,3 +98,12 @@ def test_jitted_step_equals_eager_through_an_overflow(mode, level, backend, opt_
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{where}: {name}")
     assert step_j.loss_scaling_manager.get_loss_scale() == step_e.loss_scaling_manager.get_loss_scale()
     assert step_j.loss_scaling_manager.cur_iter == step_e.loss_scaling_manager.cur_iter
+
+
+def test_update_cell_takes_a_python_bool_and_refuses_a_number_scale():
+    cell = amp.DynamicLossScaleUpdateCell(8.0, 2, 2)
+    scale = kiln.tensor(np.array(8.0, np.float32))
+    assert bool(cell(scale, True)) and float(scale) == 4.0 and cell.get_loss_scale() == 4.0
+    assert not bool(cell(scale, False)) and cell.cur_iter == 1
+    with pytest.raises(TypeError, match="loss_scale must be a float32 tensor"):
+        cell(8.0, False)
