@@ -27,7 +27,7 @@ import numpy as np
 from . import _C
 from . import ops
 from ._tensor import Tensor
-from .autograd import value_and_grad
+from .autograd import no_grad, value_and_grad
 from .nn.cell import Cell, WithLossCell
 from .nn.layers import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm
 from .nn.layers_extra import GroupNorm
@@ -286,23 +286,47 @@ class DynamicLossScaleManager(LossScaleManager):
 
 class DynamicLossScaleUpdateCell(Cell):
     """MindSpore's nn.DynamicLossScaleUpdateCell: cell(loss_scale, overflow) updates loss_scale (a
-    float32 tensor, in place) by the dynamic rule and returns overflow."""
+    float32 tensor, in place) by the dynamic rule and returns overflow. The rule runs as tensor ops
+    on the tensors (the good-step count is a tensor the cell keeps), so a step compiled by kiln.jit
+    updates the scale as eager does."""
 
     def __init__(self, loss_scale_value, scale_factor, scale_window):
         super().__init__()
         _check_scale(loss_scale_value, scale_factor, scale_window, "DynamicLossScaleUpdateCell")
-        self.loss_scale_value = float(loss_scale_value)
         self.scale_factor = scale_factor
         self.scale_window = scale_window
-        self.cur_iter = 0
+        self._counter = Tensor(np.array(0, np.int64))  # good steps in a row
+        self._last_scale = Tensor(np.array(loss_scale_value, np.float32))  # what get_loss_scale reads
+
+    @property
+    def cur_iter(self):
+        return int(self._counter.item())
+
+    @property
+    def loss_scale_value(self):
+        return float(self._last_scale.item())
 
     def get_loss_scale(self):
         return self.loss_scale_value
 
     def construct(self, loss_scale, overflow):
-        self.loss_scale_value, self.cur_iter = _next_scale(float(loss_scale), self.cur_iter, not bool(overflow),
-                                                           self.scale_factor, self.scale_window)
-        loss_scale[...] = self.loss_scale_value
+        if not isinstance(loss_scale, _C.TensorBase):
+            raise TypeError(f"DynamicLossScaleUpdateCell: loss_scale must be a float32 tensor (updated in place), got "
+                            f"{type(loss_scale).__name__}")
+        if not isinstance(overflow, _C.TensorBase):
+            overflow = Tensor(np.array(bool(overflow)))
+        scale = loss_scale.astype(_C.float32).reshape(())
+        overflow = overflow.astype(_C.bool).reshape(())
+        grown = scale * float(self.scale_factor)
+        grow = ops.logical_and(ops.logical_not(overflow), self._counter + 1 >= self.scale_window)
+        kept = ops.where(ops.logical_and(grow, grown <= _FLOAT32_MAX), grown, scale)
+        shrunk = ops.maximum(scale / float(self.scale_factor), ops.ones_like(scale))
+        new_scale = ops.where(overflow, shrunk, kept)
+        new_count = ops.where(ops.logical_or(overflow, grow), ops.zeros_like(self._counter), self._counter + 1)
+        with no_grad():
+            loss_scale[...] = new_scale.astype(loss_scale.dtype)
+            self._counter[...] = new_count
+            self._last_scale[...] = new_scale
         return overflow
 
 
@@ -352,16 +376,37 @@ class TrainOneStepWithLossScaleCell(Cell):
     def set_sense_scale(self, sens):
         self.scale_sense = Tensor(np.array(sens, np.float32)) if not isinstance(sens, _C.TensorBase) else sens
 
+    def _optimizer_state(self):
+        """Every tensor the optimizer writes in a step: the parameters, its moments (ParameterTuples),
+        its step counts."""
+        seen, out = set(), []
+        for t in tuple(self.weights) + tuple(t for _, t in self.optimizer.state_for_checkpoint()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
     def construct(self, *inputs):
-        scale = Tensor(np.array(float(self.scale_sense), np.float32))
+        scale = self.scale_sense.astype(_C.float32).reshape(()) * 1  # the scale this step uses (a copy)
         (_, loss), grads = self._grad_fn(*inputs)
-        inv = 1.0 / float(scale)
-        grads = tuple(None if g is None else g * inv for g in grads)
+        inv = 1.0 / scale
+        grads = tuple(None if g is None else g * inv.astype(g.dtype) for g in grads)
         overflow = ops.logical_not(all_finite(grads))
         if self.loss_scaling_manager is not None:
             overflow = self.loss_scaling_manager(self.scale_sense, overflow)
-        if not bool(overflow):
+        if not _C.is_tracing():
+            if not bool(overflow):
+                self.optimizer(grads)
+            return loss, overflow, scale
+        # compiled (kiln.jit, kiln.trace): the skip is a select in the graph -- the step's writes
+        # are kept or the state before it restored, by the overflow tensor
+        state = self._optimizer_state()
+        with no_grad():
+            # copies by an arithmetic op: clone() of a parameter is captured as a constant today
+            before = [t * 1 for t in state]
             self.optimizer(grads)
+            for t, b in zip(state, before):
+                t[...] = ops.where(overflow, b, t)
         return loss, overflow, scale
 
 

@@ -60,16 +60,17 @@ LOW_PRECISION_ISAS = ("avx512_core_bf16", "avx512_core_amx")
 
 
 def amp_kernel_path(dnnl_isa=None):
-    """How bfloat16/float16 products (kiln.amp) run here: ("fp32", why) — operands converted to
-    float32, float32 GEMM and convolutions, results rounded — the path kiln has on every CPU today
+    """How bfloat16/float16 products (kiln.amp) run here: ("fp32", why) — the fp32-compute
+    fallback: operands converted to float32, float32 GEMM and convolutions, results rounded once —
+    the path kiln has on every CPU today
     (oneDNN's instruction set, which KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap, says whether
     bf16 arithmetic would be there)."""
     isa = dnnl_isa or _C.build_info()["dnnl_isa"]
     if isa in LOW_PRECISION_ISAS:
-        return "fp32", (f"oneDNN's instruction set {isa} has bf16 arithmetic, but kiln's products do not use "
-                        "oneDNN's bf16 primitives yet: operands are converted to float32")
-    return "fp32", (f"oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands are converted to "
-                    "float32 and run the float32 kernels")
+        return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has bf16 arithmetic, but kiln's "
+                        "products do not use oneDNN's bf16 primitives yet: operands are converted to float32")
+    return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands "
+                    "are converted to float32 and run the float32 kernels")
 
 
 def plural(n, one, many):

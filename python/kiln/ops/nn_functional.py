@@ -14,10 +14,11 @@ def matmul(input, other):
     return apply(OP.matmul, (as_tensor(input), as_tensor(other)))
 
 
-def _fold_heads(q, k, v):
-    """Whether q, k, v are what the op takes: one dtype, shapes (..., Hq, Lq, D), (..., Hk, Lk, D),
-    (..., Hk, Lk, Dv) (anything else goes to the op, which says what is wrong)."""
-    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim and q.dtype == k.dtype == v.dtype):
+def _fold_heads(q, k, v, same_dtype=True):
+    """Whether q, k, v are what the op takes: one dtype (unless not same_dtype), shapes (..., Hq,
+    Lq, D), (..., Hk, Lk, D), (..., Hk, Lk, Dv) (anything else goes to the op, which says what is
+    wrong)."""
+    if not (q.ndim >= 3 and k.ndim == q.ndim and v.ndim == q.ndim and (q.dtype == k.dtype == v.dtype or not same_dtype)):
         return False
     qs, ks, vs = q.shape, k.shape, v.shape
     return (qs[:-3] == ks[:-3] == vs[:-3] and ks[-3] == vs[-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
@@ -62,7 +63,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
     check_mask(attn_mask, is_causal)
-    if not _fold_heads(q, k, v):
+    # under amp the op casts float operands of mixed dtypes to one, so only their shapes are checked
+    # (a validating call there would not raise: it would compute an attention thrown away)
+    if not _fold_heads(q, k, v, same_dtype=_C.amp_state() is None):
         apply(OP.attention, (q, k, v), (), (float(scale),))  # raises: names what is wrong
     records = _C.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, attn_mask) if t is not None)
     mask_grad = records and attn_mask is not None and attn_mask.requires_grad
