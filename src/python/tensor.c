@@ -86,8 +86,17 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (dtype_obj == Py_None) dtype = src->meta.dtype;
     /* always an owned copy: the new tensor never aliases the caller's memory */
     kiln_tensor *t = NULL;
-    kiln_status s = kiln_tensor_empty(dtype, src->meta.ndim, src->meta.shape, &t);
-    if (s == KILN_OK) s = kiln_copy_into(t, src);
+    kiln_status s;
+    if (pykiln_is_tensor(data) && kiln_tracer_active()) {
+        /* Tensor(x) inside a capture: the copy is an op the trace records (a copy made here would be
+         * a constant, this call's values at every later call); detached, as eagerly */
+        bool was = kiln_set_grad_enabled(false);
+        s = kiln_apply(KILN_OP_CONTIGUOUS, 1, &src, NULL, &t);
+        kiln_set_grad_enabled(was);
+    } else {
+        s = kiln_tensor_empty(dtype, src->meta.ndim, src->meta.shape, &t);
+        if (s == KILN_OK) s = kiln_copy_into(t, src);
+    }
     if (s == KILN_OK) t->amp_exact = src->amp_exact; /* an integer-valued number: amp keeps it */
     kiln_tensor_release(src);
     if (s != KILN_OK) {
