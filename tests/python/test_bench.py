@@ -57,11 +57,13 @@ def test_exit_status_and_table(smallest_run):
     for header in ("enable jit", "jit level", "capture mode", "backend", "fullgraph", "prepare", "time for runs",
                    "per run", "GFLOP/s", "of peak"):
         assert header in proc.stdout
-    # the peak is the best sgemm here, and the line says which (OpenBLAS <core type> or oneDNN)
+    # the peak is the best sgemm here, and the line says which (OpenBLAS <core type> or oneDNN); the
+    # record's source follows the best of the later measurements, which another provider may win
     peak = record["sgemm_peak"]
-    assert f"peak: the best sgemm here, {peak['source']}, 512x512x512" in proc.stdout
+    first = max(peak["candidates"], key=peak["candidates"].get)
+    assert f"peak: the best sgemm here, {first}, 512x512x512" in proc.stdout
     assert peak["source"] in peak["candidates"] and "oneDNN" in peak["candidates"]
-    assert peak["candidates"][peak["source"]] == max(peak["candidates"].values()) == peak["measured"][0]
+    assert peak["candidates"][first] == peak["measured"][0]
     measured = record["sgemm_peak"]["measured"]
     assert len(measured) == len(WORKLOADS) and record["sgemm_peak"]["gflops_per_s"] == max(measured)
     assert "\r" not in proc.stderr  # the progress line is for terminals only
