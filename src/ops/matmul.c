@@ -52,6 +52,11 @@ static bool mm_tiny(int64_t M, int64_t N, int64_t K) {
     return M * N * K <= MM_TINY || M > INT_MAX || N > INT_MAX || K > INT_MAX;
 }
 
+bool kiln_matmul_rows_same_sums(int64_t m1, int64_t m2, int64_t n, int64_t k) {
+    if (k <= 1) return true; /* outer products (mm_outer), empty sums */
+    return mm_tiny(m1, n, k) == mm_tiny(m2, n, k);
+}
+
 /* C (M x N, row stride ldc) = A @ B, or += when `acc`. Any strides; for tiny products. */
 #define MM_NAIVE_FLOAT(NAME, T)                                                              \
     static void NAME(int64_t M, int64_t N, int64_t K, const T *A, mm_mat a, const T *B,      \

@@ -19,6 +19,11 @@ kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *b, kiln_tensor *out, c
 kiln_status kiln_linear_into(kiln_tensor *x, kiln_tensor *w, kiln_tensor *bias, kiln_tensor *out,
                              const kiln_mm_epilogue *epi);
 
+/* Whether a float product of m1 rows and one of m2 rows (each n columns, k deep) sum every element
+ * with the same kernel, so that the rows of the one are bitwise the rows of the other (the
+ * hoist_loop_projections pass: one GEMM over every step's rows for one per step). */
+bool kiln_matmul_rows_same_sums(int64_t m1, int64_t m2, int64_t n, int64_t k);
+
 /* OpenBLAS single-threaded, as kiln's kernels call it (each spreads its GEMMs over its own OpenMP
  * threads). Call on the caller's thread, outside parallel regions, before calling cblas_*gemm in
  * a kernel's own parallel region. */

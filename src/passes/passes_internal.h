@@ -34,6 +34,7 @@ static inline kiln_status kiln_keep_recompute_mark(kiln_status s, kiln_graph *ds
     kiln_status kiln_pass_##name(const kiln_graph *in, const kiln_pass_options *opt, kiln_graph **out)
 
 KILN_PASS(dce);
+KILN_PASS(hoist_loop_projections);
 KILN_PASS(cse);
 KILN_PASS(constant_fold);
 KILN_PASS(simplify);

@@ -11,6 +11,7 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
  * of its own, which missed the conv and matmul epilogue fusions and the channels-last rewrite O1
  * gained later and so ran slower than O1: issue 17) */
 #define O1_REWRITES                                                                        \
+    {"hoist_loop_projections", kiln_pass_hoist_loop_projections}, /* first: see below */   \
     {"dce", kiln_pass_dce},                                                                \
     {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */            \
     {"cse", kiln_pass_cse},                                                                \
@@ -109,10 +110,13 @@ static kiln_status optimize_bodies(kiln_graph *g, const kiln_pass_options *opt) 
 }
 
 kiln_status kiln_optimize(kiln_graph **g, const kiln_pass_options *opt) {
-    KILN_TRY(optimize_bodies(*g, opt));
-    int n;
+    int n, first = 0;
     const kiln_pass *passes = kiln_pipeline(opt->level, &n);
-    for (int k = 0; k < n; k++) KILN_TRY(run(&passes[k], g, opt));
+    /* loop-invariant products leave loop bodies before the bodies' own passes fuse them into
+     * matmul epilogues */
+    if (n > 0 && passes[0].run == kiln_pass_hoist_loop_projections) KILN_TRY(run(&passes[first++], g, opt));
+    KILN_TRY(optimize_bodies(*g, opt));
+    for (int k = first; k < n; k++) KILN_TRY(run(&passes[k], g, opt));
     return KILN_OK;
 }
 
