@@ -316,8 +316,9 @@ def test_basic_block_training_step_at_o1():
     _run(fn, (x,))
     with profiler.profile(record_shapes=False, profile_memory=False) as prof:
         v, grads = _run(fn, (x,))
-    names = {e["name"] for e in prof.events() if e["kind"] == "kernel"}
-    assert "batch_norm_relu_backward" in names, names
+    names = [e["name"] for e in prof.events() if e["kind"] == "kernel"]
+    assert names.count("batch_norm_relu_backward") == 2, names  # both BatchNorm+ReLU backwards fused
+    assert "relu_backward" not in names and "batch_norm_backward" not in names, names
     algos, text = _algorithms(jf)
     assert len(algos) == 5 and all(a == expected_algorithm(op) for op, _, a in algos), text
     np.testing.assert_allclose(v, v_eager, rtol=1e-4, atol=1e-3)
