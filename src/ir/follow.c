@@ -12,8 +12,8 @@ bool kiln_follow_span(const kiln_node *n, int *first, int *count) {
         return *count >= 0 && *count <= KILN_MAX_DIMS && KILN_A_FULL_SHAPE + *count <= n->attrs.ni;
     case KILN_OP_CONV2D_BACKWARD_INPUT:
     case KILN_OP_CONV2D_BACKWARD_WEIGHT:
-        *first = KILN_A_CONV_SHAPE, *count = KILN_A_CONV_NI - KILN_A_CONV_SHAPE;
-        return n->attrs.ni == KILN_A_CONV_NI;
+        *first = KILN_A_CONV_SHAPE, *count = KILN_A_CONV_WINOGRAD - KILN_A_CONV_SHAPE; /* Winograd flag optional */
+        return n->attrs.ni == KILN_A_CONV_WINOGRAD || n->attrs.ni == KILN_A_CONV_NI;
     case KILN_OP_AVG_POOL2D_BACKWARD:
         *first = KILN_A_POOL_SHAPE, *count = KILN_A_POOL_NI - KILN_A_POOL_SHAPE;
         return n->attrs.ni == KILN_A_POOL_NI;

@@ -1,6 +1,7 @@
 /* conv2d (NCHW), its two backward ops, and conv2d_fused (a convolution with an epilogue, in
  * NCHW or NHWC, made by the graph passes). float32 runs through oneDNN (conv_dnnl.c), or
- * kiln's Winograd (conv_winograd.c) for the 3x3 convolutions of inference graphs it is chosen for;
+ * kiln's Winograd (conv_winograd.c) for the 3x3 convolutions it is chosen for (inference graphs;
+ * training graphs, forward and both backward ops, where the O1 pass conv_algorithm chose it);
  * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM
  * followed by the epilogue's own kernels; float16/bfloat16 compute in float32. */
 #include <cblas.h>
@@ -353,10 +354,14 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
         bool empty = x[0]->numel == 0 || x[1]->numel == 0 || res->numel == 0;
         s = KILN_ERR_RUNTIME;
         /* kiln's Winograd applies the whole epilogue itself; it declines NaN and infinities */
-        bool winograd = ct == KILN_DTYPE_FLOAT32 && !empty && kind == KILN_CONV_FORWARD && kiln_conv_winograd_chosen(p, ep);
-        if (winograd)
+        bool winograd = ct == KILN_DTYPE_FLOAT32 && !empty && kiln_conv_winograd_chosen_for(kind, p, ep);
+        if (winograd && kind == KILN_CONV_FORWARD)
             s = kiln_conv_winograd_run(p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                        x[3] ? x[3]->data : NULL, res->data, &winograd);
+        else if (winograd && kind == KILN_CONV_BACKWARD_INPUT)
+            s = kiln_conv_winograd_backward_input(p, x[0]->data, x[1]->data, res->data, &winograd);
+        else if (winograd)
+            s = kiln_conv_winograd_backward_weight(p, x[0]->data, x[1]->data, res->data, &winograd);
         if (!winograd && ct == KILN_DTYPE_FLOAT32 && !empty)
             s = kiln_conv_dnnl_run(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
                                    x[3] ? x[3]->data : NULL, res->data);
@@ -398,16 +403,30 @@ KILN_KERNEL(conv2d_fused) {
                           ep.residual ? in[nin - 1] : NULL, out[0]);
 }
 
+/* A backward op's algorithm as an epilogue: Winograd allowed where its optional attribute
+ * (set by the O1 pass conv_algorithm) says so, else direct. */
+static kiln_status conv_backward_epilogue(const char *op, const kiln_attrs *a, kiln_conv_epilogue *ep) {
+    int64_t w = kiln_attr_int(a, KILN_A_CONV_WINOGRAD, 0);
+    if (w != 0 && w != 1)
+        return kiln_error(KILN_ERR_VALUE, "%s: the Winograd attribute must be 0 or 1, got %lld", op, (long long)w);
+    *ep = (kiln_conv_epilogue){.layout = KILN_CONV_NCHW, .winograd = w, .activation = KILN_CONV_ACT_NONE};
+    return KILN_OK;
+}
+
 KILN_KERNEL(conv2d_backward_input) {
     kiln_conv_params p;
-    KILN_TRY(conv_params("conv2d_backward_input", a, a->i + 9, in[1]->meta.shape, &p));
-    return conv_run(KILN_CONV_BACKWARD_INPUT, &p, in[0], in[1], NULL, out[0]);
+    kiln_conv_epilogue ep;
+    KILN_TRY(conv_params("conv2d_backward_input", a, a->i + KILN_A_CONV_SHAPE, in[1]->meta.shape, &p));
+    KILN_TRY(conv_backward_epilogue("conv2d_backward_input", a, &ep));
+    return conv_run_fused(KILN_CONV_BACKWARD_INPUT, &p, &ep, NULL, in[0], in[1], NULL, NULL, out[0]);
 }
 
 KILN_KERNEL(conv2d_backward_weight) {
     kiln_conv_params p;
-    KILN_TRY(conv_params("conv2d_backward_weight", a, in[0]->meta.shape, a->i + 9, &p));
-    return conv_run(KILN_CONV_BACKWARD_WEIGHT, &p, in[0], in[1], NULL, out[0]);
+    kiln_conv_epilogue ep;
+    KILN_TRY(conv_params("conv2d_backward_weight", a, in[0]->meta.shape, a->i + KILN_A_CONV_SHAPE, &p));
+    KILN_TRY(conv_backward_epilogue("conv2d_backward_weight", a, &ep));
+    return conv_run_fused(KILN_CONV_BACKWARD_WEIGHT, &p, &ep, NULL, in[0], in[1], NULL, NULL, out[0]);
 }
 
 /* ---- gradient ----------------------------------------------------------------------------- */

@@ -215,16 +215,16 @@ static kiln_status conv_make_pd(conv_entry *e, int64_t layout, dnnl_primitive_at
     KILN_TRY(conv_mds(p, layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
-    dnnl_prop_kind_t prop = e->ep.winograd ? dnnl_forward_inference : dnnl_forward_training;
+    /* a backward primitive is hinted by a training forward of the same algorithm */
+    dnnl_prop_kind_t prop = e->ep.winograd && e->kind == KILN_CONV_FORWARD ? dnnl_forward_inference : dnnl_forward_training;
     DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&cd, prop, alg, &x, &w,
                                                         e->bias ? &b : NULL, &y, strides, dil, pl, pr));
     DNNL_TRY(dnnl_primitive_desc_create(fwd, &cd, e->kind == KILN_CONV_FORWARD ? attr : NULL, conv_engine, NULL));
     if (e->kind == KILN_CONV_FORWARD) return KILN_OK;
     if (e->kind == KILN_CONV_BACKWARD_INPUT)
-        DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &x, &w, &y, strides, dil, pl, pr));
+        DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(&cd, alg, &x, &w, &y, strides, dil, pl, pr));
     else
-        DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &x, &w, NULL, &y, strides,
-                                                                     dil, pl, pr));
+        DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(&cd, alg, &x, &w, NULL, &y, strides, dil, pl, pr));
     DNNL_TRY(dnnl_primitive_desc_create(pd, &cd, attr, conv_engine, *fwd));
     return KILN_OK;
 }
@@ -331,7 +331,8 @@ static kiln_status conv_create(conv_entry *e) {
     if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
         s = kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN rejected the scratchpad mode");
     if (s == KILN_OK) s = conv_post_ops(&e->ep, attr);
-    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations, AVX-512);
+    /* Winograd where allowed and oneDNN has it (3x3, stride 1, blocked activations, AVX-512;
+     * forward, backward-input and backward-weight alike);
      * for channels-last, the blocked-weights kernel in place of brgconv, whose weight format
      * (Acdb16a) oneDNN reorders into ~100x slower than OIhw16i16o, at every call (weights
      * blocked as the CPU's direct kernels read them: left to oneDNN where there are none) */
@@ -342,7 +343,8 @@ static kiln_status conv_create(conv_entry *e) {
         s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
         drop_ref(&fwd, &pd);
-        e->keep_weights = fwd != NULL;
+        /* operand 1 is the weights (forward, backward-input): their transform is kept */
+        e->keep_weights = fwd != NULL && e->kind != KILN_CONV_BACKWARD_WEIGHT;
     }
     dnnl_format_tag_t wtag = blocked_weights_tag(kiln_conv_block_size());
     if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {

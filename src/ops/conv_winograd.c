@@ -26,11 +26,13 @@
  * contiguous by the blocked and NHWC layouts), the 36 GEMMs by a register-blocked kernel over
  * the packed U, output transform with the epilogue applied as each tile is written. Inputs
  * or weights holding NaN, infinities or huge values are declined (wino_tame). */
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
 
 #include "conv_winograd.h"
+#include "conv_winograd_cost.h"
 #include "isa_dispatch.h"
 
 #define WINO_M 4                      /* output tile */
@@ -382,5 +384,227 @@ kiln_status kiln_conv_winograd_reference(const kiln_conv_params *p, const kiln_c
                             y[at] = v;
                         }
                 }
+    return KILN_OK;
+}
+
+/* ---- training: the backward ops ------------------------------------------------------------ */
+
+/* The backward-input problem of p as a forward one: gx = conv(gy, w') with w'[c][o] the
+ * filter w[o][c] turned by 180 degrees and padding 2 - p (a 3x3 stride-1 convolution's
+ * transpose). Fits when every padding is at most 2. */
+static bool wino_transposed(const kiln_conv_params *p, kiln_conv_params *q) {
+    if (p->pt > 2 || p->pb > 2 || p->pl > 2 || p->pr > 2) return false;
+    *q = (kiln_conv_params){.N = p->N, .C = p->O, .H = p->OH, .W = p->OW, .O = p->C, .KH = 3, .KW = 3,
+                            .OH = p->H, .OW = p->W, .sh = 1, .sw = 1, .pt = 2 - p->pt, .pb = 2 - p->pb,
+                            .pl = 2 - p->pl, .pr = 2 - p->pr, .dh = 1, .dw = 1, .groups = 1};
+    return true;
+}
+
+static const kiln_conv_epilogue wino_plain = {.layout = KILN_CONV_NCHW, .winograd = 1, .activation = KILN_CONV_ACT_NONE};
+
+bool kiln_conv_winograd_chosen_for(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep) {
+    if (!ep || !ep->winograd || !kiln_conv_winograd_fits(p, ep)) return false;
+    if (kind == KILN_CONV_FORWARD) return kiln_conv_winograd_chosen(p, ep);
+    if (ep->layout != KILN_CONV_NCHW) return false;
+    kiln_conv_params q;
+    if (kind == KILN_CONV_BACKWARD_INPUT) return wino_transposed(p, &q) && kiln_conv_winograd_chosen(&q, &wino_plain);
+    return kiln_conv_winograd_chosen(p, ep); /* the same GEMMs, by tiles of the output gradient */
+}
+
+/* Training graphs. Fitted on this rule's first machine (2-core Xeon, AVX-512, oneDNN 2.6, under
+ * a load of 7-12 from other work: ratios direct / Winograd of the best of 15 eager calls, 3x3
+ * padding 1, C = O channels, S x S images, batch 1; noisy, so only the clear wins count):
+ *  - AVX-512 (oneDNN's Winograd): forward 1.2-1.9 from 16 channels and 8x8 (C 256 at 8x8: 0.17,
+ *    the U-per-tile bound of kiln_conv_winograd_chosen excludes it); backward-input and
+ *    backward-weight lose at 16x16 and below whatever the channels (0.6-0.98) and win from
+ *    32x32 with 64 channels (C 64: 1.33, 1.58; C 128 at 32x32: 1.30, 1.36, at 64x64: 1.53,
+ *    1.93), and lose at C 256 14x14 (0.59, 0.90): backward from 64 channels and 1024 pixels.
+ *  - elsewhere (kiln's own, KILN_MAX_CPU_ISA=avx2 on that machine): forward as
+ *    kiln_conv_winograd_chosen; backward-input, the forward kernel on the transposed problem,
+ *    1.5-1.8 at C 64-128, 16x16-32x32, under 1 at C 256 14x14 (the U-per-tile bound again):
+ *    the same thresholds; backward-weight (scalar transforms, OpenBLAS GEMMs) measured 0.36-1.03
+ *    at every shape tried: never chosen. */
+#define WINO_GRAD_MIN_CHANNELS 64
+#define WINO_GRAD_MIN_PIXELS 1024
+
+bool kiln_conv_winograd_pays(kiln_conv_kind kind, const kiln_conv_params *p) {
+    kiln_conv_params q = *p;
+    if (!kiln_conv_winograd_fits(p, &wino_plain)) return false;
+    if (kind == KILN_CONV_BACKWARD_INPUT && !wino_transposed(p, &q)) return false;
+    bool onednn = kiln_conv_block_size() == 16;
+    if (!onednn && kind == KILN_CONV_BACKWARD_WEIGHT) return false;
+    int64_t tiles = q.N * ((q.OH + WINO_M - 1) / WINO_M) * ((q.OW + WINO_M - 1) / WINO_M);
+    double u_bytes = (double)sizeof(float) * WINO_XI * (double)q.C * (double)q.O;
+    int64_t channels = onednn && kind != KILN_CONV_FORWARD ? WINO_GRAD_MIN_CHANNELS : WINO_MIN_CHANNELS;
+    int64_t pixels = onednn && kind != KILN_CONV_FORWARD ? WINO_GRAD_MIN_PIXELS : WINO_MIN_PIXELS;
+    return q.C >= channels && q.O >= channels && q.N * q.OH * q.OW >= pixels &&
+           u_bytes <= (double)WINO_MAX_U_PER_TILE * (double)tiles;
+}
+
+/* w' of wino_transposed: (C, O, 3, 3) from w (O, C, 3, 3). */
+static float *wino_turned(const kiln_conv_params *p, const float *w) {
+    float *t = kiln_alloc(sizeof(float) * (size_t)(p->O * p->C * 9));
+    if (!t) return NULL;
+    for (int64_t o = 0; o < p->O; o++)
+        for (int64_t c = 0; c < p->C; c++)
+            for (int k = 0; k < 9; k++) t[(c * p->O + o) * 9 + 8 - k] = w[(o * p->C + c) * 9 + k];
+    return t;
+}
+
+kiln_status kiln_conv_winograd_backward_input(const kiln_conv_params *p, const float *gy, const float *w, float *gx,
+                                              bool *ran) {
+    kiln_conv_params q;
+    *ran = false;
+    if (!wino_transposed(p, &q)) return KILN_OK;
+    float *t = wino_turned(p, w);
+    if (!t) return kiln_error(KILN_ERR_MEMORY, "conv2d_backward_input: out of memory for the turned weights");
+    kiln_status s = kiln_conv_winograd_run(&q, &wino_plain, gy, t, NULL, NULL, gx, ran);
+    kiln_free(t);
+    return s;
+}
+
+kiln_status kiln_conv_winograd_backward_input_reference(const kiln_conv_params *p, const float *gy, const float *w,
+                                                        float *gx) {
+    kiln_conv_params q;
+    if (!wino_transposed(p, &q))
+        return kiln_error(KILN_ERR_VALUE, "conv2d_backward_input: Winograd needs paddings of at most 2");
+    float *t = wino_turned(p, w);
+    if (!t) return kiln_error(KILN_ERR_MEMORY, "conv2d_backward_input: out of memory for the turned weights");
+    kiln_status s = kiln_conv_winograd_reference(&q, &wino_plain, gy, t, NULL, NULL, gx);
+    kiln_free(t);
+    return s;
+}
+
+/* The weight gradient by the same algorithm, transposed: with y = A^T [(G g G^T) .* (B^T d B)] A
+ * per tile, <gy, y> = sum_xi (A gy A^T)[xi] (G g G^T)[xi] (B^T d B)[xi], so
+ *   gw = G^T [ sum over tiles (A gy_tile A^T) .* (B^T x_tile B) ] G,
+ * gy_tile the 4x4 output-gradient tile (zero past the output), x_tile the 6x6 input tile it
+ * reads. The sum over tiles is, per position xi, one GEMM: M[xi] (O x C) = Y[xi]^T (O x tiles)
+ * @ X[xi] (tiles x C), accumulated over blocks of WINO_GRAD_TILES tiles (OpenBLAS). */
+#define WINO_GRAD_TILES 512
+
+/* out[xi] = (B^T d B)[xi] of the input tile of channel plane x (H x W) at (ih0, iw0). */
+static void wino_grad_input_tile(const kiln_conv_params *p, const float *x, int64_t ih0, int64_t iw0, float *out,
+                                 int64_t stride) {
+    float d[WINO_A][WINO_A], t[WINO_A][WINO_A];
+    for (int i = 0; i < WINO_A; i++)
+        for (int j = 0; j < WINO_A; j++) {
+            int64_t ih = ih0 + i, iw = iw0 + j;
+            d[i][j] = ih >= 0 && ih < p->H && iw >= 0 && iw < p->W ? x[ih * p->W + iw] : 0;
+        }
+    for (int i = 0; i < WINO_A; i++)
+        for (int j = 0; j < WINO_A; j++) {
+            float s = 0;
+            for (int k = 0; k < WINO_A; k++) s += wino_BT[i][k] * d[k][j];
+            t[i][j] = s;
+        }
+    for (int i = 0; i < WINO_A; i++)
+        for (int j = 0; j < WINO_A; j++) {
+            float s = 0;
+            for (int k = 0; k < WINO_A; k++) s += t[i][k] * wino_BT[j][k];
+            out[(i * WINO_A + j) * stride] = s;
+        }
+}
+
+/* out[xi] = (A g A^T)[xi] of the output-gradient tile of plane gy (OH x OW) at (oh0, ow0). */
+static void wino_grad_output_tile(const kiln_conv_params *p, const float *gy, int64_t oh0, int64_t ow0, float *out,
+                                  int64_t stride) {
+    float g[WINO_M][WINO_M], t[WINO_A][WINO_M];
+    for (int i = 0; i < WINO_M; i++)
+        for (int j = 0; j < WINO_M; j++) {
+            int64_t oh = oh0 + i, ow = ow0 + j;
+            g[i][j] = oh < p->OH && ow < p->OW ? gy[oh * p->OW + ow] : 0;
+        }
+    for (int i = 0; i < WINO_A; i++)
+        for (int j = 0; j < WINO_M; j++) {
+            float s = 0;
+            for (int k = 0; k < WINO_M; k++) s += wino_AT[k][i] * g[k][j];
+            t[i][j] = s;
+        }
+    for (int i = 0; i < WINO_A; i++)
+        for (int j = 0; j < WINO_A; j++) {
+            float s = 0;
+            for (int k = 0; k < WINO_M; k++) s += t[i][k] * wino_AT[k][j];
+            out[(i * WINO_A + j) * stride] = s;
+        }
+}
+
+/* gw[o][c] = G^T m G, m[xi] at M[xi * stride]. */
+static void wino_grad_filter(const float *M, int64_t stride, float *gw) {
+    float t[3][WINO_A];
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < WINO_A; j++) {
+            float s = 0;
+            for (int i = 0; i < WINO_A; i++) s += wino_G[i][k] * M[(i * WINO_A + j) * stride];
+            t[k][j] = s;
+        }
+    for (int k = 0; k < 3; k++)
+        for (int l = 0; l < 3; l++) {
+            float s = 0;
+            for (int j = 0; j < WINO_A; j++) s += t[k][j] * wino_G[j][l];
+            gw[k * 3 + l] = s;
+        }
+}
+
+kiln_status kiln_conv_winograd_backward_weight(const kiln_conv_params *p, const float *x, const float *gy, float *gw,
+                                               bool *ran) {
+    KILN_ASSERT(kiln_conv_winograd_fits(p, &wino_plain));
+    *ran = false;
+    if (!wino_tame(x, p->N * p->C * p->H * p->W) || !wino_tame(gy, p->N * p->O * p->OH * p->OW)) return KILN_OK;
+    int64_t C = p->C, O = p->O, th = (p->OH + WINO_M - 1) / WINO_M, tw = (p->OW + WINO_M - 1) / WINO_M;
+    int64_t tiles = p->N * th * tw, nb = tiles < WINO_GRAD_TILES ? tiles : WINO_GRAD_TILES;
+    float *X = kiln_alloc(sizeof(float) * WINO_XI * (size_t)(nb * C));
+    float *Y = kiln_alloc(sizeof(float) * WINO_XI * (size_t)(nb * O));
+    float *M = kiln_alloc(sizeof(float) * WINO_XI * (size_t)(O * C));
+    if (!X || !Y || !M) {
+        kiln_free(X), kiln_free(Y), kiln_free(M);
+        return kiln_error(KILN_ERR_MEMORY, "conv2d_backward_weight: out of memory for the Winograd buffers");
+    }
+    if (openblas_get_num_threads() != omp_get_max_threads()) openblas_set_num_threads(omp_get_max_threads());
+    for (int64_t t0 = 0; t0 < tiles; t0 += nb) {
+        int64_t n_t = tiles - t0 < nb ? tiles - t0 : nb;
+        /* X[xi][t][c] and Y[xi][t][o] */
+#pragma omp parallel for schedule(static) if (n_t * (C + O) >= 64)
+        for (int64_t k = 0; k < n_t * (C + O); k++) {
+            int64_t t = k / (C + O), ch = k % (C + O), g = t0 + t, n = g / (th * tw);
+            int64_t oh0 = g / tw % th * WINO_M, ow0 = g % tw * WINO_M;
+            if (ch < C)
+                wino_grad_input_tile(p, x + (n * C + ch) * p->H * p->W, oh0 - p->pt, ow0 - p->pl, X + t * C + ch, nb * C);
+            else
+                wino_grad_output_tile(p, gy + (n * O + ch - C) * p->OH * p->OW, oh0, ow0, Y + t * O + ch - C, nb * O);
+        }
+        for (int xi = 0; xi < WINO_XI; xi++)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)C, (int)n_t, 1.0f, Y + xi * nb * O,
+                        (int)O, X + xi * nb * C, (int)C, t0 ? 1.0f : 0.0f, M + xi * O * C, (int)C);
+    }
+#pragma omp parallel for schedule(static) if (O * C >= 256)
+    for (int64_t k = 0; k < O * C; k++) wino_grad_filter(M + k, O * C, gw + k * 9);
+    kiln_free(X), kiln_free(Y), kiln_free(M);
+    *ran = true;
+    pthread_mutex_lock(&wino_lock);
+    wino_count++;
+    pthread_mutex_unlock(&wino_lock);
+    return KILN_OK;
+}
+
+/* The same in plain loops, one (output channel, input channel) pair and tile at a time. */
+kiln_status kiln_conv_winograd_backward_weight_reference(const kiln_conv_params *p, const float *x, const float *gy,
+                                                         float *gw) {
+    KILN_ASSERT(kiln_conv_winograd_fits(p, &wino_plain));
+    int64_t th = (p->OH + WINO_M - 1) / WINO_M, tw = (p->OW + WINO_M - 1) / WINO_M;
+    for (int64_t o = 0; o < p->O; o++)
+        for (int64_t c = 0; c < p->C; c++) {
+            float m[WINO_XI] = {0};
+            for (int64_t n = 0; n < p->N; n++)
+                for (int64_t ty = 0; ty < th; ty++)
+                    for (int64_t tx = 0; tx < tw; tx++) {
+                        float u[WINO_XI], v[WINO_XI];
+                        wino_grad_input_tile(p, x + (n * p->C + c) * p->H * p->W, ty * WINO_M - p->pt,
+                                             tx * WINO_M - p->pl, u, 1);
+                        wino_grad_output_tile(p, gy + (n * p->O + o) * p->OH * p->OW, ty * WINO_M, tx * WINO_M, v, 1);
+                        for (int xi = 0; xi < WINO_XI; xi++) m[xi] += u[xi] * v[xi];
+                    }
+            wino_grad_filter(m, 1, gw + (o * p->C + c) * 9);
+        }
     return KILN_OK;
 }

@@ -32,4 +32,28 @@ kiln_status kiln_conv_winograd_run(const kiln_conv_params *p, const kiln_conv_ep
 kiln_status kiln_conv_winograd_reference(const kiln_conv_params *p, const kiln_conv_epilogue *ep, const float *x,
                                          const float *w, const float *bias, const float *residual, float *y);
 
+/* ---- training graphs (the O1 pass conv_algorithm sets ep->winograd / the backward ops' flag) */
+
+/* Whether kiln's Winograd runs `kind` for p with Winograd allowed by ep (layout NCHW for the
+ * backward ops): as kiln_conv_winograd_chosen, on the transposed problem for backward-input
+ * (which needs paddings of at most 2). */
+bool kiln_conv_winograd_chosen_for(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep);
+
+/* gx (N, C, H, W) = conv2d_backward_input(gy, w) of p (3x3, stride 1, paddings at most 2) as
+ * the forward Winograd of gy by the turned, channel-swapped filter; NCHW, contiguous. *ran as
+ * for kiln_conv_winograd_run (false also when a padding exceeds 2). */
+kiln_status kiln_conv_winograd_backward_input(const kiln_conv_params *p, const float *gy, const float *w, float *gx,
+                                              bool *ran);
+kiln_status kiln_conv_winograd_backward_input_reference(const kiln_conv_params *p, const float *gy, const float *w,
+                                                        float *gx);
+
+/* gw (O, C, 3, 3) = conv2d_backward_weight(x, gy) of p: both operands' tiles transformed,
+ * multiplied per transformed position and summed over tiles (one GEMM per position),
+ * inverse-transformed to 3x3; NCHW, contiguous. *ran false (nothing written) when x or gy
+ * holds a NaN, an infinity or a huge value. The reference: the same in plain loops. */
+kiln_status kiln_conv_winograd_backward_weight(const kiln_conv_params *p, const float *x, const float *gy, float *gw,
+                                               bool *ran);
+kiln_status kiln_conv_winograd_backward_weight_reference(const kiln_conv_params *p, const float *x, const float *gy,
+                                                         float *gw);
+
 #endif

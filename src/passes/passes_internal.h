@@ -46,6 +46,7 @@ KILN_PASS(fold_batch_norm);
 KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);
 KILN_PASS(fuse_bn_relu_backward);
+KILN_PASS(conv_algorithm);
 KILN_PASS(fuse_attention);
 KILN_PASS(bucket_all_reduce);
 

@@ -24,6 +24,7 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
     {"channels_last", kiln_pass_channels_last}, /* off with disable_format_transform */    \
     {"fuse_matmul_epilogue", kiln_pass_fuse_matmul_epilogue},                              \
     {"fuse_bn_relu_backward", kiln_pass_fuse_bn_relu_backward}, /* training graphs */     \
+    {"conv_algorithm", kiln_pass_conv_algorithm}, /* Winograd in training graphs */        \
     {"bucket_all_reduce", kiln_pass_bucket_all_reduce} /* data-parallel gradients */
 
 static const kiln_pass o1_passes[] = {

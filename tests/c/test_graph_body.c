@@ -38,7 +38,7 @@ static int32_t find_node(const kiln_graph *g, kiln_op op) {
 static void test_layout_names(void) {
     /* the names ops.def's KILN_ATTRS lines give are the positions the kernels read */
     CHECK(KILN_A_REDUCE_AXES == 0 && KILN_A_REDUCE_KEEPDIMS == 1 && KILN_A_REDUCE_CORRECTION == 2);
-    CHECK(KILN_A_CONV_GROUPS == 8 && KILN_A_CONV_SHAPE == 9 && KILN_A_CONV_NI == 13);
+    CHECK(KILN_A_CONV_GROUPS == 8 && KILN_A_CONV_SHAPE == 9 && KILN_A_CONV_WINOGRAD == 13 && KILN_A_CONV_NI == 14);
     CHECK(KILN_A_CONV2D_FUSED_HAS_BIAS == 9 && KILN_A_CONV2D_FUSED_LAYOUT == 12 && KILN_A_CONV2D_FUSED_NI == 14);
     CHECK(KILN_A_CONV2D_FUSED_ACT_MIN == 0 && KILN_A_CONV2D_FUSED_ACT_MAX == 1 && KILN_A_CONV2D_FUSED_NF == 2);
     CHECK(KILN_A_POOL_CEIL_MODE == 10 && KILN_A_POOL_SHAPE == 12 && KILN_A_POOL_NI == 16);

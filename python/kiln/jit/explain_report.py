@@ -1,8 +1,9 @@
 """kiln.jit.explain: what kiln.jit made of a function — graphs and their ops, graph breaks with
 their reason and source line, the guards of each compiled entry, and each recompile with what
 changed (the guard that failed, or the argument signature), the cost model's reason for each
-fused attention op, and how each compiled loop's gradient keeps its residuals — for every capture
-mode (ast and trace report their fallbacks to trace capture or eager execution)."""
+fused attention op, how each compiled loop's gradient keeps its residuals, and the algorithm of
+each convolution (direct, or Winograd: infer_boost, or the O1 pass conv_algorithm in training
+graphs) — for every capture mode (ast and trace report their fallbacks to trace capture or eager execution)."""
 import math
 import re
 
@@ -15,7 +16,7 @@ class ExplainOutput:
     """The report of kiln.jit.explain / JitFunction.explain(); str() is the printed text."""
 
     def __init__(self, name, capture_mode, graphs, breaks, recompiles, fallback, recomputed=None, attention=None,
-                 buckets=None, loop_gradients=(), phases=()):
+                 buckets=None, loop_gradients=(), phases=(), convolutions=()):
         self.name = name
         self.capture_mode = capture_mode
         self.graphs = graphs  # [(op count, guard descriptions)] per compiled graph
@@ -39,6 +40,9 @@ class ExplainOutput:
         # names: capture, record, gradient, split, each pass, plan, prepare, codegen, ...): per name
         # (name, how many, total seconds)
         self.phases = list(phases)
+        # each convolution of the compiled graphs (gradient graphs included): a dict op, input
+        # (its shape), algorithm ("direct" or "winograd F(4x4, 3x3)"), where ("file:line" or None)
+        self.convolutions = list(convolutions)
 
     def __str__(self):
         lines = [f"kiln.jit.explain: {self.name} (capture_mode={self.capture_mode!r})",
@@ -55,6 +59,9 @@ class ExplainOutput:
             lines.extend(f"    guard: {g}" for g in guard_names)
         for k, g in enumerate(self.loop_gradients):
             lines.append(f"  loop gradient {k + 1}: {_describe_loop(g)}")
+        for k, c in enumerate(self.convolutions):
+            where = f" at {c['where']}" if c["where"] else ""
+            lines.append(f"  convolution {k + 1}: {c['op']} {c['input']}{where}: {c['algorithm']}")
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
         if self.fallback:
@@ -96,6 +103,31 @@ def _loop_gradients(texts):
             trips, nres, nbytes, given = (a[4:8] + [0, 0, -1, 0][len(a[4:8]):]) if len(a) >= 4 else (0, 0, -1, 0)
             found.append({"strategy": "stored" if nres > 0 else "recomputed", "trips": trips, "residuals": nres,
                           "bytes_per_step": nbytes, "single_forward": bool(given), "where": m.group(2)})
+    return found
+
+
+_CONV = re.compile(r"%\d+: [a-z0-9]+(\[[^\]]*\]) = (conv2d|conv2d_fused|conv2d_backward_input|conv2d_backward_weight)"
+                   r"\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$")
+_WINOGRAD = "winograd F(4x4, 3x3)"
+
+
+def _convolutions(texts):
+    """Each convolution of graph texts with its algorithm: conv2d_fused's i[13] and the backward
+    ops' optional i[13] (src/ops/ops.def) say Winograd; anything else is direct. input: the
+    shape of the op's first operand."""
+    found = []
+    for text in texts:
+        body = (text or "").split("\nsubgraph")[0]
+        shapes = dict(re.findall(r"(%\d+): [a-z0-9]+(\[[^\]]*\])", body))
+        for line in body.splitlines():
+            m = _CONV.search(line)
+            if not m:
+                continue
+            op, operands = m.group(2), [o.strip() for o in m.group(3).split(",")]
+            ints = [v.strip() for v in (m.group(4) or "").split(";")[0].split(",")]
+            winograd = op != "conv2d" and len(ints) > 13 and ints[13] == "1"
+            found.append({"op": op, "input": shapes.get(operands[0], "?"), "where": m.group(5),
+                          "algorithm": _WINOGRAD if winograd else "direct"})
     return found
 
 
@@ -220,6 +252,7 @@ def report(jf):
             fallback = (f"{jf._ast_fallback.msg}; captured by trace instead" if not fallback
                         else f"{fallback} (after: {jf._ast_fallback.msg})")
     loops = _loop_gradients(texts + _grad_texts(jf))
+    convolutions = _convolutions(texts + _grad_texts(jf))
     phases = jf._phases.merged(v._phases for v in getattr(jf, "_grad_variants", {}).values())
     return ExplainOutput(jf.__qualname__, mode, graphs, breaks, recompiles, fallback, recomputed, attention, buckets,
-                         loops, phases)
+                         loops, phases, convolutions)
