@@ -27,7 +27,6 @@ piece after the break is captured with symbolic sizes there too. Differentiable 
 sizes (piece_grad splits their forward and backward per capture).
 """
 import contextlib
-import sys
 import threading
 import time
 import types
@@ -36,10 +35,10 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating
-from ..profiler import capture_phase, timed_phase
-from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
-from .recording import bind_inputs, returns_closure, user_frame_tracer
-from .replay import refusing_unreplayable
+from ..profiler import capture_phase
+from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
+from .capture_core import InterpreterStrategy, Recording
+from .recording import returns_closure, user_frame_tracer
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -264,21 +263,19 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     the piece is captured with symbolic sizes (kiln.jit.dynamic.Capture) and, unless every symbol
     ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
-    tracer = _C.Tracer()
+    top = owner._pieces.fn
     # the tensors the capture writes in place (a BatchNorm's running statistics, an optimizer's
-    # state) and the random generator are kept as they were: put back when the compiled piece runs
-    # the writes again (grad: it runs to record its node) or the call runs another way
-    # (Unsupported, Specialize)
-    tracer.keep_undo()
-    undo, rng = True, _C.random_state()  # (the generator's draws are undone with them)
-    capture = graph = out_dims = None
-    recorder = guards.Recorder(top=owner._pieces.fn)
-    called, writes = [], []
-    prev_logs = _C.set_cell_logs(called, writes)
-    prev_hook = _C.eval_frame_suspend(True)
-    try:
-        aliases = []
-        aliases_state = bind_inputs(tracer, spec, leaves, aliases)
+    # state) and the random generator are kept as they were (keep_undo): put back when the compiled
+    # piece runs the writes again (grad: it runs to record its node) or the call runs another way
+    # (Unsupported, Specialize); code a piece cannot replay raises Unsupported at once (.grad written, ...)
+    # (a piece runs no sublinear-memory search)
+    rec = Recording(opts.compile_options.replace(sublinear=None), guards_of=top, symbols=symbols,
+                    refuse=bytecode.Unsupported, keep_undo=True, frame_hook_off=True)
+    out_dims = None
+    with rec:
+        tracer, recorder, aliases = rec.tracer, rec.recorder, rec.aliases
+        aliases_state = rec.bind(spec, leaves)
+        capture = rec.capture
         if grad:  # (bind_inputs marks leaves only: here every input that requires grad is differentiated)
             for a, t in zip(aliases, leaves):
                 if t.requires_grad and not a.requires_grad:
@@ -286,9 +283,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         interp.user_frames = user_frame_tracer(tracer, recorder.on_call)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
-        if symbols is not None:
-            capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)
-        top = owner._pieces.fn
+        interp.dynamic = capture
         frames = bytecode.thaw(aliases_state, interp, top)
         interp.frames = frames
         for f in frames:
@@ -296,17 +291,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 raise bytecode.Unsupported(f"{f.code.cpython_only} in {f.func.__qualname__} "
                                            f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
         interp.reads.extend((f, f.named_locals()) for f in frames)
-        prev_trace = sys.gettrace()
-        try:
-            with refusing_unreplayable(bytecode.Unsupported), \
-                    timed_phase("record", "the function run once, its ops recorded"):  # (refusing: .grad written, ...)
-                if capture is None:
-                    outcome, payload = interp.run()
-                else:
-                    with capture:
-                        outcome, payload = interp.run()
-        finally:
-            sys.settrace(prev_trace)
+        outcome, payload = rec.run(InterpreterStrategy(interp))
         interp.record_reads()  # (a list only appended to, `LOG.append(x)`, gets no guard on its contents)
         reads, where = tracer.value_reads()
         if reads:
@@ -318,11 +303,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")
-            if capture is not None:
-                payload = _concrete(payload)
-            payload = ast_runtime.chosen_numbers(payload)  # (numbers a compiled loop carried, returned as numbers)
-            out_leaves = []
-            out_spec = tree.flatten(payload, out_leaves)
+            # (numbers a compiled loop carried, returned as numbers)
+            payload, out_spec, out_leaves = rec.outputs(payload, concrete=_concrete)
             reason = where_at = None
         else:
             reason, where_at = payload, interp.frames[-1].where()
@@ -343,22 +325,14 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             executable, pgrad, first = made
         else:
             pgrad = None
-            # (a piece runs no sublinear-memory search)
-            executable = tracer.finish(out_leaves, opts.compile_options.replace(sublinear=None))
-        if capture is not None:
-            graph = tracer.recorded()
+            executable = rec.compile(out_leaves)
+        graph = rec.graph
         # the call goes on with the capture's values (first) or runs the compiled piece: then the
         # writes and draws are done again
-        undo = grad and first is None
-    finally:
-        tracer.end()
-        if undo:
-            tracer.undo_writes()
-            _C.set_random_state(rng)
-        _C.eval_frame_suspend(prev_hook)
-        _C.set_cell_logs(*prev_logs)
+        rec.undo = grad and first is None
     from ..nn.cell import Cell
 
+    called = rec.called
     if isinstance(owner.fn, Cell):
         called.insert(0, owner.fn)
     recorder.add_cells(tuple(dict.fromkeys(called)))

@@ -15,12 +15,13 @@ import warnings
 from .. import _C, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
-from ..profiler import CallRecorder, CompilePhases, capture_phase, timed_phase
-from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
+from ..profiler import CallRecorder, CompilePhases, capture_phase
+from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
+from .capture_core import CallStrategy, Recording
 from .eager_switch import jit_disabled
 from .options import JitOptions
-from .recording import CallerContainers, bind_inputs, returns_closure, user_frame_tracer
-from .replay import end_reasons, grad_read, grad_written, mark_not_replayable, start_reasons
+from .recording import returns_closure
+from .replay import grad_read, grad_written, mark_not_replayable
 from .syntax import JitSyntaxError
 
 _saved_graphs = [0]
@@ -103,35 +104,17 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     expressions) of a dynamic capture (kiln.jit.dynamic), whose Capture becomes entry.capture."""
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
-    tracer = _C.Tracer(capture_constants=capture_constants)
-    recorder = guards.Recorder(top=fn)
-    prev_trace = sys.gettrace()
-    called, writes = [], []
-    prev_logs = _C.set_cell_logs(called, writes)  # the Cells called and the writes on Cells
-    reasons, prev_reasons = start_reasons()
-    try:
-        aliases = []
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
-        callers = CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
-        capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
-        sys.settrace(user_frame_tracer(tracer, recorder.on_call))
-        excluded = exclude.noting()
-        try:
-            with excluded, timed_phase("record", "the function run once, its ops recorded"):
-                if capture is None:
-                    result = fn(*call_args, **call_kwargs)
-                else:
-                    with capture:
-                        result = fn(*call_args, **call_kwargs)
-        finally:
-            sys.settrace(prev_trace)
-            _C.set_cell_logs(called, prev_logs[1])
-        if excluded.used:
+    with Recording(options.compile_options, capture_constants=capture_constants, guards_of=fn,
+                   symbols=symbols) as rec:
+        call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
+        result = rec.run(CallStrategy(fn), call_args, call_kwargs)
+        reasons, callers = rec.reasons, rec.callers
+        if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
-        reads, where = tracer.value_reads()
+        reads, where = rec.tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)
-        effect = recorder.side_effect(writes)
+        effect = rec.recorder.side_effect(rec.writes)
         if effect is not None:
             _on_side_effect(options, effect, reasons)
         changed = callers.changed()
@@ -142,17 +125,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
                            "at every later call)")
         if changed is None and callers.returned(result):
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
-        if capture is not None:
-            result = dynamic.concrete(result)
-        result = ast_runtime.chosen_numbers(result)  # (numbers an if on a tensor chose, returned as numbers)
-        out_leaves = []
-        out_spec = tree.flatten(result, out_leaves)
-        executable = tracer.finish(out_leaves, options.compile_options)
-        graph = tracer.recorded() if capture is not None else None
-    finally:
-        tracer.end()
-        _C.set_cell_logs(*prev_logs)
-        end_reasons(prev_reasons)
+        result, out_spec, out_leaves, executable = rec.finish(result)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
@@ -161,13 +134,11 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
-    cells = tuple(dict.fromkeys(called))
-    recorder.add_cells(cells)
-    guard_set, guard_names = recorder.guard_set()
+    guard_set, guard_names = rec.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
     entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
-    if capture is not None:
-        entry.capture, entry.graph = capture, graph
+    if rec.capture is not None:
+        entry.capture, entry.graph = rec.capture, rec.graph
     return tree.unflatten(out_spec, detached)[0], entry
 
 

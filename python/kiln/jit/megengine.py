@@ -25,17 +25,15 @@ import copy
 import functools
 import os
 import sys
-import threading
 import warnings
 
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
-from . import ast_runtime, dynamic, exclude, tree
+from . import dynamic, tree
+from .capture_core import CallStrategy, Recording
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
-from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import collect_grad_writes, end_reasons, start_reasons
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 
@@ -134,64 +132,6 @@ class _Bindings:
                                          "was traced, and capture_as_const=True baked the old value into the graph")
 
 
-# ---- symbolic tracing: traced tensors have no readable value ------------------------------
-
-_READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",
-          "__repr__", "__str__")
-_guard_lock = threading.Lock()
-_guard_users = 0
-_guard_saved = {}
-_local = threading.local()
-
-
-def _guarded(name, original):
-    def read(self, *args, **kwargs):
-        tracers = getattr(_local, "symbolic", None)
-        if tracers and tracers[-1].knows(self):
-            raise RuntimeError(f"kiln.trace(symbolic=True): can't read the value of a traced tensor ({name}) while "
-                               "tracing symbolically; values exist only when the compiled graph runs. Read it outside "
-                               "the traced function, return it as an output, or use symbolic=False")
-        return original(self, *args, **kwargs)
-
-    read.__name__ = name
-    return read
-
-
-def _push_symbolic(tracer):
-    """Makes value reads of tensors `tracer` knows raise, on this thread, until _pop_symbolic.
-    (NumPy's np.asarray/np.array read through the buffer protocol, which Python code can't
-    intercept: they still see the eagerly computed values.)"""
-    global _guard_users
-    from .._tensor import Tensor
-
-    with _guard_lock:
-        if _guard_users == 0:
-            for name in _READS:
-                _guard_saved[name] = Tensor.__dict__.get(name)
-                setattr(Tensor, name, _guarded(name, getattr(Tensor, name)))
-        _guard_users += 1
-    stack = getattr(_local, "symbolic", None)
-    if stack is None:
-        stack = _local.symbolic = []
-    stack.append(tracer)
-
-
-def _pop_symbolic():
-    global _guard_users
-    from .._tensor import Tensor
-
-    _local.symbolic.pop()
-    with _guard_lock:
-        _guard_users -= 1
-        if _guard_users == 0:
-            for name, saved in _guard_saved.items():
-                if saved is None:
-                    delattr(Tensor, name)
-                else:
-                    setattr(Tensor, name, saved)
-            _guard_saved.clear()
-
-
 # ---- recording ---------------------------------------------------------------------------
 
 class _Run:
@@ -212,60 +152,28 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     did that no replay repeats (Tensor.backward accumulating in C, a .grad set before the call read,
     print to a file: kiln.jit.replay). caller: the call's (args, kwargs), whose lists and dicts the
     function must leave alone (a replay would not repeat a change of them: TraceMismatchError)."""
-    tracer = _C.Tracer(capture_constants=capture_constants)
-    prev_trace = sys.gettrace()
-    prev_logs = _C.cell_logs()
-    cells = []
-    try:
-        aliases = []
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
-        callers = None if caller is None else CallerContainers(caller, (call_args, call_kwargs), leaves, aliases)
-        capture = None
-        if symbolic_shape:
-            names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
-            capture = dynamic.Capture(tracer, names, values, exprs, aliases) if values else None
-        if symbolic:
-            _push_symbolic(tracer)
-        _C.set_cell_logs(cells, prev_logs[1])
-        user_code = {}  # the code of every user function the run called -> its globals
+    symbols = None
+    if symbolic_shape:
+        names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
+        symbols = (names, values, exprs) if values else None
+    user_code = {}  # the code of every user function the run called -> its globals
 
-        def on_call(frame):
-            user_code.setdefault(frame.f_code, frame.f_globals)
-        sys.settrace(user_frame_tracer(tracer, on_call))
-        collecting = collect_grad_writes()
-        grad_log = collecting.__enter__()
-        reasons, prev_reasons = start_reasons()
-        excluded = exclude.noting()
-        try:
-            with excluded:
-                if capture is None:
-                    result = fn(*call_args, **call_kwargs)
-                else:
-                    with capture:
-                        result = fn(*call_args, **call_kwargs)
-        finally:
-            collecting.__exit__(None, None, None)
-            end_reasons(prev_reasons)
-            if prev_reasons is not None:  # (a recording around this one cannot replay it either)
-                prev_reasons.extend(reasons)
-            sys.settrace(prev_trace)
-            _C.set_cell_logs(*prev_logs)
-            if prev_logs[0] is not None:
-                prev_logs[0].extend(cells)
-            if symbolic:
-                _pop_symbolic()
-        changed = None if callers is None else callers.changed()
+    def on_call(frame):
+        user_code.setdefault(frame.f_code, frame.f_globals)
+    with Recording(_C.CompileOptions(level=level, sublinear=sublinear), capture_constants=capture_constants,
+                   on_call=on_call, symbols=symbols, hide_values=symbolic, grad_writes=True, into_outer=True,
+                   timed=False) as rec:
+        call_args, call_kwargs = rec.bind(spec, leaves, caller)
+        result = rec.run(CallStrategy(fn), call_args, call_kwargs)
+        grad_log, capture = rec.grad_log, rec.capture
+        changed = None if rec.callers is None else rec.callers.changed()
         if changed is not None:
             raise TraceMismatchError(
                 f"kiln.trace: {getattr(fn, '__qualname__', fn)} made {changed}; a trace replays only the tensor "
                 "operations it recorded, so later calls would not make that change: return the new values "
                 "instead (kiln.jit runs such a function eagerly)")
-        if capture is not None:
-            result = dynamic.concrete(result)  # a size returned is a plain int, as in eager
-        result = ast_runtime.chosen_numbers(result)  # (numbers a compiled loop carried, returned as numbers)
-        out_leaves = []
-        try:
-            out_spec = tree.flatten(result, out_leaves)
+        try:  # (a size returned is a plain int, as in eager; numbers a compiled loop carried are numbers)
+            result, out_spec, out_leaves = rec.outputs(result)
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
@@ -276,11 +184,10 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
-        executable = tracer.finish(out_leaves, _C.CompileOptions(level=level, sublinear=sublinear))
-        recorded = tracer.recorded()  # the graph before the level's passes
-        sources = tracer.constant_sources()
-    finally:
-        tracer.end()
+        executable = rec.compile(out_leaves)
+        recorded = rec.tracer.recorded()  # the graph before the level's passes
+        sources = rec.tracer.constant_sources()
+    reasons, excluded, cells = rec.reasons, rec.excluded, rec.called
     run = _Run()
     detached = [t.detach() for t in out_leaves]
     run.result = tree.unflatten(out_spec, detached[:n_results])[0]
@@ -288,7 +195,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     run.unreplayable = list(dict.fromkeys(reasons))
     written = {id(t) for t, _ in grad_targets}
     run.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
-    run.excluded = excluded.used  # exclude_from_trace ran: each call's own run is its result
+    run.excluded = excluded  # exclude_from_trace ran: each call's own run is its result
     run.user_code = user_code
     if not run.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
         set_grads(run, detached)

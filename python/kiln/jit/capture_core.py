@@ -1,0 +1,253 @@
+"""One capture, whatever the front end: kiln.jit's three capture modes and kiln.trace record
+through a Recording.
+
+A Recording owns what a capture sets up and tears down: the tracer, the guard recorder, the logs of
+the Cells called and written, the reasons the recording cannot be replayed (kiln.jit.replay), the
+symbolic sizes (kiln.jit.dynamic.Capture), the one CompileOptions it compiles with and the
+"record" profiling phase. `run(strategy, ...)` runs the user's code under a strategy: a
+CallStrategy calls a Python function (trace capture; ast capture calls the converted function;
+kiln.trace), an InterpreterStrategy runs the bytecode interpreter (capture_mode="bytecode").
+`outputs(result)` and `compile(out_leaves)` (or `finish(result)`, both) end it. What each front
+end does with what the run met (a side effect, a value read, a graph break) is its own policy.
+"""
+import contextlib
+import sys
+import threading
+
+from .. import _C
+from ..profiler import timed_phase
+from . import ast_runtime, dynamic, exclude, guards, tree
+from .recording import CallerContainers, bind_inputs, user_frame_tracer
+from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, start_reasons
+
+
+class CallStrategy:
+    """Runs a Python function on the bound arguments, the frame hook telling the tracer the user's
+    source lines (and the guard recorder each frame of user code); notes exclude_from_trace."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, rec, args, kwargs):
+        sys.settrace(user_frame_tracer(rec.tracer, rec.on_call))
+        excluded = exclude.noting()
+        try:
+            with excluded:
+                return self.fn(*args, **kwargs)
+        finally:
+            rec.excluded = getattr(excluded, "used", False)
+
+    def __repr__(self):
+        return f"CallStrategy({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+class InterpreterStrategy:
+    """Runs kiln.jit.bytecode's interpreter from its frames (it shows the tracer and the guard
+    recorder the user's frames itself); returns its (outcome, payload)."""
+
+    __slots__ = ("interp",)
+
+    def __init__(self, interp):
+        self.interp = interp
+
+    def __call__(self, rec):
+        return self.interp.run()
+
+
+class Recording:
+    """One capture (see the module's text), used as a context manager: entering starts it, leaving
+    ends the tracer and puts back what it changed.
+
+    compile_options: the CompileOptions it compiles with. What differs per front end:
+    capture_constants (tensors reached outside the arguments become graph constants);
+    guards_of: the function captured, whose guards and side effects a guards.Recorder collects
+    (None: no guards; on_call then sees each frame of user code); symbols: (names, values,
+    per input its sizes as expressions) to capture with symbolic sizes; hide_values: reading a
+    traced tensor's value raises (kiln.trace(symbolic=True)); grad_writes: .grad assignments are
+    collected (self.grad_log) rather than making the recording unreplayable; refuse: an exception
+    type that code a recording cannot replay raises at once (bytecode pieces); keep_undo: the
+    in-place writes and the random generator's draws are put back when it ends, unless
+    self.undo is cleared; frame_hook_off: the bytecode frame hook is suspended while it runs;
+    into_outer: the reasons and the Cells called count for an enclosing recording too; timed:
+    the run is the profiler's "record" phase."""
+
+    def __init__(self, compile_options, *, capture_constants=False, guards_of=None, on_call=None, symbols=None,
+                 hide_values=False, grad_writes=False, refuse=None, keep_undo=False, frame_hook_off=False,
+                 into_outer=False, timed=True):
+        self.compile_options = compile_options
+        self.capture_constants = capture_constants
+        self.guards_of, self.symbols = guards_of, symbols
+        self.hide_values, self.grad_writes, self.refuse = hide_values, grad_writes, refuse
+        self.keep_undo, self.frame_hook_off, self.into_outer, self.timed = keep_undo, frame_hook_off, into_outer, timed
+        self._on_call = on_call
+        self.tracer = self.recorder = self.capture = self.callers = self.graph = None
+        self.aliases = []
+        self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
+        self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
+        self.excluded = False  # exclude_from_trace ran
+        self.grad_log = None
+        self.undo = keep_undo
+
+    # ---- set-up and tear-down ---------------------------------------------------------------
+    def __enter__(self):
+        self.tracer = _C.Tracer(capture_constants=self.capture_constants)
+        if self.keep_undo:
+            # the tensors written in place and the random generator are kept as they were, put back at
+            # the end unless the front end clears self.undo
+            self.tracer.keep_undo()
+            self._rng = _C.random_state()
+        if self.guards_of is not None:
+            self.recorder = guards.Recorder(top=self.guards_of)
+        outer = _C.cell_logs()
+        self._prev_logs = _C.set_cell_logs(self.called, self.writes if self.recorder is not None else outer[1])
+        self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
+        self.reasons, self._prev_reasons = start_reasons()
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.tracer.end()
+            if self.undo:
+                self.tracer.undo_writes()
+                _C.set_random_state(self._rng)
+        finally:
+            end_reasons(self._prev_reasons)
+            if self.frame_hook_off:
+                _C.eval_frame_suspend(self._prev_hook)
+            _C.set_cell_logs(*self._prev_logs)
+            if self.into_outer:  # (a recording around this one cannot replay it either)
+                if self._prev_reasons is not None:
+                    self._prev_reasons.extend(self.reasons)
+                if self._prev_logs[0] is not None:
+                    self._prev_logs[0].extend(self.called)
+        return False
+
+    def on_call(self, frame):
+        """Shown each frame of user code as it starts (the guard recorder's, else the front end's)."""
+        if self.recorder is not None:
+            self.recorder.on_call(frame)
+        elif self._on_call is not None:
+            self._on_call(frame)
+
+    # ---- the inputs ----------------------------------------------------------------------------
+    def bind(self, spec, leaves, caller=None):
+        """The call's arguments (structure spec, tensors leaves) rebuilt around fresh aliases, each
+        a graph input (kiln.jit.recording.bind_inputs); the symbolic sizes' Capture made on them.
+        caller: the (args, kwargs) whose lists and dicts the run's copies stand for (self.callers)."""
+        bound = bind_inputs(self.tracer, spec, leaves, self.aliases)
+        if caller is not None:
+            self.callers = CallerContainers(caller, bound, leaves, self.aliases)
+        if self.symbols is not None:
+            self.capture = dynamic.Capture(self.tracer, *self.symbols[:3], self.aliases)
+        return bound
+
+    # ---- the run --------------------------------------------------------------------------------
+    def run(self, strategy, *args):
+        """strategy(self, *args): the user's code run once while its ops are recorded."""
+        prev_trace = sys.gettrace()
+        hidden = _hidden_values(self.tracer) if self.hide_values else contextlib.nullcontext()
+        collecting = collect_grad_writes() if self.grad_writes else contextlib.nullcontext()
+        refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else contextlib.nullcontext()
+        phase = (timed_phase("record", "the function run once, its ops recorded") if self.timed
+                 else contextlib.nullcontext())
+        try:
+            with hidden, collecting as grad_log, refusing, phase:
+                self.grad_log = grad_log
+                if self.capture is None:
+                    return strategy(self, *args)
+                with self.capture:
+                    return strategy(self, *args)
+        finally:
+            sys.settrace(prev_trace)
+            self._end_writes()
+
+    def _end_writes(self):
+        """After the run: the writes on Cells go to the enclosing log again."""
+        _C.set_cell_logs(self.called, self._prev_logs[1])
+
+    # ---- the end ----------------------------------------------------------------------------
+    def outputs(self, result, concrete=dynamic.concrete):
+        """(result, its structure, its leaves): sizes returned as plain ints (concrete, with symbolic
+        sizes), numbers an if on a tensor chose returned as numbers."""
+        if self.capture is not None:
+            result = concrete(result)
+        result = ast_runtime.chosen_numbers(result)
+        out_leaves = []
+        return result, tree.flatten(result, out_leaves), out_leaves
+
+    def compile(self, out_leaves, compile_options=None):
+        """The recording ended with out_leaves as its outputs and compiled (with compile_options
+        instead of the recording's when given); self.graph is the graph as recorded, before the
+        level's passes, when the sizes are symbolic."""
+        executable = self.tracer.finish(out_leaves, compile_options or self.compile_options)
+        if self.capture is not None:
+            self.graph = self.tracer.recorded()
+        return executable
+
+    def finish(self, result):
+        """(result, out_spec, out_leaves, executable): outputs and compile."""
+        result, out_spec, out_leaves = self.outputs(result)
+        return result, out_spec, out_leaves, self.compile(out_leaves)
+
+    def guard_set(self):
+        """(GuardSet, descriptions) of the Python state the run read, the Cells it called included."""
+        self.recorder.add_cells(tuple(dict.fromkeys(self.called)))
+        return self.recorder.guard_set()
+
+
+# ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------
+
+_READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",
+          "__repr__", "__str__")
+_guard_lock = threading.Lock()
+_guard_users = 0
+_guard_saved = {}
+_local = threading.local()
+
+
+def _guarded(name, original):
+    def read(self, *args, **kwargs):
+        tracers = getattr(_local, "symbolic", None)
+        if tracers and tracers[-1].knows(self):
+            raise RuntimeError(f"kiln.trace(symbolic=True): can't read the value of a traced tensor ({name}) while "
+                               "tracing symbolically; values exist only when the compiled graph runs. Read it outside "
+                               "the traced function, return it as an output, or use symbolic=False")
+        return original(self, *args, **kwargs)
+
+    read.__name__ = name
+    return read
+
+
+@contextlib.contextmanager
+def _hidden_values(tracer):
+    """Value reads of tensors `tracer` knows raise, on this thread, inside the block. (NumPy's
+    np.asarray/np.array read through the buffer protocol, which Python code can't intercept: they
+    still see the eagerly computed values.)"""
+    global _guard_users
+    from .._tensor import Tensor
+
+    with _guard_lock:
+        if _guard_users == 0:
+            for name in _READS:
+                _guard_saved[name] = Tensor.__dict__.get(name)
+                setattr(Tensor, name, _guarded(name, getattr(Tensor, name)))
+        _guard_users += 1
+    stack = getattr(_local, "symbolic", None)
+    if stack is None:
+        stack = _local.symbolic = []
+    stack.append(tracer)
+    try:
+        yield
+    finally:
+        _local.symbolic.pop()
+        with _guard_lock:
+            _guard_users -= 1
+            if _guard_users == 0:
+                for name, saved in _guard_saved.items():
+                    if saved is None:
+                        delattr(Tensor, name)
+                    else:
+                        setattr(Tensor, name, saved)
+                _guard_saved.clear()
