@@ -197,6 +197,113 @@ class Recording:
         return self.recorder.guard_set()
 
 
+# ---- what a capture made ------------------------------------------------------------------------
+
+class Entry:
+    """One compiled capture, whatever the front end: its executable, the structure of its results,
+    its graph's text (None: ask the executable), whether its outputs carried autograd history, its
+    guards (a GuardSet: kiln.jit.guards; kiln.trace's are its captured constants' versions) with a
+    description of each, and with symbolic sizes the Capture and the graph as recorded, and `dyn`,
+    the kiln.jit.dynamic.DynamicEntry through which it serves every binding of its symbols (None: the
+    shapes it was captured for only). `extra`: what only one front end keeps (PieceInfo for bytecode
+    pieces, TraceInfo for kiln.trace), or None."""
+
+    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
+                 "graph", "dyn", "extra")
+
+    def __init__(self, executable, out_spec, guards_, guard_names, graph_text=None, differentiable=False,
+                 extra=None):
+        self.executable = executable
+        self.out_spec = out_spec
+        self.graph_text = graph_text
+        self.differentiable = differentiable
+        self.guards = guards_
+        self.guard_names = guard_names
+        self.capture = self.graph = self.dyn = None
+        self.extra = extra
+
+    def guards_hold(self):
+        return self.guards.check()
+
+    def failed_guard(self, fn=None):
+        """What changed since the capture (a description of the first failing guard), or None; fn:
+        the function whose globals and closure guards kept with the code are read from."""
+        k = self.guards.first_failure(fn)
+        return None if k < 0 else self.guard_names[k]
+
+
+class EntryCache:
+    """The Entries of one jitted function (kiln.jit, its bytecode pieces, kiln.trace), newest last:
+    `exact` (key -> [Entry], each for the shapes of its key) and `dynamic` (the key without its
+    shapes, kiln.jit.dynamic.shape_free -> [Entry serving every binding of its symbols, entry.dyn])."""
+
+    __slots__ = ("exact", "dynamic")
+
+    def __init__(self):
+        self.exact, self.dynamic = {}, {}
+
+    def find(self, key, fn=None):
+        """The first entry of key whose guards hold (fn: the function whose globals and closure
+        guards kept with the code are read from), or None."""
+        for e in self.exact.get(key, ()):
+            if e.guards.check(fn):
+                return e
+        return None
+
+    def find_dynamic(self, key, instance_for, fn=None):
+        """(entry, what instance_for(entry.dyn) found) of the first dynamic entry for key's shape-free
+        key whose guards hold and for which instance_for finds something (not None), or None."""
+        for e in self.dynamic.get(dynamic.shape_free(key), ()):
+            if e.guards.check(fn):
+                found = instance_for(e.dyn)
+                if found is not None:
+                    return e, found
+        return None
+
+    def add(self, key, entry):
+        """Keeps entry under key (its shape-free key when it is dynamic); returns the list it joined."""
+        if entry.dyn is not None:
+            same = self.dynamic.setdefault(dynamic.shape_free(key), [])
+        else:
+            same = self.exact.setdefault(key, [])
+        same.append(entry)
+        return same
+
+    def total(self):
+        """The number of entries kept."""
+        return sum(map(len, self.exact.values())) + sum(map(len, self.dynamic.values()))
+
+    def entries(self):
+        """Every entry kept, exact ones first."""
+        return [e for es in self.exact.values() for e in es] + [e for es in self.dynamic.values() for e in es]
+
+
+class PieceInfo:
+    """What a piece of capture_mode="bytecode" keeps beyond an Entry (see kiln.jit.bytecode_capture)."""
+
+    __slots__ = ("returns", "reason", "where", "ops", "grad", "reads_grad", "size_values", "size_inputs",
+                 "out_dims", "guard_specs")
+
+    def __init__(self, returns, reason, where, ops, grad=None, reads_grad=False, guard_specs=None):
+        self.returns = returns  # True: the function's result; False: the state at a graph break
+        self.reason = reason  # why the graph breaks after it (None when it returns)
+        self.where = where  # "file:line" of the break instruction
+        self.ops = ops  # the number of ops of its graph
+        self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad (its executable: the forward)
+        self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
+        self.guard_specs = guard_specs  # the specs of guards (code_cache.weaken), or None: they hold their roots
+        self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
+        self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
+        self.out_dims = None  # a dynamic piece that breaks: per output tensor, the dimensions that follow symbols
+
+
+class TraceInfo:
+    """What a recording of kiln.trace keeps beyond an Entry (see kiln.jit.megengine)."""
+
+    __slots__ = ("result", "cells", "modes", "fast", "requires_grad_key", "param_names", "symbolic", "plan",
+                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
+
+
 # ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------
 
 _READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",

@@ -17,7 +17,7 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Recording
+from .capture_core import CallStrategy, Entry, EntryCache, Recording
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure
@@ -75,28 +75,6 @@ class CacheInfo:
                 f"instance_seconds={self.instance_seconds:.4f}{dyn})")
 
 
-class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
-                 "graph")
-
-    def __init__(self, executable, out_spec, graph_text, differentiable, guards, guard_names):
-        self.executable = executable
-        self.out_spec = out_spec
-        self.graph_text = graph_text
-        self.differentiable = differentiable  # the traced outputs carried autograd history
-        self.guards = guards  # _C.GuardSet on the Python state the capture read (see kiln.jit.guards)
-        self.guard_names = guard_names
-        self.capture = self.graph = None  # a dynamic capture's Capture and recorded graph
-
-    def guards_hold(self):
-        return self.guards.check()
-
-    def failed_guard(self):
-        """What changed since the capture (a description of the first failing guard), or None."""
-        k = self.guards.first_failure()
-        return None if k < 0 else self.guard_names[k]
-
-
 def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
@@ -136,7 +114,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     guard_set, guard_names = rec.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
-    entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
+    entry = Entry(executable, out_spec, guard_set, guard_names, text, differentiable)
     if rec.capture is not None:
         entry.capture, entry.graph = rec.capture, rec.graph
     return tree.unflatten(out_spec, detached)[0], entry
@@ -180,8 +158,7 @@ class JitFunction(_C.JitDispatcher):
         self._self_ref = None  # the instance of a bound method (held like a Python bound method holds it)
         if bound_self is not None:
             self._self_ref = lambda obj=bound_self: obj
-        self._cache = {}
-        self._dynamic = {}  # shape-free key -> [kiln.jit.dynamic.DynamicEntry]
+        self._entries = EntryCache()  # its Entries (dynamic ones: entry.dyn, a kiln.jit.dynamic.DynamicEntry)
         self._sizes_seen = {}  # shape-free key -> per tensor, per dimension, the sizes compiled for
         self._keys = []
         self._warned = False
@@ -291,7 +268,7 @@ class JitFunction(_C.JitDispatcher):
         if self.options.capture_mode == "bytecode":
             return bytecode_capture.call(self, args, kwargs)
         key, leaves = self._key(args, kwargs)
-        entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+        entry = self._entries.find(key)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
             # inside grad / value_and_grad of an enclosing function: this graph's results would carry no
             # history; the call runs as differentiable pieces, each one compiled forward and backward
@@ -302,7 +279,7 @@ class JitFunction(_C.JitDispatcher):
             self._last = entry
             outs = entry.executable(*leaves) if self._recorder is None else self._recorder.run(entry.executable, *leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
-        if self._dynamic:
+        if self._entries.dynamic:
             found = self._dynamic_call(key, args, kwargs, leaves)
             if found is not _NO_ENTRY:
                 return found
@@ -311,20 +288,19 @@ class JitFunction(_C.JitDispatcher):
     def _dynamic_call(self, key, args, kwargs, leaves):
         """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
         binding on first use), or returns _NO_ENTRY."""
-        for d in self._dynamic.get(dynamic.shape_free(key), ()):
-            found = self._instance_for(d, leaves) if d.entry.guards_hold() else None
-            if found is None:
-                continue
-            exe, values, made = found
-            if made and d.fast is not None:
-                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
-            if d.entry.differentiable and key[2][0] and differentiating():
-                return self._differentiable_call(args, kwargs)
-            self.stats.hits += 1
-            self._last = d.entry
-            outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
-            return tree.unflatten(d.entry.out_spec, outs)[0]
-        return _NO_ENTRY
+        found = self._entries.find_dynamic(key, lambda d: self._instance_for(d, leaves))
+        if found is None:
+            return _NO_ENTRY
+        entry, (exe, values, made) = found
+        d = entry.dyn
+        if made and d.fast is not None:
+            self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
+        if entry.differentiable and key[2][0] and differentiating():
+            return self._differentiable_call(args, kwargs)
+        self.stats.hits += 1
+        self._last = entry
+        outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
+        return tree.unflatten(entry.out_spec, outs)[0]
 
     def _instance_for(self, d, leaves):
         """(executable, the symbols' sizes, whether it was made now) of dynamic entry d for a call's
@@ -380,7 +356,7 @@ class JitFunction(_C.JitDispatcher):
         if self._warned:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
-        if sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values())) >= self.options.recompile_limit:
+        if self._entries.total() >= self.options.recompile_limit:
             self._warn_recompiles(key)
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
@@ -388,8 +364,9 @@ class JitFunction(_C.JitDispatcher):
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
         if self._keys:
-            stale = [e.failed_guard() for e in self._cache.get(key, ())]
-            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None) if key in self._cache
+            stale = [e.failed_guard() for e in self._entries.exact.get(key, ())]
+            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None)
+                                    if key in self._entries.exact
                                     else _C.tree.describe_change(self._keys[-1], key))
         t0 = time.perf_counter()
         symbols = self._symbols(key, self._key(args, kwargs)[1])
@@ -418,13 +395,10 @@ class JitFunction(_C.JitDispatcher):
         self._keys.append(key)
         self._last = entry
         if entry.capture is not None and len(entry.capture.specialized) < len(entry.capture.values):
-            d = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
-            self._dynamic.setdefault(dynamic.shape_free(key), []).append(d)
-            self._register_fast(key, args, kwargs, entry, d)
-        else:
-            self._cache.setdefault(key, []).append(entry)
-            self._register_fast(key, args, kwargs, entry)
-        self.stats.entries = sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values()))
+            entry.dyn = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
+        self._entries.add(key, entry)
+        self._register_fast(key, args, kwargs, entry, entry.dyn)
+        self.stats.entries = self._entries.total()
         return result
 
     def _register_fast(self, key, args, kwargs, entry, dyn=None):
@@ -459,8 +433,8 @@ class JitFunction(_C.JitDispatcher):
         if self._warned:
             return
         self._warned = True
-        stale = [e.failed_guard() for e in self._cache.get(key, ())]
-        changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._cache
+        stale = [e.failed_guard() for e in self._entries.exact.get(key, ())]
+        changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._entries.exact
                     else _C.tree.describe_change(self._keys[-1], key))
         warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
@@ -485,7 +459,7 @@ class JitFunction(_C.JitDispatcher):
             got = variant.cache_info()
             for name in CacheInfo.__slots__[:-1]:
                 setattr(info, name, getattr(info, name) + getattr(got, name))
-        info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
+        info.dynamic = [e.dyn.describe() for es in self._entries.dynamic.values() for e in es]
         if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
             info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]
         return info
@@ -501,14 +475,12 @@ class JitFunction(_C.JitDispatcher):
                     return found
             else:
                 key, leaves = self._key(args, kwargs)
-                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+                entry = self._entries.find(key)
                 if entry is not None:
                     return entry, entry.executable
-                for d in self._dynamic.get(dynamic.shape_free(key), ()):
-                    values = d.bind(leaves) if d.entry.guards_hold() else None
-                    exe = None if values is None else d.instances.get(tuple(values[k] for k in d.live))
-                    if exe is not None:
-                        return d.entry, exe
+                found = self._entries.find_dynamic(key, lambda d: _made_instance(d, leaves))
+                if found is not None:
+                    return found
             if attempt == 0:
                 self(*args, **kwargs)
         raise RuntimeError(f"{self.__qualname__}: these arguments run eagerly (no compiled graph)")
@@ -617,6 +589,12 @@ class JitFunction(_C.JitDispatcher):
 hooks.jit_function_class = JitFunction  # (autograd, Cell and the capture modes reach it there)
 
 _NO_ENTRY = object()
+
+
+def _made_instance(d, leaves):
+    """The instance of dynamic entry d for the sizes of a call's tensors, if made already, else None."""
+    values = d.bind(leaves)
+    return None if values is None else d.instances.get(tuple(values[k] for k in d.live))
 
 
 def _call_cell_body(cell, args, kwargs):
