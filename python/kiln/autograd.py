@@ -38,6 +38,13 @@ def differentiating():
 hooks.differentiating = differentiating
 
 
+def gradient_of_gradient_possible():
+    """Whether code runs inside a grad's function that itself runs inside another grad's function:
+    the inner gradient is then made differentiable (create_graph), so what runs here may be
+    differentiated twice."""
+    return getattr(grad_nesting, "depth", 0) >= 2 and is_grad_enabled()
+
+
 def _output_tensors(out, into):
     """The tensors of a (pytree) output, in tree_util's order."""
     into.extend(x for x in tree_util.tree_leaves(out) if isinstance(x, _C.TensorBase))

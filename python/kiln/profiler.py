@@ -270,15 +270,16 @@ class CallRecorder:
 
 class CompilePhases:
     """The compile phases of one jitted function (kiln.jit.explain lists them): each capture and
-    compile runs with the recorder on, and keeps the phases recorded on its thread, by name: how
-    many, and their total time."""
+    compile runs with a phase-only recorder session open (no kernel or allocation events, so the
+    capture's eager run costs nothing more), and keeps the phases recorded on its thread, by name:
+    how many, and their total time."""
 
     def __init__(self):
         self.by_name = {}  # phase name -> [count, total ns], in the order first met
 
     def record(self, fn, *args):
         """fn(*args), its phases kept."""
-        mark = _C.profile_start()
+        mark = _C.profile_start_phases()
         try:
             return fn(*args)
         finally:
@@ -290,7 +291,7 @@ class CompilePhases:
                         got[0] += 1
                         got[1] += e["end"] - e["start"]
             finally:
-                _C.profile_stop()
+                _C.profile_stop_phases()
 
     def merged(self, others=()):
         """[(name, count, seconds)] of these phases and those of `others` (CompilePhases)."""

@@ -388,7 +388,7 @@ static kiln_status build_and_load(const char *source, const char *key, const cha
     kiln_work_dir w;
     char entry[48], name[32];
     snprintf(entry, sizeof entry, "%s.so", key);
-    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
+    int64_t start = kiln_profiling_phases() ? kiln_profile_now() : 0;
     bool use_disk = kiln_cache_open(&c);
     kiln_status s = kiln_work_dir_make(&c, &w);
     void *h = NULL;
@@ -522,7 +522,7 @@ static kiln_status load_locked(int n, const char *const *sources, const char *co
 
 kiln_status kiln_codegen_load_many(int n, const char *const *sources, const char *const *symbols, void **fns) {
     pthread_mutex_lock(&state.lock);
-    int64_t start = kiln_profiling() ? kiln_profile_now() : 0, hits = state.stats.memory_hits;
+    int64_t start = kiln_profiling_phases() ? kiln_profile_now() : 0, hits = state.stats.memory_hits;
     kiln_status s = load_locked(n, sources, symbols, true, fns);
     if (start) {
         char detail[64];

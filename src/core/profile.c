@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 _Atomic int kiln_profile_sessions;
+_Atomic int kiln_profile_phase_sessions;
 kiln_profile_loc_fn kiln_profile_eager_loc;
 
 /* One recorded event, compact: texts are ids in the recorder's string table (0: absent), and the
@@ -133,17 +134,39 @@ size_t kiln_profile_start(void) {
     return mark;
 }
 
-void kiln_profile_stop(void) {
+static bool no_session_open(void) {
+    return atomic_load(&kiln_profile_sessions) == 0 && atomic_load(&kiln_profile_phase_sessions) == 0;
+}
+
+/* Closes one session counted by `sessions`; the list is emptied when no session of either kind is left. */
+static void stop_one(_Atomic int *sessions) {
     pthread_mutex_lock(&rec.lock);
-    if (atomic_load(&kiln_profile_sessions) > 0 && atomic_fetch_sub(&kiln_profile_sessions, 1) == 1) clear_locked();
+    if (atomic_load(sessions) > 0) {
+        atomic_fetch_sub(sessions, 1);
+        if (no_session_open()) clear_locked();
+    }
     pthread_mutex_unlock(&rec.lock);
 }
+
+void kiln_profile_stop(void) { stop_one(&kiln_profile_sessions); }
+
+size_t kiln_profile_start_phases(void) {
+    pthread_mutex_lock(&rec.lock);
+    size_t mark = rec.n;
+    atomic_fetch_add(&kiln_profile_phase_sessions, 1);
+    pthread_mutex_unlock(&rec.lock);
+    return mark;
+}
+
+void kiln_profile_stop_phases(void) { stop_one(&kiln_profile_phase_sessions); }
 
 /* Appends e (texts interned). Recording never fails its caller: an event without memory is dropped. */
 static void append(const kiln_profile_event *e) {
     pthread_mutex_lock(&rec.lock);
     /* a session that closed while this event was on its way: nobody is left to read it */
-    if (atomic_load(&kiln_profile_sessions) == 0) goto done;
+    if (no_session_open()) goto done;
+    /* only phases while phase-only sessions are open (a kernel begun under a full session that closed) */
+    if (e->kind != KILN_PROFILE_PHASE && atomic_load(&kiln_profile_sessions) == 0) goto done;
     if (rec.n == rec.nchunks * CHUNK) {
         packed_event **chunks = realloc(rec.chunks, (rec.nchunks + 1) * sizeof *chunks);
         if (!chunks) goto done;

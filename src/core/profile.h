@@ -50,10 +50,26 @@ static inline bool kiln_profiling(void) {
     return __builtin_expect(atomic_load_explicit(&kiln_profile_sessions, memory_order_relaxed) != 0, 0);
 }
 
+/* Hidden: phase-only sessions (kiln_profile_start_phases), which record compile phases but no
+ * kernel or allocation events: what kiln.jit keeps of every capture for explain(). */
+extern __attribute__((visibility("hidden"))) _Atomic int kiln_profile_phase_sessions;
+
+/* Whether compile phases are recorded: a full or a phase-only session is open. */
+static inline bool kiln_profiling_phases(void) {
+    return __builtin_expect(atomic_load_explicit(&kiln_profile_sessions, memory_order_relaxed) != 0 ||
+                                atomic_load_explicit(&kiln_profile_phase_sessions, memory_order_relaxed) != 0,
+                            0);
+}
+
 /* Opens a session: returns its mark (the number of events recorded before it). */
 KILN_API size_t kiln_profile_start(void);
 /* Closes one session; the last one to close empties the list. */
 KILN_API void kiln_profile_stop(void);
+/* A session that records compile phases only (no kernel or allocation events, so a capture's
+ * eager run pays nothing per kernel); closed by kiln_profile_stop_phases. Its mark works as a full
+ * session's. */
+KILN_API size_t kiln_profile_start_phases(void);
+KILN_API void kiln_profile_stop_phases(void);
 /* A session's events, taken out of the recorder as they are kept there (packed, texts interned):
  * what kiln.profiler keeps of a profile and what the JSON writer streams from. The threads of its
  * events are named when it is taken. */

@@ -64,7 +64,7 @@ static kiln_status same_output_sizes(const kiln_graph *before, const kiln_graph 
 
 static kiln_status run(const kiln_pass *pass, kiln_graph **g, const kiln_pass_options *opt) {
     kiln_graph *out = NULL;
-    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
+    int64_t start = kiln_profiling_phases() ? kiln_profile_now() : 0;
     kiln_status s = pass->run(*g, opt, &out);
     if (start) kiln_profile_phase(pass->name, out ? "pass: changed the graph" : "pass: unchanged", start);
     if (s != KILN_OK) return kiln_error_context(s, "in pass %s", pass->name);

@@ -37,6 +37,17 @@ static PyObject *scalar_first(PyObject *input, PyObject *other) {
     return conv ? pykiln_wrap(conv) : NULL;
 }
 
+static bool is_comparison(int op) {
+    return op == KILN_OP_EQ || op == KILN_OP_NE || op == KILN_OP_LT || op == KILN_OP_LE || op == KILN_OP_GT ||
+           op == KILN_OP_GE;
+}
+
+/* The comparison with its operands swapped: v < x is x > v. */
+static kiln_op flipped(int op) {
+    return op == KILN_OP_LT ? KILN_OP_GT : op == KILN_OP_LE ? KILN_OP_GE : op == KILN_OP_GT ? KILN_OP_LT
+           : op == KILN_OP_GE ? KILN_OP_LE : (kiln_op)op;
+}
+
 static PyObject *elementwise_run(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyElementwise *e = (PyElementwise *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -70,6 +81,11 @@ static PyObject *elementwise_run(PyObject *self, PyObject *const *args, size_t n
     }
     PyObject *input = args[0], *other = args[1];
     int tensor_first = pykiln_is_tensor(input);
+    if (is_comparison(e->op) && tensor_first != pykiln_is_tensor(other)) { /* int8 == 300: by value */
+        PyObject *r = tensor_first ? pykiln_compare_out_of_range(input, other, (kiln_op)e->op)
+                                   : pykiln_compare_out_of_range(other, input, flipped(e->op));
+        if (r || PyErr_Occurred()) return r;
+    }
     PyObject *first = tensor_first                ? Py_NewRef(input)
                       : !pykiln_is_tensor(other) ? pykiln_as_tensor(input)
                                                  : scalar_first(input, other);

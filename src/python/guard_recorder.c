@@ -724,6 +724,30 @@ static PyObject *recorder_add_cells(PyObject *self, PyObject *cells) {
     Py_RETURN_NONE;
 }
 
+/* add_tensors(tensors): guard whether each tensor the graph read from outside (a parameter, a
+ * closure's tensor) requires grad: freezing or unfreezing one changes which gradients a graph
+ * computes and whether its outputs carry history. */
+static PyObject *recorder_add_tensors(PyObject *self, PyObject *tensors) {
+    PyGuardRecorder *r = (PyGuardRecorder *)self;
+    PyObject *seq = PySequence_Fast(tensors, "add_tensors: expected a sequence of tensors");
+    PyObject *path = seq ? PyTuple_New(0) : NULL, *key = path ? PyUnicode_FromString("requires_grad") : NULL;
+    PyObject *what =
+        key ? PyUnicode_FromString("requires_grad of a tensor read from outside (a parameter, a closure's tensor)") : NULL;
+    int rc = what ? 0 : -1;
+    for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(seq); k++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, k);
+        if (!pykiln_is_tensor(t)) continue;
+        rc = add_guard(r, t, key, path, pykiln_unwrap(t)->requires_grad ? Py_True : Py_False, GUARD_REQUIRES_GRAD,
+                       what);
+    }
+    Py_XDECREF(what);
+    Py_XDECREF(key);
+    Py_XDECREF(path);
+    Py_XDECREF(seq);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     PyObject *cell, *name, *loc;
     if (!PyArg_ParseTuple(write, "OOU:side_effect", &cell, &name, &loc)) return NULL;
@@ -928,6 +952,8 @@ static PyMethodDef recorder_methods[] = {
      "on_code(code, globals, locals, executed=None, function=None): on_call for code interpreted without a "
      "frame, only the instructions at the offsets in executed (bytecode capture), run by function"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
+    {"add_tensors", recorder_add_tensors, METH_O,
+     "add_tensors(tensors): guard whether each tensor read from outside requires grad"},
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},
     {"guard_set", recorder_guard_set, METH_NOARGS, "guard_set() -> (GuardSet, description of each guard)"},

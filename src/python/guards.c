@@ -201,6 +201,8 @@ static uint64_t dict_version(PyObject *d) {
  * since the guard last held still holds (the item is the same object; numbers, strings and
  * tuples cannot change in place). */
 static int check_one(guard *g, PyObject *func) {
+    if (g->mode == GUARD_REQUIRES_GRAD && g->root_kind == ROOT_OBJECT && g->nsteps == 0 && pykiln_is_tensor(g->root))
+        return pykiln_unwrap(g->root)->requires_grad == (g->expected == Py_True); /* (the common case, without a walk) */
     PyObject *root = resolve_root(g, func);
     if (!root) return 0;
     bool one_item = g->nsteps == 1 && g->steps[0].kind == STEP_ITEM && g->mode != GUARD_CONTENTS;
@@ -250,6 +252,9 @@ static int check_value(const guard *g, PyObject *root) {
     }
     case GUARD_VERSION:
         r = pykiln_is_tensor(v) && PyLong_AsLongLong(g->expected) == kiln_tensor_version(pykiln_unwrap(v));
+        break;
+    case GUARD_REQUIRES_GRAD: /* a tensor read from outside: whether gradients flow to it decides the graph */
+        r = pykiln_is_tensor(v) && pykiln_unwrap(v)->requires_grad == (g->expected == Py_True);
         break;
     default: r = 0; break; /* GUARD_ABSENT, and something was found */
     }
@@ -467,7 +472,7 @@ int pykiln_guards_init_type(PyObject *module) {
         int value;
     } modes[] = {{"GUARD_IDENTITY", GUARD_IDENTITY}, {"GUARD_VALUE", GUARD_VALUE}, {"GUARD_ABSENT", GUARD_ABSENT},
                  {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}, {"GUARD_WEAK", GUARD_WEAK},
-                 {"GUARD_CONTENTS", GUARD_CONTENTS},
+                 {"GUARD_CONTENTS", GUARD_CONTENTS}, {"GUARD_REQUIRES_GRAD", GUARD_REQUIRES_GRAD},
                  {"GUARD_WEAK_METHOD", GUARD_WEAK_METHOD}, {"ROOT_OBJECT", ROOT_OBJECT}, {"ROOT_WEAK", ROOT_WEAK},
                  {"ROOT_GLOBALS", ROOT_GLOBALS}, {"ROOT_CELL", ROOT_CELL}};
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)

@@ -18,6 +18,17 @@ static PyObject *py_profile_stop(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_profile_start_phases(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromSize_t(kiln_profile_start_phases());
+}
+
+static PyObject *py_profile_stop_phases(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    kiln_profile_stop_phases();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_profile_now(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyLong_FromLongLong(kiln_profile_now());
@@ -28,7 +39,7 @@ static PyObject *py_profile_phase(PyObject *self, PyObject *args) {
     const char *name, *detail = NULL;
     long long start;
     if (!PyArg_ParseTuple(args, "sL|z", &name, &start, &detail)) return NULL;
-    if (kiln_profiling()) kiln_profile_phase(name, detail, start);
+    if (kiln_profiling_phases()) kiln_profile_phase(name, detail, start);
     Py_RETURN_NONE;
 }
 
@@ -302,6 +313,9 @@ static PyObject *py_profile_write_chrome(PyObject *self, PyObject *args) {
 PyMethodDef pykiln_profile_functions[] = {
     {"profile_start", py_profile_start, METH_NOARGS, "open a recorder session; returns its mark"},
     {"profile_stop", py_profile_stop, METH_NOARGS, "close a recorder session (the last one empties the list)"},
+    {"profile_start_phases", py_profile_start_phases, METH_NOARGS,
+     "open a session that records compile phases only (no kernel or allocation events); returns its mark"},
+    {"profile_stop_phases", py_profile_stop_phases, METH_NOARGS, "close a session opened by profile_start_phases"},
     {"profile_now", py_profile_now, METH_NOARGS, "the recorder's clock (monotonic ns)"},
     {"profile_phase", py_profile_phase, METH_VARARGS, "profile_phase(name, start_ns, detail=None): a phase until now"},
     {"profile_name_thread", py_profile_name_thread, METH_VARARGS,

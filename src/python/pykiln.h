@@ -113,7 +113,7 @@ int pykiln_model_init(PyObject *module);
 int pykiln_dispatcher_init_type(PyObject *module);
 /* How a guard compares the value its path reaches with the one it expects (guards.c). */
 enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_WEAK, GUARD_WEAK_METHOD,
-       GUARD_CONTENTS, GUARD_MODE_COUNT };
+       GUARD_CONTENTS, GUARD_REQUIRES_GRAD, GUARD_MODE_COUNT };
 /* A list's, dict's or set's contents as GUARD_CONTENTS compares them (new reference), or None. */
 PyObject *pykiln_guard_contents(PyObject *value);
 /* Registers GuardSet and its mode constants (guards.c). */
@@ -218,5 +218,10 @@ static inline int pykiln_interrupt_stale(void) {
 }
 /* The exception of a run that stopped with KILN_ERR_INTERRUPTED (pykiln_raise calls it). */
 PyObject *pykiln_raise_interrupted(void);
+
+/* A comparison op (KILN_OP_EQ ... KILN_OP_GE) of an integer tensor with a Python int its dtype cannot
+ * hold, answered by value as NumPy 2 does (int8 == 300: all False); NULL without an error when the int
+ * fits or the operands are not such a pair (src/python/tensor.c). */
+PyObject *pykiln_compare_out_of_range(PyObject *tensor, PyObject *v, kiln_op op);
 
 #endif

@@ -130,9 +130,23 @@ static PyObject *first_tensor(PyObject *args, const char *name) {
     return pykiln_as_tensor(PyTuple_GET_ITEM(args, 0));
 }
 
+/* Whether a reshape's sizes (args after the tensor: ints, or one tuple or list of them) hold a -1. */
+static bool infers_a_size(PyObject *args) {
+    PyObject *items = args;
+    Py_ssize_t first = 1;
+    if (PyTuple_GET_SIZE(args) == 2 && (PyTuple_Check(PyTuple_GET_ITEM(args, 1)) || PyList_Check(PyTuple_GET_ITEM(args, 1))))
+        items = PyTuple_GET_ITEM(args, 1), first = 0;
+    for (Py_ssize_t k = first; k < PySequence_Fast_GET_SIZE(items); k++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(items, k);
+        if (PyLong_CheckExact(s) && PyLong_AsLong(s) == -1) return true;
+    }
+    return false;
+}
+
 static PyObject *py_reshape(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *sym = pykiln_sym_call("reshape", args, false);
+    /* a -1 is the rest of the input's elements: a dynamic capture records it as that, not as this call's size */
+    PyObject *sym = pykiln_sym_call("reshape", args, pykiln_sym_hooked() && infers_a_size(args));
     if (sym || PyErr_Occurred()) return sym;
     PyObject *x = first_tensor(args, "reshape"), *rest = x ? PyTuple_GetSlice(args, 1, PY_SSIZE_T_MAX) : NULL;
     int64_t shape[MAX_SHAPE];
@@ -401,14 +415,16 @@ static PyObject *py_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     int a = first ? pykiln_normalize_axis("stack", dim != Py_None ? dim : axis ? axis : zero, first->ndim + 1) : -1;
     PyObject *expanded = a >= 0 ? PyList_New(n) : NULL;
     for (Py_ssize_t k = 0; expanded && k < n; k++) { /* each gets a new axis a of length 1 */
-        const kiln_meta *m = meta_of(PyList_GET_ITEM(tensors, k));
+        PyObject *x = PyList_GET_ITEM(tensors, k);
+        const kiln_meta *m = meta_of(x);
         int64_t shape[KILN_MAX_DIMS + 1];
-        int nd = 0;
+        int src[KILN_MAX_DIMS + 1], nd = 0;
         for (int d = 0; d <= m->ndim; d++) {
-            if (d == a) shape[nd++] = 1;
-            if (d < m->ndim) shape[nd++] = m->shape[d];
+            if (d == a) src[nd] = -1, shape[nd++] = 1;
+            if (d < m->ndim) src[nd] = d, shape[nd++] = m->shape[d];
         }
-        PyObject *t = reshape_to(PyList_GET_ITEM(tensors, k), shape, nd);
+        /* (as unsqueeze: a dynamic capture follows the sizes) */
+        PyObject *t = pykiln_sym_derived(x, reshape_to(x, shape, nd), src, nd);
         if (!t) Py_CLEAR(expanded);
         else PyList_SET_ITEM(expanded, k, t);
     }

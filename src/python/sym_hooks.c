@@ -117,7 +117,20 @@ static PyObject *py_raw_shape(PyObject *self, PyObject *t) {
     return tup;
 }
 
+/* sym_call(op, args) -> what a dynamic capture's call hook makes of a call whose args hold symbolic
+ * sizes, or None when no capture is recording or args hold none (the caller then goes on with ints) */
+static PyObject *py_sym_call(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *op;
+    PyObject *call_args;
+    if (!PyArg_ParseTuple(args, "sO!:sym_call", &op, &PyTuple_Type, &call_args)) return NULL;
+    PyObject *r = pykiln_sym_call(op, call_args, false);
+    return r || PyErr_Occurred() ? r : Py_NewRef(Py_None);
+}
+
 static PyMethodDef sym_functions[] = {
+    {"sym_call", py_sym_call, METH_VARARGS,
+     "sym_call(op, args) -> the dynamic capture's result for a call with symbolic sizes in args, or None"},
     {"raw_shape", py_raw_shape, METH_O, "raw_shape(tensor) -> its sizes as ints (no shape hook)"},
     {"same_meta", py_same_meta, METH_VARARGS, "same_meta(a, b) -> same dtype and shape (no shape hook)"},
     {"in_body", py_in_body, METH_O, "in_body(tensor) -> whether a control-flow body being traced made it"},

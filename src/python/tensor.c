@@ -481,19 +481,52 @@ static PyNumberMethods tensor_as_number = {
     .nb_matrix_multiply = nb_matmul,
 };
 
+/* (pykiln.h) tensor OP v for a Python int v outside the integer tensor's dtype: NumPy 2 answers by the values
+ * (int8 == 300 is all False, int8 < 300 all True) where arithmetic would raise. The answer is the
+ * comparison of the tensor with its dtype's bound that holds for every element or for none, so it
+ * stays an op on the tensor (recorded as such in a graph). Returns NULL with no error set when v
+ * fits (or is no int, or the tensor no integer one). */
+PyObject *pykiln_compare_out_of_range(PyObject *a, PyObject *v, kiln_op op) {
+    if (!PyLong_Check(v) || PyBool_Check(v)) return NULL;
+    kiln_dtype d = T(a)->meta.dtype;
+    long long lo, hi;
+    switch (d) {
+    case KILN_DTYPE_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
+    case KILN_DTYPE_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
+    case KILN_DTYPE_INT64: lo = INT64_MIN, hi = INT64_MAX; break;
+    default: return NULL;
+    }
+    int overflow = 0;
+    long long iv = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (iv == -1 && PyErr_Occurred()) return NULL;
+    bool above = overflow > 0 || (!overflow && iv > hi), below = overflow < 0 || (!overflow && iv < lo);
+    if (!above && !below) return NULL;
+    /* every element x has lo <= x <= hi: "x > hi" and "x < lo" are all False, "x <= hi", "x >= lo" all True */
+    bool all_true = op == KILN_OP_NE || (above ? (op == KILN_OP_LT || op == KILN_OP_LE)
+                                               : (op == KILN_OP_GT || op == KILN_OP_GE));
+    kiln_op bound_op = above ? (all_true ? KILN_OP_LE : KILN_OP_GT) : (all_true ? KILN_OP_GE : KILN_OP_LT);
+    PyObject *bound = PyLong_FromLongLong(above ? hi : lo);
+    if (!bound) return NULL;
+    PyObject *r = binary(a, bound, bound_op);
+    Py_DECREF(bound);
+    return r;
+}
+
 static PyObject *tensor_richcompare(PyObject *a, PyObject *b, int cmp) {
     static const kiln_op ops[] = {[Py_LT] = KILN_OP_LT, [Py_LE] = KILN_OP_LE, [Py_EQ] = KILN_OP_EQ,
                                   [Py_NE] = KILN_OP_NE, [Py_GT] = KILN_OP_GT, [Py_GE] = KILN_OP_GE};
     if (!pykiln_is_tensor(a)) { /* reflected: scalar OP tensor */
         static const int flip[] = {[Py_LT] = Py_GT, [Py_LE] = Py_GE, [Py_EQ] = Py_EQ,
                                    [Py_NE] = Py_NE, [Py_GT] = Py_LT, [Py_GE] = Py_LE};
-        return binary(b, a, ops[flip[cmp]]);
+        PyObject *r = pykiln_compare_out_of_range(b, a, ops[flip[cmp]]);
+        return r || PyErr_Occurred() ? r : binary(b, a, ops[flip[cmp]]);
     }
     if (b == Py_None) {
         if (cmp == Py_EQ) Py_RETURN_FALSE;
         if (cmp == Py_NE) Py_RETURN_TRUE;
     }
-    return binary(a, b, ops[cmp]);
+    PyObject *r = pykiln_compare_out_of_range(a, b, ops[cmp]);
+    return r || PyErr_Occurred() ? r : binary(a, b, ops[cmp]);
 }
 
 static Py_ssize_t mp_length(PyObject *self) {

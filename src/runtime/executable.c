@@ -104,7 +104,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
     if (!be) return kiln_error_context(KILN_ERR_VALUE, "compile");
     kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
-    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
+    int64_t start = kiln_profiling_phases() ? kiln_profile_now() : 0;
     kiln_status s = kiln_plan_build(g, opt, &e->own_plan);
     if (start) kiln_profile_phase("plan", NULL, start);
     if (s == KILN_OK && dump_plan()) {
@@ -112,7 +112,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_options *opt, k
         fprintf(stderr, "[kiln] %s", text ? text : "(out of memory)\n");
         free(text);
     }
-    start = kiln_profiling() ? kiln_profile_now() : 0;
+    start = kiln_profiling_phases() ? kiln_profile_now() : 0;
     if (s == KILN_OK) s = prepare(e, e->own_plan, be);
     if (start && s == KILN_OK) {
         char detail[96];
@@ -181,7 +181,7 @@ kiln_status kiln_executable_bind(const kiln_plan *p, const int64_t *bindings, co
                                  kiln_bindings *shared, kiln_executable **out) {
     kiln_executable *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
-    int64_t start = kiln_profiling() ? kiln_profile_now() : 0;
+    int64_t start = kiln_profiling_phases() ? kiln_profile_now() : 0;
     kiln_status s = kiln_plan_bind(p, bindings, &e->own_plan);
     if (start) kiln_profile_phase("bind", NULL, start);
     if (s == KILN_OK && shared) {

@@ -102,3 +102,39 @@ def test_a_function_never_called_lists_no_phase(capsys):
     jf = kiln.jit(simple, capture_mode="bytecode")
     assert jf.explain().phases == []
     assert "compile phases" not in str(jf.explain())
+
+
+def test_phase_only_session_keeps_phases_not_kernels():
+    """The session a capture runs under records its compile phases but none of its eager run's
+    kernels or allocations; a user's full session open at the same time still gets everything."""
+    from kiln import _C
+
+    a = t(64, 64)
+    mark = _C.profile_start_phases()
+    try:
+        start = _C.profile_now()
+        (a * a + a).sum()
+        _C.profile_phase("probe", start, "a phase")
+        events = _C.profile_events(mark)
+    finally:
+        _C.profile_stop_phases()
+    kinds = {e["kind"] for e in events}
+    assert kinds == {"phase"} and [e["name"] for e in events] == ["probe"]
+
+    full = _C.profile_start()
+    inner = _C.profile_start_phases()
+    try:
+        (a * a).sum()
+        assert {e["kind"] for e in _C.profile_events(full)} >= {"kernel", "alloc"}
+        assert [e for e in _C.profile_events(inner, "kernel")]  # one list: both sessions read it
+    finally:
+        _C.profile_stop_phases()
+        _C.profile_stop()
+
+
+def test_first_call_phases_named_without_kernel_events():
+    """explain() still lists the record phase of a trace capture after the switch to phase-only sessions."""
+    f = kiln.jit(simple, capture_mode="trace")
+    out = f(t(3, 4), t(3, 4, seed=1), t(3, 4, seed=2))
+    np.testing.assert_allclose(out.asnumpy(), simple(t(3, 4), t(3, 4, seed=1), t(3, 4, seed=2)).asnumpy())
+    assert "record" in str(f.explain())

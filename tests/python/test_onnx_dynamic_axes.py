@@ -134,10 +134,22 @@ def test_dimensions_that_cannot_vary_are_refused(tmp_path):
     with pytest.raises(ValueError, match="axis 5, out of range"):
         export(net, [rnd(4, 8)], tmp_path, dynamic_axes={"x": [5]})
 
-    def made_from_a_size(x):
-        return x + ops.full((x.shape[0], 8), 1.5)  # a creation op of a size the trace fixes
+    def made_from_a_python_list(x):
+        return x + ops.stack([x[i] for i in range(x.shape[0])], 0)  # Python's range fixes the size
 
     other = nn.Cell()
-    other.construct = made_from_a_size
-    with pytest.raises(OnnxExportError, match="cannot vary: the traced code needs its size"):
+    other.construct = made_from_a_python_list
+    with pytest.raises(OnnxExportError, match="cannot vary"):
         export(other, [rnd(4, 8)], tmp_path, dynamic_axes={"x": [0]})
+
+
+def test_creation_ops_of_an_input_size_vary(tmp_path):
+    """full and arange given x.shape[0] follow the batch in the exported file."""
+    def made_from_a_size(x):
+        return x + ops.full((x.shape[0], 8), 1.5) + ops.arange(x.shape[0]).astype(kiln.float32).reshape(-1, 1)
+
+    net = nn.Cell()
+    net.construct = made_from_a_size
+    model, session = export(net, [rnd(4, 8)], tmp_path, dynamic_axes={"x": [0]})
+    for n in (2, 3, 7):
+        agree(net, session, [rnd(n, 8)])

@@ -35,7 +35,7 @@ import warnings
 import weakref
 
 from .. import _C
-from ..autograd import differentiating
+from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording
@@ -282,6 +282,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if capture is not None:
                 out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
+        rec.note_outside()  # (the parameters and closures' tensors the piece reads)
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         first = None
         if made is not None:
@@ -295,10 +296,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         rec.undo = grad and first is None
     from ..nn.cell import Cell
 
-    called = rec.called
-    if isinstance(owner.fn, Cell):
-        called.insert(0, owner.fn)
-    recorder.add_cells(tuple(dict.fromkeys(called)))
+    rec.add_guarded((owner.fn,) if isinstance(owner.fn, Cell) else ())
     specs = None
     if owner._pieces.shared:  # kept with the code object: guards that hold nothing leading back to it
         specs, guard_names = recorder.guard_specs()
@@ -548,7 +546,9 @@ def _differentiates(tensors):
 def call(jf, args, kwargs):
     """JitFunction's slow path for capture_mode="bytecode"."""
     pieces = jf._pieces
-    if jf._eager_reason is not None and pieces is None:
+    if (jf._eager_reason is not None and pieces is None) or gradient_of_gradient_possible():
+        # (grad inside grad: a compiled piece's backward is not differentiable itself, so the call runs
+        # on the eager tape, which records what the outer gradient needs)
         jf.stats.eager_calls += 1
         return jf._target()(*args, **kwargs)
     if pieces is None:

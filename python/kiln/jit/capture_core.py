@@ -83,6 +83,7 @@ class Recording:
         self.keep_undo, self.frame_hook_off, self.into_outer, self.timed = keep_undo, frame_hook_off, into_outer, timed
         self._on_call = on_call
         self.tracer = self.recorder = self.capture = self.callers = self.graph = None
+        self.outside = None  # the tensors the graph reads from outside its inputs (parameters, closures')
         self.aliases = []
         self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
         self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
@@ -177,10 +178,17 @@ class Recording:
         out_leaves = []
         return result, tree.flatten(result, out_leaves), out_leaves
 
+    def note_outside(self):
+        """Notes the tensors the graph reads from outside its inputs (once the run is over, before
+        the recording is compiled): the guards cover their requires_grad (guard_set, add_guarded)."""
+        if self.outside is None:
+            self.outside = self.tracer.captured()
+
     def compile(self, out_leaves, compile_options=None):
         """The recording ended with out_leaves as its outputs and compiled (with compile_options
         instead of the recording's when given); self.graph is the graph as recorded, before the
         level's passes, when the sizes are symbolic."""
+        self.note_outside()
         executable = self.tracer.finish(out_leaves, compile_options or self.compile_options)
         if self.capture is not None:
             self.graph = self.tracer.recorded()
@@ -191,9 +199,17 @@ class Recording:
         result, out_spec, out_leaves = self.outputs(result)
         return result, out_spec, out_leaves, self.compile(out_leaves)
 
+    def add_guarded(self, first=()):
+        """Shows the guard recorder the Cells the run called (after `first`) and the tensors the
+        graph reads from outside its inputs, for its guards to cover them too."""
+        self.recorder.add_cells(tuple(dict.fromkeys(tuple(first) + tuple(self.called))))
+        if self.outside is not None:
+            self.recorder.add_tensors(self.outside)
+
     def guard_set(self):
-        """(GuardSet, descriptions) of the Python state the run read, the Cells it called included."""
-        self.recorder.add_cells(tuple(dict.fromkeys(self.called)))
+        """(GuardSet, descriptions) of the Python state the run read, the Cells it called and the
+        tensors it read from outside included."""
+        self.add_guarded()
         return self.recorder.guard_set()
 
 

@@ -450,6 +450,8 @@ class Capture:
                     if d != -1:
                         self.sets.append((node, k, 1, d) if d >= 0 else (node, k, 2, 0))
             return None
+        if op == "sized":
+            return self._sized(*args)
         if op == "getitem":
             return self._getitem(*args)
         if op == "setitem":
@@ -488,6 +490,20 @@ class Capture:
                 self.sets.append((node, k, 2, 0) if op == "reshape" else (node, k, 1, k - lead))
             else:
                 self.sets.append((node, k, 0, e))
+        return result
+
+    def _sized(self, op, name, ints, floats):
+        """A creation op (full, zeros, rand, arange, ...) given symbolic sizes among its int
+        attributes: recorded at the captured sizes, each symbolic attribute set from its expression."""
+        before = self.tracer.count()
+        result = _C.apply(op, (), tuple(int(_value(i)) for i in ints), floats)
+        node = self._new_node(before, result)
+        for k, i in enumerate(ints):
+            if isinstance(i, SymInt):
+                if node is None:
+                    self.specialize(i.expr, name)
+                else:
+                    self.sets.append((node, k, 0, i.expr))
         return result
 
     def _getitem(self, x, key):

@@ -98,38 +98,63 @@ def _dtype_or(dtype, default):
     return _C.dtype_from_name(dtype)
 
 
-def full(shape, fill_value, dtype=None):
-    """A tensor of `shape` filled with fill_value: full((2, 4), 3.0, kiln.float32); without dtype
-    bool, int64 or float32 after fill_value's Python type."""
-    shape = shape_tuple("full", (shape,) if isinstance(shape, int) else shape)
+def _sized(op, name, ints, floats, size_at):
+    """apply(op, (), ints, floats) for a creation op whose ints from size_at on are its sizes. While
+    a dynamic capture records (kiln.jit.dynamic), sizes given as symbolic sizes (x.shape[0]) stay
+    symbolic in the graph instead of fixing the size: the capture's call hook records the node."""
+    made = _C.sym_call("sized", (op, name, ints, floats))
+    if made is not None:
+        return made
+    return apply(op, (), ints[:size_at] + shape_tuple(name, ints[size_at:]), floats)
+
+
+def _shape_items(shape):
+    """A shape given as ints or as one tuple or list of them: its items, not yet made ints."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _full(op, shape, fill_value, dtype):
     if dtype is None:
         dtype = _C.bool if isinstance(fill_value, bool) else (
             _C.int64 if isinstance(fill_value, int) else _C.float32)
     dtype = _dtype_or(dtype, None)
-    return apply(OP.full, (), (dtype.id, len(shape)) + shape, (float(fill_value),))
+    return _sized(OP.full, op, (dtype.id, len(shape)) + shape, (float(fill_value),), 2)
+
+
+def full(shape, fill_value, dtype=None):
+    """A tensor of `shape` filled with fill_value: full((2, 4), 3.0, kiln.float32); without dtype
+    bool, int64 or float32 after fill_value's Python type."""
+    if not isinstance(shape, (tuple, list)) and hasattr(shape, "__len__"):  # (a NumPy array of sizes)
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            pass
+    return _full("full", _shape_items((shape,)), fill_value, dtype)
 
 
 def _shape_and_dtype(op, shape, dtype):
-    """A creation op's shape, and its dtype given positionally after the shape as MindSpore
+    """A creation op's shape items, and its dtype given positionally after the shape as MindSpore
     writes it (zeros((2, 4), kiln.float32), zeros(3, kiln.int32)) or by keyword."""
     if len(shape) >= 2 and isinstance(shape[-1], _C.dtype):
         if dtype is not None:
             raise TypeError(f"{op}: dtype given twice, positionally ({shape[-1].name}) and as dtype={dtype!r}")
         shape, dtype = shape[:-1], shape[-1]
-    return shape_tuple(op, shape), _dtype_or(dtype, _C.float32)
+    return _shape_items(shape), _dtype_or(dtype, _C.float32)
 
 
 def zeros(*shape, dtype=None):
     """A tensor of zeros (float32 unless dtype says otherwise): zeros(2, 4), zeros((2, 4)),
     zeros((2, 4), kiln.int32) (MindSpore's form) or zeros(2, 4, dtype=kiln.int32)."""
     shape, dtype = _shape_and_dtype("zeros", shape, dtype)
-    return full(shape, 0.0, dtype)
+    return _full("zeros", shape, 0.0, dtype)
 
 
 def ones(*shape, dtype=None):
     """A tensor of ones (float32 unless dtype says otherwise), called like zeros."""
     shape, dtype = _shape_and_dtype("ones", shape, dtype)
-    return full(shape, 1.0, dtype)
+    return _full("ones", shape, 1.0, dtype)
 
 
 def zeros_like(input, dtype=None):
@@ -161,7 +186,7 @@ def arange(start=0, end=None, step=1, dtype=None):
     if dtype is None:
         dtype = _C.int64 if integral else _C.float32
     dtype = _dtype_or(dtype, None)
-    return apply(OP.arange, (), (dtype.id, count), (float(start), float(step)))
+    return _sized(OP.arange, "arange", (dtype.id, count), (float(start), float(step)), 1)
 
 
 def linspace(start, end, steps, dtype=None):
@@ -178,23 +203,24 @@ def eye(n, m=None, dtype=None):
 
 def rand(*shape, dtype=None):
     """Uniform samples in [0, 1) from the generator seeded by kiln.manual_seed."""
-    shape = shape_tuple("rand", shape)
-    return apply(OP.rand, (), (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (0.0, 1.0))
+    shape = _shape_items(shape)
+    return _sized(OP.rand, "rand", (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (0.0, 1.0), 2)
 
 
 def randn(*shape, dtype=None):
     """Standard normal samples from the generator seeded by kiln.manual_seed."""
-    shape = shape_tuple("randn", shape)
-    return apply(OP.randn, (), (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (0.0, 1.0))
+    shape = _shape_items(shape)
+    return _sized(OP.randn, "randn", (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (0.0, 1.0), 2)
 
 
 def uniform(shape, low=0.0, high=1.0, dtype=None):
     """Uniform samples in [low, high)."""
-    shape = shape_tuple("uniform", (shape,) if isinstance(shape, int) else shape)
-    return apply(OP.rand, (), (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (float(low), float(high)))
+    shape = _shape_items((shape,))
+    return _sized(OP.rand, "uniform", (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (float(low), float(high)), 2)
 
 
 def normal(shape, mean=0.0, stddev=1.0, dtype=None):
     """Normal samples with the given mean and standard deviation."""
-    shape = shape_tuple("normal", (shape,) if isinstance(shape, int) else shape)
-    return apply(OP.randn, (), (_dtype_or(dtype, _C.float32).id, len(shape)) + shape, (float(mean), float(stddev)))
+    shape = _shape_items((shape,))
+    return _sized(OP.randn, "normal", (_dtype_or(dtype, _C.float32).id, len(shape)) + shape,
+                  (float(mean), float(stddev)), 2)
