@@ -21,6 +21,9 @@ from .recording import CallerContainers, bind_inputs, user_frame_tracer
 from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, start_reasons
 
 
+_NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
+
+
 class CallStrategy:
     """Runs a Python function on the bound arguments, the frame hook telling the tracer the user's
     source lines (and the guard recorder each frame of user code); notes exclude_from_trace."""
@@ -31,12 +34,15 @@ class CallStrategy:
         self.fn = fn
 
     def __call__(self, rec, args, kwargs):
-        sys.settrace(user_frame_tracer(rec.tracer, rec.on_call))
+        prev_trace = sys.gettrace()
         excluded = exclude.noting()
+        sys.settrace(user_frame_tracer(rec.tracer, rec.on_call))
         try:
             with excluded:
                 return self.fn(*args, **kwargs)
         finally:
+            # (at once: the hook would take the library frames leaving the run's contexts for the user's)
+            sys.settrace(prev_trace)
             rec.excluded = getattr(excluded, "used", False)
 
     def __repr__(self):
@@ -81,7 +87,7 @@ class Recording:
         self.guards_of, self.symbols = guards_of, symbols
         self.hide_values, self.grad_writes, self.refuse = hide_values, grad_writes, refuse
         self.keep_undo, self.frame_hook_off, self.into_outer, self.timed = keep_undo, frame_hook_off, into_outer, timed
-        self._on_call = on_call
+        self.on_call = on_call  # shown each frame of user code as it starts (with guards: the guard recorder)
         self.tracer = self.recorder = self.capture = self.callers = self.graph = None
         self.outside = None  # the tensors the graph reads from outside its inputs (parameters, closures')
         self.aliases = []
@@ -101,6 +107,7 @@ class Recording:
             self._rng = _C.random_state()
         if self.guards_of is not None:
             self.recorder = guards.Recorder(top=self.guards_of)
+            self.on_call = self.recorder.on_call
         outer = _C.cell_logs()
         self._prev_logs = _C.set_cell_logs(self.called, self.writes if self.recorder is not None else outer[1])
         self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
@@ -125,13 +132,6 @@ class Recording:
                     self._prev_logs[0].extend(self.called)
         return False
 
-    def on_call(self, frame):
-        """Shown each frame of user code as it starts (the guard recorder's, else the front end's)."""
-        if self.recorder is not None:
-            self.recorder.on_call(frame)
-        elif self._on_call is not None:
-            self._on_call(frame)
-
     # ---- the inputs ----------------------------------------------------------------------------
     def bind(self, spec, leaves, caller=None):
         """The call's arguments (structure spec, tensors leaves) rebuilt around fresh aliases, each
@@ -148,11 +148,10 @@ class Recording:
     def run(self, strategy, *args):
         """strategy(self, *args): the user's code run once while its ops are recorded."""
         prev_trace = sys.gettrace()
-        hidden = _hidden_values(self.tracer) if self.hide_values else contextlib.nullcontext()
-        collecting = collect_grad_writes() if self.grad_writes else contextlib.nullcontext()
-        refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else contextlib.nullcontext()
-        phase = (timed_phase("record", "the function run once, its ops recorded") if self.timed
-                 else contextlib.nullcontext())
+        hidden = _hidden_values(self.tracer) if self.hide_values else _NOTHING
+        collecting = collect_grad_writes() if self.grad_writes else _NOTHING
+        refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else _NOTHING
+        phase = timed_phase("record", "the function run once, its ops recorded") if self.timed else _NOTHING
         try:
             with hidden, collecting as grad_log, refusing, phase:
                 self.grad_log = grad_log
@@ -162,11 +161,7 @@ class Recording:
                     return strategy(self, *args)
         finally:
             sys.settrace(prev_trace)
-            self._end_writes()
-
-    def _end_writes(self):
-        """After the run: the writes on Cells go to the enclosing log again."""
-        _C.set_cell_logs(self.called, self._prev_logs[1])
+            _C.set_cell_logs(self.called, self._prev_logs[1])  # (later writes on Cells: the enclosing log's)
 
     # ---- the end ----------------------------------------------------------------------------
     def outputs(self, result, concrete=dynamic.concrete):
@@ -180,8 +175,9 @@ class Recording:
 
     def note_outside(self):
         """Notes the tensors the graph reads from outside its inputs (once the run is over, before
-        the recording is compiled): the guards cover their requires_grad (guard_set, add_guarded)."""
-        if self.outside is None:
+        the recording is compiled): the guards cover their requires_grad (guard_set, add_guarded).
+        Without guards (kiln.trace) there is nothing to note."""
+        if self.outside is None and self.recorder is not None:
             self.outside = self.tracer.captured()
 
     def compile(self, out_leaves, compile_options=None):
