@@ -149,4 +149,4 @@ def test_closures_made_again_many_times_each_compile():
         info = jf.cache_info()
         assert (info.compiles, info.eager_calls) == (1, 0), (k, info)
     shared = jf._pieces.entries
-    assert max(len(v) for v in shared.cache.values()) <= bytecode_capture.SHARED_PER_KEY
+    assert max(len(v) for v in shared.exact.values()) <= bytecode_capture.SHARED_PER_KEY

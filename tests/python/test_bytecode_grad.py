@@ -16,7 +16,7 @@ from kiln import _C, ops
 
 def compiled_nodes(jf):
     """Pieces compiled with their backward."""
-    return sum(p.grad is not None for entries in jf._pieces.cache.values() for p in entries)
+    return sum(p.extra.grad is not None for entries in jf._pieces.cache.values() for p in entries)
 
 
 def finite_difference(f, args, position, eps=1e-3):

@@ -193,7 +193,7 @@ def test_no_gradient_no_residuals(variant):
 
 def fn_graph_texts(fn, args, no_grad=False):
     if fn.options.capture_mode == "bytecode":
-        return [e.graph_text for entries in fn._cache.values() for e in entries] if hasattr(fn, "_cache") else []
+        return [e.graph_text for entries in fn._entries.exact.values() for e in entries]
     if no_grad:
         with kiln.no_grad():
             return [fn.graph_str(*args)]

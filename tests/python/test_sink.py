@@ -247,10 +247,10 @@ def test_inputs_in_other_layouts_are_copied_or_run_kernel_by_kernel():
     # contiguity is part of the call's key (Python may read x.is_contiguous()): one graph for the
     # contiguous calls, one captured with the transposed input and served the strided one too
     assert jr.cache_info().compiles == 2 and jw.cache_info().compiles == 2
-    assert all(e.executable.fallback_calls == 0 for es in jr._cache.values() for e in es)
+    assert all(e.executable.fallback_calls == 0 for es in jr._entries.exact.values() for e in es)
     # a written input in another layout (strided, into the transposed graph) cannot be swapped for a
     # copy: that call ran kernel by kernel
-    assert sum(e.executable.fallback_calls for es in jw._cache.values() for e in es) == 1
+    assert sum(e.executable.fallback_calls for es in jw._entries.exact.values() for e in es) == 1
 
 
 # ---- calls --------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ does; when they were positional and fill the parameters exactly, later calls fin
 their call key without the hook. A function that is one graph taking positional tensors is served
 by kiln.jit's C fast path.
 
-A Piece is one compiled graph from a resume point: the start of the function (its bound
-arguments) or the instruction after a graph break (the frozen frames). It ends with the
+A piece (a kiln.jit.capture_core.Entry whose extra is a PieceInfo) is one compiled graph from a
+resume point: the start of the function (its bound arguments) or the instruction after a graph
+break (the frozen frames). It ends with the
 function's return (its outputs are the result's tensors) or at the next graph break (its outputs
 are the tensors of the frozen frames, rebuilt around them with the piece's spec). Pieces are
 cached per resume point and call key (the frozen state's structure, constants and tensor
@@ -20,14 +21,13 @@ capture, include any; unless every one ended specialized it is kept by the shape
 (Entries.dynamic) and serves each call whose sizes bind its symbols and satisfy its relation
 guards, through its DynamicEntry's instance for that binding. While it is captured, len() of a
 tensor is its symbolic first size, a size used as a number beside a tensor is a 0-d graph input
-(Piece.size_inputs: its value at each call's binding is passed after the state's tensors), a size
+(PieceInfo.size_inputs: its value at each call's binding is passed after the state's tensors), a size
 live at the graph break is kept in the state as its expression (evaluated per binding when the
 state is thawed), and the outputs whose sizes follow the symbols are marked dynamic so that the
 piece after the break is captured with symbolic sizes there too. Differentiable pieces keep exact
 sizes (piece_grad splits their forward and backward per capture).
 """
 import contextlib
-import sys
 import threading
 import time
 import types
@@ -36,10 +36,10 @@ import weakref
 
 from .. import _C
 from ..autograd import differentiating, gradient_of_gradient_possible
-from ..profiler import capture_phase, timed_phase
-from . import ast_runtime, bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
-from .recording import bind_inputs, returns_closure, user_frame_tracer
-from .replay import refusing_unreplayable
+from ..profiler import capture_phase
+from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
+from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording
+from .recording import returns_closure, user_frame_tracer
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -53,43 +53,15 @@ SHARED_PER_KEY = 32
 MAX_DIRECT = 256  # call keys (exact shapes) found without the frame hook, for those served by dynamic pieces
 
 
-class Piece:
-    __slots__ = ("executable", "out_spec", "graph_text", "guards", "guard_names", "guard_specs", "returns", "reason",
-                 "where", "ops", "grad", "reads_grad", "dyn", "size_values", "size_inputs", "out_dims")
-
-    def __init__(self, executable, out_spec, guards_, guard_names, returns, reason, where, grad=None,
-                 reads_grad=False, guard_specs=None):
-        self.executable = executable  # with grad: the forward, returning the residuals after the outputs
-        self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad, or None
-        self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
-        self.out_spec = out_spec
-        self.graph_text = executable.graph_str()
-        self.ops = self.graph_text.count(" = ")
-        self.guards = guards_
-        self.guard_names = guard_names
-        self.guard_specs = guard_specs  # the specs of guards (code_cache.weaken), or None: they hold their roots
-        self.returns = returns  # True: the function's result; False: the state at a graph break
-        self.reason = reason  # why the graph breaks after it (None when it returns)
-        self.where = where  # "file:line" of the break instruction
-        self.dyn = None  # a piece captured with symbolic sizes: its kiln.jit.dynamic.DynamicEntry
-        self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
-        self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
-        self.out_dims = None  # a dynamic piece that breaks: per output tensor, the dimensions that follow symbols
-
-    def failed_guard(self, fn=None):
-        k = self.guards.first_failure(fn)
-        return None if k < 0 else self.guard_names[k]
-
-
-class Entries:
+class Entries(EntryCache):
     """The compiled pieces of a code object for one set of options, keyed by (resume point, call
-    key), with what their captures found: shared by every kiln.jit wrapper of a function of that
-    code with those options (see entries_of); a Cell's or a method's are its wrapper's own."""
-    __slots__ = ("cache", "dynamic", "breaks", "count", "python_steps", "static_scalars", "__weakref__")
+    key) (exact; dynamic: by the key without its shapes, the pieces captured with symbolic sizes),
+    with what their captures found: shared by every kiln.jit wrapper of a function of that code with
+    those options (see entries_of); a Cell's or a method's are its wrapper's own."""
+    __slots__ = ("breaks", "count", "python_steps", "static_scalars", "__weakref__")
 
     def __init__(self):
-        self.cache = {}
-        self.dynamic = {}  # shape-free (resume point, call key) -> [pieces captured with symbolic sizes]
+        super().__init__()
         self.breaks = []  # (reason, where) of each graph break met, in order
         self.count = 0
         self.python_steps = set()  # positions whose instruction runs in Python whatever the state
@@ -132,51 +104,41 @@ class Pieces:
         self.own = set()  # ids of the pieces this wrapper captured (its limits count these only)
         self.mine = []  # those pieces, kept alive while the wrapper lives (the ids stay theirs)
 
-    cache = property(lambda self: self.entries.cache)
+    cache = property(lambda self: self.entries.exact)
     breaks = property(lambda self: self.entries.breaks)
     python_steps = property(lambda self: self.entries.python_steps)
     count = property(lambda self: self.entries.count)
 
     def lookup(self, key):
-        entries = self.cache.get(key)
-        if not entries:
-            return None
-        for e in entries:
-            if e.guards.check(self.fn):
-                return e
-        self.recompiles.append((key[0], entries[-1].failed_guard(self.fn)))
-        return None
+        found = self.entries.find(key, self.fn)
+        if found is None and self.cache.get(key):
+            self.recompiles.append((key[0], self.cache[key][-1].failed_guard(self.fn)))
+        return found
 
     def lookup_dynamic(self, key, leaves):
         """(piece, executable, the symbols' sizes) of a piece captured with symbolic sizes whose guards
         (on Python state, and the relations of its sizes) this call satisfies, its instance for the
         call's binding made on first use; or None."""
-        for piece in self.entries.dynamic.get(dynamic.shape_free(key), ()):
-            found = self.owner._instance_for(piece.dyn, leaves) if piece.guards.check(self.fn) else None
-            if found is None:
-                continue
-            exe, values, _ = found
-            binding = tuple(values[k] for k in piece.dyn.live)
-            fast = self.fast_dyn.get(id(piece))
-            if fast and binding not in fast[1]:
-                fast[1].add(binding)
-                self.owner._add_fast_instance(fast[0], binding, exe, piece.dyn.limit)
-            return piece, exe, values
-        return None
+        found = self.entries.find_dynamic(key, lambda d: self.owner._instance_for(d, leaves), self.fn)
+        if found is None:
+            return None
+        piece, (exe, values, _) = found
+        binding = tuple(values[k] for k in piece.dyn.live)
+        fast = self.fast_dyn.get(id(piece))
+        if fast and binding not in fast[1]:
+            fast[1].add(binding)
+            self.owner._add_fast_instance(fast[0], binding, exe, piece.dyn.limit)
+        return piece, exe, values
 
     def add(self, key, piece):
-        if piece.dyn is not None:
-            same = self.entries.dynamic.setdefault(dynamic.shape_free(key), [])
-        else:
-            same = self.cache.setdefault(key, [])
-        same.append(piece)
+        same = self.entries.add(key, piece)
         if self.shared and len(same) > SHARED_PER_KEY:
             del same[0]  # in place: Pieces.direct holds the list
         self.own.add(id(piece))
         self.mine.append(piece)
         self.entries.count += 1
-        if not piece.returns:
-            self.breaks.append((piece.reason, piece.where))
+        if not piece.extra.returns:
+            self.breaks.append((piece.extra.reason, piece.extra.where))
 
 
 def _concrete(value):
@@ -229,7 +191,7 @@ def carried_marks(carried):
     saved = []
     if carried is not None:
         piece, outs = carried
-        for t, dims in zip(outs, piece.out_dims):
+        for t, dims in zip(outs, piece.extra.out_dims):
             if dims and isinstance(t, _C.TensorBase):
                 marks = dynamic.marks_of(t)
                 saved.append((t, None if marks is None else dict(marks)))
@@ -256,7 +218,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     """Runs a capture from a frozen state (its tensors `leaves`, structure `spec`): returns
     (piece, outcome, payload, interp, outputs, first) with outcome "return" (payload: the detached result) or
     "break" (payload: the frames, standing at the break instruction, on real values; outputs: the
-    tensors of the frozen frames, detached, in the order of piece.out_dims). grad: the
+    tensors of the frozen frames, detached, in the order of piece.extra.out_dims). grad: the
     caller differentiates, the piece is captured with its backward (kiln.jit.piece_grad); when it
     has one, first is its piece_grad.FirstRun, for the call to go on with the capture's outputs
     (payload and interp are then None), else None. symbols:
@@ -264,21 +226,19 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     the piece is captured with symbolic sizes (kiln.jit.dynamic.Capture) and, unless every symbol
     ended specialized, serves every binding its guards admit (piece.dyn)."""
     opts = owner.options
-    tracer = _C.Tracer()
+    top = owner._pieces.fn
     # the tensors the capture writes in place (a BatchNorm's running statistics, an optimizer's
-    # state) and the random generator are kept as they were: put back when the compiled piece runs
-    # the writes again (grad: it runs to record its node) or the call runs another way
-    # (Unsupported, Specialize)
-    tracer.keep_undo()
-    undo, rng = True, _C.random_state()  # (the generator's draws are undone with them)
-    capture = graph = out_dims = None
-    recorder = guards.Recorder(top=owner._pieces.fn)
-    called, writes = [], []
-    prev_logs = _C.set_cell_logs(called, writes)
-    prev_hook = _C.eval_frame_suspend(True)
-    try:
-        aliases = []
-        aliases_state = bind_inputs(tracer, spec, leaves, aliases)
+    # state) and the random generator are kept as they were (keep_undo): put back when the compiled
+    # piece runs the writes again (grad: it runs to record its node) or the call runs another way
+    # (Unsupported, Specialize); code a piece cannot replay raises Unsupported at once (.grad written, ...)
+    # (a piece runs no sublinear-memory search)
+    rec = Recording(opts.compile_options.replace(sublinear=None), guards_of=top, symbols=symbols,
+                    refuse=bytecode.Unsupported, keep_undo=True, frame_hook_off=True)
+    out_dims = None
+    with rec:
+        tracer, recorder, aliases = rec.tracer, rec.recorder, rec.aliases
+        aliases_state = rec.bind(spec, leaves)
+        capture = rec.capture
         if grad:  # (bind_inputs marks leaves only: here every input that requires grad is differentiated)
             for a, t in zip(aliases, leaves):
                 if t.requires_grad and not a.requires_grad:
@@ -286,9 +246,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         interp = bytecode.Interpreter([], recorder=recorder, capture=True, set_loc=tracer.set_loc)
         interp.user_frames = user_frame_tracer(tracer, recorder.on_call)
         interp.scalar_values = {id(a): t for a, t in zip(aliases, leaves)}  # (the values of symbolic scalars)
-        if symbols is not None:
-            capture = interp.dynamic = dynamic.Capture(tracer, *symbols[:3], aliases)
-        top = owner._pieces.fn
+        interp.dynamic = capture
         frames = bytecode.thaw(aliases_state, interp, top)
         interp.frames = frames
         for f in frames:
@@ -296,17 +254,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
                 raise bytecode.Unsupported(f"{f.code.cpython_only} in {f.func.__qualname__} "
                                            f"({f.func.__code__.co_filename}:{f.func.__code__.co_firstlineno})")
         interp.reads.extend((f, f.named_locals()) for f in frames)
-        prev_trace = sys.gettrace()
-        try:
-            with refusing_unreplayable(bytecode.Unsupported), \
-                    timed_phase("record", "the function run once, its ops recorded"):  # (refusing: .grad written, ...)
-                if capture is None:
-                    outcome, payload = interp.run()
-                else:
-                    with capture:
-                        outcome, payload = interp.run()
-        finally:
-            sys.settrace(prev_trace)
+        outcome, payload = rec.run(InterpreterStrategy(interp))
         interp.record_reads()  # (a list only appended to, `LOG.append(x)`, gets no guard on its contents)
         reads, where = tracer.value_reads()
         if reads:
@@ -318,11 +266,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")
-            if capture is not None:
-                payload = _concrete(payload)
-            payload = ast_runtime.chosen_numbers(payload)  # (numbers a compiled loop carried, returned as numbers)
-            out_leaves = []
-            out_spec = tree.flatten(payload, out_leaves)
+            # (numbers a compiled loop carried, returned as numbers)
+            payload, out_spec, out_leaves = rec.outputs(payload, concrete=_concrete)
             reason = where_at = None
         else:
             reason, where_at = payload, interp.frames[-1].where()
@@ -337,33 +282,21 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if capture is not None:
                 out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
         reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
-        outside = tracer.captured()  # (the parameters and closures' tensors the piece reads)
+        rec.note_outside()  # (the parameters and closures' tensors the piece reads)
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         first = None
         if made is not None:
             executable, pgrad, first = made
         else:
             pgrad = None
-            # (a piece runs no sublinear-memory search)
-            executable = tracer.finish(out_leaves, opts.compile_options.replace(sublinear=None))
-        if capture is not None:
-            graph = tracer.recorded()
+            executable = rec.compile(out_leaves)
+        graph = rec.graph
         # the call goes on with the capture's values (first) or runs the compiled piece: then the
         # writes and draws are done again
-        undo = grad and first is None
-    finally:
-        tracer.end()
-        if undo:
-            tracer.undo_writes()
-            _C.set_random_state(rng)
-        _C.eval_frame_suspend(prev_hook)
-        _C.set_cell_logs(*prev_logs)
+        rec.undo = grad and first is None
     from ..nn.cell import Cell
 
-    if isinstance(owner.fn, Cell):
-        called.insert(0, owner.fn)
-    recorder.add_cells(tuple(dict.fromkeys(called)))
-    recorder.add_tensors(outside)
+    rec.add_guarded((owner.fn,) if isinstance(owner.fn, Cell) else ())
     specs = None
     if owner._pieces.shared:  # kept with the code object: guards that hold nothing leading back to it
         specs, guard_names = recorder.guard_specs()
@@ -371,14 +304,17 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         guard_set = _C.GuardSet(specs)
     else:
         guard_set, guard_names = recorder.guard_set()
-    piece = Piece(executable, out_spec, guard_set, guard_names, outcome == "return", reason, where_at, pgrad,
-                  reads_grad, specs)
+    text = executable.graph_str()
+    info = PieceInfo(outcome == "return", reason, where_at, text.count(" = "), pgrad, reads_grad, specs)
+    # (with grad the executable is the forward, returning the residuals after the outputs)
+    piece = Entry(executable, out_spec, guard_set, guard_names, text, extra=info)
     if capture is not None:
-        piece.size_values = capture.values
-        piece.size_inputs = tuple(e for e, _ in interp.size_inputs)
+        piece.capture, piece.graph = capture, graph
+        piece.extra.size_values = capture.values
+        piece.extra.size_inputs = tuple(e for e, _ in interp.size_inputs)
     if capture is not None and len(capture.specialized) < len(capture.values):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
-        piece.out_dims = out_dims
+        piece.extra.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     if first is not None:  # (the call records its node on these, then goes on as after a compiled run)
         return piece, outcome, None, None, detached, first
@@ -386,7 +322,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     if outcome == "return":
         return piece, "return", value, None, detached, None
     run_interp = bytecode.Interpreter([], capture=False)
-    run_interp.size_values = piece.size_values
+    run_interp.size_values = piece.extra.size_values
     return piece, "break", bytecode.thaw(value, run_interp, top), run_interp, detached, None
 
 
@@ -396,13 +332,13 @@ def _execute(jf, piece, leaves, exe=None, sizes=None, first=None):
     the call that captured a differentiable piece, whose outputs it computed (first: (outputs,
     piece_grad.FirstRun)); nothing runs again."""
     if first is not None:
-        return piece_grad.first_run(piece.grad, leaves, *first)
+        return piece_grad.first_run(piece.extra.grad, leaves, *first)
     recorder = jf._recorder
-    if piece.size_inputs:  # sizes used as numbers: their values at this call's binding
-        sizes = piece.size_values if exe is None else sizes
-        leaves = list(leaves) + [sym_scalar.as_tensor(dynamic.evaluate(e, sizes)) for e in piece.size_inputs]
-    if piece.grad is not None:
-        return piece_grad.run(piece.executable, piece.grad, leaves,
+    if piece.extra.size_inputs:  # sizes used as numbers: their values at this call's binding
+        sizes = piece.extra.size_values if exe is None else sizes
+        leaves = list(leaves) + [sym_scalar.as_tensor(dynamic.evaluate(e, sizes)) for e in piece.extra.size_inputs]
+    if piece.extra.grad is not None:
+        return piece_grad.run(piece.executable, piece.extra.grad, leaves,
                               (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
     exe = piece.executable if exe is None else exe
     return exe(*leaves) if recorder is None else recorder.run(exe, *leaves)
@@ -468,13 +404,13 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 key = grad_key(key, grad)
                 continue
             owner.stats.compile_seconds += time.perf_counter() - t0
-            carried = (piece, outs) if piece.out_dims is not None else None
-            if outcome == "break" and piece.ops == 0 and _position(value) == _position_of_state(spec, leaves,
+            carried = (piece, outs) if piece.extra.out_dims is not None else None
+            if outcome == "break" and piece.extra.ops == 0 and _position(value) == _position_of_state(spec, leaves,
                                                                                                 pieces.fn):
                 # the resume point's own instruction breaks, no graph before it: a Python step at this
                 # point from now on, whatever the state (no piece per value of a Python scalar)
                 pieces.python_steps.add(_position(value))
-                pieces.breaks.append((piece.reason, piece.where))
+                pieces.breaks.append((piece.extra.reason, piece.extra.where))
                 if grad:  # the frames on the call's own tensors (the capture's are detached)
                     interp = bytecode.Interpreter([], capture=False)
                     value = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp, pieces.fn)
@@ -502,18 +438,18 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
             first = None
             value = tree.unflatten(piece.out_spec, outs)[0]
-            if piece.returns:
+            if piece.extra.returns:
                 return value
-            carried = (piece, outs) if piece.out_dims is not None else None
+            carried = (piece, outs) if piece.extra.out_dims is not None else None
             interp = bytecode.Interpreter([], capture=False)
-            interp.size_values = sizes if sizes is not None else piece.size_values
+            interp.size_values = sizes if sizes is not None else piece.extra.size_values
             try:
                 frames = bytecode.thaw(value, interp, pieces.fn)
             except bytecode.Unsupported:
                 # the state after the graph names an object of its capture that is gone; on_frame would run
                 # the whole call again eagerly, repeating the side effects already done in this call. A graph
                 # without ops changed nothing: the rest of the call runs in Python from the state before it
-                if not side_effects_done or piece.ops:
+                if not side_effects_done or piece.extra.ops:
                     raise
                 return _finish_in_python(tree.unflatten(spec, list(leaves))[0], pieces.fn)
         # the break instruction, in Python (and those of the Python steps after it)
@@ -651,7 +587,7 @@ def _call(jf, args, kwargs):
         if hit is not None and jf._eager_reason is None and not (
                 ck[2][0] and (differentiating() or any(sig[2] for sig in ck[1]))):
             for piece in hit[2]:  # a function that is one graph: no state to rebuild
-                if piece.returns and piece.guards.check(fn):
+                if piece.extra.returns and piece.guards.check(fn):
                     jf.stats.hits += 1
                     return tree.unflatten(piece.out_spec, _execute(jf, piece, leaves))[0]
             try:
@@ -699,7 +635,7 @@ def entry_for(jf, args, kwargs):
         return None
     prefix = pieces.prefix if jf._self_ref is None else (jf._self,) + pieces.prefix[1:]
     key, _, leaves = entry_key(pieces, pieces.fn, bytecode.bind(pieces.fn, prefix + tuple(args), kwargs))
-    piece = next((p for p in pieces.cache.get(key, ()) if p.guards.check(pieces.fn)), None)
+    piece = pieces.entries.find(key, pieces.fn)
     if piece is not None:
         return piece, piece.executable
     found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
@@ -750,12 +686,12 @@ def on_frame(jf, func, bound, pending):
         pieces.direct[direct_key] = (key, spec, pieces.cache.get(key, ()))
     entries = pieces.cache.get(key, ())
     if (key not in pieces.fast_keys and not grad and pending is not None and len(entries) == 1
-            and entries[0].returns and not entries[0].size_inputs):
+            and entries[0].extra.returns and not entries[0].extra.size_inputs):
         _, _, args, kwargs = pending
         pieces.fast_keys.add(key)  # (entries found compiled by another wrapper too)
         if _same_arguments(bound, args) and not kwargs:
             jf._register_fast(jf._key(args, kwargs)[0], args, kwargs, _FastView(entries[0], func))
-    if (not entries and len(dyn) == 1 and dyn[0].returns and not dyn[0].size_inputs
+    if (not entries and len(dyn) == 1 and dyn[0].extra.returns and not dyn[0].extra.size_inputs
             and id(dyn[0]) not in pieces.fast_dyn and not grad and pending is not None):  # every binding of a one-graph function's dynamic piece, from C
         _, _, args, kwargs = pending
         pieces.fast_dyn[id(dyn[0])] = None  # (offered once)
@@ -788,6 +724,6 @@ class _FastView:
 
     def __init__(self, piece, fn):
         self.executable, self.out_spec, self.guards = piece.executable, piece.out_spec, piece.guards
-        if piece.guard_specs is not None:  # (guards rooted at the function called: a copy bound to fn)
-            self.guards = _C.GuardSet(piece.guard_specs, fn)
-        self.differentiable = piece.reads_grad  # (the C fast path cannot tell whether the caller differentiates)
+        if piece.extra.guard_specs is not None:  # (guards rooted at the function called: a copy bound to fn)
+            self.guards = _C.GuardSet(piece.extra.guard_specs, fn)
+        self.differentiable = piece.extra.reads_grad  # (the C fast path cannot tell whether the caller differentiates)

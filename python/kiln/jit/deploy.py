@@ -193,7 +193,7 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
                                "level": f"O{level}", "test_cases": len(cases) // max(nin + nout, 1),
                                "options_not_applied": not_applied}, sort_keys=True)
     info = json.dumps(user_info, sort_keys=True) if user_info is not None else None
-    param_names = getattr(rec, "param_names", None) if keep_param_name else None
+    param_names = getattr(rec.extra, "param_names", None) if keep_param_name else None
     data, nodes, params, text = _C.model_write(rec.graph, level, inference, no_format, fusion, float16, arg_names,
                                                 output_names, metadata, info, cases, graph_name, param_names,
                                                 int(keep_var_name), bool(keep_opr_name), bool(keep_opr_priority))

@@ -133,7 +133,7 @@ def _convolutions(texts):
 
 def _grad_texts(jf):
     """The graph texts of kiln.grad / value_and_grad of jf (their forward-and-backward graphs)."""
-    return [e.graph_text for v in getattr(jf, "_grad_variants", {}).values() for entries in v._cache.values()
+    return [e.graph_text for v in getattr(jf, "_grad_variants", {}).values() for entries in v._entries.exact.values()
             for e in entries]
 
 
@@ -223,7 +223,7 @@ def report(jf):
                 graphs.extend((_ops(p.graph_text), list(p.guard_names)) for p in entries)
                 attention.extend(_attention(p.graph_text) for p in entries)
                 texts.extend(p.graph_text for p in entries)
-                texts.extend(p.grad.backward_text() for p in entries if p.grad is not None)
+                texts.extend(p.extra.grad.backward_text() for p in entries if p.extra.grad is not None)
                 recomputed.extend(_recomputed(p.executable) for p in entries)
                 buckets.extend(_buckets(p.executable) for p in entries)
             for entries in pieces.entries.dynamic.values():  # pieces captured with symbolic sizes
@@ -236,16 +236,17 @@ def report(jf):
             recompiles += pieces.new_signatures
             fallback = fallback or pieces.given_up
     else:
-        graphs = [(_ops(e.graph_text), list(e.guard_names)) for entries in jf._cache.values() for e in entries]
-        attention = [_attention(e.graph_text) for entries in jf._cache.values() for e in entries]
-        texts = [e.graph_text for entries in jf._cache.values() for e in entries]
-        recomputed = [_recomputed(e.executable) for entries in jf._cache.values() for e in entries]
-        buckets = [_buckets(e.executable) for entries in jf._cache.values() for e in entries]
-        for ds in jf._dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
-            graphs.extend(_dynamic_graph(d.entry.graph_text, d.entry.guard_names, d) for d in ds)
-            attention.extend(_attention(d.entry.graph_text) for d in ds)
-            recomputed.extend(None for _ in ds)
-            buckets.extend(None for _ in ds)
+        exact = [e for entries in jf._entries.exact.values() for e in entries]
+        graphs = [(_ops(e.graph_text), list(e.guard_names)) for e in exact]
+        attention = [_attention(e.graph_text) for e in exact]
+        texts = [e.graph_text for e in exact]
+        recomputed = [_recomputed(e.executable) for e in exact]
+        buckets = [_buckets(e.executable) for e in exact]
+        for es in jf._entries.dynamic.values():  # dynamic shapes: one graph for many sizes, its symbols and shape guards
+            graphs.extend(_dynamic_graph(e.graph_text, e.guard_names, e.dyn) for e in es)
+            attention.extend(_attention(e.graph_text) for e in es)
+            recomputed.extend(None for _ in es)
+            buckets.extend(None for _ in es)
         breaks = []
         recompiles = list(jf._recompiles)
         if jf._ast_fallback is not None:

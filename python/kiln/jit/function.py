@@ -15,12 +15,13 @@ import warnings
 from .. import _C, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
-from ..profiler import CallRecorder, CompilePhases, capture_phase, timed_phase
-from . import ast_convert, ast_runtime, bytecode_capture, dynamic, exclude, guards, tree
+from ..profiler import CallRecorder, CompilePhases, capture_phase
+from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
+from .capture_core import CallStrategy, Entry, EntryCache, Recording
 from .eager_switch import jit_disabled
 from .options import JitOptions
-from .recording import CallerContainers, bind_inputs, returns_closure, user_frame_tracer
-from .replay import end_reasons, grad_read, grad_written, mark_not_replayable, start_reasons
+from .recording import returns_closure
+from .replay import grad_read, grad_written, mark_not_replayable
 from .syntax import JitSyntaxError
 
 _saved_graphs = [0]
@@ -74,28 +75,6 @@ class CacheInfo:
                 f"instance_seconds={self.instance_seconds:.4f}{dyn})")
 
 
-class _Entry:
-    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
-                 "graph")
-
-    def __init__(self, executable, out_spec, graph_text, differentiable, guards, guard_names):
-        self.executable = executable
-        self.out_spec = out_spec
-        self.graph_text = graph_text
-        self.differentiable = differentiable  # the traced outputs carried autograd history
-        self.guards = guards  # _C.GuardSet on the Python state the capture read (see kiln.jit.guards)
-        self.guard_names = guard_names
-        self.capture = self.graph = None  # a dynamic capture's Capture and recorded graph
-
-    def guards_hold(self):
-        return self.guards.check()
-
-    def failed_guard(self):
-        """What changed since the capture (a description of the first failing guard), or None."""
-        k = self.guards.first_failure()
-        return None if k < 0 else self.guard_names[k]
-
-
 def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
@@ -103,35 +82,17 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     expressions) of a dynamic capture (kiln.jit.dynamic), whose Capture becomes entry.capture."""
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
-    tracer = _C.Tracer(capture_constants=capture_constants)
-    recorder = guards.Recorder(top=fn)
-    prev_trace = sys.gettrace()
-    called, writes = [], []
-    prev_logs = _C.set_cell_logs(called, writes)  # the Cells called and the writes on Cells
-    reasons, prev_reasons = start_reasons()
-    try:
-        aliases = []
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
-        callers = CallerContainers((args, kwargs), (call_args, call_kwargs), leaves, aliases)
-        capture = None if symbols is None else dynamic.Capture(tracer, *symbols, aliases)
-        sys.settrace(user_frame_tracer(tracer, recorder.on_call))
-        excluded = exclude.noting()
-        try:
-            with excluded, timed_phase("record", "the function run once, its ops recorded"):
-                if capture is None:
-                    result = fn(*call_args, **call_kwargs)
-                else:
-                    with capture:
-                        result = fn(*call_args, **call_kwargs)
-        finally:
-            sys.settrace(prev_trace)
-            _C.set_cell_logs(called, prev_logs[1])
-        if excluded.used:
+    with Recording(options.compile_options, capture_constants=capture_constants, guards_of=fn,
+                   symbols=symbols) as rec:
+        call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
+        result = rec.run(CallStrategy(fn), call_args, call_kwargs)
+        reasons, callers = rec.reasons, rec.callers
+        if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
-        reads, where = tracer.value_reads()
+        reads, where = rec.tracer.value_reads()
         if reads:
             _on_value_read(fn, options, where, reasons)
-        effect = recorder.side_effect(writes)
+        effect = rec.recorder.side_effect(rec.writes)
         if effect is not None:
             _on_side_effect(options, effect, reasons)
         changed = callers.changed()
@@ -142,18 +103,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
                            "at every later call)")
         if changed is None and callers.returned(result):
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
-        if capture is not None:
-            result = dynamic.concrete(result)
-        result = ast_runtime.chosen_numbers(result)  # (numbers an if on a tensor chose, returned as numbers)
-        out_leaves = []
-        out_spec = tree.flatten(result, out_leaves)
-        outside = tracer.captured()  # (the parameters and closures' tensors the graph reads)
-        executable = tracer.finish(out_leaves, options.compile_options)
-        graph = tracer.recorded() if capture is not None else None
-    finally:
-        tracer.end()
-        _C.set_cell_logs(*prev_logs)
-        end_reasons(prev_reasons)
+        result, out_spec, out_leaves, executable = rec.finish(result)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
@@ -162,14 +112,11 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
-    cells = tuple(dict.fromkeys(called))
-    recorder.add_cells(cells)
-    recorder.add_tensors(outside)
-    guard_set, guard_names = recorder.guard_set()
+    guard_set, guard_names = rec.guard_set()
     differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
-    entry = _Entry(executable, out_spec, text, differentiable, guard_set, guard_names)
-    if capture is not None:
-        entry.capture, entry.graph = capture, graph
+    entry = Entry(executable, out_spec, guard_set, guard_names, text, differentiable)
+    if rec.capture is not None:
+        entry.capture, entry.graph = rec.capture, rec.graph
     return tree.unflatten(out_spec, detached)[0], entry
 
 
@@ -211,8 +158,7 @@ class JitFunction(_C.JitDispatcher):
         self._self_ref = None  # the instance of a bound method (held like a Python bound method holds it)
         if bound_self is not None:
             self._self_ref = lambda obj=bound_self: obj
-        self._cache = {}
-        self._dynamic = {}  # shape-free key -> [kiln.jit.dynamic.DynamicEntry]
+        self._entries = EntryCache()  # its Entries (dynamic ones: entry.dyn, a kiln.jit.dynamic.DynamicEntry)
         self._sizes_seen = {}  # shape-free key -> per tensor, per dimension, the sizes compiled for
         self._keys = []
         self._warned = False
@@ -322,7 +268,7 @@ class JitFunction(_C.JitDispatcher):
         if self.options.capture_mode == "bytecode":
             return bytecode_capture.call(self, args, kwargs)
         key, leaves = self._key(args, kwargs)
-        entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+        entry = self._entries.find(key)
         if entry is not None and entry.differentiable and key[2][0] and differentiating():
             # inside grad / value_and_grad of an enclosing function: this graph's results would carry no
             # history; the call runs as differentiable pieces, each one compiled forward and backward
@@ -333,7 +279,7 @@ class JitFunction(_C.JitDispatcher):
             self._last = entry
             outs = entry.executable(*leaves) if self._recorder is None else self._recorder.run(entry.executable, *leaves)
             return tree.unflatten(entry.out_spec, outs)[0]
-        if self._dynamic:
+        if self._entries.dynamic:
             found = self._dynamic_call(key, args, kwargs, leaves)
             if found is not _NO_ENTRY:
                 return found
@@ -342,20 +288,19 @@ class JitFunction(_C.JitDispatcher):
     def _dynamic_call(self, key, args, kwargs, leaves):
         """Runs the call on a dynamic entry whose guards it satisfies (making the instance of its
         binding on first use), or returns _NO_ENTRY."""
-        for d in self._dynamic.get(dynamic.shape_free(key), ()):
-            found = self._instance_for(d, leaves) if d.entry.guards_hold() else None
-            if found is None:
-                continue
-            exe, values, made = found
-            if made and d.fast is not None:
-                self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
-            if d.entry.differentiable and key[2][0] and differentiating():
-                return self._differentiable_call(args, kwargs)
-            self.stats.hits += 1
-            self._last = d.entry
-            outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
-            return tree.unflatten(d.entry.out_spec, outs)[0]
-        return _NO_ENTRY
+        found = self._entries.find_dynamic(key, lambda d: self._instance_for(d, leaves))
+        if found is None:
+            return _NO_ENTRY
+        entry, (exe, values, made) = found
+        d = entry.dyn
+        if made and d.fast is not None:
+            self._add_fast_instance(d.fast, tuple(values[k] for k in d.live), exe, d.limit)
+        if entry.differentiable and key[2][0] and differentiating():
+            return self._differentiable_call(args, kwargs)
+        self.stats.hits += 1
+        self._last = entry
+        outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
+        return tree.unflatten(entry.out_spec, outs)[0]
 
     def _instance_for(self, d, leaves):
         """(executable, the symbols' sizes, whether it was made now) of dynamic entry d for a call's
@@ -411,7 +356,7 @@ class JitFunction(_C.JitDispatcher):
         if self._warned:
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
-        if sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values())) >= self.options.recompile_limit:
+        if self._entries.total() >= self.options.recompile_limit:
             self._warn_recompiles(key)
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
@@ -419,8 +364,9 @@ class JitFunction(_C.JitDispatcher):
             self.stats.eager_calls += 1
             return self._target()(*args, **kwargs)
         if self._keys:
-            stale = [e.failed_guard() for e in self._cache.get(key, ())]
-            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None) if key in self._cache
+            stale = [e.failed_guard() for e in self._entries.exact.get(key, ())]
+            self._recompiles.append(next((f"the value of {g} changed" for g in stale if g), None)
+                                    if key in self._entries.exact
                                     else _C.tree.describe_change(self._keys[-1], key))
         t0 = time.perf_counter()
         symbols = self._symbols(key, self._key(args, kwargs)[1])
@@ -449,13 +395,10 @@ class JitFunction(_C.JitDispatcher):
         self._keys.append(key)
         self._last = entry
         if entry.capture is not None and len(entry.capture.specialized) < len(entry.capture.values):
-            d = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
-            self._dynamic.setdefault(dynamic.shape_free(key), []).append(d)
-            self._register_fast(key, args, kwargs, entry, d)
-        else:
-            self._cache.setdefault(key, []).append(entry)
-            self._register_fast(key, args, kwargs, entry)
-        self.stats.entries = sum(map(len, self._cache.values())) + sum(map(len, self._dynamic.values()))
+            entry.dyn = dynamic.DynamicEntry(entry, entry.capture, entry.graph, symbols[3], self.options)
+        self._entries.add(key, entry)
+        self._register_fast(key, args, kwargs, entry, entry.dyn)
+        self.stats.entries = self._entries.total()
         return result
 
     def _register_fast(self, key, args, kwargs, entry, dyn=None):
@@ -490,8 +433,8 @@ class JitFunction(_C.JitDispatcher):
         if self._warned:
             return
         self._warned = True
-        stale = [e.failed_guard() for e in self._cache.get(key, ())]
-        changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._cache
+        stale = [e.failed_guard() for e in self._entries.exact.get(key, ())]
+        changing = (next((f"the value of {g}" for g in stale if g), None) if key in self._entries.exact
                     else _C.tree.describe_change(self._keys[-1], key))
         warnings.warn(f"kiln.jit: {self.__qualname__} was compiled {len(self._keys)} times "
                       f"(recompile_limit={self.options.recompile_limit}); {changing} keeps changing. "
@@ -516,7 +459,7 @@ class JitFunction(_C.JitDispatcher):
             got = variant.cache_info()
             for name in CacheInfo.__slots__[:-1]:
                 setattr(info, name, getattr(info, name) + getattr(got, name))
-        info.dynamic = [d.describe() for ds in self._dynamic.values() for d in ds]
+        info.dynamic = [e.dyn.describe() for es in self._entries.dynamic.values() for e in es]
         if self._pieces is not None:  # capture_mode="bytecode": its pieces captured with symbolic sizes
             info.dynamic += [p.dyn.describe() for ps in self._pieces.entries.dynamic.values() for p in ps]
         return info
@@ -532,14 +475,12 @@ class JitFunction(_C.JitDispatcher):
                     return found
             else:
                 key, leaves = self._key(args, kwargs)
-                entry = next((e for e in self._cache.get(key, ()) if e.guards_hold()), None)
+                entry = self._entries.find(key)
                 if entry is not None:
                     return entry, entry.executable
-                for d in self._dynamic.get(dynamic.shape_free(key), ()):
-                    values = d.bind(leaves) if d.entry.guards_hold() else None
-                    exe = None if values is None else d.instances.get(tuple(values[k] for k in d.live))
-                    if exe is not None:
-                        return d.entry, exe
+                found = self._entries.find_dynamic(key, lambda d: _made_instance(d, leaves))
+                if found is not None:
+                    return found
             if attempt == 0:
                 self(*args, **kwargs)
         raise RuntimeError(f"{self.__qualname__}: these arguments run eagerly (no compiled graph)")
@@ -648,6 +589,12 @@ class JitFunction(_C.JitDispatcher):
 hooks.jit_function_class = JitFunction  # (autograd, Cell and the capture modes reach it there)
 
 _NO_ENTRY = object()
+
+
+def _made_instance(d, leaves):
+    """The instance of dynamic entry d for the sizes of a call's tensors, if made already, else None."""
+    values = d.bind(leaves)
+    return None if values is None else d.instances.get(tuple(values[k] for k in d.live))
 
 
 def _call_cell_body(cell, args, kwargs):

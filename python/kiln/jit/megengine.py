@@ -25,17 +25,15 @@ import copy
 import functools
 import os
 import sys
-import threading
 import warnings
 
 from .. import _C
 from ..profiler import CallRecorder, capture_phase
-from . import ast_runtime, dynamic, exclude, tree
+from . import dynamic, tree
+from .capture_core import CallStrategy, Entry, EntryCache, Recording, TraceInfo
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
-from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import collect_grad_writes, end_reasons, start_reasons
 from .graph_opt_config import GraphOptimizationConfig
 from .sublinear_memory_config import SublinearMemoryConfig
 
@@ -134,138 +132,40 @@ class _Bindings:
                                          "was traced, and capture_as_const=True baked the old value into the graph")
 
 
-# ---- symbolic tracing: traced tensors have no readable value ------------------------------
-
-_READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",
-          "__repr__", "__str__")
-_guard_lock = threading.Lock()
-_guard_users = 0
-_guard_saved = {}
-_local = threading.local()
-
-
-def _guarded(name, original):
-    def read(self, *args, **kwargs):
-        tracers = getattr(_local, "symbolic", None)
-        if tracers and tracers[-1].knows(self):
-            raise RuntimeError(f"kiln.trace(symbolic=True): can't read the value of a traced tensor ({name}) while "
-                               "tracing symbolically; values exist only when the compiled graph runs. Read it outside "
-                               "the traced function, return it as an output, or use symbolic=False")
-        return original(self, *args, **kwargs)
-
-    read.__name__ = name
-    return read
-
-
-def _push_symbolic(tracer):
-    """Makes value reads of tensors `tracer` knows raise, on this thread, until _pop_symbolic.
-    (NumPy's np.asarray/np.array read through the buffer protocol, which Python code can't
-    intercept: they still see the eagerly computed values.)"""
-    global _guard_users
-    from .._tensor import Tensor
-
-    with _guard_lock:
-        if _guard_users == 0:
-            for name in _READS:
-                _guard_saved[name] = Tensor.__dict__.get(name)
-                setattr(Tensor, name, _guarded(name, getattr(Tensor, name)))
-        _guard_users += 1
-    stack = getattr(_local, "symbolic", None)
-    if stack is None:
-        stack = _local.symbolic = []
-    stack.append(tracer)
-
-
-def _pop_symbolic():
-    global _guard_users
-    from .._tensor import Tensor
-
-    _local.symbolic.pop()
-    with _guard_lock:
-        _guard_users -= 1
-        if _guard_users == 0:
-            for name, saved in _guard_saved.items():
-                if saved is None:
-                    delattr(Tensor, name)
-                else:
-                    setattr(Tensor, name, saved)
-            _guard_saved.clear()
-
-
 # ---- recording ---------------------------------------------------------------------------
-
-class _Run:
-    """One run of the Python function under a recorder: its detached results and its graph."""
-
-    __slots__ = ("result", "executable", "graph", "out_spec", "cells", "modes", "fast", "constants",
-                 "constant_names", "capture", "requires_grad_key", "param_names", "symbolic", "plan", "grad_targets",
-                 "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
-
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
                   caller=None):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
     (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. The .grad
-    assignments the function makes are kept as run.grad_targets, their tensors as extra outputs of
-    the graph, for each replay to make them (set_grads). run.unreplayable lists what the function
+    assignments the function makes are kept as run.extra.grad_targets, their tensors as extra outputs of
+    the graph, for each replay to make them (set_grads). run.extra.unreplayable lists what the function
     did that no replay repeats (Tensor.backward accumulating in C, a .grad set before the call read,
     print to a file: kiln.jit.replay). caller: the call's (args, kwargs), whose lists and dicts the
     function must leave alone (a replay would not repeat a change of them: TraceMismatchError)."""
-    tracer = _C.Tracer(capture_constants=capture_constants)
-    prev_trace = sys.gettrace()
-    prev_logs = _C.cell_logs()
-    cells = []
-    try:
-        aliases = []
-        call_args, call_kwargs = bind_inputs(tracer, spec, leaves, aliases)
-        callers = None if caller is None else CallerContainers(caller, (call_args, call_kwargs), leaves, aliases)
-        capture = None
-        if symbolic_shape:
-            names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
-            capture = dynamic.Capture(tracer, names, values, exprs, aliases) if values else None
-        if symbolic:
-            _push_symbolic(tracer)
-        _C.set_cell_logs(cells, prev_logs[1])
-        user_code = {}  # the code of every user function the run called -> its globals
+    symbols = None
+    if symbolic_shape:
+        names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
+        symbols = (names, values, exprs) if values else None
+    user_code = {}  # the code of every user function the run called -> its globals
 
-        def on_call(frame):
-            user_code.setdefault(frame.f_code, frame.f_globals)
-        sys.settrace(user_frame_tracer(tracer, on_call))
-        collecting = collect_grad_writes()
-        grad_log = collecting.__enter__()
-        reasons, prev_reasons = start_reasons()
-        excluded = exclude.noting()
-        try:
-            with excluded:
-                if capture is None:
-                    result = fn(*call_args, **call_kwargs)
-                else:
-                    with capture:
-                        result = fn(*call_args, **call_kwargs)
-        finally:
-            collecting.__exit__(None, None, None)
-            end_reasons(prev_reasons)
-            if prev_reasons is not None:  # (a recording around this one cannot replay it either)
-                prev_reasons.extend(reasons)
-            sys.settrace(prev_trace)
-            _C.set_cell_logs(*prev_logs)
-            if prev_logs[0] is not None:
-                prev_logs[0].extend(cells)
-            if symbolic:
-                _pop_symbolic()
-        changed = None if callers is None else callers.changed()
+    def on_call(frame):
+        user_code.setdefault(frame.f_code, frame.f_globals)
+    with Recording(_C.CompileOptions(level=level, sublinear=sublinear), capture_constants=capture_constants,
+                   on_call=on_call, symbols=symbols, hide_values=symbolic, grad_writes=True, into_outer=True,
+                   timed=False) as rec:
+        call_args, call_kwargs = rec.bind(spec, leaves, caller)
+        result = rec.run(CallStrategy(fn), call_args, call_kwargs)
+        grad_log, capture = rec.grad_log, rec.capture
+        changed = None if rec.callers is None else rec.callers.changed()
         if changed is not None:
             raise TraceMismatchError(
                 f"kiln.trace: {getattr(fn, '__qualname__', fn)} made {changed}; a trace replays only the tensor "
                 "operations it recorded, so later calls would not make that change: return the new values "
                 "instead (kiln.jit runs such a function eagerly)")
-        if capture is not None:
-            result = dynamic.concrete(result)  # a size returned is a plain int, as in eager
-        result = ast_runtime.chosen_numbers(result)  # (numbers a compiled loop carried, returned as numbers)
-        out_leaves = []
-        try:
-            out_spec = tree.flatten(result, out_leaves)
+        try:  # (a size returned is a plain int, as in eager; numbers a compiled loop carried are numbers)
+            result, out_spec, out_leaves = rec.outputs(result)
         except TypeError:
             raise TypeError(f"kiln.trace: the function returned {type(result).__name__}; results must be tensors, "
                             "hashable constants, or tuples/lists/dicts of them") from None
@@ -276,44 +176,44 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
-        executable = tracer.finish(out_leaves, _C.CompileOptions(level=level, sublinear=sublinear))
-        recorded = tracer.recorded()  # the graph before the level's passes
-        sources = tracer.constant_sources()
-    finally:
-        tracer.end()
-    run = _Run()
+        executable = rec.compile(out_leaves)
+        recorded = rec.tracer.recorded()  # the graph before the level's passes
+        sources = rec.tracer.constant_sources()
+    reasons, excluded, cells = rec.reasons, rec.excluded, rec.called
+    info = TraceInfo()
     detached = [t.detach() for t in out_leaves]
-    run.result = tree.unflatten(out_spec, detached[:n_results])[0]
-    run.grad_targets = grad_targets
-    run.unreplayable = list(dict.fromkeys(reasons))
+    info.result = tree.unflatten(out_spec, detached[:n_results])[0]
+    info.grad_targets = grad_targets
+    info.unreplayable = list(dict.fromkeys(reasons))
     written = {id(t) for t, _ in grad_targets}
-    run.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
-    run.excluded = excluded.used  # exclude_from_trace ran: each call's own run is its result
-    run.user_code = user_code
-    if not run.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
-        set_grads(run, detached)
-    run.executable, run.out_spec = executable, out_spec
-    run.graph = recorded
-    run.cells = list({id(c): c for c in cells}.values())
-    run.modes = tuple(c.training for c in run.cells)
-    run.fast = False
+    info.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
+    info.excluded = excluded  # exclude_from_trace ran: each call's own run is its result
+    info.user_code = user_code
+    info.cells = list({id(c): c for c in cells}.values())
+    info.modes = tuple(c.training for c in info.cells)
+    info.fast = False
     if capture is not None:
         capture.tracer = None  # the trace has ended
-    run.requires_grad_key = None
-    run.symbolic = None  # symbolic_shape: (the recording made symbolic, it optimized), or False; made on first need
-    run.plan = None  # symbolic_shape: run.symbolic's optimized graph planned once, or False: none; made on first need
+    info.requires_grad_key = None
+    info.symbolic = None  # symbolic_shape: (the recording made symbolic, it optimized), or False; made on first need
+    info.plan = None  # symbolic_shape: info.symbolic's optimized graph planned once, or False: none; made on first need
+    info.export_capture = capture  # (kiln.export reads why a size was fixed)
+    # the guards: with capture_as_const, the originals of the constants, whose in-place change makes the
+    # recording stale
+    constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
+    names = [_constant_name(recorded, int(name[1:]), t) for t, name, _ in sources]
+    run = Entry(executable, out_spec, constants, names, extra=info)
+    run.graph = recorded  # (the graph as recorded, before the level's passes)
     run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
-    run.export_capture = capture  # (kiln.export reads why a size was fixed)
-    # capture_as_const: the originals of the constants, whose in-place change makes the recording stale
-    run.constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
-    run.constant_names = [_constant_name(run.graph, int(name[1:]), t) for t, name, _ in sources]
-    run.param_names = _param_names(fn, run.cells, sources) if sources else {}
+    info.param_names = _param_names(fn, info.cells, sources) if sources else {}
+    if not info.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
+        set_grads(run, detached)
     return run
 
 
 def set_grads(run, outs):
     """The .grad assignments a recording made, from a replay's outputs outs."""
-    for t, k in run.grad_targets:
+    for t, k in run.extra.grad_targets:
         t.grad = None if k is None else outs[k]
 
 
@@ -448,7 +348,7 @@ class trace(_C.JitDispatcher):
         self._spec = None         # the traced call's argument structure
         self._metas = None        # (dtype, device) of its tensors
         self._labels = None
-        self._records = {}        # (shapes, requires_grad, grad mode) -> [_Run]
+        self._entries = EntryCache()  # (shapes, requires_grad, grad mode, amp) -> [Entry] (exact)
         self._last = None
         self._bindings = _Bindings(function)
         self._seen = []           # global/closure tensors when the function last ran
@@ -527,10 +427,10 @@ class trace(_C.JitDispatcher):
             self._meta_mismatch(metas)
         key = (tuple(t.shape for t in leaves), tuple(t.requires_grad for t in leaves), _C.is_grad_enabled(),
                _C.amp_state())
-        if not self.symbolic_shape and key[0] != next(iter(self._records))[0]:
+        if not self.symbolic_shape and key[0] != next(iter(self._entries.exact))[0]:
             self._shape_mismatch(key[0])
-        records = self._records.get(key, ())
-        rec = next((r for r in records if all(c.training == m for c, m in zip(r.cells, r.modes))), None)
+        records = self._entries.exact.get(key, ())
+        rec = next((r for r in records if all(c.training == m for c, m in zip(r.extra.cells, r.extra.modes))), None)
         if rec is None and self.symbolic_shape:
             rec = self._instantiate(key, leaves)
         if rec is None:
@@ -538,28 +438,28 @@ class trace(_C.JitDispatcher):
         self._last = rec
         if self.verify:
             _Bindings.check(self._seen, self._baked)  # names the global or closure variable that changed
-        changed = rec.constants.first_failure()
+        changed = rec.guards.first_failure()
         if changed >= 0:
-            raise TraceMismatchError(f"{rec.constant_names[changed]} was changed in place after the trace recorded "
+            raise TraceMismatchError(f"{rec.guard_names[changed]} was changed in place after the trace recorded "
                                      "it: capture_as_const baked its old value into the graph; make a new trace "
                                      "(or trace without capture_as_const to read it live)")
         if self.verify:
             run = self._check_run(rec, spec, leaves, caller)
-            if rec.graph.has_effects or rec.excluded or run.excluded or run.unreplayable:
-                return run.result
+            if rec.graph.has_effects or rec.extra.excluded or run.extra.excluded or run.extra.unreplayable:
+                return run.extra.result
         else:
             self._check_grads_at_entry(rec)
-        if not rec.fast and self._recorder is None:
+        if not rec.extra.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
-        if rec.grad_targets:
+        if rec.extra.grad_targets:
             set_grads(rec, outs)
         return tree.unflatten(rec.out_spec, outs)[0]
 
     def _check_grads_at_entry(self, rec):
         """A replay sets the .grad its recording assigned; where the function found that .grad None
         before assigning it (GradManager.backward), a gradient there now would have been added to."""
-        for t in rec.grads_at_entry:
+        for t in rec.extra.grads_at_entry:
             if t.grad is not None:
                 name = getattr(t, "name", None) or f"a {list(t.shape)} tensor"
                 raise TraceMismatchError(
@@ -575,22 +475,22 @@ class trace(_C.JitDispatcher):
         run again); one that cannot be is rebound and optimized per shape. The instance's graph is
         the recording at the call's shapes (what verification compares the call with, and dump
         writes)."""
-        for runs in list(self._records.values()):
+        for runs in list(self._entries.exact.values()):
             for run in runs:
                 cap = run.capture
-                if cap is None or run.requires_grad_key != key[1:] or \
-                        not all(c.training == m for c, m in zip(run.cells, run.modes)):
+                if cap is None or run.extra.requires_grad_key != key[1:] or \
+                        not all(c.training == m for c, m in zip(run.extra.cells, run.extra.modes)):
                     continue
                 values = cap.bind(leaves)
-                if values is not None and run.symbolic is None and dynamic.symbolic_instances:
-                    run.symbolic = cap.symbolize(run.graph, self._level, False, False, specialize=True) or False
-                    self.optimized_once += bool(run.symbolic)
+                if values is not None and run.extra.symbolic is None and dynamic.symbolic_instances:
+                    run.extra.symbolic = cap.symbolize(run.graph, self._level, False, False, specialize=True) or False
+                    self.optimized_once += bool(run.extra.symbolic)
                     values = cap.bind(leaves)  # symbols it specialized are bound again
                 if values is None:
                     continue
                 executable = None
-                if run.symbolic and dynamic.symbolic_instances:
-                    recorded, optimized = run.symbolic
+                if run.extra.symbolic and dynamic.symbolic_instances:
+                    recorded, optimized = run.extra.symbolic
                     plan = self._plan(run)
                     if plan is not None:  # the one plan bound to this call's sizes: nothing planned again
                         executable = cap.bind_plan(plan, recorded, values)
@@ -606,10 +506,11 @@ class trace(_C.JitDispatcher):
                 if graph is None:
                     continue
                 inst = copy.copy(run)
-                inst.graph, inst.fast, inst.capture, inst.symbolic, inst.plan = graph, False, None, None, None
+                inst.extra = copy.copy(run.extra)
+                inst.graph, inst.extra.fast, inst.capture, inst.extra.symbolic, inst.extra.plan = graph, False, None, None, None
                 inst.executable = executable or _C.compile_graph(compiled, _C.CompileOptions(level=level,
                                                                                             sublinear=self._sublinear()))
-                self._records.setdefault(key, []).append(inst)
+                self._entries.add(key, inst)
                 self.instances += 1
                 return inst
         return None
@@ -618,16 +519,16 @@ class trace(_C.JitDispatcher):
         """The optimized symbolic recording of run planned once (kiln._C.plan_symbolic, bound per
         shape), or None where the planner refuses it or sublinear memory rewrites each shape's graph
         (each shape is then planned for itself); made on the first shape that needs it."""
-        if run.plan is None:
-            run.plan = False
+        if run.extra.plan is None:
+            run.extra.plan = False
             if dynamic.planned_instances and self._sublinear() is None:
-                run.plan = dynamic.Capture.plan(run.symbolic[1])
-        return run.plan or None
+                run.extra.plan = dynamic.Capture.plan(run.extra.symbolic[1])
+        return run.extra.plan or None
 
     def _register_fast(self, rec, spec, leaves):
         """Lets the C base class replay this record for positional tensor calls."""
-        rec.fast = True
-        if rec.cells or rec.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves)):
+        rec.extra.fast = True
+        if rec.extra.cells or rec.extra.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves)):
             return
         out = rec.out_spec
         if out == tree._TENSOR:
@@ -636,7 +537,7 @@ class trace(_C.JitDispatcher):
             kind = 1 if out[0] == "tuple" else 2
         else:
             return
-        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind, rec.constants)
+        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind, rec.guards)
 
     def _first_call(self, spec, leaves, caller=None):
         self._spec = spec
@@ -659,45 +560,45 @@ class trace(_C.JitDispatcher):
                _C.amp_state())
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic, self._level,
                             self._sublinear(), caller=caller)
-        self._records = {key: [run]}
+        self._entries.exact.clear()
+        self._entries.add(key, run)
         self._last = run
-        return run.result
+        return run.extra.result
 
     def _record(self, key, spec, leaves, caller=None):
         args = (self.__qualname__, _run_recorded, self._target, spec, leaves, self.capture_as_const, self.symbolic,
                 self._level, self.symbolic_shape, self._sublinear(), caller)
         run = capture_phase(*args) if self._recorder is None else self._recorder.compile(capture_phase, *args)
-        run.requires_grad_key = key[1:]
+        run.extra.requires_grad_key = key[1:]
         if os.environ.get("KILN_DUMP_IR") == "1":
             print(f"[kiln] trace of {self.__qualname__}:\n{run.executable.graph_str()}", file=sys.stderr)
-        records = self._records.setdefault(key, [])
-        records.append(run)
-        if sum(len(r) for r in self._records.values()) > _MAX_RECORDS:
-            oldest = next(k for k in self._records if k != key or len(self._records[k]) > 1)
-            self._records[oldest].pop(0)
-            if not self._records[oldest]:
-                del self._records[oldest]
+        self._entries.add(key, run)
+        if self._entries.total() > _MAX_RECORDS:
+            oldest = next(k for k in self._entries.exact if k != key or len(self._entries.exact[k]) > 1)
+            self._entries.exact[oldest].pop(0)
+            if not self._entries.exact[oldest]:
+                del self._entries.exact[oldest]
         self._last = run
-        self._bindings.add_called(run.user_code)
+        self._bindings.add_called(run.extra.user_code)
         self._seen = self._bindings.snapshot(False)
         if self.capture_as_const:
             self._baked = self._bindings.snapshot(True)
-        if run.excluded and not self.verify:
+        if run.extra.excluded and not self.verify:
             raise TraceMismatchError(f"{self.__qualname__}: exclude_from_trace runs Python at every call, which this "
                                      "trace does not (without_host=True or verify=False); trace with verify=True")
-        if run.unreplayable:
+        if run.extra.unreplayable:
             if not self.verify:
                 raise TraceMismatchError(
-                    f"{self.__qualname__}: {run.unreplayable[0]}; this trace (without_host=True or verify=False) "
+                    f"{self.__qualname__}: {run.extra.unreplayable[0]}; this trace (without_host=True or verify=False) "
                     "would only replay the recorded graph. Compute gradients with GradManager and clear them inside "
                     "or before each call, or trace with verify=True (each call then runs the function)")
-            return run.result
-        if self.symbolic and not run.graph.has_effects and not run.excluded:
+            return run.extra.result
+        if self.symbolic and not run.graph.has_effects and not run.extra.excluded:
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
             set_grads(run, outs)
             return tree.unflatten(run.out_spec, outs)[0]
-        return run.result
+        return run.extra.result
 
     def _check_run(self, rec, spec, leaves, caller=None):
         _Bindings.check(self._seen, self._baked)
@@ -705,7 +606,7 @@ class trace(_C.JitDispatcher):
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
                             symbolic_shape=self.symbolic_shape, caller=caller)
         self._seen = self._bindings.snapshot(False)
-        if rec.excluded or run.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
+        if rec.extra.excluded or run.extra.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
             return run
         differs = rec.graph.diff_ops(run.graph, self._labels)
         if differs is None and rec.out_spec != run.out_spec:
@@ -725,7 +626,7 @@ class trace(_C.JitDispatcher):
                 raise TraceMismatchError(f"argument {label} changed device: {odev} when traced, {ndev} now")
 
     def _shape_mismatch(self, shapes):
-        traced = next(iter(self._records))[0]
+        traced = next(iter(self._entries.exact))[0]
         for label, old, new in zip(self._labels, traced, shapes):
             if old != new:
                 raise TraceMismatchError(f"argument {label} changed shape: {old} when traced, {new} now "

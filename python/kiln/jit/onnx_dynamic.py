@@ -41,7 +41,7 @@ def symbolic_export_graph(rec, arg_names, output_names, dynamic_axes):
     graph = rec.graph
     inputs = graph.inputs()
     wanted, wanted_out = _requested(dynamic_axes, arg_names, output_names, inputs)
-    cap = getattr(rec, "export_capture", None)
+    cap = getattr(getattr(rec, "extra", None), "export_capture", None)
     symbol_dims, labels = {}, {}
     for (i, axis), label in sorted(wanted.items()):
         size = inputs[i][1][axis]

@@ -1,6 +1,6 @@
 """What every capture mode does to start a recording: its inputs bound as graph inputs, the user's
 source lines shown to the tracer, and the check of a result that would keep a call's values
-(kiln.jit.function, kiln.jit.bytecode_capture, kiln.trace)."""
+(used by kiln.jit.capture_core's Recording, through which every capture mode records)."""
 import os
 import types
 

@@ -1,7 +1,7 @@
 """Whether a recording can be replayed: what a trace cannot capture faithfully (Python state read
 at every call, a .grad written) is reported here by the code that meets it, in whatever layer, and
-read by the capture that is running on this thread (kiln.jit.function, kiln.jit.bytecode_capture,
-kiln.trace)."""
+read by the capture that is running on this thread (kiln.jit.capture_core's Recording, for
+kiln.jit's three capture modes and kiln.trace)."""
 import threading
 
 from .. import _C

@@ -12,7 +12,7 @@ from .parameter import Parameter
 _object_setattr = _C.cell_set_raw  # an attribute write that neither registers nor bumps the version
 
 # While kiln.jit captures, the Cells called and the attribute writes on Cells are logged in the
-# lists given to kiln._C.set_cell_logs (see kiln.jit.function.trace_call and kiln.jit.guards).
+# lists given to kiln._C.set_cell_logs (see kiln.jit.capture_core.Recording and kiln.jit.guards).
 # Cell.recompute() cells called eagerly run through kiln.recompute's eager path.
 _C.cell_setup(Parameter, _context._context, recomputation.call_construct)
 

@@ -1,0 +1,372 @@
+"""One capture, whatever the front end: kiln.jit's three capture modes and kiln.trace record
+through a Recording.
+
+A Recording owns what a capture sets up and tears down: the tracer, the guard recorder, the logs of
+the Cells called and written, the reasons the recording cannot be replayed (kiln.jit.replay), the
+symbolic sizes (kiln.jit.dynamic.Capture), the one CompileOptions it compiles with and the
+"record" profiling phase. `run(strategy, ...)` runs the user's code under a strategy: a
+CallStrategy calls a Python function (trace capture; ast capture calls the converted function;
+kiln.trace), an InterpreterStrategy runs the bytecode interpreter (capture_mode="bytecode").
+`outputs(result)` and `compile(out_leaves)` (or `finish(result)`, both) end it. What each front
+end does with what the run met (a side effect, a value read, a graph break) is its own policy.
+"""
+import contextlib
+import sys
+import threading
+
+from .. import _C
+from ..profiler import timed_phase
+from . import ast_runtime, dynamic, exclude, guards, tree
+from .recording import CallerContainers, bind_inputs, user_frame_tracer
+from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, start_reasons
+
+
+_NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
+
+
+class CallStrategy:
+    """Runs a Python function on the bound arguments, the frame hook telling the tracer the user's
+    source lines (and the guard recorder each frame of user code); notes exclude_from_trace."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, rec, args, kwargs):
+        prev_trace = sys.gettrace()
+        excluded = exclude.noting()
+        sys.settrace(user_frame_tracer(rec.tracer, rec.on_call))
+        try:
+            with excluded:
+                return self.fn(*args, **kwargs)
+        finally:
+            # (at once: the hook would take the library frames leaving the run's contexts for the user's)
+            sys.settrace(prev_trace)
+            rec.excluded = getattr(excluded, "used", False)
+
+    def __repr__(self):
+        return f"CallStrategy({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+class InterpreterStrategy:
+    """Runs kiln.jit.bytecode's interpreter from its frames (it shows the tracer and the guard
+    recorder the user's frames itself); returns its (outcome, payload)."""
+
+    __slots__ = ("interp",)
+
+    def __init__(self, interp):
+        self.interp = interp
+
+    def __call__(self, rec):
+        return self.interp.run()
+
+
+class Recording:
+    """One capture (see the module's text), used as a context manager: entering starts it, leaving
+    ends the tracer and puts back what it changed.
+
+    compile_options: the CompileOptions it compiles with. What differs per front end:
+    capture_constants (tensors reached outside the arguments become graph constants);
+    guards_of: the function captured, whose guards and side effects a guards.Recorder collects
+    (None: no guards; on_call then sees each frame of user code); symbols: (names, values,
+    per input its sizes as expressions) to capture with symbolic sizes; hide_values: reading a
+    traced tensor's value raises (kiln.trace(symbolic=True)); grad_writes: .grad assignments are
+    collected (self.grad_log) rather than making the recording unreplayable; refuse: an exception
+    type that code a recording cannot replay raises at once (bytecode pieces); keep_undo: the
+    in-place writes and the random generator's draws are put back when it ends, unless
+    self.undo is cleared; frame_hook_off: the bytecode frame hook is suspended while it runs;
+    into_outer: the reasons and the Cells called count for an enclosing recording too; timed:
+    the run is the profiler's "record" phase."""
+
+    def __init__(self, compile_options, *, capture_constants=False, guards_of=None, on_call=None, symbols=None,
+                 hide_values=False, grad_writes=False, refuse=None, keep_undo=False, frame_hook_off=False,
+                 into_outer=False, timed=True):
+        self.compile_options = compile_options
+        self.capture_constants = capture_constants
+        self.guards_of, self.symbols = guards_of, symbols
+        self.hide_values, self.grad_writes, self.refuse = hide_values, grad_writes, refuse
+        self.keep_undo, self.frame_hook_off, self.into_outer, self.timed = keep_undo, frame_hook_off, into_outer, timed
+        self.on_call = on_call  # shown each frame of user code as it starts (with guards: the guard recorder)
+        self.tracer = self.recorder = self.capture = self.callers = self.graph = None
+        self.outside = None  # the tensors the graph reads from outside its inputs (parameters, closures')
+        self.aliases = []
+        self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
+        self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
+        self.excluded = False  # exclude_from_trace ran
+        self.grad_log = None
+        self.undo = keep_undo
+
+    # ---- set-up and tear-down ---------------------------------------------------------------
+    def __enter__(self):
+        self.tracer = _C.Tracer(capture_constants=self.capture_constants)
+        if self.keep_undo:
+            # the tensors written in place and the random generator are kept as they were, put back at
+            # the end unless the front end clears self.undo
+            self.tracer.keep_undo()
+            self._rng = _C.random_state()
+        if self.guards_of is not None:
+            self.recorder = guards.Recorder(top=self.guards_of)
+            self.on_call = self.recorder.on_call
+        outer = _C.cell_logs()
+        self._prev_logs = _C.set_cell_logs(self.called, self.writes if self.recorder is not None else outer[1])
+        self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
+        self.reasons, self._prev_reasons = start_reasons()
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.tracer.end()
+            if self.undo:
+                self.tracer.undo_writes()
+                _C.set_random_state(self._rng)
+        finally:
+            end_reasons(self._prev_reasons)
+            if self.frame_hook_off:
+                _C.eval_frame_suspend(self._prev_hook)
+            _C.set_cell_logs(*self._prev_logs)
+            if self.into_outer:  # (a recording around this one cannot replay it either)
+                if self._prev_reasons is not None:
+                    self._prev_reasons.extend(self.reasons)
+                if self._prev_logs[0] is not None:
+                    self._prev_logs[0].extend(self.called)
+        return False
+
+    # ---- the inputs ----------------------------------------------------------------------------
+    def bind(self, spec, leaves, caller=None):
+        """The call's arguments (structure spec, tensors leaves) rebuilt around fresh aliases, each
+        a graph input (kiln.jit.recording.bind_inputs); the symbolic sizes' Capture made on them.
+        caller: the (args, kwargs) whose lists and dicts the run's copies stand for (self.callers)."""
+        bound = bind_inputs(self.tracer, spec, leaves, self.aliases)
+        if caller is not None:
+            self.callers = CallerContainers(caller, bound, leaves, self.aliases)
+        if self.symbols is not None:
+            self.capture = dynamic.Capture(self.tracer, *self.symbols[:3], self.aliases)
+        return bound
+
+    # ---- the run --------------------------------------------------------------------------------
+    def run(self, strategy, *args):
+        """strategy(self, *args): the user's code run once while its ops are recorded."""
+        prev_trace = sys.gettrace()
+        hidden = _hidden_values(self.tracer) if self.hide_values else _NOTHING
+        collecting = collect_grad_writes() if self.grad_writes else _NOTHING
+        refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else _NOTHING
+        phase = timed_phase("record", "the function run once, its ops recorded") if self.timed else _NOTHING
+        try:
+            with hidden, collecting as grad_log, refusing, phase:
+                self.grad_log = grad_log
+                if self.capture is None:
+                    return strategy(self, *args)
+                with self.capture:
+                    return strategy(self, *args)
+        finally:
+            sys.settrace(prev_trace)
+            _C.set_cell_logs(self.called, self._prev_logs[1])  # (later writes on Cells: the enclosing log's)
+
+    # ---- the end ----------------------------------------------------------------------------
+    def outputs(self, result, concrete=dynamic.concrete):
+        """(result, its structure, its leaves): sizes returned as plain ints (concrete, with symbolic
+        sizes), numbers an if on a tensor chose returned as numbers."""
+        if self.capture is not None:
+            result = concrete(result)
+        result = ast_runtime.chosen_numbers(result)
+        out_leaves = []
+        return result, tree.flatten(result, out_leaves), out_leaves
+
+    def note_outside(self):
+        """Notes the tensors the graph reads from outside its inputs (once the run is over, before
+        the recording is compiled): the guards cover their requires_grad (guard_set, add_guarded).
+        Without guards (kiln.trace) there is nothing to note."""
+        if self.outside is None and self.recorder is not None:
+            self.outside = self.tracer.captured()
+
+    def compile(self, out_leaves, compile_options=None):
+        """The recording ended with out_leaves as its outputs and compiled (with compile_options
+        instead of the recording's when given); self.graph is the graph as recorded, before the
+        level's passes, when the sizes are symbolic."""
+        self.note_outside()
+        executable = self.tracer.finish(out_leaves, compile_options or self.compile_options)
+        if self.capture is not None:
+            self.graph = self.tracer.recorded()
+        return executable
+
+    def finish(self, result):
+        """(result, out_spec, out_leaves, executable): outputs and compile."""
+        result, out_spec, out_leaves = self.outputs(result)
+        return result, out_spec, out_leaves, self.compile(out_leaves)
+
+    def add_guarded(self, first=()):
+        """Shows the guard recorder the Cells the run called (after `first`) and the tensors the
+        graph reads from outside its inputs, for its guards to cover them too."""
+        self.recorder.add_cells(tuple(dict.fromkeys(tuple(first) + tuple(self.called))))
+        if self.outside is not None:
+            self.recorder.add_tensors(self.outside)
+
+    def guard_set(self):
+        """(GuardSet, descriptions) of the Python state the run read, the Cells it called and the
+        tensors it read from outside included."""
+        self.add_guarded()
+        return self.recorder.guard_set()
+
+
+# ---- what a capture made ------------------------------------------------------------------------
+
+class Entry:
+    """One compiled capture, whatever the front end: its executable, the structure of its results,
+    its graph's text (None: ask the executable), whether its outputs carried autograd history, its
+    guards (a GuardSet: kiln.jit.guards; kiln.trace's are its captured constants' versions) with a
+    description of each, and with symbolic sizes the Capture and the graph as recorded, and `dyn`,
+    the kiln.jit.dynamic.DynamicEntry through which it serves every binding of its symbols (None: the
+    shapes it was captured for only). `extra`: what only one front end keeps (PieceInfo for bytecode
+    pieces, TraceInfo for kiln.trace), or None."""
+
+    __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
+                 "graph", "dyn", "extra")
+
+    def __init__(self, executable, out_spec, guards_, guard_names, graph_text=None, differentiable=False,
+                 extra=None):
+        self.executable = executable
+        self.out_spec = out_spec
+        self.graph_text = graph_text
+        self.differentiable = differentiable
+        self.guards = guards_
+        self.guard_names = guard_names
+        self.capture = self.graph = self.dyn = None
+        self.extra = extra
+
+    def guards_hold(self):
+        return self.guards.check()
+
+    def failed_guard(self, fn=None):
+        """What changed since the capture (a description of the first failing guard), or None; fn:
+        the function whose globals and closure guards kept with the code are read from."""
+        k = self.guards.first_failure(fn)
+        return None if k < 0 else self.guard_names[k]
+
+
+class EntryCache:
+    """The Entries of one jitted function (kiln.jit, its bytecode pieces, kiln.trace), newest last:
+    `exact` (key -> [Entry], each for the shapes of its key) and `dynamic` (the key without its
+    shapes, kiln.jit.dynamic.shape_free -> [Entry serving every binding of its symbols, entry.dyn])."""
+
+    __slots__ = ("exact", "dynamic")
+
+    def __init__(self):
+        self.exact, self.dynamic = {}, {}
+
+    def find(self, key, fn=None):
+        """The first entry of key whose guards hold (fn: the function whose globals and closure
+        guards kept with the code are read from), or None."""
+        for e in self.exact.get(key, ()):
+            if e.guards.check(fn):
+                return e
+        return None
+
+    def find_dynamic(self, key, instance_for, fn=None):
+        """(entry, what instance_for(entry.dyn) found) of the first dynamic entry for key's shape-free
+        key whose guards hold and for which instance_for finds something (not None), or None."""
+        for e in self.dynamic.get(dynamic.shape_free(key), ()):
+            if e.guards.check(fn):
+                found = instance_for(e.dyn)
+                if found is not None:
+                    return e, found
+        return None
+
+    def add(self, key, entry):
+        """Keeps entry under key (its shape-free key when it is dynamic); returns the list it joined."""
+        if entry.dyn is not None:
+            same = self.dynamic.setdefault(dynamic.shape_free(key), [])
+        else:
+            same = self.exact.setdefault(key, [])
+        same.append(entry)
+        return same
+
+    def total(self):
+        """The number of entries kept."""
+        return sum(map(len, self.exact.values())) + sum(map(len, self.dynamic.values()))
+
+    def entries(self):
+        """Every entry kept, exact ones first."""
+        return [e for es in self.exact.values() for e in es] + [e for es in self.dynamic.values() for e in es]
+
+
+class PieceInfo:
+    """What a piece of capture_mode="bytecode" keeps beyond an Entry (see kiln.jit.bytecode_capture)."""
+
+    __slots__ = ("returns", "reason", "where", "ops", "grad", "reads_grad", "size_values", "size_inputs",
+                 "out_dims", "guard_specs")
+
+    def __init__(self, returns, reason, where, ops, grad=None, reads_grad=False, guard_specs=None):
+        self.returns = returns  # True: the function's result; False: the state at a graph break
+        self.reason = reason  # why the graph breaks after it (None when it returns)
+        self.where = where  # "file:line" of the break instruction
+        self.ops = ops  # the number of ops of its graph
+        self.grad = grad  # a differentiable piece's kiln.jit.piece_grad.PieceGrad (its executable: the forward)
+        self.reads_grad = reads_grad  # it reads a captured tensor that requires grad (a Parameter)
+        self.guard_specs = guard_specs  # the specs of guards (code_cache.weaken), or None: they hold their roots
+        self.size_values = None  # a dynamic capture's sizes of its symbols (its state's sizes are expressions of them)
+        self.size_inputs = ()  # expressions of the sizes given as 0-d graph inputs after the state's tensors
+        self.out_dims = None  # a dynamic piece that breaks: per output tensor, the dimensions that follow symbols
+
+
+class TraceInfo:
+    """What a recording of kiln.trace keeps beyond an Entry (see kiln.jit.megengine)."""
+
+    __slots__ = ("result", "cells", "modes", "fast", "requires_grad_key", "param_names", "symbolic", "plan",
+                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
+
+
+# ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------
+
+_READS = ("asnumpy", "numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__",
+          "__repr__", "__str__")
+_guard_lock = threading.Lock()
+_guard_users = 0
+_guard_saved = {}
+_local = threading.local()
+
+
+def _guarded(name, original):
+    def read(self, *args, **kwargs):
+        tracers = getattr(_local, "symbolic", None)
+        if tracers and tracers[-1].knows(self):
+            raise RuntimeError(f"kiln.trace(symbolic=True): can't read the value of a traced tensor ({name}) while "
+                               "tracing symbolically; values exist only when the compiled graph runs. Read it outside "
+                               "the traced function, return it as an output, or use symbolic=False")
+        return original(self, *args, **kwargs)
+
+    read.__name__ = name
+    return read
+
+
+@contextlib.contextmanager
+def _hidden_values(tracer):
+    """Value reads of tensors `tracer` knows raise, on this thread, inside the block. (NumPy's
+    np.asarray/np.array read through the buffer protocol, which Python code can't intercept: they
+    still see the eagerly computed values.)"""
+    global _guard_users
+    from .._tensor import Tensor
+
+    with _guard_lock:
+        if _guard_users == 0:
+            for name in _READS:
+                _guard_saved[name] = Tensor.__dict__.get(name)
+                setattr(Tensor, name, _guarded(name, getattr(Tensor, name)))
+        _guard_users += 1
+    stack = getattr(_local, "symbolic", None)
+    if stack is None:
+        stack = _local.symbolic = []
+    stack.append(tracer)
+    try:
+        yield
+    finally:
+        _local.symbolic.pop()
+        with _guard_lock:
+            _guard_users -= 1
+            if _guard_users == 0:
+                for name, saved in _guard_saved.items():
+                    if saved is None:
+                        delattr(Tensor, name)
+                    else:
+                        setattr(Tensor, name, saved)
+                _guard_saved.clear()
