@@ -9,9 +9,9 @@
 #include <limits.h>
 #include <omp.h>
 #include <stdatomic.h>
-#include <time.h>
 
 #include "../core/internal.h"
+#include "../core/profile.h"
 
 static const char *class_names[KILN_GEMM_CLASSES] = {"small", "small_m", "small_n", "deep", "tall", "wide", "square"};
 static const char *provider_names[KILN_GEMM_PROVIDERS] = {"openblas", "onednn"};
@@ -96,11 +96,7 @@ int64_t kiln_gemm_calls(int provider) {
 
 /* ---- timing (calibration and kiln.bench's peak) --------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+static double now_s(void) { return 1e-9 * (double)kiln_profile_now(); /* (core's monotonic clock) */ }
 
 /* One call of p on the library's own `threads` threads (1: as kiln_sgemm runs it). */
 static void rate_call(kiln_gemm_provider p, int threads, int64_t M, int64_t N, int64_t K, const float *A,
