@@ -40,7 +40,7 @@ static int graph_mode(void) {
     return PyLong_CheckExact(mode) && PyLong_AsLong(mode) == 0;
 }
 
-static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted);
+static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted, bool hooked);
 
 /* The cell's mixed precision (auto_mixed_precision, to_float: `_amp` = (level, dtype)) is the
  * thread's while it runs: its ops cast their inputs at dispatch, and a compiled call is keyed by it. */
@@ -51,12 +51,15 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     jitted = PyDict_GetItemWithError(d, s_jitted); /* set_jit_config: run compiled (inside a capture, record) */
     Py_XINCREF(jitted);
     PyObject *amp = jitted || !PyErr_Occurred() ? PyDict_GetItemWithError(d, s_amp) : NULL;
+    /* forward hooks (register_forward_pre_hook / register_forward_hook) run around construct */
+    PyObject *hooks = PyErr_Occurred() ? NULL : PyDict_GetItemWithError(d, s_hooks);
+    bool hooked = hooks && hooks != Py_None && hooks_before;
     Py_DECREF(d);
     if (PyErr_Occurred()) {
         Py_XDECREF(jitted);
         return NULL;
     }
-    if (!amp || amp == Py_None) return cell_call_as_set(self, args, kwargs, jitted);
+    if (!amp || amp == Py_None) return cell_call_as_set(self, args, kwargs, jitted, hooked);
     int level;
     PyObject *dtype;
     kiln_dtype low;
@@ -71,13 +74,13 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         Py_XDECREF(jitted);
         return pykiln_raise(st);
     }
-    PyObject *out = cell_call_as_set(self, args, kwargs, jitted);
+    PyObject *out = cell_call_as_set(self, args, kwargs, jitted, hooked);
     kiln_amp_set(prev, prev_low, NULL, NULL);
     return out;
 }
 
-/* cell_call with the amp setting made; takes the reference to jitted */
-static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted) {
+/* cell_call with the amp setting made; takes the reference to jitted; hooked: the cell has forward hooks */
+static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwargs, PyObject *jitted, bool hooked) {
     if (!call_log) {
         int graph = jitted ? 0 : graph_mode();
         if (graph < 0) return NULL;
@@ -100,12 +103,7 @@ static PyObject *cell_call_as_set(PyObject *self, PyObject *args, PyObject *kwar
         Py_XDECREF(flag);
         if (marked < 0) return NULL;
     }
-    /* forward hooks (register_forward_pre_hook / register_forward_hook) around construct; a jitted
-     * cell's run them in its compiled function's target instead (kiln.jit.function) */
-    PyObject *d = dict_of(self), *hooks = d ? PyDict_GetItemWithError(d, s_hooks) : NULL;
-    Py_XDECREF(d);
-    if (!hooks && PyErr_Occurred()) return NULL;
-    bool hooked = hooks && hooks != Py_None && hooks_before;
+    /* (a jitted cell's hooks run in its compiled function's target instead: kiln.jit.function) */
     PyObject *hooked_args = hooked ? PyObject_CallFunctionObjArgs(hooks_before, self, args, NULL) : Py_NewRef(args);
     if (!hooked_args) return NULL;
     int32_t was = marked && tr ? kiln_tracer_begin_recompute(tr) : 0;

@@ -123,3 +123,34 @@ def test_set_jit_config_cell_runs_its_hooks_once():
     for k in range(3):
         np.testing.assert_allclose(net(t(2, 4)).asnumpy(), want, rtol=1e-6)
     assert len(calls) == 3
+
+
+def test_decorated_hook_and_decorated_function_with_container_state():
+    """A functools.wraps-decorated hook that appends to a dict of lists, called from a decorated
+    function: every variant runs it at every call, as eager does."""
+    import functools
+
+    def counting(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            CALLS["n"] += 1
+            return fn(*args)
+        return wrapper
+
+    kiln.manual_seed(6)
+    net = Net()
+    CALLS = {"n": 0, "sums": []}
+
+    @counting
+    def hook(cell, inputs, out):
+        CALLS["sums"].append(out.sum())
+        return out + 1
+
+    net.b.register_forward_hook(hook)
+
+    @counting
+    def f(x):
+        return net(x) * 2
+
+    run_all_modes(f, (t(3, 4),), (t(3, 4, seed=1),), reset=lambda: CALLS.update(n=0, sums=[]),
+                  observe=lambda: (CALLS["n"], [float(v.asnumpy()) for v in CALLS["sums"]]))

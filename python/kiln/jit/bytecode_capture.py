@@ -546,9 +546,9 @@ def _differentiates(tensors):
 def call(jf, args, kwargs):
     """JitFunction's slow path for capture_mode="bytecode". A jitted Cell's forward hooks run in
     Python around its compiled construct, as eagerly around construct."""
-    from ..nn.cell import Cell, hooks_after, hooks_before
+    if getattr(jf.fn, "__dict__", {}).get("_kiln_hooks"):  # (only a Cell has forward hooks)
+        from ..nn.cell import hooks_after, hooks_before
 
-    if isinstance(jf.fn, Cell) and jf.fn.__dict__.get("_kiln_hooks"):
         args = hooks_before(jf.fn, tuple(args))
         return hooks_after(jf.fn, args, _call(jf, args, kwargs))
     return _call(jf, args, kwargs)
