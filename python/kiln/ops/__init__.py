@@ -38,6 +38,7 @@ from .clip import clip_by_global_norm, clip_by_norm
 from .control_flow import cond, while_loop
 from .loops import ForiLoop, Scan, WhileLoop, fori_loop, map, scan, switch
 from .debug import print_
+from .assign import assign, assign_add, assign_sub
 
 
 def _name_errors():
