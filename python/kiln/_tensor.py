@@ -114,8 +114,11 @@ class Tensor(_C.TensorBase, TorchTensorMethods):
         return (Tensor, (self.asnumpy().copy(), self.dtype))
 
     def __deepcopy__(self, memo):
-        t = Tensor(self.asnumpy().copy() if self.dtype is not _C.bfloat16 else self.float(), self.dtype)
+        # the constructor's copy: inside a capture the recorded (and detached) contiguous op, so a
+        # deep copy does not read the value into Python
+        t = Tensor(self, self.dtype)
         t.requires_grad = self.requires_grad
+        memo[id(self)] = t
         return t
 
     def __iter__(self):

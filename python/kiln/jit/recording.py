@@ -2,18 +2,23 @@
 source lines shown to the tracer, and the check of a result that would keep a call's values
 (used by kiln.jit.capture_core's Recording, through which every capture mode records)."""
 import os
+import sysconfig
 import types
 
 from .. import _C
 from . import tree
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Python's standard library: its frames are not the user's lines (installed packages inside it are)
+_PATHS = sysconfig.get_paths()
+_STDLIB_DIR = os.path.join(_PATHS["stdlib"], "")
+_SITE_DIRS = tuple(sorted({os.path.join(_PATHS[k], "") for k in ("purelib", "platlib")}))
 
 
 def user_frame_tracer(tracer, on_call=None):
     """A sys.settrace hook that tells the tracer the user's source line of each op (and shows
     on_call, when given, each frame of user code as it starts); C: kiln._C.FrameHook."""
-    return _C.FrameHook(tracer, _PACKAGE_DIR, on_call)
+    return _C.FrameHook(tracer, _PACKAGE_DIR, on_call, _STDLIB_DIR, _SITE_DIRS)
 
 
 def bind_inputs(tracer, spec, leaves, aliases=None):
