@@ -76,6 +76,11 @@ enum kiln_op_flags {
  * order, so the memory planner may place them so (src/plan/plan.c). Beyond 32 bits: flags is
  * a uint64_t. */
 #define KILN_OPF_JOINS_INPUTS (1ull << 32)
+/* With SAVE_INPUTS on a two-input op: each input is read only for the other input's gradient
+ * (mul: d/da = g*b, d/db = g*a), so the autograd engine saves it only when the other input
+ * requires grad. `y[:, 1] *= 3` then changes y in place without invalidating a saved copy that
+ * no gradient would read. */
+#define KILN_OPF_CROSS_SAVED (1ull << 33)
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
@@ -89,9 +94,10 @@ enum kiln_op_flags {
 #define KILN_OPF_SIDE_EFFECTS (KILN_OPF_MUTATES | KILN_OPF_RANDOM | KILN_OPF_WRITES_ANY | KILN_OPF_EFFECT)
 /* Every flag its own bit (bits 0-7 named above, 8-15 unsaved inputs, 16-23 written inputs). */
 #define KILN_OPF_HIGH_BITS_ \
-    (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_OPTIONAL_STATE | KILN_OPF_DTYPE_ATTR | KILN_OPF_JOINS_INPUTS)
+    (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_OPTIONAL_STATE | KILN_OPF_DTYPE_ATTR | KILN_OPF_JOINS_INPUTS | \
+     KILN_OPF_CROSS_SAVED)
 _Static_assert(0xffffffull + KILN_OPF_EXP + KILN_OPF_LOG + KILN_OPF_ERF + KILN_OPF_TANH + KILN_OPF_LIBM + KILN_OPF_SIZED +
-                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR + KILN_OPF_JOINS_INPUTS ==
+                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR + KILN_OPF_JOINS_INPUTS + KILN_OPF_CROSS_SAVED ==
                    (0xffffffull | KILN_OPF_HIGH_BITS_),
                "two op flags share a bit");
 

@@ -153,7 +153,9 @@ kiln_status kiln_autograd_record(kiln_op op, int nin, kiln_tensor *const *in, co
     for (int k = 0; k < nin; k++) {
         kiln_tensor *t = in[k];
         link_input(n, k, t);
-        if ((info->flags & KILN_OPF_SAVE_INPUTS) && !(k < 8 && (info->flags & KILN_OPF_UNSAVED_INPUT(k)))) {
+        bool cross_unneeded = (info->flags & KILN_OPF_CROSS_SAVED) && nin == 2 && !in[1 - k]->requires_grad;
+        if ((info->flags & KILN_OPF_SAVE_INPUTS) && !(k < 8 && (info->flags & KILN_OPF_UNSAVED_INPUT(k))) &&
+            !cross_unneeded) {
             /* the tensor itself keeps its history for higher-order gradients; an input that
              * this op overwrites is saved as a plain alias to avoid a cycle */
             if (mutates && k == 0) {
