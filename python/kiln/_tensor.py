@@ -8,6 +8,29 @@ from ._tensor_torch import TorchTensorMethods
 
 
 _GRAD = _C.TensorBase.grad
+_NUMEL = _C.TensorBase.size
+
+
+class _Size(int):
+    """Tensor.size: the number of elements as an int (MindSpore), callable as PyTorch's size()."""
+
+    def __new__(cls, numel, tensor):
+        n = super().__new__(cls, numel)
+        n._tensor = tensor
+        return n
+
+    def __call__(self, dim=None):
+        shape = self._tensor.shape
+        if dim is None:
+            return shape
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise TypeError(f"Tensor.size: dim must be an int, got {type(dim).__name__}")
+        if not -len(shape) <= dim < len(shape):
+            raise IndexError(f"Tensor.size: dim {dim} is out of range for a tensor of shape {tuple(shape)}")
+        return shape[dim]
+
+    def __reduce__(self):
+        return (int, (int(self),))
 # Set by kiln.jit at import: called with (tensor, value) when Python code assigns a .grad while a
 # graph is recorded (kiln.jit runs such a function eagerly; kiln.trace(without_host=True) replays it).
 grad_written_while_tracing = None
@@ -185,13 +208,19 @@ class Tensor(_C.TensorBase, TorchTensorMethods):
     def split(self, split_size_or_sections, axis=0):
         return _ops.split(self, split_size_or_sections, axis)
 
+    @property
+    def size(self):
+        """The number of elements (MindSpore's Tensor.size, an int); called, PyTorch's size():
+        x.size() is the shape, x.size(d) its axis d."""
+        return _Size(_NUMEL.__get__(self), self)
+
     def dim(self):
         return self.ndim
 
     ndimension = dim
 
     def numel(self):
-        return self.size
+        return _NUMEL.__get__(self)
 
     nelement = numel
 
