@@ -163,11 +163,38 @@ def write(data, file=None):
     return True
 
 
+# OpenBLAS's core type for each KILN_MAX_CPU_ISA below AVX-512 (oneDNN's names, as src/core/cpu.c)
+_CAP_CORES = {"sse41": "Nehalem", "avx": "Sandybridge", "avx2": "Haswell", "avx2_vnni": "Haswell"}
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k.strip() == "flags":
+                    return set(v.split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa_cap_coretype():
+    """The OpenBLAS core type KILN_MAX_CPU_ISA asks for: on an AVX-512 CPU (which OpenBLAS would
+    run with its AVX-512 kernels) capped to AVX2 or below, the core of that level; else None."""
+    cap = os.environ.get("KILN_MAX_CPU_ISA", "").strip().lower()
+    return _CAP_CORES.get(cap) if cap in _CAP_CORES and "avx512f" in _cpu_flags() else None
+
+
 def coretype_before_load():
-    """The OPENBLAS_CORETYPE kiln sets before its extension loads: the cached choice for this CPU,
-    or None (no file, another CPU, calibration off, or the user set OPENBLAS_CORETYPE)."""
-    if "OPENBLAS_CORETYPE" in os.environ or not enabled():
+    """The OPENBLAS_CORETYPE kiln sets before its extension loads: the core type KILN_MAX_CPU_ISA
+    caps OpenBLAS to, else the cached choice for this CPU, or None (no file, another CPU,
+    calibration off, or the user set OPENBLAS_CORETYPE)."""
+    if "OPENBLAS_CORETYPE" in os.environ:
         return None
+    capped = isa_cap_coretype()
+    if capped or not enabled():
+        return capped
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warned about (and rewritten) once the extension is loaded
         data = read(cpu_key())

@@ -114,6 +114,8 @@ def _measure_coretype():
     user_set = "OPENBLAS_CORETYPE" in os.environ and _state["coretype_set"] is None
     if user_set or "avx512f" not in _C.build_info()["cpu_isa"].split():
         return None, {}
+    if _gemm_cache.isa_cap_coretype():  # KILN_MAX_CPU_ISA chose it: nothing to measure
+        return _gemm_cache.isa_cap_coretype(), {}
     rounds, min_s = _core_rounds()
     mine = _C.gemm_rate("openblas", *CORE_SHAPE, 1, rounds, min_s)
     other = _core_rate_child(None if _state["coretype_set"] else "Haswell")
