@@ -39,9 +39,15 @@ def enabled():
 
 
 def path():
-    """<compile cache dir>-gemm.json, the compile cache's directory found as kiln._C finds it."""
+    """<compile cache dir>-gemm.json (-gemm-<cap>.json under an instruction-set cap), the compile
+    cache's directory found as kiln._C finds it."""
     base = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    return os.path.abspath(base).rstrip(os.sep) + "-gemm.json"
+    # a capped instruction set times differently: its own file, so a capped run (the ISA tests)
+    # does not make the next plain import measure again
+    cap = "-".join(c for c in (os.environ.get(v, "").strip().lower()
+                               for v in ("KILN_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")) if c)
+    cap = "".join(ch for ch in cap if ch.isalnum() or ch in "-_")[:64]
+    return os.path.abspath(base).rstrip(os.sep) + "-gemm" + (f"-{cap}" if cap else "") + ".json"
 
 
 def cpu_key():
