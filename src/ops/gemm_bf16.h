@@ -17,15 +17,15 @@
 #include "kiln/core.h"
 
 /* Whether this CPU and oneDNN's cap give the hardware path (decided once, at the first call), and
- * whether bfloat16 products take it now: the hardware path, chosen, and not switched off. The
+ * whether bfloat16 products take it now: the hardware path, chosen (or forced). The
  * choice (once per process, at the first bfloat16 product): the environment variable
  * KILN_BF16_GEMM=onednn or =fallback, else (auto) whichever of the two ran faster on one 512^3
  * product, single-threaded (oneDNN 2.6's bfloat16 matmul is not faster than float32 everywhere). */
 bool kiln_gemm_bf16_hardware(void);
 bool kiln_gemm_bf16_available(void);
-/* Switches the hardware path off (false) or back on, process-wide: the fallback runs meanwhile
- * (tests and benchmarks compare the two in one process). Not while kernels run. */
-void kiln_gemm_bf16_set_enabled(bool on);
+/* Overrides the choice process-wide: 1 the hardware path (where it exists), 0 the fallback, -1
+ * back to the choice (tests and benchmarks compare the two in one process). Not while kernels run. */
+void kiln_gemm_bf16_force(int how);
 /* "oneDNN avx512_core_bf16" / "oneDNN avx512_core_amx" while products take the hardware path, else NULL. */
 const char *kiln_gemm_bf16_path(void);
 /* How the choice was made (a sentence: the measurement, the environment variable or why there is

@@ -147,18 +147,19 @@ static PyObject *py_gemm_bf16_rate(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(gflops);
 }
 
-/* gemm_bf16_set_enabled(on): the bfloat16 hardware path on (default) or off (the fallback runs) */
-static PyObject *py_gemm_bf16_set_enabled(PyObject *self, PyObject *on) {
+/* gemm_bf16_force(how): 1 the bfloat16 hardware path (where it exists), 0 the fallback, -1 the choice */
+static PyObject *py_gemm_bf16_force(PyObject *self, PyObject *args) {
     (void)self;
-    int v = PyObject_IsTrue(on);
-    if (v < 0) return NULL;
-    kiln_gemm_bf16_set_enabled(v != 0);
+    int how;
+    if (!PyArg_ParseTuple(args, "i", &how)) return NULL;
+    kiln_gemm_bf16_force(how);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef gemm_functions[] = {
-    {"gemm_bf16_set_enabled", py_gemm_bf16_set_enabled, METH_O,
-     "gemm_bf16_set_enabled(on): bfloat16 products on the hardware path (True, the default) or the fallback"},
+    {"gemm_bf16_force", py_gemm_bf16_force, METH_VARARGS,
+     "gemm_bf16_force(how): bfloat16 products on the hardware path (1, where it exists), the fallback (0), or as "
+     "chosen (-1, the default)"},
     {"gemm_bf16_info", py_gemm_bf16_info, METH_NOARGS,
      "{path: the bfloat16 hardware path or None, calls: bfloat16 products run on it, cached: its primitives}"},
     {"gemm_bf16_rate", py_gemm_bf16_rate, METH_VARARGS,
