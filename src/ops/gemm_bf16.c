@@ -321,6 +321,7 @@ static void bf_choose(void) {
         snprintf(bf_why, sizeof bf_why, "KILN_BF16_GEMM=fallback");
         return;
     }
+    const char *note = env && *env && strcmp(env, "auto") ? " (KILN_BF16_GEMM: onednn, fallback or auto, not this value)" : "";
     enum { N = 512 };
     uint16_t *A = kiln_malloc(2 * N * N), *B = kiln_malloc(2 * N * N), *C = kiln_malloc(2 * N * N);
     if (!A || !B || !C) {
@@ -344,8 +345,8 @@ static void bf_choose(void) {
     bf_chosen = hw <= fb;
     snprintf(bf_why, sizeof bf_why,
              "%s: measured %.0f GFLOP/s against the fp32-compute fallback's %.0f on a %d^3 product on one thread "
-             "(KILN_BF16_GEMM=onednn or fallback decides instead)",
-             bf_chosen ? "faster" : "slower", flop / hw, flop / fb, (int)N);
+             "(KILN_BF16_GEMM=onednn or fallback decides instead)%s",
+             bf_chosen ? "faster" : "slower", flop / hw, flop / fb, (int)N, note);
 }
 
 /* ---- the peak ------------------------------------------------------------------------------- */
