@@ -4,6 +4,12 @@ kiln.amp.auto_mixed_precision(model, "O2", bfloat16); and PyTorch eager in float
 torch.autocast("cpu", torch.bfloat16) where torch imports (run it with the peers' Python:
 /work/peers-venv/bin/python). Prints ms per call (the median of the timed calls, variants
 interleaved) and amp / float32 (issue 31's target on a CPU without bf16 arithmetic: <= 1.1).
+Where oneDNN has bfloat16 arithmetic it first prints the bfloat16 GEMM peak (oneDNN's bf16 matmul at
+2048^2, kiln.bench.sgemm.bf16_peak) and kiln's bfloat16 linear / matmul at the attention workload's
+projection shapes (forward and both gradient products) on the hardware path and on the fp32-compute
+fallback (kiln._C.gemm_bf16_force), as GFLOP/s and as a fraction of that peak, next to float32; the
+module rows then run with the path kiln chose (python -m kiln says which; KILN_BF16_GEMM=onednn or
+fallback forces one).
 
     PYTHONPATH=python python3 bench/bench_amp.py [--size smallest|default|full] [--calls N]
 """
@@ -15,6 +21,8 @@ import numpy as np
 
 import kiln
 from kiln import config
+from kiln import ops
+from kiln.bench import sgemm
 from kiln.bench.workloads import SIZES, make_workloads
 
 
@@ -57,10 +65,59 @@ def timed(variants, args, calls):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def best_ms(fn, calls):
+    fn()
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def gemm_rows(size, calls):
+    """kiln's bfloat16 products at the attention workload's projection shapes, on both paths and in
+    float32, against the bfloat16 GEMM peak measured here first."""
+    peak = sgemm.bf16_peak(2048)
+    fp32_peak = sgemm.best_peak(2048)[0]
+    if peak is None:
+        print("bf16 GEMM peak: none (oneDNN's instruction set has no bfloat16 arithmetic here)")
+        return
+    print(f"bf16 GEMM peak: oneDNN bfloat16 matmul 2048^3 on {kiln.get_num_threads()} threads: {peak:.1f} GFLOP/s; "
+          f"sgemm peak {fp32_peak:.1f} GFLOP/s (bf16 / fp32 peak {peak / fp32_peak:.2f})")
+    h, s = size.attn_hidden, size.attn_seq
+    kv = size.attn_kv_heads * (h // size.attn_heads)
+    rng = np.random.default_rng(0)
+
+    def tensor(*shape):
+        return kiln.Tensor(rng.standard_normal(shape).astype(np.float32))
+
+    shapes = []
+    for out in sorted({h, kv}, reverse=True):
+        x, w, g = tensor(s, h), tensor(out, h), tensor(s, out)
+        shapes += [(f"linear {s}x{h} -> {out}", lambda x, w, g: ops.dense(x, w), (x, w, g), 2 * s * h * out),
+                   (f"grad x {s}x{out} @ {out}x{h}", lambda x, w, g: ops.matmul(g, w), (x, w, g), 2 * s * h * out),
+                   (f"grad w {out}x{s} @ {s}x{h}", lambda x, w, g: ops.matmul(g.T, x), (x, w, g), 2 * s * h * out)]
+    print(f"{'product (attention shapes)':<34} {'variant':<24} {'ms':>9} {'GFLOP/s':>9} {'of bf16 peak':>12}")
+    for title, fn, args, flops in shapes:
+        low = tuple(a.astype(kiln.bfloat16) for a in args)
+        rows = {"float32": best_ms(lambda: fn(*args), calls)}
+        for name, how in (("bf16 oneDNN", 1), ("bf16 fp32 fallback", 0)):
+            kiln._C.gemm_bf16_force(how)
+            try:
+                rows[name] = best_ms(lambda: fn(*low), calls)
+            finally:
+                kiln._C.gemm_bf16_force(-1)
+        for name, ms in rows.items():
+            rate = flops / ms / 1e6
+            print(f"{title:<34} {name:<24} {ms:9.2f} {rate:9.1f} {rate / peak:12.2f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="default", choices=sorted(SIZES))
     p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--no-gemm", action="store_true", help="skip the bfloat16 GEMM rows")
     args = p.parse_args()
     size = SIZES[args.size]
     try:
@@ -70,6 +127,8 @@ def main():
     print(f"kiln {kiln.__version__}; {config.amp_kernel_path()[1]}")
     print(f"sizes: {size.name} ({size.note}); median of {args.calls} calls per variant, interleaved"
           + ("" if torch else "; torch not importable: no torch rows"))
+    if not args.no_gemm:
+        gemm_rows(size, args.calls)
     print(f"{'workload':<34} {'variant':<24} {'ms':>9} {'amp/fp32':>9}")
     for group in ("conv", "attention"):
         plain = make_workloads(size, only=group, runs=1)

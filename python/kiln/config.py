@@ -60,17 +60,24 @@ LOW_PRECISION_ISAS = ("avx512_core_bf16", "avx512_core_amx")
 
 
 def amp_kernel_path(dnnl_isa=None):
-    """How bfloat16/float16 products (kiln.amp) run here: ("fp32", why) — the fp32-compute
-    fallback: operands converted to float32, float32 GEMM and convolutions, results rounded once —
-    the path kiln has on every CPU today
-    (oneDNN's instruction set, which KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap, says whether
-    bf16 arithmetic would be there)."""
+    """How bfloat16/float16 products (kiln.amp: matmul, linear, bmm and their gradients) run here:
+    ("bf16", why) when bfloat16 products run oneDNN's bfloat16 matmul (src/ops/gemm_bf16.h:
+    bfloat16 operands, float32 sums, one rounding), else ("fp32", why): the fp32-compute fallback
+    (operands converted to float32, float32 GEMM, results rounded once). float16 always takes the
+    fallback: oneDNN 2.6 makes no float16 matmul on CPUs. oneDNN's instruction set (which
+    KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap) says whether the hardware path exists; where it does,
+    KILN_BF16_GEMM=onednn|fallback or a measurement at the first bfloat16 product chooses."""
     isa = dnnl_isa or _C.build_info()["dnnl_isa"]
-    if isa in LOW_PRECISION_ISAS:
-        return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has bf16 arithmetic, but kiln's "
-                        "products do not use oneDNN's bf16 primitives yet: operands are converted to float32")
-    return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands "
-                    "are converted to float32 and run the float32 kernels")
+    info = _C.gemm_bf16_info()
+    fp16 = "fp16: fp32-compute fallback (oneDNN 2.6 makes no float16 matmul on CPUs)"
+    if info["path"]:
+        return "bf16", (f"bf16: {info['path']} (bfloat16 operands, float32 sums, one rounding; {info['why']}); "
+                        f"{fp16}")
+    if info["hardware"]:
+        return "fp32", (f"bf16: fp32-compute fallback, oneDNN's instruction set {isa} has bf16 arithmetic but its "
+                        f"bfloat16 matmul is not used ({info['why']}); {fp16}")
+    return "fp32", (f"bf16: fp32-compute fallback: oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands "
+                    f"are converted to float32 and run the float32 kernels; {fp16}")
 
 
 def plural(n, one, many):

@@ -1,12 +1,15 @@
 /* Matrix products: matmul (NumPy semantics: 1-D operands, broadcast batch dimensions) and
  * linear. float32/float64 go through BLAS; transposed views go in as CblasTrans without a
  * copy. Tiny products and integer dtypes run through plain loops (integers accumulate in
- * int64, wrapping like NumPy); float16/bfloat16 compute in float32. */
+ * int64, wrapping like NumPy); float16 computes in float32, and so does bfloat16 unless the CPU
+ * multiplies bfloat16 itself (gemm_bf16.h: then the operands stay bfloat16, sums are float32 and
+ * the result is rounded once, as in the fp32-compute fallback). */
 #include <cblas.h>
 #include <limits.h>
 #include <omp.h>
 
 #include "../core/internal.h"
+#include "gemm_bf16.h"
 #include "gemm_select.h"
 #include "matmul.h"
 
@@ -101,10 +104,26 @@ static void mm_naive_i64(int64_t M, int64_t N, int64_t K, const int64_t *A, mm_m
 MM_GEMM_FLOAT(mm_gemm_f32, float, mm_naive_f32, kiln_sgemm_cblas)
 MM_GEMM_FLOAT(mm_gemm_f64, double, mm_naive_f64, cblas_dgemm)
 
-/* One GEMM in compute dtype ct (float32, float64 or int64). */
+/* bfloat16 on the hardware path (gemm_bf16.h), C bfloat16: a plain loop for tiny products and
+ * layouts oneDNN cannot take (the callers copy those when they are not tiny). The bias (N values,
+ * or NULL) is added before the rounding. */
+static void mm_gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t *A, mm_mat a, const uint16_t *B, mm_mat b,
+                         uint16_t *C, int64_t ldc, const uint16_t *bias) {
+    bool ta, tb;
+    int64_t lda, ldb;
+    if (M == 0 || N == 0) return;
+    if (mm_tiny(M, N, K) || !mm_blas_view(&a, &ta, &lda) || !mm_blas_view(&b, &tb, &ldb))
+        kiln_gemm_bf16_ref(M, N, K, A, a.rs, a.cs, B, b.rs, b.cs, bias, C, false, ldc);
+    else
+        kiln_gemm_bf16(M, N, K, A, a.rs, a.cs, B, b.rs, b.cs, bias, C, false, ldc);
+}
+
+/* One GEMM in compute dtype ct (float32, float64, int64, or bfloat16 on the hardware path, where a
+ * bias replaces `acc`: the other dtypes take it as C's starting rows). */
 static void mm_gemm(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const void *A, mm_mat a,
-                    const void *B, mm_mat b, void *C, int64_t ldc, bool acc) {
+                    const void *B, mm_mat b, void *C, int64_t ldc, bool acc, const void *bias) {
     switch (ct) {
+    case KILN_DTYPE_BFLOAT16: mm_gemm_bf16(M, N, K, A, a, B, b, C, ldc, bias); break;
     case KILN_DTYPE_FLOAT32: mm_gemm_f32(M, N, K, A, a, B, b, C, ldc, acc); break;
     case KILN_DTYPE_FLOAT64: mm_gemm_f64(M, N, K, A, a, B, b, C, ldc, acc); break;
     default: mm_naive_i64(M, N, K, A, a, B, b, C, ldc, acc); break;
@@ -133,10 +152,10 @@ static void mm_epilogue_run(const kiln_mm_epilogue *epi, int64_t row0, int64_t r
  * while it is still in cache. Column blocks start on 16-element boundaries. C's first row is
  * row `row0` of the output. */
 static void mm_gemm_par(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const char *A, mm_mat a,
-                        const char *B, mm_mat b, char *C, int64_t ldc, bool acc, const kiln_mm_epilogue *epi,
-                        int64_t row0) {
+                        const char *B, mm_mat b, char *C, int64_t ldc, bool acc, const char *bias,
+                        const kiln_mm_epilogue *epi, int64_t row0) {
     if (!mm_split_worth(M, N, K)) {
-        mm_gemm(ct, M, N, K, A, a, B, b, C, ldc, acc);
+        mm_gemm(ct, M, N, K, A, a, B, b, C, ldc, acc, bias);
         mm_epilogue_run(epi, row0, M, 0, N);
         return;
     }
@@ -156,19 +175,20 @@ static void mm_gemm_par(kiln_dtype ct, int64_t M, int64_t N, int64_t K, const ch
         if (cols) {
             mm_mat bb = b;
             bb.cols = hi - lo;
-            mm_gemm(ct, M, hi - lo, K, A, a, B + lo * b.cs * isz, bb, C + lo * isz, ldc, acc);
+            mm_gemm(ct, M, hi - lo, K, A, a, B + lo * b.cs * isz, bb, C + lo * isz, ldc, acc,
+                    bias ? bias + lo * isz : NULL);
             mm_epilogue_run(epi, row0, M, lo, hi - lo);
         } else {
             mm_mat aa = a;
             aa.rows = hi - lo;
-            mm_gemm(ct, hi - lo, N, K, A + lo * a.rs * isz, aa, B, b, C + lo * ldc * isz, ldc, acc);
+            mm_gemm(ct, hi - lo, N, K, A + lo * a.rs * isz, aa, B, b, C + lo * ldc * isz, ldc, acc, bias);
             mm_epilogue_run(epi, row0 + lo, hi - lo, 0, N);
         }
     }
 }
 
 static kiln_dtype mm_compute_dtype(kiln_dtype d) {
-    if (d == KILN_DTYPE_FLOAT64) return d;
+    if (d == KILN_DTYPE_FLOAT64 || (d == KILN_DTYPE_BFLOAT16 && kiln_gemm_bf16_available())) return d;
     return kiln_dtype_is_float(d) ? KILN_DTYPE_FLOAT32 : KILN_DTYPE_INT64;
 }
 
@@ -294,12 +314,12 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, cons
         return;
     }
     if (count == 1) {
-        mm_gemm_par(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false, epi, 0);
+        mm_gemm_par(p->ct, p->M, p->N, p->K, A, p->a, B, p->b, C, p->N, false, NULL, epi, 0);
         return;
     }
     mm_mat folded;
     if (mm_fold(p, &folded)) {
-        mm_gemm_par(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false, epi, 0);
+        mm_gemm_par(p->ct, folded.rows, p->N, p->K, A, folded, B, p->b, C, p->N, false, NULL, epi, 0);
         return;
     }
     int64_t work = p->M * p->N * p->K;
@@ -315,7 +335,7 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, cons
                 oa += i * p->sa[d], ob += i * p->sb[d];
             }
             mm_gemm_par(p->ct, p->M, p->N, p->K, A + oa * (int64_t)isz, p->a, B + ob * (int64_t)isz, p->b,
-                        C + t * p->M * p->N * (int64_t)isz, p->N, false, epi, t * p->M);
+                        C + t * p->M * p->N * (int64_t)isz, p->N, false, NULL, epi, t * p->M);
         }
         return;
     }
@@ -328,7 +348,7 @@ static void mm_run(const mm_plan *p, const char *A, const char *B, char *C, cons
             oa += i * p->sa[d], ob += i * p->sb[d];
         }
         mm_gemm(p->ct, p->M, p->N, p->K, A + oa * (int64_t)isz, p->a, B + ob * (int64_t)isz, p->b,
-                C + t * p->M * p->N * (int64_t)isz, p->N, false);
+                C + t * p->M * p->N * (int64_t)isz, p->N, false, NULL);
         mm_epilogue_run(epi, t * p->M, p->M, 0, p->N);
     }
 }
@@ -581,13 +601,15 @@ kiln_status kiln_linear_into(kiln_tensor *xin, kiln_tensor *win, kiln_tensor *bi
         mb = (mm_mat){IN, OUT, 1, IN};
     }
     if ((s = mm_output(out[0], ct, &c)) != KILN_OK) goto done;
-    if (b) { /* every row starts as the bias; the GEMM accumulates onto it */
+    bool bias_rows = b && ct != KILN_DTYPE_BFLOAT16; /* bfloat16 adds it before its one rounding */
+    if (bias_rows) { /* every row starts as the bias; the GEMM accumulates onto it */
         size_t row = (size_t)OUT * kiln_dtype_size(ct);
 #pragma omp parallel for schedule(static) if (R * OUT >= KILN_PARALLEL_MIN)
         for (int64_t r = 0; r < R; r++) memcpy((char *)c->data + (size_t)r * row, b->data, row);
     }
     kiln_mm_single_threaded_blas();
-    mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, b != NULL, c == out[0] ? epi : NULL, 0);
+    mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, bias_rows, bias_rows || !b ? NULL : b->data,
+                c == out[0] ? epi : NULL, 0);
     s = mm_finish_epilogue(out[0], c, OUT, epi);
 done:
     kiln_tensor_release(x), kiln_tensor_release(w), kiln_tensor_release(b);

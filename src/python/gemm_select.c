@@ -3,6 +3,7 @@
  * providers travel by name. */
 #include "pykiln.h"
 
+#include "ops/gemm_bf16.h"
 #include "ops/gemm_select.h"
 
 static int find_name(PyObject *name, const char *(*name_of)(int), int count, const char *what) {
@@ -123,7 +124,46 @@ static PyObject *py_gemm_calls(PyObject *self, PyObject *unused) {
     return d;
 }
 
+/* gemm_bf16_info() -> {"path": "oneDNN avx512_core_bf16" or None (off or absent), "hardware": whether
+ * the CPU and oneDNN's cap give it, "calls": products run on it, "cached":
+ * primitives in its cache} */
+static PyObject *py_gemm_bf16_info(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    const char *path = kiln_gemm_bf16_path();
+    return Py_BuildValue("{s:z,s:O,s:s,s:L,s:i}", "path", path, "hardware",
+                         kiln_gemm_bf16_hardware() ? Py_True : Py_False, "why", kiln_gemm_bf16_why(), "calls", (long long)kiln_gemm_bf16_calls(), "cached", kiln_gemm_bf16_cached());
+}
+
+/* gemm_bf16_rate(M, N, K, threads=1, rounds=3, min_seconds=0.002) -> best GFLOP/s of oneDNN's bf16 matmul */
+static PyObject *py_gemm_bf16_rate(PyObject *self, PyObject *args) {
+    (void)self;
+    long long m, n, k;
+    int threads = 1, rounds = 3;
+    double min_seconds = 0.002, gflops = 0;
+    if (!PyArg_ParseTuple(args, "LLL|iid", &m, &n, &k, &threads, &rounds, &min_seconds)) return NULL;
+    kiln_status st;
+    Py_BEGIN_ALLOW_THREADS st = kiln_gemm_bf16_rate(m, n, k, threads, rounds, min_seconds, &gflops);
+    Py_END_ALLOW_THREADS if (st != KILN_OK) return pykiln_raise(st);
+    return PyFloat_FromDouble(gflops);
+}
+
+/* gemm_bf16_force(how): 1 the bfloat16 hardware path (where it exists), 0 the fallback, -1 the choice */
+static PyObject *py_gemm_bf16_force(PyObject *self, PyObject *args) {
+    (void)self;
+    int how;
+    if (!PyArg_ParseTuple(args, "i", &how)) return NULL;
+    kiln_gemm_bf16_force(how);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef gemm_functions[] = {
+    {"gemm_bf16_force", py_gemm_bf16_force, METH_VARARGS,
+     "gemm_bf16_force(how): bfloat16 products on the hardware path (1, where it exists), the fallback (0), or as "
+     "chosen (-1, the default)"},
+    {"gemm_bf16_info", py_gemm_bf16_info, METH_NOARGS,
+     "{path: the bfloat16 hardware path or None, calls: bfloat16 products run on it, cached: its primitives}"},
+    {"gemm_bf16_rate", py_gemm_bf16_rate, METH_VARARGS,
+     "gemm_bf16_rate(M, N, K, threads=1, rounds=3, min_seconds=0.002) -> best GFLOP/s of oneDNN's bfloat16 matmul"},
     {"gemm_calls", py_gemm_calls, METH_NOARGS, "{provider: float32 GEMMs run on it in this process}"},
     {"gemm_classes", py_gemm_classes, METH_NOARGS, "the GEMM shape classes, in the order they are tested"},
     {"gemm_providers", py_gemm_providers, METH_NOARGS, "the GEMM providers (the first is the default)"},

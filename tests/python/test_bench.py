@@ -66,6 +66,13 @@ def test_exit_status_and_table(smallest_run):
     assert peak["candidates"][first] == peak["measured"][0]
     measured = record["sgemm_peak"]["measured"]
     assert len(measured) == len(WORKLOADS) and record["sgemm_peak"]["gflops_per_s"] == max(measured)
+    # the bfloat16 GEMM peak (oneDNN's bf16 matmul), where oneDNN has bfloat16 arithmetic
+    bf16 = record["bf16_gemm_peak"]
+    assert bf16["n"] == 512 and "bf16 GEMM peak: oneDNN's bfloat16 matmul, 512x512x512" in proc.stdout
+    if kiln._C.gemm_bf16_info()["hardware"]:
+        assert bf16["gflops_per_s"] > 0 and f"{bf16['gflops_per_s']:.1f} GFLOP/s" in proc.stdout
+    else:
+        assert bf16["gflops_per_s"] is None and "none (no bfloat16 arithmetic" in proc.stdout
     assert "\r" not in proc.stderr  # the progress line is for terminals only
 
 

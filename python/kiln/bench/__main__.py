@@ -302,6 +302,11 @@ def main(argv=None):
         + "); measured again before each later workload, each table using the best so far (other work on the "
         "machine can cut one measurement far short); GFLOP/s = the workload's FLOPs per call (kiln eager's "
         "kernels under kiln.profiler, the backward's included) / per run; of peak = GFLOP/s / peak")
+    bf16 = sgemm.bf16_peak(n)
+    record["bf16_gemm_peak"] = {"n": n, "threads": kiln.get_num_threads(), "gflops_per_s": bf16}
+    say(f"bf16 GEMM peak: oneDNN's bfloat16 matmul, {n}x{n}x{n} on {kiln.get_num_threads()} threads, best of 5: "
+        + (f"{bf16:.1f} GFLOP/s ({bf16 / peaks[0]:.2f} of the sgemm peak)" if bf16 and peaks[0]
+           else "none (no bfloat16 arithmetic in oneDNN's instruction set here)"))
     sys.stdout.flush()
     progress = Progress(sum(len(vs) for _, vs in plan))
     failures = 0

@@ -6,6 +6,7 @@ both (and runs them single-threaded, splitting GEMMs itself); here each runs on 
 many as kiln uses.
 
 Used by kiln.bench (the peak GFLOP/s printed once per run) and bench/bench_core.py (the matmul row).
+bf16_peak: the bfloat16 GEMM peak, oneDNN's bfloat16 matmul (kiln.bench and bench/bench_amp.py).
 """
 import ctypes
 import ctypes.util
@@ -121,3 +122,12 @@ def best_peak(n=2048, repeat=5):
     cands = peak_candidates(n, repeat)
     label = max(cands, key=cands.get)
     return cands[label], label, cands
+
+
+def bf16_peak(n=2048, repeat=5):
+    """The bfloat16 GEMM peak: the best GFLOP/s of `repeat` calls of oneDNN's bfloat16 matmul
+    (bf16 x bf16 -> bf16, float32 sums) on n x n x n on kiln's thread count (oneDNN's own threads),
+    or None where oneDNN's instruction set has no bfloat16 arithmetic (src/ops/gemm_bf16.h)."""
+    if not kiln._C.gemm_bf16_info()["hardware"]:
+        return None
+    return kiln._C.gemm_bf16_rate(n, n, n, kiln.get_num_threads(), repeat, 0.0)
