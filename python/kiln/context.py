@@ -118,7 +118,8 @@ def set_deterministic(deterministic):
     mean, prod; the gradient all-reduce of data-parallel training) gather every rank's tensor and
     combine them in rank order, ((x0 + x1) + x2) + ..., the same on every rank and in every run,
     whatever order the MPI library's algorithm takes; and every float32 GEMM runs on OpenBLAS,
-    whatever provider kiln.gemm_select chose for its shape class. It changes no other kernel
+    whatever provider kiln.gemm_select chose for its shape class, and bfloat16 products take the
+    fp32-compute fallback, whatever the per-process timing chose. It changes no other kernel
     (tests/python/test_distributed_deterministic.py checks that training repeats bit for bit with
     it, at a fixed thread count). Read at each all-reduce, eager or compiled. Default False."""
     if not isinstance(deterministic, bool):

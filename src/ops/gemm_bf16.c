@@ -67,9 +67,12 @@ static char bf_why[320];   /* how that was decided */
 
 bool kiln_gemm_bf16_available(void) {
     if (!kiln_gemm_bf16_hardware()) return false;
-    pthread_once(&bf_choose_once, bf_choose);
     int force = atomic_load(&bf_force);
-    return force < 0 ? bf_chosen : force > 0;
+    if (force >= 0) return force > 0;
+    /* kiln.set_deterministic(True): the fallback, the same in every process whatever the timing chose */
+    if (kiln_gemm_pinned()) return false;
+    pthread_once(&bf_choose_once, bf_choose);
+    return bf_chosen;
 }
 
 void kiln_gemm_bf16_force(int how) { atomic_store(&bf_force, how < 0 ? -1 : how > 0); }
@@ -78,9 +81,11 @@ const char *kiln_gemm_bf16_path(void) { return kiln_gemm_bf16_available() ? bf_p
 
 const char *kiln_gemm_bf16_why(void) {
     if (!kiln_gemm_bf16_hardware()) return "oneDNN's instruction set has no bfloat16 arithmetic";
-    pthread_once(&bf_choose_once, bf_choose);
     int force = atomic_load(&bf_force);
-    return force < 0 ? bf_why : force ? "forced on (kiln._C.gemm_bf16_force(1))" : "forced off (kiln._C.gemm_bf16_force(0))";
+    if (force >= 0) return force ? "forced on (kiln._C.gemm_bf16_force(1))" : "forced off (kiln._C.gemm_bf16_force(0))";
+    if (kiln_gemm_pinned()) return "kiln.set_deterministic(True) keeps the fp32-compute fallback";
+    pthread_once(&bf_choose_once, bf_choose);
+    return bf_why;
 }
 
 int64_t kiln_gemm_bf16_calls(void) { return (int64_t)atomic_load(&bf_calls); }

@@ -227,3 +227,22 @@ def test_float16_keeps_the_fallback():
         y = ops.matmul(a, b)
     assert y.dtype is kiln.float16 and calls() == before
     assert rel_err(y, ops.matmul(a, b)) <= 4e-3
+
+
+def test_deterministic_keeps_the_fallback():
+    """set_deterministic(True): bfloat16 products take the fp32-compute fallback in every process,
+    whatever the per-process timing chose (the two paths differ within bfloat16 rounding)."""
+    a = kiln.Tensor(np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)).astype(kiln.bfloat16)
+    kiln.set_deterministic(True)
+    try:
+        before = kiln._C.gemm_bf16_info()["calls"]
+        out = ops.matmul(a, a)
+        info = kiln._C.gemm_bf16_info()
+        assert info["calls"] == before and info["path"] is None and "set_deterministic" in info["why"]
+    finally:
+        kiln.set_deterministic(False)
+    kiln._C.gemm_bf16_force(0)
+    try:
+        np.testing.assert_array_equal(ops.matmul(a, a).astype(kiln.float32).numpy(), out.astype(kiln.float32).numpy())
+    finally:
+        kiln._C.gemm_bf16_force(-1)
