@@ -1,0 +1,13 @@
+/* oneDNN's reduced-precision arithmetic on this CPU (dnnl_lowp.h). */
+#include "dnnl_lowp.h"
+
+#include <dnnl.h>
+
+bool kiln_dnnl_bf16_native(void) {
+    /* the ISA values are bit sets, each holding the bits of the ones it extends; the effective
+     * one already has KILN_MAX_CPU_ISA's cap (dnnl_isa.c sets it at load) */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    return (isa & bf16) == bf16;
+}
+
+bool kiln_dnnl_f16_native(void) { return false; }
