@@ -60,15 +60,16 @@ LOW_PRECISION_ISAS = ("avx512_core_bf16", "avx512_core_amx")
 
 
 def amp_kernel_path(dnnl_isa=None):
-    """How bfloat16/float16 products (kiln.amp) run here: ("fp32", why) — the fp32-compute
-    fallback: operands converted to float32, float32 GEMM and convolutions, results rounded once —
-    the path kiln has on every CPU today
-    (oneDNN's instruction set, which KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap, says whether
-    bf16 arithmetic would be there)."""
+    """How bfloat16/float16 products (kiln.amp) run here: (path, why). path "bf16" where oneDNN's
+    instruction set (which KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap) has bf16 arithmetic: bfloat16
+    convolutions (forward and both gradients) run oneDNN's bf16 primitives; "fp32" elsewhere — the
+    fp32-compute fallback: operands converted to float32, float32 GEMM and convolutions, results
+    rounded once. float16 takes the fallback everywhere (oneDNN 2.x has no f16 convolution)."""
     isa = dnnl_isa or _C.build_info()["dnnl_isa"]
-    if isa in LOW_PRECISION_ISAS:
-        return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has bf16 arithmetic, but kiln's "
-                        "products do not use oneDNN's bf16 primitives yet: operands are converted to float32")
+    if isa in LOW_PRECISION_ISAS and _C.amp_native()["bf16"]:
+        return "bf16", (f"bf16 convolutions (forward, input and weight gradients) run oneDNN's bf16 primitives on "
+                        f"{isa} (float32 accumulation); fp32-compute fallback (operands converted to float32) for "
+                        "the other products and for float16")
     return "fp32", (f"fp32-compute fallback: oneDNN's instruction set {isa} has no bf16/fp16 arithmetic: operands "
                     "are converted to float32 and run the float32 kernels")
 

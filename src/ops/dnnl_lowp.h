@@ -6,9 +6,15 @@
 
 #include <stdbool.h>
 
-/* Whether oneDNN's effective instruction set (the CPU's, capped by KILN_MAX_CPU_ISA or
- * ONEDNN_MAX_CPU_ISA: dnnl_isa.c) has bf16 arithmetic: avx512_core_bf16 or AMX. */
+/* Whether bf16 products run oneDNN's bf16 primitives: oneDNN's effective instruction set (the
+ * CPU's, capped by KILN_MAX_CPU_ISA or ONEDNN_MAX_CPU_ISA: dnnl_isa.c) has bf16 arithmetic
+ * (avx512_core_bf16 or AMX), and kiln_dnnl_bf16_allow has not turned them off. */
 bool kiln_dnnl_bf16_native(void);
+
+/* Allows (the default) or forbids the bf16 primitives in this process, returning the previous
+ * setting: forbidden, bf16 takes the fp32-compute fallback as on a CPU without bf16 arithmetic
+ * (tests and benchmarks compare the two in one process). Not while kernels run. */
+bool kiln_dnnl_bf16_allow(bool allow);
 
 /* Whether oneDNN runs fp16 products natively here: never with oneDNN 2.x, whose CPU
  * convolutions and matmuls have no f16 kernels (avx512_core_fp16 arrived in 3.x); true from

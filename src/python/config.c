@@ -134,7 +134,17 @@ static PyObject *py_amp_native(PyObject *self, PyObject *unused) {
                          (long long)kiln_conv_dnnl_lowp_count());
 }
 
+/* amp_native_allow(on) -> the previous setting: allows or forbids oneDNN's bf16 primitives in this
+ * process (forbidden: the fp32-compute fallback; tests and benchmarks). */
+static PyObject *py_amp_native_allow(PyObject *self, PyObject *on) {
+    (void)self;
+    if (!PyBool_Check(on)) return PyErr_Format(PyExc_TypeError, "amp_native_allow: expected a bool");
+    return PyBool_FromLong(kiln_dnnl_bf16_allow(on == Py_True));
+}
+
 static PyMethodDef config_methods[] = {
+    {"amp_native_allow", py_amp_native_allow, METH_O,
+     "amp_native_allow(on) -> previous: allow or forbid oneDNN's bf16 primitives in this process (tests, benchmarks)"},
     {"amp_native", py_amp_native, METH_NOARGS,
      "{'bf16', 'f16': oneDNN runs them natively here; 'conv_bf16_runs': bf16 convolutions run in this process}"},
     {"codegen_background", py_codegen_background, METH_VARARGS,
