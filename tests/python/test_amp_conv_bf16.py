@@ -167,3 +167,27 @@ def test_hardware_path_and_forced_fallback_agree():
             a, b = np.array(a), np.array(b)
             err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-6)
             assert err <= 1e-2, f"{name} output {k}: hardware and fallback differ by {err:.3g}"
+
+
+@NEEDS_BF16
+def test_the_switch_selects_the_path_in_one_process():
+    """kiln._C.amp_native_allow(False) forbids the bf16 primitives (python -m kiln then says fp32):
+    the same eager and compiled convolution and gradients take the fallback, agree with the
+    hardware path within bfloat16's rounding, and compiled still equals eager on the fallback."""
+    kw, x, w, b, r = case_args("3x3 pad 1 bias", 5)
+    loss = amp(loss_fn(kw, True), level="O2")
+    step = kiln.value_and_grad(loss, grad_position=(1, 2, 3))
+    before = runs()
+    hw = step(r, x, w, b)
+    assert runs() - before == 3
+    prev = kiln._C.amp_native_allow(False)
+    try:
+        assert kiln.config.amp_kernel_path()[0] == "fp32" and not kiln._C.amp_native()["bf16"]
+        fb = step(r, x, w, b)
+        assert_compiled_equal(loss, (r, x, w, b), grad=True)
+        assert runs() - before == 3
+    finally:
+        kiln._C.amp_native_allow(prev)
+    assert kiln.config.amp_kernel_path()[0] == "bf16"
+    for what, a, c in zip(("value", "input", "weight", "bias"), (hw[0], *hw[1]), (fb[0], *fb[1])):
+        assert rel_err(a, c) <= 1e-2, what
