@@ -9,7 +9,10 @@ Where oneDNN has bfloat16 arithmetic it first prints the bfloat16 GEMM peak (one
 projection shapes (forward and both gradient products) on the hardware path and on the fp32-compute
 fallback (kiln._C.gemm_bf16_force), as GFLOP/s and as a fraction of that peak, next to float32; the
 module rows then run with the path kiln chose (python -m kiln says which; KILN_BF16_GEMM=onednn or
-fallback forces one).
+fallback forces one). The module rows run amp both ways in the same run, on oneDNN's bf16
+primitives and on the fp32-compute fallback; and a probe times bfloat16 and float32 convolutions of
+the BasicBlock's shape alone (GFLOP/s) against the bf16 GEMM peak (torch.mm of bfloat16 2048 x 2048
+matrices, where torch imports).
 
     PYTHONPATH=python python3 bench/bench_amp.py [--size smallest|default|full] [--calls N]
 """
@@ -33,6 +36,54 @@ def kiln_call(model, backward, low):
     if not backward:
         return kiln.jit(lambda *a: net(*a))
     return kiln.jit(kiln.value_and_grad(lambda *a: net(*a), None, model.trainable_params()))
+
+
+def on_path(fn, hardware):
+    """fn with the bfloat16 path forced while it runs: oneDNN's bf16 primitives (products and
+    convolutions) or the fp32-compute fallback."""
+    def run(*args):
+        kiln._C.gemm_bf16_force(1 if hardware else 0)
+        try:
+            return fn(*args)
+        finally:
+            kiln._C.gemm_bf16_force(-1)
+    return run
+
+
+def gflops(flop, ms):
+    return flop / ms * 1e-6
+
+
+def conv_probe(size, torch, calls):
+    """The BasicBlock's 3x3 convolution alone, eager, in bfloat16 and float32: forward, and
+    forward + both gradients (value_and_grad: three convolutions); GFLOP/s, and the bf16 GEMM peak."""
+    c, hw = size.conv_channels, size.conv_hw
+    rng = np.random.default_rng(0)
+    x = kiln.Tensor(rng.standard_normal((1, c, hw, hw)).astype(np.float32))
+    w = kiln.Tensor((rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32))
+    flop = 2.0 * c * c * 9 * hw * hw
+    fwd = lambda a, b: kiln.ops.conv2d(a, b, padding=1)  # noqa: E731
+    grad = kiln.value_and_grad(lambda a, b: kiln.ops.conv2d(a, b, padding=1).astype(kiln.float32).sum(), (0, 1))
+    b16 = (x.astype(kiln.bfloat16), w.astype(kiln.bfloat16))
+    variants = {"conv fwd float32": (fwd, (x, w)), "conv fwd bf16": (fwd, b16),
+                "conv fwd+bwd float32": (grad, (x, w)), "conv fwd+bwd bf16": (grad, b16)}
+    if config.amp_kernel_path()[0] == "bf16":
+        variants["conv fwd bf16 fallback"] = (fallback(fwd), b16)
+        variants["conv fwd+bwd bf16 fallback"] = (fallback(grad), b16)
+    peak = None
+    if torch is not None:
+        n = 2048
+        a = torch.randn(n, n).to(torch.bfloat16)
+        variants["torch.mm bf16 2048"] = (lambda p, q: torch.mm(p, q), (a, a))
+        variants["torch.mm float32 2048"] = (lambda p, q: torch.mm(p, q), (a.float(), a.float()))
+    ms = timed(variants, None, calls)
+    if torch is not None:
+        peak = gflops(2.0 * 2048 ** 3, ms["torch.mm bf16 2048"])
+    print(f"convolution probe: 1x{c}x{hw}x{hw}, 3x3, {c} -> {c} channels ({flop * 1e-9:.1f} GFLOP each)")
+    for name, t in ms.items():
+        f = 2.0 * 2048 ** 3 if name.startswith("torch") else flop * (3 if "bwd" in name else 1)
+        g = gflops(f, t)
+        print(f"  {name:<28} {t:9.2f} ms {g:8.1f} GFLOP/s" + (f"  {g / peak:5.2f} of the bf16 GEMM peak" if peak else ""))
 
 
 def torch_call(torch, workload, low):
@@ -118,6 +169,7 @@ def main():
     p.add_argument("--size", default="default", choices=sorted(SIZES))
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--no-gemm", action="store_true", help="skip the bfloat16 GEMM rows")
+    p.add_argument("--only", choices=("conv", "attention", "probe"), help="one group of rows (default: all)")
     args = p.parse_args()
     size = SIZES[args.size]
     try:
@@ -130,13 +182,20 @@ def main():
     if not args.no_gemm:
         gemm_rows(size, args.calls)
     print(f"{'workload':<34} {'variant':<24} {'ms':>9} {'amp/fp32':>9}")
+    if args.only in (None, "probe"):
+        conv_probe(size, torch, args.calls)
     for group in ("conv", "attention"):
+        if args.only not in (None, group):
+            continue
         plain = make_workloads(size, only=group, runs=1)
         low = make_workloads(size, only=group, runs=1)  # the same weights: amp sets BatchNorm to_float
         for w, wl in zip(plain, low):
             inputs = w.args0
             variants = {"kiln jit float32": (kiln_call(w.model, w.backward, False), inputs),
                         "kiln jit amp O2 bf16": (kiln_call(wl.model, wl.backward, True), inputs)}
+            if kiln._C.gemm_bf16_info()["hardware"]:  # the same compiled amp function on each path
+                variants["kiln amp bf16 hardware"] = (on_path(variants["kiln jit amp O2 bf16"][0], True), inputs)
+                variants["kiln amp bf16 fallback"] = (on_path(variants["kiln jit amp O2 bf16"][0], False), inputs)
             if torch is not None:
                 targs = tuple(torch.from_numpy(a) for a in w.numpy_args()[0])
                 variants["torch float32"] = (torch_call(torch, w, False), targs)
@@ -146,6 +205,9 @@ def main():
                 base = ms["torch float32" if name.startswith("torch") else "kiln jit float32"]
                 ratio = f"{t / base:9.2f}" if "bf16" in name else ""
                 print(f"{w.title:<34.34} {name:<24} {t:9.2f} {ratio:>9}")
+            if "kiln amp bf16 fallback" in ms:
+                print(f"{'':<34} {'bf16 primitives / fallback':<24} {'':>9} "
+                      f"{ms['kiln amp bf16 hardware'] / ms['kiln amp bf16 fallback']:9.2f}")
             if "torch autocast bf16" in ms:
                 print(f"{'':<34} {'kiln amp / torch autocast':<24} {'':>9} "
                       f"{ms['kiln jit amp O2 bf16'] / ms['torch autocast bf16']:9.2f}")

@@ -60,9 +60,10 @@ LOW_PRECISION_ISAS = ("avx512_core_bf16", "avx512_core_amx")
 
 
 def amp_kernel_path(dnnl_isa=None):
-    """How bfloat16/float16 products (kiln.amp: matmul, linear, bmm and their gradients) run here:
-    ("bf16", why) when bfloat16 products run oneDNN's bfloat16 matmul (src/ops/gemm_bf16.h:
-    bfloat16 operands, float32 sums, one rounding), else ("fp32", why): the fp32-compute fallback
+    """How bfloat16/float16 products (kiln.amp: matmul, linear, bmm, conv2d and their gradients) run
+    here: ("bf16", why) when bfloat16 products run oneDNN's bfloat16 matmul and convolution primitives
+    (src/ops/gemm_bf16.h, conv_dnnl.c: bfloat16 operands, float32 sums, one rounding), else ("fp32",
+    why): the fp32-compute fallback
     (operands converted to float32, float32 GEMM, results rounded once). float16 always takes the
     fallback: oneDNN 2.6 makes no float16 matmul on CPUs. oneDNN's instruction set (which
     KILN_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA cap) says whether the hardware path exists; where it does,
@@ -71,8 +72,9 @@ def amp_kernel_path(dnnl_isa=None):
     info = _C.gemm_bf16_info()
     fp16 = "fp16: fp32-compute fallback (oneDNN 2.6 makes no float16 matmul on CPUs)"
     if info["path"]:
-        return "bf16", (f"bf16: {info['path']} (bfloat16 operands, float32 sums, one rounding; {info['why']}); "
-                        f"{fp16}")
+        convs = "convolutions too" if _C.amp_native()["bf16"] else "not convolutions (amp_native_allow(False))"
+        return "bf16", (f"bf16: {info['path']} (bfloat16 operands, float32 sums, one rounding; {info['why']}; "
+                        f"{convs}); {fp16}")
     if info["hardware"]:
         return "fp32", (f"bf16: fp32-compute fallback, oneDNN's instruction set {isa} has bf16 arithmetic but its "
                         f"bfloat16 matmul is not used ({info['why']}); {fp16}")

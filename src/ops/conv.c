@@ -3,11 +3,15 @@
  * kiln's Winograd (conv_winograd.c) for the 3x3 convolutions it is chosen for (inference graphs;
  * training graphs, forward and both backward ops, where the O1 pass conv_algorithm chose it);
  * float64 — which oneDNN lacks — and any problem oneDNN refuses run through im2col + GEMM
- * followed by the epilogue's own kernels; float16/bfloat16 compute in float32. */
+ * followed by the epilogue's own kernels. bfloat16 runs oneDNN's bf16 primitives (float32
+ * accumulation) where the CPU has bf16 arithmetic (dnnl_lowp.h); elsewhere, and for float16
+ * (oneDNN 2.x has no f16 convolution), 16-bit operands are converted to float32, computed as
+ * float32 and the result rounded once (the fp32-compute fallback). */
 #include <cblas.h>
 #include <omp.h>
 
 #include "conv_winograd.h"
+#include "dnnl_lowp.h"
 #include "gemm_select.h"
 
 /* ---- geometry and inference ------------------------------------------------------------- */
@@ -335,11 +339,47 @@ static kiln_status conv_reference(kiln_conv_kind kind, const kiln_conv_params *p
     return s;
 }
 
+/* Whether `kind` on a, b (and residual) into out runs oneDNN's bf16 primitive: all bfloat16, the
+ * CPU with bf16 arithmetic, nothing empty. */
+static bool conv_bf16_native(const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *residual,
+                             const kiln_tensor *out) {
+    const kiln_dtype bf = KILN_DTYPE_BFLOAT16;
+    return out->meta.dtype == bf && a->meta.dtype == bf && b->meta.dtype == bf && (!residual || residual->meta.dtype == bf) &&
+           a->numel > 0 && b->numel > 0 && out->numel > 0 && kiln_dnnl_bf16_native();
+}
+
+/* conv_run_fused on bfloat16 through oneDNN's bf16 primitive (bias as float32). KILN_ERR_RUNTIME
+ * (error set) when oneDNN declines: the caller takes the float32 path. */
+static kiln_status conv_run_bf16(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                 const kiln_attrs *act_attrs, kiln_tensor *a, kiln_tensor *b, kiln_tensor *bias,
+                                 kiln_tensor *residual, kiln_tensor *out) {
+    const kiln_dtype bf = KILN_DTYPE_BFLOAT16;
+    kiln_tensor *x[4] = {NULL, NULL, NULL, NULL}, *res = out;
+    kiln_status s = kiln_to_contiguous(a, bf, &x[0]);
+    if (s == KILN_OK) s = kiln_to_contiguous(b, bf, &x[1]);
+    if (s == KILN_OK && bias) s = kiln_to_contiguous(bias, KILN_DTYPE_FLOAT32, &x[2]);
+    if (s == KILN_OK && residual) s = kiln_to_contiguous(residual, bf, &x[3]);
+    if (s == KILN_OK)
+        s = kiln_conv_dnnl_run_bf16(kind, p, ep, x[0]->data, x[1]->data, x[2] ? x[2]->data : NULL,
+                                    x[3] ? x[3]->data : NULL, out->data);
+    /* relu and clamp through kiln's kernel (oneDNN's drop NaN), on the rounded result: rounding
+     * is monotone, so clamping after it stores what rounding the clamped value would */
+    if (s == KILN_OK && ep && ep->activation != KILN_CONV_ACT_NONE && !kiln_conv_dnnl_applies(ep->activation))
+        s = kiln_op_table[kiln_conv_activation_ops[ep->activation]].kernel(&res, 1, act_attrs, &res);
+    kiln_release_all(x, 4);
+    return s;
+}
+
 /* Runs `kind` on inputs a, b (and bias) into out, converting to the compute dtype; forward
  * convolutions may carry an epilogue ep (activation attrs in act_attrs) and its residual. */
 static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                   const kiln_attrs *act_attrs, kiln_tensor *a, kiln_tensor *b, kiln_tensor *bias,
                                   kiln_tensor *residual, kiln_tensor *out) {
+    if (conv_bf16_native(a, b, residual, out)) {
+        kiln_status s = conv_run_bf16(kind, p, ep, act_attrs, a, b, bias, residual, out);
+        if (s != KILN_ERR_RUNTIME) return s;
+        kiln_clear_error(); /* oneDNN declined: float32 compute */
+    }
     kiln_dtype ct = out->meta.dtype == KILN_DTYPE_FLOAT64 ? KILN_DTYPE_FLOAT64 : KILN_DTYPE_FLOAT32;
     kiln_tensor *x[4] = {NULL, NULL, NULL, NULL}, *res = NULL;
     kiln_status s = kiln_to_contiguous(a, ct, &x[0]);

@@ -19,6 +19,8 @@
 typedef struct {
     kiln_conv_kind kind;
     bool bias;
+    dnnl_data_type_t dt[3];                    /* of operands 0..2 (f32, or bf16 for amp) */
+    bool declined;                             /* a bf16 problem oneDNN has only its reference for */
     kiln_conv_params p;
     kiln_conv_epilogue ep;
     uint64_t last_use;
@@ -82,6 +84,7 @@ static void conv_entry_free(conv_entry *e) {
 /* ---- reference implementations: reported and counted ------------------------------------- */
 
 static int64_t ref_count;     /* made in this process */
+static int64_t lowp_runs;     /* bf16 convolutions run in this process */
 static char **ref_seen;       /* the distinct descriptions */
 static int64_t ref_nseen, ref_cap;
 
@@ -129,6 +132,13 @@ int64_t kiln_dnnl_ref_count(void) {
     return n;
 }
 
+int64_t kiln_conv_dnnl_lowp_count(void) {
+    pthread_mutex_lock(&conv_lock);
+    int64_t n = lowp_runs;
+    pthread_mutex_unlock(&conv_lock);
+    return n;
+}
+
 const char *kiln_dnnl_ref_describe(int64_t i) {
     pthread_mutex_lock(&conv_lock);
     const char *d = i >= 0 && i < ref_nseen ? ref_seen[i] : NULL;
@@ -142,11 +152,12 @@ static const char *const conv_kind_names[3] = {
     [KILN_CONV_BACKWARD_WEIGHT] = "conv2d backward (weight)",
 };
 
-/* "conv2d forward x (1, 128, 64, 64) nChw16c, w (128, 128, 3, 3), stride 1x1, groups 1" */
+/* "conv2d forward x (1, 128, 64, 64) nChw16c, w (128, 128, 3, 3), stride 1x1, groups 1"
+ * ("conv2d forward bf16 ..." for bfloat16 operands) */
 static void conv_describe(const conv_entry *e, char *buf, size_t size) {
     const kiln_conv_params *p = &e->p;
-    snprintf(buf, size, "%s x (%lld, %lld, %lld, %lld) %s, w (%lld, %lld, %lld, %lld), stride %lldx%lld, groups %lld",
-             conv_kind_names[e->kind], (long long)p->N, (long long)p->C, (long long)p->H, (long long)p->W,
+    snprintf(buf, size, "%s%s x (%lld, %lld, %lld, %lld) %s, w (%lld, %lld, %lld, %lld), stride %lldx%lld, groups %lld",
+             conv_kind_names[e->kind], e->dt[0] == dnnl_bf16 ? " bf16" : "", (long long)p->N, (long long)p->C, (long long)p->H, (long long)p->W,
              layout_name(e->ep.layout), (long long)p->O, (long long)(p->C / p->groups), (long long)p->KH,
              (long long)p->KW, (long long)p->sh, (long long)p->sw, (long long)p->groups);
 }
@@ -190,17 +201,29 @@ static kiln_status conv_init(void) {
     return KILN_OK;
 }
 
-/* The memory descriptors of x, w, y in the user's layout (tag) or left to oneDNN (any, or
- * wtag for ungrouped weights); NHWC and blocked activations keep their layout either way. */
-static kiln_status conv_mds(const kiln_conv_params *p, int64_t layout, bool any, dnnl_format_tag_t wtag,
-                            dnnl_memory_desc_t *x, dnnl_memory_desc_t *w, dnnl_memory_desc_t *y) {
+/* The data types of x, w, y of e's problem, from its operands' (ordered as kiln_conv_kind says). */
+static void conv_xwy_types(const conv_entry *e, dnnl_data_type_t *xwy) {
+    static const int operand_of[3][3] = { /* [kind][x, w, y] -> operand */
+        [KILN_CONV_FORWARD] = {0, 1, 2},
+        [KILN_CONV_BACKWARD_INPUT] = {2, 1, 0},
+        [KILN_CONV_BACKWARD_WEIGHT] = {0, 2, 1},
+    };
+    for (int k = 0; k < 3; k++) xwy[k] = e->dt[operand_of[e->kind][k]];
+}
+
+/* The memory descriptors of x, w, y (data types xwy) in the user's layout (tag) or left to
+ * oneDNN (any, or wtag for ungrouped weights); NHWC and blocked activations keep their layout
+ * either way. */
+static kiln_status conv_mds(const kiln_conv_params *p, const dnnl_data_type_t *xwy, int64_t layout, bool any,
+                            dnnl_format_tag_t wtag, dnnl_memory_desc_t *x, dnnl_memory_desc_t *w,
+                            dnnl_memory_desc_t *y) {
     dnnl_dims_t xd = {p->N, p->C, p->H, p->W}, yd = {p->N, p->O, p->OH, p->OW};
     dnnl_dims_t wd = {p->O, p->C / p->groups, p->KH, p->KW}, gwd = {p->groups, p->O / p->groups, p->C / p->groups, p->KH, p->KW};
     dnnl_format_tag_t act = layout_tag(layout, any ? dnnl_format_tag_any : dnnl_nchw);
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, dnnl_f32, act));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, dnnl_f32, act));
-    if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw));
-    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, dnnl_f32, any ? wtag : dnnl_oihw));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(x, 4, xd, xwy[0], act));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(y, 4, yd, xwy[2], act));
+    if (p->groups > 1) DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 5, gwd, xwy[1], any ? dnnl_format_tag_any : dnnl_goihw));
+    else DNNL_TRY(dnnl_memory_desc_init_by_tag(w, 4, wd, xwy[1], any ? wtag : dnnl_oihw));
     return KILN_OK;
 }
 
@@ -212,7 +235,9 @@ static kiln_status conv_make_pd(conv_entry *e, int64_t layout, dnnl_primitive_at
     dnnl_memory_desc_t x, w, y, b;
     dnnl_dims_t strides = {p->sh, p->sw}, dil = {p->dh - 1, p->dw - 1}, pl = {p->pt, p->pl}, pr = {p->pb, p->pr};
     dnnl_dims_t bd = {p->O};
-    KILN_TRY(conv_mds(p, layout, true, wtag, &x, &w, &y));
+    dnnl_data_type_t xwy[3];
+    conv_xwy_types(e, xwy);
+    KILN_TRY(conv_mds(p, xwy, layout, true, wtag, &x, &w, &y));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&b, 1, bd, dnnl_f32, dnnl_x));
     dnnl_convolution_desc_t cd;
     /* a backward primitive is hinted by a training forward of the same algorithm */
@@ -231,7 +256,9 @@ static kiln_status conv_make_pd(conv_entry *e, int64_t layout, dnnl_primitive_at
 
 static kiln_status conv_build(conv_entry *e, dnnl_primitive_desc_t pd) {
     dnnl_memory_desc_t ux, uw, uy;
-    KILN_TRY(conv_mds(&e->p, e->ep.layout, false, dnnl_oihw, &ux, &uw, &uy));
+    dnnl_data_type_t xwy[3];
+    conv_xwy_types(e, xwy);
+    KILN_TRY(conv_mds(&e->p, xwy, e->ep.layout, false, dnnl_oihw, &ux, &uw, &uy));
     const dnnl_memory_desc_t *user[3][3] = {
         [KILN_CONV_FORWARD] = {&ux, &uw, &uy},
         [KILN_CONV_BACKWARD_INPUT] = {&uy, &uw, &ux},
@@ -323,6 +350,11 @@ static void drop_ref(dnnl_primitive_desc_t *fwd, dnnl_primitive_desc_t *pd) {
     *fwd = *pd = NULL;
 }
 
+/* Whether e has 16-bit operands (its primitive computes in bf16, accumulating in float32). */
+static bool conv_lowp(const conv_entry *e) {
+    return e->dt[0] != dnnl_f32 || e->dt[1] != dnnl_f32 || e->dt[2] != dnnl_f32;
+}
+
 static kiln_status conv_create(conv_entry *e) {
     dnnl_primitive_attr_t attr;
     dnnl_primitive_desc_t fwd = NULL, pd = NULL;
@@ -339,7 +371,10 @@ static kiln_status conv_create(conv_entry *e) {
     /* Each of these first choices is dropped when oneDNN has it only as its reference
      * implementation (forced weights on channels too few for a block, say): the last
      * choice, everything left to oneDNN, is never worse */
-    if (s == KILN_OK && e->ep.winograd) {
+    /* bf16: oneDNN 2.x has no bf16 Winograd, and its bf16 direct kernels read their own weight
+     * blocks (OIhw8i16o2i): both first choices are skipped */
+    bool lowp = conv_lowp(e);
+    if (s == KILN_OK && e->ep.winograd && !lowp) {
         s = conv_make_pd(e, e->ep.layout, attr, dnnl_format_tag_any, dnnl_convolution_winograd, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
         drop_ref(&fwd, &pd);
@@ -347,7 +382,7 @@ static kiln_status conv_create(conv_entry *e) {
         e->keep_weights = fwd != NULL && e->kind != KILN_CONV_BACKWARD_WEIGHT;
     }
     dnnl_format_tag_t wtag = blocked_weights_tag(kiln_conv_block_size());
-    if (s == KILN_OK && !fwd && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {
+    if (s == KILN_OK && !fwd && !lowp && e->ep.layout == KILN_CONV_NHWC && e->p.groups == 1 && wtag != dnnl_format_tag_any) {
         s = conv_make_pd(e, e->ep.layout, attr, wtag, dnnl_convolution_direct, &fwd, &pd);
         if (s != KILN_OK) kiln_clear_error(), s = KILN_OK;
         drop_ref(&fwd, &pd);
@@ -368,20 +403,24 @@ static kiln_status conv_create(conv_entry *e) {
             fwd = fwd2, pd = pd2;
         }
     }
-    if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
+    /* bf16 that oneDNN has only as its reference implementation (orders of magnitude slower than
+     * its float32 kernels): declined, the caller converts to float32 (remembered: not tried again) */
+    if (s == KILN_OK && lowp && is_ref(pd ? pd : fwd)) e->declined = true;
+    else if (s == KILN_OK) s = conv_build(e, pd ? pd : fwd);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (fwd) dnnl_primitive_desc_destroy(fwd);
     dnnl_primitive_attr_destroy(attr);
     return s;
 }
 
-/* The cached entry for (kind, bias, p, ep), created on a miss (evicting the least recently used). */
+/* The cached entry for (kind, bias, p, ep, dt), created on a miss (evicting the least recently used). */
 static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
-                               conv_entry **out) {
+                               const dnnl_data_type_t *dt, conv_entry **out) {
     int slot = 0;
     for (int i = 0; i < CONV_CACHE_SIZE; i++) {
         conv_entry *e = conv_cache[i];
-        if (e && e->kind == kind && e->bias == bias && !memcmp(&e->p, p, sizeof *p) && !memcmp(&e->ep, ep, sizeof *ep)) {
+        if (e && e->kind == kind && e->bias == bias && !memcmp(&e->p, p, sizeof *p) && !memcmp(&e->ep, ep, sizeof *ep) &&
+            !memcmp(e->dt, dt, sizeof e->dt)) {
             e->last_use = ++conv_clock;
             *out = e;
             return KILN_OK;
@@ -391,7 +430,19 @@ static kiln_status conv_lookup(kiln_conv_kind kind, bool bias, const kiln_conv_p
     conv_entry *e = kiln_calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_MEMORY, "conv2d: out of memory");
     e->kind = kind, e->bias = bias, e->p = *p, e->ep = *ep;
+    memcpy(e->dt, dt, sizeof e->dt);
     kiln_status s = conv_create(e);
+    if (s != KILN_OK && s != KILN_ERR_MEMORY && conv_lowp(e)) {
+        /* a bf16 problem oneDNN refuses: remembered as declined, so it is not tried again */
+        conv_entry *d = kiln_calloc(1, sizeof *d);
+        if (d) {
+            kiln_clear_error();
+            d->kind = kind, d->bias = bias, d->p = *p, d->ep = *ep, d->declined = true, s = KILN_OK;
+            memcpy(d->dt, dt, sizeof d->dt);
+        }
+        conv_entry_free(e);
+        e = d;
+    }
     if (s != KILN_OK) {
         conv_entry_free(e);
         return s;
@@ -415,7 +466,7 @@ static kiln_status conv_buffer(int k, size_t size, void **out) {
 }
 
 /* Fills the destination of e (its blocked copy, or out itself) with the residual for `sum`. */
-static kiln_status conv_load_residual(const conv_entry *e, const float *residual, float *out) {
+static kiln_status conv_load_residual(const conv_entry *e, const void *residual, void *out) {
     if (!e->residual_reorder) {
         if (residual != out) memcpy(out, residual, dnnl_memory_desc_get_size(&e->user_md[2]));
         return KILN_OK;
@@ -446,8 +497,9 @@ static kiln_status conv_forward_weights(conv_entry *e, const float *w) {
     return KILN_OK;
 }
 
-static kiln_status conv_exec(conv_entry *e, const float *a, const float *b, const float *bias,
-                             const float *residual, float *out) {
+static kiln_status conv_exec(conv_entry *e, const void *a, const void *b, const float *bias,
+                             const void *residual, void *out) {
+    if (e->declined) return kiln_error(KILN_ERR_RUNTIME, "conv2d: oneDNN has no bf16 kernel for this problem");
     void *user[3] = {(void *)a, (void *)b, out}, *buf;
     dnnl_exec_arg_t args[5];
     int nargs = 0;
@@ -487,19 +539,36 @@ static kiln_status conv_exec(conv_entry *e, const float *a, const float *b, cons
         DNNL_TRY(dnnl_primitive_execute(e->reorder[2], conv_stream, 2, r));
     }
     DNNL_TRY(dnnl_stream_wait(conv_stream));
+    if (conv_lowp(e)) lowp_runs++;
     return KILN_OK;
 }
 
-kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
-                               const float *a, const float *b, const float *bias, const float *residual, float *out) {
+static kiln_status conv_run_types(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                  const dnnl_data_type_t *dt, const void *a, const void *b, const float *bias,
+                                  const void *residual, void *out) {
     if (!ep) ep = &conv_no_epilogue;
     pthread_mutex_lock(&conv_lock);
     conv_entry *e = NULL;
     kiln_status s = conv_init();
-    if (s == KILN_OK) s = conv_lookup(kind, bias != NULL, p, ep, &e);
+    if (s == KILN_OK) s = conv_lookup(kind, bias != NULL, p, ep, dt, &e);
     if (s == KILN_OK) s = conv_exec(e, a, b, bias, residual, out);
     pthread_mutex_unlock(&conv_lock);
     return s;
+}
+
+kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                               const float *a, const float *b, const float *bias, const float *residual, float *out) {
+    static const dnnl_data_type_t f32[3] = {dnnl_f32, dnnl_f32, dnnl_f32};
+    return conv_run_types(kind, p, ep, f32, a, b, bias, residual, out);
+}
+
+kiln_status kiln_conv_dnnl_run_bf16(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                    const uint16_t *a, const uint16_t *b, const float *bias, const uint16_t *residual,
+                                    uint16_t *out) {
+    static const dnnl_data_type_t bf16[3] = {dnnl_bf16, dnnl_bf16, dnnl_bf16};
+    kiln_conv_epilogue direct = ep ? *ep : conv_no_epilogue;
+    direct.winograd = 0; /* no bf16 Winograd: one cache entry whatever the attribute says */
+    return conv_run_types(kind, p, &direct, bf16, a, b, bias, residual, out);
 }
 
 /* ---- relayout: oneDNN's reorders between activation layouts (float32) ---------------------- */

@@ -44,6 +44,17 @@ bool kiln_conv_dnnl_applies(int64_t activation);
 kiln_status kiln_conv_dnnl_run(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                const float *a, const float *b, const float *bias, const float *residual, float *out);
 
+/* kiln_conv_dnnl_run on bfloat16 buffers (bias float32): oneDNN's bf16 primitive, accumulating
+ * in float32 and rounding each result once; only where kiln_dnnl_bf16_native (dnnl_lowp.h).
+ * Winograd is never used (oneDNN has none in bf16). KILN_ERR_RUNTIME when oneDNN cannot, or has
+ * only its reference implementation for the problem (the caller converts to float32). */
+kiln_status kiln_conv_dnnl_run_bf16(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
+                                    const uint16_t *a, const uint16_t *b, const float *bias, const uint16_t *residual,
+                                    uint16_t *out);
+
+/* The bf16 convolutions kiln_conv_dnnl_run_bf16 ran in this process. */
+int64_t kiln_conv_dnnl_lowp_count(void);
+
 /* Converts float32 activations of NCHW shape `nchw` from one layout to another (oneDNN's
  * reorder, cached per shape). KILN_ERR_RUNTIME when oneDNN cannot. */
 kiln_status kiln_conv_dnnl_relayout(const int64_t *nchw, kiln_conv_layout from, kiln_conv_layout to, const float *src,

@@ -1,7 +1,8 @@
 /* KILN_MAX_CPU_ISA caps oneDNN too (include/kiln/config.h): at load, before any primitive is
  * made, its value is handed to dnnl_set_max_cpu_isa, unless ONEDNN_MAX_CPU_ISA (or the older
  * DNNL_MAX_CPU_ISA) is set, which oneDNN reads itself and which then wins. The channel block and
- * the Winograd choice follow from oneDNN's effective ISA (kiln_conv_block_size). */
+ * the Winograd choice follow from oneDNN's effective ISA (kiln_conv_block_size), and so does
+ * whether bf16 products run oneDNN's bf16 primitives (kiln_dnnl_bf16_native, dnnl_lowp.c). */
 #include <dnnl.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,6 +6,8 @@
 #include "codegen/codegen.h"
 #include "codegen/codegen_info.h"
 #include "isa_dispatch.h"
+#include "conv_dnnl.h"
+#include "dnnl_lowp.h"
 #include "kiln/config.h"
 
 /* Returns a new dict: how kiln was built, the CPU, BLAS and oneDNN (include/kiln/config.h), and
@@ -123,7 +125,28 @@ static PyObject *py_codegen_wait(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* amp_native() -> {"bf16": bool, "f16": bool, "conv_bf16_runs": int}: whether oneDNN runs bf16 /
+ * fp16 products on this CPU (dnnl_lowp.h), and the bf16 convolutions it ran in this process. */
+static PyObject *py_amp_native(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return Py_BuildValue("{s:O,s:O,s:L}", "bf16", kiln_dnnl_bf16_native() ? Py_True : Py_False, "f16",
+                         kiln_dnnl_f16_native() ? Py_True : Py_False, "conv_bf16_runs",
+                         (long long)kiln_conv_dnnl_lowp_count());
+}
+
+/* amp_native_allow(on) -> the previous setting: allows or forbids oneDNN's bf16 primitives in this
+ * process (forbidden: the fp32-compute fallback; tests and benchmarks). */
+static PyObject *py_amp_native_allow(PyObject *self, PyObject *on) {
+    (void)self;
+    if (!PyBool_Check(on)) return PyErr_Format(PyExc_TypeError, "amp_native_allow: expected a bool");
+    return PyBool_FromLong(kiln_dnnl_bf16_allow(on == Py_True));
+}
+
 static PyMethodDef config_methods[] = {
+    {"amp_native_allow", py_amp_native_allow, METH_O,
+     "amp_native_allow(on) -> previous: allow or forbid oneDNN's bf16 primitives in this process (tests, benchmarks)"},
+    {"amp_native", py_amp_native, METH_NOARGS,
+     "{'bf16', 'f16': oneDNN runs them natively here; 'conv_bf16_runs': bf16 convolutions run in this process}"},
     {"codegen_background", py_codegen_background, METH_VARARGS,
      "codegen_background(on=None) -> whether generated code builds on a background thread (set when on is given)"},
     {"codegen_wait", py_codegen_wait, METH_NOARGS, "waits until no background build of generated code is queued or running"},
