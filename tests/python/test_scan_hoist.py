@@ -105,9 +105,15 @@ def test_gradients_match_central_differences(level, reverse):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_hoisted_loop_is_bitwise_the_loop_it_replaces(reverse):
+def test_hoisted_loop_is_the_loop_it_replaces(reverse):
     """float32, a linear cell (no transcendental that O1 may compute another way): O1 with the
-    projection hoisted gives exactly O0's bits, values and gradients."""
+    projection hoisted gives O0's values and gradients to float32 rounding. Not bit for bit: one
+    stacked product and the per-step ones are the same sums, but a BLAS may order a row's sum by
+    where the row falls in its blocking (OpenBLAS's Haswell and Prescott kernels do, oneDNN's and
+    OpenBLAS's SkylakeX ones did not where this was checked)."""
+    def same(a, b):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=2e-6, atol=1e-7)
+
     def linear(h0, xs, w, u, b):
         def f(h, x):
             h = ops.matmul(x, w) + ops.matmul(h, u)
@@ -121,13 +127,13 @@ def test_hoisted_loop_is_bitwise_the_loop_it_replaces(reverse):
     o1 = kiln.jit(linear, capture_mode="trace", jit_level="O1")
     assert "matmul" in top_level_ops(o1.graph_str(*args))
     for a, b in zip(o1(*args), o0(*args)):
-        assert np.array_equal(to_numpy(a), to_numpy(b))
+        same(a, b)
 
     def scalar(jf):
         return lambda *a: (lambda h, ys: h.sum() + (ys * ys).sum())(*jf(*a))
     for a, b in zip(kiln.grad(kiln.jit(scalar(linear), capture_mode="trace", jit_level="O1"), (0, 2, 3))(*args),
                     kiln.grad(kiln.jit(scalar(linear), capture_mode="trace", jit_level="O0"), (0, 2, 3))(*args)):
-        assert np.array_equal(to_numpy(a), to_numpy(b))
+        same(a, b)
 
 
 def test_tiny_step_products_stay_in_the_loop_bitwise():
