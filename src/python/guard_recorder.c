@@ -262,10 +262,10 @@ static int add_guard(PyGuardRecorder *r, PyObject *root, PyObject *key_step, PyO
     return rc;
 }
 
-static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, PyObject *description,
-                           int guard_contents) {
+static int guard_step_mode(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, int mode,
+                           PyObject *description, int guard_contents) {
     PyObject *path = PyTuple_Pack(1, step);
-    int rc = path ? add_guard(r, root, step, path, value, mode_of(value), description) : -1;
+    int rc = path ? add_guard(r, root, step, path, value, mode, description) : -1;
     if (rc == 0 && guard_contents && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value))) { /* what the code reads of it (len(), iteration, items) may change in place */
         PyObject *contents = pykiln_guard_contents(value), *key = contents ? PyTuple_Pack(2, step, s_contents) : NULL;
         PyObject *what = key ? PyUnicode_FromFormat("the contents of %U", description) : NULL;
@@ -276,6 +276,23 @@ static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, P
     }
     Py_XDECREF(path);
     return rc;
+}
+
+static int guard_step_only(PyGuardRecorder *r, PyObject *root, PyObject *step, PyObject *value, PyObject *description,
+                           int guard_contents) {
+    return guard_step_mode(r, root, step, value, mode_of(value), description, guard_contents);
+}
+
+/* How a step that reached `value` from cur is guarded: mode_of(value), except for a tensor an
+ * attribute makes anew at each read (a second read gives another object: `w.T`), whose identity
+ * would never hold again (every later call recompiled, then ran eagerly): GUARD_VIEW. -1 on error. */
+static int step_mode(PyObject *cur, PyObject *step, PyObject *value) {
+    if (!step_is(step, 'a') || !pykiln_is_tensor(value)) return mode_of(value);
+    PyObject *again = walk_step(cur, step);
+    if (!again) return PyErr_Occurred() ? -1 : mode_of(value);
+    int mode = again != value && pykiln_is_tensor(again) ? GUARD_VIEW : mode_of(value);
+    Py_DECREF(again);
+    return mode;
 }
 
 /* Guards one item (name) of a Cell's __dict__ with the value it has; format names the cell's type. */
@@ -341,7 +358,8 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
     for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
         PyObject *step = Py_NewRef(PyTuple_GET_ITEM(path, k)), *at = Py_NewRef(cur);
         PyObject *value = walk_step(cur, step);
-        if (!value) {
+        int mode = value ? step_mode(cur, step, value) : 0;
+        if (!value || mode < 0) {
             rc = PyErr_Occurred() ? -1 : 1;
         } else if (step_is(step, 'a')) {
             int plain = plain_attribute(cur, PyTuple_GET_ITEM(step, 1)), err = 0;
@@ -352,7 +370,7 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
             if (plain < 0 || err || !at || !step) rc = -1;
         }
         PyObject *what = k == n - 1 ? description : step_desc;
-        if (rc == 0 && (guard_step_only(r, at, step, value, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code) < 0 ||
+        if (rc == 0 && (guard_step_mode(r, at, step, value, mode, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code) < 0 ||
                         guard_cell_version(r, value) < 0))
             rc = -1;
         Py_XDECREF(step);

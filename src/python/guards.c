@@ -213,6 +213,17 @@ static int check_one(guard *g, PyObject *func) {
     return r;
 }
 
+/* GUARD_VIEW: a and b read the same elements the same way (storage, offset, layout, dtype) and
+ * gradients flow to both or to neither. */
+static bool same_view(const kiln_tensor *a, const kiln_tensor *b) {
+    if (a->storage != b->storage || a->offset != b->offset || a->meta.dtype != b->meta.dtype ||
+        a->meta.ndim != b->meta.ndim || a->requires_grad != b->requires_grad)
+        return false;
+    for (int d = 0; d < a->meta.ndim; d++)
+        if (a->meta.shape[d] != b->meta.shape[d] || a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
 static int check_value(const guard *g, PyObject *root) {
     int absent;
     PyObject *v = walk(g, root, &absent);
@@ -256,6 +267,7 @@ static int check_value(const guard *g, PyObject *root) {
     case GUARD_REQUIRES_GRAD: /* a tensor read from outside: whether gradients flow to it decides the graph */
         r = pykiln_is_tensor(v) && pykiln_unwrap(v)->requires_grad == (g->expected == Py_True);
         break;
+    case GUARD_VIEW: r = pykiln_is_tensor(v) && pykiln_is_tensor(g->expected) && same_view(pykiln_unwrap(v), pykiln_unwrap(g->expected)); break;
     default: r = 0; break; /* GUARD_ABSENT, and something was found */
     }
     Py_DECREF(v);
@@ -473,7 +485,7 @@ int pykiln_guards_init_type(PyObject *module) {
     } modes[] = {{"GUARD_IDENTITY", GUARD_IDENTITY}, {"GUARD_VALUE", GUARD_VALUE}, {"GUARD_ABSENT", GUARD_ABSENT},
                  {"GUARD_METHOD", GUARD_METHOD}, {"GUARD_VERSION", GUARD_VERSION}, {"GUARD_WEAK", GUARD_WEAK},
                  {"GUARD_CONTENTS", GUARD_CONTENTS}, {"GUARD_REQUIRES_GRAD", GUARD_REQUIRES_GRAD},
-                 {"GUARD_WEAK_METHOD", GUARD_WEAK_METHOD}, {"ROOT_OBJECT", ROOT_OBJECT}, {"ROOT_WEAK", ROOT_WEAK},
+                 {"GUARD_WEAK_METHOD", GUARD_WEAK_METHOD}, {"GUARD_VIEW", GUARD_VIEW}, {"ROOT_OBJECT", ROOT_OBJECT}, {"ROOT_WEAK", ROOT_WEAK},
                  {"ROOT_GLOBALS", ROOT_GLOBALS}, {"ROOT_CELL", ROOT_CELL}};
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
         if (PyModule_AddIntConstant(module, modes[k].name, modes[k].value) < 0) return -1;

@@ -114,8 +114,10 @@ int pykiln_model_init(PyObject *module);
 /* Registers JitDispatcher (dispatcher.c). */
 int pykiln_dispatcher_init_type(PyObject *module);
 /* How a guard compares the value its path reaches with the one it expects (guards.c). */
+/* GUARD_VIEW: a tensor an attribute makes anew at each read (`w.T`, `w.mT`): the one read now views
+ * the same storage with the same layout, dtype and requires_grad (its identity never holds). */
 enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, GUARD_WEAK, GUARD_WEAK_METHOD,
-       GUARD_CONTENTS, GUARD_REQUIRES_GRAD, GUARD_MODE_COUNT };
+       GUARD_CONTENTS, GUARD_REQUIRES_GRAD, GUARD_VIEW, GUARD_MODE_COUNT };
 /* A list's, dict's or set's contents as GUARD_CONTENTS compares them (new reference), or None. */
 PyObject *pykiln_guard_contents(PyObject *value);
 /* Registers GuardSet and its mode constants (guards.c). */

@@ -3,7 +3,8 @@
 While kiln.jit captures a function, every frame of user code it enters is shown to a Recorder.
 From the frame's bytecode (read once per code object) the recorder knows the globals, closure
 variables and attribute chains (`self.scale`, `cfg.alpha`, `config.X`, `TABLE[0]`) the code
-reads, and guards each on the value it has: identity for tensors and objects, value for
+reads, and guards each on the value it has: identity for tensors and objects (a tensor an
+attribute makes anew at each read, `w.T`, by what it views: storage and layout), value for
 numbers, strings, bools and tuples of them, function and self for bound methods; a Cell is also
 guarded on its state version, bumped by every attribute write. The guards become a
 kiln._C.GuardSet, checked in C before a compiled graph serves a call: a change means the graph
