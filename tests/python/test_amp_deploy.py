@@ -210,3 +210,22 @@ def test_folding_keeps_dtype_under_jit(low, infer_boost):
     jitted = kiln.jit(lambda x: net(x), capture_mode="trace", jit_level="O1", infer_boost=infer_boost)(X_BLOCK)
     assert jitted.dtype == eager.dtype == LOW[low]
     assert np.array_equal(_np(jitted), _np(eager))
+
+
+def test_kiln_run_writes_bfloat16_outputs_widened(tmp_path):
+    """.npy has no bfloat16: kiln-run --output-dir writes a bfloat16 output (amp O3) as float32,
+    exactly, and says so (it refused the output before)."""
+    if not os.path.exists(KILN_RUN):
+        pytest.skip("build/kiln-run is not built")
+    tr, args = _traced("mlp", "O3", kiln.bfloat16)
+    expected = tr(*args)
+    assert expected.dtype == kiln.bfloat16
+    path = str(tmp_path / "m.kiln")
+    tr.dump(path, arg_names=["x"], output_names=["y"], optimize_for_inference=False)
+    np.save(tmp_path / "x.npy", args[0].asnumpy())
+    r = subprocess.run([KILN_RUN, path, "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"),
+                        "--iter", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "output y is bfloat16" in r.stderr and "as float32" in r.stderr
+    got = np.load(tmp_path / "out" / "y.npy")
+    assert got.dtype == np.float32 and np.array_equal(got, _np(expected))
