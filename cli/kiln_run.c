@@ -12,7 +12,8 @@
  * Chrome Trace Event JSON. --graph / --graph-name pick a graph of a file of several (trace.dump's
  * append=True; default the first). --model-info also lists the file's graphs and the names the
  * file keeps (parameters, values, ops, op priorities). --output-dir writes output NAME as DIR/NAME.npy,
- * bytes of NAME that would make it more than a plain file name written %XX (output_file_name). Uses the public C API, and the recorder of src/core/profile.h. */
+ * bytes of NAME that would make it more than a plain file name written %XX (output_file_name); a
+ * bfloat16 output (amp) is written widened to float32, exactly (.npy has no bfloat16). Uses the public C API, and the recorder of src/core/profile.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -359,6 +360,21 @@ static int write_outputs(const options *o, const kiln_model *m, kiln_tensor **ou
             fclose(f);
             rc = die("output");
             break;
+        }
+        if (c->meta.dtype == KILN_DTYPE_BFLOAT16) { /* (amp) .npy has no bfloat16: widened, exactly */
+            kiln_attrs a = {0};
+            a.i[a.ni++] = KILN_DTYPE_FLOAT32;
+            kiln_tensor *wide;
+            kiln_status cs = kiln_apply1(KILN_OP_CAST, c, &a, &wide);
+            kiln_tensor_release(c);
+            if (cs != KILN_OK) {
+                fclose(f);
+                rc = die("output");
+                break;
+            }
+            c = wide;
+            fprintf(stderr, "kiln-run: output %s is bfloat16, written to %s as float32 (exact: .npy has no bfloat16)\n",
+                    kiln_model_output_name(m, k), path);
         }
         kiln_status s = npy_write(f, path, c, err, sizeof err);
         kiln_tensor_release(c);

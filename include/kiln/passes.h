@@ -47,6 +47,12 @@ KILN_API kiln_status kiln_run_pass(const char *name, kiln_graph **g, const kiln_
 /* The graph with every float32 value stored as float16 (src/passes/to_float16.c: trace.dump's
  * enable_io16xc32; each op still computes in float32). */
 KILN_API kiln_status kiln_graph_to_float16(const kiln_graph *g, kiln_graph **out);
+/* A graph that computes in 16-bit floats already (amp): only its float32 inputs and outputs become
+ * float16, each input widened to float32 where the graph starts and each output rounded where it
+ * ends; every other value keeps its dtype (src/passes/to_float16.c). */
+KILN_API kiln_status kiln_graph_io_to_float16(const kiln_graph *g, kiln_graph **out);
+/* Whether a node of g (or of its subgraphs) makes a float16 or bfloat16 value. */
+KILN_API bool kiln_graph_computes_16bit(const kiln_graph *g);
 
 /* vmap (src/passes/vmap.c): the graph of `batch` examples of g, each a call of g. in_axes, one per
  * input of g: the axis of the new input that holds the batch, or -1 (the input is shared by every

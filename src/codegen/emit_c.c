@@ -90,20 +90,46 @@ static bool rows_fit(const kiln_graph *sub) {
     return true;
 }
 
-/* bfloat16 operands of elementwise kernels: loaded as float (exact), the result stored rounded to
- * nearest even (kiln_bf16_ld / kiln_bf16_st of the prelude, internal.h's conversions). The row
- * kernels (emit_rows.c) take none. */
-static bool is_bf16(kiln_dtype d) { return d == KILN_DTYPE_BFLOAT16; }
+/* bfloat16 and float16 operands of elementwise kernels: loaded as float (exact), the result stored
+ * rounded to nearest even (kiln_bf16_ld / kiln_bf16_st and kiln_f16_ld / kiln_f16_st of the
+ * prelude: internal.h's conversions, the same bits as eager's kernels and casts). The row kernels
+ * (emit_rows.c) take none. */
+static bool is_half(kiln_dtype d) { return d == KILN_DTYPE_BFLOAT16 || d == KILN_DTYPE_FLOAT16; }
+static const char *half_load(kiln_dtype d) { return d == KILN_DTYPE_FLOAT16 ? "kiln_f16_ld" : "kiln_bf16_ld"; }
+static const char *half_store(kiln_dtype d) { return d == KILN_DTYPE_FLOAT16 ? "kiln_f16_st" : "kiln_bf16_st"; }
+
+/* float16 <-> float as src/core/internal.h converts (kiln_f16_to_f32, kiln_f32_to_f16): a _Float16
+ * conversion where the compiler has the type (with -march=native on a CPU with F16C: vcvtph2ps /
+ * vcvtps2ph, which eager's rows use too), else the same rounding in integer arithmetic. */
+static const char f16_text[] =
+    "#ifdef __FLT16_MAX__\n"
+    "static inline float kiln_f16_ld(uint16_t h) { _Float16 v; __builtin_memcpy(&v, &h, 2); return (float)v; }\n"
+    "static inline uint16_t kiln_f16_st(float f) { _Float16 v = (_Float16)f; uint16_t h; __builtin_memcpy(&h, &v, 2); return h; }\n"
+    "#else\n"
+    "static inline float kiln_f16_ld(uint16_t h) {\n"
+    "    kf_bits o; o.u = ((uint32_t)h & 0x7fffu) << 13; uint32_t exp = o.u & (0x7c00u << 13);\n"
+    "    o.u += (uint32_t)(127 - 15) << 23;\n"
+    "    if (exp == (0x7c00u << 13)) o.u += (uint32_t)(128 - 16) << 23;\n"
+    "    else if (exp == 0) { kf_bits m; m.u = 113u << 23; o.u += 1u << 23; o.f -= m.f; }\n"
+    "    o.u |= ((uint32_t)h & 0x8000u) << 16; return o.f; }\n"
+    "static inline uint16_t kiln_f16_st(float f) {\n"
+    "    kf_bits b; b.f = f; uint32_t u = b.u, sign = u & 0x80000000u; u ^= sign; uint16_t o;\n"
+    "    if (u >= (127u + 16) << 23) o = u > 255u << 23 ? 0x7e00 : 0x7c00;\n"
+    "    else if (u < (113u << 23)) { kf_bits v, m; v.u = u; m.u = ((127u - 15) + (23 - 10) + 1) << 23; v.f += m.f;\n"
+    "        o = (uint16_t)(v.u - m.u); }\n"
+    "    else { uint32_t odd = (u >> 13) & 1; u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd; o = (uint16_t)(u >> 13); }\n"
+    "    return (uint16_t)(o | (sign >> 16)); }\n"
+    "#endif\n";
 
 bool kiln_codegen_supports(const kiln_graph *sub) {
     if (sub->noutputs != 1 || sub->ncaptures != 0 || sub->nsubgraphs != 0 || sub->nnodes == 0) return false;
     if (sub->values[sub->outputs[0]].kind != KILN_VALUE_NODE) return false;
     bool rows = kiln_codegen_has_rows(sub);
     kiln_dtype od = sub->values[sub->outputs[0]].meta.dtype;
-    if (!kiln_cg_c_type(od) && !(is_bf16(od) && !rows)) return false;
+    if (!kiln_cg_c_type(od) && !(is_half(od) && !rows)) return false;
     for (int32_t i = 0; i < sub->ninputs; i++) {
         kiln_dtype d = sub->values[sub->inputs[i]].meta.dtype;
-        if (!kiln_cg_c_type(d) && !(is_bf16(d) && !rows)) return false;
+        if (!kiln_cg_c_type(d) && !(is_half(d) && !rows)) return false;
     }
     for (int32_t i = 0; i < sub->nnodes; i++)
         if (!kiln_node_fusable(sub, i)) return false;
@@ -135,8 +161,8 @@ void kiln_cg_prelude(kiln_strbuf *t, unsigned uses) {
            "static inline float kiln_bf16_ld(uint16_t h) { kf_bits b; b.u = (uint32_t)h << 16; return b.f; }\n"
            "static inline uint16_t kiln_bf16_st(float f) { kf_bits b; b.f = f; uint32_t u = b.u;\n"
            "    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
-           "%s\n%s\n%s\n%s\n#endif\n",
-        kiln_approx_f32_text, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text, kiln_bitwise_text);
+           "%s%s\n%s\n%s\n%s\n#endif\n",
+        kiln_approx_f32_text, f16_text, KILN_NEG_TEXT, kiln_floordiv_text, kiln_rounding_text, kiln_bitwise_text);
     /* as <tgmath.h> for the interpreted kernels */
     if (uses & KILN_USE_LIBM)
         kiln_strbuf_printf(t, "#ifndef KILN_PRELUDE_LIBM\n#define KILN_PRELUDE_LIBM\n"
@@ -189,7 +215,7 @@ void kiln_cg_put_converted(kiln_strbuf *t, const char *name, kiln_dtype d, kiln_
 void kiln_cg_put_expr(kiln_strbuf *t, const kiln_graph *g, int32_t i, const char *const *operands, const char *out) {
     const kiln_node *n = &g->nodes[i];
     kiln_dtype od = g->values[n->out[0]].meta.dtype;
-    bool half = is_bf16(od); /* the group's root cast: computed in float, rounded by the store */
+    bool half = is_half(od); /* the group's root cast: computed in float, rounded by the store */
     const char *ot = half ? "float" : kiln_cg_c_type(od);
     if (n->op == KILN_OP_FULL) {
         kiln_strbuf_printf(t, "        const %s %s = (%s)", ot, out, ot);
@@ -238,30 +264,32 @@ static void emit_row(kiln_strbuf *t, const kiln_graph *g, const int8_t *kind) {
     int nops = 1 + g->ninputs;
     const kiln_value *ov = &g->values[g->outputs[0]];
     kiln_strbuf_printf(t, "static inline __attribute__((always_inline)) void KILN_SYM_row(char *const *q, const int64_t *is, int64_t n) {\n");
-    /* storage types (bfloat16: uint16_t, loaded with kiln_bf16_ld) and value types */
-    bool ohalf = is_bf16(ov->meta.dtype);
+    /* storage types (bfloat16, float16: uint16_t, loaded with kiln_bf16_ld, kiln_f16_ld) and value types */
+    bool ohalf = is_half(ov->meta.dtype);
     const char *ost = ohalf ? "uint16_t" : kiln_cg_c_type(ov->meta.dtype);
     kiln_strbuf_printf(t, "    (void)is;\n    %s *restrict o = (%s *)q[0];\n", ost, ost);
     for (int k = 1; k < nops; k++) {
-        bool half = is_bf16(g->values[g->inputs[k - 1]].meta.dtype);
-        const char *st = half ? "uint16_t" : kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        const char *vt = half ? "float" : st, *ld = half ? "kiln_bf16_ld" : "";
+        kiln_dtype d = g->values[g->inputs[k - 1]].meta.dtype;
+        bool half = is_half(d);
+        const char *st = half ? "uint16_t" : kiln_cg_c_type(d);
+        const char *vt = half ? "float" : st, *ld = half ? half_load(d) : "";
         if (kind[k] == KILN_INNER_FIXED) kiln_strbuf_printf(t, "    const %s v%d = %s(*(const %s *)q[%d]);\n", vt, k - 1, ld, st, k);
         else kiln_strbuf_printf(t, "    const %s *restrict x%d = (const %s *)q[%d];\n", st, k - 1, st, k);
         if (kind[k] == KILN_INNER_STRIDED) kiln_strbuf_printf(t, "    const int64_t s%d = is[%d];\n", k - 1, k);
     }
     kiln_strbuf_printf(t, "#pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n");
     for (int k = 1; k < nops; k++) {
-        bool half = is_bf16(g->values[g->inputs[k - 1]].meta.dtype);
-        const char *vt = half ? "float" : kiln_cg_c_type(g->values[g->inputs[k - 1]].meta.dtype);
-        const char *ld = half ? "kiln_bf16_ld" : "";
+        kiln_dtype d = g->values[g->inputs[k - 1]].meta.dtype;
+        bool half = is_half(d);
+        const char *vt = half ? "float" : kiln_cg_c_type(d);
+        const char *ld = half ? half_load(d) : "";
         if (kind[k] == KILN_INNER_UNIT) kiln_strbuf_printf(t, "        const %s v%d = %s(x%d[i]);\n", vt, k - 1, ld, k - 1);
         else if (kind[k] == KILN_INNER_STRIDED)
             kiln_strbuf_printf(t, "        const %s v%d = %s(x%d[i * s%d]);\n", vt, k - 1, ld, k - 1, k - 1);
     }
     for (int32_t i = 0; i < g->nnodes; i++) emit_node(t, g, i);
     const char *at = kind[0] == KILN_INNER_UNIT ? "i" : (kind[0] == KILN_INNER_STRIDED ? "i * is[0]" : "0");
-    kiln_strbuf_printf(t, "        o[%s] = %s(t%d);\n    }\n}\n\n", at, ohalf ? "kiln_bf16_st" : "", ov->node);
+    kiln_strbuf_printf(t, "        o[%s] = %s(t%d);\n    }\n}\n\n", at, ohalf ? half_store(ov->meta.dtype) : "", ov->node);
 }
 
 /* The rows of [begin, end) (an odometer over the outer axes), and the entry point, which splits

@@ -31,6 +31,19 @@ static kiln_status emit_scalar(kiln_rewriter *rw, double v, kiln_dtype dtype, in
     return s;
 }
 
+/* Whether the convolution (its input, weight, bias and result) and the batch_norm (its result and
+ * the four parameters) share one dtype. Under amp they need not (a bfloat16 convolution normalized
+ * with float32 parameters at O3): the folded weight w * s would then take the parameters' dtype and
+ * the convolution's result with it, so the folded graph would return another dtype than eager. */
+static bool same_dtype(const kiln_graph *g, const kiln_node *conv, const kiln_node *bn) {
+    kiln_dtype d = g->values[conv->out[0]].meta.dtype;
+    for (int k = 0; k < conv->nin; k++)
+        if (g->values[conv->in[k]].meta.dtype != d) return false;
+    for (int k = 1; k < 5 && k < bn->nin; k++)
+        if (g->values[bn->in[k]].meta.dtype != d) return false;
+    return g->values[bn->out[0]].meta.dtype == d;
+}
+
 static kiln_status fold(kiln_rewriter *rw, const kiln_node *conv, const kiln_node *bn, int32_t *y) {
     const kiln_graph *g = rw->src;
     int32_t loc = bn->loc;
@@ -86,6 +99,7 @@ KILN_PASS(fold_batch_norm) {
         if (y->kind != KILN_VALUE_NODE || uses[bn->in[0]] != 1) continue;
         const kiln_node *conv = &in->nodes[y->node];
         if (conv->op != KILN_OP_CONV2D || !kiln_dtype_is_float(y->meta.dtype)) continue;
+        if (!same_dtype(in, conv, bn)) continue; /* amp: a 16-bit convolution, float32 statistics */
         if (uses[bn->out[1]] || uses[bn->out[2]]) continue;       /* its statistics outputs are read */
         if (in->values[bn->in[3]].meta.ndim != 1 || in->values[bn->in[3]].meta.shape[0] == 0) continue;
         conv_of[i] = y->node;

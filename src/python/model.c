@@ -62,6 +62,34 @@ static kiln_status to_float16(kiln_graph **g, const kiln_pass_options *opt) {
     return KILN_OK;
 }
 
+/* trace.dump's float16 options (float16: 1 enable_io16xc32, 2 enable_ioc16). A graph that computes
+ * in 16-bit floats already (amp) keeps its dtypes: enable_io16xc32 makes its float32 inputs and
+ * outputs float16; enable_ioc16 (every value float16) would round the values amp keeps float32 and
+ * turn bfloat16 into float16, so it is refused. */
+static kiln_status float16_storage(kiln_graph **g, const kiln_pass_options *opt, int float16) {
+    if (!kiln_graph_computes_16bit(*g)) return to_float16(g, opt);
+    if (float16 == 2)
+        return kiln_error(KILN_ERR_VALUE, "trace.dump: enable_ioc16 stores every value as float16, but this graph "
+                          "computes in 16-bit floats already (mixed precision: amp's bfloat16 or float16 products, "
+                          "with the accumulations, norms and positions it keeps float32); use enable_io16xc32 "
+                          "(float16 inputs and outputs, the graph's dtypes kept), or amp level O3 for 16-bit "
+                          "values throughout");
+    kiln_graph *io = NULL;
+    KILN_TRY(kiln_graph_io_to_float16(*g, &io));
+    kiln_graph_free(*g);
+    *g = io;
+    return KILN_OK;
+}
+
+/* graph_computes_16bit(graph) -> bool: whether a node of the graph makes a float16 or bfloat16
+ * value (amp), which trace.dump's float16 options treat apart (float16_storage). */
+static PyObject *py_graph_computes_16bit(PyObject *self, PyObject *graph) {
+    (void)self;
+    const kiln_graph *g = pykiln_graph_of(graph);
+    if (!g) return NULL;
+    return PyBool_FromLong(kiln_graph_computes_16bit(g));
+}
+
 /* The names trace.dump keeps (keep_param_name: param_names, {capture value id: name}, else None;
  * keep_var_name 1: the inputs' and outputs' names, 2: and generated ones for every node output;
  * keep_opr_name, keep_opr_priority: generated node names, the recorded order), set on the copy
@@ -94,13 +122,13 @@ static kiln_status name_graph(kiln_graph *g, PyObject *param_names, int keep_var
  *   -> (bytes, node count, parameter bytes, graph text)
  * Optimizes a copy of graph at the level (inference: the inference rewrites) and writes it with
  * the test cases (a list of tensors: per case the inputs, then the expected outputs) and the
- * names kept (name_graph). */
+ * names kept (name_graph); float16: 0, or 1 enable_io16xc32, 2 enable_ioc16 (float16_storage). */
 static PyObject *py_model_write(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *graph, *in_names, *out_names, *cases, *param_names, *name_obj;
     int level, inference, no_format, fusion, float16, keep_var, keep_opr, keep_priority;
     const char *metadata, *user_info, *graph_name = NULL;
-    if (!PyArg_ParseTuple(args, "OippipOOzzO!OOipp:model_write", &graph, &level, &inference, &no_format, &fusion,
+    if (!PyArg_ParseTuple(args, "OippiiOOzzO!OOipp:model_write", &graph, &level, &inference, &no_format, &fusion,
                           &float16, &in_names, &out_names, &metadata, &user_info, &PyList_Type, &cases, &name_obj,
                           &param_names, &keep_var, &keep_opr, &keep_priority))
         return NULL;
@@ -144,7 +172,7 @@ static PyObject *py_model_write(PyObject *self, PyObject *args) {
     kiln_pass_options popt = {(kiln_jit_level)level, inference, no_format, (kiln_conv_fusion)fusion, true};
     if (s == KILN_OK) s = name_graph(g, param_names, keep_var, keep_opr, keep_priority, ins, outs);
     if (s == KILN_OK) s = kiln_graph_base_name_locs(g); /* no user's directories in a shipped file */
-    if (s == KILN_OK && float16) s = to_float16(&g, &popt);
+    if (s == KILN_OK && float16) s = float16_storage(&g, &popt, float16);
     if (s == KILN_OK) s = kiln_optimize(&g, &popt);
     if (s == KILN_OK) {
         kiln_model_desc d = {g, ins, outs, metadata, user_info, per ? (int32_t)(ntensors / per) : 0, tensors,
@@ -453,6 +481,8 @@ static PyMethodDef model_functions[] = {
      "model_write(graph, level, inference, disable_format_transform, conv_fusion, float16, input_names, output_names, metadata, "
      "user_info, cases, graph_name, param_names, keep_var_name, keep_opr_name, keep_opr_priority) -> (bytes, nodes, "
      "parameter bytes, graph text)"},
+    {"graph_computes_16bit", py_graph_computes_16bit, METH_O,
+     "graph_computes_16bit(graph) -> whether a node makes a float16 or bfloat16 value (amp)"},
     {NULL, NULL, 0, NULL},
 };
 

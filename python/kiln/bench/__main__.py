@@ -24,9 +24,9 @@ import kiln
 
 from . import models_table, report, sgemm, slower
 from .peers import PEER_NAMES, Peers
-from .workloads import (ATOL, GRAD_RTOL, JIT_VARIANTS, RTOL, RULES, SAME_AS_LISTED, SIZES, compare,
-                        jit_variant_status, kiln_variants, make_workloads, measure, measure_interleaved,
-                        workload_flops)
+from .workloads import (AMP, AMP_DTYPES, AMP_JIT_VARIANTS, AMP_LEVEL, ATOL, FLOAT32, GRAD_RTOL, JIT_VARIANTS, RTOL,
+                        RULES, SAME_AS_LISTED, SIZES, compare, jit_variant_status, kiln_amp_variants, kiln_variants,
+                        make_workloads, measure, measure_interleaved, workload_flops)
 
 
 class Progress:
@@ -85,6 +85,10 @@ def build_parser():
     p.add_argument("--peers", type=parse_peers, default=PEER_NAMES, metavar="LIST",
                    help="comma-separated peers to run: all (default), none, or any of "
                         f"{', '.join(PEER_NAMES)}, jax")
+    p.add_argument("--amp", choices=tuple(AMP_DTYPES) + ("none",), default="bfloat16",
+                   help="the mixed-precision rows of the BasicBlock and attention workloads (issue 31): kiln eager and "
+                        f"kiln.jit under kiln.amp.auto_mixed_precision(model, '{AMP_LEVEL}', dtype), torch and "
+                        "torch.compile under torch.autocast('cpu', dtype); default bfloat16, none for no amp rows")
     p.add_argument("--wide", action="store_true",
                    help="every column of the tutorial's tables (enable jit, runs, time for runs, x1000 runs, "
                         "GFLOP/s, ...) and unwrapped lines; by default the output fits 100 columns")
@@ -102,7 +106,7 @@ def _row(variant, res, check, agree, err, where, info):
     return {
         "system": variant.system, "enable_jit": variant.enable_jit, "jit_level": variant.jit_level,
         "capture_mode": variant.capture_mode, "backend": variant.backend, "fullgraph": variant.fullgraph,
-        "infer_boost": variant.infer_boost,
+        "infer_boost": variant.infer_boost, "amp": variant.amp,
         "prepare_s": res.prepare_s, "runs": res.runs, "repeat": len(res.rep_s), "run_s_each": res.rep_s,
         "run_s": res.run_s, "per_run_s": res.per_run_s, "per_run_min_s": res.per_run_min_s,
         "per_run_max_s": res.per_run_max_s, "first_run_s": res.first_run_s,
@@ -143,7 +147,7 @@ def run_workload(wl, variants, progress, repeat=1, peak_gflops=None):
 def _measure_rows(wl, variants, progress, repeat, record):
     """Fills record's rows and notes; returns the count of failures."""
     np_inputs = wl.numpy_args() if any(v.convert for v in variants) else None
-    ref = None
+    ref = amp_ref = None  # kiln eager's results, and kiln eager amp's
     failures = 0
     for v in variants:
         progress.show(f"{wl.title}: {report.row_label(vars(v))}")
@@ -170,8 +174,19 @@ def _measure_rows(wl, variants, progress, repeat, record):
             failures += is_kiln
             continue
         grads_from = 1 if wl.backward else None
-        ok1, e1, w1 = compare(res.first, ref.first, wl.output_names, grads_from)
-        ok2, e2, w2 = compare(res.last, ref.last, wl.output_names, grads_from)
+        # amp rows: kiln.jit's against kiln eager amp (the same computation, float32's tolerance); kiln
+        # eager amp and the peers' autocast rows against kiln eager float32 within the low precision's
+        base, tol = ref, FLOAT32
+        if v.amp != "-":
+            base, tol = (amp_ref, FLOAT32) if v.system == "kiln.jit" else (ref, AMP[v.amp])
+            if v.system == "kiln":
+                amp_ref = res
+        if base is None:  # kiln eager amp failed: nothing to check against
+            record["rows"].append(_row(v, res, "FAILED (no kiln eager amp result)", False, None, "", info))
+            failures += is_kiln
+            continue
+        ok1, e1, w1 = compare(res.first, base.first, wl.output_names, grads_from, tol)
+        ok2, e2, w2 = compare(res.last, base.last, wl.output_names, grads_from, tol)
         agree = ok1 and ok2
         err, where = (e1, w1) if e1 >= e2 else (e2, w2)
         check = "ok" if agree else f"MISMATCH {err:.3g}x tol ({where})"
@@ -239,7 +254,10 @@ def main(argv=None):
     implemented = [v for v, why in statuses if why is None]
     peers = Peers(args.peers)
     workloads = make_workloads(size, args.only, args.runs)
-    plan = [(wl, kiln_variants(wl, implemented) + peers.variants(wl)) for wl in workloads]
+    amp_jit = [v for v in AMP_JIT_VARIANTS if v in implemented]
+    plan = [(wl, kiln_variants(wl, implemented) + peers.variants(wl)
+             + ([] if args.amp == "none" else kiln_amp_variants(wl, amp_jit, args.amp) + peers.amp_variants(wl, args.amp)))
+            for wl in workloads]
 
     versions = f"kiln {kiln.__version__} ({kiln.get_num_threads()} threads)"
     torch = peers.modules.get("torch")
@@ -250,6 +268,11 @@ def main(argv=None):
         "load_average_before": _load(),
         "size": size.name, "size_note": size.note, "argv": list(sys.argv[1:] if argv is None else argv),
         "tolerance": {"rtol": RTOL, "atol": ATOL, "grad_rtol": GRAD_RTOL, "rules": RULES},
+        "amp": None if args.amp == "none" else {
+            "dtype": args.amp, "short": AMP_DTYPES[args.amp], "level": AMP_LEVEL,
+            "kiln_jit_variants": [v.label() for v in amp_jit],
+            "tolerance_vs_float32": {"value_of_max": AMP[AMP_DTYPES[args.amp]].atol,
+                                     "grad_rtol": AMP[AMP_DTYPES[args.amp]].grad_rtol}},
         "jit_variants": [dict(vars(v), implemented=why is None, note=why) for v, why in statuses],
         "notes": [], "workloads": [],
     }
@@ -283,6 +306,14 @@ def main(argv=None):
     missing = peers.missing()
     if missing:
         notes.append(f"to add {', '.join(missing)}: {PEERS_HINT}")
+    if args.amp != "none":
+        t = AMP[AMP_DTYPES[args.amp]]
+        notes.append(f"rows ending {AMP_DTYPES[args.amp]} (BasicBlock and attention): mixed precision, kiln eager and "
+                     f"kiln.jit ({', '.join(report.variant(dict(vars(v), system='kiln.jit')) for v in amp_jit)}) under "
+                     f"kiln.amp.auto_mixed_precision(model, '{AMP_LEVEL}', {args.amp}), torch under "
+                     f"torch.autocast('cpu', {args.amp}); kiln.jit's checked against kiln eager amp's results as above, "
+                     f"the others against kiln eager float32's: values within {t.atol:g} x max|ref|, gradients "
+                     f"grad_rtol {t.grad_rtol:g} (--amp none: no such rows)")
     notes.append("--full for the tutorial's shapes (many minutes)")
     if "torch.compile" in args.peers and torch is not None:
         notes.append("torch.compile: backend inductor; its prepare includes compiling the forward "
@@ -322,6 +353,7 @@ def main(argv=None):
             wl_record, f = run_workload(wl, variants, progress, args.repeat, peak)
             wl_record["sgemm_peak_gflops"] = peak
             wl_record["versus_best_peer"] = report.versus_best_peer(wl_record)
+            wl_record["versus_best_peer_amp"] = report.versus_best_peer_amp(wl_record)
             failures += f
             record["workloads"].append(wl_record)
             progress.clear()

@@ -69,6 +69,14 @@ class Peers:
         return rows
 
 
+    def amp_variants(self, workload, dtype):
+        """The peers' mixed-precision rows of a module workload: torch eager and torch.compile under
+        torch.autocast("cpu", dtype) (those of the two asked for), [] without torch."""
+        if "torch" not in self.modules or workload.group not in ("conv", "attention"):
+            return []
+        return _torch_autocast_variants(self.modules["torch"], workload, self.wanted, dtype)
+
+
 def _kiln_dims(workload):
     """What a peer needs to rebuild the kiln model."""
     m = workload.model
@@ -156,7 +164,14 @@ def _torch_model(torch, workload):
     return model.eval()
 
 
-def _torch_variants(torch, workload, wanted):
+def _torch_autocast_variants(torch, workload, wanted, dtype):
+    from .workloads import AMP_DTYPES
+
+    return _torch_variants(torch, workload, wanted, (dtype, AMP_DTYPES[dtype]))
+
+
+def _torch_variants(torch, workload, wanted, amp=None):
+    """torch's rows of the workload; amp = (torch dtype name, short name): its autocast rows instead."""
     def convert(args):
         return tuple(torch.from_numpy(a) for a in args)
 
@@ -194,6 +209,32 @@ def _torch_variants(torch, workload, wanted):
         return torch.compile(model, backend="inductor")
 
     rows = []
+    if amp is not None:  # torch.autocast around the forward (the backward runs outside it, as torch advises)
+        low = getattr(torch, amp[0])
+
+        def autocast(wrap):
+            def wrapped(model, args0):
+                fn = wrap(model, args0)
+
+                def call(*args):
+                    with torch.autocast("cpu", dtype=low):
+                        return fn(*args)
+                return call
+            return wrapped
+
+        def results_f32(r):  # NumPy has no bfloat16: values as float32 (exact)
+            if isinstance(r, tuple):
+                value, grads = r
+                return [value.detach().float().numpy().copy()] + [g.detach().float().numpy().copy() for g in grads]
+            return [r.detach().float().numpy().copy()]
+
+        if "torch" in wanted:
+            rows.append(Variant("torch", False, "-", "-", "-", "-", build(autocast(lambda m, a: m)), results_f32,
+                                convert=convert, amp=amp[1]))
+        if "torch.compile" in wanted:
+            rows.append(Variant("torch.compile", True, "-", "bytecode", "inductor", "false",
+                                build(autocast(compile_)), results_f32, convert=convert, amp=amp[1]))
+        return rows
     if "torch" in wanted:
         rows.append(Variant("torch", False, "-", "-", "-", "-", build(lambda m, a: m), results, convert=convert))
     if "torch.jit.trace" in wanted:

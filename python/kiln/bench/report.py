@@ -21,6 +21,7 @@ COLUMNS = (  # (header, row key, width): the --wide table
     ("backend", "backend", 11),
     ("fullgraph", "fullgraph", 9),
     ("infer boost", "infer_boost", 11),
+    ("amp", "amp", 4),
     ("prepare", "prepare_s", 9),
     ("runs", "runs", 5),
     ("time for runs", "run_s", 13),
@@ -92,6 +93,7 @@ def variant(row):
         parts.append("fullgraph")
     if row.get("infer_boost") == "on":
         parts.append("infer_boost")
+    parts.append(row.get("amp"))  # mixed precision: "bf16", "fp16"
     return " ".join(str(p) for p in parts if p not in (None, "-")) or "-"
 
 
@@ -182,7 +184,23 @@ def versus_best_peer(wl_record):
     def best(rows):
         ok = [r for r in rows if not r.get("error") and r.get("per_run_s") is not None and math.isfinite(r["per_run_s"])]
         return min(ok, key=lambda r: r["per_run_s"], default=None)
-    rows = wl_record["rows"]
+    return _versus(wl_record, [r for r in wl_record["rows"] if r.get("amp", "-") == "-"], best)
+
+
+def versus_best_peer_amp(wl_record):
+    """versus_best_peer among the mixed-precision rows (kiln's amp rows against the peers'
+    autocast rows), None without both."""
+    amp = [r for r in wl_record["rows"] if r.get("amp", "-") != "-"]
+    if not amp:
+        return None
+
+    def best(rows):
+        ok = [r for r in rows if not r.get("error") and r.get("per_run_s") is not None and math.isfinite(r["per_run_s"])]
+        return min(ok, key=lambda r: r["per_run_s"], default=None)
+    return _versus(wl_record, amp, best, bound=False)  # (the float32 sgemm peak bounds no 16-bit product)
+
+
+def _versus(wl_record, rows, best, bound=True):
     kiln_row = best(r for r in rows if r["system"] == "kiln.jit")
     peer_row = best(r for r in rows if not r["system"].startswith("kiln"))
     if kiln_row is None or peer_row is None:
@@ -190,7 +208,7 @@ def versus_best_peer(wl_record):
     out = {"kiln": row_label(kiln_row), "kiln_s": kiln_row["per_run_s"], "peer": row_label(peer_row),
            "peer_s": peer_row["per_run_s"], "peer_over_kiln": peer_row["per_run_s"] / kiln_row["per_run_s"]}
     flops, peak = wl_record.get("flops"), wl_record.get("sgemm_peak_gflops")
-    if flops and peak:
+    if flops and peak and bound:
         out["at_peak_s"] = flops / (peak * 1e9)
         out["peer_over_at_peak"] = peer_row["per_run_s"] / out["at_peak_s"]
     return out
@@ -227,6 +245,9 @@ def print_workload(wl_record, file=None, wide=False):
         print(wrap(f"note: {note}", wide, "  "), file=file)
     if wl_record.get("versus_best_peer"):
         print(wrap(f"versus peers: {versus_best_peer_text(wl_record['versus_best_peer'])}", wide, "  "), file=file)
+    if wl_record.get("versus_best_peer_amp"):
+        print(wrap(f"versus peers, mixed precision: {versus_best_peer_text(wl_record['versus_best_peer_amp'])}", wide,
+                   "  "), file=file)
     file.flush()
 
 
@@ -248,11 +269,12 @@ def write_json(record, path):
 
 
 def row_label(r):
+    amp = f" {r['amp']}" if r.get("amp", "-") != "-" else ""  # mixed precision
     if r["system"] == "kiln.jit" or r["system"] == "mindspore.jit":
         return f"{r['system']} {r['capture_mode']} {r['jit_level']} {r['backend']}" + \
             (" fullgraph" if r["fullgraph"] == "true" and r["system"] == "kiln.jit" else "") + \
-            (" infer_boost" if r.get("infer_boost") == "on" else "")
-    return r["system"]
+            (" infer_boost" if r.get("infer_boost") == "on" else "") + amp
+    return r["system"] + amp
 
 
 SYSTEMS = ("kiln", "kiln.jit", "torch", "torch.jit.trace", "torch.compile", "jax.jit", "mindspore", "mindspore.jit")
@@ -266,15 +288,15 @@ def plot_panels(record):
     eager's when no peer ran). [{title, reference, bars: [{system, label, row, ratio, lo, hi,
     colour}]}], colours fixed per system across panels."""
     panels = []
-    systems = list(SYSTEMS) + sorted({r["system"] for w in record["workloads"] for r in w["rows"]} - set(SYSTEMS))
+    systems = list(SYSTEMS) + sorted({_system(r) for w in record["workloads"] for r in w["rows"]} - set(SYSTEMS))
     for w in record["workloads"]:
         best = {}
         for r in w["rows"]:
-            if _measured(r) and (r["system"] not in best or r["per_run_s"] < best[r["system"]]["per_run_s"]):
-                best[r["system"]] = r
+            if _measured(r) and (_system(r) not in best or r["per_run_s"] < best[_system(r)]["per_run_s"]):
+                best[_system(r)] = r
         if not best:
             continue
-        peers = [r for s, r in best.items() if not s.startswith("kiln")]
+        peers = [r for s, r in best.items() if not s.startswith("kiln") and r.get("amp", "-") == "-"]  # float32
         ref = min(peers, key=lambda r: r["per_run_s"]) if peers else best.get("kiln") or min(
             best.values(), key=lambda r: r["per_run_s"])
         reference = f"best peer ({row_label(ref)})" if peers else f"{row_label(ref)} (no peer ran)"
@@ -340,6 +362,11 @@ def plot(record, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def _system(r):
+    """The plot's system of a row: its system, with its mixed precision ("kiln.jit bf16")."""
+    return r["system"] + (f" {r['amp']}" if r.get("amp", "-") != "-" else "")
 
 
 def _measured(r):

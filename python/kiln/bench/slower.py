@@ -22,21 +22,26 @@ SETTINGS = (
     ("fullgraph", {"true": "false"}),
     ("infer_boost", {"on": "off"}),
 )
-KEY = ("capture_mode", "jit_level", "backend", "fullgraph", "infer_boost")
+KEY = ("capture_mode", "jit_level", "backend", "fullgraph", "infer_boost", "amp")
+
+
+def _get(row, k):
+    return row.get(k, "-") if k == "amp" else row[k]  # (rows from before the amp rows have no "amp")
 
 
 def baselines(row, rows):
-    """The rows `row` should beat, each with a short name of it: [(name, baseline row)]."""
+    """The rows `row` should beat, each with a short name of it: [(name, baseline row)]. An amp row
+    (mixed precision) is held to the kiln eager row and the kiln.jit rows of its own precision."""
     if row["system"] != "kiln.jit":
         return []
-    out = [("eager", r) for r in rows if r["system"] == "kiln"]
+    out = [("eager", r) for r in rows if r["system"] == "kiln" and _get(r, "amp") == _get(row, "amp")]
     for field, beats in SETTINGS:
         if row[field] not in beats:
             continue
-        want = {k: row[k] for k in KEY}
+        want = {k: _get(row, k) for k in KEY}
         want[field] = beats[row[field]]
         for r in rows:
-            if r["system"] == "kiln.jit" and all(r[k] == want[k] for k in KEY):
+            if r["system"] == "kiln.jit" and all(_get(r, k) == want[k] for k in KEY):
                 name = {"fullgraph": "fullgraph=false", "infer_boost": "infer_boost off"}.get(field, want[field])
                 out.append((name, r))
     return out

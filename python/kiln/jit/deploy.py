@@ -50,7 +50,8 @@ _CONV_FUSE_ALL, _CONV_FUSE_NONE, _CONV_FUSE_BIAS_ACT = 0, 1, 2
 
 def _inference_options(optimize_for_inference, options):
     """The pass settings of dump's keyword options: (level, inference, disable_format_transform,
-    conv_fusion, float16, the options in effect, the options recorded but not applied)."""
+    conv_fusion, float16 (0, 1: enable_io16xc32, 2: enable_ioc16), the options in effect, the options
+    recorded but not applied)."""
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"trace.dump: unknown keyword argument(s) {', '.join(unknown)}; the inference options are "
@@ -60,7 +61,7 @@ def _inference_options(optimize_for_inference, options):
         if on:
             raise ValueError(f"trace.dump: {', '.join(on)} need optimize_for_inference=True (MegEngine skips every "
                              "option without it)")
-        return 0, False, True, _CONV_FUSE_NONE, False, [], []
+        return 0, False, True, _CONV_FUSE_NONE, 0, [], []
     layouts = [k for k in on if k in _LAYOUTS]
     if len(layouts) > 1:
         raise ValueError(f"trace.dump: choose at most one layout option, got {', '.join(layouts)}")
@@ -74,7 +75,7 @@ def _inference_options(optimize_for_inference, options):
             recorded.append(k)
             _warn_layout_once(k, f"the layout for {_FOREIGN_LAYOUTS[k]}, which kiln does not run on; recorded in the "
                                  "file's metadata, the graph stays NCHW (the file runs everywhere)")
-    float16 = any(k in on for k in _FLOAT16)
+    float16 = 2 if "enable_ioc16" in on else 1 if "enable_io16xc32" in on else 0  # model_write's float16
     if "enable_ioc16" in on:
         if "enable_io16xc32" in on:
             raise ValueError("trace.dump: choose one of enable_io16xc32 and enable_ioc16")
@@ -111,9 +112,9 @@ def default_arg_names(tr, nin):
     return [f"arg_{k}" for k in range(nin)]
 
 
-def _cases(rec, inputs, arg_names, input_data):
+def _cases(rec, inputs, arg_names, input_data, round_inputs=False):
     """The test cases of input_data: a list of tensors, per case the inputs then the outputs
-    the trace computes for them."""
+    the trace computes for them (round_inputs: for the float32 inputs rounded to float16 first)."""
     if input_data is None:
         return []
     from .._tensor import tensor as _tensor
@@ -138,6 +139,8 @@ def _cases(rec, inputs, arg_names, input_data):
             if t.dtype is not dtype or tuple(t.shape) != tuple(shape):
                 raise ValueError(f"trace.dump: input_data case {c} input {k} is {t.dtype.name}{list(t.shape)}, the "
                                  f"traced input is {dtype.name}{list(shape)}")
+            if round_inputs and t.dtype is _C.float32:
+                t = t.astype(_C.float16).astype(_C.float32)
             ins.append(t)
         outs = rec.executable(*ins)
         flat.extend(ins)
@@ -183,7 +186,11 @@ def dump_trace(tr, file, *, arg_names=None, output_names=None, append=False, kee
     output_names = list(output_names)
     if len(output_names) != nout:
         raise ValueError(f"trace.dump: {len(output_names)} output_names for {nout} outputs")
-    cases = _cases(rec, graph_inputs, arg_names, input_data)
+    # a graph computing in 16-bit floats already (amp) keeps its dtypes under enable_io16xc32: its
+    # float32 inputs and outputs become float16, and the file computes what the trace does on the
+    # inputs rounded to float16 (model.c's float16_storage; enable_ioc16 is refused there)
+    io_only = bool(float16) and _C.graph_computes_16bit(rec.graph)
+    cases = _cases(rec, graph_inputs, arg_names, input_data, round_inputs=io_only)
     if float16:  # the file's inputs and outputs are float16 too
         cases = [c.astype(_C.float16) if c.dtype is _C.float32 else c for c in cases]
     metadata = None

@@ -17,14 +17,42 @@ class OnnxExportError(ValueError):
     """A graph kiln.export(file_format="ONNX") cannot write: an op without an ONNX form here."""
 
 
+def _bfloat16():
+    """NumPy's bfloat16, from ml_dtypes (a dependency of the onnx package, which writes bfloat16
+    tensors with it): amp graphs in bfloat16 export with ONNX's BFLOAT16 tensor type."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
 def _np_dtype(dtype):
+    if dtype.name == "bfloat16":
+        return _bfloat16()
     return {"bool": np.bool_, "int8": np.int8, "int32": np.int32, "int64": np.int64, "float16": np.float16,
             "float32": np.float32, "float64": np.float64}[dtype.name]
 
 
 def _dtype_of_code(code):
     """A kiln_dtype number (the attribute of cast and the creation ops) as a NumPy dtype."""
+    if code == 5:
+        return _bfloat16()
     return {0: np.bool_, 1: np.int8, 2: np.int32, 3: np.int64, 4: np.float16, 6: np.float32, 7: np.float64}[code]
+
+
+def _floating(dt):
+    """Whether the NumPy dtype is a float one (bfloat16, which NumPy does not class as floating, included)."""
+    return np.issubdtype(dt, np.floating) or np.dtype(dt) == np.dtype(_bfloat16())
+
+
+def _half(dt):
+    """float16 or bfloat16."""
+    return _floating(dt) and np.dtype(dt).itemsize == 2
+
+
+def _constant(tensor):
+    """A captured tensor as NumPy with its own dtype (kiln hands bfloat16 out as float32, exactly)."""
+    a = tensor.asnumpy()
+    return a.astype(_bfloat16()) if tensor.dtype.name == "bfloat16" else a
 
 
 class _Builder:
@@ -98,7 +126,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     if op in _UNARY:
         b.node(_UNARY[op], ins, [out])
     elif op == "sign":  # kiln's sign of NaN is 0 (as torch's); ONNX's is NaN
-        if np.issubdtype(_np_dtype(in_metas[0][0]), np.floating):
+        if _floating(_np_dtype(in_metas[0][0])):
             zero = b.const(np.zeros((), _np_dtype(in_metas[0][0])))
             b.node("Where", [b.node("IsNaN", ins), zero, b.node("Sign", ins)], [out])
         else:
@@ -111,7 +139,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         dt = _np_dtype(metas[0][0])
         a, d = [b.node("Cast", [i], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dt))) if _np_dtype(m[0]) != dt else i
                 for i, m in zip(ins, in_metas)]
-        if np.issubdtype(dt, np.floating):
+        if _floating(dt):
             b.node("Mod", [a, d], [out], fmod=1)
         else:
             zero, one = b.const(np.zeros((), dt)), b.const(np.ones((), dt))
@@ -119,7 +147,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
             b.node("Where", [nought, zero, b.node("Mod", [a, b.node("Where", [nought, one, d])], fmod=1)], [out])
     elif op == "cumsum":  # kiln accumulates floats in double: so does the export, then rounds
         src, dst = _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0])
-        acc = np.float64 if np.issubdtype(dst, np.floating) else np.int64
+        acc = np.float64 if _floating(dst) else np.int64
         x = b.node("Cast", ins, to=b.h.np_dtype_to_tensor_dtype(np.dtype(acc))) if src != acc else ins[0]
         summed = b.node("CumSum", [x, b.const(np.asarray(ints[0], np.int64))], reverse=ints[1])
         b.node("Cast", [summed], [out], to=b.h.np_dtype_to_tensor_dtype(np.dtype(dst)))
@@ -130,7 +158,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(_np_dtype(metas[0][0])))
         b.node("Div", [b.node("Cast", [i], to=to) for i in ins], [out])
     elif op in _BINARY:
-        b.node(_BINARY[op], ins, [out])
+        b.node(_BINARY[op], _one_dtype(b, op, ins, in_metas, metas), [out])
     elif op == "ne":
         b.node("Not", [b.node("Equal", ins)], [out])
     elif op == "silu":
@@ -165,7 +193,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
     elif op in ("max_pool2d", "avg_pool2d"):
         kh, kw, sh, sw, pt, pb, pl, pr, dh, dw, ceil = ints[:11]
         common = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[pt, pl, pb, pr], ceil_mode=ceil)
-        if op == "max_pool2d" and np.issubdtype(_np_dtype(in_metas[0][0]), np.floating):
+        if op == "max_pool2d" and _floating(_np_dtype(in_metas[0][0])):
             # kiln's window maximum is NaN when the window holds one; ONNX Runtime's skips it
             dt = _np_dtype(in_metas[0][0])
             pooled = b.node("MaxPool", ins, dilations=[dh, dw], **common)
@@ -229,7 +257,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         src, dst = _np_dtype(in_metas[0][0]), _np_dtype(metas[0][0])
         to = b.h.np_dtype_to_tensor_dtype(np.dtype(dst))
         x = ins[0]
-        if np.issubdtype(src, np.floating) and np.issubdtype(dst, np.integer):
+        if _floating(src) and np.issubdtype(dst, np.integer):
             # kiln saturates a float beyond the integer's range and takes NaN to 0; ONNX's Cast leaves
             # both undefined (ONNX Runtime gives INT_MIN): clip in float64 (exact for the bounds)
             info = np.iinfo(dst)
@@ -244,7 +272,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         b.node("Softmax" if op == "softmax" else "LogSoftmax", ins, [out], axis=ints[0])
     elif op in _REDUCE:
         axes, keep = _axes(ints[0], len(in_metas[0][1])), ints[1]
-        floating = np.issubdtype(_np_dtype(in_metas[0][0]), np.floating)
+        floating = _floating(_np_dtype(in_metas[0][0]))
         if not axes:  # no axis reduced (axis=()): the input itself; ONNX reads empty axes as every axis
             b.node("Identity", ins, [out])
         elif op == "sum":
@@ -278,7 +306,7 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
         shape = in_metas[0][1]
         axes = _axes(ints[0], len(shape))
         onnx_op = "ArgMax" if op == "argmax" else "ArgMin"
-        floating = np.issubdtype(_np_dtype(in_metas[0][0]), np.floating)
+        floating = _floating(_np_dtype(in_metas[0][0]))
 
         def arg(x, axis, keepdims, into=None):
             found = b.node(onnx_op, [x], None if floating else into, axis=axis, keepdims=keepdims)
@@ -384,6 +412,23 @@ def _emit(b, op, ins, outs, ints, floats, metas, in_metas, sub):
                               f"{', '.join(SUPPORTED)})")
 
 
+def _one_dtype(b, op, ins, in_metas, metas):
+    """The operands of a binary op in one dtype, as ONNX's operators want them: kiln's take mixed
+    dtypes and compute in the promoted one (amp: a bfloat16 query times float32 rotary factors gives
+    float32), so the narrower operands are cast to it (the result's dtype, or for a comparison the
+    widest operand's)."""
+    first = 1 if op == "where" else 0  # (where's condition is bool)
+    dts = [_np_dtype(m[0]) for m in in_metas[first:]]
+    if len({np.dtype(d) for d in dts}) <= 1:
+        return ins
+    target = _np_dtype(metas[0][0])
+    if np.dtype(target) == np.dtype(np.bool_):
+        target = max(dts, key=lambda d: (_floating(d), np.dtype(d).itemsize))
+    to = b.h.np_dtype_to_tensor_dtype(np.dtype(target))
+    return ins[:first] + [i if np.dtype(d) == np.dtype(target) else b.node("Cast", [i], to=to)
+                          for i, d in zip(ins[first:], dts)]
+
+
 def _emit_unary_float(b, op, x, out, src, dst):
     """tan ... atanh (ONNX operators), log2 and log10 (log(x) / log(base)) and exp2 (Pow(2, x)); integer
     inputs compute in float32, as kiln's."""
@@ -400,7 +445,7 @@ def _emit_unary_float(b, op, x, out, src, dst):
 def _emit_rounding_classifying(b, op, x, out, src, dst):
     """floor, ceil, round (halves to even, as ONNX's Round), trunc, log1p, expm1 (accurate near 0
     without ONNX operators of their own), isnan, isinf, isfinite (integers: never NaN or infinite)."""
-    floating = np.issubdtype(src, np.floating)
+    floating = _floating(src)
     if op in ("floor", "ceil", "round", "trunc") and not floating:
         b.node("Identity", [x], [out])  # integers are whole already
     elif op in ("floor", "ceil", "round"):
@@ -428,7 +473,7 @@ def _emit_rounding_classifying(b, op, x, out, src, dst):
         same = b.node("Equal", [x, x])
         b.node("Identity" if op == "isfinite" else "Not", [same], [out])
     else:
-        if src == np.float16 and op != "isnan":  # (opset 17's IsInf takes float32 and float64)
+        if _half(src) and op != "isnan":  # (opset 17's IsInf takes float32 and float64)
             x = b.node("Cast", [x], to=b.onnx.TensorProto.FLOAT)
         if op == "isnan":
             b.node("IsNaN", [x], [out])
@@ -449,7 +494,7 @@ def _emit_sort(b, x, outs, axis, descending, src, n):
         b.node("TopK", [key, k], [b.fresh("sorted"), indices], axis=axis, largest=int(descending), sorted=1)
         return indices
 
-    if np.issubdtype(src, np.floating):
+    if _floating(src):
         nan = b.node("IsNaN", [x])
         by_nan = order_of(b.node("Cast", [nan], to=b.onnx.TensorProto.FLOAT))
         key = b.node("GatherElements", [b.node("Where", [nan, b.const(np.asarray(np.inf, src)), x]), by_nan], axis=axis)
@@ -509,6 +554,27 @@ def _emit_rnn_layer(b, ins, outs, ints, metas, in_metas):
             b.node("ConstantOfShape", [b.node("Shape", [ins[1]])], [outs[2]], value=zero)
 
 
+# kiln ops whose ONNX operators take no bfloat16 at opset 17 (Conv, ConvTranspose, MaxPool,
+# AveragePool, Sin, Cos, Tan, ..., Round, RNN/GRU/LSTM: float16, float and double only)
+_NO_BFLOAT16 = ("conv2d", "conv2d_backward_input", "max_pool2d", "avg_pool2d", "rnn_layer", "round", "sin", "cos",
+                *_UNARY_FLOAT)
+
+
+def _emit_widened(b, op, ins, outs, ints, floats, metas, in_metas, sub):
+    """A node on bfloat16 values whose ONNX operator takes no bfloat16: its bfloat16 inputs cast to
+    float32, the operator run in float32, its bfloat16 results rounded by a Cast, as kiln computes
+    them (in float32 registers, each result rounded once)."""
+    f32 = _C.float32
+    widened = [b.node("Cast", [i], to=b.onnx.TensorProto.FLOAT) if m[0].name == "bfloat16" else i
+               for i, m in zip(ins, in_metas)]
+    tmp = [b.fresh("wide") if m[0].name == "bfloat16" else o for o, m in zip(outs, metas)]
+    _emit(b, op, widened, tmp, ints, floats, [(f32 if m[0].name == "bfloat16" else m[0], m[1]) for m in metas],
+          [(f32 if m[0].name == "bfloat16" else m[0], m[1]) for m in in_metas], sub)
+    for t, o, m in zip(tmp, outs, metas):
+        if t != o:
+            b.node("Cast", [t], [o], to=b.onnx.TensorProto.BFLOAT16)
+
+
 def _emit_graph(b, graph, path, in_names):
     """Emits the (sub)graph at path with its inputs named in_names into b; returns its outputs'
     names and metas."""
@@ -519,7 +585,7 @@ def _emit_graph(b, graph, path, in_names):
     names = {vid: name for (vid, _), name in zip(inputs, in_names)}
     metas = {vid: (m[0], sym_values.get(vid, m[1])) for vid, m in inputs}
     for vid, tensor in captures:
-        names[vid] = b.const(tensor.asnumpy(), "param")
+        names[vid] = b.const(_constant(tensor), "param")
         metas[vid] = (tensor.dtype, tuple(tensor.shape))
     for index, (op, ins, outs, ints, floats, out_metas) in enumerate(nodes):
         ints = sym_attrs.get(index, ints)
@@ -532,8 +598,10 @@ def _emit_graph(b, graph, path, in_names):
             sub_outs, sub_metas = _emit_graph(child, graph, tuple(path) + (index,), sub_in_names)
             return (sub_outs, sub_metas, None) if into is not None else (child, sub_outs, sub_metas)
 
-        _emit(b, op, [names[v] for v in ins], [names[v] for v in outs], ints, floats, out_metas,
-              [metas[v] for v in ins], sub)
+        emit = _emit_widened if op in _NO_BFLOAT16 and any(
+            m[0].name == "bfloat16" for m in out_metas + [metas[v] for v in ins]) else _emit
+        emit(b, op, [names[v] for v in ins], [names[v] for v in outs], ints, floats, out_metas,
+             [metas[v] for v in ins], sub)
     return [names[v] for v in outputs], [metas[v] for v in outputs]
 
 
