@@ -7,7 +7,10 @@ a few elementwise ops on 2x3 float32, and a small Cell with parameters (two Dens
 --baseline DIR: the python/ directory of another checkout (its _C*.so built). Each round measures
 this tree and the baseline in turn, each in a fresh subprocess, so both see the same machine load;
 the best time per variant is kept and the ratio current/baseline printed (issue 29: <= 1.03).
-Wrap it in `flock /tmp/kiln_bench.lock` on a shared machine.
+--clock cpu (default) times with the process's CPU time (time.process_time: the calls run on one
+thread, and time other processes take from a shared machine is not counted; their effect on caches
+still is), --clock wall with time.perf_counter. Wrap it in `flock /tmp/kiln_bench.lock` on a
+shared machine.
 """
 import argparse
 import json
@@ -23,6 +26,7 @@ import numpy as np
 import kiln
 from kiln import nn
 calls = int(sys.argv[1])
+clock = time.process_time if sys.argv[2] == "cpu" else time.perf_counter
 rng = np.random.default_rng(0)
 a, b, c = [kiln.Tensor(rng.standard_normal((2, 3)).astype(np.float32)) for _ in range(3)]
 x = kiln.Tensor(rng.standard_normal((4, 8)).astype(np.float32))
@@ -53,18 +57,18 @@ for name, (fn, args, eager) in cases.items():
     n = calls if "no-verify" in name else max(calls // 10, 1)
     best = float("inf")
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             fn(*args)
-        best = min(best, (time.perf_counter() - t0) / n)
+        best = min(best, (clock() - t0) / n)
     out[name] = best * 1e6
 print(json.dumps(out))
 """
 
 
-def measure(python_dir, calls):
+def measure(python_dir, calls, clock):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(python_dir))
-    res = subprocess.run([sys.executable, "-c", _MEASURE, str(calls)], env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", _MEASURE, str(calls), clock], env=env, capture_output=True, text=True,
                          check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -74,17 +78,18 @@ def main():
     p.add_argument("--baseline", help="python/ directory of the checkout to compare with")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=20000, help="calls per timing without verify (a tenth with)")
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     args = p.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
     best = {"current": {}, "baseline": {}}
     for _ in range(args.rounds):
         trees = [("current", here)] + ([("baseline", args.baseline)] if args.baseline else [])
         for label, d in trees:
-            for name, t in measure(d, args.calls).items():
+            for name, t in measure(d, args.calls, args.clock).items():
                 best[label][name] = min(best[label].get(name, float("inf")), t)
     for name in VARIANTS:
         cur = best["current"][name]
-        line = f"{name:22s} current {cur:8.3f} us/call"
+        line = f"{name:22s} current {cur:8.3f} us/call ({args.clock})"
         if args.baseline:
             base = best["baseline"][name]
             line += f"  baseline {base:8.3f} us/call  ratio {cur / base:.3f}  (target <= 1.03)"
