@@ -148,11 +148,18 @@ class Recording:
     def run(self, strategy, *args):
         """strategy(self, *args): the user's code run once while its ops are recorded."""
         prev_trace = sys.gettrace()
-        hidden = _hidden_values(self.tracer) if self.hide_values else _NOTHING
-        collecting = collect_grad_writes() if self.grad_writes else _NOTHING
-        refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else _NOTHING
-        phase = timed_phase("record", "the function run once, its ops recorded") if self.timed else _NOTHING
         try:
+            if not (self.hide_values or self.refuse is not None or self.timed):
+                # (kiln.trace's recordings, one per verified call: only the states they use are entered)
+                with collect_grad_writes() if self.grad_writes else _NOTHING as self.grad_log:
+                    if self.capture is None:
+                        return strategy(self, *args)
+                    with self.capture:
+                        return strategy(self, *args)
+            hidden = _hidden_values(self.tracer) if self.hide_values else _NOTHING
+            collecting = collect_grad_writes() if self.grad_writes else _NOTHING
+            refusing = refusing_unreplayable(self.refuse) if self.refuse is not None else _NOTHING
+            phase = timed_phase("record", "the function run once, its ops recorded") if self.timed else _NOTHING
             with hidden, collecting as grad_log, refusing, phase:
                 self.grad_log = grad_log
                 if self.capture is None:
@@ -161,7 +168,8 @@ class Recording:
                     return strategy(self, *args)
         finally:
             sys.settrace(prev_trace)
-            _C.set_cell_logs(self.called, self._prev_logs[1])  # (later writes on Cells: the enclosing log's)
+            if self.recorder is not None:  # (later writes on Cells: the enclosing log's; else they are already)
+                _C.set_cell_logs(self.called, self._prev_logs[1])
 
     # ---- the end ----------------------------------------------------------------------------
     def outputs(self, result, concrete=dynamic.concrete):
@@ -180,13 +188,15 @@ class Recording:
         if self.outside is None and self.recorder is not None:
             self.outside = self.tracer.captured()
 
-    def compile(self, out_leaves, compile_options=None):
+    def compile(self, out_leaves, compile_options=None, keep_graph=False):
         """The recording ended with out_leaves as its outputs and compiled (with compile_options
         instead of the recording's when given); self.graph is the graph as recorded, before the
-        level's passes, when the sizes are symbolic."""
-        self.note_outside()
+        level's passes, when the sizes are symbolic or keep_graph asks for it (one copy the tracer
+        makes: kiln.trace's verification reads it on every call)."""
+        if self.recorder is not None:
+            self.note_outside()
         executable = self.tracer.finish(out_leaves, compile_options or self.compile_options)
-        if self.capture is not None:
+        if keep_graph or self.capture is not None:
             self.graph = self.tracer.recorded()
         return executable
 

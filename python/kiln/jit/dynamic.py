@@ -841,7 +841,9 @@ def _explain(x0, x1, v0, v1, symbol):
 def choose_symbols(leaves, labels, dynamic, history):
     """(names, values, per leaf its sizes as expressions) for a capture: which sizes are symbolic
     (see the module docstring); equal symbolic sizes share one symbol. history: per leaf, the set of
-    sizes each dimension took in earlier compiles of this signature's structure (automatic mode)."""
+    sizes each dimension took in earlier compiles of this signature's structure (automatic mode).
+    labels None: the origins (by symbol, the labels of the sizes it stands for) are not made, and
+    None is returned in their place (kiln.trace, which records on every call, reads none)."""
     names, values, by_size = [], [], {}
     exprs, table = [], _C.SymTable()
     for k, t in enumerate(leaves):
@@ -862,6 +864,8 @@ def choose_symbols(leaves, labels, dynamic, history):
                 values.append(size)
             row.append(sym)
         exprs.append(tuple(row))
+    if labels is None:
+        return names, values, exprs, None
     origins = {}
     for k, row in enumerate(exprs):
         for d, e in enumerate(row):

@@ -146,13 +146,13 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     function must leave alone (a replay would not repeat a change of them: TraceMismatchError)."""
     symbols = None
     if symbolic_shape:
-        names, values, exprs, _ = dynamic.choose_symbols(leaves, _labels(spec), True, None)
+        names, values, exprs, _ = dynamic.choose_symbols(leaves, None, True, None)
         symbols = (names, values, exprs) if values else None
     user_code = {}  # the code of every user function the run called -> its globals
 
     def on_call(frame):
         user_code.setdefault(frame.f_code, frame.f_globals)
-    with Recording(_C.CompileOptions(level=level, sublinear=sublinear), capture_constants=capture_constants,
+    with Recording(_compile_options(level, sublinear), capture_constants=capture_constants,
                    on_call=on_call, symbols=symbols, hide_values=symbolic, grad_writes=True, into_outer=True,
                    timed=False) as rec:
         call_args, call_kwargs = rec.bind(spec, leaves, caller)
@@ -176,8 +176,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
-        executable = rec.compile(out_leaves)
-        recorded = rec.tracer.recorded()  # the graph before the level's passes
+        executable = rec.compile(out_leaves, keep_graph=True)
+        recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
     reasons, excluded, cells = rec.reasons, rec.excluded, rec.called
     info = TraceInfo()
@@ -209,6 +209,13 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     if not info.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
         set_grads(run, detached)
     return run
+
+
+@functools.lru_cache(maxsize=32)
+def _compile_options(level, sublinear):
+    """The CompileOptions of a recording at kiln level `level` with sublinear memory's tuple (or
+    None): made once per pair (a verifying trace records, and compiles, on every call)."""
+    return _C.CompileOptions(level=level, sublinear=sublinear)
 
 
 def set_grads(run, outs):
