@@ -1,8 +1,9 @@
 /* Elementwise ops: inference (broadcasting, promotion) and kernels generated from the C
  * expressions in ops.def, for every compute type; the float32 loops are compiled per instruction
- * set (isa_dispatch.h: "elementwise_f32"). Ops on float16 operands only compute in float32
- * registers, each result rounded to float16 (run_float16); bfloat16, and float16 mixed with other
- * dtypes, compute through float32 copies of the operands (run_elementwise). float32 exp, erf,
+ * set (isa_dispatch.h: "elementwise_f32"). Ops with float16 or bfloat16 operands or results
+ * (float32 operands beside them) compute in float32 registers on blocks, each result rounded to
+ * its 16-bit dtype as it is stored (run_half); 16-bit floats mixed with other dtypes compute
+ * through float32 copies of the operands (run_elementwise). float32 exp, erf,
  * tanh and log are src/core/approx_f32.h's, as in generated C: eager and compiled agree bit for
  * bit. */
 #include <tgmath.h>
@@ -370,20 +371,52 @@ static kiln_status run_elementwise(const kiln_inner_fn *loops, kiln_inner_fn f32
     return s;
 }
 
-/* ---- float16 operands ---------------------------------------------------------------------- */
+/* ---- 16-bit float operands ------------------------------------------------------------------ */
 
-/* An op whose operands are all float16 (its result float16 or bool) runs its float32 loop on
- * blocks of the operands read into float32 (kiln_f16_row: F16C), each result rounded to float16
- * as it is stored: float16 arithmetic computed in float32 registers, with no float32 copies of
- * whole tensors. Other mixes with 16-bit floats take run_elementwise's copies (the plain path). */
+/* An op over float16, bfloat16 and float32 operands with at least one 16-bit float among its
+ * operands and result (its result float16, bfloat16, float32 or bool; computed in float32) runs
+ * its float32 loop on blocks: each 16-bit operand's block read into float32 registers' worth of
+ * stack (kiln_f16_row: F16C; bfloat16 widened exactly), float32 operands read in place, each
+ * 16-bit result rounded as it is stored (float16 to nearest even; bfloat16 as kiln_f32_to_bf16).
+ * The same float32 loop on the same values and the same rounding as run_elementwise's copies, bit
+ * for bit, without float32 copies of whole tensors (tests/python/test_amp_elementwise_blocks.py).
+ * Other mixes take run_elementwise's copies (the plain path). */
 enum { HALF_BLOCK = 256 };
+
+typedef enum { HK_F32, HK_F16, HK_BF16, HK_BOOL } half_kind;
 
 typedef struct {
     kiln_inner_fn f32;
     ew_ctx ew;
     int nin;
-    bool bool_out;
+    unsigned char kind[4]; /* [0] the result, [1..nin] the operands */
 } half_ctx;
+
+/* bfloat16 <-> float32 rows (the conversions of copy.c's bfloat16 rows: widening is exact, the
+ * rounding kiln_f32_to_bf16's written without branches so that contiguous rows vectorize) */
+static void bf16_row(float *dst, const char *src, int64_t stride, int64_t n) {
+    if (stride == (int64_t)sizeof(uint16_t)) {
+        uint32_t *restrict d = (uint32_t *)dst;
+        const uint16_t *restrict s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = kiln_bf16_to_f32(*(const uint16_t *)(src + i * stride));
+}
+
+static void bf16_store_row(char *dst, int64_t stride, const float *src, int64_t n) {
+    if (stride == (int64_t)sizeof(uint16_t)) {
+        uint16_t *restrict d = (uint16_t *)dst;
+        const uint32_t *restrict s = (const uint32_t *)src;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = s[i];
+            uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = kiln_f32_to_bf16(src[i]);
+}
 
 static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
     const half_ctx *h = vctx;
@@ -393,33 +426,75 @@ static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
     for (int64_t i0 = 0; i0 < n; i0 += HALF_BLOCK) {
         int64_t m = n - i0 < HALF_BLOCK ? n - i0 : HALF_BLOCK;
         for (int k = 1; k <= h->nin; k++) {
-            const char *src = p[k] + i0 * s[k];
-            kiln_f16_row(buf[k], src, s[k], s[k] == 0 ? 1 : m); /* a broadcast operand: one value */
+            char *src = p[k] + i0 * s[k];
+            if (h->kind[k] == HK_F32) {
+                q[k] = src, qs[k] = s[k];
+                continue;
+            }
+            int64_t len = s[k] == 0 ? 1 : m; /* a broadcast operand: one value */
+            if (h->kind[k] == HK_F16) kiln_f16_row(buf[k], src, s[k], len);
+            else bf16_row(buf[k], src, s[k], len);
             q[k] = (char *)buf[k];
             qs[k] = s[k] == 0 ? 0 : (int64_t)sizeof(float);
         }
-        if (h->bool_out) {
+        if (h->kind[0] == HK_F32 || h->kind[0] == HK_BOOL) {
             q[0] = p[0] + i0 * s[0], qs[0] = s[0];
             h->f32((void *)&h->ew, m, q, qs);
         } else {
             q[0] = (char *)buf[0], qs[0] = sizeof(float);
             h->f32((void *)&h->ew, m, q, qs);
-            kiln_f16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
+            if (h->kind[0] == HK_F16) kiln_f16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
+            else bf16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
         }
     }
 }
 
-static bool all_float16(kiln_tensor *const *in, int nin, const kiln_tensor *out) {
-    if (out->meta.dtype != KILN_DTYPE_FLOAT16 && out->meta.dtype != KILN_DTYPE_BOOL) return false;
-    for (int k = 0; k < nin; k++)
-        if (in[k]->meta.dtype != KILN_DTYPE_FLOAT16) return false;
-    return nin > 0 && nin <= 3;
+static int half_kind_of(kiln_dtype d) {
+    switch (d) {
+    case KILN_DTYPE_FLOAT32: return HK_F32;
+    case KILN_DTYPE_FLOAT16: return HK_F16;
+    case KILN_DTYPE_BFLOAT16: return HK_BF16;
+    case KILN_DTYPE_BOOL: return HK_BOOL;
+    default: return -1;
+    }
 }
 
-static kiln_status run_float16(kiln_inner_fn f32, int nin, kiln_tensor *const *in, const kiln_attrs *a,
-                               kiln_tensor *out) {
-    half_ctx h = {f32, ew_ctx_of(a), nin, out->meta.dtype == KILN_DTYPE_BOOL};
-    iterate_operands(out, nin, in, 2, half_rows, &h);
+/* Whether the op takes the block path (above): cdtype float32, operands 16-bit or float32 floats,
+ * a 16-bit float among the operands and the result. */
+static bool half_blocks(kiln_tensor *const *in, int nin, const kiln_tensor *out, kiln_dtype cdtype, half_ctx *h) {
+    if (cdtype != KILN_DTYPE_FLOAT32 || nin < 1 || nin > 3) return false;
+    int ko = half_kind_of(out->meta.dtype);
+    if (ko < 0) return false;
+    bool sixteen = ko == HK_F16 || ko == HK_BF16;
+    h->kind[0] = (unsigned char)ko;
+    for (int k = 0; k < nin; k++) {
+        int kk = half_kind_of(in[k]->meta.dtype);
+        if (kk < 0 || kk == HK_BOOL) return false;
+        sixteen |= kk != HK_F32;
+        h->kind[k + 1] = (unsigned char)kk;
+    }
+    h->nin = nin;
+    return sixteen;
+}
+
+static kiln_status run_half(kiln_inner_fn f32, half_ctx *h, kiln_tensor *const *in, const kiln_attrs *a,
+                            kiln_tensor *out) {
+    h->f32 = f32;
+    h->ew = ew_ctx_of(a);
+    /* iterate_operands' item sizes only scale the strides: each operand's own */
+    int nd = out->meta.ndim;
+    int64_t strides[4][KILN_MAX_DIMS];
+    char *base[4];
+    size_t isz[4];
+    memcpy(strides[0], out->strides, sizeof(int64_t) * (size_t)nd);
+    base[0] = out->data;
+    isz[0] = kiln_dtype_size(out->meta.dtype);
+    for (int k = 0; k < h->nin; k++) {
+        kiln_broadcast_strides(in[k], nd, out->meta.shape, strides[k + 1]);
+        base[k + 1] = in[k]->data;
+        isz[k + 1] = kiln_dtype_size(in[k]->meta.dtype);
+    }
+    kiln_iterate(h->nin + 1, base, isz, (const int64_t(*)[KILN_MAX_DIMS])strides, nd, out->meta.shape, half_rows, h);
     return KILN_OK;
 }
 
@@ -443,8 +518,10 @@ KILN_ISA_FAMILY(elementwise_f32)
                                                       ew_##name##_i32,  ew_##name##_i64,     \
                                                       NULL,             ew_##name##_f64};    \
         kiln_inner_fn f32 = ((const ew_kernels *)elementwise_f32_chosen)->f32[KILN_OP_##ENUM]; \
-        if (all_float16(in, nin, out[0])) return run_float16(f32, nin, in, a, out[0]);      \
-        return run_elementwise(loops, f32, nin, in, a, out[0], op_compute_dtype(in, nin, out[0])); \
+        kiln_dtype cdtype = op_compute_dtype(in, nin, out[0]);                               \
+        half_ctx h;                                                                          \
+        if (half_blocks(in, nin, out[0], cdtype, &h)) return run_half(f32, &h, in, a, out[0]); \
+        return run_elementwise(loops, f32, nin, in, a, out[0], cdtype);                      \
     }
 #define KILN_OP(ENUM, name_, nin, nout, fusion, flags, infer, kernel, grad, cexpr)          \
     EW_IF_##fusion(EW_GEN_##infer(GEN_KERNEL, kernel, nin, ENUM))
