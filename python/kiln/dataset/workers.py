@@ -12,10 +12,14 @@ workers (no process outlives the iterator). An exception in fn is re-raised in t
 WorkerError carrying the worker's traceback text. A KeptWorkers keeps the workers between epochs."""
 import collections
 import multiprocessing
+import os
 import pickle
 import traceback
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+
+from . import config
+
 
 class WorkerError(RuntimeError):
     """An exception raised by dataset code in a data worker; its message holds the worker's
@@ -44,8 +48,14 @@ def choose_mode(fn, mode=None):
         return "thread"
 
 
-def _serve(fn, inbox, outbox):
-    """A worker process: fn over the items of inbox, each result (or error text) to outbox."""
+def _serve(fn, inbox, outbox, nice):
+    """A worker process: fn over the items of inbox, each result (or error text) to outbox; it
+    first lowers its own priority by nice (config.set_worker_nice)."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:  # (lowering one's priority is always allowed; a platform without it runs as is)
+            pass
     while True:
         item = inbox.get()
         if item is None:
@@ -71,7 +81,7 @@ class _Processes:
             for _ in range(num_workers):
                 inbox = ctx.Queue()
                 receive, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_serve, args=(fn, inbox, send), daemon=True)
+                proc = ctx.Process(target=_serve, args=(fn, inbox, send, config.get_worker_nice()), daemon=True)
                 proc.start()
                 send.close()
                 self.inboxes.append(inbox)
