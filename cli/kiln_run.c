@@ -293,14 +293,16 @@ static int check_cases(const options *o, const kiln_model *m, kiln_executable *e
             break;
         }
         for (int32_t k = 0; k < nout && rc == 0; k++) {
-            kiln_tensor *got;
-            double abs_err, rel_err;
+            kiln_tensor *got = NULL; /* (left unset by a failed contiguous copy) */
+            double abs_err = 0, rel_err = 0;
             if (contiguous(out[k], &got) != KILN_OK) rc = die("output");
             else if (kiln_tensor_max_error(got, kiln_model_case_output(m, c, k), &abs_err, &rel_err) != KILN_OK) rc = die("check");
-            double tol = o->tolerance >= 0 ? o->tolerance : default_tolerance(kiln_model_output_meta(m, k)->dtype);
-            double ratio = rel_err == 0 ? 0 : tol > 0 ? rel_err / tol : INFINITY;
-            if (rc == 0 && ratio > worst_ratio)
-                worst = rel_err, worst_abs = abs_err, worst_tol = tol, worst_ratio = ratio, worst_case = c, worst_out = k;
+            if (rc == 0) {
+                double tol = o->tolerance >= 0 ? o->tolerance : default_tolerance(kiln_model_output_meta(m, k)->dtype);
+                double ratio = rel_err == 0 ? 0 : tol > 0 ? rel_err / tol : INFINITY;
+                if (ratio > worst_ratio)
+                    worst = rel_err, worst_abs = abs_err, worst_tol = tol, worst_ratio = ratio, worst_case = c, worst_out = k;
+            }
             kiln_tensor_release(got);
         }
         release_all(out, nout);
