@@ -27,11 +27,14 @@ static kiln_status convert_capture(kiln_graph *g, const kiln_value *v, int32_t *
     return s;
 }
 
-static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
+/* g's subgraphs (each made from in's by `make`: converted, or cloned as it is) and in's source
+ * locations, in in's order, so node attributes and locations index the same ones. */
+static kiln_status copy_subgraphs_and_locs(const kiln_graph *in, kiln_graph *g,
+                                           kiln_status (*make)(const kiln_graph *, kiln_graph **)) {
     for (int32_t k = 0; k < in->nsubgraphs; k++) {
         kiln_graph *sub = NULL;
         int32_t idx;
-        kiln_status s = kiln_graph_to_float16(in->subgraphs[k], &sub);
+        kiln_status s = make(in->subgraphs[k], &sub);
         if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
         if (s != KILN_OK) {
             kiln_graph_free(sub);
@@ -42,6 +45,11 @@ static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
         int32_t id;
         KILN_TRY(kiln_graph_add_loc(g, in->locs[k], &id));
     }
+    return KILN_OK;
+}
+
+static kiln_status convert(const kiln_graph *in, kiln_graph *g, int32_t *map) {
+    KILN_TRY(copy_subgraphs_and_locs(in, g, kiln_graph_to_float16));
     for (int32_t k = 0; k < in->ninputs; k++) {
         kiln_meta m = in->values[in->inputs[k]].meta;
         m.dtype = narrowed(m.dtype);
@@ -111,20 +119,7 @@ static kiln_status add_cast(kiln_graph *g, int32_t v, kiln_dtype d, int32_t loc,
 /* map: value -> the value that carries its name (inputs: the new float16 input; outputs: their
  * rounding cast); use: value -> what the graph's nodes read (inputs: the widening cast). */
 static kiln_status convert_io(const kiln_graph *in, kiln_graph *g, int32_t *map, int32_t *use) {
-    for (int32_t k = 0; k < in->nsubgraphs; k++) {
-        kiln_graph *sub = NULL;
-        int32_t idx;
-        kiln_status s = kiln_graph_clone(in->subgraphs[k], &sub);
-        if (s == KILN_OK) s = kiln_graph_add_subgraph(g, sub, &idx);
-        if (s != KILN_OK) {
-            kiln_graph_free(sub);
-            return s;
-        }
-    }
-    for (int32_t k = 0; k < in->nlocs; k++) {
-        int32_t id;
-        KILN_TRY(kiln_graph_add_loc(g, in->locs[k], &id));
-    }
+    KILN_TRY(copy_subgraphs_and_locs(in, g, kiln_graph_clone));
     for (int32_t k = 0; k < in->ninputs; k++) {
         int32_t v = in->inputs[k];
         kiln_meta m = in->values[v].meta;
