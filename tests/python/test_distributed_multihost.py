@@ -52,7 +52,9 @@ for k, line in enumerate(lines):
         fields = line.split()
         received = re.search(r"bytes_received:(\\d+)", lines[k + 1])
         sockets.append(f"{{fields[-3]}}>{{fields[-2]}}={{received.group(1) if received else 0}}")
-print(f"sockets rank {{r}} " + " ".join(sockets), flush=True)
+# a file per rank: the ranks' stdout lines reach mpirun's in pieces that can interleave
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"sockets-{{r}}.txt"), "w") as f:
+    f.write(f"sockets rank {{r}} " + " ".join(sockets) + "\\n")
 
 batches = D.global_batches("attention", 2, n)
 ref_net = D.make_net("attention")
@@ -80,13 +82,17 @@ def _launch(tmp, hosts, env_extra, prefix=()):
     assert p.returncode == 0, out[-6000:]
     for r in range(2):
         assert f"rank {r} ok" in p.stdout, out[-6000:]
-    return p
+    sockets = ""
+    for r in range(2):
+        with open(os.path.join(tmp, f"sockets-{r}.txt")) as f:
+            sockets += f.read()
+    return p, sockets
 
 
-def _connections(stdout):
+def _connections(text):
     """{rank: {(local, peer): bytes received}} from the ranks' "sockets" lines."""
     out = {}
-    for rank, rest in re.findall(r"sockets rank (\d) ?(.*)", stdout):
+    for rank, rest in re.findall(r"sockets rank (\d) ?(.*)", text):
         out[int(rank)] = {}
         for item in rest.split():
             ends, received = item.rsplit("=", 1)
@@ -95,9 +101,9 @@ def _connections(stdout):
     return out
 
 
-def _assert_tcp_between_the_ranks(stdout):
-    conns = _connections(stdout)
-    assert set(conns) == {0, 1}, stdout
+def _assert_tcp_between_the_ranks(text):
+    conns = _connections(text)
+    assert set(conns) == {0, 1}, text
     moved = MEGABYTES * 2 ** 20
     shared = [(ends, got) for ends, got in conns[0].items() if (ends[1], ends[0]) in conns[1]]
     assert shared, f"no TCP connection joins the two ranks: {conns}"
@@ -109,8 +115,8 @@ def _assert_tcp_between_the_ranks(stdout):
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read the ranks' TCP connections")
 def test_two_hosts_over_loopback_tcp():
     with tempfile.TemporaryDirectory(prefix="kiln-multihost-") as tmp:
-        p = _launch(tmp, ["localhost", "127.0.0.1"], {"OMPI_MCA_btl_tcp_if_include": "lo"})
-    _assert_tcp_between_the_ranks(p.stdout)
+        _, sockets = _launch(tmp, ["localhost", "127.0.0.1"], {"OMPI_MCA_btl_tcp_if_include": "lo"})
+    _assert_tcp_between_the_ranks(sockets)
 
 
 def _ip(*args, check=True):
@@ -147,12 +153,12 @@ def test_two_hosts_in_separate_network_namespaces():
                         + "  *) echo \"netns_agent: unknown host $host\" >&2; exit 1 ;;\nesac\n"
                         'exec ip netns exec "$ns" /bin/sh -c "$*"\n')
             os.chmod(agent, 0o755)
-            p = _launch(tmp, addresses, {"OMPI_MCA_plm_rsh_agent": agent}, prefix=["ip", "netns", "exec", spaces[0]])
+            _, sockets = _launch(tmp, addresses, {"OMPI_MCA_plm_rsh_agent": agent}, prefix=["ip", "netns", "exec", spaces[0]])
         received = int(_ip("netns", "exec", spaces[1], "cat", f"/sys/class/net/{ends[1]}/statistics/rx_bytes").stdout)
     finally:
         for ns in made:
             _ip("netns", "del", ns, check=False)
-    shared = _assert_tcp_between_the_ranks(p.stdout)
+    shared = _assert_tcp_between_the_ranks(sockets)
     for (local, peer), _ in shared:  # the connection joins the two namespaces' addresses
         assert {local.rsplit(":", 1)[0], peer.rsplit(":", 1)[0]} == set(addresses), shared
     assert received >= MEGABYTES * 2 ** 20, f"the second namespace's veth received {received} bytes"
