@@ -512,3 +512,23 @@ KILN_GRAD(conv2d_backward_input) {
         s = conv_backward(KILN_OP_CONV2D_BACKWARD_WEIGHT, ctx->attrs, &ctx->in_meta[1], g, ctx->in[0], &gin[1]);
     return s;
 }
+
+/* conv2d_backward_weight(x, gy) = the weight gradient of conv2d(x, w) (bilinear: <gw, W> =
+ * <gy, conv2d(x, W)> for any W). Its adjoint for an incoming gradient W of the weight's shape: in
+ * gy the forward convolution conv2d(x, W); in x the transposed one, conv2d_backward_input(gy, W).
+ * (Gradient penalties and Hessians of convolutional networks reach it.) */
+KILN_GRAD(conv2d_backward_weight) {
+    kiln_tensor *g = gout[0];
+    if (!g) return KILN_OK;
+    kiln_status s = KILN_OK;
+    if (ctx->needs_grad[0])
+        s = conv_backward(KILN_OP_CONV2D_BACKWARD_INPUT, ctx->attrs, &ctx->in_meta[0], ctx->in[1], g, &gin[0]);
+    if (s == KILN_OK && ctx->needs_grad[1]) {
+        kiln_attrs at;
+        kiln_attrs_clear(&at);
+        for (int k = 0; k < 9; k++) kiln_attrs_push_int(&at, ctx->attrs->i[k]);
+        kiln_tensor *ins[2] = {ctx->in[0], g};
+        s = kiln_apply(KILN_OP_CONV2D, 2, ins, &at, &gin[1]);
+    }
+    return s;
+}

@@ -7,7 +7,7 @@
 
 typedef struct {
     kiln_status status;
-    kiln_tensor *temps[32]; /* released at the end of a rule */
+    kiln_tensor *temps[128]; /* released at the end of a rule */
     int ntemps;
 } grad_scope;
 
@@ -16,7 +16,7 @@ static inline kiln_tensor *keep(grad_scope *sc, kiln_status s, kiln_tensor *t) {
         if (sc->status == KILN_OK) sc->status = s;
         return NULL;
     }
-    KILN_ASSERT(sc->ntemps < 32);
+    KILN_ASSERT(sc->ntemps < 128);
     sc->temps[sc->ntemps++] = t;
     return t;
 }

@@ -559,6 +559,13 @@ JVP(max_pool2d) {
 }
 
 
+/* max_pool2d_backward(grad, x): linear in grad, piecewise constant in x (no tangent term) */
+JVP(max_pool2d_backward) {
+    if (!tin[0]) return KILN_OK;
+    kiln_tensor *in[2] = {tin[0], ctx->in[1]};
+    return kiln_apply(KILN_OP_MAX_POOL2D_BACKWARD, 2, in, ctx->attrs, tout);
+}
+
 /* cumsum or cumprod of t along axis (from the end when reverse) */
 static kiln_tensor *scan(grad_scope *sc, kiln_op op, kiln_tensor *t, int64_t axis, bool reverse) {
     if (!t || sc->status != KILN_OK) return NULL;

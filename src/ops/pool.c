@@ -323,3 +323,46 @@ KILN_GRAD(avg_pool2d) {
     for (int d = 0; d < 4; d++) kiln_attrs_push_int(&at, ctx->in_meta[0].shape[d]);
     return kiln_apply(KILN_OP_AVG_POOL2D_BACKWARD, 1, (kiln_tensor *const *)&gout[0], &at, &gin[0]);
 }
+
+/* max_pool2d_backward(grad, x) puts each output's gradient at its window's first maximum: linear
+ * in grad, piecewise constant in x (its derivative there 0, as max_pool2d's second derivative).
+ * Its adjoint in grad picks, per window, the incoming gradient at that maximum: max_pool2d's
+ * forward-mode rule (src/ops/jvp_rules.c), which picks a tangent the same way. */
+kiln_status kiln_jvp_max_pool2d(const kiln_grad_ctx *, kiln_tensor *const *, kiln_tensor **);
+
+KILN_GRAD(max_pool2d_backward) {
+    kiln_tensor *g = gout[0];
+    if (!g) return KILN_OK;
+    kiln_status s = KILN_OK;
+    if (ctx->needs_grad[0]) {
+        kiln_tensor *x = ctx->in[1], *y = NULL;
+        kiln_attrs at;
+        kiln_attrs_clear(&at);
+        for (int k = 0; k < 12; k++) kiln_attrs_push_int(&at, ctx->attrs->i[k]);
+        s = kiln_apply(KILN_OP_MAX_POOL2D, 1, &x, &at, &y);
+        if (s == KILN_OK) {
+            bool has[1] = {true};
+            kiln_tensor *ins[1] = {x}, *outs[1] = {y};
+            kiln_grad_ctx c = {KILN_OP_MAX_POOL2D, 1, 1, ins, outs, &x->meta, &y->meta, &at, has};
+            s = kiln_jvp_max_pool2d(&c, &g, &gin[0]);
+        }
+        kiln_tensor_release(y);
+    }
+    if (s == KILN_OK && ctx->needs_grad[1]) {
+        kiln_tensor *z = NULL;
+        s = kiln_emit_full(&ctx->in_meta[1], 0.0, &z);
+        if (s == KILN_OK) gin[1] = z;
+    }
+    if (s != KILN_OK) kiln_release_all(gin, 2);
+    return s;
+}
+
+/* avg_pool2d_backward(grad) spreads each window's gradient evenly: linear, its adjoint the average
+ * pool itself (the same windows and divisors) */
+KILN_GRAD(avg_pool2d_backward) {
+    if (!gout[0]) return KILN_OK;
+    kiln_attrs at;
+    kiln_attrs_clear(&at);
+    for (int k = 0; k < 12; k++) kiln_attrs_push_int(&at, ctx->attrs->i[k]);
+    return kiln_apply(KILN_OP_AVG_POOL2D, 1, (kiln_tensor *const *)&gout[0], &at, &gin[0]);
+}

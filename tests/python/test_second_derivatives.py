@@ -1,13 +1,23 @@
 """Second derivatives (kiln.grad of kiln.grad): exact where the first-order backward ops have
 gradient rules (tanh, sigmoid, relu, gelu, silu, softmax, log_softmax, and the piecewise constant
-sign and floor division, whose derivative is 0), checked against closed forms and finite
-differences of the first derivative; a clear error where they have none (layer_norm's backward
-op) -- never a silent zero, which is what a backward op left off the tape used to give."""
+sign and floor division, whose derivative is 0; the backward ops of layer_norm, rms_norm,
+batch_norm, the convolutions and the pools), checked against closed forms and finite differences of
+the first derivative, eagerly and compiled in every kiln.jit variant; kiln.hessian of a small
+convolutional network and of a LayerNorm MLP; a WGAN-GP gradient penalty step. A clear error where
+a backward op has no rule (NOT_TWICE, which may only shrink) -- never a silent zero, which is what a
+backward op left off the tape used to give."""
 import numpy as np
 import pytest
 
+import os
+import sys
+
 import kiln
 from kiln import ops
+from kiln._optable import INFO, OP
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conformance import ENV, VARIANTS, environment  # noqa: E402
 
 X = np.array([0.5, 1.0, -0.35, 2.2], np.float64)  # away from the jumps of x // 0.3
 
@@ -45,21 +55,156 @@ CASES = {
     "log_softmax times x": (lambda b: (ops.log_softmax(b, -1) * b).sum(), None),
 }
 
+# ---- the normalizations, convolutions and pools: one flat input p holding the op's input and its
+# parameters (sliced and reshaped), a nonlinearity after the op, so that the gradient reaching the
+# backward op depends on p too and every input of the backward op is differentiated -----------------
+RNG = np.random.default_rng(7)
+
+
+def _c(*shape):
+    return kiln.Tensor(RNG.standard_normal(shape))
+
+
+def _parts(p, *shapes):
+    out, k = [], 0
+    for sh in shapes:
+        n = int(np.prod(sh))
+        out.append(p[k:k + n].reshape(*sh))
+        k += n
+    return out
+
+
+C23, C232, C2222, C1233, C1222 = _c(2, 3), _c(2, 3, 2), _c(1, 2, 2, 2), _c(1, 2, 3, 3), _c(1, 2, 2, 2)
+RUN_MEAN, RUN_VAR = kiln.Tensor(RNG.uniform(-0.2, 0.2, 3)), kiln.Tensor(RNG.uniform(0.5, 1.5, 3))
+NO_STATS = kiln.Tensor(np.zeros(0))
+ADAPTIVE_AVG = kiln.nn.AdaptiveAvgPool2d((2, 3))
+CONV1D = kiln.nn.Conv1d(2, 3, 3, pad_mode="pad", padding=1, has_bias=True, dtype=kiln.float64)
+
+
+def _ln(p):
+    x, w, b = _parts(p, (2, 3), (3,), (3,))
+    return (ops.tanh(ops.layer_norm(x, (3,), w, b)) * C23).sum()
+
+
+def _ln_two_axes(p):
+    x, w = _parts(p, (2, 3, 2), (3, 2))
+    return (ops.tanh(ops.layer_norm(x, (3, 2), w)) * C232).sum()
+
+
+def _rms(p):
+    x, w = _parts(p, (2, 3), (3,))
+    return (ops.tanh(ops.rms_norm(x, w)) * C23).sum()
+
+
+def _bn(training, stats):
+    def f(p):
+        x, w, b = _parts(p, (2, 3, 2), (3,), (3,))
+        return (ops.tanh(ops.batch_norm(x, stats[0], stats[1], w, b, training=training)) * C232).sum()
+    return f
+
+
+def _conv(p):
+    x, w, b = _parts(p, (1, 2, 4, 4), (2, 2, 3, 3), (2,))
+    return (ops.tanh(ops.conv2d(x, w, b, stride=2, padding=1)) * C2222).sum()
+
+
+def _conv_grouped(p):
+    x, w = _parts(p, (1, 2, 5, 5), (4, 1, 2, 2))
+    return (ops.tanh(ops.conv2d(x, w, padding=1, dilation=2, groups=2)) ** 2).sum()
+
+
+def _conv_transpose(p):
+    x, w = _parts(p, (1, 2, 2, 2), (2, 2, 2, 2))
+    return (ops.tanh(ops.conv_transpose2d(x, w, stride=2)) ** 2).sum()
+
+
+def _conv3d(p):
+    x, w = _parts(p, (1, 1, 3, 3, 3), (2, 1, 2, 2, 2))
+    return (ops.tanh(ops.conv3d(x, w)) ** 2).sum()
+
+
+CASES.update({
+    "layer_norm (x, w, b)": (_ln, None, RNG.standard_normal(12)),
+    "layer_norm over two axes (x, w)": (_ln_two_axes, None, RNG.standard_normal(18)),
+    "rms_norm (x, w)": (_rms, None, RNG.standard_normal(9)),
+    "batch_norm training (x, gamma, beta)": (_bn(True, (NO_STATS, NO_STATS)), None, RNG.standard_normal(18)),
+    "batch_norm inference (x, gamma, beta)": (_bn(False, (RUN_MEAN, RUN_VAR)), None, RNG.standard_normal(18)),
+    "conv2d (x, w, b)": (_conv, None, RNG.standard_normal(32 + 36 + 2)),
+    "conv2d grouped, dilated (x, w)": (_conv_grouped, None, RNG.standard_normal(50 + 16)),
+    "conv_transpose2d (x, w)": (_conv_transpose, None, RNG.standard_normal(8 + 16)),
+    "conv3d (x, w)": (_conv3d, None, RNG.standard_normal(27 + 16)),
+    "nn.Conv1d (x)": (lambda p: (ops.tanh(CONV1D(p.reshape(1, 2, 4))) ** 2).sum(), None, RNG.standard_normal(8)),
+    "max_pool2d": (lambda p: (ops.tanh(ops.max_pool2d((p * p).reshape(1, 2, 4, 4), 2)) * C2222).sum(), None,
+                   RNG.standard_normal(32)),
+    "max_pool2d padded, strided": (lambda p: (ops.tanh(ops.max_pool2d(p.reshape(1, 2, 5, 5) ** 3, 3, stride=2, padding=1))
+                                              * C1233).sum(), None, RNG.standard_normal(50)),
+    "avg_pool2d": (lambda p: (ops.tanh(ops.avg_pool2d((p * p).reshape(1, 2, 4, 4), 2)) * C2222).sum(), None,
+                   RNG.standard_normal(32)),
+    "avg_pool2d padded, ceil, no pad count": (
+        lambda p: (ops.tanh(ops.avg_pool2d((p * p).reshape(1, 2, 5, 5), 2, padding=1, ceil_mode=True,
+                                           count_include_pad=False)) * C1233).sum(), None, RNG.standard_normal(50)),
+    "adaptive_max_pool2d": (lambda p: (ops.tanh(ops.adaptive_max_pool2d((p * p).reshape(1, 2, 5, 5), (2, 2)))
+                                       * C1222).sum(), None, RNG.standard_normal(50)),
+    "nn.AdaptiveAvgPool2d": (lambda p: (ops.tanh(ADAPTIVE_AVG((p * p).reshape(1, 2, 5, 5))) ** 2).sum(), None,
+                             RNG.standard_normal(50)),
+})
+NEW_RULES = [k for k in CASES if len(CASES[k]) == 3]
+
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_second_derivative(case):
-    f, closed = CASES[case]
-    got = second(f)(kiln.Tensor(X)).asnumpy()
+    f, closed, *given = CASES[case]
+    x = given[0] if given else X
+    got = second(f)(kiln.Tensor(x)).asnumpy()
     assert np.abs(got).max() > 1e-3  # (a case whose second derivative vanishes would check little)
     if closed is not None:
-        np.testing.assert_allclose(got, closed(X), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got, fd_of_first(f, X), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, closed(x), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got, fd_of_first(f, x), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, f", [
-    ("layer_norm_backward", lambda b: (ops.layer_norm(b.reshape(1, 4), (4,)) * kiln.Tensor(np.arange(4.0))).sum()),
-])
+def test_the_new_cases_reach_the_backward_ops_they_are_for():
+    """(the table would check little if a case ran some other way than through these backward ops)"""
+    wanted = {"layer_norm_backward", "rms_norm_backward", "batch_norm_backward", "conv2d_backward_input",
+              "conv2d_backward_weight", "max_pool2d_backward", "avg_pool2d_backward"}
+    reached = set()
+    for case in NEW_RULES:
+        f, _, x = CASES[case]
+        tracer = kiln._C.Tracer()
+        try:
+            kiln.grad(f)(kiln.Tensor(x))
+        finally:
+            tracer.end()
+        reached |= {node[0] for node in tracer.recorded().structure()[2]}
+    assert wanted <= reached, sorted(wanted - reached)
+
+
+# backward ops that have no reverse rule: a second derivative through them raises naming them. This
+# list may only shrink (test_no_other_backward_op_is_left_without_a_rule).
+NOT_TWICE = {"attention_backward", "rnn_layer_backward",
+             "batch_norm_relu_backward"}  # (made by an O1 pass, after differentiation: never differentiated)
+
+
+def test_no_other_backward_op_is_left_without_a_rule():
+    without = {name for name, info in INFO.items() if name.endswith("_backward") and not info.differentiable}
+    assert without <= NOT_TWICE, f"backward ops without a reverse rule (add one): {sorted(without - NOT_TWICE)}"
+    assert without == NOT_TWICE, f"these have a reverse rule now, take them off NOT_TWICE: {sorted(NOT_TWICE - without)}"
+
+
+def _attention(b):
+    q = b.reshape(1, 1, 2, 2)
+    return (kiln._C.apply(OP.attention, (q, q, q), (), (0.5,))[0] ** 2).sum()
+
+
+_LSTM = kiln.nn.LSTM(1, 2)
+
+
+def _lstm(b):
+    return (_LSTM(ops.cast(b.reshape(4, 1, 1), kiln.float32))[0] ** 2).sum()
+
+
+@pytest.mark.parametrize("name, f", [("attention_backward", _attention), ("rnn_layer_backward", _lstm)])
 def test_no_second_derivative_raises_instead_of_zero(name, f):
+    assert name in NOT_TWICE
     with pytest.raises(RuntimeError, match=f"{name} is not differentiable"):
         second(f)(kiln.Tensor(X))
 
@@ -85,7 +230,7 @@ def test_compiled_second_derivatives_agree_or_raise(mode):
         return (ops.layer_norm(b.reshape(1, 4), (4,)) * kiln.Tensor(np.arange(4.0))).sum()
 
     x = kiln.Tensor(X)
-    for f in (tanh_cubed, soft):
+    for f in (tanh_cubed, soft, norm):
         want = second(f)(x).asnumpy()
         np.testing.assert_allclose(want, fd_of_first(f, X), rtol=1e-5, atol=1e-6)
         jg = kiln.jit(kiln.grad(f), capture_mode=mode)
@@ -93,6 +238,26 @@ def test_compiled_second_derivatives_agree_or_raise(mode):
         jh = kiln.jit(lambda a: second(f)(a), capture_mode=mode)
         np.testing.assert_allclose(jh(x).asnumpy(), want, rtol=1e-10)
     with pytest.raises(RuntimeError, match="not differentiable|gradients of gradients"):
-        kiln.grad(lambda a: kiln.jit(kiln.grad(norm), capture_mode=mode)(a).sum())(x)
-    with pytest.raises(RuntimeError, match="layer_norm_backward is not differentiable"):
-        kiln.jit(lambda a: second(norm)(a), capture_mode=mode)(x)
+        kiln.grad(lambda a: kiln.jit(kiln.grad(_attention), capture_mode=mode)(a).sum())(x)
+    with pytest.raises(RuntimeError, match="attention_backward is not differentiable"):
+        kiln.jit(lambda a: second(_attention)(a), capture_mode=mode)(x)
+
+
+@pytest.mark.parametrize("case", NEW_RULES)
+def test_new_rules_compiled_in_every_variant_equal_eager(case):
+    """grad of grad compiled whole (capture ast / bytecode / trace x O0 / O1 x kbk / sink), and a
+    compiled first derivative differentiated again eagerly: eager's values, on two calls (the second
+    a cache hit on moved inputs); the whole-graph variant compiles, never falling back to eager."""
+    f, _, x0 = CASES[case]
+    xs = [kiln.Tensor(x0), kiln.Tensor(x0 * 0.9 + 0.05)]
+    want = [second(f)(x).asnumpy() for x in xs]
+    with environment(ENV):
+        for v in VARIANTS:
+            jh = v.wrap(lambda a: second(f)(a))
+            jg = v.wrap(kiln.grad(f))
+            for x, w in zip(xs, want):
+                np.testing.assert_allclose(jh(x).asnumpy(), w, rtol=1e-10, atol=1e-12, err_msg=v.name)
+                np.testing.assert_allclose(kiln.grad(lambda a: jg(a).sum())(x).asnumpy(), w, rtol=1e-10, atol=1e-12,
+                                           err_msg=f"{v.name} (grad of a compiled grad)")
+            info = jh.cache_info()
+            assert info.compiles >= 1 and not info.eager_calls, (v.name, info)
