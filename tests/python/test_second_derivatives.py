@@ -261,3 +261,135 @@ def test_new_rules_compiled_in_every_variant_equal_eager(case):
                                            err_msg=f"{v.name} (grad of a compiled grad)")
             info = jh.cache_info()
             assert info.compiles >= 1 and not info.eager_calls, (v.name, info)
+
+
+# ---- kiln.hessian (forward over reverse: the backward ops' JVP rules) of a small convolutional network
+# and of a LayerNorm MLP, against finite differences of the gradient, eagerly and compiled -------------
+MLP_INPUT = _c(3, 4)
+
+
+def _conv_net(p):
+    x, w1, b1, w2 = _parts(p, (1, 1, 5, 5), (2, 1, 3, 3), (2,), (1, 2, 2, 2))
+    h = ops.max_pool2d(ops.tanh(ops.conv2d(x, w1, b1, padding=1)), 2)
+    return (ops.conv2d(h, w2) ** 2).sum() + (ops.avg_pool2d(h, 2) ** 2).sum()
+
+
+def _layer_norm_mlp(p):
+    w1, b1, g, beta, w2 = _parts(p, (4, 5), (5,), (5,), (5,), (5, 2))
+    h = ops.tanh(ops.layer_norm(ops.matmul(MLP_INPUT, w1) + b1, (5,), g, beta))
+    return (ops.matmul(h, w2) ** 2).sum()
+
+
+def _fd_hessian(f, x, eps=1e-5):
+    g = lambda v: kiln.grad(f)(kiln.Tensor(v)).asnumpy()  # noqa: E731
+    cols = []
+    for k in range(x.size):
+        e = np.zeros_like(x)
+        e[k] = eps
+        cols.append((g(x + e) - g(x - e)) / (2 * eps))
+    return np.stack(cols, 1)
+
+
+@pytest.mark.parametrize("f, n", [(_conv_net, 25 + 18 + 2 + 8), (_layer_norm_mlp, 20 + 5 + 5 + 5 + 10)],
+                         ids=["conv net", "LayerNorm MLP"])
+def test_hessian_of_networks(f, n):
+    p = RNG.standard_normal(n)
+    h = kiln.hessian(f)(kiln.Tensor(p)).asnumpy()
+    assert h.shape == (n, n) and np.abs(h).max() > 1.0
+    np.testing.assert_allclose(h, h.T, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h, _fd_hessian(f, p), rtol=1e-6, atol=1e-7)
+    with environment(ENV):
+        for v in VARIANTS:
+            jh = v.wrap(lambda a: kiln.hessian(f)(a))
+            np.testing.assert_allclose(jh(kiln.Tensor(p)).asnumpy(), h, rtol=1e-10, atol=1e-12, err_msg=v.name)
+            info = jh.cache_info()
+            assert info.compiles >= 1 and not info.eager_calls, (v.name, info)
+
+
+# ---- a WGAN-GP step: the critic's parameters move along the gradient of the penalty
+# mean((||grad_x D(x)|| - 1)^2), a gradient through the critic's backward (conv, max pool) ---------------
+GP_POINTS = _c(2, 1, 5, 5)  # (the interpolates between real and generated samples)
+
+
+def _critic(x, p):
+    w1, b1, w2 = _parts(p, (3, 1, 3, 3), (3,), (1, 3, 2, 2))
+    h = ops.max_pool2d(ops.tanh(ops.conv2d(x, w1, b1, padding=1)), 2, stride=1)
+    return ops.conv2d(h, w2, stride=2).reshape(2, -1).sum(1)
+
+
+def _gradient_penalty(p):
+    gx = kiln.grad(lambda x: _critic(x, p).sum())(GP_POINTS)
+    norms = ops.sqrt((gx * gx).reshape(2, -1).sum(1))
+    return ((norms - 1.0) ** 2).mean()
+
+
+def _gp_step(p):
+    return p - 0.1 * kiln.grad(_gradient_penalty)(p)
+
+
+def test_wgan_gp_step():
+    p = RNG.standard_normal(27 + 3 + 12)
+    g = kiln.grad(_gradient_penalty)(kiln.Tensor(p)).asnumpy()
+    assert np.abs(g).max() > 1e-2
+    fd, eps = np.zeros_like(p), 1e-6
+    for k in range(p.size):
+        e = np.zeros_like(p)
+        e[k] = eps
+        fd[k] = (_gradient_penalty(kiln.Tensor(p + e)).item() - _gradient_penalty(kiln.Tensor(p - e)).item()) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+    want = [_gp_step(kiln.Tensor(p)).asnumpy()]
+    want.append(_gp_step(kiln.Tensor(want[0])).asnumpy())  # a second step from where the first went
+    np.testing.assert_allclose(want[0], p - 0.1 * g, rtol=1e-14, atol=1e-14)
+    with environment(ENV):
+        for v in VARIANTS:
+            step = v.wrap(_gp_step)
+            q = kiln.Tensor(p)
+            for w in want:
+                q = step(q)
+                np.testing.assert_allclose(q.asnumpy(), w, rtol=1e-10, atol=1e-12, err_msg=v.name)
+            info = step.cache_info()
+            assert info.compiles >= 1 and not info.eager_calls, (v.name, info)
+
+
+# ---- lower precision and symbolic sizes ---------------------------------------------------------------
+W4, W3, WEIGHTING = _c(4), _c(3), _c(2, 3, 4)
+NORMS = {"layer_norm": lambda a: (ops.tanh(ops.layer_norm(a, (4,), ops.cast(W4, a.dtype))) ** 2).sum(),
+         "rms_norm": lambda a: (ops.tanh(ops.rms_norm(a, ops.cast(W4, a.dtype))) ** 2).sum(),
+         "batch_norm": lambda a: (ops.tanh(ops.batch_norm(a, NO_STATS, NO_STATS, ops.cast(W3, a.dtype),
+                                                          ops.cast(W3 * 0.5, a.dtype), training=True)) ** 2).sum()}
+
+
+def _weighted_second(f):
+    """the derivative of <grad f, WEIGHTING> (not of sum(grad f): a normalization's output does not
+    change when its input moves along the ones, so the Hessian times the ones is 0 and checks nothing)"""
+    return kiln.grad(lambda a: (kiln.grad(f)(a) * ops.cast(WEIGHTING, a.dtype)).sum())
+
+
+@pytest.mark.parametrize("dtype, rtol", [(kiln.float32, 1e-5), (kiln.float16, 1e-2), (kiln.bfloat16, 6e-2)])
+@pytest.mark.parametrize("norm", sorted(NORMS))
+def test_lower_precision_follows_float64(norm, dtype, rtol):
+    """the statistics are float32 for 16-bit inputs: the rules mix the dtypes and return the input's"""
+    x = _c(2, 3, 4)
+    want = _weighted_second(NORMS[norm])(x).asnumpy()
+    got = _weighted_second(NORMS[norm])(ops.cast(x, dtype))
+    assert got.dtype == dtype
+    err = np.abs(ops.cast(got, kiln.float64).asnumpy() - want).max()
+    assert err <= rtol * np.abs(want).max(), (err, np.abs(want).max())
+
+
+@pytest.mark.parametrize("norm", sorted(NORMS))
+@pytest.mark.parametrize("mode", ["trace", "bytecode"])
+def test_symbolic_batch_size(norm, mode):
+    """dynamic=True: one capture (or a specialization per shape where an op asks for one) over three
+    batch sizes, each call eager's values"""
+    f = NORMS[norm]
+    # (weighted by sin of the input: any batch size; by the input itself the result would be 0, the
+    # normalizations not changing when their input is scaled)
+    w = kiln.grad(lambda a: (kiln.grad(f)(a) * ops.sin(a)).sum())
+    jw = kiln.jit(lambda a: w(a), capture_mode=mode, dynamic=True)
+    for n in (2, 3, 5):
+        x = kiln.Tensor(RNG.standard_normal((n, 3, 4)))
+        want = w(x).asnumpy()
+        assert np.abs(want).max() > 1e-3
+        np.testing.assert_allclose(jw(x).asnumpy(), want, rtol=1e-10, atol=1e-12)
+    assert jw.cache_info().compiles >= 1 and not jw.cache_info().eager_calls
