@@ -68,19 +68,34 @@ static kiln_tensor *reshaped(grad_scope *sc, kiln_tensor *t, int ndim, const int
     return keep(sc, s, r);
 }
 
-/* t summed to the view `view`, then given the shape and dtype of `m` (an input's or output's) */
-static kiln_tensor *summed_to(grad_scope *sc, kiln_tensor *t, const kiln_meta *view, const kiln_meta *m) {
+static kiln_tensor *sum_over(grad_scope *sc, kiln_tensor *t, uint64_t mask) {
+    if (!t || sc->status != KILN_OK) return NULL;
+    kiln_tensor *r = NULL;
+    kiln_status s = kiln_emit_reduce(KILN_OP_SUM, t, mask, true, &r);
+    return keep(sc, s, r);
+}
+
+/* t summed down to the view `view` (undoing its broadcast against x) */
+static kiln_tensor *sum_view(grad_scope *sc, kiln_tensor *t, const kiln_meta *view) {
     if (!t || sc->status != KILN_OK) return NULL;
     kiln_tensor *r = NULL;
     kiln_status s = kiln_emit_sum_to(t, view, &r);
-    r = keep(sc, s, r);
-    r = reshaped(sc, r, m->ndim, m->shape);
+    return keep(sc, s, r);
+}
+
+/* t (of m's element count) given the shape and dtype of `m` (an input's or output's) */
+static kiln_tensor *as_meta(grad_scope *sc, kiln_tensor *t, const kiln_meta *m) {
+    kiln_tensor *r = reshaped(sc, t, m->ndim, m->shape);
     if (r && sc->status == KILN_OK && r->meta.dtype != m->dtype) {
         kiln_tensor *c = NULL;
-        s = kiln_emit_cast(r, m->dtype, &c);
+        kiln_status s = kiln_emit_cast(r, m->dtype, &c);
         r = keep(sc, s, c);
     }
     return r;
+}
+
+static kiln_tensor *summed_to(grad_scope *sc, kiln_tensor *t, const kiln_meta *view, const kiln_meta *m) {
+    return as_meta(sc, sum_view(sc, t, view), m);
 }
 
 /* layer_norm_backward / rms_norm_backward: the statistics kept with the normalized axes as 1;
@@ -139,6 +154,10 @@ static kiln_status nb_done(grad_scope *sc, kiln_tensor **v, int n, kiln_tensor *
     return sc->status;
 }
 
+/* With dxh = -s q + Bw gy, q = A mean_S(g xh) + g mean_S(A xh) (the header's formulas), the
+ * full-size work is folded: d x = -s^2 q + s Bw gy, and sum_S(dxh (x - m)) = sum_S(-q xh + Bw gy (x - m)),
+ * with -mean_S(g) sum_S(A) of d s computed on the statistics' size. Only what an input that needs a
+ * gradient reads is emitted. */
 static kiln_status nb_reverse(const kiln_grad_ctx *ctx, kiln_tensor *const *gout, kiln_tensor **gin) {
     nb_ops o;
     nb_views(ctx, &o);
@@ -149,32 +168,43 @@ static kiln_status nb_reverse(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
     kiln_tensor *A = gout[0], *Bw = gout[1], *Bb = nb_nout(ctx) > 2 ? gout[2] : NULL;
     if (Bw) Bw = reshaped(&sc, Bw, o.w_view.ndim, o.w_view.shape);
     if (Bb) Bb = reshaped(&sc, Bb, o.w_view.ndim, o.w_view.shape);
+    int si = m ? 4 : 3;
+    bool need_x = ctx->needs_grad[1] || (m && ctx->needs_grad[3]), need_s = ctx->needs_grad[si];
+    bool need_g = ctx->needs_grad[0] || ctx->needs_grad[2];
     kiln_tensor *xc = m ? bin(&sc, KILN_OP_SUB, x, m) : x, *xh = bin(&sc, KILN_OP_MUL, xc, s);
-    kiln_tensor *g = bin(&sc, KILN_OP_MUL, gy, w);
-    kiln_tensor *dg = NULL, *dxh = NULL, *ds_extra = NULL;
+    kiln_tensor *g = A && (need_x || need_s) ? bin(&sc, KILN_OP_MUL, gy, w) : NULL;
+    kiln_tensor *dg = NULL, *dx = NULL, *ds = NULL, *ds_small = NULL;
     if (A && o.batch) {
         kiln_tensor *mAx = mean_over(&sc, bin(&sc, KILN_OP_MUL, A, xh), o.stat_mask);
-        kiln_tensor *mA = m ? mean_over(&sc, A, o.stat_mask) : NULL;
-        dg = bin(&sc, KILN_OP_MUL, s, opt_sub(&sc, opt_sub(&sc, A, mA), bin(&sc, KILN_OP_MUL, xh, mAx)));
-        kiln_tensor *sb = mean_over(&sc, bin(&sc, KILN_OP_MUL, g, xh), o.stat_mask);
-        kiln_tensor *sa = m ? mean_over(&sc, g, o.stat_mask) : NULL;
-        dxh = un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, s, bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, A, sb),
-                                                                   bin(&sc, KILN_OP_MUL, g, mAx))));
-        ds_extra = bin(&sc, KILN_OP_MUL, A, opt_sub(&sc, opt_sub(&sc, g, sa), bin(&sc, KILN_OP_MUL, xh, sb)));
+        kiln_tensor *mA = m && need_g ? mean_over(&sc, A, o.stat_mask) : NULL;
+        if (need_g) dg = bin(&sc, KILN_OP_MUL, s, opt_sub(&sc, opt_sub(&sc, A, mA), bin(&sc, KILN_OP_MUL, xh, mAx)));
+        if (need_x || need_s) {
+            kiln_tensor *sb = mean_over(&sc, bin(&sc, KILN_OP_MUL, g, xh), o.stat_mask);
+            kiln_tensor *q = bin(&sc, KILN_OP_ADD, bin(&sc, KILN_OP_MUL, A, sb), bin(&sc, KILN_OP_MUL, g, mAx));
+            if (need_x) dx = bin(&sc, KILN_OP_MUL, un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, s, s)), q);
+            if (need_s) {
+                ds = bin(&sc, KILN_OP_SUB, bin(&sc, KILN_OP_MUL, A, bin(&sc, KILN_OP_SUB, g, bin(&sc, KILN_OP_MUL, xh, sb))),
+                         bin(&sc, KILN_OP_MUL, q, xh));
+                if (m)
+                    ds_small = un(&sc, KILN_OP_NEG, bin(&sc, KILN_OP_MUL, mean_over(&sc, g, o.stat_mask),
+                                                        sum_over(&sc, A, o.stat_mask)));
+            }
+        }
     } else if (A) {
-        dg = bin(&sc, KILN_OP_MUL, s, A);
-        ds_extra = bin(&sc, KILN_OP_MUL, A, g);
+        if (need_g) dg = bin(&sc, KILN_OP_MUL, s, A);
+        if (need_s) ds = bin(&sc, KILN_OP_MUL, A, g);
     }
-    if (Bw) dxh = opt_add(&sc, dxh, bin(&sc, KILN_OP_MUL, Bw, gy));
+    if (Bw && (need_x || need_s)) {
+        kiln_tensor *bg = bin(&sc, KILN_OP_MUL, Bw, gy);
+        if (need_x) dx = opt_add(&sc, dx, bin(&sc, KILN_OP_MUL, bg, s));
+        if (need_s) ds = opt_add(&sc, ds, bin(&sc, KILN_OP_MUL, bg, xc));
+    }
     kiln_tensor *d[5] = {NULL};
     if (ctx->needs_grad[0]) d[0] = opt_add(&sc, opt_add(&sc, bin(&sc, KILN_OP_MUL, dg, w), bin(&sc, KILN_OP_MUL, Bw, xh)), Bb);
-    if (ctx->needs_grad[2]) d[2] = summed_to(&sc, bin(&sc, KILN_OP_MUL, dg, gy), &o.w_view, &ctx->in_meta[2]);
-    kiln_tensor *dx = bin(&sc, KILN_OP_MUL, dxh, s);
     if (ctx->needs_grad[1]) d[1] = dx;
-    int si = m ? 4 : 3;
-    if (m && ctx->needs_grad[3]) d[3] = summed_to(&sc, un(&sc, KILN_OP_NEG, dx), &o.m_view, &ctx->in_meta[3]);
-    if (ctx->needs_grad[si])
-        d[si] = summed_to(&sc, opt_add(&sc, bin(&sc, KILN_OP_MUL, dxh, xc), ds_extra), &o.s_view, &ctx->in_meta[si]);
+    if (ctx->needs_grad[2]) d[2] = summed_to(&sc, bin(&sc, KILN_OP_MUL, dg, gy), &o.w_view, &ctx->in_meta[2]);
+    if (m && ctx->needs_grad[3]) d[3] = as_meta(&sc, un(&sc, KILN_OP_NEG, sum_view(&sc, dx, &o.m_view)), &ctx->in_meta[3]);
+    if (need_s) d[si] = as_meta(&sc, opt_add(&sc, sum_view(&sc, ds, &o.s_view), ds_small), &ctx->in_meta[si]);
     /* inputs nothing reached (no cotangent on the outputs that depend on them): zeros */
     for (int j = 0; j < ctx->nin && sc.status == KILN_OK; j++) {
         if (!ctx->needs_grad[j] || d[j]) continue;
