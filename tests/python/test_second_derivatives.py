@@ -103,6 +103,12 @@ def _bn(training, stats):
     return f
 
 
+def _bn_relu(p):
+    x, w, b = _parts(p, (2, 3, 2), (3,), (3,))
+    y = ops.relu(ops.batch_norm(x, NO_STATS, NO_STATS, w, b, training=True))
+    return (y * y * C232).sum()
+
+
 def _conv(p):
     x, w, b = _parts(p, (1, 2, 4, 4), (2, 2, 3, 3), (2,))
     return (ops.tanh(ops.conv2d(x, w, b, stride=2, padding=1)) * C2222).sum()
@@ -129,6 +135,10 @@ CASES.update({
     "rms_norm (x, w)": (_rms, None, RNG.standard_normal(9)),
     "batch_norm training (x, gamma, beta)": (_bn(True, (NO_STATS, NO_STATS)), None, RNG.standard_normal(18)),
     "batch_norm inference (x, gamma, beta)": (_bn(False, (RUN_MEAN, RUN_VAR)), None, RNG.standard_normal(18)),
+    # (batch_norm_backward of relu_backward: what O1 fuses into batch_norm_relu_backward in a first
+    # derivative; in a graph that differentiates it again the masked gradient has other readers, and
+    # the compiled variants must still agree)
+    "batch_norm then relu (x, gamma, beta)": (_bn_relu, None, RNG.standard_normal(18)),
     "conv2d (x, w, b)": (_conv, None, RNG.standard_normal(32 + 36 + 2)),
     "conv2d grouped, dilated (x, w)": (_conv_grouped, None, RNG.standard_normal(50 + 16)),
     "conv_transpose2d (x, w)": (_conv_transpose, None, RNG.standard_normal(8 + 16)),
