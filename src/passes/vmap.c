@@ -32,6 +32,7 @@ typedef enum {
     BR_FOLD,
     BR_CONV,
     BR_NORM_BACKWARD,
+    BR_CHANNELS,
     BR_LEADING,
     BR_LEADING_ALL,
     BR_UNBATCHED,
@@ -57,6 +58,7 @@ typedef struct {
 #define BR_ENUM_fold BR_FOLD
 #define BR_ENUM_conv BR_CONV
 #define BR_ENUM_norm_backward BR_NORM_BACKWARD
+#define BR_ENUM_channels BR_CHANNELS
 #define BR_ENUM_leading BR_LEADING
 #define BR_ENUM_leading_all BR_LEADING_ALL
 #define BR_ENUM_unbatched BR_UNBATCHED
@@ -71,7 +73,8 @@ static const batch_info rules[KILN_OP_COUNT] = {
 
 static const char *const rule_names[] = {
     "", "elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-    "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "leading", "leading_all", "unbatched",
+    "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "channels", "leading", "leading_all",
+    "unbatched",
 };
 
 const char *kiln_batch_rule_name(kiln_op op) {
@@ -579,6 +582,60 @@ static kiln_status rule_norm_backward(vm *c, const kiln_node *n, const bv *in, i
     return KILN_OK;
 }
 
+/* (B, N, C, ...) -> (N, B*C, ...): each example's channels a block of channels of their own */
+static kiln_status channels_in(vm *c, bv x, int32_t *out) {
+    int32_t m, p;
+    KILN_TRY(materialize(c, x, &m));
+    const kiln_meta *mm = meta(c, m);
+    if (mm->ndim < 3) return NO_RULE;
+    int64_t perm[KILN_MAX_DIMS], shape[KILN_MAX_DIMS];
+    for (int d = 0; d < mm->ndim; d++) perm[d] = d;
+    perm[0] = 1, perm[1] = 0;
+    shape[0] = mm->shape[1], shape[1] = mm->shape[0] * mm->shape[2];
+    for (int d = 3; d < mm->ndim; d++) shape[d - 1] = mm->shape[d];
+    KILN_TRY(permute(c, m, perm, &p));
+    return reshape(c, p, mm->ndim - 1, shape, out);
+}
+
+/* batch_norm_backward (gy, x, gamma, mean, invstd) and batch_norm_relu_backward (..., r): statistics
+ * per channel over (N, ...), so the batch folds into the channels: gy, x (and r) as (N, B*C, ...),
+ * the per-channel vectors as (B*C,); gx back to (B, N, C, ...), the vectors' gradients to (B, C). */
+static kiln_status rule_channels(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
+    int32_t ins[6], outs[3];
+    if (n->nin > 6) return NO_RULE;
+    for (int k = 0; k < n->nin; k++) {
+        if (k < 2 || k == 5) {
+            KILN_TRY(channels_in(c, in[k], &ins[k]));
+            continue;
+        }
+        int32_t m;
+        KILN_TRY(materialize(c, in[k], &m));
+        const kiln_meta *mm = meta(c, m);
+        if (mm->ndim != 2) return NO_RULE;
+        int64_t flat[1] = {mm->shape[0] * mm->shape[1]};
+        KILN_TRY(reshape(c, m, 1, flat, &ins[k]));
+    }
+    KILN_TRY(add(c, n->op, n->nin, ins, &n->attrs, outs));
+    const kiln_meta *gx = meta(c, outs[0]);
+    int64_t perm[KILN_MAX_DIMS + 1], shape[KILN_MAX_DIMS + 1];
+    if (gx->ndim + 1 > KILN_MAX_DIMS)
+        return kiln_error(KILN_ERR_VALUE, "vmap: batching %s needs %d dimensions, more than kiln's %d", c->op,
+                          gx->ndim + 1, KILN_MAX_DIMS);
+    shape[0] = gx->shape[0], shape[1] = c->B, shape[2] = gx->shape[1] / c->B;
+    for (int d = 2; d < gx->ndim; d++) shape[d + 1] = gx->shape[d];
+    for (int d = 0; d <= gx->ndim; d++) perm[d] = d;
+    perm[0] = 1, perm[1] = 0;
+    int32_t r;
+    KILN_TRY(reshape(c, outs[0], gx->ndim + 1, shape, &r));
+    KILN_TRY(permute(c, r, perm, &out[0]));
+    for (int k = 1; k < 3; k++) {
+        int64_t vs[KILN_MAX_DIMS + 1];
+        int nd = batched_shape(c, n->out[k], vs);
+        KILN_TRY(reshape(c, outs[k], nd, vs, &out[k]));
+    }
+    return KILN_OK;
+}
+
 /* The slow path: the node once per example, the results stacked. */
 static kiln_status per_example(vm *c, const kiln_node *n, const bv *in, int32_t *out) {
     if (kiln_op_has_side_effects(n->op) || (kiln_op_table[n->op].flags & KILN_OPF_CONTROL))
@@ -646,6 +703,7 @@ static kiln_status batch_node(vm *c, const kiln_node *n, const bv *in, int32_t *
     case BR_FOLD: return rule_fold(c, n, in, r.arg, out);
     case BR_CONV: return rule_conv(c, n, in, r.arg, out);
     case BR_NORM_BACKWARD: return rule_norm_backward(c, n, in, out);
+    case BR_CHANNELS: return rule_channels(c, n, in, out);
     case BR_LEADING: return rule_leading(c, n, in, false, out);
     case BR_LEADING_ALL: return rule_leading(c, n, in, true, out);
     case BR_UNBATCHED: /* an op without inputs never has batched ones */

@@ -11,6 +11,7 @@ import pytest
 
 import os
 import sys
+import warnings
 
 import kiln
 from kiln import ops
@@ -300,11 +301,20 @@ def _fd_hessian(f, x, eps=1e-5):
     return np.stack(cols, 1)
 
 
-@pytest.mark.parametrize("f, n", [(_conv_net, 25 + 18 + 2 + 8), (_layer_norm_mlp, 20 + 5 + 5 + 5 + 10)],
-                         ids=["conv net", "LayerNorm MLP"])
+def _batch_norm_conv_net(p):
+    x, w1, g, b = _parts(p, (2, 1, 4, 4), (2, 1, 3, 3), (2,), (2,))
+    h = ops.batch_norm(ops.conv2d(x, w1, padding=1), NO_STATS, NO_STATS, g, b, training=True)
+    return (ops.tanh(ops.avg_pool2d(h, 2)) ** 2).sum()
+
+
+@pytest.mark.parametrize("f, n", [(_conv_net, 25 + 18 + 2 + 8), (_layer_norm_mlp, 20 + 5 + 5 + 5 + 10),
+                                  (_batch_norm_conv_net, 32 + 18 + 2 + 2)],
+                         ids=["conv net", "LayerNorm MLP", "BatchNorm conv net"])
 def test_hessian_of_networks(f, n):
     p = RNG.standard_normal(n)
-    h = kiln.hessian(f)(kiln.Tensor(p)).asnumpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kiln.VmapFallbackWarning)  # every backward op batched by its rule
+        h = kiln.hessian(f)(kiln.Tensor(p)).asnumpy()
     assert h.shape == (n, n) and np.abs(h).max() > 1.0
     np.testing.assert_allclose(h, h.T, rtol=0, atol=1e-12)
     np.testing.assert_allclose(h, _fd_hessian(f, p), rtol=1e-6, atol=1e-7)

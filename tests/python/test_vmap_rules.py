@@ -150,7 +150,7 @@ def test_rule_matches_a_loop(mode, fn, makers, in_axes):
 # fails for ops with side effects and control flow. This list may only shrink.
 WITHOUT_RULE = {
     "index_put",
-    "batch_norm", "batch_norm_backward", "batch_norm_relu_backward",
+    "batch_norm",
     "conv2d_fused", "relayout",
     "rnn_layer", "rnn_layer_backward", "sgd_update", "adam_update", "print", "check", "fused",
     "if", "while", "while_grad", "matmul_epilogue",
@@ -171,9 +171,49 @@ def test_ops_without_a_batching_rule_do_not_grow():
 
 def test_every_rule_is_a_known_kind():
     kinds = {"elementwise", "reduce", "along", "matmul", "linear", "reshape", "permute", "expand", "slice",
-             "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "leading", "leading_all", "unbatched", ""}
+             "slice_assign", "gather", "index_add", "fold", "conv", "norm_backward", "channels", "leading", "leading_all",
+             "unbatched", ""}
     assert set(_C.batch_rules().values()) <= kinds
     assert _C.batch_rules()["add"] == "elementwise" and _C.batch_rules()["matmul"] == "matmul"
+
+
+# ---- batch norm's backward ops: the batch folded into the channels ------------------------------
+
+@pytest.mark.parametrize("name", ["batch_norm_backward", "batch_norm_relu_backward"])
+@pytest.mark.parametrize("training", [1, 0])
+@pytest.mark.parametrize("in_axes", [(0, None, None), (0, 0, None), (1, None, 0), (None, 0, 0)])
+def test_batch_norm_backward_ops(name, training, in_axes):
+    """(gy, x, gamma) batched or not (gy along axis 1 once), the statistics (and relu's r) not: the
+    op per example, stacked; jacrev and hessian of a batch norm reach the op this way (the cotangents
+    batched, the forward's values not)"""
+    r64 = np.random.default_rng(1)
+
+    def t64(*shape):
+        return kiln.tensor(r64.standard_normal(shape))
+
+    mean, invstd, r = t64(3), kiln.tensor(r64.uniform(0.5, 1.5, 3)), t64(4, 3, 2, 2)
+    extra = (r,) if name == "batch_norm_relu_backward" else ()
+
+    def f(gy, x, gamma):
+        return _C.apply(OP_INDEX[name], [gy, x, gamma, mean, invstd, *extra], (training,))
+
+    one = [t64(4, 3, 2, 2), t64(4, 3, 2, 2), t64(3)]
+    args = []
+    for a, ax in zip(one, in_axes):
+        if ax is None:
+            args.append(a)
+        else:
+            shape = list(a.shape)
+            shape.insert(ax, B)
+            args.append(t64(*shape))
+    expected = [np.stack([f(*[a if ax is None else kiln.tensor(np.take(a.numpy(), i, axis=ax))
+                              for a, ax in zip(args, in_axes)])[k].numpy() for i in range(B)]) for k in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kiln.VmapFallbackWarning)
+        got = kiln.vmap(f, in_axes=in_axes)(*args)
+    for k in range(3):
+        assert got[k].shape == expected[k].shape
+        np.testing.assert_allclose(got[k].numpy(), expected[k], rtol=1e-12, atol=1e-12)
 
 
 # ---- every elementwise op of the table, applied by its op number -------------------------------
