@@ -413,3 +413,43 @@ def test_symbolic_batch_size(norm, mode):
         assert np.abs(want).max() > 1e-3
         np.testing.assert_allclose(jw(x).asnumpy(), want, rtol=1e-10, atol=1e-12)
     assert jw.cache_info().compiles >= 1 and not jw.cache_info().eager_calls
+
+
+# ---- a MAML meta-gradient: the loss after one inner SGD step, differentiated through that step ----------
+MAML_TRAIN, MAML_TEST = _c(2, 1, 4, 4), _c(2, 1, 4, 4)
+MAML_TRAIN_Y, MAML_TEST_Y = _c(2, 2, 2, 2), _c(2, 2, 2, 2)
+
+
+def _maml_loss(p, x, y):
+    w, g, b = _parts(p, (2, 1, 3, 3), (2,), (2,))
+    h = ops.batch_norm(ops.conv2d(x, w, padding=1), NO_STATS, NO_STATS, g, b, training=True)
+    return ((ops.max_pool2d(ops.tanh(h), 2) - y) ** 2).mean()
+
+
+def _meta_loss(p):
+    adapted = p - 0.5 * kiln.grad(lambda q: _maml_loss(q, MAML_TRAIN, MAML_TRAIN_Y))(p)
+    return _maml_loss(adapted, MAML_TEST, MAML_TEST_Y)
+
+
+def test_maml_meta_gradient():
+    """the weight gradient of the inner step (conv2d_backward_weight, batch_norm_backward's gamma,
+    max_pool2d_backward) differentiated again, against finite differences of the meta-loss; compiled
+    in every variant against eager"""
+    p = RNG.standard_normal(18 + 2 + 2)
+    g = kiln.grad(_meta_loss)(kiln.Tensor(p)).asnumpy()
+    assert np.abs(g).max() > 1e-2
+    fd, eps = np.zeros_like(p), 1e-6
+    for k in range(p.size):
+        e = np.zeros_like(p)
+        e[k] = eps
+        fd[k] = (_meta_loss(kiln.Tensor(p + e)).item() - _meta_loss(kiln.Tensor(p - e)).item()) / (2 * eps)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+    # (without the second-order term, first-order MAML, the gradient would differ)
+    first_order = kiln.grad(lambda q: _maml_loss(q, MAML_TEST, MAML_TEST_Y))(
+        kiln.Tensor(p - 0.5 * kiln.grad(lambda q: _maml_loss(q, MAML_TRAIN, MAML_TRAIN_Y))(kiln.Tensor(p)).asnumpy()))
+    assert np.abs(first_order.asnumpy() - g).max() > 1e-4
+    with environment(ENV):
+        for v in VARIANTS:
+            jg = v.wrap(kiln.grad(_meta_loss))
+            np.testing.assert_allclose(jg(kiln.Tensor(p)).asnumpy(), g, rtol=1e-10, atol=1e-12, err_msg=v.name)
+            assert not jg.cache_info().eager_calls, (v.name, jg.cache_info())
