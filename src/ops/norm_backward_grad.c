@@ -34,10 +34,9 @@
 #undef KILN_JVP
 #undef KILN_OP
 
-/* The operands of one backward op, viewed broadcastable against x. */
+/* How one backward op's operands broadcast against x. */
 typedef struct {
-    kiln_tensor *gy, *x, *w, *m, *s; /* m NULL: rms_norm */
-    kiln_meta w_view, m_view, s_view; /* the broadcastable shapes (their gradients are summed to them) */
+    kiln_meta w_view, m_view, s_view; /* w, m and s as broadcast against x (gradients are summed to them) */
     uint64_t stat_mask;               /* S */
     bool batch;                       /* batch statistics: gx has the mean_S terms */
 } nb_ops;
