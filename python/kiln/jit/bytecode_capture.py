@@ -38,7 +38,7 @@ from .. import _C
 from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
-from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording
+from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording, refuse_backward
 from .recording import returns_closure, user_frame_tracer
 from .syntax import JitSyntaxError
 
@@ -281,7 +281,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             out_spec = tree.flatten(bytecode.freeze(interp.frames, interp, tracer), out_leaves)
             if capture is not None:
                 out_dims = _symbolic_dims(capture, tracer.recorded(), out_leaves)
-        reads_grad = any(t.requires_grad for _, t in tracer.recorded().structure()[1])
+        grad_reads = tuple(t for _, t in tracer.recorded().structure()[1] if t.requires_grad)
+        reads_grad = bool(grad_reads)
         rec.note_outside()  # (the parameters and closures' tensors the piece reads)
         made = piece_grad.finish(tracer, aliases, out_leaves, opts, owner.__qualname__) if grad else None
         first = None
@@ -308,6 +309,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     info = PieceInfo(outcome == "return", reason, where_at, text.count(" = "), pgrad, reads_grad, specs)
     # (with grad the executable is the forward, returning the residuals after the outputs)
     piece = Entry(executable, out_spec, guard_set, guard_names, text, extra=info)
+    diff_out = tuple(k for k, t in enumerate(out_leaves) if isinstance(t, _C.TensorBase) and t.requires_grad)
+    if pgrad is None and diff_out:  # (run without its backward: see Entry.no_history)
+        piece.no_history = (grad_reads, diff_out)
     if capture is not None:
         piece.capture, piece.graph = capture, graph
         piece.extra.size_values = capture.values
@@ -316,6 +320,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
         piece.dyn = dynamic.DynamicEntry(piece, capture, graph, symbols[3], opts)
         piece.extra.out_dims = out_dims
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
+    if piece.no_history is not None and _C.is_grad_enabled():
+        refuse_backward(owner.__qualname__, piece.no_history, detached)
     if first is not None:  # (the call records its node on these, then goes on as after a compiled run)
         return piece, outcome, None, None, detached, first
     value = tree.unflatten(out_spec, detached)[0]
@@ -341,7 +347,10 @@ def _execute(jf, piece, leaves, exe=None, sizes=None, first=None):
         return piece_grad.run(piece.executable, piece.extra.grad, leaves,
                               (lambda exe, ts: exe(*ts)) if recorder is None else (lambda exe, ts: recorder.run(exe, *ts)))
     exe = piece.executable if exe is None else exe
-    return exe(*leaves) if recorder is None else recorder.run(exe, *leaves)
+    outs = exe(*leaves) if recorder is None else recorder.run(exe, *leaves)
+    if piece.no_history is not None and _C.is_grad_enabled():
+        outs = refuse_backward(jf.__qualname__, piece.no_history, list(outs))
+    return outs
 
 
 def grad_key(key, grad):

@@ -231,7 +231,7 @@ class Entry:
     pieces, TraceInfo for kiln.trace), or None."""
 
     __slots__ = ("executable", "out_spec", "graph_text", "differentiable", "guards", "guard_names", "capture",
-                 "graph", "dyn", "extra")
+                 "graph", "dyn", "extra", "no_history")
 
     def __init__(self, executable, out_spec, guards_, guard_names, graph_text=None, differentiable=False,
                  extra=None):
@@ -243,6 +243,10 @@ class Entry:
         self.guard_names = guard_names
         self.capture = self.graph = self.dyn = None
         self.extra = extra
+        # (the tensors it reads that require grad, the positions of its outputs that would require
+        # grad eagerly): a graph run outside grad / value_and_grad gives such outputs no history, so
+        # they get a node that refuses to be differentiated (refuse_backward)
+        self.no_history = None
 
     def guards_hold(self):
         return self.guards.check()
@@ -252,6 +256,27 @@ class Entry:
         the function whose globals and closure guards kept with the code are read from."""
         k = self.guards.first_failure(fn)
         return None if k < 0 else self.guard_names[k]
+
+
+def refuse_backward(name, no_history, outs, who="kiln.jit"):
+    """Outputs of a compiled graph run in grad mode outside grad / value_and_grad / GradManager, which
+    eagerly would carry history back to the parameters they read (no_history: see Entry): they get
+    one autograd node whose gradient is an error, so a later `.backward()` through them fails, naming
+    the function, instead of leaving those parameters' gradients silently short (outs: returned)."""
+    reads, positions = no_history
+    made = [outs[k] for k in positions if isinstance(outs[k], _C.TensorBase) and not outs[k].requires_grad
+            and all(outs[k] is not t for t in reads)]
+    if not reads or not made:
+        return outs
+    how = ("differentiate with GradManager (gm.backward)" if who == "kiln.trace" else
+           "differentiate through it with kiln.grad or kiln.value_and_grad (or inside GradManager)")
+
+    def backward(grads, needs, create_graph):
+        raise RuntimeError(f"{who}: a result of {name} reached backward, but its compiled graph ran in grad mode "
+                           "outside a gradient computation and kept no autograd history to the parameters it "
+                           f"reads; {how}, or call the function eagerly")
+    _C.record_grad(reads, tuple(made), backward, f"{who}({name})")
+    return outs
 
 
 class EntryCache:

@@ -17,7 +17,7 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, Recording
+from .capture_core import CallStrategy, Entry, EntryCache, Recording, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure
@@ -103,6 +103,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
                            "at every later call)")
         if changed is None and callers.returned(result):
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
+        grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         result, out_spec, out_leaves, executable = rec.finish(result)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
@@ -113,8 +114,12 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
     detached = [t.detach() if isinstance(t, _C.TensorBase) else t for t in out_leaves]
     guard_set, guard_names = rec.guard_set()
-    differentiable = any(isinstance(t, _C.TensorBase) and t.requires_grad for t in out_leaves)
-    entry = Entry(executable, out_spec, guard_set, guard_names, text, differentiable)
+    diff_out = tuple(k for k, t in enumerate(out_leaves) if isinstance(t, _C.TensorBase) and t.requires_grad)
+    entry = Entry(executable, out_spec, guard_set, guard_names, text, bool(diff_out))
+    if diff_out:
+        entry.no_history = (grad_reads, diff_out)
+        if _C.is_grad_enabled():
+            refuse_backward(getattr(fn, "__qualname__", type(fn).__name__), entry.no_history, detached)
     if rec.capture is not None:
         entry.capture, entry.graph = rec.capture, rec.graph
     return tree.unflatten(out_spec, detached)[0], entry
@@ -278,6 +283,8 @@ class JitFunction(_C.JitDispatcher):
             self.stats.hits += 1
             self._last = entry
             outs = entry.executable(*leaves) if self._recorder is None else self._recorder.run(entry.executable, *leaves)
+            if entry.no_history is not None and key[2][0]:
+                outs = refuse_backward(self.__qualname__, entry.no_history, list(outs))
             return tree.unflatten(entry.out_spec, outs)[0]
         if self._entries.dynamic:
             found = self._dynamic_call(key, args, kwargs, leaves)
@@ -300,6 +307,8 @@ class JitFunction(_C.JitDispatcher):
         self.stats.hits += 1
         self._last = entry
         outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
+        if entry.no_history is not None and key[2][0]:
+            outs = refuse_backward(self.__qualname__, entry.no_history, list(outs))
         return tree.unflatten(entry.out_spec, outs)[0]
 
     def _instance_for(self, d, leaves):

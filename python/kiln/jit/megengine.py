@@ -28,9 +28,10 @@ import sys
 import warnings
 
 from .. import _C
+from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, Recording, TraceInfo
+from .capture_core import CallStrategy, Entry, EntryCache, Recording, TraceInfo, refuse_backward
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
@@ -176,6 +177,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
+        grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         executable = rec.compile(out_leaves, keep_graph=True)
         recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
@@ -203,6 +205,12 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
     names = [_constant_name(recorded, int(name[1:]), t) for t, name, _ in sources]
     run = Entry(executable, out_spec, constants, names, extra=info)
+    diff_out = tuple(k for k in range(n_results) if isinstance(out_leaves[k], _C.TensorBase)
+                     and out_leaves[k].requires_grad)
+    if diff_out:  # (see Entry.no_history: a later .backward() through a result fails, naming the function)
+        run.no_history = (grad_reads, diff_out)
+        if _C.is_grad_enabled():
+            refuse_backward(getattr(fn, "__qualname__", type(fn).__name__), run.no_history, detached, "kiln.trace")
     run.graph = recorded  # (the graph as recorded, before the level's passes)
     run.capture = capture if capture is not None and len(capture.specialized) < len(capture.values) else None
     info.param_names = _param_names(fn, info.cells, sources) if sources else {}
@@ -420,8 +428,10 @@ class trace(_C.JitDispatcher):
             except TypeError as e:
                 raise TypeError(str(e).replace("jit:", "trace:", 1)) from None
             caller = (args, kwargs)
-        if _C.is_grad_enabled() and any(t.requires_grad for t in leaves):
-            return self._target(*args, **kwargs)  # the caller differentiates through this call: eager
+        if _C.is_grad_enabled() and (differentiating() or any(t.requires_grad for t in leaves)):
+            # the caller differentiates through this call (inputs that require grad, or inside GradManager
+            # / grad / value_and_grad): eager, whose results carry the history a replay's would not
+            return self._target(*args, **kwargs)
         if self.record_only:
             return self._record_only(spec, leaves, caller)
         if self._spec is None:
@@ -459,6 +469,8 @@ class trace(_C.JitDispatcher):
         if not rec.extra.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
+        if rec.no_history is not None and _C.is_grad_enabled():
+            outs = refuse_backward(self.__qualname__, rec.no_history, list(outs), "kiln.trace")
         if rec.extra.grad_targets:
             set_grads(rec, outs)
         return tree.unflatten(rec.out_spec, outs)[0]
@@ -535,8 +547,9 @@ class trace(_C.JitDispatcher):
     def _register_fast(self, rec, spec, leaves):
         """Lets the C base class replay this record for positional tensor calls."""
         rec.extra.fast = True
-        if rec.extra.cells or rec.extra.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves)):
-            return
+        if (rec.extra.cells or rec.extra.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves))
+                or (rec.no_history is not None and _C.is_grad_enabled())):
+            return  # (no_history: results get their refusing node in Python)
         out = rec.out_spec
         if out == tree._TENSOR:
             kind = 0
@@ -603,6 +616,8 @@ class trace(_C.JitDispatcher):
         if self.symbolic and not run.graph.has_effects and not run.extra.excluded:
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
+            if run.no_history is not None and _C.is_grad_enabled():
+                outs = refuse_backward(self.__qualname__, run.no_history, list(outs), "kiln.trace")
             set_grads(run, outs)
             return tree.unflatten(run.out_spec, outs)[0]
         return run.extra.result
