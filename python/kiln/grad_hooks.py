@@ -28,13 +28,28 @@ from . import _C, tree_util
 STATE = {"epoch": 0}
 
 
-def _unreplayable(what):
-    """While a graph is captured: what a compiled graph would not do again (a hook is Python code, run
-    in the backward pass) makes the call run eagerly (kiln.jit.replay)."""
-    if _C.is_tracing():
-        from .jit.replay import mark_not_replayable
+def _unreplayable(what, traced=False, in_forward=False):
+    """While a graph is captured: a hook (Python code run in the backward pass) that the capture
+    cannot record makes the call run eagerly (kiln.jit.replay). traced: the hook's ops go into the
+    graph when the capture records hooks (kiln.jit's trace and ast captures, whose guard recorder
+    sees the hook's Python: its reads guarded, its side effects found); in_forward: a hook set up
+    in the forward (registered, a hooked Cell or operator called) is recorded only inside a grad
+    call's function, whose backward runs inside this capture too; else the call runs eagerly."""
+    if not _C.is_tracing():
+        return
+    from .jit.replay import hooks_traced, mark_not_replayable
 
-        mark_not_replayable(f"{what}: backward hooks are Python code the compiled graph would not run")
+    if traced and hooks_traced() and (not in_forward or differentiating()):
+        return
+    mark_not_replayable(f"{what}: backward hooks are Python code the compiled graph would not run")
+
+
+def differentiating():
+    """Whether code runs inside a grad call's function (kiln.autograd; its backward runs in this
+    capture too)."""
+    from .autograd import differentiating as inside_grad
+
+    return inside_grad()
 
 
 class RemovableHandle:
@@ -68,8 +83,11 @@ def register_hook(tensor, hook):
     if not tensor.requires_grad:
         raise RuntimeError("register_hook: the tensor does not require grad, so no gradient will reach a hook on "
                            "it (set requires_grad, or hook a tensor computed from one that does)")
-    _unreplayable("Tensor.register_hook ran while the graph was captured")
     leaf = tensor.is_leaf
+    # (a hook on a tensor the capture made is recorded with it; one added to a leaf, a parameter or an
+    # argument, lasts beyond the call)
+    _unreplayable("Tensor.register_hook on a leaf tensor ran while the graph was captured", traced=not leaf,
+                  in_forward=True)
     hid = _C.TensorBase._add_grad_hook(tensor, _Runner(hook, "a Tensor.register_hook hook"))
     if leaf:
         STATE["epoch"] += 1
@@ -82,25 +100,29 @@ def register_hook(tensor, hook):
 
 
 class _Runner:
-    """Calls a tensor hook on a gradient: the hook's result, checked (a Tensor or None)."""
+    """Calls a tensor hook on a gradient: the hook's result, checked (a Tensor or None). traced: its ops
+    may be recorded by a capture (not a hook copied to a capture's argument: a later call's argument
+    may hold other hooks under the same call key)."""
 
-    __slots__ = ("hook", "what")
+    __slots__ = ("hook", "what", "traced")
 
-    def __init__(self, hook, what):
-        self.hook, self.what = hook, what
+    def __init__(self, hook, what, traced=True):
+        self.hook, self.what, self.traced = hook, what, traced
 
     def __call__(self, grad):
-        _unreplayable(f"{self.what} ran in the backward pass")
+        _unreplayable(f"{self.what} ran in the backward pass", self.traced)
         got = self.hook(grad)
         if got is not None and not isinstance(got, _C.TensorBase):
             raise TypeError(f"{self.what} must return a Tensor or None, got {type(got).__name__}")
         return got
 
 
-def copy_hooks(source, leaf):
+def copy_hooks(source, leaf, traced=True):
     """The hooks of the leaf source, run on leaf too (a grad call differentiates a detached copy of
-    its tensor arguments: kiln.autograd)."""
+    its tensor arguments: kiln.autograd; a capture, an alias: kiln.jit.recording, traced=False)."""
     for fn in _C.TensorBase._leaf_grad_hooks(source):
+        if isinstance(fn, _Runner):
+            fn = _Runner(fn.hook, fn.what, fn.traced and traced)
         _C.TensorBase._add_grad_hook(leaf, fn)
 
 
@@ -115,7 +137,7 @@ def _identity_with_hook(x, hook, what):
         raise TypeError(f"{what}: the input must be a Tensor, got {type(x).__name__}")
     if not (x.requires_grad and _C.is_grad_enabled()):
         return x  # no gradient will flow through: nothing to hook
-    _unreplayable(f"{what} was called while the graph was captured")
+    _unreplayable(f"{what} was called while the graph was captured", traced=True, in_forward=True)
     y = x.detach()
     _C.record_grad((x,), (y,), _IdentityGrad(hook, what), what, True)
     return y
@@ -133,7 +155,7 @@ class _IdentityGrad:
         g = grads[0]
         if g is None:
             return (None,)
-        _unreplayable(f"{self.what} ran in the backward pass")
+        _unreplayable(f"{self.what} ran in the backward pass", traced=True)
         got = self.hook(g)
         if got is None:
             return (g,)
@@ -190,7 +212,8 @@ class CellCall:
         self.inputs_wrapped = False
 
     def wrap_inputs(self, args):
-        _unreplayable(f"a {type(self.cell).__name__} cell with backward hooks was called while the graph was captured")
+        _unreplayable(f"a {type(self.cell).__name__} cell with backward hooks was called while the graph was captured",
+                      traced=True, in_forward=True)
         self.nargs = len(args)
         at = [k for k, a in enumerate(args) if isinstance(a, _C.TensorBase) and a.requires_grad]
         if not at or not _C.is_grad_enabled() or not self.hooks:
@@ -248,7 +271,7 @@ class _CellOutputGrad:
 
     def __call__(self, grads, needs, create_graph):
         call = self.call
-        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran")
+        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran", traced=True)
         full = [None] * call.nout
         for k, g in zip(self.at, grads):
             full[k] = g
@@ -273,7 +296,7 @@ class _CellInputGrad:
 
     def __call__(self, grads, needs, create_graph):
         call = self.call
-        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran")
+        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran", traced=True)
         full = [None] * call.nargs
         for k, g in zip(self.at, grads):
             full[k] = g

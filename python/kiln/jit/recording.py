@@ -33,7 +33,7 @@ def bind_inputs(tracer, spec, leaves, aliases=None):
             a = made[id(t)] = t.detach()
             a.requires_grad = t.requires_grad and t.is_leaf
             if a.requires_grad and grad_hooks.has_hooks(t):  # (one that runs makes the call eager: kiln.grad_hooks)
-                grad_hooks.copy_hooks(t, a)
+                grad_hooks.copy_hooks(t, a, traced=False)
         tracer.add_input(a)  # (a second input of the same alias: the graph reads the last, the call passes both)
         aliases.append(a)
     return tree.unflatten(spec, aliases)[0]

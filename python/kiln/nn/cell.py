@@ -83,6 +83,8 @@ class HookHandle(grad_hooks.RemovableHandle):
         kept[self._kind] = tuple(h for h in hooks[self._kind] if h[0] != self.id)
         # (an attribute write: graphs captured with the hook are captured again)
         self._cell._kiln_hooks = tuple(kept) if any(kept) else None
+        if self._kind >= 2:  # (a function left eager by a backward hook is captured again: kiln.grad_hooks)
+            grad_hooks.STATE["epoch"] += 1
 
 
 class Cell(_C.CellBase):
@@ -320,6 +322,8 @@ class Cell(_C.CellBase):
         hooks = list(self.__dict__.get("_kiln_hooks") or ((), (), (), ()))
         hooks[kind] = hooks[kind] + ((handle.id, hook_fn),)
         self._kiln_hooks = tuple(hooks)  # (an attribute write: graphs captured before are captured again)
+        if kind >= 2:
+            grad_hooks.STATE["epoch"] += 1
         return handle
 
     def set_train(self, mode=True):
