@@ -16,11 +16,18 @@ the gradients of the outputs (grad_output: the pre-hooks run there and may repla
 before the inputs sees the gradients of the inputs (grad_input: the hooks run there, once per call,
 with grad_output too, and may replace grad_input).
 
-Compiled code (kiln.jit's capture modes, kiln.trace) never bakes a hook in: a hook that runs, or is
-added, or a Cell with backward hooks called, while a graph is captured makes that call run eagerly
-(kiln.jit warns with the reason; bytecode capture runs that part in Python), and a graph whose
-capture ran a backward pass guards on STATE["epoch"], bumped whenever a hook is added to or removed
-from a leaf, so a hook added between calls is seen."""
+Compiled code never drops a hook silently (_unreplayable). kiln.jit's trace and ast captures record
+a hook that runs while they record, like the function's own code (their guard recorder sees the
+hook's Python: what it reads is guarded, a side effect makes the call eager), when the backward it
+runs in belongs to the capture (a grad call inside the function; a parameter's hook). Otherwise a
+hook that runs, is added or is set up (a hooked Cell or operator called) while a graph is captured
+makes the call run eagerly: bytecode pieces (the backward runs in C, outside the interpreter: that
+part runs in Python), kiln.trace (no guard recorder: it runs the hooks at every call, and a change
+of the ops they add is its TraceMismatchError), a hook copied to a capture's argument alias.
+A graph whose capture ran a backward pass guards on STATE["epoch"], bumped whenever a leaf or a
+Cell gains or loses a backward hook, so a hook added between calls is seen; a function left eager
+is tried again then too (kiln.jit.function.JitFunction._eager_reason).
+"""
 from . import _C, tree_util
 
 # What compiled graphs that ran a backward pass guard on (kiln.jit.capture_core): bumped whenever a

@@ -658,7 +658,8 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
     for (int k = 0; k < held.count && s == KILN_OK; k++) {
         held_leaf *h = &held.items[k];
         s = run_hooks(h->leaf->grad_hooks, -1, &h->sum);
-        if (s == KILN_OK) s = deliver_leaf(h->leaf, h->sum, nin, inputs, grads, accumulate_leaves, create_graph);
+        if (s != KILN_OK) break; /* (held_free releases the sum) */
+        s = deliver_leaf(h->leaf, h->sum, nin, inputs, grads, accumulate_leaves, create_graph);
         h->sum = NULL;
     }
     held_free(&held);
