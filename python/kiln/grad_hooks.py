@@ -28,7 +28,7 @@ A graph whose capture ran a backward pass guards on STATE["epoch"], bumped whene
 Cell gains or loses a backward hook, so a hook added between calls is seen; a function left eager
 is tried again then too (kiln.jit.function.JitFunction._eager_reason).
 """
-from . import _C, tree_util
+from . import _C, hooks, tree_util
 
 # What compiled graphs that ran a backward pass guard on (kiln.jit.capture_core): bumped whenever a
 # leaf tensor (a parameter, an input) gains or loses a hook.
@@ -52,11 +52,9 @@ def _unreplayable(what, traced=False, in_forward=False):
 
 
 def differentiating():
-    """Whether code runs inside a grad call's function (kiln.autograd; its backward runs in this
-    capture too)."""
-    from .autograd import differentiating as inside_grad
-
-    return inside_grad()
+    """Whether code runs inside a grad call's function (kiln.autograd, registered in kiln.hooks; its
+    backward runs in this capture too)."""
+    return hooks.differentiating is not None and hooks.differentiating()
 
 
 class RemovableHandle:
