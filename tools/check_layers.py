@@ -138,7 +138,7 @@ PY_LAYERS = {
     # the functions of the op table, one module per family
     "kiln.ops.*": 1,
     # the tape's functional API over them
-    "kiln.autograd": 2, "kiln.autodiff": 2, "kiln.recomputation": 2, "kiln.derivatives": 2,
+    "kiln.autograd": 2, "kiln.grad_hooks": 2, "kiln.autodiff": 2, "kiln.recomputation": 2, "kiln.derivatives": 2,
     # kiln.ops: the functional namespace (the op modules and the autodiff functions)
     "kiln.ops": 3,
     # kiln.Tensor, whose methods are the namespace's functions

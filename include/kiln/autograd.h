@@ -43,6 +43,17 @@ typedef struct kiln_custom_grad {
 KILN_API kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nout, kiln_tensor **out,
                                                  const kiln_custom_grad *fn);
 
+/* Gradient hooks (Tensor.register_hook). add_hook copies hook and runs it, with the others of t in the
+ * order they were added, on t's gradient in every backward pass that reaches t: a leaf's once the pass
+ * has summed all of it, before it is delivered (into .grad, or as a requested gradient); another
+ * tensor's when its gradient is complete, before it flows into the op that made t. What a hook
+ * returns replaces the gradient from there on. A hook is not run when no gradient reaches t. *id gets
+ * the hook's id. The tensor must require grad (else an error; hook->release runs then too). */
+KILN_API kiln_status kiln_autograd_add_hook(kiln_tensor *t, const kiln_grad_hook *hook, int64_t *id);
+/* Removes (and releases) the hook id from t; false when t holds no such hook. */
+KILN_API bool kiln_autograd_remove_hook(kiln_tensor *t, int64_t id);
+/* Whether a hook would see t's gradient. */
+KILN_API bool kiln_autograd_has_hooks(const kiln_tensor *t);
 
 #ifdef __cplusplus
 }

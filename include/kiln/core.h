@@ -85,6 +85,23 @@ typedef struct kiln_meta {
 
 typedef struct kiln_storage kiln_storage;
 struct kiln_grad_node;
+struct kiln_tensor;
+
+/* A function run on a gradient during a backward pass (Tensor.register_hook; kiln/autograd.h's
+ * kiln_autograd_add_hook adds one): fn(ctx, grad, &out) sets out to a new reference that replaces
+ * grad (same shape), or leaves it NULL to keep grad. release(ctx) runs once, when the hook is removed
+ * or what holds it is freed. A tensor's hooks are a list run in the order they were added. */
+typedef struct kiln_grad_hook {
+    kiln_status (*fn)(void *ctx, struct kiln_tensor *grad, struct kiln_tensor **out);
+    void (*release)(void *ctx);
+    void *ctx;
+    int64_t id;                  /* given when added: what removes it */
+    int32_t output_nr;           /* held by an op's node: the output whose gradient it sees */
+    struct kiln_grad_hook *next;
+} kiln_grad_hook;
+
+/* Frees a list of hooks, running each one's release. */
+KILN_API void kiln_grad_hooks_free(kiln_grad_hook *list);
 
 typedef struct kiln_tensor {
     kiln_meta meta;
@@ -103,6 +120,7 @@ typedef struct kiln_tensor {
     int32_t output_nr;              /* which output of grad_fn this is */
     struct kiln_grad_node *grad_fn; /* NULL for leaves; owned reference */
     struct kiln_tensor *grad;       /* accumulated gradient of a leaf (Tensor.backward) */
+    kiln_grad_hook *grad_hooks;     /* a leaf's gradient hooks (a non-leaf's are its grad_fn's); NULL: none */
 } kiln_tensor;
 
 /* New contiguous tensor, uninitialized (zeroed when `zero`). */

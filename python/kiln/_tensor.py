@@ -2,6 +2,7 @@
 import numpy as _np
 
 from . import _C
+from . import grad_hooks as _grad_hooks
 from . import ops as _ops
 from ._optable import OP
 from ._tensor_torch import TorchTensorMethods
@@ -80,6 +81,15 @@ class Tensor(_C.TensorBase, TorchTensorMethods):
         if backward_while_tracing is not None and _C.is_tracing():
             backward_while_tracing()
         return _C.TensorBase.backward(self, gradient)
+
+    def register_hook(self, hook):
+        """hook(grad) -> a new gradient or None runs on this tensor's gradient in every backward pass
+        that reaches it (MindSpore's and PyTorch's Tensor.register_hook): a leaf's (a parameter) once
+        its whole gradient is summed, before it goes into .grad or to the grad call that asked for it;
+        another tensor's when its gradient is complete, before it flows on. Hooks run in the order
+        they were added; a new gradient one returns replaces the gradient from there on. Returns a
+        handle whose remove() takes the hook away. See kiln.grad_hooks for compiled functions."""
+        return _grad_hooks.register_hook(self, hook)
 
     # ---- conversion -------------------------------------------------------------------
     def asnumpy(self):

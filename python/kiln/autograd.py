@@ -2,7 +2,7 @@
 import functools
 import threading
 
-from . import _C, hooks, tree_util
+from . import _C, grad_hooks, hooks, tree_util
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401 (kiln.autograd's API)
 
 
@@ -170,6 +170,8 @@ def _differentiable(a, position, leaf, allow_int, Tensor):
         return a  # already tracked (e.g. inside an outer grad), or a Parameter keeping its identity
     leaf = a.detach()
     leaf.requires_grad = True
+    if grad_hooks.has_hooks(a):  # (a leaf's hooks see the gradient of its copy)
+        grad_hooks.copy_hooks(a, leaf)
     return leaf
 
 

@@ -47,6 +47,7 @@ static void node_free_fields(kiln_grad_node *n, kiln_grad_node **dying) {
     } else if ((kiln_op_table[n->op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold) {
         kiln_hooks.bodies_hold(n->op, &n->attrs, -1);
     }
+    if (n->hooks) kiln_grad_hooks_free(n->hooks);
     free(n->in_meta);
     free(n);
 }
@@ -96,6 +97,7 @@ static kiln_grad_node *node_new(kiln_op op, int nin, int nout, const kiln_attrs 
     n->attrs = *attrs;
     n->custom = custom;
     n->trace = 0, n->loc = -1;
+    n->hooks = NULL;
     if (kiln_hooks.trace_loc_get) kiln_hooks.trace_loc_get(&n->trace, &n->loc);
     /* the gradient rule of a control-flow node reads its bodies: the node keeps them alive */
     if (!custom && (kiln_op_table[op].flags & KILN_OPF_CONTROL) && kiln_hooks.bodies_hold)
@@ -204,6 +206,90 @@ kiln_status kiln_autograd_record_custom(int nin, kiln_tensor *const *in, int nou
     for (int k = 0; k < nout; k++) n->out_meta[k] = out[k]->meta;
     link_outputs(n, nout, out);
     kiln_grad_node_release(n);
+    return KILN_OK;
+}
+
+/* ---- gradient hooks ---------------------------------------------------------------------- */
+
+static _Atomic int64_t next_hook_id = 1;
+
+kiln_status kiln_autograd_add_hook(kiln_tensor *t, const kiln_grad_hook *hook, int64_t *id) {
+    if (!t->requires_grad) {
+        if (hook->release) hook->release(hook->ctx);
+        return kiln_error(KILN_ERR_RUNTIME, "register_hook: the tensor does not require grad, so no gradient "
+                                            "will reach a hook on it");
+    }
+    kiln_grad_hook *h = kiln_malloc(sizeof *h);
+    if (!h) {
+        if (hook->release) hook->release(hook->ctx);
+        return kiln_error(KILN_ERR_MEMORY, "out of memory adding a gradient hook");
+    }
+    *h = *hook;
+    h->id = atomic_fetch_add_explicit(&next_hook_id, 1, memory_order_relaxed);
+    h->next = NULL;
+    /* a leaf's hooks are its own; another tensor's live on the node that made it, for that output
+     * (every alias of the output, and every use of it made before the hook was added, sees them) */
+    h->output_nr = t->grad_fn ? t->output_nr : 0;
+    kiln_grad_hook **tail = t->grad_fn ? &t->grad_fn->hooks : &t->grad_hooks;
+    while (*tail) tail = &(*tail)->next;
+    *tail = h;
+    *id = h->id;
+    return KILN_OK;
+}
+
+static bool unlink_hook(kiln_grad_hook **list, int64_t id) {
+    for (; *list; list = &(*list)->next) {
+        if ((*list)->id != id) continue;
+        kiln_grad_hook *h = *list;
+        *list = h->next;
+        h->next = NULL;
+        kiln_grad_hooks_free(h);
+        return true;
+    }
+    return false;
+}
+
+bool kiln_autograd_remove_hook(kiln_tensor *t, int64_t id) {
+    return unlink_hook(&t->grad_hooks, id) || (t->grad_fn && unlink_hook(&t->grad_fn->hooks, id));
+}
+
+bool kiln_autograd_has_hooks(const kiln_tensor *t) {
+    if (t->grad_hooks) return true;
+    for (const kiln_grad_hook *h = t->grad_fn ? t->grad_fn->hooks : NULL; h; h = h->next)
+        if (h->output_nr == t->output_nr) return true;
+    return false;
+}
+
+/* Runs the hooks of list that see output output_nr (all of them: -1) on *g, in order, each on what the
+ * one before returned; *g is replaced by what a hook returns (checked: the same shape, cast to g's
+ * dtype). */
+static kiln_status run_hooks(const kiln_grad_hook *list, int32_t output_nr, kiln_tensor **g) {
+    for (const kiln_grad_hook *h = list; h; h = h->next) {
+        if (output_nr >= 0 && h->output_nr != output_nr) continue;
+        kiln_tensor *out = NULL;
+        KILN_TRY(h->fn(h->ctx, *g, &out));
+        if (!out) continue;
+        const kiln_meta *want = &(*g)->meta;
+        bool same = out->meta.ndim == want->ndim;
+        for (int d = 0; same && d < want->ndim; d++) same = out->meta.shape[d] == want->shape[d];
+        if (!same) {
+            char a[96], b[96];
+            kiln_status s = kiln_error(KILN_ERR_VALUE, "a gradient hook returned a gradient of shape %s for a "
+                                                       "gradient of shape %s", kiln_shape_str(&out->meta, a, sizeof a),
+                                       kiln_shape_str(want, b, sizeof b));
+            kiln_tensor_release(out);
+            return s;
+        }
+        if (out->meta.dtype != want->dtype) {
+            kiln_tensor *c;
+            kiln_status s = kiln_emit_cast(out, want->dtype, &c);
+            kiln_tensor_release(out);
+            KILN_TRY(s);
+            out = c;
+        }
+        kiln_tensor_release(*g);
+        *g = out;
+    }
     return KILN_OK;
 }
 
@@ -377,6 +463,69 @@ static kiln_status run_rule(kiln_grad_node *n, kiln_tensor **grads, const bool *
     return s;
 }
 
+/* Delivers g (consumed), a gradient that reached leaf: to the requested inputs that are leaf and, with
+ * accumulate_leaves, into its .grad (without history unless keep_history). */
+static kiln_status deliver_leaf(kiln_tensor *leaf, kiln_tensor *g, int nin, kiln_tensor *const *inputs,
+                                kiln_tensor **grads, bool accumulate_leaves, bool keep_history) {
+    kiln_status s = KILN_OK;
+    for (int j = 0; j < nin && s == KILN_OK; j++)
+        if (inputs[j] == leaf) {
+            kiln_tensor_retain(g);
+            s = accumulate(&grads[j], g);
+        }
+    if (accumulate_leaves && s == KILN_OK) {
+        kiln_tensor *d;
+        s = keep_history ? KILN_OK : kiln_tensor_detach(g, &d);
+        if (s == KILN_OK && !keep_history) {
+            kiln_tensor_release(g);
+            g = d;
+        }
+        if (s == KILN_OK) {
+            s = accumulate(&leaf->grad, g);
+            g = NULL;
+        }
+    }
+    kiln_tensor_release(g);
+    return s;
+}
+
+/* The gradients of leaves with hooks are summed over the whole pass first: the hooks see the total,
+ * once, as with a tensor made by an op (the edges of a leaf are not counted ahead of the pass). */
+typedef struct {
+    kiln_tensor *leaf; /* owned */
+    kiln_tensor *sum;  /* owned */
+} held_leaf;
+
+typedef struct {
+    held_leaf *items;
+    int count, cap;
+} held_leaves;
+
+static kiln_status hold_leaf(held_leaves *h, kiln_tensor *leaf, kiln_tensor *g) {
+    for (int k = 0; k < h->count; k++)
+        if (h->items[k].leaf == leaf) return accumulate(&h->items[k].sum, g);
+    if (h->count == h->cap) {
+        int ncap = h->cap ? h->cap * 2 : 8;
+        held_leaf *grown = kiln_realloc(h->items, sizeof *grown * (size_t)ncap);
+        if (!grown) {
+            kiln_tensor_release(g);
+            return kiln_error(KILN_ERR_MEMORY, "out of memory in backward");
+        }
+        h->items = grown, h->cap = ncap;
+    }
+    kiln_tensor_retain(leaf);
+    h->items[h->count++] = (held_leaf){leaf, g};
+    return KILN_OK;
+}
+
+static void held_free(held_leaves *h) {
+    for (int k = 0; k < h->count; k++) {
+        kiln_tensor_release(h->items[k].leaf);
+        kiln_tensor_release(h->items[k].sum);
+    }
+    free(h->items);
+}
+
 /* The shared pass. With `inputs` (nin of them), their gradients land in `grads`; without,
  * gradients accumulate into every reached leaf's .grad. */
 static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tensor *const *grad_outputs,
@@ -395,6 +544,7 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         if (outputs[k]->grad_fn) roots[nroots++] = outputs[k]->grad_fn;
     }
     work_list w = {0};
+    held_leaves held = {0};
     kiln_status s = collect(&w, roots, nroots);
     free(roots);
     bool prev_mode = kiln_set_grad_enabled(create_graph);
@@ -433,6 +583,8 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         if (o->grad_fn) {
             work_item *it = &w.items[find_item(&w, o->grad_fn)];
             s = accumulate(&it->grads[o->output_nr], seed);
+        } else if (o->grad_hooks) { /* a leaf with hooks given as output */
+            s = hold_leaf(&held, o, seed);
         } else { /* a leaf given as output */
             for (int j = 0; j < nin; j++)
                 if (inputs[j] == o && s == KILN_OK) {
@@ -449,6 +601,9 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
     for (int i = 0; i < w.count && s == KILN_OK; i++) {
         work_item *it = &w.items[i];
         kiln_grad_node *n = it->node;
+        /* its outputs' gradients are complete: the hooks on them see each, and may replace it */
+        for (int k = 0; n->hooks && it->needed && k < n->nout && s == KILN_OK; k++)
+            if (it->grads[k]) s = run_hooks(n->hooks, k, &it->grads[k]);
         for (int j = 0; j < nin && s == KILN_OK; j++) /* a requested non-leaf input */
             if (inputs[j]->grad_fn == n && it->grads[inputs[j]->output_nr]) {
                 kiln_tensor_retain(it->grads[inputs[j]->output_nr]);
@@ -488,26 +643,10 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
             } else if (n->next[k].node) {
                 work_item *to = &w.items[find_item(&w, n->next[k].node)];
                 s = accumulate(&to->grads[n->next[k].output_nr], g);
+            } else if (n->next[k].leaf->grad_hooks) {
+                s = hold_leaf(&held, n->next[k].leaf, g);
             } else {
-                kiln_tensor *leaf = n->next[k].leaf;
-                for (int j = 0; j < nin && s == KILN_OK; j++)
-                    if (inputs[j] == leaf) {
-                        kiln_tensor_retain(g);
-                        s = accumulate(&grads[j], g);
-                    }
-                if (accumulate_leaves && s == KILN_OK) {
-                    kiln_tensor *d;
-                    s = create_graph ? KILN_OK : kiln_tensor_detach(g, &d);
-                    if (s == KILN_OK && !create_graph) {
-                        kiln_tensor_release(g);
-                        g = d;
-                    }
-                    if (s == KILN_OK) {
-                        s = accumulate(&leaf->grad, g);
-                        g = NULL;
-                    }
-                }
-                kiln_tensor_release(g);
+                s = deliver_leaf(n->next[k].leaf, g, nin, inputs, grads, accumulate_leaves, create_graph);
             }
         }
         kiln_release_all(gin, n->nin); /* what an error left unconsumed */
@@ -515,6 +654,15 @@ static kiln_status run_backward(int nout, kiln_tensor *const *outputs, kiln_tens
         if (needs_p != needs) free(needs_p);
         kiln_release_all(it->grads, n->nout); /* done with this node: free memory early */
     }
+    /* the leaves with hooks: their hooks see each one's whole gradient, then it is delivered */
+    for (int k = 0; k < held.count && s == KILN_OK; k++) {
+        held_leaf *h = &held.items[k];
+        s = run_hooks(h->leaf->grad_hooks, -1, &h->sum);
+        if (s != KILN_OK) break; /* (held_free releases the sum) */
+        s = deliver_leaf(h->leaf, h->sum, nin, inputs, grads, accumulate_leaves, create_graph);
+        h->sum = NULL;
+    }
+    held_free(&held);
     for (int i = 0; i < w.count; i++) {
         if (w.items[i].grads) kiln_release_all(w.items[i].grads, w.items[i].node->nout);
         free(w.items[i].grads);

@@ -27,6 +27,7 @@ typedef struct kiln_grad_node {
     kiln_custom_grad *custom;            /* kiln_autograd_record_custom's rule (op unused), or NULL */
     uint64_t trace;                      /* the trace that recorded the forward op (0: none) and its */
     int32_t loc;                         /* source location there: the gradient's ops take it */
+    kiln_grad_hook *hooks;               /* hooks on its outputs' gradients (Tensor.register_hook), or NULL */
 } kiln_grad_node;
 
 /* Called by kiln_apply after a differentiable op ran with inputs that require grad. */

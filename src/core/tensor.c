@@ -113,6 +113,7 @@ static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
     t->output_nr = 0;
     t->grad_fn = NULL;
     t->grad = NULL;
+    t->grad_hooks = NULL;
     return t;
 }
 
@@ -192,8 +193,18 @@ void kiln_tensor_release(kiln_tensor *t) {
     if (atomic_fetch_sub_explicit((_Atomic int64_t *)&t->refcount, 1, memory_order_acq_rel) != 1) return;
     if (t->grad_fn) kiln_hooks.grad_node_release(t->grad_fn);
     if (t->grad) kiln_tensor_release(t->grad);
+    if (t->grad_hooks) kiln_grad_hooks_free(t->grad_hooks);
     storage_release(t->storage);
     free(t);
+}
+
+void kiln_grad_hooks_free(kiln_grad_hook *list) {
+    while (list) {
+        kiln_grad_hook *next = list->next;
+        if (list->release) list->release(list->ctx);
+        free(list);
+        list = next;
+    }
 }
 
 void kiln_release_all(kiln_tensor **ts, int n) {

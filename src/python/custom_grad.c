@@ -5,9 +5,11 @@
 
 #include "autograd/node.h"
 
-/* The node's rule: backward(grads, needs) -> a sequence of nin gradients (Tensor or None). */
-static kiln_status call_backward(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
-                                 bool create_graph, kiln_tensor **gin) {
+/* The node's rule: backward(grads, needs) -> a sequence of nin gradients (Tensor or None). keep: an
+ * exception it raises reaches the caller of the backward pass as it is (pykiln_backward_error), else
+ * as a RuntimeError naming it. */
+static kiln_status run_backward(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
+                                bool create_graph, kiln_tensor **gin, bool keep) {
     PyGILState_STATE st = PyGILState_Ensure();
     kiln_status s = KILN_OK;
     PyObject *g = PyTuple_New(nout), *nd = PyTuple_New(nin), *r = NULL, *seq = NULL;
@@ -33,7 +35,10 @@ static kiln_status call_backward(void *ctx, int nout, kiln_tensor *const *grads,
         gin[k] = pykiln_unwrap(item);
         kiln_tensor_retain(gin[k]);
     }
-    if (PyErr_Occurred()) { /* the Python error, as kiln's (the engine adds where it happened) */
+    if (PyErr_Occurred() && keep) {
+        kiln_release_all(gin, nin);
+        s = pykiln_backward_error();
+    } else if (PyErr_Occurred()) { /* the Python error, as kiln's (the engine adds where it happened) */
         kiln_release_all(gin, nin);
         PyObject *type, *exc, *tb;
         PyErr_Fetch(&type, &exc, &tb);
@@ -55,20 +60,33 @@ static kiln_status call_backward(void *ctx, int nout, kiln_tensor *const *grads,
     return s;
 }
 
+static kiln_status call_backward(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
+                                 bool create_graph, kiln_tensor **gin) {
+    return run_backward(ctx, nout, grads, nin, needs, create_graph, gin, false);
+}
+
+static kiln_status call_backward_keeping(void *ctx, int nout, kiln_tensor *const *grads, int nin, const bool *needs,
+                                         bool create_graph, kiln_tensor **gin) {
+    return run_backward(ctx, nout, grads, nin, needs, create_graph, gin, true);
+}
+
 static void release_backward(void *ctx) {
     PyGILState_STATE st = PyGILState_Ensure();
     Py_DECREF((PyObject *)ctx);
     PyGILState_Release(st);
 }
 
-/* record_grad(inputs, outputs, backward, name): outputs (fresh tensors) become the outputs of one
- * autograd node over inputs whose gradient is backward(grads, needs, create_graph) (see
- * kiln_autograd_record_custom); grads holds None for outputs no gradient reached. */
+/* record_grad(inputs, outputs, backward, name, keep_exceptions=False): outputs (fresh tensors) become
+ * the outputs of one autograd node over inputs whose gradient is backward(grads, needs, create_graph)
+ * (see kiln_autograd_record_custom); grads holds None for outputs no gradient reached. With
+ * keep_exceptions what backward raises reaches the caller of the pass as it is (kiln.grad_hooks: a
+ * user's hook), else as a RuntimeError naming it. */
 static PyObject *py_record_grad(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *ins, *outs, *fn;
     const char *name;
-    if (!PyArg_ParseTuple(args, "O!O!Os:record_grad", &PyTuple_Type, &ins, &PyTuple_Type, &outs, &fn, &name))
+    int keep = 0;
+    if (!PyArg_ParseTuple(args, "O!O!Os|p:record_grad", &PyTuple_Type, &ins, &PyTuple_Type, &outs, &fn, &name, &keep))
         return NULL;
     Py_ssize_t nin = PyTuple_GET_SIZE(ins), nout = PyTuple_GET_SIZE(outs);
     kiln_tensor **t = PyMem_Calloc((size_t)(nin + nout + 1), sizeof *t);
@@ -92,7 +110,8 @@ static PyObject *py_record_grad(PyObject *self, PyObject *args) {
         PyMem_Free(t);
         return NULL;
     }
-    kiln_custom_grad rule = {call_backward, release_backward, Py_NewRef(fn), PyUnicode_AsUTF8(interned)};
+    kiln_custom_grad rule = {keep ? call_backward_keeping : call_backward, release_backward, Py_NewRef(fn),
+                             PyUnicode_AsUTF8(interned)};
     kiln_status s = kiln_autograd_record_custom((int)nin, t, (int)nout, t + nin, &rule);
     PyMem_Free(t);
     if (s != KILN_OK) return pykiln_raise(s);
@@ -187,7 +206,8 @@ static PyMethodDef custom_grad_functions[] = {
      "it reaches (or None)"},
     {"grad_clock", py_grad_clock, METH_NOARGS, "grad_clock() -> the order number the next autograd node gets"},
     {"record_grad", py_record_grad, METH_VARARGS,
-     "record_grad(inputs, outputs, backward, name): outputs become one autograd node over inputs, whose gradient "
+     "record_grad(inputs, outputs, backward, name, keep_exceptions=False): outputs become one autograd node over "
+     "inputs, whose gradient "
      "is backward(grads, needs, create_graph) -> per input a Tensor or None"},
     {NULL, NULL, 0, NULL},
 };

@@ -85,7 +85,8 @@ static bool entry_matches(const guard_entry *e, PyObject *const *args, Py_ssize_
         const kiln_tensor *t = pykiln_unwrap(args[k]);
         const kiln_meta *m = &e->metas[k];
         if (t->meta.dtype != m->dtype || t->meta.ndim != m->ndim || t->requires_grad != e->requires_grad[k] ||
-            !kiln_tensor_is_contiguous(t)) /* (strided views: the slow path, whose key tells them apart) */
+            !kiln_tensor_is_contiguous(t) || /* (strided views: the slow path, whose key tells them apart) */
+            kiln_autograd_has_hooks(t))      /* (backward hooks: the slow path's key, kiln.grad_hooks) */
             return false;
         for (int d = 0; d < m->ndim; d++) {
             int64_t want = m->shape[d], got = t->meta.shape[d];

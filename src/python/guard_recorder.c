@@ -766,6 +766,20 @@ static PyObject *recorder_add_tensors(PyObject *self, PyObject *tensors) {
     Py_RETURN_NONE;
 }
 
+/* add_value(root, key, value, description): guard that root[key] (root a dict) still equals value
+ * (kiln.grad_hooks: the backward hooks on tensors, for a graph whose capture ran a backward pass). */
+static PyObject *recorder_add_value(PyObject *self, PyObject *args) {
+    PyObject *root, *key, *value, *what;
+    if (!PyArg_ParseTuple(args, "O!OOU:add_value", &PyDict_Type, &root, &key, &value, &what)) return NULL;
+    PyObject *step = PyTuple_Pack(2, s_item, key);
+    PyObject *path = step ? PyTuple_Pack(1, step) : NULL;
+    int rc = path ? add_guard((PyGuardRecorder *)self, root, step, path, value, GUARD_VALUE, what) : -1;
+    Py_XDECREF(path);
+    Py_XDECREF(step);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     PyObject *cell, *name, *loc;
     if (!PyArg_ParseTuple(write, "OOU:side_effect", &cell, &name, &loc)) return NULL;
@@ -970,6 +984,8 @@ static PyMethodDef recorder_methods[] = {
      "on_code(code, globals, locals, executed=None, function=None): on_call for code interpreted without a "
      "frame, only the instructions at the offsets in executed (bytecode capture), run by function"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
+    {"add_value", recorder_add_value, METH_VARARGS,
+     "add_value(root, key, value, description): guard that the dict root holds value at key"},
     {"add_tensors", recorder_add_tensors, METH_O,
      "add_tensors(tensors): guard whether each tensor read from outside requires grad"},
     {"side_effect", recorder_side_effect, METH_O,

@@ -226,9 +226,10 @@ static PyObject *py_grad(PyObject *self, PyObject *args) {
     }
     if (pykiln_interrupt_stale() < 0 || pykiln_sym_note_backward(false) < 0) goto done;
     pykiln_interrupt_arm(); /* a loop's gradient may run long */
+    pykiln_backward_begin();
     kiln_status s = kiln_autograd_grad((int)nout, outs, gouts, (int)nin, ins, create_graph, grads);
     if (s != KILN_OK) {
-        pykiln_raise(s);
+        pykiln_raise_backward(s);
         goto done;
     }
     if (pykiln_sym_note_backward(true) < 0) goto done;
@@ -437,6 +438,7 @@ static PyMethodDef module_methods[] = {
     {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
     {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr, side_effects, control)"},
     {"grad", py_grad, METH_VARARGS, "grad(outputs, inputs, grad_outputs=None, create_graph=False)"},
+    {"backward_passes", pykiln_backward_passes, METH_NOARGS, "backward_passes() -> how many backward passes Python began"},
     {"set_grad_enabled", py_set_grad_enabled, METH_O, "set grad mode; returns the previous mode"},
     {"amp_set", py_amp_set, METH_VARARGS, "amp_set(level, dtype) -> the previous (level, dtype): mixed precision of this thread"},
     {"amp_state", py_amp_state, METH_NOARGS, "None, or (level, dtype) while mixed precision is on in this thread"},

@@ -52,6 +52,21 @@ int pykiln_parse_dtype(PyObject *obj, kiln_dtype *out);
  * sharing the memory of an object with __dlpack__ or of a DLPack capsule (NULL with an error set). */
 PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *pykiln_tensor_dlpack_device(PyObject *self, PyObject *unused);
+/* Gradient hooks (grad_hooks.c): TensorBase's methods, and the exception for a failed backward pass
+ * (what a hook raised, else pykiln_raise's). */
+PyObject *pykiln_tensor_add_grad_hook(PyObject *self, PyObject *fn);
+PyObject *pykiln_tensor_remove_grad_hook(PyObject *self, PyObject *id);
+PyObject *pykiln_tensor_has_grad_hooks(PyObject *self, PyObject *unused);
+PyObject *pykiln_tensor_leaf_grad_hooks(PyObject *self, PyObject *unused);
+PyObject *pykiln_raise_backward(kiln_status s);
+/* The status for the Python error set while a backward pass ran Python code (a hook, a custom node's
+ * rule): the exception is kept for pykiln_raise_backward, its text is the status's message. */
+kiln_status pykiln_backward_error(void);
+/* kiln._C.backward_passes() -> how many backward passes Python began (a capture that ran one guards
+ * on the backward hooks of tensors: kiln.jit.capture_core) */
+PyObject *pykiln_backward_passes(PyObject *module, PyObject *unused);
+/* Forgets what a hook raised in a pass that did not hand it back (a pass run by C code). */
+void pykiln_backward_begin(void);
 PyObject *pykiln_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs);
 kiln_tensor *pykiln_tensor_from_dlpack(PyObject *obj);
 /* Tensor indexing: x[key] and x[key] = value (indexing.c) */

@@ -283,9 +283,10 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args) {
         return NULL;
     }
     pykiln_interrupt_arm(); /* a loop's gradient may run long */
+    pykiln_backward_begin();
     kiln_status s = kiln_autograd_backward(1, &t, &g);
     kiln_tensor_release(g);
-    if (s != KILN_OK) return pykiln_raise(s);
+    if (s != KILN_OK) return pykiln_raise_backward(s);
     if (pykiln_sym_note_backward(true) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -327,6 +328,10 @@ static PyMethodDef tensor_methods[] = {
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule sharing this "
      "tensor's memory"},
     {"__dlpack_device__", pykiln_tensor_dlpack_device, METH_NOARGS, "(1, 0): DLPack's CPU device"},
+    {"_add_grad_hook", pykiln_tensor_add_grad_hook, METH_O, "_add_grad_hook(fn) -> id: fn(grad) runs on this tensor's gradient"},
+    {"_remove_grad_hook", pykiln_tensor_remove_grad_hook, METH_O, "_remove_grad_hook(id) -> whether it was there"},
+    {"_has_grad_hooks", pykiln_tensor_has_grad_hooks, METH_NOARGS, "whether a gradient hook would see this tensor's gradient"},
+    {"_leaf_grad_hooks", pykiln_tensor_leaf_grad_hooks, METH_NOARGS, "the Python gradient hooks of a leaf, in order"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -457,7 +457,7 @@ static PyObject *diff_spec(PyObject *a, PyObject *b, PyObject *path, int values)
 }
 
 /* ---- kiln.jit's cache key ------------------------------------------------------------------ */
-/* The key of a call: (spec of (args, kwargs), per tensor leaf (dtype id, shape, requires_grad),
+/* The key of a call: (spec of (args, kwargs), per tensor leaf (dtype id, shape, requires_grad or 2: hooked),
  * (grad mode, the training mode of each Cell among the owners and the arguments)). */
 
 static PyObject *leaf_signature(PyObject *leaves) {
@@ -470,9 +470,11 @@ static PyObject *leaf_signature(PyObject *leaves) {
             if (!n) Py_CLEAR(shape);
             else PyTuple_SET_ITEM(shape, d, n);
         }
-        PyObject *entry = shape ? Py_BuildValue("(iNO)", (int)t->meta.dtype, shape, t->requires_grad ? Py_True
-                                                                                                      : Py_False)
-                                : NULL;
+        /* requires_grad: True, False, or 2 when a backward hook would see the tensor's gradient (a call
+         * whose backward runs it is not replayed: kiln.grad_hooks) */
+        PyObject *rg = kiln_autograd_has_hooks(t) ? PyLong_FromLong(2) : Py_NewRef(t->requires_grad ? Py_True : Py_False);
+        PyObject *entry = shape && rg ? Py_BuildValue("(iNN)", (int)t->meta.dtype, shape, rg) : NULL;
+        if (!entry && !shape) Py_XDECREF(rg);
         if (!entry) Py_CLEAR(sig);
         else PyTuple_SET_ITEM(sig, k, entry);
     }

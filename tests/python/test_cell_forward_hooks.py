@@ -154,3 +154,17 @@ def test_decorated_hook_and_decorated_function_with_container_state():
 
     run_all_modes(f, (t(3, 4),), (t(3, 4, seed=1),), reset=lambda: CALLS.update(n=0, sums=[]),
                   observe=lambda: (CALLS["n"], [float(v.asnumpy()) for v in CALLS["sums"]]))
+
+
+def test_grad_of_a_compiled_function_runs_the_forward_hooks():
+    """kiln.grad around a jitted function (bytecode capture's differentiable pieces run a hooked
+    cell's call in Python): the hook runs, as eagerly; it was once skipped there (construct inlined)."""
+    kiln.manual_seed(7)
+    net = Net()
+    net.register_forward_hook(lambda cell, inputs, out: out * 3)  # (a cell whose construct is user code)
+    params = list(net.get_parameters())
+
+    def loss(x):
+        return (net(x) ** 2).sum()
+
+    run_all_modes(loss, (t(3, 4),), (t(3, 4, seed=1),), around=lambda f: kiln.grad(f, 0, params))

@@ -418,8 +418,10 @@ class Interpreter:
             target = target.fn
         if isinstance(target, self.cell_type) and bound_self is None:
             if target.__dict__.get("_kiln_hooks") and not target.__dict__.get("_jitted"):
-                # (its hooks would run natively, their Python side effects unseen: the call runs in Python)
-                self.brk(f"a call of a {type(target).__name__} cell with forward hooks")
+                # (its hooks would run natively, their Python side effects unseen: the call runs in Python;
+                # there, not capturing, the cell's own call runs them, which inlining construct would skip)
+                self.brk(f"a call of a {type(target).__name__} cell with forward or backward hooks")
+                return self.run_known(fn, args, kwargs)
             construct = type(target).construct
             if (isinstance(construct, types.FunctionType) and guards.is_user_code(construct.__code__)
                     and not target.__dict__.get("_jitted")

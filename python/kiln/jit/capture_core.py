@@ -14,11 +14,11 @@ import contextlib
 import sys
 import threading
 
-from .. import _C
+from .. import _C, grad_hooks
 from ..profiler import timed_phase
 from . import ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, start_reasons
+from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, set_hooks_traced, start_reasons
 
 
 _NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
@@ -112,6 +112,9 @@ class Recording:
         self._prev_logs = _C.set_cell_logs(self.called, self.writes if self.recorder is not None else outer[1])
         self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
         self.reasons, self._prev_reasons = start_reasons()
+        # a backward pass run by the capture reaches tensors whose hooks may change before a later call
+        self._backward_passes, self._hook_epoch = _C.backward_passes(), grad_hooks.STATE["epoch"]
+        self._prev_hooks_traced = set_hooks_traced(self.recorder is not None)
         return self
 
     def __exit__(self, *exc):
@@ -122,6 +125,7 @@ class Recording:
                 _C.set_random_state(self._rng)
         finally:
             end_reasons(self._prev_reasons)
+            set_hooks_traced(self._prev_hooks_traced)
             if self.frame_hook_off:
                 _C.eval_frame_suspend(self._prev_hook)
             _C.set_cell_logs(*self._prev_logs)
@@ -211,6 +215,9 @@ class Recording:
         self.recorder.add_cells(tuple(dict.fromkeys(tuple(first) + tuple(self.called))))
         if self.outside is not None:
             self.recorder.add_tensors(self.outside)
+        if _C.backward_passes() != self._backward_passes:  # (no hook ran, else the call is eager: kiln.grad_hooks)
+            self.recorder.add_value(grad_hooks.STATE, "epoch", self._hook_epoch,
+                                    "the backward hooks of tensors (Tensor.register_hook on a parameter or input)")
 
     def guard_set(self):
         """(GuardSet, descriptions) of the Python state the run read, the Cells it called and the

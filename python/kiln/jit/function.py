@@ -12,7 +12,7 @@ import time
 import types
 import warnings
 
-from .. import _C, hooks
+from .. import _C, grad_hooks, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
@@ -157,6 +157,20 @@ class JitFunction(_C.JitDispatcher):
     Calls with positional tensors only, matching a compiled signature, are served by the C base
     class without entering Python; every other call comes to _slow_call."""
 
+    @property
+    def _eager_reason(self):
+        """Why this function runs eagerly (a trace of it could not be replayed), or None. A backward
+        hook added to or removed from a parameter or a Cell since (kiln.grad_hooks.STATE) may have
+        been the reason: the next call captures again."""
+        why = self.__dict__.get("_eager_why")
+        if why is not None and self.__dict__.get("_eager_epoch") != grad_hooks.STATE["epoch"]:
+            why = self._eager_why = None
+        return why
+
+    @_eager_reason.setter
+    def _eager_reason(self, why):
+        self._eager_why, self._eager_epoch = why, grad_hooks.STATE["epoch"]
+
     def __init__(self, fn, options, bound_self=None):
         self.fn = fn
         self.options = options
@@ -167,7 +181,7 @@ class JitFunction(_C.JitDispatcher):
         self._sizes_seen = {}  # shape-free key -> per tensor, per dimension, the sizes compiled for
         self._keys = []
         self._warned = False
-        self._eager_reason = None  # set when a trace of this function cannot be replayed
+        self._eager_reason = None  # set when a trace of this function cannot be replayed (see the property)
         self.stats = CacheInfo()
         self._last = None
         self._grad_variants = {}

@@ -5,7 +5,7 @@ import os
 import sysconfig
 import types
 
-from .. import _C
+from .. import _C, grad_hooks
 from . import tree
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +32,8 @@ def bind_inputs(tracer, spec, leaves, aliases=None):
         if a is None:
             a = made[id(t)] = t.detach()
             a.requires_grad = t.requires_grad and t.is_leaf
+            if a.requires_grad and grad_hooks.has_hooks(t):  # (one that runs makes the call eager: kiln.grad_hooks)
+                grad_hooks.copy_hooks(t, a, traced=False)
         tracer.add_input(a)  # (a second input of the same alias: the graph reads the last, the call passes both)
         aliases.append(a)
     return tree.unflatten(spec, aliases)[0]

@@ -36,6 +36,21 @@ class refusing_unreplayable:
         _local.refuse = self.prev
 
 
+def set_hooks_traced(flag):
+    """Sets whether the recording starting on this thread records the ops of backward hooks into its
+    graph (kiln.jit's trace and ast captures: their guard recorder sees the hooks' Python, guarding
+    what it reads and finding its side effects); returns the setting it replaces."""
+    prev = getattr(_local, "hooks_traced", False)
+    _local.hooks_traced = flag
+    return prev
+
+
+def hooks_traced():
+    """Whether a backward hook running now is recorded into the graph being captured (set_hooks_traced;
+    never while a bytecode piece is captured, which refuses it instead: that part runs in Python)."""
+    return getattr(_local, "hooks_traced", False) and getattr(_local, "refuse", None) is None
+
+
 def grad_writes_replayed():
     """Whether the recording running on this thread replays the .grad assignments it sees."""
     return getattr(_local, "grad_writes", None) is not None and getattr(_local, "refuse", None) is None

@@ -3,7 +3,7 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from .. import _C, hooks
+from .. import _C, grad_hooks, hooks
 from .. import _tensor
 from .. import context as _context
 from .. import recomputation
@@ -19,21 +19,36 @@ _C.cell_setup(Parameter, _context._context, recomputation.call_construct)
 
 def hooks_before(cell, args):
     """Runs cell's forward pre-hooks on its call's positional args; a hook returning something
-    else than None replaces them (a tuple, or one value standing for a 1-tuple)."""
-    for _, hook in cell.__dict__["_kiln_hooks"][0]:
+    else than None replaces them (a tuple, or one value standing for a 1-tuple). With backward
+    hooks, the args then go through the identity node whose gradient runs them (kiln.grad_hooks)."""
+    hooks = cell.__dict__["_kiln_hooks"]
+    for _, hook in hooks[0]:
         got = hook(cell, args)
         if got is not None:
             args = got if isinstance(got, tuple) else (got,)
+    if hooks[2] or hooks[3]:
+        call = grad_hooks.CellCall(cell, [h for _, h in hooks[2]], [h for _, h in hooks[3]])
+        args = call.wrap_inputs(args)
+        _backward_calls[id(args)] = call  # (hooks_after gets this very tuple)
     return args
+
+
+_backward_calls = {}  # id(the args hooks_before returned) -> its CellCall, until hooks_after
 
 
 def hooks_after(cell, args, output):
     """Runs cell's forward hooks on its call's args and output; one returning something else than
-    None replaces the output."""
-    for _, hook in cell.__dict__["_kiln_hooks"][1]:
+    None replaces the output. With backward hooks, the output then goes through the identity node
+    whose gradient runs the pre-hooks."""
+    hooks = cell.__dict__["_kiln_hooks"]
+    for _, hook in hooks[1]:
         got = hook(cell, args, output)
         if got is not None:
             output = got
+    if hooks[2] or hooks[3]:
+        call = _backward_calls.pop(id(args), None)
+        if call is not None:
+            output = call.wrap_outputs(output)
     return output
 
 
@@ -49,17 +64,18 @@ def call_construct_hooked(cell, construct, args, kwargs):
 _C.cell_set_hook_runners(hooks_before, hooks_after)
 
 
-class HookHandle:
-    """What register_forward_hook / register_forward_pre_hook return: remove() takes the hook away
-    (MindSpore's and PyTorch's RemovableHandle)."""
+class HookHandle(grad_hooks.RemovableHandle):
+    """What a Cell's register_*hook functions return: remove() takes the hook away (MindSpore's and
+    PyTorch's RemovableHandle)."""
 
     _next_id = 0
 
     def __init__(self, cell, kind):
         HookHandle._next_id += 1
         self.id, self._cell, self._kind = HookHandle._next_id, cell, kind
+        super().__init__(self._take_away)
 
-    def remove(self):
+    def _take_away(self):
         hooks = self._cell.__dict__.get("_kiln_hooks")
         if hooks is None:
             return
@@ -67,12 +83,8 @@ class HookHandle:
         kept[self._kind] = tuple(h for h in hooks[self._kind] if h[0] != self.id)
         # (an attribute write: graphs captured with the hook are captured again)
         self._cell._kiln_hooks = tuple(kept) if any(kept) else None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
+        if self._kind >= 2:  # (a function left eager by a backward hook is captured again: kiln.grad_hooks)
+            grad_hooks.STATE["epoch"] += 1
 
 
 class Cell(_C.CellBase):
@@ -275,20 +287,43 @@ class Cell(_C.CellBase):
         as a tuple; returning something else than None replaces them. Returns a handle whose
         remove() takes the hook away. Compiled graphs that call this cell run its hooks (they are
         captured with it) and are captured again when a hook is added or removed."""
-        return self._add_forward_hook(0, hook_fn, "register_forward_pre_hook")
+        return self._add_hook(0, hook_fn, "register_forward_pre_hook")
 
     def register_forward_hook(self, hook_fn):
         """hook_fn(cell, inputs, output) runs after each call's construct; returning something else
         than None replaces the output. Returns a handle whose remove() takes the hook away."""
-        return self._add_forward_hook(1, hook_fn, "register_forward_hook")
+        return self._add_hook(1, hook_fn, "register_forward_hook")
 
-    def _add_forward_hook(self, kind, hook_fn, name):
+    def register_backward_pre_hook(self, hook_fn):
+        """hook_fn(cell, grad_output) runs in the backward pass of each call (made while grad is on,
+        with an output that requires grad) once the gradients of its outputs are known: grad_output
+        is a tuple, one entry per tensor of the output (None where no gradient came); returning
+        something else than None (a tuple of the same length) replaces them. Returns a handle whose
+        remove() takes the hook away. PyTorch's register_full_backward_pre_hook."""
+        return self._add_hook(2, hook_fn, "register_backward_pre_hook")
+
+    def register_backward_hook(self, hook_fn):
+        """hook_fn(cell, grad_input, grad_output) runs in the backward pass of each call once the
+        gradients of its positional inputs are known: grad_input holds one entry per positional
+        input (None for one that is no tensor or gets no gradient), grad_output as for
+        register_backward_pre_hook; returning something else than None (a tuple like grad_input)
+        replaces grad_input. Hooks run in the order they were added. Returns a handle whose
+        remove() takes the hook away. PyTorch's register_full_backward_hook. A compiled function
+        that calls the cell while it has backward hooks runs eagerly (kiln.grad_hooks)."""
+        return self._add_hook(3, hook_fn, "register_backward_hook")
+
+    register_full_backward_hook = register_backward_hook
+    register_full_backward_pre_hook = register_backward_pre_hook
+
+    def _add_hook(self, kind, hook_fn, name):
         if not callable(hook_fn):
             raise TypeError(f"Cell.{name}: the hook must be callable, got {type(hook_fn).__name__}")
         handle = HookHandle(self, kind)
-        hooks = list(self.__dict__.get("_kiln_hooks") or ((), ()))
+        hooks = list(self.__dict__.get("_kiln_hooks") or ((), (), (), ()))
         hooks[kind] = hooks[kind] + ((handle.id, hook_fn),)
         self._kiln_hooks = tuple(hooks)  # (an attribute write: graphs captured before are captured again)
+        if kind >= 2:
+            grad_hooks.STATE["epoch"] += 1
         return handle
 
     def set_train(self, mode=True):

@@ -66,3 +66,5 @@ from .primitives import *  # noqa: E402,F401,F403
 # function's errors pass untouched)
 from ..autograd import GradOperation, get_grad, grad, value_and_grad  # noqa: E402
 from ..derivatives import hessian, jacfwd, jvp, linearize, vjp  # noqa: E402
+# MindSpore's hook operators: identities whose backward runs a function on the gradient
+from ..grad_hooks import HookBackward, InsertGradientOf  # noqa: E402,F401
