@@ -1,4 +1,4 @@
-/* decompose_batch_norm (O1): a float32 batch_norm that normalizes with its running statistics
+/* decompose_batch_norm (O2): a float32 batch_norm that normalizes with its running statistics
  * (inference mode) and whose statistics outputs nothing reads becomes the per-channel affine map
  * its kernel computes, as elementwise ops:
  *   scale = (float)(gamma * rsqrt(var + eps)),  shift = (float)(beta - mean * (gamma * rsqrt(var + eps)))
@@ -13,7 +13,9 @@
  * layout through it to the next convolution (conv -> batch_norm -> relu -> conv no longer
  * reorders the activation out of and back into oneDNN's layout). Inference graphs fold a
  * batch_norm after a convolution into it first (fold_batch_norm, which changes the rounding);
- * graphs that compute gradients read the statistics outputs and keep the op. */
+ * graphs that compute gradients read the statistics outputs and keep the op. O1 keeps the op too:
+ * its graphs show batch_norm unless infer_boost folds it (what tests/python/test_jit_config.py and
+ * test_trace.py assert), so the rewrite is O2's, the level of more aggressive fusion. */
 #include "passes_internal.h"
 
 static kiln_status emit(kiln_rewriter *rw, kiln_op op, int nin, const int32_t *in, const kiln_attrs *a, int32_t loc,
@@ -94,7 +96,7 @@ static kiln_status decompose(kiln_rewriter *rw, const kiln_node *bn, int32_t *y)
 
 KILN_PASS(decompose_batch_norm) {
     *out = NULL;
-    if (opt->level == KILN_LEVEL_O0) return KILN_OK;
+    if (opt->level != KILN_LEVEL_O2) return KILN_OK;
     int32_t *uses = kiln_graph_use_counts(in);
     bool *chosen = kiln_calloc((size_t)(in->nnodes ? in->nnodes : 1), sizeof(bool));
     kiln_status s = KILN_OK;
