@@ -9,7 +9,7 @@ bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
 status=0  # a missed target does not stop the other benchmarks; the script exits 1 at the end
-for b in core jit guards fusion attention flash infer sink ast control_flow dynamic profile bytecode compile_time interrupt deploy memory fp_contract gemm_fusion kv_decode data zoo distributed; do
+for b in core jit guards fusion attention flash infer basic_block_levels sink ast control_flow dynamic profile bytecode compile_time interrupt deploy memory fp_contract gemm_fusion kv_decode data zoo distributed; do
   PYTHONPATH=python python3 "bench/bench_$b.py" "$@" || status=1
 done
 # LlamaAttention at the seed's full size against PyTorch eager (about a minute; not with --quick)

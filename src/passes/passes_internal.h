@@ -43,6 +43,7 @@ KILN_PASS(fuse_elementwise);
 KILN_PASS(fuse_matmul_epilogue);
 KILN_PASS(duplicate_producers);
 KILN_PASS(fold_batch_norm);
+KILN_PASS(decompose_batch_norm);
 KILN_PASS(fuse_conv_epilogue);
 KILN_PASS(channels_last);
 KILN_PASS(fuse_bn_relu_backward);

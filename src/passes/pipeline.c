@@ -14,6 +14,7 @@ static const kiln_pass o0_passes[] = {{NULL, NULL}};
     {"hoist_loop_projections", kiln_pass_hoist_loop_projections}, /* first: see below */   \
     {"dce", kiln_pass_dce},                                                                \
     {"fold_batch_norm", kiln_pass_fold_batch_norm}, /* inference graphs only */            \
+    {"decompose_batch_norm", kiln_pass_decompose_batch_norm}, /* O2: elementwise */      \
     {"cse", kiln_pass_cse},                                                                \
     {"constant_fold", kiln_pass_constant_fold},                                            \
     {"simplify", kiln_pass_simplify},                                                      \
