@@ -1,0 +1,90 @@
+"""Conformance: generators and generator expressions under capture -- one kept in a name and run
+later (it reads its free variables when it runs), one consumed by a builtin that stops early (any,
+all, next: later values are never computed, their side effects and errors never happen), generator
+functions with `yield from` consumed by builtins around a later graph break; each run eagerly and
+under every kiln.jit variant and kiln.trace, over calls with new inputs."""
+import kiln
+from conformance import TRACE_VARIANTS, VARIANTS, rand, run_all_modes
+
+ALL = VARIANTS + TRACE_VARIANTS
+LOG = []
+
+
+def _scaled_rows(x, k):
+    for i in range(x.shape[0]):
+        if i % 2 == k % 2:
+            yield x[i] * (i + k)
+    yield x.sum()
+
+
+def _chain(x, k):
+    yield x
+    yield from _scaled_rows(x, k)
+    return  # the generator's end
+
+
+def test_generator_function_with_yield_from_consumed_by_builtins():
+    # (bytecode: the second generator's call restarted the capture with its scalar specialized,
+    # after list() had run the first generator to its end: the capture saw it empty)
+    def f(x, k):
+        parts = list(_chain(x, k))
+        total = sum(p.sum() for p in parts)
+        first = next(iter(_scaled_rows(x, k)))
+        return total, first, len(parts)
+
+    run_all_modes(f, (rand(3, 2), 0), (rand(3, 2, seed=1), 1), (rand(4, 2, seed=2), 1), (rand(1, 2, seed=3), 0),
+                  variants=ALL)
+
+
+def test_generator_expression_reads_a_variable_changed_before_it_runs():
+    def f(x):
+        k = 1
+        gen = (x * k for _ in range(2))
+        k = 3  # a generator expression reads k when it runs, not when it is made
+        return list(gen)
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), variants=ALL)
+
+
+def test_generator_expression_kept_then_advanced_by_a_loop_that_breaks():
+    def f(xs):
+        gen = (LOG.append(x.shape[0]) or x * 2 for x in xs)
+        out = []
+        for v in gen:
+            out.append(v)
+            if len(out) == 2:
+                break
+        return out, next(gen, None) is None
+
+    run_all_modes(f, ([rand(1), rand(2), rand(3), rand(4)],), ([rand(2), rand(3)],), reset=LOG.clear,
+                  observe=lambda: list(LOG))
+
+
+def _check(v):
+    LOG.append(v.shape[0])
+    return v.shape[0] > 1
+
+
+def test_any_and_all_stop_at_the_deciding_value():
+    def f(xs):
+        a = any(_check(v) for v in xs)
+        b = all(v.shape[0] < 3 for v in xs)
+        return a, b, xs[0] * len(LOG)
+
+    run_all_modes(f, ([rand(1), rand(2), rand(3)],), ([rand(2), rand(1)],), ([rand(1), rand(1)],),
+                  reset=LOG.clear, observe=lambda: list(LOG))
+
+
+def test_next_of_a_generator_expression_computes_only_the_first_value():
+    def f(keys, d):
+        return next(d[k] * 2 for k in keys if k in d or k == "z"), next((k for k in keys if k == "q"), "none")
+
+    run_all_modes(f, (["a", "z"], {"a": rand(2)}), (["b", "a"], {"a": rand(2, seed=1), "b": rand(2, seed=2)}),
+                  variants=ALL)
+
+
+def test_sum_and_sorted_of_generator_expressions_stay_exact():
+    def f(xs, w):
+        return sum(x * w for x in xs), sorted((x.shape[0] for x in xs), reverse=True), "".join(str(i) for i in range(3))
+
+    run_all_modes(f, ([rand(2), rand(2, seed=1)], 2.0), ([rand(2, seed=2)], -1.0), variants=ALL)
