@@ -184,11 +184,22 @@ int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
     return 0;
 }
 
+/* Whether ins[k] loads the builtin getattr or hasattr (to call it, or, in ast-converted code, to
+ * pass it to the runtime's call: its arguments follow it either way). */
+static int loads_getattr(const pykiln_instr *ins, Py_ssize_t k) {
+    return k >= 0 && ins[k].op == LOAD_GLOBAL && ins[k].name &&
+           (PyUnicode_CompareWithASCIIString(ins[k].name, "getattr") == 0 ||
+            PyUnicode_CompareWithASCIIString(ins[k].name, "hasattr") == 0);
+}
+
 /* The attribute reads and constant subscripts that follow a load at ins[k:], as a tuple of
- * ("attr", name) | ("item", constant) (new reference; empty when none). */
+ * ("attr", name) | ("item", constant) (new reference; empty when none). A chain that is the first
+ * argument of getattr or hasattr with a constant name, `getattr(cfg.opt, "scale", 1.0)`, ends with
+ * that attribute (whose absence is guarded too: an attribute set later changes the result). */
 static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k) {
     PyObject *steps = PyList_New(0);
     if (!steps) return NULL;
+    int in_getattr = loads_getattr(ins, k - 2);
     while (k < n) {
         int act = by_opcode[ins[k].op].act;
         PyObject *step = NULL;
@@ -217,6 +228,16 @@ static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k
         Py_DECREF(step);
         if (act == ACT_METHOD) break;
         k += act == ACT_CONST ? subscr_at + 1 : 1;
+    }
+    if (in_getattr && k < n && by_opcode[ins[k].op].act == ACT_CONST && ins[k].name && PyUnicode_Check(ins[k].name) &&
+        (k + 1 >= n || by_opcode[ins[k + 1].op].act != ACT_SUBSCR)) {
+        PyObject *step = Py_BuildValue("(sO)", "attr", ins[k].name);
+        if (!step || PyList_Append(steps, step) < 0) {
+            Py_XDECREF(step);
+            Py_DECREF(steps);
+            return NULL;
+        }
+        Py_DECREF(step);
     }
     PyObject *t = PyList_AsTuple(steps);
     Py_DECREF(steps);

@@ -948,10 +948,22 @@ def _user_code(fn):
     return guards.is_user_code(code)
 
 
+def with_current_defaults(new):
+    """new, a converted function, given its original's defaults (replaced since it was made:
+    `f.__defaults__ = (5.0,)`; the guards on them name the original)."""
+    fn = getattr(new, "__kiln_original__", None)
+    if fn is not None:
+        if new.__defaults__ is not fn.__defaults__:
+            new.__defaults__ = fn.__defaults__
+        if new.__kwdefaults__ is not fn.__kwdefaults__:
+            new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
 def convert_function(fn):
     """The converted version of the Python function fn (raises JitSyntaxError)."""
     try:
-        return _functions[fn]
+        return with_current_defaults(_functions[fn])
     except (KeyError, TypeError):
         pass
     code = fn.__code__

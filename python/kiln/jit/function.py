@@ -225,6 +225,8 @@ class JitFunction(_C.JitDispatcher):
                 self._fall_back_to_trace(e)
                 return self._target()
         conv = self._converted
+        if isinstance(conv, (types.FunctionType, types.MethodType)):  # (defaults replaced since)
+            ast_runtime.with_current_defaults(getattr(conv, "__func__", conv))
         if self._self_ref is None:
             return conv
         obj = self._self

@@ -1,0 +1,341 @@
+"""Conformance: Python idioms under capture, each run eagerly and under every kiln.jit variant (and
+kiln.trace where it can follow), over calls with new inputs and new outer state: comprehensions, *args/**kwargs forwarding, mutated defaults, functools.partial, class attributes,
+global and nonlocal rebinding, exceptions caught inside, with blocks, isinstance, dict order."""
+import collections
+import contextlib
+import functools
+
+import numpy as np
+
+import kiln
+from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes, t
+
+ALL = VARIANTS + TRACE_VARIANTS
+
+
+# ---- comprehensions ----------------------------------------------------------------------------
+
+
+def test_nested_dict_and_set_comprehensions_over_shapes():
+    def f(xs, scale):
+        by_rows = {x.shape[0]: x * scale for x in xs}
+        sizes = {x.shape[-1] for x in xs}
+        pairs = [(i, j) for i in range(len(xs)) for j in range(i) if xs[i].shape == xs[j].shape]
+        grid = [[a * b for b in (1, 2)] for a in by_rows.values()]
+        return by_rows, sorted(sizes), pairs, grid
+
+    run_all_modes(f, ([rand(2, 3), rand(4, 3, seed=1), rand(2, 3, seed=2)], 2.0),
+                  ([rand(2, 3, seed=3), rand(4, 3, seed=4), rand(2, 3, seed=5)], -1.0),
+                  ([rand(5, 1, seed=6)], 0.5), variants=ALL)
+
+
+# ---- *args / **kwargs ---------------------------------------------------------------------------
+
+
+def _combine(a, b=2.0, *rest, scale=1.0, **extra):
+    out = a * b * scale
+    for r in rest:
+        out = out + r
+    for k in sorted(extra):
+        out = out - extra[k]
+    return out, tuple(sorted(extra)), len(rest)
+
+
+def test_args_and_kwargs_forwarded_through_wrappers():
+    def f(x, args, kwargs):
+        def fwd(*a, **kw):
+            return _combine(*a, **kw)
+        return fwd(x, *args, **kwargs), fwd(x, **{**kwargs, "scale": 0.5})
+
+    run_all_modes(f, (rand(3), (3.0,), {}), (rand(3, seed=1), (1.0, 2.0, 3.0), {"z": 1.0, "c": 2.0}),
+                  (rand(3, seed=2), (), {"scale": 4.0}), (rand(3, seed=3), (2.0, t(1.0, 2.0, 3.0)), {"q": t(1.0)}),
+                  variants=ALL)
+
+
+def test_keyword_only_and_defaults_overridden_by_keywords():
+    def f(x, *, mode="add", k=1):
+        return x + k if mode == "add" else x * k
+
+    run_all_modes(f, Call((rand(2),)), Call((rand(2),), {"k": 3}), Call((rand(2),), {"mode": "mul", "k": 3}),
+                  Call((rand(2),), {"mode": "mul"}), variants=ALL)
+
+
+# ---- defaults ----------------------------------------------------------------------------------
+
+
+def test_tensor_default_argument_accumulates_in_place():
+    def f(x, acc=kiln.ops.zeros((3,))):
+        acc += x
+        return acc * 1.0
+
+    start = f.__defaults__[0].asnumpy().copy()
+
+    def reset():
+        f.__defaults__[0][...] = kiln.Tensor(start)
+
+    run_all_modes(f, (rand(3),), (rand(3, seed=1),), (rand(3, seed=2),), reset=reset,
+                  observe=lambda: f.__defaults__[0] * 1.0)
+
+
+def test_dict_default_argument_counts_calls():
+    def f(x, memo={}):  # noqa: B006 -- the point of the case
+        memo[x.shape[0]] = memo.get(x.shape[0], 0) + 1
+        return x * memo[x.shape[0]], dict(memo)
+
+    def reset():
+        f.__defaults__[0].clear()
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(3),), (rand(2, seed=2),), reset=reset,
+                  observe=lambda: dict(f.__defaults__[0]))
+
+
+def test_defaults_replaced_between_calls():
+    def f(x, k=2.0):
+        return x * k
+
+    def rebind():
+        f.__defaults__ = (5.0,)
+
+    def reset():
+        f.__defaults__ = (2.0,)
+
+    run_all_modes(f, (rand(2),), Call((rand(2),), before=rebind), (rand(2, seed=1),), reset=reset)
+
+
+# ---- functools.partial --------------------------------------------------------------------------
+
+
+def _affine(x, w, b=0.0):
+    return x * w + b
+
+
+PART = functools.partial(_affine, w=2.0)
+
+
+def test_partial_keywords_changed_between_calls():
+    def f(x):
+        return PART(x), PART(x, b=1.0)
+
+    def change():
+        PART.keywords["w"] = -3.0
+
+    def reset():
+        PART.keywords["w"] = 2.0
+
+    run_all_modes(f, (rand(2),), Call((rand(2),), before=change), (rand(2, seed=1),), reset=reset)
+
+
+def test_partial_made_inside_with_a_tensor_and_an_argument():
+    def f(x, w):
+        p = functools.partial(_affine, w=w)
+        q = functools.partial(p, b=x.sum())
+        return q(x), p(x, b=2), q.keywords["w"] if isinstance(q.keywords["w"], float) else 0.0
+
+    run_all_modes(f, (rand(3), 2.0), (rand(3, seed=1), 3.0), (rand(3, seed=2), rand(3, seed=3)), variants=ALL)
+
+
+# ---- class attributes --------------------------------------------------------------------------
+
+
+class Base:
+    gain = 2.0
+
+    def apply(self, x):
+        return x * self.gain + self.offset()
+
+    @classmethod
+    def offset(cls):
+        return getattr(cls, "shift", 0.0)
+
+
+class Child(Base):
+    pass
+
+
+def test_base_class_attribute_changed_seen_through_subclass_instance():
+    obj = Child()
+
+    def f(x):
+        return obj.apply(x)
+
+    def gain():
+        Base.gain = -1.0
+
+    def shadow():
+        Child.gain = 10.0
+
+    def shift():
+        Child.shift = 0.5
+
+    def instance():
+        obj.gain = 7.0
+
+    def reset():
+        Base.gain = 2.0
+        for k in ("gain", "shift"):
+            if k in Child.__dict__:
+                delattr(Child, k)
+        obj.__dict__.pop("gain", None)
+
+    x = rand(3)
+    run_all_modes(f, (x,), Call((x,), before=gain), Call((x,), before=shadow), Call((x,), before=shift),
+                  Call((x,), before=instance), reset=reset)
+
+
+# ---- global and nonlocal -----------------------------------------------------------------------
+
+
+W = kiln.ops.ones((3,))
+STEPS = 0
+
+
+def _global_step(x):
+    global W, STEPS
+    STEPS += 1
+    W = W * 0.5 + x
+    return W * STEPS
+
+
+def test_global_tensor_rebound_by_the_function_each_call():
+    def reset():
+        global W, STEPS
+        W, STEPS = kiln.ops.ones((3,)), 0
+
+    run_all_modes(_global_step, (rand(3),), (rand(3, seed=1),), (rand(3, seed=2),), reset=reset,
+                  observe=lambda: (W * 1.0, STEPS))
+
+
+def test_nonlocal_tensor_and_count_in_a_made_closure():
+    def make():
+        total = kiln.ops.zeros((2,))
+        n = 0
+
+        def step(x):
+            nonlocal total, n
+            n += 1
+            total = total + x * n
+            return total, n
+
+        return step
+
+    holder = {}
+
+    def f(x):
+        return holder["step"](x)
+
+    def reset():
+        holder["step"] = make()
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), (rand(2, seed=2),), reset=reset,
+                  observe=lambda: holder["step"].__closure__[1].cell_contents * 1.0)
+
+
+# ---- exceptions and with blocks ----------------------------------------------------------------
+
+
+def test_exceptions_caught_inside_the_function():
+    def f(x, table, i):
+        out = x
+        try:
+            out = out * table[i]
+        except (KeyError, IndexError):
+            out = out - 1
+        else:
+            out = out + 1
+        finally:
+            out = out * 2
+        try:
+            if x.shape[0] > 2:
+                raise ValueError("long")
+            out = out + 3
+        except ValueError as e:
+            out = out + len(str(e))
+        return out
+
+    run_all_modes(f, (rand(2), [1.0, 2.0], 1), (rand(2), [1.0, 2.0], 5), (rand(3), {0: 2.0}, 0),
+                  (rand(3), {0: 2.0}, 1), variants=ALL)
+
+
+class Recorder:
+    log = []
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __enter__(self):
+        Recorder.log.append("enter " + self.tag)
+        return self
+
+    def __exit__(self, kind, value, tb):
+        Recorder.log.append("exit " + self.tag + (" " + kind.__name__ if kind else ""))
+        return kind is KeyError  # swallows KeyError only
+
+
+def test_with_block_exit_swallows_some_exceptions():
+    def f(x, d, key):
+        out = x
+        with Recorder("a") as r:
+            out = out + len(r.tag)
+            out = out * d[key]
+        with contextlib.suppress(ZeroDivisionError):
+            out = out + 1 / len(d)
+        return out
+
+    def reset():
+        Recorder.log.clear()
+
+    run_all_modes(f, (rand(2), {"k": 2.0}, "k"), (rand(2), {"k": 2.0}, "z"), (rand(2), {}, "z"),
+                  reset=reset, observe=lambda: list(Recorder.log))
+
+
+# ---- isinstance, dicts -------------------------------------------------------------------------
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_isinstance_on_tensors_and_containers():
+    def f(v):
+        if isinstance(v, kiln.Tensor):
+            return v * 2, "tensor"
+        if isinstance(v, Pair):
+            return v.a - v.b, "pair"
+        if isinstance(v, tuple):
+            return v[0] + v[-1], "tuple"
+        if isinstance(v, dict):
+            return sum(v.values()), "dict"
+        if isinstance(v, (list, set)):
+            return len(v), type(v).__name__
+        return v, "other"
+
+    run_all_modes(f, (rand(2),), (Pair(rand(2), rand(2, seed=1)),), ((rand(2), rand(2, seed=2)),),
+                  ({"a": rand(2), "b": rand(2, seed=3)},), ([1, 2],), (3.5,), variants=ALL)
+
+
+def test_dict_order_after_update_pop_and_reinsert():
+    def f(x, extra):
+        d = {"a": x, "b": x * 2}
+        d.update(extra)
+        d.update(c=x * 3)
+        v = d.pop("a")
+        d["a"] = v + 1  # goes to the end
+        d.setdefault("b", x * 100)
+        d.setdefault("z", x * 5)
+        merged = {**d, "b": x - 1}
+        last = d.popitem()
+        return d, merged, last[0], list(merged.items())[0][0]
+
+    run_all_modes(f, (rand(2), {}), (rand(2, seed=1), {"c": 1.0, "q": 2.0}), (rand(2, seed=2), {"a": 0.0}),
+                  variants=ALL)
+
+
+def test_list_sort_with_key_on_shapes_and_numbers():
+    def f(xs, ws):
+        order = list(range(len(xs)))
+        order.sort(key=lambda i: (xs[i].shape[0], -ws[i]))
+        xs = sorted(xs, key=lambda x: x.shape[0], reverse=True)
+        out = [xs[0].sum() * w for w in sorted(ws)]
+        return order, [x.shape[0] for x in xs], out, min(ws, key=abs), max(range(len(ws)), key=ws.__getitem__)
+
+    run_all_modes(f, ([rand(3), rand(1), rand(2)], [1.0, -2.0, 0.5]),
+                  ([rand(2), rand(2, seed=1), rand(5)], [3.0, 3.0, -0.1]), variants=ALL)
