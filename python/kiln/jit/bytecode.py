@@ -912,9 +912,9 @@ def h_is_op(it, f, arg, name, target):
 
 
 def h_contains_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    if _is_tensor(rhs):
+    if _is_tensor(f.stack[-1]):  # (before any pop: a graph break leaves the frame as it was)
         it.brk("`in` a tensor (its value is read into Python)")
+    rhs = f.stack.pop()
     f.stack[-1] = (f.stack[-1] in rhs) != bool(arg)
     _next(f)
 
@@ -991,10 +991,10 @@ def h_build_string(it, f, arg, name, target):
 
 
 def h_format_value(it, f, arg, name, target):
+    if _is_tensor(f.stack[-2] if arg & 0x04 else f.stack[-1]):  # (before any pop, as at every graph break)
+        it.brk("formatting a tensor into a string (its value is read into Python)")
     spec = f.stack.pop() if arg & 0x04 else ""
     v = f.stack.pop()
-    if _is_tensor(v):
-        it.brk("formatting a tensor into a string (its value is read into Python)")
     conv = arg & 0x03
     v = str(v) if conv == 1 else repr(v) if conv == 2 else ascii(v) if conv == 3 else v
     f.stack.append(format(v, spec))
