@@ -3,7 +3,6 @@ later (it reads its free variables when it runs), one consumed by a builtin that
 all, next: later values are never computed, their side effects and errors never happen), generator
 functions with `yield from` consumed by builtins around a later graph break; each run eagerly and
 under every kiln.jit variant and kiln.trace, over calls with new inputs."""
-import kiln
 from conformance import TRACE_VARIANTS, VARIANTS, rand, run_all_modes
 
 ALL = VARIANTS + TRACE_VARIANTS

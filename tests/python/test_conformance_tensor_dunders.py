@@ -2,10 +2,8 @@
 operator dunders with Python numbers on either side, int/float/bool scalar promotion, in-place ops
 on views, `x[idx] = ...` with tensor indices, shape arithmetic, dtype comparisons, shapes in strings;
 each run eagerly and under every kiln.jit variant (and kiln.trace where it can follow)."""
-import numpy as np
-
 import kiln
-from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes, t
+from conformance import TRACE_VARIANTS, VARIANTS, rand, run_all_modes, t
 
 ALL = VARIANTS + TRACE_VARIANTS
 
