@@ -10,6 +10,8 @@ import functools
 import itertools
 import operator
 
+import pytest
+
 import kiln
 from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes, t
 
@@ -18,6 +20,50 @@ ALL = VARIANTS + TRACE_VARIANTS
 
 def ti(*values, dtype=kiln.int32):
     return t(*values, dtype=dtype)
+
+
+def test_index_error_of_tensor_index_caught_inside():
+    # (ast, trace: the graph's gather checks the index when it runs, outside the try: the function
+    # now runs eagerly, with a warning naming the op and the code with the except clause)
+    def f(x, idx):
+        try:
+            y = x[idx]
+        except IndexError:
+            y = x * 0
+        return y
+
+    run_all_modes(f, (rand(3), ti(1)), (rand(3), ti(5)), (rand(3), ti(2)), variants=ALL)
+
+
+def _index_or_sum(x, idx):
+    try:
+        return x[idx] * 2
+    except Exception:
+        return x.sum()
+
+
+def test_index_error_caught_in_a_helper_and_setitem_bare_except():
+    def f(x, idx, j):
+        z = x * 1.0
+        try:
+            z[j] = 5.0
+        except:  # noqa: E722
+            z = z - 1
+        return _index_or_sum(x, idx), z
+
+    run_all_modes(f, (rand(4), ti(1, 2), ti(0)), (rand(4), ti(1, 7), ti(9)), (rand(4), ti(0), ti(-1)), variants=ALL)
+
+def test_index_checked_under_except_is_an_error_with_fullgraph():
+    def f(x, idx):
+        try:
+            return x[idx]
+        except IndexError:
+            return x * 0
+
+    jf = kiln.jit(f, capture_mode="trace", fullgraph=True)  # (ast with fullgraph refuses any try statement)
+    with pytest.raises(kiln.JitSyntaxError, match="gather checks its index values"):
+        jf(rand(3), ti(1))
+
 
 
 def test_shape_error_caught_inside():

@@ -7,12 +7,13 @@ calls run the compiled graph. With symbolic sizes (kiln.jit.dynamic) one entry c
 its guards admit, with an instance of its graph per binding of the symbols.
 """
 import os
+import re
 import sys
 import time
 import types
 import warnings
 
-from .. import _C, hooks
+from .. import _C, _optable, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
@@ -104,10 +105,12 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         if changed is None and callers.returned(result):
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
         result, out_spec, out_leaves, executable = rec.finish(result)
+        text = executable.graph_str()
+        if rec.catching and not reasons:
+            _on_checks_under_except(options, text, rec.catching, reasons)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
-    text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
@@ -128,6 +131,27 @@ def _on_side_effect(options, effect, reasons):
     if options.strict:
         raise JitSyntaxError(f"a Python side effect ({effect.what})", effect.filename, effect.line, 0, hint)
     reasons.append(f"a Python side effect ({effect}) would run only once, when the graph is captured")
+
+
+_OP_NAME = re.compile(r"= (\w+)\(")
+
+
+def _on_checks_under_except(options, text, catching, reasons):
+    """The graph has an op that checks its input values when it runs (an index out of range:
+    _optable's checks_values), and user code with an `except` clause ran while it was captured: a
+    handler around the op's statement catches its error eagerly, while the graph raises it to the
+    caller. So the function runs eagerly (STRICT: an error naming the code)."""
+    ops = sorted({m for m in _OP_NAME.findall(text) if m in _optable.INFO and _optable.INFO[m].checks_values})
+    if not ops:
+        return
+    code = catching[0]
+    what = (f"{', '.join(ops)} checks its index values when the graph runs, where the `except` clause of "
+            f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) cannot catch its error")
+    if options.strict:
+        raise JitSyntaxError(what, code.co_filename, code.co_firstlineno, 0,
+                             "check the indices before indexing instead of catching the IndexError, or index "
+                             "outside the try block")
+    reasons.append(what)
 
 
 def _on_value_read(fn, options, where, reasons):
