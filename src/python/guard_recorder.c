@@ -558,6 +558,14 @@ static int guard_chains(PyGuardRecorder *r, PyObject *facts, PyObject *g, PyObje
             root = Py_NewRef(g), path = first ? PySequence_Concat(first, steps) : NULL;
             what = PyUnicode_FromFormat("global %U", name);
             Py_XDECREF(first);
+        } else if (kind == 'm') { /* a module the code imports (sys.modules): its attributes as a global's */
+            root = PyImport_GetModule(name);
+            if (!root) {
+                rc = PyErr_Occurred() ? -1 : 0;
+                continue;
+            }
+            path = Py_NewRef(steps);
+            what = PyUnicode_FromFormat("module %U", name);
         } else if (kind == 'd') {
             root = PyDict_GetItemWithError(cells, name);
             if (!root || PyUnicode_Compare(name, r->rt) == 0) {

@@ -6,6 +6,8 @@ that swallow an exception, isinstance, dict order after update/pop/setdefault, s
 import collections
 import contextlib
 import functools
+import sys
+import types
 
 import kiln
 from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes, t
@@ -339,3 +341,186 @@ def test_list_sort_with_key_on_shapes_and_numbers():
 
     run_all_modes(f, ([rand(3), rand(1), rand(2)], [1.0, -2.0, 0.5]),
                   ([rand(2), rand(2, seed=1), rand(5)], [3.0, 3.0, -0.1]), variants=ALL)
+
+
+MOD = types.ModuleType("kiln_idioms_probe_mod")
+MOD.scale = 2.0
+sys.modules["kiln_idioms_probe_mod"] = MOD
+
+
+class Table:
+    rows = [1.0, 2.0]
+    gain = 1.0
+
+    def apply(self, x):
+        return x * type(self).gain + sum(self.__class__.rows)
+
+    @staticmethod
+    def shift(x):
+        return x + 1.0
+
+
+TAB = Table()
+
+
+def test_class_list_attribute_appended_and_type_of_self_reads():
+    # (type(self).gain was read through a call, no attribute chain: unguarded in every mode)
+    def f(x):
+        return TAB.apply(x), Table.shift(x)
+
+    def append():
+        Table.rows.append(10.0)
+
+    def gain():
+        Table.gain = 3.0
+
+    def static():
+        Table.shift = staticmethod(lambda x: x - 1.0)
+
+    def reset():
+        Table.rows = [1.0, 2.0]
+        Table.gain = 1.0
+        Table.shift = staticmethod(lambda x: x + 1.0)
+
+    x = rand(2)
+    run_all_modes(f, (x,), Call((x,), before=append), Call((x,), before=gain), Call((x,), before=static),
+                  reset=reset, variants=ALL)
+
+
+def test_module_imported_inside_the_function_attribute_changed():
+    # (a module imported inside the function is a local: its attributes were unguarded in every mode)
+    def f(x):
+        import kiln_idioms_probe_mod as probe_mod
+        from kiln_idioms_probe_mod import scale
+        return x * probe_mod.scale + scale
+
+    def change():
+        MOD.scale = -1.0
+
+    def reset():
+        MOD.scale = 2.0
+
+    x = rand(2)
+    run_all_modes(f, (x,), Call((x,), before=change), reset=reset, variants=ALL)
+
+
+def test_globals_dict_read_by_key():
+    # (globals() gave kiln's own module's dict in bytecode and ast capture, and the read was unguarded)
+    def f(x):
+        return x + globals()["OFFSET"] * 2
+
+    def offset():
+        globals()["OFFSET"] = 5.0
+
+    def reset():
+        globals()["OFFSET"] = 0.0
+
+    x = rand(2)
+    run_all_modes(f, (x,), Call((x,), before=offset), reset=reset, variants=ALL)
+
+
+OFFSET = 0.0
+
+
+class Cfg:
+    def __init__(self):
+        self.scale = 2.0
+
+
+CFG = Cfg()
+
+
+def test_default_argument_object_attribute_changed():
+    def f(x, cfg=CFG):
+        return x * cfg.scale
+
+    def change():
+        CFG.scale = 9.0
+
+    def reset():
+        CFG.scale = 2.0
+
+    x = rand(2)
+    run_all_modes(f, (x,), Call((x,), before=change), reset=reset, variants=ALL)
+
+
+FLAG = {"mode": "train"}
+
+
+class Mode:
+    def __init__(self, m):
+        self.m = m
+
+    def __enter__(self):
+        self.old = FLAG["mode"]
+        FLAG["mode"] = self.m
+
+    def __exit__(self, *a):
+        FLAG["mode"] = self.old
+
+
+def test_context_manager_sets_a_flag_the_body_reads():
+    def f(x):
+        with Mode("eval"):
+            y = x * (2.0 if FLAG["mode"] == "eval" else 3.0)
+        return y * (1.0 if FLAG["mode"] == "train" else -1.0)
+
+    def other():
+        FLAG["mode"] = "test"
+
+    def reset():
+        FLAG["mode"] = "train"
+
+    run_all_modes(f, (rand(2),), (rand(2),), Call((rand(2),), before=other), reset=reset,
+                  observe=lambda: dict(FLAG), variants=ALL)
+
+
+OPS = {"act": functools.partial(lambda v, k: v * k, k=3.0)}
+
+
+def test_partial_in_a_dict_replaced_between_calls():
+    def f(x):
+        return OPS["act"](x)
+
+    def swap():
+        OPS["act"] = functools.partial(lambda v, k: v * k, k=-2.0)
+
+    def reset():
+        OPS["act"] = functools.partial(lambda v, k: v * k, k=3.0)
+
+    x = t(-1.0, 2.0)
+    run_all_modes(f, (x,), Call((x,), before=swap), (x,), reset=reset, variants=ALL)
+
+
+def test_dict_helpers_order():
+    def f(x, keys):
+        d = dict.fromkeys(keys, 0)
+        for i, k in enumerate(keys):
+            d[k] += i
+        r = list(reversed(d))
+        m = d | {"z": -1}
+        return x * len(d), r, m, {k: v for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
+
+    run_all_modes(f, (rand(2), ["b", "a", "b", "c"]), (rand(2), ["q"]), variants=ALL)
+
+
+def test_bound_method_of_a_global_object_rebound():
+    class Doubler:
+        def __init__(self, k):
+            self.k = k
+
+        def run(self, x):
+            return x * self.k
+
+    holder = {"m": Doubler(2.0).run}
+
+    def f(x):
+        return holder["m"](x)
+
+    def rebind():
+        holder["m"] = Doubler(5.0).run
+
+    def reset():
+        holder["m"] = Doubler(2.0).run
+
+    run_all_modes(f, (rand(2),), Call((rand(2),), before=rebind), reset=reset, variants=ALL)

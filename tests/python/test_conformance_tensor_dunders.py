@@ -136,3 +136,81 @@ def test_tensors_formatted_and_searched_at_a_graph_break():
 
     run_all_modes(f, (t([[1.0, 2.0], [3.0, 4.0]]), 2.0), (t([[1.0, 2.0], [3.0, 4.0]]), 5.0),
                   (t([[0.5, -1.0]]), -1.0))
+
+
+def test_in_place_on_an_argument_view_under_a_tensor_condition():
+    def f(x):
+        if x.sum() > 0:
+            v = x[0]
+            v += 1.0
+        else:
+            x[1:] *= 2.0
+        return x * 1.0
+
+    run_all_modes(f, (t([[1.0, 2.0], [3.0, 4.0]]),), (t([[-1.0, -2.0], [3.0, -4.0]]),), (t([[0.5, 0.5], [0.5, 0.5]]),))
+
+
+def test_python_number_and_tensor_from_the_two_sides_of_a_tensor_if():
+    def f(x, k):
+        if x.max() > 1.0:
+            s = k
+        else:
+            s = x.sum()
+        return x * s
+
+    run_all_modes(f, (t(2.0, 0.0), 3), (t(0.5, 0.2), 3), (t(3.0, 1.0), 2.5))
+
+
+def test_setitem_with_index_tensor_under_a_tensor_condition():
+    def f(x, idx):
+        y = x * 1.0
+        if x[0] > 0:
+            y[idx] = 0.0
+        else:
+            y[idx] += 10.0
+        return y
+
+    run_all_modes(f, (t(1.0, 2.0, 3.0), ti(1, 2)), (t(-1.0, 2.0, 3.0), ti(0, 0)), (t(1.0, 2.0, 3.0), ti(2)))
+
+
+def test_while_loop_with_python_counter_and_list_append():
+    def f(x):
+        out = []
+        n = 0
+        while x.sum() < 10.0:
+            x = x * 2.0
+            n += 1
+            out.append(n)
+        return x, n, out
+
+    run_all_modes(f, (t(1.0, 1.0),), (t(3.0, 4.0),), (t(0.1, 0.1),))
+
+
+def test_int_tensor_division_in_a_loop_body():
+    def f(x, k):
+        for _ in range(k):
+            x = x // 2 + x % 3
+        return x, x / 2
+
+    run_all_modes(f, (ti(100, -7, 5), 3), (ti(9, 8, -1), 2), variants=ALL)
+
+
+def test_in_place_on_a_view_returned_with_its_base():
+    def f(x):
+        y = x * 1.0
+        v = y[:, 0]
+        v.add_(5.0)
+        w = y.reshape(-1)
+        w[0] = -1.0
+        return y, v, w
+
+    run_all_modes(f, (rand(2, 3),), (rand(3, 3, seed=1),), variants=ALL)
+
+
+def test_tensor_compared_with_python_numbers_and_bool_arithmetic():
+    def f(x, lo, hi):
+        inside = (x > lo) & (x < hi)
+        return inside, inside.sum(), (lo < x).astype(kiln.float32) * hi, x.clip(lo, hi), (x == lo) | (x == hi)
+
+    run_all_modes(f, (t(0.0, 1.0, 2.0, 3.0), 1, 2), (t(0.0, 1.0, 2.0, 3.0), 0.5, 2.5), (t(-1.0, 5.0), -1, 5),
+                  variants=ALL)

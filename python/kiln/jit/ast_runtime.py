@@ -1074,6 +1074,8 @@ def _rounded(f, args, kwargs):
 
 
 def converted_call(loc, f, *args, **kwargs):
+    if f is builtins.globals and not args and not kwargs:  # the converted code's (the user's module), not this one's
+        return sys._getframe(1).f_globals
     if f is builtins.print:
         return _print(*args, **kwargs)
     if f is builtins.range:

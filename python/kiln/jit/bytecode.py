@@ -446,6 +446,10 @@ class Interpreter:
             return self.run_known(fn, args, kwargs)
         if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
             return super(*_super_arguments(frame))
+        if fn is globals and not args and not kwargs:  # the interpreted function's, not this module's
+            return frame.func.__globals__
+        if (fn is locals or fn is vars) and not args and not kwargs:  # a snapshot, as a function's locals() is
+            return self.note_created(frame.named_locals())
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
