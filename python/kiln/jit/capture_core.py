@@ -349,7 +349,8 @@ class TraceInfo:
     """What a recording of kiln.trace keeps beyond an Entry (see kiln.jit.megengine)."""
 
     __slots__ = ("result", "cells", "modes", "fast", "requires_grad_key", "param_names", "symbolic", "plan",
-                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
+                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry",
+                 "captured")
 
 
 # ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------

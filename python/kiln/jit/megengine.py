@@ -179,6 +179,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         executable = rec.compile(out_leaves, keep_graph=True)
         recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
+        captured = [_where(t) for t in rec.tracer.captured()]
     reasons, excluded, cells = rec.reasons, rec.excluded, rec.called
     info = TraceInfo()
     detached = [t.detach() for t in out_leaves]
@@ -189,6 +190,7 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     info.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
     info.excluded = excluded  # exclude_from_trace ran: each call's own run is its result
     info.user_code = user_code
+    info.captured = captured  # where each tensor the graph reads from outside by reference lies
     info.cells = list({id(c): c for c in cells}.values())
     info.modes = tuple(c.training for c in info.cells)
     info.fast = False
@@ -209,6 +211,12 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     if not info.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
         set_grads(run, detached)
     return run
+
+
+def _where(t):
+    """A tensor a recording reads by reference, as the memory it reads: (address, shape, strides,
+    dtype) (the recording keeps the tensor alive: another tensor lies elsewhere)."""
+    return t._data_ptr, tuple(t.shape), t._strides, t.dtype
 
 
 @functools.lru_cache(maxsize=32)
@@ -616,6 +624,13 @@ class trace(_C.JitDispatcher):
         if rec.extra.excluded or run.extra.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
             return run
         differs = rec.graph.diff_ops(run.graph, self._labels)
+        if differs is None and rec.extra.captured != run.extra.captured:
+            # (a tensor reached through a dict, a list or an attribute replaced: the recording reads the old one)
+            k = next((k for k, (a, b) in enumerate(zip(rec.extra.captured, run.extra.captured)) if a != b),
+                     min(len(rec.extra.captured), len(run.extra.captured)))
+            differs = (f"the tensor the function reads from outside (a global, a closure, an attribute or a "
+                       f"container's item) as its captured tensor {k} is another tensor than when traced: the "
+                       "recording would read the old one")
         if differs is None and rec.out_spec != run.out_spec:
             differs = (f"different outputs: the traced function returned {tree.describe(rec.out_spec)}, "
                        f"this call returned {tree.describe(run.out_spec)}")
