@@ -471,3 +471,133 @@ def _double(x):
 
 
 ACT = _double
+
+
+COUNT = []
+
+
+def _key(k):
+    COUNT.append(k)
+    return k
+
+
+def test_for_else_while_else_and_finally_overriding_return():
+    def f(x, n):
+        for i in range(n):
+            if i == 2:
+                break
+        else:
+            x = x + 100
+        j = 0
+        while j < n:
+            j += 1
+        else:
+            x = x * 2
+        try:
+            return x
+        finally:
+            x = x - 1  # (does not change what is returned)
+
+    run_all_modes(f, (rand(2), 1), (rand(2), 5), (rand(2), 0), variants=ALL)
+
+
+def test_side_effecting_index_evaluated_once_in_augmented_assignment():
+    # (ast: a chained comparison's middle operand was evaluated twice, once per comparison)
+    def f(x, k):
+        d = {"a": x, "b": x * 2}
+        d[_key(k)] += 1.0
+        lo = 0
+        ok = lo < len(_key("c")) < 5
+        return d, ok
+
+    run_all_modes(f, (rand(2), "a"), (rand(2), "b"), reset=COUNT.clear, observe=lambda: list(COUNT), variants=ALL)
+
+
+def test_late_binding_lambdas_in_a_comprehension():
+    def f(x):
+        fs = [lambda v: v * i for i in range(3)]
+        gs = [lambda v, i=i: v * i for i in range(3)]
+        return [g(x) for g in fs], [g(x) for g in gs]
+
+    run_all_modes(f, (rand(2),), (rand(2, seed=1),), variants=ALL)
+
+
+def test_star_args_from_a_generator_and_slice_assignment():
+    def f(xs):
+        def add(*vs):
+            return sum(vs)
+
+        total = add(*(v * 2 for v in xs))
+        ys = list(xs)
+        ys[1:2] = [xs[0], xs[0]]
+        del ys[0]
+        (a, *mid), last = ys[:-1], ys[-1]
+        return total, len(ys), a + last, len(mid)
+
+    run_all_modes(f, ([rand(2), rand(2, seed=1), rand(2, seed=2)],), ([rand(2), rand(2, seed=3)],), variants=ALL)
+
+
+def test_dict_and_set_displays_with_unpacking():
+    def f(x, a, b):
+        d = {**a, **b, "x": x}
+        s = {*a, *b} - {"q"}
+        return d, sorted(s), {k: v * 2 for k, v in d.items() if k != "x"}, (a.keys() & b.keys())
+
+    run_all_modes(f, (rand(2), {"p": 1.0, "q": 2.0}, {"q": 3.0, "r": 4.0}), (rand(2), {}, {"z": 1.0}), variants=ALL)
+
+
+def test_nested_function_with_global_statement():
+    def f(x):
+        def bump():
+            global BUMPS
+            BUMPS += 1
+            return BUMPS
+
+        return x * bump(), x * bump()
+
+    def reset():
+        global BUMPS
+        BUMPS = 0
+
+    run_all_modes(f, (rand(2),), (rand(2),), reset=reset, observe=lambda: BUMPS, variants=ALL)
+
+
+BUMPS = 0
+
+
+def test_try_import_and_string_ops():
+    def f(x, name):
+        try:
+            import math as m
+        except ImportError:
+            m = None
+        label = (name * 2).replace("a", "b")[:3]
+        return x * m.pi if m else x, label, f"{name!r:>6}", name.center(7, "*")
+
+    run_all_modes(f, (rand(2), "ab"), (rand(2), "zz"), variants=ALL)
+
+
+def test_tensor_passed_in_kwargs_and_mutated_through_an_alias():
+    def g(*, out, scale):
+        out *= scale
+        return out
+
+    def f(x, s):
+        y = x * 1.0
+        z = g(out=y, scale=s)
+        return y, z is y, z
+
+    run_all_modes(f, (rand(2), 2.0), (rand(2), -1.0), variants=ALL)
+
+
+def test_chained_comparisons_on_tensors_evaluate_each_operand_once():
+    def f(x, lo, hi):
+        if lo < _key(x.sum()) < hi:
+            y = x * 2
+        else:
+            y = x - 1
+        inside = lo <= _key(x.max()) <= hi
+        return y, inside, len(COUNT)
+
+    run_all_modes(f, (t(0.5, 0.5), 0.0, 2.0), (t(3.0, 3.0), 0.0, 2.0), (t(-1.0, 0.5), 0.0, 2.0),
+                  reset=COUNT.clear, observe=lambda: len(COUNT))

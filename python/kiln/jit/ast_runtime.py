@@ -623,6 +623,29 @@ def _short_circuit(thunks, stops_at, on_tensor):
     return v
 
 
+_TESTS = {"is": operator.is_, "is not": operator.is_not, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
+
+
+def chain_parts(loc, names, *operands):
+    """The comparisons of a chained comparison `a < b < c ...` as thunks for and_: operand k (a
+    thunk) is evaluated once, when the first comparison that needs it runs (as Python does)."""
+    values = {}
+
+    def value(k):
+        if k not in values:
+            values[k] = operands[k]()
+        return values[k]
+
+    def part(k):
+        name = names[k]
+        test = _TESTS.get(name)
+        if test is not None:
+            return lambda: test(value(k), value(k + 1))
+        return lambda: binary(loc, name, value(k), value(k + 1))
+
+    return [part(k) for k in range(len(names))]
+
+
 def and_(loc, *thunks):
     """`a and b ...` as Python gives it: the first false operand, else the last; on a tensor
     operand (one element) a selection between the operands in the graph."""
