@@ -3,7 +3,8 @@ later (it reads its free variables when it runs), one consumed by a builtin that
 all, next: later values are never computed, their side effects and errors never happen), generator
 functions with `yield from` consumed by builtins around a later graph break; each run eagerly and
 under every kiln.jit variant and kiln.trace, over calls with new inputs."""
-from conformance import TRACE_VARIANTS, VARIANTS, rand, run_all_modes
+import kiln
+from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes
 
 ALL = VARIANTS + TRACE_VARIANTS
 LOG = []
@@ -87,3 +88,36 @@ def test_sum_and_sorted_of_generator_expressions_stay_exact():
         return sum(x * w for x in xs), sorted((x.shape[0] for x in xs), reverse=True), "".join(str(i) for i in range(3))
 
     run_all_modes(f, ([rand(2), rand(2, seed=1)], 2.0), ([rand(2, seed=2)], -1.0), variants=ALL)
+
+
+def test_grad_through_a_kept_generator_expression():
+    def f(w, xs):
+        k = 1.0
+        gen = (x * w * k for x in xs)
+        k = 3.0
+        return sum(gen).sum()
+
+    run_all_modes(f, (rand(3), [rand(3, seed=1), rand(3, seed=2)]), (rand(3, seed=3), [rand(3, seed=4)]),
+                  around=lambda fn: kiln.value_and_grad(fn))
+
+
+def test_grad_with_any_short_circuit_and_getattr_default():
+    class Cfg:
+        pass
+
+    cfg = Cfg()
+
+    def f(w, xs):
+        scale = getattr(cfg, "scale", 1.0)
+        if any(x.shape[0] > 2 for x in xs):
+            scale = scale * 2
+        return (w * scale).sum()
+
+    def set_scale():
+        cfg.scale = 5.0
+
+    def reset():
+        cfg.__dict__.pop("scale", None)
+
+    run_all_modes(f, (rand(3), [rand(1), rand(3)]), Call((rand(3), [rand(1)]), before=set_scale),
+                  (rand(3), [rand(4)]), reset=reset, around=lambda fn: kiln.value_and_grad(fn))

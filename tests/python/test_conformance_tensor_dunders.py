@@ -2,6 +2,8 @@
 operator dunders with Python numbers on either side, int/float/bool scalar promotion, in-place ops
 on views, `x[idx] = ...` with tensor indices, shape arithmetic, dtype comparisons, shapes in strings;
 each run eagerly and under every kiln.jit variant (and kiln.trace where it can follow)."""
+import math
+
 import kiln
 from conformance import TRACE_VARIANTS, VARIANTS, rand, run_all_modes, t
 
@@ -214,3 +216,37 @@ def test_tensor_compared_with_python_numbers_and_bool_arithmetic():
 
     run_all_modes(f, (t(0.0, 1.0, 2.0, 3.0), 1, 2), (t(0.0, 1.0, 2.0, 3.0), 0.5, 2.5), (t(-1.0, 5.0), -1, 5),
                   variants=ALL)
+
+
+DYN = dict(dynamic=True)
+
+
+def test_sizes_as_python_ints_under_dynamic_shapes():
+    # (type() of a symbolic size gave SymInt where eager gives int: ast and bytecode capture now give
+    # int; trace capture captures such code again with exact sizes)
+    def f(x):
+        n = x.shape[0]
+        flags = (type(n) is int, isinstance(n, int), n in {2, 4}, str(n), f"{n:03d}", repr(n), hash(n) == hash(int(n)))
+        return x * 2, flags
+
+    run_all_modes(f, (rand(2),), (rand(4),), (rand(5),), (rand(7),), options=DYN)
+
+
+def test_size_arithmetic_under_dynamic_shapes():
+    def f(x):
+        n, m = x.shape
+        a = (n // 2, n % 3, divmod(n, 3), n ** 2, math.ceil(n / 2), int(n / 3), float(n), n.bit_length(),
+             -n, abs(-n), round(n / 4), max(n, m), min(x.shape), sum(x.shape), n * m == x.size, bool(n - 2))
+        return x.reshape(n * m)[: n // 2 + 1], a, {n: "rows"}, [n, m] == [4, 3]
+
+    run_all_modes(f, (rand(4, 3),), (rand(5, 3),), (rand(6, 2),), (rand(2, 2),), options=DYN)
+
+
+def test_range_over_a_size_and_list_of_sizes_returned():
+    def f(x):
+        out = x[0] * 0
+        for i in range(x.shape[0]):
+            out = out + x[i] * i
+        return out, list(range(x.shape[0])), x.shape[0:1] + (1,)
+
+    run_all_modes(f, (rand(3, 2),), (rand(4, 2),), (rand(6, 2),), options=DYN)

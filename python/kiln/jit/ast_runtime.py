@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .. import _C, hooks
-from . import ast_convert, guards, tree
+from . import ast_convert, dynamic, guards, tree
 from .syntax import JitSyntaxError
 
 _state = threading.local()
@@ -1099,6 +1099,8 @@ def _rounded(f, args, kwargs):
 def converted_call(loc, f, *args, **kwargs):
     if f is builtins.globals and not args and not kwargs:  # the converted code's (the user's module), not this one's
         return sys._getframe(1).f_globals
+    if f is builtins.type and len(args) == 1 and not kwargs and isinstance(args[0], dynamic.SymInt):
+        return int  # (a size is an int to the user's code, symbolic or not)
     if f is builtins.print:
         return _print(*args, **kwargs)
     if f is builtins.range:

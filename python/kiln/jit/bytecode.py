@@ -446,6 +446,8 @@ class Interpreter:
             return self.run_known(fn, args, kwargs)
         if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
             return super(*_super_arguments(frame))
+        if fn is type and len(args) == 1 and not kwargs and type(args[0]) is SymInt:
+            return int  # (a size is an int to the user's code, symbolic or not)
         if fn is globals and not args and not kwargs:  # the interpreted function's, not this module's
             return frame.func.__globals__
         if (fn is locals or fn is vars) and not args and not kwargs:  # a snapshot, as a function's locals() is

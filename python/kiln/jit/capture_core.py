@@ -18,7 +18,7 @@ import weakref
 
 from .. import _C
 from ..profiler import timed_phase
-from . import ast_runtime, dynamic, exclude, guards, tree
+from . import ast_convert, ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
 from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, start_reasons
 
@@ -56,8 +56,11 @@ class CallStrategy:
 
         def on_call(frame):
             code = frame.f_code
-            if catches(code) and guards.is_user_code(code):
-                rec.catching.append(code)
+            if (catches(code) or "type" in code.co_names) and guards.is_user_code(code):
+                if catches(code):
+                    rec.catching.append(code)
+                if "type" in code.co_names and code not in ast_convert.CONVERTED_CODE:
+                    rec.calls_type = True  # (type() of a symbolic size would be SymInt: see trace_call)
             if show is not None:
                 show(frame)
 
@@ -120,6 +123,7 @@ class Recording:
         self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
         self.excluded = False  # exclude_from_trace ran
         self.catching = []  # the code of user code with an `except` clause that ran (CallStrategy)
+        self.calls_type = False  # user code run as it is (not ast-converted) that may call type()
         self.grad_log = None
         self.undo = keep_undo
 

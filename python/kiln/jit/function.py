@@ -48,6 +48,11 @@ _tensor_module.backward_while_tracing = lambda: mark_not_replayable(
 _tensor_module.grad_read_while_tracing = grad_read
 
 
+class ExactSizes(Exception):
+    """A capture with symbolic sizes ran user code that may call type() on a size (SymInt, not
+    int, there): it is captured again with exact sizes."""
+
+
 class NotReplayable(Exception):
     """A trace saw something it cannot replay; carries the eager result."""
 
@@ -88,6 +93,10 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
         result = rec.run(CallStrategy(fn), call_args, call_kwargs)
         reasons, callers = rec.reasons, rec.callers
+        if rec.calls_type and rec.capture is not None and not reasons and not rec.tracer.value_reads()[0]:
+            # code run as it is may have called type() of a size: a SymInt there, where eager sees an int
+            # (the Python values it computed from that are in the result, specialized sizes or not)
+            raise ExactSizes()
         if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = rec.tracer.value_reads()
@@ -272,7 +281,10 @@ class JitFunction(_C.JitDispatcher):
         held = ast_runtime.reachable_state(self.fn) if ast_attempt and not owner.options.strict else []
         with ast_runtime.capturing(owner.options.strict):
             try:
-                return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
+                try:
+                    return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
+                except ExactSizes:
+                    return trace_call(self._capture_target(), args, kwargs, self.options)
             except JitSyntaxError as e:
                 if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
                     raise
