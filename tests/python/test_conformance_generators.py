@@ -3,6 +3,8 @@ later (it reads its free variables when it runs), one consumed by a builtin that
 all, next: later values are never computed, their side effects and errors never happen), generator
 functions with `yield from` consumed by builtins around a later graph break; each run eagerly and
 under every kiln.jit variant and kiln.trace, over calls with new inputs."""
+import contextlib
+
 import kiln
 from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes
 
@@ -121,3 +123,97 @@ def test_grad_with_any_short_circuit_and_getattr_default():
 
     run_all_modes(f, (rand(3), [rand(1), rand(3)]), Call((rand(3), [rand(1)]), before=set_scale),
                   (rand(3), [rand(4)]), reset=reset, around=lambda fn: kiln.value_and_grad(fn))
+
+
+def _rows(x):
+    for i in range(x.shape[0]):
+        LOG.append(i)
+        yield x[i] * (i + 1)
+
+
+def test_generator_function_loop_that_breaks_early():
+    # (bytecode: a loop over a generator, run in Python between graphs, took all its values first:
+    # side effects of rows never reached)
+    def f(x):
+        out = []
+        for r in _rows(x):
+            out.append(r)
+            if len(out) == 2:
+                break
+        return out, len(LOG)
+
+    run_all_modes(f, (rand(4, 2),), (rand(3, 2),), (rand(5, 2),), reset=LOG.clear, observe=lambda: list(LOG),
+                  variants=ALL)
+
+
+def test_zip_of_a_generator_and_a_short_list():
+    # (bytecode: zip advanced the generator inside the capture, which restarted: other values, silently)
+    def f(x):
+        pairs = list(zip([10.0, 20.0], _rows(x)))
+        return [a * b for a, b in pairs]
+
+    run_all_modes(f, (rand(4, 2),), (rand(3, 2),), reset=LOG.clear, observe=lambda: list(LOG), variants=ALL)
+
+
+@contextlib.contextmanager
+def _tag(name):
+    LOG.append("in " + name)
+    try:
+        yield name
+    finally:
+        LOG.append("out " + name)
+
+
+def test_return_and_break_from_inside_with_blocks_in_loops():
+    def f(x, n):
+        for i in range(n):
+            with _tag(str(i)) as tag:
+                x = x + len(tag)
+                if i == 1:
+                    break
+        with _tag("r"):
+            if n > 2:
+                return x * 2
+        return x
+
+    run_all_modes(f, (rand(2), 1), (rand(2), 3), (rand(2), 2), reset=LOG.clear, observe=lambda: list(LOG),
+                  variants=ALL)
+
+
+def test_exception_raised_in_a_helper_caught_two_frames_up():
+    def inner(d, k):
+        return d[k]
+
+    def middle(x, d, k):
+        return x * inner(d, k)
+
+    def f(x, d, k):
+        try:
+            y = middle(x, d, k)
+        except KeyError as e:
+            LOG.append(str(e))
+            y = x
+        return y
+
+    run_all_modes(f, (rand(2), {"a": 2.0}, "a"), (rand(2), {"a": 2.0}, "b"), (rand(2), {"b": 3.0}, "b"),
+                  reset=LOG.clear, observe=lambda: list(LOG), variants=ALL)
+
+
+def test_generator_with_send_and_close_inside():
+    def acc():
+        total = 0.0
+        while True:
+            v = yield total
+            if v is None:
+                break
+            total += v
+
+    def f(x, vals):
+        g = acc()
+        next(g)
+        for v in vals:
+            s = g.send(v)
+        g.close()
+        return x * s
+
+    run_all_modes(f, (rand(2), [1.0, 2.0]), (rand(2), [5.0]), variants=ALL)
