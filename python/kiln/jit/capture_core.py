@@ -353,8 +353,7 @@ class TraceInfo:
     """What a recording of kiln.trace keeps beyond an Entry (see kiln.jit.megengine)."""
 
     __slots__ = ("result", "cells", "modes", "fast", "requires_grad_key", "param_names", "symbolic", "plan",
-                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry",
-                 "captured")
+                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
 
 
 # ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------

@@ -97,7 +97,7 @@ class _Bindings:
         for code, globs in user_code.items():
             global_names, _ = _C.read_names(code)
             for name in sorted(global_names):
-                if (id(globs), name) not in seen and isinstance(globs.get(name), _C.TensorBase):
+                if (id(globs), name) not in seen and isinstance(globs.get(name), (_C.TensorBase, dict, list)):
                     seen.add((id(globs), name))
                     self.slots.append((f"global {name!r} (read by {code.co_name})", globs, name))
 
@@ -105,21 +105,33 @@ class _Bindings:
     def _get(where, name):
         try:
             return where[name] if name is not None else where.cell_contents
-        except (KeyError, ValueError):
+        except (KeyError, IndexError, ValueError):
             return None
 
     def snapshot(self, with_values):
+        """(label, where, name, tensor, its values or None) of each tensor a slot holds, and of the
+        tensors in a dict or list a slot holds (PARAMS["w"] = new_tensor rebinds one too)."""
         snap = []
         for label, where, name in self.slots:
-            t = self._get(where, name)
-            if isinstance(t, _C.TensorBase):
-                snap.append((label, where, name, t, t.asnumpy().copy() if with_values else None))
+            v = self._get(where, name)
+            items = [(label, where, name, v)]
+            if type(v) is dict:
+                items += [(f"{label}[{k!r}]", v, k, x) for k, x in v.items()]
+            elif type(v) is list:
+                items += [(f"{label}[{k}]", v, k, x) for k, x in enumerate(v)]
+            for k, (where_label, at, key, t) in enumerate(items):
+                if isinstance(t, _C.TensorBase):
+                    snap.append((where_label, at, key, t, t.asnumpy().copy() if with_values else None, k > 0))
         return snap
 
     @staticmethod
-    def check(snap, baked):
+    def check(snap, baked, inside=False):
+        """Raises TraceMismatchError for a slot's tensor rebound (inside: those in a slot's dict or
+        list, checked after the recordings compare, whose differences name the op) or, baked, changed."""
         import numpy as np
 
+        snap = [e[:5] for e in snap if e[5] == inside]
+        baked = [e[:5] for e in baked if e[5] == inside]
         for label, where, name, t, value in snap:
             now = _Bindings._get(where, name)
             if now is not t:
@@ -179,7 +191,6 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
         executable = rec.compile(out_leaves, keep_graph=True)
         recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
-        captured = [_where(t) for t in rec.tracer.captured()]
     reasons, excluded, cells = rec.reasons, rec.excluded, rec.called
     info = TraceInfo()
     detached = [t.detach() for t in out_leaves]
@@ -190,7 +201,6 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     info.grads_at_entry = [t for t in grad_log.read_as_none if id(t) in written]
     info.excluded = excluded  # exclude_from_trace ran: each call's own run is its result
     info.user_code = user_code
-    info.captured = captured  # where each tensor the graph reads from outside by reference lies
     info.cells = list({id(c): c for c in cells}.values())
     info.modes = tuple(c.training for c in info.cells)
     info.fast = False
@@ -211,12 +221,6 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     if not info.unreplayable:  # (else the run's own assignments, and backward's in C, stand)
         set_grads(run, detached)
     return run
-
-
-def _where(t):
-    """A tensor a recording reads by reference, as the memory it reads: (address, shape, strides,
-    dtype) (the recording keeps the tensor alive: another tensor lies elsewhere)."""
-    return t._data_ptr, tuple(t.shape), t._strides, t.dtype
 
 
 @functools.lru_cache(maxsize=32)
@@ -617,6 +621,7 @@ class trace(_C.JitDispatcher):
 
     def _check_run(self, rec, spec, leaves, caller=None):
         _Bindings.check(self._seen, self._baked)
+        seen = self._seen
         # recorded as the trace records (symbolic shapes: gradient rules count elements with ops)
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
                             symbolic_shape=self.symbolic_shape, caller=caller)
@@ -624,13 +629,6 @@ class trace(_C.JitDispatcher):
         if rec.extra.excluded or run.extra.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
             return run
         differs = rec.graph.diff_ops(run.graph, self._labels)
-        if differs is None and rec.extra.captured != run.extra.captured:
-            # (a tensor reached through a dict, a list or an attribute replaced: the recording reads the old one)
-            k = next((k for k, (a, b) in enumerate(zip(rec.extra.captured, run.extra.captured)) if a != b),
-                     min(len(rec.extra.captured), len(run.extra.captured)))
-            differs = (f"the tensor the function reads from outside (a global, a closure, an attribute or a "
-                       f"container's item) as its captured tensor {k} is another tensor than when traced: the "
-                       "recording would read the old one")
         if differs is None and rec.out_spec != run.out_spec:
             differs = (f"different outputs: the traced function returned {tree.describe(rec.out_spec)}, "
                        f"this call returned {tree.describe(run.out_spec)}")
@@ -638,6 +636,7 @@ class trace(_C.JitDispatcher):
             differs = rec.graph.diff_outputs(run.graph, self._labels)
         if differs is not None:
             raise TraceMismatchError(differs)
+        _Bindings.check(seen, self._baked, inside=True)  # (PARAMS["w"] = new_tensor: the same ops, another tensor)
         return run
 
     def _meta_mismatch(self, metas):
