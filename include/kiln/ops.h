@@ -81,6 +81,11 @@ enum kiln_op_flags {
  * requires grad. `y[:, 1] *= 3` then changes y in place without invalidating a saved copy that
  * no gradient would read. */
 #define KILN_OPF_CROSS_SAVED (1ull << 33)
+/* The kernel refuses some input values: an index out of range (gather, index_put, ...), a label
+ * outside the classes. Eagerly the error comes at the op's statement; in a graph it comes when
+ * the graph runs, out of reach of a try/except around the statement (a trace or ast capture
+ * through user code with an `except` clause then runs eagerly: kiln.jit.capture_core). */
+#define KILN_OPF_CHECKS_VALUES (1ull << 34)
 #define KILN_OPF_MATH (KILN_OPF_EXP | KILN_OPF_LOG | KILN_OPF_ERF | KILN_OPF_TANH | KILN_OPF_LIBM)
 /* With SAVE_INPUTS: input k (< 8) is not saved, e.g. state the op updates in place and the
  * gradient rule never reads (batch_norm's running statistics). */
@@ -95,9 +100,10 @@ enum kiln_op_flags {
 /* Every flag its own bit (bits 0-7 named above, 8-15 unsaved inputs, 16-23 written inputs). */
 #define KILN_OPF_HIGH_BITS_ \
     (KILN_OPF_MATH | KILN_OPF_SIZED | KILN_OPF_OPTIONAL_STATE | KILN_OPF_DTYPE_ATTR | KILN_OPF_JOINS_INPUTS | \
-     KILN_OPF_CROSS_SAVED)
+     KILN_OPF_CROSS_SAVED | KILN_OPF_CHECKS_VALUES)
 _Static_assert(0xffffffull + KILN_OPF_EXP + KILN_OPF_LOG + KILN_OPF_ERF + KILN_OPF_TANH + KILN_OPF_LIBM + KILN_OPF_SIZED +
-                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR + KILN_OPF_JOINS_INPUTS + KILN_OPF_CROSS_SAVED ==
+                       KILN_OPF_OPTIONAL_STATE + KILN_OPF_DTYPE_ATTR + KILN_OPF_JOINS_INPUTS + KILN_OPF_CROSS_SAVED +
+                       KILN_OPF_CHECKS_VALUES ==
                    (0xffffffull | KILN_OPF_HIGH_BITS_),
                "two op flags share a bit");
 

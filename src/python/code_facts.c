@@ -25,7 +25,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *globals;   /* names loaded with LOAD_GLOBAL / LOAD_NAME, first use first */
     PyObject *freevars;  /* free variables read (LOAD_DEREF / LOAD_CLASSDEREF / LOAD_CLOSURE) */
-    PyObject *chains;    /* (root kind "global" | "deref" | "fast", root name, steps) */
+    PyObject *chains;    /* (root kind "global" | "deref" | "fast" | "module", root name, steps) */
     PyObject *effects;   /* (what, line): writes to globals and closure variables */
     PyObject *prints;    /* lines that load the name print */
     PyObject *mutations; /* (what, line): statements that may change a container or an object */
@@ -115,6 +115,7 @@ static const struct {
     {STORE_ATTR, ACT_WRITE_ATTR, NAME_NAMES},          {DELETE_ATTR, ACT_WRITE_ATTR, NAME_NAMES},
     {STORE_SUBSCR, ACT_WRITE_SUBSCR, NAME_NONE},       {DELETE_SUBSCR, ACT_WRITE_SUBSCR, NAME_NONE},
     {LOAD_CONST, ACT_CONST, NAME_CONST},               {BINARY_SUBSCR, ACT_SUBSCR, NAME_NONE},
+    {IMPORT_NAME, ACT_NONE, NAME_NAMES},               {IMPORT_FROM, ACT_NONE, NAME_NAMES},
 };
 
 static struct {
@@ -184,11 +185,33 @@ int pykiln_decode(PyCodeObject *code, pykiln_instr **out, Py_ssize_t *count) {
     return 0;
 }
 
+/* Whether ins[k] loads the global `name` (to call it, or, in ast-converted code, to pass it to
+ * the runtime's call: its arguments follow it either way). */
+static int loads_global(const pykiln_instr *ins, Py_ssize_t k, const char *name) {
+    return k >= 0 && ins[k].op == LOAD_GLOBAL && ins[k].name && PyUnicode_CompareWithASCIIString(ins[k].name, name) == 0;
+}
+
+static int loads_getattr(const pykiln_instr *ins, Py_ssize_t k) {
+    return loads_global(ins, k, "getattr") || loads_global(ins, k, "hasattr");
+}
+
+/* Whether ins[k:] is the call that takes the arguments loaded since a builtin (argc: its count;
+ * ast-converted code passes the source location and the builtin first to the runtime's
+ * converted_call: two more). */
+static int calls_at(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k, int argc) {
+    return k + 1 < n && ins[k].op == PRECALL && ins[k + 1].op == CALL && ins[k + 1].arg == ins[k].arg &&
+           ins[k].arg >= argc && ins[k].arg <= argc + 2;
+}
+
 /* The attribute reads and constant subscripts that follow a load at ins[k:], as a tuple of
- * ("attr", name) | ("item", constant) (new reference; empty when none). */
+ * ("attr", name) | ("item", constant) (new reference; empty when none). A chain that is the first
+ * argument of getattr or hasattr with a constant name, `getattr(cfg.opt, "scale", 1.0)`, ends with
+ * that attribute (whose absence is guarded too: an attribute set later changes the result). */
 static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k) {
     PyObject *steps = PyList_New(0);
     if (!steps) return NULL;
+    int in_getattr = loads_getattr(ins, k - 2), in_type = loads_global(ins, k - 2, "type");
+again:
     while (k < n) {
         int act = by_opcode[ins[k].op].act;
         PyObject *step = NULL;
@@ -217,6 +240,28 @@ static PyObject *chain_after(const pykiln_instr *ins, Py_ssize_t n, Py_ssize_t k
         Py_DECREF(step);
         if (act == ACT_METHOD) break;
         k += act == ACT_CONST ? subscr_at + 1 : 1;
+    }
+    if (in_getattr && k < n && by_opcode[ins[k].op].act == ACT_CONST && ins[k].name && PyUnicode_Check(ins[k].name) &&
+        (k + 1 >= n || by_opcode[ins[k + 1].op].act != ACT_SUBSCR)) {
+        PyObject *step = Py_BuildValue("(sO)", "attr", ins[k].name);
+        if (!step || PyList_Append(steps, step) < 0) {
+            Py_XDECREF(step);
+            Py_DECREF(steps);
+            return NULL;
+        }
+        Py_DECREF(step);
+    }
+    if (in_type && calls_at(ins, n, k, 1)) { /* type(obj).attr: obj.__class__.attr */
+        PyObject *step = Py_BuildValue("(ss)", "attr", "__class__");
+        if (!step || PyList_Append(steps, step) < 0) {
+            Py_XDECREF(step);
+            Py_DECREF(steps);
+            return NULL;
+        }
+        Py_DECREF(step);
+        in_type = 0;
+        k += 2;
+        goto again;
     }
     PyObject *t = PyList_AsTuple(steps);
     Py_DECREF(steps);
@@ -293,11 +338,82 @@ fail:
     return NULL;
 }
 
+/* Adds (root kind, root name, steps) to chains, steps a tuple of ("attr", name) | ("item", c). */
+static int add_chain(PyObject *chains, const char *kind, PyObject *name, PyObject *steps) {
+    PyObject *chain = Py_BuildValue("(sOO)", kind, name, steps);
+    int rc = chain ? PyDict_SetItem(chains, chain, Py_None) : -1;
+    Py_XDECREF(chain);
+    return rc;
+}
+
+/* The locals an `import` inside the code binds, each assigned nowhere else: name -> (module name,
+ * the steps from the module to the value). `import m` / `import m as a`: (m, ()); `import a.b`: (a,
+ * ()); `from m import x [as y]`: (m, (("attr", x),)); that last read is a chain of its own, added to
+ * chains. A chain read from such a local is rooted at the module (kind "module", found in
+ * sys.modules when guarded): an attribute of a module imported inside the function, changed
+ * between calls, is guarded like a global's. Relative imports are left out. */
+static PyObject *import_aliases(const pykiln_instr *ins, Py_ssize_t n, PyObject *chains) {
+    PyObject *aliases = PyDict_New(), *stores = PyDict_New();
+    if (!aliases || !stores) goto fail;
+    for (Py_ssize_t k = 0; k < n; k++) { /* how often each local is assigned */
+        if (by_opcode[ins[k].op].act != ACT_WRITE_FAST || !ins[k].name) continue;
+        PyObject *c = PyDict_GetItemWithError(stores, ins[k].name);
+        if (!c && PyErr_Occurred()) goto fail;
+        PyObject *more = PyLong_FromLong(c ? PyLong_AsLong(c) + 1 : 1);
+        if (!more || PyDict_SetItem(stores, ins[k].name, more) < 0) {
+            Py_XDECREF(more);
+            goto fail;
+        }
+        Py_DECREF(more);
+    }
+    for (Py_ssize_t k = 2; k + 1 < n; k++) {
+        if (ins[k].op != IMPORT_NAME || !ins[k].name || ins[k - 2].op != LOAD_CONST || !ins[k - 2].name ||
+            !PyLong_Check(ins[k - 2].name) || PyLong_AsLong(ins[k - 2].name) != 0 || ins[k - 1].op != LOAD_CONST)
+            continue;
+        PyObject *module = ins[k].name;
+        if (ins[k + 1].op == STORE_FAST && ins[k - 1].name == Py_None) { /* import m [as a], import a.b */
+            Py_ssize_t dot = PyUnicode_FindChar(module, '.', 0, PyUnicode_GET_LENGTH(module), 1);
+            if (dot < -1) goto fail;
+            PyObject *root = dot >= 0 ? PyUnicode_Substring(module, 0, dot) : Py_NewRef(module);
+            PyObject *local = ins[k + 1].name, *c = PyDict_GetItemWithError(stores, local);
+            PyObject *entry = root ? Py_BuildValue("(O())", root) : NULL;
+            int rc = entry && c && PyLong_AsLong(c) == 1 && (dot < 0 || PyUnicode_Compare(local, root) == 0)
+                         ? PyDict_SetItem(aliases, local, entry) : (entry ? 0 : -1);
+            Py_XDECREF(root);
+            Py_XDECREF(entry);
+            if (rc < 0) goto fail;
+            continue;
+        }
+        for (Py_ssize_t j = k + 1; j + 1 < n && ins[j].op == IMPORT_FROM && ins[j].name && ins[j + 1].op == STORE_FAST;
+             j += 2) { /* from m import x [as y], ... */
+            PyObject *steps = Py_BuildValue("((sO))", "attr", ins[j].name), *local = ins[j + 1].name;
+            PyObject *entry = steps ? PyTuple_Pack(2, module, steps) : NULL;
+            PyObject *c = local ? PyDict_GetItemWithError(stores, local) : NULL;
+            int rc = entry ? add_chain(chains, "module", module, steps) : -1;
+            if (rc == 0 && c && PyLong_AsLong(c) == 1) rc = PyDict_SetItem(aliases, local, entry);
+            Py_XDECREF(steps);
+            Py_XDECREF(entry);
+            if (rc < 0) goto fail;
+        }
+    }
+    Py_DECREF(stores);
+    return aliases;
+fail:
+    Py_XDECREF(aliases);
+    Py_XDECREF(stores);
+    return NULL;
+}
+
 static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObject *params, PyObject *globals,
                 PyObject *freevars, PyObject *chains, PyObject *lists[3]) {
     PyObject *effects = lists[0], *prints = lists[1], *mutations = lists[2];
     PyObject *free_names = code->co_nfreevars ? PyCode_GetFreevars(code) : PyTuple_New(0);
     if (!free_names) return -1;
+    PyObject *imported = import_aliases(ins, n, chains);
+    if (!imported) {
+        Py_DECREF(free_names);
+        return -1;
+    }
     int r = -1;
     for (Py_ssize_t k = 0; k < n; k++) {
         const pykiln_instr *i = &ins[k];
@@ -317,6 +433,17 @@ static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObj
         } else if ((act == ACT_READ_DEREF || act == ACT_READ_CLOSURE) && is_free) {
             if (PyDict_SetItem(freevars, name, Py_None) < 0) goto done;
             kind = act == ACT_READ_DEREF ? "deref" : NULL;
+        } else if (act == ACT_READ_FAST && name && PyDict_GetItemWithError(imported, name)) {
+            PyObject *alias = PyDict_GetItemWithError(imported, name); /* (module, steps to the value) */
+            PyObject *more = chain_after(ins, n, k + 1);
+            PyObject *steps = more ? PySequence_Concat(PyTuple_GET_ITEM(alias, 1), more) : NULL;
+            int rc = steps ? (PyTuple_GET_SIZE(steps) ? add_chain(chains, "module", PyTuple_GET_ITEM(alias, 0), steps) : 0)
+                           : -1;
+            Py_XDECREF(more);
+            Py_XDECREF(steps);
+            if (rc < 0) goto done;
+        } else if (PyErr_Occurred()) {
+            goto done;
         } else if ((act == ACT_READ_FAST || act == ACT_READ_DEREF) && name && PySet_Contains(params, name) == 1) {
             kind = "fast"; /* (through its cell when a nested function closes over the parameter) */
         } else if (act == ACT_WRITE_GLOBAL) {
@@ -330,8 +457,16 @@ static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObj
         } else if (act == ACT_WRITE_SUBSCR) {
             if (add_event(mutations, "an item assignment", NULL, i->line) < 0) goto done;
         }
+        Py_ssize_t after = k + 1;
+        if (act == ACT_READ_GLOBAL && loads_global(ins, k, "globals") && calls_at(ins, n, k + 1, 0) && k + 4 < n &&
+            by_opcode[ins[k + 3].op].act == ACT_CONST && ins[k + 3].name && PyUnicode_Check(ins[k + 3].name) &&
+            by_opcode[ins[k + 4].op].act == ACT_SUBSCR) { /* globals()["X"]: the global X, read by name */
+            name = ins[k + 3].name;
+            if (PyDict_SetItem(globals, name, Py_None) < 0) goto done;
+            after = k + 5;
+        }
         if (kind && name) {
-            PyObject *steps = chain_after(ins, n, k + 1);
+            PyObject *steps = chain_after(ins, n, after);
             if (!steps) goto done;
             if (PyTuple_GET_SIZE(steps)) {
                 PyObject *chain = Py_BuildValue("(sOO)", kind, name, steps);
@@ -348,6 +483,7 @@ static int scan(PyCodeObject *code, const pykiln_instr *ins, Py_ssize_t n, PyObj
     r = 0;
 done:
     Py_DECREF(free_names);
+    Py_DECREF(imported);
     return r;
 }
 

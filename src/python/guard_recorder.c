@@ -27,6 +27,7 @@ typedef struct {
 } PyGuardRecorder;
 
 static PyObject *s_getattribute, *s_getattr, *s_get;
+static PyObject *s_kiln_original;
 static PyObject *s_defaults, *s_kwdefaults, *s_contents, *s_attr, *s_item, *s_kiln, *s_colon, *cell_path, *s_kiln_version, *s_training, *s_dict, *s_print, *s_locals, *builtins;
 
 enum { SNAP_LIST, SNAP_DICT, SNAP_SET, SNAP_BYTES, SNAP_OBJECT, SNAP_ITERATOR };
@@ -342,6 +343,27 @@ static int watch(PyGuardRecorder *r, PyObject *obj, PyObject *description, PyObj
     return rc;
 }
 
+static PyObject *partial_type; /* functools.partial */
+
+static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObject *description, PyObject *code,
+                      PyObject *name);
+
+/* A functools.partial the code reached and may call: its function, arguments and keywords (a
+ * dict that may change in place: `p.keywords["w"] = 3.0` between calls) are what the call binds,
+ * none of them in the call key. */
+static int guard_partial(PyGuardRecorder *r, PyObject *p, PyObject *description, PyObject *code) {
+    static const char *const parts[] = {"func", "args", "keywords"};
+    int rc = 0;
+    for (size_t k = 0; rc == 0 && k < sizeof parts / sizeof parts[0]; k++) {
+        PyObject *path = Py_BuildValue("((ss))", "attr", parts[k]);
+        PyObject *what = path ? PyUnicode_FromFormat("%U.%s", description, parts[k]) : NULL;
+        rc = what ? guard_path(r, p, path, what, code, NULL) : -1;
+        Py_XDECREF(path);
+        Py_XDECREF(what);
+    }
+    return rc;
+}
+
 /* Guards each step of path from root on the object it reaches now: a chain of one-step guards,
  * each rooted at the object the step before reached (whose identity that step guards), so most
  * are items of a dict (a module's globals, an instance's __dict__), which the GuardSet skips
@@ -359,7 +381,17 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
         PyObject *step = Py_NewRef(PyTuple_GET_ITEM(path, k)), *at = Py_NewRef(cur);
         PyObject *value = walk_step(cur, step);
         int mode = value ? step_mode(cur, step, value) : 0;
-        if (!value || mode < 0) {
+        if (!value && !PyErr_Occurred() && step_is(step, 'a')) {
+            /* an attribute the object does not have (getattr(cls, "opt", default), hasattr): its
+             * absence is what the code read, guarded; a getter written in Python is never run */
+            int runs = attribute_runs_user_code(cur, PyTuple_GET_ITEM(step, 1));
+            PyObject *what = k == n - 1 ? description : step_desc, *one = runs == 0 ? PyTuple_Pack(1, step) : NULL;
+            if (runs < 0 || (runs == 0 && (!one || add_guard(r, cur, step, one, Py_None, GUARD_ABSENT, what) < 0)))
+                rc = -1;
+            else
+                rc = 1;
+            Py_XDECREF(one);
+        } else if (!value || mode < 0) {
             rc = PyErr_Occurred() ? -1 : 1;
         } else if (step_is(step, 'a')) {
             int plain = plain_attribute(cur, PyTuple_GET_ITEM(step, 1)), err = 0;
@@ -371,7 +403,8 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
         }
         PyObject *what = k == n - 1 ? description : step_desc;
         if (rc == 0 && (guard_step_mode(r, at, step, value, mode, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code) < 0 ||
-                        guard_cell_version(r, value) < 0))
+                        guard_cell_version(r, value) < 0 ||
+                        (PyObject_TypeCheck(value, (PyTypeObject *)partial_type) && guard_partial(r, value, what, code) < 0)))
             rc = -1;
         Py_XDECREF(step);
         Py_XDECREF(at);
@@ -525,6 +558,14 @@ static int guard_chains(PyGuardRecorder *r, PyObject *facts, PyObject *g, PyObje
             root = Py_NewRef(g), path = first ? PySequence_Concat(first, steps) : NULL;
             what = PyUnicode_FromFormat("global %U", name);
             Py_XDECREF(first);
+        } else if (kind == 'm') { /* a module the code imports (sys.modules): its attributes as a global's */
+            root = PyImport_GetModule(name);
+            if (!root) {
+                rc = PyErr_Occurred() ? -1 : 0;
+                continue;
+            }
+            path = Py_NewRef(steps);
+            what = PyUnicode_FromFormat("module %U", name);
         } else if (kind == 'd') {
             root = PyDict_GetItemWithError(cells, name);
             if (!root || PyUnicode_Compare(name, r->rt) == 0) {
@@ -624,16 +665,17 @@ static int guard_closures(PyGuardRecorder *r, PyObject *facts, PyCodeObject *cod
     return rc;
 }
 
-/* Guards the containers among the defaults of `running` that the frame got (its local of that name is
- * the default object): a list, dict or set default is state the call key does not hold, and len(),
- * iteration or `in` read its contents without an attribute chain to guard. Each is guarded as the
- * path running.__defaults__[i] (or .__kwdefaults__[name]), contents included. */
+/* Guards the defaults of `running` that the frame got (its local of that name is the default
+ * object): a default is state the call key does not hold (`f.__defaults__ = (5.0,)` between calls),
+ * and len(), iteration or `in` read a list, dict or set default's contents without an attribute
+ * chain to guard. Each is guarded as the path running.__defaults__[i] (or .__kwdefaults__[name]),
+ * contents included; `running` is the function the user wrote (an ast-converted function's
+ * original, whose defaults the converted one takes at each capture). */
 static int guard_default(PyGuardRecorder *r, PyObject *running, PyObject *where, PyObject *key, PyObject *name,
                          PyObject *value, PyObject *locals, PyObject *code) {
     PyObject *local = name ? PyDict_GetItemWithError(locals, name) : NULL;
     if (!local) return PyErr_Occurred() ? -1 : 0;
-    if (local != value || !(PyList_CheckExact(value) || PyDict_CheckExact(value) || PySet_CheckExact(value)))
-        return 0;
+    if (local != value) return 0;
     PyObject *path = Py_BuildValue("((OO)(OO))", s_attr, where, s_item, key);
     PyObject *what = path ? PyUnicode_FromFormat("the default of parameter %R of %U", name,
                                                  ((PyCodeObject *)code)->co_qualname)
@@ -646,6 +688,13 @@ static int guard_default(PyGuardRecorder *r, PyObject *running, PyObject *where,
 
 static int guard_defaults(PyGuardRecorder *r, PyObject *running, PyCodeObject *code, PyObject *locals) {
     if (!running || !PyFunction_Check(running) || PyFunction_GET_CODE(running) != (PyObject *)code) return 0;
+    int err;
+    PyObject *fdict = instance_dict(running, &err);
+    if (err) return -1;
+    PyObject *original = fdict ? PyDict_GetItemWithError(fdict, s_kiln_original) : NULL;
+    Py_XDECREF(fdict); /* (the function's own dict keeps original alive) */
+    if (!original && PyErr_Occurred()) return -1;
+    if (original && PyFunction_Check(original)) running = original; /* (the converted one's defaults follow it) */
     PyObject *defaults = PyFunction_GET_DEFAULTS(running), *kwdefaults = PyFunction_GET_KW_DEFAULTS(running);
     PyObject *names = PyCode_GetVarnames(code);
     int rc = names ? 0 : -1;
@@ -1020,7 +1069,8 @@ static PyTypeObject PyGuardRecorder_Type = {
 };
 
 int pykiln_guard_recorder_init_type(PyObject *module) {
-    if (!(s_defaults = PyUnicode_InternFromString("__defaults__")) ||
+    if (!(s_kiln_original = PyUnicode_InternFromString("__kiln_original__")) ||
+        !(s_defaults = PyUnicode_InternFromString("__defaults__")) ||
         !(s_kwdefaults = PyUnicode_InternFromString("__kwdefaults__")) ||
         !(s_attr = PyUnicode_InternFromString("attr")) || !(s_kiln = PyUnicode_InternFromString("kiln")) ||
         !(s_getattribute = PyUnicode_InternFromString("__getattribute__")) ||
@@ -1036,6 +1086,10 @@ int pykiln_guard_recorder_init_type(PyObject *module) {
     if (!module_builtins) return -1;
     builtins = Py_NewRef(PyModule_GetDict(module_builtins));
     Py_DECREF(module_builtins);
+    PyObject *functools = PyImport_ImportModule("functools");
+    partial_type = functools ? PyObject_GetAttrString(functools, "partial") : NULL;
+    Py_XDECREF(functools);
+    if (!partial_type || !PyType_Check(partial_type)) return -1;
     if (PyType_Ready(&PyGuardRecorder_Type) < 0) return -1;
     Py_INCREF(&PyGuardRecorder_Type);
     return PyModule_AddObject(module, "GuardRecorder", (PyObject *)&PyGuardRecorder_Type);

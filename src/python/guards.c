@@ -14,7 +14,8 @@
  *     WEAK_METHOD  (0, function token, self token): a bound method of those; (1, name, self token): a
  *               builtin's bound method of that name and self
  *     CONTENTS  a list, dict or set whose contents (pykiln_guard_contents) are what expected holds: items
- *               the same objects, or equal numbers and strings (len(S) of a global set S read by the code)
+ *               the same objects, or equal numbers and strings (len(S) of a global set S read by the code);
+ *               the lists and dicts among them (three levels deep) by their own contents
  * A spec may name how its root is found, as a fifth item (a GuardSet kept with a code object holds
  * nothing that leads back to the code: see python/kiln/jit/code_cache.py):
  *     ROOT_OBJECT   root is the object (the default)
@@ -97,16 +98,55 @@ static int same_value(PyObject *a, PyObject *b) {
 
 static int check_value(const guard *g, PyObject *root);
 
-PyObject *pykiln_guard_contents(PyObject *value) {
-    if (PyList_CheckExact(value)) return PySequence_Tuple(value);
+/* A list or dict inside the contents a guard compares (GRID[i][j] reads the inner lists' items
+ * with indices no chain names): (marker, its contents), down to CONTENTS_DEPTH levels; deeper, and
+ * other objects, by identity. The markers are strings: same_value compares them by value, and
+ * code_cache keeps guards whose contents are numbers and strings only. */
+#define CONTENTS_DEPTH 3
+static PyObject *list_marker, *dict_marker;
+
+static PyObject *contents_at(PyObject *value, int depth);
+
+static PyObject *nested(PyObject *item, int depth) {
+    if (depth >= CONTENTS_DEPTH || !(PyList_CheckExact(item) || PyDict_CheckExact(item))) return Py_NewRef(item);
+    PyObject *inner = contents_at(item, depth + 1);
+    PyObject *t = inner ? PyTuple_Pack(2, PyList_CheckExact(item) ? list_marker : dict_marker, inner) : NULL;
+    Py_XDECREF(inner);
+    return t;
+}
+
+static PyObject *contents_at(PyObject *value, int depth) {
+    if (!list_marker && (!(list_marker = PyUnicode_InternFromString("<kiln: list contents>")) ||
+                         !(dict_marker = PyUnicode_InternFromString("<kiln: dict contents>"))))
+        return NULL;
+    if (PyList_CheckExact(value)) {
+        Py_ssize_t n = PyList_GET_SIZE(value);
+        PyObject *t = PyTuple_New(n);
+        for (Py_ssize_t k = 0; t && k < n && k < PyList_GET_SIZE(value); k++) {
+            PyObject *item = nested(PyList_GET_ITEM(value, k), depth);
+            if (!item) Py_CLEAR(t);
+            else PyTuple_SET_ITEM(t, k, item);
+        }
+        return t;
+    }
     if (PySet_CheckExact(value)) return PyFrozenSet_New(value);
     if (PyDict_CheckExact(value)) {
-        PyObject *items = PyDict_Items(value), *t = items ? PySequence_Tuple(items) : NULL;
+        PyObject *items = PyList_New(0), *key, *v;
+        Py_ssize_t pos = 0;
+        while (items && PyDict_Next(value, &pos, &key, &v)) {
+            PyObject *inner = nested(v, depth), *pair = inner ? PyTuple_Pack(2, key, inner) : NULL;
+            if (!pair || PyList_Append(items, pair) < 0) Py_CLEAR(items);
+            Py_XDECREF(inner);
+            Py_XDECREF(pair);
+        }
+        PyObject *t = items ? PyList_AsTuple(items) : NULL;
         Py_XDECREF(items);
         return t;
     }
     return Py_NewRef(Py_None);
 }
+
+PyObject *pykiln_guard_contents(PyObject *value) { return contents_at(value, 0); }
 
 /* The object a token names is v: a weakref's live referent, or the object whose id the token is. */
 static int token_is(PyObject *token, PyObject *v) {

@@ -178,18 +178,19 @@ static PyObject *py_infer(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return list;
 }
 
-/* op_table() -> list of (name, nin, nout, differentiable, fusion, c_expr, side_effects) in enum
- * order */
+/* op_table() -> list of (name, nin, nout, differentiable, fusion, c_expr, side_effects, control,
+ * checks_values) in enum order */
 static PyObject *py_op_table(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     PyObject *list = PyList_New(KILN_OP_COUNT);
     for (int op = 0; list && op < KILN_OP_COUNT; op++) {
         const kiln_op_info *info = &kiln_op_table[op];
-        PyList_SET_ITEM(list, op, Py_BuildValue("(siiOizOO)", info->name, info->nin, info->nout,
+        PyList_SET_ITEM(list, op, Py_BuildValue("(siiOizOOO)", info->name, info->nin, info->nout,
                                                 kiln_op_differentiable((kiln_op)op) ? Py_True : Py_False,
                                                 (int)info->fusion, info->c_expr,
                                                 kiln_op_has_side_effects((kiln_op)op) ? Py_True : Py_False,
-                                                info->flags & KILN_OPF_CONTROL ? Py_True : Py_False));
+                                                info->flags & KILN_OPF_CONTROL ? Py_True : Py_False,
+                                                info->flags & KILN_OPF_CHECKS_VALUES ? Py_True : Py_False));
     }
     return list;
 }
@@ -436,7 +437,7 @@ static PyMethodDef module_methods[] = {
     {"register_check", pykiln_register_check, METH_O, "register_check(exception) -> id of a check op"},
     {"apply", (PyCFunction)(void (*)(void))py_apply, METH_FASTCALL, "apply(op, inputs, ints=(), floats=())"},
     {"infer", (PyCFunction)(void (*)(void))py_infer, METH_FASTCALL, "infer(op, inputs, ints=(), floats=())"},
-    {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr, side_effects, control)"},
+    {"op_table", py_op_table, METH_NOARGS, "the op table: (name, nin, nout, differentiable, fusion, c_expr, side_effects, control, checks_values)"},
     {"grad", py_grad, METH_VARARGS, "grad(outputs, inputs, grad_outputs=None, create_graph=False)"},
     {"backward_passes", pykiln_backward_passes, METH_NOARGS, "backward_passes() -> how many backward passes Python began"},
     {"set_grad_enabled", py_set_grad_enabled, METH_O, "set grad mode; returns the previous mode"},

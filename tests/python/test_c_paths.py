@@ -31,6 +31,7 @@ def reference_facts(code):
     params = set(code.co_varnames[:nargs]) - {i.argval for i in instrs if i.opname in (
         "STORE_FAST", "DELETE_FAST", "STORE_DEREF", "DELETE_DEREF")}
     globals_, freevars, chains, effects, prints, mutations = set(), set(), set(), [], [], []
+    aliases = import_aliases(instrs, chains)
     line = code.co_firstlineno
     for k, ins in enumerate(instrs):
         if ins.positions is not None and ins.positions.lineno is not None:
@@ -53,12 +54,24 @@ def reference_facts(code):
             mutations.append((f"an assignment to attribute {arg!r}", line))
         elif op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
             mutations.append(("an item assignment", line))
+        name, after = arg, k
+        if op == "LOAD_GLOBAL" and arg == "globals" and calls_at(instrs, k + 1, 0) and k + 4 < len(instrs) and \
+                instrs[k + 3].opname == "LOAD_CONST" and isinstance(instrs[k + 3].argval, str) and \
+                instrs[k + 4].opname == "BINARY_SUBSCR":  # globals()["X"]: the global X
+            name, after = instrs[k + 3].argval, k + 4
+            globals_.add(name)
+        if op == "LOAD_FAST" and arg in aliases:  # a module imported inside: chains rooted at the module
+            module, first = aliases[arg]
+            steps = first + steps_after(instrs, k)
+            if steps:
+                chains.add(("module", module, steps))
+            continue
         kind = ("global" if op in ("LOAD_GLOBAL", "LOAD_NAME") else
                 "deref" if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and free else
                 "fast" if op in ("LOAD_FAST", "LOAD_DEREF") and arg in params else None)
-        steps = steps_after(instrs, k) if kind else ()
+        steps = steps_after(instrs, after) if kind else ()
         if steps:
-            chains.add((kind, arg, steps))
+            chains.add((kind, name, steps))
     lift_nested(code, params, chains)
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return globals_, freevars, chains, effects, prints, mutations, nested
@@ -80,9 +93,60 @@ def lift_nested(code, names, chains):
             lift_nested(nested, here, chains)
 
 
+def calls_at(instrs, j, argc):
+    """PRECALL n; CALL n at j taking a builtin's argc arguments (ast-converted code: up to two more)."""
+    return (j + 1 < len(instrs) and instrs[j].opname == "PRECALL" and instrs[j + 1].opname == "CALL"
+            and instrs[j].arg == instrs[j + 1].arg and argc <= instrs[j].arg <= argc + 2)
+
+
+def import_aliases(instrs, chains):
+    """local -> (module, steps) of the imports inside the code that bind a local assigned once;
+    `from m import x` also adds its chain ("module", m, (("attr", x),))."""
+    stores = {}
+    for i in instrs:
+        if i.opname in ("STORE_FAST", "DELETE_FAST"):
+            stores[i.argval] = stores.get(i.argval, 0) + 1
+    aliases = {}
+    for k in range(2, len(instrs) - 1):
+        ins, level, fromlist = instrs[k], instrs[k - 2], instrs[k - 1]
+        if ins.opname != "IMPORT_NAME" or level.opname != "LOAD_CONST" or not isinstance(level.argval, int) \
+                or level.argval != 0 or fromlist.opname != "LOAD_CONST":
+            continue
+        module = ins.argval
+        if instrs[k + 1].opname == "STORE_FAST" and fromlist.argval is None:
+            root, local = module.split(".")[0], instrs[k + 1].argval
+            if stores.get(local) == 1 and ("." not in module or local == root):
+                aliases[local] = (root, ())
+            continue
+        j = k + 1
+        while j + 1 < len(instrs) and instrs[j].opname == "IMPORT_FROM" and instrs[j + 1].opname == "STORE_FAST":
+            steps, local = (("attr", instrs[j].argval),), instrs[j + 1].argval
+            chains.add(("module", module, steps))
+            if stores.get(local) == 1:
+                aliases[local] = (module, steps)
+            j += 2
+    return aliases
+
+
 def steps_after(instrs, k):
-    """The attribute and constant-subscript steps read after instruction k."""
+    """The attribute and constant-subscript steps read after instruction k (after getattr(obj, "a")
+    or hasattr: also "a"; type(obj).b: obj.__class__.b)."""
+    before = instrs[k - 1] if k >= 1 else None
+    getattr_of = before is not None and before.opname == "LOAD_GLOBAL" and before.argval in ("getattr", "hasattr")
+    type_of = before is not None and before.opname == "LOAD_GLOBAL" and before.argval == "type"
     steps, j = [], k + 1
+    steps, j = _steps(instrs, j, steps)
+    if getattr_of and j < len(instrs) and instrs[j].opname == "LOAD_CONST" and isinstance(instrs[j].argval, str) \
+            and (j + 1 >= len(instrs) or instrs[j + 1].opname != "BINARY_SUBSCR"):
+        steps.append(("attr", instrs[j].argval))
+    elif type_of and calls_at(instrs, j, 1):
+        steps.append(("attr", "__class__"))
+        steps, j = _steps(instrs, j + 2, steps)
+    return tuple(steps)
+
+
+def _steps(instrs, j, steps):
+    """The steps from instruction j on, appended to steps; (steps, where they stopped)."""
     while j < len(instrs):
             nxt = instrs[j]
             if nxt.opname == "COPY" and nxt.arg == 1 and j + 1 < len(instrs) and instrs[j + 1].opname == "LOAD_ATTR":
@@ -104,7 +168,7 @@ def steps_after(instrs, k):
                 j += 2
             else:
                 break
-    return tuple(steps)
+    return steps, j
 
 
 def all_codes(code):
@@ -143,6 +207,12 @@ def rebinds(self, x):
         self = v
     set_self(x)
     return (lambda: self.w)()
+def reads_by_name(obj, x):
+    import cfg_mod
+    from cfg_mod import opts as o
+    import pkg.sub
+    s = getattr(obj, "scale", 1.0) + hasattr(obj.inner, "bias") + type(obj).gain.k
+    return x * s * cfg_mod.alpha + o.beta + pkg.sub.gamma + globals()["TABLE"][0]
 '''
 
 
@@ -156,6 +226,20 @@ def test_code_facts_match_a_dis_reference():
         got = (set(f.globals), set(f.freevars), set(f.chains), list(f.effects), list(f.prints), list(f.mutations),
                f.nested)
         assert got == reference_facts(code), code.co_qualname
+
+
+def test_code_facts_see_reads_by_name():
+    """getattr/hasattr with a constant name, type(obj).attr, globals()["X"] and modules imported
+    inside: chains the guards follow (each of them once unguarded: a stale compiled result)."""
+    code = next(c for c in all_codes(compile(SAMPLE, "<sample>", "exec")) if c.co_name == "reads_by_name")
+    f = _C.code_facts(code)
+    assert {("fast", "obj", (("attr", "scale"),)), ("fast", "obj", (("attr", "inner"), ("attr", "bias"))),
+            ("fast", "obj", (("attr", "__class__"), ("attr", "gain"), ("attr", "k"))),
+            ("module", "cfg_mod", (("attr", "alpha"),)), ("module", "cfg_mod", (("attr", "opts"),)),
+            ("module", "cfg_mod", (("attr", "opts"), ("attr", "beta"))),
+            ("module", "pkg", (("attr", "sub"), ("attr", "gamma"))),
+            ("global", "TABLE", (("item", 0),))} <= set(f.chains)
+    assert "TABLE" in f.globals
 
 
 def test_code_facts_of_the_sample_see_each_kind():

@@ -125,6 +125,7 @@ _BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", 
 _UNARY = {ast.USub: "neg", ast.UAdd: "pos", ast.Invert: "invert"}
 
 _COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+_OTHER_TESTS = {ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 
 
 def _comparison(loc, left, op, right, at):
@@ -409,11 +410,13 @@ class _Converter(ast.NodeTransformer):
         self.generic_visit(node)
         if len(node.ops) == 1:
             return _comparison(self._loc(node), node.left, node.ops[0], node.comparators[0], node)
-        lefts = [node.left] + node.comparators[:-1]
-        parts = [_comparison(self._loc(node), copy.deepcopy(a), op, copy.deepcopy(b), node)
-                 for a, op, b in zip(lefts, node.ops, node.comparators)]
-        thunks = [ast.Lambda(args=_no_args(), body=p) for p in parts]
-        return ast.copy_location(_call_rt("and_", self._loc(node), *thunks), node)
+        # `a < b < c`: each operand evaluated once, and only while the comparisons before it hold
+        # (ast_runtime.chain_parts keeps the values the parts share)
+        names = ast.Tuple(elts=[ast.Constant(_COMPARE.get(type(op)) or _OTHER_TESTS[type(op)]) for op in node.ops],
+                          ctx=ast.Load())
+        operands = [ast.Lambda(args=_no_args(), body=v) for v in [node.left] + node.comparators]
+        parts = ast.Starred(value=_call_rt("chain_parts", self._loc(node), names, *operands), ctx=ast.Load())
+        return ast.copy_location(_call_rt("and_", self._loc(node), parts), node)
 
     def visit_IfExp(self, node):
         self.generic_visit(node)

@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .. import _C, hooks
-from . import ast_convert, guards, tree
+from . import ast_convert, dynamic, guards, tree
 from .syntax import JitSyntaxError
 
 _state = threading.local()
@@ -623,6 +623,29 @@ def _short_circuit(thunks, stops_at, on_tensor):
     return v
 
 
+_TESTS = {"is": operator.is_, "is not": operator.is_not, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
+
+
+def chain_parts(loc, names, *operands):
+    """The comparisons of a chained comparison `a < b < c ...` as thunks for and_: operand k (a
+    thunk) is evaluated once, when the first comparison that needs it runs (as Python does)."""
+    values = {}
+
+    def value(k):
+        if k not in values:
+            values[k] = operands[k]()
+        return values[k]
+
+    def part(k):
+        name = names[k]
+        test = _TESTS.get(name)
+        if test is not None:
+            return lambda: test(value(k), value(k + 1))
+        return lambda: binary(loc, name, value(k), value(k + 1))
+
+    return [part(k) for k in range(len(names))]
+
+
 def and_(loc, *thunks):
     """`a and b ...` as Python gives it: the first false operand, else the last; on a tensor
     operand (one element) a selection between the operands in the graph."""
@@ -948,10 +971,22 @@ def _user_code(fn):
     return guards.is_user_code(code)
 
 
+def with_current_defaults(new):
+    """new, a converted function, given its original's defaults (replaced since it was made:
+    `f.__defaults__ = (5.0,)`; the guards on them name the original)."""
+    fn = getattr(new, "__kiln_original__", None)
+    if fn is not None:
+        if new.__defaults__ is not fn.__defaults__:
+            new.__defaults__ = fn.__defaults__
+        if new.__kwdefaults__ is not fn.__kwdefaults__:
+            new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
 def convert_function(fn):
     """The converted version of the Python function fn (raises JitSyntaxError)."""
     try:
-        return _functions[fn]
+        return with_current_defaults(_functions[fn])
     except (KeyError, TypeError):
         pass
     code = fn.__code__
@@ -1062,6 +1097,10 @@ def _rounded(f, args, kwargs):
 
 
 def converted_call(loc, f, *args, **kwargs):
+    if f is builtins.globals and not args and not kwargs:  # the converted code's (the user's module), not this one's
+        return sys._getframe(1).f_globals
+    if f is builtins.type and len(args) == 1 and not kwargs and isinstance(args[0], dynamic.SymInt):
+        return int  # (a size is an int to the user's code, symbolic or not)
     if f is builtins.print:
         return _print(*args, **kwargs)
     if f is builtins.range:

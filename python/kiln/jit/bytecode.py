@@ -166,11 +166,12 @@ def _exception_table(table):
 
 class Frame:
     """One interpreted function: localsplus (cells as cell objects), value stack, next instruction."""
-    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names", "executed", "handling")
+    __slots__ = ("func", "code", "locals", "stack", "pc", "kw_names", "executed", "handling", "stop")
 
     def __init__(self, func, code, local_values, stack, pc, kw_names=()):
         self.func, self.code, self.locals, self.stack, self.pc, self.kw_names = (
             func, code, local_values, stack, pc, kw_names)
+        self.stop = None  # a generator expression's consumer that stops early (any, all, next): see _consumer
         self.executed = None  # offsets interpreted while capturing (what the guards cover), a set
         self.handling = 0  # exception handlers entered and not left (PUSH_EXC_INFO .. POP_EXCEPT)
 
@@ -447,12 +448,21 @@ class Interpreter:
             return self.run_known(fn, args, kwargs)
         if fn is super and not args and not kwargs:  # zero-argument super(): its class cell and first argument
             return super(*_super_arguments(frame))
+        if fn is type and len(args) == 1 and not kwargs and type(args[0]) is SymInt:
+            return int  # (a size is an int to the user's code, symbolic or not)
+        if fn is globals and not args and not kwargs:  # the interpreted function's, not this module's
+            return frame.func.__globals__
+        if (fn is locals or fn is vars) and not args and not kwargs:  # a snapshot, as a function's locals() is
+            return self.note_created(frame.named_locals())
         name = getattr(fn, "__name__", "")
         if name in _VALUE_READS and (_is_tensor(bound_self) or (  # Tensor.item(t) after LOAD_METHOD too
                 args and _is_tensor(args[0]) and getattr(type(args[0]), name, None) is fn)):
             self.brk(f"Tensor.{name}() (its value is read into Python)")
         if fn is next and args and not isinstance(args[0], _Iter) and not self.local(args[0]):
             self.mutation(args[0], "next() on an iterator the function did not make (a Python side effect)")
+        if any(isinstance(a, types.GeneratorType) or (isinstance(a, _Iter) and isinstance(a.source, types.GeneratorType))
+               for a in args):  # (its code would run unseen by the guards, and again if the capture restarts)
+            self.brk(f"{getattr(fn, '__qualname__', type(fn).__name__)}() advancing a generator")
         if fn is print:
             self.brk("print() (a Python side effect)")
         elif id(fn) in _CONVERSIONS and _contains_tensor(args):
@@ -511,6 +521,13 @@ class Interpreter:
         if code.co_flags & _GENERATOR_FLAGS and not _is_genexpr(code):
             self.brk(f"a generator ({func.__qualname__})")
             return func(*args, **kwargs)
+        stop = None
+        if code.co_flags & _GENERATOR_FLAGS:
+            consumer = _consumer(self.frames[-1]) if self.frames else None
+            if consumer is None:  # kept, or given to code that may stop early: CPython's lazy generator
+                self.brk(f"a generator expression not consumed at once ({func.__qualname__})")
+                return func(*args, **kwargs)
+            stop = _SHORT_CIRCUIT.get(id(consumer))
         why = Code.of(code).cpython_only
         if why:  # CPython runs it (e.g. try/with: this interpreter has no exception handling)
             self.brk(f"{why} in {func.__qualname__} ({code.co_filename}:{code.co_firstlineno})")
@@ -527,6 +544,7 @@ class Interpreter:
         frame = Frame.start(func, bound)
         if code.co_flags & _GENERATOR_FLAGS:  # a generator expression: its yields, at the bottom of its stack
             frame.stack.append(self.note_created([]))
+            frame.stop = stop
         self.reads.append((frame, dict(zip(bound_names(code), bound))))
         self.frames.append(frame)
         return _PUSHED
@@ -554,6 +572,47 @@ def _super_arguments(frame):
     if isinstance(first, types.CellType):
         first = first.cell_contents
     return cls.cell_contents, first
+
+
+def _consumer(frame):
+    """The builtin a generator expression made by the CALL at frame.pc is passed to at once, as the
+    last positional argument of the next CALL, when it is one this interpreter may run the
+    expression to its end for (its values collected first): one that takes every value (list, sum,
+    sorted, ...) or one that stops early (any, all, next), whose stop the expression's frame then
+    checks at each value (_SHORT_CIRCUIT). None otherwise: the expression is then CPython's lazy
+    generator, its code run when, and as far as, it is advanced (a generator kept in a name reads
+    its free variables when it runs; a loop over it may break early)."""
+    ins = frame.code.ins
+    i = frame.pc + 1
+    if i < len(ins) and ins[i][0] == "PRECALL":
+        i += 1
+    if i >= len(ins) or ins[i][0] != "CALL" or frame.kw_names:
+        return None
+    n = ins[i][1]
+    stack = frame.stack  # [..., NULL or the callable, the callable or self, args..., genexpr function, iterable]
+    if n < 1 or len(stack) < n + 3:
+        return None
+    below = stack[-n - 3]
+    fn = below if below is not NULL else stack[-n - 2]
+    if id(fn) in _FULL_CONSUMERS or id(fn) in _SHORT_CIRCUIT:
+        return fn
+    if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, str) and fn.__name__ == "join":
+        return fn
+    return None
+
+
+def _stop_any(value):
+    return not _is_tensor(value) and bool(value)
+
+
+def _stop_all(value):
+    return not _is_tensor(value) and not bool(value)
+
+
+_FULL_CONSUMERS = frozenset(map(id, (list, tuple, set, frozenset, dict, sum, sorted, min, max)))
+# consumers that stop at a value: the expression stops there too, its later values never computed
+# (a tensor's truth is not read here: the consumer reads it, a value read the capture refuses)
+_SHORT_CIRCUIT = {id(any): _stop_any, id(all): _stop_all, id(next): lambda value: True}
 
 
 def _is_genexpr(code):
@@ -861,9 +920,9 @@ def h_is_op(it, f, arg, name, target):
 
 
 def h_contains_op(it, f, arg, name, target):
-    rhs = f.stack.pop()
-    if _is_tensor(rhs):
+    if _is_tensor(f.stack[-1]):  # (before any pop: a graph break leaves the frame as it was)
         it.brk("`in` a tensor (its value is read into Python)")
+    rhs = f.stack.pop()
     f.stack[-1] = (f.stack[-1] in rhs) != bool(arg)
     _next(f)
 
@@ -940,10 +999,10 @@ def h_build_string(it, f, arg, name, target):
 
 
 def h_format_value(it, f, arg, name, target):
+    if _is_tensor(f.stack[-2] if arg & 0x04 else f.stack[-1]):  # (before any pop, as at every graph break)
+        it.brk("formatting a tensor into a string (its value is read into Python)")
     spec = f.stack.pop() if arg & 0x04 else ""
     v = f.stack.pop()
-    if _is_tensor(v):
-        it.brk("formatting a tensor into a string (its value is read into Python)")
     conv = arg & 0x03
     v = str(v) if conv == 1 else repr(v) if conv == 2 else ascii(v) if conv == 3 else v
     f.stack.append(format(v, spec))
@@ -1012,7 +1071,7 @@ class _Iter:
     continuation), or a Python iterator advanced as the code asks (source: enumerate, zip,
     reversed, a dict or its views, which see their list or dict change on the way; materialized
     when a state is frozen). Code run as it is (sum, tuple, max ...) iterates it as a Python iterator."""
-    __slots__ = ("items", "pos", "source")
+    __slots__ = ("items", "pos", "source", "__weakref__")
 
     def __init__(self, items, pos=0, source=None):
         self.items, self.pos, self.source = items, pos, source
@@ -1050,6 +1109,8 @@ def h_get_iter(it, f, arg, name, target):
     # way are seen), so are the lazy iterators over them; anything else is materialized here
     if type(v) is list:
         f.stack[-1] = _Iter(v)
+    elif isinstance(v, types.GeneratorType):  # (in Python, between graphs) advanced as the loop asks
+        f.stack[-1] = _Iter([], source=v)
     elif isinstance(v, _LAZY):
         f.stack[-1] = _Iter([], source=iter(v))
     else:
@@ -1255,8 +1316,11 @@ def h_return_generator(it, f, arg, name, target):
 
 
 def h_yield_value(it, f, arg, name, target):
-    f.stack[0].append(f.stack.pop())
+    value = f.stack.pop()
+    f.stack[0].append(value)
     f.stack.append(None)  # next() sends None
+    if f.stop is not None and f.stop(value):  # its consumer stops here (any, all, next): so does it
+        return h_return_value(it, f, arg, name, target)
     _next(f)
 
 
@@ -1332,6 +1396,9 @@ _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's funct
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 _SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
 _NAMED = _Tag("named tuple")  # a named tuple: (its type, its items)
+# a generator expression's function the captured code made, about to be called (a graph break there):
+# (its code, the frame whose globals it has), made again at thaw (a call's own object, not kept by identity)
+_GENEXPR_FN = _Tag("genexpr function")
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
@@ -1428,6 +1495,8 @@ def freeze(frames, interp, tracer=None, symbolic=False):
         if isinstance(v, _Iter):
             if id(v) in seen:  # a loop's iterator also held by a name: one object
                 return _ALIAS, seen[id(v)]
+            if isinstance(v.source, types.GeneratorType):  # a generator's loop: its rest runs when advanced
+                return _REF, _ByIdentity(v)
             seen[id(v)] = len(seen)
             v.materialize()
             if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
@@ -1456,6 +1525,10 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             return _METHOD, (conv(v.__self__, depth + 1), v.__name__)
         if isinstance(v, types.MethodType):
             return _BOUND, (conv(v.__func__, depth + 1), conv(v.__self__, depth + 1))
+        if isinstance(v, types.FunctionType) and _is_genexpr(v.__code__) and not v.__closure__ and not v.__defaults__:
+            at = next((i for i, fr in enumerate(frames) if fr.func.__globals__ is v.__globals__), None)
+            if at is not None:
+                return _GENEXPR_FN, (v.__code__, at)
         if isinstance(v, types.FunctionType) and v.__closure__ and guards.is_user_code(v.__code__) and any(
                 id(c) not in free_cells for c in v.__closure__):  # (library code is never the captured code's)
             raise Unsupported("a function defined in the captured code is live at a graph break")
@@ -1464,7 +1537,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
         return _REF, _ByIdentity(v)
 
     return tuple([(TOP if i == 0 else _ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
-                   tuple([conv(x) for x in fr.stack]), fr.kw_names) for i, fr in enumerate(frames)])
+                   tuple([conv(x) for x in fr.stack]), fr.kw_names, fr.stop) for i, fr in enumerate(frames)])
 
 
 def thaw(state, interp, top):
@@ -1508,6 +1581,11 @@ def thaw(state, interp, top):
                 return types.MethodType(conv(payload[0]), conv(payload[1]))
             if tag is _NAMED:
                 return payload[0]._make(conv(payload[1]))
+            if tag is _GENEXPR_FN:
+                code = payload[0]
+                fn = types.FunctionType(code, funcs[payload[1]].__globals__, code.co_name)
+                fn.__qualname__ = code.co_qualname
+                return fn
             if tag is _FOREIGN:
                 c = conv(payload)
                 interp.created.discard(id(c))  # (conv noted the rebuilt copy as created: it is the caller's)
@@ -1530,8 +1608,9 @@ def thaw(state, interp, top):
         return v
 
     frames = []
-    for func, (_, offset, local_values, stack, kw_names) in zip(funcs, state):
+    for func, (_, offset, local_values, stack, kw_names, stop) in zip(funcs, state):
         code = Code.of(func.__code__)
         frames.append(Frame(func, code, [conv(x) for x in local_values], [conv(x) for x in stack],
                             code.at[offset], kw_names))
+        frames[-1].stop = stop
     return frames

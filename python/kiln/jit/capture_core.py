@@ -11,12 +11,14 @@ kiln.trace), an InterpreterStrategy runs the bytecode interpreter (capture_mode=
 end does with what the run met (a side effect, a value read, a graph break) is its own policy.
 """
 import contextlib
+import dis
 import sys
 import threading
+import weakref
 
 from .. import _C, grad_hooks
 from ..profiler import timed_phase
-from . import ast_runtime, dynamic, exclude, guards, tree
+from . import ast_convert, ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
 from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, set_hooks_traced, start_reasons
 
@@ -24,9 +26,23 @@ from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, set
 _NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
 
 
+_CHECK_EXC_MATCH, _PUSH_EXC_INFO, _POP_TOP = (dis.opmap[n] for n in ("CHECK_EXC_MATCH", "PUSH_EXC_INFO", "POP_TOP"))
+_catching = weakref.WeakKeyDictionary()  # code -> whether it has an `except` clause
+
+
+def catches(code):
+    """Whether code has an `except` clause (typed: CHECK_EXC_MATCH; bare: PUSH_EXC_INFO, POP_TOP)."""
+    found = _catching.get(code)
+    if found is None:
+        ops = code.co_code[::2]
+        found = _catching[code] = _CHECK_EXC_MATCH in ops or bytes((_PUSH_EXC_INFO, _POP_TOP)) in ops
+    return found
+
+
 class CallStrategy:
     """Runs a Python function on the bound arguments, the frame hook telling the tracer the user's
-    source lines (and the guard recorder each frame of user code); notes exclude_from_trace."""
+    source lines (and the guard recorder each frame of user code); notes exclude_from_trace, and
+    in rec.catching the code objects of user code with an `except` clause that ran."""
 
     __slots__ = ("fn",)
 
@@ -36,7 +52,19 @@ class CallStrategy:
     def __call__(self, rec, args, kwargs):
         prev_trace = sys.gettrace()
         excluded = exclude.noting()
-        sys.settrace(user_frame_tracer(rec.tracer, rec.on_call))
+        show = rec.on_call
+
+        def on_call(frame):
+            code = frame.f_code
+            if (catches(code) or "type" in code.co_names) and guards.is_user_code(code):
+                if catches(code):
+                    rec.catching.append(code)
+                if "type" in code.co_names and code not in ast_convert.CONVERTED_CODE:
+                    rec.calls_type = True  # (type() of a symbolic size would be SymInt: see trace_call)
+            if show is not None:
+                show(frame)
+
+        sys.settrace(user_frame_tracer(rec.tracer, on_call))
         try:
             with excluded:
                 return self.fn(*args, **kwargs)
@@ -94,6 +122,8 @@ class Recording:
         self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
         self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
         self.excluded = False  # exclude_from_trace ran
+        self.catching = []  # the code of user code with an `except` clause that ran (CallStrategy)
+        self.calls_type = False  # user code run as it is (not ast-converted) that may call type()
         self.grad_log = None
         self.undo = keep_undo
 

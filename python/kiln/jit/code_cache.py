@@ -121,9 +121,13 @@ def weaken(specs, top):
 
 
 def _items(contents):
-    """The objects a contents guard's expected value holds (a set's, a list's items; a dict's keys and values)."""
+    """The objects a contents guard's expected value holds (a set's, a list's items; a dict's keys and
+    values; those of the lists and dicts inside, which it holds as tuples)."""
     for x in contents:
-        yield from (x if type(x) is tuple else (x,))
+        if type(x) is tuple:
+            yield from _items(x)
+        else:
+            yield x
 
 
 def entries_dict(code):

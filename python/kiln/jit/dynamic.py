@@ -49,6 +49,8 @@ A binding the graph does not hold for (a node that keeps sizes with none given, 
 fails, an intermediate shape read that would differ) compiles a new entry.
 """
 import collections
+import copy
+import dataclasses
 import operator
 import weakref
 
@@ -314,6 +316,15 @@ def concrete(obj):
             return obj
         out = type(obj)()
         out.update(items)
+        return out
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # (a dataclass result: its fields)
+        changed = {f.name: concrete(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        changed = {k: v for k, v in changed.items() if v is not getattr(obj, k)}
+        if not changed:
+            return obj
+        out = copy.copy(obj)
+        for k, v in changed.items():
+            object.__setattr__(out, k, v)  # (a frozen dataclass too)
         return out
     return obj
 

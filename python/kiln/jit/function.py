@@ -7,12 +7,13 @@ calls run the compiled graph. With symbolic sizes (kiln.jit.dynamic) one entry c
 its guards admit, with an instance of its graph per binding of the symbols.
 """
 import os
+import re
 import sys
 import time
 import types
 import warnings
 
-from .. import _C, grad_hooks, hooks
+from .. import _C, _optable, grad_hooks, hooks
 from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
@@ -45,6 +46,11 @@ _tensor_module.grad_written_while_tracing = grad_written
 _tensor_module.backward_while_tracing = lambda: mark_not_replayable(
     "Tensor.backward() accumulates into the leaves' .grad (Python state a graph does not update at later calls)")
 _tensor_module.grad_read_while_tracing = grad_read
+
+
+class ExactSizes(Exception):
+    """A capture with symbolic sizes ran user code that may call type() on a size (SymInt, not
+    int, there): it is captured again with exact sizes."""
 
 
 class NotReplayable(Exception):
@@ -87,6 +93,10 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
         result = rec.run(CallStrategy(fn), call_args, call_kwargs)
         reasons, callers = rec.reasons, rec.callers
+        if rec.calls_type and rec.capture is not None and not reasons and not rec.tracer.value_reads()[0]:
+            # code run as it is may have called type() of a size: a SymInt there, where eager sees an int
+            # (the Python values it computed from that are in the result, specialized sizes or not)
+            raise ExactSizes()
         if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = rec.tracer.value_reads()
@@ -105,10 +115,12 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
             reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
         grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         result, out_spec, out_leaves, executable = rec.finish(result)
+        text = executable.graph_str()
+        if rec.catching and not reasons:
+            _on_checks_under_except(options, text, rec.catching, reasons)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
-    text = executable.graph_str()
     if os.environ.get("KILN_DUMP_IR") == "1":
         print(f"[kiln] graph of {getattr(fn, '__qualname__', fn)}:\n{text}", file=sys.stderr)
     _save_graph(getattr(fn, "__qualname__", type(fn).__name__), text)
@@ -133,6 +145,27 @@ def _on_side_effect(options, effect, reasons):
     if options.strict:
         raise JitSyntaxError(f"a Python side effect ({effect.what})", effect.filename, effect.line, 0, hint)
     reasons.append(f"a Python side effect ({effect}) would run only once, when the graph is captured")
+
+
+_OP_NAME = re.compile(r"= (\w+)\(")
+
+
+def _on_checks_under_except(options, text, catching, reasons):
+    """The graph has an op that checks its input values when it runs (an index out of range:
+    _optable's checks_values), and user code with an `except` clause ran while it was captured: a
+    handler around the op's statement catches its error eagerly, while the graph raises it to the
+    caller. So the function runs eagerly (STRICT: an error naming the code)."""
+    ops = sorted({m for m in _OP_NAME.findall(text) if m in _optable.INFO and _optable.INFO[m].checks_values})
+    if not ops:
+        return
+    code = catching[0]
+    what = (f"{', '.join(ops)} checks its index values when the graph runs, where the `except` clause of "
+            f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) cannot catch its error")
+    if options.strict:
+        raise JitSyntaxError(what, code.co_filename, code.co_firstlineno, 0,
+                             "check the indices before indexing instead of catching the IndexError, or index "
+                             "outside the try block")
+    reasons.append(what)
 
 
 def _on_value_read(fn, options, where, reasons):
@@ -244,6 +277,8 @@ class JitFunction(_C.JitDispatcher):
                 self._fall_back_to_trace(e)
                 return self._target()
         conv = self._converted
+        if isinstance(conv, (types.FunctionType, types.MethodType)):  # (defaults replaced since)
+            ast_runtime.with_current_defaults(getattr(conv, "__func__", conv))
         if self._self_ref is None:
             return conv
         obj = self._self
@@ -265,7 +300,10 @@ class JitFunction(_C.JitDispatcher):
         held = ast_runtime.reachable_state(self.fn) if ast_attempt and not owner.options.strict else []
         with ast_runtime.capturing(owner.options.strict):
             try:
-                return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
+                try:
+                    return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
+                except ExactSizes:
+                    return trace_call(self._capture_target(), args, kwargs, self.options)
             except JitSyntaxError as e:
                 if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
                     raise

@@ -2,8 +2,11 @@
 
 While kiln.jit captures a function, every frame of user code it enters is shown to a Recorder.
 From the frame's bytecode (read once per code object) the recorder knows the globals, closure
-variables and attribute chains (`self.scale`, `cfg.alpha`, `config.X`, `TABLE[0]`) the code
-reads, and guards each on the value it has: identity for tensors and objects (a tensor an
+variables and attribute chains (`self.scale`, `cfg.alpha`, `config.X`, `TABLE[0]`, and
+`getattr(cfg, "opt", default)` with a constant name: an attribute absent at capture is guarded
+absent; `type(obj).x` as `obj.__class__.x`; `globals()["X"]` as the global X; a module imported
+inside the function, `import cfg; cfg.alpha`, from sys.modules) the code reads, the defaults a frame took, the function, arguments and keywords of a
+functools.partial it reached, and guards each on the value it has: identity for tensors and objects (a tensor an
 attribute makes anew at each read, `w.T`, by what it views: storage and layout), value for
 numbers, strings, bools and tuples of them, function and self for bound methods; a Cell is also
 guarded on its state version, bumped by every attribute write. The guards become a

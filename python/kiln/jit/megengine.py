@@ -98,7 +98,7 @@ class _Bindings:
         for code, globs in user_code.items():
             global_names, _ = _C.read_names(code)
             for name in sorted(global_names):
-                if (id(globs), name) not in seen and isinstance(globs.get(name), _C.TensorBase):
+                if (id(globs), name) not in seen and isinstance(globs.get(name), (_C.TensorBase, dict, list)):
                     seen.add((id(globs), name))
                     self.slots.append((f"global {name!r} (read by {code.co_name})", globs, name))
 
@@ -106,21 +106,33 @@ class _Bindings:
     def _get(where, name):
         try:
             return where[name] if name is not None else where.cell_contents
-        except (KeyError, ValueError):
+        except (KeyError, IndexError, ValueError):
             return None
 
     def snapshot(self, with_values):
+        """(label, where, name, tensor, its values or None) of each tensor a slot holds, and of the
+        tensors in a dict or list a slot holds (PARAMS["w"] = new_tensor rebinds one too)."""
         snap = []
         for label, where, name in self.slots:
-            t = self._get(where, name)
-            if isinstance(t, _C.TensorBase):
-                snap.append((label, where, name, t, t.asnumpy().copy() if with_values else None))
+            v = self._get(where, name)
+            items = [(label, where, name, v)]
+            if type(v) is dict:
+                items += [(f"{label}[{k!r}]", v, k, x) for k, x in v.items()]
+            elif type(v) is list:
+                items += [(f"{label}[{k}]", v, k, x) for k, x in enumerate(v)]
+            for k, (where_label, at, key, t) in enumerate(items):
+                if isinstance(t, _C.TensorBase):
+                    snap.append((where_label, at, key, t, t.asnumpy().copy() if with_values else None, k > 0))
         return snap
 
     @staticmethod
-    def check(snap, baked):
+    def check(snap, baked, inside=False):
+        """Raises TraceMismatchError for a slot's tensor rebound (inside: those in a slot's dict or
+        list, checked after the recordings compare, whose differences name the op) or, baked, changed."""
         import numpy as np
 
+        snap = [e[:5] for e in snap if e[5] == inside]
+        baked = [e[:5] for e in baked if e[5] == inside]
         for label, where, name, t, value in snap:
             now = _Bindings._get(where, name)
             if now is not t:
@@ -624,6 +636,7 @@ class trace(_C.JitDispatcher):
 
     def _check_run(self, rec, spec, leaves, caller=None):
         _Bindings.check(self._seen, self._baked)
+        seen = self._seen
         # recorded as the trace records (symbolic shapes: gradient rules count elements with ops)
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
                             symbolic_shape=self.symbolic_shape, caller=caller)
@@ -638,6 +651,7 @@ class trace(_C.JitDispatcher):
             differs = rec.graph.diff_outputs(run.graph, self._labels)
         if differs is not None:
             raise TraceMismatchError(differs)
+        _Bindings.check(seen, self._baked, inside=True)  # (PARAMS["w"] = new_tensor: the same ops, another tensor)
         return run
 
     def _meta_mismatch(self, metas):
