@@ -12,6 +12,7 @@
 #include "../core/internal.h"
 #include "exp_f32.h"
 #include "isa_dispatch.h"
+#include "lowp_pass.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
 
@@ -969,6 +970,7 @@ KILN_ISA_FAMILY(softmax_f32)
 static kiln_status materialize(kiln_tensor *t, kiln_dtype cd, const kiln_meta *m, kiln_tensor **out) {
     bool same = t->meta.ndim == m->ndim;
     for (int d = 0; same && d < m->ndim; d++) same = t->meta.shape[d] == m->shape[d];
+    if (same && cd == KILN_DTYPE_FLOAT32 && kiln_lowp_dtype(t->meta.dtype)) return kiln_lowp_widen(t, false, out);
     if (same) return kiln_to_contiguous(t, cd, out);
     KILN_TRY(kiln_tensor_empty(cd, m->ndim, m->shape, out));
     kiln_status s = kiln_copy_into(*out, t);
@@ -1001,7 +1003,7 @@ static kiln_status run_softmax(const char *op, sm_kind kind, kiln_tensor *const 
         tasks = O * ((c.I + ARG_BLOCK - 1) / ARG_BLOCK);
         run_parallel(&c, c.R ? tasks : 0, kiln_meta_numel(m) >= KILN_PARALLEL_MIN / 4,
                      cd == KILN_DTYPE_FLOAT64 ? sm_range_f64 : ((const softmax_kernels *)softmax_f32_chosen)->range);
-        if (res != out) s = kiln_copy_into(out, res);
+        if (res != out) s = kiln_lowp_copy_into(out, res);
     }
     if (res != out) kiln_tensor_release(res);
     kiln_release_all(ins, 2);
