@@ -22,12 +22,12 @@ static void lowp_span(int64_t n, int threads, int t, int64_t *lo, int64_t *hi) {
     *hi = t == threads - 1 ? n : (n * (t + 1) / threads) & ~(int64_t)(LOWP_ALIGN - 1);
 }
 
-static void widen_row(kiln_dtype half, float *dst, const char *src, int64_t n) {
+void kiln_lowp_widen_row(kiln_dtype half, float *dst, const void *src, int64_t n) {
     if (half == KILN_DTYPE_FLOAT16) kiln_f16_row(dst, src, 2, n);
     else kiln_bf16_row(dst, src, 2, n);
 }
 
-static void round_row(kiln_dtype half, char *dst, const float *src, int64_t n) {
+void kiln_lowp_round_row(kiln_dtype half, void *dst, const float *src, int64_t n) {
     if (half == KILN_DTYPE_FLOAT16) kiln_f16_store_row(dst, 2, src, n);
     else kiln_bf16_store_row(dst, 2, src, n);
 }
@@ -48,7 +48,7 @@ static void widen_pass(kiln_dtype half, float *dst, const char *src, int64_t n) 
     for (int t = 0; t < threads; t++) {
         int64_t lo, hi;
         lowp_span(n, threads, t, &lo, &hi);
-        if (hi > lo) widen_row(half, dst + lo, src + lo * 2, hi - lo);
+        if (hi > lo) kiln_lowp_widen_row(half, dst + lo, src + lo * 2, hi - lo);
     }
 }
 
@@ -58,7 +58,7 @@ static void round_pass(kiln_dtype half, char *dst, const float *src, int64_t n) 
     for (int t = 0; t < threads; t++) {
         int64_t lo, hi;
         lowp_span(n, threads, t, &lo, &hi);
-        if (hi > lo) round_row(half, dst + lo * 2, src + lo, hi - lo);
+        if (hi > lo) kiln_lowp_round_row(half, dst + lo * 2, src + lo, hi - lo);
     }
 }
 

@@ -23,6 +23,11 @@ kiln_status kiln_lowp_widen(kiln_tensor *t, bool keep_layout, kiln_tensor **res)
  * cast op. */
 kiln_status kiln_lowp_copy_into(kiln_tensor *out, const kiln_tensor *src);
 
+/* One row of n contiguous 16-bit values widened to float32, and back (rounded): the vectorized
+ * rows of src/core/half.c for `half` (float16 or bfloat16). */
+void kiln_lowp_widen_row(kiln_dtype half, float *dst, const void *src, int64_t n);
+void kiln_lowp_round_row(kiln_dtype half, void *dst, const float *src, int64_t n);
+
 /* The plain references of the two passes: element by element, one thread (tests/c/test_lowp_pass.c). */
 void kiln_lowp_widen_ref(kiln_dtype half, float *dst, const void *src, int64_t n);
 void kiln_lowp_round_ref(kiln_dtype half, void *dst, const float *src, int64_t n);

@@ -12,6 +12,8 @@ import pytest
 
 import kiln
 from kiln import ops
+from kiln._optable import OP
+from kiln.ops._util import apply
 from compiled_equal import assert_compiled_equal
 
 HARDWARE = kiln._C.gemm_bf16_info()["hardware"]
@@ -108,8 +110,13 @@ def softmax_ref(x, axis):
     return e / e.sum(axis, keepdims=True)
 
 
+# rows grouped per buffer (257 long), one slice per buffer along a middle axis, a slice longer than a
+# buffer (src/ops/reduce.c: SM_LOWP_GROUP), the first axis, a tiny tensor (one thread)
+SOFTMAX_SHAPES = [((2, 300, 257), -1), ((4, 64, 129), 1), ((2, 20000), -1), ((64, 3, 50), 0), ((3, 7), -1)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,axis", [((2, 300, 257), -1), ((4, 64, 129), 1), ((3, 7), -1)])
+@pytest.mark.parametrize("shape,axis", SOFTMAX_SHAPES)
 def test_softmax_is_float32_on_the_widened_values(dtype, shape, axis):
     rng = np.random.default_rng(3)
     low = getattr(kiln, dtype)
@@ -125,6 +132,12 @@ def test_softmax_is_float32_on_the_widened_values(dtype, shape, axis):
     want = yr * (as64(c) - (as64(c) * yr).sum(axis, keepdims=True))
     assert g.dtype is low
     assert np.abs(as64(g) - want).max() <= TOL[dtype] * np.abs(want).max()
+    # softmax_backward itself: float32's on the widened (grad, y), rounded once, bit for bit
+    ax = axis % len(shape)
+    back = apply(OP.softmax_backward, (c, y), (ax,), ())
+    wide = apply(OP.softmax_backward, (c.astype(kiln.float32), y.astype(kiln.float32)), (ax,), ())
+    assert back.dtype is low
+    np.testing.assert_array_equal(bits(back), bits(wide.astype(low)))
 
 
 @pytest.mark.parametrize("path", ["fallback", "hardware"])
