@@ -1,6 +1,6 @@
 """Mixed precision against float32: the seed's BasicBlock and Llama attention (kiln.bench's
-workloads), forward and forward+backward, compiled by kiln.jit in float32 and under
-kiln.amp.auto_mixed_precision(model, "O2", bfloat16); and PyTorch eager in float32 and under
+workloads), forward and forward+backward, compiled by kiln.jit (at --jit-level, O1 unless told: both
+rows at one level) in float32 and under kiln.amp.auto_mixed_precision(model, "O2", bfloat16); and PyTorch eager in float32 and under
 torch.autocast("cpu", torch.bfloat16) where torch imports (run it with the peers' Python:
 /work/peers-venv/bin/python). Prints ms per call (the median of the timed calls, variants
 interleaved) and amp / float32 (issue 31's target on a CPU without bf16 arithmetic: <= 1.1).
@@ -14,7 +14,12 @@ primitives and on the fp32-compute fallback; and a probe times bfloat16 and floa
 the BasicBlock's shape alone (GFLOP/s) against the bf16 GEMM peak (torch.mm of bfloat16 2048 x 2048
 matrices, where torch imports).
 
-    PYTHONPATH=python python3 bench/bench_amp.py [--size smallest|default|full] [--calls N]
+    PYTHONPATH=python python3 bench/bench_amp.py [--size smallest|default|full] [--calls N] [--jit-level O0|O1|O2]
+
+Why O1: amp's graph work is O1's -- common-subexpression elimination makes the forward and the
+backward share one cast of each input and weight (at O0 the graph runs as recorded: the attention
+input is cast once per projection), and the fusions take the casts next to elementwise chains --
+and kiln.bench's amp rows time O1 too. The float32 row it is compared with runs at the same level.
 """
 import argparse
 import statistics
@@ -29,13 +34,13 @@ from kiln.bench import sgemm
 from kiln.bench.workloads import SIZES, make_workloads
 
 
-def kiln_call(model, backward, low):
-    """A jitted call of the workload's model (value_and_grad over its parameters when backward),
-    in float32 or, with low, at amp O2 in bfloat16."""
+def kiln_call(model, backward, low, jit_level="O1"):
+    """A jitted call (kiln.jit at jit_level) of the workload's model (value_and_grad over its
+    parameters when backward), in float32 or, with low, at amp O2 in bfloat16."""
     net = kiln.amp.auto_mixed_precision(model, "O2", kiln.bfloat16) if low else model
     if not backward:
-        return kiln.jit(lambda *a: net(*a))
-    return kiln.jit(kiln.value_and_grad(lambda *a: net(*a), None, model.trainable_params()))
+        return kiln.jit(lambda *a: net(*a), jit_level=jit_level)
+    return kiln.jit(kiln.value_and_grad(lambda *a: net(*a), None, model.trainable_params()), jit_level=jit_level)
 
 
 def on_path(fn, hardware):
@@ -168,6 +173,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="default", choices=sorted(SIZES))
     p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--jit-level", default="O1", choices=("O0", "O1", "O2"),
+                   help="kiln.jit's level of the float32 and amp rows alike (default O1, see above)")
     p.add_argument("--no-gemm", action="store_true", help="skip the bfloat16 GEMM rows")
     p.add_argument("--only", choices=("conv", "attention", "probe"), help="one group of rows (default: all)")
     args = p.parse_args()
@@ -177,7 +184,8 @@ def main():
     except ImportError:
         torch = None
     print(f"kiln {kiln.__version__}; {config.amp_kernel_path()[1]}")
-    print(f"sizes: {size.name} ({size.note}); median of {args.calls} calls per variant, interleaved"
+    print(f"sizes: {size.name} ({size.note}); kiln.jit at {args.jit_level}; median of {args.calls} calls per variant, "
+          "interleaved"
           + ("" if torch else "; torch not importable: no torch rows"))
     if not args.no_gemm:
         gemm_rows(size, args.calls)
@@ -191,8 +199,8 @@ def main():
         low = make_workloads(size, only=group, runs=1)  # the same weights: amp sets BatchNorm to_float
         for w, wl in zip(plain, low):
             inputs = w.args0
-            variants = {"kiln jit float32": (kiln_call(w.model, w.backward, False), inputs),
-                        "kiln jit amp O2 bf16": (kiln_call(wl.model, wl.backward, True), inputs)}
+            variants = {"kiln jit float32": (kiln_call(w.model, w.backward, False, args.jit_level), inputs),
+                        "kiln jit amp O2 bf16": (kiln_call(wl.model, wl.backward, True, args.jit_level), inputs)}
             if kiln._C.gemm_bf16_info()["hardware"]:  # the same compiled amp function on each path
                 variants["kiln amp bf16 hardware"] = (on_path(variants["kiln jit amp O2 bf16"][0], True), inputs)
                 variants["kiln amp bf16 fallback"] = (on_path(variants["kiln jit amp O2 bf16"][0], False), inputs)

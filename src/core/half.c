@@ -1,5 +1,6 @@
 /* Rows of float16 <-> float32 conversions, the loads and stores of kiln's float16 arithmetic
- * (src/ops/elementwise.c) and of its float16 copies. The vector path uses F16C (vcvtph2ps /
+ * (src/ops/elementwise.c) and of its float16 copies (and, at the end, the bfloat16 rows of the
+ * float32-computing kernels' conversions, src/ops/lowp_pass.c). The vector path uses F16C (vcvtph2ps /
  * vcvtps2ph, eight values at a time), chosen at run time from CPUID, so a build for a baseline
  * without F16C still uses it where the CPU has it; the plain reference rows (kiln_f16_row_ref,
  * kiln_f16_store_row_ref) convert one value at a time with internal.h's conversions, and run
@@ -69,4 +70,31 @@ void kiln_f16_store_row(char *dst, int64_t stride, const float *src, int64_t n) 
         store_f16c((uint16_t *)dst, src, n);
     else
         kiln_f16_store_row_ref(dst, stride, src, n);
+}
+
+/* bfloat16 rows: widening is exact (the 16 bits become the high half); the rounding is
+ * kiln_f32_to_bf16's written without branches, so contiguous rows vectorize (NaN quieted the same
+ * way). The plain per-element loops serve strided rows and are the reference. */
+void kiln_bf16_row(float *dst, const char *src, int64_t stride, int64_t n) {
+    if (stride == (int64_t)sizeof(uint16_t)) {
+        uint32_t *restrict d = (uint32_t *)dst;
+        const uint16_t *restrict s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = kiln_bf16_to_f32(*(const uint16_t *)(src + i * stride));
+}
+
+void kiln_bf16_store_row(char *dst, int64_t stride, const float *src, int64_t n) {
+    if (stride == (int64_t)sizeof(uint16_t)) {
+        uint16_t *restrict d = (uint16_t *)dst;
+        const uint32_t *restrict s = (const uint32_t *)src;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = s[i];
+            uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = kiln_f32_to_bf16(src[i]);
 }

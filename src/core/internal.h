@@ -232,6 +232,9 @@ static inline uint16_t kiln_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
+/* The same for bfloat16 rows (src/core/half.c): widened exactly, rounded as kiln_f32_to_bf16. */
+void kiln_bf16_row(float *dst, const char *src, int64_t stride, int64_t n);
+void kiln_bf16_store_row(char *dst, int64_t stride, const float *src, int64_t n);
 
 /* ---- attrs ---------------------------------------------------------------------------- */
 

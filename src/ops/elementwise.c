@@ -11,6 +11,7 @@
 #include "../core/internal.h"
 #include "elementwise_loops.h"
 #include "isa_dispatch.h"
+#include "lowp_pass.h"
 /* last: float32 exp, erf, tanh and log of the C expressions become generated C's vectorizable
  * ones (float64 stays on libm, and is the reference the tests hold float32 to) */
 #define KILN_APPROX_F32_NAMES
@@ -553,7 +554,7 @@ kiln_inner_fn kiln_elementwise_loop(kiln_op op, kiln_dtype dtype) {
 
 KILN_KERNEL(cast) {
     (void)nin, (void)a;
-    return kiln_copy_into(out[0], in[0]);
+    return kiln_lowp_copy_into(out[0], in[0]); /* float32 <-> 16-bit in one parallel pass, else kiln_copy_into */
 }
 
 KILN_KERNEL(contiguous) {

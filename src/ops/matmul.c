@@ -12,6 +12,7 @@
 #include "gemm_bf16.h"
 #include "gemm_select.h"
 #include "matmul.h"
+#include "lowp_pass.h"
 
 /* Up to this many multiply-adds a plain loop beats the BLAS call (OpenBLAS has fast small-
  * matrix kernels, so this is tiny); larger products with layouts BLAS cannot take are copied. */
@@ -380,13 +381,16 @@ KILN_INFER(matmul) {
     return KILN_OK;
 }
 
-/* A new reference to t in dtype ct, contiguous when `copy` or when the dtype differs. */
+/* A new reference to t in dtype ct, contiguous when `copy`; when the dtype differs, a copy:
+ * 16-bit operands of the float32 fallback widened in their own layout (lowp_pass.h), others
+ * contiguous. */
 static kiln_status mm_prepare(kiln_tensor *t, kiln_dtype ct, bool copy, kiln_tensor **res) {
     if (t->meta.dtype == ct && !copy) {
         kiln_tensor_retain(t);
         *res = t;
         return KILN_OK;
     }
+    if (ct == KILN_DTYPE_FLOAT32 && !copy && kiln_lowp_dtype(t->meta.dtype)) return kiln_lowp_widen(t, true, res);
     return kiln_to_contiguous(t, ct, res);
 }
 
@@ -401,7 +405,7 @@ static kiln_status mm_output(kiln_tensor *out, kiln_dtype ct, kiln_tensor **c) {
 }
 
 static kiln_status mm_finish(kiln_tensor *out, kiln_tensor *c, kiln_status s) {
-    if (s == KILN_OK && c != out) s = kiln_copy_into(out, c);
+    if (s == KILN_OK && c != out) s = kiln_lowp_copy_into(out, c);
     kiln_tensor_release(c);
     return s;
 }

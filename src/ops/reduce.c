@@ -12,6 +12,7 @@
 #include "../core/internal.h"
 #include "exp_f32.h"
 #include "isa_dispatch.h"
+#include "lowp_pass.h"
 
 /* ---- inference -------------------------------------------------------------------------- */
 
@@ -969,6 +970,7 @@ KILN_ISA_FAMILY(softmax_f32)
 static kiln_status materialize(kiln_tensor *t, kiln_dtype cd, const kiln_meta *m, kiln_tensor **out) {
     bool same = t->meta.ndim == m->ndim;
     for (int d = 0; same && d < m->ndim; d++) same = t->meta.shape[d] == m->shape[d];
+    if (same && cd == KILN_DTYPE_FLOAT32 && kiln_lowp_dtype(t->meta.dtype)) return kiln_lowp_widen(t, false, out);
     if (same) return kiln_to_contiguous(t, cd, out);
     KILN_TRY(kiln_tensor_empty(cd, m->ndim, m->shape, out));
     kiln_status s = kiln_copy_into(*out, t);
@@ -977,6 +979,55 @@ static kiln_status materialize(kiln_tensor *t, kiln_dtype cd, const kiln_meta *m
         *out = NULL;
     }
     return s;
+}
+
+/* The softmax family on 16-bit operands and result of one dtype, all contiguous (amp's softmax and
+ * its gradient): groups of whole outer slices (O, R, I)[o] widened into float32 buffers of each
+ * thread's own, float32's kernel run on them, the result rounded back as it is stored. Each element
+ * depends only on its own slice, so this is the float32 kernel on the widened values rounded
+ * once, bit for bit as the whole-tensor copies below give it, without those copies. */
+enum { SM_LOWP_GROUP = 16384 }; /* float32 elements per buffer (at least one slice) */
+
+static bool sm_lowp(kiln_tensor *const *in, int nin, const kiln_tensor *out) {
+    if (!kiln_lowp_dtype(out->meta.dtype) || !kiln_tensor_is_contiguous(out)) return false;
+    for (int k = 0; k < nin; k++) {
+        const kiln_meta *mk = &in[k]->meta;
+        if (mk->dtype != out->meta.dtype || !kiln_tensor_is_contiguous(in[k]) || mk->ndim != out->meta.ndim) return false;
+        for (int d = 0; d < mk->ndim; d++)
+            if (mk->shape[d] != out->meta.shape[d]) return false;
+    }
+    return true;
+}
+
+static kiln_status run_softmax_lowp(sm_kind kind, range_fn fn, kiln_tensor *const *in, int nin, kiln_tensor *out,
+                                    int64_t O, int64_t R, int64_t I) {
+    const kiln_dtype half = out->meta.dtype;
+    const int64_t slice = R * I, nblk = (I + ARG_BLOCK - 1) / ARG_BLOCK;
+    if (O == 0 || slice == 0) return KILN_OK;
+    int64_t group = SM_LOWP_GROUP / slice;
+    if (group < 1) group = 1;
+    if (group > O) group = O;
+    const int64_t ngroups = (O + group - 1) / group, cap = group * slice;
+    int threads = out->numel >= KILN_PARALLEL_MIN / 4 && !omp_in_parallel() ? omp_get_max_threads() : 1;
+    if (threads > ngroups) threads = (int)ngroups;
+    float *buf = kiln_alloc(sizeof(float) * (size_t)(3 * cap * threads));
+    if (!buf) return kiln_error(KILN_ERR_MEMORY, "softmax: out of memory for %lld float32 buffers", (long long)(3 * threads));
+    const char *a = in[0]->data, *b = nin > 1 ? in[1]->data : NULL;
+    char *y = out->data;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int t = 0; t < threads; t++) {
+        float *fa = buf + 3 * cap * t, *fb = fa + cap, *fy = fb + cap;
+        for (int64_t g = ngroups * t / threads; g < ngroups * (t + 1) / threads; g++) {
+            int64_t o0 = g * group, rows = O - o0 < group ? O - o0 : group, n = rows * slice, at = o0 * slice * 2;
+            kiln_lowp_widen_row(half, fa, a + at, n);
+            if (b) kiln_lowp_widen_row(half, fb, b + at, n);
+            sm_ctx c = {kind, (const char *)fa, b ? (const char *)fb : NULL, (char *)fy, R, I};
+            fn(&c, 0, rows * nblk);
+            kiln_lowp_round_row(half, y + at, fy, n);
+        }
+    }
+    kiln_free(buf);
+    return KILN_OK;
 }
 
 static kiln_status run_softmax(const char *op, sm_kind kind, kiln_tensor *const *in, int nin, const kiln_attrs *a,
@@ -990,6 +1041,11 @@ static kiln_status run_softmax(const char *op, sm_kind kind, kiln_tensor *const 
                           (long long)axis, kiln_shape_str(m, buf, sizeof buf));
     }
     kiln_dtype cd = m->dtype == KILN_DTYPE_FLOAT64 ? KILN_DTYPE_FLOAT64 : KILN_DTYPE_FLOAT32;
+    if (sm_lowp(in, nin, out)) {
+        int64_t O, R, I;
+        split_axis(m, (int)axis, &O, &R, &I);
+        return run_softmax_lowp(kind, ((const softmax_kernels *)softmax_f32_chosen)->range, in, nin, out, O, R, I);
+    }
     kiln_tensor *ins[2] = {NULL, NULL}, *res = out;
     kiln_status s = KILN_OK;
     for (int k = 0; k < nin && s == KILN_OK; k++) s = materialize(in[k], cd, m, &ins[k]);
@@ -1001,7 +1057,7 @@ static kiln_status run_softmax(const char *op, sm_kind kind, kiln_tensor *const 
         tasks = O * ((c.I + ARG_BLOCK - 1) / ARG_BLOCK);
         run_parallel(&c, c.R ? tasks : 0, kiln_meta_numel(m) >= KILN_PARALLEL_MIN / 4,
                      cd == KILN_DTYPE_FLOAT64 ? sm_range_f64 : ((const softmax_kernels *)softmax_f32_chosen)->range);
-        if (res != out) s = kiln_copy_into(out, res);
+        if (res != out) s = kiln_lowp_copy_into(out, res);
     }
     if (res != out) kiln_tensor_release(res);
     kiln_release_all(ins, 2);
