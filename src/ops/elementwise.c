@@ -393,32 +393,6 @@ typedef struct {
     unsigned char kind[4]; /* [0] the result, [1..nin] the operands */
 } half_ctx;
 
-/* bfloat16 <-> float32 rows (the conversions of copy.c's bfloat16 rows: widening is exact, the
- * rounding kiln_f32_to_bf16's written without branches so that contiguous rows vectorize) */
-static void bf16_row(float *dst, const char *src, int64_t stride, int64_t n) {
-    if (stride == (int64_t)sizeof(uint16_t)) {
-        uint32_t *restrict d = (uint32_t *)dst;
-        const uint16_t *restrict s = (const uint16_t *)src;
-        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) dst[i] = kiln_bf16_to_f32(*(const uint16_t *)(src + i * stride));
-}
-
-static void bf16_store_row(char *dst, int64_t stride, const float *src, int64_t n) {
-    if (stride == (int64_t)sizeof(uint16_t)) {
-        uint16_t *restrict d = (uint16_t *)dst;
-        const uint32_t *restrict s = (const uint32_t *)src;
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t u = s[i];
-            uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-        }
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * stride) = kiln_f32_to_bf16(src[i]);
-}
-
 static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
     const half_ctx *h = vctx;
     float buf[4][HALF_BLOCK];
@@ -434,7 +408,7 @@ static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
             }
             int64_t len = s[k] == 0 ? 1 : m; /* a broadcast operand: one value */
             if (h->kind[k] == HK_F16) kiln_f16_row(buf[k], src, s[k], len);
-            else bf16_row(buf[k], src, s[k], len);
+            else kiln_bf16_row(buf[k], src, s[k], len);
             q[k] = (char *)buf[k];
             qs[k] = s[k] == 0 ? 0 : (int64_t)sizeof(float);
         }
@@ -445,7 +419,7 @@ static void half_rows(void *vctx, int64_t n, char **p, const int64_t *s) {
             q[0] = (char *)buf[0], qs[0] = sizeof(float);
             h->f32((void *)&h->ew, m, q, qs);
             if (h->kind[0] == HK_F16) kiln_f16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
-            else bf16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
+            else kiln_bf16_store_row(p[0] + i0 * s[0], s[0], buf[0], m);
         }
     }
 }
