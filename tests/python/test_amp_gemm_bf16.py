@@ -238,7 +238,9 @@ def test_deterministic_keeps_the_fallback():
         before = kiln._C.gemm_bf16_info()["calls"]
         out = ops.matmul(a, a)
         info = kiln._C.gemm_bf16_info()
-        assert info["calls"] == before and info["path"] is None and "set_deterministic" in info["why"]
+        assert info["calls"] == before and info["path"] is None
+        if HARDWARE:  # (without bf16 arithmetic the fallback's reason is the instruction set)
+            assert "set_deterministic" in info["why"], info["why"]
     finally:
         kiln.set_deterministic(False)
     kiln._C.gemm_bf16_force(0)
