@@ -189,7 +189,9 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
             grad_targets.append((t, None if v is None else len(out_leaves)))
             if v is not None:
                 out_leaves.append(v)
-        grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
+        diff_out = tuple(k for k in range(n_results) if isinstance(out_leaves[k], _C.TensorBase)
+                         and out_leaves[k].requires_grad)
+        grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad) if diff_out else ()
         executable = rec.compile(out_leaves, keep_graph=True)
         recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
@@ -217,8 +219,6 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
     names = [_constant_name(recorded, int(name[1:]), t) for t, name, _ in sources]
     run = Entry(executable, out_spec, constants, names, extra=info)
-    diff_out = tuple(k for k in range(n_results) if isinstance(out_leaves[k], _C.TensorBase)
-                     and out_leaves[k].requires_grad)
     if diff_out:  # (see Entry.no_history: a later .backward() through a result fails, naming the function)
         run.no_history = (grad_reads, diff_out)
         if _C.is_grad_enabled():
