@@ -265,22 +265,32 @@ def _as_grads(name, got, like):
     return got
 
 
-class _CellOutputGrad:
-    """The gradients of a hooked call's outputs: the pre-hooks run on them (and may replace them);
-    kept as grad_output for the hooks."""
+class _CellGrad:
+    """A node rule of a hooked Cell call: the gradients it gets, at positions `at` of the call's
+    outputs or inputs, spread over all of them (None where none came)."""
 
     __slots__ = ("call", "at")
 
     def __init__(self, call, at):
         self.call, self.at = call, at
 
-    def __call__(self, grads, needs, create_graph):
-        call = self.call
-        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran", traced=True)
-        full = [None] * call.nout
+    def _spread(self, grads, n):
+        _unreplayable(f"the backward hooks of a {type(self.call.cell).__name__} cell ran", traced=True)
+        full = [None] * n
         for k, g in zip(self.at, grads):
             full[k] = g
-        grad_output = tuple(full)
+        return tuple(full)
+
+
+class _CellOutputGrad(_CellGrad):
+    """The gradients of a hooked call's outputs: the pre-hooks run on them (and may replace them);
+    kept as grad_output for the hooks."""
+
+    __slots__ = ()
+
+    def __call__(self, grads, needs, create_graph):
+        call = self.call
+        grad_output = self._spread(grads, call.nout)
         for hook in call.pre_hooks:
             got = hook(call.cell, grad_output)
             if got is not None:
@@ -291,19 +301,12 @@ class _CellOutputGrad:
         return tuple(grad_output[k] for k in self.at)
 
 
-class _CellInputGrad:
+class _CellInputGrad(_CellGrad):
     """The gradients of a hooked call's inputs: the hooks run on them with grad_output."""
 
-    __slots__ = ("call", "at")
-
-    def __init__(self, call, at):
-        self.call, self.at = call, at
+    __slots__ = ()
 
     def __call__(self, grads, needs, create_graph):
-        call = self.call
-        _unreplayable(f"the backward hooks of a {type(call.cell).__name__} cell ran", traced=True)
-        full = [None] * call.nargs
-        for k, g in zip(self.at, grads):
-            full[k] = g
-        got = call.run_hooks(tuple(full))
+        full = self._spread(grads, self.call.nargs)
+        got = self.call.run_hooks(full)
         return tuple(got[k] for k in self.at)
