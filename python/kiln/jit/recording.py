@@ -100,12 +100,15 @@ class CallerContainers:
         return False
 
     def to_caller(self, v, depth=0):
-        """v with the copies and aliases replaced by the caller's objects, other traced tensors detached."""
+        """v with the copies and aliases replaced by the caller's objects, other traced tensors detached
+        but, in grad mode, those that require grad: the run computed them eagerly, and their history
+        reaches the parameters it read as an eager call's does (the caller's tensors require no grad
+        here, else the call would not have been captured)."""
         found = self.objects.get(id(v))
         if found is not None:
             return found
         if isinstance(v, _C.TensorBase):
-            return v.detach()
+            return v if v.requires_grad and _C.is_grad_enabled() else v.detach()
         if depth < 20 and type(v) in (list, tuple):
             return type(v)(self.to_caller(x, depth + 1) for x in v)
         if depth < 20 and type(v) is dict:
