@@ -201,6 +201,24 @@ def test_lambdas_with_default_arguments_made_in_a_loop():
     compare(f, (X, Y), (X2, Y2), graphs=1)
 
 
+def test_functions_made_in_the_call_are_not_guarded_after_it():
+    """The lambdas a call makes are that call's: their defaults come from code the graph follows, so
+    nothing about them is guarded. A guard on them once recompiled the function whenever the garbage
+    collector had freed the previous call's lambdas (the outcome depended on the tests run before)."""
+    import gc
+
+    def f(a, b):
+        fs = [lambda v, i=i: v * i for i in range(3)]
+        return fs[2](a) + fs[1](b)
+
+    jf = kiln.jit(f, capture_mode="bytecode")
+    for args in ((X, Y), (X2, Y2), (X, Y2)):
+        gc.collect()
+        assert_same(jf(*args), f(*args), "f")
+    assert jf._pieces.count == 1, jf.explain()
+    assert jf.cache_info().eager_calls == 0
+
+
 # ---- calls, *args, **kwargs and methods ------------------------------------------------------------
 
 

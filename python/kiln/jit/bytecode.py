@@ -269,6 +269,7 @@ class Interpreter:
         self.created = set()  # ids of containers built by the interpreted code (local, free to change)
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
+        self.made_functions = set()  # ids of functions the interpreted code made (MAKE_FUNCTION), kept in keep
         self.iter_wrappers = {}  # id(a Python iterator the code made) -> the _Iter that advances it
         self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
@@ -552,8 +553,11 @@ class Interpreter:
     def record_reads(self):
         """Shows the recorder what each interpreted frame read: its instructions that ran."""
         for frame, local_values in self.reads:
+            # (a function the code made itself is this call's: its defaults come from code that ran, and
+            # a guard on it would watch an object no later call has)
+            running = None if id(frame.func) in self.made_functions else frame.func
             self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed or set(),
-                                  frame.func)
+                                  running)
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
@@ -1230,6 +1234,8 @@ def h_make_function(it, f, arg, name, target):
     defaults = f.stack.pop() if arg & 0x01 else None
     fn = types.FunctionType(code, f.func.__globals__, code.co_name, defaults, closure)
     fn.__qualname__ = code.co_qualname
+    it.made_functions.add(id(fn))
+    it.keep.append(fn)
     if kwdefaults:
         fn.__kwdefaults__ = kwdefaults
     if annotations:
