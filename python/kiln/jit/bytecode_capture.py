@@ -472,6 +472,9 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
                 break
         symbolic = not pieces.entries.static_scalars or _position(interp.frames) not in pieces.entries.static_scalars
         key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp, symbolic=symbolic))
+        # a tensor the call made that requires grad (a piece's output, a parameter held in a local): the
+        # pieces from here on record their backward, so what they compute from it keeps its history
+        grad = grad or _differentiates(leaves)
         key = grad_key(key, grad)
 
 
