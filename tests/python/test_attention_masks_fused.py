@@ -282,13 +282,23 @@ def test_bad_masks(monkeypatch, mask, match, exc):
                                          attn_mask=kiln.Tensor(np.zeros((70, 90), bool)), is_causal=True)
 
 
-def test_forward_mode_and_onnx_refuse_masks_rather_than_ignore_them(tmp_path):
+def test_forward_mode_honours_masks_and_onnx_refuses_them(tmp_path):
+    """kiln.jvp through the fused op with the causal flag or a mask equals NumPy's central
+    differences (forward mode used to refuse them); a tangent on the mask itself is refused, and so
+    is ONNX export, rather than ignoring the mask."""
     q, k, v, fmask, *_ = sdpa_case(12, False)
     ts = [kiln.Tensor(t) for t in (q, k, v)]
     mt = kiln.Tensor(fmask)
-    for ints, extra in (((1,), ()), ((0,), (mt,))):
-        with pytest.raises(ValueError, match="no forward-mode rule"):
-            kiln.jvp(lambda a: apply(OP.attention, (a, ts[1], ts[2]) + extra, ints, (0.5,))[0], (ts[0],), (ts[0],))
+    tq = np.random.default_rng(13).standard_normal(q.shape)
+    q64, k64, v64, h = q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 1e-5
+    for ints, mask in (((1,), None), ((0,), fmask)):
+        extra = () if mask is None else (mt,)
+        _, got = kiln.jvp(lambda a: apply(OP.attention, (a, ts[1], ts[2]) + extra, ints, (0.5,))[0], (ts[0],),
+                          (kiln.Tensor(tq.astype(np.float32)),))
+        plus, minus = (numpy_attention(q64 + d * tq, k64, v64, 0.5, mask, bool(ints[0]))[0] for d in (h, -h))
+        np.testing.assert_allclose(got.asnumpy(), (plus - minus) / (2 * h), rtol=1e-3, atol=1e-4)
+    with pytest.raises(ValueError, match="no forward-mode rule with respect to its mask"):
+        kiln.jvp(lambda m: apply(OP.attention, (ts[0], ts[1], ts[2], m), (0,), (0.5,))[0], (mt,), (mt,))
     from kiln import nn
     from kiln.jit.onnx_export import OnnxExportError
 

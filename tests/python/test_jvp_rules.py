@@ -74,6 +74,23 @@ def _attention_op(q, k, v, scale):
     return kiln._C.apply(OP.attention, (q, k, v), (), (scale,))[0]
 
 
+def _attention_both(q, k, v, scale, mask=None, causal=False):
+    """the fused op's (out, lse), with a mask and the causal flag when given"""
+    from kiln._optable import OP
+    ins = (q, k, v) + ((mask,) if mask is not None else ())
+    return tuple(kiln._C.apply(OP.attention, ins, (1,) if causal else (), (scale,)))
+
+
+# (key 0 seen by every query: a row masked whole is NaN, eagerly as in PyTorch)
+ATT_BOOL_MASK = kiln.tensor((np.random.default_rng(11).random((1, 1, 3, 5)) > 0.3) | (np.arange(5) == 0))
+ATT_FLOAT_MASK = kiln.tensor(np.random.default_rng(12).standard_normal((1, 4, 3, 5)))
+
+
+def _attention_loss(q, k, v, mask=None, causal=False):
+    out, lse = _attention_both(q, k, v, 0.6, mask, causal)
+    return ops.tanh(out) * 1.5 + (lse * lse).reshape(tuple(lse.shape) + (1,))
+
+
 def _grad_of(f):
     """the gradient of sum(f): the function whose JVP goes through f's backward ops"""
     return lambda *a: kiln.grad(lambda *b: f(*b).sum(), grad_position=tuple(range(len(a))))(*a)
@@ -182,7 +199,16 @@ CASES = [
      [away((1, 2, 3, 4)), away((1, 2, 512, 4)), away((1, 2, 512, 3))]),
     ("attention_grouped", lambda q, k, v: _attention_op(q, k, v, 0.7),
      [away((1, 4, 2, 4)), away((1, 2, 512, 4)), away((1, 2, 512, 2))]),
+    ("attention_causal_bool_mask", lambda q, k, v: _attention_both(q, k, v, 0.6, ATT_BOOL_MASK, True),
+     [away((1, 4, 3, 2)), away((1, 2, 5, 2)), away((1, 2, 5, 3))]),
+    ("attention_float_mask", lambda q, k, v: _attention_both(q, k, v, 0.6, ATT_FLOAT_MASK),
+     [away((1, 4, 3, 2)), away((1, 4, 5, 2)), away((1, 4, 5, 3))]),
     # backward ops, through a gradient inside the function (forward over reverse)
+    ("attention_backward", _grad_of(_attention_loss), [away((1, 4, 3, 2)), away((1, 2, 5, 2)), away((1, 2, 5, 3))]),
+    ("attention_backward_causal_bool_mask", _grad_of(lambda q, k, v: _attention_loss(q, k, v, ATT_BOOL_MASK, True)),
+     [away((1, 4, 3, 2)), away((1, 2, 5, 2)), away((1, 2, 5, 3))]),
+    ("attention_backward_float_mask", _grad_of(lambda q, k, v: _attention_loss(q, k, v, ATT_FLOAT_MASK)),
+     [away((1, 4, 3, 2)), away((1, 4, 5, 2)), away((1, 4, 5, 3))]),
     ("tanh_backward", _grad_of(lambda x: ops.tanh(x) * x), [away((3, 4))]),
     ("sigmoid_backward", _grad_of(lambda x: ops.sigmoid(x) * x), [away((3, 4))]),
     ("relu_backward", _grad_of(lambda x: ops.relu(x) * x), [away((3, 4))]),

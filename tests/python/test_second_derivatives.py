@@ -1,9 +1,10 @@
 """Second derivatives (kiln.grad of kiln.grad): exact where the first-order backward ops have
 gradient rules (tanh, sigmoid, relu, gelu, silu, softmax, log_softmax, and the piecewise constant
 sign and floor division, whose derivative is 0; the backward ops of layer_norm, rms_norm,
-batch_norm, the convolutions and the pools), checked against closed forms and finite differences of
-the first derivative, eagerly and compiled in every kiln.jit variant; kiln.hessian of a small
-convolutional network and of a LayerNorm MLP; a WGAN-GP gradient penalty step. A clear error where
+batch_norm, the convolutions, the pools and the fused attention op), checked against closed forms
+and finite differences of the first derivative, eagerly and compiled in every kiln.jit variant;
+kiln.hessian of a small convolutional network, of a LayerNorm MLP and of causal attention; a
+WGAN-GP gradient penalty step. A clear error where
 a backward op has no rule (NOT_TWICE, which may only shrink) -- never a silent zero, which is what a
 backward op left off the tape used to give."""
 import numpy as np
@@ -130,7 +131,28 @@ def _conv3d(p):
     return (ops.tanh(ops.conv3d(x, w)) ** 2).sum()
 
 
+ATT_W = _c(1, 4, 3, 2)
+ATT_BOOL_MASK = kiln.Tensor((RNG.random((1, 1, 3, 5)) > 0.3) | (np.arange(5) == 0))  # (no row masked whole)
+ATT_FLOAT_MASK = _c(1, 4, 3, 5)
+
+
+def _att(hq, hk, lk, causal=False, mask=None):
+    """The fused attention op on (q, k, v) sliced from p (hq query heads, hk key/value heads, 3
+    queries, lk keys, head size 2); its lse is used too, so glse reaches attention_backward."""
+    def f(p):
+        q, k, v = _parts(p, (1, hq, 3, 2), (1, hk, lk, 2), (1, hk, lk, 2))
+        ins = (q, k, v) + ((mask,) if mask is not None else ())
+        out, lse = kiln._C.apply(OP.attention, ins, (1,) if causal else (), (0.7,))
+        return (ops.tanh(out) * ATT_W[:, :hq]).sum() + 0.3 * (lse * lse).sum()
+    return f, None, RNG.standard_normal(hq * 6 + 4 * hk * lk)
+
+
 CASES.update({
+    "attention (q, k, v)": _att(2, 2, 5),
+    "attention, grouped queries": _att(4, 2, 5),
+    "attention, causal": _att(2, 1, 3, causal=True),
+    "attention, bool mask": _att(4, 2, 5, mask=ATT_BOOL_MASK),
+    "attention, float mask": _att(4, 4, 5, mask=ATT_FLOAT_MASK),
     "layer_norm (x, w, b)": (_ln, None, RNG.standard_normal(12)),
     "layer_norm over two axes (x, w)": (_ln_two_axes, None, RNG.standard_normal(18)),
     "rms_norm (x, w)": (_rms, None, RNG.standard_normal(9)),
@@ -173,9 +195,20 @@ def test_second_derivative(case):
     np.testing.assert_allclose(got, fd_of_first(f, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["attention, grouped queries", "attention, causal", "attention, bool mask"])
+def test_attention_second_derivative_in_float32(case):
+    """float32 inputs run the fast kernels (which read out and lse where the float64 reference
+    recomputes the scores): the second derivative agrees with float64's to float32's precision."""
+    f, _, x = CASES[case]
+    want = second(f)(kiln.Tensor(x)).asnumpy()
+    got = second(f)(kiln.Tensor(x.astype(np.float32)))
+    assert got.dtype == kiln.float32
+    np.testing.assert_allclose(got.asnumpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def test_the_new_cases_reach_the_backward_ops_they_are_for():
     """(the table would check little if a case ran some other way than through these backward ops)"""
-    wanted = {"layer_norm_backward", "rms_norm_backward", "batch_norm_backward", "conv2d_backward_input",
+    wanted = {"attention_backward", "layer_norm_backward", "rms_norm_backward", "batch_norm_backward", "conv2d_backward_input",
               "conv2d_backward_weight", "max_pool2d_backward", "avg_pool2d_backward"}
     reached = set()
     for case in NEW_RULES:
@@ -191,7 +224,7 @@ def test_the_new_cases_reach_the_backward_ops_they_are_for():
 
 # backward ops that have no reverse rule: a second derivative through them raises naming them. This
 # list may only shrink (test_no_other_backward_op_is_left_without_a_rule).
-NOT_TWICE = {"attention_backward", "rnn_layer_backward",
+NOT_TWICE = {"rnn_layer_backward",
              "batch_norm_relu_backward"}  # (made by an O1 pass, after differentiation: never differentiated)
 
 
@@ -213,7 +246,7 @@ def _lstm(b):
     return (_LSTM(ops.cast(b.reshape(4, 1, 1), kiln.float32))[0] ** 2).sum()
 
 
-@pytest.mark.parametrize("name, f", [("attention_backward", _attention), ("rnn_layer_backward", _lstm)])
+@pytest.mark.parametrize("name, f", [("rnn_layer_backward", _lstm)])
 def test_no_second_derivative_raises_instead_of_zero(name, f):
     assert name in NOT_TWICE
     with pytest.raises(RuntimeError, match=f"{name} is not differentiable"):
@@ -248,10 +281,14 @@ def test_compiled_second_derivatives_agree_or_raise(mode):
         np.testing.assert_allclose(kiln.grad(lambda a: jg(a).sum())(x).asnumpy(), want, rtol=1e-10)
         jh = kiln.jit(lambda a: second(f)(a), capture_mode=mode)
         np.testing.assert_allclose(jh(x).asnumpy(), want, rtol=1e-10)
+    want = second(_attention)(x).asnumpy()
+    np.testing.assert_allclose(want, fd_of_first(_attention, X), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kiln.jit(lambda a: second(_attention)(a), capture_mode=mode)(x).asnumpy(), want,
+                               rtol=1e-10)
     with pytest.raises(RuntimeError, match="not differentiable|gradients of gradients"):
-        kiln.grad(lambda a: kiln.jit(kiln.grad(_attention), capture_mode=mode)(a).sum())(x)
-    with pytest.raises(RuntimeError, match="attention_backward is not differentiable"):
-        kiln.jit(lambda a: second(_attention)(a), capture_mode=mode)(x)
+        kiln.grad(lambda a: kiln.jit(kiln.grad(_lstm), capture_mode=mode)(a).sum())(x)
+    with pytest.raises(RuntimeError, match="rnn_layer_backward is not differentiable"):
+        kiln.jit(lambda a: second(_lstm)(a), capture_mode=mode)(x)
 
 
 @pytest.mark.parametrize("case", NEW_RULES)
@@ -307,9 +344,19 @@ def _batch_norm_conv_net(p):
     return (ops.tanh(ops.avg_pool2d(h, 2)) ** 2).sum()
 
 
+HESSIAN_MASK = kiln.Tensor((RNG.random((1, 1, 3, 3)) > 0.3) | (np.arange(3) == 0))  # (no row masked whole)
+
+
+def _causal_attention(p):
+    """the fused op, grouped queries, a bool mask and the causal flag, out and lse both used"""
+    q, k, v = _parts(p, (1, 2, 3, 2), (1, 1, 3, 2), (1, 1, 3, 2))
+    out, lse = kiln._C.apply(OP.attention, (q, k, v, HESSIAN_MASK), (1,), (0.7,))
+    return (ops.tanh(out) ** 2).sum() + 0.3 * (lse * lse).sum()
+
+
 @pytest.mark.parametrize("f, n", [(_conv_net, 25 + 18 + 2 + 8), (_layer_norm_mlp, 20 + 5 + 5 + 5 + 10),
-                                  (_batch_norm_conv_net, 32 + 18 + 2 + 2)],
-                         ids=["conv net", "LayerNorm MLP", "BatchNorm conv net"])
+                                  (_batch_norm_conv_net, 32 + 18 + 2 + 2), (_causal_attention, 12 + 6 + 6)],
+                         ids=["conv net", "LayerNorm MLP", "BatchNorm conv net", "causal attention"])
 def test_hessian_of_networks(f, n):
     p = RNG.standard_normal(n)
     with warnings.catch_warnings():
