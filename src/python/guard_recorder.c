@@ -829,6 +829,26 @@ static PyObject *recorder_add_value(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* add_contents(root, key, description): guard that the dict root holds the same object at key, and
+ * (a list, dict or set) the same contents: Python state kiln's own code reads while capturing, which
+ * on_call does not follow (kiln.jit.replay.read_by_kiln). */
+static PyObject *recorder_add_contents(PyObject *self, PyObject *args) {
+    PyObject *root, *key, *what;
+    if (!PyArg_ParseTuple(args, "O!OU:add_contents", &PyDict_Type, &root, &key, &what)) return NULL;
+    PyObject *value = PyDict_GetItemWithError(root, key);
+    if (!value) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "add_contents: %R is not in the dict", key);
+        return NULL;
+    }
+    Py_INCREF(value);
+    PyObject *step = PyTuple_Pack(2, s_item, key);
+    int rc = step ? guard_step_mode((PyGuardRecorder *)self, root, step, value, GUARD_IDENTITY, what, 1) : -1;
+    Py_XDECREF(step);
+    Py_DECREF(value);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     PyObject *cell, *name, *loc;
     if (!PyArg_ParseTuple(write, "OOU:side_effect", &cell, &name, &loc)) return NULL;
@@ -1035,6 +1055,9 @@ static PyMethodDef recorder_methods[] = {
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
     {"add_value", recorder_add_value, METH_VARARGS,
      "add_value(root, key, value, description): guard that the dict root holds value at key"},
+    {"add_contents", recorder_add_contents, METH_VARARGS,
+     "add_contents(root, key, description): guard that the dict root holds the same object at key, with the "
+     "same contents"},
     {"add_tensors", recorder_add_tensors, METH_O,
      "add_tensors(tensors): guard whether each tensor read from outside requires grad"},
     {"side_effect", recorder_side_effect, METH_O,
