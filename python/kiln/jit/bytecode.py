@@ -423,6 +423,13 @@ class Interpreter:
                 # there, not capturing, the cell's own call runs them, which inlining construct would skip)
                 self.brk(f"a call of a {type(target).__name__} cell with forward or backward hooks")
                 return self.run_known(fn, args, kwargs)
+            from ..nn.cell import overriding_call
+
+            override = overriding_call(target)
+            if override is not None:  # what calling it runs eagerly (a __call__ of the user's: inlined)
+                if guards.is_user_code(override.__code__):
+                    return self.inline(override, (target,) + tuple(args), kwargs)
+                return self.run_known(fn, args, kwargs)
             construct = type(target).construct
             if (isinstance(construct, types.FunctionType) and guards.is_user_code(construct.__code__)
                     and not target.__dict__.get("_jitted")

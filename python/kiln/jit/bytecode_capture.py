@@ -521,10 +521,12 @@ def _finish_in_python(state, top):
 
 def target(jf):
     """(the Python function whose frames a JitFunction captures, the arguments before the call's)."""
-    from ..nn.cell import Cell
+    from ..nn.cell import Cell, overriding_call
 
     fn, prefix = jf.fn, ()
-    if isinstance(fn, Cell):
+    if isinstance(fn, Cell) and overriding_call(fn) is not None:
+        fn, prefix = overriding_call(fn), (fn,)  # what calling the cell runs eagerly
+    elif isinstance(fn, Cell):
         fn, prefix = type(fn).construct, (fn,)
     elif isinstance(fn, types.MethodType):
         fn, prefix = fn.__func__, (fn.__self__,)

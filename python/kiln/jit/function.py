@@ -253,8 +253,11 @@ class JitFunction(_C.JitDispatcher):
         return jf
 
     def _target(self):
-        from ..nn.cell import Cell
+        from ..nn.cell import Cell, overriding_call
 
+        if isinstance(self.fn, Cell) and overriding_call(self.fn) is not None:
+            cell, call = self.fn, overriding_call(self.fn)  # what calling it runs eagerly
+            return lambda *a, **k: call(cell, *a, **k)
         if isinstance(self.fn, Cell):  # its construct: Cell.__call__ may route back here (set_jit_config)
             cell = self.fn
             return lambda *a, **k: _call_cell_body(cell, a, k)
@@ -670,9 +673,13 @@ def _call_cell_body(cell, args, kwargs):
 def _convert_target(fn):
     """The ast conversion of a jitted function, method or Cell (a Cell's converted construct
     bound to it); raises JitSyntaxError."""
-    from ..nn.cell import Cell
+    from ..nn.cell import Cell, overriding_call
     from . import ast_runtime
 
+    override = overriding_call(fn) if isinstance(fn, Cell) else None
+    if override is not None:  # what calling the cell runs eagerly
+        conv = ast_runtime.convert_function(override) if ast_runtime._user_code(override) else override
+        return lambda *a, **k: conv(fn, *a, **k)
     if isinstance(fn, Cell):
         construct = type(fn).construct
         if construct is Cell.construct and type(fn).forward is not Cell.forward:
