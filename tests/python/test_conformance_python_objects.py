@@ -1,7 +1,12 @@
 """Conformance: Python objects as users write them around tensors, each run eagerly and under every
 kiln.jit variant and kiln.trace over calls with new inputs and new outer state: a Cell subclass
 overriding __call__ (called from the function, and jitted itself), class and instance attributes
-shadowing each other, super() in Cell subclasses, properties with side effects."""
+shadowing each other, super() in Cell subclasses, properties with side effects, dataclasses and
+namedtuples holding tensors as arguments (written by the function) and as results."""
+import collections
+import dataclasses
+import typing
+
 import kiln
 from kiln import nn
 from conformance import TRACE_VARIANTS, VARIANTS, Call, rand, run_all_modes
@@ -99,3 +104,49 @@ def test_property_with_a_side_effect_read_each_call():
 
     run_all_modes(lambda x: x * counter.value, (rand(2),), (rand(2),), (rand(2),), reset=reset,
                   observe=lambda: counter.n, variants=ALL)
+
+
+# ---- dataclasses and namedtuples as arguments and results ------------------------------------------
+
+
+@dataclasses.dataclass
+class Batch:
+    x: object
+    scale: float = 1.0
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Weighted(typing.NamedTuple):
+    w: object
+    n: int = 1
+
+
+def test_dataclass_argument_attributes_written_by_the_function():
+    # eagerly the caller's object sees the writes (the compiled call must not write a rebuilt copy)
+    def f(batch):
+        batch.scale = batch.scale + 1
+        batch.x = batch.x * 2
+        batch.seen = True
+        return batch.x.sum() * batch.scale
+
+    run_all_modes(f, (Batch(rand(2), 2.0),), (Batch(rand(2, seed=1), 3.0),), (Batch(rand(3, seed=2)),), variants=ALL)
+
+
+def test_dataclass_argument_returned_and_read():
+    def f(batch, y):
+        return batch, y + batch.x * batch.scale
+
+    run_all_modes(f, (Batch(rand(2), 2.0), rand(2, seed=1)), (Batch(rand(2, seed=2), -1.0), rand(2, seed=3)),
+                  variants=ALL)
+
+
+def test_namedtuples_and_dataclasses_in_and_out():
+    def f(p, w, batch):
+        return (Pair(p.a + w.w * w.n, p.b * batch.scale), Batch(batch.x * p.a, batch.scale + 1),
+                Weighted(w.w - 1, w.n + 1))
+
+    run_all_modes(f, (Pair(rand(2), rand(2, seed=1)), Weighted(rand(2, seed=2), 2), Batch(rand(2, seed=3), 2.0)),
+                  (Pair(rand(2, seed=4), rand(2, seed=5)), Weighted(rand(2, seed=6), 3), Batch(rand(2, seed=7), -1.0)),
+                  variants=ALL)

@@ -112,7 +112,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
             reasons.append("it returns a function defined inside it (its closure would keep this call's values "
                            "at every later call)")
         if changed is None and callers.returned(result):
-            reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
+            reasons.append("it returns a list, dict or object the caller passed in (a compiled call would return a "
+                           "copy)")
         grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         result, out_spec, out_leaves, executable = rec.finish(result)
         text = executable.graph_str()

@@ -65,17 +65,25 @@ class CallerContainers:
     and carries the run's changes back to the caller's objects."""
 
     def __init__(self, caller, rebuilt, leaves, aliases):
-        self.pairs = []  # (the caller's container, its copy, the copy's items before the run)
+        self.pairs = []  # (the caller's container, its copy, the copy's items before the run, what it is)
         self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
         self._pair(caller, rebuilt)
 
-    def _pair(self, orig, copy):
+    def _pair(self, orig, copy, kind=None):
         if type(orig) in (list, dict) and type(copy) is type(orig):
             self.objects[id(copy)] = orig
-            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy)))
+            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy),
+                               kind or type(copy).__name__))
             values = zip(orig.values(), copy.values()) if type(copy) is dict else zip(orig, copy)
-        elif type(orig) is tuple and type(copy) is tuple and len(orig) == len(copy):
-            values = zip(orig, copy)
+        elif isinstance(orig, tuple) and type(copy) is type(orig) and len(orig) == len(copy):
+            values = zip(orig, copy)  # (a namedtuple's fields too)
+        elif copy is not orig and type(copy) is type(orig) and type(getattr(orig, "__dict__", None)) is dict \
+                and type(getattr(copy, "__dict__", None)) is dict:
+            # an object the arguments' tree rebuilds (a dataclass, a registered node): the run writes its
+            # attributes on the copy, the caller's own must see them as eagerly
+            self.objects[id(copy)] = orig
+            self._pair(orig.__dict__, copy.__dict__, f"{type(copy).__name__} object's attributes")
+            return
         else:
             return
         for o, c in values:
@@ -83,18 +91,18 @@ class CallerContainers:
 
     def changed(self):
         """A ContainerChange when the run changed a copy, else None."""
-        for orig, copy, before in self.pairs:
+        for orig, copy, before, kind in self.pairs:
             now = list(copy.items()) if type(copy) is dict else list(copy)
             if len(now) != len(before) or any(
                     (a[0] != b[0] or a[1] is not b[1]) if type(copy) is dict else a is not b
                     for a, b in zip(now, before)):
-                return ContainerChange(type(copy).__name__, "<an argument>", 0)
+                return ContainerChange(kind, "<an argument>", 0)
         return None
 
     def returned(self, result, depth=0):
         """Whether result holds one of the copies."""
-        if id(result) in self.objects and type(result) in (list, dict):
-            return True
+        if id(result) in self.objects and not isinstance(result, _C.TensorBase):
+            return True  # (a list, dict, or an object the arguments' tree rebuilt)
         if depth < 20 and type(result) in (list, tuple, dict):
             return any(self.returned(v, depth + 1) for v in (result.values() if type(result) is dict else result))
         return False
@@ -116,7 +124,7 @@ class CallerContainers:
         return v
 
     def write_back(self):
-        for orig, copy, _ in self.pairs:
+        for orig, copy, _, _ in self.pairs:
             if type(orig) is list:
                 orig[:] = [self.to_caller(x) for x in copy]
             else:
