@@ -205,6 +205,17 @@ def carried_marks(carried):
             marks.update(old or {})
 
 
+def _holds_outside(value, interp, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, a list, dict or set from before the
+    call (reached through a global, a closure or an attribute, live across graph breaks by identity):
+    eagerly the caller gets that very object, a compiled piece would return a copy."""
+    if isinstance(value, (list, dict, set)) and not interp.local(value) and id(value) not in interp.foreign:
+        return True
+    if depth < 20 and type(value) in (list, tuple, dict):
+        return any(_holds_outside(v, interp, depth + 1) for v in (value.values() if type(value) is dict else value))
+    return False
+
+
 def _holds(value, ids, depth=0):
     """Whether value is, or holds in its lists, tuples and dicts, an object whose id is in ids."""
     if id(value) in ids:
@@ -263,6 +274,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if returns_closure(payload):
                 raise bytecode.Unsupported("it returns a function defined inside it (its closure would keep this "
                                            "call's values at every later call)")
+            if _holds_outside(payload, interp):
+                raise bytecode.Unsupported("it returns a list, dict or set it reached through a global, a closure or "
+                                           "an attribute (a compiled call would return a copy)")
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")

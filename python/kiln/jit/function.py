@@ -21,7 +21,7 @@ from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
 from .capture_core import CallStrategy, Entry, EntryCache, Recording, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
-from .recording import returns_closure
+from .recording import returns_closure, returns_reached
 from .replay import grad_read, grad_written, mark_not_replayable
 from .syntax import JitSyntaxError
 
@@ -111,7 +111,10 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         if returns_closure(result):
             reasons.append("it returns a function defined inside it (its closure would keep this call's values "
                            "at every later call)")
-        if changed is None and callers.returned(result):
+        if returns_reached(rec.recorder, result):
+            reasons.append("it returns a list, dict or set it reached through a global, a closure or an attribute "
+                           "(a compiled call would return a copy, which the caller's changes would not reach)")
+        elif changed is None and callers.returned(result):
             reasons.append("it returns a list, dict or object the caller passed in (a compiled call would return a "
                            "copy)")
         grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
@@ -120,6 +123,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         if rec.catching and not reasons:
             _on_checks_under_except(options, text, rec.catching, reasons)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
+        callers.kept = rec.recorder.reached_outside
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
     if os.environ.get("KILN_DUMP_IR") == "1":

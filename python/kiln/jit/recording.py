@@ -48,6 +48,19 @@ def returns_closure(value, depth=0):
     return False
 
 
+def returns_reached(recorder, value, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, a list, dict or set the capture reached
+    from before the call (a global's, a closure's, an attribute of a Cell or an argument: the guard
+    recorder's reached_outside). Eagerly the caller gets that very object, and what it then does to it
+    reaches its owner; a compiled call returns a copy rebuilt from the graph's structure."""
+    if isinstance(value, (list, dict, set)) and recorder.reached_outside(value):
+        return True
+    if depth < 20 and type(value) in (list, tuple, dict):
+        return any(returns_reached(recorder, v, depth + 1)
+                   for v in (value.values() if type(value) is dict else value))
+    return False
+
+
 class ContainerChange:
     """A change, during a capture, of a list or dict the caller passed in (what _on_side_effect reports)."""
 
@@ -67,6 +80,7 @@ class CallerContainers:
     def __init__(self, caller, rebuilt, leaves, aliases):
         self.pairs = []  # (the caller's container, its copy, the copy's items before the run, what it is)
         self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
+        self.kept = None  # reached_outside of the run's guard recorder: containers to_caller hands back as they are
         self._pair(caller, rebuilt)
 
     def _pair(self, orig, copy, kind=None):
@@ -115,6 +129,8 @@ class CallerContainers:
         found = self.objects.get(id(v))
         if found is not None:
             return found
+        if self.kept is not None and isinstance(v, (list, dict, set)) and self.kept(v):
+            return v  # (a global's or an attribute's own list: the caller gets that list, as eagerly)
         if isinstance(v, _C.TensorBase):
             return v if v.requires_grad and _C.is_grad_enabled() else v.detach()
         if depth < 20 and type(v) in (list, tuple):
