@@ -211,3 +211,22 @@ def test_parameter_added_to_and_removed_from_a_cell():
 
     run_all_modes(lambda x: net(x), (rand(2, 3),), Call((rand(2, 3, seed=1),), before=add), (rand(2, 3, seed=2),),
                   Call((rand(2, 3, seed=3),), before=reset), reset=reset, variants=ALL)
+
+
+def test_learning_rate_parameter_set_between_steps():
+    # a rate given as a tensor is read at every step eagerly; the compiled step must read it too
+    rate = nn.Parameter(kiln.Tensor(np.array(0.1, np.float32)), "lr", requires_grad=False)
+    net, opt, step = training_step(nn.SGD, learning_rate=rate)
+    restore = restorer(net, opt)
+
+    def set_rate(v):
+        rate.set_data(kiln.Tensor(np.array(v, np.float32)))
+
+    def reset():
+        restore()
+        set_rate(0.1)
+
+    run_all_modes(step, BATCHES[0], Call(BATCHES[1], before=lambda: set_rate(0.5)), BATCHES[2],
+                  Call(BATCHES[3], before=lambda: set_rate(0.01)), reset=reset, observe=lambda: weights(net),
+                  variants=ALL)
+

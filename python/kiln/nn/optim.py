@@ -113,7 +113,11 @@ class Optimizer(Cell):
 
     def _lr_in_graph(self, lr):
         """The rate at the current step as a 0-d float64 tensor computed from the step count, for
-        a schedule (a per-step list, a callable of the step); a constant rate as a number."""
+        a schedule (a per-step list, a callable of the step); a rate given as a tensor (a Parameter
+        the user may set_data between steps) read by the graph when it runs; a constant rate as a
+        number."""
+        if isinstance(lr, _C.TensorBase):
+            return lr.reshape(()).astype(_C.float64)
         if isinstance(lr, (list, tuple)):
             # the user may change the list in place between calls: the capture guards its contents
             read_by_kiln(vars(self), "_lrs", f"the per-step learning rates of a {type(self).__name__} optimizer")
