@@ -230,3 +230,34 @@ def test_learning_rate_parameter_set_between_steps():
                   Call(BATCHES[3], before=lambda: set_rate(0.01)), reset=reset, observe=lambda: weights(net),
                   variants=ALL)
 
+
+def test_seed_set_inside_the_step_gives_the_same_dropout_masks():
+    # eagerly each call reseeds, so calls with one seed draw the same masks
+    kiln.manual_seed(0)
+    net = nn.SequentialCell([nn.Dense(3, 8), nn.Dropout(p=0.5), nn.Dense(8, 2)])
+
+    def f(x, seed):
+        kiln.set_seed(seed)
+        return net(x), kiln.ops.rand((2,))
+
+    def g(x, seed):
+        kiln.manual_seed(seed)
+        return net(x) + kiln.ops.randn((4, 2))
+
+    for fn in (f, g):
+        run_all_modes(fn, (rand(4, 3), 1), (rand(4, 3), 2), (rand(4, 3), 1), (rand(4, 3, seed=1), 1), variants=ALL)
+
+
+def test_dropout_masks_with_train_switched_and_seeded_between_calls():
+    kiln.manual_seed(0)
+    net = nn.SequentialCell([nn.Dense(3, 8), nn.Dropout(p=0.5), nn.Dense(8, 2)])
+
+    def before(train, seed):
+        def b():
+            net.set_train(train)
+            kiln.set_seed(seed)
+        return b
+
+    run_all_modes(lambda x: net(x), Call((rand(4, 3),), before=before(True, 1)),
+                  Call((rand(4, 3, seed=1),), before=before(True, 2)), Call((rand(4, 3, seed=2),), before=before(False, 3)),
+                  Call((rand(4, 3, seed=3),), before=before(True, 1)), reset=lambda: net.set_train(True), variants=ALL)
