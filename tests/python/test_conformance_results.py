@@ -2,6 +2,8 @@
 function reached through a global, a closure or a Cell's attribute and returned (eagerly that very
 object: the caller's changes reach its owner), the same tensor returned twice, an input returned
 unchanged, a view of an input, Python numbers computed from tensors."""
+import itertools
+
 import numpy as np
 
 import kiln
@@ -166,3 +168,14 @@ def test_results_used_as_the_next_calls_arguments():
         for variant in ALL:
             assert chain(variant.wrap(f)) == want, variant.name
     assert np.isfinite(want).all()
+
+
+def test_lists_made_by_library_calls_returned():
+    # lists the function makes with calls run as they are are its own: returned, they stay compiled
+    # values (not taken for a global's list)
+    def f(xs):
+        joined = list(itertools.chain(xs, reversed(xs)))
+        return joined[::2], len(joined), sorted(len(x) for x in xs), joined
+
+    run_all_modes(f, ([rand(2), rand(2, seed=1), rand(2, seed=2)],), ([rand(3, seed=3), rand(3, seed=4)],),
+                  variants=ALL)

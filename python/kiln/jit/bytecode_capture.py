@@ -39,7 +39,7 @@ from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording, refuse_backward
-from .recording import returns_closure, user_frame_tracer
+from .recording import returns_closure, returns_reached, user_frame_tracer
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -205,17 +205,6 @@ def carried_marks(carried):
             marks.update(old or {})
 
 
-def _holds_outside(value, interp, depth=0):
-    """Whether value is, or holds in its lists, tuples and dicts, a list, dict or set from before the
-    call (reached through a global, a closure or an attribute, live across graph breaks by identity):
-    eagerly the caller gets that very object, a compiled piece would return a copy."""
-    if isinstance(value, (list, dict, set)) and not interp.local(value) and id(value) not in interp.foreign:
-        return True
-    if depth < 20 and type(value) in (list, tuple, dict):
-        return any(_holds_outside(v, interp, depth + 1) for v in (value.values() if type(value) is dict else value))
-    return False
-
-
 def _holds(value, ids, depth=0):
     """Whether value is, or holds in its lists, tuples and dicts, an object whose id is in ids."""
     if id(value) in ids:
@@ -274,7 +263,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if returns_closure(payload):
                 raise bytecode.Unsupported("it returns a function defined inside it (its closure would keep this "
                                            "call's values at every later call)")
-            if _holds_outside(payload, interp):
+            if returns_reached(rec.recorder, payload) or _holds(payload, interp.outside):
                 raise bytecode.Unsupported("it returns a list, dict or set it reached through a global, a closure or "
                                            "an attribute (a compiled call would return a copy)")
             if _holds(payload, interp.foreign):
