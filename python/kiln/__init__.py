@@ -25,6 +25,7 @@ from .jit.deploy import load
 from .jit.export import export
 from .jit.dynamic import mark_dynamic, mark_static
 from .jit.mutable import mutable
+from .jit import replay as _replay
 from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_context, wait_compiles
 from .context import get_deterministic, set_deterministic
 from .config import show_config
@@ -51,8 +52,18 @@ gemm_select.startup(_coretype)
 _seed = None
 
 
+def _seeded_while_recording(name):
+    """A seed set by the function being compiled: a graph replays the random draws but never this
+    Python call, so later calls would draw on from where the last one stopped instead of from the
+    seed. The recording running on this thread (if any) is not replayed: the function runs eagerly
+    (inside a bytecode piece, that part runs in Python)."""
+    _replay.mark_not_replayable(f"kiln.{name} inside the function (a compiled graph would not seed the "
+                                "generator again at later calls)")
+
+
 def manual_seed(seed):
     """Seeds the generator behind rand, randn, normal, uniform and dropout."""
+    _seeded_while_recording("manual_seed")
     _C.manual_seed(int(seed))
 
 
@@ -66,6 +77,7 @@ def set_seed(seed):
         raise ValueError(f"set_seed: seed must be an int in [0, 2**32), got {seed!r}")
     import numpy
 
+    _seeded_while_recording("set_seed")
     _C.manual_seed(seed)
     numpy.random.seed(seed)
     dataset.config.set_seed(seed)  # (shuffles and random samplers too)

@@ -19,6 +19,7 @@ typedef struct {
     PyObject *side_effect;  /* the SideEffect exception class: SideEffect(what, filename, line) */
     PyObject *guards;       /* (id(root), step) -> (root, path, expected, mode, description) */
     PyObject *watched;      /* id(obj) -> (obj, snapshot, description, code that reached it) */
+    PyObject *outside;      /* ids of the watched objects a chain reached (not a frame's argument): state from before the call */
     PyObject *effects;      /* [(what, filename, line)] */
     PyObject *local_codes;  /* code objects of functions defined while capturing */
     PyObject *functions_of; /* code -> the functions with that code (a search of the heap, once) */
@@ -324,7 +325,9 @@ static int guard_cell_version(PyGuardRecorder *r, PyObject *value) {
     return rc;
 }
 
-static int watch(PyGuardRecorder *r, PyObject *obj, PyObject *description, PyObject *code) {
+/* Watches obj for changes; outside: a chain from a global, a closure cell or an argument reached it
+ * (an object from before the call, not one the captured code made and passed to a helper). */
+static int watch(PyGuardRecorder *r, PyObject *obj, PyObject *description, PyObject *code, int outside) {
     PyObject *id = PyLong_FromVoidPtr(obj);
     if (!id) return -1;
     int in = PyDict_Contains(r->watched, id), rc = in < 0 ? -1 : 0;
@@ -339,6 +342,9 @@ static int watch(PyGuardRecorder *r, PyObject *obj, PyObject *description, PyObj
         }
         Py_XDECREF(snap);
     }
+    /* (only an object the entry holds: its id stays its own while the recorder lives) */
+    if (rc == 0 && outside && (in = PyDict_Contains(r->watched, id)) != 0)
+        rc = in < 0 || PySet_Add(r->outside, id) < 0 ? -1 : 0;
     Py_DECREF(id);
     return rc;
 }
@@ -402,7 +408,7 @@ static int guard_path(PyGuardRecorder *r, PyObject *root, PyObject *path, PyObje
             if (plain < 0 || err || !at || !step) rc = -1;
         }
         PyObject *what = k == n - 1 ? description : step_desc;
-        if (rc == 0 && (guard_step_mode(r, at, step, value, mode, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code) < 0 ||
+        if (rc == 0 && (guard_step_mode(r, at, step, value, mode, what, !(k == 0 && appended)) < 0 || watch(r, value, what, code, 1) < 0 ||
                         guard_cell_version(r, value) < 0 ||
                         (PyObject_TypeCheck(value, (PyTypeObject *)partial_type) && guard_partial(r, value, what, code) < 0)))
             rc = -1;
@@ -583,7 +589,7 @@ static int guard_chains(PyGuardRecorder *r, PyObject *facts, PyObject *g, PyObje
             }
             Py_INCREF(root);
             PyObject *arg = PyUnicode_FromFormat("argument %R of %U", name, ((PyCodeObject *)code)->co_qualname);
-            rc = arg ? watch(r, root, arg, code) : -1;
+            rc = arg ? watch(r, root, arg, code, 0) : -1;
             Py_XDECREF(arg);
             path = Py_NewRef(steps), what = Py_NewRef(name);
         }
@@ -829,6 +835,26 @@ static PyObject *recorder_add_value(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* add_contents(root, key, description): guard that the dict root holds the same object at key, and
+ * (a list, dict or set) the same contents: Python state kiln's own code reads while capturing, which
+ * on_call does not follow (kiln.jit.replay.read_by_kiln). */
+static PyObject *recorder_add_contents(PyObject *self, PyObject *args) {
+    PyObject *root, *key, *what;
+    if (!PyArg_ParseTuple(args, "O!OU:add_contents", &PyDict_Type, &root, &key, &what)) return NULL;
+    PyObject *value = PyDict_GetItemWithError(root, key);
+    if (!value) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "add_contents: %R is not in the dict", key);
+        return NULL;
+    }
+    Py_INCREF(value);
+    PyObject *step = PyTuple_Pack(2, s_item, key);
+    int rc = step ? guard_step_mode((PyGuardRecorder *)self, root, step, value, GUARD_IDENTITY, what, 1) : -1;
+    Py_XDECREF(step);
+    Py_DECREF(value);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     PyObject *cell, *name, *loc;
     if (!PyArg_ParseTuple(write, "OOU:side_effect", &cell, &name, &loc)) return NULL;
@@ -847,6 +873,19 @@ static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     Py_XDECREF(n);
     Py_DECREF(parts);
     return e;
+}
+
+/* reached_outside(obj) -> bool: whether the capture reached obj through a chain from a global, a
+ * closure cell or an argument (an object from before the call: returning it, a compiled call would
+ * return a copy), not only as an argument a helper was given. */
+static PyObject *recorder_reached_outside(PyObject *self, PyObject *obj) {
+    PyGuardRecorder *r = (PyGuardRecorder *)self;
+    PyObject *id = PyLong_FromVoidPtr(obj);
+    if (!id) return NULL;
+    int in = PySet_Contains(r->outside, id);
+    Py_DECREF(id);
+    if (in < 0) return NULL;
+    return PyBool_FromLong(in);
 }
 
 /* side_effect(cell_writes): the first Python side effect of the capture (a SideEffect), or None. */
@@ -979,10 +1018,11 @@ static int recorder_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(r->side_effect, Py_NewRef(side_effect));
     Py_XSETREF(r->guards, PyDict_New());
     Py_XSETREF(r->watched, PyDict_New());
+    Py_XSETREF(r->outside, PySet_New(NULL));
     Py_XSETREF(r->effects, PyList_New(0));
     Py_XSETREF(r->local_codes, PySet_New(NULL));
     Py_XSETREF(r->functions_of, PyDict_New());
-    return r->guards && r->watched && r->effects && r->local_codes && r->functions_of ? 0 : -1;
+    return r->guards && r->watched && r->outside && r->effects && r->local_codes && r->functions_of ? 0 : -1;
 }
 
 static int recorder_traverse(PyObject *self, visitproc visit, void *arg) {
@@ -994,6 +1034,7 @@ static int recorder_traverse(PyObject *self, visitproc visit, void *arg) {
     Py_VISIT(r->side_effect);
     Py_VISIT(r->guards);
     Py_VISIT(r->watched);
+    Py_VISIT(r->outside);
     Py_VISIT(r->effects);
     Py_VISIT(r->local_codes);
     Py_VISIT(r->functions_of);
@@ -1009,6 +1050,7 @@ static int recorder_clear(PyObject *self) {
     Py_CLEAR(r->side_effect);
     Py_CLEAR(r->guards);
     Py_CLEAR(r->watched);
+    Py_CLEAR(r->outside);
     Py_CLEAR(r->effects);
     Py_CLEAR(r->local_codes);
     Py_CLEAR(r->functions_of);
@@ -1035,10 +1077,15 @@ static PyMethodDef recorder_methods[] = {
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
     {"add_value", recorder_add_value, METH_VARARGS,
      "add_value(root, key, value, description): guard that the dict root holds value at key"},
+    {"add_contents", recorder_add_contents, METH_VARARGS,
+     "add_contents(root, key, description): guard that the dict root holds the same object at key, with the "
+     "same contents"},
     {"add_tensors", recorder_add_tensors, METH_O,
      "add_tensors(tensors): guard whether each tensor read from outside requires grad"},
     {"side_effect", recorder_side_effect, METH_O,
      "side_effect(cell_writes) -> the first Python side effect of the capture (SideEffect), or None"},
+    {"reached_outside", recorder_reached_outside, METH_O,
+     "reached_outside(obj) -> whether the capture reached obj from a global, a closure or an argument's attributes"},
     {"guard_set", recorder_guard_set, METH_NOARGS, "guard_set() -> (GuardSet, description of each guard)"},
     {"forget_contents", recorder_forget_contents, METH_O,
      "forget_contents(obj) -> None: drops the guards on obj's contents (the captured code changes them)"},

@@ -1030,7 +1030,7 @@ def _convert_or_fallback(fn):
 def convert_callable(f):
     """What converted code calls for f: converted user functions, methods and Cells; f itself
     for everything else."""
-    from ..nn.cell import Cell
+    from ..nn.cell import Cell, overriding_call
 
     if isinstance(f, types.FunctionType):
         return _convert_or_fallback(f) if _user_code(f) else f
@@ -1040,6 +1040,9 @@ def convert_callable(f):
             return types.MethodType(_convert_or_fallback(func), f.__self__)
         return f
     if isinstance(f, Cell) and not hooks.is_jit_function(f):
+        override = overriding_call(f)
+        if override is not None:  # what calling it runs eagerly
+            return types.MethodType(_convert_or_fallback(override), f) if _user_code(override) else f
         construct = type(f).construct
         if not (isinstance(construct, types.FunctionType) and (_user_code(construct) or
                                                                construct in _library_constructs())):

@@ -270,6 +270,9 @@ class Interpreter:
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
         self.made_functions = set()  # ids of functions the interpreted code made (MAKE_FUNCTION), kept in keep
+        # ids of lists, dicts and sets from before the call (a global's, a closure's, an attribute's),
+        # carried across graph breaks: returned, the caller must get them, not a copy
+        self.outside = set()
         self.iter_wrappers = {}  # id(a Python iterator the code made) -> the _Iter that advances it
         self.reads = []  # (frame, its locals when interpretation began): guarded on what ran (record_reads)
         self.cell_type = _cell_type()
@@ -423,6 +426,13 @@ class Interpreter:
                 # (its hooks would run natively, their Python side effects unseen: the call runs in Python;
                 # there, not capturing, the cell's own call runs them, which inlining construct would skip)
                 self.brk(f"a call of a {type(target).__name__} cell with forward or backward hooks")
+                return self.run_known(fn, args, kwargs)
+            from ..nn.cell import overriding_call
+
+            override = overriding_call(target)
+            if override is not None:  # what calling it runs eagerly (a __call__ of the user's: inlined)
+                if guards.is_user_code(override.__code__):
+                    return self.inline(override, (target,) + tuple(args), kwargs)
                 return self.run_known(fn, args, kwargs)
             construct = type(target).construct
             if (isinstance(construct, types.FunctionType) and guards.is_user_code(construct.__code__)
@@ -1412,10 +1422,11 @@ class _ByIdentity:
     """An object kept in a state by identity (hashable whatever its type is): through a weakref
     when it takes one and is not a tensor (a state is part of entries kept with a code object,
     which must not lead back to it: kiln.jit.code_cache); a dead one equals nothing."""
-    __slots__ = ("_ref", "_obj", "_id")
+    __slots__ = ("_ref", "_obj", "_id", "outside")
 
-    def __init__(self, obj):
+    def __init__(self, obj, outside=False):
         self._id = id(obj)
+        self.outside = outside  # a container from before the call (Interpreter.outside), not part of equality
         self._ref, self._obj = None, obj
         if not isinstance(obj, _C.TensorBase):
             try:
@@ -1521,7 +1532,9 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             return _NAMED, (type(v), tuple(conv(x, depth + 1) for x in v))
         if type(v) in (list, dict):
             if not interp.local(v) and id(v) not in interp.foreign:
-                return _REF, _ByIdentity(v)  # reached through a global, a closure or an attribute
+                # reached through a global, a closure or an attribute (or made by a call run as it is)
+                return _REF, _ByIdentity(v, id(v) in interp.outside or (
+                    interp.recorder is not None and interp.recorder.reached_outside(v)))
             if id(v) in seen:  # the same list or dict again (two names, or held by another): one object
                 return _ALIAS, seen[id(v)]
             seen[id(v)] = len(seen)
@@ -1558,7 +1571,11 @@ def thaw(state, interp, top):
         if type(v) is tuple and len(v) == 2 and isinstance(v[0], _Tag):
             tag, payload = v
             if tag is _REF:
-                return payload.obj
+                obj = payload.obj
+                if payload.outside:
+                    interp.outside.add(id(obj))
+                    interp.keep.append(obj)
+                return obj
             if tag is _FREE:
                 return funcs[payload[0]].__closure__[payload[1]]
             if tag is _SCALAR:

@@ -39,7 +39,7 @@ from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
 from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording, refuse_backward
-from .recording import returns_closure, user_frame_tracer
+from .recording import returns_closure, returns_reached, user_frame_tracer
 from .syntax import JitSyntaxError
 
 _local = threading.local()
@@ -263,6 +263,9 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if returns_closure(payload):
                 raise bytecode.Unsupported("it returns a function defined inside it (its closure would keep this "
                                            "call's values at every later call)")
+            if returns_reached(rec.recorder, payload) or _holds(payload, interp.outside):
+                raise bytecode.Unsupported("it returns a list, dict or set it reached through a global, a closure or "
+                                           "an attribute (a compiled call would return a copy)")
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")
@@ -524,10 +527,12 @@ def _finish_in_python(state, top):
 
 def target(jf):
     """(the Python function whose frames a JitFunction captures, the arguments before the call's)."""
-    from ..nn.cell import Cell
+    from ..nn.cell import Cell, overriding_call
 
     fn, prefix = jf.fn, ()
-    if isinstance(fn, Cell):
+    if isinstance(fn, Cell) and overriding_call(fn) is not None:
+        fn, prefix = overriding_call(fn), (fn,)  # what calling the cell runs eagerly
+    elif isinstance(fn, Cell):
         fn, prefix = type(fn).construct, (fn,)
     elif isinstance(fn, types.MethodType):
         fn, prefix = fn.__func__, (fn.__self__,)

@@ -20,7 +20,8 @@ from .. import _C, grad_hooks
 from ..profiler import timed_phase
 from . import ast_convert, ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import collect_grad_writes, end_reasons, refusing_unreplayable, set_hooks_traced, start_reasons
+from .replay import (collect_grad_writes, end_reasons, kiln_reads, refusing_unreplayable, set_hooks_traced,
+                     start_reasons)
 
 
 _NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
@@ -125,6 +126,7 @@ class Recording:
         self.catching = []  # the code of user code with an `except` clause that ran (CallStrategy)
         self.calls_type = False  # user code run as it is (not ast-converted) that may call type()
         self.grad_log = None
+        self.kiln_reads = None
         self.undo = keep_undo
 
     # ---- set-up and tear-down ---------------------------------------------------------------
@@ -142,6 +144,7 @@ class Recording:
         self._prev_logs = _C.set_cell_logs(self.called, self.writes if self.recorder is not None else outer[1])
         self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
         self.reasons, self._prev_reasons = start_reasons()
+        self.kiln_reads = kiln_reads()  # the containers kiln's own code read (replay.read_by_kiln): guarded
         # a backward pass run by the capture reaches tensors whose hooks may change before a later call
         self._backward_passes, self._hook_epoch = _C.backward_passes(), grad_hooks.STATE["epoch"]
         self._prev_hooks_traced = set_hooks_traced(self.recorder is not None)
@@ -160,8 +163,8 @@ class Recording:
                 _C.eval_frame_suspend(self._prev_hook)
             _C.set_cell_logs(*self._prev_logs)
             if self.into_outer:  # (a recording around this one cannot replay it either)
-                if self._prev_reasons is not None:
-                    self._prev_reasons.extend(self.reasons)
+                if self._prev_reasons[0] is not None:
+                    self._prev_reasons[0].extend(self.reasons)
                 if self._prev_logs[0] is not None:
                     self._prev_logs[0].extend(self.called)
         return False
@@ -245,6 +248,8 @@ class Recording:
         self.recorder.add_cells(tuple(dict.fromkeys(tuple(first) + tuple(self.called))))
         if self.outside is not None:
             self.recorder.add_tensors(self.outside)
+        for root, key, what in self.kiln_reads or ():
+            self.recorder.add_contents(root, key, what)
         if _C.backward_passes() != self._backward_passes:  # (no hook ran, else the call is eager: kiln.grad_hooks)
             self.recorder.add_value(grad_hooks.STATE, "epoch", self._hook_epoch,
                                     "the backward hooks of tensors (Tensor.register_hook on a parameter or input)")

@@ -21,7 +21,7 @@ from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
 from .capture_core import CallStrategy, Entry, EntryCache, Recording, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
-from .recording import returns_closure
+from .recording import returns_closure, returns_reached
 from .replay import grad_read, grad_written, mark_not_replayable
 from .syntax import JitSyntaxError
 
@@ -111,14 +111,19 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         if returns_closure(result):
             reasons.append("it returns a function defined inside it (its closure would keep this call's values "
                            "at every later call)")
-        if changed is None and callers.returned(result):
-            reasons.append("it returns a list or dict the caller passed in (a compiled call would return a copy)")
+        if returns_reached(rec.recorder, result):
+            reasons.append("it returns a list, dict or set it reached through a global, a closure or an attribute "
+                           "(a compiled call would return a copy, which the caller's changes would not reach)")
+        elif changed is None and callers.returned(result):
+            reasons.append("it returns a list, dict or object the caller passed in (a compiled call would return a "
+                           "copy)")
         grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         result, out_spec, out_leaves, executable = rec.finish(result)
         text = executable.graph_str()
         if rec.catching and not reasons:
             _on_checks_under_except(options, text, rec.catching, reasons)
     if reasons:  # the run stands as the call's: its changes of the caller's containers go back to them
+        callers.kept = rec.recorder.reached_outside
         callers.write_back()
         raise NotReplayable(reasons[0], callers.to_caller(ast_runtime.plain_numbers(result)))
     if os.environ.get("KILN_DUMP_IR") == "1":
@@ -253,8 +258,11 @@ class JitFunction(_C.JitDispatcher):
         return jf
 
     def _target(self):
-        from ..nn.cell import Cell
+        from ..nn.cell import Cell, overriding_call
 
+        if isinstance(self.fn, Cell) and overriding_call(self.fn) is not None:
+            cell, call = self.fn, overriding_call(self.fn)  # what calling it runs eagerly
+            return lambda *a, **k: call(cell, *a, **k)
         if isinstance(self.fn, Cell):  # its construct: Cell.__call__ may route back here (set_jit_config)
             cell = self.fn
             return lambda *a, **k: _call_cell_body(cell, a, k)
@@ -670,9 +678,13 @@ def _call_cell_body(cell, args, kwargs):
 def _convert_target(fn):
     """The ast conversion of a jitted function, method or Cell (a Cell's converted construct
     bound to it); raises JitSyntaxError."""
-    from ..nn.cell import Cell
+    from ..nn.cell import Cell, overriding_call
     from . import ast_runtime
 
+    override = overriding_call(fn) if isinstance(fn, Cell) else None
+    if override is not None:  # what calling the cell runs eagerly
+        conv = ast_runtime.convert_function(override) if ast_runtime._user_code(override) else override
+        return lambda *a, **k: conv(fn, *a, **k)
     if isinstance(fn, Cell):
         construct = type(fn).construct
         if construct is Cell.construct and type(fn).forward is not Cell.forward:

@@ -48,6 +48,19 @@ def returns_closure(value, depth=0):
     return False
 
 
+def returns_reached(recorder, value, depth=0):
+    """Whether value is, or holds in its lists, tuples and dicts, a list, dict or set the capture reached
+    from before the call (a global's, a closure's, an attribute of a Cell or an argument: the guard
+    recorder's reached_outside). Eagerly the caller gets that very object, and what it then does to it
+    reaches its owner; a compiled call returns a copy rebuilt from the graph's structure."""
+    if isinstance(value, (list, dict, set)) and recorder.reached_outside(value):
+        return True
+    if depth < 20 and type(value) in (list, tuple, dict):
+        return any(returns_reached(recorder, v, depth + 1)
+                   for v in (value.values() if type(value) is dict else value))
+    return False
+
+
 class ContainerChange:
     """A change, during a capture, of a list or dict the caller passed in (what _on_side_effect reports)."""
 
@@ -65,17 +78,26 @@ class CallerContainers:
     and carries the run's changes back to the caller's objects."""
 
     def __init__(self, caller, rebuilt, leaves, aliases):
-        self.pairs = []  # (the caller's container, its copy, the copy's items before the run)
+        self.pairs = []  # (the caller's container, its copy, the copy's items before the run, what it is)
         self.objects = {id(a): t for a, t in zip(aliases, leaves)}  # the copy's objects -> the caller's
+        self.kept = None  # reached_outside of the run's guard recorder: containers to_caller hands back as they are
         self._pair(caller, rebuilt)
 
-    def _pair(self, orig, copy):
+    def _pair(self, orig, copy, kind=None):
         if type(orig) in (list, dict) and type(copy) is type(orig):
             self.objects[id(copy)] = orig
-            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy)))
+            self.pairs.append((orig, copy, list(copy.items()) if type(copy) is dict else list(copy),
+                               kind or type(copy).__name__))
             values = zip(orig.values(), copy.values()) if type(copy) is dict else zip(orig, copy)
-        elif type(orig) is tuple and type(copy) is tuple and len(orig) == len(copy):
-            values = zip(orig, copy)
+        elif isinstance(orig, tuple) and type(copy) is type(orig) and len(orig) == len(copy):
+            values = zip(orig, copy)  # (a namedtuple's fields too)
+        elif copy is not orig and type(copy) is type(orig) and type(getattr(orig, "__dict__", None)) is dict \
+                and type(getattr(copy, "__dict__", None)) is dict:
+            # an object the arguments' tree rebuilds (a dataclass, a registered node): the run writes its
+            # attributes on the copy, the caller's own must see them as eagerly
+            self.objects[id(copy)] = orig
+            self._pair(orig.__dict__, copy.__dict__, f"{type(copy).__name__} object's attributes")
+            return
         else:
             return
         for o, c in values:
@@ -83,18 +105,18 @@ class CallerContainers:
 
     def changed(self):
         """A ContainerChange when the run changed a copy, else None."""
-        for orig, copy, before in self.pairs:
+        for orig, copy, before, kind in self.pairs:
             now = list(copy.items()) if type(copy) is dict else list(copy)
             if len(now) != len(before) or any(
                     (a[0] != b[0] or a[1] is not b[1]) if type(copy) is dict else a is not b
                     for a, b in zip(now, before)):
-                return ContainerChange(type(copy).__name__, "<an argument>", 0)
+                return ContainerChange(kind, "<an argument>", 0)
         return None
 
     def returned(self, result, depth=0):
         """Whether result holds one of the copies."""
-        if id(result) in self.objects and type(result) in (list, dict):
-            return True
+        if id(result) in self.objects and not isinstance(result, _C.TensorBase):
+            return True  # (a list, dict, or an object the arguments' tree rebuilt)
         if depth < 20 and type(result) in (list, tuple, dict):
             return any(self.returned(v, depth + 1) for v in (result.values() if type(result) is dict else result))
         return False
@@ -107,6 +129,8 @@ class CallerContainers:
         found = self.objects.get(id(v))
         if found is not None:
             return found
+        if self.kept is not None and isinstance(v, (list, dict, set)) and self.kept(v):
+            return v  # (a global's or an attribute's own list: the caller gets that list, as eagerly)
         if isinstance(v, _C.TensorBase):
             return v if v.requires_grad and _C.is_grad_enabled() else v.detach()
         if depth < 20 and type(v) in (list, tuple):
@@ -116,7 +140,7 @@ class CallerContainers:
         return v
 
     def write_back(self):
-        for orig, copy, _ in self.pairs:
+        for orig, copy, _, _ in self.pairs:
             if type(orig) is list:
                 orig[:] = [self.to_caller(x) for x in copy]
             else:

@@ -76,16 +76,37 @@ def grad_read(tensor, value):
         mark_not_replayable("a .grad read that was set outside the graph (the graph would keep this call's gradient)")
 
 
+def read_by_kiln(root, key, description):
+    """Called by kiln's own code that reads, while a graph may be recorded, a list or dict the user
+    holds and may change in place between calls (an optimizer's per-step learning rates): root[key]
+    (root a dict) is that container. The guard recorder follows the user's code only; the recording
+    running on this thread guards the container's contents too, so a change captures again."""
+    reads = getattr(_local, "kiln_reads", None)
+    if reads is not None:
+        reads.append((root, key, description))
+
+
 def start_reasons():
     """Starts collecting the reasons the recording that begins on this thread cannot be replayed:
-    (the list mark_not_replayable appends to, what end_reasons puts back)."""
-    prev = getattr(_local, "not_replayable", None)
+    (the list mark_not_replayable appends to, what end_reasons puts back). The containers kiln's
+    code reads (read_by_kiln) are collected beside them, in kiln_reads()."""
+    prev = (getattr(_local, "not_replayable", None), getattr(_local, "kiln_reads", None))
     _local.not_replayable = reasons = []
+    _local.kiln_reads = []
     return reasons, prev
 
 
+def kiln_reads():
+    """The list of (root, key, description) of the containers read_by_kiln reports on this thread
+    (started by start_reasons: the recording running now)."""
+    return getattr(_local, "kiln_reads", None)
+
+
 def end_reasons(prev):
-    _local.not_replayable = prev
+    _local.not_replayable, reads = prev
+    if reads is not None:  # (an enclosing recording read them too)
+        reads.extend(getattr(_local, "kiln_reads", None) or ())
+    _local.kiln_reads = reads
 
 
 class collect_grad_writes:

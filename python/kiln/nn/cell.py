@@ -1,4 +1,5 @@
 """Cell: the building block of networks (MindSpore's nn.Cell), plus SequentialCell and CellList."""
+import types
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -50,6 +51,18 @@ def hooks_after(cell, args, output):
         if call is not None:
             output = call.wrap_outputs(output)
     return output
+
+
+def overriding_call(cell):
+    """The __call__ that cell's class (a subclass written in Python) defines instead of Cell's own:
+    calling the cell runs it (which may or may not reach construct through super().__call__), so a
+    capture of the call must run it too; None when the class keeps Cell's. Not for a cell run
+    compiled through its own set_jit_config (its __call__ routes to the compiled function, which
+    runs construct)."""
+    call = type(cell).__call__
+    if not isinstance(call, types.FunctionType) or cell.__dict__.get("_jitted") is not None:
+        return None
+    return call
 
 
 def call_construct_hooked(cell, construct, args, kwargs):

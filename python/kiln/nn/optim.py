@@ -8,6 +8,7 @@ from .. import ops
 from .._optable import OP
 from .._tensor import tensor as _tensor
 from ..autograd import no_grad
+from ..jit.replay import read_by_kiln
 from .cell import Cell
 from .parameter import Parameter, ParameterTuple
 
@@ -72,7 +73,9 @@ class Optimizer(Cell):
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
         self._global_step = ops.zeros((), dtype=_C.int64)  # a tensor for the same reason
-        self._lr_tables = {}  # id(per-step list) -> its rates as a tensor (compiled steps index it)
+        # id(per-step list) -> (its rates when the table was made, the rates as a tensor compiled steps
+        # index); the list is read on every capture, so a rate the user changes in place is seen
+        self._lr_tables = {}
 
     @property
     def global_step(self):
@@ -110,11 +113,19 @@ class Optimizer(Cell):
 
     def _lr_in_graph(self, lr):
         """The rate at the current step as a 0-d float64 tensor computed from the step count, for
-        a schedule (a per-step list, a callable of the step); a constant rate as a number."""
+        a schedule (a per-step list, a callable of the step); a rate given as a tensor (a Parameter
+        the user may set_data between steps) read by the graph when it runs; a constant rate as a
+        number."""
+        if isinstance(lr, _C.TensorBase):
+            return lr.reshape(()).astype(_C.float64)
         if isinstance(lr, (list, tuple)):
-            table = self._lr_tables.get(id(lr))
-            if table is None:
-                table = self._lr_tables[id(lr)] = _tensor([float(v) for v in lr], dtype=_C.float64)
+            # the user may change the list in place between calls: the capture guards its contents
+            read_by_kiln(vars(self), "_lrs", f"the per-step learning rates of a {type(self).__name__} optimizer")
+            rates = tuple(float(v) for v in lr)
+            known = self._lr_tables.get(id(lr))
+            if known is None or known[0] != rates:
+                known = self._lr_tables[id(lr)] = (rates, _tensor(list(rates), dtype=_C.float64))
+            table = known[1]
             last = ops.full((), len(lr) - 1, dtype=_C.int64)
             return table[ops.minimum(self._global_step, last)]
         if callable(lr) and not isinstance(lr, _C.TensorBase):
