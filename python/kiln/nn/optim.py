@@ -1,6 +1,6 @@
 """Optimizers, MindSpore style: opt = SGD(net.trainable_params(), ...); opt(grads) applies one
 step given the gradients in the order of opt.parameters. Updates run in place through the
-sgd_update / adam_update ops."""
+sgd_update / adam_update / adam_amsgrad_update ops."""
 import numbers
 
 from .. import _C
@@ -228,10 +228,20 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction, weight_decay added to the gradient (L2):
     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
     p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps).
-    Arguments after eps are keyword-only (MindSpore puts use_locking / use_nesterov there)."""
+    use_amsgrad (PyTorch: amsgrad): AMSGrad, vmax = max(vmax, v) divides instead of v (PyTorch's
+    rule; the largest v is kept in the state max_moment2).
+    Arguments after eps are keyword-only (MindSpore puts use_locking / use_nesterov there);
+    PyTorch's names lr= and betas= are accepted as aliases of learning_rate and beta1, beta2."""
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, *, use_locking=False,
-                 use_nesterov=False, weight_decay=0.0, loss_scale=1.0):
+                 use_nesterov=False, weight_decay=0.0, loss_scale=1.0, use_amsgrad=False, amsgrad=None, lr=None,
+                 betas=None):
+        if lr is not None:
+            learning_rate = lr
+        if betas is not None:
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"{type(self).__name__}: betas must be a pair of numbers in [0, 1), got {betas!r}")
+            beta1, beta2 = betas
         super().__init__(learning_rate, params, weight_decay, loss_scale)
         if use_nesterov:
             raise ValueError("Adam: use_nesterov=True is not supported")
@@ -241,10 +251,18 @@ class Adam(Optimizer):
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.eps = check_nonneg("Adam", "eps", eps)
+        self.use_amsgrad = bool(use_amsgrad if amsgrad is None else amsgrad)
         self.moment1 = self._state("moment1")
         self.moment2 = self._state("moment2")
+        self.max_moment2 = self._state("max_moment2") if self.use_amsgrad else None
+
+    amsgrad = property(lambda self: self.use_amsgrad)  # PyTorch's name
 
     def _update(self, i, param, grad, lr, weight_decay):
         rate, extra = _rate(lr)
-        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i], self._step_counters[i]) + extra, (),
+        if self.use_amsgrad:
+            op, state = OP.adam_amsgrad_update, (self.moment1[i], self.moment2[i], self.max_moment2[i])
+        else:
+            op, state = OP.adam_update, (self.moment1[i], self.moment2[i])
+        _apply(op, (param, grad) + state + (self._step_counters[i],) + extra, (),
                (rate, self.beta1, self.beta2, self.eps, weight_decay))
