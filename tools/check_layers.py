@@ -144,6 +144,8 @@ PY_LAYERS = {
     # kiln.Tensor, whose methods are the namespace's functions
     "kiln._tensor": 4,
     "kiln._tensor_torch": 4,
+    # kiln.zeros, kiln.cat, ...: the table of kiln.ops' names bound at the top level
+    "kiln.toplevel": 4,
     # Cell, Parameter and initializers: what kiln.jit knows of networks
     "kiln.nn.cell": 5, "kiln.nn.parameter": 5, "kiln.nn.init": 5,
     # the data-parallel gradient all-reduce TrainOneStepCell makes in data-parallel mode

@@ -42,6 +42,12 @@ float_ = float32
 int_ = int64
 bool_ = bool
 
+# PyTorch's top-level tensor functions (kiln.zeros, kiln.cat, ...): kiln.ops' own, named once in
+# kiln.toplevel's table; the creation functions also take requires_grad= and device=
+from .toplevel import NAMES as _TOPLEVEL_NAMES  # noqa: E402
+
+globals().update({_n: _f for _n, _f in _TOPLEVEL_NAMES.items() if _n not in globals()})
+
 from .version import __version__  # noqa: E402
 from . import gemm_select  # noqa: E402
 
