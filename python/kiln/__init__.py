@@ -29,7 +29,7 @@ from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_co
 from .context import get_deterministic, set_deterministic
 from .config import show_config
 from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
-from . import autodiff, dataset, profiler, tools, tree, tree_util
+from . import autodiff, common, dataset, profiler, tools, tree, tree_util
 from .recomputation import recompute
 checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
 from .batching import VmapFallbackWarning, jacrev, vmap

@@ -125,7 +125,33 @@ class Optimizer(Cell):
                                      f"{tuple(v.shape)}; it must return a number or a 1-element tensor")
                 return v.reshape(()).astype(_C.float64)
             return float(v)
+        if isinstance(lr, _C.TensorBase):  # a rate a scheduler writes: read when the update runs
+            return lr
         return self._lr_at(lr, 0)
+
+    def rates_as_tensors(self):
+        """Each group's rate as a 0-d float64 tensor the updates read when they run, made from its
+        number the first time (a per-step list or a schedule is refused: it already sets the rate).
+        A PyTorch-style scheduler (kiln.nn.StepLR, ...) writes them in place after each epoch, so a
+        compiled training step follows the new rate without compiling again. Returns them in
+        group order, each once."""
+        made, out = {}, []
+        for i, lr in enumerate(self._lrs):
+            if isinstance(lr, _C.TensorBase):
+                rate = lr
+            elif isinstance(lr, numbers.Real):
+                rate = made.get(id(lr))
+                if rate is None:
+                    rate = made[id(lr)] = _tensor(float(lr), dtype=_C.float64)
+            else:
+                raise TypeError(f"{type(self).__name__}: a scheduler needs a number as the learning rate, got "
+                                f"{type(lr).__name__} (a per-step list or a schedule already sets the rate)")
+            self._lrs[i] = rate
+            if all(rate is not r for r in out):
+                out.append(rate)
+        if not isinstance(self.learning_rate, (list, tuple)) and not callable(self.learning_rate):
+            self.learning_rate = out[0]
+        return out
 
     def get_lr(self):
         """The learning rate of the next step (of the first group)."""
@@ -208,8 +234,8 @@ class SGD(Optimizer):
     step); d = d + momentum * buf if nesterov else buf; p -= lr * d."""
 
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 loss_scale=1.0):
-        super().__init__(learning_rate, params, weight_decay, loss_scale)
+                 loss_scale=1.0, *, lr=None):
+        super().__init__(learning_rate if lr is None else lr, params, weight_decay, loss_scale)
         self.momentum = check_nonneg("SGD", "momentum", momentum)
         self.dampening = check_nonneg("SGD", "dampening", dampening)
         self.nesterov = bool(nesterov)
