@@ -155,7 +155,7 @@ PY_LAYERS = {
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
     # checkpoints (serialization), data loading, the pytree alias and configuration reports
-    "kiln.serialization": 8, "kiln.common": 8, "kiln.common.*": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    "kiln.serialization": 8, "kiln.common": 8, "kiln.common.*": 8, "kiln.optim": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # kiln.vmap and kiln.jacrev (ensembles of CellLists)
     "kiln.batching": 8,
     # communication across processes: MindSpore's kiln.communication, MegEngine's kiln.distributed

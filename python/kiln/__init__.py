@@ -29,7 +29,7 @@ from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_co
 from .context import get_deterministic, set_deterministic
 from .config import show_config
 from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
-from . import autodiff, common, dataset, profiler, tools, tree, tree_util
+from . import autodiff, common, dataset, optim, profiler, tools, tree, tree_util
 from .recomputation import recompute
 checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
 from .batching import VmapFallbackWarning, jacrev, vmap
@@ -81,6 +81,15 @@ def set_seed(seed):
 def get_seed():
     """The seed set_seed was given last, or None."""
     return _seed
+
+
+def device(type="cpu", index=None):
+    """PyTorch's torch.device: kiln runs on the CPU, so "cpu" (or "cpu:0") is the only device; it is
+    returned as the string "cpu", which every device= of kiln takes."""
+    name = str(type) if index is None else f"{type}:{index}"
+    if name not in ("cpu", "cpu:0"):
+        raise ValueError(f"kiln.device({name!r}): kiln runs on the CPU only")
+    return "cpu"
 
 
 def set_num_threads(n):

@@ -111,7 +111,32 @@ class Tensor(_C.TensorBase, TorchTensorMethods):
         """This tensor converted to dtype."""
         return _ops.cast(self, dtype)
 
-    to = astype
+    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+        """PyTorch's to: to(dtype), to(device), to(device, dtype), to(other) (other's dtype), with the
+        keywords dtype= and device=. kiln runs on the CPU: a device other than "cpu" raises."""
+        for a in args:
+            if isinstance(a, _C.TensorBase):
+                dtype = a.dtype
+            elif isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "npu", "xla", "meta"):
+                device = a
+            elif dtype is None:
+                dtype = a
+            else:
+                raise TypeError(f"Tensor.to: unexpected argument {a!r}")
+        if device is not None and str(device) not in ("cpu", "cpu:0"):
+            raise ValueError(f"Tensor.to({device!r}): kiln runs on the CPU only")
+        if dtype is None:
+            return _ops.cast(self, self.dtype) if copy else self
+        return _ops.cast(self, dtype)
+
+    def cpu(self):
+        """PyTorch's cpu(): this tensor (kiln runs on the CPU)."""
+        return self
+
+    @property
+    def data(self):
+        """PyTorch's .data: a tensor sharing this one's memory, without autograd history."""
+        return self.detach()
 
     def float(self):
         return _ops.cast(self, _C.float32)

@@ -200,3 +200,73 @@ def test_setitem_keeps_float64_precision():
         warnings.simplefilter("ignore")
         run_all_modes(fill_rate, (kiln.zeros(3, dtype=kiln.float64), kiln.ones(3, dtype=kiln.float64)))
     assert fill_rate(kiln.zeros(3, dtype=kiln.float64), 1.0).numpy().tolist() == [0.01, 0.1, 0.2]
+
+
+def test_tensor_to_cpu_and_data():
+    x = kiln.randn(2, 3)
+    assert x.to("cpu") is x and x.cpu() is x and x.to(kiln.device("cpu")) is x
+    assert x.to(kiln.float64).dtype == kiln.float64 and x.to("cpu", kiln.int32).dtype == kiln.int32
+    assert x.to(device="cpu", dtype=kiln.float64).dtype == kiln.float64
+    assert x.to(kiln.zeros(1, dtype=kiln.int64)).dtype == kiln.int64  # other's dtype
+    np.testing.assert_array_equal(x.to(kiln.float64).numpy(), x.numpy().astype(np.float64))
+    with pytest.raises(ValueError, match=r"Tensor.to\('cuda'\): kiln runs on the CPU only"):
+        x.to("cuda")
+    with pytest.raises(ValueError, match="kiln.device"):
+        kiln.device("cuda", 0)
+    w = kiln.randn(3, requires_grad=True)
+    d = w.data
+    assert not d.requires_grad
+    d[0] = 5.0  # shares w's memory, as PyTorch's .data does
+    assert w.numpy()[0] == 5.0
+
+
+def test_namespaces_of_pytorch():
+    import kiln.nn.functional as F
+    import kiln.optim as optim
+
+    assert F.relu is kiln.ops.relu and F.cross_entropy is kiln.ops.cross_entropy and F.softmax is kiln.ops.softmax
+    assert optim.Adam is nn.Adam and optim.SGD is nn.SGD and optim.lr_scheduler.StepLR is nn.StepLR
+
+
+def test_param_groups_read_and_written():
+    a = nn.Parameter(kiln.ones(2), name="a")
+    b = nn.Parameter(kiln.ones(2), name="b")
+    opt = nn.SGD([{"params": [a], "lr": 0.1}, {"params": [b]}], lr=0.5)
+    groups = opt.param_groups
+    assert [g["lr"] for g in groups] == [0.1, 0.5] and groups[0]["params"][0] is a
+    groups[1]["lr"] = 0.25  # a manual schedule; the other group keeps its rate
+    opt([kiln.ones(2), kiln.ones(2)])
+    np.testing.assert_allclose(a.numpy(), 0.9)
+    np.testing.assert_allclose(b.numpy(), 0.75)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.25]
+    with pytest.raises(KeyError, match="only 'lr' can be set"):
+        groups[0]["momentum"] = 0.9
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_compiled_step_follows_param_groups_lr(mode):
+    def train(jit):
+        kiln.manual_seed(0)
+        net = nn.Linear(3, 1)
+        opt = nn.SGD(net.parameters(), lr=0.1, momentum=0.5)
+        grad_fn = kiln.value_and_grad(lambda x, y: ((net(x) - y) ** 2).mean(), None, opt.parameters)
+
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            opt(grads)
+            return loss
+
+        f = kiln.jit(step, capture_mode=mode) if jit else step
+        x, y = kiln.ones(4, 3), kiln.zeros(4, 1)
+        losses = []
+        for epoch in range(4):
+            for g in opt.param_groups:
+                g["lr"] = 0.1 / (epoch + 1)
+            losses += [f(x, y).item(), f(x, y).item()]
+        return losses, f
+
+    want, _ = train(False)
+    got, f = train(True)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert f.stats.compiles <= 2, f.stats

@@ -29,7 +29,7 @@ from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedul
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
                           warmup_lr)
 from . import utils
-from . import lr_scheduler
+from . import functional, lr_scheduler
 from .lr_scheduler import CosineAnnealingLR, ExponentialLR, LambdaLR, MultiStepLR, StepLR
 from .parameter import Parameter, ParameterTuple
 

@@ -42,6 +42,7 @@ class Optimizer(Cell):
             raise ValueError(f"{name}: got an empty parameter list")
         groups = parameters if isinstance(parameters[0], dict) else [{"params": parameters}]
         params, lrs, wds, seen = [], [], [], set()
+        group_sizes = []  # how many parameters each group has, in order (param_groups)
         for g in groups:
             if not isinstance(g, dict) or "params" not in g:
                 raise TypeError(f"{name}: parameter groups must be dicts with a 'params' entry")
@@ -60,6 +61,7 @@ class Optimizer(Cell):
                 params.append(p)
                 lrs.append(lr)
                 wds.append(wd)
+            group_sizes.append(len(g["params"]))
         self.parameters = tuple(params)
         self.learning_rate = learning_rate
         self.weight_decay = float(weight_decay)
@@ -68,6 +70,7 @@ class Optimizer(Cell):
             raise ValueError(f"{name}: loss_scale must be > 0, got {loss_scale!r}")
         self._lrs = lrs
         self._wds = wds
+        self._group_sizes = group_sizes
         # the same counts as int64 tensors the update ops increment themselves, so a compiled
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
@@ -135,22 +138,27 @@ class Optimizer(Cell):
         A PyTorch-style scheduler (kiln.nn.StepLR, ...) writes them in place after each epoch, so a
         compiled training step follows the new rate without compiling again. Returns them in
         group order, each once."""
-        made, out = {}, []
-        for i, lr in enumerate(self._lrs):
-            if isinstance(lr, _C.TensorBase):
-                rate = lr
-            elif isinstance(lr, numbers.Real):
-                rate = made.get(id(lr))
-                if rate is None:
-                    rate = made[id(lr)] = _tensor(float(lr), dtype=_C.float64)
+        out, start = [], 0
+        for size in self._group_sizes:
+            if size == 0:
+                continue
+            lr = self._lrs[start]
+            if isinstance(lr, numbers.Real) and not isinstance(lr, bool):
+                lr = _tensor(float(lr), dtype=_C.float64)  # one per group: each group's rate is its own
+            elif isinstance(lr, _C.TensorBase):
+                start += size
+                if all(lr is not r for r in out):
+                    out.append(lr)
+                continue
             else:
                 raise TypeError(f"{type(self).__name__}: a scheduler needs a number as the learning rate, got "
                                 f"{type(lr).__name__} (a per-step list or a schedule already sets the rate)")
-            self._lrs[i] = rate
-            if all(rate is not r for r in out):
-                out.append(rate)
-        if not isinstance(self.learning_rate, (list, tuple)) and not callable(self.learning_rate):
-            self.learning_rate = out[0]
+            self._lrs[start:start + size] = [lr] * size
+            if all(lr is not r for r in out):
+                out.append(lr)
+            start += size
+        if not isinstance(self.learning_rate, (list, tuple, _C.TensorBase)) and not callable(self.learning_rate):
+            self.learning_rate = out[0]  # (once: a Cell attribute written again would recompile a compiled step)
         return out
 
     def get_lr(self):
@@ -216,9 +224,22 @@ class Optimizer(Cell):
             self._global_step[...] = self._global_step + 1
         return True
 
-    def zero_grad(self):
+    @property
+    def param_groups(self):
+        """PyTorch's param_groups: one dict-like view per group, {"params": [...], "lr": ...,
+        "weight_decay": ...}. Reading "lr" gives the group's rate at the next step; writing it (a
+        manual schedule) makes the optimizer's rates tensors (rates_as_tensors) and writes the
+        group's, so a compiled step follows it without compiling again."""
+        out, start = [], 0
+        for size in self._group_sizes:
+            out.append(_ParamGroup(self, start, size) if size else {"params": [], "lr": None})
+            start += size
+        return out
+
+    def zero_grad(self, set_to_none=True):
         """Clears .grad of every parameter (inside a compiled function, each .grad write makes the
-        call run eagerly: kiln.Tensor.grad's setter)."""
+        call run eagerly: kiln.Tensor.grad's setter). PyTorch's set_to_none is accepted; kiln
+        always sets None (the next backward pass accumulates from nothing either way)."""
         for p in self.parameters:
             p.grad = None
 
@@ -226,6 +247,34 @@ class Optimizer(Cell):
 
     def _update(self, i, param, grad, lr, weight_decay):
         raise NotImplementedError
+
+
+class _ParamGroup(dict):
+    """A view of one parameter group of an optimizer (Optimizer.param_groups)."""
+
+    def __init__(self, opt, start, size):
+        super().__init__(params=list(opt.parameters[start:start + size]), weight_decay=opt._wds[start])
+        self._opt, self._start = opt, start
+
+    def __getitem__(self, key):
+        if key == "lr":
+            return self._opt._lr_at(self._opt._lrs[self._start], self._opt.global_step)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self["lr"] if key == "lr" else super().get(key, default)
+
+    def __contains__(self, key):
+        return key == "lr" or super().__contains__(key)
+
+    def __setitem__(self, key, value):
+        if key != "lr":
+            raise KeyError(f"param_groups: only 'lr' can be set, got {key!r}")
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"param_groups: lr must be a number >= 0, got {value!r}")
+        self._opt.rates_as_tensors()
+        with no_grad():
+            self._opt._lrs[self._start][...] = float(value)
 
 
 class SGD(Optimizer):
