@@ -270,3 +270,14 @@ def test_compiled_step_follows_param_groups_lr(mode):
     got, f = train(True)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert f.stats.compiles <= 2, f.stats
+
+
+def test_conv2d_takes_pytorchs_keywords_and_says_how_padding_is_written():
+    c = nn.Conv2d(4, 8, 3, pad_mode="pad", padding=1, bias=True, groups=2)
+    assert c.has_bias and c.group == 2 and c.weight.shape == (8, 2, 3, 3)
+    assert c(kiln.randn(1, 4, 5, 5)).shape == (1, 8, 5, 5)
+    with pytest.raises(ValueError, match=r"PyTorch's Conv2d\(\.\.\., padding=1\) is Conv2d\(\.\.\., pad_mode='pad', "
+                                         r"padding=1, has_bias=True\)"):
+        nn.Conv2d(1, 8, 3, padding=1)
+    with pytest.raises(ValueError, match=r"MaxPool2d\(\.\.\., pad_mode='pad', padding=1\)\)"):
+        nn.MaxPool2d(2, 2, padding=1)
