@@ -100,3 +100,15 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _C.get_num_threads()
+
+
+def _star_names():
+    """`from kiln import *` brings every public name but the top-level functions named like Python's
+    builtins (kiln.sum, kiln.max, kiln.abs, ...): those would silently replace sum() and max()."""
+    import builtins
+
+    shadowing = {n for n in _TOPLEVEL_NAMES if hasattr(builtins, n)}
+    return sorted(n for n in globals() if not n.startswith("_") and n not in shadowing)
+
+
+__all__ = _star_names()

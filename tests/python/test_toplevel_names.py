@@ -142,3 +142,12 @@ def test_requires_grad_inside_jit_runs_as_eager():
             warnings.simplefilter("ignore")
             y, w = kiln.jit(leaf_inside, capture_mode=mode)(x)
         assert w.requires_grad and y.requires_grad, mode
+
+
+def test_star_import_keeps_pythons_builtins():
+    ns = {}
+    exec("from kiln import *", ns)  # noqa: S102
+    assert "zeros" in ns and "cat" in ns and "Tensor" in ns and "float32" in ns and "nn" in ns
+    for name in ("sum", "max", "min", "abs", "all", "any", "round", "pow"):
+        assert name not in ns, name
+        assert getattr(kiln, name) is getattr(kiln.ops, name)  # still kiln.max, as torch.max
