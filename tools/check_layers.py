@@ -144,6 +144,8 @@ PY_LAYERS = {
     # kiln.Tensor, whose methods are the namespace's functions
     "kiln._tensor": 4,
     "kiln._tensor_torch": 4,
+    # kiln.zeros, kiln.cat, ...: the table of kiln.ops' names bound at the top level
+    "kiln.toplevel": 4,
     # Cell, Parameter and initializers: what kiln.jit knows of networks
     "kiln.nn.cell": 5, "kiln.nn.parameter": 5, "kiln.nn.init": 5,
     # the data-parallel gradient all-reduce TrainOneStepCell makes in data-parallel mode
@@ -153,7 +155,7 @@ PY_LAYERS = {
     # layers, losses, optimizers; the model zoo
     "kiln.nn": 7, "kiln.nn.*": 7, "kiln.models": 7,
     # checkpoints (serialization), data loading, the pytree alias and configuration reports
-    "kiln.serialization": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
+    "kiln.serialization": 8, "kiln.common": 8, "kiln.common.*": 8, "kiln.optim": 8, "kiln.dataset": 8, "kiln.dataset.*": 8, "kiln.tree": 8, "kiln.config": 8,
     # kiln.vmap and kiln.jacrev (ensembles of CellLists)
     "kiln.batching": 8,
     # communication across processes: MindSpore's kiln.communication, MegEngine's kiln.distributed

@@ -30,7 +30,7 @@ from .context import GRAPH_MODE, LAX, PYNATIVE_MODE, STRICT, get_context, set_co
 from .context import get_deterministic, set_deterministic
 from .config import show_config
 from .serialization import CheckpointError, load_checkpoint, load_param_into_net, save_checkpoint
-from . import autodiff, dataset, profiler, tools, tree, tree_util
+from . import autodiff, common, dataset, optim, profiler, tools, tree, tree_util
 from .recomputation import recompute
 checkpoint = remat = recompute  # JAX's names (checkpoint files: kiln.serialization)
 from .batching import VmapFallbackWarning, jacrev, vmap
@@ -42,6 +42,12 @@ from .amp import torch_autocast as autocast
 float_ = float32
 int_ = int64
 bool_ = bool
+
+# PyTorch's top-level tensor functions (kiln.zeros, kiln.cat, ...): kiln.ops' own, named once in
+# kiln.toplevel's table; the creation functions also take requires_grad= and device=
+from .toplevel import NAMES as _TOPLEVEL_NAMES  # noqa: E402
+
+globals().update({_n: _f for _n, _f in _TOPLEVEL_NAMES.items() if _n not in globals()})
 
 from .version import __version__  # noqa: E402
 from . import gemm_select  # noqa: E402
@@ -89,6 +95,15 @@ def get_seed():
     return _seed
 
 
+def device(type="cpu", index=None):
+    """PyTorch's torch.device: kiln runs on the CPU, so "cpu" (or "cpu:0") is the only device; it is
+    returned as the string "cpu", which every device= of kiln takes."""
+    name = str(type) if index is None else f"{type}:{index}"
+    if name not in ("cpu", "cpu:0"):
+        raise ValueError(f"kiln.device({name!r}): kiln runs on the CPU only")
+    return "cpu"
+
+
 def set_num_threads(n):
     """Number of threads kernels may use: an int from 1 to 1024 (KILN_MAX_THREADS); anything else
     raises (TypeError for a non-int, ValueError out of range) and changes nothing."""
@@ -97,3 +112,15 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _C.get_num_threads()
+
+
+def _star_names():
+    """`from kiln import *` brings every public name but the top-level functions named like Python's
+    builtins (kiln.sum, kiln.max, kiln.abs, ...): those would silently replace sum() and max()."""
+    import builtins
+
+    shadowing = {n for n in _TOPLEVEL_NAMES if hasattr(builtins, n)}
+    return sorted(n for n in globals() if not n.startswith("_") and n not in shadowing)
+
+
+__all__ = _star_names()

@@ -111,7 +111,32 @@ class Tensor(_C.TensorBase, TorchTensorMethods):
         """This tensor converted to dtype."""
         return _ops.cast(self, dtype)
 
-    to = astype
+    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+        """PyTorch's to: to(dtype), to(device), to(device, dtype), to(other) (other's dtype), with the
+        keywords dtype= and device=. kiln runs on the CPU: a device other than "cpu" raises."""
+        for a in args:
+            if isinstance(a, _C.TensorBase):
+                dtype = a.dtype
+            elif isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "npu", "xla", "meta"):
+                device = a
+            elif dtype is None:
+                dtype = a
+            else:
+                raise TypeError(f"Tensor.to: unexpected argument {a!r}")
+        if device is not None and str(device) not in ("cpu", "cpu:0"):
+            raise ValueError(f"Tensor.to({device!r}): kiln runs on the CPU only")
+        if dtype is None:
+            return _ops.cast(self, self.dtype) if copy else self
+        return _ops.cast(self, dtype)
+
+    def cpu(self):
+        """PyTorch's cpu(): this tensor (kiln runs on the CPU)."""
+        return self
+
+    @property
+    def data(self):
+        """PyTorch's .data: a tensor sharing this one's memory, without autograd history."""
+        return self.detach()
 
     def float(self):
         return _ops.cast(self, _C.float32)
@@ -840,6 +865,23 @@ def from_dlpack(x, /, *, device=None, copy=None):
     return _C.from_dlpack(x, device=device, copy=copy)
 
 
-def tensor(data, dtype=None):
-    """Tensor(data, dtype): a new tensor holding a copy of data."""
-    return Tensor(data, dtype)
+def tensor(data, dtype=None, *, requires_grad=False, device=None):
+    """Tensor(data, dtype): a new tensor holding a copy of data. PyTorch's keywords: requires_grad=True
+    makes it a leaf that requires grad; device: None or "cpu" (kiln runs on the CPU)."""
+    if device is not None and str(device) not in ("cpu", "cpu:0"):
+        raise ValueError(f"kiln.tensor: device={device!r}: kiln runs on the CPU only (device=None or 'cpu')")
+    return requiring_grad(Tensor(data, dtype), "tensor") if requires_grad else Tensor(data, dtype)
+
+
+def requiring_grad(t, name):
+    """t, made by kiln.<name>(..., requires_grad=True), made a leaf that requires grad. A compiled
+    function's results do not carry requires_grad, so while a graph is recorded the call is marked
+    not replayable: it runs eagerly (a bytecode capture runs that part in Python)."""
+    if t.dtype not in (_C.float16, _C.bfloat16, _C.float32, _C.float64):
+        raise TypeError(f"kiln.{name}: only float tensors can require gradients, got {t.dtype}")
+    if _C.is_tracing():
+        from .jit.replay import mark_not_replayable
+
+        mark_not_replayable(f"kiln.{name}(..., requires_grad=True) (a new leaf; compiled results do not require grad)")
+    t.requires_grad = True
+    return t

@@ -1,4 +1,4 @@
-/* Optimizer updates, in place on (param, grad, state...): PyTorch's SGD and Adam.
+/* Optimizer updates, in place on (param, grad, state...): PyTorch's SGD and Adam (with AMSGrad).
  *
  * Parameters and state tensors must be contiguous float32 or float64 of one dtype and shape;
  * the gradient may have any layout and float dtype (it is converted to the parameter's).
@@ -159,44 +159,60 @@ KILN_KERNEL(sgd_update) {
 
 /* ---- adam ---------------------------------------------------------------------------------
  * g += weight_decay * p (L2); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
- * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), t = step (1-based) */
+ * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), t = step (1-based)
+ * AMSGrad (adam_amsgrad_update, one more state tensor vmax before the step counter):
+ * vmax = max(vmax, v) and sqrt(vmax) instead of sqrt(v), as PyTorch's amsgrad=True (vmax holds
+ * the largest v, not bias-corrected). The two ops share everything below; nstate is 2 or 3. */
 
-KILN_INFER(adam_update) {
-    static const char *const names[] = {"the first moment m", "the second moment v"};
-    KILN_TRY(check_lr_input("adam_update", in, nin, 5));
-    KILN_TRY(check_update("adam_update", in, 2, names, a, 0, 5));
-    KILN_TRY(check_step("adam_update", in[4]));
+static kiln_status adam_infer(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a, int nstate,
+                              kiln_meta *out) {
+    static const char *const names[] = {"the first moment m", "the second moment v", "the largest second moment vmax"};
+    KILN_TRY(check_lr_input(op, in, nin, 3 + nstate));
+    KILN_TRY(check_update(op, in, nstate, names, a, 0, 5));
+    KILN_TRY(check_step(op, in[2 + nstate]));
     if (!(a->f[1] >= 0 && a->f[1] < 1 && a->f[2] >= 0 && a->f[2] < 1))
-        return kiln_error(KILN_ERR_VALUE, "adam_update: betas must be in [0, 1), got %g and %g", a->f[1], a->f[2]);
+        return kiln_error(KILN_ERR_VALUE, "%s: betas must be in [0, 1), got %g and %g", op, a->f[1], a->f[2]);
     if (!(a->f[3] >= 0) || !(a->f[4] >= 0))
-        return kiln_error(KILN_ERR_VALUE, "adam_update: eps and weight_decay must be >= 0, got %g and %g", a->f[3], a->f[4]);
+        return kiln_error(KILN_ERR_VALUE, "%s: eps and weight_decay must be >= 0, got %g and %g", op, a->f[3], a->f[4]);
     out[0] = in[0]->meta;
     return KILN_OK;
 }
 
+KILN_INFER(adam_update) { return adam_infer("adam_update", in, nin, a, 2, out); }
+KILN_INFER(adam_amsgrad_update) { return adam_infer("adam_amsgrad_update", in, nin, a, 3, out); }
+
+/* vmax is NULL for plain Adam. */
 #define ADAM_LOOP(T, SQRT)                                                                    \
     do {                                                                                      \
         T *restrict p = in[0]->data, *restrict m = in[2]->data, *restrict v = in[3]->data;    \
+        T *restrict vmax = amsgrad ? in[4]->data : NULL;                                      \
         const T *restrict g = grad->data;                                                     \
         const T b1 = (T)beta1, b2 = (T)beta2, eps = (T)a->f[3], wd = (T)a->f[4];              \
+        const T c1 = (T)(1 - beta1), c2 = (T)(1 - beta2); /* 1 - b2 in T is 1e-5 off */      \
         const T step_size = (T)(lr_value / bc1), inv_bc2_sqrt = (T)(1 / sqrt(bc2));           \
         _Pragma("omp parallel for schedule(static) if (n >= KILN_PARALLEL_MIN)")              \
         for (int64_t i = 0; i < n; i++) {                                                     \
             T gi = g[i] + wd * p[i];                                                          \
-            T mi = b1 * m[i] + (1 - b1) * gi;                                                 \
-            T vi = b2 * v[i] + (1 - b2) * gi * gi;                                            \
+            T mi = b1 * m[i] + c1 * gi;                                                       \
+            T vi = b2 * v[i] + c2 * gi * gi;                                                  \
             m[i] = mi;                                                                        \
             v[i] = vi;                                                                        \
+            if (vmax) {                                                                       \
+                vi = vmax[i] > vi ? vmax[i] : vi;                                             \
+                vmax[i] = vi;                                                                 \
+            }                                                                                 \
             p[i] -= step_size * mi / (SQRT(vi) * inv_bc2_sqrt + eps);                         \
         }                                                                                     \
     } while (0)
 
-KILN_KERNEL(adam_update) {
+static kiln_status adam_kernel(const char *op, kiln_tensor *const *in, int nin, const kiln_attrs *a, int nstate,
+                               kiln_tensor **out) {
+    const bool amsgrad = nstate == 3;
     double lr_value;
-    KILN_TRY(learning_rate("adam_update", in, nin, 5, a, &lr_value));
-    KILN_TRY(check_writable("adam_update", in, 4, 4));
+    KILN_TRY(learning_rate(op, in, nin, 3 + nstate, a, &lr_value));
+    KILN_TRY(check_writable(op, in, 2 + nstate, 2 + nstate));
     int64_t t = 0;
-    KILN_TRY(next_step("adam_update", in[4], &t));
+    KILN_TRY(next_step(op, in[2 + nstate], &t));
     double beta1 = a->f[1], beta2 = a->f[2], step = (double)t;
     double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
     kiln_tensor *grad;
@@ -207,9 +223,12 @@ KILN_KERNEL(adam_update) {
     else
         ADAM_LOOP(float, sqrtf);
     kiln_tensor_release(grad);
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 2 + nstate; k++)
         if (k != 1) kiln_tensor_bump_version(in[k]);
     kiln_tensor_retain(in[0]);
     out[0] = in[0];
     return KILN_OK;
 }
+
+KILN_KERNEL(adam_update) { return adam_kernel("adam_update", in, nin, a, 2, out); }
+KILN_KERNEL(adam_amsgrad_update) { return adam_kernel("adam_amsgrad_update", in, nin, a, 3, out); }

@@ -151,7 +151,12 @@ int pykiln_tensor_setitem(PyObject *self, PyObject *key, PyObject *value) {
     if (pykiln_is_tensor(value)) {
         kiln_tensor_retain(v = pykiln_unwrap(value));
     } else {
-        kiln_tensor *src = pykiln_to_tensor(value, NULL); /* then copied, as Tensor(value, x.dtype) does */
+        /* Python numbers and lists go straight into a float x's dtype (t[...] = 0.01 on a float64 t
+         * keeps 0.01, not float32's 0.0099999998); anything else is made as it is, then copied, as
+         * Tensor(value, x.dtype) does */
+        bool direct = kiln_dtype_is_float(x->meta.dtype) &&
+                      (PyFloat_CheckExact(value) || PyLong_CheckExact(value) || PyList_Check(value) || PyTuple_Check(value));
+        kiln_tensor *src = direct ? pykiln_to_tensor_as(value, x->meta.dtype) : pykiln_to_tensor(value, NULL);
         if (!src) return -1;
         kiln_status s = kiln_tensor_empty(x->meta.dtype, src->meta.ndim, src->meta.shape, &v);
         if (s == KILN_OK) s = kiln_copy_into(v, src);

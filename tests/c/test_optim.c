@@ -1,4 +1,4 @@
-/* Optimizer updates: sgd_update and adam_update against plain reference loops over several
+/* Optimizer updates: sgd_update, adam_update and adam_amsgrad_update against plain reference loops over several
  * steps (momentum, dampening, nesterov, weight decay, bias correction), in-place contract,
  * versions, and error cases. */
 #include "check.h"
@@ -185,6 +185,60 @@ static void test_adam(void) {
             }
 }
 
+/* adam_amsgrad_update(p, g, m, v, vmax, step): PyTorch's amsgrad=True, vmax = max(vmax, v) divides */
+static void test_adam_amsgrad(void) {
+    kiln_dtype dts[2] = {KILN_DTYPE_FLOAT32, KILN_DTYPE_FLOAT64};
+    int64_t shape[2] = {300, 250}; /* runs in parallel */
+    int64_t n = shape[0] * shape[1];
+    for (int d = 0; d < 2; d++) {
+        double *rp = malloc(sizeof(double) * (size_t)n), *rg = malloc(sizeof(double) * (size_t)n);
+        double *rm = calloc((size_t)n, sizeof(double)), *rv = calloc((size_t)n, sizeof(double));
+        double *rx = calloc((size_t)n, sizeof(double));
+        kiln_tensor *p = make(dts[d], 2, shape, rp, 1.0), *m = make(dts[d], 2, shape, NULL, 0);
+        kiln_tensor *v = make(dts[d], 2, shape, NULL, 0), *vmax = make(dts[d], 2, shape, NULL, 0);
+        bool ok = true, kept_max = false;
+        for (int64_t step = 1; step <= 6; step++) {
+            /* gradients that shrink: v falls below its maximum, which then divides */
+            kiln_tensor *g = make(dts[d], 2, shape, rg, 1.0 / (double)(step * step)), *out = NULL;
+            kiln_tensor *counter = step_counter(step - 1);
+            kiln_attrs at;
+            kiln_attrs_clear(&at);
+            double f[5] = {1e-2, 0.9, 0.9, 1e-8, 0.01};
+            for (int k = 0; k < 5; k++) kiln_attrs_push_float(&at, f[k]);
+            int64_t vx = kiln_tensor_version(vmax);
+            kiln_tensor *in[6] = {p, g, m, v, vmax, counter};
+            CHECK_OK(kiln_apply(KILN_OP_ADAM_AMSGRAD_UPDATE, 6, in, &at, &out));
+            ok &= out == p && kiln_tensor_version(vmax) > vx && *(int64_t *)counter->data == step;
+            double bc1 = 1 - pow(0.9, (double)step), bc2 = 1 - pow(0.9, (double)step);
+            for (int64_t i = 0; i < n; i++) {
+                double gi = rg[i] + 0.01 * rp[i];
+                rm[i] = 0.9 * rm[i] + 0.1 * gi;
+                rv[i] = 0.9 * rv[i] + 0.1 * gi * gi;
+                rx[i] = rx[i] > rv[i] ? rx[i] : rv[i];
+                kept_max |= rx[i] > rv[i] * 1.5;
+                rp[i] -= 1e-2 * (rm[i] / bc1) / (sqrt(rx[i] / bc2) + 1e-8);
+            }
+            kiln_tensor_release(out), kiln_tensor_release(g), kiln_tensor_release(counter);
+        }
+        double tol = dts[d] == KILN_DTYPE_FLOAT32 ? 2e-5 : 1e-12;
+        CHECK(ok && kept_max);
+        if (max_rel_err(p, rp) >= tol) fprintf(stderr, "adam_amsgrad dtype %d: error %g\n", d, max_rel_err(p, rp));
+        CHECK(max_rel_err(p, rp) < tol && max_rel_err(vmax, rx) < tol && max_rel_err(v, rv) < tol);
+        /* a vmax of another shape is named */
+        int64_t s6[1] = {6};
+        kiln_tensor *bad = make(dts[d], 1, s6, NULL, 0), *counter = step_counter(0), *out = NULL;
+        kiln_attrs at;
+        kiln_attrs_clear(&at);
+        for (int k = 0; k < 5; k++) kiln_attrs_push_float(&at, k == 0 ? 0.1 : 0.5);
+        kiln_tensor *in[6] = {p, p, m, v, bad, counter};
+        CHECK_STATUS(kiln_apply(KILN_OP_ADAM_AMSGRAD_UPDATE, 6, in, &at, &out), KILN_ERR_VALUE);
+        CHECK(strstr(kiln_last_error(), "adam_amsgrad_update") && strstr(kiln_last_error(), "vmax"));
+        kiln_tensor_release(bad), kiln_tensor_release(counter);
+        kiln_tensor_release(p), kiln_tensor_release(m), kiln_tensor_release(v), kiln_tensor_release(vmax);
+        free(rp), free(rg), free(rm), free(rv), free(rx);
+    }
+}
+
 static void test_errors(void) {
     int64_t s23[2] = {2, 3}, s32[2] = {3, 2}, s6[1] = {6};
     kiln_tensor *p = make(KILN_DTYPE_FLOAT32, 2, s23, NULL, 0), *g = make(KILN_DTYPE_FLOAT32, 2, s23, NULL, 0);
@@ -258,6 +312,7 @@ int main(void) {
     test_sgd();
     test_sgd_strided_grad();
     test_adam();
+    test_adam_amsgrad();
     test_errors();
     test_param_requires_grad();
     CHECK_DONE();

@@ -152,7 +152,7 @@ WITHOUT_RULE = {
     "index_put",
     "batch_norm",
     "conv2d_fused", "relayout",
-    "rnn_layer", "rnn_layer_backward", "sgd_update", "adam_update", "print", "check", "fused",
+    "rnn_layer", "rnn_layer_backward", "sgd_update", "adam_update", "adam_amsgrad_update", "print", "check", "fused",
     "if", "while", "while_grad", "matmul_epilogue",
     # collectives: effects (every rank must make the same calls), refused inside vmap
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier", "send", "recv",

@@ -2,6 +2,7 @@
 following MindSpore's mindspore.nn."""
 from . import init
 from .cell import Cell, CellList, SequentialCell, TrainOneStepCell, WithLossCell
+Module = Cell  # PyTorch's and MegEngine's name of the base class
 from .graph_cell import GraphCell
 from .grad_accumulation import GradientAccumulation
 from .grad_reducer import DistributedGradReducer
@@ -28,10 +29,12 @@ from .lr_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedul
                           WarmUpLR, cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, polynomial_decay_lr,
                           warmup_lr)
 from . import utils
+from . import functional, lr_scheduler
+from .lr_scheduler import CosineAnnealingLR, ExponentialLR, LambdaLR, MultiStepLR, StepLR
 from .parameter import Parameter, ParameterTuple
 
 __all__ = [
-    "Cell", "DistributedGradReducer", "GraphCell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
+    "Cell", "Module", "DistributedGradReducer", "GraphCell", "CellList", "SequentialCell", "WithLossCell", "TrainOneStepCell",
     "Parameter", "ParameterTuple", "init", "initializer",
     "Dense", "Conv2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm", "Embedding", "MaxPool2d", "AvgPool2d",
     "Flatten", "Dropout", "Identity", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
@@ -49,7 +52,7 @@ __all__ = [
     "Optimizer", "SGD", "Adam", "AdamWeightDecay", "AdamW", "Momentum", "RMSProp", "Adagrad", "Lamb", "EMA",
     "ExponentialMovingAverage",
     "LearningRateSchedule", "CosineDecayLR", "WarmUpLR", "ExponentialDecayLR", "PolynomialDecayLR",
-    "WarmUpCosineDecayLR",
+    "WarmUpCosineDecayLR", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LambdaLR",
 ]
 
 

@@ -354,6 +354,66 @@ class Cell(_C.CellBase):
         """Inference mode (set_train(False)); returns self."""
         return self.set_train(False)
 
+    # ---- PyTorch's nn.Module spellings ------------------------------------------------------------
+    # kiln has no buffers apart from parameters: what PyTorch keeps as buffers (BatchNorm's running
+    # statistics) are Parameters that do not require grad. parameters() lists those that do, so
+    # torch.optim-style code (Adam(model.parameters())) gets what MindSpore's trainable_params() gives.
+
+    def parameters(self, recurse=True):
+        """PyTorch's parameters(): an iterator over the parameters that require grad."""
+        return iter(self.trainable_params(recurse))
+
+    def named_parameters(self, prefix="", recurse=True):
+        """PyTorch's named_parameters(): (path, parameter) of those that require grad."""
+        return ((n, p) for n, p in self.parameters_and_names(prefix, expand=recurse) if p.requires_grad)
+
+    def buffers(self, recurse=True):
+        """PyTorch's buffers(): the parameters that do not require grad (running statistics)."""
+        return iter(self.untrainable_params(recurse))
+
+    def named_buffers(self, prefix="", recurse=True):
+        return ((n, p) for n, p in self.parameters_and_names(prefix, expand=recurse) if not p.requires_grad)
+
+    def children(self):
+        """PyTorch's children(): the direct sub-cells."""
+        return iter(self.cells())
+
+    def named_children(self):
+        return iter(self.name_cells().items())
+
+    def modules(self):
+        """PyTorch's modules(): this cell and every sub-cell, each once."""
+        return (cell for _, cell in self.cells_and_names())
+
+    def named_modules(self, prefix=""):
+        return iter(self.cells_and_names(name_prefix=prefix))
+
+    def zero_grad(self, set_to_none=True):
+        """PyTorch's zero_grad(): clears the .grad of every parameter."""
+        for p in self.get_parameters():
+            p.grad = None
+
+    def requires_grad_(self, requires_grad=True):
+        """PyTorch's requires_grad_(): sets requires_grad of every parameter; returns self."""
+        for p in self.get_parameters():
+            p.requires_grad = requires_grad
+        return self
+
+    def to(self, *args, **kwargs):
+        """PyTorch's to(device): kiln runs on the CPU, so to("cpu") returns self. A dtype (to(dtype),
+        double(), half()) is refused: kiln keeps a network's parameters in the dtype they were made
+        in (mixed precision: kiln.amp, Cell.to_float)."""
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, _C.dtype):
+                raise TypeError(f"{type(self).__name__}.to({a}): kiln does not convert a network's parameters; "
+                                f"make its layers with dtype={a}, or use kiln.amp / Cell.to_float for mixed precision")
+            if a is not None and not isinstance(a, bool) and str(a) not in ("cpu", "cpu:0"):
+                raise ValueError(f"{type(self).__name__}.to({a!r}): kiln runs on the CPU only")
+        return self
+
+    def cpu(self):
+        return self
+
     def set_grad(self, requires_grad=True):
         """Marks the network as one that gradients are taken of (informational); returns self."""
         for _, cell in self.cells_and_names():

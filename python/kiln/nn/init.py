@@ -166,3 +166,54 @@ def initializer(init, shape, dtype=_C.float32):
     from .._tensor import Tensor
 
     return Tensor(init, dtype)
+
+
+# ---- PyTorch's torch.nn.init: in-place functions over a parameter (the same draws as the classes) --
+
+def _fill(tensor, values):
+    """tensor's values replaced in place by values, without gradient history; returns tensor."""
+    from ..grad_mode import no_grad
+
+    with no_grad():
+        tensor[...] = values
+    return tensor
+
+
+def calculate_gain(nonlinearity, param=None):
+    return _gain(nonlinearity, param)
+
+
+def uniform_(tensor, a=0.0, b=1.0):
+    return _fill(tensor, ops.uniform(tuple(tensor.shape), float(a), float(b), tensor.dtype))
+
+
+def normal_(tensor, mean=0.0, std=1.0):
+    return _fill(tensor, Normal(std, mean)(tensor.shape, tensor.dtype))
+
+
+def constant_(tensor, val):
+    return _fill(tensor, Constant(val)(tensor.shape, tensor.dtype))
+
+
+def zeros_(tensor):
+    return constant_(tensor, 0.0)
+
+
+def ones_(tensor):
+    return constant_(tensor, 1.0)
+
+
+def xavier_uniform_(tensor, gain=1.0):
+    return _fill(tensor, XavierUniform(gain)(tensor.shape, tensor.dtype))
+
+
+def xavier_normal_(tensor, gain=1.0):
+    return _fill(tensor, XavierNormal(gain)(tensor.shape, tensor.dtype))
+
+
+def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu"):
+    return _fill(tensor, HeUniform(a, mode, nonlinearity)(tensor.shape, tensor.dtype))
+
+
+def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu"):
+    return _fill(tensor, HeNormal(a, mode, nonlinearity)(tensor.shape, tensor.dtype))

@@ -26,7 +26,10 @@ def checked_pad_mode(layer, pad_mode, padding):
     if mode not in ("same", "valid", "pad"):
         raise ValueError(f"{layer}: pad_mode must be 'same', 'valid' or 'pad', got {pad_mode!r}")
     if mode != "pad" and padding not in (0, (0, 0), (0, 0, 0, 0)):
-        raise ValueError(f"{layer}: padding {padding!r} needs pad_mode='pad', got pad_mode={pad_mode!r}")
+        bias = ", has_bias=True" if layer.startswith("Conv") else ""
+        raise ValueError(f"{layer}: padding {padding!r} needs pad_mode='pad', got pad_mode={pad_mode!r} (kiln takes "
+                         f"MindSpore's defaults; PyTorch's {layer}(..., padding={padding!r}) is "
+                         f"{layer}(..., pad_mode='pad', padding={padding!r}{bias}))")
     return mode
 
 
@@ -163,11 +166,16 @@ class Dense(Cell):
 
 class Conv2d(Cell):
     """2-D convolution over NCHW input, MindSpore's defaults: pad_mode='same', has_bias=False.
-    padding (pad_mode='pad') is an int, (h, w) or (top, bottom, left, right)."""
+    padding (pad_mode='pad') is an int, (h, w) or (top, bottom, left, right). PyTorch's keywords
+    bias= and groups= are aliases of has_bias and group (PyTorch's defaults are not: its
+    Conv2d(c, d, 3, padding=1) is Conv2d(c, d, 3, pad_mode='pad', padding=1, has_bias=True))."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode="same", padding=0, dilation=1,
-                 group=1, has_bias=False, weight_init=None, bias_init=None, data_format="NCHW", dtype=_C.float32):
+                 group=1, has_bias=False, weight_init=None, bias_init=None, data_format="NCHW", dtype=_C.float32, *,
+                 bias=None, groups=None):
         super().__init__()
+        has_bias = has_bias if bias is None else bias
+        group = group if groups is None else groups
         if data_format != "NCHW":
             raise ValueError(f"Conv2d: only data_format='NCHW' is supported, got {data_format!r}")
         if not isinstance(group, int) or group <= 0 or in_channels % group or out_channels % group:

@@ -1,6 +1,6 @@
 """Optimizers, MindSpore style: opt = SGD(net.trainable_params(), ...); opt(grads) applies one
 step given the gradients in the order of opt.parameters. Updates run in place through the
-sgd_update / adam_update ops."""
+sgd_update / adam_update / adam_amsgrad_update ops."""
 import numbers
 
 from .. import _C
@@ -43,6 +43,7 @@ class Optimizer(Cell):
             raise ValueError(f"{name}: got an empty parameter list")
         groups = parameters if isinstance(parameters[0], dict) else [{"params": parameters}]
         params, lrs, wds, seen = [], [], [], set()
+        group_sizes = []  # how many parameters each group has, in order (param_groups)
         for g in groups:
             if not isinstance(g, dict) or "params" not in g:
                 raise TypeError(f"{name}: parameter groups must be dicts with a 'params' entry")
@@ -61,6 +62,7 @@ class Optimizer(Cell):
                 params.append(p)
                 lrs.append(lr)
                 wds.append(wd)
+            group_sizes.append(len(g["params"]))
         self.parameters = tuple(params)
         self.learning_rate = learning_rate
         self.weight_decay = float(weight_decay)
@@ -69,6 +71,7 @@ class Optimizer(Cell):
             raise ValueError(f"{name}: loss_scale must be > 0, got {loss_scale!r}")
         self._lrs = lrs
         self._wds = wds
+        self._group_sizes = group_sizes
         # the same counts as int64 tensors the update ops increment themselves, so a compiled
         # training step keeps counting when it is replayed
         self._step_counters = [ops.zeros((), dtype=_C.int64) for _ in params]
@@ -136,7 +139,38 @@ class Optimizer(Cell):
                                      f"{tuple(v.shape)}; it must return a number or a 1-element tensor")
                 return v.reshape(()).astype(_C.float64)
             return float(v)
+        if isinstance(lr, _C.TensorBase):  # a rate a scheduler writes: read when the update runs
+            return lr
         return self._lr_at(lr, 0)
+
+    def rates_as_tensors(self):
+        """Each group's rate as a 0-d float64 tensor the updates read when they run, made from its
+        number the first time (a per-step list or a schedule is refused: it already sets the rate).
+        A PyTorch-style scheduler (kiln.nn.StepLR, ...) writes them in place after each epoch, so a
+        compiled training step follows the new rate without compiling again. Returns them in
+        group order, each once."""
+        out, start = [], 0
+        for size in self._group_sizes:
+            if size == 0:
+                continue
+            lr = self._lrs[start]
+            if isinstance(lr, numbers.Real) and not isinstance(lr, bool):
+                lr = _tensor(float(lr), dtype=_C.float64)  # one per group: each group's rate is its own
+            elif isinstance(lr, _C.TensorBase):
+                start += size
+                if all(lr is not r for r in out):
+                    out.append(lr)
+                continue
+            else:
+                raise TypeError(f"{type(self).__name__}: a scheduler needs a number as the learning rate, got "
+                                f"{type(lr).__name__} (a per-step list or a schedule already sets the rate)")
+            self._lrs[start:start + size] = [lr] * size
+            if all(lr is not r for r in out):
+                out.append(lr)
+            start += size
+        if not isinstance(self.learning_rate, (list, tuple, _C.TensorBase)) and not callable(self.learning_rate):
+            self.learning_rate = out[0]  # (once: a Cell attribute written again would recompile a compiled step)
+        return out
 
     def get_lr(self):
         """The learning rate of the next step (of the first group)."""
@@ -201,9 +235,22 @@ class Optimizer(Cell):
             self._global_step[...] = self._global_step + 1
         return True
 
-    def zero_grad(self):
+    @property
+    def param_groups(self):
+        """PyTorch's param_groups: one dict-like view per group, {"params": [...], "lr": ...,
+        "weight_decay": ...}. Reading "lr" gives the group's rate at the next step; writing it (a
+        manual schedule) makes the optimizer's rates tensors (rates_as_tensors) and writes the
+        group's, so a compiled step follows it without compiling again."""
+        out, start = [], 0
+        for size in self._group_sizes:
+            out.append(_ParamGroup(self, start, size) if size else {"params": [], "lr": None})
+            start += size
+        return out
+
+    def zero_grad(self, set_to_none=True):
         """Clears .grad of every parameter (inside a compiled function, each .grad write makes the
-        call run eagerly: kiln.Tensor.grad's setter)."""
+        call run eagerly: kiln.Tensor.grad's setter). PyTorch's set_to_none is accepted; kiln
+        always sets None (the next backward pass accumulates from nothing either way)."""
         for p in self.parameters:
             p.grad = None
 
@@ -213,14 +260,42 @@ class Optimizer(Cell):
         raise NotImplementedError
 
 
+class _ParamGroup(dict):
+    """A view of one parameter group of an optimizer (Optimizer.param_groups)."""
+
+    def __init__(self, opt, start, size):
+        super().__init__(params=list(opt.parameters[start:start + size]), weight_decay=opt._wds[start])
+        self._opt, self._start = opt, start
+
+    def __getitem__(self, key):
+        if key == "lr":
+            return self._opt._lr_at(self._opt._lrs[self._start], self._opt.global_step)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self["lr"] if key == "lr" else super().get(key, default)
+
+    def __contains__(self, key):
+        return key == "lr" or super().__contains__(key)
+
+    def __setitem__(self, key, value):
+        if key != "lr":
+            raise KeyError(f"param_groups: only 'lr' can be set, got {key!r}")
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"param_groups: lr must be a number >= 0, got {value!r}")
+        self._opt.rates_as_tensors()
+        with no_grad():
+            self._opt._lrs[self._start][...] = float(value)
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum (PyTorch's and MindSpore's rule):
     d = g + weight_decay * p; buf = momentum * buf + (1 - dampening) * d (buf = d on the first
     step); d = d + momentum * buf if nesterov else buf; p -= lr * d."""
 
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                 loss_scale=1.0):
-        super().__init__(learning_rate, params, weight_decay, loss_scale)
+                 loss_scale=1.0, *, lr=None):
+        super().__init__(learning_rate if lr is None else lr, params, weight_decay, loss_scale)
         self.momentum = check_nonneg("SGD", "momentum", momentum)
         self.dampening = check_nonneg("SGD", "dampening", dampening)
         self.nesterov = bool(nesterov)
@@ -239,10 +314,20 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction, weight_decay added to the gradient (L2):
     m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
     p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps).
-    Arguments after eps are keyword-only (MindSpore puts use_locking / use_nesterov there)."""
+    use_amsgrad (PyTorch: amsgrad): AMSGrad, vmax = max(vmax, v) divides instead of v (PyTorch's
+    rule; the largest v is kept in the state max_moment2).
+    Arguments after eps are keyword-only (MindSpore puts use_locking / use_nesterov there);
+    PyTorch's names lr= and betas= are accepted as aliases of learning_rate and beta1, beta2."""
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, *, use_locking=False,
-                 use_nesterov=False, weight_decay=0.0, loss_scale=1.0):
+                 use_nesterov=False, weight_decay=0.0, loss_scale=1.0, use_amsgrad=False, amsgrad=None, lr=None,
+                 betas=None):
+        if lr is not None:
+            learning_rate = lr
+        if betas is not None:
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"{type(self).__name__}: betas must be a pair of numbers in [0, 1), got {betas!r}")
+            beta1, beta2 = betas
         super().__init__(learning_rate, params, weight_decay, loss_scale)
         if use_nesterov:
             raise ValueError("Adam: use_nesterov=True is not supported")
@@ -252,10 +337,18 @@ class Adam(Optimizer):
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.eps = check_nonneg("Adam", "eps", eps)
+        self.use_amsgrad = bool(use_amsgrad if amsgrad is None else amsgrad)
         self.moment1 = self._state("moment1")
         self.moment2 = self._state("moment2")
+        self.max_moment2 = self._state("max_moment2") if self.use_amsgrad else None
+
+    amsgrad = property(lambda self: self.use_amsgrad)  # PyTorch's name
 
     def _update(self, i, param, grad, lr, weight_decay):
         rate, extra = _rate(lr)
-        _apply(OP.adam_update, (param, grad, self.moment1[i], self.moment2[i], self._step_counters[i]) + extra, (),
+        if self.use_amsgrad:
+            op, state = OP.adam_amsgrad_update, (self.moment1[i], self.moment2[i], self.max_moment2[i])
+        else:
+            op, state = OP.adam_update, (self.moment1[i], self.moment2[i])
+        _apply(op, (param, grad) + state + (self._step_counters[i],) + extra, (),
                (rate, self.beta1, self.beta2, self.eps, weight_decay))

@@ -33,8 +33,9 @@ class AdamWeightDecay(Adam):
     (weight_decay 0.01)."""
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0,
-                 loss_scale=1.0):
-        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay=weight_decay, loss_scale=loss_scale)
+                 loss_scale=1.0, *, use_amsgrad=False):
+        super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay=weight_decay, loss_scale=loss_scale,
+                         use_amsgrad=use_amsgrad)
 
     def _update(self, i, param, grad, lr, weight_decay):
         if weight_decay:
@@ -44,13 +45,14 @@ class AdamWeightDecay(Adam):
 
 class AdamW(AdamWeightDecay):
     """PyTorch's AdamW: AdamWeightDecay with PyTorch's argument names and defaults
-    (lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)."""
+    (lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, learning_rate=None):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
+                 learning_rate=None):
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"AdamW: betas must be a pair of numbers in [0, 1), got {betas!r}")
         super().__init__(params, lr if learning_rate is None else learning_rate, betas[0], betas[1], eps,
-                         weight_decay)
+                         weight_decay, use_amsgrad=amsgrad)
 
 
 class Momentum(SGD):

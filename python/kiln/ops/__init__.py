@@ -1,8 +1,8 @@
 """kiln.ops: the functional namespace, one function per op of the table (and a few composites)."""
-from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedding, expand, expand_dims, eye,
-                    flatten, full, full_like, gather, gather_elements, index_add, index_select, linspace, narrow,
-                    normal, ones, ones_like, permute, rand, randn, reshape, scatter_add, split, squeeze, stack,
-                    swapaxes, transpose, uniform, unsqueeze, view, zeros, zeros_like)
+from .array import (arange, broadcast_to, cat, chunk, concat, contiguous, embedding, empty, empty_like, expand,
+                    expand_dims, eye, flatten, full, full_like, gather, gather_elements, index_add, index_select,
+                    linspace, narrow, normal, ones, ones_like, permute, rand, randn, reshape, scatter_add, split,
+                    squeeze, stack, swapaxes, transpose, uniform, unsqueeze, view, zeros, zeros_like)
 from .math import (abs, add, all, amax, amin, any, argmax, argmin, cast, clamp, clip, cos, div, divide, eq, equal,
                    erf, exp, floor_div, floor_divide, floor_mod, ge, gelu, greater, greater_equal, gt, le, less,
                    less_equal, log, log_softmax, mod, remainder, ceil, expm1, fix, floor, isfinite, isinf, isnan,

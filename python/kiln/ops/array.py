@@ -157,6 +157,18 @@ def ones(*shape, dtype=None):
     return _full("ones", shape, 1.0, dtype)
 
 
+def empty(*shape, dtype=None):
+    """PyTorch's empty, called like zeros. The tensor holds zeros: uninitialized memory would make
+    a result depend on what the allocator left there, which eager and compiled runs do not share."""
+    shape, dtype = _shape_and_dtype("empty", shape, dtype)
+    return _full("empty", shape, 0.0, dtype)
+
+
+def empty_like(input, dtype=None):
+    """PyTorch's empty_like: zeros with input's shape (and dtype), as empty."""
+    return full(input.shape, 0.0, _dtype_or(dtype, input.dtype))
+
+
 def zeros_like(input, dtype=None):
     """Zeros with input's shape (and dtype)."""
     return full(input.shape, 0.0, _dtype_or(dtype, input.dtype))
