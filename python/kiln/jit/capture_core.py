@@ -245,6 +245,10 @@ class Recording:
         self.recorder.add_cells(tuple(dict.fromkeys(tuple(first) + tuple(self.called))))
         if self.outside is not None:
             self.recorder.add_tensors(self.outside)
+        # a tensor from outside whose value the code read into Python (a global's .item()): what it
+        # computed from the value holds while no in-place write changes the tensor
+        for t, version in self.tracer.outside_value_reads():
+            self.recorder.add_version(t, version, "the value of a tensor read from outside (.item(), float(), if)")
         if _C.backward_passes() != self._backward_passes:  # (no hook ran, else the call is eager: kiln.grad_hooks)
             self.recorder.add_value(grad_hooks.STATE, "epoch", self._hook_epoch,
                                     "the backward hooks of tensors (Tensor.register_hook on a parameter or input)")
