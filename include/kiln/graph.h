@@ -210,6 +210,11 @@ KILN_API bool kiln_tracer_in_body(void);
 KILN_API void kiln_tracer_note_value_read(const kiln_tensor *t);
 /* Reads counted by tr; *first_loc (when not NULL) is set to the "file:line" of the first, or NULL. */
 KILN_API int32_t kiln_tracer_value_reads(const kiln_tracer *tr, const char **first_loc);
+/* The tensors no active trace knew whose values were read while tr was active (a global tensor's
+ * item()): the k-th (borrowed) and the storage version it had then. A graph that holds what the
+ * caller computed from such a value is right while that version holds. */
+KILN_API int32_t kiln_tracer_num_outside_reads(const kiln_tracer *tr);
+KILN_API kiln_tensor *kiln_tracer_outside_read(const kiln_tracer *tr, int32_t k, int64_t *version);
 /* The tensors a capture_constants trace copied in as constants: the k-th original (borrowed), the
  * graph value it became and the storage version it had then (a later in-place write changes it). */
 KILN_API int32_t kiln_tracer_num_constant_sources(const kiln_tracer *tr);

@@ -29,6 +29,11 @@ struct kiln_tracer {
     int32_t *const_value;
     int64_t *const_version;
     int32_t nconst, cap_const;
+    /* the tensors the trace does not know whose values the caller read (a global's .item()): each
+     * (owned) and the storage version it had then, for the caller to guard */
+    kiln_tensor **read_src;
+    int64_t *read_version;
+    int32_t nread, cap_read;
     /* the undo log (kiln_tracer_keep_undo): each tensor the traced ops write in place, and a copy
      * of it made before its first write */
     bool keep_undo;
@@ -82,10 +87,34 @@ void kiln_tracer_resume(kiln_tracer *suspended) { set_active(suspended); }
 
 bool kiln_tracer_in_body(void) { return kiln_thread.trace_in_body; }
 
+/* Notes t, a tensor the trace does not know, as read by value (once per tensor). */
+static void remember_outside_read(kiln_tracer *tr, const kiln_tensor *t) {
+    for (int32_t k = 0; k < tr->nread; k++)
+        if (tr->read_src[k] == t) return;
+    if (tr->nread == tr->cap_read) {
+        int32_t cap = tr->cap_read ? 2 * tr->cap_read : 4;
+        kiln_tensor **src = kiln_realloc(tr->read_src, sizeof *src * (size_t)cap);
+        if (src) tr->read_src = src;
+        int64_t *ver = kiln_realloc(tr->read_version, sizeof *ver * (size_t)cap);
+        if (ver) tr->read_version = ver;
+        if (!src || !ver) {
+            if (tr->failure == KILN_OK) tr->failure = KILN_ERR_MEMORY;
+            return;
+        }
+        tr->cap_read = cap;
+    }
+    kiln_tensor_retain((kiln_tensor *)t);
+    tr->read_src[tr->nread] = (kiln_tensor *)t;
+    tr->read_version[tr->nread++] = kiln_tensor_version(t);
+}
+
 void kiln_tracer_note_value_read(const kiln_tensor *t) {
     bool known = false;
     for (kiln_tracer *tr = kiln_thread.trace_active; tr && !known; tr = tr->parent) known = kiln_tracer_knows(tr, t);
-    if (!known) return;
+    if (!known) { /* a tensor from outside: what the caller computes from its value holds while it is unchanged */
+        for (kiln_tracer *tr = kiln_thread.trace_active; tr; tr = tr->parent) remember_outside_read(tr, t);
+        return;
+    }
     for (kiln_tracer *tr = kiln_thread.trace_active; tr; tr = tr->parent) { /* a body fixed by the read fixes its enclosing graph */
         if (tr->value_reads++ == 0 && tr->loc >= 0) tr->first_read_loc = kiln_strdup(tr->graph->locs[tr->loc]);
     }
@@ -127,6 +156,8 @@ void kiln_tracer_free(kiln_tracer *tr) {
     free(tr->first_read_loc);
     for (int32_t k = 0; k < tr->nconst; k++) kiln_tensor_release(tr->const_src[k]);
     free(tr->const_src), free(tr->const_value), free(tr->const_version);
+    for (int32_t k = 0; k < tr->nread; k++) kiln_tensor_release(tr->read_src[k]);
+    free(tr->read_src), free(tr->read_version);
     kiln_tracer_drop_undo(tr);
     kiln_graph_free(tr->graph);
     free(tr);
@@ -206,6 +237,14 @@ kiln_tensor *kiln_tracer_constant_source(const kiln_tracer *tr, int32_t k, int32
     if (value) *value = tr->const_value[k];
     if (version) *version = tr->const_version[k];
     return tr->const_src[k];
+}
+
+int32_t kiln_tracer_num_outside_reads(const kiln_tracer *tr) { return tr->nread; }
+
+kiln_tensor *kiln_tracer_outside_read(const kiln_tracer *tr, int32_t k, int64_t *version) {
+    if (k < 0 || k >= tr->nread) return NULL;
+    if (version) *version = tr->read_version[k];
+    return tr->read_src[k];
 }
 
 bool kiln_tracer_knows(const kiln_tracer *tr, const kiln_tensor *t) {

@@ -736,6 +736,25 @@ static PyObject *tracer_constant_sources(PyObject *self, PyObject *unused) {
     return list;
 }
 
+/* outside_value_reads() -> [(tensor, version)]: the tensors the trace did not know whose values
+ * Python read while it was active (new tensor objects sharing their storage) and their versions then */
+static PyObject *tracer_outside_value_reads(PyObject *self, PyObject *unused) {
+    (void)unused;
+    kiln_tracer *tr = ((PyTracer *)self)->tr;
+    int32_t n = kiln_tracer_num_outside_reads(tr);
+    PyObject *list = PyList_New(n);
+    for (int32_t k = 0; list && k < n; k++) {
+        int64_t version;
+        kiln_tensor *src = kiln_tracer_outside_read(tr, k, &version), *alias = NULL;
+        kiln_status s = kiln_tensor_detach(src, &alias);
+        PyObject *t = s == KILN_OK ? pykiln_wrap(alias) : pykiln_raise(s);
+        PyObject *item = t ? Py_BuildValue("(NL)", t, (long long)version) : NULL;
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
 /* value_reads() -> (count, "file:line" of the first or None): values of recorded tensors read by Python */
 static PyObject *tracer_value_reads(PyObject *self, PyObject *unused) {
     (void)unused;
@@ -965,6 +984,8 @@ static PyMethodDef tracer_methods[] = {
     {"node_of", tracer_node_of, METH_O, "node_of(tensor) -> index of the node producing it, or -1"},
     {"constant_sources", tracer_constant_sources, METH_NOARGS, "[(tensor, value name, version)] of constants"},
     {"value_reads", tracer_value_reads, METH_NOARGS, "(count, first location) of recorded values read by Python"},
+    {"outside_value_reads", tracer_outside_value_reads, METH_NOARGS,
+     "[(tensor, version)] of tensors the trace did not know whose values Python read"},
     {"end", tracer_end, METH_NOARGS, "stop recording"},
     {"finish", (PyCFunction)(void (*)(void))tracer_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outputs, options=None) -> Executable (options: a CompileOptions)"},

@@ -855,6 +855,20 @@ static PyObject *recorder_add_contents(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* add_version(tensor, version, description): guard that tensor's storage still has version (no
+ * in-place write since a capture read its value). */
+static PyObject *recorder_add_version(PyObject *self, PyObject *args) {
+    PyObject *t, *version, *what;
+    if (!PyArg_ParseTuple(args, "OO!U:add_version", &t, &PyLong_Type, &version, &what)) return NULL;
+    if (!pykiln_is_tensor(t)) return PyErr_Format(PyExc_TypeError, "add_version: expected a tensor");
+    PyObject *key = PyUnicode_FromString("version"), *path = key ? PyTuple_New(0) : NULL;
+    int rc = path ? add_guard((PyGuardRecorder *)self, t, key, path, version, GUARD_VERSION, what) : -1;
+    Py_XDECREF(path);
+    Py_XDECREF(key);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *side_effect_of_write(PyGuardRecorder *r, PyObject *write) {
     PyObject *cell, *name, *loc;
     if (!PyArg_ParseTuple(write, "OOU:side_effect", &cell, &name, &loc)) return NULL;
@@ -1075,6 +1089,8 @@ static PyMethodDef recorder_methods[] = {
      "on_code(code, globals, locals, executed=None, function=None): on_call for code interpreted without a "
      "frame, only the instructions at the offsets in executed (bytecode capture), run by function"},
     {"add_cells", recorder_add_cells, METH_O, "add_cells(cells): guard the training mode and version of each Cell"},
+    {"add_version", recorder_add_version, METH_VARARGS,
+     "add_version(tensor, version, description): guard that no in-place write changed the tensor since"},
     {"add_value", recorder_add_value, METH_VARARGS,
      "add_value(root, key, value, description): guard that the dict root holds value at key"},
     {"add_contents", recorder_add_contents, METH_VARARGS,

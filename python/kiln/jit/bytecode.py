@@ -106,19 +106,22 @@ class Code:
             self.steps, self.fast = _C.bytecode_table(rows, code.co_consts, code.co_filename)
 
     def _with_exit_calls(self, code):
-        """The offsets of each with block's normal exit call (CPython 3.11: LOAD_CONST None x3,
-        PRECALL 2, CALL 2 right after the body the exception table covers). They count as part of
-        the block: the Python step that entered it (BEFORE_WITH) runs on through __exit__, which a
-        graph would otherwise hold as a call run once, at capture (no_grad left disabled)."""
-        out = set()
-        for start, end, target, *_ in self.handlers:
-            k, j = self.at.get(target), self.at.get(end)
-            if k is None or j is None or [i[0] for i in self.ins[k:k + 2]] != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
-                continue
-            seq = self.ins[j:j + 5]
+        """The offsets of each with block's exit call outside its exception handler (CPython 3.11:
+        LOAD_CONST None x3, PRECALL 2, CALL 2; after the body, and before each return, break or
+        continue leaving it), with the NOPs just before one (a body ending in a loop ends in a
+        NOP). They count as part of the block: the Python step that entered it (BEFORE_WITH) runs on
+        through __exit__, which a graph would otherwise hold as a call run once, at capture
+        (no_grad left disabled). Three Nones before a two-argument call are only ever this call."""
+        out, ins = set(), self.ins
+        for j in range(len(ins) - 4):
+            seq = ins[j:j + 5]
             if ([i[0] for i in seq] == ["LOAD_CONST"] * 3 + ["PRECALL", "CALL"] and seq[4][1] == 2
                     and all(code.co_consts[i[1]] is None for i in seq[:3])):
                 out.update(i[2] for i in seq)
+                k = j - 1
+                while k >= 0 and ins[k][0] == "NOP":
+                    out.add(ins[k][2])
+                    k -= 1
         return out
 
     def handler_at(self, offset):

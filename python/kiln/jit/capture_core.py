@@ -250,6 +250,10 @@ class Recording:
             self.recorder.add_tensors(self.outside)
         for root, key, what in self.kiln_reads or ():
             self.recorder.add_contents(root, key, what)
+        # a tensor from outside whose value the code read into Python (a global's .item()): what it
+        # computed from the value holds while no in-place write changes the tensor
+        for t, version in self.tracer.outside_value_reads():
+            self.recorder.add_version(t, version, "the value of a tensor read from outside (.item(), float(), if)")
         if _C.backward_passes() != self._backward_passes:  # (no hook ran, else the call is eager: kiln.grad_hooks)
             self.recorder.add_value(grad_hooks.STATE, "epoch", self._hook_epoch,
                                     "the backward hooks of tensors (Tensor.register_hook on a parameter or input)")

@@ -1,0 +1,86 @@
+"""Conformance: values of tensors from outside the call read into Python. A function that reads a
+global's, a closure's or a Cell buffer's value (.item(), float(), int(), .tolist(), a truth test) and
+computes with the number must follow an in-place write to that tensor between calls, as eager does.
+ast and trace capture used to bake the first call's number into the graph with no guard on the
+tensor, so `rate[...] = 2.0` went unseen; each read is now guarded on the tensor's version (an
+in-place write compiles again; kiln.trace reports the changed constant)."""
+import numpy as np
+
+import kiln
+from kiln import nn
+from conformance import Call, TRACE_VARIANTS, VARIANTS, rand, run_all_modes
+
+RATE = kiln.tensor(0.5, dtype=kiln.float64)
+STEPS = kiln.tensor(2, dtype=kiln.int64)
+TABLE = kiln.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+
+
+def _set(t, value):
+    def before():
+        t[...] = value
+    return before
+
+
+def _calls(t, values):
+    return [Call((rand(2, 3, seed=k),), before=_set(t, v)) for k, v in enumerate(values)]
+
+
+def test_item_of_a_global_tensor():
+    def f(x):
+        return x * RATE.item()
+
+    run_all_modes(f, *_calls(RATE, (0.5, 2.0, 2.0, -1.5)), variants=VARIANTS)
+
+
+def test_float_of_a_global_tensor_in_python_arithmetic():
+    def f(x):
+        scale = float(RATE) * 2 + 1
+        return x * scale, scale
+
+    run_all_modes(f, *_calls(RATE, (0.5, 0.25, 3.0)), variants=VARIANTS)
+
+
+def test_int_of_a_tensor_as_a_loop_count():
+    def f(x):
+        for _ in range(int(STEPS)):
+            x = x * 0.5 + 1.0
+        return x
+
+    run_all_modes(f, *_calls(STEPS, (2, 3, 3, 1)), variants=VARIANTS)
+
+
+def test_tolist_of_a_closure_tensor():
+    table = kiln.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+
+    def f(x):
+        a, b, c = table.tolist()
+        return x * a + b - c
+
+    calls = [Call((rand(2, 3, seed=k),), before=_set(table, np.array(v, np.float32)))
+             for k, v in enumerate(([1.0, 2.0, 3.0], [0.5, 2.0, 3.0], [0.5, 2.0, -3.0]))]
+    run_all_modes(f, *calls, variants=VARIANTS)
+
+
+def test_a_cell_buffer_read_as_a_number():
+    class Scaled(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.factor = kiln.tensor(2.0, dtype=kiln.float32)
+
+        def construct(self, x):
+            return x * self.factor.item()
+
+    net = Scaled()
+    calls = [Call((rand(2, 3, seed=k),), before=_set(net.factor, v)) for k, v in enumerate((2.0, 4.0, -1.0))]
+    run_all_modes(lambda x: net(x), *calls, variants=VARIANTS)
+
+
+def test_kiln_trace_reports_the_changed_value():
+    """kiln.trace (MegEngine's semantics) raises TraceMismatchError naming the changed constant rather
+    than computing with the old value; the same series, run through the conformance harness, may
+    only raise that clear error."""
+    def f(x):
+        return x * TABLE.sum().item()
+
+    run_all_modes(f, *_calls(TABLE, (np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0, 2.0, 4.0], np.float32))),
+                  variants=TRACE_VARIANTS)
