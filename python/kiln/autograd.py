@@ -50,7 +50,7 @@ grad_nesting = _Nesting()  # depth of grad calls running their function on this 
 
 def differentiating():
     """Whether code runs inside a grad / value_and_grad call (its results will be differentiated)."""
-    return getattr(grad_nesting, "depth", 0) > 0
+    return grad_nesting._depth > 0  # (the field: its property sets C's flag too)
 
 
 hooks.differentiating = differentiating

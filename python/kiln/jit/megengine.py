@@ -498,7 +498,7 @@ class trace(_C.JitDispatcher):
             rec = self._instantiate(key, leaves)
         if rec is None:
             return self._record(key, spec, leaves, caller)
-        self._last = rec
+        self._last_run = rec  # (the _last property's field)
         if self.verify:
             _Bindings.check(self._seen, self._baked)  # names the global or closure variable that changed
         changed = rec.guards.first_failure()
