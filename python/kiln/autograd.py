@@ -27,12 +27,30 @@ def _weights_list(weights):
     return list(weights), False
 
 
-grad_nesting = threading.local()  # depth of grad calls running their function on this thread
+class _Nesting(threading.local):
+    """grad_nesting: the depth of grad calls (and GradManagers recording) running their function on
+    this thread; setting it tells kiln's C fast path of compiled calls whether code runs inside one
+    (kiln._C.JitDispatcher: an entry whose results get a refusing node then leaves the call to Python)."""
+
+    def __init__(self):
+        self._depth = 0
+
+    @property
+    def depth(self):
+        return self._depth
+
+    @depth.setter
+    def depth(self, value):
+        self._depth = value
+        _C.JitDispatcher._set_differentiating(value > 0)
+
+
+grad_nesting = _Nesting()  # depth of grad calls running their function on this thread
 
 
 def differentiating():
     """Whether code runs inside a grad / value_and_grad call (its results will be differentiated)."""
-    return getattr(grad_nesting, "depth", 0) > 0
+    return grad_nesting._depth > 0  # (the field: its property sets C's flag too)
 
 
 hooks.differentiating = differentiating

@@ -118,6 +118,84 @@ static PyObject *py_record_grad(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A refusal (kiln.jit.capture_core.NoHistory): the tuple (reads, positions, backward, name) — the
+ * tensors a compiled graph reads that require grad, the positions of its outputs that would require
+ * grad eagerly, the Python gradient of the node (it raises, naming the function) and the node's name.
+ * 1 when refusal has that form, else 0 with a TypeError set. */
+int pykiln_refusal_check(PyObject *refusal) {
+    if (!PyTuple_Check(refusal) || PyTuple_GET_SIZE(refusal) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(refusal, 0)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(refusal, 1)) || !PyCallable_Check(PyTuple_GET_ITEM(refusal, 2)) ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(refusal, 3))) {
+        PyErr_SetString(PyExc_TypeError, "refusal must be (reads, positions, backward, name)");
+        return 0;
+    }
+    PyObject *reads = PyTuple_GET_ITEM(refusal, 0), *pos = PyTuple_GET_ITEM(refusal, 1);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(reads); k++)
+        if (!pykiln_is_tensor(PyTuple_GET_ITEM(reads, k))) {
+            PyErr_SetString(PyExc_TypeError, "refusal: reads must be Tensors");
+            return 0;
+        }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(pos); k++)
+        if (!PyLong_Check(PyTuple_GET_ITEM(pos, k))) {
+            PyErr_SetString(PyExc_TypeError, "refusal: positions must be ints");
+            return 0;
+        }
+    return 1;
+}
+
+/* Gives the outputs of a compiled run (outs: a tuple or list, or the one tensor of a single-output
+ * graph) at the refusal's positions that are tensors without gradient history, and are none of its
+ * reads, one autograd node over the reads whose gradient is the refusal's backward (which raises):
+ * a later .backward() through them fails, naming the function, instead of missing the reads' share
+ * (kiln.jit.capture_core.refuse_backward). Nothing when no read requires grad, or outside grad
+ * mode. 0, or -1 with an error set. The refusal has been checked (pykiln_refusal_check). */
+int pykiln_refuse_outputs(PyObject *refusal, PyObject *outs) {
+    PyObject *reads = PyTuple_GET_ITEM(refusal, 0), *pos = PyTuple_GET_ITEM(refusal, 1);
+    Py_ssize_t nin = PyTuple_GET_SIZE(reads), npos = PyTuple_GET_SIZE(pos);
+    if (nin == 0 || npos == 0) return 0;
+    Py_ssize_t nouts = PyTuple_Check(outs) ? PyTuple_GET_SIZE(outs) : PyList_Check(outs) ? PyList_GET_SIZE(outs) : 1;
+    kiln_tensor *small[16], **t = nin + npos <= 16 ? small : PyMem_Calloc((size_t)(nin + npos), sizeof *t);
+    if (!t) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < nin; k++) t[k] = pykiln_unwrap(PyTuple_GET_ITEM(reads, k));
+    int nout = 0;
+    for (Py_ssize_t j = 0; j < npos; j++) {
+        Py_ssize_t p = PyLong_AsSsize_t(PyTuple_GET_ITEM(pos, j));
+        if (p == -1 && PyErr_Occurred()) PyErr_Clear(); /* (out of range: no such output) */
+        if (p < 0 || p >= nouts) continue;
+        PyObject *o = PyTuple_Check(outs) ? PyTuple_GET_ITEM(outs, p) : PyList_Check(outs) ? PyList_GET_ITEM(outs, p) : outs;
+        if (!pykiln_is_tensor(o) || pykiln_unwrap(o)->requires_grad) continue;
+        bool read = false;
+        for (Py_ssize_t k = 0; k < nin && !read; k++) read = o == PyTuple_GET_ITEM(reads, k);
+        if (!read) t[nin + nout++] = pykiln_unwrap(o);
+    }
+    int rc = 0;
+    if (nout) {
+        /* the name lives as long as the node: interned, kept by the interpreter (as record_grad's) */
+        PyObject *name = Py_NewRef(PyTuple_GET_ITEM(refusal, 3));
+        PyUnicode_InternInPlace(&name);
+        kiln_custom_grad rule = {call_backward, release_backward, Py_NewRef(PyTuple_GET_ITEM(refusal, 2)),
+                                 PyUnicode_AsUTF8(name)};
+        kiln_status s = kiln_autograd_record_custom((int)nin, t, nout, t + nin, &rule);
+        if (s != KILN_OK) {
+            pykiln_raise(s);
+            rc = -1;
+        }
+    }
+    if (t != small) PyMem_Free(t);
+    return rc;
+}
+
+/* refuse_outputs(refusal, outs) -> outs: pykiln_refuse_outputs */
+static PyObject *py_refuse_outputs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "refuse_outputs takes (refusal, outs)");
+    if (!pykiln_refusal_check(args[0]) || pykiln_refuse_outputs(args[0], args[1]) < 0) return NULL;
+    return Py_NewRef(args[1]);
+}
+
 /* Adds what the history edge e reaches to the walk: a leaf (once) to leaves, a node recorded
  * since `since` (once) to the stack; a node recorded before: its name in *outer. */
 static int walk_edge(const kiln_grad_edge *e, uint64_t since, PyObject *seen, PyObject *leaves, PyObject *stack,
@@ -205,6 +283,9 @@ static PyMethodDef custom_grad_functions[] = {
      "that the outputs' history recorded since grad_clock() reaches, and the name of an op recorded before it that "
      "it reaches (or None)"},
     {"grad_clock", py_grad_clock, METH_NOARGS, "grad_clock() -> the order number the next autograd node gets"},
+    {"refuse_outputs", (PyCFunction)(void (*)(void))py_refuse_outputs, METH_FASTCALL,
+     "refuse_outputs(refusal, outs) -> outs: the outputs at the refusal's positions without history get one "
+     "autograd node over its reads whose gradient raises (kiln.jit.capture_core.refuse_backward)"},
     {"record_grad", py_record_grad, METH_VARARGS,
      "record_grad(inputs, outputs, backward, name, keep_exceptions=False): outputs become one autograd node over "
      "inputs, whose gradient "

@@ -17,6 +17,8 @@ enum { OUT_SINGLE, OUT_TUPLE, OUT_LIST };
 typedef struct {
     PyObject *exe;    /* owned */
     PyObject *guards; /* owned GuardSet, or NULL */
+    PyObject *refuse; /* owned refusal (pykiln_refuse_outputs) its outputs get in grad mode, or NULL */
+    PyObject *tag;    /* owned: what Python registered it for (_last_fast_tag), or NULL */
     int nargs;
     bool grad_mode;
     int out_kind;
@@ -33,6 +35,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     guard_entry entries[MAX_ENTRIES];
     int nentries;
+    int last_hit; /* the entry that served the latest call, -1: that call went to Python */
     Py_ssize_t fast_hits;
     bool enabled;
 } PyJitDispatcher;
@@ -41,6 +44,8 @@ static void clear_entries(PyJitDispatcher *d) {
     for (int k = 0; k < d->nentries; k++) {
         Py_CLEAR(d->entries[k].exe);
         Py_CLEAR(d->entries[k].guards);
+        Py_CLEAR(d->entries[k].refuse);
+        Py_CLEAR(d->entries[k].tag);
         PyMem_Free(d->entries[k].metas);
         PyMem_Free(d->entries[k].requires_grad);
         for (int j = 0; j < d->entries[k].ninst; j++) Py_CLEAR(d->entries[k].inst[j]);
@@ -48,6 +53,7 @@ static void clear_entries(PyJitDispatcher *d) {
         PyMem_Free(d->entries[k].binds);
     }
     d->nentries = 0;
+    d->last_hit = -1;
 }
 
 static void dispatcher_dealloc(PyObject *self) {
@@ -62,6 +68,8 @@ static int dispatcher_traverse(PyObject *self, visitproc visit, void *arg) {
     for (int k = 0; k < d->nentries; k++) {
         Py_VISIT(d->entries[k].exe);
         Py_VISIT(d->entries[k].guards);
+        Py_VISIT(d->entries[k].refuse);
+        Py_VISIT(d->entries[k].tag);
         for (int j = 0; j < d->entries[k].ninst; j++) Py_VISIT(d->entries[k].inst[j]);
     }
     return 0; /* a Python subclass visits its own type and __dict__ */
@@ -124,6 +132,7 @@ static PyObject *instance_of(guard_entry *e, const int64_t *bind) {
 }
 
 static PyObject *slow_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    ((PyJitDispatcher *)self)->last_hit = -1;
     PyObject *name = PyUnicode_InternFromString("_slow_call");
     if (!name) return NULL;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -143,6 +152,20 @@ static PyObject *slow_call(PyObject *self, PyObject *const *args, size_t nargsf,
 
 /* kiln.disable_jit / KILN_DISABLE_JIT: every call goes to Python, which runs the function eagerly */
 static bool all_disabled = false;
+
+/* Whether this thread runs code inside grad / value_and_grad / GradManager (kiln.autograd's
+ * grad_nesting sets it): an entry whose outputs get a refusing node does not serve such a call, which
+ * Python runs eagerly for its gradients. */
+static _Thread_local bool differentiating = false;
+
+static PyObject *dispatcher_set_differentiating(PyObject *cls, PyObject *flag) {
+    (void)cls;
+    int on = PyObject_IsTrue(flag);
+    if (on < 0) return NULL;
+    bool prev = differentiating;
+    differentiating = on;
+    return PyBool_FromLong(prev);
+}
 
 static PyObject *dispatcher_set_all_disabled(PyObject *cls, PyObject *flag) {
     (void)cls;
@@ -171,12 +194,17 @@ static PyObject *dispatcher_vectorcall(PyObject *self, PyObject *const *args, si
     int64_t bind[MAX_SYMS];
     for (int k = 0; k < d->nentries; k++) {
         guard_entry *e = &d->entries[k];
-        if (!entry_matches(e, args, nargs, grad_mode, bind)) continue;
+        if ((e->refuse && differentiating) || !entry_matches(e, args, nargs, grad_mode, bind)) continue;
         PyObject *exe = instance_of(e, bind);
         if (!exe) continue; /* not a binding of this entry yet (its guards may not admit it): Python decides */
         PyObject *outs = pykiln_executable_call(exe, args, nargs, e->out_kind == OUT_SINGLE);
         if (!outs) return NULL;
+        if (e->refuse && pykiln_refuse_outputs(e->refuse, outs) < 0) {
+            Py_DECREF(outs);
+            return NULL;
+        }
         d->fast_hits++;
+        d->last_hit = k;
         if (e->out_kind != OUT_LIST) return outs;
         PyObject *r = PySequence_List(outs);
         Py_DECREF(outs);
@@ -211,16 +239,19 @@ static int read_dims(guard_entry *e, PyObject *dims, Py_ssize_t n) {
     return 0;
 }
 
-/* _add_fast_entry(executable, tensors, grad_mode, out_kind, guards=None, dims=None) -> whether added;
- * with dims (see read_dims) a dynamic entry, its executable unused (None), and its number (for
- * _add_fast_instance, which gives its instances) instead of True. */
+/* _add_fast_entry(executable, tensors, grad_mode, out_kind, guards=None, dims=None, refuse=None, tag=None) ->
+ * whether added; with dims (see read_dims) a dynamic entry, its executable unused (None), and its
+ * number (for _add_fast_instance, which gives its instances) instead of True. refuse: a refusal
+ * (pykiln_refuse_outputs) whose node the outputs of a grad-mode entry get, as kiln.jit's Python
+ * paths give them (kiln.jit.capture_core.refuse_backward). */
 static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     PyJitDispatcher *d = (PyJitDispatcher *)self;
-    PyObject *exe, *tensors, *guards = Py_None, *dims = Py_None;
+    PyObject *exe, *tensors, *guards = Py_None, *dims = Py_None, *refuse = Py_None, *tag = Py_None;
     int grad_mode, out_kind;
-    if (!PyArg_ParseTuple(args, "OO!pi|OO:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
-                          &guards, &dims))
+    if (!PyArg_ParseTuple(args, "OO!pi|OOOO:_add_fast_entry", &exe, &PyTuple_Type, &tensors, &grad_mode, &out_kind,
+                          &guards, &dims, &refuse, &tag))
         return NULL;
+    if (refuse != Py_None && !pykiln_refusal_check(refuse)) return NULL;
     kiln_amp_level amp;
     kiln_amp_get(&amp, NULL);
     if (amp != KILN_AMP_O0) Py_RETURN_FALSE; /* the fast path does not key calls by amp */
@@ -262,6 +293,8 @@ static PyObject *dispatcher_add_entry(PyObject *self, PyObject *args) {
     Py_INCREF(exe);
     e->exe = exe;
     e->guards = guards == Py_None ? NULL : Py_NewRef(guards);
+    e->refuse = refuse == Py_None || !grad_mode ? NULL : Py_NewRef(refuse);
+    e->tag = tag == Py_None ? NULL : Py_NewRef(tag);
     e->nargs = (int)n;
     e->grad_mode = grad_mode;
     e->out_kind = out_kind;
@@ -320,6 +353,13 @@ static PyObject *get_fast_hits(PyObject *self, void *c) {
     return PyLong_FromSsize_t(((PyJitDispatcher *)self)->fast_hits);
 }
 
+static PyObject *get_last_fast_tag(PyObject *self, void *c) {
+    (void)c;
+    PyJitDispatcher *d = (PyJitDispatcher *)self;
+    PyObject *tag = d->last_hit >= 0 && d->last_hit < d->nentries ? d->entries[d->last_hit].tag : NULL;
+    return Py_NewRef(tag ? tag : Py_None);
+}
+
 static PyObject *get_fast_enabled(PyObject *self, void *c) {
     (void)c;
     return PyBool_FromLong(((PyJitDispatcher *)self)->enabled);
@@ -339,6 +379,7 @@ static PyObject *dispatcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
     if (!d) return NULL;
     d->vectorcall = dispatcher_vectorcall;
     d->enabled = true;
+    d->last_hit = -1;
     return (PyObject *)d;
 }
 
@@ -348,11 +389,17 @@ static PyMethodDef dispatcher_methods[] = {
     {"_clear_fast_entries", dispatcher_clear_entries, METH_NOARGS, "drop the registered graphs"},
     {"_set_all_disabled", dispatcher_set_all_disabled, METH_O | METH_STATIC,
      "send every call of every dispatcher to Python (kiln.disable_jit); returns the previous setting"},
+    {"_set_differentiating", dispatcher_set_differentiating, METH_O | METH_STATIC,
+     "whether this thread runs inside grad / value_and_grad / GradManager (kiln.autograd.grad_nesting); returns the "
+     "previous setting"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef dispatcher_getset[] = {
     {"_fast_hits", get_fast_hits, NULL, "calls served without entering Python", NULL},
+    {"_last_fast_tag", get_last_fast_tag, NULL,
+     "the tag of the entry that served the latest call without entering Python, or None (that call went to Python)",
+     NULL},
     {"_fast_enabled", get_fast_enabled, set_fast_enabled, "whether the C fast path is used", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -67,6 +67,11 @@ kiln_status pykiln_backward_error(void);
 PyObject *pykiln_backward_passes(PyObject *module, PyObject *unused);
 /* Forgets what a hook raised in a pass that did not hand it back (a pass run by C code). */
 void pykiln_backward_begin(void);
+/* Refusing autograd nodes on compiled outputs (custom_grad.c; kiln.jit.capture_core.refuse_backward):
+ * whether refusal is (reads, positions, backward, name) (0 with a TypeError if not), and the node
+ * made on outs (0, or -1 with an error set). */
+int pykiln_refusal_check(PyObject *refusal);
+int pykiln_refuse_outputs(PyObject *refusal, PyObject *outs);
 PyObject *pykiln_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs);
 kiln_tensor *pykiln_tensor_from_dlpack(PyObject *obj);
 /* Tensor indexing: x[key] and x[key] = value (indexing.c) */

@@ -38,7 +38,7 @@ from .. import _C
 from ..autograd import differentiating, gradient_of_gradient_possible
 from ..profiler import capture_phase
 from . import bytecode, code_cache, dynamic, guards, piece_grad, sym_scalar, tree
-from .capture_core import Entry, EntryCache, InterpreterStrategy, PieceInfo, Recording, refuse_backward
+from .capture_core import Entry, EntryCache, InterpreterStrategy, NoHistory, PieceInfo, Recording, refuse_backward
 from .recording import returns_closure, returns_reached, user_frame_tracer
 from .syntax import JitSyntaxError
 
@@ -314,7 +314,7 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
     piece = Entry(executable, out_spec, guard_set, guard_names, text, extra=info)
     diff_out = tuple(k for k, t in enumerate(out_leaves) if isinstance(t, _C.TensorBase) and t.requires_grad)
     if pgrad is None and diff_out:  # (run without its backward: see Entry.no_history)
-        piece.no_history = (grad_reads, diff_out)
+        piece.no_history = NoHistory(grad_reads, diff_out)
     if capture is not None:
         piece.capture, piece.graph = capture, graph
         piece.extra.size_values = capture.values
@@ -352,7 +352,7 @@ def _execute(jf, piece, leaves, exe=None, sizes=None, first=None):
     exe = piece.executable if exe is None else exe
     outs = exe(*leaves) if recorder is None else recorder.run(exe, *leaves)
     if piece.no_history is not None and _C.is_grad_enabled():
-        outs = refuse_backward(jf.__qualname__, piece.no_history, list(outs))
+        outs = refuse_backward(jf.__qualname__, piece.no_history, outs)
     return outs
 
 

@@ -42,28 +42,32 @@ def catches(code):
 
 class CallStrategy:
     """Runs a Python function on the bound arguments, the frame hook telling the tracer the user's
-    source lines (and the guard recorder each frame of user code); notes exclude_from_trace, and
-    in rec.catching the code objects of user code with an `except` clause that ran."""
+    source lines (and the guard recorder each frame of user code); notes exclude_from_trace, and,
+    with note_code (kiln.jit's captures, whose policies read them: function.trace_call), in
+    rec.catching the code objects of user code with an `except` clause that ran and in
+    rec.calls_type whether user code run as it is may call type(). kiln.trace reads neither, and
+    its verifying calls record on every call: they pay no Python call per frame for them."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "note_code")
 
-    def __init__(self, fn):
+    def __init__(self, fn, note_code=False):
         self.fn = fn
+        self.note_code = note_code
 
     def __call__(self, rec, args, kwargs):
         prev_trace = sys.gettrace()
         excluded = exclude.noting()
-        show = rec.on_call
-
-        def on_call(frame):
-            code = frame.f_code
-            if (catches(code) or "type" in code.co_names) and guards.is_user_code(code):
-                if catches(code):
-                    rec.catching.append(code)
-                if "type" in code.co_names and code not in ast_convert.CONVERTED_CODE:
-                    rec.calls_type = True  # (type() of a symbolic size would be SymInt: see trace_call)
-            if show is not None:
-                show(frame)
+        on_call = show = rec.on_call
+        if self.note_code:
+            def on_call(frame):
+                code = frame.f_code
+                if (catches(code) or "type" in code.co_names) and guards.is_user_code(code):
+                    if catches(code):
+                        rec.catching.append(code)
+                    if "type" in code.co_names and code not in ast_convert.CONVERTED_CODE:
+                        rec.calls_type = True  # (type() of a symbolic size would be SymInt: see trace_call)
+                if show is not None:
+                    show(frame)
 
         sys.settrace(user_frame_tracer(rec.tracer, on_call))
         try:
@@ -145,8 +149,9 @@ class Recording:
         self._prev_hook = _C.eval_frame_suspend(True) if self.frame_hook_off else None
         self.reasons, self._prev_reasons = start_reasons()
         self.kiln_reads = kiln_reads()  # the containers kiln's own code read (replay.read_by_kiln): guarded
-        # a backward pass run by the capture reaches tensors whose hooks may change before a later call
-        self._backward_passes, self._hook_epoch = _C.backward_passes(), grad_hooks.STATE["epoch"]
+        if self.recorder is not None:  # (read by add_guarded)
+            # a backward pass run by the capture reaches tensors whose hooks may change before a later call
+            self._backward_passes, self._hook_epoch = _C.backward_passes(), grad_hooks.STATE["epoch"]
         self._prev_hooks_traced = set_hooks_traced(self.recorder is not None)
         return self
 
@@ -289,9 +294,9 @@ class Entry:
         self.guard_names = guard_names
         self.capture = self.graph = self.dyn = None
         self.extra = extra
-        # (the tensors it reads that require grad, the positions of its outputs that would require
-        # grad eagerly): a graph run outside grad / value_and_grad gives such outputs no history, so
-        # they get a node that refuses to be differentiated (refuse_backward)
+        # a NoHistory (the tensors it reads that require grad, the positions of its outputs that would
+        # require grad eagerly): a graph run outside grad / value_and_grad gives such outputs no
+        # history, so they get a node that refuses to be differentiated (refuse_backward)
         self.no_history = None
 
     def guards_hold(self):
@@ -304,25 +309,41 @@ class Entry:
         return None if k < 0 else self.guard_names[k]
 
 
+class NoHistory:
+    """Entry.no_history: the tensors a graph reads that require grad (reads) and the positions of
+    its outputs that would require grad eagerly (positions), with refuse_backward's node for the
+    last name it was given made once (refusal)."""
+
+    __slots__ = ("reads", "positions", "named")
+
+    def __init__(self, reads, positions):
+        self.reads, self.positions = tuple(reads), tuple(positions)
+        self.named = None  # (name, who, refusal)
+
+    def refusal(self, name, who="kiln.jit"):
+        """(reads, positions, backward, node name): the refusing node of function `name` of front end
+        `who` (kiln._C.refuse_outputs; the C fast path's entries keep it too)."""
+        named = self.named
+        if named is None or named[0] != name or named[1] != who:
+            how = ("differentiate with GradManager (gm.backward)" if who == "kiln.trace" else
+                   "differentiate through it with kiln.grad or kiln.value_and_grad (or inside GradManager)")
+
+            def backward(grads, needs, create_graph):
+                raise RuntimeError(f"{who}: a result of {name} reached backward, but its compiled graph ran in grad "
+                                   "mode outside a gradient computation and kept no autograd history to the "
+                                   f"parameters it reads; {how}, or call the function eagerly")
+            named = self.named = (name, who, (self.reads, self.positions, backward, f"{who}({name})"))
+        return named[2]
+
+
 def refuse_backward(name, no_history, outs, who="kiln.jit"):
     """Outputs of a compiled graph run in grad mode outside grad / value_and_grad / GradManager, which
-    eagerly would carry history back to the parameters they read (no_history: see Entry): they get
+    eagerly would carry history back to the parameters they read (no_history: a NoHistory): they get
     one autograd node whose gradient is an error, so a later `.backward()` through them fails, naming
-    the function, instead of leaving those parameters' gradients silently short (outs: returned)."""
-    reads, positions = no_history
-    made = [outs[k] for k in positions if isinstance(outs[k], _C.TensorBase) and not outs[k].requires_grad
-            and all(outs[k] is not t for t in reads)]
-    if not reads or not made:
-        return outs
-    how = ("differentiate with GradManager (gm.backward)" if who == "kiln.trace" else
-           "differentiate through it with kiln.grad or kiln.value_and_grad (or inside GradManager)")
-
-    def backward(grads, needs, create_graph):
-        raise RuntimeError(f"{who}: a result of {name} reached backward, but its compiled graph ran in grad mode "
-                           "outside a gradient computation and kept no autograd history to the parameters it "
-                           f"reads; {how}, or call the function eagerly")
-    _C.record_grad(reads, tuple(made), backward, f"{who}({name})")
-    return outs
+    the function, instead of leaving those parameters' gradients silently short (outs: returned).
+    Those outputs are the tensors at no_history's positions that have no history and are none of its
+    reads (kiln._C.refuse_outputs)."""
+    return _C.refuse_outputs(no_history.refusal(name, who), outs)
 
 
 class EntryCache:
@@ -394,7 +415,8 @@ class TraceInfo:
     """What a recording of kiln.trace keeps beyond an Entry (see kiln.jit.megengine)."""
 
     __slots__ = ("result", "cells", "modes", "fast", "requires_grad_key", "param_names", "symbolic", "plan",
-                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry")
+                 "grad_targets", "export_capture", "excluded", "user_code", "unreplayable", "grads_at_entry",
+                 "pending", "guard_specs")
 
 
 # ---- kiln.trace(symbolic=True): traced tensors have no readable value ------------------------------

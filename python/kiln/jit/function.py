@@ -18,7 +18,7 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, Recording, refuse_backward
+from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure, returns_reached
@@ -91,7 +91,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     with Recording(options.compile_options, capture_constants=capture_constants, guards_of=fn,
                    symbols=symbols) as rec:
         call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
-        result = rec.run(CallStrategy(fn), call_args, call_kwargs)
+        result = rec.run(CallStrategy(fn, note_code=True), call_args, call_kwargs)
         reasons, callers = rec.reasons, rec.callers
         if rec.calls_type and rec.capture is not None and not reasons and not rec.tracer.value_reads()[0]:
             # code run as it is may have called type() of a size: a SymInt there, where eager sees an int
@@ -134,7 +134,7 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
     diff_out = tuple(k for k, t in enumerate(out_leaves) if isinstance(t, _C.TensorBase) and t.requires_grad)
     entry = Entry(executable, out_spec, guard_set, guard_names, text, bool(diff_out))
     if diff_out:
-        entry.no_history = (grad_reads, diff_out)
+        entry.no_history = NoHistory(grad_reads, diff_out)
         if _C.is_grad_enabled():
             refuse_backward(getattr(fn, "__qualname__", type(fn).__name__), entry.no_history, detached)
     if rec.capture is not None:
@@ -344,7 +344,7 @@ class JitFunction(_C.JitDispatcher):
             self._last = entry
             outs = entry.executable(*leaves) if self._recorder is None else self._recorder.run(entry.executable, *leaves)
             if entry.no_history is not None and key[2][0]:
-                outs = refuse_backward(self.__qualname__, entry.no_history, list(outs))
+                outs = refuse_backward(self.__qualname__, entry.no_history, outs)
             return tree.unflatten(entry.out_spec, outs)[0]
         if self._entries.dynamic:
             found = self._dynamic_call(key, args, kwargs, leaves)
@@ -368,7 +368,7 @@ class JitFunction(_C.JitDispatcher):
         self._last = entry
         outs = exe(*leaves) if self._recorder is None else self._recorder.run(exe, *leaves)
         if entry.no_history is not None and key[2][0]:
-            outs = refuse_backward(self.__qualname__, entry.no_history, list(outs))
+            outs = refuse_backward(self.__qualname__, entry.no_history, outs)
         return tree.unflatten(entry.out_spec, outs)[0]
 
     def _instance_for(self, d, leaves):

@@ -31,7 +31,7 @@ from .. import _C
 from ..autograd import differentiating
 from ..profiler import CallRecorder, capture_phase
 from . import dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, Recording, TraceInfo, refuse_backward
+from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, TraceInfo, refuse_backward
 from .eager_switch import jit_disabled
 from .deploy import dump_trace
 from .dtr_config import DTRConfig
@@ -110,45 +110,47 @@ class _Bindings:
             return None
 
     def snapshot(self, with_values):
-        """(label, where, name, tensor, its values or None) of each tensor a slot holds, and of the
-        tensors in a dict or list a slot holds (PARAMS["w"] = new_tensor rebinds one too)."""
-        snap = []
+        """(outer, inner): (label, where, name, tensor, its values or None) of each tensor a slot
+        holds (outer), and of the tensors in a dict or list a slot holds (inner: PARAMS["w"] =
+        new_tensor rebinds one too), each read once."""
+        outer, inner = [], []
         for label, where, name in self.slots:
             v = self._get(where, name)
-            items = [(label, where, name, v)]
-            if type(v) is dict:
-                items += [(f"{label}[{k!r}]", v, k, x) for k, x in v.items()]
-            elif type(v) is list:
-                items += [(f"{label}[{k}]", v, k, x) for k, x in enumerate(v)]
-            for k, (where_label, at, key, t) in enumerate(items):
-                if isinstance(t, _C.TensorBase):
-                    snap.append((where_label, at, key, t, t.asnumpy().copy() if with_values else None, k > 0))
-        return snap
+            kind = type(v)
+            if kind is dict or kind is list:
+                for k, t in (v.items() if kind is dict else enumerate(v)):
+                    if isinstance(t, _C.TensorBase):
+                        inner.append((f"{label}[{k!r}]", v, k, t, t.asnumpy().copy() if with_values else None))
+            elif isinstance(v, _C.TensorBase):
+                outer.append((label, where, name, v, v.asnumpy().copy() if with_values else None))
+        return outer, inner
 
     @staticmethod
     def check(snap, baked, inside=False):
         """Raises TraceMismatchError for a slot's tensor rebound (inside: those in a slot's dict or
-        list, checked after the recordings compare, whose differences name the op) or, baked, changed."""
-        import numpy as np
-
-        snap = [e[:5] for e in snap if e[5] == inside]
-        baked = [e[:5] for e in baked if e[5] == inside]
-        for label, where, name, t, value in snap:
-            now = _Bindings._get(where, name)
-            if now is not t:
+        list, checked after the recordings compare, whose differences name the op) or, baked, changed
+        (snap, baked: snapshots)."""
+        get = _Bindings._get
+        for label, where, name, t, value in snap[inside]:
+            if get(where, name) is not t:
                 raise TraceMismatchError(f"{label} refers to a different tensor than when the function last ran; the "
                                          "compiled graph keeps the tensor it captured (update it in place, or pass it "
                                          "as an argument)")
-        for label, where, name, t, value in baked:
-            if value is not None and not np.array_equal(t.asnumpy(), value, equal_nan=True):
-                raise TraceMismatchError(f"a captured constant changed: {label} has a different value than when it "
-                                         "was traced, and capture_as_const=True baked the old value into the graph")
+        baked = baked[inside]
+        if baked:
+            import numpy as np
+
+            for label, where, name, t, value in baked:
+                if value is not None and not np.array_equal(t.asnumpy(), value, equal_nan=True):
+                    raise TraceMismatchError(f"a captured constant changed: {label} has a different value than when "
+                                             "it was traced, and capture_as_const=True baked the old value into the "
+                                             "graph")
 
 
 # ---- recording ---------------------------------------------------------------------------
 
 def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbolic_shape=False, sublinear=None,
-                  caller=None):
+                  caller=None, verifying=False):
     """Runs fn under a recorder; the graph is compiled at kiln level `level` (0-2) and compared
     as recorded. symbolic_shape: every input size of 2 or more is a symbol while recording
     (kiln.jit.dynamic), and run.capture can rebind the recording to other shapes. The .grad
@@ -156,7 +158,10 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     the graph, for each replay to make them (set_grads). run.extra.unreplayable lists what the function
     did that no replay repeats (Tensor.backward accumulating in C, a .grad set before the call read,
     print to a file: kiln.jit.replay). caller: the call's (args, kwargs), whose lists and dicts the
-    function must leave alone (a replay would not repeat a change of them: TraceMismatchError)."""
+    function must leave alone (a replay would not repeat a change of them: TraceMismatchError).
+    verifying: the run checks a call against its recording, whose replay is the call's result, so
+    its own result gets its refusing autograd node (Entry.no_history) only where it stands as the
+    call's (_verified_result): run.extra.pending holds what that needs."""
     symbols = None
     if symbolic_shape:
         names, values, exprs, _ = dynamic.choose_symbols(leaves, None, True, None)
@@ -191,7 +196,8 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
                 out_leaves.append(v)
         diff_out = tuple(k for k in range(n_results) if isinstance(out_leaves[k], _C.TensorBase)
                          and out_leaves[k].requires_grad)
-        grad_reads = tuple(t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad) if diff_out else ()
+        grad_reads = () if verifying or not diff_out else tuple(
+            t for _, t in rec.tracer.recorded().structure()[1] if t.requires_grad)
         executable = rec.compile(out_leaves, keep_graph=True)
         recorded = rec.graph  # the graph before the level's passes
         sources = rec.tracer.constant_sources()
@@ -216,11 +222,15 @@ def _run_recorded(fn, spec, leaves, capture_constants, symbolic, level=0, symbol
     info.export_capture = capture  # (kiln.export reads why a size was fixed)
     # the guards: with capture_as_const, the originals of the constants, whose in-place change makes the
     # recording stale
-    constants = _C.GuardSet([(t, (), version, _C.GUARD_VERSION) for t, _, version in sources])
+    info.guard_specs = [(t, (), version, _C.GUARD_VERSION) for t, _, version in sources]
+    constants = _C.GuardSet(info.guard_specs)
     names = [_constant_name(recorded, int(name[1:]), t) for t, name, _ in sources]
     run = Entry(executable, out_spec, constants, names, extra=info)
-    if diff_out:  # (see Entry.no_history: a later .backward() through a result fails, naming the function)
-        run.no_history = (grad_reads, diff_out)
+    info.pending = None
+    if diff_out and verifying:  # (the graph's reads are read from run.graph, the same recording, if they are needed)
+        info.pending = (getattr(fn, "__qualname__", type(fn).__name__), diff_out, detached, _C.is_grad_enabled())
+    elif diff_out:  # (see Entry.no_history: a later .backward() through a result fails, naming the function)
+        run.no_history = NoHistory(grad_reads, diff_out)
         if _C.is_grad_enabled():
             refuse_backward(getattr(fn, "__qualname__", type(fn).__name__), run.no_history, detached, "kiln.trace")
     run.graph = recorded  # (the graph as recorded, before the level's passes)
@@ -236,6 +246,19 @@ def _compile_options(level, sublinear):
     """The CompileOptions of a recording at kiln level `level` with sublinear memory's tuple (or
     None): made once per pair (a verifying trace records, and compiles, on every call)."""
     return _C.CompileOptions(level=level, sublinear=sublinear)
+
+
+def _verified_result(run):
+    """The result of a verifying recording (_run_recorded's verifying) standing as its call's: in
+    grad mode, its outputs that would require grad eagerly get their refusing node (Entry.no_history),
+    from the tensors the recording read that require grad."""
+    if run.extra.pending is not None:
+        name, diff_out, detached, grad_mode = run.extra.pending
+        run.extra.pending = None
+        if grad_mode:
+            grad_reads = tuple(t for _, t in run.graph.structure()[1] if t.requires_grad)
+            refuse_backward(name, NoHistory(grad_reads, diff_out), detached, "kiln.trace")
+    return run.extra.result
 
 
 def set_grads(run, outs):
@@ -378,8 +401,8 @@ class trace(_C.JitDispatcher):
         self._entries = EntryCache()  # (shapes, requires_grad, grad mode, amp) -> [Entry] (exact)
         self._last = None
         self._bindings = _Bindings(function)
-        self._seen = []           # global/closure tensors when the function last ran
-        self._baked = []          # their values when traced (capture_as_const)
+        self._seen = ([], [])     # global/closure tensors when the function last ran (_Bindings.snapshot)
+        self._baked = ([], [])    # their values when traced (capture_as_const)
         self._warned = False
         self.instances = 0        # symbolic_shape: recordings brought to new shapes instead of recorded again
         self.optimized_once = 0   # symbolic_shape: recordings made symbolic and optimized once for their instances
@@ -406,6 +429,17 @@ class trace(_C.JitDispatcher):
             t._owner = obj
             store[slot] = t
         return t
+
+    @property
+    def _last(self):
+        """The record the latest call ran (what dump and graph_str read): the C fast path's entry's
+        when that call did not enter Python (kiln._C.JitDispatcher._last_fast_tag)."""
+        served = self._last_fast_tag
+        return served if served is not None else self._last_run
+
+    @_last.setter
+    def _last(self, run):
+        self._last_run = run
 
     @property
     def jit_level(self):
@@ -464,7 +498,7 @@ class trace(_C.JitDispatcher):
             rec = self._instantiate(key, leaves)
         if rec is None:
             return self._record(key, spec, leaves, caller)
-        self._last = rec
+        self._last_run = rec  # (the _last property's field)
         if self.verify:
             _Bindings.check(self._seen, self._baked)  # names the global or closure variable that changed
         changed = rec.guards.first_failure()
@@ -475,14 +509,14 @@ class trace(_C.JitDispatcher):
         if self.verify:
             run = self._check_run(rec, spec, leaves, caller)
             if rec.graph.has_effects or rec.extra.excluded or run.extra.excluded or run.extra.unreplayable:
-                return run.extra.result
+                return _verified_result(run)
         else:
             self._check_grads_at_entry(rec)
         if not rec.extra.fast and self._recorder is None:
             self._register_fast(rec, spec, leaves)
         outs = rec.executable(*leaves) if self._recorder is None else self._recorder.run(rec.executable, *leaves)
         if rec.no_history is not None and _C.is_grad_enabled():
-            outs = refuse_backward(self.__qualname__, rec.no_history, list(outs), "kiln.trace")
+            outs = refuse_backward(self.__qualname__, rec.no_history, outs, "kiln.trace")
         if rec.extra.grad_targets:
             set_grads(rec, outs)
         return tree.unflatten(rec.out_spec, outs)[0]
@@ -557,11 +591,20 @@ class trace(_C.JitDispatcher):
         return run.extra.plan or None
 
     def _register_fast(self, rec, spec, leaves):
-        """Lets the C base class replay this record for positional tensor calls."""
+        """Lets the C base class replay this record for positional tensor calls: its guards and, for
+        the Cells it called, that each is in the mode it was recorded in (as _slow_call picks a
+        record); in grad mode its results get their refusing node there (no_history), and inside
+        grad / GradManager the call goes to Python, which runs it eagerly."""
         rec.extra.fast = True
-        if (rec.extra.cells or rec.extra.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves))
-                or (rec.no_history is not None and _C.is_grad_enabled())):
-            return  # (no_history: results get their refusing node in Python)
+        if rec.extra.grad_targets or spec is not _TENSOR_ARGS.get(len(leaves)):
+            return
+        guards = rec.guards
+        if rec.extra.cells:
+            guards = _C.GuardSet(rec.extra.guard_specs + [(c, (("attr", "training"),), m, _C.GUARD_VALUE)
+                                                          for c, m in zip(rec.extra.cells, rec.extra.modes)])
+        grad_mode = _C.is_grad_enabled()
+        refusal = (rec.no_history.refusal(self.__qualname__, "kiln.trace") if rec.no_history is not None and grad_mode
+                   else None)
         out = rec.out_spec
         if out == tree._TENSOR:
             kind = 0
@@ -569,7 +612,7 @@ class trace(_C.JitDispatcher):
             kind = 1 if out[0] == "tuple" else 2
         else:
             return
-        self._add_fast_entry(rec.executable, tuple(leaves), _C.is_grad_enabled(), kind, rec.guards)
+        self._add_fast_entry(rec.executable, tuple(leaves), grad_mode, kind, guards, None, refusal, rec)
 
     def _first_call(self, spec, leaves, caller=None):
         self._spec = spec
@@ -629,17 +672,16 @@ class trace(_C.JitDispatcher):
             # a symbolic trace's results come from the graph
             outs = run.executable(*leaves) if self._recorder is None else self._recorder.run(run.executable, *leaves)
             if run.no_history is not None and _C.is_grad_enabled():
-                outs = refuse_backward(self.__qualname__, run.no_history, list(outs), "kiln.trace")
+                outs = refuse_backward(self.__qualname__, run.no_history, outs, "kiln.trace")
             set_grads(run, outs)
             return tree.unflatten(run.out_spec, outs)[0]
         return run.extra.result
 
     def _check_run(self, rec, spec, leaves, caller=None):
-        _Bindings.check(self._seen, self._baked)
-        seen = self._seen
+        seen = self._seen  # (checked by _slow_call: the names outside dicts and lists, before the guards)
         # recorded as the trace records (symbolic shapes: gradient rules count elements with ops)
         run = _run_recorded(self._target, spec, leaves, self.capture_as_const, self.symbolic,
-                            symbolic_shape=self.symbolic_shape, caller=caller)
+                            symbolic_shape=self.symbolic_shape, caller=caller, verifying=True)
         self._seen = self._bindings.snapshot(False)
         if rec.extra.excluded or run.extra.excluded:  # (exclude_from_trace: the recordings leave out what it ran)
             return run
