@@ -1421,7 +1421,7 @@ _GENEXPR_FN = _Tag("genexpr function")
 TOP = _Tag("top")  # the function called, in a state: entries are shared by the functions of one code
 
 
-class _ByIdentity:
+class ByIdentity:
     """An object kept in a state by identity (hashable whatever its type is): through a weakref
     when it takes one and is not a tensor (a state is part of entries kept with a code object,
     which must not lead back to it: kiln.jit.code_cache); a dead one equals nothing."""
@@ -1447,7 +1447,7 @@ class _ByIdentity:
         return o
 
     def __eq__(self, other):
-        if not isinstance(other, _ByIdentity) or other._id != self._id:
+        if not isinstance(other, ByIdentity) or other._id != self._id:
             return False
         a = self._obj if self._ref is None else self._ref()
         return a is not None and a is (other._obj if other._ref is None else other._ref())
@@ -1508,7 +1508,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             raise Unsupported("a state nested too deep")
         if _is_tensor(v):
             if tracer is not None and not tracer.knows(v):
-                return _REF, _ByIdentity(v)
+                return _REF, ByIdentity(v)
             return v
         if type(v) in _ITERATORS and interp.local(v):
             v = interp.wrap_iterator(v)  # (thawed as the _Iter a loop over it advances)
@@ -1516,7 +1516,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             if id(v) in seen:  # a loop's iterator also held by a name: one object
                 return _ALIAS, seen[id(v)]
             if isinstance(v.source, types.GeneratorType):  # a generator's loop: its rest runs when advanced
-                return _REF, _ByIdentity(v)
+                return _REF, ByIdentity(v)
             seen[id(v)] = len(seen)
             v.materialize()
             if type(v.items) is list and (interp.local(v.items) or id(v.items) in interp.foreign or id(v.items) in seen):
@@ -1536,7 +1536,7 @@ def freeze(frames, interp, tracer=None, symbolic=False):
         if type(v) in (list, dict):
             if not interp.local(v) and id(v) not in interp.foreign:
                 # reached through a global, a closure or an attribute (or made by a call run as it is)
-                return _REF, _ByIdentity(v, id(v) in interp.outside or (
+                return _REF, ByIdentity(v, id(v) in interp.outside or (
                     interp.recorder is not None and interp.recorder.reached_outside(v)))
             if id(v) in seen:  # the same list or dict again (two names, or held by another): one object
                 return _ALIAS, seen[id(v)]
@@ -1556,9 +1556,13 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             raise Unsupported("a function defined in the captured code is live at a graph break")
         if type(v) in (frozenset, complex, bytes, range):
             return v
-        return _REF, _ByIdentity(v)
+        if tracer is not None and hasattr(type(v), "__next__") and not isinstance(v, types.GeneratorType):
+            # (a capture's state, given again at every later call: a one-pass iterator kept by identity
+            # would come back exhausted, as the capture left it)
+            raise Unsupported(f"a {type(v).__name__} iterator is live at a graph break")
+        return _REF, ByIdentity(v)
 
-    return tuple([(TOP if i == 0 else _ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
+    return tuple([(TOP if i == 0 else ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
                    tuple([conv(x) for x in fr.stack]), fr.kw_names, fr.stop) for i, fr in enumerate(frames)])
 
 

@@ -374,7 +374,12 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             found = pieces.lookup_dynamic(key, leaves) if pieces.entries.dynamic else None
             if found is not None:
                 piece, exe, sizes = found
-        if piece is None:
+        if piece is None and one_pass_iterator_in(tree.unflatten(spec, list(leaves))[0]):
+            # a capture consumes such an iterator: one that then gave up could not give the call back the
+            # values it took (nor could CPython, run from the start). Python runs the next instruction
+            interp = bytecode.Interpreter([], capture=False)
+            frames = bytecode.thaw(tree.unflatten(spec, list(leaves))[0], interp, pieces.fn)
+        elif piece is None:
             # (the dynamic pieces of these sizes' shape-free key count too: a call breaking their relations)
             # (only this wrapper's: a closure made again with other cell values is not a recompile)
             stale = [p for p in list(pieces.cache.get(key, ())) + pieces.entries.dynamic.get(dynamic.shape_free(key), [])
@@ -474,7 +479,11 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
             if not pieces.python_steps or _position(interp.frames) not in pieces.python_steps:
                 break
         symbolic = not pieces.entries.static_scalars or _position(interp.frames) not in pieces.entries.static_scalars
-        key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp, symbolic=symbolic))
+        try:
+            key, spec, leaves = state_key(bytecode.freeze(interp.frames, interp, symbolic=symbolic))
+        except bytecode.Unsupported as e:  # a state no graph can start from: the rest of the call in Python
+            pieces.given_up = pieces.given_up or str(e)
+            return _run_to_end(interp)
         # a tensor the call made that requires grad (a piece's output, a parameter held in a local): the
         # pieces from here on record their backward, so what they compute from it keeps its history
         grad = grad or _differentiates(leaves)
@@ -504,6 +513,22 @@ def _position_of_state(spec, leaves, top):
                  for s, code in zip(state, codes) for c in (bytecode.Code.of(code),))
 
 
+def one_pass_iterator_in(value, depth=0):
+    """Whether a frozen state names, by identity, a one-pass iterator other than a generator (a map
+    or itertools object a Python step made, an iterator argument)."""
+    if isinstance(value, bytecode.ByIdentity):
+        try:
+            obj = value.obj
+        except bytecode.Unsupported:
+            return False
+        return hasattr(type(obj), "__next__") and not isinstance(obj, types.GeneratorType)
+    if depth < 20 and type(value) in (tuple, list):
+        return any(one_pass_iterator_in(v, depth + 1) for v in value)
+    if depth < 20 and type(value) is dict:
+        return any(one_pass_iterator_in(v, depth + 1) for v in value.values())
+    return False
+
+
 def state_key(state):
     """The call key of a frozen state (its constants include the resume point), its spec and its
     tensors."""
@@ -515,6 +540,11 @@ def state_key(state):
 def _finish_in_python(state, top):
     interp = bytecode.Interpreter([], capture=False)
     interp.frames = bytecode.thaw(state, interp, top)
+    return _run_to_end(interp)
+
+
+def _run_to_end(interp):
+    """Runs the Python interpreter's frames to the call's return (side effects done so far stay)."""
     prev = _C.eval_frame_suspend(False)
     try:
         return interp.run()[1]
