@@ -14,6 +14,7 @@ struct kiln_storage {
     void *release_ctx;
     bool external;              /* data is not ours: the header was malloc'd on its own */
     _Atomic bool read_only;     /* wraps memory its owner does not let us write (a read-only buffer) */
+    _Atomic bool escaped;       /* handed out writable (buffer protocol, DLPack): writes may skip the version */
 };
 
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
@@ -30,6 +31,7 @@ static kiln_storage *storage_new(size_t nbytes, bool zero) {
     s->release_ctx = NULL;
     s->external = false;
     atomic_init(&s->read_only, false);
+    atomic_init(&s->escaped, false);
     if (zero && nbytes) memset(s->data, 0, nbytes);
     return s;
 }
@@ -158,6 +160,7 @@ kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, c
     s->release_ctx = ctx;
     s->external = true;
     atomic_init(&s->read_only, false);
+    atomic_init(&s->escaped, false);
     *out = tensor_new(dtype, ndim, shape, strides, s, 0);
     if (!*out) {
         s->release = NULL; /* the caller keeps ownership on failure */
@@ -229,6 +232,18 @@ int64_t kiln_tensor_version(const kiln_tensor *t) {
 
 void kiln_tensor_bump_version(kiln_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+
+void kiln_tensor_mark_escaped(kiln_tensor *t) {
+    atomic_store_explicit(&t->storage->escaped, true, memory_order_relaxed);
+}
+
+bool kiln_tensor_version_complete(const kiln_tensor *t) {
+    return !t->storage->external && !atomic_load_explicit(&t->storage->escaped, memory_order_relaxed);
+}
+
+bool kiln_tensor_same_version(const kiln_tensor *t, const kiln_storage *storage, int64_t version) {
+    return t->storage == storage && kiln_tensor_version(t) == version;
 }
 
 void kiln_tensor_set_read_only(kiln_tensor *t) {
