@@ -64,6 +64,7 @@ kiln_status kiln_weight_cache_run(kiln_weight_cache *c, int32_t node, kiln_tenso
         KILN_TRY(kiln_tensor_empty_like_meta(&c->p->g->values[nd->out[0]].meta, &e->buf));
         e->valid = false;
     }
+    kiln_tensor_keep_widened(e->buf); /* the fallback's products widen it once per version, not per call */
     bool complete = kiln_tensor_version_complete(src);
     if (e->valid && complete && e->src == src && kiln_tensor_same_version(src, e->storage, e->version)) {
         atomic_fetch_add_explicit(&cache_hits, 1, memory_order_relaxed);
@@ -72,6 +73,7 @@ kiln_status kiln_weight_cache_run(kiln_weight_cache *c, int32_t node, kiln_tenso
         int64_t version = kiln_tensor_version(src); /* read before casting: a write during it is a new version */
         kiln_tensor *ins[1] = {src}, *outs[KILN_MAX_OUTPUTS] = {e->buf};
         KILN_TRY(kiln_op_table[nd->op].kernel(ins, 1, &nd->attrs, outs));
+        kiln_tensor_bump_version(e->buf); /* new contents: a float32 copy kept of the old is stale */
         atomic_fetch_add_explicit(&cache_misses, 1, memory_order_relaxed);
         if (complete) {
             if (e->src != src) {
