@@ -123,6 +123,7 @@ def test_casts_are_kept_while_weights_do_not_change(level, backend):
     jf(x)
     kept1, cast1 = kiln._C.weight_cast_counts()
     assert (kept1 - kept0, cast1 - cast0) == (4, 0)  # two weights, two biases
+    assert jf.plan_str(x).count("kept between calls") == 4, jf.plan_str(x)
     net[0].weight.set_data(kiln.Tensor(rng_array(1, (32, 16))))
     jf(x)
     kept2, cast2 = kiln._C.weight_cast_counts()
