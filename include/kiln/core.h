@@ -146,6 +146,27 @@ KILN_API bool kiln_tensor_is_contiguous(const kiln_tensor *t);
 /* Storage version: bumped by every in-place write, checked by autograd. */
 KILN_API int64_t kiln_tensor_version(const kiln_tensor *t);
 KILN_API void kiln_tensor_bump_version(kiln_tensor *t);
+/* Marks t's storage as handed out writable (the buffer protocol, DLPack): from then on it may be
+ * written without a version bump. */
+KILN_API void kiln_tensor_mark_escaped(kiln_tensor *t);
+/* Whether every write to t's storage bumps its version: owned memory never handed out writable
+ * (not wrapped from another owner, not exported). Only then may a value computed from t be
+ * reused while its version is unchanged (src/runtime/weight_cache.c). */
+KILN_API bool kiln_tensor_version_complete(const kiln_tensor *t);
+/* A float32 copy of a 16-bit storage kept beside it, for the fp32-compute fallback's products
+ * (src/ops/lowp_pass.c: kiln_lowp_widen): kiln_tensor_keep_widened(t) lets t's storage keep one (the
+ * runtime's kept weight casts, src/runtime/weight_cache.c); kiln_tensor_keeps_widened(t) says whether
+ * t may have one (its storage keeps them and t's elements are the whole storage, from offset 0);
+ * kiln_tensor_widened(t) gives it (borrowed; its element i is storage element i widened) while the
+ * storage is at the version it was made at, else NULL; kiln_tensor_set_widened(t, w) keeps w
+ * (contiguous float32, t's element count), made from the storage's current contents, at the current
+ * version; a tensor t cannot keep one for is ignored. A write that bumps the version makes it stale. */
+KILN_API void kiln_tensor_keep_widened(kiln_tensor *t);
+KILN_API bool kiln_tensor_keeps_widened(const kiln_tensor *t);
+KILN_API kiln_tensor *kiln_tensor_widened(const kiln_tensor *t);
+KILN_API void kiln_tensor_set_widened(kiln_tensor *t, kiln_tensor *widened);
+/* Whether t lives in `storage` and that storage is at `version`. */
+KILN_API bool kiln_tensor_same_version(const kiln_tensor *t, const kiln_storage *storage, int64_t version);
 /* Read-only storage: memory its owner does not let kiln write (a read-only buffer, an mmap opened
  * for reading, an immutable bytes object). Marks the storage t views, for every tensor sharing it,
  * for good; ops that write in place then fail with KILN_ERR_VALUE instead of writing. */

@@ -14,6 +14,10 @@ struct kiln_storage {
     void *release_ctx;
     bool external;              /* data is not ours: the header was malloc'd on its own */
     _Atomic bool read_only;     /* wraps memory its owner does not let us write (a read-only buffer) */
+    _Atomic bool escaped;       /* handed out writable (buffer protocol, DLPack): writes may skip the version */
+    bool keep_widened;          /* a float32 copy of this 16-bit storage may be kept beside it (weight casts) */
+    kiln_tensor *widened;       /* that copy (a reference), or NULL */
+    int64_t widened_version;    /* the version it was made at */
 };
 
 /* Owned storage lives in one block: the header, padded to KILN_ALIGN, then the data. */
@@ -30,12 +34,17 @@ static kiln_storage *storage_new(size_t nbytes, bool zero) {
     s->release_ctx = NULL;
     s->external = false;
     atomic_init(&s->read_only, false);
+    atomic_init(&s->escaped, false);
+    s->keep_widened = false;
+    s->widened = NULL;
+    s->widened_version = 0;
     if (zero && nbytes) memset(s->data, 0, nbytes);
     return s;
 }
 
 static void storage_release(kiln_storage *s) {
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    kiln_tensor_release(s->widened);
     if (s->external) {
         if (s->release) s->release(s->release_ctx);
         free(s);
@@ -158,6 +167,10 @@ kiln_status kiln_tensor_wrap(kiln_dtype dtype, int ndim, const int64_t *shape, c
     s->release_ctx = ctx;
     s->external = true;
     atomic_init(&s->read_only, false);
+    atomic_init(&s->escaped, false);
+    s->keep_widened = false;
+    s->widened = NULL;
+    s->widened_version = 0;
     *out = tensor_new(dtype, ndim, shape, strides, s, 0);
     if (!*out) {
         s->release = NULL; /* the caller keeps ownership on failure */
@@ -229,6 +242,45 @@ int64_t kiln_tensor_version(const kiln_tensor *t) {
 
 void kiln_tensor_bump_version(kiln_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+
+void kiln_tensor_mark_escaped(kiln_tensor *t) {
+    atomic_store_explicit(&t->storage->escaped, true, memory_order_relaxed);
+}
+
+bool kiln_tensor_version_complete(const kiln_tensor *t) {
+    return !t->storage->external && !atomic_load_explicit(&t->storage->escaped, memory_order_relaxed);
+}
+
+bool kiln_tensor_same_version(const kiln_tensor *t, const kiln_storage *storage, int64_t version) {
+    return t->storage == storage && kiln_tensor_version(t) == version;
+}
+
+void kiln_tensor_keep_widened(kiln_tensor *t) { t->storage->keep_widened = true; }
+
+/* Whether t's elements are its whole owned storage, from its first byte (any order of axes). */
+static bool covers_storage(const kiln_tensor *t) {
+    return t->offset == 0 && !t->storage->external &&
+           (size_t)t->numel * kiln_dtype_size(t->meta.dtype) == t->storage->nbytes;
+}
+
+bool kiln_tensor_keeps_widened(const kiln_tensor *t) { return t->storage->keep_widened && covers_storage(t); }
+
+kiln_tensor *kiln_tensor_widened(const kiln_tensor *t) {
+    const kiln_storage *s = t->storage;
+    if (!s->widened || !covers_storage(t) || s->widened_version != kiln_tensor_version(t)) return NULL;
+    return s->widened;
+}
+
+void kiln_tensor_set_widened(kiln_tensor *t, kiln_tensor *widened) {
+    kiln_storage *s = t->storage;
+    if (!kiln_tensor_keeps_widened(t) || widened->meta.dtype != KILN_DTYPE_FLOAT32 || widened->numel != t->numel ||
+        !kiln_tensor_is_contiguous(widened))
+        return;
+    kiln_tensor_retain(widened);
+    kiln_tensor_release(s->widened);
+    s->widened = widened;
+    s->widened_version = kiln_tensor_version(t);
 }
 
 void kiln_tensor_set_read_only(kiln_tensor *t) {

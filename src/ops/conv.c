@@ -12,6 +12,7 @@
 
 #include "conv_winograd.h"
 #include "dnnl_lowp.h"
+#include "lowp_pass.h"
 #include "gemm_select.h"
 
 /* ---- geometry and inference ------------------------------------------------------------- */
@@ -372,6 +373,15 @@ static kiln_status conv_run_bf16(kiln_conv_kind kind, const kiln_conv_params *p,
 
 /* Runs `kind` on inputs a, b (and bias) into out, converting to the compute dtype; forward
  * convolutions may carry an epilogue ep (activation attrs in act_attrs) and its residual. */
+/* Operand t of the float32 (or float64) computation, contiguous and read only: a 16-bit operand
+ * widened by the parallel pass (lowp_pass.h; a kept weight cast's float32 copy where there is one,
+ * the same values), others converted by kiln_to_contiguous. */
+static kiln_status compute_operand(kiln_tensor *t, kiln_dtype ct, kiln_tensor **res) {
+    if (ct == KILN_DTYPE_FLOAT32 && kiln_lowp_dtype(t->meta.dtype) && kiln_tensor_is_contiguous(t))
+        return kiln_lowp_widen(t, false, res);
+    return kiln_to_contiguous(t, ct, res);
+}
+
 static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p, const kiln_conv_epilogue *ep,
                                   const kiln_attrs *act_attrs, kiln_tensor *a, kiln_tensor *b, kiln_tensor *bias,
                                   kiln_tensor *residual, kiln_tensor *out) {
@@ -382,10 +392,10 @@ static kiln_status conv_run_fused(kiln_conv_kind kind, const kiln_conv_params *p
     }
     kiln_dtype ct = out->meta.dtype == KILN_DTYPE_FLOAT64 ? KILN_DTYPE_FLOAT64 : KILN_DTYPE_FLOAT32;
     kiln_tensor *x[4] = {NULL, NULL, NULL, NULL}, *res = NULL;
-    kiln_status s = kiln_to_contiguous(a, ct, &x[0]);
-    if (s == KILN_OK) s = kiln_to_contiguous(b, ct, &x[1]);
+    kiln_status s = compute_operand(a, ct, &x[0]);
+    if (s == KILN_OK) s = compute_operand(b, ct, &x[1]);
     if (s == KILN_OK && bias) s = kiln_to_contiguous(bias, ct, &x[2]);
-    if (s == KILN_OK && residual) s = kiln_to_contiguous(residual, ct, &x[3]);
+    if (s == KILN_OK && residual) s = compute_operand(residual, ct, &x[3]);
     if (s == KILN_OK) {
         if (out->meta.dtype == ct) kiln_tensor_retain(out), res = out;
         else s = kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, &res);

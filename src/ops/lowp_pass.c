@@ -89,10 +89,14 @@ kiln_status kiln_lowp_widen(kiln_tensor *t, bool keep_layout, kiln_tensor **res)
     bool pass = kiln_lowp_dtype(t->meta.dtype) && t->numel > 0 &&
                 (keep_layout ? dense_block(t) : kiln_tensor_is_contiguous(t));
     if (!pass) return kiln_to_contiguous(t, KILN_DTYPE_FLOAT32, res);
+    /* a kept weight cast's float32 copy, made by this same pass at its version: the same memory */
+    kiln_tensor *kept = kiln_tensor_widened(t);
+    if (kept) return kiln_tensor_view(kept, t->meta.ndim, t->meta.shape, t->strides, 0, res);
     kiln_tensor *buf;
     int64_t n = t->numel;
     KILN_TRY(kiln_tensor_empty(KILN_DTYPE_FLOAT32, 1, &n, &buf));
     widen_pass(t->meta.dtype, buf->data, t->data, n);
+    if (kiln_tensor_keeps_widened(t)) kiln_tensor_set_widened(t, buf);
     kiln_status s = kiln_tensor_view(buf, t->meta.ndim, t->meta.shape, t->strides, 0, res);
     kiln_tensor_release(buf);
     return s;

@@ -14,7 +14,10 @@ bool kiln_lowp_dtype(kiln_dtype d);
  * t's elements fill one block of memory in any order of its axes (contiguous, or a transposed or
  * permuted view of a contiguous tensor), the copy keeps t's strides: a transposed operand stays one
  * that BLAS takes transposed, as a float32 tensor would be. Without it the copy is contiguous. One
- * parallel pass when t is such a block (contiguous without keep_layout), else kiln_to_contiguous. */
+ * parallel pass when t is such a block (contiguous without keep_layout), else kiln_to_contiguous.
+ * When t's storage keeps a widened copy (a kept weight cast: kiln_tensor_keep_widened) and t is the
+ * whole storage, the pass runs once per version of it: the copy is kept and later calls view it. The
+ * result is read only (it may be that kept copy). */
 kiln_status kiln_lowp_widen(kiln_tensor *t, bool keep_layout, kiln_tensor **res);
 
 /* out = src converted, float32 -> float16 / bfloat16 (rounded once to nearest even, NaN quieted

@@ -220,6 +220,7 @@ static kiln_status plan_memory(kiln_plan *e) {
         e->offset[v] = -1;
     }
     for (int32_t k = 0; k < g->noutputs; k++) output_root[e->root[g->outputs[k]]] = true;
+    if ((s = kiln_plan_weight_casts(e, output_root)) != KILN_OK) goto done;
     for (int32_t i = 0; i < e->norder; i++) {
         const kiln_node *nd = &g->nodes[e->order[i]];
         for (int k = 0; k < nd->nin; k++) {
@@ -245,7 +246,7 @@ static kiln_status plan_memory(kiln_plan *e) {
          * an optimizer's update is the last reader of its gradient */
         for (int k = 0; k < nd->nout && s == KILN_OK && !is_alias_op(nd->op); k++) {
             int32_t v = nd->out[k];
-            if (output_root[v]) continue;
+            if (output_root[v] || kiln_plan_is_weight_cast(e, e->order[i])) continue; /* a buffer of its own */
             int64_t size = (int64_t)meta_bytes(&g->values[v].meta);
             if (region[v] >= 0) { /* into its bucket's block, taken by the first input made */
                 int32_t y = region[v];
@@ -402,7 +403,7 @@ kiln_status kiln_plan_arena_bytes(const kiln_graph *g, kiln_exec_order order, si
     if (s == KILN_OK) s = plan_memory(&e);
     if (s == KILN_OK) *peak = e.arena_bytes;
     for (int32_t i = 0; e.freed_after && i < nn; i++) free(e.freed_after[i]);
-    free(e.order), free(e.root), free(e.last_use), free(e.offset), free(e.freed_after);
+    free(e.order), free(e.root), free(e.last_use), free(e.offset), free(e.freed_after), free(e.weight_cast);
     return s;
 }
 
@@ -527,6 +528,6 @@ void kiln_plan_free(kiln_plan *p) {
     }
     kiln_graph_free(p->g);
     free(p->order), free(p->root), free(p->last_use), free(p->offset), free(p->dead_after), free(p->freed_after);
-    free(p->bodies), free(p->direct_output);
+    free(p->bodies), free(p->direct_output), free(p->weight_cast);
     free(p);
 }

@@ -34,12 +34,23 @@ struct kiln_plan {
     int32_t **dead_after;    /* per step: values whose run-time tensors can go after it (-1 ended) */
     int32_t **freed_after;   /* per step: planned buffers given back after it (-1 ended, or NULL) */
     int32_t *direct_output;  /* per value: the output a run_into call computes it into directly, or -1 */
+    bool *weight_cast;       /* per node: a cast of a captured tensor whose result a backend may keep from one call
+                              * to the next while the capture's version holds (weight_casts.c; its result is not in
+                              * the arena); NULL: none */
     kiln_plan **bodies;      /* per node, KILN_PLAN_BODIES each: nested plans of control-flow nodes, or NULL */
     size_t arena_bytes;      /* the arena every planned buffer lives in */
     size_t output_bytes;     /* the outputs one call allocates */
     bool poison;             /* debug: fill buffers with NaN after their last use */
     bool symbolic;           /* planned at the hints of a graph with symbolic sizes: run only its bindings */
 };
+
+/* Marks the casts of captured tensors whose results can be kept between calls (e->weight_cast,
+ * src/plan/weight_casts.c); e->root must be set, output_root: per value, whether a graph output lives
+ * in its buffer. */
+kiln_status kiln_plan_weight_casts(kiln_plan *e, const bool *output_root);
+static inline bool kiln_plan_is_weight_cast(const kiln_plan *p, int32_t node) {
+    return p->weight_cast && p->weight_cast[node];
+}
 
 /* Whether node `node` (a JOINS_INPUTS op: a gradient bucket) finds its inputs laid out in its
  * output's block, in order: it then runs in place (kiln.jit's explain says so). */

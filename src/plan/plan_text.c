@@ -6,7 +6,8 @@
  *     2: %5 = fused(%4) {subgraph 0}  %5 output
  *
  * Each step names its node's outputs and where each lives: `@offset size last step` in the arena,
- * `view of %r`, `output` (allocated per call), `per call` (neither planned nor returned); then the
+ * `view of %r`, `output` (allocated per call), `kept between calls` (a weight cast, weight_casts.c),
+ * `per call` (neither planned nor returned); then the
  * planned buffers given back after it. A gradient bucket whose inputs the plan laid out in its own
  * block says `{inputs in place}`. Control-flow steps list their nested plans, indented. */
 #include "plan.h"
@@ -36,7 +37,8 @@ static void value_place(kiln_strbuf *t, const kiln_plan *p, int32_t v) {
     }
     bool output = false;
     for (int32_t k = 0; k < p->g->noutputs; k++) output |= p->root[p->g->outputs[k]] == v;
-    kiln_strbuf_printf(t, "  %%%d %s", v, output ? "output" : "per call");
+    bool kept = val->kind == KILN_VALUE_NODE && kiln_plan_is_weight_cast(p, val->node);
+    kiln_strbuf_printf(t, "  %%%d %s", v, output ? "output" : kept ? "kept between calls" : "per call");
 }
 
 static void plan_text(kiln_strbuf *t, const kiln_plan *p, int depth) {

@@ -203,6 +203,7 @@ PyObject *pykiln_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
         }
         kiln_status s = kiln_tensor_view(t, t->meta.ndim, t->meta.shape, t->strides, t->offset, &held);
         if (s != KILN_OK) return pykiln_raise(s);
+        if (!read_only) kiln_tensor_mark_escaped(t); /* the consumer may write it without a version bump */
     }
 
     PyObject *capsule;

@@ -8,6 +8,7 @@
 
 #include "ir/symbolic.h"
 #include "runtime/backend.h"
+#include "runtime/weight_cache.h"
 
 #define CAPSULE "kiln.symbolic_plan"
 
@@ -94,10 +95,21 @@ static PyObject *py_plan_counts(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(LL)", (long long)built, (long long)bound);
 }
 
+/* weight_cast_counts() -> (kept, cast): compiled calls of weight casts (plan.h: weight_cast) that reused
+ * the result kept from an earlier call, and those that cast, in this process */
+static PyObject *py_weight_cast_counts(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    int64_t hits, misses;
+    kiln_weight_cache_counts(&hits, &misses);
+    return Py_BuildValue("(LL)", (long long)hits, (long long)misses);
+}
+
 PyMethodDef pykiln_plan_sym_functions[] = {
     {"plan_symbolic", (PyCFunction)(void (*)(void))py_plan_symbolic, METH_VARARGS | METH_KEYWORDS,
      "plan_symbolic(graph, options=None) -> one plan for every binding"},
     {"bind_plan", py_bind_plan, METH_VARARGS, "bind_plan(plan, values) -> the Executable of one binding"},
     {"plan_counts", py_plan_counts, METH_NOARGS, "(plans built, plans bound) in this process"},
+    {"weight_cast_counts", py_weight_cast_counts, METH_NOARGS,
+     "(kept, cast): compiled weight casts that reused the last call's result, and those that cast, in this process"},
     {NULL, NULL, 0, NULL},
 };

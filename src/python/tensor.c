@@ -605,6 +605,7 @@ static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
         dims[d] = (Py_ssize_t)t->meta.shape[d];
         dims[t->meta.ndim + d] = (Py_ssize_t)t->strides[d] * item;
     }
+    if (!read_only) kiln_tensor_mark_escaped(t); /* NumPy may write it without a version bump */
     view->buf = t->data;
     view->obj = self;
     Py_INCREF(self);

@@ -10,6 +10,7 @@
 #include "control_flow.h"
 #include "kbk.h"
 #include "profile_node.h"
+#include "weight_cache.h"
 
 typedef struct {
     const kiln_plan *p;
@@ -17,6 +18,7 @@ typedef struct {
     kiln_tensor **slot;           /* per value: the tensor of the current run */
     kiln_control_node **control;  /* per node: the executables of an if / while, or NULL */
     kiln_fused_kernel **kernel;   /* per node: the kernel of a fused group, or NULL */
+    kiln_weight_cache *weights;   /* the weight casts kept between calls, or NULL (none in the plan) */
     bool own_kernels;             /* kernel[] is this state's (else the caller's: kiln_kbk_prepare_with) */
     pthread_mutex_t lock;         /* one run at a time: the arena and slots are shared */
 } kbk_state;
@@ -26,6 +28,7 @@ static void kbk_free(void *state) {
     if (!e) return;
     for (int32_t i = 0; e->control && i < e->p->g->nnodes; i++) kiln_control_free(e->control[i]);
     if (e->own_kernels) kiln_fused_kernels_free(e->p->g->nnodes, e->kernel);
+    kiln_weight_cache_free(e->weights);
     free(e->control), free(e->slot);
     pthread_mutex_destroy(&e->lock);
     free(e);
@@ -43,6 +46,7 @@ static kiln_status prepare_state(const kiln_plan *p, kiln_plan_memory *mem, kiln
     e->slot = kiln_calloc((size_t)(nv ? nv : 1), sizeof(kiln_tensor *));
     e->control = kiln_calloc((size_t)(nn ? nn : 1), sizeof(kiln_control_node *));
     kiln_status s = e->slot && e->control ? KILN_OK : kiln_error(KILN_ERR_MEMORY, "out of memory compiling a graph");
+    if (s == KILN_OK) s = kiln_weight_cache_new(p, &e->weights);
     kiln_fused_defer_builds(+1); /* this plan's groups and its bodies' build together */
     e->kernel = kernels;
     if (s == KILN_OK && !kernels) {
@@ -153,7 +157,8 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
         }
         for (int k = 0; k < nd->nin; k++) ins[k] = e->slot[nd->in[k]];
         kiln_tensor *outs[KILN_MAX_OUTPUTS] = {0};
-        if (!(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
+        bool kept = e->weights && kiln_plan_is_weight_cast(p, p->order[i]); /* its result is the cache's */
+        if (!kept && !(info->flags & (KILN_OPF_VIEW | KILN_OPF_MUTATES))) {
             for (int k = 0; k < nd->nout && s == KILN_OK; k++) {
                 int32_t v = nd->out[k];
                 if (e->planned[v]) {
@@ -171,8 +176,10 @@ static kiln_status run_locked(kbk_state *e, int nin, kiln_tensor *const *inputs,
             kiln_fused_kernel *fk = e->kernel[p->order[i]];
             kiln_control_node *cf = e->control[p->order[i]];
             int64_t start = profiling ? kiln_profile_begin() : 0;
-            s = fk ? kiln_fused_run(fk, nd->nin, ins, outs[0])
-                   : cf ? kiln_control_run(cf, nd->nin, ins, nd->nout, outs) : info->kernel(ins, nd->nin, &nd->attrs, outs);
+            s = fk     ? kiln_fused_run(fk, nd->nin, ins, outs[0])
+                : cf   ? kiln_control_run(cf, nd->nin, ins, nd->nout, outs)
+                : kept ? kiln_weight_cache_run(e->weights, p->order[i], ins[0], NULL, &outs[0])
+                       : info->kernel(ins, nd->nin, &nd->attrs, outs);
             if (profiling) kiln_profile_node(KILN_PROFILE_KBK, g, p->order[i], ins, outs, start);
         }
         if (s == KILN_OK && (info->flags & KILN_OPF_MUTATES)) kiln_tensor_bump_version(ins[0]);

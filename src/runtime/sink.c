@@ -28,6 +28,7 @@
 #include "backend.h"
 #include "kbk.h"
 #include "profile_node.h"
+#include "weight_cache.h"
 
 typedef enum { BOUND_ONCE, DYN_INPUT, DYN_OUTPUT_ROOT, DYN_VIEW, DYN_SAME_AS } value_binding;
 
@@ -58,6 +59,7 @@ struct kiln_sink {
     kiln_fused_fn *group_fns; /* per step: a native fused group's loaded kernel, or NULL */
     const int64_t **shp, **str; /* per step: a native loop's sizes and byte strides, or NULL */
     kiln_sink_env env;
+    kiln_weight_cache *weights; /* the plan's weight casts, run at the start of a call (not steps) when not kept */
     kiln_sink_fn fn;      /* NULL: interpreted */
     int64_t fallbacks;
     bool via_kbk; /* the graph has control-flow nodes: every call runs on the executor (their subgraphs are
@@ -177,6 +179,7 @@ static kiln_status dry_run_node(kiln_sink *s, int32_t pos, int32_t i) {
             step.kind = KILN_SINK_FUSED;
             step.fused = s->kernel[i];
         }
+        if (kiln_plan_is_weight_cast(s->p, i)) has_step = false; /* run_locked runs it, or keeps it */
     }
     if (ins != small) free(ins);
     if (st != KILN_OK) return st;
@@ -456,6 +459,7 @@ static void sink_free(void *state) {
     free(s->group_fns), free(s->shp), free(s->str);
     if (s->kbk) kiln_backend_kbk.free(s->kbk);
     kiln_fused_kernels_free(s->g ? s->g->nnodes : 0, s->kernel);
+    kiln_weight_cache_free(s->weights);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -482,6 +486,7 @@ static kiln_status sink_prepare_memo(const kiln_plan *p, kiln_plan_memory *mem, 
         *state = s;
         return KILN_OK;
     }
+    if (st == KILN_OK) st = kiln_weight_cache_new(p, &s->weights);
     for (int32_t k = 0; st == KILN_OK && k < pg->ninputs; k++) { /* placeholders: the layouts of the dry run */
         kiln_tensor *t = NULL;
         st = kiln_tensor_empty_like_meta(&pg->values[pg->inputs[k]].meta, &t);
@@ -592,6 +597,28 @@ static kiln_status step_error(kiln_sink *s, kiln_status st) {
     return kiln_error_context(st, "%s on %s", name, shapes);
 }
 
+/* The plan's weight casts, before the steps (they read captures nothing before them writes), each
+ * into its own buffer unless it holds the cast of the capture's current version already. */
+static kiln_status run_weight_casts(kiln_sink *s) {
+    const kiln_plan *p = s->p;
+    bool profiling = kiln_profiling();
+    for (int32_t k = 0; k < p->norder; k++) {
+        int32_t n = p->order[k];
+        if (!kiln_plan_is_weight_cast(p, n)) continue;
+        const kiln_node *nd = &s->g->nodes[n];
+        kiln_tensor *out = NULL, *src = s->t[nd->in[0]];
+        int64_t start = profiling ? kiln_profile_begin() : 0;
+        kiln_status st = kiln_weight_cache_run(s->weights, n, src, s->t[nd->out[0]], &out);
+        if (start) kiln_profile_node(KILN_PROFILE_SINK, s->g, n, &src, &out, start);
+        kiln_tensor_release(out);
+        if (st != KILN_OK) {
+            if (nd->loc >= 0) return kiln_error_context(st, "%s (%s)", kiln_op_table[nd->op].name, s->g->locs[nd->loc]);
+            return kiln_error_context(st, "%s", kiln_op_table[nd->op].name);
+        }
+    }
+    return KILN_OK;
+}
+
 /* Puts back the compile-time tensors after a call, releasing what the call made. */
 static void unbind(kiln_sink *s, kiln_tensor **copies) {
     const kiln_graph *g = s->g;
@@ -651,6 +678,7 @@ static kiln_status run_locked(kiln_sink *s, int nin, kiln_tensor *const *inputs,
     if (!copies) return kiln_error(KILN_ERR_MEMORY, "out of memory running a graph");
     for (int k = 0; k < nin && copies == small; k++) copies[k] = NULL;
     kiln_status st = bind(s, inputs, copies);
+    if (st == KILN_OK && s->weights) st = run_weight_casts(s);
     if (st == KILN_OK) {
         /* profiled calls run the same steps interpreted, to time each (the generated function has no clock) */
         kiln_sink_fn fn = __atomic_load_n(&s->fn, __ATOMIC_ACQUIRE); /* stored by a background build */
