@@ -43,19 +43,6 @@ static kiln_tensor *mm(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) { return 
 
 static kiln_tensor *mul(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) { return bin(sc, KILN_OP_MUL, a, b); }
 
-/* a + b, a - b where either may be absent (a zero) */
-static kiln_tensor *opt_add(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
-    if (!a) return b;
-    if (!b) return a;
-    return bin(sc, KILN_OP_ADD, a, b);
-}
-
-static kiln_tensor *opt_sub(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
-    if (!b) return a;
-    if (!a) return un(sc, KILN_OP_NEG, b);
-    return bin(sc, KILN_OP_SUB, a, b);
-}
-
 static kiln_tensor *tr(grad_scope *sc, kiln_tensor *a) {
     if (!a || sc->status != KILN_OK) return NULL;
     kiln_tensor *t = NULL;
@@ -198,12 +185,7 @@ static kiln_tensor *scores_tangent(grad_scope *sc, const att_ops *o, kiln_tensor
 /* Sets out[k] = v[k] (cast to out_meta[k]'s dtype) for the n outputs; releases the scope's temps. */
 static kiln_status settle(grad_scope *sc, const kiln_meta *metas, kiln_tensor **v, int n, kiln_tensor **out) {
     for (int k = 0; k < n; k++) v[k] = cast_to(sc, v[k], metas[k].dtype);
-    if (sc->status == KILN_OK)
-        for (int k = 0; k < n; k++)
-            if (v[k]) kiln_tensor_retain(v[k]), out[k] = v[k];
-    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
-    if (sc->status != KILN_OK) kiln_release_all(out, n);
-    return sc->status;
+    return hand_out(sc, v, n, out);
 }
 
 static kiln_status no_mask_tangent(const char *op) {

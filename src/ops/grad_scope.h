@@ -35,6 +35,19 @@ static inline kiln_tensor *un(grad_scope *sc, kiln_op op, kiln_tensor *a) {
     return keep(sc, s, t);
 }
 
+/* a + b, a - b where either may be absent (a zero) */
+static inline kiln_tensor *opt_add(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
+    if (!a) return b;
+    if (!b) return a;
+    return bin(sc, KILN_OP_ADD, a, b);
+}
+
+static inline kiln_tensor *opt_sub(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
+    if (!b) return a;
+    if (!a) return un(sc, KILN_OP_NEG, b);
+    return bin(sc, KILN_OP_SUB, a, b);
+}
+
 static inline kiln_tensor *scalar(grad_scope *sc, double v, const kiln_tensor *like) {
     if (!like || sc->status != KILN_OK) return NULL;
     kiln_tensor *t = NULL;
@@ -64,6 +77,17 @@ static inline kiln_tensor *softmax_row_sum(grad_scope *sc, const kiln_grad_ctx *
     kiln_tensor *r = NULL;
     kiln_status s = kiln_emit_reduce(KILN_OP_SUM, t, 1ull << ctx->attrs->i[KILN_A_SOFTMAX_AXIS], true, &r);
     return keep(sc, s, r);
+}
+
+/* Ends a rule written with the scope: releases its temps; on success hands out[k] = v[k] (retained)
+ * for k < n, where v[k] is not NULL. */
+static inline kiln_status hand_out(grad_scope *sc, kiln_tensor **v, int n, kiln_tensor **out) {
+    if (sc->status == KILN_OK)
+        for (int k = 0; k < n; k++)
+            if (v[k]) kiln_tensor_retain(v[k]), out[k] = v[k];
+    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
+    if (sc->status != KILN_OK) kiln_release_all(out, n);
+    return sc->status;
 }
 
 /* Finishes a rule: gin[j] = sum_to(value, input j's shape) when needed; releases temps. */

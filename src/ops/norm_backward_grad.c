@@ -41,18 +41,6 @@ typedef struct {
     bool batch;                       /* batch statistics: gx has the mean_S terms */
 } nb_ops;
 
-static kiln_tensor *opt_add(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
-    if (!a) return b;
-    if (!b) return a;
-    return bin(sc, KILN_OP_ADD, a, b);
-}
-
-static kiln_tensor *opt_sub(grad_scope *sc, kiln_tensor *a, kiln_tensor *b) {
-    if (!b) return a;
-    if (!a) return un(sc, KILN_OP_NEG, b);
-    return bin(sc, KILN_OP_SUB, a, b);
-}
-
 static kiln_tensor *mean_over(grad_scope *sc, kiln_tensor *t, uint64_t mask) {
     if (!t || sc->status != KILN_OK) return NULL;
     kiln_tensor *r = NULL;
@@ -143,16 +131,6 @@ static void nb_take(grad_scope *sc, const kiln_grad_ctx *ctx, const nb_ops *o, k
 
 static int nb_nout(const kiln_grad_ctx *ctx) { return ctx->op == KILN_OP_RMS_NORM_BACKWARD ? 2 : 3; }
 
-/* Releases the scope; on success hands out[k] = v[k] (retained) for k < n. */
-static kiln_status nb_done(grad_scope *sc, kiln_tensor **v, int n, kiln_tensor **out) {
-    if (sc->status == KILN_OK)
-        for (int k = 0; k < n; k++)
-            if (v[k]) kiln_tensor_retain(v[k]), out[k] = v[k];
-    for (int k = 0; k < sc->ntemps; k++) kiln_tensor_release(sc->temps[k]);
-    if (sc->status != KILN_OK) kiln_release_all(out, n);
-    return sc->status;
-}
-
 /* With dxh = -s q + Bw gy, q = A mean_S(g xh) + g mean_S(A xh) (the header's formulas), the
  * full-size work is folded: d x = -s^2 q + s Bw gy, and sum_S(dxh (x - m)) = sum_S(-q xh + Bw gy (x - m)),
  * with -mean_S(g) sum_S(A) of d s computed on the statistics' size. Only what an input that needs a
@@ -211,7 +189,7 @@ static kiln_status nb_reverse(const kiln_grad_ctx *ctx, kiln_tensor *const *gout
         sc.status = kiln_emit_full(&ctx->in_meta[j], 0.0, &z);
         d[j] = keep(&sc, sc.status, z);
     }
-    return nb_done(&sc, d, ctx->nin, gin);
+    return hand_out(&sc, d, ctx->nin, gin);
 }
 
 KILN_GRAD(layer_norm_backward) { return nb_reverse(ctx, gout, gin); }
@@ -253,7 +231,7 @@ static kiln_status nb_forward(const kiln_grad_ctx *ctx, kiln_tensor *const *tin,
     r[1] = summed_to(&sc, opt_add(&sc, bin(&sc, KILN_OP_MUL, tgy, xh), bin(&sc, KILN_OP_MUL, gy, txh)), &o.w_view,
                      &ctx->out_meta[1]);
     if (nb_nout(ctx) > 2) r[2] = summed_to(&sc, tgy, &o.w_view, &ctx->out_meta[2]);
-    return nb_done(&sc, r, nb_nout(ctx), tout);
+    return hand_out(&sc, r, nb_nout(ctx), tout);
 }
 
 kiln_status kiln_jvp_layer_norm_backward(const kiln_grad_ctx *ctx, kiln_tensor *const *tin, kiln_tensor **tout) {
