@@ -71,10 +71,11 @@ def ref_adagrad(lr, accum, steps=5):
     (lambda ps: nn.Momentum(ps, 0.05, 0.9), lambda: ref_momentum(0.05, 0.9, 0.0, False)),
     (lambda ps: nn.Momentum(ps, 0.05, 0.9, weight_decay=0.01, use_nesterov=True),
      lambda: ref_momentum(0.05, 0.9, 0.01, True)),
+    (lambda ps: nn.Momentum(ps, 0.05, 0.9, nesterov=True), lambda: ref_momentum(0.05, 0.9, 0.0, True)),
     (lambda ps: nn.RMSProp(ps, 0.01), lambda: ref_rmsprop(0.01, 0.9, 0.0, 1e-10, False)),
     (lambda ps: nn.RMSProp(ps, 0.01, momentum=0.5, centered=True), lambda: ref_rmsprop(0.01, 0.9, 0.5, 1e-10, True)),
     (lambda ps: nn.Adagrad(ps, learning_rate=0.1), lambda: ref_adagrad(0.1, 0.1)),
-], ids=["AdamWeightDecay", "AdamW", "Momentum", "Momentum-nesterov-wd", "RMSProp", "RMSProp-centered", "Adagrad"])
+], ids=["AdamWeightDecay", "AdamW", "Momentum", "Momentum-nesterov-wd", "Momentum-nesterov-pytorch-name", "RMSProp", "RMSProp-centered", "Adagrad"])
 def test_rules_match_numpy(make, ref):
     np.testing.assert_allclose(run_kiln(make), ref(), rtol=2e-5, atol=1e-6)
 

@@ -57,11 +57,15 @@ class AdamW(AdamWeightDecay):
 
 class Momentum(SGD):
     """MindSpore's Momentum: accum = momentum * accum + g; p -= lr * accum (use_nesterov:
-    p -= lr * (g + momentum * accum)); weight_decay adds weight_decay * p to g."""
+    p -= lr * (g + momentum * accum)); weight_decay adds weight_decay * p to g. nesterov= is PyTorch's
+    name for use_nesterov."""
 
-    def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0, use_nesterov=False):
+    def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0, use_nesterov=False, *,
+                 nesterov=None):
         if not isinstance(momentum, numbers.Real) or isinstance(momentum, bool) or momentum < 0:
             raise ValueError(f"Momentum: momentum must be a number >= 0, got {momentum!r}")
+        if nesterov is not None:
+            use_nesterov = nesterov
         super().__init__(params, learning_rate, momentum=momentum, weight_decay=weight_decay,
                          nesterov=bool(use_nesterov) and momentum > 0, loss_scale=loss_scale)
 
