@@ -2,6 +2,7 @@
 import gc
 import os
 import multiprocessing
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,19 @@ def _restore_seed():
     saved = ds.config._seed
     yield
     ds.config._seed = saved
+
+
+def _workers_left(timeout=10.0):
+    """The worker processes still alive once the collector has run. A pool is closed when the
+    generator that owns it is finalized, whose timing depends on the collector (a generator in a
+    reference cycle goes at a later collection): a leaked worker is one still alive after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        alive = multiprocessing.active_children()
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
 
 
 def _xy(n=10):
@@ -154,7 +168,7 @@ def test_map_and_batch_in_worker_processes_equal_no_workers(workers):
     g0 = ds.GeneratorDataset(RandomAccess(17), ["a", "b"], shuffle=False)
     g2 = ds.GeneratorDataset(RandomAccess(17), ["a", "b"], shuffle=False, num_parallel_workers=workers)
     _same(_rows(g0), _rows(g2))
-    assert not multiprocessing.active_children()
+    assert not _workers_left()
 
 
 def test_dataloader_workers_equal_no_workers_and_shuffle_seeded():
@@ -201,7 +215,7 @@ def test_early_break_leaves_no_worker_processes():
     next(it)
     del it
     gc.collect()
-    assert multiprocessing.active_children() == []
+    assert _workers_left() == []
 
     def train_until_it_fails():
         for i, _ in enumerate(ds.DataLoader(ds.ArrayDataset(x, y), batch_size=2, num_workers=2)):
@@ -210,7 +224,7 @@ def test_early_break_leaves_no_worker_processes():
     with pytest.raises(FloatingPointError):
         train_until_it_fails()
     gc.collect()
-    assert multiprocessing.active_children() == []
+    assert _workers_left() == []
 
 
 class Broken(RandomAccess):
@@ -238,7 +252,7 @@ def test_worker_exceptions_reach_the_main_process_with_traceback():
     # without workers the user's own exception comes through unchanged
     with pytest.raises(ValueError, match="bad pixel"):
         list(d.map(_fails_on_seven).create_tuple_iterator())
-    assert multiprocessing.active_children() == []
+    assert _workers_left() == []
 
 
 def test_bad_arguments_are_refused_clearly():
@@ -319,7 +333,7 @@ def test_jitted_training_loop_over_a_dataloader_equals_eager():
         got_w, got_losses = _train(mode, level, backend, workers)
         np.testing.assert_allclose(got_w, eager_w, rtol=1e-5, atol=1e-6, err_msg=f"{mode} {level} {backend}")
         np.testing.assert_allclose(got_losses, eager_losses, rtol=1e-5, atol=1e-6)
-    assert not multiprocessing.active_children()
+    assert not _workers_left()
 
 
 def _with_pid(a):
@@ -343,7 +357,7 @@ def test_pipeline_workers_serve_every_epoch_and_end_with_the_pipeline():
     np.testing.assert_array_equal(np.concatenate([b[0] for b in again]), x)
     del it, pipeline, again, epochs
     gc.collect()
-    assert multiprocessing.active_children() == []
+    assert _workers_left() == []
 
 
 def test_dataloader_persistent_workers_keep_their_processes():
@@ -356,4 +370,4 @@ def test_dataloader_persistent_workers_keep_their_processes():
     assert len(alive) == 2 and {p.pid for p in multiprocessing.active_children()} == alive
     del loader
     gc.collect()
-    assert multiprocessing.active_children() == []
+    assert _workers_left() == []
