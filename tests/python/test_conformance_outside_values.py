@@ -84,3 +84,23 @@ def test_kiln_trace_reports_the_changed_value():
 
     run_all_modes(f, *_calls(TABLE, (np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0, 2.0, 4.0], np.float32))),
                   variants=TRACE_VARIANTS)
+
+
+def test_a_decorated_function_reading_an_outside_value_into_a_list():
+    """A decorated function that reads the value into a list it builds and mutates in place."""
+    import functools
+
+    def scaled(fn):
+        @functools.wraps(fn)
+        def wrapper(x):
+            return fn(x) * 1.0
+        return wrapper
+
+    @scaled
+    def f(x):
+        factors = [RATE.item()]
+        factors.append(factors[0] * 2)
+        factors[0] += 1.0
+        return x * factors[0] + factors[1]
+
+    run_all_modes(f, *_calls(RATE, (0.5, 0.25, 0.25, 3.0)), variants=VARIANTS)
