@@ -28,6 +28,7 @@ from . import _C
 from . import ops
 from ._tensor import Tensor
 from .autograd import no_grad, value_and_grad
+from .jit.bytecode import register_fresh_each_call
 from .nn.cell import Cell, WithLossCell
 from .nn.layers import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm
 from .nn.layers_extra import GroupNorm
@@ -56,6 +57,7 @@ def _dtype(dtype, who, allowed=_LOW):
     return dtype
 
 
+@register_fresh_each_call  # (a bytecode capture's state makes one per call, as eager code does)
 class autocast:
     """MegEngine's amp.autocast: a context manager (and a decorator) inside which the ops run in
     mixed precision (products in low_prec_dtype, see the module's levels; level "O1" is

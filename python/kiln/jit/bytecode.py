@@ -25,6 +25,7 @@ import types
 import weakref
 
 from .. import _C, hooks
+from ..grad_mode import enable_grad, no_grad
 from ..autograd import differentiates_by_pieces
 from . import guards, sym_scalar
 from .dynamic import SymInt, evaluate
@@ -273,6 +274,9 @@ class Interpreter:
         self.foreign = set()  # ids of containers the caller passed in (rebuilt: a change would be lost)
         self.keep = []  # keeps those objects alive so their ids stay theirs
         self.made_functions = set()  # ids of functions the interpreted code made (MAKE_FUNCTION), kept in keep
+        # id -> (object, the class called, its arguments): objects a capture made by calling a class as it
+        # is (kiln.no_grad()); a state holding one cannot name it at later calls (see freeze)
+        self.made = {}
         # ids of lists, dicts and sets from before the call (a global's, a closure's, an attribute's),
         # carried across graph breaks: returned, the caller must get them, not a copy
         self.outside = set()
@@ -525,7 +529,26 @@ class Interpreter:
                                   "graph is captured")
         if fn in (list, dict, set) or fn is sorted or (id(fn) in _PURE_BUILTINS and type(result) in _ITERATORS):
             self.note_created(result)  # (an iterator made here, reversed(xs), is the code's own to advance)
+        elif self.capture and isinstance(fn, type) and type(result) not in _ATOMS and not _is_tensor(result):
+            self.made[id(result)] = (result, fn, tuple(args), dict(kwargs))
         return result
+
+    def python_step(self):
+        """Runs one instruction in Python (a graph break's). A list, dict or set of the code's own that
+        it hands to an object outside the frames (`H.items = l`, `LOG.append(l)`, `CACHE[k] = l`, a
+        function keeping its argument) escapes: it is no longer local, so a state keeps it by identity
+        instead of rebuilding it, and the outside object and the frames go on sharing one object. An
+        escape shows as a reference to it that the frames and their own containers do not account for."""
+        probe = _own_containers(self.frames[-1].stack, self)
+        if not probe:
+            return self.run(steps=1)
+        before = _unaccounted_refs(probe, self)
+        try:
+            return self.run(steps=1)
+        finally:
+            out = [c for c, b, a in zip(probe, before, _unaccounted_refs(probe, self)) if a > b]
+            for c in _own_containers(out, self):  # (and what they hold: reached from outside too)
+                self.created.discard(id(c))
 
     def inline(self, func, args, kwargs):
         code = func.__code__
@@ -571,6 +594,48 @@ class Interpreter:
             running = None if id(frame.func) in self.made_functions else frame.func
             self.recorder.on_code(frame.code.code, frame.func.__globals__, local_values, frame.executed or set(),
                                   running)
+
+
+def _own_containers(values, interp):
+    """The lists, dicts and sets of the code's own (interp.local) in values, and in what they and
+    tuples hold."""
+    out, seen, todo = [], set(), list(values)
+    while todo:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        if type(v) is tuple:
+            seen.add(id(v))
+            todo.extend(v)
+        elif type(v) in (list, dict, set) and interp.local(v):
+            seen.add(id(v))
+            out.append(v)
+            todo.extend(v.values() if type(v) is dict else v)
+            if type(v) is dict:
+                todo.extend(v)
+    return out
+
+
+def _unaccounted_refs(objs, interp):
+    """Per object, its reference count less the references the frames (locals, stacks) and the
+    code's own containers and tuples in them hold."""
+    counts = dict.fromkeys(map(id, objs), 0)
+    seen, todo = set(), []
+    for fr in interp.frames:
+        todo.extend(fr.locals)
+        todo.extend(fr.stack)
+    while todo:
+        v = todo.pop()
+        if id(v) in counts:
+            counts[id(v)] += 1
+        if id(v) in seen:
+            continue
+        if type(v) is tuple or (type(v) in (list, dict, set) and interp.local(v)):
+            seen.add(id(v))
+            todo.extend(v.values() if type(v) is dict else v)
+            if type(v) is dict:
+                todo.extend(v)
+    return [sys.getrefcount(o) - counts[id(o)] for o in objs]
 
 
 _PUSHED = object()  # call() entered a new frame: its result comes with its RETURN_VALUE
@@ -1415,6 +1480,18 @@ _FREE, _BOUND = _Tag("free"), _Tag("bound")  # a closure cell of a frame's funct
 _SCALAR = _Tag("scalar")  # a Python int or float as a 0-d tensor (kiln.jit.sym_scalar)
 _SIZE = _Tag("size")  # a symbolic size (kiln.jit.dynamic.SymInt) as its expression, evaluated per binding at thaw
 _NAMED = _Tag("named tuple")  # a named tuple: (its type, its items)
+_SET = _Tag("set")  # a set the code made: its items (rebuilt, as lists are)
+# an object a capture made by calling a class of FRESH_EACH_CALL (kiln.no_grad()): (the class, its
+# arguments, its keyword arguments), made again at each thaw as each eager call makes its own
+_NEW = _Tag("new")
+# classes whose objects a state makes again at each thaw: making one has no effect but the object
+# (kiln.amp's autocast registers its own: register_fresh_each_call)
+FRESH_EACH_CALL = {no_grad, enable_grad}
+
+
+def register_fresh_each_call(cls):
+    FRESH_EACH_CALL.add(cls)
+    return cls
 # a generator expression's function the captured code made, about to be called (a graph break there):
 # (its code, the frame whose globals it has), made again at thaw (a call's own object, not kept by identity)
 _GENEXPR_FN = _Tag("genexpr function")
@@ -1556,10 +1633,22 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             raise Unsupported("a function defined in the captured code is live at a graph break")
         if type(v) in (frozenset, complex, bytes, range):
             return v
+        if type(v) is set and interp.local(v):
+            if id(v) in seen:
+                return _ALIAS, seen[id(v)]
+            seen[id(v)] = len(seen)
+            return _SET, [conv(x, depth + 1) for x in v]
         if tracer is not None and hasattr(type(v), "__next__") and not isinstance(v, types.GeneratorType):
             # (a capture's state, given again at every later call: a one-pass iterator kept by identity
             # would come back exhausted, as the capture left it)
             raise Unsupported(f"a {type(v).__name__} iterator is live at a graph break")
+        if tracer is not None and id(v) in interp.made:
+            # made by the capture: kept by identity, every later call would be given this one object
+            _, cls, args, kwargs = interp.made[id(v)]
+            if cls not in FRESH_EACH_CALL:
+                raise Unsupported(f"a {cls.__qualname__} object made in the graph is live at a graph break "
+                                  "(each later call would share it)")
+            return _NEW, (cls, tuple(conv(x, depth + 1) for x in args), {k: conv(x, depth + 1) for k, x in kwargs.items()})
         return _REF, ByIdentity(v)
 
     return tuple([(TOP if i == 0 else ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
@@ -1611,6 +1700,13 @@ def thaw(state, interp, top):
                 return types.MethodType(conv(payload[0]), conv(payload[1]))
             if tag is _NAMED:
                 return payload[0]._make(conv(payload[1]))
+            if tag is _SET:
+                out = interp.note_created(set())
+                made.append(out)
+                out.update(conv(x) for x in payload)
+                return out
+            if tag is _NEW:
+                return payload[0](*[conv(x) for x in payload[1]], **{k: conv(x) for k, x in payload[2].items()})
             if tag is _GENEXPR_FN:
                 code = payload[0]
                 fn = types.FunctionType(code, funcs[payload[1]].__globals__, code.co_name)

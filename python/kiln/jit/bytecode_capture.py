@@ -472,7 +472,7 @@ def run(owner, pieces, key, leaves, spec, side_effects_done=False, grad=False):
         # the break instruction, in Python (and those of the Python steps after it)
         interp.frames = frames
         while True:
-            outcome, result = interp.run(steps=1)
+            outcome, result = interp.python_step()
             side_effects_done = True
             if outcome == "return":
                 return result
