@@ -32,6 +32,7 @@ static int mark_layout;
 typedef struct {
     PyObject_HEAD
     PyObject *value;
+    int fresh; /* a result's set the call made: unflatten gives a copy (fresh_results) */
 } PyConstPayload;
 
 static PyTypeObject PyConstPayload_Type;
@@ -40,6 +41,7 @@ static PyObject *make_payload(PyObject *value) {
     PyConstPayload *p = PyObject_GC_New(PyConstPayload, &PyConstPayload_Type);
     if (!p) return NULL;
     p->value = Py_NewRef(value);
+    p->fresh = 0;
     PyObject_GC_Track(p);
     return (PyObject *)p;
 }
@@ -318,8 +320,10 @@ static PyObject *unflatten(PyObject *spec, PyObject *leaves, Py_ssize_t *pos) {
         return Py_NewRef(PySequence_Fast_GET_ITEM(leaves, (*pos)++));
     }
     if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
-        PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
-        return Py_NewRef(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+        PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type)) {
+        PyConstPayload *p = (PyConstPayload *)PyTuple_GET_ITEM(spec, 3);
+        return p->fresh ? PySet_New(p->value) : Py_NewRef(p->value);
+    }
     if (spec_kind(spec, s_node) && PyTuple_GET_SIZE(spec) == 4 && PyTuple_Check(PyTuple_GET_ITEM(spec, 3))) {
         PyObject *pair = node_registry ? PyDict_GetItemWithError(node_registry, PyTuple_GET_ITEM(spec, 1)) : NULL;
         if (!pair || pair == Py_None)
@@ -828,6 +832,56 @@ static PyObject *py_unflatten(PyObject *module, PyObject *args) {
     return obj ? Py_BuildValue("(Nn)", obj, pos) : NULL;
 }
 
+/* ---- results made again at each call ---------------------------------------------------------- */
+
+/* spec with the payloads of its sets marked fresh (new reference): a set the call made is a new set
+ * at each eager call, and a compiled call must not hand every caller the capture's. The sets are
+ * appended to found (the caller refuses those that are not the call's own). */
+static PyObject *mark_fresh(PyObject *spec, PyObject *found, int depth) {
+    if (depth > 100) return PyErr_Format(PyExc_RecursionError, "jit: a result nested too deep");
+    if (is_tensor_spec(spec) || !PyTuple_Check(spec)) return Py_NewRef(spec);
+    if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
+        PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type)) {
+        PyObject *value = ((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value;
+        if (!PySet_CheckExact(value)) return Py_NewRef(spec);
+        if (PyList_Append(found, value) < 0) return NULL;
+        PyObject *payload = make_payload(value);
+        if (!payload) return NULL;
+        ((PyConstPayload *)payload)->fresh = 1; /* (unflatten: PySet_New of it) */
+        PyObject *out = PyTuple_Pack(4, s_const, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2), payload);
+        Py_DECREF(payload);
+        return out;
+    }
+    /* the tuple of child specs: (kind, specs, ...) for tuple/list, (dict, keys, specs, ...), (node, type, aux, specs) */
+    Py_ssize_t at = spec_kind(spec, s_node) ? 3 : spec_kind(spec, s_dict) ? 2
+                    : (spec_kind(spec, s_tuple) || spec_kind(spec, s_list)) ? 1 : -1;
+    if (at < 0 || PyTuple_GET_SIZE(spec) <= at || !PyTuple_Check(PyTuple_GET_ITEM(spec, at))) return Py_NewRef(spec);
+    PyObject *items = PyTuple_GET_ITEM(spec, at), *fresh_items = PyTuple_New(PyTuple_GET_SIZE(items));
+    for (Py_ssize_t k = 0; fresh_items && k < PyTuple_GET_SIZE(items); k++) {
+        PyObject *item = mark_fresh(PyTuple_GET_ITEM(items, k), found, depth + 1);
+        if (!item) Py_CLEAR(fresh_items);
+        else PyTuple_SET_ITEM(fresh_items, k, item);
+    }
+    if (!fresh_items) return NULL;
+    PyObject *out = PyTuple_New(PyTuple_GET_SIZE(spec));
+    if (!out) {
+        Py_DECREF(fresh_items);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(spec); k++)
+        PyTuple_SET_ITEM(out, k, k == at ? fresh_items : Py_NewRef(PyTuple_GET_ITEM(spec, k)));
+    return out;
+}
+
+static PyObject *py_fresh_results(PyObject *module, PyObject *spec) {
+    (void)module;
+    PyObject *found = PyList_New(0), *out = found ? mark_fresh(spec, found, 0) : NULL;
+    PyObject *res = out ? PyTuple_Pack(2, out, found) : NULL;
+    Py_XDECREF(out);
+    Py_XDECREF(found);
+    return res;
+}
+
 static PyObject *py_describe(PyObject *module, PyObject *spec) {
     (void)module;
     return describe(spec);
@@ -935,6 +989,8 @@ static PyMethodDef tree_functions[] = {
     {"flatten", py_flatten, METH_VARARGS, "flatten(obj, leaves) -> spec: appends obj's tensors to leaves"},
     {"unflatten", py_unflatten, METH_VARARGS, "unflatten(spec, leaves, pos=0) -> (object, next pos)"},
     {"describe", py_describe, METH_O, "describe(spec) -> short text of a structure, for messages"},
+    {"fresh_results", py_fresh_results, METH_O,
+     "fresh_results(spec of a result) -> (spec whose sets unflatten copies, those sets)"},
     {"const_key", py_const_key, METH_O, "const_key(obj) -> what distinguishes a constant for the compile cache"},
     {"arg_labels", py_arg_labels, METH_O, "arg_labels(spec of (args, kwargs)) -> labels of its tensor leaves"},
     {"diff_spec", py_diff_spec, METH_VARARGS,

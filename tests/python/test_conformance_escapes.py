@@ -198,3 +198,32 @@ def test_an_object_made_in_a_graph_and_kept_is_not_shared_between_calls():
         assert (o.numpy() == (rand(2, 3, seed=s) * 2.0).numpy()).all()
     _reset()
 
+
+def _set_made_inside(x, s):
+    return x * 2.0, {1, 2}
+
+
+def _set_passed_in(x, s):
+    return x * 2.0, s
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_a_returned_set_is_the_calls_own(variant):
+    """A set the function makes is a new set at every call (the caller may change it); a set the
+    caller passed in comes back as that very set. Compiled calls once gave every caller the
+    capture's set."""
+    for fn in (_set_made_inside, _set_passed_in):
+        jf = variant.wrap(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = []
+            for seed in range(3):
+                s = {0}
+                y, out = jf(rand(2, 3, seed=seed), s)
+                assert (y.numpy() == (rand(2, 3, seed=seed) * 2.0).numpy()).all()
+                got.append((s, out))
+                out.add(99)  # the caller changes what it got
+        for s, out in got:
+            assert out == ({1, 2, 99} if fn is _set_made_inside else {0, 99}), (fn.__name__, out)
+            assert (out is s) == (fn is _set_passed_in), fn.__name__
+        assert len({id(out) for _, out in got}) == 3

@@ -266,6 +266,8 @@ def capture_piece(owner, state, leaves, spec, grad=False, symbols=None):
             if returns_reached(rec.recorder, payload) or _holds(payload, interp.outside):
                 raise bytecode.Unsupported("it returns a list, dict or set it reached through a global, a closure or "
                                            "an attribute (a compiled call would return a copy)")
+            if any(not interp.local(s) for s in tree.fresh_results(tree.flatten(payload, []))[1]):
+                raise bytecode.Unsupported("it returns a set it did not make (a compiled call would return a copy)")
             if _holds(payload, interp.foreign):
                 raise bytecode.Unsupported("it returns a list or dict the caller passed in (a compiled call would "
                                            "return a copy)")

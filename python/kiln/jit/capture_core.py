@@ -124,6 +124,7 @@ class Recording:
         self.tracer = self.recorder = self.capture = self.callers = self.graph = None
         self.outside = None  # the tensors the graph reads from outside its inputs (parameters, closures')
         self.aliases = []
+        self.argument_sets = set()  # ids of the sets among the call's arguments (bind)
         self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
         self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
         self.excluded = False  # exclude_from_trace ran
@@ -180,6 +181,7 @@ class Recording:
         a graph input (kiln.jit.recording.bind_inputs); the symbolic sizes' Capture made on them.
         caller: the (args, kwargs) whose lists and dicts the run's copies stand for (self.callers)."""
         bound = bind_inputs(self.tracer, spec, leaves, self.aliases)
+        self.argument_sets = {id(a) for a in tree.fresh_results(spec)[1]}  # (the caller's, not copies)
         if caller is not None:
             self.callers = CallerContainers(caller, bound, leaves, self.aliases)
         if self.symbols is not None:
@@ -221,7 +223,15 @@ class Recording:
             result = concrete(result)
         result = ast_runtime.chosen_numbers(result)
         out_leaves = []
-        return result, tree.flatten(result, out_leaves), out_leaves
+        # (a set in the result: each later call gets a copy, as each eager call makes its own; one the
+        # call did not make is refused before: returns_caller_set, recording.returns_reached)
+        spec, _ = tree.fresh_results(tree.flatten(result, out_leaves))
+        return result, spec, out_leaves
+
+    def returns_caller_set(self, result):
+        """Whether result holds a set the caller passed in (a compiled call would return a copy)."""
+        sets = tree.fresh_results(tree.flatten(result, []))[1]
+        return any(id(s) in self.argument_sets for s in sets)
 
     def note_outside(self):
         """Notes the tensors the graph reads from outside its inputs (once the run is over, before

@@ -114,6 +114,8 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None)
         if returns_reached(rec.recorder, result):
             reasons.append("it returns a list, dict or set it reached through a global, a closure or an attribute "
                            "(a compiled call would return a copy, which the caller's changes would not reach)")
+        elif rec.returns_caller_set(result):
+            reasons.append("it returns a set the caller passed in (a compiled call would return a copy)")
         elif changed is None and callers.returned(result):
             reasons.append("it returns a list, dict or object the caller passed in (a compiled call would return a "
                            "copy)")

@@ -14,4 +14,5 @@ _TENSOR = _C.tree.TENSOR
 flatten = _C.tree.flatten  # (obj, leaves) -> spec, appending obj's tensors to leaves
 unflatten = _C.tree.unflatten  # (spec, leaves, pos=0) -> (object, next pos)
 describe = _C.tree.describe  # spec -> short text, for messages
+fresh_results = _C.tree.fresh_results  # spec of a result -> (spec whose sets unflatten copies, those sets)
 const_key = _C.tree.const_key
