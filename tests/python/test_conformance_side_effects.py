@@ -240,3 +240,64 @@ def test_list_only_appended_to_keeps_its_graph():
         jf(rand(3, seed=s))
     assert len(log) == 4
     assert jf.stats.compiles <= 2, jf.explain()  # appending reads nothing of the list: no recompile per length
+
+
+class _Counters:
+    """A plain object outside the function whose attributes it writes."""
+
+
+COUNTERS = _Counters()
+
+
+def _attribute_write_in_an_untaken_branch(x):
+    y = x * 2.0
+    if y.sum() > 100.0:  # never taken with these inputs
+        COUNTERS.hits = getattr(COUNTERS, "hits", 0) + 1
+    return y
+
+
+def _attribute_write_in_a_loop_that_never_runs(x):
+    c = 0
+    while c < 2 and x.sum() > 100.0:
+        c = c + 1
+        COUNTERS.last = c
+    return x + 1.0
+
+
+@pytest.mark.parametrize("fn", [_attribute_write_in_an_untaken_branch, _attribute_write_in_a_loop_that_never_runs],
+                         ids=lambda f: f.__name__)
+def test_attribute_write_under_a_tensor_condition_happens_only_when_taken(fn):
+    """ast capture builds both paths of an if (and a loop body) on a tensor by running them: an
+    attribute write there was made at capture whatever the condition, and the capture's run stood
+    as the first call's. It is now undone and the call runs eagerly, as a list change there is."""
+    def observe():
+        return sorted(vars(COUNTERS).items())
+
+    run_all_modes(fn, Call((rand(2, 3, seed=1),)), Call((rand(2, 3, seed=2),)),
+                  reset=lambda: vars(COUNTERS).clear(), observe=observe)
+
+
+def test_cell_counter_under_a_tensor_condition():
+    """The same in a Cell: `self.hits += 1` under an if on a tensor that is not taken."""
+    from kiln import nn
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.hits = 0
+            self.dense = nn.Dense(3, 3)
+
+        def construct(self, x):
+            y = self.dense(x)
+            if y.sum() > 100.0:
+                self.hits = self.hits + 1
+            return y
+
+    kiln.manual_seed(0)
+    net = Net()
+
+    def reset():
+        net.hits = 0
+
+    run_all_modes(lambda x: net(x), Call((rand(2, 3, seed=1),)), Call((rand(2, 3, seed=3),)), reset=reset,
+                  observe=lambda: net.hits)

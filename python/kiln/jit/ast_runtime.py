@@ -296,22 +296,32 @@ def if_stmt(pred, true_fn, false_fn, vals, names, in_true, in_false, inplace, lo
 
 def _held_containers(vals, *branches):
     """[(name or index, container, a copy of it)] of the lists, dicts and sets an if on a tensor
-    can reach: its variables (nested in tuples, lists and dicts too), the enclosing function's
-    variables and the globals its paths read. Both paths run while the graph is built, so a
-    change made in place on one of them would be made whatever the condition."""
+    can reach, and of the objects' attributes (a Cell's `self.hits`, a global's `cfg.count`: their
+    __dict__): its variables (nested in tuples, lists, dicts and objects too), the enclosing
+    function's variables and the globals its paths read. Both paths run while the graph is built, so
+    a change made in place on one of them would be made whatever the condition."""
     found, seen = [], set()
 
     def walk(key, v, depth=0):
-        if depth > 8:
+        if depth > 8 or id(v) in seen or len(seen) > _MAX_HELD:
             return
-        if isinstance(v, (list, dict, set)) and id(v) not in seen:
+        if isinstance(v, (list, dict, set)):
             seen.add(id(v))
             found.append((key, v, v.copy()))
-        if isinstance(v, (list, tuple)):
+            if isinstance(v, (list, tuple)):
+                for x in v:
+                    walk(key, x, depth + 1)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    walk(key, x, depth + 1)
+        elif isinstance(v, tuple):
             for x in v:
                 walk(key, x, depth + 1)
-        elif isinstance(v, dict):
-            for x in v.values():
+        elif _has_attributes(v):
+            seen.add(id(v))
+            attrs = vars(v)
+            found.append((key, v, dict(attrs)))
+            for x in attrs.values():
                 walk(key, x, depth + 1)
 
     for i, v in enumerate(vals):
@@ -329,6 +339,21 @@ def _held_containers(vals, *branches):
     return found
 
 
+_MAX_HELD = 20000  # (objects and containers looked at per if: a bound on the walk through a network)
+_NOT_STATE = (types.ModuleType, type, types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+              types.CodeType, functools.partial)
+
+
+def _has_attributes(v):
+    """Whether v is an object whose attributes are Python state of the user's (a Cell, a config)."""
+    if isinstance(v, _NOT_STATE) or _is_tensor(v):
+        return False
+    try:  # (not getattr: an object's own __getattr__ may raise anything, Undefined's does)
+        return isinstance(object.__getattribute__(v, "__dict__"), dict)
+    except AttributeError:
+        return False
+
+
 def _global_names(code):
     names = set(code.co_names)
     for const in code.co_consts:
@@ -338,6 +363,8 @@ def _global_names(code):
 
 
 def _same_contents(a, b):
+    if not isinstance(a, (list, dict, set)):  # an object: its attributes
+        a = vars(a)
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
     if isinstance(a, set):
@@ -359,6 +386,7 @@ def undo(held):
             if isinstance(c, list):
                 c[:] = saved
             else:
+                c = c if isinstance(c, (dict, set)) else vars(c)
                 c.clear()
                 c.update(saved)
 
@@ -371,8 +399,11 @@ def _check_unchanged(held, loc, names, what):
     undo(held)
     key, c = changed
     name = key if isinstance(key, str) else names[key]
-    raise _error(loc, f"a change of {name!r} (a {type(c).__name__}) in place under {what}",
-                 "build a new list or dict on each path (or keep the values in tensors)")
+    if isinstance(c, (list, dict, set)):
+        raise _error(loc, f"a change of {name!r} (a {type(c).__name__}) in place under {what}",
+                     "build a new list or dict on each path (or keep the values in tensors)")
+    raise _error(loc, f"an attribute write on {name!r} (a {type(c).__name__}) under {what}",
+                 "keep the value in a tensor (e.g. a Parameter updated with ops.assign) or decide outside the if")
 
 
 # A value an if on a tensor chooses, as (structure, tensor leaves) and back; numbers become
