@@ -19,8 +19,41 @@ import kiln
 LOG = []  # the programs' side effects: cleared before each run, compared after each call
 
 
+class Holder:
+    """An object outside the programs whose attributes they set (escapes=True)."""
+
+
+HOLDER = Holder()
+KEPT = {}  # a dict outside the programs they store into (escapes=True)
+
+
+def reset():
+    LOG.clear()
+    KEPT.clear()
+    HOLDER.__dict__.clear()
+
+
+def snapshot():
+    """What the programs did outside, copied deep (lists handed out change after they are)."""
+    def copy(v, depth=0):
+        if isinstance(v, kiln.Tensor):
+            return v.asnumpy().copy()
+        if depth > 8:
+            return "..."
+        if isinstance(v, (list, tuple)):
+            return type(v)(copy(x, depth + 1) for x in v)
+        if isinstance(v, dict):
+            return {k: copy(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, set):
+            return sorted(v)
+        return v
+
+    return copy(LOG), copy(KEPT), copy(dict(HOLDER.__dict__))
+
+
 class _Gen:
-    def __init__(self, seed):
+    def __init__(self, seed, escapes=False):
+        self.escapes = escapes
         self.r = random.Random(seed)
         self.lines = []
         self.counters = 0
@@ -76,6 +109,11 @@ class _Gen:
         ]
         if not self.iterating_lst:
             choices.append(f"lst.append(x * {a})")
+        if self.escapes:  # the program's own containers handed to objects outside it, then changed
+            choices += ["LOG.append(lst)", "LOG.append(d)", "KEPT['lst'] = lst", "HOLDER.d = d",
+                        "LOG.append((lst, n))", "s.add(n)", "s.add(len(lst))", "LOG.append(s)",
+                        "n = n + len(s)", f"d['c'] = [x * {a}]", "d.setdefault('e', []).append(n)",
+                        "LOG.append(len(d.get('e', ())))", "acc = acc + len(KEPT.get('lst', ())) * 0.1"]
         self.emit(depth, self.r.choice(choices))
 
     def block(self, depth, budget, loop=None, returns=True):
@@ -127,12 +165,14 @@ class _Gen:
                 self.simple(depth)
 
 
-def source(seed):
-    g = _Gen(seed)
+def source(seed, escapes=False):
+    g = _Gen(seed, escapes)
     g.emit(2, "acc = x * 0")
     g.emit(2, "lst = [x, y]")
     g.emit(2, "d = {'a': y * 0.5}")
     g.emit(2, "k = 1.0")
+    if escapes:
+        g.emit(2, "s = {0}")
     g.block(2, 3)
     g.emit(2, "return x, acc + k, n, k, lst, d")
     head = ["def make(scale):", "    def helper(v, w):", "        return v * scale + w * 0.5", "",
@@ -140,19 +180,19 @@ def source(seed):
     return "\n".join(head + g.lines + ["    return f", ""])
 
 
-def maker(seed):
+def maker(seed, escapes=False):
     """make of `seed` (make(scale) -> f), its source registered in linecache."""
-    text = source(seed)
-    filename = f"<pygen seed {seed}>"
+    text = source(seed, escapes)
+    filename = f"<pygen seed {seed}{' escapes' if escapes else ''}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    namespace = {"kiln": kiln, "LOG": LOG}
+    namespace = {"kiln": kiln, "LOG": LOG, "KEPT": KEPT, "HOLDER": HOLDER}
     exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - our own generated source
     return namespace["make"]
 
 
-def program(seed, scale=0.75):
+def program(seed, scale=0.75, escapes=False):
     """The function f of `seed`, made with closure value scale."""
-    return maker(seed)(scale)
+    return maker(seed, escapes)(scale)
 
 
 if __name__ == "__main__":

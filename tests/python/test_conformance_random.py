@@ -39,3 +39,15 @@ def test_random_program_closure_made_again(seed):
             run_all_modes(make(scale), *calls()[:2], reset=pygen.LOG.clear, observe=lambda: list(pygen.LOG))
     except AssertionError as e:
         raise AssertionError(f"seed {seed}:\n{pygen.source(seed)}\n{e}") from None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_program_handing_containers_out(seed):
+    """pygen's programs that also hand their own list, dict and set to objects outside them (LOG,
+    a global dict, an attribute) and change them afterwards: the outside objects must see every
+    change, as eagerly (compared deep after each call)."""
+    fn = pygen.program(seed, escapes=True)
+    try:
+        run_all_modes(fn, *calls(), reset=pygen.reset, observe=pygen.snapshot)
+    except AssertionError as e:
+        raise AssertionError(f"seed {seed} (escapes):\n{pygen.source(seed, True)}\n{e}") from None
