@@ -227,3 +227,39 @@ def test_a_returned_set_is_the_calls_own(variant):
             assert out == ({1, 2, 99} if fn is _set_made_inside else {0, 99}), (fn.__name__, out)
             assert (out is s) == (fn is _set_passed_in), fn.__name__
         assert len({id(out) for _, out in got}) == 3
+
+
+def test_a_list_handed_out_and_left_alone_compiles_once():
+    """The common case of a hand-over: a step collects numbers in a list, appends it to a global
+    history and goes on without the list. The list is a new object each call; a state naming it
+    would be captured again at every call (and give up after the limit on graphs). It is dead
+    after the hand-over (kiln.jit.liveness), so the state leaves it out."""
+    def step(x):
+        losses = []
+        y = x * 2.0
+        losses.append(y.sum())
+        LOG.append(losses)
+        return y + 1.0
+
+    jf = kiln.jit(step, capture_mode="bytecode")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in range(12):
+            x = rand(2, 3, seed=s)
+            assert (jf(x).numpy() == (x * 2.0 + 1.0).numpy()).all()
+    assert [len(h) for h in LOG] == [1] * 12
+    assert jf.stats.compiles <= 3, jf.stats
+    _reset()
+
+
+def test_a_dead_object_is_left_out_but_a_live_one_is_not():
+    """Liveness decides per resume point: the list read again after the break stays in the state."""
+    def step(x):
+        rows = []
+        LOG.append(rows)
+        y = x * 2.0
+        if len(LOG) > 100:  # (never: but it reads rows after the break, so rows stays live)
+            rows.append(0)
+        return y + len(rows)
+
+    run_all_modes(step, *_calls(), reset=_reset, observe=_observe, variants=VARIANTS)

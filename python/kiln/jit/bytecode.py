@@ -27,7 +27,7 @@ import weakref
 from .. import _C, hooks
 from ..grad_mode import enable_grad, no_grad
 from ..autograd import differentiates_by_pieces
-from . import guards, sym_scalar
+from . import guards, liveness, sym_scalar
 from .dynamic import SymInt, evaluate
 from .sym_scalar import Specialize, SymScalar
 
@@ -71,7 +71,7 @@ class Unsupported(Exception):
 class Code:
     """A code object's decoded instructions with resolved jump targets (cached per code object,
     while it lives: the cache holds neither the code object nor, past its end, its entry)."""
-    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered", "steps", "fast")
+    __slots__ = ("_code", "ins", "at", "cpython_only", "handlers", "covered", "steps", "fast", "_dead")
     _cache = {}  # id(code) -> Code, removed when the code object goes
 
     def __init__(self, code):
@@ -100,6 +100,7 @@ class Code:
         # the instructions C runs (kiln._C.bytecode_steps: moves of values, operators, jumps), the rest
         # by the Python handlers; inside a try or without a line, Python's
         self.steps, self.fast = None, None
+        self._dead = False  # (dead_at: computed at first use)
         if _C.bytecode_steps_supported():
             rows = [(-1 if ins[2] in self.covered or ins[3] is None or ins[0] == "BEFORE_WITH" else op, ins[1] or 0,
                      -1 if ins[5] is None else self.at[ins[5]], -1 if ins[3] is None else ins[3], ins[2])
@@ -133,6 +134,12 @@ class Code:
         return None
 
     code = property(lambda self: self._code())
+
+    def dead_at(self, pc):
+        """The fast locals (indexes) dead before instruction pc (kiln.jit.liveness)."""
+        if self._dead is False:
+            self._dead = liveness.dead_before(self.code, self)
+        return () if self._dead is None else self._dead[pc]
 
     @classmethod
     def of(cls, code):
@@ -1651,7 +1658,16 @@ def freeze(frames, interp, tracer=None, symbolic=False):
             return _NEW, (cls, tuple(conv(x, depth + 1) for x in args), {k: conv(x, depth + 1) for k, x in kwargs.items()})
         return _REF, ByIdentity(v)
 
-    return tuple([(TOP if i == 0 else ByIdentity(fr.func), fr.code.ins[fr.pc][2], tuple([conv(x) for x in fr.locals]),
+    def local(fr, k, v):
+        out = conv(v)
+        # an object kept by identity that no later instruction reads: left out, so the state (a
+        # cache key) does not name an object each call makes anew (a list handed to a global)
+        if type(out) is tuple and len(out) == 2 and out[0] is _REF and k in fr.code.dead_at(fr.pc):
+            return None
+        return out
+
+    return tuple([(TOP if i == 0 else ByIdentity(fr.func), fr.code.ins[fr.pc][2],
+                   tuple([local(fr, k, x) for k, x in enumerate(fr.locals)]),
                    tuple([conv(x) for x in fr.stack]), fr.kw_names, fr.stop) for i, fr in enumerate(frames)])
 
 
