@@ -3,7 +3,7 @@ h @ U, dx = dgates @ W^T for x_t @ W): while_grad hands its backward body such a
 transposed, copied once per loop (src/runtime/control_flow.c, pack_transposed), so each step's
 GEMM reads a contiguous matrix instead of packing a strided one. kiln._C.loop_packed_operands()
 counts the weights packed. Gradients equal eager autograd's and central differences in every
-capture mode x O0/O1 x kbk/sink, forward and reverse, stored and recomputed residuals; a weight
+capture mode x O0/O1 x kbk/sink and under kiln.trace, forward and reverse, stored and recomputed residuals; a weight
 the backward also reads untransposed, a one-step loop and a weight given as a strided view are
 not packed, and the caller's weight is never written."""
 import numpy as np
@@ -188,3 +188,16 @@ def test_float32_lstm_cell_against_eager():
     out, packed = packed_by(kiln.grad(fn, (1, 2, 3, 4, 5)), *args)
     assert packed == 1  # u (xs needs no gradient)
     assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_kiln_trace_of_the_gradient():
+    """kiln.trace records the gradient (the loop nodes run as they are recorded, their bodies
+    compiled for the call; a call may record again to verify) and replays it: packed on every
+    call, each run of the loop's gradient packing both weights."""
+    args = data(9)
+    want = kiln.grad(loss(python_loop, True), (0, 1, 2, 3, 4))(*args)
+    tr = kiln.trace(lambda h0, xs, w, u, b: kiln.grad(loss(rnn, True), (0, 1, 2, 3, 4))(h0, xs, w, u, b))
+    for _ in range(3):
+        out, packed = packed_by(tr, *args)
+        assert_close(out, want)
+        assert packed >= 2 and packed % 2 == 0
