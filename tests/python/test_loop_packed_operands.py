@@ -3,9 +3,9 @@ h @ U, dx = dgates @ W^T for x_t @ W): while_grad hands its backward body such a
 transposed, copied once per loop (src/runtime/control_flow.c, pack_transposed), so each step's
 GEMM reads a contiguous matrix instead of packing a strided one. kiln._C.loop_packed_operands()
 counts the weights packed. Gradients equal eager autograd's and central differences in every
-capture mode x O0/O1 x kbk/sink and under kiln.trace, forward and reverse, stored and recomputed residuals; a weight
-the backward also reads untransposed, a one-step loop and a weight given as a strided view are
-not packed, and the caller's weight is never written."""
+capture mode x O0/O1 x kbk/sink and under kiln.trace, forward and reverse, stored and recomputed
+residuals; a weight the backward also reads untransposed, a one-step loop and a weight given as a
+strided view are not packed, and the caller's weight is never written."""
 import numpy as np
 import pytest
 
