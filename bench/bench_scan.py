@@ -12,10 +12,13 @@ The cell: batch 32, input 128, hidden 256 (gates x @ W + h @ U + b, PyTorch's or
   function, the same arguments). The sequence is data here: a gradient with respect to xs too
   costs a full-size (T, batch, input) accumulation per step in the compiled loop (see
   docs/guide/transforms.md, "Loops").
-A last line (no target) gives the ceiling of the call's ratio for a loop that runs the same GEMMs:
-the eager loop's time over that of its two GEMMs per step alone (x_t @ W and h @ U, eager). The
-cell is GEMM-bound: the GEMMs are about two thirds of the eager loop, so removing everything else
-gains at most ~1.5x, and 2x needs GEMMs faster than the eager loop's own.
+Two last lines (no target) give the ceilings of the ratios for a loop that runs the same GEMMs:
+the eager loop's time over that of its two GEMMs per step alone (x_t @ W and h @ U, eager), and
+the eager loop's gradient (its forward and backward) over its five GEMMs per step alone (those
+two, then dgates @ U^T for dh, x_t^T @ dgates for dW and h^T @ dgates for dU, eager; xs needs no
+gradient). The cell is GEMM-bound: the GEMMs are about two thirds of the eager loop and three
+fifths of its gradient, so removing everything else gains at most ~1.45x on the call and ~1.7x
+on the gradient, and 2x needs GEMMs faster than the eager loop's own.
 Each ratio is eager time / compiled time, measured in alternating rounds (a shared machine is noisy);
 the jitted function is compiled at jit_level="O1" (at O0 the cell's elementwise ops run one kernel
 each, as eagerly). --quick: one round. --cpu: one kiln thread, every time the CPU time of the
@@ -63,6 +66,19 @@ def gemms_alone(xs, h0, w, u):
     for t in range(xs.shape[0]):
         ops.matmul(xs[t], w)
         ops.matmul(h0, u)
+
+
+def backward_gemms_alone(xs, h0, dgates, w, u):
+    """The eager loop's GEMMs of a call and its backward, without the rest (h and the gates'
+    gradient held fixed: the same products): per step x_t @ W, h @ U, dgates @ U^T,
+    x_t^T @ dgates, h^T @ dgates."""
+    ut, ht = u.T, h0.T
+    for t in range(xs.shape[0]):
+        ops.matmul(xs[t], w)
+        ops.matmul(h0, u)
+        ops.matmul(dgates, ut)
+        ops.matmul(xs[t].T, dgates)
+        ops.matmul(ht, dgates)
 
 
 def main():
@@ -116,6 +132,11 @@ def main():
     loop_t, gemm_only = alternate(lambda: python_loop(*args), lambda: gemms_alone(xs, h0, w, u), rounds, number, clock)
     print(f"{'(ceiling: eager loop / its GEMMs alone)':<46} {gemm_only:10.3f} {'s':<8} {'eager loop':<28} "
           f"{loop_t:10.3f}  ratio {loop_t / gemm_only:6.3f} (no target)")
+    dgates = t(BATCH, 4 * HIDDEN)
+    bwd_t, bwd_gemms = alternate(lambda: grad_eager(*args), lambda: backward_gemms_alone(xs, h0, dgates, w, u),
+                                 rounds, number, clock)
+    print(f"{'(ceiling: eager gradient / its GEMMs alone)':<46} {bwd_gemms:10.3f} {'s':<8} {'eager gradient':<28} "
+          f"{bwd_t:10.3f}  ratio {bwd_t / bwd_gemms:6.3f} (no target)")
     return 0 if ok else 1
 
 

@@ -136,6 +136,12 @@ static PyObject *py_loop_body_runs(PyObject *self, PyObject *unused) {
     return PyLong_FromLongLong(kiln_loop_body_runs());
 }
 
+/* loop_packed_operands() -> int: loop-invariant GEMM operands loop gradients packed (for tests) */
+static PyObject *py_loop_packed_operands(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(kiln_loop_packed_operands());
+}
+
 /* live_bodies() -> int: control-flow bodies registered and not yet freed (for tests) */
 static PyObject *py_live_bodies(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -150,5 +156,7 @@ PyMethodDef pykiln_control_functions[] = {
      "loop_residual_budget([bytes]): the budget of a loop gradient's stored residuals (set when given)"},
     {"live_bodies", py_live_bodies, METH_NOARGS, "control-flow bodies registered and not yet freed"},
     {"loop_body_runs", py_loop_body_runs, METH_NOARGS, "loop bodies run forward so far (counts iterations)"},
+    {"loop_packed_operands", py_loop_packed_operands, METH_NOARGS,
+     "loop-invariant GEMM operands that loop gradients laid out transposed once per loop"},
     {NULL, NULL, 0, NULL},
 };

@@ -18,6 +18,11 @@ struct kiln_control_node {
      * body never reads it (its history is not kept); per lifted tensor, whether its gradient is
      * zeros made from nothing (not accumulated). NULL otherwise (owned). */
     bool *unread, *zero;
+    /* while_grad, from its backward body (packed_facts): per lifted tensor, whether the body reads
+     * it only as permute(x, {1, 0}) of a 2-D float x, and a GEMM reads that transpose: the loop
+     * then hands the body x laid out transposed (run_while_grad, pack_transposed), packed once
+     * per loop instead of once per step by the GEMM. NULL when none is (owned). */
+    bool *packed;
     /* while and while_grad, from the body and cond (row_write_facts): per loop value, whether the
      * body only adds rows into it (index_add of the loop value, its one reader) and the cond never
      * reads it, so an iteration may write it in place. NULL when none is (owned). */
@@ -109,6 +114,54 @@ static kiln_status backward_facts(kiln_control_node *c, const kiln_graph *g, int
     return KILN_OK;
 }
 
+static bool is_transpose_2d(const kiln_graph *g, const kiln_node *nd) {
+    return nd->op == KILN_OP_PERMUTE && nd->nin == 1 && nd->attrs.ni == 2 && g->values[nd->in[0]].meta.ndim == 2 &&
+           kiln_attr_int(&nd->attrs, KILN_A_PERMUTE_PERM, 0) == 1 &&
+           kiln_attr_int(&nd->attrs, KILN_A_PERMUTE_PERM + 1, 0) == 0;
+}
+
+/* The packed facts above, of a while_grad's backward body g (its layout as in backward_facts).
+ * A GEMM given a transposed operand (dh = dgates @ U^T, the gradient of h @ U) packs it on every
+ * call, strided reads of the whole weight, once per step; given the weight laid out transposed
+ * (the same values: only the strides differ), the transpose is a contiguous matrix. Only GEMMs
+ * reading that transpose may see the other layout: a lifted tensor read otherwise (a recomputed
+ * step's h @ U, a transpose viewed again), or returned (but as its own gradient's stand-in, which
+ * nobody reads: backward_facts' zero), is not packed. */
+static kiln_status packed_facts(kiln_control_node *c, const kiln_graph *g, int nres, int nstacked) {
+    int nstate = g->noutputs - nstacked, nloop = g->ninputs - nres - nstate, nlift = nstate - nloop;
+    if (nloop < 0 || nlift <= 0) return KILN_OK;
+    bool any = false;
+    bool *packed = kiln_calloc((size_t)nlift, sizeof *packed);
+    if (!packed) return kiln_error(KILN_ERR_MEMORY, "out of memory compiling a loop's gradient");
+    for (int k = 0; k < nlift; k++) {
+        int32_t v = g->inputs[nloop + k];
+        const kiln_meta *m = &g->values[v].meta;
+        bool ok = m->ndim == 2 && kiln_dtype_is_float(m->dtype), gemm = false;
+        for (int32_t j = 0; j < g->noutputs && ok; j++) ok = g->outputs[j] != v || j == nloop + k;
+        for (int32_t i = 0; i < g->nnodes && ok; i++) {
+            const kiln_node *nd = &g->nodes[i];
+            for (int q = 0; q < nd->nin && ok; q++) {
+                if (nd->in[q] != v) continue;
+                ok = is_transpose_2d(g, nd); /* ... read by GEMMs alone: they get the contiguous matrix */
+                for (int32_t j = 0; j < g->noutputs && ok; j++) ok = g->outputs[j] != nd->out[0];
+                for (int32_t r = 0; r < g->nnodes && ok; r++) {
+                    kiln_op op = g->nodes[r].op;
+                    for (int t = 0; t < g->nodes[r].nin && ok; t++) {
+                        if (g->nodes[r].in[t] != nd->out[0]) continue;
+                        ok = op == KILN_OP_MATMUL || op == KILN_OP_MATMUL_EPILOGUE;
+                        gemm = true;
+                    }
+                }
+            }
+        }
+        packed[k] = ok && gemm;
+        any |= packed[k];
+    }
+    if (any) c->packed = packed;
+    else free(packed);
+    return KILN_OK;
+}
+
 /* ---- inference and eager kernels --------------------------------------------------------------- */
 
 static kiln_status registered_subgraphs(kiln_op op, const kiln_attrs *a, const kiln_graph **subs) {
@@ -160,10 +213,11 @@ static kiln_status eager_run(kiln_op op, kiln_tensor *const *in, int nin, const 
     int nloop = kiln_loop_nloop(op, a, nin, kiln_op_nout(op, a));
     if (s == KILN_OK && op != KILN_OP_IF) s = residual_facts(&c, a, g[1], nloop);
     if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = backward_facts(&c, g[2], c.nres, c.nstacked);
+    if (s == KILN_OK && op == KILN_OP_WHILE_GRAD) s = packed_facts(&c, g[2], c.nres, c.nstacked);
     if (s == KILN_OK && op != KILN_OP_IF) s = row_write_facts(&c, g[0], g[1], nloop);
     if (s == KILN_OK) s = kiln_control_run(&c, nin, in, kiln_op_nout(op, a), out);
     for (int k = 0; k < n; k++) kiln_executable_free(c.exe[k]), kiln_graph_free(opt[k]);
-    free(c.unread), free(c.zero), free(c.in_place), free(c.res_meta);
+    free(c.unread), free(c.zero), free(c.packed), free(c.in_place), free(c.res_meta);
     return s;
 }
 
@@ -189,6 +243,8 @@ kiln_status kiln_control_prepare(const kiln_plan *p, int32_t node, const kiln_ba
     if (s == KILN_OK && c->op != KILN_OP_IF) s = residual_facts(c, &nd->attrs, kiln_plan_body(p, node, 1)->g, nloop);
     if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD)
         s = backward_facts(c, kiln_plan_body(p, node, 2)->g, c->nres, c->nstacked);
+    if (s == KILN_OK && c->op == KILN_OP_WHILE_GRAD)
+        s = packed_facts(c, kiln_plan_body(p, node, 2)->g, c->nres, c->nstacked);
     if (s == KILN_OK && c->op != KILN_OP_IF)
         s = row_write_facts(c, kiln_plan_body(p, node, 0)->g, kiln_plan_body(p, node, 1)->g, nloop);
     const kiln_plan *step = kiln_plan_body(p, node, KILN_PLAN_STEP);
@@ -205,7 +261,7 @@ void kiln_control_free(kiln_control_node *c) {
     if (!c) return;
     for (int k = 0; k < 3; k++) kiln_executable_free(c->exe[k]);
     kiln_executable_free(c->step);
-    free(c->unread), free(c->zero), free(c->in_place), free(c->res_meta);
+    free(c->unread), free(c->zero), free(c->packed), free(c->in_place), free(c->res_meta);
     free(c);
 }
 
@@ -214,6 +270,10 @@ void kiln_control_free(kiln_control_node *c) {
 static _Atomic int64_t body_runs; /* kiln_loop_body_runs */
 
 int64_t kiln_loop_body_runs(void) { return body_runs; }
+
+static _Atomic int64_t packed_operands; /* kiln_loop_packed_operands */
+
+int64_t kiln_loop_packed_operands(void) { return packed_operands; }
 
 static bool truth(const kiln_tensor *t) { return kiln_tensor_get_double(t, 0) != 0; }
 
@@ -469,6 +529,31 @@ static kiln_status given_history(kiln_control_node *c, int nloop, kiln_tensor *c
     return KILN_OK;
 }
 
+/* state[nloop + k] (a reference) replaced by the same values laid out transposed for each lifted
+ * tensor the backward body reads only transposed (c->packed), when the body runs kernel by kernel
+ * (whose kernels take any strides; a generated kernel would copy it back per step) over more than
+ * one step. x (m x n, contiguous) becomes an m x n view, strides (1, m), of a contiguous copy of
+ * x^T: permute(x, {1, 0}) of it is that copy. */
+static kiln_status pack_transposed(kiln_control_node *c, int nloop, int nlift, int64_t steps, kiln_tensor **state) {
+    if (!c->packed || steps < 2 || strcmp(kiln_executable_backend(c->exe[2]), "kbk") != 0) return KILN_OK;
+    for (int k = 0; k < nlift; k++) {
+        kiln_tensor *x = state[nloop + k];
+        if (!c->packed[k] || !x || x->meta.ndim != 2 || !kiln_tensor_is_contiguous(x)) continue;
+        int64_t tshape[2] = {x->meta.shape[1], x->meta.shape[0]}, tstrides[2] = {x->strides[1], x->strides[0]};
+        int64_t strides[2] = {1, x->meta.shape[0]};
+        kiln_tensor *xt = NULL, *copy = NULL, *laid = NULL;
+        kiln_status s = kiln_tensor_view(x, 2, tshape, tstrides, x->offset, &xt);
+        if (s == KILN_OK) s = kiln_to_contiguous(xt, xt->meta.dtype, &copy);
+        if (s == KILN_OK) s = kiln_tensor_view(copy, 2, x->meta.shape, strides, copy->offset, &laid);
+        kiln_tensor_release(xt), kiln_tensor_release(copy);
+        if (s != KILN_OK) return s;
+        kiln_tensor_release(x);
+        state[nloop + k] = laid;
+        packed_operands++;
+    }
+    return KILN_OK;
+}
+
 /* in = (v0..., lifted..., gv...[, R...]): nloop loop values, nlift lifted tensors; out = (gv0...,
  * glifted...). With stored residuals (c->nres), the forward rerun's body also writes each step's
  * residuals and the backward body reads them after (v..., lifted..., gnext...); given them (R, one
@@ -529,6 +614,7 @@ static kiln_status run_while_grad(kiln_control_node *c, int nin_all, kiln_tensor
             state[nstate + k] = in[nstate + k]; /* the incoming gradient, then each step's */
         }
     }
+    if (s == KILN_OK) s = pack_transposed(c, nloop, nlift, steps, state);
     /* backward: (v_t..., lifted..., g_{t+1}...[, r_t...]) -> (g_t..., glifted_t...) */
     for (int64_t t = steps - 1; t >= 0 && s == KILN_OK; t--) {
         if ((s = kiln_check_interrupt()) != KILN_OK) break;

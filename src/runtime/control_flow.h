@@ -17,5 +17,8 @@ void kiln_control_free(kiln_control_node *c);
 /* How many times loops' bodies have run forward in this process (every while iteration, and every
  * iteration of a while_grad's rerun of its loop; not backward bodies): tests count with it. */
 int64_t kiln_loop_body_runs(void);
+/* How many loop-invariant GEMM operands while_grad runs have packed (laid out transposed once per
+ * loop, control_flow.c pack_transposed) in this process: tests count with it. */
+int64_t kiln_loop_packed_operands(void);
 
 #endif
