@@ -1,0 +1,81 @@
+"""Conformance: a first call whose capture kiln gives up part-way and runs again -- ast capture
+falling back to trace capture (a tensor if whose branch draws random numbers or writes in place),
+or running the call eagerly (a branch reading a tensor's value into Python). The given-up run had
+already written arguments in place, drawn random numbers and appended to a global list; eager
+does each once, so the compiled call must too (the writes once applied twice: x.mul_(2) gave 4x)."""
+import kiln
+from conformance import VARIANTS, rand, run_all_modes, t
+
+LOG = []
+
+
+def reset(seed=7):
+    LOG.clear()
+    kiln.manual_seed(seed)
+
+
+def observe():
+    """The global list, and the generator's state seen as its next draw."""
+    return list(LOG), kiln.ops.rand((2,))
+
+
+def test_argument_written_in_place_before_a_tensor_if_that_writes_in_place():
+    def f(x):
+        x.mul_(2.0)
+        if x.sum() > 0:
+            x.add_(1.0)
+        return x
+
+    run_all_modes(f, (t(1.0, 2.0),), (t(-5.0, -2.0),), (t(1.0, 2.0),))
+
+
+def test_writes_and_draws_before_a_tensor_if_that_draws():
+    def f(x, k):
+        x.add_(1.0)
+        LOG.append(k)
+        z = kiln.ops.rand(x.shape)
+        if x.sum() > 0:
+            y = x + kiln.ops.rand(x.shape) + z
+        else:
+            y = x - kiln.ops.randn(x.shape)
+        return y
+
+    run_all_modes(f, (t(1.0, 2.0), 1), (t(-5.0, -2.0), 2), (t(1.0, 2.0), 3), (rand(2, seed=1), 4),
+                  reset=reset, observe=observe, variants=VARIANTS)
+
+
+def test_writes_and_draws_before_a_branch_reading_a_value_into_python():
+    def f(x, k):
+        x.add_(1.0)
+        LOG.append(k)
+        z = kiln.ops.rand(x.shape)
+        if x.sum() > 0:
+            y = x * float(x[0]) + z
+        else:
+            y = x * 2
+        return y
+
+    run_all_modes(f, (t(1.0, 2.0), 1), (t(-5.0, -2.0), 2), (t(1.0, 2.0), 3),
+                  reset=reset, observe=observe, variants=VARIANTS)
+
+
+def test_a_cell_updating_a_buffer_before_a_tensor_if_that_draws():
+    class Net(kiln.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.steps = kiln.Parameter(kiln.ops.zeros((1,)), requires_grad=False)
+
+        def construct(self, x):
+            self.steps.add_(1.0)
+            if x.sum() > 0:
+                x = x + kiln.ops.rand(x.shape)
+            return x * self.steps
+
+    net = Net()
+
+    def restart():
+        reset()
+        net.steps.set_data(kiln.ops.zeros((1,)))
+
+    run_all_modes(net, (t(1.0, 2.0),), (t(-5.0, -2.0),), (t(1.0, 2.0),), reset=restart,
+                  observe=lambda: (observe(), net.steps * 1), variants=VARIANTS)
