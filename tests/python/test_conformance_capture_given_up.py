@@ -79,3 +79,23 @@ def test_a_cell_updating_a_buffer_before_a_tensor_if_that_draws():
 
     run_all_modes(net, (t(1.0, 2.0),), (t(-5.0, -2.0),), (t(1.0, 2.0),), reset=restart,
                   observe=lambda: (observe(), net.steps * 1), variants=VARIANTS)
+
+
+def test_draws_from_python_and_numpy_global_generators_inside():
+    """random.random() and numpy.random.rand() inside the function: eager draws anew at every call;
+    trace and ast capture once baked the captured call's draws into the graph (every later call
+    returned them). Such a recording is not replayed: the function runs eagerly."""
+    import random
+
+    import numpy as np
+
+    def f(x, n):
+        noise = kiln.Tensor(np.random.rand(2).astype(np.float32))
+        return x * random.random() + noise + random.randint(0, n)
+
+    def seed():
+        random.seed(0)
+        np.random.seed(0)
+
+    run_all_modes(f, (t(1.0, 2.0), 3), (t(1.0, 2.0), 3), (t(3.0, 2.0), 5), reset=seed,
+                  observe=lambda: (random.random(), float(np.random.rand())), variants=VARIANTS)

@@ -12,6 +12,8 @@ end does with what the run met (a side effect, a value read, a graph break) is i
 """
 import contextlib
 import dis
+import os
+import random
 import sys
 import threading
 import weakref
@@ -20,8 +22,8 @@ from .. import _C, grad_hooks
 from ..profiler import timed_phase
 from . import ast_convert, ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import (collect_grad_writes, end_reasons, kiln_reads, refusing_unreplayable, set_hooks_traced,
-                     start_reasons)
+from .replay import (collect_grad_writes, end_reasons, kiln_reads, mark_not_replayable, refusing_unreplayable,
+                     set_hooks_traced, start_reasons)
 
 
 _NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
@@ -38,6 +40,29 @@ def catches(code):
         ops = code.co_code[::2]
         found = _catching[code] = _CHECK_EXC_MATCH in ops or bytes((_PUSH_EXC_INFO, _POP_TOP)) in ops
     return found
+
+
+def _global_generators():
+    """The states of Python's and NumPy's global random generators (random.random, randint, shuffle;
+    numpy.random.rand, normal, ...): a capture that changes them drew from them."""
+    import numpy
+
+    return random.getstate(), numpy.random.get_state(legacy=False)
+
+
+def _drew(before):
+    """Which global generator moved since before (_global_generators), or None."""
+    import numpy
+
+    py, np_state = _global_generators()
+    if py != before[0]:
+        return "Python's random module"
+    old = before[1]
+    if old["state"]["pos"] != np_state["state"]["pos"] or not numpy.array_equal(old["state"]["key"],
+                                                                                   np_state["state"]["key"]) \
+            or old["has_gauss"] != np_state["has_gauss"]:
+        return "numpy.random"
+    return None
 
 
 class CallStrategy:
@@ -69,6 +94,8 @@ class CallStrategy:
                 if show is not None:
                     show(frame)
 
+        # kiln.jit's captures: a draw from Python's or NumPy's global generator would be replayed by the graph
+        generators = _global_generators() if self.note_code else None
         sys.settrace(user_frame_tracer(rec.tracer, on_call))
         try:
             with excluded:
@@ -77,6 +104,11 @@ class CallStrategy:
             # (at once: the hook would take the library frames leaving the run's contexts for the user's)
             sys.settrace(prev_trace)
             rec.excluded = getattr(excluded, "used", False)
+            drew = generators and _drew(generators)
+            if drew:
+                mark_not_replayable(f"it draws random numbers from {drew}: a compiled graph would replay the values "
+                                    "drawn while it was captured (kiln's rand, randn, normal and dropout are drawn "
+                                    "anew at every call)")
 
     def __repr__(self):
         return f"CallStrategy({getattr(self.fn, '__qualname__', self.fn)!r})"
