@@ -99,3 +99,36 @@ def test_draws_from_python_and_numpy_global_generators_inside():
 
     run_all_modes(f, (t(1.0, 2.0), 3), (t(1.0, 2.0), 3), (t(3.0, 2.0), 5), reset=seed,
                   observe=lambda: (random.random(), float(np.random.rand())), variants=VARIANTS)
+
+
+def test_draws_from_generators_the_function_reaches():
+    """A NumPy Generator in a global dict, a random.Random in a closure and a RandomState on a Cell:
+    the graph would replay the captured call's draws, as with the global generators."""
+    import random
+
+    import numpy as np
+
+    state = {}
+
+    def fresh():
+        state.update(np=np.random.default_rng(0), py=random.Random(0))
+        net.rs = np.random.RandomState(0)
+
+    class Net(kiln.nn.Cell):
+        def construct(self, x):
+            return x * float(self.rs.rand())
+
+    net = Net()
+    fresh()
+    py = state["py"]
+
+    def f(x):
+        noise = kiln.Tensor(state["np"].standard_normal(2).astype(np.float32))
+        return net(x) + noise * py.random()
+
+    def reset():
+        fresh()
+        nonlocal py
+        py = state["py"]
+
+    run_all_modes(f, (t(1.0, 2.0),), (t(1.0, 2.0),), (t(3.0, 2.0),), reset=reset, variants=VARIANTS)

@@ -12,10 +12,10 @@ end does with what the run met (a side effect, a value read, a graph break) is i
 """
 import contextlib
 import dis
-import os
 import random
 import sys
 import threading
+import types
 import weakref
 
 from .. import _C, grad_hooks
@@ -48,6 +48,30 @@ def _global_generators():
     import numpy
 
     return random.getstate(), numpy.random.get_state(legacy=False)
+
+
+def is_generator(obj):
+    """Whether obj is a random generator outside kiln (a random.Random, a NumPy Generator or
+    RandomState, or a bound method of one)."""
+    if isinstance(obj, (types.MethodType, types.BuiltinMethodType)):  # (no attribute of any other object
+        obj = obj.__self__                                               # read: a __getattr__ would run)
+    kind = type(obj)
+    return issubclass(kind, random.Random) or (kind.__module__.startswith("numpy.random") and
+                                               kind.__name__ in ("Generator", "RandomState"))
+
+
+def generator_read(recorder):
+    """The description of the first guard of recorder (a guards.Recorder after the run) on a random
+    generator outside kiln -- the code read one, through a global, a closure or an attribute, most
+    likely to draw from it -- or None. (A guard on a container's contents: its items.)"""
+    specs, descriptions = recorder.guard_specs()
+    for spec, what in zip(specs, descriptions):
+        expected = spec[2]
+        items = expected.values() if isinstance(expected, dict) else \
+            expected if isinstance(expected, (list, tuple, frozenset)) else ()
+        if is_generator(expected) or any(is_generator(v) for v in items):
+            return what
+    return None
 
 
 def _drew(before):

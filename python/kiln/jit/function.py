@@ -18,7 +18,7 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, refuse_backward
+from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, generator_read, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure, returns_reached
@@ -109,6 +109,11 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None,
             raise
         rec.undo = False
         reasons, callers = rec.reasons, rec.callers
+        generator = generator_read(rec.recorder)
+        if generator is not None:  # (draws from Python's and NumPy's global generators: CallStrategy)
+            reasons.append(f"it reads a random generator ({generator}): a compiled graph would replay the values "
+                           "drawn from it while it was captured (kiln's rand, randn, normal and dropout are drawn "
+                           "anew at every call)")
         if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = rec.tracer.value_reads()
