@@ -26,6 +26,8 @@ typedef struct kiln_value {
     int32_t index;       /* NODE: output index; INPUT: input position; CAPTURED: capture position */
     kiln_tensor *bound;  /* CAPTURED: the tensor (owned reference) */
     bool constant;       /* CAPTURED: baked in (a private copy) rather than a live reference */
+    bool fresh;          /* CAPTURED by a trace: the tensor was made while the function ran (from a
+                          * Python value, NumPy data...), not one that existed before (a Parameter) */
     /* per dimension: 0, the size is meta.shape[d]; else the entry of the graph's symbol table
      * (kiln_graph.syms) giving it, meta.shape[d] then its hint (its value at the symbols' hints) */
     int32_t sym[KILN_MAX_DIMS];

@@ -299,6 +299,8 @@ void kiln_release_all(kiln_tensor **ts, int n);
 
 /* Thread-level random generator (src/core/random.c), seeded by kiln_manual_seed. */
 uint64_t kiln_random_next(void);
+/* The uid the next tensor made will get: tensors made from now on have this uid or a higher one. */
+uint64_t kiln_tensor_next_uid(void);
 double kiln_random_uniform(void);  /* [0, 1) */
 double kiln_random_normal(void);
 

@@ -98,6 +98,8 @@ static kiln_status check_shape(int ndim, const int64_t *shape) {
 
 static _Atomic uint64_t next_uid = 1;
 
+uint64_t kiln_tensor_next_uid(void) { return atomic_load_explicit(&next_uid, memory_order_relaxed); }
+
 static kiln_tensor *tensor_new(kiln_dtype dtype, int ndim, const int64_t *shape,
                                const int64_t *strides, kiln_storage *storage, int64_t offset) {
     kiln_tensor *t = kiln_malloc(sizeof *t);

@@ -113,6 +113,57 @@ bool kiln_graph_diff_outputs(const kiln_graph *a, const kiln_graph *b, kiln_grap
     return false;
 }
 
+/* Where value v of g is read first: (node, slot), or node -1 and the graph output slot. */
+static void first_use(const kiln_graph *g, int32_t v, int32_t *node, int32_t *slot) {
+    *node = kiln_graph_first_reader(g, v), *slot = 0;
+    if (*node >= 0) {
+        while (g->nodes[*node].in[*slot] != v) (*slot)++;
+        return;
+    }
+    for (int32_t k = 0; k < g->noutputs; k++)
+        if (g->outputs[k] == v) {
+            *slot = k;
+            return;
+        }
+}
+
+/* Capture k of a against capture k of b (kiln_graph_diff_ops found them the same kind and type):
+ * made before the call, they must be one tensor; made while the function ran, the same values. */
+static bool capture_differs(const kiln_value *x, const kiln_value *y) {
+    if (x->constant || y->constant) return false; /* (compared by diff_ops) */
+    if (x->fresh != y->fresh) return true;
+    if (!x->fresh) return x->bound != y->bound;
+    if (!kiln_meta_equal(&x->meta, &y->meta)) return true;
+    kiln_tensor *cx = NULL, *cy = NULL;
+    bool differs = true;
+    if (kiln_to_contiguous(x->bound, x->meta.dtype, &cx) == KILN_OK &&
+        kiln_to_contiguous(y->bound, y->meta.dtype, &cy) == KILN_OK) {
+        size_t bytes = (size_t)kiln_meta_numel(&x->meta) * kiln_dtype_size(x->meta.dtype);
+        differs = bytes && memcmp(cx->data, cy->data, bytes) != 0;
+    }
+    kiln_clear_error();
+    if (cx) kiln_tensor_release(cx);
+    if (cy) kiln_tensor_release(cy);
+    return differs;
+}
+
+bool kiln_graph_diff_captured(const kiln_graph *a, const kiln_graph *b, kiln_graph_diff *d) {
+    int32_t n = a->ncaptures < b->ncaptures ? a->ncaptures : b->ncaptures;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t va = a->captures[k], vb = b->captures[k];
+        if (!capture_differs(&a->values[va], &b->values[vb])) continue;
+        int32_t node, slot;
+        first_use(a, va, &node, &slot);
+        return found(d, KILN_DIFF_REPLACED, a, b, node, slot, va, vb);
+    }
+    for (int32_t k = 0; k < a->nsubgraphs && k < b->nsubgraphs; k++)
+        if (kiln_graph_diff_captured(a->subgraphs[k], b->subgraphs[k], d)) {
+            if (d->subgraph < 0) d->subgraph = k;
+            return true;
+        }
+    return false;
+}
+
 /* ---- messages ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -209,8 +260,9 @@ char *kiln_graph_diff_message(const kiln_graph_diff *d, int nlabels, const char 
     const kiln_node *x = d->node >= 0 && d->node < a->nnodes ? &a->nodes[d->node] : NULL;
     const kiln_node *y = d->node >= 0 && d->node < b->nnodes ? &b->nodes[d->node] : NULL;
     if (d->subgraph >= 0) kiln_strbuf_printf(&t, "in subgraph %d: ", (int)d->subgraph);
-    if (d->kind >= KILN_DIFF_EXTERNAL && d->kind <= KILN_DIFF_WIRING) kiln_strbuf_printf(&t, "input %d of ", (int)d->slot);
-    if (d->kind >= KILN_DIFF_NUM_INPUTS && d->kind <= KILN_DIFF_OUTPUT_META) {
+    if (d->kind == KILN_DIFF_REPLACED && d->node < 0) kiln_strbuf_printf(&t, "output tensor %d", (int)d->slot);
+    else if (d->kind >= KILN_DIFF_EXTERNAL && d->kind <= KILN_DIFF_WIRING) kiln_strbuf_printf(&t, "input %d of ", (int)d->slot);
+    if (d->kind >= KILN_DIFF_NUM_INPUTS && d->kind <= KILN_DIFF_OUTPUT_META && x) {
         /* "op #2 (mul at f.py:4)": the recorded op, where this call ran it */
         kiln_strbuf_printf(&t, "op #%d (%s", (int)d->node, kiln_op_table[x->op].name);
         put_where(&t, b, y);
@@ -272,6 +324,19 @@ char *kiln_graph_diff_message(const kiln_graph_diff *d, int nlabels, const char 
             kiln_strbuf_printf(&t, ", this call used ");
             put_value(&t, b, d->value_b, &nm);
             if (d->kind == KILN_DIFF_CONSTANT && ma->ndim > 0) kiln_strbuf_printf(&t, " (other values)");
+        }
+        break;
+    }
+    case KILN_DIFF_REPLACED: {
+        if (a->values[d->value_a].fresh && b->values[d->value_b].fresh) {
+            kiln_strbuf_printf(&t, ": a tensor the function made changed value: the trace recorded ");
+            put_value(&t, a, d->value_a, &nm);
+            kiln_strbuf_printf(&t, " with other values (the compiled graph would read the recorded ones)");
+        } else {
+            kiln_strbuf_printf(&t, ": a captured tensor was replaced by another: the trace recorded ");
+            put_value(&t, a, d->value_a, &nm);
+            kiln_strbuf_printf(&t, ", this call read another tensor of that type (a replaced Parameter, sub-Cell "
+                                   "or attribute; the compiled graph would read the recorded one)");
         }
         break;
     }

@@ -14,6 +14,9 @@ typedef enum kiln_graph_diff_kind {
     KILN_DIFF_EXTERNAL,     /* input `slot` of op #node is captured on one side only */
     KILN_DIFF_CONSTANT,     /* input `slot` of op #node: captured constants of different values */
     KILN_DIFF_CAPTURE_META, /* input `slot` of op #node: captured tensors of another dtype or shape */
+    KILN_DIFF_REPLACED,     /* input `slot` of op #node (graph output `slot` when node < 0): a captured
+                             * tensor (not a constant) that is another one, or made by the function
+                             * with other values (kiln_graph_diff_captured) */
     KILN_DIFF_WIRING,       /* input `slot` of op #node is another value */
     KILN_DIFF_OUTPUT_META,  /* output `slot` of op #node has another dtype or shape */
     KILN_DIFF_MORE_OPS,     /* b ran more ops; op #node is the first one a lacks */
@@ -37,6 +40,14 @@ typedef struct kiln_graph_diff {
 /* Compares the ops of a and b (then their subgraphs), in order. True when they differ, with the
  * first difference in *d. */
 bool kiln_graph_diff_ops(const kiln_graph *a, const kiln_graph *b, kiln_graph_diff *d);
+/* Compares the captures of a and b that are not constants, once kiln_graph_diff_ops found the
+ * graphs alike (so capture k of one is capture k of the other): a tensor that existed before the
+ * call (a Parameter, a buffer) must be the same tensor -- one replaced by another of the same type
+ * (a sub-Cell or Parameter replaced, a dict entry) -- and one the function made while it ran (from
+ * NumPy data, a Python value) must hold the same values; else the compiled graph, which reads the
+ * recorded tensors, would not give what this call's code computed. (Graph copies, such as a parsed
+ * graph and its printed and parsed again self, hold other tensors: not for them.) */
+bool kiln_graph_diff_captured(const kiln_graph *a, const kiln_graph *b, kiln_graph_diff *d);
 /* Compares the graph outputs of a and b (the values returned). */
 bool kiln_graph_diff_outputs(const kiln_graph *a, const kiln_graph *b, kiln_graph_diff *d);
 /* A message saying what differs (malloc'd; NULL when out of memory). labels[k] names argument k

@@ -15,6 +15,7 @@ static kiln_status copy_capture(const kiln_graph *g, int32_t v, kiln_graph *to, 
     const kiln_value *val = &g->values[v];
     KILN_TRY(kiln_graph_add_capture(to, val->bound, false, out));
     to->values[*out].constant = val->constant; /* the bound tensor already is the private copy */
+    to->values[*out].fresh = val->fresh;
     return KILN_OK;
 }
 

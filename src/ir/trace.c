@@ -20,6 +20,8 @@ struct kiln_tracer {
     kiln_ptrmap bodies;   /* registered body id + 1 -> subgraph index in graph */
     bool own_loc;         /* told source lines itself (kiln_tracer_set_loc) */
     uint64_t serial;      /* this trace among all (tape nodes name the trace that recorded them) */
+    uint64_t first_uid;   /* tensors with this uid or a higher one were made while the function ran
+                           * (a nested trace's is its outermost one's) */
     int32_t loc_override; /* while a gradient rule runs: its forward op's location, else -1 */
     int32_t value_reads;  /* values of recorded tensors read by the caller (kiln_tracer_note_value_read) */
     char *first_read_loc; /* where the first of them happened, or NULL */
@@ -138,6 +140,7 @@ kiln_status kiln_tracer_begin(kiln_tracer **out) {
     tr->loc_override = -1;
     tr->serial = atomic_fetch_add(&serials, 1) + 1;
     tr->parent = kiln_thread.trace_active;
+    tr->first_uid = tr->parent ? tr->parent->first_uid : kiln_tensor_next_uid();
     set_active(tr);
     *out = tr;
     return KILN_OK;
@@ -226,6 +229,7 @@ kiln_status kiln_tracer_value_of(kiln_tracer *tr, kiln_tensor *t, int32_t *value
     bool constant = tr->capture_constants || t->literal;
     if (constant && !t->literal) KILN_TRY(remember_constant_source(tr, t));
     KILN_TRY(kiln_graph_add_capture(tr->graph, t, constant, value));
+    tr->graph->values[*value].fresh = t->uid >= tr->first_uid;
     if (constant && !t->literal) tr->const_value[tr->nconst - 1] = *value;
     return bind(tr, t, *value);
 }

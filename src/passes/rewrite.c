@@ -29,6 +29,7 @@ kiln_status kiln_rewriter_begin(kiln_rewriter *rw, const kiln_graph *src) {
         /* already a private copy when constant: share it rather than copy again */
         s = kiln_graph_add_capture(rw->dst, v->bound, false, &rw->map[src->captures[c]]);
         if (s == KILN_OK) rw->dst->values[rw->map[src->captures[c]]].constant = v->constant;
+        if (s == KILN_OK) rw->dst->values[rw->map[src->captures[c]]].fresh = v->fresh;
     }
     for (int32_t l = 0; l < src->nlocs && s == KILN_OK; l++) {
         int32_t id;

@@ -1,5 +1,7 @@
 /* Algebraic simplification, node by node on the graph being rebuilt (so chains collapse):
- *   x*1, 1*x, x+0, 0+x, x-0, x/1 -> x   (the constant uniform, the result of x's dtype and shape)
+ *   x*1, 1*x, x+0, 0+x, x-0, x/1 -> x   (the constant uniform, the result of x's dtype and shape;
+ *                                         on floats the zero added must be -0.0 and the zero
+ *                                         subtracted +0.0: -0.0 + 0.0 is +0.0, so x+0.0 is not x)
  *   neg(neg(x)) -> x            cast(x) to x's dtype -> x     cast(cast(x, wider), back) -> x
  *   reshape(reshape(x)) -> reshape(x)      reshape/expand to x's own shape -> x
  *   permute(permute(x)) -> permute(x) (identity -> x)       expand(expand(x)) -> expand(x)
@@ -9,6 +11,8 @@
  * as two graph outputs, nor when a graph output that eager code makes fresh (or a value a view
  * output reads) would become an existing value: the caller's memory, or a buffer another output
  * shares. Dropped nodes are left for dce. */
+#include <math.h>
+
 #include "passes_internal.h"
 
 bool kiln_pass_has_effects(const kiln_node *n); /* cse.c */
@@ -58,8 +62,11 @@ static const kiln_node *producer(const simp *s, int32_t d, kiln_op op) {
     return n->op == op ? n : NULL;
 }
 
-/* Whether dst value d is a constant whose every element equals `want`: a constant capture
- * nobody writes, a full node, or a reshape/expand of one. */
+/* Whether a equals want, zeros' signs compared too (+0.0 and -0.0 are different identities). */
+static bool same_number(double a, double want) { return a == want && signbit(a) == signbit(want); }
+
+/* Whether dst value d is a constant whose every element equals `want` (a zero's sign too): a
+ * constant capture nobody writes, a full node, or a reshape/expand of one. */
 static bool uniform(const simp *s, int32_t d, double want) {
     for (int depth = 0; depth < 8; depth++) {
         const kiln_value *v = dval(s, d);
@@ -67,12 +74,12 @@ static bool uniform(const simp *s, int32_t d, double want) {
         if (v->kind == KILN_VALUE_CAPTURED) {
             if (!v->constant || v->bound->numel > MAX_CHECKED_CONSTANT) return false;
             for (int64_t k = 0; k < v->bound->numel; k++)
-                if (kiln_tensor_get_double(v->bound, k) != want) return false;
+                if (!same_number(kiln_tensor_get_double(v->bound, k), want)) return false;
             return true;
         }
         if (v->kind != KILN_VALUE_NODE) return false;
         const kiln_node *n = &s->rw.dst->nodes[v->node];
-        if (n->op == KILN_OP_FULL) return n->attrs.nf > KILN_A_FULL_VALUE && n->attrs.f[KILN_A_FULL_VALUE] == want;
+        if (n->op == KILN_OP_FULL) return n->attrs.nf > KILN_A_FULL_VALUE && same_number(n->attrs.f[KILN_A_FULL_VALUE], want);
         if (n->op != KILN_OP_RESHAPE && n->op != KILN_OP_EXPAND) return false;
         d = n->in[0];
     }
@@ -106,17 +113,20 @@ typedef struct {
 static void identity_of(const simp *s, const kiln_node *n, const int32_t *in, rewrite *r) {
     const kiln_attrs *a = &n->attrs;
     const kiln_node *p;
+    /* the zero whose addition leaves every x as it is: -0.0 on floats (+0.0 + -0.0 is +0.0,
+     * -0.0 + -0.0 is -0.0), where +0.0 would turn x = -0.0 into +0.0; integers' zero has no sign */
+    double add_zero = kiln_dtype_is_float(s->src->values[n->out[0]].meta.dtype) ? -0.0 : 0.0;
     switch (n->op) {
     case KILN_OP_MUL:
         if (uniform(s, in[1], 1)) r->value = in[0];
         else if (uniform(s, in[0], 1)) r->value = in[1];
         break;
     case KILN_OP_ADD:
-        if (uniform(s, in[1], 0)) r->value = in[0];
-        else if (uniform(s, in[0], 0)) r->value = in[1];
+        if (uniform(s, in[1], add_zero)) r->value = in[0];
+        else if (uniform(s, in[0], add_zero)) r->value = in[1];
         break;
-    case KILN_OP_SUB:
-        if (uniform(s, in[1], 0)) r->value = in[0];
+    case KILN_OP_SUB: /* x - +0.0 is x + -0.0 */
+        if (uniform(s, in[1], 0.0)) r->value = in[0];
         break;
     case KILN_OP_DIV:
         if (uniform(s, in[1], 1)) r->value = in[0];

@@ -754,6 +754,7 @@ static kiln_status batch_graph(vm *c, const int32_t *in_axes, const int32_t *out
         int32_t v = g->captures[k], nv;
         KILN_TRY(kiln_graph_add_capture(ng, g->values[v].bound, false, &nv));
         ng->values[nv].constant = g->values[v].constant;
+        ng->values[nv].fresh = g->values[v].fresh;
         c->map[v] = nv;
         c->bat[v] = false;
     }

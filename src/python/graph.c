@@ -269,17 +269,21 @@ static PyObject *graph_str(PyObject *self) {
     return str_taking(kiln_graph_to_string(((PyGraph *)self)->g));
 }
 
-/* diff_ops(other, labels) / diff_outputs(other, labels) -> the first difference between this
- * recording and `other` (a later call's), as a message, or None. labels: the names of the graph
- * inputs (the function's tensor arguments) for messages. */
-static PyObject *graph_diff(PyObject *self, PyObject *args, bool outputs) {
+typedef enum { DIFF_OPS, DIFF_OUTPUTS, DIFF_CAPTURED } diff_what;
+
+/* diff_ops(other, labels) / diff_outputs(other, labels) / diff_captured(other, labels) -> the first
+ * difference between this recording and `other` (a later call's), as a message, or None. labels:
+ * the names of the graph inputs (the function's tensor arguments) for messages. */
+static PyObject *graph_diff(PyObject *self, PyObject *args, diff_what what) {
     PyObject *other, *labels;
-    if (!PyArg_ParseTuple(args, outputs ? "O!O!:diff_outputs" : "O!O!:diff_ops", &PyGraph_Type, &other,
-                          &PyList_Type, &labels))
-        return NULL;
+    static const char *const formats[] = {"O!O!:diff_ops", "O!O!:diff_outputs", "O!O!:diff_captured"};
+    if (!PyArg_ParseTuple(args, formats[what], &PyGraph_Type, &other, &PyList_Type, &labels)) return NULL;
     const kiln_graph *a = ((PyGraph *)self)->g, *b = ((PyGraph *)other)->g;
     kiln_graph_diff d;
-    if (!(outputs ? kiln_graph_diff_outputs(a, b, &d) : kiln_graph_diff_ops(a, b, &d))) Py_RETURN_NONE;
+    bool differs = what == DIFF_OUTPUTS ? kiln_graph_diff_outputs(a, b, &d)
+                   : what == DIFF_OPS   ? kiln_graph_diff_ops(a, b, &d)
+                                        : kiln_graph_diff_captured(a, b, &d);
+    if (!differs) Py_RETURN_NONE;
     Py_ssize_t n = PyList_GET_SIZE(labels);
     const char **names = PyMem_Malloc(sizeof *names * (size_t)(n ? n : 1));
     if (!names) return PyErr_NoMemory();
@@ -298,9 +302,11 @@ static PyObject *graph_diff(PyObject *self, PyObject *args, bool outputs) {
     return o;
 }
 
-static PyObject *graph_diff_ops(PyObject *self, PyObject *args) { return graph_diff(self, args, false); }
+static PyObject *graph_diff_ops(PyObject *self, PyObject *args) { return graph_diff(self, args, DIFF_OPS); }
 
-static PyObject *graph_diff_outputs(PyObject *self, PyObject *args) { return graph_diff(self, args, true); }
+static PyObject *graph_diff_outputs(PyObject *self, PyObject *args) { return graph_diff(self, args, DIFF_OUTPUTS); }
+
+static PyObject *graph_diff_captured(PyObject *self, PyObject *args) { return graph_diff(self, args, DIFF_CAPTURED); }
 
 /* reader_of(value) -> "op at file:line" of the first op reading value number `value`, or None */
 static PyObject *graph_reader_of(PyObject *self, PyObject *arg) {
@@ -529,6 +535,9 @@ static PyMethodDef graph_methods[] = {
     {"diff_ops", graph_diff_ops, METH_VARARGS, "diff_ops(other, labels) -> the first difference of the ops, or None"},
     {"diff_outputs", graph_diff_outputs, METH_VARARGS,
      "diff_outputs(other, labels) -> the first difference of the returned values, or None"},
+    {"diff_captured", graph_diff_captured, METH_VARARGS,
+     "diff_captured(other, labels) -> the first captured tensor that is another one (or, made by the function, "
+     "holds other values), or None"},
     {"reader_of", graph_reader_of, METH_O, "reader_of(value) -> 'op at file:line' of its first reader, or None"},
     {"split", graph_split, METH_VARARGS,
      "split(nforward_inputs, nforward_outputs) -> (forward, backward, nresiduals): a forward-and-backward graph "

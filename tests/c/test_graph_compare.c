@@ -69,6 +69,54 @@ static void test_differences(void) {
     }
 }
 
+/* y = x * w with w a captured tensor (not a constant, as a Parameter is); returns (y, w) */
+static kiln_graph *build_with_tensor(kiln_tensor *w) {
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_new(&g));
+    kiln_meta m = {.dtype = KILN_DTYPE_FLOAT32, .ndim = 0};
+    int32_t in[2], y, loc;
+    CHECK_OK(kiln_graph_add_input(g, &m, &in[0]));
+    CHECK_OK(kiln_graph_add_capture(g, w, false, &in[1]));
+    CHECK_OK(kiln_graph_add_loc(g, "/some/dir/model.py:7", &loc));
+    CHECK_OK(kiln_graph_add_node(g, KILN_OP_MUL, 2, in, NULL, loc, &y));
+    int32_t outs[2] = {y, in[1]};
+    CHECK_OK(kiln_graph_set_outputs(g, 2, outs));
+    return g;
+}
+
+/* a sub-Cell or Parameter replaced between calls: the same ops on another tensor of the same type,
+ * which the compiled graph (reading the recorded one) would not follow; a tensor the function made
+ * (fresh) is compared by its values */
+static void test_replaced_tensor(void) {
+    kiln_tensor *w = scalar(2.0f), *other = scalar(2.0f), *three = scalar(3.0f);
+    kiln_graph *base = build_with_tensor(w), *same = build_with_tensor(w), *replaced = build_with_tensor(other);
+    kiln_graph_diff d;
+    /* the ops and outputs alike: only the captured tensors tell */
+    CHECK(!kiln_graph_diff_ops(base, replaced, &d) && !kiln_graph_diff_outputs(base, replaced, &d));
+    CHECK(!kiln_graph_diff_captured(base, same, &d));
+    CHECK(kiln_graph_diff_captured(base, replaced, &d) && d.kind == KILN_DIFF_REPLACED && d.node == 0 && d.slot == 1);
+    char *msg = kiln_graph_diff_message(&d, 0, NULL);
+    const char *want = "input 1 of op #0 (mul at model.py:7): a captured tensor was replaced by another: the trace "
+                       "recorded captured tensor #0 (float32[]), this call read another tensor of that type (a "
+                       "replaced Parameter, sub-Cell or attribute; the compiled graph would read the recorded one)";
+    CHECK(msg && strcmp(msg, want) == 0);
+    if (msg && strcmp(msg, want) != 0) fprintf(stderr, "  got: %s\n", msg);
+    free(msg);
+    /* made by the function at each call: other tensors, compared by value */
+    kiln_graph *fresh = build_with_tensor(w), *fresh_same = build_with_tensor(other), *fresh_other = build_with_tensor(three);
+    kiln_graph *all_fresh[] = {fresh, fresh_same, fresh_other};
+    for (int k = 0; k < 3; k++) all_fresh[k]->values[all_fresh[k]->captures[0]].fresh = true;
+    CHECK(!kiln_graph_diff_captured(fresh, fresh_same, &d));
+    CHECK(kiln_graph_diff_captured(fresh, fresh_other, &d) && d.kind == KILN_DIFF_REPLACED);
+    msg = kiln_graph_diff_message(&d, 0, NULL);
+    CHECK(msg && strstr(msg, "a tensor the function made changed value") != NULL);
+    free(msg);
+    CHECK(kiln_graph_diff_captured(base, fresh, &d)); /* before the call on one side only */
+    kiln_graph *graphs[] = {base, same, replaced, fresh, fresh_same, fresh_other};
+    for (int k = 0; k < 6; k++) kiln_graph_free(graphs[k]);
+    kiln_tensor_release(w), kiln_tensor_release(other), kiln_tensor_release(three);
+}
+
 /* batch_norm writes its running statistics only in training; dropout draws random numbers */
 static void test_effects(void) {
     for (int training = 0; training < 2; training++) {
@@ -91,6 +139,7 @@ static void test_effects(void) {
 
 int main(void) {
     test_differences();
+    test_replaced_tensor();
     test_effects();
     CHECK_DONE();
 }

@@ -146,3 +146,17 @@ def test_several_index_tensors_compile_and_check_bounds_in_the_graph():
                     jf(x, ints(0, 1, 1), bad)
     with pytest.raises(IndexError, match="out of bounds for axis 1 with size 4"):
         pick(x, ints(0, 1), ints(0, 7))
+
+
+def test_adding_a_zero_keeps_the_sign_of_zero_as_eager():
+    """-0.0 + 0.0 is +0.0 (IEEE), so x + 0.0 is not x: O1's simplification once dropped the add and
+    handed out -0.0 (seen as 1/result: -inf instead of inf). x + -0.0 and x - 0.0 are x."""
+    zeros = kiln.ops.zeros((3,))
+
+    def f(x):
+        return (1.0 / (x + 0.0), 1.0 / (0.0 + x), 1.0 / (x - (-0.0)), 1.0 / (x + zeros), 1.0 / (x + -0.0),
+                1.0 / (x - 0.0), 1.0 / (x * 1.0), 1.0 / (x + kiln.ops.zeros_like(x)))
+
+    from conformance import TRACE_VARIANTS, VARIANTS
+    run_all_modes(f, (t(-0.0, 0.0, 1.0),), (t(0.0, -0.0, -2.0),), (t(-0.0, -0.0, -0.0),),
+                  variants=VARIANTS + TRACE_VARIANTS)

@@ -127,3 +127,49 @@ def test_other_input_structure():
 
     run_all_modes(f, ([rand(2), rand(2, seed=1)],), ([rand(2), rand(2, seed=1), rand(2, seed=2)],),
                   ((rand(2), rand(2, seed=3)),), variants=ALL)
+
+
+def test_sub_cell_parameter_and_dict_tensor_replaced_between_calls():
+    """The same ops on another tensor of the same type -- a sub-Cell replaced (net.fc = Dense(...)), a
+    Parameter attribute replaced, a tensor in a dict replaced: kiln.trace replayed the recorded
+    tensors (the old weights) without a word; it must raise or follow the new ones."""
+    kiln.manual_seed(0)
+
+    class Net(kiln.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = kiln.nn.Dense(3, 2)
+            self.scale = kiln.Parameter(t(2.0))
+
+        def construct(self, x):
+            return self.fc(x) * self.scale + TENSORS["bias"]
+
+    cell = Net()
+    fc, scale = cell.fc, cell.scale
+    other_fc, other_scale = kiln.nn.Dense(3, 2), kiln.Parameter(t(-3.0))
+
+    def restore():
+        cell.fc, cell.scale = fc, scale
+        TENSORS["bias"] = t(0.5, -0.5)
+
+    def replace(name, value):
+        return lambda: setattr(cell, name, value)
+
+    run_all_modes(cell, (rand(2, 3),), Call((rand(2, 3, seed=1),), before=replace("fc", other_fc)),
+                  (rand(2, 3, seed=2),), Call((rand(2, 3, seed=3),), before=replace("scale", other_scale)),
+                  Call((rand(2, 3, seed=4),), before=lambda: TENSORS.update(bias=t(7.0, 8.0))),
+                  reset=restore, variants=ALL)
+
+
+TENSORS = {"bias": t(0.5, -0.5)}
+
+
+def test_tensor_made_from_numpy_data_inside_the_function():
+    """A tensor the function makes at each call from NumPy data (or a Python value): kiln.trace
+    replayed the values of the recording's; made with other values it must raise or follow them."""
+    import numpy as np
+
+    def f(x, v):
+        return x * kiln.Tensor(np.array([v, -v], np.float32)) + kiln.Tensor(np.array([1.0, 2.0], np.float32))
+
+    run_all_modes(f, (t(1.0, 2.0), 2.0), (t(3.0, 2.0), 2.0), (t(1.0, 2.0), 5.0), (t(1.0, 2.0), 2.0), variants=ALL)

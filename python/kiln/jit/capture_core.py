@@ -12,16 +12,18 @@ end does with what the run met (a side effect, a value read, a graph break) is i
 """
 import contextlib
 import dis
+import random
 import sys
 import threading
+import types
 import weakref
 
 from .. import _C, grad_hooks
 from ..profiler import timed_phase
 from . import ast_convert, ast_runtime, dynamic, exclude, guards, tree
 from .recording import CallerContainers, bind_inputs, user_frame_tracer
-from .replay import (collect_grad_writes, end_reasons, kiln_reads, refusing_unreplayable, set_hooks_traced,
-                     start_reasons)
+from .replay import (collect_grad_writes, end_reasons, kiln_reads, mark_not_replayable, refusing_unreplayable,
+                     set_hooks_traced, start_reasons)
 
 
 _NOTHING = contextlib.nullcontext()  # (what run enters for a state a front end does not ask for)
@@ -38,6 +40,53 @@ def catches(code):
         ops = code.co_code[::2]
         found = _catching[code] = _CHECK_EXC_MATCH in ops or bytes((_PUSH_EXC_INFO, _POP_TOP)) in ops
     return found
+
+
+def _global_generators():
+    """The states of Python's and NumPy's global random generators (random.random, randint, shuffle;
+    numpy.random.rand, normal, ...): a capture that changes them drew from them."""
+    import numpy
+
+    return random.getstate(), numpy.random.get_state(legacy=False)
+
+
+def is_generator(obj):
+    """Whether obj is a random generator outside kiln (a random.Random, a NumPy Generator or
+    RandomState, or a bound method of one)."""
+    if isinstance(obj, (types.MethodType, types.BuiltinMethodType)):  # (no attribute of any other object
+        obj = obj.__self__                                               # read: a __getattr__ would run)
+    kind = type(obj)
+    return issubclass(kind, random.Random) or (kind.__module__.startswith("numpy.random") and
+                                               kind.__name__ in ("Generator", "RandomState"))
+
+
+def generator_read(recorder):
+    """The description of the first guard of recorder (a guards.Recorder after the run) on a random
+    generator outside kiln -- the code read one, through a global, a closure or an attribute, most
+    likely to draw from it -- or None. (A guard on a container's contents: its items.)"""
+    specs, descriptions = recorder.guard_specs()
+    for spec, what in zip(specs, descriptions):
+        expected = spec[2]
+        items = expected.values() if isinstance(expected, dict) else \
+            expected if isinstance(expected, (list, tuple, frozenset)) else ()
+        if is_generator(expected) or any(is_generator(v) for v in items):
+            return what
+    return None
+
+
+def _drew(before):
+    """Which global generator moved since before (_global_generators), or None."""
+    import numpy
+
+    py, np_state = _global_generators()
+    if py != before[0]:
+        return "Python's random module"
+    old = before[1]
+    if old["state"]["pos"] != np_state["state"]["pos"] or not numpy.array_equal(old["state"]["key"],
+                                                                                   np_state["state"]["key"]) \
+            or old["has_gauss"] != np_state["has_gauss"]:
+        return "numpy.random"
+    return None
 
 
 class CallStrategy:
@@ -69,6 +118,8 @@ class CallStrategy:
                 if show is not None:
                     show(frame)
 
+        # kiln.jit's captures: a draw from Python's or NumPy's global generator would be replayed by the graph
+        generators = _global_generators() if self.note_code else None
         sys.settrace(user_frame_tracer(rec.tracer, on_call))
         try:
             with excluded:
@@ -77,6 +128,11 @@ class CallStrategy:
             # (at once: the hook would take the library frames leaving the run's contexts for the user's)
             sys.settrace(prev_trace)
             rec.excluded = getattr(excluded, "used", False)
+            drew = generators and _drew(generators)
+            if drew:
+                mark_not_replayable(f"it draws random numbers from {drew}: a compiled graph would replay the values "
+                                    "drawn while it was captured (kiln's rand, randn, normal and dropout are drawn "
+                                    "anew at every call)")
 
     def __repr__(self):
         return f"CallStrategy({getattr(self.fn, '__qualname__', self.fn)!r})"

@@ -18,7 +18,7 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, refuse_backward
+from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, generator_read, refuse_backward
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure, returns_reached
@@ -81,22 +81,39 @@ class CacheInfo:
                 f"instance_seconds={self.instance_seconds:.4f}{dyn})")
 
 
-def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None):
+def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None, given_up=()):
     """Runs fn(*args, **kwargs) eagerly while recording; returns (result, entry). The entry's guards
     cover the Python state the run read; a Python side effect of the run makes it NotReplayable
     (STRICT: a JitSyntaxError naming the statement). symbols: (names, values, per input its sizes as
-    expressions) of a dynamic capture (kiln.jit.dynamic), whose Capture becomes entry.capture."""
+    expressions) of a dynamic capture (kiln.jit.dynamic), whose Capture becomes entry.capture.
+    given_up: exception types on which the caller gives this run up and runs the call again (another
+    capture, or eagerly): when one ends the run, the tensors it wrote in place and the random draws
+    it made are put back, so the call's writes and draws happen once, as in eager (ExactSizes is
+    always one); any other ending keeps them, as eager code raising keeps its writes."""
     leaves = []
     spec = tree.flatten((args, kwargs), leaves)
+    given_up = (ExactSizes,) + tuple(given_up)
     with Recording(options.compile_options, capture_constants=capture_constants, guards_of=fn,
-                   symbols=symbols) as rec:
-        call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
-        result = rec.run(CallStrategy(fn, note_code=True), call_args, call_kwargs)
+                   symbols=symbols, keep_undo=bool(given_up) or symbols is not None) as rec:
+        try:
+            call_args, call_kwargs = rec.bind(spec, leaves, caller=(args, kwargs))
+            result = rec.run(CallStrategy(fn, note_code=True), call_args, call_kwargs)
+            if rec.calls_type and rec.capture is not None and not rec.reasons and not rec.tracer.value_reads()[0]:
+                # code run as it is may have called type() of a size: a SymInt there, where eager sees an
+                # int (the Python values it computed from that are in the result, specialized sizes or not)
+                raise ExactSizes()
+        except given_up:
+            raise  # (rec.undo stays set: the run's writes and draws are put back)
+        except BaseException:
+            rec.undo = False
+            raise
+        rec.undo = False
         reasons, callers = rec.reasons, rec.callers
-        if rec.calls_type and rec.capture is not None and not reasons and not rec.tracer.value_reads()[0]:
-            # code run as it is may have called type() of a size: a SymInt there, where eager sees an int
-            # (the Python values it computed from that are in the result, specialized sizes or not)
-            raise ExactSizes()
+        generator = generator_read(rec.recorder)
+        if generator is not None:  # (draws from Python's and NumPy's global generators: CallStrategy)
+            reasons.append(f"it reads a random generator ({generator}): a compiled graph would replay the values "
+                           "drawn from it while it was captured (kiln's rand, randn, normal and dropout are drawn "
+                           "anew at every call)")
         if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = rec.tracer.value_reads()
@@ -308,17 +325,26 @@ class JitFunction(_C.JitDispatcher):
         ast_attempt = owner.options.capture_mode == "ast" and owner._ast_fallback is None
         # what the attempt changes in the globals' and closure's containers is undone if it is given up
         held = ast_runtime.reachable_state(self.fn) if ast_attempt and not owner.options.strict else []
+        # a given-up attempt's in-place writes and random draws are put back too (trace_call's given_up):
+        # the run that follows makes them again. LAX: a JitSyntaxError falls back to trace capture, a
+        # NotImplementedError (graph control flow kiln cannot build) runs the call eagerly (_miss).
+        given_up = (JitSyntaxError, NotImplementedError) if ast_attempt and not owner.options.strict else ()
         with ast_runtime.capturing(owner.options.strict):
             try:
                 try:
-                    return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
+                    return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols,
+                                      given_up=given_up)
                 except ExactSizes:
-                    return trace_call(self._capture_target(), args, kwargs, self.options)
+                    return trace_call(self._capture_target(), args, kwargs, self.options, given_up=given_up)
             except JitSyntaxError as e:
                 if owner.options.strict or owner.options.capture_mode != "ast" or owner._ast_fallback is not None:
                     raise
                 ast_runtime.undo(held)
                 owner._fall_back_to_trace(e)
+            except NotImplementedError:
+                if given_up:  # (_miss runs the call eagerly)
+                    ast_runtime.undo(held)
+                raise
             return trace_call(self._capture_target(), args, kwargs, self.options, symbols=symbols)
 
     def _key(self, args, kwargs):

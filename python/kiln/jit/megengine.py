@@ -17,9 +17,12 @@ results and the compiled graph is not run again.
 Verification compares the graph as recorded (before the level's passes) with this call's recording,
 in C (kiln._C.Graph.diff_ops / diff_outputs): values by what they are (argument k, capture k of its
 kind and type, output k of op n), ops with their attributes and output types, and constants bit for
-bit. Tensors reached through a global or closure name are also checked in Python: a name rebound to
-another tensor, and with capture_as_const a changed value, are mismatches; a captured tensor
-reached otherwise (an attribute, a dict) and replaced by one of the same type is not noticed.
+bit. When the compiled graph is to give the call's results (it has no effects), the other captured
+tensors are compared too (Graph.diff_captured): one that existed before the call must be the same
+tensor (a sub-Cell or Parameter replaced, a tensor in a dict replaced, is a mismatch) and one the
+function made while it ran must hold the same values, as the graph reads the recorded ones. Tensors
+reached through a global or closure name are also checked in Python: a name rebound to another
+tensor, and with capture_as_const a changed value, are mismatches.
 """
 import copy
 import functools
@@ -691,6 +694,10 @@ class trace(_C.JitDispatcher):
                        f"this call returned {tree.describe(run.out_spec)}")
         if differs is None:
             differs = rec.graph.diff_outputs(run.graph, self._labels)
+        if differs is None and not rec.graph.has_effects:
+            # the compiled graph will give this call's results, reading the tensors it recorded (a graph
+            # with effects never runs after the function ran for the call: its run's results stand)
+            differs = rec.graph.diff_captured(run.graph, self._labels)
         if differs is not None:
             raise TraceMismatchError(differs)
         _Bindings.check(seen, self._baked, inside=True)  # (PARAMS["w"] = new_tensor: the same ops, another tensor)
