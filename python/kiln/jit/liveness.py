@@ -3,7 +3,8 @@ path from there (CPython 3.11 bytecode, as kiln.jit.bytecode decodes it). A froz
 dead local's value out, so a state does not depend on an object no later instruction reads (a list
 the function handed to a global and will not touch again keeps its identity out of the cache key).
 
-Conservative: LOAD_FAST and DELETE_FAST read their local; a cell or free variable is always live;
+Conservative: LOAD_FAST and DELETE_FAST read their local; a cell or free variable is always live
+(an argument a closure captures too: before MAKE_CELL its slot holds the plain value);
 a code that may read its locals by name (locals(), vars(), eval, exec, sys._getframe) has none dead;
 zero-argument super() reads the first argument itself; an instruction an exception handler covers
 flows to the handler too."""
@@ -39,5 +40,6 @@ def dead_before(code, decoded):
             new = use[k] | (out - kill[k])
             if new != live[k]:
                 live[k], changed = new, True
-    every = frozenset(range(1 if "super" in code.co_names else 0, nfast))
+    cells = {k for k, name in enumerate(code.co_varnames[:nfast]) if name in code.co_cellvars}  # (MAKE_CELL'd)
+    every = frozenset(range(1 if "super" in code.co_names else 0, nfast)) - cells
     return tuple(every - live[k] for k in range(n))
