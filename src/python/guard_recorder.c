@@ -268,7 +268,10 @@ static int guard_step_mode(PyGuardRecorder *r, PyObject *root, PyObject *step, P
                            PyObject *description, int guard_contents) {
     PyObject *path = PyTuple_Pack(1, step);
     int rc = path ? add_guard(r, root, step, path, value, mode, description) : -1;
-    if (rc == 0 && guard_contents && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value))) { /* what the code reads of it (len(), iteration, items) may change in place */
+    int array = rc == 0 && guard_contents ? pykiln_is_ndarray(value) : 0;
+    if (array < 0) rc = -1;
+    /* what the code reads of it (len(), iteration, items, an array's values) may change in place */
+    if (rc == 0 && guard_contents && (PyList_CheckExact(value) || PySet_CheckExact(value) || PyDict_CheckExact(value) || array)) {
         PyObject *contents = pykiln_guard_contents(value), *key = contents ? PyTuple_Pack(2, step, s_contents) : NULL;
         PyObject *what = key ? PyUnicode_FromFormat("the contents of %U", description) : NULL;
         rc = what ? add_guard(r, root, key, path, contents, GUARD_CONTENTS, what) : -1;
@@ -951,10 +954,14 @@ static int contents_kept(PyObject *g) {
         return 0;
     }
     PyObject *now = pykiln_guard_contents(v), *expected = PyTuple_GET_ITEM(g, 2);
+    int array = now ? pykiln_is_ndarray(v) : 0; /* (its contents: values, not objects) */
     Py_DECREF(v);
-    if (!now) return -1;
+    if (!now || array < 0) {
+        Py_XDECREF(now);
+        return -1;
+    }
     int same = PyObject_RichCompareBool(now, expected, Py_EQ);
-    if (same == 1 && !PyFrozenSet_Check(now)) { /* (items the same objects, as the guard compares them) */
+    if (same == 1 && !PyFrozenSet_Check(now) && !array) { /* (items the same objects, as the guard compares them) */
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(now); k++)
             if (PyTuple_GET_ITEM(now, k) != PyTuple_GET_ITEM(expected, k) && !PyTuple_Check(PyTuple_GET_ITEM(now, k)))
                 same = 0;

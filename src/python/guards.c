@@ -15,7 +15,8 @@
  *               builtin's bound method of that name and self
  *     CONTENTS  a list, dict or set whose contents (pykiln_guard_contents) are what expected holds: items
  *               the same objects, or equal numbers and strings (len(S) of a global set S read by the code);
- *               the lists and dicts among them (three levels deep) by their own contents
+ *               the lists and dicts among them (three levels deep) by their own contents; a NumPy
+ *               array by its dtype, shape and bytes
  * A spec may name how its root is found, as a fifth item (a GuardSet kept with a code object holds
  * nothing that leads back to the code: see python/kiln/jit/code_cache.py):
  *     ROOT_OBJECT   root is the object (the default)
@@ -107,7 +108,29 @@ static PyObject *list_marker, *dict_marker;
 
 static PyObject *contents_at(PyObject *value, int depth);
 
+/* A NumPy array's contents: (marker, dtype text, shape, its bytes in C order). A global table
+ * (`Tensor(TABLE)` in the function) changed in place must compile again, as the graph holds its
+ * values; the bytes are copied at each check, as an array argument's are for the cache key. */
+static PyObject *array_marker;
+
+static PyObject *array_contents(PyObject *value) {
+    if (!array_marker && !(array_marker = PyUnicode_InternFromString("<kiln: array contents>"))) return NULL;
+    PyObject *dtype = PyObject_GetAttrString(value, "dtype"), *text = dtype ? PyObject_Str(dtype) : NULL;
+    PyObject *shape = text ? PyObject_GetAttrString(value, "shape") : NULL;
+    PyObject *bytes = shape ? PyObject_CallMethod(value, "tobytes", NULL) : NULL;
+    PyObject *out = bytes ? PyTuple_Pack(4, array_marker, text, shape, bytes) : NULL;
+    Py_XDECREF(dtype);
+    Py_XDECREF(text);
+    Py_XDECREF(shape);
+    Py_XDECREF(bytes);
+    return out;
+}
+
 static PyObject *nested(PyObject *item, int depth) {
+    if (depth < CONTENTS_DEPTH && !PyList_CheckExact(item) && !PyDict_CheckExact(item) && !pykiln_is_tensor(item)) {
+        int array = pykiln_is_ndarray(item); /* (TABLES[k], a NumPy array in a global list) */
+        if (array) return array < 0 ? NULL : array_contents(item);
+    }
     if (depth >= CONTENTS_DEPTH || !(PyList_CheckExact(item) || PyDict_CheckExact(item))) return Py_NewRef(item);
     PyObject *inner = contents_at(item, depth + 1);
     PyObject *t = inner ? PyTuple_Pack(2, PyList_CheckExact(item) ? list_marker : dict_marker, inner) : NULL;
@@ -130,6 +153,8 @@ static PyObject *contents_at(PyObject *value, int depth) {
         return t;
     }
     if (PySet_CheckExact(value)) return PyFrozenSet_New(value);
+    int array = depth == 0 ? pykiln_is_ndarray(value) : 0;
+    if (array) return array < 0 ? NULL : array_contents(value);
     if (PyDict_CheckExact(value)) {
         PyObject *items = PyList_New(0), *key, *v;
         Py_ssize_t pos = 0;

@@ -12,10 +12,9 @@
  * the tensor class. */
 static PyObject *ndarray_type;
 
-static int is_ndarray(PyObject *k) {
-    if (PyList_Check(k)) return 0;
+int pykiln_is_ndarray(PyObject *k) {
+    if (PyList_Check(k) || !PyObject_CheckBuffer(k)) return 0; /* (no array: and no NumPy import for it) */
     if (!ndarray_type) {
-        if (!PyObject_CheckBuffer(k)) return 0; /* no array here: don't import NumPy for it */
         PyObject *np = PyImport_ImportModule("numpy");
         if (!np) return -1;
         ndarray_type = PyObject_GetAttrString(np, "ndarray");
@@ -77,7 +76,7 @@ static int parse_item(PyObject *k, parsed_key *p) {
         item->tensor = pykiln_unwrap(k);
         return 0;
     }
-    int array = PyList_Check(k) ? 1 : is_ndarray(k);
+    int array = PyList_Check(k) ? 1 : pykiln_is_ndarray(k);
     if (array < 0) return -1;
     if (array) {
         kiln_tensor *t = array_index(k);

@@ -140,6 +140,9 @@ enum { GUARD_IDENTITY, GUARD_VALUE, GUARD_ABSENT, GUARD_METHOD, GUARD_VERSION, G
        GUARD_CONTENTS, GUARD_REQUIRES_GRAD, GUARD_VIEW, GUARD_MODE_COUNT };
 /* A list's, dict's or set's contents as GUARD_CONTENTS compares them (new reference), or None. */
 PyObject *pykiln_guard_contents(PyObject *value);
+/* Whether k is a NumPy array (1, 0; -1 with an error set), NumPy imported only once an object with
+ * the buffer protocol asks (indexing.c). */
+int pykiln_is_ndarray(PyObject *k);
 /* Registers GuardSet and its mode constants (guards.c). */
 int pykiln_guards_init_type(PyObject *module);
 int pykiln_is_guardset(PyObject *o);

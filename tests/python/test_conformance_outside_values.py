@@ -5,6 +5,7 @@ ast and trace capture used to bake the first call's number into the graph with n
 tensor, so `rate[...] = 2.0` went unseen; each read is now guarded on the tensor's version (an
 in-place write compiles again; kiln.trace reports the changed constant)."""
 import numpy as np
+import pytest
 
 import kiln
 from kiln import nn
@@ -104,3 +105,49 @@ def test_a_decorated_function_reading_an_outside_value_into_a_list():
         return x * factors[0] + factors[1]
 
     run_all_modes(f, *_calls(RATE, (0.5, 0.25, 0.25, 3.0)), variants=VARIANTS)
+
+
+_TABLE = np.array([1.0, -1.0, 0.5], dtype=np.float32)
+_TABLES = [np.array([2.0, 3.0, 4.0], dtype=np.float32)]
+
+
+class _Config:
+    pass
+
+
+_CFG = _Config()
+_CFG.offsets = np.array([0.25, 0.5, 0.75], dtype=np.float32)
+
+
+def _scaled_by_a_global_array(x):
+    return x * kiln.Tensor(_TABLE)
+
+
+def _shifted_by_an_attribute_array(x):
+    return x + kiln.Tensor(_CFG.offsets)
+
+
+def _scaled_by_an_array_in_a_global_list(x):
+    return x * kiln.Tensor(_TABLES[0])
+
+
+def _reset_arrays():
+    _TABLE[:] = [1.0, -1.0, 0.5]
+    _TABLES[0][:] = [2.0, 3.0, 4.0]
+    _CFG.offsets[:] = [0.25, 0.5, 0.75]
+
+
+def _write_arrays():
+    _TABLE[0] = 7.0
+    _TABLES[0][2] = -5.0
+    _CFG.offsets[1] = -9.0
+
+
+@pytest.mark.parametrize("fn", [_scaled_by_a_global_array, _shifted_by_an_attribute_array,
+                                _scaled_by_an_array_in_a_global_list], ids=lambda f: f.__name__)
+def test_a_numpy_array_from_outside_changed_in_place(fn):
+    """A NumPy array reached through a global, an attribute or a global list, made a tensor in the
+    function: its values are the graph's constants, so a write into the array between calls must
+    compile again (every kiln.jit variant kept the first values)."""
+    run_all_modes(fn, Call((rand(2, 3, seed=1),)), Call((rand(2, 3, seed=2),), before=_write_arrays),
+                  Call((rand(2, 3, seed=3),)), reset=_reset_arrays, variants=VARIANTS)
