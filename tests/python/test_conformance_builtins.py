@@ -6,7 +6,7 @@ import math
 import pytest
 
 import kiln
-from conformance import Call, rand, run_all_modes, t
+from conformance import VARIANTS, Call, rand, run_all_modes, t
 
 
 def test_len_range_enumerate_zip():
@@ -135,3 +135,45 @@ def test_python_scalar_arguments_of_each_type():
     nan = float("nan")
     x = t(1.0, -2.0)
     run_all_modes(f, (x, 1), (x, 1.0), (x, True), (x, 0.0), (x, -0.0), (x, nan), (x, 2), (x, 2.5), (x, False))
+
+
+class _Box:
+    pass
+
+
+_BOX = _Box()
+
+
+def _setattr_builtin(x):
+    y = x * 2.0
+    setattr(_BOX, "n", getattr(_BOX, "n", 0) + 1)
+    return y + _BOX.n
+
+
+def _delattr_builtin(x):
+    y = x + 1.0
+    if hasattr(_BOX, "n"):
+        delattr(_BOX, "n")
+    _BOX.m = getattr(_BOX, "m", 0) + 1
+    return y * _BOX.m
+
+
+@pytest.mark.parametrize("fn", [_setattr_builtin, _delattr_builtin], ids=lambda f: f.__name__)
+def test_setattr_and_delattr_run_at_every_call(fn):
+    """setattr / delattr are builtins of the builtins module: bytecode capture ran them once, at
+    capture, as it runs len or max, and later calls skipped their effect."""
+    run_all_modes(fn, *[Call((rand(2, 3, seed=s),)) for s in (1, 3, 5)], reset=lambda: vars(_BOX).clear(),
+                  observe=lambda: sorted(vars(_BOX).items()), variants=VARIANTS)
+
+
+def test_a_clock_read_in_a_bytecode_capture_is_read_at_every_call():
+    """time.monotonic_ns is a builtin of the time module: a value of its own at each call, which a
+    graph must not keep from its capture."""
+    import time
+
+    def stamped(x):
+        return x * 2.0, time.monotonic_ns()
+
+    jf = kiln.jit(stamped, capture_mode="bytecode")
+    stamps = [jf(rand(2, 3, seed=s))[1] for s in range(4)]
+    assert all(a < b for a, b in zip(stamps, stamps[1:])), stamps

@@ -248,6 +248,26 @@ def _contains_tensor(values):
     return False
 
 
+# module-level builtins a graph may run once at capture: their result follows from their arguments,
+# and they change nothing (other modules' -- time, os, gc, random's state -- run in Python at each call)
+_PURE_MODULES = frozenset(("math", "cmath", "operator", "_operator", "_functools", "_struct", "unicodedata"))
+_PURE_BUILTIN_EXTRAS = frozenset(("ord", "chr", "bin", "hex", "oct", "format", "ascii", "isinstance", "issubclass",
+                                  "hasattr", "getattr", "len", "abs", "min", "max", "sum", "round", "divmod", "pow",
+                                  "hash", "id", "callable", "iter", "next", "repr", "sorted", "any", "all"))
+_NUMPY_MUTATORS = frozenset(("copyto", "putmask", "place", "put", "seterr", "seterrobj", "setbufsize",
+                             "set_printoptions", "set_string_function", "_set_promotion_state"))
+
+
+def _pure_module_function(fn, module):
+    """Whether fn, a builtin of module, may run once at capture (see _PURE_MODULES)."""
+    name = getattr(module, "__name__", "") or ""
+    if name == "kiln" or name.startswith("kiln.") or name in _PURE_MODULES:
+        return True
+    if name == "builtins":
+        return id(fn) in _PURE_BUILTINS or id(fn) in _CONVERSIONS or fn.__name__ in _PURE_BUILTIN_EXTRAS
+    return (name == "numpy" or name.startswith("numpy.")) and fn.__name__ not in _NUMPY_MUTATORS
+
+
 def _kiln_module(obj):
     mod = getattr(obj, "__module__", None) or ""
     if not isinstance(mod, str):
@@ -500,6 +520,10 @@ class Interpreter:
             elif isinstance(owner, (list, dict, set)) and not self.local(owner) and fn.__name__ in _MUTATORS:
                 self.mutation(owner, f"{type(owner).__name__}.{fn.__name__}() on an object the function did not create "
                          "(a Python side effect)")
+            elif isinstance(owner, types.ModuleType) and not _pure_module_function(fn, owner):
+                # (time.time, setattr, os.getpid, gc.collect: run once, at capture, a graph would keep the
+                # first call's value or skip the effect)
+                self.brk(f"a call of {owner.__name__}.{fn.__name__} (a function with effects or values of its own)")
             elif not isinstance(owner, (list, dict, set, tuple, str, int, float, types.ModuleType)) \
                     and not _kiln_module(owner) and not _kiln_module(type(owner)):
                 self.brk(f"a call of {getattr(fn, '__qualname__', fn)!s} (an unknown function)")
