@@ -2,7 +2,8 @@
 workloads), forward and forward+backward, compiled by kiln.jit (at --jit-level, O1 unless told: both
 rows at one level) in float32 and under kiln.amp.auto_mixed_precision(model, "O2", bfloat16); and PyTorch eager in float32 and under
 torch.autocast("cpu", torch.bfloat16) where torch imports (run it with the peers' Python:
-/work/peers-venv/bin/python). Prints ms per call (the median of the timed calls, variants
+/work/peers-venv/bin/python). Prints ms per call (the median of the timed calls, or with --stat min their
+minimum, the figure a loaded machine disturbs least; variants
 interleaved) and amp / float32 (issue 31's target on a CPU without bf16 arithmetic: <= 1.1).
 Where oneDNN has bfloat16 arithmetic it first prints the bfloat16 GEMM peak (oneDNN's bf16 matmul at
 2048^2, kiln.bench.sgemm.bf16_peak) and kiln's bfloat16 linear / matmul at the attention workload's
@@ -59,7 +60,7 @@ def gflops(flop, ms):
     return flop / ms * 1e-6
 
 
-def conv_probe(size, torch, calls):
+def conv_probe(size, torch, calls, stat="median"):
     """The BasicBlock's 3x3 convolution alone, eager, in bfloat16 and float32: forward, and
     forward + both gradients (value_and_grad: three convolutions); GFLOP/s, and the bf16 GEMM peak."""
     c, hw = size.conv_channels, size.conv_hw
@@ -81,7 +82,7 @@ def conv_probe(size, torch, calls):
         a = torch.randn(n, n).to(torch.bfloat16)
         variants["torch.mm bf16 2048"] = (lambda p, q: torch.mm(p, q), (a, a))
         variants["torch.mm float32 2048"] = (lambda p, q: torch.mm(p, q), (a.float(), a.float()))
-    ms = timed(variants, None, calls)
+    ms = timed(variants, None, calls, stat)
     if torch is not None:
         peak = gflops(2.0 * 2048 ** 3, ms["torch.mm bf16 2048"])
     print(f"convolution probe: 1x{c}x{hw}x{hw}, 3x3, {c} -> {c} channels ({flop * 1e-9:.1f} GFLOP each)")
@@ -108,8 +109,8 @@ def torch_call(torch, workload, low):
     return call
 
 
-def timed(variants, args, calls):
-    """{name: median ms per call}, the variants' calls interleaved (each sees the same load)."""
+def timed(variants, args, calls, stat="median"):
+    """{name: median (or min) ms per call}, the variants' calls interleaved (each sees the same load)."""
     times = {name: [] for name in variants}
     for name, (fn, a) in variants.items():
         fn(*a)  # compile / warm up
@@ -118,7 +119,8 @@ def timed(variants, args, calls):
             start = time.perf_counter()
             fn(*a)
             times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    pick = min if stat == "min" else statistics.median
+    return {name: pick(t) for name, t in times.items()}
 
 
 def best_ms(fn, calls):
@@ -176,6 +178,8 @@ def main():
     p.add_argument("--jit-level", default="O1", choices=("O0", "O1", "O2"),
                    help="kiln.jit's level of the float32 and amp rows alike (default O1, see above)")
     p.add_argument("--no-gemm", action="store_true", help="skip the bfloat16 GEMM rows")
+    p.add_argument("--stat", default="median", choices=("median", "min"),
+                   help="per variant: the median of its timed calls (default) or their minimum")
     p.add_argument("--only", choices=("conv", "attention", "probe"), help="one group of rows (default: all)")
     args = p.parse_args()
     size = SIZES[args.size]
@@ -184,14 +188,14 @@ def main():
     except ImportError:
         torch = None
     print(f"kiln {kiln.__version__}; {config.amp_kernel_path()[1]}")
-    print(f"sizes: {size.name} ({size.note}); kiln.jit at {args.jit_level}; median of {args.calls} calls per variant, "
+    print(f"sizes: {size.name} ({size.note}); kiln.jit at {args.jit_level}; {args.stat} of {args.calls} calls per variant, "
           "interleaved"
           + ("" if torch else "; torch not importable: no torch rows"))
     if not args.no_gemm:
         gemm_rows(size, args.calls)
     print(f"{'workload':<34} {'variant':<24} {'ms':>9} {'amp/fp32':>9}")
     if args.only in (None, "probe"):
-        conv_probe(size, torch, args.calls)
+        conv_probe(size, torch, args.calls, args.stat)
     for group in ("conv", "attention"):
         if args.only not in (None, group):
             continue
@@ -208,7 +212,7 @@ def main():
                 targs = tuple(torch.from_numpy(a) for a in w.numpy_args()[0])
                 variants["torch float32"] = (torch_call(torch, w, False), targs)
                 variants["torch autocast bf16"] = (torch_call(torch, w, True), targs)
-            ms = timed(variants, inputs, args.calls)
+            ms = timed(variants, inputs, args.calls, args.stat)
             for name, t in ms.items():
                 base = ms["torch float32" if name.startswith("torch") else "kiln jit float32"]
                 ratio = f"{t / base:9.2f}" if "bf16" in name else ""

@@ -404,6 +404,35 @@ static kiln_status mm_output(kiln_tensor *out, kiln_dtype ct, kiln_tensor **c) {
     return kiln_tensor_empty(ct, out->meta.ndim, out->meta.shape, c);
 }
 
+/* A 16-bit result of the float32 fallback rounded block by block, each block as the GEMM finishes
+ * it (still in cache), instead of one more pass over the whole float32 result from memory after the
+ * GEMM: the same rounding (kiln_lowp_round_row, which the whole-result pass runs too) of the same
+ * values, so the same bits. c and out contiguous, both viewed as (numel / N, N). */
+typedef struct {
+    kiln_dtype half;
+    const float *c;
+    char *out;
+    int64_t N;
+} mm_round_ctx;
+
+static void mm_round_block(void *ctx, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+    const mm_round_ctx *r = ctx;
+    for (int64_t i = row0; i < row0 + rows; i++)
+        kiln_lowp_round_row(r->half, r->out + (i * r->N + col0) * 2, r->c + i * r->N + col0, cols);
+}
+
+/* The rounding epilogue for out when its float32 compute buffer c is a temporary and no other
+ * epilogue runs: true (epi_out set up, rounded set: mm_finish must not copy again) or false. */
+static bool mm_round_as_finished(kiln_tensor *out, kiln_tensor *c, const kiln_mm_epilogue *epi, int64_t N,
+                                 mm_round_ctx *ctx, kiln_mm_epilogue *epi_out) {
+    if (epi || c == out || c->meta.dtype != KILN_DTYPE_FLOAT32 || !kiln_lowp_dtype(out->meta.dtype) ||
+        !kiln_tensor_is_contiguous(out) || !kiln_tensor_is_contiguous(c) || c->numel != out->numel || N <= 0)
+        return false;
+    *ctx = (mm_round_ctx){.half = out->meta.dtype, .c = c->data, .out = out->data, .N = N};
+    *epi_out = (kiln_mm_epilogue){.fn = mm_round_block, .ctx = ctx};
+    return true;
+}
+
 static kiln_status mm_finish(kiln_tensor *out, kiln_tensor *c, kiln_status s) {
     if (s == KILN_OK && c != out) s = kiln_lowp_copy_into(out, c);
     kiln_tensor_release(c);
@@ -451,8 +480,15 @@ kiln_status kiln_matmul_into(kiln_tensor *a, kiln_tensor *bt, kiln_tensor *outp,
     if (s == KILN_OK) s = mm_output(out[0], ct, &c);
     if (s == KILN_OK) {
         kiln_mm_single_threaded_blas();
-        mm_run(&p, x[0]->data, x[1]->data, c->data, c == out[0] ? epi : NULL);
-        s = mm_finish_epilogue(out[0], c, p.N, epi);
+        mm_round_ctx rc;
+        kiln_mm_epilogue round;
+        if (mm_round_as_finished(out[0], c, epi, p.N, &rc, &round)) {
+            mm_run(&p, x[0]->data, x[1]->data, c->data, &round);
+            kiln_tensor_release(c);
+        } else {
+            mm_run(&p, x[0]->data, x[1]->data, c->data, c == out[0] ? epi : NULL);
+            s = mm_finish_epilogue(out[0], c, p.N, epi);
+        }
     }
     kiln_release_all(x, 2);
     return s;
@@ -612,6 +648,14 @@ kiln_status kiln_linear_into(kiln_tensor *xin, kiln_tensor *win, kiln_tensor *bi
         for (int64_t r = 0; r < R; r++) memcpy((char *)c->data + (size_t)r * row, b->data, row);
     }
     kiln_mm_single_threaded_blas();
+    mm_round_ctx rc;
+    kiln_mm_epilogue round;
+    if (mm_round_as_finished(out[0], c, epi, OUT, &rc, &round)) {
+        mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, bias_rows,
+                    bias_rows || !b ? NULL : b->data, &round, 0);
+        kiln_tensor_release(c);
+        goto done;
+    }
     mm_gemm_par(ct, R, OUT, IN, x->data, ma, w->data, mb, c->data, OUT, bias_rows, bias_rows || !b ? NULL : b->data,
                 c == out[0] ? epi : NULL, 0);
     s = mm_finish_epilogue(out[0], c, OUT, epi);

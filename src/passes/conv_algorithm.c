@@ -6,16 +6,28 @@
  * Inference graphs get Winograd from fuse_conv_epilogue (infer_boost); O0 keeps every
  * convolution direct. The choice shows in the graph text (kiln.jit.explain lists it per
  * convolution). Winograd's results differ from the direct convolution's by rounding: the
- * tolerance is documented in docs/guide/jit.md. */
+ * tolerance is documented in docs/guide/jit.md. 16-bit convolutions (amp) get the same policy:
+ * the fp32-compute fallback runs them as float32 convolutions of their widened operands, so
+ * Winograd pays there as it does in float32 (docs/guide/mixed_precision.md: the tolerance). */
 #include "../ops/conv_winograd_cost.h"
 #include "passes_internal.h"
 
+/* Whether a convolution of this dtype (its operands and result alike) may take Winograd: float32,
+ * and the 16-bit dtypes, which the fp32-compute fallback widens and computes as float32 — the same
+ * arithmetic as the float32 convolution of the widened operands, so the same policy and tolerance.
+ * Where oneDNN's bf16 primitives run a bfloat16 convolution (the bf16 hardware path) the attribute
+ * is not used: oneDNN 2.x has no bf16 Winograd, and the convolution runs direct (src/ops/conv.c). */
+static bool winograd_dtype(kiln_dtype t) {
+    return t == KILN_DTYPE_FLOAT32 || t == KILN_DTYPE_BFLOAT16 || t == KILN_DTYPE_FLOAT16;
+}
+
 /* The convolution problem of node n (conv2d, conv2d_fused in NCHW, or a backward op) when it
- * is a 3x3, stride-1, dilation-1, ungrouped float32 one; false otherwise. */
+ * is a 3x3, stride-1, dilation-1, ungrouped one in float32 or a 16-bit dtype (all its operands
+ * and its result of one dtype); false otherwise. */
 static bool winograd_problem(const kiln_graph *g, const kiln_node *n, kiln_conv_kind *kind, kiln_conv_params *p) {
     const int64_t *a = n->attrs.i;
     const kiln_meta *y = &g->values[n->out[0]].meta;
-    if (y->dtype != KILN_DTYPE_FLOAT32 || n->attrs.ni < KILN_A_CONV_SHAPE) return false;
+    if (!winograd_dtype(y->dtype) || n->attrs.ni < KILN_A_CONV_SHAPE) return false;
     const kiln_meta *x, *w;
     switch (n->op) {
     case KILN_OP_CONV2D: *kind = KILN_CONV_FORWARD, x = &g->values[n->in[0]].meta, w = &g->values[n->in[1]].meta; break;
@@ -33,7 +45,7 @@ static bool winograd_problem(const kiln_graph *g, const kiln_node *n, kiln_conv_
         break;
     default: return false;
     }
-    if (x->ndim != 4 || w->ndim != 4 || x->dtype != KILN_DTYPE_FLOAT32 || w->dtype != KILN_DTYPE_FLOAT32) return false;
+    if (x->ndim != 4 || w->ndim != 4 || x->dtype != y->dtype || w->dtype != y->dtype) return false;
     if (w->shape[2] != 3 || w->shape[3] != 3 || a[0] != 1 || a[1] != 1 || a[6] != 1 || a[7] != 1 || a[8] != 1)
         return false;
     *p = (kiln_conv_params){.N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .O = w->shape[0],

@@ -42,6 +42,10 @@ CASES = {
     "linear": (lambda x, w: ops.dense(x, w), [(2, 33, 70), (48, 70)]),
     "linear_bias": (lambda x, w, b: ops.dense(x, w, b), [(64, 128), (96, 128), (96,)]),
     "linear_swapped_x": (lambda x, w: ops.dense(swap(x), w), [(2, 70, 33), (48, 70)]),
+    # batches split over threads (each batch's result rounded as its GEMM finishes), and products
+    # over one element (K = 1: outer products, rounded row block by row block)
+    "batches_split": (lambda a, b: ops.matmul(a, b), [(4, 96, 128), (4, 128, 96)]),
+    "outer": (lambda a, b: ops.matmul(a, b), [(3, 40, 1), (3, 1, 72)]),
 }
 COMPILED = ["tn", "scores", "linear_bias"]
 
@@ -83,7 +87,8 @@ def test_fallback_is_the_float32_product_rounded_once(name, dtype, fallback):
            "heads": lambda q, k: np.transpose(q, (0, 2, 1, 3)) @ np.swapaxes(np.transpose(k, (0, 2, 1, 3)), -1, -2),
            "sliced": lambda a, b: a[:, ::2] @ b, "broadcast": lambda a, b: a @ b,
            "linear": lambda x, w: x @ w.T, "linear_bias": lambda x, w, b: x @ w.T + b,
-           "linear_swapped_x": lambda x, w: np.swapaxes(x, -1, -2) @ w.T}[name](*np_args)
+           "linear_swapped_x": lambda x, w: np.swapaxes(x, -1, -2) @ w.T,
+           "batches_split": lambda a, b: a @ b, "outer": lambda a, b: a @ b}[name](*np_args)
     err = np.abs(as64(got) - ref).max() / np.abs(ref).max()
     assert err <= TOL[dtype], (name, dtype, err)
 

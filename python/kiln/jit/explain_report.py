@@ -41,7 +41,8 @@ class ExplainOutput:
         # (name, how many, total seconds)
         self.phases = list(phases)
         # each convolution of the compiled graphs (gradient graphs included): a dict op, input
-        # (its shape), algorithm ("direct" or "winograd F(4x4, 3x3)"), where ("file:line" or None)
+        # (its shape), algorithm ("direct" or "winograd F(4x4, 3x3)"), where ("file:line" or None),
+        # dtype (of its result: "float32", or "bfloat16" / "float16" under amp)
         self.convolutions = list(convolutions)
 
     def __str__(self):
@@ -61,7 +62,9 @@ class ExplainOutput:
             lines.append(f"  loop gradient {k + 1}: {_describe_loop(g)}")
         for k, c in enumerate(self.convolutions):
             where = f" at {c['where']}" if c["where"] else ""
-            lines.append(f"  convolution {k + 1}: {c['op']} {c['input']}{where}: {c['algorithm']}")
+            note = (f" ({_WINOGRAD_16BIT})" if c["algorithm"] == _WINOGRAD and c.get("dtype") in ("bfloat16", "float16")
+                    else "")
+            lines.append(f"  convolution {k + 1}: {c['op']} {c['input']}{where}: {c['algorithm']}{note}")
         for k, what in enumerate(self.recompiles):
             lines.append(f"  recompile {k + 1}: {what}")
         if self.fallback:
@@ -106,9 +109,12 @@ def _loop_gradients(texts):
     return found
 
 
-_CONV = re.compile(r"%\d+: [a-z0-9]+(\[[^\]]*\]) = (conv2d|conv2d_fused|conv2d_backward_input|conv2d_backward_weight)"
+_CONV = re.compile(r"%\d+: ([a-z0-9]+)(\[[^\]]*\]) = (conv2d|conv2d_fused|conv2d_backward_input|conv2d_backward_weight)"
                    r"\(([^)]*)\)(?: \{([^}]*)\})?(?:  # (.*))?$")
 _WINOGRAD = "winograd F(4x4, 3x3)"
+# a 16-bit convolution with Winograd chosen (amp, issue 31): the fp32-compute fallback widens its
+# operands and runs the float32 Winograd; oneDNN's bf16 primitives have no Winograd and run it direct
+_WINOGRAD_16BIT = "16-bit: the fp32-compute fallback runs it; oneDNN's bf16 primitives run it direct"
 
 
 def _convolutions(texts):
@@ -123,10 +129,10 @@ def _convolutions(texts):
             m = _CONV.search(line)
             if not m:
                 continue
-            op, operands = m.group(2), [o.strip() for o in m.group(3).split(",")]
-            ints = [v.strip() for v in (m.group(4) or "").split(";")[0].split(",")]
+            dtype, op, operands = m.group(1), m.group(3), [o.strip() for o in m.group(4).split(",")]
+            ints = [v.strip() for v in (m.group(5) or "").split(";")[0].split(",")]
             winograd = op != "conv2d" and len(ints) > 13 and ints[13] == "1"
-            found.append({"op": op, "input": shapes.get(operands[0], "?"), "where": m.group(5),
+            found.append({"op": op, "input": shapes.get(operands[0], "?"), "where": m.group(6), "dtype": dtype,
                           "algorithm": _WINOGRAD if winograd else "direct"})
     return found
 
