@@ -2,6 +2,8 @@
 range, enumerate, zip, min/max/abs/sum/round, sorted/reversed/map/filter, isinstance/getattr,
 shape arithmetic, dtype tests), over calls with new values and new shapes."""
 import math
+import warnings
+from time import monotonic_ns as _monotonic_ns
 
 import pytest
 
@@ -166,14 +168,24 @@ def test_setattr_and_delattr_run_at_every_call(fn):
                   observe=lambda: sorted(vars(_BOX).items()), variants=VARIANTS)
 
 
-def test_a_clock_read_in_a_bytecode_capture_is_read_at_every_call():
+@pytest.mark.parametrize("mode", ["ast", "bytecode", "trace"])
+def test_a_clock_read_in_a_capture_is_read_at_every_call(mode):
     """time.monotonic_ns is a builtin of the time module: a value of its own at each call, which a
-    graph must not keep from its capture."""
+    graph must not keep from its capture (bytecode ran it in the graph; ast and trace capture kept
+    it as a constant). Also through `from time import ...` (a global naming the clock)."""
     import time
 
     def stamped(x):
         return x * 2.0, time.monotonic_ns()
 
-    jf = kiln.jit(stamped, capture_mode="bytecode")
-    stamps = [jf(rand(2, 3, seed=s))[1] for s in range(4)]
-    assert all(a < b for a, b in zip(stamps, stamps[1:])), stamps
+    def tensor_stamped(x):
+        return x * 0.0 + float(_monotonic_ns() % 1000003)
+
+    jf = kiln.jit(stamped, capture_mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stamps = [jf(rand(2, 3, seed=s))[1] for s in range(4)]
+        assert all(a < b for a, b in zip(stamps, stamps[1:])), stamps
+        jt = kiln.jit(tensor_stamped, capture_mode=mode)
+        values = [float(jt(rand(2, 3, seed=s))[0, 0]) for s in range(3)]
+    assert len(set(values)) == 3, values

@@ -60,6 +60,26 @@ def is_generator(obj):
                                                kind.__name__ in ("Generator", "RandomState"))
 
 
+def _clocks():
+    """The clocks of the time module: a value of their own at every call."""
+    import time
+
+    names = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
+             "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime", "clock_gettime_ns")
+    return tuple(getattr(time, n) for n in names if hasattr(time, n))
+
+
+def clock_read(recorder):
+    """The description of the first guard of recorder on a clock of the time module (`time.time`,
+    `from time import perf_counter`), or None: a graph would keep the time read at capture."""
+    clocks = _clocks()
+    specs, descriptions = recorder.guard_specs()
+    for spec, what in zip(specs, descriptions):
+        if any(spec[2] is c for c in clocks):
+            return what
+    return None
+
+
 def generator_read(recorder):
     """The description of the first guard of recorder (a guards.Recorder after the run) on a random
     generator outside kiln -- the code read one, through a global, a closure or an attribute, most

@@ -18,7 +18,8 @@ from .. import _tensor as _tensor_module
 from ..autograd import differentiating
 from ..profiler import CallRecorder, CompilePhases, capture_phase
 from . import ast_convert, ast_runtime, bytecode_capture, dynamic, tree
-from .capture_core import CallStrategy, Entry, EntryCache, NoHistory, Recording, generator_read, refuse_backward
+from .capture_core import (CallStrategy, Entry, EntryCache, NoHistory, Recording, clock_read, generator_read,
+                           refuse_backward)
 from .eager_switch import jit_disabled
 from .options import JitOptions
 from .recording import returns_closure, returns_reached
@@ -114,6 +115,10 @@ def trace_call(fn, args, kwargs, options, capture_constants=False, symbols=None,
             reasons.append(f"it reads a random generator ({generator}): a compiled graph would replay the values "
                            "drawn from it while it was captured (kiln's rand, randn, normal and dropout are drawn "
                            "anew at every call)")
+        clock = clock_read(rec.recorder)
+        if clock is not None:
+            reasons.append(f"it reads a clock ({clock}): a compiled graph would keep the time read while it was "
+                           "captured")
         if rec.excluded:
             reasons.append("exclude_from_trace: its code runs at every call, unrecorded")
         reads, where = rec.tracer.value_reads()
