@@ -873,8 +873,24 @@ static PyObject *mark_fresh(PyObject *spec, PyObject *found, int depth) {
     return out;
 }
 
+/* Whether spec holds a set constant (a walk without allocations: most results hold none). */
+static int holds_set(PyObject *spec, int depth) {
+    if (depth > 100 || is_tensor_spec(spec) || !PyTuple_Check(spec)) return 0;
+    if (spec_kind(spec, s_const))
+        return PyTuple_GET_SIZE(spec) == 4 && PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type) &&
+               PySet_CheckExact(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
+    Py_ssize_t at = spec_kind(spec, s_node) ? 3 : spec_kind(spec, s_dict) ? 2
+                    : (spec_kind(spec, s_tuple) || spec_kind(spec, s_list)) ? 1 : -1;
+    if (at < 0 || PyTuple_GET_SIZE(spec) <= at || !PyTuple_Check(PyTuple_GET_ITEM(spec, at))) return 0;
+    PyObject *items = PyTuple_GET_ITEM(spec, at);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(items); k++)
+        if (holds_set(PyTuple_GET_ITEM(items, k), depth + 1)) return 1;
+    return 0;
+}
+
 static PyObject *py_fresh_results(PyObject *module, PyObject *spec) {
     (void)module;
+    if (!holds_set(spec, 0)) return Py_BuildValue("(ON)", spec, PyList_New(0));
     PyObject *found = PyList_New(0), *out = found ? mark_fresh(spec, found, 0) : NULL;
     PyObject *res = out ? PyTuple_Pack(2, out, found) : NULL;
     Py_XDECREF(out);

@@ -200,7 +200,7 @@ class Recording:
         self.tracer = self.recorder = self.capture = self.callers = self.graph = None
         self.outside = None  # the tensors the graph reads from outside its inputs (parameters, closures')
         self.aliases = []
-        self.argument_sets = set()  # ids of the sets among the call's arguments (bind)
+        self.bound_spec = None  # the structure of the call's arguments (bind)
         self.called, self.writes = [], []  # the Cells called, the writes on Cells (guards_of: this run's own)
         self.reasons = []  # why the recording cannot be replayed (kiln.jit.replay)
         self.excluded = False  # exclude_from_trace ran
@@ -257,7 +257,7 @@ class Recording:
         a graph input (kiln.jit.recording.bind_inputs); the symbolic sizes' Capture made on them.
         caller: the (args, kwargs) whose lists and dicts the run's copies stand for (self.callers)."""
         bound = bind_inputs(self.tracer, spec, leaves, self.aliases)
-        self.argument_sets = {id(a) for a in tree.fresh_results(spec)[1]}  # (the caller's, not copies)
+        self.bound_spec = spec  # (the sets among the arguments: returns_caller_set)
         if caller is not None:
             self.callers = CallerContainers(caller, bound, leaves, self.aliases)
         if self.symbols is not None:
@@ -307,7 +307,10 @@ class Recording:
     def returns_caller_set(self, result):
         """Whether result holds a set the caller passed in (a compiled call would return a copy)."""
         sets = tree.fresh_results(tree.flatten(result, []))[1]
-        return any(id(s) in self.argument_sets for s in sets)
+        if not sets or self.bound_spec is None:
+            return False
+        passed = {id(a) for a in tree.fresh_results(self.bound_spec)[1]}  # (the caller's, not copies)
+        return any(id(s) in passed for s in sets)
 
     def note_outside(self):
         """Notes the tensors the graph reads from outside its inputs (once the run is over, before
