@@ -834,16 +834,31 @@ static PyObject *py_unflatten(PyObject *module, PyObject *args) {
 
 /* ---- results made again at each call ---------------------------------------------------------- */
 
+/* The set a const spec carries (borrowed), or NULL: any other spec. */
+static PyObject *set_constant(PyObject *spec) {
+    if (!spec_kind(spec, s_const) || PyTuple_GET_SIZE(spec) != 4 ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type))
+        return NULL;
+    PyObject *value = ((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value;
+    return PySet_CheckExact(value) ? value : NULL;
+}
+
+/* Where a container spec keeps the tuple of its children's specs: (tuple|list, specs, ...),
+ * (dict, keys, specs, ...), (node, type, aux, specs); -1 for any other spec. */
+static Py_ssize_t children_at(PyObject *spec) {
+    Py_ssize_t at = spec_kind(spec, s_node) ? 3 : spec_kind(spec, s_dict) ? 2
+                    : (spec_kind(spec, s_tuple) || spec_kind(spec, s_list)) ? 1 : -1;
+    return at < 0 || PyTuple_GET_SIZE(spec) <= at || !PyTuple_Check(PyTuple_GET_ITEM(spec, at)) ? -1 : at;
+}
+
 /* spec with the payloads of its sets marked fresh (new reference): a set the call made is a new set
  * at each eager call, and a compiled call must not hand every caller the capture's. The sets are
  * appended to found (the caller refuses those that are not the call's own). */
 static PyObject *mark_fresh(PyObject *spec, PyObject *found, int depth) {
     if (depth > 100) return PyErr_Format(PyExc_RecursionError, "jit: a result nested too deep");
     if (is_tensor_spec(spec) || !PyTuple_Check(spec)) return Py_NewRef(spec);
-    if (spec_kind(spec, s_const) && PyTuple_GET_SIZE(spec) == 4 &&
-        PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type)) {
-        PyObject *value = ((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value;
-        if (!PySet_CheckExact(value)) return Py_NewRef(spec);
+    PyObject *value = set_constant(spec);
+    if (value) {
         if (PyList_Append(found, value) < 0) return NULL;
         PyObject *payload = make_payload(value);
         if (!payload) return NULL;
@@ -852,10 +867,8 @@ static PyObject *mark_fresh(PyObject *spec, PyObject *found, int depth) {
         Py_DECREF(payload);
         return out;
     }
-    /* the tuple of child specs: (kind, specs, ...) for tuple/list, (dict, keys, specs, ...), (node, type, aux, specs) */
-    Py_ssize_t at = spec_kind(spec, s_node) ? 3 : spec_kind(spec, s_dict) ? 2
-                    : (spec_kind(spec, s_tuple) || spec_kind(spec, s_list)) ? 1 : -1;
-    if (at < 0 || PyTuple_GET_SIZE(spec) <= at || !PyTuple_Check(PyTuple_GET_ITEM(spec, at))) return Py_NewRef(spec);
+    Py_ssize_t at = children_at(spec);
+    if (at < 0) return Py_NewRef(spec);
     PyObject *items = PyTuple_GET_ITEM(spec, at), *fresh_items = PyTuple_New(PyTuple_GET_SIZE(items));
     for (Py_ssize_t k = 0; fresh_items && k < PyTuple_GET_SIZE(items); k++) {
         PyObject *item = mark_fresh(PyTuple_GET_ITEM(items, k), found, depth + 1);
@@ -876,12 +889,9 @@ static PyObject *mark_fresh(PyObject *spec, PyObject *found, int depth) {
 /* Whether spec holds a set constant (a walk without allocations: most results hold none). */
 static int holds_set(PyObject *spec, int depth) {
     if (depth > 100 || is_tensor_spec(spec) || !PyTuple_Check(spec)) return 0;
-    if (spec_kind(spec, s_const))
-        return PyTuple_GET_SIZE(spec) == 4 && PyObject_TypeCheck(PyTuple_GET_ITEM(spec, 3), &PyConstPayload_Type) &&
-               PySet_CheckExact(((PyConstPayload *)PyTuple_GET_ITEM(spec, 3))->value);
-    Py_ssize_t at = spec_kind(spec, s_node) ? 3 : spec_kind(spec, s_dict) ? 2
-                    : (spec_kind(spec, s_tuple) || spec_kind(spec, s_list)) ? 1 : -1;
-    if (at < 0 || PyTuple_GET_SIZE(spec) <= at || !PyTuple_Check(PyTuple_GET_ITEM(spec, at))) return 0;
+    if (set_constant(spec)) return 1;
+    Py_ssize_t at = children_at(spec);
+    if (at < 0) return 0;
     PyObject *items = PyTuple_GET_ITEM(spec, at);
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(items); k++)
         if (holds_set(PyTuple_GET_ITEM(items, k), depth + 1)) return 1;

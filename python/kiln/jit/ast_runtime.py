@@ -308,12 +308,8 @@ def _held_containers(vals, *branches):
         if isinstance(v, (list, dict, set)):
             seen.add(id(v))
             found.append((key, v, v.copy()))
-            if isinstance(v, (list, tuple)):
-                for x in v:
-                    walk(key, x, depth + 1)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    walk(key, x, depth + 1)
+            for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()):
+                walk(key, x, depth + 1)
         elif isinstance(v, tuple):
             for x in v:
                 walk(key, x, depth + 1)
