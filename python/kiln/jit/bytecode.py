@@ -252,9 +252,7 @@ def _contains_tensor(values):
 # module-level builtins a graph may run once at capture: their result follows from their arguments,
 # and they change nothing (other modules' -- time, os, gc, random's state -- run in Python at each call)
 _PURE_MODULES = frozenset(("math", "cmath", "operator", "_operator", "_functools", "_struct", "unicodedata"))
-_PURE_BUILTIN_EXTRAS = frozenset(("ord", "chr", "bin", "hex", "oct", "format", "ascii", "isinstance", "issubclass",
-                                  "hasattr", "getattr", "len", "abs", "min", "max", "sum", "round", "divmod", "pow",
-                                  "hash", "id", "callable", "iter", "next", "repr", "sorted", "any", "all"))
+_PURE_BUILTIN_EXTRAS = frozenset(("ord", "chr", "bin", "hex", "oct", "format", "ascii"))  # (beyond _PURE_BUILTINS)
 _NUMPY_MUTATORS = frozenset(("copyto", "putmask", "place", "put", "seterr", "seterrobj", "setbufsize",
                              "set_printoptions", "set_string_function", "_set_promotion_state"))
 
